@@ -1,0 +1,91 @@
+"""Framework configuration: defaults plus the ``PIE_DEBUG_*`` environment overrides.
+
+Environment variables are read here, once, at the edge (``from_environment``); everything below
+receives plain dictionaries. Nothing deep in the library reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import FrameworkInitializationError
+
+__all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "from_environment", "merge_config", "default_database_path"]
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "database_path": "~/.pie/debug/debug_framework.db",
+    "performance_monitoring": True,
+    "auto_cleanup": True,
+    "max_session_duration": 3600,
+    "tensor_recording_limit": 100,
+    "comparison_tolerance": {"rtol": 1e-4, "atol": 1e-6},
+    "debug_enabled": False,
+    "log_level": "WARNING",
+    "metal_path": None,
+}
+
+#: Environment variable -> (config key, parser).
+ENV_VARIABLES: dict[str, str] = {
+    "PIE_DEBUG_ENABLED": "debug_enabled",
+    "PIE_DEBUG_LEVEL": "log_level",
+    "PIE_DEBUG_DATABASE": "database_path",
+    "PIE_METAL_PATH": "metal_path",
+}
+
+_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in {"1", "true", "yes", "on"}:
+        return True
+    if v in {"0", "false", "no", "off", ""}:
+        return False
+    raise FrameworkInitializationError(
+        f"{name}={value!r} is not a boolean", hint=f"set {name} to true or false", variable=name
+    )
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Read the ``PIE_DEBUG_*`` / ``PIE_METAL_PATH`` overrides from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    if "PIE_DEBUG_ENABLED" in env:
+        out["debug_enabled"] = _parse_bool("PIE_DEBUG_ENABLED", env["PIE_DEBUG_ENABLED"])
+    if "PIE_DEBUG_LEVEL" in env:
+        level = env["PIE_DEBUG_LEVEL"].strip().upper()
+        if level not in _LEVELS:
+            raise FrameworkInitializationError(
+                f"PIE_DEBUG_LEVEL={env['PIE_DEBUG_LEVEL']!r} is not a logging level",
+                hint="use one of DEBUG, INFO, WARNING, ERROR",
+                variable="PIE_DEBUG_LEVEL",
+            )
+        out["log_level"] = level
+    if env.get("PIE_DEBUG_DATABASE"):
+        out["database_path"] = env["PIE_DEBUG_DATABASE"]
+    if env.get("PIE_METAL_PATH"):
+        out["metal_path"] = env["PIE_METAL_PATH"]
+    return out
+
+
+def merge_config(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Later layers win; nested dicts merge key by key. Starts from a deep copy of DEFAULT_CONFIG."""
+    result = copy.deepcopy(DEFAULT_CONFIG)
+    for layer in layers:
+        if not layer:
+            continue
+        for key, value in layer.items():
+            if isinstance(value, Mapping) and isinstance(result.get(key), dict):
+                result[key] = {**result[key], **value}
+            else:
+                result[key] = copy.deepcopy(value)
+    return result
+
+
+def default_database_path(config: Mapping[str, Any]) -> Path:
+    """The configured database path, with ``~`` expanded."""
+    return Path(str(config.get("database_path") or DEFAULT_CONFIG["database_path"])).expanduser()

@@ -1,0 +1,138 @@
+"""The exception tree of the framework.
+
+Every error a user can cause carries a ``DFnnn`` code, says what failed (and where, when a
+file, tensor, backend or checkpoint is involved) and what to do about it::
+
+    DebugFrameworkError                    (base; code DF000 only when raised directly)
+    ├── FrameworkInitializationError       DF001
+    ├── BackendInitializationError         DF002
+    ├── DatabaseError                      DF003
+    ├── ModelLoadingError                  DF004
+    ├── ValidationError                    DF005
+    ├── ComparisonError                    DF006
+    ├── ResourceExhaustedError             DF007
+    └── PluginCompilationError             DF008
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "DebugFrameworkError",
+    "FrameworkInitializationError",
+    "BackendInitializationError",
+    "DatabaseError",
+    "ModelLoadingError",
+    "ValidationError",
+    "ComparisonError",
+    "ResourceExhaustedError",
+    "PluginCompilationError",
+    "ERROR_CODES",
+]
+
+
+class DebugFrameworkError(Exception):
+    """Base of every framework error.
+
+    Args:
+        message: what failed, in one sentence.
+        hint: what the user can do about it.
+        **context: where it failed (``file=``, ``tensor=``, ``backend=``, ``checkpoint=`` ...);
+            kept on ``.context`` and shown in the message.
+    """
+
+    code: str = "DF000"
+    title: str = "Debug framework error"
+    default_hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+        self.context = {k: v for k, v in context.items() if v is not None}
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = f"[{self.code}] {self.title}: {self.message}"
+        if self.context:
+            where = ", ".join(f"{k}={v}" for k, v in self.context.items())
+            text += f" ({where})"
+        if self.hint:
+            text += f". What to do: {self.hint}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, used by CLIs with ``--json``."""
+        return {
+            "code": self.code,
+            "error": type(self).__name__,
+            "message": self.message,
+            "hint": self.hint,
+            "context": {k: str(v) for k, v in self.context.items()},
+        }
+
+
+class FrameworkInitializationError(DebugFrameworkError):
+    code = "DF001"
+    title = "Framework initialization failed"
+    default_hint = "check the configuration keys and the PIE_DEBUG_* environment variables"
+
+
+class BackendInitializationError(DebugFrameworkError):
+    code = "DF002"
+    title = "Backend initialization failed"
+    default_hint = "run detect_available_backends() to see which backends can run here and why not"
+
+
+class DatabaseError(DebugFrameworkError):
+    code = "DF003"
+    title = "Database failure"
+    default_hint = "check that the database path is writable (PIE_DEBUG_DATABASE or config['database_path'])"
+
+
+class ModelLoadingError(DebugFrameworkError):
+    code = "DF004"
+    title = "Model loading failed"
+    default_hint = (
+        "point at a Hugging Face directory (config.json + *.safetensors), a .safetensors file or a "
+        ".zt file with a config.json beside it"
+    )
+
+
+class ValidationError(DebugFrameworkError):
+    code = "DF005"
+    title = "Validation failed to execute"
+    default_hint = "see the message; the session record keeps what completed before the failure"
+
+
+class ComparisonError(DebugFrameworkError):
+    code = "DF006"
+    title = "Numerical comparison failed"
+    default_hint = "pass torch tensors, NumPy arrays, or nested dicts/lists/tuples/dataclasses of them"
+
+
+class ResourceExhaustedError(DebugFrameworkError):
+    code = "DF007"
+    title = "Resource exhausted"
+    default_hint = "lower tensor_recording_limit, the byte budget, the batch size, or free disk/memory"
+
+
+class PluginCompilationError(DebugFrameworkError):
+    code = "DF008"
+    title = "Plugin compilation failed"
+    default_hint = "check the compiler output above and that the toolchain for the backend is installed"
+
+
+ERROR_CODES: dict[str, type[DebugFrameworkError]] = {
+    cls.code: cls
+    for cls in (
+        FrameworkInitializationError,
+        BackendInitializationError,
+        DatabaseError,
+        ModelLoadingError,
+        ValidationError,
+        ComparisonError,
+        ResourceExhaustedError,
+        PluginCompilationError,
+    )
+}

@@ -1,0 +1,1 @@
+"""torch.compile debugging for custom accelerators: constraints, AOT capture, guards, KernelDiff, minifier."""
