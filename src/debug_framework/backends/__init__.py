@@ -1,0 +1,36 @@
+"""Backends: the ``Backend`` protocol, the registry, and the built-in and user backends.
+
+    from debug_framework.backends import get_backend
+    ref = get_backend("python_reference"); ref.prepare(model, "float64")
+    alt = get_backend("pytorch"); alt.prepare(model, "float32", "cpu")
+    a, b = ref.run(inputs), alt.run(inputs)      # Capture: CheckpointKey -> tensor
+"""
+
+from .base import Backend, BaseBackend, Taps
+from .registry import (
+    BUILTIN_BACKENDS,
+    BackendFactory,
+    backend_availability,
+    detect_available_backends,
+    get_backend,
+    register_backend,
+    registered_backends,
+    unregister_backend,
+)
+from .user import module_backend, user_backend
+
+__all__ = [
+    "Backend",
+    "BaseBackend",
+    "Taps",
+    "BackendFactory",
+    "BUILTIN_BACKENDS",
+    "register_backend",
+    "unregister_backend",
+    "registered_backends",
+    "get_backend",
+    "backend_availability",
+    "detect_available_backends",
+    "user_backend",
+    "module_backend",
+]

@@ -1,0 +1,78 @@
+"""The ``Backend`` protocol every backend implements, and a small base class with the shared checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from ..capture.keys import Capture, CheckpointKey, CheckpointSelection
+from ..errors import BackendInitializationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+
+__all__ = ["Backend", "BaseBackend", "Taps", "FLOAT_DTYPES"]
+
+#: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
+Taps = CheckpointSelection | Iterable[Any] | None
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One way of running a model.
+
+    A backend owns its runtime and produces outputs; it knows nothing of sessions, storage or
+    judgement. ``run_layer`` is optional (isolation / replay of a single layer).
+    """
+
+    name: str
+
+    def availability(self) -> tuple[bool, str]:
+        """``(True, "")`` when the backend can run here, else ``(False, why not)``."""
+        ...
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
+        """Build the runtime for ``model``; raise ``BackendInitializationError`` (DF002) if it cannot."""
+        ...
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        """Run the forward pass and return the requested checkpoints."""
+        ...
+
+
+class BaseBackend:
+    """Shared plumbing: availability check, dtype validation, the prepared-model guard."""
+
+    name: str = "backend"
+    supported_dtypes: tuple[str, ...] = FLOAT_DTYPES
+    default_dtype: str = "float32"
+
+    def __init__(self) -> None:
+        self.model: LoadedModel | None = None
+        self.dtype: str = self.default_dtype
+        self.device: str = "cpu"
+
+    def availability(self) -> tuple[bool, str]:
+        return True, ""
+
+    def _check_prepare(self, model: LoadedModel, dtype: str | None, device: str) -> str:
+        ok, reason = self.availability()
+        if not ok:
+            raise BackendInitializationError(f"backend {self.name!r} is not available: {reason}", backend=self.name)
+        dtype = str(dtype or self.default_dtype).removeprefix("torch.")
+        if dtype not in self.supported_dtypes:
+            raise BackendInitializationError(
+                f"dtype {dtype!r} is not supported",
+                hint=f"use one of {', '.join(self.supported_dtypes)}",
+                backend=self.name,
+            )
+        self.model, self.dtype, self.device = model, dtype, device
+        return dtype
+
+    def _prepared(self) -> LoadedModel:
+        if self.model is None:
+            raise BackendInitializationError("run() called before prepare()", hint="call backend.prepare(model) first", backend=self.name)
+        return self.model
+
+    def _keys(self, taps: Taps) -> list[CheckpointKey]:
+        return CheckpointSelection.coerce(taps, self._prepared().num_layers)

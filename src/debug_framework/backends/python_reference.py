@@ -1,0 +1,64 @@
+"""``python_reference``: the NumPy models of ``debug_framework.architectures``; always available."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..architectures import build_reference
+from ..capture.keys import Capture, CheckpointKey
+from ..errors import BackendInitializationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from .base import BaseBackend, Taps
+
+__all__ = ["PythonReferenceBackend"]
+
+
+class PythonReferenceBackend(BaseBackend):
+    """The reference: textbook NumPy, float64 by default (float32 also)."""
+
+    name = "python_reference"
+    supported_dtypes = ("float64", "float32")
+    default_dtype = "float64"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reference: Any = None
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
+        dtype = self._check_prepare(model, dtype, device)
+        if device != "cpu":
+            raise BackendInitializationError(f"device {device!r} is not supported; NumPy runs on cpu", backend=self.name)
+        self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        keys = self._keys(taps)
+        layer_inputs: dict[int, np.ndarray] | None = {} if capture_layer_inputs else None
+        start = time.perf_counter()
+        out = self.reference.forward(
+            inputs.input_ids, inputs.attention_mask, set(keys), layer_inputs, inputs.token_type_ids
+        )
+        elapsed = time.perf_counter() - start
+        return Capture(
+            tensors={k: out[tuple(k)] for k in keys},
+            backend=self.name,
+            dtype=self.dtype,
+            elapsed_s=elapsed,
+            layer_inputs=layer_inputs or {},
+        )
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
+        self._prepared()
+        h = np.asarray(hidden_in.detach().cpu().double().numpy() if hasattr(hidden_in, "detach") else hidden_in, dtype=self.dtype)
+        start = time.perf_counter()
+        a, out = self.reference.layer(i, h, inputs.attention_mask)
+        return Capture(
+            tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
+            backend=self.name,
+            dtype=self.dtype,
+            elapsed_s=time.perf_counter() - start,
+        )

@@ -1,0 +1,116 @@
+"""The backend registry: names -> factories, and a truthful availability report.
+
+Built-in backends are listed in :data:`BUILTIN_BACKENDS` as ``"module:attribute"`` strings and
+imported only when asked for, so a backend whose runtime is missing (onnxruntime, mlx, CUDA ...)
+is reported unavailable with the import error as the reason instead of breaking the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import BackendInitializationError
+from .base import Backend
+
+__all__ = [
+    "BUILTIN_BACKENDS",
+    "BackendFactory",
+    "register_backend",
+    "unregister_backend",
+    "registered_backends",
+    "get_backend",
+    "backend_availability",
+    "detect_available_backends",
+]
+
+#: ``factory(**options) -> Backend``. A class is a factory.
+BackendFactory = Callable[..., Backend]
+
+#: Built-in backends: name -> "module:attribute" of the factory, imported lazily.
+BUILTIN_BACKENDS: dict[str, str] = {
+    "python_reference": "debug_framework.backends.python_reference:PythonReferenceBackend",
+    "pytorch": "debug_framework.backends.pytorch:PyTorchBackend",
+}
+
+_FACTORIES: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
+
+
+def register_backend(name: str, factory: BackendFactory | str, *, replace: bool = False) -> None:
+    """Register ``factory`` (a callable or a lazy ``"module:attribute"`` string) under ``name``.
+
+    Raises:
+        BackendInitializationError: ``name`` is taken and ``replace`` is False (DF002).
+    """
+    if not name or not isinstance(name, str):
+        raise BackendInitializationError(f"invalid backend name {name!r}", backend=str(name))
+    if name in _FACTORIES and not replace:
+        raise BackendInitializationError(
+            "a backend of this name is already registered", hint="pass replace=True to override it", backend=name
+        )
+    _FACTORIES[name] = factory
+
+
+def unregister_backend(name: str) -> None:
+    """Remove ``name`` from the registry (built-ins included)."""
+    _FACTORIES.pop(name, None)
+
+
+def registered_backends() -> list[str]:
+    """Registered names, registration order."""
+    return list(_FACTORIES)
+
+
+def _resolve(name: str) -> BackendFactory:
+    if name not in _FACTORIES:
+        raise BackendInitializationError(
+            "unknown backend", hint=f"registered backends: {', '.join(_FACTORIES)}", backend=name
+        )
+    factory = _FACTORIES[name]
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise BackendInitializationError(f"cannot import {factory}: {exc}", backend=name) from exc
+    return factory
+
+
+def get_backend(name: str, *, check: bool = True, **options: Any) -> Backend:
+    """A new instance of backend ``name``; ``options`` go to its factory (e.g. ``device="cuda"``).
+
+    Raises:
+        BackendInitializationError: unknown name, failed import/construction, or (with ``check``)
+            not available here, with the reason (DF002).
+    """
+    factory = _resolve(name)
+    try:
+        backend = factory(**options)
+    except BackendInitializationError:
+        raise
+    except Exception as exc:
+        raise BackendInitializationError(f"constructing the backend failed: {exc}", backend=name) from exc
+    if check:
+        ok, reason = backend.availability()
+        if not ok:
+            raise BackendInitializationError(f"backend is not available: {reason}", backend=name)
+    return backend
+
+
+def backend_availability() -> dict[str, tuple[bool, str]]:
+    """Every registered backend -> ``(available, reason)``; the reason is empty when available."""
+    report: dict[str, tuple[bool, str]] = {}
+    for name in list(_FACTORIES):
+        try:
+            report[name] = tuple(get_backend(name, check=False).availability())  # type: ignore[assignment]
+        except BackendInitializationError as exc:
+            report[name] = (False, exc.message)
+        except Exception as exc:  # an availability probe must not break the report
+            report[name] = (False, f"availability check failed: {exc}")
+    return report
+
+
+def detect_available_backends() -> dict[str, bool]:
+    """Every registered backend -> whether it can run here (reasons: :func:`backend_availability`)."""
+    return {name: ok for name, (ok, _) in backend_availability().items()}

@@ -1,0 +1,138 @@
+"""Running any ``torch.nn.Module`` with checkpoints taken by forward hooks.
+
+:class:`TorchModuleBackend` is the shared machinery of the ``pytorch`` backend (Hugging Face
+eager models) and of user ``nn.Module`` backends (:func:`debug_framework.backends.module_backend`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..capture.hooks import HookCapture, ModuleTap, hf_layer_modules, hf_module_taps
+from ..capture.keys import Capture, CheckpointKey
+from ..errors import BackendInitializationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from .base import BaseBackend, Taps
+
+__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES"]
+
+TORCH_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+#: ``builder(model, torch_dtype, device) -> nn.Module`` ready to be called with ``**inputs.torch()``.
+ModuleBuilder = Callable[[LoadedModel, torch.dtype, str], torch.nn.Module]
+
+
+def _cuda_reason(device: str) -> str:
+    if not device.startswith("cuda"):
+        return ""
+    if not torch.cuda.is_available():
+        return f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, cuda build: {torch.version.cuda})"
+    return ""
+
+
+class TorchModuleBackend(BaseBackend):
+    """A torch module run in eager mode; checkpoints from module outputs/inputs via hooks.
+
+    Args:
+        name: the backend's name.
+        builder: builds the module for a loaded model.
+        checkpoint_map: module name -> checkpoint (``CheckpointKey``, ``(name, layer)`` or
+            ``"post_mlp:2"``); ``None`` means the Hugging Face module names of the architecture.
+        layer_modules: layer index -> module name, for layer inputs and ``run_layer``; ``None``
+            means the Hugging Face layer names.
+        device: default device (``"cpu"`` or ``"cuda"``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        builder: ModuleBuilder,
+        checkpoint_map: Mapping[str, Any] | None = None,
+        layer_modules: Mapping[int, str] | None = None,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.builder = builder
+        self.checkpoint_map = checkpoint_map
+        self._layer_modules = layer_modules
+        self.device = device
+        self.module: torch.nn.Module | None = None
+        self.taps: list[ModuleTap] = []
+
+    def availability(self) -> tuple[bool, str]:
+        reason = _cuda_reason(self.device)
+        return (not reason, reason)
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
+        if device is not None:
+            self.device = device
+        dtype = self._check_prepare(model, dtype, self.device)
+        try:
+            module = self.builder(model, TORCH_DTYPES[dtype], self.device)
+        except BackendInitializationError:
+            raise
+        except Exception as exc:  # a user's builder may raise anything; report it as DF002
+            raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
+        self.module = module.eval()
+        if self.checkpoint_map is None:
+            self.taps = hf_module_taps(model.architecture, model.num_layers)
+        else:
+            self.taps = []
+            for mod_name, key in self.checkpoint_map.items():
+                parsed = CheckpointKey.parse(key)
+                self.taps.append(ModuleTap(mod_name, parsed))
+        if self._layer_modules is None:
+            self.layer_modules = dict(enumerate(hf_layer_modules(model.architecture, model.num_layers)))
+        else:
+            self.layer_modules = dict(self._layer_modules)
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        keys = self._keys(taps)
+        wanted = set(keys)
+        active = [t for t in self.taps if t.key in wanted]
+        kwargs = inputs.torch(self.device)
+        with torch.inference_mode(), HookCapture(
+            self.module, active, layer_modules=self.layer_modules if capture_layer_inputs else None
+        ) as cap:
+            self._sync()
+            start = time.perf_counter()
+            self.module(**kwargs)
+            self._sync()
+            elapsed = time.perf_counter() - start
+        return Capture(
+            tensors={k: cap.tensors[k] for k in keys if k in cap.tensors},
+            backend=self.name,
+            dtype=self.dtype,
+            elapsed_s=elapsed,
+            layer_inputs=cap.layer_inputs,
+        )
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Run layer ``i`` on ``hidden_in`` (the model's own masks and positions are kept): the
+        full forward is entered, layer i's input is replaced, and the pass stops after layer i."""
+        self._prepared()
+        name = self.layer_modules[i]
+        hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
+        want = {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
+        active = [t for t in self.taps if t.key in want]
+        with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap:
+            start = time.perf_counter()
+            cap.run(self.module, **inputs.torch(self.device))
+            self._sync()
+            elapsed = time.perf_counter() - start
+        return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=elapsed)

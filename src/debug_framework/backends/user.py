@@ -1,0 +1,114 @@
+"""User backends: plug your own implementation (kernels, engine) in and validate it.
+
+* :func:`user_backend` wraps any Python object that returns checkpoint tensors.
+* :func:`module_backend` wraps an ``nn.Module`` builder; checkpoints come from forward hooks on
+  the Hugging Face module names, or on the modules of an explicit map.
+
+Both return a *factory*: pass it to :func:`register_backend` or call it to get a backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..capture.keys import Capture, CheckpointKey
+from ..errors import BackendInitializationError, ValidationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from .base import FLOAT_DTYPES, BaseBackend, Taps
+from .torch_module import ModuleBuilder, TorchModuleBackend
+
+__all__ = ["user_backend", "module_backend", "CallableBackend"]
+
+#: ``builder(model, dtype, device) -> runner``; ``runner(inputs, keys) -> {checkpoint: tensor}``.
+RunnerBuilder = Callable[[LoadedModel, str, str], Any]
+
+
+class CallableBackend(BaseBackend):
+    """A backend around a user object: ``runner(inputs, keys)`` (or ``runner.run(inputs, keys)``)
+    returns a mapping whose keys are ``CheckpointKey``, ``(name, layer)`` or ``"post_mlp:2"``.
+    If the runner has ``run_layer(i, hidden_in, inputs) -> (post_attention, post_mlp)``, isolation works too."""
+
+    def __init__(self, name: str, builder: RunnerBuilder, dtypes: tuple[str, ...] = FLOAT_DTYPES,
+                 availability: Callable[[], tuple[bool, str]] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.builder = builder
+        self.supported_dtypes = dtypes
+        self._availability = availability
+        self.runner: Any = None
+
+    def availability(self) -> tuple[bool, str]:
+        return self._availability() if self._availability else (True, "")
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
+        dtype = self._check_prepare(model, dtype, device)
+        try:
+            self.runner = self.builder(model, dtype, device)
+        except BackendInitializationError:
+            raise
+        except Exception as exc:
+            raise BackendInitializationError(f"the user builder failed: {exc}", backend=self.name) from exc
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        keys = self._keys(taps)
+        fn = getattr(self.runner, "run", self.runner)
+        start = time.perf_counter()
+        produced = fn(inputs, keys)
+        elapsed = time.perf_counter() - start
+        if not isinstance(produced, Mapping):
+            raise ValidationError(
+                f"user backend {self.name!r} returned {type(produced).__name__}, not a mapping of checkpoints",
+                hint="return {CheckpointKey(...) or 'post_mlp:2': tensor}",
+            )
+        got = {CheckpointKey.parse(k): v for k, v in produced.items()}
+        return Capture(tensors={k: got[k] for k in keys if k in got}, backend=self.name, dtype=self.dtype, elapsed_s=elapsed)
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        if not hasattr(self.runner, "run_layer"):
+            raise BackendInitializationError("this user backend has no run_layer", backend=self.name)
+        start = time.perf_counter()
+        a, out = self.runner.run_layer(i, hidden_in, inputs)
+        return Capture(
+            tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
+            backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start,
+        )
+
+
+def user_backend(
+    name: str,
+    builder: RunnerBuilder,
+    *,
+    dtypes: tuple[str, ...] = FLOAT_DTYPES,
+    availability: Callable[[], tuple[bool, str]] | None = None,
+) -> Callable[[], CallableBackend]:
+    """A factory for a backend around any Python object that returns checkpoint tensors.
+
+    Args:
+        name: the backend's name.
+        builder: ``builder(model, dtype, device)`` returns the runner (called at ``prepare``).
+        dtypes: the dtypes the runner supports.
+        availability: ``() -> (ok, reason)``; default always available.
+    """
+    return lambda: CallableBackend(name, builder, dtypes, availability)
+
+
+def module_backend(
+    name: str,
+    builder: ModuleBuilder,
+    *,
+    checkpoint_map: Mapping[str, Any] | None = None,
+    layer_modules: Mapping[int, str] | None = None,
+) -> Callable[..., TorchModuleBackend]:
+    """A factory for a backend around an ``nn.Module`` builder.
+
+    Args:
+        name: the backend's name.
+        builder: ``builder(model, torch_dtype, device) -> nn.Module``, called with ``**inputs.torch()``.
+        checkpoint_map: module name -> checkpoint; ``None`` finds checkpoints from the Hugging Face
+            module names (``encoder.layer.3``, ``model.layers.3.post_attention_layernorm`` ...).
+        layer_modules: layer index -> module name (layer inputs and ``run_layer``).
+    """
+    return lambda device="cpu": TorchModuleBackend(name, builder, checkpoint_map, layer_modules, device)

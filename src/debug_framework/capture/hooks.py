@@ -1,0 +1,161 @@
+"""Checkpoint capture for ``torch.nn.Module`` models through forward hooks.
+
+A :class:`ModuleTap` says "the output (or input) of module ``encoder.layer.3`` is checkpoint
+``post_mlp:3``". :func:`hf_module_taps` gives the taps of the Hugging Face implementations;
+:class:`HookCapture` installs them for one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from ..errors import ValidationError
+from .keys import CheckpointKey
+
+__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "find_module", "HookCapture", "first_tensor"]
+
+
+@dataclass(frozen=True)
+class ModuleTap:
+    """Checkpoint ``key`` is the ``where`` ("output" or "input") of the module named ``module``."""
+
+    module: str
+    key: CheckpointKey
+    where: Literal["output", "input"] = "output"
+
+
+def hf_layer_modules(architecture: str, num_layers: int) -> list[str]:
+    """The module name of each layer in the Hugging Face implementation."""
+    if architecture == "bert":
+        return [f"encoder.layer.{i}" for i in range(num_layers)]
+    if architecture == "llama":
+        return [f"model.layers.{i}" for i in range(num_layers)]
+    raise ValidationError(f"no Hugging Face module names known for architecture {architecture!r}")
+
+
+def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
+    """Every checkpoint of a Hugging Face ``BertModel`` or ``LlamaForCausalLM``-style model."""
+    layers = hf_layer_modules(architecture, num_layers)
+    K = CheckpointKey
+    if architecture == "bert":
+        taps = [ModuleTap("embeddings", K("post_embedding"))]
+        for i, m in enumerate(layers):
+            taps += [ModuleTap(f"{m}.attention", K("post_attention", i)), ModuleTap(m, K("post_mlp", i))]
+        return taps + [ModuleTap(layers[-1], K("post_processing"))]
+    taps = [ModuleTap("model.embed_tokens", K("post_embedding"))]
+    for i, m in enumerate(layers):
+        # The residual stream after attention is what the post-attention norm reads.
+        taps += [
+            ModuleTap(f"{m}.post_attention_layernorm", K("post_attention", i), "input"),
+            ModuleTap(m, K("post_mlp", i)),
+        ]
+    return taps + [ModuleTap("lm_head", K("post_processing"))]
+
+
+def find_module(root: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The submodule ``name``, or the one whose dotted name ends with ``.name`` (e.g. under ``bert.``)."""
+    modules = dict(root.named_modules())
+    if name in modules:
+        return modules[name]
+    matches = [m for n, m in modules.items() if n.endswith("." + name)]
+    if len(matches) == 1:
+        return matches[0]
+    raise ValidationError(
+        f"module {name!r} not found in {type(root).__name__}" + (" (ambiguous)" if matches else ""),
+        hint="pass an explicit module-to-checkpoint map naming modules of your model",
+        checkpoint=name,
+    )
+
+
+def first_tensor(value: Any) -> torch.Tensor:
+    """The tensor a module returned: itself, the first of a tuple, or the first field of a ModelOutput."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)) and value:
+        return first_tensor(value[0])
+    raise ValidationError(f"module returned {type(value).__name__}, not a tensor")
+
+
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass early (single-layer replay)."""
+
+
+class HookCapture:
+    """Install forward hooks for one run; ``tensors`` and ``layer_inputs`` fill in as the model runs.
+
+    Args:
+        root: the model.
+        taps: which module outputs/inputs are which checkpoints.
+        layer_modules: module name per layer index, to record each layer's input (optional).
+        replace_input: ``(layer module name, tensor)``: feed this hidden state to that module instead
+            of what it receives (replay of a single layer).
+        stop_after: end the forward pass once this module has run (raises inside, caught by ``run``).
+    """
+
+    def __init__(
+        self,
+        root: torch.nn.Module,
+        taps: Iterable[ModuleTap],
+        *,
+        layer_modules: Mapping[int, str] | None = None,
+        replace_input: tuple[str, torch.Tensor] | None = None,
+        stop_after: str | None = None,
+    ) -> None:
+        self.root = root
+        self.taps = list(taps)
+        self.layer_modules = dict(layer_modules or {})
+        self.replace_input = replace_input
+        self.stop_after = stop_after
+        self.tensors: dict[CheckpointKey, torch.Tensor] = {}
+        self.layer_inputs: dict[int, torch.Tensor] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> HookCapture:
+        for tap in self.taps:
+            mod = find_module(self.root, tap.module)
+            key = tap.key
+            if tap.where == "output":
+                def out_hook(_m, _args, output, key=key):
+                    self.tensors[key] = first_tensor(output).detach()
+                self._handles.append(mod.register_forward_hook(out_hook))
+            else:
+                def in_hook(_m, args, kwargs, key=key):
+                    self.tensors[key] = (args[0] if args else kwargs["hidden_states"]).detach()
+                self._handles.append(mod.register_forward_pre_hook(in_hook, with_kwargs=True))
+        for i, name in self.layer_modules.items():
+            def layer_in(_m, args, kwargs, i=i):
+                self.layer_inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+            self._handles.append(find_module(self.root, name).register_forward_pre_hook(layer_in, with_kwargs=True))
+        if self.replace_input is not None:
+            name, hidden = self.replace_input
+
+            def swap(_m, args, kwargs):
+                if args:
+                    return (hidden.to(args[0].dtype), *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": hidden.to(kwargs["hidden_states"].dtype)}
+
+            # prepend so that layer-input recording sees the replayed state
+            self._handles.append(find_module(self.root, name).register_forward_pre_hook(swap, with_kwargs=True, prepend=True))
+        if self.stop_after is not None:
+            def stop(_m, _args, _output):
+                raise _StopForward
+            self._handles.append(find_module(self.root, self.stop_after).register_forward_hook(stop))
+        return self
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` (the forward), swallowing the early stop of ``stop_after``."""
+        try:
+            return fn(*args, **kwargs)
+        except _StopForward:
+            return None
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

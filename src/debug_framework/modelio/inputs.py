@@ -1,0 +1,143 @@
+"""``ModelInputs``: the token ids and masks every backend of a comparison receives.
+
+Build them from text with the model's tokenizer, or as seeded random ids; save and replay them
+as a ``.safetensors`` file whose header metadata carries the JSON description (no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelLoadingError, ValidationError
+
+__all__ = ["ModelInputs"]
+
+
+@dataclass
+class ModelInputs:
+    """Token ids ``[batch, length]`` (int64) with a padding mask (1 = token, 0 = padding).
+
+    Attributes:
+        input_ids: int64 array ``[batch, length]``.
+        attention_mask: int64 array ``[batch, length]``; padding is on the right.
+        token_type_ids: int64 array ``[batch, length]`` (BERT segment ids); zeros when ``None``.
+        meta: how the inputs were made (``{"source": "text", "texts": [...]}`` or
+            ``{"source": "random", "seed": 0}``), saved with them.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.input_ids = np.ascontiguousarray(self.input_ids, dtype=np.int64)
+        if self.input_ids.ndim != 2:
+            raise ValidationError(f"input_ids must be [batch, length], got shape {self.input_ids.shape}")
+        self.attention_mask = np.ascontiguousarray(self.attention_mask, dtype=np.int64)
+        if self.attention_mask.shape != self.input_ids.shape:
+            raise ValidationError("attention_mask must have the shape of input_ids")
+        if self.token_type_ids is not None:
+            self.token_type_ids = np.ascontiguousarray(self.token_type_ids, dtype=np.int64)
+            if self.token_type_ids.shape != self.input_ids.shape:
+                raise ValidationError("token_type_ids must have the shape of input_ids")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.input_ids.shape[0]), int(self.input_ids.shape[1]))
+
+    @classmethod
+    def from_text(
+        cls, tokenizer: Any, texts: str | list[str], *, max_length: int | None = None, pad_id: int = 0
+    ) -> ModelInputs:
+        """Tokenize ``texts`` with a ``tokenizers.Tokenizer`` (e.g. ``LoadedModel.tokenizer``).
+
+        Rows are padded on the right with ``pad_id`` to the longest row (or truncated to ``max_length``).
+        """
+        if tokenizer is None:
+            raise ModelLoadingError("the model has no tokenizer", hint="use ModelInputs.random(...) or load a directory with tokenizer.json")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        # A private copy without the file's own padding/truncation settings: padding is ours.
+        tok = type(tokenizer).from_str(tokenizer.to_str())
+        tok.no_padding()
+        tok.no_truncation()
+        encs = tok.encode_batch(texts)
+        rows = [list(e.ids)[:max_length] if max_length else list(e.ids) for e in encs]
+        types = [list(e.type_ids)[: len(r)] for e, r in zip(encs, rows)]
+        length = max(len(r) for r in rows)
+        ids = np.full((len(rows), length), pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), length), dtype=np.int64)
+        tt = np.zeros((len(rows), length), dtype=np.int64)
+        for b, (r, t) in enumerate(zip(rows, types)):
+            ids[b, : len(r)] = r
+            mask[b, : len(r)] = 1
+            tt[b, : len(t)] = t
+        return cls(ids, mask, tt, meta={"source": "text", "texts": texts, "max_length": max_length})
+
+    @classmethod
+    def random(
+        cls,
+        vocab_size: int,
+        batch: int,
+        length: int,
+        *,
+        seed: int = 0,
+        pad_lengths: list[int] | None = None,
+        pad_id: int = 0,
+    ) -> ModelInputs:
+        """Seeded random ids in ``[0, vocab_size)``; ``pad_lengths[b]`` trailing positions of row b are padding."""
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, vocab_size, size=(batch, length), dtype=np.int64)
+        mask = np.ones((batch, length), dtype=np.int64)
+        for b, n in enumerate(pad_lengths or []):
+            if n:
+                ids[b, length - n :] = pad_id
+                mask[b, length - n :] = 0
+        return cls(ids, mask, None, meta={"source": "random", "seed": seed, "pad_lengths": list(pad_lengths or [])})
+
+    def torch(self, device: str = "cpu") -> dict[str, Any]:
+        """The inputs as torch tensors, keyword arguments of a Hugging Face forward."""
+        import torch
+
+        out = {
+            "input_ids": torch.from_numpy(self.input_ids).to(device),
+            "attention_mask": torch.from_numpy(self.attention_mask).to(device),
+        }
+        if self.token_type_ids is not None:
+            out["token_type_ids"] = torch.from_numpy(self.token_type_ids).to(device)
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """Write the inputs to a ``.safetensors`` file; the metadata holds ``meta`` as JSON."""
+        from safetensors.numpy import save_file
+
+        path = Path(path)
+        tensors = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            tensors["token_type_ids"] = self.token_type_ids
+        save_file(tensors, str(path), metadata={"debug_framework.inputs": json.dumps(self.meta, sort_keys=True)})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelInputs:
+        """Read inputs written by :meth:`save`."""
+        from safetensors import SafetensorError, safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelLoadingError("inputs file not found", file=str(path))
+        try:
+            with safe_open(str(path), framework="numpy") as fh:
+                meta = json.loads((fh.metadata() or {}).get("debug_framework.inputs", "{}"))
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelLoadingError(f"inputs file is corrupt: {exc}", file=str(path)) from exc
+        for key in ("input_ids", "attention_mask"):
+            if key not in tensors:
+                raise ModelLoadingError("inputs file lacks a tensor", file=str(path), tensor=key)
+        return cls(tensors["input_ids"], tensors["attention_mask"], tensors.get("token_type_ids"), meta=meta)

@@ -1,0 +1,245 @@
+"""``load_model(path)``: a Hugging Face directory, a ``.safetensors`` / ``.zt`` / ``.bin`` / ``.pt`` file.
+
+Everything is checked before the model is returned: the config parses into a supported
+architecture, every tensor the architecture needs is present, and every shape agrees with the
+config (from file headers, without reading the data). Any failure is a ``ModelLoadingError``
+(DF004) naming the file and, where it applies, the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelLoadingError
+from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, parse_config, read_config_file
+from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
+
+__all__ = ["LoadedModel", "load_model", "expected_tensors", "WEIGHT_SUFFIXES"]
+
+#: File suffix -> reader.
+WEIGHT_SUFFIXES: dict[str, type] = {
+    ".safetensors": SafetensorsReader,
+    ".zt": ZTensorReader,
+    ".bin": TorchFileReader,
+    ".pt": TorchFileReader,
+    ".pth": TorchFileReader,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for any backend.
+
+    Attributes:
+        path: what was loaded (directory or file).
+        format: ``"hf_dir"``, ``"safetensors"``, ``"zt"`` or ``"torch"``.
+        config: the typed config (:class:`LlamaModelConfig` or :class:`BertModelConfig`).
+        raw_config: ``config.json`` as read.
+        weights: canonical tensor name -> tensor, lazy.
+        tokenizer: a ``tokenizers.Tokenizer`` when ``tokenizer.json`` is present, else ``None``.
+    """
+
+    path: Path
+    format: str
+    config: ModelConfig
+    raw_config: dict[str, Any]
+    weights: WeightStore
+    tokenizer: Any = None
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def architecture(self) -> str:
+        """``"llama"`` or ``"bert"``."""
+        return self.config.architecture
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def digest(self) -> str:
+        """Content digest of the weights (SHA-256, format independent, stable across runs)."""
+        return self.weights.digest
+
+
+def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape of every tensor the architecture reads."""
+    out: dict[str, tuple[int, ...]] = {}
+    if isinstance(config, LlamaModelConfig):
+        d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+        hd, nh, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+        out["model.embed_tokens.weight"] = (v, d)
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            out[p + "input_layernorm.weight"] = (d,)
+            out[p + "post_attention_layernorm.weight"] = (d,)
+            for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+                out[p + f"self_attn.{proj}.weight"] = (rows, d)
+                if config.qkv_bias:
+                    out[p + f"self_attn.{proj}.bias"] = (rows,)
+            out[p + "self_attn.o_proj.weight"] = (d, nh * hd)
+            if config.o_bias:
+                out[p + "self_attn.o_proj.bias"] = (d,)
+            out[p + "mlp.gate_proj.weight"] = (f, d)
+            out[p + "mlp.up_proj.weight"] = (f, d)
+            out[p + "mlp.down_proj.weight"] = (d, f)
+            if config.mlp_bias:
+                out[p + "mlp.gate_proj.bias"] = (f,)
+                out[p + "mlp.up_proj.bias"] = (f,)
+                out[p + "mlp.down_proj.bias"] = (d,)
+        out["model.norm.weight"] = (d,)
+        if not config.tie_word_embeddings:
+            out["lm_head.weight"] = (v, d)
+        return out
+    assert isinstance(config, BertModelConfig)
+    d, f = config.hidden_size, config.intermediate_size
+    out["embeddings.word_embeddings.weight"] = (config.vocab_size, d)
+    out["embeddings.position_embeddings.weight"] = (config.max_position_embeddings, d)
+    out["embeddings.token_type_embeddings.weight"] = (config.type_vocab_size, d)
+    out["embeddings.LayerNorm.weight"] = (d,)
+    out["embeddings.LayerNorm.bias"] = (d,)
+    for i in range(config.num_hidden_layers):
+        p = f"encoder.layer.{i}."
+        for proj in ("query", "key", "value"):
+            out[p + f"attention.self.{proj}.weight"] = (d, d)
+            out[p + f"attention.self.{proj}.bias"] = (d,)
+        out[p + "attention.output.dense.weight"] = (d, d)
+        out[p + "attention.output.dense.bias"] = (d,)
+        out[p + "attention.output.LayerNorm.weight"] = (d,)
+        out[p + "attention.output.LayerNorm.bias"] = (d,)
+        out[p + "intermediate.dense.weight"] = (f, d)
+        out[p + "intermediate.dense.bias"] = (f,)
+        out[p + "output.dense.weight"] = (d, f)
+        out[p + "output.dense.bias"] = (d,)
+        out[p + "output.LayerNorm.weight"] = (d,)
+        out[p + "output.LayerNorm.bias"] = (d,)
+    return out
+
+
+def _canonical_prefix(config: ModelConfig, names: set[str]) -> tuple[str, str]:
+    """(prefix to strip, prefix to add) so that stored names become canonical names."""
+    if isinstance(config, BertModelConfig):
+        if "bert.embeddings.word_embeddings.weight" in names:
+            return "bert.", ""
+        return "", ""
+    if "model.embed_tokens.weight" not in names and "embed_tokens.weight" in names:
+        return "", "model."
+    return "", ""
+
+
+def _open_reader(path: Path) -> TensorReader:
+    if not path.exists():
+        raise ModelLoadingError("weights file not found", file=str(path))
+    reader_cls = WEIGHT_SUFFIXES.get(path.suffix.lower())
+    if reader_cls is None:
+        raise ModelLoadingError(
+            f"unknown weights format {path.suffix or '(no suffix)'!r}",
+            hint="use .safetensors, .zt, or a .bin/.pt state dict (read with weights_only=True)",
+            file=str(path),
+        )
+    return reader_cls(path)
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadingError(f"shard index is corrupt: {exc}", file=str(index)) from exc
+        shards = sorted({directory / str(s) for s in weight_map.values()})
+        for shard in shards:
+            if not shard.is_file():
+                raise ModelLoadingError("a shard named in the index is missing", file=str(shard))
+        return shards
+    for pattern in ("model.safetensors", "*.safetensors", "model.zt", "*.zt", "pytorch_model.bin", "*.bin", "*.pt"):
+        found = sorted(directory.glob(pattern))
+        if found:
+            return found
+    raise ModelLoadingError(
+        "no weights in the directory (looked for *.safetensors, *.zt, pytorch_model.bin)", file=str(directory)
+    )
+
+
+def _load_tokenizer(directory: Path) -> Any:
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # tokenizers is optional; a model without a tokenizer still runs on ids
+        return None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for bad JSON
+        raise ModelLoadingError(f"tokenizer.json cannot be read: {exc}", file=str(path)) from exc
+
+
+def load_model(path: str | Path, *, config_path: str | Path | None = None) -> LoadedModel:
+    """Load a model from a Hugging Face directory or a single weights file with ``config.json`` beside it.
+
+    Args:
+        path: a directory (``config.json`` + ``*.safetensors``, sharded with an index too, or
+            ``*.zt`` / ``pytorch_model.bin``), or a ``.safetensors`` / ``.zt`` / ``.bin`` / ``.pt`` file.
+        config_path: the config to use instead of ``config.json`` beside the weights.
+
+    Raises:
+        ModelLoadingError: (DF004) missing path, unknown format, truncated or corrupt file, wrong
+            magic, a missing tensor or one whose shape the config contradicts, an unsupported
+            architecture.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelLoadingError("model path does not exist", file=str(path))
+    directory = path if path.is_dir() else path.parent
+    if path.is_dir():
+        fmt = "hf_dir"
+        files = _weight_files(path)
+    else:
+        files = [path]
+        fmt = {".safetensors": "safetensors", ".zt": "zt"}.get(path.suffix.lower(), "torch")
+    cfg_file = Path(config_path) if config_path is not None else directory / "config.json"
+    if path.is_file() and path.suffix.lower() not in WEIGHT_SUFFIXES:
+        _open_reader(path)  # raises the unknown-format error before the config is looked at
+    raw = read_config_file(cfg_file)
+    config = parse_config(raw, source=str(cfg_file))
+
+    readers = [_open_reader(f) for f in files]
+    stored: dict[str, TensorReader] = {}
+    for reader in readers:
+        for name in reader.names():
+            stored[name] = reader
+    strip, add = _canonical_prefix(config, set(stored))
+    locations: dict[str, tuple[TensorReader, str]] = {}
+    for name, reader in stored.items():
+        canonical = add + (name[len(strip):] if strip and name.startswith(strip) else name)
+        locations[canonical] = (reader, name)
+
+    for name, shape in expected_tensors(config).items():
+        if name not in locations:
+            raise ModelLoadingError(
+                f"tensor missing: the {config.model_type} config needs {name!r}",
+                file=", ".join(str(f) for f in files),
+                tensor=name,
+            )
+        reader, stored_name = locations[name]
+        actual = reader.shape(stored_name)
+        if actual != shape:
+            raise ModelLoadingError(
+                f"shape {list(actual)} contradicts the config, which implies {list(shape)}",
+                hint="check that config.json belongs to these weights",
+                file=str(reader.path),
+                tensor=stored_name,
+            )
+    return LoadedModel(
+        path=path,
+        format=fmt,
+        config=config,
+        raw_config=raw,
+        weights=WeightStore(locations),
+        tokenizer=_load_tokenizer(directory),
+        files=files,
+    )

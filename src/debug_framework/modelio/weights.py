@@ -1,0 +1,214 @@
+"""Lazy weight readers for safetensors, ``.zt`` (ztensor 2.x) and ``torch.load(weights_only=True)`` files.
+
+A :class:`WeightStore` maps canonical tensor names to the file that holds them. Nothing is read
+until a tensor is asked for: safetensors are opened with ``safe_open`` (memory-mapped), ``.zt``
+tensors come zero-copy through DLPack, ``.bin``/``.pt`` files are memory-mapped by ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadingError
+
+__all__ = ["TensorReader", "SafetensorsReader", "ZTensorReader", "TorchFileReader", "WeightStore", "ZT_MAGIC"]
+
+#: The first eight bytes of every ztensor 2.x file.
+ZT_MAGIC = b"\x89ZT2\r\n\x1a\n"
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTOCOLS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+class TensorReader(Protocol):
+    """One weights file: names, shapes and dtypes from its header, tensors on demand."""
+
+    path: Path
+
+    def names(self) -> list[str]: ...
+    def shape(self, name: str) -> tuple[int, ...]: ...
+    def tensor(self, name: str) -> torch.Tensor: ...
+
+
+def _head(path: Path, n: int) -> bytes:
+    with path.open("rb") as fh:
+        return fh.read(n)
+
+
+class SafetensorsReader:
+    """A ``.safetensors`` file read through ``safe_open`` (memory-mapped, lazy)."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        self.path = path
+        size = path.stat().st_size
+        head = _head(path, 9)
+        if len(head) < 9:
+            raise ModelLoadingError("file is truncated: shorter than a safetensors header", file=str(path))
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if head[8:9] != b"{":
+            raise ModelLoadingError(
+                "wrong magic: the file does not start with a safetensors header (8-byte length + JSON)",
+                file=str(path),
+            )
+        if 8 + header_len > size:
+            raise ModelLoadingError(
+                f"file is truncated: its header says {header_len} header bytes, the file has {size}", file=str(path)
+            )
+        try:
+            self._handle = safe_open(str(path), framework="pt", device="cpu")
+        except (SafetensorError, OSError, ValueError) as exc:
+            kind = "truncated" if "not fully covered" in str(exc) else "corrupt"
+            raise ModelLoadingError(f"file is {kind}: {exc}", file=str(path)) from exc
+        self._names = list(self._handle.keys())
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle.get_slice(name).get_shape())
+
+    def tensor(self, name: str) -> torch.Tensor:
+        try:
+            return self._handle.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadingError(f"cannot read tensor: {exc}", file=str(self.path), tensor=name) from exc
+
+
+class ZTensorReader:
+    """A ``.zt`` file (ztensor 2.x); tensors come zero-copy through DLPack."""
+
+    def __init__(self, path: Path) -> None:
+        import ztensor
+
+        self.path = path
+        head = _head(path, len(ZT_MAGIC))
+        if len(head) < len(ZT_MAGIC):
+            raise ModelLoadingError("file is truncated: shorter than the .zt magic", file=str(path))
+        if head != ZT_MAGIC:
+            raise ModelLoadingError(
+                f"wrong magic: expected {ZT_MAGIC!r} for a .zt file, found {head!r}", file=str(path)
+            )
+        try:
+            self._src = ztensor.open(str(path))
+            self._names = list(self._src.keys())
+        except (ValueError, OSError, RuntimeError) as exc:
+            raise ModelLoadingError(f"file is truncated or corrupt: {exc}", file=str(path)) from exc
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._src[name].shape)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        t = self._src[name]
+        if t.layout != "dense":
+            raise ModelLoadingError(f"tensor layout {t.layout!r} is not supported", file=str(self.path), tensor=name)
+        try:
+            return torch.from_dlpack(t)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise ModelLoadingError(f"cannot read tensor: {exc}", file=str(self.path), tensor=name) from exc
+
+
+class TorchFileReader:
+    """A ``.bin``/``.pt`` state dict, loaded only with ``torch.load(weights_only=True)``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        head = _head(path, 4)
+        if not (head == _ZIP_MAGIC or head[:2] in _PICKLE_PROTOCOLS):
+            raise ModelLoadingError(
+                f"wrong magic: not a torch.save file (found {head!r})", file=str(path)
+            )
+        try:
+            try:
+                obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many kinds for bad archives; all mean the same here
+            raise ModelLoadingError(
+                f"file is truncated, corrupt or holds more than tensors: {exc}".split("\n")[0],
+                hint="only plain state dicts are read; nothing else is unpickled",
+                file=str(path),
+            ) from exc
+        if isinstance(obj, Mapping) and "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
+            obj = obj["state_dict"]
+        if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+            raise ModelLoadingError("file does not hold a state dict of tensors", file=str(path))
+        self._tensors: dict[str, torch.Tensor] = dict(obj)
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+
+class WeightStore(Mapping[str, torch.Tensor]):
+    """Canonical tensor name -> tensor, read lazily from one or more files.
+
+    ``store["model.embed_tokens.weight"]`` returns a CPU torch tensor in the file's dtype (a view
+    of the file where the format allows). :meth:`numpy` converts to a NumPy array of a dtype.
+    """
+
+    def __init__(self, locations: dict[str, tuple[TensorReader, str]]) -> None:
+        self._loc = locations
+        self._digest: str | None = None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._loc:
+            raise KeyError(name)
+        reader, stored = self._loc[name]
+        return reader.tensor(stored)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loc)
+
+    def __len__(self) -> int:
+        return len(self._loc)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Shape from the file header, without reading the data."""
+        reader, stored = self._loc[name]
+        return reader.shape(stored)
+
+    def file_of(self, name: str) -> Path:
+        """The file that holds ``name``."""
+        return self._loc[name][0].path
+
+    def numpy(self, name: str, dtype: Any = np.float64) -> np.ndarray:
+        """The tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches)."""
+        t = self[name]
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.to(torch.float32)
+        return np.asarray(t.numpy(), dtype=dtype)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 over (name, dtype, shape, bytes) of every tensor, names sorted.
+
+        Independent of the container format and of the order tensors are stored in, so the same
+        weights saved as a HF directory and as a ``.zt`` file share a digest.
+        """
+        if self._digest is None:
+            h = hashlib.sha256()
+            for name in sorted(self._loc):
+                t = self[name].contiguous()
+                h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
+                if t.numel():
+                    h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            self._digest = h.hexdigest()
+        return self._digest
