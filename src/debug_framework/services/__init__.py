@@ -1,0 +1,1 @@
+"""Services: validation engine, database manager, tensor store, session diff (spec names)."""
