@@ -136,3 +136,29 @@ def test_session_results_survive_a_process_restart(db_path):
     assert (row["checkpoint"], row["layer"], row["passed"]) == ("post_mlp", 2, False)
     assert math.isnan(row["max_abs_error"]) and row["sqnr_db"] == math.inf
     s.db.close()
+
+
+def _child_writes(db: DatabaseManager, tag: str) -> None:
+    sid = db.create_session(f"child-{tag}", "python_reference", "pytorch")
+    db.update_session_status(sid, "running")
+    db.add_checkpoint_result(sid, {"checkpoint": "post_mlp", "layer": 0, "passed": True, "max_abs_error": 0.0})
+    db.update_session_status(sid, "passed")
+    db.close()
+
+
+def test_manager_is_usable_after_fork_and_in_spawned_processes(db):
+    import multiprocessing as mp
+
+    db.create_session("parent", "python_reference", "pytorch")  # parent has an open connection
+    for method in ("fork", "spawn"):
+        ctx = mp.get_context(method)
+        procs = [ctx.Process(target=_child_writes, args=(db, f"{method}-{i}")) for i in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0], method
+    db.create_session("parent-again", "python_reference", "pytorch")  # parent connection still fine
+    names = sorted(r["model_path"] for r in db.list_sessions(status="passed"))
+    assert names == ["child-fork-0", "child-fork-1", "child-spawn-0", "child-spawn-1"]
+    assert len(db.list_sessions()) == 6

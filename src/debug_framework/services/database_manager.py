@@ -557,11 +557,21 @@ class DatabaseManager:
         self.busy_timeout_s = float(busy_timeout_s)
         self.max_retry_s = float(max_retry_s)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: list[tuple[int, sqlite3.Connection]] = []
         self._all_lock = threading.Lock()
         self._closed = False
         if initialize:
             self.create_tables()
+
+    # A manager can be handed to another process (multiprocessing spawn/fork): only the settings
+    # travel; the new process opens its own connections.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"database_path": self.database_path, "busy_timeout_s": self.busy_timeout_s,
+                "max_retry_s": self.max_retry_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["database_path"], busy_timeout_s=state["busy_timeout_s"],  # type: ignore[misc]
+                      max_retry_s=state["max_retry_s"], initialize=False)
 
     def __repr__(self) -> str:
         return f"DatabaseManager({str(self.database_path)!r})"
@@ -602,14 +612,17 @@ class DatabaseManager:
                 raise self._wrap(exc, "open the database") from exc
             self._local.conn, self._local.pid = conn, os.getpid()
             with self._all_lock:
-                self._all.append(conn)
+                self._all.append((os.getpid(), conn))
         return conn
 
     def close(self) -> None:
-        """Close every connection this manager opened in this process."""
+        """Close every connection this manager opened in this process (after a fork, connections
+        inherited from the parent are left alone: closing them in the child is unsafe in SQLite)."""
+        pid = os.getpid()
         with self._all_lock:
-            conns, self._all = self._all, []
-        for c in conns:
+            mine = [c for p, c in self._all if p == pid]
+            self._all = []
+        for c in mine:
             try:
                 c.close()
             except sqlite3.Error:
