@@ -201,3 +201,14 @@ def test_inputs_save_and_replay(tmp_path, minilm_path):
     r2 = ModelInputs.random(100, 3, 5, seed=4, pad_lengths=[0, 2])
     assert np.array_equal(r1.input_ids, r2.input_ids) and r1.attention_mask[1].tolist() == [1, 1, 1, 0, 0]
     assert not np.array_equal(r1.input_ids, ModelInputs.random(100, 3, 5, seed=5).input_ids)
+
+
+def test_out_of_vocabulary_ids_are_a_df005_error(tiny_qwen2):
+    from debug_framework.errors import ValidationError
+
+    _, ref, alt = _pair(tiny_qwen2["hf"])
+    bad = ModelInputs.random(500, batch=1, length=4, seed=0)  # vocab is 128
+    for backend in (ref, alt):
+        with pytest.raises(ValidationError) as info:
+            backend.run(bad)
+        assert info.value.code == "DF005" and "[0, 128)" in str(info.value)

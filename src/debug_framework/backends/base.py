@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from ..capture.keys import Capture, CheckpointKey, CheckpointSelection
-from ..errors import BackendInitializationError
+from ..errors import BackendInitializationError, ValidationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
@@ -73,6 +73,20 @@ class BaseBackend:
         if self.model is None:
             raise BackendInitializationError("run() called before prepare()", hint="call backend.prepare(model) first", backend=self.name)
         return self.model
+
+    def _check_inputs(self, inputs: ModelInputs) -> None:
+        """Ids must lie in the vocabulary and the length within the position table (DF005)."""
+        config = self._prepared().config
+        ids = inputs.input_ids
+        if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
+            raise ValidationError(
+                f"token ids must lie in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]", backend=self.name
+            )
+        if ids.shape[1] > config.max_position_embeddings:
+            raise ValidationError(
+                f"{ids.shape[1]} tokens exceed max_position_embeddings={config.max_position_embeddings}",
+                backend=self.name,
+            )
 
     def _keys(self, taps: Taps) -> list[CheckpointKey]:
         return CheckpointSelection.coerce(taps, self._prepared().num_layers)

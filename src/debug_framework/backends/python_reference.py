@@ -36,6 +36,7 @@ class PythonReferenceBackend(BaseBackend):
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
+        self._check_inputs(inputs)
         layer_inputs: dict[int, np.ndarray] | None = {} if capture_layer_inputs else None
         start = time.perf_counter()
         out = self.reference.forward(

@@ -103,6 +103,7 @@ class TorchModuleBackend(BaseBackend):
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
+        self._check_inputs(inputs)
         wanted = set(keys)
         active = [t for t in self.taps if t.key in wanted]
         kwargs = inputs.torch(self.device)

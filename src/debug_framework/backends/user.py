@@ -54,6 +54,7 @@ class CallableBackend(BaseBackend):
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
+        self._check_inputs(inputs)
         fn = getattr(self.runner, "run", self.runner)
         start = time.perf_counter()
         produced = fn(inputs, keys)
