@@ -1,0 +1,128 @@
+"""Private-API module for ``torch._dynamo``: hooked optimize, guard text, graph-break reasons, reset.
+
+Nothing else in ``debug_module`` imports ``torch._dynamo``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from . import check_torch_version
+
+check_torch_version()
+
+import torch._dynamo as _dynamo  # noqa: E402
+
+__all__ = [
+    "optimize_with_hooks",
+    "reset",
+    "graph_break_reason",
+    "guard_lines",
+    "guard_fail_parts",
+    "inner_exception",
+]
+
+
+def reset() -> None:
+    """Forget every compiled frame and guard (process-wide)."""
+    _dynamo.reset()
+
+
+def _frame_guard_expressions() -> tuple[str, list[str]] | None:
+    """Called from inside Dynamo's ``guard_export_fn`` hook: the compiled frame's code name and its
+    guard expressions, read from the guard manager Dynamo just built (the caller's local
+    ``check_fn``). ``None`` if this torch lays its frames out differently."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        check_fn = frame.f_locals.get("check_fn")
+        code = frame.f_locals.get("code")
+        if check_fn is not None and hasattr(check_fn, "guard_manager"):
+            root = getattr(check_fn.guard_manager, "root", None)
+            if root is None:
+                return None
+            lines: list[str] = []
+
+            def add(leaves: Iterable[Any]) -> None:
+                for leaf in leaves:  # (pybind wrappers are transient: dedupe by text, not id)
+                    for part in leaf.verbose_code_parts():
+                        part = part.split("  #")[0].rstrip()
+                        if part not in lines:
+                            lines.append(part)
+
+            def visit(mgr: Any) -> None:
+                add(mgr.get_leaf_guards())
+                if hasattr(mgr, "get_key_value_managers"):  # dict managers (L, G ...)
+                    for _, (key_mgr, val_mgr) in sorted(mgr.get_key_value_managers().items()):
+                        for sub in (key_mgr, val_mgr):
+                            if sub:
+                                visit(sub)
+                for child in mgr.get_child_managers():
+                    visit(child)
+
+            visit(root)
+            if hasattr(root, "get_epilogue_lambda_guards"):
+                add(root.get_epilogue_lambda_guards())
+            return getattr(code, "co_name", "?"), lines
+        frame = frame.f_back
+    return None
+
+
+def optimize_with_hooks(
+    fn: Callable[..., Any],
+    backend: Callable[..., Any],
+    *,
+    on_guards: Callable[[str | None, list[str]], None],
+    on_guard_fail: Callable[[str, str], None],
+    dynamic: bool | None = None,
+) -> Callable[..., Any]:
+    """``torch.compile`` ``fn`` with ``backend`` and hooks: ``on_guards(code_name, expressions)`` after
+    each frame compiles (the guards of its graph, as Python-like expressions);
+    ``on_guard_fail(reason, code_name)`` when a cached graph's guards fail (a recompile)."""
+
+    def export(guards: Iterable[Any]) -> None:
+        found = _frame_guard_expressions()
+        if found is not None:
+            on_guards(*found)
+        else:  # fall back to Dynamo's Guard objects
+            on_guards(None, [line for g in guards for line in guard_lines(g)])
+
+    def fail(guard_fail: Any) -> None:
+        on_guard_fail(str(guard_fail.reason), getattr(guard_fail.orig_code, "co_name", "?"))
+
+    return _dynamo.optimize(backend, guard_export_fn=export, guard_fail_fn=fail, dynamic=dynamic)(fn)
+
+
+def graph_break_reason(gm: torch.fx.GraphModule) -> tuple[str, list[traceback.FrameSummary]] | None:
+    """Why Dynamo ended this graph, if it was a graph break: (reason, user stack)."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    return str(reason.reason), list(reason.user_stack or [])
+
+
+def guard_lines(guard: Any) -> list[str]:
+    """Readable expressions of one Dynamo guard (its generated code parts, else its description)."""
+    parts = [str(p) for p in (getattr(guard, "code_list", None) or [])]
+    if parts:
+        return parts
+    name = getattr(guard, "name", "?")
+    create_fn = getattr(guard, "create_fn", None)
+    create = getattr(getattr(create_fn, "func", create_fn), "__name__", None) or "guard"
+    return [f"{create}({name})"]
+
+
+def guard_fail_parts(reason: str) -> list[str]:
+    return [line.strip() for line in reason.splitlines() if line.strip()]
+
+
+def inner_exception(exc: BaseException) -> BaseException:
+    """The backend's own exception inside Dynamo's ``BackendCompilerFailed`` wrapper."""
+    inner = getattr(exc, "inner_exception", None)
+    return inner if isinstance(inner, BaseException) else exc

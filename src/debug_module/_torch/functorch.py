@@ -1,0 +1,108 @@
+"""Private-API module for ``torch._functorch`` (AOTAutograd), ``torch._decomp`` and fake tensors.
+
+Nothing else in ``debug_module`` imports those packages; it calls the functions here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from . import check_torch_version
+
+check_torch_version()
+
+import torch._decomp as _decomp  # noqa: E402
+import torch._functorch.aot_autograd as _aot  # noqa: E402
+import torch._functorch.config as _functorch_config  # noqa: E402
+from torch._functorch.partitioners import (  # noqa: E402
+    default_partition,
+    min_cut_rematerialization_partition,
+)
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+
+__all__ = [
+    "aot_compile",
+    "make_boxed_func",
+    "core_aten_decompositions",
+    "is_fake_tensor",
+    "count_aot_graph_captures",
+    "AotCaptureCounter",
+]
+
+make_boxed_func = _aot.make_boxed_func
+
+_PARTITIONERS = {"min_cut": min_cut_rematerialization_partition, "default": default_partition}
+
+
+def core_aten_decompositions() -> dict[Any, Callable[..., Any]]:
+    """PyTorch's core-ATen decomposition table (what an accelerator lowering usually starts from)."""
+    return dict(_decomp.core_aten_decompositions())
+
+
+def is_fake_tensor(value: object) -> bool:
+    return isinstance(value, FakeTensor)
+
+
+def aot_compile(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fw_compiler: Callable[..., Any],
+    bw_compiler: Callable[..., Any] | None = None,
+    inference_compiler: Callable[..., Any] | None = None,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+    partition: str = "min_cut",
+) -> Callable[..., Any]:
+    """Run AOTAutograd once on a Dynamo graph.
+
+    The compilers receive ATen-level graphs (forward, backward, or inference) whose nodes carry
+    FakeTensor metadata in ``node.meta["val"]`` and must return boxed callables. The backward graph
+    is lowered eagerly (not at the first ``.backward()``) so that everything about one graph is
+    captured inside the caller's context; the AOTAutograd cache is off so the graphs are really
+    traced here.
+    """
+    with _functorch_config.patch(
+        force_non_lazy_backward_lowering=True,
+        enable_autograd_cache=False,
+    ):
+        return _aot.aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=fw_compiler,
+            bw_compiler=bw_compiler or fw_compiler,
+            inference_compiler=inference_compiler,
+            partition_fn=_PARTITIONERS[partition],
+            decompositions=decompositions,
+        )
+
+
+class AotCaptureCounter:
+    """How many times AOTAutograd traced a graph (stage-1 graph capture) inside the context."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+@contextlib.contextmanager
+def count_aot_graph_captures() -> Iterator[AotCaptureCounter]:
+    """Count real AOTAutograd graph captures by wrapping torch's own stage-1 capture function.
+
+    Independent of this package's bookkeeping: it counts calls into torch itself, so a test can
+    check that AOTAutograd ran exactly once per Dynamo graph.
+    """
+    counter = AotCaptureCounter()
+    original = _aot.aot_stage1_graph_capture
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counter.count += 1
+        return original(*args, **kwargs)
+
+    _aot.aot_stage1_graph_capture = counting
+    try:
+        yield counter
+    finally:
+        _aot.aot_stage1_graph_capture = original

@@ -1,0 +1,82 @@
+"""Private-API module for ``torch._inductor``: the inner compiler, its trace/debug config, decompositions.
+
+Nothing else in ``debug_module`` imports ``torch._inductor``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import check_torch_version
+
+check_torch_version()
+
+import torch._inductor.config as _config  # noqa: E402
+from torch._inductor.compile_fx import compile_fx_inner  # noqa: E402
+from torch._inductor.decomposition import select_decomp_table  # noqa: E402
+
+__all__ = ["inductor_decompositions", "compile_graph", "trace_into", "TRACE_FILES"]
+
+#: Files Inductor's debug trace writes per compiled graph (in ``<dir>/torchinductor/<graph>.<n>/``).
+TRACE_FILES = {
+    "ir_pre_fusion.txt": "ir_pre_fusion",
+    "ir_post_fusion.txt": "ir_post_fusion",
+    "output_code.py": "output_code",
+    "fx_graph_readable.py": "fx_graph_readable",
+    "fx_graph_runnable.py": "fx_graph_runnable",
+    "fx_graph_transformed.py": "fx_graph_transformed",
+}
+
+
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """The decomposition table Inductor applies during AOTAutograd."""
+    return dict(select_decomp_table())
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    is_backward: bool = False,
+    is_inference: bool = False,
+) -> Callable[..., Any]:
+    """Compile one ATen graph (from AOTAutograd) with Inductor's inner compiler; returns a boxed callable."""
+    return compile_fx_inner(gm, list(example_inputs), is_backward=is_backward, is_inference=is_inference)
+
+
+@contextlib.contextmanager
+def trace_into(directory: str | os.PathLike[str], *, svg: bool = False) -> Iterator[Path]:
+    """Make Inductor write its debug trace (IR pre/post fusion, output code, FX graphs) under ``directory``.
+
+    Only compilations inside the context write there, and the on-disk FX graph cache is off so a
+    graph compiled before cannot be served from cache without its IR being produced. ``directory``
+    should be fresh for each run: the caller never reads files it did not cause.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    debug_log = logging.getLogger("torch._inductor.debug")  # its "debug trace: <dir>" warning is ours to report
+    previous_level = debug_log.level
+    debug_log.setLevel(logging.ERROR)
+    with contextlib.ExitStack() as stack:
+        stack.callback(debug_log.setLevel, previous_level)
+        stack.enter_context(_config.patch(
+        {
+            "trace.enabled": True,
+            "trace.debug_dir": str(directory),
+            "trace.ir_pre_fusion": True,
+            "trace.ir_post_fusion": True,
+            "trace.output_code": True,
+            "trace.fx_graph": True,
+            "trace.graph_diagram": svg,
+            "fx_graph_cache": False,
+            "fx_graph_remote_cache": False,
+        }
+        ))
+        yield directory / "torchinductor"
