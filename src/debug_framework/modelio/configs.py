@@ -1,6 +1,6 @@
 """Typed model configurations read from a Hugging Face ``config.json``.
 
-Two families are supported: the Llama family (``llama``, ``qwen2``, ``mistral``-style decoders:
+Two families are supported: the Llama family (``llama``, ``qwen2`` decoders:
 RMSNorm, rotary embeddings, grouped-query attention, SiLU-gated MLP) and the BERT family
 (``bert``: post-LN encoder). Anything else is an unsupported architecture (DF004).
 """
