@@ -1,0 +1,29 @@
+"""The comparison core: one streaming engine that every other part of the project uses.
+
+    >>> import torch
+    >>> from debug_framework.comparison import compare
+    >>> r = compare(torch.ones(4), torch.ones(4) + 1e-7)
+    >>> r.passed, r.max_ulp_error
+    (True, 1)
+"""
+
+from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
+from .nested import compare_nested, flatten_outputs
+from .result import ComparisonResult, NestedComparison, WorstElement, json_safe
+from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
+
+__all__ = [
+    "compare",
+    "compare_nested",
+    "flatten_outputs",
+    "ComparisonResult",
+    "NestedComparison",
+    "WorstElement",
+    "Tolerance",
+    "PassRule",
+    "default_tolerance",
+    "less_precise_dtype",
+    "json_safe",
+    "DEFAULT_CHUNK_ELEMENTS",
+    "EXACT_QUANTILE_LIMIT",
+]

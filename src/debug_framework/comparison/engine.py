@@ -1,0 +1,386 @@
+"""``compare``: one streaming pass over a pair of tensors, every metric at once.
+
+CPU tensors and NumPy arrays go through the fused numba kernel (``_kernel.accumulate``); tensors on
+another device (CUDA, MPS, ...) are compared where they live with the same algorithm written in
+torch ops (``_accumulate_torch``). Both fold chunks into the same small state, so extra memory is
+bounded by the chunk size whatever the input size.
+
+Quantiles (median, p99) are exact up to ``exact_quantile_limit`` elements; above it they come from
+a histogram of log-spaced buckets of relative width 1/16 and are within 1/32 (3.2 %) relative of a
+value that lies between the two exact order statistics being interpolated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from . import _kernel as K
+from ._inputs import as_tensor, int_view_dtype, iter_flat_chunks, ulp_mask
+from .result import ComparisonResult, WorstElement
+from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
+
+__all__ = ["compare", "DEFAULT_CHUNK_ELEMENTS", "EXACT_QUANTILE_LIMIT"]
+
+#: Elements per chunk when a chunk must be converted or copied (2M: at most 16 MiB per side in float64).
+DEFAULT_CHUNK_ELEMENTS = 1 << 21
+#: Up to this many elements, median and p99 are computed exactly.
+EXACT_QUANTILE_LIMIT = 1 << 20
+
+Engine = Literal["auto", "numba", "torch"]
+
+
+def compare(
+    reference: Any,
+    alternative: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    equal_nan: bool | None = None,
+    pass_rule: PassRule | None = None,
+    max_mismatch_percent: float | None = None,
+    outlier_factor: float | None = None,
+    tolerance: Tolerance | None = None,
+    check_dtype: bool = True,
+    top_k: int = 5,
+    name: str = "",
+    chunk_elements: int | None = None,
+    exact_quantile_limit: int = EXACT_QUANTILE_LIMIT,
+    engine: Engine = "auto",
+) -> ComparisonResult:
+    """Compare ``alternative`` against ``reference`` and return every metric plus a verdict.
+
+    Args:
+        reference, alternative: torch tensors (any device), NumPy arrays or Python numbers.
+        rtol, atol, equal_nan, pass_rule, max_mismatch_percent, outlier_factor: override single
+            fields of the tolerance.
+        tolerance: the base tolerance; default: torch.testing's defaults for the less precise of
+            the two dtypes (exact for integers and bool).
+        check_dtype: a dtype difference fails the result (it is always recorded in ``dtype_match``).
+        top_k: how many worst elements to report.
+        name: a label carried into the result (a checkpoint or output leaf name).
+        chunk_elements: chunk size of the streaming pass (tests use small values).
+        exact_quantile_limit: above this many elements, median/p99 come from the histogram.
+        engine: ``"auto"`` (numba on CPU, torch elsewhere), or force one.
+
+    Never raises for a shape or dtype mismatch: the result fails with the reason. Raises
+    ``ComparisonError`` (DF006) for inputs that are not numeric tensors.
+    """
+    ref = as_tensor(reference, "reference")
+    alt = as_tensor(alternative, "alternative")
+    governing = less_precise_dtype(ref.dtype, alt.dtype)
+    tol = (tolerance or default_tolerance(governing)).with_overrides(
+        rtol=rtol,
+        atol=atol,
+        equal_nan=equal_nan,
+        pass_rule=pass_rule,
+        max_mismatch_percent=max_mismatch_percent,
+        outlier_factor=outlier_factor,
+    )
+    top_k = max(0, int(top_k))
+    base = dict(
+        name=name,
+        tolerance=tol,
+        reference_shape=tuple(ref.shape),
+        alternative_shape=tuple(alt.shape),
+        reference_dtype=str(ref.dtype).removeprefix("torch."),
+        alternative_dtype=str(alt.dtype).removeprefix("torch."),
+        dtype_match=ref.dtype == alt.dtype,
+    )
+    if ref.shape != alt.shape:
+        return ComparisonResult(
+            passed=False,
+            reason=f"shape mismatch: reference {tuple(ref.shape)} vs alternative {tuple(alt.shape)}",
+            shape_match=False,
+            numel=ref.numel(),
+            **base,
+        )
+
+    device = ref.device if ref.device.type != "cpu" else alt.device
+    if engine == "auto":
+        engine = "numba" if device.type == "cpu" else "torch"
+    both_float = ref.dtype.is_floating_point and alt.dtype.is_floating_point
+    exact_ints = not both_float and tol.rtol == 0.0 and tol.atol == 0.0
+    wide = torch.float64 in (ref.dtype, alt.dtype) or not both_float
+    if engine == "torch" and device.type == "mps":
+        wide = False  # MPS has no float64
+    compute = torch.float64 if wide else torch.float32
+    ulp_dtype = governing if both_float else None
+    mask = ulp_mask(ulp_dtype) if ulp_dtype is not None else 0
+    n = ref.numel()
+    exact_q = n <= exact_quantile_limit
+    rel_eps = float(torch.finfo(governing).eps) if governing.is_floating_point else 1.0
+
+    no_copy = (
+        engine == "numba"
+        and ref.dtype == alt.dtype == compute
+        and ref.is_contiguous()
+        and alt.is_contiguous()
+    )
+    chunk = n if (no_copy and chunk_elements is None) else (chunk_elements or DEFAULT_CHUNK_ELEMENTS)
+    chunk = max(1, chunk)
+
+    state = K.new_state(top_k)
+    errs: list[np.ndarray] = []
+    exact_mismatch = 0
+    offset = 0
+    for rc, ac in zip(iter_flat_chunks(ref, chunk), iter_flat_chunks(alt, chunk), strict=True):
+        rc = rc.to(device)
+        ac = ac.to(device)
+        af, ai = _prepare(ac, compute, ulp_dtype)
+        rf, ri = _prepare(rc, compute, ulp_dtype)
+        if engine == "numba":
+            a_np, r_np = af.numpy(), rf.numpy()
+            ai_np = ai.numpy() if ai is not None else _NO_INTS
+            ri_np = ri.numpy() if ri is not None else _NO_INTS
+            K.accumulate(
+                a_np, r_np, ai_np, ri_np, np.int64(mask), np.int64(offset),
+                float(tol.rtol), float(tol.atol), float(tol.outlier_factor), rel_eps,
+                bool(tol.equal_nan), *state, K.num_threads(),
+            )
+            if exact_q:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    d = np.abs(a_np.astype(np.float64) - r_np.astype(np.float64))
+                errs.append(d[np.isfinite(d) & np.isfinite(a_np) & np.isfinite(r_np)])
+        else:
+            _accumulate_torch(state, af, rf, ai, ri, mask, offset, tol, rel_eps, errs if exact_q else None)
+        if exact_ints:
+            exact_mismatch += int((rc != ac).sum().item())
+        offset += rc.numel()
+
+    return _finalize(ref, alt, state, errs if exact_q else None, tol, n, ulp_dtype,
+                     exact_mismatch if exact_ints else None, check_dtype, top_k, base)
+
+
+_NO_INTS = np.zeros(0, np.int64)
+
+
+def _prepare(chunk: torch.Tensor, compute: torch.dtype, ulp_dtype: torch.dtype | None):
+    f = chunk if chunk.dtype == compute else chunk.to(compute)
+    if ulp_dtype is None:
+        return f, None
+    u = chunk if chunk.dtype == ulp_dtype else chunk.to(ulp_dtype)
+    return f, u.view(int_view_dtype(ulp_dtype))
+
+
+def _accumulate_torch(state, a, r, ai, ri, mask, offset, tol, rel_eps, errs) -> None:
+    """The kernel's algorithm in torch ops, for tensors on any device (one host sync per chunk)."""
+    fs, cnt, hist, ulp, tv, ti, nfi = state
+    fin = torch.isfinite(a) & torch.isfinite(r)
+    x = torch.where(fin, a, 0)
+    y = torch.where(fin, r, 0)
+    d = x - y
+    ad = d.abs()
+    ay = y.abs()
+    bound = tol.atol + tol.rtol * ay
+    rel = ad / ay.clamp_min(rel_eps)
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    scalars = torch.stack([
+        ad.sum(dtype=acc), (d * d).sum(dtype=acc), (y * y).sum(dtype=acc), (x * x).sum(dtype=acc),
+        (x * y).sum(dtype=acc), rel.sum(dtype=acc), rel.max() if rel.numel() else torch.zeros((), dtype=acc, device=a.device),
+        fin.sum().to(acc), (ad > bound).sum().to(acc), (ad > tol.outlier_factor * bound).sum().to(acc),
+    ]).tolist()
+    for i, f in enumerate((K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR, K.F_SUM_REL)):
+        fs[f] += scalars[i]
+    fs[K.F_MAX_REL] = max(fs[K.F_MAX_REL], scalars[6])
+    cnt[K.I_FINITE] += int(scalars[7])
+    cnt[K.I_MISMATCH] += int(scalars[8])
+    cnt[K.I_GROSS] += int(scalars[9])
+    if ai is not None and ai.numel():
+        ia, ir = ai.to(torch.int64), ri.to(torch.int64)
+        ma, mr = ia & mask, ir & mask
+        same = (ia < 0) == (ir < 0)
+        u = torch.where(same, (ma - mr).abs().to(torch.float64), ma.to(torch.float64) + mr.to(torch.float64))
+        u = torch.where(fin, u, 0)
+        ulp[0] = max(int(ulp[0]), int(u.max().item()))
+    keys = (ad.to(torch.float64).view(torch.int64) >> K.HIST_SHIFT)[fin]
+    hist += torch.bincount(keys, minlength=K.HIST_BUCKETS).cpu().numpy()
+    k = tv.shape[0]
+    vals = torch.where(fin, ad, -1.0)
+    kk = min(k, vals.numel())
+    if kk:
+        top_v, top_i = torch.topk(vals.to(torch.float64), kk)
+        cand_v = np.concatenate([tv, top_v.cpu().numpy()])
+        cand_i = np.concatenate([ti, top_i.cpu().numpy() + offset])
+        order = np.argsort(-cand_v, kind="stable")[:k]
+        tv[:] = cand_v[order]
+        ti[:] = cand_i[order]
+    if errs is not None:
+        errs.append(ad[fin].to(torch.float64).cpu().numpy())
+    nf = ~fin
+    if bool(nf.any()):
+        an, rn = torch.isnan(a), torch.isnan(r)
+        ainf, rinf = torch.isinf(a), torch.isinf(r)
+        counts = torch.stack([
+            an.sum(), rn.sum(), (ainf & (a > 0)).sum(), (ainf & (a < 0)).sum(),
+            (rinf & (r > 0)).sum(), (rinf & (r < 0)).sum(),
+        ]).tolist()
+        for c, v in zip((K.I_NAN_A, K.I_NAN_R, K.I_POSINF_A, K.I_NEGINF_A, K.I_POSINF_R, K.I_NEGINF_R), counts, strict=True):
+            cnt[c] += int(v)
+        first = int(torch.nonzero(nf)[0].item()) + offset
+        if cnt[K.I_FIRST_NONFINITE] < 0:
+            cnt[K.I_FIRST_NONFINITE] = first
+        match = (an & rn) if tol.equal_nan else torch.zeros_like(an)
+        match = match | (~an & ~rn & (a == r))
+        bad = nf & ~match
+        nbad = int(bad.sum().item())
+        cnt[K.I_MISMATCH] += nbad
+        cnt[K.I_GROSS] += nbad
+        if nbad:
+            idx = torch.nonzero(bad).flatten()[: nfi.shape[0]].cpu().numpy() + offset
+            have = nfi[nfi >= 0]
+            merged = np.sort(np.concatenate([have, idx]))[: nfi.shape[0]]
+            nfi[:] = -1
+            nfi[: merged.shape[0]] = merged
+        cnt[K.I_NONFINITE_MISMATCH] += nbad
+
+
+def _bucket_mid(b: int) -> float:
+    if b == 0:
+        return 0.0
+    lo = np.array([b << K.HIST_SHIFT], np.int64).view(np.float64)[0]
+    hi = np.array([(b + 1) << K.HIST_SHIFT], np.int64).view(np.float64)[0]
+    return float((lo + hi) / 2)
+
+
+def _hist_quantiles(hist: np.ndarray, qs: tuple[float, ...], max_ad: float) -> list[float]:
+    total = int(hist.sum())
+    cum = np.cumsum(hist)
+    out = []
+    for q in qs:
+        pos = q * (total - 1)
+        lo_rank, hi_rank = math.floor(pos), math.ceil(pos)
+        v_lo = _bucket_mid(int(np.searchsorted(cum, lo_rank, side="right")))
+        v_hi = _bucket_mid(int(np.searchsorted(cum, hi_rank, side="right")))
+        v = v_lo + (v_hi - v_lo) * (pos - lo_rank)
+        out.append(min(v, max_ad))
+    return out
+
+
+def _py(value: torch.Tensor) -> float | int | bool:
+    v = value.item()
+    return v
+
+
+def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dtype, top_k, base) -> ComparisonResult:
+    fs, cnt, hist, ulp, tv, ti, nfi = state
+    nfin = int(cnt[K.I_FINITE])
+    mismatch = int(cnt[K.I_MISMATCH]) if exact_mismatch is None else exact_mismatch
+    gross = int(cnt[K.I_GROSS]) if exact_mismatch is None else exact_mismatch
+    mismatch_pct = 100.0 * mismatch / n if n else 0.0
+    valid = ti >= 0
+    order = np.argsort(-tv[valid], kind="stable")
+    fin_v, fin_i = tv[valid][order], ti[valid][order]
+
+    metrics: dict[str, Any] = {}
+    if nfin:
+        s_ad, s_d2, s_r2, s_a2, s_ar = (float(fs[f]) for f in (K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR))
+        max_ad = float(fin_v[0]) if fin_v.size else 0.0
+        if errs is not None:
+            e = np.concatenate(errs) if errs else np.zeros(0)
+            med, p99 = (float(v) for v in np.quantile(e, [0.5, 0.99])) if e.size else (0.0, 0.0)
+        else:
+            med, p99 = _hist_quantiles(hist, (0.5, 0.99), max_ad)
+        if s_r2 == 0.0:
+            rel_l2 = 0.0 if s_d2 == 0.0 else math.inf
+        else:
+            rel_l2 = math.sqrt(s_d2) / math.sqrt(s_r2)
+        if s_a2 == 0.0 and s_r2 == 0.0:
+            cos = 1.0
+        elif s_a2 == 0.0 or s_r2 == 0.0:
+            cos = 0.0
+        else:
+            prod = s_a2 * s_r2
+            norm = math.sqrt(prod) if math.isfinite(prod) and prod > 0 else math.sqrt(s_a2) * math.sqrt(s_r2)
+            cos = max(-1.0, min(1.0, s_ar / norm))
+        if s_d2 == 0.0:
+            sqnr = math.inf
+        elif s_r2 == 0.0:
+            sqnr = -math.inf
+        else:
+            sqnr = 10.0 * math.log10(s_r2 / s_d2)
+        metrics = dict(
+            max_abs_error=max_ad,
+            mean_abs_error=s_ad / nfin,
+            median_abs_error=med,
+            p99_abs_error=p99,
+            quantiles_exact=errs is not None,
+            max_rel_error=float(fs[K.F_MAX_REL]),
+            mean_rel_error=float(fs[K.F_SUM_REL]) / nfin,
+            rmse=math.sqrt(s_d2 / nfin),
+            rel_l2_error=rel_l2,
+            cosine_similarity=cos,
+            sqnr_db=sqnr,
+        )
+        if ulp_dtype is not None:
+            metrics["max_ulp_error"] = int(ulp[0])
+    if ulp_dtype is not None:
+        metrics["ulp_dtype"] = str(ulp_dtype).removeprefix("torch.")
+
+    worst: list[WorstElement] = []
+    shape = tuple(ref.shape)
+
+    def element(flat: int, err: float) -> WorstElement:
+        idx = tuple(int(v) for v in np.unravel_index(flat, shape)) if shape else ()
+        return WorstElement(idx, _py(ref[idx]), _py(alt[idx]), err)
+
+    for flat in nfi[nfi >= 0][:top_k]:
+        worst.append(element(int(flat), math.inf))
+    for v, flat in zip(fin_v, fin_i, strict=True):
+        if len(worst) >= top_k:
+            break
+        if v > 0 or not worst:
+            worst.append(element(int(flat), float(v)))
+
+    nonfinite_mismatch = int(cnt[K.I_NONFINITE_MISMATCH])
+    first_nf = int(cnt[K.I_FIRST_NONFINITE])
+    passed, reason = _verdict(tol, n, mismatch, gross, mismatch_pct, nonfinite_mismatch, first_nf, worst, base, check_dtype)
+    return ComparisonResult(
+        passed=passed,
+        reason=reason,
+        numel=n,
+        finite_count=nfin,
+        mismatch_count=mismatch,
+        mismatch_percent=mismatch_pct,
+        gross_mismatch_count=gross,
+        nan_count_ref=int(cnt[K.I_NAN_R]),
+        nan_count_alt=int(cnt[K.I_NAN_A]),
+        posinf_count_ref=int(cnt[K.I_POSINF_R]),
+        neginf_count_ref=int(cnt[K.I_NEGINF_R]),
+        posinf_count_alt=int(cnt[K.I_POSINF_A]),
+        neginf_count_alt=int(cnt[K.I_NEGINF_A]),
+        first_nonfinite_index=first_nf if first_nf >= 0 else None,
+        nonfinite_mismatch_count=nonfinite_mismatch,
+        worst=worst,
+        **metrics,
+        **base,
+    )
+
+
+def _verdict(tol, n, mismatch, gross, pct, nonfinite_mismatch, first_nf, worst, base, check_dtype):
+    problems = []
+    if check_dtype and not base["dtype_match"]:
+        problems.append(f"dtype mismatch: reference {base['reference_dtype']} vs alternative {base['alternative_dtype']}")
+    bound = f"atol={tol.atol:g} + rtol={tol.rtol:g}*|ref|"
+    if tol.pass_rule == "allclose":
+        ok = mismatch == 0
+    elif tol.pass_rule == "mismatch":
+        ok = pct <= tol.max_mismatch_percent
+    else:
+        ok = pct <= tol.max_mismatch_percent and gross == 0
+    if not ok:
+        text = f"{mismatch} of {n} elements ({pct:.4g}%) outside {bound}"
+        if tol.pass_rule != "allclose":
+            text += f" (allowed {tol.max_mismatch_percent:g}%)"
+        if tol.pass_rule == "both" and gross:
+            text += f"; {gross} beyond {tol.outlier_factor:g}x the bound"
+        if nonfinite_mismatch:
+            text += f"; {nonfinite_mismatch} non-finite mismatches, first at flat index {first_nf}"
+        if worst:
+            w = worst[0]
+            text += f"; worst at {w.index}: ref={w.reference!r} alt={w.alternative!r}"
+        problems.append(text)
+    return (not problems), ("; ".join(problems) or None)

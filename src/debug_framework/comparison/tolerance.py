@@ -1,0 +1,102 @@
+"""Tolerances: per-dtype defaults, pass rules, overrides."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["PassRule", "Tolerance", "default_tolerance", "less_precise_dtype"]
+
+PassRule = Literal["allclose", "mismatch", "both"]
+_RULES = ("allclose", "mismatch", "both")
+
+# torch.testing.assert_close's documented defaults (rtol, atol). float8 types are not in its table;
+# for them we use half an ULP at 1.0 of the format as rtol (2**-4 for e4m3, 2**-3 for e5m2) and
+# the smallest normal as atol -- the same construction torch uses for float16/bfloat16.
+_DEFAULTS: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+for _name, _rt, _at in (
+    ("float8_e4m3fn", 2.0**-4, 2.0**-6),
+    ("float8_e4m3fnuz", 2.0**-4, 2.0**-7),
+    ("float8_e5m2", 2.0**-3, 2.0**-14),
+    ("float8_e5m2fnuz", 2.0**-3, 2.0**-15),
+    ("float8_e8m0fnu", 1.0, 2.0**-127),
+):
+    if hasattr(torch, _name):
+        _DEFAULTS[getattr(torch, _name)] = (_rt, _at)
+
+
+def _precision_rank(dtype: torch.dtype) -> float:
+    """Larger = less precise. Integers and bool are exact (rank 0)."""
+    if dtype.is_floating_point:
+        return float(torch.finfo(dtype).eps)
+    return 0.0
+
+
+def less_precise_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The dtype whose precision governs a comparison of ``a`` against ``b``."""
+    return a if _precision_rank(a) >= _precision_rank(b) else b
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close is close enough, and how a pair passes.
+
+    An element matches when ``|alt - ref| <= atol + rtol * |ref|`` (NaN matches NaN only with
+    ``equal_nan``; an infinity matches only the same infinity).
+
+    Pass rules:
+        ``"allclose"``: every element matches.
+        ``"mismatch"``: at most ``max_mismatch_percent`` % of elements miss.
+        ``"both"``: at most ``max_mismatch_percent`` % miss, and none misses by more than
+        ``outlier_factor`` times its bound (a few small misses are tolerated, a wild one is not).
+    """
+
+    rtol: float
+    atol: float
+    equal_nan: bool = False
+    pass_rule: PassRule = "allclose"
+    max_mismatch_percent: float = 0.0
+    outlier_factor: float = 10.0
+
+    def __post_init__(self) -> None:
+        from ..errors import ComparisonError
+
+        if self.pass_rule not in _RULES:
+            raise ComparisonError(
+                f"unknown pass rule {self.pass_rule!r}", hint=f"use one of {', '.join(_RULES)}"
+            )
+        for name in ("rtol", "atol", "max_mismatch_percent"):
+            v = getattr(self, name)
+            if not (v >= 0.0):
+                raise ComparisonError(f"{name} must be a non-negative number, got {v!r}")
+        if not self.outlier_factor >= 1.0:
+            raise ComparisonError(f"outlier_factor must be >= 1, got {self.outlier_factor!r}")
+
+    def with_overrides(self, **overrides: Any) -> Tolerance:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tolerance:
+        fields = {"rtol", "atol", "equal_nan", "pass_rule", "max_mismatch_percent", "outlier_factor"}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def default_tolerance(dtype: torch.dtype | Any) -> Tolerance:
+    """torch.testing's default (rtol, atol) for ``dtype``; exact (0, 0) for integers and bool."""
+    if not isinstance(dtype, torch.dtype):
+        from ._inputs import torch_dtype_of
+
+        dtype = torch_dtype_of(dtype)
+    rtol, atol = _DEFAULTS.get(dtype, (0.0, 0.0))
+    return Tolerance(rtol=rtol, atol=atol)
