@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
@@ -70,6 +71,9 @@ class CompilePipeline:
             memory only). The run directory is created at the first compiled graph.
         decompositions: ``"inductor"``, ``"core_aten"`` or ``None`` (AOTAutograd's own).
         svg: also write SVG drawings of graphs (needs pydot + graphviz; skipped with a note otherwise).
+        inductor_passes: partition with Inductor's partitioner and run its joint-graph passes on
+            inference graphs, so the checked graphs are the ones Inductor compiles (default: only
+            when ``lowering="inductor"``; needed by any lowering that calls ``compile_fx_inner``).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class CompilePipeline:
         decompositions: str | None = "inductor",
         svg: bool = False,
         name: str = "debug_module",
+        inductor_passes: bool | None = None,
     ) -> None:
         self.constraints = [as_constraint(c) for c in constraints]
         self.strict = strict
@@ -90,6 +95,7 @@ class CompilePipeline:
         self.decompositions = decompositions
         self.svg = svg
         self.name = name
+        self.inductor_passes = (lowering == "inductor") if inductor_passes is None else inductor_passes
         self.run: RunDirectory | None = None
         self.graphs: list[CapturedGraph] = []
         self.reports: list[GraphReport] = []
@@ -132,19 +138,29 @@ class CompilePipeline:
             return compiler
 
         decomps = None
+        partition: Any = "min_cut"
+        if self.inductor_passes:
+            from ._torch import inductor
+            partition = inductor.partition_fn
         if self.decompositions == "inductor":
             from ._torch import inductor
             decomps = inductor.inductor_decompositions()
         elif self.decompositions == "core_aten":
             decomps = functorch.core_aten_decompositions()
+        context: Any = contextlib.nullcontext()
+        if self.inductor_passes:
+            from ._torch import inductor
+            context = inductor.compile_context(example_inputs)
         try:
-            compiled = functorch.aot_compile(
-                gm, example_inputs,
-                fw_compiler=compiler_for("forward"),
-                bw_compiler=compiler_for("backward"),
-                inference_compiler=compiler_for("inference"),
-                decompositions=decomps,
-            )
+            with context:
+                compiled = functorch.aot_compile(
+                    gm, example_inputs,
+                    fw_compiler=compiler_for("forward"),
+                    bw_compiler=compiler_for("backward"),
+                    inference_compiler=compiler_for("inference"),
+                    decompositions=decomps,
+                    partition=partition,
+                )
         except Exception as e:
             if self.run is not None:
                 self.run.set_status("failed", error=f"{type(e).__name__}: {str(e)[:2000]}")
@@ -157,6 +173,11 @@ class CompilePipeline:
 
     def _compile_aten(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any], *, kind: str, name: str,
                       fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if kind == "inference" and self.inductor_passes:
+            from ._torch import inductor
+
+            # Check the graph Inductor will really compile (training graphs got these passes in the partitioner).
+            aot_gm = inductor.prepare_inference_graph(aot_gm, aot_inputs)
         stats = graph_statistics(aot_gm)
         report = check_graph(aot_gm, self.constraints, name)
         captured = CapturedGraph(name, kind, aot_gm, stats, report)

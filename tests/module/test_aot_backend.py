@@ -154,3 +154,15 @@ def test_real_minilm_through_aot_backend_in_warn_mode(tmp_path):
     saved = json.loads((backend.run_dir / f"reports/{reports[0].graph}.constraints.json").read_text())
     assert saved["coverage"]["nodes"] == cov.nodes and saved["violation_count"] == len(reports[0].violations)
     print("\n" + backend.coverage_summary())
+
+
+@pytest.mark.slow
+def test_training_with_dropout_goes_through_inductor_joint_passes(tmp_path):
+    # Dropout's RNG must be rewritten by Inductor's joint-graph passes before compile_fx_inner.
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train()
+    backend = dm.aot_mock_backend(strict=True, constraints=[DtypeConstraint()], artifact_root=tmp_path)
+    out = torch.compile(model, backend=backend)(torch.randn(4, 8))
+    out.sum().backward()
+    assert [g.kind for g in backend.graphs] == ["fx", "forward", "backward"]
+    assert model[0].weight.grad is not None
+    assert (out == 0).any()  # dropout really applied

@@ -55,7 +55,7 @@ def aot_compile(
     bw_compiler: Callable[..., Any] | None = None,
     inference_compiler: Callable[..., Any] | None = None,
     decompositions: dict[Any, Callable[..., Any]] | None = None,
-    partition: str = "min_cut",
+    partition: str | Callable[..., Any] = "min_cut",
 ) -> Callable[..., Any]:
     """Run AOTAutograd once on a Dynamo graph.
 
@@ -75,7 +75,7 @@ def aot_compile(
             fw_compiler=fw_compiler,
             bw_compiler=bw_compiler or fw_compiler,
             inference_compiler=inference_compiler,
-            partition_fn=_PARTITIONERS[partition],
+            partition_fn=_PARTITIONERS[partition] if isinstance(partition, str) else partition,
             decompositions=decompositions,
         )
 

@@ -19,10 +19,19 @@ from . import check_torch_version
 check_torch_version()
 
 import torch._inductor.config as _config  # noqa: E402
+from torch._inductor import compile_fx as _compile_fx  # noqa: E402
 from torch._inductor.compile_fx import compile_fx_inner  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 
-__all__ = ["inductor_decompositions", "compile_graph", "trace_into", "TRACE_FILES"]
+__all__ = [
+    "inductor_decompositions",
+    "compile_graph",
+    "trace_into",
+    "TRACE_FILES",
+    "partition_fn",
+    "prepare_inference_graph",
+    "compile_context",
+]
 
 #: Files Inductor's debug trace writes per compiled graph (in ``<dir>/torchinductor/<graph>.<n>/``).
 TRACE_FILES = {
@@ -38,6 +47,34 @@ TRACE_FILES = {
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     """The decomposition table Inductor applies during AOTAutograd."""
     return dict(select_decomp_table())
+
+
+def partition_fn(gm: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Inductor's joint-graph partitioner: its joint-graph passes (e.g. RNG replacement that
+    ``compile_fx_inner`` relies on) followed by min-cut rematerialisation into forward/backward."""
+    return _compile_fx.partition_fn(gm, joint_inputs, **kwargs)
+
+
+def prepare_inference_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """Inference graphs skip the partitioner, so run Inductor's joint-graph passes on them here
+    (what ``compile_fx``'s inference path does before ``compile_fx_inner``)."""
+    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), None)
+    return _compile_fx._recursive_joint_graph_passes(gm, input_device=device)
+
+
+@contextlib.contextmanager
+def compile_context(example_inputs: Sequence[Any]) -> Iterator[None]:
+    """The virtualised state Inductor's passes expect (its fake mode), as ``compile_fx`` sets it up."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    fake_mode = detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        from torch._subclasses import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with V.set_fake_mode(fake_mode):
+        yield
 
 
 def compile_graph(
