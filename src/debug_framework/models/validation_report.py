@@ -1,13 +1,12 @@
-"""``ValidationReport``: a session's results as one document (JSON or a simple HTML page).
+"""``ValidationReport``: a session's results as one document (JSON, HTML, CSV or JUnit XML).
 
-The full HTML report (error curves, heatmap) belongs to ``debug_framework.reports``; the page
-here is deliberately plain: verdict, summary, the checkpoint table with the first divergence
-marked, performance and environment. Every value is HTML-escaped.
+The renderers live in :mod:`debug_framework.reports`; ``generate_html_report`` returns the full
+self-contained page (verdict, error curves, checkpoint table with the first divergence marked,
+heatmap of the worst checkpoint, environment, reproduce command). Every value is HTML-escaped.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -22,9 +21,6 @@ from ..errors import DatabaseError, ValidationError
 from ._common import format_time, json_safe, now_utc, parse_time, resolve_db
 
 __all__ = ["ValidationReport", "summarize_checkpoints"]
-
-_TABLE_METRICS = ("max_abs_error", "mean_abs_error", "max_rel_error", "rel_l2_error", "cosine_similarity",
-                  "sqnr_db", "mismatch_percent", "max_ulp_error")
 
 
 def _num(v: Any) -> float | None:
@@ -69,6 +65,10 @@ class ValidationReport:
     summary_statistics: dict[str, Any] = field(default_factory=dict)
     session: dict[str, Any] = field(default_factory=dict)
     created_at: datetime = field(default_factory=now_utc)
+    #: the session's tensor_recordings rows (metadata only; the bytes stay in the tensor store)
+    tensor_recordings: list[dict[str, Any]] = field(default_factory=list)
+    #: root of the tensor store beside the session's database (used for heatmaps / --include-tensors)
+    tensor_store_root: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_session(cls, session_id: str, db: Any) -> ValidationReport:
@@ -81,16 +81,19 @@ class ValidationReport:
         rows = manager.get_checkpoint_results(session_id)
         results = row.get("results") or {}
         perf = results.get("performance") if isinstance(results, dict) else None
+        recordings = manager.get_tensor_recordings(session_id)
+        db_path = Path(manager.database_path)
         return cls(session_id=session_id, overall_status=row["status"], checkpoint_results=rows,
-                   performance_metrics=dict(perf or {}), summary_statistics=summarize_checkpoints(rows),
-                   session=row)
+                   performance_metrics=dict(perf) if isinstance(perf, dict) else {},
+                   summary_statistics=summarize_checkpoints(rows), session=row, tensor_recordings=recordings,
+                   tensor_store_root=str(db_path.parent / f"{db_path.stem}_tensors"))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "report_id": self.report_id, "session_id": self.session_id, "overall_status": self.overall_status,
             "summary_statistics": self.summary_statistics, "checkpoint_results": self.checkpoint_results,
             "performance_metrics": self.performance_metrics, "session": self.session,
-            "created_at": format_time(self.created_at),
+            "tensor_recordings": self.tensor_recordings, "created_at": format_time(self.created_at),
         }
 
     @classmethod
@@ -104,55 +107,25 @@ class ValidationReport:
         return json.dumps(json_safe(self.to_dict()), indent=indent, sort_keys=True, allow_nan=False,
                           default=str)
 
-    def generate_html_report(self) -> str:
-        """One self-contained HTML page; every value from the session is escaped."""
-        e = lambda v: html.escape("" if v is None else str(v), quote=True)  # noqa: E731
-        s = self.summary_statistics or summarize_checkpoints(self.checkpoint_results)
-        first = s.get("first_divergence") or {}
-        sess = self.session or {}
-        rows_html = []
-        for r in self.checkpoint_results:
-            is_first = bool(first) and r.get("checkpoint") == first.get("checkpoint") and r.get("layer") == first.get("layer")
-            verdict = "pass" if r.get("passed") in (True, 1) else ("FAIL" if r.get("passed") in (False, 0) else "?")
-            cells = "".join(f"<td>{e(r.get(m))}</td>" for m in _TABLE_METRICS)
-            cls_ = ' class="first"' if is_first else (' class="fail"' if verdict == "FAIL" else "")
-            mark = " &larr; first divergence" if is_first else ""
-            rows_html.append(f"<tr{cls_}><td>{e(r.get('checkpoint'))}</td><td>{e(r.get('layer'))}</td>"
-                             f"<td>{e(verdict)}{mark}</td>{cells}<td>{e(r.get('reason'))}</td></tr>")
-        head = "".join(f"<th>{e(m)}</th>" for m in _TABLE_METRICS)
-        kv = lambda d: "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in sorted((d or {}).items()))  # noqa: E731
-        first_text = ("none: every checkpoint within tolerance" if not first
-                      else f"{first.get('checkpoint')} layer {first.get('layer')} (max abs error {first.get('max_abs_error')})")
-        return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Validation report {e(self.session_id)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}
-tr.fail td{{background:#fee}}tr.first td{{background:#fbb;font-weight:bold}}.verdict{{font-size:1.4em}}</style></head>
-<body><h1>Validation report</h1>
-<p class="verdict">Verdict: <strong>{e(self.overall_status)}</strong></p>
-<table><tr><th>session</th><td>{e(self.session_id)}</td></tr><tr><th>model</th><td>{e(sess.get('model_path'))}</td></tr>
-<tr><th>weights digest</th><td>{e(sess.get('weights_digest'))}</td></tr>
-<tr><th>reference backend</th><td>{e(sess.get('reference_backend'))}</td></tr>
-<tr><th>alternative backend</th><td>{e(sess.get('alternative_backend'))}</td></tr>
-<tr><th>first divergence</th><td>{e(first_text)}</td></tr>
-<tr><th>checkpoints</th><td>{e(s.get('checkpoints'))} ({e(s.get('passed'))} passed, {e(s.get('failed'))} failed)</td></tr></table>
-<h2>Checkpoints</h2>
-<table><tr><th>checkpoint</th><th>layer</th><th>verdict</th>{head}<th>reason</th></tr>
-{''.join(rows_html)}</table>
-<h2>Performance</h2><table>{kv(self.performance_metrics)}</table>
-<h2>Environment</h2><table>{kv(sess.get('environment'))}</table>
-<p>Report {e(self.report_id)} generated {e(format_time(self.created_at))}</p>
-</body></html>
-"""
+    def generate_html_report(self, *, include_tensors: bool = False, store: Any = None) -> str:
+        """One self-contained HTML page (no scripts, no network); every value from the session is
+        escaped. See :func:`debug_framework.reports.render_html`."""
+        from ..reports.html_report import render_html
 
-    def save_to_file(self, file_path: str | os.PathLike[str], format: str = "json") -> bool:
-        """Write the report as ``json`` or ``html`` (atomically: temp file then rename)."""
+        return render_html(self, include_tensors=include_tensors, store=store)
+
+    def save_to_file(self, file_path: str | os.PathLike[str], format: str = "json", *,
+                     include_tensors: bool = False) -> bool:
+        """Write the report as ``json``, ``html``, ``csv`` or ``junit`` (atomically: temp file then rename)."""
         fmt = format.lower()
-        if fmt == "json":
+        if fmt == "json" and not include_tensors:
             text = self.export_to_json()
-        elif fmt == "html":
-            text = self.generate_html_report()
+        elif fmt in ("json", "html", "csv", "junit"):
+            from ..reports import render_report
+
+            text = render_report(self, fmt, include_tensors=include_tensors)
         else:
-            raise ValidationError(f"unknown report format {format!r}", hint="use 'json' or 'html'")
+            raise ValidationError(f"unknown report format {format!r}", hint="use 'json', 'html', 'csv' or 'junit'")
         path = Path(file_path).expanduser()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

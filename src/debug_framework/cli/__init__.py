@@ -1,0 +1,1 @@
+"""Command-line interfaces of debug_framework (debug_validate, session_report)."""

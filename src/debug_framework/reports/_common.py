@@ -1,0 +1,191 @@
+"""Helpers shared by the renderers: reading a stored session's rows robustly, labels, numbers.
+
+Everything here works on what the store returns (``ValidationReport`` fields: the session row,
+the checkpoint result dicts in model order, the engine's ``results`` JSON). Older sessions may
+lack any of the engine's keys, so every accessor tolerates a missing or oddly typed field.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "METRICS",
+    "LOG_METRICS",
+    "as_float",
+    "fmt_num",
+    "row_key",
+    "row_label",
+    "passed_state",
+    "session_results",
+    "first_divergence_key",
+    "worst_row",
+    "verdict_of",
+    "reproduce_command",
+    "isolation_rows",
+]
+
+#: Metric keys of ``ComparisonResult.to_dict()`` shown in tables, in this order.
+METRICS: tuple[str, ...] = (
+    "max_abs_error", "mean_abs_error", "median_abs_error", "p99_abs_error", "max_rel_error", "mean_rel_error",
+    "rmse", "rel_l2_error", "cosine_similarity", "sqnr_db", "mismatch_count", "mismatch_percent",
+    "max_ulp_error",
+)
+#: Metrics drawn as per-layer curves on a log scale (``1 - cosine_similarity`` is derived).
+LOG_METRICS: tuple[str, ...] = (
+    "max_abs_error", "mean_abs_error", "p99_abs_error", "rmse", "rel_l2_error", "max_rel_error",
+    "max_ulp_error", "mismatch_percent", "cosine_distance",
+)
+
+
+def as_float(value: Any) -> float | None:
+    """A float, or None for missing / non-numeric values. The strings the JSON forms use for
+    non-finite numbers ("NaN", "nan", "Infinity", "inf", ...) are turned back into floats."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        table = {"nan": math.nan, "infinity": math.inf, "inf": math.inf, "+inf": math.inf,
+                 "-infinity": -math.inf, "-inf": -math.inf}
+        if text in table:
+            return table[text]
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def fmt_num(value: Any, digits: int = 4) -> str:
+    """Compact human form: ints as ints, floats in %.{digits}g, NaN/inf spelled out, None as ''."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    f = as_float(value)
+    if f is None:
+        return str(value)
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    if f == int(f) and abs(f) < 1e15 and not isinstance(value, float):
+        return str(int(f))
+    return f"{f:.{digits}g}"
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
+    layer = row.get("layer")
+    try:
+        layer = None if layer is None else int(layer)
+    except (TypeError, ValueError):
+        layer = None
+    return (str(row.get("checkpoint")), layer)
+
+
+def row_label(row: Mapping[str, Any] | tuple[str, int | None]) -> str:
+    """``post_mlp[3]`` / ``post_embedding``."""
+    cp, layer = row if isinstance(row, tuple) else row_key(row)
+    return cp if layer is None else f"{cp}[{layer}]"
+
+
+def passed_state(row: Mapping[str, Any]) -> bool | None:
+    p = row.get("passed")
+    if p is None:
+        return None
+    if isinstance(p, str):
+        return p.strip().lower() in {"1", "true", "pass", "passed"}
+    return bool(p)
+
+
+def session_results(session: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The engine's ``results`` JSON as a dict (``{}`` when absent or not a mapping)."""
+    res = (session or {}).get("results")
+    return dict(res) if isinstance(res, Mapping) else {}
+
+
+def _key_from(obj: Any) -> tuple[str, int | None] | None:
+    if not isinstance(obj, Mapping) or not obj.get("checkpoint"):
+        return None
+    return row_key(obj)
+
+
+def first_divergence_key(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> tuple[str, int | None] | None:
+    """The engine's first divergence when it recorded one, else the first failing row in model order."""
+    key = _key_from(results.get("first_divergence"))
+    if key is not None:
+        return key
+    for r in rows:
+        if passed_state(r) is False:
+            return row_key(r)
+    return None
+
+
+def _badness(row: Mapping[str, Any]) -> float:
+    v = as_float(row.get("max_abs_error"))
+    if v is None:
+        return -math.inf
+    return math.inf if math.isnan(v) else v
+
+
+def worst_row(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The row with the largest max abs error (NaN/inf rank worst); None when there are no rows or
+    no row has an error figure (e.g. every row is a shape mismatch)."""
+    scored = [r for r in rows if _badness(r) != -math.inf]
+    if not scored:
+        return None
+    return max(scored, key=_badness)
+
+
+def verdict_of(status: str | None, results: Mapping[str, Any]) -> str:
+    """The engine's verdict if it wrote one, else the session status."""
+    v = results.get("verdict")
+    if isinstance(v, Mapping):
+        v = v.get("verdict") or v.get("status")
+    return str(v) if v else str(status or "unknown")
+
+
+_COMMAND_KEYS = ("command", "reproduce_command", "repro_command", "reproduce")
+
+
+def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """``(command, exact)``: the command the engine recorded (exact) or one rebuilt from the stored
+    session (``exact=False``; None when nothing is known about the model)."""
+    for k in _COMMAND_KEYS:
+        v = results.get(k)
+        if isinstance(v, Mapping):
+            v = v.get("command") or v.get("argv")
+        if isinstance(v, (list, tuple)) and v:
+            return shlex.join(str(a) for a in v), True
+        if isinstance(v, str) and v.strip():
+            return v, True
+    model = session.get("model_path")
+    if not model:
+        return None, False
+    argv = ["python", "-m", "debug_framework.cli.debug_validate", "--model-path", str(model)]
+    if session.get("reference_backend"):
+        argv += ["--reference-backend", str(session["reference_backend"])]
+    if session.get("alternative_backend"):
+        argv += ["--alternative-backend", str(session["alternative_backend"])]
+    tol = session.get("tolerances")
+    if isinstance(tol, Mapping):
+        if tol.get("rtol") is not None:
+            argv += ["--rtol", str(tol["rtol"])]
+        if tol.get("atol") is not None:
+            argv += ["--atol", str(tol["atol"])]
+    return shlex.join(argv), False
+
+
+def isolation_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Rows that carry isolation figures (introduced and/or propagated error)."""
+    return [r for r in rows if r.get("introduced_error") is not None or r.get("propagated_error") is not None]

@@ -1,0 +1,289 @@
+"""HTML building blocks with escaping by construction, inline SVG charts and a tiny PNG encoder.
+
+Rules that keep the report safe and self-contained:
+
+* Every piece of data goes through :func:`esc` (``html.escape`` with ``quote=True``) before it is
+  placed in markup, attribute values included. Only markup built in this package is trusted.
+* No external resources, no JavaScript: charts are inline SVG, the heatmap is a PNG written here
+  (zlib + struct) and embedded as a ``data:`` URI. The page carries a Content-Security-Policy that
+  forbids scripts and any network load, so a mistake would show up as a console error in the
+  browser test rather than as a silent fetch.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._common import as_float, fmt_num
+
+__all__ = ["esc", "kv_table", "json_pre", "line_chart", "png_rgb", "colorize", "CSP", "BASE_CSS"]
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+
+def esc(value: Any) -> str:
+    """HTML-escape anything (None -> empty); quotes too, so the result is safe in attributes."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def json_pre(value: Any) -> str:
+    text = json.dumps(value, indent=1, sort_keys=True, default=str)
+    return f'<pre class="json">{esc(text)}</pre>'
+
+
+def _cell(value: Any, depth: int) -> str:
+    if isinstance(value, Mapping):
+        if not value:
+            return '<span class="muted">{}</span>'
+        if depth >= 2:
+            return json_pre(value)
+        return kv_table(value, depth=depth + 1, cls="nested")
+    if isinstance(value, (list, tuple)):
+        if all(not isinstance(v, (Mapping, list, tuple)) for v in value) and len(value) <= 16:
+            return esc(", ".join(fmt_num(v) if isinstance(v, (int, float)) else str(v) for v in value))
+        return json_pre(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return esc(fmt_num(value, 6))
+    if value is None:
+        return '<span class="muted">&ndash;</span>'
+    return esc(value)
+
+
+def kv_table(data: Mapping[str, Any] | None, *, depth: int = 0, cls: str = "kv") -> str:
+    """A two-column table of a mapping (nested mappings become nested tables); all escaped."""
+    if not data:
+        return '<p class="muted">not recorded</p>'
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{_cell(v, depth)}</td></tr>"
+                   for k, v in sorted(data.items(), key=lambda kv: str(kv[0])))
+    return f'<table class="{esc(cls)}">{rows}</table>'
+
+
+# ----------------------------------------------------------------------------- charts
+
+_PASS, _FAIL, _UNKNOWN, _BAD = "#2b6cb0", "#c53030", "#718096", "#b83280"
+
+
+def _short(label: str) -> str:
+    for long, short in (("post_embedding", "emb"), ("post_attention", "attn"), ("post_mlp", "mlp"),
+                        ("post_processing", "out")):
+        if label.startswith(long):
+            return short + label[len(long):].replace("[", "").replace("]", "")
+    return label if len(label) <= 10 else label[:9] + "\u2026"
+
+
+def line_chart(
+    title: str,
+    labels: Sequence[str],
+    series: Sequence[tuple[str, Sequence[Any], str]],
+    *,
+    log: bool = True,
+    passed: Sequence[bool | None] | None = None,
+    marker_index: int | None = None,
+    marker_text: str = "first divergence",
+    width: int = 560,
+    height: int = 200,
+    chart_id: str = "",
+) -> str:
+    """An inline SVG line chart of one or more series over the checkpoints (model order).
+
+    ``series``: ``(name, values, colour)``; values may be None (gap), 0 (drawn on the floor of a
+    log axis as a hollow triangle: exact), NaN/inf (drawn on the ceiling as a cross). ``passed``
+    colours the points of the first series (red = over tolerance). ``marker_index`` draws the
+    dashed first-divergence line. Returns '' when no series has a plottable value.
+    """
+    n = len(labels)
+    vals = [[as_float(v) for v in s[1]] for s in series]
+    finite = [v for s in vals for v in s if v is not None and math.isfinite(v) and (v > 0 or not log)]
+    if n == 0 or not finite:
+        return ""
+    ml, mr, mt, mb = 62, 26, 26, 46
+    pw, ph = width - ml - mr, height - mt - mb
+    if log:
+        lo, hi = math.floor(math.log10(min(finite))), math.ceil(math.log10(max(finite)))
+        if hi <= lo:
+            hi = lo + 1
+
+        def ty(v: float) -> float:
+            return mt + ph - (math.log10(v) - lo) / (hi - lo) * ph
+    else:
+        lo, hi = min(finite), max(finite)
+        if hi <= lo:
+            lo, hi = lo - 1.0, hi + 1.0
+        pad = 0.05 * (hi - lo)
+        lo, hi = lo - pad, hi + pad
+
+        def ty(v: float) -> float:
+            return mt + ph - (v - lo) / (hi - lo) * ph
+
+    def tx(i: int) -> float:
+        return ml + (pw / 2 if n == 1 else i * pw / (n - 1))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" width="{width}" height="{height}"'
+           f' viewBox="0 0 {width} {height}" data-chart="{esc(chart_id)}">',
+           f"<title>{esc(title)}</title>",
+           f'<text x="{ml}" y="16" class="ct">{esc(title)}{" (log scale)" if log else ""}</text>',
+           f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fff" stroke="#cbd5e0"/>']
+    # y grid + ticks
+    if log:
+        span = hi - lo
+        step = max(1, math.ceil(span / 6))
+        for d in range(lo, hi + 1, step):
+            y = ty(10.0 ** d)
+            out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#edf2f7"/>')
+            out.append(f'<text x="{ml - 4}" y="{y + 3:.1f}" class="yt">1e{d}</text>')
+    else:
+        for k in range(5):
+            v = lo + k * (hi - lo) / 4
+            y = ty(v)
+            out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#edf2f7"/>')
+            out.append(f'<text x="{ml - 4}" y="{y + 3:.1f}" class="yt">{esc(fmt_num(v, 3))}</text>')
+    # x labels
+    step = max(1, math.ceil(n / 14))
+    for i in range(0, n, step):
+        x = tx(i)
+        out.append(f'<text x="{x:.1f}" y="{mt + ph + 12}" class="xt" transform="rotate(35 {x:.1f} {mt + ph + 12})">'
+                   f"{esc(_short(labels[i]))}</text>")
+    if marker_index is not None and 0 <= marker_index < n:
+        x = tx(marker_index)
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{mt + ph}" stroke="{_FAIL}" stroke-dasharray="4 3"'
+                   f' class="fd-line"><title>{esc(marker_text)}: {esc(labels[marker_index])}</title></line>')
+    floor_y, ceil_y = mt + ph - 3, mt + 4
+    for si, (name, _values, colour) in enumerate(series):
+        sv = vals[si]
+        path: list[str] = []
+        for i, v in enumerate(sv):
+            if v is None or not math.isfinite(v) or (log and v <= 0):
+                if len(path) > 1:
+                    out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(path)}"/>')
+                path = []
+                continue
+            path.append(f"{tx(i):.1f},{ty(v):.1f}")
+        if len(path) > 1:
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(path)}"/>')
+        for i, v in enumerate(sv):
+            if v is None:
+                continue
+            x = tx(i)
+            tip = f"{name} at {labels[i]}: {fmt_num(v, 6)}"
+            if not math.isfinite(v):
+                out.append(f'<g class="nonfinite"><title>{esc(tip)}</title><path d="M{x - 4:.1f},{ceil_y - 4} '
+                           f'l8,8 m0,-8 l-8,8" stroke="{_BAD}" stroke-width="2"/></g>')
+            elif log and v <= 0:
+                out.append(f'<g class="exact"><title>{esc(tip)} (exact)</title><path d="M{x:.1f},{floor_y - 5} '
+                           f'l4,7 h-8 z" fill="none" stroke="{colour}"/></g>')
+            else:
+                fill = colour
+                if si == 0 and passed is not None and i < len(passed):
+                    fill = _PASS if passed[i] is True else (_FAIL if passed[i] is False else _UNKNOWN)
+                out.append(f'<circle cx="{x:.1f}" cy="{ty(v):.1f}" r="3" fill="{fill}"><title>{esc(tip)}</title></circle>')
+    if len(series) > 1:
+        lx = ml + 8
+        for name, _v, colour in series:
+            out.append(f'<rect x="{lx}" y="{mt + 6}" width="10" height="3" fill="{colour}"/>'
+                       f'<text x="{lx + 14}" y="{mt + 10}" class="lg">{esc(name)}</text>')
+            lx += 16 + 7 * len(name)
+    out.append("</svg>")
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- heatmap PNG
+
+# viridis at 9 stops (matplotlib's values), interpolated linearly
+_VIRIDIS = [(68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
+            (92, 200, 99), (170, 220, 50), (253, 231, 37)]
+
+
+def colorize(values: Any, *, decades: float = 8.0) -> tuple[Any, float | None, float | None]:
+    """Map a 2-D array of non-negative errors (inf allowed, NaN = unknown) to RGB on a log scale.
+
+    Returns ``(rgb uint8 HxWx3, vmin, vmax)`` with vmin/vmax the error values at the ends of the
+    colour bar (None when no positive finite value). 0 maps to the lowest colour, inf to magenta,
+    NaN (unknown) to light grey.
+    """
+    import numpy as np
+
+    a = np.asarray(values, dtype=np.float64)
+    rgb = np.zeros(a.shape + (3,), dtype=np.uint8)
+    pos = np.isfinite(a) & (a > 0)
+    vmin = vmax = None
+    t = np.zeros(a.shape)
+    if pos.any():
+        la = np.log10(a[pos])
+        hi = float(la.max())
+        lo = max(float(la.min()), hi - decades)
+        if hi <= lo:
+            lo = hi - 1.0
+        t[pos] = np.clip((la - lo) / (hi - lo), 0.0, 1.0)
+        vmin, vmax = 10.0 ** lo, 10.0 ** hi
+    stops = np.asarray(_VIRIDIS, dtype=np.float64)
+    idx = t * (len(stops) - 1)
+    i0 = np.clip(np.floor(idx).astype(int), 0, len(stops) - 2)
+    frac = (idx - i0)[..., None]
+    rgb[...] = np.round(stops[i0] * (1 - frac) + stops[i0 + 1] * frac).astype(np.uint8)
+    rgb[np.isinf(a)] = (255, 0, 255)
+    rgb[np.isnan(a)] = (226, 232, 240)
+    return rgb, vmin, vmax
+
+
+def png_rgb(pixels: Any) -> bytes:
+    """Encode an ``HxWx3`` uint8 array as a PNG (8-bit RGB, no filter)."""
+    import numpy as np
+
+    px = np.ascontiguousarray(np.asarray(pixels, dtype=np.uint8))
+    h, w = int(px.shape[0]), int(px.shape[1])
+    raw = b"".join(b"\x00" + px[r].tobytes() for r in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def png_data_uri(pixels: Any) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_rgb(pixels)).decode("ascii")
+
+
+def colorbar_svg(vmin: float | None, vmax: float | None, width: int = 260) -> str:
+    grad = "".join(f'<stop offset="{i / (len(_VIRIDIS) - 1):.3f}" stop-color="rgb{c}"/>' for i, c in enumerate(_VIRIDIS))
+    lo = "0" if vmin is None else fmt_num(vmin, 3)
+    hi = "0" if vmax is None else fmt_num(vmax, 3)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="colorbar" width="{width + 200}" height="34">'
+            f'<defs><linearGradient id="vir">{grad}</linearGradient></defs>'
+            f'<rect x="0" y="2" width="{width}" height="12" fill="url(#vir)"/>'
+            f'<text x="0" y="28" class="lg">&#8804; {esc(lo)}</text>'
+            f'<text x="{width}" y="28" class="yt">{esc(hi)} (log)</text>'
+            f'<rect x="{width + 10}" y="2" width="12" height="12" fill="rgb(255,0,255)"/>'
+            f'<text x="{width + 26}" y="12" class="lg">non-finite</text>'
+            f'<rect x="{width + 90}" y="2" width="12" height="12" fill="rgb(226,232,240)" stroke="#a0aec0"/>'
+            f'<text x="{width + 106}" y="12" class="lg">unknown</text></svg>')
+
+
+BASE_CSS = """
+:root{--pass:#2f855a;--fail:#c53030;--muted:#718096}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1280px;padding:1em 2em;color:#1a202c}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.2em;border-bottom:1px solid #e2e8f0;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:.86em}td,th{border:1px solid #e2e8f0;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f7fafc}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.nested{font-size:1em}table.nested th{background:#fcfcfd}
+tr.fail td{background:#fff5f5}tr.first td{background:#fed7d7;font-weight:600}tr.unknown td{background:#fffff0}
+tr.better td.change{color:var(--pass);font-weight:600}tr.worse td{background:#fff5f5}tr.worse td.change{color:var(--fail);font-weight:600}
+.verdict{padding:.8em 1em;border-radius:6px;margin:.6em 0;border:1px solid}
+.verdict.ok{background:#f0fff4;border-color:#9ae6b4}.verdict.bad{background:#fff5f5;border-color:#feb2b2}.verdict.other{background:#fffff0;border-color:#faf089}
+.verdict .big{font-size:1.6em;font-weight:700;letter-spacing:.03em}
+.muted{color:var(--muted)}pre{background:#f7fafc;border:1px solid #e2e8f0;padding:.5em;overflow:auto;white-space:pre-wrap;word-break:break-all;margin:0}
+pre.json{font-size:.85em;max-height:24em;white-space:pre;word-break:normal}nav a{margin-right:.9em}
+.charts{display:flex;flex-wrap:wrap;gap:10px}svg.chart{border:1px solid #edf2f7;background:#fdfdfe}
+svg text{font-family:system-ui,sans-serif}svg .ct{font-size:12px;font-weight:600}svg .yt{font-size:9px;text-anchor:end}
+svg .xt{font-size:9px}svg .lg{font-size:10px}.scroll{overflow-x:auto}
+img.heat{image-rendering:pixelated;image-rendering:crisp-edges;border:1px solid #a0aec0}
+.note{background:#ebf8ff;border-left:4px solid #4299e1;padding:.4em .8em;margin:.5em 0}
+details summary{cursor:pointer;color:#2b6cb0}td.reason{min-width:22em;max-width:40em}
+"""

@@ -1,0 +1,86 @@
+"""CSV report: one row per ``(checkpoint, layer)`` in model order, every metric a column.
+
+Columns: ``session_id, index, checkpoint, layer, passed, first_divergence`` then the metric
+columns, ``introduced_error, propagated_error, reason, tolerance`` (JSON). Non-finite numbers are
+written ``nan``/``inf``/``-inf``. Text cells that a spreadsheet would run as a formula (leading
+``= + - @``, tab or CR, unless the cell is a number) get a leading apostrophe.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from ._common import METRICS, as_float, first_divergence_key, passed_state, row_key, session_results
+
+if TYPE_CHECKING:
+    from ..models.validation_report import ValidationReport
+    from ..services.session_diff import SessionDiff
+
+__all__ = ["CSV_COLUMNS", "render_csv", "render_diff_csv"]
+
+CSV_COLUMNS = ("session_id", "index", "checkpoint", "layer", "passed", "first_divergence", *METRICS,
+               "introduced_error", "propagated_error", "reason", "tolerance")
+
+
+def _safe_text(value: Any) -> str:
+    text = "" if value is None else str(value)
+    if text and text[0] in "=+-@\t\r":
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    f = as_float(value)
+    if f is None:
+        return _safe_text(value)
+    if math.isnan(f):
+        return "nan"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return repr(f)
+
+
+def render_csv(report: ValidationReport) -> str:
+    rows = report.checkpoint_results
+    first = first_divergence_key(rows, session_results(report.session))
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for i, r in enumerate(rows):
+        key = row_key(r)
+        p = passed_state(r)
+        tol = r.get("tolerance")
+        w.writerow([
+            _safe_text(report.session_id), i, _safe_text(key[0]), "" if key[1] is None else key[1],
+            "" if p is None else int(p), int(first is not None and key == first),
+            *(_num(r.get(m)) for m in METRICS),
+            _num(r.get("introduced_error")), _num(r.get("propagated_error")), _safe_text(r.get("reason")),
+            "" if tol is None else _safe_text(json.dumps(tol, sort_keys=True, default=str)),
+        ])
+    return buf.getvalue()
+
+
+def render_diff_csv(diff: SessionDiff) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(("checkpoint", "layer", "change", "before_passed", "after_passed", "before_max_abs_error",
+                "after_max_abs_error"))
+    for c in diff.changes:
+        w.writerow((_safe_text(c.checkpoint), "" if c.layer is None else c.layer, c.change,
+                    "" if c.before_passed is None else int(c.before_passed),
+                    "" if c.after_passed is None else int(c.after_passed),
+                    _num(c.before_max_abs_error), _num(c.after_max_abs_error)))
+    return buf.getvalue()

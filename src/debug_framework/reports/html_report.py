@@ -1,0 +1,517 @@
+"""The HTML report of a session: one self-contained file, no scripts, no network.
+
+Sections (each a ``<section id=...>``): ``verdict``, ``summary``, ``curves`` (per-layer error on a
+log scale, one inline SVG chart per metric), ``checkpoints`` (the table, first divergence marked),
+``isolation`` (introduced vs propagated error, when isolation ran), ``heatmap`` (worst checkpoint),
+``performance``, ``tensors`` (with ``include_tensors``), ``backends``, ``tolerances``, ``config``,
+``environment``, ``reproduce`` (the command), ``other-results`` (engine keys not shown above).
+
+Everything taken from the session is escaped with :func:`~debug_framework.reports._html.esc`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._common import (
+    LOG_METRICS,
+    as_float,
+    first_divergence_key,
+    fmt_num,
+    isolation_rows,
+    passed_state,
+    reproduce_command,
+    row_key,
+    row_label,
+    session_results,
+    verdict_of,
+    worst_row,
+)
+from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, png_data_uri
+from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
+
+if TYPE_CHECKING:
+    from ..models.validation_report import ValidationReport
+    from ..services.session_diff import SessionDiff
+    from ..services.tensor_store import TensorStore
+
+__all__ = ["render_html", "render_diff_html"]
+
+_TABLE_METRICS = ("max_abs_error", "mean_abs_error", "max_rel_error", "rel_l2_error", "cosine_similarity",
+                  "sqnr_db", "mismatch_percent", "max_ulp_error")
+_METRIC_TITLES = {
+    "max_abs_error": "max |alt - ref|", "mean_abs_error": "mean |alt - ref|", "p99_abs_error": "p99 |alt - ref|",
+    "rmse": "RMSE", "rel_l2_error": "relative L2 error", "max_rel_error": "max relative error",
+    "max_ulp_error": "max ULP error", "mismatch_percent": "% elements over tolerance",
+    "cosine_distance": "1 - cosine similarity", "sqnr_db": "SQNR (dB, higher is better)",
+}
+#: results keys rendered in their own sections (the rest go to "other results")
+_SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
+                      "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
+                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed"}
+
+
+def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
+    if metric == "cosine_distance":
+        out: list[float | None] = []
+        for r in rows:
+            c = as_float(r.get("cosine_similarity"))
+            out.append(None if c is None else (c if math.isnan(c) else max(0.0, 1.0 - c)))
+        return out
+    return [as_float(r.get(metric)) for r in rows]
+
+
+def _verdict_class(verdict: str) -> str:
+    v = verdict.lower()
+    if v in {"passed", "pass", "ok"}:
+        return "ok"
+    if v in {"failed", "fail", "error"}:
+        return "bad"
+    return "other"
+
+
+def _num_td(v: Any) -> str:
+    return f'<td class="num">{esc(fmt_num(v))}</td>'
+
+
+def _section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{body}</section>'
+
+
+def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, int | None] | None,
+                      with_isolation: bool) -> str:
+    head = "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
+    iso_head = "<th>introduced</th><th>propagated</th>" if with_isolation else ""
+    body = []
+    for i, r in enumerate(rows):
+        key = row_key(r)
+        state = passed_state(r)
+        verdict = "pass" if state is True else ("FAIL" if state is False else "?")
+        is_first = first_key is not None and key == first_key
+        cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
+        mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
+        cells = "".join(_num_td(r.get(m)) for m in _TABLE_METRICS)
+        iso = ""
+        if with_isolation:
+            flag = ' <strong title="this layer introduces error on its own">&#9888;</strong>' if r.get("introduces_error") is True else ""
+            iso = (f'<td class="num">{esc(fmt_num(r.get("introduced_error")))}{flag}</td>'
+                   + _num_td(r.get("propagated_error")))
+        detail_bits = []
+        worst = r.get("worst")
+        if isinstance(worst, list) and worst:
+            wrows = "".join(
+                f"<tr><td>{esc(w.get('index') if isinstance(w, Mapping) else w)}</td>"
+                f"{_num_td(w.get('reference', w.get('ref')) if isinstance(w, Mapping) else None)}"
+                f"{_num_td(w.get('alternative', w.get('alt')) if isinstance(w, Mapping) else None)}"
+                f"{_num_td(w.get('abs_error') if isinstance(w, Mapping) else None)}</tr>"
+                for w in worst)
+            detail_bits.append("<table><tr><th>index</th><th>reference</th><th>alternative</th><th>abs error</th></tr>"
+                               f"{wrows}</table>")
+        more = {k: r.get(k) for k in ("numel", "reference_shape", "alternative_shape", "reference_dtype",
+                                      "alternative_dtype", "median_abs_error", "p99_abs_error", "mean_rel_error",
+                                      "rmse", "mismatch_count", "nan_count_ref", "nan_count_alt", "inf_count_ref",
+                                      "inf_count_alt", "first_nonfinite_index", "tolerance") if r.get(k) is not None}
+        if more:
+            detail_bits.append(kv_table(more))
+        details = f"<details><summary>details</summary>{''.join(detail_bits)}</details>" if detail_bits else ""
+        body.append(
+            f'<tr class="{cls}" id="row-{i}"><td class="num">{i}</td><td>{esc(key[0])}</td>'
+            f'<td class="num">{esc(fmt_num(key[1]))}</td><td>{esc(verdict)}{mark}</td>{cells}{iso}'
+            f"<td class=\"reason\">{esc(r.get('reason'))}</td><td>{details}</td></tr>")
+    return (f'<div class="scroll"><table class="checkpoints"><thead><tr><th>#</th><th>checkpoint</th><th>layer</th>'
+            f"<th>verdict</th>{head}{iso_head}<th>reason</th><th></th></tr></thead><tbody>{''.join(body)}</tbody>"
+            "</table></div>")
+
+
+def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
+    labels = [row_label(r) for r in rows]
+    passed = [passed_state(r) for r in rows]
+    charts = []
+    for m in LOG_METRICS:
+        svg = line_chart(_METRIC_TITLES.get(m, m), labels, [(m, _metric_values(rows, m), "#2b6cb0")], log=True,
+                         passed=passed, marker_index=first_index, chart_id=m)
+        if svg:
+            charts.append(svg)
+    svg = line_chart(_METRIC_TITLES["sqnr_db"], labels, [("sqnr_db", _metric_values(rows, "sqnr_db"), "#2b6cb0")],
+                     log=False, passed=passed, marker_index=first_index, chart_id="sqnr_db")
+    if svg:
+        charts.append(svg)
+    if not charts:
+        return '<p class="muted">no finite error figures to plot</p>'
+    legend = ('<p class="muted">x: checkpoints in model order (emb = post_embedding, attnN / mlpN = layer N, '
+              "out = post_processing). Points: blue within tolerance, red over tolerance; a hollow triangle on the "
+              "floor is an exact 0; a magenta cross at the top is NaN/inf. The dashed red line marks the first "
+              "divergence.</p>")
+    return legend + f'<div class="charts">{"".join(charts)}</div>'
+
+
+def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
+    """Per-checkpoint introduced/propagated error (row columns) and the engine's per-layer isolation list."""
+    iso_rows = isolation_rows(rows)
+    info = results.get("isolation")
+    layers = [d for d in info if isinstance(d, Mapping)] if isinstance(info, list) else []
+    introducing = results.get("introducing_layers")
+    if not iso_rows and not info and not introducing and not results.get("isolation_note"):
+        return ""
+    parts = []
+    if isinstance(introducing, list):
+        names = ", ".join(str(x) for x in introducing) if introducing else "none"
+        parts.append(f'<p id="introducing-layers" class="note">Layers that introduce error on their own: '
+                     f"<strong>{esc(names)}</strong></p>")
+    if results.get("isolation_note"):
+        parts.append(f'<p class="note">{esc(results.get("isolation_note"))}</p>')
+    if iso_rows:
+        series_src: Sequence[Mapping[str, Any]] = iso_rows
+        labels = [row_label(r) for r in iso_rows]
+    else:
+        series_src = layers
+        labels = [f"layer {d.get('layer')}" for d in layers]
+    if series_src:
+        svg = line_chart("introduced vs propagated error", labels,
+                         [("introduced", [r.get("introduced_error") for r in series_src], "#dd6b20"),
+                          ("propagated", [r.get("propagated_error") for r in series_src], "#2b6cb0")],
+                         log=True, chart_id="isolation", width=760)
+        if svg:
+            parts.append(f'<div class="charts">{svg}</div>')
+    parts.append("<p>Introduced: the error a layer adds when the alternative runs it on the reference's input to "
+                 "that layer. Propagated: the error carried in from earlier layers (end-to-end run).</p>")
+    if iso_rows:
+        trs = []
+        for r in iso_rows:
+            intro = r.get("introduces_error")
+            flag = "introduces error" if intro is True else ("no" if intro is False else "")
+            trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(row_label(r))}</td>'
+                       f"{_num_td(r.get('introduced_error'))}{_num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
+                       f"<td>{esc('pass' if passed_state(r) else ('FAIL' if passed_state(r) is False else '?'))}</td></tr>")
+        parts.append("<table><tr><th>checkpoint</th><th>introduced error</th><th>propagated error</th>"
+                     f"<th>this layer</th><th>end-to-end verdict</th></tr>{''.join(trs)}</table>")
+    if layers:
+        trs = []
+        for d in layers:
+            intro = d.get("introduces_error")
+            trs.append(f'<tr class="{"fail" if intro is True else ""}"><td class="num">{esc(d.get("layer"))}</td>'
+                       f"<td>{esc('YES' if intro is True else ('no' if intro is False else ''))}</td>"
+                       f"<td>{esc(d.get('block'))}</td>{_num_td(d.get('introduced_error'))}"
+                       f"{_num_td(d.get('propagated_error'))}{_num_td(d.get('total_error'))}</tr>")
+        parts.append("<h3>Per layer (engine)</h3><table><tr><th>layer</th><th>introduces error</th><th>block</th>"
+                     "<th>introduced (mlp out)</th><th>carried in</th><th>total</th></tr>" + "".join(trs) + "</table>")
+    elif info:
+        parts.append("<h3>Isolation summary (engine)</h3>" + (kv_table(info) if isinstance(info, Mapping) else json_pre(info)))
+    return _section("isolation", "Isolation: introduced vs propagated error", "".join(parts))
+
+
+def _performance(perf: Any) -> str:
+    if not perf:
+        return _section("performance", "Performance", '<p class="muted">not recorded</p>')
+    if not isinstance(perf, Mapping):
+        return _section("performance", "Performance", json_pre(perf))
+    parts = []
+    sides = [(k, v) for k, v in perf.items() if isinstance(v, Mapping) and k in ("reference", "alternative", "oracle")]
+    if sides:
+        cols = ("prepare_s", "forward_s", "wall_s")
+        trs = "".join(f"<tr><td>{esc(k)}</td>{''.join(_num_td(v.get(c)) for c in cols)}"
+                      f"<td>{_cell_mem(v.get('memory'))}</td></tr>" for k, v in sides)
+        parts.append("<table><tr><th>backend</th><th>prepare (s)</th><th>forward (s)</th><th>wall (s)</th>"
+                     f"<th>peak memory</th></tr>{trs}</table>")
+        per_layer = []
+        for k, v in sides:
+            pl = v.get("per_layer_s")
+            if isinstance(pl, Mapping):
+                pl = [pl[x] for x in sorted(pl, key=lambda t: int(t) if str(t).lstrip("-").isdigit() else 0)]
+            if isinstance(pl, list) and pl and all(as_float(x) is not None for x in pl):
+                per_layer.append((k, pl))
+        if per_layer:
+            n = max(len(pl) for _, pl in per_layer)
+            colours = {"reference": "#2b6cb0", "alternative": "#c53030", "oracle": "#718096"}
+            svg = line_chart("wall time per layer (s)", [f"layer {i}" for i in range(n)],
+                             [(k, list(pl) + [None] * (n - len(pl)), colours.get(k, "#2f855a")) for k, pl in per_layer],
+                             log=True, chart_id="per_layer_time", width=760)
+            if svg:
+                parts.append(f'<div class="charts">{svg}</div>')
+    parts.append("<details><summary>all performance figures</summary>" + kv_table(perf) + "</details>"
+                 if sides else kv_table(perf))
+    return _section("performance", "Performance", "".join(parts))
+
+
+def _cell_mem(mem: Any) -> str:
+    if mem is None:
+        return '<span class="muted">not measured</span>'
+    if isinstance(mem, Mapping):
+        return esc(", ".join(f"{k}={fmt_num(v)}" for k, v in mem.items() if not isinstance(v, (Mapping, list))))
+    return esc(fmt_num(mem))
+
+
+def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
+    parts = []
+    oracle = results.get("oracle")
+    o_rows = [r for r in rows if isinstance(r.get("oracle"), Mapping)]
+    if oracle or o_rows:
+        parts.append("<h3>Oracle (float64 python_reference)</h3>")
+        if isinstance(oracle, Mapping):
+            parts.append(kv_table(oracle))
+        if o_rows:
+            keys = ("reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio")
+            trs = "".join(f'<tr class="{"fail" if r["oracle"].get("passed") is False else ""}"><td>{esc(row_label(r))}</td>'
+                          + "".join(_num_td(r["oracle"].get(k)) for k in keys)
+                          + f"<td>{esc(r['oracle'].get('passed'))}</td></tr>" for r in o_rows)
+            parts.append("<table><tr><th>checkpoint</th>" + "".join(f"<th>{esc(k)}</th>" for k in keys)
+                         + f"<th>passed</th></tr>{trs}</table>")
+    noise = results.get("noise_floor")
+    n_rows = [r for r in rows if isinstance(r.get("run_to_run"), Mapping)]
+    if noise or n_rows:
+        parts.append("<h3>Noise floor (run-to-run)</h3>")
+        if noise:
+            parts.append(kv_table(noise) if isinstance(noise, Mapping) else json_pre(noise))
+        if n_rows:
+            trs = "".join(f"<tr><td>{esc(row_label(r))}</td><td>{_cell(r['run_to_run'])}</td></tr>" for r in n_rows)
+            parts.append(f"<table><tr><th>checkpoint</th><th>max |run1 - run2|</th></tr>{trs}</table>")
+    return _section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
+
+
+def _cell(d: Mapping[str, Any]) -> str:
+    return esc(", ".join(f"{k}={fmt_num(v)}" for k, v in d.items()))
+
+
+def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
+    if worst is None:
+        return _section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
+    label = row_label(worst)
+    if hm is None:
+        return _section("heatmap", f"Heatmap of the worst checkpoint: {label}",
+                        '<p class="muted">no recorded tensors and no worst-element list for this checkpoint</p>')
+    rgb, vmin, vmax = colorize(hm.matrix)
+    h, w = rgb.shape[0], rgb.shape[1]
+    scale = max(1, min(16, int(min(900 / max(w, 1), 360 / max(h, 1)))))
+    source_note = ("Source: <strong>recorded tensors</strong> (|alternative - reference| of every element)."
+                   if hm.source == "recorded tensors" else
+                   "Source: <strong>worst-element list</strong> (no recorded tensors): only the k worst elements the "
+                   "comparison kept are placed; grey cells are unknown, not zero.")
+    desc = (f"Tensor shape {esc(hm.full_shape)} shown as {esc(hm.rows)} rows (all leading dims flattened) x "
+            f"{esc(hm.cols)} columns (last dim)")
+    if hm.block != (1, 1):
+        desc += f"; each pixel is the max over a block of {esc(hm.block[0])} x {esc(hm.block[1])} elements"
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in hm.notes)
+    body = (f'<p class="note" data-source="{esc(hm.source)}">{source_note}</p>{notes}<p>{desc}.</p>'
+            f'<img class="heat" alt="error heatmap of {esc(label)}" width="{w * scale}" height="{h * scale}" '
+            f'src="{png_data_uri(rgb)}">'
+            f"<div>{colorbar_svg(vmin, vmax)}</div>")
+    return _section("heatmap", f"Heatmap of the worst checkpoint: {label}", body)
+
+
+def _backends(session: Mapping[str, Any]) -> str:
+    parts = []
+    for side in ("reference", "alternative"):
+        name = session.get(f"{side}_backend")
+        info = session.get(f"{side}_backend_info")
+        parts.append(f"<h3>{esc(side)}: {esc(name)}</h3>"
+                     + (kv_table(info) if isinstance(info, Mapping) else
+                        (json_pre(info) if info else '<p class="muted">no version information recorded</p>')))
+    return _section("backends", "Backends", "".join(parts))
+
+
+def _tolerances(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    parts = ["<h3>Session tolerances</h3>" + kv_table(session.get("tolerances") if isinstance(session.get("tolerances"), Mapping) else None)]
+    distinct: dict[str, list[str]] = {}
+    import json as _json
+
+    for r in rows:
+        tol = r.get("tolerance")
+        if tol is None:
+            continue
+        distinct.setdefault(_json.dumps(tol, sort_keys=True, default=str), []).append(row_label(r))
+    if distinct:
+        trs = "".join(f"<tr><td>{json_pre(_json.loads(k))}</td><td>{esc(', '.join(v[:12]) + (' ...' if len(v) > 12 else ''))}"
+                      f" ({len(v)})</td></tr>" for k, v in distinct.items())
+        parts.append("<h3>Tolerance used per checkpoint</h3><table><tr><th>tolerance</th><th>checkpoints</th></tr>"
+                     f"{trs}</table>")
+    return _section("tolerances", "Tolerances", "".join(parts))
+
+
+def _tensors_section(report: ValidationReport, store: TensorStore | None, max_values: int) -> str:
+    recs = report.tensor_recordings
+    if not recs:
+        return _section("tensors", "Recorded tensors", '<p class="muted">no tensors were recorded for this session</p>')
+    trs = []
+    for rec in recs:
+        s = tensor_summary(rec, store, max_values=max_values)
+        vals = s.get("values")
+        preview = ""
+        if vals is not None:
+            preview = esc(", ".join(fmt_num(v, 5) for v in vals[:32]) + (" ..." if len(vals) > 32 or s.get("values_truncated") else ""))
+        trs.append(
+            f"<tr><td>{esc(s.get('tensor_name'))}</td><td>{esc(s.get('side'))}</td><td>{esc(s.get('shape'))}</td>"
+            f"<td>{esc(s.get('dtype'))}</td>{_num_td(s.get('min'))}{_num_td(s.get('max'))}{_num_td(s.get('mean'))}"
+            f"{_num_td(s.get('std'))}{_num_td(s.get('nan_count'))}{_num_td(s.get('inf_count'))}"
+            f"<td>{esc(s.get('error')) if s.get('error') else preview}</td>"
+            f"<td><code>{esc((s.get('content_hash') or '')[:12])}</code></td></tr>")
+    return _section("tensors", "Recorded tensors",
+                    "<div class=\"scroll\"><table><tr><th>name</th><th>side</th><th>shape</th><th>dtype</th><th>min</th>"
+                    "<th>max</th><th>mean</th><th>std</th><th>NaN</th><th>inf</th><th>first values</th><th>sha256</th></tr>"
+                    f"{''.join(trs)}</table></div>")
+
+
+def render_html(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
+                max_tensor_values: int = 256) -> str:
+    """The full HTML report of ``report`` (a :class:`ValidationReport` of a stored session).
+
+    ``store``: the tensor store holding the session's recordings; default: the one beside the
+    session's database when it exists. ``include_tensors`` adds a table of every recorded tensor
+    (statistics and the first values).
+    """
+    session = dict(report.session or {})
+    session.setdefault("session_id", report.session_id)
+    rows = list(report.checkpoint_results)
+    results = session_results(session)
+    status = report.overall_status or session.get("status")
+    verdict = verdict_of(status, results)
+    first_key = first_divergence_key(rows, results)
+    first_index = next((i for i, r in enumerate(rows) if row_key(r) == first_key), None)
+    first_row = rows[first_index] if first_index is not None else None
+    worst = worst_row(rows)
+    store = open_store(store, report.tensor_store_root) if (report.tensor_recordings or store is not None) else None
+    heat = heatmap_for(worst, report.tensor_recordings, store) if worst is not None else None
+
+    n_pass = sum(1 for r in rows if passed_state(r) is True)
+    n_fail = sum(1 for r in rows if passed_state(r) is False)
+    if first_key is None:
+        fd_text = "none: every checkpoint within tolerance" if rows else "none (no checkpoint results stored)"
+    else:
+        fd_text = row_label(first_key)
+        if first_row is not None:
+            fd_text += f" (max abs error {fmt_num(first_row.get('max_abs_error'))}"
+            if first_row.get("reason"):
+                fd_text += f"; {first_row.get('reason')}"
+            fd_text += ")"
+    verdict_box = (
+        f'<section id="verdict" class="verdict {_verdict_class(verdict)}">'
+        f'<div class="big">{esc(verdict.upper())}</div>'
+        f"<div>session status <strong>{esc(status)}</strong>; {esc(len(rows))} checkpoints: {esc(n_pass)} passed, "
+        f"{esc(n_fail)} failed, {esc(len(rows) - n_pass - n_fail)} without a verdict</div>"
+        f'<div id="first-divergence">first divergence: <strong>{esc(fd_text)}</strong></div>'
+        + (f"<div>worst checkpoint: {esc(row_label(worst))} (max abs error {esc(fmt_num(worst.get('max_abs_error')))})</div>"
+           if worst is not None else "")
+        + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
+           if isinstance(results.get("introducing_layers"), list) else "")
+        + (f"<div>error: {esc(session.get('error_message'))}</div>" if session.get("error_message") else "")
+        + "</section>")
+
+    started, finished = session.get("started_at"), session.get("finished_at")
+    summary = {
+        "session id": session.get("session_id"),
+        "model path": session.get("model_path"),
+        "weights digest": session.get("weights_digest"),
+        "reference backend": session.get("reference_backend"),
+        "alternative backend": session.get("alternative_backend"),
+        "seed": session.get("seed"),
+        "inputs": session.get("inputs_ref"),
+        "created": session.get("created_at"),
+        "started": started,
+        "finished": finished,
+        "tensor recordings": results.get("recordings"),
+    }
+    summary_html = kv_table({k: v for k, v in summary.items() if v is not None})
+
+    perf = results.get("performance") if results.get("performance") is not None else (report.performance_metrics or None)
+    cmd, exact = reproduce_command(session, results)
+    if cmd is None:
+        repro = '<p class="muted">not recorded</p>'
+    else:
+        repro = (f"<pre id=\"command\">{esc(cmd)}</pre>" +
+                 ("<p class=\"muted\">as recorded by the engine</p>" if exact else
+                  '<p class="note">The engine did not record the command; this one is rebuilt from the stored session '
+                  "(model path, backends, tolerances). Config, seed and inputs may need the options shown above.</p>"))
+    other = {k: v for k, v in results.items() if k not in _SHOWN_RESULT_KEYS}
+
+    sections = [
+        verdict_box,
+        _section("summary", "Session", summary_html),
+        _section("curves", "Per-layer error", _curves(rows, first_index)),
+        _section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
+                 if rows else '<p class="muted">no checkpoint results stored</p>'),
+        _isolation(rows, results),
+        _heatmap(heat, worst),
+        _oracle_noise(rows, results),
+        _performance(perf),
+        _tensors_section(report, store, max_tensor_values) if include_tensors else "",
+        _backends(session),
+        _tolerances(session, rows),
+        _section("config", "Configuration", kv_table(session.get("config") if isinstance(session.get("config"), Mapping) else None)),
+        _section("environment", "Environment", kv_table(session.get("environment") if isinstance(session.get("environment"), Mapping) else None)),
+        _section("reproduce", "Reproduce this run", repro),
+        _section("other-results", "Other results", kv_table(other)) if other else "",
+    ]
+    nav = "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
+        ("curves", "error curves"), ("checkpoints", "checkpoints"), ("isolation", "isolation"), ("heatmap", "heatmap"),
+        ("performance", "performance"), ("backends", "backends"), ("environment", "environment"),
+        ("reproduce", "reproduce")) if f'id="{sid}"' in "".join(sections))
+    generated = report.created_at.isoformat(timespec="seconds") if report.created_at else ""
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>Validation report {esc(report.session_id)}</title><style>{BASE_CSS}</style></head>\n<body>"
+        f"<h1>Validation report: {esc(session.get('model_path'))}</h1>"
+        f"<p class=\"muted\">{esc(session.get('reference_backend'))} (reference) vs "
+        f"{esc(session.get('alternative_backend'))} (alternative) &middot; session <code>{esc(report.session_id)}</code></p>"
+        f"<nav>{nav}</nav>"
+        + "\n".join(s for s in sections if s)
+        + f'<footer><p class="muted">report {esc(report.report_id)} generated {esc(generated)} by debug_framework</p>'
+        "</footer></body></html>\n"
+    )
+
+
+# ----------------------------------------------------------------------------- diff
+
+
+def render_diff_html(diff: SessionDiff, before: ValidationReport, after: ValidationReport) -> str:
+    """Cross-session report: which checkpoints got better or worse from ``before`` to ``after``."""
+    counts = diff.to_dict()["counts"]
+    labels = [row_label((c.checkpoint, c.layer)) for c in diff.changes]
+    chart = line_chart("max |alt - ref| per checkpoint", labels,
+                       [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
+                        ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")],
+                       log=True, width=900, chart_id="diff")
+    trs = []
+    for c in diff.changes:
+        b, a = as_float(c.before_max_abs_error), as_float(c.after_max_abs_error)
+        ratio = ""
+        if b is not None and a is not None and math.isfinite(a) and math.isfinite(b) and b > 0:
+            ratio = fmt_num(a / b, 3)
+        pv = lambda p: "pass" if p is True else ("FAIL" if p is False else "")  # noqa: E731
+        trs.append(f'<tr class="{esc(c.change)}"><td>{esc(c.checkpoint)}</td><td class="num">{esc(fmt_num(c.layer))}</td>'
+                   f"<td>{esc(pv(c.before_passed))}</td><td>{esc(pv(c.after_passed))}</td>"
+                   f"{_num_td(c.before_max_abs_error)}{_num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
+                   f'<td class="change">{esc(c.change)}</td></tr>')
+    worse = counts.get("worse", 0)
+    cls = "bad" if worse else "ok"
+    headline = f"{worse} checkpoint(s) got worse" if worse else "nothing got worse"
+
+    def side(title: str, rep: ValidationReport) -> str:
+        s = rep.session or {}
+        res = session_results(s)
+        return (f"<h3>{esc(title)}</h3>" + kv_table({
+            "session id": rep.session_id, "status": rep.overall_status, "verdict": verdict_of(rep.overall_status, res),
+            "model path": s.get("model_path"), "weights digest": s.get("weights_digest"),
+            "reference backend": s.get("reference_backend"), "alternative backend": s.get("alternative_backend"),
+            "created": s.get("created_at")}))
+
+    notes = "".join(f"<li>{esc(n)}</li>" for n in diff.notes)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
+        f"<title>Session diff {esc(diff.before_session_id)} -&gt; {esc(diff.after_session_id)}</title>"
+        f"<style>{BASE_CSS}</style></head>\n<body>"
+        f"<h1>Session diff: {esc((before.session or {}).get('model_path'))}</h1>"
+        f'<section id="verdict" class="verdict {cls}"><div class="big">{esc(headline)}</div>'
+        f"<div>{' &middot; '.join(f'{esc(k)}: {esc(v)}' for k, v in counts.items())}</div></section>"
+        f'<section id="sessions"><h2>Sessions</h2><div class="charts"><div>{side("before", before)}</div>'
+        f"<div>{side('after', after)}</div></div></section>"
+        + (f'<section id="notes"><h2>What differs between the runs</h2><ul>{notes}</ul></section>' if notes else "")
+        + (f'<section id="curves"><h2>Error per checkpoint</h2><div class="charts">{chart}</div></section>' if chart else "")
+        + '<section id="changes"><h2>Checkpoints</h2><div class="scroll"><table><tr><th>checkpoint</th><th>layer</th>'
+        "<th>before</th><th>after</th><th>before max abs</th><th>after max abs</th><th>after / before</th><th>change</th>"
+        f"</tr>{''.join(trs)}</table></div></section>"
+        "</body></html>\n"
+    )

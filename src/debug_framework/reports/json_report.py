@@ -1,0 +1,49 @@
+"""JSON report: the stored session as strict JSON (non-finite numbers as "NaN"/"Infinity" strings).
+
+The document is ``ValidationReport.to_dict()`` (``report_id``, ``session_id``, ``overall_status``,
+``summary_statistics``, ``checkpoint_results``, ``performance_metrics``, ``session``,
+``tensor_recordings``, ``created_at``) plus ``verdict``, ``first_divergence`` and
+``reproduce_command``; with ``include_tensors`` a ``tensors`` list with each recorded tensor's
+statistics and its first ``max_tensor_values`` values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..models._common import json_safe
+from ._common import first_divergence_key, reproduce_command, session_results, verdict_of
+from ._tensors import open_store, tensor_summary
+
+if TYPE_CHECKING:
+    from ..models.validation_report import ValidationReport
+    from ..services.session_diff import SessionDiff
+    from ..services.tensor_store import TensorStore
+
+__all__ = ["report_document", "render_json", "render_diff_json"]
+
+
+def report_document(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
+                    max_tensor_values: int = 4096) -> dict[str, Any]:
+    doc = report.to_dict()
+    results = session_results(report.session)
+    key = first_divergence_key(report.checkpoint_results, results)
+    doc["verdict"] = verdict_of(report.overall_status, results)
+    doc["first_divergence"] = None if key is None else {"checkpoint": key[0], "layer": key[1]}
+    cmd, exact = reproduce_command(report.session or {}, results)
+    doc["reproduce_command"] = {"command": cmd, "exact": exact}
+    if include_tensors:
+        st = open_store(store, report.tensor_store_root) if report.tensor_recordings else None
+        doc["tensors"] = [tensor_summary(r, st, max_values=max_tensor_values) for r in report.tensor_recordings]
+    return doc
+
+
+def render_json(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
+                max_tensor_values: int = 4096, indent: int | None = 2) -> str:
+    doc = report_document(report, include_tensors=include_tensors, store=store, max_tensor_values=max_tensor_values)
+    return json.dumps(json_safe(doc), indent=indent, sort_keys=True, allow_nan=False, default=str)
+
+
+def render_diff_json(diff: SessionDiff, *, indent: int | None = 2) -> str:
+    return json.dumps(json_safe(diff.to_dict()), indent=indent, sort_keys=True, allow_nan=False, default=str)
