@@ -8,13 +8,16 @@
 
 from .base import Backend, BaseBackend, Taps
 from .registry import (
+    AUTO_ORDER,
     BUILTIN_BACKENDS,
     BackendFactory,
     backend_availability,
+    backend_versions,
     detect_available_backends,
     get_backend,
     register_backend,
     registered_backends,
+    select_alternative,
     unregister_backend,
 )
 from .user import module_backend, user_backend
@@ -31,6 +34,9 @@ __all__ = [
     "get_backend",
     "backend_availability",
     "detect_available_backends",
+    "AUTO_ORDER",
+    "select_alternative",
+    "backend_versions",
     "user_backend",
     "module_backend",
 ]

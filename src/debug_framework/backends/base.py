@@ -10,7 +10,7 @@ from ..errors import BackendInitializationError, ValidationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
-__all__ = ["Backend", "BaseBackend", "Taps", "FLOAT_DTYPES"]
+__all__ = ["Backend", "BaseBackend", "Taps", "FLOAT_DTYPES", "cpu_name"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -40,6 +40,20 @@ class Backend(Protocol):
         ...
 
 
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, ``platform`` elsewhere)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 class BaseBackend:
     """Shared plumbing: availability check, dtype validation, the prepared-model guard."""
 
@@ -54,6 +68,19 @@ class BaseBackend:
 
     def availability(self) -> tuple[bool, str]:
         return True, ""
+
+    def version_info(self) -> dict[str, Any]:
+        """What this backend runs on, for the session record: ``backend``, ``runtime`` and its
+        version, ``device`` and ``device_name``; subclasses add their own (JSON-ready values)."""
+        import platform
+
+        return {
+            "backend": self.name,
+            "dtype": self.dtype,
+            "device": self.device,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        }
 
     def _check_prepare(self, model: LoadedModel, dtype: str | None, device: str) -> str:
         ok, reason = self.availability()

@@ -12,7 +12,7 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps
+from .base import BaseBackend, Taps, cpu_name
 
 __all__ = ["PythonReferenceBackend"]
 
@@ -27,6 +27,16 @@ class PythonReferenceBackend(BaseBackend):
     def __init__(self) -> None:
         super().__init__()
         self.reference: Any = None
+
+    def version_info(self) -> dict[str, Any]:
+        info = super().version_info()
+        try:
+            import scipy
+
+            scipy_version = scipy.__version__
+        except ImportError:  # erf then falls back to math.erf
+            scipy_version = None
+        return {**info, "runtime": "numpy", "numpy": np.__version__, "scipy": scipy_version, "device_name": cpu_name()}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, device)

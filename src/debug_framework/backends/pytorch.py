@@ -63,3 +63,8 @@ class PyTorchBackend(TorchModuleBackend):
         except ImportError as exc:
             return False, f"transformers is not installed: {exc}"
         return super().availability()
+
+    def version_info(self) -> dict[str, Any]:
+        import transformers
+
+        return {**super().version_info(), "transformers": transformers.__version__}

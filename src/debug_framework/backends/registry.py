@@ -23,6 +23,9 @@ __all__ = [
     "get_backend",
     "backend_availability",
     "detect_available_backends",
+    "AUTO_ORDER",
+    "select_alternative",
+    "backend_versions",
 ]
 
 #: ``factory(**options) -> Backend``. A class is a factory.
@@ -32,7 +35,18 @@ BackendFactory = Callable[..., Backend]
 BUILTIN_BACKENDS: dict[str, str] = {
     "python_reference": "debug_framework.backends.python_reference:PythonReferenceBackend",
     "pytorch": "debug_framework.backends.pytorch:PyTorchBackend",
+    "inductor": "debug_framework.backends.inductor:InductorBackend",
+    "onnxruntime": "debug_framework.backends.onnx_runtime:OnnxRuntimeBackend",
+    "mlx": "debug_framework.backends.mlx_backend:MLXBackend",
+    "metal": "debug_framework.backends.mlx_backend:MLXMetalBackend",
+    "cuda": "debug_framework.backends.cuda:CudaBackend",
 }
+
+#: Preference of ``alternative_backend="auto"`` (see docs/backends-more.md): GPU backends first
+#: (the hardware a model is deployed on, and the most different arithmetic), then the CPU backends
+#: whose code is furthest from eager PyTorch: Inductor's generated kernels, ONNX Runtime's
+#: optimised graph, the independent MLX implementation, and eager PyTorch itself.
+AUTO_ORDER: tuple[str, ...] = ("cuda", "metal", "inductor", "onnxruntime", "mlx", "pytorch", "python_reference")
 
 _FACTORIES: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
 
@@ -114,3 +128,40 @@ def backend_availability() -> dict[str, tuple[bool, str]]:
 def detect_available_backends() -> dict[str, bool]:
     """Every registered backend -> whether it can run here (reasons: :func:`backend_availability`)."""
     return {name: ok for name, (ok, _) in backend_availability().items()}
+
+
+def select_alternative(
+    reference: str,
+    *,
+    order: tuple[str, ...] | list[str] = AUTO_ORDER,
+    availability: dict[str, tuple[bool, str]] | None = None,
+) -> tuple[str, str]:
+    """What ``alternative_backend="auto"`` means: the first available backend of ``order`` that is
+    not ``reference``. Returns ``(name, reason)``; the reason says why it was picked and why the
+    ones before it were not.
+
+    Raises:
+        BackendInitializationError: no backend other than the reference can run here (DF002).
+    """
+    report = backend_availability() if availability is None else availability
+    skipped: list[str] = []
+    for name in order:
+        if name == reference:
+            skipped.append(f"{name}: it is the reference")
+            continue
+        ok, why = report.get(name, (False, "not registered"))
+        if ok:
+            reason = f"auto picked {name!r} (first available in {' > '.join(order)})"
+            return name, reason + ("; skipped " + "; ".join(skipped) if skipped else "")
+        skipped.append(f"{name}: {why}")
+    raise BackendInitializationError(
+        "no alternative backend is available", hint="; ".join(skipped) or "register a backend", backend="auto"
+    )
+
+
+def backend_versions(backend: Backend) -> dict[str, Any]:
+    """``backend.version_info()`` when it has one, else what can be said (its name and type)."""
+    info = getattr(backend, "version_info", None)
+    if callable(info):
+        return dict(info())
+    return {"backend": getattr(backend, "name", type(backend).__name__), "type": type(backend).__qualname__}

@@ -17,9 +17,9 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps
+from .base import BaseBackend, Taps, cpu_name
 
-__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES"]
+__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
 
 TORCH_DTYPES = {
     "float64": torch.float64,
@@ -38,6 +38,24 @@ def _cuda_reason(device: str) -> str:
     if not torch.cuda.is_available():
         return f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, cuda build: {torch.version.cuda})"
     return ""
+
+
+def torch_device_info(device: str) -> dict[str, Any]:
+    """torch's version and the device's name (GPU model, compute capability, CUDA version on cuda)."""
+    info: dict[str, Any] = {"runtime": "torch", "torch": torch.__version__, "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev = torch.device(device)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        info.update(
+            device_name=torch.cuda.get_device_name(index),
+            compute_capability=f"{major}.{minor}",
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+        )
+    else:
+        info.update(device_name=cpu_name(), threads=torch.get_num_threads())
+    return info
 
 
 class TorchModuleBackend(BaseBackend):
@@ -73,6 +91,9 @@ class TorchModuleBackend(BaseBackend):
     def availability(self) -> tuple[bool, str]:
         reason = _cuda_reason(self.device)
         return (not reason, reason)
+
+    def version_info(self) -> dict[str, Any]:
+        return {**super().version_info(), **torch_device_info(self.device)}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         if device is not None:

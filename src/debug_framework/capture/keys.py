@@ -153,6 +153,8 @@ class Capture(Mapping[CheckpointKey, Any]):
         elapsed_s: wall time of the forward pass, seconds.
         layer_inputs: per layer index, the hidden state that entered the layer (when requested),
             so a single layer can be replayed from it.
+        meta: what else the backend reports about this run (compile time, exported file, provider ...);
+            JSON-ready values.
     """
 
     tensors: dict[CheckpointKey, Any] = field(default_factory=dict)
@@ -160,6 +162,7 @@ class Capture(Mapping[CheckpointKey, Any]):
     dtype: str = ""
     elapsed_s: float = 0.0
     layer_inputs: dict[int, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: Any) -> Any:
         return self.tensors[CheckpointKey.parse(key)]

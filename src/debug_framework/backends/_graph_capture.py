@@ -1,0 +1,94 @@
+"""Checkpoints as extra outputs of one graph, for backends that compile or export a torch model.
+
+Hooks cannot run inside generated code, so the Hugging Face model is wrapped once: forward hooks
+(installed before tracing) append each checkpoint tensor to a list, and the wrapper returns that
+list as a tuple. Tracing (Dynamo for ``inductor``, ``torch.export`` for ``onnxruntime``) inlines
+the hooks, so the checkpoints become ordinary outputs of a single graph: no graph break.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..capture.hooks import ModuleTap, find_module, first_tensor, hf_module_taps
+from ..capture.keys import CheckpointKey
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+
+__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs"]
+
+
+class CheckpointOutputs(torch.nn.Module):
+    """``forward(input_ids, attention_mask[, token_type_ids])`` -> a tuple, one tensor per checkpoint.
+
+    ``keys[i]`` names output i (execution order of the taps: every checkpoint of the model).
+    """
+
+    def __init__(self, net: torch.nn.Module, taps: list[ModuleTap]) -> None:
+        super().__init__()
+        self.net = net
+        self.keys: list[CheckpointKey] = [t.key for t in taps]
+        self._sink: list[torch.Tensor] = []
+        sink = self._sink
+        for tap in taps:
+            module = find_module(net, tap.module)
+            if tap.where == "output":
+                module.register_forward_hook(lambda _m, _a, out, sink=sink: sink.append(first_tensor(out)))
+            else:
+                module.register_forward_pre_hook(
+                    lambda _m, args, kwargs, sink=sink: sink.append(args[0] if args else kwargs["hidden_states"]),
+                    with_kwargs=True,
+                )
+        self.eval()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
+        self._sink.clear()
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        self.net(**kwargs)
+        out = tuple(self._sink)
+        self._sink.clear()
+        return out
+
+    @classmethod
+    def for_model(cls, net: torch.nn.Module, model: LoadedModel) -> CheckpointOutputs:
+        """The wrapper with every checkpoint of a Hugging Face ``BertModel`` / ``*ForCausalLM``."""
+        return cls(net, hf_module_taps(model.architecture, model.num_layers))
+
+
+class PlainOutput(torch.nn.Module):
+    """The same model with only its final output (logits / last hidden state): no checkpoint outputs."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.eval()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return first_tensor(self.net(**kwargs))
+
+
+def graph_inputs(model: LoadedModel, inputs: ModelInputs) -> dict[str, Any]:
+    """The input arrays a graph takes: ids and mask, plus token types (zeros if absent) for BERT."""
+    out: dict[str, Any] = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask}
+    if model.architecture == "bert":
+        import numpy as np
+
+        out["token_type_ids"] = inputs.token_type_ids if inputs.token_type_ids is not None else np.zeros_like(inputs.input_ids)
+    return out
+
+
+def layer_inputs_from(tensors: dict[CheckpointKey, Any], num_layers: int) -> dict[int, Any]:
+    """Layer i's input is post_embedding (i = 0) or layer i-1's post_mlp, in both families."""
+    out: dict[int, Any] = {}
+    for i in range(num_layers):
+        key = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+        if key in tensors:
+            out[i] = tensors[key]
+    return out

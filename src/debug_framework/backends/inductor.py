@@ -1,0 +1,183 @@
+"""``inductor``: the Hugging Face model under ``torch.compile(backend="inductor")``.
+
+What runs is Inductor's generated code (C++/OpenMP kernels on CPU, Triton on CUDA). Checkpoints
+are extra outputs of the one compiled graph (``_graph_capture.CheckpointOutputs``): Dynamo inlines
+the capture hooks and ``fullgraph=True`` makes a graph break an error instead of a silent split.
+Only public APIs compile (``torch.compile``, ``torch.compiler.reset``); the optional cache
+directory goes through ``_inductor_private``. See ``docs/backends-more.md``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..capture.keys import Capture
+from ..errors import BackendInitializationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from
+from .base import BaseBackend, Taps
+from .pytorch import build_hf_model
+from .torch_module import TORCH_DTYPES, torch_device_info
+
+__all__ = ["InductorBackend"]
+
+_CXX = ("g++", "c++", "clang++")
+
+
+class InductorBackend(BaseBackend):
+    """``torch.compile`` with Inductor; float32 (default), bfloat16, float16; cpu or cuda.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"`` (``prepare(device=...)`` overrides).
+        cache_dir: Inductor's cache directory for this backend's compiles; ``None`` keeps
+            PyTorch's own (``TORCHINDUCTOR_CACHE_DIR`` or ``<tmp>/torchinductor_<user>``).
+        mode: ``torch.compile`` mode (``None``, ``"max-autotune-no-cudagraphs"`` ...).
+        fullgraph: refuse graph breaks (default True: a break raises instead of splitting the model).
+    """
+
+    name = "inductor"
+    supported_dtypes = ("float32", "bfloat16", "float16")
+
+    def __init__(self, device: str = "cpu", cache_dir: str | Path | None = None, mode: str | None = None,
+                 fullgraph: bool = True) -> None:
+        super().__init__()
+        self.device = device
+        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.net: torch.nn.Module | None = None
+        self._captured: Any = None
+        self._plain: Any = None
+        self._seen: set[tuple[str, tuple[Any, ...]]] = set()
+        #: One entry per first call of a variant on a new input signature: that call compiled.
+        self.compile_log: list[dict[str, Any]] = []
+
+    def availability(self) -> tuple[bool, str]:
+        if "inductor" not in torch.compiler.list_backends():
+            return False, f"torch {torch.__version__} has no inductor backend"
+        if self.device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                return False, f"device {self.device!r} requested but CUDA is not available (torch {torch.__version__})"
+            import importlib.util
+
+            if importlib.util.find_spec("triton") is None:
+                return False, "Inductor on CUDA needs triton, which is not installed"
+            return True, ""
+        if not any(shutil.which(c) for c in _CXX):
+            return False, f"Inductor on CPU needs a C++ compiler; none of {', '.join(_CXX)} is on PATH"
+        return True, ""
+
+    def version_info(self) -> dict[str, Any]:
+        from . import _inductor_private
+
+        info = {**super().version_info(), **torch_device_info(self.device)}
+        try:
+            cache = self.cache_dir or _inductor_private.cache_dir()
+        except BackendInitializationError as exc:
+            cache = f"unknown: {exc.message}"
+        cxx = next((shutil.which(c) for c in _CXX if shutil.which(c)), None)
+        return {**info, "compiler": "inductor", "mode": self.mode, "cache_dir": cache, "cxx": cxx,
+                "compile_log": list(self.compile_log)}
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
+        """Build the model and the compiled callables; compilation itself happens on the first run
+        of each input signature (Dynamo needs real inputs) and is recorded in ``compile_log``."""
+        if device is not None:
+            self.device = device
+        dtype = self._check_prepare(model, dtype, self.device)
+        self.net = build_hf_model(model, TORCH_DTYPES[dtype], self.device)
+        self._wrapper = CheckpointOutputs.for_model(self.net, model)
+        self._captured = torch.compile(self._wrapper, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+        self._plain = None
+        self._seen.clear()
+        self.compile_log.clear()
+
+    def _call(self, variant: str, inputs: ModelInputs) -> tuple[Any, float, bool]:
+        model = self._prepared()
+        if variant == "plain" and self._plain is None:
+            self._plain = torch.compile(PlainOutput(self.net), backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+        fn = self._captured if variant == "captured" else self._plain
+        arrays = graph_inputs(model, inputs)
+        kwargs = {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
+        signature = (variant, tuple((k, tuple(v.shape)) for k, v in arrays.items()))
+        first = signature not in self._seen
+        with torch.inference_mode():
+            self._sync()
+            start = time.perf_counter()
+            if first:
+                from . import _inductor_private
+
+                with _inductor_private.using_cache_dir(self.cache_dir):
+                    out = fn(**kwargs)
+            else:
+                out = fn(**kwargs)
+            self._sync()
+            elapsed = time.perf_counter() - start
+        if first:
+            self._seen.add(signature)
+            self.compile_log.append({"variant": variant, "shape": list(inputs.shape), "first_call_s": round(elapsed, 4)})
+        if self.mode and "reduce-overhead" in self.mode:  # CUDA graphs reuse output buffers
+            out = tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+        return out, elapsed, first
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        """Run the compiled model. ``taps=[]`` runs the model compiled without checkpoint outputs."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        if not keys and not capture_layer_inputs:
+            _, elapsed, first = self._call("plain", inputs)
+            return Capture(backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
+                           meta={"variant": "plain", "compiled_in_this_call": first})
+        out, elapsed, first = self._call("captured", inputs)
+        everything = dict(zip(self._wrapper.keys, out))
+        meta = {"variant": "captured", "compiled_in_this_call": first}
+        if first:
+            meta["first_call_s"] = elapsed  # compilation + one run
+        return Capture(
+            tensors={k: everything[k] for k in keys},
+            backend=self.name,
+            dtype=self.dtype,
+            elapsed_s=elapsed,
+            layer_inputs=layer_inputs_from(everything, self._prepared().num_layers) if capture_layer_inputs else {},
+            meta=meta,
+        )
+
+    def measure_compile(self, inputs: ModelInputs, cache_dir: str | Path | None = None) -> dict[str, float]:
+        """Time a cold and a warm compile of the capturing graph for ``inputs``' shape.
+
+        cold: into an empty Inductor cache (``cache_dir``, default a fresh temporary directory,
+        removed afterwards unless given); warm: ``torch.compiler.reset()`` (which drops every
+        Dynamo-compiled artefact of this process) and the same compile again, now served by the
+        on-disk FX graph cache. Leaves the backend compiled for that shape.
+        """
+        self._prepared()
+        own = cache_dir is None
+        directory = tempfile.mkdtemp(prefix="df-inductor-cache-") if own else str(cache_dir)
+        saved = self.cache_dir
+        self.cache_dir = directory
+        try:
+            timings = {}
+            for phase in ("cold_s", "warm_s"):
+                torch.compiler.reset()
+                self._captured = torch.compile(self._wrapper, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+                self._plain = None
+                self._seen.clear()
+                _, elapsed, _ = self._call("captured", inputs)
+                timings[phase] = elapsed
+        finally:
+            self.cache_dir = saved
+            if own:
+                shutil.rmtree(directory, ignore_errors=True)
+        self.compile_log.append({"measure_compile": {k: round(v, 4) for k, v in timings.items()}, "shape": list(inputs.shape)})
+        return timings

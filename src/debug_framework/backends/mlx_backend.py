@@ -1,0 +1,210 @@
+"""``mlx`` and ``metal``: the MLX models of ``mlx_models`` (Llama family, BERT).
+
+``mlx`` runs on the Metal GPU where there is one (Apple silicon) and on the CPU elsewhere.
+``metal`` is MLX pinned to the Metal device: available only where Metal is, otherwise
+unavailable with the reason. ``metal_path`` (``PIE_METAL_PATH``, passed in by the caller) names an
+optional directory of user Metal kernels; it is recorded now and used by the plugin work later.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..capture.keys import Capture, CheckpointKey
+from ..errors import BackendInitializationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from .base import BaseBackend, Taps, cpu_name
+
+__all__ = ["MLXBackend", "MLXMetalBackend", "mlx_availability", "metal_availability"]
+
+
+def mlx_availability() -> tuple[bool, str]:
+    """Whether ``mlx.core`` imports here."""
+    try:
+        import mlx.core  # noqa: F401
+    except ImportError as exc:
+        return False, f"mlx is not installed: {exc} (pip install mlx; Linux wheels are CPU-only)"
+    except Exception as exc:  # a broken native library
+        return False, f"mlx failed to load: {exc}"
+    return True, ""
+
+
+def metal_availability() -> tuple[bool, str]:
+    """Whether MLX sees a Metal device (Apple silicon with macOS)."""
+    ok, reason = mlx_availability()
+    if not ok:
+        return ok, reason
+    import mlx.core as mx
+
+    if not mx.metal.is_available():
+        return False, (f"Metal is not available on this machine ({platform.system()} {platform.machine()}); "
+                       f"mlx {_mlx_version()} runs on the CPU here: use the 'mlx' backend, or run on Apple silicon")
+    return True, ""
+
+
+def _mlx_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mlx")
+    except Exception:  # pragma: no cover
+        import mlx.core as mx
+
+        return getattr(mx, "__version__", "unknown")
+
+
+def _host(x: Any) -> np.ndarray:
+    return np.array(x, copy=True)
+
+
+class MLXBackend(BaseBackend):
+    """MLX; float32 (default), float16, bfloat16.
+
+    Args:
+        device: ``"gpu"`` (Metal), ``"cpu"``, or ``None``: the GPU where Metal is, else the CPU.
+        metal_path: directory of user Metal kernels (recorded; used by the plugin work later).
+    """
+
+    name = "mlx"
+    supported_dtypes = ("float32", "float16", "bfloat16")
+
+    def __init__(self, device: str | None = None, metal_path: str | Path | None = None) -> None:
+        super().__init__()
+        self._device_request = device
+        self.device = device or "auto"
+        self.metal_path = None if metal_path is None else Path(metal_path)
+        self.net: Any = None
+
+    def availability(self) -> tuple[bool, str]:
+        ok, reason = mlx_availability()
+        if ok and self._device_request in ("gpu", "metal"):
+            return metal_availability()
+        return ok, reason
+
+    def _resolve_device(self, device: str | None) -> str:
+        request = device or self._device_request
+        if request in (None, "auto"):
+            import mlx.core as mx
+
+            return "gpu" if mx.metal.is_available() else "cpu"
+        if request == "metal":
+            return "gpu"
+        if request not in ("cpu", "gpu"):
+            raise BackendInitializationError(f"device {request!r} is not an MLX device", hint="use 'cpu' or 'gpu'", backend=self.name)
+        return request
+
+    def version_info(self) -> dict[str, Any]:
+        import mlx.core as mx
+
+        info = {**super().version_info(), "runtime": "mlx", "mlx": _mlx_version(),
+                "metal_available": bool(mx.metal.is_available()),
+                "metal_path": None if self.metal_path is None else str(self.metal_path)}
+        device = self.device if self.device in ("cpu", "gpu") else self._resolve_device(None)
+        info["device"] = device
+        if device == "gpu":
+            try:
+                info["device_name"] = mx.metal.device_info().get("architecture", "metal gpu")
+            except Exception:  # pragma: no cover - Apple only
+                info["device_name"] = "metal gpu"
+        else:
+            info["device_name"] = cpu_name()
+        return info
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
+        """Build the MLX model on ``device`` (``None``: the backend's; ``"cpu"`` / ``"gpu"``)."""
+        resolved = self._resolve_device(device)
+        if resolved == "gpu":
+            ok, reason = metal_availability()
+            if not ok:
+                raise BackendInitializationError(reason, backend=self.name)
+        dtype = self._check_prepare(model, dtype, resolved)
+        import mlx.core as mx
+
+        from .mlx_models import MX_DTYPES, build_mlx_model
+
+        self._mx_device = mx.gpu if resolved == "gpu" else mx.cpu
+        with mx.stream(self._mx_device):
+            self.net = build_mlx_model(model.config, model.weights, MX_DTYPES[dtype])
+            mx.eval(self._parameters())
+
+    def _parameters(self) -> list[Any]:
+        out: list[Any] = []
+
+        def walk(x: Any) -> None:
+            if isinstance(x, dict):
+                for v in x.values():
+                    walk(v)
+            elif isinstance(x, (list, tuple)):
+                for v in x:
+                    walk(v)
+            elif x is not None and type(x).__module__.startswith("mlx"):
+                out.append(x)
+
+        walk([v for k, v in vars(self.net).items() if k != "config"])
+        return out
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        import mlx.core as mx
+
+        want = {tuple(k) for k in keys}
+        layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
+        ids, mask = mx.array(inputs.input_ids), mx.array(inputs.attention_mask)
+        tt = None if inputs.token_type_ids is None else mx.array(inputs.token_type_ids)
+        with mx.stream(self._mx_device):
+            start = time.perf_counter()
+            out = self.net.forward(ids, mask, want, layer_inputs, tt)
+            if not keys and not capture_layer_inputs:  # nothing kept: evaluate the final output
+                last = self.net.forward(ids, mask, {("post_processing", None)}, None, tt)
+                mx.eval(list(last.values()))
+            mx.eval(list(out.values()) + list((layer_inputs or {}).values()))  # MLX is lazy
+            elapsed = time.perf_counter() - start
+        return Capture(
+            tensors={k: _host(out[tuple(k)]) for k in keys},
+            backend=self.name,
+            dtype=self.dtype,
+            elapsed_s=elapsed,
+            layer_inputs={i: _host(v) for i, v in (layer_inputs or {}).items()},
+            meta={"device": self.device},
+        )
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
+        self._prepared()
+        import mlx.core as mx
+
+        host = hidden_in.detach().cpu().float().numpy() if hasattr(hidden_in, "detach") else np.asarray(hidden_in, np.float32)
+        with mx.stream(self._mx_device):
+            h = mx.array(np.asarray(host, np.float32)).astype(self.net.dtype)
+            start = time.perf_counter()
+            a, out = self.net.layer(i, h, mx.array(inputs.attention_mask))
+            mx.eval(a, out)
+            elapsed = time.perf_counter() - start
+        return Capture(
+            tensors={CheckpointKey("post_attention", i): _host(a), CheckpointKey("post_mlp", i): _host(out)},
+            backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
+        )
+
+
+class MLXMetalBackend(MLXBackend):
+    """The spec's ``metal`` backend: MLX on the Metal GPU, nowhere else."""
+
+    name = "metal"
+
+    def __init__(self, metal_path: str | Path | None = None) -> None:
+        super().__init__(device="gpu", metal_path=metal_path)
+
+    def availability(self) -> tuple[bool, str]:
+        return metal_availability()
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
+        if device not in (None, "gpu", "metal"):
+            raise BackendInitializationError(f"the metal backend runs on the Metal GPU, not {device!r}", backend=self.name)
+        super().prepare(model, dtype, "gpu")

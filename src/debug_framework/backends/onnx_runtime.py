@@ -1,0 +1,205 @@
+"""``onnxruntime``: the Hugging Face model exported with ``torch.onnx.export(dynamo=True)``, every
+checkpoint an extra graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
+
+The exported ``.onnx`` file is an artifact of the run: it is written under ``artifact_dir``
+(default: a new temporary directory, reported in ``version_info()`` and in each ``Capture.meta``),
+never into the package or the current directory. Batch and sequence length are dynamic axes, so
+one export serves every input shape.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..capture.keys import Capture
+from ..errors import BackendInitializationError
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from
+from .base import BaseBackend, Taps, cpu_name
+from .pytorch import build_hf_model
+
+__all__ = ["OnnxRuntimeBackend"]
+
+
+class OnnxRuntimeBackend(BaseBackend):
+    """ONNX Runtime on an exported graph; float32.
+
+    Args:
+        device: ``"cpu"`` (CPUExecutionProvider), ``"cuda"`` (CUDAExecutionProvider, CPU as
+            fallback for unsupported nodes) or ``None``: CUDA where ONNX Runtime has it, else CPU.
+        artifact_dir: where the exported ``.onnx`` files go; ``None``: a fresh temporary directory.
+        opset: ONNX opset for the exporter (``None``: the exporter's default).
+        optimization: ONNX Runtime graph optimisation level: ``"all"`` (default), ``"extended"``,
+            ``"basic"`` or ``"disable"``.
+    """
+
+    name = "onnxruntime"
+    supported_dtypes = ("float32",)
+
+    def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
+                 optimization: str = "all") -> None:
+        super().__init__()
+        self._device_request = device
+        self.device = device or "cpu"
+        self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
+        self.opset = opset
+        self.optimization = optimization
+        self.session: Any = None
+        self._plain_session: Any = None
+        self.onnx_path: Path | None = None
+        self.export_s = 0.0
+        self._keys_out: list[Any] = []
+
+    # -- availability and versions -----------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            return False, f"onnxruntime is not installed: {exc}"
+        import importlib.util
+
+        for needed in ("onnx", "onnxscript"):  # the dynamo exporter needs both (found, not imported: slow)
+            if importlib.util.find_spec(needed) is None:
+                return False, f"{needed} (needed by torch.onnx's dynamo exporter) is not installed"
+        if self._device_request and self._device_request.startswith("cuda"):
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                return False, (f"device {self._device_request!r} requested but this onnxruntime {ort.__version__} has no "
+                               f"CUDAExecutionProvider (providers: {', '.join(ort.get_available_providers())})")
+        return True, ""
+
+    def _providers(self) -> list[str]:
+        import onnxruntime as ort
+
+        if self.device.startswith("cuda"):
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def version_info(self) -> dict[str, Any]:
+        import onnx
+        import onnxruntime as ort
+        import onnxscript
+
+        used = self.session.get_providers() if self.session is not None else self._providers()
+        device_name = cpu_name()
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            device_name = torch.cuda.get_device_name(0)
+        return {
+            **super().version_info(),
+            "runtime": "onnxruntime",
+            "onnxruntime": ort.__version__,
+            "onnx": onnx.__version__,
+            "onnxscript": onnxscript.__version__,
+            "torch": torch.__version__,
+            "providers": list(used),
+            "device_name": device_name,
+            "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
+            "onnx_path": None if self.onnx_path is None else str(self.onnx_path),
+            "export_s": round(self.export_s, 4),
+        }
+
+    # -- export --------------------------------------------------------------------------------------
+    def _export(self, module: torch.nn.Module, model: LoadedModel, path: Path, output_names: list[str]) -> float:
+        """Export ``module`` with dynamic batch and length (example 2 x 8: no 0/1 specialisation)."""
+        from torch.export import Dim
+
+        example = ModelInputs.random(model.config.vocab_size, batch=2, length=8, seed=0, pad_lengths=[0, 2])
+        kwargs = {k: torch.from_numpy(v) for k, v in graph_inputs(model, example).items()}
+        batch, length = Dim.DYNAMIC, Dim.DYNAMIC
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                torch.onnx.export(
+                    module, (), str(path), kwargs=kwargs, dynamo=True, opset_version=self.opset,
+                    input_names=list(kwargs), output_names=output_names,
+                    dynamic_shapes={k: {0: batch, 1: length} for k in kwargs}, verbose=False,
+                )
+        except Exception as exc:
+            raise BackendInitializationError(f"torch.onnx export failed: {exc}", backend=self.name) from exc
+        return time.perf_counter() - start
+
+    def _session(self, path: Path) -> Any:
+        import onnxruntime as ort
+
+        levels = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        }
+        options = ort.SessionOptions()
+        options.graph_optimization_level = levels[self.optimization]
+        try:
+            return ort.InferenceSession(str(path), sess_options=options, providers=self._providers())
+        except Exception as exc:
+            raise BackendInitializationError(f"ONNX Runtime could not load {path}: {exc}", backend=self.name) from exc
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
+        """Export the model with every checkpoint as an output and open an ONNX Runtime session."""
+        if device is not None:
+            self._device_request = device
+        if self._device_request is None:
+            import onnxruntime as ort
+
+            self._device_request = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+        self.device = self._device_request
+        dtype = self._check_prepare(model, dtype, self.device)
+        if self.artifact_dir is None:
+            self.artifact_dir = Path(tempfile.mkdtemp(prefix="df-onnx-"))
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        self.net = build_hf_model(model, torch.float32, "cpu")
+        wrapper = CheckpointOutputs.for_model(self.net, model)
+        self._keys_out = list(wrapper.keys)
+        self._names = [str(k).replace(":", "_") for k in self._keys_out]
+        self.onnx_path = self.artifact_dir / f"{model.architecture}-{model.digest[:12]}-{dtype}-checkpoints.onnx"
+        self.export_s = self._export(wrapper, model, self.onnx_path, self._names)
+        self.session = self._session(self.onnx_path)
+        self._plain_session = None
+
+    def _feeds(self, inputs: ModelInputs) -> dict[str, np.ndarray]:
+        return dict(graph_inputs(self._prepared(), inputs))
+
+    def _run_plain(self, inputs: ModelInputs) -> Capture:
+        """The model exported without checkpoint outputs (exported on first use, beside the other)."""
+        model = self._prepared()
+        meta: dict[str, Any] = {"variant": "plain"}
+        if self._plain_session is None:
+            path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", "-plain.onnx"))
+            meta["export_s"] = self._export(PlainOutput(self.net), model, path, ["output"])
+            self._plain_session = self._session(path)
+            meta["onnx_path"] = str(path)
+        feeds = self._feeds(inputs)
+        start = time.perf_counter()
+        self._plain_session.run(None, feeds)
+        return Capture(backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start, meta=meta)
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        """Fetch the requested checkpoint outputs. ``taps=[]`` runs the plain export (no checkpoints)."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        if not keys and not capture_layer_inputs:
+            return self._run_plain(inputs)
+        model = self._prepared()
+        wanted = set(keys)
+        if capture_layer_inputs:
+            wanted |= {k for k in self._keys_out if k.name in ("post_embedding", "post_mlp")}
+        fetch = [k for k in self._keys_out if k in wanted]
+        feeds = self._feeds(inputs)
+        start = time.perf_counter()
+        arrays = self.session.run([self._names[self._keys_out.index(k)] for k in fetch], feeds)
+        elapsed = time.perf_counter() - start
+        got = dict(zip(fetch, arrays))
+        return Capture(
+            tensors={k: got[k] for k in keys},
+            backend=self.name,
+            dtype=self.dtype,
+            elapsed_s=elapsed,
+            layer_inputs=layer_inputs_from(got, model.num_layers) if capture_layer_inputs else {},
+            meta={"variant": "captured", "onnx_path": str(self.onnx_path), "providers": self.session.get_providers()},
+        )
