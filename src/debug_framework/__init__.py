@@ -1,6 +1,29 @@
-"""Multi-Backend Debug Framework: validate a model's backends against a reference."""
+"""Multi-Backend Debug Framework: validate a model's backends against a reference.
 
-from .config import DEFAULT_CONFIG
+    import debug_framework
+    debug_framework.initialize_framework({"database_path": "/tmp/debug.db"})
+    sid = debug_framework.create_validation_session("path/to/model", "python_reference", "auto")
+
+    from debug_framework.services.validation_engine import ValidationEngine
+    result = ValidationEngine(config=debug_framework.get_framework_config()).execute_validation(sid)
+
+Environment variables (``PIE_DEBUG_ENABLED``, ``PIE_DEBUG_LEVEL``, ``PIE_DEBUG_DATABASE``,
+``PIE_METAL_PATH``) are read once, here at the edge, by :func:`initialize_framework` or the first
+:func:`get_framework_config`; everything below receives the configuration as a plain dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import platform
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from .config import DEFAULT_CONFIG, default_database_path, from_environment, merge_config
 from .errors import (
     BackendInitializationError,
     ComparisonError,
@@ -17,6 +40,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "initialize_framework",
+    "get_framework_config",
+    "detect_available_backends",
+    "get_system_info",
+    "create_validation_session",
     "DebugFrameworkError",
     "FrameworkInitializationError",
     "BackendInitializationError",
@@ -27,3 +55,112 @@ __all__ = [
     "ResourceExhaustedError",
     "PluginCompilationError",
 ]
+
+_STATE_LOCK = threading.Lock()
+_CONFIG: dict[str, Any] | None = None
+_ENVIRONMENT: dict[str, Any] | None = None
+
+
+def _environment() -> dict[str, Any]:
+    """The PIE_* overrides, read from ``os.environ`` once per process."""
+    global _ENVIRONMENT
+    if _ENVIRONMENT is None:
+        _ENVIRONMENT = from_environment(os.environ)
+    return _ENVIRONMENT
+
+
+def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
+    """Set the framework configuration: ``DEFAULT_CONFIG``, then the ``PIE_DEBUG_*`` /
+    ``PIE_METAL_PATH`` environment, then ``config`` (explicit arguments win), and open the database
+    to check it is usable. Returns True.
+
+    Raises:
+        FrameworkInitializationError (DF001): an unknown key, a bad environment value, or a
+            database that cannot be opened (the cause is kept).
+    """
+    global _CONFIG
+    unknown = set(config or {}) - set(DEFAULT_CONFIG)
+    if unknown:
+        raise FrameworkInitializationError(
+            f"unknown configuration key(s) {sorted(unknown)}", hint=f"known keys: {', '.join(DEFAULT_CONFIG)}"
+        )
+    merged = merge_config(_environment(), config)
+    try:
+        from .services.database_manager import DatabaseManager
+
+        DatabaseManager(default_database_path(merged)).close()
+    except DebugFrameworkError as exc:
+        raise FrameworkInitializationError(f"the database cannot be used: {exc.message}",
+                                           database=str(default_database_path(merged))) from exc
+    logging.getLogger("debug_framework").setLevel(str(merged.get("log_level") or "WARNING"))
+    with _STATE_LOCK:
+        _CONFIG = merged
+    return True
+
+
+def get_framework_config() -> dict[str, Any]:
+    """The current configuration (a copy): what :func:`initialize_framework` set, else the
+    defaults with the environment overrides."""
+    with _STATE_LOCK:
+        if _CONFIG is not None:
+            return copy.deepcopy(_CONFIG)
+    return merge_config(_environment())
+
+
+def detect_available_backends() -> dict[str, bool]:
+    """Every registered backend -> whether it can run here (reasons: ``backends.backend_availability()``)."""
+    from .backends import detect_available_backends as detect
+
+    return detect()
+
+
+def get_system_info() -> dict[str, Any]:
+    """Platform, versions, CPU/GPU, backend availability (with reasons) and the configuration in use."""
+    info: dict[str, Any] = {
+        "framework_version": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    for mod in ("numpy", "torch", "transformers", "numba"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - optional packages
+            info[mod] = None
+    try:
+        import torch
+
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["mps_available"] = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    except Exception:  # noqa: BLE001
+        info["cuda_available"] = False
+    from .backends import backend_availability
+
+    info["backends"] = {name: {"available": ok, "reason": reason} for name, (ok, reason) in backend_availability().items()}
+    cfg = get_framework_config()
+    info["config"] = cfg
+    info["database_path"] = str(default_database_path(cfg))
+    return info
+
+
+def create_validation_session(
+    model_path: str | os.PathLike[str],
+    reference_backend: str = "python_reference",
+    alternative_backend: str = "auto",
+    config: Mapping[str, Any] | None = None,
+) -> str:
+    """Create a validation session in the configured database and return its id.
+
+    ``alternative_backend="auto"`` picks the best backend available here (the registry's selection).
+    ``config`` holds session keys (``enabled_checkpoints``, ``precision_thresholds``, ``isolate``,
+    ...; see docs/validation.md). Run it with ``ValidationEngine(...).execute_validation(id)``.
+
+    Raises:
+        BackendInitializationError (DF002), ModelLoadingError (DF004), ValidationError (DF005).
+    """
+    from .services.validation_engine import ValidationEngine
+
+    engine = ValidationEngine(config=get_framework_config())
+    return engine.create_session(model_path, config, reference_backend, alternative_backend)

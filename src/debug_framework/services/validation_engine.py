@@ -1096,14 +1096,15 @@ class ValidationEngine:
         """Stored sessions, newest first (filters as :meth:`DatabaseManager.list_sessions`)."""
         return self.db.list_sessions(**filters)
 
-    def cleanup_session(self, session_id: str, *, delete_records: bool = False) -> bool:
+    def cleanup_session(self, session_id: str, *, delete_records: bool = False, force: bool = False) -> bool:
         """Release a finished session's resources: its saved inputs file is kept unless
         ``delete_records``, which also deletes the session's rows (results, recordings) from the
-        database. A running session is refused. Returns False when there is no such session."""
+        database. A running session is refused unless ``force`` (a session whose process was
+        killed stays ``running``). Returns False when there is no such session."""
         row = self.db.get_session(session_id)
         if row is None:
             return False
-        if row["status"] == "running":
+        if row["status"] == "running" and not force:
             raise ValidationError(f"session {session_id} is running", session=session_id,
                                   hint="wait for it to finish")
         if delete_records:
