@@ -162,6 +162,8 @@ def run(argv: list[str] | None = None) -> int:
     """Parse ``argv``, validate, print; returns the exit code."""
     args = build_parser().parse_args(argv)
     out = Console(stderr=args.json)
+    if not out.is_terminal:
+        out = Console(stderr=args.json, width=120)  # logs and pipes: do not squeeze the table to 80 columns
     err = Console(stderr=True)
     from .. import get_framework_config
     from ..errors import DebugFrameworkError

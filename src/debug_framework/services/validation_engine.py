@@ -204,43 +204,23 @@ def _enabled_keys(config: Mapping[str, Any], num_layers: int) -> list[Checkpoint
     return keys
 
 
-def resolve_alternative_backend(name: str, model: Any = None, *, exclude: Sequence[str] = ()) -> tuple[str, str]:
-    """``(backend name, why)``. ``"auto"`` is delegated to the registry's selection function."""
+def resolve_alternative_backend(name: str, reference: str) -> tuple[str, str]:
+    """``(backend name, why)``. ``"auto"`` is the registry's choice
+    (:func:`debug_framework.backends.registry.select_alternative`): the first available backend
+    of its preference order that is not the reference."""
     if name != "auto":
         return name, "requested"
     from ..backends import registry
 
-    for attr in ("select_alternative", "select_alternative_backend", "auto_select_backend", "select_backend"):
-        fn = getattr(registry, attr, None)
-        if callable(fn):
-            break
-    else:
+    select = getattr(registry, "select_alternative", None)
+    if not callable(select):
         raise BackendInitializationError(
             "'auto' backend selection is not available in this version of the backends registry",
             hint="name the alternative backend explicitly (see detect_available_backends())",
             backend="auto",
         )
-    chosen = _call_selector(fn, model, exclude)
-    if isinstance(chosen, tuple):
-        return str(chosen[0]), str(chosen[1]) if len(chosen) > 1 else "auto"
-    selected = getattr(chosen, "name", chosen)
-    reason = getattr(chosen, "reason", "selected automatically")
-    return str(selected), str(reason)
-
-
-def _call_selector(fn: Callable[..., Any], model: Any, exclude: Sequence[str]) -> Any:
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        params = {}
-    kwargs: dict[str, Any] = {}
-    if "model" in params:
-        kwargs["model"] = model
-    if "exclude" in params:
-        kwargs["exclude"] = list(exclude)
-    return fn(**kwargs)
+    chosen, why = select(reference)
+    return str(chosen), str(why)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -624,16 +604,14 @@ def _backend_info(backend: Any, dtype: str, device: str, extra: Mapping[str, Any
         info["numpy"] = numpy.__version__
     except ImportError:  # pragma: no cover
         pass
-    for attr in ("info", "version_info", "versions"):
-        fn = getattr(backend, attr, None)
-        if callable(fn):
-            try:
-                more = fn()
-                if isinstance(more, Mapping):
-                    info.update({str(k): v for k, v in more.items()})
-            except Exception as exc:  # noqa: BLE001 - informational only
-                info["info_error"] = str(exc)
-            break
+    fn = getattr(backend, "version_info", None)
+    if callable(fn):
+        try:
+            more = fn()
+            if isinstance(more, Mapping):
+                info["versions"] = {str(k): v for k, v in more.items()}
+        except Exception as exc:  # noqa: BLE001 - informational only
+            info["versions_error"] = str(exc)
     info.update(extra or {})
     return info
 
@@ -683,7 +661,7 @@ class ValidationEngine:
         cfg = _validate_session_config(config)
         model = load_model(model_path)
         keys = _enabled_keys(cfg, model.num_layers)
-        alt_name, why = resolve_alternative_backend(alternative_backend, model, exclude=[reference_backend])
+        alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
         alt = get_backend(alt_name, **cfg["alternative_options"])
         alt_dtype = str(cfg["dtype"] or getattr(alt, "default_dtype", "float32"))

