@@ -4,7 +4,8 @@
     ├── BackendInitializationError (DF002)
     │   └── UnsupportedTorchVersionError      DM001
     └── ValidationError (DF005)
-        └── ConstraintViolationError          DM002
+        ├── ConstraintViolationError          DM002
+        └── MinifierError                     DM010
 
 ``ConstraintViolationError`` carries every violation found (``.violations``, a list of
 :class:`debug_module.constraints.Violation`) so callers can inspect or serialise them.
@@ -19,7 +20,7 @@ from debug_framework.errors import BackendInitializationError, ValidationError
 if TYPE_CHECKING:  # pragma: no cover
     from .constraints.base import Violation
 
-__all__ = ["UnsupportedTorchVersionError", "ConstraintViolationError"]
+__all__ = ["UnsupportedTorchVersionError", "ConstraintViolationError", "MinifierError"]
 
 
 class UnsupportedTorchVersionError(BackendInitializationError):
@@ -53,3 +54,12 @@ class ConstraintViolationError(ValidationError):
         data = super().to_dict()
         data["violations"] = [v.to_dict() for v in self.violations]
         return data
+
+
+class MinifierError(ValidationError):
+    """The minifier cannot start or cannot produce a verified repro (signature does not hold on the input
+    graph, unusable backend reference, unreadable saved graph ...)."""
+
+    code = "DM010"
+    title = "Minifier failed"
+    default_hint = "check the failure signature against the original graph (see docs/minifier.md)"

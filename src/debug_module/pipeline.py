@@ -198,7 +198,7 @@ class CompilePipeline:
                 repro = write_repro(ReproRequest(fx_graph=fx_gm, example_inputs=fx_inputs, aten_graph=aot_gm,
                                                  graph_name=name, violations=report.violations,
                                                  constraints=self.constraints,
-                                                 run_dir=run.path if run is not None else None))
+                                                 run_dir=run.path if run is not None else None, run=run))
                 raise ConstraintViolationError(report.violations, graph=name,
                                                run_dir=str(run.path) if run is not None else None,
                                                repro_path=str(repro) if repro is not None else None)

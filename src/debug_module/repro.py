@@ -2,9 +2,9 @@
 
 When strict mode finds violations, the backend calls :func:`write_repro` with a
 :class:`ReproRequest` *before* raising :class:`~debug_module.errors.ConstraintViolationError`.
-No writer is installed by default, so nothing is written and the error says so; the minifier
-(issue 7) installs one with :func:`set_repro_writer`. Writers should save under
-``request.run_dir / "repros"`` and return the script's path.
+By default the minifier's writer (:func:`debug_module.minifier.write_strict_repro`, imported lazily
+at the first violation) reduces the checked graph and saves a verified repro under
+``request.run_dir / "repros"``; :func:`set_repro_writer` installs another one, ``None`` turns it off.
 """
 
 from __future__ import annotations
@@ -41,31 +41,40 @@ class ReproRequest:
     violations: list[Violation]
     constraints: list[Any]
     run_dir: Path | None
+    #: the run's :class:`~debug_module.artifacts.RunDirectory` (to record repro files in its manifest)
+    run: Any = None
 
 
 ReproWriter = Callable[[ReproRequest], "Path | None"]
 
-_writer: ReproWriter | None = None
+_DEFAULT: Any = object()  # the minifier's writer, imported on first use
+_writer: ReproWriter | None = _DEFAULT
 
 
 def set_repro_writer(writer: ReproWriter | None) -> ReproWriter | None:
     """Install (or with ``None`` remove) the repro writer; returns the previous one."""
     global _writer
-    previous, _writer = _writer, writer
+    previous = get_repro_writer()
+    _writer = writer
     return previous
 
 
 def get_repro_writer() -> ReproWriter | None:
+    if _writer is _DEFAULT:
+        from .minifier.strict import write_strict_repro
+
+        return write_strict_repro
     return _writer
 
 
 def write_repro(request: ReproRequest) -> Path | None:
     """Call the installed writer; ``None`` when there is none. A failing writer is logged, not raised,
     so the constraint error itself still reaches the user."""
-    if _writer is None:
-        return None
     try:
-        return _writer(request)
+        writer = get_repro_writer()
+        if writer is None:
+            return None
+        return writer(request)
     except Exception:
         log.exception("repro writer failed for %s", request.graph_name)
         return None

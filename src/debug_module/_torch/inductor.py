@@ -31,6 +31,7 @@ __all__ = [
     "partition_fn",
     "prepare_inference_graph",
     "compile_context",
+    "config_flags",
 ]
 
 #: Files Inductor's debug trace writes per compiled graph (in ``<dir>/torchinductor/<graph>.<n>/``).
@@ -117,3 +118,10 @@ def trace_into(directory: str | os.PathLike[str], *, svg: bool = False) -> Itera
         }
         ))
         yield directory / "torchinductor"
+
+
+def config_flags() -> dict[str, Any]:
+    """The Inductor settings that most often change generated code (recorded in repro environments)."""
+    names = ("fallback_random", "freezing", "cpp_wrapper", "max_autotune", "size_asserts", "implicit_fallbacks",
+             "force_disable_caches", "fx_graph_cache")
+    return {n: getattr(_config, n) for n in names if hasattr(_config, n)}

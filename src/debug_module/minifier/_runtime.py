@@ -1,0 +1,176 @@
+# Standalone runtime of debug_module repros: torch and the standard library only.
+#
+# This file is copied verbatim into every generated repro.py (the repro must run where this project is
+# not installed), and the minifier's in-process oracles use the same matching functions, so "the
+# signature holds" means the same thing during reduction and in the repro.
+import math
+import re
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _dtype_name(d):
+    return str(d).replace("torch.", "")
+
+
+def _tensors(x):
+    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+
+
+def _check_tensor(c, op, t, is_view):
+    """Violations of constraint ``c`` (a dict from Constraint.describe(), plus "kind") by one tensor."""
+    kind = c["name"]
+    out = []
+    if kind == "dtype":
+        if _dtype_name(t.dtype) not in c["allowed_dtypes"]:
+            out.append(("dtype", "dtype %s is not supported" % _dtype_name(t.dtype)))
+    elif kind == "shape_alignment":
+        a = int(c["alignment"])
+        if a > 1 and t.dim() > 0 and (c.get("check_views", True) or not is_view):
+            dims = c["dims"]
+            r = t.dim()
+            idx = range(r) if dims == "all" else ([r - 1] if dims == "last" else sorted({d % r for d in dims if -r <= d < r}))
+            bad = [i for i in idx if t.shape[i] % a]
+            if bad:
+                out.append(("shape_alignment", "dims %s of shape %s are not multiples of %d" % (bad, list(t.shape), a)))
+    elif kind == "max_rank":
+        if t.dim() > int(c["max_rank"]):
+            out.append(("max_rank", "rank %d exceeds %d" % (t.dim(), c["max_rank"])))
+    elif kind == "layout":
+        if c.get("require_contiguous", True) and t.dim() > 1 and not t.is_contiguous() and (c.get("check_views") or not is_view):
+            cl = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+            if not (c.get("allow_channels_last") and cl):
+                out.append(("layout", "non-contiguous tensor (strides %s)" % (list(t.stride()),)))
+    elif kind == "memory":
+        limit = c.get("max_tensor_bytes")
+        if limit is not None and not is_view and t.numel() * t.element_size() > limit:
+            out.append(("memory_per_tensor", "tensor of %d bytes exceeds %d" % (t.numel() * t.element_size(), limit)))
+    return out
+
+
+def _check_op(c, op):
+    kind = c["name"]
+    packet = op.rsplit(".", 1)[0]
+    if kind == "unsupported_op" and (op in c["ops"] or packet in c["ops"]):
+        return [("unsupported_op", "op %s is not supported" % op)]
+    if kind == "op_not_in_allowlist" and not (op in c["ops"] or packet in c["ops"]):
+        return [("op_not_in_allowlist", "op %s is not among the accelerator's supported ops" % op)]
+    return []
+
+
+INLINE_CONSTRAINTS = ("dtype", "shape_alignment", "max_rank", "layout", "memory", "unsupported_op", "op_not_in_allowlist")
+
+
+class ConstraintCheckMode(TorchDispatchMode):
+    """Checks every ATen op that runs (and the inputs) against mock-accelerator constraints."""
+
+    def __init__(self, constraints):
+        super().__init__()
+        self.constraints = [c for c in constraints if c["name"] in INLINE_CONSTRAINTS]
+        self.violations = []
+
+    def check_inputs(self, inputs):
+        for t in _tensors(inputs):
+            for c in self.constraints:
+                for name, msg in _check_tensor(c, "placeholder", t, False):
+                    self.violations.append({"constraint": name, "op": "placeholder", "message": msg})
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = str(func)
+        is_view = bool(getattr(func, "is_view", False))
+        for c in self.constraints:
+            found = _check_op(c, op)
+            for t in _tensors(out):
+                found += _check_tensor(c, op, t, is_view)
+            for name, msg in found:
+                self.violations.append({"constraint": name, "op": op, "message": msg})
+        return out
+
+
+def observe_constraints(fn, inputs, constraints):
+    mode = ConstraintCheckMode(constraints)
+    mode.check_inputs(inputs)
+    with torch.no_grad(), mode:
+        fn(*inputs)
+    return {"kind": "constraint", "violations": mode.violations}
+
+
+def _exception_record(e):
+    return {"type": type(e).__name__, "mro": [k.__name__ for k in type(e).__mro__],
+            "message": str(e)[:4000], "traceback": "".join(traceback.format_exception(e))[-4000:]}
+
+
+def observe_exception(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - recording any failure is the point
+        return {"kind": "exception", "raised": True, **_exception_record(e)}
+    return {"kind": "exception", "raised": False}
+
+
+def _to_float64(x):
+    if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
+        return x.detach().to(torch.float64)
+    return x
+
+
+def compare_outputs(ref, alt, rtol, atol):
+    """Per output: shape, max abs/rel error, and whether |alt-ref| <= atol + rtol*|ref| everywhere (NaN == NaN)."""
+    refs, alts = _tensors(ref), _tensors(alt)
+    rows = []
+    if len(refs) != len(alts):
+        return [{"index": -1, "passed": False, "reason": "%d reference outputs, %d backend outputs" % (len(refs), len(alts))}]
+    for i, (r, a) in enumerate(zip(refs, alts)):
+        if tuple(r.shape) != tuple(a.shape):
+            rows.append({"index": i, "passed": False, "reason": "shape %s vs %s" % (list(r.shape), list(a.shape))})
+            continue
+        r64, a64 = r.detach().to(torch.float64), a.detach().to(torch.float64)
+        both_nan = torch.isnan(r64) & torch.isnan(a64)
+        diff = (a64 - r64).abs()
+        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+        bad = ~(diff <= atol + rtol * r64.abs())
+        max_abs = float(diff.max()) if diff.numel() else 0.0
+        rel = diff / r64.abs().clamp_min(1e-30)
+        max_rel = float(rel.max()) if rel.numel() else 0.0
+        rows.append({"index": i, "passed": not bool(bad.any()), "mismatched": int(bad.sum()), "numel": r.numel(),
+                     "max_abs_error": None if math.isnan(max_abs) else max_abs,
+                     "max_rel_error": None if math.isnan(max_rel) else max_rel})
+    return rows
+
+
+def reference_inputs(inputs, reference):
+    return [_to_float64(x) for x in inputs] if reference == "float64" else list(inputs)
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def matches(sig, obs):
+    """Whether an observation shows the signature (both JSON-ready dicts)."""
+    if obs is None or obs.get("kind") != sig["kind"]:
+        return False
+    if sig["kind"] == "constraint":
+        for v in obs["violations"]:
+            if v["constraint"] != sig["constraint"]:
+                continue
+            if sig.get("op") and v["op"] != sig["op"] and v["op"].rsplit(".", 1)[0] != sig["op"]:
+                continue
+            if sig.get("message") and not re.search(sig["message"], v.get("message", "")):
+                continue
+            return True
+        return False
+    if sig["kind"] == "exception":
+        if not obs.get("raised"):
+            return False
+        if sig["type"] not in obs.get("mro", [obs.get("type")]):
+            return False
+        return re.search(sig.get("pattern") or "", obs.get("message", ""), re.S) is not None
+    if sig["kind"] == "accuracy":
+        if obs.get("error"):
+            return False
+        return any(not row["passed"] for row in obs.get("outputs", []))
+    return False

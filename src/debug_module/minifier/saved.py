@@ -1,0 +1,186 @@
+"""Minifying a graph saved on disk (what ``inductor-debug minify PATH`` calls).
+
+Accepted ``path``:
+
+- a repro directory written by this minifier (``repro.py`` + ``inputs.safetensors`` + ``environment.json``):
+  its graph, inputs and signature are loaded (constraint signatures rebuild their constraints from the
+  saved configuration; accuracy/exception ones need ``backend=`` unless the backend is importable);
+- a graph file from a run directory (``aot_graphs/graph_000_forward.py``, ``fx_graphs/graph_000.py``:
+  ``print_readable`` output): the graph is loaded, inputs are synthesised from its annotations
+  (``f32[4, 8][8, 1]cpu``), and with no ``signature`` the first violation of ``constraints`` (default:
+  the mock accelerator's) is the signature.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..errors import MinifierError
+from .minifier import Minifier, MinifyResult
+from .signatures import ConstraintSignature, Signature, _load_backend
+
+__all__ = ["minify_saved_graph", "load_repro_dir", "load_graph_file", "constraints_from_config"]
+
+_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+           "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+           "b8": torch.bool, "c64": torch.complex64, "c128": torch.complex128}
+_ANNOT = re.compile(r"^(?P<dt>[a-z]+\d*)\[(?P<shape>[^\]]*)\]\[(?P<stride>[^\]]*)\]")
+
+
+def _exec_module(path: Path, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise MinifierError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    saved_argv = sys.argv
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.argv = saved_argv
+    return module
+
+
+def constraints_from_config(configs: Sequence[dict[str, Any]]) -> list[Any]:
+    """Constraint objects from their ``describe()`` JSON (the inlinable kinds)."""
+    from ..constraints import (DtypeConstraint, LayoutConstraint, MaxRankConstraint, MemoryConstraint,
+                               OpDenylistConstraint, ShapeConstraint)
+    from ..constraints.builtin import OpAllowlistConstraint
+
+    out: list[Any] = []
+    for c in configs:
+        kind = c["name"]
+        if kind == "dtype":
+            out.append(DtypeConstraint(c["allowed_dtypes"]))
+        elif kind == "shape_alignment":
+            dims = c["dims"] if isinstance(c["dims"], str) else tuple(c["dims"])
+            out.append(ShapeConstraint(c["alignment"], dims, symbolic=c.get("symbolic", "prove"),
+                                       check_views=c.get("check_views", True)))
+        elif kind == "max_rank":
+            out.append(MaxRankConstraint(c["max_rank"]))
+        elif kind == "layout":
+            out.append(LayoutConstraint(c.get("require_contiguous", True), c.get("allow_channels_last", False),
+                                        c.get("check_views", False)))
+        elif kind == "memory":
+            out.append(MemoryConstraint(c.get("max_tensor_bytes"), c.get("max_peak_bytes")))
+        elif kind == "unsupported_op":
+            out.append(OpDenylistConstraint(c["ops"]))
+        elif kind == "op_not_in_allowlist":
+            out.append(OpAllowlistConstraint(c["ops"]))
+    return out
+
+
+def load_repro_dir(path: str | os.PathLike[str], *, backend: Any = None) -> tuple[torch.fx.GraphModule, list[Any], Signature]:
+    """(graph, inputs, signature) of a repro directory written by :func:`write_repro_dir`."""
+    d = Path(path)
+    env = json.loads((d / "environment.json").read_text(encoding="utf-8"))
+    module = _exec_module(d / "repro.py", f"_dm_repro_{abs(hash(str(d)))}")
+    model, inputs = module.load()
+    gm = torch.fx.symbolic_trace(model)
+    sig = env["signature"]
+    if sig["kind"] == "constraint":
+        signature: Signature = ConstraintSignature(sig["constraint"], sig.get("op"), message=sig.get("message"),
+                                                   constraints=constraints_from_config(sig.get("constraints", [])))
+    else:
+        from .signatures import AccuracySignature, ExceptionSignature
+
+        ref = env.get("backend") or {}
+        if backend is None:
+            if ref.get("kind") == "file":
+                backend = getattr(_exec_module(d / ref["path"], f"_dm_backend_{abs(hash(str(d)))}"), ref["attr"])
+                backend_spec = f"{(d / ref['path']).resolve()}:{ref['attr']}"
+            elif ref.get("kind") == "torch_compile":
+                backend, backend_spec = ref["name"], None
+            else:
+                backend, backend_spec = _load_backend(ref), None
+        else:
+            backend_spec = None
+        if sig["kind"] == "exception":
+            signature = ExceptionSignature(sig["type"], sig.get("pattern", ""), backend=backend, backend_spec=backend_spec)
+        else:
+            signature = AccuracySignature(backend, reference=sig["reference"], rtol=sig["rtol"], atol=sig["atol"],
+                                          backend_spec=backend_spec)
+    return gm, list(inputs), signature
+
+
+def _synth_from_annotation(annotation: str, seed: int) -> torch.Tensor:
+    m = _ANNOT.match(annotation.strip())
+    if m is None or m["dt"] not in _DTYPES:
+        raise MinifierError(f"cannot read the tensor annotation {annotation!r}",
+                            hint="only static shapes from print_readable(include_stride=True) files are supported")
+    try:
+        shape = [int(s) for s in m["shape"].split(",") if s.strip()]
+        stride = [int(s) for s in m["stride"].split(",") if s.strip()]
+    except ValueError as e:
+        raise MinifierError(f"symbolic shape in {annotation!r}", hint="save the graph with static shapes") from e
+    from .graph import synthesize_value
+
+    return synthesize_value(torch.empty_strided(shape, stride, dtype=_DTYPES[m["dt"]], device="meta"), seed=seed)
+
+
+def load_graph_file(path: str | os.PathLike[str]) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """A ``print_readable`` graph file (from a run directory) as a GraphModule plus synthesised inputs."""
+    p = Path(path)
+    module = _exec_module(p, f"_dm_graph_{abs(hash(str(p)))}")
+    cls = next((v for v in vars(module).values() if isinstance(v, type) and issubclass(v, torch.nn.Module)
+                and v is not torch.nn.Module and "forward" in vars(v)), None)
+    if cls is None:
+        raise MinifierError(f"{p} defines no torch.nn.Module with a forward")
+    import inspect
+
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    inputs = []
+    for i, prm in enumerate(params):
+        ann = prm.annotation
+        if not isinstance(ann, str):
+            raise MinifierError(f"input {prm.name} of {p} has no tensor annotation")
+        inputs.append(_synth_from_annotation(ann, i))
+    gm = torch.fx.symbolic_trace(cls())
+    return gm, inputs
+
+
+def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None = None, *,
+                       constraints: Sequence[Any] | None = None, backend: Any = None,
+                       output_dir: str | os.PathLike[str] | None = None, **options: Any) -> MinifyResult:
+    """Minify a saved graph (a repro directory or a run directory's graph file) and write a verified repro.
+
+    ``output_dir`` default: ``<path>.min/`` next to a repro directory, ``<run>/repros/<graph>/`` for a
+    graph file inside a run directory. Other options go to :class:`Minifier` (``max_calls``,
+    ``max_seconds``, ``progress``, ``state_path``, ``isolate``, ``jobs`` ...)."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "repro.py").exists():
+            raise MinifierError(f"{p} is not a repro directory (no repro.py)")
+        gm, inputs, loaded = load_repro_dir(p, backend=backend)
+        signature = signature or loaded
+        out = Path(output_dir) if output_dir is not None else p.with_name(p.name + ".min")
+    elif p.suffix == ".py" and p.exists():
+        gm, inputs = load_graph_file(p)
+        if signature is None:
+            sig = ConstraintSignature("?", constraints=constraints)
+            obs = sig.observe(gm, inputs)
+            if not obs["violations"]:
+                raise MinifierError(f"{p} violates none of the constraints; nothing to minify",
+                                    hint="pass a signature (accuracy/exception) or other constraints")
+            first = obs["violations"][0]
+            signature = ConstraintSignature(first["constraint"], first["op"] or None, constraints=sig.constraints)
+        run_root = p.parent.parent
+        if output_dir is not None:
+            out = Path(output_dir)
+        elif (run_root / "manifest.json").exists():
+            out = run_root / "repros" / p.stem
+        else:
+            out = p.with_name(p.stem + "_repro")
+    else:
+        raise MinifierError(f"{p} is neither a repro directory nor a saved graph .py file")
+    return Minifier(gm, inputs, signature, output_dir=out, **options).minify()
