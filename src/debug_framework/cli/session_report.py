@@ -103,6 +103,13 @@ def _fail(exc: DebugFrameworkError, as_json: bool) -> int:
     return EXIT_USAGE
 
 
+def _console() -> Any:
+    from rich.console import Console
+
+    # piped output (CI logs, files) gets a wide table rather than 80 columns of folded ids
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def _cmd_report(args: argparse.Namespace, db: Any) -> int:
     from ..models.validation_report import ValidationReport
     from ..reports import render_report
@@ -151,7 +158,8 @@ def _cmd_list(args: argparse.Namespace, db: Any) -> int:
     from rich.text import Text
 
     table = Table(title=f"Sessions in {db.database_path}", show_lines=False)
-    for col in ("session", "created (UTC)", "status", "model", "reference vs alternative", "first divergence"):
+    table.add_column("session", no_wrap=True)
+    for col in ("created (UTC)", "status", "model", "reference vs alternative", "first divergence"):
         table.add_column(col, overflow="fold")
     colours = {"passed": "green", "failed": "red", "error": "magenta", "running": "yellow"}
     for it in items:
@@ -163,7 +171,10 @@ def _cmd_list(args: argparse.Namespace, db: Any) -> int:
             Text(f"{it['reference_backend']} vs {it['alternative_backend']}"),
             Text("" if fd is None else row_label((fd["checkpoint"], fd["layer"]))),
         )
-    Console(soft_wrap=False).print(table) if items else print(f"no sessions in {db.database_path}")
+    if items:
+        _console().print(table)
+    else:
+        print(f"no sessions in {db.database_path}")
     return EXIT_OK
 
 
@@ -198,7 +209,7 @@ def _cmd_diff(args: argparse.Namespace, db: Any) -> int:
             table.add_row(Text(c.checkpoint), fmt_num(c.layer), pv(c.before_passed), pv(c.after_passed),
                           fmt_num(c.before_max_abs_error), fmt_num(c.after_max_abs_error),
                           Text(c.change, style=styles.get(c.change, "")))
-        console = Console()
+        console = _console()
         console.print(table)
         for note in diff.notes:
             console.print(Text(f"note: {note}"))
