@@ -27,6 +27,9 @@ __all__ = [
     "RunDirectory",
     "set_repro_writer",
     "constraint_error",
+    "KernelDiffHarness",
+    "DiffReport",
+    "compare_tensors",
 ]
 
 _LAZY = {
@@ -43,6 +46,9 @@ _LAZY = {
     "UnsupportedTorchVersionError": "debug_module.errors",
     "RunDirectory": "debug_module.artifacts",
     "set_repro_writer": "debug_module.repro",
+    "KernelDiffHarness": "debug_module.diff",
+    "DiffReport": "debug_module.diff",
+    "compare_tensors": "debug_module.diff",
 }
 
 

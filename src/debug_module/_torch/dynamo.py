@@ -25,6 +25,7 @@ __all__ = [
     "guard_lines",
     "guard_fail_parts",
     "inner_exception",
+    "lookup_backend",
 ]
 
 
@@ -126,3 +127,9 @@ def inner_exception(exc: BaseException) -> BaseException:
     """The backend's own exception inside Dynamo's ``BackendCompilerFailed`` wrapper."""
     inner = getattr(exc, "inner_exception", None)
     return inner if isinstance(inner, BaseException) else exc
+
+
+def lookup_backend(name: str) -> Callable[..., Any]:
+    """The compiler function behind a registered ``torch.compile`` backend name (``"inductor"``,
+    ``"aot_eager"``, an entry-point backend ...), so callers can wrap it (e.g. to time compilation)."""
+    return _dynamo.lookup_backend(name)

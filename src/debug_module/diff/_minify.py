@@ -1,0 +1,67 @@
+"""Hand an accuracy failure found by KernelDiff to the minifier (``debug_module.minifier``), when installed.
+
+The failing Dynamo graphs are the ones the test backend compiled (recorded by the harness's timing
+wrapper, with the example inputs Dynamo gave the backend). Each is checked with the minifier's
+``AccuracySignature`` (same backend, same reference, the tolerance that failed); the first graph on
+which the failure reproduces in isolation is minified and its repro directory linked. A gradient-only
+failure does not reproduce on forward graphs and is reported as such, not minified.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _repro_location(result: Any) -> str | None:
+    if result is None:
+        return None
+    if isinstance(result, str | Path):
+        return str(result)
+    for attr in ("repro_dir", "repro_path", "directory", "path", "script"):
+        v = getattr(result, attr, None)
+        if isinstance(v, str | Path):
+            return str(v)
+    return None
+
+
+def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> dict[str, Any]:
+    try:
+        import debug_module.minifier as mm
+
+        Minifier = mm.Minifier
+        AccuracySignature = mm.AccuracySignature
+    except (ImportError, AttributeError) as e:
+        return {"status": "unavailable", "detail": f"debug_module.minifier is not available ({e})"}
+    if not harness.model_name or test.timed is None or not test.timed.graphs:
+        return {"status": "skipped", "detail": "the test side compiled no graph (nothing to minify)"}
+    failing = [d for d in report.outputs if not d.passed]
+    if not failing:
+        return {"status": "skipped",
+                "detail": "forward outputs agree; gradient-only failures are not minified (the minifier judges forward graphs)"}
+    tol = failing[0].result.tolerance
+    reference = "float64" if harness.float64 else "eager"
+    backend = test.backend_spec if isinstance(test.backend_spec, str) else test.timed.inner
+    try:
+        sig = AccuracySignature(backend, reference=reference, rtol=tol.rtol, atol=tol.atol)
+        for i, (gm, inputs) in enumerate(test.timed.graphs):
+            holds, _ = sig.check(gm, inputs)
+            if not holds:
+                continue
+            out_dir = (Path(run.path) / "repros" / f"accuracy_graph_{i:03d}") if run is not None else None
+            result = Minifier(gm, inputs, sig, progress=False, max_seconds=harness.minify_max_seconds,
+                              output_dir=out_dir, title=f"KernelDiff accuracy failure: {harness.model_name}").minify()
+            repro = str(result.repro_path) if result.repro_path else None
+            if run is not None and result.repro_path:
+                for f in sorted(Path(result.repro_path).rglob("*")):
+                    if f.is_file():
+                        run._record(str(f.relative_to(run.path)), "repro", f"accuracy_graph_{i:03d}")
+            return {"status": "ran", "graph": i, "repro": repro, "verified": result.verified,
+                    "detail": result.summary(), "signature": sig.describe()}
+    except Exception as e:  # noqa: BLE001 - report, never mask the KernelDiff result
+        return {"status": "failed", "detail": f"{type(e).__name__}: {e}"[:600]}
+    return {"status": "not_reproduced",
+            "detail": f"the failure did not reproduce on any of {len(test.timed.graphs)} compiled graph(s) in isolation"}

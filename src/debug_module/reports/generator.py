@@ -1,0 +1,310 @@
+"""The debug report: one self-contained HTML file (and its JSON twin) over one or more run directories.
+
+    from debug_module.reports import build_report, write_report
+    data = build_report("debug_artifacts")                      # every run under the root
+    html_path, json_path = write_report(data, "report.html")    # plots embedded as base64 PNG
+
+Sections: summary figures, constraint violations grouped by model and constraint (with source
+lines), coverage per graph, graph breaks and recompilations (from ``reports/guards.json``),
+KernelDiff results with their plots, benchmark tables (from benchmark JSON files, format
+``debug_module.benchmark/1`` below), and links to repros.
+
+Benchmark result files (any ``*.json`` in the benchmark directory; others are listed as skipped)::
+
+    {"schema": "debug_module.benchmark/1",
+     "name": "resnet18-cpu",                 # this benchmark's label
+     "model": "ResNet-18",                   # model name
+     "created": "2025-01-01T00:00:00+00:00", # ISO-8601
+     "device": "cpu", "torch": "2.13.0",     # optional environment fields
+     "results": [                            # one row per backend
+        {"backend": "eager",                 # required
+         "compile_s": null,                  # seconds to compile (null for eager)
+         "first_call_s": 0.05,               # first call, compile included
+         "latency_ms": {"mean": 41.6, "std": 1.2, "median": 41.0, "runs": 10},   # steady state (required)
+         "graph_count": 1, "graph_breaks": 0, "recompilations": 0,
+         "violations": 0,                    # constraint violations found
+         "kerneldiff": "pass" | "fail" | null,
+         "peak_memory_bytes": null}],
+     "notes": "free text"}
+
+Speedup is computed per file as ``eager mean latency / backend mean latency`` when an ``eager`` row exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import io
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import MANIFEST_SCHEMA
+
+__all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "collect_run", "load_benchmarks", "build_report",
+           "render_html", "write_report", "save_guard_report"]
+
+REPORT_SCHEMA = "debug_module.report/1"
+BENCHMARK_SCHEMA = "debug_module.benchmark/1"
+_MAX_PLOT_BYTES = 4 << 20
+
+
+def _read_json(p: Path) -> Any:
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
+def is_run_dir(p: Path) -> bool:
+    """A directory created by debug_module: ``manifest.json`` with our schema and ``run_id`` equal to its name."""
+    m = p / "manifest.json"
+    if not p.is_dir() or not m.is_file():
+        return False
+    try:
+        data = _read_json(m)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("schema") == MANIFEST_SCHEMA and data.get("run_id") == p.name
+
+
+def find_runs(root: str | os.PathLike[str]) -> list[Path]:
+    """Run directories directly under ``root``, oldest first."""
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    return sorted((p for p in r.iterdir() if is_run_dir(p)), key=lambda p: p.name)
+
+
+def save_guard_report(report: Any, run_dir: str | os.PathLike[str]) -> Path:
+    """Store a :class:`~debug_module.guards.GuardReport` in a run directory (``reports/guards.json``)."""
+    from ..artifacts import RunDirectory
+
+    path = Path(run_dir)
+    manifest = RunDirectory.load_manifest(path)
+    rel = "reports/guards.json"
+    (path / rel).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    import hashlib
+
+    data = (path / rel).read_bytes()
+    manifest["files"] = [f for f in manifest["files"] if f["path"] != rel] + [
+        {"path": rel, "kind": "guard_report", "graph": None, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
+    tmp = path / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path / "manifest.json")
+    return path / rel
+
+
+def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Everything the report and the CLI show about one run directory, as plain data."""
+    path = Path(run_dir)
+    manifest = _read_json(path / "manifest.json")
+    files = manifest.get("files", [])
+    kinds: dict[str, int] = defaultdict(int)
+    for f in files:
+        kinds[f.get("kind", "?")] += 1
+    info = manifest.get("info", {}) or {}
+    model = info.get("model") or f"{manifest.get('backend', 'run')} {manifest.get('run_id')}"
+    violations: list[dict[str, Any]] = []
+    coverage: list[dict[str, Any]] = []
+    for f in files:
+        if f.get("kind") == "constraint_report" and (path / f["path"]).is_file():
+            rep = _read_json(path / f["path"])
+            for v in rep.get("violations", []):
+                violations.append({**v, "graph": v.get("graph") or rep.get("graph"), "model": model})
+            coverage.append({"graph": rep.get("graph"), **rep.get("coverage", {}), "violations": rep.get("violation_count", 0)})
+    guards = None
+    if (path / "reports" / "guards.json").is_file():
+        guards = _read_json(path / "reports" / "guards.json")
+    kerneldiff = None
+    if (path / "reports" / "kerneldiff.json").is_file():
+        kerneldiff = _read_json(path / "reports" / "kerneldiff.json")
+    repros = sorted({str(Path(f["path"]).parts[1]) if len(Path(f["path"]).parts) > 2 else f["path"]
+                     for f in files if f["path"].startswith("repros/")})
+    if (path / "repros").is_dir():  # writers that do not record in the manifest
+        repros = sorted(set(repros) | {p.name for p in (path / "repros").iterdir()})
+    fx_graphs = [f["graph"] for f in files if f.get("kind") == "fx_graph"]
+    return {
+        "run_id": manifest.get("run_id"),
+        "path": str(path.resolve()),
+        "created": manifest.get("created"),
+        "backend": manifest.get("backend"),
+        "status": manifest.get("status"),
+        "torch": manifest.get("torch"),
+        "model": model,
+        "info": info,
+        "file_count": len(files),
+        "files_by_kind": dict(sorted(kinds.items())),
+        "fx_graph_count": len(fx_graphs),
+        "graphs": manifest.get("graphs", []),
+        "violations": violations,
+        "coverage": coverage,
+        "guards": guards,
+        "kerneldiff": kerneldiff,
+        "plots": [f["path"] for f in files if f.get("kind") == "kerneldiff_plot"],
+        "repros": [str((path / "repros" / r).resolve()) if not r.startswith("repros/") else str((path / r).resolve())
+                   for r in repros],
+    }
+
+
+def load_benchmarks(directory: str | os.PathLike[str] | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Benchmark result files (``debug_module.benchmark/1``) in ``directory``; (valid files, skipped files with why)."""
+    if directory is None or not Path(directory).is_dir():
+        return [], []
+    good, skipped = [], []
+    for p in sorted(Path(directory).glob("*.json")):
+        try:
+            data = _read_json(p)
+        except (OSError, ValueError) as e:
+            skipped.append({"file": p.name, "reason": f"not JSON: {e}"})
+            continue
+        if not isinstance(data, dict) or data.get("schema") != BENCHMARK_SCHEMA:
+            skipped.append({"file": p.name, "reason": f"schema is not {BENCHMARK_SCHEMA!r}"})
+            continue
+        rows = data.get("results")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("backend"), str)
+                                                 and isinstance(r.get("latency_ms"), dict) for r in rows):
+            skipped.append({"file": p.name, "reason": "results must be a list of {backend, latency_ms: {mean, ...}, ...}"})
+            continue
+        eager = next((r for r in rows if r["backend"] == "eager"), None)
+        for r in rows:
+            mean = r["latency_ms"].get("mean")
+            e_mean = eager["latency_ms"].get("mean") if eager else None
+            r["speedup_vs_eager"] = (e_mean / mean) if isinstance(mean, int | float) and mean > 0 and isinstance(e_mean, int | float) else None
+        good.append({**data, "file": p.name})
+    return good, skipped
+
+
+def build_report(root: str | os.PathLike[str], *, run_ids: list[str] | None = None,
+                 benchmarks_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The report's data (the JSON twin): selected runs (default: all under ``root``) and benchmarks
+    (default directory: ``<root>/benchmarks``)."""
+    runs = find_runs(root)
+    if run_ids:
+        wanted = set(run_ids)
+        unknown = wanted - {p.name for p in runs}
+        if unknown:
+            raise FileNotFoundError(f"no run {', '.join(sorted(unknown))} under {root}")
+        runs = [p for p in runs if p.name in wanted]
+    collected = [collect_run(p) for p in runs]
+    bdir = benchmarks_dir if benchmarks_dir is not None else Path(root) / "benchmarks"
+    benchmarks, skipped = load_benchmarks(bdir)
+    grouped: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in collected:
+        for v in r["violations"]:
+            grouped[v["model"]][v.get("constraint", "?")].append(v)
+    kd = [r["kerneldiff"] | {"_run": r["run_id"]} for r in collected if r["kerneldiff"]]
+    breaks = sum(len((r["guards"] or {}).get("graph_breaks", [])) for r in collected)
+    recompiles = sum(len((r["guards"] or {}).get("recompilations", [])) for r in collected)
+    summary = {
+        "runs": len(collected),
+        "models": sorted({r["model"] for r in collected}),
+        "artifacts": sum(r["file_count"] for r in collected),
+        "graphs": sum(len(r["graphs"]) for r in collected),
+        "violations": sum(len(r["violations"]) for r in collected),
+        "graph_breaks": breaks,
+        "recompilations": recompiles,
+        "kerneldiff_total": len(kd),
+        "kerneldiff_passed": sum(1 for k in kd if k.get("passed")),
+        "repros": sum(len(r["repros"]) for r in collected),
+        "benchmarks": len(benchmarks),
+    }
+    summary["kerneldiff_pass_rate"] = (summary["kerneldiff_passed"] / len(kd)) if kd else None
+    return {
+        "schema": REPORT_SCHEMA,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(),
+        "root": str(Path(root).resolve()),
+        "summary": summary,
+        "runs": collected,
+        "violations_by_model": {m: dict(c) for m, c in grouped.items()},
+        "benchmarks": benchmarks,
+        "benchmarks_skipped": skipped,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- HTML
+
+
+def _png_data_uri(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) > _MAX_PLOT_BYTES or not data.startswith(b"\x89PNG"):
+        return None
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _summary_figure(data: dict[str, Any]) -> str | None:
+    """Bar charts: violations per constraint, and KernelDiff pass/fail (embedded PNG)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    per_constraint: dict[str, int] = defaultdict(int)
+    for by_c in data["violations_by_model"].values():
+        for c, vs in by_c.items():
+            per_constraint[c] += len(vs)
+    s = data["summary"]
+    fig = Figure(figsize=(8, 3), dpi=100)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    if per_constraint:
+        names = sorted(per_constraint)
+        ax1.barh(names, [per_constraint[n] for n in names], color="#e67e22")
+        ax1.invert_yaxis()
+    else:
+        ax1.text(0.5, 0.5, "no violations", ha="center", va="center")
+    ax1.set_title("constraint violations", fontsize=9)
+    ax1.tick_params(labelsize=7)
+    passed, total = s["kerneldiff_passed"], s["kerneldiff_total"]
+    ax2.bar(["pass", "fail"], [passed, total - passed], color=["#27ae60", "#c0392b"])
+    ax2.set_title(f"KernelDiff results ({total})", fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.3e}" if (v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4)) else f"{v:.4g}"
+    return str(v)
+
+
+def render_html(data: dict[str, Any], *, figures: bool = True) -> str:
+    """The report as one self-contained HTML page (all user-provided text escaped by Jinja2 autoescape)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("debug_module.reports", "templates"),
+                             autoescape=True, undefined=jinja2.ChainableUndefined)
+    env.filters["fmt"] = _fmt
+    env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, default=str)
+    plots: dict[str, list[dict[str, str]]] = {}
+    for r in data["runs"]:
+        items = []
+        for rel in r["plots"]:
+            uri = _png_data_uri(Path(r["path"]) / rel)
+            if uri:
+                items.append({"name": Path(rel).name, "uri": uri})
+        plots[r["run_id"]] = items
+    return env.get_template("report.html.j2").render(
+        data=data, s=data["summary"], plots=plots,
+        summary_figure=_summary_figure(data) if figures else None,
+    )
+
+
+def write_report(data: dict[str, Any], output: str | os.PathLike[str], *, fmt: str = "html") -> tuple[Path | None, Path]:
+    """Write the HTML report and its JSON twin (same stem, ``.json``), or only the JSON for ``fmt="json"``.
+    Returns (html path or None, json path)."""
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "json":
+        json_path = out if out.suffix == ".json" else out.with_suffix(".json")
+        json_path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        return None, json_path
+    html_path = out if out.suffix in (".html", ".htm") else out.with_suffix(".html")
+    html_path.write_text(render_html(data), encoding="utf-8")
+    json_path = html_path.with_suffix(".json")
+    json_path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    return html_path, json_path
