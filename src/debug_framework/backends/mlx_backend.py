@@ -59,7 +59,15 @@ def _mlx_version() -> str:
         return getattr(mx, "__version__", "unknown")
 
 
-def _host(x: Any) -> np.ndarray:
+def _host(x: Any) -> Any:
+    """An MLX array as a NumPy array; bfloat16 (which NumPy lacks) as a torch bfloat16 tensor
+    (exact: every bfloat16 is a float32)."""
+    import mlx.core as mx
+
+    if x.dtype == mx.bfloat16:
+        import torch
+
+        return torch.from_numpy(np.array(x.astype(mx.float32), copy=True)).to(torch.bfloat16)
     return np.array(x, copy=True)
 
 

@@ -1,0 +1,124 @@
+"""``inductor`` and ``onnxruntime`` agree with PyTorch float32 at every checkpoint.
+
+Each test compiles or exports for real (seconds on two cores), so all are marked slow and kept to
+tiny models; MiniLM is compiled by Inductor exactly once (about 35 s here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from debug_framework.backends import get_backend
+from debug_framework.capture import CheckpointKey, all_checkpoints
+from debug_framework.comparison import compare
+from debug_framework.modelio import ModelInputs, load_model
+
+#: float32 vs float32 (eager vs generated kernels / ORT) on O(1) activations, 4 layers: observed ~1e-6.
+FP32 = dict(rtol=1e-5, atol=1e-5)
+
+pytestmark = pytest.mark.slow
+
+
+def _host(x):
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _agree(a, b, tol=FP32, real=None):
+    assert list(a) == list(b), (list(a), list(b))
+    for key in a:
+        x, y = _host(a[key]), _host(b[key])
+        if real is not None:
+            x, y = x[real], y[real]
+        res = compare(x, y, **tol)
+        assert res.passed, (key, res.reason, res.max_abs_error)
+
+
+def _pytorch(model, inputs, taps=None):
+    ref = get_backend("pytorch")
+    ref.prepare(model, "float32", "cpu")
+    return ref.run(inputs, taps)
+
+
+def test_inductor_tiny_qwen2_cold_and_warm_compile_then_agrees(tiny_qwen2, random_inputs, tmp_path):
+    model = load_model(tiny_qwen2)
+    backend = get_backend("inductor", cache_dir=tmp_path / "inductor-cache")
+    backend.prepare(model, "float32")
+    timings = backend.measure_compile(random_inputs)
+    # cold compiles every kernel (C++ compiler runs); warm is served by the on-disk FX graph cache
+    assert timings["warm_s"] < timings["cold_s"], timings
+    got = backend.run(random_inputs, capture_layer_inputs=True)
+    assert got.meta == {"variant": "captured", "compiled_in_this_call": False}  # compiled by measure_compile
+    _agree(_pytorch(model, random_inputs), got)
+    assert list(got) == all_checkpoints(4) and isinstance(got["post_mlp:3"], torch.Tensor)
+    assert torch.equal(got.layer_inputs[2], got["post_mlp:1"]) and sorted(got.layer_inputs) == [0, 1, 2, 3]
+    sub = backend.run(random_inputs, ["post_attention:1", "post_processing"])
+    assert list(sub) == [CheckpointKey("post_attention", 1), CheckpointKey("post_processing")]
+    info = backend.version_info()
+    assert info["compile_log"][-1]["measure_compile"]["cold_s"] == round(timings["cold_s"], 4)
+
+
+def test_inductor_tiny_bert_and_the_plain_graph(tiny_bert, random_inputs):
+    model = load_model(tiny_bert)
+    backend = get_backend("inductor")
+    backend.prepare(model, "float32")
+    first = backend.run(random_inputs)
+    assert first.meta["compiled_in_this_call"] is True and first.meta["first_call_s"] > 0
+    _agree(_pytorch(model, random_inputs), first)
+    again = backend.run(random_inputs)
+    assert again.meta["compiled_in_this_call"] is False
+    plain = backend.run(random_inputs, [])  # the model compiled without checkpoint outputs
+    assert len(plain) == 0 and plain.meta["variant"] == "plain"
+    assert [e["variant"] for e in backend.compile_log] == ["captured", "plain"]
+
+
+def test_onnxruntime_tiny_qwen2_keeps_its_export_and_takes_any_shape(tiny_qwen2, random_inputs, tmp_path):
+    model = load_model(tiny_qwen2)
+    backend = get_backend("onnxruntime", artifact_dir=tmp_path / "run")
+    backend.prepare(model, "float32", "cpu")
+    exported = list((tmp_path / "run").glob("*.onnx"))
+    assert exported == [backend.onnx_path] and backend.onnx_path.stat().st_size > 0
+    got = backend.run(random_inputs)
+    assert got.meta["onnx_path"] == str(backend.onnx_path) and got.meta["providers"] == ["CPUExecutionProvider"]
+    _agree(_pytorch(model, random_inputs), got)
+    other = ModelInputs.random(128, batch=3, length=17, seed=3, pad_lengths=[4, 0, 9])  # dynamic axes
+    _agree(_pytorch(model, other), backend.run(other))
+    import onnx
+
+    graph = onnx.load(str(backend.onnx_path), load_external_data=False).graph
+    assert len(graph.output) == len(all_checkpoints(4))  # the checkpoints are graph outputs
+    info = backend.version_info()
+    assert info["artifact_dir"] == str(tmp_path / "run") and info["export_s"] > 0
+
+
+def test_onnxruntime_tiny_bert_with_token_types(tiny_bert):
+    model = load_model(tiny_bert)
+    inputs = ModelInputs.random(128, batch=2, length=10, seed=5, pad_lengths=[0, 4])
+    inputs.token_type_ids = np.concatenate([np.zeros((2, 5), np.int64), np.ones((2, 5), np.int64)], axis=1)
+    backend = get_backend("onnxruntime")
+    backend.prepare(model, "float32", "cpu")
+    assert backend.artifact_dir.is_dir() and "df-onnx-" in backend.artifact_dir.name  # reported temp dir
+    _agree(_pytorch(model, inputs), backend.run(inputs, capture_layer_inputs=True))
+
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Sentence embeddings map text to dense vectors that capture meaning.",
+    "Short one.",
+]
+
+
+@pytest.mark.parametrize("name", ["inductor", "onnxruntime", "mlx"])
+def test_minilm_agrees_with_pytorch_at_every_checkpoint(minilm_path, name, tmp_path):
+    model = load_model(minilm_path)
+    inputs = ModelInputs.from_text(model.tokenizer, TEXTS)
+    assert inputs.attention_mask.min() == 0  # the batch really has padding
+    options = {"artifact_dir": tmp_path} if name == "onnxruntime" else {}
+    backend = get_backend(name, **options)
+    backend.prepare(model, "float32", "cpu")
+    got = backend.run(inputs)
+    assert list(got) == all_checkpoints(6)
+    real = inputs.attention_mask.astype(bool)  # padded positions are not outputs of the model
+    # two float32 runs on activations up to ~30 in magnitude, 6 layers; see docs/backends-more.md
+    _agree(_pytorch(model, inputs), got, dict(rtol=1e-4, atol=1e-4), real)
