@@ -1,0 +1,100 @@
+"""Comparison core throughput and memory on two 64M-element float32 arrays.
+
+Prints, measured in the same run: our ``compare`` (every metric, one pass), torch.testing.assert_close,
+numpy.allclose and a plain read of both arrays (np.sum of each: the memory-bandwidth limit), as GB/s
+of input read, with ratios; and the peak extra resident memory of each (Linux: VmHWM after a reset
+through /proc/self/clear_refs, minus the resident size before the call).
+
+    python -m benchmarks.bench_compare [--elements N] [--repeats R]
+
+Targets (2-core machine): >= 20x assert_close, >= 0.5x the plain read, <= 64 MiB extra memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from debug_framework.comparison import compare
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(fn: Callable[[], object], repeats: int) -> tuple[float, float | None]:
+    """(best seconds, peak extra MiB over the resident size before the call)."""
+    fn()  # warm-up (JIT compile, page faults)
+    times, extra = [], []
+    for _ in range(repeats):
+        can_reset = _reset_peak()
+        before = _status_kib("VmRSS")
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        peak = _status_kib("VmHWM")
+        if can_reset and before is not None and peak is not None:
+            extra.append(max(0, peak - before) / 1024)
+    return min(times), (max(extra) if extra else None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--elements", type=int, default=64 * 1024 * 1024)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    n = args.elements
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(n, dtype=np.float32)
+    alt = ref + (rng.standard_normal(n, dtype=np.float32) * np.float32(1e-7)) * ref
+    tr, ta = torch.from_numpy(ref), torch.from_numpy(alt)
+    gb = 2 * n * 4 / 1e9
+
+    rows = []
+    rows.append(("plain read (np.sum x2)", *measure(lambda: (np.sum(ref), np.sum(alt)), args.repeats)))
+    rows.append(("compare (ours, all metrics)", *measure(lambda: compare(tr, ta, rtol=1e-5, atol=1e-6), args.repeats)))
+    rows.append(("numpy.allclose", *measure(lambda: np.allclose(alt, ref, rtol=1e-5, atol=1e-6), max(1, args.repeats // 2))))
+    rows.append(("torch.allclose", *measure(lambda: torch.allclose(ta, tr, rtol=1e-5, atol=1e-6), max(1, args.repeats // 2))))
+    rows.append(("torch.testing.assert_close", *measure(lambda: torch.testing.assert_close(ta, tr, rtol=1e-5, atol=1e-6), 1)))
+
+    res = compare(tr, ta, rtol=1e-5, atol=1e-6)
+    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__}, numba threads {__import__('numba').get_num_threads()}")
+    print(f"inputs: 2 x {n:,} float32 ({gb:.2f} GB read per comparison); verdict {res.passed}, max_ulp {res.max_ulp_error}")
+    by = {name: t for name, t, _ in rows}
+    print(f"{'method':32} {'time s':>9} {'GB/s':>8} {'vs plain read':>14} {'ours vs it':>11} {'peak extra MiB':>15}")
+    for name, t, mem in rows:
+        ours_vs = by["compare (ours, all metrics)"]
+        print(f"{name:32} {t:9.4f} {gb / t:8.2f} {by['plain read (np.sum x2)'] / t:13.2f}x {t / ours_vs:10.1f}x "
+              f"{'' if mem is None else f'{mem:15.1f}'}")
+    ours = by["compare (ours, all metrics)"]
+    print()
+    print(f"ours / assert_close speed: {by['torch.testing.assert_close'] / ours:.1f}x   (target >= 20x)")
+    print(f"ours / plain read:         {by['plain read (np.sum x2)'] / ours:.2f}     (target >= 0.5)")
+    mem = next(m for name, _, m in rows if name.startswith("compare"))
+    print(f"ours peak extra memory:    {mem if mem is None else f'{mem:.1f}'} MiB (target <= 64 MiB)")
+
+
+if __name__ == "__main__":
+    main()
