@@ -153,7 +153,6 @@ def _cmd_list(args: argparse.Namespace, db: Any) -> int:
 
         print(json.dumps(json_safe(items), indent=2, allow_nan=False, default=str))
         return EXIT_OK
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -194,7 +193,6 @@ def _cmd_diff(args: argparse.Namespace, db: Any) -> int:
             raise ValidationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
         _write(render_diff(diff, fmt, db=db), args.output_file)
     else:
-        from rich.console import Console
         from rich.table import Table
         from rich.text import Text
 

@@ -177,12 +177,22 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         argv += ["--reference-backend", str(session["reference_backend"])]
     if session.get("alternative_backend"):
         argv += ["--alternative-backend", str(session["alternative_backend"])]
+    if results.get("alternative_dtype"):
+        argv += ["--dtype", str(results["alternative_dtype"])]
     tol = session.get("tolerances")
     if isinstance(tol, Mapping):
         if tol.get("rtol") is not None:
             argv += ["--rtol", str(tol["rtol"])]
         if tol.get("atol") is not None:
             argv += ["--atol", str(tol["atol"])]
+    if session.get("seed") is not None:
+        argv += ["--seed", str(session["seed"])]
+    if isinstance(results.get("isolation"), list):
+        argv.append("--isolate")
+    if results.get("oracle"):
+        argv.append("--oracle")
+    if results.get("noise_floor"):
+        argv.append("--noise-floor")
     return shlex.join(argv), False
 
 

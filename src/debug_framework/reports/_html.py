@@ -46,6 +46,8 @@ def _cell(value: Any, depth: int) -> str:
             return json_pre(value)
         return kv_table(value, depth=depth + 1, cls="nested")
     if isinstance(value, (list, tuple)):
+        if not value:
+            return '<span class="muted">none</span>'
         if all(not isinstance(v, (Mapping, list, tuple)) for v in value) and len(value) <= 16:
             return esc(", ".join(fmt_num(v) if isinstance(v, (int, float)) else str(v) for v in value))
         return json_pre(value)
