@@ -70,8 +70,10 @@ def error_heatmap(reference: torch.Tensor, test: torch.Tensor, name: str, path: 
         if lead:
             title += f"  slice [{', '.join(map(str, lead))}, :, :] through worst {tuple(worst_index)}"
         shown = np.ma.masked_invalid(np.where(np.isinf(plane), np.nan, plane))
-        im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis")
-        im.cmap.set_bad("red")
+        import matplotlib
+
+        cmap = matplotlib.colormaps["viridis"].with_extremes(bad="red")
+        im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap)
         fig.colorbar(im, ax=ax, label="abs error (red: non-finite mismatch)")
         ax.plot([worst_index[-1]], [worst_index[-2]], marker="x", color="white", ms=8)
         ax.set_xlabel(f"dim {err.ndim - 1}")

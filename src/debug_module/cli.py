@@ -1,0 +1,579 @@
+"""``inductor-debug`` (also ``python -m debug_module``): list, analyze, diff, report, minify and clean runs.
+
+Exit codes: 0 success; 1 numerical failure (a failing KernelDiff); 2 usage or environment error.
+``--json`` prints one JSON document (schema: ``debug_module/schemas/cli-output.schema.json``).
+See docs/inductor-debug-cli.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import shutil
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .artifacts import DEFAULT_ARTIFACT_ROOT
+
+__all__ = ["app", "main", "CLI_SCHEMA", "CliError"]
+
+CLI_SCHEMA = "inductor-debug/1"
+ANALYSIS_TYPES = ("guards", "constraints", "graphs", "summary")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Inspect torch.compile debug runs: list, analyze, diff, report, minify, clean.")
+
+
+class CliError(Exception):
+    """A usage or environment error (exit code 2)."""
+
+    def __init__(self, message: str, hint: str | None = None, kind: str = "usage") -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.kind = kind
+
+
+class _State:
+    root: Path = Path(DEFAULT_ARTIFACT_ROOT)
+    json: bool = False
+
+
+def _settings(ctx: typer.Context, root: Path | None, as_json: bool) -> tuple[Path, bool]:
+    state: _State = ctx.obj if isinstance(ctx.obj, _State) else _State()
+    return (root if root is not None else state.root), (as_json or state.json)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _emit(command: str, root: Path, as_json: bool, *, data: Any = None, exit_code: int = 0,
+          error: CliError | None = None, human: Callable[[], None] | None = None) -> None:
+    if as_json:
+        doc = {"schema": CLI_SCHEMA, "command": command, "ok": exit_code == 0, "exit_code": exit_code,
+               "root": str(root), "data": data,
+               "error": None if error is None else {"type": error.kind, "message": str(error), "hint": error.hint}}
+        print(json.dumps(doc, indent=2, default=str, allow_nan=False))
+    elif error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+    elif human is not None:
+        human()
+    raise typer.Exit(exit_code)
+
+
+def _run_command(command: str, root: Path, as_json: bool, body: Callable[[], tuple[Any, int, Callable[[], None] | None]]) -> None:
+    try:
+        data, code, human = body()
+    except CliError as e:
+        _emit(command, root, as_json, exit_code=2, error=e)
+    except (typer.Exit, typer.Abort, SystemExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - anything else from a user model / environment is exit 2 with the reason
+        _emit(command, root, as_json, exit_code=2,
+              error=CliError(f"{type(e).__name__}: {e}", hint="see the message above; rerun without --json for details",
+                             kind="environment"))
+    _emit(command, root, as_json, data=data, exit_code=code, human=human)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _runs(root: Path) -> list[Path]:
+    from .reports import find_runs
+
+    return find_runs(root)
+
+
+def _resolve_run(root: Path, run: str | None, path: Path | None) -> Path:
+    from .reports import is_run_dir
+
+    if path is not None:
+        if not is_run_dir(path):
+            raise CliError(f"{path} is not a debug_module run directory (no manifest.json with schema debug_module.run/1)",
+                           hint="pass a directory made by the torch.compile debugging tools", kind="environment")
+        return path
+    runs = _runs(root)
+    if run is not None:
+        for p in runs:
+            if p.name == run:
+                return p
+        raise CliError(f"no run {run!r} under {root}", hint="`inductor-debug list` shows the runs", kind="environment")
+    if not runs:
+        raise CliError(f"no runs under {root}", hint="pass --root, a run directory, or --model module:factory",
+                       kind="environment")
+    return runs[-1]
+
+
+def _load_object(spec: str, what: str) -> Any:
+    """``module:attr`` or ``path/to/file.py:attr`` -> the attribute."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise CliError(f"{what} {spec!r} is not 'module:factory' or 'path/file.py:factory'")
+    try:
+        if target.endswith(".py") or "/" in target:
+            file = Path(target).resolve()
+            if not file.is_file():
+                raise CliError(f"{what}: no file {file}", kind="environment")
+            name = f"_inductor_debug_user_{abs(hash(str(file)))}"
+            s = importlib.util.spec_from_file_location(name, file)
+            assert s is not None and s.loader is not None
+            module = importlib.util.module_from_spec(s)
+            sys.modules[name] = module
+            s.loader.exec_module(module)
+        else:
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(target)
+    except CliError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise CliError(f"{what}: cannot import {target!r}: {type(e).__name__}: {e}", kind="environment") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise CliError(f"{what}: {target!r} has no attribute {attr!r}", kind="environment") from None
+
+
+def _input_sets(inputs: Any) -> list[Any]:
+    """A factory's inputs: a tuple/dict/tensor is one call; a list of tuples/dicts is one call each."""
+    if isinstance(inputs, list) and inputs and all(isinstance(i, tuple | dict) for i in inputs):
+        return inputs
+    if isinstance(inputs, list):
+        return [tuple(inputs)]
+    return [inputs]
+
+
+def _call(fn: Any, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return fn(**inputs)
+    if isinstance(inputs, tuple):
+        return fn(*inputs)
+    return fn(inputs)
+
+
+def _demo() -> tuple[Any, list[Any], str]:
+    import torch
+
+    class DemoNet(torch.nn.Module):
+        """Built-in demo: a conv + linear net whose data-dependent branch breaks the graph."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.head = torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.conv(x).relu().mean(dim=(2, 3))
+            if y.sum() > 0:  # data-dependent branch -> graph break
+                y = y * 2
+            return self.head(y)
+
+    torch.manual_seed(0)
+    return DemoNet(), [(torch.randn(2, 3, 8, 8),), (torch.randn(3, 3, 8, 8),)], "demo"
+
+
+def _load_model(model: str | None, inputs: str | None, demo: bool) -> tuple[Any, list[Any], str]:
+    if demo:
+        if model is not None:
+            raise CliError("--demo and --model are exclusive")
+        return _demo()
+    assert model is not None
+    made = _load_object(model, "--model")
+    obj = made() if callable(made) and not hasattr(made, "forward") else made
+    sets: Any = None
+    if isinstance(obj, tuple) and len(obj) == 2 and callable(obj[0]):
+        obj, sets = obj
+    if inputs is not None:
+        f = _load_object(inputs, "--inputs")
+        sets = f() if callable(f) else f
+    if sets is None:
+        raise CliError("no inputs for the model", hint="pass --inputs module:factory (or let the model factory return (model, inputs))")
+    name = type(obj).__name__ if not isinstance(obj, type(_load_model)) else getattr(obj, "__name__", "model")
+    return obj, _input_sets(sets), name
+
+
+def _analyze_model(root: Path, model: Any, input_sets: list[Any], name: str, *, lowering: str,
+                   alignment: int | None, deny_ops: list[str]) -> Path:
+    """Run the model through the guard inspector and the compile pipeline (warn mode), into a new run directory."""
+    from .artifacts import RunDirectory
+    from .config import MockConfig
+    from .constraints import OpDenylistConstraint, ShapeConstraint
+    from .guards import GuardInspector
+    from .pipeline import CompilePipeline
+    from .reports import save_guard_report
+
+    cons = MockConfig().constraints()
+    if alignment is not None:
+        cons = [c for c in cons if not isinstance(c, ShapeConstraint)] + [ShapeConstraint(alignment=alignment)]
+    if deny_ops:
+        cons.append(OpDenylistConstraint(deny_ops))
+    pipeline = CompilePipeline(constraints=cons, strict=False, lowering=lowering, artifact_root=root, name="inductor-debug")
+    inspector = GuardInspector(model, backend=pipeline)
+    logger = logging.getLogger("debug_module.constraints")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # violations are recorded in the run; the CLI prints them itself
+    try:
+        for args in input_sets:
+            _call(inspector, args)
+    finally:
+        logger.setLevel(level)
+    if pipeline.run is None:
+        pipeline.run = RunDirectory(root, backend="inductor-debug", info={"strict": False})
+    pipeline.run.set_status("complete", model=name, lowering=lowering)
+    save_guard_report(inspector.report(), pipeline.run.path)
+    return pipeline.run.path
+
+
+def analyze_run(run_path: Path, kind: str) -> dict[str, Any]:
+    """The ``analyze`` data for one run directory (see the JSON schema's ``$defs``)."""
+    from .reports import collect_run
+
+    r = collect_run(run_path)
+    base = {"type": kind, "run_id": r["run_id"], "path": r["path"], "model": r["model"]}
+    guards = r["guards"]
+    if kind == "guards":
+        return base | {
+            "available": guards is not None,
+            "fx_graph_count": r["fx_graph_count"],
+            "graph_count": guards["graph_count"] if guards else r["fx_graph_count"],
+            "graph_break_count": guards["graph_break_count"] if guards else None,
+            "graph_breaks": guards["graph_breaks"] if guards else [],
+            "recompilations": guards["recompilations"] if guards else [],
+            "guard_sets": guards["guard_sets"] if guards else [],
+        }
+    if kind == "constraints":
+        by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for v in r["violations"]:
+            by[v.get("constraint", "?")].append(v)
+        return base | {"violation_count": len(r["violations"]), "by_constraint": dict(sorted(by.items())),
+                       "coverage": r["coverage"]}
+    if kind == "graphs":
+        graphs = []
+        for g in r["graphs"]:
+            stats_file = Path(r["path"]) / "statistics" / f"{g['name']}.json"
+            ops: dict[str, int] = {}
+            if stats_file.is_file():
+                ops = json.loads(stats_file.read_text()).get("op_counts", {})
+            graphs.append({"name": g["name"], "kind": g.get("kind"), "nodes": g.get("nodes"),
+                           "violations": g.get("violations", 0),
+                           "node_share": (g.get("coverage") or {}).get("node_share"),
+                           "peak_memory_bytes": g.get("peak_memory_bytes"),
+                           "top_ops": dict(Counter(ops).most_common(8))})
+        return base | {"fx_graph_count": r["fx_graph_count"], "graphs": graphs, "files_by_kind": r["files_by_kind"]}
+    kd = r["kerneldiff"]
+    return base | {
+        "backend": r["backend"], "status": r["status"], "created": r["created"],
+        "file_count": r["file_count"], "files_by_kind": r["files_by_kind"],
+        "fx_graph_count": r["fx_graph_count"], "aten_graph_count": len(r["graphs"]),
+        "violation_count": len(r["violations"]),
+        "graph_break_count": guards["graph_break_count"] if guards else None,
+        "recompilation_count": len(guards["recompilations"]) if guards else None,
+        "kerneldiff": None if kd is None else {"passed": kd["passed"], "model_name": kd["model_name"],
+                                              "test_backend": kd["test_backend"],
+                                              "reference_backend": kd["reference_backend"],
+                                              "first_divergent_module": kd.get("first_divergent_module"),
+                                              "failed": [d["name"] for d in kd["outputs"] + kd["gradients"] if not d["passed"]]},
+        "repros": r["repros"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+RootOpt = typer.Option(None, "--root", help=f"artifacts root (default {DEFAULT_ARTIFACT_ROOT})")
+JsonOpt = typer.Option(False, "--json", help="print one JSON document (stable schema)")
+
+
+@app.callback()
+def _main(ctx: typer.Context, root: Path = typer.Option(Path(DEFAULT_ARTIFACT_ROOT), "--root", help="artifacts root"),
+          as_json: bool = typer.Option(False, "--json", help="print one JSON document (stable schema)")) -> None:
+    state = _State()
+    state.root, state.json = root, as_json
+    ctx.obj = state
+
+
+@app.command("list")
+def list_runs(ctx: typer.Context, root: Path | None = RootOpt, as_json: bool = JsonOpt) -> None:
+    """List runs under the root and their artifacts."""
+    root, as_json = _settings(ctx, root, as_json)
+
+    def body():
+        from .reports import collect_run
+
+        runs = []
+        for p in _runs(root):
+            r = collect_run(p)
+            kd = r["kerneldiff"]
+            runs.append({"run_id": r["run_id"], "path": r["path"], "created": r["created"], "backend": r["backend"],
+                         "status": r["status"], "model": r["model"], "file_count": r["file_count"],
+                         "files_by_kind": r["files_by_kind"], "graph_count": len(r["graphs"]),
+                         "violation_count": len(r["violations"]),
+                         "kerneldiff_passed": None if kd is None else kd["passed"], "repros": r["repros"]})
+
+        def human():
+            from rich.table import Table
+
+            if not runs:
+                print(f"no runs under {root}")
+                return
+            t = Table(title=f"runs under {root}")
+            for c in ("run", "model", "backend", "status", "files", "graphs", "violations", "KernelDiff"):
+                t.add_column(c)
+            for r in runs:
+                kd = {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]]
+                t.add_row(r["run_id"], str(r["model"]), str(r["backend"]), str(r["status"]), str(r["file_count"]),
+                          str(r["graph_count"]), str(r["violation_count"]), kd)
+            _console().print(t)
+
+        return {"runs": runs}, 0, human
+
+    _run_command("list", root, as_json, body)
+
+
+@app.command("analyze")
+def analyze(
+    ctx: typer.Context,
+    run_dir: Path | None = typer.Argument(None, help="a run directory (default: --run, else the newest run under --root)"),
+    type_: str = typer.Option("summary", "--type", "-t", help="guards | constraints | graphs | summary"),
+    run: str | None = typer.Option(None, "--run", help="run id under --root"),
+    model: str | None = typer.Option(None, "--model", help="analyze a user model: module:factory or file.py:factory"),
+    inputs: str | None = typer.Option(None, "--inputs", help="its inputs: module:factory returning a tuple, dict, or list of them"),
+    demo: bool = typer.Option(False, "--demo", help="analyze the built-in demo model"),
+    lowering: str = typer.Option("eager", "--lowering", help="for --model/--demo: eager (fast) or inductor (IR + kernels)"),
+    alignment: int | None = typer.Option(None, "--alignment", help="for --model/--demo: shape alignment constraint"),
+    deny_op: list[str] = typer.Option([], "--deny-op", help="for --model/--demo: deny an op (repeatable)"),
+    root: Path | None = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Analyze a run (guards, constraints, graphs, summary), or a model given as module:factory."""
+    root, as_json = _settings(ctx, root, as_json)
+
+    def body():
+        if type_ not in ANALYSIS_TYPES:
+            raise CliError(f"unknown analysis type {type_!r}", hint=f"use one of {', '.join(ANALYSIS_TYPES)}")
+        if lowering not in ("eager", "inductor"):
+            raise CliError(f"unknown lowering {lowering!r}", hint="use eager or inductor")
+        if (model is not None or demo) and (run_dir is not None or run is not None):
+            raise CliError("analyze either a run (RUN_DIR/--run) or a model (--model/--demo), not both")
+        if inputs is not None and model is None:
+            raise CliError("--inputs needs --model")
+        if model is not None or demo:
+            obj, sets, name = _load_model(model, inputs, demo)
+            path = _analyze_model(root, obj, sets, name, lowering=lowering, alignment=alignment, deny_ops=deny_op)
+        else:
+            path = _resolve_run(root, run, run_dir)
+        data = analyze_run(path, type_)
+        code = 1 if type_ == "summary" and data["kerneldiff"] is not None and not data["kerneldiff"]["passed"] else 0
+        return data, code, lambda: _print_analysis(data)
+
+    _run_command("analyze", root, as_json, body)
+
+
+def _print_analysis(d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = _console()
+    con.print(f"[bold]{d['type']}[/bold] of run {d['run_id']} ({d['model']})  {d['path']}", markup=True, highlight=False)
+    if d["type"] == "guards":
+        if not d["available"]:
+            con.print(f"no guard report in this run; {d['fx_graph_count']} Dynamo graph(s) captured "
+                      "(analyze --model module:factory records one)")
+            return
+        con.print(f"{d['graph_count']} graph(s), {d['graph_break_count']} graph break(s), "
+                  f"{len(d['recompilations'])} recompilation(s)")
+        for b in d["graph_breaks"]:
+            con.print(f"  break: {b['reason']} at {b['file']}:{b['line']}: {b['code']}", markup=False)
+        for r in d["recompilations"]:
+            con.print(f"  recompile (call {r['call_index']}, {r['code_name']}): {'; '.join(r['reasons'])}", markup=False)
+    elif d["type"] == "constraints":
+        con.print(f"{d['violation_count']} violation(s)")
+        for c, vs in d["by_constraint"].items():
+            con.print(f"  [bold]{c}[/bold]: {len(vs)}", markup=True)
+            for v in vs[:20]:
+                src = v.get("source") or {}
+                con.print(f"    {v.get('graph')} {v.get('node')} {v.get('op')} {v.get('shape')} {v.get('dtype')} "
+                          f"@ {src.get('file')}:{src.get('line')} {src.get('code') or ''}", markup=False)
+        t = Table(title="coverage")
+        for c in ("graph", "nodes", "supported", "share", "partitions"):
+            t.add_column(c)
+        for c in d["coverage"]:
+            t.add_row(str(c["graph"]), str(c.get("nodes")), str(c.get("supported_nodes")), f"{c.get('node_share', 0):.1%}",
+                      str(c.get("partitions")))
+        con.print(t)
+    elif d["type"] == "graphs":
+        t = Table(title=f"{d['fx_graph_count']} Dynamo graph(s)")
+        for c in ("graph", "kind", "nodes", "violations", "peak bytes", "top ops"):
+            t.add_column(c)
+        for g in d["graphs"]:
+            t.add_row(g["name"], str(g["kind"]), str(g["nodes"]), str(g["violations"]), str(g["peak_memory_bytes"]),
+                      ", ".join(f"{k} x{v}" for k, v in list(g["top_ops"].items())[:4]))
+        con.print(t)
+    else:
+        for k in ("backend", "status", "file_count", "fx_graph_count", "aten_graph_count", "violation_count",
+                  "graph_break_count", "recompilation_count"):
+            con.print(f"  {k}: {d[k]}", markup=False)
+        kd = d["kerneldiff"]
+        if kd:
+            con.print(f"  KernelDiff: {'PASS' if kd['passed'] else 'FAIL'} ({kd['test_backend']} vs {kd['reference_backend']})"
+                      + (f", first divergent module {kd['first_divergent_module']}" if kd["first_divergent_module"] else ""),
+                      markup=False)
+        for p in d["repros"]:
+            con.print(f"  repro: {p}", markup=False)
+
+
+@app.command("diff")
+def diff(
+    ctx: typer.Context,
+    model: str | None = typer.Option(None, "--model", help="module:factory or file.py:factory"),
+    inputs: str | None = typer.Option(None, "--inputs", help="module:factory returning the inputs"),
+    demo: bool = typer.Option(False, "--demo", help="use the built-in demo model"),
+    backend: str = typer.Option("inductor", "--backend", help="backend under test: a torch.compile name or module:attr"),
+    reference: str = typer.Option("eager", "--reference", help="eager | float64 | a backend name"),
+    rtol: float | None = typer.Option(None, "--rtol"),
+    atol: float | None = typer.Option(None, "--atol"),
+    gradients: bool = typer.Option(False, "--gradients", help="also compare gradients"),
+    modules: bool = typer.Option(False, "--modules", help="also compare submodule outputs"),
+    runs: int = typer.Option(3, "--runs", min=1),
+    plots: bool = typer.Option(False, "--plots", help="write visualizations"),
+    root: Path | None = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """KernelDiff a model: backend under test vs reference; exit 1 when it fails."""
+    root, as_json = _settings(ctx, root, as_json)
+
+    def body():
+        if model is None and not demo:
+            raise CliError("diff needs --model module:factory (or --demo)")
+        obj, sets, name = _load_model(model, inputs, demo)
+        test_backend: Any = backend
+        if ":" in backend:
+            test_backend = _load_object(backend, "--backend")
+        from .diff import KernelDiffHarness
+
+        report = KernelDiffHarness(obj, sets[0], model_name=name, reference_backend=reference, test_backend=test_backend,
+                                   rtol=rtol, atol=atol, compare_gradients=gradients, compare_modules=modules,
+                                   runs=runs, artifact_root=root).compare(generate_visualizations=plots)
+        data = {"run_id": report.run_id, "path": report.artifact_dir, "passed": report.passed,
+                "first_divergent_module": report.first_divergent_module, "report": report.json_path,
+                "failed": [d.name for d in report.failed]}
+        return data, (0 if report.passed else 1), lambda: print(report.summary())
+
+    _run_command("diff", root, as_json, body)
+
+
+@app.command("report")
+def report(
+    ctx: typer.Context,
+    fmt: str = typer.Option("html", "--format", "-f", help="html (with its JSON twin) or json"),
+    run: list[str] = typer.Option([], "--run", help="run id (repeatable; default: every run)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="output file (default: <root>/reports/debug_report_<time>.<ext>)"),
+    benchmarks: Path | None = typer.Option(None, "--benchmarks", help="directory of benchmark JSON files (default: <root>/benchmarks)"),
+    root: Path | None = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Write the HTML (self-contained) or JSON debug report."""
+    root, as_json = _settings(ctx, root, as_json)
+
+    def body():
+        import datetime as _dt
+
+        from .reports import build_report, write_report
+
+        if fmt not in ("html", "json"):
+            raise CliError(f"unknown format {fmt!r}", hint="use html or json")
+        if not root.is_dir():
+            raise CliError(f"artifacts root {root} does not exist", hint="pass --root", kind="environment")
+        if benchmarks is not None and not benchmarks.is_dir():
+            raise CliError(f"benchmark directory {benchmarks} does not exist", kind="environment")
+        try:
+            data = build_report(root, run_ids=run or None, benchmarks_dir=benchmarks)
+        except FileNotFoundError as e:
+            raise CliError(str(e), hint="`inductor-debug list` shows the runs", kind="environment") from e
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
+        out = output or (root / "reports" / f"debug_report_{stamp}.{fmt}")
+        html_path, json_path = write_report(data, out, fmt=fmt)
+        result = {"format": fmt, "html": str(html_path) if html_path else None, "json": str(json_path),
+                  "summary": data["summary"]}
+        return result, 0, lambda: print(f"wrote {html_path or json_path}" + (f" (and {json_path})" if html_path else ""))
+
+    _run_command("report", root, as_json, body)
+
+
+@app.command("minify")
+def minify(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., help="a repro directory or a run directory's graph file (fx_graphs/graph_000.py)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="where the minimized repro goes"),
+    max_seconds: float | None = typer.Option(None, "--max-seconds"),
+    root: Path | None = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Minify a saved graph with debug_module.minifier (constraint signatures are found by re-checking)."""
+    root, as_json = _settings(ctx, root, as_json)
+
+    def body():
+        try:
+            from .minifier import minify_saved_graph
+        except ImportError as e:
+            raise CliError(f"the minifier is not available: {e}", kind="environment") from e
+        if not path.exists():
+            raise CliError(f"no such file or directory: {path}", kind="environment")
+        res = minify_saved_graph(path, output_dir=output, max_seconds=max_seconds, progress=not as_json)
+        data = res.to_dict()
+        return data, 0, lambda: print(f"{res.summary()}\nrepro: {res.repro_path}")
+
+    _run_command("minify", root, as_json, body)
+
+
+@app.command("clean")
+def clean(
+    ctx: typer.Context,
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+    run: list[str] = typer.Option([], "--run", help="only these run ids (repeatable)"),
+    root: Path | None = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Remove run directories created by debug_module (checked by their manifest); nothing else."""
+    root, as_json = _settings(ctx, root, as_json)
+
+    def body():
+        targets = [p for p in _runs(root) if not p.is_symlink() and (not run or p.name in run)]
+        unknown = sorted(set(run) - {p.name for p in targets})
+        if unknown:
+            raise CliError(f"no run {', '.join(unknown)} under {root}", kind="environment")
+        confirmed = yes
+        if targets and not yes:
+            try:
+                confirmed = typer.confirm(f"remove {len(targets)} run director{'y' if len(targets) == 1 else 'ies'} "
+                                          f"under {root}?", default=False, err=True)
+            except (typer.Abort, EOFError):
+                confirmed = False
+        removed = []
+        if confirmed:
+            for p in targets:
+                shutil.rmtree(p)
+                removed.append(p.name)
+        data = {"removed": removed, "cancelled": bool(targets) and not confirmed,
+                "kept": [p.name for p in targets if p.name not in removed]}
+        return data, 0, lambda: print(f"removed {len(removed)} run(s)" + (" (cancelled)" if data["cancelled"] else ""))
+
+    _run_command("clean", root, as_json, body)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    app(args=argv, prog_name="inductor-debug")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
