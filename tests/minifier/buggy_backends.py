@@ -46,12 +46,12 @@ def erf_swapped_for_tanh(gm, example_inputs):
 
 
 def rejects_erf_and_tanh(gm, example_inputs):
-    """A compiler with two unsupported-op errors (different messages)."""
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in (ERF, torch.special.erf, torch.erf):
-            raise NotImplementedError("no lowering for aten.erf")
-        if n.op == "call_function" and n.target in (TANH, torch.tanh):
-            raise RuntimeError("tanh lowering failed: register pressure")
+    """A compiler with two bugs: no erf lowering (checked first), and a tanh lowering that fails."""
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    if targets & {ERF, torch.special.erf, torch.erf}:
+        raise NotImplementedError("no lowering for aten.erf")
+    if targets & {TANH, torch.tanh}:
+        raise RuntimeError("tanh lowering failed: register pressure")
     return gm.forward
 
 
@@ -76,3 +76,8 @@ def corrupt_node_named(name, factor=1.01):
                 env[n] = graph.call_function(torch.ops.aten.mul.Tensor, (env[n], factor))
         return torch.fx.GraphModule(gm, graph).forward
     return backend
+
+
+def always_fails(gm, example_inputs):
+    """A compiler that rejects every graph (the minifier must still keep one node)."""
+    raise RuntimeError("always fails")

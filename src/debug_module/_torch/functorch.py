@@ -31,6 +31,7 @@ __all__ = [
     "is_fake_tensor",
     "count_aot_graph_captures",
     "AotCaptureCounter",
+    "outside_compile_modes",
 ]
 
 make_boxed_func = _aot.make_boxed_func
@@ -106,3 +107,14 @@ def count_aot_graph_captures() -> Iterator[AotCaptureCounter]:
         yield counter
     finally:
         _aot.aot_stage1_graph_capture = original
+
+
+@contextlib.contextmanager
+def outside_compile_modes() -> Iterator[None]:
+    """Leave the fake-tensor and other dispatch modes a backend runs under, so real tensors can be
+    computed (the minifier's strict-mode writer runs real graphs inside a compiler callback)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with unset_fake_temporarily(), _disable_current_modes():
+        yield

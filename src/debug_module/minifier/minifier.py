@@ -147,7 +147,9 @@ class Minifier:
         self._load_state(fingerprint, start)
         stopped: str | None = None
         with self._progress_bar():
-            cur = self._current or start
+            # A resumed run replays the same deterministic search from the start; the verdicts saved in
+            # the state file answer every query already made, so only new candidates cost oracle calls.
+            cur = start
             if not self._test(cur):
                 obs = self._last_obs
                 raise MinifierError(f"the signature ({self.signature.describe()}) does not hold on the input graph",
@@ -271,22 +273,19 @@ class Minifier:
             mid = (lo + hi) // 2
             if self._test(cur[mid:]):
                 lo = mid
+                self._accept(cur[lo:])  # a budget stop keeps the smallest graph seen failing
             else:
                 hi = mid
-        if lo:
-            cur = cur[lo:]
-            self._accept(cur)
+        cur = cur[lo:]
         lo, hi = 0, len(cur)  # cur[:hi] fails; cur[:lo] does not (empty)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if self._test(cur[:mid]):
                 hi = mid
+                self._accept(cur[:hi])
             else:
                 lo = mid
-        if hi < len(cur):
-            cur = cur[:hi]
-            self._accept(cur)
-        return cur
+        return cur[:hi]
 
     def _ddmin(self, cur: list[int]) -> list[int]:
         """Zeller's ddmin over groups: try each chunk, then each complement, refining the split."""

@@ -131,7 +131,13 @@ def _synth_from_annotation(annotation: str, seed: int) -> torch.Tensor:
 def load_graph_file(path: str | os.PathLike[str]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """A ``print_readable`` graph file (from a run directory) as a GraphModule plus synthesised inputs."""
     p = Path(path)
-    module = _exec_module(p, f"_dm_graph_{abs(hash(str(p)))}")
+    text = re.sub(r"^class [^(\n]+\(", "class SavedGraph(", p.read_text(encoding="utf-8"), count=1, flags=re.M)
+    module = types.ModuleType(f"_dm_graph_{abs(hash(str(p)))}")
+    module.__dict__.update({"torch": torch, "device": torch.device, "inf": float("inf"), "nan": float("nan")})
+    try:
+        exec(compile("import torch\n" + text, str(p), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - our own run-dir file
+    except SyntaxError as e:
+        raise MinifierError(f"{p} is not a print_readable graph file: {e}") from e
     cls = next((v for v in vars(module).values() if isinstance(v, type) and issubclass(v, torch.nn.Module)
                 and v is not torch.nn.Module and "forward" in vars(v)), None)
     if cls is None:
