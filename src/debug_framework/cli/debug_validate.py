@@ -149,11 +149,18 @@ def _write_output(path: Path, engine: Any, session_id: str, result: dict[str, An
     from ..models.validation_report import ValidationReport
 
     if path.suffix.lower() in (".html", ".htm"):
-        ValidationReport.from_session(session_id, engine.db).save_to_file(path, "html")
-        return
+        report = ValidationReport.from_session(session_id, engine.db)
+        try:
+            from ..reports import render_report  # the full report: error curves, heatmap
+        except ImportError:
+            report.save_to_file(path, "html")
+            return
+        text = render_report(report, "html")
+    else:
+        text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, sort_keys=True, allow_nan=False), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise DatabaseError(f"cannot write the output file: {exc}", file=str(path)) from exc
 

@@ -1,0 +1,52 @@
+"""``debug_validate`` as a CI runs it: exit codes 0 / 1 / 2, JSON on stdout, output files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "debug_framework.cli.debug_validate", *map(str, args)],
+                          capture_output=True, text=True, env=ENV, timeout=240)
+
+
+def test_exit_0_pass_with_json_and_html(tiny_llama, db_path, tmp_path):
+    html = tmp_path / "out" / "report.html"
+    p = _cli("--model-path", tiny_llama, "--alternative-backend", "pytorch", "--database", db_path, "--json",
+             "--isolate", "--checkpoints", "post_attention,post_mlp", "--output-file", html)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == "passed" and doc["first_divergence"] is None
+    assert len(doc["results"]) == 12 and doc["introducing_layers"] == []
+    assert html.read_text().lstrip().lower().startswith("<!doctype html")
+    assert doc["session_id"] in html.read_text()
+
+
+def test_exit_1_numerical_failure_names_first_divergence(tiny_llama, db_path, tmp_path):
+    cfg = tmp_path / "session.json"
+    cfg.write_text(json.dumps({"precision_thresholds": {"post_mlp:2": {"rtol": 0, "atol": 0}}}))
+    out = tmp_path / "result.json"
+    p = _cli("--model-path", tiny_llama, "--alternative-backend", "pytorch", "--database", db_path,
+             "--config-file", cfg, "--output-file", out, "--no-isolate")
+    assert p.returncode == 1, p.stderr
+    assert "first divergence at post_mlp layer 2" in " ".join(p.stdout.split())
+    assert "<first" in p.stdout  # the highlighted row of the table
+    doc = json.loads(out.read_text())
+    assert doc["first_divergence"]["checkpoint"] == "post_mlp" and doc["first_divergence"]["layer"] == 2
+
+
+def test_exit_2_usage_and_environment_errors(tiny_llama, db_path, tmp_path):
+    p = _cli("--model-path", tmp_path / "nope", "--database", db_path)
+    assert p.returncode == 2 and "DF004" in p.stderr
+    p = _cli("--model-path", tiny_llama, "--alternative-backend", "no_such_backend", "--database", db_path, "--json")
+    assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "DF002"
+    p = _cli("--database", db_path)  # --model-path missing
+    assert p.returncode == 2 and "--model-path" in p.stderr
+    p = _cli("--model-path", tiny_llama, "--checkpoints", "post_nothing", "--database", db_path,
+             "--alternative-backend", "pytorch")
+    assert p.returncode == 2 and "DF005" in p.stderr
