@@ -20,7 +20,8 @@ from typing import Any
 
 import typer
 
-from .artifacts import DEFAULT_ARTIFACT_ROOT
+#: Same as debug_module.artifacts.DEFAULT_ARTIFACT_ROOT (not imported: list/report/clean must start without torch).
+DEFAULT_ARTIFACT_ROOT = "./debug_artifacts"
 
 __all__ = ["app", "main", "CLI_SCHEMA", "CliError"]
 

@@ -41,7 +41,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import MANIFEST_SCHEMA
+#: Same as debug_module.artifacts.MANIFEST_SCHEMA (not imported: reading runs must not need torch).
+MANIFEST_SCHEMA = "debug_module.run/1"
 
 __all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "collect_run", "load_benchmarks", "build_report",
            "render_html", "write_report", "save_guard_report"]
@@ -276,7 +277,7 @@ def render_html(data: dict[str, Any], *, figures: bool = True) -> str:
     """The report as one self-contained HTML page (all user-provided text escaped by Jinja2 autoescape)."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("debug_module.reports", "templates"),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
                              autoescape=True, undefined=jinja2.ChainableUndefined)
     env.filters["fmt"] = _fmt
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, default=str)
