@@ -32,6 +32,7 @@ __all__ = [
     "count_aot_graph_captures",
     "AotCaptureCounter",
     "outside_compile_modes",
+    "fx_minifier",
 ]
 
 make_boxed_func = _aot.make_boxed_func
@@ -118,3 +119,12 @@ def outside_compile_modes() -> Iterator[None]:
 
     with unset_fake_temporarily(), _disable_current_modes():
         yield
+
+
+def fx_minifier(gm: torch.fx.GraphModule, inputs: Sequence[Any],
+                module_fails: Callable[[torch.fx.GraphModule, Sequence[Any]], bool]) -> tuple[torch.fx.GraphModule, Sequence[Any]]:
+    """PyTorch's own graph minifier (``torch._functorch.fx_minifier.minifier``), without its state dumps;
+    used as the comparison anchor of benchmarks/bench_minifier.py."""
+    from torch._functorch.fx_minifier import minifier
+
+    return minifier(gm, list(inputs), module_fails, dump_state=lambda *a, **k: None)

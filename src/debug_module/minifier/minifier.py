@@ -267,7 +267,13 @@ class Minifier:
     # ------------------------------------------------------------------ reduction
 
     def _bisect(self, cur: list[int]) -> list[int]:
-        """Cut the longest failing prefix, then suffix, by binary search (~2 log2 N calls)."""
+        """Cut the longest failing prefix, then suffix, by binary search (~2 log2 N calls).
+
+        First one probe of the last node alone: failures at the graph's output (the last op's accuracy
+        or lowering) are common and then cost a single call."""
+        if len(cur) > 1 and self._test(cur[-1:]):
+            self._accept(cur[-1:])
+            return cur[-1:]
         lo, hi = 0, len(cur)  # cur[lo:] fails; cur[hi:] is empty
         while hi - lo > 1:
             mid = (lo + hi) // 2
