@@ -50,7 +50,6 @@ def artifacts_root(tmp_path_factory):
     from debug_module.reports import save_guard_report
 
     root = tmp_path_factory.mktemp("artifacts")
-    dm._torch_reset = None
     from debug_module._torch import dynamo
 
     dynamo.reset()
