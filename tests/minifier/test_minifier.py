@@ -244,3 +244,13 @@ def test_minify_saved_graph_from_run_directory_and_repro_dir(tmp_path):
     assert result.repro_path.parent == backend.run_dir / "repros" / graph_file.stem
     again = minify_saved_graph(result.repro_path.parent, progress=False, verify=False)
     assert again.nodes == 1 and again.signature.to_dict()["constraint"] == "dtype"
+
+
+def test_unreferenceable_backend_keeps_the_reduction_and_says_why(chain_graph, bb):
+    gm, inputs = chain_graph(30, {20: "sigmoid"})
+    inner = bb.sigmoid_off_by_one_percent
+    sig = AccuracySignature(lambda g, i: inner(g, i), rtol=1e-3, atol=1e-5)  # a lambda: no module-level name
+    result = Minifier(gm, inputs, sig, progress=False).minify()
+    assert compute_ops(result.gm) == ["aten.sigmoid.default"]
+    assert result.verified is False and result.repro_path is None
+    assert any("backend_spec" in n for n in result.notes)
