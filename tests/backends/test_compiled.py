@@ -120,5 +120,6 @@ def test_minilm_agrees_with_pytorch_at_every_checkpoint(minilm_path, name, tmp_p
     got = backend.run(inputs)
     assert list(got) == all_checkpoints(6)
     real = inputs.attention_mask.astype(bool)  # padded positions are not outputs of the model
-    # two float32 runs on activations up to ~30 in magnitude, 6 layers; see docs/backends-more.md
-    _agree(_pytorch(model, inputs), got, dict(rtol=1e-4, atol=1e-4), real)
+    # two float32 runs on activations up to ~30 in magnitude, 6 layers: observed max abs error
+    # 7.6e-6 (inductor), 1.1e-5 (onnxruntime), 9.5e-6 (mlx), i.e. a few ulp of 30; the issue-3 tolerance
+    _agree(_pytorch(model, inputs), got, dict(rtol=1e-5, atol=2e-5), real)
