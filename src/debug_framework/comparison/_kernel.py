@@ -41,6 +41,7 @@ HIST_BUCKETS = 1 << 15
 
 _BLOCK = 2048
 _MIN_PER_THREAD = 1 << 16
+_PARTS_PER_THREAD = 8
 
 
 @njit(cache=True)
@@ -153,10 +154,12 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
         if m & 1:
             h2[0, keys[np.uint64(m - 1)]] += 1
         # pass 3: k worst finite elements (the first of them is the max absolute error)
-        for jj in range(m):
-            j = np.uint64(jj)
-            if buf[j] > thr:
-                thr = _topk_insert(tv, ti, buf[j], base + i0 + jj)
+        # (skipped unless the block's max beats the current k-th worst: after warm-up, most blocks)
+        if _block_max_bits(bufi, m, np.int64(-1)) > np.array([thr]).view(np.int64)[0] or thr < 0.0:
+            for jj in range(m):
+                j = np.uint64(jj)
+                if buf[j] > thr:
+                    thr = _topk_insert(tv, ti, buf[j], base + i0 + jj)
         # rare path: non-finite pairs
         if nonfinite_in_block:
             for jj in range(m):
@@ -193,9 +196,17 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
                 if not match:
                     n_mis += 1
                     n_gross += 1
+                    # keep the k smallest flat indices (parts may arrive in any order)
                     c = cnt[I_NONFINITE_MISMATCH]
                     if c < nfi.shape[0]:
-                        nfi[c] = flat  # ranges are walked in index order: these are the first ones
+                        nfi[c] = flat
+                    else:
+                        pos = 0
+                        for q in range(1, nfi.shape[0]):
+                            if nfi[q] > nfi[pos]:
+                                pos = q
+                        if flat < nfi[pos]:
+                            nfi[pos] = flat
                     cnt[I_NONFINITE_MISMATCH] = c + 1
         i0 += m
     fs[F_SUM_AD] += s_ad
@@ -222,7 +233,10 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
     that dtype's magnitude mask; 0 disables ULP). ``base`` is the flat index of ``a[0]``.
     """
     n = a.shape[0]
-    nt = max(1, min(nthreads, n // _MIN_PER_THREAD))
+    # Work is cut into parts handed out dynamically (the caller sets chunk size 1), so one thread
+    # stalled by another process does not hold the others up; partial state is per worker thread.
+    parts = max(1, min(nthreads * _PARTS_PER_THREAD, n // _MIN_PER_THREAD))
+    nt = nthreads
     k = tv.shape[0]
     pfs = np.zeros((nt, NF), np.float64)
     pcnt = np.zeros((nt, NI), np.int64)
@@ -234,9 +248,10 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
     for t in range(nt):
         pcnt[t, I_FIRST_NONFINITE] = -1
         pfs[t, F_MAX_REL] = fs[F_MAX_REL]
-    for t in prange(nt):
-        lo = n * t // nt
-        hi = n * (t + 1) // nt
+    for p in prange(parts):
+        t = numba.get_thread_id()
+        lo = n * p // parts
+        hi = n * (p + 1) // parts
         _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                     pfs[t], pcnt[t], phist[t], pulp[t], ptv[t], pti[t], pnfi[t])
     for t in range(nt):
@@ -296,3 +311,9 @@ def new_state(k: int) -> tuple[np.ndarray, ...]:
 
 def num_threads() -> int:
     return int(numba.get_num_threads())
+
+
+def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, state) -> None:
+    """Python entry: :func:`accumulate` with dynamic scheduling over all numba threads."""
+    with numba.parallel_chunksize(1):
+        accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())

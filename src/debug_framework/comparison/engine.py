@@ -136,10 +136,10 @@ def compare(
             a_np, r_np = af.numpy(), rf.numpy()
             ai_np = ai.numpy() if ai is not None else _NO_INTS
             ri_np = ri.numpy() if ri is not None else _NO_INTS
-            K.accumulate(
+            K.fold(
                 a_np, r_np, ai_np, ri_np, np.int64(mask), np.int64(offset),
                 float(tol.rtol), float(tol.atol), float(tol.outlier_factor), rel_eps,
-                bool(tol.equal_nan), *state, K.num_threads(),
+                bool(tol.equal_nan), state,
             )
             if exact_q:
                 with np.errstate(over="ignore", invalid="ignore"):
@@ -169,6 +169,9 @@ def _prepare(chunk: torch.Tensor, compute: torch.dtype, ulp_dtype: torch.dtype |
 def _accumulate_torch(state, a, r, ai, ri, mask, offset, tol, rel_eps, errs) -> None:
     """The kernel's algorithm in torch ops, for tensors on any device (one host sync per chunk)."""
     fs, cnt, hist, ulp, tv, ti, nfi = state
+    # like the CPU kernel, subtract in float64 (exact for float32 inputs); MPS has no float64
+    acc = torch.float32 if a.device.type == "mps" else torch.float64
+    a, r = a.to(acc), r.to(acc)
     fin = torch.isfinite(a) & torch.isfinite(r)
     x = torch.where(fin, a, 0)
     y = torch.where(fin, r, 0)
@@ -177,7 +180,6 @@ def _accumulate_torch(state, a, r, ai, ri, mask, offset, tol, rel_eps, errs) -> 
     ay = y.abs()
     bound = tol.atol + tol.rtol * ay
     rel = ad / ay.clamp_min(rel_eps)
-    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
     scalars = torch.stack([
         ad.sum(dtype=acc), (d * d).sum(dtype=acc), (y * y).sum(dtype=acc), (x * x).sum(dtype=acc),
         (x * y).sum(dtype=acc), rel.sum(dtype=acc), rel.max() if rel.numel() else torch.zeros((), dtype=acc, device=a.device),
