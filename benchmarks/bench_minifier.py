@@ -70,7 +70,7 @@ class Budget(Exception):
 
 
 def run_case(label, gm, inputs, bad, torch_budget_s, torch_budget_calls):
-    from debug_module._torch.functorch import fx_minifier
+    from debug_framework._torch.functorch import fx_minifier
     from debug_module.minifier import AccuracySignature, Minifier
 
     sig = AccuracySignature(corrupt_node_named(bad), rtol=1e-3, atol=1e-5)

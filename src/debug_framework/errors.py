@@ -6,6 +6,7 @@ file, tensor, backend or checkpoint is involved) and what to do about it::
     DebugFrameworkError                    (base; code DF000 only when raised directly)
     ├── FrameworkInitializationError       DF001
     ├── BackendInitializationError         DF002
+    │   └── UnsupportedTorchVersionError   DF002 (the installed PyTorch is outside the checked range)
     ├── DatabaseError                      DF003
     ├── ModelLoadingError                  DF004
     ├── ValidationError                    DF005
@@ -22,6 +23,7 @@ __all__ = [
     "DebugFrameworkError",
     "FrameworkInitializationError",
     "BackendInitializationError",
+    "UnsupportedTorchVersionError",
     "DatabaseError",
     "ModelLoadingError",
     "ValidationError",
@@ -82,6 +84,16 @@ class BackendInitializationError(DebugFrameworkError):
     code = "DF002"
     title = "Backend initialization failed"
     default_hint = "run detect_available_backends() to see which backends can run here and why not"
+
+
+class UnsupportedTorchVersionError(BackendInitializationError):
+    """The private-PyTorch-API layer (``debug_framework._torch``) was not checked against this torch."""
+
+    title = "Unsupported PyTorch version"
+    default_hint = (
+        "install a supported torch (see debug_framework._torch.SUPPORTED_TORCH_RANGES) or extend the range "
+        "after checking the private-API modules in debug_framework/_torch/"
+    )
 
 
 class DatabaseError(DebugFrameworkError):

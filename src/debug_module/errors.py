@@ -2,7 +2,7 @@
 
     DebugFrameworkError
     ├── BackendInitializationError (DF002)
-    │   └── UnsupportedTorchVersionError      DM001
+    │   └── UnsupportedTorchVersionError      DF002 (defined in debug_framework.errors, re-exported)
     └── ValidationError (DF005)
         ├── ConstraintViolationError          DM002
         └── MinifierError                     DM010
@@ -15,21 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from debug_framework.errors import BackendInitializationError, ValidationError
+from debug_framework.errors import UnsupportedTorchVersionError, ValidationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .constraints.base import Violation
 
 __all__ = ["UnsupportedTorchVersionError", "ConstraintViolationError", "MinifierError"]
-
-
-class UnsupportedTorchVersionError(BackendInitializationError):
-    code = "DM001"
-    title = "Unsupported PyTorch version"
-    default_hint = (
-        "install a supported torch (see debug_module._torch.SUPPORTED_TORCH_RANGES) or extend the range "
-        "after checking the private-API modules in debug_module/_torch/"
-    )
 
 
 class ConstraintViolationError(ValidationError):

@@ -117,7 +117,7 @@ class CompilePipeline:
     # ------------------------------------------------------------------ backend entry
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        from ._torch import functorch
+        from debug_framework._torch import functorch
 
         index = next(self._counter)
         base = f"graph_{index:03d}"
@@ -140,16 +140,16 @@ class CompilePipeline:
         decomps = None
         partition: Any = "min_cut"
         if self.inductor_passes:
-            from ._torch import inductor
+            from debug_framework._torch import inductor
             partition = inductor.partition_fn
         if self.decompositions == "inductor":
-            from ._torch import inductor
+            from debug_framework._torch import inductor
             decomps = inductor.inductor_decompositions()
         elif self.decompositions == "core_aten":
             decomps = functorch.core_aten_decompositions()
         context: Any = contextlib.nullcontext()
         if self.inductor_passes:
-            from ._torch import inductor
+            from debug_framework._torch import inductor
             context = inductor.compile_context(example_inputs)
         try:
             with context:
@@ -174,7 +174,7 @@ class CompilePipeline:
     def _compile_aten(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any], *, kind: str, name: str,
                       fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable[..., Any]:
         if kind == "inference" and self.inductor_passes:
-            from ._torch import inductor
+            from debug_framework._torch import inductor
 
             # Check the graph Inductor will really compile (training graphs got these passes in the partitioner).
             aot_gm = inductor.prepare_inference_graph(aot_gm, aot_inputs)
@@ -211,12 +211,12 @@ class CompilePipeline:
         return self._lower(aot_gm, aot_inputs, kind, name)
 
     def _lower(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any], kind: str, name: str) -> Callable[..., Any]:
-        from ._torch import functorch
+        from debug_framework._torch import functorch
 
         if self.lowering == "eager":
             return functorch.make_boxed_func(aot_gm.forward)
         if self.lowering == "inductor":
-            from ._torch import inductor
+            from debug_framework._torch import inductor
 
             if self.run is None:
                 return inductor.compile_graph(aot_gm, aot_inputs, is_backward=kind == "backward",
@@ -237,7 +237,7 @@ class CompilePipeline:
         return self.lowering(aot_gm, aot_inputs, kind)  # type: ignore[operator]
 
     def _collect_inductor_trace(self, trace_root: Path, name: str) -> None:
-        from ._torch.inductor import TRACE_FILES
+        from debug_framework._torch.inductor import TRACE_FILES
 
         assert self.run is not None
         dirs = sorted(p for p in trace_root.glob("*") if p.is_dir()) if trace_root.exists() else []

@@ -50,7 +50,7 @@ def artifacts_root(tmp_path_factory):
     from debug_module.reports import save_guard_report
 
     root = tmp_path_factory.mktemp("artifacts")
-    from debug_module._torch import dynamo
+    from debug_framework._torch import dynamo
 
     dynamo.reset()
     torch.manual_seed(0)

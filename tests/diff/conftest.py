@@ -9,7 +9,7 @@ import torch.nn as nn
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     dyn.reset()
     yield

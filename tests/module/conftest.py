@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(monkeypatch):
     """Every test starts with no compiled frames, default MOCK_* settings, and leaves none behind."""
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     for var in ("MOCK_STRICT", "MOCK_ALIGNMENT", "MOCK_MAX_MEMORY"):
         monkeypatch.delenv(var, raising=False)

@@ -50,7 +50,7 @@ def test_adapter_capabilities_enforced_strict_and_warn(conv_net):
     err = dm.constraint_error(info.value)
     assert err is not None and [v.op for v in err.violations] == ["aten.convolution.default"]
 
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     dyn.reset()
     npu = NoConvNPU(strict=False)

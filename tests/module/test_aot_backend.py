@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import debug_module as dm
-from debug_module._torch.functorch import count_aot_graph_captures
+from debug_framework._torch.functorch import count_aot_graph_captures
 from debug_module.artifacts import SUBDIRS, RunDirectory
 from debug_module.constraints import CallableConstraint, DtypeConstraint, ShapeConstraint
 
@@ -88,7 +88,7 @@ def test_second_run_does_not_see_the_first(tmp_path):
 
     b1 = dm.aot_mock_backend(strict=True, constraints=[], artifact_root=tmp_path)
     torch.compile(Tanh(), backend=b1)(torch.randn(8))
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     dyn.reset()
     b2 = dm.aot_mock_backend(strict=True, constraints=[], artifact_root=tmp_path)
@@ -116,7 +116,7 @@ def test_named_aot_backend_and_strict_failure_marks_run_failed(tmp_path, monkeyp
     runs = list((tmp_path / "debug_artifacts").iterdir())
     assert len(runs) == 1 and (runs[0] / "manifest.json").exists()
 
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     dyn.reset()
     b = dm.aot_mock_backend(strict=True, constraints=[DtypeConstraint({"float32"})], artifact_root=tmp_path / "r")

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import debug_module as dm
 from debug_framework.errors import BackendInitializationError, ValidationError
-from debug_module._torch import check_torch_version
+from debug_framework._torch import check_torch_version
 from debug_module.config import read_mock_env
 from debug_module.constraints import (
     CallableConstraint,
@@ -154,7 +154,7 @@ def test_named_mock_accel_backend_follows_env(monkeypatch):
 
     dm.constraint_error  # noqa: B018
     monkeypatch.setenv("MOCK_STRICT", "0")
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     dyn.reset()
     mock_backend.clear()
@@ -180,7 +180,7 @@ def test_shape_alignment_dims_modes():
         with torch.no_grad():
             compile_and_run(AlignedProj(), x, backend=backend)
         assert bool(backend.violations) is bad, dims
-        import debug_module._torch.dynamo as dyn
+        import debug_framework._torch.dynamo as dyn
 
         dyn.reset()
 
@@ -194,7 +194,7 @@ def test_layout_contiguity_views_and_channels_last():
     b = dm.make_mock_backend(strict=False, constraints=[LayoutConstraint()])
     compile_and_run(T(), torch.randn(4, 8), backend=b)
     assert {v.op for v in b.violations} <= {"aten.clone.default", "aten.add.Tensor"} and b.violations
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     dyn.reset()
     b2 = dm.make_mock_backend(strict=False, constraints=[LayoutConstraint(check_views=True)])
@@ -243,7 +243,7 @@ def test_dynamic_shapes_and_symbolic_alignment():
     compile_and_run(D(), torch.randn(8, 4), backend=b, dynamic=True)
     assert b.violations and all(any(isinstance(d, str) for d in v.shape) for v in b.violations)
 
-    import debug_module._torch.dynamo as dyn
+    import debug_framework._torch.dynamo as dyn
 
     # The raw input dim s0 cannot be proven a multiple of 2; cat's 2*s0 can.
     dyn.reset()
@@ -368,4 +368,4 @@ def test_torch_version_check():
     for bad in ("2.12.1", "2.14.0", "3.0.0"):
         with pytest.raises(UnsupportedTorchVersionError) as info:
             check_torch_version(bad)
-        assert info.value.code == "DM001" and bad in str(info.value)
+        assert info.value.code == "DF002" and bad in str(info.value)

@@ -4,7 +4,7 @@ What runs is Inductor's generated code (C++/OpenMP kernels on CPU, Triton on CUD
 are extra outputs of the one compiled graph (``_graph_capture.CheckpointOutputs``): Dynamo inlines
 the capture hooks and ``fullgraph=True`` makes a graph break an error instead of a silent split.
 Only public APIs compile (``torch.compile``, ``torch.compiler.reset``); the optional cache
-directory goes through ``_inductor_private``. See ``docs/backends-more.md``.
+directory goes through ``debug_framework._torch.inductor``. See ``docs/backends-more.md``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class InductorBackend(BaseBackend):
         return True, ""
 
     def version_info(self) -> dict[str, Any]:
-        from . import _inductor_private
+        from .._torch import inductor as _inductor_private
 
         info = {**super().version_info(), **torch_device_info(self.device)}
         try:
@@ -112,7 +112,7 @@ class InductorBackend(BaseBackend):
             self._sync()
             start = time.perf_counter()
             if first:
-                from . import _inductor_private
+                from .._torch import inductor as _inductor_private
 
                 with _inductor_private.using_cache_dir(self.cache_dir):
                     out = fn(**kwargs)

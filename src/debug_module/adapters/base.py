@@ -122,7 +122,7 @@ class AcceleratorAdapter(ABC):
 
     def backend(self) -> CompilePipeline:
         """A fresh torch.compile backend for this adapter (one run / set of records per backend)."""
-        from .._torch import functorch
+        from debug_framework._torch import functorch
 
         def lower(gm: torch.fx.GraphModule, inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
             return functorch.make_boxed_func(self.compile(gm, inputs, kind))

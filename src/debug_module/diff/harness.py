@@ -92,7 +92,7 @@ class _TimedBackend:
 
 def _resolve_backend(backend: Any) -> Callable[..., Any]:
     if isinstance(backend, str):
-        from .._torch import dynamo
+        from debug_framework._torch import dynamo
 
         return dynamo.lookup_backend(backend)
     if callable(backend):

@@ -116,7 +116,7 @@ class GuardInspector:
 
     def __init__(self, model: Callable[..., Any], *, backend: Callable[..., Any] | None = None,
                  dynamic: bool | None = None, reset: bool = True) -> None:
-        from .._torch import dynamo
+        from debug_framework._torch import dynamo
 
         self._dynamo = dynamo
         if reset:

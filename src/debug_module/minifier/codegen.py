@@ -119,7 +119,7 @@ def environment_info(signature: Signature | None = None) -> dict[str, Any]:
         pass
     backend = signature.backend_ref() if signature is not None else None
     if backend is not None and (backend.kind == "torch_compile" or (backend.module or "").startswith("torch._inductor")):
-        from .._torch import inductor
+        from debug_framework._torch import inductor
 
         info["inductor_config"] = inductor.config_flags()
     return info

@@ -32,7 +32,7 @@ def _matching_inputs(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> list[An
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         return None
-    from .._torch.functorch import is_fake_tensor
+    from debug_framework._torch.functorch import is_fake_tensor
 
     for p, x in zip(placeholders, inputs):
         if is_fake_tensor(x):
@@ -56,7 +56,7 @@ def write_strict_repro(request: ReproRequest) -> Path | None:
     reduced graph reproduced in a fresh process (the error's message then says no repro was written)."""
     if request.run_dir is None or not request.violations:
         return None
-    from .._torch.functorch import outside_compile_modes
+    from debug_framework._torch.functorch import outside_compile_modes
 
     with outside_compile_modes():
         return _write(request)

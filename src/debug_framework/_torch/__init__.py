@@ -1,4 +1,4 @@
-"""The only place that touches private PyTorch APIs.
+"""The only place in the project that touches private PyTorch APIs (both packages use it).
 
 One module per private package, each checking the torch version on import:
 
@@ -39,6 +39,6 @@ def check_torch_version(version: str | None = None) -> tuple[int, int]:
         return mm
     ranges = ", ".join(f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}" for lo, hi in SUPPORTED_TORCH_RANGES)
     raise UnsupportedTorchVersionError(
-        f"torch {version} is not supported by debug_module's private-API layer (supported: {ranges})",
+        f"torch {version} is not supported by the private-API layer (debug_framework._torch) (supported: {ranges})",
         torch_version=version,
     )

@@ -1,6 +1,6 @@
 """Private-API module for ``torch._dynamo``: hooked optimize, guard text, graph-break reasons, reset.
 
-Nothing else in ``debug_module`` imports ``torch._dynamo``.
+Nothing else in the project (``debug_framework`` or ``debug_module``) imports ``torch._dynamo``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Private-API module for ``torch._functorch`` (AOTAutograd), ``torch._decomp`` and fake tensors.
 
-Nothing else in ``debug_module`` imports those packages; it calls the functions here.
+Nothing else in the project (``debug_framework`` or ``debug_module``) imports those packages; it calls the functions here.
 """
 
 from __future__ import annotations

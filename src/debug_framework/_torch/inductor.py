@@ -1,6 +1,6 @@
 """Private-API module for ``torch._inductor``: the inner compiler, its trace/debug config, decompositions.
 
-Nothing else in ``debug_module`` imports ``torch._inductor``.
+Nothing else in the project (``debug_framework`` or ``debug_module``) imports ``torch._inductor``.
 """
 
 from __future__ import annotations
@@ -125,3 +125,31 @@ def config_flags() -> dict[str, Any]:
     names = ("fallback_random", "freezing", "cpp_wrapper", "max_autotune", "size_asserts", "implicit_fallbacks",
              "force_disable_caches", "fx_graph_cache")
     return {n: getattr(_config, n) for n in names if hasattr(_config, n)}
+
+
+# --- Inductor's on-disk cache location (used by the ``inductor`` validation backend) ---
+
+
+def cache_dir() -> str:
+    """Where Inductor keeps its on-disk caches now (created if missing)."""
+    check_torch_version()
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as _cache_dir
+
+    return _cache_dir()
+
+
+@contextlib.contextmanager
+def using_cache_dir(directory: str | None) -> Iterator[None]:
+    """Compile into ``directory`` (``None``: leave Inductor's own setting alone).
+
+    Inductor's in-memory code caches are cleared on entry and exit so that nothing compiled for
+    another directory is reused; compiled modules already loaded keep working.
+    """
+    if directory is None:
+        yield
+        return
+    check_torch_version()
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with temporary_cache_dir(str(directory)):
+        yield
