@@ -175,7 +175,7 @@ def test_to_dict_json_compatible():
 
     res = compare(torch.tensor([1.0, math.nan]), torch.tensor([1.0, 2.0]))
     text = json.dumps(res.to_dict(json_compatible=True), allow_nan=False)
-    assert '"inf"' in text
+    assert '"Infinity"' in text
 
 
 @dataclasses.dataclass

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import DatabaseError, DebugFrameworkError, ValidationError
+from ..models._common import write_text_atomic
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_WORSE", "EXIT_USAGE"]
 
@@ -88,10 +87,7 @@ def _write(text: str, out: Path | None) -> None:
         return
     path = out.expanduser()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError as exc:
         raise ValidationError(f"cannot write the report: {exc}", file=str(path), hint="choose a writable --output-file")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .tolerance import Tolerance
@@ -12,13 +13,24 @@ __all__ = ["WorstElement", "ComparisonResult", "NestedComparison", "json_safe"]
 
 
 def json_safe(value: Any) -> Any:
-    """Replace non-finite floats by the strings "inf", "-inf", "nan" (strict JSON has none)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    """A strict-JSON copy: non-finite floats become the strings "NaN", "Infinity", "-Infinity"
+    (which JavaScript's ``Number()`` and Python's ``float()`` both read back), datetimes ISO
+    strings, NumPy/torch scalars and arrays plain lists. The project's one JSON encoding rule."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
     if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and not isinstance(value, str | bytes):
+        return json_safe(tolist())
     return value
 
 

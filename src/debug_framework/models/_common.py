@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import os
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
+
+from ..comparison.result import json_safe  # noqa: F401  (re-exported: the one JSON encoding)
 
 if TYPE_CHECKING:
     from ..services.database_manager import DatabaseManager
@@ -41,21 +42,17 @@ def resolve_db(db: Any) -> DatabaseManager:
     )
 
 
-def json_safe(value: Any) -> Any:
-    """A copy with non-finite floats as the strings 'NaN', 'Infinity', '-Infinity' (strict JSON)."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist) and not isinstance(value, (str, bytes)):
-        return json_safe(tolist())
-    return value
+def write_text_atomic(path: os.PathLike | str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``: a reader never sees a
+    half-written file. Creates parent directories; ``OSError`` propagates to the caller."""
+    import uuid
+    from pathlib import Path
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)

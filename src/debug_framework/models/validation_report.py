@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatabaseError, ValidationError
-from ._common import format_time, json_safe, now_utc, parse_time, resolve_db
+from ._common import format_time, json_safe, now_utc, parse_time, resolve_db, write_text_atomic
 
 __all__ = ["ValidationReport", "summarize_checkpoints"]
 
@@ -128,11 +128,8 @@ class ValidationReport:
             raise ValidationError(f"unknown report format {format!r}", hint="use 'json', 'html', 'csv' or 'junit'")
         path = Path(file_path).expanduser()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, text)
         except OSError as exc:
-            raise DatabaseError(f"cannot write the report: {exc}", file=str(path),
-                                hint="choose a writable output path") from exc
+            raise ValidationError(f"cannot write the report: {exc}", file=str(path),
+                                  hint="choose a writable output path") from exc
         return True

@@ -78,7 +78,7 @@ def fmt_num(value: Any, digits: int = 4) -> str:
     if math.isnan(f):
         return "NaN"
     if math.isinf(f):
-        return "inf" if f > 0 else "-inf"
+        return "Infinity" if f > 0 else "-Infinity"
     if f == int(f) and abs(f) < 1e15 and not isinstance(value, float):
         return str(int(f))
     return f"{f:.{digits}g}"

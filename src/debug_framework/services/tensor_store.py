@@ -303,7 +303,7 @@ class TensorStore:
         except OSError as exc:
             raise DatabaseError(f"cannot read tensor file: {exc}", path=str(path)) from exc
         if verify and hashlib.sha256(data).hexdigest() != content_hash:
-            raise DatabaseError(f"tensor file is damaged: its sha256 does not match its name", path=str(path),
+            raise DatabaseError("tensor file is damaged: its sha256 does not match its name", path=str(path),
                                 hint="delete the file and re-run the session to record it again")
         return data
 

@@ -426,7 +426,7 @@ class ValidationResult:
         })
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (non-finite floats as "inf"/"nan" strings)."""
+        """JSON-ready (non-finite floats as "NaN"/"Infinity"/"-Infinity" strings)."""
         return json_safe({
             "session_id": self.session_id,
             "model_path": self.model_path,

@@ -276,7 +276,7 @@ class DiffReport:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def save_json(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report as strict JSON (non-finite numbers as ``"nan"``/``"inf"`` strings)."""
+        """Write the report as strict JSON (non-finite numbers as ``"NaN"``/``"Infinity"`` strings)."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(self.to_json() + "\n", encoding="utf-8")
