@@ -163,6 +163,10 @@ def summarize_reports(reports: list[Any], top: int = 10) -> dict[str, Any]:
         fallback.update(r.coverage.fallback_ops)
     sources: Counter[tuple[str, str, str, str]] = Counter()
     examples: dict[tuple[str, str, str, str], str] = {}
+
+    def _source(k: tuple[str, str, str, str], n: int) -> dict[str, Any]:
+        return {"constraint": k[0], "where": k[1], "code": k[2], "op": k[3], "count": n, "example": examples[k]}
+
     for v in violations:
         if v.source is not None:
             key = (v.constraint, f"{_short_path(v.source.file)}:{v.source.line}", v.source.code, v.op or "")
@@ -181,8 +185,9 @@ def summarize_reports(reports: list[Any], top: int = 10) -> dict[str, Any]:
             "partitions": sum(r.coverage.partitions for r in reports),
             "fallback_ops": dict(fallback.most_common()),
         },
-        "top_sources": [{"constraint": k[0], "where": k[1], "code": k[2], "op": k[3], "count": n,
-                         "example": examples[k]} for k, n in sources.most_common(top)],
+        "top_sources": [_source(k, n) for k, n in sources.most_common(top)],
+        "top_sources_by_kind": {kind: [_source(k, n) for k, n in sources.most_common() if k[0] == kind][:3]
+                                for kind in sorted(by_kind)},
     }
 
 
@@ -202,6 +207,22 @@ def make_backend(name: str, runs_dir: Path | None) -> Callable[..., Any]:
 
         return aot_mock_backend(strict=False, artifact_root=runs_dir)  # type: ignore[arg-type]
     raise ValueError(f"unknown backend {name!r}")
+
+
+_THREADS: list[int] = []
+
+
+def pin_threads(n: int | None = None) -> None:
+    """Fix torch's intra-op thread count (``n``; default: the count fixed first) before every measured block.
+
+    Other code in the process can change it behind our back: the comparison core's parallel (numba/OpenMP)
+    kernels used by KernelDiff leave OpenMP at the machine's core count."""
+    if n is not None:
+        _THREADS[:] = [n]
+    if not _THREADS:
+        _THREADS.append(torch.get_num_threads())
+    if torch.get_num_threads() != _THREADS[0]:
+        torch.set_num_threads(_THREADS[0])
 
 
 def _prime(backends: list[str], device: torch.device) -> None:
@@ -241,6 +262,7 @@ class ModelBench:
         self.caches: dict[str, Path] = {}
 
     def _timed_calls(self, fn: Callable[..., Any]) -> tuple[list[float], dict[str, Any]]:
+        pin_threads()
         with torch.no_grad():
             for _ in range(self.warmup):
                 fn(*self.inputs)
@@ -255,6 +277,7 @@ class ModelBench:
         return samples, self.mem.peak()
 
     def eager(self) -> dict[str, Any]:
+        pin_threads()
         self.mem.reset()
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -271,6 +294,7 @@ class ModelBench:
     def _compile_once(self, name: str, cache: Path) -> tuple[Any, TimedBackend, Any, float, dict[str, Any]]:
         from debug_module import GuardInspector
 
+        pin_threads()
         backend = make_backend(name, self.runs_dir)
         timed = TimedBackend(backend)
         with inductor_cache_dir(cache):
@@ -339,6 +363,7 @@ class ModelBench:
                                             reference_backend=ref, test_backend=backend, runs=self.kd_runs,
                                             artifact_root=self.runs_dir, minify_on_failure=False)
                 rep = harness.compare()
+            pin_threads()  # the comparison core's parallel kernels can change the OpenMP thread count
             worst = max(rep.outputs, key=lambda d: d.max_abs_error or 0.0) if rep.outputs else None
             out[ref] = {
                 "passed": rep.passed,
@@ -421,7 +446,7 @@ def run_workload(w: Workload, size: str, backends: list[str], device: torch.devi
             "created": _now(),
             "device": device.type,
             "torch": torch.__version__,
-            "settings": {"warmup": warmup, "runs": runs, "kerneldiff_runs": kd_runs, "threads": torch.get_num_threads(),
+            "settings": {"warmup": warmup, "runs": runs, "kerneldiff_runs": kd_runs, "threads": _THREADS[0] if _THREADS else torch.get_num_threads(),
                          "grad": False},
             "environment": _environment(),
             "results": rows,
@@ -569,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             print("error: --threads must be >= 1", file=sys.stderr)
             return 2
-        torch.set_num_threads(args.threads)
+    pin_threads(args.threads)  # None: torch's default, kept for the whole run
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not args.verbose:
         logging.getLogger("debug_module").setLevel(logging.ERROR)
