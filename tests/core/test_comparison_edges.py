@@ -205,3 +205,13 @@ def test_hf_model_output_flattens():
     leaves = flatten_outputs(out)
     assert set(leaves) == {"last_hidden_state", "pooler_output"}
     assert compare_nested(out, out).passed
+
+
+def test_comparison_leaves_torch_thread_count_alone():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        compare(torch.randn(1_000_000), torch.randn(1_000_000))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

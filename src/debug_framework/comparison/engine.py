@@ -124,6 +124,19 @@ def compare(
     chunk = max(1, chunk)
 
     state = K.new_state(top_k)
+    # numba's OpenMP threading layer sets the calling thread's OpenMP thread count, which torch
+    # shares (libgomp); put back what the caller had so a comparison never changes torch's threads.
+    torch_threads = torch.get_num_threads()
+    try:
+        return _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps, chunk,
+                    exact_ints, tol, top_k, check_dtype, base, state)
+    finally:
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+
+
+def _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps, chunk, exact_ints,
+         tol, top_k, check_dtype, base, state) -> ComparisonResult:
     errs: list[np.ndarray] = []
     exact_mismatch = 0
     offset = 0
