@@ -2,7 +2,8 @@
 
 The failing Dynamo graphs are the ones the test backend compiled (recorded by the harness's timing
 wrapper, with the example inputs Dynamo gave the backend). Each is checked with the minifier's
-``AccuracySignature`` (same backend, same reference, the tolerance that failed); the first graph on
+``AccuracySignature`` (same backend, same reference, the tolerance that failed; the harness's
+``test_backend_spec`` tells the repro how to import the backend); the first graph on
 which the failure reproduces in isolation is minified and its repro directory linked. A gradient-only
 failure does not reproduce on forward graphs and is reported as such, not minified.
 """
@@ -46,7 +47,8 @@ def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> d
     reference = "float64" if harness.float64 else "eager"
     backend = test.backend_spec if isinstance(test.backend_spec, str) else test.timed.inner
     try:
-        sig = AccuracySignature(backend, reference=reference, rtol=tol.rtol, atol=tol.atol)
+        sig = AccuracySignature(backend, reference=reference, rtol=tol.rtol, atol=tol.atol,
+                                backend_spec=getattr(harness, "test_backend_spec", None))
         for i, (gm, inputs) in enumerate(test.timed.graphs):
             holds, _ = sig.check(gm, inputs)
             if not holds:
@@ -56,11 +58,13 @@ def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> d
                               output_dir=out_dir, title=f"KernelDiff accuracy failure: {harness.model_name}").minify()
             repro = str(result.repro_path) if result.repro_path else None
             if run is not None and result.repro_path:
-                for f in sorted(Path(result.repro_path).rglob("*")):
+                # repro_path is <dir>/repro.py: record every file of its directory (inputs, backend copy...)
+                for f in sorted(Path(result.repro_path).parent.rglob("*")):
                     if f.is_file():
                         run._record(str(f.relative_to(run.path)), "repro", f"accuracy_graph_{i:03d}")
+            detail = "; ".join([result.summary(), *result.notes])  # notes: why a repro is missing/unverified
             return {"status": "ran", "graph": i, "repro": repro, "verified": result.verified,
-                    "detail": result.summary(), "signature": sig.describe()}
+                    "detail": detail, "signature": sig.describe()}
     except Exception as e:  # noqa: BLE001 - report, never mask the KernelDiff result
         return {"status": "failed", "detail": f"{type(e).__name__}: {e}"[:600]}
     return {"status": "not_reproduced",

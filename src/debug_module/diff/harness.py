@@ -232,6 +232,10 @@ class KernelDiffHarness:
             then go to a fresh temporary directory.
         minify_on_failure: on an accuracy failure, run ``debug_module.minifier`` when it is installed
             (``minify_max_seconds`` bounds it); its verified repro goes to the run directory's ``repros/``.
+        test_backend_spec: how that standalone repro imports the backend under test, ``"pkg.mod:attr"`` or
+            ``"path/file.py:attr"`` (the minifier's ``backend_spec``). Needed only when ``test_backend`` is a
+            callable the repro cannot name by itself (a closure, a configured backend object); a registered
+            name or a module-level function is found without it.
     """
 
     def __init__(
@@ -257,6 +261,7 @@ class KernelDiffHarness:
         artifact_root: str | Path | None = None,
         minify_on_failure: bool = True,
         minify_max_seconds: float = 120.0,
+        test_backend_spec: str | None = None,
         top_k: int = 5,
         max_plots: int = 8,
     ) -> None:
@@ -282,6 +287,7 @@ class KernelDiffHarness:
         self.artifact_root = Path(artifact_root) if artifact_root is not None else None
         self.minify_on_failure = minify_on_failure
         self.minify_max_seconds = minify_max_seconds
+        self.test_backend_spec = test_backend_spec
         self.top_k = top_k
         self.max_plots = max_plots
         self.float64 = isinstance(reference_backend, str) and reference_backend == "float64"
