@@ -254,6 +254,34 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
         hi = n * (p + 1) // parts
         _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                     pfs[t], pcnt[t], phist[t], pulp[t], ptv[t], pti[t], pnfi[t])
+    _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
+
+
+@njit(cache=True, error_model="numpy")
+def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
+                      fs, cnt, hist, ulp, tv, ti, nfi):
+    """:func:`accumulate` in the calling thread, for inputs too small to split (one part): the
+    same pass over the same single range, so the same state, without a parallel launch."""
+    k = tv.shape[0]
+    pfs = np.zeros((1, NF), np.float64)
+    pcnt = np.zeros((1, NI), np.int64)
+    phist = np.zeros((1, HIST_BUCKETS), np.int64)
+    ptv = np.full((1, k), -1.0)
+    pti = np.full((1, k), -1, np.int64)
+    pulp = np.zeros((1, 1), np.uint64)
+    pnfi = np.full((1, nfi.shape[0]), -1, np.int64)
+    pcnt[0, I_FIRST_NONFINITE] = -1
+    pfs[0, F_MAX_REL] = fs[F_MAX_REL]
+    _range_pass(a, r, ai, ri, mask, 0, a.shape[0], base, rtol, atol, gross_factor, rel_eps, equal_nan,
+                pfs[0], pcnt[0], phist[0], pulp[0], ptv[0], pti[0], pnfi[0])
+    _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
+
+
+@njit(cache=True, error_model="numpy")
+def _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi):
+    """Fold the per-thread partial states (first axis) into the state."""
+    nt = pfs.shape[0]
+    k = tv.shape[0]
     for t in range(nt):
         for f in (F_SUM_AD, F_SUM_D2, F_SUM_R2, F_SUM_A2, F_SUM_AR, F_SUM_REL):
             fs[f] += pfs[t, f]
@@ -314,6 +342,12 @@ def num_threads() -> int:
 
 
 def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, state) -> None:
-    """Python entry: :func:`accumulate` with dynamic scheduling over all numba threads."""
+    """Python entry: :func:`accumulate` with dynamic scheduling over all numba threads; an input
+    too small to split (one part) is folded in the calling thread instead, since launching the
+    thread team costs far more than the pass (tens of ms on a loaded machine, or with many
+    Python threads comparing at once, against microseconds)."""
+    if a.shape[0] < 2 * _MIN_PER_THREAD:  # accumulate would make a single part
+        accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state)
+        return
     with numba.parallel_chunksize(1):
         accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())
