@@ -513,7 +513,8 @@ def report(
 @app.command("minify")
 def minify(
     ctx: typer.Context,
-    path: Path = typer.Argument(..., help="a repro directory or a run directory's graph file (fx_graphs/graph_000.py)"),
+    path: Path = typer.Argument(..., help="a repro directory, a run directory, or one of its graph files "
+                                          "(aot_graphs/graph_000_forward.py, fx_graphs/graph_000.py)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="where the minimized repro goes"),
     max_seconds: float | None = typer.Option(None, "--max-seconds"),
     root: Path | None = RootOpt,
@@ -527,9 +528,14 @@ def minify(
             from .minifier import minify_saved_graph
         except ImportError as e:
             raise CliError(f"the minifier is not available: {e}", kind="environment") from e
+        from .errors import MinifierError
+
         if not path.exists():
             raise CliError(f"no such file or directory: {path}", kind="environment")
-        res = minify_saved_graph(path, output_dir=output, max_seconds=max_seconds, progress=not as_json)
+        try:
+            res = minify_saved_graph(path, output_dir=output, max_seconds=max_seconds, progress=not as_json)
+        except MinifierError as e:  # its own message and hint, not the generic ones
+            raise CliError(f"[{e.code}] {e.message}", hint=e.hint, kind="environment") from e
         data = res.to_dict()
         return data, 0, lambda: print(f"{res.summary()}\nrepro: {res.repro_path}")
 

@@ -8,7 +8,10 @@ Accepted ``path``:
 - a graph file from a run directory (``aot_graphs/graph_000_forward.py``, ``fx_graphs/graph_000.py``:
   ``print_readable`` output): the graph is loaded, inputs are synthesised from its annotations
   (``f32[4, 8][8, 1]cpu``), and with no ``signature`` the first violation of ``constraints`` (default:
-  the mock accelerator's) is the signature.
+  the mock accelerator's) is the signature;
+- a run directory (``manifest.json``, no ``repro.py``): its graph files are tried in order
+  (``aot_graphs/*.py``, then ``fx_graphs/*.py``) and the first on which the signature holds (with no
+  ``signature``: the first that violates ``constraints``) is minified as above.
 """
 
 from __future__ import annotations
@@ -155,31 +158,66 @@ def load_graph_file(path: str | os.PathLike[str]) -> tuple[torch.fx.GraphModule,
     return gm, inputs
 
 
+def _first_violation(gm: torch.fx.GraphModule, inputs: Sequence[Any],
+                     constraints: Sequence[Any] | None) -> ConstraintSignature | None:
+    sig = ConstraintSignature("?", constraints=constraints)
+    obs = sig.observe(gm, inputs)
+    if not obs["violations"]:
+        return None
+    first = obs["violations"][0]
+    return ConstraintSignature(first["constraint"], first["op"] or None, constraints=sig.constraints)
+
+
+def _pick_run_graph(run: Path, signature: Signature | None, constraints: Sequence[Any] | None
+                    ) -> tuple[Path, torch.fx.GraphModule, list[Any], Signature]:
+    """The first graph file of a run directory on which ``signature`` holds (no signature: the first
+    with a constraint violation), with its graph, inputs and signature."""
+    files = sorted((run / "aot_graphs").glob("*.py")) + sorted((run / "fx_graphs").glob("*.py"))
+    if not files:
+        raise MinifierError(f"run directory {run} has no saved graph (aot_graphs/*.py, fx_graphs/*.py)")
+    skipped: list[str] = []
+    for f in files:
+        try:
+            gm, inputs = load_graph_file(f)
+        except MinifierError as e:  # e.g. symbolic shapes: try the next file
+            skipped.append(f"{f.name}: {e.message}")
+            continue
+        sig = signature if signature is not None else _first_violation(gm, inputs, constraints)
+        if sig is not None and (signature is None or sig.check(gm, inputs)[0]):
+            return f, gm, inputs, sig
+    what = "the signature does not hold on" if signature is not None else "no constraint is violated by"
+    raise MinifierError(f"{what} any graph of {run} ({len(files)} file(s))" + (f"; unreadable: {skipped}" if skipped else ""),
+                        hint="pass one graph file, a signature (accuracy/exception) or other constraints")
+
+
 def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None = None, *,
                        constraints: Sequence[Any] | None = None, backend: Any = None,
                        output_dir: str | os.PathLike[str] | None = None, **options: Any) -> MinifyResult:
     """Minify a saved graph (a repro directory or a run directory's graph file) and write a verified repro.
 
     ``output_dir`` default: ``<path>.min/`` next to a repro directory, ``<run>/repros/<graph>/`` for a
-    graph file inside a run directory. Other options go to :class:`Minifier` (``max_calls``,
+    run directory or a graph file inside one. Other options go to :class:`Minifier` (``max_calls``,
     ``max_seconds``, ``progress``, ``state_path``, ``isolate``, ``jobs`` ...)."""
     p = Path(path)
+    if p.is_dir() and not (p / "repro.py").exists() and (p / "manifest.json").is_file():
+        p, gm, inputs, signature = _pick_run_graph(p, signature, constraints)
+        out = Path(output_dir) if output_dir is not None else p.parent.parent / "repros" / p.stem
+        return Minifier(gm, inputs, signature, output_dir=out, **options).minify()
     if p.is_dir():
         if not (p / "repro.py").exists():
-            raise MinifierError(f"{p} is not a repro directory (no repro.py)")
+            raise MinifierError(f"{p} is not a repro directory (no repro.py) nor a run directory (no manifest.json)",
+                                hint="pass a repro directory, a run directory, or one of its aot_graphs/*.py or "
+                                     "fx_graphs/*.py files")
         gm, inputs, loaded = load_repro_dir(p, backend=backend)
         signature = signature or loaded
         out = Path(output_dir) if output_dir is not None else p.with_name(p.name + ".min")
     elif p.suffix == ".py" and p.exists():
         gm, inputs = load_graph_file(p)
         if signature is None:
-            sig = ConstraintSignature("?", constraints=constraints)
-            obs = sig.observe(gm, inputs)
-            if not obs["violations"]:
+            signature = _first_violation(gm, inputs, constraints)
+            if signature is None:
                 raise MinifierError(f"{p} violates none of the constraints; nothing to minify",
                                     hint="pass a signature (accuracy/exception) or other constraints")
-            first = obs["violations"][0]
-            signature = ConstraintSignature(first["constraint"], first["op"] or None, constraints=sig.constraints)
         run_root = p.parent.parent
         if output_dir is not None:
             out = Path(output_dir)
