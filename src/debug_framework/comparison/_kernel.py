@@ -10,6 +10,8 @@ Extra memory is O(threads x (histogram + k)), independent of the input size.
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -349,5 +351,22 @@ def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
     if a.shape[0] < 2 * _MIN_PER_THREAD:  # accumulate would make a single part
         accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state)
         return
-    with numba.parallel_chunksize(1):
-        accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())
+    global _serialize_launches
+    if _serialize_launches is False:
+        with numba.parallel_chunksize(1):
+            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())
+        return
+    with _launch_lock:
+        with numba.parallel_chunksize(1):
+            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())
+        if _serialize_launches is None:
+            _serialize_launches = numba.threading_layer() not in _THREADSAFE_LAYERS
+
+
+#: numba's threading layers that take parallel launches from several Python threads at once. The
+#: ``workqueue`` layer (chosen when neither TBB nor OpenMP is there, e.g. macOS wheels without
+#: libomp) aborts the whole process on a concurrent launch, so launches are then serialised; which
+#: layer numba picked is known only after its first launch, which is therefore serialised too.
+_THREADSAFE_LAYERS = ("tbb", "omp")
+_launch_lock = threading.Lock()
+_serialize_launches: bool | None = None
