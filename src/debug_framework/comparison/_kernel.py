@@ -226,6 +226,23 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
     cnt[I_GROSS] += n_gross
 
 
+@njit(cache=True)
+def _partials(nt, fs, tv, nfi):
+    """Empty partial states for ``nt`` workers (first axis), in the order ``_range_pass`` takes them."""
+    k = tv.shape[0]
+    pfs = np.zeros((nt, NF), np.float64)
+    pcnt = np.zeros((nt, NI), np.int64)
+    phist = np.zeros((nt, HIST_BUCKETS), np.int64)
+    pulp = np.zeros((nt, 1), np.uint64)
+    ptv = np.full((nt, k), -1.0)
+    pti = np.full((nt, k), -1, np.int64)
+    pnfi = np.full((nt, nfi.shape[0]), -1, np.int64)
+    for t in range(nt):
+        pcnt[t, I_FIRST_NONFINITE] = -1
+        pfs[t, F_MAX_REL] = fs[F_MAX_REL]
+    return pfs, pcnt, phist, pulp, ptv, pti, pnfi
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                fs, cnt, hist, ulp, tv, ti, nfi, nthreads):
@@ -238,18 +255,7 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
     # Work is cut into parts handed out dynamically (the caller sets chunk size 1), so one thread
     # stalled by another process does not hold the others up; partial state is per worker thread.
     parts = max(1, min(nthreads * _PARTS_PER_THREAD, n // _MIN_PER_THREAD))
-    nt = nthreads
-    k = tv.shape[0]
-    pfs = np.zeros((nt, NF), np.float64)
-    pcnt = np.zeros((nt, NI), np.int64)
-    phist = np.zeros((nt, HIST_BUCKETS), np.int64)
-    ptv = np.full((nt, k), -1.0)
-    pti = np.full((nt, k), -1, np.int64)
-    pulp = np.zeros((nt, 1), np.uint64)
-    pnfi = np.full((nt, nfi.shape[0]), -1, np.int64)
-    for t in range(nt):
-        pcnt[t, I_FIRST_NONFINITE] = -1
-        pfs[t, F_MAX_REL] = fs[F_MAX_REL]
+    pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(nthreads, fs, tv, nfi)
     for p in prange(parts):
         t = numba.get_thread_id()
         lo = n * p // parts
@@ -264,16 +270,7 @@ def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_ep
                       fs, cnt, hist, ulp, tv, ti, nfi):
     """:func:`accumulate` in the calling thread, for inputs too small to split (one part): the
     same pass over the same single range, so the same state, without a parallel launch."""
-    k = tv.shape[0]
-    pfs = np.zeros((1, NF), np.float64)
-    pcnt = np.zeros((1, NI), np.int64)
-    phist = np.zeros((1, HIST_BUCKETS), np.int64)
-    ptv = np.full((1, k), -1.0)
-    pti = np.full((1, k), -1, np.int64)
-    pulp = np.zeros((1, 1), np.uint64)
-    pnfi = np.full((1, nfi.shape[0]), -1, np.int64)
-    pcnt[0, I_FIRST_NONFINITE] = -1
-    pfs[0, F_MAX_REL] = fs[F_MAX_REL]
+    pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(1, fs, tv, nfi)
     _range_pass(a, r, ai, ri, mask, 0, a.shape[0], base, rtol, atol, gross_factor, rel_eps, equal_nan,
                 pfs[0], pcnt[0], phist[0], pulp[0], ptv[0], pti[0], pnfi[0])
     _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
