@@ -134,3 +134,11 @@ def test_every_available_backend_records_its_versions():
     assert "transformers" in backend_versions(get_backend("pytorch"))
     assert backend_versions(get_backend("inductor"))["cache_dir"]
     assert backend_versions(get_backend("mlx"))["mlx"]
+
+
+def test_onnxruntime_unknown_optimisation_level_is_df002():
+    from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend
+
+    with pytest.raises(BackendInitializationError) as info:
+        OnnxRuntimeBackend(optimization="max")
+    assert info.value.code == "DF002" and "extended" in str(info.value)

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..capture.keys import Capture
@@ -25,7 +24,15 @@ from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_
 from .base import BaseBackend, Taps, cpu_name
 from .pytorch import build_hf_model
 
-__all__ = ["OnnxRuntimeBackend"]
+__all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS"]
+
+#: ``optimization=`` value -> name of ONNX Runtime's ``GraphOptimizationLevel`` member.
+OPTIMIZATION_LEVELS: dict[str, str] = {
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "disable": "ORT_DISABLE_ALL",
+}
 
 
 class OnnxRuntimeBackend(BaseBackend):
@@ -46,11 +53,18 @@ class OnnxRuntimeBackend(BaseBackend):
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
                  optimization: str = "all") -> None:
         super().__init__()
+        if optimization not in OPTIMIZATION_LEVELS:
+            raise BackendInitializationError(
+                f"unknown graph optimisation level {optimization!r}",
+                hint=f"use one of {', '.join(OPTIMIZATION_LEVELS)}",
+                backend=self.name,
+            )
         self._device_request = device
         self.device = device or "cpu"
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.opset = opset
         self.optimization = optimization
+        self.net: torch.nn.Module | None = None
         self.session: Any = None
         self._plain_session: Any = None
         self.onnx_path: Path | None = None
@@ -75,8 +89,6 @@ class OnnxRuntimeBackend(BaseBackend):
         return True, ""
 
     def _providers(self) -> list[str]:
-        import onnxruntime as ort
-
         if self.device.startswith("cuda"):
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
@@ -127,14 +139,8 @@ class OnnxRuntimeBackend(BaseBackend):
     def _session(self, path: Path) -> Any:
         import onnxruntime as ort
 
-        levels = {
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        }
         options = ort.SessionOptions()
-        options.graph_optimization_level = levels[self.optimization]
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[self.optimization])
         try:
             return ort.InferenceSession(str(path), sess_options=options, providers=self._providers())
         except Exception as exc:
@@ -156,14 +162,11 @@ class OnnxRuntimeBackend(BaseBackend):
         self.net = build_hf_model(model, torch.float32, "cpu")
         wrapper = CheckpointOutputs.for_model(self.net, model)
         self._keys_out = list(wrapper.keys)
-        self._names = [str(k).replace(":", "_") for k in self._keys_out]
+        self._names = {k: str(k).replace(":", "_") for k in self._keys_out}
         self.onnx_path = self.artifact_dir / f"{model.architecture}-{model.digest[:12]}-{dtype}-checkpoints.onnx"
-        self.export_s = self._export(wrapper, model, self.onnx_path, self._names)
+        self.export_s = self._export(wrapper, model, self.onnx_path, list(self._names.values()))
         self.session = self._session(self.onnx_path)
         self._plain_session = None
-
-    def _feeds(self, inputs: ModelInputs) -> dict[str, np.ndarray]:
-        return dict(graph_inputs(self._prepared(), inputs))
 
     def _run_plain(self, inputs: ModelInputs) -> Capture:
         """The model exported without checkpoint outputs (exported on first use, beside the other)."""
@@ -174,7 +177,7 @@ class OnnxRuntimeBackend(BaseBackend):
             meta["export_s"] = self._export(PlainOutput(self.net), model, path, ["output"])
             self._plain_session = self._session(path)
             meta["onnx_path"] = str(path)
-        feeds = self._feeds(inputs)
+        feeds = graph_inputs(model, inputs)
         start = time.perf_counter()
         self._plain_session.run(None, feeds)
         return Capture(backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start, meta=meta)
@@ -190,9 +193,9 @@ class OnnxRuntimeBackend(BaseBackend):
         if capture_layer_inputs:
             wanted |= {k for k in self._keys_out if k.name in ("post_embedding", "post_mlp")}
         fetch = [k for k in self._keys_out if k in wanted]
-        feeds = self._feeds(inputs)
+        feeds = graph_inputs(model, inputs)
         start = time.perf_counter()
-        arrays = self.session.run([self._names[self._keys_out.index(k)] for k in fetch], feeds)
+        arrays = self.session.run([self._names[k] for k in fetch], feeds)
         elapsed = time.perf_counter() - start
         got = dict(zip(fetch, arrays))
         return Capture(
