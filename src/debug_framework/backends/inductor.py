@@ -24,7 +24,7 @@ from ..modelio.loader import LoadedModel
 from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
-from .torch_module import TORCH_DTYPES, torch_device_info
+from .torch_module import TORCH_DTYPES, synchronize, torch_device_info
 
 __all__ = ["InductorBackend"]
 
@@ -53,6 +53,7 @@ class InductorBackend(BaseBackend):
         self.mode = mode
         self.fullgraph = fullgraph
         self.net: torch.nn.Module | None = None
+        self._wrapper: CheckpointOutputs | None = None
         self._captured: Any = None
         self._plain: Any = None
         self._seen: set[tuple[str, tuple[Any, ...]]] = set()
@@ -94,22 +95,25 @@ class InductorBackend(BaseBackend):
         dtype = self._check_prepare(model, dtype, self.device)
         self.net = build_hf_model(model, TORCH_DTYPES[dtype], self.device)
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
-        self._captured = torch.compile(self._wrapper, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+        self._captured = self._compile(self._wrapper)
         self._plain = None
         self._seen.clear()
         self.compile_log.clear()
 
+    def _compile(self, module: torch.nn.Module) -> Any:
+        return torch.compile(module, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+
     def _call(self, variant: str, inputs: ModelInputs) -> tuple[Any, float, bool]:
         model = self._prepared()
         if variant == "plain" and self._plain is None:
-            self._plain = torch.compile(PlainOutput(self.net), backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+            self._plain = self._compile(PlainOutput(self.net))
         fn = self._captured if variant == "captured" else self._plain
         arrays = graph_inputs(model, inputs)
         kwargs = {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
         signature = (variant, tuple((k, tuple(v.shape)) for k, v in arrays.items()))
         first = signature not in self._seen
         with torch.inference_mode():
-            self._sync()
+            synchronize(self.device)
             start = time.perf_counter()
             if first:
                 from .._torch import inductor as _inductor_private
@@ -118,7 +122,7 @@ class InductorBackend(BaseBackend):
                     out = fn(**kwargs)
             else:
                 out = fn(**kwargs)
-            self._sync()
+            synchronize(self.device)
             elapsed = time.perf_counter() - start
         if first:
             self._seen.add(signature)
@@ -126,10 +130,6 @@ class InductorBackend(BaseBackend):
         if self.mode and "reduce-overhead" in self.mode:  # CUDA graphs reuse output buffers
             out = tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
         return out, elapsed, first
-
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         """Run the compiled model. ``taps=[]`` runs the model compiled without checkpoint outputs."""
@@ -170,7 +170,7 @@ class InductorBackend(BaseBackend):
             timings = {}
             for phase in ("cold_s", "warm_s"):
                 torch.compiler.reset()
-                self._captured = torch.compile(self._wrapper, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+                self._captured = self._compile(self._wrapper)
                 self._plain = None
                 self._seen.clear()
                 _, elapsed, _ = self._call("captured", inputs)

@@ -19,7 +19,7 @@ from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name
 
-__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
+__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info", "synchronize"]
 
 TORCH_DTYPES = {
     "float64": torch.float64,
@@ -38,6 +38,12 @@ def _cuda_reason(device: str) -> str:
     if not torch.cuda.is_available():
         return f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, cuda build: {torch.version.cuda})"
     return ""
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (CUDA), so a timer brackets the work and not its launch."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def torch_device_info(device: str) -> dict[str, Any]:
@@ -118,10 +124,6 @@ class TorchModuleBackend(BaseBackend):
         else:
             self.layer_modules = dict(self._layer_modules)
 
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
         self._check_inputs(inputs)
@@ -131,10 +133,10 @@ class TorchModuleBackend(BaseBackend):
         with torch.inference_mode(), HookCapture(
             self.module, active, layer_modules=self.layer_modules if capture_layer_inputs else None
         ) as cap:
-            self._sync()
+            synchronize(self.device)
             start = time.perf_counter()
             self.module(**kwargs)
-            self._sync()
+            synchronize(self.device)
             elapsed = time.perf_counter() - start
         return Capture(
             tensors={k: cap.tensors[k] for k in keys if k in cap.tensors},
@@ -155,6 +157,6 @@ class TorchModuleBackend(BaseBackend):
         with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap:
             start = time.perf_counter()
             cap.run(self.module, **inputs.torch(self.device))
-            self._sync()
+            synchronize(self.device)
             elapsed = time.perf_counter() - start
         return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=elapsed)
