@@ -163,15 +163,14 @@ class MLXBackend(BaseBackend):
         import mlx.core as mx
 
         want = {tuple(k) for k in keys}
+        if not want and not capture_layer_inputs:  # nothing kept: still evaluate the final output
+            want = {("post_processing", None)}
         layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
         ids, mask = mx.array(inputs.input_ids), mx.array(inputs.attention_mask)
         tt = None if inputs.token_type_ids is None else mx.array(inputs.token_type_ids)
         with mx.stream(self._mx_device):
             start = time.perf_counter()
             out = self.net.forward(ids, mask, want, layer_inputs, tt)
-            if not keys and not capture_layer_inputs:  # nothing kept: evaluate the final output
-                last = self.net.forward(ids, mask, {("post_processing", None)}, None, tt)
-                mx.eval(list(last.values()))
             mx.eval(list(out.values()) + list((layer_inputs or {}).values()))  # MLX is lazy
             elapsed = time.perf_counter() - start
         return Capture(
