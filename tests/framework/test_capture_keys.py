@@ -24,6 +24,14 @@ def test_invalid_keys_raise_df005(bad):
     assert info.value.code == "DF005"
 
 
+@pytest.mark.parametrize("bad", ["post_mlp:two", ("post_mlp",), ("post_mlp", "x"), {"layer": 1}, {"checkpoint": "post_mlp", "layer": "x"}])
+def test_malformed_checkpoint_text_raises_df005_not_a_bare_error(bad):
+    with pytest.raises(ValidationError) as info:
+        CheckpointKey.parse(bad)
+    assert info.value.code == "DF005"
+    assert bad not in Capture()
+
+
 def test_all_checkpoints_order():
     keys = all_checkpoints(2)
     assert [str(k) for k in keys] == [

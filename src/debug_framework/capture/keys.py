@@ -61,8 +61,13 @@ class CheckpointKey(NamedTuple):
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CheckpointKey:
         """Inverse of :meth:`to_json`."""
-        layer = data.get("layer")
-        return cls(str(data["checkpoint"]), None if layer is None else int(layer)).validate()
+        try:
+            layer = data.get("layer")
+            return cls(str(data["checkpoint"]), None if layer is None else int(layer)).validate()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValidationError(
+                f"{dict(data)!r} is not a checkpoint: {exc!r}", hint='use {"checkpoint": name, "layer": layer}'
+            ) from exc
 
     @classmethod
     def parse(cls, value: CheckpointKey | tuple[str, int | None] | str | Mapping[str, Any]) -> CheckpointKey:
@@ -71,11 +76,17 @@ class CheckpointKey(NamedTuple):
             return value.validate()
         if isinstance(value, Mapping):
             return cls.from_json(value)
-        if isinstance(value, str):
-            name, _, layer = value.partition(":")
-            return cls(name, int(layer) if layer else None).validate()
-        name, layer = value
-        return cls(str(name), None if layer is None else int(layer)).validate()
+        try:
+            if isinstance(value, str):
+                name, _, layer = value.partition(":")
+                return cls(name, int(layer) if layer else None).validate()
+            name, layer = value
+            return cls(str(name), None if layer is None else int(layer)).validate()
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(
+                f"{value!r} is not a checkpoint: {exc}",
+                hint='write "post_mlp:2", "post_embedding", (name, layer) or {"checkpoint": name, "layer": layer}',
+            ) from exc
 
     def __str__(self) -> str:
         return self.name if self.layer is None else f"{self.name}:{self.layer}"
