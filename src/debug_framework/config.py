@@ -28,7 +28,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "metal_path": None,
 }
 
-#: Environment variable -> (config key, parser).
+#: Environment variable -> the config key it overrides (read by :func:`from_environment`).
 ENV_VARIABLES: dict[str, str] = {
     "PIE_DEBUG_ENABLED": "debug_enabled",
     "PIE_DEBUG_LEVEL": "log_level",

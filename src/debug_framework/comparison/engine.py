@@ -275,11 +275,6 @@ def _hist_quantiles(hist: np.ndarray, qs: tuple[float, ...], max_ad: float) -> l
     return out
 
 
-def _py(value: torch.Tensor) -> float | int | bool:
-    v = value.item()
-    return v
-
-
 def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dtype, top_k, base) -> ComparisonResult:
     fs, cnt, hist, ulp, tv, ti, nfi = state
     nfin = int(cnt[K.I_FINITE])
@@ -340,7 +335,7 @@ def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dt
 
     def element(flat: int, err: float) -> WorstElement:
         idx = tuple(int(v) for v in np.unravel_index(flat, shape)) if shape else ()
-        return WorstElement(idx, _py(ref[idx]), _py(alt[idx]), err)
+        return WorstElement(idx, ref[idx].item(), alt[idx].item(), err)
 
     for flat in nfi[nfi >= 0][:top_k]:
         worst.append(element(int(flat), math.inf))
