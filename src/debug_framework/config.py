@@ -50,25 +50,35 @@ def _parse_bool(name: str, value: str) -> bool:
     )
 
 
+def _parse_level(name: str, value: str) -> str:
+    level = value.strip().upper()
+    if level not in _LEVELS:
+        raise FrameworkInitializationError(
+            f"{name}={value!r} is not a logging level", hint="use one of DEBUG, INFO, WARNING, ERROR", variable=name
+        )
+    return level
+
+
+def _parse_path(name: str, value: str) -> str | None:
+    return value or None  # an empty variable means "not set"
+
+
+_PARSERS = {"debug_enabled": _parse_bool, "log_level": _parse_level, "database_path": _parse_path, "metal_path": _parse_path}
+
+
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Read the ``PIE_DEBUG_*`` / ``PIE_METAL_PATH`` overrides from ``environ`` (default ``os.environ``)."""
+    """Read the variables of :data:`ENV_VARIABLES` from ``environ`` (default ``os.environ``).
+
+    Raises:
+        FrameworkInitializationError: a value that does not parse (DF001), naming the variable.
+    """
     env = os.environ if environ is None else environ
     out: dict[str, Any] = {}
-    if "PIE_DEBUG_ENABLED" in env:
-        out["debug_enabled"] = _parse_bool("PIE_DEBUG_ENABLED", env["PIE_DEBUG_ENABLED"])
-    if "PIE_DEBUG_LEVEL" in env:
-        level = env["PIE_DEBUG_LEVEL"].strip().upper()
-        if level not in _LEVELS:
-            raise FrameworkInitializationError(
-                f"PIE_DEBUG_LEVEL={env['PIE_DEBUG_LEVEL']!r} is not a logging level",
-                hint="use one of DEBUG, INFO, WARNING, ERROR",
-                variable="PIE_DEBUG_LEVEL",
-            )
-        out["log_level"] = level
-    if env.get("PIE_DEBUG_DATABASE"):
-        out["database_path"] = env["PIE_DEBUG_DATABASE"]
-    if env.get("PIE_METAL_PATH"):
-        out["metal_path"] = env["PIE_METAL_PATH"]
+    for variable, key in ENV_VARIABLES.items():
+        if variable in env:
+            value = _PARSERS[key](variable, env[variable])
+            if value is not None:
+                out[key] = value
     return out
 
 

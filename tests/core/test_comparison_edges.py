@@ -215,3 +215,10 @@ def test_comparison_leaves_torch_thread_count_alone():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_engine_choice_is_checked():
+    with pytest.raises(ComparisonError) as e:
+        compare(torch.zeros(2), torch.zeros(2), engine="gpu")  # type: ignore[arg-type]
+    assert "DF006" in str(e.value) and "unknown engine" in str(e.value)
+    assert compare(torch.zeros(2), torch.zeros(2), engine="torch").passed

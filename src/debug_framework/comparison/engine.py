@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..errors import ComparisonError
 from . import _kernel as K
 from ._inputs import as_tensor, int_view_dtype, iter_flat_chunks, ulp_mask
 from .result import ComparisonResult, WorstElement
@@ -102,6 +103,13 @@ def compare(
     device = ref.device if ref.device.type != "cpu" else alt.device
     if engine == "auto":
         engine = "numba" if device.type == "cpu" else "torch"
+    elif engine not in ("numba", "torch"):
+        raise ComparisonError(f"unknown engine {engine!r}", hint="use 'auto', 'numba' or 'torch'")
+    elif engine == "numba" and device.type != "cpu":
+        raise ComparisonError(
+            f"engine='numba' runs on the CPU, but the tensors are on {device}",
+            hint="use engine='auto' or 'torch' to compare them where they live",
+        )
     both_float = ref.dtype.is_floating_point and alt.dtype.is_floating_point
     exact_ints = not both_float and tol.rtol == 0.0 and tol.atol == 0.0
     wide = torch.float64 in (ref.dtype, alt.dtype) or not both_float

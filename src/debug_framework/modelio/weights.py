@@ -37,8 +37,14 @@ class TensorReader(Protocol):
 
 
 def _head(path: Path, n: int) -> bytes:
-    with path.open("rb") as fh:
-        return fh.read(n)
+    try:
+        with path.open("rb") as fh:
+            return fh.read(n)
+    except OSError as exc:
+        raise ModelLoadingError(
+            f"cannot read the weights file: {exc.strerror or exc}", file=str(path),
+            hint="check that the file exists and is readable by this user",
+        ) from exc
 
 
 class SafetensorsReader:
