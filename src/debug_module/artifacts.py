@@ -10,7 +10,7 @@ Layout (one directory per run, never reused)::
         inductor_kernels/      generated code                 graph_000_forward/output_code.py, <kernel>.cpp
         reports/               constraint reports             graph_000_forward.constraints.json, run.json
         statistics/            graph statistics               graph_000_forward.json
-        repros/                repro scripts (written by the minifier, when installed)
+        repros/                verified repros (written by the minifier)
 
 ``run_id`` is ``<UTC yyyymmddThhmmss>-<8 hex>``; the directory is created with ``exist_ok=False``.
 ``manifest.json`` (schema ``debug_module.run/1``)::
@@ -78,9 +78,21 @@ class RunDirectory:
         }
         self._write_manifest()
 
+    @classmethod
+    def open(cls, run_path: str | os.PathLike[str]) -> RunDirectory:
+        """An existing run directory (its manifest read from disk), to add files to it."""
+        self = cls.__new__(cls)
+        self.path = Path(run_path)
+        self.root = self.path.parent
+        self.manifest = cls.load_manifest(self.path)
+        self.run_id = self.manifest["run_id"]
+        self._lock = threading.Lock()
+        return self
+
     # ------------------------------------------------------------------ writing
 
-    def _record(self, rel: str, kind: str, graph: str | None) -> Path:
+    def record(self, rel: str, kind: str, graph: str | None = None) -> Path:
+        """Add (or refresh) the manifest entry of a file something else wrote at ``<run>/<rel>``."""
         full = self.path / rel
         data = full.read_bytes()
         entry = {"path": rel, "kind": kind, "graph": graph, "bytes": len(data),
@@ -97,16 +109,22 @@ class RunDirectory:
         full.parent.mkdir(parents=True, exist_ok=True)
         return full
 
+    def record_tree(self, rel_dir: str, kind: str, graph: str | None = None) -> list[Path]:
+        """Record every file under ``<run>/<rel_dir>`` (e.g. a repro directory the minifier wrote)."""
+        base = self.path / rel_dir
+        return [self.record(f.relative_to(self.path).as_posix(), kind, graph)
+                for f in sorted(base.rglob("*")) if f.is_file()]
+
     def write_text(self, rel: str, text: str, *, kind: str, graph: str | None = None) -> Path:
         self._target(rel).write_text(text, encoding="utf-8")
-        return self._record(rel, kind, graph)
+        return self.record(rel, kind, graph)
 
     def write_json(self, rel: str, data: Any, *, kind: str, graph: str | None = None) -> Path:
         return self.write_text(rel, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", kind=kind, graph=graph)
 
     def copy_in(self, src: str | os.PathLike[str], rel: str, *, kind: str, graph: str | None = None) -> Path:
         shutil.copyfile(src, self._target(rel))
-        return self._record(rel, kind, graph)
+        return self.record(rel, kind, graph)
 
     def add_graph(self, summary: dict[str, Any]) -> None:
         with self._lock:

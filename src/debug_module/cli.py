@@ -232,7 +232,7 @@ def _analyze_model(root: Path, model: Any, input_sets: list[Any], name: str, *, 
     if pipeline.run is None:
         pipeline.run = RunDirectory(root, backend="inductor-debug", info={"strict": False})
     pipeline.run.set_status("complete", model=name, lowering=lowering)
-    save_guard_report(inspector.report(), pipeline.run.path)
+    save_guard_report(inspector.report(), pipeline.run)
     return pipeline.run.path
 
 

@@ -262,6 +262,6 @@ class CompilePipeline:
         target = self.run.path / sub / f"{name}.svg"
         why_not = graph_svg(gm, name, target)
         if why_not is None:
-            self.run._record(f"{sub}/{name}.svg", "svg", name)
+            self.run.record(f"{sub}/{name}.svg", "svg", name)
         else:
             self.run.set_status(self.run.manifest["status"], svg_skipped=why_not)

@@ -1,4 +1,4 @@
-"""Hand an accuracy failure found by KernelDiff to the minifier (``debug_module.minifier``), when installed.
+"""Hand an accuracy failure found by KernelDiff to the minifier (``debug_module.minifier``).
 
 The failing Dynamo graphs are the ones the test backend compiled (recorded by the harness's timing
 wrapper, with the example inputs Dynamo gave the backend). Each is checked with the minifier's
@@ -17,26 +17,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def _repro_location(result: Any) -> str | None:
-    if result is None:
-        return None
-    if isinstance(result, str | Path):
-        return str(result)
-    for attr in ("repro_dir", "repro_path", "directory", "path", "script"):
-        v = getattr(result, attr, None)
-        if isinstance(v, str | Path):
-            return str(v)
-    return None
-
-
 def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> dict[str, Any]:
-    try:
-        import debug_module.minifier as mm
+    from ..minifier import AccuracySignature, Minifier
 
-        Minifier = mm.Minifier
-        AccuracySignature = mm.AccuracySignature
-    except (ImportError, AttributeError) as e:
-        return {"status": "unavailable", "detail": f"debug_module.minifier is not available ({e})"}
     if not harness.model_name or test.timed is None or not test.timed.graphs:
         return {"status": "skipped", "detail": "the test side compiled no graph (nothing to minify)"}
     failing = [d for d in report.outputs if not d.passed]
@@ -59,9 +42,8 @@ def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> d
             repro = str(result.repro_path) if result.repro_path else None
             if run is not None and result.repro_path:
                 # repro_path is <dir>/repro.py: record every file of its directory (inputs, backend copy...)
-                for f in sorted(Path(result.repro_path).parent.rglob("*")):
-                    if f.is_file():
-                        run._record(str(f.relative_to(run.path)), "repro", f"accuracy_graph_{i:03d}")
+                run.record_tree(Path(result.repro_path).parent.relative_to(run.path).as_posix(), "repro",
+                                f"accuracy_graph_{i:03d}")
             detail = "; ".join([result.summary(), *result.notes])  # notes: why a repro is missing/unverified
             return {"status": "ran", "graph": i, "repro": repro, "verified": result.verified,
                     "detail": detail, "signature": sig.describe()}

@@ -32,7 +32,7 @@ How each part works (and what it costs):
   module is the innermost, earliest one whose output differs; modules whose hooks did not fire on
   the test side (e.g. a backend that replaced them) are listed as not captured.
 * **Accuracy failure** -> the minifier (``debug_module.minifier``) is run on the failing Dynamo
-  graph when it is installed; its repro is linked in the report.
+  graph; its repro is linked in the report.
 """
 
 from __future__ import annotations
@@ -535,7 +535,7 @@ class KernelDiffHarness:
             report.visualizations = [str(p) for p in paths]
             if run is not None:
                 for p in paths:
-                    run._record(str(p.relative_to(run.path)), "kerneldiff_plot", None)
+                    run.record(p.relative_to(run.path).as_posix(), "kerneldiff_plot")
             report.artifact_dir = str(run.path) if run is not None else str(out_dir)
         if run is not None:
             report.json_path = str(run.path / "reports" / "kerneldiff.json")

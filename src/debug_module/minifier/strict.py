@@ -7,6 +7,7 @@ graph after AOTAutograd and decompositions), so the repro fails the same constra
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,13 +72,9 @@ def _write(request: ReproRequest) -> Path | None:
                         max_calls=STRICT_MAX_CALLS, max_seconds=STRICT_MAX_SECONDS, progress=False,
                         output_dir=out, title=f"Strict-mode repro of {request.graph_name}: {v.describe()}")
     result = minifier.minify()
-    (out / "minify.json").write_text(__import__("json").dumps(result.to_dict(), indent=2, default=str) + "\n",
-                                     encoding="utf-8")
-    run = getattr(request, "run", None)
-    if run is not None:
-        for f in sorted(out.iterdir()):
-            if f.is_file():
-                run._record(f"{rel}/{f.name}", "repro", request.graph_name)
+    (out / "minify.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+    if request.run is not None:
+        request.run.record_tree(rel, "repro", request.graph_name)
     log.info("%s: repro %s (%s)", request.graph_name, out, result.summary())
     if not result.verified:
         log.warning("%s: the reduced graph did not reproduce in a fresh process: %s", request.graph_name,

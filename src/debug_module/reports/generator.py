@@ -76,23 +76,13 @@ def find_runs(root: str | os.PathLike[str]) -> list[Path]:
     return sorted((p for p in r.iterdir() if is_run_dir(p)), key=lambda p: p.name)
 
 
-def save_guard_report(report: Any, run_dir: str | os.PathLike[str]) -> Path:
-    """Store a :class:`~debug_module.guards.GuardReport` in a run directory (``reports/guards.json``)."""
+def save_guard_report(report: Any, run_dir: Any) -> Path:
+    """Store a :class:`~debug_module.guards.GuardReport` in a run directory (``reports/guards.json``,
+    recorded in its manifest). ``run_dir``: a :class:`~debug_module.artifacts.RunDirectory` or a run's path."""
     from ..artifacts import RunDirectory
 
-    path = Path(run_dir)
-    manifest = RunDirectory.load_manifest(path)
-    rel = "reports/guards.json"
-    (path / rel).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-    import hashlib
-
-    data = (path / rel).read_bytes()
-    manifest["files"] = [f for f in manifest["files"] if f["path"] != rel] + [
-        {"path": rel, "kind": "guard_report", "graph": None, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
-    tmp = path / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path / "manifest.json")
-    return path / rel
+    run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory.open(run_dir)
+    return run.write_text("reports/guards.json", json.dumps(report.to_dict(), indent=2) + "\n", kind="guard_report")
 
 
 def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
