@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     from . import get_framework_config
     from .errors import DebugFrameworkError
     from .models.validation_report import ValidationReport
-    from .services.tensor_store import TensorStore
     from .services.validation_engine import ValidationEngine
 
     console = Console()
@@ -66,16 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  python_reference (float64) vs [bold]{row.get('alternative_backend')}[/] -- {why}")
         with console.status("running both backends and comparing every checkpoint ..."):
             result = engine.run(sid)
-        report = ValidationReport.from_session(sid, engine.db)
-        try:
-            from .reports import render_report
-
-            html = render_report(report, "html", store=TensorStore.beside_database(engine.database_path))
-        except ImportError:  # the rich renderer is optional; the record's own page is always there
-            html = report.generate_html_report()
         out = args.output.expanduser()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(html, encoding="utf-8")
+        # the tensor store beside the database feeds the heatmap; an unwritable --output is DF005
+        ValidationReport.from_session(sid, engine.db).save_to_file(out, "html")
     except DebugFrameworkError as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -145,24 +145,22 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
 
 
 def _write_output(path: Path, engine: Any, session_id: str, result: dict[str, Any]) -> None:
-    from ..errors import DatabaseError
+    """The HTML report (error curves, heatmap) for ``.html``/``.htm``, else the result JSON; atomic."""
+    from ..errors import ValidationError
+    from ..models._common import dumps_json, write_text_atomic
     from ..models.validation_report import ValidationReport
+    from ..reports import render_report
 
     if path.suffix.lower() in (".html", ".htm"):
-        report = ValidationReport.from_session(session_id, engine.db)
-        try:
-            from ..reports import render_report  # the full report: error curves, heatmap
-        except ImportError:
-            report.save_to_file(path, "html")
-            return
-        text = render_report(report, "html")
+        text = render_report(ValidationReport.from_session(session_id, engine.db), "html")
     else:
-        text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
+        text = dumps_json(result)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_text_atomic(path.expanduser(), text)
     except OSError as exc:
-        raise DatabaseError(f"cannot write the output file: {exc}", file=str(path)) from exc
+        raise ValidationError(f"cannot write the output file: {exc}", file=str(path), session=session_id,
+                              hint="choose a writable --output-file; the session is stored, "
+                                   "session_report --session-id can write its report") from exc
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -174,6 +172,7 @@ def run(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     from .. import get_framework_config
     from ..errors import DebugFrameworkError
+    from ..models._common import dumps_json
 
     try:
         fw = get_framework_config()  # PIE_DEBUG_* read here, at the edge
@@ -198,12 +197,12 @@ def run(argv: list[str] | None = None) -> int:
             _write_output(args.output_file, engine, sid, result)
     except DebugFrameworkError as exc:
         if args.json:
-            print(json.dumps({"status": "error", "error": exc.to_dict()}, indent=2))
+            print(dumps_json({"status": "error", "error": exc.to_dict()}))
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
 
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True, allow_nan=False))
+        print(dumps_json(result))
     else:
         out.print(_table(result, args.verbose))
         first = result.get("first_divergence")

@@ -18,14 +18,13 @@ It is only read: a missing file is an error, never created.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import DatabaseError, DebugFrameworkError, ValidationError
-from ..models._common import write_text_atomic
+from ..models._common import dumps_json, write_text_atomic
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_WORSE", "EXIT_USAGE"]
 
@@ -94,7 +93,7 @@ def _write(text: str, out: Path | None) -> None:
 
 def _fail(exc: DebugFrameworkError, as_json: bool) -> int:
     if as_json:
-        print(json.dumps({"error": exc.to_dict()}, indent=2))
+        print(dumps_json({"error": exc.to_dict()}))
     print(f"session_report: {exc}", file=sys.stderr)
     return EXIT_USAGE
 
@@ -145,9 +144,7 @@ def _cmd_list(args: argparse.Namespace, db: Any) -> int:
             "first_divergence": None if key is None else {"checkpoint": key[0], "layer": key[1]},
         })
     if args.json:
-        from ..models._common import json_safe
-
-        print(json.dumps(json_safe(items), indent=2, allow_nan=False, default=str))
+        print(dumps_json(items))
         return EXIT_OK
     from rich.table import Table
     from rich.text import Text

@@ -1,15 +1,23 @@
-"""Helpers shared by the record classes: timestamps and how a record finds its database."""
+"""Helpers shared by the record classes, the reports and the CLIs: timestamps, how a record finds
+its database, the one strict-JSON writer, atomic file writes."""
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ..comparison.result import json_safe  # noqa: F401  (re-exported: the one JSON encoding)
+from ..comparison.result import json_safe  # the one JSON encoding (also re-exported)
 
 if TYPE_CHECKING:
     from ..services.database_manager import DatabaseManager
+
+
+def dumps_json(value: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text of ``value`` through :func:`json_safe` (non-finite numbers as "NaN",
+    "Infinity", "-Infinity"), keys sorted; what the reports and the CLIs write."""
+    return json.dumps(json_safe(value), indent=indent, sort_keys=True, allow_nan=False, default=str)
 
 
 def now_utc() -> datetime:

@@ -7,7 +7,6 @@ heatmap of the worst checkpoint, environment, reproduce command). Every value is
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import uuid
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatabaseError, ValidationError
-from ._common import format_time, json_safe, now_utc, parse_time, resolve_db, write_text_atomic
+from ._common import dumps_json, format_time, now_utc, parse_time, resolve_db, write_text_atomic
 
 __all__ = ["ValidationReport", "summarize_checkpoints"]
 
@@ -82,11 +81,12 @@ class ValidationReport:
         results = row.get("results") or {}
         perf = results.get("performance") if isinstance(results, dict) else None
         recordings = manager.get_tensor_recordings(session_id)
-        db_path = Path(manager.database_path)
+        from ..services.tensor_store import TensorStore
+
         return cls(session_id=session_id, overall_status=row["status"], checkpoint_results=rows,
                    performance_metrics=dict(perf) if isinstance(perf, dict) else {},
                    summary_statistics=summarize_checkpoints(rows), session=row, tensor_recordings=recordings,
-                   tensor_store_root=str(db_path.parent / f"{db_path.stem}_tensors"))
+                   tensor_store_root=str(TensorStore.root_beside(manager.database_path)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,8 +104,7 @@ class ValidationReport:
 
     def export_to_json(self, *, indent: int | None = 2) -> str:
         """Strict JSON (non-finite numbers written as the strings "NaN", "Infinity", "-Infinity")."""
-        return json.dumps(json_safe(self.to_dict()), indent=indent, sort_keys=True, allow_nan=False,
-                          default=str)
+        return dumps_json(self.to_dict(), indent=indent)
 
     def generate_html_report(self, *, include_tensors: bool = False, store: Any = None) -> str:
         """One self-contained HTML page (no scripts, no network); every value from the session is
@@ -116,16 +115,14 @@ class ValidationReport:
 
     def save_to_file(self, file_path: str | os.PathLike[str], format: str = "json", *,
                      include_tensors: bool = False) -> bool:
-        """Write the report as ``json``, ``html``, ``csv`` or ``junit`` (atomically: temp file then rename)."""
+        """Write the report as ``json``, ``html``, ``csv`` or ``junit`` (atomically: temp file then rename),
+        the same document :func:`debug_framework.reports.render_report` returns."""
         fmt = format.lower()
-        if fmt == "json" and not include_tensors:
-            text = self.export_to_json()
-        elif fmt in ("json", "html", "csv", "junit"):
-            from ..reports import render_report
-
-            text = render_report(self, fmt, include_tensors=include_tensors)
-        else:
+        if fmt not in ("json", "html", "csv", "junit"):
             raise ValidationError(f"unknown report format {format!r}", hint="use 'json', 'html', 'csv' or 'junit'")
+        from ..reports import render_report
+
+        text = render_report(self, fmt, include_tensors=include_tensors)
         path = Path(file_path).expanduser()
         try:
             write_text_atomic(path, text)

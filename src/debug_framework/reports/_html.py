@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..models._common import dumps_json
 from ._common import as_float, fmt_num
 
 __all__ = ["esc", "kv_table", "json_pre", "line_chart", "png_rgb", "colorize", "CSP", "BASE_CSS"]
@@ -34,8 +34,7 @@ def esc(value: Any) -> str:
 
 
 def json_pre(value: Any) -> str:
-    text = json.dumps(value, indent=1, sort_keys=True, default=str)
-    return f'<pre class="json">{esc(text)}</pre>'
+    return f'<pre class="json">{esc(dumps_json(value, indent=1))}</pre>'
 
 
 def _cell(value: Any, depth: int) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..models._common import dumps_json
 from ._common import METRICS, as_float, first_divergence_key, passed_state, row_key, session_results
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def render_csv(report: ValidationReport) -> str:
             "" if p is None else int(p), int(first is not None and key == first),
             *(_num(r.get(m)) for m in METRICS),
             _num(r.get("introduced_error")), _num(r.get("propagated_error")), _safe_text(r.get("reason")),
-            "" if tol is None else _safe_text(json.dumps(tol, sort_keys=True, default=str)),
+            "" if tol is None else _safe_text(dumps_json(tol, indent=None)),
         ])
     return buf.getvalue()
 

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..models._common import dumps_json
 from ._common import (
     LOG_METRICS,
     as_float,
@@ -313,17 +314,15 @@ def _backends(session: Mapping[str, Any]) -> str:
 
 def _tolerances(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     parts = ["<h3>Session tolerances</h3>" + kv_table(session.get("tolerances") if isinstance(session.get("tolerances"), Mapping) else None)]
-    distinct: dict[str, list[str]] = {}
-    import json as _json
-
+    distinct: dict[str, tuple[Any, list[str]]] = {}  # tolerance JSON -> (tolerance, checkpoints)
     for r in rows:
         tol = r.get("tolerance")
         if tol is None:
             continue
-        distinct.setdefault(_json.dumps(tol, sort_keys=True, default=str), []).append(row_label(r))
+        distinct.setdefault(dumps_json(tol, indent=None), (tol, []))[1].append(row_label(r))
     if distinct:
-        trs = "".join(f"<tr><td>{json_pre(_json.loads(k))}</td><td>{esc(', '.join(v[:12]) + (' ...' if len(v) > 12 else ''))}"
-                      f" ({len(v)})</td></tr>" for k, v in distinct.items())
+        trs = "".join(f"<tr><td>{json_pre(tol)}</td><td>{esc(', '.join(v[:12]) + (' ...' if len(v) > 12 else ''))}"
+                      f" ({len(v)})</td></tr>" for tol, v in distinct.values())
         parts.append("<h3>Tolerance used per checkpoint</h3><table><tr><th>tolerance</th><th>checkpoints</th></tr>"
                      f"{trs}</table>")
     return _section("tolerances", "Tolerances", "".join(parts))

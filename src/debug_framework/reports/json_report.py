@@ -9,10 +9,9 @@ statistics and its first ``max_tensor_values`` values.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
-from ..models._common import json_safe
+from ..models._common import dumps_json
 from ._common import first_divergence_key, reproduce_command, session_results, verdict_of
 from ._tensors import open_store, tensor_summary
 
@@ -42,8 +41,8 @@ def report_document(report: ValidationReport, *, include_tensors: bool = False, 
 def render_json(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
                 max_tensor_values: int = 4096, indent: int | None = 2) -> str:
     doc = report_document(report, include_tensors=include_tensors, store=store, max_tensor_values=max_tensor_values)
-    return json.dumps(json_safe(doc), indent=indent, sort_keys=True, allow_nan=False, default=str)
+    return dumps_json(doc, indent=indent)
 
 
 def render_diff_json(diff: SessionDiff, *, indent: int | None = 2) -> str:
-    return json.dumps(json_safe(diff.to_dict()), indent=indent, sort_keys=True, allow_nan=False, default=str)
+    return dumps_json(diff.to_dict(), indent=indent)

@@ -233,11 +233,16 @@ class TensorStore:
             raise DatabaseError(f"cannot create the tensor store directory: {exc}", path=str(self.root),
                                 hint="choose a writable tensor store root") from exc
 
+    @staticmethod
+    def root_beside(database_path: str | os.PathLike[str]) -> Path:
+        """Where the store of a database file lives: ``<db dir>/<db name>_tensors/`` (nothing created)."""
+        p = Path(database_path).expanduser().resolve()
+        return p.parent / f"{p.stem}_tensors"
+
     @classmethod
     def beside_database(cls, database_path: str | os.PathLike[str], **kwargs: Any) -> TensorStore:
-        """The store for a database file: ``<db dir>/<db name>_tensors/``."""
-        p = Path(database_path).expanduser().resolve()
-        return cls(p.parent / f"{p.stem}_tensors", **kwargs)
+        """The store for a database file: ``<db dir>/<db name>_tensors/`` (created if missing)."""
+        return cls(cls.root_beside(database_path), **kwargs)
 
     def __repr__(self) -> str:
         return f"TensorStore({str(self.root)!r})"
