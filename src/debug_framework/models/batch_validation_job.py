@@ -80,10 +80,6 @@ def _run_items(database_path: str, job_id: str, framework_config: dict[str, Any]
         ran += 1
 
 
-def _worker_main(*args: Any) -> None:
-    _run_items(*args)
-
-
 @dataclass
 class BatchValidationJob:
     """Validate ``model_paths`` one session each.
@@ -106,7 +102,11 @@ class BatchValidationJob:
         self.model_paths = [str(p) for p in self.model_paths]
         self.config = dict(self.config or {})
         self.parallel_execution = bool(self.config.get("parallel_execution", False))
-        self.max_concurrent_jobs = int(self.config.get("max_concurrent_jobs", max(1, (os.cpu_count() or 2) // 2)))
+        raw = self.config.get("max_concurrent_jobs", max(1, (os.cpu_count() or 2) // 2))
+        try:
+            self.max_concurrent_jobs = int(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"max_concurrent_jobs must be an integer >= 1, got {raw!r}") from exc
         if self.max_concurrent_jobs < 1:
             raise ValidationError(f"max_concurrent_jobs must be >= 1, got {self.max_concurrent_jobs}")
         if not self.model_paths:
@@ -158,7 +158,7 @@ class BatchValidationJob:
             workers = min(self.max_concurrent_jobs, pending) if self.parallel_execution else 0
             if workers >= 1:
                 ctx = mp.get_context("spawn")  # torch and threads do not survive fork well
-                procs = [ctx.Process(target=_worker_main, args=args, name=f"batch-{self.job_id}-{n}")
+                procs = [ctx.Process(target=_run_items, args=args, name=f"batch-{self.job_id}-{n}")
                          for n in range(workers)]
                 for p in procs:
                     p.start()
@@ -175,9 +175,11 @@ class BatchValidationJob:
                     done = threading.Event()
                     t = threading.Thread(target=self._follow, args=([], show, progress, done), daemon=True)
                     t.start()
-                    _run_items(*args)
-                    done.set()
-                    t.join()
+                    try:
+                        _run_items(*args)
+                    finally:  # an error must not leave the follower polling (and its bar drawn)
+                        done.set()
+                        t.join()
                 else:
                     _run_items(*args)
             prog = self.get_progress()
