@@ -105,10 +105,14 @@ def diff_sessions(
 ) -> SessionDiff:
     """Compare two stored sessions key by key (``db``: a DatabaseManager or a database path).
 
-    Raises ValidationError when a session is missing or, with ``require_same_model``, when the
-    model path or the backend names differ. Different weight digests or backend versions are
+    Raises ValidationError when a session is missing, ``rel_change``/``abs_floor`` is negative or
+    not finite, or, with ``require_same_model``, when the model path or the backend names differ. Different weight digests or backend versions are
     reported in ``notes`` (that is usually what is being compared).
     """
+    for name, value in (("rel_change", rel_change), ("abs_floor", abs_floor)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}",
+                                  hint="e.g. rel_change=0.10 (10 %), abs_floor=0")
     manager = resolve_db(db)
     a, b = manager.get_session(before_session_id), manager.get_session(after_session_id)
     for sid, row in ((before_session_id, a), (after_session_id, b)):
