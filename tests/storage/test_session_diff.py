@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from debug_framework.errors import ValidationError
+from debug_framework.errors import DatabaseError, ValidationError
 from debug_framework.services.session_diff import diff_sessions
 
 
@@ -52,5 +52,5 @@ def test_diff_refuses_sessions_of_different_backends(db, make_result):
     with pytest.raises(ValidationError, match="alternative_backend differs"):
         diff_sessions(a, b, db)
     assert diff_sessions(a, b, db, require_same_model=False).notes
-    with pytest.raises(ValidationError, match="does not exist"):
+    with pytest.raises(DatabaseError, match="does not exist"):  # DF003, like every unknown session id
         diff_sessions(a, "ghost", db)

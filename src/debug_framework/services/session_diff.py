@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ValidationError
+from ..errors import DatabaseError, ValidationError
 from ..models._common import resolve_db
 
 __all__ = ["CheckpointChange", "SessionDiff", "diff_sessions"]
@@ -105,7 +105,8 @@ def diff_sessions(
 ) -> SessionDiff:
     """Compare two stored sessions key by key (``db``: a DatabaseManager or a database path).
 
-    Raises ValidationError when a session is missing, ``rel_change``/``abs_floor`` is negative or
+    Raises DatabaseError (DF003, as for every unknown session id) when a session is missing;
+    ValidationError when ``rel_change``/``abs_floor`` is negative or
     not finite, or, with ``require_same_model``, when the model path or the backend names differ. Different weight digests or backend versions are
     reported in ``notes`` (that is usually what is being compared).
     """
@@ -117,7 +118,7 @@ def diff_sessions(
     a, b = manager.get_session(before_session_id), manager.get_session(after_session_id)
     for sid, row in ((before_session_id, a), (after_session_id, b)):
         if row is None:
-            raise ValidationError(f"session {sid!r} does not exist", session=sid,
+            raise DatabaseError(f"session {sid!r} does not exist", session=sid,
                                   hint="list sessions with session_report --list")
     assert a is not None and b is not None
     notes: list[str] = []
