@@ -1,8 +1,7 @@
 """Compile-cache control and peak-memory probes for the benchmark runner.
 
-The one place in ``benchmarks/`` that touches private PyTorch APIs: ``torch._inductor.utils`` directly
-(after :func:`debug_framework._torch.check_torch_version`), ``torch._dynamo`` through the project's
-private-API layer ``debug_framework._torch.dynamo``.
+Private PyTorch APIs (``torch._dynamo``, ``torch._inductor``) are reached only through the project's
+private-API layer ``debug_framework._torch`` (version-checked), never imported here.
 """
 
 from __future__ import annotations
@@ -58,13 +57,10 @@ def inductor_cache_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
 def clear_inprocess_compile_caches() -> None:
     """Forget every compiled frame (Dynamo) and Inductor's in-memory caches (loaded kernel modules,
     compiled C++ libraries keyed by source hash), so the next compile cannot reuse this process's work."""
-    from debug_framework._torch import check_torch_version
+    from debug_framework._torch import inductor
 
-    check_torch_version()
     dynamo_reset()
-    import torch._inductor.utils as inductor_utils  # private: present in torch >= 2.3
-
-    inductor_utils.clear_inductor_caches()
+    inductor.clear_caches()
 
 
 class PeakMemory:

@@ -32,6 +32,7 @@ __all__ = [
     "prepare_inference_graph",
     "compile_context",
     "config_flags",
+    "clear_caches",
 ]
 
 #: Files Inductor's debug trace writes per compiled graph (in ``<dir>/torchinductor/<graph>.<n>/``).
@@ -125,6 +126,14 @@ def config_flags() -> dict[str, Any]:
     names = ("fallback_random", "freezing", "cpp_wrapper", "max_autotune", "size_asserts", "implicit_fallbacks",
              "force_disable_caches", "fx_graph_cache")
     return {n: getattr(_config, n) for n in names if hasattr(_config, n)}
+
+
+def clear_caches() -> None:
+    """Forget Inductor's in-process caches (loaded kernel modules, compiled C++ libraries keyed by source
+    hash), so the next compile cannot reuse this process's work. Its on-disk cache is left alone."""
+    from torch._inductor.utils import clear_inductor_caches
+
+    clear_inductor_caches()
 
 
 # --- Inductor's on-disk cache location (used by the ``inductor`` validation backend) ---
