@@ -342,7 +342,7 @@ class ModelBench:
         if run_dir is not None:
             backend.run.set_status(backend.run.manifest["status"], model=f"{self.w.display} ({self.size})",
                                    benchmark=self.w.name)
-            save_guard_report(guards, run_dir)
+            save_guard_report(guards, backend.run)
             row["run_dir"] = str(run_dir)
         if cold_run is not None:  # the warm run holds the same graphs and reports; keep one per model
             shutil.rmtree(cold_run, ignore_errors=True)
@@ -368,7 +368,7 @@ class ModelBench:
             out[ref] = {
                 "passed": rep.passed,
                 "mode": rep.mode,
-                "failed": [d.name for d in rep.failed] if hasattr(rep, "failed") else None,
+                "failed": [d.name for d in rep.failed],
                 "max_abs_error": worst.max_abs_error if worst else None,
                 "rmse": worst.result.rmse if worst else None,
                 "mismatch_percent": worst.result.mismatch_percent if worst else None,
