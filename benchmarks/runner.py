@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import logging
 import os
 import platform
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from debug_framework.comparison import dumps_json
 
 from benchmarks._compile_env import (
     PeakMemory,
@@ -521,14 +522,14 @@ def detail_table(results: list[dict[str, Any]]) -> str:
 def write_results(results: list[dict[str, Any]], output_dir: Path, started: str, argv: list[str]) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     for res in results:
-        (output_dir / f"{res['name']}.json").write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")
+        (output_dir / f"{res['name']}.json").write_text(dumps_json(res) + "\n", encoding="utf-8")
     combined = {"schema": SUITE_SCHEMA, "created": _now(), "started": started, "command": argv,
                 "torch": torch.__version__, "environment": _environment(),
                 "summary_table": summary_table(results), "results": results}
     # in a sub-directory: the report reads every *.json directly in output_dir as one benchmark file
     path = output_dir / "combined" / "suite.json"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(combined, indent=2, default=str) + "\n", encoding="utf-8")
+    path.write_text(dumps_json(combined) + "\n", encoding="utf-8")
     return path
 
 

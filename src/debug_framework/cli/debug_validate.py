@@ -147,7 +147,8 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
 def _write_output(path: Path, engine: Any, session_id: str, result: dict[str, Any]) -> None:
     """The HTML report (error curves, heatmap) for ``.html``/``.htm``, else the result JSON; atomic."""
     from ..errors import ValidationError
-    from ..models._common import dumps_json, write_text_atomic
+    from ..comparison import dumps_json
+    from ..models._common import write_text_atomic
     from ..models.validation_report import ValidationReport
     from ..reports import render_report
 
@@ -172,7 +173,7 @@ def run(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     from .. import get_framework_config
     from ..errors import DebugFrameworkError
-    from ..models._common import dumps_json
+    from ..comparison import dumps_json
 
     try:
         fw = get_framework_config()  # PIE_DEBUG_* read here, at the edge

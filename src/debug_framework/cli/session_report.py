@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatabaseError, DebugFrameworkError, ValidationError
-from ..models._common import dumps_json, write_text_atomic
+from ..comparison import dumps_json
+from ..models._common import write_text_atomic
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_WORSE", "EXIT_USAGE"]
 

@@ -9,7 +9,7 @@
 
 from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
 from .nested import compare_nested, flatten_outputs
-from .result import ComparisonResult, NestedComparison, WorstElement, json_safe
+from .result import ComparisonResult, NestedComparison, WorstElement, dumps_json, json_safe
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "default_tolerance",
     "less_precise_dtype",
     "json_safe",
+    "dumps_json",
     "DEFAULT_CHUNK_ELEMENTS",
     "EXACT_QUANTILE_LIMIT",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -9,7 +10,7 @@ from typing import Any
 
 from .tolerance import Tolerance
 
-__all__ = ["WorstElement", "ComparisonResult", "NestedComparison", "json_safe"]
+__all__ = ["WorstElement", "ComparisonResult", "NestedComparison", "json_safe", "dumps_json"]
 
 
 def json_safe(value: Any) -> Any:
@@ -32,6 +33,12 @@ def json_safe(value: Any) -> Any:
     if callable(tolist) and not isinstance(value, str | bytes):
         return json_safe(tolist())
     return value
+
+
+def dumps_json(value: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text of ``value`` through :func:`json_safe`, keys sorted: what every report,
+    CLI and benchmark of the project writes."""
+    return json.dumps(json_safe(value), indent=indent, sort_keys=True, allow_nan=False, default=str)
 
 
 @dataclass(frozen=True)

@@ -3,21 +3,13 @@ its database, the one strict-JSON writer, atomic file writes."""
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ..comparison.result import json_safe  # the one JSON encoding (also re-exported)
 
 if TYPE_CHECKING:
     from ..services.database_manager import DatabaseManager
-
-
-def dumps_json(value: Any, *, indent: int | None = 2) -> str:
-    """Strict JSON text of ``value`` through :func:`json_safe` (non-finite numbers as "NaN",
-    "Infinity", "-Infinity"), keys sorted; what the reports and the CLIs write."""
-    return json.dumps(json_safe(value), indent=indent, sort_keys=True, allow_nan=False, default=str)
 
 
 def now_utc() -> datetime:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatabaseError, ValidationError
-from ._common import dumps_json, format_time, now_utc, parse_time, resolve_db, write_text_atomic
+from ..comparison import dumps_json
+from ._common import format_time, now_utc, parse_time, resolve_db, write_text_atomic
 
 __all__ = ["ValidationReport", "summarize_checkpoints"]
 

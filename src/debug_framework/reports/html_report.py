@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..models._common import dumps_json
+from ..comparison import dumps_json
 from ._common import (
     LOG_METRICS,
     as_float,

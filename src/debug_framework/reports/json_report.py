@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..models._common import dumps_json
+from ..comparison import dumps_json
 from ._common import first_divergence_key, reproduce_command, session_results, verdict_of
 from ._tensors import open_store, tensor_summary
 
