@@ -1,12 +1,11 @@
 """Helpers shared by the record classes, the reports and the CLIs: timestamps, how a record finds
-its database, the one strict-JSON writer, atomic file writes."""
+its database, atomic file writes. (The one strict-JSON writer is ``comparison.dumps_json``.)"""
 
 from __future__ import annotations
 
 import os
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
-
 
 if TYPE_CHECKING:
     from ..services.database_manager import DatabaseManager
