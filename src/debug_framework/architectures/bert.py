@@ -16,6 +16,7 @@ import numpy as np
 
 from ..modelio.configs import BertModelConfig
 from .ops import erf, linear, masked_scores, softmax
+from .walk import walk_checkpoints
 
 __all__ = ["layer_norm", "gelu", "gelu_tanh", "padding_mask", "self_attention", "activation", "BertReference"]
 
@@ -124,19 +125,5 @@ class BertReference:
         token_type_ids: np.ndarray | None = None,
     ) -> dict[tuple[str, int | None], np.ndarray]:
         """Run the encoder; return the checkpoints in ``want`` (all when ``None``) keyed ``(name, layer)``."""
-        out: dict[tuple[str, int | None], np.ndarray] = {}
-
-        def keep(name: str, layer: int | None, x: np.ndarray) -> None:
-            if want is None or (name, layer) in want:
-                out[(name, layer)] = x
-
-        h = self.embed(input_ids, token_type_ids)
-        keep("post_embedding", None, h)
-        for i in range(self.config.num_hidden_layers):
-            if layer_inputs is not None:
-                layer_inputs[i] = h
-            a, h = self.layer(i, h, attention_mask)
-            keep("post_attention", i, a)
-            keep("post_mlp", i, h)
-        keep("post_processing", None, h)
-        return out
+        return walk_checkpoints(self.embed(input_ids, token_type_ids), self.config.num_hidden_layers,
+                                lambda i, h: self.layer(i, h, attention_mask), None, want, layer_inputs)

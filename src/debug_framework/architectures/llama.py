@@ -16,6 +16,7 @@ import numpy as np
 
 from ..modelio.configs import LlamaModelConfig, RopeScaling
 from .ops import linear, masked_scores, softmax
+from .walk import walk_checkpoints
 
 __all__ = [
     "rms_norm",
@@ -176,20 +177,5 @@ class LlamaReference:
 
         When ``layer_inputs`` is a dict, each layer's input hidden state is stored in it.
         """
-        out: dict[tuple[str, int | None], np.ndarray] = {}
-
-        def keep(name: str, layer: int | None, x: np.ndarray) -> None:
-            if want is None or (name, layer) in want:
-                out[(name, layer)] = x
-
-        h = self.embed(input_ids)
-        keep("post_embedding", None, h)
-        for i in range(self.config.num_hidden_layers):
-            if layer_inputs is not None:
-                layer_inputs[i] = h
-            a, h = self.layer(i, h, attention_mask)
-            keep("post_attention", i, a)
-            keep("post_mlp", i, h)
-        if want is None or ("post_processing", None) in want:
-            out[("post_processing", None)] = self.head(h)
-        return out
+        return walk_checkpoints(self.embed(input_ids), self.config.num_hidden_layers,
+                                lambda i, h: self.layer(i, h, attention_mask), self.head, want, layer_inputs)

@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..architectures.llama import rope_inverse_frequencies
+from ..architectures.walk import walk_checkpoints
 
 __all__ = [
     "MX_DTYPES",
@@ -209,23 +210,8 @@ class MLXLlama:
     def forward(self, input_ids: mx.array, attention_mask: mx.array, want: set[Key] | None = None,
                 layer_inputs: dict[int, mx.array] | None = None, token_type_ids: mx.array | None = None) -> dict[Key, mx.array]:
         """Run the model; the checkpoints in ``want`` (all when ``None``), keyed ``(name, layer)``."""
-        out: dict[Key, mx.array] = {}
-
-        def keep(name: str, layer: int | None, x: mx.array) -> None:
-            if want is None or (name, layer) in want:
-                out[(name, layer)] = x
-
-        h = self.embed(input_ids)
-        keep("post_embedding", None, h)
-        for i in range(self.config.num_hidden_layers):
-            if layer_inputs is not None:
-                layer_inputs[i] = h
-            a, h = self.layer(i, h, attention_mask)
-            keep("post_attention", i, a)
-            keep("post_mlp", i, h)
-        if want is None or ("post_processing", None) in want:
-            out[("post_processing", None)] = self.head(h)
-        return out
+        return walk_checkpoints(self.embed(input_ids), self.config.num_hidden_layers,
+                                lambda i, h: self.layer(i, h, attention_mask), self.head, want, layer_inputs)
 
 
 class MLXBert:
@@ -288,22 +274,8 @@ class MLXBert:
     def forward(self, input_ids: mx.array, attention_mask: mx.array, want: set[Key] | None = None,
                 layer_inputs: dict[int, mx.array] | None = None, token_type_ids: mx.array | None = None) -> dict[Key, mx.array]:
         """Run the encoder; the checkpoints in ``want`` (all when ``None``), keyed ``(name, layer)``."""
-        out: dict[Key, mx.array] = {}
-
-        def keep(name: str, layer: int | None, x: mx.array) -> None:
-            if want is None or (name, layer) in want:
-                out[(name, layer)] = x
-
-        h = self.embed(input_ids, token_type_ids)
-        keep("post_embedding", None, h)
-        for i in range(self.config.num_hidden_layers):
-            if layer_inputs is not None:
-                layer_inputs[i] = h
-            a, h = self.layer(i, h, attention_mask)
-            keep("post_attention", i, a)
-            keep("post_mlp", i, h)
-        keep("post_processing", None, h)
-        return out
+        return walk_checkpoints(self.embed(input_ids, token_type_ids), self.config.num_hidden_layers,
+                                lambda i, h: self.layer(i, h, attention_mask), None, want, layer_inputs)
 
 
 def build_mlx_model(config: Any, weights: Any, dtype: Any = mx.float32) -> MLXLlama | MLXBert:
