@@ -36,9 +36,15 @@ def test_ulp_across_zero_and_in_own_dtype():
     assert res.ulp_dtype == "float32" and res.max_ulp_error == 1 and not res.dtype_match and res.passed
 
 
-def test_float64_huge_opposite_signs_do_not_overflow():
-    res = compare(torch.tensor([1e308], dtype=torch.float64), torch.tensor([-1e308], dtype=torch.float64))
-    assert res.max_ulp_error > 2**63  # exact, no wrap-around
+@pytest.mark.parametrize(
+    ("dtype", "big", "int_dtype"),
+    [(torch.float64, 1e308, np.int64), (torch.float32, 3.4028235e38, np.int32), (torch.float16, 65504.0, np.int16)],
+)
+def test_huge_opposite_signs_are_exact(dtype, big, int_dtype):
+    # the sum of the two magnitudes' bit patterns: above 2**63 for float64, 2**31 for float32
+    pattern = int(torch.tensor([big], dtype=dtype).numpy().view(int_dtype)[0])
+    res = compare(torch.tensor([big], dtype=dtype), torch.tensor([-big], dtype=dtype))
+    assert res.max_ulp_error == 2 * pattern
 
 
 def test_empty_and_zero_dim():

@@ -3,7 +3,9 @@
 One call streams over a pair of flat arrays and folds every metric into a small state:
 sums in float64, counts, the max ULP distance, a log-bucketed histogram of absolute errors (for
 quantiles) and the k worst elements. Work is split across threads in contiguous ranges; each range
-is walked in cache-sized blocks so the histogram and top-k passes re-read data from L1/L2, not RAM.
+is walked in cache-sized blocks. Per block, one vectorised pass does all the arithmetic (maxima as
+integer maxima of bit patterns, histogram keys stored as uint16); the histogram scatter, the top-k
+update (rarely needed) and the non-finite path then re-read the block from L1, not RAM.
 
 Extra memory is O(threads x (histogram + k)), independent of the input size.
 """
@@ -14,7 +16,10 @@ import threading
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 # --- state layout -------------------------------------------------------------------------------
 # float64 sums / maxima
@@ -44,6 +49,8 @@ HIST_BUCKETS = 1 << 15
 _BLOCK = 2048
 _MIN_PER_THREAD = 1 << 16
 _PARTS_PER_THREAD = 8
+_NSUB = 4  # interleaved sub-histograms (uint32: 4 x 128 KiB stay in a 1 MiB L2 with room to spare)
+_MAX_PART = 1 << 31  # elements per range pass, so that no uint32 histogram count can overflow
 
 
 @njit(cache=True)
@@ -63,53 +70,122 @@ def _topk_insert(tv, ti, key, idx):
     return m
 
 
-@njit(cache=True)
-def _block_max_bits(bits, m, cur):
-    # Max of non-negative, non-NaN float64 values through their int64 bit patterns, which order
-    # the same way; an integer max reduction vectorises where a float one (NaN rules) does not.
-    for jj in range(m):
-        v = bits[np.uint64(jj)]
-        cur = v if v > cur else cur
-    return cur
+@intrinsic
+def _bits(typingctx, x):
+    """The int64 bit pattern of a float64: an LLVM bitcast, so loops using it still vectorise.
+    For non-negative, non-NaN values the bit patterns order like the values, and an integer max
+    reduction vectorises where a float one (NaN rules) does not."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _from_bits(typingctx, x):
+    """The float64 whose bit pattern is the int64 ``x``."""
+    if x != types.int64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+def _ulp_zero(ai):
+    """Zero of the ULP accumulator's type for the integer views ``ai`` (or None: no ULP)."""
+
+
+@overload(_ulp_zero)
+def _ulp_zero_impl(ai):
+    # ULP distances of formats up to 32 bits fit in uint32, so their loop runs in 32-bit lanes
+    if isinstance(ai, types.Array) and ai.dtype.bitwidth <= 32:
+        return lambda ai: np.uint32(0)
+    return lambda ai: np.uint64(0)
+
+
+def _ulp_dist(ia, ir, mask, fin):
+    """ULP distance of two float bit patterns ``ia``/``ir`` (signed integer views; ``mask`` is the
+    magnitude mask), 0 where ``fin`` is false. Same-sign values: the difference of the patterns;
+    opposite signs: the sum of the magnitudes. Unsigned, so float64 distances up to 2**64 - 2 are exact."""
+
+
+@overload(_ulp_dist)
+def _ulp_dist_impl(ia, ir, mask, fin):
+    # Branch-free (a select against a constant 0 stops LLVM's vectoriser; a mask does not).
+    if ia.bitwidth <= 32:
+        def impl32(ia, ir, mask, fin):
+            x = np.int32(ia)
+            y = np.int32(ir)
+            m = np.int32(mask)
+            # every step cast back to 32 bits: numba widens small-integer arithmetic to 64 bits
+            d = np.int32(x - y)
+            same = np.uint32(d if d >= 0 else np.int32(-d))
+            opposite = np.uint32(np.uint32(x & m) + np.uint32(y & m))
+            u = same if np.int32(x ^ y) >= 0 else opposite
+            return np.uint32(u & np.uint32(np.uint32(0) - np.uint32(fin)))
+        return impl32
+
+    def impl64(ia, ir, mask, fin):
+        x = np.int64(ia)
+        y = np.int64(ir)
+        d = x - y
+        u = np.uint64(d if d >= 0 else -d) if (x ^ y) >= 0 else np.uint64(x & mask) + np.uint64(y & mask)
+        return u & (np.uint64(0) - np.uint64(fin))
+    return impl64
+
+
+@intrinsic
+def _fma(typingctx, x, y, z):
+    """x * y + z, fused where the CPU can (LLVM's fmuladd, marked reassociable so that a sum of
+    products still vectorises). Only the sums use it: the tolerance bound stays a separately
+    rounded multiply and add, as in NumPy's allclose."""
+    if not (x == y == z == types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        d = ir.DoubleType()
+        fn = builder.module.declare_intrinsic("llvm.fmuladd", [d], ir.FunctionType(d, [d, d, d]))
+        return builder.call(fn, args, fastmath=("reassoc", "contract"))
+
+    return types.float64(types.float64, types.float64, types.float64), codegen
 
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
 def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                 fs, cnt, hist, ulp, tv, ti, nfi):
     # Indices are unsigned throughout: numba then skips its negative-index wrap-around check,
-    # which otherwise stops LLVM from vectorising the loops (3 GB/s -> 11+ GB/s).
-    buf = np.empty(_BLOCK, np.float64)
-    rbuf = np.empty(_BLOCK, np.float64)
-    rbits = rbuf.view(np.int64)
-    h2 = np.zeros((2, HIST_BUCKETS + 1), np.int64)  # last bucket: non-finite (discarded)
-    keys = np.empty(_BLOCK, np.uint32)
-    ubuf = np.empty(_BLOCK, np.float64)
-    ubits = ubuf.view(np.int64)
-    bufi = buf.view(np.int64)
-    use_ulp = mask != 0
+    # which otherwise stops LLVM from vectorising the loops.
+    keys = np.empty(_BLOCK, np.uint16)
+    h = np.zeros((_NSUB, HIST_BUCKETS + 1), np.uint32)  # last bucket: non-finite (discarded)
     thr = tv[0]
     for j in range(1, tv.shape[0]):
         if tv[j] < thr:
             thr = tv[j]
+    thr_bits = _bits(thr)
     s_ad = 0.0
     s_d2 = 0.0
     s_r2 = 0.0
     s_a2 = 0.0
     s_ar = 0.0
     s_rel = 0.0
-    m_rel_bits = np.array([fs[F_MAX_REL]]).view(np.int64)[0]
-    m_ulp_bits = np.array([np.float64(ulp[0])]).view(np.int64)[0]
-    n_fin = 0
+    m_rel_bits = _bits(fs[F_MAX_REL])
+    m_ulp = _ulp_zero(ai)
+    n_nonfinite = 0
     n_mis = 0
     n_gross = 0
     i0 = lo
     while i0 < hi:
         m = min(_BLOCK, hi - i0)
         u0 = np.uint64(i0)
-        fin_before = n_fin
-        # pass 1: arithmetic over the block, branch-free so it vectorises; non-finite pairs are
-        # zeroed here and handled in the rare path below. ULP distance of same-sign values is the
-        # difference of their bit patterns; of opposite-sign values, the sum of their magnitudes.
+        b_max_ad = np.int64(0)
+        # The one arithmetic pass over the block, branch-free so it vectorises: sums, counts, the
+        # maxima (as integer maxima of bit patterns), the ULP distance and each element's histogram
+        # key. Non-finite pairs are zeroed here and handled in the rare path below.
         for jj in range(m):
             j = np.uint64(jj)
             x = np.float64(a[u0 + j])
@@ -121,55 +197,60 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
             ad = abs(d)
             ay = abs(y)
             s_ad += ad
-            s_d2 += d * d
-            s_r2 += y * y
-            s_a2 += x * x
-            s_ar += x * y
+            s_d2 = _fma(d, d, s_d2)
+            s_r2 = _fma(y, y, s_r2)
+            s_a2 = _fma(x, x, s_a2)
+            s_ar = _fma(x, y, s_ar)
             bound = atol + rtol * ay
             n_mis += np.int64(ad > bound)
             n_gross += np.int64(ad > gross_factor * bound)
             rel = ad / (ay if ay > rel_eps else rel_eps)
             s_rel += rel
-            rbuf[j] = rel
-            n_fin += np.int64(fin)
-            buf[j] = ad if fin else -1.0
-            if use_ulp:
-                ia = np.int64(ai[u0 + j])
-                ir = np.int64(ri[u0 + j])
-                dd = ia - ir
-                u = np.float64(dd if dd >= 0 else -dd) if (ia ^ ir) >= 0 else np.float64(ia & mask) + np.float64(ir & mask)
-                ubuf[j] = u if fin else 0.0
-        m_rel_bits = _block_max_bits(rbits, m, m_rel_bits)
-        if use_ulp:
-            m_ulp_bits = _block_max_bits(ubits, m, m_ulp_bits)
-        nonfinite_in_block = m - (n_fin - fin_before)
-        # pass 2: histogram of the block's absolute errors; keys first (vectorised), then a tight
-        # scatter into two interleaved sub-histograms (repeated hits on one bucket would otherwise
-        # serialise on store-to-load forwarding)
-        for jj in range(m):
+            rb = _bits(rel)
+            m_rel_bits = rb if rb > m_rel_bits else m_rel_bits
+            adb = _bits(ad)
+            b_max_ad = adb if adb > b_max_ad else b_max_ad
+            keys[j] = np.uint16(adb >> HIST_SHIFT) if fin else np.uint16(HIST_BUCKETS)
+            if ai is not None:  # resolved at compile time: None means no ULP
+                u = _ulp_dist(ai[u0 + j], ri[u0 + j], mask, fin)
+                m_ulp = u if u > m_ulp else m_ulp
+        # histogram of the block's absolute errors: a tight scatter into interleaved
+        # sub-histograms (repeated hits on one bucket would otherwise serialise on
+        # store-to-load forwarding)
+        jj = 0
+        while jj + _NSUB <= m:
             j = np.uint64(jj)
-            keys[j] = np.uint32(bufi[j] >> HIST_SHIFT) if buf[j] >= 0.0 else np.uint32(HIST_BUCKETS)
-        for jj in range(0, m - 1, 2):
-            j = np.uint64(jj)
-            h2[0, keys[j]] += 1
-            h2[1, keys[j + np.uint64(1)]] += 1
-        if m & 1:
-            h2[0, keys[np.uint64(m - 1)]] += 1
-        # pass 3: k worst finite elements (the first of them is the max absolute error)
-        # (skipped unless the block's max beats the current k-th worst: after warm-up, most blocks)
-        if _block_max_bits(bufi, m, np.int64(-1)) > np.array([thr]).view(np.int64)[0] or thr < 0.0:
+            for s in range(_NSUB):
+                h[s, keys[j + np.uint64(s)]] += np.uint32(1)
+            jj += _NSUB
+        while jj < m:
+            h[0, keys[np.uint64(jj)]] += np.uint32(1)
+            jj += 1
+        # k worst finite elements (the first of them is the max absolute error), recomputed from
+        # the block's inputs (still in cache) only when the block's max beats the current k-th
+        # worst: after warm-up, hardly ever
+        if b_max_ad > thr_bits or thr < 0.0:
             for jj in range(m):
                 j = np.uint64(jj)
-                if buf[j] > thr:
-                    thr = _topk_insert(tv, ti, buf[j], base + i0 + jj)
-        # rare path: non-finite pairs
-        if nonfinite_in_block:
-            for jj in range(m):
-                j = np.uint64(jj)
-                if buf[j] >= 0.0:
-                    continue
                 x = np.float64(a[u0 + j])
                 y = np.float64(r[u0 + j])
+                if (x - x == 0.0) and (y - y == 0.0):
+                    ad = abs(x - y)
+                    if ad > thr:
+                        thr = _topk_insert(tv, ti, ad, base + i0 + jj)
+            thr_bits = _bits(thr)
+        # rare path: non-finite pairs (their key is the histogram's last bucket)
+        nf = np.int64(h[0, HIST_BUCKETS])
+        for s in range(1, _NSUB):
+            nf += np.int64(h[s, HIST_BUCKETS])
+        if nf != n_nonfinite:
+            n_nonfinite = nf
+            for jj in range(m):
+                j = np.uint64(jj)
+                x = np.float64(a[u0 + j])
+                y = np.float64(r[u0 + j])
+                if (x - x == 0.0) and (y - y == 0.0):
+                    continue
                 xa = x != x
                 yr = y != y
                 if xa:
@@ -217,11 +298,14 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
     fs[F_SUM_A2] += s_a2
     fs[F_SUM_AR] += s_ar
     fs[F_SUM_REL] += s_rel
-    fs[F_MAX_REL] = np.array([m_rel_bits]).view(np.float64)[0]
-    ulp[0] = max(ulp[0], np.uint64(np.array([m_ulp_bits]).view(np.float64)[0]))
+    fs[F_MAX_REL] = _from_bits(m_rel_bits)
+    ulp[0] = max(ulp[0], np.uint64(m_ulp))
     for b in range(HIST_BUCKETS):
-        hist[b] += h2[0, b] + h2[1, b]
-    cnt[I_FINITE] += n_fin
+        c = np.int64(h[0, b])
+        for s in range(1, _NSUB):
+            c += np.int64(h[s, b])
+        hist[b] += c
+    cnt[I_FINITE] += (hi - lo) - n_nonfinite
     cnt[I_MISMATCH] += n_mis
     cnt[I_GROSS] += n_gross
 
@@ -249,12 +333,12 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
     """Fold the pair (a, r) (flat, same length) into the state arrays.
 
     ``ai``/``ri`` are integer views of the values in the dtype whose ULPs are measured (``mask`` is
-    that dtype's magnitude mask; 0 disables ULP). ``base`` is the flat index of ``a[0]``.
+    that dtype's magnitude mask), or both None for no ULP. ``base`` is the flat index of ``a[0]``.
     """
     n = a.shape[0]
     # Work is cut into parts handed out dynamically (the caller sets chunk size 1), so one thread
     # stalled by another process does not hold the others up; partial state is per worker thread.
-    parts = max(1, min(nthreads * _PARTS_PER_THREAD, n // _MIN_PER_THREAD))
+    parts = max(1, min(nthreads * _PARTS_PER_THREAD, n // _MIN_PER_THREAD), (n + _MAX_PART - 1) // _MAX_PART)
     pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(nthreads, fs, tv, nfi)
     for p in prange(parts):
         t = numba.get_thread_id()
@@ -270,6 +354,8 @@ def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_ep
                       fs, cnt, hist, ulp, tv, ti, nfi):
     """:func:`accumulate` in the calling thread, for inputs too small to split (one part): the
     same pass over the same single range, so the same state, without a parallel launch."""
+    if a.shape[0] > _MAX_PART:
+        raise ValueError("accumulate_serial takes at most 2**31 elements; use accumulate")
     pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(1, fs, tv, nfi)
     _range_pass(a, r, ai, ri, mask, 0, a.shape[0], base, rtol, atol, gross_factor, rel_eps, equal_nan,
                 pfs[0], pcnt[0], phist[0], pulp[0], ptv[0], pti[0], pnfi[0])

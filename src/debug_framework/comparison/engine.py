@@ -155,8 +155,8 @@ def _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps
         rf, ri = _prepare(rc, compute, ulp_dtype)
         if engine == "numba":
             a_np, r_np = af.numpy(), rf.numpy()
-            ai_np = ai.numpy() if ai is not None else _NO_INTS
-            ri_np = ri.numpy() if ri is not None else _NO_INTS
+            ai_np = ai.numpy() if ai is not None else None
+            ri_np = ri.numpy() if ri is not None else None
             K.fold(
                 a_np, r_np, ai_np, ri_np, np.int64(mask), np.int64(offset),
                 float(tol.rtol), float(tol.atol), float(tol.outlier_factor), rel_eps,
@@ -174,9 +174,6 @@ def _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps
 
     return _finalize(ref, alt, state, errs if exact_q else None, tol, n, ulp_dtype,
                      exact_mismatch if exact_ints else None, check_dtype, top_k, base)
-
-
-_NO_INTS = np.zeros(0, np.int64)
 
 
 def _prepare(chunk: torch.Tensor, compute: torch.dtype, ulp_dtype: torch.dtype | None):

@@ -1,0 +1,80 @@
+"""The parallel comparison kernel against a direct float64 NumPy computation of its state, on inputs
+large enough to be split over threads (one vectorised arithmetic pass per block, ULP distances in
+32-bit lanes for formats up to 32 bits and 64-bit lanes for float64, and no ULP at all)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from debug_framework.comparison import _kernel as K
+
+N = 3 * (1 << 17) + 12345  # several parts per thread, and a ragged last block
+RTOL, ATOL, GROSS = 1e-4, 1e-6, 10.0
+
+
+def _inputs(dtype: type, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    r = rng.standard_normal(N).astype(dtype)
+    a = (r + rng.standard_normal(N).astype(dtype) * dtype(1e-4)).astype(dtype)
+    a[:1000] = r[:1000]  # exact matches: error 0
+    a[5000], r[6000], a[7000], r[7000], r[8000] = np.nan, np.inf, -np.inf, -np.inf, np.nan
+    a[9000], r[9000] = dtype(3.0), dtype(-2.5)  # opposite signs
+    a[N - 1] = r[N - 1] + dtype(50.0)  # the worst element sits in the last, short block
+    return a, r
+
+
+def _ulp_reference(a: np.ndarray, r: np.ndarray, fin: np.ndarray) -> int:
+    bits = {np.float32: np.int32, np.float64: np.int64}[a.dtype.type]
+    mask = (1 << (a.dtype.itemsize * 8 - 1)) - 1
+    ia = [int(v) for v in a[fin].view(bits)]
+    ir = [int(v) for v in r[fin].view(bits)]
+    return max(abs(x - y) if (x < 0) == (y < 0) else (x & mask) + (y & mask) for x, y in zip(ia, ir, strict=True))
+
+
+@pytest.mark.parametrize(("dtype", "with_ulp"), [(np.float32, True), (np.float64, True), (np.float32, False)])
+def test_parallel_kernel_state_matches_numpy(dtype, with_ulp):
+    a, r = _inputs(dtype, 7)
+    state = K.new_state(5)
+    if with_ulp:
+        ibits = np.int32 if dtype is np.float32 else np.int64
+        ai, ri, mask = a.view(ibits), r.view(ibits), (1 << (a.dtype.itemsize * 8 - 1)) - 1
+    else:
+        ai, ri, mask = None, None, 0
+    eps = float(np.finfo(dtype).eps)
+    with numba.parallel_chunksize(1):
+        K.accumulate(a, r, ai, ri, np.int64(mask), np.int64(100), RTOL, ATOL, GROSS, eps, False, *state,
+                     K.num_threads())
+    fs, cnt, hist, ulp, tv, ti, nfi = state
+
+    x, y = a.astype(np.float64), r.astype(np.float64)
+    fin = np.isfinite(x) & np.isfinite(y)
+    xf, yf = x[fin], y[fin]
+    ad = np.abs(xf - yf)
+    bound = ATOL + RTOL * np.abs(yf)
+    rel = ad / np.maximum(np.abs(yf), eps)
+    nonfinite = np.flatnonzero(~fin)
+    bad = [i for i in nonfinite if not (x[i] == y[i])]  # equal_nan=False: NaN never matches
+
+    assert cnt[K.I_FINITE] == fin.sum()
+    assert cnt[K.I_MISMATCH] == (ad > bound).sum() + len(bad)
+    assert cnt[K.I_GROSS] == (ad > GROSS * bound).sum() + len(bad)
+    assert cnt[K.I_NAN_A] == 1 and cnt[K.I_NAN_R] == 1
+    assert cnt[K.I_POSINF_R] == 1 and cnt[K.I_NEGINF_A] == 1 and cnt[K.I_NEGINF_R] == 1
+    assert cnt[K.I_FIRST_NONFINITE] == 100 + nonfinite[0]
+    assert cnt[K.I_NONFINITE_MISMATCH] == len(bad)
+    assert sorted(nfi[nfi >= 0]) == [100 + i for i in bad][: nfi.shape[0]]
+    np.testing.assert_allclose(
+        fs[[K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR, K.F_SUM_REL]],
+        [ad.sum(), (ad * ad).sum(), (yf * yf).sum(), (xf * xf).sum(), (xf * yf).sum(), rel.sum()],
+        rtol=1e-10,
+    )
+    assert fs[K.F_MAX_REL] == rel.max()  # the same IEEE division, so bit-identical
+    keys = ad.view(np.int64) >> K.HIST_SHIFT
+    np.testing.assert_array_equal(hist, np.bincount(keys, minlength=K.HIST_BUCKETS))
+    order = np.argsort(-ad, kind="stable")[:5]
+    flat = np.flatnonzero(fin)[order] + 100
+    assert sorted(zip(-tv, ti, strict=True)) == sorted(zip(-ad[order], flat, strict=True))
+    assert ti[np.argmax(tv)] == 100 + N - 1
+    assert ulp[0] == (_ulp_reference(a, r, fin) if with_ulp else 0)
