@@ -13,6 +13,7 @@ import torch
 from debug_framework.backends import get_backend
 from debug_framework.capture import CheckpointKey, all_checkpoints
 from debug_framework.comparison import compare
+from debug_framework.errors import BackendInitializationError
 from debug_framework.modelio import ModelInputs, load_model
 
 #: float32 vs float32 (eager vs generated kernels / ORT) on O(1) activations, 4 layers: observed ~1e-6.
@@ -57,6 +58,33 @@ def test_inductor_tiny_qwen2_cold_and_warm_compile_then_agrees(tiny_qwen2, rando
     assert list(sub) == [CheckpointKey("post_attention", 1), CheckpointKey("post_processing")]
     info = backend.version_info()
     assert info["compile_log"][-1]["measure_compile"]["cold_s"] == round(timings["cold_s"], 4)
+    _replays_agree_with_eager(backend, model, random_inputs)
+
+
+def _replays_agree_with_eager(backend, model, inputs):
+    """Each layer replayed by Inductor on a hidden state the model never produced (its own input,
+    scaled) gives what the eager layer gives on it: the replay takes ``hidden_in``, each layer's own
+    weights and the model's masks/positions, and yields both checkpoints of the layer."""
+    eager = get_backend("pytorch")
+    eager.prepare(model, "float32", "cpu")
+    own = eager.run(inputs, capture_layer_inputs=True)
+    for i in range(model.num_layers):
+        hidden = own.layer_inputs[i] * 1.5
+        got = backend.run_layer(i, hidden, inputs)
+        want = eager.run_layer(i, hidden, inputs)
+        assert set(got) == {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
+        assert got.meta == {"variant": f"layer {i}", "compiled_in_this_call": True}
+        _agree({k: want[k] for k in got}, got)
+        assert not compare(_host(own[CheckpointKey("post_mlp", i)]), _host(got[CheckpointKey("post_mlp", i)]), **FP32).passed
+    assert backend.run_layer(0, hidden, inputs).meta["compiled_in_this_call"] is False
+    assert [e["variant"] for e in backend.compile_log if e.get("variant", "").startswith("layer")] == [
+        f"layer {i}" for i in range(model.num_layers)]
+    with pytest.raises(BackendInitializationError, match="layer 9 does not exist"):
+        backend.run_layer(9, hidden, inputs)
+    # the replays left the full graph alone: same checkpoints, no new compile
+    again = backend.run(inputs)
+    assert again.meta["compiled_in_this_call"] is False
+    _agree(eager.run(inputs), again)
 
 
 def test_inductor_tiny_bert_and_the_plain_graph(tiny_bert, random_inputs):
@@ -71,6 +99,7 @@ def test_inductor_tiny_bert_and_the_plain_graph(tiny_bert, random_inputs):
     plain = backend.run(random_inputs, [])  # the model compiled without checkpoint outputs
     assert len(plain) == 0 and plain.meta["variant"] == "plain"
     assert [e["variant"] for e in backend.compile_log] == ["captured", "plain"]
+    _replays_agree_with_eager(backend, model, random_inputs)
 
 
 def test_onnxruntime_tiny_qwen2_keeps_its_export_and_takes_any_shape(tiny_qwen2, random_inputs, tmp_path):

@@ -109,3 +109,31 @@ def test_enabled_checkpoints_and_per_checkpoint_tolerance(tiny_llama, db_path):
     # float32 against float64 is never exact: the zero tolerance fails exactly that checkpoint
     assert str(result.first_divergence.key) == "post_mlp:3"
     assert [o.passed for o in result.results] == [True, False, True]
+
+
+@pytest.mark.slow
+def test_isolation_replays_inductor_layers(tiny_llama, db_path):
+    """Isolation with a compiled alternative: Inductor's layers are replayed on the reference's
+    inputs, so the one layer whose norm epsilon is wrong (injected before compilation) is named alone."""
+    from debug_framework.backends import register_backend, unregister_backend
+    from debug_framework.backends.inductor import InductorBackend
+
+    class EpsBugInductor(InductorBackend):
+        name = "inductor_eps_layer3"
+
+        def prepare(self, model, dtype=None, device=None):
+            super().prepare(model, dtype, device)
+            self.net.model.layers[3].input_layernorm.variance_epsilon = 0.5  # compiled on the first run
+
+    register_backend(EpsBugInductor.name, EpsBugInductor, replace=True)
+    try:
+        engine = ValidationEngine(db_path)
+        result = engine.run(engine.create_session(tiny_llama, {"isolate": True}, "python_reference", EpsBugInductor.name))
+    finally:
+        unregister_backend(EpsBugInductor.name)
+    assert result.verdict == "failed" and result.first_divergence.key == CheckpointKey("post_attention", 3)
+    assert result.introducing_layers == [3]
+    assert [iso.layer for iso in result.isolation] == list(range(6))
+    assert result.isolation[3].block == "attention" and all(iso.alternative_replay_s > 0 for iso in result.isolation)
+    for iso in result.isolation[4:]:
+        assert not iso.carried_in.passed and iso.introduced_mlp.passed and iso.introduced_attention.passed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import torch
 import torch.nn as nn
 
@@ -67,3 +69,27 @@ def test_new_shape_and_dtype_cause_recompilations_with_reasons():
     insp2(torch.randn(2, 4, dtype=torch.float64))  # dtype change
     reasons = [x for r in insp2.report().recompilations for x in r.reasons]
     assert any("dtype mismatch" in x for x in reasons)
+
+
+def test_recompile_limit_raises_instead_of_running_eagerly():
+    """Layer replays compile one code object once per layer: ``recompile_limit`` lets them, and
+    turns running past the limit into an error (Dynamo alone falls back to eager silently)."""
+    from debug_framework._torch import dynamo as dynamo_private
+
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
+              torch.int32, torch.int64, torch.uint8, torch.complex64]  # one guard set each
+
+    def twice(x):
+        return x * 2
+
+    quiet = torch.compile(twice, backend="eager")
+    assert all(torch.equal(quiet(torch.ones(3, dtype=d)), torch.full((3,), 2, dtype=d)) for d in dtypes)
+    loud = torch.compile(lambda x: x * 3, backend="eager")
+    with dynamo_private.recompile_limit(len(dtypes)):  # enough: no error
+        for d in dtypes:
+            loud(torch.ones(3, dtype=d))
+    strict = torch.compile(lambda x: x * 4, backend="eager")
+    with pytest.raises(Exception, match="recompile_limit"):
+        with dynamo_private.recompile_limit(1):  # 1 asks for no more than Dynamo's default (8)
+            for d in dtypes:
+                strict(torch.ones(3, dtype=d))

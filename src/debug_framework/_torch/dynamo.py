@@ -1,13 +1,15 @@
-"""Private-API module for ``torch._dynamo``: hooked optimize, guard text, graph-break reasons, reset.
+"""Private-API module for ``torch._dynamo``: hooked optimize, guard text, graph-break reasons, reset,
+the recompile limit.
 
 Nothing else in the project (``debug_framework`` or ``debug_module``) imports ``torch._dynamo``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +28,7 @@ __all__ = [
     "guard_fail_parts",
     "inner_exception",
     "lookup_backend",
+    "recompile_limit",
 ]
 
 
@@ -133,3 +136,15 @@ def lookup_backend(name: str) -> Callable[..., Any]:
     """The compiler function behind a registered ``torch.compile`` backend name (``"inductor"``,
     ``"aot_eager"``, an entry-point backend ...), so callers can wrap it (e.g. to time compilation)."""
     return _dynamo.lookup_backend(name)
+
+
+@contextlib.contextmanager
+def recompile_limit(at_least: int) -> Iterator[None]:
+    """Let one code object be compiled for ``at_least`` guard sets (e.g. one per layer of a model,
+    each layer module compiled on its own), and raise instead of silently running eagerly when
+    that is exceeded."""
+    cfg = _dynamo.config
+    limit = max(int(cfg.recompile_limit), int(at_least))
+    with cfg.patch(recompile_limit=limit, accumulated_recompile_limit=max(int(cfg.accumulated_recompile_limit), limit),
+                   fail_on_recompile_limit_hit=True):
+        yield

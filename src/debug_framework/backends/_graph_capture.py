@@ -24,12 +24,16 @@ class CheckpointOutputs(torch.nn.Module):
     """``forward(input_ids, attention_mask[, token_type_ids])`` -> a tuple, one tensor per checkpoint.
 
     ``keys[i]`` names output i (execution order of the taps: every checkpoint of the model).
+    Calling one submodule alone (compiled or not) fires only the hooks inside it, still in that order,
+    into ``_sink``: :meth:`keys_within` names them.
     """
 
     def __init__(self, net: torch.nn.Module, taps: list[ModuleTap]) -> None:
         super().__init__()
         self.net = net
         self.keys: list[CheckpointKey] = [t.key for t in taps]
+        #: the module each output is tapped on (``modules[i]`` for ``keys[i]``)
+        self.modules: list[str] = [t.module for t in taps]
         self._sink: list[torch.Tensor] = []
         sink = self._sink
         for tap in taps:
@@ -52,6 +56,10 @@ class CheckpointOutputs(torch.nn.Module):
         out = tuple(self._sink)
         self._sink.clear()
         return out
+
+    def keys_within(self, module: str) -> list[CheckpointKey]:
+        """The checkpoints tapped on ``module`` or inside it, in the order their hooks fire."""
+        return [k for k, m in zip(self.keys, self.modules, strict=True) if m == module or m.startswith(module + ".")]
 
     @classmethod
     def for_model(cls, net: torch.nn.Module, model: LoadedModel) -> CheckpointOutputs:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ..capture.keys import Capture
+from ..capture.hooks import find_module, first_tensor, hf_layer_modules
+from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
@@ -57,6 +58,7 @@ class InductorBackend(BaseBackend):
         self._captured: Any = None
         self._plain: Any = None
         self._seen: set[tuple[str, tuple[Any, ...]]] = set()
+        self._layer_fns: dict[int, Any] = {}
         #: One entry per first call of a variant on a new input signature: that call compiled.
         self.compile_log: list[dict[str, Any]] = []
 
@@ -98,6 +100,7 @@ class InductorBackend(BaseBackend):
         self._captured = self._compile(self._wrapper)
         self._plain = None
         self._seen.clear()
+        self._layer_fns.clear()
         self.compile_log.clear()
 
     def _compile(self, module: torch.nn.Module) -> Any:
@@ -153,6 +156,80 @@ class InductorBackend(BaseBackend):
             meta=meta,
         )
 
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Replay layer ``i`` as Inductor compiles it, on ``hidden_in`` (isolation).
+
+        The layer's other inputs (attention mask, rotary position embeddings...) are what the model
+        passes it for ``inputs``: an eager forward is run up to layer ``i`` and stopped there. The
+        layer module is then compiled on its own (once per layer, on the first replay; layers of
+        the same shape reuse Inductor's cached graph) and called with ``hidden_in`` in place of its
+        hidden state. ``post_attention:i`` and ``post_mlp:i`` come out of that one compiled graph,
+        through the same checkpoint hooks as :meth:`run`.
+        """
+        model = self._prepared()
+        if not 0 <= i < model.num_layers:
+            raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})",
+                                             backend=self.name)
+        layer_name = hf_layer_modules(model.architecture, model.num_layers)[i]
+        layer = find_module(self.net, layer_name)
+        args, kwargs = self._layer_call(layer, inputs)
+        hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
+        if args:
+            args = (hidden, *args[1:])
+        else:
+            kwargs = {**kwargs, "hidden_states": hidden}
+        first = i not in self._layer_fns
+        if first:
+            self._layer_fns[i] = torch.compile(layer, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+        from .._torch import dynamo as _dynamo_private
+        from .._torch import inductor as _inductor_private
+
+        sink = self._wrapper._sink
+        sink.clear()
+        try:
+            with torch.inference_mode(), _dynamo_private.recompile_limit(2 * model.num_layers + 8), \
+                    _inductor_private.using_cache_dir(self.cache_dir):
+                synchronize(self.device)
+                start = time.perf_counter()
+                out = self._layer_fns[i](*args, **kwargs)
+                synchronize(self.device)
+                elapsed = time.perf_counter() - start
+            emitted = dict(zip(self._wrapper.keys_within(layer_name), sink, strict=True))
+        finally:
+            sink.clear()
+        if first:
+            self.compile_log.append({"variant": f"layer {i}", "shape": list(inputs.shape), "first_call_s": round(elapsed, 4)})
+        k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
+        tensors = {k_mlp: first_tensor(out)}
+        if k_attn in emitted:
+            tensors[k_attn] = emitted[k_attn]
+        return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
+                       meta={"variant": f"layer {i}", "compiled_in_this_call": first})
+
+    def _layer_call(self, layer: torch.nn.Module, inputs: ModelInputs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments the model passes ``layer`` for ``inputs`` (eager run,
+        stopped as the layer is entered)."""
+        model = self._prepared()
+        seen: dict[str, Any] = {}
+
+        def grab(_m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            seen["call"] = (args, kwargs)
+            raise _LayerReached
+
+        arrays = graph_inputs(model, inputs)
+        handle = layer.register_forward_pre_hook(grab, with_kwargs=True, prepend=True)
+        try:
+            with torch.inference_mode():
+                self.net(**{k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()})
+        except _LayerReached:
+            pass
+        finally:
+            handle.remove()
+            self._wrapper._sink.clear()  # the eager run fired the checkpoint hooks too
+        if "call" not in seen:
+            raise BackendInitializationError("the model never called the layer being replayed", backend=self.name)
+        return seen["call"]
+
     def measure_compile(self, inputs: ModelInputs, cache_dir: str | Path | None = None) -> dict[str, float]:
         """Time a cold and a warm compile of the capturing graph for ``inputs``' shape.
 
@@ -181,3 +258,7 @@ class InductorBackend(BaseBackend):
                 shutil.rmtree(directory, ignore_errors=True)
         self.compile_log.append({"measure_compile": {k: round(v, 4) for k, v in timings.items()}, "shape": list(inputs.shape)})
         return timings
+
+
+class _LayerReached(Exception):
+    """Stops the eager forward of :meth:`InductorBackend._layer_call` as the layer is entered."""
