@@ -6,6 +6,8 @@ tiny models; MiniLM is compiled by Inductor exactly once (about 35 s here).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -58,33 +60,49 @@ def test_inductor_tiny_qwen2_cold_and_warm_compile_then_agrees(tiny_qwen2, rando
     assert list(sub) == [CheckpointKey("post_attention", 1), CheckpointKey("post_processing")]
     info = backend.version_info()
     assert info["compile_log"][-1]["measure_compile"]["cold_s"] == round(timings["cold_s"], 4)
-    _replays_agree_with_eager(backend, model, random_inputs)
+    _inductor_replays(backend, model, random_inputs)
 
 
 def _replays_agree_with_eager(backend, model, inputs):
-    """Each layer replayed by Inductor on a hidden state the model never produced (its own input,
+    """Each layer replayed by ``backend`` on a hidden state the model never produced (its own input,
     scaled) gives what the eager layer gives on it: the replay takes ``hidden_in``, each layer's own
-    weights and the model's masks/positions, and yields both checkpoints of the layer."""
+    weights and the model's masks/positions, and yields both checkpoints of the layer. Returns the
+    replays' ``meta``, one per layer, then one more for a second replay of layer 0."""
     eager = get_backend("pytorch")
     eager.prepare(model, "float32", "cpu")
     own = eager.run(inputs, capture_layer_inputs=True)
+    metas = []
     for i in range(model.num_layers):
         hidden = own.layer_inputs[i] * 1.5
         got = backend.run_layer(i, hidden, inputs)
         want = eager.run_layer(i, hidden, inputs)
         assert set(got) == {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
-        assert got.meta == {"variant": f"layer {i}", "compiled_in_this_call": True}
         _agree({k: want[k] for k in got}, got)
         assert not compare(_host(own[CheckpointKey("post_mlp", i)]), _host(got[CheckpointKey("post_mlp", i)]), **FP32).passed
-    assert backend.run_layer(0, hidden, inputs).meta["compiled_in_this_call"] is False
-    assert [e["variant"] for e in backend.compile_log if e.get("variant", "").startswith("layer")] == [
-        f"layer {i}" for i in range(model.num_layers)]
+        metas.append(got.meta)
+    metas.append(backend.run_layer(0, hidden, inputs).meta)
     with pytest.raises(BackendInitializationError, match="layer 9 does not exist"):
         backend.run_layer(9, hidden, inputs)
-    # the replays left the full graph alone: same checkpoints, no new compile
-    again = backend.run(inputs)
-    assert again.meta["compiled_in_this_call"] is False
-    _agree(eager.run(inputs), again)
+    _agree(eager.run(inputs), backend.run(inputs))  # the replays left the full model alone
+    return metas
+
+
+def _inductor_replays(backend, model, inputs):
+    metas = _replays_agree_with_eager(backend, model, inputs)
+    n = model.num_layers
+    assert metas == [{"variant": f"layer {i}", "compiled_in_this_call": True} for i in range(n)] + [
+        {"variant": "layer 0", "compiled_in_this_call": False}]
+    assert [e["variant"] for e in backend.compile_log if e.get("variant", "").startswith("layer")] == [
+        f"layer {i}" for i in range(n)]
+    assert backend.run(inputs).meta["compiled_in_this_call"] is False  # no new compile of the full model
+
+
+def _onnxruntime_replays(backend, model, inputs):
+    metas = _replays_agree_with_eager(backend, model, inputs)
+    assert [m["exported_in_this_call"] for m in metas] == [True] * model.num_layers + [False]
+    paths = {m["onnx_path"] for m in metas}
+    assert len(paths) == model.num_layers and all(Path(p).parent == backend.onnx_path.parent for p in paths)
+    assert all(m["export_s"] > 0 for m in metas[:-1])
 
 
 def test_inductor_tiny_bert_and_the_plain_graph(tiny_bert, random_inputs):
@@ -99,7 +117,7 @@ def test_inductor_tiny_bert_and_the_plain_graph(tiny_bert, random_inputs):
     plain = backend.run(random_inputs, [])  # the model compiled without checkpoint outputs
     assert len(plain) == 0 and plain.meta["variant"] == "plain"
     assert [e["variant"] for e in backend.compile_log] == ["captured", "plain"]
-    _replays_agree_with_eager(backend, model, random_inputs)
+    _inductor_replays(backend, model, random_inputs)
 
 
 def test_onnxruntime_tiny_qwen2_keeps_its_export_and_takes_any_shape(tiny_qwen2, random_inputs, tmp_path):
@@ -119,6 +137,7 @@ def test_onnxruntime_tiny_qwen2_keeps_its_export_and_takes_any_shape(tiny_qwen2,
     assert len(graph.output) == len(all_checkpoints(4))  # the checkpoints are graph outputs
     info = backend.version_info()
     assert info["artifact_dir"] == str(tmp_path / "run") and info["export_s"] > 0
+    _onnxruntime_replays(backend, model, random_inputs)
 
 
 def test_onnxruntime_tiny_bert_with_token_types(tiny_bert):
@@ -129,6 +148,7 @@ def test_onnxruntime_tiny_bert_with_token_types(tiny_bert):
     backend.prepare(model, "float32", "cpu")
     assert backend.artifact_dir.is_dir() and "df-onnx-" in backend.artifact_dir.name  # reported temp dir
     _agree(_pytorch(model, inputs), backend.run(inputs, capture_layer_inputs=True))
+    _onnxruntime_replays(backend, model, inputs)
 
 
 TEXTS = [

@@ -8,6 +8,7 @@ the hooks, so the checkpoints become ordinary outputs of a single graph: no grap
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from ..capture.keys import CheckpointKey
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
-__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs"]
+__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "layer_call", "with_hidden"]
 
 
 class CheckpointOutputs(torch.nn.Module):
@@ -100,3 +101,45 @@ def layer_inputs_from(tensors: dict[CheckpointKey, Any], num_layers: int) -> dic
         if key in tensors:
             out[i] = tensors[key]
     return out
+
+
+class _LayerReached(Exception):
+    """Stops the eager forward of :func:`layer_call` as the layer is entered."""
+
+
+def layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[str, torch.Tensor],
+               ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The positional and keyword arguments ``net(**net_kwargs)`` passes ``layer`` (its attention
+    mask, rotary position embeddings ...): an eager forward, stopped as the layer is entered, so
+    a backend can replay the layer alone on another hidden state. Hooks before the layer fire
+    (a :class:`CheckpointOutputs` sink may need clearing afterwards)."""
+    seen: dict[str, Any] = {}
+
+    def grab(_m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen["call"] = (args, kwargs)
+        raise _LayerReached
+
+    if "use_cache" in inspect.signature(net.forward).parameters:
+        # no KV cache: a replayed layer must not append to (or read) the cache of the eager run
+        net_kwargs = {**net_kwargs, "use_cache": False}
+    handle = layer.register_forward_pre_hook(grab, with_kwargs=True, prepend=True)
+    try:
+        with torch.inference_mode():
+            net(**net_kwargs)
+    except _LayerReached:
+        pass
+    finally:
+        handle.remove()
+    if "call" not in seen:
+        from ..errors import ValidationError
+
+        raise ValidationError("the model never called the layer being replayed",
+                              hint="the layer module names must be the ones the model's forward calls")
+    return seen["call"]
+
+
+def with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` of a layer call with ``hidden`` as its hidden state."""
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}

@@ -22,7 +22,7 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from
+from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_call, layer_inputs_from, with_hidden
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, synchronize, torch_device_info
@@ -172,12 +172,13 @@ class InductorBackend(BaseBackend):
                                              backend=self.name)
         layer_name = hf_layer_modules(model.architecture, model.num_layers)[i]
         layer = find_module(self.net, layer_name)
-        args, kwargs = self._layer_call(layer, inputs)
+        arrays = graph_inputs(model, inputs)
+        try:
+            args, kwargs = layer_call(self.net, layer, {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()})
+        finally:
+            self._wrapper._sink.clear()  # the eager run fired the checkpoint hooks before the layer
         hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
-        if args:
-            args = (hidden, *args[1:])
-        else:
-            kwargs = {**kwargs, "hidden_states": hidden}
+        args, kwargs = with_hidden(args, kwargs, hidden)
         first = i not in self._layer_fns
         if first:
             self._layer_fns[i] = torch.compile(layer, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
@@ -205,30 +206,6 @@ class InductorBackend(BaseBackend):
             tensors[k_attn] = emitted[k_attn]
         return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
                        meta={"variant": f"layer {i}", "compiled_in_this_call": first})
-
-    def _layer_call(self, layer: torch.nn.Module, inputs: ModelInputs) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The positional and keyword arguments the model passes ``layer`` for ``inputs`` (eager run,
-        stopped as the layer is entered)."""
-        model = self._prepared()
-        seen: dict[str, Any] = {}
-
-        def grab(_m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            seen["call"] = (args, kwargs)
-            raise _LayerReached
-
-        arrays = graph_inputs(model, inputs)
-        handle = layer.register_forward_pre_hook(grab, with_kwargs=True, prepend=True)
-        try:
-            with torch.inference_mode():
-                self.net(**{k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()})
-        except _LayerReached:
-            pass
-        finally:
-            handle.remove()
-            self._wrapper._sink.clear()  # the eager run fired the checkpoint hooks too
-        if "call" not in seen:
-            raise BackendInitializationError("the model never called the layer being replayed", backend=self.name)
-        return seen["call"]
 
     def measure_compile(self, inputs: ModelInputs, cache_dir: str | Path | None = None) -> dict[str, float]:
         """Time a cold and a warm compile of the capturing graph for ``inputs``' shape.
@@ -259,6 +236,3 @@ class InductorBackend(BaseBackend):
         self.compile_log.append({"measure_compile": {k: round(v, 4) for k, v in timings.items()}, "shape": list(inputs.shape)})
         return timings
 
-
-class _LayerReached(Exception):
-    """Stops the eager forward of :meth:`InductorBackend._layer_call` as the layer is entered."""

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
-from ..capture.keys import Capture
+from ..capture.hooks import find_module, hf_layer_modules
+from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from
+from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_call, layer_inputs_from, with_hidden
 from .base import BaseBackend, Taps, cpu_name
 from .pytorch import build_hf_model
 
@@ -70,6 +71,9 @@ class OnnxRuntimeBackend(BaseBackend):
         self.onnx_path: Path | None = None
         self.export_s = 0.0
         self._keys_out: list[Any] = []
+        self._wrapper: CheckpointOutputs | None = None
+        self._sink: list[torch.Tensor] = []
+        self._layer_sessions: dict[tuple[Any, ...], tuple[Any, Path, list[CheckpointKey]]] = {}
 
     # -- availability and versions -----------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -160,8 +164,11 @@ class OnnxRuntimeBackend(BaseBackend):
             self.artifact_dir = Path(tempfile.mkdtemp(prefix="df-onnx-"))
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         self.net = build_hf_model(model, torch.float32, "cpu")
-        wrapper = CheckpointOutputs.for_model(self.net, model)
+        wrapper = self._wrapper = CheckpointOutputs.for_model(self.net, model)
+        # the list the checkpoint hooks append to (torch.export puts a copy on the wrapper afterwards)
+        self._sink = wrapper._sink
         self._keys_out = list(wrapper.keys)
+        self._layer_sessions.clear()
         self._names = {k: str(k).replace(":", "_") for k in self._keys_out}
         self.onnx_path = self.artifact_dir / f"{model.architecture}-{model.digest[:12]}-{dtype}-checkpoints.onnx"
         self.export_s = self._export(wrapper, model, self.onnx_path, list(self._names.values()))
@@ -206,3 +213,111 @@ class OnnxRuntimeBackend(BaseBackend):
             layer_inputs=layer_inputs_from(got, model.num_layers) if capture_layer_inputs else {},
             meta={"variant": "captured", "onnx_path": str(self.onnx_path), "providers": self.session.get_providers()},
         )
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Replay layer ``i`` in ONNX Runtime on ``hidden_in`` (isolation).
+
+        The layer's other inputs (attention mask, rotary position embeddings ...) are what the model
+        passes it for ``inputs`` (an eager forward stopped as the layer is entered). The layer alone,
+        with its checkpoints as outputs, is exported once per layer and input shape (beside the
+        model's export, ``...-layer<i>-<shape>.onnx``) and run by ONNX Runtime with ``hidden_in`` as
+        its hidden state.
+        """
+        model = self._prepared()
+        if not 0 <= i < model.num_layers:
+            raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})",
+                                             backend=self.name)
+        layer_name = hf_layer_modules(model.architecture, model.num_layers)[i]
+        layer = find_module(self.net, layer_name)
+        arrays = graph_inputs(model, inputs)
+        try:
+            args, kwargs = layer_call(self.net, layer, {k: torch.from_numpy(v) for k, v in arrays.items()})
+        finally:
+            self._sink.clear()  # the eager run fired the checkpoint hooks before the layer
+        hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32)
+        args, kwargs = with_hidden(args, kwargs, hidden)
+        leaves, spec = _flatten((args, kwargs))
+        leaves = [t.clone() for t in leaves]  # normal tensors: the eager run made inference-mode ones
+        key = (i, tuple((tuple(t.shape), t.dtype) for t in leaves))
+        meta: dict[str, Any] = {"variant": f"layer {i}", "exported_in_this_call": key not in self._layer_sessions}
+        if key not in self._layer_sessions:
+            keys = self._wrapper.keys_within(layer_name)
+            shape = "x".join(str(d) for d in hidden.shape)
+            path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", f"-layer{i}-{shape}.onnx"))
+            replay = _LayerReplay(layer, self._sink, spec).eval()
+            start = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    torch.onnx.export(replay, tuple(leaves), str(path), dynamo=True, opset_version=self.opset,
+                                      input_names=[f"in_{n}" for n in range(len(leaves))],
+                                      output_names=[str(k).replace(":", "_") for k in keys], verbose=False)
+            except Exception as exc:
+                raise BackendInitializationError(f"torch.onnx export of layer {i} failed: {exc}", backend=self.name) from exc
+            finally:
+                self._sink.clear()
+            meta["export_s"] = time.perf_counter() - start
+            self._layer_sessions[key] = (self._session(path), path, keys)
+        session, path, keys = self._layer_sessions[key]
+        wanted = [k for k in keys if k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i))]
+        names = {inp.name for inp in session.get_inputs()}  # the exporter drops inputs the graph does not use
+        feeds = {f"in_{n}": t.numpy() for n, t in enumerate(leaves) if f"in_{n}" in names}
+        start = time.perf_counter()
+        arrays_out = session.run([str(k).replace(":", "_") for k in wanted], feeds)
+        elapsed = time.perf_counter() - start
+        return Capture(tensors=dict(zip(wanted, arrays_out, strict=True)), backend=self.name, dtype=self.dtype,
+                       elapsed_s=elapsed, meta={**meta, "onnx_path": str(path)})
+
+
+class _LayerReplay(torch.nn.Module):
+    """One layer called with the arguments rebuilt from flat tensors (``spec``: see :func:`_flatten`);
+    returns what the checkpoint hooks inside it appended to ``sink``, in firing order."""
+
+    def __init__(self, layer: torch.nn.Module, sink: list[torch.Tensor], spec: Any) -> None:
+        super().__init__()
+        self.layer = layer
+        self._sink = sink
+        self._spec = spec
+
+    def forward(self, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args, kwargs = _unflatten(self._spec, list(leaves))
+        self._sink.clear()
+        self.layer(*args, **kwargs)
+        out = tuple(self._sink)
+        self._sink.clear()
+        return out
+
+
+_LEAF = object()
+
+
+def _flatten(value: Any) -> tuple[list[torch.Tensor], Any]:
+    """The tensors in nested tuples/lists/dicts, in order, and a spec of everything else."""
+    leaves: list[torch.Tensor] = []
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            leaves.append(v)
+            return _LEAF
+        if isinstance(v, (tuple, list)):
+            return (type(v), [walk(x) for x in v])
+        if isinstance(v, dict):
+            return (dict, {k: walk(x) for k, x in v.items()})
+        return ("const", v)
+
+    return leaves, walk(value)
+
+
+def _unflatten(spec: Any, leaves: list[torch.Tensor]) -> Any:
+    it = iter(leaves)
+
+    def build(sp: Any) -> Any:
+        if sp is _LEAF:
+            return next(it)
+        kind, body = sp
+        if kind == "const":
+            return body
+        if kind is dict:
+            return {k: build(x) for k, x in body.items()}
+        return kind(build(x) for x in body)
+
+    return build(spec)
