@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from ..capture.hooks import ModuleTap, find_module, first_tensor, hf_module_taps
+from ..capture.hooks import ModuleTap, find_module, first_tensor, hf_layer_modules, hf_module_taps
 from ..capture.keys import CheckpointKey
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
-__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "layer_call", "with_hidden"]
+__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "replay_arguments"]
 
 
 class CheckpointOutputs(torch.nn.Module):
@@ -104,10 +104,10 @@ def layer_inputs_from(tensors: dict[CheckpointKey, Any], num_layers: int) -> dic
 
 
 class _LayerReached(Exception):
-    """Stops the eager forward of :func:`layer_call` as the layer is entered."""
+    """Stops the eager forward of :func:`_layer_call` as the layer is entered."""
 
 
-def layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[str, torch.Tensor],
+def _layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[str, torch.Tensor],
                ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The positional and keyword arguments ``net(**net_kwargs)`` passes ``layer`` (its attention
     mask, rotary position embeddings ...): an eager forward, stopped as the layer is entered, so
@@ -138,8 +138,33 @@ def layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[st
     return seen["call"]
 
 
-def with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args``/``kwargs`` of a layer call with ``hidden`` as its hidden state."""
     if args:
         return (hidden, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": hidden}
+
+
+def replay_arguments(net: torch.nn.Module, model: LoadedModel, i: int, inputs: ModelInputs, hidden: torch.Tensor,
+                     sink: list[torch.Tensor], device: str, backend: str,
+                     ) -> tuple[str, torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+    """What a compiled backend needs to replay layer ``i`` of ``net`` on ``hidden``: the layer's
+    module name, the module, and the arguments the model passes it for ``inputs`` with ``hidden``
+    as its hidden state. ``sink`` (the checkpoint hooks' list) is left empty.
+
+    Raises:
+        BackendInitializationError: there is no layer ``i`` (DF002).
+    """
+    if not 0 <= i < model.num_layers:
+        from ..errors import BackendInitializationError
+
+        raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})", backend=backend)
+    name = hf_layer_modules(model.architecture, model.num_layers)[i]
+    layer = find_module(net, name)
+    arrays = graph_inputs(model, inputs)
+    try:
+        args, kwargs = _layer_call(net, layer, {k: torch.from_numpy(v).to(device) for k, v in arrays.items()})
+    finally:
+        sink.clear()  # the eager run fired the checkpoint hooks before the layer
+    args, kwargs = _with_hidden(args, kwargs, hidden)
+    return name, layer, args, kwargs

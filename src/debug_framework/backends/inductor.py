@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from ..capture.hooks import find_module, first_tensor, hf_layer_modules
+from ..capture.hooks import first_tensor
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_call, layer_inputs_from, with_hidden
+from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, synchronize, torch_device_info
@@ -160,33 +160,23 @@ class InductorBackend(BaseBackend):
         """Replay layer ``i`` as Inductor compiles it, on ``hidden_in`` (isolation).
 
         The layer's other inputs (attention mask, rotary position embeddings...) are what the model
-        passes it for ``inputs``: an eager forward is run up to layer ``i`` and stopped there. The
+        passes it for ``inputs``: an eager forward (no KV cache) is run up to layer ``i`` and stopped there. The
         layer module is then compiled on its own (once per layer, on the first replay; layers of
         the same shape reuse Inductor's cached graph) and called with ``hidden_in`` in place of its
         hidden state. ``post_attention:i`` and ``post_mlp:i`` come out of that one compiled graph,
         through the same checkpoint hooks as :meth:`run`.
         """
         model = self._prepared()
-        if not 0 <= i < model.num_layers:
-            raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})",
-                                             backend=self.name)
-        layer_name = hf_layer_modules(model.architecture, model.num_layers)[i]
-        layer = find_module(self.net, layer_name)
-        arrays = graph_inputs(model, inputs)
-        try:
-            args, kwargs = layer_call(self.net, layer, {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()})
-        finally:
-            self._wrapper._sink.clear()  # the eager run fired the checkpoint hooks before the layer
         hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
-        args, kwargs = with_hidden(args, kwargs, hidden)
+        layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._wrapper._sink,
+                                                           self.device, self.name)
         first = i not in self._layer_fns
         if first:
             self._layer_fns[i] = torch.compile(layer, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
         from .._torch import dynamo as _dynamo_private
         from .._torch import inductor as _inductor_private
 
-        sink = self._wrapper._sink
-        sink.clear()
+        sink = self._wrapper._sink  # left empty by replay_arguments
         try:
             with torch.inference_mode(), _dynamo_private.recompile_limit(2 * model.num_layers + 8), \
                     _inductor_private.using_cache_dir(self.cache_dir):

@@ -16,12 +16,11 @@ from typing import Any
 
 import torch
 
-from ..capture.hooks import find_module, hf_layer_modules
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_call, layer_inputs_from, with_hidden
+from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
 from .base import BaseBackend, Taps, cpu_name
 from .pytorch import build_hf_model
 
@@ -224,18 +223,8 @@ class OnnxRuntimeBackend(BaseBackend):
         its hidden state.
         """
         model = self._prepared()
-        if not 0 <= i < model.num_layers:
-            raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})",
-                                             backend=self.name)
-        layer_name = hf_layer_modules(model.architecture, model.num_layers)[i]
-        layer = find_module(self.net, layer_name)
-        arrays = graph_inputs(model, inputs)
-        try:
-            args, kwargs = layer_call(self.net, layer, {k: torch.from_numpy(v) for k, v in arrays.items()})
-        finally:
-            self._sink.clear()  # the eager run fired the checkpoint hooks before the layer
         hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32)
-        args, kwargs = with_hidden(args, kwargs, hidden)
+        layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
         leaves, spec = _flatten((args, kwargs))
         leaves = [t.clone() for t in leaves]  # normal tensors: the eager run made inference-mode ones
         key = (i, tuple((tuple(t.shape), t.dtype) for t in leaves))
