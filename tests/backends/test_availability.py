@@ -86,6 +86,20 @@ def test_metal_unavailable_everywhere_it_is_asked_for(tmp_path, tiny_qwen2):
     assert front.cleanup() is True
 
 
+def test_metal_front_reads_inputs_or_says_what_it_needs():
+    from debug_framework.errors import ValidationError
+    from debug_framework.integrations.metal_backend import _as_inputs
+
+    got = _as_inputs({"input_ids": [[5, 6, 7]], "attention_mask": [[1, 1, 0]]})
+    assert got.input_ids.tolist() == [[5, 6, 7]] and got.attention_mask.tolist() == [[1, 1, 0]]
+    assert _as_inputs([4, 5]).input_ids.shape == (1, 2)
+    with pytest.raises(ValidationError, match="without 'input_ids'") as info:
+        _as_inputs({"attention_mask": [[1, 1]]})
+    assert info.value.code == "DF005"
+    with pytest.raises(ValidationError):
+        _as_inputs([[0.5, 1.5]])
+
+
 def test_inductor_without_a_cxx_compiler_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no compiler on it
     ok, reason = get_backend("inductor", check=False).availability()

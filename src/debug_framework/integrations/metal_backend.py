@@ -102,6 +102,10 @@ def _as_inputs(data: Any) -> ModelInputs:
     if isinstance(data, ModelInputs):
         return data
     if isinstance(data, dict):
+        if "input_ids" not in data:
+            raise ValidationError(f"input_data is a dict without 'input_ids' (keys: {', '.join(map(str, data)) or 'none'})",
+                                  hint="pass {'input_ids': [[...]], 'attention_mask': [[...]]}, ModelInputs, "
+                                       "or an integer [batch, length] array")
         ids = np.asarray(data["input_ids"])
         mask = np.asarray(data.get("attention_mask", np.ones_like(ids)))
         tt = data.get("token_type_ids")
