@@ -98,6 +98,21 @@ def main() -> None:
     print(f"ours / plain read:         {by['plain read (np.sum x2)'] / ours:.2f}     (target >= 0.5)")
     mem = next(m for name, _, m in rows if name.startswith("compare"))
     print(f"ours peak extra memory:    {mem if mem is None else f'{mem:.1f}'} MiB (target <= 64 MiB)")
+    print(f"  (what the kernel allocates per call, whatever the size: {_kernel_state_mib():.1f} MiB; the resident size "
+          "grows by less when it reuses memory the warm-up call freed)")
+
+
+def _kernel_state_mib() -> float:
+    """Bytes the comparison kernel allocates for one call on all its threads (histograms, block
+    keys, per-thread partial states), from its layout constants."""
+    import numba
+
+    from debug_framework.comparison import _kernel as K
+
+    threads = numba.get_num_threads()
+    per_pass = K._NSUB * (K.HIST_BUCKETS + 1) * 4 + K._BLOCK * 2  # one range pass at a time per thread
+    partial = K.HIST_BUCKETS * 8 + (K.NF + K.NI + 1) * 8 + 3 * 8 * 8  # per thread (k = 8)
+    return (threads * (per_pass + partial) + K.HIST_BUCKETS * 8) / 2**20
 
 
 if __name__ == "__main__":

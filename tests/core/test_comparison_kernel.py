@@ -43,9 +43,10 @@ def test_parallel_kernel_state_matches_numpy(dtype, with_ulp):
     else:
         ai, ri, mask = None, None, 0
     eps = float(np.finfo(dtype).eps)
+    errs = np.full(N, -1.0) if with_ulp else None  # the exact-quantile buffer (or none)
     with numba.parallel_chunksize(1):
         K.accumulate(a, r, ai, ri, np.int64(mask), np.int64(100), RTOL, ATOL, GROSS, eps, False, *state,
-                     K.num_threads())
+                     errs, K.num_threads())
     fs, cnt, hist, ulp, tv, ti, nfi = state
 
     x, y = a.astype(np.float64), r.astype(np.float64)
@@ -78,3 +79,32 @@ def test_parallel_kernel_state_matches_numpy(dtype, with_ulp):
     assert sorted(zip(-tv, ti, strict=True)) == sorted(zip(-ad[order], flat, strict=True))
     assert ti[np.argmax(tv)] == 100 + N - 1
     assert ulp[0] == (_ulp_reference(a, r, fin) if with_ulp else 0)
+    if errs is not None:  # every pair's error, +inf where a side is not finite
+        np.testing.assert_array_equal(errs[fin], ad)
+        assert np.isposinf(errs[~fin]).all()
+        ranks = [0, 1, len(ad) // 2, len(ad) - 2, len(ad) - 1]
+        assert K.exact_order_statistics(errs, hist, ranks) == np.sort(ad)[ranks].tolist()
+
+
+@pytest.mark.parametrize("spread", ["ulp", "constant"])
+def test_exact_quantiles_at_the_limit_equal_numpy(spread):
+    """Up to 2**20 elements the quantiles are NumPy's, selected through the histogram (a third of
+    the errors exactly 0, the rest a few ULPs; or every error the same value: one bucket holds all)."""
+    from debug_framework.comparison import compare
+    from debug_framework.comparison.engine import EXACT_QUANTILE_LIMIT
+
+    rng = np.random.default_rng(5)
+    n = EXACT_QUANTILE_LIMIT
+    r = rng.standard_normal(n).astype(np.float32)
+    if spread == "ulp":
+        a = (r + rng.standard_normal(n).astype(np.float32) * np.float32(1e-7) * r).astype(np.float32)
+    else:
+        r = np.round(r * 4) / 4  # on a coarse grid, so that every difference is exactly 0.25
+        a = (r + np.float32(0.25)).astype(np.float32)
+    a[17], r[99] = np.nan, np.inf
+    res = compare(r, a)
+    fin = np.isfinite(a) & np.isfinite(r)
+    ad = np.abs(a[fin].astype(np.float64) - r[fin].astype(np.float64))
+    assert res.quantiles_exact
+    assert res.median_abs_error == float(np.quantile(ad, 0.5))
+    assert res.p99_abs_error == float(np.quantile(ad, 0.99))

@@ -37,10 +37,11 @@ def _fold(kernel, a, r, base, *extra):
 @pytest.mark.parametrize("n", [1, 2, 17, 4096, 2 * (1 << 16) - 1])
 def test_serial_fold_equals_the_parallel_kernel(n):
     a, r = _pair(n, n)
-    serial = _fold(K.accumulate_serial, a, r, 11)
+    errs_s, errs_p = np.zeros(n), np.zeros(n)
+    serial = _fold(K.accumulate_serial, a, r, 11, errs_s)
     with numba.parallel_chunksize(1):
-        parallel = _fold(K.accumulate, a, r, 11, K.num_threads())
-    for s, p in zip(serial, parallel, strict=True):
+        parallel = _fold(K.accumulate, a, r, 11, errs_p, K.num_threads())
+    for s, p in zip((*serial, errs_s), (*parallel, errs_p), strict=True):
         np.testing.assert_array_equal(s, p)
 
 

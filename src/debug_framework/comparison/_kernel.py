@@ -157,7 +157,7 @@ def _fma(typingctx, x, y, z):
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
 def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                fs, cnt, hist, ulp, tv, ti, nfi):
+                fs, cnt, hist, ulp, tv, ti, nfi, errs):
     # Indices are unsigned throughout: numba then skips its negative-index wrap-around check,
     # which otherwise stops LLVM from vectorising the loops.
     keys = np.empty(_BLOCK, np.uint16)
@@ -211,6 +211,8 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
             adb = _bits(ad)
             b_max_ad = adb if adb > b_max_ad else b_max_ad
             keys[j] = np.uint16(adb >> HIST_SHIFT) if fin else np.uint16(HIST_BUCKETS)
+            if errs is not None:  # resolved at compile time: the exact-quantile path keeps every error
+                errs[u0 + j] = ad if fin else np.inf
             if ai is not None:  # resolved at compile time: None means no ULP
                 u = _ulp_dist(ai[u0 + j], ri[u0 + j], mask, fin)
                 m_ulp = u if u > m_ulp else m_ulp
@@ -329,11 +331,13 @@ def _partials(nt, fs, tv, nfi):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-               fs, cnt, hist, ulp, tv, ti, nfi, nthreads):
+               fs, cnt, hist, ulp, tv, ti, nfi, errs, nthreads):
     """Fold the pair (a, r) (flat, same length) into the state arrays.
 
     ``ai``/``ri`` are integer views of the values in the dtype whose ULPs are measured (``mask`` is
     that dtype's magnitude mask), or both None for no ULP. ``base`` is the flat index of ``a[0]``.
+    ``errs`` is None, or a float64 array as long as ``a`` that receives each pair's absolute error
+    (+inf where a side is not finite), for exact quantiles (:func:`exact_order_statistics`).
     """
     n = a.shape[0]
     # Work is cut into parts handed out dynamically (the caller sets chunk size 1), so one thread
@@ -345,20 +349,20 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
         lo = n * p // parts
         hi = n * (p + 1) // parts
         _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                    pfs[t], pcnt[t], phist[t], pulp[t], ptv[t], pti[t], pnfi[t])
+                    pfs[t], pcnt[t], phist[t], pulp[t], ptv[t], pti[t], pnfi[t], errs)
     _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
 
 
 @njit(cache=True, error_model="numpy")
 def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                      fs, cnt, hist, ulp, tv, ti, nfi):
+                      fs, cnt, hist, ulp, tv, ti, nfi, errs):
     """:func:`accumulate` in the calling thread, for inputs too small to split (one part): the
     same pass over the same single range, so the same state, without a parallel launch."""
     if a.shape[0] > _MAX_PART:
         raise ValueError("accumulate_serial takes at most 2**31 elements; use accumulate")
     pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(1, fs, tv, nfi)
     _range_pass(a, r, ai, ri, mask, 0, a.shape[0], base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                pfs[0], pcnt[0], phist[0], pulp[0], ptv[0], pti[0], pnfi[0])
+                pfs[0], pcnt[0], phist[0], pulp[0], ptv[0], pti[0], pnfi[0], errs)
     _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
 
 
@@ -426,22 +430,22 @@ def num_threads() -> int:
     return int(numba.get_num_threads())
 
 
-def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, state) -> None:
+def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, state, errs=None) -> None:
     """Python entry: :func:`accumulate` with dynamic scheduling over all numba threads; an input
     too small to split (one part) is folded in the calling thread instead, since launching the
     thread team costs far more than the pass (tens of ms on a loaded machine, or with many
     Python threads comparing at once, against microseconds)."""
     if a.shape[0] < 2 * _MIN_PER_THREAD:  # accumulate would make a single part
-        accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state)
+        accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, errs)
         return
     global _serialize_launches
     if _serialize_launches is False:
         with numba.parallel_chunksize(1):
-            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())
+            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, errs, num_threads())
         return
     with _launch_lock:
         with numba.parallel_chunksize(1):
-            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, num_threads())
+            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, errs, num_threads())
         if _serialize_launches is None:
             _serialize_launches = numba.threading_layer() not in _THREADSAFE_LAYERS
 
@@ -453,3 +457,38 @@ def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
 _THREADSAFE_LAYERS = ("tbb", "omp")
 _launch_lock = threading.Lock()
 _serialize_launches: bool | None = None
+
+
+@njit(cache=True)
+def _gather_buckets(errs, targets, sizes):
+    """The values of ``errs`` whose histogram bucket is ``targets[t]``, one array per target
+    (``sizes[t]`` values each, as the histogram counted)."""
+    out = [np.empty(sizes[t], np.float64) for t in range(targets.shape[0])]
+    fill = np.zeros(targets.shape[0], np.int64)
+    for i in range(errs.shape[0]):
+        v = errs[i]
+        if v == np.inf:  # a non-finite pair
+            continue
+        key = _bits(v) >> HIST_SHIFT
+        for t in range(targets.shape[0]):
+            if key == targets[t]:
+                out[t][fill[t]] = v
+                fill[t] += 1
+                break
+    return out
+
+
+def exact_order_statistics(errs: np.ndarray, hist: np.ndarray, ranks: list[int]) -> list[float]:
+    """The ``ranks``-th smallest finite errors (0-based) of ``errs`` (filled by the kernel; +inf
+    marks a non-finite pair), exactly: the histogram names the bucket of each rank, and only that
+    bucket's values are gathered and sorted. One pass over ``errs``, no sort of the whole array."""
+    cum = np.cumsum(hist)
+    buckets = [int(np.searchsorted(cum, r, side="right")) for r in ranks]
+    targets = np.array(sorted(set(buckets)), np.int64)
+    sizes = np.array([int(hist[b]) for b in targets], np.int64)
+    gathered = dict(zip(targets.tolist(), (np.sort(g) for g in _gather_buckets(errs, targets, sizes)), strict=True))
+    out = []
+    for r, b in zip(ranks, buckets, strict=True):
+        below = int(cum[b - 1]) if b > 0 else 0
+        out.append(float(gathered[b][r - below]))
+    return out

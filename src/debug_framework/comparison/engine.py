@@ -5,9 +5,11 @@ another device (CUDA, MPS, ...) are compared where they live with the same algor
 torch ops (``_accumulate_torch``). Both fold chunks into the same small state, so extra memory is
 bounded by the chunk size whatever the input size.
 
-Quantiles (median, p99) are exact up to ``exact_quantile_limit`` elements; above it they come from
-a histogram of log-spaced buckets of relative width 1/16 and are within 1/32 (3.2 %) relative of a
-value that lies between the two exact order statistics being interpolated.
+Quantiles (median, p99) are exact up to ``exact_quantile_limit`` elements (the kernel keeps every
+error in one float64 buffer, 8 MiB at the default limit, and the histogram narrows the selection to
+a few buckets); above it they come from a histogram of log-spaced buckets of relative width 1/16 and
+are within 1/32 (3.2 %) relative of a value that lies between the two exact order statistics being
+interpolated.
 """
 
 from __future__ import annotations
@@ -145,7 +147,9 @@ def compare(
 
 def _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps, chunk, exact_ints,
          tol, top_k, check_dtype, base, state) -> ComparisonResult:
-    errs: list[np.ndarray] = []
+    # exact quantiles: the numba kernel writes every pair's error into one buffer (<= 8 MiB at the
+    # default limit); the torch engine collects the finite errors chunk by chunk
+    errs: list[np.ndarray] | np.ndarray = np.empty(n if exact_q else 0, np.float64) if engine == "numba" else []
     exact_mismatch = 0
     offset = 0
     for rc, ac in zip(iter_flat_chunks(ref, chunk), iter_flat_chunks(alt, chunk), strict=True):
@@ -160,12 +164,8 @@ def _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps
             K.fold(
                 a_np, r_np, ai_np, ri_np, np.int64(mask), np.int64(offset),
                 float(tol.rtol), float(tol.atol), float(tol.outlier_factor), rel_eps,
-                bool(tol.equal_nan), state,
+                bool(tol.equal_nan), state, errs[offset:offset + a_np.shape[0]] if exact_q else None,
             )
-            if exact_q:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    d = np.abs(a_np.astype(np.float64) - r_np.astype(np.float64))
-                errs.append(d[np.isfinite(d) & np.isfinite(a_np) & np.isfinite(r_np)])
         else:
             _accumulate_torch(state, af, rf, ai, ri, mask, offset, tol, rel_eps, errs if exact_q else None)
         if exact_ints:
@@ -280,6 +280,25 @@ def _hist_quantiles(hist: np.ndarray, qs: tuple[float, ...], max_ad: float) -> l
     return out
 
 
+def _linear_quantiles(m: int, qs: tuple[float, ...], order_statistics: Any) -> list[float]:
+    """Quantiles of ``m`` values by NumPy's default (``linear``) method, from the order statistics
+    they need (``order_statistics(ranks) -> values``, ranks 0-based)."""
+    plan = []
+    for q in qs:
+        q = np.float64(q)
+        virtual = np.float64(m) * q + (1.0 + q * -1.0) - 1.0  # as NumPy computes it (alpha = beta = 1)
+        prev = int(min(max(np.floor(virtual), 0), m - 1))
+        plan.append((prev, min(prev + 1, m - 1), float(virtual - np.floor(virtual))))
+    ranks = sorted({r for p, n_, _ in plan for r in (p, n_)})
+    value = dict(zip(ranks, order_statistics(ranks), strict=True))
+    out = []
+    for prev, nxt, gamma in plan:
+        a, b = value[prev], value[nxt]
+        diff = b - a
+        out.append(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)  # NumPy's _lerp
+    return out
+
+
 def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dtype, top_k, base) -> ComparisonResult:
     fs, cnt, hist, ulp, tv, ti, nfi = state
     nfin = int(cnt[K.I_FINITE])
@@ -294,7 +313,9 @@ def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dt
     if nfin:
         s_ad, s_d2, s_r2, s_a2, s_ar = (float(fs[f]) for f in (K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR))
         max_ad = float(fin_v[0]) if fin_v.size else 0.0
-        if errs is not None:
+        if isinstance(errs, np.ndarray):  # the numba kernel's buffer: select, never sort it all
+            med, p99 = _linear_quantiles(nfin, (0.5, 0.99), lambda ranks: K.exact_order_statistics(errs, hist, ranks))
+        elif errs is not None:
             e = np.concatenate(errs) if errs else np.zeros(0)
             med, p99 = (float(v) for v in np.quantile(e, [0.5, 0.99])) if e.size else (0.0, 0.0)
         else:
