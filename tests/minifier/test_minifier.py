@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import debug_module as dm
-from debug_module.constraints import DtypeConstraint, OpDenylistConstraint
+from debug_module.constraints import DtypeConstraint, MemoryConstraint, OpDenylistConstraint
 from debug_module.errors import MinifierError
 from debug_module.minifier import (AccuracySignature, ConstraintSignature, ExceptionSignature, Minifier,
                                    minify_saved_graph, verify_repro)
@@ -112,6 +112,37 @@ def test_strict_mode_float64_cast_writes_verified_repro_by_default(tmp_path, run
     manifest = json.loads((backend.run_dir / "manifest.json").read_text())
     assert {f"repros/{repro.parent.name}/repro.py", f"repros/{repro.parent.name}/inputs.safetensors"} <= {
         f["path"] for f in manifest["files"] if f["kind"] == "repro"}
+
+
+class PeakModel(torch.nn.Module):
+    """Large intermediates alive together: the peak is several times the input."""
+
+    def forward(self, x):
+        a = x * 2.0
+        b = a + 1.0
+        c = torch.cat([a, b, x])
+        return c.exp().sum(0)
+
+
+@pytest.mark.slow
+def test_strict_mode_peak_memory_writes_verified_repro(tmp_path, run_clean):
+    """memory_peak is a whole-graph limit; its repro re-estimates the peak by the same liveness walk
+    (the repro runtime's), on the graph traced from the repro itself."""
+    x = torch.randn(256, 512)
+    limit = 4 * x.nbytes
+    backend = dm.aot_mock_backend(strict=True, constraints=[MemoryConstraint(max_peak_bytes=limit)],
+                                  artifact_root=tmp_path / "art")
+    with pytest.raises(Exception) as info, torch.no_grad():
+        torch.compile(PeakModel(), backend=backend)(x)
+    err = dm.constraint_error(info.value)
+    assert err is not None and [v.constraint for v in err.violations] == ["memory_peak"]
+    assert err.repro_path is not None
+    repro = Path(err.repro_path)
+    assert json.loads((repro.parent / "minify.json").read_text())["verified"] is True
+    proc = run_clean(repro)
+    assert proc.returncode == 1, proc.stderr
+    [v] = [v for v in observation(proc.stdout)["violations"] if v["constraint"] == "memory_peak"]
+    assert v["op"] == err.violations[0].op and int(v["message"].split()[4]) > limit
 
 
 def test_strict_writer_can_be_turned_off(tmp_path):

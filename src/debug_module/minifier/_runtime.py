@@ -4,6 +4,7 @@
 # not installed), and the minifier's in-process oracles use the same matching functions, so "the
 # signature holds" means the same thing during reduction and in the repro.
 import math
+import operator
 import re
 import traceback
 
@@ -64,6 +65,86 @@ def _check_op(c, op):
 INLINE_CONSTRAINTS = ("dtype", "shape_alignment", "max_rank", "layout", "memory", "unsupported_op", "op_not_in_allowlist")
 
 
+def liveness_peak(nodes, nbytes):
+    """Peak live bytes of FX ``nodes`` run in order: each non-view op allocates its outputs
+    (``nbytes(node)``); an allocation is freed after the last node that reads it or any view of it;
+    graph outputs and inputs (placeholders, ``get_attr`` parameters, each counted once) are never
+    freed. Multi-output ops allocate all outputs together (their ``getitem`` users alias them).
+    Returns (peak bytes, input bytes, index of the node whose allocation reached the peak or None,
+    [(node name, live bytes after it)])."""
+    root, size, last_use, persistent, seen_params = {}, {}, {}, set(), set()
+    input_bytes = 0
+    for i, n in enumerate(nodes):
+        if n.op in ("placeholder", "get_attr"):
+            root[n] = n
+            b = nbytes(n)
+            if n.op == "get_attr" and str(n.target) in seen_params:
+                b = 0
+            seen_params.add(str(n.target))
+            size[n] = b
+            input_bytes += b
+            persistent.add(n)
+            continue
+        if n.op == "output":
+            for a in n.all_input_nodes:
+                persistent.add(root.get(a, a))
+            continue
+        first_tensor_arg = next((a for a in n.all_input_nodes if a in root), None)
+        if n.target is operator.getitem and first_tensor_arg is not None:
+            root[n] = root[first_tensor_arg]
+        elif getattr(n.target, "is_view", False) and first_tensor_arg is not None:
+            root[n] = root[first_tensor_arg]
+        else:
+            root[n] = n
+            size[n] = nbytes(n)
+        for a in n.all_input_nodes:
+            if a in root:
+                last_use[root[a]] = i
+    live = input_bytes
+    peak, peak_index = live, None
+    timeline = []
+    frees = {}
+    for r, i in last_use.items():
+        frees.setdefault(i, []).append(r)
+    for i, n in enumerate(nodes):
+        if n.op in ("call_function", "call_method", "call_module") and root.get(n) is n:
+            live += size[n]
+            if live > peak:
+                peak, peak_index = live, i
+            if n not in last_use and n not in persistent:  # dead value: freed at once
+                live -= size[n]
+        for r in frees.get(i, ()):
+            if r not in persistent and root.get(r) is r and r.op not in ("placeholder", "get_attr"):
+                live -= size[r]
+        timeline.append((n.name, live))
+    return peak, input_bytes, peak_index, timeline
+
+
+def _peak_memory_violations(model, inputs, constraints):
+    """The ``memory_peak`` check of the mock accelerator, on the graph traced from ``model`` and run
+    on ``inputs`` for the sizes (the same liveness estimate as debug_module.constraints)."""
+    limits = [c["max_peak_bytes"] for c in constraints if c["name"] == "memory" and c.get("max_peak_bytes") is not None]
+    if not limits:
+        return []
+    gm = torch.fx.symbolic_trace(model)
+    sizes = {}
+
+    class Sizes(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            sizes[n] = sum(t.numel() * t.element_size() for t in _tensors(out))
+            return out
+
+    with torch.no_grad():
+        Sizes(gm).run(*inputs)
+    nodes = list(gm.graph.nodes)
+    peak, _, index, _ = liveness_peak(nodes, lambda n: sizes.get(n, 0))
+    op = str(nodes[index].target) if index is not None else ""
+    return [{"constraint": "memory_peak", "op": op,
+             "message": "estimated peak live memory %d bytes exceeds %d" % (peak, limit)}
+            for limit in limits if peak > limit]
+
+
 class ConstraintCheckMode(TorchDispatchMode):
     """Checks every ATen op that runs (and the inputs) against mock-accelerator constraints."""
 
@@ -96,7 +177,7 @@ def observe_constraints(fn, inputs, constraints):
     mode.check_inputs(inputs)
     with torch.no_grad(), mode:
         fn(*inputs)
-    return {"kind": "constraint", "violations": mode.violations}
+    return {"kind": "constraint", "violations": mode.violations + _peak_memory_violations(fn, inputs, constraints)}
 
 
 def _exception_record(e):

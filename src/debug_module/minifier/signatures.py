@@ -171,7 +171,7 @@ class ConstraintSignature(Signature):
             d = c.describe()
             if d.get("name") not in _runtime.INLINE_CONSTRAINTS:
                 continue
-            produces = {"memory": ("memory_per_tensor",)}.get(d["name"], (d["name"],))
+            produces = {"memory": ("memory_per_tensor", "memory_peak")}.get(d["name"], (d["name"],))
             if self.constraint in produces:
                 out.append(_jsonable(d))
         return out
