@@ -73,11 +73,37 @@ def test_conv_denylisted_in_strict_mode_lists_node_and_source_line(conv_net):
     assert "aten.convolution.default" in str(err) and f"conftest.py:{v.source.line}" in str(err)
 
 
-@pytest.mark.parametrize("entry", ["aten.convolution", "torch.nn.Conv2d", torch.nn.Conv2d, torch.ops.aten.convolution.default])
-def test_denylist_matches_packets_torch_level_names_and_objects(conv_net, entry):
+@pytest.mark.parametrize(("entry", "torch_level"), [
+    ("aten.convolution", False), ("torch.nn.Conv2d", True), (torch.nn.Conv2d, True),
+    (torch.ops.aten.convolution.default, False)])
+def test_denylist_matches_packets_torch_level_names_and_objects(conv_net, entry, torch_level):
     backend = dm.make_mock_backend(strict=False, constraints=[OpDenylistConstraint([entry])])
     compile_and_run(conv_net, torch.randn(1, 3, 8, 8), backend=backend)
-    assert [v.op for v in backend.violations] == ["aten.convolution.default"]
+    # a torch-level entry also covers the gradient of that call (its backward nodes record it)
+    gradient = ["aten.convolution_backward.default"] if torch_level else []
+    assert [v.op for v in backend.violations] == ["aten.convolution.default", *gradient]
+
+
+class GeluHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x)).sum()
+
+
+@pytest.mark.parametrize("entry", ["torch.nn.functional.gelu", torch.nn.functional.gelu])
+def test_torch_level_denylist_covers_the_backward_of_that_call(entry):
+    """Backward nodes carry the forward call they differentiate (fwd_source_fn_stack): denying gelu
+    denies gelu's gradient too, and nothing of the Linear's."""
+    backend = dm.aot_mock_backend(strict=False, constraints=[OpDenylistConstraint([entry])])
+    torch.compile(GeluHead(), backend=backend)(torch.randn(4, 8)).backward()
+    backward = {v.op for v in backend.violations if v.graph.endswith("backward")}
+    forward = {v.op for v in backend.violations if v.graph.endswith("forward")}
+    assert "aten.erf.default" in forward
+    assert "aten.exp.default" in backward  # d/dx gelu = Phi(x) + x * exp(-x^2/2) / sqrt(2 pi)
+    assert not backward & {"aten.mm.default", "aten.sum.dim_IntList"}  # the Linear's gradient is allowed
 
 
 def test_float64_cast_caught_and_aligned_shapes_pass():

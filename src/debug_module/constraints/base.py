@@ -224,8 +224,10 @@ class NodeInfo:
 
     @cached_property
     def torch_origin(self) -> tuple[str | None, Any]:
-        """(short name, torch-level callable or module class) that produced this node, if recorded."""
-        stack = self.node.meta.get("source_fn_stack")
+        """(short name, torch-level callable or module class) that produced this node, if recorded.
+        A backward node answers with the forward call it differentiates (AOTAutograd records it as
+        ``fwd_source_fn_stack``), so a torch-level name covers that call's gradient too."""
+        stack = self.node.meta.get("source_fn_stack") or self.node.meta.get("fwd_source_fn_stack")
         if stack:
             name, fn = stack[-1]
             return str(name), fn

@@ -74,8 +74,9 @@ class OpDenylistConstraint(Constraint):
 
     Entries may be ATen names with or without overload (``"aten.convolution.default"``,
     ``"aten.convolution"``), torch-level names (``"torch.nn.functional.conv2d"``, ``"torch.nn.Conv2d"``,
-    ``"conv2d"`` - matched against the torch call/module recorded in the node's ``source_fn_stack``),
-    or the objects themselves (``torch.ops.aten.convolution.default``, ``torch.nn.Conv2d``).
+    ``"conv2d"`` - matched against the torch call/module recorded in the node's ``source_fn_stack``,
+    or for a backward node the forward call it differentiates: a torch-level entry covers that call's
+    gradient too), or the objects themselves (``torch.ops.aten.convolution.default``, ``torch.nn.Conv2d``).
     """
 
     name = "unsupported_op"
