@@ -13,8 +13,13 @@ if ! "$VPY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0]
     "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
 fi
 "$VPY" -m pip install -q --disable-pip-version-check -e ".[all]"
-# Headless Chromium renders the HTML reports in the browser tests; install it where we can.
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-        || echo "note: chromium could not be installed; browser tests will skip" >&2
+# Headless Chromium renders the HTML reports in the browser tests, and graphviz's dot draws the
+# graphs of svg=True runs; install them where we can.
+missing=""
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+command -v dot >/dev/null 2>&1 || missing="$missing graphviz"
+if [ -n "$missing" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null) \
+        || echo "note: could not install$missing; browser and SVG tests will skip" >&2
 fi

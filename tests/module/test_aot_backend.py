@@ -166,3 +166,40 @@ def test_training_with_dropout_goes_through_inductor_joint_passes(tmp_path):
     assert [g.kind for g in backend.graphs] == ["fx", "forward", "backward"]
     assert model[0].weight.grad is not None
     assert (out == 0).any()  # dropout really applied
+
+
+@pytest.mark.slow
+def test_svg_drawings_of_every_graph(mlp, tmp_path):
+    """``svg=True`` draws the Dynamo graph, the ATen graph and Inductor's IR, and records them."""
+    import shutil
+
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz's dot is not installed (scripts/setup.sh installs it where apt-get can)")
+    pytest.importorskip("pydot")
+    backend = dm.aot_mock_backend(strict=False, constraints=[], artifact_root=tmp_path, svg=True)
+    with torch.no_grad():
+        torch.compile(mlp, backend=backend)(torch.randn(4, 16))
+    manifest = json.loads((backend.run_dir / "manifest.json").read_text())
+    drawn = sorted(f["path"] for f in manifest["files"] if f["path"].endswith(".svg"))
+    assert [p.split("/")[0] for p in drawn] == ["aot_graphs", "fx_graphs", "inductor_ir"], drawn
+    for path in drawn:
+        text = (backend.run_dir / path).read_text()
+        assert "<svg" in text and "</svg>" in text
+    assert "addmm" in (backend.run_dir / next(p for p in drawn if p.startswith("aot_graphs"))).read_text()
+    assert "svg_skipped" not in manifest["info"]
+
+
+@pytest.mark.slow
+def test_svg_that_cannot_be_drawn_is_skipped_with_a_note(mlp, tmp_path, monkeypatch):
+    from torch.fx.passes import graph_drawer
+
+    def no_graphviz(self, *args, **kwargs):
+        raise RuntimeError("dot not found")  # what pydot raises without graphviz
+
+    monkeypatch.setattr(graph_drawer.FxGraphDrawer, "get_dot_graph", no_graphviz)
+    backend = dm.aot_mock_backend(strict=False, constraints=[], artifact_root=tmp_path / "art", svg=True)
+    with torch.no_grad():
+        torch.compile(mlp, backend=backend)(torch.randn(4, 16))
+    manifest = json.loads((backend.run_dir / "manifest.json").read_text())
+    assert not [f for f in manifest["files"] if f["kind"] == "svg"]  # the run itself went on
+    assert manifest["status"] == "complete" and "dot not found" in manifest["info"]["svg_skipped"]
