@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import logging
 import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -450,6 +452,7 @@ def run_workload(w: Workload, size: str, backends: list[str], device: torch.devi
             "settings": {"warmup": warmup, "runs": runs, "kerneldiff_runs": kd_runs, "threads": _THREADS[0] if _THREADS else torch.get_num_threads(),
                          "grad": False},
             "environment": _environment(),
+            "process": os.getpid(),  # with several models, each runs in a process of its own
             "results": rows,
             "constraint_profiles": profiles,
             "notes": ("compile_s/first_call_s: cold (Dynamo reset, Inductor in-memory caches cleared, empty "
@@ -502,6 +505,8 @@ def detail_table(results: list[dict[str, Any]]) -> str:
            f"{'graphs':>7}{'breaks':>7}{'viol.':>7}{'peak MiB':>9}  KD eager/f64")
     out = [hdr, "-" * len(hdr)]
     for res in results:
+        if res.get("error"):
+            out.append(f"{res['model'][:23]:<24}{'(all)':<18}ERROR {res['error'][:70]}")
         for r in res["results"]:
             if r.get("error"):
                 out.append(f"{res['model'][:23]:<24}{r['backend']:<18}ERROR {r['error'][:70]}")
@@ -556,6 +561,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT, help=f"default {DEFAULT_OUTPUT}")
     p.add_argument("--list", action="store_true", help="list workloads and backends, then exit")
     p.add_argument("-v", "--verbose", action="store_true", help="show the mock backends' warnings")
+    p.add_argument("--same-process", action="store_true",
+                   help="run every model in this process (default with several models: a fresh process each, "
+                        "so that each model's memory figures are its own)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one model for a parent run
     return p
 
 
@@ -565,6 +574,31 @@ def _list() -> None:
         print(f"  {w.name:<12} {w.display:<24} {w.description}")
     print("aliases: " + ", ".join(f"{a} -> {'+'.join(v)}" for a, v in ALIASES.items()))
     print("backends: " + ", ".join(BACKENDS))
+
+
+def _run_child(name: str, args: argparse.Namespace, backends: list[str], warmup: int, runs: int,
+               device: torch.device, size: str) -> dict[str, Any]:
+    """Benchmark one workload in a fresh ``python -m benchmarks.runner`` process (same settings, same
+    output directory) and read back the result it wrote; a child that fails leaves a result saying so."""
+    out = args.output_dir.resolve()
+    cmd = [sys.executable, "-m", "benchmarks.runner", "--child", "--model", name, "--warmup", str(warmup),
+           "--runs", str(runs), "--kd-runs", str(args.kd_runs), "--device", args.device, "--output-dir", str(out)]
+    for b in backends:
+        cmd += ["--backend", b]
+    cmd += ["--threads", str(args.threads)] if args.threads is not None else []
+    cmd += ["--quick"] if args.quick else []
+    cmd += ["--no-kerneldiff"] if args.no_kerneldiff else []
+    cmd += ["-v"] if args.verbose else []
+    result_file = out / (f"{name}-{device.type}" + ("-tiny" if size == "tiny" else "") + ".json")
+    result_file.unlink(missing_ok=True)  # a stale file must not pass for this run's result
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode == 0 and result_file.is_file():
+        return json.loads(result_file.read_text(encoding="utf-8"))
+    w = WORKLOADS[name]
+    return {"schema": BENCHMARK_SCHEMA, "name": result_file.stem, "model": w.display, "workload": name,
+            "family": w.family, "size": size, "created": _now(), "device": device.type, "results": [],
+            "error": f"the benchmark process for {name} exited with code {proc.returncode}"
+                     + ("" if result_file.is_file() else " without writing its result")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -609,14 +643,23 @@ def main(argv: list[str] | None = None) -> int:
 
     progress(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
              f"warmup {warmup}, runs {runs}, backends {', '.join(backends)}, models {', '.join(names)} ({size})")
-    _prime(backends, device)
     results = []
-    for name in names:
-        res = run_workload(WORKLOADS[name], size, backends, device, warmup=warmup, runs=runs, kd_runs=args.kd_runs,
-                           kerneldiff=not args.no_kerneldiff, output_dir=args.output_dir, progress=progress)
-        results.append(res)
-        write_results(results, args.output_dir, started, argv)  # keep what is measured if a later model fails
+    if len(names) > 1 and not args.same_process:
+        for name in names:
+            progress(f"{name}: in a process of its own")
+            results.append(_run_child(name, args, backends, warmup, runs, device, size))
+            write_results(results, args.output_dir, started, argv)  # keep what is measured if a later model fails
+    else:
+        _prime(backends, device)
+        for name in names:
+            res = run_workload(WORKLOADS[name], size, backends, device, warmup=warmup, runs=runs,
+                               kd_runs=args.kd_runs, kerneldiff=not args.no_kerneldiff, output_dir=args.output_dir,
+                               progress=progress)
+            results.append(res)
+            write_results(results, args.output_dir, started, argv)  # keep what is measured if a later model fails
     combined = write_results(results, args.output_dir, started, argv)
+    if args.child:
+        return 0
     print()
     print(summary_table(results))
     print()

@@ -62,6 +62,11 @@ def test_quick_pipeline_three_model_families(tmp_path):
     for proc in (a, b):
         assert "BENCHMARK SUMMARY REPORT" in proc.stdout
 
+    # several models: a process each, so that memory figures are per model
+    pids = {json.loads((out / f).read_text())["process"] for f in ("bert-minilm-cpu-tiny.json", "bert-base-cpu-tiny.json",
+                                                                  "resnet18-cpu-tiny.json")}
+    assert len(pids) == 3 and a.stdout.count("in a process of its own") == 3
+
     files = {p.name for p in out.glob("*.json")}
     assert files == {"bert-minilm-cpu-tiny.json", "bert-base-cpu-tiny.json", "resnet18-cpu-tiny.json",
                      "ssm-cpu-tiny.json"}
@@ -106,3 +111,24 @@ def test_quick_pipeline_three_model_families(tmp_path):
                 next(b for b in report["benchmarks"] if b["workload"] == "ssm")["results"]}
     assert speedups["eager"] == pytest.approx(1.0)
     assert any("SSM (Mamba-style) (tiny)" == m for m in report["summary"]["models"])
+
+
+def test_a_model_whose_process_fails_is_a_result_saying_so(tmp_path, monkeypatch):
+    import argparse
+    import subprocess
+
+    import torch
+
+    from benchmarks import runner
+
+    stale = tmp_path / "ssm-cpu-tiny.json"
+    stale.write_text("{}")  # from an earlier run: must not pass for this one
+    monkeypatch.setattr(runner.subprocess, "run", lambda cmd, cwd: subprocess.CompletedProcess(cmd, -9))
+    args = argparse.Namespace(output_dir=tmp_path, kd_runs=1, device="cpu", threads=1, quick=True,
+                              no_kerneldiff=True, verbose=False)
+    res = runner._run_child("ssm", args, ["eager"], 0, 1, torch.device("cpu"), "tiny")
+    assert res["results"] == [] and res["name"] == "ssm-cpu-tiny"
+    assert res["error"] == "the benchmark process for ssm exited with code -9 without writing its result"
+    assert not stale.exists()
+    assert "ERROR the benchmark process for ssm" in runner.detail_table([res])
+    assert "n/a" in runner.summary_table([res])
