@@ -4,8 +4,9 @@ One call streams over a pair of flat arrays and folds every metric into a small 
 sums in float64, counts, the max ULP distance, a log-bucketed histogram of absolute errors (for
 quantiles) and the k worst elements. Work is split across threads in contiguous ranges; each range
 is walked in cache-sized blocks. Per block, one vectorised pass does all the arithmetic (maxima as
-integer maxima of bit patterns, histogram keys stored as uint16); the histogram scatter, the top-k
-update (rarely needed) and the non-finite path then re-read the block from L1, not RAM.
+integer maxima of bit patterns, histogram keys stored as uint16), assuming every pair finite and
+redone with checks when the block's sum says otherwise; the histogram scatter, the top-k update
+(rarely needed) and the non-finite path then re-read the block from L1, not RAM.
 
 Extra memory is O(threads x (histogram + k)), independent of the input size.
 """
@@ -156,6 +157,56 @@ def _fma(typingctx, x, y, z):
 
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
+def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, ulp_zero, careful):
+    """The arithmetic of one block, branch-free so it vectorises: its sums, counts and maxima (as
+    integer maxima of bit patterns), each element's histogram key into ``keys`` (and its error into
+    ``errs``), and the max ULP distance. With ``careful`` (a constant once inlined) non-finite
+    pairs are zeroed and keyed to the last bucket; without, every pair is taken to be finite."""
+    s_ad = 0.0
+    s_d2 = 0.0
+    s_r2 = 0.0
+    s_a2 = 0.0
+    s_ar = 0.0
+    s_rel = 0.0
+    n_mis = 0
+    n_gross = 0
+    m_rel_bits = np.int64(0)
+    m_ad_bits = np.int64(0)
+    m_ulp = ulp_zero - ulp_zero
+    for jj in range(m):
+        j = np.uint64(jj)
+        x = np.float64(a[u0 + j])
+        y = np.float64(r[u0 + j])
+        fin = ((x - x == 0.0) & (y - y == 0.0)) if careful else True
+        x = x if fin else 0.0
+        y = y if fin else 0.0
+        d = x - y
+        ad = abs(d)
+        ay = abs(y)
+        s_ad += ad
+        s_d2 = _fma(d, d, s_d2)
+        s_r2 = _fma(y, y, s_r2)
+        s_a2 = _fma(x, x, s_a2)
+        s_ar = _fma(x, y, s_ar)
+        bound = atol + rtol * ay
+        n_mis += np.int64(ad > bound)
+        n_gross += np.int64(ad > gross_factor * bound)
+        rel = ad / (ay if ay > rel_eps else rel_eps)
+        s_rel += rel
+        rb = _bits(rel)
+        m_rel_bits = rb if rb > m_rel_bits else m_rel_bits
+        adb = _bits(ad)
+        m_ad_bits = adb if adb > m_ad_bits else m_ad_bits
+        keys[j] = np.uint16(adb >> HIST_SHIFT) if fin else np.uint16(HIST_BUCKETS)
+        if errs is not None:  # resolved at compile time: the exact-quantile path keeps every error
+            errs[u0 + j] = ad if fin else np.inf
+        if ai is not None:  # resolved at compile time: None means no ULP
+            u = _ulp_dist(ai[u0 + j], ri[u0 + j], mask, fin)
+            m_ulp = u if u > m_ulp else m_ulp
+    return s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, n_mis, n_gross, m_rel_bits, m_ad_bits, m_ulp
+
+
+@njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
 def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                 fs, cnt, hist, ulp, tv, ti, nfi, errs):
     # Indices are unsigned throughout: numba then skips its negative-index wrap-around check,
@@ -182,40 +233,23 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
     while i0 < hi:
         m = min(_BLOCK, hi - i0)
         u0 = np.uint64(i0)
-        b_max_ad = np.int64(0)
-        # The one arithmetic pass over the block, branch-free so it vectorises: sums, counts, the
-        # maxima (as integer maxima of bit patterns), the ULP distance and each element's histogram
-        # key. Non-finite pairs are zeroed here and handled in the rare path below.
-        for jj in range(m):
-            j = np.uint64(jj)
-            x = np.float64(a[u0 + j])
-            y = np.float64(r[u0 + j])
-            fin = (x - x == 0.0) & (y - y == 0.0)
-            x = x if fin else 0.0
-            y = y if fin else 0.0
-            d = x - y
-            ad = abs(d)
-            ay = abs(y)
-            s_ad += ad
-            s_d2 = _fma(d, d, s_d2)
-            s_r2 = _fma(y, y, s_r2)
-            s_a2 = _fma(x, x, s_a2)
-            s_ar = _fma(x, y, s_ar)
-            bound = atol + rtol * ay
-            n_mis += np.int64(ad > bound)
-            n_gross += np.int64(ad > gross_factor * bound)
-            rel = ad / (ay if ay > rel_eps else rel_eps)
-            s_rel += rel
-            rb = _bits(rel)
-            m_rel_bits = rb if rb > m_rel_bits else m_rel_bits
-            adb = _bits(ad)
-            b_max_ad = adb if adb > b_max_ad else b_max_ad
-            keys[j] = np.uint16(adb >> HIST_SHIFT) if fin else np.uint16(HIST_BUCKETS)
-            if errs is not None:  # resolved at compile time: the exact-quantile path keeps every error
-                errs[u0 + j] = ad if fin else np.inf
-            if ai is not None:  # resolved at compile time: None means no ULP
-                u = _ulp_dist(ai[u0 + j], ri[u0 + j], mask, fin)
-                m_ulp = u if u > m_ulp else m_ulp
+        # One arithmetic pass over the block, optimistic: it assumes every pair is finite. A non-finite
+        # pair (or an overflow) makes the block's sum of errors non-finite; the block is then done
+        # again with the finiteness checks, which cost about a fifth of the pass.
+        res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, m_ulp, False)
+        if not res[0] - res[0] == 0.0:
+            res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, m_ulp, True)
+        b_ad, b_d2, b_r2, b_a2, b_ar, b_rel, b_mis, b_gross, b_rel_bits, b_max_ad, b_ulp = res
+        s_ad += b_ad
+        s_d2 += b_d2
+        s_r2 += b_r2
+        s_a2 += b_a2
+        s_ar += b_ar
+        s_rel += b_rel
+        n_mis += b_mis
+        n_gross += b_gross
+        m_rel_bits = max(m_rel_bits, b_rel_bits)
+        m_ulp = max(m_ulp, b_ulp)
         # histogram of the block's absolute errors: a tight scatter into interleaved
         # sub-histograms (repeated hits on one bucket would otherwise serialise on
         # store-to-load forwarding)
