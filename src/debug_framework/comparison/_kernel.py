@@ -203,7 +203,8 @@ def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, ke
         if ai is not None:  # resolved at compile time: None means no ULP
             u = _ulp_dist(ai[u0 + j], ri[u0 + j], mask, fin)
             m_ulp = u if u > m_ulp else m_ulp
-    return s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, n_mis, n_gross, m_rel_bits, m_ad_bits, m_ulp
+    # the sums in the state's order (F_SUM_AD .. F_SUM_REL)
+    return (s_ad, s_d2, s_r2, s_a2, s_ar, s_rel), n_mis, n_gross, m_rel_bits, m_ad_bits, m_ulp
 
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
@@ -218,12 +219,6 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
         if tv[j] < thr:
             thr = tv[j]
     thr_bits = _bits(thr)
-    s_ad = 0.0
-    s_d2 = 0.0
-    s_r2 = 0.0
-    s_a2 = 0.0
-    s_ar = 0.0
-    s_rel = 0.0
     m_rel_bits = _bits(fs[F_MAX_REL])
     m_ulp = _ulp_zero(ai)
     n_nonfinite = 0
@@ -237,15 +232,11 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
         # pair (or an overflow) makes the block's sum of errors non-finite; the block is then done
         # again with the finiteness checks, which cost about a fifth of the pass.
         res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, m_ulp, False)
-        if not res[0] - res[0] == 0.0:
+        if not res[0][F_SUM_AD] - res[0][F_SUM_AD] == 0.0:
             res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, m_ulp, True)
-        b_ad, b_d2, b_r2, b_a2, b_ar, b_rel, b_mis, b_gross, b_rel_bits, b_max_ad, b_ulp = res
-        s_ad += b_ad
-        s_d2 += b_d2
-        s_r2 += b_r2
-        s_a2 += b_a2
-        s_ar += b_ar
-        s_rel += b_rel
+        sums, b_mis, b_gross, b_rel_bits, b_max_ad, b_ulp = res
+        for k in range(F_SUM_REL + 1):
+            fs[k] += sums[k]
         n_mis += b_mis
         n_gross += b_gross
         m_rel_bits = max(m_rel_bits, b_rel_bits)
@@ -328,12 +319,6 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
                             nfi[pos] = flat
                     cnt[I_NONFINITE_MISMATCH] = c + 1
         i0 += m
-    fs[F_SUM_AD] += s_ad
-    fs[F_SUM_D2] += s_d2
-    fs[F_SUM_R2] += s_r2
-    fs[F_SUM_A2] += s_a2
-    fs[F_SUM_AR] += s_ar
-    fs[F_SUM_REL] += s_rel
     fs[F_MAX_REL] = _from_bits(m_rel_bits)
     ulp[0] = max(ulp[0], np.uint64(m_ulp))
     for b in range(HIST_BUCKETS):
