@@ -157,7 +157,7 @@ def _fma(typingctx, x, y, z):
 
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
-def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, ulp_zero, careful):
+def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, careful):
     """The arithmetic of one block, branch-free so it vectorises: its sums, counts and maxima (as
     integer maxima of bit patterns), each element's histogram key into ``keys`` (and its error into
     ``errs``), and the max ULP distance. With ``careful`` (a constant once inlined) non-finite
@@ -172,7 +172,7 @@ def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, ke
     n_gross = 0
     m_rel_bits = np.int64(0)
     m_ad_bits = np.int64(0)
-    m_ulp = ulp_zero - ulp_zero
+    m_ulp = _ulp_zero(ai)
     for jj in range(m):
         j = np.uint64(jj)
         x = np.float64(a[u0 + j])
@@ -231,9 +231,9 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
         # One arithmetic pass over the block, optimistic: it assumes every pair is finite. A non-finite
         # pair (or an overflow) makes the block's sum of errors non-finite; the block is then done
         # again with the finiteness checks, which cost about a fifth of the pass.
-        res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, m_ulp, False)
+        res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, False)
         if not res[0][F_SUM_AD] - res[0][F_SUM_AD] == 0.0:
-            res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, m_ulp, True)
+            res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, True)
         sums, b_mis, b_gross, b_rel_bits, b_max_ad, b_ulp = res
         for k in range(F_SUM_REL + 1):
             fs[k] += sums[k]

@@ -15,6 +15,7 @@ interpolated.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -280,7 +281,8 @@ def _hist_quantiles(hist: np.ndarray, qs: tuple[float, ...], max_ad: float) -> l
     return out
 
 
-def _linear_quantiles(m: int, qs: tuple[float, ...], order_statistics: Any) -> list[float]:
+def _linear_quantiles(m: int, qs: tuple[float, ...],
+                      order_statistics: Callable[[list[int]], list[float]]) -> list[float]:
     """Quantiles of ``m`` values by NumPy's default (``linear``) method, from the order statistics
     they need (``order_statistics(ranks) -> values``, ranks 0-based)."""
     plan = []
