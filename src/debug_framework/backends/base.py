@@ -10,7 +10,7 @@ from ..errors import BackendInitializationError, ValidationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
-__all__ = ["Backend", "BaseBackend", "Taps", "FLOAT_DTYPES", "cpu_name"]
+__all__ = ["Backend", "LayerReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "cpu_name", "layer_replay_support"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -38,6 +38,27 @@ class Backend(Protocol):
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         """Run the forward pass and return the requested checkpoints."""
         ...
+
+
+@runtime_checkable
+class LayerReplayBackend(Backend, Protocol):
+    """A backend that can also replay one layer (what isolation needs)."""
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Run layer ``i`` alone on ``hidden_in``; the capture holds its ``post_attention:i`` (where
+        the backend can see it) and ``post_mlp:i``."""
+        ...
+
+
+def layer_replay_support(backend: Backend) -> tuple[bool, str]:
+    """``(True, "")`` when ``backend`` (prepared) can replay a single layer, else ``(False, why)``.
+
+    A backend whose ``run_layer`` depends on what it wraps answers through ``can_run_layer()``.
+    """
+    if not isinstance(backend, LayerReplayBackend):
+        return False, "cannot run a single layer (no run_layer)"
+    can = getattr(backend, "can_run_layer", None)
+    return can() if callable(can) else (True, "")
 
 
 def cpu_name() -> str:

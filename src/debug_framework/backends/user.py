@@ -67,6 +67,12 @@ class CallableBackend(BaseBackend):
         got = {CheckpointKey.parse(k): v for k, v in produced.items()}
         return Capture(tensors={k: got[k] for k in keys if k in got}, backend=self.name, dtype=self.dtype, elapsed_s=elapsed)
 
+    def can_run_layer(self) -> tuple[bool, str]:
+        """Isolation works when the (prepared) runner has ``run_layer``."""
+        if callable(getattr(self.runner, "run_layer", None)):
+            return True, ""
+        return False, "has no run_layer(i, hidden_in, inputs) on its runner"
+
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         if not hasattr(self.runner, "run_layer"):
             raise BackendInitializationError("this user backend has no run_layer", backend=self.name)

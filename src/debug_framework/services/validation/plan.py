@@ -1,0 +1,227 @@
+"""The validation plan: a session's configuration resolved once (defaults, checks, dtypes,
+checkpoint keys, tolerances) so the stages read decisions instead of re-deriving them."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...capture.keys import PER_LAYER_CHECKPOINTS, CheckpointKey, all_checkpoints
+from ...comparison import Tolerance
+from ...errors import ValidationError
+
+__all__ = [
+    "SESSION_DEFAULTS",
+    "MODEL_TOLERANCES",
+    "ORACLE_METRICS",
+    "ValidationPlan",
+    "validate_session_config",
+    "enabled_keys",
+    "resolve_tolerance",
+    "resolve_alternative_backend",
+    "less_precise",
+]
+
+#: Session configuration keys and their defaults (see docs/validation.md).
+SESSION_DEFAULTS: dict[str, Any] = {
+    # the spec's keys
+    "enabled_checkpoints": None,  # None = all; names ("post_mlp") and/or keys ("post_mlp:3")
+    "precision_thresholds": {},  # {"rtol", "atol", "pass_rule", ..., "<checkpoint>[:layer]": {...}}
+    "tensor_recording_enabled": False,
+    "performance_profiling_enabled": True,
+    "profile_memory_usage": False,
+    "profile_execution_time": True,
+    # the engine's own
+    "layers": None,  # [start, stop): per-layer checkpoints of these layers only
+    "isolate": "auto",  # True: required; "auto": where both backends support run_layer; False: off
+    "oracle": False,
+    "oracle_multiplier": 2.0,
+    "oracle_floor": 1e-5,
+    "oracle_metric": "rmse",
+    "noise_floor": False,
+    "seed": 0,
+    "input_text": None,  # str or list of str (needs the model's tokenizer)
+    "max_length": None,
+    "input_shape": [2, 16],  # [batch, length] of seeded random token ids when no text is given
+    "pad_lengths": None,  # random inputs: padding per row (default: the second row a quarter padded)
+    "dtype": None,  # the alternative's compute dtype (default: the backend's)
+    "reference_dtype": None,  # default: float64 for python_reference; the alternative's in oracle mode
+    "device": "cpu",  # the alternative's device
+    "reference_device": "cpu",
+    "reference_options": {},  # keyword arguments of get_backend(reference, ...)
+    "alternative_options": {},
+    "tensor_recording_limit": None,  # default: the framework config's
+    "tensor_recording_byte_budget": None,
+}
+
+ORACLE_METRICS = ("rmse", "max_abs_error", "mean_abs_error", "rel_l2_error")
+_TOL_FIELDS = ("rtol", "atol", "equal_nan", "pass_rule", "max_mismatch_percent", "outlier_factor")
+
+#: Default whole-model tolerances by the less precise compute dtype of the pair. Errors accumulate
+#: through a model's layers, so these are looser than torch.testing's per-op defaults.
+MODEL_TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(rtol=1e-7, atol=1e-7),
+    "float32": Tolerance(rtol=1e-4, atol=1e-4),
+    "float16": Tolerance(rtol=1e-2, atol=1e-2),
+    "bfloat16": Tolerance(rtol=5e-2, atol=5e-2),
+}
+_PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
+
+
+def less_precise(a: str, b: str) -> str:
+    """The less precise of two dtype names (unknown names count as float32)."""
+    ia = _PRECISION_ORDER.index(a) if a in _PRECISION_ORDER else 1
+    ib = _PRECISION_ORDER.index(b) if b in _PRECISION_ORDER else 1
+    return _PRECISION_ORDER[max(ia, ib)]
+
+
+def resolve_tolerance(thresholds: Mapping[str, Any] | None, key: CheckpointKey, dtype: str) -> Tolerance:
+    """The tolerance of checkpoint ``key``: the dtype default, then the global fields of
+    ``thresholds``, then ``thresholds[name]``, then ``thresholds["name:layer"]``."""
+    tol = MODEL_TOLERANCES.get(dtype, MODEL_TOLERANCES["float32"])
+    thresholds = thresholds or {}
+    layers: list[Mapping[str, Any]] = [{k: v for k, v in thresholds.items() if k in _TOL_FIELDS}]
+    for name in (key.name, str(key)):
+        sub = thresholds.get(name)
+        if isinstance(sub, Mapping):
+            layers.append(sub)
+    for layer in layers:
+        unknown = set(layer) - set(_TOL_FIELDS)
+        if unknown:
+            raise ValidationError(
+                f"unknown tolerance field(s) {sorted(unknown)} for checkpoint {key}",
+                hint=f"use {', '.join(_TOL_FIELDS)}",
+            )
+        tol = tol.with_overrides(**layer)
+    return tol
+
+
+def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``SESSION_DEFAULTS`` overlaid with ``config``, every value checked (ValidationError, DF005)."""
+    merged = copy.deepcopy(SESSION_DEFAULTS)
+    for key, value in (config or {}).items():
+        if key not in SESSION_DEFAULTS:
+            raise ValidationError(
+                f"unknown session configuration key {key!r}",
+                hint=f"known keys: {', '.join(SESSION_DEFAULTS)}",
+            )
+        merged[key] = copy.deepcopy(value)
+    if merged["isolate"] not in (True, False, "auto"):
+        raise ValidationError(f"isolate must be true, false or 'auto', got {merged['isolate']!r}")
+    if merged["oracle_metric"] not in ORACLE_METRICS:
+        raise ValidationError(f"oracle_metric must be one of {', '.join(ORACLE_METRICS)}")
+    for key in ("oracle_multiplier", "oracle_floor"):
+        v = merged[key]
+        if not isinstance(v, (int, float)) or not v >= 0:
+            raise ValidationError(f"{key} must be a non-negative number, got {v!r}")
+    if not isinstance(merged["precision_thresholds"], Mapping):
+        raise ValidationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
+    shape = merged["input_shape"]
+    if not (isinstance(shape, Sequence) and len(shape) == 2 and all(isinstance(v, int) and v > 0 for v in shape)):
+        raise ValidationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
+    if merged["layers"] is not None:
+        lo_hi = merged["layers"]
+        if not (isinstance(lo_hi, Sequence) and len(lo_hi) == 2 and 0 <= int(lo_hi[0]) <= int(lo_hi[1])):
+            raise ValidationError(f"layers must be [start, stop) with 0 <= start <= stop, got {lo_hi!r}")
+    return merged
+
+
+def _named_keys(enabled: Sequence[Any] | str, num_layers: int) -> tuple[set[str], set[CheckpointKey]]:
+    """Split ``enabled_checkpoints`` into whole names (``post_mlp``) and specific keys (``post_mlp:3``)."""
+    if isinstance(enabled, str):
+        enabled = [e for e in enabled.split(",") if e.strip()]
+    names: set[str] = set()
+    specific: set[CheckpointKey] = set()
+    for item in enabled:
+        text = str(item).strip() if not isinstance(item, (tuple, Mapping, CheckpointKey)) else item
+        if isinstance(text, str) and ":" not in text:
+            CheckpointKey(text, 0 if text in PER_LAYER_CHECKPOINTS else None).validate()
+            names.add(text)
+            continue
+        k = CheckpointKey.parse(text)
+        if k.layer is not None and k.layer >= num_layers:
+            raise ValidationError(f"checkpoint {k} is beyond the model's {num_layers} layers", checkpoint=str(k))
+        specific.add(k)
+    return names, specific
+
+
+def enabled_keys(config: Mapping[str, Any], num_layers: int) -> list[CheckpointKey]:
+    """The enabled checkpoints in model order."""
+    keys = all_checkpoints(num_layers)
+    enabled = config.get("enabled_checkpoints")
+    if enabled is not None:
+        names, specific = _named_keys(enabled, num_layers)
+        keys = [k for k in keys if k.name in names or k in specific]
+    layers = config.get("layers")
+    if layers is not None:
+        lo, hi = int(layers[0]), int(layers[1])
+        keys = [k for k in keys if k.layer is None or lo <= k.layer < hi]
+    if not keys:
+        raise ValidationError("no checkpoint is enabled", hint="check enabled_checkpoints and layers")
+    return keys
+
+
+def resolve_alternative_backend(name: str, reference: str) -> tuple[str, str]:
+    """``(backend name, why)``. ``"auto"`` is the registry's choice
+    (:func:`debug_framework.backends.registry.select_alternative`): the first available backend
+    of its preference order that is not the reference."""
+    if name != "auto":
+        return name, "requested"
+    from ...backends.registry import select_alternative
+
+    chosen, why = select_alternative(reference)
+    return str(chosen), str(why)
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    """What one validation will do, decided before any backend runs.
+
+    Built by :meth:`resolve` from a stored session's configuration and the model's layer count;
+    every stage reads it, none re-derives it.
+    """
+
+    config: Mapping[str, Any]  #: the validated session configuration (``SESSION_DEFAULTS`` keys)
+    num_layers: int
+    keys: tuple[CheckpointKey, ...]  #: the enabled checkpoints, model order
+    reference_dtype: str
+    alternative_dtype: str
+    governing_dtype: str  #: the less precise of the two: it picks the default tolerances
+
+    @classmethod
+    def resolve(cls, config: Mapping[str, Any] | None, num_layers: int) -> ValidationPlan:
+        cfg = validate_session_config(config)
+        ref_dtype, alt_dtype = str(cfg["reference_dtype"]), str(cfg["dtype"])
+        return cls(config=cfg, num_layers=num_layers, keys=tuple(enabled_keys(cfg, num_layers)),
+                   reference_dtype=ref_dtype, alternative_dtype=alt_dtype,
+                   governing_dtype=less_precise(ref_dtype, alt_dtype))
+
+    @property
+    def thresholds(self) -> Mapping[str, Any]:
+        return self.config["precision_thresholds"]
+
+    def tolerance(self, key: CheckpointKey) -> Tolerance:
+        """The tolerance checkpoint ``key`` is judged by."""
+        return resolve_tolerance(self.thresholds, key, self.governing_dtype)
+
+    @property
+    def layer_range(self) -> range:
+        """The layers whose per-layer checkpoints (and isolation) this validation covers."""
+        layers = self.config["layers"]
+        if layers is None:
+            return range(self.num_layers)
+        return range(int(layers[0]), min(int(layers[1]), self.num_layers))
+
+    @property
+    def profiling(self) -> bool:
+        return bool(self.config["performance_profiling_enabled"])
+
+    @property
+    def per_layer_timing(self) -> bool:
+        return self.profiling and bool(self.config["profile_execution_time"])
+
+    @property
+    def memory_profiling(self) -> bool:
+        return self.profiling and bool(self.config["profile_memory_usage"])

@@ -1,0 +1,491 @@
+"""The stages of one validation, each a small class over a shared :class:`RunContext`.
+
+The engine (:mod:`debug_framework.services.validation_engine`) runs them in order and alone owns
+progress, timing and "persist the checkpoint rows after each stage". A stage only does its work:
+
+====================  ===========================================================================
+``load``              the model (its digest must still match the session's), the saved inputs, the plan
+``prepare``           both backends built and prepared; whether per-layer isolation can run
+``reference``         the reference backend's forward pass (wall time, per-layer time, peak memory)
+``alternative``       the same for the alternative backend
+``compare``           every enabled checkpoint compared (:func:`debug_framework.comparison.compare`)
+``isolation``         each layer of the alternative replayed on the reference's input to it
+``oracle``            the ratio rule against a float64 ``python_reference``
+``noise floor``       each backend run again; run-to-run differences reported apart
+``record``            the worst checkpoints' tensors kept in the content-addressed tensor store
+``store``             the verdict and summary written to the session
+====================  ===========================================================================
+
+Adding a step to validation (a drill-down, a plugin swap-in) means writing one :class:`Stage`
+and putting it in :data:`DEFAULT_STAGES` (or passing a list to ``ValidationEngine(stages=...)``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ...backends.base import Backend, layer_replay_support
+from ...capture.keys import Capture, CheckpointKey, all_checkpoints
+from ...comparison import ComparisonResult, compare
+from ...errors import ModelLoadingError, ValidationError
+from ._profiling import _layer_timer, _MemorySampler
+from .plan import ValidationPlan
+from .results import CheckpointOutcome, LayerIsolation, OracleJudgement, ValidationResult, metric_value
+
+if TYPE_CHECKING:
+    from ...modelio import LoadedModel, ModelInputs
+    from ...models.debug_session import DebugSession
+    from ..database_manager import DatabaseManager
+
+__all__ = [
+    "RunContext",
+    "Stage",
+    "LoadStage",
+    "PrepareStage",
+    "RunBackendStage",
+    "CompareStage",
+    "IsolationStage",
+    "OracleStage",
+    "NoiseFloorStage",
+    "RecordStage",
+    "StoreStage",
+    "DEFAULT_STAGES",
+]
+
+
+@dataclass
+class RunContext:
+    """Everything one validation run shares between its stages.
+
+    The first fields are given by the engine; the rest are filled by the stages in order (a stage
+    reads only what an earlier stage wrote).
+    """
+
+    session: DebugSession
+    db: DatabaseManager
+    database_path: Path
+    framework_config: Mapping[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+    performance: dict[str, Any] = field(default_factory=dict)
+    # load
+    plan: ValidationPlan = field(init=False)
+    model: LoadedModel = field(init=False)
+    inputs: ModelInputs = field(init=False)
+    # prepare
+    reference: Backend = field(init=False)
+    alternative: Backend = field(init=False)
+    prepare_s: dict[str, float] = field(default_factory=dict)
+    isolating: bool = False
+    isolation_note: str | None = None
+    # reference / alternative
+    captures: dict[str, Capture] = field(default_factory=dict)
+    # compare and after
+    outcomes: list[CheckpointOutcome] = field(default_factory=list)
+    isolation: list[LayerIsolation] | None = None
+    oracle_report: dict[str, Any] | None = None
+    noise: dict[str, Any] | None = None
+    recordings: str | None = None
+    result: ValidationResult | None = None
+
+    @property
+    def reference_capture(self) -> Capture:
+        return self.captures["reference"]
+
+    @property
+    def alternative_capture(self) -> Capture:
+        return self.captures["alternative"]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The checkpoint rows as they stand now (what the engine persists after a stage)."""
+        return [o.row() for o in self.outcomes]
+
+
+class Stage:
+    """One step of a validation.
+
+    Attributes:
+        name: the label of its progress report.
+        timing_key: where its wall time goes in the performance summary (None: not timed apart).
+        persists_rows: the checkpoint rows are written again after it (it changed a verdict or
+            added isolation, oracle or noise-floor fields).
+    """
+
+    name: ClassVar[str] = "stage"
+    timing_key: ClassVar[str | None] = None
+    persists_rows: ClassVar[bool] = False
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        """Whether this stage runs for a session with this (validated) configuration."""
+        return True
+
+    def run(self, ctx: RunContext) -> None:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------------------------
+# load and prepare
+# ------------------------------------------------------------------------------------------------
+
+
+class LoadStage(Stage):
+    name = "load"
+    timing_key = "model_load_s"
+
+    def run(self, ctx: RunContext) -> None:
+        from ...modelio import ModelInputs, load_model
+
+        session = ctx.session
+        model = load_model(session.model_path)
+        if session.weights_digest and model.digest != session.weights_digest:
+            raise ModelLoadingError(
+                "the weights changed since the session was created (digest mismatch)",
+                file=session.model_path, hint="create a new session for the new weights",
+            )
+        if not session.inputs_ref:
+            raise ValidationError("the session has no saved inputs", session=session.session_id)
+        ctx.inputs = ModelInputs.load(session.inputs_ref)
+        ctx.model = model
+        ctx.plan = ValidationPlan.resolve(session.config, model.num_layers)
+
+
+class PrepareStage(Stage):
+    """Both backends built and prepared; isolation decided (required but impossible is DF005)."""
+
+    name = "prepare"
+
+    def run(self, ctx: RunContext) -> None:
+        from ...backends import get_backend
+
+        plan, session = ctx.plan, ctx.session
+        cfg = plan.config
+        ctx.reference = get_backend(session.reference_backend, **cfg["reference_options"])
+        ctx.alternative = get_backend(session.alternative_backend, **cfg["alternative_options"])
+        for side, backend, dtype, device in (
+            ("reference", ctx.reference, plan.reference_dtype, cfg["reference_device"]),
+            ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
+        ):
+            t0 = time.perf_counter()
+            backend.prepare(ctx.model, dtype, device)
+            ctx.prepare_s[side] = time.perf_counter() - t0
+        isolate = cfg["isolate"]
+        if not isolate:
+            ctx.isolating, ctx.isolation_note = False, "isolation not requested"
+            return
+        ok, why = _replay_support(ctx.reference, ctx.alternative)
+        if isolate is True and not ok:
+            raise ValidationError(f"isolation was requested but {why}", session=session.session_id,
+                                  hint="set isolate to 'auto' or false, or give the backend a run_layer")
+        ctx.isolating, ctx.isolation_note = ok, (None if ok else why)
+
+
+def _replay_support(reference: Backend, alternative: Backend) -> tuple[bool, str]:
+    for side, backend in (("reference", reference), ("alternative", alternative)):
+        ok, why = layer_replay_support(backend)
+        if not ok:
+            return False, f"the {side} backend {backend.name!r} {why}"
+    return True, ""
+
+
+# ------------------------------------------------------------------------------------------------
+# running the backends
+# ------------------------------------------------------------------------------------------------
+
+
+def run_measured(backend: Backend, dtype: str, device: str, inputs: ModelInputs, taps: list[CheckpointKey], *,
+                 layer_inputs: bool, plan: ValidationPlan, prepare_s: float) -> tuple[Capture, dict[str, Any]]:
+    """One forward pass of a prepared backend with the plan's profiling: ``(capture, stats)``."""
+    mem = _MemorySampler(device) if plan.memory_profiling else None
+    t0 = time.perf_counter()
+    with _layer_timer(backend, plan.per_layer_timing) as timing:
+        if mem is not None:
+            with mem:
+                cap = backend.run(inputs, taps, capture_layer_inputs=layer_inputs)
+        else:
+            cap = backend.run(inputs, taps, capture_layer_inputs=layer_inputs)
+    wall = time.perf_counter() - t0
+    stats: dict[str, Any] = {"backend": backend.name, "dtype": dtype, "device": device, "prepare_s": prepare_s,
+                             "forward_s": float(cap.elapsed_s), "wall_s": wall}
+    if plan.per_layer_timing:
+        stats["per_layer_s"] = timing["per_layer_s"]
+        stats["per_layer_method"] = timing["method"]
+        if timing.get("note"):
+            stats["per_layer_note"] = timing["note"]
+    if mem is not None:
+        stats["memory"] = mem.result
+    return cap, stats
+
+
+class RunBackendStage(Stage):
+    """One side's forward pass. Isolation needs every layer's checkpoints (and layer inputs) from
+    both runs; only the enabled checkpoints are reported."""
+
+    def __init__(self, side: str) -> None:
+        if side not in ("reference", "alternative"):
+            raise ValueError(f"side must be 'reference' or 'alternative', got {side!r}")
+        self.side = side
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.side
+
+    def run(self, ctx: RunContext) -> None:
+        plan = ctx.plan
+        if self.side == "reference":
+            backend, dtype, device = ctx.reference, plan.reference_dtype, plan.config["reference_device"]
+        else:
+            backend, dtype, device = ctx.alternative, plan.alternative_dtype, plan.config["device"]
+        taps = all_checkpoints(plan.num_layers) if ctx.isolating else list(plan.keys)
+        ctx.captures[self.side], ctx.performance[self.side] = run_measured(
+            backend, dtype, device, ctx.inputs, taps, layer_inputs=ctx.isolating, plan=plan,
+            prepare_s=ctx.prepare_s[self.side])
+
+
+# ------------------------------------------------------------------------------------------------
+# judging
+# ------------------------------------------------------------------------------------------------
+
+
+def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: ValidationPlan) -> ComparisonResult:
+    tol = plan.tolerance(key)
+    for side, cap in (("alternative", alt), ("reference", ref)):
+        if key not in cap:
+            return ComparisonResult(passed=False, reason=f"the {side} backend produced no tensor for {key}",
+                                    tolerance=tol, name=str(key))
+    return compare(ref[key], alt[key], tolerance=tol, check_dtype=False, name=str(key))
+
+
+class CompareStage(Stage):
+    name = "compare"
+    timing_key = "comparison_s"
+    persists_rows = True  # rows go in now, in model order: nothing compared is lost if a later stage fails
+
+    def run(self, ctx: RunContext) -> None:
+        ref, alt = ctx.reference_capture, ctx.alternative_capture
+        for key in ctx.plan.keys:
+            comp = _compare_key(ref, alt, key, ctx.plan)
+            ctx.outcomes.append(CheckpointOutcome(key=key, comparison=comp, passed=comp.passed, reason=comp.reason))
+
+
+class IsolationStage(Stage):
+    """Introduced vs carried-in error per layer: the alternative replays layer *i* on the
+    reference's input to it; that replay's error is what the layer introduces, the error at the
+    layer's input in the full run is what it carries in."""
+
+    name = "isolation"
+    timing_key = "isolation_s"
+    persists_rows = True
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config["isolate"])
+
+    def run(self, ctx: RunContext) -> None:
+        if not ctx.isolating:
+            return
+        ctx.isolation = [self._layer(ctx, i) for i in ctx.plan.layer_range]
+        by_layer = {iso.layer: iso for iso in ctx.isolation}
+        for o in ctx.outcomes:
+            iso = by_layer.get(o.key.layer) if o.key.layer is not None else None
+            if iso is not None:
+                o.carried_in = iso.carried_in
+                o.introduced = iso.introduced_attention if o.key.name == "post_attention" else iso.introduced_mlp
+        ctx.isolation_note = None
+
+    @staticmethod
+    def _layer(ctx: RunContext, i: int) -> LayerIsolation:
+        plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
+        ref_in = ref_cap.layer_inputs.get(i)
+        if ref_in is None:
+            raise ValidationError(f"the reference backend did not record the input of layer {i}",
+                                  hint="its run() must fill Capture.layer_inputs when capture_layer_inputs=True")
+        k_in = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+        alt_in = alt_cap.layer_inputs.get(i)
+        if alt_in is None:  # the layer's input is the previous layer's output
+            alt_in = alt_cap.tensors.get(k_in)
+        if alt_in is None:
+            carried = ComparisonResult(passed=False, reason=f"the alternative's input to layer {i} is unknown",
+                                       tolerance=plan.tolerance(k_in), name=f"layer {i} input")
+        else:
+            carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False,
+                              name=f"layer {i} input")
+        replay = ctx.alternative.run_layer(i, ref_in, ctx.inputs)  # type: ignore[attr-defined]
+        k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
+        intro_attn = None
+        if k_attn in replay and k_attn in ref_cap:
+            intro_attn = compare(ref_cap[k_attn], replay[k_attn], tolerance=plan.tolerance(k_attn),
+                                 check_dtype=False, name=f"{k_attn} replayed")
+        if k_mlp in replay:
+            intro_mlp = compare(ref_cap[k_mlp], replay[k_mlp], tolerance=plan.tolerance(k_mlp), check_dtype=False,
+                                name=f"{k_mlp} replayed")
+        else:
+            intro_mlp = ComparisonResult(passed=False, reason=f"run_layer({i}) returned no post_mlp tensor",
+                                         tolerance=plan.tolerance(k_mlp), name=f"{k_mlp} replayed")
+        total = _compare_key(ref_cap, alt_cap, k_mlp, plan) if k_mlp in alt_cap and k_mlp in ref_cap else None
+        return LayerIsolation(layer=i, carried_in=carried, introduced_attention=intro_attn, introduced_mlp=intro_mlp,
+                              total=total, alternative_replay_s=float(replay.elapsed_s))
+
+
+class OracleStage(Stage):
+    """Judge each checkpoint by the ratio rule ``err(alt, oracle) <= m * err(ref, oracle) + floor``
+    against ``python_reference`` in float64 (the reference itself when it already is that)."""
+
+    name = "oracle"
+    timing_key = "oracle_s"
+    persists_rows = True
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config["oracle"])
+
+    def run(self, ctx: RunContext) -> None:
+        plan = ctx.plan
+        oracle_cap = self._oracle_capture(ctx)
+        cfg = plan.config
+        metric = str(cfg["oracle_metric"])
+        m, floor = float(cfg["oracle_multiplier"]), float(cfg["oracle_floor"])
+        ref_cap, alt_cap = ctx.reference_capture, ctx.alternative_capture
+        failed = []
+        for o in ctx.outcomes:
+            k = o.key
+            if k not in oracle_cap or k not in ref_cap or k not in alt_cap:
+                o.passed, o.reason = False, o.reason or f"no tensor for {k} from one of the three runs"
+                failed.append(str(k))
+                continue
+            e_ref = metric_value(compare(oracle_cap[k], ref_cap[k], check_dtype=False), metric)
+            e_alt = metric_value(compare(oracle_cap[k], alt_cap[k], check_dtype=False), metric)
+            o.oracle = OracleJudgement(metric, e_ref, e_alt, m, floor)
+            o.passed = o.oracle.passed
+            o.reason = None if o.passed else (
+                f"oracle ratio rule: {metric} vs float64 {e_alt:.3e} > {m:g} x {e_ref:.3e} + {floor:g}")
+            if not o.passed:
+                failed.append(str(k))
+        ctx.oracle_report = {
+            "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": metric,
+            "multiplier": m, "floor": floor, "failed": failed,
+            "rule": "alternative_error <= multiplier * reference_error + floor (errors against the float64 oracle)",
+        }
+
+    @staticmethod
+    def _oracle_capture(ctx: RunContext) -> Capture:
+        from ...backends import get_backend
+
+        if ctx.session.reference_backend == "python_reference" and ctx.plan.reference_dtype == "float64":
+            ctx.performance["oracle"] = {"note": "the reference backend is python_reference in float64: "
+                                                 "reused as the oracle"}
+            return ctx.reference_capture
+        oracle = get_backend("python_reference")
+        t0 = time.perf_counter()
+        oracle.prepare(ctx.model, "float64", "cpu")
+        cap, ctx.performance["oracle"] = run_measured(oracle, "float64", "cpu", ctx.inputs, list(ctx.plan.keys),
+                                                      layer_inputs=False, plan=ctx.plan,
+                                                      prepare_s=time.perf_counter() - t0)
+        return cap
+
+
+class NoiseFloorStage(Stage):
+    """Run each backend a second time; run-to-run differences are reported apart from the verdict."""
+
+    name = "noise floor"
+    timing_key = "noise_floor_s"
+    persists_rows = True
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config["noise_floor"])
+
+    def run(self, ctx: RunContext) -> None:
+        keys = list(ctx.plan.keys)
+        noise: dict[str, Any] = {}
+        for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
+            first, again = ctx.captures[side], backend.run(ctx.inputs, keys)
+            diffs: dict[str, float] = {}
+            for key in keys:
+                if key in first and key in again:
+                    r = compare(first[key], again[key], rtol=0.0, atol=0.0, equal_nan=True, check_dtype=False)
+                    diffs[str(key)] = metric_value(r, "max_abs_error") if not r.passed else 0.0
+            nondet = [k for k, v in diffs.items() if v != 0.0]
+            noise[side] = {"backend": backend.name, "deterministic": not nondet,
+                           "max_abs_diff": max(diffs.values(), default=0.0), "nondeterministic_keys": nondet,
+                           "per_checkpoint": diffs}
+        for o in ctx.outcomes:
+            o.run_to_run = {side: noise[side]["per_checkpoint"].get(str(o.key), math.nan) for side in noise}
+        ctx.noise = noise
+
+
+# ------------------------------------------------------------------------------------------------
+# keeping the evidence
+# ------------------------------------------------------------------------------------------------
+
+
+class RecordStage(Stage):
+    """Keep both sides' tensors of the worst checkpoints (by max abs error) in the tensor store,
+    within the session's count and byte budget, and a TensorComparison row per kept pair."""
+
+    name = "record"
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config["tensor_recording_enabled"])
+
+    def run(self, ctx: RunContext) -> None:
+        from ...models.tensor_comparison import TensorComparison
+        from ..tensor_store import RecordingCandidate, TensorStore
+
+        cfg, sid = ctx.plan.config, ctx.session.session_id
+        limit = cfg["tensor_recording_limit"] or ctx.framework_config.get("tensor_recording_limit")
+        store = TensorStore.beside_database(ctx.database_path, tensor_recording_limit=limit,
+                                            byte_budget=cfg["tensor_recording_byte_budget"])
+        candidates = [
+            RecordingCandidate(o.key.name, o.key.layer, side, ctx.captures[side][o.key],
+                               score=metric_value(o.comparison, "max_abs_error"))
+            for o in ctx.outcomes for side in ("reference", "alternative") if o.key in ctx.captures[side]
+        ]
+        outcome = store.record_session(ctx.db, sid, candidates)
+        kept = {(r.checkpoint, r.layer, r.side): r.recording_id for r in outcome.kept}
+        for o in ctx.outcomes:
+            rid = kept.get((o.key.name, o.key.layer, "reference"))
+            aid = kept.get((o.key.name, o.key.layer, "alternative"))
+            if rid and aid:
+                TensorComparison.from_comparison_result(sid, o.row(), reference_recording_id=rid,
+                                                        alternative_recording_id=aid).save(ctx.db)
+        ctx.recordings = outcome.summary()
+
+
+class StoreStage(Stage):
+    """The result: verdict and summary written to the session, its status set passed/failed."""
+
+    name = "store"
+
+    def run(self, ctx: RunContext) -> None:
+        session, plan = ctx.session, ctx.plan
+        perf = ctx.performance
+        perf["total_s"] = time.perf_counter() - ctx.started
+        if not plan.profiling:
+            perf = {"total_s": perf["total_s"], "note": "performance profiling disabled"}
+        result = ValidationResult(
+            session_id=session.session_id, model_path=session.model_path,
+            reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
+            reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype, results=ctx.outcomes,
+            isolation=ctx.isolation, isolation_note=ctx.isolation_note, oracle=ctx.oracle_report,
+            noise_floor=ctx.noise, performance=perf, recordings=ctx.recordings,
+        )
+        session.results = result.summary()
+        session.save()
+        session.update_status(result.verdict)
+        ctx.result = result
+
+
+#: The stages of a validation, in order; each runs where :meth:`Stage.applies` says so.
+DEFAULT_STAGES: tuple[Stage, ...] = (
+    LoadStage(),
+    PrepareStage(),
+    RunBackendStage("reference"),
+    RunBackendStage("alternative"),
+    CompareStage(),
+    IsolationStage(),
+    OracleStage(),
+    NoiseFloorStage(),
+    RecordStage(),
+    StoreStage(),
+)
