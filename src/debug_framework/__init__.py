@@ -1,11 +1,19 @@
 """Multi-Backend Debug Framework: validate a model's backends against a reference.
 
-    import debug_framework
-    debug_framework.initialize_framework({"database_path": "/tmp/debug.db"})
-    sid = debug_framework.create_validation_session("path/to/model", "python_reference", "auto")
+    import debug_framework as df
 
-    from debug_framework.services.validation_engine import ValidationEngine
-    result = ValidationEngine(config=debug_framework.get_framework_config()).execute_validation(sid)
+    engine = df.ValidationEngine("/tmp/debug.db")
+    sid = engine.create_session("path/to/model", {"isolate": True}, "python_reference", "auto")
+    result = engine.run(sid)                      # a ValidationResult
+    result.verdict, result.first_divergence
+
+    df.compare(reference_tensor, other_tensor, rtol=1e-4, atol=1e-5).summary()
+    df.register_backend("mine", df.user_backend("mine", build_runner))
+
+The names here are the public API; everything else is reached through its module
+(``debug_framework.services.validation_engine``, ``debug_framework.reports``, ...). The heavy ones
+(the engine, the comparison core, the backends) are imported on first use, so ``import
+debug_framework`` stays fast.
 
 Environment variables (``PIE_DEBUG_ENABLED``, ``PIE_DEBUG_LEVEL``, ``PIE_DEBUG_DATABASE``,
 ``PIE_METAL_PATH``) are read once, here at the edge, by :func:`initialize_framework` or the first
@@ -21,7 +29,7 @@ import platform
 import sys
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_CONFIG, default_database_path, from_environment, merge_config
 from .errors import (
@@ -38,13 +46,54 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from .backends import Backend, get_backend, module_backend, register_backend, user_backend
+    from .comparison import ComparisonResult, Tolerance, compare
+    from .modelio import LoadedModel, ModelInputs, load_model
+    from .services.validation_engine import ValidationEngine, ValidationResult
+
+#: Public names imported on first use: name -> module that defines it.
+_LAZY: dict[str, str] = {
+    "ValidationEngine": "debug_framework.services.validation_engine",
+    "ValidationResult": "debug_framework.services.validation_engine",
+    "compare": "debug_framework.comparison",
+    "ComparisonResult": "debug_framework.comparison",
+    "Tolerance": "debug_framework.comparison",
+    "Backend": "debug_framework.backends",
+    "register_backend": "debug_framework.backends",
+    "get_backend": "debug_framework.backends",
+    "user_backend": "debug_framework.backends",
+    "module_backend": "debug_framework.backends",
+    "load_model": "debug_framework.modelio",
+    "LoadedModel": "debug_framework.modelio",
+    "ModelInputs": "debug_framework.modelio",
+}
+
 __all__ = [
+    # validating
+    "ValidationEngine",
+    "ValidationResult",
+    "create_validation_session",
+    # comparing
+    "compare",
+    "ComparisonResult",
+    "Tolerance",
+    # models and backends
+    "load_model",
+    "LoadedModel",
+    "ModelInputs",
+    "Backend",
+    "register_backend",
+    "get_backend",
+    "user_backend",
+    "module_backend",
+    "detect_available_backends",
+    # configuration
     "DEFAULT_CONFIG",
     "initialize_framework",
     "get_framework_config",
-    "detect_available_backends",
     "get_system_info",
-    "create_validation_session",
+    # errors
     "DebugFrameworkError",
     "FrameworkInitializationError",
     "BackendInitializationError",
@@ -155,7 +204,7 @@ def create_validation_session(
 
     ``alternative_backend="auto"`` picks the best backend available here (the registry's selection).
     ``config`` holds session keys (``enabled_checkpoints``, ``precision_thresholds``, ``isolate``,
-    ...; see docs/validation.md). Run it with ``ValidationEngine(...).execute_validation(id)``.
+    ...; see docs/validation.md). Run it with ``ValidationEngine(config=get_framework_config()).run(id)``.
 
     Raises:
         BackendInitializationError (DF002), ModelLoadingError (DF004), ValidationError (DF005).
@@ -164,3 +213,19 @@ def create_validation_session(
 
     engine = ValidationEngine(config=get_framework_config())
     return engine.create_session(model_path, config, reference_backend, alternative_backend)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name (see ``_LAZY``) on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'debug_framework' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

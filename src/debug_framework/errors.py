@@ -75,12 +75,16 @@ class DebugFrameworkError(Exception):
 
 
 class FrameworkInitializationError(DebugFrameworkError):
+    """A bad configuration key or ``PIE_DEBUG_*`` value, or a database the framework cannot open at start."""
+
     code = "DF001"
     title = "Framework initialization failed"
     default_hint = "check the configuration keys and the PIE_DEBUG_* environment variables"
 
 
 class BackendInitializationError(DebugFrameworkError):
+    """An unknown backend, one that cannot run here (with the reason), or one that failed to prepare."""
+
     code = "DF002"
     title = "Backend initialization failed"
     default_hint = "run detect_available_backends() to see which backends can run here and why not"
@@ -97,12 +101,16 @@ class UnsupportedTorchVersionError(BackendInitializationError):
 
 
 class DatabaseError(DebugFrameworkError):
+    """The session database cannot be opened, migrated, read or written (the cause is kept)."""
+
     code = "DF003"
     title = "Database failure"
     default_hint = "check that the database path is writable (PIE_DEBUG_DATABASE or config['database_path'])"
 
 
 class ModelLoadingError(DebugFrameworkError):
+    """A model that cannot be loaded: missing path, unknown format, corrupt file, shape contradicting the config."""
+
     code = "DF004"
     title = "Model loading failed"
     default_hint = (
@@ -112,24 +120,32 @@ class ModelLoadingError(DebugFrameworkError):
 
 
 class ValidationError(DebugFrameworkError):
+    """A validation that cannot execute: bad inputs or configuration, or a backend failing mid-run."""
+
     code = "DF005"
     title = "Validation failed to execute"
     default_hint = "see the message; the session record keeps what completed before the failure"
 
 
 class ComparisonError(DebugFrameworkError):
+    """Inputs that cannot be compared numerically (wrong types, structures that do not match)."""
+
     code = "DF006"
     title = "Numerical comparison failed"
     default_hint = "pass torch tensors, NumPy arrays, or nested dicts/lists/tuples/dataclasses of them"
 
 
 class ResourceExhaustedError(DebugFrameworkError):
+    """A recording limit, memory or disk exhausted."""
+
     code = "DF007"
     title = "Resource exhausted"
     default_hint = "lower tensor_recording_limit, the byte budget, the batch size, or free disk/memory"
 
 
 class PluginCompilationError(DebugFrameworkError):
+    """A kernel plugin that fails to compile or to validate."""
+
     code = "DF008"
     title = "Plugin compilation failed"
     default_hint = "check the compiler output above and that the toolchain for the backend is installed"
