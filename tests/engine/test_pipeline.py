@@ -1,0 +1,83 @@
+"""The engine is a loop over stages: a new stage is one class, the loop alone reports progress,
+times stages and persists rows after the stages that change them; a failing stage keeps the rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from debug_framework.errors import ValidationError
+from debug_framework.services.database_manager import DatabaseManager
+from debug_framework.services.validation.plan import ValidationPlan
+from debug_framework.services.validation.stages import DEFAULT_STAGES, RunContext, Stage, StoreStage
+from debug_framework.services.validation_engine import ValidationEngine
+
+CONFIG = {"isolate": False, "input_shape": [1, 8]}
+
+
+class FlagLastLayer(Stage):
+    """A custom stage: mark the last post_mlp failed, as a drill-down or a plugin check would."""
+
+    name = "flag last layer"
+    timing_key = "flag_s"
+    persists_rows = True
+
+    def run(self, ctx: RunContext) -> None:
+        last = [o for o in ctx.outcomes if o.key.name == "post_mlp"][-1]
+        last.passed, last.reason = False, "flagged by a custom stage"
+
+
+class Explode(Stage):
+    name = "explode"
+
+    def run(self, ctx: RunContext) -> None:
+        raise RuntimeError("a stage crashed")
+
+
+def _with(extra: Stage) -> list[Stage]:
+    stages = list(DEFAULT_STAGES)
+    stages.insert(stages.index(next(s for s in stages if isinstance(s, StoreStage))), extra)
+    return stages
+
+
+def test_a_custom_stage_is_one_class(tiny_llama, db_path):
+    engine = ValidationEngine(db_path, stages=_with(FlagLastLayer()))
+    sid = engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch")
+    seen: list[tuple[str, int, int]] = []
+    result = engine.run(sid, progress=lambda *a: seen.append(a))
+    names = [s for s, _, _ in seen]
+    assert names == ["load", "prepare", "reference", "alternative", "compare", "flag last layer", "store"]
+    assert [d for _, d, _ in seen] == list(range(1, len(names) + 1)) and {t for *_, t in seen} == {len(names)}
+    assert result.verdict == "failed" and str(result.first_divergence.key) == "post_mlp:5"
+    assert result.performance["flag_s"] >= 0.0 and "comparison_s" in result.performance
+    rows = DatabaseManager(db_path).get_checkpoint_results(sid)
+    flagged = [r for r in rows if r["checkpoint"] == "post_mlp" and r["layer"] == 5]
+    assert flagged and flagged[0]["passed"] in (False, 0)  # persisted by the loop after the stage
+
+
+def test_a_crashing_stage_keeps_rows_and_marks_the_session(tiny_llama, db_path):
+    engine = ValidationEngine(db_path, stages=_with(Explode()))
+    sid = engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch")
+    with pytest.raises(ValidationError, match="a stage crashed"):
+        engine.run(sid)
+    stored = engine.get_session_results(sid)
+    assert stored["status"] == "error" and "a stage crashed" in stored["error_message"]
+    assert len(stored["checkpoints"]) == 14  # written after compare, before the crash
+
+
+def test_stages_without_a_store_are_an_error(tiny_llama, db_path):
+    engine = ValidationEngine(db_path, stages=[s for s in DEFAULT_STAGES if not isinstance(s, StoreStage)])
+    sid = engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch")
+    with pytest.raises(ValidationError, match="no result"):
+        engine.run(sid)
+
+
+def test_the_plan_resolves_keys_dtypes_and_tolerances():
+    plan = ValidationPlan.resolve({"dtype": "float16", "reference_dtype": "float64", "layers": [1, 3],
+                                   "enabled_checkpoints": ["post_mlp", "post_processing"],
+                                   "precision_thresholds": {"post_mlp:2": {"atol": 0.5}}}, num_layers=6)
+    assert [str(k) for k in plan.keys] == ["post_mlp:1", "post_mlp:2", "post_processing"]
+    assert plan.governing_dtype == "float16" and list(plan.layer_range) == [1, 2]
+    k1, k2 = plan.keys[0], plan.keys[1]
+    assert plan.tolerance(k1).atol == 1e-2 and plan.tolerance(k2).atol == 0.5
+    with pytest.raises(ValidationError, match="unknown session configuration key"):
+        ValidationPlan.resolve({"isolat": True}, num_layers=6)
