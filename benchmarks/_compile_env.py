@@ -1,4 +1,5 @@
-"""Compile-cache control and peak-memory probes for the benchmark runner.
+"""Compile-cache control for the benchmark runner (peak memory, timing and statistics come from
+:mod:`debug_framework.measure`).
 
 Private PyTorch APIs (``torch._dynamo``, ``torch._inductor``) are reached only through the project's
 private-API layer ``debug_framework._torch`` (version-checked), never imported here.
@@ -8,15 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
-__all__ = ["inductor_cache_dir", "clear_inprocess_compile_caches", "dynamo_reset", "lookup_backend", "PeakMemory"]
+__all__ = ["inductor_cache_dir", "clear_inprocess_compile_caches", "dynamo_reset", "lookup_backend"]
 
 
 def dynamo_reset() -> None:
@@ -61,64 +58,3 @@ def clear_inprocess_compile_caches() -> None:
 
     dynamo_reset()
     inductor.clear_caches()
-
-
-class PeakMemory:
-    """High-water mark of memory over a block.
-
-    CPU (Linux): resident set size. ``reset()`` writes ``5`` to ``/proc/self/clear_refs``, which resets
-    the kernel's ``VmHWM`` (peak RSS) to the current RSS; ``peak()`` reads ``VmHWM``. Where that is not
-    possible the peak is ``ru_maxrss`` since process start (``method`` says which; it cannot be reset).
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (tensor memory only).
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.method = "cuda_max_memory_allocated" if device.type == "cuda" else self._cpu_method()
-        self.baseline: int | None = None
-
-    @staticmethod
-    def _cpu_method() -> str:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            return "rss_vmhwm"
-        except OSError:
-            return "ru_maxrss_since_start"
-
-    @staticmethod
-    def _status(field: str) -> int | None:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith(field + ":"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    def reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.baseline = torch.cuda.memory_allocated(self.device)
-        elif self.method == "rss_vmhwm":
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.baseline = self._status("VmRSS")
-        else:
-            self.baseline = None
-
-    def peak(self) -> dict[str, int | str | None]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = int(torch.cuda.max_memory_allocated(self.device))
-        elif self.method == "rss_vmhwm":
-            peak = self._status("VmHWM")
-        else:
-            ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            peak = ru if sys.platform == "darwin" else ru * 1024
-        base = self.baseline
-        return {"peak_bytes": peak, "baseline_bytes": base,
-                "delta_bytes": (peak - base) if peak is not None and base is not None else None,
-                "method": self.method}

@@ -14,33 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from debug_framework.comparison import compare
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+from debug_framework.measure import PeakMemory, Timer
 
 
 def measure(fn: Callable[[], object], repeats: int) -> tuple[float, float | None]:
@@ -48,14 +28,11 @@ def measure(fn: Callable[[], object], repeats: int) -> tuple[float, float | None
     fn()  # warm-up (JIT compile, page faults)
     times, extra = [], []
     for _ in range(repeats):
-        can_reset = _reset_peak()
-        before = _status_kib("VmRSS")
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        peak = _status_kib("VmHWM")
-        if can_reset and before is not None and peak is not None:
-            extra.append(max(0, peak - before) / 1024)
+        with PeakMemory() as mem, Timer() as t:
+            fn()
+        times.append(t.seconds)
+        if mem.result.delta_bytes is not None:
+            extra.append(max(0, mem.result.delta_bytes) / 2**20)
     return min(times), (max(extra) if extra else None)
 
 

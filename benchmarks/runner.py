@@ -33,23 +33,22 @@ import logging
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from debug_framework.comparison import dumps_json
+from debug_framework.measure import PeakMemory, TimedBackend, Timer, run_stats
 
 from benchmarks._compile_env import (
-    PeakMemory,
     clear_inprocess_compile_caches,
     dynamo_reset,
     inductor_cache_dir,
@@ -72,21 +71,9 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _stats_ms(samples_s: list[float]) -> dict[str, Any]:
-    ms = [s * 1000.0 for s in samples_s]
-    return {
-        "mean": statistics.fmean(ms) if ms else None,
-        "std": statistics.stdev(ms) if len(ms) > 1 else None,
-        "median": statistics.median(ms) if ms else None,
-        "min": min(ms) if ms else None,
-        "max": max(ms) if ms else None,
-        "runs": len(ms),
-    }
+def _stats_ms(samples_s: list[float]) -> dict[str, float | int | None]:
+    """Latency statistics as the benchmark JSON has them: milliseconds, the count under ``runs``."""
+    return run_stats(samples_s, unit="ms", count_key="runs")
 
 
 def _to_device(inputs: tuple[Any, ...], device: torch.device) -> tuple[Any, ...]:
@@ -100,23 +87,6 @@ def _short_path(path: str) -> str:
         return p.split("site-packages/", 1)[1]
     root = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
     return p[len(root):] if p.startswith(root) else p
-
-
-class TimedBackend:
-    """Wraps a torch.compile backend: seconds spent inside its compiler and the number of graphs it got."""
-
-    def __init__(self, inner: Callable[..., Any]) -> None:
-        self.inner = inner
-        self.compile_s = 0.0
-        self.graphs = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        self.graphs += 1
-        t0 = time.perf_counter()
-        try:
-            return self.inner(gm, example_inputs)
-        finally:
-            self.compile_s += time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------------- constraint profiles
@@ -266,28 +236,22 @@ class ModelBench:
 
     def _timed_calls(self, fn: Callable[..., Any]) -> tuple[list[float], dict[str, Any]]:
         pin_threads()
+        samples = []
         with torch.no_grad():
             for _ in range(self.warmup):
                 fn(*self.inputs)
-            _sync(self.device)
-            self.mem.reset()
-            samples = []
-            for _ in range(self.runs):
-                t0 = time.perf_counter()
-                fn(*self.inputs)
-                _sync(self.device)
-                samples.append(time.perf_counter() - t0)
-        return samples, self.mem.peak()
+            with self.mem:
+                for _ in range(self.runs):
+                    with Timer(self.device) as t:
+                        fn(*self.inputs)
+                    samples.append(t.seconds)
+        return samples, self.mem.result.to_dict()
 
     def eager(self) -> dict[str, Any]:
         pin_threads()
-        self.mem.reset()
-        t0 = time.perf_counter()
-        with torch.no_grad():
+        with self.mem, Timer(self.device) as t, torch.no_grad():
             self.model(*self.inputs)
-        _sync(self.device)
-        first = time.perf_counter() - t0
-        first_mem = self.mem.peak()
+        first, first_mem = t.seconds, self.mem.result.to_dict()
         samples, mem = self._timed_calls(self.model)
         return {"backend": "eager", "compile_s": None, "first_call_s": first, "warm_compile_s": None,
                 "warm_first_call_s": None, "latency_ms": _stats_ms(samples),
@@ -302,14 +266,9 @@ class ModelBench:
         timed = TimedBackend(backend)
         with inductor_cache_dir(cache):
             inspector = GuardInspector(self.model, backend=timed, reset=True)
-            self.mem.reset()
-            t0 = time.perf_counter()
-            with torch.no_grad():
+            with self.mem, Timer(self.device) as t, torch.no_grad():
                 inspector(*self.inputs)
-            _sync(self.device)
-            first = time.perf_counter() - t0
-            mem = self.mem.peak()
-        return inspector, timed, backend, first, mem
+        return inspector, timed, backend, t.seconds, self.mem.result.to_dict()
 
     def compiled(self, name: str) -> dict[str, Any]:
         from debug_module.reports import save_guard_report
@@ -332,7 +291,7 @@ class ModelBench:
             "graph_count": guards.graph_count, "graph_breaks": guards.graph_break_count,
             "recompilations": len(guards.recompilations),
             "graph_break_reasons": [str(b) for b in guards.graph_breaks],
-            "backend_graphs": timed.graphs,
+            "backend_graphs": timed.calls,
             "peak_memory_bytes": mem["peak_bytes"],
             "memory": {"cold_compile": cold_mem, "warm_compile": warm_mem, "inference": mem},
             "violations": None,
@@ -457,7 +416,7 @@ def run_workload(w: Workload, size: str, backends: list[str], device: torch.devi
             "constraint_profiles": profiles,
             "notes": ("compile_s/first_call_s: cold (Dynamo reset, Inductor in-memory caches cleared, empty "
                       "TORCHINDUCTOR_CACHE_DIR); warm_*: after another Dynamo reset with the same cache directory. "
-                      "latency_ms after warm-up; peak_memory_bytes: " + bench.mem.method + " during the timed calls."),
+                      f"latency_ms after warm-up; peak_memory_bytes: {bench.mem.method} during the timed calls."),
         }
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)

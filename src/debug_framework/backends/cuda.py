@@ -1,7 +1,7 @@
 """``cuda``: the ``pytorch`` backend (Hugging Face eager) on a CUDA device.
 
-Timing is bracketed by ``torch.cuda.synchronize()`` (``TorchModuleBackend.run``), so ``elapsed_s``
-is the GPU's work, not the launch. Unavailable, with the reason, where there is no CUDA device.
+Timing is bracketed by device synchronisation (``debug_framework.measure.Timer`` in
+``TorchModuleBackend.run``), so ``elapsed_s`` is the GPU's work, not the launch. Unavailable, with the reason, where there is no CUDA device.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,13 @@ import torch
 from ..capture.hooks import first_tensor
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
+from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
-from .torch_module import TORCH_DTYPES, synchronize, torch_device_info
+from .torch_module import TORCH_DTYPES, torch_device_info
 
 __all__ = ["InductorBackend"]
 
@@ -115,9 +115,7 @@ class InductorBackend(BaseBackend):
         kwargs = {k: torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
         signature = (variant, tuple((k, tuple(v.shape)) for k, v in arrays.items()))
         first = signature not in self._seen
-        with torch.inference_mode():
-            synchronize(self.device)
-            start = time.perf_counter()
+        with torch.inference_mode(), Timer(self.device) as timer:
             if first:
                 from .._torch import inductor as _inductor_private
 
@@ -125,8 +123,7 @@ class InductorBackend(BaseBackend):
                     out = fn(**kwargs)
             else:
                 out = fn(**kwargs)
-            synchronize(self.device)
-            elapsed = time.perf_counter() - start
+        elapsed = timer.seconds
         if first:
             self._seen.add(signature)
             self.compile_log.append({"variant": variant, "shape": list(inputs.shape), "first_call_s": round(elapsed, 4)})
@@ -179,12 +176,9 @@ class InductorBackend(BaseBackend):
         sink = self._wrapper._sink  # left empty by replay_arguments
         try:
             with torch.inference_mode(), _dynamo_private.recompile_limit(2 * model.num_layers + 8), \
-                    _inductor_private.using_cache_dir(self.cache_dir):
-                synchronize(self.device)
-                start = time.perf_counter()
+                    _inductor_private.using_cache_dir(self.cache_dir), Timer(self.device) as timer:
                 out = self._layer_fns[i](*args, **kwargs)
-                synchronize(self.device)
-                elapsed = time.perf_counter() - start
+            elapsed = timer.seconds
             emitted = dict(zip(self._wrapper.keys_within(layer_name), sink, strict=True))
         finally:
             sink.clear()

@@ -6,7 +6,6 @@ eager models) and of user ``nn.Module`` backends (:func:`debug_framework.backend
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,11 +14,12 @@ import torch
 from ..capture.hooks import HookCapture, ModuleTap, hf_layer_modules, hf_module_taps
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
+from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name
 
-__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info", "synchronize"]
+__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
 
 TORCH_DTYPES = {
     "float64": torch.float64,
@@ -38,12 +38,6 @@ def _cuda_reason(device: str) -> str:
     if not torch.cuda.is_available():
         return f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, cuda build: {torch.version.cuda})"
     return ""
-
-
-def synchronize(device: str) -> None:
-    """Wait for the device's queued work (CUDA), so a timer brackets the work and not its launch."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def torch_device_info(device: str) -> dict[str, Any]:
@@ -132,17 +126,13 @@ class TorchModuleBackend(BaseBackend):
         kwargs = inputs.torch(self.device)
         with torch.inference_mode(), HookCapture(
             self.module, active, layer_modules=self.layer_modules if capture_layer_inputs else None
-        ) as cap:
-            synchronize(self.device)
-            start = time.perf_counter()
+        ) as cap, Timer(self.device) as timer:
             self.module(**kwargs)
-            synchronize(self.device)
-            elapsed = time.perf_counter() - start
         return Capture(
             tensors={k: cap.tensors[k] for k in keys if k in cap.tensors},
             backend=self.name,
             dtype=self.dtype,
-            elapsed_s=elapsed,
+            elapsed_s=timer.seconds,
             layer_inputs=cap.layer_inputs,
         )
 
@@ -154,9 +144,7 @@ class TorchModuleBackend(BaseBackend):
         hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
         want = {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
         active = [t for t in self.taps if t.key in want]
-        with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap:
-            start = time.perf_counter()
+        with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap, \
+                Timer(self.device) as timer:
             cap.run(self.module, **inputs.torch(self.device))
-            synchronize(self.device)
-            elapsed = time.perf_counter() - start
-        return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=elapsed)
+        return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)

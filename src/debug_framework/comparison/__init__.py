@@ -5,10 +5,15 @@
     >>> r = compare(torch.ones(4), torch.ones(4) + 1e-7)
     >>> r.passed, r.max_ulp_error
     (True, 1)
+
+``compare`` is the one front door; ``TensorComparisonEngine.compare_tensors`` (the spec's dict front)
+and ``debug_module.diff.compare_tensors`` (KernelDiff's names) delegate to it. :class:`RatioRule`
+judges against a float64 oracle relative to a baseline (validation's oracle mode, KernelDiff).
 """
 
 from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
 from .nested import compare_nested, flatten_outputs
+from .ratio import OracleJudgement, RatioRule, error_metric, finite_metric
 from .result import ComparisonResult, NestedComparison, WorstElement, dumps_json, json_safe
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
 
@@ -23,6 +28,10 @@ __all__ = [
     "PassRule",
     "default_tolerance",
     "less_precise_dtype",
+    "RatioRule",
+    "OracleJudgement",
+    "error_metric",
+    "finite_metric",
     "json_safe",
     "dumps_json",
     "DEFAULT_CHUNK_ELEMENTS",

@@ -6,13 +6,15 @@ All numbers come from :func:`debug_framework.comparison.compare`; nothing is com
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
-from ..comparison import Tolerance, compare, default_tolerance
-from ..comparison._inputs import as_tensor
-from ..comparison.tolerance import less_precise_dtype
+from ..comparison import Tolerance, compare
 
 __all__ = ["TensorComparisonEngine"]
+
+#: The keys of a tolerance dict that are used (``compare``'s tolerance overrides); others are ignored.
+_TOLERANCE_KEYS = frozenset(f.name for f in fields(Tolerance))
 
 
 class TensorComparisonEngine:
@@ -22,26 +24,22 @@ class TensorComparisonEngine:
         self.default_tolerance_config = dict(default_tolerance_config or {})
         self.top_k = top_k
 
-    def _tolerance(self, reference: Any, alternative: Any, tolerance: Mapping[str, Any] | None) -> Tolerance:
-        ref, alt = as_tensor(reference, "reference"), as_tensor(alternative, "alternative")
-        base = default_tolerance(less_precise_dtype(ref.dtype, alt.dtype))
-        merged = {**self.default_tolerance_config, **(tolerance or {})}
-        return base.with_overrides(**{k: v for k, v in merged.items() if k in base.to_dict()})
-
     def compare_tensors(
         self, reference_tensor: Any, alternative_tensor: Any, tolerance: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """Compare two tensors; ``tolerance`` holds ``rtol``/``atol`` (and optionally the other
-        :class:`~debug_framework.comparison.Tolerance` fields). Returns every metric plus
-        ``match_status``, ``max_absolute_error``, ``max_relative_error`` and ``tolerance_config``."""
-        tol = self._tolerance(reference_tensor, alternative_tensor, tolerance)
-        res = compare(reference_tensor, alternative_tensor, tolerance=tol, check_dtype=False, top_k=self.top_k)
+        :class:`~debug_framework.comparison.Tolerance` fields) over the engine's defaults and the
+        dtype's. Returns every metric plus ``match_status``, ``max_absolute_error``,
+        ``max_relative_error`` and ``tolerance_config``."""
+        merged = {**self.default_tolerance_config, **(tolerance or {})}
+        overrides = {k: v for k, v in merged.items() if k in _TOLERANCE_KEYS}
+        res = compare(reference_tensor, alternative_tensor, check_dtype=False, top_k=self.top_k, **overrides)
         out = res.to_dict(json_compatible=True)
         out.update(
             match_status=res.passed,
             max_absolute_error=out["max_abs_error"],
             max_relative_error=out["max_rel_error"],
-            tolerance_config=tol.to_dict(),
+            tolerance_config=res.tolerance.to_dict(),
         )
         return out
 

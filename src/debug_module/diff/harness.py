@@ -41,19 +41,19 @@ import copy
 import datetime as _dt
 import logging
 import math
-import statistics
 import tempfile
-import time
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
-from debug_framework.comparison import ComparisonResult, Tolerance, compare, flatten_outputs
+from debug_framework.comparison import ComparisonResult, RatioRule, compare, finite_metric, flatten_outputs
+from debug_framework.measure import TimedBackend, Timer, run_stats
 
 from ..artifacts import RunDirectory, new_run_id
+from .metrics import ToleranceOptions, core_tolerance
 from .report import DiffReport, TensorDiff
 
 __all__ = ["KernelDiffHarness"]
@@ -71,23 +71,6 @@ def _backend_name(backend: Any) -> str:
     if isinstance(name, str):
         return name
     return getattr(backend, "__name__", None) or type(backend).__name__
-
-
-class _TimedBackend:
-    """Wraps a torch.compile backend: records each Dynamo graph and the time spent compiling it."""
-
-    def __init__(self, inner: Callable[..., Any]) -> None:
-        self.inner = inner
-        self.compile_s = 0.0
-        self.graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        self.graphs.append((gm, list(example_inputs)))
-        t0 = time.perf_counter()
-        try:
-            return self.inner(gm, example_inputs)
-        finally:
-            self.compile_s += time.perf_counter() - t0
 
 
 def _resolve_backend(backend: Any) -> Callable[..., Any]:
@@ -126,11 +109,6 @@ def _device_of(model: Any, inputs: Any) -> torch.device:
     return found[0] if found else torch.device("cpu")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _leaf_weight(name: str, t: torch.Tensor, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**63))
     return torch.randn(t.shape, generator=g, dtype=torch.float32).to(device=t.device, dtype=t.dtype)
@@ -145,17 +123,9 @@ def _safe_flatten(obj: Any, prefix: str) -> dict[str, torch.Tensor]:
     return {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
 
 
-def _stats(samples: list[float]) -> dict[str, Any] | None:
-    if not samples:
-        return None
-    return {
-        "mean": statistics.fmean(samples),
-        "std": statistics.stdev(samples) if len(samples) > 1 else None,
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "samples": len(samples),
-    }
+def _stats(samples_s: list[float]) -> dict[str, float | int | None] | None:
+    """Run statistics in seconds; ``None`` without samples."""
+    return run_stats(samples_s) if samples_s else None
 
 
 class _Side:
@@ -167,9 +137,9 @@ class _Side:
         self.dtype = dtype
         self.compile = compile_
         self.model = self._copy(model)
-        self.timed: _TimedBackend | None = None
+        self.timed: TimedBackend | None = None
         if compile_:
-            self.timed = _TimedBackend(_resolve_backend(backend))
+            self.timed = TimedBackend(_resolve_backend(backend), keep_graphs=True)
             self.fn = torch.compile(self.model, backend=self.timed)
         else:
             self.fn = self.model
@@ -219,8 +189,9 @@ class KernelDiffHarness:
             rule against float32 eager), or any torch.compile backend name/callable.
         test_backend: the backend under test: a name (default ``"inductor"``) or a callable
             (``debug_module.mock_backend``, ``aot_mock_backend(...)``, an adapter, your own).
-        rtol, atol, equal_nan, pass_rule, max_mismatch_percentage, tolerance: the comparison core's
-            tolerance (default: torch.testing's for the dtype); used in ``"eager"``/backend mode.
+        rtol, atol, equal_nan, pass_rule, max_mismatch_percentage, tolerance: keywords of the comparison
+            core's tolerance (:class:`~debug_module.diff.metrics.ToleranceOptions`; default: torch.testing's
+            for the dtype); used in ``"eager"``/backend mode.
         float64_multiplier, float64_floor: the ratio rule ``test_rmse <= m * eager_rmse + floor``
             (errors against the float64 reference; defaults as in torch's own accuracy checks: 2.0, 1e-5).
         compare_gradients: also compare parameter and input gradients after a backward pass.
@@ -246,12 +217,6 @@ class KernelDiffHarness:
         model_name: str | None = None,
         reference_backend: Any = "eager",
         test_backend: Any = "inductor",
-        rtol: float | None = None,
-        atol: float | None = None,
-        equal_nan: bool | None = None,
-        pass_rule: str | None = None,
-        max_mismatch_percentage: float | None = None,
-        tolerance: Tolerance | None = None,
         float64_multiplier: float = 2.0,
         float64_floor: float = 1e-5,
         compare_gradients: bool = False,
@@ -264,6 +229,7 @@ class KernelDiffHarness:
         test_backend_spec: str | None = None,
         top_k: int = 5,
         max_plots: int = 8,
+        **tolerance_options: Unpack[ToleranceOptions],
     ) -> None:
         if runs < 1:
             raise ValueError(f"runs must be >= 1, got {runs}")
@@ -276,10 +242,8 @@ class KernelDiffHarness:
                                          else getattr(model, "__name__", "model"))
         self.reference_backend = reference_backend
         self.test_backend = test_backend
-        self.tolerance_kwargs: dict[str, Any] = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, pass_rule=pass_rule,
-                                                     max_mismatch_percent=max_mismatch_percentage, tolerance=tolerance)
-        self.float64_multiplier = float(float64_multiplier)
-        self.float64_floor = float(float64_floor)
+        self.tolerance_kwargs: dict[str, Any] = core_tolerance(tolerance_options)
+        self.ratio_rule = RatioRule(float(float64_multiplier), float(float64_floor), "rmse")
         self.compare_gradients = compare_gradients
         self.compare_modules = compare_modules
         self.runs = int(runs)
@@ -315,12 +279,9 @@ class KernelDiffHarness:
                         input_leaves[k] = t
                 for p in params.values():
                     p.grad = None
-            _sync(self.device)
-            t0 = time.perf_counter()
-            with torch.set_grad_enabled(self.compare_gradients):
+            with Timer(self.device) as fwd, torch.set_grad_enabled(self.compare_gradients):
                 out = _call(side.fn, inputs)
-            _sync(self.device)
-            side.forward_s.append(time.perf_counter() - t0)
+            side.forward_s.append(fwd.seconds)
             flat = _safe_flatten(out, "")
             side.outputs.append({k: v.detach().clone() for k, v in flat.items()})
             if self.compare_gradients:
@@ -332,11 +293,9 @@ class KernelDiffHarness:
                         loss = term if loss is None else loss + term
                 grads: dict[str, torch.Tensor] = {}
                 if loss is not None:
-                    _sync(self.device)
-                    t1 = time.perf_counter()
-                    loss.backward()
-                    _sync(self.device)
-                    side.backward_s.append(time.perf_counter() - t1)
+                    with Timer(self.device) as bwd:
+                        loss.backward()
+                    side.backward_s.append(bwd.seconds)
                     for name, p in params.items():
                         if p.grad is not None:
                             grads[f"param.{name}"] = p.grad.detach().clone()
@@ -407,12 +366,14 @@ class KernelDiffHarness:
                           module=module)
 
     def _ratio_verdict(self, res: ComparisonResult, base: ComparisonResult) -> tuple[bool, str | None, dict[str, Any]]:
-        m, floor = self.float64_multiplier, self.float64_floor
-        test_err = res.rmse if res.rmse is not None else (0.0 if res.shape_match and res.numel == 0 else None)
-        eager_err = base.rmse if base.rmse is not None else 0.0
-        bound = m * eager_err + floor
-        ratio = {"test_error": test_err, "eager_error": eager_err, "bound": bound, "multiplier": m, "floor": floor,
-                 "metric": "rmse"}
+        """The ratio rule on the finite pairs; non-finite values are judged apart: the test may not have
+        more non-finite mismatches against float64 than float32 eager has."""
+        rule = self.ratio_rule
+        test_err = finite_metric(res, rule.metric)
+        eager_err = finite_metric(base, rule.metric) or 0.0
+        judgement = rule.judge(eager_err, math.nan if test_err is None else test_err)
+        ratio = {"test_error": test_err, "eager_error": eager_err, "bound": judgement.bound,
+                 "multiplier": rule.multiplier, "floor": rule.floor, "metric": rule.metric}
         if not res.shape_match:
             return False, res.reason, ratio
         if res.nonfinite_mismatch_count > base.nonfinite_mismatch_count:
@@ -420,8 +381,9 @@ class KernelDiffHarness:
                            f"(float32 eager has {base.nonfinite_mismatch_count})"), ratio
         if test_err is None:
             return False, "no finite values to compare", ratio
-        if test_err > bound:
-            return False, f"RMSE {test_err:.3e} vs float64 exceeds {m:g} x eager RMSE {eager_err:.3e} + {floor:g}", ratio
+        if not judgement.passed:
+            return False, (f"RMSE {test_err:.3e} vs float64 exceeds {rule.multiplier:g} x eager RMSE {eager_err:.3e} "
+                           f"+ {rule.floor:g}"), ratio
         return True, None, ratio
 
     def _judge_maps(self, kind: str, ref_runs: list[dict[str, torch.Tensor]], test_runs: list[dict[str, torch.Tensor]],
@@ -545,7 +507,8 @@ class KernelDiffHarness:
 
     def _tolerance_description(self) -> dict[str, Any]:
         if self.float64:
-            return {"rule": "ratio", "metric": "rmse", "multiplier": self.float64_multiplier, "floor": self.float64_floor}
+            rule = self.ratio_rule
+            return {"rule": "ratio", "metric": rule.metric, "multiplier": rule.multiplier, "floor": rule.floor}
         tol = self.tolerance_kwargs.get("tolerance")
         d: dict[str, Any] = {"rule": "tolerance", "base": tol.to_dict() if tol is not None else "dtype default (torch.testing)"}
         d.update({k: v for k, v in self.tolerance_kwargs.items() if k != "tolerance" and v is not None})

@@ -14,11 +14,39 @@ core's :class:`~debug_framework.comparison.ComparisonResult` in ``.result``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from debug_framework.comparison import ComparisonResult, PassRule, Tolerance, compare
 
-__all__ = ["TensorComparisonResult", "compare_tensors"]
+__all__ = ["TensorComparisonResult", "compare_tensors", "ToleranceOptions", "core_tolerance"]
+
+
+class ToleranceOptions(TypedDict, total=False):
+    """KernelDiff's tolerance keywords (the spec's names). Each overrides one field of ``tolerance``
+    (default: torch.testing's for the less precise dtype); ``None`` leaves it as it is."""
+
+    rtol: float | None
+    atol: float | None
+    equal_nan: bool | None
+    pass_rule: PassRule | None
+    max_mismatch_percentage: float | None
+    tolerance: Tolerance | None
+
+
+def core_tolerance(options: ToleranceOptions) -> dict[str, Any]:
+    """``compare``'s keywords for KernelDiff's (``max_mismatch_percentage`` is the core's
+    ``max_mismatch_percent``). Raises ``TypeError`` for a keyword that is not a tolerance option."""
+    unknown = set(options) - set(ToleranceOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    out: dict[str, Any] = {k: v for k, v in options.items() if k != "max_mismatch_percentage"}
+    out["max_mismatch_percent"] = options.get("max_mismatch_percentage")
+    return out
+
+
+def _alias(field: str, doc: str) -> property:
+    """A read-only attribute that is the core result's ``field`` under the spec's name."""
+    return property(lambda self: getattr(self.result, field), doc=doc)
 
 
 @dataclass(frozen=True)
@@ -27,48 +55,20 @@ class TensorComparisonResult:
 
     result: ComparisonResult
 
-    @property
-    def passed(self) -> bool:
-        return self.result.passed
-
-    @property
-    def max_absolute_error(self) -> float | None:
-        return self.result.max_abs_error
-
-    @property
-    def mean_absolute_error(self) -> float | None:
-        return self.result.mean_abs_error
-
-    @property
-    def max_relative_error(self) -> float | None:
-        return self.result.max_rel_error
-
-    @property
-    def mean_relative_error(self) -> float | None:
-        return self.result.mean_rel_error
-
-    @property
-    def rmse(self) -> float | None:
-        return self.result.rmse
-
-    @property
-    def mismatch_percentage(self) -> float:
-        return self.result.mismatch_percent
+    passed = _alias("passed", "The verdict.")
+    max_absolute_error = _alias("max_abs_error", "Largest |test - reference| (``None`` when nothing was compared).")
+    mean_absolute_error = _alias("mean_abs_error", "Mean |test - reference| over the finite pairs.")
+    max_relative_error = _alias("max_rel_error", "Largest |test - reference| / |reference|.")
+    mean_relative_error = _alias("mean_rel_error", "Mean relative error over the finite pairs.")
+    rmse = _alias("rmse", "Root mean square error over the finite pairs.")
+    mismatch_percentage = _alias("mismatch_percent", "Share of elements outside the tolerance, in %.")
+    nan_count = _alias("nan_count_alt", "NaNs in the tested tensor.")
+    inf_count = _alias("inf_count_alt", "Infinities in the tested tensor.")
 
     @property
     def worst_index(self) -> tuple[int, ...] | None:
         """N-D index of the largest error (``None`` when nothing was compared)."""
         return self.result.worst[0].index if self.result.worst else None
-
-    @property
-    def nan_count(self) -> int:
-        """NaNs in the tested tensor."""
-        return self.result.nan_count_alt
-
-    @property
-    def inf_count(self) -> int:
-        """Infinities in the tested tensor."""
-        return self.result.inf_count_alt
 
     def __getattr__(self, name: str) -> Any:
         if name == "result":  # pragma: no cover - only during unpickling-like partial init
@@ -85,24 +85,12 @@ class TensorComparisonResult:
         return self.result.summary()
 
 
-def compare_tensors(
-    reference: Any,
-    test: Any,
-    *,
-    rtol: float | None = None,
-    atol: float | None = None,
-    equal_nan: bool | None = None,
-    pass_rule: PassRule | None = None,
-    max_mismatch_percentage: float | None = None,
-    tolerance: Tolerance | None = None,
-    check_dtype: bool = True,
-    top_k: int = 5,
-    name: str = "",
-) -> TensorComparisonResult:
-    """Compare ``test`` against ``reference`` with the comparison core (see its ``compare`` for the
-    tolerance rules; the default tolerance is torch.testing's for the less precise dtype)."""
-    return TensorComparisonResult(
-        compare(reference, test, rtol=rtol, atol=atol, equal_nan=equal_nan, pass_rule=pass_rule,
-                max_mismatch_percent=max_mismatch_percentage, tolerance=tolerance, check_dtype=check_dtype,
-                top_k=top_k, name=name)
-    )
+def compare_tensors(reference: Any, test: Any, *, check_dtype: bool = True, top_k: int = 5, name: str = "",
+                    **tolerance_options: Unpack[ToleranceOptions]) -> TensorComparisonResult:
+    """Compare ``test`` against ``reference`` with :func:`debug_framework.comparison.compare`.
+
+    ``tolerance_options``: ``rtol``, ``atol``, ``equal_nan``, ``pass_rule``, ``max_mismatch_percentage`` and
+    a base ``tolerance`` (see :class:`ToleranceOptions`); ``check_dtype``, ``top_k`` and ``name`` as in
+    ``compare``."""
+    return TensorComparisonResult(compare(reference, test, check_dtype=check_dtype, top_k=top_k, name=name,
+                                          **core_tolerance(tolerance_options)))

@@ -1,0 +1,95 @@
+"""The ratio rule: judge an implementation against a high-precision oracle relative to a baseline.
+
+    err(alternative, oracle) <= multiplier * err(reference, oracle) + floor
+
+The errors are one metric (``rmse`` by default) of two comparisons against the same oracle (a
+float64 run): the alternative's, and the reference's or baseline's (the float32 eager run), so an
+implementation is allowed the error the baseline itself makes, times ``multiplier``, plus
+``floor``. The defaults (2.0, 1e-5) are those of torch's own accuracy checks. Used by the
+validation engine's oracle mode and by KernelDiff's ``reference_backend="float64"``.
+
+    >>> rule = RatioRule(multiplier=2.0, floor=1e-5)
+    >>> j = rule.judge(reference_error=1e-3, alternative_error=1.5e-3)
+    >>> j.passed, round(j.ratio, 2)
+    (True, 1.5)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .result import ComparisonResult
+
+__all__ = ["RatioRule", "OracleJudgement", "finite_metric", "error_metric"]
+
+
+def finite_metric(result: ComparisonResult | None, name: str) -> float | None:
+    """Metric ``name`` of ``result`` over its finite pairs: ``0.0`` for an empty comparison, ``None``
+    when it cannot be measured (no result, a shape mismatch, or no finite pair in a non-empty tensor)."""
+    if result is None or not result.shape_match:
+        return None
+    value: float | int | None = getattr(result, name)
+    if value is None:
+        return None if result.numel else 0.0
+    return float(value)
+
+
+def error_metric(result: ComparisonResult | None, name: str) -> float:
+    """Metric ``name`` of ``result`` as an error to judge: NaN when it cannot be measured (see
+    :func:`finite_metric`), infinity when non-finite values mismatch, else the value."""
+    value = finite_metric(result, name)
+    if value is None:
+        return math.nan
+    if result is not None and result.nonfinite_mismatch_count:
+        return math.inf
+    return value
+
+
+@dataclass
+class OracleJudgement:
+    """The ratio rule at one place: ``alternative_error <= multiplier * reference_error + floor``."""
+
+    metric: str
+    reference_error: float
+    alternative_error: float
+    multiplier: float
+    floor: float
+
+    @property
+    def bound(self) -> float:
+        return self.multiplier * self.reference_error + self.floor
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.alternative_error <= self.bound)  # NaN compares False: fails
+
+    @property
+    def ratio(self) -> float:
+        """``alternative_error / reference_error`` (0 when both are 0, infinity when only the reference's is)."""
+        if self.reference_error == 0:
+            return 0.0 if self.alternative_error == 0 else math.inf
+        return self.alternative_error / self.reference_error
+
+    def to_dict(self) -> dict[str, str | float | bool]:
+        return {"metric": self.metric, "reference_error": self.reference_error,
+                "alternative_error": self.alternative_error, "multiplier": self.multiplier,
+                "floor": self.floor, "bound": self.bound, "ratio": self.ratio, "passed": self.passed}
+
+
+@dataclass(frozen=True)
+class RatioRule:
+    """``err(alternative) <= multiplier * err(reference) + floor`` on metric ``metric``."""
+
+    multiplier: float = 2.0
+    floor: float = 1e-5
+    metric: str = "rmse"
+
+    def judge(self, reference_error: float, alternative_error: float) -> OracleJudgement:
+        """Judge two errors already measured against the oracle (NaN fails)."""
+        return OracleJudgement(self.metric, float(reference_error), float(alternative_error),
+                               float(self.multiplier), float(self.floor))
+
+    def judge_results(self, reference: ComparisonResult | None, alternative: ComparisonResult | None) -> OracleJudgement:
+        """Judge two comparisons against the same oracle by :func:`error_metric` of ``metric``."""
+        return self.judge(error_metric(reference, self.metric), error_metric(alternative, self.metric))
