@@ -1,0 +1,337 @@
+"""The one CLI framework of the project: ``debug_validate``, ``session_report``, ``inductor-debug``
+and every CLI to come are typer apps run through :func:`run_app`.
+
+Exit codes, everywhere::
+
+    EXIT_PASS     0  the command did what was asked; the validation passed
+    EXIT_FAIL     1  a numerical failure (a checkpoint out of tolerance, a failing KernelDiff ...)
+    EXIT_USAGE    2  a usage or environment error: a bad option (typer/click), a DF-coded
+                     DebugFrameworkError, a CliError, an OSError/MemoryError
+    EXIT_INTERNAL 3  an internal error, a bug of ours: one line on stderr that says so and names the
+                     file holding the full traceback (never a traceback a CI reads as exit 1)
+
+The crash log goes to ``$PIE_DEBUG_LOG_DIR`` if set, else to ``logs/`` beside the session database
+(``--database``, ``PIE_DEBUG_DATABASE``, or ``~/.pie/debug/debug_framework.db``), else to
+``<tempdir>/pie-debug-logs``. With ``--json`` a failure is also one JSON document on stdout
+(:meth:`Invocation.error_document`).
+
+Output helpers: :func:`make_console`, :func:`literal` and :func:`markup` (user text is never read as
+rich markup), :func:`add_row`, :func:`print_json` (strict JSON, the project's one encoding rule) and
+:func:`stage_progress` (progress on stderr). Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import typer
+
+from ..errors import DebugFrameworkError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+__all__ = [
+    "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "LOG_DIR_VARIABLE",
+    "CliError", "Failure", "Invocation", "ProgressCallback",
+    "make_app", "run_app", "guarded", "failure_of", "crash_log_dir", "write_crash_log",
+    "make_console", "literal", "markup", "add_row", "dumps_json", "print_json", "stage_progress",
+]
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+#: Environment variable naming the directory of crash logs (internal errors, exit 3).
+LOG_DIR_VARIABLE = "PIE_DEBUG_LOG_DIR"
+
+FailureKind = Literal["usage", "environment", "internal"]
+#: ``(stage, done, total)``: what the engine's ``progress=`` callback receives.
+ProgressCallback = Callable[[str, int, int], None]
+JsonValue = dict[str, object] | list[object] | str | int | float | bool | None
+
+_MESSAGE_LIMIT = 400
+
+
+class CliError(Exception):
+    """A usage or environment error found by a CLI itself, without a DF code (exit 2).
+
+    Args:
+        message: what is wrong, in one sentence.
+        hint: what the user can do about it.
+        kind: ``"usage"`` (the command line) or ``"environment"`` (files, imports, the machine).
+    """
+
+    def __init__(self, message: str, hint: str | None = None, kind: Literal["usage", "environment"] = "usage") -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.kind = kind
+
+
+def _one_line(text: str, limit: int | None = None) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters if given."""
+    flat = " ".join(str(text).split())
+    return flat if limit is None or len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What went wrong, as a CLI reports it: the exit code, one stderr line, one JSON object."""
+
+    exit_code: int
+    kind: FailureKind
+    message: str
+    hint: str | None = None
+    code: str | None = None  # the DF code of a DebugFrameworkError
+    title: str = ""  # and its title ("Database failure" ...)
+    error: str = ""  # the exception's class name
+    context: dict[str, str] = field(default_factory=dict)
+    log_file: Path | None = None
+
+    @classmethod
+    def from_framework_error(cls, exc: DebugFrameworkError) -> Failure:
+        d = exc.to_dict()
+        return cls(EXIT_USAGE, "environment", exc.message, exc.hint or None, code=exc.code, title=exc.title,
+                   error=d["error"], context=d["context"])
+
+    def line(self, prog: str) -> str:
+        """The one stderr line: DF errors as they render themselves, the rest with their hint."""
+        if self.kind == "internal":
+            where = (f"the traceback is in {self.log_file}" if self.log_file is not None
+                     else "the traceback could not be written to a log file (it follows)")
+            return (f"{prog}: internal error (a bug in {prog}, not a numerical failure): {self.message}; "
+                    f"{where}; please report it")
+        if self.code is not None:
+            where = ", ".join(f"{k}={v}" for k, v in self.context.items())
+            text = f"[{self.code}] {self.title}: {self.message}" + (f" ({where})" if where else "")
+        else:
+            text = f"error: {self.message}"
+        return _one_line(f"{prog}: {text}" + (f". What to do: {self.hint}" if self.hint else ""))
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form; a DF error keeps ``DebugFrameworkError.to_dict``'s keys (``code`` is the DF code)."""
+        return {"code": self.code or self.kind, "kind": self.kind, "error": self.error, "message": self.message,
+                "hint": self.hint, "context": dict(self.context),
+                "log_file": None if self.log_file is None else str(self.log_file)}
+
+
+class Invocation:
+    """One run of a CLI: its name, whether ``--json`` is on, and how its failures look.
+
+    The app receives it as ``ctx.obj``; commands set :attr:`as_json` (and :attr:`database` when they
+    know it) before doing work. Subclass it for another JSON envelope (:meth:`error_document`) or
+    another rule for what is the environment's fault (:meth:`is_environment_error`).
+    """
+
+    def __init__(self, prog: str) -> None:
+        self.prog = prog
+        self.as_json = False
+        self.database: Path | None = None  # the crash log goes to logs/ beside it
+        self.argv: list[str] = []
+
+    def error_document(self, failure: Failure) -> JsonValue:
+        """The JSON document printed on stdout for a failure under ``--json``."""
+        return {"status": "error", "exit_code": failure.exit_code, "error": failure.to_dict()}
+
+    def is_environment_error(self, exc: BaseException) -> bool:
+        """True when ``exc`` (not a DF error nor a CliError) is the machine's fault, not a bug of ours."""
+        return isinstance(exc, OSError | MemoryError)
+
+
+def make_app(help: str, *, group: bool = False, epilog: str | None = None) -> typer.Typer:
+    """A typer app with the project's settings: no shell-completion options, no pretty tracebacks,
+    plain help (help text is never read as rich markup), ``-h`` as well as ``--help``."""
+    return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+                       no_args_is_help=group, help=help, epilog=epilog,
+                       context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None = None) -> int:
+    """Run ``app`` on ``argv`` (default ``sys.argv[1:]``) and return its exit code; nothing escapes.
+
+    A command returns its exit code (``None`` is 0) or raises ``typer.Exit``; usage errors print
+    click's short usage message and return 2; any other exception is mapped by :func:`guarded`.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    invocation.argv = args
+
+    def body() -> int:
+        try:
+            rv = app(args=args, prog_name=invocation.prog, standalone_mode=False, obj=invocation)
+        except typer.Abort:
+            print(f"{invocation.prog}: aborted", file=sys.stderr)
+            return 130
+        except typer.TyperException as exc:  # click's usage errors: a short usage message, exit 2
+            show = getattr(exc, "show", None)
+            if callable(show):
+                show()
+            else:
+                print(f"{invocation.prog}: error: {exc.format_message()}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", EXIT_USAGE))
+        return EXIT_PASS if rv is None else int(rv)
+
+    return guarded(invocation, body)
+
+
+def guarded(invocation: Invocation, body: Callable[[], int]) -> int:
+    """``body()``'s exit code; an exception becomes a :class:`Failure` reported on stderr (and as
+    JSON on stdout under ``--json``), returning 2 for usage/environment errors and 3 for bugs."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"{invocation.prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place every CLI error is mapped to an exit code
+        failure = failure_of(exc, invocation)
+        if invocation.as_json:
+            print_json(invocation.error_document(failure))
+        print(failure.line(invocation.prog), file=sys.stderr)
+        if failure.kind == "internal" and failure.log_file is None:
+            traceback.print_exception(exc, file=sys.stderr)  # last resort: no log could be written
+        return failure.exit_code
+
+
+def failure_of(exc: BaseException, invocation: Invocation) -> Failure:
+    """Classify ``exc``; an internal error gets its traceback written by :func:`write_crash_log`."""
+    if isinstance(exc, DebugFrameworkError):
+        return Failure.from_framework_error(exc)
+    if isinstance(exc, CliError):
+        return Failure(EXIT_USAGE, exc.kind, _one_line(str(exc)), exc.hint, error=type(exc).__name__)
+    if invocation.is_environment_error(exc):
+        return Failure(EXIT_USAGE, "environment", _one_line(f"{type(exc).__name__}: {exc}"), error=type(exc).__name__)
+    log = write_crash_log(invocation, exc)
+    return Failure(EXIT_INTERNAL, "internal", _one_line(f"{type(exc).__name__}: {exc}", _MESSAGE_LIMIT),
+                   hint="this is a bug; report it with the log file", error=type(exc).__name__,
+                   context={} if log is None else {"log_file": str(log)}, log_file=log)
+
+
+def crash_log_dir(database: Path | None = None) -> Path:
+    """Where crash logs go: ``$PIE_DEBUG_LOG_DIR``, else ``logs/`` beside ``database`` (default: the
+    configured session database), else ``<tempdir>/pie-debug-logs``."""
+    configured = os.environ.get(LOG_DIR_VARIABLE)
+    if configured:
+        return Path(configured).expanduser()
+    if database is None:
+        from ..config import default_database_path, from_environment, merge_config
+
+        try:
+            database = default_database_path(merge_config(from_environment()))
+        except DebugFrameworkError:  # a bad PIE_DEBUG_* value must not hide the crash
+            return Path(tempfile.gettempdir()) / "pie-debug-logs"
+    return database.expanduser().parent / "logs"
+
+
+def write_crash_log(invocation: Invocation, exc: BaseException) -> Path | None:
+    """Write the traceback of ``exc`` (with the command line and versions) to a new file under
+    :func:`crash_log_dir`, falling back to the temp dir; ``None`` when neither is writable."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
+    name = f"{Path(invocation.prog).name.replace(' ', '_')}-{stamp}-{os.getpid()}.log"
+    text = "".join([
+        f"{invocation.prog}: internal error at {stamp} UTC\n",
+        f"argv: {json.dumps(invocation.argv)}\ncwd: {os.getcwd()}\n",
+        f"python: {sys.version.split()[0]} ({platform.platform()})\n\n",
+        *traceback.format_exception(exc),
+    ])
+    for folder in (crash_log_dir(invocation.database), Path(tempfile.gettempdir()) / "pie-debug-logs"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            path.write_text(text, encoding="utf-8")
+            return path.resolve()
+        except OSError:
+            continue
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def make_console(*, stderr: bool = False, piped_width: int = 120) -> Console:
+    """A rich console; piped output (CI logs, files) gets ``piped_width`` columns rather than 80 unless
+    ``COLUMNS`` says otherwise. Emoji codes are off, so ``:name:`` in user text stays as written."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr, emoji=False)
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return console
+    return Console(stderr=stderr, emoji=False, width=piped_width)
+
+
+def literal(value: object) -> Text:
+    """``value`` as rich text shown exactly as written (no markup, no emoji): for user text in tables."""
+    from rich.text import Text
+
+    return Text(str(value))
+
+
+def markup(template: str, *values: object) -> str:
+    """``template.format(*values)`` with every value escaped: the template's markup is styled,
+    the values (paths, names, session ids ...) print literally."""
+    from rich.markup import escape
+
+    return template.format(*(escape(str(v)) for v in values))
+
+
+def add_row(table: Table, *cells: object, style: str | None = None) -> None:
+    """Add a row whose cells are literal text (strings are never read as markup)."""
+    from rich.text import Text
+
+    table.add_row(*(c if isinstance(c, Text) else literal(c) for c in cells), style=style)
+
+
+def _is_plain(value: object) -> bool:
+    """True for data ``json.dumps`` encodes exactly as ``json_safe`` would (str keys, finite floats)."""
+    if value is None or isinstance(value, str | bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def dumps_json(value: object) -> str:
+    """Strict JSON text of ``value``: :func:`debug_framework.comparison.dumps_json`, the project's one
+    encoding rule. Plain data is encoded directly with the same settings, which gives the same text
+    without importing the comparison core (and torch) in CLIs that must start without it."""
+    if _is_plain(value):
+        return json.dumps(value, indent=2, sort_keys=True, allow_nan=False)
+    from ..comparison import dumps_json as project_dumps_json
+
+    return project_dumps_json(value)
+
+
+def print_json(value: object) -> None:
+    """One strict JSON document on stdout."""
+    sys.stdout.write(dumps_json(value) + "\n")
+    sys.stdout.flush()
+
+
+@contextmanager
+def stage_progress(console: Console, description: str) -> Iterator[ProgressCallback]:
+    """A transient progress bar on ``console`` (meant for stderr; off when it is not a terminal);
+    yields the ``(stage, done, total)`` callback the engine's ``progress=`` takes."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(escape(description), total=None)
+
+        def update(stage: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=escape(f"{stage} done"))
+
+        yield update
