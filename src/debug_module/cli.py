@@ -1,6 +1,9 @@
 """``inductor-debug`` (also ``python -m debug_module``): list, analyze, diff, report, minify and clean runs.
 
-Exit codes: 0 success; 1 numerical failure (a failing KernelDiff); 2 usage or environment error.
+Built on the project's CLI framework (:mod:`debug_framework.cli.framework`). Exit codes: 0 success;
+1 numerical failure (a failing KernelDiff); 2 usage or environment error (a bad option, an unknown
+run, an error raised by the user's model or by torch on it); 3 internal error (a bug of ours: one
+line naming the crash log that holds the traceback).
 ``--json`` prints one JSON document (schema: ``debug_module/schemas/cli-output.schema.json``).
 See docs/inductor-debug-cli.md.
 """
@@ -16,75 +19,82 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue, add_row,
+                                           literal, make_app, make_console, markup, print_json, run_app)
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: Same as debug_module.artifacts.DEFAULT_ARTIFACT_ROOT (not imported: list/report/clean must start without torch).
 DEFAULT_ARTIFACT_ROOT = "./debug_artifacts"
 
-__all__ = ["app", "main", "CLI_SCHEMA", "CliError"]
+__all__ = ["app", "main", "CLI_SCHEMA", "CliError", "analyze_run"]
 
 CLI_SCHEMA = "inductor-debug/1"
 ANALYSIS_TYPES = ("guards", "constraints", "graphs", "summary")
+PROG = "inductor-debug"
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Inspect torch.compile debug runs: list, analyze, diff, report, minify, clean.")
+#: What a command body returns: its JSON ``data``, its exit code, and the human output.
+Outcome = tuple[dict[str, Any], int, Callable[[], None]]
 
-
-class CliError(Exception):
-    """A usage or environment error (exit code 2)."""
-
-    def __init__(self, message: str, hint: str | None = None, kind: str = "usage") -> None:
-        super().__init__(message)
-        self.hint = hint
-        self.kind = kind
+app = make_app("Inspect torch.compile debug runs: list, analyze, diff, report, minify, clean.", group=True)
 
 
-class _State:
-    root: Path = Path(DEFAULT_ARTIFACT_ROOT)
-    json: bool = False
+def _frames(tb: TracebackType | None) -> list[str]:
+    files = []
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return files
 
 
-def _settings(ctx: typer.Context, root: Path | None, as_json: bool) -> tuple[Path, bool]:
-    state: _State = ctx.obj if isinstance(ctx.obj, _State) else _State()
-    return (root if root is not None else state.root), (as_json or state.json)
+class _State(Invocation):
+    """One ``inductor-debug`` run: the global ``--root``/``--json``, the command, the user's code.
 
+    A failure raised by the user's model (its traceback passes through a file loaded by
+    ``--model``/``--inputs``/``--backend``) or by torch on it is an environment error (exit 2);
+    anything else not DF-coded is a bug of ours (exit 3).
+    """
 
-def _console() -> Any:
-    from rich.console import Console
+    def __init__(self) -> None:
+        super().__init__(PROG)
+        self.root = Path(DEFAULT_ARTIFACT_ROOT)
+        self.command = "list"  # set by every command before it does work
+        self.user_files: set[str] = set()
 
-    return Console()
+    def begin(self, command: str, root: Path | None, as_json: bool) -> _State:
+        """A command's own ``--root``/``--json`` (after the command name) override the global ones."""
+        self.command = command
+        self.root = root if root is not None else self.root
+        self.as_json = self.as_json or as_json
+        return self
 
+    def document(self, exit_code: int, data: dict[str, Any] | None, error: dict[str, Any] | None) -> JsonValue:
+        """The ``inductor-debug/1`` document."""
+        return {"schema": CLI_SCHEMA, "command": self.command, "ok": exit_code == EXIT_PASS, "exit_code": exit_code,
+                "root": str(self.root), "data": data, "error": error}
 
-def _emit(command: str, root: Path, as_json: bool, *, data: Any = None, exit_code: int = 0,
-          error: CliError | None = None, human: Callable[[], None] | None = None) -> None:
-    if as_json:
-        doc = {"schema": CLI_SCHEMA, "command": command, "ok": exit_code == 0, "exit_code": exit_code,
-               "root": str(root), "data": data,
-               "error": None if error is None else {"type": error.kind, "message": str(error), "hint": error.hint}}
-        print(json.dumps(doc, indent=2, default=str, allow_nan=False))
-    elif error is not None:
-        print(f"error: {error}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
-    elif human is not None:
-        human()
-    raise typer.Exit(exit_code)
+    def error_document(self, failure: Failure) -> JsonValue:
+        message = failure.message if failure.code is None else f"[{failure.code}] {failure.message}"
+        hint = failure.hint
+        if failure.kind == "internal":
+            hint = f"a bug in {PROG}; the traceback is in {failure.log_file or 'no log file (see stderr)'}"
+        return self.document(failure.exit_code, None, {"type": failure.kind, "message": message, "hint": hint})
 
-
-def _run_command(command: str, root: Path, as_json: bool, body: Callable[[], tuple[Any, int, Callable[[], None] | None]]) -> None:
-    try:
-        data, code, human = body()
-    except CliError as e:
-        _emit(command, root, as_json, exit_code=2, error=e)
-    except (typer.Exit, typer.Abort, SystemExit):
-        raise
-    except Exception as e:  # noqa: BLE001 - anything else from a user model / environment is exit 2 with the reason
-        _emit(command, root, as_json, exit_code=2,
-              error=CliError(f"{type(e).__name__}: {e}", hint="see the message above; rerun without --json for details",
-                             kind="environment"))
-    _emit(command, root, as_json, data=data, exit_code=code, human=human)
+    def is_environment_error(self, exc: BaseException) -> bool:
+        if super().is_environment_error(exc) or type(exc).__module__.split(".")[0] == "torch":
+            return True
+        chain: BaseException | None = exc
+        while chain is not None:
+            if self.user_files.intersection(_frames(chain.__traceback__)):
+                return True
+            chain = chain.__cause__ or chain.__context__
+        return False
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -116,30 +126,37 @@ def _resolve_run(root: Path, run: str | None, path: Path | None) -> Path:
     return runs[-1]
 
 
-def _load_object(spec: str, what: str) -> Any:
-    """``module:attr`` or ``path/to/file.py:attr`` -> the attribute."""
+def _import_target(target: str, what: str) -> Any:
+    """The module of ``module`` or ``path/to/file.py``."""
+    if target.endswith(".py") or "/" in target:
+        file = Path(target).resolve()
+        if not file.is_file():
+            raise CliError(f"{what}: no file {file}", kind="environment")
+        name = f"_inductor_debug_user_{abs(hash(str(file)))}"
+        s = importlib.util.spec_from_file_location(name, file)
+        assert s is not None and s.loader is not None
+        module = importlib.util.module_from_spec(s)
+        sys.modules[name] = module
+        s.loader.exec_module(module)
+        return module
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    return importlib.import_module(target)
+
+
+def _load_object(state: _State, spec: str, what: str) -> Any:
+    """``module:attr`` or ``path/to/file.py:attr`` -> the attribute; its file counts as user code."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise CliError(f"{what} {spec!r} is not 'module:factory' or 'path/file.py:factory'")
     try:
-        if target.endswith(".py") or "/" in target:
-            file = Path(target).resolve()
-            if not file.is_file():
-                raise CliError(f"{what}: no file {file}", kind="environment")
-            name = f"_inductor_debug_user_{abs(hash(str(file)))}"
-            s = importlib.util.spec_from_file_location(name, file)
-            assert s is not None and s.loader is not None
-            module = importlib.util.module_from_spec(s)
-            sys.modules[name] = module
-            s.loader.exec_module(module)
-        else:
-            if "" not in sys.path and str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
-            module = importlib.import_module(target)
+        module = _import_target(target, what)
     except CliError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the user's module failed to import: their environment
         raise CliError(f"{what}: cannot import {target!r}: {type(e).__name__}: {e}", kind="environment") from e
+    if getattr(module, "__file__", None):
+        state.user_files.add(module.__file__)
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -184,19 +201,19 @@ def _demo() -> tuple[Any, list[Any], str]:
     return DemoNet(), [(torch.randn(2, 3, 8, 8),), (torch.randn(3, 3, 8, 8),)], "demo"
 
 
-def _load_model(model: str | None, inputs: str | None, demo: bool) -> tuple[Any, list[Any], str]:
+def _load_model(state: _State, model: str | None, inputs: str | None, demo: bool) -> tuple[Any, list[Any], str]:
     if demo:
         if model is not None:
             raise CliError("--demo and --model are exclusive")
         return _demo()
     assert model is not None
-    made = _load_object(model, "--model")
+    made = _load_object(state, model, "--model")
     obj = made() if callable(made) and not hasattr(made, "forward") else made
     sets: Any = None
     if isinstance(obj, tuple) and len(obj) == 2 and callable(obj[0]):
         obj, sets = obj
     if inputs is not None:
-        f = _load_object(inputs, "--inputs")
+        f = _load_object(state, inputs, "--inputs")
         sets = f() if callable(f) else f
     if sets is None:
         raise CliError("no inputs for the model", hint="pass --inputs module:factory (or let the model factory return (model, inputs))")
@@ -295,50 +312,79 @@ RootOpt = typer.Option(None, "--root", help=f"artifacts root (default {DEFAULT_A
 JsonOpt = typer.Option(False, "--json", help="print one JSON document (stable schema)")
 
 
+def _run(ctx: typer.Context, command: str, root: Path | None, as_json: bool, body: Callable[[_State], Outcome]) -> int:
+    """Run a command body; print its document (``--json``) or its human output; return its exit code.
+    Failures propagate to :func:`debug_framework.cli.framework.run_app`, which reports them."""
+    state: _State = ctx.obj
+    data, code, human = body(state.begin(command, root, as_json))
+    if state.as_json:
+        print_json(state.document(code, data, None))
+    else:
+        human()
+    return code
+
+
 @app.callback()
 def _main(ctx: typer.Context, root: Path = typer.Option(Path(DEFAULT_ARTIFACT_ROOT), "--root", help="artifacts root"),
           as_json: bool = typer.Option(False, "--json", help="print one JSON document (stable schema)")) -> None:
-    state = _State()
-    state.root, state.json = root, as_json
-    ctx.obj = state
+    state: _State = ctx.obj
+    state.root, state.as_json = root, as_json
+
+
+def _list(state: _State) -> Outcome:
+    from .reports import collect_run
+
+    runs = []
+    for p in _runs(state.root):
+        r = collect_run(p)
+        kd = r["kerneldiff"]
+        runs.append({"run_id": r["run_id"], "path": r["path"], "created": r["created"], "backend": r["backend"],
+                     "status": r["status"], "model": r["model"], "file_count": r["file_count"],
+                     "files_by_kind": r["files_by_kind"], "graph_count": len(r["graphs"]),
+                     "violation_count": len(r["violations"]),
+                     "kerneldiff_passed": None if kd is None else kd["passed"], "repros": r["repros"]})
+
+    def human() -> None:
+        from rich.table import Table
+
+        if not runs:
+            print(f"no runs under {state.root}")
+            return
+        t = Table(title=literal(f"runs under {state.root}"))
+        for c in ("run", "model", "backend", "status", "files", "graphs", "violations", "KernelDiff"):
+            t.add_column(c)
+        for r in runs:
+            add_row(t, r["run_id"], r["model"], r["backend"], r["status"], r["file_count"], r["graph_count"],
+                    r["violation_count"], {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]])
+        make_console().print(t)
+
+    return {"runs": runs}, EXIT_PASS, human
 
 
 @app.command("list")
-def list_runs(ctx: typer.Context, root: Path | None = RootOpt, as_json: bool = JsonOpt) -> None:
+def list_runs(ctx: typer.Context, root: Path | None = RootOpt, as_json: bool = JsonOpt) -> int:
     """List runs under the root and their artifacts."""
-    root, as_json = _settings(ctx, root, as_json)
+    return _run(ctx, "list", root, as_json, _list)
 
-    def body():
-        from .reports import collect_run
 
-        runs = []
-        for p in _runs(root):
-            r = collect_run(p)
-            kd = r["kerneldiff"]
-            runs.append({"run_id": r["run_id"], "path": r["path"], "created": r["created"], "backend": r["backend"],
-                         "status": r["status"], "model": r["model"], "file_count": r["file_count"],
-                         "files_by_kind": r["files_by_kind"], "graph_count": len(r["graphs"]),
-                         "violation_count": len(r["violations"]),
-                         "kerneldiff_passed": None if kd is None else kd["passed"], "repros": r["repros"]})
-
-        def human():
-            from rich.table import Table
-
-            if not runs:
-                print(f"no runs under {root}")
-                return
-            t = Table(title=f"runs under {root}")
-            for c in ("run", "model", "backend", "status", "files", "graphs", "violations", "KernelDiff"):
-                t.add_column(c)
-            for r in runs:
-                kd = {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]]
-                t.add_row(r["run_id"], str(r["model"]), str(r["backend"]), str(r["status"]), str(r["file_count"]),
-                          str(r["graph_count"]), str(r["violation_count"]), kd)
-            _console().print(t)
-
-        return {"runs": runs}, 0, human
-
-    _run_command("list", root, as_json, body)
+def _analyze(state: _State, run_dir: Path | None, type_: str, run: str | None, model: str | None,
+             inputs: str | None, demo: bool, lowering: str, alignment: int | None, deny_op: list[str]) -> Outcome:
+    if type_ not in ANALYSIS_TYPES:
+        raise CliError(f"unknown analysis type {type_!r}", hint=f"use one of {', '.join(ANALYSIS_TYPES)}")
+    if lowering not in ("eager", "inductor"):
+        raise CliError(f"unknown lowering {lowering!r}", hint="use eager or inductor")
+    if (model is not None or demo) and (run_dir is not None or run is not None):
+        raise CliError("analyze either a run (RUN_DIR/--run) or a model (--model/--demo), not both")
+    if inputs is not None and model is None:
+        raise CliError("--inputs needs --model")
+    if model is not None or demo:
+        obj, sets, name = _load_model(state, model, inputs, demo)
+        path = _analyze_model(state.root, obj, sets, name, lowering=lowering, alignment=alignment, deny_ops=deny_op)
+    else:
+        path = _resolve_run(state.root, run, run_dir)
+    data = analyze_run(path, type_)
+    failed = type_ == "summary" and data["kerneldiff"] is not None and not data["kerneldiff"]["passed"]
+    return data, (EXIT_FAIL if failed else EXIT_PASS), lambda: _print_analysis(data)
 
 
 @app.command("analyze")
@@ -355,81 +401,92 @@ def analyze(
     deny_op: list[str] = typer.Option([], "--deny-op", help="for --model/--demo: deny an op (repeatable)"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
-) -> None:
+) -> int:
     """Analyze a run (guards, constraints, graphs, summary), or a model given as module:factory."""
-    root, as_json = _settings(ctx, root, as_json)
+    return _run(ctx, "analyze", root, as_json,
+                lambda st: _analyze(st, run_dir, type_, run, model, inputs, demo, lowering, alignment, deny_op))
 
-    def body():
-        if type_ not in ANALYSIS_TYPES:
-            raise CliError(f"unknown analysis type {type_!r}", hint=f"use one of {', '.join(ANALYSIS_TYPES)}")
-        if lowering not in ("eager", "inductor"):
-            raise CliError(f"unknown lowering {lowering!r}", hint="use eager or inductor")
-        if (model is not None or demo) and (run_dir is not None or run is not None):
-            raise CliError("analyze either a run (RUN_DIR/--run) or a model (--model/--demo), not both")
-        if inputs is not None and model is None:
-            raise CliError("--inputs needs --model")
-        if model is not None or demo:
-            obj, sets, name = _load_model(model, inputs, demo)
-            path = _analyze_model(root, obj, sets, name, lowering=lowering, alignment=alignment, deny_ops=deny_op)
-        else:
-            path = _resolve_run(root, run, run_dir)
-        data = analyze_run(path, type_)
-        code = 1 if type_ == "summary" and data["kerneldiff"] is not None and not data["kerneldiff"]["passed"] else 0
-        return data, code, lambda: _print_analysis(data)
 
-    _run_command("analyze", root, as_json, body)
+def _print_guards(con: Console, d: dict[str, Any]) -> None:
+    if not d["available"]:
+        con.print(f"no guard report in this run; {d['fx_graph_count']} Dynamo graph(s) captured "
+                  "(analyze --model module:factory records one)")
+        return
+    con.print(f"{d['graph_count']} graph(s), {d['graph_break_count']} graph break(s), "
+              f"{len(d['recompilations'])} recompilation(s)")
+    for b in d["graph_breaks"]:
+        con.print(literal(f"  break: {b['reason']} at {b['file']}:{b['line']}: {b['code']}"))
+    for r in d["recompilations"]:
+        con.print(literal(f"  recompile (call {r['call_index']}, {r['code_name']}): {'; '.join(r['reasons'])}"))
+
+
+def _print_constraints(con: Console, d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con.print(f"{d['violation_count']} violation(s)")
+    for c, vs in d["by_constraint"].items():
+        con.print(markup("  [bold]{}[/bold]: {}", c, len(vs)))
+        for v in vs[:20]:
+            src = v.get("source") or {}
+            con.print(literal(f"    {v.get('graph')} {v.get('node')} {v.get('op')} {v.get('shape')} {v.get('dtype')} "
+                              f"@ {src.get('file')}:{src.get('line')} {src.get('code') or ''}"))
+    t = Table(title="coverage")
+    for c in ("graph", "nodes", "supported", "share", "partitions"):
+        t.add_column(c)
+    for c in d["coverage"]:
+        add_row(t, c["graph"], c.get("nodes"), c.get("supported_nodes"), f"{c.get('node_share', 0):.1%}",
+                c.get("partitions"))
+    con.print(t)
+
+
+def _print_graphs(con: Console, d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{d['fx_graph_count']} Dynamo graph(s)")
+    for c in ("graph", "kind", "nodes", "violations", "peak bytes", "top ops"):
+        t.add_column(c)
+    for g in d["graphs"]:
+        add_row(t, g["name"], g["kind"], g["nodes"], g["violations"], g["peak_memory_bytes"],
+                ", ".join(f"{k} x{v}" for k, v in list(g["top_ops"].items())[:4]))
+    con.print(t)
+
+
+def _print_summary(con: Console, d: dict[str, Any]) -> None:
+    for k in ("backend", "status", "file_count", "fx_graph_count", "aten_graph_count", "violation_count",
+              "graph_break_count", "recompilation_count"):
+        con.print(literal(f"  {k}: {d[k]}"))
+    kd = d["kerneldiff"]
+    if kd:
+        con.print(literal(f"  KernelDiff: {'PASS' if kd['passed'] else 'FAIL'} ({kd['test_backend']} vs "
+                          f"{kd['reference_backend']})" + (f", first divergent module {kd['first_divergent_module']}"
+                                                           if kd["first_divergent_module"] else "")))
+    for p in d["repros"]:
+        con.print(literal(f"  repro: {p}"))
 
 
 def _print_analysis(d: dict[str, Any]) -> None:
-    from rich.table import Table
+    con = make_console()
+    con.print(markup("[bold]{}[/bold] of run {} ({})  {}", d["type"], d["run_id"], d["model"], d["path"]),
+              highlight=False)
+    printers = {"guards": _print_guards, "constraints": _print_constraints, "graphs": _print_graphs}
+    printers.get(d["type"], _print_summary)(con, d)
 
-    con = _console()
-    con.print(f"[bold]{d['type']}[/bold] of run {d['run_id']} ({d['model']})  {d['path']}", markup=True, highlight=False)
-    if d["type"] == "guards":
-        if not d["available"]:
-            con.print(f"no guard report in this run; {d['fx_graph_count']} Dynamo graph(s) captured "
-                      "(analyze --model module:factory records one)")
-            return
-        con.print(f"{d['graph_count']} graph(s), {d['graph_break_count']} graph break(s), "
-                  f"{len(d['recompilations'])} recompilation(s)")
-        for b in d["graph_breaks"]:
-            con.print(f"  break: {b['reason']} at {b['file']}:{b['line']}: {b['code']}", markup=False)
-        for r in d["recompilations"]:
-            con.print(f"  recompile (call {r['call_index']}, {r['code_name']}): {'; '.join(r['reasons'])}", markup=False)
-    elif d["type"] == "constraints":
-        con.print(f"{d['violation_count']} violation(s)")
-        for c, vs in d["by_constraint"].items():
-            con.print(f"  [bold]{c}[/bold]: {len(vs)}", markup=True)
-            for v in vs[:20]:
-                src = v.get("source") or {}
-                con.print(f"    {v.get('graph')} {v.get('node')} {v.get('op')} {v.get('shape')} {v.get('dtype')} "
-                          f"@ {src.get('file')}:{src.get('line')} {src.get('code') or ''}", markup=False)
-        t = Table(title="coverage")
-        for c in ("graph", "nodes", "supported", "share", "partitions"):
-            t.add_column(c)
-        for c in d["coverage"]:
-            t.add_row(str(c["graph"]), str(c.get("nodes")), str(c.get("supported_nodes")), f"{c.get('node_share', 0):.1%}",
-                      str(c.get("partitions")))
-        con.print(t)
-    elif d["type"] == "graphs":
-        t = Table(title=f"{d['fx_graph_count']} Dynamo graph(s)")
-        for c in ("graph", "kind", "nodes", "violations", "peak bytes", "top ops"):
-            t.add_column(c)
-        for g in d["graphs"]:
-            t.add_row(g["name"], str(g["kind"]), str(g["nodes"]), str(g["violations"]), str(g["peak_memory_bytes"]),
-                      ", ".join(f"{k} x{v}" for k, v in list(g["top_ops"].items())[:4]))
-        con.print(t)
-    else:
-        for k in ("backend", "status", "file_count", "fx_graph_count", "aten_graph_count", "violation_count",
-                  "graph_break_count", "recompilation_count"):
-            con.print(f"  {k}: {d[k]}", markup=False)
-        kd = d["kerneldiff"]
-        if kd:
-            con.print(f"  KernelDiff: {'PASS' if kd['passed'] else 'FAIL'} ({kd['test_backend']} vs {kd['reference_backend']})"
-                      + (f", first divergent module {kd['first_divergent_module']}" if kd["first_divergent_module"] else ""),
-                      markup=False)
-        for p in d["repros"]:
-            con.print(f"  repro: {p}", markup=False)
+
+def _diff(state: _State, model: str | None, inputs: str | None, demo: bool, backend: str, reference: str,
+          rtol: float | None, atol: float | None, gradients: bool, modules: bool, runs: int, plots: bool) -> Outcome:
+    if model is None and not demo:
+        raise CliError("diff needs --model module:factory (or --demo)")
+    obj, sets, name = _load_model(state, model, inputs, demo)
+    test_backend: Any = _load_object(state, backend, "--backend") if ":" in backend else backend
+    from .diff import KernelDiffHarness
+
+    report = KernelDiffHarness(obj, sets[0], model_name=name, reference_backend=reference, test_backend=test_backend,
+                               rtol=rtol, atol=atol, compare_gradients=gradients, compare_modules=modules,
+                               runs=runs, artifact_root=state.root).compare(generate_visualizations=plots)
+    data = {"run_id": report.run_id, "path": report.artifact_dir, "passed": report.passed,
+            "first_divergent_module": report.first_divergent_module, "report": report.json_path,
+            "failed": [d.name for d in report.failed]}
+    return data, (EXIT_PASS if report.passed else EXIT_FAIL), lambda: print(report.summary())
 
 
 @app.command("diff")
@@ -448,28 +505,34 @@ def diff(
     plots: bool = typer.Option(False, "--plots", help="write visualizations"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
-) -> None:
+) -> int:
     """KernelDiff a model: backend under test vs reference; exit 1 when it fails."""
-    root, as_json = _settings(ctx, root, as_json)
+    return _run(ctx, "diff", root, as_json, lambda st: _diff(st, model, inputs, demo, backend, reference, rtol, atol,
+                                                             gradients, modules, runs, plots))
 
-    def body():
-        if model is None and not demo:
-            raise CliError("diff needs --model module:factory (or --demo)")
-        obj, sets, name = _load_model(model, inputs, demo)
-        test_backend: Any = backend
-        if ":" in backend:
-            test_backend = _load_object(backend, "--backend")
-        from .diff import KernelDiffHarness
 
-        report = KernelDiffHarness(obj, sets[0], model_name=name, reference_backend=reference, test_backend=test_backend,
-                                   rtol=rtol, atol=atol, compare_gradients=gradients, compare_modules=modules,
-                                   runs=runs, artifact_root=root).compare(generate_visualizations=plots)
-        data = {"run_id": report.run_id, "path": report.artifact_dir, "passed": report.passed,
-                "first_divergent_module": report.first_divergent_module, "report": report.json_path,
-                "failed": [d.name for d in report.failed]}
-        return data, (0 if report.passed else 1), lambda: print(report.summary())
+def _report(state: _State, fmt: str, run: list[str], output: Path | None, benchmarks: Path | None) -> Outcome:
+    import datetime as _dt
 
-    _run_command("diff", root, as_json, body)
+    from .reports import build_report, write_report
+
+    root = state.root
+    if fmt not in ("html", "json"):
+        raise CliError(f"unknown format {fmt!r}", hint="use html or json")
+    if not root.is_dir():
+        raise CliError(f"artifacts root {root} does not exist", hint="pass --root", kind="environment")
+    if benchmarks is not None and not benchmarks.is_dir():
+        raise CliError(f"benchmark directory {benchmarks} does not exist", kind="environment")
+    try:
+        data = build_report(root, run_ids=run or None, benchmarks_dir=benchmarks)
+    except FileNotFoundError as e:
+        raise CliError(str(e), hint="`inductor-debug list` shows the runs", kind="environment") from e
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
+    out = output or (root / "reports" / f"debug_report_{stamp}.{fmt}")
+    html_path, json_path = write_report(data, out, fmt=fmt)
+    result = {"format": fmt, "html": str(html_path) if html_path else None, "json": str(json_path),
+              "summary": data["summary"]}
+    return result, EXIT_PASS, lambda: print(f"wrote {html_path or json_path}" + (f" (and {json_path})" if html_path else ""))
 
 
 @app.command("report")
@@ -481,33 +544,21 @@ def report(
     benchmarks: Path | None = typer.Option(None, "--benchmarks", help="directory of benchmark JSON files (default: <root>/benchmarks)"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
-) -> None:
+) -> int:
     """Write the HTML (self-contained) or JSON debug report."""
-    root, as_json = _settings(ctx, root, as_json)
+    return _run(ctx, "report", root, as_json, lambda st: _report(st, fmt, run, output, benchmarks))
 
-    def body():
-        import datetime as _dt
 
-        from .reports import build_report, write_report
-
-        if fmt not in ("html", "json"):
-            raise CliError(f"unknown format {fmt!r}", hint="use html or json")
-        if not root.is_dir():
-            raise CliError(f"artifacts root {root} does not exist", hint="pass --root", kind="environment")
-        if benchmarks is not None and not benchmarks.is_dir():
-            raise CliError(f"benchmark directory {benchmarks} does not exist", kind="environment")
-        try:
-            data = build_report(root, run_ids=run or None, benchmarks_dir=benchmarks)
-        except FileNotFoundError as e:
-            raise CliError(str(e), hint="`inductor-debug list` shows the runs", kind="environment") from e
-        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
-        out = output or (root / "reports" / f"debug_report_{stamp}.{fmt}")
-        html_path, json_path = write_report(data, out, fmt=fmt)
-        result = {"format": fmt, "html": str(html_path) if html_path else None, "json": str(json_path),
-                  "summary": data["summary"]}
-        return result, 0, lambda: print(f"wrote {html_path or json_path}" + (f" (and {json_path})" if html_path else ""))
-
-    _run_command("report", root, as_json, body)
+def _minify(state: _State, path: Path, output: Path | None, max_seconds: float | None) -> Outcome:
+    try:
+        from .minifier import minify_saved_graph
+    except ImportError as e:
+        raise CliError(f"the minifier is not available: {e}", kind="environment") from e
+    if not path.exists():
+        raise CliError(f"no such file or directory: {path}", kind="environment")
+    # a MinifierError (DM010) is DF-coded: the framework reports its message and hint
+    res = minify_saved_graph(path, output_dir=output, max_seconds=max_seconds, progress=not state.as_json)
+    return res.to_dict(), EXIT_PASS, lambda: print(f"{res.summary()}\nrepro: {res.repro_path}")
 
 
 @app.command("minify")
@@ -519,27 +570,32 @@ def minify(
     max_seconds: float | None = typer.Option(None, "--max-seconds"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
-) -> None:
+) -> int:
     """Minify a saved graph with debug_module.minifier (constraint signatures are found by re-checking)."""
-    root, as_json = _settings(ctx, root, as_json)
+    return _run(ctx, "minify", root, as_json, lambda st: _minify(st, path, output, max_seconds))
 
-    def body():
+
+def _clean(state: _State, yes: bool, run: list[str]) -> Outcome:
+    root = state.root
+    targets = [p for p in _runs(root) if not p.is_symlink() and (not run or p.name in run)]
+    unknown = sorted(set(run) - {p.name for p in targets})
+    if unknown:
+        raise CliError(f"no run {', '.join(unknown)} under {root}", kind="environment")
+    confirmed = yes
+    if targets and not yes:
         try:
-            from .minifier import minify_saved_graph
-        except ImportError as e:
-            raise CliError(f"the minifier is not available: {e}", kind="environment") from e
-        from .errors import MinifierError
-
-        if not path.exists():
-            raise CliError(f"no such file or directory: {path}", kind="environment")
-        try:
-            res = minify_saved_graph(path, output_dir=output, max_seconds=max_seconds, progress=not as_json)
-        except MinifierError as e:  # its own message and hint, not the generic ones
-            raise CliError(f"[{e.code}] {e.message}", hint=e.hint, kind="environment") from e
-        data = res.to_dict()
-        return data, 0, lambda: print(f"{res.summary()}\nrepro: {res.repro_path}")
-
-    _run_command("minify", root, as_json, body)
+            confirmed = typer.confirm(f"remove {len(targets)} run director{'y' if len(targets) == 1 else 'ies'} "
+                                      f"under {root}?", default=False, err=True)
+        except (typer.Abort, EOFError):
+            confirmed = False
+    removed = []
+    if confirmed:
+        for p in targets:
+            shutil.rmtree(p)
+            removed.append(p.name)
+    data = {"removed": removed, "cancelled": bool(targets) and not confirmed,
+            "kept": [p.name for p in targets if p.name not in removed]}
+    return data, EXIT_PASS, lambda: print(f"removed {len(removed)} run(s)" + (" (cancelled)" if data["cancelled"] else ""))
 
 
 @app.command("clean")
@@ -549,37 +605,14 @@ def clean(
     run: list[str] = typer.Option([], "--run", help="only these run ids (repeatable)"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
-) -> None:
+) -> int:
     """Remove run directories created by debug_module (checked by their manifest); nothing else."""
-    root, as_json = _settings(ctx, root, as_json)
-
-    def body():
-        targets = [p for p in _runs(root) if not p.is_symlink() and (not run or p.name in run)]
-        unknown = sorted(set(run) - {p.name for p in targets})
-        if unknown:
-            raise CliError(f"no run {', '.join(unknown)} under {root}", kind="environment")
-        confirmed = yes
-        if targets and not yes:
-            try:
-                confirmed = typer.confirm(f"remove {len(targets)} run director{'y' if len(targets) == 1 else 'ies'} "
-                                          f"under {root}?", default=False, err=True)
-            except (typer.Abort, EOFError):
-                confirmed = False
-        removed = []
-        if confirmed:
-            for p in targets:
-                shutil.rmtree(p)
-                removed.append(p.name)
-        data = {"removed": removed, "cancelled": bool(targets) and not confirmed,
-                "kept": [p.name for p in targets if p.name not in removed]}
-        return data, 0, lambda: print(f"removed {len(removed)} run(s)" + (" (cancelled)" if data["cancelled"] else ""))
-
-    _run_command("clean", root, as_json, body)
+    return _run(ctx, "clean", root, as_json, lambda st: _clean(st, yes, run))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    app(args=argv, prog_name="inductor-debug")
+    """Console-script entry point: exits with the command's exit code."""
+    raise SystemExit(run_app(app, _State(), argv))
 
 
 if __name__ == "__main__":  # pragma: no cover
