@@ -1,4 +1,5 @@
-"""MLX (Llama family, BERT) agrees with PyTorch float32 at every checkpoint; fast on tiny models."""
+"""MLX (Llama family, BERT) agrees with PyTorch float32 at every checkpoint, and runs the reference's
+own step functions; fast on tiny models."""
 
 from __future__ import annotations
 
@@ -64,3 +65,45 @@ def test_mlx_on_other_input_shapes(tiny_bert):
     _, a, _, b = _both(tiny_bert, inputs)
     for key in a:
         assert compare(a[key].numpy(), b[key], **FP32).passed, key
+
+
+@pytest.mark.parametrize("fixture, family, step", [("tiny_qwen2", "llama", "rms_norm"), ("tiny_bert", "bert", "layer_norm")])
+def test_mlx_runs_the_reference_step_functions(request, fixture, family, step, random_inputs, monkeypatch):
+    """One model definition: python_reference and mlx run the same class and call the same step
+    function, once with NumPy arrays and once with MLX arrays, as many times each."""
+    import importlib
+
+    from debug_framework.architectures.xp import array_namespace
+
+    module = importlib.import_module(f"debug_framework.architectures.{family}")
+    real, seen = getattr(module, step), []
+
+    def spy(x, *args):
+        seen.append(array_namespace(x).name)
+        return real(x, *args)
+
+    monkeypatch.setattr(module, step, spy)
+    model = load_model(request.getfixturevalue(fixture))
+    ref, alt = get_backend("python_reference"), get_backend("mlx")
+    ref.prepare(model, "float32")
+    alt.prepare(model, "float32")
+    assert type(ref.reference) is type(alt.net) and alt.net.xp.name == "mlx" and ref.reference.xp.name == "numpy"
+    ref.run(random_inputs)
+    n = len(seen)
+    alt.run(random_inputs)
+    assert n > model.num_layers and seen == ["numpy"] * n + ["mlx"] * n
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen2", "tiny_llama", "tiny_bert"])
+def test_mlx_agrees_with_the_float32_reference_at_every_checkpoint(request, fixture, random_inputs):
+    """The same step functions in float32 on two array libraries: agreement to a few float32 ulp."""
+    model = load_model(request.getfixturevalue(fixture))
+    ref, alt = get_backend("python_reference"), get_backend("mlx")
+    ref.prepare(model, "float32")
+    alt.prepare(model, "float32")
+    a, b = ref.run(random_inputs), alt.run(random_inputs)
+    assert list(a) == list(b) == all_checkpoints(model.num_layers)
+    for key in a:
+        assert a[key].dtype == b[key].dtype == np.float32, key
+        res = compare(a[key], b[key], **FP32)
+        assert res.passed, (key, res.reason, res.max_abs_error)

@@ -213,3 +213,40 @@ def test_out_of_vocabulary_ids_are_a_df005_error(tiny_qwen2):
         with pytest.raises(ValidationError) as info:
             backend.run(bad)
         assert info.value.code == "DF005" and "[0, 128)" in str(info.value)
+
+
+def test_weight_layout_reads_every_tensor_of_the_checkpoint(tiny_qwen2, tiny_llama_tied):
+    """Each family's layout, declared once, names every tensor a checkpoint holds (none ignored)
+    and the optional ones only as optional."""
+    from debug_framework.architectures.llama import LAYOUT
+
+    for path in (tiny_qwen2["hf"], tiny_llama_tied):
+        model = load_model(path)
+        names = set(LAYOUT.tensor_names(model.num_layers))
+        assert set(model.weights) <= names
+        optional = {n for n in names if n.endswith(".bias") or n == "lm_head.weight"}
+        assert names - optional <= set(model.weights)
+
+
+def test_missing_tensor_is_df004_naming_it(tiny_qwen2):
+    from debug_framework.architectures import LlamaReference
+    from debug_framework.errors import ModelLoadingError
+
+    model = load_model(tiny_qwen2["hf"])
+    weights = {k: model.weights[k] for k in model.weights if k != "model.layers.2.mlp.up_proj.weight"}
+    with pytest.raises(ModelLoadingError) as e:
+        LlamaReference(model.config, weights)
+    assert "DF004" in str(e.value) and "model.layers.2.mlp.up_proj.weight" in str(e.value)
+
+
+def test_float32_reference_computes_in_float32(tiny_qwen2, random_inputs):
+    """Every checkpoint of the float32 reference is float32 (no float64 scalar widens the stream)
+    and within float32 agreement of the float64 reference."""
+    model = load_model(tiny_qwen2["hf"])
+    f64, f32 = get_backend("python_reference"), get_backend("python_reference")
+    f64.prepare(model, "float64")
+    f32.prepare(model, "float32")
+    a, b = f64.run(random_inputs), f32.run(random_inputs)
+    for key in a:
+        assert a[key].dtype == np.float64 and b[key].dtype == np.float32, key
+        assert compare(a[key], b[key], check_dtype=False, **FP32_AGREEMENT).passed, key

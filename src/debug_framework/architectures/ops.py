@@ -1,39 +1,59 @@
-"""The few NumPy operations both reference models share."""
+"""The steps both model families share, over any array namespace (see :mod:`.xp`).
+
+Shapes: B batch, T tokens, H query heads, K key/value heads, E head dim.
+"""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
+from .xp import Array, array_namespace
 
-__all__ = ["linear", "softmax", "erf", "masked_scores"]
+__all__ = ["linear", "softmax", "masked_scores", "split_heads", "merge_heads", "scaled_dot_product_attention"]
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
     """``x @ weight.T + bias``; weight is ``[out, in]`` as in ``torch.nn.Linear``."""
     y = x @ weight.T
     return y if bias is None else y + bias
 
 
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable softmax."""
-    z = x - x.max(axis=axis, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=axis, keepdims=True)
+def softmax(x: Array) -> Array:
+    """Numerically stable softmax over the last axis, in the input's dtype."""
+    e = array_namespace(x).exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
-def masked_scores(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+def masked_scores(scores: Array, allowed: Array) -> Array:
     """Put the dtype's most negative value where ``allowed`` is False (as HF does, so a fully
     masked row becomes uniform instead of NaN)."""
-    return np.where(allowed, scores, np.finfo(scores.dtype).min)
+    xp = array_namespace(scores)
+    return xp.where(allowed, scores, xp.lowest(scores.dtype))
 
 
-try:  # SciPy's erf is the C library's, vectorised; math.erf is the same function, one element at a time.
-    from scipy.special import erf as _erf
-except ImportError:  # pragma: no cover - SciPy is optional
-    _erf = np.frompyfunc(math.erf, 1, 1)
+def split_heads(x: Array, heads: int, head_dim: int) -> Array:
+    """``[B, T, heads * E] -> [B, heads, T, E]``."""
+    b, t, _ = x.shape
+    return x.reshape(b, t, heads, head_dim).transpose(0, 2, 1, 3)
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, exact to the C library's precision, in ``x``'s dtype."""
-    return np.asarray(_erf(x), dtype=x.dtype)
+def merge_heads(x: Array) -> Array:
+    """``[B, H, T, E] -> [B, T, H * E]``."""
+    b, h, t, e = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * e)
+
+
+def scaled_dot_product_attention(q: Array, k: Array, v: Array, allowed: Array) -> Array:
+    """``softmax(q k^T / sqrt(E), masked) v``; each of the K key/value heads serves H/K query heads
+    (K == H: plain multi-head attention).
+
+    q ``[B, H, T, E]``, k and v ``[B, K, T, E]``, allowed broadcastable to ``[B, H, T, T]`` -> ``[B, H, T, E]``.
+    """
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        xp = array_namespace(k)
+        k = xp.repeat(k, group, axis=1)  # query head h reads key/value head h // group
+        v = xp.repeat(v, group, axis=1)
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])  # [B, H, T, T]
+    return softmax(masked_scores(scores, allowed)) @ v
+

@@ -1,30 +1,47 @@
-"""The checkpoint walk every reference model shares, whatever array library it is written in."""
+"""The whole-model walk every model shares, whatever array namespace it runs in.
+
+A model reads its parameters through its family's :class:`~.layout.WeightLayout`, defines
+``embed``, ``layer(i, h, attention_mask) -> (post_attention, post_mlp)`` and ``head``, and inherits
+``forward``: the checkpoint walk with taps and layer-input capture.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from .layout import Parameters, WeightLayout, WeightSource
+from .xp import NUMPY, Array, ArrayNamespace
 
 Key = tuple[str, int | None]
 
-__all__ = ["walk_checkpoints"]
+__all__ = ["walk_checkpoints", "Model", "ModelConfig"]
+
+
+class ModelConfig(Protocol):
+    """What the walk needs of a family's config (``modelio.configs``)."""
+
+    @property
+    def num_hidden_layers(self) -> int: ...
 
 
 def walk_checkpoints(
-    h: Any,
+    h: Array,
     num_layers: int,
-    layer: Callable[[int, Any], tuple[Any, Any]],
-    head: Callable[[Any], Any] | None,
+    layer: Callable[[int, Array], tuple[Array, Array]],
+    head: Callable[[Array], Array] | None,
     want: set[Key] | None,
-    layer_inputs: dict[int, Any] | None,
-) -> dict[Key, Any]:
+    layer_inputs: dict[int, Array] | None,
+) -> dict[Key, Array]:
     """Run the layers from the embedding output ``h`` and keep the checkpoints in ``want`` (all
     when ``None``): ``post_embedding``, per layer ``post_attention`` and ``post_mlp`` (``layer(i, h)``
     returns both), then ``post_processing`` = ``head(h)`` (``h`` itself when ``head`` is ``None``),
     computed only when wanted. Each layer's input goes into ``layer_inputs`` when it is a dict."""
-    out: dict[Key, Any] = {}
+    out: dict[Key, Array] = {}
 
-    def keep(name: str, index: int | None, x: Any) -> None:
+    def keep(name: str, index: int | None, x: Array) -> None:
         if want is None or (name, index) in want:
             out[(name, index)] = x
 
@@ -38,3 +55,53 @@ def walk_checkpoints(
     if want is None or ("post_processing", None) in want:
         out[("post_processing", None)] = h if head is None else head(h)
     return out
+
+
+class Model:
+    """A model of one family in one array namespace and compute dtype.
+
+    Args:
+        config: the family's typed config (``modelio.configs``).
+        weights: canonical tensor name -> tensor (a ``WeightStore`` or any mapping of array-likes).
+        dtype: the compute dtype or its name (NumPy: float64, float32; MLX: float32, float16, bfloat16).
+        xp: the array namespace (``xp.NUMPY``, the default, or ``xp.mlx_namespace()``).
+    """
+
+    #: the family's weight layout.
+    layout: ClassVar[WeightLayout]
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, dtype: object = np.float64,
+                 xp: ArrayNamespace = NUMPY) -> None:
+        self.config, self.xp, self.dtype = config, xp, xp.dtype(dtype)
+        self.params: Parameters
+        self.layers: list[Parameters]
+        self.params, self.layers = self.layout.read(weights, config.num_hidden_layers, xp, self.dtype)
+
+    def embed(self, input_ids: Array, token_type_ids: Array | None = None) -> Array:
+        """``[B, T]`` ids -> ``[B, T, D]``, the post_embedding checkpoint."""
+        raise NotImplementedError
+
+    def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
+        """Layer i on its input ``h``: (post_attention, post_mlp)."""
+        raise NotImplementedError
+
+    def head(self, h: Array) -> Array:
+        """The last layer's output -> post_processing (here: itself)."""
+        return h
+
+    def forward(
+        self,
+        input_ids: Array,
+        attention_mask: Array,
+        want: set[Key] | None = None,
+        layer_inputs: dict[int, Array] | None = None,
+        token_type_ids: Array | None = None,
+    ) -> dict[Key, Array]:
+        """Run the model; return the checkpoints in ``want`` (all when ``None``) keyed ``(name, layer)``.
+        When ``layer_inputs`` is a dict, each layer's input hidden state is stored in it."""
+        return walk_checkpoints(self.embed(input_ids, token_type_ids), self.config.num_hidden_layers,
+                                lambda i, h: self.layer(i, h, attention_mask), self.head, want, layer_inputs)
+
+    def parameters(self) -> list[Array]:
+        """Every parameter array (for ``mx.eval`` after loading)."""
+        return [v for group in (self.params, *self.layers) for v in group.values() if v is not None]

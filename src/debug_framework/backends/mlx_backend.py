@@ -1,4 +1,6 @@
-"""``mlx`` and ``metal``: the MLX models of ``mlx_models`` (Llama family, BERT).
+"""``mlx`` and ``metal``: the reference's own models (``debug_framework.architectures``, Llama
+family and BERT) run over the ``mlx.core`` array namespace: the same step functions as
+``python_reference``, with the weights converted to MLX arrays.
 
 ``mlx`` runs on the Metal GPU where there is one (Apple silicon) and on the CPU elsewhere.
 ``metal`` is MLX pinned to the Metal device: available only where Metal is, otherwise
@@ -15,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..architectures import BertReference, LlamaReference, build_reference
+from ..architectures.xp import mlx_namespace
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
@@ -87,7 +91,7 @@ class MLXBackend(BaseBackend):
         self._device_request = device
         self.device = device or "auto"
         self.metal_path = None if metal_path is None else Path(metal_path)
-        self.net: Any = None
+        self.net: LlamaReference | BertReference | None = None
 
     def availability(self) -> tuple[bool, str]:
         ok, reason = mlx_availability()
@@ -134,28 +138,10 @@ class MLXBackend(BaseBackend):
         dtype = self._check_prepare(model, dtype, resolved)
         import mlx.core as mx
 
-        from .mlx_models import MX_DTYPES, build_mlx_model
-
         self._mx_device = mx.gpu if resolved == "gpu" else mx.cpu
         with mx.stream(self._mx_device):
-            self.net = build_mlx_model(model.config, model.weights, MX_DTYPES[dtype])
-            mx.eval(self._parameters())
-
-    def _parameters(self) -> list[Any]:
-        out: list[Any] = []
-
-        def walk(x: Any) -> None:
-            if isinstance(x, dict):
-                for v in x.values():
-                    walk(v)
-            elif isinstance(x, (list, tuple)):
-                for v in x:
-                    walk(v)
-            elif x is not None and type(x).__module__.startswith("mlx"):
-                out.append(x)
-
-        walk([v for k, v in vars(self.net).items() if k != "config"])
-        return out
+            self.net = build_reference(model.config, model.weights, dtype, mlx_namespace())
+            mx.eval(self.net.parameters())
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
@@ -189,7 +175,7 @@ class MLXBackend(BaseBackend):
 
         host = hidden_in.detach().cpu().float().numpy() if hasattr(hidden_in, "detach") else np.asarray(hidden_in, np.float32)
         with mx.stream(self._mx_device):
-            h = mx.array(np.asarray(host, np.float32)).astype(self.net.dtype)
+            h = self.net.xp.from_host(host, self.net.dtype)
             start = time.perf_counter()
             a, out = self.net.layer(i, h, mx.array(inputs.attention_mask))
             mx.eval(a, out)

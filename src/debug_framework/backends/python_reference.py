@@ -1,4 +1,5 @@
-"""``python_reference``: the NumPy models of ``debug_framework.architectures``; always available."""
+"""``python_reference``: the models of ``debug_framework.architectures`` over NumPy (float64 or
+float32); always available. The ``mlx`` backend runs the same models over ``mlx.core``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..architectures import build_reference
+from ..architectures import BertReference, LlamaReference, build_reference
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
@@ -26,7 +27,7 @@ class PythonReferenceBackend(BaseBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.reference: Any = None
+        self.reference: LlamaReference | BertReference | None = None
 
     def version_info(self) -> dict[str, Any]:
         info = super().version_info()

@@ -1,0 +1,135 @@
+"""The array namespaces the models are written over: NumPy, and ``mlx.core`` (imported on first use).
+
+The models use array methods both libraries share (``@``, ``.T``, ``.reshape``, ``.transpose``,
+``.mean``, ``.max``, ``.sum``, indexing) and, for everything else, an :class:`ArrayNamespace`:
+the few functions below, looked up from the arrays themselves with :func:`array_namespace` (as the
+array-API standard's ``x.__array_namespace__()``). Where the libraries differ (erf, the dtype's
+lowest value, boolean masks, moving host data in) the difference is written here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
+
+import numpy as np
+
+from ..errors import BackendInitializationError
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+__all__ = ["Array", "DType", "ArrayNamespace", "NUMPY", "mlx_namespace", "array_namespace"]
+
+#: an array of one of the namespaces (``np.ndarray`` or ``mx.array``).
+Array: TypeAlias = "np.ndarray | mx.array"
+#: a dtype of one of the namespaces (``np.dtype`` or ``mx.Dtype``).
+DType: TypeAlias = "np.dtype | mx.Dtype"
+
+Unary = Callable[[Array], Array]
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayNamespace:
+    """The array functions the models call, for one array library."""
+
+    name: str
+    #: ``dtype(d)``: a dtype or its name (``"float32"``) as this library's dtype.
+    dtype: Callable[[object], DType]
+    sqrt: Unary
+    exp: Unary
+    tanh: Unary
+    #: the error function, in the argument's dtype.
+    erf: Unary
+    maximum: Callable[[Array, float], Array]
+    where: Callable[[Array, Array, Array], Array]
+    repeat: Callable[..., Array]  # (x, repeats, axis=...)
+    concatenate: Callable[..., Array]  # (arrays, axis=...)
+    zeros_like: Unary
+    #: ``lowest(dtype)``: the most negative finite value, as a scalar of that dtype.
+    lowest: Callable[[DType], Array]
+    #: ``lower_triangle(t)``: the boolean ``[T, T]`` mask ``j <= i``.
+    lower_triangle: Callable[[int], Array]
+    #: ``host_dtype(dtype)``: the NumPy dtype host data is read in before :attr:`from_host`.
+    host_dtype: Callable[[DType], np.dtype]
+    #: ``from_host(x, dtype)``: a NumPy array as an array of this namespace in ``dtype``.
+    from_host: Callable[[np.ndarray, DType], Array]
+
+
+try:  # SciPy's erf is the C library's, vectorised; math.erf is the same function, one element at a time.
+    from scipy.special import erf as _scipy_erf
+except ImportError:  # pragma: no cover - SciPy is optional
+    _scipy_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _numpy_erf(x: np.ndarray) -> np.ndarray:
+    """The error function, exact to the C library's precision, in ``x``'s dtype."""
+    return np.asarray(_scipy_erf(x), dtype=x.dtype)
+
+
+NUMPY = ArrayNamespace(
+    name="numpy",
+    dtype=np.dtype,
+    sqrt=np.sqrt,
+    exp=np.exp,
+    tanh=np.tanh,
+    erf=_numpy_erf,
+    maximum=np.maximum,
+    where=np.where,
+    repeat=np.repeat,
+    concatenate=np.concatenate,
+    zeros_like=np.zeros_like,
+    lowest=lambda dtype: np.finfo(dtype).min,
+    lower_triangle=lambda t: np.tril(np.ones((t, t), dtype=bool)),
+    host_dtype=np.dtype,
+    from_host=lambda x, dtype: np.asarray(x, dtype),
+)
+
+_MLX: list[ArrayNamespace] = []
+
+
+def mlx_namespace() -> ArrayNamespace:
+    """The ``mlx.core`` namespace (imports MLX; built once). Host data goes in as float32, MLX's
+    widest float, and is then cast to the compute dtype."""
+    if not _MLX:
+        import mlx.core as mx
+
+        _MLX.append(ArrayNamespace(
+            name="mlx",
+            dtype=lambda d: getattr(mx, d) if isinstance(d, str) else d,
+            sqrt=mx.sqrt,
+            exp=mx.exp,
+            tanh=mx.tanh,
+            erf=mx.erf,
+            maximum=mx.maximum,
+            where=mx.where,
+            repeat=mx.repeat,
+            concatenate=mx.concatenate,
+            zeros_like=mx.zeros_like,
+            lowest=lambda dtype: mx.array(mx.finfo(dtype).min, dtype),
+            lower_triangle=lambda t: mx.tril(mx.ones((t, t), dtype=mx.bool_)),
+            host_dtype=lambda dtype: np.dtype(np.float32),
+            from_host=lambda x, dtype: mx.array(np.asarray(x, np.float32)).astype(dtype),
+        ))
+    return _MLX[0]
+
+
+_BY_TYPE: dict[type, ArrayNamespace] = {np.ndarray: NUMPY}
+
+
+def array_namespace(x: Array) -> ArrayNamespace:
+    """The namespace of an array (NumPy arrays and scalars, MLX arrays)."""
+    kind = type(x)
+    found = _BY_TYPE.get(kind)
+    if found is None:
+        if kind.__module__.startswith("mlx"):
+            found = mlx_namespace()
+        elif issubclass(kind, np.generic):
+            found = NUMPY
+        else:
+            raise BackendInitializationError(f"no array namespace for {kind.__module__}.{kind.__qualname__}",
+                                             hint="the reference models take NumPy or MLX arrays")
+        _BY_TYPE[kind] = found
+    return found
