@@ -19,13 +19,13 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue, add_row,
-                                           literal, make_app, make_console, markup, print_json, run_app)
+                                           literal, make_app, make_console, markup, print_json, raised_in,
+                                           run_app)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,14 +43,6 @@ PROG = "inductor-debug"
 Outcome = tuple[dict[str, Any], int, Callable[[], None]]
 
 app = make_app("Inspect torch.compile debug runs: list, analyze, diff, report, minify, clean.", group=True)
-
-
-def _frames(tb: TracebackType | None) -> list[str]:
-    files = []
-    while tb is not None:
-        files.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    return files
 
 
 class _State(Invocation):
@@ -87,14 +79,8 @@ class _State(Invocation):
         return self.document(failure.exit_code, None, {"type": failure.kind, "message": message, "hint": hint})
 
     def is_environment_error(self, exc: BaseException) -> bool:
-        if super().is_environment_error(exc) or type(exc).__module__.split(".")[0] == "torch":
-            return True
-        chain: BaseException | None = exc
-        while chain is not None:
-            if self.user_files.intersection(_frames(chain.__traceback__)):
-                return True
-            chain = chain.__cause__ or chain.__context__
-        return False
+        return (super().is_environment_error(exc) or type(exc).__module__.split(".")[0] == "torch"
+                or raised_in(exc, self.user_files))
 
 
 # ---------------------------------------------------------------------------------------------- helpers

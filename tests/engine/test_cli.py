@@ -50,3 +50,44 @@ def test_exit_2_usage_and_environment_errors(tiny_llama, db_path, tmp_path):
     p = _cli("--model-path", tiny_llama, "--checkpoints", "post_nothing", "--database", db_path,
              "--alternative-backend", "pytorch")
     assert p.returncode == 2 and "DF005" in p.stderr
+
+
+def test_exit_3_internal_error_names_the_crash_log(tiny_llama, tmp_path, monkeypatch, capsys):
+    """A bug of ours after a real validation: exit 3 (never 1), one stderr line naming the log, the
+    traceback in that log (beside the database), none on stderr."""
+    import debug_framework.reports as reports
+    from debug_framework.cli.debug_validate import run
+
+    def broken_render_report(*args, **kwargs):
+        raise RuntimeError("renderer broke")
+
+    monkeypatch.delenv("PIE_DEBUG_LOG_DIR", raising=False)
+    monkeypatch.setattr(reports, "render_report", broken_render_report)
+    db = tmp_path / "db" / "sessions.db"
+    code = run(["--model-path", str(tiny_llama), "--alternative-backend", "pytorch", "--database", str(db),
+                "--checkpoints", "post_mlp", "--output-file", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err
+    assert code == 3 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    (log,) = (tmp_path / "db" / "logs").glob("debug_validate-*.log")
+    assert "internal error" in line and "RuntimeError: renderer broke" in line and str(log) in line
+    assert "broken_render_report" in log.read_text()
+
+
+def test_user_text_prints_literally(tiny_llama, tmp_path, capsys, monkeypatch):
+    from debug_framework.cli.debug_validate import run
+
+    monkeypatch.setenv("COLUMNS", "400")
+    db = tmp_path / "[red]x[/red] :smile:" / "sessions.db"
+    code = run(["--model-path", str(tiny_llama), "--alternative-backend", "pytorch", "--database", str(db),
+                "--checkpoints", "post_mlp"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"in {db}" in out
+
+
+def test_usage_errors_exit_2_without_a_traceback(capsys):
+    from debug_framework.cli.debug_validate import run
+
+    for argv in (["--model-path"], ["--model-path", "m", "--rtol", "tight"], ["--model-path", "m", "--bogus"]):
+        assert run(argv) == 2, argv
+        assert "Traceback" not in capsys.readouterr().err

@@ -99,3 +99,41 @@ def test_module_entry_point_and_env_database(db, build, tmp_path):
     p = subprocess.run([sys.executable, "-m", "debug_framework.cli.session_report", "--session-id", "nope"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and "DF003" in p.stderr
+
+
+def test_internal_error_exits_3_with_the_traceback_in_the_log(db, build, tmp_path, monkeypatch, capsys):
+    from debug_framework.services.database_manager import DatabaseManager
+
+    build(db, bug_layer=None, record=False)
+    log_dir = tmp_path / "crash"
+    monkeypatch.setenv("PIE_DEBUG_LOG_DIR", str(log_dir))
+
+    def broken_list_sessions(self, *args, **kwargs):
+        raise RuntimeError("list broke")
+
+    monkeypatch.setattr(DatabaseManager, "list_sessions", broken_list_sessions)
+    assert main(["--list", "--database", str(db.database_path)]) == 3
+    cap = capsys.readouterr()
+    (log,) = log_dir.glob("session_report-*.log")
+    (line,) = cap.err.splitlines()
+    assert "internal error" in line and "RuntimeError: list broke" in line and str(log) in line
+    assert "Traceback" not in cap.err and "broken_list_sessions" in log.read_text()
+    assert main(["--list", "--json", "--database", str(db.database_path)]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 3 and doc["error"]["kind"] == "internal" and doc["error"]["log_file"]
+
+
+def test_user_text_prints_literally(db, build, capsys):
+    evil = "/models/[red]x[/red] :smile:"
+    b = build(db, bug_layer=1, model_path=evil)
+    assert main(["--list", "--database", str(db.database_path)]) == 0
+    out = capsys.readouterr().out
+    assert evil in out and b.session_id in out
+
+
+def test_usage_errors_exit_2(db, capsys):
+    dbp = str(db.database_path)
+    for argv in (["--list", "--limit", "0", "--database", dbp], ["--diff", "a", "--database", dbp],
+                 ["--session-id", "s", "--list", "--database", dbp], ["--bogus"]):
+        assert main(argv) == 2, argv
+        assert "Traceback" not in capsys.readouterr().err

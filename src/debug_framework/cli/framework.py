@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "LOG_DIR_VARIABLE",
-    "CliError", "Failure", "Invocation", "ProgressCallback",
-    "make_app", "run_app", "guarded", "failure_of", "crash_log_dir", "write_crash_log",
+    "CliError", "Failure", "Invocation", "JsonValue", "ProgressCallback",
+    "make_app", "run_app", "guarded", "failure_of", "raised_in", "crash_log_dir", "write_crash_log",
     "make_console", "literal", "markup", "add_row", "dumps_json", "print_json", "stage_progress",
 ]
 
@@ -214,6 +214,22 @@ def failure_of(exc: BaseException, invocation: Invocation) -> Failure:
     return Failure(EXIT_INTERNAL, "internal", _one_line(f"{type(exc).__name__}: {exc}", _MESSAGE_LIMIT),
                    hint="this is a bug; report it with the log file", error=type(exc).__name__,
                    context={} if log is None else {"log_file": str(log)}, log_file=log)
+
+
+def raised_in(exc: BaseException, files: set[str]) -> bool:
+    """True when the traceback of ``exc``, or of an exception in its cause/context chain, passes
+    through one of ``files``: how a CLI that runs user code tells the user's errors from its own."""
+    seen: set[int] = set()
+    chain: BaseException | None = exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        tb = chain.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename in files:
+                return True
+            tb = tb.tb_next
+        chain = chain.__cause__ or chain.__context__
+    return False
 
 
 def crash_log_dir(database: Path | None = None) -> Path:
