@@ -1,7 +1,9 @@
 """``DebugSession``: one validation run of a model on a reference and an alternative backend.
 
-Persistence goes through a :class:`~debug_framework.services.database_manager.DatabaseManager`
-held by the record (``db=``) or passed to each call; a database path works too::
+Persistence goes through the session stores of a database
+(:class:`~debug_framework.storage.database.Database`; the spec's
+:class:`~debug_framework.services.database_manager.DatabaseManager` is one) held by the record
+(``db=``) or passed to each call; a database path works too::
 
     db = DatabaseManager(config["database_path"])
     s = DebugSession(model_path="m.safetensors", reference_backend="python_reference",
@@ -21,12 +23,11 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._common import format_time, now_utc, parse_time, resolve_db
-
-if TYPE_CHECKING:
-    from ..services.database_manager import DatabaseManager
+from ..storage.checkpoints import LAYER_FROM_RESULT
+from ..storage.database import Database, DatabaseLike, open_database
+from ._common import format_time, now_utc, parse_time
 
 __all__ = ["DebugSession", "capture_environment"]
 
@@ -85,7 +86,7 @@ class DebugSession:
     updated_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    db: Any = field(default=None, repr=False, compare=False)
+    db: DatabaseLike | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ dict form
 
@@ -113,7 +114,7 @@ class DebugSession:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, db: Any = None) -> DebugSession:
+    def from_dict(cls, data: dict[str, Any], *, db: DatabaseLike | None = None) -> DebugSession:
         known = {f for f in cls.__dataclass_fields__ if f != "db"}
         kwargs = {k: v for k, v in data.items() if k in known}
         for key in ("created_at", "updated_at", "started_at", "finished_at"):
@@ -127,23 +128,23 @@ class DebugSession:
 
     # ------------------------------------------------------------------ persistence
 
-    def _db(self, db: Any = None) -> DatabaseManager:
+    def _db(self, db: DatabaseLike | None = None) -> Database:
         """The database to use: ``db`` if given (and remembered), else the one the record holds."""
-        if db is not None or not _is_manager(self.db):
-            self.db = resolve_db(db if db is not None else self.db)
+        if db is not None or not isinstance(self.db, Database):
+            self.db = open_database(db if db is not None else self.db)
         return self.db
 
-    def save(self, db: Any = None) -> bool:
+    def save(self, db: DatabaseLike | None = None) -> bool:
         """Insert the session (status ``created``) or update its provenance and ``results``.
 
         A changed ``status`` is applied through :meth:`update_status` rules (validated transition).
         Everything happens in one transaction.
         """
-        manager = self._db(db)
-        with manager.transaction():
-            row = manager.get_session(self.session_id)
+        sessions = self._db(db).sessions
+        with sessions.core.transaction():
+            row = sessions.get(self.session_id)
             if row is None:
-                manager.create_session(
+                sessions.create(
                     self.model_path, self.reference_backend, self.alternative_backend,
                     config=self.config, session_id=self.session_id, weights_digest=self.weights_digest,
                     reference_backend_info=self.reference_backend_info,
@@ -152,56 +153,49 @@ class DebugSession:
                     created_at=format_time(self.created_at),
                 )
                 if self.results is not None:
-                    manager.update_session(self.session_id, results=self.results)
-                row = manager.get_session(self.session_id)
+                    sessions.update(self.session_id, results=self.results)
+                row = sessions.get(self.session_id)
             else:
                 changed = {k: getattr(self, k) for k in _PROVENANCE if getattr(self, k) != row.get(k)}
                 if changed:
-                    manager.update_session(self.session_id, **changed)
+                    sessions.update(self.session_id, **changed)
             assert row is not None
             if self.status != row["status"]:
-                manager.update_session_status(self.session_id, self.status, self.error_message)
-        self._refresh(manager)
+                sessions.update_status(self.session_id, self.status, self.error_message)
+        self._refresh()
         return True
 
     @classmethod
-    def load(cls, session_id: str, db: Any = None) -> DebugSession | None:
+    def load(cls, session_id: str, db: DatabaseLike | None = None) -> DebugSession | None:
         """The stored session, or None. ``db``: a DatabaseManager or a database path (required)."""
-        manager = resolve_db(db)
-        row = manager.get_session(session_id)
-        return None if row is None else cls.from_dict(row, db=manager)
+        database = open_database(db)
+        row = database.sessions.get(session_id)
+        return None if row is None else cls.from_dict(row, db=database)
 
-    def _refresh(self, manager: DatabaseManager) -> None:
-        row = manager.get_session(self.session_id)
+    def _refresh(self) -> None:
+        row = self._db().sessions.get(self.session_id)
         if row is None:  # pragma: no cover - deleted concurrently
             return
         fresh = DebugSession.from_dict(row)
         for key in ("status", "error_message", "created_at", "updated_at", "started_at", "finished_at"):
             setattr(self, key, getattr(fresh, key))
 
-    def update_status(self, status: str, error_message: str | None = None, *, db: Any = None) -> bool:
+    def update_status(self, status: str, error_message: str | None = None, *, db: DatabaseLike | None = None) -> bool:
         """Move to ``status`` (created->running|error, running->passed|failed|error), atomically.
 
         Raises ValidationError for a transition that is not allowed.
         """
-        manager = self._db(db)
-        manager.update_session_status(self.session_id, status, error_message)
-        self._refresh(manager)
+        self._db(db).sessions.update_status(self.session_id, status, error_message)
+        self._refresh()
         return True
 
-    def add_checkpoint_result(self, checkpoint_name: str, result: dict[str, Any], *, layer: Any = ...,
-                              db: Any = None) -> bool:
+    def add_checkpoint_result(self, checkpoint_name: str, result: dict[str, Any], *,
+                              layer: int | None | object = LAYER_FROM_RESULT, db: DatabaseLike | None = None) -> bool:
         """Store one ``ComparisonResult.to_dict()`` under ``checkpoint_name`` (layer from the dict
         unless given). Re-adding the same (checkpoint, layer) replaces the row."""
-        self._db(db).add_checkpoint_result(self.session_id, result, checkpoint=checkpoint_name, layer=layer)
+        self._db(db).checkpoints.add_many(self.session_id, [result], checkpoint=checkpoint_name, layer=layer)
         return True
 
-    def checkpoint_results(self, db: Any = None) -> list[dict[str, Any]]:
+    def checkpoint_results(self, db: DatabaseLike | None = None) -> list[dict[str, Any]]:
         """The stored per-(checkpoint, layer) result dicts, in the order they were first written."""
-        return self._db(db).get_checkpoint_results(self.session_id)
-
-
-def _is_manager(obj: Any) -> bool:
-    from ..services.database_manager import DatabaseManager
-
-    return isinstance(obj, DatabaseManager)
+        return self._db(db).checkpoints.for_session(self.session_id)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ._common import format_time, now_utc, parse_time, resolve_db
+from ..storage.database import DatabaseLike, open_database
+from ._common import format_time, now_utc, parse_time
 
 __all__ = ["TensorComparison"]
 
@@ -60,10 +61,10 @@ class TensorComparison:
         kwargs["metrics"] = kwargs.get("metrics") or {}
         return cls(**kwargs)
 
-    def save(self, db: Any) -> bool:
-        resolve_db(db).add_tensor_comparison(self.to_dict())
+    def save(self, db: DatabaseLike) -> bool:
+        open_database(db).recordings.add_comparison(self.to_dict())
         return True
 
     @classmethod
-    def for_session(cls, session_id: str, db: Any) -> list[TensorComparison]:
-        return [cls.from_dict(r) for r in resolve_db(db).get_tensor_comparisons(session_id)]
+    def for_session(cls, session_id: str, db: DatabaseLike) -> list[TensorComparison]:
+        return [cls.from_dict(r) for r in open_database(db).recordings.comparisons_for_session(session_id)]

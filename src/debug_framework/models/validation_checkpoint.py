@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ._common import format_time, now_utc, parse_time, resolve_db
+from ..storage.database import DatabaseLike, open_database
+from ._common import format_time, now_utc, parse_time
 
 __all__ = ["ValidationCheckpoint"]
 
@@ -62,16 +63,16 @@ class ValidationCheckpoint:
             timestamp=parse_time(data.get("timestamp")) or now_utc(),
         )
 
-    def save(self, db: Any) -> bool:
-        resolve_db(db).add_checkpoint_result(self.session_id, self.comparison_result,
-                                             checkpoint=self.checkpoint_name, layer=self.layer)
+    def save(self, db: DatabaseLike) -> bool:
+        open_database(db).checkpoints.add_many(self.session_id, [self.comparison_result],
+                                              checkpoint=self.checkpoint_name, layer=self.layer)
         return True
 
     @classmethod
-    def for_session(cls, session_id: str, db: Any) -> list[ValidationCheckpoint]:
+    def for_session(cls, session_id: str, db: DatabaseLike) -> list[ValidationCheckpoint]:
         """The session's checkpoints in model order, rebuilt from the stored rows."""
         out = []
-        for row in resolve_db(db).get_checkpoint_results(session_id):
+        for row in open_database(db).checkpoints.for_session(session_id):
             result = {k: v for k, v in row.items() if k not in ("id", "session_id", "created_at", "updated_at")}
             out.append(cls(session_id=session_id, checkpoint_name=row["checkpoint"], layer=row["layer"],
                            comparison_result=result, timestamp=parse_time(row["updated_at"]) or now_utc()))

@@ -1,8 +1,12 @@
 """``ValidationReport``: a session's results as one document (JSON, HTML, CSV or JUnit XML).
 
-The renderers live in :mod:`debug_framework.reports`; ``generate_html_report`` returns the full
-self-contained page (verdict, error curves, checkpoint table with the first divergence marked,
-heatmap of the worst checkpoint, environment, reproduce command). Every value is HTML-escaped.
+The record is plain data read from the stores. Rendering lives in :mod:`debug_framework.reports`,
+which this module never imports: ``generate_html_report``/``save_to_file`` call a
+:class:`ReportRenderer` - the ``renderer=`` argument, else the record's ``renderer`` attribute, else
+the process default in :data:`REPORT_RENDERER` (``debug_framework.reports.render_report``, installed
+by the composition root in ``debug_framework/__init__.py``). The HTML page is self-contained
+(verdict, error curves, checkpoint table with the first divergence marked, heatmap of the worst
+checkpoint, environment, reproduce command); every value is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -14,13 +18,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import DatabaseError, ValidationError
-from ..comparison import dumps_json
-from ._common import format_time, now_utc, parse_time, resolve_db, write_text_atomic
+from ..storage.database import DatabaseLike, open_database
+from ..storage.tensor_store import TensorStore
+from ._common import Collaborator, format_time, now_utc, parse_time, write_text_atomic
 
-__all__ = ["ValidationReport", "summarize_checkpoints"]
+__all__ = ["ValidationReport", "ReportRenderer", "REPORT_RENDERER", "REPORT_FORMATS", "summarize_checkpoints"]
+
+#: The formats :meth:`ValidationReport.save_to_file` writes.
+REPORT_FORMATS = ("json", "html", "csv", "junit")
+
+
+class ReportRenderer(Protocol):
+    """Renders a report as one document (``debug_framework.reports.render_report`` is one)."""
+
+    def __call__(self, report: ValidationReport, fmt: str = "json", *, include_tensors: bool = False,
+                 store: TensorStore | None = None) -> str: ...
+
+
+#: The process default renderer (installed by the composition root, ``debug_framework/__init__.py``).
+REPORT_RENDERER: Collaborator[ReportRenderer] = Collaborator(
+    "report renderer", "pass renderer=debug_framework.reports.render_report")
 
 
 def _num(v: Any) -> float | None:
@@ -69,25 +89,26 @@ class ValidationReport:
     tensor_recordings: list[dict[str, Any]] = field(default_factory=list)
     #: root of the tensor store beside the session's database (used for heatmaps / --include-tensors)
     tensor_store_root: str | None = field(default=None, repr=False, compare=False)
+    #: renders this report (None: the process default, :data:`REPORT_RENDERER`)
+    renderer: ReportRenderer | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_session(cls, session_id: str, db: Any) -> ValidationReport:
+    def from_session(cls, session_id: str, db: DatabaseLike, *,
+                     renderer: ReportRenderer | None = None) -> ValidationReport:
         """Build the report of a stored session (status, every checkpoint row, summary)."""
-        manager = resolve_db(db)
-        row = manager.get_session(session_id)
+        database = open_database(db)
+        row = database.sessions.get(session_id)
         if row is None:
             raise DatabaseError(f"session {session_id!r} does not exist", session=session_id,
                                 hint="list sessions with session_report --list")
-        rows = manager.get_checkpoint_results(session_id)
+        rows = database.checkpoints.for_session(session_id)
         results = row.get("results") or {}
         perf = results.get("performance") if isinstance(results, dict) else None
-        recordings = manager.get_tensor_recordings(session_id)
-        from ..services.tensor_store import TensorStore
-
         return cls(session_id=session_id, overall_status=row["status"], checkpoint_results=rows,
                    performance_metrics=dict(perf) if isinstance(perf, dict) else {},
-                   summary_statistics=summarize_checkpoints(rows), session=row, tensor_recordings=recordings,
-                   tensor_store_root=str(TensorStore.root_beside(manager.database_path)))
+                   summary_statistics=summarize_checkpoints(rows), session=row,
+                   tensor_recordings=database.recordings.for_session(session_id),
+                   tensor_store_root=str(TensorStore.root_beside(database.database_path)), renderer=renderer)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,25 +126,27 @@ class ValidationReport:
 
     def export_to_json(self, *, indent: int | None = 2) -> str:
         """Strict JSON (non-finite numbers written as the strings "NaN", "Infinity", "-Infinity")."""
+        from ..comparison import dumps_json  # imported here: the comparison core loads torch
+
         return dumps_json(self.to_dict(), indent=indent)
 
-    def generate_html_report(self, *, include_tensors: bool = False, store: Any = None) -> str:
+    def _renderer(self, renderer: ReportRenderer | None) -> ReportRenderer:
+        return renderer or self.renderer or REPORT_RENDERER.get()
+
+    def generate_html_report(self, *, include_tensors: bool = False, store: TensorStore | None = None,
+                             renderer: ReportRenderer | None = None) -> str:
         """One self-contained HTML page (no scripts, no network); every value from the session is
         escaped. See :func:`debug_framework.reports.render_html`."""
-        from ..reports.html_report import render_html
-
-        return render_html(self, include_tensors=include_tensors, store=store)
+        return self._renderer(renderer)(self, "html", include_tensors=include_tensors, store=store)
 
     def save_to_file(self, file_path: str | os.PathLike[str], format: str = "json", *,
-                     include_tensors: bool = False) -> bool:
+                     include_tensors: bool = False, renderer: ReportRenderer | None = None) -> bool:
         """Write the report as ``json``, ``html``, ``csv`` or ``junit`` (atomically: temp file then rename),
         the same document :func:`debug_framework.reports.render_report` returns."""
         fmt = format.lower()
-        if fmt not in ("json", "html", "csv", "junit"):
+        if fmt not in REPORT_FORMATS:
             raise ValidationError(f"unknown report format {format!r}", hint="use 'json', 'html', 'csv' or 'junit'")
-        from ..reports import render_report
-
-        text = render_report(self, fmt, include_tensors=include_tensors)
+        text = self._renderer(renderer)(self, fmt, include_tensors=include_tensors)
         path = Path(file_path).expanduser()
         try:
             write_text_atomic(path, text)

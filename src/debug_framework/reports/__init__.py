@@ -1,31 +1,28 @@
 """Reports of stored validation sessions: JSON, HTML, CSV and JUnit XML, plus a two-session diff.
 
-    from debug_framework.models import ValidationReport
+    from debug_framework.models.validation_report import ValidationReport
     from debug_framework.reports import render_report
 
     report = ValidationReport.from_session(session_id, db)     # db: DatabaseManager or path
     html = render_report(report, "html")                       # one self-contained page
     xml = render_report(report, "junit")
 
-Renderers read only what the store holds (``ValidationReport``: session row, checkpoint rows,
-recordings) and, for heatmaps / ``include_tensors``, the tensor store beside the database.
-See ``docs/reports.md``.
+Renderers read only what the store holds (a :class:`~.documents.ReportSource` such as
+``ValidationReport``: session row, checkpoint rows, recordings) and, for heatmaps /
+``include_tensors``, the tensor store beside the database. They import neither the records nor
+the services (see :mod:`.documents`). See ``docs/reports.md``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ..errors import ValidationError
+from ..storage.database import DatabaseLike
+from ..storage.tensor_store import TensorStore
 from .csv_report import CSV_COLUMNS, render_csv, render_diff_csv
+from .documents import DiffSource, ReportSource, SessionSource, session_side
 from .html_report import render_diff_html, render_html
 from .json_report import render_diff_json, render_json, report_document
 from .junit_report import render_junit
-
-if TYPE_CHECKING:
-    from ..models.validation_report import ValidationReport
-    from ..services.session_diff import SessionDiff
-    from ..services.tensor_store import TensorStore
 
 __all__ = [
     "FORMATS",
@@ -41,13 +38,16 @@ __all__ = [
     "render_diff_html",
     "render_diff_csv",
     "report_document",
+    "ReportSource",
+    "SessionSource",
+    "DiffSource",
 ]
 
 FORMATS = ("json", "html", "csv", "junit")
 DIFF_FORMATS = ("json", "html", "csv")
 
 
-def render_report(report: ValidationReport, fmt: str = "json", *, include_tensors: bool = False,
+def render_report(report: ReportSource, fmt: str = "json", *, include_tensors: bool = False,
                   store: TensorStore | None = None) -> str:
     """Render ``report`` as ``json``, ``html``, ``csv`` or ``junit`` (JUnit XML).
 
@@ -66,11 +66,11 @@ def render_report(report: ValidationReport, fmt: str = "json", *, include_tensor
     raise ValidationError(f"unknown report format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
 
 
-def render_diff(diff: SessionDiff, fmt: str = "json", *, before: ValidationReport | None = None,
-                after: ValidationReport | None = None, db: Any = None) -> str:
+def render_diff(diff: DiffSource, fmt: str = "json", *, before: SessionSource | None = None,
+                after: SessionSource | None = None, db: DatabaseLike | None = None) -> str:
     """Render a :class:`~debug_framework.services.session_diff.SessionDiff` as json, html or csv.
 
-    HTML shows both sessions' summaries; pass their reports, or ``db`` to load them.
+    HTML shows both sessions' summaries; pass their reports, or ``db`` to read the sessions.
     """
     f = fmt.lower()
     if f == "json":
@@ -79,11 +79,10 @@ def render_diff(diff: SessionDiff, fmt: str = "json", *, before: ValidationRepor
         return render_diff_csv(diff)
     if f == "html":
         if before is None or after is None:
-            from ..models.validation_report import ValidationReport
-
+    
             if db is None:
                 raise ValidationError("the HTML diff needs both sessions", hint="pass before=/after= reports or db=")
-            before = before or ValidationReport.from_session(diff.before_session_id, db)
-            after = after or ValidationReport.from_session(diff.after_session_id, db)
+            before = before or session_side(diff.before_session_id, db)
+            after = after or session_side(diff.after_session_id, db)
         return render_diff_html(diff, before, after)
     raise ValidationError(f"unknown diff format {fmt!r}", hint=f"use one of {', '.join(DIFF_FORMATS)}")

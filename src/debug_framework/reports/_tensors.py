@@ -12,13 +12,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import DebugFrameworkError
+from ..storage.tensor_store import TensorStore
 from ._common import as_float, row_key
 
-if TYPE_CHECKING:
-    from ..services.tensor_store import TensorStore
 
 __all__ = ["Heatmap", "open_store", "find_pair", "load_array", "tensor_summary", "heatmap_for",
            "MAX_HEATMAP_ROWS", "MAX_HEATMAP_COLS"]
@@ -46,8 +45,6 @@ def open_store(store: TensorStore | None, root: str | None) -> TensorStore | Non
         return store
     if not root or not Path(root).is_dir():
         return None
-    from ..services.tensor_store import TensorStore
-
     return TensorStore(root, tensor_recording_limit=None)
 
 

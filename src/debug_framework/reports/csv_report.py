@@ -11,14 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..comparison import dumps_json
 from ._common import METRICS, as_float, first_divergence_key, passed_state, row_key, session_results
+from .documents import DiffSource, ReportSource
 
-if TYPE_CHECKING:
-    from ..models.validation_report import ValidationReport
-    from ..services.session_diff import SessionDiff
 
 __all__ = ["CSV_COLUMNS", "render_csv", "render_diff_csv"]
 
@@ -53,7 +51,7 @@ def _num(value: Any) -> str:
     return repr(f)
 
 
-def render_csv(report: ValidationReport) -> str:
+def render_csv(report: ReportSource) -> str:
     rows = report.checkpoint_results
     first = first_divergence_key(rows, session_results(report.session))
     buf = io.StringIO()
@@ -73,7 +71,7 @@ def render_csv(report: ValidationReport) -> str:
     return buf.getvalue()
 
 
-def render_diff_csv(diff: SessionDiff) -> str:
+def render_diff_csv(diff: DiffSource) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(("checkpoint", "layer", "change", "before_passed", "after_passed", "before_max_abs_error",

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..comparison import dumps_json
+from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
     as_float,
@@ -32,11 +33,8 @@ from ._common import (
 )
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, png_data_uri
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
+from .documents import DiffSource, ReportSource, SessionSource
 
-if TYPE_CHECKING:
-    from ..models.validation_report import ValidationReport
-    from ..services.session_diff import SessionDiff
-    from ..services.tensor_store import TensorStore
 
 __all__ = ["render_html", "render_diff_html"]
 
@@ -328,7 +326,7 @@ def _tolerances(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
     return _section("tolerances", "Tolerances", "".join(parts))
 
 
-def _tensors_section(report: ValidationReport, store: TensorStore | None, max_values: int) -> str:
+def _tensors_section(report: ReportSource, store: TensorStore | None, max_values: int) -> str:
     recs = report.tensor_recordings
     if not recs:
         return _section("tensors", "Recorded tensors", '<p class="muted">no tensors were recorded for this session</p>')
@@ -351,9 +349,9 @@ def _tensors_section(report: ValidationReport, store: TensorStore | None, max_va
                     f"{''.join(trs)}</table></div>")
 
 
-def render_html(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
+def render_html(report: ReportSource, *, include_tensors: bool = False, store: TensorStore | None = None,
                 max_tensor_values: int = 256) -> str:
-    """The full HTML report of ``report`` (a :class:`ValidationReport` of a stored session).
+    """The full HTML report of ``report`` (a :class:`ReportSource` of a stored session).
 
     ``store``: the tensor store holding the session's recordings; default: the one beside the
     session's database when it exists. ``include_tensors`` adds a table of every recorded tensor
@@ -464,7 +462,7 @@ def render_html(report: ValidationReport, *, include_tensors: bool = False, stor
 # ----------------------------------------------------------------------------- diff
 
 
-def render_diff_html(diff: SessionDiff, before: ValidationReport, after: ValidationReport) -> str:
+def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSource) -> str:
     """Cross-session report: which checkpoints got better or worse from ``before`` to ``after``."""
     counts = diff.to_dict()["counts"]
     labels = [row_label((c.checkpoint, c.layer)) for c in diff.changes]
@@ -487,7 +485,7 @@ def render_diff_html(diff: SessionDiff, before: ValidationReport, after: Validat
     cls = "bad" if worse else "ok"
     headline = f"{worse} checkpoint(s) got worse" if worse else "nothing got worse"
 
-    def side(title: str, rep: ValidationReport) -> str:
+    def side(title: str, rep: SessionSource) -> str:
         s = rep.session or {}
         res = session_results(s)
         return (f"<h3>{esc(title)}</h3>" + kv_table({

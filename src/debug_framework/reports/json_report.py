@@ -9,21 +9,19 @@ statistics and its first ``max_tensor_values`` values.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..comparison import dumps_json
+from ..storage.tensor_store import TensorStore
 from ._common import first_divergence_key, reproduce_command, session_results, verdict_of
 from ._tensors import open_store, tensor_summary
+from .documents import DiffSource, ReportSource
 
-if TYPE_CHECKING:
-    from ..models.validation_report import ValidationReport
-    from ..services.session_diff import SessionDiff
-    from ..services.tensor_store import TensorStore
 
 __all__ = ["report_document", "render_json", "render_diff_json"]
 
 
-def report_document(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
+def report_document(report: ReportSource, *, include_tensors: bool = False, store: TensorStore | None = None,
                     max_tensor_values: int = 4096) -> dict[str, Any]:
     doc = report.to_dict()
     results = session_results(report.session)
@@ -38,11 +36,11 @@ def report_document(report: ValidationReport, *, include_tensors: bool = False, 
     return doc
 
 
-def render_json(report: ValidationReport, *, include_tensors: bool = False, store: TensorStore | None = None,
+def render_json(report: ReportSource, *, include_tensors: bool = False, store: TensorStore | None = None,
                 max_tensor_values: int = 4096, indent: int | None = 2) -> str:
     doc = report_document(report, include_tensors=include_tensors, store=store, max_tensor_values=max_tensor_values)
     return dumps_json(doc, indent=indent)
 
 
-def render_diff_json(diff: SessionDiff, *, indent: int | None = 2) -> str:
+def render_diff_json(diff: DiffSource, *, indent: int | None = 2) -> str:
     return dumps_json(diff.to_dict(), indent=indent)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_key, row_label, session_results, verdict_of
+from .documents import ReportSource
 
-if TYPE_CHECKING:
-    from ..models.validation_report import ValidationReport
 
 __all__ = ["render_junit"]
 
@@ -40,7 +39,7 @@ def _duration(session: dict[str, Any]) -> float | None:
     return None
 
 
-def render_junit(report: ValidationReport) -> str:
+def render_junit(report: ReportSource) -> str:
     session = dict(report.session or {})
     rows = report.checkpoint_results
     results = session_results(session)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DatabaseError, ValidationError
-from ..models._common import resolve_db
+from ..storage.database import DatabaseLike, open_database
 
 __all__ = ["CheckpointChange", "SessionDiff", "diff_sessions"]
 
@@ -97,7 +97,7 @@ def _compare(before: dict[str, Any], after: dict[str, Any], rel_change: float, a
 def diff_sessions(
     before_session_id: str,
     after_session_id: str,
-    db: Any,
+    db: DatabaseLike,
     *,
     rel_change: float = 0.10,
     abs_floor: float = 0.0,
@@ -114,8 +114,8 @@ def diff_sessions(
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}",
                                   hint="e.g. rel_change=0.10 (10 %), abs_floor=0")
-    manager = resolve_db(db)
-    a, b = manager.get_session(before_session_id), manager.get_session(after_session_id)
+    database = open_database(db)
+    a, b = database.sessions.get(before_session_id), database.sessions.get(after_session_id)
     for sid, row in ((before_session_id, a), (after_session_id, b)):
         if row is None:
             raise DatabaseError(f"session {sid!r} does not exist", session=sid,
@@ -132,8 +132,8 @@ def diff_sessions(
     for key in ("weights_digest", "reference_backend_info", "alternative_backend_info", "tolerances"):
         if a.get(key) != b.get(key):
             notes.append(f"{key} differs: {a.get(key)!r} vs {b.get(key)!r}")
-    rows_a = {(r["checkpoint"], r["layer"]): r for r in manager.get_checkpoint_results(before_session_id)}
-    rows_b = {(r["checkpoint"], r["layer"]): r for r in manager.get_checkpoint_results(after_session_id)}
+    rows_a = {(r["checkpoint"], r["layer"]): r for r in database.checkpoints.for_session(before_session_id)}
+    rows_b = {(r["checkpoint"], r["layer"]): r for r in database.checkpoints.for_session(after_session_id)}
     changes: list[CheckpointChange] = []
     order = list(rows_a) + [k for k in rows_b if k not in rows_a]
     for key in order:

@@ -11,21 +11,41 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from ..repro import ReproRequest
+from ..constraints.base import Violation
 from .minifier import Minifier
 from .signatures import ConstraintSignature
 
-__all__ = ["write_strict_repro", "STRICT_MAX_CALLS", "STRICT_MAX_SECONDS"]
+__all__ = ["write_strict_repro", "StrictReproRequest", "STRICT_MAX_CALLS", "STRICT_MAX_SECONDS"]
 
 log = logging.getLogger("debug_module.minifier")
 
 #: Budget of one strict-mode minification (it runs inside torch.compile, before the error is raised).
 STRICT_MAX_CALLS = 400
 STRICT_MAX_SECONDS = 60.0
+
+
+class StrictReproRequest(Protocol):
+    """What this writer reads of a :class:`debug_module.repro.ReproRequest` (described here, not
+    imported: the plug point in :mod:`debug_module.repro` depends on the minifier, not the reverse)."""
+
+    @property
+    def example_inputs(self) -> Sequence[Any]: ...
+    @property
+    def aten_graph(self) -> torch.fx.GraphModule: ...
+    @property
+    def graph_name(self) -> str: ...
+    @property
+    def violations(self) -> list[Violation]: ...
+    @property
+    def constraints(self) -> list[Any]: ...
+    @property
+    def run_dir(self) -> Path | None: ...
+    @property
+    def run(self) -> Any: ...
 
 
 def _matching_inputs(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> list[Any] | None:
@@ -50,7 +70,7 @@ def _matching_inputs(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> list[An
     return [x.detach() if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-def write_strict_repro(request: ReproRequest) -> Path | None:
+def write_strict_repro(request: StrictReproRequest) -> Path | None:
     """Minify ``request.aten_graph`` to the first violation and save ``<run>/repros/<graph>/``.
 
     Returns the verified ``repro.py`` path, or ``None`` without a run directory (nowhere to save) or when no
@@ -63,7 +83,7 @@ def write_strict_repro(request: ReproRequest) -> Path | None:
         return _write(request)
 
 
-def _write(request: ReproRequest) -> Path | None:
+def _write(request: StrictReproRequest) -> Path | None:
     v = request.violations[0]
     signature = ConstraintSignature.from_violation(v, request.constraints)
     rel = f"repros/{request.graph_name}"

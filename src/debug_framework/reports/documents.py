@@ -1,0 +1,101 @@
+"""What the renderers read: plain documents, described structurally.
+
+The renderers import neither the records (:mod:`debug_framework.models`) nor the services; they
+render anything with these attributes. ``ValidationReport`` (models) is a :class:`ReportSource`
+and ``SessionDiff`` (services.session_diff) a :class:`DiffSource`; :func:`session_side` builds the
+little a diff page shows of each session straight from the stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..errors import DatabaseError
+from ..storage.database import DatabaseLike, open_database
+
+__all__ = ["SessionSource", "ReportSource", "ChangeSource", "DiffSource", "SessionSide", "session_side"]
+
+
+class SessionSource(Protocol):
+    """A stored session as the diff page shows it."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def overall_status(self) -> str: ...
+    @property
+    def session(self) -> dict[str, Any]: ...
+
+
+class ReportSource(SessionSource, Protocol):
+    """Everything stored about one session (``ValidationReport`` fields)."""
+
+    @property
+    def report_id(self) -> str: ...
+    @property
+    def checkpoint_results(self) -> list[dict[str, Any]]: ...
+    @property
+    def performance_metrics(self) -> dict[str, Any]: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def tensor_recordings(self) -> list[dict[str, Any]]: ...
+    @property
+    def tensor_store_root(self) -> str | None: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class ChangeSource(Protocol):
+    """How one ``(checkpoint, layer)`` changed between two sessions."""
+
+    @property
+    def checkpoint(self) -> str: ...
+    @property
+    def layer(self) -> int | None: ...
+    @property
+    def change(self) -> str: ...
+    @property
+    def before_max_abs_error(self) -> float | None: ...
+    @property
+    def after_max_abs_error(self) -> float | None: ...
+    @property
+    def before_passed(self) -> bool | None: ...
+    @property
+    def after_passed(self) -> bool | None: ...
+
+
+class DiffSource(Protocol):
+    """A diff of two sessions (``SessionDiff`` fields)."""
+
+    @property
+    def before_session_id(self) -> str: ...
+    @property
+    def after_session_id(self) -> str: ...
+    @property
+    def changes(self) -> Sequence[ChangeSource]: ...
+    @property
+    def notes(self) -> Sequence[str]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SessionSide:
+    """A :class:`SessionSource` read from the stores."""
+
+    session_id: str
+    overall_status: str
+    session: dict[str, Any]
+
+
+def session_side(session_id: str, db: DatabaseLike) -> SessionSide:
+    """The stored session ``session_id``; DatabaseError (DF003) when there is none."""
+    row = open_database(db).sessions.get(session_id)
+    if row is None:
+        raise DatabaseError(f"session {session_id!r} does not exist", session=session_id,
+                            hint="list sessions with session_report --list")
+    return SessionSide(session_id=session_id, overall_status=row["status"], session=row)

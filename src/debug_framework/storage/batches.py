@@ -1,0 +1,106 @@
+"""The batch queue (``batch_jobs`` / ``batch_job_items``): resumable jobs whose items workers claim
+atomically, so several processes can drain one job without running an item twice."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import DatabaseError, ValidationError
+from .core import Row, SqlCore
+from .dialect import Connection
+from .schema import BATCH_ITEM_STATUSES, BATCH_JOB_STATUSES
+from .values import from_json, to_json, utc_now
+
+__all__ = ["BatchQueueStore"]
+
+
+class BatchQueueStore:
+    """Batch jobs and their items (one per model path)."""
+
+    def __init__(self, core: SqlCore) -> None:
+        self.core = core
+
+    def create(self, model_paths: Sequence[str], config: Mapping[str, Any] | None = None,
+               *, job_id: str | None = None) -> str:
+        """Create a job with one pending item per model path. Re-creating an existing job id is a
+        no-op (so a restarted job resumes its items)."""
+        jid = job_id or uuid.uuid4().hex
+
+        def do(c: Connection) -> None:
+            now = utc_now()
+            if self.core.execute(c, "SELECT 1 FROM batch_jobs WHERE job_id = ?", (jid,)).fetchone():
+                return
+            self.core.execute(c, "INSERT INTO batch_jobs (job_id, config, status, created_at, updated_at)"
+                                 " VALUES (?,?,?,?,?)", (jid, to_json(dict(config or {})), "pending", now, now))
+            self.core.executemany(
+                c, "INSERT INTO batch_job_items (job_id, item_index, model_path, status, updated_at) VALUES (?,?,?,?,?)",
+                [(jid, i, str(p), "pending", now) for i, p in enumerate(model_paths)],
+            )
+
+        self.core.run_in_transaction(do, f"create batch job {jid}")
+        return jid
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        """The job row (``config`` decoded) with its ``items`` in order, or None."""
+        def rd(c: Connection) -> tuple[Row | None, list[Row]]:
+            job = self.core.execute(c, "SELECT * FROM batch_jobs WHERE job_id = ?", (job_id,)).fetchone()
+            items = self.core.execute(c, "SELECT * FROM batch_job_items WHERE job_id = ? ORDER BY item_index",
+                                      (job_id,)).fetchall()
+            return job, items
+
+        job, items = self.core.read(rd, f"read batch job {job_id}")
+        if job is None:
+            return None
+        d = dict(job)
+        d["config"] = from_json(d["config"])
+        d["items"] = [dict(i) for i in items]
+        return d
+
+    def set_status(self, job_id: str, status: str) -> None:
+        """Set the job's status (one of :data:`~.schema.BATCH_JOB_STATUSES`)."""
+        if status not in BATCH_JOB_STATUSES:
+            raise ValidationError(f"unknown batch job status {status!r}", hint=f"use one of {BATCH_JOB_STATUSES}")
+        self.core.run_in_transaction(
+            lambda c: self.core.execute(c, "UPDATE batch_jobs SET status = ?, updated_at = ? WHERE job_id = ?",
+                                        (status, utc_now(), job_id)),
+            f"update batch job {job_id}",
+        )
+
+    def update_item(self, job_id: str, item_index: int, *, status: str, session_id: str | None = None,
+                    error_message: str | None = None) -> None:
+        """Record an item's progress; ``session_id`` links the finished session (same transaction)."""
+        if status not in BATCH_ITEM_STATUSES:
+            raise ValidationError(f"unknown batch item status {status!r}", hint=f"use one of {BATCH_ITEM_STATUSES}")
+
+        def do(c: Connection) -> None:
+            n = self.core.execute(
+                c,
+                "UPDATE batch_job_items SET status = ?, session_id = COALESCE(?, session_id), error_message = ?,"
+                " updated_at = ? WHERE job_id = ? AND item_index = ?",
+                (status, session_id, error_message, utc_now(), job_id, int(item_index)),
+            ).rowcount
+            if n != 1:
+                raise DatabaseError(f"batch job {job_id!r} has no item {item_index}",
+                                    database=str(self.core.database_path))
+
+        self.core.run_in_transaction(do, f"update batch job {job_id} item {item_index}")
+
+    def claim_item(self, job_id: str) -> dict[str, Any] | None:
+        """Atomically take the next pending item of a job (status -> running); None when none is left."""
+
+        def do(c: Connection) -> dict[str, Any] | None:
+            row = self.core.execute(
+                c, "SELECT * FROM batch_job_items WHERE job_id = ? AND status = 'pending' ORDER BY item_index LIMIT 1",
+                (job_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            self.core.execute(c, "UPDATE batch_job_items SET status = 'running', updated_at = ?"
+                                 " WHERE job_id = ? AND item_index = ?", (utc_now(), job_id, row["item_index"]))
+            d = dict(row)
+            d["status"] = "running"
+            return d
+
+        return self.core.run_in_transaction(do, f"claim an item of batch job {job_id}")

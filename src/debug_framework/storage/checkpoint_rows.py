@@ -1,0 +1,102 @@
+"""How one checkpoint result dict becomes one ``checkpoint_results`` row (shared by the store and
+the 1 -> 2 migration, which re-encodes old rows the same way).
+
+The dict is a ``ComparisonResult.to_dict()``: every metric of :data:`METRIC_COLUMNS` gets its own
+column (queryable), ``first_nonfinite_index``/``worst``/``tolerance`` are JSON columns, unknown keys
+go to ``extra``, and the whole dict is kept losslessly (NaN included) in ``metrics_json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .values import as_bool, as_float, as_int, layer_key, to_json
+
+__all__ = ["METRIC_COLUMNS", "RESULT_COLUMNS", "upsert_result_sql", "result_row_values"]
+
+#: Metric keys of ``ComparisonResult.to_dict()`` stored as their own columns (name -> SQL type).
+METRIC_COLUMNS: dict[str, str] = {
+    "reason": "TEXT",
+    "shape_match": "INTEGER",
+    "dtype_match": "INTEGER",
+    "numel": "INTEGER",
+    "max_abs_error": "REAL",
+    "mean_abs_error": "REAL",
+    "median_abs_error": "REAL",
+    "p99_abs_error": "REAL",
+    "max_rel_error": "REAL",
+    "mean_rel_error": "REAL",
+    "rmse": "REAL",
+    "rel_l2_error": "REAL",
+    "cosine_similarity": "REAL",
+    "sqnr_db": "REAL",
+    "mismatch_count": "INTEGER",
+    "mismatch_percent": "REAL",
+    "max_ulp_error": "REAL",
+    "nan_count_ref": "INTEGER",
+    "nan_count_alt": "INTEGER",
+    "inf_count_ref": "INTEGER",
+    "inf_count_alt": "INTEGER",
+}
+#: Keys of a result dict stored as JSON columns.
+JSON_RESULT_KEYS = ("first_nonfinite_index", "worst", "tolerance")
+#: Keys that identify the row rather than measure anything.
+_KEY_FIELDS = ("checkpoint", "layer", "passed", "introduced_error", "propagated_error")
+_KNOWN = set(METRIC_COLUMNS) | set(JSON_RESULT_KEYS) | set(_KEY_FIELDS)
+
+RESULT_COLUMNS: tuple[str, ...] = (
+    "session_id", "checkpoint", "layer", "layer_key", "passed",
+    *METRIC_COLUMNS,
+    *JSON_RESULT_KEYS,
+    "introduced_error", "propagated_error", "extra", "metrics_json", "created_at", "updated_at",
+)
+_KEEP_ON_CONFLICT = ("session_id", "checkpoint", "layer_key", "created_at")
+
+
+def upsert_result_sql(table: str = "checkpoint_results") -> str:
+    """Insert one row, or replace the measurements of the same ``(session, checkpoint, layer)``
+    (its ``created_at`` stays, so rows keep the model's order). ``table`` is a schema constant."""
+    updates = ", ".join(f"{c} = excluded.{c}" for c in RESULT_COLUMNS if c not in _KEEP_ON_CONFLICT)
+    return (
+        f"INSERT INTO {table} ({', '.join(RESULT_COLUMNS)}) "
+        f"VALUES ({', '.join('?' for _ in RESULT_COLUMNS)}) "
+        f"ON CONFLICT (session_id, checkpoint, layer_key) DO UPDATE SET {updates}"
+    )
+
+
+def _metric_value(typ: str, value: object) -> object:
+    if value is None:
+        return None
+    if typ == "REAL":
+        return as_float(value)
+    if typ == "INTEGER":
+        return as_int(value)
+    return str(value)
+
+
+def result_row_values(
+    session_id: str,
+    result: Mapping[str, object],
+    checkpoint: str,
+    layer: int | None,
+    introduced_error: float | None,
+    propagated_error: float | None,
+    now: str,
+) -> tuple[object, ...]:
+    """The parameters of :func:`upsert_result_sql` for one result dict, in :data:`RESULT_COLUMNS` order."""
+    values: list[object] = [session_id, checkpoint, layer, layer_key(layer), as_bool(result.get("passed"))]
+    values += [_metric_value(typ, result.get(col)) for col, typ in METRIC_COLUMNS.items()]
+    values += [to_json(result.get(key)) for key in JSON_RESULT_KEYS]
+    intro = introduced_error if introduced_error is not None else result.get("introduced_error")
+    prop = propagated_error if propagated_error is not None else result.get("propagated_error")
+    values += [as_float(intro), as_float(prop)]
+    extra = {k: v for k, v in result.items() if k not in _KNOWN}
+    values.append(to_json(extra) if extra else None)
+    full = dict(result)
+    full["checkpoint"], full["layer"] = checkpoint, layer
+    if intro is not None:
+        full["introduced_error"] = intro
+    if prop is not None:
+        full["propagated_error"] = prop
+    values += [to_json(full), now, now]
+    return tuple(values)

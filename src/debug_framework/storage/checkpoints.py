@@ -1,0 +1,84 @@
+"""The ``checkpoint_results`` table: one row per ``(session, checkpoint, layer)``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import ValidationError
+from .checkpoint_rows import result_row_values, upsert_result_sql
+from .core import SqlCore
+from .dialect import Connection
+from .sessions import SessionStore
+from .values import from_json, utc_now
+
+__all__ = ["CheckpointResultStore", "LAYER_FROM_RESULT"]
+
+#: ``layer=`` default of :meth:`CheckpointResultStore.add_many`: take each dict's own ``layer`` key.
+LAYER_FROM_RESULT: Any = ...
+
+_UPSERT = upsert_result_sql()
+
+
+class CheckpointResultStore:
+    """Checkpoint results of sessions: upserted in batches, read back in the model's order."""
+
+    def __init__(self, core: SqlCore, sessions: SessionStore) -> None:
+        self.core = core
+        self.sessions = sessions
+
+    def add_many(
+        self,
+        session_id: str,
+        results: Iterable[Mapping[str, Any]],
+        *,
+        checkpoint: str | None = None,
+        layer: int | None | object = LAYER_FROM_RESULT,
+        introduced_error: float | None = None,
+        propagated_error: float | None = None,
+    ) -> int:
+        """Store (or replace) many ``ComparisonResult.to_dict()``-shaped dicts of one session in ONE
+        transaction; returns how many. ``checkpoint``/``layer`` default to each dict's keys."""
+        rows = []
+        for result in results:
+            if not isinstance(result, Mapping):
+                raise ValidationError(f"a checkpoint result must be a mapping, got {type(result).__name__}",
+                                      session=session_id, hint="pass ComparisonResult.to_dict()")
+            cp = checkpoint if checkpoint is not None else result.get("checkpoint")
+            if not cp:
+                raise ValidationError("a checkpoint result has no checkpoint name", session=session_id,
+                                      hint="pass checkpoint= or include the 'checkpoint' key")
+            ly = result.get("layer") if layer is LAYER_FROM_RESULT else layer
+            ly = None if ly is None else int(ly)  # type: ignore[call-overload]
+            rows.append(result_row_values(session_id, result, str(cp), ly, introduced_error, propagated_error,
+                                          utc_now()))
+
+        def do(c: Connection) -> int:
+            self.sessions.require(c, session_id)
+            self.core.executemany(c, _UPSERT, rows)
+            self.sessions.touch(c, session_id)
+            return len(rows)
+
+        return self.core.run_in_transaction(do, f"store checkpoint results of session {session_id}")
+
+    def for_session(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's result dicts in the order first written (the model's order).
+
+        Each is the stored dict (exactly as given, NaN kept) plus ``id``, ``session_id``,
+        ``checkpoint``, ``layer``, ``introduced_error``, ``propagated_error``, timestamps.
+        """
+        rows = self.core.fetch_all(
+            "SELECT id, session_id, checkpoint, layer, introduced_error, propagated_error, metrics_json,"
+            " created_at, updated_at FROM checkpoint_results WHERE session_id = ? ORDER BY id",
+            (session_id,),
+            f"read checkpoint results of session {session_id}",
+        )
+        out = []
+        for r in rows:
+            d = from_json(r["metrics_json"]) or {}
+            d.update(id=r["id"], session_id=r["session_id"], checkpoint=r["checkpoint"], layer=r["layer"],
+                     created_at=r["created_at"], updated_at=r["updated_at"])
+            d.setdefault("introduced_error", r["introduced_error"])
+            d.setdefault("propagated_error", r["propagated_error"])
+            out.append(d)
+        return out

@@ -1,0 +1,261 @@
+"""The SQL core: one database file, one connection per (process, thread), transactions with retry.
+
+* The path is always passed in (the default ``~/.pie/debug/debug_framework.db`` is resolved by
+  :mod:`debug_framework.config`, never here); ``:memory:`` and URIs are refused (sessions are shared
+  between threads and processes through the file).
+* Connections open lazily, one per (process, thread), configured by the :class:`~.dialect.Dialect`
+  (SQLite: WAL journal, ``foreign_keys=ON``, ``busy_timeout``, autocommit with an explicit
+  ``BEGIN IMMEDIATE`` for every write, so a writer takes the write lock up front).
+* Every state change is one transaction. A transaction that meets "busy"/"locked" beyond the busy
+  timeout is rolled back and re-run with exponential backoff and jitter until ``max_retry_s``; only
+  then does a :class:`~debug_framework.errors.DatabaseError` (DF003) surface. A full disk is a
+  :class:`~debug_framework.errors.ResourceExhaustedError` (DF007).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import DatabaseError, ResourceExhaustedError
+from .dialect import SQLITE, Connection, Dialect
+
+__all__ = ["SqlCore", "Params", "Row"]
+
+T = TypeVar("T")
+#: Statement parameters: positional (``?``) or named.
+Params = Sequence[object] | Mapping[str, object]
+#: A row as the stores read it (``sqlite3.Row``: by index and by column name).
+Row = Any
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _checked_path(database_path: str | os.PathLike[str]) -> Path:
+    """The resolved database file (parent directories created), or DatabaseError."""
+    raw = str(database_path)
+    if not raw or raw == ":memory:" or raw.startswith("file:"):
+        raise DatabaseError(
+            f"database path {raw!r} is not a file path",
+            hint="pass a file path; sessions are shared between threads and processes through the file",
+            database=raw,
+        )
+    path = Path(raw).expanduser().resolve()
+    if path == _PACKAGE_DIR or _PACKAGE_DIR in path.parents:
+        raise DatabaseError(
+            "refusing to put the database inside the installed package",
+            hint="set config['database_path'] (default ~/.pie/debug/debug_framework.db) elsewhere",
+            database=str(path),
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseError(f"cannot create the database directory: {exc}", database=str(path)) from exc
+    return path
+
+
+class SqlCore:
+    """Connections, transactions, retries and error wrapping for one database file.
+
+    Args:
+        database_path: the database file (``~`` expanded; parent directories created).
+        busy_timeout_s: how long the engine itself waits for a lock before reporting busy.
+        max_retry_s: how long a busy transaction is retried (with backoff) before DatabaseError.
+        dialect: the SQL engine (default SQLite).
+
+    Thread-safe: each thread (and each process, after fork) gets its own connection.
+    """
+
+    def __init__(
+        self,
+        database_path: str | os.PathLike[str],
+        *,
+        busy_timeout_s: float = 10.0,
+        max_retry_s: float = 120.0,
+        dialect: Dialect = SQLITE,
+    ) -> None:
+        self.database_path = _checked_path(database_path)
+        self.busy_timeout_s = float(busy_timeout_s)
+        self.max_retry_s = float(max_retry_s)
+        self.dialect = dialect
+        self._local = threading.local()
+        self._all: list[tuple[int, Connection]] = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+
+    # ---------------------------------------------------------------- connections
+
+    def _open(self) -> Connection:
+        conn = self.dialect.connect(self.database_path, self.busy_timeout_s)
+        self.retry(lambda: self.dialect.prepare(conn, self.database_path), "prepare the connection")
+        return conn
+
+    def get_connection(self) -> Connection:
+        """This thread's connection (opened on first use; reopened after ``fork``)."""
+        if self._closed:
+            raise DatabaseError("the DatabaseManager was closed", database=str(self.database_path),
+                                hint="create a new DatabaseManager")
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            try:
+                conn = self._open()
+            except self.dialect.error_types as exc:
+                raise self.wrap(exc, "open the database") from exc
+            self._local.conn, self._local.pid = conn, os.getpid()
+            with self._all_lock:
+                self._all.append((os.getpid(), conn))
+        return conn
+
+    def close(self) -> None:
+        """Close every connection opened in this process (after a fork, connections inherited from
+        the parent are left alone: closing them in the child is unsafe in SQLite)."""
+        pid = os.getpid()
+        with self._all_lock:
+            mine = [c for p, c in self._all if p == pid]
+            self._all = []
+        for c in mine:
+            try:
+                c.close()
+            except self.dialect.error_types:
+                pass
+        self._local = threading.local()
+
+    # ---------------------------------------------------------------- errors and retries
+
+    def wrap(self, exc: BaseException, what: str) -> DatabaseError | ResourceExhaustedError:
+        """The framework error (DF003, or DF007 for a full disk) for a driver error while doing ``what``."""
+        where = str(self.database_path)
+        if self.dialect.is_disk_full(exc):
+            return ResourceExhaustedError(
+                f"disk full while trying to {what}: {exc}",
+                hint="free disk space or move the database (config['database_path']); completed rows are kept",
+                database=where,
+            )
+        if self.dialect.is_busy(exc):
+            return DatabaseError(
+                f"could not {what}: the database stayed locked for {self.max_retry_s:.0f} s ({exc})",
+                hint="another process holds a long write transaction; retry later or raise max_retry_s",
+                database=where,
+            )
+        if self.dialect.is_integrity_error(exc):
+            return DatabaseError(f"could not {what}: constraint violated ({exc})", database=where,
+                                 hint="check the session/recording ids exist and values are allowed")
+        return DatabaseError(f"could not {what}: {exc}", database=where)
+
+    def retry(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn``, re-running it with backoff and jitter while the database is busy (raw errors out)."""
+        deadline = time.monotonic() + self.max_retry_s
+        delay = 0.002
+        while True:
+            try:
+                return fn()
+            except self.dialect.error_types as exc:
+                if not self.dialect.is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.2)
+
+    def run_in_transaction(self, fn: Callable[[Connection], T], what: str = "write to the database") -> T:
+        """Run ``fn(conn)`` inside one write transaction; commit, or roll back and raise.
+
+        Busy/locked failures roll back and re-run ``fn`` (it must only touch the database). Called
+        while this thread is already in a transaction, ``fn`` joins it.
+        """
+        conn = self.get_connection()
+        if conn.in_transaction:
+            return fn(conn)
+
+        def attempt() -> T:
+            conn.execute(self.dialect.begin_write)
+            try:
+                out = fn(conn)
+                conn.execute("COMMIT")
+                return out
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        try:
+            return self.retry(attempt, what)
+        except self.dialect.error_types as exc:
+            raise self.wrap(exc, what) from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """``with db.transaction() as conn:`` one atomic state change (BEGIN IMMEDIATE ... COMMIT).
+
+        Taking the write lock at BEGIN means later statements do not meet a busy database; the
+        BEGIN itself is retried with backoff. Nested use joins the outer transaction.
+        """
+        conn = self.get_connection()
+        if conn.in_transaction:
+            yield conn
+            return
+        try:
+            self.retry(lambda: conn.execute(self.dialect.begin_write), "begin a transaction")
+        except self.dialect.error_types as exc:
+            raise self.wrap(exc, "begin a transaction") from exc
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            self.retry(lambda: conn.execute("COMMIT"), "commit")
+        except self.dialect.error_types as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise self.wrap(exc, "commit a transaction") from exc
+
+    def read(self, fn: Callable[[Connection], T], what: str) -> T:
+        """Run a read ``fn(conn)`` (retried while busy; driver errors wrapped)."""
+        conn = self.get_connection()
+        try:
+            return self.retry(lambda: fn(conn), what)
+        except self.dialect.error_types as exc:
+            raise self.wrap(exc, what) from exc
+
+    # ---------------------------------------------------------------- statements
+
+    def execute(self, conn: Connection, statement: str, params: Params = ()) -> Any:
+        """Run one parameterised statement (written with ``?``) on ``conn``; returns the cursor."""
+        return conn.execute(self.dialect.sql(statement), params)
+
+    def executemany(self, conn: Connection, statement: str, rows: Iterable[Sequence[object]]) -> Any:
+        """Run one parameterised statement once per row of parameters."""
+        return conn.executemany(self.dialect.sql(statement), rows)
+
+    def fetch_one(self, statement: str, params: Params, what: str) -> Row | None:
+        """The first row of a read, or None."""
+        return self.read(lambda c: self.execute(c, statement, params).fetchone(), what)
+
+    def fetch_all(self, statement: str, params: Params, what: str) -> list[Row]:
+        """Every row of a read."""
+        return self.read(lambda c: self.execute(c, statement, params).fetchall(), what)
+
+    def execute_query(self, query: str, parameters: Params = ()) -> list[dict[str, Any]] | int:
+        """Run one parameterised statement.
+
+        Returns a list of dicts for statements that return rows (SELECT, ... RETURNING), else the
+        number of rows changed. Writes run in their own transaction (or join the current one).
+        """
+        head = query.lstrip().split(None, 1)[0].upper() if query.strip() else ""
+        if head in ("SELECT", "PRAGMA", "EXPLAIN", "WITH") and "RETURNING" not in query.upper():
+            return self.read(lambda c: [dict(r) for r in self.execute(c, query, parameters).fetchall()],
+                             "run a query")
+
+        def write(c: Connection) -> list[dict[str, Any]] | int:
+            cur = self.execute(c, query, parameters)
+            if cur.description is not None:
+                return [dict(r) for r in cur.fetchall()]
+            return int(cur.rowcount)
+
+        return self.run_in_transaction(write, "run a statement")

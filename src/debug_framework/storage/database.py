@@ -1,0 +1,107 @@
+"""One database file with its schema and its stores: what the records and the engine talk to.
+
+    db = Database(path)            # schema created / migrated on open
+    sid = db.sessions.create("m.safetensors", "python_reference", "pytorch")
+    db.checkpoints.add_many(sid, [result.to_dict()])
+    db.sessions.update_status(sid, "running")
+
+:class:`~debug_framework.services.database_manager.DatabaseManager` (the spec's face) is this class
+with the spec's flat methods (``get_session``, ``add_checkpoint_results`` ...) delegating here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Self
+
+from ..errors import DatabaseError
+from . import schema
+from .batches import BatchQueueStore
+from .checkpoints import CheckpointResultStore
+from .core import SqlCore
+from .dialect import SQLITE, Dialect
+from .recordings import RecordingStore
+from .sessions import SessionStore
+
+__all__ = ["Database", "open_database", "DatabaseLike"]
+
+
+class Database(SqlCore):
+    """A database file: the SQL core plus one store per kind of data.
+
+    Args:
+        database_path: the database file (``~`` expanded; parent directories created).
+        busy_timeout_s: how long the engine waits for a lock before reporting busy.
+        max_retry_s: how long a busy transaction is retried (with backoff) before DatabaseError.
+        initialize: create / migrate the schema on construction (default). Pass ``False`` to
+            inspect an old file first and call :meth:`migrate_schema` yourself.
+        dialect: the SQL engine (default SQLite).
+
+    Attributes:
+        sessions, checkpoints, recordings, batches: the stores (see their modules).
+    """
+
+    def __init__(
+        self,
+        database_path: str | os.PathLike[str],
+        *,
+        busy_timeout_s: float = 10.0,
+        max_retry_s: float = 120.0,
+        initialize: bool = True,
+        dialect: Dialect = SQLITE,
+    ) -> None:
+        super().__init__(database_path, busy_timeout_s=busy_timeout_s, max_retry_s=max_retry_s, dialect=dialect)
+        self.sessions = SessionStore(self)
+        self.checkpoints = CheckpointResultStore(self, self.sessions)
+        self.recordings = RecordingStore(self)
+        self.batches = BatchQueueStore(self)
+        if initialize:
+            self.migrate_schema()
+
+    # A database can be handed to another process (multiprocessing spawn/fork): only the settings
+    # travel; the new process opens its own connections.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"database_path": self.database_path, "busy_timeout_s": self.busy_timeout_s,
+                "max_retry_s": self.max_retry_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(self, state["database_path"], busy_timeout_s=state["busy_timeout_s"],
+                            max_retry_s=state["max_retry_s"], initialize=False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.database_path)!r})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def schema_version(self) -> int:
+        """The version of the file on disk (0 for a file with no ``schema_version`` table)."""
+        return schema.schema_version(self)
+
+    def migrate_schema(self) -> bool:
+        """Walk the file up one version at a time to :data:`~.schema.SCHEMA_VERSION`; ``True`` when current."""
+        return schema.migrate(self)
+
+    def create_tables(self) -> bool:
+        """Create the schema if the file is new, or bring an older one up to date. Idempotent."""
+        return self.migrate_schema()
+
+
+#: What record methods accept as their database: an open one, or a database file path.
+DatabaseLike = Database | str | os.PathLike[str]
+
+
+def open_database(db: DatabaseLike | None) -> Database:
+    """``db`` itself when it is a :class:`Database` (a DatabaseManager is one), else the file at that
+    path opened with its schema brought up to date. DatabaseError (DF003) for anything else."""
+    if isinstance(db, Database):
+        return db
+    if isinstance(db, (str, os.PathLike)):
+        return Database(db)
+    raise DatabaseError(
+        "no database to save to or load from",
+        hint="pass db=DatabaseManager(path) (or a database path) to the record or the call",
+    )

@@ -1,0 +1,94 @@
+"""Column values: timestamps, JSON text and the scalar conversions every store applies.
+
+JSON columns are written with :func:`to_json` (NaN and infinities kept as Python's ``NaN`` /
+``Infinity`` tokens; NumPy/torch scalars and arrays, sets, paths and datetimes converted, never
+pickled) and read back with :func:`from_json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
+    "parse_time", "format_time",
+]
+
+#: What :func:`from_json` returns (``json.loads`` of a column).
+JsonValue = Any
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO-8601 with microseconds (sortable as text)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _json_default(obj: object) -> object:
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=repr)
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, bytes):
+        return obj.hex()
+    tolist = getattr(obj, "tolist", None)  # numpy scalar -> python scalar; arrays/tensors -> lists
+    if callable(tolist):
+        return tolist()
+    return str(obj)  # dtypes, devices, enums: their readable name
+
+
+def to_json(value: object) -> str | None:
+    """JSON text for a column; ``None`` stays SQL NULL. NaN/Infinity are kept (Python's tokens)."""
+    if value is None:
+        return None
+    return json.dumps(value, default=_json_default, sort_keys=True)
+
+
+def from_json(text: str | None) -> JsonValue:
+    """The value of a JSON column (``None`` for SQL NULL)."""
+    return None if text is None else json.loads(text)
+
+
+def as_int(value: object) -> int | None:
+    """An INTEGER column value (bools become 0/1)."""
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def as_float(value: object) -> float | None:
+    """A REAL column value; NaN becomes NULL (SQLite would anyway; the JSON copy keeps it)."""
+    if value is None:
+        return None
+    f = float(value)  # type: ignore[arg-type]
+    return None if math.isnan(f) else f
+
+
+def as_bool(value: object) -> int | None:
+    """A boolean stored as INTEGER 0/1 (NULL stays NULL)."""
+    return None if value is None else int(bool(value))
+
+
+def layer_key(layer: int | None) -> int:
+    """The NOT NULL key column of a layer: ``-1`` for "no layer" (so it differs from layer 0)."""
+    return -1 if layer is None else int(layer)
+
+
+def now_utc() -> datetime:
+    """Current UTC time (a record's default timestamp)."""
+    return datetime.now(timezone.utc)
+
+
+def parse_time(value: datetime | str | None) -> datetime | None:
+    """A timestamp column (ISO-8601 text) as a datetime; datetimes and None pass through."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def format_time(value: datetime | None) -> str | None:
+    """A datetime as the ISO-8601 text the timestamp columns hold."""
+    return None if value is None else value.isoformat(timespec="microseconds")
