@@ -1,3 +1,5 @@
+"""``python -m debug_module``: the ``inductor-debug`` CLI."""
+
 from .cli import main
 
 main()
