@@ -105,6 +105,13 @@ __all__ = [
     "PluginCompilationError",
 ]
 
+# The composition root: records (debug_framework.models) never import the layers above them; their
+# spec methods that need one (rendering a report, executing a batch) use defaults installed here.
+# The factories import reports/services on first use only.
+from .services.wiring import install_record_collaborators as _install_record_collaborators  # noqa: E402
+
+_install_record_collaborators()
+
 _STATE_LOCK = threading.Lock()
 _CONFIG: dict[str, Any] | None = None
 _ENVIRONMENT: dict[str, Any] | None = None

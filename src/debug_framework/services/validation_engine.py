@@ -17,7 +17,6 @@ keeps every row already written.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from ..backends.base import Backend
 from ..comparison import json_safe
 from ..config import default_database_path, merge_config
 from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError
+from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
@@ -38,7 +38,8 @@ from .validation.plan import (
     resolve_tolerance,
     validate_session_config,
 )
-from .validation.results import CheckpointOutcome, LayerIsolation, OracleJudgement, ValidationResult
+from ..comparison import OracleJudgement
+from .validation.results import CheckpointOutcome, LayerIsolation, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
 if TYPE_CHECKING:
@@ -234,10 +235,10 @@ class ValidationEngine:
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
         for done, stage in enumerate(stages, 1):
-            t0 = time.perf_counter()
-            stage.run(ctx)
+            with Timer() as t:
+                stage.run(ctx)
             if stage.timing_key:
-                ctx.performance[stage.timing_key] = time.perf_counter() - t0
+                ctx.performance[stage.timing_key] = t.seconds
             if stage.persists_rows:
                 self.db.add_checkpoint_results(session.session_id, ctx.rows())
             progress(stage.name, done, len(stages))

@@ -3,7 +3,7 @@
 :class:`debug_framework.services.validation_engine.ValidationEngine`."""
 
 from .plan import MODEL_TOLERANCES, SESSION_DEFAULTS, ValidationPlan, resolve_tolerance
-from .results import CheckpointOutcome, LayerIsolation, OracleJudgement, ValidationResult
+from .results import CheckpointOutcome, LayerIsolation, ValidationResult
 from .stages import DEFAULT_STAGES, RunContext, Stage
 
 __all__ = [
@@ -17,5 +17,4 @@ __all__ = [
     "ValidationResult",
     "CheckpointOutcome",
     "LayerIsolation",
-    "OracleJudgement",
 ]

@@ -6,14 +6,13 @@ stages fill them, the stores and reports read them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...capture.keys import CheckpointKey
-from ...comparison import ComparisonResult, json_safe
+from ...comparison import ComparisonResult, OracleJudgement, error_metric, json_safe
 
-__all__ = ["CheckpointOutcome", "LayerIsolation", "ValidationResult", "OracleJudgement", "metric_value"]
+__all__ = ["CheckpointOutcome", "LayerIsolation", "ValidationResult"]
 
 _SUMMARY_METRICS = ("max_abs_error", "mean_abs_error", "rmse", "rel_l2_error", "cosine_similarity",
                     "mismatch_percent", "max_ulp_error")
@@ -26,49 +25,6 @@ def _metrics(result: ComparisonResult | None) -> dict[str, Any] | None:
     out["passed"] = result.passed
     out["reason"] = result.reason
     return out
-
-
-def metric_value(result: ComparisonResult | None, name: str) -> float:
-    """Metric ``name`` of a comparison as a float: NaN without a comparable pair, inf where
-    non-finite values mismatch."""
-    if result is None or not result.shape_match:
-        return math.nan
-    v = getattr(result, name)
-    if v is None:  # no finite pairs at all
-        return math.nan if result.numel else 0.0
-    if result.nonfinite_mismatch_count:
-        return math.inf
-    return float(v)
-
-
-@dataclass
-class OracleJudgement:
-    """The ratio rule at one checkpoint: ``alternative_error <= multiplier * reference_error + floor``."""
-
-    metric: str
-    reference_error: float
-    alternative_error: float
-    multiplier: float
-    floor: float
-
-    @property
-    def bound(self) -> float:
-        return self.multiplier * self.reference_error + self.floor
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.alternative_error <= self.bound)  # NaN compares False: fails
-
-    @property
-    def ratio(self) -> float:
-        if self.reference_error == 0:
-            return 0.0 if self.alternative_error == 0 else math.inf
-        return self.alternative_error / self.reference_error
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "reference_error": self.reference_error,
-                "alternative_error": self.alternative_error, "multiplier": self.multiplier,
-                "floor": self.floor, "bound": self.bound, "ratio": self.ratio, "passed": self.passed}
 
 
 @dataclass
@@ -94,11 +50,11 @@ class CheckpointOutcome:
         d.update(checkpoint=self.key.name, layer=self.key.layer, passed=self.passed, reason=self.reason,
                  tolerance_passed=self.comparison.passed)
         if self.introduced is not None:
-            d["introduced_error"] = metric_value(self.introduced, "max_abs_error")
+            d["introduced_error"] = error_metric(self.introduced, "max_abs_error")
             d["introduces_error"] = self.introduces_error
             d["introduced"] = _metrics(self.introduced)
         if self.carried_in is not None:
-            d["propagated_error"] = metric_value(self.carried_in, "max_abs_error")
+            d["propagated_error"] = error_metric(self.carried_in, "max_abs_error")
         if self.oracle is not None:
             d["oracle"] = self.oracle.to_dict()
         if self.run_to_run is not None:
@@ -149,9 +105,9 @@ class LayerIsolation:
             "layer": self.layer,
             "introduces_error": self.introduces,
             "block": self.block,
-            "introduced_error": metric_value(self.introduced_mlp, "max_abs_error"),
-            "propagated_error": metric_value(self.carried_in, "max_abs_error"),
-            "total_error": metric_value(self.total, "max_abs_error") if self.total is not None else None,
+            "introduced_error": error_metric(self.introduced_mlp, "max_abs_error"),
+            "propagated_error": error_metric(self.carried_in, "max_abs_error"),
+            "total_error": error_metric(self.total, "max_abs_error") if self.total is not None else None,
             "introduced_attention": _metrics(self.introduced_attention),
             "introduced_mlp": _metrics(self.introduced_mlp),
             "carried_in": _metrics(self.carried_in),

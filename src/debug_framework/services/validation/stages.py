@@ -22,6 +22,7 @@ and putting it in :data:`DEFAULT_STAGES` (or passing a list to ``ValidationEngin
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping
@@ -31,11 +32,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...backends.base import Backend, layer_replay_support
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints
-from ...comparison import ComparisonResult, compare
+from ...comparison import ComparisonResult, RatioRule, compare, error_metric
 from ...errors import ModelLoadingError, ValidationError
-from ._profiling import _layer_timer, _MemorySampler
+from ...measure import PeakMemory, Timer, layer_timer
 from .plan import ValidationPlan
-from .results import CheckpointOutcome, LayerIsolation, OracleJudgement, ValidationResult, metric_value
+from .results import CheckpointOutcome, LayerIsolation, ValidationResult
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
@@ -169,9 +170,9 @@ class PrepareStage(Stage):
             ("reference", ctx.reference, plan.reference_dtype, cfg["reference_device"]),
             ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
         ):
-            t0 = time.perf_counter()
-            backend.prepare(ctx.model, dtype, device)
-            ctx.prepare_s[side] = time.perf_counter() - t0
+            with Timer() as t:
+                backend.prepare(ctx.model, dtype, device)
+            ctx.prepare_s[side] = t.seconds
         isolate = cfg["isolate"]
         if not isolate:
             ctx.isolating, ctx.isolation_note = False, "isolation not requested"
@@ -199,24 +200,18 @@ def _replay_support(reference: Backend, alternative: Backend) -> tuple[bool, str
 def run_measured(backend: Backend, dtype: str, device: str, inputs: ModelInputs, taps: list[CheckpointKey], *,
                  layer_inputs: bool, plan: ValidationPlan, prepare_s: float) -> tuple[Capture, dict[str, Any]]:
     """One forward pass of a prepared backend with the plan's profiling: ``(capture, stats)``."""
-    mem = _MemorySampler(device) if plan.memory_profiling else None
-    t0 = time.perf_counter()
-    with _layer_timer(backend, plan.per_layer_timing) as timing:
-        if mem is not None:
-            with mem:
-                cap = backend.run(inputs, taps, capture_layer_inputs=layer_inputs)
-        else:
-            cap = backend.run(inputs, taps, capture_layer_inputs=layer_inputs)
-    wall = time.perf_counter() - t0
+    mem = PeakMemory(device) if plan.memory_profiling else contextlib.nullcontext()
+    with layer_timer(backend, plan.per_layer_timing) as timing, Timer() as wall, mem:
+        cap = backend.run(inputs, taps, capture_layer_inputs=layer_inputs)
     stats: dict[str, Any] = {"backend": backend.name, "dtype": dtype, "device": device, "prepare_s": prepare_s,
-                             "forward_s": float(cap.elapsed_s), "wall_s": wall}
+                             "forward_s": float(cap.elapsed_s), "wall_s": wall.seconds}
     if plan.per_layer_timing:
-        stats["per_layer_s"] = timing["per_layer_s"]
-        stats["per_layer_method"] = timing["method"]
-        if timing.get("note"):
-            stats["per_layer_note"] = timing["note"]
-    if mem is not None:
-        stats["memory"] = mem.result
+        stats["per_layer_s"] = timing.per_layer_s
+        stats["per_layer_method"] = timing.method
+        if timing.note:
+            stats["per_layer_note"] = timing.note
+    if isinstance(mem, PeakMemory):
+        stats["memory"] = mem.result.to_dict()
     return cap, stats
 
 
@@ -344,8 +339,8 @@ class OracleStage(Stage):
         plan = ctx.plan
         oracle_cap = self._oracle_capture(ctx)
         cfg = plan.config
-        metric = str(cfg["oracle_metric"])
-        m, floor = float(cfg["oracle_multiplier"]), float(cfg["oracle_floor"])
+        rule = RatioRule(float(cfg["oracle_multiplier"]), float(cfg["oracle_floor"]), str(cfg["oracle_metric"]))
+        metric, m, floor = rule.metric, rule.multiplier, rule.floor
         ref_cap, alt_cap = ctx.reference_capture, ctx.alternative_capture
         failed = []
         for o in ctx.outcomes:
@@ -354,12 +349,12 @@ class OracleStage(Stage):
                 o.passed, o.reason = False, o.reason or f"no tensor for {k} from one of the three runs"
                 failed.append(str(k))
                 continue
-            e_ref = metric_value(compare(oracle_cap[k], ref_cap[k], check_dtype=False), metric)
-            e_alt = metric_value(compare(oracle_cap[k], alt_cap[k], check_dtype=False), metric)
-            o.oracle = OracleJudgement(metric, e_ref, e_alt, m, floor)
+            o.oracle = rule.judge_results(compare(oracle_cap[k], ref_cap[k], check_dtype=False),
+                                          compare(oracle_cap[k], alt_cap[k], check_dtype=False))
             o.passed = o.oracle.passed
             o.reason = None if o.passed else (
-                f"oracle ratio rule: {metric} vs float64 {e_alt:.3e} > {m:g} x {e_ref:.3e} + {floor:g}")
+                f"oracle ratio rule: {metric} vs float64 {o.oracle.alternative_error:.3e} > "
+                f"{m:g} x {o.oracle.reference_error:.3e} + {floor:g}")
             if not o.passed:
                 failed.append(str(k))
         ctx.oracle_report = {
@@ -377,11 +372,10 @@ class OracleStage(Stage):
                                                  "reused as the oracle"}
             return ctx.reference_capture
         oracle = get_backend("python_reference")
-        t0 = time.perf_counter()
-        oracle.prepare(ctx.model, "float64", "cpu")
+        with Timer() as t:
+            oracle.prepare(ctx.model, "float64", "cpu")
         cap, ctx.performance["oracle"] = run_measured(oracle, "float64", "cpu", ctx.inputs, list(ctx.plan.keys),
-                                                      layer_inputs=False, plan=ctx.plan,
-                                                      prepare_s=time.perf_counter() - t0)
+                                                      layer_inputs=False, plan=ctx.plan, prepare_s=t.seconds)
         return cap
 
 
@@ -404,7 +398,7 @@ class NoiseFloorStage(Stage):
             for key in keys:
                 if key in first and key in again:
                     r = compare(first[key], again[key], rtol=0.0, atol=0.0, equal_nan=True, check_dtype=False)
-                    diffs[str(key)] = metric_value(r, "max_abs_error") if not r.passed else 0.0
+                    diffs[str(key)] = error_metric(r, "max_abs_error") if not r.passed else 0.0
             nondet = [k for k, v in diffs.items() if v != 0.0]
             noise[side] = {"backend": backend.name, "deterministic": not nondet,
                            "max_abs_diff": max(diffs.values(), default=0.0), "nondeterministic_keys": nondet,
@@ -438,7 +432,7 @@ class RecordStage(Stage):
                                             byte_budget=cfg["tensor_recording_byte_budget"])
         candidates = [
             RecordingCandidate(o.key.name, o.key.layer, side, ctx.captures[side][o.key],
-                               score=metric_value(o.comparison, "max_abs_error"))
+                               score=error_metric(o.comparison, "max_abs_error"))
             for o in ctx.outcomes for side in ("reference", "alternative") if o.key in ctx.captures[side]
         ]
         outcome = store.record_session(ctx.db, sid, candidates)
