@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 #: Same as debug_module.artifacts.DEFAULT_ARTIFACT_ROOT (not imported: list/report/clean must start without torch).
 DEFAULT_ARTIFACT_ROOT = "./debug_artifacts"
 
-__all__ = ["app", "main", "CLI_SCHEMA", "CliError", "analyze_run"]
+__all__ = ["app", "main", "CLI_SCHEMA", "CliError"]
 
 CLI_SCHEMA = "inductor-debug/1"
 ANALYSIS_TYPES = ("guards", "constraints", "graphs", "summary")

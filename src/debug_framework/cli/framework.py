@@ -172,13 +172,13 @@ def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None
         except typer.Abort:
             print(f"{invocation.prog}: aborted", file=sys.stderr)
             return 130
-        except typer.TyperException as exc:  # click's usage errors: a short usage message, exit 2
+        except typer.TyperException as exc:  # click's usage errors: its short usage message, exit 2
             show = getattr(exc, "show", None)
             if callable(show):
                 show()
             else:
                 print(f"{invocation.prog}: error: {exc.format_message()}", file=sys.stderr)
-            return int(getattr(exc, "exit_code", EXIT_USAGE))
+            return EXIT_USAGE  # never click's 1 (a FileError...), which would read as a numerical failure
         return EXIT_PASS if rv is None else int(rv)
 
     return guarded(invocation, body)
