@@ -21,7 +21,7 @@ import pytest
 from debug_framework.comparison import compare
 from debug_framework.models.debug_session import DebugSession, capture_environment
 from debug_framework.services.database_manager import DatabaseManager
-from debug_framework.services.tensor_store import RecordingCandidate, TensorStore
+from debug_framework.storage.tensor_store import RecordingCandidate, TensorStore
 
 
 @dataclass

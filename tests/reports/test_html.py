@@ -178,7 +178,7 @@ def _png_size(page: str) -> tuple[int, int, bytes]:
 def test_heatmap_png_is_valid_and_downsampled(db, tmp_path):
     # a big tensor with one NaN mismatch: downsampled by block max, the NaN cell is magenta
     from debug_framework.comparison import compare
-    from debug_framework.services.tensor_store import RecordingCandidate, TensorStore
+    from debug_framework.storage.tensor_store import RecordingCandidate, TensorStore
 
     rng = np.random.default_rng(1)
     ref = rng.standard_normal((4, 100, 384)).astype(np.float32)

@@ -11,7 +11,7 @@ import torch
 
 from debug_framework.errors import DatabaseError, ValidationError
 from debug_framework.models.tensor_recording import TensorRecording
-from debug_framework.services.tensor_store import RecordingCandidate, TensorStore, select_within_budget
+from debug_framework.storage.tensor_store import RecordingCandidate, TensorStore, select_within_budget
 
 
 @pytest.fixture

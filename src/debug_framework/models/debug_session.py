@@ -23,9 +23,10 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import EllipsisType
 from typing import Any
 
-from ..storage.checkpoints import LAYER_FROM_RESULT
+from ..storage.checkpoints import ResultKeys
 from ..storage.database import Database, DatabaseLike, open_database
 from ._common import format_time, now_utc, parse_time
 
@@ -190,10 +191,13 @@ class DebugSession:
         return True
 
     def add_checkpoint_result(self, checkpoint_name: str, result: dict[str, Any], *,
-                              layer: int | None | object = LAYER_FROM_RESULT, db: DatabaseLike | None = None) -> bool:
+                              layer: int | None | EllipsisType = ..., db: DatabaseLike | None = None) -> bool:
         """Store one ``ComparisonResult.to_dict()`` under ``checkpoint_name`` (layer from the dict
         unless given). Re-adding the same (checkpoint, layer) replaces the row."""
-        self._db(db).checkpoints.add_many(self.session_id, [result], checkpoint=checkpoint_name, layer=layer)
+        keys: ResultKeys = {"checkpoint": checkpoint_name}
+        if not isinstance(layer, EllipsisType):
+            keys["layer"] = layer
+        self._db(db).checkpoints.add_many(self.session_id, [result], **keys)
         return True
 
     def checkpoint_results(self, db: DatabaseLike | None = None) -> list[dict[str, Any]]:

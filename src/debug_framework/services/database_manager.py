@@ -14,12 +14,11 @@ spec's flat methods, each delegating to one store::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from ..storage.checkpoint_rows import METRIC_COLUMNS
-from ..storage.checkpoints import LAYER_FROM_RESULT
+from ..storage.checkpoints import ResultKeys
 from ..storage.database import Database
 from ..storage.schema import (
     BATCH_ITEM_STATUSES,
@@ -28,7 +27,7 @@ from ..storage.schema import (
     SCHEMA_VERSION,
     SESSION_STATUSES,
 )
-from ..storage.sessions import STATUS_TRANSITIONS, TERMINAL_STATUSES
+from ..storage.sessions import STATUS_TRANSITIONS, TERMINAL_STATUSES, SessionFilter, SessionProvenance
 from ..storage.values import from_json, to_json, utc_now
 
 __all__ = [
@@ -50,6 +49,8 @@ __all__ = [
 class DatabaseManager(Database):
     """Owns one SQLite database file: schema, connections, transactions, and the typed queries.
 
+    ``DatabaseManager(database_path, *, busy_timeout_s=10.0, max_retry_s=120.0, initialize=True)``
+
     Args:
         database_path: the database file (``~`` expanded; parent directories created). Pass the
             value of ``config["database_path"]`` (see :func:`debug_framework.config.default_database_path`).
@@ -63,43 +64,16 @@ class DatabaseManager(Database):
     :class:`~debug_framework.storage.database.Database`.
     """
 
-    def __init__(
-        self,
-        database_path: str | os.PathLike[str],
-        *,
-        busy_timeout_s: float = 10.0,
-        max_retry_s: float = 120.0,
-        initialize: bool = True,
-    ) -> None:
-        super().__init__(database_path, busy_timeout_s=busy_timeout_s, max_retry_s=max_retry_s,
-                         initialize=initialize)
-
     # ---------------------------------------------------------------- sessions (SessionStore)
 
-    def create_session(
-        self,
-        model_path: str,
-        reference_backend: str,
-        alternative_backend: str,
-        *,
-        config: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-        weights_digest: str | None = None,
-        reference_backend_info: Mapping[str, Any] | None = None,
-        alternative_backend_info: Mapping[str, Any] | None = None,
-        tolerances: Mapping[str, Any] | None = None,
-        seed: int | None = None,
-        inputs_ref: str | None = None,
-        environment: Mapping[str, Any] | None = None,
-        created_at: str | None = None,
-    ) -> str:
-        """Insert a session in status ``created``; returns its id (a new uuid4 hex unless given)."""
-        return self.sessions.create(
-            model_path, reference_backend, alternative_backend, config=config, session_id=session_id,
-            weights_digest=weights_digest, reference_backend_info=reference_backend_info,
-            alternative_backend_info=alternative_backend_info, tolerances=tolerances, seed=seed,
-            inputs_ref=inputs_ref, environment=environment, created_at=created_at,
-        )
+    def create_session(self, model_path: str, reference_backend: str, alternative_backend: str,
+                       **provenance: Unpack[SessionProvenance]) -> str:
+        """Insert a session in status ``created``; returns its id (a new uuid4 hex unless given).
+
+        Keywords (all optional): ``config``, ``session_id``, ``weights_digest``,
+        ``reference_backend_info``, ``alternative_backend_info``, ``tolerances``, ``seed``,
+        ``inputs_ref``, ``environment``, ``created_at``."""
+        return self.sessions.create(model_path, reference_backend, alternative_backend, **provenance)
 
     def update_session(self, session_id: str, **fields: Any) -> None:
         """Update provenance fields / ``results`` of a session (not its status: see update_session_status)."""
@@ -113,18 +87,10 @@ class DatabaseManager(Database):
         """The session row as a dict (JSON columns decoded), or None."""
         return self.sessions.get(session_id)
 
-    def list_sessions(
-        self,
-        *,
-        model_path: str | None = None,
-        status: str | None = None,
-        reference_backend: str | None = None,
-        alternative_backend: str | None = None,
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Sessions, newest first, optionally filtered."""
-        return self.sessions.list(model_path=model_path, status=status, reference_backend=reference_backend,
-                                  alternative_backend=alternative_backend, limit=limit)
+    def list_sessions(self, **where: Unpack[SessionFilter]) -> list[dict[str, Any]]:
+        """Sessions, newest first, optionally filtered by ``model_path``, ``status``,
+        ``reference_backend``, ``alternative_backend``, at most ``limit``."""
+        return self.sessions.list(**where)
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and (by cascade) its results, recordings and comparisons."""
@@ -132,38 +98,20 @@ class DatabaseManager(Database):
 
     # ---------------------------------------------------------------- checkpoint results (CheckpointResultStore)
 
-    def add_checkpoint_result(
-        self,
-        session_id: str,
-        result: Mapping[str, Any],
-        *,
-        checkpoint: str | None = None,
-        layer: int | None | object = LAYER_FROM_RESULT,
-        introduced_error: float | None = None,
-        propagated_error: float | None = None,
-    ) -> None:
+    def add_checkpoint_result(self, session_id: str, result: Mapping[str, Any], **keys: Unpack[ResultKeys]) -> None:
         """Store (or replace) the row of one ``(checkpoint, layer)`` of a session.
 
-        ``result`` is a ``ComparisonResult.to_dict()``-shaped mapping; ``checkpoint``/``layer``
-        default to its ``checkpoint``/``layer`` keys. Unknown keys go to the ``extra`` JSON column;
-        the whole dict is kept losslessly in ``metrics_json`` (NaN included).
+        ``result`` is a ``ComparisonResult.to_dict()``-shaped mapping; ``checkpoint=``/``layer=``
+        default to its ``checkpoint``/``layer`` keys (``introduced_error=``/``propagated_error=``
+        likewise). Unknown keys go to the ``extra`` JSON column; the whole dict is kept losslessly
+        in ``metrics_json`` (NaN included).
         """
-        self.checkpoints.add_many(session_id, [result], checkpoint=checkpoint, layer=layer,
-                                  introduced_error=introduced_error, propagated_error=propagated_error)
+        self.checkpoints.add_many(session_id, [result], **keys)
 
-    def add_checkpoint_results(
-        self,
-        session_id: str,
-        results: Iterable[Mapping[str, Any]],
-        *,
-        checkpoint: str | None = None,
-        layer: int | None | object = LAYER_FROM_RESULT,
-        introduced_error: float | None = None,
-        propagated_error: float | None = None,
-    ) -> int:
-        """Store many result dicts of one session in ONE transaction. Returns how many."""
-        return self.checkpoints.add_many(session_id, results, checkpoint=checkpoint, layer=layer,
-                                         introduced_error=introduced_error, propagated_error=propagated_error)
+    def add_checkpoint_results(self, session_id: str, results: Iterable[Mapping[str, Any]],
+                               **keys: Unpack[ResultKeys]) -> int:
+        """Store many result dicts of one session in ONE transaction (same keywords). Returns how many."""
+        return self.checkpoints.add_many(session_id, results, **keys)
 
     def get_checkpoint_results(self, session_id: str) -> list[dict[str, Any]]:
         """The session's result dicts in the order first written (the model's order)."""

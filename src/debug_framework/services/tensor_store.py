@@ -6,22 +6,5 @@ The content-addressed tensor store is storage (it sits below the records), so it
 
 from __future__ import annotations
 
-from ..storage.tensor_store import (
-    DroppedRecording,
-    GarbageCollectionReport,
-    RecordingCandidate,
-    RecordingOutcome,
-    StoredTensor,
-    TensorStore,
-    select_within_budget,
-)
-
-__all__ = [
-    "TensorStore",
-    "StoredTensor",
-    "RecordingCandidate",
-    "DroppedRecording",
-    "RecordingOutcome",
-    "GarbageCollectionReport",
-    "select_within_budget",
-]
+from ..storage.tensor_store import *  # noqa: F403 - the whole public API, re-exported
+from ..storage.tensor_store import __all__ as __all__

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from ..errors import ValidationError
 from .checkpoint_rows import result_row_values, upsert_result_sql
@@ -12,10 +12,17 @@ from .dialect import Connection
 from .sessions import SessionStore
 from .values import from_json, utc_now
 
-__all__ = ["CheckpointResultStore", "LAYER_FROM_RESULT"]
+__all__ = ["CheckpointResultStore", "ResultKeys"]
 
-#: ``layer=`` default of :meth:`CheckpointResultStore.add_many`: take each dict's own ``layer`` key.
-LAYER_FROM_RESULT: Any = ...
+
+class ResultKeys(TypedDict, total=False):
+    """Overrides applied to every result dict of one :meth:`CheckpointResultStore.add_many` call;
+    a key left out is taken from each dict (``checkpoint``, ``layer``, ...)."""
+
+    checkpoint: str | None
+    layer: int | None
+    introduced_error: float | None
+    propagated_error: float | None
 
 _UPSERT = upsert_result_sql()
 
@@ -27,18 +34,11 @@ class CheckpointResultStore:
         self.core = core
         self.sessions = sessions
 
-    def add_many(
-        self,
-        session_id: str,
-        results: Iterable[Mapping[str, Any]],
-        *,
-        checkpoint: str | None = None,
-        layer: int | None | object = LAYER_FROM_RESULT,
-        introduced_error: float | None = None,
-        propagated_error: float | None = None,
-    ) -> int:
+    def add_many(self, session_id: str, results: Iterable[Mapping[str, Any]], **keys: Unpack[ResultKeys]) -> int:
         """Store (or replace) many ``ComparisonResult.to_dict()``-shaped dicts of one session in ONE
         transaction; returns how many. ``checkpoint``/``layer`` default to each dict's keys."""
+        checkpoint = keys.get("checkpoint")
+        introduced_error, propagated_error = keys.get("introduced_error"), keys.get("propagated_error")
         rows = []
         for result in results:
             if not isinstance(result, Mapping):
@@ -48,8 +48,8 @@ class CheckpointResultStore:
             if not cp:
                 raise ValidationError("a checkpoint result has no checkpoint name", session=session_id,
                                       hint="pass checkpoint= or include the 'checkpoint' key")
-            ly = result.get("layer") if layer is LAYER_FROM_RESULT else layer
-            ly = None if ly is None else int(ly)  # type: ignore[call-overload]
+            ly = keys["layer"] if "layer" in keys else result.get("layer")
+            ly = None if ly is None else int(ly)
             rows.append(result_row_values(session_id, result, str(cp), ly, introduced_error, propagated_error,
                                           utc_now()))
 

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from ..errors import DatabaseError, ResourceExhaustedError
 from .dialect import SQLITE, Connection, Dialect
 
-__all__ = ["SqlCore", "Params", "Row"]
+__all__ = ["SqlCore", "CoreSettings", "Params", "Row"]
 
 T = TypeVar("T")
 #: Statement parameters: positional (``?``) or named.
@@ -35,6 +35,17 @@ Params = Sequence[object] | Mapping[str, object]
 Row = Any
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+class CoreSettings(TypedDict, total=False):
+    """How a :class:`SqlCore` waits for locks and which engine it speaks."""
+
+    #: how long the engine itself waits for a lock before reporting busy (default 10 s)
+    busy_timeout_s: float
+    #: how long a busy transaction is retried, with backoff, before DatabaseError (default 120 s)
+    max_retry_s: float
+    #: the SQL engine (default SQLite)
+    dialect: Dialect
 
 
 def _checked_path(database_path: str | os.PathLike[str]) -> Path:
@@ -65,25 +76,16 @@ class SqlCore:
 
     Args:
         database_path: the database file (``~`` expanded; parent directories created).
-        busy_timeout_s: how long the engine itself waits for a lock before reporting busy.
-        max_retry_s: how long a busy transaction is retried (with backoff) before DatabaseError.
-        dialect: the SQL engine (default SQLite).
+        settings: :class:`CoreSettings` (``busy_timeout_s``, ``max_retry_s``, ``dialect``).
 
     Thread-safe: each thread (and each process, after fork) gets its own connection.
     """
 
-    def __init__(
-        self,
-        database_path: str | os.PathLike[str],
-        *,
-        busy_timeout_s: float = 10.0,
-        max_retry_s: float = 120.0,
-        dialect: Dialect = SQLITE,
-    ) -> None:
+    def __init__(self, database_path: str | os.PathLike[str], **settings: Unpack[CoreSettings]) -> None:
         self.database_path = _checked_path(database_path)
-        self.busy_timeout_s = float(busy_timeout_s)
-        self.max_retry_s = float(max_retry_s)
-        self.dialect = dialect
+        self.busy_timeout_s = float(settings.get("busy_timeout_s", 10.0))
+        self.max_retry_s = float(settings.get("max_retry_s", 120.0))
+        self.dialect: Dialect = settings.get("dialect", SQLITE)
         self._local = threading.local()
         self._all: list[tuple[int, Connection]] = []
         self._all_lock = threading.Lock()

@@ -12,14 +12,13 @@ with the spec's flat methods (``get_session``, ``add_checkpoint_results`` ...) d
 from __future__ import annotations
 
 import os
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 from ..errors import DatabaseError
 from . import schema
 from .batches import BatchQueueStore
 from .checkpoints import CheckpointResultStore
-from .core import SqlCore
-from .dialect import SQLITE, Dialect
+from .core import CoreSettings, SqlCore
 from .recordings import RecordingStore
 from .sessions import SessionStore
 
@@ -31,26 +30,18 @@ class Database(SqlCore):
 
     Args:
         database_path: the database file (``~`` expanded; parent directories created).
-        busy_timeout_s: how long the engine waits for a lock before reporting busy.
-        max_retry_s: how long a busy transaction is retried (with backoff) before DatabaseError.
         initialize: create / migrate the schema on construction (default). Pass ``False`` to
             inspect an old file first and call :meth:`migrate_schema` yourself.
-        dialect: the SQL engine (default SQLite).
+        settings: ``busy_timeout_s`` (default 10), ``max_retry_s`` (default 120), ``dialect``
+            (default SQLite): see :class:`~.core.CoreSettings`.
 
     Attributes:
         sessions, checkpoints, recordings, batches: the stores (see their modules).
     """
 
-    def __init__(
-        self,
-        database_path: str | os.PathLike[str],
-        *,
-        busy_timeout_s: float = 10.0,
-        max_retry_s: float = 120.0,
-        initialize: bool = True,
-        dialect: Dialect = SQLITE,
-    ) -> None:
-        super().__init__(database_path, busy_timeout_s=busy_timeout_s, max_retry_s=max_retry_s, dialect=dialect)
+    def __init__(self, database_path: str | os.PathLike[str], *, initialize: bool = True,
+                 **settings: Unpack[CoreSettings]) -> None:
+        super().__init__(database_path, **settings)
         self.sessions = SessionStore(self)
         self.checkpoints = CheckpointResultStore(self, self.sessions)
         self.recordings = RecordingStore(self)
@@ -65,8 +56,8 @@ class Database(SqlCore):
                 "max_retry_s": self.max_retry_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        type(self).__init__(self, state["database_path"], busy_timeout_s=state["busy_timeout_s"],
-                            max_retry_s=state["max_retry_s"], initialize=False)
+        Database.__init__(self, state["database_path"], busy_timeout_s=state["busy_timeout_s"],
+                          max_retry_s=state["max_retry_s"], initialize=False)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.database_path)!r})"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
@@ -12,7 +12,7 @@ from .dialect import Connection
 from .schema import SESSION_STATUSES
 from .values import as_int, from_json, to_json, utc_now
 
-__all__ = ["SessionStore", "STATUS_TRANSITIONS", "TERMINAL_STATUSES", "SESSION_MUTABLE", "SESSION_JSON"]
+__all__ = ["SessionStore", "SessionProvenance", "SessionFilter", "STATUS_TRANSITIONS", "TERMINAL_STATUSES", "SESSION_MUTABLE", "SESSION_JSON"]
 
 #: Allowed status changes. Terminal states (passed/failed/error) never change again.
 STATUS_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -32,6 +32,31 @@ SESSION_MUTABLE = (
 SESSION_JSON = frozenset({"reference_backend_info", "alternative_backend_info", "config", "tolerances",
                           "environment", "results"})
 _FILTERS = ("model_path", "status", "reference_backend", "alternative_backend")
+
+
+class SessionProvenance(TypedDict, total=False):
+    """Optional columns of a new session (what ran, how, where)."""
+
+    config: Mapping[str, Any] | None
+    session_id: str | None
+    weights_digest: str | None
+    reference_backend_info: Mapping[str, Any] | None
+    alternative_backend_info: Mapping[str, Any] | None
+    tolerances: Mapping[str, Any] | None
+    seed: int | None
+    inputs_ref: str | None
+    environment: Mapping[str, Any] | None
+    created_at: str | None
+
+
+class SessionFilter(TypedDict, total=False):
+    """Which sessions :meth:`SessionStore.list` returns (every given column must match) and how many."""
+
+    model_path: str | None
+    status: str | None
+    reference_backend: str | None
+    alternative_backend: str | None
+    limit: int | None
 
 
 def session_from_row(row: Row) -> dict[str, Any]:
@@ -61,31 +86,18 @@ class SessionStore:
         """Mark the session updated now (inside the caller's transaction)."""
         self.core.execute(conn, "UPDATE sessions SET updated_at = ? WHERE session_id = ?", (utc_now(), session_id))
 
-    def create(
-        self,
-        model_path: str,
-        reference_backend: str,
-        alternative_backend: str,
-        *,
-        config: Mapping[str, Any] | None = None,
-        session_id: str | None = None,
-        weights_digest: str | None = None,
-        reference_backend_info: Mapping[str, Any] | None = None,
-        alternative_backend_info: Mapping[str, Any] | None = None,
-        tolerances: Mapping[str, Any] | None = None,
-        seed: int | None = None,
-        inputs_ref: str | None = None,
-        environment: Mapping[str, Any] | None = None,
-        created_at: str | None = None,
-    ) -> str:
+    def create(self, model_path: str, reference_backend: str, alternative_backend: str,
+               **provenance: Unpack[SessionProvenance]) -> str:
         """Insert a session in status ``created``; returns its id (a new uuid4 hex unless given)."""
-        sid = session_id or uuid.uuid4().hex
+        p = provenance
+        sid = p.get("session_id") or uuid.uuid4().hex
         now = utc_now()
         params = (
-            sid, str(model_path), weights_digest, str(reference_backend), to_json(reference_backend_info),
-            str(alternative_backend), to_json(alternative_backend_info), to_json(dict(config or {})),
-            to_json(tolerances), as_int(seed), inputs_ref, to_json(environment), "created",
-            created_at or now, now,
+            sid, str(model_path), p.get("weights_digest"), str(reference_backend),
+            to_json(p.get("reference_backend_info")), str(alternative_backend),
+            to_json(p.get("alternative_backend_info")), to_json(dict(p.get("config") or {})),
+            to_json(p.get("tolerances")), as_int(p.get("seed")), p.get("inputs_ref"), to_json(p.get("environment")),
+            "created", p.get("created_at") or now, now,
         )
         self.core.run_in_transaction(
             lambda c: self.core.execute(
@@ -159,22 +171,16 @@ class SessionStore:
                                   f"read session {session_id}")
         return None if row is None else session_from_row(row)
 
-    def list(
-        self,
-        *,
-        model_path: str | None = None,
-        status: str | None = None,
-        reference_backend: str | None = None,
-        alternative_backend: str | None = None,
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Sessions, newest first, optionally filtered."""
-        given = dict(zip(_FILTERS, (model_path, status, reference_backend, alternative_backend)))
-        where = [f"{col} = ?" for col in _FILTERS if given[col] is not None]  # names from _FILTERS
+    def list(self, **where: Unpack[SessionFilter]) -> list[dict[str, Any]]:
+        """Sessions, newest first, optionally filtered (``model_path``, ``status``,
+        ``reference_backend``, ``alternative_backend``) and cut to ``limit``."""
+        given = {col: where.get(col) for col in _FILTERS}
+        conditions = [f"{col} = ?" for col in _FILTERS if given[col] is not None]  # names from _FILTERS
         params: list[object] = [given[col] for col in _FILTERS if given[col] is not None]
+        limit = where.get("limit")
         sql = "SELECT * FROM sessions"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        if conditions:
+            sql += " WHERE " + " AND ".join(conditions)
         sql += " ORDER BY created_at DESC, session_id"
         if limit is not None:
             sql += " LIMIT ?"
