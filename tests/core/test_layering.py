@@ -20,8 +20,9 @@ SRC = ROOT / "src"
 PRIVATE = re.compile(r"^\s*(?:from|import)\s+torch\._(dynamo|functorch|inductor|decomp)\b", re.M)
 
 #: debug_framework's layers, top to bottom. A module may import its own layer and the layers below.
-#: Module prefixes; the longest matching prefix decides (``debug_framework`` alone is the package's
-#: ``__init__``). Update this table when a package is added or moves.
+#: Module prefixes: an entry covers the module and its submodules, the longest matching entry decides;
+#: the top-level entry ``debug_framework`` covers the package's ``__init__`` only. Update this table
+#: when a module or package is added or moves (an unplaced module fails the suite).
 LAYERS: dict[str, tuple[str, ...]] = {
     "front": ("debug_framework", "debug_framework.cli", "debug_framework.demo", "debug_framework.integrations"),
     "services": ("debug_framework.services", "debug_framework.reports"),
@@ -31,7 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "execution": ("debug_framework.backends", "debug_framework.capture", "debug_framework.architectures",
                   "debug_framework.modelio", "debug_framework.measure"),
     "core": ("debug_framework.comparison", "debug_framework.errors", "debug_framework.config",
-             "debug_framework._torch"),
+             "debug_framework._torch", "debug_framework.jsonio"),
 }
 _ORDER = list(LAYERS)
 
@@ -88,7 +89,8 @@ def _layer(module: str) -> str | None:
     best: tuple[int, str] | None = None
     for layer, prefixes in LAYERS.items():
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[0]):
+            covers = module == p or ("." in p and module.startswith(p + "."))
+            if covers and (best is None or len(p) > best[0]):
                 best = (len(p), layer)
     return None if best is None else best[1]
 
@@ -155,6 +157,12 @@ def test_no_import_cycle_in_src():
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_layer_table_places_modules_by_longest_entry():
+    assert _layer("debug_framework") == "front"
+    assert _layer("debug_framework.storage.sessions") == "storage"
+    assert _layer("debug_framework.not_in_the_table") is None  # the package entry covers __init__ only
 
 
 def test_every_debug_framework_module_has_a_layer():
