@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from debug_framework.comparison import dumps_json
+from debug_framework.jsonio import dumps_json
 from debug_framework.measure import PeakMemory, TimedBackend, Timer, run_stats
 
 from benchmarks._compile_env import (

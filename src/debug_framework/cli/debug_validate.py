@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..jsonio import dumps_json, read_json_object
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stage_progress)
 
@@ -55,25 +56,11 @@ class ValidateOptions:
     seed: int | None = None
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
-    from ..errors import ValidationError
-
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValidationError(f"cannot read the config file: {exc}", file=str(path)) from exc
-    except json.JSONDecodeError as exc:
-        raise ValidationError(f"the config file is not JSON: {exc}", file=str(path)) from exc
-    if not isinstance(cfg, dict):
-        raise ValidationError("the config file must hold a JSON object", file=str(path))
-    return cfg
-
-
 def _session_config(opts: ValidateOptions) -> dict[str, Any]:
     """The session configuration: the config file's keys, overridden by the options given."""
     from ..errors import ValidationError
 
-    cfg: dict[str, Any] = {} if opts.config_file is None else _read_config_file(opts.config_file)
+    cfg: dict[str, Any] = {} if opts.config_file is None else read_json_object(opts.config_file, "config file")
     if opts.checkpoints:
         cfg["enabled_checkpoints"] = [c.strip() for c in opts.checkpoints.split(",") if c.strip()]
     if opts.layers:
@@ -147,7 +134,6 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
 def _write_output(path: Path, engine: ValidationEngine, session_id: str, result: dict[str, Any]) -> None:
     """The HTML report (error curves, heatmap) for ``.html``/``.htm``, else the result JSON; atomic."""
     from ..errors import ValidationError
-    from ..comparison import dumps_json
     from ..models._common import write_text_atomic
     from ..models.validation_report import ValidationReport
     from ..reports import render_report

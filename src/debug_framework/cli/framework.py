@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import sys
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Literal
 import typer
 
 from ..errors import DebugFrameworkError
+from ..jsonio import dumps_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -304,30 +304,6 @@ def add_row(table: Table, *cells: object, style: str | None = None) -> None:
     from rich.text import Text
 
     table.add_row(*(c if isinstance(c, Text) else literal(c) for c in cells), style=style)
-
-
-def _is_plain(value: object) -> bool:
-    """True for data ``json.dumps`` encodes exactly as ``json_safe`` would (str keys, finite floats)."""
-    if value is None or isinstance(value, str | bool | int):
-        return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list | tuple):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    return False
-
-
-def dumps_json(value: object) -> str:
-    """Strict JSON text of ``value``: :func:`debug_framework.comparison.dumps_json`, the project's one
-    encoding rule. Plain data is encoded directly with the same settings, which gives the same text
-    without importing the comparison core (and torch) in CLIs that must start without it."""
-    if _is_plain(value):
-        return json.dumps(value, indent=2, sort_keys=True, allow_nan=False)
-    from ..comparison import dumps_json as project_dumps_json
-
-    return project_dumps_json(value)
 
 
 def print_json(value: object) -> None:

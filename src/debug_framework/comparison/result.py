@@ -2,43 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from ..jsonio import dumps_json, json_safe
 from .tolerance import Tolerance
 
 __all__ = ["WorstElement", "ComparisonResult", "NestedComparison", "json_safe", "dumps_json"]
-
-
-def json_safe(value: Any) -> Any:
-    """A strict-JSON copy: non-finite floats become the strings "NaN", "Infinity", "-Infinity"
-    (which JavaScript's ``Number()`` and Python's ``float()`` both read back), datetimes ISO
-    strings, NumPy/torch scalars and arrays plain lists. The project's one JSON encoding rule."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist) and not isinstance(value, str | bytes):
-        return json_safe(tolist())
-    return value
-
-
-def dumps_json(value: Any, *, indent: int | None = 2) -> str:
-    """Strict JSON text of ``value`` through :func:`json_safe`, keys sorted: what every report,
-    CLI and benchmark of the project writes."""
-    return json.dumps(json_safe(value), indent=indent, sort_keys=True, allow_nan=False, default=str)
 
 
 @dataclass(frozen=True)

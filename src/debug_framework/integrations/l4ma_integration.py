@@ -15,13 +15,12 @@ or ``"validation"``, plus ``reference_backend`` / ``alternative_backend``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadingError, ValidationError
+from ..jsonio import read_json_object
 
 __all__ = ["L4MAIntegration", "L4MA_SESSION_DEFAULTS"]
 
@@ -63,15 +62,7 @@ class L4MAIntegration:
     def _read_pie_config(path: str | os.PathLike[str] | None) -> dict[str, Any]:
         if path is None:
             return {}
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ValidationError(f"cannot read the PIE config: {exc}", file=str(p)) from exc
-        except json.JSONDecodeError as exc:
-            raise ValidationError(f"the PIE config is not JSON: {exc}", file=str(p)) from exc
-        if not isinstance(data, dict):
-            raise ValidationError("the PIE config must be a JSON object", file=str(p))
+        data = read_json_object(path, "PIE config")
         for section in ("debug_framework", "validation"):
             if isinstance(data.get(section), dict):
                 return dict(data[section])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import DatabaseError, ValidationError
+from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
 from ..storage.tensor_store import TensorStore
 from ._common import Collaborator, format_time, now_utc, parse_time, write_text_atomic
@@ -126,7 +127,6 @@ class ValidationReport:
 
     def export_to_json(self, *, indent: int | None = 2) -> str:
         """Strict JSON (non-finite numbers written as the strings "NaN", "Infinity", "-Infinity")."""
-        from ..comparison import dumps_json  # imported here: the comparison core loads torch
 
         return dumps_json(self.to_dict(), indent=indent)
 

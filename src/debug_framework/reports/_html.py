@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..comparison import dumps_json
+from ..jsonio import dumps_json
 from ._common import as_float, fmt_num
 
 __all__ = ["esc", "kv_table", "json_pre", "line_chart", "png_rgb", "colorize", "CSP", "BASE_CSS"]

@@ -13,7 +13,7 @@ import io
 import math
 from typing import Any
 
-from ..comparison import dumps_json
+from ..jsonio import dumps_json
 from ._common import METRICS, as_float, first_divergence_key, passed_state, row_key, session_results
 from .documents import DiffSource, ReportSource
 

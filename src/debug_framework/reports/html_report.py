@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..comparison import dumps_json
+from ..jsonio import dumps_json
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..comparison import dumps_json
+from ..jsonio import dumps_json
 from ..storage.tensor_store import TensorStore
 from ._common import first_divergence_key, reproduce_command, session_results, verdict_of
 from ._tensors import open_store, tensor_summary

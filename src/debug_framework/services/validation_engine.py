@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
-from ..comparison import json_safe
+from ..comparison import OracleJudgement
 from ..config import default_database_path, merge_config
 from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError
+from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
@@ -38,7 +39,6 @@ from .validation.plan import (
     resolve_tolerance,
     validate_session_config,
 )
-from ..comparison import OracleJudgement
 from .validation.results import CheckpointOutcome, LayerIsolation, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 

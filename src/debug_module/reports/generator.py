@@ -41,6 +41,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from debug_framework.jsonio import dumps_json
+
 #: Same as debug_module.artifacts.MANIFEST_SCHEMA (not imported: reading runs must not need torch).
 MANIFEST_SCHEMA = "debug_module.run/1"
 
@@ -76,21 +78,13 @@ def find_runs(root: str | os.PathLike[str]) -> list[Path]:
     return sorted((p for p in r.iterdir() if is_run_dir(p)), key=lambda p: p.name)
 
 
-def _dumps_json(value: Any) -> str:
-    """The project's strict-JSON writer, imported on first use: it brings in torch, which the
-    listing commands of the CLI must not pay for."""
-    from debug_framework.comparison import dumps_json
-
-    return dumps_json(value)
-
-
 def save_guard_report(report: Any, run_dir: Any) -> Path:
     """Store a :class:`~debug_module.guards.GuardReport` in a run directory (``reports/guards.json``,
     recorded in its manifest). ``run_dir``: a :class:`~debug_module.artifacts.RunDirectory` or a run's path."""
     from ..artifacts import RunDirectory
 
     run = run_dir if isinstance(run_dir, RunDirectory) else RunDirectory.open(run_dir)
-    return run.write_text("reports/guards.json", _dumps_json(report.to_dict()) + "\n", kind="guard_report")
+    return run.write_text("reports/guards.json", dumps_json(report.to_dict()) + "\n", kind="guard_report")
 
 
 def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -278,7 +272,7 @@ def render_html(data: dict[str, Any], *, figures: bool = True) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
                              autoescape=True, undefined=jinja2.ChainableUndefined)
     env.filters["fmt"] = _fmt
-    env.filters["tojson_pretty"] = _dumps_json
+    env.filters["tojson_pretty"] = dumps_json
     plots: dict[str, list[dict[str, str]]] = {}
     for r in data["runs"]:
         items = []
@@ -300,10 +294,10 @@ def write_report(data: dict[str, Any], output: str | os.PathLike[str], *, fmt: s
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "json":
         json_path = out if out.suffix == ".json" else out.with_suffix(".json")
-        json_path.write_text(_dumps_json(data) + "\n", encoding="utf-8")
+        json_path.write_text(dumps_json(data) + "\n", encoding="utf-8")
         return None, json_path
     html_path = out if out.suffix in (".html", ".htm") else out.with_suffix(".html")
     html_path.write_text(render_html(data), encoding="utf-8")
     json_path = html_path.with_suffix(".json")
-    json_path.write_text(_dumps_json(data) + "\n", encoding="utf-8")
+    json_path.write_text(dumps_json(data) + "\n", encoding="utf-8")
     return html_path, json_path

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...capture.keys import CheckpointKey
-from ...comparison import ComparisonResult, OracleJudgement, error_metric, json_safe
+from ...comparison import ComparisonResult, OracleJudgement, error_metric
+from ...jsonio import json_safe
 
 __all__ = ["CheckpointOutcome", "LayerIsolation", "ValidationResult"]
 

@@ -1,0 +1,65 @@
+"""The project's one JSON encoding rule, with no heavy imports (CLIs that must start without torch use it).
+
+:func:`json_safe` makes a strict-JSON copy (non-finite floats as "NaN"/"Infinity"/"-Infinity",
+datetimes as ISO strings, NumPy/torch scalars and arrays as lists); :func:`dumps_json` writes it with
+keys sorted. Every report, CLI, record and benchmark of the project writes JSON through these.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import ValidationError
+
+__all__ = ["json_safe", "dumps_json", "read_json_object"]
+
+
+def json_safe(value: Any) -> Any:
+    """A strict-JSON copy: non-finite floats become the strings "NaN", "Infinity", "-Infinity"
+    (which JavaScript's ``Number()`` and Python's ``float()`` both read back), datetimes ISO
+    strings, NumPy/torch scalars and arrays plain lists. The project's one JSON encoding rule."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and not isinstance(value, str | bytes):
+        return json_safe(tolist())
+    return value
+
+
+def dumps_json(value: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text of ``value`` through :func:`json_safe`, keys sorted: what every report,
+    CLI and benchmark of the project writes."""
+    return json.dumps(json_safe(value), indent=indent, sort_keys=True, allow_nan=False, default=str)
+
+
+def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (a user's configuration file, called ``what`` in messages).
+
+    Raises:
+        ValidationError (DF005): the file cannot be read, is not JSON, or holds something else than an object.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValidationError(f"cannot read the {what}: {exc}", file=str(p)) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"the {what} is not JSON: {exc}", file=str(p)) from exc
+    if not isinstance(data, dict):
+        raise ValidationError(f"the {what} must hold a JSON object", file=str(p))
+    return data
