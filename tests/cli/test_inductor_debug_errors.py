@@ -3,13 +3,14 @@ stderr), an error in the user's model exits 2, usage errors exit 2, and user tex
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
 
 from debug_framework.cli.framework import LOG_DIR_VARIABLE
 from debug_module.cli import main
+
+from .conftest import check_json
 
 EVIL = "[red]x[/red] :smile:"
 
@@ -44,7 +45,7 @@ def test_internal_error_exits_3_with_the_traceback_in_the_log(tmp_path, monkeypa
 
     assert _main("--root", str(tmp_path), "--json", "list") == 3
     cap = capsys.readouterr()
-    doc = json.loads(cap.out)
+    doc = check_json(cap.out)  # the documented schema covers exit 3
     assert doc["exit_code"] == 3 and doc["ok"] is False and doc["data"] is None and doc["command"] == "list"
     assert doc["error"]["type"] == "internal" and "traceback is in" in doc["error"]["hint"]
     assert "Traceback" not in cap.err
@@ -58,7 +59,7 @@ def test_an_error_in_the_users_model_is_the_environment(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     assert _main("--root", str(tmp_path / "art"), "--json", "diff", "--model", "broken_model.py:make_model") == 2
     cap = capsys.readouterr()
-    doc = json.loads(cap.out)
+    doc = check_json(cap.out)
     assert doc["error"]["type"] == "environment" and "the user's factory failed" in doc["error"]["message"]
     assert "Traceback" not in cap.err and not log_dir.exists()
 
