@@ -83,7 +83,7 @@ def _cmd_report(db: DatabaseManager, session_id: str, fmt: str, output_file: Pat
                 tensor_store: Path | None) -> int:
     from ..models.validation_report import ValidationReport
     from ..reports import render_report
-    from ..services.tensor_store import TensorStore
+    from ..storage.tensor_store import TensorStore
 
     report = ValidationReport.from_session(session_id, db)
     store = None

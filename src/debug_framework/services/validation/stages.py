@@ -424,7 +424,7 @@ class RecordStage(Stage):
 
     def run(self, ctx: RunContext) -> None:
         from ...models.tensor_comparison import TensorComparison
-        from ..tensor_store import RecordingCandidate, TensorStore
+        from ...storage.tensor_store import RecordingCandidate, TensorStore
 
         cfg, sid = ctx.plan.config, ctx.session.session_id
         limit = cfg["tensor_recording_limit"] or ctx.framework_config.get("tensor_recording_limit")
