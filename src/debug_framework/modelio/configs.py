@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ..errors import ModelLoadingError
 
@@ -41,15 +41,28 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class LlamaModelConfig:
-    """A decoder of the Llama family (Llama, Qwen2-style q/k/v bias)."""
+class _TransformerConfig:
+    """What every supported family's config declares."""
 
+    #: the family (``"llama"`` or ``"bert"``): which reference model and checkpoint map apply
+    architecture: ClassVar[str]
     model_type: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers
+
+
+@dataclass(frozen=True)
+class LlamaModelConfig(_TransformerConfig):
+    """A decoder of the Llama family (Llama, Qwen2-style q/k/v bias)."""
+
+    architecture: ClassVar[str] = "llama"
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
@@ -64,38 +77,17 @@ class LlamaModelConfig:
     mlp_bias: bool
     hidden_act: str = "silu"
 
-    @property
-    def architecture(self) -> str:
-        return "llama"
-
-    @property
-    def num_layers(self) -> int:
-        return self.num_hidden_layers
-
 
 @dataclass(frozen=True)
-class BertModelConfig:
+class BertModelConfig(_TransformerConfig):
     """A BERT encoder."""
 
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
+    architecture: ClassVar[str] = "bert"
     max_position_embeddings: int
     type_vocab_size: int
     layer_norm_eps: float
     hidden_act: str
     pad_token_id: int
-
-    @property
-    def architecture(self) -> str:
-        return "bert"
-
-    @property
-    def num_layers(self) -> int:
-        return self.num_hidden_layers
 
     @property
     def head_dim(self) -> int:
@@ -120,6 +112,13 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadingError("config.json does not hold a JSON object", file=str(path))
     return data
+
+
+def _sizes(data: dict[str, Any], model_type: str, source: str) -> dict[str, Any]:
+    """The fields every family reads the same way from ``config.json``."""
+    return {"model_type": model_type, "vocab_size": _req(data, "vocab_size", int, source),
+            "intermediate_size": _req(data, "intermediate_size", int, source),
+            "num_hidden_layers": _req(data, "num_hidden_layers", int, source)}
 
 
 def _req(data: dict[str, Any], key: str, kind: type, source: str) -> Any:
@@ -177,11 +176,8 @@ def parse_config(data: dict[str, Any], source: str = "config.json") -> ModelConf
         if act != "silu":
             raise ModelLoadingError(f"hidden_act {act!r} is not supported for {model_type}", file=source)
         return LlamaModelConfig(
-            model_type=model_type,
-            vocab_size=_req(data, "vocab_size", int, source),
+            **_sizes(data, model_type, source),
             hidden_size=hidden,
-            intermediate_size=_req(data, "intermediate_size", int, source),
-            num_hidden_layers=_req(data, "num_hidden_layers", int, source),
             num_attention_heads=heads,
             num_key_value_heads=kv,
             head_dim=int(data.get("head_dim") or hidden // heads),
@@ -205,11 +201,8 @@ def parse_config(data: dict[str, Any], source: str = "config.json") -> ModelConf
         if data.get("is_decoder"):
             raise ModelLoadingError("BERT as a decoder (is_decoder=true) is not supported", file=source)
         return BertModelConfig(
-            model_type=model_type,
-            vocab_size=_req(data, "vocab_size", int, source),
+            **_sizes(data, model_type, source),
             hidden_size=_req(data, "hidden_size", int, source),
-            intermediate_size=_req(data, "intermediate_size", int, source),
-            num_hidden_layers=_req(data, "num_hidden_layers", int, source),
             num_attention_heads=_req(data, "num_attention_heads", int, source),
             max_position_embeddings=int(data.get("max_position_embeddings", 512)),
             type_vocab_size=int(data.get("type_vocab_size", 2)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -64,21 +64,32 @@ def as_float(value: Any) -> float | None:
         return None
 
 
-def fmt_num(value: Any, digits: int = 4) -> str:
-    """Compact human form: ints as ints, floats in %.{digits}g, NaN/inf spelled out, None as ''."""
+_NONFINITE_TEXT = {"human": ("NaN", "Infinity", "-Infinity"), "machine": ("nan", "inf", "-inf")}
+
+
+def fmt_num(value: Any, digits: int = 4, *, style: str = "human",
+            text: Callable[[Any], str] = str) -> str:
+    """One number as text; None as ''.
+
+    ``style="human"`` (tables, HTML): ints as ints, floats in %.{digits}g, booleans true/false,
+    NaN/Infinity/-Infinity spelled out. ``style="machine"`` (CSV): booleans 0/1, floats at full
+    precision (``repr``), nan/inf/-inf. A value that is not a number goes through ``text``.
+    """
     if value is None:
         return ""
+    machine = style == "machine"
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return str(int(value)) if machine else ("true" if value else "false")
     if isinstance(value, int):
         return str(value)
     f = as_float(value)
     if f is None:
-        return str(value)
-    if math.isnan(f):
-        return "NaN"
-    if math.isinf(f):
-        return "Infinity" if f > 0 else "-Infinity"
+        return text(value)
+    if not math.isfinite(f):
+        nan, pos, neg = _NONFINITE_TEXT[style]
+        return nan if math.isnan(f) else (pos if f > 0 else neg)
+    if machine:
+        return repr(f)
     if f == int(f) and abs(f) < 1e15 and not isinstance(value, float):
         return str(int(f))
     return f"{f:.{digits}g}"

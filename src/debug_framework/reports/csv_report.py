@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from typing import Any
 
 from ..jsonio import dumps_json
-from ._common import METRICS, as_float, first_divergence_key, passed_state, row_key, session_results
+from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_key, session_results
 from .documents import DiffSource, ReportSource
 
 
@@ -35,20 +34,7 @@ def _safe_text(value: Any) -> str:
 
 
 def _num(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, int):
-        return str(value)
-    f = as_float(value)
-    if f is None:
-        return _safe_text(value)
-    if math.isnan(f):
-        return "nan"
-    if math.isinf(f):
-        return "inf" if f > 0 else "-inf"
-    return repr(f)
+    return fmt_num(value, style="machine", text=_safe_text)
 
 
 def render_csv(report: ReportSource) -> str:
