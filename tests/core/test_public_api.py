@@ -35,7 +35,7 @@ def test_unknown_name_is_an_attribute_error():
 
 def test_import_is_light():
     code = ("import sys, debug_framework; heavy = [m for m in ('torch', 'numba', 'numpy', "
-            "'debug_framework.services.validation_engine', 'debug_framework.comparison') if m in sys.modules]; "
+            "'debug_framework.services.validation_engine', 'debug_framework.comparison', 'debug_framework.storage.database', 'debug_framework.reports') if m in sys.modules]; "
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

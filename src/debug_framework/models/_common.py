@@ -16,12 +16,13 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from ..errors import FrameworkInitializationError
 from ..storage.values import format_time, now_utc, parse_time
 
-__all__ = ["now_utc", "parse_time", "format_time", "write_text_atomic", "Collaborator"]
+__all__ = ["now_utc", "parse_time", "format_time", "write_text_atomic", "Collaborator", "install_default",
+           "REPORT_RENDERER_ROLE", "BATCH_EXECUTOR_ROLE"]
 
 T = TypeVar("T")
 
@@ -39,35 +40,61 @@ def write_text_atomic(path: os.PathLike[str] | str, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-class Collaborator(Generic[T]):
-    """The process-wide default of one collaborator a record needs from an upper layer.
+#: The roles of the records' upper-layer collaborators (keys of the defaults the composition root installs).
+REPORT_RENDERER_ROLE = "report renderer"
+BATCH_EXECUTOR_ROLE = "batch executor"
 
-    ``install(factory)`` (done by the composition root) registers a zero-argument factory; ``get()``
-    builds the collaborator on first use and keeps it. Installing another factory (a test, an
-    application with its own renderer) replaces it and returns the previous factory.
+
+class _Default:
+    """The process-wide default of one role: a factory, and what it built (built once, on first use)."""
+
+    def __init__(self) -> None:
+        self.factory: Callable[[], object] | None = None
+        self.instance: object | None = None
+        self.lock = threading.Lock()
+
+
+_DEFAULTS: dict[str, _Default] = {REPORT_RENDERER_ROLE: _Default(), BATCH_EXECUTOR_ROLE: _Default()}
+
+
+def install_default(role: str, factory: Callable[[], object] | None) -> Callable[[], object] | None:
+    """Use ``factory`` (zero arguments) for ``role`` from now on (``None`` removes the default);
+    returns the previous factory. The composition root calls this without importing the records."""
+    if role not in _DEFAULTS:
+        raise ValueError(f"unknown collaborator role {role!r}; known: {', '.join(_DEFAULTS)}")
+    slot = _DEFAULTS[role]
+    with slot.lock:
+        previous, slot.factory, slot.instance = slot.factory, factory, None
+    return previous
+
+
+class Collaborator(Generic[T]):
+    """The typed view a record module has of one role's process-wide default.
+
+    ``get()`` builds the collaborator with the installed factory on first use and keeps it;
+    ``install(factory)`` (a test, an application with its own renderer) replaces the factory and
+    returns the previous one.
     """
 
     def __init__(self, role: str, how_to_pass: str) -> None:
+        if role not in _DEFAULTS:
+            raise ValueError(f"unknown collaborator role {role!r}; known: {', '.join(_DEFAULTS)}")
         self.role = role
         self.how_to_pass = how_to_pass
-        self._factory: Callable[[], T] | None = None
-        self._instance: T | None = None
-        self._lock = threading.Lock()
 
-    def install(self, factory: Callable[[], T] | None) -> Callable[[], T] | None:
+    def install(self, factory: Callable[[], T] | None) -> Callable[[], object] | None:
         """Use ``factory`` from now on (``None`` removes the default); returns the previous factory."""
-        with self._lock:
-            previous, self._factory, self._instance = self._factory, factory, None
-        return previous
+        return install_default(self.role, factory)
 
     def get(self) -> T:
         """The default collaborator. FrameworkInitializationError (DF001) when none is installed."""
-        with self._lock:
-            if self._instance is None:
-                if self._factory is None:
+        slot = _DEFAULTS[self.role]
+        with slot.lock:
+            if slot.instance is None:
+                if slot.factory is None:
                     raise FrameworkInitializationError(
                         f"no default {self.role} is installed",
                         hint=f"import debug_framework (its __init__ installs the defaults), or {self.how_to_pass}",
                     )
-                self._instance = self._factory()
-            return self._instance
+                slot.instance = slot.factory()
+            return cast(T, slot.instance)

@@ -33,7 +33,7 @@ from ..config import default_database_path, merge_config
 from ..errors import ValidationError
 from ..storage.database import Database
 from ..storage.schema import BATCH_ITEM_STATUSES
-from ._common import Collaborator
+from ._common import BATCH_EXECUTOR_ROLE, Collaborator
 
 __all__ = ["BatchValidationJob", "BatchExecutor", "BATCH_EXECUTOR", "BATCH_OPTIONS", "ProgressCallback",
            "item_session_id"]
@@ -61,7 +61,7 @@ class BatchExecutor(Protocol):
 
 #: The process default executor (installed by the composition root, ``debug_framework/__init__.py``).
 BATCH_EXECUTOR: Collaborator[BatchExecutor] = Collaborator(
-    "batch executor", "pass executor=debug_framework.services.batch_executor.BatchExecutor()")
+    BATCH_EXECUTOR_ROLE, "pass executor=debug_framework.services.batch_executor.BatchExecutor()")
 
 
 @dataclass

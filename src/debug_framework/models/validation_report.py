@@ -24,7 +24,7 @@ from ..errors import DatabaseError, ValidationError
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
 from ..storage.tensor_store import TensorStore
-from ._common import Collaborator, format_time, now_utc, parse_time, write_text_atomic
+from ._common import REPORT_RENDERER_ROLE, Collaborator, format_time, now_utc, parse_time, write_text_atomic
 
 __all__ = ["ValidationReport", "ReportRenderer", "REPORT_RENDERER", "REPORT_FORMATS", "summarize_checkpoints"]
 
@@ -41,7 +41,7 @@ class ReportRenderer(Protocol):
 
 #: The process default renderer (installed by the composition root, ``debug_framework/__init__.py``).
 REPORT_RENDERER: Collaborator[ReportRenderer] = Collaborator(
-    "report renderer", "pass renderer=debug_framework.reports.render_report")
+    REPORT_RENDERER_ROLE, "pass renderer=debug_framework.reports.render_report")
 
 
 def _num(v: Any) -> float | None:

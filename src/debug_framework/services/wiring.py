@@ -4,14 +4,20 @@ Records (:mod:`debug_framework.models`) never import services or reports. The tw
 that need them - ``ValidationReport.generate_html_report``/``save_to_file`` (rendering) and
 ``BatchValidationJob.execute`` (the validation engine) - call a collaborator given to the call or
 the record, else the process default in a slot of the record's module. ``debug_framework/__init__.py``
-calls :func:`install_record_collaborators` once, so every import of the package fills the slots;
-the factories import the upper layer only when first used (``import debug_framework`` stays fast).
+calls :func:`install_record_collaborators` once, so every import of the package fills the slots
+(by role, through ``models._common``: the record modules themselves are not imported); the
+factories import the upper layer only when first used (``import debug_framework`` stays fast).
 """
 
 from __future__ import annotations
 
-from ..models.batch_validation_job import BATCH_EXECUTOR, BatchExecutor
-from ..models.validation_report import REPORT_RENDERER, ReportRenderer
+from typing import TYPE_CHECKING
+
+from ..models._common import BATCH_EXECUTOR_ROLE, REPORT_RENDERER_ROLE, install_default
+
+if TYPE_CHECKING:
+    from ..models.batch_validation_job import BatchExecutor
+    from ..models.validation_report import ReportRenderer
 
 __all__ = ["install_record_collaborators"]
 
@@ -30,5 +36,5 @@ def _batch_executor() -> BatchExecutor:
 
 def install_record_collaborators() -> None:
     """Fill the records' default slots: ``reports.render_report`` and a ``BatchExecutor``."""
-    REPORT_RENDERER.install(_report_renderer)
-    BATCH_EXECUTOR.install(_batch_executor)
+    install_default(REPORT_RENDERER_ROLE, _report_renderer)
+    install_default(BATCH_EXECUTOR_ROLE, _batch_executor)
