@@ -14,7 +14,8 @@ from typing import Any
 
 from .errors import FrameworkInitializationError
 
-__all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "from_environment", "merge_config", "default_database_path"]
+__all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "from_environment", "merge_config", "default_database_path",
+           "check_keywords"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "database_path": "~/.pie/debug/debug_framework.db",
@@ -99,3 +100,13 @@ def merge_config(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
 def default_database_path(config: Mapping[str, Any]) -> Path:
     """The configured database path, with ``~`` expanded."""
     return Path(str(config.get("database_path") or DEFAULT_CONFIG["database_path"])).expanduser()
+
+
+def check_keywords(options: Mapping[str, object], spec: type, where: str) -> None:
+    """Raise ``TypeError`` (as Python does for a bad keyword) when ``options`` holds a key that the
+    ``TypedDict`` ``spec`` does not declare: ``**options: Unpack[spec]`` is only checked by type
+    checkers, so a misspelt keyword would otherwise be silently ignored."""
+    unknown = sorted(set(options) - set(spec.__annotations__))
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}; "
+                        f"known: {', '.join(spec.__annotations__)}")

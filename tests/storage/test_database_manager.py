@@ -195,3 +195,16 @@ def test_batch_job_items_resume(db):
     assert info["items"][0]["session_id"] == sid and info["config"] == {"parallel_execution": True}
     with pytest.raises(ValidationError):
         db.update_batch_item(job, 1, status="weird")
+
+
+@pytest.mark.parametrize("call", [
+    lambda db, path: DatabaseManager(path, busy_timeout=5),
+    lambda db, path: db.create_session("m", "python_reference", "pytorch", sesion_id="x"),
+    lambda db, path: db.list_sessions(stauts="passed"),
+    lambda db, path: db.add_checkpoint_results("s", [], chekpoint="post_mlp"),
+], ids=["settings", "create_session", "list_sessions", "add_checkpoint_results"])
+def test_a_misspelt_keyword_is_a_type_error_not_ignored(db, db_path, call):
+    db.create_session("m", "python_reference", "pytorch", session_id="kept")
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        call(db, db_path.with_name("other.db"))
+    assert [s["session_id"] for s in db.list_sessions()] == ["kept"]  # nothing created or filtered away

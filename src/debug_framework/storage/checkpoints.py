@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict, Unpack
 
+from ..config import check_keywords
 from ..errors import ValidationError
 from .checkpoint_rows import result_row_values, upsert_result_sql
 from .core import SqlCore
@@ -37,6 +38,7 @@ class CheckpointResultStore:
     def add_many(self, session_id: str, results: Iterable[Mapping[str, Any]], **keys: Unpack[ResultKeys]) -> int:
         """Store (or replace) many ``ComparisonResult.to_dict()``-shaped dicts of one session in ONE
         transaction; returns how many. ``checkpoint``/``layer`` default to each dict's keys."""
+        check_keywords(keys, ResultKeys, "add_checkpoint_results")
         checkpoint = keys.get("checkpoint")
         introduced_error, propagated_error = keys.get("introduced_error"), keys.get("propagated_error")
         rows = []

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from ..config import check_keywords
 from ..errors import DatabaseError, ResourceExhaustedError
 from .dialect import SQLITE, Connection, Dialect
 
@@ -82,6 +83,7 @@ class SqlCore:
     """
 
     def __init__(self, database_path: str | os.PathLike[str], **settings: Unpack[CoreSettings]) -> None:
+        check_keywords(settings, CoreSettings, type(self).__name__)
         self.database_path = _checked_path(database_path)
         self.busy_timeout_s = float(settings.get("busy_timeout_s", 10.0))
         self.max_retry_s = float(settings.get("max_retry_s", 120.0))
@@ -101,8 +103,8 @@ class SqlCore:
     def get_connection(self) -> Connection:
         """This thread's connection (opened on first use; reopened after ``fork``)."""
         if self._closed:
-            raise DatabaseError("the DatabaseManager was closed", database=str(self.database_path),
-                                hint="create a new DatabaseManager")
+            raise DatabaseError("the database was closed", database=str(self.database_path),
+                                hint="open it again (a new DatabaseManager or Database)")
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
             try:

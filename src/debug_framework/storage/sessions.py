@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, TypedDict, Unpack
 
+from ..config import check_keywords
 from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
@@ -89,6 +90,7 @@ class SessionStore:
     def create(self, model_path: str, reference_backend: str, alternative_backend: str,
                **provenance: Unpack[SessionProvenance]) -> str:
         """Insert a session in status ``created``; returns its id (a new uuid4 hex unless given)."""
+        check_keywords(provenance, SessionProvenance, "create_session")
         p = provenance
         sid = p.get("session_id") or uuid.uuid4().hex
         now = utc_now()
@@ -174,6 +176,7 @@ class SessionStore:
     def list(self, **where: Unpack[SessionFilter]) -> list[dict[str, Any]]:
         """Sessions, newest first, optionally filtered (``model_path``, ``status``,
         ``reference_backend``, ``alternative_backend``) and cut to ``limit``."""
+        check_keywords(where, SessionFilter, "list_sessions")
         given = {col: where.get(col) for col in _FILTERS}
         conditions = [f"{col} = ?" for col in _FILTERS if given[col] is not None]  # names from _FILTERS
         params: list[object] = [given[col] for col in _FILTERS if given[col] is not None]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from debug_framework.comparison import ComparisonResult, PassRule, Tolerance, compare
+from debug_framework.config import check_keywords
 
 __all__ = ["TensorComparisonResult", "compare_tensors", "ToleranceOptions", "core_tolerance"]
 
@@ -36,9 +37,7 @@ class ToleranceOptions(TypedDict, total=False):
 def core_tolerance(options: ToleranceOptions) -> dict[str, Any]:
     """``compare``'s keywords for KernelDiff's (``max_mismatch_percentage`` is the core's
     ``max_mismatch_percent``). Raises ``TypeError`` for a keyword that is not a tolerance option."""
-    unknown = set(options) - set(ToleranceOptions.__annotations__)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    check_keywords(options, ToleranceOptions, "compare_tensors")
     out: dict[str, Any] = {k: v for k, v in options.items() if k != "max_mismatch_percentage"}
     out["max_mismatch_percent"] = options.get("max_mismatch_percentage")
     return out
