@@ -74,6 +74,34 @@ def test_exit_3_internal_error_names_the_crash_log(tiny_llama, tmp_path, monkeyp
     assert "broken_render_report" in log.read_text()
 
 
+def test_a_bug_inside_the_validation_exits_3_a_failing_backend_exits_2(tiny_llama, tmp_path, monkeypatch, capsys):
+    """A bug in a stage of ours is exit 3 (not DF005 / exit 2, never 1); a backend failing mid-run is the
+    backend's failure: DF005, exit 2, naming it."""
+    from debug_framework.backends.pytorch import PyTorchBackend
+    from debug_framework.cli.debug_validate import run
+    from debug_framework.services.validation import stages
+
+    def broken_compare_key(*args, **kwargs):
+        raise ZeroDivisionError("stage arithmetic")
+
+    monkeypatch.setenv("PIE_DEBUG_LOG_DIR", str(tmp_path / "logs"))
+    args = ["--model-path", str(tiny_llama), "--alternative-backend", "pytorch", "--checkpoints", "post_mlp",
+            "--no-isolate"]
+    with monkeypatch.context() as m:
+        m.setattr(stages, "_compare_key", broken_compare_key)
+        code = run([*args, "--database", str(tmp_path / "a.db")])
+    err = capsys.readouterr().err
+    assert code == 3 and "ZeroDivisionError: stage arithmetic" in err and "Traceback" not in err
+
+    def broken_run(self, *a, **k):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(PyTorchBackend, "run", broken_run)
+    code = run([*args, "--database", str(tmp_path / "b.db")])
+    err = capsys.readouterr().err
+    assert code == 2 and "DF005" in err and "backend 'pytorch' failed in run()" in err and "device lost" in err
+
+
 def test_user_text_prints_literally(tiny_llama, tmp_path, capsys, monkeypatch):
     from debug_framework.cli.debug_validate import run
 

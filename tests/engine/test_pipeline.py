@@ -54,14 +54,62 @@ def test_a_custom_stage_is_one_class(tiny_llama, db_path):
     assert flagged and flagged[0]["passed"] in (False, 0)  # persisted by the loop after the stage
 
 
-def test_a_crashing_stage_keeps_rows_and_marks_the_session(tiny_llama, db_path):
+def test_a_crashing_stage_is_a_bug_it_keeps_rows_and_marks_the_session(tiny_llama, db_path):
     engine = ValidationEngine(db_path, stages=_with(Explode()))
     sid = engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch")
-    with pytest.raises(ValidationError, match="a stage crashed"):
+    with pytest.raises(RuntimeError, match="a stage crashed"):  # our bug: not dressed up as DF005
         engine.run(sid)
     stored = engine.get_session_results(sid)
-    assert stored["status"] == "error" and "a stage crashed" in stored["error_message"]
+    assert stored["status"] == "error" and "internal error" in stored["error_message"]
+    assert "RuntimeError: a stage crashed" in stored["error_message"]
     assert len(stored["checkpoints"]) == 14  # written after compare, before the crash
+
+
+def test_a_backend_failing_mid_run_is_df005_naming_it(tiny_llama, db_path, monkeypatch):
+    from debug_framework.backends.pytorch import PyTorchBackend
+
+    def broken_run(self, *args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(PyTorchBackend, "run", broken_run)
+    engine = ValidationEngine(db_path)
+    sid = engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch")
+    with pytest.raises(ValidationError, match=r"backend 'pytorch' failed in run\(\): RuntimeError: device lost") as e:
+        engine.run(sid)
+    assert e.value.code == "DF005" and e.value.context["backend"] == "pytorch"
+    assert engine.get_session_results(sid)["status"] == "error"
+
+
+def test_isolation_that_cannot_run_is_not_timed_or_persisted(tiny_llama, db_path):
+    from debug_framework.backends import register_backend, unregister_backend, user_backend
+    from debug_framework.backends.python_reference import PythonReferenceBackend
+
+    class NoReplay:  # a user backend without run_layer: isolation "auto" has nothing to do
+        def __init__(self, model, dtype, device):
+            self.ref = PythonReferenceBackend()
+            self.ref.prepare(model, "float32")
+
+        def run(self, inputs, keys):
+            return dict(self.ref.run(inputs, keys).tensors)
+
+    register_backend("no_replay", user_backend("no_replay", NoReplay, dtypes=("float32",)), replace=True)
+    try:
+        engine = ValidationEngine(db_path)
+        sid = engine.create_session(tiny_llama, {**CONFIG, "isolate": "auto"}, "python_reference", "no_replay")
+        seen: list[str] = []
+        result = engine.run(sid, progress=lambda stage, done, total: seen.append(stage))
+    finally:
+        unregister_backend("no_replay")
+    assert "isolation" in seen and result.isolation is None and "isolation_s" not in result.performance
+    assert "no run_layer" in (result.isolation_note or "")
+
+
+@pytest.mark.parametrize("bad", ["../../escape", "a/b", "", ".hidden", "x" * 200])
+def test_a_chosen_session_id_must_be_a_plain_name(tiny_llama, db_path, bad):
+    engine = ValidationEngine(db_path)
+    with pytest.raises(ValidationError, match="not a plain name"):
+        engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch", session_id=bad)
+    assert engine.list_sessions() == [] and not list(db_path.parent.rglob("*escape*"))
 
 
 def test_stages_without_a_store_are_an_error(tiny_llama, db_path):

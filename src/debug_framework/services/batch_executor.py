@@ -58,9 +58,11 @@ def run_items(database_path: str, job_id: str, framework_config: dict[str, Any],
             engine.create_session(item["model_path"], session_config, reference, alternative, session_id=sid)
             engine.run(sid)
             db.batches.update_item(job_id, idx, status="done", session_id=sid)
-        except DebugFrameworkError as exc:
+        except Exception as exc:  # noqa: BLE001 - one item's failure (or a bug it hit) must not stop the job
+            message = str(exc) if isinstance(exc, DebugFrameworkError) else (
+                f"internal error (a bug of the framework): {type(exc).__name__}: {exc}")
             linked = sid if db.sessions.get(sid) is not None else None
-            db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=str(exc))
+            db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=message)
         ran += 1
 
 

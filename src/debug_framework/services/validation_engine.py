@@ -17,6 +17,7 @@ keeps every row already written.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -83,6 +84,18 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
             info["versions_error"] = str(exc)
     info.update(extra or {})
     return info
+
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def _checked_session_id(session_id: str) -> str:
+    """A caller-chosen session id; it names the saved-inputs file, so it must be a plain name."""
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
+        raise ValidationError(f"session id {session_id!r} is not a plain name",
+                              hint="use letters, digits, '_', '-' and '.', starting with a letter or digit "
+                                   "(at most 128), or let create_session choose one")
+    return session_id
 
 
 def _reference_dtype(ref: Backend, cfg: Mapping[str, Any], alt_dtype: str) -> str:
@@ -168,7 +181,7 @@ class ValidationEngine:
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
         plan = ValidationPlan.resolve(cfg, model.num_layers)
 
-        sid = session_id or uuid.uuid4().hex
+        sid = _checked_session_id(session_id) if session_id is not None else uuid.uuid4().hex
         inputs = _session_inputs(model, cfg)
         try:
             self.inputs_dir.mkdir(parents=True, exist_ok=True)
@@ -206,7 +219,13 @@ class ValidationEngine:
 
     def run(self, session_id: str, *, progress: Progress | None = None) -> ValidationResult:
         """Run the session (status created -> running -> passed|failed, or error) and return the
-        typed :class:`ValidationResult`. ``progress(stage, done, total)`` is called as stages finish."""
+        typed :class:`ValidationResult`. ``progress(stage, done, total)`` is called as stages finish.
+
+        Raises:
+            The framework error that stopped it (a backend failing mid-run is ValidationError, DF005,
+            naming the backend); any other exception is a bug of ours and propagates as it is. Either
+            way the session is set to ``error`` with the message and keeps every row already written.
+        """
         row = self._session(session_id)
         if row["status"] != "created":
             raise ValidationError(
@@ -216,18 +235,19 @@ class ValidationEngine:
         session = DebugSession.from_dict(row, db=self.db)
         session.update_status("running")
         try:
-            result = self._execute(session, progress or (lambda *_: None))
+            return self._execute(session, progress or (lambda *_: None))
         except BaseException as exc:
-            message = str(exc) or type(exc).__name__
+            if isinstance(exc, DebugFrameworkError):
+                message = str(exc)
+            elif not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
+                message = f"interrupted: {type(exc).__name__}"
+            else:
+                message = f"internal error (a bug of the framework): {type(exc).__name__}: {exc}"
             try:
                 session.update_status("error", error_message=message)
             except DebugFrameworkError:  # pragma: no cover - the database itself failed
                 pass
-            if isinstance(exc, DebugFrameworkError) or not isinstance(exc, Exception):
-                raise
-            raise ValidationError(f"the validation failed to execute: {type(exc).__name__}: {exc}",
-                                  session=session_id) from exc
-        return result
+            raise
 
     def _execute(self, session: DebugSession, progress: Progress) -> ValidationResult:
         """The loop over the stages: progress, timing and persisting rows live here alone."""
@@ -235,6 +255,9 @@ class ValidationEngine:
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
         for done, stage in enumerate(stages, 1):
+            if not stage.ready(ctx):
+                progress(stage.name, done, len(stages))
+                continue
             with Timer() as t:
                 stage.run(ctx)
             if stage.timing_key:

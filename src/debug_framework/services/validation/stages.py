@@ -25,15 +25,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
-from ...backends.base import Backend, layer_replay_support
+from ...backends.base import Backend, LayerReplayBackend, layer_replay_support
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, RatioRule, compare, error_metric
-from ...errors import ModelLoadingError, ValidationError
+from ...errors import DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
 from .plan import ValidationPlan
 from .results import CheckpointOutcome, LayerIsolation, ValidationResult
@@ -43,9 +43,12 @@ if TYPE_CHECKING:
     from ...models.debug_session import DebugSession
     from ..database_manager import DatabaseManager
 
+T = TypeVar("T")
+
 __all__ = [
     "RunContext",
     "Stage",
+    "call_backend",
     "LoadStage",
     "PrepareStage",
     "RunBackendStage",
@@ -121,11 +124,32 @@ class Stage:
     persists_rows: ClassVar[bool] = False
 
     def applies(self, config: Mapping[str, Any]) -> bool:
-        """Whether this stage runs for a session with this (validated) configuration."""
+        """Whether this stage belongs to a session with this (validated) configuration: decided
+        before the run, so progress knows its total."""
+        return True
+
+    def ready(self, ctx: RunContext) -> bool:
+        """Whether there is work for it in this run, decided when its turn comes (False: the engine
+        reports its progress step but neither times it nor persists rows after it)."""
         return True
 
     def run(self, ctx: RunContext) -> None:
+        """Do this stage's work on ``ctx``."""
         raise NotImplementedError
+
+
+def call_backend(backend: Backend, what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, a call into ``backend``: an exception that is not a framework error becomes
+    ``ValidationError`` (DF005) naming the backend and the call, so a backend failing mid-run reads
+    as the backend's failure, while an exception from the stages' own code stays what it is (a bug
+    of ours: exit 3 from a CLI)."""
+    try:
+        return fn()
+    except DebugFrameworkError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raised, kept as the cause
+        raise ValidationError(f"backend {backend.name!r} failed in {what}: {type(exc).__name__}: {exc}",
+                              backend=backend.name) from exc
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,6 +158,8 @@ class Stage:
 
 
 class LoadStage(Stage):
+    """The model (its digest must still match the session's), the saved inputs and the plan."""
+
     name = "load"
     timing_key = "model_load_s"
 
@@ -171,7 +197,7 @@ class PrepareStage(Stage):
             ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
         ):
             with Timer() as t:
-                backend.prepare(ctx.model, dtype, device)
+                call_backend(backend, "prepare()", lambda b=backend, d=dtype, dev=device: b.prepare(ctx.model, d, dev))
             ctx.prepare_s[side] = t.seconds
         isolate = cfg["isolate"]
         if not isolate:
@@ -202,7 +228,7 @@ def run_measured(backend: Backend, dtype: str, device: str, inputs: ModelInputs,
     """One forward pass of a prepared backend with the plan's profiling: ``(capture, stats)``."""
     mem = PeakMemory(device) if plan.memory_profiling else contextlib.nullcontext()
     with layer_timer(backend, plan.per_layer_timing) as timing, Timer() as wall, mem:
-        cap = backend.run(inputs, taps, capture_layer_inputs=layer_inputs)
+        cap = call_backend(backend, "run()", lambda: backend.run(inputs, taps, capture_layer_inputs=layer_inputs))
     stats: dict[str, Any] = {"backend": backend.name, "dtype": dtype, "device": device, "prepare_s": prepare_s,
                              "forward_s": float(cap.elapsed_s), "wall_s": wall.seconds}
     if plan.per_layer_timing:
@@ -255,6 +281,8 @@ def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: Validatio
 
 
 class CompareStage(Stage):
+    """Every enabled checkpoint compared with the plan's tolerance, in model order."""
+
     name = "compare"
     timing_key = "comparison_s"
     persists_rows = True  # rows go in now, in model order: nothing compared is lost if a later stage fails
@@ -278,9 +306,10 @@ class IsolationStage(Stage):
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["isolate"])
 
+    def ready(self, ctx: RunContext) -> bool:
+        return ctx.isolating  # "auto" with a backend that cannot replay a layer: nothing to do
+
     def run(self, ctx: RunContext) -> None:
-        if not ctx.isolating:
-            return
         ctx.isolation = [self._layer(ctx, i) for i in ctx.plan.layer_range]
         by_layer = {iso.layer: iso for iso in ctx.isolation}
         for o in ctx.outcomes:
@@ -307,7 +336,8 @@ class IsolationStage(Stage):
         else:
             carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False,
                               name=f"layer {i} input")
-        replay = ctx.alternative.run_layer(i, ref_in, ctx.inputs)  # type: ignore[attr-defined]
+        alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
+        replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
         k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
         intro_attn = None
         if k_attn in replay and k_attn in ref_cap:
@@ -373,7 +403,7 @@ class OracleStage(Stage):
             return ctx.reference_capture
         oracle = get_backend("python_reference")
         with Timer() as t:
-            oracle.prepare(ctx.model, "float64", "cpu")
+            call_backend(oracle, "prepare()", lambda: oracle.prepare(ctx.model, "float64", "cpu"))
         cap, ctx.performance["oracle"] = run_measured(oracle, "float64", "cpu", ctx.inputs, list(ctx.plan.keys),
                                                       layer_inputs=False, plan=ctx.plan, prepare_s=t.seconds)
         return cap
@@ -393,7 +423,8 @@ class NoiseFloorStage(Stage):
         keys = list(ctx.plan.keys)
         noise: dict[str, Any] = {}
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
-            first, again = ctx.captures[side], backend.run(ctx.inputs, keys)
+            first = ctx.captures[side]
+            again = call_backend(backend, "run() (second run)", lambda b=backend: b.run(ctx.inputs, keys))
             diffs: dict[str, float] = {}
             for key in keys:
                 if key in first and key in again:
