@@ -83,6 +83,24 @@ def test_accuracy_failure_links_a_verified_repro(tmp_path):
 
 
 @pytest.mark.slow
+def test_float64_mode_minifies_with_the_same_ratio_rule(tmp_path):
+    """In float64 mode KernelDiff judged by the ratio rule; the minifier is handed the same rule (not
+    the dtype's rtol/atol), and the repro checks it standalone."""
+    backends = _load_backends()
+    torch.manual_seed(0)
+    model, x = GatedMLP(), torch.randn(4, 16)
+    report = KernelDiffHarness(model, (x,), model_name="gated_mlp", test_backend=backends.mul_off_by_one_percent,
+                               reference_backend="float64", runs=1, artifact_root=tmp_path / "artifacts",
+                               minify_max_seconds=60).compare()
+    assert not report.forward_passed and report.outputs[0].rule == "ratio", report.summary()
+    m = report.minifier
+    assert m is not None and m["status"] == "ran" and m["verified"] is True, m
+    assert "ratio rule against float64" in m["signature"] and "mul" in m["detail"], m
+    p = _fresh_run(Path(m["repro"]), tmp_path)
+    assert p.returncode == 1 and "REPRODUCED" in p.stdout, (p.stdout, p.stderr)
+
+
+@pytest.mark.slow
 def test_backend_a_repro_cannot_name_needs_test_backend_spec(tmp_path):
     """A closure around the buggy backend: minified but unverified (with the reason) unless
     ``test_backend_spec`` names an equivalent module-level backend; then the repro is verified."""

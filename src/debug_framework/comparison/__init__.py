@@ -13,7 +13,7 @@ judges against a float64 oracle relative to a baseline (validation's oracle mode
 
 from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
 from .nested import compare_nested, flatten_outputs
-from .ratio import OracleJudgement, RatioRule, error_metric, finite_metric
+from .ratio import OracleJudgement, RatioRule, RatioVerdict, error_metric, finite_metric
 from .result import ComparisonResult, NestedComparison, WorstElement, dumps_json, json_safe
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
 
@@ -29,6 +29,7 @@ __all__ = [
     "default_tolerance",
     "less_precise_dtype",
     "RatioRule",
+    "RatioVerdict",
     "OracleJudgement",
     "error_metric",
     "finite_metric",

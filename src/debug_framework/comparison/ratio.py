@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .result import ComparisonResult
 
-__all__ = ["RatioRule", "OracleJudgement", "finite_metric", "error_metric"]
+__all__ = ["RatioRule", "RatioVerdict", "OracleJudgement", "finite_metric", "error_metric"]
 
 
 def finite_metric(result: ComparisonResult | None, name: str) -> float | None:
@@ -93,3 +93,38 @@ class RatioRule:
     def judge_results(self, reference: ComparisonResult | None, alternative: ComparisonResult | None) -> OracleJudgement:
         """Judge two comparisons against the same oracle by :func:`error_metric` of ``metric``."""
         return self.judge(error_metric(reference, self.metric), error_metric(alternative, self.metric))
+
+    def verdict(self, baseline: ComparisonResult, test: ComparisonResult, *, oracle: str = "the oracle",
+                baseline_name: str = "the baseline") -> RatioVerdict:
+        """The rule on two comparisons against the same oracle: ``baseline`` (the trusted
+        implementation's, e.g. float32 eager or the reference backend) and ``test``.
+
+        The metric is taken over the finite pairs; non-finite values are judged apart: ``test`` may
+        not have more non-finite mismatches against the oracle than ``baseline`` has. A shape
+        mismatch, or no finite pair to measure, fails. This is the one ratio verdict of the project:
+        the validation oracle stage, KernelDiff's float64 mode and the minifier's accuracy signature
+        all call it."""
+        test_err = finite_metric(test, self.metric)
+        base_err = finite_metric(baseline, self.metric) or 0.0
+        judgement = self.judge(base_err, math.nan if test_err is None else test_err)
+        if not test.shape_match:
+            return RatioVerdict(False, test.reason, judgement)
+        if test.nonfinite_mismatch_count > baseline.nonfinite_mismatch_count:
+            return RatioVerdict(False, f"{test.nonfinite_mismatch_count} non-finite mismatch(es) against {oracle} "
+                                       f"({baseline_name} has {baseline.nonfinite_mismatch_count})", judgement)
+        if test_err is None:
+            return RatioVerdict(False, "no finite values to compare", judgement)
+        if not judgement.passed:
+            label = "RMSE" if self.metric == "rmse" else self.metric
+            return RatioVerdict(False, f"{label} {test_err:.3e} vs {oracle} exceeds {self.multiplier:g} x "
+                                       f"{baseline_name}'s {label} {base_err:.3e} + {self.floor:g}", judgement)
+        return RatioVerdict(True, None, judgement)
+
+
+@dataclass(frozen=True)
+class RatioVerdict:
+    """What :meth:`RatioRule.verdict` decided: pass or fail, why, and the errors it weighed."""
+
+    passed: bool
+    reason: str | None
+    judgement: OracleJudgement

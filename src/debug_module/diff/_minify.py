@@ -2,7 +2,8 @@
 
 The failing Dynamo graphs are the ones the test backend compiled (recorded by the harness's timing
 wrapper, with the example inputs Dynamo gave the backend). Each is checked with the minifier's
-``AccuracySignature`` (same backend, same reference, the tolerance that failed; the harness's
+``AccuracySignature`` (same backend, same reference, the judgement that failed: the tolerance, or in
+float64 mode the same ratio rule, ``RatioRule.verdict``, with eager as the baseline; the harness's
 ``test_backend_spec`` tells the repro how to import the backend); the first graph on
 which the failure reproduces in isolation is minified and its repro directory linked. A gradient-only
 failure does not reproduce on forward graphs and is reported as such, not minified.
@@ -31,7 +32,8 @@ def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> d
     backend = test.backend_spec if isinstance(test.backend_spec, str) else test.timed.inner
     try:
         sig = AccuracySignature(backend, reference=reference, rtol=tol.rtol, atol=tol.atol,
-                                backend_spec=getattr(harness, "test_backend_spec", None))
+                                backend_spec=getattr(harness, "test_backend_spec", None),
+                                ratio=harness.ratio_rule if harness.float64 else None)
         for i, (gm, inputs) in enumerate(test.timed.graphs):
             holds, _ = sig.check(gm, inputs)
             if not holds:

@@ -366,25 +366,14 @@ class KernelDiffHarness:
                           module=module)
 
     def _ratio_verdict(self, res: ComparisonResult, base: ComparisonResult) -> tuple[bool, str | None, dict[str, Any]]:
-        """The ratio rule on the finite pairs; non-finite values are judged apart: the test may not have
-        more non-finite mismatches against float64 than float32 eager has."""
+        """The project's ratio verdict (:meth:`RatioRule.verdict`) of the test against float64, with
+        float32 eager as the baseline; the dict is what the report shows of it."""
         rule = self.ratio_rule
+        v = rule.verdict(base, res, oracle="float64", baseline_name="float32 eager")
         test_err = finite_metric(res, rule.metric)
-        eager_err = finite_metric(base, rule.metric) or 0.0
-        judgement = rule.judge(eager_err, math.nan if test_err is None else test_err)
-        ratio = {"test_error": test_err, "eager_error": eager_err, "bound": judgement.bound,
+        ratio = {"test_error": test_err, "eager_error": v.judgement.reference_error, "bound": v.judgement.bound,
                  "multiplier": rule.multiplier, "floor": rule.floor, "metric": rule.metric}
-        if not res.shape_match:
-            return False, res.reason, ratio
-        if res.nonfinite_mismatch_count > base.nonfinite_mismatch_count:
-            return False, (f"{res.nonfinite_mismatch_count} non-finite mismatch(es) against float64 "
-                           f"(float32 eager has {base.nonfinite_mismatch_count})"), ratio
-        if test_err is None:
-            return False, "no finite values to compare", ratio
-        if not judgement.passed:
-            return False, (f"RMSE {test_err:.3e} vs float64 exceeds {rule.multiplier:g} x eager RMSE {eager_err:.3e} "
-                           f"+ {rule.floor:g}"), ratio
-        return True, None, ratio
+        return v.passed, v.reason, ratio
 
     def _judge_maps(self, kind: str, ref_runs: list[dict[str, torch.Tensor]], test_runs: list[dict[str, torch.Tensor]],
                     base_runs: list[dict[str, torch.Tensor]] | None) -> tuple[list[TensorDiff], list[str], list[str]]:

@@ -223,6 +223,50 @@ def compare_outputs(ref, alt, rtol, atol):
     return rows
 
 
+def _rmse_and_nonfinite(oracle, x):
+    """RMSE of ``x`` against ``oracle`` over the pairs finite on both sides (None without one), and the
+    number of non-finite values that mismatch (NaN matches NaN, an infinity only the same infinity)."""
+    o, v = oracle.detach().to(torch.float64).reshape(-1), x.detach().to(torch.float64).reshape(-1)
+    finite = torch.isfinite(o) & torch.isfinite(v)
+    matched = (torch.isnan(o) & torch.isnan(v)) | (torch.isinf(o) & (o == v))
+    nonfinite_mismatch = int((~finite & ~matched).sum())
+    if not int(finite.sum()):
+        return (None if o.numel() else 0.0), nonfinite_mismatch
+    return float(((v[finite] - o[finite]) ** 2).mean().sqrt()), nonfinite_mismatch
+
+
+def ratio_outputs(oracle, base, alt, multiplier, floor):
+    """Per output, the ratio rule against the float64 ``oracle`` with ``base`` (eager at the inputs'
+    precision) as the baseline: the backend's RMSE may be at most ``multiplier`` x the baseline's +
+    ``floor``, over finite pairs, with no more non-finite mismatches than the baseline. The repro's
+    standalone copy of ``debug_framework.comparison.RatioRule.verdict`` (metric ``rmse``); a test
+    keeps the two in agreement."""
+    refs, bases, alts = _tensors(oracle), _tensors(base), _tensors(alt)
+    if not len(refs) == len(bases) == len(alts):
+        return [{"index": -1, "passed": False, "reason": "%d oracle outputs, %d eager, %d backend"
+                 % (len(refs), len(bases), len(alts))}]
+    rows = []
+    for i, (r, b, a) in enumerate(zip(refs, bases, alts)):
+        if tuple(r.shape) != tuple(a.shape) or tuple(r.shape) != tuple(b.shape):
+            rows.append({"index": i, "passed": False, "reason": "shape %s vs %s" % (list(r.shape), list(a.shape))})
+            continue
+        base_err, base_nf = _rmse_and_nonfinite(r, b)
+        test_err, test_nf = _rmse_and_nonfinite(r, a)
+        base_err = base_err or 0.0
+        bound = multiplier * base_err + floor
+        if test_nf > base_nf:
+            passed, reason = False, "%d non-finite mismatch(es) against float64 (eager has %d)" % (test_nf, base_nf)
+        elif test_err is None:
+            passed, reason = False, "no finite values to compare"
+        else:
+            passed = test_err <= bound
+            reason = None if passed else "RMSE %.3e vs float64 exceeds %g x eager's RMSE %.3e + %g" % (
+                test_err, multiplier, base_err, floor)
+        rows.append({"index": i, "passed": passed, "reason": reason, "test_error": test_err,
+                     "eager_error": base_err, "bound": bound})
+    return rows
+
+
 def reference_inputs(inputs, reference):
     return [_to_float64(x) for x in inputs] if reference == "float64" else list(inputs)
 

@@ -227,12 +227,17 @@ def _observe_source(signature: Signature, backend_json: dict[str, Any] | None) -
             ''')
     return load + textwrap.dedent('''
         def observe(model, inputs):
+            ratio = SIGNATURE.get("ratio")
             try:
                 with torch.no_grad():
                     ref = model(*reference_inputs(inputs, SIGNATURE["reference"]))
                     alt = compile_graph(model, inputs)(*inputs)
+                    base = model(*inputs) if ratio else None
             except Exception as e:
                 return {"kind": "accuracy", "error": "%s: %s" % (type(e).__name__, e)}
+            if ratio:
+                return {"kind": "accuracy",
+                        "outputs": ratio_outputs(ref, base, alt, ratio["multiplier"], ratio["floor"])}
             return {"kind": "accuracy", "outputs": compare_outputs(ref, alt, SIGNATURE["rtol"], SIGNATURE["atol"])}
         ''')
 

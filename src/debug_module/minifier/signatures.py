@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from debug_framework.comparison import RatioRule
+
 from ..constraints import Constraint, Violation, as_constraint, check_graph
 from ..errors import MinifierError
 from . import _runtime
@@ -255,6 +257,10 @@ class AccuracySignature(_BackendSignature):
     (|alt - ref| <= atol + rtol*|ref| fails somewhere; judged by the comparison core).
 
     ``reference``: ``"eager"`` (the graph run as is) or ``"float64"`` (floating inputs cast to float64).
+    ``ratio``: with ``reference="float64"``, judge by the project's ratio rule instead of rtol/atol
+    (:meth:`debug_framework.comparison.RatioRule.verdict`: the backend's error against float64 may be at
+    most ``multiplier`` times the eager graph's own error at the inputs' precision, plus ``floor``), as
+    KernelDiff's float64 mode judges; the repro's standalone check mirrors it (``_runtime.ratio_outputs``).
     ``output``: name of an intermediate node to judge instead of the graph outputs (the graph is first
     cut to that node's inputs cone). If the backend raises, the signature does not hold (another bug).
     """
@@ -262,39 +268,57 @@ class AccuracySignature(_BackendSignature):
     kind = "accuracy"
 
     def __init__(self, backend: Backend | str, *, reference: str = "eager", rtol: float = 1e-4, atol: float = 1e-5,
-                 output: str | None = None, backend_spec: str | None = None) -> None:
+                 output: str | None = None, backend_spec: str | None = None, ratio: RatioRule | None = None) -> None:
         super().__init__(backend, backend_spec)
         if reference not in ("eager", "float64"):
             raise MinifierError(f"unknown reference {reference!r}", hint="use 'eager' or 'float64'")
+        if ratio is not None and (reference != "float64" or ratio.metric != "rmse"):
+            raise MinifierError("a ratio-rule accuracy signature judges RMSE against float64",
+                                hint="pass reference='float64' and a RatioRule with metric='rmse'")
         self.reference, self.rtol, self.atol, self.output = reference, float(rtol), float(atol), output
+        self.ratio = ratio
 
     def to_dict(self) -> dict[str, Any]:
+        ratio = None if self.ratio is None else {"multiplier": self.ratio.multiplier, "floor": self.ratio.floor,
+                                                  "metric": self.ratio.metric}
         return {"kind": self.kind, "reference": self.reference, "rtol": self.rtol, "atol": self.atol,
-                "output": self.output}
+                "output": self.output, "ratio": ratio}
 
     def describe(self) -> str:
+        if self.ratio is not None:
+            return (f"outputs under backend {self._backend_name()} exceed the ratio rule against float64 "
+                    f"(RMSE <= {self.ratio.multiplier:g} x eager's + {self.ratio.floor:g})")
         return (f"outputs under backend {self._backend_name()} differ from {self.reference} "
                 f"(rtol={self.rtol:g}, atol={self.atol:g})")
 
     def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
-        from debug_framework.comparison import compare
-
         try:
             with torch.no_grad():
                 ref = gm(*_runtime.reference_inputs(inputs, self.reference))
                 alt = self._compile(gm, inputs)(*inputs)
+                base = gm(*inputs) if self.ratio is not None else None
         except Exception as e:  # noqa: BLE001 - a failing run is a different bug
             return {"kind": self.kind, "error": f"{type(e).__name__}: {e}"[:2000]}
         refs, alts = _runtime._tensors(ref), _runtime._tensors(alt)
         if len(refs) != len(alts):
             return {"kind": self.kind, "outputs": _runtime.compare_outputs(refs, alts, self.rtol, self.atol)}
-        rows = []
-        for i, (r, a) in enumerate(zip(refs, alts)):
-            res = compare(r.detach(), a.detach(), rtol=self.rtol, atol=self.atol, equal_nan=True, check_dtype=False,
-                          name=f"output_{i}")
-            rows.append({"index": i, "passed": bool(res.passed), "max_abs_error": res.max_abs_error,
-                         "max_rel_error": res.max_rel_error, "reason": res.reason})
-        return {"kind": self.kind, "outputs": rows}
+        bases = _runtime._tensors(base) if base is not None else [None] * len(refs)
+        return {"kind": self.kind, "outputs": [self._judge(i, r, a, b) for i, (r, a, b) in enumerate(zip(refs, alts, bases))]}
+
+    def _judge(self, i: int, ref: torch.Tensor, alt: torch.Tensor, base: torch.Tensor | None) -> dict[str, Any]:
+        """One output: by rtol/atol, or by the ratio rule with the eager output as the baseline."""
+        from debug_framework.comparison import compare
+
+        res = compare(ref.detach(), alt.detach(), rtol=self.rtol, atol=self.atol, equal_nan=True, check_dtype=False,
+                      name=f"output_{i}")
+        row = {"index": i, "passed": bool(res.passed), "max_abs_error": res.max_abs_error,
+               "max_rel_error": res.max_rel_error, "reason": res.reason}
+        if self.ratio is not None and base is not None:
+            v = self.ratio.verdict(compare(ref.detach(), base.detach(), equal_nan=True, check_dtype=False), res,
+                                   oracle="float64", baseline_name="eager")
+            row.update(passed=v.passed, reason=v.reason, test_error=v.judgement.alternative_error,
+                       eager_error=v.judgement.reference_error, bound=v.judgement.bound)
+        return row
 
 
 def signature_from_dict(data: dict[str, Any], *, backend: Backend | str | None = None,
@@ -311,7 +335,10 @@ def signature_from_dict(data: dict[str, Any], *, backend: Backend | str | None =
     if kind == "exception":
         return ExceptionSignature(data["type"], data.get("pattern", ""), backend=backend)
     if kind == "accuracy":
+        ratio = data.get("ratio")
         return AccuracySignature(backend, reference=data.get("reference", "eager"), rtol=data.get("rtol", 1e-4),
-                                 atol=data.get("atol", 1e-5), output=data.get("output"))
+                                 atol=data.get("atol", 1e-5), output=data.get("output"),
+                                 ratio=None if not ratio else RatioRule(float(ratio["multiplier"]),
+                                                                        float(ratio["floor"]), str(ratio["metric"])))
     raise MinifierError(f"unknown signature kind {kind!r}", hint="use constraint, exception or accuracy")
 

@@ -370,7 +370,6 @@ class OracleStage(Stage):
         oracle_cap = self._oracle_capture(ctx)
         cfg = plan.config
         rule = RatioRule(float(cfg["oracle_multiplier"]), float(cfg["oracle_floor"]), str(cfg["oracle_metric"]))
-        metric, m, floor = rule.metric, rule.multiplier, rule.floor
         ref_cap, alt_cap = ctx.reference_capture, ctx.alternative_capture
         failed = []
         for o in ctx.outcomes:
@@ -379,18 +378,18 @@ class OracleStage(Stage):
                 o.passed, o.reason = False, o.reason or f"no tensor for {k} from one of the three runs"
                 failed.append(str(k))
                 continue
-            o.oracle = rule.judge_results(compare(oracle_cap[k], ref_cap[k], check_dtype=False),
-                                          compare(oracle_cap[k], alt_cap[k], check_dtype=False))
-            o.passed = o.oracle.passed
-            o.reason = None if o.passed else (
-                f"oracle ratio rule: {metric} vs float64 {o.oracle.alternative_error:.3e} > "
-                f"{m:g} x {o.oracle.reference_error:.3e} + {floor:g}")
+            verdict = rule.verdict(compare(oracle_cap[k], ref_cap[k], check_dtype=False),
+                                   compare(oracle_cap[k], alt_cap[k], check_dtype=False),
+                                   oracle="the float64 oracle", baseline_name="the reference")
+            o.oracle, o.passed = verdict.judgement, verdict.passed
+            o.reason = None if verdict.passed else f"oracle ratio rule: {verdict.reason}"
             if not o.passed:
                 failed.append(str(k))
         ctx.oracle_report = {
-            "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": metric,
-            "multiplier": m, "floor": floor, "failed": failed,
-            "rule": "alternative_error <= multiplier * reference_error + floor (errors against the float64 oracle)",
+            "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": rule.metric,
+            "multiplier": rule.multiplier, "floor": rule.floor, "failed": failed,
+            "rule": "alternative_error <= multiplier * reference_error + floor (errors against the float64 oracle, "
+                    "over finite pairs; the alternative may not have more non-finite mismatches than the reference)",
         }
 
     @staticmethod
