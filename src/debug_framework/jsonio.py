@@ -2,7 +2,8 @@
 
 :func:`json_safe` makes a strict-JSON copy (non-finite floats as "NaN"/"Infinity"/"-Infinity",
 datetimes as ISO strings, NumPy/torch scalars and arrays as lists); :func:`dumps_json` writes it with
-keys sorted. Every report, CLI, record and benchmark of the project writes JSON through these.
+keys sorted. Every report, CLI, record export and benchmark of the project writes JSON through
+these (the database's JSON columns keep Python's NaN/Infinity tokens, so a row reads back exactly).
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ configuration...), 3 internal error (a bug; the traceback is in the crash log th
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path

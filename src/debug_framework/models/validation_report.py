@@ -127,7 +127,6 @@ class ValidationReport:
 
     def export_to_json(self, *, indent: int | None = 2) -> str:
         """Strict JSON (non-finite numbers written as the strings "NaN", "Infinity", "-Infinity")."""
-
         return dumps_json(self.to_dict(), indent=indent)
 
     def _renderer(self, renderer: ReportRenderer | None) -> ReportRenderer:

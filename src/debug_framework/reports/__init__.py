@@ -79,7 +79,6 @@ def render_diff(diff: DiffSource, fmt: str = "json", *, before: SessionSource | 
         return render_diff_csv(diff)
     if f == "html":
         if before is None or after is None:
-    
             if db is None:
                 raise ValidationError("the HTML diff needs both sessions", hint="pass before=/after= reports or db=")
             before = before or session_side(diff.before_session_id, db)

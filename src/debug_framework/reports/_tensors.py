@@ -18,7 +18,6 @@ from ..errors import DebugFrameworkError
 from ..storage.tensor_store import TensorStore
 from ._common import as_float, row_key
 
-
 __all__ = ["Heatmap", "open_store", "find_pair", "load_array", "tensor_summary", "heatmap_for",
            "MAX_HEATMAP_ROWS", "MAX_HEATMAP_COLS"]
 

@@ -16,7 +16,6 @@ from ..jsonio import dumps_json
 from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_key, session_results
 from .documents import DiffSource, ReportSource
 
-
 __all__ = ["CSV_COLUMNS", "render_csv", "render_diff_csv"]
 
 CSV_COLUMNS = ("session_id", "index", "checkpoint", "layer", "passed", "first_divergence", *METRICS,

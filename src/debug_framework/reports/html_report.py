@@ -35,7 +35,6 @@ from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_tabl
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
 from .documents import DiffSource, ReportSource, SessionSource
 
-
 __all__ = ["render_html", "render_diff_html"]
 
 _TABLE_METRICS = ("max_abs_error", "mean_abs_error", "max_rel_error", "rel_l2_error", "cosine_similarity",

@@ -1,1 +1,2 @@
-"""Services: validation engine, database manager, tensor store, session diff (spec names)."""
+"""Services: the validation engine and its pipeline, the database manager (the spec's face of
+:mod:`debug_framework.storage`), batch execution, session diff, the tensor comparison engine."""

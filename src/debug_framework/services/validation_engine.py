@@ -21,7 +21,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
@@ -31,6 +31,7 @@ from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
+from ..storage.sessions import SessionFilter
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
 from .validation.plan import (
     MODEL_TOLERANCES,
@@ -298,7 +299,7 @@ class ValidationEngine:
                                   session=session_id, hint="execute the session first")
         return dict(results["performance"])
 
-    def list_sessions(self, **filters: Any) -> list[dict[str, Any]]:
+    def list_sessions(self, **filters: Unpack[SessionFilter]) -> list[dict[str, Any]]:
         """Stored sessions, newest first (filters as :meth:`DatabaseManager.list_sessions`)."""
         return self.db.list_sessions(**filters)
 

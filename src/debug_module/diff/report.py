@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from debug_framework.comparison import ComparisonResult, json_safe
+from debug_framework.comparison import ComparisonResult
+from debug_framework.jsonio import json_safe
 
 __all__ = ["TensorDiff", "DiffReport", "REPORT_SCHEMA"]
 

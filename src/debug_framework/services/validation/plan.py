@@ -192,6 +192,8 @@ class ValidationPlan:
 
     @classmethod
     def resolve(cls, config: Mapping[str, Any] | None, num_layers: int) -> ValidationPlan:
+        """The plan of a session with ``config`` (checked: ValidationError, DF005) on a model of
+        ``num_layers`` layers."""
         cfg = validate_session_config(config)
         ref_dtype, alt_dtype = str(cfg["reference_dtype"]), str(cfg["dtype"])
         return cls(config=cfg, num_layers=num_layers, keys=tuple(enabled_keys(cfg, num_layers)),
@@ -200,6 +202,7 @@ class ValidationPlan:
 
     @property
     def thresholds(self) -> Mapping[str, Any]:
+        """The session's ``precision_thresholds``."""
         return self.config["precision_thresholds"]
 
     def tolerance(self, key: CheckpointKey) -> Tolerance:
@@ -216,12 +219,15 @@ class ValidationPlan:
 
     @property
     def profiling(self) -> bool:
+        """Performance profiling is on (wall times per backend and stage)."""
         return bool(self.config["performance_profiling_enabled"])
 
     @property
     def per_layer_timing(self) -> bool:
+        """Each layer's time is measured where the backend runs layers one by one."""
         return self.profiling and bool(self.config["profile_execution_time"])
 
     @property
     def memory_profiling(self) -> bool:
+        """Peak memory is measured around each forward pass."""
         return self.profiling and bool(self.config["profile_memory_usage"])
