@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from ..errors import DebugFrameworkError, ValidationError
+from ..errors import ValidationError
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
 from ..storage.sessions import TERMINAL_STATUSES
 
@@ -31,7 +31,7 @@ _POLL_S = 0.25
 def run_items(database_path: str, job_id: str, framework_config: dict[str, Any], session_config: dict[str, Any],
               reference: str, alternative: str) -> int:
     """Worker loop: claim pending items until none is left or the job is cancelled. Returns how many ran."""
-    from .validation_engine import ValidationEngine
+    from .validation_engine import ValidationEngine, failure_message
 
     engine = ValidationEngine(database_path, config=framework_config)
     db = engine.db
@@ -59,10 +59,8 @@ def run_items(database_path: str, job_id: str, framework_config: dict[str, Any],
             engine.run(sid)
             db.batches.update_item(job_id, idx, status="done", session_id=sid)
         except Exception as exc:  # noqa: BLE001 - one item's failure (or a bug it hit) must not stop the job
-            message = str(exc) if isinstance(exc, DebugFrameworkError) else (
-                f"internal error (a bug of the framework): {type(exc).__name__}: {exc}")
             linked = sid if db.sessions.get(sid) is not None else None
-            db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=message)
+            db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=failure_message(exc))
         ran += 1
 
 

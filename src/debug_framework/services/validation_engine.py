@@ -87,6 +87,16 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
     return info
 
 
+def failure_message(exc: BaseException) -> str:
+    """What a session (or a batch item) records of the exception that stopped it: a framework error
+    as it reads, an interruption as such, anything else as the bug of ours it is."""
+    if isinstance(exc, DebugFrameworkError):
+        return str(exc)
+    if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
+        return f"interrupted: {type(exc).__name__}"
+    return f"internal error (a bug of the framework): {type(exc).__name__}: {exc}"
+
+
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -238,14 +248,8 @@ class ValidationEngine:
         try:
             return self._execute(session, progress or (lambda *_: None))
         except BaseException as exc:
-            if isinstance(exc, DebugFrameworkError):
-                message = str(exc)
-            elif not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
-                message = f"interrupted: {type(exc).__name__}"
-            else:
-                message = f"internal error (a bug of the framework): {type(exc).__name__}: {exc}"
             try:
-                session.update_status("error", error_message=message)
+                session.update_status("error", error_message=failure_message(exc))
             except DebugFrameworkError:  # pragma: no cover - the database itself failed
                 pass
             raise

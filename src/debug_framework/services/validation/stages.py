@@ -310,7 +310,8 @@ class IsolationStage(Stage):
         return ctx.isolating  # "auto" with a backend that cannot replay a layer: nothing to do
 
     def run(self, ctx: RunContext) -> None:
-        ctx.isolation = [self._layer(ctx, i) for i in ctx.plan.layer_range]
+        compared = {o.key: o.comparison for o in ctx.outcomes}  # the compare stage's, reused as "total"
+        ctx.isolation = [self._layer(ctx, i, compared) for i in ctx.plan.layer_range]
         by_layer = {iso.layer: iso for iso in ctx.isolation}
         for o in ctx.outcomes:
             iso = by_layer.get(o.key.layer) if o.key.layer is not None else None
@@ -320,7 +321,7 @@ class IsolationStage(Stage):
         ctx.isolation_note = None
 
     @staticmethod
-    def _layer(ctx: RunContext, i: int) -> LayerIsolation:
+    def _layer(ctx: RunContext, i: int, compared: Mapping[CheckpointKey, ComparisonResult]) -> LayerIsolation:
         plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
         ref_in = ref_cap.layer_inputs.get(i)
         if ref_in is None:
@@ -349,7 +350,9 @@ class IsolationStage(Stage):
         else:
             intro_mlp = ComparisonResult(passed=False, reason=f"run_layer({i}) returned no post_mlp tensor",
                                          tolerance=plan.tolerance(k_mlp), name=f"{k_mlp} replayed")
-        total = _compare_key(ref_cap, alt_cap, k_mlp, plan) if k_mlp in alt_cap and k_mlp in ref_cap else None
+        total = compared.get(k_mlp)
+        if total is None and k_mlp in alt_cap and k_mlp in ref_cap:  # post_mlp:i is not an enabled checkpoint
+            total = _compare_key(ref_cap, alt_cap, k_mlp, plan)
         return LayerIsolation(layer=i, carried_in=carried, introduced_attention=intro_attn, introduced_mlp=intro_mlp,
                               total=total, alternative_replay_s=float(replay.elapsed_s))
 
