@@ -6,6 +6,7 @@ tiny models; MiniLM is compiled by Inductor exactly once (about 35 s here).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -145,10 +146,14 @@ def test_onnxruntime_tiny_bert_with_token_types(tiny_bert):
     inputs = ModelInputs.random(128, batch=2, length=10, seed=5, pad_lengths=[0, 4])
     inputs.token_type_ids = np.concatenate([np.zeros((2, 5), np.int64), np.ones((2, 5), np.int64)], axis=1)
     backend = get_backend("onnxruntime")
-    backend.prepare(model, "float32", "cpu")
-    assert backend.artifact_dir.is_dir() and "df-onnx-" in backend.artifact_dir.name  # reported temp dir
-    _agree(_pytorch(model, inputs), backend.run(inputs, capture_layer_inputs=True))
-    _onnxruntime_replays(backend, model, inputs)
+    try:
+        backend.prepare(model, "float32", "cpu")
+        assert backend.artifact_dir.is_dir() and "df-onnx-" in backend.artifact_dir.name  # reported temp dir
+        _agree(_pytorch(model, inputs), backend.run(inputs, capture_layer_inputs=True))
+        _onnxruntime_replays(backend, model, inputs)
+    finally:  # the default artifact directory is the caller's to remove: this test leaves none behind
+        if backend.artifact_dir is not None:
+            shutil.rmtree(backend.artifact_dir, ignore_errors=True)
 
 
 TEXTS = [
