@@ -50,14 +50,14 @@ class Database(SqlCore):
             self.migrate_schema()
 
     # A database can be handed to another process (multiprocessing spawn/fork): only the settings
-    # travel; the new process opens its own connections.
+    # travel (the dialect included); the new process opens its own connections.
     def __getstate__(self) -> dict[str, Any]:
         return {"database_path": self.database_path, "busy_timeout_s": self.busy_timeout_s,
-                "max_retry_s": self.max_retry_s}
+                "max_retry_s": self.max_retry_s, "dialect": self.dialect}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         Database.__init__(self, state["database_path"], busy_timeout_s=state["busy_timeout_s"],
-                          max_retry_s=state["max_retry_s"], initialize=False)
+                          max_retry_s=state["max_retry_s"], dialect=state["dialect"], initialize=False)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.database_path)!r})"
