@@ -17,6 +17,7 @@ file, tensor, backend or checkpoint is involved) and what to do about it::
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "ResourceExhaustedError",
     "PluginCompilationError",
     "ERROR_CODES",
+    "NO_SPACE_ERRNOS",
+    "no_space_error",
 ]
 
 
@@ -164,3 +167,25 @@ ERROR_CODES: dict[str, type[DebugFrameworkError]] = {
         PluginCompilationError,
     )
 }
+
+
+#: ``errno`` values that mean "there is no room to write here": a full disk, an exhausted quota, the
+#: file-size limit (``RLIMIT_FSIZE``) and a read-only file system. All of them are DF007.
+NO_SPACE_ERRNOS: frozenset[int] = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def no_space_error(exc: BaseException, what: str, *, hint: str | None = None,
+                   **context: Any) -> ResourceExhaustedError | None:
+    """The DF007 for an ``OSError`` that means no room to write while doing ``what`` (None for any other error).
+
+    Callers raise it ``from exc`` and keep what they already stored: ``raise err from exc``.
+    """
+    if not isinstance(exc, OSError) or exc.errno not in NO_SPACE_ERRNOS:
+        return None
+    why = "the file system is read-only" if exc.errno == errno.EROFS else "no space left"
+    return ResourceExhaustedError(
+        f"cannot {what}: {why} ({exc.strerror or exc})",
+        hint=hint or "free disk space (or raise the quota / make the location writable) and run again; "
+                     "everything stored before this point is kept",
+        **context,
+    )

@@ -132,7 +132,7 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
 
 def _write_output(path: Path, engine: ValidationEngine, session_id: str, result: dict[str, Any]) -> None:
     """The HTML report (error curves, heatmap) for ``.html``/``.htm``, else the result JSON; atomic."""
-    from ..errors import ValidationError
+    from ..errors import ValidationError, no_space_error
     from ..models._common import write_text_atomic
     from ..models.validation_report import ValidationReport
     from ..reports import render_report
@@ -144,6 +144,9 @@ def _write_output(path: Path, engine: ValidationEngine, session_id: str, result:
     try:
         write_text_atomic(path.expanduser(), text)
     except OSError as exc:
+        full = no_space_error(exc, "write the output file", file=str(path), session=session_id)
+        if full is not None:
+            raise full from exc
         raise ValidationError(f"cannot write the output file: {exc}", file=str(path), session=session_id,
                               hint="choose a writable --output-file; the session is stored, "
                                    "session_report --session-id can write its report") from exc

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import DatabaseError, ValidationError
+from ..errors import DatabaseError, ValidationError, no_space_error
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
                         print_json, run_app)
 
@@ -75,6 +75,9 @@ def _write(text: str, out: Path | None) -> None:
     try:
         write_text_atomic(path, text)
     except OSError as exc:
+        full = no_space_error(exc, "write the report", file=str(path))
+        if full is not None:
+            raise full from exc
         raise ValidationError(f"cannot write the report: {exc}", file=str(path),
                               hint="choose a writable --output-file") from exc
 

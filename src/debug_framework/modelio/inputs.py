@@ -113,14 +113,17 @@ class ModelInputs:
         return out
 
     def save(self, path: str | Path) -> Path:
-        """Write the inputs to a ``.safetensors`` file; the metadata holds ``meta`` as JSON."""
-        from safetensors.numpy import save_file
+        """Write the inputs to a ``.safetensors`` file; the metadata holds ``meta`` as JSON.
+
+        Serialised in memory and written by Python, so a failed write is an ``OSError`` with its
+        ``errno`` (a full disk is ``ENOSPC``), never safetensors' opaque error."""
+        from safetensors.numpy import save
 
         path = Path(path)
         tensors = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.token_type_ids is not None:
             tensors["token_type_ids"] = self.token_type_ids
-        save_file(tensors, str(path), metadata={"debug_framework.inputs": json.dumps(self.meta, sort_keys=True)})
+        path.write_bytes(save(tensors, metadata={"debug_framework.inputs": json.dumps(self.meta, sort_keys=True)}))
         return path
 
     @classmethod

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import DatabaseError, ValidationError
+from ..errors import DatabaseError, ValidationError, no_space_error
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
 from ..storage.tensor_store import TensorStore
@@ -150,6 +150,9 @@ class ValidationReport:
         try:
             write_text_atomic(path, text)
         except OSError as exc:
+            full = no_space_error(exc, "write the report", file=str(path))
+            if full is not None:
+                raise full from exc
             raise ValidationError(f"cannot write the report: {exc}", file=str(path),
                                   hint="choose a writable output path") from exc
         return True

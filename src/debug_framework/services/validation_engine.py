@@ -17,7 +17,6 @@ keeps every row already written.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,12 +25,13 @@ from typing import TYPE_CHECKING, Any, Unpack
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
 from ..config import default_database_path, merge_config
-from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError
+from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError, no_space_error
 from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
 from ..storage.sessions import SessionFilter
+from ..storage.values import check_session_id, session_file
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
 from .validation.plan import (
     MODEL_TOLERANCES,
@@ -95,18 +95,6 @@ def failure_message(exc: BaseException) -> str:
     if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
         return f"interrupted: {type(exc).__name__}"
     return f"internal error (a bug of the framework): {type(exc).__name__}: {exc}"
-
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def _checked_session_id(session_id: str) -> str:
-    """A caller-chosen session id; it names the saved-inputs file, so it must be a plain name."""
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id) or ".." in session_id:
-        raise ValidationError(f"session id {session_id!r} is not a plain name",
-                              hint="use letters, digits, '_', '-' and '.', starting with a letter or digit "
-                                   "(at most 128), or let create_session choose one")
-    return session_id
 
 
 def _reference_dtype(ref: Backend, cfg: Mapping[str, Any], alt_dtype: str) -> str:
@@ -192,13 +180,8 @@ class ValidationEngine:
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
         plan = ValidationPlan.resolve(cfg, model.num_layers)
 
-        sid = _checked_session_id(session_id) if session_id is not None else uuid.uuid4().hex
-        inputs = _session_inputs(model, cfg)
-        try:
-            self.inputs_dir.mkdir(parents=True, exist_ok=True)
-            inputs_path = inputs.save(self.inputs_dir / f"{sid}.safetensors")
-        except OSError as exc:
-            raise DatabaseError(f"cannot save the session inputs: {exc}", database=str(self.database_path)) from exc
+        sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
+        inputs_path = self._save_inputs(_session_inputs(model, cfg), sid)
 
         tolerances = {
             "governing_dtype": plan.governing_dtype,
@@ -206,7 +189,7 @@ class ValidationEngine:
             "per_checkpoint": {str(k): plan.tolerance(k).to_dict() for k in plan.keys},
         }
         session = DebugSession(
-            session_id=sid, model_path=str(model_path), reference_backend=reference_backend,
+            session_id=sid, model_path=str(model.path.resolve()), reference_backend=reference_backend,
             alternative_backend=alt_name, config=cfg, weights_digest=model.digest, tolerances=tolerances,
             seed=int(cfg["seed"]), inputs_ref=str(inputs_path), environment=capture_environment(cfg["device"]),
             reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"]),
@@ -216,6 +199,19 @@ class ValidationEngine:
         )
         session.save()
         return sid
+
+    def _save_inputs(self, inputs: ModelInputs, session_id: str) -> Path:
+        """Write the session's inputs beside the database; a full disk is DF007, nothing half-written is left."""
+        path = session_file(self.inputs_dir, session_id, ".safetensors")
+        try:
+            self.inputs_dir.mkdir(parents=True, exist_ok=True)
+            return inputs.save(path)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            full = no_space_error(exc, "save the session inputs", file=str(path))
+            if full is not None:
+                raise full from exc
+            raise DatabaseError(f"cannot save the session inputs: {exc}", database=str(self.database_path)) from exc
 
     def _session(self, session_id: str) -> dict[str, Any]:
         row = self.db.get_session(session_id)
@@ -321,8 +317,8 @@ class ValidationEngine:
         if delete_records:
             inputs_ref = row.get("inputs_ref")
             self.db.delete_session(session_id)
-            if inputs_ref:
+            if inputs_ref:  # only a file of ours: a plain name directly inside the inputs directory
                 p = Path(inputs_ref)
-                if p.parent == self.inputs_dir and p.is_file():
+                if p.parent == self.inputs_dir and p.suffix == ".safetensors" and not p.is_symlink() and p.is_file():
                     p.unlink()
         return True

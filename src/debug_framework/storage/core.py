@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from ..config import check_keywords
-from ..errors import DatabaseError, ResourceExhaustedError
+from ..errors import DatabaseError, ResourceExhaustedError, no_space_error
 from .dialect import SQLITE, Connection, Dialect
 
 __all__ = ["SqlCore", "CoreSettings", "Params", "Row"]
@@ -68,6 +68,9 @@ def _checked_path(database_path: str | os.PathLike[str]) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        full = no_space_error(exc, "create the database directory", database=str(path))
+        if full is not None:
+            raise full from exc
         raise DatabaseError(f"cannot create the database directory: {exc}", database=str(path)) from exc
     return path
 

@@ -11,7 +11,7 @@ from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
 from .schema import SESSION_STATUSES
-from .values import as_int, from_json, to_json, utc_now
+from .values import as_int, check_session_id, from_json, to_json, utc_now
 
 __all__ = ["SessionStore", "SessionProvenance", "SessionFilter", "STATUS_TRANSITIONS", "TERMINAL_STATUSES", "SESSION_MUTABLE", "SESSION_JSON"]
 
@@ -92,7 +92,7 @@ class SessionStore:
         """Insert a session in status ``created``; returns its id (a new uuid4 hex unless given)."""
         check_keywords(provenance, SessionProvenance, "create_session")
         p = provenance
-        sid = p.get("session_id") or uuid.uuid4().hex
+        sid = check_session_id(p["session_id"]) if p.get("session_id") else uuid.uuid4().hex  # ids name files
         now = utc_now()
         params = (
             sid, str(model_path), p.get("weights_digest"), str(reference_backend),

@@ -19,7 +19,6 @@ Layout under a configurable root (by default next to the database, see
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import math
 import os
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatabaseError, ResourceExhaustedError, ValidationError
+from ..errors import DatabaseError, ValidationError, no_space_error
 from .database import Database
 from .recordings import StoredRecording
 
@@ -228,6 +227,9 @@ class TensorStore:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            full = no_space_error(exc, "create the tensor store directory", path=str(self.root))
+            if full is not None:
+                raise full from exc
             raise DatabaseError(f"cannot create the tensor store directory: {exc}", path=str(self.root),
                                 hint="choose a writable tensor store root") from exc
 
@@ -288,11 +290,11 @@ class TensorStore:
                     os.unlink(tmp_name)
                 except OSError:
                     pass
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise ResourceExhaustedError(
-                    f"no disk space to record a tensor of {len(data)} bytes", path=str(path),
-                    hint="free disk space, lower tensor_recording_limit or the byte budget; recorded data is kept",
-                ) from exc
+            full = no_space_error(exc, f"record a tensor of {len(data)} bytes", path=str(path),
+                                  hint="free disk space, lower tensor_recording_limit or the byte budget; "
+                                       "recorded data is kept")
+            if full is not None:
+                raise full from exc
             raise DatabaseError(f"cannot write tensor file: {exc}", path=str(path),
                                 hint="check the tensor store root is writable") from exc
         return StoredTensor(digest, path, rel, shape, dtype, nbytes, deduplicated=False)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..errors import ValidationError
+
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
-    "parse_time", "format_time",
+    "parse_time", "format_time", "check_session_id", "session_file", "SESSION_ID_PATTERN",
 ]
 
 #: What :func:`from_json` returns (``json.loads`` of a column).
@@ -92,3 +96,26 @@ def parse_time(value: datetime | str | None) -> datetime | None:
 def format_time(value: datetime | None) -> str | None:
     """A datetime as the ISO-8601 text the timestamp columns hold."""
     return None if value is None else value.isoformat(timespec="microseconds")
+
+
+#: What a caller-chosen session id may be: it names files (the saved inputs, exports), so a plain
+#: name of letters, digits, ``_``, ``-`` and ``.``, starting with a letter or digit, at most 128.
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_session_id(session_id: object) -> str:
+    """``session_id`` if it is a plain name (:data:`SESSION_ID_PATTERN`, no ``..``), else ValidationError (DF005)."""
+    if not isinstance(session_id, str) or not SESSION_ID_PATTERN.fullmatch(session_id) or ".." in session_id:
+        raise ValidationError(f"session id {session_id!r} is not a plain name",
+                              hint="use letters, digits, '_', '-' and '.', starting with a letter or digit "
+                                   "(at most 128), or let the framework choose one")
+    return session_id
+
+
+def session_file(directory: str | os.PathLike[str], session_id: str, suffix: str) -> Path:
+    """The file ``<directory>/<session_id><suffix>``: the id checked (DF005), the result inside ``directory``."""
+    root = Path(directory)
+    path = root / f"{check_session_id(session_id)}{suffix}"
+    if path.parent != root or os.sep in suffix or "\0" in suffix:
+        raise ValidationError(f"session file suffix {suffix!r} is not a plain suffix", session=session_id)
+    return path
