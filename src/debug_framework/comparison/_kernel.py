@@ -14,6 +14,8 @@ Extra memory is O(threads x (histogram + k)), independent of the input size.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -53,8 +55,31 @@ _PARTS_PER_THREAD = 8
 _NSUB = 4  # interleaved sub-histograms (uint32: 4 x 128 KiB stay in a 1 MiB L2 with room to spare)
 _MAX_PART = 1 << 31  # elements per range pass, so that no uint32 histogram count can overflow
 
+#: Whether the compiled kernels are cached on disk. numba needs a writable ``__pycache__`` beside
+#: this file, ``NUMBA_CACHE_DIR`` or a writable ``~/.cache``; a read-only install run by an account
+#: without a writable HOME has none, and there the kernels are compiled in memory at each start.
+CACHE_ENABLED = True
 
-@njit(cache=True)
+
+def _cached_njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``njit(cache=True, **options)``, or ``njit(cache=False, ...)`` where numba finds nowhere to
+    write its cache ("cannot cache function ...: no locator available")."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        global CACHE_ENABLED
+        if CACHE_ENABLED:
+            try:
+                return njit(cache=True, **options)(fn)
+            except RuntimeError as exc:
+                if "no locator available" not in str(exc):
+                    raise
+                CACHE_ENABLED = False
+        return njit(cache=False, **options)(fn)
+
+    return decorate
+
+
+@_cached_njit()
 def _topk_insert(tv, ti, key, idx):
     # replace the current minimum; return the new minimum
     k = tv.shape[0]
@@ -156,7 +181,7 @@ def _fma(typingctx, x, y, z):
     return types.float64(types.float64, types.float64, types.float64), codegen
 
 
-@njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
+@_cached_njit(fastmath={"reassoc"}, error_model="numpy")
 def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, careful):
     """The arithmetic of one block, branch-free so it vectorises: its sums, counts and maxima (as
     integer maxima of bit patterns), each element's histogram key into ``keys`` (and its error into
@@ -207,7 +232,7 @@ def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, ke
     return (s_ad, s_d2, s_r2, s_a2, s_ar, s_rel), n_mis, n_gross, m_rel_bits, m_ad_bits, m_ulp
 
 
-@njit(cache=True, fastmath={"reassoc"}, error_model="numpy")
+@_cached_njit(fastmath={"reassoc"}, error_model="numpy")
 def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                 fs, cnt, hist, ulp, tv, ti, nfi, errs):
     # Indices are unsigned throughout: numba then skips its negative-index wrap-around check,
@@ -331,7 +356,7 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
     cnt[I_GROSS] += n_gross
 
 
-@njit(cache=True)
+@_cached_njit()
 def _partials(nt, fs, tv, nfi):
     """Empty partial states for ``nt`` workers (first axis), in the order ``_range_pass`` takes them."""
     k = tv.shape[0]
@@ -348,7 +373,7 @@ def _partials(nt, fs, tv, nfi):
     return pfs, pcnt, phist, pulp, ptv, pti, pnfi
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@_cached_njit(parallel=True, error_model="numpy")
 def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                fs, cnt, hist, ulp, tv, ti, nfi, errs, nthreads):
     """Fold the pair (a, r) (flat, same length) into the state arrays.
@@ -372,7 +397,7 @@ def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equa
     _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
 
 
-@njit(cache=True, error_model="numpy")
+@_cached_njit(error_model="numpy")
 def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
                       fs, cnt, hist, ulp, tv, ti, nfi, errs):
     """:func:`accumulate` in the calling thread, for inputs too small to split (one part): the
@@ -385,7 +410,7 @@ def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_ep
     _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
 
 
-@njit(cache=True, error_model="numpy")
+@_cached_njit(error_model="numpy")
 def _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi):
     """Fold the per-thread partial states (first axis) into the state."""
     nt = pfs.shape[0]
@@ -478,7 +503,7 @@ _launch_lock = threading.Lock()
 _serialize_launches: bool | None = None
 
 
-@njit(cache=True)
+@_cached_njit()
 def _gather_buckets(errs, targets, sizes):
     """The values of ``errs`` whose histogram bucket is ``targets[t]``, one array per target
     (``sizes[t]`` values each, as the histogram counted)."""
