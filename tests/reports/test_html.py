@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import sqlite3
 import struct
 import zlib
 from html.parser import HTMLParser
@@ -111,11 +112,23 @@ def test_passing_session(db, build):
     assert 'class="verdict ok"' in page
 
 
+def _rename_session(path, old: str, new: str) -> str:
+    conn = sqlite3.connect(str(path))
+    conn.execute("PRAGMA foreign_keys = OFF")
+    with conn:
+        for table in ("sessions", "checkpoint_results", "tensor_recordings", "tensor_comparisons"):
+            conn.execute(f"UPDATE {table} SET session_id = ? WHERE session_id = ?", (new, old))
+    conn.close()
+    return new
+
+
 def test_every_user_string_is_escaped(db, build):
     b = build(db, model_path=f"/m/{EVIL}", reference_backend=f"ref{EVIL}", alternative_backend=f"alt{EVIL}",
-              session_id=f"sid{EVIL}", config={EVIL: EVIL, "nested": {"k": EVIL}},
+              config={EVIL: EVIL, "nested": {"k": EVIL}},
               extra_results={"note": EVIL, EVIL: [EVIL, 1.0], "command": f"debug_validate --model-path '{EVIL}'"},
               checkpoint_name_override=f"cp{EVIL}")
+    # the store refuses such an id (DF005), so a hand-written (foreign) row carries it
+    b.session_id = _rename_session(db.database_path, b.session_id, f"sid{EVIL}")
     row = db.get_session(b.session_id)
     assert row["model_path"].endswith(EVIL)
     db.update_session(b.session_id, environment={"device": EVIL, EVIL: "x"}, tolerances={"rtol": 1e-4, EVIL: EVIL},

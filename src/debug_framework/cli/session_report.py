@@ -56,12 +56,14 @@ def _database_path(arg: Path | None) -> Path:
 
 
 def _open_db(path: Path) -> DatabaseManager:
+    """The database, opened read-only: a report never changes the file (nor migrates it; an older
+    file is read through a migrated temporary copy)."""
     from ..services.database_manager import DatabaseManager
 
     if not path.is_file():
         raise DatabaseError("no session database at this path", database=str(path),
                             hint="pass --database PATH (or set PIE_DEBUG_DATABASE) to the file debug_validate wrote")
-    return DatabaseManager(path)
+    return DatabaseManager.open_read_only(path)
 
 
 def _write(text: str, out: Path | None) -> None:
@@ -130,9 +132,9 @@ def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -
         print_json(items)
         return EXIT_OK
     if not items:
-        print(f"no sessions in {db.database_path}")
+        print(f"no sessions in {db.source_path}")
         return EXIT_OK
-    table = Table(title=literal(f"Sessions in {db.database_path}"), show_lines=False)
+    table = Table(title=literal(f"Sessions in {db.source_path}"), show_lines=False)
     table.add_column("session", no_wrap=True)
     for col in ("created (UTC)", "status", "model", "reference vs alternative", "first divergence"):
         table.add_column(col, overflow="fold")

@@ -109,7 +109,7 @@ class ValidationReport:
                    performance_metrics=dict(perf) if isinstance(perf, dict) else {},
                    summary_statistics=summarize_checkpoints(rows), session=row,
                    tensor_recordings=database.recordings.for_session(session_id),
-                   tensor_store_root=str(TensorStore.root_beside(database.database_path)), renderer=renderer)
+                   tensor_store_root=str(TensorStore.root_beside(database.source_path)), renderer=renderer)
 
     def to_dict(self) -> dict[str, Any]:
         return {

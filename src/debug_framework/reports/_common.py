@@ -26,6 +26,7 @@ __all__ = [
     "verdict_of",
     "reproduce_command",
     "isolation_rows",
+    "damaged_fields",
 ]
 
 #: Metric keys of ``ComparisonResult.to_dict()`` shown in tables, in this order.
@@ -210,3 +211,13 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
 def isolation_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Rows that carry isolation figures (introduced and/or propagated error)."""
     return [r for r in rows if r.get("introduced_error") is not None or r.get("propagated_error") is not None]
+
+
+def damaged_fields(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the store could not decode (``damaged_json`` of the session and of each row), as
+    ``session.config`` / ``post_mlp[1].metrics_json``: shown so a damaged field is not mistaken for one
+    that was never recorded."""
+    out = [f"session.{c}" for c in session.get("damaged_json") or ()]
+    for r in rows:
+        out += [f"{row_label(r)}.{c}" for c in r.get("damaged_json") or ()]
+    return out

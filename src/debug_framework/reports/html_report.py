@@ -20,6 +20,7 @@ from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
     as_float,
+    damaged_fields,
     first_divergence_key,
     fmt_num,
     isolation_rows,
@@ -391,6 +392,8 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
            if isinstance(results.get("introducing_layers"), list) else "")
         + (f"<div>error: {esc(session.get('error_message'))}</div>" if session.get("error_message") else "")
+        + (f'<div id="damaged">damaged JSON in the database (shown as not recorded): {esc(", ".join(damaged))}</div>'
+           if (damaged := damaged_fields(session, rows)) else "")
         + "</section>")
 
     started, finished = session.get("started_at"), session.get("finished_at")

@@ -11,7 +11,7 @@ from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
 from .schema import BATCH_ITEM_STATUSES, BATCH_JOB_STATUSES
-from .values import from_json, to_json, utc_now
+from .values import decode_json_columns, to_json, utc_now
 
 __all__ = ["BatchQueueStore"]
 
@@ -53,8 +53,7 @@ class BatchQueueStore:
         job, items = self.core.read(rd, f"read batch job {job_id}")
         if job is None:
             return None
-        d = dict(job)
-        d["config"] = from_json(d["config"])
+        d = decode_json_columns(dict(job), ("config",))
         d["items"] = [dict(i) for i in items]
         return d
 

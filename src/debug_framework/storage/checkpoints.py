@@ -7,11 +7,11 @@ from typing import Any, TypedDict, Unpack
 
 from ..config import check_keywords
 from ..errors import ValidationError
-from .checkpoint_rows import result_row_values, upsert_result_sql
-from .core import SqlCore
+from .checkpoint_rows import METRIC_COLUMNS, result_row_values, upsert_result_sql
+from .core import Row, SqlCore
 from .dialect import Connection
 from .sessions import SessionStore
-from .values import from_json, utc_now
+from .values import DAMAGED_KEY, decode_json_columns, utc_now
 
 __all__ = ["CheckpointResultStore", "ResultKeys"]
 
@@ -70,17 +70,32 @@ class CheckpointResultStore:
         ``checkpoint``, ``layer``, ``introduced_error``, ``propagated_error``, timestamps.
         """
         rows = self.core.fetch_all(
-            "SELECT id, session_id, checkpoint, layer, introduced_error, propagated_error, metrics_json,"
-            " created_at, updated_at FROM checkpoint_results WHERE session_id = ? ORDER BY id",
+            "SELECT * FROM checkpoint_results WHERE session_id = ? ORDER BY id",
             (session_id,),
             f"read checkpoint results of session {session_id}",
         )
         out = []
         for r in rows:
-            d = from_json(r["metrics_json"]) or {}
+            d = _metrics_of(r)
             d.update(id=r["id"], session_id=r["session_id"], checkpoint=r["checkpoint"], layer=r["layer"],
                      created_at=r["created_at"], updated_at=r["updated_at"])
             d.setdefault("introduced_error", r["introduced_error"])
             d.setdefault("propagated_error", r["propagated_error"])
             out.append(d)
         return out
+
+
+def _metrics_of(row: Row) -> dict[str, Any]:
+    """The result dict kept in ``metrics_json``; when that text is damaged (or not an object), what
+    the metric columns hold, with ``damaged_json`` naming the column, so the row still renders."""
+    decoded = decode_json_columns({"metrics_json": row["metrics_json"]}, ("metrics_json",))
+    if isinstance(decoded["metrics_json"], dict):
+        return decoded["metrics_json"]
+    if row["metrics_json"] is None:
+        return {}
+    keys = row.keys()
+    d: dict[str, Any] = {col: row[col] for col in (*METRIC_COLUMNS, "passed") if col in keys}
+    if d.get("passed") is not None:
+        d["passed"] = bool(d["passed"])
+    d[DAMAGED_KEY] = ["metrics_json"]
+    return d

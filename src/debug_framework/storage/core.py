@@ -47,10 +47,12 @@ class CoreSettings(TypedDict, total=False):
     max_retry_s: float
     #: the SQL engine (default SQLite)
     dialect: Dialect
+    #: open connections that cannot write (nothing on disk changes; a write is DatabaseError)
+    read_only: bool
 
 
-def _checked_path(database_path: str | os.PathLike[str]) -> Path:
-    """The resolved database file (parent directories created), or DatabaseError."""
+def _checked_path(database_path: str | os.PathLike[str], create_dir: bool = True) -> Path:
+    """The resolved database file (parent directories created unless not ``create_dir``), or DatabaseError."""
     raw = str(database_path)
     if not raw or raw == ":memory:" or raw.startswith("file:"):
         raise DatabaseError(
@@ -66,7 +68,8 @@ def _checked_path(database_path: str | os.PathLike[str]) -> Path:
             database=str(path),
         )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if create_dir:
+            path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         full = no_space_error(exc, "create the database directory", database=str(path))
         if full is not None:
@@ -87,7 +90,8 @@ class SqlCore:
 
     def __init__(self, database_path: str | os.PathLike[str], **settings: Unpack[CoreSettings]) -> None:
         check_keywords(settings, CoreSettings, type(self).__name__)
-        self.database_path = _checked_path(database_path)
+        self.read_only = bool(settings.get("read_only", False))
+        self.database_path = _checked_path(database_path, create_dir=not self.read_only)
         self.busy_timeout_s = float(settings.get("busy_timeout_s", 10.0))
         self.max_retry_s = float(settings.get("max_retry_s", 120.0))
         self.dialect: Dialect = settings.get("dialect", SQLITE)
@@ -99,9 +103,19 @@ class SqlCore:
     # ---------------------------------------------------------------- connections
 
     def _open(self) -> Connection:
+        if self.read_only:  # no journal-mode switch: a reader leaves the file exactly as it found it
+            if not self.database_path.is_file():
+                raise DatabaseError("no database at this path", database=str(self.database_path),
+                                    hint="a database opened read-only is never created")
+            return self.dialect.connect(self.database_path, self.busy_timeout_s, read_only=True)
         conn = self.dialect.connect(self.database_path, self.busy_timeout_s)
         self.retry(lambda: self.dialect.prepare(conn, self.database_path), "prepare the connection")
         return conn
+
+    def _refuse_write(self, what: str) -> None:
+        if self.read_only:
+            raise DatabaseError(f"cannot {what}: the database was opened read-only", database=str(self.database_path),
+                                hint="open it without read_only to change it")
 
     def get_connection(self) -> Connection:
         """This thread's connection (opened on first use; reopened after ``fork``)."""
@@ -174,6 +188,7 @@ class SqlCore:
         Busy/locked failures roll back and re-run ``fn`` (it must only touch the database). Called
         while this thread is already in a transaction, ``fn`` joins it.
         """
+        self._refuse_write(what)
         conn = self.get_connection()
         if conn.in_transaction:
             return fn(conn)
@@ -201,6 +216,7 @@ class SqlCore:
         Taking the write lock at BEGIN means later statements do not meet a busy database; the
         BEGIN itself is retried with backoff. Nested use joins the outer transaction.
         """
+        self._refuse_write("begin a write transaction")
         conn = self.get_connection()
         if conn.in_transaction:
             yield conn

@@ -12,6 +12,10 @@ with the spec's flat methods (``get_session``, ``add_checkpoint_results`` ...) d
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
 from typing import Any, Self, Unpack
 
 from ..errors import DatabaseError
@@ -42,22 +46,47 @@ class Database(SqlCore):
     def __init__(self, database_path: str | os.PathLike[str], *, initialize: bool = True,
                  **settings: Unpack[CoreSettings]) -> None:
         super().__init__(database_path, **settings)
+        #: the file the user named: ``database_path`` itself, except for the migrated copy
+        #: :meth:`open_read_only` reads an older file through
+        self.source_path = self.database_path
         self.sessions = SessionStore(self)
         self.checkpoints = CheckpointResultStore(self, self.sessions)
         self.recordings = RecordingStore(self)
         self.batches = BatchQueueStore(self)
-        if initialize:
+        if initialize and not self.read_only:
             self.migrate_schema()
+
+    @classmethod
+    def open_read_only(cls, database_path: str | os.PathLike[str], **settings: Unpack[CoreSettings]) -> Self:
+        """Open an existing file for reading only: nothing on disk changes (no journal-mode switch,
+        no migration). A file of an older schema version is read through a migrated copy in a
+        temporary directory (``source_path`` names the original); a newer one is DatabaseError."""
+        db = cls(database_path, initialize=False, **{**settings, "read_only": True})
+        try:
+            if schema.readable_version(db) == schema.SCHEMA_VERSION:
+                return db
+            copy = _snapshot(db)
+        except BaseException:
+            db.close()
+            raise
+        db.close()
+        writable = {k: v for k, v in settings.items() if k != "read_only"}
+        migrated = cls(copy, **writable)  # type: ignore[arg-type]
+        migrated.close()
+        migrated.read_only, migrated.source_path = True, db.database_path  # the copy is only read too
+        weakref.finalize(migrated, shutil.rmtree, copy.parent, True)
+        return migrated
 
     # A database can be handed to another process (multiprocessing spawn/fork): only the settings
     # travel (the dialect included); the new process opens its own connections.
     def __getstate__(self) -> dict[str, Any]:
         return {"database_path": self.database_path, "busy_timeout_s": self.busy_timeout_s,
-                "max_retry_s": self.max_retry_s, "dialect": self.dialect}
+                "max_retry_s": self.max_retry_s, "dialect": self.dialect, "read_only": self.read_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         Database.__init__(self, state["database_path"], busy_timeout_s=state["busy_timeout_s"],
-                          max_retry_s=state["max_retry_s"], dialect=state["dialect"], initialize=False)
+                          max_retry_s=state["max_retry_s"], dialect=state["dialect"],
+                          read_only=state.get("read_only", False), initialize=False)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.database_path)!r})"
@@ -96,3 +125,15 @@ def open_database(db: DatabaseLike | None) -> Database:
         "no database to save to or load from",
         hint="pass db=DatabaseManager(path) (or a database path) to the record or the call",
     )
+
+
+def _snapshot(db: Database) -> Path:
+    """A consistent copy of ``db``'s file (the engine's online backup) in a new temporary directory."""
+    directory = Path(tempfile.mkdtemp(prefix="pie-debug-read-"))
+    target = directory / db.database_path.name
+    try:
+        db.read(lambda conn: db.dialect.copy_to(conn, target), "copy the database for reading")
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return target

@@ -37,8 +37,9 @@ class Dialect(Protocol):
     #: driver exceptions the core handles (busy retry, wrapping into DatabaseError)
     error_types: tuple[type[BaseException], ...]
 
-    def connect(self, path: Path, busy_timeout_s: float) -> Connection:
-        """A new connection configured for concurrent use (foreign keys, timeouts)."""
+    def connect(self, path: Path, busy_timeout_s: float, read_only: bool = False) -> Connection:
+        """A new connection configured for concurrent use (foreign keys, timeouts); ``read_only``
+        opens one that can never write (the file, its header and journal mode stay as they are)."""
 
     def prepare(self, conn: Connection, path: Path) -> None:
         """Settings that may meet a lock (the core retries it while busy), e.g. the journal mode."""
@@ -57,6 +58,9 @@ class Dialect(Protocol):
 
     def columns(self, conn: Connection, table: str) -> list[str]:
         """The column names of a table (``table`` is a constant of the schema, never user input)."""
+
+    def copy_to(self, conn: Connection, target: Path) -> None:
+        """Write a consistent copy of the database ``conn`` reads to the new file ``target``."""
 
     def is_busy(self, exc: BaseException) -> bool:
         """The engine reported a lock held by someone else (worth retrying)."""
@@ -80,12 +84,13 @@ class SQLiteDialect:
     begin_write = "BEGIN IMMEDIATE"
     error_types: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
-    def connect(self, path: Path, busy_timeout_s: float) -> Connection:
+    def connect(self, path: Path, busy_timeout_s: float, read_only: bool = False) -> Connection:
         conn = sqlite3.connect(
-            str(path),
+            f"{path.as_uri()}?mode=ro" if read_only else str(path),  # as_uri quotes '?', '#', '%'
             timeout=busy_timeout_s,
             isolation_level=None,  # autocommit; writes use explicit BEGIN IMMEDIATE
             check_same_thread=False,  # only its own thread uses it; close() may run elsewhere
+            uri=read_only,
         )
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")  # an int: PRAGMA takes no parameters
@@ -120,6 +125,13 @@ class SQLiteDialect:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
             raise ValueError(f"not a table name: {table!r}")
         return [r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall()]
+
+    def copy_to(self, conn: Connection, target: Path) -> None:
+        dest = sqlite3.connect(str(target))
+        try:
+            conn.backup(dest)
+        finally:
+            dest.close()
 
     def is_busy(self, exc: BaseException) -> bool:
         if not isinstance(exc, sqlite3.OperationalError):

@@ -12,7 +12,7 @@ from typing import Any, Self
 from ..errors import ValidationError
 from .core import Row, SqlCore
 from .schema import RECORDING_SIDES
-from .values import as_float, as_int, format_time, from_json, now_utc, parse_time, to_json, utc_now
+from .values import as_float, as_int, format_time, decode_json_columns, now_utc, parse_time, to_json, utc_now
 
 __all__ = ["RecordingStore", "StoredRecording"]
 
@@ -86,18 +86,14 @@ def _recording_params(record: Mapping[str, Any]) -> tuple[object, ...]:
 
 
 def _recording_from_row(row: Row) -> dict[str, Any]:
-    d = dict(row)
-    d["shape"] = from_json(d["shape"])
-    d["metadata"] = from_json(d["metadata"])
-    return d
+    return decode_json_columns(dict(row), ("shape", "metadata"))
 
 
 def _comparison_from_row(row: Row) -> dict[str, Any]:
     d = dict(row)
     d["match_status"] = bool(d["match_status"])
-    d["tolerance_config"] = from_json(d["tolerance_config"])
-    d["metrics"] = from_json(d.pop("metrics_json"))
-    return d
+    d["metrics"] = d.pop("metrics_json")
+    return decode_json_columns(d, ("tolerance_config", "metrics"))
 
 
 class RecordingStore:

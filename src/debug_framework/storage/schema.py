@@ -23,6 +23,7 @@ __all__ = [
     "BATCH_JOB_STATUSES",
     "BATCH_ITEM_STATUSES",
     "schema_version",
+    "readable_version",
     "migrate",
 ]
 
@@ -358,13 +359,8 @@ def _apply_step(core: SqlCore, target: int) -> int:
     return core.run_in_transaction(apply, f"migrate the schema to version {target}")
 
 
-def migrate(core: SqlCore) -> bool:
-    """Walk the file up one version at a time to :data:`SCHEMA_VERSION`; ``True`` when current.
-
-    Raises DatabaseError (DF003) for a file newer than this code (left untouched) or a step that
-    fails (rolled back).
-    """
-    conn = core.get_connection()
+def readable_version(core: SqlCore) -> int:
+    """The file's schema version; DatabaseError (DF003) for a file newer than this code (left untouched)."""
     current = schema_version(core)
     if current > SCHEMA_VERSION:
         raise DatabaseError(
@@ -372,6 +368,17 @@ def migrate(core: SqlCore) -> bool:
             hint="upgrade multi-backend-debug-framework, or point database_path at another file",
             database=str(core.database_path),
         )
+    return current
+
+
+def migrate(core: SqlCore) -> bool:
+    """Walk the file up one version at a time to :data:`SCHEMA_VERSION`; ``True`` when current.
+
+    Raises DatabaseError (DF003) for a file newer than this code (left untouched) or a step that
+    fails (rolled back).
+    """
+    conn = core.get_connection()
+    current = readable_version(core)
     while current < SCHEMA_VERSION:
         # foreign key enforcement off while tables are rebuilt; the setting is a no-op inside a
         # transaction, so it is set around it, and references are verified before commit.

@@ -11,7 +11,7 @@ from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
 from .schema import SESSION_STATUSES
-from .values import as_int, check_session_id, from_json, to_json, utc_now
+from .values import as_int, check_session_id, decode_json_columns, to_json, utc_now
 
 __all__ = ["SessionStore", "SessionProvenance", "SessionFilter", "STATUS_TRANSITIONS", "TERMINAL_STATUSES", "SESSION_MUTABLE", "SESSION_JSON"]
 
@@ -61,11 +61,8 @@ class SessionFilter(TypedDict, total=False):
 
 
 def session_from_row(row: Row) -> dict[str, Any]:
-    """A session row as a dict, JSON columns decoded."""
-    d = dict(row)
-    for key in SESSION_JSON:
-        d[key] = from_json(d.get(key))
-    return d
+    """A session row as a dict, JSON columns decoded (damaged ones None, named in ``damaged_json``)."""
+    return decode_json_columns(dict(row), sorted(SESSION_JSON))
 
 
 class SessionStore:

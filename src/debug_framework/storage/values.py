@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ..errors import ValidationError
 
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
-    "parse_time", "format_time", "check_session_id", "session_file", "SESSION_ID_PATTERN",
+    "parse_time", "format_time", "decode_json_columns", "DAMAGED_KEY", "check_session_id", "session_file", "SESSION_ID_PATTERN",
 ]
 
 #: What :func:`from_json` returns (``json.loads`` of a column).
@@ -56,6 +57,26 @@ def to_json(value: object) -> str | None:
 def from_json(text: str | None) -> JsonValue:
     """The value of a JSON column (``None`` for SQL NULL)."""
     return None if text is None else json.loads(text)
+
+
+#: The key a decoded row gets when some of its JSON columns could not be decoded (their names).
+DAMAGED_KEY = "damaged_json"
+
+
+def decode_json_columns(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
+    """Decode ``row``'s JSON ``columns`` in place and return it. A column whose text is not JSON
+    (a hand-edited or damaged file) reads as None and is named in ``row["damaged_json"]``, so the
+    row still renders and says what it lost, instead of failing the whole read."""
+    damaged = []
+    for key in columns:
+        try:
+            row[key] = from_json(row.get(key))
+        except (ValueError, TypeError, RecursionError):
+            row[key] = None
+            damaged.append(key)
+    if damaged:
+        row[DAMAGED_KEY] = sorted(set(row.get(DAMAGED_KEY) or ()) | set(damaged))
+    return row
 
 
 def as_int(value: object) -> int | None:
