@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,21 +123,3 @@ def test_a_file_size_limit_is_df007(tmp_path):
     assert "DF007 cannot record a tensor" in done.stdout and "kept True" in done.stdout
     leftovers = [p.name for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert len(leftovers) == 1, leftovers  # the small tensor only; no temporary file is left behind
-
-
-def test_a_session_id_never_leaves_the_inputs_directory(tiny_llama, tmp_path):
-    """Ids that would name a file elsewhere are DF005 at every layer, and cleanup deletes only its own files."""
-    from debug_framework.errors import ValidationError
-
-    engine = ValidationEngine(tmp_path / "a" / "b" / "debug.db")
-    for bad in ("../../x", "a/b", "x\0y", "..", "/abs"):
-        with pytest.raises(ValidationError) as info:
-            engine.db.create_session("m", "python_reference", "pytorch", session_id=bad)
-        assert info.value.code == "DF005"
-    assert engine.list_sessions() == []
-    outside = tmp_path / "x.safetensors"
-    outside.write_bytes(b"precious")
-    sid = engine.db.create_session("m", "python_reference", "pytorch", session_id=f"s-{uuid.uuid4().hex}",
-                                   inputs_ref=str(engine.inputs_dir / ".." / ".." / "x.safetensors"))
-    assert engine.cleanup_session(sid, delete_records=True)
-    assert outside.read_bytes() == b"precious" and engine.db.get_session(sid) is None

@@ -30,7 +30,7 @@ from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
-from ..storage.sessions import SessionFilter
+from ..storage.sessions import SessionFilter, model_path_key
 from ..storage.values import check_session_id, session_file
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
 from .validation.plan import (
@@ -189,7 +189,7 @@ class ValidationEngine:
             "per_checkpoint": {str(k): plan.tolerance(k).to_dict() for k in plan.keys},
         }
         session = DebugSession(
-            session_id=sid, model_path=str(model.path.resolve()), reference_backend=reference_backend,
+            session_id=sid, model_path=model_path_key(str(model.path)), reference_backend=reference_backend,
             alternative_backend=alt_name, config=cfg, weights_digest=model.digest, tolerances=tolerances,
             seed=int(cfg["seed"]), inputs_ref=str(inputs_path), environment=capture_environment(cfg["device"]),
             reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"]),

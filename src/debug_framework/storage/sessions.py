@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 from ..config import check_keywords
@@ -13,7 +14,7 @@ from .dialect import Connection
 from .schema import SESSION_STATUSES
 from .values import as_int, check_session_id, decode_json_columns, to_json, utc_now
 
-__all__ = ["SessionStore", "SessionProvenance", "SessionFilter", "STATUS_TRANSITIONS", "TERMINAL_STATUSES", "SESSION_MUTABLE", "SESSION_JSON"]
+__all__ = ["SessionStore", "model_path_key", "SessionProvenance", "SessionFilter", "STATUS_TRANSITIONS", "TERMINAL_STATUSES", "SESSION_MUTABLE", "SESSION_JSON"]
 
 #: Allowed status changes. Terminal states (passed/failed/error) never change again.
 STATUS_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -63,6 +64,12 @@ class SessionFilter(TypedDict, total=False):
 def session_from_row(row: Row) -> dict[str, Any]:
     """A session row as a dict, JSON columns decoded (damaged ones None, named in ``damaged_json``)."""
     return decode_json_columns(dict(row), sorted(SESSION_JSON))
+
+
+def model_path_key(model_path: str) -> str:
+    """A model path as sessions store it: absolute and resolved (``~`` expanded), so a session can be
+    found, listed and reproduced from any directory."""
+    return str(Path(model_path).expanduser().resolve())
 
 
 class SessionStore:
@@ -174,9 +181,18 @@ class SessionStore:
         """Sessions, newest first, optionally filtered (``model_path``, ``status``,
         ``reference_backend``, ``alternative_backend``) and cut to ``limit``."""
         check_keywords(where, SessionFilter, "list_sessions")
-        given = {col: where.get(col) for col in _FILTERS}
-        conditions = [f"{col} = ?" for col in _FILTERS if given[col] is not None]  # names from _FILTERS
-        params: list[object] = [given[col] for col in _FILTERS if given[col] is not None]
+        conditions: list[str] = []
+        params: list[object] = []
+        for col in _FILTERS:  # column names from _FILTERS, values as parameters
+            value = where.get(col)
+            if value is None:
+                continue
+            if col == "model_path":  # as typed, or resolved from here (the engine stores it resolved)
+                conditions.append("model_path IN (?, ?)")
+                params += [value, model_path_key(str(value))]
+            else:
+                conditions.append(f"{col} = ?")
+                params.append(value)
         limit = where.get("limit")
         sql = "SELECT * FROM sessions"
         if conditions:
