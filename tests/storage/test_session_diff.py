@@ -54,3 +54,45 @@ def test_diff_refuses_sessions_of_different_backends(db, make_result):
     assert diff_sessions(a, b, db, require_same_model=False).notes
     with pytest.raises(DatabaseError, match="does not exist"):  # DF003, like every unknown session id
         diff_sessions(a, "ghost", db)
+
+
+def test_a_change_far_below_the_tolerance_is_not_worse(db, make_result):
+    """3.2e-8 -> 3.8e-8 is +19 %, but under an atol of 1e-6 it is rounding noise (the floor is
+    atol_fraction of the checkpoint's atol); a real regression of the same relative size still counts."""
+    before = _run(db, make_result, [("post_mlp", 0, 3.2e-8, True), ("post_mlp", 1, 3.2e-5, True)])
+    after = _run(db, make_result, [("post_mlp", 0, 3.8e-8, True), ("post_mlp", 1, 3.8e-5, True)])
+    kinds = {c.layer: c.change for c in diff_sessions(before, after, db).changes}
+    assert kinds == {0: "unchanged", 1: "worse"}
+    assert {c.layer: c.change for c in diff_sessions(before, after, db, atol_fraction=0).changes}[0] == "worse"
+
+
+def test_differences_are_listed_leaf_by_leaf_not_as_raw_dicts(db, make_result):
+    a = db.create_session("/models/tiny", "python_reference", "pytorch",
+                          alternative_backend_info={"name": "pytorch", "torch": "2.13.0", "device": "cpu"})
+    b = db.create_session("/models/tiny", "python_reference", "pytorch",
+                          alternative_backend_info={"name": "pytorch", "torch": "2.14.0", "device": "cpu",
+                                                    "cuda": {"version": "12.4"}})
+    d = diff_sessions(a, b, db)
+    assert [(x.field, x.before, x.after) for x in d.differences] == [
+        ("alternative_backend_info.cuda.version", None, "12.4"),
+        ("alternative_backend_info.torch", "2.13.0", "2.14.0"),
+    ]
+    assert d.notes == ["alternative_backend_info.cuda.version: (not recorded) -> 12.4",
+                       "alternative_backend_info.torch: 2.13.0 -> 2.14.0"]
+    assert d.to_dict()["differences"][1] == {"field": "alternative_backend_info.torch", "before": "2.13.0",
+                                             "after": "2.14.0"}
+
+
+def test_messages_name_the_callers_options(db, make_result):
+    a = _run(db, make_result, [("post_mlp", 0, 1e-5, True)])
+    b = _run(db, make_result, [("post_mlp", 0, 1e-5, True)], alt="onnxruntime")
+    flags = {"rel_change": "--rel-change", "abs_floor": "--abs-floor", "atol_fraction": "--atol-fraction",
+             "require_same_model": "--allow-different-models"}
+    with pytest.raises(ValidationError, match="require_same_model=False"):
+        diff_sessions(a, b, db)
+    with pytest.raises(ValidationError) as info:
+        diff_sessions(a, b, db, option_names=flags)
+    assert "--allow-different-models" in str(info.value) and "require_same_model" not in str(info.value)
+    with pytest.raises(ValidationError) as info:
+        diff_sessions(a, a, db, rel_change=-1, option_names=flags)
+    assert info.value.message.startswith("--rel-change must be") and "rel_change" not in str(info.value)

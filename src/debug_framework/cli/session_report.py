@@ -30,6 +30,8 @@ from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, 
                         print_json, run_app)
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..services.database_manager import DatabaseManager
     from ..services.session_diff import SessionDiff
 
@@ -118,9 +120,25 @@ def _session_items(db: DatabaseManager, status: str | None, model_path: str | No
             "session_id": s["session_id"], "created_at": s.get("created_at"), "status": s.get("status"),
             "verdict": verdict_of(s.get("status"), res), "model_path": s.get("model_path"),
             "reference_backend": s.get("reference_backend"), "alternative_backend": s.get("alternative_backend"),
+            **_dtypes(s.get("config")),
             "first_divergence": None if key is None else {"checkpoint": key[0], "layer": key[1]},
         })
     return items
+
+
+def _dtypes(config: object) -> dict[str, str | None]:
+    """The session's compute dtypes (alternative, reference) from its config; None where not recorded."""
+    cfg = config if isinstance(config, dict) else {}
+    alt, ref = cfg.get("dtype"), cfg.get("reference_dtype")
+    return {"dtype": None if alt is None else str(alt), "reference_dtype": None if ref is None else str(ref)}
+
+
+def _dtype_cell(item: dict[str, Any]) -> str:
+    """``float32``, or ``float64 vs float32`` when the reference ran at another precision."""
+    alt, ref = item.get("dtype"), item.get("reference_dtype")
+    if ref and alt and ref != alt:
+        return f"{ref} vs {alt}"
+    return str(alt or ref or "")
 
 
 def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -> int:
@@ -136,7 +154,7 @@ def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -
         return EXIT_OK
     table = Table(title=literal(f"Sessions in {db.source_path}"), show_lines=False)
     table.add_column("session", no_wrap=True)
-    for col in ("created (UTC)", "status", "model", "reference vs alternative", "first divergence"):
+    for col in ("created (UTC)", "status", "model", "reference vs alternative", "dtype", "first divergence"):
         table.add_column(col, overflow="fold")
     colours = {"passed": "green", "failed": "red", "error": "magenta", "running": "yellow"}
     for it in items:
@@ -144,10 +162,29 @@ def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -
         status = literal(it["status"])
         status.stylize(colours.get(str(it["status"]), ""))
         add_row(table, it["session_id"], str(it["created_at"] or "")[:19], status, it["model_path"],
-                f"{it['reference_backend']} vs {it['alternative_backend']}",
+                f"{it['reference_backend']} vs {it['alternative_backend']}", _dtype_cell(it),
                 "" if fd is None else row_label((fd["checkpoint"], fd["layer"])))
     make_console(piped_width=_WIDE).print(table)
     return EXIT_OK
+
+
+#: The flags of --diff, named in diff_sessions' messages instead of its Python keywords.
+_DIFF_FLAGS = {"rel_change": "--rel-change", "abs_floor": "--abs-floor", "atol_fraction": "--atol-fraction",
+               "require_same_model": "--allow-different-models"}
+
+
+def _print_differences(console: Console, diff: SessionDiff) -> None:
+    """What else differs between the sessions, one leaf per row (never a raw dict)."""
+    from rich.table import Table
+
+    from ..services.session_diff import value_text
+
+    table = Table(title="What differs between the runs")
+    for col in ("field", "before", "after"):
+        table.add_column(col, overflow="fold")
+    for d in diff.differences:
+        add_row(table, d.field, value_text(d.before, 120), value_text(d.after, 120))
+    console.print(table)
 
 
 def _print_diff_table(diff: SessionDiff, before: str, after: str) -> None:
@@ -166,8 +203,8 @@ def _print_diff_table(diff: SessionDiff, before: str, after: str) -> None:
                 fmt_num(c.before_max_abs_error), fmt_num(c.after_max_abs_error), change)
     console = make_console(piped_width=_WIDE)
     console.print(table)
-    for note in diff.notes:
-        console.print(literal(f"note: {note}"))
+    if diff.differences:
+        _print_differences(console, diff)
     console.print(literal(", ".join(f"{k}: {v}" for k, v in diff.to_dict()["counts"].items())))
 
 
@@ -176,12 +213,12 @@ def _pass_label(passed: bool | None) -> str:
 
 
 def _cmd_diff(db: DatabaseManager, before: str, after: str, fmt: str | None, output_file: Path | None, as_json: bool,
-              rel_change: float, abs_floor: float, allow_different_models: bool) -> int:
+              thresholds: dict[str, float], allow_different_models: bool) -> int:
     from ..reports import render_diff
     from ..services.session_diff import diff_sessions
 
-    diff = diff_sessions(before, after, db, rel_change=rel_change, abs_floor=abs_floor,
-                         require_same_model=not allow_different_models)
+    diff = diff_sessions(before, after, db, **thresholds, require_same_model=not allow_different_models,
+                         option_names=_DIFF_FLAGS)
     if fmt is None and (as_json or output_file is not None):
         fmt = "json"
     if fmt is not None:
@@ -226,6 +263,8 @@ def report(
     model_path: str | None = typer.Option(None, "--model-path", help="with --list: only sessions of this model path"),
     rel_change: float = typer.Option(0.10, "--rel-change", help="with --diff: relative change that counts (default 0.10)"),
     abs_floor: float = typer.Option(0.0, "--abs-floor", help="with --diff: ignore changes smaller than this"),
+    atol_fraction: float = typer.Option(0.1, "--atol-fraction", help="with --diff: ignore changes smaller than this "
+                                        "fraction of the checkpoint's absolute tolerance (default 0.1)"),
     allow_different_models: bool = typer.Option(False, "--allow-different-models",
                                                 help="with --diff: allow different model/backends"),
 ) -> int:
@@ -241,7 +280,8 @@ def report(
     if list_:
         return _cmd_list(db, _session_items(db, status, model_path, limit), as_json)
     if diff is not None:
-        return _cmd_diff(db, diff[0], diff[1], output_format, output_file, as_json, rel_change, abs_floor,
+        thresholds = {"rel_change": rel_change, "abs_floor": abs_floor, "atol_fraction": atol_fraction}
+        return _cmd_diff(db, diff[0], diff[1], output_format, output_file, as_json, thresholds,
                          allow_different_models)
     assert session_id is not None
     return _cmd_report(db, session_id, output_format or "json", output_file, include_tensors, tensor_store)

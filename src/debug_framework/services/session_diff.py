@@ -1,20 +1,75 @@
 """Diff two sessions of the same model and backends: which ``(checkpoint, layer)`` got better or worse.
 
-A key is **worse** when it went from pass to fail, or its max abs error grew by more than
-``rel_change`` (relative) and ``abs_floor``; **better** the other way round; **unchanged**
-otherwise; **new**/**missing** when only the second/first session has it. NaN error ranks worst.
+A key is **worse** when it went from pass to fail, or its max abs error grew by more than the
+larger of ``rel_change`` (relative), ``abs_floor`` and ``atol_fraction`` of the checkpoint's
+absolute tolerance (so 3.2e-8 -> 3.8e-8 under an atol of 1e-5 is noise, not a regression);
+**better** the other way round; **unchanged** otherwise; **new**/**missing** when only the
+second/first session has it. NaN error ranks worst.
+
+What else differs between the sessions (weights digest, backend versions, tolerances) is listed
+leaf by leaf in ``differences`` (``alternative_backend_info.torch: '2.13.0' -> '2.14.0'``), and as
+sentences in ``notes``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DatabaseError, ValidationError
+from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
 
-__all__ = ["CheckpointChange", "SessionDiff", "diff_sessions"]
+__all__ = ["CheckpointChange", "FieldDifference", "SessionDiff", "diff_sessions", "value_text", "DIFF_OPTIONS"]
+
+#: The keyword arguments of :func:`diff_sessions` a caller may spell its own way in messages
+#: (a CLI passes its flags: ``{"rel_change": "--rel-change", ...}``).
+DIFF_OPTIONS = ("rel_change", "abs_floor", "atol_fraction", "require_same_model")
+_MISSING = "(not recorded)"
+_MAX_VALUE_TEXT = 80
+
+
+@dataclass(frozen=True)
+class FieldDifference:
+    """One leaf that differs between the sessions: ``field`` (``alternative_backend_info.torch``)."""
+
+    field: str
+    before: Any
+    after: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "before": self.before, "after": self.after}
+
+    def sentence(self) -> str:
+        return f"{self.field}: {value_text(self.before)} -> {value_text(self.after)}"
+
+
+def value_text(value: Any, limit: int = _MAX_VALUE_TEXT) -> str:
+    """A difference's value in one short line: strings as they are, None as ``(not recorded)``,
+    anything else as compact JSON; cut to ``limit`` characters."""
+    if value is None:
+        text = _MISSING
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = dumps_json(value, indent=None)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _leaf_differences(name: str, a: Any, b: Any, depth: int = 0) -> list[FieldDifference]:
+    """The leaves of two JSON values that differ, dotted paths from ``name`` (dicts recursed; a key
+    only one side has is None on the other)."""
+    if a == b:
+        return []
+    if isinstance(a, (dict, type(None))) and isinstance(b, (dict, type(None))) and depth < 8:
+        a, b = a or {}, b or {}  # a dict on one side only: its leaves, each against "not recorded"
+        out: list[FieldDifference] = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _leaf_differences(f"{name}.{key}", a.get(key), b.get(key), depth + 1)
+        return out
+    return [FieldDifference(name, a, b)]
 
 
 @dataclass(frozen=True)
@@ -37,6 +92,8 @@ class SessionDiff:
     after_session_id: str
     changes: list[CheckpointChange]
     notes: list[str] = field(default_factory=list)
+    #: what else differs between the sessions, leaf by leaf (``notes`` says the same in sentences)
+    differences: list[FieldDifference] = field(default_factory=list)
 
     def by_change(self, change: str) -> list[CheckpointChange]:
         return [c for c in self.changes if c.change == change]
@@ -60,7 +117,9 @@ class SessionDiff:
     def to_dict(self) -> dict[str, Any]:
         counts = {k: len(self.by_change(k)) for k in ("better", "worse", "unchanged", "new", "missing")}
         return {"before_session_id": self.before_session_id, "after_session_id": self.after_session_id,
-                "counts": counts, "notes": list(self.notes), "changes": [c.to_dict() for c in self.changes]}
+                "counts": counts, "notes": list(self.notes),
+                "differences": [d.to_dict() for d in self.differences],
+                "changes": [c.to_dict() for c in self.changes]}
 
 
 def _err(v: Any) -> float:
@@ -73,7 +132,19 @@ def _passed(v: Any) -> bool | None:
     return None if v is None else bool(v)
 
 
-def _compare(before: dict[str, Any], after: dict[str, Any], rel_change: float, abs_floor: float) -> str:
+def _atol(row: dict[str, Any]) -> float:
+    """The absolute tolerance the row was judged by (0 when not recorded)."""
+    tol = row.get("tolerance")
+    value = tol.get("atol") if isinstance(tol, dict) else None
+    try:
+        f = float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return f if math.isfinite(f) and f > 0 else 0.0
+
+
+def _compare(before: dict[str, Any], after: dict[str, Any], rel_change: float, abs_floor: float,
+             atol_fraction: float = 0.0) -> str:
     pb, pa = _passed(before.get("passed")), _passed(after.get("passed"))
     if pb is True and pa is False:
         return "worse"
@@ -86,12 +157,28 @@ def _compare(before: dict[str, Any], after: dict[str, Any], rel_change: float, a
         return "worse"
     if math.isnan(eb):
         return "better"
-    threshold = max(abs_floor, rel_change * max(abs(eb), abs(ea)))
+    floor = max(abs_floor, atol_fraction * max(_atol(before), _atol(after)))
+    threshold = max(floor, rel_change * max(abs(eb), abs(ea)))
     if ea - eb > threshold:
         return "worse"
     if eb - ea > threshold:
         return "better"
     return "unchanged"
+
+
+def _spell(name: str, value: str | None, flags: Mapping[str, str] | None) -> str:
+    """How a message names option ``name`` (set to ``value``): the caller's flag, else the keyword."""
+    if flags and name in flags:
+        return flags[name] if value is None or name == "require_same_model" else f"{flags[name]} {value}"
+    return name if value is None else f"{name}={value}"
+
+
+def _check_thresholds(values: Mapping[str, float], flags: Mapping[str, str] | None) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValidationError(f"{_spell(name, None, flags)} must be a finite number >= 0, got {value!r}",
+                                  hint=f"e.g. {_spell('rel_change', '0.10', flags)} (10 %), "
+                                       f"{_spell('abs_floor', '0', flags)}, {_spell('atol_fraction', '0.1', flags)}")
 
 
 def diff_sessions(
@@ -101,19 +188,25 @@ def diff_sessions(
     *,
     rel_change: float = 0.10,
     abs_floor: float = 0.0,
+    atol_fraction: float = 0.1,
     require_same_model: bool = True,
+    option_names: Mapping[str, str] | None = None,
 ) -> SessionDiff:
     """Compare two stored sessions key by key (``db``: a DatabaseManager or a database path).
 
+    A change of a checkpoint's max abs error counts when it exceeds the largest of ``abs_floor``,
+    ``atol_fraction`` times the checkpoint's absolute tolerance, and ``rel_change`` times the larger
+    error. ``option_names`` maps keywords of :data:`DIFF_OPTIONS` to the names the caller's users
+    know (a CLI's flags), used in error messages.
+
     Raises DatabaseError (DF003, as for every unknown session id) when a session is missing;
-    ValidationError when ``rel_change``/``abs_floor`` is negative or
-    not finite, or, with ``require_same_model``, when the model path or the backend names differ. Different weight digests or backend versions are
-    reported in ``notes`` (that is usually what is being compared).
+    ValidationError when ``rel_change``/``abs_floor``/``atol_fraction`` is negative or not finite,
+    or, with ``require_same_model``, when the model path or the backend names differ. Different
+    weight digests, backend versions or tolerances are listed in ``differences``/``notes`` (that is
+    usually what is being compared).
     """
-    for name, value in (("rel_change", rel_change), ("abs_floor", abs_floor)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}",
-                                  hint="e.g. rel_change=0.10 (10 %), abs_floor=0")
+    _check_thresholds({"rel_change": rel_change, "abs_floor": abs_floor, "atol_fraction": atol_fraction},
+                      option_names)
     database = open_database(db)
     a, b = database.sessions.get(before_session_id), database.sessions.get(after_session_id)
     for sid, row in ((before_session_id, a), (after_session_id, b)):
@@ -121,17 +214,18 @@ def diff_sessions(
             raise DatabaseError(f"session {sid!r} does not exist", session=sid,
                                   hint="list sessions with session_report --list")
     assert a is not None and b is not None
-    notes: list[str] = []
+    differences: list[FieldDifference] = []
     for key in ("model_path", "reference_backend", "alternative_backend"):
         if a[key] != b[key]:
-            msg = f"{key} differs: {a[key]!r} vs {b[key]!r}"
             if require_same_model:
-                raise ValidationError(f"sessions are not comparable: {msg}",
-                                      hint="diff sessions of the same model and backends, or pass require_same_model=False")
-            notes.append(msg)
+                raise ValidationError(
+                    f"sessions are not comparable: {key} differs: {a[key]!r} vs {b[key]!r}",
+                    hint=f"diff sessions of the same model and backends, or pass "
+                         f"{_spell('require_same_model', 'False', option_names)}")
+            differences.append(FieldDifference(key, a[key], b[key]))
     for key in ("weights_digest", "reference_backend_info", "alternative_backend_info", "tolerances"):
-        if a.get(key) != b.get(key):
-            notes.append(f"{key} differs: {a.get(key)!r} vs {b.get(key)!r}")
+        differences += _leaf_differences(key, a.get(key), b.get(key))
+    notes = [d.sentence() for d in differences]
     rows_a = {(r["checkpoint"], r["layer"]): r for r in database.checkpoints.for_session(before_session_id)}
     rows_b = {(r["checkpoint"], r["layer"]): r for r in database.checkpoints.for_session(after_session_id)}
     changes: list[CheckpointChange] = []
@@ -143,7 +237,7 @@ def diff_sessions(
         elif rb is None:
             kind = "missing"
         else:
-            kind = _compare(ra, rb, rel_change, abs_floor)
+            kind = _compare(ra, rb, rel_change, abs_floor, atol_fraction)
         changes.append(CheckpointChange(
             checkpoint=key[0], layer=key[1], change=kind,
             before_max_abs_error=None if ra is None else ra.get("max_abs_error"),
@@ -151,4 +245,4 @@ def diff_sessions(
             before_passed=None if ra is None else _passed(ra.get("passed")),
             after_passed=None if rb is None else _passed(rb.get("passed")),
         ))
-    return SessionDiff(before_session_id, after_session_id, changes, notes)
+    return SessionDiff(before_session_id, after_session_id, changes, notes, differences)
