@@ -4,7 +4,7 @@
                    [--include-tensors] [--database PATH]
     session_report --list [--json] [--limit N] [--status STATUS] [--model-path PATH]
     session_report --diff BEFORE AFTER [--output-format json|html|csv] [--output-file PATH]
-                   [--rel-change 0.1] [--abs-floor 0] [--allow-different-models]
+                   [--rel-change 0.1] [--abs-floor 0] [--atol-fraction 0.1] [--allow-different-models]
 
 Exit codes (:mod:`debug_framework.cli.framework`): 0 the command did what was asked (a report of a
 *failed* session is still exit 0; gate CI on ``debug_validate``'s exit code or on the JUnit file);
@@ -13,7 +13,8 @@ session id: DF003, database missing/unreadable: DF003, sessions not comparable: 
 error (a bug; the traceback is in the crash log the message names).
 
 The database is ``--database``, else ``PIE_DEBUG_DATABASE``, else ``~/.pie/debug/debug_framework.db``.
-It is only read: a missing file is an error, never created.
+It is only read (opened read-only: no switch to WAL, no migration; an older file is read through a
+migrated temporary copy): a missing file is an error, never created.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import DatabaseError, ValidationError, no_space_error
+from ..errors import DatabaseError, ValidationError
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
                         print_json, run_app)
 
@@ -69,21 +70,13 @@ def _open_db(path: Path) -> DatabaseManager:
 
 
 def _write(text: str, out: Path | None) -> None:
-    from ..models._common import write_text_atomic
+    from ..models._common import write_report_file
 
     if out is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
         return
-    path = out.expanduser()
-    try:
-        write_text_atomic(path, text)
-    except OSError as exc:
-        full = no_space_error(exc, "write the report", file=str(path))
-        if full is not None:
-            raise full from exc
-        raise ValidationError(f"cannot write the report: {exc}", file=str(path),
-                              hint="choose a writable --output-file") from exc
+    write_report_file(out.expanduser(), text, hint="choose a writable --output-file")
 
 
 def _cmd_report(db: DatabaseManager, session_id: str, fmt: str, output_file: Path | None, include_tensors: bool,

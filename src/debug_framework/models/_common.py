@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar, cast
 
-from ..errors import FrameworkInitializationError
+from ..errors import FrameworkInitializationError, ValidationError, no_space_error
 from ..storage.values import format_time, now_utc, parse_time
 
-__all__ = ["now_utc", "parse_time", "format_time", "write_text_atomic", "Collaborator", "install_default",
+__all__ = ["now_utc", "parse_time", "format_time", "write_text_atomic", "write_report_file", "Collaborator", "install_default",
            "REPORT_RENDERER_ROLE", "BATCH_EXECUTOR_ROLE"]
 
 T = TypeVar("T")
@@ -38,6 +38,19 @@ def write_text_atomic(path: os.PathLike[str] | str, text: str) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_report_file(path: os.PathLike[str] | str, text: str, *, hint: str = "choose a writable output path",
+                      **context: object) -> None:
+    """:func:`write_text_atomic` for a file the user asked for (a report): no room to write (full
+    disk, quota, read-only file system) is DF007, any other ``OSError`` ValidationError (DF005)."""
+    try:
+        write_text_atomic(path, text)
+    except OSError as exc:
+        full = no_space_error(exc, "write the report", file=str(path), **context)
+        if full is not None:
+            raise full from exc
+        raise ValidationError(f"cannot write the report: {exc}", file=str(path), hint=hint, **context) from exc
 
 
 #: The roles of the records' upper-layer collaborators (keys of the defaults the composition root installs).

@@ -20,11 +20,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import DatabaseError, ValidationError, no_space_error
+from ..errors import DatabaseError, ValidationError
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
 from ..storage.tensor_store import TensorStore
-from ._common import REPORT_RENDERER_ROLE, Collaborator, format_time, now_utc, parse_time, write_text_atomic
+from ._common import REPORT_RENDERER_ROLE, Collaborator, format_time, now_utc, parse_time, write_report_file
 
 __all__ = ["ValidationReport", "ReportRenderer", "REPORT_RENDERER", "REPORT_FORMATS", "summarize_checkpoints"]
 
@@ -147,12 +147,5 @@ class ValidationReport:
             raise ValidationError(f"unknown report format {format!r}", hint="use 'json', 'html', 'csv' or 'junit'")
         text = self._renderer(renderer)(self, fmt, include_tensors=include_tensors)
         path = Path(file_path).expanduser()
-        try:
-            write_text_atomic(path, text)
-        except OSError as exc:
-            full = no_space_error(exc, "write the report", file=str(path))
-            if full is not None:
-                raise full from exc
-            raise ValidationError(f"cannot write the report: {exc}", file=str(path),
-                                  hint="choose a writable output path") from exc
+        write_report_file(path, text)
         return True
