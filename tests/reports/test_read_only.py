@@ -106,3 +106,32 @@ def test_an_older_file_is_read_through_a_migrated_copy(tmp_path, capsys):
 
     gc.collect()
     assert not copy_dir.exists()  # the temporary copy goes with the manager
+
+
+def test_a_database_on_a_read_only_file_system_can_be_reported_on(db, build, tmp_path, capsys):
+    """A foreign database in rollback-journal mode on a read-only mount (root bypasses file modes,
+    so the mount is what makes it read-only; skipped where mounting is not allowed)."""
+    import os
+    import subprocess
+
+    b = build(db)
+    db.close()
+    conn = sqlite3.connect(str(db.database_path))
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(db.database_path.parent), str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        dbp = str(mnt / db.database_path.name)
+        assert main(["--list", "--json", "--database", dbp]) == 0
+        assert b.session_id in capsys.readouterr().out
+        assert main(["--session-id", b.session_id, "--database", dbp, "--output-format", "junit"]) == 0
+        assert "post_mlp" in capsys.readouterr().out
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
