@@ -20,7 +20,8 @@ from ..errors import ValidationError
 
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
-    "parse_time", "format_time", "decode_json_columns", "DAMAGED_KEY", "check_session_id", "session_file", "SESSION_ID_PATTERN",
+    "parse_time", "format_time", "decode_json_columns", "DAMAGED_KEY", "check_session_id", "session_file",
+    "SESSION_ID_PATTERN",
 ]
 
 #: What :func:`from_json` returns (``json.loads`` of a column).
