@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "debug_framework"
 
 
@@ -25,6 +27,7 @@ def _read_only_install(root: Path) -> Path:
     return site
 
 
+@pytest.mark.slow  # a child process importing the package (~2-4 s)
 def test_the_comparison_core_imports_and_runs_without_a_writable_cache(tmp_path):
     site = _read_only_install(tmp_path)
     home = tmp_path / "home"

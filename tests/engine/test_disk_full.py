@@ -100,6 +100,7 @@ def test_a_full_disk_is_df007_everywhere_and_keeps_what_was_stored(tiny_llama, s
         subprocess.run(["umount", "-l", str(read_only)], capture_output=True)
 
 
+@pytest.mark.slow  # a child process importing the package (~2-4 s)
 def test_a_file_size_limit_is_df007(tmp_path):
     """RLIMIT_FSIZE (no privilege needed): the write fails with EFBIG, which is DF007 too."""
     code = textwrap.dedent(f"""
