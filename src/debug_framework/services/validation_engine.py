@@ -25,14 +25,17 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
-from ..config import default_database_path, merge_config
+from ..config import default_database_path, merge_config, resource_settings
 from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError
 from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
+from ..storage.leases import holding
 from ..storage.sessions import SessionFilter
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
+from .maintenance import AutoMaintenance, MaintenanceReport, auto_maintenance, inputs_dir_of, run_maintenance
+from .validation.deadline import check_deadline, session_deadline
 from .validation.plan import (
     MODEL_TOLERANCES,
     SESSION_DEFAULTS,
@@ -142,6 +145,11 @@ class ValidationEngine:
         stages: the stages of a validation, in order (default
             :data:`~debug_framework.services.validation.stages.DEFAULT_STAGES`); the last one that
             runs must store the result (``StoreStage``).
+
+    With ``config["auto_cleanup"]`` (default) the engine's start releases sessions and batch items
+    whose owner process is gone and optimises the database at most once per
+    ``maintenance_interval`` (:func:`~debug_framework.services.maintenance.auto_maintenance`; what it
+    did is :attr:`maintenance`). A validation runs under ``max_session_duration``.
     """
 
     def __init__(self, database_path: str | os.PathLike[str] | None = None, *,
@@ -151,7 +159,11 @@ class ValidationEngine:
         path = database_path if database_path is not None else default_database_path(self.config)
         self.db = DatabaseManager(path)
         self.database_path = self.db.database_path
-        self.inputs_dir = self.database_path.parent / f"{self.database_path.stem}_inputs"
+        self.inputs_dir = inputs_dir_of(self.database_path)
+        self.resources = resource_settings(self.config)
+        self.maintenance: AutoMaintenance | None = None
+        if self.resources.auto_cleanup:
+            self.maintenance = auto_maintenance(self.db, self.resources)
 
     def __repr__(self) -> str:
         return f"ValidationEngine({str(self.database_path)!r})"
@@ -178,6 +190,8 @@ class ValidationEngine:
         from ..modelio import load_model
 
         cfg = validate_session_config(config)
+        if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
+            cfg["performance_profiling_enabled"] = False
         model = load_model(model_path)
         alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
@@ -244,15 +258,19 @@ class ValidationEngine:
                 session=session_id, hint="create a new session to run the validation again",
             )
         session = DebugSession.from_dict(row, db=self.db)
-        session.update_status("running")
-        try:
-            return self._execute(session, progress or (lambda *_: None))
-        except BaseException as exc:
+        if not self.resources.performance_monitoring:
+            session.config = {**session.config, "performance_profiling_enabled": False}
+        with holding(self.db, self.resources.heartbeat_interval):  # this process owns the session while it runs
+            session.update_status("running")
             try:
-                session.update_status("error", error_message=failure_message(exc))
-            except DebugFrameworkError:  # pragma: no cover - the database itself failed
-                pass
-            raise
+                with session_deadline(self.resources.max_session_duration, session_id):
+                    return self._execute(session, progress or (lambda *_: None))
+            except BaseException as exc:
+                try:
+                    session.update_status("error", error_message=failure_message(exc))
+                except DebugFrameworkError:  # pragma: no cover - the database itself failed
+                    pass
+                raise
 
     def _execute(self, session: DebugSession, progress: Progress) -> ValidationResult:
         """The loop over the stages: progress, timing and persisting rows live here alone."""
@@ -260,6 +278,7 @@ class ValidationEngine:
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
         for done, stage in enumerate(stages, 1):
+            check_deadline()  # max_session_duration: stop at a stage boundary
             if not stage.ready(ctx):
                 progress(stage.name, done, len(stages))
                 continue
@@ -306,6 +325,14 @@ class ValidationEngine:
     def list_sessions(self, **filters: Unpack[SessionFilter]) -> list[dict[str, Any]]:
         """Stored sessions, newest first (filters as :meth:`DatabaseManager.list_sessions`)."""
         return self.db.list_sessions(**filters)
+
+    def run_maintenance(self, *, dry_run: bool = False, older_than_days: float | None = None,
+                        compact: bool = True) -> MaintenanceReport:
+        """Sweep abandoned sessions, apply the retention policy, remove orphaned inputs and tensor
+        files, and optimise the database (:func:`~debug_framework.services.maintenance.run_maintenance`
+        with this engine's configuration)."""
+        return run_maintenance(self.db, dry_run=dry_run, older_than_days=older_than_days, config=self.config,
+                               compact=compact)
 
     def cleanup_session(self, session_id: str, *, delete_records: bool = False, force: bool = False) -> bool:
         """Release a finished session's resources: its saved inputs file is kept unless
