@@ -37,7 +37,7 @@ from .dialect import Connection
 from .values import utc_now
 
 __all__ = ["Owner", "current_owner", "owner_gone", "stamp", "renew", "Heartbeat", "holding", "SweepReport",
-           "sweep", "ABANDONED", "LEASE_COLUMNS", "DEFAULT_HEARTBEAT_S", "LEASE_FACTOR", "is_abandoned"]
+           "sweep", "live_running_items", "ABANDONED", "LEASE_COLUMNS", "DEFAULT_HEARTBEAT_S", "LEASE_FACTOR", "is_abandoned"]
 
 #: The error message of a session (and the note of a batch item) whose owner is gone.
 ABANDONED = "abandoned: owner process gone"
@@ -303,6 +303,13 @@ def sweep(core: SqlCore, *, dry_run: bool = False, legacy_after_s: float | None 
                 else:
                     report.items.append((str(row["job_id"]), int(row["item_index"])))
     return report
+
+
+def live_running_items(core: SqlCore, job_id: str) -> int:
+    """How many of ``job_id``'s items are running under an owner that is not gone (an item without
+    an owner, claimed before schema version 3, counts as gone)."""
+    now = time.time()
+    return sum(not owner_gone(row, now, 0.0) for row in _running(core, "batch_job_items", job_id))
 
 
 def is_abandoned(error_message: str | None) -> bool:
