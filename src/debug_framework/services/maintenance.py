@@ -22,6 +22,7 @@ time (a single read when nothing is stale) and ``PRAGMA optimize`` at most once 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ResourceSettings, merge_config, resource_settings
+from ..errors import DebugFrameworkError
 from ..storage.database import Database, DatabaseLike, open_database
 from ..storage.leases import SweepReport, sweep
 from ..storage.sessions import TERMINAL_STATUSES
@@ -38,6 +40,7 @@ from ..storage.values import parse_time
 __all__ = ["MaintenanceReport", "RemovedFile", "run_maintenance", "auto_maintenance", "AutoMaintenance",
            "inputs_dir_of"]
 
+_LOG = logging.getLogger("debug_framework.maintenance")
 _DAY_S = 86400.0
 _INPUTS_SUFFIX = ".safetensors"
 
@@ -237,9 +240,17 @@ def _claim_due(db: Database, task: str, interval_s: float) -> bool:
 
 
 def auto_maintenance(db: Database, settings: ResourceSettings) -> AutoMaintenance:
-    """The cheap maintenance an engine start runs with ``auto_cleanup`` (see the module docstring)."""
-    swept = sweep(db, legacy_after_s=settings.max_session_duration)
-    optimized = _claim_due(db, "optimize", settings.maintenance_interval)
-    if optimized:
-        db.read(db.dialect.optimize, "optimise the database")
+    """The cheap maintenance an engine start runs with ``auto_cleanup`` (see the module docstring).
+
+    Best effort: a database that cannot be written now (read-only file, full disk, held locked)
+    skips it with a warning on the ``debug_framework`` logger; the engine starts all the same.
+    """
+    try:
+        swept = sweep(db, legacy_after_s=settings.max_session_duration)
+        optimized = _claim_due(db, "optimize", settings.maintenance_interval)
+        if optimized:
+            db.read(db.dialect.optimize, "optimise the database")
+    except DebugFrameworkError as exc:
+        _LOG.warning("automatic maintenance skipped: %s", exc)
+        return AutoMaintenance(swept=SweepReport(), optimized=False)
     return AutoMaintenance(swept=swept, optimized=optimized)

@@ -258,19 +258,24 @@ class ValidationEngine:
                 session=session_id, hint="create a new session to run the validation again",
             )
         session = DebugSession.from_dict(row, db=self.db)
+        session.update_status("running")
+        try:
+            return self._execute_bounded(session, progress or (lambda *_: None))
+        except BaseException as exc:
+            try:
+                session.update_status("error", error_message=failure_message(exc))
+            except DebugFrameworkError:  # pragma: no cover - the database itself failed
+                pass
+            raise
+
+    def _execute_bounded(self, session: DebugSession, progress: Progress) -> ValidationResult:
+        """:meth:`_execute` under the resource settings: the session's owner lease kept alive by
+        the heartbeat, ``max_session_duration``, and ``performance_monitoring``."""
         if not self.resources.performance_monitoring:
             session.config = {**session.config, "performance_profiling_enabled": False}
-        with holding(self.db, self.resources.heartbeat_interval):  # this process owns the session while it runs
-            session.update_status("running")
-            try:
-                with session_deadline(self.resources.max_session_duration, session_id):
-                    return self._execute(session, progress or (lambda *_: None))
-            except BaseException as exc:
-                try:
-                    session.update_status("error", error_message=failure_message(exc))
-                except DebugFrameworkError:  # pragma: no cover - the database itself failed
-                    pass
-                raise
+        with holding(self.db, self.resources.heartbeat_interval), \
+                session_deadline(self.resources.max_session_duration, session.session_id):
+            return self._execute(session, progress)
 
     def _execute(self, session: DebugSession, progress: Progress) -> ValidationResult:
         """The loop over the stages: progress, timing and persisting rows live here alone."""
@@ -337,8 +342,9 @@ class ValidationEngine:
     def cleanup_session(self, session_id: str, *, delete_records: bool = False, force: bool = False) -> bool:
         """Release a finished session's resources: its saved inputs file is kept unless
         ``delete_records``, which also deletes the session's rows (results, recordings) from the
-        database. A running session is refused unless ``force`` (a session whose process was
-        killed stays ``running``). Returns False when there is no such session."""
+        database. A running session is refused unless ``force`` (one whose process was killed is
+        set to ``error`` by the stale sweep: the next engine start with ``auto_cleanup``, or
+        :meth:`run_maintenance`). Returns False when there is no such session."""
         row = self.db.get_session(session_id)
         if row is None:
             return False

@@ -120,7 +120,7 @@ def _pid_runs(pid: int, token: str | None) -> bool:
     if sys.platform.startswith("linux"):
         stat = _proc_stat(pid)
         if stat is None:
-            return False
+            return True  # /proc hides it (hidepid): the signal check above is all there is
         state, started = stat
         if state in ("Z", "X"):
             return False
@@ -198,34 +198,41 @@ def renew(core: SqlCore, interval_s: float) -> int:
 
 
 class Heartbeat:
-    """A daemon thread renewing this process's leases in one database every ``interval_s`` while
-    held (:func:`holding`); it stops when the last holder lets go."""
+    """The thread renewing this process's leases in one database file: at once when a holder
+    arrives, then every ``interval_s`` while anyone holds it (:func:`holding`); idle otherwise.
+
+    One per (process, file), with a connection of its own (a caller closing its database does not
+    stop the heartbeat)."""
 
     def __init__(self, core: SqlCore, interval_s: float) -> None:
-        self.core, self.interval_s = core, float(interval_s)
+        self.core = SqlCore(core.database_path, busy_timeout_s=core.busy_timeout_s, max_retry_s=core.max_retry_s,
+                            dialect=core.dialect)
+        self.interval_s = float(interval_s)
         self._holders = 0
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
-        with self._lock:
+        with self._cond:
             self._holders += 1
-            if self._thread is None or not self._thread.is_alive():
-                self._wake.clear()
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="pie-debug-heartbeat", daemon=True)
                 self._thread.start()
+            self._cond.notify_all()  # renew now: the lease stamped at the claim has the default length
 
     def release(self) -> None:
-        with self._lock:
+        with self._cond:
             self._holders = max(0, self._holders - 1)
-            if self._holders == 0:
-                self._wake.set()
 
     def _loop(self) -> None:
-        while not self._wake.wait(self.interval_s):
+        while True:
+            with self._cond:
+                while self._holders == 0:
+                    self._cond.wait()
             with contextlib.suppress(Exception):  # a busy or full database must not kill the worker
                 renew(self.core, self.interval_s)
+            with self._cond:
+                self._cond.wait(self.interval_s)
 
 
 _BEATS: dict[tuple[int, str], Heartbeat] = {}
