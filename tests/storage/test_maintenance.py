@@ -186,6 +186,10 @@ def test_cli_maintenance_dry_run_then_real(cluttered, capsys):
     assert "freed" in text and "bytes" in text
     assert session_report.main(["--maintenance", "--database", str(db.database_path), "--older-than", "-1"]) == 2
     assert "--older-than" in capsys.readouterr().err
+    assert session_report.main(["--list", "--database", str(db.database_path), "--dry-run"]) == 2
+    assert "go with --maintenance" in capsys.readouterr().err
+    assert session_report.main(["--maintenance", "--database", str(db.database_path.with_name("none.db"))]) == 2
+    assert "DF003" in capsys.readouterr().err and not db.database_path.with_name("none.db").exists()
 
 
 def test_read_only_commands_never_sweep_nor_optimise(cluttered, capsys):

@@ -255,6 +255,8 @@ def report(
     invocation: Invocation = ctx.obj
     invocation.as_json = as_json
     _one_mode(session_id, list_, diff, maintenance)
+    if not maintenance and (dry_run or older_than is not None):
+        raise CliError("--dry-run and --older-than go with --maintenance", hint=f"{PROG} --maintenance --dry-run")
     if output_format is not None and output_format not in _FORMATS:
         raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}")
     path = _database_path(database)
