@@ -9,13 +9,14 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import FrameworkInitializationError
 
 __all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "from_environment", "merge_config", "default_database_path",
-           "check_keywords"]
+           "check_keywords", "ResourceSettings", "resource_settings"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "database_path": "~/.pie/debug/debug_framework.db",
@@ -27,6 +28,12 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "debug_enabled": False,
     "log_level": "WARNING",
     "metal_path": None,
+    # resource management (docs/storage.md, "Maintenance"): how often a running session or batch
+    # item renews its owner lease; how long finished sessions are kept (None: forever); how often,
+    # at most, an engine start runs the automatic database optimisation (with auto_cleanup)
+    "heartbeat_interval": 30,
+    "retention_days": None,
+    "maintenance_interval": 3600,
 }
 
 #: Environment variable -> the config key it overrides (read by :func:`from_environment`).
@@ -110,3 +117,46 @@ def check_keywords(options: Mapping[str, object], spec: type, where: str) -> Non
     if unknown:
         raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(map(repr, unknown))}; "
                         f"known: {', '.join(spec.__annotations__)}")
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """The resource-management keys of a framework configuration, checked (see docs/storage.md)."""
+
+    #: stale sessions swept and the database optimised on engine start
+    auto_cleanup: bool
+    #: seconds a validation may run (None: no limit)
+    max_session_duration: float | None
+    #: seconds between lease renewals of a running session or batch item
+    heartbeat_interval: float
+    #: days finished sessions are kept by maintenance (None: forever)
+    retention_days: float | None
+    #: the automatic optimisation runs at most once per this many seconds
+    maintenance_interval: float
+    #: sessions are profiled (False: no profiling at all, whatever a session asks)
+    performance_monitoring: bool
+
+
+def _number(config: Mapping[str, Any], key: str, *, optional: bool, minimum: float = 0.0) -> float | None:
+    value = config.get(key, DEFAULT_CONFIG[key])
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > minimum or value != value:
+        what = f"a number > {minimum:g}" + (" or None" if optional else "")
+        raise FrameworkInitializationError(f"config[{key!r}] must be {what}, got {value!r}", key=key,
+                                           hint=f"set {key} to {what} (default {DEFAULT_CONFIG[key]!r})")
+    return float(value)
+
+
+def resource_settings(config: Mapping[str, Any]) -> ResourceSettings:
+    """The checked resource keys of ``config`` (DEFAULT_CONFIG's where absent); FrameworkInitializationError
+    (DF001) naming the key for a value of the wrong kind. ``max_session_duration`` of 0 means no limit."""
+    duration = config.get("max_session_duration", DEFAULT_CONFIG["max_session_duration"])
+    return ResourceSettings(
+        auto_cleanup=bool(config.get("auto_cleanup", DEFAULT_CONFIG["auto_cleanup"])),
+        max_session_duration=None if duration in (None, 0) else _number(config, "max_session_duration", optional=True),
+        heartbeat_interval=float(_number(config, "heartbeat_interval", optional=False) or 0.0),
+        retention_days=_number(config, "retention_days", optional=True),
+        maintenance_interval=float(_number(config, "maintenance_interval", optional=False, minimum=-1e-9) or 0.0),
+        performance_monitoring=bool(config.get("performance_monitoring", DEFAULT_CONFIG["performance_monitoring"])),
+    )

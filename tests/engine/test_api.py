@@ -39,7 +39,7 @@ def test_doc_examples_run(fresh_framework, capsys):
     from debug_framework.backends import unregister_backend
 
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     namespace: dict = {}
     try:
         for block in blocks:
@@ -48,6 +48,7 @@ def test_doc_examples_run(fresh_framework, capsys):
         unregister_backend("my_llama")
     out = capsys.readouterr().out
     assert "6/7 count failures\n7/7 store\n0 failures" in out  # the custom-stage example
+    assert "would free" in out  # the maintenance dry run
     assert "post_attention:2 [2]" in out and "[('done', 'passed'), ('done', 'passed')] 100.0" in out
 
 

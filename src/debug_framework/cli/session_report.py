@@ -5,6 +5,7 @@
     session_report --list [--json] [--limit N] [--status STATUS] [--model-path PATH]
     session_report --diff BEFORE AFTER [--output-format json|html|csv] [--output-file PATH]
                    [--rel-change 0.1] [--abs-floor 0] [--atol-fraction 0.1] [--allow-different-models]
+    session_report --maintenance [--dry-run] [--older-than DAYS] [--json]
 
 Exit codes (:mod:`debug_framework.cli.framework`): 0 the command did what was asked (a report of a
 *failed* session is still exit 0; gate CI on ``debug_validate``'s exit code or on the JUnit file);
@@ -14,7 +15,10 @@ error (a bug; the traceback is in the crash log the message names).
 
 The database is ``--database``, else ``PIE_DEBUG_DATABASE``, else ``~/.pie/debug/debug_framework.db``.
 It is only read (opened read-only: no switch to WAL, no migration; an older file is read through a
-migrated temporary copy): a missing file is an error, never created.
+migrated temporary copy): a missing file is an error, never created. The exception is ``--maintenance``,
+which sweeps abandoned sessions, deletes sessions past the retention period with their files, removes
+orphaned inputs and tensor files and optimises the database (``--dry-run`` lists it all and changes
+nothing; see docs/storage.md, "Maintenance").
 """
 
 from __future__ import annotations
@@ -63,10 +67,15 @@ def _open_db(path: Path) -> DatabaseManager:
     file is read through a migrated temporary copy)."""
     from ..services.database_manager import DatabaseManager
 
+    _require_db_file(path)
+    return DatabaseManager.open_read_only(path)
+
+
+def _require_db_file(path: Path) -> None:
+    """A missing database is an error: no command of this CLI creates one."""
     if not path.is_file():
         raise DatabaseError("no session database at this path", database=str(path),
                             hint="pass --database PATH (or set PIE_DEBUG_DATABASE) to the file debug_validate wrote")
-    return DatabaseManager.open_read_only(path)
 
 
 def _write(text: str, out: Path | None) -> None:
@@ -225,12 +234,29 @@ def _cmd_diff(db: DatabaseManager, before: str, after: str, fmt: str | None, out
     return EXIT_WORSE if worse else EXIT_OK
 
 
-def _one_mode(session_id: str | None, list_: bool, diff: tuple[str, str] | None) -> None:
+def _one_mode(session_id: str | None, list_: bool, diff: tuple[str, str] | None, maintenance: bool = False) -> None:
     given = [name for name, on in (("--session-id", session_id is not None), ("--list", list_),
-                                   ("--diff", diff is not None)) if on]
+                                   ("--diff", diff is not None), ("--maintenance", maintenance)) if on]
     if len(given) != 1:
-        raise CliError("give exactly one of --session-id, --list, --diff" + (f" (got {', '.join(given)})" if given else ""),
-                       hint=f"{PROG} --help lists the options")
+        raise CliError("give exactly one of --session-id, --list, --diff, --maintenance"
+                       + (f" (got {', '.join(given)})" if given else ""), hint=f"{PROG} --help lists the options")
+
+
+def _cmd_maintenance(path: Path, dry_run: bool, older_than: float | None, as_json: bool) -> int:
+    """``--maintenance``: one maintenance pass (the only command here that writes)."""
+    from ..config import from_environment, merge_config
+    from ..services.maintenance import run_maintenance
+
+    _require_db_file(path)  # maintenance never creates a database
+    report = run_maintenance(path, dry_run=dry_run, older_than_days=older_than,
+                             config=merge_config(from_environment()))
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        console = make_console(piped_width=_WIDE)
+        for line in report.lines():
+            console.print(literal(line))
+    return EXIT_OK
 
 
 @app.command(help=_HELP, epilog=_EPILOG)
@@ -260,15 +286,25 @@ def report(
                                         "fraction of the checkpoint's absolute tolerance (default 0.1)"),
     allow_different_models: bool = typer.Option(False, "--allow-different-models",
                                                 help="with --diff: allow different model/backends"),
+    maintenance: bool = typer.Option(False, "--maintenance", help="sweep abandoned sessions, apply the retention "
+                                     "policy, remove orphaned inputs and tensor files, optimise the database"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="with --maintenance: list what would go, change nothing"),
+    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS", min=0.0,
+                                            help="with --maintenance: delete finished sessions older than DAYS "
+                                                 "(default: config retention_days; none: keep everything)"),
 ) -> int:
     """Write a session's report, list the sessions, or diff two sessions; returns the exit code."""
     invocation: Invocation = ctx.obj
     invocation.as_json = as_json
-    _one_mode(session_id, list_, diff)
+    _one_mode(session_id, list_, diff, maintenance)
+    if not maintenance and (dry_run or older_than is not None):
+        raise CliError("--dry-run and --older-than go with --maintenance", hint=f"{PROG} --maintenance --dry-run")
     if output_format is not None and output_format not in _FORMATS:
         raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}")
     path = _database_path(database)
     invocation.database = path
+    if maintenance:
+        return _cmd_maintenance(path, dry_run, older_than, as_json)
     db = _open_db(path)
     if list_:
         return _cmd_list(db, _session_items(db, status, model_path, limit), as_json)

@@ -5,14 +5,22 @@ The composition root (``debug_framework/__init__.py``) installs it as the record
 (:data:`~debug_framework.models.batch_validation_job.BATCH_EXECUTOR`), so ``job.execute()`` works
 as the spec shows; ``job.execute(executor=BatchExecutor())`` says it explicitly.
 
-One executor per job at a time (a lock file beside the database, see ``job.lock_path()``), so
-items left ``running`` by a killed executor can be told from live ones and are run again.
+One executor per job at a time (a lock file beside the database, see ``job.lock_path()``). Each
+item is claimed under an owner and heartbeat lease (:mod:`debug_framework.storage.leases`, the
+same mechanism as a running session's), so an item left ``running`` by a dead process is told from
+one a live process still works on: the first is run again, the second is waited for, never run
+twice at once. Workers die with their executor: on Linux the parent-death signal
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``), elsewhere a thread watching the parent pid.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import multiprocessing as mp
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -21,47 +29,108 @@ from typing import Any
 
 from ..errors import ValidationError
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
+from ..storage.leases import holding, is_abandoned, live_running_items, owner_gone, sweep
 from ..storage.sessions import TERMINAL_STATUSES
 
-__all__ = ["BatchExecutor", "run_items"]
+__all__ = ["BatchExecutor", "run_items", "die_with_parent"]
 
 _POLL_S = 0.25
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_ORPHANED_EXIT = 70
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(_ORPHANED_EXIT)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process die when ``parent_pid``, its executor, does: the parent-death
+    signal on Linux, else a daemon thread polling the parent pid. Exits at once when the parent is
+    already gone."""
+    bound = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            bound = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            bound = False
+    if os.getppid() != parent_pid:  # it died before the signal was armed
+        os._exit(_ORPHANED_EXIT)
+    if not bound:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), name="pie-debug-parent-watch", daemon=True).start()
+
+
+def _resume_state(engine: Any, sid: str) -> str:
+    """What to do with the item whose session id is ``sid``: ``"run"`` (nothing usable there;
+    an abandoned or half-made session is deleted first), ``"link"`` (it finished before an
+    interruption) or ``"busy"`` (a live process other than its item's owner runs it)."""
+    existing = engine.db.sessions.get(sid)
+    if existing is None:
+        return "run"
+    status = existing["status"]
+    if status == "running" and not owner_gone(existing, time.time(), 0.0):
+        return "busy"
+    if status in TERMINAL_STATUSES and not is_abandoned(existing.get("error_message")):
+        return "link"
+    # interrupted half way, or its owner died: the partial rows are discarded, the model runs again
+    engine.cleanup_session(sid, delete_records=True, force=True)
+    return "run"
 
 
 def run_items(database_path: str, job_id: str, framework_config: dict[str, Any], session_config: dict[str, Any],
-              reference: str, alternative: str) -> int:
-    """Worker loop: claim pending items until none is left or the job is cancelled. Returns how many ran."""
-    from .validation_engine import ValidationEngine, failure_message
+              reference: str, alternative: str, *, parent_pid: int | None = None) -> int:
+    """Worker loop: claim pending items until none is left or the job is cancelled. Returns how many ran.
 
+    ``parent_pid``: the executor of a worker process (the worker dies with it, :func:`die_with_parent`).
+    """
+    from .validation_engine import ValidationEngine
+
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     engine = ValidationEngine(database_path, config=framework_config)
-    db = engine.db
     ran = 0
-    while True:
-        job = db.batches.get(job_id)
-        if job is None or job["status"] == "cancelled":
-            return ran
-        item = db.batches.claim_item(job_id)
-        if item is None:
-            return ran
-        idx = int(item["item_index"])
-        sid = item_session_id(job_id, idx)
+    with holding(engine.db, engine.resources.heartbeat_interval):  # the leases of the items claimed here
+        while True:
+            job = engine.db.batches.get(job_id)
+            if job is None or job["status"] == "cancelled":
+                return ran
+            item = engine.db.batches.claim_item(job_id)
+            if item is None:
+                return ran
+            ran += _run_item(engine, job_id, item, session_config, reference, alternative)
+
+
+def _run_item(engine: Any, job_id: str, item: dict[str, Any], session_config: dict[str, Any], reference: str,
+              alternative: str) -> int:
+    """Run (or link) one claimed item; 1 when a validation ran. The item's outcome is only written
+    while this process still holds its lease."""
+    from .validation_engine import failure_message
+
+    db, idx = engine.db, int(item["item_index"])
+    sid = item_session_id(job_id, idx)
+    state = _resume_state(engine, sid)
+    if state == "link":  # finished before an interruption, but not yet linked to its item
         existing = db.sessions.get(sid)
-        if existing is not None and existing["status"] in TERMINAL_STATUSES:
-            # finished before an interruption, but not yet linked to its item
-            status = "failed" if existing["status"] == "error" else "done"
-            db.batches.update_item(job_id, idx, status=status, session_id=sid,
-                                   error_message=existing.get("error_message") if status == "failed" else None)
-            continue
-        if existing is not None:  # interrupted half way: its partial rows are discarded, the model runs again
-            engine.cleanup_session(sid, delete_records=True, force=True)
-        try:
-            engine.create_session(item["model_path"], session_config, reference, alternative, session_id=sid)
-            engine.run(sid)
-            db.batches.update_item(job_id, idx, status="done", session_id=sid)
-        except Exception as exc:  # noqa: BLE001 - one item's failure (or a bug it hit) must not stop the job
-            linked = sid if db.sessions.get(sid) is not None else None
-            db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=failure_message(exc))
-        ran += 1
+        failed = existing["status"] == "error"
+        db.batches.update_item(job_id, idx, status="failed" if failed else "done", session_id=sid,
+                               error_message=existing.get("error_message") if failed else None, if_owned=True)
+        return 0
+    if state == "busy":
+        db.batches.update_item(job_id, idx, status="failed", error_message=f"session {sid} is being run by another "
+                               "live process", if_owned=True)
+        return 0
+    try:
+        engine.create_session(item["model_path"], session_config, reference, alternative, session_id=sid)
+        engine.run(sid)
+        db.batches.update_item(job_id, idx, status="done", session_id=sid, if_owned=True)
+    except Exception as exc:  # noqa: BLE001 - one item's failure (or a bug it hit) must not stop the job
+        linked = sid if db.sessions.get(sid) is not None else None
+        db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=failure_message(exc),
+                               if_owned=True)
+    return 1
 
 
 class BatchExecutor:
@@ -84,13 +153,16 @@ class BatchExecutor:
                                       hint="wait for it, or follow it with get_progress()") from exc
             self._reset_interrupted(job)
             job.db.batches.set_status(job.job_id, "running")
-            self._run(job, progress)
+            crashed = self._run(job, progress)
+            while not crashed and self._await_others(job):  # items a live process held, then gave up
+                crashed = self._run(job, progress)
             self._finish(job)
             return job.results()
         finally:
             lock.close()
 
-    def _run(self, job: BatchValidationJob, progress: ProgressCallback | None) -> None:
+    def _run(self, job: BatchValidationJob, progress: ProgressCallback | None) -> bool:
+        """One round over the pending items; True when a worker process crashed."""
         show = bool(job.config.get("show_progress", False))
         args = (str(job.database_path), job.job_id, job.framework_config, job.session_config,
                 job.reference_backend, job.alternative_backend)
@@ -98,7 +170,8 @@ class BatchExecutor:
         workers = min(job.max_concurrent_jobs, pending) if job.parallel_execution else 0
         if workers >= 1:
             ctx = mp.get_context("spawn")  # torch and threads do not survive fork well
-            procs = [ctx.Process(target=run_items, args=args, name=f"batch-{job.job_id}-{n}") for n in range(workers)]
+            procs = [ctx.Process(target=run_items, args=args, kwargs={"parent_pid": os.getpid()},
+                                 name=f"batch-{job.job_id}-{n}") for n in range(workers)]
             for p in procs:
                 p.start()
             self._follow(job, procs, show, progress)
@@ -106,6 +179,7 @@ class BatchExecutor:
                 p.join()
             if any(p.exitcode not in (0, None) for p in procs):
                 self._reset_interrupted(job)  # a crashed worker's item goes back to pending for the next run
+                return True
         elif show or progress:
             done = threading.Event()
             t = threading.Thread(target=self._follow, args=(job, [], show, progress, done), daemon=True)
@@ -117,6 +191,16 @@ class BatchExecutor:
                 t.join()
         else:
             run_items(*args)
+        return False
+
+    @staticmethod
+    def _await_others(job: BatchValidationJob) -> bool:
+        """Wait while items of the job are running under another live owner (a process of an
+        earlier run of the job); True when some came back pending (their owner died) to run now."""
+        while live_running_items(job.db, job.job_id):
+            time.sleep(_POLL_S)
+        sweep(job.db, job_id=job.job_id, legacy_after_s=0.0)
+        return job.get_progress()["pending"] > 0 and job.db.batches.get(job.job_id)["status"] != "cancelled"
 
     @staticmethod
     def _finish(job: BatchValidationJob) -> None:
@@ -128,9 +212,11 @@ class BatchExecutor:
 
     @staticmethod
     def _reset_interrupted(job: BatchValidationJob) -> None:
-        """Items left ``running`` by a killed executor (we hold the job lock, so none is live) and
-        cancelled ones go back to ``pending``; failed ones too with ``retry_failed``."""
-        retry = {"running", "cancelled"} | ({"failed"} if job.config.get("retry_failed") else set())
+        """Items left ``running`` by a dead process (its lease says so; an item a live process
+        still runs stays its) and cancelled ones go back to ``pending``; failed ones too with
+        ``retry_failed``."""
+        sweep(job.db, job_id=job.job_id, legacy_after_s=0.0)
+        retry = {"cancelled"} | ({"failed"} if job.config.get("retry_failed") else set())
         for item in job.items():
             if item["status"] in retry:
                 if item["status"] == "failed" and item.get("session_id"):

@@ -24,15 +24,18 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
-from ..config import default_database_path, merge_config
+from ..config import default_database_path, merge_config, resource_settings
 from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError, no_space_error
 from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
+from ..storage.leases import holding
 from ..storage.sessions import SessionFilter, model_path_key
 from ..storage.values import check_session_id, session_file
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
+from .maintenance import AutoMaintenance, MaintenanceReport, auto_maintenance, inputs_dir_of, run_maintenance
+from .validation.deadline import check_deadline, session_deadline
 from .validation.plan import (
     MODEL_TOLERANCES,
     SESSION_DEFAULTS,
@@ -130,6 +133,11 @@ class ValidationEngine:
         stages: the stages of a validation, in order (default
             :data:`~debug_framework.services.validation.stages.DEFAULT_STAGES`); the last one that
             runs must store the result (``StoreStage``).
+
+    With ``config["auto_cleanup"]`` (default) the engine's start releases sessions and batch items
+    whose owner process is gone and optimises the database at most once per
+    ``maintenance_interval`` (:func:`~debug_framework.services.maintenance.auto_maintenance`; what it
+    did is :attr:`maintenance`). A validation runs under ``max_session_duration``.
     """
 
     def __init__(self, database_path: str | os.PathLike[str] | None = None, *,
@@ -139,7 +147,11 @@ class ValidationEngine:
         path = database_path if database_path is not None else default_database_path(self.config)
         self.db = DatabaseManager(path)
         self.database_path = self.db.database_path
-        self.inputs_dir = self.database_path.parent / f"{self.database_path.stem}_inputs"
+        self.inputs_dir = inputs_dir_of(self.database_path)
+        self.resources = resource_settings(self.config)
+        self.maintenance: AutoMaintenance | None = None
+        if self.resources.auto_cleanup:
+            self.maintenance = auto_maintenance(self.db, self.resources)
 
     def __repr__(self) -> str:
         return f"ValidationEngine({str(self.database_path)!r})"
@@ -166,6 +178,8 @@ class ValidationEngine:
         from ..modelio import load_model
 
         cfg = validate_session_config(config)
+        if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
+            cfg["performance_profiling_enabled"] = False
         model = load_model(model_path)
         alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
@@ -242,7 +256,7 @@ class ValidationEngine:
         session = DebugSession.from_dict(row, db=self.db)
         session.update_status("running")
         try:
-            return self._execute(session, progress or (lambda *_: None))
+            return self._execute_bounded(session, progress or (lambda *_: None))
         except BaseException as exc:
             try:
                 session.update_status("error", error_message=failure_message(exc))
@@ -250,12 +264,22 @@ class ValidationEngine:
                 pass
             raise
 
+    def _execute_bounded(self, session: DebugSession, progress: Progress) -> ValidationResult:
+        """:meth:`_execute` under the resource settings: the session's owner lease kept alive by
+        the heartbeat, ``max_session_duration``, and ``performance_monitoring``."""
+        if not self.resources.performance_monitoring:
+            session.config = {**session.config, "performance_profiling_enabled": False}
+        with holding(self.db, self.resources.heartbeat_interval), \
+                session_deadline(self.resources.max_session_duration, session.session_id):
+            return self._execute(session, progress)
+
     def _execute(self, session: DebugSession, progress: Progress) -> ValidationResult:
         """The loop over the stages: progress, timing and persisting rows live here alone."""
         ctx = RunContext(session=session, db=self.db, database_path=self.database_path, framework_config=self.config)
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
         for done, stage in enumerate(stages, 1):
+            check_deadline()  # max_session_duration: stop at a stage boundary
             if not stage.ready(ctx):
                 progress(stage.name, done, len(stages))
                 continue
@@ -303,11 +327,20 @@ class ValidationEngine:
         """Stored sessions, newest first (filters as :meth:`DatabaseManager.list_sessions`)."""
         return self.db.list_sessions(**filters)
 
+    def run_maintenance(self, *, dry_run: bool = False, older_than_days: float | None = None,
+                        compact: bool = True) -> MaintenanceReport:
+        """Sweep abandoned sessions, apply the retention policy, remove orphaned inputs and tensor
+        files, and optimise the database (:func:`~debug_framework.services.maintenance.run_maintenance`
+        with this engine's configuration)."""
+        return run_maintenance(self.db, dry_run=dry_run, older_than_days=older_than_days, config=self.config,
+                               compact=compact)
+
     def cleanup_session(self, session_id: str, *, delete_records: bool = False, force: bool = False) -> bool:
         """Release a finished session's resources: its saved inputs file is kept unless
         ``delete_records``, which also deletes the session's rows (results, recordings) from the
-        database. A running session is refused unless ``force`` (a session whose process was
-        killed stays ``running``). Returns False when there is no such session."""
+        database. A running session is refused unless ``force`` (one whose process was killed is
+        set to ``error`` by the stale sweep: the next engine start with ``auto_cleanup``, or
+        :meth:`run_maintenance`). Returns False when there is no such session."""
         row = self.db.get_session(session_id)
         if row is None:
             return False

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
+from .leases import current_owner, stamp
 from .schema import BATCH_ITEM_STATUSES, BATCH_JOB_STATUSES
 from .values import decode_json_columns, to_json, utc_now
 
@@ -68,23 +69,30 @@ class BatchQueueStore:
         )
 
     def update_item(self, job_id: str, item_index: int, *, status: str, session_id: str | None = None,
-                    error_message: str | None = None) -> None:
-        """Record an item's progress; ``session_id`` links the finished session (same transaction)."""
+                    error_message: str | None = None, if_owned: bool = False) -> bool:
+        """Record an item's progress; ``session_id`` links the finished session (same transaction).
+
+        With ``if_owned``, only while this process still holds the item's lease: returns False
+        (and changes nothing) when a sweep gave the item to another owner meanwhile."""
         if status not in BATCH_ITEM_STATUSES:
             raise ValidationError(f"unknown batch item status {status!r}", hint=f"use one of {BATCH_ITEM_STATUSES}")
+        owner = current_owner()
+        mine = " AND status = 'running' AND owner_host = ? AND owner_pid = ? AND owner_token = ?" if if_owned else ""
+        extra: tuple[object, ...] = (owner.host, owner.pid, owner.token) if if_owned else ()
 
-        def do(c: Connection) -> None:
+        def do(c: Connection) -> bool:
             n = self.core.execute(
                 c,
                 "UPDATE batch_job_items SET status = ?, session_id = COALESCE(?, session_id), error_message = ?,"
-                " updated_at = ? WHERE job_id = ? AND item_index = ?",
-                (status, session_id, error_message, utc_now(), job_id, int(item_index)),
+                " updated_at = ? WHERE job_id = ? AND item_index = ?" + mine,
+                (status, session_id, error_message, utc_now(), job_id, int(item_index), *extra),
             ).rowcount
-            if n != 1:
+            if n != 1 and not if_owned:
                 raise DatabaseError(f"batch job {job_id!r} has no item {item_index}",
                                     database=str(self.core.database_path))
+            return n == 1
 
-        self.core.run_in_transaction(do, f"update batch job {job_id} item {item_index}")
+        return self.core.run_in_transaction(do, f"update batch job {job_id} item {item_index}")
 
     def claim_item(self, job_id: str) -> dict[str, Any] | None:
         """Atomically take the next pending item of a job (status -> running); None when none is left."""
@@ -98,6 +106,7 @@ class BatchQueueStore:
                 return None
             self.core.execute(c, "UPDATE batch_job_items SET status = 'running', updated_at = ?"
                                  " WHERE job_id = ? AND item_index = ?", (utc_now(), job_id, row["item_index"]))
+            stamp(self.core, c, "batch_job_items", (job_id, row["item_index"]))  # owner and heartbeat lease
             d = dict(row)
             d["status"] = "running"
             return d

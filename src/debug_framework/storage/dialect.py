@@ -71,6 +71,17 @@ class Dialect(Protocol):
     def is_integrity_error(self, exc: BaseException) -> bool:
         """A constraint (foreign key, CHECK, UNIQUE) was violated."""
 
+    def optimize(self, conn: Connection) -> str:
+        """The engine's cheap statistics refresh (SQLite ``PRAGMA optimize``; PostgreSQL ``ANALYZE``);
+        returns the statement run."""
+
+    def compact(self, conn: Connection) -> str:
+        """Give the free pages back to the file system (SQLite ``VACUUM``; PostgreSQL ``VACUUM``),
+        outside any transaction; returns the statement run."""
+
+    def reclaimable_bytes(self, conn: Connection) -> int:
+        """Bytes :meth:`compact` would give back now (an estimate; 0 when unknown)."""
+
 
 _BUSY_MARKERS = ("database is locked", "database is busy", "database table is locked", "locked")
 
@@ -150,6 +161,20 @@ class SQLiteDialect:
 
     def is_integrity_error(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError)
+
+    def optimize(self, conn: Connection) -> str:
+        conn.execute("PRAGMA optimize")
+        return "PRAGMA optimize"
+
+    def compact(self, conn: Connection) -> str:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the rewritten pages leave the WAL file too
+        return "VACUUM"
+
+    def reclaimable_bytes(self, conn: Connection) -> int:
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int(free) * int(page)
 
 
 #: The dialect every :class:`~debug_framework.storage.core.SqlCore` uses unless given another.

@@ -1,7 +1,7 @@
 """The schema: table layouts (DDL), their enumerations, and the versioned migrations.
 
 The file carries its version in ``schema_version``; :func:`migrate` walks an older file up one
-step at a time (0 -> 1 -> 2), each step one write transaction that re-reads the version inside it,
+step at a time (0 -> 1 -> 2 -> 3), each step one write transaction that re-reads the version inside it,
 so processes opening the same old file at once apply every step exactly once. A failed step rolls
 back, leaving the file at the previous version with its data intact.
 """
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -319,7 +319,26 @@ def _migrate_1_to_2(core: SqlCore, conn: Connection) -> None:
         core.execute(conn, sql)
 
 
-_MIGRATIONS: dict[int, Callable[[SqlCore, Connection], None]] = {1: _migrate_0_to_1, 2: _migrate_1_to_2}
+#: Version 3's lease columns (see :mod:`.leases`), added to ``sessions`` and ``batch_job_items``.
+_V3_LEASE_COLUMNS = (("owner_host", "TEXT"), ("owner_pid", "INTEGER"), ("owner_token", "TEXT"),
+                     ("heartbeat_at", "REAL"), ("lease_expires_at", "REAL"))
+
+
+def _migrate_2_to_3(core: SqlCore, conn: Connection) -> None:
+    """Version 2 -> 3: who owns a running session / batch item (owner and heartbeat lease), and
+    when maintenance last ran (``maintenance_runs``). Columns are added in place (all nullable)."""
+    for table in ("sessions", "batch_job_items"):
+        for col, typ in _V3_LEASE_COLUMNS:  # constants of this module
+            core.execute(conn, f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
+    core.execute(conn, "CREATE INDEX IF NOT EXISTS idx_batch_items_status ON batch_job_items(status)")
+    core.execute(conn, """CREATE TABLE maintenance_runs (
+        task        TEXT PRIMARY KEY,
+        last_run_at REAL NOT NULL
+    )""")
+
+
+_MIGRATIONS: dict[int, Callable[[SqlCore, Connection], None]] = {1: _migrate_0_to_1, 2: _migrate_1_to_2,
+                                                                  3: _migrate_2_to_3}
 
 # --------------------------------------------------------------------------------------------
 # versions

@@ -11,6 +11,7 @@ from ..config import check_keywords
 from ..errors import DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
+from .leases import stamp
 from .schema import SESSION_STATUSES
 from .values import as_int, check_session_id, decode_json_columns, to_json, utc_now
 
@@ -167,6 +168,8 @@ class SessionStore:
                 " WHERE session_id = ?",
                 (status, now, status, now, status, now, error_message, session_id),
             )
+            if status == "running":  # this process owns it now (owner and heartbeat lease, see leases.py)
+                stamp(self.core, c, "sessions", (session_id,))
             return str(old)
 
         return self.core.run_in_transaction(do, f"set session {session_id} to {status}")

@@ -371,16 +371,20 @@ class TensorStore:
         db.recordings.add_many([rec.to_row() for rec in recordings])  # one transaction
         return RecordingOutcome(kept=recordings, dropped=dropped, kept_bytes=sum(r.nbytes or 0 for r in recordings))
 
-    def gc(self, db: Database | Sequence[Database], *, min_age_s: float = 3600.0) -> GarbageCollectionReport:
+    def gc(self, db: Database | Sequence[Database], *, min_age_s: float = 3600.0, dry_run: bool = False,
+           referenced: set[str] | None = None) -> GarbageCollectionReport:
         """Delete tensor files no recording in ``db`` references and stale temporary files.
 
         Only files older than ``min_age_s`` are touched, so a tensor written by a running session
         whose rows are not committed yet survives. Pass every database that shares this store.
+        ``dry_run`` lists what would go and deletes nothing; ``referenced`` replaces the hashes read
+        from ``db`` (maintenance passes those of the sessions it keeps).
         """
         dbs = [db] if not isinstance(db, Sequence) else list(db)
-        referenced: set[str] = set()
-        for d in dbs:
-            referenced |= d.recordings.referenced_content_hashes()
+        if referenced is None:
+            referenced = set()
+            for d in dbs:
+                referenced |= d.recordings.referenced_content_hashes()
         now = time.time()
         removed, freed, kept = [], 0, 0
         for path in sorted(self.root.glob("??/*")):
@@ -396,7 +400,8 @@ class TensorStore:
                 continue
             if (is_tmp or digest not in referenced) and now - st.st_mtime >= min_age_s:
                 try:
-                    path.unlink()
+                    if not dry_run:
+                        path.unlink()
                 except FileNotFoundError:
                     continue
                 removed.append(str(path.relative_to(self.root)))

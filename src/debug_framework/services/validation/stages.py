@@ -35,6 +35,7 @@ from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, RatioRule, compare, error_metric
 from ...errors import DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
+from .deadline import bounded
 from .plan import ValidationPlan
 from .results import CheckpointOutcome, LayerIsolation, ValidationResult
 
@@ -144,7 +145,7 @@ def call_backend(backend: Backend, what: str, fn: Callable[[], T]) -> T:
     as the backend's failure, while an exception from the stages' own code stays what it is (a bug
     of ours: exit 3 from a CLI)."""
     try:
-        return fn()
+        return bounded(fn)  # interrupted at the session's time limit (deadline.py)
     except DebugFrameworkError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, kept as the cause
