@@ -213,7 +213,7 @@ def _llama(r: ConfigReader, model_type: str) -> LlamaModelConfig:
         **sizes,
         num_key_value_heads=kv,
         head_dim=head_dim,
-        rms_norm_eps=r.number("rms_norm_eps", 1e-6),
+        rms_norm_eps=r.number("rms_norm_eps", 1e-6, float_only=True),
         rope_theta=theta,
         rope_scaling=scaling,
         max_position_embeddings=max_positions,
@@ -234,6 +234,9 @@ def _bert(r: ConfigReader, model_type: str) -> BertModelConfig:
         raise _unsupported(f"position_embedding_type {short_repr(pet)}", r.source)
     if r.flag("is_decoder"):
         raise _unsupported("BERT as a decoder (is_decoder=true)", r.source)
+    r.flag("tie_word_embeddings")  # read by transformers for every model (BERT has no LM head to tie)
+    if r.mapping("rope_scaling") or r.mapping("rope_parameters"):  # transformers validates them even for BERT
+        raise _unsupported("rope scaling on a BERT config (BERT has absolute positions)", r.source)
     sizes = _sizes(r, model_type)
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     if hidden % heads:
@@ -245,7 +248,7 @@ def _bert(r: ConfigReader, model_type: str) -> BertModelConfig:
         **sizes,
         max_position_embeddings=r.integer("max_position_embeddings", 512, hi=MAX_POSITIONS),
         type_vocab_size=r.integer("type_vocab_size", 2),
-        layer_norm_eps=r.number("layer_norm_eps", 1e-12),
+        layer_norm_eps=r.number("layer_norm_eps", 1e-12, float_only=True),
         hidden_act=act,
         pad_token_id=_pad_token_id(r, sizes["vocab_size"], 0),
     )

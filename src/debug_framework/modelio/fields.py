@@ -70,17 +70,17 @@ class ConfigReader:
         return value
 
     def number(self, key: str, default: Any = REQUIRED, *, lo: float = 0.0, open_lo: bool = False,
-               nullable: bool = False) -> Any:
-        """A finite number ``>= lo`` (``> lo`` when ``open_lo``), as a float."""
+               nullable: bool = False, float_only: bool = False) -> Any:
+        """A finite number ``>= lo`` (``> lo`` when ``open_lo``), as a float. ``float_only``: a JSON
+        integer is refused too (transformers' config dataclasses refuse ``0`` where they declare a float)."""
         found, value = self._get(key, default, nullable)
         if not found:
             return value
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.error(key, "must be a number")
-        try:
-            out = float(value)
-        except OverflowError as exc:
-            raise self.error(key, "is out of range") from exc
+        if isinstance(value, bool) or not isinstance(value, float if float_only else int | float):
+            raise self.error(key, "must be a floating-point number such as 1e-06" if float_only else "must be a number")
+        if isinstance(value, int) and abs(value) >= 2**63:
+            raise self.error(key, "is out of range")
+        out = float(value)
         if not math.isfinite(out):
             raise self.error(key, "must be finite")
         if out < lo or (open_lo and out == lo):
@@ -88,8 +88,8 @@ class ConfigReader:
         return out
 
     def flag(self, key: str, default: bool = False) -> bool:
-        """``true`` or ``false`` (``null`` reads as the default)."""
-        found, value = self._get(key, default, True)
+        """``true`` or ``false`` (transformers refuses ``null`` too)."""
+        found, value = self._get(key, default, False)
         if found and not isinstance(value, bool):
             raise self.error(key, "must be true or false")
         return bool(value)
