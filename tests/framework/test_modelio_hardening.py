@@ -91,7 +91,7 @@ def test_config_nested_100000_deep_is_df004(tmp_path):
 def test_config_nested_deep_but_parseable_is_df004(tmp_path):
     # deep enough to trip later recursive consumers (json_safe, transformers), shallow enough to parse
     path = write_model(tmp_path / "m")
-    write_config(tmp_path / "m", json.dumps({**LLAMA_CONFIG, "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}))
+    write_config(tmp_path / "m", json.dumps({**LLAMA_CONFIG, "x": json.loads("[" * 72 + "]" * 72)}))
     _df004(path, "config.json", "nested")
 
 

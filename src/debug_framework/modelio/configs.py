@@ -132,7 +132,7 @@ def _rope_source(r: ConfigReader) -> tuple[str, dict[str, Any]]:
     ``rope_parameters`` (5.x) as a whole; named for messages."""
     scaling, params = r.mapping("rope_scaling"), r.mapping("rope_parameters")
     name, chosen = ("rope_scaling", scaling) if scaling else ("rope_parameters", params or {})
-    if any(isinstance(v, dict | list) for v in chosen.values()):
+    if any(isinstance(v, dict) for v in chosen.values()):
         raise _unsupported(f"{name} with nested (per-layer) parameters", r.source)
     return name, chosen
 
