@@ -336,3 +336,25 @@ def test_rope_frequencies_match_transformers(changes):
 
     theirs = LlamaRotaryEmbedding(hf_config).inv_freq.double().numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ end to end: a refusal, never a verdict
+@pytest.mark.parametrize("damage", ["yarn", "i32"])
+def test_debug_validate_refuses_the_model_with_df004_exit_2(tmp_path, capsys, damage):
+    """Before: a yarn config ran (the reference reading it as default rope) and an I32 weight loaded
+    and validated; now debug_validate stops at the model with DF004 and exit 2, recording nothing."""
+    from debug_framework.cli.debug_validate import run
+
+    path = write_model(tmp_path / "m")
+    if damage == "yarn":
+        write_config(tmp_path / "m", {**LLAMA_CONFIG, "rope_parameters": {"rope_type": "default"},
+                                      "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 32}})
+    else:
+        _retype_header(path, b'"F32"', b'"I32"')
+    db = tmp_path / "db" / "sessions.db"
+    code = run(["--model-path", str(path), "--alternative-backend", "pytorch", "--database", str(db),
+                "--no-isolate"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DF004" in err, err
+    assert ("yarn" if damage == "yarn" else "I32") in err
