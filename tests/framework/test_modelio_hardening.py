@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from debug_framework.errors import ModelLoadingError
 from debug_framework.modelio import load_model, parse_config
 
-from ._tiny_files import BERT_CONFIG, LLAMA_CONFIG, tiny_state, write_config, write_model, write_sharded
+from ._tiny_files import BERT_CONFIG, LLAMA_CONFIG, tiny_state, write_config, write_model
 
 
 def _df004(path: Path, *fragments: str, tensor: str | None = None) -> ModelLoadingError:
@@ -318,6 +318,9 @@ SUPPORTED_ROPE = [
     {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 16, "rope_theta": 5e5}},
     {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "type": "yarn"}},
+    # Qwen2's default max_position_embeddings (32768) is llama3's original_max_position_embeddings
+    {"model_type": "qwen2", "max_position_embeddings": None,
+     "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
 ]
 
 
@@ -328,13 +331,15 @@ def test_rope_frequencies_match_transformers(changes):
     transformers = pytest.importorskip("transformers")
     from debug_framework.architectures.llama import rope_inverse_frequencies
 
-    raw = {k: v for k, v in {**LLAMA_CONFIG, **changes}.items()}
+    raw = {k: v for k, v in {**LLAMA_CONFIG, **changes}.items() if v is not None}
     config = parse_config(json.loads(json.dumps(raw)))
     ours = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
     hf_config = transformers.AutoConfig.for_model(**json.loads(json.dumps(raw)))
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-    theirs = LlamaRotaryEmbedding(hf_config).inv_freq.double().numpy()
+    rotary = Qwen2RotaryEmbedding if raw["model_type"] == "qwen2" else LlamaRotaryEmbedding
+    theirs = rotary(hf_config).inv_freq.double().numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
 
 

@@ -187,6 +187,10 @@ def _check_qwen2_attention(r: ConfigReader, layers: int) -> None:
         raise _unsupported("sliding-window attention (use_sliding_window=true)", r.source)
 
 
+#: transformers' default ``max_position_embeddings`` per model type (llama3 rope scaling falls back on it).
+_DEFAULT_POSITIONS = {"llama": 2048, "qwen2": 32768}
+
+
 def _llama(r: ConfigReader, model_type: str) -> LlamaModelConfig:
     sizes = _sizes(r, model_type)
     heads, hidden = sizes["num_attention_heads"], sizes["hidden_size"]
@@ -205,7 +209,7 @@ def _llama(r: ConfigReader, model_type: str) -> LlamaModelConfig:
     qwen = model_type == "qwen2"
     if qwen:
         _check_qwen2_attention(r, sizes["num_hidden_layers"])
-    max_positions = r.integer("max_position_embeddings", 2048, hi=MAX_POSITIONS)
+    max_positions = r.integer("max_position_embeddings", _DEFAULT_POSITIONS[model_type], hi=MAX_POSITIONS)
     theta, scaling = _rope(r, max_positions)
     attention_bias = r.flag("attention_bias")
     _pad_token_id(r, sizes["vocab_size"], None)

@@ -8,7 +8,6 @@ config (from file headers, without reading the data). Any failure is a ``ModelLo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
