@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from ._tiny_files import BERT_CONFIG, LLAMA_CONFIG, tiny_state, write_model
@@ -367,6 +368,7 @@ def _run_worker(manifest: Path, first: int, results: dict[int, dict[str, Any]]) 
             proc.wait()
 
 
+@pytest.mark.slow  # ~3 s: a worker process and a few hundred loads
 def test_fuzzed_models_end_in_df004_or_a_correct_load(tmp_path):
     cases = build_cases(tmp_path)
     assert len(cases.items) >= MIN_CASES, len(cases.items)
@@ -411,8 +413,6 @@ def _config_mutations(config: dict[str, Any], rng: random.Random) -> list[dict[s
 def test_every_accepted_config_mutation_computes_what_transformers_computes(tmp_path):
     """A config the loader accepts is one the reference reads as transformers does: for every
     mutation that loads, the reference's output equals transformers' eager model's (float64)."""
-    import pytest
-
     pytest.importorskip("transformers")
     rng = random.Random(16)
     checked = refused = 0
