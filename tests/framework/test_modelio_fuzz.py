@@ -410,6 +410,7 @@ def _config_mutations(config: dict[str, Any], rng: random.Random) -> list[dict[s
     return out
 
 
+@pytest.mark.slow  # ~1 s, ~4 s when it is the first to import transformers
 def test_every_accepted_config_mutation_computes_what_transformers_computes(tmp_path):
     """A config the loader accepts is one the reference reads as transformers does: for every
     mutation that loads, the reference's output equals transformers' eager model's (float64)."""
