@@ -8,16 +8,20 @@ config (from file headers, without reading the data). Any failure is a ``ModelLo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadingError
+from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
 from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, parse_config, read_config_file
+from .files import read_json, regular_file_size, short_repr
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
 
 __all__ = ["LoadedModel", "load_model", "expected_tensors", "WEIGHT_SUFFIXES"]
+
+#: The shard index of a sharded Hugging Face directory.
+INDEX_NAME = "model.safetensors.index.json"
 
 #: File suffix -> reader.
 WEIGHT_SUFFIXES: dict[str, type] = {
@@ -130,6 +134,21 @@ def _canonical_prefix(config: ModelConfig, names: set[str]) -> tuple[str, str]:
     return "", ""
 
 
+def _locations(config: ModelConfig, stored: dict[str, TensorReader]) -> dict[str, tuple[TensorReader, str]]:
+    """Canonical name -> (reader, stored name); two stored names for one canonical name are refused."""
+    strip, add = _canonical_prefix(config, set(stored))
+    locations: dict[str, tuple[TensorReader, str]] = {}
+    for name, reader in stored.items():
+        canonical = add + (name[len(strip):] if strip and name.startswith(strip) else name)
+        if canonical in locations:
+            raise ModelLoadingError(
+                f"the weights hold the tensor twice, as {locations[canonical][1]!r} and {name!r}",
+                file=str(reader.path), tensor=canonical,
+            )
+        locations[canonical] = (reader, name)
+    return locations
+
+
 def _open_reader(path: Path) -> TensorReader:
     if not path.exists():
         raise ModelLoadingError("weights file not found", file=str(path))
@@ -143,22 +162,43 @@ def _open_reader(path: Path) -> TensorReader:
     return reader_cls(path)
 
 
-def _weight_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadingError(f"shard index is corrupt: {exc}", file=str(index)) from exc
-        shards = sorted({directory / str(s) for s in weight_map.values()})
+def _plain_file_name(name: object, index: Path) -> str:
+    """A shard name of the index: a file name in the model's directory, never a path elsewhere."""
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name
+            or Path(name).is_absolute()):
+        raise ModelLoadingError(
+            f"the shard index names {short_repr(name)}, which is not a file name in the model's directory",
+            file=str(index),
+        )
+    return name
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of ``model.safetensors.index.json``: tensor name -> shard file name."""
+    data = read_json(index, "the shard index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadingError(
+            f"the shard index's weight_map must be a non-empty JSON object, got {short_repr(weight_map)}",
+            file=str(index),
+        )
+    return {name: _plain_file_name(shard, index) for name, shard in weight_map.items()}
+
+
+def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str]]:
+    """The weights files of a directory, and the shard index's weight_map (empty without an index)."""
+    index = directory / INDEX_NAME
+    if index.exists() or index.is_symlink():
+        weight_map = _read_index(index)
+        shards = sorted({directory / s for s in weight_map.values()})
         for shard in shards:
-            if not shard.is_file():
+            if not shard.exists():
                 raise ModelLoadingError("a shard named in the index is missing", file=str(shard))
-        return shards
+        return shards, weight_map
     for pattern in ("model.safetensors", "*.safetensors", "model.zt", "*.zt", "pytorch_model.bin", "*.bin", "*.pt"):
         found = sorted(directory.glob(pattern))
         if found:
-            return found
+            return found, {}
     raise ModelLoadingError(
         "no weights in the directory (looked for *.safetensors, *.zt, pytorch_model.bin)", file=str(directory)
     )
@@ -187,53 +227,41 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
         config_path: the config to use instead of ``config.json`` beside the weights.
 
     Raises:
-        ModelLoadingError: (DF004) missing path, unknown format, truncated or corrupt file, wrong
-            magic, a missing tensor or one whose shape the config contradicts, an unsupported
-            architecture.
+        ModelLoadingError: (DF004) missing path, a path that is not a regular file (FIFO, device),
+            unknown format, truncated or corrupt file, wrong magic, a config key of the wrong type
+            or out of bounds, a config the reference would read differently from transformers, an
+            unsupported architecture, a shard index that is not a map of file names or places a
+            tensor in the wrong shard, a tensor stored twice, a size larger than the weights can
+            hold, a missing tensor, one whose shape the config contradicts or whose dtype is not
+            floating point, a layer beyond ``num_hidden_layers``, a state dict with non-string
+            keys or sparse/quantized tensors. Nothing is returned half-checked.
     """
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelLoadingError("model path does not exist", file=str(path))
     directory = path if path.is_dir() else path.parent
+    weight_map: dict[str, str] = {}
     if path.is_dir():
         fmt = "hf_dir"
-        files = _weight_files(path)
+        files, weight_map = _weight_files(path)
     else:
         files = [path]
         fmt = {".safetensors": "safetensors", ".zt": "zt"}.get(path.suffix.lower(), "torch")
+        regular_file_size(path)  # a FIFO or device is refused before anything is opened
+        if path.suffix.lower() not in WEIGHT_SUFFIXES:
+            _open_reader(path)  # raises the unknown-format error before the config is looked at
     cfg_file = Path(config_path) if config_path is not None else directory / "config.json"
-    if path.is_file() and path.suffix.lower() not in WEIGHT_SUFFIXES:
-        _open_reader(path)  # raises the unknown-format error before the config is looked at
     raw = read_config_file(cfg_file)
     config = parse_config(raw, source=str(cfg_file))
 
-    readers = [_open_reader(f) for f in files]
-    stored: dict[str, TensorReader] = {}
-    for reader in readers:
-        for name in reader.names():
-            stored[name] = reader
-    strip, add = _canonical_prefix(config, set(stored))
-    locations: dict[str, tuple[TensorReader, str]] = {}
-    for name, reader in stored.items():
-        canonical = add + (name[len(strip):] if strip and name.startswith(strip) else name)
-        locations[canonical] = (reader, name)
-
-    for name, shape in expected_tensors(config).items():
-        if name not in locations:
-            raise ModelLoadingError(
-                f"tensor missing: the {config.model_type} config needs {name!r}",
-                file=", ".join(str(f) for f in files),
-                tensor=name,
-            )
-        reader, stored_name = locations[name]
-        actual = reader.shape(stored_name)
-        if actual != shape:
-            raise ModelLoadingError(
-                f"shape {list(actual)} contradicts the config, which implies {list(shape)}",
-                hint="check that config.json belongs to these weights",
-                file=str(reader.path),
-                tensor=stored_name,
-            )
+    stored = stored_tensors([_open_reader(f) for f in files])
+    if weight_map:
+        check_index(stored, weight_map, directory / INDEX_NAME)
+    where = ", ".join(str(f) for f in files)
+    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)
+    locations = _locations(config, stored)
+    check_tensors(expected_tensors(config), locations, config, where)
+    check_layer_count(config, locations)
     return LoadedModel(
         path=path,
         format=fmt,

@@ -17,8 +17,10 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadingError
+from .files import read_head, regular_file_size, short_repr
 
-__all__ = ["TensorReader", "SafetensorsReader", "ZTensorReader", "TorchFileReader", "WeightStore", "ZT_MAGIC"]
+__all__ = ["TensorReader", "SafetensorsReader", "ZTensorReader", "TorchFileReader", "WeightStore", "ZT_MAGIC",
+           "FLOAT_DTYPES", "torch_dtype_name"]
 
 #: The first eight bytes of every ztensor 2.x file.
 ZT_MAGIC = b"\x89ZT2\r\n\x1a\n"
@@ -33,18 +35,23 @@ class TensorReader(Protocol):
 
     def names(self) -> list[str]: ...
     def shape(self, name: str) -> tuple[int, ...]: ...
+    def dtype(self, name: str) -> str: ...
     def tensor(self, name: str) -> torch.Tensor: ...
 
 
 def _head(path: Path, n: int) -> bytes:
-    try:
-        with path.open("rb") as fh:
-            return fh.read(n)
-    except OSError as exc:
-        raise ModelLoadingError(
-            f"cannot read the weights file: {exc.strerror or exc}", file=str(path),
-            hint="check that the file exists and is readable by this user",
-        ) from exc
+    """At most the first ``n`` bytes of the regular file ``path`` (DF004 for anything else)."""
+    return read_head(path, n)
+
+
+#: The dtypes the reference reads weights in (safetensors' names; the other readers map to them).
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
+_TORCH_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
+
+
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    """``F32`` for ``torch.float32`` (safetensors' name); other dtypes by torch's name."""
+    return _TORCH_DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 class SafetensorsReader:
@@ -54,7 +61,7 @@ class SafetensorsReader:
         from safetensors import SafetensorError, safe_open
 
         self.path = path
-        size = path.stat().st_size
+        size = regular_file_size(path)
         head = _head(path, 9)
         if len(head) < 9:
             raise ModelLoadingError("file is truncated: shorter than a safetensors header", file=str(path))
@@ -80,6 +87,9 @@ class SafetensorsReader:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handle.get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        return str(self._handle.get_slice(name).get_dtype())
 
     def tensor(self, name: str) -> torch.Tensor:
         try:
@@ -114,6 +124,9 @@ class ZTensorReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._src[name].shape)
 
+    def dtype(self, name: str) -> str:
+        return str(self._src[name].dtype).upper()
+
     def tensor(self, name: str) -> torch.Tensor:
         t = self._src[name]
         if t.layout != "dense":
@@ -122,6 +135,16 @@ class ZTensorReader:
             return torch.from_dlpack(t)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise ModelLoadingError(f"cannot read tensor: {exc}", file=str(self.path), tensor=name) from exc
+
+
+def _check_plain_tensor(path: Path, key: object, value: torch.Tensor) -> None:
+    """A state dict entry must be a string key and a dense CPU tensor (not sparse, quantized, nested or meta)."""
+    if not isinstance(key, str):
+        raise ModelLoadingError(f"state dict key {short_repr(key)} is not a string", file=str(path))
+    kind = ("sparse" if value.layout != torch.strided else "quantized" if value.is_quantized
+            else "nested" if value.is_nested else "" if value.device.type == "cpu" else f"on {value.device.type}")
+    if kind:
+        raise ModelLoadingError(f"the tensor is {kind}; only dense tensors are read", file=str(path), tensor=key)
 
 
 class TorchFileReader:
@@ -151,6 +174,8 @@ class TorchFileReader:
             obj = obj["state_dict"]
         if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise ModelLoadingError("file does not hold a state dict of tensors", file=str(path))
+        for key, value in obj.items():
+            _check_plain_tensor(path, key, value)
         self._tensors: dict[str, torch.Tensor] = dict(obj)
 
     def names(self) -> list[str]:
@@ -158,6 +183,9 @@ class TorchFileReader:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._tensors[name].shape)
+
+    def dtype(self, name: str) -> str:
+        return torch_dtype_name(self._tensors[name].dtype)
 
     def tensor(self, name: str) -> torch.Tensor:
         return self._tensors[name]
