@@ -10,8 +10,6 @@ See docs/inductor-debug-cli.md.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import logging
 import shutil
@@ -114,20 +112,14 @@ def _resolve_run(root: Path, run: str | None, path: Path | None) -> Path:
 
 def _import_target(target: str, what: str) -> Any:
     """The module of ``module`` or ``path/to/file.py``."""
-    if target.endswith(".py") or "/" in target:
-        file = Path(target).resolve()
-        if not file.is_file():
-            raise CliError(f"{what}: no file {file}", kind="environment")
-        name = f"_inductor_debug_user_{abs(hash(str(file)))}"
-        s = importlib.util.spec_from_file_location(name, file)
-        assert s is not None and s.loader is not None
-        module = importlib.util.module_from_spec(s)
-        sys.modules[name] = module
-        s.loader.exec_module(module)
-        return module
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    return importlib.import_module(target)
+    from debug_framework.cli.user_code import import_module_or_file, is_file_target
+
+    try:
+        return import_module_or_file(target)
+    except FileNotFoundError as e:
+        if not is_file_target(target):
+            raise
+        raise CliError(f"{what}: {e}", kind="environment") from None
 
 
 def _load_object(state: _State, spec: str, what: str) -> Any:
