@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..errors import DatabaseError, ValidationError
+from ..storage.schema import SESSION_STATUSES
+from ..suggest import did_you_mean, one_of
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
                         print_json, run_app)
 
@@ -229,7 +231,11 @@ def report(
     invocation.as_json = as_json
     _one_mode(session_id, list_, diff)
     if output_format is not None and output_format not in _FORMATS:
-        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}")
+        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}"
+                       + did_you_mean(output_format, _FORMATS))
+    if status is not None and status not in SESSION_STATUSES:
+        raise CliError(f"--status {status!r} is not a session status" + did_you_mean(status, SESSION_STATUSES),
+                       hint=one_of(SESSION_STATUSES))
     path = _database_path(database)
     invocation.database = path
     db = _open_db(path)
