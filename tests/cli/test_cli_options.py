@@ -84,3 +84,14 @@ def test_paths_with_markup_print_literally(artifacts_root, tmp_path, capsys, mon
     empty.mkdir(parents=True)
     code, out, _ = _main(capsys, "--root", str(empty), "list")
     assert code == 0 and out.strip() == f"no runs under {empty}"
+
+
+def test_session_report_unknown_format_and_status_suggest(tmp_path, capsys):
+    from debug_framework.cli.session_report import main as session_report
+
+    db = str(tmp_path / "none.db")
+    assert session_report(["--session-id", "x", "--output-format", "jsno", "--database", db]) == 2
+    assert "did you mean 'json'?" in capsys.readouterr().err
+    assert session_report(["--list", "--status", "passd", "--database", db]) == 2
+    err = capsys.readouterr().err
+    assert "--status 'passd' is not a session status (did you mean 'passed'?)" in err and "created, running" in err
