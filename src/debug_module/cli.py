@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path

@@ -10,6 +10,7 @@ per process on first use (so spawned batch workers find them too), equally lazil
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,10 +58,11 @@ _FACTORIES: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
 #: The entry-point group of installed backends: ``name = "package.module:factory"``.
 ENTRY_POINT_GROUP = "debug_framework.backends"
 _entry_points_read = False
+_entry_points_lock = threading.Lock()
 
 _HOW_TO_REGISTER = (
     "register one with debug_framework.backends.register_backend(name, factory) in a module given to "
-    f"debug_validate --backend-module pkg.mod or --backend-file path.py, or install a package declaring it "
+    "debug_validate --backend-module pkg.mod or --backend-file path.py, or install a package declaring it "
     f"in the entry-point group {ENTRY_POINT_GROUP!r}"
 )
 
@@ -74,11 +76,13 @@ def _read_entry_points() -> None:
     global _entry_points_read
     if _entry_points_read:
         return
-    _entry_points_read = True
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        _FACTORIES.setdefault(ep.name, ep.value.split("[")[0].strip())
+    with _entry_points_lock:
+        if not _entry_points_read:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                _FACTORIES.setdefault(ep.name, ep.value.split("[")[0].strip())
+            _entry_points_read = True
 
 
 def _unknown_backend(name: str) -> BackendInitializationError:
