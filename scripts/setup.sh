@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv, PyTorch pinned to the CPU build 2.13.0 installed
 # FIRST (so nothing can pull CUDA wheels), then this package with all its extras.
+#
+# TORCH_INDEX_URL: install torch 2.13.0 from another wheel index instead of pip's configured one, e.g.
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/setup.sh
+# (unset here: pip's own configuration, which holds the CPU build). An existing .venv keeps the torch it
+# has when that is already 2.13.0: remove .venv to switch builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +15,12 @@ fi
 VPY=.venv/bin/python
 "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 if ! "$VPY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' 2>/dev/null; then
-    "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+        echo "installing torch==2.13.0 from $TORCH_INDEX_URL" >&2
+        "$VPY" -m pip install -q --disable-pip-version-check --index-url "$TORCH_INDEX_URL" torch==2.13.0
+    else
+        "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+    fi
 fi
 "$VPY" -m pip install -q --disable-pip-version-check -e ".[all]"
 # Headless Chromium renders the HTML reports in the browser tests, and graphviz's dot draws the

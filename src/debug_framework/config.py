@@ -15,8 +15,12 @@ from typing import Any
 
 from .errors import FrameworkInitializationError
 
-__all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "from_environment", "merge_config", "default_database_path",
-           "check_keywords", "ResourceSettings", "resource_settings"]
+__all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "FLOAT_DTYPES", "from_environment", "merge_config",
+           "default_database_path", "check_keywords", "ResourceSettings", "resource_settings"]
+
+#: The compute dtypes the framework knows by name (backends support a subset; defined here, torch-free,
+#: so a CLI can refuse a bad ``--dtype`` before importing anything heavy).
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "database_path": "~/.pie/debug/debug_framework.db",

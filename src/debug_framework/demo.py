@@ -53,7 +53,7 @@ def demo(
         invocation.database = database
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never reach the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    return _run(output, database, alternative_backend)
+    return _run(output, database, alternative_backend, invocation)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_app(app, Invocation(PROG), argv)
 
 
-def _run(output: Path, database: Path | None, alternative_backend: str) -> int:
+def _run(output: Path, database: Path | None, alternative_backend: str, invocation: Invocation) -> int:
     from . import get_framework_config
     from .cli.framework import EXIT_FAIL, EXIT_PASS, CliError, markup
     from .models.validation_report import ValidationReport
@@ -85,6 +85,7 @@ def _run(output: Path, database: Path | None, alternative_backend: str) -> int:
         reference_backend="python_reference",
         alternative_backend=alternative_backend,
     )
+    invocation.session_id = sid  # named by the one line of a Ctrl-C
     row = engine.db.get_session(sid) or {}
     why = (row.get("alternative_backend_info") or {}).get("selected_because", "")
     console.print(markup("validating all-MiniLM-L6-v2 ({})", model_path))
@@ -103,8 +104,8 @@ def _run(output: Path, database: Path | None, alternative_backend: str) -> int:
         console.print(markup("first divergence: {} (max abs error {}; {})", first.key, c.max_abs_error, first.reason))
     if result.isolation is not None:
         layers = result.introducing_layers
-        console.print("isolation: " + (f"layer(s) {layers} introduce error" if layers
-                                       else "no layer introduces error on its own"))
+        console.print(markup("isolation: layer(s) {} introduce error", layers) if layers
+                      else "isolation: no layer introduces error on its own")
     elif result.isolation_note:
         console.print(markup("isolation: {}", result.isolation_note))
     perf = result.performance

@@ -10,25 +10,21 @@ See docs/inductor-debug-cli.md.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import logging
 import shutil
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue, add_row,
-                                           literal, make_app, make_console, markup, print_json, raised_in,
-                                           run_app)
+                                           literal, make_app, make_console, print_json, raised_in, run_app)
+from debug_framework.suggest import did_you_mean, one_of
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from .cli_minify import MinifyOptions
 
 #: Same as debug_module.artifacts.DEFAULT_ARTIFACT_ROOT (not imported: list/report/clean must start without torch).
 DEFAULT_ARTIFACT_ROOT = "./debug_artifacts"
@@ -37,6 +33,8 @@ __all__ = ["app", "main", "CLI_SCHEMA", "CliError"]
 
 CLI_SCHEMA = "inductor-debug/1"
 ANALYSIS_TYPES = ("guards", "constraints", "graphs", "summary")
+_LOWERINGS = ("eager", "inductor")
+_REPORT_FORMATS = ("html", "json")
 PROG = "inductor-debug"
 
 #: What a command body returns: its JSON ``data``, its exit code, and the human output.
@@ -105,7 +103,8 @@ def _resolve_run(root: Path, run: str | None, path: Path | None) -> Path:
         for p in runs:
             if p.name == run:
                 return p
-        raise CliError(f"no run {run!r} under {root}", hint="`inductor-debug list` shows the runs", kind="environment")
+        raise CliError(f"no run {run!r} under {root}" + did_you_mean(run, [p.name for p in runs]),
+                       hint="`inductor-debug list` shows the runs", kind="environment")
     if not runs:
         raise CliError(f"no runs under {root}", hint="pass --root, a run directory, or --model module:factory",
                        kind="environment")
@@ -114,20 +113,14 @@ def _resolve_run(root: Path, run: str | None, path: Path | None) -> Path:
 
 def _import_target(target: str, what: str) -> Any:
     """The module of ``module`` or ``path/to/file.py``."""
-    if target.endswith(".py") or "/" in target:
-        file = Path(target).resolve()
-        if not file.is_file():
-            raise CliError(f"{what}: no file {file}", kind="environment")
-        name = f"_inductor_debug_user_{abs(hash(str(file)))}"
-        s = importlib.util.spec_from_file_location(name, file)
-        assert s is not None and s.loader is not None
-        module = importlib.util.module_from_spec(s)
-        sys.modules[name] = module
-        s.loader.exec_module(module)
-        return module
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    return importlib.import_module(target)
+    from debug_framework.cli.user_code import import_module_or_file, is_file_target
+
+    try:
+        return import_module_or_file(target)
+    except FileNotFoundError as e:
+        if not is_file_target(target):
+            raise
+        raise CliError(f"{what}: {e}", kind="environment") from None
 
 
 def _load_object(state: _State, spec: str, what: str) -> Any:
@@ -356,9 +349,9 @@ def list_runs(ctx: typer.Context, root: Path | None = RootOpt, as_json: bool = J
 def _analyze(state: _State, run_dir: Path | None, type_: str, run: str | None, model: str | None,
              inputs: str | None, demo: bool, lowering: str, alignment: int | None, deny_op: list[str]) -> Outcome:
     if type_ not in ANALYSIS_TYPES:
-        raise CliError(f"unknown analysis type {type_!r}", hint=f"use one of {', '.join(ANALYSIS_TYPES)}")
-    if lowering not in ("eager", "inductor"):
-        raise CliError(f"unknown lowering {lowering!r}", hint="use eager or inductor")
+        raise CliError(f"unknown analysis type {type_!r}" + did_you_mean(type_, ANALYSIS_TYPES), hint=one_of(ANALYSIS_TYPES))
+    if lowering not in _LOWERINGS:
+        raise CliError(f"unknown lowering {lowering!r}" + did_you_mean(lowering, _LOWERINGS), hint=one_of(_LOWERINGS))
     if (model is not None or demo) and (run_dir is not None or run is not None):
         raise CliError("analyze either a run (RUN_DIR/--run) or a model (--model/--demo), not both")
     if inputs is not None and model is None:
@@ -371,6 +364,12 @@ def _analyze(state: _State, run_dir: Path | None, type_: str, run: str | None, m
     data = analyze_run(path, type_)
     failed = type_ == "summary" and data["kerneldiff"] is not None and not data["kerneldiff"]["passed"]
     return data, (EXIT_FAIL if failed else EXIT_PASS), lambda: _print_analysis(data)
+
+
+def _print_analysis(data: dict[str, Any]) -> None:
+    from .cli_output import print_analysis
+
+    print_analysis(data)
 
 
 @app.command("analyze")
@@ -391,71 +390,6 @@ def analyze(
     """Analyze a run (guards, constraints, graphs, summary), or a model given as module:factory."""
     return _run(ctx, "analyze", root, as_json,
                 lambda st: _analyze(st, run_dir, type_, run, model, inputs, demo, lowering, alignment, deny_op))
-
-
-def _print_guards(con: Console, d: dict[str, Any]) -> None:
-    if not d["available"]:
-        con.print(f"no guard report in this run; {d['fx_graph_count']} Dynamo graph(s) captured "
-                  "(analyze --model module:factory records one)")
-        return
-    con.print(f"{d['graph_count']} graph(s), {d['graph_break_count']} graph break(s), "
-              f"{len(d['recompilations'])} recompilation(s)")
-    for b in d["graph_breaks"]:
-        con.print(literal(f"  break: {b['reason']} at {b['file']}:{b['line']}: {b['code']}"))
-    for r in d["recompilations"]:
-        con.print(literal(f"  recompile (call {r['call_index']}, {r['code_name']}): {'; '.join(r['reasons'])}"))
-
-
-def _print_constraints(con: Console, d: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    con.print(f"{d['violation_count']} violation(s)")
-    for c, vs in d["by_constraint"].items():
-        con.print(markup("  [bold]{}[/bold]: {}", c, len(vs)))
-        for v in vs[:20]:
-            src = v.get("source") or {}
-            con.print(literal(f"    {v.get('graph')} {v.get('node')} {v.get('op')} {v.get('shape')} {v.get('dtype')} "
-                              f"@ {src.get('file')}:{src.get('line')} {src.get('code') or ''}"))
-    t = Table(title="coverage")
-    for c in ("graph", "nodes", "supported", "share", "partitions"):
-        t.add_column(c)
-    for c in d["coverage"]:
-        add_row(t, c["graph"], c.get("nodes"), c.get("supported_nodes"), f"{c.get('node_share', 0):.1%}",
-                c.get("partitions"))
-    con.print(t)
-
-
-def _print_graphs(con: Console, d: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"{d['fx_graph_count']} Dynamo graph(s)")
-    for c in ("graph", "kind", "nodes", "violations", "peak bytes", "top ops"):
-        t.add_column(c)
-    for g in d["graphs"]:
-        add_row(t, g["name"], g["kind"], g["nodes"], g["violations"], g["peak_memory_bytes"],
-                ", ".join(f"{k} x{v}" for k, v in list(g["top_ops"].items())[:4]))
-    con.print(t)
-
-
-def _print_summary(con: Console, d: dict[str, Any]) -> None:
-    for k in ("backend", "status", "file_count", "fx_graph_count", "aten_graph_count", "violation_count",
-              "graph_break_count", "recompilation_count"):
-        con.print(literal(f"  {k}: {d[k]}"))
-    kd = d["kerneldiff"]
-    if kd:
-        con.print(literal(f"  KernelDiff: {'PASS' if kd['passed'] else 'FAIL'} ({kd['test_backend']} vs "
-                          f"{kd['reference_backend']})" + (f", first divergent module {kd['first_divergent_module']}"
-                                                           if kd["first_divergent_module"] else "")))
-    for p in d["repros"]:
-        con.print(literal(f"  repro: {p}"))
-
-
-def _print_analysis(d: dict[str, Any]) -> None:
-    con = make_console()
-    con.print(markup("[bold]{}[/bold] of run {} ({})  {}", d["type"], d["run_id"], d["model"], d["path"]),
-              highlight=False)
-    printers = {"guards": _print_guards, "constraints": _print_constraints, "graphs": _print_graphs}
-    printers.get(d["type"], _print_summary)(con, d)
 
 
 def _diff(state: _State, model: str | None, inputs: str | None, demo: bool, backend: str, reference: str,
@@ -503,8 +437,8 @@ def _report(state: _State, fmt: str, run: list[str], output: Path | None, benchm
     from .reports import build_report, write_report
 
     root = state.root
-    if fmt not in ("html", "json"):
-        raise CliError(f"unknown format {fmt!r}", hint="use html or json")
+    if fmt not in _REPORT_FORMATS:
+        raise CliError(f"unknown format {fmt!r}" + did_you_mean(fmt, _REPORT_FORMATS), hint=one_of(_REPORT_FORMATS))
     if not root.is_dir():
         raise CliError(f"artifacts root {root} does not exist", hint="pass --root", kind="environment")
     if benchmarks is not None and not benchmarks.is_dir():
@@ -535,15 +469,21 @@ def report(
     return _run(ctx, "report", root, as_json, lambda st: _report(st, fmt, run, output, benchmarks))
 
 
-def _minify(state: _State, path: Path, output: Path | None, max_seconds: float | None) -> Outcome:
+def _minify(state: _State, path: Path, output: Path | None, max_seconds: float | None, options: MinifyOptions) -> Outcome:
     try:
         from .minifier import minify_saved_graph
+        from .minifier.saved import recorded_constraints
     except ImportError as e:
         raise CliError(f"the minifier is not available: {e}", kind="environment") from e
     if not path.exists():
         raise CliError(f"no such file or directory: {path}", kind="environment")
+    from .cli_minify import build_constraints, build_signature
+
+    constraints = build_constraints(options, recorded_constraints(path))  # default: what the run recorded
+    signature = build_signature(options, constraints, lambda spec: _load_object(state, spec, "--backend"))
     # a MinifierError (DM010) is DF-coded: the framework reports its message and hint
-    res = minify_saved_graph(path, output_dir=output, max_seconds=max_seconds, progress=not state.as_json)
+    res = minify_saved_graph(path, signature, constraints=constraints, output_dir=output, max_seconds=max_seconds,
+                             progress=not state.as_json)
     return res.to_dict(), EXIT_PASS, lambda: print(f"{res.summary()}\nrepro: {res.repro_path}")
 
 
@@ -554,11 +494,24 @@ def minify(
                                           "(aot_graphs/graph_000_forward.py, fx_graphs/graph_000.py)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="where the minimized repro goes"),
     max_seconds: float | None = typer.Option(None, "--max-seconds"),
+    signature: str | None = typer.Option(None, "--signature", help="constraint:NAME[:OP], exception:TYPE[:PATTERN] "
+                                         "or accuracy (default: the first constraint violation found)"),
+    backend: str | None = typer.Option(None, "--backend", help="for exception/accuracy: a torch.compile backend name, "
+                                       "module:attr or file.py:attr"),
+    reference: str = typer.Option("eager", "--reference", help="for accuracy: eager or float64"),
+    rtol: float = typer.Option(1e-4, "--rtol", help="for accuracy"),
+    atol: float = typer.Option(1e-5, "--atol", help="for accuracy"),
+    constraints: str | None = typer.Option(None, "--constraints", help="JSON file (or inline JSON) listing constraints "
+                                           "as a manifest records them (default: the run's own)"),
+    alignment: int | None = typer.Option(None, "--alignment", help="shape alignment constraint (replaces the run's)"),
+    deny_op: list[str] = typer.Option([], "--deny-op", help="deny an op (repeatable)"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
 ) -> int:
-    """Minify a saved graph with debug_module.minifier (constraint signatures are found by re-checking)."""
-    return _run(ctx, "minify", root, as_json, lambda st: _minify(st, path, output, max_seconds))
+    """Minify a saved graph with debug_module.minifier (by default, the first violation of the run's own constraints)."""
+    options = MinifyOptions(signature=signature, backend=backend, reference=reference, rtol=rtol, atol=atol,
+                            constraints=constraints, alignment=alignment, deny_ops=deny_op)
+    return _run(ctx, "minify", root, as_json, lambda st: _minify(st, path, output, max_seconds, options))
 
 
 def _clean(state: _State, yes: bool, run: list[str]) -> Outcome:

@@ -54,6 +54,27 @@ def test_exit_codes_pass_fail_and_usage(capsys):
     assert "--count" in capsys.readouterr().out
 
 
+def test_ctrl_c_is_exit_130_with_one_line_naming_the_session(capsys):
+    """typer turns a KeyboardInterrupt into a silent 130; run_app says what happened, in one line."""
+    import os
+    import signal
+    import time
+
+    def interrupted() -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the signal arrives before this ends
+        return 0
+
+    inv = fw.Invocation("t")
+    inv.session_id = "abc123"
+    assert fw.run_app(_app(interrupted), inv, []) == fw.EXIT_INTERRUPTED == 130
+    err = capsys.readouterr().err
+    assert err == "t: interrupted by the user (Ctrl-C); session abc123 is marked error (interrupted by the user)\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert fw.run_app(_app(lambda: 130), fw.Invocation("t"), []) == 130  # a command's own 130 is not an interrupt
+    assert capsys.readouterr().err == ""
+
+
 def test_framework_error_is_one_line_with_code_and_hint(capsys):
     def raise_df():
         raise DatabaseError("no session database at this path", database="/x.db", hint="pass --database")

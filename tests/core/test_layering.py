@@ -32,7 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "execution": ("debug_framework.backends", "debug_framework.capture", "debug_framework.architectures",
                   "debug_framework.modelio", "debug_framework.measure"),
     "core": ("debug_framework.comparison", "debug_framework.errors", "debug_framework.config",
-             "debug_framework._torch", "debug_framework.jsonio"),
+             "debug_framework._torch", "debug_framework.jsonio", "debug_framework.suggest"),
 }
 _ORDER = list(LAYERS)
 

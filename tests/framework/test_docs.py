@@ -36,3 +36,19 @@ def test_user_backend_example_registers(tiny_qwen2, random_inputs):
     finally:
         unregister_backend("my_module")
         unregister_backend("my_engine")
+
+
+@pytest.mark.slow  # a debug_validate process (~4 s of imports)
+def test_backend_from_the_command_line_example_runs(tiny_qwen2, tmp_path):
+    """The doctest-bash block: a --backend-file that registers a module_backend, validated by debug_validate."""
+    import os
+    import subprocess
+    import sys
+
+    (block,) = re.findall(r"<!-- doctest-bash -->\s*```bash\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "MODEL": str(tiny_qwen2["hf"]), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": src, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
+    p = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "my_module (float32) vs python_reference (float64)" in p.stdout and "PASSED" in p.stdout

@@ -6,15 +6,16 @@ from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from ..capture.keys import Capture, CheckpointKey, CheckpointSelection
+from ..config import FLOAT_DTYPES
 from ..errors import BackendInitializationError, ValidationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
+from ..suggest import did_you_mean
 
 __all__ = ["Backend", "LayerReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "cpu_name", "layer_replay_support"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
-FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
 @runtime_checkable
@@ -110,7 +111,7 @@ class BaseBackend:
         dtype = str(dtype or self.default_dtype).removeprefix("torch.")
         if dtype not in self.supported_dtypes:
             raise BackendInitializationError(
-                f"dtype {dtype!r} is not supported",
+                f"dtype {dtype!r} is not supported" + did_you_mean(dtype, self.supported_dtypes),
                 hint=f"use one of {', '.join(self.supported_dtypes)}",
                 backend=self.name,
             )

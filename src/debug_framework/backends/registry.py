@@ -3,19 +3,24 @@
 Built-in backends are listed in :data:`BUILTIN_BACKENDS` as ``"module:attribute"`` strings and
 imported only when asked for, so a backend whose runtime is missing (onnxruntime, mlx, CUDA ...)
 is reported unavailable with the import error as the reason instead of breaking the registry.
+Installed packages add backends through the entry-point group :data:`ENTRY_POINT_GROUP`, read once
+per process on first use (so spawned batch workers find them too), equally lazily.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import BackendInitializationError
+from ..suggest import did_you_mean
 from .base import Backend
 
 __all__ = [
     "BUILTIN_BACKENDS",
+    "ENTRY_POINT_GROUP",
     "BackendFactory",
     "register_backend",
     "unregister_backend",
@@ -50,6 +55,43 @@ AUTO_ORDER: tuple[str, ...] = ("cuda", "metal", "inductor", "onnxruntime", "mlx"
 
 _FACTORIES: dict[str, BackendFactory | str] = dict(BUILTIN_BACKENDS)
 
+#: The entry-point group of installed backends: ``name = "package.module:factory"``.
+ENTRY_POINT_GROUP = "debug_framework.backends"
+_entry_points_read = False
+_entry_points_lock = threading.Lock()
+
+_HOW_TO_REGISTER = (
+    "register one with debug_framework.backends.register_backend(name, factory) in a module given to "
+    "debug_validate --backend-module pkg.mod or --backend-file path.py, or install a package declaring it "
+    f"in the entry-point group {ENTRY_POINT_GROUP!r}"
+)
+
+
+def _read_entry_points() -> None:
+    """Add the backends installed packages declare in :data:`ENTRY_POINT_GROUP` (once per process).
+
+    Each is kept as its lazy ``"module:attribute"`` string, imported when asked for like a built-in.
+    A name already registered (a built-in, or registered before the first lookup) is kept.
+    """
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    from importlib.metadata import entry_points
+
+    with _entry_points_lock:
+        if not _entry_points_read:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                _FACTORIES.setdefault(ep.name, ep.value.split("[")[0].strip())
+            _entry_points_read = True
+
+
+def _unknown_backend(name: str) -> BackendInitializationError:
+    """DF002 for a name nobody registered: the registered names, the closest one, how to register."""
+    return BackendInitializationError(
+        "unknown backend" + did_you_mean(name, _FACTORIES),
+        hint=f"registered backends: {', '.join(_FACTORIES)}; {_HOW_TO_REGISTER}", backend=name,
+    )
+
 
 def register_backend(name: str, factory: BackendFactory | str, *, replace: bool = False) -> None:
     """Register ``factory`` (a callable or a lazy ``"module:attribute"`` string) under ``name``.
@@ -72,22 +114,27 @@ def unregister_backend(name: str) -> None:
 
 
 def registered_backends() -> list[str]:
-    """Registered names, registration order."""
+    """Registered names, registration order (built-ins, then installed entry points)."""
+    _read_entry_points()
     return list(_FACTORIES)
 
 
 def _resolve(name: str) -> BackendFactory:
+    _read_entry_points()
     if name not in _FACTORIES:
-        raise BackendInitializationError(
-            "unknown backend", hint=f"registered backends: {', '.join(_FACTORIES)}", backend=name
-        )
+        raise _unknown_backend(name)
     factory = _FACTORIES[name]
     if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
+        spec = factory
+        module, _, attr = spec.partition(":")
         try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise BackendInitializationError(f"cannot import {factory}: {exc}", backend=name) from exc
+            obj: Any = importlib.import_module(module)
+            for part in attr.split("."):  # an entry point may name a nested attribute
+                obj = getattr(obj, part)
+        except Exception as exc:  # noqa: BLE001 - a runtime or package that fails to import: unavailable
+            raise BackendInitializationError(f"cannot import {spec}: {type(exc).__name__}: {exc}",
+                                             backend=name) from exc
+        factory = obj
     return factory
 
 
@@ -115,7 +162,7 @@ def get_backend(name: str, *, check: bool = True, **options: Any) -> Backend:
 def backend_availability() -> dict[str, tuple[bool, str]]:
     """Every registered backend -> ``(available, reason)``; the reason is empty when available."""
     report: dict[str, tuple[bool, str]] = {}
-    for name in list(_FACTORIES):
+    for name in registered_backends():
         try:
             report[name] = tuple(get_backend(name, check=False).availability())  # type: ignore[assignment]
         except BackendInitializationError as exc:

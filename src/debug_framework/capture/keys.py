@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..errors import ValidationError
+from ..suggest import did_you_mean
 
 __all__ = [
     "CHECKPOINT_NAMES",
@@ -41,7 +42,7 @@ class CheckpointKey(NamedTuple):
         """Return ``self`` if it names a real checkpoint, else raise ``ValidationError`` (DF005)."""
         if self.name not in CHECKPOINT_NAMES:
             raise ValidationError(
-                f"unknown checkpoint name {self.name!r}",
+                f"unknown checkpoint name {self.name!r}" + did_you_mean(self.name, CHECKPOINT_NAMES),
                 hint=f"use one of {', '.join(CHECKPOINT_NAMES)}",
                 checkpoint=self.name,
             )

@@ -2,6 +2,7 @@
 
     debug_validate --model-path ./my-model --alternative-backend pytorch --isolate
     python -m debug_framework.cli.debug_validate --model-path m --json > result.json
+    debug_validate --model-path m --backend-file my_backend.py --alternative-backend my_backend
 
 Exit codes (:mod:`debug_framework.cli.framework`): 0 every checkpoint within tolerance, 1 numerical
 failure, 2 usage or environment error (a DF-coded error: bad path, unavailable backend, bad
@@ -20,6 +21,8 @@ import typer
 from ..jsonio import dumps_json, read_json_object
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stage_progress)
+from .user_code import load_backend_code
+from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -168,10 +171,25 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
                                    if layers else "no layer introduces error on its own"))
     elif result.get("isolation_note"):
         out.print(markup("isolation: {}", result["isolation_note"]))
+    if verbose and result.get("isolation"):
+        out.print(isolation_table(result, _fmt))
     perf = result.get("performance") or {}
     if "reference" in perf and "alternative" in perf:
         out.print(f"time: reference {perf['reference']['wall_s']:.3f} s, alternative {perf['alternative']['wall_s']:.3f} s")
     out.print(markup("{}", footer))
+
+
+def _check_arguments(invocation: Invocation, model_path: str, opts: ValidateOptions,
+                     fw: dict[str, Any]) -> dict[str, Any]:
+    """The checks that need no heavy import (model path, dtypes, database, config file, --layers);
+    returns the session configuration."""
+    from ..config import default_database_path
+
+    check_model_path(model_path)
+    check_dtype("--dtype", opts.dtype)
+    check_dtype("--reference-dtype", opts.reference_dtype)
+    invocation.database = check_database_path(default_database_path(fw))
+    return _session_config(opts)
 
 
 @app.command(help=_HELP)
@@ -203,6 +221,12 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database (default: PIE_DEBUG_DATABASE or "
                                         "~/.pie/debug/debug_framework.db)"),
+    backend_module: list[str] | None = typer.Option(None, "--backend-module", metavar="PKG.MOD",
+                                                    help="import this module first (repeatable): it registers "
+                                                         "backends with register_backend(name, factory)"),
+    backend_file: list[Path] | None = typer.Option(None, "--backend-file", metavar="PATH.py",
+                                                   help="import this Python file first (repeatable): it registers "
+                                                        "backends with register_backend(name, factory)"),
 ) -> int:
     """Validate, print the table (or the JSON), and return the exit code."""
     invocation: Invocation = ctx.obj
@@ -210,14 +234,18 @@ def validate(
     opts = ValidateOptions(config_file, checkpoints, layers, dtype, reference_dtype, device, rtol, atol, isolate,
                            oracle, noise_floor, tuple(text or ()), seed)
     from .. import get_framework_config
-    from ..services.validation_engine import ValidationEngine
 
     fw = get_framework_config()  # PIE_DEBUG_* read here, at the edge
     if database:
         fw["database_path"] = database
+    session_config = _check_arguments(invocation, model_path, opts, fw)  # fast: before the heavy imports
+    load_backend_code(backend_module or (), backend_file or ())
+    from ..services.validation_engine import ValidationEngine
+
     engine = ValidationEngine(config=fw)
     invocation.database = Path(engine.database_path)
-    sid = engine.create_session(model_path, _session_config(opts), reference_backend, alternative_backend)
+    sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend)
+    invocation.session_id = sid
     with stage_progress(make_console(stderr=True), "loading model") as progress:
         result = engine.run(sid, progress=progress).to_dict()
     if output_file is not None:

@@ -9,6 +9,7 @@ Exit codes, everywhere::
                      DebugFrameworkError, a CliError, an OSError/MemoryError
     EXIT_INTERNAL 3  an internal error, a bug of ours: one line on stderr that says so and names the
                      file holding the full traceback (never a traceback a CI reads as exit 1)
+    EXIT_INTERRUPTED 130  Ctrl-C: one line on stderr (naming the session it marked as interrupted)
 
 The crash log goes to ``$PIE_DEBUG_LOG_DIR`` if set, else to ``logs/`` beside the session database
 (``--database``, ``PIE_DEBUG_DATABASE``, or ``~/.pie/debug/debug_framework.db``), else to
@@ -26,7 +27,9 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
 import sys
+import threading
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -46,13 +49,15 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 __all__ = [
-    "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "LOG_DIR_VARIABLE",
+    "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "LOG_DIR_VARIABLE",
     "CliError", "Failure", "Invocation", "JsonValue", "ProgressCallback",
     "make_app", "run_app", "guarded", "failure_of", "raised_in", "crash_log_dir", "write_crash_log",
     "make_console", "literal", "markup", "add_row", "dumps_json", "print_json", "stage_progress",
 ]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+#: Ctrl-C (SIGINT), as shells report it (128 + 2).
+EXIT_INTERRUPTED = 130
 #: Environment variable naming the directory of crash logs (internal errors, exit 3).
 LOG_DIR_VARIABLE = "PIE_DEBUG_LOG_DIR"
 
@@ -139,6 +144,12 @@ class Invocation:
         self.as_json = False
         self.database: Path | None = None  # the crash log goes to logs/ beside it
         self.argv: list[str] = []
+        self.session_id: str | None = None  # the session a command works on: named when it is interrupted
+
+    def interrupted_line(self) -> str:
+        """The one stderr line of a Ctrl-C (exit 130)."""
+        where = "" if self.session_id is None else f"; session {self.session_id} is marked error (interrupted by the user)"
+        return f"{self.prog}: interrupted by the user (Ctrl-C){where}"
 
     def error_document(self, failure: Failure) -> JsonValue:
         """The JSON document printed on stdout for a failure under ``--json``."""
@@ -168,7 +179,10 @@ def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None
 
     def body() -> int:
         try:
-            rv = app(args=args, prog_name=invocation.prog, standalone_mode=False, obj=invocation)
+            with _noting_interrupts() as interrupted:
+                rv = app(args=args, prog_name=invocation.prog, standalone_mode=False, obj=invocation)
+            if interrupted:  # typer turns Ctrl-C into a silent exit code 130
+                raise KeyboardInterrupt
         except typer.Abort:
             print(f"{invocation.prog}: aborted", file=sys.stderr)
             return 130
@@ -184,14 +198,36 @@ def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None
     return guarded(invocation, body)
 
 
+@contextmanager
+def _noting_interrupts() -> Iterator[list[bool]]:
+    """Yields a list that becomes ``[True]`` when SIGINT arrives inside the block (the interrupt
+    itself still raises KeyboardInterrupt as usual). Only where Python's own handler is installed,
+    on the main thread; elsewhere the list stays empty."""
+    hit: list[bool] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield hit
+        return
+
+    def note(signum: int, frame: object) -> None:
+        hit.append(True)
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield hit
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def guarded(invocation: Invocation, body: Callable[[], int]) -> int:
     """``body()``'s exit code; an exception becomes a :class:`Failure` reported on stderr (and as
     JSON on stdout under ``--json``), returning 2 for usage/environment errors and 3 for bugs."""
     try:
         return body()
     except KeyboardInterrupt:
-        print(f"{invocation.prog}: interrupted", file=sys.stderr)
-        return 130
+        print(invocation.interrupted_line(), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place every CLI error is mapped to an exit code
         failure = failure_of(exc, invocation)
         if invocation.as_json:

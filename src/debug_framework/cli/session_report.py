@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..errors import DatabaseError, ValidationError
+from ..storage.schema import SESSION_STATUSES
+from ..suggest import did_you_mean, one_of
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
                         print_json, run_app)
 
@@ -300,7 +302,11 @@ def report(
     if not maintenance and (dry_run or older_than is not None):
         raise CliError("--dry-run and --older-than go with --maintenance", hint=f"{PROG} --maintenance --dry-run")
     if output_format is not None and output_format not in _FORMATS:
-        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}")
+        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}"
+                       + did_you_mean(output_format, _FORMATS))
+    if status is not None and status not in SESSION_STATUSES:
+        raise CliError(f"--status {status!r} is not a session status" + did_you_mean(status, SESSION_STATUSES),
+                       hint=one_of(SESSION_STATUSES))
     path = _database_path(database)
     invocation.database = path
     if maintenance:

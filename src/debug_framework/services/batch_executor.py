@@ -229,11 +229,13 @@ class BatchExecutor:
         """Poll the database for progress until the workers exit (or ``done_event`` is set)."""
         bar = None
         if show:
+            from rich.markup import escape
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            bar = Progress(TextColumn(f"batch {job.job_id}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            # the job id is user text: shown as the task's description, escaped (never markup nor a format field)
+            bar = Progress(TextColumn("batch {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             bar.start()
-            task = bar.add_task("models", total=len(job.model_paths))
+            task = bar.add_task(escape(job.job_id), total=len(job.model_paths))
 
         def alive() -> bool:
             if done_event is not None:

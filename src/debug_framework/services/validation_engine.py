@@ -95,7 +95,9 @@ def failure_message(exc: BaseException) -> str:
     as it reads, an interruption as such, anything else as the bug of ours it is."""
     if isinstance(exc, DebugFrameworkError):
         return str(exc)
-    if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by the user (Ctrl-C)"
+    if not isinstance(exc, Exception):  # SystemExit, GeneratorExit
         return f"interrupted: {type(exc).__name__}"
     return f"internal error (a bug of the framework): {type(exc).__name__}: {exc}"
 

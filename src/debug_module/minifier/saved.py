@@ -12,6 +12,9 @@ Accepted ``path``:
 - a run directory (``manifest.json``, no ``repro.py``): its graph files are tried in order
   (``aot_graphs/*.py``, then ``fx_graphs/*.py``) and the first on which the signature holds (with no
   ``signature``: the first that violates ``constraints``) is minified as above.
+
+For a run directory or a graph file inside one, ``constraints`` default to those the run recorded in
+its manifest (``info.constraints``, :func:`recorded_constraints`): the run's own rules, not the defaults.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from ..errors import MinifierError
 from .minifier import Minifier, MinifyResult
 from .signatures import ConstraintSignature, Signature, _load_backend
 
-__all__ = ["minify_saved_graph", "load_repro_dir", "load_graph_file", "constraints_from_config"]
+__all__ = ["minify_saved_graph", "load_repro_dir", "load_graph_file", "constraints_from_config",
+           "recorded_constraints"]
 
 _DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
            "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
@@ -81,6 +85,23 @@ def constraints_from_config(configs: Sequence[dict[str, Any]]) -> list[Any]:
         elif kind == "op_not_in_allowlist":
             out.append(OpAllowlistConstraint(c["ops"]))
     return out
+
+
+def recorded_constraints(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
+    """The constraint descriptions a run recorded in its manifest (``info.constraints``), for a run
+    directory or a graph file inside one; ``None`` when there is no run or it recorded none."""
+    p = Path(path)
+    run = p if p.is_dir() else p.parent.parent
+    manifest = run / "manifest.json"
+    if not manifest.is_file():
+        return None
+    try:
+        configs = (json.loads(manifest.read_text(encoding="utf-8")).get("info") or {}).get("constraints")
+    except (OSError, ValueError, AttributeError) as e:
+        raise MinifierError(f"cannot read the constraints recorded in {manifest}: {e}") from e
+    if not isinstance(configs, list) or not configs:
+        return None
+    return [c for c in configs if isinstance(c, dict)]
 
 
 def load_repro_dir(path: str | os.PathLike[str], *, backend: Any = None) -> tuple[torch.fx.GraphModule, list[Any], Signature]:
@@ -187,7 +208,8 @@ def _pick_run_graph(run: Path, signature: Signature | None, constraints: Sequenc
             return f, gm, inputs, sig
     what = "the signature does not hold on" if signature is not None else "no constraint is violated by"
     raise MinifierError(f"{what} any graph of {run} ({len(files)} file(s))" + (f"; unreadable: {skipped}" if skipped else ""),
-                        hint="pass one graph file, a signature (accuracy/exception) or other constraints")
+                        hint="pass one graph file, a signature (accuracy/exception) or other constraints "
+                             "(inductor-debug minify: --signature, --constraints, --alignment, --deny-op)")
 
 
 def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None = None, *,
@@ -199,6 +221,9 @@ def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None
     run directory or a graph file inside one. Other options go to :class:`Minifier` (``max_calls``,
     ``max_seconds``, ``progress``, ``state_path``, ``isolate``, ``jobs`` ...)."""
     p = Path(path)
+    if constraints is None and not (p.is_dir() and (p / "repro.py").exists()):
+        recorded = constraints_from_config(recorded_constraints(p) or [])
+        constraints = recorded or None  # none recorded (or none rebuildable): the mock accelerator's
     if p.is_dir() and not (p / "repro.py").exists() and (p / "manifest.json").is_file():
         p, gm, inputs, signature = _pick_run_graph(p, signature, constraints)
         out = Path(output_dir) if output_dir is not None else p.parent.parent / "repros" / p.stem
@@ -217,7 +242,8 @@ def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None
             signature = _first_violation(gm, inputs, constraints)
             if signature is None:
                 raise MinifierError(f"{p} violates none of the constraints; nothing to minify",
-                                    hint="pass a signature (accuracy/exception) or other constraints")
+                                    hint="pass a signature (accuracy/exception) or other constraints (inductor-debug "
+                                         "minify: --signature, --constraints, --alignment, --deny-op)")
         run_root = p.parent.parent
         if output_dir is not None:
             out = Path(output_dir)

@@ -11,6 +11,7 @@ from typing import Any
 from ...capture.keys import PER_LAYER_CHECKPOINTS, CheckpointKey, all_checkpoints
 from ...comparison import Tolerance
 from ...errors import ValidationError
+from ...suggest import did_you_mean
 
 __all__ = [
     "SESSION_DEFAULTS",
@@ -104,7 +105,7 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     for key, value in (config or {}).items():
         if key not in SESSION_DEFAULTS:
             raise ValidationError(
-                f"unknown session configuration key {key!r}",
+                f"unknown session configuration key {key!r}" + did_you_mean(key, SESSION_DEFAULTS),
                 hint=f"known keys: {', '.join(SESSION_DEFAULTS)}",
             )
         merged[key] = copy.deepcopy(value)

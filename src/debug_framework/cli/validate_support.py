@@ -1,0 +1,88 @@
+"""Helpers of ``debug_validate`` kept out of its command module: the argument checks that run before
+anything heavy is imported, and the ``--verbose`` isolation table.
+
+The checks import nothing but the standard library and the framework's light modules (errors,
+config, storage paths), so ``--dtype float8`` or an unusable ``--database`` is refused in a fraction
+of a second instead of after torch and the backends are imported.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import FLOAT_DTYPES
+from ..errors import DatabaseError, ModelLoadingError, ValidationError
+from ..suggest import did_you_mean, one_of
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["check_dtype", "check_database_path", "check_model_path", "isolation_table"]
+
+
+def check_dtype(option: str, dtype: str | None) -> None:
+    """``dtype`` is one of the framework's dtype names (or not given).
+
+    Raises:
+        ValidationError: an unknown name (DF005), with the closest known one.
+    """
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValidationError(f"{option} {dtype!r} is not a dtype the framework knows" + did_you_mean(dtype, FLOAT_DTYPES),
+                              hint=one_of(FLOAT_DTYPES))
+
+
+def check_database_path(database: str | os.PathLike[str]) -> Path:
+    """The session database file, checked as the engine will use it: a file path whose directory
+    exists (it is created, as the engine would) and is writable, or an existing file.
+
+    Raises:
+        DatabaseError: the path is a directory, or its directory cannot be created or written (DF003).
+    """
+    from ..storage.core import _checked_path  # path rules of the storage layer (light: no torch)
+
+    path = _checked_path(database)
+    if path.is_dir():
+        raise DatabaseError("the database path is a directory", database=str(path),
+                            hint="pass a file path, e.g. --database runs/sessions.db")
+    if not path.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+        raise DatabaseError("cannot create the database: its directory is not writable", database=str(path),
+                            hint="pass --database in a writable directory (or set PIE_DEBUG_DATABASE)")
+    return path
+
+
+def check_model_path(model_path: str) -> None:
+    """The model path exists (the loader checks the rest after the heavy imports).
+
+    Raises:
+        ModelLoadingError: it does not (DF004).
+    """
+    if not Path(model_path).expanduser().exists():
+        raise ModelLoadingError("model path does not exist", file=str(model_path),
+                                hint="pass a model directory (config.json + weights) or a weights file")
+
+
+def _max_abs(metrics: dict[str, Any] | None) -> float | None:
+    return None if not metrics else metrics.get("max_abs_error")
+
+
+def isolation_table(result: dict[str, Any], fmt: Any) -> Table:
+    """Per layer: the error its attention and MLP introduce on the reference's input, the error it
+    carries in, the total, and whether it introduces error or only propagates it. ``fmt`` formats a number."""
+    from rich.table import Table
+
+    from .framework import add_row
+
+    t = Table(title="isolation: each layer replayed alone on the reference's input (max abs error)")
+    t.add_column("layer", justify="right")
+    for col in ("attention introduces", "mlp introduces", "carried in", "total"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
+    for row in result.get("isolation") or []:
+        introduces = bool(row.get("introduces_error"))
+        verdict = "introduces error" + (f" ({row['block']})" if row.get("block") else "") if introduces else "propagates"
+        add_row(t, row.get("layer"), fmt(_max_abs(row.get("introduced_attention"))),
+                fmt(_max_abs(row.get("introduced_mlp"))), fmt(_max_abs(row.get("carried_in"))),
+                fmt(row.get("total_error")), verdict, style="red" if introduces else None)
+    return t
