@@ -15,6 +15,7 @@ import contextlib
 import io
 import logging
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,10 @@ EXPORT_LOG = "export.log"
 
 #: Loggers the exporter writes through (torch's own handler prints them to stderr).
 _LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnx")
+
+#: One capture at a time in a process: loggers, warning filters and sys.stdout are process-wide,
+#: and two overlapping captures would restore each other's state.
+_CAPTURE_LOCK = threading.RLock()
 
 
 class LayerCutError(Exception):
@@ -117,8 +122,17 @@ def captured_output(log: Path, title: str) -> Iterator[None]:
     to ``log`` under ``title``.
 
     The exporter's ~30 lines of warnings would otherwise break a progress bar. Writing the log is
-    best effort: a log that cannot be written never fails the export it describes.
+    best effort: a log that cannot be written never fails the export it describes. Captures in
+    several threads run one at a time (what the process prints meanwhile lands in the log too).
     """
+    with _CAPTURE_LOCK:
+        with _captured(log, title):
+            yield
+
+
+@contextlib.contextmanager
+def _captured(log: Path, title: str) -> Iterator[None]:
+    """:func:`captured_output` itself, under the caller's lock."""
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
