@@ -77,16 +77,22 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
         info["numpy"] = numpy.__version__
     except ImportError:  # pragma: no cover
         pass
-    fn = getattr(backend, "version_info", None)
-    if callable(fn):
-        try:
-            more = fn()
-            if isinstance(more, Mapping):
-                info["versions"] = {str(k): v for k, v in more.items()}
-        except Exception as exc:  # noqa: BLE001 - informational only
-            info["versions_error"] = str(exc)
+    info.update(_versions(backend))
     info.update(extra or {})
     return info
+
+
+def _versions(backend: Backend) -> dict[str, Any]:
+    """``{"versions": backend.version_info()}``, ``{"versions_error": why}`` where that raised,
+    ``{}`` for a backend without one."""
+    fn = getattr(backend, "version_info", None)
+    if not callable(fn):
+        return {}
+    try:
+        more = fn()
+    except Exception as exc:  # noqa: BLE001 - informational only
+        return {"versions_error": str(exc)}
+    return {"versions": {str(k): v for k, v in more.items()}} if isinstance(more, Mapping) else {}
 
 
 def failure_message(exc: BaseException) -> str:
@@ -137,19 +143,11 @@ def _record_prepared_backends(ctx: RunContext, session: DebugSession) -> bool:
     """Once the backends are prepared: their ``version_info()`` as prepared (exported files,
     providers really used) replaces, under ``versions``, what was taken when the session was created."""
     for side in ("reference", "alternative"):
-        backend = getattr(ctx, side, None)
-        fn = getattr(backend, "version_info", None)
-        if not callable(fn):
-            continue
-        try:
-            versions = fn()
-        except Exception:  # noqa: BLE001 - informational only; the creation-time record stays
-            continue
-        if isinstance(versions, Mapping):
+        backend = getattr(ctx, side, None)  # set by the prepare stage
+        got = _versions(backend) if backend is not None else {}
+        if "versions" in got:
             field_name = f"{side}_backend_info"
-            info = dict(getattr(session, field_name) or {})
-            info["versions"] = json_safe({str(k): v for k, v in versions.items()})
-            setattr(session, field_name, info)
+            setattr(session, field_name, {**(getattr(session, field_name) or {}), "versions": json_safe(got["versions"])})
     session.save()
     return True
 
