@@ -30,7 +30,7 @@ EXPORT_LOG = "export.log"
 #: Loggers the exporter writes through (torch's own handler prints them to stderr).
 _LOGGERS = ("torch", "onnxscript", "onnx_ir", "onnx")
 
-#: One capture at a time in a process: loggers, warning filters and sys.stdout are process-wide,
+#: One capture at a time in a process: loggers and warning filters are process-wide,
 #: and two overlapping captures would restore each other's state.
 _CAPTURE_LOCK = threading.RLock()
 
@@ -117,13 +117,15 @@ def _exporter_loggers() -> list[logging.Logger]:
 
 @contextlib.contextmanager
 def captured_output(log: Path, title: str) -> Iterator[None]:
-    """Run the block with what it prints, logs (the ``torch``, ``onnxscript``, ``onnx_ir`` and
-    ``onnx`` loggers as they exist when it starts) and warns kept out of the terminal and appended
-    to ``log`` under ``title``.
+    """Run the block with what it logs (the ``torch``, ``onnxscript``, ``onnx_ir`` and ``onnx``
+    loggers as they exist when it starts) and warns kept out of the terminal and appended to
+    ``log`` under ``title``.
 
-    The exporter's ~30 lines of warnings would otherwise break a progress bar. Writing the log is
-    best effort: a log that cannot be written never fails the export it describes. Captures in
-    several threads run one at a time (what the process prints meanwhile lands in the log too).
+    The exporter's ~30 lines of warnings (log records and Python warnings; it prints nothing
+    itself) would otherwise break a progress bar. ``sys.stdout`` / ``sys.stderr`` are left alone:
+    a progress bar drawn on them keeps running during the export and stays out of the log. Writing
+    the log is best effort: a log that cannot be written never fails the export it describes.
+    Captures in several threads run one at a time.
     """
     with _CAPTURE_LOCK:
         with _captured(log, title):
@@ -147,8 +149,7 @@ def _captured(log: Path, title: str) -> Iterator[None]:
     caught: list[warnings.WarningMessage] = []
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings(record=True) as caught, \
-                contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield
     finally:
