@@ -215,6 +215,7 @@ class OnnxRuntimeBackend(BaseBackend):
         self.session = self._plain_session = self._graph_proto = None
         self._layer_sessions.clear()
         self._cut_sessions.clear()
+        self._cut_failed.clear()
         self.model = None
         if self._temporary is not None:
             self._temporary()
