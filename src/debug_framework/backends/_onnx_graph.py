@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["EXPORT_LOG", "LayerCutError", "captured_output", "cut_layer"]
 
-#: The log file, in the artifact directory, that receives what the exporter prints, logs and warns.
+#: The log file, in the artifact directory, that receives what the exporter logs and warns.
 EXPORT_LOG = "export.log"
 
 #: Loggers the exporter writes through (torch's own handler prints them to stderr).
@@ -69,16 +69,17 @@ def cut_layer(model: Any, hidden: str, outputs: Sequence[str], checkpoints: Sequ
     missing = [n for n in (hidden, *outputs) if n not in declared]
     if missing:
         raise LayerCutError(f"{', '.join(missing)} not among the graph's outputs")
-    producer = {name: node for node in graph.node for name in node.output if name}
+    all_nodes = list(graph.node)
+    producer = {name: index for index, node in enumerate(all_nodes) for name in node.output if name}
     kept: set[int] = set()
     stack = list(outputs)
     while stack:
-        node = producer.get(name := stack.pop())
-        if name == hidden or node is None or id(node) in kept:
+        index = producer.get(name := stack.pop())
+        if name == hidden or index is None or index in kept:
             continue
-        kept.add(id(node))
-        stack.extend(_reads(node))
-    nodes = [n for n in graph.node if id(n) in kept]
+        kept.add(index)
+        stack.extend(_reads(all_nodes[index]))
+    nodes = [all_nodes[index] for index in sorted(kept)]  # graph order: topological
     read = {x for n in nodes for x in _reads(n)}
     made = {x for n in nodes for x in n.output}
     if hidden not in read:
