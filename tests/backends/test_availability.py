@@ -150,9 +150,12 @@ def test_every_available_backend_records_its_versions():
     assert backend_versions(get_backend("mlx"))["mlx"]
 
 
-def test_onnxruntime_unknown_optimisation_level_is_df002():
+def test_onnxruntime_unknown_optimisation_level_or_layer_replay_is_df002():
     from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend
 
     with pytest.raises(BackendInitializationError) as info:
         OnnxRuntimeBackend(optimization="max")
     assert info.value.code == "DF002" and "extended" in str(info.value)
+    with pytest.raises(BackendInitializationError) as info:
+        OnnxRuntimeBackend(layer_replay="cut")
+    assert info.value.code == "DF002" and "unknown layer replay 'cut'" in str(info.value) and "graph, export" in str(info.value)

@@ -6,7 +6,8 @@ tiny models; MiniLM is compiled by Inductor exactly once (about 35 s here).
 
 from __future__ import annotations
 
-import shutil
+import gc
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -99,11 +100,14 @@ def _inductor_replays(backend, model, inputs):
 
 
 def _onnxruntime_replays(backend, model, inputs):
+    """Each layer is replayed from the model's own export, cut at the layer's boundaries: nothing
+    is exported again and no file is added to the artifact directory."""
+    before = sorted(backend.artifact_dir.iterdir())
     metas = _replays_agree_with_eager(backend, model, inputs)
-    assert [m["exported_in_this_call"] for m in metas] == [True] * model.num_layers + [False]
-    paths = {m["onnx_path"] for m in metas}
-    assert len(paths) == model.num_layers and all(Path(p).parent == backend.onnx_path.parent for p in paths)
-    assert all(m["export_s"] > 0 for m in metas[:-1])
+    assert [(m["replay"], m["built_in_this_call"]) for m in metas] == [("graph", True)] * model.num_layers + [
+        ("graph", False)]
+    assert {m["onnx_path"] for m in metas} == {str(backend.onnx_path)} and all(m["build_s"] > 0 for m in metas[:-1])
+    assert sorted(backend.artifact_dir.iterdir()) == before
 
 
 def test_inductor_tiny_bert_and_the_plain_graph(tiny_bert, random_inputs):
@@ -138,22 +142,36 @@ def test_onnxruntime_tiny_qwen2_keeps_its_export_and_takes_any_shape(tiny_qwen2,
     assert len(graph.output) == len(all_checkpoints(4))  # the checkpoints are graph outputs
     info = backend.version_info()
     assert info["artifact_dir"] == str(tmp_path / "run") and info["export_s"] > 0
+    assert info["layer_replay"] == "graph" and info["export_log"] == str(tmp_path / "run" / "export.log")
     _onnxruntime_replays(backend, model, random_inputs)
+    backend.close()  # a directory it was given is kept
+    assert backend.onnx_path.is_file() and (tmp_path / "run" / "export.log").is_file()
 
 
-def test_onnxruntime_tiny_bert_with_token_types(tiny_bert):
+def test_onnxruntime_tiny_bert_with_token_types_in_a_temporary_dir_it_removes(tiny_bert, tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the system temp dir, as this test sees it
     model = load_model(tiny_bert)
     inputs = ModelInputs.random(128, batch=2, length=10, seed=5, pad_lengths=[0, 4])
     inputs.token_type_ids = np.concatenate([np.zeros((2, 5), np.int64), np.ones((2, 5), np.int64)], axis=1)
     backend = get_backend("onnxruntime")
-    try:
-        backend.prepare(model, "float32", "cpu")
-        assert backend.artifact_dir.is_dir() and "df-onnx-" in backend.artifact_dir.name  # reported temp dir
-        _agree(_pytorch(model, inputs), backend.run(inputs, capture_layer_inputs=True))
-        _onnxruntime_replays(backend, model, inputs)
-    finally:  # the default artifact directory is the caller's to remove: this test leaves none behind
-        if backend.artifact_dir is not None:
-            shutil.rmtree(backend.artifact_dir, ignore_errors=True)
+    capfd.readouterr()
+    backend.prepare(model, "float32", "cpu")
+    out, err = capfd.readouterr()
+    assert out == err == "", (out, err)  # the exporter's warnings went to the log, not the terminal
+    temporary = backend.artifact_dir
+    assert temporary.parent == tmp_path and temporary.name.startswith("df-onnx-")
+    assert "== export of" in (temporary / "export.log").read_text()
+    _agree(_pytorch(model, inputs), backend.run(inputs, capture_layer_inputs=True))
+    _onnxruntime_replays(backend, model, inputs)
+    hidden = backend.run(inputs, capture_layer_inputs=True).layer_inputs[1] * 1.5
+    from_graph = backend.run_layer(1, hidden, inputs)
+    backend.layer_replay = "export"  # the former way: the layer exported alone (a file per layer and shape)
+    exported = backend.run_layer(1, hidden, inputs)
+    assert exported.meta["replay"] == "export" and Path(exported.meta["onnx_path"]).parent == temporary
+    _agree(from_graph, exported)
+    del backend  # never closed: garbage collection removes the directory (close() or exit would too)
+    gc.collect()
+    assert not list(tmp_path.glob("df-onnx-*"))
 
 
 TEXTS = [

@@ -18,7 +18,7 @@ from ..capture.keys import CheckpointKey
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
-__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "replay_arguments"]
+__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "check_layer_index", "replay_arguments"]
 
 
 class CheckpointOutputs(torch.nn.Module):
@@ -145,6 +145,14 @@ def _with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Te
     return args, {**kwargs, "hidden_states": hidden}
 
 
+def check_layer_index(model: LoadedModel, i: int, backend: str) -> None:
+    """Raises BackendInitializationError (DF002) when ``model`` has no layer ``i``."""
+    if not 0 <= i < model.num_layers:
+        from ..errors import BackendInitializationError
+
+        raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})", backend=backend)
+
+
 def replay_arguments(net: torch.nn.Module, model: LoadedModel, i: int, inputs: ModelInputs, hidden: torch.Tensor,
                      sink: list[torch.Tensor], device: str, backend: str,
                      ) -> tuple[str, torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
@@ -155,10 +163,7 @@ def replay_arguments(net: torch.nn.Module, model: LoadedModel, i: int, inputs: M
     Raises:
         BackendInitializationError: there is no layer ``i`` (DF002).
     """
-    if not 0 <= i < model.num_layers:
-        from ..errors import BackendInitializationError
-
-        raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})", backend=backend)
+    check_layer_index(model, i, backend)
     name = hf_layer_modules(model.architecture, model.num_layers)[i]
     layer = find_module(net, name)
     arrays = graph_inputs(model, inputs)

@@ -1,16 +1,24 @@
 """``onnxruntime``: the Hugging Face model exported with ``torch.onnx.export(dynamo=True)``, every
 checkpoint an extra graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
 
-The exported ``.onnx`` file is an artifact of the run: it is written under ``artifact_dir``
-(default: a new temporary directory, reported in ``version_info()`` and in each ``Capture.meta``),
-never into the package or the current directory. Batch and sequence length are dynamic axes, so
-one export serves every input shape.
+The exported ``.onnx`` file is an artifact of the run: it is written under ``artifact_dir``, by
+default the session's artifact directory while the validation engine runs a session
+(:mod:`debug_framework.backends.artifacts`), else a temporary ``df-onnx-*`` directory this backend
+removes again (:meth:`OnnxRuntimeBackend.close`, garbage collection or interpreter exit); never the
+package or the current directory. It is reported in ``version_info()`` and each ``Capture.meta``.
+What the exporter prints, logs and warns goes to ``export.log`` there, not to the terminal. Batch
+and sequence length are dynamic axes, so one export serves every input shape.
+
+Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's
+boundaries (its input and its checkpoints are named graph outputs), so nothing is exported again.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +28,20 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
+from ._graph_capture import (
+    CheckpointOutputs,
+    PlainOutput,
+    check_layer_index,
+    graph_inputs,
+    layer_inputs_from,
+    replay_arguments,
+)
+from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
+from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, cpu_name
 from .pytorch import build_hf_model
 
-__all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS"]
+__all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS", "LAYER_REPLAYS"]
 
 #: ``optimization=`` value -> name of ONNX Runtime's ``GraphOptimizationLevel`` member.
 OPTIMIZATION_LEVELS: dict[str, str] = {
@@ -34,6 +51,12 @@ OPTIMIZATION_LEVELS: dict[str, str] = {
     "disable": "ORT_DISABLE_ALL",
 }
 
+#: ``layer_replay=`` values: how ``run_layer`` gets a layer's graph.
+LAYER_REPLAYS: dict[str, str] = {
+    "graph": "cut out of the model's export (no second export)",
+    "export": "the layer exported alone, once per layer and input shape (slow; kept for comparison)",
+}
+
 
 class OnnxRuntimeBackend(BaseBackend):
     """ONNX Runtime on an exported graph; float32.
@@ -41,24 +64,28 @@ class OnnxRuntimeBackend(BaseBackend):
     Args:
         device: ``"cpu"`` (CPUExecutionProvider), ``"cuda"`` (CUDAExecutionProvider, CPU as
             fallback for unsupported nodes) or ``None``: CUDA where ONNX Runtime has it, else CPU.
-        artifact_dir: where the exported ``.onnx`` files go; ``None``: a fresh temporary directory.
+        artifact_dir: where the exported ``.onnx`` files and ``export.log`` go; ``None``: the
+            session's artifact directory during a validation, else a temporary directory that
+            :meth:`close` (or garbage collection, or interpreter exit) removes.
         opset: ONNX opset for the exporter (``None``: the exporter's default).
         optimization: ONNX Runtime graph optimisation level: ``"all"`` (default), ``"extended"``,
             ``"basic"`` or ``"disable"``.
+        layer_replay: how :meth:`run_layer` builds a layer's graph: ``"graph"`` (default: cut out of
+            the model's export) or ``"export"`` (the layer exported alone, the slow former way).
     """
 
     name = "onnxruntime"
     supported_dtypes = ("float32",)
 
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
-                 optimization: str = "all") -> None:
+                 optimization: str = "all", layer_replay: str = "graph") -> None:
         super().__init__()
-        if optimization not in OPTIMIZATION_LEVELS:
-            raise BackendInitializationError(
-                f"unknown graph optimisation level {optimization!r}",
-                hint=f"use one of {', '.join(OPTIMIZATION_LEVELS)}",
-                backend=self.name,
-            )
+        for what, value, allowed in (("graph optimisation level", optimization, OPTIMIZATION_LEVELS),
+                                     ("layer replay", layer_replay, LAYER_REPLAYS)):
+            if value not in allowed:
+                raise BackendInitializationError(f"unknown {what} {value!r}", hint=f"use one of {', '.join(allowed)}",
+                                                 backend=self.name)
+        self.layer_replay = layer_replay
         self._device_request = device
         self.device = device or "cpu"
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
@@ -73,6 +100,11 @@ class OnnxRuntimeBackend(BaseBackend):
         self._wrapper: CheckpointOutputs | None = None
         self._sink: list[torch.Tensor] = []
         self._layer_sessions: dict[tuple[Any, ...], tuple[Any, Path, list[CheckpointKey]]] = {}
+        self._cut_sessions: dict[int, tuple[Any, str]] = {}
+        self._cut_failed: dict[int, str] = {}
+        self._graph_proto: Any = None
+        #: removes the temporary artifact directory (None: the directory is not this backend's to remove)
+        self._temporary: weakref.finalize | None = None
 
     # -- availability and versions -----------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -116,12 +148,15 @@ class OnnxRuntimeBackend(BaseBackend):
             "device_name": device_name,
             "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
             "onnx_path": None if self.onnx_path is None else str(self.onnx_path),
+            "export_log": None if self.artifact_dir is None else str(self.artifact_dir / EXPORT_LOG),
             "export_s": round(self.export_s, 4),
+            "layer_replay": self.layer_replay,
         }
 
     # -- export --------------------------------------------------------------------------------------
     def _export(self, module: torch.nn.Module, model: LoadedModel, path: Path, output_names: list[str]) -> float:
         """Export ``module`` with dynamic batch and length (example 2 x 8: no 0/1 specialisation)."""
+        import torch.onnx  # before the output is captured: importing it gives its logger a stderr handler
         from torch.export import Dim
 
         example = ModelInputs.random(model.config.vocab_size, batch=2, length=8, seed=0, pad_lengths=[0, 2])
@@ -129,25 +164,62 @@ class OnnxRuntimeBackend(BaseBackend):
         batch, length = Dim.DYNAMIC, Dim.DYNAMIC
         start = time.perf_counter()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), captured_output(path.with_name(EXPORT_LOG), f"export of {path.name}"):
                 torch.onnx.export(
                     module, (), str(path), kwargs=kwargs, dynamo=True, opset_version=self.opset,
                     input_names=list(kwargs), output_names=output_names,
                     dynamic_shapes={k: {0: batch, 1: length} for k in kwargs}, verbose=False,
                 )
         except Exception as exc:
-            raise BackendInitializationError(f"torch.onnx export failed: {exc}", backend=self.name) from exc
+            raise BackendInitializationError(f"torch.onnx export failed: {exc}", backend=self.name,
+                                             hint=f"the exporter's output is in {path.with_name(EXPORT_LOG)}") from exc
         return time.perf_counter() - start
 
-    def _session(self, path: Path) -> Any:
+    def _session(self, path: Path, graph: bytes | None = None) -> Any:
+        """An ONNX Runtime session on the file ``path``, or on ``graph`` (a serialized model whose
+        external data lies beside ``path``)."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[self.optimization])
+        if graph is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         try:
-            return ort.InferenceSession(str(path), sess_options=options, providers=self._providers())
+            return ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
+                                        providers=self._providers())
         except Exception as exc:
             raise BackendInitializationError(f"ONNX Runtime could not load {path}: {exc}", backend=self.name) from exc
+
+    def _artifact_dir(self) -> Path:
+        """The directory for this run's files: the one given, else the session's (claimed under the
+        current artifact root), else a temporary ``df-onnx-*`` directory this backend removes."""
+        if self.artifact_dir is None:
+            try:
+                self.artifact_dir = claim_artifact_dir(self.name)
+            except OSError as exc:
+                raise BackendInitializationError(f"cannot create the session's artifact directory: {exc}",
+                                                 backend=self.name) from exc
+        if self.artifact_dir is None:
+            self.artifact_dir = Path(tempfile.mkdtemp(prefix="df-onnx-"))
+            self._temporary = weakref.finalize(self, shutil.rmtree, str(self.artifact_dir), ignore_errors=True)
+        try:
+            self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendInitializationError(f"cannot create the artifact directory {self.artifact_dir}: {exc}",
+                                             backend=self.name) from exc
+        return self.artifact_dir
+
+    def close(self) -> None:
+        """Drop the ONNX Runtime sessions and remove the temporary artifact directory, if this
+        backend made one (a directory given to it, or the session's, is kept). Prepare again to reuse."""
+        self.session = self._plain_session = self._graph_proto = None
+        self._layer_sessions.clear()
+        self._cut_sessions.clear()
+        self._cut_failed.clear()
+        self.model = None
+        if self._temporary is not None:
+            self._temporary()
+            self._temporary, self.artifact_dir = None, None
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         """Export the model with every checkpoint as an output and open an ONNX Runtime session."""
@@ -159,17 +231,18 @@ class OnnxRuntimeBackend(BaseBackend):
             self._device_request = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
         self.device = self._device_request
         dtype = self._check_prepare(model, dtype, self.device)
-        if self.artifact_dir is None:
-            self.artifact_dir = Path(tempfile.mkdtemp(prefix="df-onnx-"))
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        artifact_dir = self._artifact_dir()
         self.net = build_hf_model(model, torch.float32, "cpu")
         wrapper = self._wrapper = CheckpointOutputs.for_model(self.net, model)
         # the list the checkpoint hooks append to (torch.export puts a copy on the wrapper afterwards)
         self._sink = wrapper._sink
         self._keys_out = list(wrapper.keys)
         self._layer_sessions.clear()
+        self._cut_sessions.clear()
+        self._cut_failed.clear()
+        self._graph_proto = None
         self._names = {k: str(k).replace(":", "_") for k in self._keys_out}
-        self.onnx_path = self.artifact_dir / f"{model.architecture}-{model.digest[:12]}-{dtype}-checkpoints.onnx"
+        self.onnx_path = artifact_dir / f"{model.architecture}-{model.digest[:12]}-{dtype}-checkpoints.onnx"
         self.export_s = self._export(wrapper, model, self.onnx_path, list(self._names.values()))
         self.session = self._session(self.onnx_path)
         self._plain_session = None
@@ -216,27 +289,83 @@ class OnnxRuntimeBackend(BaseBackend):
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Replay layer ``i`` in ONNX Runtime on ``hidden_in`` (isolation).
 
-        The layer's other inputs (attention mask, rotary position embeddings ...) are what the model
-        passes it for ``inputs`` (an eager forward stopped as the layer is entered). The layer alone,
-        with its checkpoints as outputs, is exported once per layer and input shape (beside the
-        model's export, ``...-layer<i>-<shape>.onnx``) and run by ONNX Runtime with ``hidden_in`` as
-        its hidden state.
+        ``layer_replay="graph"`` (default): the layer's part of the model's export, cut at its
+        boundaries (:func:`~debug_framework.backends._onnx_graph.cut_layer`): ``hidden_in`` feeds
+        the value the layer reads, and its masks and positions are computed from ``inputs`` by the
+        same nodes as in the full graph. Built in memory once per layer (any input shape), nothing
+        exported or written. Where the graph cannot be cut so, the layer is exported alone instead
+        and ``meta["cut_failed"]`` says why.
+
+        ``layer_replay="export"``: the layer alone exported once per layer and input shape (beside
+        the model's export, ``...-layer<i>-<shape>.onnx``), its other arguments taken from an eager
+        forward stopped as the layer is entered.
+
+        ``Capture.meta``: ``replay`` (``"graph"`` / ``"export"``), ``built_in_this_call`` (and
+        ``build_s`` when it was), ``onnx_path`` (the file the layer's graph came from).
         """
         model = self._prepared()
+        check_layer_index(model, i, self.name)
         hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32)
+        cut_failed = self._cut_failed.get(i)
+        if self.layer_replay == "graph" and cut_failed is None:
+            try:
+                return self._run_cut(i, hidden, inputs)
+            except LayerCutError as exc:
+                cut_failed = self._cut_failed[i] = str(exc)
+        cap = self._run_exported_layer(i, hidden, inputs)
+        if cut_failed is not None:
+            cap.meta["cut_failed"] = cut_failed
+        return cap
+
+    def _run_cut(self, i: int, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
+        """Layer ``i`` replayed by its cut of the model's graph (raises LayerCutError where there is none)."""
+        import numpy as np
+
+        model = self._prepared()
+        keys = [k for k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)) if k in self._names]
+        meta: dict[str, Any] = {"variant": f"layer {i}", "replay": "graph", "built_in_this_call": i not in self._cut_sessions}
+        if i not in self._cut_sessions:
+            start = time.perf_counter()
+            self._cut_sessions[i] = self._cut_session(i, keys)
+            meta["build_s"] = time.perf_counter() - start
+        session, hidden_name = self._cut_sessions[i]
+        names = {inp.name for inp in session.get_inputs()}  # the cut keeps only the graph inputs it reads
+        feeds = {k: v for k, v in graph_inputs(model, inputs).items() if k in names}
+        feeds[hidden_name] = np.ascontiguousarray(hidden.numpy())
+        start = time.perf_counter()
+        arrays = session.run([self._names[k] for k in keys], feeds)
+        elapsed = time.perf_counter() - start
+        return Capture(tensors=dict(zip(keys, arrays, strict=True)), backend=self.name, dtype=self.dtype,
+                       elapsed_s=elapsed, meta={**meta, "onnx_path": str(self.onnx_path)})
+
+    def _cut_session(self, i: int, keys: list[CheckpointKey]) -> tuple[Any, str]:
+        """An ONNX Runtime session on layer ``i``'s cut of the model's export, and its hidden input's name."""
+        import onnx
+
+        if self._graph_proto is None:  # the graph without its weights: the cut's read from the data file
+            self._graph_proto = onnx.load(str(self.onnx_path), load_external_data=False)
+        hidden = self._names[CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)]
+        cut = cut_layer(self._graph_proto, hidden, [self._names[k] for k in keys], list(self._names.values()))
+        return self._session(self.onnx_path, cut.SerializeToString()), hidden
+
+    def _run_exported_layer(self, i: int, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
+        """Layer ``i`` exported alone (once per input shape) and replayed on ``hidden``."""
+        model = self._prepared()
         layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
         leaves, spec = _flatten((args, kwargs))
         leaves = [t.clone() for t in leaves]  # normal tensors: the eager run made inference-mode ones
         key = (i, tuple((tuple(t.shape), t.dtype) for t in leaves))
-        meta: dict[str, Any] = {"variant": f"layer {i}", "exported_in_this_call": key not in self._layer_sessions}
+        meta: dict[str, Any] = {"variant": f"layer {i}", "replay": "export", "built_in_this_call": key not in self._layer_sessions}
         if key not in self._layer_sessions:
             keys = self._wrapper.keys_within(layer_name)
             shape = "x".join(str(d) for d in hidden.shape)
             path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", f"-layer{i}-{shape}.onnx"))
             replay = _LayerReplay(layer, self._sink, spec).eval()
+            import torch.onnx  # before the output is captured (see _export)
+
             start = time.perf_counter()
             try:
-                with torch.no_grad():
+                with torch.no_grad(), captured_output(path.with_name(EXPORT_LOG), f"export of {path.name}"):
                     torch.onnx.export(replay, tuple(leaves), str(path), dynamo=True, opset_version=self.opset,
                                       input_names=[f"in_{n}" for n in range(len(leaves))],
                                       output_names=[str(k).replace(":", "_") for k in keys], verbose=False)
@@ -244,7 +373,7 @@ class OnnxRuntimeBackend(BaseBackend):
                 raise BackendInitializationError(f"torch.onnx export of layer {i} failed: {exc}", backend=self.name) from exc
             finally:
                 self._sink.clear()
-            meta["export_s"] = time.perf_counter() - start
+            meta["build_s"] = time.perf_counter() - start
             self._layer_sessions[key] = (self._session(path), path, keys)
         session, path, keys = self._layer_sessions[key]
         wanted = [k for k in keys if k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i))]

@@ -17,11 +17,13 @@ keeps every row already written.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
+from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
 from ..config import default_database_path, merge_config, resource_settings
@@ -78,16 +80,22 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
         info["numpy"] = numpy.__version__
     except ImportError:  # pragma: no cover
         pass
-    fn = getattr(backend, "version_info", None)
-    if callable(fn):
-        try:
-            more = fn()
-            if isinstance(more, Mapping):
-                info["versions"] = {str(k): v for k, v in more.items()}
-        except Exception as exc:  # noqa: BLE001 - informational only
-            info["versions_error"] = str(exc)
+    info.update(_versions(backend))
     info.update(extra or {})
     return info
+
+
+def _versions(backend: Backend) -> dict[str, Any]:
+    """``{"versions": backend.version_info()}``, ``{"versions_error": why}`` where that raised,
+    ``{}`` for a backend without one."""
+    fn = getattr(backend, "version_info", None)
+    if not callable(fn):
+        return {}
+    try:
+        more = fn()
+    except Exception as exc:  # noqa: BLE001 - informational only
+        return {"versions_error": str(exc)}
+    return {"versions": {str(k): v for k, v in more.items()}} if isinstance(more, Mapping) else {}
 
 
 def failure_message(exc: BaseException) -> str:
@@ -124,6 +132,19 @@ def _session_inputs(model: LoadedModel, cfg: Mapping[str, Any]) -> ModelInputs:
     return ModelInputs.random(model.config.vocab_size, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads))
 
 
+def _record_prepared_backends(ctx: RunContext, session: DebugSession) -> bool:
+    """Once the backends are prepared: their ``version_info()`` as prepared (exported files,
+    providers really used) replaces, under ``versions``, what was taken when the session was created."""
+    for side in ("reference", "alternative"):
+        backend = getattr(ctx, side, None)  # set by the prepare stage
+        got = _versions(backend) if backend is not None else {}
+        if "versions" in got:
+            field_name = f"{side}_backend_info"
+            setattr(session, field_name, {**(getattr(session, field_name) or {}), "versions": json_safe(got["versions"])})
+    session.save()
+    return True
+
+
 class ValidationEngine:
     """Creates, runs and reads validation sessions stored in one SQLite database.
 
@@ -154,6 +175,8 @@ class ValidationEngine:
         self.maintenance: AutoMaintenance | None = None
         if self.resources.auto_cleanup:
             self.maintenance = auto_maintenance(self.db, self.resources)
+        #: the sessions' artifact directories (exported graphs and their logs): ``<db dir>/<db name>_artifacts/``
+        self.artifacts_dir = self.database_path.parent / f"{self.database_path.stem}_artifacts"
 
     def __repr__(self) -> str:
         return f"ValidationEngine({str(self.database_path)!r})"
@@ -258,7 +281,8 @@ class ValidationEngine:
         session = DebugSession.from_dict(row, db=self.db)
         session.update_status("running")
         try:
-            return self._execute_bounded(session, progress or (lambda *_: None))
+            with artifact_root(self.session_artifact_dir(session_id)):
+                return self._execute_bounded(session, progress or (lambda *_: None))
         except BaseException as exc:
             try:
                 session.update_status("error", error_message=failure_message(exc))
@@ -280,6 +304,7 @@ class ValidationEngine:
         ctx = RunContext(session=session, db=self.db, database_path=self.database_path, framework_config=self.config)
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
+        prepared_recorded = False
         for done, stage in enumerate(stages, 1):
             check_deadline()  # max_session_duration: stop at a stage boundary
             if not stage.ready(ctx):
@@ -287,6 +312,8 @@ class ValidationEngine:
                 continue
             with Timer() as t:
                 stage.run(ctx)
+            if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
+                prepared_recorded = _record_prepared_backends(ctx, session)
             if stage.timing_key:
                 ctx.performance[stage.timing_key] = t.seconds
             if stage.persists_rows:
@@ -296,6 +323,16 @@ class ValidationEngine:
             raise ValidationError("the validation's stages produced no result (no store stage ran)",
                                   session=session.session_id, hint="end custom stage lists with StoreStage()")
         return ctx.result
+
+    def session_artifact_dir(self, session_id: str) -> Path | None:
+        """Where a session's backends keep the files they produce (an ``onnxruntime`` export and its
+        log): ``<db dir>/<db name>_artifacts/<session id>/``, created by the first backend that
+        writes there; ``None`` for an id that is not a plain name (such a session's backends use
+        temporary directories they remove)."""
+        try:
+            return self.artifacts_dir / check_session_id(session_id)
+        except ValidationError:
+            return None
 
     # ---------------------------------------------------------------- reading back
 
@@ -356,4 +393,7 @@ class ValidationEngine:
                 p = Path(inputs_ref)
                 if p.parent == self.inputs_dir and p.suffix == ".safetensors" and not p.is_symlink() and p.is_file():
                     p.unlink()
+            artifacts = self.session_artifact_dir(session_id)
+            if artifacts is not None and artifacts.is_dir():
+                shutil.rmtree(artifacts, ignore_errors=True)
         return True
