@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from ..backend_prefixes import prefix_resolver
 from ..errors import BackendInitializationError
 from .base import Backend
 
@@ -77,6 +78,10 @@ def registered_backends() -> list[str]:
 
 
 def _resolve(name: str) -> BackendFactory:
+    parametrised = prefix_resolver(name) if name not in _FACTORIES else None
+    if parametrised is not None:  # "plugin:<id>" (see debug_framework.backend_prefixes)
+        resolver, rest = parametrised
+        return resolver(rest)
     if name not in _FACTORIES:
         raise BackendInitializationError(
             "unknown backend", hint=f"registered backends: {', '.join(_FACTORIES)}", backend=name

@@ -19,6 +19,7 @@ from . import schema
 from .batches import BatchQueueStore
 from .checkpoints import CheckpointResultStore
 from .core import CoreSettings, SqlCore
+from .plugins import PluginStore
 from .recordings import RecordingStore
 from .sessions import SessionStore
 
@@ -36,7 +37,7 @@ class Database(SqlCore):
             (default SQLite): see :class:`~.core.CoreSettings`.
 
     Attributes:
-        sessions, checkpoints, recordings, batches: the stores (see their modules).
+        sessions, checkpoints, recordings, batches, plugins: the stores (see their modules).
     """
 
     def __init__(self, database_path: str | os.PathLike[str], *, initialize: bool = True,
@@ -46,6 +47,7 @@ class Database(SqlCore):
         self.checkpoints = CheckpointResultStore(self, self.sessions)
         self.recordings = RecordingStore(self)
         self.batches = BatchQueueStore(self)
+        self.plugins = PluginStore(self)
         if initialize:
             self.migrate_schema()
 

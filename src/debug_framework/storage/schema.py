@@ -1,7 +1,7 @@
 """The schema: table layouts (DDL), their enumerations, and the versioned migrations.
 
 The file carries its version in ``schema_version``; :func:`migrate` walks an older file up one
-step at a time (0 -> 1 -> 2), each step one write transaction that re-reads the version inside it,
+step at a time (0 -> 1 -> 2 -> 3), each step one write transaction that re-reads the version inside it,
 so processes opening the same old file at once apply every step exactly once. A failed step rolls
 back, leaving the file at the previous version with its data intact.
 """
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -318,7 +318,16 @@ def _migrate_1_to_2(core: SqlCore, conn: Connection) -> None:
         core.execute(conn, sql)
 
 
+def _migrate_2_to_3(core: SqlCore, conn: Connection) -> None:
+    """Version 2 -> 3: the plugin registry's table (``storage.plugins``)."""
+    from .plugins import plugin_tables
+
+    for sql in plugin_tables(core.dialect):
+        core.execute(conn, sql)
+
+
 _MIGRATIONS: dict[int, Callable[[SqlCore, Connection], None]] = {1: _migrate_0_to_1, 2: _migrate_1_to_2}
+_MIGRATIONS[3] = _migrate_2_to_3
 
 # --------------------------------------------------------------------------------------------
 # versions
