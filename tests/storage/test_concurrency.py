@@ -8,7 +8,7 @@ import sys
 import textwrap
 import threading
 
-from debug_framework.services.database_manager import DatabaseManager
+from debug_framework.services.database_manager import SCHEMA_VERSION, DatabaseManager
 
 CHECKPOINTS = [("post_embedding", None), ("post_attention", 0), ("post_mlp", 0), ("post_processing", None)]
 
@@ -97,7 +97,7 @@ def test_four_processes_at_once_on_a_new_file(db_path, tmp_path):
                              " GROUP BY json_extract(config, '$.worker')")
     spans.sort(key=lambda s: s["a"])  # the writers really interleaved (2 cores: at least two at once)
     assert any(later["a"] < earlier["b"] for earlier, later in zip(spans, spans[1:]))
-    assert db.execute_query("SELECT COUNT(*) AS n FROM schema_version")[0]["n"] == 2  # each step once
+    assert db.execute_query("SELECT COUNT(*) AS n FROM schema_version")[0]["n"] == SCHEMA_VERSION  # each step once
     db.close()
 
 
