@@ -133,7 +133,7 @@ def test_processes_opening_an_old_file_together_migrate_it_once(db_path):
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [e for _, e in outs]
-    assert [o.strip() for o, _ in outs] == ["2", "2", "2"]
+    assert [o.strip() for o, _ in outs] == [str(SCHEMA_VERSION)] * 3
     db = DatabaseManager(db_path)
     assert [r["version"] for r in db.execute_query("SELECT version FROM schema_version ORDER BY version")] == list(range(1, SCHEMA_VERSION + 1))
     assert len(db.get_checkpoint_results("s1")) == 3
