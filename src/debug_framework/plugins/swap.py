@@ -164,3 +164,18 @@ def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call:
         for h in handles:
             h.remove()
     return seen
+
+
+def model_shapes(defn: PluginDefinition, artifact: str | Path, model_path: str | Path, *, batch: int = 2,
+                 length: int = 16, seed: int = 0) -> dict[str, list[dict[str, list[int]]]]:
+    """The shapes each kernel's operator sees in one float32 forward pass of the model at
+    ``model_path`` (seeded random tokens): the sweep's ``model`` samples."""
+    from ..backends.pytorch import build_hf_model
+    from ..modelio import load_model
+
+    model = load_model(model_path)
+    net = build_hf_model(model, torch.float32, "cpu")
+    kernels = list(load_plugin(defn, artifact).values())
+    vocab = int(model.raw_config.get("vocab_size") or 32)
+    inputs = ModelInputs.random(vocab, batch, length, seed=seed).torch("cpu")
+    return record_op_shapes(net, kernels, lambda: net(**inputs))
