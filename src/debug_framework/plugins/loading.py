@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -128,6 +129,8 @@ def _register_python_kernels(defn: PluginDefinition, artifact: Path) -> str:
     ns = f"dfplugin_{_ns(defn.id)}"
     if ns in _TRITON_LIBS:
         return ns
+    if not torch.cuda.is_available():  # no GPU: Triton's interpreter runs the kernels on CPU tensors
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     module = _import_file(artifact, f"{ns}_{file_digest(artifact)[:12]}")
     lib = torch.library.Library(ns, "FRAGMENT")
     for spec in defn.kernels:

@@ -25,7 +25,7 @@ from ..errors import PluginCompilationError
 from .evaluate import badness
 from .manifest import PluginDefinition
 
-__all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "DEFAULT_TIMEOUT_S"]
+__all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "check_in_worker", "DEFAULT_TIMEOUT_S"]
 
 #: Seconds one sample may run before it counts as a hang.
 DEFAULT_TIMEOUT_S = 60.0
@@ -117,10 +117,13 @@ class _Worker:
         self.conn = Connection(from_child_r, writable=False)
         self.killed = False
         self.out.send(args)
-        status, value = self._reply(_START_TIMEOUT_S) or ("error", "the worker did not start")
-        if status != "ok":
-            self.stop()
-            raise PluginCompilationError(f"the sweep's worker cannot load the plugin: {value}")
+        for msg in (None, ("load",)):  # started, then the plugin loaded
+            reply = self._reply(_START_TIMEOUT_S) if msg is None else self.ask(msg, _START_TIMEOUT_S)
+            status, value = reply or ("error", "the worker died while starting")
+            if status != "ok":
+                self.stop()
+                raise PluginCompilationError(f"the worker process cannot load the plugin: {value}",
+                                             artifact=str(args[1]))
 
     def _reply(self, timeout: float) -> tuple[str, Any] | None:
         try:
@@ -176,7 +179,7 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
     names = kernels or [k.name for k in defn.kernels]
     for n in names:
         defn.kernel(n)
-    args = (defn.to_dict(), str(artifact), dict(model_shapes or {}), seed, opinfo)
+    args = (defn.to_dict(), str(artifact), defn.backend_type, dict(model_shapes or {}), seed, opinfo)
     start = time.perf_counter()
     worker = _Worker(args)
     report = SweepReport(defn.id, {})
@@ -209,6 +212,21 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
         worker.stop()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def check_in_worker(defn: PluginDefinition | None, artifact: str | Path, backend_type: str) -> dict[str, Any]:
+    """:func:`~debug_framework.plugins.checks.validate_artifact` run in a fresh worker process (the
+    caller's process loads nothing; a crash while loading is a DF008, not the caller's death)."""
+    worker = _Worker((None if defn is None else defn.to_dict(), str(artifact), backend_type, {}, 0, False))
+    try:
+        reply = worker.ask(("checks",), _START_TIMEOUT_S)
+    finally:
+        worker.stop()
+    if reply is None:
+        raise PluginCompilationError("loading the artifact crashed the worker process", artifact=str(artifact))
+    if reply[0] != "ok":
+        raise PluginCompilationError(f"checking the artifact failed: {reply[1]}", artifact=str(artifact))
+    return reply[1]
 
 
 def _pick_worst(ks: KernelSweep) -> None:

@@ -117,11 +117,13 @@ def _probe(backend_type: str) -> Toolchain:
             return Toolchain("metal", None, "", "xcrun is not on PATH (install the Xcode command line tools)")
         return Toolchain("metal", xcrun, _version([xcrun, "-sdk", "macosx", "metal", "--version"]), "")
     if backend_type == "triton":
-        try:
-            import triton
-        except ImportError as exc:
-            return Toolchain("triton", None, "", f"triton is not installed ({exc}); pip install triton")
-        return Toolchain("triton", "triton", f"triton {triton.__version__}", "")
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:  # not imported here: TRITON_INTERPRET must be set before triton's first import
+            found = version("triton")
+        except PackageNotFoundError:
+            return Toolchain("triton", None, "", "triton is not installed (pip install triton)")
+        return Toolchain("triton", "triton", f"triton {found}", "")
     return Toolchain(backend_type, None, "", f"unknown backend type {backend_type!r}")
 
 

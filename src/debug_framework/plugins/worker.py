@@ -19,23 +19,30 @@ __all__ = ["worker_main", "WorkerState"]
 
 
 class WorkerState:
-    """The loaded plugin and each kernel's samples, made on first use."""
+    """The plugin (loaded on first use) and each kernel's samples, made on first use."""
 
-    def __init__(self, definition: dict[str, Any], artifact: str, model_shapes: dict[str, list[dict[str, list[int]]]],
-                 seed: int, opinfo: bool) -> None:
+    def __init__(self, definition: dict[str, Any] | None, artifact: str, backend_type: str,
+                 model_shapes: dict[str, list[dict[str, list[int]]]], seed: int, opinfo: bool) -> None:
         import torch
 
-        from .loading import load_plugin
         from .manifest import PluginDefinition
 
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-        self.defn = PluginDefinition.from_dict(definition)
+        self.defn = None if definition is None else PluginDefinition.from_dict(definition)
         self.artifact = Path(artifact)
-        self.kernels = load_plugin(self.defn, self.artifact)
+        self.backend_type = backend_type
         self.model_shapes, self.seed, self.opinfo = model_shapes, seed, opinfo
+        self._kernels: dict[str, Any] | None = None
         self._samples: dict[str, list[Any]] = {}
+
+    @property
+    def kernels(self) -> dict[str, Any]:
+        from .loading import load_plugin
+
+        if self._kernels is None:
+            assert self.defn is not None
+            self._kernels = load_plugin(self.defn, self.artifact)
+        return self._kernels
 
     def samples(self, kernel: str) -> list[Any]:
         from .samples import make_samples
@@ -47,14 +54,20 @@ class WorkerState:
         return self._samples[kernel]
 
     def handle(self, msg: tuple[Any, ...]) -> Any:
+        from .checks import validate_artifact
         from .evaluate import evaluate_sample
         from .repro import write_repro
 
+        if msg[0] == "load":
+            return sorted(self.kernels) if self.defn is not None else []
+        if msg[0] == "checks":
+            return validate_artifact(self.artifact, self.backend_type, self.defn)
         if msg[0] == "samples":
             return [s.describe() for s in self.samples(msg[1])]
         if msg[0] == "run":
             return evaluate_sample(self.kernels[msg[1]], self.samples(msg[1])[msg[2]])
         if msg[0] == "repro":
+            assert self.defn is not None
             return str(write_repro(self.defn, self.artifact, self.kernels[msg[1]].spec, self.samples(msg[1])[msg[2]],
                                    Path(msg[3])))
         raise ValueError(f"unknown request {msg[0]!r}")

@@ -209,8 +209,8 @@ class CompilationEngine:
         return self._compile_single(source_path, output_path, "triton")
 
     def validate_compilation(self, compiled_path: str | os.PathLike[str], backend_type: str) -> bool:
-        """Load the artifact, check the ops (or Metal functions) its plugin declares are there, and run
-        ``torch.library.opcheck`` on each registered op. ``True`` when every check passes; the details
+        """Load the artifact (in a worker process), check the ops (or Metal functions) its plugin
+        declares are there, and run ``torch.library.opcheck`` on each registered op. ``True`` when every check passes; the details
         are :meth:`validation_report`'s."""
         return bool(self.validation_report(compiled_path, backend_type)["passed"])
 
@@ -220,7 +220,7 @@ class CompilationEngine:
         Raises:
             PluginCompilationError (DF008): a missing or unloadable artifact, a missing op or symbol.
         """
-        from ..plugins.checks import validate_artifact
+        from ..plugins.sweep import check_in_worker
 
         if backend_type not in BACKEND_TYPES:
             raise PluginCompilationError(f"unknown backend type {backend_type!r}", hint=f"use one of {BACKEND_TYPES}")
@@ -229,7 +229,9 @@ class CompilationEngine:
         defn = None
         if record_path.is_file():
             defn = PluginDefinition.from_dict(json.loads(record_path.read_text(encoding="utf-8"))["plugin"])
-        return validate_artifact(artifact, backend_type, defn)
+        if not artifact.is_file():
+            raise PluginCompilationError("the compiled artifact does not exist", artifact=str(artifact))
+        return check_in_worker(defn, artifact, backend_type)
 
 
 def single_source_definition(src: Path, backend_type: str) -> PluginDefinition:

@@ -179,11 +179,11 @@ class PluginRegistry:
         return defn, Path(path)
 
     def validate(self, plugin_id: str) -> dict[str, Any]:
-        """``validate_compilation``'s checks (load, ops, opcheck) on the plugin's build, recorded."""
+        """``validate_compilation``'s checks (load, ops, opcheck, in a worker process) on the plugin's build, recorded."""
         defn, artifact = self.artifact(plugin_id)
-        from ..plugins.checks import validate_artifact
+        from ..plugins.sweep import check_in_worker
 
-        report = validate_artifact(artifact, defn.backend_type, defn)
+        report = check_in_worker(defn, artifact, defn.backend_type)
         self._record_validation(plugin_id, {"compilation": report})
         return report
 
