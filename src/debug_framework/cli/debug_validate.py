@@ -200,6 +200,8 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database (default: PIE_DEBUG_DATABASE or "
                                         "~/.pie/debug/debug_framework.db)"),
+    plugin: Path | None = typer.Option(None, "--plugin", help="kernel plugin manifest: the alternative is the PyTorch "
+                                       "model with its kernels swapped in (backend plugin:<id>)"),
 ) -> int:
     """Validate, print the table (or the JSON), and return the exit code."""
     invocation: Invocation = ctx.obj
@@ -214,6 +216,8 @@ def validate(
         fw["database_path"] = database
     engine = ValidationEngine(config=fw)
     invocation.database = Path(engine.database_path)
+    if plugin is not None:
+        alternative_backend = _plugin_alternative(plugin, alternative_backend, engine)
     sid = engine.create_session(model_path, _session_config(opts), reference_backend, alternative_backend)
     with stage_progress(make_console(stderr=True), "loading model") as progress:
         result = engine.run(sid, progress=progress).to_dict()
@@ -225,6 +229,17 @@ def validate(
         footer = f"session {sid} in {engine.database_path}" + (f"; wrote {output_file}" if output_file else "")
         _print_summary(make_console(), result, verbose, footer)
     return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
+
+
+def _plugin_alternative(manifest: Path, alternative: str, engine: ValidationEngine) -> str:
+    """``--plugin``: register and build the plugin in the session database; its backend name."""
+    from ..services.plugin_registry import PluginRegistry
+    from .framework import CliError
+
+    name = PluginRegistry(engine.db).swap_in(manifest)
+    if alternative not in ("auto", name):
+        raise CliError(f"--plugin runs {name} as the alternative; drop --alternative-backend {alternative}")
+    return name
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -198,6 +198,14 @@ class PluginRegistry:
         row = self.db.plugins.get(plugin_id) or {}
         self.db.plugins.set_validation(plugin_id, {**(row.get("validation") or {}), **part})
 
+    def swap_in(self, manifest: str | os.PathLike[str]) -> str:
+        """Register and build the plugin at ``manifest`` for this process; the backend name
+        ``plugin:<id>`` that runs the PyTorch model with its kernels (``debug_validate --plugin``)."""
+        defn = load_manifest(manifest)
+        self.register_plugin(defn)
+        self.artifact(defn.id)
+        return f"plugin:{defn.id}"
+
     def record(self, plugin_id: str) -> dict[str, Any] | None:
         """The stored row: definition, build (with the full log), validation results."""
         return self.db.plugins.get(plugin_id)
