@@ -126,11 +126,12 @@ class _Worker:
                                              artifact=str(args[1]))
 
     def _reply(self, timeout: float) -> tuple[str, Any] | None:
+        """The next reply; ``("died", None)`` when the worker closed its pipe, None on timeout."""
         try:
             if self.conn.poll(timeout):
                 return self.conn.recv()
         except (EOFError, OSError):
-            return None
+            return ("died", None)
         return None
 
     def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
@@ -140,9 +141,15 @@ class _Worker:
         except (BrokenPipeError, OSError):
             return None
         reply = self._reply(timeout)
-        if reply is None:
-            self.killed = self.proc.poll() is None
+        if reply is None or reply[0] == "died":
+            self.killed = reply is None  # a timeout: the worker is killed (a hang)
+            if not self.killed:
+                try:
+                    self.proc.wait(30)  # let a dying worker finish dying, to read its exit status
+                except subprocess.TimeoutExpired:
+                    pass
             self.stop()
+            return None
         return reply
 
     def stop(self) -> None:
@@ -161,7 +168,7 @@ class _Worker:
     def death(self, timeout: float) -> dict[str, Any]:
         """What happened to a worker that did not answer: a crash (its exit status) or a hang."""
         code = self.proc.poll()
-        if code is None or code == -9 or self.killed:
+        if code is None or self.killed:
             return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
         return {"status": "crash", "reason": f"the kernel crashed the worker process ({how})"}
