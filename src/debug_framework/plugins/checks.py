@@ -33,10 +33,13 @@ def _opcheck(op: Any, spec: Any) -> dict[str, Any]:
     samples = opcheck_samples(spec)
     if not samples:
         return {"passed": True, "note": "no sample to run opcheck on (declare the kernel's inputs and args)"}
+    from .samples import on_device
+
     results: dict[str, str] = {}
     for s in samples:
+        args, kwargs = on_device(list(s.args), spec.devices[0]), on_device(dict(s.kwargs), spec.devices[0])
         try:
-            out = torch.library.opcheck(op, tuple(s.args), dict(s.kwargs), raise_exception=False)
+            out = torch.library.opcheck(op, tuple(args), kwargs, raise_exception=False)
         except Exception as exc:  # noqa: BLE001 - opcheck's own failure on the plugin's op is a result
             out = {"opcheck": f"{type(exc).__name__}: {exc}"}
         for test, verdict in out.items():

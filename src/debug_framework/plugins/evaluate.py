@@ -18,7 +18,7 @@ import torch
 
 from ..comparison import RatioRule, compare
 from .loading import LoadedKernel
-from .samples import Sample, upcast
+from .samples import Sample, on_device, upcast
 
 __all__ = ["RULE", "evaluate_sample", "badness"]
 
@@ -41,6 +41,10 @@ def _error(exc: BaseException) -> str:
 
 def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> dict[str, Any]:
     """The verdict of one sample: ``status`` (pass/fail/error/skipped), ``reason``, the errors weighed."""
+    device = kernel.spec.devices[0]
+    if device != "cpu":  # samples are made on CPU; a CUDA kernel runs (and is judged) on its device
+        sample = Sample(sample.source, sample.label, sample.dtype, on_device(sample.args, device),
+                        on_device(sample.kwargs, device))
     try:
         oracle = _first_tensor(kernel.reference(*upcast(sample.args), **upcast(sample.kwargs)))
         baseline = _first_tensor(kernel.reference(*sample.args, **sample.kwargs))

@@ -18,7 +18,7 @@ import torch
 
 from .manifest import KernelSpec
 
-__all__ = ["Sample", "make_samples", "describe_value", "OPINFO_LIMIT", "schema_of", "upcast"]
+__all__ = ["Sample", "make_samples", "describe_value", "OPINFO_LIMIT", "schema_of", "upcast", "on_device"]
 
 #: OpInfo samples taken per dtype (BackendBench runs about 13 per op).
 OPINFO_LIMIT = 16
@@ -65,6 +65,19 @@ def upcast(v: Any) -> Any:
         return type(v)(upcast(x) for x in v)
     if isinstance(v, torch.dtype) and v.is_floating_point:
         return torch.float64
+    return v
+
+
+def on_device(v: Any, device: str) -> Any:
+    """``v`` with its tensors moved to ``device`` (CUDA kernels' samples; views become contiguous there)."""
+    if device == "cpu":
+        return v
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, (list, tuple)):
+        return type(v)(on_device(x, device) for x in v)
+    if isinstance(v, dict):
+        return {k: on_device(x, device) for k, x in v.items()}
     return v
 
 
