@@ -13,7 +13,7 @@ from .conftest import EXAMPLES, write_plugin
 
 
 def _run(capsys, *argv):
-    code = plugin_compile.run([str(a) for a in argv])
+    code = plugin_compile.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
 

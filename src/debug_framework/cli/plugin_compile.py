@@ -12,6 +12,7 @@ environment error, a compile failure included (DF008: the compiler's first error
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import typer
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app)
 
-__all__ = ["main", "run", "app"]
+__all__ = ["main", "app"]
 
 PROG = "plugin_compile"
 _HELP = ("Compile a kernel plugin (a plugin.json manifest, or one source file), check the build, and with "
@@ -136,15 +137,11 @@ def compile_plugin(
 
 def _compile_and_check(registry: Any, plugin_path: Path, backend: str | None, output_path: Path | None,
                        validate: bool, model_path: Path | None, repro_dir: Path, timeout: float) -> dict[str, Any]:
-    from ..plugins.manifest import load_manifest
-    from ..services.compilation_engine import single_source_definition
+    from ..services.compilation_engine import plugin_definition
 
-    is_manifest = plugin_path.is_dir() or plugin_path.suffix == ".json"
-    if not is_manifest and backend is None:
+    if not (plugin_path.is_dir() or plugin_path.suffix == ".json") and backend is None:
         raise CliError("--backend is required for a lone source file", hint="pass --backend cpp|cuda|triton|metal")
-    defn = load_manifest(plugin_path) if is_manifest else single_source_definition(plugin_path, backend or "")
-    if backend is not None and defn.backend_type != backend:
-        raise CliError(f"the manifest is a {defn.backend_type} plugin, not {backend}")
+    defn = plugin_definition(plugin_path, backend)
     registry.register_plugin(defn)
     build = registry.build(defn, output_path)
     result: dict[str, Any] = {"plugin": defn.id, "build": build.to_dict(), "passed": True}
@@ -165,15 +162,10 @@ def _compile_and_check(registry: Any, plugin_path: Path, backend: str | None, ou
     return result
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), compile/validate/list; returns the exit code."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (console script and ``python -m``): compile/validate/list; returns the exit code."""
     return run_app(app, Invocation(PROG), argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    raise SystemExit(run(argv))
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

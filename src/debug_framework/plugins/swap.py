@@ -54,30 +54,34 @@ class AtenSwap(TorchDispatchMode):
 
 
 def _module_hook(k: LoadedKernel, calls: dict[str, int]) -> Callable[..., Any]:
-    assert k.spec.swap_module is not None
-    names = k.spec.swap_module.args
-
     def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
         x = inputs[0]
         if str(x.dtype).removeprefix("torch.") not in k.spec.dtypes or x.device.type not in k.spec.devices:
             return output
-        args = [x if n == "input" else getattr(module, n) for n in names]
         calls[k.spec.name] = calls.get(k.spec.name, 0) + 1
-        return k.op(*args).to(output.dtype)
+        return k.op(*_swap_args(k, module, x)).to(output.dtype)
 
     return hook
 
 
-def module_swaps(module: torch.nn.Module, kernels: list[LoadedKernel], calls: dict[str, int]) -> list[Any]:
-    """Forward hooks putting each ``swap_module`` kernel in place of its modules' outputs; the handles."""
-    handles = []
+def _swap_targets(module: torch.nn.Module, kernels: list[LoadedKernel]) -> Iterator[tuple[LoadedKernel, torch.nn.Module]]:
+    """``(kernel, submodule)`` for every submodule of a class a ``swap_module`` kernel replaces."""
     for k in kernels:
         if k.spec.swap_module is None:
             continue
         for sub in module.modules():
             if type(sub).__name__ == k.spec.swap_module.cls:
-                handles.append(sub.register_forward_hook(_module_hook(k, calls)))
-    return handles
+                yield k, sub
+
+
+def _swap_args(k: LoadedKernel, module: torch.nn.Module, x: Any) -> list[Any]:
+    assert k.spec.swap_module is not None
+    return [x if n == "input" else getattr(module, n) for n in k.spec.swap_module.args]
+
+
+def module_swaps(module: torch.nn.Module, kernels: list[LoadedKernel], calls: dict[str, int]) -> list[Any]:
+    """Forward hooks putting each ``swap_module`` kernel in place of its modules' outputs; the handles."""
+    return [sub.register_forward_hook(_module_hook(k, calls)) for k, sub in _swap_targets(module, kernels)]
 
 
 class PluginBackend(PyTorchBackend):
@@ -147,16 +151,10 @@ def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call:
                 note(self.table[func], list(args))
             return func(*args, **(kwargs or {}))
 
-    handles = []
-    for k in kernels:
-        if k.spec.swap_module is None:
-            continue
-        for sub in module.modules():
-            if type(sub).__name__ == k.spec.swap_module.cls:
-                def hook(mod: torch.nn.Module, inputs: tuple[Any, ...], output: Any, k: LoadedKernel = k) -> None:
-                    assert k.spec.swap_module is not None
-                    note(k, [inputs[0] if n == "input" else getattr(mod, n) for n in k.spec.swap_module.args])
-                handles.append(sub.register_forward_hook(hook))
+    def hook_for(k: LoadedKernel) -> Callable[..., None]:
+        return lambda mod, inputs, output: note(k, _swap_args(k, mod, inputs[0]))
+
+    handles = [sub.register_forward_hook(hook_for(k)) for k, sub in _swap_targets(module, kernels)]
     try:
         with torch.inference_mode(), Recorder():
             call()

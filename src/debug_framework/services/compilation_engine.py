@@ -31,7 +31,8 @@ from ..errors import PluginCompilationError
 from ..plugins.manifest import BACKEND_TYPES, PluginDefinition, load_manifest, source_digest
 from ..plugins.toolchain import OPT_FLAGS, CompilerError, build_commands, check_python_sources, run_commands, toolchain
 
-__all__ = ["CompilationEngine", "BuildResult", "DEFAULT_CACHE_DIR", "ARTIFACT_SUFFIX", "build_record_path"]
+__all__ = ["CompilationEngine", "BuildResult", "DEFAULT_CACHE_DIR", "ARTIFACT_SUFFIX", "build_record_path",
+           "plugin_definition", "single_source_definition"]
 
 #: Where builds are cached unless ``cache_dir`` is given (beside the default session database).
 DEFAULT_CACHE_DIR = Path("~/.pie/debug/plugin-builds")
@@ -181,15 +182,7 @@ class CompilationEngine:
 
     def _compile_single(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str] | None,
                         backend_type: str) -> bool:
-        src = Path(source_path).expanduser()
-        if src.is_dir() or src.name.endswith(".json"):
-            defn = load_manifest(src)
-            if defn.backend_type != backend_type:
-                raise PluginCompilationError(f"the manifest is a {defn.backend_type} plugin, not {backend_type}",
-                                             manifest=str(defn.manifest_path), field="backend")
-        else:
-            defn = single_source_definition(src, backend_type)
-        self.build(defn, output_path)
+        self.build(plugin_definition(source_path, backend_type), output_path)
         return True
 
     def compile_cuda_kernel(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> bool:
@@ -232,6 +225,22 @@ class CompilationEngine:
         if not artifact.is_file():
             raise PluginCompilationError("the compiled artifact does not exist", artifact=str(artifact))
         return check_in_worker(defn, artifact, backend_type)
+
+
+def plugin_definition(source_path: str | os.PathLike[str], backend_type: str | None) -> PluginDefinition:
+    """The plugin at ``source_path``: a manifest (or its folder), whose backend must be
+    ``backend_type`` when given, or one source file of ``backend_type``."""
+    src = Path(source_path).expanduser()
+    if src.is_dir() or src.suffix == ".json":
+        defn = load_manifest(src)
+        if backend_type is not None and defn.backend_type != backend_type:
+            raise PluginCompilationError(f"the manifest is a {defn.backend_type} plugin, not {backend_type}",
+                                         manifest=str(defn.manifest_path), field="backend")
+        return defn
+    if backend_type is None:
+        raise PluginCompilationError("the backend type of a lone source file must be given", file=str(src),
+                                     hint="pass --backend cpp|cuda|triton|metal")
+    return single_source_definition(src, backend_type)
 
 
 def single_source_definition(src: Path, backend_type: str) -> PluginDefinition:

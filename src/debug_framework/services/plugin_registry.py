@@ -26,7 +26,7 @@ from ..errors import PluginCompilationError
 from ..plugins.manifest import PluginDefinition, load_manifest
 from ..plugins.sweep import SweepReport, sweep_plugin
 from ..storage.database import Database, DatabaseLike, open_database
-from .compilation_engine import BuildResult, CompilationEngine, single_source_definition
+from .compilation_engine import BuildResult, CompilationEngine, plugin_definition
 
 __all__ = ["PluginRegistry", "ENTRY_POINT_GROUP", "installed_plugins", "plugin_backend_factory"]
 
@@ -122,14 +122,7 @@ class PluginRegistry:
                        output_path: str | os.PathLike[str] | None = None) -> bool:
         """Register (a manifest) and build a plugin, recording the build; a lone source file is built
         as a plugin named after it. DF008 when the build fails (the log's path in the message)."""
-        src = Path(source_path).expanduser()
-        if src.is_dir() or src.suffix == ".json":
-            defn = load_manifest(src)
-            if defn.backend_type != backend_type:
-                raise PluginCompilationError(f"the manifest is a {defn.backend_type} plugin, not {backend_type}",
-                                             manifest=str(defn.manifest_path), field="backend")
-        else:
-            defn = single_source_definition(src, backend_type)
+        defn = plugin_definition(source_path, backend_type)
         self.register_plugin(defn)
         self.build(defn, output_path)
         return True
