@@ -65,3 +65,18 @@ def write_plugin(folder: Path, manifest: str, files: dict[str, str]) -> Path:
         (folder / name).write_text(text)
     (folder / "plugin.json").write_text(manifest)
     return folder / "plugin.json"
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    """A tiny Llama with transformers' own initialisation (embeddings of std 0.02, as real models)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                      rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("swap_llama") / "hf"
+    LlamaForCausalLM(cfg).save_pretrained(str(path))
+    return path

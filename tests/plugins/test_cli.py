@@ -67,13 +67,16 @@ def test_validate_the_triton_example_under_the_interpreter(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_validate_the_wrong_rms_norm_exits_1_with_the_worst_sample(capsys, tmp_path, buggy_build, build_cache):
-    code, out, _ = _run(capsys, "--plugin-path", EXAMPLES / "cpp_buggy", "--validate", "--json",
-                        "--database", tmp_path / "s.db", "--cache-dir", build_cache, "--repro-dir", tmp_path / "r")
+def test_validate_the_wrong_rms_norm_exits_1_with_the_worst_sample(capsys, tmp_path, buggy_build, build_cache,
+                                                                   llama_dir):
+    code, out, _ = _run(capsys, "--plugin-path", EXAMPLES / "cpp_buggy", "--validate", "--json", "--model-path",
+                        llama_dir, "--database", tmp_path / "s.db", "--cache-dir", build_cache,
+                        "--repro-dir", tmp_path / "r")
     doc = json.loads(out)
     assert code == 1 and doc["status"] == "failed" and doc["build"]["cached"]
     rms = doc["sweep"]["kernels"]["rms_norm"]
     assert not rms["passed"] and rms["worst"]["result"]["status"] == "fail" and rms["repro"]
+    assert rms["by_source"]["model"]["samples"] == 1  # the shapes of a real forward pass: x [2, 16, 64], w [64]
     code, out, _ = _run(capsys, "--list", "--json", "--database", tmp_path / "s.db", "--cache-dir", build_cache)
     assert json.loads(out)["plugins"][0]["validated"] is False  # the sweep's verdict is stored
 
@@ -100,3 +103,32 @@ def test_the_cuda_example_on_a_gpu(capsys, tmp_path):
                         "--database", tmp_path / "s.db", "--cache-dir", tmp_path / "cache")
     doc = json.loads(out)
     assert code == 0 and doc["sweep"]["kernels"]["rms_norm"]["passed"], doc
+
+
+@pytest.mark.slow
+def test_debug_validate_plugin_finds_the_first_layer_using_the_wrong_kernel(capsys, tmp_path, monkeypatch,
+                                                                           buggy_build, build_cache, llama_dir):
+    import debug_framework.services.compilation_engine as ce
+    from debug_framework.cli import debug_validate
+
+    monkeypatch.setattr(ce, "DEFAULT_CACHE_DIR", build_cache)  # built once by the fixture
+    db = tmp_path / "s.db"
+    code = debug_validate.run(["--model-path", str(llama_dir), "--plugin", str(EXAMPLES / "cpp_buggy"),
+                               "--database", str(db), "--isolate", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["alternative_backend"] == "plugin:example-cpp-buggy"
+    assert (doc["first_divergence"]["checkpoint"], doc["first_divergence"]["layer"]) == ("post_attention", 0)
+    assert 0 in doc["introducing_layers"]
+    code = debug_validate.run(["--model-path", str(llama_dir), "--plugin", str(EXAMPLES / "cpp_buggy"),
+                               "--alternative-backend", "pytorch", "--database", str(db)])
+    assert code == 2 and "drop --alternative-backend" in capsys.readouterr().err
+
+
+def test_an_unknown_plugin_backend_is_df002_naming_it(tmp_path, monkeypatch):
+    from debug_framework.backends import get_backend
+    from debug_framework.errors import BackendInitializationError
+
+    monkeypatch.setenv("PIE_DEBUG_DATABASE", str(tmp_path / "s.db"))
+    with pytest.raises(BackendInitializationError, match="no plugin 'nope' is registered") as info:
+        get_backend("plugin:nope")
+    assert info.value.context["backend"] == "plugin:nope"

@@ -108,6 +108,10 @@ def test_validate_compilation_loads_checks_ops_and_runs_opcheck(cpp_build, engin
     assert "df_example::rms_norm(Tensor x, Tensor w, float eps)" in report["kernels"]["rms_norm"]["schema"]
     with pytest.raises(PluginCompilationError, match="does not exist"):
         engine.validate_compilation(tmp_path / "missing.so", "cpp")
+    lone = tmp_path / "lone.so"  # an artifact without its build record: any registered operator will do
+    shutil.copy(build.artifact, lone)
+    lone_report = engine.validation_report(lone, "cpp")
+    assert lone_report["passed"] and "df_example::gelu" in lone_report["registered_ops"]
     junk = tmp_path / "junk.so"
     junk.write_bytes(b"not a library")
     with pytest.raises(PluginCompilationError, match="cannot load"):

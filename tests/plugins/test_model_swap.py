@@ -10,20 +10,6 @@ from debug_framework.plugins.loading import load_plugin
 from debug_framework.plugins.swap import AtenSwap, record_op_shapes
 
 
-@pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory):
-    """A tiny Llama with transformers' own initialisation (embeddings of std 0.02, as real models)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                      rms_norm_eps=1e-5)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("swap_llama") / "hf"
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    return path
-
-
 def _session(tmp_path, engine, manifest, model):
     from debug_framework.services.plugin_registry import PluginRegistry
     from debug_framework.services.validation_engine import ValidationEngine
