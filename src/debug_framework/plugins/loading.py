@@ -159,7 +159,7 @@ def _check_schema(spec: KernelSpec, op: Any, plugin_id: str) -> None:
             hint="give the kernel the same arguments as the operator it implements")
 
 
-def _ensure_fake(spec: KernelSpec, qualname: str, reference: Callable[..., Any], notes: list[str]) -> None:
+def _ensure_fake(qualname: str, reference: Callable[..., Any], notes: list[str]) -> None:
     """Give an operator without a Meta/fake kernel the reference as its fake kernel (for opcheck and tracing)."""
     if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Meta"):
         return
@@ -197,6 +197,6 @@ def load_plugin(defn: PluginDefinition, artifact: str | Path) -> dict[str, Loade
         _check_schema(spec, op, defn.id)
         reference = load_reference(defn, spec)
         notes: list[str] = []
-        _ensure_fake(spec, entries[spec.name].split(".")[0], reference, notes)
+        _ensure_fake(entries[spec.name].split(".")[0], reference, notes)
         out[spec.name] = LoadedKernel(spec, op, reference, aten_overload(spec) if spec.is_aten else None, notes)
     return out

@@ -133,15 +133,17 @@ def toolchain(backend_type: str) -> Toolchain:
 
 
 def _torch_link_flags(cuda: bool) -> tuple[list[str], list[str]]:
+    """Compile and link flags against the running torch. nvcc finds its own CUDA headers and links
+    cudart itself, so torch's CPU include and library paths serve both (no CUDA_HOME needed)."""
     import torch
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    includes = [f"-I{p}" for p in include_paths("cuda" if cuda else "cpu")]
+    includes = [f"-I{p}" for p in include_paths("cpu")]
     abi = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
     libs: list[str] = []
-    for p in library_paths("cuda" if cuda else "cpu"):
-        libs += [f"-L{p}", f"-Wl,-rpath,{p}" if not cuda else f"-Xlinker=-rpath,{p}"]
-    libs += ["-lc10", "-ltorch_cpu", "-ltorch"] + (["-lc10_cuda", "-ltorch_cuda", "-lcudart"] if cuda else [])
+    for p in library_paths("cpu"):
+        libs += [f"-L{p}", *(("-Xlinker", f"-rpath,{p}") if cuda else (f"-Wl,-rpath,{p}",))]
+    libs += ["-lc10", "-ltorch_cpu", "-ltorch"] + (["-lc10_cuda", "-ltorch_cuda"] if cuda else [])
     return includes + abi, libs
 
 
@@ -154,7 +156,7 @@ def build_commands(backend_type: str, compiler: str, sources: list[Path], output
         return [[compiler, "-shared", "-fPIC", "-std=c++20", *opt, *compile_flags, *units, "-o", str(output), *libs]]
     if backend_type == "cuda":
         compile_flags, libs = _torch_link_flags(cuda=True)
-        return [[compiler, "-shared", "-Xcompiler", "-fPIC", "-std=c++20", *opt, *compile_flags, *units,
+        return [[compiler, "-shared", "-Xcompiler", "-fPIC", "-std=c++20", "--expt-relaxed-constexpr", *opt, *compile_flags, *units,
                  "-o", str(output), *libs]]
     if backend_type == "metal":
         airs = [output.with_name(Path(u).stem + ".air") for u in units]
