@@ -112,6 +112,11 @@ from .services.wiring import install_record_collaborators as _install_record_col
 
 _install_record_collaborators()
 
+# "plugin:<id>" backends resolve through the plugin registry (services), installed here likewise.
+from .services.wiring import install_backend_resolvers as _install_backend_resolvers  # noqa: E402
+
+_install_backend_resolvers()
+
 _STATE_LOCK = threading.Lock()
 _CONFIG: dict[str, Any] | None = None
 _ENVIRONMENT: dict[str, Any] | None = None

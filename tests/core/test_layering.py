@@ -30,9 +30,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "storage": ("debug_framework.storage",),
     # measure times and samples backends (it hooks layers with capture.hooks), so it sits with them
     "execution": ("debug_framework.backends", "debug_framework.capture", "debug_framework.architectures",
-                  "debug_framework.modelio", "debug_framework.measure"),
+                  "debug_framework.modelio", "debug_framework.measure", "debug_framework.plugins"),
     "core": ("debug_framework.comparison", "debug_framework.errors", "debug_framework.config",
-             "debug_framework._torch", "debug_framework.jsonio", "debug_framework.suggest"),
+             "debug_framework._torch", "debug_framework.jsonio", "debug_framework.suggest",
+             "debug_framework.backend_prefixes"),
 }
 _ORDER = list(LAYERS)
 

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..backend_prefixes import prefix_resolver
 from ..errors import BackendInitializationError
 from ..suggest import did_you_mean
 from .base import Backend
@@ -121,6 +122,10 @@ def registered_backends() -> list[str]:
 
 def _resolve(name: str) -> BackendFactory:
     _read_entry_points()
+    parametrised = prefix_resolver(name) if name not in _FACTORIES else None
+    if parametrised is not None:  # "plugin:<id>" (see debug_framework.backend_prefixes)
+        resolver, rest = parametrised
+        return resolver(rest)
     if name not in _FACTORIES:
         raise _unknown_backend(name)
     factory = _FACTORIES[name]

@@ -227,6 +227,8 @@ def validate(
     backend_file: list[Path] | None = typer.Option(None, "--backend-file", metavar="PATH.py",
                                                    help="import this Python file first (repeatable): it registers "
                                                         "backends with register_backend(name, factory)"),
+    plugin: Path | None = typer.Option(None, "--plugin", help="kernel plugin manifest: the alternative is the PyTorch "
+                                       "model with its kernels swapped in (backend plugin:<id>)"),
 ) -> int:
     """Validate, print the table (or the JSON), and return the exit code."""
     invocation: Invocation = ctx.obj
@@ -244,6 +246,8 @@ def validate(
 
     engine = ValidationEngine(config=fw)
     invocation.database = Path(engine.database_path)
+    if plugin is not None:
+        alternative_backend = _plugin_alternative(plugin, alternative_backend, engine)
     sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend)
     invocation.session_id = sid
     with stage_progress(make_console(stderr=True), "loading model") as progress:
@@ -256,6 +260,17 @@ def validate(
         footer = f"session {sid} in {engine.database_path}" + (f"; wrote {output_file}" if output_file else "")
         _print_summary(make_console(), result, verbose, footer)
     return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
+
+
+def _plugin_alternative(manifest: Path, alternative: str, engine: ValidationEngine) -> str:
+    """``--plugin``: register and build the plugin in the session database; its backend name."""
+    from ..services.plugin_registry import PluginRegistry
+    from .framework import CliError
+
+    name = PluginRegistry(engine.db).swap_in(manifest)
+    if alternative not in ("auto", name):
+        raise CliError(f"--plugin runs {name} as the alternative; drop --alternative-backend {alternative}")
+    return name
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -11,15 +11,16 @@ factories import the upper layer only when first used (``import debug_framework`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..backend_prefixes import register_backend_prefix
 from ..models._common import BATCH_EXECUTOR_ROLE, REPORT_RENDERER_ROLE, install_default
 
 if TYPE_CHECKING:
     from ..models.batch_validation_job import BatchExecutor
     from ..models.validation_report import ReportRenderer
 
-__all__ = ["install_record_collaborators"]
+__all__ = ["install_record_collaborators", "install_backend_resolvers"]
 
 
 def _report_renderer() -> ReportRenderer:
@@ -38,3 +39,15 @@ def install_record_collaborators() -> None:
     """Fill the records' default slots: ``reports.render_report`` and a ``BatchExecutor``."""
     install_default(REPORT_RENDERER_ROLE, _report_renderer)
     install_default(BATCH_EXECUTOR_ROLE, _batch_executor)
+
+
+def _plugin_backend(plugin_id: str) -> Any:
+    from .plugin_registry import plugin_backend_factory
+
+    return plugin_backend_factory(plugin_id)
+
+
+def install_backend_resolvers() -> None:
+    """Let the backend registry resolve ``plugin:<id>`` (a plugin's kernels swapped into the PyTorch
+    model) through :mod:`.plugin_registry`, imported when such a name is first asked for."""
+    register_backend_prefix("plugin", _plugin_backend)

@@ -23,6 +23,7 @@ from . import schema
 from .batches import BatchQueueStore
 from .checkpoints import CheckpointResultStore
 from .core import CoreSettings, SqlCore
+from .plugins import PluginStore
 from .recordings import RecordingStore
 from .sessions import SessionStore
 
@@ -40,7 +41,7 @@ class Database(SqlCore):
             (default SQLite): see :class:`~.core.CoreSettings`.
 
     Attributes:
-        sessions, checkpoints, recordings, batches: the stores (see their modules).
+        sessions, checkpoints, recordings, batches, plugins: the stores (see their modules).
     """
 
     def __init__(self, database_path: str | os.PathLike[str], *, initialize: bool = True,
@@ -53,6 +54,7 @@ class Database(SqlCore):
         self.checkpoints = CheckpointResultStore(self, self.sessions)
         self.recordings = RecordingStore(self)
         self.batches = BatchQueueStore(self)
+        self.plugins = PluginStore(self)
         if initialize and not self.read_only:
             self.migrate_schema()
 

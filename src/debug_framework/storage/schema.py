@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -337,8 +337,18 @@ def _migrate_2_to_3(core: SqlCore, conn: Connection) -> None:
     )""")
 
 
-_MIGRATIONS: dict[int, Callable[[SqlCore, Connection], None]] = {1: _migrate_0_to_1, 2: _migrate_1_to_2,
-                                                                  3: _migrate_2_to_3}
+
+def _migrate_3_to_4(core: SqlCore, conn: Connection) -> None:
+    """Version 3 -> 4: the plugin registry's table (``storage.plugins``)."""
+    from .plugins import plugin_tables
+
+    for sql in plugin_tables(core.dialect):
+        core.execute(conn, sql)
+
+
+_MIGRATIONS: dict[int, Callable[[SqlCore, Connection], None]] = {1: _migrate_0_to_1, 2: _migrate_1_to_2}
+_MIGRATIONS[3] = _migrate_2_to_3
+_MIGRATIONS[4] = _migrate_3_to_4
 
 # --------------------------------------------------------------------------------------------
 # versions

@@ -1,0 +1,295 @@
+"""The plugin manifest (``plugin.json`` beside the sources): what a kernel plugin is.
+
+    {
+      "id": "example-cpp", "version": "1.0.0", "backend": "cpp",
+      "sources": ["kernels.cpp"],
+      "kernels": [
+        {"name": "gelu", "op": "aten::gelu", "entry": "df_example::gelu", "dtypes": ["float32", "float64"]},
+        {"name": "rms_norm", "op": "df_example::rms_norm(Tensor x, Tensor w, float eps) -> Tensor",
+         "entry": "df_example::rms_norm", "reference": "reference.py:rms_norm", "dtypes": ["float32"],
+         "inputs": {"x": "...,D", "w": "D"}, "args": {"eps": 1e-6},
+         "swap_module": {"class": "LlamaRMSNorm", "args": ["input", "weight", "variance_epsilon"]}}
+      ]
+    }
+
+A kernel implements an ATen operator (``aten::name[.overload]``: its schema and reference are
+PyTorch's own) or a custom operator given with its full schema plus the Python reference it must
+match (``file.py:function`` beside the manifest). ``entry`` is what the built artifact provides: the
+operator the C++/CUDA library registers (``ns::name``), or the Python function of a Triton source
+(``softmax``). docs/plugins.md documents every field. Any problem is a
+:class:`~debug_framework.errors.PluginCompilationError` (DF008) naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PluginCompilationError
+
+__all__ = ["BACKEND_TYPES", "DTYPES", "KernelSpec", "ModuleSwap", "PluginDefinition", "load_manifest",
+           "parse_manifest", "source_digest", "MANIFEST_NAME"]
+
+#: The backend types a plugin can target.
+BACKEND_TYPES = ("cpp", "cuda", "triton", "metal")
+#: Dtypes a kernel may declare.
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: The manifest's file name when a directory is given.
+MANIFEST_NAME = "plugin.json"
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_OP = re.compile(r"^(?P<ns>[A-Za-z_][A-Za-z0-9_]*)::(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\.(?P<overload>[A-Za-z0-9_]+))?$")
+_SCHEMA = re.compile(r"^(?P<qual>[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*)\((?P<args>.*)\)\s*->\s*(?P<ret>.+)$")
+_DIMS = re.compile(r"^(\.\.\.)?(,?[A-Za-z][A-Za-z0-9_]*)*$")
+_TOP_FIELDS = {"id", "version", "backend", "sources", "kernels", "description", "format"}
+_KERNEL_FIELDS = {"name", "op", "entry", "reference", "dtypes", "inputs", "args", "opinfo", "swap_module",
+                  "devices"}
+_SOURCE_SUFFIXES = {"cpp": (".cpp", ".cc", ".cxx", ".h", ".hpp"), "cuda": (".cu", ".cuh", ".cpp", ".cc", ".h"),
+                    "triton": (".py",), "metal": (".metal", ".h")}
+
+
+def _bad(message: str, manifest: Path | None, field_name: str, hint: str | None = None) -> PluginCompilationError:
+    return PluginCompilationError(message, hint=hint or "fix the manifest (docs/plugins.md lists its fields)",
+                                  manifest=None if manifest is None else str(manifest), field=field_name)
+
+
+@dataclass(frozen=True)
+class ModuleSwap:
+    """Model-level swap-in of a custom op: modules of class ``cls`` return ``op(*args)``, where each
+    name of ``args`` is ``"input"`` (the module's first input) or an attribute of the module."""
+
+    cls: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel of a plugin: the operator it implements and how to call and judge it."""
+
+    name: str
+    op: str  # "aten::gelu" / "aten::softmax.int" or the custom op's full schema
+    entry: str
+    dtypes: tuple[str, ...] = ("float32",)
+    reference: str | None = None  # "file.py:function" (custom ops); None: the ATen op itself
+    inputs: dict[str, str] = field(default_factory=dict)  # tensor argument -> dims ("...,D")
+    args: dict[str, Any] = field(default_factory=dict)  # non-tensor argument values for fuzzing
+    opinfo: str | None = None  # OpInfo name whose samples apply (ATen ops; default: found by name)
+    swap_module: ModuleSwap | None = None
+    devices: tuple[str, ...] = ("cpu",)
+
+    @property
+    def is_aten(self) -> bool:
+        return self.op.startswith("aten::") and "(" not in self.op
+
+    @property
+    def op_name(self) -> str:
+        """``ns::name[.overload]`` without the schema."""
+        return self.op.split("(", 1)[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["swap_module"] = None if self.swap_module is None else {"class": self.swap_module.cls,
+                                                                  "args": list(self.swap_module.args)}
+        return d
+
+
+@dataclass(frozen=True)
+class PluginDefinition:
+    """A parsed manifest: identity, backend type, sources (absolute) and kernels."""
+
+    id: str
+    version: str
+    backend_type: str
+    sources: tuple[Path, ...]
+    kernels: tuple[KernelSpec, ...]
+    manifest_path: Path | None = None
+    description: str = ""
+
+    @property
+    def root(self) -> Path:
+        """The directory the manifest's relative paths start from."""
+        return self.manifest_path.parent if self.manifest_path is not None else self.sources[0].parent
+
+    def kernel(self, name: str) -> KernelSpec:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise PluginCompilationError(f"plugin {self.id!r} has no kernel {name!r}", plugin=self.id,
+                                     hint=f"its kernels: {', '.join(k.name for k in self.kernels) or 'none'}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON (paths absolute), as the registry stores it."""
+        return {"id": self.id, "version": self.version, "backend": self.backend_type,
+                "sources": [str(s) for s in self.sources], "kernels": [k.to_dict() for k in self.kernels],
+                "manifest_path": None if self.manifest_path is None else str(self.manifest_path),
+                "description": self.description}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PluginDefinition:
+        """Inverse of :meth:`to_dict` (what the registry reads back)."""
+        kernels = []
+        for k in data["kernels"]:
+            swap = k.get("swap_module")
+            kernels.append(KernelSpec(
+                name=k["name"], op=k["op"], entry=k["entry"], dtypes=tuple(k["dtypes"]), reference=k.get("reference"),
+                inputs=dict(k.get("inputs") or {}), args=dict(k.get("args") or {}), opinfo=k.get("opinfo"),
+                swap_module=None if not swap else ModuleSwap(swap["class"], tuple(swap["args"])),
+                devices=tuple(k.get("devices") or ("cpu",))))
+        manifest = data.get("manifest_path")
+        return cls(data["id"], data["version"], data["backend"], tuple(Path(s) for s in data["sources"]),
+                   tuple(kernels), None if manifest is None else Path(manifest), data.get("description", ""))
+
+
+def source_digest(paths: tuple[Path, ...] | list[Path]) -> str:
+    """SHA-256 over the sources' names and bytes, in order (part of the build cache key)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], manifest: Path | None, where: str = "") -> Any:
+    if key not in data:
+        raise _bad(f"the manifest has no {where}{key!r}", manifest, where + key)
+    value = data[key]
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise _bad(f"{where}{key!r} must be a {names}, got {type(value).__name__}", manifest, where + key)
+    return value
+
+
+def _check_unknown(data: dict[str, Any], known: set[str], manifest: Path | None, where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise _bad(f"unknown field(s) {', '.join(map(repr, unknown))} in {where or 'the manifest'}", manifest,
+                   where + unknown[0], hint=f"known fields: {', '.join(sorted(known))}")
+
+
+def _inside(root: Path, rel: str, manifest: Path | None, field_name: str) -> Path:
+    """``root / rel`` resolved, refusing absolute paths and paths leaving ``root``."""
+    if not rel or Path(rel).is_absolute():
+        raise _bad(f"{field_name} must be a path relative to the manifest, got {rel!r}", manifest, field_name)
+    path = (root / rel).resolve()
+    if root.resolve() not in path.parents:
+        raise _bad(f"{field_name} {rel!r} leaves the plugin's directory", manifest, field_name)
+    if not path.is_file():
+        raise _bad(f"{field_name} {rel!r} does not exist", manifest, field_name, hint=f"looked for {path}")
+    return path
+
+
+def check_schema(schema: str, manifest: Path | None, field_name: str) -> None:
+    """A custom op's schema must parse as ``ns::name(args) -> returns`` (torch's own parser decides)."""
+    if not _SCHEMA.match(schema):
+        raise _bad(f"{field_name} {schema!r} is not an operator schema like 'ns::name(Tensor x) -> Tensor'",
+                   manifest, field_name)
+    import torch
+
+    try:
+        torch._C.parse_schema(schema)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise _bad(f"{field_name} is not a valid operator schema: {first}", manifest, field_name) from exc
+
+
+def _kernel(raw: Any, i: int, root: Path, backend: str, manifest: Path | None) -> KernelSpec:
+    where = f"kernels[{i}]."
+    if not isinstance(raw, dict):
+        raise _bad(f"kernels[{i}] must be an object", manifest, f"kernels[{i}]")
+    _check_unknown(raw, _KERNEL_FIELDS, manifest, where)
+    name = _require(raw, "name", str, manifest, where)
+    if not _NAME.match(name):
+        raise _bad(f"{where}name {name!r} must be an identifier", manifest, where + "name")
+    op = _require(raw, "op", str, manifest, where)
+    entry = _require(raw, "entry", str, manifest, where)
+    if "(" in op:
+        check_schema(op, manifest, where + "op")
+        if not raw.get("reference"):
+            raise _bad(f"{where}reference is required for a custom op (file.py:function it must match)", manifest,
+                       where + "reference")
+    elif not _OP.match(op) or not op.startswith("aten::"):
+        raise _bad(f"{where}op {op!r} must be an ATen op ('aten::gelu') or a custom op with its schema",
+                   manifest, where + "op")
+    if backend in ("cpp", "cuda") and not _OP.match(entry):
+        raise _bad(f"{where}entry {entry!r} must name the operator the library registers ('ns::name')",
+                   manifest, where + "entry")
+    if backend in ("triton", "metal") and not _NAME.match(entry):
+        raise _bad(f"{where}entry {entry!r} must be a function name of the source", manifest, where + "entry")
+    dtypes = tuple(raw.get("dtypes") or ("float32",))
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        raise _bad(f"{where}dtypes has unknown dtype(s) {bad}", manifest, where + "dtypes", hint=f"use {DTYPES}")
+    reference = raw.get("reference")
+    if reference is not None:
+        file, _, fn = str(reference).partition(":")
+        _inside(root, file, manifest, where + "reference")
+        if not _NAME.match(fn):
+            raise _bad(f"{where}reference must be 'file.py:function', got {reference!r}", manifest, where + "reference")
+    inputs = raw.get("inputs") or {}
+    if not isinstance(inputs, dict) or not all(isinstance(v, str) and _DIMS.match(v.replace(" ", ""))
+                                               for v in inputs.values()):
+        raise _bad(f"{where}inputs must map tensor arguments to dims like '...,D'", manifest, where + "inputs")
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise _bad(f"{where}args must be an object of argument values", manifest, where + "args")
+    swap = raw.get("swap_module")
+    module_swap = None
+    if swap is not None:
+        if not isinstance(swap, dict) or not isinstance(swap.get("class"), str) or not isinstance(swap.get("args"), list):
+            raise _bad(f"{where}swap_module must be {{'class': name, 'args': [...]}}", manifest, where + "swap_module")
+        module_swap = ModuleSwap(swap["class"], tuple(str(a) for a in swap["args"]))
+    devices = tuple(raw.get("devices") or (("cuda",) if backend == "cuda" else ("cpu",)))
+    return KernelSpec(name, op, entry, dtypes, reference, {k: v.replace(" ", "") for k, v in inputs.items()},
+                      dict(args), raw.get("opinfo"), module_swap, devices)
+
+
+def parse_manifest(data: Any, manifest: Path | None = None, root: Path | None = None) -> PluginDefinition:
+    """Check and parse a manifest object (``root``: where relative paths start; default the manifest's folder)."""
+    if not isinstance(data, dict):
+        raise _bad("the manifest must be a JSON object", manifest, "(top level)")
+    _check_unknown(data, _TOP_FIELDS, manifest, "")
+    base = root if root is not None else (manifest.parent if manifest is not None else Path.cwd())
+    pid = _require(data, "id", str, manifest)
+    if not _ID.match(pid):
+        raise _bad(f"id {pid!r} must be letters, digits, '_', '-' or '.' (at most 64)", manifest, "id")
+    version = str(_require(data, "version", (str, int, float), manifest))
+    backend = _require(data, "backend", str, manifest)
+    if backend not in BACKEND_TYPES:
+        raise _bad(f"backend {backend!r} is not one of {', '.join(BACKEND_TYPES)}", manifest, "backend")
+    sources = _require(data, "sources", list, manifest)
+    if not sources:
+        raise _bad("sources is empty", manifest, "sources")
+    paths = tuple(_inside(base, str(s), manifest, f"sources[{i}]") for i, s in enumerate(sources))
+    for i, p in enumerate(paths):
+        if p.suffix not in _SOURCE_SUFFIXES[backend]:
+            raise _bad(f"sources[{i}] {p.name!r} is not a {backend} source ({', '.join(_SOURCE_SUFFIXES[backend])})",
+                       manifest, f"sources[{i}]")
+    kernels_raw = _require(data, "kernels", list, manifest)
+    kernels = tuple(_kernel(k, i, base, backend, manifest) for i, k in enumerate(kernels_raw))
+    names = [k.name for k in kernels]
+    if len(set(names)) != len(names):
+        raise _bad("two kernels share a name", manifest, "kernels")
+    return PluginDefinition(pid, version, backend, paths, kernels, manifest, str(data.get("description", "")))
+
+
+def load_manifest(path: str | Path) -> PluginDefinition:
+    """Read and check the manifest at ``path`` (a ``plugin.json`` file or the folder holding one)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / MANIFEST_NAME
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PluginCompilationError(f"cannot read the plugin manifest: {exc.strerror or exc}", manifest=str(p),
+                                     hint="pass the plugin's plugin.json (or its folder)") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _bad(f"the manifest is not JSON: {exc}", p, f"line {exc.lineno}") from exc
+    return parse_manifest(data, p.resolve())

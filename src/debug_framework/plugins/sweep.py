@@ -1,0 +1,242 @@
+"""The op-by-op sweep: every kernel of a plugin over its samples, in a worker process.
+
+    report = sweep_plugin(defn, build.artifact, repro_dir=Path("repros"))
+    report.passed, report.kernels["rms_norm"].pass_rate, report.kernels["rms_norm"].worst
+
+Each sample is judged by :func:`~debug_framework.plugins.evaluate.evaluate_sample`. A sample that
+kills the worker (a segfault, an abort) is recorded as ``crash`` with its exit status, one that runs
+past ``timeout_s`` as ``hang``; the worker is restarted and the sweep goes on with the next sample.
+A kernel passes when every sample that applies passes (BackendBench's rule). The worst sample of
+each kernel gets a standalone repro when ``repro_dir`` is given.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PluginCompilationError
+from .evaluate import badness
+from .manifest import PluginDefinition
+
+__all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "check_in_worker", "DEFAULT_TIMEOUT_S"]
+
+#: Seconds one sample may run before it counts as a hang.
+DEFAULT_TIMEOUT_S = 60.0
+_START_TIMEOUT_S = 300.0  # loading torch, OpInfo and the plugin in a fresh process
+
+
+@dataclass
+class KernelSweep:
+    """One kernel's sweep: every sample's description and result, the counts, the worst sample."""
+
+    kernel: str
+    op: str
+    samples: list[dict[str, Any]] = field(default_factory=list)  # description + "result"
+    worst: dict[str, Any] | None = None
+    repro: str | None = None
+
+    def count(self, status: str) -> int:
+        return sum(1 for s in self.samples if s["result"]["status"] == status)
+
+    @property
+    def applicable(self) -> int:
+        return len(self.samples) - self.count("skipped")
+
+    @property
+    def pass_rate(self) -> float:
+        return self.count("pass") / self.applicable if self.applicable else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.applicable > 0 and self.count("pass") == self.applicable
+
+    def by_source(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for s in self.samples:
+            row = out.setdefault(s["source"], {"samples": 0, "passed": 0})
+            row["samples"] += 1
+            row["passed"] += s["result"]["status"] == "pass"
+        return out
+
+    def to_dict(self, *, with_samples: bool = False) -> dict[str, Any]:
+        d = {"kernel": self.kernel, "op": self.op, "samples": len(self.samples), "applicable": self.applicable,
+             "passed_samples": self.count("pass"), "failed": self.count("fail"), "errors": self.count("error"),
+             "crashes": self.count("crash"), "hangs": self.count("hang"), "skipped": self.count("skipped"),
+             "pass_rate": self.pass_rate, "passed": self.passed, "by_source": self.by_source(),
+             "worst": self.worst, "repro": self.repro}
+        if with_samples:
+            d["sample_results"] = self.samples
+        return d
+
+
+@dataclass
+class SweepReport:
+    """The sweep of a plugin: per kernel, and how long it took."""
+
+    plugin_id: str
+    kernels: dict[str, KernelSweep]
+    seconds: float = 0.0
+    worker_restarts: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return all(k.passed for k in self.kernels.values())
+
+    @property
+    def total_samples(self) -> int:
+        return sum(len(k.samples) for k in self.kernels.values())
+
+    def to_dict(self, *, with_samples: bool = False) -> dict[str, Any]:
+        return {"plugin": self.plugin_id, "passed": self.passed, "seconds": self.seconds,
+                "samples": self.total_samples, "worker_restarts": self.worker_restarts,
+                "kernels": {n: k.to_dict(with_samples=with_samples) for n, k in self.kernels.items()}}
+
+
+class _Worker:
+    """One worker process (``python -m debug_framework.plugins.worker``) and its two pipes; restarted
+    after a crash or a hang. A plain subprocess, not ``multiprocessing``'s spawn, so the caller's main
+    module is never re-imported."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "debug_framework.plugins.worker", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.out = Connection(to_child_w, readable=False)
+        self.conn = Connection(from_child_r, writable=False)
+        self.killed = False
+        self.out.send(args)
+        for msg in (None, ("load",)):  # started, then the plugin loaded
+            reply = self._reply(_START_TIMEOUT_S) if msg is None else self.ask(msg, _START_TIMEOUT_S)
+            status, value = reply or ("error", "the worker died while starting")
+            if status != "ok":
+                self.stop()
+                raise PluginCompilationError(f"the worker process cannot load the plugin: {value}",
+                                             artifact=str(args[1]))
+
+    def _reply(self, timeout: float) -> tuple[str, Any] | None:
+        """The next reply; ``("died", None)`` when the worker closed its pipe, None on timeout."""
+        try:
+            if self.conn.poll(timeout):
+                return self.conn.recv()
+        except (EOFError, OSError):
+            return ("died", None)
+        return None
+
+    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
+        """The reply, or None when the worker died or ran past ``timeout`` (it is then stopped)."""
+        try:
+            self.out.send(msg)
+        except (BrokenPipeError, OSError):
+            return None
+        reply = self._reply(timeout)
+        if reply is None or reply[0] == "died":
+            self.killed = reply is None  # a timeout: the worker is killed (a hang)
+            if not self.killed:
+                try:
+                    self.proc.wait(30)  # let a dying worker finish dying, to read its exit status
+                except subprocess.TimeoutExpired:
+                    pass
+            self.stop()
+            return None
+        return reply
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.out.send(("stop",))
+                self.proc.wait(2)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.conn.close()
+        self.out.close()
+
+    def death(self, timeout: float) -> dict[str, Any]:
+        """What happened to a worker that did not answer: a crash (its exit status) or a hang."""
+        code = self.proc.poll()
+        if code is None or self.killed:
+            return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        return {"status": "crash", "reason": f"the kernel crashed the worker process ({how})"}
+
+
+def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[str] | None = None,
+                 model_shapes: dict[str, list[dict[str, list[int]]]] | None = None, seed: int = 0,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, repro_dir: Path | None = None,
+                 opinfo: bool = True) -> SweepReport:
+    """Run every sample of the plugin's kernels (or of ``kernels``) in a worker process.
+
+    Raises:
+        PluginCompilationError (DF008): the plugin cannot be loaded; an unknown kernel name.
+    """
+    names = kernels or [k.name for k in defn.kernels]
+    for n in names:
+        defn.kernel(n)
+    args = (defn.to_dict(), str(artifact), defn.backend_type, dict(model_shapes or {}), seed, opinfo)
+    start = time.perf_counter()
+    worker = _Worker(args)
+    report = SweepReport(defn.id, {})
+    try:
+        for name in names:
+            status, descriptions = worker.ask(("samples", name), _START_TIMEOUT_S) or ("error", "the worker died")
+            if status != "ok":
+                raise PluginCompilationError(f"making the samples of {name} failed: {descriptions}", plugin=defn.id)
+            ks = KernelSweep(name, defn.kernel(name).op_name)
+            for i, desc in enumerate(descriptions):
+                reply = worker.ask(("run", name, i), timeout_s)
+                if reply is None:
+                    result = worker.death(timeout_s)
+                    worker = _Worker(args)
+                    report.worker_restarts += 1
+                elif reply[0] != "ok":
+                    raise PluginCompilationError(f"the sweep failed on {name} sample {i}: {reply[1]}", plugin=defn.id)
+                else:
+                    result = reply[1]
+                ks.samples.append({**desc, "index": i, "result": result})
+            _pick_worst(ks)
+            if repro_dir is not None and ks.worst is not None and ks.worst["result"]["status"] != "pass":
+                reply = worker.ask(("repro", name, ks.worst["index"], str(repro_dir)), _START_TIMEOUT_S)
+                if reply is not None and reply[0] == "ok":
+                    ks.repro = reply[1]
+                elif reply is None:
+                    worker = _Worker(args)
+            report.kernels[name] = ks
+    finally:
+        worker.stop()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def check_in_worker(defn: PluginDefinition | None, artifact: str | Path, backend_type: str) -> dict[str, Any]:
+    """:func:`~debug_framework.plugins.checks.validate_artifact` run in a fresh worker process (the
+    caller's process loads nothing; a crash while loading is a DF008, not the caller's death)."""
+    worker = _Worker((None if defn is None else defn.to_dict(), str(artifact), backend_type, {}, 0, False))
+    try:
+        reply = worker.ask(("checks",), _START_TIMEOUT_S)
+    finally:
+        worker.stop()
+    if reply is None:
+        raise PluginCompilationError("loading the artifact crashed the worker process", artifact=str(artifact))
+    if reply[0] != "ok":
+        raise PluginCompilationError(f"checking the artifact failed: {reply[1]}", artifact=str(artifact))
+    return reply[1]
+
+
+def _pick_worst(ks: KernelSweep) -> None:
+    ranked = [s for s in ks.samples if s["result"]["status"] != "skipped"]
+    if ranked:
+        ks.worst = max(ranked, key=lambda s: badness(s["result"]))

@@ -1,0 +1,101 @@
+"""The sweep's worker process: it loads the plugin, makes each kernel's samples and runs them one at
+a time on the parent's request, so a kernel that crashes the process or hangs costs one sample.
+
+Run as ``python -m debug_framework.plugins.worker READ_FD WRITE_FD``; the parent first sends the
+arguments of :class:`WorkerState`, then, over the same pipes (``multiprocessing`` connections
+between this package's own processes), 
+``("samples", kernel)`` -> list of sample descriptions, ``("run", kernel, i)`` -> result dict,
+``("repro", kernel, i, folder)`` -> the repro's path, ``("stop",)``. Replies are ``("ok", value)`` or
+``("error", message)`` (the plugin failed to load, say).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["worker_main", "WorkerState"]
+
+
+class WorkerState:
+    """The plugin (loaded on first use) and each kernel's samples, made on first use."""
+
+    def __init__(self, definition: dict[str, Any] | None, artifact: str, backend_type: str,
+                 model_shapes: dict[str, list[dict[str, list[int]]]], seed: int, opinfo: bool) -> None:
+        import torch
+
+        from .manifest import PluginDefinition
+
+        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+        self.defn = None if definition is None else PluginDefinition.from_dict(definition)
+        self.artifact = Path(artifact)
+        self.backend_type = backend_type
+        self.model_shapes, self.seed, self.opinfo = model_shapes, seed, opinfo
+        self._kernels: dict[str, Any] | None = None
+        self._samples: dict[str, list[Any]] = {}
+
+    @property
+    def kernels(self) -> dict[str, Any]:
+        from .loading import load_plugin
+
+        if self._kernels is None:
+            assert self.defn is not None
+            self._kernels = load_plugin(self.defn, self.artifact)
+        return self._kernels
+
+    def samples(self, kernel: str) -> list[Any]:
+        from .samples import make_samples
+
+        if kernel not in self._samples:
+            spec = self.kernels[kernel].spec
+            self._samples[kernel] = make_samples(spec, seed=self.seed, model_shapes=self.model_shapes.get(kernel),
+                                                 opinfo=self.opinfo)
+        return self._samples[kernel]
+
+    def handle(self, msg: tuple[Any, ...]) -> Any:
+        from .checks import validate_artifact
+        from .evaluate import evaluate_sample
+        from .repro import write_repro
+
+        if msg[0] == "load":
+            return sorted(self.kernels) if self.defn is not None else []
+        if msg[0] == "checks":
+            return validate_artifact(self.artifact, self.backend_type, self.defn)
+        if msg[0] == "samples":
+            return [s.describe() for s in self.samples(msg[1])]
+        if msg[0] == "run":
+            return evaluate_sample(self.kernels[msg[1]], self.samples(msg[1])[msg[2]])
+        if msg[0] == "repro":
+            assert self.defn is not None
+            return str(write_repro(self.defn, self.artifact, self.kernels[msg[1]].spec, self.samples(msg[1])[msg[2]],
+                                   Path(msg[3])))
+        raise ValueError(f"unknown request {msg[0]!r}")
+
+
+def worker_main(inbox: Any, conn: Any) -> None:
+    """The worker's loop: read the start arguments from ``inbox``, then answer requests on ``conn``."""
+    try:
+        state = WorkerState(*inbox.recv())
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as DF008
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", "ready"))
+    while True:
+        try:
+            msg = inbox.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        try:
+            conn.send(("ok", state.handle(msg)))
+        except Exception as exc:  # noqa: BLE001 - an error of ours is reported, not a kernel verdict
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+if __name__ == "__main__":
+    import sys
+    from multiprocessing.connection import Connection
+
+    worker_main(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
