@@ -86,22 +86,22 @@ def test_installed_plugins_are_discovered_through_entry_points(tmp_path, monkeyp
     assert len(registry.discovery_errors) == 1 and "broken" in registry.discovery_errors[0].message
 
 
-def test_a_version_2_file_gains_the_plugins_table_and_keeps_its_sessions(tmp_path):
+def test_a_version_3_file_gains_the_plugins_table_and_keeps_its_sessions(tmp_path):
     import sqlite3
 
     from debug_framework.services.database_manager import SCHEMA_VERSION, DatabaseManager
 
-    path = tmp_path / "v2.db"
+    path = tmp_path / "v3.db"
     db = DatabaseManager(path)
     sid = db.create_session("/m", "python_reference", "pytorch")
     db.close()
-    conn = sqlite3.connect(path)  # make it a version-2 file: no plugins table, no step 3
-    conn.executescript("DROP TABLE plugins; DELETE FROM schema_version WHERE version = 3;")
+    conn = sqlite3.connect(path)  # make it a version-3 file: no plugins table, no step 4
+    conn.executescript("DROP TABLE plugins; DELETE FROM schema_version WHERE version = 4;")
     conn.commit()
     conn.close()
-    assert DatabaseManager(path, initialize=False).schema_version() == 2
+    assert DatabaseManager(path, initialize=False).schema_version() == 3
     db = DatabaseManager(path)
-    assert db.schema_version() == SCHEMA_VERSION == 3
+    assert db.schema_version() == SCHEMA_VERSION == 4
     assert db.get_session(sid)["model_path"] == "/m"
     registry = PluginRegistry(db, discover=False)
     registry.register_plugin(EXAMPLES / "triton")
