@@ -16,7 +16,7 @@ import torch
 from debug_framework.cli import session_report
 from debug_framework.errors import FrameworkInitializationError
 from debug_framework.services.database_manager import DatabaseManager
-from debug_framework.services.maintenance import inputs_dir_of, run_maintenance
+from debug_framework.services.maintenance import artifacts_dir_of, inputs_dir_of, run_maintenance
 from debug_framework.services.validation_engine import ValidationEngine
 from debug_framework.storage import leases
 from debug_framework.storage.tensor_store import RecordingCandidate, TensorStore
@@ -126,14 +126,20 @@ def cluttered(db_path):
     store.record_session(db, "new", [RecordingCandidate("post_mlp", 0, "reference", torch.full((64,), 2.0))])
     orphan = _store_blob(store, 3.0)
     _running_session(db, "crashed", owner_pid=_dead_pid())
-    for p in [*store.files(), *files.values()]:
+    artifacts = artifacts_dir_of(db.database_path)
+    folders = {name: artifacts / name for name in ("old1", "new", "gone", "young")}
+    for name, folder in folders.items():  # a backend's export folder per session
+        (folder / "onnxruntime").mkdir(parents=True)
+        (folder / "onnxruntime" / "model.onnx").write_bytes(b"o" * 50)
+    for p in [*store.files(), *files.values(), *(f for n, f in folders.items() if n != "young")]:
         if p.name != "young.safetensors":
             os.utime(p, (OLD, OLD))
     return db, store, files, orphan
 
 
 def _summary(report: dict) -> dict:
-    return {k: report[k] for k in ("abandoned_sessions", "expired_sessions", "removed_inputs", "removed_tensors")}
+    return {k: report[k] for k in ("abandoned_sessions", "expired_sessions", "removed_inputs", "removed_artifacts",
+                                   "removed_tensors")}
 
 
 def test_maintenance_removes_exactly_the_expired_and_the_orphaned_and_dry_run_lists_the_same(cluttered):
@@ -151,7 +157,10 @@ def test_maintenance_removes_exactly_the_expired_and_the_orphaned_and_dry_run_li
                                                                       "gone.safetensors"}
     assert {Path(f["path"]) for f in real["removed_tensors"]} == {orphan, only_old1}
     assert sum(f["bytes"] for f in real["removed_inputs"]) == 300
-    assert real["freed_bytes"] == (sum(f["bytes"] for f in real["removed_inputs"] + real["removed_tensors"])
+    assert {Path(f["path"]).name: f["bytes"] for f in real["removed_artifacts"]} == {"old1": 50, "gone": 50}
+    assert sorted(p.name for p in artifacts_dir_of(db.database_path).iterdir()) == ["new", "young"]
+    assert real["freed_bytes"] == (sum(f["bytes"] for f in real["removed_inputs"] + real["removed_artifacts"]
+                                       + real["removed_tensors"])
                                    + real["database_bytes_freed"]) > 300
     # what is left is exactly the rest
     assert {s["session_id"] for s in db.list_sessions()} == {"new", "crashed"}
@@ -162,7 +171,7 @@ def test_maintenance_removes_exactly_the_expired_and_the_orphaned_and_dry_run_li
     assert real["database_statements"] == ["PRAGMA optimize", "VACUUM"]
     again = run_maintenance(db, older_than_days=30).to_dict()
     assert _summary(again) == {"abandoned_sessions": [], "expired_sessions": [], "removed_inputs": [],
-                               "removed_tensors": []}
+                               "removed_artifacts": [], "removed_tensors": []}
 
 
 def test_retention_defaults_to_keeping_everything(cluttered):

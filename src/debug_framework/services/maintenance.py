@@ -12,8 +12,10 @@ what the real run removes):
    (default ``config["retention_days"]``; None keeps everything) are deleted with their rows;
 3. **saved inputs** - ``<db name>_inputs/<session>.safetensors`` files of sessions that no longer
    exist (older than ``grace_s``, so a session being created keeps its file);
-4. **tensor store** - content-addressed blobs no kept recording references (older than ``grace_s``);
-5. **database** - ``PRAGMA optimize`` and ``VACUUM`` (SQLite; ``ANALYZE``/``VACUUM`` on PostgreSQL).
+4. **artifacts** - ``<db name>_artifacts/<session>/`` folders (a backend's exports and their logs) of
+   sessions that no longer exist, under the same grace;
+5. **tensor store** - content-addressed blobs no kept recording references (older than ``grace_s``);
+6. **database** - ``PRAGMA optimize`` and ``VACUUM`` (SQLite; ``ANALYZE``/``VACUUM`` on PostgreSQL).
 
 :func:`auto_maintenance` is what an engine start runs with ``auto_cleanup``: the stale sweep every
 time (a single read when nothing is stale) and ``PRAGMA optimize`` at most once per
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,7 +41,7 @@ from ..storage.sessions import TERMINAL_STATUSES
 from ..storage.values import parse_time
 
 __all__ = ["MaintenanceReport", "RemovedFile", "run_maintenance", "auto_maintenance", "AutoMaintenance",
-           "inputs_dir_of"]
+           "inputs_dir_of", "artifacts_dir_of"]
 
 _LOG = logging.getLogger("debug_framework.maintenance")
 _DAY_S = 86400.0
@@ -49,6 +52,12 @@ def inputs_dir_of(database_path: str | os.PathLike[str]) -> Path:
     """Where the engine saves the sessions' inputs: ``<db dir>/<db name>_inputs/``."""
     p = Path(database_path)
     return p.parent / f"{p.stem}_inputs"
+
+
+def artifacts_dir_of(database_path: str | os.PathLike[str]) -> Path:
+    """Where the sessions' backends keep their files: ``<db dir>/<db name>_artifacts/``."""
+    p = Path(database_path)
+    return p.parent / f"{p.stem}_artifacts"
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,7 @@ class MaintenanceReport:
     swept: SweepReport = field(default_factory=SweepReport)
     expired_sessions: list[str] = field(default_factory=list)
     inputs: list[RemovedFile] = field(default_factory=list)
+    artifacts: list[RemovedFile] = field(default_factory=list)
     tensors: list[RemovedFile] = field(default_factory=list)
     statements: list[str] = field(default_factory=list)
     database_bytes_freed: int = 0
@@ -78,12 +88,13 @@ class MaintenanceReport:
     @property
     def freed_bytes(self) -> int:
         """Bytes freed (or freeable) in all: files removed plus the database's shrinkage."""
-        return sum(f.nbytes for f in (*self.inputs, *self.tensors)) + self.database_bytes_freed
+        return sum(f.nbytes for f in (*self.inputs, *self.artifacts, *self.tensors)) + self.database_bytes_freed
 
     def to_dict(self) -> dict[str, Any]:
         return {"database": self.database, "dry_run": self.dry_run, **self.swept.to_dict(),
                 "expired_sessions": list(self.expired_sessions),
                 "removed_inputs": [f.to_dict() for f in self.inputs],
+                "removed_artifacts": [f.to_dict() for f in self.artifacts],
                 "removed_tensors": [f.to_dict() for f in self.tensors],
                 "database_statements": list(self.statements), "database_bytes_freed": self.database_bytes_freed,
                 "freed_bytes": self.freed_bytes}
@@ -98,13 +109,15 @@ class MaintenanceReport:
             out.append(f"  abandoned batch item {job}[{idx}]: owner process gone -> pending")
         for sid in self.expired_sessions:
             out.append(f"  {verb} expired session {sid}")
-        for what, files in (("saved inputs", self.inputs), ("tensor file", self.tensors)):
+        for what, files in (("saved inputs", self.inputs), ("artifact folder", self.artifacts),
+                            ("tensor file", self.tensors)):
             for f in files:
                 out.append(f"  {verb} {what} {f.path} ({f.nbytes} bytes)")
         if self.statements:
             out.append(f"  database: {'would run' if self.dry_run else 'ran'} {', '.join(self.statements)}")
         out.append(f"{'would free' if self.dry_run else 'freed'} {self.freed_bytes} bytes "
                    f"({len(self.expired_sessions)} expired sessions, {len(self.inputs)} inputs files, "
+                   f"{len(self.artifacts)} artifact folders, "
                    f"{len(self.tensors)} tensor files, {len(self.swept.sessions)} abandoned sessions)")
         return out
 
@@ -146,6 +159,22 @@ def _stale_inputs(db: Database, keep: set[str], expired: set[str], grace_s: floa
         st = path.stat()
         if sid in expired or (sid not in keep and now - st.st_mtime >= grace_s):
             out.append(RemovedFile(str(path), int(st.st_size)))
+    return out
+
+
+def _stale_artifacts(db: Database, keep: set[str], expired: set[str], grace_s: float) -> list[RemovedFile]:
+    """Artifact folders of sessions that are gone (or expire now); a folder's size is its files' sum."""
+    folder = artifacts_dir_of(db.database_path)
+    if not folder.is_dir():
+        return []
+    now, out = time.time(), []
+    for path in sorted(folder.iterdir()):
+        if path.is_symlink() or not path.is_dir():
+            continue
+        sid = path.name
+        if sid in expired or (sid not in keep and now - path.stat().st_mtime >= grace_s):
+            files = [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+            out.append(RemovedFile(str(path), sum(int(f.stat().st_size) for f in files)))
     return out
 
 
@@ -207,6 +236,10 @@ def run_maintenance(database: DatabaseLike, *, dry_run: bool = False, older_than
     if not dry_run:
         for f in report.inputs:
             Path(f.path).unlink(missing_ok=True)
+    report.artifacts = _stale_artifacts(db, keep - expired, expired, grace_s)
+    if not dry_run:
+        for f in report.artifacts:
+            shutil.rmtree(f.path, ignore_errors=True)
     report.tensors = _orphan_tensors(db, None if tensor_store is None else Path(tensor_store), expired, grace_s,
                                      dry_run)
     report.statements, report.database_bytes_freed = _optimise(db, dry_run, compact)

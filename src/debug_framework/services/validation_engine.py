@@ -36,7 +36,14 @@ from ..storage.leases import holding
 from ..storage.sessions import SessionFilter, model_path_key
 from ..storage.values import check_session_id, session_file
 from .database_manager import TERMINAL_STATUSES, DatabaseManager
-from .maintenance import AutoMaintenance, MaintenanceReport, auto_maintenance, inputs_dir_of, run_maintenance
+from .maintenance import (
+    AutoMaintenance,
+    MaintenanceReport,
+    artifacts_dir_of,
+    auto_maintenance,
+    inputs_dir_of,
+    run_maintenance,
+)
 from .validation.deadline import check_deadline, session_deadline
 from .validation.plan import (
     MODEL_TOLERANCES,
@@ -176,7 +183,7 @@ class ValidationEngine:
         if self.resources.auto_cleanup:
             self.maintenance = auto_maintenance(self.db, self.resources)
         #: the sessions' artifact directories (exported graphs and their logs): ``<db dir>/<db name>_artifacts/``
-        self.artifacts_dir = self.database_path.parent / f"{self.database_path.stem}_artifacts"
+        self.artifacts_dir = artifacts_dir_of(self.database_path)
 
     def __repr__(self) -> str:
         return f"ValidationEngine({str(self.database_path)!r})"
