@@ -76,7 +76,7 @@ class CheckpointOutcome:
         if self.judgement is not None:
             out["calibrated"] = self.judgement.to_dict()
         if self.introduced_judgement is not None:
-            out["introduced"] = self.introduced_judgement.to_dict()
+            out["introduced_judgement"] = self.introduced_judgement.to_dict()
         return out
 
     def row(self) -> dict[str, Any]:
@@ -276,6 +276,7 @@ def _first_divergence_dict(o: CheckpointOutcome) -> dict[str, Any]:
         "worst": [w.to_dict() for w in c.worst[:3]],
         "introduces_error": o.introduces_error,
         "oracle": None if o.oracle is None else o.oracle.to_dict(),
+        **o.judgement_dict(),
     }
 
 
