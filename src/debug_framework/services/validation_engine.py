@@ -41,6 +41,7 @@ from .validation.plan import (
     resolve_tolerance,
     validate_session_config,
 )
+from .validation.calibration import calibration_backend
 from .validation.results import CheckpointOutcome, LayerIsolation, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -191,6 +192,8 @@ class ValidationEngine:
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
         plan = ValidationPlan.resolve(cfg, model.num_layers)
+        if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
+            calibration_backend(plan, alt_name)
 
         sid = _checked_session_id(session_id) if session_id is not None else uuid.uuid4().hex
         inputs = _session_inputs(model, cfg)

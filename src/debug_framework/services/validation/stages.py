@@ -304,6 +304,12 @@ class CalibrationStage(Stage):
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["calibrate"] or config["oracle"])
 
+    def ready(self, ctx: RunContext) -> bool:
+        """Some checkpoint is calibrated, or oracle mode needs a baseline (the reference is the oracle)."""
+        plan = ctx.plan
+        oracle_baseline = bool(plan.config["oracle"]) and OracleStage.reference_is_oracle(ctx)
+        return oracle_baseline or any(plan.calibrated(k) for k in plan.keys)
+
     def run(self, ctx: RunContext) -> None:
         plan, dtype = ctx.plan, ctx.plan.alternative_dtype
         backend = calibration_backend(plan, ctx.session.alternative_backend)
@@ -464,10 +470,15 @@ class OracleStage(Stage):
         }
 
     @staticmethod
+    def reference_is_oracle(ctx: RunContext) -> bool:
+        """The reference run is itself the float64 oracle (``python_reference`` in float64)."""
+        return ctx.session.reference_backend == "python_reference" and ctx.plan.reference_dtype == "float64"
+
+    @staticmethod
     def _oracle_capture(ctx: RunContext) -> Capture:
         from ...backends import get_backend
 
-        if ctx.session.reference_backend == "python_reference" and ctx.plan.reference_dtype == "float64":
+        if OracleStage.reference_is_oracle(ctx):
             ctx.performance["oracle"] = {"note": "the reference backend is python_reference in float64: "
                                                  "reused as the oracle"}
             return ctx.reference_capture
