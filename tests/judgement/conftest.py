@@ -4,16 +4,20 @@ per family and seed, built once per test session) and the engine on a fresh data
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the bug cases and tiny models live in `benchmarks` (bench_diagnosis uses them too)
+    sys.path.insert(0, str(ROOT))
 
 from debug_framework.services.validation_engine import ValidationEngine  # noqa: E402
 
-from .models import make_model  # noqa: E402
+from benchmarks.models.tiny_transformers import make_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 default settings (calibrated bounds) the first divergence is the buggy layer's checkpoint, isolation
 names exactly that layer, and the error source says so; correct implementations pass on every seed.
 
-Which bug applies where (tests/judgement/bugs.py): KV-head mapping, RoPE convention and the causal
+Which bug applies where (benchmarks/injected_bugs.py, shared with benchmarks/bench_diagnosis.py): KV-head mapping, RoPE convention and the causal
 mask are decoder bugs (Llama, Qwen2); the padding mask bugs and the GELU variant are BERT's; the
 dropped bias is Qwen2's (q/k/v bias) and BERT's (Llama has none). Reduced-precision softmax, the
 GELU variant and the padding off-by-one run for float32 alternatives only: their effect on these
@@ -15,7 +15,7 @@ import pytest
 
 from debug_framework.backends import unregister_backend
 
-from .bugs import BUG_LAYER, cases, expected_first, register_bug_backend
+from benchmarks.injected_bugs import BUG_LAYER, cases, expected_first, register_bug_backend
 
 FAST_SEEDS = (0,)
 SLOW_SEEDS = (1, 2)

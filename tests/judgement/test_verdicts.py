@@ -17,7 +17,7 @@ from debug_framework.comparison import compare
 from debug_framework.errors import ValidationError
 from debug_framework.services.validation.results import CheckpointOutcome, LayerIsolation, error_source
 
-from .bugs import BUG_LAYER, register_bug_backend
+from benchmarks.injected_bugs import BUG_LAYER, register_bug_backend
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The injected bugs of the judgement suite: each a ``module_backend`` around the Hugging Face eager
-model with one mistake made in ONE layer (:data:`BUG_LAYER`), as a backend engineer's own PyTorch
-implementation would have it.
+"""The injected bugs of the judgement suite (tests/judgement) and of ``bench_diagnosis``: each a
+``module_backend`` around the Hugging Face eager model with one mistake made in ONE layer
+(:data:`BUG_LAYER`), as a backend engineer's own PyTorch implementation would have it.
 
 A bug is ``patch(net, layer_index)``, applied to the built ``transformers`` model. Attention bugs go
 through a per-layer attention function (:func:`attention`): the layer's attention module gets its
