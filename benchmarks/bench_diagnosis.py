@@ -11,7 +11,7 @@ allclose at torch.testing's defaults for the alternative's dtype (no calibration
 * false alarms: a correct pair's session fails (python_reference vs eager PyTorch in float32,
   bfloat16 and float16 on every family; eager PyTorch vs Inductor, ONNX Runtime and MLX in float32).
 
-    python -m benchmarks.bench_diagnosis [--seeds 5] [--quick] [--no-compiled]
+    python -m benchmarks.bench_diagnosis [--seeds 5] [--quick] [--no-compiled] [--family llama ...]
 
 Target: 100 % detected and localized, 0 false alarms for the defaults.
 """
@@ -51,11 +51,12 @@ class Case:
     alternative: str | None = None  # None: the bug's backend (hf_correct for None)
 
 
-def _cases(seeds: int, compiled: bool) -> Iterator[Case]:
+def _cases(seeds: int, compiled: bool, families: tuple[str, ...] = FAMILIES) -> Iterator[Case]:
     for seed in range(seeds):
         for bug, family, dtype in cases():
-            yield Case(bug, family, dtype, seed)
-        for family in FAMILIES:
+            if family in families:
+                yield Case(bug, family, dtype, seed)
+        for family in families:
             for dtype in ("float32", "bfloat16", "float16"):
                 yield Case(None, family, dtype, seed, alternative="pytorch")
         if compiled:
@@ -102,7 +103,7 @@ class Tally:
     seconds: float
 
 
-def run(seeds: int, compiled: bool) -> Tally:
+def run(seeds: int, compiled: bool, families: tuple[str, ...] = FAMILIES) -> Tally:
     """Every case under both judges."""
     from debug_framework.services.validation_engine import ValidationEngine
 
@@ -113,7 +114,7 @@ def run(seeds: int, compiled: bool) -> Tally:
     per_dtype: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
     extra = _available(["inductor", "onnxruntime", "mlx"]) if compiled else set()
     start = time.perf_counter()
-    for case in _cases(seeds, compiled):
+    for case in _cases(seeds, compiled, families):
         if case.reference == "pytorch" and case.alternative not in extra:
             continue
         key = (case.family, case.seed)
@@ -140,11 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5, help="models and inputs per case (default 5)")
     ap.add_argument("--quick", action="store_true", help="one seed, no compiled backends (a smoke run)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the Inductor / ONNX Runtime / MLX pairs")
+    ap.add_argument("--family", action="append", choices=FAMILIES, help="model families (repeatable; default all)")
     args = ap.parse_args(argv)
     seeds, compiled = (1, False) if args.quick else (args.seeds, not args.no_compiled)
     if seeds < 1:
         ap.error("--seeds must be at least 1")
-    tally = run(seeds, compiled)
+    tally = run(seeds, compiled, tuple(args.family or FAMILIES))
     stats = tally.overall
     print(f"diagnosis over {seeds} seed(s): {len(stats[JUDGES[0]]['detected'])} bug sessions, "
           f"{len(stats[JUDGES[0]]['false_alarm'])} correct-pair sessions per judge ({tally.seconds:.0f} s)")

@@ -1,4 +1,4 @@
-"""bench_diagnosis runs end to end (one seed, no compiled backends) and prints both judges side by side."""
+"""bench_diagnosis runs end to end (one seed, one family, no compiled backends) and prints both judges side by side."""
 
 import pytest
 
@@ -7,7 +7,7 @@ from benchmarks import bench_diagnosis
 
 @pytest.mark.slow
 def test_quick_run_prints_both_judges(capsys):
-    assert bench_diagnosis.main(["--quick"]) == 0
+    assert bench_diagnosis.main(["--quick", "--family", "qwen2"]) == 0
     out = capsys.readouterr().out
     assert "defaults (calibrated)" in out and "allclose @ torch.testing" in out
     line = next(x for x in out.splitlines() if x.startswith("defaults (calibrated)"))
