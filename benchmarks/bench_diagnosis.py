@@ -84,6 +84,12 @@ def _judge_one(engine: Any, model: Path, case: Case, judge: str) -> dict[str, An
     backend = case.alternative or register_bug_backend(case.bug)
     result = engine.run(engine.create_session(model, _config(judge, case), case.reference, backend))
     out: dict[str, Any] = {"failed": not result.passed}
+    margins = [o.margin for o in result.results if o.margin is not None]
+    out["margin"] = max(margins, default=float("nan"))  # the worst checkpoint's error / bound
+    if case.bug is not None and result.first_divergence is not None:
+        replay = result.first_divergence.introduced_judgement
+        if replay is not None:  # a replay beyond its bound counts too (the layer's own margin)
+            out["margin"] = max(result.first_divergence.margin or 0.0, replay.judgement.margin)
     if case.bug is not None:
         first = result.first_divergence
         localized = first is not None and first.key == expected_first(case.bug)
@@ -101,6 +107,9 @@ class Tally:
     overall: dict[str, dict[str, list[bool]]]
     per_dtype: dict[tuple[str, str, str], list[bool]]
     seconds: float
+    #: the defaults' margins (error / bound): the largest over correct pairs, the smallest over the bugs
+    worst_correct: tuple[float, str] = (0.0, "")
+    weakest_bug: tuple[float, str] = (float("inf"), "")
 
 
 def run(seeds: int, compiled: bool, families: tuple[str, ...] = FAMILIES) -> Tally:
@@ -113,6 +122,7 @@ def run(seeds: int, compiled: bool, families: tuple[str, ...] = FAMILIES) -> Tal
     stats: dict[str, dict[str, list[bool]]] = {j: defaultdict(list) for j in JUDGES}
     per_dtype: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
     extra = _available(["inductor", "onnxruntime", "mlx"]) if compiled else set()
+    tally = Tally(stats, per_dtype, 0.0)
     start = time.perf_counter()
     for case in _cases(seeds, compiled, families):
         if case.reference == "pytorch" and case.alternative not in extra:
@@ -122,6 +132,8 @@ def run(seeds: int, compiled: bool, families: tuple[str, ...] = FAMILIES) -> Tal
             models[key] = make_model(case.family, tmp / f"{case.family}{case.seed}", case.seed)
         for judge in JUDGES:
             got = _judge_one(engine, models[key], case, judge)
+            if judge == JUDGES[0]:
+                _track_margin(tally, case, got["margin"])
             if case.bug is None:
                 stats[judge]["false_alarm"].append(got["failed"])
                 per_dtype[(judge, case.dtype, "false_alarm")].append(got["failed"])
@@ -129,7 +141,16 @@ def run(seeds: int, compiled: bool, families: tuple[str, ...] = FAMILIES) -> Tal
                 stats[judge]["detected"].append(got["failed"])
                 stats[judge]["localized"].append(got["localized"])
                 per_dtype[(judge, case.dtype, "localized")].append(got["localized"])
-    return Tally(stats, per_dtype, time.perf_counter() - start)
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def _track_margin(tally: Tally, case: Case, margin: float) -> None:
+    what = f"{case.bug or case.alternative or 'correct'} {case.family} {case.dtype} seed {case.seed}"
+    if case.bug is None and margin > tally.worst_correct[0]:
+        tally.worst_correct = (margin, what)
+    if case.bug is not None and margin < tally.weakest_bug[0]:
+        tally.weakest_bug = (margin, what)
 
 
 def _pct(values: list[bool]) -> str:
@@ -154,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     for judge in JUDGES:
         s = stats[judge]
         print(f"{judge:<28}{_pct(s['detected']):>22}{_pct(s['localized']):>22}{_pct(s['false_alarm']):>22}")
+    print(f"defaults' margins (error / bound, at most 1 passes): worst correct pair {tally.worst_correct[0]:.3g} "
+          f"({tally.worst_correct[1]}), weakest bug {tally.weakest_bug[0]:.3g} ({tally.weakest_bug[1]})")
     print("\nby alternative dtype (localized / false alarms):")
     per = tally.per_dtype
     for judge in JUDGES:
