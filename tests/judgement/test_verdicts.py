@@ -151,6 +151,9 @@ def test_the_bound_is_shown_everywhere(tiny_models, engine, tmp_path):
     for layer in doc["isolation"]:
         assert {"carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth"} <= set(layer)
         assert layer["mlp_judgement"]["bound"] > 0
+    rows = {(r["checkpoint"], r["layer"]): r for r in doc["results"]}
+    assert rows[("post_mlp", BUG_LAYER)]["accumulation"] == {k: doc["isolation"][BUG_LAYER][k] for k in
+                                                            rows[("post_mlp", BUG_LAYER)]["accumulation"]}
     grown = doc["isolation"][BUG_LAYER + 1]
     assert grown["carried_in_rmse"] > 100 * grown["calibration_in_rmse"]  # carried in from the buggy layer
     assert not math.isnan(grown["growth"]) and grown["growth"] < 10  # ... and only propagated

@@ -46,6 +46,7 @@ class CheckpointOutcome:
     noise: ComparisonResult | None = None  # the calibration run against the reference here
     introduced_judgement: RatioVerdict | None = None  # the replay's calibrated verdict
     tolerance_margin: float | None = None  # max |a - r| / (atol + rtol |r|) where judged by a tolerance
+    accumulation: dict[str, float | None] | None = None  # the layer's carried in / out and growth (isolation)
 
     @property
     def introduces_error(self) -> bool | None:
@@ -96,6 +97,8 @@ class CheckpointOutcome:
             d["run_to_run"] = dict(self.run_to_run)
         d["judgement"] = self.judgement_dict()
         d["bound"], d["margin"] = self.bound, self.margin
+        if self.accumulation is not None:
+            d["accumulation"] = dict(self.accumulation)
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,6 +114,7 @@ class CheckpointOutcome:
             "oracle": None if self.oracle is None else self.oracle.to_dict(),
             "run_to_run": self.run_to_run,
             "noise": _metrics(self.noise),
+            "accumulation": self.accumulation,
             **self.judgement_dict(),
         })
 

@@ -367,7 +367,7 @@ class IsolationStage(Stage):
             iso = by_layer.get(o.key.layer) if o.key.layer is not None else None
             if iso is not None:
                 attn = o.key.name == "post_attention"
-                o.carried_in = iso.carried_in
+                o.carried_in, o.accumulation = iso.carried_in, iso.accumulation()
                 o.introduced = iso.introduced_attention if attn else iso.introduced_mlp
                 o.introduced_judgement = iso.attention_judgement if attn else iso.mlp_judgement
                 if o.passed and o.introduces_error:  # the verdict agrees with isolation: the layer is named
