@@ -31,8 +31,11 @@ def test_nan_fails_and_zero_reference_error_ratio():
 
 def test_to_dict_format_is_the_stored_one():
     d = RatioRule(3.0, 1e-5, "max_abs_error").judge(1e-3, 2e-3).to_dict()
-    assert list(d) == ["metric", "reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio", "passed"]
+    assert list(d) == ["metric", "reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio",
+                       "margin", "passed"]
     assert d["metric"] == "max_abs_error" and d["bound"] == pytest.approx(3e-3 + 1e-5) and d["passed"] is True
+    assert d["margin"] == pytest.approx(2e-3 / (3e-3 + 1e-5))  # error / bound: at most 1 passes
+    assert RatioRule(2.0, 0.0).judge(0.0, 1e-9).margin == math.inf and RatioRule(2.0, 0.0).judge(0.0, 0.0).margin == 0
     assert OracleJudgement("rmse", 1.0, 1.0, 2.0, 0.0).to_dict()["ratio"] == 1.0
 
 

@@ -47,7 +47,7 @@ def test_doc_examples_run(fresh_framework, capsys):
     finally:
         unregister_backend("my_llama")
     out = capsys.readouterr().out
-    assert "6/7 count failures\n7/7 store\n0 failures" in out  # the custom-stage example
+    assert "7/8 count failures\n8/8 store\n0 failures" in out  # the custom-stage example
     assert "would free" in out  # the maintenance dry run
     assert "post_attention:2 [2]" in out and "[('done', 'passed'), ('done', 'passed')] 100.0" in out
 

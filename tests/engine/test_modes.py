@@ -94,8 +94,10 @@ def test_noise_floor_reports_nondeterminism_separately(tiny_llama, db_path):
     register_backend("jittery", user_backend("jittery", Jittery, dtypes=("float32",)), replace=True)
     try:
         engine = ValidationEngine(db_path)
-        res = engine.execute_validation(engine.create_session(tiny_llama, {"noise_floor": True}, "python_reference",
-                                                              "jittery"))
+        # judged by the fixed float32 tolerance: under the calibrated default a jitter of 1e-6 is ~100x a
+        # correct float32 run's noise at post_embedding and fails (tests/judgement covers that)
+        res = engine.execute_validation(engine.create_session(tiny_llama, {"noise_floor": True, "calibrate": False},
+                                                              "python_reference", "jittery"))
     finally:
         unregister_backend("jittery")
     assert res["verdict"] == "passed"  # divergence and nondeterminism are separate findings

@@ -45,7 +45,7 @@ def test_a_custom_stage_is_one_class(tiny_llama, db_path):
     seen: list[tuple[str, int, int]] = []
     result = engine.run(sid, progress=lambda *a: seen.append(a))
     names = [s for s, _, _ in seen]
-    assert names == ["load", "prepare", "reference", "alternative", "compare", "flag last layer", "store"]
+    assert names == ["load", "prepare", "reference", "alternative", "calibration", "compare", "flag last layer", "store"]
     assert [d for _, d, _ in seen] == list(range(1, len(names) + 1)) and {t for *_, t in seen} == {len(names)}
     assert result.verdict == "failed" and str(result.first_divergence.key) == "post_mlp:5"
     assert result.performance["flag_s"] >= 0.0 and "comparison_s" in result.performance

@@ -20,7 +20,8 @@ def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
 
 def softmax(x: Array) -> Array:
     """Numerically stable softmax over the last axis, in the input's dtype."""
-    e = array_namespace(x).exp(x - x.max(axis=-1, keepdims=True))
+    xp = array_namespace(x)
+    e = xp.exp(x - xp.amax(x, -1))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -34,13 +35,13 @@ def masked_scores(scores: Array, allowed: Array) -> Array:
 def split_heads(x: Array, heads: int, head_dim: int) -> Array:
     """``[B, T, heads * E] -> [B, heads, T, E]``."""
     b, t, _ = x.shape
-    return x.reshape(b, t, heads, head_dim).transpose(0, 2, 1, 3)
+    return array_namespace(x).permute(x.reshape(b, t, heads, head_dim), (0, 2, 1, 3))
 
 
 def merge_heads(x: Array) -> Array:
     """``[B, H, T, E] -> [B, T, H * E]``."""
     b, h, t, e = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * e)
+    return array_namespace(x).permute(x, (0, 2, 1, 3)).reshape(b, t, h * e)
 
 
 def scaled_dot_product_attention(q: Array, k: Array, v: Array, allowed: Array) -> Array:
@@ -50,10 +51,10 @@ def scaled_dot_product_attention(q: Array, k: Array, v: Array, allowed: Array) -
     q ``[B, H, T, E]``, k and v ``[B, K, T, E]``, allowed broadcastable to ``[B, H, T, T]`` -> ``[B, H, T, E]``.
     """
     group = q.shape[1] // k.shape[1]
+    xp = array_namespace(k)
     if group > 1:
-        xp = array_namespace(k)
         k = xp.repeat(k, group, axis=1)  # query head h reads key/value head h // group
         v = xp.repeat(v, group, axis=1)
-    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])  # [B, H, T, T]
+    scores = q @ xp.permute(k, (0, 1, 3, 2)) / math.sqrt(q.shape[-1])  # [B, H, T, T]
     return softmax(masked_scores(scores, allowed)) @ v
 

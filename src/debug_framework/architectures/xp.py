@@ -1,10 +1,14 @@
-"""The array namespaces the models are written over: NumPy, and ``mlx.core`` (imported on first use).
+"""The array namespaces the models are written over: NumPy, ``mlx.core`` and ``torch`` (the last two
+imported on first use).
 
-The models use array methods both libraries share (``@``, ``.T``, ``.reshape``, ``.transpose``,
-``.mean``, ``.max``, ``.sum``, indexing) and, for everything else, an :class:`ArrayNamespace`:
-the few functions below, looked up from the arrays themselves with :func:`array_namespace` (as the
-array-API standard's ``x.__array_namespace__()``). Where the libraries differ (erf, the dtype's
-lowest value, boolean masks, moving host data in) the difference is written here and nowhere else.
+The models use array methods the libraries share (``@``, ``.T`` of 2-D weights, ``.reshape``,
+``.mean`` and ``.sum`` with ``axis``/``keepdims``, indexing) and, for everything else, an
+:class:`ArrayNamespace`: the few functions below, looked up from the arrays themselves with
+:func:`array_namespace` (as the array-API standard's ``x.__array_namespace__()``). Where the
+libraries differ (erf, axis permutations, the maximum over an axis, the dtype's lowest value,
+boolean masks, moving host data in) the difference is written here and nowhere else. The torch
+namespace runs the same models in any torch dtype (bfloat16 and float16 included): the validation
+engine's calibration runs them so (:mod:`debug_framework.backends.torch_reference`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from ..errors import BackendInitializationError
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["Array", "DType", "ArrayNamespace", "NUMPY", "mlx_namespace", "array_namespace"]
+__all__ = ["Array", "DType", "ArrayNamespace", "NUMPY", "mlx_namespace", "torch_namespace", "array_namespace"]
 
 #: an array of one of the namespaces (``np.ndarray`` or ``mx.array``).
 Array: TypeAlias = "np.ndarray | mx.array"
@@ -56,6 +60,10 @@ class ArrayNamespace:
     host_dtype: Callable[[DType], np.dtype]
     #: ``from_host(x, dtype)``: a NumPy array as an array of this namespace in ``dtype``.
     from_host: Callable[[np.ndarray, DType], Array]
+    #: ``permute(x, axes)``: the axes of ``x`` reordered (NumPy's ``transpose(x, axes)``).
+    permute: Callable[[Array, tuple[int, ...]], Array]
+    #: ``amax(x, axis)``: the maximum over ``axis``, the axis kept (size 1).
+    amax: Callable[[Array, int], Array]
 
 
 try:  # SciPy's erf is the C library's, vectorised; math.erf is the same function, one element at a time.
@@ -85,6 +93,8 @@ NUMPY = ArrayNamespace(
     lower_triangle=lambda t: np.tril(np.ones((t, t), dtype=bool)),
     host_dtype=np.dtype,
     from_host=lambda x, dtype: np.asarray(x, dtype),
+    permute=np.transpose,
+    amax=lambda x, axis: np.max(x, axis=axis, keepdims=True),
 )
 
 _MLX: list[ArrayNamespace] = []
@@ -112,8 +122,54 @@ def mlx_namespace() -> ArrayNamespace:
             lower_triangle=lambda t: mx.tril(mx.ones((t, t), dtype=mx.bool_)),
             host_dtype=lambda dtype: np.dtype(np.float32),
             from_host=lambda x, dtype: mx.array(np.asarray(x, np.float32)).astype(dtype),
+            permute=mx.transpose,
+            amax=lambda x, axis: mx.max(x, axis=axis, keepdims=True),
         ))
     return _MLX[0]
+
+
+_TORCH: list[ArrayNamespace] = []
+
+
+def _torch_dtype(d: object) -> DType:
+    """A torch dtype from a torch dtype, a name (``"bfloat16"``, ``"torch.float32"``) or a NumPy dtype."""
+    import torch
+
+    if isinstance(d, torch.dtype):
+        return d
+    name = d if isinstance(d, str) else np.dtype(d).name  # type: ignore[call-overload]
+    found = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype):
+        raise BackendInitializationError(f"{d!r} is not a torch dtype")
+    return found
+
+
+def torch_namespace() -> ArrayNamespace:
+    """The ``torch`` namespace (imports torch; built once). Host data goes in as float64 and is
+    rounded once to the compute dtype; every step then runs in torch's kernels of that dtype."""
+    if not _TORCH:
+        import torch
+
+        _TORCH.append(ArrayNamespace(
+            name="torch",
+            dtype=_torch_dtype,
+            sqrt=torch.sqrt,
+            exp=torch.exp,
+            tanh=torch.tanh,
+            erf=torch.erf,
+            maximum=torch.clamp_min,
+            where=torch.where,
+            repeat=lambda x, repeats, axis: torch.repeat_interleave(x, repeats, dim=axis),
+            concatenate=lambda arrays, axis: torch.cat(list(arrays), dim=axis),
+            zeros_like=torch.zeros_like,
+            lowest=lambda dtype: torch.tensor(torch.finfo(dtype).min, dtype=dtype),
+            lower_triangle=lambda t: torch.tril(torch.ones((t, t), dtype=torch.bool)),
+            host_dtype=lambda dtype: np.dtype(np.float64),
+            from_host=lambda x, dtype: torch.from_numpy(np.ascontiguousarray(x)).to(dtype),
+            permute=torch.permute,
+            amax=lambda x, axis: torch.amax(x, dim=axis, keepdim=True),
+        ))
+    return _TORCH[0]
 
 
 _BY_TYPE: dict[type, ArrayNamespace] = {np.ndarray: NUMPY}
@@ -126,6 +182,8 @@ def array_namespace(x: Array) -> ArrayNamespace:
     if found is None:
         if kind.__module__.startswith("mlx"):
             found = mlx_namespace()
+        elif kind.__module__.startswith("torch"):
+            found = torch_namespace()
         elif issubclass(kind, np.generic):
             found = NUMPY
         else:

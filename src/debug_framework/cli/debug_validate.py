@@ -100,6 +100,20 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _margin(v: Any) -> str:
+    """error / bound as a short number (at most 1 passes)."""
+    return "-" if not isinstance(v, (int, float)) or math.isnan(v) else f"{v:.3g}"
+
+
+def _source_line(source: dict[str, Any]) -> str:
+    """Where a failed validation's error comes from, in one line."""
+    kind = source.get("kind")
+    where = {"layer": f"layer {source.get('layer')} ({source.get('block')})", "embedding": "the embedding",
+             "head": "the final norm / head", "accumulation": f"accumulation (first beyond its bound at layer "
+                                                               f"{source.get('layer')})"}.get(kind, str(kind))
+    return f"source: {where}" + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
+
+
 def _table(result: dict[str, Any], verbose: bool) -> Table:
     """Checkpoints in model order; the first divergence highlighted, layers that introduce error marked."""
     from rich.table import Table
@@ -109,7 +123,7 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
                            result["reference_backend"], result["reference_dtype"]))
     t.add_column("checkpoint", no_wrap=True)
     t.add_column("verdict", no_wrap=True)
-    for col in ("max abs", "rel L2", "miss %", "introduced", "carried in"):
+    for col in ("margin", "bound", "max abs", "rel L2", "miss %", "introduced", "carried in"):
         t.add_column(col, justify="right", no_wrap=True)
     rows = result["results"]
     shown = rows if verbose or len(rows) <= 40 else [
@@ -124,7 +138,8 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
         if r.get("introduces_error"):
             verdict += " +intro"
         style = "bold white on red" if is_first else ("red" if not r["passed"] else None)
-        add_row(t, key, verdict, _fmt(m.get("max_abs_error")), _fmt(m.get("rel_l2_error")),
+        add_row(t, key, verdict, _margin(r.get("margin")), _fmt(r.get("bound")),
+                _fmt(m.get("max_abs_error")), _fmt(m.get("rel_l2_error")),
                 _fmt(m.get("mismatch_percent"), 1) if m.get("mismatch_percent") else "0",
                 _fmt((r.get("introduced") or {}).get("max_abs_error")),
                 _fmt((r.get("carried_in") or {}).get("max_abs_error")), style=style)
@@ -163,8 +178,10 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
         where = first["checkpoint"] + ("" if first["layer"] is None else f" layer {first['layer']}")
         out.print(markup("[bold red]FAILED[/]: first divergence at [bold]{}[/] (max abs error {}; {})",
                          where, _fmt(first.get("max_abs_error")), first.get("reason") or ""))
+        if result.get("error_source"):
+            out.print(markup("{}", _source_line(result["error_source"])))
     else:
-        out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within tolerance")
+        out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within their bounds")
     if result.get("introducing_layers") is not None:
         layers = result["introducing_layers"]
         out.print("isolation: " + (f"layer(s) {', '.join(map(str, layers))} introduce error; the rest only propagate"

@@ -65,6 +65,13 @@ class OracleJudgement:
         return bool(self.alternative_error <= self.bound)  # NaN compares False: fails
 
     @property
+    def margin(self) -> float:
+        """``alternative_error / bound``: at most 1 passes (0 when both are 0, NaN when unmeasured)."""
+        if self.bound == 0:
+            return 0.0 if self.alternative_error == 0 else math.inf
+        return self.alternative_error / self.bound
+
+    @property
     def ratio(self) -> float:
         """``alternative_error / reference_error`` (0 when both are 0, infinity when only the reference's is)."""
         if self.reference_error == 0:
@@ -74,7 +81,8 @@ class OracleJudgement:
     def to_dict(self) -> dict[str, str | float | bool]:
         return {"metric": self.metric, "reference_error": self.reference_error,
                 "alternative_error": self.alternative_error, "multiplier": self.multiplier,
-                "floor": self.floor, "bound": self.bound, "ratio": self.ratio, "passed": self.passed}
+                "floor": self.floor, "bound": self.bound, "ratio": self.ratio, "margin": self.margin,
+                "passed": self.passed}
 
 
 @dataclass(frozen=True)
@@ -128,3 +136,7 @@ class RatioVerdict:
     passed: bool
     reason: str | None
     judgement: OracleJudgement
+
+    def to_dict(self) -> dict[str, str | float | bool | None]:
+        """The judgement's fields, with this verdict's ``passed`` and ``reason``."""
+        return {**self.judgement.to_dict(), "passed": self.passed, "reason": self.reason}

@@ -47,9 +47,11 @@ _METRIC_TITLES = {
     "cosine_distance": "1 - cosine similarity", "sqnr_db": "SQNR (dB, higher is better)",
 }
 #: results keys rendered in their own sections (the rest go to "other results")
+_BOUND = "#718096"  # the bound's line in every error chart
+_GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth")
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
-                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed"}
+                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source"}
 
 
 def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
@@ -60,6 +62,36 @@ def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float
             out.append(None if c is None else (c if math.isnan(c) else max(0.0, 1.0 - c)))
         return out
     return [as_float(r.get(metric)) for r in rows]
+
+
+def _judged(row: Mapping[str, Any]) -> tuple[str | None, float | None, float | None]:
+    """``(metric, bound, margin)`` of the rule a row was judged by (ratio rules: their metric and
+    bound; an elementwise tolerance: no metric, its margin max |a - r| / (atol + rtol |r|))."""
+    j = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
+    rule = row.get("oracle") if isinstance(row.get("oracle"), Mapping) else j.get("calibrated")
+    metric = rule.get("metric") if isinstance(rule, Mapping) else None
+    return metric, as_float(row.get("bound")), as_float(row.get("margin"))
+
+
+def _bound_in_units(value: float | None, metric: str, margin: float | None) -> float | None:
+    """The value ``metric`` would have at the bound (margin 1), the errors scaling together: value /
+    margin for error magnitudes, + 20 log10(margin) dB for SQNR, / margin^2 for 1 - cosine."""
+    if value is None or margin is None or not math.isfinite(margin) or margin <= 0 or not math.isfinite(value):
+        return None
+    if metric == "sqnr_db":
+        return value + 20.0 * math.log10(margin)
+    return value / margin**2 if metric == "cosine_distance" else value / margin
+
+
+def _bound_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
+    """Each checkpoint's bound in the units of ``metric``'s chart: the rule's own bound where it
+    judged by this metric, else the bound carried over by the margin (:func:`_bound_in_units`)."""
+    values = _metric_values(rows, metric)
+    out: list[float | None] = []
+    for r, v in zip(rows, values):
+        judged_metric, bound, margin = _judged(r)
+        out.append(bound if judged_metric == metric and bound is not None else _bound_in_units(v, metric, margin))
+    return out
 
 
 def _verdict_class(verdict: str) -> str:
@@ -81,7 +113,7 @@ def _section(sid: str, title: str, body: str) -> str:
 
 def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, int | None] | None,
                       with_isolation: bool) -> str:
-    head = "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
+    head = "<th>margin (error / bound)</th><th>bound</th>" + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
     iso_head = "<th>introduced</th><th>propagated</th>" if with_isolation else ""
     body = []
     for i, r in enumerate(rows):
@@ -91,7 +123,9 @@ def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, i
         is_first = first_key is not None and key == first_key
         cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
         mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
-        cells = "".join(_num_td(r.get(m)) for m in _TABLE_METRICS)
+        judged_metric, bound, margin = _judged(r)
+        cells = (_num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
+                 + "".join(_num_td(r.get(m)) for m in _TABLE_METRICS))
         iso = ""
         if with_isolation:
             flag = ' <strong title="this layer introduces error on its own">&#9888;</strong>' if r.get("introduces_error") is True else ""
@@ -129,21 +163,38 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
     passed = [passed_state(r) for r in rows]
     charts = []
     for m in LOG_METRICS:
-        svg = line_chart(_METRIC_TITLES.get(m, m), labels, [(m, _metric_values(rows, m), "#2b6cb0")], log=True,
-                         passed=passed, marker_index=first_index, chart_id=m)
+        if m == "mismatch_percent":  # counts elements beyond the dtype's elementwise tolerance: in the table
+            continue
+        svg = line_chart(_METRIC_TITLES.get(m, m), labels, [(m, _metric_values(rows, m), "#2b6cb0"),
+                                                            ("bound", _bound_values(rows, m), _BOUND)],
+                         log=True, passed=passed, marker_index=first_index, chart_id=m)
         if svg:
             charts.append(svg)
-    svg = line_chart(_METRIC_TITLES["sqnr_db"], labels, [("sqnr_db", _metric_values(rows, "sqnr_db"), "#2b6cb0")],
+    svg = line_chart(_METRIC_TITLES["sqnr_db"], labels, [("sqnr_db", _metric_values(rows, "sqnr_db"), "#2b6cb0"),
+                                                         ("bound", _bound_values(rows, "sqnr_db"), _BOUND)],
                      log=False, passed=passed, marker_index=first_index, chart_id="sqnr_db")
     if svg:
         charts.append(svg)
     if not charts:
         return '<p class="muted">no finite error figures to plot</p>'
     legend = ('<p class="muted">x: checkpoints in model order (emb = post_embedding, attnN / mlpN = layer N, '
-              "out = post_processing). Points: blue within tolerance, red over tolerance; a hollow triangle on the "
+              "out = post_processing). Points: blue within the bound, red beyond it; a hollow triangle on the "
               "floor is an exact 0; a magenta cross at the top is NaN/inf. The dashed red line marks the first "
-              "divergence.</p>")
+              "divergence. The grey line is the bound each checkpoint was judged by: exact on the chart of the "
+              "rule's own metric (RMSE by default), carried to the other charts by the margin (value / margin: "
+              "where the point would sit at margin 1).</p>")
     return legend + f'<div class="charts">{"".join(charts)}</div>'
+
+
+def _replay_bound(row: Mapping[str, Any]) -> float | None:
+    """The bound a layer's replay was judged by, in the chart's units (max abs error, via its margin)."""
+    j = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
+    intro = j.get("introduced_judgement") if isinstance(j.get("introduced_judgement"), Mapping) else None
+    if intro is None:  # an engine layer dict: its mlp replay's judgement
+        intro = row.get("mlp_judgement") if isinstance(row.get("mlp_judgement"), Mapping) else None
+    if intro is None:
+        return None
+    return _bound_in_units(as_float(row.get("introduced_error")), "max_abs_error", as_float(intro.get("margin")))
 
 
 def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
@@ -161,6 +212,11 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
                      f"<strong>{esc(names)}</strong></p>")
     if results.get("isolation_note"):
         parts.append(f'<p class="note">{esc(results.get("isolation_note"))}</p>')
+    source = results.get("error_source")
+    if isinstance(source, Mapping):
+        parts.append(f'<p id="error-source" class="note">Source of the error: <strong>{esc(source.get("kind"))}'
+                     f'{"" if source.get("layer") is None else " " + esc(source.get("layer"))}</strong>: '
+                     f'{esc(source.get("detail"))}</p>')
     if iso_rows:
         series_src: Sequence[Mapping[str, Any]] = iso_rows
         labels = [row_label(r) for r in iso_rows]
@@ -170,7 +226,8 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
     if series_src:
         svg = line_chart("introduced vs propagated error", labels,
                          [("introduced", [r.get("introduced_error") for r in series_src], "#dd6b20"),
-                          ("propagated", [r.get("propagated_error") for r in series_src], "#2b6cb0")],
+                          ("propagated", [r.get("propagated_error") for r in series_src], "#2b6cb0"),
+                          ("introduced bound", [_replay_bound(r) for r in series_src], _BOUND)],
                          log=True, chart_id="isolation", width=760)
         if svg:
             parts.append(f'<div class="charts">{svg}</div>')
@@ -193,9 +250,14 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
             trs.append(f'<tr class="{"fail" if intro is True else ""}"><td class="num">{esc(d.get("layer"))}</td>'
                        f"<td>{esc('YES' if intro is True else ('no' if intro is False else ''))}</td>"
                        f"<td>{esc(d.get('block'))}</td>{_num_td(d.get('introduced_error'))}"
-                       f"{_num_td(d.get('propagated_error'))}{_num_td(d.get('total_error'))}</tr>")
+                       f"{_num_td(d.get('propagated_error'))}{_num_td(d.get('total_error'))}"
+                       + "".join(_num_td(d.get(k)) for k in _GROWTH) + "</tr>")
         parts.append("<h3>Per layer (engine)</h3><table><tr><th>layer</th><th>introduces error</th><th>block</th>"
-                     "<th>introduced (mlp out)</th><th>carried in</th><th>total</th></tr>" + "".join(trs) + "</table>")
+                     "<th>introduced (mlp out)</th><th>carried in</th><th>total</th><th>carried in (RMSE)</th>"
+                     "<th>carried out (RMSE)</th><th>growth</th><th>a correct run's growth</th></tr>"
+                     + "".join(trs) + "</table><p>Growth: carried out / carried in through the layer; beside it the "
+                     "calibration run's own (accumulated rounding of a correct implementation at the same "
+                     "precision). A layer that only accumulates grows the error about as a correct run does.</p>")
     elif info:
         parts.append("<h3>Isolation summary (engine)</h3>" + (kv_table(info) if isinstance(info, Mapping) else json_pre(info)))
     return _section("isolation", "Isolation: introduced vs propagated error", "".join(parts))

@@ -53,6 +53,7 @@ from .validation.plan import (
     resolve_tolerance,
     validate_session_config,
 )
+from .validation.calibration import calibration_backend
 from .validation.results import CheckpointOutcome, LayerIsolation, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -225,6 +226,8 @@ class ValidationEngine:
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
         plan = ValidationPlan.resolve(cfg, model.num_layers)
+        if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
+            calibration_backend(plan, alt_name)
 
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
         inputs_path = self._save_inputs(_session_inputs(model, cfg), sid)

@@ -23,6 +23,8 @@ __all__ = [
     "resolve_tolerance",
     "resolve_alternative_backend",
     "less_precise",
+    "DTYPE_EPS",
+    "explicit_tolerance",
 ]
 
 #: Session configuration keys and their defaults (see docs/validation.md).
@@ -39,8 +41,14 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "isolate": "auto",  # True: required; "auto": where both backends support run_layer; False: off
     "oracle": False,
     "oracle_multiplier": 2.0,
-    "oracle_floor": 1e-5,
+    "oracle_floor": None,  # None: floor_eps x eps(dtype) x RMS(oracle tensor); a number: that absolute floor
     "oracle_metric": "rmse",
+    # calibrated judgement (docs/validation.md, "Calibrated tolerances")
+    "calibrate": True,  # judge by the measured noise of a trusted run at the alternative's precision
+    "calibration_backend": "auto",  # "auto": torch_reference (the reference models through torch)
+    "noise_margin": 4.0,  # bound = noise_margin x noise + floor
+    "floor_eps": 1.0,  # floor = floor_eps x eps(dtype) x RMS(reference tensor)
+    "calibration_metric": "rmse",
     "noise_floor": False,
     "seed": 0,
     "input_text": None,  # str or list of str (needs the model's tokenizer)
@@ -69,6 +77,19 @@ MODEL_TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance(rtol=5e-2, atol=5e-2),
 }
 _PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
+
+#: Machine epsilon (the gap above 1.0) of each compute dtype: the unit of the scale-relative floors.
+DTYPE_EPS: dict[str, float] = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+def explicit_tolerance(thresholds: Mapping[str, Any] | None, key: CheckpointKey) -> bool:
+    """Whether ``precision_thresholds`` sets a tolerance for ``key``: a top-level field (every
+    checkpoint), or an entry for its name or for the key itself. Where one is set, the checkpoint is
+    judged by that tolerance, not by calibration."""
+    thresholds = thresholds or {}
+    if any(k in _TOL_FIELDS for k in thresholds):
+        return True
+    return any(isinstance(thresholds.get(name), Mapping) for name in (key.name, str(key)))
 
 
 def less_precise(a: str, b: str) -> str:
@@ -113,10 +134,18 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ValidationError(f"isolate must be true, false or 'auto', got {merged['isolate']!r}")
     if merged["oracle_metric"] not in ORACLE_METRICS:
         raise ValidationError(f"oracle_metric must be one of {', '.join(ORACLE_METRICS)}")
-    for key in ("oracle_multiplier", "oracle_floor"):
+    for key in ("oracle_multiplier", "oracle_floor", "noise_margin", "floor_eps"):
         v = merged[key]
-        if not isinstance(v, (int, float)) or not v >= 0:
+        if key == "oracle_floor" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
             raise ValidationError(f"{key} must be a non-negative number, got {v!r}")
+    if merged["calibration_metric"] not in ORACLE_METRICS:
+        raise ValidationError(f"calibration_metric must be one of {', '.join(ORACLE_METRICS)}")
+    if not isinstance(merged["calibrate"], bool):
+        raise ValidationError(f"calibrate must be true or false, got {merged['calibrate']!r}")
+    if not isinstance(merged["calibration_backend"], str) or not merged["calibration_backend"]:
+        raise ValidationError("calibration_backend must be a backend name or 'auto'")
     if not isinstance(merged["precision_thresholds"], Mapping):
         raise ValidationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
     shape = merged["input_shape"]
@@ -209,6 +238,16 @@ class ValidationPlan:
     def tolerance(self, key: CheckpointKey) -> Tolerance:
         """The tolerance checkpoint ``key`` is judged by."""
         return resolve_tolerance(self.thresholds, key, self.governing_dtype)
+
+    def calibrated(self, key: CheckpointKey) -> bool:
+        """Checkpoint ``key`` is judged by the calibrated bound (calibration on, no explicit
+        tolerance for it in ``precision_thresholds``)."""
+        return bool(self.config["calibrate"]) and not explicit_tolerance(self.thresholds, key)
+
+    @property
+    def eps(self) -> float:
+        """Machine epsilon of the governing dtype (the unit of the scale-relative floors)."""
+        return DTYPE_EPS.get(self.governing_dtype, DTYPE_EPS["float32"])
 
     @property
     def layer_range(self) -> range:

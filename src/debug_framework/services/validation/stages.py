@@ -8,8 +8,11 @@ progress, timing and "persist the checkpoint rows after each stage". A stage onl
 ``prepare``           both backends built and prepared; whether per-layer isolation can run
 ``reference``         the reference backend's forward pass (wall time, per-layer time, peak memory)
 ``alternative``       the same for the alternative backend
+``calibration``       a trusted implementation at the alternative's precision: the noise bounds
 ``compare``           every enabled checkpoint compared (:func:`debug_framework.comparison.compare`)
-``isolation``         each layer of the alternative replayed on the reference's input to it
+                      and judged by its calibrated bound (or its explicit tolerance)
+``isolation``         each layer of the alternative (and of the calibration) replayed on the
+                      reference's input to it; a layer beyond its replay bound introduces error
 ``oracle``            the ratio rule against a float64 ``python_reference``
 ``noise floor``       each backend run again; run-to-run differences reported apart
 ``record``            the worst checkpoints' tensors kept in the content-addressed tensor store
@@ -35,6 +38,14 @@ from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, RatioRule, compare, error_metric
 from ...errors import DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
+from .calibration import (
+    calibration_backend,
+    judge_by_noise,
+    noise_at,
+    replay_noise,
+    scale_floor,
+    tolerance_margin,
+)
 from .deadline import bounded
 from .plan import ValidationPlan
 from .results import CheckpointOutcome, LayerIsolation, ValidationResult
@@ -53,6 +64,7 @@ __all__ = [
     "LoadStage",
     "PrepareStage",
     "RunBackendStage",
+    "CalibrationStage",
     "CompareStage",
     "IsolationStage",
     "OracleStage",
@@ -87,6 +99,7 @@ class RunContext:
     prepare_s: dict[str, float] = field(default_factory=dict)
     isolating: bool = False
     isolation_note: str | None = None
+    calibrator: Backend | None = None  # the trusted implementation at the alternative's precision
     # reference / alternative
     captures: dict[str, Capture] = field(default_factory=dict)
     # compare and after
@@ -281,18 +294,55 @@ def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: Validatio
     return compare(ref[key], alt[key], tolerance=tol, check_dtype=False, name=str(key))
 
 
+class CalibrationStage(Stage):
+    """The trusted implementation (``calibration_backend``; default ``torch_reference``) run at the
+    alternative's dtype on the same inputs: its error against the reference is each checkpoint's
+    noise (:mod:`.calibration`). Also the oracle mode's baseline when the reference is the oracle."""
+
+    name = "calibration"
+    timing_key = "calibration_s"
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config["calibrate"] or config["oracle"])
+
+    def ready(self, ctx: RunContext) -> bool:
+        """Some checkpoint is calibrated, or oracle mode needs a baseline (the reference is the oracle)."""
+        plan = ctx.plan
+        oracle_baseline = bool(plan.config["oracle"]) and OracleStage.reference_is_oracle(ctx)
+        return oracle_baseline or any(plan.calibrated(k) for k in plan.keys)
+
+    def run(self, ctx: RunContext) -> None:
+        plan, dtype = ctx.plan, ctx.plan.alternative_dtype
+        backend = calibration_backend(plan, ctx.session.alternative_backend)
+        with Timer() as t:
+            call_backend(backend, "prepare()", lambda: backend.prepare(ctx.model, dtype, "cpu"))
+        taps = all_checkpoints(plan.num_layers) if ctx.isolating else list(plan.keys)
+        ctx.captures["calibration"], ctx.performance["calibration"] = run_measured(
+            backend, dtype, "cpu", ctx.inputs, taps, layer_inputs=False, plan=plan, prepare_s=t.seconds)
+        ctx.calibrator = backend
+
+
 class CompareStage(Stage):
-    """Every enabled checkpoint compared with the plan's tolerance, in model order."""
+    """Every enabled checkpoint compared, in model order, and judged by its calibrated bound
+    (``noise_margin x noise + floor``) or, where ``precision_thresholds`` sets one or calibration
+    is off, by its tolerance."""
 
     name = "compare"
     timing_key = "comparison_s"
     persists_rows = True  # rows go in now, in model order: nothing compared is lost if a later stage fails
 
     def run(self, ctx: RunContext) -> None:
-        ref, alt = ctx.reference_capture, ctx.alternative_capture
+        ref, alt, calib = ctx.reference_capture, ctx.alternative_capture, ctx.captures.get("calibration")
         for key in ctx.plan.keys:
             comp = _compare_key(ref, alt, key, ctx.plan)
-            ctx.outcomes.append(CheckpointOutcome(key=key, comparison=comp, passed=comp.passed, reason=comp.reason))
+            o = CheckpointOutcome(key=key, comparison=comp, passed=comp.passed, reason=comp.reason,
+                                  noise=noise_at(key, ref, calib))
+            if o.noise is not None and ctx.plan.calibrated(key) and key in alt:
+                o.judgement = judge_by_noise(ctx.plan, ref[key], o.noise, comp)
+                o.passed, o.reason = o.judgement.passed, o.judgement.reason
+            elif key in ref and key in alt and comp.tolerance.pass_rule == "allclose":
+                o.tolerance_margin = tolerance_margin(ref[key], alt[key], comp.tolerance)
+            ctx.outcomes.append(o)
 
 
 class IsolationStage(Stage):
@@ -317,8 +367,14 @@ class IsolationStage(Stage):
         for o in ctx.outcomes:
             iso = by_layer.get(o.key.layer) if o.key.layer is not None else None
             if iso is not None:
-                o.carried_in = iso.carried_in
-                o.introduced = iso.introduced_attention if o.key.name == "post_attention" else iso.introduced_mlp
+                attn = o.key.name == "post_attention"
+                o.carried_in, o.accumulation = iso.carried_in, iso.accumulation()
+                o.introduced = iso.introduced_attention if attn else iso.introduced_mlp
+                o.introduced_judgement = iso.attention_judgement if attn else iso.mlp_judgement
+                if o.passed and o.introduces_error:  # the verdict agrees with isolation: the layer is named
+                    o.passed, o.reason = False, f"layer {o.key.layer} introduces error on its own: " + (
+                        o.introduced_judgement.reason if o.introduced_judgement is not None and
+                        o.introduced_judgement.reason else "its replay fails its tolerance")
         ctx.isolation_note = None
 
     @staticmethod
@@ -354,13 +410,23 @@ class IsolationStage(Stage):
         total = compared.get(k_mlp)
         if total is None and k_mlp in alt_cap and k_mlp in ref_cap:  # post_mlp:i is not an enabled checkpoint
             total = _compare_key(ref_cap, alt_cap, k_mlp, plan)
+        calib, cal_replay = ctx.captures.get("calibration"), None
+        if ctx.calibrator is not None and layer_replay_support(ctx.calibrator)[0] and plan.config["calibrate"]:
+            calibrator = cast(LayerReplayBackend, ctx.calibrator)
+            cal_replay = call_backend(calibrator, f"run_layer({i})", lambda: calibrator.run_layer(i, ref_in, ctx.inputs))
         return LayerIsolation(layer=i, carried_in=carried, introduced_attention=intro_attn, introduced_mlp=intro_mlp,
-                              total=total, alternative_replay_s=float(replay.elapsed_s))
+                              total=total, alternative_replay_s=float(replay.elapsed_s),
+                              attention_judgement=replay_noise(plan, k_attn, ref_cap, cal_replay, intro_attn),
+                              mlp_judgement=replay_noise(plan, k_mlp, ref_cap, cal_replay, intro_mlp),
+                              noise_in=noise_at(k_in, ref_cap, calib), noise_out=noise_at(k_mlp, ref_cap, calib))
 
 
 class OracleStage(Stage):
-    """Judge each checkpoint by the ratio rule ``err(alt, oracle) <= m * err(ref, oracle) + floor``
-    against ``python_reference`` in float64 (the reference itself when it already is that)."""
+    """Judge each checkpoint by the ratio rule ``err(alt, oracle) <= m * err(baseline, oracle) + floor``
+    against ``python_reference`` in float64 (the reference itself when it already is that). The
+    baseline is the reference, or, when the reference is the oracle, the calibration run (the
+    trusted implementation at the alternative's precision). The floor is ``oracle_floor`` when
+    given, else ``floor_eps x eps(dtype) x RMS(oracle tensor)``."""
 
     name = "oracle"
     timing_key = "oracle_s"
@@ -373,34 +439,47 @@ class OracleStage(Stage):
         plan = ctx.plan
         oracle_cap = self._oracle_capture(ctx)
         cfg = plan.config
-        rule = RatioRule(float(cfg["oracle_multiplier"]), float(cfg["oracle_floor"]), str(cfg["oracle_metric"]))
-        ref_cap, alt_cap = ctx.reference_capture, ctx.alternative_capture
+        fixed_floor = cfg["oracle_floor"]
+        base_name, base_cap = "the reference", ctx.reference_capture
+        if oracle_cap is ctx.reference_capture:  # the reference is the oracle: judge against the trusted run
+            base_name, base_cap = f"a correct {plan.alternative_dtype} run", ctx.captures["calibration"]
+        alt_cap = ctx.alternative_capture
         failed = []
         for o in ctx.outcomes:
             k = o.key
-            if k not in oracle_cap or k not in ref_cap or k not in alt_cap:
+            if k not in oracle_cap or k not in base_cap or k not in alt_cap:
                 o.passed, o.reason = False, o.reason or f"no tensor for {k} from one of the three runs"
                 failed.append(str(k))
                 continue
-            verdict = rule.verdict(compare(oracle_cap[k], ref_cap[k], check_dtype=False),
+            floor = float(fixed_floor) if fixed_floor is not None else scale_floor(plan, oracle_cap[k])
+            rule = RatioRule(float(cfg["oracle_multiplier"]), floor, str(cfg["oracle_metric"]))
+            verdict = rule.verdict(compare(oracle_cap[k], base_cap[k], check_dtype=False),
                                    compare(oracle_cap[k], alt_cap[k], check_dtype=False),
-                                   oracle="the float64 oracle", baseline_name="the reference")
-            o.oracle, o.passed = verdict.judgement, verdict.passed
-            o.reason = None if verdict.passed else f"oracle ratio rule: {verdict.reason}"
+                                   oracle="the float64 oracle", baseline_name=base_name)
+            o.oracle, o.passed = verdict.judgement, verdict.passed and not o.introduces_error
+            o.reason = (f"oracle ratio rule: {verdict.reason}" if not verdict.passed
+                        else None if o.passed else f"layer {k.layer} introduces error on its own (isolation)")
             if not o.passed:
                 failed.append(str(k))
         ctx.oracle_report = {
-            "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": rule.metric,
-            "multiplier": rule.multiplier, "floor": rule.floor, "failed": failed,
+            "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": str(cfg["oracle_metric"]),
+            "multiplier": float(cfg["oracle_multiplier"]), "baseline": base_name, "failed": failed,
+            "floor": fixed_floor if fixed_floor is not None else f"{cfg['floor_eps']:g} x eps({plan.governing_dtype}) "
+                                                                  "x RMS(oracle tensor)",
             "rule": "alternative_error <= multiplier * reference_error + floor (errors against the float64 oracle, "
                     "over finite pairs; the alternative may not have more non-finite mismatches than the reference)",
         }
 
     @staticmethod
+    def reference_is_oracle(ctx: RunContext) -> bool:
+        """The reference run is itself the float64 oracle (``python_reference`` in float64)."""
+        return ctx.session.reference_backend == "python_reference" and ctx.plan.reference_dtype == "float64"
+
+    @staticmethod
     def _oracle_capture(ctx: RunContext) -> Capture:
         from ...backends import get_backend
 
-        if ctx.session.reference_backend == "python_reference" and ctx.plan.reference_dtype == "float64":
+        if OracleStage.reference_is_oracle(ctx):
             ctx.performance["oracle"] = {"note": "the reference backend is python_reference in float64: "
                                                  "reused as the oracle"}
             return ctx.reference_capture
@@ -510,6 +589,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     PrepareStage(),
     RunBackendStage("reference"),
     RunBackendStage("alternative"),
+    CalibrationStage(),
     CompareStage(),
     IsolationStage(),
     OracleStage(),

@@ -1,0 +1,81 @@
+"""``torch_reference``: the models of ``debug_framework.architectures`` (the NumPy reference's own
+step functions) run through torch's kernels in any torch dtype: float64, float32, float16, bfloat16.
+
+It is the validation engine's *trusted implementation at the alternative's precision*: the
+calibration stage runs it at the alternative's dtype to measure how far a correct implementation at
+that precision lands from the reference, and judges the alternative by that noise
+(docs/validation.md, "Calibrated tolerances"). It shares no code with the Hugging Face model the
+``pytorch``, ``inductor`` and ``onnxruntime`` backends run, nor with MLX's kernels. Every step runs
+in the compute dtype (no float32 upcast of norms or softmax), so its noise is that of a plain
+implementation at that precision: an upper estimate for implementations that upcast.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..architectures import BertReference, LlamaReference, build_reference
+from ..architectures.xp import torch_namespace
+from ..capture.keys import Capture, CheckpointKey
+from ..modelio.inputs import ModelInputs
+from ..modelio.loader import LoadedModel
+from .base import BaseBackend, Taps, cpu_name
+
+__all__ = ["TorchReferenceBackend"]
+
+
+def _host(x: Any) -> np.ndarray:
+    """A hidden state from any backend as float64 NumPy (torch tensors of any dtype and device)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+class TorchReferenceBackend(BaseBackend):
+    """The reference models over ``torch`` on the CPU, in the dtype asked for."""
+
+    name = "torch_reference"
+    supported_dtypes = ("float64", "float32", "float16", "bfloat16")
+    default_dtype = "float32"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net: LlamaReference | BertReference | None = None
+
+    def version_info(self) -> dict[str, Any]:
+        return {**super().version_info(), "runtime": "torch", "torch": torch.__version__, "device_name": cpu_name()}
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
+        dtype = self._check_prepare(model, dtype, "cpu")
+        self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
+
+    def _ids(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        tt = None if inputs.token_type_ids is None else torch.from_numpy(np.asarray(inputs.token_type_ids, np.int64))
+        return (torch.from_numpy(np.asarray(inputs.input_ids, np.int64)),
+                torch.from_numpy(np.asarray(inputs.attention_mask, np.int64)), tt)
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        ids, mask, tt = self._ids(inputs)
+        layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = self.net.forward(ids, mask, {tuple(k) for k in keys}, layer_inputs, tt)
+        return Capture(tensors={k: out[tuple(k)] for k in keys}, backend=self.name, dtype=self.dtype,
+                       elapsed_s=time.perf_counter() - start, layer_inputs=layer_inputs or {})
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""
+        self._prepared()
+        h = torch_namespace().from_host(_host(hidden_in), self.net.dtype)
+        _, mask, _ = self._ids(inputs)
+        start = time.perf_counter()
+        with torch.no_grad():
+            a, out = self.net.layer(i, h, mask)
+        return Capture(tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
+                       backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)
