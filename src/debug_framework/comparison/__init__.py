@@ -13,7 +13,16 @@ judges against a float64 oracle relative to a baseline (validation's oracle mode
 
 from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
 from .nested import compare_nested, flatten_outputs
-from .ratio import OracleJudgement, RatioRule, RatioVerdict, error_metric, finite_metric
+from .ratio import (
+    FLOOR_EPS,
+    NOISE_MARGIN,
+    OracleJudgement,
+    RatioRule,
+    RatioVerdict,
+    error_metric,
+    finite_metric,
+    finite_rms,
+)
 from .result import ComparisonResult, NestedComparison, WorstElement, dumps_json, json_safe
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
 
@@ -33,6 +42,9 @@ __all__ = [
     "OracleJudgement",
     "error_metric",
     "finite_metric",
+    "finite_rms",
+    "NOISE_MARGIN",
+    "FLOOR_EPS",
     "json_safe",
     "dumps_json",
     "DEFAULT_CHUNK_ELEMENTS",

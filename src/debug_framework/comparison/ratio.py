@@ -19,9 +19,36 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import Any
+
+import numpy as np
+
 from .result import ComparisonResult
 
-__all__ = ["RatioRule", "RatioVerdict", "OracleJudgement", "finite_metric", "error_metric"]
+__all__ = ["RatioRule", "RatioVerdict", "OracleJudgement", "finite_metric", "error_metric", "finite_rms",
+           "NOISE_MARGIN", "FLOOR_EPS"]
+
+#: The calibrated rule's defaults: a correct implementation is allowed ``NOISE_MARGIN`` times the
+#: error a trusted implementation makes at the same precision, plus ``FLOOR_EPS`` x eps(dtype) x the
+#: reference's RMS (a floor relative to the tensor's scale, never a fixed absolute number).
+NOISE_MARGIN = 4.0
+FLOOR_EPS = 1.0
+
+
+def finite_rms(x: Any) -> float:
+    """Root mean square of the finite values of ``x`` (a tensor or an array), in float64; 0.0 when
+    there are none."""
+    if hasattr(x, "detach"):
+        import torch
+
+        a = x.detach().to("cpu", torch.float64).numpy()
+    else:
+        a = np.asarray(x, dtype=np.float64)
+    a = np.abs(a[np.isfinite(a)])
+    peak = float(a.max()) if a.size else 0.0
+    if peak == 0.0:
+        return 0.0
+    return peak * float(np.sqrt(np.mean((a / peak) ** 2)))  # scaled: no overflow near the dtype's max
 
 
 def finite_metric(result: ComparisonResult | None, name: str) -> float | None:
@@ -92,6 +119,14 @@ class RatioRule:
     multiplier: float = 2.0
     floor: float = 1e-5
     metric: str = "rmse"
+
+    @classmethod
+    def calibrated(cls, reference: Any, eps: float, *, margin: float = NOISE_MARGIN, floor_eps: float = FLOOR_EPS,
+                   metric: str = "rmse") -> RatioRule:
+        """The calibrated rule at one tensor: ``margin`` x the baseline's error plus a floor of
+        ``floor_eps`` x ``eps`` (the machine epsilon of the precision judged) x RMS(``reference``).
+        The validation engine's calibrated bounds and the plugin op sweep both use it."""
+        return cls(float(margin), float(floor_eps) * float(eps) * finite_rms(reference), metric)
 
     def judge(self, reference_error: float, alternative_error: float) -> OracleJudgement:
         """Judge two errors already measured against the oracle (NaN fails)."""

@@ -1,9 +1,14 @@
 """Judging one sample: the kernel against the reference run in float64, relative to the reference
-run in the kernel's own dtype (the comparison core's ratio rule, as KernelDiff's float64 mode).
+run in the kernel's own dtype, by the calibrated rule the validation engine judges checkpoints by
+(:meth:`debug_framework.comparison.RatioRule.calibrated`):
 
-    err(kernel, float64 reference) <= 2 x err(reference in the kernel's dtype, float64 reference) + 1e-5
+    err(kernel, float64 reference) <= 4 x err(reference in the kernel's dtype, float64 reference)
+                                      + 1 x eps(kernel's dtype) x RMS(float64 reference)
 
-on the RMSE over finite values; a kernel may not have more non-finite mismatches (NaN where the
+(for a float64 kernel the reference in float64 is the oracle itself, so the floor is 16 eps x RMS)
+
+on the RMSE over finite values (the floor is relative to the sample's scale, so a kernel that is
+wrong on small values is caught as surely as on large ones); a kernel may not have more non-finite mismatches (NaN where the
 reference has a number...) than the reference in its dtype has, and its output must have the
 reference's shape and dtype. A sample the reference itself rejects is ``skipped``; a kernel that
 raises is ``error``.
@@ -16,14 +21,26 @@ from typing import Any
 
 import torch
 
-from ..comparison import RatioRule, compare
+from ..comparison import FLOOR_EPS, RatioRule, compare
 from .loading import LoadedKernel
 from .samples import Sample, on_device, upcast
 
-__all__ = ["RULE", "evaluate_sample", "badness"]
+__all__ = ["sample_rule", "evaluate_sample", "badness"]
 
-#: The rule every sample is judged by.
-RULE = RatioRule(multiplier=2.0, floor=1e-5, metric="rmse")
+
+#: A float64 kernel has no more precise oracle: the reference in float64 *is* the oracle, its error
+#: is 0, and the kernel is allowed this many eps x RMS (a few ulps of a different summation order).
+FLOAT64_FLOOR_EPS = 16.0
+
+
+def sample_rule(oracle: torch.Tensor, dtype: str) -> RatioRule:
+    """The rule one sample is judged by: calibrated at the epsilon of the sample's dtype (the
+    precision the kernel was asked to compute in, whatever dtype it returns) and the oracle's scale."""
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        return RatioRule.calibrated(oracle, 0.0)
+    floor_eps = FLOAT64_FLOOR_EPS if torch_dtype == torch.float64 else FLOOR_EPS
+    return RatioRule.calibrated(oracle, torch.finfo(torch_dtype).eps, floor_eps=floor_eps)
 
 
 def _first_tensor(out: Any) -> torch.Tensor | None:
@@ -63,7 +80,7 @@ def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> dict[str, Any]:
         return {"status": "fail", "reason": f"the kernel returns {out.dtype}, the reference {baseline.dtype}"}
     base_cmp = compare(oracle, baseline, check_dtype=False, equal_nan=True)
     test_cmp = compare(oracle, out, check_dtype=False, equal_nan=True)
-    verdict = RULE.verdict(base_cmp, test_cmp, oracle="the float64 reference",
+    verdict = sample_rule(oracle, sample.dtype).verdict(base_cmp, test_cmp, oracle="the float64 reference",
                            baseline_name=f"the reference in {sample.dtype}")
     j = verdict.judgement
     return {"status": "pass" if verdict.passed else "fail", "reason": verdict.reason,

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..comparison import FLOOR_EPS, NOISE_MARGIN
+from .evaluate import FLOAT64_FLOOR_EPS
 from .manifest import KernelSpec, PluginDefinition
 from .samples import Sample
 
@@ -108,7 +110,13 @@ if out.shape != baseline.shape or out.dtype != baseline.dtype:
     print("FAIL: shape or dtype differs from the reference")
     sys.exit(1)
 k, b = rmse(out), rmse(baseline)
-bound = 2.0 * b + 1e-5
+# the sweep's calibrated rule: MARGIN x the reference's error in its dtype + FLOOR_EPS x eps(dtype) x RMS(oracle)
+dtype = getattr(torch, META["sample"]["dtype"], None)
+eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 0.0
+fin = oracle.double()[torch.isfinite(oracle.double())].abs()
+peak = float(fin.max()) if fin.numel() else 0.0
+rms = peak * float(((fin / peak) ** 2).mean().sqrt()) if peak > 0 else 0.0
+bound = {margin!r} * b + ({float64_floor_eps!r} if dtype == torch.float64 else {floor_eps!r}) * eps * rms
 print(f"RMSE vs float64 reference: kernel {{k:.3e}}, reference in {{out.dtype}} {{b:.3e}}, bound {{bound:.3e}}")
 bad = nonfinite_mismatches(out) > nonfinite_mismatches(baseline) or not k <= bound
 print("FAIL" if bad else "PASS")
@@ -148,6 +156,7 @@ def write_repro(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample
         plugin_id=defn.id, backend=defn.backend_type, kernel=spec.name, op=spec.op_name, label=sample.label,
         artifact=str(artifact.resolve()), entry=entry,
         reference_file=str((defn.root / ref_file).resolve()) if spec.reference else None,
-        reference=ref_fn if spec.reference else spec.op_name)
+        reference=ref_fn if spec.reference else spec.op_name,
+        margin=NOISE_MARGIN, floor_eps=FLOOR_EPS, float64_floor_eps=FLOAT64_FLOOR_EPS)
     (out / "repro.py").write_text(script, encoding="utf-8")
     return out / "repro.py"

@@ -22,11 +22,11 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...capture.keys import Capture, CheckpointKey
-from ...comparison import ComparisonResult, RatioRule, RatioVerdict, Tolerance, compare
+from ...comparison import ComparisonResult, RatioRule, RatioVerdict, Tolerance, compare, finite_rms
 from ...errors import ValidationError
 from .plan import ValidationPlan
 
-__all__ = ["tensor_rms", "scale_floor", "judge_by_noise", "tolerance_margin", "calibration_backend",
+__all__ = ["scale_floor", "judge_by_noise", "tolerance_margin", "calibration_backend",
            "replay_noise", "noise_at"]
 
 
@@ -38,24 +38,17 @@ def _host(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def tensor_rms(x: Any) -> float:
-    """Root mean square of the finite values of ``x`` (0.0 when there are none)."""
-    a = _host(x)
-    a = a[np.isfinite(a)]
-    return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
-
-
 def scale_floor(plan: ValidationPlan, reference: Any) -> float:
     """The scale-relative floor of a bound: ``floor_eps * eps(governing dtype) * RMS(reference)``."""
-    return float(plan.config["floor_eps"]) * plan.eps * tensor_rms(reference)
+    return float(plan.config["floor_eps"]) * plan.eps * finite_rms(reference)
 
 
 def judge_by_noise(plan: ValidationPlan, reference: Any, noise: ComparisonResult, error: ComparisonResult,
                    *, what: str = "") -> RatioVerdict:
     """The calibrated verdict of ``error`` (alternative vs reference) given ``noise`` (the
     calibration run vs the same reference) at one checkpoint or replay."""
-    rule = RatioRule(float(plan.config["noise_margin"]), scale_floor(plan, reference),
-                     str(plan.config["calibration_metric"]))
+    rule = RatioRule.calibrated(reference, plan.eps, margin=float(plan.config["noise_margin"]),
+                                floor_eps=float(plan.config["floor_eps"]), metric=str(plan.config["calibration_metric"]))
     verdict = rule.verdict(noise, error, oracle="the reference",
                            baseline_name=f"a correct {plan.alternative_dtype} run{what}")
     if verdict.reason and not verdict.passed:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...capture.keys import PER_LAYER_CHECKPOINTS, CheckpointKey, all_checkpoints
-from ...comparison import Tolerance
+from ...comparison import FLOOR_EPS, NOISE_MARGIN, Tolerance
 from ...errors import ValidationError
 from ...suggest import did_you_mean
 
@@ -46,8 +46,8 @@ SESSION_DEFAULTS: dict[str, Any] = {
     # calibrated judgement (docs/validation.md, "Calibrated tolerances")
     "calibrate": True,  # judge by the measured noise of a trusted run at the alternative's precision
     "calibration_backend": "auto",  # "auto": torch_reference (the reference models through torch)
-    "noise_margin": 4.0,  # bound = noise_margin x noise + floor
-    "floor_eps": 1.0,  # floor = floor_eps x eps(dtype) x RMS(reference tensor)
+    "noise_margin": NOISE_MARGIN,  # 4.0; bound = noise_margin x noise + floor
+    "floor_eps": FLOOR_EPS,  # 1.0; floor = floor_eps x eps(dtype) x RMS(reference tensor)
     "calibration_metric": "rmse",
     "noise_floor": False,
     "seed": 0,
