@@ -111,3 +111,13 @@ def any_db_path(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
     if request.param == "sqlite":
         return tmp_path / "db" / "debug_framework.db"
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def any_db(any_db_path: str | Path) -> Iterator[object]:
+    """A DatabaseManager on :func:`any_db_path` (closed after the test)."""
+    from debug_framework.services.database_manager import DatabaseManager
+
+    manager = DatabaseManager(any_db_path)
+    yield manager
+    manager.close()

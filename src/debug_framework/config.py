@@ -16,7 +16,7 @@ from typing import Any
 from .errors import FrameworkInitializationError
 
 __all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "FLOAT_DTYPES", "from_environment", "merge_config",
-           "default_database_path", "check_keywords", "ResourceSettings", "resource_settings"]
+           "default_database_path", "database_settings", "check_keywords", "ResourceSettings", "resource_settings"]
 
 #: The compute dtypes the framework knows by name (backends support a subset; defined here, torch-free,
 #: so a CLI can refuse a bad ``--dtype`` before importing anything heavy).
@@ -119,6 +119,12 @@ def default_database_path(config: Mapping[str, Any]) -> Path | str:
     if raw.split("://", 1)[0].lower() in ("postgresql", "postgres") and "://" in raw:
         return raw
     return Path(raw).expanduser()
+
+
+def database_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The database settings a config carries besides the path (``artifact_root`` for a server)."""
+    root = config.get("artifact_root")
+    return {"artifact_root": str(root)} if root else {}
 
 
 def check_keywords(options: Mapping[str, object], spec: type, where: str) -> None:

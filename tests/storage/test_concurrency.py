@@ -8,8 +8,6 @@ import sys
 import textwrap
 import threading
 
-import pytest
-
 from debug_framework.services.database_manager import SCHEMA_VERSION, DatabaseManager
 
 CHECKPOINTS = [("post_embedding", None), ("post_attention", 0), ("post_mlp", 0), ("post_processing", None)]
@@ -23,13 +21,6 @@ def _run_session(db: DatabaseManager, model: str, worker: int, n: int, make_resu
     db.update_session(sid, results={"verdict": "passed", "worker": worker})
     db.update_session_status(sid, "passed" if n % 2 == 0 else "failed")
     return sid
-
-
-@pytest.fixture
-def any_db(any_db_path):
-    manager = DatabaseManager(any_db_path)
-    yield manager
-    manager.close()
 
 
 def test_eight_threads_twenty_sessions_each_leave_160_complete_sessions(any_db, make_result):

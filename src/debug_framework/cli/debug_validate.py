@@ -257,7 +257,7 @@ def validate(
     if as_json:
         print_json(result)
     else:
-        footer = f"session {sid} in {engine.database_path}" + (f"; wrote {output_file}" if output_file else "")
+        footer = f"session {sid} in {engine.db.location}" + (f"; wrote {output_file}" if output_file else "")
         _print_summary(make_console(), result, verbose, footer)
     return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
 

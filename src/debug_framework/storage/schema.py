@@ -398,7 +398,7 @@ def _apply_step(core: SqlCore, target: int) -> int:
         if bad:
             raise DatabaseError(
                 f"migration to version {target} left {bad} rows with broken references",
-                database=str(core.database_path),
+                database=core.location,
                 hint="the file was rolled back; report this with a copy of the database",
             )
         core.execute(c, "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (target, utc_now()))
@@ -414,7 +414,7 @@ def readable_version(core: SqlCore) -> int:
         raise DatabaseError(
             f"the database has schema version {current}, newer than this code's {SCHEMA_VERSION}",
             hint="upgrade multi-backend-debug-framework, or point database_path at another file",
-            database=str(core.database_path),
+            database=core.location,
         )
     return current
 
