@@ -145,3 +145,42 @@ def test_maintenance_analyzes_and_vacuums_the_server(pg_url):
     assert db.execute_query("SELECT COUNT(*) AS n FROM pg_stat_user_tables WHERE relname = 'sessions'"
                             " AND last_vacuum IS NOT NULL AND last_analyze IS NOT NULL")[0]["n"] == 1
     db.close()
+
+
+def _hold_write_lock(url: str, seconds: float) -> threading.Thread:
+    """Another client holds the writers' lock for ``seconds`` (as a long write transaction would)."""
+    import psycopg
+
+    from debug_framework.storage.postgres import WRITE_LOCK_KEY
+
+    held = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+            held.set()
+            time.sleep(seconds)
+            conn.execute("COMMIT")
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    return t
+
+
+def test_a_busy_server_is_waited_for_then_reported_clearly(pg_url):
+    DatabaseManager(pg_url).close()  # the schema exists
+    holder = _hold_write_lock(pg_url, 0.6)
+    db = DatabaseManager(pg_url, busy_timeout_s=0.1, max_retry_s=20)
+    sid = db.create_session("m", "python_reference", "pytorch")  # waits past several lock timeouts
+    assert db.get_session(sid)["status"] == "created"
+    holder.join()
+    holder = _hold_write_lock(pg_url, 2.0)
+    impatient = DatabaseManager(pg_url, busy_timeout_s=0.1, max_retry_s=0.4)
+    with pytest.raises(DatabaseError, match="stayed locked") as info:
+        impatient.create_session("m", "python_reference", "pytorch")
+    assert info.value.code == "DF003"
+    holder.join()
+    impatient.close()
+    db.close()

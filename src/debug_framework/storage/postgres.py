@@ -110,7 +110,14 @@ class PgConnection:
         self.raw = conn
 
     def execute(self, statement: str, params: Any = None) -> Any:
-        return self.raw.execute(statement, params)
+        try:
+            return self.raw.execute(statement, params)
+        except BaseException:
+            # a BEGIN whose lock was not granted leaves an aborted transaction behind; SQLite's
+            # failed BEGIN IMMEDIATE leaves none, and the core retries the BEGIN expecting that
+            if statement.startswith("BEGIN") and not self.raw.closed and self.in_transaction:
+                self.raw.execute("ROLLBACK")
+            raise
 
     def executemany(self, statement: str, rows: Any) -> Any:
         cur = self.raw.cursor()
