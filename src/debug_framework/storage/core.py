@@ -1,8 +1,9 @@
 """The SQL core: one database file, one connection per (process, thread), transactions with retry.
 
 * The path is always passed in (the default ``~/.pie/debug/debug_framework.db`` is resolved by
-  :mod:`debug_framework.config`, never here); ``:memory:`` and URIs are refused (sessions are shared
-  between threads and processes through the file).
+  :mod:`debug_framework.config`, never here); ``:memory:`` and ``file:`` URIs are refused (sessions
+  are shared between threads and processes through the file). A ``postgresql://`` URL selects the
+  :class:`~.postgres.PostgresDialect` (rows on the server, files under its ``artifact_root``).
 * Connections open lazily, one per (process, thread), configured by the :class:`~.dialect.Dialect`
   (SQLite: WAL journal, ``foreign_keys=ON``, ``busy_timeout``, autocommit with an explicit
   ``BEGIN IMMEDIATE`` for every write, so a writer takes the write lock up front).
