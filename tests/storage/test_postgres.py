@@ -184,3 +184,11 @@ def test_a_busy_server_is_waited_for_then_reported_clearly(pg_url):
     holder.join()
     impatient.close()
     db.close()
+
+
+def test_a_cli_given_an_unreachable_server_exits_2_naming_the_host(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIE_DEBUG_ARTIFACT_ROOT", str(tmp_path))
+    port = _closed_port()
+    code = session_report.main(["--database", f"postgresql://u:hidden-pw@127.0.0.1:{port}/x", "--list"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DF003" in err and f"127.0.0.1:{port}" in err and "hidden-pw" not in err
