@@ -176,7 +176,7 @@ def test_a_busy_server_is_waited_for_then_reported_clearly(pg_url):
     sid = db.create_session("m", "python_reference", "pytorch")  # waits past several lock timeouts
     assert db.get_session(sid)["status"] == "created"
     holder.join()
-    holder = _hold_write_lock(pg_url, 2.0)
+    holder = _hold_write_lock(pg_url, 0.9)
     impatient = DatabaseManager(pg_url, busy_timeout_s=0.1, max_retry_s=0.4)
     with pytest.raises(DatabaseError, match="stayed locked") as info:
         impatient.create_session("m", "python_reference", "pytorch")
@@ -192,3 +192,13 @@ def test_a_cli_given_an_unreachable_server_exits_2_naming_the_host(capsys, tmp_p
     code = session_report.main(["--database", f"postgresql://u:hidden-pw@127.0.0.1:{port}/x", "--list"])
     err = capsys.readouterr().err
     assert code == 2 and "DF003" in err and f"127.0.0.1:{port}" in err and "hidden-pw" not in err
+
+
+def test_plugin_compile_lists_the_registry_of_a_server_database(pg_url, capsys):
+    from debug_framework.cli import plugin_compile
+
+    assert plugin_compile.main(["--list", "--json", "--database", pg_url]) == 0
+    capsys.readouterr()
+    db = DatabaseManager(pg_url)
+    assert db.schema_version() == SCHEMA_VERSION and db.execute_query("SELECT COUNT(*) AS n FROM plugins")
+    db.close()

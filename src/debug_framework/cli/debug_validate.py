@@ -219,8 +219,8 @@ def validate(
     text: list[str] | None = typer.Option(None, "--text", help="input sentence (repeatable); default: seeded random tokens"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
-    database: str | None = typer.Option(None, "--database", help="SQLite database (default: PIE_DEBUG_DATABASE or "
-                                        "~/.pie/debug/debug_framework.db)"),
+    database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
+                                        "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
     backend_module: list[str] | None = typer.Option(None, "--backend-module", metavar="PKG.MOD",
                                                     help="import this module first (repeatable): it registers "
                                                          "backends with register_backend(name, factory)"),
