@@ -66,6 +66,20 @@ def test_urls_pass_through_config_and_redaction():
         "database_path": url, "artifact_root": "/mnt/shared"}
     assert redact_url(url) == "postgresql://bob@db.example:5433/team"
     assert redact_url("postgres://h/x?password=pw") == "postgres://h/x"
+    import debug_framework
+
+    assert debug_framework._shown_database({"database_path": url}) == "postgresql://bob@db.example:5433/team"
+
+
+def test_statements_are_translated_outside_quoted_text():
+    from debug_framework.storage.postgres import _translate
+
+    sql = "SELECT * FROM t WHERE a = ? AND b LIKE 'x%?' AND c IS ? AND d IS NOT ? AND e = 'it''s ?'"
+    assert _translate(sql) == ("SELECT * FROM t WHERE a = %s AND b LIKE 'x%?' AND c IS NOT DISTINCT FROM %s"
+                               " AND d IS DISTINCT FROM %s AND e = 'it''s ?'")
+    assert _translate("CREATE TABLE t (n INTEGER, x REAL, s TEXT)") == \
+        "CREATE TABLE t (n BIGINT, x DOUBLE PRECISION, s TEXT)"
+    assert _translate("SELECT 5 % 2") == "SELECT 5 %% 2"
 
 
 def test_a_new_server_database_is_created_at_the_current_version(pg_url, tmp_path):
