@@ -216,3 +216,17 @@ def test_plugin_compile_lists_the_registry_of_a_server_database(pg_url, capsys):
     db = DatabaseManager(pg_url)
     assert db.schema_version() == SCHEMA_VERSION and db.execute_query("SELECT COUNT(*) AS n FROM plugins")
     db.close()
+
+
+def test_a_connection_the_server_dropped_is_replaced(pg_url):
+    db = DatabaseManager(pg_url)
+    sid = db.create_session("m", "python_reference", "pytorch")
+    pid = db.execute_query("SELECT pg_backend_pid() AS p")[0]["p"]
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(DatabaseError):  # the statement in flight fails, as DF003
+        db.get_session(sid)
+    assert db.get_session(sid)["model_path"] == "m"  # the next one reconnects
+    db.close()

@@ -163,7 +163,7 @@ class SqlCore:
             raise DatabaseError("the database was closed", database=self.location,
                                 hint="open it again (a new DatabaseManager or Database)")
         conn = getattr(self._local, "conn", None)
-        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+        if conn is None or getattr(self._local, "pid", None) != os.getpid() or getattr(conn, "broken", False):
             try:
                 conn = self._open()
             except self.dialect.error_types as exc:

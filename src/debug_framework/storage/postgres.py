@@ -125,6 +125,11 @@ class PgConnection:
         return cur
 
     @property
+    def broken(self) -> bool:
+        """The server went away (restart, network): the core opens a new connection next time."""
+        return bool(self.raw.broken or self.raw.closed)
+
+    @property
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
