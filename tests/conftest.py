@@ -58,7 +58,10 @@ def _as_server_user(base: Path) -> list[str]:
     runuser = shutil.which("runuser")
     if runuser is None:
         pytest.skip("PostgreSQL refuses to run as root and runuser is not available to drop privileges")
-    shutil.chown(base, "nobody")
+    try:
+        shutil.chown(base, "nobody")
+    except (LookupError, OSError) as exc:
+        pytest.skip(f"PostgreSQL refuses to run as root and there is no 'nobody' user to run it as: {exc}")
     return [runuser, "-u", "nobody", "--"]
 
 

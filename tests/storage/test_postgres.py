@@ -22,6 +22,8 @@ from debug_framework.services.database_manager import SCHEMA_VERSION, DatabaseMa
 from debug_framework.services.maintenance import run_maintenance
 from debug_framework.storage.postgres import redact_url
 
+pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+
 
 def _closed_port() -> int:
     with socket.socket() as s:
