@@ -28,8 +28,11 @@ fi
 missing=""
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 command -v dot >/dev/null 2>&1 || missing="$missing graphviz"
+# initdb + pg_ctl start a throwaway PostgreSQL server for the tests that run on both database engines
+{ command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } \
+    || missing="$missing postgresql"
 if [ -n "$missing" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     # shellcheck disable=SC2086
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null) \
-        || echo "note: could not install$missing; browser and SVG tests will skip" >&2
+        || echo "note: could not install$missing; browser, SVG and PostgreSQL tests will skip" >&2
 fi

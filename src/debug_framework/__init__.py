@@ -31,7 +31,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_CONFIG, default_database_path, from_environment, merge_config
+from .config import DEFAULT_CONFIG, database_settings, default_database_path, from_environment, merge_config
 from .errors import (
     BackendInitializationError,
     ComparisonError,
@@ -130,6 +130,14 @@ def _environment() -> dict[str, Any]:
     return _ENVIRONMENT
 
 
+def _shown_database(config: Mapping[str, Any]) -> str:
+    """The configured database as messages and reports show it (a server URL without its password)."""
+    from .storage.postgres import is_server_url, redact_url
+
+    path = default_database_path(config)
+    return redact_url(path) if is_server_url(path) else str(path)
+
+
 def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
     """Set the framework configuration: ``DEFAULT_CONFIG``, then the ``PIE_DEBUG_*`` /
     ``PIE_METAL_PATH`` environment, then ``config`` (explicit arguments win), and open the database
@@ -149,10 +157,10 @@ def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
     try:
         from .services.database_manager import DatabaseManager
 
-        DatabaseManager(default_database_path(merged)).close()
+        DatabaseManager(default_database_path(merged), **database_settings(merged)).close()
     except DebugFrameworkError as exc:
         raise FrameworkInitializationError(f"the database cannot be used: {exc.message}",
-                                           database=str(default_database_path(merged))) from exc
+                                           database=_shown_database(merged)) from exc
     logging.getLogger("debug_framework").setLevel(str(merged.get("log_level") or "WARNING"))
     with _STATE_LOCK:
         _CONFIG = merged
@@ -201,8 +209,10 @@ def get_system_info() -> dict[str, Any]:
 
     info["backends"] = {name: {"available": ok, "reason": reason} for name, (ok, reason) in backend_availability().items()}
     cfg = get_framework_config()
+    info["database_path"] = _shown_database(cfg)
+    if info["database_path"] != str(default_database_path(cfg)):  # a server URL: shown without its password
+        cfg = {**cfg, "database_path": info["database_path"]}
     info["config"] = cfg
-    info["database_path"] = str(default_database_path(cfg))
     return info
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from .errors import FrameworkInitializationError
 
 __all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "FLOAT_DTYPES", "from_environment", "merge_config",
-           "default_database_path", "check_keywords", "ResourceSettings", "resource_settings"]
+           "default_database_path", "database_settings", "check_keywords", "ResourceSettings", "resource_settings"]
 
 #: The compute dtypes the framework knows by name (backends support a subset; defined here, torch-free,
 #: so a CLI can refuse a bad ``--dtype`` before importing anything heavy).
@@ -38,6 +38,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "heartbeat_interval": 30,
     "retention_days": None,
     "maintenance_interval": 3600,
+    # the shared folder of tensor files, saved inputs and exports when database_path is a
+    # postgresql:// URL (docs/storage.md, "PostgreSQL"); SQLite keeps them beside its file
+    "artifact_root": None,
 }
 
 #: Environment variable -> the config key it overrides (read by :func:`from_environment`).
@@ -46,6 +49,7 @@ ENV_VARIABLES: dict[str, str] = {
     "PIE_DEBUG_LEVEL": "log_level",
     "PIE_DEBUG_DATABASE": "database_path",
     "PIE_METAL_PATH": "metal_path",
+    "PIE_DEBUG_ARTIFACT_ROOT": "artifact_root",
 }
 
 _LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
@@ -75,7 +79,8 @@ def _parse_path(name: str, value: str) -> str | None:
     return value or None  # an empty variable means "not set"
 
 
-_PARSERS = {"debug_enabled": _parse_bool, "log_level": _parse_level, "database_path": _parse_path, "metal_path": _parse_path}
+_PARSERS = {"debug_enabled": _parse_bool, "log_level": _parse_level, "database_path": _parse_path, "metal_path": _parse_path,
+            "artifact_root": _parse_path}
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -108,9 +113,18 @@ def merge_config(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return result
 
 
-def default_database_path(config: Mapping[str, Any]) -> Path:
-    """The configured database path, with ``~`` expanded."""
-    return Path(str(config.get("database_path") or DEFAULT_CONFIG["database_path"])).expanduser()
+def default_database_path(config: Mapping[str, Any]) -> Path | str:
+    """The configured database path, with ``~`` expanded; a ``postgresql://`` URL as given."""
+    raw = str(config.get("database_path") or DEFAULT_CONFIG["database_path"])
+    if raw.split("://", 1)[0].lower() in ("postgresql", "postgres") and "://" in raw:
+        return raw
+    return Path(raw).expanduser()
+
+
+def database_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The database settings a config carries besides the path (``artifact_root`` for a server)."""
+    root = config.get("artifact_root")
+    return {"artifact_root": str(root)} if root else {}
 
 
 def check_keywords(options: Mapping[str, object], spec: type, where: str) -> None:

@@ -12,10 +12,12 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "debug_framework.cli.debug_validate", *map(str, args)],
-                          capture_output=True, text=True, env=ENV, timeout=240)
+                          capture_output=True, text=True, timeout=240,
+                          env={**ENV, "PIE_DEBUG_ARTIFACT_ROOT": os.environ.get("PIE_DEBUG_ARTIFACT_ROOT", "")})
 
 
-def test_exit_0_pass_with_json_and_html(tiny_llama, db_path, tmp_path):
+def test_exit_0_pass_with_json_and_html(tiny_llama, any_db_path, tmp_path):
+    db_path = any_db_path  # a SQLite file, then a postgresql:// URL (its files under PIE_DEBUG_ARTIFACT_ROOT)
     html = tmp_path / "out" / "report.html"
     p = _cli("--model-path", tiny_llama, "--alternative-backend", "pytorch", "--database", db_path, "--json",
              "--isolate", "--checkpoints", "post_attention,post_mlp", "--output-file", html)
@@ -25,6 +27,9 @@ def test_exit_0_pass_with_json_and_html(tiny_llama, db_path, tmp_path):
     assert len(doc["results"]) == 12 and doc["introducing_layers"] == []
     assert html.read_text().lstrip().lower().startswith("<!doctype html")
     assert doc["session_id"] in html.read_text()
+    if str(db_path).startswith("postgresql://"):  # the inputs went to the artifact root, the row to the server
+        assert list((tmp_path / "artifacts").glob(f"*_inputs/{doc['session_id']}.safetensors"))
+        assert "pie-test-secret" not in p.stdout + p.stderr
 
 
 def test_exit_1_numerical_failure_names_first_divergence(tiny_llama, db_path, tmp_path):

@@ -65,10 +65,11 @@ def _plan(w: int, n: int, buggy: str) -> tuple[dict, str, str]:
 
 
 @pytest.mark.slow
-def test_eight_threads_twenty_real_validations_each(micro_llama, db_path, my_backend):
+def test_eight_threads_twenty_real_validations_each(micro_llama, any_db_path, my_backend):
     """8 threads x 20 real validations (python_reference float64 vs pytorch float32, or a buggy
     NumPy user backend) against one database. Threads 0-3 share one engine, threads 4-7 each
     make their own: both ways users write it. Exactly 160 complete sessions come out."""
+    db_path = any_db_path  # a SQLite file, then a PostgreSQL server
     buggy = my_backend("causal_mask")
     shared = ValidationEngine(db_path)
     errors: list[tuple[int, int, BaseException]] = []
@@ -159,12 +160,13 @@ _WORKER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_four_processes_validate_into_one_database(micro_llama, db_path):
+def test_four_processes_validate_into_one_database(micro_llama, any_db_path):
     """4 processes, 3 real validations each, started together against one database file."""
-    procs, n = 4, 3
+    procs, n, db_path = 4, 3, any_db_path
+    env = {**ENV, "PIE_DEBUG_ARTIFACT_ROOT": os.environ.get("PIE_DEBUG_ARTIFACT_ROOT", "")}  # a server's files
     ValidationEngine(db_path)  # the schema exists before they start (they would race to create it too)
     running = [subprocess.Popen([sys.executable, "-c", _WORKER, str(db_path), str(micro_llama), str(w), str(n)],
-                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for w in range(procs)]
     made: dict[str, str] = {}
     for w, p in enumerate(running):

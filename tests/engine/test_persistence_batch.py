@@ -80,8 +80,9 @@ def test_batch_job_killed_midway_resumes(tiny_llama, tiny_qwen2, db_path):
     assert rerun.get_progress()["percent"] == 100.0 and rerun.get_progress()["status"] == "completed"
 
 
-def test_batch_job_in_parallel_processes(tiny_llama, tiny_qwen2, db_path):
-    models = [str(tiny_llama), str(tiny_qwen2), str(db_path.parent / "missing-model")]
+def test_batch_job_in_parallel_processes(tiny_llama, tiny_qwen2, any_db_path, tmp_path):
+    db_path = any_db_path  # a SQLite file, then a postgresql:// URL: the spawned workers reach the server
+    models = [str(tiny_llama), str(tiny_qwen2), str(tmp_path / "missing-model")]
     seen = []
     job = BatchValidationJob("par", models, {"parallel_execution": True, "max_concurrent_jobs": 2,
                                              "database_path": str(db_path), "alternative_backend": "pytorch"})

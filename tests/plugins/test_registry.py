@@ -24,7 +24,13 @@ def registry(tmp_path):
     return PluginRegistry(tmp_path / "s.db", engine=CompilationEngine(tmp_path / "cache"), discover=False)
 
 
-def test_register_get_list_and_filter(registry):
+@pytest.fixture
+def any_registry(any_db, tmp_path):
+    return PluginRegistry(any_db, engine=CompilationEngine(tmp_path / "cache"), discover=False)
+
+
+def test_register_get_list_and_filter(any_registry):
+    registry = any_registry  # on both engines
     assert registry.register_plugin(load_manifest(EXAMPLES / "cpp"))
     assert registry.register_plugin(EXAMPLES / "triton" / "plugin.json")  # a manifest path works too
     assert registry.get_plugin("example-cpp") == load_manifest(EXAMPLES / "cpp")

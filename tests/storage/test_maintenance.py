@@ -41,8 +41,8 @@ def _running_session(db: DatabaseManager, sid: str, **owner: object) -> str:
     return sid
 
 
-def test_running_session_records_its_owner_and_the_sweep_spares_live_owners(db_path):
-    db = DatabaseManager(db_path)
+def test_running_session_records_its_owner_and_the_sweep_spares_live_owners(any_db):
+    db = any_db
     me = leases.current_owner()
     _running_session(db, "mine")
     row = db.get_session("mine")
@@ -66,8 +66,8 @@ def test_running_session_records_its_owner_and_the_sweep_spares_live_owners(db_p
     assert leases.sweep(db).sessions == []  # a second sweeper finds nothing left to do
 
 
-def test_sweep_requeues_batch_items_of_dead_owners_only(db_path):
-    db = DatabaseManager(db_path)
+def test_sweep_requeues_batch_items_of_dead_owners_only(any_db):
+    db = any_db
     db.create_batch_job(["a", "b", "c"], job_id="j")
     for _ in range(3):
         db.claim_batch_item("j")
@@ -85,8 +85,8 @@ def test_sweep_requeues_batch_items_of_dead_owners_only(db_path):
     assert [i["status"] for i in db.get_batch_job("j")["items"]] == ["running", "running", "done"]
 
 
-def test_heartbeat_renews_the_leases_this_process_holds(db_path):
-    db = DatabaseManager(db_path)
+def test_heartbeat_renews_the_leases_this_process_holds(any_db):
+    db = any_db
     with leases.holding(db, 0.05):
         _running_session(db, "s")
         first = db.get_session("s")["heartbeat_at"]

@@ -14,7 +14,8 @@ def _run(db, make_result, rows, *, digest="d1", alt="pytorch"):
     return sid
 
 
-def test_diff_names_better_worse_unchanged_new_missing(db, make_result):
+def test_diff_names_better_worse_unchanged_new_missing(any_db, make_result):
+    db = any_db  # on both engines
     before = _run(db, make_result, [
         ("post_embedding", None, 1e-7, True),
         ("post_mlp", 0, 1e-5, True),      # -> fails: worse

@@ -236,8 +236,8 @@ def validate(
     text: list[str] | None = typer.Option(None, "--text", help="input sentence (repeatable); default: seeded random tokens"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
-    database: str | None = typer.Option(None, "--database", help="SQLite database (default: PIE_DEBUG_DATABASE or "
-                                        "~/.pie/debug/debug_framework.db)"),
+    database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
+                                        "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
     backend_module: list[str] | None = typer.Option(None, "--backend-module", metavar="PKG.MOD",
                                                     help="import this module first (repeatable): it registers "
                                                          "backends with register_backend(name, factory)"),
@@ -274,7 +274,7 @@ def validate(
     if as_json:
         print_json(result)
     else:
-        footer = f"session {sid} in {engine.database_path}" + (f"; wrote {output_file}" if output_file else "")
+        footer = f"session {sid} in {engine.db.location}" + (f"; wrote {output_file}" if output_file else "")
         _print_summary(make_console(), result, verbose, footer)
     return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
 

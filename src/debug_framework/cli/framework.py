@@ -281,6 +281,8 @@ def crash_log_dir(database: Path | None = None) -> Path:
             database = default_database_path(merge_config(from_environment()))
         except DebugFrameworkError:  # a bad PIE_DEBUG_* value must not hide the crash
             return Path(tempfile.gettempdir()) / "pie-debug-logs"
+    if not isinstance(database, Path):  # a postgresql:// URL: no folder beside it
+        return Path(tempfile.gettempdir()) / "pie-debug-logs"
     return database.expanduser().parent / "logs"
 
 

@@ -108,7 +108,8 @@ def compile_plugin(
     timeout: float = typer.Option(60.0, "--timeout", help="seconds a sample may run before it counts as a hang"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="build cache (default ~/.pie/debug/plugin-builds)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
-    database: str | None = typer.Option(None, "--database", help="session database holding the plugin registry"),
+    database: str | None = typer.Option(None, "--database", help="session database holding the plugin registry "
+                                          "(a file or a postgresql:// URL)"),
 ) -> int:
     """Compile (and validate) one plugin, or list the registered ones."""
     invocation: Invocation = ctx.obj

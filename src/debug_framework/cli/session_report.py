@@ -56,15 +56,16 @@ _EPILOG = ("Exit codes: 0 ok; 1 --diff found a checkpoint that got worse; 2 usag
 app = make_app(_HELP, epilog=_EPILOG)
 
 
-def _database_path(arg: Path | None) -> Path:
-    if arg is not None:
-        return arg.expanduser()
+def _database_path(arg: str | None) -> Path | str:
+    """The database file (``~`` expanded), or a ``postgresql://`` URL as given."""
     from ..config import default_database_path, from_environment, merge_config
 
+    if arg is not None:
+        return default_database_path({"database_path": arg})
     return default_database_path(merge_config(from_environment()))
 
 
-def _open_db(path: Path) -> DatabaseManager:
+def _open_db(path: Path | str) -> DatabaseManager:
     """The database, opened read-only: a report never changes the file (nor migrates it; an older
     file is read through a migrated temporary copy)."""
     from ..services.database_manager import DatabaseManager
@@ -73,9 +74,10 @@ def _open_db(path: Path) -> DatabaseManager:
     return DatabaseManager.open_read_only(path)
 
 
-def _require_db_file(path: Path) -> None:
-    """A missing database is an error: no command of this CLI creates one."""
-    if not path.is_file():
+def _require_db_file(path: Path | str) -> None:
+    """A missing database is an error: no command of this CLI creates one (a server URL is checked
+    when it connects)."""
+    if isinstance(path, Path) and not path.is_file():
         raise DatabaseError("no session database at this path", database=str(path),
                             hint="pass --database PATH (or set PIE_DEBUG_DATABASE) to the file debug_validate wrote")
 
@@ -244,7 +246,7 @@ def _one_mode(session_id: str | None, list_: bool, diff: tuple[str, str] | None,
                        + (f" (got {', '.join(given)})" if given else ""), hint=f"{PROG} --help lists the options")
 
 
-def _cmd_maintenance(path: Path, dry_run: bool, older_than: float | None, as_json: bool) -> int:
+def _cmd_maintenance(path: Path | str, dry_run: bool, older_than: float | None, as_json: bool) -> int:
     """``--maintenance``: one maintenance pass (the only command here that writes)."""
     from ..config import from_environment, merge_config
     from ..services.maintenance import run_maintenance
@@ -274,8 +276,8 @@ def report(
     output_file: Path | None = typer.Option(None, "--output-file", help="write here instead of stdout"),
     include_tensors: bool = typer.Option(False, "--include-tensors", help="include recorded tensors (statistics and "
                                          "values) from the tensor store (json, html)"),
-    database: Path | None = typer.Option(None, "--database", help="SQLite database (default: PIE_DEBUG_DATABASE or "
-                                         "~/.pie/debug/debug_framework.db)"),
+    database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
+                                        "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
     tensor_store: Path | None = typer.Option(None, "--tensor-store", help="tensor store root (default: <db dir>/<db "
                                              "name>_tensors)"),
     as_json: bool = typer.Option(False, "--json", help="with --list (or a --diff without --output-format): JSON on stdout"),
@@ -308,7 +310,7 @@ def report(
         raise CliError(f"--status {status!r} is not a session status" + did_you_mean(status, SESSION_STATUSES),
                        hint=one_of(SESSION_STATUSES))
     path = _database_path(database)
-    invocation.database = path
+    invocation.database = path if isinstance(path, Path) else None
     if maintenance:
         return _cmd_maintenance(path, dry_run, older_than, as_json)
     db = _open_db(path)

@@ -33,15 +33,19 @@ def check_dtype(option: str, dtype: str | None) -> None:
                               hint=one_of(FLOAT_DTYPES))
 
 
-def check_database_path(database: str | os.PathLike[str]) -> Path:
+def check_database_path(database: str | os.PathLike[str]) -> Path | None:
     """The session database file, checked as the engine will use it: a file path whose directory
-    exists (it is created, as the engine would) and is writable, or an existing file.
+    exists (it is created, as the engine would) and is writable, or an existing file. ``None`` for a
+    ``postgresql://`` URL (the engine checks the server when it connects).
 
     Raises:
         DatabaseError: the path is a directory, or its directory cannot be created or written (DF003).
     """
     from ..storage.core import _checked_path  # path rules of the storage layer (light: no torch)
+    from ..storage.postgres import is_server_url
 
+    if is_server_url(os.fspath(database)):
+        return None
     path = _checked_path(database)
     if path.is_dir():
         raise DatabaseError("the database path is a directory", database=str(path),

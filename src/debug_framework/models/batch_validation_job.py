@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import default_database_path, merge_config
+from ..config import database_settings, default_database_path, merge_config
 from ..errors import ValidationError
 from ..storage.database import Database
 from ..storage.schema import BATCH_ITEM_STATUSES
@@ -103,9 +103,11 @@ class BatchValidationJob:
         self.session_config = {k: v for k, v in self.config.items() if k not in BATCH_OPTIONS}
         self.reference_backend = str(self.config.get("reference_backend", "python_reference"))
         self.alternative_backend = str(self.config.get("alternative_backend", "auto"))
-        self.db = Database(db_path)
+        self.db = Database(db_path, **database_settings(self.framework_config))
         self.database_path = self.db.database_path
         stored = {k: v for k, v in self.config.items() if k != "framework_config"}
+        if "database_path" in stored:
+            stored["database_path"] = self.db.location  # a server URL's password is never stored
         self.db.batches.create(self.model_paths, stored, job_id=self.job_id)  # no-op when it exists
         job = self.db.batches.get(self.job_id)
         assert job is not None

@@ -164,7 +164,7 @@ class BatchExecutor:
     def _run(self, job: BatchValidationJob, progress: ProgressCallback | None) -> bool:
         """One round over the pending items; True when a worker process crashed."""
         show = bool(job.config.get("show_progress", False))
-        args = (str(job.database_path), job.job_id, job.framework_config, job.session_config,
+        args = (str(job.db.target), job.job_id, job.framework_config, job.session_config,
                 job.reference_backend, job.alternative_backend)
         pending = job.get_progress()["pending"]
         workers = min(job.max_concurrent_jobs, pending) if job.parallel_execution else 0

@@ -47,7 +47,8 @@ __all__ = [
 
 
 class DatabaseManager(Database):
-    """Owns one SQLite database file: schema, connections, transactions, and the typed queries.
+    """Owns one database (a SQLite file, or a ``postgresql://`` server): schema, connections,
+    transactions, and the typed queries.
 
     ``DatabaseManager(database_path, *, busy_timeout_s=10.0, max_retry_s=120.0, initialize=True)``
 

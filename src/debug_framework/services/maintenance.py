@@ -199,7 +199,7 @@ def _optimise(db: Database, dry_run: bool, compact: bool) -> tuple[list[str], in
     (in a dry run, the bytes the free pages hold now)."""
     d = db.dialect
     if dry_run:
-        names = ["PRAGMA optimize"] + (["VACUUM"] if compact else [])
+        names = ["PRAGMA optimize" if d.name == "sqlite" else "ANALYZE"] + (["VACUUM"] if compact else [])
         return names, db.read(d.reclaimable_bytes, "measure the free pages") if compact else 0
     before = _db_bytes(db.database_path)
     ran = [db.read(d.optimize, "optimise the database")]
@@ -224,7 +224,7 @@ def run_maintenance(database: DatabaseLike, *, dry_run: bool = False, older_than
     settings = resource_settings(merge_config(config))
     db = open_database(database)
     days = older_than_days if older_than_days is not None else settings.retention_days
-    report = MaintenanceReport(database=str(db.database_path), dry_run=dry_run)
+    report = MaintenanceReport(database=db.location, dry_run=dry_run)
     report.swept = sweep(db, dry_run=dry_run, legacy_after_s=settings.max_session_duration)
     expired = {str(r["session_id"]) for r in _expired(db, days)}
     report.expired_sessions = sorted(expired)

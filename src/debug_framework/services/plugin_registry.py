@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_CONFIG, from_environment, merge_config
+from ..config import DEFAULT_CONFIG, default_database_path, from_environment, merge_config
 from ..errors import PluginCompilationError
 from ..plugins.manifest import PluginDefinition, load_manifest
 from ..plugins.sweep import SweepReport, sweep_plugin
@@ -88,7 +88,9 @@ class PluginRegistry:
                  discover: bool = True) -> None:
         if db is None:
             db = merge_config(DEFAULT_CONFIG, from_environment())["database_path"]
-        self.db: Database = open_database(Path(os.fspath(db)).expanduser() if not isinstance(db, Database) else db)
+        if not isinstance(db, Database):
+            db = default_database_path({"database_path": os.fspath(db)})  # ~ expanded; a server URL as given
+        self.db: Database = open_database(db)
         self.engine = engine or CompilationEngine()
         self._discover = discover
         self.discovery_errors: list[PluginCompilationError] = []

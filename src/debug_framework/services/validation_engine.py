@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
-from ..config import default_database_path, merge_config, resource_settings
+from ..config import database_settings, default_database_path, merge_config, resource_settings
 from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError, no_space_error
 from ..jsonio import json_safe
 from ..measure import Timer
@@ -176,7 +176,7 @@ class ValidationEngine:
         self.config = merge_config(config)
         self.stages: tuple[Stage, ...] = tuple(stages)
         path = database_path if database_path is not None else default_database_path(self.config)
-        self.db = DatabaseManager(path)
+        self.db = DatabaseManager(path, **database_settings(self.config))
         self.database_path = self.db.database_path
         self.inputs_dir = inputs_dir_of(self.database_path)
         self.resources = resource_settings(self.config)
@@ -187,7 +187,7 @@ class ValidationEngine:
         self.artifacts_dir = artifacts_dir_of(self.database_path)
 
     def __repr__(self) -> str:
-        return f"ValidationEngine({str(self.database_path)!r})"
+        return f"ValidationEngine({self.db.location!r})"
 
     # ---------------------------------------------------------------- sessions
 
@@ -260,7 +260,7 @@ class ValidationEngine:
             full = no_space_error(exc, "save the session inputs", file=str(path))
             if full is not None:
                 raise full from exc
-            raise DatabaseError(f"cannot save the session inputs: {exc}", database=str(self.database_path)) from exc
+            raise DatabaseError(f"cannot save the session inputs: {exc}", database=self.db.location) from exc
 
     def _session(self, session_id: str) -> dict[str, Any]:
         row = self.db.get_session(session_id)

@@ -2,7 +2,7 @@
 
 * :mod:`.core` - :class:`SqlCore`: connections per (process, thread), transactions with busy
   retry, driver errors wrapped into DatabaseError (DF003) / ResourceExhaustedError (DF007).
-* :mod:`.dialect` - the narrow seam to the SQL engine (SQLite today).
+* :mod:`.dialect` - the narrow seam to the SQL engine (SQLite; :mod:`.postgres` for a server).
 * :mod:`.schema` - DDL, enumerations, versioned migrations.
 * one store per kind of data: :mod:`.sessions`, :mod:`.checkpoints`, :mod:`.recordings`
   (tensor recordings and comparisons), :mod:`.batches` (the batch queue).

@@ -89,7 +89,7 @@ class BatchQueueStore:
             ).rowcount
             if n != 1 and not if_owned:
                 raise DatabaseError(f"batch job {job_id!r} has no item {item_index}",
-                                    database=str(self.core.database_path))
+                                    database=self.core.location)
             return n == 1
 
         return self.core.run_in_transaction(do, f"update batch job {job_id} item {item_index}")
@@ -98,17 +98,18 @@ class BatchQueueStore:
         """Atomically take the next pending item of a job (status -> running); None when none is left."""
 
         def do(c: Connection) -> dict[str, Any] | None:
+            # one statement on both engines (UPDATE ... RETURNING): the row changes to running as it
+            # is read, inside the write transaction, so two claimers never get the same item
             row = self.core.execute(
-                c, "SELECT * FROM batch_job_items WHERE job_id = ? AND status = 'pending' ORDER BY item_index LIMIT 1",
-                (job_id,),
+                c, "UPDATE batch_job_items SET status = 'running', updated_at = ?"
+                   " WHERE job_id = ? AND status = 'pending' AND item_index = (SELECT MIN(item_index)"
+                   " FROM batch_job_items WHERE job_id = ? AND status = 'pending') RETURNING *",
+                (utc_now(), job_id, job_id),
             ).fetchone()
             if row is None:
                 return None
-            self.core.execute(c, "UPDATE batch_job_items SET status = 'running', updated_at = ?"
-                                 " WHERE job_id = ? AND item_index = ?", (utc_now(), job_id, row["item_index"]))
-            stamp(self.core, c, "batch_job_items", (job_id, row["item_index"]))  # owner and heartbeat lease
             d = dict(row)
-            d["status"] = "running"
+            stamp(self.core, c, "batch_job_items", (job_id, d["item_index"]))  # owner and heartbeat lease
             return d
 
         return self.core.run_in_transaction(do, f"claim an item of batch job {job_id}")

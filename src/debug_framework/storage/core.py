@@ -1,8 +1,9 @@
 """The SQL core: one database file, one connection per (process, thread), transactions with retry.
 
 * The path is always passed in (the default ``~/.pie/debug/debug_framework.db`` is resolved by
-  :mod:`debug_framework.config`, never here); ``:memory:`` and URIs are refused (sessions are shared
-  between threads and processes through the file).
+  :mod:`debug_framework.config`, never here); ``:memory:`` and ``file:`` URIs are refused (sessions
+  are shared between threads and processes through the file). A ``postgresql://`` URL selects the
+  :class:`~.postgres.PostgresDialect` (rows on the server, files under its ``artifact_root``).
 * Connections open lazily, one per (process, thread), configured by the :class:`~.dialect.Dialect`
   (SQLite: WAL journal, ``foreign_keys=ON``, ``busy_timeout``, autocommit with an explicit
   ``BEGIN IMMEDIATE`` for every write, so a writer takes the write lock up front).
@@ -23,9 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack
 
-from ..config import check_keywords
+from ..config import check_keywords, from_environment
 from ..errors import DatabaseError, ResourceExhaustedError, no_space_error
 from .dialect import SQLITE, Connection, Dialect
+from .postgres import is_server_url
 
 __all__ = ["SqlCore", "CoreSettings", "Params", "Row"]
 
@@ -49,6 +51,12 @@ class CoreSettings(TypedDict, total=False):
     dialect: Dialect
     #: open connections that cannot write (nothing on disk changes; a write is DatabaseError)
     read_only: bool
+    #: the shared folder of tensor files, inputs and exports of a ``postgresql://`` database
+    #: (default ``config["artifact_root"]`` / ``PIE_DEBUG_ARTIFACT_ROOT``; a server has no
+    #: "beside the database file")
+    artifact_root: str | os.PathLike[str]
+    #: how long connecting to a database server may take before DF003 (default 10 s)
+    connect_timeout_s: float
 
 
 def _checked_path(database_path: str | os.PathLike[str], create_dir: bool = True) -> Path:
@@ -78,6 +86,24 @@ def _checked_path(database_path: str | os.PathLike[str], create_dir: bool = True
     return path
 
 
+def server_dialect(database_path: object, settings: CoreSettings) -> Dialect | None:
+    """The PostgreSQL dialect for a ``postgresql://`` URL (DatabaseError without an artifact root)."""
+    if not is_server_url(database_path):
+        return None
+    given = settings.get("dialect")
+    if given is not None and getattr(given, "url", None) == str(database_path):
+        return given  # reopened in another process or thread: the dialect carries its root
+    from .postgres import PostgresDialect, redact_url
+
+    root = settings.get("artifact_root") or from_environment().get("artifact_root")
+    if not root:
+        raise DatabaseError("a PostgreSQL database needs a shared folder for its tensor files, inputs and exports",
+                            database=redact_url(str(database_path)),
+                            hint="set config['artifact_root'] (or PIE_DEBUG_ARTIFACT_ROOT) to a folder every "
+                                 "machine using this database mounts")
+    return PostgresDialect(str(database_path), root, float(settings.get("connect_timeout_s", 10.0)))
+
+
 class SqlCore:
     """Connections, transactions, retries and error wrapping for one database file.
 
@@ -91,10 +117,16 @@ class SqlCore:
     def __init__(self, database_path: str | os.PathLike[str], **settings: Unpack[CoreSettings]) -> None:
         check_keywords(settings, CoreSettings, type(self).__name__)
         self.read_only = bool(settings.get("read_only", False))
-        self.database_path = _checked_path(database_path, create_dir=not self.read_only)
         self.busy_timeout_s = float(settings.get("busy_timeout_s", 10.0))
         self.max_retry_s = float(settings.get("max_retry_s", 120.0))
-        self.dialect: Dialect = settings.get("dialect", SQLITE)
+        self.dialect: Dialect = server_dialect(database_path, settings) or settings.get("dialect", SQLITE)
+        #: for a database server, the path its files are named from (``<artifact root>/<dbname>``)
+        self.database_path = getattr(self.dialect, "files_anchor", None) or _checked_path(
+            database_path, create_dir=not self.read_only)
+        #: how messages name the database: the file, or the server URL without its password
+        self.location: str = getattr(self.dialect, "location", None) or str(self.database_path)
+        if hasattr(self.dialect, "files_anchor") and not self.read_only:
+            self.database_path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._all: list[tuple[int, Connection]] = []
         self._all_lock = threading.Lock()
@@ -102,10 +134,18 @@ class SqlCore:
 
     # ---------------------------------------------------------------- connections
 
+    @property
+    def target(self) -> str | Path:
+        """What opens this database again: the file, or the server URL (it holds the password:
+        never print it; :attr:`location` is for messages)."""
+        return getattr(self.dialect, "url", None) or self.database_path
+
     def _open(self) -> Connection:
+        if self.read_only and hasattr(self.dialect, "url"):
+            return self.dialect.connect(self.database_path, self.busy_timeout_s, read_only=True)
         if self.read_only:  # no journal-mode switch: a reader leaves the file exactly as it found it
             if not self.database_path.is_file():
-                raise DatabaseError("no database at this path", database=str(self.database_path),
+                raise DatabaseError("no database at this path", database=self.location,
                                     hint="a database opened read-only is never created")
             return self.dialect.connect(self.database_path, self.busy_timeout_s, read_only=True)
         conn = self.dialect.connect(self.database_path, self.busy_timeout_s)
@@ -114,16 +154,16 @@ class SqlCore:
 
     def _refuse_write(self, what: str) -> None:
         if self.read_only:
-            raise DatabaseError(f"cannot {what}: the database was opened read-only", database=str(self.database_path),
+            raise DatabaseError(f"cannot {what}: the database was opened read-only", database=self.location,
                                 hint="open it without read_only to change it")
 
     def get_connection(self) -> Connection:
         """This thread's connection (opened on first use; reopened after ``fork``)."""
         if self._closed:
-            raise DatabaseError("the database was closed", database=str(self.database_path),
+            raise DatabaseError("the database was closed", database=self.location,
                                 hint="open it again (a new DatabaseManager or Database)")
         conn = getattr(self._local, "conn", None)
-        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+        if conn is None or getattr(self._local, "pid", None) != os.getpid() or getattr(conn, "broken", False):
             try:
                 conn = self._open()
             except self.dialect.error_types as exc:
@@ -151,7 +191,9 @@ class SqlCore:
 
     def wrap(self, exc: BaseException, what: str) -> DatabaseError | ResourceExhaustedError:
         """The framework error (DF003, or DF007 for a full disk) for a driver error while doing ``what``."""
-        where = str(self.database_path)
+        if isinstance(exc, DatabaseError):
+            return exc
+        where = self.location
         if self.dialect.is_disk_full(exc):
             return ResourceExhaustedError(
                 f"disk full while trying to {what}: {exc}",

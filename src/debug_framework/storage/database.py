@@ -82,7 +82,7 @@ class Database(SqlCore):
     # A database can be handed to another process (multiprocessing spawn/fork): only the settings
     # travel (the dialect included); the new process opens its own connections.
     def __getstate__(self) -> dict[str, Any]:
-        return {"database_path": self.database_path, "busy_timeout_s": self.busy_timeout_s,
+        return {"database_path": self.target, "busy_timeout_s": self.busy_timeout_s,
                 "max_retry_s": self.max_retry_s, "dialect": self.dialect, "read_only": self.read_only}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -91,7 +91,7 @@ class Database(SqlCore):
                           read_only=state.get("read_only", False), initialize=False)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.database_path)!r})"
+        return f"{type(self).__name__}({self.location!r})"
 
     def __enter__(self) -> Self:
         return self

@@ -1,12 +1,13 @@
-"""The narrow seam between the stores and one SQL engine (today SQLite; PostgreSQL can follow).
+"""The narrow seam between the stores and one SQL engine (SQLite here; PostgreSQL in :mod:`.postgres`).
 
 Every statement in :mod:`debug_framework.storage` is written once, in the SQL both engines share
 (``?`` placeholders, ``INSERT ... ON CONFLICT (...) DO UPDATE SET c = excluded.c``, ``COALESCE``,
 ``CASE``), and passes through :meth:`Dialect.sql` before it runs. What differs between engines lives
 here and nowhere else: connecting (pragmas), the statement that starts a write transaction, the
 auto-increment and JSON column types used by the DDL, introspection, and which driver errors mean
-"busy, retry" or "disk full". A PostgreSQL dialect implements the same :class:`Dialect` protocol
-(``%s`` placeholders, ``BIGSERIAL``/``JSONB``, psycopg's error classes); the stores do not change.
+"busy, retry" or "disk full". :class:`~.postgres.PostgresDialect` implements the same protocol
+(``%s`` placeholders, ``BIGSERIAL``, an advisory write lock, psycopg's error classes); the stores do
+not change.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def stamp(core: SqlCore, conn: Connection, table: str, key: tuple[object, ...]) 
     """Record this process as the owner of one row (inside the caller's transaction); the lease
     lasts :data:`LEASE_FACTOR` intervals of the heartbeat this process holds on the database."""
     owner, now = current_owner(), time.time()
-    beat = _BEATS.get((owner.pid, str(core.database_path)))
+    beat = _BEATS.get((owner.pid, core.location))
     interval_s = beat.interval_s if beat is not None else DEFAULT_HEARTBEAT_S
     core.execute(
         conn,
@@ -242,7 +242,7 @@ _BEATS_LOCK = threading.Lock()
 @contextlib.contextmanager
 def holding(core: SqlCore, interval_s: float = DEFAULT_HEARTBEAT_S) -> Iterator[None]:
     """Keep this process's leases in ``core``'s database alive while the block runs."""
-    key = (os.getpid(), str(core.database_path))
+    key = (os.getpid(), core.location)
     with _BEATS_LOCK:
         beat = _BEATS.get(key)
         if beat is None or beat.interval_s != float(interval_s):

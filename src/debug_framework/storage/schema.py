@@ -367,19 +367,38 @@ def schema_version(core: SqlCore) -> int:
     return core.read(lambda c: _version_of(core, c), "read the schema version")
 
 
+def _create_baseline(core: SqlCore, conn: Connection, version: int) -> None:
+    """An empty database of an engine with no older files (PostgreSQL: ``dialect.baseline_version``
+    = 2) is created at that version directly: SQLite's steps 1 and 2 rebuild tables by name, which
+    only old SQLite files need. Later steps run on it like on any file."""
+    if version != 2:
+        raise ValueError(f"no baseline layout for schema version {version}")
+    d = core.dialect
+    core.execute(conn, _SCHEMA_VERSION_TABLE)
+    for sql in (_v2_sessions_sql(d, "sessions"), _v2_checkpoint_results_sql(d, "checkpoint_results"),
+                _v2_tensor_recordings_sql(d, "tensor_recordings"), *_v2_new_tables(d), *_V2_INDEXES):
+        core.execute(conn, sql)
+    core.execute(conn, "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (1, utc_now()))
+
+
 def _apply_step(core: SqlCore, target: int) -> int:
     """Run the migration to ``target`` in one transaction (unless another process just did)."""
+    baseline = int(getattr(core.dialect, "baseline_version", 0))
 
     def apply(c: Connection) -> int:
         now_v = _version_of(core, c)
         if now_v >= target:
             return now_v  # another process did it while we waited for the lock
+        if now_v == 0 and target <= baseline:
+            _create_baseline(core, c, baseline)
+            core.execute(c, "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (baseline, utc_now()))
+            return baseline
         _MIGRATIONS[target](core, c)
         bad = core.dialect.broken_references(c)
         if bad:
             raise DatabaseError(
                 f"migration to version {target} left {bad} rows with broken references",
-                database=str(core.database_path),
+                database=core.location,
                 hint="the file was rolled back; report this with a copy of the database",
             )
         core.execute(c, "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (target, utc_now()))
@@ -395,7 +414,7 @@ def readable_version(core: SqlCore) -> int:
         raise DatabaseError(
             f"the database has schema version {current}, newer than this code's {SCHEMA_VERSION}",
             hint="upgrade multi-backend-debug-framework, or point database_path at another file",
-            database=str(core.database_path),
+            database=core.location,
         )
     return current
 

@@ -81,7 +81,7 @@ class SessionStore:
 
     def _missing(self, session_id: str) -> DatabaseError:
         return DatabaseError(f"session {session_id!r} does not exist", session=session_id,
-                             database=str(self.core.database_path), hint="create the session first")
+                             database=self.core.location, hint="create the session first")
 
     def require(self, conn: Connection, session_id: str) -> None:
         """Raise DatabaseError (inside the caller's transaction) when the session does not exist."""

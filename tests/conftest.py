@@ -1,0 +1,126 @@
+"""Fixtures every test directory may use: a throwaway PostgreSQL server for the tests that run on
+both database engines (docs/storage.md, "PostgreSQL").
+
+``pg_server`` (one per test session) runs ``initdb`` + ``pg_ctl`` in a temporary folder on a free
+loopback port (as the unprivileged ``nobody`` when the tests run as root: the server refuses root),
+with password authentication over TCP; it skips, saying why, where the binaries or psycopg are
+missing. ``pg_url`` gives each test a database of its own (``CREATE DATABASE``) and points
+``PIE_DEBUG_ARTIFACT_ROOT`` at a temporary folder; ``any_db_path`` is parametrised over both engines.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_PASSWORD = "pie-test-secret"
+_COUNTER = itertools.count()
+
+
+@dataclass(frozen=True)
+class PgServer:
+    host: str
+    port: int
+    password: str
+
+    def url(self, dbname: str, password: str | None = None) -> str:
+        return f"postgresql://postgres:{password or self.password}@{self.host}:{self.port}/{dbname}"
+
+
+def _binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_server_user(base: Path) -> list[str]:
+    """The command prefix that runs the server unprivileged (root: ``runuser -u nobody``)."""
+    if os.geteuid() != 0:
+        return []
+    runuser = shutil.which("runuser")
+    if runuser is None:
+        pytest.skip("PostgreSQL refuses to run as root and runuser is not available to drop privileges")
+    try:
+        shutil.chown(base, "nobody")
+    except (LookupError, OSError) as exc:
+        pytest.skip(f"PostgreSQL refuses to run as root and there is no 'nobody' user to run it as: {exc}")
+    return [runuser, "-u", "nobody", "--"]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found; scripts/setup.sh installs them")
+    base = Path(tempfile.mkdtemp(prefix="pie-pg-"))  # not under pytest's 0700 tmp: the server user reads it
+    prefix = _as_server_user(base)
+    (base / "pw").write_text(_PASSWORD)
+    os.chmod(base / "pw", 0o644)
+    port = _free_port()
+    data = base / "data"
+    try:
+        subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "--pwfile", str(base / "pw"),
+                        "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8"],
+                       check=True, capture_output=True, timeout=120)
+        opts = (f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+                " -c full_page_writes=off -c max_connections=300")
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-o", opts, "-w", "-t", "60",
+                        "start"], check=True, capture_output=True, timeout=90)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        err = getattr(exc, "stderr", b"") or b""
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"could not start a throwaway PostgreSQL server: {exc} {err.decode(errors='replace')[-300:]}")
+    try:
+        yield PgServer("127.0.0.1", port, _PASSWORD)
+    finally:
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new empty database on the test server; its files go under ``tmp_path/artifacts``."""
+    import psycopg
+
+    name = f"t{os.getpid()}_{next(_COUNTER)}"
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")  # a name made above, not user input
+    monkeypatch.setenv("PIE_DEBUG_ARTIFACT_ROOT", str(tmp_path / "artifacts"))
+    return pg_server.url(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_path(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
+    """The database of a test that runs on both engines: a SQLite file, or a PostgreSQL URL."""
+    if request.param == "sqlite":
+        return tmp_path / "db" / "debug_framework.db"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def any_db(any_db_path: str | Path) -> Iterator[object]:
+    """A DatabaseManager on :func:`any_db_path` (closed after the test)."""
+    from debug_framework.services.database_manager import DatabaseManager
+
+    manager = DatabaseManager(any_db_path)
+    yield manager
+    manager.close()
