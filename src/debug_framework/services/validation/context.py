@@ -1,0 +1,118 @@
+"""What every stage shares: the :class:`RunContext` of one run, the :class:`Stage` base class, and
+:func:`call_backend`, the one way a stage calls into a backend (its failures read as the backend's,
+bounded by the session's time limit). The stages themselves are in :mod:`.stages`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from ...backends.base import Backend
+from ...capture.keys import Capture
+from ...errors import DebugFrameworkError, ValidationError
+from .deadline import bounded
+from .plan import ValidationPlan
+from .results import CheckpointOutcome, LayerIsolation, ValidationResult
+
+if TYPE_CHECKING:
+    from ...modelio import LoadedModel, ModelInputs
+    from ...models.debug_session import DebugSession
+    from ..database_manager import DatabaseManager
+
+T = TypeVar("T")
+
+__all__ = ["RunContext", "Stage", "call_backend"]
+
+
+@dataclass
+class RunContext:
+    """Everything one validation run shares between its stages.
+
+    The first fields are given by the engine; the rest are filled by the stages in order (a stage
+    reads only what an earlier stage wrote).
+    """
+
+    session: DebugSession
+    db: DatabaseManager
+    database_path: Path
+    framework_config: Mapping[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+    performance: dict[str, Any] = field(default_factory=dict)
+    # load
+    plan: ValidationPlan = field(init=False)
+    model: LoadedModel = field(init=False)
+    inputs: ModelInputs = field(init=False)
+    # prepare
+    reference: Backend = field(init=False)
+    alternative: Backend = field(init=False)
+    prepare_s: dict[str, float] = field(default_factory=dict)
+    isolating: bool = False
+    isolation_note: str | None = None
+    calibrator: Backend | None = None  # the trusted implementation at the alternative's precision
+    # reference / alternative
+    captures: dict[str, Capture] = field(default_factory=dict)
+    # compare and after
+    outcomes: list[CheckpointOutcome] = field(default_factory=list)
+    isolation: list[LayerIsolation] | None = None
+    oracle_report: dict[str, Any] | None = None
+    noise: dict[str, Any] | None = None
+    recordings: str | None = None
+    result: ValidationResult | None = None
+
+    @property
+    def reference_capture(self) -> Capture:
+        return self.captures["reference"]
+
+    @property
+    def alternative_capture(self) -> Capture:
+        return self.captures["alternative"]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The checkpoint rows as they stand now (what the engine persists after a stage)."""
+        return [o.row() for o in self.outcomes]
+
+
+class Stage:
+    """One step of a validation.
+
+    Attributes:
+        name: the label of its progress report.
+        timing_key: where its wall time goes in the performance summary (None: not timed apart).
+        persists_rows: the checkpoint rows are written again after it (it changed a verdict or
+            added isolation, oracle or noise-floor fields).
+    """
+
+    name: ClassVar[str] = "stage"
+    timing_key: ClassVar[str | None] = None
+    persists_rows: ClassVar[bool] = False
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        """Whether this stage belongs to a session with this (validated) configuration: decided
+        before the run, so progress knows its total."""
+        return True
+
+    def ready(self, ctx: RunContext) -> bool:
+        """Whether there is work for it in this run, decided when its turn comes (False: the engine
+        reports its progress step but neither times it nor persists rows after it)."""
+        return True
+
+    def run(self, ctx: RunContext) -> None:
+        """Do this stage's work on ``ctx``."""
+        raise NotImplementedError
+
+
+def call_backend(backend: Backend, what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, a call into ``backend``: an exception that is not a framework error becomes
+    ``ValidationError`` (DF005) naming the backend and the call, so a backend failing mid-run reads
+    as the backend's failure, while an exception from the stages' own code stays what it is (a bug
+    of ours: exit 3 from a CLI)."""
+    try:
+        return bounded(fn)  # interrupted at the session's time limit (deadline.py)
+    except DebugFrameworkError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raised, kept as the cause
+        raise ValidationError(f"backend {backend.name!r} failed in {what}: {type(exc).__name__}: {exc}",
+                              backend=backend.name) from exc
