@@ -12,6 +12,12 @@ from debug_framework.cli import plugin_compile
 from .conftest import EXAMPLES, write_plugin
 
 
+@pytest.fixture(autouse=True)
+def _elsewhere(tmp_path, monkeypatch):
+    """Run in a scratch directory: default outputs (``plugin_repros/``) never land in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _run(capsys, *argv):
     code = plugin_compile.main([str(a) for a in argv])
     out, err = capsys.readouterr()
