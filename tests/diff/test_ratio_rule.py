@@ -73,3 +73,23 @@ def test_kerneldiff_rejects_unknown_tolerance_keywords(tiny):
     model, inputs = tiny
     with pytest.raises(TypeError, match="rtoll"):
         KernelDiffHarness(model, inputs, rtoll=1e-3)
+
+
+def test_an_exact_match_with_nothing_finite_passes_and_a_mismatch_does_not():
+    """A full reduction over NaN or Inf gives nothing finite: matching the oracle exactly passes."""
+    rule = RatioRule.calibrated(torch.tensor([1.0]), torch.finfo(torch.float32).eps)
+    oracle = torch.tensor([math.nan, math.inf], dtype=torch.float64)
+    same = compare(oracle, oracle.float(), check_dtype=False, equal_nan=True)
+    assert rule.verdict(same, same).passed
+    wrong = compare(oracle, torch.tensor([math.nan, -math.inf]), check_dtype=False, equal_nan=True)
+    verdict = rule.verdict(same, wrong)
+    assert not verdict.passed and "non-finite mismatch" in verdict.reason
+
+
+def test_the_calibrated_floor_follows_the_scale_of_the_reference():
+    eps = torch.finfo(torch.float32).eps
+    small, large = RatioRule.calibrated(torch.full((8,), 1e-3), eps), RatioRule.calibrated(torch.full((8,), 1e3), eps)
+    assert small.multiplier == large.multiplier == 4.0
+    assert small.floor == pytest.approx(eps * 1e-3) and large.floor == pytest.approx(eps * 1e3)
+    huge = torch.full((4,), torch.finfo(torch.float64).max / 2, dtype=torch.float64)
+    assert math.isfinite(RatioRule.calibrated(huge, eps).floor)  # no overflow near the dtype's max

@@ -168,3 +168,26 @@ def test_the_bound_is_shown_everywhere(tiny_models, engine, tmp_path):
     for name, svg in charts.items():
         if name != "per_layer_time":  # every error chart draws its bound
             assert "bound at" in svg, name
+
+
+def test_isolation_never_overrides_a_calibrated_verdict_with_a_fixed_tolerance():
+    """Without a calibrated replay verdict (a calibration backend that cannot replay a layer), the
+    replay's fixed tolerance fails only checkpoints that are themselves judged by a tolerance."""
+    import torch
+
+    from debug_framework.capture.keys import CheckpointKey
+    from debug_framework.comparison import RatioRule, compare
+    from debug_framework.services.validation.results import CheckpointOutcome
+
+    ref = torch.ones(8)
+    off = compare(ref, ref + 1e-2)  # fails the float32 tolerance
+    key = CheckpointKey("post_attention", 1)
+    calibrated = RatioRule.calibrated(ref, 1e-7).verdict(off, off)  # within its calibrated bound
+    by_noise = CheckpointOutcome(key, off, True, None, introduced=off, judgement=calibrated)
+    assert by_noise.introduces_error and not by_noise.fails_by_isolation
+    by_tolerance = CheckpointOutcome(key, off, True, None, introduced=off)
+    assert by_tolerance.fails_by_isolation
+    replay_fails = RatioRule.calibrated(ref, 1e-7).verdict(compare(ref, ref), off)
+    by_replay = CheckpointOutcome(key, off, True, None, introduced=off, judgement=calibrated,
+                                  introduced_judgement=replay_fails)
+    assert by_replay.fails_by_isolation

@@ -43,6 +43,21 @@ def test_the_cache_key_follows_the_source_bytes(tmp_path):
     assert engine.cache_key(load_manifest(manifest)) != before
 
 
+def test_the_cache_key_follows_the_manifest_not_only_the_sources(tmp_path):
+    """Same sources, another id or another kernel list: another build (the artifact and its record differ)."""
+    def manifest(folder: str, plugin_id: str, dtypes: list[str]):
+        kernels = [{"name": "s", "op": "aten::softmax.int", "entry": "softmax", "dtypes": dtypes}]
+        return load_manifest(write_plugin(tmp_path / folder, json.dumps(
+            {"id": plugin_id, "version": "1", "backend": "triton", "sources": ["k.py"], "kernels": kernels}),
+            {"k.py": "def softmax(x, dim, half_to_float=False):\n    return x\n"}))
+    engine = CompilationEngine(tmp_path / "cache")
+    a, b = manifest("a", "one", ["float32"]), manifest("b", "two", ["float32"])
+    assert engine.cache_key(a) != engine.cache_key(b)
+    assert engine.cache_key(a) != engine.cache_key(manifest("c", "one", ["float32", "float64"]))
+    first, second = engine.build(a), engine.build(b)  # was: OSError "Directory not empty" for the second
+    assert first.artifact != second.artifact and second.artifact.is_file() and not second.cached
+
+
 @pytest.mark.slow
 def test_cpp_build_is_cached_and_keeps_its_log(cpp_build, engine, tmp_path):
     defn, build = cpp_build

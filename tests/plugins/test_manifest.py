@@ -56,6 +56,9 @@ def test_examples_parse_and_round_trip():
     ({"k_entry": "rms"}, "kernels[0].entry", "ns::name"),
     ({"k_dtypes": ["float8"]}, "kernels[0].dtypes", "unknown dtype"),
     ({"id": "no spaces"}, "id", "letters"),
+    ({"k_devices": "cuda"}, "kernels[0].devices", "non-empty list"),
+    ({"k_devices": ["tpu"]}, "kernels[0].devices", "non-empty list"),
+    ({"k_opinfo": 3}, "kernels[0].opinfo", "OpInfo"),
 ])
 def test_mistakes_are_df008_naming_the_field(folder, changes, field, words):
     with pytest.raises(PluginCompilationError) as info:

@@ -112,3 +112,13 @@ def test_a_version_3_file_gains_the_plugins_table_and_keeps_its_sessions(tmp_pat
     registry = PluginRegistry(db, discover=False)
     registry.register_plugin(EXAMPLES / "triton")
     assert [p.id for p in registry.list_plugins()] == ["example-triton"]
+
+
+def test_a_damaged_stored_definition_is_df008_naming_the_plugin(registry):
+    registry.register_plugin(EXAMPLES / "triton")
+    registry.db.execute_query("UPDATE plugins SET definition = ? WHERE plugin_id = ?", ("{not json", "example-triton"))
+    with pytest.raises(PluginCompilationError, match="damaged") as info:
+        registry.get_plugin("example-triton")
+    assert info.value.context["plugin"] == "example-triton"
+    with pytest.raises(PluginCompilationError, match="damaged"):
+        registry.list_plugins()

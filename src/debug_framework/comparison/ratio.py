@@ -144,11 +144,14 @@ class RatioRule:
 
         The metric is taken over the finite pairs; non-finite values are judged apart: ``test`` may
         not have more non-finite mismatches against the oracle than ``baseline`` has. A shape
-        mismatch, or no finite pair to measure, fails. This is the one ratio verdict of the project:
+        mismatch fails; so does having no finite pair to measure, unless every value matches the
+        oracle exactly (NaN where NaN, the same infinities). This is the one ratio verdict of the project:
         the validation oracle stage, KernelDiff's float64 mode and the minifier's accuracy signature
         all call it."""
         test_err = finite_metric(test, self.metric)
         base_err = finite_metric(baseline, self.metric) or 0.0
+        if test_err is None and test.shape_match and test.nonfinite_mismatch_count == 0:
+            test_err = 0.0  # nothing finite, every non-finite value where the oracle has it: an exact match
         judgement = self.judge(base_err, math.nan if test_err is None else test_err)
         if not test.shape_match:
             return RatioVerdict(False, test.reason, judgement)

@@ -244,9 +244,13 @@ def _kernel(raw: Any, i: int, root: Path, backend: str, manifest: Path | None) -
         if not isinstance(swap, dict) or not isinstance(swap.get("class"), str) or not isinstance(swap.get("args"), list):
             raise _bad(f"{where}swap_module must be {{'class': name, 'args': [...]}}", manifest, where + "swap_module")
         module_swap = ModuleSwap(swap["class"], tuple(str(a) for a in swap["args"]))
-    devices = tuple(raw.get("devices") or (("cuda",) if backend == "cuda" else ("cpu",)))
+    devices = raw.get("devices") or (["cuda"] if backend == "cuda" else ["cpu"])
+    if not isinstance(devices, list) or not devices or any(d not in ("cpu", "cuda", "mps") for d in devices):
+        raise _bad(f"{where}devices must be a non-empty list of \"cpu\", \"cuda\" or \"mps\"", manifest, where + "devices")
+    if raw.get("opinfo") is not None and not isinstance(raw.get("opinfo"), str):
+        raise _bad(f"{where}opinfo must be the name of an OpInfo entry", manifest, where + "opinfo")
     return KernelSpec(name, op, entry, dtypes, reference, {k: v.replace(" ", "") for k, v in inputs.items()},
-                      dict(args), raw.get("opinfo"), module_swap, devices)
+                      dict(args), raw.get("opinfo"), module_swap, tuple(devices))
 
 
 def parse_manifest(data: Any, manifest: Path | None = None, root: Path | None = None) -> PluginDefinition:

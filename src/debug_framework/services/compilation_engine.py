@@ -101,7 +101,8 @@ class CompilationEngine:
         tc = toolchain(defn.backend_type)
         import torch
 
-        parts = {"sources": source_digest(list(defn.sources)), "backend": defn.backend_type,
+        manifest = {k: v for k, v in defn.to_dict().items() if k not in ("sources", "manifest_path")}
+        parts = {"sources": source_digest(list(defn.sources)), "plugin": manifest, "backend": defn.backend_type,
                  "compiler": tc.compiler, "compiler_version": tc.version, "flags": OPT_FLAGS[defn.backend_type][lvl],
                  "torch": torch.__version__, "python": sys.version_info[:2], "platform": platform.platform(),
                  "machine": platform.machine()}
@@ -167,10 +168,12 @@ class CompilationEngine:
         (work / "build.json").write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
         try:
             os.replace(work, entry)
-        except OSError:  # another process finished the same build first: keep theirs
+        except OSError as exc:  # another process finished the same build first: keep theirs
             shutil.rmtree(work, ignore_errors=True)
             if not artifact.is_file():
-                raise
+                raise PluginCompilationError(f"cannot place the build in the cache: {exc}", plugin=defn.id,
+                                             cache=str(entry), hint="remove that cache entry and build again"
+                                             ) from exc
 
     @staticmethod
     def _publish(result: BuildResult, output: Path) -> None:
@@ -221,7 +224,12 @@ class CompilationEngine:
         record_path = build_record_path(artifact)
         defn = None
         if record_path.is_file():
-            defn = PluginDefinition.from_dict(json.loads(record_path.read_text(encoding="utf-8"))["plugin"])
+            try:
+                defn = PluginDefinition.from_dict(json.loads(record_path.read_text(encoding="utf-8"))["plugin"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise PluginCompilationError(f"the build record beside the artifact is unreadable: {exc}",
+                                             artifact=str(artifact), record=str(record_path),
+                                             hint="build the plugin again (plugin_compile --plugin-path ...)") from exc
         if not artifact.is_file():
             raise PluginCompilationError("the compiled artifact does not exist", artifact=str(artifact))
         return check_in_worker(defn, artifact, backend_type)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from importlib.metadata import entry_points
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,25 @@ def plugin_backend_factory(plugin_id: str) -> Any:
     from ..plugins.swap import PluginBackend
 
     try:
-        defn, artifact = _RESOLVED.get(plugin_id) or PluginRegistry().artifact(plugin_id)
+        resolved = _RESOLVED.get(plugin_id)
+        if resolved is None:
+            with PluginRegistry() as registry:
+                resolved = registry.artifact(plugin_id)
+        defn, artifact = resolved
     except PluginCompilationError as exc:
         raise BackendInitializationError(f"plugin backend unavailable: {exc.message}", backend=f"plugin:{plugin_id}",
                                          hint=exc.hint) from exc
     return partial(PluginBackend, defn, artifact)
+
+
+def _definition(row: Mapping[str, Any]) -> PluginDefinition:
+    """The definition stored in a plugin row; a damaged one is DF008 naming the plugin."""
+    try:
+        return PluginDefinition.from_dict(row["definition"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PluginCompilationError("the stored definition of this plugin is damaged", plugin=row.get("plugin_id"),
+                                     hint="register it again from its manifest (plugin_compile --plugin-path ...)"
+                                     ) from exc
 
 
 class PluginRegistry:
@@ -90,10 +105,22 @@ class PluginRegistry:
             db = merge_config(DEFAULT_CONFIG, from_environment())["database_path"]
         if not isinstance(db, Database):
             db = default_database_path({"database_path": os.fspath(db)})  # ~ expanded; a server URL as given
+        self._owns_db = not isinstance(db, Database)
         self.db: Database = open_database(db)
         self.engine = engine or CompilationEngine()
         self._discover = discover
         self.discovery_errors: list[PluginCompilationError] = []
+
+    def close(self) -> None:
+        """Close the database connections this registry opened (a database passed in stays open)."""
+        if self._owns_db:
+            self.db.close()
+
+    def __enter__(self) -> PluginRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---------------------------------------------------------------------- the spec's methods
 
@@ -112,13 +139,13 @@ class PluginRegistry:
         if row is None and self._discover:
             self.discover()
             row = self.db.plugins.get(plugin_id)
-        return None if row is None else PluginDefinition.from_dict(row["definition"])
+        return None if row is None else _definition(row)
 
     def list_plugins(self, backend_type: str | None = None) -> list[PluginDefinition]:
         """Registered plugins (of ``backend_type`` when given), installed ones included, by id."""
         if self._discover:
             self.discover()
-        return [PluginDefinition.from_dict(r["definition"]) for r in self.db.plugins.list(backend_type)]
+        return [_definition(r) for r in self.db.plugins.list(backend_type)]
 
     def compile_plugin(self, source_path: str | os.PathLike[str], backend_type: str,
                        output_path: str | os.PathLike[str] | None = None) -> bool:

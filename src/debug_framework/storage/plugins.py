@@ -9,7 +9,7 @@ from typing import Any
 
 from .core import Row, SqlCore
 from .dialect import Connection, Dialect
-from .values import from_json, to_json, utc_now
+from .values import decode_json_columns, to_json, utc_now
 
 __all__ = ["PluginStore", "plugin_tables"]
 
@@ -38,10 +38,8 @@ def plugin_tables(d: Dialect) -> tuple[str, ...]:
 
 
 def _row(row: Row) -> dict[str, Any]:
-    d = dict(row)
-    for key in ("definition", "build", "validation"):
-        d[key] = from_json(d[key])
-    return d
+    """A plugin row with its JSON decoded; a damaged column reads as None, named in ``damaged_json``."""
+    return decode_json_columns(dict(row), ("definition", "build", "validation"))
 
 
 class PluginStore:

@@ -55,6 +55,15 @@ class CheckpointOutcome:
         return None if self.introduced is None else not self.introduced.passed
 
     @property
+    def fails_by_isolation(self) -> bool:
+        """Whether isolation fails this checkpoint: its layer's calibrated replay verdict where there
+        is one; the replay's fixed tolerance only where the checkpoint itself is judged by a
+        tolerance (never overriding a calibrated or oracle verdict with a fixed tolerance)."""
+        if self.introduced_judgement is not None:
+            return not self.introduced_judgement.passed
+        return self.judged_by == "tolerance" and bool(self.introduces_error)
+
+    @property
     def judged_by(self) -> str:
         """What decided ``passed``: ``"oracle"``, ``"calibration"`` or ``"tolerance"``."""
         return "oracle" if self.oracle is not None else "calibration" if self.judgement is not None else "tolerance"

@@ -274,7 +274,7 @@ class IsolationStage(Stage):
                 o.carried_in, o.accumulation = iso.carried_in, iso.accumulation()
                 o.introduced = iso.introduced_attention if attn else iso.introduced_mlp
                 o.introduced_judgement = iso.attention_judgement if attn else iso.mlp_judgement
-                if o.passed and o.introduces_error:  # the verdict agrees with isolation: the layer is named
+                if o.passed and o.fails_by_isolation:  # the verdict agrees with isolation: the layer is named
                     o.passed, o.reason = False, f"layer {o.key.layer} introduces error on its own: " + (
                         o.introduced_judgement.reason if o.introduced_judgement is not None and
                         o.introduced_judgement.reason else "its replay fails its tolerance")
@@ -359,7 +359,8 @@ class OracleStage(Stage):
             verdict = rule.verdict(compare(oracle_cap[k], base_cap[k], check_dtype=False),
                                    compare(oracle_cap[k], alt_cap[k], check_dtype=False),
                                    oracle="the float64 oracle", baseline_name=base_name)
-            o.oracle, o.passed = verdict.judgement, verdict.passed and not o.introduces_error
+            o.oracle = verdict.judgement
+            o.passed = verdict.passed and not o.fails_by_isolation
             o.reason = (f"oracle ratio rule: {verdict.reason}" if not verdict.passed
                         else None if o.passed else f"layer {k.layer} introduces error on its own (isolation)")
             if not o.passed:
