@@ -16,7 +16,8 @@ from typing import Any
 from .errors import FrameworkInitializationError
 
 __all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "FLOAT_DTYPES", "from_environment", "merge_config",
-           "default_database_path", "database_settings", "check_keywords", "ResourceSettings", "resource_settings"]
+           "default_database_path", "is_server_url", "database_settings", "check_keywords", "ResourceSettings",
+           "resource_settings"]
 
 #: The compute dtypes the framework knows by name (backends support a subset; defined here, torch-free,
 #: so a CLI can refuse a bad ``--dtype`` before importing anything heavy).
@@ -113,12 +114,16 @@ def merge_config(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return result
 
 
+def is_server_url(target: object) -> bool:
+    """Whether ``target`` names a PostgreSQL server (``postgresql://`` or ``postgres://``)."""
+    return isinstance(target, str) and "://" in target and target.split("://", 1)[0].lower() in ("postgresql",
+                                                                                                "postgres")
+
+
 def default_database_path(config: Mapping[str, Any]) -> Path | str:
     """The configured database path, with ``~`` expanded; a ``postgresql://`` URL as given."""
     raw = str(config.get("database_path") or DEFAULT_CONFIG["database_path"])
-    if raw.split("://", 1)[0].lower() in ("postgresql", "postgres") and "://" in raw:
-        return raw
-    return Path(raw).expanduser()
+    return raw if is_server_url(raw) else Path(raw).expanduser()
 
 
 def database_settings(config: Mapping[str, Any]) -> dict[str, Any]:

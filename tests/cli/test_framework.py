@@ -142,6 +142,18 @@ def test_crash_log_location(monkeypatch, tmp_path):
     path.unlink()
 
 
+def test_the_crash_log_keeps_no_password(monkeypatch, tmp_path):
+    monkeypatch.setenv(fw.LOG_DIR_VARIABLE, str(tmp_path / "logs"))
+    inv = fw.Invocation("session_report")
+    inv.argv = ["--database", "postgresql://bob:s3cret@db:5432/x?password=s3cret"]
+    try:
+        raise RuntimeError("connecting to postgresql://bob:s3cret@db:5432/x failed")
+    except RuntimeError as exc:
+        path = fw.write_crash_log(inv, exc)
+    text = path.read_text()
+    assert "s3cret" not in text and "postgresql://bob:***@db:5432/x" in text and "RuntimeError" in text
+
+
 def test_user_text_is_never_markup():
     from rich.console import Console
     from rich.table import Table

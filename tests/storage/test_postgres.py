@@ -73,11 +73,23 @@ def test_urls_pass_through_config_and_redaction():
     assert debug_framework._shown_database({"database_path": url}) == "postgresql://bob@db.example:5433/team"
 
 
+def test_a_url_with_an_unreadable_port_is_df003_not_a_crash(tmp_path):
+    from debug_framework.errors import DatabaseError
+    from debug_framework.services.database_manager import DatabaseManager
+
+    for url in ("postgresql://bob:s3cret@dbhost:54x2/debug", "postgresql://h1:5432,h2:5433/debug"):
+        with pytest.raises(DatabaseError, match="host:port cannot be read") as info:
+            DatabaseManager(url, artifact_root=str(tmp_path))
+        assert "s3cret" not in str(info.value)
+        assert "s3cret" not in redact_url(url)
+
+
 def test_statements_are_translated_outside_quoted_text():
     from debug_framework.storage.postgres import _translate
 
     sql = "SELECT * FROM t WHERE a = ? AND b LIKE 'x%?' AND c IS ? AND d IS NOT ? AND e = 'it''s ?'"
-    assert _translate(sql) == ("SELECT * FROM t WHERE a = %s AND b LIKE 'x%?' AND c IS NOT DISTINCT FROM %s"
+    # psycopg reads every '%' of a statement, quoted or not: a LIKE pattern's '%' is doubled too
+    assert _translate(sql) == ("SELECT * FROM t WHERE a = %s AND b LIKE 'x%%?' AND c IS NOT DISTINCT FROM %s"
                                " AND d IS DISTINCT FROM %s AND e = 'it''s ?'")
     assert _translate("CREATE TABLE t (n INTEGER, x REAL, s TEXT)") == \
         "CREATE TABLE t (n BIGINT, x DOUBLE PRECISION, s TEXT)"

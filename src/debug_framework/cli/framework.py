@@ -27,6 +27,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import signal
 import sys
 import threading
@@ -286,6 +287,16 @@ def crash_log_dir(database: Path | None = None) -> Path:
     return database.expanduser().parent / "logs"
 
 
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*):[^@/\s]*@")
+_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with the password of any URL in it (``scheme://user:password@host``, or a
+    ``password=`` parameter) replaced by ``***``: what a crash log may keep of a command line."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
+
+
 def write_crash_log(invocation: Invocation, exc: BaseException) -> Path | None:
     """Write the traceback of ``exc`` (with the command line and versions) to a new file under
     :func:`crash_log_dir`, falling back to the temp dir; ``None`` when neither is writable."""
@@ -293,9 +304,9 @@ def write_crash_log(invocation: Invocation, exc: BaseException) -> Path | None:
     name = f"{Path(invocation.prog).name.replace(' ', '_')}-{stamp}-{os.getpid()}.log"
     text = "".join([
         f"{invocation.prog}: internal error at {stamp} UTC\n",
-        f"argv: {json.dumps(invocation.argv)}\ncwd: {os.getcwd()}\n",
+        f"argv: {json.dumps([redact_secrets(a) for a in invocation.argv])}\ncwd: {os.getcwd()}\n",
         f"python: {sys.version.split()[0]} ({platform.platform()})\n\n",
-        *traceback.format_exception(exc),
+        *(redact_secrets(line) for line in traceback.format_exception(exc)),
     ])
     for folder in (crash_log_dir(invocation.database), Path(tempfile.gettempdir()) / "pie-debug-logs"):
         try:

@@ -147,6 +147,12 @@ def _dtype_cell(item: dict[str, Any]) -> str:
     return str(alt or ref or "")
 
 
+def _where(db: DatabaseManager) -> str:
+    """How to name the database to a person: the file read (the original of a migrated copy), or
+    the server URL without its password."""
+    return db.location if db.location != str(db.database_path) else str(db.source_path)
+
+
 def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -> int:
     from rich.table import Table
 
@@ -156,9 +162,9 @@ def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -
         print_json(items)
         return EXIT_OK
     if not items:
-        print(f"no sessions in {db.source_path}")
+        print(f"no sessions in {_where(db)}")
         return EXIT_OK
-    table = Table(title=literal(f"Sessions in {db.source_path}"), show_lines=False)
+    table = Table(title=literal(f"Sessions in {_where(db)}"), show_lines=False)
     table.add_column("session", no_wrap=True)
     for col in ("created (UTC)", "status", "model", "reference vs alternative", "dtype", "first divergence"):
         table.add_column(col, overflow="fold")
@@ -246,14 +252,15 @@ def _one_mode(session_id: str | None, list_: bool, diff: tuple[str, str] | None,
                        + (f" (got {', '.join(given)})" if given else ""), hint=f"{PROG} --help lists the options")
 
 
-def _cmd_maintenance(path: Path | str, dry_run: bool, older_than: float | None, as_json: bool) -> int:
+def _cmd_maintenance(path: Path | str, dry_run: bool, older_than: float | None, as_json: bool,
+                     tensor_store: Path | None) -> int:
     """``--maintenance``: one maintenance pass (the only command here that writes)."""
     from ..config import from_environment, merge_config
     from ..services.maintenance import run_maintenance
 
     _require_db_file(path)  # maintenance never creates a database
     report = run_maintenance(path, dry_run=dry_run, older_than_days=older_than,
-                             config=merge_config(from_environment()))
+                             config=merge_config(from_environment()), tensor_store=tensor_store)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -312,7 +319,7 @@ def report(
     path = _database_path(database)
     invocation.database = path if isinstance(path, Path) else None
     if maintenance:
-        return _cmd_maintenance(path, dry_run, older_than, as_json)
+        return _cmd_maintenance(path, dry_run, older_than, as_json, tensor_store)
     db = _open_db(path)
     if list_:
         return _cmd_list(db, _session_items(db, status, model_path, limit), as_json)

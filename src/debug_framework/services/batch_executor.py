@@ -15,6 +15,7 @@ twice at once. Workers die with their executor: on Linux the parent-death signal
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import multiprocessing as mp
@@ -100,7 +101,12 @@ def run_items(database_path: str, job_id: str, framework_config: dict[str, Any],
             item = engine.db.batches.claim_item(job_id)
             if item is None:
                 return ran
-            ran += _run_item(engine, job_id, item, session_config, reference, alternative)
+            try:
+                ran += _run_item(engine, job_id, item, session_config, reference, alternative)
+            except BaseException:  # Ctrl-C, a database error: give the claim back, never leave it "ours"
+                with contextlib.suppress(Exception):
+                    engine.db.batches.update_item(job_id, int(item["item_index"]), status="pending", if_owned=True)
+                raise
 
 
 def _run_item(engine: Any, job_id: str, item: dict[str, Any], session_config: dict[str, Any], reference: str,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ResourceSettings, merge_config, resource_settings
+from ..config import ResourceSettings, database_settings, merge_config, resource_settings
 from ..errors import DebugFrameworkError
 from ..storage.database import Database, DatabaseLike, open_database
 from ..storage.leases import SweepReport, sweep
@@ -221,9 +221,21 @@ def run_maintenance(database: DatabaseLike, *, dry_run: bool = False, older_than
             referenced them yet).
         compact: also ``VACUUM`` (rewrites the file; ``PRAGMA optimize`` always runs).
     """
-    settings = resource_settings(merge_config(config))
-    db = open_database(database)
-    days = older_than_days if older_than_days is not None else settings.retention_days
+    merged = merge_config(config)
+    settings = resource_settings(merged)
+    owned = not isinstance(database, Database)
+    db = Database(database, **database_settings(merged)) if owned else open_database(database)
+    try:
+        return _maintain(db, dry_run, older_than_days if older_than_days is not None else settings.retention_days,
+                         settings, None if tensor_store is None else Path(tensor_store), grace_s, compact)
+    finally:
+        if owned:  # a database this call opened (a server connection, for a URL) is closed again
+            db.close()
+
+
+def _maintain(db: Database, dry_run: bool, days: float | None, settings: ResourceSettings, tensor_store: Path | None,
+              grace_s: float, compact: bool) -> MaintenanceReport:
+    """The maintenance pass of :func:`run_maintenance` over an open database."""
     report = MaintenanceReport(database=db.location, dry_run=dry_run)
     report.swept = sweep(db, dry_run=dry_run, legacy_after_s=settings.max_session_duration)
     expired = {str(r["session_id"]) for r in _expired(db, days)}
@@ -240,8 +252,7 @@ def run_maintenance(database: DatabaseLike, *, dry_run: bool = False, older_than
     if not dry_run:
         for f in report.artifacts:
             shutil.rmtree(f.path, ignore_errors=True)
-    report.tensors = _orphan_tensors(db, None if tensor_store is None else Path(tensor_store), expired, grace_s,
-                                     dry_run)
+    report.tensors = _orphan_tensors(db, tensor_store, expired, grace_s, dry_run)
     report.statements, report.database_bytes_freed = _optimise(db, dry_run, compact)
     return report
 

@@ -75,15 +75,22 @@ def _checked_path(database_path: str | os.PathLike[str], create_dir: bool = True
             hint="set config['database_path'] (default ~/.pie/debug/debug_framework.db) elsewhere",
             database=str(path),
         )
+    if create_dir:
+        _make_parent(path, str(path))
+    return path
+
+
+def _make_parent(path: Path, location: str) -> None:
+    """Create ``path``'s directory: a full disk is DF007, anything else DatabaseError (DF003)."""
     try:
-        if create_dir:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        full = no_space_error(exc, "create the database directory", database=str(path))
+        full = no_space_error(exc, "create the database directory", database=location)
         if full is not None:
             raise full from exc
-        raise DatabaseError(f"cannot create the database directory: {exc}", database=str(path)) from exc
-    return path
+        raise DatabaseError(f"cannot create the database directory {path.parent}: {exc}", database=location,
+                            hint="choose a writable location (artifact_root / PIE_DEBUG_ARTIFACT_ROOT for a "
+                                 "server, or the database path)") from exc
 
 
 def server_dialect(database_path: object, settings: CoreSettings) -> Dialect | None:
@@ -126,7 +133,7 @@ class SqlCore:
         #: how messages name the database: the file, or the server URL without its password
         self.location: str = getattr(self.dialect, "location", None) or str(self.database_path)
         if hasattr(self.dialect, "files_anchor") and not self.read_only:
-            self.database_path.parent.mkdir(parents=True, exist_ok=True)
+            _make_parent(self.database_path, self.location)
         self._local = threading.local()
         self._all: list[tuple[int, Connection]] = []
         self._all_lock = threading.Lock()

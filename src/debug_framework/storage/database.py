@@ -73,7 +73,11 @@ class Database(SqlCore):
             raise
         db.close()
         writable = {k: v for k, v in settings.items() if k != "read_only"}
-        migrated = cls(copy, **writable)  # type: ignore[arg-type]
+        try:
+            migrated = cls(copy, **writable)  # type: ignore[arg-type]
+        except BaseException:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+            raise
         migrated.close()
         migrated.read_only, migrated.source_path = True, db.database_path  # the copy is only read too
         weakref.finalize(migrated, shutil.rmtree, copy.parent, True)

@@ -28,44 +28,55 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ..config import is_server_url
 from ..errors import DatabaseError
 
 __all__ = ["PostgresDialect", "is_server_url", "redact_url", "PgConnection"]
 
-_SCHEMES = ("postgresql", "postgres")
 _DDL_TYPES = {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION"}
 #: the advisory lock key every write transaction takes (one writer at a time, as in SQLite)
 WRITE_LOCK_KEY = 0x5049_4544  # "PIED"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
-def is_server_url(target: object) -> bool:
-    """Whether ``target`` names a PostgreSQL server (``postgresql://`` or ``postgres://``)."""
-    return isinstance(target, str) and target.split("://", 1)[0].lower() in _SCHEMES and "://" in target
+def _port_of(url: str) -> int | None:
+    """The URL's port (None when absent); DatabaseError (DF003) when it cannot be read (a typo such
+    as ``host:54x2``, or libpq's multi-host form, which this dialect does not take)."""
+    parts = urlsplit(url)
+    try:
+        return parts.port
+    except ValueError:
+        raise DatabaseError("the server URL's host:port cannot be read",
+                            database=f"{parts.scheme}://{parts.hostname or 'localhost'}/...",
+                            hint="postgresql://user:password@host:5432/dbname (one host, a numeric port)") from None
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its password (and without query parameters, which may carry one)."""
+    """``url`` without its password (and without query parameters, which may carry one); a port
+    that cannot be read is left out rather than raising."""
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
     netloc = f"{parts.username}@" if parts.username else ""
     netloc += f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port:
+        netloc += f":{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _host_of(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
+    return f"{urlsplit(url).hostname or 'localhost'}:{_port_of(url) or 5432}"
 
 
 def _translate(statement: str) -> str:
-    """``?`` -> ``%s`` and ``%`` -> ``%%`` outside quoted text; ``IS [NOT] ?`` null-safe."""
+    """``?`` -> ``%s`` outside quoted text, ``%`` -> ``%%`` everywhere; ``IS [NOT] ?`` null-safe."""
     out: list[str] = []
     for i, chunk in enumerate(re.split(r"('(?:[^']|'')*')", statement)):
-        if i % 2:  # a quoted literal: as written
-            out.append(chunk)
+        if i % 2:  # a quoted literal: as written, its '%' doubled (psycopg parses every '%' of a statement)
+            out.append(chunk.replace("%", "%%"))
             continue
         chunk = chunk.replace("%", "%%")
         chunk = re.sub(r"\bIS\s+NOT\s+\?", "IS DISTINCT FROM ?", chunk, flags=re.IGNORECASE)

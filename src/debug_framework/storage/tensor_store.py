@@ -19,6 +19,7 @@ Layout under a configurable root (by default next to the database, see
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -275,6 +276,8 @@ class TensorStore:
         nbytes = int(t.numel()) * int(t.element_size())
         rel = self.relpath_for(digest)
         if path.is_file() and path.stat().st_size == len(data):
+            with contextlib.suppress(OSError):  # reused now: the gc's grace period protects it again
+                os.utime(path)
             return StoredTensor(digest, path, rel, shape, dtype, nbytes, deduplicated=True)
         tmp_name = None
         try:
