@@ -244,3 +244,24 @@ def test_a_connection_the_server_dropped_is_replaced(pg_url):
         db.get_session(sid)
     assert db.get_session(sid)["model_path"] == "m"  # the next one reconnects
     db.close()
+
+
+def test_leases_on_a_server_follow_the_servers_clock_not_the_sweepers(pg_url, monkeypatch):
+    """A sweeper whose clock runs far ahead must not take a live lease of another host."""
+    import time as _time
+
+    from debug_framework.services.database_manager import DatabaseManager
+    from debug_framework.storage import leases
+
+    db = DatabaseManager(pg_url)
+    db.create_session("m", "python_reference", "pytorch", session_id="elsewhere")
+    db.update_session_status("elsewhere", "running")  # the lease: the server's now + 4 heartbeats
+    db.execute_query("UPDATE sessions SET owner_host = ? WHERE session_id = ?", ("another-host", "elsewhere"))
+    ahead = _time.time() + 86400.0
+    monkeypatch.setattr(leases.time, "time", lambda: ahead)
+    assert leases.sweep(db).sessions == []
+    assert db.get_session("elsewhere")["status"] == "running"
+    db.execute_query("UPDATE sessions SET lease_expires_at = lease_expires_at - 3600 WHERE session_id = ?",
+                     ("elsewhere",))
+    assert leases.sweep(db).sessions == ["elsewhere"]  # an expired lease by the server's clock still goes
+    db.close()

@@ -165,10 +165,22 @@ def _where_key(table: str) -> str:
     return " AND ".join(f"{c} = ?" for c in _KEYS[table])  # names from the constant table above
 
 
+def _clock(core: SqlCore, conn: Connection | None = None) -> float:
+    """Now, by the database's clock where it has one (a server shared by several hosts: one clock
+    for every lease, so a machine whose clock runs ahead never sweeps live owners elsewhere);
+    this machine's clock for SQLite, whose file never leaves the host."""
+    sql = getattr(core.dialect, "clock_sql", None)
+    if sql is None:
+        return time.time()
+    if conn is not None:
+        return float(core.execute(conn, sql, ()).fetchone()[0])
+    return float(core.read(lambda c: core.execute(c, sql, ()).fetchone()[0], "read the database clock"))
+
+
 def stamp(core: SqlCore, conn: Connection, table: str, key: tuple[object, ...]) -> None:
     """Record this process as the owner of one row (inside the caller's transaction); the lease
     lasts :data:`LEASE_FACTOR` intervals of the heartbeat this process holds on the database."""
-    owner, now = current_owner(), time.time()
+    owner, now = current_owner(), _clock(core, conn)
     beat = _BEATS.get((owner.pid, core.location))
     interval_s = beat.interval_s if beat is not None else DEFAULT_HEARTBEAT_S
     core.execute(
@@ -181,10 +193,10 @@ def stamp(core: SqlCore, conn: Connection, table: str, key: tuple[object, ...]) 
 
 def renew(core: SqlCore, interval_s: float) -> int:
     """Renew the lease of every running row this process owns; returns how many rows."""
-    owner, now = current_owner(), time.time()
+    owner = current_owner()
 
     def do(c: Connection) -> int:
-        n = 0
+        n, now = 0, _clock(core, c)
         for table in _KEYS:
             n += core.execute(
                 c,
@@ -298,7 +310,7 @@ def sweep(core: SqlCore, *, dry_run: bool = False, legacy_after_s: float | None 
           job_id: str | None = None) -> SweepReport:
     """Release every running session and batch item (only ``job_id``'s items, and no sessions,
     when given) whose owner is gone; ``dry_run`` lists them and changes nothing."""
-    now, report = time.time(), SweepReport()
+    now, report = _clock(core), SweepReport()
     tables = ("batch_job_items",) if job_id is not None else ("sessions", "batch_job_items")
     for table in tables:
         for row in _running(core, table, job_id):
@@ -315,7 +327,7 @@ def sweep(core: SqlCore, *, dry_run: bool = False, legacy_after_s: float | None 
 def live_running_items(core: SqlCore, job_id: str) -> int:
     """How many of ``job_id``'s items are running under an owner that is not gone (an item without
     an owner, claimed before schema version 3, counts as gone)."""
-    now = time.time()
+    now = _clock(core)
     return sum(not owner_gone(row, now, 0.0) for row in _running(core, "batch_job_items", job_id))
 
 

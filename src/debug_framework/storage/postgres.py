@@ -188,6 +188,8 @@ class PostgresDialect:
     #: PostgreSQL databases are new with this dialect: an empty one is created at this schema
     #: version directly (SQLite's table-rebuilding steps 1 and 2 exist only for old files)
     baseline_version = 2
+    #: the server's clock, which every host sharing the database reads for its leases
+    clock_sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 
     def __init__(self, url: str, artifact_root: str | Path, connect_timeout_s: float = 10.0) -> None:
         self.url = url
