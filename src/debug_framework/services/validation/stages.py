@@ -265,7 +265,8 @@ class IsolationStage(Stage):
 
     def run(self, ctx: RunContext) -> None:
         compared = {o.key: o.comparison for o in ctx.outcomes}  # the compare stage's, reused as "total"
-        ctx.isolation = [self._layer(ctx, i, compared) for i in ctx.plan.layer_range]
+        noises = {o.key: o.noise for o in ctx.outcomes if o.noise is not None}  # and its calibration noise
+        ctx.isolation = [self._layer(ctx, i, compared, noises) for i in ctx.plan.layer_range]
         by_layer = {iso.layer: iso for iso in ctx.isolation}
         for o in ctx.outcomes:
             iso = by_layer.get(o.key.layer) if o.key.layer is not None else None
@@ -281,7 +282,8 @@ class IsolationStage(Stage):
         ctx.isolation_note = None
 
     @staticmethod
-    def _layer(ctx: RunContext, i: int, compared: Mapping[CheckpointKey, ComparisonResult]) -> LayerIsolation:
+    def _layer(ctx: RunContext, i: int, compared: Mapping[CheckpointKey, ComparisonResult],
+               noises: dict[CheckpointKey, ComparisonResult | None]) -> LayerIsolation:
         plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
         ref_in = ref_cap.layer_inputs.get(i)
         if ref_in is None:
@@ -314,6 +316,9 @@ class IsolationStage(Stage):
         if total is None and k_mlp in alt_cap and k_mlp in ref_cap:  # post_mlp:i is not an enabled checkpoint
             total = _compare_key(ref_cap, alt_cap, k_mlp, plan)
         calib, cal_replay = ctx.captures.get("calibration"), None
+        for k in (k_in, k_mlp):  # each checkpoint's noise measured once (layer i's input is layer i-1's output)
+            if k not in noises:
+                noises[k] = noise_at(k, ref_cap, calib)
         if ctx.calibrator is not None and layer_replay_support(ctx.calibrator)[0] and plan.config["calibrate"]:
             calibrator = cast(LayerReplayBackend, ctx.calibrator)
             cal_replay = call_backend(calibrator, f"run_layer({i})", lambda: calibrator.run_layer(i, ref_in, ctx.inputs))
@@ -321,7 +326,7 @@ class IsolationStage(Stage):
                               total=total, alternative_replay_s=float(replay.elapsed_s),
                               attention_judgement=replay_noise(plan, k_attn, ref_cap, cal_replay, intro_attn),
                               mlp_judgement=replay_noise(plan, k_mlp, ref_cap, cal_replay, intro_mlp),
-                              noise_in=noise_at(k_in, ref_cap, calib), noise_out=noise_at(k_mlp, ref_cap, calib))
+                              noise_in=noises[k_in], noise_out=noises[k_mlp])
 
 
 class OracleStage(Stage):
