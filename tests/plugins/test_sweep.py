@@ -99,3 +99,21 @@ def test_crashing_and_hanging_kernels_are_recorded_and_the_sweep_goes_on(tmp_pat
     assert by_status["hang"]["args"][0]["shape"][-1] == 33
     assert ks.count("pass") == len(ks.samples) - 2  # every other sample still ran
     assert ks.worst["result"]["status"] in ("crash", "hang") and not ks.passed
+
+
+@pytest.mark.slow
+def test_a_triton_repro_runs_alone_on_a_machine_without_a_gpu(tmp_path):
+    """The repro sets up what the sweep did (Triton's interpreter without a GPU) and judges the same way."""
+    import os
+
+    from debug_framework.plugins.repro import write_repro
+    from debug_framework.services.compilation_engine import CompilationEngine
+
+    defn = load_manifest(EXAMPLES / "triton")
+    build = CompilationEngine(tmp_path / "cache").build(defn)
+    spec = defn.kernels[0]
+    path = write_repro(defn, build.artifact, spec, next(iter(make_samples(spec))), tmp_path / "out")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
+    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert run.returncode == 0 and "PASS" in run.stdout, run.stdout + run.stderr

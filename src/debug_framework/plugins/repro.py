@@ -31,6 +31,7 @@ Run: python repro.py   (exit 1: the kernel fails the rule, 0: it passes)
 """
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,13 +44,14 @@ BACKEND = {backend!r}
 ENTRY = {entry!r}
 REFERENCE_FILE = {reference_file!r}
 REFERENCE = {reference!r}
+DEVICE = {device!r}
 META = json.loads((HERE / "sample.json").read_text())
 STORAGES = load_file(str(HERE / "inputs.safetensors"))
 
 
 def value(v):
     if isinstance(v, dict) and "storage" in v:
-        return STORAGES[v["storage"]].as_strided(v["shape"], v["stride"], v["offset"])
+        return STORAGES[v["storage"]].to(DEVICE).as_strided(v["shape"], v["stride"], v["offset"])
     if isinstance(v, dict) and "torch_dtype" in v:
         return getattr(torch, v["torch_dtype"])
     if isinstance(v, list):
@@ -74,7 +76,13 @@ def load(path, name):
     return module
 
 
+def first(out):  # an op returning several tensors is judged by its first, as the sweep does
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 if BACKEND == "triton":
+    if not torch.cuda.is_available():  # no GPU: Triton's interpreter runs the kernel on the CPU
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     kernel = getattr(load(ARTIFACT, "plugin_source"), ENTRY)
 else:
     torch.ops.load_library(ARTIFACT)
@@ -89,9 +97,9 @@ else:
 
 args = [value(a) for a in META["args"]]
 kwargs = {{k: value(v) for k, v in META["kwargs"].items()}}
-oracle = reference(*up(args), **up(kwargs))
-baseline = reference(*args, **kwargs)
-out = kernel(*args, **kwargs)
+oracle = first(reference(*up(args), **up(kwargs)))
+baseline = first(reference(*args, **kwargs))
+out = first(kernel(*args, **kwargs))
 
 
 def rmse(x):
@@ -157,6 +165,6 @@ def write_repro(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample
         artifact=str(artifact.resolve()), entry=entry,
         reference_file=str((defn.root / ref_file).resolve()) if spec.reference else None,
         reference=ref_fn if spec.reference else spec.op_name,
-        margin=NOISE_MARGIN, floor_eps=FLOOR_EPS, float64_floor_eps=FLOAT64_FLOOR_EPS)
+        margin=NOISE_MARGIN, floor_eps=FLOOR_EPS, float64_floor_eps=FLOAT64_FLOOR_EPS, device=spec.devices[0])
     (out / "repro.py").write_text(script, encoding="utf-8")
     return out / "repro.py"
