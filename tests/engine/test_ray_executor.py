@@ -1,0 +1,120 @@
+"""The Ray batch executor on a real local Ray cluster (issue 18, "Ray executor"): the driver alone
+writes the database, items run as Ray tasks, a lost worker's item runs again, cancel stops the job,
+and a re-run neither duplicates nor loses a session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray", reason="the Ray executor tests need 'ray' (pip install '.[ray]')")
+
+from debug_framework.models.batch_validation_job import BatchValidationJob, item_session_id  # noqa: E402
+from debug_framework.services.validation_engine import ValidationEngine  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent.parent / "src"
+NANO = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=16, vocab_size=256)
+
+
+def _conftest():
+    here = str(HERE / "conftest.py")
+    return next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == here)
+
+
+def _env(markers: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(SRC), str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "RAY_TEST_MARKERS": str(markers), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> list[str]:
+    make = _conftest().make_tiny
+    return [str(make("llama", tmp_path_factory.mktemp("ray_a") / "hf", **NANO)),
+            str(make("qwen2", tmp_path_factory.mktemp("ray_b") / "hf", seed=3, **NANO))]
+
+
+@pytest.fixture(scope="module")
+def ray_local(tmp_path_factory):
+    """An in-process Ray instance (2 CPUs, loopback, no dashboard) whose workers register the test backends."""
+    markers = tmp_path_factory.mktemp("ray_markers")
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             runtime_env={"env_vars": _env(markers), "worker_process_setup_hook": "ray_hooks.setup"})
+    yield markers
+    ray.shutdown()
+
+
+def _config(db_path: Path, **extra) -> dict:
+    return {"database_path": str(db_path), "alternative_backend": "pytorch", "isolate": False,
+            "executor": "ray", "max_concurrent_jobs": 2, **extra}
+
+
+def _sessions(db_path: Path) -> list[dict]:
+    return ValidationEngine(db_path).list_sessions()
+
+
+def test_ray_job_runs_every_item_once_and_resumes(ray_local, models, tmp_path):
+    db_path = tmp_path / "debug.db"
+    paths = [models[0], models[1], models[0]]
+    seen: list[dict] = []
+    job = BatchValidationJob("ray-nightly", paths, _config(db_path))
+    results = job.execute(progress=seen.append)
+    assert [r["status"] for r in results] == ["done"] * 3, results
+    assert [r["session_id"] for r in results] == [item_session_id("ray-nightly", i) for i in range(3)]
+    assert {r["verdict"] for r in results} == {"passed"}
+    assert seen and seen[-1]["finished"] == 3 and seen[-1]["total"] == 3
+    engine = ValidationEngine(db_path)
+    for r in results:  # the worker's rows arrived whole: checkpoints, provenance, inputs file
+        stored = engine.get_session_results(r["session_id"])
+        assert stored["checkpoints"], stored
+        assert Path(engine.db.sessions.get(r["session_id"])["inputs_ref"]).is_file()
+    assert len(_sessions(db_path)) == 3
+    again = BatchValidationJob("ray-nightly", paths, _config(db_path)).execute()
+    assert again == results and len(_sessions(db_path)) == 3  # nothing run twice, nothing lost
+
+
+def test_ray_worker_killed_mid_job_retries_its_item(ray_local, models, tmp_path):
+    db_path = tmp_path / "debug.db"
+    job = BatchValidationJob("ray-killed", models, _config(db_path, alternative_backend="exit_once", max_retries=2))
+    results = job.execute()
+    assert (ray_local / "EXITED").exists(), "no Ray worker was lost"
+    assert [r["status"] for r in results] == ["done", "done"], results
+    assert {r["verdict"] for r in results} == {"passed"}
+    sids = sorted(s["session_id"] for s in _sessions(db_path))
+    assert sids == sorted(item_session_id("ray-killed", i) for i in range(2))
+    assert job.get_progress()["status"] == "completed"
+
+
+def test_ray_cancel_stops_the_job_and_resume_finishes_it(ray_local, models, tmp_path):
+    db_path = tmp_path / "debug.db"
+    paths = [models[0]] * 4
+    job = BatchValidationJob("ray-cancel", paths, _config(db_path, max_concurrent_jobs=1))
+
+    def cancel_after_first(progress: dict) -> None:
+        if progress["finished"] >= 1 and progress["status"] == "running":
+            job.cancel()
+
+    results = job.execute(progress=cancel_after_first)
+    assert job.get_progress()["status"] == "cancelled"
+    assert "cancelled" in {r["status"] for r in results}, results
+    done_before = {r["session_id"] for r in results if r["status"] == "done"}
+    final = BatchValidationJob("ray-cancel", paths, _config(db_path)).execute()
+    assert [r["status"] for r in final] == ["done"] * 4
+    assert done_before <= {r["session_id"] for r in final}
+    assert len(_sessions(db_path)) == 4
+
+
+def test_unknown_executor_is_refused(tmp_path):
+    from debug_framework.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="unknown batch executor"):
+        BatchValidationJob("x", ["m"], {"database_path": str(tmp_path / "d.db"), "executor": "slurm"})
