@@ -4,11 +4,13 @@ and a re-run neither duplicates nor loses a session."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
-import textwrap
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,3 +120,67 @@ def test_unknown_executor_is_refused(tmp_path):
 
     with pytest.raises(ValidationError, match="unknown batch executor"):
         BatchValidationJob("x", ["m"], {"database_path": str(tmp_path / "d.db"), "executor": "slurm"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_head(ray_bin: Path, address: str, env: dict, head: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 90
+    while subprocess.run([str(ray_bin), "status", "--address", address], env=env, capture_output=True).returncode:
+        assert head.poll() is None, f"ray start --head exited: {head.stderr.read() if head.stderr else ''}"
+        assert time.monotonic() < deadline, "the Ray head did not come up in 90 s"
+        time.sleep(0.5)
+
+
+def test_cli_batch_on_a_ray_start_head_cluster(models, tmp_path):
+    """``ray start --head`` on loopback, started here; the CLI's driver connects to it by address."""
+
+    ray_bin = Path(sys.executable).parent / "ray"
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, **_env(tmp_path), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}  # loopback only
+    temp_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: Ray's socket paths have a length limit
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
+                             "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats", "--block",
+                             "--temp-dir", temp_dir], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _wait_for_head(ray_bin, address, env, head)
+        listing = tmp_path / "models.txt"
+        listing.write_text(f"# tonight's models\n{models[0]}\n\n{models[1]}\n")
+        db_path = tmp_path / "cli.db"
+        argv = [sys.executable, "-m", "debug_framework.cli.debug_batch", str(listing), "--executor", "ray",
+                "--ray-address", address, "--database", str(db_path), "--alternative-backend", "pytorch",
+                "--no-isolate", "--parallel", "2", "--job-id", "cli-ray", "--json"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        items = json.loads(done.stdout)["items"]
+        assert [i["status"] for i in items] == ["done", "done"] and {i["verdict"] for i in items} == {"passed"}
+        assert sorted(s["session_id"] for s in _sessions(db_path)) == sorted(
+            item_session_id("cli-ray", i) for i in range(2))
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # whatever of the cluster it started is left
+        except ProcessLookupError:
+            pass
+
+
+def test_cli_batch_bad_input_exits_2(tmp_path):
+    from debug_framework.cli.debug_batch import run
+
+    assert run([str(tmp_path / "missing.txt")]) == 2
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n\n")
+    assert run([str(empty)]) == 2
+    listing = tmp_path / "one.txt"
+    listing.write_text("m\n")
+    assert run([str(listing), "--executor", "slurm"]) == 2
