@@ -115,6 +115,19 @@ def test_ray_cancel_stops_the_job_and_resume_finishes_it(ray_local, models, tmp_
     assert len(_sessions(db_path)) == 4
 
 
+@pytest.mark.parametrize("any_db_path", ["postgresql"], indirect=True)
+def test_ray_driver_ingests_into_postgresql(ray_local, models, any_db_path):
+    """The driver's database is a PostgreSQL server: the workers' SQLite rows land there whole."""
+    job = BatchValidationJob("ray-pg", models, _config(any_db_path))
+    results = job.execute()
+    assert [(r["status"], r["verdict"]) for r in results] == [("done", "passed")] * 2, results
+    engine = ValidationEngine(any_db_path)
+    for r in results:
+        assert engine.get_session_results(r["session_id"])["checkpoints"]
+    assert BatchValidationJob("ray-pg", models, _config(any_db_path)).execute() == results
+    assert len(engine.list_sessions()) == 2
+
+
 def test_unknown_executor_is_refused(tmp_path):
     from debug_framework.errors import ValidationError
 
