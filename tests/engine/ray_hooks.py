@@ -12,3 +12,4 @@ from resource_backends import register
 def setup() -> None:
     markers = os.environ.get("RAY_TEST_MARKERS")
     register("exit_once", "exit_once", markers)
+    register("slowish", "slow:1.0", markers)

@@ -99,7 +99,8 @@ def test_ray_worker_killed_mid_job_retries_its_item(ray_local, models, tmp_path)
 def test_ray_cancel_stops_the_job_and_resume_finishes_it(ray_local, models, tmp_path):
     db_path = tmp_path / "debug.db"
     paths = [models[0]] * 4
-    job = BatchValidationJob("ray-cancel", paths, _config(db_path, max_concurrent_jobs=1))
+    job = BatchValidationJob("ray-cancel", paths, _config(db_path, max_concurrent_jobs=1,
+                                                          alternative_backend="slowish"))
 
     def cancel_after_first(progress: dict) -> None:
         if progress["finished"] >= 1 and progress["status"] == "running":
@@ -109,7 +110,7 @@ def test_ray_cancel_stops_the_job_and_resume_finishes_it(ray_local, models, tmp_
     assert job.get_progress()["status"] == "cancelled"
     assert "cancelled" in {r["status"] for r in results}, results
     done_before = {r["session_id"] for r in results if r["status"] == "done"}
-    final = BatchValidationJob("ray-cancel", paths, _config(db_path)).execute()
+    final = BatchValidationJob("ray-cancel", paths, _config(db_path, alternative_backend="slowish")).execute()
     assert [r["status"] for r in final] == ["done"] * 4
     assert done_before <= {r["session_id"] for r in final}
     assert len(_sessions(db_path)) == 4
@@ -188,7 +189,7 @@ def test_cli_batch_on_a_ray_start_head_cluster(models, tmp_path):
 
 
 def test_cli_batch_bad_input_exits_2(tmp_path):
-    from debug_framework.cli.debug_batch import run
+    from debug_framework.cli.debug_batch import main as run
 
     assert run([str(tmp_path / "missing.txt")]) == 2
     empty = tmp_path / "empty.txt"
@@ -197,3 +198,25 @@ def test_cli_batch_bad_input_exits_2(tmp_path):
     listing = tmp_path / "one.txt"
     listing.write_text("m\n")
     assert run([str(listing), "--executor", "slurm"]) == 2
+
+
+def test_unreachable_ray_address_is_df001_in_bounded_time(tmp_path):
+    from debug_framework.errors import FrameworkInitializationError
+    from debug_framework.services.ray_executor import check_reachable
+
+    start = time.monotonic()
+    with pytest.raises(FrameworkInitializationError, match="127.0.0.1:") as info:
+        check_reachable(f"127.0.0.1:{_free_port()}", timeout_s=2.0)
+    assert info.value.code == "DF001" and time.monotonic() - start < 5
+
+
+def test_cli_batch_local_executor(models, tmp_path):
+    from debug_framework.cli.debug_batch import main
+
+    listing = tmp_path / "models.txt"
+    listing.write_text(f"{models[0]}\n")
+    db_path = tmp_path / "local.db"
+    argv = [str(listing), "--database", str(db_path), "--alternative-backend", "pytorch", "--no-isolate", "--json"]
+    assert main(argv) == 0
+    assert len(_sessions(db_path)) == 1
+    assert main(argv) == 0 and len(_sessions(db_path)) == 1  # the same list resumes the same job

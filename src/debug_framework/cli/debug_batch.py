@@ -14,6 +14,7 @@ failed (a numerical failure or an error of its own, see its row), 2 usage or env
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, mak
 from .user_code import load_backend_code
 from .validate_support import check_database_path
 
-__all__ = ["app", "run", "main", "read_model_list"]
+__all__ = ["app", "main", "read_model_list"]
 
 PROG = "debug_batch"
 _HELP = ("Validate every model listed in a file (one path per line) as one resumable batch job, on local "
@@ -121,15 +122,10 @@ def _print_table(job_id: str, results: list[dict[str, Any]]) -> None:
     out.print(markup("job {}: {} item(s)", job_id, len(results)))
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the job, print; returns the exit code."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (console script and ``python -m``): runs the job; returns the exit code."""
     return run_app(app, Invocation(PROG), argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    raise SystemExit(run(argv))
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

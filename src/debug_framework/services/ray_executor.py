@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
+import importlib.util
 import os
 import socket
 import tempfile
@@ -42,7 +44,7 @@ from ..storage.tensor_store import TensorStore
 from ..storage.values import session_file
 from .batch_executor import BatchExecutor, job_lock, settle_existing
 
-__all__ = ["RayExecutor", "validate_item", "DEFAULT_MAX_RETRIES"]
+__all__ = ["RayExecutor", "validate_item", "check_reachable", "DEFAULT_MAX_RETRIES"]
 
 #: How often Ray runs an item again after the worker running it died.
 DEFAULT_MAX_RETRIES = 2
@@ -51,12 +53,10 @@ _INPUTS_SUFFIX = ".safetensors"
 
 
 def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise FrameworkInitializationError("the Ray executor needs the 'ray' package",
-                                           hint="pip install 'pie-debug-framework[ray]', or use executor 'local'") from exc
-    return ray
+    if importlib.util.find_spec("ray") is None:
+        raise FrameworkInitializationError("the Ray executor needs the 'ray' package", hint="pip install "
+                                           "'multi-backend-debug-framework[ray]', or use executor 'local'")
+    return importlib.import_module("ray")
 
 
 def _max_retries(job: BatchValidationJob) -> int:
@@ -98,6 +98,24 @@ def validate_item(model_path: str, session_id: str, framework_config: dict[str, 
             "worker": f"{socket.gethostname()}:{os.getpid()}"}
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) address accepts a TCP connection within
+    ``timeout_s`` (Ray itself waits minutes on an unreachable one); ``auto``/``local`` are Ray's.
+
+    Raises:
+        FrameworkInitializationError (DF001): nothing answers there.
+    """
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise FrameworkInitializationError(f"cannot reach the Ray cluster at {address}: {exc}",
+                                           hint="check ray_address, or that 'ray start --head' runs there") from exc
+
+
 @contextlib.contextmanager
 def _connected(ray: Any, address: str | None) -> Iterator[None]:
     """Use the Ray connection this process has, else connect to ``address`` (None: start a local
@@ -105,6 +123,8 @@ def _connected(ray: Any, address: str | None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    if address:
+        check_reachable(address)
     try:
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
