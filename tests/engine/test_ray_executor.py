@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,6 +187,7 @@ def test_cli_batch_on_a_ray_start_head_cluster(models, tmp_path):
             os.killpg(head.pid, signal.SIGKILL)  # whatever of the cluster it started is left
         except ProcessLookupError:
             pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_cli_batch_bad_input_exits_2(tmp_path):
