@@ -6,7 +6,9 @@ PyTorch for the real checkpoints, then behaves as told:
 * ``hang``: never returns (a Python loop, so an interruption can reach it; gives up after 60 s);
 * ``hang_second``: the first run returns, the second (the noise-floor stage) hangs;
 * ``slow:<seconds>``: takes that long, holding an exclusive lock named after the model path: a
-  second process running the same model at the same time writes ``OVERLAP`` into the marker folder.
+  second process running the same model at the same time writes ``OVERLAP`` into the marker folder;
+* ``exit_once``: the first run anywhere (the one creating ``EXITED`` in the marker folder) kills its
+  process (``os._exit``), as a lost worker; every run appends its model path to ``RUNS``.
 """
 
 from __future__ import annotations
@@ -41,9 +43,21 @@ class BehavingRunner:
         if self.mode == "hang" or (self.mode == "hang_second" and self.calls >= 2):
             _spin(_GIVE_UP_S)
             raise RuntimeError("the hanging backend was never interrupted")
+        if self.mode == "exit_once":
+            self._exit_once()
         if self.mode.startswith("slow:"):
             self._exclusive(float(self.mode.partition(":")[2]))
         return out
+
+    def _exit_once(self) -> None:
+        folder = Path(self.markers or ".")
+        try:
+            os.close(os.open(folder / "EXITED", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            with open(folder / "RUNS", "a") as out:
+                out.write(f"{self.model_path}\n")
+            return
+        os._exit(3)
 
     def _exclusive(self, seconds: float) -> None:
         folder = Path(self.markers or ".")

@@ -36,11 +36,15 @@ from ..storage.schema import BATCH_ITEM_STATUSES
 from ._common import BATCH_EXECUTOR_ROLE, Collaborator
 
 __all__ = ["BatchValidationJob", "BatchExecutor", "BATCH_EXECUTOR", "BATCH_OPTIONS", "ProgressCallback",
-           "item_session_id"]
+           "item_session_id", "EXECUTORS"]
 
 #: Keys of a batch job's config that are the job's own (the rest is session configuration).
 BATCH_OPTIONS = ("parallel_execution", "max_concurrent_jobs", "reference_backend", "alternative_backend",
-                 "database_path", "show_progress", "retry_failed", "framework_config")
+                 "database_path", "show_progress", "retry_failed", "framework_config", "executor", "ray_address",
+                 "max_retries")
+
+#: The executors a job can name in ``config["executor"]`` (``local`` processes are the default).
+EXECUTORS = ("local", "ray")
 
 _NAMESPACE = uuid.UUID("6f1c2a52-7d0e-4f0a-9a43-5b0c1f1d2e3a")
 
@@ -73,7 +77,8 @@ class BatchValidationJob:
         model_paths: one entry per model (a path may repeat; each entry is its own item).
         config: job options (``parallel_execution``, ``max_concurrent_jobs``, ``reference_backend``,
             ``alternative_backend``, ``database_path``, ``show_progress``, ``retry_failed``,
-            ``framework_config``); every other key is session configuration for each model.
+            ``framework_config``, ``executor`` (``local`` or ``ray``), ``ray_address``, ``max_retries``
+            (Ray: how often an item whose worker died is run again, default 2)); every other key is session configuration for each model.
         executor: runs the job (None: the process default, :data:`BATCH_EXECUTOR`).
     """
 
@@ -97,6 +102,9 @@ class BatchValidationJob:
             raise ValidationError(f"max_concurrent_jobs must be >= 1, got {self.max_concurrent_jobs}")
         if not self.model_paths:
             raise ValidationError("a batch job needs at least one model path")
+        if self.config.get("executor", "local") not in EXECUTORS:
+            raise ValidationError(f"unknown batch executor {self.config.get('executor')!r}",
+                                  hint=f"use one of {', '.join(EXECUTORS)}")
         self.framework_config = merge_config(self.config.get("framework_config"))
         db_path = self.config.get("database_path") or default_database_path(self.framework_config)
         self.framework_config["database_path"] = str(db_path)

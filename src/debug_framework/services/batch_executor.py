@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -33,7 +33,7 @@ from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, 
 from ..storage.leases import holding, is_abandoned, live_running_items, owner_gone, sweep
 from ..storage.sessions import TERMINAL_STATUSES
 
-__all__ = ["BatchExecutor", "run_items", "die_with_parent"]
+__all__ = ["BatchExecutor", "run_items", "die_with_parent", "job_lock", "settle_existing"]
 
 _POLL_S = 0.25
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -109,6 +109,25 @@ def run_items(database_path: str, job_id: str, framework_config: dict[str, Any],
                 raise
 
 
+def settle_existing(engine: Any, job_id: str, idx: int) -> bool:
+    """Settle claimed item ``idx`` from what its session already is, True when that was enough:
+    it finished before an interruption (linked to the item now), or a live process other than its
+    owner runs it (the item fails). False: the item must run (a half-made session was deleted)."""
+    db, sid = engine.db, item_session_id(job_id, idx)
+    state = _resume_state(engine, sid)
+    if state == "link":  # finished before an interruption, but not yet linked to its item
+        existing = db.sessions.get(sid)
+        failed = existing["status"] == "error"
+        db.batches.update_item(job_id, idx, status="failed" if failed else "done", session_id=sid,
+                               error_message=existing.get("error_message") if failed else None, if_owned=True)
+        return True
+    if state == "busy":
+        db.batches.update_item(job_id, idx, status="failed", error_message=f"session {sid} is being run by another "
+                               "live process", if_owned=True)
+        return True
+    return False
+
+
 def _run_item(engine: Any, job_id: str, item: dict[str, Any], session_config: dict[str, Any], reference: str,
               alternative: str) -> int:
     """Run (or link) one claimed item; 1 when a validation ran. The item's outcome is only written
@@ -117,16 +136,7 @@ def _run_item(engine: Any, job_id: str, item: dict[str, Any], session_config: di
 
     db, idx = engine.db, int(item["item_index"])
     sid = item_session_id(job_id, idx)
-    state = _resume_state(engine, sid)
-    if state == "link":  # finished before an interruption, but not yet linked to its item
-        existing = db.sessions.get(sid)
-        failed = existing["status"] == "error"
-        db.batches.update_item(job_id, idx, status="failed" if failed else "done", session_id=sid,
-                               error_message=existing.get("error_message") if failed else None, if_owned=True)
-        return 0
-    if state == "busy":
-        db.batches.update_item(job_id, idx, status="failed", error_message=f"session {sid} is being run by another "
-                               "live process", if_owned=True)
+    if settle_existing(engine, job_id, idx):
         return 0
     try:
         engine.create_session(item["model_path"], session_config, reference, alternative, session_id=sid)
@@ -137,6 +147,22 @@ def _run_item(engine: Any, job_id: str, item: dict[str, Any], session_config: di
         db.batches.update_item(job_id, idx, status="failed", session_id=linked, error_message=failure_message(exc),
                                if_owned=True)
     return 1
+
+
+@contextlib.contextmanager
+def job_lock(job: BatchValidationJob) -> Iterator[None]:
+    """Hold the job's lock file (one executor per job at a time, whichever kind).
+
+    Raises:
+        ValidationError (DF005): another process is executing this job right now.
+    """
+    with open(job.lock_path(), "a+") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise ValidationError(f"batch job {job.job_id!r} is being executed by another process",
+                                  hint="wait for it, or follow it with get_progress()") from exc
+        yield
 
 
 class BatchExecutor:
@@ -150,13 +176,7 @@ class BatchExecutor:
         Raises:
             ValidationError (DF005): another process is executing this job right now.
         """
-        lock = open(job.lock_path(), "a+")  # noqa: SIM115 - held for the whole run
-        try:
-            try:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                raise ValidationError(f"batch job {job.job_id!r} is being executed by another process",
-                                      hint="wait for it, or follow it with get_progress()") from exc
+        with job_lock(job):
             self._reset_interrupted(job)
             job.db.batches.set_status(job.job_id, "running")
             crashed = self._run(job, progress)
@@ -164,8 +184,6 @@ class BatchExecutor:
                 crashed = self._run(job, progress)
             self._finish(job)
             return job.results()
-        finally:
-            lock.close()
 
     def _run(self, job: BatchValidationJob, progress: ProgressCallback | None) -> bool:
         """One round over the pending items; True when a worker process crashed."""

@@ -29,10 +29,23 @@ def _report_renderer() -> ReportRenderer:
     return render_report
 
 
-def _batch_executor() -> BatchExecutor:
-    from .batch_executor import BatchExecutor as Executor
+class ConfiguredExecutor:
+    """The default batch executor: the one the job's ``config["executor"]`` names, ``local``
+    processes (:class:`~.batch_executor.BatchExecutor`, the default) or ``ray``
+    (:class:`~.ray_executor.RayExecutor`)."""
 
-    return Executor()
+    def execute(self, job: Any, *, progress: Any = None) -> list[dict[str, Any]]:
+        if job.config.get("executor", "local") == "ray":
+            from .ray_executor import RayExecutor
+
+            return RayExecutor().execute(job, progress=progress)
+        from .batch_executor import BatchExecutor as Executor
+
+        return Executor().execute(job, progress=progress)
+
+
+def _batch_executor() -> BatchExecutor:
+    return ConfiguredExecutor()
 
 
 def install_record_collaborators() -> None:
