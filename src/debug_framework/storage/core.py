@@ -281,7 +281,10 @@ class SqlCore:
                 conn.execute("ROLLBACK")
             raise
         try:
-            self.retry(lambda: conn.execute("COMMIT"), "commit")
+            if getattr(self.dialect, "commit_retryable", True):  # SQLite: a busy COMMIT keeps the transaction
+                self.retry(lambda: conn.execute("COMMIT"), "commit")
+            else:  # a failed COMMIT has ended the transaction: retrying it would "succeed" having written nothing
+                conn.execute("COMMIT")
         except self.dialect.error_types as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

@@ -188,6 +188,8 @@ class PostgresDialect:
     #: PostgreSQL databases are new with this dialect: an empty one is created at this schema
     #: version directly (SQLite's table-rebuilding steps 1 and 2 exist only for old files)
     baseline_version = 2
+    #: a COMMIT that fails has already ended the transaction on PostgreSQL: never retried
+    commit_retryable = False
     #: the server's clock, which every host sharing the database reads for its leases
     clock_sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 
