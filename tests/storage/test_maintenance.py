@@ -95,6 +95,26 @@ def test_heartbeat_renews_the_leases_this_process_holds(any_db):
         assert db.get_session("s")["lease_expires_at"] <= time.time() + 4 * 0.05 + 0.1
 
 
+def test_the_heartbeat_thread_ends_with_its_last_holder_and_starts_again(any_db):
+    import threading
+
+    def beats() -> int:
+        return sum(t.name == "pie-debug-heartbeat" for t in threading.enumerate())
+
+    db = any_db
+    before = beats()
+    for _ in range(2):  # a second holder after the first left gets a new thread
+        with leases.holding(db, 0.05):
+            _running_session(db, f"s{_}")
+            first = db.get_session(f"s{_}")["heartbeat_at"]
+            time.sleep(0.25)
+            assert db.get_session(f"s{_}")["heartbeat_at"] > first and beats() == before + 1
+        deadline = time.time() + 5
+        while beats() > before and time.time() < deadline:
+            time.sleep(0.02)
+        assert beats() == before  # no thread (nor its connection) left behind
+
+
 def _store_blob(store: TensorStore, value: float) -> Path:
     return store.put(torch.full((64,), value)).path
 

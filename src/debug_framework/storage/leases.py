@@ -211,14 +211,14 @@ def renew(core: SqlCore, interval_s: float) -> int:
 
 class Heartbeat:
     """The thread renewing this process's leases in one database file: at once when a holder
-    arrives, then every ``interval_s`` while anyone holds it (:func:`holding`); idle otherwise.
+    arrives, then every ``interval_s`` while anyone holds it (:func:`holding`). When the last holder
+    leaves, the thread ends and closes its connection; the next holder starts a new one.
 
     One per (process, file), with a connection of its own (a caller closing its database does not
     stop the heartbeat)."""
 
     def __init__(self, core: SqlCore, interval_s: float) -> None:
-        self.core = SqlCore(core.database_path, busy_timeout_s=core.busy_timeout_s, max_retry_s=core.max_retry_s,
-                            dialect=core.dialect)
+        self._source = core
         self.interval_s = float(interval_s)
         self._holders = 0
         self._cond = threading.Condition()
@@ -228,23 +228,33 @@ class Heartbeat:
         with self._cond:
             self._holders += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="pie-debug-heartbeat", daemon=True)
+                src = self._source
+                core = SqlCore(src.database_path, busy_timeout_s=src.busy_timeout_s, max_retry_s=src.max_retry_s,
+                               dialect=src.dialect)
+                self._thread = threading.Thread(target=self._loop, args=(core,), name="pie-debug-heartbeat",
+                                                daemon=True)
                 self._thread.start()
             self._cond.notify_all()  # renew now: the lease stamped at the claim has the default length
 
     def release(self) -> None:
         with self._cond:
             self._holders = max(0, self._holders - 1)
+            self._cond.notify_all()  # the last holder gone: the thread ends now, not an interval later
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._holders == 0:
-                    self._cond.wait()
-            with contextlib.suppress(Exception):  # a busy or full database must not kill the worker
-                renew(self.core, self.interval_s)
-            with self._cond:
-                self._cond.wait(self.interval_s)
+    def _loop(self, core: SqlCore) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._holders == 0:
+                        self._thread = None
+                        return
+                with contextlib.suppress(Exception):  # a busy or full database must not kill the worker
+                    renew(core, self.interval_s)
+                with self._cond:
+                    if self._holders:
+                        self._cond.wait(self.interval_s)
+        finally:
+            core.close()
 
 
 _BEATS: dict[tuple[int, str], Heartbeat] = {}
