@@ -145,3 +145,23 @@ def test_a_kernel_with_the_wrong_schema_fails_validation(cpp_build, tmp_path):
 
     with pytest.raises(PluginCompilationError, match="takes"):
         validate_artifact(build.artifact, "cpp", load_manifest(manifest))
+
+
+def test_a_triton_plugin_imports_its_helper_sources(tmp_path):
+    """The entry module of a Triton plugin imports a helper shipped beside it in ``sources``."""
+    import torch
+
+    from debug_framework.plugins.loading import load_plugin
+
+    kernels = [{"name": "twice", "op": "myns_helper::twice(Tensor x) -> Tensor", "entry": "twice",
+                "dtypes": ["float32"], "reference": "ref.py:twice"}]
+    manifest = write_plugin(tmp_path / "p", json.dumps(
+        {"id": "with-helper", "version": "1", "backend": "triton", "sources": ["k.py", "dfhelper_twice.py"],
+         "kernels": kernels}),
+        {"k.py": "from dfhelper_twice import double\n\ndef twice(x):\n    return double(x)\n",
+         "dfhelper_twice.py": "def double(x):\n    return x * 2\n",
+         "ref.py": "def twice(x):\n    return x * 2\n"})
+    defn = load_manifest(manifest)
+    build = CompilationEngine(tmp_path / "cache").build(defn)
+    loaded = load_plugin(defn, build.artifact)
+    assert torch.equal(loaded["twice"].op(torch.ones(3)), torch.full((3,), 2.0))

@@ -9,6 +9,7 @@ library namespace; a rebuilt plugin is seen by a new process (the sweep's worker
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -108,12 +109,17 @@ def _import_file(path: Path, module_name: str) -> Any:
         raise PluginCompilationError("cannot import the plugin source", file=str(path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    folder = str(path.parent)  # a plugin's other sources sit beside its entry module: importable while it loads
+    sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the plugin's own code: its failure is the plugin's
         del sys.modules[module_name]
         raise PluginCompilationError(f"importing the plugin source failed: {type(exc).__name__}: {exc}",
                                      file=str(path)) from exc
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
     return module
 
 

@@ -202,6 +202,11 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
                     result = worker.death(timeout_s)
                     worker = _Worker(args)
                     report.worker_restarts += 1
+                    # the new worker makes this kernel's samples again now, so that work never counts
+                    # against the next sample's timeout (and reads as a hang)
+                    if (worker.ask(("samples", name), _START_TIMEOUT_S) or ("error",))[0] != "ok":
+                        raise PluginCompilationError(f"the restarted worker cannot make the samples of {name}",
+                                                     plugin=defn.id)
                 elif reply[0] != "ok":
                     raise PluginCompilationError(f"the sweep failed on {name} sample {i}: {reply[1]}", plugin=defn.id)
                 else:
