@@ -147,33 +147,20 @@ def _expired(db: Database, days: float | None) -> list[dict[str, Any]]:
     return [dict(r) for r in rows if r["status"] in TERMINAL_STATUSES and _finished_before(dict(r), cutoff)]
 
 
-def _stale_inputs(db: Database, keep: set[str], expired: set[str], grace_s: float) -> list[RemovedFile]:
-    folder = inputs_dir_of(db.database_path)
+def _session_entries(folder: Path, keep: set[str], expired: set[str], grace_s: float, *,
+                     folders: bool) -> list[RemovedFile]:
+    """The entries of ``folder`` named by a session that is gone (older than ``grace_s``) or
+    expires now: ``<session>.safetensors`` files, or (``folders``) ``<session>/`` folders sized by
+    their files. Links are never followed."""
     if not folder.is_dir():
         return []
     now, out = time.time(), []
     for path in sorted(folder.iterdir()):
-        if path.suffix != _INPUTS_SUFFIX or path.is_symlink() or not path.is_file():
+        if path.is_symlink() or not (path.is_dir() if folders else path.is_file() and path.suffix == _INPUTS_SUFFIX):
             continue
-        sid = path.stem
-        st = path.stat()
-        if sid in expired or (sid not in keep and now - st.st_mtime >= grace_s):
-            out.append(RemovedFile(str(path), int(st.st_size)))
-    return out
-
-
-def _stale_artifacts(db: Database, keep: set[str], expired: set[str], grace_s: float) -> list[RemovedFile]:
-    """Artifact folders of sessions that are gone (or expire now); a folder's size is its files' sum."""
-    folder = artifacts_dir_of(db.database_path)
-    if not folder.is_dir():
-        return []
-    now, out = time.time(), []
-    for path in sorted(folder.iterdir()):
-        if path.is_symlink() or not path.is_dir():
-            continue
-        sid = path.name
+        sid = path.name if folders else path.stem
         if sid in expired or (sid not in keep and now - path.stat().st_mtime >= grace_s):
-            files = [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+            files = [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()] if folders else [path]
             out.append(RemovedFile(str(path), sum(int(f.stat().st_size) for f in files)))
     return out
 
@@ -244,11 +231,12 @@ def _maintain(db: Database, dry_run: bool, days: float | None, settings: Resourc
         for sid in report.expired_sessions:
             db.sessions.delete(sid)
     keep = {str(r["session_id"]) for r in db.fetch_all("SELECT session_id FROM sessions", (), "list sessions")}
-    report.inputs = _stale_inputs(db, keep - expired, expired, grace_s)
+    report.inputs = _session_entries(inputs_dir_of(db.database_path), keep - expired, expired, grace_s, folders=False)
     if not dry_run:
         for f in report.inputs:
             Path(f.path).unlink(missing_ok=True)
-    report.artifacts = _stale_artifacts(db, keep - expired, expired, grace_s)
+    report.artifacts = _session_entries(artifacts_dir_of(db.database_path), keep - expired, expired, grace_s,
+                                        folders=True)
     if not dry_run:
         for f in report.artifacts:
             shutil.rmtree(f.path, ignore_errors=True)
