@@ -21,18 +21,12 @@ import torch
 from ..architectures import BertReference, LlamaReference, build_reference
 from ..architectures.xp import torch_namespace
 from ..capture.keys import Capture, CheckpointKey
+from ..comparison import float64_array
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name
 
 __all__ = ["TorchReferenceBackend"]
-
-
-def _host(x: Any) -> np.ndarray:
-    """A hidden state from any backend as float64 NumPy (torch tensors of any dtype and device)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 class TorchReferenceBackend(BaseBackend):
@@ -72,7 +66,7 @@ class TorchReferenceBackend(BaseBackend):
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""
         self._prepared()
-        h = torch_namespace().from_host(_host(hidden_in), self.net.dtype)
+        h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
         _, mask, _ = self._ids(inputs)
         start = time.perf_counter()
         with torch.no_grad():

@@ -22,6 +22,7 @@ from .ratio import (
     error_metric,
     finite_metric,
     finite_rms,
+    float64_array,
 )
 from .result import ComparisonResult, NestedComparison, WorstElement, dumps_json, json_safe
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
@@ -43,6 +44,7 @@ __all__ = [
     "error_metric",
     "finite_metric",
     "finite_rms",
+    "float64_array",
     "NOISE_MARGIN",
     "FLOOR_EPS",
     "json_safe",

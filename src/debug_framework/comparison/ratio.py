@@ -26,7 +26,7 @@ import numpy as np
 from .result import ComparisonResult
 
 __all__ = ["RatioRule", "RatioVerdict", "OracleJudgement", "finite_metric", "error_metric", "finite_rms",
-           "NOISE_MARGIN", "FLOOR_EPS"]
+           "float64_array", "NOISE_MARGIN", "FLOOR_EPS"]
 
 #: The calibrated rule's defaults: a correct implementation is allowed ``NOISE_MARGIN`` times the
 #: error a trusted implementation makes at the same precision, plus ``FLOOR_EPS`` x eps(dtype) x the
@@ -35,15 +35,19 @@ NOISE_MARGIN = 4.0
 FLOOR_EPS = 1.0
 
 
-def finite_rms(x: Any) -> float:
-    """Root mean square of the finite values of ``x`` (a tensor or an array), in float64; 0.0 when
-    there are none."""
+def float64_array(x: Any) -> np.ndarray:
+    """``x`` (a torch tensor of any dtype and device, or anything NumPy reads) as a float64 NumPy array."""
     if hasattr(x, "detach"):
         import torch
 
-        a = x.detach().to("cpu", torch.float64).numpy()
-    else:
-        a = np.asarray(x, dtype=np.float64)
+        return x.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def finite_rms(x: Any) -> float:
+    """Root mean square of the finite values of ``x`` (a tensor or an array), in float64; 0.0 when
+    there are none."""
+    a = float64_array(x)
     a = np.abs(a[np.isfinite(a)])
     peak = float(a.max()) if a.size else 0.0
     if peak == 0.0:

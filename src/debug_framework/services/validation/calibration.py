@@ -22,20 +22,20 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...capture.keys import Capture, CheckpointKey
-from ...comparison import ComparisonResult, RatioRule, RatioVerdict, Tolerance, compare, finite_rms
+from ...comparison import (
+    ComparisonResult,
+    RatioRule,
+    RatioVerdict,
+    Tolerance,
+    compare,
+    finite_rms,
+    float64_array,
+)
 from ...errors import ValidationError
 from .plan import ValidationPlan
 
 __all__ = ["scale_floor", "judge_by_noise", "tolerance_margin", "calibration_backend",
            "replay_noise", "noise_at"]
-
-
-def _host(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        import torch
-
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def scale_floor(plan: ValidationPlan, reference: Any) -> float:
@@ -59,7 +59,7 @@ def judge_by_noise(plan: ValidationPlan, reference: Any, noise: ComparisonResult
 def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float | None:
     """``max |a - r| / (atol + rtol |r|)`` over finite pairs: the margin of an allclose tolerance
     (at most 1 passes); None when shapes differ or there is nothing finite to measure."""
-    r, a = _host(reference), _host(alternative)
+    r, a = float64_array(reference), float64_array(alternative)
     if r.shape != a.shape:
         return None
     ok = np.isfinite(r) & np.isfinite(a)
