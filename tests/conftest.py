@@ -124,3 +124,49 @@ def any_db(any_db_path: str | Path) -> Iterator[object]:
     manager = DatabaseManager(any_db_path)
     yield manager
     manager.close()
+
+
+# -- a real browser: Playwright driving Debian's chromium (never a downloaded browser) -----------------
+
+@dataclass
+class BrowserPage:
+    """A Playwright ``page`` and every console error / uncaught page error seen on it."""
+
+    page: object
+    errors: list[str]
+
+    def scroll_overflow(self) -> int:
+        """How many pixels the page scrolls horizontally (0: no horizontal page scroll)."""
+        return int(self.page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def _chromium() -> Iterator[object]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; scripts/setup.sh does it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def browser_page(_chromium: object) -> Iterator[BrowserPage]:
+    """A fresh 1400x900 page in headless chromium; ``.errors`` collects console errors and page errors
+    (a test asserts it stays empty)."""
+    context = _chromium.new_context(viewport={"width": 1400, "height": 900})  # type: ignore[attr-defined]
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    try:
+        yield BrowserPage(page, errors)
+    finally:
+        context.close()
