@@ -139,6 +139,15 @@ class BrowserPage:
         """How many pixels the page scrolls horizontally (0: no horizontal page scroll)."""
         return int(self.page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))  # type: ignore[attr-defined]
 
+    def screenshot(self, name: str) -> Path:
+        """Save a full-page screenshot as a test artifact: ``test-artifacts/<name>.png`` at the repository
+        root (git-ignored; CI keeps the folder), or under ``$DF_TEST_ARTIFACTS`` when set."""
+        folder = Path(os.environ.get("DF_TEST_ARTIFACTS") or Path(__file__).resolve().parents[1] / "test-artifacts")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+        return path
+
 
 @pytest.fixture(scope="session")
 def _chromium() -> Iterator[object]:

@@ -24,3 +24,5 @@ def test_a_plain_page_has_no_errors_and_no_scroll(browser_page, tmp_path):
     page.write_text("<!DOCTYPE html><html><body><p>fine</p></body></html>")
     browser_page.page.goto(page.as_uri())
     assert browser_page.scroll_overflow() == 0 and browser_page.errors == []
+    shot = browser_page.screenshot("harness-plain-page")
+    assert shot.stat().st_size > 1000
