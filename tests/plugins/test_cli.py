@@ -138,3 +138,24 @@ def test_an_unknown_plugin_backend_is_df002_naming_it(tmp_path, monkeypatch):
     with pytest.raises(BackendInitializationError, match="no plugin 'nope' is registered") as info:
         get_backend("plugin:nope")
     assert info.value.context["backend"] == "plugin:nope"
+
+
+@pytest.mark.slow
+def test_the_triton_example_compiled_for_a_gpu(capsys, tmp_path):
+    """The Triton example declared for "cuda": compiled by Triton for the GPU, swept on it, passes."""
+    import shutil
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    plugin = tmp_path / "triton-gpu"
+    shutil.copytree(EXAMPLES / "triton", plugin)
+    manifest = json.loads((plugin / "plugin.json").read_text())
+    manifest["id"] = "example-triton-gpu"
+    manifest["kernels"][0]["devices"] = ["cuda"]
+    (plugin / "plugin.json").write_text(json.dumps(manifest))
+    code, out, _ = _run(capsys, "--plugin-path", plugin, "--validate", "--json",
+                        "--database", tmp_path / "s.db", "--cache-dir", tmp_path / "cache")
+    doc = json.loads(out)
+    assert code == 0 and doc["sweep"]["kernels"]["softmax"]["passed"], doc

@@ -165,3 +165,42 @@ def test_a_triton_plugin_imports_its_helper_sources(tmp_path):
     build = CompilationEngine(tmp_path / "cache").build(defn)
     loaded = load_plugin(defn, build.artifact)
     assert torch.equal(loaded["twice"].op(torch.ones(3)), torch.full((3,), 2.0))
+
+
+def test_a_cpu_triton_plugin_runs_interpreted_and_a_gpu_one_cannot_join_that_process(tmp_path, monkeypatch):
+    """Kernels declared for "cpu" run under Triton's interpreter whether or not a GPU is present (on a
+    GPU machine the interpreter used to be skipped, and the kernel got CPU tensors it could not read);
+    a plugin declared for "cuda" cannot load into a process that interprets: DF008 saying why."""
+    import os
+
+    import torch
+
+    from debug_framework.plugins.loading import load_plugin
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    defn = load_manifest(EXAMPLES / "triton")
+    build = CompilationEngine(tmp_path / "cache").build(defn)
+    loaded = load_plugin(defn, build.artifact)
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    x = torch.randn(4, 33)
+    assert torch.allclose(loaded["softmax"].op(x, -1), torch.softmax(x, -1), atol=1e-6)
+    data = json.loads((EXAMPLES / "triton" / "plugin.json").read_text())
+    data["id"], data["kernels"][0]["devices"] = "example-triton-gpu", ["cuda"]
+    gpu = tmp_path / "gpu"
+    shutil.copytree(EXAMPLES / "triton", gpu)
+    (gpu / "plugin.json").write_text(json.dumps(data))
+    gpu_defn = load_manifest(gpu)
+    with pytest.raises(PluginCompilationError, match="runs Triton's interpreter") as info:
+        load_plugin(gpu_defn, CompilationEngine(tmp_path / "cache").build(gpu_defn).artifact)
+    assert info.value.code == "DF008"
+
+
+def test_a_triton_plugin_mixing_cpu_and_cuda_kernels_is_refused(tmp_path):
+    kernels = [{"name": n, "op": f"myns_mix::{n}(Tensor x) -> Tensor", "entry": n, "dtypes": ["float32"],
+                "reference": "ref.py:f", "devices": [d]} for n, d in (("a", "cpu"), ("b", "cuda"))]
+    manifest = write_plugin(tmp_path / "p", json.dumps(
+        {"id": "mixed", "version": "1", "backend": "triton", "sources": ["k.py"], "kernels": kernels}),
+        {"k.py": "def a(x):\n    return x\n\ndef b(x):\n    return x\n", "ref.py": "def f(x):\n    return x\n"})
+    with pytest.raises(PluginCompilationError, match="either in Triton's interpreter") as info:
+        load_manifest(manifest)
+    assert info.value.code == "DF008"

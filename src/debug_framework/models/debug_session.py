@@ -53,6 +53,11 @@ def capture_environment(device: str | None = None) -> dict[str, Any]:
 
         env["torch"] = torch.__version__
         env["cuda_available"] = bool(torch.cuda.is_available())
+        if env["cuda_available"] and str(device or "").startswith("cuda"):
+            dev = torch.device(str(device))
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            env["gpu"] = torch.cuda.get_device_name(index)
+            env["cuda"] = torch.version.cuda
     except ImportError:  # pragma: no cover - torch is a dependency
         env["torch"] = None
     return env

@@ -123,6 +123,20 @@ def _import_file(path: Path, module_name: str) -> Any:
     return module
 
 
+def _triton_mode(defn: PluginDefinition) -> None:
+    """Kernels declared for "cpu" run in Triton's interpreter (on CPU tensors, GPU or not), "cuda" ones
+    compile for the GPU. Triton reads ``TRITON_INTERPRET`` when the source is imported and again when
+    a kernel runs, so it is process-wide: a GPU plugin cannot load into an interpreting process."""
+    interpret = all(spec.devices[0] == "cpu" for spec in defn.kernels)
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise PluginCompilationError(
+            "this Triton plugin's kernels are declared for the GPU, but this process runs Triton's interpreter "
+            "(TRITON_INTERPRET is set: by your environment, or by a CPU Triton plugin loaded earlier)",
+            plugin=defn.id, hint="unset TRITON_INTERPRET, or load GPU and CPU Triton plugins in separate processes")
+
+
 def _schema_without_name(spec: KernelSpec) -> str:
     """``name(args) -> returns`` of the kernel: the custom schema, or the ATen op's schema renamed."""
     full = spec.op if not spec.is_aten else str(aten_overload(spec)._schema)
@@ -133,10 +147,9 @@ def _schema_without_name(spec: KernelSpec) -> str:
 def _register_python_kernels(defn: PluginDefinition, artifact: Path) -> str:
     """Register each Triton entry function as ``dfplugin_<id>::<kernel>``; the namespace."""
     ns = f"dfplugin_{_ns(defn.id)}"
+    _triton_mode(defn)  # also when already registered: the interpreter is read again at every call
     if ns in _TRITON_LIBS:
         return ns
-    if not torch.cuda.is_available():  # no GPU: Triton's interpreter runs the kernels on CPU tensors
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     module = _import_file(artifact, f"{ns}_{file_digest(artifact)[:12]}")
     lib = torch.library.Library(ns, "FRAGMENT")
     for spec in defn.kernels:

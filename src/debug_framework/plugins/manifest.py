@@ -279,6 +279,10 @@ def parse_manifest(data: Any, manifest: Path | None = None, root: Path | None = 
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise _bad("two kernels share a name", manifest, "kernels")
+    if backend == "triton" and len({k.devices[0] == "cpu" for k in kernels}) > 1:
+        raise _bad("a triton plugin's kernels run either in Triton's interpreter (devices [\"cpu\"]) or on the GPU "
+                   "(devices [\"cuda\"]), not both: Triton chooses when the source is imported", manifest, "kernels",
+                   hint="split the plugin in two, or give every kernel the same first device")
     return PluginDefinition(pid, version, backend, paths, kernels, manifest, str(data.get("description", "")))
 
 

@@ -81,8 +81,8 @@ def first(out):  # an op returning several tensors is judged by its first, as th
 
 
 if BACKEND == "triton":
-    if not torch.cuda.is_available():  # no GPU: Triton's interpreter runs the kernel on the CPU
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if DEVICE == "cpu":  # a kernel declared for the CPU runs in Triton's interpreter, GPU or not
+        os.environ["TRITON_INTERPRET"] = "1"
     kernel = getattr(load(ARTIFACT, "plugin_source"), ENTRY)
 else:
     torch.ops.load_library(ARTIFACT)
