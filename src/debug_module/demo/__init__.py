@@ -1,0 +1,97 @@
+"""The guided tour of debug_module (``debug-tour``, ``python -m debug_module.demo``).
+
+    debug-tour                              # interactive: explain, run, show, then change knobs and re-run
+    debug-tour --quick                      # every step with the defaults, no prompts (CI, a first look)
+    debug-tour --quick --step minifier --fail-op aten.erf.default
+    debug-tour --output /tmp/tour --batch 4 --padding 0 --alignment 1
+
+Steps, on a one-layer BERT (seconds on a CPU): constraint checking, FX/AOT capture, Inductor IR,
+KernelDiff, the minifier (a forced strict-mode failure reduced to a verified standalone repro that is
+run once more), a quick benchmark (eager beside Inductor and the mock backend), the HTML report and
+the command-line tools. Each step explains itself, says what ran, prints the real results and where
+the artifacts went (under ``--output``, default ``./debug_artifacts/tour``; run directories in
+``runs/``). See docs/tour.md.
+
+Exit codes (:mod:`debug_framework.cli.framework`): 0 every step worked; 1 a step's own check failed
+(a KernelDiff outside its tolerance, a repro that did not reproduce); 2 a usage or environment error
+(a bad knob value is DF005); 3 an internal error (a bug; one line naming the crash log).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+
+from debug_framework.cli.framework import CliError, Invocation, make_app, make_console, markup, run_app
+from debug_framework.suggest import did_you_mean, one_of
+
+__all__ = ["app", "main", "PROG", "DEFAULT_OUTPUT"]
+
+PROG = "debug-tour"
+DEFAULT_OUTPUT = Path("debug_artifacts/tour")
+
+_HELP = ("A guided tour of debug_module on a tiny BERT: constraints, FX/AOT capture, Inductor IR, KernelDiff, "
+         "the minifier, a benchmark, the HTML report and the CLIs. Interactive unless --quick.")
+_EPILOG = ("Steps: constraints, capture, inductor, kerneldiff, minifier, benchmark, report, cli. "
+           "Exit codes: 0 every step worked; 1 a step's check failed; 2 usage or environment error; 3 internal error.")
+app = make_app(_HELP, epilog=_EPILOG)
+
+
+@app.command(help=_HELP, epilog=_EPILOG)
+def tour(
+    ctx: typer.Context,
+    quick: bool = typer.Option(False, "--quick", help="run the steps with these knobs, no prompts"),
+    step: list[str] = typer.Option([], "--step", help="run only this step (repeatable; default: all)"),
+    output: Path = typer.Option(DEFAULT_OUTPUT, "--output", "-o", help="where the artifacts go"),
+    batch: str = typer.Option("2", "--batch", help="rows per batch (1..64)"),
+    seq: str = typer.Option("8", "--seq", help="tokens per row (2..32)"),
+    padding: str = typer.Option("3", "--padding", help="padded tokens at the end of the last row"),
+    alignment: str = typer.Option("8", "--alignment", help="constraint: dims a multiple of this (1 = off)"),
+    deny_op: list[str] = typer.Option([], "--deny-op", help="constraint: deny this ATen op (repeatable)"),
+    rtol: str = typer.Option("default", "--rtol", help="KernelDiff relative tolerance"),
+    atol: str = typer.Option("default", "--atol", help="KernelDiff absolute tolerance"),
+    force_failure: bool = typer.Option(True, "--force-failure/--no-force-failure",
+                                       help="minifier step: force a strict-mode failure"),
+    fail_op: str = typer.Option("aten.tanh.default", "--fail-op", help="the op the forced failure denies"),
+    runs: str = typer.Option("10", "--runs", help="benchmark: timed calls per side"),
+) -> int:
+    """Check every option first (DF005 on a bad one, before anything runs), then run the tour."""
+    from .context import TourContext
+    from .knobs import TourKnobs
+    from .runner import STEP_NAMES, run_tour
+
+    unknown = [s for s in step if s not in STEP_NAMES]
+    if unknown:
+        raise CliError(f"unknown step {unknown[0]!r}" + did_you_mean(unknown[0], STEP_NAMES), hint=one_of(STEP_NAMES))
+    knobs = TourKnobs().changed({"batch": batch, "seq": seq, "padding": padding, "alignment": alignment,
+                                 "deny_ops": ",".join(deny_op), "rtol": rtol, "atol": atol,
+                                 "force_failure": "yes" if force_failure else "no", "fail_op": fail_op, "runs": runs})
+    context = TourContext(output=output.expanduser().resolve(), knobs=knobs)
+    context.output.mkdir(parents=True, exist_ok=True)
+    console = make_console()
+    console.print(markup("[bold]debug_module guided tour[/] on a tiny BERT; artifacts under {}", context.output))
+    read_line = None if quick else _read_stdin
+    if read_line is not None and read_line("[Enter] start · q quit > ") in (None, "q", "quit"):
+        return 0
+    invocation: Invocation = ctx.obj
+    return run_tour(console, context, step or list(STEP_NAMES), invocation, read_line)
+
+
+def _read_stdin(prompt: str) -> str | None:
+    """One answer from stdin (a terminal or a script); ``None`` at end of input."""
+    try:
+        return input(prompt)
+    except EOFError:
+        print()
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (``debug-tour``, ``python -m debug_module.demo``): returns the exit code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built locally; never reach the network
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return run_app(app, Invocation(PROG), argv)
+
