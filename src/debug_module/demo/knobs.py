@@ -115,10 +115,10 @@ def _parse(name: str, text: str) -> Any:
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValidationError(f"{name}={value!r} is out of range: {KNOB_HELP[name]}", knob=name,
+        raise ValidationError(f"{name}={value} is out of range: {KNOB_HELP[name]}", knob=name,
                               hint=f"give an integer from {low} to {high}")
 
 
 def _bad(name: str, value: Any) -> ValidationError:
-    return ValidationError(f"{name}={value!r} is not valid: {KNOB_HELP[name]}", knob=name,
-                           hint=f"see the knob list (debug-tour --help); {name}: {KNOB_HELP[name]}")
+    return ValidationError(f"{name}={value} is not valid: {KNOB_HELP[name]}", knob=name,
+                           hint="debug-tour --help lists every knob")

@@ -56,6 +56,10 @@ def run_kerneldiff(ctx: TourContext) -> StepResult:
 def run_minifier(ctx: TourContext) -> StepResult:
     """Strict mode denies ``fail_op``; the strict-mode writer minifies the failing graph and verifies the
     repro in a fresh process; the step then runs the repro as a user would and requires exit 1."""
+    k = ctx.knobs
+    if not k.force_failure:
+        return StepResult("skipped", ran="nothing (force_failure=no)",
+                          lines=["no failure forced: set force_failure=yes to make one and minify it"])
     import torch
 
     from .. import constraint_error
@@ -63,10 +67,6 @@ def run_minifier(ctx: TourContext) -> StepResult:
     from ..constraints import OpDenylistConstraint
     from ..minifier.codegen import run_repro
 
-    k = ctx.knobs
-    if not k.force_failure:
-        return StepResult("skipped", ran="nothing (force_failure=no)",
-                          lines=["no failure forced: set force_failure=yes to make one and minify it"])
     ran = f"torch.compile(tiny BERT, backend=make_mock_backend(strict=True, deny {k.fail_op}))"
     model, inputs = ctx.model_and_inputs()
     backend = make_mock_backend(strict=True, constraints=[OpDenylistConstraint([k.fail_op])],

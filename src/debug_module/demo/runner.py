@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from debug_framework.cli.framework import EXIT_FAIL, EXIT_PASS, Invocation, add_row, failure_of, literal, markup
 from debug_framework.errors import ValidationError
+from debug_framework.jsonio import dumps_json
 
 from .compile_steps import run_capture, run_constraints, run_inductor
 from .context import Step, StepResult, TourContext
@@ -17,7 +19,10 @@ from .result_steps import run_benchmark, run_cli, run_kerneldiff, run_minifier, 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["STEPS", "STEP_NAMES", "run_tour", "show_knobs"]
+__all__ = ["STEPS", "STEP_NAMES", "TOUR_SCHEMA", "run_tour", "show_knobs"]
+
+#: The schema of ``<output>/tour.json``.
+TOUR_SCHEMA = "debug_module.tour/1"
 
 #: Reads one line of the user's answer; ``None`` at end of input.
 ReadLine = Callable[[str], "str | None"]
@@ -123,10 +128,12 @@ def _ask(console: Console, ctx: TourContext, read_line: ReadLine, step: Step) ->
             show_knobs(console, ctx)
             continue
         try:
-            ctx.knobs = ctx.knobs.changed(parse_assignments(text))
+            changes = parse_assignments(text)
+            ctx.knobs = ctx.knobs.changed(changes)
         except ValidationError as exc:
             console.print(markup("[red]{}[/]", str(exc)))
             continue
+        console.print(markup("knobs now: {}; re-running {}", " ".join(f"{k}={v}" for k, v in changes.items()), step.name))
         return "rerun"
 
 
@@ -166,5 +173,17 @@ def _summary(console: Console, ctx: TourContext, steps: Sequence[Step], invocati
             why = r.headline
             print(why if r.status == "error" else f"{invocation.prog}: step {step.name!r} failed: {why}", file=sys.stderr)
     console.print(table)
-    console.print(markup("artifacts under {}", ctx.output))
+    summary = _write_summary(ctx, steps, code)
+    console.print(markup("artifacts under {} (step by step: {})", ctx.output, summary))
     return code
+
+
+def _write_summary(ctx: TourContext, steps: Sequence[Step], code: int) -> Path:
+    """``<output>/tour.json``: the knobs, and each step's status, results and artifacts (schema ``debug_module.tour/1``)."""
+    doc = {"schema": TOUR_SCHEMA, "exit_code": code, "knobs": ctx.knobs.as_dict(),
+           "steps": [{"name": s.name, "status": r.status, "seconds": round(r.seconds, 3), "ran": r.ran,
+                      "lines": r.lines, "artifacts": {k: str(p) for k, p in r.artifacts.items()}}
+                     for s in steps if (r := ctx.results.get(s.name)) is not None]}
+    path = ctx.output / "tour.json"
+    path.write_text(dumps_json(doc) + "\n", encoding="utf-8")
+    return path
