@@ -43,6 +43,8 @@ def run_kerneldiff(ctx: TourContext) -> StepResult:
     artifacts = {"run": run_dir, "KernelDiff JSON": Path(report.json_path)}
     if plots:
         artifacts["plots"] = run_dir / "visualizations"
+    if report.repro_path:  # a failure the minifier reduced
+        artifacts["accuracy repro"] = Path(report.repro_path)
     ran = "KernelDiffHarness(tiny BERT, test_backend='inductor', reference='eager', runs=3" + "".join(
         f", {n}={v}" for n, v in tolerance.items()) + ").compare()"
     lines = report.summary().splitlines()

@@ -104,12 +104,12 @@ def _run_step(console: Console, ctx: TourContext, step: Step, index: int, invoca
 def _print_result(console: Console, step: Step, result: StepResult) -> None:
     if result.ran:
         console.print(markup("[bold]ran[/]: {}", result.ran))
-    for line in result.lines:
-        console.print(literal(line))
+    for line in result.lines:  # soft wrap: a command or a path stays one line when copied
+        console.print(literal(line), soft_wrap=True)
     if result.artifacts:
         console.print("[bold]artifacts[/]:")
         for label, path in result.artifacts.items():
-            console.print(markup("  {}: {}", label, path))
+            console.print(markup("  {}: {}", label, path), soft_wrap=True)
     style = _STATUS_STYLE[result.status]
     console.print(markup(f"[{style}]{{}}[/] {{}} ({{}} s)", result.status, step.name, f"{result.seconds:.1f}"))
 
