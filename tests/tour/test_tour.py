@@ -37,14 +37,15 @@ def test_interactive_bad_knob_is_explained_and_asked_again(tmp_path, monkeypatch
     # the minifier step without a forced failure is instant (skipped); batch=0 and a misspelt knob are
     # refused with DF005 and asked again, fail_op=... re-runs the step with it, q quits
     code = _tour(["--step", "minifier", "--no-force-failure", "--output", str(tmp_path)], monkeypatch,
-                 stdin="\nbatch=0\nbacth=4\nfail_op=aten.erf.default\nq\n")
+                 stdin="\nbatch=0\nbacth=4\nrtol=0\nfail_op=aten.erf.default\nq\n")
     out = capsys.readouterr().out
     assert code == 0, out
     assert "[DF005]" in out and "batch=0 is out of range" in out
     assert "unknown knob 'bacth' (did you mean 'batch'?)" in out
+    assert "knobs now: rtol=0; minifier does not use them, the steps that do will" in out  # no re-run for it
     assert out.count("5/8 minifier") == 2 and "knobs now: fail_op=aten.erf.default; re-running minifier" in out
     doc = json.loads((tmp_path / "tour.json").read_text())
-    assert doc["knobs"]["fail_op"] == "aten.erf.default" and doc["knobs"]["batch"] == 2
+    assert doc["knobs"]["fail_op"] == "aten.erf.default" and doc["knobs"]["batch"] == 2 and doc["knobs"]["rtol"] == 0
     assert [s["status"] for s in doc["steps"]] == ["skipped"]
 
 

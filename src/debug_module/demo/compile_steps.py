@@ -24,6 +24,12 @@ def _mark(pipeline: Any, step: str) -> Path:
     return Path(pipeline.run_dir)
 
 
+def _short_op(op: str) -> str:
+    """``aten.view.default`` -> ``view``; ``torch._C._nn.linear`` -> ``linear``."""
+    parts = op.split(".")
+    return parts[1] if parts[0] in ("aten", "prims") and len(parts) > 1 else parts[-1]
+
+
 def _where(v: Any) -> str:
     if v.source is None:
         return "a graph input or parameter" if v.op in (None, "placeholder") else "no source line"
@@ -92,8 +98,7 @@ def run_capture(ctx: TourContext) -> StepResult:
              f"{len(guards.recompilations)} recompilation(s)"]
     artifacts: dict[str, Path] = {"run": run_dir, "guards": run_dir / "reports" / "guards.json"}
     for g in pipeline.graphs:
-        top = ", ".join(f"{op.rsplit('.', 2)[-2] if op.count('.') >= 2 else op} x{n}"
-                        for op, n in Counter(g.statistics.get("op_counts", {})).most_common(4))
+        top = ", ".join(f"{_short_op(op)} x{n}" for op, n in Counter(g.statistics.get("op_counts", {})).most_common(4))
         lines.append(f"{g.kind:>9} graph {g.name}: {g.statistics['nodes']} nodes; top ops: {top}")
         sub = "fx_graphs" if g.kind == "fx" else "aot_graphs"
         artifacts[f"{g.kind} graph"] = run_dir / sub / f"{g.name}.py"

@@ -133,7 +133,11 @@ def _ask(console: Console, ctx: TourContext, read_line: ReadLine, step: Step) ->
         except ValidationError as exc:
             console.print(markup("[red]{}[/]", str(exc)))
             continue
-        console.print(markup("knobs now: {}; re-running {}", " ".join(f"{k}={v}" for k, v in changes.items()), step.name))
+        shown = " ".join(f"{k}={v}" for k, v in changes.items())
+        if not {k.strip().replace("-", "_") for k in changes} & set(step.knobs):
+            console.print(markup("knobs now: {}; {} does not use them, the steps that do will", shown, step.name))
+            continue
+        console.print(markup("knobs now: {}; re-running {}", shown, step.name))
         return "rerun"
 
 
