@@ -89,9 +89,17 @@ def _read_stdin(prompt: str) -> str | None:
         return None
 
 
+class _TourInvocation(Invocation):
+    """A failure raised by torch on the tour's model (a missing C++ compiler for Inductor, an unsupported
+    platform) is the environment's (exit 2); anything else not DF-coded is a bug of ours (exit 3)."""
+
+    def is_environment_error(self, exc: BaseException) -> bool:
+        return super().is_environment_error(exc) or type(exc).__module__.split(".")[0] == "torch"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (``debug-tour``, ``python -m debug_module.demo``): returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built locally; never reach the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    return run_app(app, Invocation(PROG), argv)
+    return run_app(app, _TourInvocation(PROG), argv)
 
