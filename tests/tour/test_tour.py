@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import sys
 
 import pytest
@@ -47,6 +49,25 @@ def test_interactive_bad_knob_is_explained_and_asked_again(tmp_path, monkeypatch
     doc = json.loads((tmp_path / "tour.json").read_text())
     assert doc["knobs"]["fail_op"] == "aten.erf.default" and doc["knobs"]["batch"] == 2 and doc["knobs"]["rtol"] == 0
     assert [s["status"] for s in doc["steps"]] == ["skipped"]
+
+
+class _CtrlCAfter(io.StringIO):
+    """stdin that answers its lines and then gets Ctrl-C at the next prompt."""
+
+    def readline(self, *args: object) -> str:
+        line = super().readline()
+        if not line:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the signal, as the terminal sends it
+        return line
+
+
+def test_ctrl_c_at_a_prompt_exits_130_and_keeps_the_steps_done(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", _CtrlCAfter("\n"))
+    code = main(["--step", "minifier", "--no-force-failure", "--output", str(tmp_path)])
+    assert code == 130
+    assert "debug-tour: interrupted by the user (Ctrl-C)" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "tour.json").read_text())
+    assert doc["exit_code"] == 130 and [s["name"] for s in doc["steps"]] == ["minifier"]
 
 
 @pytest.mark.slow

@@ -200,10 +200,10 @@ def next_commands(ctx: TourContext) -> list[str]:
         repro = m.artifacts["repro"]
         cmds += [f"python {q(str(repro))}    # exit 1: the failure reproduces",
                  f"inductor-debug minify {q(str(repro.parent))} --max-seconds 30"]
-    cmds += ["inductor-debug diff --demo --rtol 0 --atol 0    # a KernelDiff that fails (exit 1)",
+    cmds += [f"debug-tour --step kerneldiff --rtol 0 --atol 0 --output {q(str(out))}    # fails (exit 1); "
+             "the minifier reduces the mismatch to an accuracy repro",
              f"debug_validate --model-path {q(str(out / 'model'))} --alternative-backend pytorch "
-             f"--database {q(str(out / 'sessions.db'))} --output-file {q(str(out / 'validation.html'))}",
-             f"python -m debug_module.demo --quick --output {q(str(out))}"]
+             f"--database {q(str(out / 'sessions.db'))} --output-file {q(str(out / 'validation.html'))}"]
     return cmds
 
 

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from debug_framework.cli.framework import EXIT_FAIL, EXIT_PASS, Invocation, add_row, failure_of, literal, markup
+from debug_framework.cli.framework import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, Invocation, add_row, failure_of,
+                                           literal, markup)
 from debug_framework.errors import ValidationError
 from debug_framework.jsonio import dumps_json
 
@@ -146,14 +147,18 @@ def run_tour(console: Console, ctx: TourContext, names: Sequence[str], invocatio
     """Run the steps named (in the tour's order); ``read_line`` makes it interactive. Returns the exit
     code: 0 when every step worked, else the worst (1 a step's check failed, 2/3 a step raised)."""
     chosen = [(i, s) for i, s in enumerate(STEPS, 1) if s.name in names]
-    for index, step in chosen:
-        while True:
-            _run_step(console, ctx, step, index, invocation)
-            action = "next" if read_line is None else _ask(console, ctx, read_line, step)
-            if action != "rerun":
+    try:
+        for index, step in chosen:
+            while True:
+                _run_step(console, ctx, step, index, invocation)
+                action = "next" if read_line is None else _ask(console, ctx, read_line, step)
+                if action != "rerun":
+                    break
+            if action == "quit":
                 break
-        if action == "quit":
-            break
+    except KeyboardInterrupt:  # keep what the finished steps found; run_app reports the interrupt (exit 130)
+        _write_summary(ctx, [s for _, s in chosen], EXIT_INTERRUPTED)
+        raise
     return _summary(console, ctx, [s for _, s in chosen], invocation)
 
 
