@@ -28,6 +28,8 @@ import typer
 from debug_framework.cli.framework import CliError, Invocation, make_app, make_console, markup, run_app
 from debug_framework.suggest import did_you_mean, one_of
 
+from .knobs import KNOB_HELP, TourKnobs
+
 __all__ = ["app", "main", "PROG", "DEFAULT_OUTPUT"]
 
 PROG = "debug-tour"
@@ -38,30 +40,30 @@ _HELP = ("A guided tour of debug_module on a tiny BERT: constraints, FX/AOT capt
 _EPILOG = ("Steps: constraints, capture, inductor, kerneldiff, minifier, benchmark, report, cli. "
            "Exit codes: 0 every step worked; 1 a step's check failed; 2 usage or environment error; 3 internal error.")
 app = make_app(_HELP, epilog=_EPILOG)
+_D = TourKnobs()  # the defaults
 
 
 @app.command(help=_HELP, epilog=_EPILOG)
 def tour(
     ctx: typer.Context,
     quick: bool = typer.Option(False, "--quick", help="run the steps with these knobs, no prompts"),
-    step: list[str] = typer.Option([], "--step", help="run only this step (repeatable; default: all)"),
-    output: Path = typer.Option(DEFAULT_OUTPUT, "--output", "-o", help="where the artifacts go"),
-    batch: str = typer.Option("2", "--batch", help="rows per batch (1..64)"),
-    seq: str = typer.Option("8", "--seq", help="tokens per row (2..32)"),
-    padding: str = typer.Option("3", "--padding", help="padded tokens at the end of the last row"),
-    alignment: str = typer.Option("8", "--alignment", help="constraint: dims a multiple of this (1 = off)"),
-    deny_op: list[str] = typer.Option([], "--deny-op", help="constraint: deny this ATen op (repeatable)"),
-    rtol: str = typer.Option("default", "--rtol", help="KernelDiff relative tolerance"),
-    atol: str = typer.Option("default", "--atol", help="KernelDiff absolute tolerance"),
-    force_failure: bool = typer.Option(True, "--force-failure/--no-force-failure",
-                                       help="minifier step: force a strict-mode failure"),
-    fail_op: str = typer.Option("aten.tanh.default", "--fail-op", help="the op the forced failure denies"),
-    runs: str = typer.Option("10", "--runs", help="benchmark: timed calls per side"),
+    step: list[str] = typer.Option([], "--step", metavar="NAME", help="run only this step (repeatable; default: all)"),
+    output: Path = typer.Option(DEFAULT_OUTPUT, "--output", "-o", metavar="DIR", help="where the artifacts go"),
+    batch: str = typer.Option(str(_D.batch), "--batch", metavar="N", help=KNOB_HELP["batch"]),
+    seq: str = typer.Option(str(_D.seq), "--seq", metavar="N", help=KNOB_HELP["seq"]),
+    padding: str = typer.Option(str(_D.padding), "--padding", metavar="N", help=KNOB_HELP["padding"]),
+    alignment: str = typer.Option(str(_D.alignment), "--alignment", metavar="N", help=KNOB_HELP["alignment"]),
+    deny_op: list[str] = typer.Option([], "--deny-op", metavar="OP", help="constraint: deny this ATen op (repeatable)"),
+    rtol: str = typer.Option("default", "--rtol", metavar="X", help=KNOB_HELP["rtol"]),
+    atol: str = typer.Option("default", "--atol", metavar="X", help=KNOB_HELP["atol"]),
+    force_failure: bool = typer.Option(_D.force_failure, "--force-failure/--no-force-failure",
+                                       help=KNOB_HELP["force_failure"]),
+    fail_op: str = typer.Option(_D.fail_op, "--fail-op", metavar="OP", help=KNOB_HELP["fail_op"]),
+    runs: str = typer.Option(str(_D.runs), "--runs", metavar="N", help=KNOB_HELP["runs"]),
 ) -> int:
     """Check every option first (DF005 on a bad one, before anything runs), then run the tour."""
     from .context import TourContext
-    from .knobs import TourKnobs
-    from .runner import STEP_NAMES, run_tour
+    from .runner import STEP_NAMES, run_tour, show_knobs
 
     unknown = [s for s in step if s not in STEP_NAMES]
     if unknown:
@@ -74,8 +76,11 @@ def tour(
     console = make_console()
     console.print(markup("[bold]debug_module guided tour[/] on a tiny BERT; artifacts under {}", context.output))
     read_line = None if quick else _read_stdin
-    if read_line is not None and read_line("[Enter] start · q quit > ") in (None, "q", "quit"):
-        return 0
+    if read_line is not None:
+        console.print("knobs (change them after any step with knob=value):")
+        show_knobs(console, context)
+        if read_line("[Enter] start · q quit > ") in (None, "q", "quit"):
+            return 0
     invocation: Invocation = ctx.obj
     return run_tour(console, context, step or list(STEP_NAMES), invocation, read_line)
 
