@@ -221,11 +221,11 @@ def run_cli(ctx: TourContext) -> StepResult:
         return StepResult("failed", ran="inductor-debug list --json",
                           lines=[f"inductor-debug list exited {proc.returncode}: {proc.stderr.strip()[-400:]}"])
     runs = json.loads(proc.stdout)["data"]["runs"]
-    lines = [f"ran `inductor-debug list --root {ctx.runs_root} --json`: {len(runs)} run(s): "
-             + ", ".join(f"{r['run_id']} ({r['backend']}, {r['status']})" for r in runs[-4:])
-             + (" ..." if len(runs) > 4 else ""),
-             "next, try:"]
-    lines += [f"  {c}" for c in next_commands(ctx)]
+    listed = ", ".join(f"{r['run_id']} ({r['backend']}, {r['status']})" for r in runs[-4:]) + (
+        " ..." if len(runs) > 4 else "")
+    lines = [f"ran `inductor-debug list --root {ctx.runs_root} --json`: {len(runs)} run(s)"
+             + (f": {listed}" if runs else " yet (the other steps make them: debug-tour --quick)"), "next, try:"]
+    lines += [f"  {c}" for c in next_commands(ctx) if runs or "--root" not in c]
     return StepResult("ok", ran="inductor-debug list --json (a subprocess)", lines=lines,
                       artifacts={"model for debug_validate": ctx.output / "model"},
                       data={"runs": len(runs), "headline": f"inductor-debug list: {len(runs)} run(s); commands above"})
