@@ -23,6 +23,8 @@ from ._common import (
     damaged_fields,
     first_divergence_key,
     fmt_num,
+    human_bytes,
+    input_sentences,
     isolation_rows,
     passed_state,
     reproduce_command,
@@ -32,7 +34,7 @@ from ._common import (
     verdict_of,
     worst_row,
 )
-from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, png_data_uri
+from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
 from .documents import DiffSource, ReportSource, SessionSource
 
@@ -172,14 +174,16 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
             charts.append(svg)
     svg = line_chart(_METRIC_TITLES["sqnr_db"], labels, [("sqnr_db", _metric_values(rows, "sqnr_db"), "#2b6cb0"),
                                                          ("bound", _bound_values(rows, "sqnr_db"), _BOUND)],
-                     log=False, passed=passed, marker_index=first_index, chart_id="sqnr_db")
+                     log=False, passed=passed, marker_index=first_index, chart_id="sqnr_db", inf_is_exact=True)
     if svg:
         charts.append(svg)
     if not charts:
         return '<p class="muted">no finite error figures to plot</p>'
     legend = ('<p class="muted">x: checkpoints in model order (emb = post_embedding, attnN / mlpN = layer N, '
               "out = post_processing). Points: blue within the bound, red beyond it; a hollow triangle on the "
-              "floor is an exact 0; a magenta cross at the top is NaN/inf. The dashed red line marks the first "
+              "floor is an exact 0 (and, on the SQNR chart, a green hollow triangle at the top marked \u201cexact\u201d "
+              "is an exact match, SQNR +inf); a magenta cross at the top is NaN/inf. Each chart names the off-scale "
+              "markers it uses at its top right. The dashed red line marks the first "
               "divergence. The grey line is the bound each checkpoint was judged by: exact on the chart of the "
               "rule's own metric (RMSE by default), carried to the other charts by the margin (value / margin: "
               "where the point would sit at margin 1).</p>")
@@ -297,11 +301,21 @@ def _performance(perf: Any) -> str:
 
 
 def _cell_mem(mem: Any) -> str:
+    """Peak memory in binary units: ``1011 MiB (+66.8 MiB over 944 MiB at start; rss_vmhwm)``."""
     if mem is None:
         return '<span class="muted">not measured</span>'
-    if isinstance(mem, Mapping):
-        return esc(", ".join(f"{k}={fmt_num(v)}" for k, v in mem.items() if not isinstance(v, (Mapping, list))))
-    return esc(fmt_num(mem))
+    if not isinstance(mem, Mapping):
+        return esc(human_bytes(mem) if as_float(mem) is not None else mem)
+    peak, delta, base = mem.get("peak_bytes"), mem.get("delta_bytes"), mem.get("baseline_bytes")
+    bits = []
+    if delta is not None:
+        bits.append(f"+{human_bytes(delta)}" + (f" over {human_bytes(base)} at start" if base is not None else ""))
+    extra = [f"{k}={fmt_num(v)}" for k, v in mem.items() if k not in {"peak_bytes", "delta_bytes", "baseline_bytes"}
+             and not isinstance(v, (Mapping, list))]
+    detail = "; ".join([", ".join(bits)] * bool(bits) + extra)
+    head = human_bytes(peak) if peak is not None else "peak not measured"
+    return (f'<span class="mem" title="{esc(fmt_num(peak))} bytes">{esc(head)}</span>'
+            + (f' <span class="muted">({esc(detail)})</span>' if detail else ""))
 
 
 def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
@@ -372,19 +386,35 @@ def _backends(session: Mapping[str, Any]) -> str:
     return _section("backends", "Backends", "".join(parts))
 
 
+def _grouped(pairs: Sequence[tuple[str, Any]]) -> list[tuple[Any, list[str]]]:
+    """``(value, names sharing it)`` for each distinct value (compared as JSON), in first-seen order."""
+    distinct: dict[str, tuple[Any, list[str]]] = {}
+    for name, value in pairs:
+        distinct.setdefault(dumps_json(value, indent=None), (value, []))[1].append(name)
+    return list(distinct.values())
+
+
+def _shared_table(groups: Sequence[tuple[Any, list[str]]], cls: str) -> str:
+    """One row per distinct tolerance: the tolerance, and every checkpoint that uses it."""
+    trs = "".join(f"<tr><td>{kv_table(tol) if isinstance(tol, Mapping) else json_pre(tol)}</td>"
+                  f"<td>{'all ' if len(groups) == 1 else ''}{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"
+                  for tol, names in groups)
+    return (f'<table class="{esc(cls)}"><tr><th>tolerance</th><th>shared by</th></tr>{trs}</table>')
+
+
 def _tolerances(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
-    parts = ["<h3>Session tolerances</h3>" + kv_table(session.get("tolerances") if isinstance(session.get("tolerances"), Mapping) else None)]
-    distinct: dict[str, tuple[Any, list[str]]] = {}  # tolerance JSON -> (tolerance, checkpoints)
-    for r in rows:
-        tol = r.get("tolerance")
-        if tol is None:
-            continue
-        distinct.setdefault(dumps_json(tol, indent=None), (tol, []))[1].append(row_label(r))
-    if distinct:
-        trs = "".join(f"<tr><td>{json_pre(tol)}</td><td>{esc(', '.join(v[:12]) + (' ...' if len(v) > 12 else ''))}"
-                      f" ({len(v)})</td></tr>" for tol, v in distinct.values())
-        parts.append("<h3>Tolerance used per checkpoint</h3><table><tr><th>tolerance</th><th>checkpoints</th></tr>"
-                     f"{trs}</table>")
+    """Session tolerances and the tolerance each checkpoint used, identical tables collapsed into
+    one row that names every checkpoint sharing it."""
+    tol = session.get("tolerances")
+    tol = dict(tol) if isinstance(tol, Mapping) else None
+    per = tol.pop("per_checkpoint", None) if tol is not None else None
+    parts = ["<h3>Session tolerances</h3>" + kv_table(tol)]
+    if isinstance(per, Mapping) and per:
+        parts.append("<h4>Per checkpoint (identical ones collapsed)</h4>"
+                     + _shared_table(_grouped([(str(k), v) for k, v in per.items()]), "tol-session"))
+    used = _grouped([(row_label(r), r.get("tolerance")) for r in rows if r.get("tolerance") is not None])
+    if used:
+        parts.append("<h3>Tolerance used per checkpoint</h3>" + _shared_table(used, "tol-used"))
     return _section("tolerances", "Tolerances", "".join(parts))
 
 
@@ -473,6 +503,10 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         "tensor recordings": results.get("recordings"),
     }
     summary_html = kv_table({k: v for k, v in summary.items() if v is not None})
+    sentences = input_sentences(session)
+    if sentences:
+        summary_html += (f"<h3>Input sentences ({len(sentences)})</h3>"
+                         + lines_list(sentences, "lines sentences").replace("<ol ", '<ol id="input-sentences" ', 1))
 
     perf = results.get("performance") if results.get("performance") is not None else (report.performance_metrics or None)
     cmd, exact = reproduce_command(session, results)
@@ -482,7 +516,9 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         repro = (f"<pre id=\"command\">{esc(cmd)}</pre>" +
                  ("<p class=\"muted\">as recorded by the engine</p>" if exact else
                   '<p class="note">The engine did not record the command; this one is rebuilt from the stored session '
-                  "(model path, backends, tolerances). Config, seed and inputs may need the options shown above.</p>"))
+                  "(model path, backends, dtype, tolerances, seed, the text inputs and the main config options; "
+                  "arguments with control or bidi characters are written as $'...' escapes). Config keys "
+                  "without an option need --config-file.</p>"))
     other = {k: v for k, v in results.items() if k not in _SHOWN_RESULT_KEYS}
 
     sections = [
