@@ -12,6 +12,8 @@ from typing import Any
 from debug_framework.comparison import ComparisonResult
 from debug_framework.jsonio import json_safe
 
+from ..reports._kerneldiff import exact_match_of
+
 __all__ = ["TensorDiff", "DiffReport", "REPORT_SCHEMA"]
 
 #: ``schema`` field of a saved KernelDiff report.
@@ -172,6 +174,12 @@ class DiffReport:
         return None
 
     @property
+    def exact_match(self) -> bool:
+        """Every compared tensor bit-identical (see :func:`~debug_module.reports._kerneldiff.exact_match_of`):
+        no error plot is drawn and the report says "exact match" in one line."""
+        return exact_match_of(self.to_dict())
+
+    @property
     def repro_path(self) -> str | None:
         return self.minifier.get("repro")
 
@@ -189,6 +197,9 @@ class DiffReport:
         head = (f"KernelDiff {self.model_name}: {'PASS' if self.passed else 'FAIL'} "
                 f"({self.test_backend} vs {self.reference_backend}, {self.mode}, {self.runs} run(s))")
         lines = [head]
+        if self.exact_match:
+            lines.append(f" exact match: all {len(self.outputs) + len(self.gradients) + len(self.modules)} compared "
+                         "tensors are bit-identical")
         for section, items in (("outputs", self.outputs), ("gradients", self.gradients)):
             if items:
                 bad = sum(not d.passed for d in items)
@@ -242,6 +253,11 @@ class DiffReport:
         return self.summary()
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._dict()
+        d["exact_match"] = exact_match_of(d)
+        return d
+
+    def _dict(self) -> dict[str, Any]:
         return json_safe({
             "schema": REPORT_SCHEMA,
             "model_name": self.model_name,
