@@ -128,3 +128,9 @@ def test_bidi_controls_are_neutralised_in_the_page(db, build):
     page = render_html(ValidationReport.from_session(b.session_id, db))
     assert not set(BIDI) & set(page)
     assert "/m/evil&lt;U+202A&gt;" in page
+
+
+def test_rebuilt_command_restates_the_thresholds_set_by_rtol_atol():
+    session = {"model_path": "/m", "tolerances": {"governing_dtype": "bfloat16", "per_checkpoint": {}},
+               "config": {"precision_thresholds": {"rtol": 0.016, "atol": 1e-05}}}
+    assert "--rtol 0.016 --atol 1e-05" in reproduce_command(session, {})[0]

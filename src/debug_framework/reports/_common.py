@@ -258,12 +258,11 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         argv += ["--alternative-backend", str(session["alternative_backend"])]
     if results.get("alternative_dtype"):
         argv += ["--dtype", str(results["alternative_dtype"])]
-    tol = session.get("tolerances")
-    if isinstance(tol, Mapping):
-        if tol.get("rtol") is not None:
-            argv += ["--rtol", str(tol["rtol"])]
-        if tol.get("atol") is not None:
-            argv += ["--atol", str(tol["atol"])]
+    tol = _thresholds(session)
+    if tol.get("rtol") is not None:
+        argv += ["--rtol", str(tol["rtol"])]
+    if tol.get("atol") is not None:
+        argv += ["--atol", str(tol["atol"])]
     if session.get("seed") is not None:
         argv += ["--seed", str(session["seed"])]
     if isinstance(results.get("isolation"), list):
@@ -276,6 +275,17 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
     for sentence in input_sentences(session):
         argv += ["--text", sentence]
     return shell_join(argv), False
+
+
+def _thresholds(session: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The session-wide rtol/atol: the stored tolerances' own, else their ``precision_thresholds``,
+    else the config's ``precision_thresholds`` (what ``--rtol/--atol`` set); {} when none."""
+    tol, cfg = session.get("tolerances"), session.get("config")
+    for cand in (tol, tol.get("precision_thresholds") if isinstance(tol, Mapping) else None,
+                 cfg.get("precision_thresholds") if isinstance(cfg, Mapping) else None):
+        if isinstance(cand, Mapping) and (cand.get("rtol") is not None or cand.get("atol") is not None):
+            return cand
+    return {}
 
 
 def _config_options(cfg: Any) -> list[str]:
