@@ -16,7 +16,7 @@ from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import neutralise_bidi, render_html
 from debug_framework.reports._common import human_bytes, reproduce_command, shell_quote
 from debug_framework.reports._html import esc, kv_table, line_chart
-from debug_framework.reports.html_report import _cell_mem, _tolerances
+from debug_framework.reports._sections import memory_cell, tolerances_section
 
 BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
 #: sentences a user may pass with --text: commas, quotes, shell syntax, a newline, a bidi override
@@ -57,7 +57,7 @@ def test_identical_tolerance_tables_collapse_into_one():
                               "per_checkpoint": {f"post_mlp:{i}": dict(tol) for i in range(6)}
                               | {"post_processing": {**tol, "atol": 1e-3}}}}
     rows = [{"checkpoint": "post_mlp", "layer": i, "tolerance": dict(tol)} for i in range(6)]
-    out = _tolerances(session, rows)
+    out = tolerances_section(session, rows)
     session_part = out[out.index('class="tol-session"'):out.index('class="tol-used"')]
     assert session_part.count("<th>rtol</th>") == 2  # two distinct tolerances, not seven tables
     assert "6 checkpoint(s): post_mlp:0, post_mlp:1, post_mlp:2, post_mlp:3, post_mlp:4, post_mlp:5" in out
@@ -73,7 +73,7 @@ def test_human_bytes(n, text):
 
 
 def test_peak_memory_in_binary_units():
-    cell = _cell_mem({"baseline_bytes": 990007296, "delta_bytes": 69996544, "method": "rss_vmhwm",
+    cell = memory_cell({"baseline_bytes": 990007296, "delta_bytes": 69996544, "method": "rss_vmhwm",
                       "peak_bytes": 1060003840})
     assert cell.startswith('<span class="mem" title="1060003840 bytes">1011 MiB</span>')
     assert "+66.8 MiB over 944 MiB at start" in cell and "method=rss_vmhwm" in cell

@@ -15,7 +15,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..jsonio import dumps_json
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
@@ -23,7 +22,6 @@ from ._common import (
     damaged_fields,
     first_divergence_key,
     fmt_num,
-    human_bytes,
     input_sentences,
     isolation_rows,
     passed_state,
@@ -35,6 +33,7 @@ from ._common import (
     worst_row,
 )
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
+from ._sections import backends_section, num_td, performance_section, section, tolerances_section
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
 from .documents import DiffSource, ReportSource, SessionSource
 
@@ -105,14 +104,6 @@ def _verdict_class(verdict: str) -> str:
     return "other"
 
 
-def _num_td(v: Any) -> str:
-    return f'<td class="num">{esc(fmt_num(v))}</td>'
-
-
-def _section(sid: str, title: str, body: str) -> str:
-    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{body}</section>'
-
-
 def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, int | None] | None,
                       with_isolation: bool) -> str:
     head = "<th>margin (error / bound)</th><th>bound</th>" + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
@@ -126,21 +117,21 @@ def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, i
         cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
         mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
         judged_metric, bound, margin = _judged(r)
-        cells = (_num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
-                 + "".join(_num_td(r.get(m)) for m in _TABLE_METRICS))
+        cells = (num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
+                 + "".join(num_td(r.get(m)) for m in _TABLE_METRICS))
         iso = ""
         if with_isolation:
             flag = ' <strong title="this layer introduces error on its own">&#9888;</strong>' if r.get("introduces_error") is True else ""
             iso = (f'<td class="num">{esc(fmt_num(r.get("introduced_error")))}{flag}</td>'
-                   + _num_td(r.get("propagated_error")))
+                   + num_td(r.get("propagated_error")))
         detail_bits = []
         worst = r.get("worst")
         if isinstance(worst, list) and worst:
             wrows = "".join(
                 f"<tr><td>{esc(w.get('index') if isinstance(w, Mapping) else w)}</td>"
-                f"{_num_td(w.get('reference', w.get('ref')) if isinstance(w, Mapping) else None)}"
-                f"{_num_td(w.get('alternative', w.get('alt')) if isinstance(w, Mapping) else None)}"
-                f"{_num_td(w.get('abs_error') if isinstance(w, Mapping) else None)}</tr>"
+                f"{num_td(w.get('reference', w.get('ref')) if isinstance(w, Mapping) else None)}"
+                f"{num_td(w.get('alternative', w.get('alt')) if isinstance(w, Mapping) else None)}"
+                f"{num_td(w.get('abs_error') if isinstance(w, Mapping) else None)}</tr>"
                 for w in worst)
             detail_bits.append("<table><tr><th>index</th><th>reference</th><th>alternative</th><th>abs error</th></tr>"
                                f"{wrows}</table>")
@@ -243,7 +234,7 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
             intro = r.get("introduces_error")
             flag = "introduces error" if intro is True else ("no" if intro is False else "")
             trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(row_label(r))}</td>'
-                       f"{_num_td(r.get('introduced_error'))}{_num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
+                       f"{num_td(r.get('introduced_error'))}{num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
                        f"<td>{esc('pass' if passed_state(r) else ('FAIL' if passed_state(r) is False else '?'))}</td></tr>")
         parts.append("<table><tr><th>checkpoint</th><th>introduced error</th><th>propagated error</th>"
                      f"<th>this layer</th><th>end-to-end verdict</th></tr>{''.join(trs)}</table>")
@@ -253,9 +244,9 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
             intro = d.get("introduces_error")
             trs.append(f'<tr class="{"fail" if intro is True else ""}"><td class="num">{esc(d.get("layer"))}</td>'
                        f"<td>{esc('YES' if intro is True else ('no' if intro is False else ''))}</td>"
-                       f"<td>{esc(d.get('block'))}</td>{_num_td(d.get('introduced_error'))}"
-                       f"{_num_td(d.get('propagated_error'))}{_num_td(d.get('total_error'))}"
-                       + "".join(_num_td(d.get(k)) for k in _GROWTH) + "</tr>")
+                       f"<td>{esc(d.get('block'))}</td>{num_td(d.get('introduced_error'))}"
+                       f"{num_td(d.get('propagated_error'))}{num_td(d.get('total_error'))}"
+                       + "".join(num_td(d.get(k)) for k in _GROWTH) + "</tr>")
         parts.append("<h3>Per layer (engine)</h3><table><tr><th>layer</th><th>introduces error</th><th>block</th>"
                      "<th>introduced (mlp out)</th><th>carried in</th><th>total</th><th>carried in (RMSE)</th>"
                      "<th>carried out (RMSE)</th><th>growth</th><th>a correct run's growth</th></tr>"
@@ -264,58 +255,7 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
                      "precision). A layer that only accumulates grows the error about as a correct run does.</p>")
     elif info:
         parts.append("<h3>Isolation summary (engine)</h3>" + (kv_table(info) if isinstance(info, Mapping) else json_pre(info)))
-    return _section("isolation", "Isolation: introduced vs propagated error", "".join(parts))
-
-
-def _performance(perf: Any) -> str:
-    if not perf:
-        return _section("performance", "Performance", '<p class="muted">not recorded</p>')
-    if not isinstance(perf, Mapping):
-        return _section("performance", "Performance", json_pre(perf))
-    parts = []
-    sides = [(k, v) for k, v in perf.items() if isinstance(v, Mapping) and k in ("reference", "alternative", "oracle")]
-    if sides:
-        cols = ("prepare_s", "forward_s", "wall_s")
-        trs = "".join(f"<tr><td>{esc(k)}</td>{''.join(_num_td(v.get(c)) for c in cols)}"
-                      f"<td>{_cell_mem(v.get('memory'))}</td></tr>" for k, v in sides)
-        parts.append("<table><tr><th>backend</th><th>prepare (s)</th><th>forward (s)</th><th>wall (s)</th>"
-                     f"<th>peak memory</th></tr>{trs}</table>")
-        per_layer = []
-        for k, v in sides:
-            pl = v.get("per_layer_s")
-            if isinstance(pl, Mapping):
-                pl = [pl[x] for x in sorted(pl, key=lambda t: int(t) if str(t).lstrip("-").isdigit() else 0)]
-            if isinstance(pl, list) and pl and all(as_float(x) is not None for x in pl):
-                per_layer.append((k, pl))
-        if per_layer:
-            n = max(len(pl) for _, pl in per_layer)
-            colours = {"reference": "#2b6cb0", "alternative": "#c53030", "oracle": "#718096"}
-            svg = line_chart("wall time per layer (s)", [f"layer {i}" for i in range(n)],
-                             [(k, list(pl) + [None] * (n - len(pl)), colours.get(k, "#2f855a")) for k, pl in per_layer],
-                             log=True, chart_id="per_layer_time", width=760)
-            if svg:
-                parts.append(f'<div class="charts">{svg}</div>')
-    parts.append("<details><summary>all performance figures</summary>" + kv_table(perf) + "</details>"
-                 if sides else kv_table(perf))
-    return _section("performance", "Performance", "".join(parts))
-
-
-def _cell_mem(mem: Any) -> str:
-    """Peak memory in binary units: ``1011 MiB (+66.8 MiB over 944 MiB at start; rss_vmhwm)``."""
-    if mem is None:
-        return '<span class="muted">not measured</span>'
-    if not isinstance(mem, Mapping):
-        return esc(human_bytes(mem) if as_float(mem) is not None else mem)
-    peak, delta, base = mem.get("peak_bytes"), mem.get("delta_bytes"), mem.get("baseline_bytes")
-    bits = []
-    if delta is not None:
-        bits.append(f"+{human_bytes(delta)}" + (f" over {human_bytes(base)} at start" if base is not None else ""))
-    extra = [f"{k}={fmt_num(v)}" for k, v in mem.items() if k not in {"peak_bytes", "delta_bytes", "baseline_bytes"}
-             and not isinstance(v, (Mapping, list))]
-    detail = "; ".join([", ".join(bits)] * bool(bits) + extra)
-    head = human_bytes(peak) if peak is not None else "peak not measured"
-    return (f'<span class="mem" title="{esc(fmt_num(peak))} bytes">{esc(head)}</span>'
-            + (f' <span class="muted">({esc(detail)})</span>' if detail else ""))
+    return section("isolation", "Isolation: introduced vs propagated error", "".join(parts))
 
 
 def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
@@ -329,7 +269,7 @@ def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
         if o_rows:
             keys = ("reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio")
             trs = "".join(f'<tr class="{"fail" if r["oracle"].get("passed") is False else ""}"><td>{esc(row_label(r))}</td>'
-                          + "".join(_num_td(r["oracle"].get(k)) for k in keys)
+                          + "".join(num_td(r["oracle"].get(k)) for k in keys)
                           + f"<td>{esc(r['oracle'].get('passed'))}</td></tr>" for r in o_rows)
             parts.append("<table><tr><th>checkpoint</th>" + "".join(f"<th>{esc(k)}</th>" for k in keys)
                          + f"<th>passed</th></tr>{trs}</table>")
@@ -342,7 +282,7 @@ def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
         if n_rows:
             trs = "".join(f"<tr><td>{esc(row_label(r))}</td><td>{_cell(r['run_to_run'])}</td></tr>" for r in n_rows)
             parts.append(f"<table><tr><th>checkpoint</th><th>max |run1 - run2|</th></tr>{trs}</table>")
-    return _section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
+    return section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
 
 
 def _cell(d: Mapping[str, Any]) -> str:
@@ -351,10 +291,10 @@ def _cell(d: Mapping[str, Any]) -> str:
 
 def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
     if worst is None:
-        return _section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
+        return section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
     label = row_label(worst)
     if hm is None:
-        return _section("heatmap", f"Heatmap of the worst checkpoint: {label}",
+        return section("heatmap", f"Heatmap of the worst checkpoint: {label}",
                         '<p class="muted">no recorded tensors and no worst-element list for this checkpoint</p>')
     rgb, vmin, vmax = colorize(hm.matrix)
     h, w = rgb.shape[0], rgb.shape[1]
@@ -372,56 +312,13 @@ def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
             f'<img class="heat" alt="error heatmap of {esc(label)}" width="{w * scale}" height="{h * scale}" '
             f'src="{png_data_uri(rgb)}">'
             f"<div>{colorbar_svg(vmin, vmax)}</div>")
-    return _section("heatmap", f"Heatmap of the worst checkpoint: {label}", body)
+    return section("heatmap", f"Heatmap of the worst checkpoint: {label}", body)
 
 
-def _backends(session: Mapping[str, Any]) -> str:
-    parts = []
-    for side in ("reference", "alternative"):
-        name = session.get(f"{side}_backend")
-        info = session.get(f"{side}_backend_info")
-        parts.append(f"<h3>{esc(side)}: {esc(name)}</h3>"
-                     + (kv_table(info) if isinstance(info, Mapping) else
-                        (json_pre(info) if info else '<p class="muted">no version information recorded</p>')))
-    return _section("backends", "Backends", "".join(parts))
-
-
-def _grouped(pairs: Sequence[tuple[str, Any]]) -> list[tuple[Any, list[str]]]:
-    """``(value, names sharing it)`` for each distinct value (compared as JSON), in first-seen order."""
-    distinct: dict[str, tuple[Any, list[str]]] = {}
-    for name, value in pairs:
-        distinct.setdefault(dumps_json(value, indent=None), (value, []))[1].append(name)
-    return list(distinct.values())
-
-
-def _shared_table(groups: Sequence[tuple[Any, list[str]]], cls: str) -> str:
-    """One row per distinct tolerance: the tolerance, and every checkpoint that uses it."""
-    trs = "".join(f"<tr><td>{kv_table(tol) if isinstance(tol, Mapping) else json_pre(tol)}</td>"
-                  f"<td>{'all ' if len(groups) == 1 else ''}{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"
-                  for tol, names in groups)
-    return (f'<table class="{esc(cls)}"><tr><th>tolerance</th><th>shared by</th></tr>{trs}</table>')
-
-
-def _tolerances(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
-    """Session tolerances and the tolerance each checkpoint used, identical tables collapsed into
-    one row that names every checkpoint sharing it."""
-    tol = session.get("tolerances")
-    tol = dict(tol) if isinstance(tol, Mapping) else None
-    per = tol.pop("per_checkpoint", None) if tol is not None else None
-    parts = ["<h3>Session tolerances</h3>" + kv_table(tol)]
-    if isinstance(per, Mapping) and per:
-        parts.append("<h4>Per checkpoint (identical ones collapsed)</h4>"
-                     + _shared_table(_grouped([(str(k), v) for k, v in per.items()]), "tol-session"))
-    used = _grouped([(row_label(r), r.get("tolerance")) for r in rows if r.get("tolerance") is not None])
-    if used:
-        parts.append("<h3>Tolerance used per checkpoint</h3>" + _shared_table(used, "tol-used"))
-    return _section("tolerances", "Tolerances", "".join(parts))
-
-
-def _tensors_section(report: ReportSource, store: TensorStore | None, max_values: int) -> str:
+def _tensorssection(report: ReportSource, store: TensorStore | None, max_values: int) -> str:
     recs = report.tensor_recordings
     if not recs:
-        return _section("tensors", "Recorded tensors", '<p class="muted">no tensors were recorded for this session</p>')
+        return section("tensors", "Recorded tensors", '<p class="muted">no tensors were recorded for this session</p>')
     trs = []
     for rec in recs:
         s = tensor_summary(rec, store, max_values=max_values)
@@ -431,11 +328,11 @@ def _tensors_section(report: ReportSource, store: TensorStore | None, max_values
             preview = esc(", ".join(fmt_num(v, 5) for v in vals[:32]) + (" ..." if len(vals) > 32 or s.get("values_truncated") else ""))
         trs.append(
             f"<tr><td>{esc(s.get('tensor_name'))}</td><td>{esc(s.get('side'))}</td><td>{esc(s.get('shape'))}</td>"
-            f"<td>{esc(s.get('dtype'))}</td>{_num_td(s.get('min'))}{_num_td(s.get('max'))}{_num_td(s.get('mean'))}"
-            f"{_num_td(s.get('std'))}{_num_td(s.get('nan_count'))}{_num_td(s.get('inf_count'))}"
+            f"<td>{esc(s.get('dtype'))}</td>{num_td(s.get('min'))}{num_td(s.get('max'))}{num_td(s.get('mean'))}"
+            f"{num_td(s.get('std'))}{num_td(s.get('nan_count'))}{num_td(s.get('inf_count'))}"
             f"<td>{esc(s.get('error')) if s.get('error') else preview}</td>"
             f"<td><code>{esc((s.get('content_hash') or '')[:12])}</code></td></tr>")
-    return _section("tensors", "Recorded tensors",
+    return section("tensors", "Recorded tensors",
                     "<div class=\"scroll\"><table><tr><th>name</th><th>side</th><th>shape</th><th>dtype</th><th>min</th>"
                     "<th>max</th><th>mean</th><th>std</th><th>NaN</th><th>inf</th><th>first values</th><th>sha256</th></tr>"
                     f"{''.join(trs)}</table></div>")
@@ -523,21 +420,21 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
 
     sections = [
         verdict_box,
-        _section("summary", "Session", summary_html),
-        _section("curves", "Per-layer error", _curves(rows, first_index)),
-        _section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
+        section("summary", "Session", summary_html),
+        section("curves", "Per-layer error", _curves(rows, first_index)),
+        section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
         _isolation(rows, results),
         _heatmap(heat, worst),
         _oracle_noise(rows, results),
-        _performance(perf),
-        _tensors_section(report, store, max_tensor_values) if include_tensors else "",
-        _backends(session),
-        _tolerances(session, rows),
-        _section("config", "Configuration", kv_table(session.get("config") if isinstance(session.get("config"), Mapping) else None)),
-        _section("environment", "Environment", kv_table(session.get("environment") if isinstance(session.get("environment"), Mapping) else None)),
-        _section("reproduce", "Reproduce this run", repro),
-        _section("other-results", "Other results", kv_table(other)) if other else "",
+        performance_section(perf),
+        _tensorssection(report, store, max_tensor_values) if include_tensors else "",
+        backends_section(session),
+        tolerances_section(session, rows),
+        section("config", "Configuration", kv_table(session.get("config") if isinstance(session.get("config"), Mapping) else None)),
+        section("environment", "Environment", kv_table(session.get("environment") if isinstance(session.get("environment"), Mapping) else None)),
+        section("reproduce", "Reproduce this run", repro),
+        section("other-results", "Other results", kv_table(other)) if other else "",
     ]
     nav = "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
         ("curves", "error curves"), ("checkpoints", "checkpoints"), ("isolation", "isolation"), ("heatmap", "heatmap"),
@@ -579,7 +476,7 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
         pv = lambda p: "pass" if p is True else ("FAIL" if p is False else "")  # noqa: E731
         trs.append(f'<tr class="{esc(c.change)}"><td>{esc(c.checkpoint)}</td><td class="num">{esc(fmt_num(c.layer))}</td>'
                    f"<td>{esc(pv(c.before_passed))}</td><td>{esc(pv(c.after_passed))}</td>"
-                   f"{_num_td(c.before_max_abs_error)}{_num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
+                   f"{num_td(c.before_max_abs_error)}{num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
                    f'<td class="change">{esc(c.change)}</td></tr>')
     worse = counts.get("worse", 0)
     cls = "bad" if worse else "ok"
