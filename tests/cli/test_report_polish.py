@@ -88,3 +88,16 @@ def test_bidi_controls_are_neutralised(report_root):
     page = render_html(data, figures=False)
     assert not set(BIDI) & set(page)
     assert "evil&lt;U+202A&gt;&lt;U+202B&gt;" in page
+
+
+def test_bidi_in_terminal_summary_and_in_markup():
+    from markupsafe import Markup
+
+    from debug_module.diff.report import DiffReport
+    from debug_module.reports.generator import _finalize
+
+    text = DiffReport(model_name=f"net{BIDI}", run_id="r", created="", reference_backend="eager",
+                      test_backend="inductor", mode="tolerance", runs=1).summary()
+    assert not set(BIDI) & set(text) and "net<U+202A>" in text
+    assert _finalize(Markup(f"<b>x\u202ey</b>")) == Markup("<b>x&lt;U+202E&gt;y</b>")
+    assert _finalize(3) == 3

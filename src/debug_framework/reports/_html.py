@@ -30,14 +30,16 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'n
 
 
 _BIDI_TABLE = {ord(c): f"<U+{ord(c):04X}>" for c in BIDI_CONTROLS}
+_BIDI_HTML_TABLE = {ord(c): f"&lt;U+{ord(c):04X}&gt;" for c in BIDI_CONTROLS}
 
 
-def neutralise_bidi(text: str) -> str:
+def neutralise_bidi(text: str, *, markup: bool = False) -> str:
     """``text`` with every Unicode bidi control replaced by its visible name (``<U+202E>``), so user
     text cannot reorder the characters around it. Used by the HTML reports of both packages (through
     :func:`esc` here, as Jinja2's ``finalize`` in ``debug_module.reports``) and safe for terminals.
-    Apply it before HTML escaping (the ``<``/``>`` of the marker are escaped then)."""
-    return text.translate(_BIDI_TABLE)
+    Apply it before HTML escaping (the ``<``/``>`` of the marker are escaped then); ``markup=True``
+    for text that is already HTML (the marker comes out escaped: ``&lt;U+202E&gt;``)."""
+    return str(text).translate(_BIDI_HTML_TABLE if markup else _BIDI_TABLE)
 
 
 def esc(value: Any) -> str:

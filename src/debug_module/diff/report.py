@@ -11,6 +11,7 @@ from typing import Any
 
 from debug_framework.comparison import ComparisonResult
 from debug_framework.jsonio import json_safe
+from debug_framework.reports import neutralise_bidi
 
 from ..reports._kerneldiff import exact_match_of
 
@@ -247,7 +248,7 @@ class DiffReport:
             lines.append(f" plots: {len(self.visualizations)} in {os.path.dirname(self.visualizations[0])}")
         if self.json_path:
             lines.append(f" report: {self.json_path}")
-        return "\n".join(lines)
+        return neutralise_bidi("\n".join(lines))  # names are user text; a terminal must not reorder them
 
     def __str__(self) -> str:
         return self.summary()

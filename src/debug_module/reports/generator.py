@@ -50,7 +50,7 @@ from ._kerneldiff import exact_match_of
 MANIFEST_SCHEMA = "debug_module.run/1"
 
 __all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "collect_run", "load_benchmarks", "build_report",
-           "render_html", "write_report", "save_guard_report"]
+           "render_html", "write_report", "save_guard_report", "summary_figure"]
 
 REPORT_SCHEMA = "debug_module.report/1"
 BENCHMARK_SCHEMA = "debug_module.benchmark/1"
@@ -276,6 +276,10 @@ def summary_figure(data: dict[str, Any]) -> Any:
 def _finalize(value: Any) -> Any:
     """Every ``{{ ... }}`` value: bidi controls in text neutralised (the same helper as the framework's
     report), before Jinja2's autoescape."""
+    from markupsafe import Markup
+
+    if isinstance(value, Markup):  # already HTML: the marker must come out escaped
+        return Markup(neutralise_bidi(value, markup=True))
     return neutralise_bidi(value) if isinstance(value, str) else value
 
 
