@@ -134,3 +134,23 @@ def test_rebuilt_command_restates_the_thresholds_set_by_rtol_atol():
     session = {"model_path": "/m", "tolerances": {"governing_dtype": "bfloat16", "per_checkpoint": {}},
                "config": {"precision_thresholds": {"rtol": 0.016, "atol": 1e-05}}}
     assert "--rtol 0.016 --atol 1e-05" in reproduce_command(session, {})[0]
+
+
+def test_diff_chart_draws_the_after_sessions_bound(db, build):
+    from dataclasses import replace
+
+    from debug_framework.reports import render_diff
+    from debug_framework.reports.documents import session_side
+    from debug_framework.services.session_diff import diff_sessions
+
+    before, after = build(db, bug_layer=None), build(db, bug_layer=3)
+    diff = diff_sessions(before.session_id, after.session_id, db)
+    side = session_side(after.session_id, db)
+    assert len(side.checkpoint_results) == len(after.results)
+    # rows judged with a margin (error / bound): the bound in max-abs units is error / margin
+    rows = [dict(r, margin=0.5) for r in side.checkpoint_results]
+    page = render_diff(diff, "html", before=session_side(before.session_id, db), after=replace(side, checkpoint_results=rows))
+    chart = _chart(page, "diff")
+    assert "after&#x27;s bound" in chart
+    expected = rows[-1]["max_abs_error"] / 0.5
+    assert re.search(rf"after&#x27;s bound at post_processing: {re.escape(f'{expected:.6g}')}", chart)

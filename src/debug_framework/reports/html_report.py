@@ -49,6 +49,7 @@ _METRIC_TITLES = {
 }
 #: results keys rendered in their own sections (the rest go to "other results")
 _BOUND = "#718096"  # the bound's line in every error chart
+_BOUND_AFTER = "#a0aec0"  # the diff chart's: lighter than its grey "before" series
 _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth")
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
@@ -463,10 +464,13 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
     """Cross-session report: which checkpoints got better or worse from ``before`` to ``after``."""
     counts = diff.to_dict()["counts"]
     labels = [row_label((c.checkpoint, c.layer)) for c in diff.changes]
-    chart = line_chart("max |alt - ref| per checkpoint", labels,
-                       [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
-                        ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")],
-                       log=True, width=900, chart_id="diff")
+    series = [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
+              ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")]
+    after_rows = list(getattr(after, "checkpoint_results", None) or [])
+    if after_rows:  # the bound each checkpoint of the "after" session was judged by, in max abs units
+        bounds = dict(zip((row_key(r) for r in after_rows), _bound_values(after_rows, "max_abs_error")))
+        series.append(("after's bound", [bounds.get((c.checkpoint, c.layer)) for c in diff.changes], _BOUND_AFTER))
+    chart = line_chart("max |alt - ref| per checkpoint", labels, series, log=True, width=900, chart_id="diff")
     trs = []
     for c in diff.changes:
         b, a = as_float(c.before_max_abs_error), as_float(c.after_max_abs_error)
