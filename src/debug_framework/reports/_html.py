@@ -133,7 +133,7 @@ def line_chart(
 
     ``series``: ``(name, values, colour)``; values may be None (gap), 0 (drawn on the floor of a
     log axis as a hollow triangle: exact), NaN/inf (drawn on the ceiling as a magenta cross).
-    ``inf_is_exact``: +inf means an exact match (SQNR): drawn on the ceiling as a green hollow
+    ``inf_is_exact``: +inf means an exact match (SQNR): drawn just above the frame as a green hollow
     triangle labelled "exact", not as the NaN cross. A legend line under the plot names each kind of
     off-scale marker the chart uses. ``passed``
     colours the points of the first series (red = over tolerance). ``marker_index`` draws the
@@ -144,7 +144,8 @@ def line_chart(
     finite = [v for s in vals for v in s if v is not None and math.isfinite(v) and (v > 0 or not log)]
     if n == 0 or not finite:
         return ""
-    ml, mr, mt, mb = 62, 26, 26, 46
+    exact_top = inf_is_exact and any(v == math.inf for s in vals for v in s)
+    ml, mr, mt, mb = 62, 26, (36 if exact_top else 26), 46
     pw, ph = width - ml - mr, height - mt - mb
     if log:
         lo, hi = math.floor(math.log10(min(finite))), math.ceil(math.log10(max(finite)))
@@ -216,9 +217,10 @@ def line_chart(
             tip = f"{name} at {labels[i]}: {fmt_num(v, 6)}"
             if inf_is_exact and v == math.inf:
                 used.add("exact-top")
+                # above the frame (off scale), clear of the series legend inside it
                 out.append(f'<g class="exact"><title>{esc(name)} at {esc(labels[i])}: +inf (exact match)</title>'
-                           f'<path d="M{x:.1f},{ceil_y - 4} l4,7 h-8 z" fill="none" stroke="{_EXACT}" stroke-width="1.5"/>'
-                           f'<text x="{x + 5:.1f}" y="{ceil_y + 3}" class="ex">exact</text></g>')
+                           f'<path d="M{x:.1f},{mt - 9} l4,7 h-8 z" fill="none" stroke="{_EXACT}" stroke-width="1.5"/>'
+                           f'<text x="{x + 5:.1f}" y="{mt - 2}" class="ex">exact</text></g>')
             elif not math.isfinite(v):
                 used.add("nonfinite")
                 out.append(f'<g class="nonfinite"><title>{esc(tip)}</title><path d="M{x - 4:.1f},{ceil_y - 4} '
@@ -353,5 +355,5 @@ img.heat{image-rendering:pixelated;image-rendering:crisp-edges;border:1px solid 
 .note{background:#ebf8ff;border-left:4px solid #4299e1;padding:.4em .8em;margin:.5em 0}
 details summary{cursor:pointer;color:#2b6cb0}td.reason{min-width:22em;max-width:40em}
 h1,h3,.verdict,code,.wrap{overflow-wrap:anywhere}ol.lines{margin:0;padding-left:1.6em}
-pre#command{white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere}svg .ex{font-size:9px;fill:#2f855a}
+pre#command{white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere}svg .ex{font-size:8px;fill:#2f855a}
 """

@@ -173,7 +173,7 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
         return '<p class="muted">no finite error figures to plot</p>'
     legend = ('<p class="muted">x: checkpoints in model order (emb = post_embedding, attnN / mlpN = layer N, '
               "out = post_processing). Points: blue within the bound, red beyond it; a hollow triangle on the "
-              "floor is an exact 0 (and, on the SQNR chart, a green hollow triangle at the top marked \u201cexact\u201d "
+              "floor is an exact 0 (and, on the SQNR chart, a green hollow triangle just above the frame marked \u201cexact\u201d "
               "is an exact match, SQNR +inf); a magenta cross at the top is NaN/inf. Each chart names the off-scale "
               "markers it uses at its top right. The dashed red line marks the first "
               "divergence. The grey line is the bound each checkpoint was judged by: exact on the chart of the "
