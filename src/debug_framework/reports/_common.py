@@ -27,6 +27,11 @@ __all__ = [
     "reproduce_command",
     "isolation_rows",
     "damaged_fields",
+    "human_bytes",
+    "BIDI_CONTROLS",
+    "input_sentences",
+    "shell_quote",
+    "shell_join",
 ]
 
 #: Metric keys of ``ComparisonResult.to_dict()`` shown in tables, in this order.
@@ -94,6 +99,26 @@ def fmt_num(value: Any, digits: int = 4, *, style: str = "human",
     if f == int(f) and abs(f) < 1e15 and not isinstance(value, float):
         return str(int(f))
     return f"{f:.{digits}g}"
+
+
+#: Unicode bidirectional controls (embeddings, overrides, isolates, marks, the Arabic letter mark): in
+#: user text they can reorder what a reader sees ("Trojan Source"); the reports neutralise them.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+
+
+def human_bytes(value: Any) -> str:
+    """A byte count in binary units: ``512 B``, ``1.50 KiB``, ``944 MiB``, ``1011 MiB``, ``2.03 GiB``
+    (three significant digits, four below 1024); '' for a value that is not a number."""
+    f = as_float(value)
+    if f is None or not math.isfinite(f):
+        return fmt_num(value)
+    sign, n = ("-" if f < 0 else ""), abs(f)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            digits = 0 if unit == "B" or n >= 100 else (1 if n >= 10 else 2)
+            return f"{sign}{n:.{digits}f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
@@ -167,6 +192,48 @@ def verdict_of(status: str | None, results: Mapping[str, Any]) -> str:
     return str(v) if v else str(status or "unknown")
 
 
+def input_sentences(session: Mapping[str, Any]) -> list[str]:
+    """The text inputs of a session (its config's ``input_text``: one string or a list), or []."""
+    cfg = session.get("config")
+    text = cfg.get("input_text") if isinstance(cfg, Mapping) else None
+    if isinstance(text, str):
+        return [text]
+    return [str(t) for t in text] if isinstance(text, (list, tuple)) else []
+
+
+def _ansi_c_quote(arg: str) -> str:
+    out = []
+    for ch in arg:
+        code = ord(ch)
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif not ch.isprintable() or ch in BIDI_CONTROLS:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
+
+
+def shell_quote(arg: str) -> str:
+    """One argument quoted for a POSIX shell: ``shlex.quote`` when it is plain printable text; else
+    (newlines, control, invisible or bidi characters) bash's ``$'...'`` with escapes, so the command
+    shown is exactly the argument, on one line, with nothing hidden."""
+    if all(ch.isprintable() and ch not in BIDI_CONTROLS for ch in arg):
+        return shlex.quote(arg)
+    return _ansi_c_quote(arg)
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """:func:`shell_quote` of every argument, space-separated."""
+    return " ".join(shell_quote(str(a)) for a in argv)
+
+
 _COMMAND_KEYS = ("command", "reproduce_command", "repro_command", "reproduce")
 
 
@@ -178,7 +245,7 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         if isinstance(v, Mapping):
             v = v.get("command") or v.get("argv")
         if isinstance(v, (list, tuple)) and v:
-            return shlex.join(str(a) for a in v), True
+            return shell_join([str(a) for a in v]), True
         if isinstance(v, str) and v.strip():
             return v, True
     model = session.get("model_path")
@@ -191,12 +258,11 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         argv += ["--alternative-backend", str(session["alternative_backend"])]
     if results.get("alternative_dtype"):
         argv += ["--dtype", str(results["alternative_dtype"])]
-    tol = session.get("tolerances")
-    if isinstance(tol, Mapping):
-        if tol.get("rtol") is not None:
-            argv += ["--rtol", str(tol["rtol"])]
-        if tol.get("atol") is not None:
-            argv += ["--atol", str(tol["atol"])]
+    tol = _thresholds(session)
+    if tol.get("rtol") is not None:
+        argv += ["--rtol", str(tol["rtol"])]
+    if tol.get("atol") is not None:
+        argv += ["--atol", str(tol["atol"])]
     if session.get("seed") is not None:
         argv += ["--seed", str(session["seed"])]
     if isinstance(results.get("isolation"), list):
@@ -205,7 +271,39 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         argv.append("--oracle")
     if results.get("noise_floor"):
         argv.append("--noise-floor")
-    return shlex.join(argv), False
+    argv += _config_options(session.get("config"))
+    for sentence in input_sentences(session):
+        argv += ["--text", sentence]
+    return shell_join(argv), False
+
+
+def _thresholds(session: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The session-wide rtol/atol: the stored tolerances' own, else their ``precision_thresholds``,
+    else the config's ``precision_thresholds`` (what ``--rtol/--atol`` set); {} when none."""
+    tol, cfg = session.get("tolerances"), session.get("config")
+    for cand in (tol, tol.get("precision_thresholds") if isinstance(tol, Mapping) else None,
+                 cfg.get("precision_thresholds") if isinstance(cfg, Mapping) else None):
+        if isinstance(cand, Mapping) and (cand.get("rtol") is not None or cand.get("atol") is not None):
+            return cand
+    return {}
+
+
+def _config_options(cfg: Any) -> list[str]:
+    """The ``debug_validate`` options that restate a session config's reference dtype, device,
+    layer range and checkpoint selection (the text inputs are added by the caller)."""
+    if not isinstance(cfg, Mapping):
+        return []
+    out: list[str] = []
+    for key, option in (("reference_dtype", "--reference-dtype"), ("device", "--device")):
+        if cfg.get(key):
+            out += [option, str(cfg[key])]
+    layers = cfg.get("layers")
+    if isinstance(layers, (list, tuple)) and len(layers) == 2:
+        out += ["--layers", f"{layers[0]}:{layers[1]}"]
+    checkpoints = cfg.get("enabled_checkpoints")
+    if isinstance(checkpoints, (list, tuple)) and checkpoints:
+        out += ["--checkpoints", ",".join(str(c) for c in checkpoints)]
+    return out
 
 
 def isolation_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

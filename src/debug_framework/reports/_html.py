@@ -21,23 +21,50 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..jsonio import dumps_json
-from ._common import as_float, fmt_num
+from ._common import BIDI_CONTROLS, as_float, fmt_num, human_bytes
 
-__all__ = ["esc", "kv_table", "json_pre", "line_chart", "png_rgb", "colorize", "CSP", "BASE_CSS"]
+__all__ = ["esc", "neutralise_bidi", "BIDI_CONTROLS", "kv_table", "lines_list", "wrap_long", "json_pre", "line_chart", "png_rgb", "colorize",
+           "CSP", "BASE_CSS"]
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 
+_BIDI_TABLE = {ord(c): f"<U+{ord(c):04X}>" for c in BIDI_CONTROLS}
+_BIDI_HTML_TABLE = {ord(c): f"&lt;U+{ord(c):04X}&gt;" for c in BIDI_CONTROLS}
+
+
+def neutralise_bidi(text: str, *, markup: bool = False) -> str:
+    """``text`` with every Unicode bidi control replaced by its visible name (``<U+202E>``), so user
+    text cannot reorder the characters around it. Used by the HTML reports of both packages (through
+    :func:`esc` here, as Jinja2's ``finalize`` in ``debug_module.reports``) and safe for terminals.
+    Apply it before HTML escaping (the ``<``/``>`` of the marker are escaped then); ``markup=True``
+    for text that is already HTML (the marker comes out escaped: ``&lt;U+202E&gt;``)."""
+    return str(text).translate(_BIDI_HTML_TABLE if markup else _BIDI_TABLE)
+
+
 def esc(value: Any) -> str:
-    """HTML-escape anything (None -> empty); quotes too, so the result is safe in attributes."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """HTML-escape anything (None -> empty); quotes too, so the result is safe in attributes. Bidi
+    controls are neutralised first (:func:`neutralise_bidi`)."""
+    return html.escape(neutralise_bidi("" if value is None else str(value)), quote=True)
 
 
 def json_pre(value: Any) -> str:
     return f'<pre class="json">{esc(dumps_json(value, indent=1))}</pre>'
 
 
-def _cell(value: Any, depth: int) -> str:
+def lines_list(items: Sequence[Any], cls: str = "lines") -> str:
+    """Items one per line (an ordered list), each escaped: sentences, whose commas would make a
+    comma-joined list ambiguous."""
+    return f'<ol class="{esc(cls)}">' + "".join(f"<li>{esc(t)}</li>" for t in items) + "</ol>"
+
+
+def _is_prose(value: Sequence[Any]) -> bool:
+    return all(isinstance(v, str) for v in value) and any(" " in v or "," in v for v in value)
+
+
+def _cell(value: Any, depth: int, key: str = "") -> str:
+    if key.endswith("bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f'<span title="{esc(fmt_num(value))} bytes">{esc(human_bytes(value))}</span>'
     if isinstance(value, Mapping):
         if not value:
             return '<span class="muted">{}</span>'
@@ -47,6 +74,8 @@ def _cell(value: Any, depth: int) -> str:
     if isinstance(value, (list, tuple)):
         if not value:
             return '<span class="muted">none</span>'
+        if _is_prose(value):
+            return lines_list(value)
         if all(not isinstance(v, (Mapping, list, tuple)) for v in value) and len(value) <= 16:
             return esc(", ".join(fmt_num(v) if isinstance(v, (int, float)) else str(v) for v in value))
         return json_pre(value)
@@ -54,21 +83,28 @@ def _cell(value: Any, depth: int) -> str:
         return esc(fmt_num(value, 6))
     if value is None:
         return '<span class="muted">&ndash;</span>'
-    return esc(value)
+    return wrap_long(value)
+
+
+def wrap_long(value: Any, limit: int = 40) -> str:
+    """Escaped text; a long one (paths, hashes, sentences) in ``<span class="wrap">`` so it may break
+    anywhere rather than widen the page."""
+    text = esc(value)
+    return f'<span class="wrap">{text}</span>' if len(str(value)) > limit else text
 
 
 def kv_table(data: Mapping[str, Any] | None, *, depth: int = 0, cls: str = "kv") -> str:
     """A two-column table of a mapping (nested mappings become nested tables); all escaped."""
     if not data:
         return '<p class="muted">not recorded</p>'
-    rows = "".join(f"<tr><th>{esc(k)}</th><td>{_cell(v, depth)}</td></tr>"
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{_cell(v, depth, str(k))}</td></tr>"
                    for k, v in sorted(data.items(), key=lambda kv: str(kv[0])))
     return f'<table class="{esc(cls)}">{rows}</table>'
 
 
 # ----------------------------------------------------------------------------- charts
 
-_PASS, _FAIL, _UNKNOWN, _BAD = "#2b6cb0", "#c53030", "#718096", "#b83280"
+_PASS, _FAIL, _UNKNOWN, _BAD, _EXACT = "#2b6cb0", "#c53030", "#718096", "#b83280", "#2f855a"
 
 
 def _short(label: str) -> str:
@@ -91,11 +127,15 @@ def line_chart(
     width: int = 560,
     height: int = 200,
     chart_id: str = "",
+    inf_is_exact: bool = False,
 ) -> str:
     """An inline SVG line chart of one or more series over the checkpoints (model order).
 
     ``series``: ``(name, values, colour)``; values may be None (gap), 0 (drawn on the floor of a
-    log axis as a hollow triangle: exact), NaN/inf (drawn on the ceiling as a cross). ``passed``
+    log axis as a hollow triangle: exact), NaN/inf (drawn on the ceiling as a magenta cross).
+    ``inf_is_exact``: +inf means an exact match (SQNR): drawn just above the frame as a green hollow
+    triangle labelled "exact", not as the NaN cross. A legend line under the plot names each kind of
+    off-scale marker the chart uses. ``passed``
     colours the points of the first series (red = over tolerance). ``marker_index`` draws the
     dashed first-divergence line. Returns '' when no series has a plottable value.
     """
@@ -104,7 +144,8 @@ def line_chart(
     finite = [v for s in vals for v in s if v is not None and math.isfinite(v) and (v > 0 or not log)]
     if n == 0 or not finite:
         return ""
-    ml, mr, mt, mb = 62, 26, 26, 46
+    exact_top = inf_is_exact and any(v == math.inf for s in vals for v in s)
+    ml, mr, mt, mb = 62, 26, (36 if exact_top else 26), 46
     pw, ph = width - ml - mr, height - mt - mb
     if log:
         lo, hi = math.floor(math.log10(min(finite))), math.ceil(math.log10(max(finite)))
@@ -156,6 +197,7 @@ def line_chart(
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{mt + ph}" stroke="{_FAIL}" stroke-dasharray="4 3"'
                    f' class="fd-line"><title>{esc(marker_text)}: {esc(labels[marker_index])}</title></line>')
     floor_y, ceil_y = mt + ph - 3, mt + 4
+    used: set[str] = set()
     for si, (name, _values, colour) in enumerate(series):
         sv = vals[si]
         path: list[str] = []
@@ -173,10 +215,18 @@ def line_chart(
                 continue
             x = tx(i)
             tip = f"{name} at {labels[i]}: {fmt_num(v, 6)}"
-            if not math.isfinite(v):
+            if inf_is_exact and v == math.inf:
+                used.add("exact-top")
+                # above the frame (off scale), clear of the series legend inside it
+                out.append(f'<g class="exact"><title>{esc(name)} at {esc(labels[i])}: +inf (exact match)</title>'
+                           f'<path d="M{x:.1f},{mt - 9} l4,7 h-8 z" fill="none" stroke="{_EXACT}" stroke-width="1.5"/>'
+                           f'<text x="{x + 5:.1f}" y="{mt - 2}" class="ex">exact</text></g>')
+            elif not math.isfinite(v):
+                used.add("nonfinite")
                 out.append(f'<g class="nonfinite"><title>{esc(tip)}</title><path d="M{x - 4:.1f},{ceil_y - 4} '
                            f'l8,8 m0,-8 l-8,8" stroke="{_BAD}" stroke-width="2"/></g>')
             elif log and v <= 0:
+                used.add("exact-floor")
                 out.append(f'<g class="exact"><title>{esc(tip)} (exact)</title><path d="M{x:.1f},{floor_y - 5} '
                            f'l4,7 h-8 z" fill="none" stroke="{colour}"/></g>')
             else:
@@ -190,8 +240,25 @@ def line_chart(
             out.append(f'<rect x="{lx}" y="{mt + 6}" width="10" height="3" fill="{colour}"/>'
                        f'<text x="{lx + 14}" y="{mt + 10}" class="lg">{esc(name)}</text>')
             lx += 16 + 7 * len(name)
+    out.append(_marker_legend(used, width - 4, 16))
     out.append("</svg>")
     return "".join(out)
+
+
+_MARKER_TEXT = {"exact-top": (_EXACT, "\u25b3 exact match (+inf)"),
+                "exact-floor": ("#4a5568", "\u25b3 at the floor: exact 0"),
+                "nonfinite": (_BAD, "\u00d7 NaN / inf")}
+
+
+def _marker_legend(used: set[str], x: int, y: int) -> str:
+    """One line, right-aligned at ``(x, y)``, naming the off-scale markers drawn (none: '')."""
+    parts = []
+    for kind in ("exact-top", "exact-floor", "nonfinite"):
+        if kind in used:
+            colour, text = _MARKER_TEXT[kind]
+            parts.append(f'<tspan fill="{colour}" data-marker="{kind}">{esc(text)}</tspan>')
+            parts.append("<tspan>   </tspan>")
+    return f'<text x="{x}" y="{y}" class="lg mk" text-anchor="end" xml:space="preserve">{"".join(parts[:-1])}</text>' if parts else ""
 
 
 # ----------------------------------------------------------------------------- heatmap PNG
@@ -287,4 +354,6 @@ svg .xt{font-size:9px}svg .lg{font-size:10px}.scroll{overflow-x:auto}
 img.heat{image-rendering:pixelated;image-rendering:crisp-edges;border:1px solid #a0aec0}
 .note{background:#ebf8ff;border-left:4px solid #4299e1;padding:.4em .8em;margin:.5em 0}
 details summary{cursor:pointer;color:#2b6cb0}td.reason{min-width:22em;max-width:40em}
+h1,h3,.verdict,code,.wrap{overflow-wrap:anywhere}ol.lines{margin:0;padding-left:1.6em}
+pre#command{white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere}svg .ex{font-size:8px;fill:#2f855a}
 """

@@ -9,7 +9,7 @@ little a diff page shows of each session straight from the stores.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -90,12 +90,16 @@ class SessionSide:
     session_id: str
     overall_status: str
     session: dict[str, Any]
+    #: the session's checkpoint rows (model order): the diff chart draws the bounds they were judged by
+    checkpoint_results: list[dict[str, Any]] = field(default_factory=list)
 
 
 def session_side(session_id: str, db: DatabaseLike) -> SessionSide:
     """The stored session ``session_id``; DatabaseError (DF003) when there is none."""
-    row = open_database(db).sessions.get(session_id)
+    database = open_database(db)
+    row = database.sessions.get(session_id)
     if row is None:
         raise DatabaseError(f"session {session_id!r} does not exist", session=session_id,
                             hint="list sessions with session_report --list")
-    return SessionSide(session_id=session_id, overall_status=row["status"], session=row)
+    return SessionSide(session_id=session_id, overall_status=row["status"], session=row,
+                       checkpoint_results=database.checkpoints.for_session(session_id))

@@ -15,7 +15,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..jsonio import dumps_json
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
@@ -23,6 +22,7 @@ from ._common import (
     damaged_fields,
     first_divergence_key,
     fmt_num,
+    input_sentences,
     isolation_rows,
     passed_state,
     reproduce_command,
@@ -32,7 +32,8 @@ from ._common import (
     verdict_of,
     worst_row,
 )
-from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, png_data_uri
+from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
+from ._sections import backends_section, num_td, performance_section, section, tolerances_section
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
 from .documents import DiffSource, ReportSource, SessionSource
 
@@ -48,6 +49,7 @@ _METRIC_TITLES = {
 }
 #: results keys rendered in their own sections (the rest go to "other results")
 _BOUND = "#718096"  # the bound's line in every error chart
+_BOUND_AFTER = "#a0aec0"  # the diff chart's: lighter than its grey "before" series
 _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth")
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
@@ -103,14 +105,6 @@ def _verdict_class(verdict: str) -> str:
     return "other"
 
 
-def _num_td(v: Any) -> str:
-    return f'<td class="num">{esc(fmt_num(v))}</td>'
-
-
-def _section(sid: str, title: str, body: str) -> str:
-    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{body}</section>'
-
-
 def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, int | None] | None,
                       with_isolation: bool) -> str:
     head = "<th>margin (error / bound)</th><th>bound</th>" + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
@@ -124,21 +118,21 @@ def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, i
         cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
         mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
         judged_metric, bound, margin = _judged(r)
-        cells = (_num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
-                 + "".join(_num_td(r.get(m)) for m in _TABLE_METRICS))
+        cells = (num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
+                 + "".join(num_td(r.get(m)) for m in _TABLE_METRICS))
         iso = ""
         if with_isolation:
             flag = ' <strong title="this layer introduces error on its own">&#9888;</strong>' if r.get("introduces_error") is True else ""
             iso = (f'<td class="num">{esc(fmt_num(r.get("introduced_error")))}{flag}</td>'
-                   + _num_td(r.get("propagated_error")))
+                   + num_td(r.get("propagated_error")))
         detail_bits = []
         worst = r.get("worst")
         if isinstance(worst, list) and worst:
             wrows = "".join(
                 f"<tr><td>{esc(w.get('index') if isinstance(w, Mapping) else w)}</td>"
-                f"{_num_td(w.get('reference', w.get('ref')) if isinstance(w, Mapping) else None)}"
-                f"{_num_td(w.get('alternative', w.get('alt')) if isinstance(w, Mapping) else None)}"
-                f"{_num_td(w.get('abs_error') if isinstance(w, Mapping) else None)}</tr>"
+                f"{num_td(w.get('reference', w.get('ref')) if isinstance(w, Mapping) else None)}"
+                f"{num_td(w.get('alternative', w.get('alt')) if isinstance(w, Mapping) else None)}"
+                f"{num_td(w.get('abs_error') if isinstance(w, Mapping) else None)}</tr>"
                 for w in worst)
             detail_bits.append("<table><tr><th>index</th><th>reference</th><th>alternative</th><th>abs error</th></tr>"
                                f"{wrows}</table>")
@@ -172,14 +166,16 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
             charts.append(svg)
     svg = line_chart(_METRIC_TITLES["sqnr_db"], labels, [("sqnr_db", _metric_values(rows, "sqnr_db"), "#2b6cb0"),
                                                          ("bound", _bound_values(rows, "sqnr_db"), _BOUND)],
-                     log=False, passed=passed, marker_index=first_index, chart_id="sqnr_db")
+                     log=False, passed=passed, marker_index=first_index, chart_id="sqnr_db", inf_is_exact=True)
     if svg:
         charts.append(svg)
     if not charts:
         return '<p class="muted">no finite error figures to plot</p>'
     legend = ('<p class="muted">x: checkpoints in model order (emb = post_embedding, attnN / mlpN = layer N, '
               "out = post_processing). Points: blue within the bound, red beyond it; a hollow triangle on the "
-              "floor is an exact 0; a magenta cross at the top is NaN/inf. The dashed red line marks the first "
+              "floor is an exact 0 (and, on the SQNR chart, a green hollow triangle just above the frame marked \u201cexact\u201d "
+              "is an exact match, SQNR +inf); a magenta cross at the top is NaN/inf. Each chart names the off-scale "
+              "markers it uses at its top right. The dashed red line marks the first "
               "divergence. The grey line is the bound each checkpoint was judged by: exact on the chart of the "
               "rule's own metric (RMSE by default), carried to the other charts by the margin (value / margin: "
               "where the point would sit at margin 1).</p>")
@@ -239,7 +235,7 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
             intro = r.get("introduces_error")
             flag = "introduces error" if intro is True else ("no" if intro is False else "")
             trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(row_label(r))}</td>'
-                       f"{_num_td(r.get('introduced_error'))}{_num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
+                       f"{num_td(r.get('introduced_error'))}{num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
                        f"<td>{esc('pass' if passed_state(r) else ('FAIL' if passed_state(r) is False else '?'))}</td></tr>")
         parts.append("<table><tr><th>checkpoint</th><th>introduced error</th><th>propagated error</th>"
                      f"<th>this layer</th><th>end-to-end verdict</th></tr>{''.join(trs)}</table>")
@@ -249,9 +245,9 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
             intro = d.get("introduces_error")
             trs.append(f'<tr class="{"fail" if intro is True else ""}"><td class="num">{esc(d.get("layer"))}</td>'
                        f"<td>{esc('YES' if intro is True else ('no' if intro is False else ''))}</td>"
-                       f"<td>{esc(d.get('block'))}</td>{_num_td(d.get('introduced_error'))}"
-                       f"{_num_td(d.get('propagated_error'))}{_num_td(d.get('total_error'))}"
-                       + "".join(_num_td(d.get(k)) for k in _GROWTH) + "</tr>")
+                       f"<td>{esc(d.get('block'))}</td>{num_td(d.get('introduced_error'))}"
+                       f"{num_td(d.get('propagated_error'))}{num_td(d.get('total_error'))}"
+                       + "".join(num_td(d.get(k)) for k in _GROWTH) + "</tr>")
         parts.append("<h3>Per layer (engine)</h3><table><tr><th>layer</th><th>introduces error</th><th>block</th>"
                      "<th>introduced (mlp out)</th><th>carried in</th><th>total</th><th>carried in (RMSE)</th>"
                      "<th>carried out (RMSE)</th><th>growth</th><th>a correct run's growth</th></tr>"
@@ -260,48 +256,7 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
                      "precision). A layer that only accumulates grows the error about as a correct run does.</p>")
     elif info:
         parts.append("<h3>Isolation summary (engine)</h3>" + (kv_table(info) if isinstance(info, Mapping) else json_pre(info)))
-    return _section("isolation", "Isolation: introduced vs propagated error", "".join(parts))
-
-
-def _performance(perf: Any) -> str:
-    if not perf:
-        return _section("performance", "Performance", '<p class="muted">not recorded</p>')
-    if not isinstance(perf, Mapping):
-        return _section("performance", "Performance", json_pre(perf))
-    parts = []
-    sides = [(k, v) for k, v in perf.items() if isinstance(v, Mapping) and k in ("reference", "alternative", "oracle")]
-    if sides:
-        cols = ("prepare_s", "forward_s", "wall_s")
-        trs = "".join(f"<tr><td>{esc(k)}</td>{''.join(_num_td(v.get(c)) for c in cols)}"
-                      f"<td>{_cell_mem(v.get('memory'))}</td></tr>" for k, v in sides)
-        parts.append("<table><tr><th>backend</th><th>prepare (s)</th><th>forward (s)</th><th>wall (s)</th>"
-                     f"<th>peak memory</th></tr>{trs}</table>")
-        per_layer = []
-        for k, v in sides:
-            pl = v.get("per_layer_s")
-            if isinstance(pl, Mapping):
-                pl = [pl[x] for x in sorted(pl, key=lambda t: int(t) if str(t).lstrip("-").isdigit() else 0)]
-            if isinstance(pl, list) and pl and all(as_float(x) is not None for x in pl):
-                per_layer.append((k, pl))
-        if per_layer:
-            n = max(len(pl) for _, pl in per_layer)
-            colours = {"reference": "#2b6cb0", "alternative": "#c53030", "oracle": "#718096"}
-            svg = line_chart("wall time per layer (s)", [f"layer {i}" for i in range(n)],
-                             [(k, list(pl) + [None] * (n - len(pl)), colours.get(k, "#2f855a")) for k, pl in per_layer],
-                             log=True, chart_id="per_layer_time", width=760)
-            if svg:
-                parts.append(f'<div class="charts">{svg}</div>')
-    parts.append("<details><summary>all performance figures</summary>" + kv_table(perf) + "</details>"
-                 if sides else kv_table(perf))
-    return _section("performance", "Performance", "".join(parts))
-
-
-def _cell_mem(mem: Any) -> str:
-    if mem is None:
-        return '<span class="muted">not measured</span>'
-    if isinstance(mem, Mapping):
-        return esc(", ".join(f"{k}={fmt_num(v)}" for k, v in mem.items() if not isinstance(v, (Mapping, list))))
-    return esc(fmt_num(mem))
+    return section("isolation", "Isolation: introduced vs propagated error", "".join(parts))
 
 
 def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
@@ -315,7 +270,7 @@ def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
         if o_rows:
             keys = ("reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio")
             trs = "".join(f'<tr class="{"fail" if r["oracle"].get("passed") is False else ""}"><td>{esc(row_label(r))}</td>'
-                          + "".join(_num_td(r["oracle"].get(k)) for k in keys)
+                          + "".join(num_td(r["oracle"].get(k)) for k in keys)
                           + f"<td>{esc(r['oracle'].get('passed'))}</td></tr>" for r in o_rows)
             parts.append("<table><tr><th>checkpoint</th>" + "".join(f"<th>{esc(k)}</th>" for k in keys)
                          + f"<th>passed</th></tr>{trs}</table>")
@@ -328,7 +283,7 @@ def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
         if n_rows:
             trs = "".join(f"<tr><td>{esc(row_label(r))}</td><td>{_cell(r['run_to_run'])}</td></tr>" for r in n_rows)
             parts.append(f"<table><tr><th>checkpoint</th><th>max |run1 - run2|</th></tr>{trs}</table>")
-    return _section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
+    return section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
 
 
 def _cell(d: Mapping[str, Any]) -> str:
@@ -337,10 +292,10 @@ def _cell(d: Mapping[str, Any]) -> str:
 
 def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
     if worst is None:
-        return _section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
+        return section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
     label = row_label(worst)
     if hm is None:
-        return _section("heatmap", f"Heatmap of the worst checkpoint: {label}",
+        return section("heatmap", f"Heatmap of the worst checkpoint: {label}",
                         '<p class="muted">no recorded tensors and no worst-element list for this checkpoint</p>')
     rgb, vmin, vmax = colorize(hm.matrix)
     h, w = rgb.shape[0], rgb.shape[1]
@@ -358,40 +313,13 @@ def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
             f'<img class="heat" alt="error heatmap of {esc(label)}" width="{w * scale}" height="{h * scale}" '
             f'src="{png_data_uri(rgb)}">'
             f"<div>{colorbar_svg(vmin, vmax)}</div>")
-    return _section("heatmap", f"Heatmap of the worst checkpoint: {label}", body)
+    return section("heatmap", f"Heatmap of the worst checkpoint: {label}", body)
 
 
-def _backends(session: Mapping[str, Any]) -> str:
-    parts = []
-    for side in ("reference", "alternative"):
-        name = session.get(f"{side}_backend")
-        info = session.get(f"{side}_backend_info")
-        parts.append(f"<h3>{esc(side)}: {esc(name)}</h3>"
-                     + (kv_table(info) if isinstance(info, Mapping) else
-                        (json_pre(info) if info else '<p class="muted">no version information recorded</p>')))
-    return _section("backends", "Backends", "".join(parts))
-
-
-def _tolerances(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
-    parts = ["<h3>Session tolerances</h3>" + kv_table(session.get("tolerances") if isinstance(session.get("tolerances"), Mapping) else None)]
-    distinct: dict[str, tuple[Any, list[str]]] = {}  # tolerance JSON -> (tolerance, checkpoints)
-    for r in rows:
-        tol = r.get("tolerance")
-        if tol is None:
-            continue
-        distinct.setdefault(dumps_json(tol, indent=None), (tol, []))[1].append(row_label(r))
-    if distinct:
-        trs = "".join(f"<tr><td>{json_pre(tol)}</td><td>{esc(', '.join(v[:12]) + (' ...' if len(v) > 12 else ''))}"
-                      f" ({len(v)})</td></tr>" for tol, v in distinct.values())
-        parts.append("<h3>Tolerance used per checkpoint</h3><table><tr><th>tolerance</th><th>checkpoints</th></tr>"
-                     f"{trs}</table>")
-    return _section("tolerances", "Tolerances", "".join(parts))
-
-
-def _tensors_section(report: ReportSource, store: TensorStore | None, max_values: int) -> str:
+def _tensorssection(report: ReportSource, store: TensorStore | None, max_values: int) -> str:
     recs = report.tensor_recordings
     if not recs:
-        return _section("tensors", "Recorded tensors", '<p class="muted">no tensors were recorded for this session</p>')
+        return section("tensors", "Recorded tensors", '<p class="muted">no tensors were recorded for this session</p>')
     trs = []
     for rec in recs:
         s = tensor_summary(rec, store, max_values=max_values)
@@ -401,11 +329,11 @@ def _tensors_section(report: ReportSource, store: TensorStore | None, max_values
             preview = esc(", ".join(fmt_num(v, 5) for v in vals[:32]) + (" ..." if len(vals) > 32 or s.get("values_truncated") else ""))
         trs.append(
             f"<tr><td>{esc(s.get('tensor_name'))}</td><td>{esc(s.get('side'))}</td><td>{esc(s.get('shape'))}</td>"
-            f"<td>{esc(s.get('dtype'))}</td>{_num_td(s.get('min'))}{_num_td(s.get('max'))}{_num_td(s.get('mean'))}"
-            f"{_num_td(s.get('std'))}{_num_td(s.get('nan_count'))}{_num_td(s.get('inf_count'))}"
+            f"<td>{esc(s.get('dtype'))}</td>{num_td(s.get('min'))}{num_td(s.get('max'))}{num_td(s.get('mean'))}"
+            f"{num_td(s.get('std'))}{num_td(s.get('nan_count'))}{num_td(s.get('inf_count'))}"
             f"<td>{esc(s.get('error')) if s.get('error') else preview}</td>"
             f"<td><code>{esc((s.get('content_hash') or '')[:12])}</code></td></tr>")
-    return _section("tensors", "Recorded tensors",
+    return section("tensors", "Recorded tensors",
                     "<div class=\"scroll\"><table><tr><th>name</th><th>side</th><th>shape</th><th>dtype</th><th>min</th>"
                     "<th>max</th><th>mean</th><th>std</th><th>NaN</th><th>inf</th><th>first values</th><th>sha256</th></tr>"
                     f"{''.join(trs)}</table></div>")
@@ -473,6 +401,10 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         "tensor recordings": results.get("recordings"),
     }
     summary_html = kv_table({k: v for k, v in summary.items() if v is not None})
+    sentences = input_sentences(session)
+    if sentences:
+        summary_html += (f"<h3>Input sentences ({len(sentences)})</h3>"
+                         + lines_list(sentences, "lines sentences").replace("<ol ", '<ol id="input-sentences" ', 1))
 
     perf = results.get("performance") if results.get("performance") is not None else (report.performance_metrics or None)
     cmd, exact = reproduce_command(session, results)
@@ -482,26 +414,28 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         repro = (f"<pre id=\"command\">{esc(cmd)}</pre>" +
                  ("<p class=\"muted\">as recorded by the engine</p>" if exact else
                   '<p class="note">The engine did not record the command; this one is rebuilt from the stored session '
-                  "(model path, backends, tolerances). Config, seed and inputs may need the options shown above.</p>"))
+                  "(model path, backends, dtype, tolerances, seed, the text inputs and the main config options; "
+                  "arguments with control or bidi characters are written as $'...' escapes). Config keys "
+                  "without an option need --config-file.</p>"))
     other = {k: v for k, v in results.items() if k not in _SHOWN_RESULT_KEYS}
 
     sections = [
         verdict_box,
-        _section("summary", "Session", summary_html),
-        _section("curves", "Per-layer error", _curves(rows, first_index)),
-        _section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
+        section("summary", "Session", summary_html),
+        section("curves", "Per-layer error", _curves(rows, first_index)),
+        section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
         _isolation(rows, results),
         _heatmap(heat, worst),
         _oracle_noise(rows, results),
-        _performance(perf),
-        _tensors_section(report, store, max_tensor_values) if include_tensors else "",
-        _backends(session),
-        _tolerances(session, rows),
-        _section("config", "Configuration", kv_table(session.get("config") if isinstance(session.get("config"), Mapping) else None)),
-        _section("environment", "Environment", kv_table(session.get("environment") if isinstance(session.get("environment"), Mapping) else None)),
-        _section("reproduce", "Reproduce this run", repro),
-        _section("other-results", "Other results", kv_table(other)) if other else "",
+        performance_section(perf),
+        _tensorssection(report, store, max_tensor_values) if include_tensors else "",
+        backends_section(session),
+        tolerances_section(session, rows),
+        section("config", "Configuration", kv_table(session.get("config") if isinstance(session.get("config"), Mapping) else None)),
+        section("environment", "Environment", kv_table(session.get("environment") if isinstance(session.get("environment"), Mapping) else None)),
+        section("reproduce", "Reproduce this run", repro),
+        section("other-results", "Other results", kv_table(other)) if other else "",
     ]
     nav = "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
         ("curves", "error curves"), ("checkpoints", "checkpoints"), ("isolation", "isolation"), ("heatmap", "heatmap"),
@@ -530,10 +464,13 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
     """Cross-session report: which checkpoints got better or worse from ``before`` to ``after``."""
     counts = diff.to_dict()["counts"]
     labels = [row_label((c.checkpoint, c.layer)) for c in diff.changes]
-    chart = line_chart("max |alt - ref| per checkpoint", labels,
-                       [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
-                        ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")],
-                       log=True, width=900, chart_id="diff")
+    series = [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
+              ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")]
+    after_rows = list(getattr(after, "checkpoint_results", None) or [])
+    if after_rows:  # the bound each checkpoint of the "after" session was judged by, in max abs units
+        bounds = dict(zip((row_key(r) for r in after_rows), _bound_values(after_rows, "max_abs_error")))
+        series.append(("after's bound", [bounds.get((c.checkpoint, c.layer)) for c in diff.changes], _BOUND_AFTER))
+    chart = line_chart("max |alt - ref| per checkpoint", labels, series, log=True, width=900, chart_id="diff")
     trs = []
     for c in diff.changes:
         b, a = as_float(c.before_max_abs_error), as_float(c.after_max_abs_error)
@@ -543,7 +480,7 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
         pv = lambda p: "pass" if p is True else ("FAIL" if p is False else "")  # noqa: E731
         trs.append(f'<tr class="{esc(c.change)}"><td>{esc(c.checkpoint)}</td><td class="num">{esc(fmt_num(c.layer))}</td>'
                    f"<td>{esc(pv(c.before_passed))}</td><td>{esc(pv(c.after_passed))}</td>"
-                   f"{_num_td(c.before_max_abs_error)}{_num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
+                   f"{num_td(c.before_max_abs_error)}{num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
                    f'<td class="change">{esc(c.change)}</td></tr>')
     worse = counts.get("worse", 0)
     cls = "bad" if worse else "ok"

@@ -11,6 +11,9 @@ from typing import Any
 
 from debug_framework.comparison import ComparisonResult
 from debug_framework.jsonio import json_safe
+from debug_framework.reports import neutralise_bidi
+
+from ..reports._kerneldiff import exact_match_of
 
 __all__ = ["TensorDiff", "DiffReport", "REPORT_SCHEMA"]
 
@@ -172,6 +175,12 @@ class DiffReport:
         return None
 
     @property
+    def exact_match(self) -> bool:
+        """Every compared tensor bit-identical (see :func:`~debug_module.reports._kerneldiff.exact_match_of`):
+        no error plot is drawn and the report says "exact match" in one line."""
+        return exact_match_of(self.to_dict())
+
+    @property
     def repro_path(self) -> str | None:
         return self.minifier.get("repro")
 
@@ -189,6 +198,9 @@ class DiffReport:
         head = (f"KernelDiff {self.model_name}: {'PASS' if self.passed else 'FAIL'} "
                 f"({self.test_backend} vs {self.reference_backend}, {self.mode}, {self.runs} run(s))")
         lines = [head]
+        if self.exact_match:
+            lines.append(f" exact match: all {len(self.outputs) + len(self.gradients) + len(self.modules)} compared "
+                         "tensors are bit-identical")
         for section, items in (("outputs", self.outputs), ("gradients", self.gradients)):
             if items:
                 bad = sum(not d.passed for d in items)
@@ -236,12 +248,17 @@ class DiffReport:
             lines.append(f" plots: {len(self.visualizations)} in {os.path.dirname(self.visualizations[0])}")
         if self.json_path:
             lines.append(f" report: {self.json_path}")
-        return "\n".join(lines)
+        return neutralise_bidi("\n".join(lines))  # names are user text; a terminal must not reorder them
 
     def __str__(self) -> str:
         return self.summary()
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._dict()
+        d["exact_match"] = exact_match_of(d)
+        return d
+
+    def _dict(self) -> dict[str, Any]:
         return json_safe({
             "schema": REPORT_SCHEMA,
             "model_name": self.model_name,

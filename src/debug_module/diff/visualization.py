@@ -157,7 +157,11 @@ def summary_plot(report: Any, path: Path) -> Path | None:
 def render_report_plots(report: Any, ref: Any, test: Any, module_tensors: dict[str, Any], out_dir: Path,
                         *, max_plots: int = 8) -> list[Path]:
     """All plots of one report: summary, heatmaps (failing tensors first, then the largest errors;
-    at most ``max_plots``), and error by module when modules were compared."""
+    at most ``max_plots``; a tensor with no error at all gets none), and error by module when modules
+    were compared. An exact match (every tensor bit-identical) gets no plot: they would be all zeros;
+    the report says "exact match" instead."""
+    if report.exact_match:
+        return []
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"kd_{_safe(report.run_id)}_"
     paths: list[Path] = []
@@ -181,7 +185,7 @@ def render_report_plots(report: Any, ref: Any, test: Any, module_tensors: dict[s
         if count >= max_plots:
             break
         r, t = tensors.get((d.kind, d.name), (None, None))
-        if r is None or t is None:
+        if r is None or t is None or (d.result.max_abs_error == 0 and not d.has_nonfinite):
             continue
         worst = tuple(d.result.worst[0].index) if d.result.worst else None
         p = error_heatmap(r, t, d.name, out_dir / f"{prefix}heatmap_{d.kind}_{_safe(d.name)}.png", worst)

@@ -42,12 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from debug_framework.jsonio import dumps_json
+from debug_framework.reports import CSP, neutralise_bidi
+
+from ._kerneldiff import exact_match_of
 
 #: Same as debug_module.artifacts.MANIFEST_SCHEMA (not imported: reading runs must not need torch).
 MANIFEST_SCHEMA = "debug_module.run/1"
 
 __all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "collect_run", "load_benchmarks", "build_report",
-           "render_html", "write_report", "save_guard_report"]
+           "render_html", "write_report", "save_guard_report", "summary_figure"]
 
 REPORT_SCHEMA = "debug_module.report/1"
 BENCHMARK_SCHEMA = "debug_module.benchmark/1"
@@ -103,7 +106,8 @@ def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         if f.get("kind") == "constraint_report" and (path / f["path"]).is_file():
             rep = _read_json(path / f["path"])
             for v in rep.get("violations", []):
-                violations.append({**v, "graph": v.get("graph") or rep.get("graph"), "model": model})
+                violations.append({**v, "graph": v.get("graph") or rep.get("graph"), "model": model,
+                                   "run_id": manifest.get("run_id")})
             coverage.append({"graph": rep.get("graph"), **rep.get("coverage", {}), "violations": rep.get("violation_count", 0)})
     guards = None
     if (path / "reports" / "guards.json").is_file():
@@ -111,6 +115,8 @@ def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     kerneldiff = None
     if (path / "reports" / "kerneldiff.json").is_file():
         kerneldiff = _read_json(path / "reports" / "kerneldiff.json")
+        if isinstance(kerneldiff, dict) and "exact_match" not in kerneldiff:  # saved before the field existed
+            kerneldiff["exact_match"] = exact_match_of(kerneldiff)
     repros = sorted({str(Path(f["path"]).parts[1]) if len(Path(f["path"]).parts) > 2 else f["path"]
                      for f in files if f["path"].startswith("repros/")})
     if (path / "repros").is_dir():  # writers that do not record in the manifest
@@ -229,8 +235,18 @@ def _png_data_uri(path: Path) -> str | None:
 
 def _summary_figure(data: dict[str, Any]) -> str | None:
     """Bar charts: violations per constraint, and KernelDiff pass/fail (embedded PNG)."""
+    fig = summary_figure(data)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def summary_figure(data: dict[str, Any]) -> Any:
+    """The summary's matplotlib figure: violations per constraint and KernelDiff pass/fail, both
+    count axes with integer ticks only."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     per_constraint: dict[str, int] = defaultdict(int)
     for by_c in data["violations_by_model"].values():
@@ -251,10 +267,20 @@ def _summary_figure(data: dict[str, Any]) -> str | None:
     passed, total = s["kerneldiff_passed"], s["kerneldiff_total"]
     ax2.bar(["pass", "fail"], [passed, total - passed], color=["#27ae60", "#c0392b"])
     ax2.set_title(f"KernelDiff results ({total})", fontsize=9)
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return fig
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ ... }}`` value: bidi controls in text neutralised (the same helper as the framework's
+    report), before Jinja2's autoescape."""
+    from markupsafe import Markup
+
+    if isinstance(value, Markup):  # already HTML: the marker must come out escaped
+        return Markup(neutralise_bidi(value, markup=True))
+    return neutralise_bidi(value) if isinstance(value, str) else value
 
 
 def _fmt(v: Any) -> str:
@@ -270,19 +296,22 @@ def render_html(data: dict[str, Any], *, figures: bool = True) -> str:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
-                             autoescape=True, undefined=jinja2.ChainableUndefined)
+                             autoescape=True, undefined=jinja2.ChainableUndefined, finalize=_finalize)
     env.filters["fmt"] = _fmt
     env.filters["tojson_pretty"] = dumps_json
     plots: dict[str, list[dict[str, str]]] = {}
     for r in data["runs"]:
         items = []
-        for rel in r["plots"]:
+        exact = bool((r.get("kerneldiff") or {}).get("exact_match"))
+        for rel in [] if exact else r["plots"]:
             uri = _png_data_uri(Path(r["path"]) / rel)
             if uri:
                 items.append({"name": Path(rel).name, "uri": uri})
         plots[r["run_id"]] = items
     return env.get_template("report.html.j2").render(
-        data=data, s=data["summary"], plots=plots,
+        data=data, s=data["summary"], plots=plots, csp=CSP,
+        multi_run=len({v.get("run_id") for by_c in data["violations_by_model"].values() for vs in by_c.values()
+                       for v in vs}) > 1,
         summary_figure=_summary_figure(data) if figures else None,
     )
 

@@ -1,0 +1,118 @@
+"""Sections of the session report that are tables rather than error charts: performance (peak memory
+in binary units), backends and tolerances (identical per-checkpoint tolerances collapsed into one row
+naming every checkpoint that shares it); and the two cell/section helpers every section uses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..jsonio import dumps_json
+from ._common import as_float, fmt_num, human_bytes, row_label
+from ._html import esc, json_pre, kv_table, line_chart
+
+__all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
+
+
+def num_td(v: Any) -> str:
+    """A right-aligned number cell."""
+    return f'<td class="num">{esc(fmt_num(v))}</td>'
+
+
+def section(sid: str, title: str, body: str) -> str:
+    """``<section id=sid><h2>title</h2>body</section>`` (id and title escaped)."""
+    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{body}</section>'
+
+
+def performance_section(perf: Any) -> str:
+    if not perf:
+        return section("performance", "Performance", '<p class="muted">not recorded</p>')
+    if not isinstance(perf, Mapping):
+        return section("performance", "Performance", json_pre(perf))
+    parts = []
+    sides = [(k, v) for k, v in perf.items() if isinstance(v, Mapping) and k in ("reference", "alternative", "oracle")]
+    if sides:
+        cols = ("prepare_s", "forward_s", "wall_s")
+        trs = "".join(f"<tr><td>{esc(k)}</td>{''.join(num_td(v.get(c)) for c in cols)}"
+                      f"<td>{memory_cell(v.get('memory'))}</td></tr>" for k, v in sides)
+        parts.append("<table><tr><th>backend</th><th>prepare (s)</th><th>forward (s)</th><th>wall (s)</th>"
+                     f"<th>peak memory</th></tr>{trs}</table>")
+        per_layer = []
+        for k, v in sides:
+            pl = v.get("per_layer_s")
+            if isinstance(pl, Mapping):
+                pl = [pl[x] for x in sorted(pl, key=lambda t: int(t) if str(t).lstrip("-").isdigit() else 0)]
+            if isinstance(pl, list) and pl and all(as_float(x) is not None for x in pl):
+                per_layer.append((k, pl))
+        if per_layer:
+            n = max(len(pl) for _, pl in per_layer)
+            colours = {"reference": "#2b6cb0", "alternative": "#c53030", "oracle": "#718096"}
+            svg = line_chart("wall time per layer (s)", [f"layer {i}" for i in range(n)],
+                             [(k, list(pl) + [None] * (n - len(pl)), colours.get(k, "#2f855a")) for k, pl in per_layer],
+                             log=True, chart_id="per_layer_time", width=760)
+            if svg:
+                parts.append(f'<div class="charts">{svg}</div>')
+    parts.append("<details><summary>all performance figures</summary>" + kv_table(perf) + "</details>"
+                 if sides else kv_table(perf))
+    return section("performance", "Performance", "".join(parts))
+
+
+def memory_cell(mem: Any) -> str:
+    """Peak memory in binary units: ``1011 MiB (+66.8 MiB over 944 MiB at start; rss_vmhwm)``."""
+    if mem is None:
+        return '<span class="muted">not measured</span>'
+    if not isinstance(mem, Mapping):
+        return esc(human_bytes(mem) if as_float(mem) is not None else mem)
+    peak, delta, base = mem.get("peak_bytes"), mem.get("delta_bytes"), mem.get("baseline_bytes")
+    bits = []
+    if delta is not None:
+        bits.append(f"+{human_bytes(delta)}" + (f" over {human_bytes(base)} at start" if base is not None else ""))
+    extra = [f"{k}={fmt_num(v)}" for k, v in mem.items() if k not in {"peak_bytes", "delta_bytes", "baseline_bytes"}
+             and not isinstance(v, (Mapping, list))]
+    detail = "; ".join([", ".join(bits)] * bool(bits) + extra)
+    head = human_bytes(peak) if peak is not None else "peak not measured"
+    return (f'<span class="mem" title="{esc(fmt_num(peak))} bytes">{esc(head)}</span>'
+            + (f' <span class="muted">({esc(detail)})</span>' if detail else ""))
+
+
+def backends_section(session: Mapping[str, Any]) -> str:
+    parts = []
+    for side in ("reference", "alternative"):
+        name = session.get(f"{side}_backend")
+        info = session.get(f"{side}_backend_info")
+        parts.append(f"<h3>{esc(side)}: {esc(name)}</h3>"
+                     + (kv_table(info) if isinstance(info, Mapping) else
+                        (json_pre(info) if info else '<p class="muted">no version information recorded</p>')))
+    return section("backends", "Backends", "".join(parts))
+
+
+def _grouped(pairs: Sequence[tuple[str, Any]]) -> list[tuple[Any, list[str]]]:
+    """``(value, names sharing it)`` for each distinct value (compared as JSON), in first-seen order."""
+    distinct: dict[str, tuple[Any, list[str]]] = {}
+    for name, value in pairs:
+        distinct.setdefault(dumps_json(value, indent=None), (value, []))[1].append(name)
+    return list(distinct.values())
+
+
+def _shared_table(groups: Sequence[tuple[Any, list[str]]], cls: str) -> str:
+    """One row per distinct tolerance: the tolerance, and every checkpoint that uses it."""
+    trs = "".join(f"<tr><td>{kv_table(tol) if isinstance(tol, Mapping) else json_pre(tol)}</td>"
+                  f"<td>{'all ' if len(groups) == 1 else ''}{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"
+                  for tol, names in groups)
+    return (f'<table class="{esc(cls)}"><tr><th>tolerance</th><th>shared by</th></tr>{trs}</table>')
+
+
+def tolerances_section(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """Session tolerances and the tolerance each checkpoint used, identical tables collapsed into
+    one row that names every checkpoint sharing it."""
+    tol = session.get("tolerances")
+    tol = dict(tol) if isinstance(tol, Mapping) else None
+    per = tol.pop("per_checkpoint", None) if tol is not None else None
+    parts = ["<h3>Session tolerances</h3>" + kv_table(tol)]
+    if isinstance(per, Mapping) and per:
+        parts.append("<h4>Per checkpoint (identical ones collapsed)</h4>"
+                     + _shared_table(_grouped([(str(k), v) for k, v in per.items()]), "tol-session"))
+    used = _grouped([(row_label(r), r.get("tolerance")) for r in rows if r.get("tolerance") is not None])
+    if used:
+        parts.append("<h3>Tolerance used per checkpoint</h3>" + _shared_table(used, "tol-used"))
+    return section("tolerances", "Tolerances", "".join(parts))

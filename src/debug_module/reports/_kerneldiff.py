@@ -1,0 +1,28 @@
+"""What the KernelDiff report shows for one saved result: is it an exact match?
+
+Kept apart from :mod:`debug_module.diff` (which needs torch) so that reading run directories does
+not; :class:`~debug_module.diff.report.DiffReport` uses the same test for its ``exact_match``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["exact_match_of"]
+
+_NONFINITE = ("nan_count_reference", "nan_count_test", "inf_count_reference", "inf_count_test")
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def exact_match_of(report: Mapping[str, Any]) -> bool:
+    """True when a KernelDiff result (``DiffReport.to_dict()`` or its saved JSON) is bit-identical:
+    something was compared, no leaf is missing or extra, and every output, gradient and module has
+    max abs error 0 and no NaN/inf on either side. Then plots of its errors would be all zeros."""
+    entries = [e for key in ("outputs", "gradients", "modules") for e in report.get(key) or () if isinstance(e, Mapping)]
+    if not entries or report.get("missing") or report.get("extra"):
+        return False
+    return all(_is_zero(e.get("max_abs_error")) and not any(e.get(k) for k in _NONFINITE) for e in entries)
