@@ -126,12 +126,13 @@ def test_plugin_fails_with_the_diagnosis_and_records_sessions_and_reports(pytest
 
 
 @pytest.mark.slow  # a tiny BERT built and validated (seconds)
-def test_defaults_write_into_pytests_temp_dir(pytester, tiny_bert):
+def test_ini_report_dir_and_the_default_database_in_pytests_temp_dir(pytester, tiny_bert):
     pytester.makepyfile(test_one=TESTS.format(model=str(tiny_bert)).split("def test_gelu_bug")[0])
+    pytester.makeini("[pytest]\ndf_report_dir = ini_reports\n")
     run = pytester.runpytest(*_plugin_args(), "-p", "no:cacheprovider", "--basetemp", str(pytester.path / "bt"))
     run.assert_outcomes(passed=1)
     assert (pytester.path / "bt" / "debug_framework.db").is_file()
-    assert len(list((pytester.path / "bt" / "df_reports").glob("*.html"))) == 1
+    assert len(list((pytester.path / "ini_reports").glob("*.html"))) == 1
 
 
 @pytest.mark.slow  # a tiny BERT built and validated (seconds)

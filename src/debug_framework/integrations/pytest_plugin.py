@@ -11,7 +11,8 @@ enables it; ``-p debug_framework.integrations.pytest_plugin`` loads it explicitl
     from debug_framework import assert_backend_matches
     assert_backend_matches("models/tiny", "my_backend", dtype="float32")
 
-Options (command line, or ini keys ``df_database`` / ``df_report_dir``):
+Options (command line, relative to the working directory; or ini keys ``df_database`` /
+``df_report_dir``, relative to the ini file):
 
 * ``--df-database PATH``: the session database (default: ``debug_framework.db`` in pytest's base
   temporary directory, so a test run never writes to ``~/.pie``);
@@ -56,9 +57,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("df_report_dir", "directory for the sessions' HTML reports", default=None)
 
 
-def _setting(config: pytest.Config, name: str) -> str | None:
-    value = config.getoption(name, default=None) or config.getini(name)
-    return str(value) if value else None
+def _setting(config: pytest.Config, name: str) -> Path | None:
+    """The command-line value (relative to the working directory), else the ini value (relative
+    to the ini file), else None."""
+    given = config.getoption(name, default=None)
+    if given:
+        return Path(given).expanduser()
+    value = config.getini(name)
+    if not value:
+        return None
+    path = Path(str(value)).expanduser()
+    return path if path.is_absolute() or config.inipath is None else config.inipath.parent / path
 
 
 class BackendValidator:
@@ -69,13 +78,11 @@ class BackendValidator:
 
     @property
     def database(self) -> Path:
-        given = _setting(self._config, "df_database")
-        return Path(given).expanduser() if given else self._tmp.getbasetemp() / "debug_framework.db"
+        return _setting(self._config, "df_database") or self._tmp.getbasetemp() / "debug_framework.db"
 
     @property
     def report_dir(self) -> Path:
-        given = _setting(self._config, "df_report_dir")
-        return Path(given).expanduser() if given else self._tmp.getbasetemp() / "df_reports"
+        return _setting(self._config, "df_report_dir") or self._tmp.getbasetemp() / "df_reports"
 
     def record(self, name: str, value: str) -> None:
         """Attach ``name=value`` to the test (user_properties: JUnit XML ``<property>``)."""
