@@ -36,10 +36,28 @@ def _plugin_args() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
+def bug_check(tmp_path_factory):
+    """A tiny random BERT on disk and a real session of the GELU bug on it, run in this process
+    first: pytester's in-process runs remove the modules first imported inside them afterwards (and
+    numba cannot be imported twice), so everything a session imports is imported here."""
+    from benchmarks.injected_bugs import register_bug_backend
     from benchmarks.models.tiny_transformers import make_model
+    from debug_framework.backends import unregister_backend
+    from debug_framework.integrations.backend_check import run_backend_check
 
-    return make_model("bert", tmp_path_factory.mktemp("bert") / "hf", 0)
+    tmp = tmp_path_factory.mktemp("bert")
+    model = make_model("bert", tmp / "hf", 0)
+    name = register_bug_backend("gelu_variant")
+    try:
+        outcome = run_backend_check(model, name, database=tmp / "db.db", report_dir=tmp / "reports", dtype="float32")
+    finally:
+        unregister_backend(name)
+    return model, outcome
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(bug_check) -> Path:
+    return bug_check[0]
 
 
 TESTS = '''
@@ -136,28 +154,22 @@ def test_ini_report_dir_and_the_default_database_in_pytests_temp_dir(pytester, t
 
 
 @pytest.mark.slow  # a tiny BERT built and validated (seconds)
-def test_culprit_operator_is_in_the_message_when_a_drill_down_ran(tiny_bert, tmp_path):
-    from debug_framework.integrations.backend_check import failure_message, run_backend_check
+def test_culprit_operator_is_in_the_message_when_a_drill_down_ran(bug_check, tmp_path):
+    from debug_framework.integrations.backend_check import failure_message
     from debug_framework.services.drilldown.types import Culprit, LayerDrilldown, OperatorRow
 
-    from benchmarks.injected_bugs import register_bug_backend
-    from debug_framework.backends import unregister_backend
-
-    name = register_bug_backend("gelu_variant")
-    try:
-        outcome = run_backend_check(tiny_bert, name, database=tmp_path / "db.db", dtype="float32")
-    finally:
-        unregister_backend(name)
+    _model, outcome = bug_check
     result = outcome.result
+    assert result.verdict == "failed" and outcome.report.is_file()
     if getattr(result, "drilldown", None) is None:  # until the drill-down stage lands: its record, by hand
         row = OperatorRow(3, "gelu", "aten.gelu.default", "encoder.layer.1.intermediate", "modeling_bert.py:241",
                           introduced=1e-4, carried_in=1e-7, bound=1e-6)
-        result.drilldown = [LayerDrilldown(1, "post_mlp:1", name, "replay", [row],
+        result.drilldown = [LayerDrilldown(1, "post_mlp:1", result.alternative_backend, "replay", [row],
                                            Culprit("aten.gelu.default", "gelu", row.module_path, row.source,
                                                    repro_dir=str(tmp_path / "repro"), verified=True))]
     message = failure_message(result, outcome.report, outcome.database)
     assert "culprit operator (layer 1, replay): aten.gelu.default at encoder.layer.1.intermediate" in message
-    assert "(verified)" in message and str(tmp_path / "db.db") in message
+    assert "(verified)" in message and outcome.database in message and str(outcome.report) in message
 
 
 def test_entry_point_is_declared_and_the_plugin_imports_without_torch():
@@ -170,3 +182,14 @@ def test_entry_point_is_declared_and_the_plugin_imports_without_torch():
     for ep in importlib.metadata.entry_points(group="pytest11"):  # where installed, it is this module
         if ep.name == "debug_framework":
             assert ep.value == PLUGIN
+
+
+@pytest.mark.slow  # a tiny BERT validated twice (seconds)
+def test_docs_example_runs(pytester, tiny_bert):
+    import re
+
+    doc = (ROOT / "docs" / "pytest_plugin.md").read_text()
+    (block,) = re.findall(r"<!-- doctest-pytest -->\s*```python\n(.*?)```", doc, re.S)
+    assert '"path/to/model"' in block
+    pytester.makepyfile(test_my_backend=block.replace('"path/to/model"', repr(str(tiny_bert))))
+    pytester.runpytest(*_plugin_args(), "-p", "no:cacheprovider").assert_outcomes(passed=2)

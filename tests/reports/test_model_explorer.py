@@ -261,3 +261,18 @@ def test_model_explorer_option_errors(db, build, tmp_path, capsys):
     blocker.write_text("")
     assert main(["--session-id", b.session_id, "--database", dbp, "--model-explorer", str(blocker / "sub")]) == 2
     assert "DF005" in capsys.readouterr().err
+
+
+def test_docs_example_runs(tmp_path, monkeypatch, capsys):
+    import re
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "model_explorer.md"
+    blocks = re.findall(r"<!-- doctest -->\s*```python\n(.*?)```", doc.read_text(), re.S)
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, str(doc), "exec"), {"__name__": "__doc_example__"})
+    assert capsys.readouterr().out.startswith("layer_1.json ['bound', 'carried_in', 'introduced', 'margin']")
+    doc_data = json.loads((tmp_path / "overlay" / "layer_1.introduced.json").read_text())
+    jsonschema.validate(doc_data, NODE_DATA_SCHEMA)
+    assert doc_data[PT2_GRAPH_ID]["results"]["gelu"]["bgColor"] == RED
