@@ -18,7 +18,8 @@ each ``{"results": {node_id: {"value": number, "bgColor"?: css}}, "thresholds"?:
 
 * its own JSON graph format (what this module writes): the ``id`` fields;
 * ONNX (the ``model-explorer-onnx`` adapter): the graph id is ``graph.name`` (``"<main>"`` when
-  empty), node ids are node names (an unnamed node ``i`` becomes ``"<node_i>"``);
+  empty), node ids are node names (an unnamed node ``i`` becomes ``"<node_i>"``; inputs and
+  initializers are nodes ``"[value] <name>"``);
 * a ``torch.export`` ``.pt2`` (its built-in PyTorch adapter): one graph ``"graph"``, node ids are
   the FX node names of ``ep.graph_module.graph``.
 
@@ -262,7 +263,8 @@ def _onnx_ids(path: Path) -> tuple[str, set[str]]:
 
     model = onnx.load(str(path), load_external_data=False)
     names = {node.name or f"<node_{i}>" for i, node in enumerate(model.graph.node)}
-    names |= {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer}
+    # inputs and initializers are drawn as nodes named "[value] <name>" (get_value_node_name)
+    names |= {f"[value] {v.name}" for v in (*model.graph.input, *model.graph.initializer)}
     return model.graph.name or "<main>", names
 
 
