@@ -73,16 +73,28 @@ def _setting(config: pytest.Config, name: str) -> Path | None:
 class BackendValidator:
     """The ``backend_validator`` fixture: run sessions into this test run's database and report dir."""
 
-    def __init__(self, config: pytest.Config, tmp_factory: pytest.TempPathFactory, node: pytest.Item) -> None:
+    def __init__(self, config: pytest.Config, tmp_factory: pytest.TempPathFactory | None, node: pytest.Item) -> None:
         self._config, self._tmp, self._node = config, tmp_factory, node
+        self._tmp_dir: Path | None = None
+
+    def _base(self) -> Path:
+        """pytest's base temporary directory (created on first use; a fresh temporary directory
+        when the tmpdir plugin is disabled)."""
+        if self._tmp is None:
+            import tempfile
+
+            if self._tmp_dir is None:
+                self._tmp_dir = Path(tempfile.mkdtemp(prefix="debug_framework-"))
+            return self._tmp_dir
+        return self._tmp.getbasetemp()
 
     @property
     def database(self) -> Path:
-        return _setting(self._config, "df_database") or self._tmp.getbasetemp() / "debug_framework.db"
+        return _setting(self._config, "df_database") or self._base() / "debug_framework.db"
 
     @property
     def report_dir(self) -> Path:
-        return _setting(self._config, "df_report_dir") or self._tmp.getbasetemp() / "df_reports"
+        return _setting(self._config, "df_report_dir") or self._base() / "df_reports"
 
     def record(self, name: str, value: str) -> None:
         """Attach ``name=value`` to the test (user_properties: JUnit XML ``<property>``)."""
@@ -112,7 +124,9 @@ class BackendValidator:
 
 
 def _validator(request: pytest.FixtureRequest) -> BackendValidator:
-    return BackendValidator(request.config, request.getfixturevalue("tmp_path_factory"), request.node)
+    has_tmp = request.config.pluginmanager.has_plugin("tmpdir")  # -p no:tmpdir must not break every test
+    return BackendValidator(request.config, request.getfixturevalue("tmp_path_factory") if has_tmp else None,
+                            request.node)
 
 
 @pytest.fixture
