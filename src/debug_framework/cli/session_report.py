@@ -13,6 +13,10 @@ Exit codes (:mod:`debug_framework.cli.framework`): 0 the command did what was as
 session id: DF003, database missing/unreadable: DF003, sessions not comparable: DF005); 3 internal
 error (a bug; the traceback is in the crash log the message names).
 
+``--model-explorer DIR`` (with ``--session-id``) writes the session's checkpoint graph, each drilled
+layer's operator graph and their error as Model Explorer node data into DIR (docs/model_explorer.md);
+alone it writes only those files, with ``--output-format``/``--output-file`` the report as well.
+
 The database is ``--database``, else ``PIE_DEBUG_DATABASE``, else ``~/.pie/debug/debug_framework.db``.
 It is only read (opened read-only: no switch to WAL, no migration; an older file is read through a
 migrated temporary copy): a missing file is an error, never created. The exception is ``--maintenance``,
