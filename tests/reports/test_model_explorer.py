@@ -178,7 +178,8 @@ def test_pt2_graph_node_ids_are_export_node_names(tmp_path):
     docs = _node_data_files(out, manifest, entry["graph"])
     graph_ids, used = _ids_used(docs)
     assert graph_ids == {PT2_GRAPH_ID} and used and used <= names
-    assert graph_node_ids(out / entry["graph"])[1] <= names
+    assert graph_node_ids(out / entry["graph"])[1] == names and entry["unmatched_nodes"] == []
+    assert docs["introduced"][PT2_GRAPH_ID]["results"]["gelu"]["bgColor"] == RED
 
 
 def _onnx_layer(path: Path) -> None:

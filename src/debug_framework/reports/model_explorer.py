@@ -277,7 +277,7 @@ def _json_ids(path: Path) -> tuple[str, set[str]]:
 def _pt2_ids(path: Path) -> tuple[str, set[str]]:
     """Node names of a ``.pt2`` read from its serialized graph JSON (no unpickling): inputs and the
     outputs of single-output nodes, whose FX node names are their output names."""
-    names: set[str] = set()
+    names: set[str] = {"output"}  # FX's output node, which the adapter draws too
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():
             if member.endswith("/models/model.json") or member == "models/model.json":
