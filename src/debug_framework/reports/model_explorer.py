@@ -18,8 +18,9 @@ each ``{"results": {node_id: {"value": number, "bgColor"?: css}}, "thresholds"?:
 
 * its own JSON graph format (what this module writes): the ``id`` fields;
 * ONNX (the ``model-explorer-onnx`` adapter): the graph id is ``graph.name`` (``"<main>"`` when
-  empty), node ids are node names (an unnamed node ``i`` becomes ``"<node_i>"``; inputs and
-  initializers are nodes ``"[value] <name>"``);
+  empty), node ids are node names (graph inputs, outputs and initializers are nodes ``"[value]
+  <name>"``; unnamed nodes are named by the adapter's onnx_ir ``NameFixPass``, so a graph for the
+  overlay names every node, as ``torch.onnx.export`` does);
 * a ``torch.export`` ``.pt2`` (its built-in PyTorch adapter): one graph ``"graph"``, node ids are
   the FX node names of ``ep.graph_module.graph``.
 
@@ -262,9 +263,10 @@ def _onnx_ids(path: Path) -> tuple[str, set[str]]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    names = {node.name or f"<node_{i}>" for i, node in enumerate(model.graph.node)}
-    # inputs and initializers are drawn as nodes named "[value] <name>" (get_value_node_name)
-    names |= {f"[value] {v.name}" for v in (*model.graph.input, *model.graph.initializer)}
+    # unnamed nodes get names from onnx_ir's NameFixPass, which depend on its version: not matched
+    names = {node.name for node in model.graph.node if node.name}
+    # graph inputs, outputs and initializers are drawn as nodes "[value] <name>" (get_value_node_name)
+    names |= {f"[value] {v.name}" for v in (*model.graph.input, *model.graph.output, *model.graph.initializer)}
     return model.graph.name or "<main>", names
 
 
