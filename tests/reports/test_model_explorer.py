@@ -251,6 +251,7 @@ def test_session_report_model_explorer_writes_checkpoint_graph(db, build, fx_lay
     assert docs["introduced"][CHECKPOINT_GRAPH_ID]["results"]["post_mlp:1"]["bgColor"] == RED
     culprit = next(a for n in nodes if n["id"] == "post_mlp:1" for a in n["attrs"] if a["key"] == "culprit")
     assert "aten.gelu.default" in culprit["value"]
+    assert [n["id"] for n in nodes if any(a["key"] == "culprit" for a in n["attrs"])] == ["post_mlp:1"]
 
 
 def test_model_explorer_option_errors(db, build, tmp_path, capsys):

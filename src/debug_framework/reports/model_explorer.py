@@ -156,7 +156,7 @@ def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[Lay
                      label: str = "checkpoints") -> dict[str, Any]:
     """Model Explorer's JSON graph (a graph collection) of a session's checkpoints in model order:
     one node per checkpoint (id ``post_mlp:3``), namespaced by layer, each fed by the one before it."""
-    culprits = {d.layer: d.culprit for d in drilldowns if d.culprit is not None}
+    culprits = {d.checkpoint: d.culprit for d in drilldowns if d.culprit is not None}
     nodes: list[dict[str, Any]] = []
     previous: str | None = None
     for row in rows:
@@ -165,8 +165,8 @@ def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[Lay
         attrs = [_kv("passed", passed_state(row)), _kv(f"error ({metric})", error), _kv("bound", row.get("bound")),
                  _kv("margin", row.get("margin")), _kv("introduced", _introduced(row)),
                  _kv("carried_in", _carried_in(row)), _kv("reason", str(row.get("reason") or "")[:300])]
-        if layer in culprits:
-            c = culprits[layer]
+        c = culprits.get(_node_id(row))
+        if c is not None:
             attrs.append(_kv("culprit", f"{c.op} ({c.module_path or c.node})"))
         node = {"id": _node_id(row), "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
                 "attrs": attrs, "incomingEdges": [] if previous is None else [{"sourceNodeId": previous}]}
