@@ -160,6 +160,36 @@ def test_fx_layer_graph_and_node_data_match(fx_layer, tmp_path):
     assert entry["unmatched_nodes"] == [] and "--node_data_paths=" in entry["command"]
 
 
+def test_a_drill_downs_node_table_json_is_converted_with_its_data_flow(fx_layer, tmp_path):
+    gm, drill = fx_layer
+    table = {"layer": "encoder.layer.1", "nodes": [  # the replay strategy's layer_graph.json
+        {"id": n.name, "op": n.op, "target": str(n.target), "inputs": [a.name for a in n.all_input_nodes],
+         "module_path": "encoder.layer.1.intermediate", "source": ""} for n in gm.graph.nodes]}
+    (tmp_path / "layer_graph.json").write_text(json.dumps(table))
+    manifest = write_model_explorer([], tmp_path / "me", [LayerDrilldown(**{**drill.__dict__,
+                                                                            "graph_file": str(tmp_path / "layer_graph.json")})])
+    entry = manifest["graphs"][1]
+    graph = json.loads((tmp_path / "me" / entry["graph"]).read_text())
+    jsonschema.validate(graph, GRAPH_SCHEMA)
+    nodes = {n["id"]: n for n in graph["graphs"][0]["nodes"]}
+    assert set(nodes) == {n.name for n in gm.graph.nodes} and entry["unmatched_nodes"] == [] and not entry["note"]
+    gelu = next(n for n in gm.graph.nodes if n.name == drill.culprit.node)
+    assert [e["sourceNodeId"] for e in nodes[gelu.name]["incomingEdges"]] == [a.name for a in gelu.all_input_nodes]
+    assert nodes[gelu.name]["label"] == "aten.gelu" and nodes[gelu.name]["namespace"] == "encoder/layer/1/intermediate"
+    _ids, used = _ids_used(_node_data_files(tmp_path / "me", manifest, entry["graph"]))
+    assert used <= set(nodes)
+
+
+def test_an_unreadable_graph_file_falls_back_to_the_operator_table(fx_layer, tmp_path):
+    _gm, drill = fx_layer
+    (tmp_path / "broken.onnx").write_bytes(b"not a protobuf \xff\xfe")
+    manifest = write_model_explorer([], tmp_path / "me", [LayerDrilldown(**{**drill.__dict__,
+                                                                            "graph_file": str(tmp_path / "broken.onnx")})])
+    entry = manifest["graphs"][1]
+    assert entry["graph"] == "layer_1.json" and "broken.onnx could not be read" in entry["note"]
+    assert len(entry["node_data"]) == 4
+
+
 def test_pt2_graph_node_ids_are_export_node_names(tmp_path):
     import torch
 

@@ -16,7 +16,8 @@ each ``{"results": {node_id: {"value": number, "bgColor"?: css}}, "thresholds"?:
 ``<=`` an item's value; ``gradient`` (stops 0..1 over min..max) takes precedence; a result's own
 ``bgColor`` beats both. Node ids must be the ids Model Explorer gives the graph's nodes:
 
-* its own JSON graph format (what this module writes): the ``id`` fields;
+* its own JSON graph format (what this module writes): the ``id`` fields (a drill-down's own
+  ``layer_graph.json`` node table is converted to it, ids kept);
 * ONNX (the ``model-explorer-onnx`` adapter): the graph id is ``graph.name`` (``"<main>"`` when
   empty), node ids are node names (graph inputs, outputs and initializers are nodes ``"[value]
   <name>"``; unnamed nodes are named by the adapter's onnx_ir ``NameFixPass``, so a graph for the
@@ -58,6 +59,7 @@ __all__ = [
     "checkpoint_graph",
     "checkpoint_node_data",
     "fx_graph",
+    "node_table_graph",
     "operator_table_graph",
     "operator_node_data",
     "graph_node_ids",
@@ -261,8 +263,12 @@ def operator_table_graph(drill: LayerDrilldown, graph_id: str = PT2_GRAPH_ID) ->
 
 def _onnx_ids(path: Path) -> tuple[str, set[str]]:
     import onnx
+    from google.protobuf.message import DecodeError
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except DecodeError as exc:
+        raise ValueError(f"not an ONNX model: {exc}") from exc
     # unnamed nodes get names from onnx_ir's NameFixPass, which depend on its version: not matched
     names = {node.name for node in model.graph.node if node.name}
     # graph inputs, outputs and initializers are drawn as nodes "[value] <name>" (get_value_node_name)
@@ -270,10 +276,35 @@ def _onnx_ids(path: Path) -> tuple[str, set[str]]:
     return model.graph.name or "<main>", names
 
 
+def node_table_graph(doc: Mapping[str, Any], graph_id: str = PT2_GRAPH_ID) -> dict[str, Any]:
+    """Model Explorer's JSON graph of a drill-down's own graph file (the replay strategy's
+    ``layer_graph.json``: ``{"layer", "nodes": [{"id", "op", "target", "inputs", "module_path",
+    "source"}]}``), with data-flow edges from ``inputs``."""
+    nodes = []
+    for n in doc["nodes"]:
+        target = str(n.get("target") or n.get("op") or n["id"])
+        label = target.rsplit(".", 1)[0] if target.startswith("aten.") and target.count(".") >= 2 else target
+        nodes.append({"id": str(n["id"]), "label": label if n.get("op") == "call_function" else str(n.get("op") or label),
+                      "namespace": str(n.get("module_path") or "").replace(".", "/"),
+                      "attrs": [_kv("target", target), _kv("source", n.get("source"))],
+                      "incomingEdges": [{"sourceNodeId": str(src), "targetNodeInputId": str(k)}
+                                        for k, src in enumerate(n.get("inputs") or [])]})
+    return {"label": f"layer {doc.get('layer', '')}".strip(), "graphs": [{"id": graph_id, "nodes": nodes}]}
+
+
+def _model_explorer_json(doc: Any) -> dict[str, Any]:
+    """A JSON graph file as a Model Explorer graph collection: one already (a collection or a list
+    of graphs), or a drill-down's node table converted (:func:`node_table_graph`)."""
+    if isinstance(doc, list):
+        return {"label": "graph", "graphs": doc}
+    if isinstance(doc, Mapping) and "graphs" in doc:
+        return dict(doc)
+    return node_table_graph(doc)
+
+
 def _json_ids(path: Path) -> tuple[str, set[str]]:
-    doc = json.loads(path.read_text())
-    graphs = doc["graphs"] if isinstance(doc, Mapping) else doc
-    return str(graphs[0]["id"]), {str(n["id"]) for n in graphs[0]["nodes"]}
+    graph = _model_explorer_json(json.loads(path.read_text()))["graphs"][0]
+    return str(graph["id"]), {str(n["id"]) for n in graph["nodes"]}
 
 
 def _pt2_ids(path: Path) -> tuple[str, set[str]]:
@@ -343,18 +374,31 @@ def _write_node_data(out_dir: Path, stem: str, docs: Mapping[str, dict[str, Any]
         entry.node_data[quantity] = name
 
 
-def _layer_graph(drill: LayerDrilldown, out_dir: Path, stem: str) -> OverlayGraph:
-    """The drilled layer's graph in ``out_dir``: its own graph file copied, else the operator table's."""
-    source = Path(drill.graph_file) if drill.graph_file else None
-    if source is not None and source.is_file() and source.suffix.lower() in (".onnx", ".pt2", ".json"):
-        graph_id, ids = graph_node_ids(source)
-        name = f"{stem}{source.suffix.lower()}"
+def _copy_graph(source: Path, out_dir: Path, stem: str, drill: LayerDrilldown) -> OverlayGraph:
+    """The drill-down's own graph file in ``out_dir`` (a JSON one in Model Explorer's format)."""
+    graph_id, ids = graph_node_ids(source)
+    name = f"{stem}{source.suffix.lower()}"
+    if source.suffix.lower() == ".json":  # written in Model Explorer's format (converted if need be)
+        _dump(out_dir / name, _model_explorer_json(json.loads(source.read_text())))
+    else:
         shutil.copyfile(source, out_dir / name)
-        return OverlayGraph(graph=name, graph_id=graph_id,
-                            unmatched=[r.node for r in drill.operators if r.node not in ids])
+    return OverlayGraph(graph=name, graph_id=graph_id, unmatched=[r.node for r in drill.operators if r.node not in ids])
+
+
+def _layer_graph(drill: LayerDrilldown, out_dir: Path, stem: str) -> OverlayGraph:
+    """The drilled layer's graph in ``out_dir``: its own graph file, else (none written, missing,
+    unreadable) a graph of its operator table, with a note saying why."""
+    source = Path(drill.graph_file) if drill.graph_file else None
+    why = "no graph file was written"
+    if source is not None:
+        why = f"graph file {source.name} is missing or not .onnx/.pt2/.json"
+        if source.is_file() and source.suffix.lower() in (".onnx", ".pt2", ".json"):
+            try:
+                return _copy_graph(source, out_dir, stem, drill)
+            except ValidationError as exc:
+                why = f"graph file {source.name} could not be read ({exc.message})"
     doc = operator_table_graph(drill)
     _dump(out_dir / f"{stem}.json", doc)
-    why = "no graph file was written" if source is None else f"graph file {source.name} is missing or not loadable"
     return OverlayGraph(graph=f"{stem}.json", graph_id=doc["graphs"][0]["id"],
                         note=f"{why}: the graph is the operator table in graph order")
 
