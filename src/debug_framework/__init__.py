@@ -9,6 +9,7 @@
 
     df.compare(reference_tensor, other_tensor, rtol=1e-4, atol=1e-5).summary()
     df.register_backend("mine", df.user_backend("mine", build_runner))
+    df.assert_backend_matches("path/to/model", "mine", dtype="float32")   # in a test: AssertionError on a mismatch
 
 The names here are the public API; everything else is reached through its module
 (``debug_framework.services.validation_engine``, ``debug_framework.reports``, ...). The heavy ones
@@ -49,6 +50,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .backends import Backend, get_backend, module_backend, register_backend, user_backend
     from .comparison import ComparisonResult, Tolerance, compare
+    from .integrations.backend_check import BackendMismatch, assert_backend_matches
     from .modelio import LoadedModel, ModelInputs, load_model
     from .services.validation_engine import ValidationEngine, ValidationResult
 
@@ -65,6 +67,8 @@ _LAZY: dict[str, str] = {
     "user_backend": "debug_framework.backends",
     "module_backend": "debug_framework.backends",
     "load_model": "debug_framework.modelio",
+    "assert_backend_matches": "debug_framework.integrations.backend_check",
+    "BackendMismatch": "debug_framework.integrations.backend_check",
     "LoadedModel": "debug_framework.modelio",
     "ModelInputs": "debug_framework.modelio",
 }
@@ -74,6 +78,8 @@ __all__ = [
     "ValidationEngine",
     "ValidationResult",
     "create_validation_session",
+    "assert_backend_matches",
+    "BackendMismatch",
     # comparing
     "compare",
     "ComparisonResult",

@@ -1,7 +1,7 @@
 """``session_report``: reports of stored validation sessions, the session list, and session diffs.
 
     session_report --session-id ID [--output-format json|html|csv|junit] [--output-file PATH]
-                   [--include-tensors] [--database PATH]
+                   [--include-tensors] [--database PATH] [--model-explorer DIR]
     session_report --list [--json] [--limit N] [--status STATUS] [--model-path PATH]
     session_report --diff BEFORE AFTER [--output-format json|html|csv] [--output-file PATH]
                    [--rel-change 0.1] [--abs-floor 0] [--atol-fraction 0.1] [--allow-different-models]
@@ -12,6 +12,10 @@ Exit codes (:mod:`debug_framework.cli.framework`): 0 the command did what was as
 1 ``--diff`` found at least one checkpoint that got worse; 2 usage or environment error (unknown
 session id: DF003, database missing/unreadable: DF003, sessions not comparable: DF005); 3 internal
 error (a bug; the traceback is in the crash log the message names).
+
+``--model-explorer DIR`` (with ``--session-id``) writes the session's checkpoint graph, each drilled
+layer's operator graph and their error as Model Explorer node data into DIR (docs/model_explorer.md);
+alone it writes only those files, with ``--output-format``/``--output-file`` the report as well.
 
 The database is ``--database``, else ``PIE_DEBUG_DATABASE``, else ``~/.pie/debug/debug_framework.db``.
 It is only read (opened read-only: no switch to WAL, no migration; an older file is read through a
@@ -112,6 +116,16 @@ def _cmd_report(db: DatabaseManager, session_id: str, fmt: str, output_file: Pat
         print(f"wrote the {fmt} report of session {session_id} ({report.overall_status}) to {output_file}",
               file=sys.stderr)
     return EXIT_OK
+
+
+def _cmd_model_explorer(db: DatabaseManager, session_id: str, out_dir: Path) -> None:
+    """``--model-explorer DIR``: the session's Model Explorer graphs and node data (on stderr: where)."""
+    from ..models.validation_report import ValidationReport
+    from ..reports.model_explorer import write_session_model_explorer
+
+    manifest = write_session_model_explorer(ValidationReport.from_session(session_id, db), out_dir)
+    print(f"wrote {len(manifest['graphs'])} Model Explorer graph(s) with node data to {out_dir} "
+          f"(open: {manifest['graphs'][0]['command']})", file=sys.stderr)
 
 
 def _session_items(db: DatabaseManager, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
@@ -297,6 +311,10 @@ def report(
                                         "fraction of the checkpoint's absolute tolerance (default 0.1)"),
     allow_different_models: bool = typer.Option(False, "--allow-different-models",
                                                 help="with --diff: allow different model/backends"),
+    model_explorer: Path | None = typer.Option(None, "--model-explorer", metavar="DIR",
+                                               help="with --session-id: also write the checkpoint graph, drilled "
+                                                    "layers' graphs and their error as Model Explorer node data "
+                                                    "into DIR (docs/model_explorer.md)"),
     maintenance: bool = typer.Option(False, "--maintenance", help="sweep abandoned sessions, apply the retention "
                                      "policy, remove orphaned inputs and tensor files, optimise the database"),
     dry_run: bool = typer.Option(False, "--dry-run", help="with --maintenance: list what would go, change nothing"),
@@ -308,6 +326,8 @@ def report(
     invocation: Invocation = ctx.obj
     invocation.as_json = as_json
     _one_mode(session_id, list_, diff, maintenance)
+    if model_explorer is not None and session_id is None:
+        raise CliError("--model-explorer goes with --session-id", hint=f"{PROG} --session-id ID --model-explorer DIR")
     if not maintenance and (dry_run or older_than is not None):
         raise CliError("--dry-run and --older-than go with --maintenance", hint=f"{PROG} --maintenance --dry-run")
     if output_format is not None and output_format not in _FORMATS:
@@ -328,6 +348,10 @@ def report(
         return _cmd_diff(db, diff[0], diff[1], output_format, output_file, as_json, thresholds,
                          allow_different_models)
     assert session_id is not None
+    if model_explorer is not None:
+        _cmd_model_explorer(db, session_id, model_explorer)
+        if output_format is None and output_file is None:  # only the Model Explorer files were asked for
+            return EXIT_OK
     return _cmd_report(db, session_id, output_format or "json", output_file, include_tensors, tensor_store)
 
 
