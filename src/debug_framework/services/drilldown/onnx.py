@@ -43,6 +43,7 @@ from .onnx_graph import (
     with_all_outputs,
 )
 from .onnx_repro import verify_onnx_repro, write_onnx_repro
+from .paths import module_path_in_model
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
 __all__ = ["OnnxDrillStrategy"]
@@ -168,7 +169,7 @@ class OnnxDrillStrategy:
         origin = node_origin(node)
         op = f"{node.op_type} ({origin.aten})" if origin.aten else node.op_type
         row = OperatorRow(index=index, node=node.name, op=op,
-                          module_path=_module_path(origin.module_path, export.layer_name), source=origin.source,
+                          module_path=module_path_in_model(origin.module_path, export.layer_name), source=origin.source,
                           introduced=best[1], carried_in=max(carried, default=0.0), bound=best[2])
         return row, (single, feeds, best[3])
 
@@ -199,10 +200,3 @@ class OnnxDrillStrategy:
         return Culprit(op=row.op, node=row.node, module_path=row.module_path, source=row.source,
                        repro_dir=str(directory), verified=verify_onnx_repro(directory))
 
-
-def _module_path(scope: str, layer_name: str) -> str:
-    """The exporter's scope (relative to the layer wrapper, whose attribute is ``layer``) as the
-    model's module path (``encoder.layer.1.intermediate``)."""
-    if scope == "layer" or scope.startswith("layer."):
-        return layer_name + scope[len("layer"):]
-    return scope

@@ -12,8 +12,9 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Any
+
+from .paths import source_line
 
 __all__ = ["FLOAT_TYPES", "NodeOrigin", "node_origin", "value_infos", "value_types", "with_all_outputs", "to_float64",
            "single_node_model"]
@@ -22,7 +23,6 @@ __all__ = ["FLOAT_TYPES", "NodeOrigin", "node_origin", "value_infos", "value_typ
 FLOAT_TYPES = frozenset({1, 10, 11, 16})
 _FLOAT, _DOUBLE = 1, 11
 _TARGET = re.compile(r"target=(?:torch\.ops\.)?([A-Za-z_][\w.]*)")
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,7 @@ def node_origin(node: Any) -> NodeOrigin:
         scopes = []
     if isinstance(scopes, list) and len(scopes) >= 2:
         module_path = str(scopes[-2])  # the last entry names the FX node itself
-    frames = _FRAME.findall(props.get("pkg.torch.onnx.stack_trace", ""))
-    source = f"{PurePath(frames[-1][0]).name}:{frames[-1][1]}" if frames else ""
-    return NodeOrigin(aten, module_path, source)
+    return NodeOrigin(aten, module_path, source_line(props.get("pkg.torch.onnx.stack_trace")))
 
 
 def value_infos(model: Any) -> dict[str, Any]:

@@ -1,0 +1,190 @@
+"""The Inductor drill-down: fused kernels hide intermediate values, so the minifier finds the operator.
+
+Inductor fuses a layer's operators into a few generated kernels, so there is no per-operator value
+to observe. Instead:
+
+1. The layer is captured as an ATen graph on the reference's input to it (cast to the backend's
+   dtype): ``torch.export`` of the layer called as the model calls it (its mask and positions from
+   the session's inputs), decomposed to functional ATen (``run_decompositions({})``); weights are
+   graph inputs, so the graph is a pure function. It is saved as ``graph_file`` (``.pt2``: Model
+   Explorer opens it; node ids are the FX node names the rows carry).
+2. The signature is the minifier's :class:`~debug_module.minifier.AccuracySignature` against
+   float64 with the project's ratio rule: the graph compiled by the backend's compiler (Inductor,
+   or the backend's own Inductor-based ``compiler``) may make at most ``noise_margin`` times the
+   error of the same graph run eagerly at the backend's dtype (the trusted implementation at that
+   precision) plus ``floor_eps x eps x RMS(layer input)``. When the whole layer graph satisfies it,
+   no operator is blamed (one compile).
+3. Otherwise the minifier shrinks the graph (bisection, then delta debugging) to the smallest one
+   on which the compiled graph still fails, writes the standalone repro and runs it in a fresh
+   process (``verified``). The culprit is the first computing operator of that graph.
+
+Rows: every operator of the layer graph, in order; ``introduced``/``bound`` are known only for the
+culprit (measured on the minimal graph), the others are NaN: unobservable inside fused kernels.
+
+Registered with ``debug_framework`` through the entry-point group ``debug_framework.drill_strategies``
+(``debug_framework`` never imports ``debug_module``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from debug_framework.comparison import RatioRule, finite_rms
+from debug_framework.errors import ValidationError
+from debug_framework.services.drilldown.paths import WRAPPER_ATTRIBUTE, module_path_in_model, source_line
+from debug_framework.services.drilldown.types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
+
+from .constraints.base import op_name
+from .minifier import AccuracySignature, Minifier
+
+__all__ = ["InductorDrillStrategy", "capture_layer_graph"]
+
+#: Operators that only reshape or alias: never named as the culprit while a computing one is there.
+_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.permute.default", "aten.t.default",
+                    "aten.transpose.int", "aten.expand.default", "aten.reshape.default", "aten.clone.default",
+                    "aten.unsqueeze.default", "aten.squeeze.dim", "aten.slice.Tensor", "aten.select.int",
+                    "aten.contiguous.default", "getitem"})
+
+
+class _Layer(torch.nn.Module):
+    """The layer called with its tensor arguments flattened (``spec`` rebuilds the call)."""
+
+    def __init__(self, layer: torch.nn.Module, spec: Any, constants: list[Any], tensor_slots: list[int]) -> None:
+        super().__init__()
+        setattr(self, WRAPPER_ATTRIBUTE, layer)
+        self._spec, self._constants, self._slots = spec, constants, tensor_slots
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        from torch.utils import _pytree as pytree
+
+        leaves = list(self._constants)
+        for slot, tensor in zip(self._slots, tensors, strict=True):
+            leaves[slot] = tensor
+        args, kwargs = pytree.tree_unflatten(leaves, self._spec)
+        out = getattr(self, WRAPPER_ATTRIBUTE)(*args, **kwargs)
+        return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+
+
+def capture_layer_graph(backend: Any, request: DrillRequest) -> tuple[Any, list[torch.Tensor], str]:
+    """The layer's functional ATen program on the reference's input (see the module docstring), its
+    flat inputs (parameters and buffers, then the call's tensors) and the layer's module name."""
+    from torch.utils import _pytree as pytree
+
+    hidden = torch.as_tensor(np.asarray(request.hidden_in))
+    layer_name, layer, args, kwargs = backend.layer_call(request.layer, hidden, request.inputs)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    slots = [k for k, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    tensors = [leaves[k].detach().clone() for k in slots]  # normal tensors: the eager run made inference-mode ones
+    wrapper = _Layer(layer, spec, leaves, slots).eval()
+    sink = backend._wrapper._sink if getattr(backend, "_wrapper", None) is not None else []
+    try:
+        with torch.no_grad():
+            program = torch.export.export(wrapper, tuple(tensors), strict=False).run_decompositions({})
+    except Exception as exc:
+        raise ValidationError(f"layer {request.layer} could not be captured as an ATen graph: {exc}",
+                              hint="the layer must be traceable by torch.export") from exc
+    finally:
+        sink.clear()  # the checkpoint hooks inside the layer fired while tracing
+    user = iter(tensors)
+    inputs = [_program_input(program, spec_, user) for spec_ in program.graph_signature.input_specs]
+    return program, inputs, layer_name
+
+
+def _program_input(program: Any, spec: Any, user: Any) -> torch.Tensor:
+    """The value of one input of ``program``: the next of the call's tensors (``user``) for a user
+    input, else the lifted parameter, buffer or constant."""
+    from torch.export.graph_signature import InputKind
+
+    if spec.kind == InputKind.USER_INPUT:
+        return next(user)
+    name = spec.target
+    if name in program.state_dict:
+        return program.state_dict[name].detach().clone()
+    return program.constants[name].detach().clone()
+
+
+class InductorDrillStrategy:
+    """Drill layers of the ``inductor`` backend with the minifier (see the module docstring)."""
+
+    name = "minifier"
+
+    def __init__(self, max_seconds: float = 600.0) -> None:
+        self.max_seconds = max_seconds
+
+    def applies(self, backend: Any) -> tuple[bool, str]:
+        if getattr(backend, "name", None) != "inductor" or not hasattr(backend, "layer_call"):
+            return False, f"backend {getattr(backend, 'name', backend)!r} is not Inductor"
+        if getattr(backend, "model", None) is None:
+            return False, "the Inductor backend is not prepared"
+        return True, ""
+
+    def drill(self, request: DrillRequest) -> LayerDrilldown:
+        ok, why = self.applies(request.backend)
+        if not ok:
+            raise ValidationError(f"the Inductor drill-down cannot drill this backend: {why}",
+                                  hint="drill Inductor sessions with it; other backends have their own strategy")
+        backend, out = request.backend, Path(request.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        program, inputs, layer_name = capture_layer_graph(backend, request)
+        graph_file = out / f"layer{request.layer}.pt2"
+        torch.export.save(program, str(graph_file))
+        gm = program.graph_module
+        rows = [_row(index, node, layer_name) for index, node in enumerate(_operators(gm))]
+        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name,
+                               method="minifier", operators=rows, graph_file=str(graph_file))
+        eps = float(torch.finfo(getattr(torch, backend.dtype)).eps)
+        rule = RatioRule(float(request.noise_margin), float(request.floor_eps) * eps * finite_rms(request.hidden_in))
+        signature = AccuracySignature(backend.compiler, reference="float64", ratio=rule)
+        holds, _ = signature.check(gm, inputs)
+        if not holds:
+            drill.note = (f"the layer's ATen graph compiled by {signature._backend_name()} passes the float64 ratio "
+                          "rule: no operator introduces error on its own")
+            return drill
+        result = Minifier(gm, inputs, signature, max_seconds=self.max_seconds, progress=False, verify=True,
+                          output_dir=out / "repro", title=f"layer {request.layer} ({request.checkpoint})").minify()
+        return self._named(drill, result, signature)
+
+    @staticmethod
+    def _named(drill: LayerDrilldown, result: Any, signature: AccuracySignature) -> LayerDrilldown:
+        """``drill`` with the culprit: the first computing operator of the minimal graph."""
+        minimal = [n.name for n in _operators(result.gm)]
+        by_name = {row.node: row for row in drill.operators}
+        found = [by_name[name] for name in minimal if name in by_name]
+        computing = [row for row in found if row.op not in _VIEWS] or found
+        if not computing:
+            drill.note = f"the minifier's graph ({', '.join(result.ops)}) has no operator of the layer graph"
+            return drill
+        culprit = computing[0]
+        observed = signature.observe(result.gm, result.inputs)
+        worst = max((o for o in observed.get("outputs", []) if not o.get("passed", True)),
+                    key=lambda o: o.get("test_error") or 0.0, default={})
+        measured = OperatorRow(index=culprit.index, node=culprit.node, op=culprit.op, module_path=culprit.module_path,
+                               source=culprit.source, introduced=float(worst.get("test_error") or math.nan),
+                               bound=float(worst.get("bound") or math.nan))
+        drill.operators = [measured if row is culprit else row for row in drill.operators]
+        drill.culprit = Culprit(op=culprit.op, node=culprit.node, module_path=culprit.module_path, source=culprit.source,
+                                repro_dir=None if result.repro_path is None else str(Path(result.repro_path).parent),
+                                verified=bool(result.verified))
+        if len(computing) > 1:
+            drill.note = f"the minimal failing graph holds {len(computing)} operators: {', '.join(r.op for r in computing)}"
+        return drill
+
+
+def _operators(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _row(index: int, node: torch.fx.Node, layer_name: str) -> OperatorRow:
+    """The row of one operator: its overload, module path and source line; errors unobserved (NaN)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    scope = ""
+    if stack:
+        path = list(stack.values())[-1][0]
+        scope = path.removeprefix("L['self'].").removeprefix("L__self__.")
+    return OperatorRow(index=index, node=node.name, op=op_name(node.target),
+                       module_path=module_path_in_model(scope, layer_name), source=source_line(node.meta.get("stack_trace")))
