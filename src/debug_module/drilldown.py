@@ -37,6 +37,7 @@ import torch
 from debug_framework.comparison import RatioRule, finite_rms
 from debug_framework.errors import ValidationError
 from debug_framework.services.drilldown.paths import WRAPPER_ATTRIBUTE, module_path_in_model, source_line
+from debug_framework.services.drilldown.support import BackendStrategy
 from debug_framework.services.drilldown.types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
 from .constraints.base import op_name
@@ -108,28 +109,21 @@ def _program_input(program: Any, spec: Any, user: Any) -> torch.Tensor:
     return program.constants[name].detach().clone()
 
 
-class InductorDrillStrategy:
-    """Drill layers of the ``inductor`` backend with the minifier (see the module docstring)."""
+class InductorDrillStrategy(BackendStrategy):
+    """Drill layers of the ``inductor`` backend with the minifier (see the module docstring).
+
+    ``max_seconds``: the minifier's time budget per layer (the smallest failing graph found by
+    then is kept, with the minifier's ``stopped`` reason in the note)."""
 
     name = "minifier"
+    backend_name, method, label = "inductor", "layer_call", "Inductor"
 
     def __init__(self, max_seconds: float = 600.0) -> None:
         self.max_seconds = max_seconds
 
-    def applies(self, backend: Any) -> tuple[bool, str]:
-        if getattr(backend, "name", None) != "inductor" or not hasattr(backend, "layer_call"):
-            return False, f"backend {getattr(backend, 'name', backend)!r} is not Inductor"
-        if getattr(backend, "model", None) is None:
-            return False, "the Inductor backend is not prepared"
-        return True, ""
-
     def drill(self, request: DrillRequest) -> LayerDrilldown:
-        ok, why = self.applies(request.backend)
-        if not ok:
-            raise ValidationError(f"the Inductor drill-down cannot drill this backend: {why}",
-                                  hint="drill Inductor sessions with it; other backends have their own strategy")
-        backend, out = request.backend, Path(request.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        out = self._start(request)
+        backend = request.backend
         program, inputs, layer_name = capture_layer_graph(backend, request)
         graph_file = out / f"layer{request.layer}.pt2"
         torch.export.save(program, str(graph_file))
@@ -170,8 +164,10 @@ class InductorDrillStrategy:
         drill.culprit = Culprit(op=culprit.op, node=culprit.node, module_path=culprit.module_path, source=culprit.source,
                                 repro_dir=None if result.repro_path is None else str(Path(result.repro_path).parent),
                                 verified=bool(result.verified))
-        if len(computing) > 1:
-            drill.note = f"the minimal failing graph holds {len(computing)} operators: {', '.join(r.op for r in computing)}"
+        notes = [f"the minimal failing graph holds {len(computing)} operators: {', '.join(r.op for r in computing)}"
+                 if len(computing) > 1 else "", f"minifier stopped early: {result.stopped}" if result.stopped else "",
+                 *([] if result.verified else result.notes)]
+        drill.note = "; ".join(n for n in notes if n)
         return drill
 
 

@@ -42,7 +42,7 @@ from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, cpu_name
 from .pytorch import build_hf_model
 
-__all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS", "LAYER_REPLAYS", "LayerExport"]
+__all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS", "LAYER_REPLAYS"]
 
 #: ``optimization=`` value -> name of ONNX Runtime's ``GraphOptimizationLevel`` member.
 OPTIMIZATION_LEVELS: dict[str, str] = {

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from ...comparison import RatioRule, compare, error_metric
-from ...errors import ValidationError
 from .onnx_graph import (
     FLOAT_TYPES,
     node_origin,
@@ -44,6 +43,7 @@ from .onnx_graph import (
 )
 from .onnx_repro import verify_onnx_repro, write_onnx_repro
 from .paths import module_path_in_model
+from .support import BackendStrategy
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
 __all__ = ["OnnxDrillStrategy"]
@@ -77,27 +77,17 @@ class _Values:
         return self.types.get(name) in FLOAT_TYPES
 
 
-class OnnxDrillStrategy:
+class OnnxDrillStrategy(BackendStrategy):
     """Drill layers of the ``onnxruntime`` backend (see the module docstring)."""
 
     name = "onnx"
-
-    def applies(self, backend: Any) -> tuple[bool, str]:
-        if getattr(backend, "name", None) != "onnxruntime" or not hasattr(backend, "export_layer"):
-            return False, f"backend {getattr(backend, 'name', backend)!r} is not ONNX Runtime"
-        if getattr(backend, "model", None) is None:
-            return False, "the ONNX Runtime backend is not prepared"
-        return True, ""
+    backend_name, method, label = "onnxruntime", "export_layer", "ONNX Runtime"
 
     def drill(self, request: DrillRequest) -> LayerDrilldown:
-        ok, why = self.applies(request.backend)
-        if not ok:
-            raise ValidationError(f"the ONNX Runtime drill-down cannot drill this backend: {why}",
-                                  hint="drill ONNX Runtime sessions with it; other backends have their own strategy")
+        out = self._start(request)
         import onnx
 
-        backend, out = request.backend, Path(request.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        backend = request.backend
         hidden64 = np.asarray(request.hidden_in, dtype=np.float64)
         export = backend.export_layer(request.layer, hidden64.astype(np.float32), request.inputs,
                                       out / f"layer{request.layer}.onnx")
