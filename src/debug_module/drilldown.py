@@ -172,7 +172,8 @@ class InductorDrillStrategy(BackendStrategy):
 
 
 def _operators(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "call_function"]
+    """The operators of ``gm`` in order, without the tracer's metadata checks (``aten._assert_*``)."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and not op_name(n.target).startswith("aten._assert")]
 
 
 def _row(index: int, node: torch.fx.Node, layer_name: str) -> OperatorRow:

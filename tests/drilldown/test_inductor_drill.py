@@ -142,3 +142,14 @@ def test_entry_point_strategies_loads_installed_ones_and_reports_broken_ones(tmp
     reasons = {f.name: f.reason for f in failures}
     assert "no accelerator here" in reasons["broken"] and "ModuleNotFoundError" in reasons["missing"]
     assert "applies() and drill()" in reasons["not_one"] and "not loaded" in str(failures[0])
+
+
+def test_the_docs_example_lists_the_installed_strategies(capsys):
+    import re
+
+    doc = ROOT / "docs" / "drilldown_strategies.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], str(doc), "exec"), {})
+    names, failures = capsys.readouterr().out.strip().rsplit("] [", 1)
+    assert names.startswith("[") and failures == "]"  # nothing declared fails to load
