@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from debug_framework.comparison import RatioRule, finite_rms
-from debug_framework.errors import ValidationError
+from debug_framework.errors import DebugFrameworkError, ValidationError
 from debug_framework.services.drilldown.paths import WRAPPER_ATTRIBUTE, module_path_in_model, source_line
 from debug_framework.services.drilldown.support import BackendStrategy
 from debug_framework.services.drilldown.types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
@@ -124,23 +124,35 @@ class InductorDrillStrategy(BackendStrategy):
     def drill(self, request: DrillRequest) -> LayerDrilldown:
         out = self._start(request)
         backend = request.backend
-        program, inputs, layer_name = capture_layer_graph(backend, request)
+        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name, method="minifier")
+        try:
+            program, inputs, layer_name = capture_layer_graph(backend, request)
+        except DebugFrameworkError as exc:
+            drill.note = f"layer {request.layer} could not be drilled: {exc}"
+            return drill
         graph_file = out / f"layer{request.layer}.pt2"
         torch.export.save(program, str(graph_file))
         gm = program.graph_module
-        rows = [_row(index, node, layer_name) for index, node in enumerate(_operators(gm))]
-        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name,
-                               method="minifier", operators=rows, graph_file=str(graph_file))
+        drill.graph_file = str(graph_file)
+        drill.operators = [_row(index, node, layer_name) for index, node in enumerate(_operators(gm))]
         eps = float(torch.finfo(getattr(torch, backend.dtype)).eps)
         rule = RatioRule(float(request.noise_margin), float(request.floor_eps) * eps * finite_rms(request.hidden_in))
         signature = AccuracySignature(backend.compiler, reference="float64", ratio=rule)
-        holds, _ = signature.check(gm, inputs)
-        if not holds:
-            drill.note = (f"the layer's ATen graph compiled by {signature._backend_name()} passes the float64 ratio "
-                          "rule: no operator introduces error on its own")
+        holds, observed = signature.check(gm, inputs)
+        compiler = backend.compiler if isinstance(backend.compiler, str) else getattr(backend.compiler, "__qualname__", "?")
+        if observed.get("error"):
+            drill.note = f"the layer's ATen graph failed under {compiler} (not a numerical finding): {observed['error']}"
             return drill
-        result = Minifier(gm, inputs, signature, max_seconds=self.max_seconds, progress=False, verify=True,
-                          output_dir=out / "repro", title=f"layer {request.layer} ({request.checkpoint})").minify()
+        if not holds:
+            drill.note = (f"the layer's ATen graph compiled by {compiler} passes the float64 ratio rule: "
+                          "no operator introduces error on its own")
+            return drill
+        try:
+            result = Minifier(gm, inputs, signature, max_seconds=self.max_seconds, progress=False, verify=True,
+                              output_dir=out / "repro", title=f"layer {request.layer} ({request.checkpoint})").minify()
+        except DebugFrameworkError as exc:  # e.g. the failure did not hold again (non-determinism)
+            drill.note = f"the minifier could not reduce layer {request.layer}: {exc}"
+            return drill
         return self._named(drill, result, signature)
 
     @staticmethod

@@ -26,12 +26,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...comparison import RatioRule, compare, error_metric
+from ...errors import DebugFrameworkError
 from .onnx_graph import (
     FLOAT_TYPES,
     node_origin,
@@ -55,6 +57,18 @@ _NOT_JUDGED = frozenset({"Constant"})
 def _rmse(trusted: np.ndarray, value: np.ndarray) -> float:
     """RMSE of ``value`` against ``trusted`` by the comparison core (infinity for non-finite mismatches)."""
     return error_metric(compare(trusted, value, check_dtype=False), "rmse")
+
+
+class _Undrillable(Exception):
+    """The layer's graph cannot be run both ways (the drill-down returns a note saying why)."""
+
+
+def _unjudged_row(node: Any, index: int, layer_name: str) -> OperatorRow:
+    """The row of ``node`` with its origin and no measurement (NaN errors)."""
+    origin = node_origin(node)
+    op = f"{node.op_type} ({origin.aten})" if origin.aten else node.op_type
+    return OperatorRow(index=index, node=node.name, op=op, module_path=module_path_in_model(origin.module_path, layer_name),
+                       source=origin.source)
 
 
 class _Values:
@@ -88,27 +102,37 @@ class OnnxDrillStrategy(BackendStrategy):
         import onnx
 
         backend = request.backend
+        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name, method="onnx")
         hidden64 = np.asarray(request.hidden_in, dtype=np.float64)
-        export = backend.export_layer(request.layer, hidden64.astype(np.float32), request.inputs,
-                                      out / f"layer{request.layer}.onnx")
-        model = onnx.load(str(export.path))
-        values = self._run_both(backend, model, export, hidden64)
-        rows: list[OperatorRow] = []
+        try:
+            export = backend.export_layer(request.layer, hidden64.astype(np.float32), request.inputs,
+                                          out / f"layer{request.layer}.onnx")
+            model = onnx.load(str(export.path))
+            values = self._run_both(backend, model, export, hidden64)
+        except (DebugFrameworkError, _Undrillable) as exc:
+            drill.note = f"layer {request.layer} could not be drilled: {exc}"
+            return drill
+        drill.graph_file = str(export.path)
         replays: dict[str, tuple[Any, dict[str, np.ndarray], str]] = {}
+        unjudged: list[str] = []
         for index, node in enumerate(model.graph.node):
             if node.op_type in _NOT_JUDGED or not any(values.is_float(o) for o in node.output if o):
                 continue
-            row, replay = self._judge(backend, model, node, index, values, export, request)
-            rows.append(row)
-            replays[node.name] = replay
-        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name, method="onnx",
-                               operators=rows, graph_file=str(export.path))
-        culprit_row = next((r for r in rows if r.introduces), None)
+            try:
+                row, replays[node.name] = self._judge(backend, model, node, index, values, export, request)
+            except Exception as exc:  # noqa: BLE001 - one node ONNX Runtime cannot run alone: unjudged, said so
+                row = _unjudged_row(node, index, export.layer_name)
+                unjudged.append(f"{node.name} ({type(exc).__name__}: {str(exc)[:200]})")
+            drill.operators.append(row)
+        notes = [f"{len(unjudged)} node(s) could not be replayed alone: {'; '.join(unjudged)}"] if unjudged else []
+        culprit_row = next((r for r in drill.operators if r.introduces), None)
         if culprit_row is None:
-            worst = max(rows, key=lambda r: -1.0 if math.isnan(r.margin) else r.margin, default=None)
-            drill.note = ("no ONNX node introduces error on its own" +
-                          (f" (largest margin {worst.margin:.2f} at {worst.node})" if worst is not None else ""))
+            worst = max(drill.operators, key=lambda r: -1.0 if math.isnan(r.margin) else r.margin, default=None)
+            notes.insert(0, "no ONNX node introduces error on its own" +
+                         (f" (largest margin {worst.margin:.2f} at {worst.node})" if worst is not None else ""))
+            drill.note = "; ".join(notes)
             return drill
+        drill.note = "; ".join(notes)
         drill.culprit = self._culprit(culprit_row, replays[culprit_row.node], values, backend, out)
         return drill
 
@@ -125,11 +149,17 @@ class OnnxDrillStrategy(BackendStrategy):
         feeds = {k: v for k, v in export.feeds.items() if k in wanted}
         feeds[export.hidden_input] = hidden64.astype(np.float32)
         session = backend.open_session(marked.SerializeToString(), export.path)
-        observed = dict(zip(names, session.run(names, feeds), strict=True))
+        try:
+            observed = dict(zip(names, session.run(names, feeds), strict=True))
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise _Undrillable(f"ONNX Runtime failed on the layer with every value as an output: {exc}") from exc
         feeds64 = {k: (v.astype(np.float64) if types.get(k) in FLOAT_TYPES else v) for k, v in feeds.items()}
         feeds64[export.hidden_input] = hidden64
         marked64 = to_float64(marked)
-        trusted = dict(zip(names, ReferenceEvaluator(marked64).run(names, feeds64), strict=True))
+        try:
+            trusted = dict(zip(names, ReferenceEvaluator(marked64).run(names, feeds64), strict=True))
+        except Exception as exc:  # noqa: BLE001 - an op the reference evaluator lacks
+            raise _Undrillable(f"ONNX's reference evaluator cannot run the layer in float64: {exc}") from exc
         inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         inits64 = {t.name: numpy_helper.to_array(t) for t in marked64.graph.initializer}
         return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos)
@@ -156,11 +186,8 @@ class OnnxDrillStrategy(BackendStrategy):
                 best = (margin, introduced, bound, name)
         carried = [_rmse(values.trusted[n], values.observed[n]) for n in feeds if values.is_float(n)
                    and n not in {t.name for t in model.graph.initializer}]
-        origin = node_origin(node)
-        op = f"{node.op_type} ({origin.aten})" if origin.aten else node.op_type
-        row = OperatorRow(index=index, node=node.name, op=op,
-                          module_path=module_path_in_model(origin.module_path, export.layer_name), source=origin.source,
-                          introduced=best[1], carried_in=max(carried, default=0.0), bound=best[2])
+        row = replace(_unjudged_row(node, index, export.layer_name), introduced=best[1],
+                      carried_in=max(carried, default=0.0), bound=best[2])
         return row, (single, feeds, best[3])
 
     @staticmethod
