@@ -23,3 +23,10 @@ def inductor_erf_off(gm, example_inputs):
     """Inductor, with every erf 1% off (a post-grad pass: after decompositions, before lowering)."""
     with config.patch(post_grad_custom_post_pass=_erf_one_percent_off):
         return compile_fx(gm, example_inputs)
+
+
+def refuses_gelu(gm, example_inputs):
+    """A compiler that fails on the layer (a crash, not a numerical finding)."""
+    if any(node.target is torch.ops.aten.gelu.default for node in gm.graph.nodes):
+        raise NotImplementedError("no lowering for aten.gelu")
+    return compile_fx(gm, example_inputs)

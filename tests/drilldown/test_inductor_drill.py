@@ -31,16 +31,16 @@ from debug_module.drilldown import InductorDrillStrategy  # noqa: E402
 LAYER = 1
 
 
-def _buggy_compiler():
-    """``inductor_erf_off`` from buggy_inductor.py, loaded from its file (the minifier copies the
-    file next to the repro, which imports it from there)."""
+def _buggy_compiler(name: str = "inductor_erf_off"):
+    """A compiler of buggy_inductor.py, loaded from its file (the minifier copies the file next to
+    the repro, which imports it from there)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("buggy_inductor", Path(__file__).with_name("buggy_inductor.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules["buggy_inductor"] = module
     spec.loader.exec_module(module)
-    return module.inductor_erf_off
+    return getattr(module, name)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,14 @@ def test_the_correct_inductor_has_no_culprit(bert_layer, tmp_path):
     assert "passes the float64 ratio rule" in drill.note
     assert not (tmp_path / "drill" / "repro").exists()  # nothing to minify
     assert {r.op for r in drill.operators} >= {"aten.gelu.default", "aten.layer_norm.default", "aten.softmax.int"}
+
+
+@pytest.mark.slow
+def test_a_compiler_that_fails_on_the_layer_is_a_note_not_a_finding(bert_layer, tmp_path):
+    drill = _drill(bert_layer, tmp_path, _buggy_compiler("refuses_gelu"))
+    assert drill.culprit is None and not drill.introducing
+    assert "failed under refuses_gelu (not a numerical finding)" in drill.note and "no lowering" in drill.note
+    assert drill.operators and drill.graph_file  # the layer was captured; only compiling it failed
 
 
 def test_applies_only_to_a_prepared_inductor_backend():
