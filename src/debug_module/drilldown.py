@@ -53,22 +53,33 @@ _VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.perm
 
 
 class _Layer(torch.nn.Module):
-    """The layer called with its tensor arguments flattened (``spec`` rebuilds the call)."""
+    """The layer called with its tensor arguments flattened; ``rebuild(tensors) -> (args, kwargs)``
+    (a function: torch.export deep-copies the module, and a function is copied by reference)."""
 
-    def __init__(self, layer: torch.nn.Module, spec: Any, constants: list[Any], tensor_slots: list[int]) -> None:
+    def __init__(self, layer: torch.nn.Module, rebuild: Any) -> None:
         super().__init__()
         setattr(self, WRAPPER_ATTRIBUTE, layer)
-        self._spec, self._constants, self._slots = spec, constants, tensor_slots
+        self._rebuild = rebuild
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         from torch.utils import _pytree as pytree
 
-        leaves = list(self._constants)
-        for slot, tensor in zip(self._slots, tensors, strict=True):
-            leaves[slot] = tensor
-        args, kwargs = pytree.tree_unflatten(leaves, self._spec)
+        args, kwargs = self._rebuild(tensors)
         out = getattr(self, WRAPPER_ATTRIBUTE)(*args, **kwargs)
         return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+
+
+def _rebuilder(leaves: list[Any], spec: Any, slots: list[int]) -> Any:
+    """``rebuild(tensors)``: the call's ``(args, kwargs)`` with ``tensors`` in the tensor ``slots``."""
+    from torch.utils import _pytree as pytree
+
+    def rebuild(tensors: tuple[torch.Tensor, ...]) -> Any:
+        filled = list(leaves)
+        for slot, tensor in zip(slots, tensors, strict=True):
+            filled[slot] = tensor
+        return pytree.tree_unflatten(filled, spec)
+
+    return rebuild
 
 
 def capture_layer_graph(backend: Any, request: DrillRequest) -> tuple[Any, list[torch.Tensor], str]:
@@ -81,7 +92,7 @@ def capture_layer_graph(backend: Any, request: DrillRequest) -> tuple[Any, list[
     leaves, spec = pytree.tree_flatten((args, kwargs))
     slots = [k for k, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     tensors = [leaves[k].detach().clone() for k in slots]  # normal tensors: the eager run made inference-mode ones
-    wrapper = _Layer(layer, spec, leaves, slots).eval()
+    wrapper = _Layer(layer, _rebuilder(leaves, spec, slots)).eval()
     sink = backend._wrapper._sink if getattr(backend, "_wrapper", None) is not None else []
     try:
         with torch.no_grad():
