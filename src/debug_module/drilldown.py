@@ -43,7 +43,7 @@ from debug_framework.services.drilldown.types import Culprit, DrillRequest, Laye
 from .constraints.base import op_name
 from .minifier import AccuracySignature, Minifier
 
-__all__ = ["InductorDrillStrategy", "capture_layer_graph"]
+__all__ = ["InductorDrillStrategy", "capture_layer_graph", "strip_dtype_pins"]
 
 #: Operators that only reshape or alias: never named as the culprit while a computing one is there.
 _VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.permute.default", "aten.t.default",
@@ -143,7 +143,7 @@ class InductorDrillStrategy(BackendStrategy):
             return drill
         graph_file = out / f"layer{request.layer}.pt2"
         torch.export.save(program, str(graph_file))
-        gm = program.graph_module
+        gm = strip_dtype_pins(program.graph_module)
         drill.graph_file = str(graph_file)
         drill.operators = [_row(index, node, layer_name) for index, node in enumerate(_operators(gm))]
         eps = float(torch.finfo(getattr(torch, backend.dtype)).eps)
@@ -194,9 +194,55 @@ class InductorDrillStrategy(BackendStrategy):
         return drill
 
 
+def strip_dtype_pins(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` without what would pin the float64 reference run to the captured dtype and
+    changes nothing in the captured run: the tracer's metadata checks (``aten._assert_*``), casts
+    to the dtype a value already has (RMSNorm's ``.to(float32)`` in a float32 model) and a softmax
+    ``dtype`` equal to its input's (attention's ``softmax(..., dtype=float32)``)."""
+    import copy
+
+    stripped = copy.deepcopy(gm)
+    for node in list(stripped.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if _is_assert(node) and not node.users:
+            stripped.graph.erase_node(node)
+        elif _is_noop_cast(node):
+            node.replace_all_uses_with(node.args[0])
+            stripped.graph.erase_node(node)
+        elif node.target in _SOFTMAXES and len(node.args) == 3 and _same_dtype(node.args[0], node.args[2]):
+            node.args = (*node.args[:2], None)  # softmax(x, dim, dtype=x.dtype): the dtype changes nothing
+    stripped.recompile()
+    return stripped
+
+
+_SOFTMAXES = (torch.ops.aten.softmax.int, torch.ops.aten.log_softmax.int)
+
+
+def _same_dtype(value: Any, dtype: Any) -> bool:
+    """Whether the traced ``value`` (an FX node) already has ``dtype``."""
+    val = getattr(value, "meta", {}).get("val") if isinstance(value, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == dtype
+
+
+def _is_noop_cast(node: torch.fx.Node) -> bool:
+    """A ``_to_copy`` that only sets the dtype its input already has (same device, no layout change)."""
+    if node.target is not torch.ops.aten._to_copy.default or set(node.kwargs) - {"dtype", "layout", "device"}:
+        return False
+    source = node.args[0] if node.args else None
+    before = getattr(source, "meta", {}).get("val") if isinstance(source, torch.fx.Node) else None
+    after = node.meta.get("val")
+    return (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and before.dtype == after.dtype
+            and before.device == after.device and before.layout == after.layout)
+
+
+def _is_assert(node: torch.fx.Node) -> bool:
+    return op_name(node.target).startswith("aten._assert")
+
+
 def _operators(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     """The operators of ``gm`` in order, without the tracer's metadata checks (``aten._assert_*``)."""
-    return [n for n in gm.graph.nodes if n.op == "call_function" and not op_name(n.target).startswith("aten._assert")]
+    return [n for n in gm.graph.nodes if n.op == "call_function" and not _is_assert(n)]
 
 
 def _row(index: int, node: torch.fx.Node, layer_name: str) -> OperatorRow:

@@ -161,3 +161,32 @@ def test_the_docs_example_lists_the_installed_strategies(capsys):
     exec(compile(blocks[0], str(doc), "exec"), {})
     names, failures = capsys.readouterr().out.strip().rsplit("] [", 1)
     assert names.startswith("[") and failures == "]"  # nothing declared fails to load
+
+
+def test_the_captured_graph_runs_in_float64_where_the_model_pins_its_own_dtype():
+    """RMSNorm's ``.to(float32)`` and attention's ``softmax(dtype=float32)`` are no-ops in a float32
+    run; left in, they would pin the float64 reference to float32 (or break its matmuls)."""
+    import torch
+
+    from debug_module.drilldown import strip_dtype_pins
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            h = x.to(torch.float32) @ self.w
+            return torch.softmax(h, dim=-1, dtype=torch.float32).to(x.dtype) @ self.w
+
+    x = torch.randn(2, 4)
+    gm = torch.export.export(Block(), (x,)).run_decompositions({}).graph_module
+    stripped = strip_dtype_pins(gm)
+    targets = {str(n.target) for n in stripped.graph.nodes}
+    assert "aten._to_copy.default" not in targets and not any("_assert" in t for t in targets)
+    w = next(iter(Block().parameters())).detach()
+    (out,) = stripped(w.double(), x.double())
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, torch.softmax(x.double() @ w.double(), -1) @ w.double())
+    (same,) = stripped(w, x)
+    torch.testing.assert_close(same, gm(w, x)[0])
