@@ -31,16 +31,10 @@ from debug_module.drilldown import InductorDrillStrategy  # noqa: E402
 LAYER = 1
 
 
-def _buggy_compiler(name: str = "inductor_erf_off"):
-    """A compiler of buggy_inductor.py, loaded from its file (the minifier copies the file next to
-    the repro, which imports it from there)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("buggy_inductor", Path(__file__).with_name("buggy_inductor.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["buggy_inductor"] = module
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+def _buggy_compiler(name: str = "inductor_erf_off") -> str:
+    """A compiler of buggy_inductor.py as a session names it (``alternative_options``): the backend
+    loads the file; the minifier copies it next to the repro, which imports it from there."""
+    return f"{Path(__file__).with_name('buggy_inductor.py')}:{name}"
 
 
 @pytest.fixture(scope="module")

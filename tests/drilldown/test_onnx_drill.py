@@ -162,10 +162,11 @@ def test_float64_copy_and_single_node_model_keep_integers_and_types():
 
 
 def test_a_bad_graph_transform_is_a_df002(tmp_path):
-    from debug_framework.backends._onnx_graph import load_graph_transform
+    from debug_framework.backends._user_function import load_user_function
 
     for spec, message in (("no_colon", "does not name"), (f"{tmp_path}/missing.py:f", "cannot load"),
                           (f"{Path(__file__).with_name('buggy_onnx.py')}:nope", "no function")):
         with pytest.raises(BackendInitializationError, match=message) as info:
-            load_graph_transform(spec, "onnxruntime")
-        assert info.value.code == "DF002"
+            load_user_function(spec, "onnxruntime", "graph_transform")
+        assert info.value.code == "DF002" and "graph_transform" in str(info.value)
+    assert load_user_function(GELU_TANH, "onnxruntime", "graph_transform").__name__ == "gelu_tanh"

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXPORT_LOG", "LayerCutError", "captured_output", "cut_layer", "load_graph_transform"]
+__all__ = ["EXPORT_LOG", "LayerCutError", "captured_output", "cut_layer"]
 
 #: The log file, in the artifact directory, that receives what the exporter logs and warns.
 EXPORT_LOG = "export.log"
@@ -97,42 +97,6 @@ def cut_layer(model: Any, hidden: str, outputs: Sequence[str], checkpoints: Sequ
     cut = onnx.helper.make_model(sub, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     cut.functions.extend(model.functions)
     return cut
-
-
-def load_graph_transform(spec: str, backend: str) -> Any:
-    """The function ``spec`` names: ``"package.module:function"`` (imported) or
-    ``"path/to/file.py:function"`` (an existing ``.py`` file, loaded as a module of its own).
-
-    Raises:
-        BackendInitializationError: ``spec`` is malformed, the module or file cannot be loaded, or
-            it has no callable of that name (DF002).
-    """
-    import importlib
-    import importlib.util
-
-    from ..errors import BackendInitializationError
-
-    target, _, attr = str(spec).rpartition(":")
-    hint = "graph_transform is 'package.module:function' or 'path/to/file.py:function'"
-    if not target or not attr.isidentifier():
-        raise BackendInitializationError(f"graph_transform {spec!r} does not name a function", hint=hint, backend=backend)
-    try:
-        if target.endswith(".py"):
-            path = Path(target).resolve()
-            if not path.is_file():
-                raise FileNotFoundError(f"no file {path}")
-            module_spec = importlib.util.spec_from_file_location(f"_df_graph_transform_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except Exception as exc:
-        raise BackendInitializationError(f"cannot load graph_transform {spec!r}: {exc}", hint=hint, backend=backend) from exc
-    function = getattr(module, attr, None)
-    if not callable(function):
-        raise BackendInitializationError(f"graph_transform {spec!r}: {target} has no function {attr!r}", hint=hint,
-                                         backend=backend)
-    return function
 
 
 def _prints(handler: logging.Handler) -> bool:

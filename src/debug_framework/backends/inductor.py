@@ -24,6 +24,7 @@ from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
+from ._user_function import is_function_spec, load_user_function
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, torch_device_info
@@ -44,7 +45,9 @@ class InductorBackend(BaseBackend):
         fullgraph: refuse graph breaks (default True: a break raises instead of splitting the model).
         compiler: the ``torch.compile`` backend: ``"inductor"`` (default), or a module-level
             function ``(gm, example_inputs) -> callable`` that compiles with Inductor its own way
-            (custom passes, config); the drill-down's minifier hands its repros the same compiler.
+            (custom passes, config), given as the function or as ``"package.module:function"`` /
+            ``"path/file.py:function"`` (a session's ``alternative_options``); the drill-down's
+            minifier hands its repros the same compiler.
     """
 
     name = "inductor"
@@ -101,6 +104,8 @@ class InductorBackend(BaseBackend):
         if device is not None:
             self.device = device
         dtype = self._check_prepare(model, dtype, self.device)
+        if is_function_spec(self.compiler):
+            self.compiler = load_user_function(self.compiler, self.name, "compiler")
         self.net = build_hf_model(model, TORCH_DTYPES[dtype], self.device)
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
         self._captured = self._compile(self._wrapper)

@@ -209,10 +209,10 @@ class OnnxRuntimeBackend(BaseBackend):
         """``graph`` (or the file ``path``, its external data left where it is) after :attr:`graph_transform`."""
         import onnx
 
-        from ._onnx_graph import load_graph_transform
+        from ._user_function import load_user_function
 
         if self._transform is None:
-            self._transform = load_graph_transform(self.graph_transform, self.name)
+            self._transform = load_user_function(self.graph_transform, self.name, "graph_transform")
         proto = onnx.load_from_string(graph) if graph is not None else onnx.load(str(path), load_external_data=False)
         try:
             return self._transform(proto).SerializeToString()
