@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
+from ._user_function import is_function_spec, load_user_function
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, torch_device_info
@@ -41,18 +43,24 @@ class InductorBackend(BaseBackend):
             PyTorch's own (``TORCHINDUCTOR_CACHE_DIR`` or ``<tmp>/torchinductor_<user>``).
         mode: ``torch.compile`` mode (``None``, ``"max-autotune-no-cudagraphs"`` ...).
         fullgraph: refuse graph breaks (default True: a break raises instead of splitting the model).
+        compiler: the ``torch.compile`` backend: ``"inductor"`` (default), or a module-level
+            function ``(gm, example_inputs) -> callable`` that compiles with Inductor its own way
+            (custom passes, config), given as the function or as ``"package.module:function"`` /
+            ``"path/file.py:function"`` (a session's ``alternative_options``); the drill-down's
+            minifier hands its repros the same compiler.
     """
 
     name = "inductor"
     supported_dtypes = ("float32", "bfloat16", "float16")
 
     def __init__(self, device: str = "cpu", cache_dir: str | Path | None = None, mode: str | None = None,
-                 fullgraph: bool = True) -> None:
+                 fullgraph: bool = True, compiler: str | Callable[..., Any] = "inductor") -> None:
         super().__init__()
         self.device = device
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.mode = mode
         self.fullgraph = fullgraph
+        self.compiler = compiler
         self.net: torch.nn.Module | None = None
         self._wrapper: CheckpointOutputs | None = None
         self._captured: Any = None
@@ -86,7 +94,8 @@ class InductorBackend(BaseBackend):
         except BackendInitializationError as exc:
             cache = f"unknown: {exc.message}"
         cxx = next((shutil.which(c) for c in _CXX if shutil.which(c)), None)
-        return {**info, "compiler": "inductor", "mode": self.mode, "cache_dir": cache, "cxx": cxx,
+        return {**info, "compiler": self.compiler if isinstance(self.compiler, str) else
+                f"{getattr(self.compiler, '__module__', '?')}:{getattr(self.compiler, '__qualname__', self.compiler)}", "mode": self.mode, "cache_dir": cache, "cxx": cxx,
                 "compile_log": list(self.compile_log)}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
@@ -95,6 +104,8 @@ class InductorBackend(BaseBackend):
         if device is not None:
             self.device = device
         dtype = self._check_prepare(model, dtype, self.device)
+        if is_function_spec(self.compiler):
+            self.compiler = load_user_function(self.compiler, self.name, "compiler")
         self.net = build_hf_model(model, TORCH_DTYPES[dtype], self.device)
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
         self._captured = self._compile(self._wrapper)
@@ -104,7 +115,7 @@ class InductorBackend(BaseBackend):
         self.compile_log.clear()
 
     def _compile(self, module: torch.nn.Module) -> Any:
-        return torch.compile(module, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+        return torch.compile(module, backend=self.compiler, fullgraph=self.fullgraph, mode=self.mode)
 
     def _call(self, variant: str, inputs: ModelInputs) -> tuple[Any, float, bool]:
         model = self._prepared()
@@ -164,12 +175,10 @@ class InductorBackend(BaseBackend):
         through the same checkpoint hooks as :meth:`run`.
         """
         model = self._prepared()
-        hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
-        layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._wrapper._sink,
-                                                           self.device, self.name)
+        layer_name, layer, args, kwargs = self.layer_call(i, hidden_in, inputs)
         first = i not in self._layer_fns
         if first:
-            self._layer_fns[i] = torch.compile(layer, backend="inductor", fullgraph=self.fullgraph, mode=self.mode)
+            self._layer_fns[i] = self._compile(layer)
         from .._torch import dynamo as _dynamo_private
         from .._torch import inductor as _inductor_private
 
@@ -190,6 +199,14 @@ class InductorBackend(BaseBackend):
             tensors[k_attn] = emitted[k_attn]
         return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
                        meta={"variant": f"layer {i}", "compiled_in_this_call": first})
+
+    def layer_call(self, i: int, hidden_in: Any, inputs: ModelInputs) -> tuple[str, torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+        """Layer ``i``'s module name, the (eager) module and the arguments the model passes it for
+        ``inputs``, with ``hidden_in`` (cast to this backend's dtype and device) as its hidden state
+        (an eager forward stopped as the layer is entered; no KV cache)."""
+        model = self._prepared()
+        hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
+        return replay_arguments(self.net, model, i, inputs, hidden, self._wrapper._sink, self.device, self.name)
 
     def measure_compile(self, inputs: ModelInputs, cache_dir: str | Path | None = None) -> dict[str, float]:
         """Time a cold and a warm compile of the capturing graph for ``inputs``' shape.

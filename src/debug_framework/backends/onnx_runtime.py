@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 import time
 import weakref
 from pathlib import Path
@@ -72,13 +73,16 @@ class OnnxRuntimeBackend(BaseBackend):
             ``"basic"`` or ``"disable"``.
         layer_replay: how :meth:`run_layer` builds a layer's graph: ``"graph"`` (default: cut out of
             the model's export) or ``"export"`` (the layer exported alone, the slow former way).
+        graph_transform: ``"module:function"`` or ``"path/file.py:function"``, a function
+            ``(onnx.ModelProto) -> onnx.ModelProto`` applied to every graph before ONNX Runtime loads
+            it (a deployment's own graph surgery: fusions, rewrites); ``None``: graphs as exported.
     """
 
     name = "onnxruntime"
     supported_dtypes = ("float32",)
 
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
-                 optimization: str = "all", layer_replay: str = "graph") -> None:
+                 optimization: str = "all", layer_replay: str = "graph", graph_transform: str | None = None) -> None:
         super().__init__()
         for what, value, allowed in (("graph optimisation level", optimization, OPTIMIZATION_LEVELS),
                                      ("layer replay", layer_replay, LAYER_REPLAYS)):
@@ -86,6 +90,8 @@ class OnnxRuntimeBackend(BaseBackend):
                 raise BackendInitializationError(f"unknown {what} {value!r}", hint=f"use one of {', '.join(allowed)}",
                                                  backend=self.name)
         self.layer_replay = layer_replay
+        self.graph_transform = graph_transform
+        self._transform: Any = None
         self._device_request = device
         self.device = device or "cpu"
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
@@ -151,6 +157,7 @@ class OnnxRuntimeBackend(BaseBackend):
             "export_log": None if self.artifact_dir is None else str(self.artifact_dir / EXPORT_LOG),
             "export_s": round(self.export_s, 4),
             "layer_replay": self.layer_replay,
+            "graph_transform": self.graph_transform,
         }
 
     # -- export --------------------------------------------------------------------------------------
@@ -182,6 +189,8 @@ class OnnxRuntimeBackend(BaseBackend):
 
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[self.optimization])
+        if self.graph_transform is not None:
+            graph = self._transformed(path, graph)
         if graph is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         try:
@@ -189,6 +198,27 @@ class OnnxRuntimeBackend(BaseBackend):
                                         providers=self._providers())
         except Exception as exc:
             raise BackendInitializationError(f"ONNX Runtime could not load {path}: {exc}", backend=self.name) from exc
+
+    def open_session(self, graph: bytes, beside: Path) -> Any:
+        """An ONNX Runtime session on ``graph`` (a serialized model; external data beside the file
+        ``beside``) opened as this backend opens its own: providers, optimisation level and
+        ``graph_transform``. The drill-down runs its graphs through it."""
+        return self._session(beside, graph)
+
+    def _transformed(self, path: Path, graph: bytes | None) -> bytes:
+        """``graph`` (or the file ``path``, its external data left where it is) after :attr:`graph_transform`."""
+        import onnx
+
+        from ._user_function import load_user_function
+
+        if self._transform is None:
+            self._transform = load_user_function(self.graph_transform, self.name, "graph_transform")
+        proto = onnx.load_from_string(graph) if graph is not None else onnx.load(str(path), load_external_data=False)
+        try:
+            return self._transform(proto).SerializeToString()
+        except Exception as exc:
+            raise BackendInitializationError(f"graph_transform {self.graph_transform!r} failed on {path.name}: {exc}",
+                                             backend=self.name) from exc
 
     def _artifact_dir(self) -> Path:
         """The directory for this run's files: the one given, else the session's (claimed under the
@@ -348,33 +378,48 @@ class OnnxRuntimeBackend(BaseBackend):
         cut = cut_layer(self._graph_proto, hidden, [self._names[k] for k in keys], list(self._names.values()))
         return self._session(self.onnx_path, cut.SerializeToString()), hidden
 
+    def export_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, path: Path) -> LayerExport:
+        """Export layer ``i`` alone to ``path``, called as the model calls it for ``inputs`` with
+        ``hidden_in`` as its hidden state; its outputs are the layer's checkpoints (in hook order).
+        Nothing is run: the caller feeds :attr:`LayerExport.feeds` to a session of its own (the
+        drill-down adds every intermediate value as an output)."""
+        import torch.onnx  # before the output is captured (see _export)
+
+        model = self._prepared()
+        hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32)
+        layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
+        leaves, spec = _flatten((args, kwargs))
+        hidden_index = next(n for n, t in enumerate(leaves) if t is hidden)
+        leaves = [t.clone() for t in leaves]  # normal tensors: the eager run made inference-mode ones
+        keys = self._wrapper.keys_within(layer_name)
+        replay = _LayerReplay(layer, self._sink, spec).eval()
+        try:
+            with torch.no_grad(), captured_output(path.with_name(EXPORT_LOG), f"export of {path.name}"):
+                torch.onnx.export(replay, tuple(leaves), str(path), dynamo=True, opset_version=self.opset,
+                                  input_names=[f"in_{n}" for n in range(len(leaves))],
+                                  output_names=[str(k).replace(":", "_") for k in keys], verbose=False)
+        except Exception as exc:
+            raise BackendInitializationError(f"torch.onnx export of layer {i} failed: {exc}", backend=self.name,
+                                             hint=f"the exporter's output is in {path.with_name(EXPORT_LOG)}") from exc
+        finally:
+            self._sink.clear()
+        return LayerExport(path=path, layer_name=layer_name, keys=keys, hidden_input=f"in_{hidden_index}",
+                           feeds={f"in_{n}": t.numpy() for n, t in enumerate(leaves)})
+
     def _run_exported_layer(self, i: int, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
         """Layer ``i`` exported alone (once per input shape) and replayed on ``hidden``."""
         model = self._prepared()
-        layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
-        leaves, spec = _flatten((args, kwargs))
-        leaves = [t.clone() for t in leaves]  # normal tensors: the eager run made inference-mode ones
+        _, _, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
+        leaves, _ = _flatten((args, kwargs))
         key = (i, tuple((tuple(t.shape), t.dtype) for t in leaves))
         meta: dict[str, Any] = {"variant": f"layer {i}", "replay": "export", "built_in_this_call": key not in self._layer_sessions}
         if key not in self._layer_sessions:
-            keys = self._wrapper.keys_within(layer_name)
             shape = "x".join(str(d) for d in hidden.shape)
             path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", f"-layer{i}-{shape}.onnx"))
-            replay = _LayerReplay(layer, self._sink, spec).eval()
-            import torch.onnx  # before the output is captured (see _export)
-
             start = time.perf_counter()
-            try:
-                with torch.no_grad(), captured_output(path.with_name(EXPORT_LOG), f"export of {path.name}"):
-                    torch.onnx.export(replay, tuple(leaves), str(path), dynamo=True, opset_version=self.opset,
-                                      input_names=[f"in_{n}" for n in range(len(leaves))],
-                                      output_names=[str(k).replace(":", "_") for k in keys], verbose=False)
-            except Exception as exc:
-                raise BackendInitializationError(f"torch.onnx export of layer {i} failed: {exc}", backend=self.name) from exc
-            finally:
-                self._sink.clear()
+            export = self.export_layer(i, hidden, inputs, path)
             meta["build_s"] = time.perf_counter() - start
-            self._layer_sessions[key] = (self._session(path), path, keys)
+            self._layer_sessions[key] = (self._session(path), path, export.keys)
         session, path, keys = self._layer_sessions[key]
         wanted = [k for k in keys if k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i))]
         names = {inp.name for inp in session.get_inputs()}  # the exporter drops inputs the graph does not use
@@ -384,6 +429,20 @@ class OnnxRuntimeBackend(BaseBackend):
         elapsed = time.perf_counter() - start
         return Capture(tensors=dict(zip(wanted, arrays_out, strict=True)), backend=self.name, dtype=self.dtype,
                        elapsed_s=elapsed, meta={**meta, "onnx_path": str(path)})
+
+
+@dataclass
+class LayerExport:
+    """One layer exported alone (:meth:`OnnxRuntimeBackend.export_layer`): the file, the layer's
+    module name, its checkpoints (the graph's outputs, in order), which graph input is the hidden
+    state, and the arrays to feed (float32, as the model passes them; unused inputs may have been
+    dropped by the exporter: feed only the graph's own inputs)."""
+
+    path: Path
+    layer_name: str
+    keys: list[CheckpointKey]
+    hidden_input: str
+    feeds: dict[str, Any]
 
 
 class _LayerReplay(torch.nn.Module):

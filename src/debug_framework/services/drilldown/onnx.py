@@ -1,0 +1,219 @@
+"""The ONNX Runtime drill-down: the layer exported alone, every intermediate value observed.
+
+1. The layer is exported alone (:meth:`OnnxRuntimeBackend.export_layer`, one layer at a time, so
+   memory stays bounded by one layer's values) and written as ``graph_file``; its node names are
+   the rows' node ids.
+2. ONNX Runtime runs it, opened as the backend opens its graphs, with every node output a graph
+   output (mark-all), on the reference's input to the layer cast to float32.
+3. The trusted run is **the same ONNX graph in float64, evaluated by ONNX's reference evaluator**
+   (``onnx.reference``, NumPy). Not ONNX Runtime in float64 (its CPU provider has no double kernel
+   for many ops, e.g. ``LayerNormalization`` and ``Gelu``), and not the torch layer in float64
+   (only the values named after FX nodes would have a trusted twin; the ONNX nodes a translation
+   adds, e.g. the ``MatMul`` half of a ``linear``, would not). The evaluator is independent of ONNX
+   Runtime and gives a float64 value for every ONNX value, so each node can be replayed on trusted
+   inputs. What it cannot see is an exporter bug (the graph itself wrong): that shows at the layer
+   level, not here.
+4. Each node is judged alone: ``introduced`` is the RMSE of the node as a one-node model in ONNX
+   Runtime on the trusted inputs (cast to the node's dtype) against its trusted output;
+   ``carried_in`` the largest RMSE of its inputs in the mark-all run; ``bound`` is issue 14's
+   calibrated bound ``noise_margin x noise + floor_eps x eps x RMS(trusted output)``, where the
+   noise is what a correct implementation at the node's dtype makes: the reference evaluator run
+   at that dtype on the same inputs, and never less than rounding the trusted output to it.
+5. The culprit is the first node (graph order) over its bound; its repro directory
+   (:mod:`.onnx_repro`) is written and run once to set ``verified``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...comparison import RatioRule, compare, error_metric
+from ...errors import DebugFrameworkError
+from .onnx_graph import (
+    FLOAT_TYPES,
+    node_origin,
+    single_node_model,
+    to_float64,
+    value_infos,
+    value_types,
+    with_all_outputs,
+)
+from .onnx_repro import verify_onnx_repro, write_onnx_repro
+from .paths import module_path_in_model
+from .support import BackendStrategy
+from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
+
+__all__ = ["OnnxDrillStrategy"]
+
+#: ONNX ops that compute nothing a kernel could get wrong numerically (constants are not judged).
+_NOT_JUDGED = frozenset({"Constant"})
+
+
+def _rmse(trusted: np.ndarray, value: np.ndarray) -> float:
+    """RMSE of ``value`` against ``trusted`` by the comparison core (infinity for non-finite mismatches)."""
+    return error_metric(compare(trusted, value, check_dtype=False), "rmse")
+
+
+class _Undrillable(Exception):
+    """The layer's graph cannot be run both ways (the drill-down returns a note saying why)."""
+
+
+def _unjudged_row(node: Any, index: int, layer_name: str) -> OperatorRow:
+    """The row of ``node`` with its origin and no measurement (NaN errors)."""
+    origin = node_origin(node)
+    op = f"{node.op_type} ({origin.aten})" if origin.aten else node.op_type
+    return OperatorRow(index=index, node=node.name, op=op, module_path=module_path_in_model(origin.module_path, layer_name),
+                       source=origin.source)
+
+
+class _Values:
+    """The layer's values in both runs: ``observed`` (ONNX Runtime, the graph's dtypes) and
+    ``trusted`` (float64), with initializers and graph inputs."""
+
+    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, Any]) -> None:
+        self.observed, self.trusted, self.infos, self.types = observed, trusted, infos, value_types(infos)
+
+    def np_dtype(self, name: str) -> np.dtype:
+        import onnx
+
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.types[name]))
+
+    def trusted_feed(self, name: str) -> np.ndarray:
+        """The trusted value of ``name`` cast to the graph's dtype of it (what a node replay is fed)."""
+        return np.asarray(self.trusted[name]).astype(self.np_dtype(name))
+
+    def is_float(self, name: str) -> bool:
+        return self.types.get(name) in FLOAT_TYPES
+
+
+class OnnxDrillStrategy(BackendStrategy):
+    """Drill layers of the ``onnxruntime`` backend (see the module docstring)."""
+
+    name = "onnx"
+    backend_name, method, label = "onnxruntime", "export_layer", "ONNX Runtime"
+
+    def drill(self, request: DrillRequest) -> LayerDrilldown:
+        out = self._start(request)
+        import onnx
+
+        backend = request.backend
+        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name, method="onnx")
+        hidden64 = np.asarray(request.hidden_in, dtype=np.float64)
+        try:
+            export = backend.export_layer(request.layer, hidden64.astype(np.float32), request.inputs,
+                                          out / f"layer{request.layer}.onnx")
+            model = onnx.load(str(export.path))
+            values = self._run_both(backend, model, export, hidden64)
+        except (DebugFrameworkError, _Undrillable) as exc:
+            drill.note = f"layer {request.layer} could not be drilled: {exc}"
+            return drill
+        drill.graph_file = str(export.path)
+        replays: dict[str, tuple[Any, dict[str, np.ndarray], str]] = {}
+        unjudged: list[str] = []
+        for index, node in enumerate(model.graph.node):
+            if node.op_type in _NOT_JUDGED or not any(values.is_float(o) for o in node.output if o):
+                continue
+            try:
+                row, replays[node.name] = self._judge(backend, model, node, index, values, export, request)
+            except Exception as exc:  # noqa: BLE001 - one node ONNX Runtime cannot run alone: unjudged, said so
+                row = _unjudged_row(node, index, export.layer_name)
+                unjudged.append(f"{node.name} ({type(exc).__name__}: {str(exc)[:200]})")
+            drill.operators.append(row)
+        notes = [f"{len(unjudged)} node(s) could not be replayed alone: {'; '.join(unjudged)}"] if unjudged else []
+        culprit_row = next((r for r in drill.operators if r.introduces), None)
+        if culprit_row is None:
+            worst = max(drill.operators, key=lambda r: -1.0 if math.isnan(r.margin) else r.margin, default=None)
+            notes.insert(0, "no ONNX node introduces error on its own" +
+                         (f" (largest margin {worst.margin:.2f} at {worst.node})" if worst is not None else ""))
+            drill.note = "; ".join(notes)
+            return drill
+        drill.note = "; ".join(notes)
+        drill.culprit = self._culprit(culprit_row, replays[culprit_row.node], values, backend, out)
+        return drill
+
+    # -- the two runs ---------------------------------------------------------------------------------
+    def _run_both(self, backend: Any, model: Any, export: Any, hidden64: np.ndarray) -> _Values:
+        """ONNX Runtime (mark-all, float32 feeds) and the reference evaluator (float64) on the layer."""
+        from onnx import numpy_helper
+        from onnx.reference import ReferenceEvaluator
+
+        infos = value_infos(model)
+        types = value_types(infos)
+        marked, names = with_all_outputs(model, infos)
+        wanted = {i.name for i in model.graph.input}
+        feeds = {k: v for k, v in export.feeds.items() if k in wanted}
+        feeds[export.hidden_input] = hidden64.astype(np.float32)
+        session = backend.open_session(marked.SerializeToString(), export.path)
+        try:
+            observed = dict(zip(names, session.run(names, feeds), strict=True))
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise _Undrillable(f"ONNX Runtime failed on the layer with every value as an output: {exc}") from exc
+        feeds64 = {k: (v.astype(np.float64) if types.get(k) in FLOAT_TYPES else v) for k, v in feeds.items()}
+        feeds64[export.hidden_input] = hidden64
+        marked64 = to_float64(marked)
+        try:
+            trusted = dict(zip(names, ReferenceEvaluator(marked64).run(names, feeds64), strict=True))
+        except Exception as exc:  # noqa: BLE001 - an op the reference evaluator lacks
+            raise _Undrillable(f"ONNX's reference evaluator cannot run the layer in float64: {exc}") from exc
+        inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        inits64 = {t.name: numpy_helper.to_array(t) for t in marked64.graph.initializer}
+        return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos)
+
+    # -- one node -------------------------------------------------------------------------------------
+    def _judge(self, backend: Any, model: Any, node: Any, index: int, values: _Values, export: Any,
+               request: DrillRequest) -> tuple[OperatorRow, tuple[Any, dict[str, np.ndarray], str]]:
+        """The node's row, and what its repro needs (the one-node model, its feeds, the judged output)."""
+        single = single_node_model(model, node, values.infos)
+        feeds = {n: values.trusted_feed(n) for n in dict.fromkeys(x for x in node.input if x)}
+        outputs = [o for o in node.output if o and values.is_float(o)]
+        session = backend.open_session(single.SerializeToString(), export.path)
+        got = dict(zip(outputs, session.run(outputs, feeds), strict=True))
+        noise = self._noise(single, feeds, outputs, values)
+        best: tuple[float, float, float, str] | None = None  # (margin, introduced, bound, output)
+        for name in outputs:
+            trusted = values.trusted[name]
+            introduced = _rmse(trusted, got[name])
+            eps = float(np.finfo(values.np_dtype(name)).eps)
+            rule = RatioRule.calibrated(trusted, eps, margin=request.noise_margin, floor_eps=request.floor_eps)
+            bound = rule.judge(noise[name], introduced).bound
+            margin = introduced / bound if bound > 0 else (math.inf if introduced > 0 else 0.0)
+            if best is None or margin > best[0] or math.isnan(margin):
+                best = (margin, introduced, bound, name)
+        carried = [_rmse(values.trusted[n], values.observed[n]) for n in feeds if values.is_float(n)
+                   and n not in {t.name for t in model.graph.initializer}]
+        row = replace(_unjudged_row(node, index, export.layer_name), introduced=best[1],
+                      carried_in=max(carried, default=0.0), bound=best[2])
+        return row, (single, feeds, best[3])
+
+    @staticmethod
+    def _noise(single: Any, feeds: dict[str, np.ndarray], outputs: list[str], values: _Values) -> dict[str, float]:
+        """Per output, the error a correct implementation at the node's dtype makes: the reference
+        evaluator at that dtype, never less than rounding the trusted output to the dtype."""
+        from onnx.reference import ReferenceEvaluator
+
+        rounding = {n: _rmse(values.trusted[n], np.asarray(values.trusted[n]).astype(values.np_dtype(n))) for n in outputs}
+        try:
+            low = dict(zip(outputs, ReferenceEvaluator(single).run(outputs, feeds), strict=True))
+        except Exception:  # noqa: BLE001 - an op the evaluator lacks at this dtype: rounding only
+            return rounding
+        return {n: max(rounding[n], _rmse(values.trusted[n], np.asarray(low[n]))) for n in outputs}
+
+    @staticmethod
+    def _culprit(row: OperatorRow, replay: tuple[Any, dict[str, np.ndarray], str], values: _Values, backend: Any,
+                 out: Path) -> Culprit:
+        from ...backends.onnx_runtime import OPTIMIZATION_LEVELS
+
+        single, feeds, output = replay
+        session = backend.open_session(single.SerializeToString(), out)
+        directory = write_onnx_repro(out, node=row.node, op=row.op, model=single, feeds=feeds, output=output,
+                                     expected=values.trusted[output], bound=row.bound,
+                                     optimization=OPTIMIZATION_LEVELS[backend.optimization],
+                                     providers=list(session.get_providers()), graph_transform=backend.graph_transform)
+        return Culprit(op=row.op, node=row.node, module_path=row.module_path, source=row.source,
+                       repro_dir=str(directory), verified=verify_onnx_repro(directory))
+
