@@ -52,7 +52,7 @@ def make_sessions(base: Path) -> Sessions:
     return Sessions(base / "db" / "debug.db", model, passed, failed, bad)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sessions(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     return make_sessions(tmp_path_factory.mktemp("dash"))
 
@@ -80,3 +80,60 @@ def run_page(page: str | None = None, query: dict[str, str] | None = None, timeo
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+def _perturb_fc2(gm, example_inputs):  # noqa: ANN001
+    import torch
+
+    """A test backend that adds 0.1 after fc2: KernelDiff's accuracy failure."""
+    last = None
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack") or {}
+        if n.op == "call_function" and stack and list(stack.values())[-1][0].endswith("fc2"):
+            last = n
+    with gm.graph.inserting_after(last):
+        new = gm.graph.call_function(torch.add, (last, 0.1))
+    last.replace_all_uses_with(new)
+    new.args = (last, 0.1)
+    gm.recompile()
+    return gm.forward
+
+
+def make_runs(root: Path) -> dict[str, str]:
+    """Two real debug_module runs under ``root``: an aot_mock_backend run (Inductor, a shape
+    constraint in warn mode) with a guard report, and a failing KernelDiff run with its plots."""
+    import torch
+
+    import debug_module as dm
+    from debug_framework._torch import dynamo
+    from debug_module.constraints import ShapeConstraint
+    from debug_module.diff import KernelDiffHarness
+    from debug_module.reports import save_guard_report
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(12, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    dynamo.reset()
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(3, 12)
+    backend = dm.aot_mock_backend(strict=False, constraints=[ShapeConstraint(alignment=8)], artifact_root=root)
+    inspector = dm.GuardInspector(model, backend=backend)
+    inspector(x).sum().backward()
+    save_guard_report(inspector.report(), backend.run_dir)
+    dynamo.reset()
+    kd = KernelDiffHarness(model, (x,), model_name="net", test_backend=_perturb_fc2, compare_modules=True, runs=1,
+                           artifact_root=root, minify_on_failure=False).compare(generate_visualizations=True)
+    dynamo.reset()
+    return {"aot": backend.run_dir.name, "kd": kd.run_id}
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A debug_module artifacts root with two real runs (:func:`make_runs`)."""
+    root = tmp_path_factory.mktemp("artifacts")
+    return root, make_runs(root)

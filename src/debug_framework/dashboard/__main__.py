@@ -40,7 +40,7 @@ def streamlit_command(host: str, port: int) -> list[str]:
     """The ``streamlit run`` command line: headless, bound to ``host``, no usage statistics."""
     return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", host, "--server.port",
             str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--server.fileWatcherType", "none", "--global.developmentMode", "false"]
+            "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

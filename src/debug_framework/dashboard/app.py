@@ -21,18 +21,18 @@ def _draw(page: ContributedPage) -> None:
 
 
 pages = [
-    st.Page("pages/sessions.py", title="Sessions", icon=":material/list:", default=True),
-    st.Page("pages/session.py", title="Session", icon=":material/analytics:"),
-    st.Page("pages/diff.py", title="Diff", icon=":material/compare_arrows:"),
-    st.Page("pages/jobs.py", title="Jobs", icon=":material/play_circle:"),
-    st.Page("pages/plugins.py", title="Plugins", icon=":material/extension:"),
+    st.Page("pages/sessions.py", title="Sessions", default=True),
+    st.Page("pages/session.py", title="Session"),
+    st.Page("pages/diff.py", title="Diff"),
+    st.Page("pages/jobs.py", title="Jobs"),
+    st.Page("pages/plugins.py", title="Plugins"),
 ]
 broken = []
 for page in contributed_pages():
     if page.render is None:
         broken.append(page)
         continue
-    pages.append(st.Page(partial(_draw, page), title=page.title, url_path=page.name, icon=":material/folder:"))
+    pages.append(st.Page(partial(_draw, page), title=page.title, url_path=page.name))
 for page in broken:
     st.sidebar.caption(f"page {literal(page.name)} could not be loaded: {literal(page.error)}")
 st.navigation(pages).run()

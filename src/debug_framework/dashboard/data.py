@@ -41,7 +41,7 @@ def literal(text: object) -> str:
 
 def show_error(exc: DebugFrameworkError, doing: str) -> None:
     """A framework error on the page: its code and message as plain text, never a traceback."""
-    st.error(f"{exc.code}: could not {doing}", icon=":material/error:")
+    st.error(f"{exc.code}: could not {doing}")
     st.text(str(exc))
 
 

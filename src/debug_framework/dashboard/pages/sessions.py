@@ -52,5 +52,5 @@ with viewer(s) as db:
             st.write(f"{len(shown)} of {len(frame)} sessions")
             st.dataframe(shown, hide_index=True, width="stretch", key="sessions_table")
             pick = st.selectbox("open a session", list(shown["session"]), index=None, placeholder="session id")
-            if pick and st.button("open", key="open_session"):
+            if pick and st.button("Show this session", key="open_session"):
                 st.switch_page("pages/session.py", query_params={"id": pick})
