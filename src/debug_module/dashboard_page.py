@@ -43,11 +43,13 @@ def _violations_frame(violations: list[dict[str, Any]]) -> Any:
 def _show_run(st: Any, run: Path) -> None:
     import pandas as pd
 
+    from debug_framework.dashboard.data import literal
+
     from .reports.generator import collect_run
 
     data = collect_run(run)
     c = st.columns(4)
-    c[0].metric("status", str(data.get("status")))
+    c[0].metric("status", literal(data.get("status")))
     c[1].metric("graphs", len(data["graphs"]))
     c[2].metric("violations", len(data["violations"]))
     c[3].metric("repros", len(data["repros"]))
@@ -97,10 +99,12 @@ def runs_page(context: Any) -> None:
     """Draw the page (``context``: the dashboard's ``PageContext``: ``database``, ``artifacts``)."""
     import streamlit as st
 
+    from debug_framework.dashboard.data import literal
+
     from .reports.generator import find_runs
 
     root = Path(context.artifacts)
-    st.caption(f"Run directories under {root}".replace("_", "\\_"))
+    st.caption(literal(f"Run directories under {root}"))
     runs = find_runs(root)
     if not runs:
         st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (inductor-debug writes runs "

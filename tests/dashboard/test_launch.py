@@ -33,10 +33,21 @@ def _task(settings, tid: str) -> dict:
         db.close()
 
 
+def _session(settings, sid: str) -> dict | None:
+    from debug_framework.storage.database import Database
+
+    db = Database.open_read_only(settings.database)
+    try:
+        return db.sessions.get(sid)
+    finally:
+        db.close()
+
+
 @pytest.mark.slow
 def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, monkeypatch):
-    from debug_framework.dashboard.launch import CANCELLED, cancel, launch_batch, launch_validation
+    from debug_framework.dashboard.launch import CANCELLED, cancel, launch_batch, launch_validation, worker_log_path
     from debug_framework.dashboard.settings import DATABASE_VARIABLE, Settings
+    from debug_framework.models.batch_validation_job import item_session_id
     from debug_framework.storage.database import Database
 
     monkeypatch.setenv(DATABASE_VARIABLE, str(tmp_path / "launch" / "debug.db"))  # created by the launch
@@ -46,6 +57,8 @@ def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, 
                              {"dtype": "float32", "input_shape": [256, 64], "oracle": True})
     batch = launch_batch(s, [str(app_env.model), "", str(app_env.model)], "python_reference", "pytorch",
                          {"dtype": "bfloat16"})
+    slow_batch = launch_batch(s, [str(app_env.model)] * 2, "python_reference", "pytorch",
+                              {"dtype": "float32", "input_shape": [256, 64], "oracle": True})
     assert _task(s, quick)["state"] in ("queued", "running", "finished")  # in the database at once
 
     # the page shows the running task with its progress, read back from the database (a reload is a new run)
@@ -76,6 +89,20 @@ def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, 
     assert job["status"] == "completed" and [i["status"] for i in job["items"]] == ["done", "done"]
     assert all(db.sessions.get(i["session_id"])["status"] == "passed" for i in job["items"])
     db.close()
+    # a batch job cancelled while its first model runs: that session ends "cancelled", no item is left to run
+    job_id = _task(s, slow_batch)["job_id"]
+    sid0 = item_session_id(job_id, 0)
+    _wait(lambda: (r := _session(s, sid0)) is not None and r["status"] == "running")
+    assert "worker is stopping" in cancel(s, slow_batch)
+    btask = _wait(lambda: (t := _task(s, slow_batch))["state"] not in ("queued", "running") and t)
+    assert btask["state"] == "cancelled", (btask, worker_log_path(s, slow_batch).read_text(), _session(s, sid0))
+    row = _session(s, sid0)
+    assert row["status"] == "error" and row["error_message"] == CANCELLED
+    db = Database.open_read_only(s.database)
+    job = db.batches.get(job_id)
+    db.close()
+    assert job["status"] == "cancelled" and [i["status"] for i in job["items"]] == ["cancelled", "cancelled"]
+
     at = run_page("jobs.py")  # finished tasks: in the table, with the job's items
     assert set(at.dataframe[0].value["state"]) == {"finished", "cancelled"}
     assert any(len(d.value) == 2 and "model_path" in d.value.columns for d in at.dataframe[1:])

@@ -10,8 +10,10 @@ takes the ``queued`` task (recording itself as its owner), then runs it:
 * a batch job: the job's executor, writing the item counts to the task.
 
 SIGTERM (the dashboard's Cancel) raises :class:`Cancelled` in the worker's main thread, where the
-work runs: the engine ends the running session as ``error`` with the message "cancelled from the
-dashboard" and keeps its rows; the task ends ``cancelled``. Exit codes: 0 the task ran (whatever
+work runs (and again every 2 s until the work has stopped, since Python drops an exception raised
+while a finaliser runs); a cancel is also checked between stages. The engine ends the running
+session as ``error`` with the message "cancelled from the dashboard" and keeps its rows; the task
+ends ``cancelled``. Exit codes: 0 the task ran (whatever
 its verdict) or was not ours to run; 2 the request failed (a DF-coded error, recorded on the task);
 3 a bug of ours (recorded on the task, traceback on stderr, i.e. in the task's log file).
 """
@@ -19,10 +21,15 @@ its verdict) or was not ours to run; 2 the request failed (a DF-coded error, rec
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
+import time
 import traceback
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -41,8 +48,52 @@ class Cancelled(BaseException):
     failure_message = CANCELLED
 
 
+#: ``working``: inside the engine or the executor (a SIGTERM raises there); ``requested``: a cancel arrived.
+_STATE = {"working": False, "requested": False, "resending": False}
+_RESEND_S = 2.0
+
+
+def _resend_while_working() -> None:
+    """Signal this process again every :data:`_RESEND_S` while the work has not stopped: an
+    exception raised by a signal handler while Python runs a finaliser (``__del__``, a weakref
+    callback) is printed and dropped, so one delivery is not enough."""
+    if _STATE["resending"]:
+        return
+    _STATE["resending"] = True
+
+    def resend() -> None:
+        while True:
+            time.sleep(_RESEND_S)
+            if not _STATE["working"]:
+                return
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=resend, name="dashboard-cancel", daemon=True).start()
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Cancelled()
+    _STATE["requested"] = True
+    if _STATE["working"]:
+        _resend_while_working()
+        raise Cancelled()
+
+
+@contextmanager
+def _cancellable() -> Iterator[None]:
+    """The block a cancel interrupts (outside it, a cancel is only noted and acted on at its start)."""
+    if _STATE["requested"]:
+        raise Cancelled()
+    _STATE["working"] = True
+    try:
+        yield
+    finally:
+        _STATE["working"] = False
+
+
+def _check_cancel() -> None:
+    """A safe point (between two stages): stop here when a cancel arrived."""
+    if _STATE["requested"]:
+        raise Cancelled()
 
 
 def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
@@ -51,19 +102,25 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
 
     req = task["request"] or {}
     engine = ValidationEngine(settings.database, config=merge_config(from_environment()))
-    tid = task["task_id"]
+    tid, sid = task["task_id"], uuid.uuid4().hex
+
+    def progress(stage: str, done: int, total: int) -> None:
+        tasks.update(tid, stage=stage, done=done, total=total)
+        _check_cancel()
+
     tasks.update(tid, stage="load", done=0, total=None)
-    sid = engine.create_session(req["model_path"], req.get("config") or {}, req.get("reference_backend",
-                                "python_reference"), req.get("alternative_backend", "auto"))
-    tasks.update(tid, session_id=sid)
     try:
-        if (tasks.get(tid) or {}).get("cancel_requested"):  # cancelled while the model loaded
-            raise Cancelled()
-        engine.run(sid, progress=lambda stage, done, total: tasks.update(tid, stage=stage, done=done, total=total))
+        with _cancellable():
+            engine.create_session(req["model_path"], req.get("config") or {},
+                                  req.get("reference_backend", "python_reference"),
+                                  req.get("alternative_backend", "auto"), session_id=sid)
+            tasks.update(tid, session_id=sid)
+            engine.run(sid, progress=progress)
     except Cancelled:
         row = engine.db.sessions.get(sid)
         if row is not None and row["status"] == "created":  # not started: end it as the engine would
             engine.db.sessions.update_status(sid, "error", error_message=CANCELLED)
+            tasks.update(tid, session_id=sid)
         raise
 
 
@@ -74,8 +131,16 @@ def _run_batch(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> No
     def progress(prog: dict[str, Any]) -> None:
         tasks.update(tid, stage=str(prog.get("status")), done=int(prog["finished"]), total=int(prog["total"]))
 
-    job.execute(progress=progress)
-    progress(job.get_progress())
+    try:
+        with _cancellable():
+            job.execute(progress=progress)
+        _check_cancel()  # a cancel that arrived as the last model finished
+    except Cancelled:  # the item that ran went back to pending: cancelled like the rest
+        job.cancel()
+        raise
+    finally:
+        progress(job.get_progress())
+        job.db.close()
 
 
 def run_task(settings: Settings, task_id: str) -> int:

@@ -48,5 +48,5 @@ with viewer() as db:
                     st.caption(literal(note))
                 dl = st.columns(3)
                 for col, fmt in zip(dl, ("html", "json", "csv")):
-                    col.download_button(f"{fmt.upper()} diff", data=lambda f=fmt: render_diff(diff, f, db=db),
+                    col.download_button(f"{fmt.upper()} diff", data=render_diff(diff, fmt, db=db),
                                         file_name=f"diff-{before}-{after}.{fmt}", key=f"diff_{fmt}")

@@ -39,8 +39,9 @@ with viewer() as db:
             fd = doc["first_divergence"]
             first = None if fd is None else row_label((fd["checkpoint"], fd["layer"]))
             c1, c2, c3 = st.columns(3)
-            c1.metric("first divergence", first or "none")
-            c2.metric("introducing layers", ", ".join(str(x) for x in res.get("introducing_layers") or []) or "none")
+            c1.metric("first divergence", literal(first or "none"))
+            c2.metric("introducing layers",
+                      literal(", ".join(str(x) for x in res.get("introducing_layers") or []) or "none"))
             c3.metric("checkpoints failed", str(res.get("failed", sum(1 for r in rows if r.get("passed") is False))))
             if res.get("error_source"):
                 st.subheader("Error source")
