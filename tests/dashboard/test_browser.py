@@ -4,6 +4,7 @@ screenshot of each kept under test-artifacts/)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -97,7 +98,10 @@ def test_every_page_in_chromium(server, sessions, runs, browser_page):
     assert sessions.failed in page.url  # the address names the session: a reload shows it again
     page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
     page.locator('[data-testid="stImage"]').first.wait_for(timeout=30_000)  # the heatmap
-    assert page.get_by_text("HTML report").count() == 1
+    with page.expect_download(timeout=30_000) as download:  # the report the reports package renders
+        page.locator('[data-testid="stDownloadButton"] button').filter(has_text="JSON report").click()
+    doc = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert doc["session_id"] == sessions.failed and doc["verdict"] == "failed" and doc["first_divergence"]
     browser_page.screenshot("dashboard-session")
 
     page.evaluate("() => { window.__xss = undefined; window.alert = () => { window.__xss = 1; }; }")

@@ -94,8 +94,8 @@ def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, 
     sid0 = item_session_id(job_id, 0)
     _wait(lambda: (r := _session(s, sid0)) is not None and r["status"] == "running")
     assert "worker is stopping" in cancel(s, slow_batch)
-    btask = _wait(lambda: (t := _task(s, slow_batch))["state"] not in ("queued", "running") and t)
-    assert btask["state"] == "cancelled", (btask, worker_log_path(s, slow_batch).read_text(), _session(s, sid0))
+    ctask = _wait(lambda: (t := _task(s, slow_batch))["state"] not in ("queued", "running") and t)
+    assert ctask["state"] == "cancelled", (ctask, worker_log_path(s, slow_batch).read_text(), _session(s, sid0))
     row = _session(s, sid0)
     assert row["status"] == "error" and row["error_message"] == CANCELLED
     db = Database.open_read_only(s.database)
@@ -106,6 +106,8 @@ def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, 
     at = run_page("jobs.py")  # finished tasks: in the table, with the job's items
     assert set(at.dataframe[0].value["state"]) == {"finished", "cancelled"}
     assert any(len(d.value) == 2 and "model_path" in d.value.columns for d in at.dataframe[1:])
+    bars = [p.proto.text for p in at.get("progress")]
+    assert any(f"job {btask['job_id']}: completed (2/2; done 2)" in b.replace("\\", "") for b in bars), bars
 
 
 def test_a_bad_launch_is_a_message_and_writes_nothing(app_env, tmp_path, monkeypatch):

@@ -66,3 +66,26 @@ def test_viewing_a_version_4_file_reads_it_and_changes_nothing(app_env, tmp_path
     at = run_page("jobs.py")
     assert any("No tasks launched" in i.value for i in at.info)
     assert old.read_bytes() == before
+
+
+def test_tasks_and_job_list_on_both_engines(any_db_path):
+    """What the Jobs page reads, on SQLite and on PostgreSQL: the task store and the job list."""
+    from debug_framework.storage.database import Database
+    from debug_framework.storage.tasks import TaskStore
+
+    db = Database(any_db_path)
+    try:
+        tasks = TaskStore(db)
+        tid = tasks.create("batch", {"model_paths": ["a", "b"]}, job_id="job1")
+        assert tasks.start(tid)
+        tasks.update(tid, stage="running", done=1, total=2)
+        tasks.finish(tid, "cancelled", "stop")
+        assert [(t["task_id"], t["state"], t["done"], t["message"]) for t in tasks.list()] == [(tid, "cancelled", 1, "stop")]
+        db.batches.create(["a", "b", "c"], {"reference_backend": "python_reference"}, job_id="job1")
+        db.batches.update_item("job1", 0, status="done")
+        db.batches.create(["d"], job_id="job2")
+        jobs = {j["job_id"]: j for j in db.batches.list()}
+        assert jobs["job1"]["counts"] == {"done": 1, "pending": 2} and jobs["job1"]["total"] == 3
+        assert jobs["job2"]["counts"] == {"pending": 1} and jobs["job2"]["status"] == "pending"
+    finally:
+        db.close()

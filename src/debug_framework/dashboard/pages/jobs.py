@@ -83,7 +83,7 @@ def tasks_panel() -> None:
             st.markdown(f"**{literal(t['kind'])}** task `{literal(t['task_id'])}`: {literal(what)}")
             done, total = t.get("done") or 0, t.get("total") or 0
             st.progress(min(1.0, done / total) if total else 0.0,
-                        text=f"{_state(t)}: {t.get('stage') or 'starting'} ({done}/{total or '?'})")
+                        text=literal(f"{_state(t)}: {t.get('stage') or 'starting'} ({done}/{total or '?'})"))
             if st.button("Cancel", key=f"cancel_{t['task_id']}"):
                 try:
                     st.toast(cancel(s, str(t["task_id"])))
@@ -94,15 +94,31 @@ def tasks_panel() -> None:
             "done": t.get("done"), "total": t.get("total"), "session": t.get("session_id"), "job": t.get("job_id"),
             "message": t.get("message"), "created (UTC)": str(t.get("created_at") or "")[:19],
         } for t in tasks]), hide_index=True, width="stretch", key="tasks_table")
-        jobs = [t for t in tasks if t.get("job_id")]
-        for t in jobs[:5]:
-            job = db.batches.get(str(t["job_id"]))
-            if job:
-                st.caption(f"batch job {literal(job['job_id'])}: {literal(job['status'])}")
+
+
+@st.fragment(run_every=2)
+def jobs_panel() -> None:
+    """Every batch job in the database (launched here or by debug_batch), with its items' progress."""
+    with viewer(s) as db:
+        if db is None:
+            return
+        jobs = db.batches.list(limit=20)
+        if not jobs:
+            st.info("No batch jobs in this database.")
+            return
+        for job in jobs:
+            finished = job["counts"].get("done", 0) + job["counts"].get("failed", 0)
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(job["counts"].items()))
+            st.progress(finished / job["total"] if job["total"] else 1.0,
+                        text=literal(f"job {job['job_id']}: {job['status']} ({finished}/{job['total']}; {counts})"))
+            with st.expander("items"):
+                full = db.batches.get(job["job_id"]) or {"items": []}
                 st.dataframe(pd.DataFrame([{k: i.get(k) for k in ("item_index", "model_path", "status", "session_id",
-                                                                   "error_message")} for i in job["items"]]),
+                                                                   "error_message")} for i in full["items"]]),
                              hide_index=True, width="stretch")
 
 
 st.subheader("Tasks")
 tasks_panel()
+st.subheader("Batch jobs")
+jobs_panel()
