@@ -10,8 +10,7 @@ importing ``debug_module`` (the lower package never imports the upper one)::
     [project.entry-points."debug_framework.dashboard_pages"]
     runs = "debug_module.dashboard_page:runs_page"
 
-A page that fails to load is listed with its error on the Sessions page's sidebar note instead of
-breaking the app.
+A page that fails to load is named with its error in the sidebar instead of breaking the app.
 """
 
 from __future__ import annotations

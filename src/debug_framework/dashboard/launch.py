@@ -33,7 +33,8 @@ from .settings import Settings
 if TYPE_CHECKING:
     from ..models.batch_validation_job import BatchValidationJob
 
-__all__ = ["launch_validation", "launch_batch", "cancel", "worker_log_path", "task_store", "stored_job", "session_config", "CANCELLED"]
+__all__ = ["launch_validation", "launch_batch", "cancel", "worker_log_path", "task_store", "stored_job",
+           "session_config", "CANCELLED"]
 
 #: What a cancelled session records as its error message (and the task as its message).
 CANCELLED = "cancelled from the dashboard"

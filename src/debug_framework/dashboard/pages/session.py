@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from debug_framework.dashboard.charts import CURVE_METRICS, checkpoint_frame, curve_chart, curve_frame, heatmap_image
-from debug_framework.dashboard.data import literal, session_ids, settings, viewer
+from debug_framework.dashboard.data import literal, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import row_label, session_results, worst_row
