@@ -11,6 +11,7 @@ run's directory.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,17 @@ def _inside(run: Path, relative: str) -> Path | None:
     path = (run / relative).resolve()
     root = run.resolve()
     return path if path.is_file() and path.is_relative_to(root) else None
+
+
+def _statistics(run: Path) -> list[tuple[str, Any]]:
+    """The run's graph statistics files (kind ``statistics`` in its manifest), read as JSON."""
+    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    out = []
+    for f in manifest.get("files", []):
+        path = _inside(run, str(f.get("path", ""))) if f.get("kind") == "statistics" else None
+        if path is not None:
+            out.append((str(f["path"]), json.loads(path.read_text(encoding="utf-8"))))
+    return out
 
 
 def _violations_frame(violations: list[dict[str, Any]]) -> Any:
@@ -61,6 +73,9 @@ def _show_run(st: Any, run: Path) -> None:
     st.dataframe(pd.DataFrame([{"kind": k, "files": n} for k, n in data["files_by_kind"].items()]), hide_index=True)
     if data["coverage"]:
         st.dataframe(pd.DataFrame(data["coverage"]).astype(str), hide_index=True, width="stretch")
+    for rel, stats in _statistics(run):
+        st.caption(literal(f"statistics of {rel}"))
+        st.json(stats, expanded=False)
     st.subheader("Constraint violations")
     if data["violations"]:
         st.dataframe(_violations_frame(data["violations"]), hide_index=True, width="stretch")

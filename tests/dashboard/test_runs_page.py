@@ -61,6 +61,7 @@ def test_runs_page_shows_violations_guards_and_kerneldiff(runs, tmp_path, monkey
     violations = next(f for f in frames if "constraint" in f.columns)
     assert (violations["constraint"] == "shape_alignment").any() and violations["source"].str.contains(r"\.py:\d+").any()
     assert any("graph breaks" in c.value for c in at.caption)
+    assert any(c.value.startswith("statistics of statistics/") for c in at.caption) and at.json  # graph statistics
     at.selectbox[0].select(ids["kd"]).run()
     assert any("KernelDiff failed" in e.value for e in at.error)
     assert at.get("image"), "the KernelDiff plots"
