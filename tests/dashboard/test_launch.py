@@ -124,13 +124,22 @@ def test_a_bad_launch_is_a_message_and_writes_nothing(app_env, tmp_path, monkeyp
     assert not (tmp_path / "bad" / "debug.db").exists()
 
 
-def test_a_failing_request_is_recorded_on_the_task(app_env, tmp_path, monkeypatch):
-    """A model path that does not load: the worker records the DF-coded error on the task."""
-    from debug_framework.dashboard.launch import launch_validation
+def test_the_launch_form_writes_a_task_and_its_worker_records_the_failure(app_env, tmp_path, monkeypatch):
+    """The Jobs page's form launches a real worker; a model path that does not load ends the task
+    as failed with the DF-coded error, shown on the page."""
     from debug_framework.dashboard.settings import DATABASE_VARIABLE, Settings
 
     monkeypatch.setenv(DATABASE_VARIABLE, str(tmp_path / "fail" / "debug.db"))
     s = Settings.from_environment()
-    tid = launch_validation(s, str(tmp_path / "no-such-model"), "python_reference", "pytorch", {})
+    at = run_page("jobs.py")
+    at.text_input[0].input(str(tmp_path / "no-such-model"))
+    at.selectbox[0].select("bfloat16")
+    at.button[0].click().run()  # the form's submit button
+    assert not at.exception and "Launched task" in at.success[0].value
+    tid = at.success[0].value.split()[2].rstrip(";")
     task = _wait(lambda: (t := _task(s, tid))["state"] not in ("queued", "running") and t)
     assert task["state"] == "failed" and task["message"].startswith("[DF004]"), task
+    assert task["request"]["config"]["dtype"] == "bfloat16"
+    at = run_page("jobs.py")
+    table = at.dataframe[0].value
+    assert table.iloc[0]["state"] == "failed" and table.iloc[0]["message"].startswith("[DF004]")
