@@ -24,7 +24,8 @@ PRIVATE = re.compile(r"^\s*(?:from|import)\s+torch\._(dynamo|functorch|inductor|
 #: the top-level entry ``debug_framework`` covers the package's ``__init__`` only. Update this table
 #: when a module or package is added or moves (an unplaced module fails the suite).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "front": ("debug_framework", "debug_framework.cli", "debug_framework.demo", "debug_framework.integrations"),
+    "front": ("debug_framework", "debug_framework.cli", "debug_framework.demo", "debug_framework.integrations",
+              "debug_framework.dashboard"),
     "services": ("debug_framework.services", "debug_framework.reports"),
     "models": ("debug_framework.models",),
     "storage": ("debug_framework.storage",),

@@ -108,7 +108,11 @@ def _versions(backend: Backend) -> dict[str, Any]:
 
 def failure_message(exc: BaseException) -> str:
     """What a session (or a batch item) records of the exception that stopped it: a framework error
-    as it reads, an interruption as such, anything else as the bug of ours it is."""
+    as it reads, an interruption as such, anything else as the bug of ours it is. An exception that
+    carries its own ``failure_message`` text (a cancel from the dashboard) records that."""
+    own = getattr(exc, "failure_message", None)
+    if isinstance(own, str):
+        return own
     if isinstance(exc, DebugFrameworkError):
         return str(exc)
     if isinstance(exc, KeyboardInterrupt):

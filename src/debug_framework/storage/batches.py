@@ -58,6 +58,22 @@ class BatchQueueStore:
         d["items"] = [dict(i) for i in items]
         return d
 
+    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Jobs, newest first, each with its item counts by status (``counts``) and ``total``."""
+        rows = self.core.fetch_all(
+            "SELECT j.job_id, j.status, j.created_at, j.updated_at, i.status AS item_status, COUNT(i.item_index) AS n"
+            " FROM batch_jobs j LEFT JOIN batch_job_items i ON i.job_id = j.job_id"
+            " GROUP BY j.job_id, j.status, j.created_at, j.updated_at, i.status"
+            " ORDER BY j.created_at DESC, j.job_id", (), "list batch jobs")
+        jobs: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            job = jobs.setdefault(r["job_id"], {"job_id": r["job_id"], "status": r["status"], "created_at": r["created_at"],
+                                                "updated_at": r["updated_at"], "counts": {}, "total": 0})
+            if r["item_status"] is not None:
+                job["counts"][r["item_status"]] = int(r["n"])
+                job["total"] += int(r["n"])
+        return list(jobs.values())[: int(limit)]
+
     def set_status(self, job_id: str, status: str) -> None:
         """Set the job's status (one of :data:`~.schema.BATCH_JOB_STATUSES`)."""
         if status not in BATCH_JOB_STATUSES:

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -349,6 +349,17 @@ def _migrate_3_to_4(core: SqlCore, conn: Connection) -> None:
 _MIGRATIONS: dict[int, Callable[[SqlCore, Connection], None]] = {1: _migrate_0_to_1, 2: _migrate_1_to_2}
 _MIGRATIONS[3] = _migrate_2_to_3
 _MIGRATIONS[4] = _migrate_3_to_4
+
+
+def _migrate_4_to_5(core: SqlCore, conn: Connection) -> None:
+    """Version 4 -> 5: work launched from the dashboard and run by a worker process (``storage.tasks``)."""
+    from .tasks import task_tables
+
+    for sql in task_tables(core.dialect):
+        core.execute(conn, sql)
+
+
+_MIGRATIONS[5] = _migrate_4_to_5
 
 # --------------------------------------------------------------------------------------------
 # versions

@@ -1,0 +1,80 @@
+"""The session page's figures, drawn from the numbers the reports compute (never re-derived here):
+per-checkpoint error curves with the bound each checkpoint was judged by, and the error heatmap."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from ..reports._common import LOG_METRICS, as_float, passed_state, row_label
+from ..reports._html import colorize
+from ..reports._tensors import heatmap_for, open_store
+from ..reports.html_report import _bound_values, _metric_values
+
+__all__ = ["CURVE_METRICS", "curve_frame", "curve_chart", "checkpoint_frame", "heatmap_image"]
+
+#: The metrics offered as curves: the reports' log-scale metrics and SQNR.
+CURVE_METRICS: tuple[str, ...] = (*LOG_METRICS, "sqnr_db")
+
+
+def curve_frame(rows: Sequence[Mapping[str, Any]], metric: str) -> pd.DataFrame:
+    """Long form: per checkpoint (model order) the metric's value and its bound in the same units."""
+    labels = [row_label(r) for r in rows]
+    values, bounds = _metric_values(rows, metric), _bound_values(rows, metric)
+    status = ["pass" if p else ("fail" if p is False else "n/a") for p in (passed_state(r) for r in rows)]
+    out = []
+    for i, (label, v, b, st) in enumerate(zip(labels, values, bounds, status)):
+        out.append({"order": i, "checkpoint": label, "series": metric, "value": v, "status": st})
+        out.append({"order": i, "checkpoint": label, "series": "bound", "value": b, "status": "bound"})
+    frame = pd.DataFrame(out)
+    keep = frame["value"].map(lambda x: x is not None and pd.notna(x) and abs(x) != float("inf"))
+    return frame[keep & ((frame["value"] > 0) | (metric == "sqnr_db"))]
+
+
+def curve_chart(frame: pd.DataFrame, metric: str, first_divergence: str | None) -> alt.Chart:
+    """The metric (points coloured pass/fail) and its bound (grey line), log scale for errors; a red
+    rule at the first divergence."""
+    order = list(dict.fromkeys(frame.sort_values("order")["checkpoint"]))
+    y = alt.Y("value:Q", title=metric, scale=alt.Scale(type="linear" if metric == "sqnr_db" else "log"))
+    x = alt.X("checkpoint:N", sort=order, title="checkpoint (model order)")
+    data = frame[frame["series"] == metric]
+    line = alt.Chart(data).mark_line(color="#2b6cb0").encode(x=x, y=y)
+    points = alt.Chart(data).mark_point(filled=True, size=50).encode(
+        x=x, y=y, color=alt.Color("status:N", scale=alt.Scale(domain=["pass", "fail", "n/a"],
+                                                              range=["#2b6cb0", "#c53030", "#718096"])),
+        tooltip=["checkpoint", "value", "status"])
+    bound = alt.Chart(frame[frame["series"] == "bound"]).mark_line(color="#718096", strokeDash=[4, 3]).encode(
+        x=x, y=y, tooltip=["checkpoint", alt.Tooltip("value:Q", title="bound")])
+    layers = [line, points, bound]
+    if first_divergence in order:
+        layers.append(alt.Chart(pd.DataFrame({"checkpoint": [first_divergence]})).mark_rule(color="#c53030")
+                      .encode(x=alt.X("checkpoint:N", sort=order)))
+    return alt.layer(*layers).properties(height=320)
+
+
+def checkpoint_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The checkpoint table: the verdict, what judged it, its bound and margin (error / bound), the errors."""
+    out = []
+    for r in rows:
+        j = r.get("judgement") if isinstance(r.get("judgement"), Mapping) else {}
+        out.append({"checkpoint": row_label(r), "passed": passed_state(r), "judged by": j.get("judged_by"),
+                    "bound": as_float(r.get("bound")), "margin": as_float(r.get("margin")),
+                    "rmse": as_float(r.get("rmse")), "max_abs_error": as_float(r.get("max_abs_error")),
+                    "rel_l2_error": as_float(r.get("rel_l2_error")), "sqnr_db": as_float(r.get("sqnr_db")),
+                    "introduced": as_float(r.get("introduced_error")),
+                    "carried in": as_float(r.get("propagated_error")), "reason": r.get("reason")})
+    return pd.DataFrame(out)
+
+
+def heatmap_image(row: Mapping[str, Any], recordings: Sequence[Mapping[str, Any]],
+                  store_root: str | None) -> tuple[Any, str, list[str]] | None:
+    """``(RGB pixels, source, notes)`` of the row's error heatmap (recorded tensors, else the
+    worst-element list), or None when there is nothing to draw."""
+    hm = heatmap_for(row, recordings, open_store(None, store_root))
+    if hm is None:
+        return None
+    rgb, _, _ = colorize(hm.matrix)
+    return rgb, hm.source, list(hm.notes)

@@ -1,0 +1,79 @@
+"""What every page shares: the settings, the database opened read-only (or a clear DF-coded message
+on the page), markdown-safe text, and the session summaries.
+
+User text (model paths, session ids, error messages, anything read from the database or the run
+directories) reaches the page only through widgets that show text as text (``st.text``,
+``st.code``, ``st.dataframe``, ``st.json``) or through :func:`literal`, which escapes Markdown;
+no page passes ``unsafe_allow_html``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from ..errors import DebugFrameworkError
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from ..services.database_manager import DatabaseManager
+
+__all__ = ["settings", "literal", "viewer", "show_error", "session_items", "session_ids"]
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f]")
+
+
+def settings() -> Settings:
+    """The app's settings (from the environment the launcher set)."""
+    return Settings.from_environment()
+
+
+def literal(text: object) -> str:
+    """``text`` for ``st.markdown``/titles: every Markdown (and HTML) character escaped, bidi
+    controls removed, so user text is shown as typed and never read as markup or links."""
+    return _MARKDOWN.sub(r"\\\1", _BIDI.sub("", str(text)))
+
+
+def show_error(exc: DebugFrameworkError, doing: str) -> None:
+    """A framework error on the page: its code and message as plain text, never a traceback."""
+    st.error(f"{exc.code}: could not {doing}")
+    st.text(str(exc))
+
+
+@contextmanager
+def viewer(s: Settings | None = None) -> Iterator[DatabaseManager | None]:
+    """The session database opened read-only (nothing on disk changes; an older schema is read
+    through a migrated copy), or None after showing why it cannot be (missing, corrupt, newer)."""
+    from ..cli.session_report import _open_db  # the one way a reader opens it (missing file: DF003)
+
+    s = s or settings()
+    try:
+        db = _open_db(s.database)
+    except DebugFrameworkError as exc:
+        show_error(exc, "open the session database")
+        st.caption("Start the dashboard with --database PATH (or set PIE_DEBUG_DATABASE) to the file "
+                   "debug_validate wrote, or launch a validation on the Jobs page to create it.")
+        yield None
+        return
+    try:
+        yield db
+    except DebugFrameworkError as exc:  # a damaged row, a server gone mid-read
+        show_error(exc, "read the session database")
+    finally:
+        db.close()
+
+
+def session_items(db: DatabaseManager, limit: int = 500) -> list[dict[str, Any]]:
+    """One summary per session, newest first (``session_report --list``'s rows)."""
+    from ..cli.session_report import _session_items
+
+    return _session_items(db, None, None, limit)
+
+
+def session_ids(db: DatabaseManager, limit: int = 500) -> list[str]:
+    return [str(s["session_id"]) for s in db.list_sessions(limit=limit)]

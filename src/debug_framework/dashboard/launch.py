@@ -1,0 +1,158 @@
+"""Launching and cancelling work from the dashboard: a task row first, then a worker process.
+
+:func:`launch_validation` / :func:`launch_batch` write the request to the database
+(:class:`~debug_framework.storage.tasks.TaskStore`; a batch job's rows through
+:class:`~debug_framework.models.batch_validation_job.BatchValidationJob` too) and start
+``python -m debug_framework.dashboard.worker`` detached (its own session, output to a log file),
+so the work never runs inside a Streamlit script run and outlives a browser reload. The database
+travels to the worker in its environment (``PIE_DEBUG_DATABASE``), never on its command line, so a
+server URL's password is not shown by ``ps``.
+
+:func:`cancel` flags the task, then signals its worker (SIGTERM) only when the task's recorded
+owner is a live process of this host; the worker ends the running session as ``error`` with a
+"cancelled" message (:mod:`.worker`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ValidationError
+from ..storage.database import Database
+from ..storage.leases import current_owner
+from ..storage.tasks import TaskStore, worker_gone
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from ..models.batch_validation_job import BatchValidationJob
+
+__all__ = ["launch_validation", "launch_batch", "cancel", "worker_log_path", "task_store", "stored_job",
+           "session_config", "CANCELLED"]
+
+#: What a cancelled session records as its error message (and the task as its message).
+CANCELLED = "cancelled from the dashboard"
+
+
+def task_store(settings: Settings) -> tuple[Database, TaskStore]:
+    """The database opened for writing (created and migrated when needed) and its task store."""
+    db = Database(settings.database)
+    return db, TaskStore(db)
+
+
+def worker_log_path(settings: Settings, task_id: str) -> Path:
+    """Where a task's worker writes its output: ``$PIE_DEBUG_LOG_DIR``, else ``logs/`` beside the database."""
+    from ..cli.framework import crash_log_dir
+
+    folder = crash_log_dir(settings.database if isinstance(settings.database, Path) else None)
+    return folder / f"dashboard-task-{task_id}.log"
+
+
+def _spawn(settings: Settings, task_id: str) -> int:
+    """Start the worker of ``task_id`` detached; returns its pid."""
+    log = worker_log_path(settings, task_id)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **settings.environment(), "PIE_DEBUG_DATABASE": str(settings.database)}
+    src = str(Path(__file__).resolve().parents[2])  # this source tree first, as in the app's process
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "debug_framework.dashboard.worker", "--task", task_id],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, close_fds=True)
+    return proc.pid
+
+
+_KNOBS = ("dtype", "seed", "input_shape", "isolate", "oracle", "noise_floor", "tensor_recording_enabled",
+          "precision_thresholds", "noise_margin")
+
+
+def session_config(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """The session configuration of the launch form: only the knobs it offers, unset ones left out."""
+    return {k: knobs[k] for k in _KNOBS if knobs.get(k) not in (None, "", {})}
+
+
+def launch_validation(settings: Settings, model_path: str, reference: str, alternative: str,
+                      knobs: Mapping[str, Any]) -> str:
+    """Write a validation task and start its worker; returns the task id."""
+    if not str(model_path).strip():
+        raise ValidationError("a validation needs a model path", hint="enter the model's directory or file")
+    from ..services.validation.plan import validate_session_config
+
+    config = session_config(knobs)
+    validate_session_config(config)  # a bad knob is DF005 here, on the page, not in the worker
+    request = {"model_path": str(model_path), "reference_backend": reference, "alternative_backend": alternative,
+               "config": config}
+    db, tasks = task_store(settings)
+    try:
+        tid = tasks.create("validation", request)
+    finally:
+        db.close()
+    _spawn(settings, tid)
+    return tid
+
+
+def launch_batch(settings: Settings, model_paths: list[str], reference: str, alternative: str,
+                 knobs: Mapping[str, Any]) -> str:
+    """Write a batch job (its items) and a task for it, start the worker; returns the task id.
+
+    The worker runs the items one after another in its own process (``parallel_execution`` off), so
+    a cancel reaches the item that is running."""
+    from ..models.batch_validation_job import BatchValidationJob
+
+    paths = [p.strip() for p in model_paths if p.strip()]
+    config = {**session_config(knobs), "reference_backend": reference, "alternative_backend": alternative,
+              "parallel_execution": False, "database_path": str(settings.database)}
+    job = BatchValidationJob(job_id=uuid.uuid4().hex, model_paths=paths, config=config)
+    try:
+        tid = TaskStore(job.db).create("batch", {"model_paths": paths, "config": {
+            k: v for k, v in config.items() if k != "database_path"}}, job_id=job.job_id)
+    finally:
+        job.db.close()
+    _spawn(settings, tid)
+    return tid
+
+
+def stored_job(settings: Settings, job_id: str) -> BatchValidationJob:
+    """The batch job ``job_id`` as stored (its model paths and options), on this database."""
+    from ..models.batch_validation_job import BatchValidationJob
+
+    db = Database(settings.database)
+    try:
+        row = db.batches.get(job_id)
+    finally:
+        db.close()
+    if row is None:
+        raise ValidationError(f"no batch job {job_id!r}", hint="pick a job from the list")
+    config = {**(row.get("config") or {}), "database_path": str(settings.database)}
+    return BatchValidationJob(job_id=job_id, model_paths=[i["model_path"] for i in row["items"]], config=config)
+
+
+def cancel(settings: Settings, task_id: str) -> str:
+    """Cancel a task; returns what was done, as a sentence for the page."""
+    db, tasks = task_store(settings)
+    try:
+        task = tasks.request_cancel(task_id)
+        if task is None:
+            raise ValidationError(f"no task {task_id!r}", hint="pick a task from the list")
+        if task["kind"] == "batch" and task.get("job_id"):
+            stored_job(settings, str(task["job_id"])).cancel()
+        if task["state"] == "queued":
+            tasks.finish(task_id, "cancelled", f"{CANCELLED} before its worker started")
+            return "cancelled before its worker started"
+        if task["state"] != "running":
+            return f"the task had already ended ({task['state']})"
+        if worker_gone(task):
+            tasks.finish(task_id, "failed", "its worker process is gone")
+            return "its worker process was already gone"
+        if task.get("owner_host") != current_owner().host:
+            return "cancel requested; the worker runs on another host and stops at its next check"
+        os.kill(int(task["owner_pid"]), signal.SIGTERM)
+        return "cancel requested; the worker is stopping"
+    finally:
+        db.close()

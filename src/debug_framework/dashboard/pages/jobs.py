@@ -1,0 +1,124 @@
+"""Jobs: launch a validation or a batch job (a worker process runs it), follow the tasks' progress
+live (polled from the database, so a reload loses nothing) and cancel them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from debug_framework.dashboard.data import literal, settings, show_error, viewer
+from debug_framework.dashboard.launch import cancel, launch_batch, launch_validation
+from debug_framework.errors import DebugFrameworkError
+from debug_framework.storage.tasks import ACTIVE_STATES, TaskStore, worker_gone
+
+st.title("Jobs")
+s = settings()
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _knobs(prefix: str) -> dict[str, object]:
+    c = st.columns(4)
+    dtype = c[0].selectbox("dtype", _DTYPES, key=f"{prefix}_dtype")
+    seed = c[1].number_input("seed", min_value=0, value=0, step=1, key=f"{prefix}_seed")
+    batch = c[2].number_input("batch", min_value=1, value=2, step=1, key=f"{prefix}_batch")
+    length = c[3].number_input("length", min_value=1, value=16, step=1, key=f"{prefix}_len")
+    d = st.columns(3)
+    record = d[0].checkbox("record tensors (heatmaps)", key=f"{prefix}_rec")
+    oracle = d[1].checkbox("float64 oracle", key=f"{prefix}_oracle")
+    isolate = d[2].selectbox("isolation", ("auto", "on", "off"), key=f"{prefix}_iso")
+    return {"dtype": dtype, "seed": int(seed), "input_shape": [int(batch), int(length)],
+            "tensor_recording_enabled": record, "oracle": oracle,
+            "isolate": {"auto": "auto", "on": True, "off": False}[isolate]}
+
+
+tab_v, tab_b = st.tabs(["Launch a validation", "Launch a batch job"])
+with tab_v, st.form("launch_validation"):
+    model = st.text_input("model path", placeholder="/path/to/hf-model-dir")
+    c = st.columns(2)
+    ref = c[0].text_input("reference backend", value="python_reference")
+    alt = c[1].text_input("alternative backend", value="auto")
+    knobs = _knobs("v")
+    if st.form_submit_button("Launch validation"):
+        try:
+            tid = launch_validation(s, model, ref, alt, knobs)
+            st.success(f"Launched task {tid}; its progress is below.")
+        except DebugFrameworkError as exc:
+            show_error(exc, "launch the validation")
+with tab_b, st.form("launch_batch"):
+    paths = st.text_area("model paths, one per line")
+    c = st.columns(2)
+    bref = c[0].text_input("reference backend", value="python_reference", key="b_ref")
+    balt = c[1].text_input("alternative backend", value="auto", key="b_alt")
+    bknobs = _knobs("b")
+    if st.form_submit_button("Launch batch job"):
+        try:
+            tid = launch_batch(s, paths.splitlines(), bref, balt, bknobs)
+            st.success(f"Launched batch task {tid}; its progress is below.")
+        except DebugFrameworkError as exc:
+            show_error(exc, "launch the batch job")
+
+
+def _state(task: dict[str, object]) -> str:
+    if worker_gone(task):
+        return "worker gone"
+    return str(task["state"]) + (" (cancel requested)" if task.get("cancel_requested") and
+                                 task["state"] in ACTIVE_STATES else "")
+
+
+@st.fragment(run_every=2)
+def tasks_panel() -> None:
+    """Every task with its progress, re-read from the database every 2 s."""
+    with viewer(s) as db:
+        if db is None:
+            return
+        tasks = TaskStore(db).list()
+        if not tasks:
+            st.info("No tasks launched from the dashboard yet.")
+            return
+        for t in tasks:
+            if t["state"] not in ACTIVE_STATES:
+                continue
+            req = t.get("request") or {}
+            what = req.get("model_path") or f"{len(req.get('model_paths') or [])} models"
+            st.markdown(f"**{literal(t['kind'])}** task `{literal(t['task_id'])}`: {literal(what)}")
+            done, total = t.get("done") or 0, t.get("total") or 0
+            st.progress(min(1.0, done / total) if total else 0.0,
+                        text=literal(f"{_state(t)}: {t.get('stage') or 'starting'} ({done}/{total or '?'})"))
+            if st.button("Cancel", key=f"cancel_{t['task_id']}"):
+                try:
+                    st.toast(cancel(s, str(t["task_id"])))
+                except DebugFrameworkError as exc:
+                    show_error(exc, "cancel the task")
+        st.dataframe(pd.DataFrame([{
+            "task": t["task_id"], "kind": t["kind"], "state": _state(t), "stage": t.get("stage"),
+            "done": t.get("done"), "total": t.get("total"), "session": t.get("session_id"), "job": t.get("job_id"),
+            "message": t.get("message"), "created (UTC)": str(t.get("created_at") or "")[:19],
+        } for t in tasks]), hide_index=True, width="stretch", key="tasks_table")
+
+
+@st.fragment(run_every=2)
+def jobs_panel() -> None:
+    """Every batch job in the database (launched here or by debug_batch), with its items' progress."""
+    with viewer(s) as db:
+        if db is None:
+            return
+        jobs = db.batches.list(limit=20)
+        if not jobs:
+            st.info("No batch jobs in this database.")
+            return
+        for job in jobs:
+            finished = job["counts"].get("done", 0) + job["counts"].get("failed", 0)
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(job["counts"].items()))
+            st.progress(finished / job["total"] if job["total"] else 1.0,
+                        text=literal(f"job {job['job_id']}: {job['status']} ({finished}/{job['total']}; {counts})"))
+            with st.expander("items"):
+                full = db.batches.get(job["job_id"]) or {"items": []}
+                st.dataframe(pd.DataFrame([{k: i.get(k) for k in ("item_index", "model_path", "status", "session_id",
+                                                                   "error_message")} for i in full["items"]]),
+                             hide_index=True, width="stretch")
+
+
+st.subheader("Tasks")
+tasks_panel()
+st.subheader("Batch jobs")
+jobs_panel()

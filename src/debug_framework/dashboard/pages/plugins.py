@@ -1,0 +1,42 @@
+"""Kernel plugins: each registered plugin's build and its last validation (the op sweep's per-kernel
+pass rates and worst samples, as ``PluginRegistry.sweep`` recorded them)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from debug_framework.dashboard.data import literal, viewer
+
+st.title("Plugins")
+
+with viewer() as db:
+    if db is not None:
+        plugins = db.plugins.list()
+        if not plugins:
+            st.info("No plugins registered. Compile and sweep one with plugin_compile (docs/plugins.md).")
+        for p in plugins:
+            with st.expander(f"{literal(p['plugin_id'])} {literal(p.get('version') or '')} "
+                             f"({literal(p.get('backend_type') or '')})", expanded=True):
+                build = p.get("build") or {}
+                st.text(f"built: {p.get('artifact_path') or 'not built'}\ncache key: {build.get('cache_key') or ''}")
+                sweep = (p.get("validation") or {}).get("sweep")
+                if not sweep:
+                    st.caption("No op sweep recorded (plugin_compile sweep).")
+                    continue
+                ok = sweep.get("passed")
+                (st.success if ok else st.error)(f"sweep {'passed' if ok else 'failed'}: {sweep.get('samples')} "
+                                                 f"samples in {float(sweep.get('seconds') or 0):.1f} s")
+                kernels = sweep.get("kernels") or {}
+                st.dataframe(pd.DataFrame([{
+                    "kernel": name, "op": k.get("op"), "pass rate": k.get("pass_rate"),
+                    "passed": k.get("passed_samples"), "applicable": k.get("applicable"), "failed": k.get("failed"),
+                    "errors": k.get("errors"), "crashes": k.get("crashes"), "hangs": k.get("hangs"),
+                    "skipped": k.get("skipped"), "repro": k.get("repro"),
+                } for name, k in kernels.items()]), hide_index=True, width="stretch",
+                    column_config={"pass rate": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0,
+                                                                                format="percent")})
+                for name, k in kernels.items():
+                    if k.get("worst"):
+                        st.caption(f"worst sample of {literal(name)}")
+                        st.json(k["worst"], expanded=False)

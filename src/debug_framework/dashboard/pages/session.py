@@ -1,0 +1,80 @@
+"""One session: verdict, first divergence and where the error comes from, per-checkpoint error
+curves with their bounds, the checkpoint table, the heatmap, environment, the reproduce command and
+the reports (HTML, JSON, CSV, JUnit) made by ``debug_framework.reports``."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from debug_framework.dashboard.charts import CURVE_METRICS, checkpoint_frame, curve_chart, curve_frame, heatmap_image
+from debug_framework.dashboard.data import literal, session_ids, viewer
+from debug_framework.models.validation_report import ValidationReport
+from debug_framework.reports import render_report, report_document
+from debug_framework.reports._common import row_label, session_results, worst_row
+
+st.title("Session")
+_MIME = {"html": "text/html", "json": "application/json", "csv": "text/csv", "junit": "application/xml"}
+_SUFFIX = {"html": "html", "json": "json", "csv": "csv", "junit": "xml"}
+
+with viewer() as db:
+    if db is not None:
+        ids = session_ids(db)
+        wanted = st.query_params.get("id")
+        pick = st.selectbox("session", ids, index=ids.index(wanted) if wanted in ids else (0 if ids else None),
+                            placeholder="no sessions yet")
+        if wanted and wanted not in ids:
+            st.warning("There is no session with the id in the address; pick one from the list.")
+        if pick:
+            st.query_params["id"] = pick
+            report = ValidationReport.from_session(pick, db)
+            doc = report_document(report)
+            sess, rows, res = report.session, report.checkpoint_results, session_results(report.session)
+            verdict = str(doc["verdict"])
+            box = st.success if verdict == "passed" else (st.error if verdict in ("failed", "error") else st.info)
+            box(f"Verdict: **{literal(verdict)}** (status {literal(report.overall_status)})")
+            st.text(f"model: {sess.get('model_path')}\n{sess.get('reference_backend')} vs "
+                    f"{sess.get('alternative_backend')}, dtype {res.get('alternative_dtype') or ''}")
+            if sess.get("error_message"):
+                st.text(f"error: {sess['error_message']}")
+            fd = doc["first_divergence"]
+            first = None if fd is None else row_label((fd["checkpoint"], fd["layer"]))
+            c1, c2, c3 = st.columns(3)
+            c1.metric("first divergence", literal(first or "none"))
+            c2.metric("introducing layers",
+                      literal(", ".join(str(x) for x in res.get("introducing_layers") or []) or "none"))
+            c3.metric("checkpoints failed", str(res.get("failed", sum(1 for r in rows if r.get("passed") is False))))
+            if res.get("error_source"):
+                st.subheader("Error source")
+                st.json(res["error_source"])
+
+            st.subheader("Per-checkpoint error and the bound it was judged by")
+            metric = st.selectbox("metric", CURVE_METRICS, index=CURVE_METRICS.index("rmse"))
+            frame = curve_frame(rows, metric)
+            if frame.empty:
+                st.info("No finite figures of this metric to plot.")
+            else:
+                st.altair_chart(curve_chart(frame, metric, first), width="stretch")
+            st.dataframe(checkpoint_frame(rows), hide_index=True, width="stretch")
+
+            worst = worst_row(rows)
+            st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_label(worst))}" if worst else ""))
+            image = heatmap_image(worst, report.tensor_recordings, report.tensor_store_root) if worst else None
+            if image is None:
+                st.caption("No recorded tensors and no worst-element list for this checkpoint.")
+            else:
+                pixels, source, notes = image
+                st.image(pixels, caption=f"|alternative - reference| from {source}", clamp=True,
+                         width=min(900, max(200, pixels.shape[1] * 6)))
+                for note in notes:
+                    st.caption(literal(note))
+
+            st.subheader("Environment")
+            st.json({"environment": sess.get("environment"), "reference": sess.get("reference_backend_info"),
+                     "alternative": sess.get("alternative_backend_info")}, expanded=False)
+            st.subheader("Reproduce")
+            st.code(doc["reproduce_command"]["command"] or "", language="bash")
+            st.subheader("Reports")
+            cols = st.columns(4)
+            for col, fmt in zip(cols, ("html", "json", "csv", "junit")):
+                col.download_button(f"{fmt.upper()} report", data=lambda f=fmt: render_report(report, f),
+                                    file_name=f"session-{pick}.{_SUFFIX[fmt]}", mime=_MIME[fmt], key=f"dl_{fmt}")

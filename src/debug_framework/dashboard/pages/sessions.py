@@ -1,0 +1,56 @@
+"""Sessions: every stored validation session, filtered and sortable (click a column header)."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pandas as pd
+import streamlit as st
+
+from debug_framework.reports._common import row_label
+from debug_framework.dashboard.data import literal, session_items, settings, viewer
+
+st.title("Sessions")
+s = settings()
+st.caption(f"Database: {literal(s.location)}")
+
+with viewer(s) as db:
+    if db is not None:
+        items = session_items(db)
+        if not items:
+            st.info("No sessions yet. Run debug_validate, or launch a validation on the Jobs page.")
+        else:
+            frame = pd.DataFrame([{
+                "session": it["session_id"], "created (UTC)": str(it["created_at"] or "")[:19],
+                "status": it["status"], "verdict": it["verdict"], "model": it["model_path"],
+                "reference": it["reference_backend"], "alternative": it["alternative_backend"],
+                "dtype": it["dtype"], "reference dtype": it["reference_dtype"],
+                "first divergence": "" if it["first_divergence"] is None else
+                row_label((it["first_divergence"]["checkpoint"], it["first_divergence"]["layer"])),
+            } for it in items])
+            cols = st.columns(5)
+            models = cols[0].multiselect("model", sorted(frame["model"].dropna().unique()))
+            backends = cols[1].multiselect("backends", sorted(set(frame["reference"].dropna()) |
+                                                              set(frame["alternative"].dropna())))
+            dtypes = cols[2].multiselect("dtype", sorted(frame["dtype"].dropna().unique()))
+            verdicts = cols[3].multiselect("verdict / status", sorted(set(frame["verdict"]) | set(frame["status"])))
+            days = pd.to_datetime(frame["created (UTC)"], errors="coerce").dt.date
+            first = min((d for d in days if isinstance(d, date)), default=date.today())
+            span = cols[4].date_input("created between", value=(first, date.today()))
+            keep = pd.Series(True, index=frame.index)
+            if models:
+                keep &= frame["model"].isin(models)
+            if backends:
+                keep &= frame["reference"].isin(backends) | frame["alternative"].isin(backends)
+            if dtypes:
+                keep &= frame["dtype"].isin(dtypes)
+            if verdicts:
+                keep &= frame["verdict"].isin(verdicts) | frame["status"].isin(verdicts)
+            if isinstance(span, tuple) and len(span) == 2:
+                keep &= days.between(span[0], span[1]).fillna(False)
+            shown = frame[keep]
+            st.write(f"{len(shown)} of {len(frame)} sessions")
+            st.dataframe(shown, hide_index=True, width="stretch", key="sessions_table")
+            pick = st.selectbox("open a session", list(shown["session"]), index=None, placeholder="session id")
+            if pick and st.button("Show this session", key="open_session"):
+                st.switch_page("pages/session.py", query_params={"id": pick})

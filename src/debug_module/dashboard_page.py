@@ -1,0 +1,138 @@
+"""The dashboard's ``debug_module`` page: run directories under the dashboard's artifacts root.
+
+Registered in the entry-point group ``debug_framework.dashboard_pages`` (pyproject.toml), so the
+dashboard (in ``debug_framework``, which never imports this package) shows it when installed. It
+reads each run through :func:`debug_module.reports.generator.collect_run`, the same data the
+``inductor-debug`` report shows: graphs and statistics, constraint violations with their source
+lines, guards and graph breaks, KernelDiff results and plots, minifier repros. Everything read from
+a run is shown as text or data (never as Markdown or HTML), and files are opened only inside the
+run's directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["runs_page"]
+
+_MAX_REPRO_CHARS = 20_000
+
+
+def _inside(run: Path, relative: str) -> Path | None:
+    """``run/relative`` when it is a regular file inside ``run`` (no ``..`` or link out of it)."""
+    path = (run / relative).resolve()
+    root = run.resolve()
+    return path if path.is_file() and path.is_relative_to(root) else None
+
+
+def _statistics(run: Path) -> list[tuple[str, Any]]:
+    """The run's graph statistics files (kind ``statistics`` in its manifest), read as JSON."""
+    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    out = []
+    for f in manifest.get("files", []):
+        path = _inside(run, str(f.get("path", ""))) if f.get("kind") == "statistics" else None
+        if path is not None:
+            out.append((str(f["path"]), json.loads(path.read_text(encoding="utf-8"))))
+    return out
+
+
+def _violations_frame(violations: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    rows = []
+    for v in violations:
+        src = v.get("source") or {}
+        rows.append({"constraint": v.get("constraint"), "message": v.get("message"), "graph": v.get("graph"),
+                     "node": v.get("node"), "op": v.get("op"), "shape": str(v.get("shape") or ""),
+                     "dtype": v.get("dtype"),
+                     "source": f"{src.get('file')}:{src.get('line')}" if src else "",
+                     "code": src.get("code") if src else ""})
+    return pd.DataFrame(rows)
+
+
+def _show_run(st: Any, run: Path) -> None:
+    import pandas as pd
+
+    from debug_framework.dashboard.data import literal
+
+    from .reports.generator import collect_run
+
+    data = collect_run(run)
+    c = st.columns(4)
+    c[0].metric("status", literal(data.get("status")))
+    c[1].metric("graphs", len(data["graphs"]))
+    c[2].metric("violations", len(data["violations"]))
+    c[3].metric("repros", len(data["repros"]))
+    st.text(f"model: {data['model']}\nbackend: {data.get('backend')}  torch: {data.get('torch')}  "
+            f"created: {data.get('created')}")
+    st.subheader("Graphs and statistics")
+    if data["graphs"]:
+        st.dataframe(pd.DataFrame(data["graphs"]).astype(str), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame([{"kind": k, "files": n} for k, n in data["files_by_kind"].items()]), hide_index=True)
+    if data["coverage"]:
+        st.dataframe(pd.DataFrame(data["coverage"]).astype(str), hide_index=True, width="stretch")
+    for rel, stats in _statistics(run):
+        st.caption(literal(f"statistics of {rel}"))
+        st.json(stats, expanded=False)
+    st.subheader("Constraint violations")
+    if data["violations"]:
+        st.dataframe(_violations_frame(data["violations"]), hide_index=True, width="stretch")
+    else:
+        st.caption("No constraint violations recorded.")
+    st.subheader("Guards and graph breaks")
+    guards = data.get("guards") or {}
+    if guards:
+        for key in ("graph_breaks", "recompilations"):
+            items = guards.get(key) or []
+            st.caption(f"{key.replace('_', ' ')}: {len(items)}")
+            if items:
+                st.dataframe(pd.DataFrame(items).astype(str), hide_index=True, width="stretch")
+    else:
+        st.caption("No guard report (inductor-debug guards writes reports/guards.json).")
+    st.subheader("KernelDiff")
+    if data.get("kerneldiff"):
+        kd = data["kerneldiff"]
+        (st.success if kd.get("passed") else st.error)("KernelDiff " + ("passed" if kd.get("passed") else "failed"))
+        st.json(kd, expanded=False)
+        for plot in data["plots"]:
+            path = _inside(run, plot)
+            if path is not None and path.suffix.lower() == ".png":
+                st.image(str(path), caption=plot)
+    else:
+        st.caption("No KernelDiff report in this run.")
+    st.subheader("Minifier repros")
+    for repro in data["repros"]:
+        script = _inside(run, str(Path(repro) / "repro.py")) if Path(repro).is_relative_to(run.resolve()) else None
+        st.text(repro)
+        if script is not None:
+            st.code(script.read_text(encoding="utf-8", errors="replace")[:_MAX_REPRO_CHARS], language="python")
+
+
+def runs_page(context: Any) -> None:
+    """Draw the page (``context``: the dashboard's ``PageContext``: ``database``, ``artifacts``)."""
+    import streamlit as st
+
+    from debug_framework.dashboard.data import literal
+
+    from .reports.generator import find_runs
+
+    root = Path(context.artifacts)
+    st.caption(literal(f"Run directories under {root}"))
+    runs = find_runs(root)
+    if not runs:
+        st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (inductor-debug writes runs "
+                "under ./debug_artifacts by default).")
+        return
+    names = [p.name for p in reversed(runs)]  # newest first
+    pick = st.selectbox("run", names)
+    if pick:
+        try:
+            _show_run(st, root / pick)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged run directory
+            st.error("This run directory could not be read.")
+            st.text(f"{type(exc).__name__}: {exc}")
+
+
+runs_page.title = "debug_module runs"  # type: ignore[attr-defined]

@@ -1,0 +1,126 @@
+"""The real dashboard in a real browser: ``python -m debug_framework.dashboard`` on a free loopback
+port, headless chromium loading every page (no console errors, the key elements there, a
+screenshot of each kept under test-artifacts/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+from .test_runs_page import install_entry_points
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytest.importorskip("streamlit")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(sessions, runs, tmp_path):
+    """The dashboard as a user starts it, on the sessions' database and the runs' artifacts root."""
+    port = _free_port()
+    eps = install_entry_points(tmp_path / "ep")  # the runs page, as the installed debug_module declares it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(eps)]),
+           "PIE_DEBUG_LOG_DIR": str(tmp_path / "logs"), "HOME": str(tmp_path)}
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "debug_framework.dashboard", "--database", str(sessions.database),
+                             "--artifacts", str(runs[0]), "--port", str(port)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    raise AssertionError((tmp_path / "server.log").read_text()) from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _wait_text(page, text: str) -> None:
+    page.get_by_text(text, exact=False).first.wait_for(timeout=30_000)
+    page.wait_for_timeout(800)  # let late elements (charts, tables) draw
+
+
+def _nav(page, title: str, text: str) -> None:
+    """Follow the sidebar's link to a page (client-side, as a user does) and wait for ``text``."""
+    page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+    _wait_text(page, text)
+
+
+def _open_session(page, session_id: str, text: str) -> None:
+    """The Sessions page's "open a session": type the id, press "Show this session"."""
+    _nav(page, "Sessions", "of 3 sessions")
+    page.get_by_role("combobox", name="open a session").click()
+    page.keyboard.type(session_id)
+    page.keyboard.press("Enter")
+    page.get_by_role("button", name="Show this session", exact=True).click()
+    _wait_text(page, text)
+
+
+def test_every_page_in_chromium(server, sessions, runs, browser_page):
+    """Loaded once at the root, then navigated as a user does (a direct load of a page's own URL
+    makes Streamlit's frontend probe ``<page>/_stcore/health`` first: two 404s in the console)."""
+    page = browser_page.page
+    bad: list[str] = []  # what failed to load, to name it when the console reports it
+    page.on("requestfailed", lambda r: bad.append(f"{r.url} {r.failure}"))
+    page.on("response", lambda r: bad.append(f"{r.url} {r.status}") if r.status >= 400 else None)
+    page.goto(server + "/")
+    _wait_text(page, "3 of 3 sessions")
+    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
+    browser_page.screenshot("dashboard-sessions")
+
+    _open_session(page, sessions.failed, "Per-checkpoint error")
+    assert sessions.failed in page.url  # the address names the session: a reload shows it again
+    page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
+    page.locator('[data-testid="stImage"]').first.wait_for(timeout=30_000)  # the heatmap
+    with page.expect_download(timeout=30_000) as download:  # the report the reports package renders
+        page.locator('[data-testid="stDownloadButton"] button').filter(has_text="JSON report").click()
+    doc = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert doc["session_id"] == sessions.failed and doc["verdict"] == "failed" and doc["first_divergence"]
+    browser_page.screenshot("dashboard-session")
+
+    page.evaluate("() => { window.__xss = undefined; window.alert = () => { window.__xss = 1; }; }")
+    _open_session(page, sessions.hostile, "Verdict")
+    page.get_by_text("<script>alert(1)</script>", exact=False).first.wait_for(timeout=30_000)  # shown as text
+    assert "javascript:" not in page.evaluate("() => Array.from(document.querySelectorAll('a')).map(a => a.href).join()")
+    assert page.evaluate("() => window.__xss === undefined")
+    browser_page.screenshot("dashboard-hostile")
+
+    _nav(page, "Diff", "Diff of two sessions")
+    browser_page.screenshot("dashboard-diff")
+    _nav(page, "Jobs", "Launch a validation")
+    assert page.get_by_text("Launch validation").count() >= 1
+    browser_page.screenshot("dashboard-jobs")
+    _nav(page, "Plugins", "No plugins registered")
+    browser_page.screenshot("dashboard-plugins")
+    _nav(page, "debug_module runs", "KernelDiff failed")  # the newest run: a failing KernelDiff
+    page.locator('[data-testid="stImage"]').first.wait_for(timeout=30_000)  # its plots
+    browser_page.screenshot("dashboard-runs")
+    assert browser_page.scroll_overflow() <= 0
+    assert not browser_page.errors, (browser_page.errors, bad)
+    assert not bad, bad

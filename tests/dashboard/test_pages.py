@@ -1,0 +1,126 @@
+"""Every dashboard page run through Streamlit's AppTest on real sessions made by the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import APP, HOSTILE, run_page
+
+pytest.importorskip("streamlit")
+
+
+def _texts(at) -> str:
+    """Everything the page shows as text or Markdown, joined."""
+    parts = [e.value for e in at.markdown] + [e.value for e in at.text] + [e.value for e in at.code]
+    parts += [e.value for e in at.caption] + [e.value for e in at.error] + [e.value for e in at.success]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_sessions_page_lists_filters_and_sorts(app_env):
+    at = run_page()
+    assert at.title[0].value == "Sessions"
+    frame = at.dataframe[0].value
+    assert set(frame["session"]) == {app_env.passed, app_env.failed, app_env.hostile}
+    assert "3 of 3 sessions" in _texts(at)
+    at.multiselect[3].select("failed").run()  # verdict / status
+    frame = at.dataframe[0].value
+    assert list(frame["session"]) == [app_env.failed]
+    assert frame.iloc[0]["first divergence"]  # the failing session names where it diverged
+    assert "1 of 3 sessions" in _texts(at)
+
+
+def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env):
+    at = run_page("session.py", {"id": app_env.failed})
+    assert "Verdict: **failed**" in at.error[0].value
+    first = next(m for m in at.metric if m.label == "first divergence")
+    assert first.value not in ("", "none")
+    table = at.dataframe[0].value
+    assert {"bound", "margin", "judged by"} <= set(table.columns)
+    assert (table["passed"] == False).any() and table["margin"].notna().any()  # noqa: E712
+    charts = at.get("vega_lite_chart")
+    assert charts, "the error curve with its bound"
+    spec = charts[0].proto.spec
+    assert '"bound"' in spec and '"log"' in spec  # the bound series, on a log scale
+    images = at.get("image")
+    assert images, "the heatmap of the worst checkpoint (tensors were recorded)"
+    assert "from recorded tensors" in str(images[0].proto)
+    assert "debug_validate" in at.code[-1].value and "--dtype bfloat16" in at.code[-1].value
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == ["HTML report", "JSON report", "CSV report", "JUNIT report"]
+
+
+def test_session_page_escapes_a_hostile_model_path(app_env):
+    at = run_page("session.py", {"id": app_env.hostile})
+    shown = "\n".join(t.value for t in at.text)
+    assert HOSTILE.replace("\u202e", "") in shown.replace("\u202e", "")  # shown as typed, as plain text
+    for md in at.markdown:  # nothing of it reaches Markdown unescaped
+        assert "<script>" not in md.value and "](javascript:" not in md.value
+    for el in at.get("alert"):
+        assert "<script>" not in str(el.proto)
+
+
+def test_diff_page_diffs_two_sessions(app_env):
+    at = run_page("diff.py")
+    at.selectbox[0].select(app_env.passed)
+    at.selectbox[1].select(app_env.failed)
+    at.run()
+    assert not at.exception
+    worse = next(m for m in at.metric if m.label == "worse")
+    assert int(worse.value) > 0
+    assert len(at.dataframe[0].value) > 0
+    at.selectbox[0].select(app_env.hostile).run()  # another model: DF005 on the page, no traceback
+    assert any("DF005" in e.value for e in at.error)
+
+
+def test_missing_and_corrupt_databases_are_messages(tmp_path, monkeypatch):
+    from debug_framework.dashboard.settings import DATABASE_VARIABLE
+
+    monkeypatch.setenv(DATABASE_VARIABLE, str(tmp_path / "missing.db"))
+    for page in (None, "session.py", "diff.py", "plugins.py", "jobs.py"):
+        at = run_page(page)
+        assert any(e.value.startswith("DF003") for e in at.error), page
+        assert not (tmp_path / "missing.db").exists()  # viewing never creates it
+    bad = tmp_path / "corrupt.db"
+    bad.write_bytes(b"not a database" * 100)
+    monkeypatch.setenv(DATABASE_VARIABLE, str(bad))
+    at = run_page()
+    assert any(e.value.startswith("DF003") for e in at.error)
+    assert "file is not a database" in _texts(at)
+
+
+def test_plugins_page_shows_pass_rates_and_worst_samples(app_env, tmp_path, monkeypatch):
+    from debug_framework.dashboard.settings import DATABASE_VARIABLE
+    from debug_framework.plugins.sweep import KernelSweep, SweepReport
+    from debug_framework.storage.database import Database
+
+    db_path = tmp_path / "plugins.db"
+    db = Database(db_path)
+    sweep = KernelSweep("rms_norm", "aten::rms_norm", samples=[
+        {"source": "opinfo", "result": {"status": "pass"}}, {"source": "fuzz", "result": {"status": "fail"}}],
+        worst={"sample": 1, "margin": 3.5, "note": HOSTILE})
+    db.plugins.upsert("demo_plugin", "1.0", "cpp", {"id": "demo_plugin"})
+    db.plugins.set_validation("demo_plugin", {"sweep": SweepReport("demo_plugin", {"rms_norm": sweep}).to_dict()})
+    db.close()
+    monkeypatch.setenv(DATABASE_VARIABLE, str(db_path))
+    at = run_page("plugins.py")
+    frame = at.dataframe[0].value
+    assert frame.iloc[0]["kernel"] == "rms_norm" and frame.iloc[0]["pass rate"] == pytest.approx(0.5)
+    assert at.json and "3.5" in at.json[0].value
+    assert "sweep failed" in at.error[0].value
+
+
+def test_empty_plugins_page(app_env):
+    at = run_page("plugins.py")
+    assert "No plugins registered" in at.info[0].value
+
+
+def test_jobs_page_without_tasks(app_env):
+    at = run_page("jobs.py")
+    assert [b.proto.label for b in at.get("form_submit_button")][:1] == ["Launch validation"] or at.button
+    assert any("No tasks launched" in i.value for i in at.info)
+
+
+def test_app_file_exists():
+    assert Path(APP).is_file()

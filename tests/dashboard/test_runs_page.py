@@ -1,0 +1,77 @@
+"""The ``debug_module`` runs page, contributed through the ``debug_framework.dashboard_pages`` entry
+points (debug_framework never imports debug_module), on real run directories: an Inductor run with
+constraints and a guard report, and a failing KernelDiff run with its plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+
+ENTRY_POINTS = "[debug_framework.dashboard_pages]\nruns = debug_module.dashboard_page:runs_page\n"
+
+
+def install_entry_points(folder: Path) -> Path:
+    """A distribution on ``folder`` declaring the page, as an installed debug_module does (pyproject)."""
+    info = folder / "dashboard_pages_test-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dashboard-pages-test\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    return folder
+
+
+def _page(root: str) -> None:
+    from pathlib import Path
+
+    from debug_framework.dashboard.extensions import PageContext, contributed_pages
+
+    page = next(p for p in contributed_pages() if p.name == "runs")
+    page.render(PageContext(database="unused.db", artifacts=Path(root)))
+
+
+def test_the_page_is_found_through_the_entry_point_group(tmp_path, monkeypatch):
+    from debug_framework.dashboard.extensions import contributed_pages
+
+    monkeypatch.syspath_prepend(str(install_entry_points(tmp_path)))
+    (page,) = [p for p in contributed_pages() if p.name == "runs"]
+    assert page.title == "debug_module runs" and page.error is None
+    bad = tmp_path / "bad"
+    install_entry_points(bad)
+    (bad / "dashboard_pages_test-0.dist-info" / "entry_points.txt").write_text(
+        "[debug_framework.dashboard_pages]\nbroken = no_such_module_xyz:page\n")
+    monkeypatch.syspath_prepend(str(bad))
+    (broken,) = [p for p in contributed_pages() if p.name == "broken"]
+    assert broken.render is None and "ModuleNotFoundError" in broken.error
+
+
+@pytest.mark.slow
+def test_runs_page_shows_violations_guards_and_kerneldiff(runs, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    root, ids = runs
+    monkeypatch.syspath_prepend(str(install_entry_points(tmp_path)))
+    at = AppTest.from_function(_page, args=(str(root),), default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert set(at.selectbox[0].options) == {ids["aot"], ids["kd"]}
+    at.selectbox[0].select(ids["aot"]).run()
+    frames = [d.value for d in at.dataframe]
+    violations = next(f for f in frames if "constraint" in f.columns)
+    assert (violations["constraint"] == "shape_alignment").any() and violations["source"].str.contains(r"\.py:\d+").any()
+    assert any("graph breaks" in c.value for c in at.caption)
+    assert any(c.value.startswith("statistics of statistics/") for c in at.caption) and at.json  # graph statistics
+    at.selectbox[0].select(ids["kd"]).run()
+    assert any("KernelDiff failed" in e.value for e in at.error)
+    assert at.get("image"), "the KernelDiff plots"
+
+
+def test_runs_page_without_runs(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.syspath_prepend(str(install_entry_points(tmp_path / "ep")))
+    at = AppTest.from_function(_page, args=(str(tmp_path / "none"),), default_timeout=30)
+    at.run()
+    assert not at.exception
+    assert "No debug_module runs here" in at.info[0].value
