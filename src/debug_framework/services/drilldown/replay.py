@@ -1,0 +1,172 @@
+"""``replay``: the drill-down of backends that run PyTorch operators eagerly.
+
+Covers the ``pytorch`` backend in any dtype, module backends (``module_backend``, a
+``--backend-module``/``--backend-file`` builder), a module backend whose module is wrapped by
+``torch.compile`` (its original module is traced: the operators it asks for, run eagerly) and
+plugin backends (``plugin:<id>``: stock ATen with the plugin's kernels dispatched in their place).
+
+For one layer: the alternative's layer is traced to an ATen graph on the reference's input to it
+(cast to the alternative's dtype); a *trusted* graph of the same layer is traced from a correct
+implementation of the same architecture (the Hugging Face model with the same weights, run in
+float64), so the trusted values carry the reference's semantics, not the alternative's (a
+tanh-approximate ``gelu`` in the alternative's own graph would be invisible in a float64 run of
+that graph); the graphs are aligned (:mod:`.align`) and every operator judged alone
+(:mod:`.judge`). The culprit is the first operator in graph order beyond its bound; a standalone
+repro of it is written and run once (:mod:`.repro`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .align import align_graphs
+from .judge import JudgedLayer, judge_layer
+from .layer_graph import LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
+from .repro import write_and_verify
+from .types import Culprit, DrillRequest, LayerDrilldown
+
+__all__ = ["ReplayStrategy"]
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ReplayStrategy:
+    """Trace the layer's ATen graph and replay each operator alone (see the module's docstring)."""
+
+    name = "replay"
+
+    def __init__(self) -> None:
+        self._trusted: dict[int, torch.nn.Module | None] = {}
+        self._trusted_why: dict[int, str] = {}
+
+    def applies(self, backend: Any) -> tuple[bool, str]:
+        from ...backends.torch_module import TorchModuleBackend
+
+        if not isinstance(backend, TorchModuleBackend):
+            return False, f"{getattr(backend, 'name', backend)!r} does not run a torch nn.Module eagerly"
+        if backend.module is None:
+            return False, "the backend is not prepared"
+        if _eager_module(backend.module) is None:
+            return False, "its module is compiled and has no original module to run eagerly"
+        return True, ""
+
+    # -- the layer ------------------------------------------------------------------------------
+
+    def drill(self, request: DrillRequest) -> LayerDrilldown:
+        backend = request.backend
+        module = _eager_module(backend.module)
+        assert module is not None  # applies() said so
+        layer_name = backend.layer_modules[request.layer]
+        dtype = _DTYPES[backend.dtype]
+        device = backend.device
+        result = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name,
+                                method=self.name)
+        kernels = _kernel_context(backend)
+        hidden64 = torch.as_tensor(request.hidden_in, dtype=torch.float64)
+        with kernels():
+            alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
+        alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
+        trusted_net = self._trusted_module(request.model)
+        notes: list[str] = []
+        if trusted_net is None:
+            notes.append(f"no correct implementation of the architecture to trust ({self._trusted_why[id(request.model)]}): "
+                         "the alternative's own graph run in float64 is the trusted run, so an operator computing "
+                         "the wrong function (not merely imprecisely) cannot be seen")
+            trusted, ref_call = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype)), alt_call
+        else:
+            ref_call = capture_layer_call(trusted_net, layer_name, request.inputs.torch("cpu"))
+            trusted = trace_layer(trusted_net, layer_name, ref_call, hidden64)
+        trusted_inputs = _trusted_inputs(trusted, alt, dtype)
+        judged = judge_layer(alt, trusted, align_graphs(alt.gm.graph, trusted.gm.graph), trusted_inputs,
+                             kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
+        result.operators = judged.rows
+        result.graph_file = str(_write_graph(alt, request.out_dir))
+        result.culprit = self._culprit(judged, alt, backend, request.out_dir)
+        notes.extend(judged.notes)
+        if result.culprit is None:
+            notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
+                            "error is carried in, or comes from how operators combine (see the carried-in column)")
+        result.note = "; ".join(notes)
+        return result
+
+    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path) -> Culprit | None:
+        row = next((r for r in judged.rows if r.introduces), None)
+        if row is None:
+            return None
+        node = next(n for n in alt.gm.graph.nodes if n.name == row.node)
+        repro_dir, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend,
+                                               what=f"{row.op} at {row.module_path or '?'} ({row.source or '?'})")
+        return Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
+                       repro_dir=str(repro_dir), verified=verified)
+
+    def _trusted_module(self, model: Any) -> torch.nn.Module | None:
+        """The Hugging Face model of the same weights in float64, built once per model (None when
+        transformers cannot build this architecture)."""
+        key = id(model)
+        if key not in self._trusted:
+            from ...backends.pytorch import build_hf_model
+            from ...errors import DebugFrameworkError
+
+            try:
+                self._trusted[key] = build_hf_model(model, torch.float64, "cpu")
+            except DebugFrameworkError as exc:
+                self._trusted[key], self._trusted_why[key] = None, exc.message
+        return self._trusted[key]
+
+
+def _eager_module(module: Any) -> torch.nn.Module | None:
+    """The module whose operators run eagerly: a ``torch.compile`` wrapper's original module."""
+    orig = getattr(module, "_orig_mod", None)
+    if isinstance(orig, torch.nn.Module):
+        return orig
+    return module if isinstance(module, torch.nn.Module) else None
+
+
+def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """What puts the alternative's own kernels in place while an operator runs: a plugin backend's
+    ATen swap; nothing for eager backends (their kernels are torch's)."""
+    from ...plugins.swap import AtenSwap, PluginBackend
+
+    if isinstance(backend, PluginBackend):
+        return lambda: AtenSwap(backend.kernels)
+    return contextlib.nullcontext
+
+
+def _is_mask(value: torch.Tensor, dtype: torch.dtype) -> bool:
+    """An additive attention mask: its "minus infinity" is its dtype's lowest value, so it is taken
+    from the alternative as it is rather than from the float64 run."""
+    return value.is_floating_point() and value.numel() > 0 and \
+        float(value.detach().abs().max()) >= torch.finfo(dtype).max / 4
+
+
+def _trusted_inputs(trusted: LayerGraph, alt: LayerGraph, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Each input path -> its trusted float64 value: the trusted graph's own (reference hidden
+    state, float64 weights, position embeddings), except additive masks (the alternative's)."""
+    own = dict(zip(alt.input_paths, alt.inputs))
+    out: dict[str, torch.Tensor] = {}
+    for path, value in zip(trusted.input_paths, trusted.inputs):
+        alt_value = own.get(path)
+        if isinstance(alt_value, torch.Tensor) and alt_value.is_floating_point() and (
+                _is_mask(alt_value, alt_value.dtype) or _is_mask(value, torch.float64)):
+            value = alt_value
+        out[path] = value.detach().to("cpu", torch.float64) if value.is_floating_point() else value.detach().cpu()
+    return out
+
+
+def _write_graph(graph: LayerGraph, out_dir: Path) -> Path:
+    """The alternative's layer graph as JSON (node ids, ops, inputs, module paths, sources): the
+    graph the rows' ``node`` ids refer to."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nodes = [{"id": n.name, "op": n.op, "target": str(n.target), "inputs": [a.name for a in n.all_input_nodes],
+              "module_path": node_module_path(n), "source": node_source(n)}
+             for n in graph.gm.graph.nodes]
+    path = out_dir / "layer_graph.json"
+    path.write_text(json.dumps({"layer": graph.layer_name, "nodes": nodes}, indent=1), encoding="utf-8")
+    return path
+
