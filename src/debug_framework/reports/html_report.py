@@ -32,6 +32,7 @@ from ._common import (
     verdict_of,
     worst_row,
 )
+from ._drilldown import drilldown_section
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, png_data_uri
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
 from .documents import DiffSource, ReportSource, SessionSource
@@ -51,7 +52,8 @@ _BOUND = "#718096"  # the bound's line in every error chart
 _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth")
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
-                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source"}
+                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source",
+                      "drilldown"}
 
 
 def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
@@ -492,6 +494,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         _section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
         _isolation(rows, results),
+        drilldown_section(results),
         _heatmap(heat, worst),
         _oracle_noise(rows, results),
         _performance(perf),
