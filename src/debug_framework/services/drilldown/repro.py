@@ -121,10 +121,8 @@ def _plugin(backend: Any) -> dict[str, Any] | None:
 
     if not isinstance(backend, PluginBackend):
         return None
-    import debug_framework
-
     return {"definition": backend.definition.to_dict(), "artifact": str(Path(backend.artifact).resolve()),
-            "framework_path": str(Path(debug_framework.__file__).resolve().parents[1])}
+            "framework_path": str(Path(__file__).resolve().parents[3])}  # the folder holding debug_framework
 
 
 def write_and_verify(folder: Path, replay: Replay, backend: Any, *, what: str) -> tuple[Path, bool]:
