@@ -122,6 +122,7 @@ class _Judge:
         self.alt_nodes = {n.name: n for n in self.alt.gm.graph.nodes}
         self.ref_nodes = {n.name: n for n in self.trusted.gm.graph.nodes}
         self.eps = torch.finfo(self.dtype).eps
+        self.paths = {n.name: p for n, p in zip(self.alt.placeholders(), self.alt.input_paths)}
 
     def trusted_value(self, node: torch.fx.Node, index: int) -> Any:
         if node.op == "placeholder":
@@ -162,12 +163,17 @@ class _Judge:
                     return value
         return _to_dtype(self.alt_own[node.name], torch.float64)
 
+    def _replay_input(self, arg: torch.fx.Node) -> Any:
+        """A replayed operator's input: the alternative's own weights (its state is part of what is
+        judged), else the trusted value cast to the dtype the alternative gave that input."""
+        if arg.op == "get_attr" or (arg.op == "placeholder" and self.paths[arg.name].startswith("param:")):
+            return _clone(self.alt_own[arg.name])
+        return _cast_like(self.tv[arg.name], self.alt_own[arg.name], self.device)
+
     def replay(self, node: torch.fx.Node) -> tuple[Any, Any, Any]:
         """The operator alone on trusted inputs cast to the alternative's dtypes, its kernels in place."""
-        args = _cast_like(torch.fx.node.map_arg(node.args, lambda a: self.tv[a.name]),
-                          torch.fx.node.map_arg(node.args, lambda a: self.alt_own[a.name]), self.device)
-        kwargs = _cast_like(torch.fx.node.map_arg(node.kwargs, lambda a: self.tv[a.name]),
-                            torch.fx.node.map_arg(node.kwargs, lambda a: self.alt_own[a.name]), self.device)
+        args = torch.fx.node.map_arg(node.args, self._replay_input)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self._replay_input)
         with torch.no_grad(), self.kernels():
             out = node.target(*_clone(args), **_clone(kwargs))
         return out, args, kwargs
@@ -188,7 +194,7 @@ class _Judge:
 
     def carried_in(self, node: torch.fx.Node) -> float:
         errors = [rms_error(self.alt_own[a.name], self.tv[a.name]) for a in node.all_input_nodes
-                  if a.op != "placeholder" or self.alt.input_paths[_index(self.alt, a)] == "hidden"]
+                  if a.op != "placeholder" or self.paths[a.name] == "hidden"]
         errors = [e for e in errors if e == e]
         return max(errors, default=0.0)
 
@@ -201,10 +207,6 @@ def _clone(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _clone(v) for k, v in value.items()}
     return value
-
-
-def _index(graph: LayerGraph, node: torch.fx.Node) -> int:
-    return [n.name for n in graph.placeholders()].index(node.name)
 
 
 def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trusted_inputs: dict[str, torch.Tensor],

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from .align import align_graphs
-from .judge import JudgedLayer, judge_layer
+from ...comparison import finite_rms
+from .judge import JudgedLayer, judge_layer, rms_error
 from .layer_graph import LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
 from .repro import write_and_verify
 from .types import Culprit, DrillRequest, LayerDrilldown
@@ -89,6 +90,7 @@ class ReplayStrategy:
         result.graph_file = str(_write_graph(alt, request.out_dir))
         result.culprit = self._culprit(judged, alt, backend, request.out_dir)
         notes.extend(judged.notes)
+        notes.extend(_weight_notes(alt, trusted_inputs))
         if result.culprit is None:
             notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
                             "error is carried in, or comes from how operators combine (see the carried-in column)")
@@ -157,6 +159,19 @@ def _trusted_inputs(trusted: LayerGraph, alt: LayerGraph, dtype: torch.dtype) ->
             value = alt_value
         out[path] = value.detach().to("cpu", torch.float64) if value.is_floating_point() else value.detach().cpu()
     return out
+
+
+def _weight_notes(alt: LayerGraph, trusted_inputs: dict[str, torch.Tensor]) -> list[str]:
+    """Weights of the alternative that are not the reference's (beyond rounding to their dtype)."""
+    differ = []
+    for path, own in zip(alt.input_paths, alt.inputs):
+        ref = trusted_inputs.get(path)
+        if not path.startswith("param:") or ref is None or not own.is_floating_point() or ref.shape != own.shape:
+            continue
+        rounding = rms_error(ref.to(own.dtype), ref)
+        if rms_error(own, ref) > 4 * rounding + torch.finfo(own.dtype).eps * finite_rms(ref):
+            differ.append(path.removeprefix("param:"))
+    return [f"the alternative's weights differ from the reference's: {', '.join(differ)}"] if differ else []
 
 
 def _write_graph(graph: LayerGraph, out_dir: Path) -> Path:
