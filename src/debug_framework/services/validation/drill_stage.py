@@ -19,6 +19,7 @@ from ...backends.artifacts import current_artifact_root
 from ...errors import DebugFrameworkError
 from ..drilldown import DrillRequest, LayerDrilldown, choose_strategy
 from .context import RunContext, Stage
+from .deadline import bounded
 
 __all__ = ["DrillDownStage", "drill_targets"]
 
@@ -70,7 +71,7 @@ class DrillDownStage(Stage):
     @staticmethod
     def _drill(ctx: RunContext, strategy: Any, request: DrillRequest) -> LayerDrilldown:
         try:
-            return strategy.drill(request)
+            return bounded(lambda: strategy.drill(request))  # within the session's time limit
         except DebugFrameworkError:
             raise
         except Exception as exc:  # noqa: BLE001 - tracing a user's module may fail in its own code
