@@ -117,26 +117,55 @@ def test_a_wrong_plugin_kernel_is_named(tiny, buggy_gelu_plugin, tmp_path):
     assert c.verified and entry.note == ""  # the plugin's graph is the stock graph: nothing differs but the kernel
 
 
-@pytest.mark.parametrize(("family", "dtype"), [("bert", "float32"), ("llama", "bfloat16")])
-def test_a_correct_backend_drills_to_no_culprit(family, dtype, tiny, bug_backend, tmp_path):
-    """Acceptance (4): no false alarm: every operator of a correct layer within its bound."""
+def _drill_layer_1(model_dir, backend_name, dtype, out_dir):
     from debug_framework.backends import get_backend
     from debug_framework.modelio import ModelInputs, load_model
     from debug_framework.services.drilldown import DrillRequest, choose_strategy
 
-    model = load_model(tiny(family))
+    model = load_model(model_dir)
     inputs = ModelInputs.random(model.config.vocab_size, 2, 16, seed=0)
     ref = get_backend("python_reference")
     ref.prepare(model, "float64")
     hidden = ref.run(inputs, capture_layer_inputs=True).layer_inputs[1]
-    alt = get_backend(bug_backend(None))
+    alt = get_backend(backend_name)
     alt.prepare(model, dtype)
     strategy, why = choose_strategy(alt)
     assert strategy is not None and strategy.name == "replay", why
-    entry = strategy.drill(DrillRequest(layer=1, checkpoint="post_mlp:1", backend=alt, model=model, inputs=inputs,
-                                        hidden_in=hidden, dtype=dtype, device="cpu", out_dir=tmp_path))
+    return alt, strategy.drill(DrillRequest(layer=1, checkpoint="post_mlp:1", backend=alt, model=model, inputs=inputs,
+                                            hidden_in=hidden, dtype=dtype, device="cpu", out_dir=out_dir))
+
+
+@pytest.mark.parametrize(("family", "dtype"), [("bert", "float32"), ("llama", "bfloat16")])
+def test_a_correct_backend_drills_to_no_culprit(family, dtype, tiny, bug_backend, tmp_path):
+    """Acceptance (4): no false alarm: every operator of a correct layer within its bound."""
+    alt, entry = _drill_layer_1(tiny(family), bug_backend(None), dtype, tmp_path)
     assert entry.culprit is None and entry.introducing == []
     assert len(entry.operators) > 20 and all(not math.isnan(r.margin) for r in entry.operators)
     assert max(r.margin for r in entry.operators) < 0.5  # well inside: the stock operator's own noise
     assert entry.note.startswith("no operator introduces error beyond its bound")
     assert json.loads((tmp_path / "layer_graph.json").read_text())["layer"] == alt.layer_modules[1]
+
+
+@pytest.mark.slow
+def test_a_torch_compile_module_backend_is_drilled_through_its_original_module(tiny, tmp_path):
+    """A module backend whose builder returns ``torch.compile(net)``: its layer is traced from the
+    original module (the operators it asks for, run eagerly) and the tanh GELU is still named."""
+    import torch
+
+    from debug_framework.backends import module_backend, register_backend, unregister_backend
+    from debug_framework.backends.pytorch import build_hf_model
+
+    from benchmarks.injected_bugs import BUGS
+
+    def build(model, dtype, device):
+        net = build_hf_model(model, dtype, device)
+        BUGS["gelu_variant"].patch(net, 1)
+        return torch.compile(net, backend="eager")
+
+    register_backend("compiled_gelu_bug", module_backend("compiled_gelu_bug", build), replace=True)
+    try:
+        _, entry = _drill_layer_1(tiny("bert"), "compiled_gelu_bug", "float32", tmp_path)
+    finally:
+        unregister_backend("compiled_gelu_bug")
+    assert entry.culprit.op == "aten.gelu.default" and entry.culprit.verified
+    assert entry.culprit.module_path == "encoder.layer.1.intermediate.intermediate_act_fn"
