@@ -161,7 +161,7 @@ class _Judge:
                 value = first_tensor(self.trusted_env.get(ref.name))
                 if value is not None and value.shape == own.shape:
                     return value
-        return _to_dtype(self.alt_own[node.name], torch.float64)
+        return _to_dtype(_on_cpu(self.alt_own[node.name]), torch.float64)
 
     def _replay_input(self, arg: torch.fx.Node) -> Any:
         """A replayed operator's input: the alternative's own weights (its state is part of what is
@@ -197,6 +197,14 @@ class _Judge:
                   if a.op != "placeholder" or self.paths[a.name] == "hidden"]
         errors = [e for e in errors if e == e]
         return max(errors, default=0.0)
+
+
+def _on_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
 
 
 def _clone(value: Any) -> Any:
