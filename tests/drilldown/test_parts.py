@@ -124,3 +124,6 @@ def test_html_section_escapes_everything():
     no_drill = ValidationReport(session_id="s1", overall_status="passed",
                                 session={"session_id": "s1", "status": "passed", "results": {"verdict": "passed"}})
     assert 'id="drilldown"' not in render_report(no_drill, "html")
+    junit = render_report(report, "junit")
+    assert 'name="drilldown_culprits" value="layer 0: aten.gelu.default at &lt;script&gt;' in junit
+    assert "drilldown_culprits" not in render_report(no_drill, "junit")

@@ -12,7 +12,7 @@ from typing import Any
 from ._common import as_float, fmt_num
 from ._html import esc
 
-__all__ = ["drilldown_section"]
+__all__ = ["drilldown_section", "drilldown_culprits"]
 
 _COLUMNS = ("#", "op", "module path", "source", "introduced", "carried in", "bound", "margin")
 
@@ -60,3 +60,19 @@ def drilldown_section(results: Mapping[str, Any]) -> str:
              "float64 run of a correct implementation: introduced error (RMS), the error its inputs carry in, "
              "and its calibrated bound.</p>")
     return f'<section id="drilldown"><h2>Drill-down: the operator that introduces the error</h2>{intro}{body}</section>'
+
+
+def drilldown_culprits(results: Mapping[str, Any]) -> str | None:
+    """``"layer 1: aten.gelu.default at encoder.layer.1... (activations.py:51); layer 3: none"``: one
+    line for JUnit properties and messages; None when the session has no drill-down."""
+    entries = results.get("drilldown")
+    if not isinstance(entries, Sequence) or isinstance(entries, str):
+        return None
+    parts = []
+    for e in entries:
+        if not isinstance(e, Mapping):
+            continue
+        c = e.get("culprit")
+        parts.append(f"layer {e.get('layer')}: " + (f"{c.get('op')} at {c.get('module_path') or '?'} "
+                                                     f"({c.get('source') or '?'})" if isinstance(c, Mapping) else "none"))
+    return "; ".join(parts) or "nothing drilled"
