@@ -91,11 +91,23 @@ def capture_layer_call(module: torch.nn.Module, layer_name: str, forward_kwargs:
         handle.remove()
     if "args" not in seen:
         raise RuntimeError(f"the forward pass never called {layer_name!r}")
-    args, kwargs = seen["args"], seen["kwargs"]
+    args, kwargs = _plain(seen["args"]), _plain(seen["kwargs"])
     if args:
         return LayerCall(args[0], tuple(args[1:]), kwargs, False)
     hidden = kwargs.pop("hidden_states")
     return LayerCall(hidden, (), kwargs, True)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every object that is not a tensor, a plain value or a container of them (a
+    key/value cache, which a traced call would append to) replaced by None."""
+    if isinstance(value, (torch.Tensor, int, float, str, bool, type(None), torch.dtype, torch.device)):
+        return value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_plain(v) for v in value)
+    return None
 
 
 def _flatten(value: Any, path: str, paths: list[str], leaves: list[torch.Tensor]) -> Any:

@@ -28,7 +28,7 @@ import torch
 from .align import align_graphs
 from ...comparison import finite_rms
 from .judge import JudgedLayer, judge_layer, rms_error
-from .layer_graph import LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
+from .layer_graph import LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
 from .repro import write_and_verify
 from .types import Culprit, DrillRequest, LayerDrilldown
 
@@ -43,8 +43,7 @@ class ReplayStrategy:
     name = "replay"
 
     def __init__(self) -> None:
-        self._trusted: dict[int, torch.nn.Module | None] = {}
-        self._trusted_why: dict[int, str] = {}
+        self._skeletons: dict[int, torch.nn.Module] = {}
 
     def applies(self, backend: Any) -> tuple[bool, str]:
         from ...backends.torch_module import TorchModuleBackend
@@ -73,16 +72,18 @@ class ReplayStrategy:
         with kernels():
             alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
         alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
-        trusted_net = self._trusted_module(request.model)
         notes: list[str] = []
+        trusted_net, why = self._trusted_layer(request.model, layer_name)
         if trusted_net is None:
-            notes.append(f"no correct implementation of the architecture to trust ({self._trusted_why[id(request.model)]}): "
-                         "the alternative's own graph run in float64 is the trusted run, so an operator computing "
-                         "the wrong function (not merely imprecisely) cannot be seen")
-            trusted, ref_call = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype)), alt_call
+            notes.append(f"no correct implementation of the architecture to trust ({why}): the alternative's own "
+                         "graph run in float64 is the trusted run, so an operator computing the wrong function "
+                         "(not merely imprecisely) cannot be seen")
+            trusted = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
         else:
-            ref_call = capture_layer_call(trusted_net, layer_name, request.inputs.torch("cpu"))
-            trusted = trace_layer(trusted_net, layer_name, ref_call, hidden64)
+            try:
+                trusted = trace_layer(trusted_net, layer_name, _widened(alt_call), hidden64)
+            finally:
+                trusted_net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
         trusted_inputs = _trusted_inputs(trusted, alt, dtype)
         judged = judge_layer(alt, trusted, align_graphs(alt.gm.graph, trusted.gm.graph), trusted_inputs,
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
@@ -107,19 +108,29 @@ class ReplayStrategy:
         return Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
                        repro_dir=str(repro_dir), verified=verified)
 
-    def _trusted_module(self, model: Any) -> torch.nn.Module | None:
-        """The Hugging Face model of the same weights in float64, built once per model (None when
-        transformers cannot build this architecture)."""
-        key = id(model)
-        if key not in self._trusted:
-            from ...backends.pytorch import build_hf_model
-            from ...errors import DebugFrameworkError
+    def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
+        """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
+        float64 with the model's weights (the rest stays on the ``meta`` device: no memory);
+        ``(None, why)`` when transformers cannot build it or the layer needs more than its weights."""
+        from ...backends.pytorch import hf_skeleton
+        from ...errors import DebugFrameworkError
 
-            try:
-                self._trusted[key] = build_hf_model(model, torch.float64, "cpu")
-            except DebugFrameworkError as exc:
-                self._trusted[key], self._trusted_why[key] = None, exc.message
-        return self._trusted[key]
+        key = id(model)
+        try:
+            if key not in self._skeletons:
+                self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
+            layer = self._skeletons[key].get_submodule(layer_name)
+        except (DebugFrameworkError, AttributeError) as exc:
+            return None, getattr(exc, "message", None) or str(exc)
+        state = layer.state_dict()
+        if len(state) < len(dict(layer.named_parameters())) + len(dict(layer.named_buffers())):
+            return None, f"{layer_name} has buffers that are not in the weights"
+        missing = [n for n in state if f"{layer_name}.{n}" not in model.weights]
+        if missing:
+            return None, f"the weights have no {layer_name}.{missing[0]}"
+        layer.to_empty(device="cpu")
+        layer.load_state_dict({n: model.weights[f"{layer_name}.{n}"].to(torch.float64) for n in state})
+        return self._skeletons[key], ""
 
 
 def _eager_module(module: Any) -> torch.nn.Module | None:
@@ -138,6 +149,21 @@ def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextMana
     if isinstance(backend, PluginBackend):
         return lambda: AtenSwap(backend.kernels)
     return contextlib.nullcontext
+
+
+def _widened(call: LayerCall) -> LayerCall:
+    """The alternative's call of the layer with every floating tensor in float64 on the CPU (masks
+    and position embeddings are the model's, not the layer's: the layer is judged given them)."""
+    def widen(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.detach().to("cpu", torch.float64) if v.is_floating_point() else v.detach().cpu()
+        if isinstance(v, dict):
+            return {k: widen(x) for k, x in v.items()}
+        if isinstance(v, (tuple, list)):
+            return type(v)(widen(x) for x in v)
+        return v
+
+    return LayerCall(widen(call.hidden), widen(call.rest_args), widen(call.kwargs), call.hidden_keyword)
 
 
 def _is_mask(value: torch.Tensor, dtype: torch.dtype) -> bool:
