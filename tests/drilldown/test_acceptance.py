@@ -169,3 +169,18 @@ def test_a_torch_compile_module_backend_is_drilled_through_its_original_module(t
         unregister_backend("compiled_gelu_bug")
     assert entry.culprit.op == "aten.gelu.default" and entry.culprit.verified
     assert entry.culprit.module_path == "encoder.layer.1.intermediate.intermediate_act_fn"
+
+
+@pytest.mark.slow
+def test_without_a_trusted_layer_imprecision_is_still_named_and_the_note_says_what_is_lost(tiny, bug_backend,
+                                                                                          tmp_path, monkeypatch):
+    """No Hugging Face layer to trust (another architecture, another call signature): the
+    alternative's own graph in float64 is trusted; the bfloat16 softmax (imprecision) is still named,
+    and the note says a wrong function would not be."""
+    from debug_framework.services.drilldown.replay import ReplayStrategy
+
+    monkeypatch.setattr(ReplayStrategy, "_trusted_layer", lambda self, model, name: (None, "no such architecture"))
+    _, entry = _drill_layer_1(tiny("llama"), bug_backend("reduced_precision_softmax"), "float32", tmp_path)
+    assert entry.culprit.op == "aten._softmax.default" and entry.culprit.module_path == "model.layers.1.self_attn"
+    assert "no correct implementation of the layer to trust (no such architecture)" in entry.note
+    assert "cannot be seen" in entry.note

@@ -73,18 +73,14 @@ class ReplayStrategy:
             alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
         alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
         notes: list[str] = []
-        trusted_net, why = self._trusted_layer(request.model, layer_name)
-        if trusted_net is None:
-            notes.append(f"no correct implementation of the architecture to trust ({why}): the alternative's own "
-                         "graph run in float64 is the trusted run, so an operator computing the wrong function "
-                         "(not merely imprecisely) cannot be seen")
-            trusted = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
-        else:
-            try:
-                trusted = trace_layer(trusted_net, layer_name, _widened(alt_call), hidden64)
-            finally:
-                trusted_net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
+        trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64)
+        if trusted is None:
+            notes.append(f"no correct implementation of the layer to trust ({why}): the alternative's own graph "
+                         "run in float64 is the trusted run, so an operator computing the wrong function (not "
+                         "merely imprecisely) cannot be seen")
+            trusted = alt
         trusted_inputs = _trusted_inputs(trusted, alt, dtype)
+        trusted_inputs["hidden"] = hidden64  # the reference's input to the layer, whichever graph is trusted
         judged = judge_layer(alt, trusted, align_graphs(alt.gm.graph, trusted.gm.graph), trusted_inputs,
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
         result.operators = judged.rows
@@ -107,6 +103,20 @@ class ReplayStrategy:
                                                what=f"{row.op} at {row.module_path or '?'} ({row.source or '?'})")
         return Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
                        repro_dir=str(repro_dir), verified=verified)
+
+    def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor
+                       ) -> tuple[LayerGraph | None, str]:
+        """The trusted layer's graph, called as the alternative's layer is (``(None, why)`` when there
+        is no trusted layer or it cannot be called so: a module written with another signature)."""
+        net, why = self._trusted_layer(model, layer_name)
+        if net is None:
+            return None, why
+        try:
+            return trace_layer(net, layer_name, _widened(call), hidden64), ""
+        except Exception as exc:  # noqa: BLE001 - the alternative's call does not fit the reference layer
+            return None, f"the Hugging Face layer cannot be called as the alternative's is: {type(exc).__name__}: {exc}"
+        finally:
+            net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
 
     def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
         """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
