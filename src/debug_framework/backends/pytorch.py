@@ -3,6 +3,7 @@ framework's own weights (any format ``modelio`` reads), checkpoints taken by for
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -11,7 +12,25 @@ from ..errors import BackendInitializationError, ModelLoadingError
 from ..modelio.loader import LoadedModel
 from .torch_module import TorchModuleBackend
 
-__all__ = ["PyTorchBackend", "build_hf_model"]
+__all__ = ["PyTorchBackend", "build_hf_model", "hf_skeleton"]
+
+
+def hf_skeleton(model: LoadedModel, dtype: torch.dtype, *, meta: bool = False) -> tuple[torch.nn.Module, Any]:
+    """The ``transformers`` eager model for ``model``'s configuration, without its weights (on the
+    ``meta`` device with ``meta``: no memory), and its Hugging Face config.
+
+    Raises:
+        BackendInitializationError: transformers is missing (DF002).
+    """
+    try:
+        import transformers
+    except ImportError as exc:
+        raise BackendInitializationError("transformers is not installed", backend="pytorch") from exc
+    raw = {k: v for k, v in model.raw_config.items() if k not in ("architectures", "_name_or_path", "transformers_version")}
+    hf_config = transformers.AutoConfig.for_model(**raw)
+    auto = transformers.AutoModelForCausalLM if model.architecture == "llama" else transformers.AutoModel
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        return auto.from_config(hf_config, attn_implementation="eager", dtype=dtype), hf_config
 
 
 def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
@@ -21,14 +40,7 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
         BackendInitializationError: transformers is missing (DF002).
         ModelLoadingError: the weights do not fit the model (DF004).
     """
-    try:
-        import transformers
-    except ImportError as exc:
-        raise BackendInitializationError("transformers is not installed", backend="pytorch") from exc
-    raw = {k: v for k, v in model.raw_config.items() if k not in ("architectures", "_name_or_path", "transformers_version")}
-    hf_config = transformers.AutoConfig.for_model(**raw)
-    auto = transformers.AutoModelForCausalLM if model.architecture == "llama" else transformers.AutoModel
-    net = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
+    net, hf_config = hf_skeleton(model, dtype)
     own = net.state_dict()
     state: dict[str, Any] = {}
     for name in own:

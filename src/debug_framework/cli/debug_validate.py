@@ -21,6 +21,7 @@ import typer
 from ..jsonio import dumps_json, read_json_object
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stage_progress)
+from .drilldown_view import print_drilldown
 from .user_code import load_backend_code
 from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table
 
@@ -56,6 +57,7 @@ class ValidateOptions:
     noise_floor: bool = False
     text: tuple[str, ...] = ()
     seed: int | None = None
+    drill_down: bool = False
 
 
 def _session_config(opts: ValidateOptions) -> dict[str, Any]:
@@ -85,6 +87,8 @@ def _session_config(opts: ValidateOptions) -> dict[str, Any]:
         cfg["oracle"] = True
     if opts.noise_floor:
         cfg["noise_floor"] = True
+    if opts.drill_down:
+        cfg["drill_down"] = True
     if opts.text:
         cfg["input_text"] = list(opts.text)
     return cfg
@@ -190,6 +194,7 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
         out.print(markup("isolation: {}", result["isolation_note"]))
     if verbose and result.get("isolation"):
         out.print(isolation_table(result, _fmt))
+    print_drilldown(out, result, verbose)
     perf = result.get("performance") or {}
     if "reference" in perf and "alternative" in perf:
         out.print(f"time: reference {perf['reference']['wall_s']:.3f} s, alternative {perf['alternative']['wall_s']:.3f} s")
@@ -233,6 +238,8 @@ def validate(
                                         help="require per-layer isolation (introduced vs propagated error), or skip it"),
     oracle: bool = typer.Option(False, "--oracle", help="judge by the ratio rule against a float64 python_reference"),
     noise_floor: bool = typer.Option(False, "--noise-floor", help="run each backend twice; report nondeterminism"),
+    drill_down: bool = typer.Option(False, "--drill-down", help="name the operator that introduces the error in "
+                                    "each diverging layer, with a standalone repro (docs/drilldown.md)"),
     text: list[str] | None = typer.Option(None, "--text", help="input sentence (repeatable); default: seeded random tokens"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
@@ -251,7 +258,7 @@ def validate(
     invocation: Invocation = ctx.obj
     invocation.as_json = as_json
     opts = ValidateOptions(config_file, checkpoints, layers, dtype, reference_dtype, device, rtol, atol, isolate,
-                           oracle, noise_floor, tuple(text or ()), seed)
+                           oracle, noise_floor, tuple(text or ()), seed, drill_down)
     from .. import get_framework_config
 
     fw = get_framework_config()  # PIE_DEBUG_* read here, at the edge

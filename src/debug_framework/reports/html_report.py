@@ -32,6 +32,7 @@ from ._common import (
     verdict_of,
     worst_row,
 )
+from ._drilldown import drilldown_section
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._sections import backends_section, num_td, performance_section, section, tolerances_section
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
@@ -53,7 +54,8 @@ _BOUND_AFTER = "#a0aec0"  # the diff chart's: lighter than its grey "before" ser
 _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth")
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
-                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source"}
+                      "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source",
+                      "drilldown"}
 
 
 def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
@@ -426,6 +428,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
         _isolation(rows, results),
+        drilldown_section(results),
         _heatmap(heat, worst),
         _oracle_noise(rows, results),
         performance_section(perf),

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_key, row_label, session_results, verdict_of
+from ._drilldown import drilldown_culprits
 from .documents import ReportSource
 
 
@@ -67,6 +68,8 @@ def render_junit(report: ReportSource) -> str:
                         ("first_divergence", None if first is None else row_label(first))):
         if value is not None:
             ET.SubElement(props, "property", name=name, value=_x(value))
+    if (culprits := drilldown_culprits(results)) is not None:
+        ET.SubElement(props, "property", name="drilldown_culprits", value=_x(culprits))
     for r in rows:
         key = row_key(r)
         case = ET.SubElement(suite, "testcase", classname=_x(classname), name=_x(row_label(key)), time="0")

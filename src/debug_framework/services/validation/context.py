@@ -18,6 +18,9 @@ from .plan import ValidationPlan
 from .results import CheckpointOutcome, LayerIsolation, ValidationResult
 
 if TYPE_CHECKING:
+    from ..drilldown.types import LayerDrilldown
+
+if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
     from ...models.debug_session import DebugSession
     from ..database_manager import DatabaseManager
@@ -60,6 +63,7 @@ class RunContext:
     oracle_report: dict[str, Any] | None = None
     noise: dict[str, Any] | None = None
     recordings: str | None = None
+    drilldown: list[LayerDrilldown] | None = None  # the drill-down stage's, one per drilled layer
     result: ValidationResult | None = None
 
     @property

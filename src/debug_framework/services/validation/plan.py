@@ -50,6 +50,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "floor_eps": FLOOR_EPS,  # 1.0; floor = floor_eps x eps(dtype) x RMS(reference tensor)
     "calibration_metric": "rmse",
     "noise_floor": False,
+    "drill_down": False,  # name the operator that introduces error in each diverging layer (docs/drilldown.md)
     "seed": 0,
     "input_text": None,  # str or list of str (needs the model's tokenizer)
     "max_length": None,
@@ -142,6 +143,8 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
             raise ValidationError(f"{key} must be a non-negative number, got {v!r}")
     if merged["calibration_metric"] not in ORACLE_METRICS:
         raise ValidationError(f"calibration_metric must be one of {', '.join(ORACLE_METRICS)}")
+    if not isinstance(merged["drill_down"], bool):
+        raise ValidationError(f"drill_down must be true or false, got {merged['drill_down']!r}")
     if not isinstance(merged["calibrate"], bool):
         raise ValidationError(f"calibrate must be true or false, got {merged['calibrate']!r}")
     if not isinstance(merged["calibration_backend"], str) or not merged["calibration_backend"]:

@@ -14,6 +14,7 @@ import math
 
 from ...comparison import ComparisonResult, OracleJudgement, RatioVerdict, error_metric
 from ...jsonio import json_safe
+from ..drilldown.types import LayerDrilldown
 
 __all__ = ["CheckpointOutcome", "LayerIsolation", "ValidationResult", "error_source"]
 
@@ -218,6 +219,8 @@ class ValidationResult:
     noise_floor: dict[str, Any] | None = None
     performance: dict[str, Any] = field(default_factory=dict)
     recordings: str | None = None
+    #: the op-level drill-down, one entry per drilled layer (None: not requested)
+    drilldown: list[LayerDrilldown] | None = None
 
     @property
     def passed(self) -> bool:
@@ -258,6 +261,7 @@ class ValidationResult:
             "noise_floor": self.noise_floor,
             "performance": self.performance,
             "recordings": self.recordings,
+            "drilldown": None if self.drilldown is None else [d.to_dict() for d in self.drilldown],
             "reference_dtype": self.reference_dtype,
             "alternative_dtype": self.alternative_dtype,
         })

@@ -15,6 +15,8 @@ progress, timing and "persist the checkpoint rows after each stage". A stage onl
                       reference's input to it; a layer beyond its replay bound introduces error
 ``oracle``            the ratio rule against a float64 ``python_reference``
 ``noise floor``       each backend run again; run-to-run differences reported apart
+``drill-down``        inside each diverging layer, the operator that introduces the error
+                      (:mod:`.drill_stage`, with ``drill_down: true``)
 ``record``            the worst checkpoints' tensors kept in the content-addressed tensor store
 ``store``             the verdict and summary written to the session
 ====================  ===========================================================================
@@ -45,6 +47,7 @@ from .calibration import (
     tolerance_margin,
 )
 from .context import RunContext, Stage, call_backend
+from .drill_stage import DrillDownStage
 from .plan import ValidationPlan
 from .results import CheckpointOutcome, LayerIsolation, ValidationResult
 
@@ -65,6 +68,7 @@ __all__ = [
     "NoiseFloorStage",
     "RecordStage",
     "StoreStage",
+    "DrillDownStage",
     "DEFAULT_STAGES",
 ]
 
@@ -178,8 +182,9 @@ class RunBackendStage(Stage):
         else:
             backend, dtype, device = ctx.alternative, plan.alternative_dtype, plan.config["device"]
         taps = all_checkpoints(plan.num_layers) if ctx.isolating else list(plan.keys)
+        drill = self.side == "reference" and bool(plan.config["drill_down"])  # the drill-down's layer inputs
         ctx.captures[self.side], ctx.performance[self.side] = run_measured(
-            backend, dtype, device, ctx.inputs, taps, layer_inputs=ctx.isolating, plan=plan,
+            backend, dtype, device, ctx.inputs, taps, layer_inputs=ctx.isolating or drill, plan=plan,
             prepare_s=ctx.prepare_s[self.side])
 
 
@@ -484,7 +489,7 @@ class StoreStage(Stage):
             reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
             reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype, results=ctx.outcomes,
             isolation=ctx.isolation, isolation_note=ctx.isolation_note, oracle=ctx.oracle_report,
-            noise_floor=ctx.noise, performance=perf, recordings=ctx.recordings,
+            noise_floor=ctx.noise, performance=perf, recordings=ctx.recordings, drilldown=ctx.drilldown,
         )
         session.results = result.summary()
         session.save()
@@ -503,6 +508,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     IsolationStage(),
     OracleStage(),
     NoiseFloorStage(),
+    DrillDownStage(),
     RecordStage(),
     StoreStage(),
 )

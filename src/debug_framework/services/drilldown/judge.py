@@ -1,0 +1,269 @@
+"""Judging every operator of a layer alone: replayed on the trusted inputs to it.
+
+Given the alternative's layer graph, the trusted graph (reference semantics) run in float64 and
+their alignment, each operator of the alternative gets
+
+* ``introduced``: the RMS error of the operator replayed alone, on the trusted (float64) values of
+  its inputs cast to the dtypes the alternative gave them, through the alternative's kernels,
+  against the trusted value of its output;
+* ``carried_in``: the largest RMS error of its inputs in the alternative's own run of the layer;
+* ``bound``: ``noise_margin x`` the stock operator's own error at the alternative's dtype (the
+  trusted node's op through stock eager ATen on the same inputs cast to that dtype) ``+ floor_eps
+  x eps x RMS(trusted)`` (:meth:`debug_framework.comparison.RatioRule.calibrated`).
+
+The trusted value of an alternative node is its aligned trusted node's; a cast carries its
+input's; an unpaired node takes the last same-shaped output of the trusted nodes of the same
+module (a module whose output it replaces), else its own operator run in float64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...comparison import RatioRule, finite_rms
+from .types import OperatorRow
+from .align import Alignment, attribute_differences
+from .layer_graph import LayerGraph, is_cast, map_float_dtypes, node_module_path, node_source, run_graph
+
+__all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor"]
+
+KernelContext = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+@dataclass
+class Replay:
+    """What replaying one operator took: its call (inputs as replayed) and the trusted output."""
+
+    target: Any
+    args: Any
+    kwargs: Any
+    trusted: torch.Tensor
+    bound: float
+    introduced: float
+
+
+@dataclass
+class JudgedLayer:
+    rows: list[OperatorRow]
+    replays: dict[str, Replay]
+    notes: list[str] = field(default_factory=list)
+
+
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """An operator's output, judged by its first tensor (``native_layer_norm`` -> the normalised)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+def rms_error(value: Any, trusted: Any) -> float:
+    """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or the
+    value is non-finite where the trusted one is finite (a trusted value beyond the value's dtype's
+    range that overflowed to the infinity of its sign is rounding, not error: an additive mask's
+    "minus infinity" cast down); NaN when either is not a tensor."""
+    a, t = first_tensor(value), first_tensor(trusted)
+    if a is None or t is None:
+        return float("nan")
+    if a.shape != t.shape:
+        return float("inf")
+    big = torch.finfo(a.dtype).max if a.is_floating_point() else math.inf
+    a, t = a.detach().to("cpu", torch.float64), t.detach().to("cpu", torch.float64)
+    saturated = torch.isinf(a) & (t.abs() >= big) & (torch.sign(a) == torch.sign(t))
+    if bool((torch.isfinite(t) & ~torch.isfinite(a) & ~saturated).any()):
+        return float("inf")
+    keep = ~saturated
+    return finite_rms((a - t)[keep]) if bool(keep.any()) else 0.0
+
+
+def _cast_like(value: Any, like: Any, device: str | torch.device) -> Any:
+    """``value`` (trusted, float64) cast to the dtype ``like`` has, on ``device``, as a fresh copy."""
+    if isinstance(value, torch.Tensor):
+        dtype = like.dtype if isinstance(like, torch.Tensor) else value.dtype
+        return value.detach().to(device=device, dtype=dtype, copy=True)
+    if isinstance(value, (tuple, list)):
+        likes = like if isinstance(like, (tuple, list)) else [None] * len(value)
+        return type(value)(_cast_like(v, w, device) for v, w in zip(value, likes))
+    return value
+
+
+def _to_dtype(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(dtype=dtype, copy=True) if value.is_floating_point() else value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_dtype(v, dtype) for v in value)
+    return value
+
+
+@dataclass
+class _Judge:
+    alt: LayerGraph
+    trusted: LayerGraph
+    alignment: Alignment
+    alt_own: dict[str, Any]
+    trusted_env: dict[str, Any]
+    trusted_inputs: dict[str, torch.Tensor]
+    kernels: KernelContext
+    dtype: torch.dtype
+    device: str | torch.device
+    margin: float
+    floor_eps: float
+    tv: dict[str, Any] = field(default_factory=dict)  # alternative node -> trusted value
+
+    def __post_init__(self) -> None:
+        self.alt_nodes = {n.name: n for n in self.alt.gm.graph.nodes}
+        self.ref_nodes = {n.name: n for n in self.trusted.gm.graph.nodes}
+        self.eps = torch.finfo(self.dtype).eps
+        self.paths = {n.name: p for n, p in zip(self.alt.placeholders(), self.alt.input_paths)}
+
+    def trusted_value(self, node: torch.fx.Node, index: int) -> Any:
+        if node.op == "placeholder":
+            path = self.alt.input_paths[index]
+            own = self.alt.inputs[index]
+            got = self.trusted_inputs.get(path)
+            if got is None or not isinstance(own, torch.Tensor) or got.shape != own.shape:
+                return own.detach().to("cpu", torch.float64) if own.is_floating_point() else own.cpu()
+            return got
+        if node.op == "get_attr":
+            v = self.alt_own[node.name]
+            return v.detach().to("cpu", torch.float64) if v.is_floating_point() else v.cpu()
+        if node.target is operator.getitem:
+            return self.tv[node.args[0].name][node.args[1]]
+        if is_cast(node):
+            return self.tv[node.args[0].name]
+        if node.name in self.alignment.pairs:
+            return self.trusted_env[self.alignment.pairs[node.name]]
+        return self._unpaired_value(node)
+
+    def _unpaired_value(self, node: torch.fx.Node) -> Any:
+        """An operator the trusted graph lacks: its own function in float64 on trusted inputs; an
+        operator without float64 support stands for the output of its module (a kernel swapped in
+        for a module): the last same-shaped trusted value made in that module, else its own output."""
+        args = torch.fx.node.map_arg(node.args, lambda a: self.tv[a.name])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: self.tv[a.name])
+        try:
+            with torch.no_grad():
+                return node.target(*map_float_dtypes(args, torch.float64), **map_float_dtypes(kwargs, torch.float64))
+        except Exception:  # noqa: BLE001 - an operator without float64 support
+            pass
+        own = first_tensor(self.alt_own[node.name])
+        path = node_module_path(node)
+        if own is not None and path:
+            for ref in reversed([n for n in self.trusted.gm.graph.nodes if node_module_path(n) == path]):
+                value = first_tensor(self.trusted_env.get(ref.name))
+                if value is not None and value.shape == own.shape:
+                    return value
+        return _to_dtype(_on_cpu(self.alt_own[node.name]), torch.float64)
+
+    def _replay_input(self, arg: torch.fx.Node) -> Any:
+        """A replayed operator's input: the alternative's own weights (its state is part of what is
+        judged), else the trusted value cast to the dtype the alternative gave that input."""
+        if arg.op == "get_attr" or (arg.op == "placeholder" and self.paths[arg.name].startswith("param:")):
+            return _clone(self.alt_own[arg.name])
+        return _cast_like(self.tv[arg.name], self.alt_own[arg.name], self.device)
+
+    def replay(self, node: torch.fx.Node) -> tuple[Any, Any, Any]:
+        """The operator alone on trusted inputs cast to the alternative's dtypes, its kernels in place."""
+        args = torch.fx.node.map_arg(node.args, self._replay_input)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self._replay_input)
+        with torch.no_grad(), self.kernels():
+            out = node.target(*_clone(args), **_clone(kwargs))
+        return out, args, kwargs
+
+    def stock_noise(self, node: torch.fx.Node, trusted: Any) -> float:
+        """The error a stock eager operator makes at the alternative's dtype on the same inputs."""
+        ref_name = self.alignment.pairs.get(node.name)
+        if ref_name is None or is_cast(node):  # no stock operator: the rounding of the value itself
+            t = first_tensor(trusted)
+            return 0.0 if t is None or not t.is_floating_point() else rms_error(t.to(self.dtype), t)
+        ref = self.ref_nodes[ref_name]
+        args = _to_dtype(torch.fx.node.map_arg(ref.args, lambda a: self.trusted_env[a.name]), self.dtype)
+        kwargs = _to_dtype(torch.fx.node.map_arg(ref.kwargs, lambda a: self.trusted_env[a.name]), self.dtype)
+        with torch.no_grad():
+            out = ref.target(*map_float_dtypes(args, self.dtype, torch.float64),
+                             **map_float_dtypes(kwargs, self.dtype, torch.float64))
+        return rms_error(out, trusted)
+
+    def carried_in(self, node: torch.fx.Node) -> float:
+        errors = [rms_error(self.alt_own[a.name], self.tv[a.name]) for a in node.all_input_nodes
+                  if a.op != "placeholder" or self.paths[a.name] == "hidden"]
+        errors = [e for e in errors if e == e]
+        return max(errors, default=0.0)
+
+
+def _on_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trusted_inputs: dict[str, torch.Tensor],
+                *, kernels: KernelContext, dtype: torch.dtype, margin: float, floor_eps: float) -> JudgedLayer:
+    """Every operator of ``alt`` judged alone (see the module's docstring)."""
+    device = next((t.device for t in alt.inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    with kernels():
+        alt_own = run_graph(alt, alt.inputs)
+    trusted_env = run_graph(trusted, [trusted_inputs.get(p, v.double() if v.is_floating_point() else v)
+                                      for p, v in zip(trusted.input_paths, trusted.inputs)], float64=True)
+    j = _Judge(alt, trusted, alignment, alt_own, trusted_env, trusted_inputs, kernels, dtype, device, margin, floor_eps)
+    rows: list[OperatorRow] = []
+    replays: dict[str, Replay] = {}
+    placeholder_index = 0
+    for node in alt.gm.graph.nodes:
+        if node.op == "output":
+            continue
+        j.tv[node.name] = j.trusted_value(node, placeholder_index)
+        if node.op == "placeholder":
+            placeholder_index += 1
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        trusted_out = first_tensor(j.tv[node.name])
+        if trusted_out is None:
+            continue
+        out, args, kwargs = j.replay(node)
+        introduced = rms_error(out, trusted_out)
+        stock = j.stock_noise(node, trusted_out)
+        rule = RatioRule.calibrated(trusted_out if trusted_out.is_floating_point() else trusted_out.double(),
+                                    j.eps, margin=margin, floor_eps=floor_eps)
+        bound = rule.judge(stock, introduced).bound
+        rows.append(OperatorRow(index=len(rows), node=node.name, op=str(node.target), module_path=node_module_path(node),
+                                source=node_source(node), introduced=introduced, carried_in=j.carried_in(node),
+                                bound=bound))
+        replays[node.name] = Replay(node.target, args, kwargs, trusted_out, bound, introduced)
+    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment))
+
+
+def _notes(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment) -> list[str]:
+    """Aligned operators whose attributes differ, and operators only one side has."""
+    alt_nodes = {n.name: n for n in alt.gm.graph.nodes}
+    ref_nodes = {n.name: n for n in trusted.gm.graph.nodes}
+    notes = []
+    for a, r in alignment.pairs.items():
+        for d in attribute_differences(alt_nodes[a], ref_nodes[r]):
+            notes.append(f"{alt_nodes[a].target} ({a}) at {node_module_path(alt_nodes[a]) or '?'}: {d}")
+    for side, names, nodes in (("only the alternative has", alignment.alternative_only, alt_nodes),
+                               ("the alternative lacks", alignment.trusted_only, ref_nodes)):
+        if names:
+            listed = ", ".join(f"{nodes[n].target} ({n}) at {node_module_path(nodes[n]) or '?'}" for n in names[:8])
+            notes.append(f"{side}: {listed}" + (f" and {len(names) - 8} more" if len(names) > 8 else ""))
+    return notes

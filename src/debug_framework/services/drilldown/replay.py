@@ -1,0 +1,223 @@
+"""``replay``: the drill-down of backends that run PyTorch operators eagerly.
+
+Covers the ``pytorch`` backend in any dtype, module backends (``module_backend``, a
+``--backend-module``/``--backend-file`` builder), a module backend whose module is wrapped by
+``torch.compile`` (its original module is traced: the operators it asks for, run eagerly) and
+plugin backends (``plugin:<id>``: stock ATen with the plugin's kernels dispatched in their place).
+
+For one layer: the alternative's layer is traced to an ATen graph on the reference's input to it
+(cast to the alternative's dtype); a *trusted* graph of the same layer is traced from a correct
+implementation of the same architecture (the Hugging Face model with the same weights, run in
+float64), so the trusted values carry the reference's semantics, not the alternative's (a
+tanh-approximate ``gelu`` in the alternative's own graph would be invisible in a float64 run of
+that graph); the graphs are aligned (:mod:`.align`) and every operator judged alone
+(:mod:`.judge`). The culprit is the first operator in graph order beyond its bound; a standalone
+repro of it is written and run once (:mod:`.repro`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .align import align_graphs
+from ...comparison import finite_rms
+from .judge import JudgedLayer, judge_layer, rms_error
+from .layer_graph import LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
+from .repro import write_and_verify
+from .types import Culprit, DrillRequest, LayerDrilldown
+
+__all__ = ["ReplayStrategy"]
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ReplayStrategy:
+    """Trace the layer's ATen graph and replay each operator alone (see the module's docstring)."""
+
+    name = "replay"
+
+    def __init__(self) -> None:
+        self._skeletons: dict[int, torch.nn.Module] = {}
+
+    def applies(self, backend: Any) -> tuple[bool, str]:
+        from ...backends.torch_module import TorchModuleBackend
+
+        if not isinstance(backend, TorchModuleBackend):
+            return False, f"{getattr(backend, 'name', backend)!r} does not run a torch nn.Module eagerly"
+        if backend.module is None:
+            return False, "the backend is not prepared"
+        if _eager_module(backend.module) is None:
+            return False, "its module is compiled and has no original module to run eagerly"
+        return True, ""
+
+    # -- the layer ------------------------------------------------------------------------------
+
+    def drill(self, request: DrillRequest) -> LayerDrilldown:
+        backend = request.backend
+        module = _eager_module(backend.module)
+        assert module is not None  # applies() said so
+        layer_name = backend.layer_modules[request.layer]
+        dtype = _DTYPES[backend.dtype]
+        device = backend.device
+        result = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name,
+                                method=self.name)
+        kernels = _kernel_context(backend)
+        hidden64 = torch.as_tensor(request.hidden_in, dtype=torch.float64)
+        with kernels():
+            alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
+        alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
+        notes: list[str] = []
+        trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64)
+        if trusted is None:
+            notes.append(f"no correct implementation of the layer to trust ({why}): the alternative's own graph "
+                         "run in float64 is the trusted run, so an operator computing the wrong function (not "
+                         "merely imprecisely) cannot be seen")
+            trusted = alt
+        trusted_inputs = _trusted_inputs(trusted, alt, dtype)
+        trusted_inputs["hidden"] = hidden64  # the reference's input to the layer, whichever graph is trusted
+        judged = judge_layer(alt, trusted, align_graphs(alt.gm.graph, trusted.gm.graph), trusted_inputs,
+                             kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
+        result.operators = judged.rows
+        result.graph_file = str(_write_graph(alt, request.out_dir))
+        result.culprit = self._culprit(judged, alt, backend, request.out_dir)
+        notes.extend(judged.notes)
+        notes.extend(_weight_notes(alt, trusted_inputs))
+        if result.culprit is None:
+            notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
+                            "error is carried in, or comes from how operators combine (see the carried-in column)")
+        result.note = "; ".join(notes)
+        return result
+
+    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path) -> Culprit | None:
+        row = next((r for r in judged.rows if r.introduces), None)
+        if row is None:
+            return None
+        node = next(n for n in alt.gm.graph.nodes if n.name == row.node)
+        repro_dir, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend,
+                                               what=f"{row.op} at {row.module_path or '?'} ({row.source or '?'})")
+        return Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
+                       repro_dir=str(repro_dir), verified=verified)
+
+    def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor
+                       ) -> tuple[LayerGraph | None, str]:
+        """The trusted layer's graph, called as the alternative's layer is (``(None, why)`` when there
+        is no trusted layer or it cannot be called so: a module written with another signature)."""
+        net, why = self._trusted_layer(model, layer_name)
+        if net is None:
+            return None, why
+        try:
+            return trace_layer(net, layer_name, _widened(call), hidden64), ""
+        except Exception as exc:  # noqa: BLE001 - the alternative's call does not fit the reference layer
+            return None, f"the Hugging Face layer cannot be called as the alternative's is: {type(exc).__name__}: {exc}"
+        finally:
+            net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
+
+    def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
+        """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
+        float64 with the model's weights (the rest stays on the ``meta`` device: no memory);
+        ``(None, why)`` when transformers cannot build it or the layer needs more than its weights."""
+        from ...backends.pytorch import hf_skeleton
+        from ...errors import DebugFrameworkError
+
+        key = id(model)
+        try:
+            if key not in self._skeletons:
+                self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
+            layer = self._skeletons[key].get_submodule(layer_name)
+        except (DebugFrameworkError, AttributeError) as exc:
+            return None, getattr(exc, "message", None) or str(exc)
+        state = layer.state_dict()
+        if len(state) < len(dict(layer.named_parameters())) + len(dict(layer.named_buffers())):
+            return None, f"{layer_name} has buffers that are not in the weights"
+        missing = [n for n in state if f"{layer_name}.{n}" not in model.weights]
+        if missing:
+            return None, f"the weights have no {layer_name}.{missing[0]}"
+        layer.to_empty(device="cpu")
+        layer.load_state_dict({n: model.weights[f"{layer_name}.{n}"].to(torch.float64) for n in state})
+        return self._skeletons[key], ""
+
+
+def _eager_module(module: Any) -> torch.nn.Module | None:
+    """The module whose operators run eagerly: a ``torch.compile`` wrapper's original module."""
+    orig = getattr(module, "_orig_mod", None)
+    if isinstance(orig, torch.nn.Module):
+        return orig
+    return module if isinstance(module, torch.nn.Module) else None
+
+
+def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """What puts the alternative's own kernels in place while an operator runs: a plugin backend's
+    ATen swap; nothing for eager backends (their kernels are torch's)."""
+    from ...plugins.swap import AtenSwap, PluginBackend
+
+    if isinstance(backend, PluginBackend):
+        return lambda: AtenSwap(backend.kernels)
+    return contextlib.nullcontext
+
+
+def _widened(call: LayerCall) -> LayerCall:
+    """The alternative's call of the layer with every floating tensor in float64 on the CPU (masks
+    and position embeddings are the model's, not the layer's: the layer is judged given them)."""
+    def widen(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.detach().to("cpu", torch.float64) if v.is_floating_point() else v.detach().cpu()
+        if isinstance(v, dict):
+            return {k: widen(x) for k, x in v.items()}
+        if isinstance(v, (tuple, list)):
+            return type(v)(widen(x) for x in v)
+        return v
+
+    return LayerCall(widen(call.hidden), widen(call.rest_args), widen(call.kwargs), call.hidden_keyword)
+
+
+def _is_mask(value: torch.Tensor, dtype: torch.dtype) -> bool:
+    """An additive attention mask: its "minus infinity" is its dtype's lowest value, so it is taken
+    from the alternative as it is rather than from the float64 run."""
+    return value.is_floating_point() and value.numel() > 0 and \
+        float(value.detach().abs().max()) >= torch.finfo(dtype).max / 4
+
+
+def _trusted_inputs(trusted: LayerGraph, alt: LayerGraph, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Each input path -> its trusted float64 value: the trusted graph's own (reference hidden
+    state, float64 weights, position embeddings), except additive masks (the alternative's)."""
+    own = dict(zip(alt.input_paths, alt.inputs))
+    out: dict[str, torch.Tensor] = {}
+    for path, value in zip(trusted.input_paths, trusted.inputs):
+        alt_value = own.get(path)
+        if isinstance(alt_value, torch.Tensor) and alt_value.is_floating_point() and (
+                _is_mask(alt_value, alt_value.dtype) or _is_mask(value, torch.float64)):
+            value = alt_value
+        out[path] = value.detach().to("cpu", torch.float64) if value.is_floating_point() else value.detach().cpu()
+    return out
+
+
+def _weight_notes(alt: LayerGraph, trusted_inputs: dict[str, torch.Tensor]) -> list[str]:
+    """Weights of the alternative that are not the reference's (beyond rounding to their dtype)."""
+    differ = []
+    for path, own in zip(alt.input_paths, alt.inputs):
+        ref = trusted_inputs.get(path)
+        if not path.startswith("param:") or ref is None or not own.is_floating_point() or ref.shape != own.shape:
+            continue
+        rounding = rms_error(ref.to(own.dtype), ref)
+        if rms_error(own, ref) > 4 * rounding + torch.finfo(own.dtype).eps * finite_rms(ref):
+            differ.append(path.removeprefix("param:"))
+    return [f"the alternative's weights differ from the reference's: {', '.join(differ)}"] if differ else []
+
+
+def _write_graph(graph: LayerGraph, out_dir: Path) -> Path:
+    """The alternative's layer graph as JSON (node ids, ops, inputs, module paths, sources): the
+    graph the rows' ``node`` ids refer to."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nodes = [{"id": n.name, "op": n.op, "target": str(n.target), "inputs": [a.name for a in n.all_input_nodes],
+              "module_path": node_module_path(n), "source": node_source(n)}
+             for n in graph.gm.graph.nodes]
+    path = out_dir / "layer_graph.json"
+    path.write_text(json.dumps({"layer": graph.layer_name, "nodes": nodes}, indent=1), encoding="utf-8")
+    return path
+

@@ -1,0 +1,83 @@
+"""Fixtures of the drill-down tests: tiny BERT and Llama models (benchmarks/models, the judgement
+suite's), the injected-bug backends of benchmarks/injected_bugs.py, and a plugin whose Triton gelu
+kernel computes the sigmoid approximation instead of the erf GELU (run by Triton's interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.injected_bugs import register_bug_backend  # noqa: E402
+from benchmarks.models.tiny_transformers import make_model  # noqa: E402
+
+BUGGY_GELU = '''"""A Triton gelu with the sigmoid approximation x * sigmoid(1.702 x): not the erf GELU of aten::gelu."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gelu(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, x / (1.0 + tl.exp(-1.702 * x)), mask=mask)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    flat = x.contiguous().reshape(-1)
+    out = torch.empty_like(flat)
+    if flat.numel():
+        _gelu[(triton.cdiv(flat.numel(), 1024),)](flat, out, flat.numel(), BLOCK=1024)
+    return out.reshape(x.shape)
+'''
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """``tiny(family) -> path``: a tiny model of the judgement suite, built once per test session."""
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = make_model(family, tmp_path_factory.mktemp(family) / "hf", 0)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture
+def bug_backend():
+    """``bug_backend(bug or None) -> name``: a module backend with ``bug`` in layer 1, unregistered after."""
+    from debug_framework.backends import unregister_backend
+
+    names: list[str] = []
+
+    def make(bug: str | None) -> str:
+        names.append(register_bug_backend(bug))
+        return names[-1]
+
+    yield make
+    for n in names:
+        unregister_backend(n)
+
+
+@pytest.fixture(scope="session")
+def buggy_gelu_plugin(tmp_path_factory) -> Path:
+    """The manifest of a plugin whose only kernel replaces aten::gelu with a wrong one."""
+    folder = tmp_path_factory.mktemp("buggy_gelu")
+    (folder / "gelu.py").write_text(BUGGY_GELU, encoding="utf-8")
+    manifest = {"id": "drill-buggy-gelu", "version": "1.0.0", "backend": "triton", "sources": ["gelu.py"],
+                "kernels": [{"name": "gelu", "op": "aten::gelu", "entry": "gelu", "dtypes": ["float32"]}]}
+    (folder / "plugin.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return folder / "plugin.json"
