@@ -66,7 +66,9 @@ def test_no_strategy_gives_an_entry_with_a_note_never_nothing():
     (entry,) = ctx.drilldown
     assert (entry.layer, entry.checkpoint, entry.method, entry.operators, entry.culprit) == (2, "post_attention:2", "none",
                                                                                              [], None)
-    assert entry.note.startswith("no drill-down strategy applies to this backend (replay:")
+    assert entry.note.startswith("no drill-down strategy applies to this backend (")
+    for strategy in ("minifier", "onnx", "replay"):  # every strategy (installed ones first) says why not
+        assert f"{strategy}: " in entry.note
     ctx.outcomes = [SimpleNamespace(key=CheckpointKey("post_embedding"), passed=True)]
     DrillDownStage().run(ctx)
     assert ctx.drilldown == []  # nothing diverged: nothing to drill

@@ -1,7 +1,8 @@
 """Op-level drill-down: inside a layer that introduces error, which operator does (see :mod:`.types`).
 
-Strategies (:mod:`.registry`): ``replay`` (:mod:`.replay`, eager PyTorch, module and plugin
-backends); others append their factory to :data:`.registry.STRATEGY_FACTORIES`.
+Strategies (:mod:`.registry`): ``onnx`` (:mod:`.onnx`, ONNX Runtime), ``replay`` (:mod:`.replay`,
+eager PyTorch, module and plugin backends), and those installed packages declare in the entry-point
+group ``debug_framework.drill_strategies`` (:mod:`.entry_points`; ``debug_module``'s Inductor one).
 """
 
 from .registry import STRATEGY_FACTORIES, choose_strategy

@@ -1,8 +1,11 @@
 """Which drill-down strategy sees inside which backend.
 
-:data:`STRATEGY_FACTORIES` lists the strategies in order of preference; the stage asks each (a new
-instance per validation run) whether it :meth:`~.types.DrillStrategy.applies` to the alternative
-backend and uses the first that does. Adding a strategy is one line: append its factory here.
+:data:`STRATEGY_FACTORIES` lists the built-in strategies in order of preference; strategies that
+installed packages declare in the entry-point group ``debug_framework.drill_strategies``
+(:mod:`.entry_points`; e.g. ``debug_module``'s Inductor strategy, which needs its minifier) come
+before them, being more specific. The stage asks each (a new instance per validation run) whether it
+:meth:`~.types.DrillStrategy.applies` to the alternative backend and uses the first that does.
+Adding a built-in strategy is one line: append its factory here.
 """
 
 from __future__ import annotations
@@ -21,8 +24,15 @@ def _replay() -> DrillStrategy:
     return ReplayStrategy()
 
 
+def _onnx() -> DrillStrategy:
+    from .onnx import OnnxDrillStrategy
+
+    return OnnxDrillStrategy()
+
+
 #: Strategy factories, most specific first (a factory imports its module lazily: torch only when used).
 STRATEGY_FACTORIES: list[Callable[[], DrillStrategy]] = [
+    _onnx,
     _replay,
 ]
 
@@ -31,8 +41,16 @@ def choose_strategy(backend: Any, factories: list[Callable[[], DrillStrategy]] |
                     ) -> tuple[DrillStrategy | None, str]:
     """``(strategy, "")``: the first strategy that applies to ``backend``; ``(None, why)`` with every
     strategy's reason when none does."""
-    reasons = []
-    for factory in STRATEGY_FACTORIES if factories is None else factories:
+    reasons: list[str] = []
+    if factories is None:
+        from .entry_points import entry_point_strategies
+
+        installed, failures = entry_point_strategies()
+        reasons += [str(f) for f in failures]
+        candidates = [*(lambda s=s: s for s in installed), *STRATEGY_FACTORIES]
+    else:
+        candidates = list(factories)
+    for factory in candidates:
         strategy = factory()
         ok, why = strategy.applies(backend)
         if ok:
