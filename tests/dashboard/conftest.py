@@ -28,11 +28,15 @@ class Sessions:
     passed: str
     failed: str
     hostile: str
+    drilled: str
 
 
 def make_sessions(base: Path) -> Sessions:
     """A passing float32 session, a failing bfloat16 one (an explicit tolerance far below the
-    rounding, tensors recorded for the heatmap) and one of a model at a hostile path."""
+    rounding, tensors recorded for the heatmap), one of a model at a hostile path, and a drilled one
+    (an attention-scale bug in one layer, ``drill_down`` on)."""
+    from benchmarks.injected_bugs import register_bug_backend
+    from debug_framework.backends import unregister_backend
     from benchmarks.models.tiny_transformers import make_model
     from debug_framework.services.validation_engine import ValidationEngine
 
@@ -48,8 +52,14 @@ def make_sessions(base: Path) -> Sessions:
     engine.run(failed)
     bad = engine.create_session(str(hostile), {"dtype": "float32"}, "python_reference", "pytorch")
     engine.run(bad)
+    buggy = register_bug_backend("attention_scale")
+    try:
+        drilled = engine.create_session(str(model), {"dtype": "float32", "drill_down": True}, "python_reference", buggy)
+        engine.run(drilled)
+    finally:
+        unregister_backend(buggy)
     engine.db.close()
-    return Sessions(base / "db" / "debug.db", model, passed, failed, bad)
+    return Sessions(base / "db" / "debug.db", model, passed, failed, bad, drilled)
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,7 @@ def _nav(page, title: str, text: str) -> None:
 
 def _open_session(page, session_id: str, text: str) -> None:
     """The Sessions page's "open a session": type the id, press "Show this session"."""
-    _nav(page, "Sessions", "of 3 sessions")
+    _nav(page, "Sessions", "of 4 sessions")
     page.get_by_role("combobox", name="open a session").click()
     page.keyboard.type(session_id)
     page.keyboard.press("Enter")
@@ -90,7 +90,7 @@ def test_every_page_in_chromium(server, sessions, runs, browser_page):
     page.on("requestfailed", lambda r: bad.append(f"{r.url} {r.failure}"))
     page.on("response", lambda r: bad.append(f"{r.url} {r.status}") if r.status >= 400 else None)
     page.goto(server + "/")
-    _wait_text(page, "3 of 3 sessions")
+    _wait_text(page, "4 of 4 sessions")
     page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
     browser_page.screenshot("dashboard-sessions")
 

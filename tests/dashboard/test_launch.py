@@ -54,11 +54,11 @@ def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, 
     s = Settings.from_environment()
     quick = launch_validation(s, str(app_env.model), "python_reference", "pytorch", {"dtype": "float32"})
     slow = launch_validation(s, str(app_env.model), "python_reference", "pytorch",
-                             {"dtype": "float32", "input_shape": [256, 64], "oracle": True})
+                             {"dtype": "float32", "input_shape": [2048, 64], "oracle": True})
     batch = launch_batch(s, [str(app_env.model), "", str(app_env.model)], "python_reference", "pytorch",
                          {"dtype": "bfloat16"})
     slow_batch = launch_batch(s, [str(app_env.model)] * 2, "python_reference", "pytorch",
-                              {"dtype": "float32", "input_shape": [256, 64], "oracle": True})
+                              {"dtype": "float32", "input_shape": [2048, 64], "oracle": True})
     assert _task(s, quick)["state"] in ("queued", "running", "finished")  # in the database at once
 
     # the page shows the running task with its progress, read back from the database (a reload is a new run)

@@ -22,13 +22,13 @@ def test_sessions_page_lists_filters_and_sorts(app_env):
     at = run_page()
     assert at.title[0].value == "Sessions"
     frame = at.dataframe[0].value
-    assert set(frame["session"]) == {app_env.passed, app_env.failed, app_env.hostile}
-    assert "3 of 3 sessions" in _texts(at)
+    assert set(frame["session"]) == {app_env.passed, app_env.failed, app_env.hostile, app_env.drilled}
+    assert "4 of 4 sessions" in _texts(at)
     at.multiselect[3].select("failed").run()  # verdict / status
     frame = at.dataframe[0].value
-    assert list(frame["session"]) == [app_env.failed]
-    assert frame.iloc[0]["first divergence"]  # the failing session names where it diverged
-    assert "1 of 3 sessions" in _texts(at)
+    assert set(frame["session"]) == {app_env.failed, app_env.drilled}
+    assert frame.iloc[0]["first divergence"]  # a failing session names where it diverged
+    assert "2 of 4 sessions" in _texts(at)
 
 
 def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env):
@@ -49,6 +49,16 @@ def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env)
     assert "debug_validate" in at.code[-1].value and "--dtype bfloat16" in at.code[-1].value
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels == ["HTML report", "JSON report", "CSV report", "JUNIT report"]
+
+
+def test_session_page_shows_the_drill_down(app_env):
+    at = run_page("session.py", {"id": app_env.drilled})
+    assert not at.exception
+    shown = "\n".join(t.value for t in at.text)
+    assert "method replay: culprit aten." in shown and "self_attn" in shown
+    assert "repro (verified)" in shown
+    table = next(d.value for d in at.dataframe if "op" in d.value.columns)
+    assert table["introduces"].any() and {"introduced", "carried_in", "bound", "margin"} <= set(table.columns)
 
 
 def test_session_page_escapes_a_hostile_model_path(app_env):

@@ -62,7 +62,7 @@ def test_viewing_a_version_4_file_reads_it_and_changes_nothing(app_env, tmp_path
     before = old.read_bytes()
     monkeypatch.setenv(DATABASE_VARIABLE, str(old))
     at = run_page()
-    assert "3 of 3 sessions" in "\n".join(m.value for m in at.markdown)
+    assert "4 of 4 sessions" in "\n".join(m.value for m in at.markdown)
     at = run_page("jobs.py")
     assert any("No tasks launched" in i.value for i in at.info)
     assert old.read_bytes() == before

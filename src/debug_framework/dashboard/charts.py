@@ -78,3 +78,11 @@ def heatmap_image(row: Mapping[str, Any], recordings: Sequence[Mapping[str, Any]
         return None
     rgb, _, _ = colorize(hm.matrix)
     return rgb, hm.source, list(hm.notes)
+
+
+def drilldown_frame(entry: Mapping[str, Any]) -> pd.DataFrame:
+    """One drilled layer's operator table (a stored ``LayerDrilldown.to_dict()``), in graph order:
+    op, module path, source, introduced, carried in, bound, margin, and whether it introduces error."""
+    columns = ["node", "op", "module_path", "source", "introduced", "carried_in", "bound", "margin", "introduces"]
+    rows = [{c: r.get(c) for c in columns} for r in entry.get("operators") or [] if isinstance(r, Mapping)]
+    return pd.DataFrame(rows, columns=columns)

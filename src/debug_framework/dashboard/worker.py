@@ -118,6 +118,8 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
             engine.run(sid, progress=progress)
     except Cancelled:
         row = engine.db.sessions.get(sid)
+        if row is not None and row["status"] in ("passed", "failed"):
+            return  # the session had ended when the cancel arrived: the task finished, its verdict stands
         if row is not None and row["status"] == "created":  # not started: end it as the engine would
             engine.db.sessions.update_status(sid, "error", error_message=CANCELLED)
             tasks.update(tid, session_id=sid)

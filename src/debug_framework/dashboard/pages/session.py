@@ -1,12 +1,19 @@
-"""One session: verdict, first divergence and where the error comes from, per-checkpoint error
-curves with their bounds, the checkpoint table, the heatmap, environment, the reproduce command and
+"""One session: verdict, first divergence and where the error comes from, the drill-down (culprit
+operator and its table) when one ran, per-checkpoint error curves with their bounds, the checkpoint table, the heatmap, environment, the reproduce command and
 the reports (HTML, JSON, CSV, JUnit) made by ``debug_framework.reports``."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from debug_framework.dashboard.charts import CURVE_METRICS, checkpoint_frame, curve_chart, curve_frame, heatmap_image
+from debug_framework.dashboard.charts import (
+    CURVE_METRICS,
+    checkpoint_frame,
+    curve_chart,
+    curve_frame,
+    drilldown_frame,
+    heatmap_image,
+)
 from debug_framework.dashboard.data import literal, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
@@ -55,6 +62,26 @@ with viewer() as db:
             else:
                 st.altair_chart(curve_chart(frame, metric, first), width="stretch")
             st.dataframe(checkpoint_frame(rows), hide_index=True, width="stretch")
+
+            drilled = res.get("drilldown")
+            if isinstance(drilled, list):
+                st.subheader("Drill-down: the operator that introduces the error")
+                if not drilled:
+                    st.caption("Nothing to drill: no layer diverges.")
+                for entry in (e for e in drilled if isinstance(e, dict)):
+                    culprit = entry.get("culprit") or {}
+                    head = (f"layer {entry.get('layer')} ({entry.get('checkpoint')}), method {entry.get('method')}: "
+                            + (f"culprit {culprit.get('op')} at {culprit.get('module_path') or '?'} "
+                               f"({culprit.get('source') or '?'})" if culprit else "no culprit"))
+                    st.text(head)
+                    if culprit.get("repro_dir"):
+                        st.text(f"repro ({'verified' if culprit.get('verified') else 'not verified'}): "
+                                f"{culprit['repro_dir']}")
+                    if entry.get("note"):
+                        st.caption(literal(entry["note"]))
+                    table = drilldown_frame(entry)
+                    if not table.empty:
+                        st.dataframe(table, hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}")
 
             worst = worst_row(rows)
             st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_label(worst))}" if worst else ""))
