@@ -167,32 +167,58 @@ def test_a_triton_plugin_imports_its_helper_sources(tmp_path):
     assert torch.equal(loaded["twice"].op(torch.ones(3)), torch.full((3,), 2.0))
 
 
-def test_a_cpu_triton_plugin_runs_interpreted_and_a_gpu_one_cannot_join_that_process(tmp_path, monkeypatch):
+_TRITON_MODES = """
+import json, os, shutil, sys
+from pathlib import Path
+import torch
+from debug_framework.errors import PluginCompilationError
+from debug_framework.plugins.loading import load_plugin
+from debug_framework.plugins.manifest import load_manifest
+from debug_framework.services.compilation_engine import CompilationEngine
+
+examples, tmp, first = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if first == "compiled-triton":
+    import triton.language  # noqa: F401  (as Inductor does: compiled mode)
+defn = load_manifest(examples / "triton")
+try:
+    loaded = load_plugin(defn, CompilationEngine(tmp / "cache").build(defn).artifact)
+except PluginCompilationError as exc:
+    print("DF008" if exc.code == "DF008" else exc.code, str(exc).split(":", 1)[-1][:120]); sys.exit(0)
+assert os.environ.get("TRITON_INTERPRET") == "1"
+x = torch.randn(4, 33)
+assert torch.allclose(loaded["softmax"].op(x, -1), torch.softmax(x, -1), atol=1e-6)
+data = json.loads((examples / "triton" / "plugin.json").read_text())
+data["id"], data["kernels"][0]["devices"] = "example-triton-gpu", ["cuda"]
+gpu = tmp / "gpu"
+shutil.copytree(examples / "triton", gpu)
+(gpu / "plugin.json").write_text(json.dumps(data))
+gpu_defn = load_manifest(gpu)
+try:
+    load_plugin(gpu_defn, CompilationEngine(tmp / "cache").build(gpu_defn).artifact)
+except PluginCompilationError as exc:
+    print("interpreted; gpu plugin:", exc.code, "runs Triton's interpreter" in str(exc))
+"""
+
+
+@pytest.mark.parametrize("first", ["fresh", "compiled-triton"])
+def test_triton_modes_in_a_fresh_process(tmp_path, first):
     """Kernels declared for "cpu" run under Triton's interpreter whether or not a GPU is present (on a
     GPU machine the interpreter used to be skipped, and the kernel got CPU tensors it could not read);
-    a plugin declared for "cuda" cannot load into a process that interprets: DF008 saying why."""
+    a plugin declared for "cuda" cannot load into a process that interprets; and one that needs the
+    interpreter after Triton was imported compiled (by Inductor) is DF008 saying why, not a crash
+    inside the kernel. Each in a fresh process: Triton's mode is fixed at its first import."""
     import os
+    import subprocess
+    import sys
 
-    import torch
-
-    from debug_framework.plugins.loading import load_plugin
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    defn = load_manifest(EXAMPLES / "triton")
-    build = CompilationEngine(tmp_path / "cache").build(defn)
-    loaded = load_plugin(defn, build.artifact)
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    x = torch.randn(4, 33)
-    assert torch.allclose(loaded["softmax"].op(x, -1), torch.softmax(x, -1), atol=1e-6)
-    data = json.loads((EXAMPLES / "triton" / "plugin.json").read_text())
-    data["id"], data["kernels"][0]["devices"] = "example-triton-gpu", ["cuda"]
-    gpu = tmp_path / "gpu"
-    shutil.copytree(EXAMPLES / "triton", gpu)
-    (gpu / "plugin.json").write_text(json.dumps(data))
-    gpu_defn = load_manifest(gpu)
-    with pytest.raises(PluginCompilationError, match="runs Triton's interpreter") as info:
-        load_plugin(gpu_defn, CompilationEngine(tmp_path / "cache").build(gpu_defn).artifact)
-    assert info.value.code == "DF008"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _TRITON_MODES, str(EXAMPLES), str(tmp_path), first],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if first == "fresh":
+        assert run.stdout.strip() == "interpreted; gpu plugin: DF008 True", run.stdout
+    else:
+        assert run.stdout.startswith("DF008") and "already imported" in run.stdout, run.stdout
 
 
 def test_a_triton_plugin_mixing_cpu_and_cuda_kernels_is_refused(tmp_path):

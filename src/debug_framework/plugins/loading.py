@@ -123,6 +123,13 @@ def _import_file(path: Path, module_name: str) -> Any:
     return module
 
 
+def _triton_compiled_already() -> bool:
+    """Whether Triton's language library was imported in compiled (not interpreted) mode."""
+    standard = sys.modules.get("triton.language.standard")
+    fn = getattr(standard, "max", None)
+    return fn is not None and type(fn).__name__ == "JITFunction"
+
+
 def _triton_mode(defn: PluginDefinition) -> None:
     """Kernels declared for "cpu" run in Triton's interpreter (on CPU tensors, GPU or not), "cuda" ones
     compile for the GPU. Triton reads ``TRITON_INTERPRET`` when the source is imported and again when
@@ -130,6 +137,12 @@ def _triton_mode(defn: PluginDefinition) -> None:
     interpret = all(spec.devices[0] == "cpu" for spec in defn.kernels)
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
+        if _triton_compiled_already():
+            raise PluginCompilationError(
+                "this Triton plugin's kernels run in Triton's interpreter (declared for \"cpu\"), but Triton was "
+                "already imported in this process for compiled kernels (by Inductor or another GPU plugin), and its "
+                "own library cannot switch modes", plugin=defn.id,
+                hint="set TRITON_INTERPRET=1 before starting the process, or validate the plugin in a fresh process")
     elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise PluginCompilationError(
             "this Triton plugin's kernels are declared for the GPU, but this process runs Triton's interpreter "
