@@ -235,3 +235,19 @@ def test_a_hostile_node_name_cannot_break_out_of_the_repro_docstring(tmp_path):
     assert not any(isinstance(n, ast.Raise) for n in tree.body)
     assert not verify_onnx_repro(repro)  # a correct node: runs to its verdict (exit 0), not an injected exit 1
     assert '"reproduced": false' in (repro / "verify.log").read_text()
+
+
+def test_carried_in_counts_only_values_computed_from_the_hidden_input():
+    from onnx import TensorProto, helper
+
+    from debug_framework.services.drilldown.onnx import derived_from
+
+    nodes = [helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Mul", ["m", "w"], ["mw"], name="scale_mask"),
+             helper.make_node("Mul", ["hidden", "w"], ["xw"], name="mul"),
+             helper.make_node("Add", ["xw", "mw"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT64, [2]),
+                                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    assert derived_from(helper.make_model(graph), "hidden") == {"hidden", "xw", "y"}  # not m, mw, w, mask

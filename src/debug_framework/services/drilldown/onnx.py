@@ -14,8 +14,11 @@
    inputs. What it cannot see is an exporter bug (the graph itself wrong): that shows at the layer
    level, not here.
 4. Each node is judged alone: ``introduced`` is the RMSE of the node as a one-node model in ONNX
-   Runtime on the trusted inputs (cast to the node's dtype) against its trusted output;
-   ``carried_in`` the largest RMSE of its inputs in the mark-all run; ``bound`` is issue 14's
+   Runtime on the trusted inputs (cast to the node's dtype) against its trusted output (``inf``
+   when the shapes differ or a non-finite value mismatches, never NaN; a node with several outputs
+   reports its worst);
+   ``carried_in`` the largest RMSE, in the mark-all run, of its inputs computed from the layer's
+   hidden input (as the replay counts only the hidden state: not the mask, positions or weights); ``bound`` is issue 14's
    calibrated bound ``noise_margin x noise + floor_eps x eps x RMS(trusted output)``, where the
    noise is what a correct implementation at the node's dtype makes: the reference evaluator run
    at that dtype on the same inputs, and never less than rounding the trusted output to it.
@@ -48,7 +51,7 @@ from .paths import module_path_in_model
 from .support import BackendStrategy
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
-__all__ = ["OnnxDrillStrategy"]
+__all__ = ["OnnxDrillStrategy", "derived_from"]
 
 #: ONNX ops that compute nothing a kernel could get wrong numerically (constants are not judged).
 _NOT_JUDGED = frozenset({"Constant"})
@@ -71,6 +74,16 @@ def _rmse(trusted: np.ndarray, value: np.ndarray) -> float:
     if (~finite & ~matched).any():
         return math.inf
     return float(np.sqrt(np.mean((v[finite] - t[finite]) ** 2))) if finite.any() else 0.0
+
+
+def derived_from(model: Any, name: str) -> set[str]:
+    """The values of ``model``'s graph computed from ``name`` (itself included), through the top-level
+    nodes in graph order: what an error in ``name`` can reach (not masks, positions, weights)."""
+    reached = {name}
+    for node in model.graph.node:
+        if any(i in reached for i in node.input if i):
+            reached.update(o for o in node.output if o)
+    return reached
 
 
 def _output_margin(introduced: float, bound: float) -> float:
@@ -111,8 +124,10 @@ class _Values:
     """The layer's values in both runs: ``observed`` (ONNX Runtime, the graph's dtypes) and
     ``trusted`` (float64), with initializers and graph inputs."""
 
-    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, Any]) -> None:
+    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, Any],
+                 carriers: set[str]) -> None:
         self.observed, self.trusted, self.infos, self.types = observed, trusted, infos, value_types(infos)
+        self.carriers = carriers  # the values computed from the layer's hidden input (carried_in counts only these)
 
     def np_dtype(self, name: str) -> np.dtype:
         import onnx
@@ -204,7 +219,8 @@ class OnnxDrillStrategy(BackendStrategy):
             raise _Undrillable(f"ONNX's reference evaluator cannot run the layer in float64: {exc}") from exc
         inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         inits64 = {t.name: numpy_helper.to_array(t) for t in marked64.graph.initializer}
-        return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos)
+        return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos,
+                       derived_from(model, export.hidden_input))
 
     # -- one node -------------------------------------------------------------------------------------
     def _judge(self, backend: Any, model: Any, node: Any, index: int, values: _Values, export: Any,
@@ -225,7 +241,7 @@ class OnnxDrillStrategy(BackendStrategy):
             measured.append((introduced, rule.judge(noise[name], introduced).bound, name))
         best = _worst_output(measured)
         carried = [_rmse(values.trusted[n], values.observed[n]) for n in feeds if values.is_float(n)
-                   and n not in {t.name for t in model.graph.initializer}]
+                   and n in values.carriers]
         row = replace(_unjudged_row(node, index, export.layer_name), introduced=best[0],
                       carried_in=max(carried, default=0.0), bound=best[1])
         return row, (single, feeds, best[2])
