@@ -207,10 +207,9 @@ def _worst_failure(observed: dict[str, Any]) -> tuple[float, float]:
         return math.nan if value is None else float(value)
 
     def rank(o: dict[str, Any]) -> float:
-        error, bound = number(o.get("test_error")), number(o.get("bound"))
-        if math.isnan(error) or math.isnan(bound):
-            return math.inf
-        return error / bound if bound > 0 else (math.inf if error > 0 else 0.0)
+        margin = OperatorRow(index=0, node="", op="", introduced=number(o.get("test_error")),
+                             bound=number(o.get("bound"))).margin
+        return math.inf if math.isnan(margin) else margin
 
     failing = [o for o in observed.get("outputs", []) if not o.get("passed", True)]
     worst = max(failing, key=rank, default={})

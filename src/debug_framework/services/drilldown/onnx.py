@@ -87,12 +87,8 @@ def derived_from(model: Any, name: str) -> set[str]:
 
 
 def _output_margin(introduced: float, bound: float) -> float:
-    """``introduced / bound`` as :attr:`OperatorRow.margin` computes it (NaN: not measurable)."""
-    if math.isnan(introduced) or math.isnan(bound):
-        return math.nan
-    if bound <= 0:
-        return math.inf if introduced > 0 else 0.0
-    return introduced / bound
+    """``introduced / bound`` as a row computes it (:attr:`OperatorRow.margin`; NaN: not measurable)."""
+    return OperatorRow(index=0, node="", op="", introduced=introduced, bound=bound).margin
 
 
 def _worst_output(measured: list[tuple[float, float, str]]) -> tuple[float, float, str]:
