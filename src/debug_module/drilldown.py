@@ -12,8 +12,9 @@ to observe. Instead:
    float64 with the project's ratio rule: the graph compiled by the backend's compiler (Inductor,
    or the backend's own Inductor-based ``compiler``) may make at most ``noise_margin`` times the
    error of the same graph run eagerly at the backend's dtype (the trusted implementation at that
-   precision) plus ``floor_eps x eps x RMS(layer input)``. When the whole layer graph satisfies it,
-   no operator is blamed (one compile).
+   precision) plus ``floor_eps x eps x RMS(that output's float64 value)``, per output of every
+   candidate graph, as :meth:`~debug_framework.comparison.RatioRule.calibrated` sets the floor
+   everywhere else. When the whole layer graph satisfies it, no operator is blamed (one compile).
 3. Otherwise the minifier shrinks the graph (bisection, then delta debugging) to the smallest one
    on which the compiled graph still fails, writes the standalone repro and runs it in a fresh
    process (``verified``). The culprit is the first computing operator of that graph.
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from debug_framework.comparison import RatioRule, finite_rms
+from debug_framework.comparison import RatioRule
 from debug_framework.errors import DebugFrameworkError, ValidationError
 from debug_framework.services.drilldown.paths import WRAPPER_ATTRIBUTE, module_path_in_model, source_line
 from debug_framework.services.drilldown.support import BackendStrategy
@@ -43,7 +44,7 @@ from debug_framework.services.drilldown.types import Culprit, DrillRequest, Laye
 from .constraints.base import op_name
 from .minifier import AccuracySignature, Minifier
 
-__all__ = ["InductorDrillStrategy", "capture_layer_graph", "strip_dtype_pins"]
+__all__ = ["InductorDrillStrategy", "capture_layer_graph", "layer_signature", "strip_dtype_pins"]
 
 #: Operators that only reshape or alias: never named as the culprit while a computing one is there.
 _VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.permute.default", "aten.t.default",
@@ -146,9 +147,7 @@ class InductorDrillStrategy(BackendStrategy):
         gm = strip_dtype_pins(program.graph_module)
         drill.graph_file = str(graph_file)
         drill.operators = [_row(index, node, layer_name) for index, node in enumerate(_operators(gm))]
-        eps = float(torch.finfo(getattr(torch, backend.dtype)).eps)
-        rule = RatioRule(float(request.noise_margin), float(request.floor_eps) * eps * finite_rms(request.hidden_in))
-        signature = AccuracySignature(backend.compiler, reference="float64", ratio=rule)
+        signature = layer_signature(backend, request)
         holds, observed = signature.check(gm, inputs)
         compiler = backend.compiler if isinstance(backend.compiler, str) else getattr(backend.compiler, "__qualname__", "?")
         if observed.get("error"):
@@ -177,12 +176,9 @@ class InductorDrillStrategy(BackendStrategy):
             drill.note = f"the minifier's graph ({', '.join(result.ops)}) has no operator of the layer graph"
             return drill
         culprit = computing[0]
-        observed = signature.observe(result.gm, result.inputs)
-        worst = max((o for o in observed.get("outputs", []) if not o.get("passed", True)),
-                    key=lambda o: o.get("test_error") or 0.0, default={})
+        introduced, bound = _worst_failure(signature.observe(result.gm, result.inputs))
         measured = OperatorRow(index=culprit.index, node=culprit.node, op=culprit.op, module_path=culprit.module_path,
-                               source=culprit.source, introduced=float(worst.get("test_error") or math.nan),
-                               bound=float(worst.get("bound") or math.nan))
+                               source=culprit.source, introduced=introduced, bound=bound)
         drill.operators = [measured if row is culprit else row for row in drill.operators]
         drill.culprit = Culprit(op=culprit.op, node=culprit.node, module_path=culprit.module_path, source=culprit.source,
                                 repro_dir=None if result.repro_path is None else str(Path(result.repro_path).parent),
@@ -192,6 +188,32 @@ class InductorDrillStrategy(BackendStrategy):
                  *([] if result.verified else result.notes)]
         drill.note = "; ".join(n for n in notes if n)
         return drill
+
+
+def layer_signature(backend: Any, request: DrillRequest) -> AccuracySignature:
+    """The minifier's signature for a layer of ``backend``: its compiler against float64 by the ratio
+    rule, ``noise_margin`` x eager's error at the backend's dtype + ``floor_eps x eps x RMS(output)``
+    for each output of the graph judged (the floor :meth:`RatioRule.calibrated` sets elsewhere)."""
+    eps = float(torch.finfo(getattr(torch, backend.dtype)).eps)
+    return AccuracySignature(backend.compiler, reference="float64", ratio=RatioRule(float(request.noise_margin), 0.0),
+                             floor_rms=float(request.floor_eps) * eps)
+
+
+def _worst_failure(observed: dict[str, Any]) -> tuple[float, float]:
+    """``(introduced, bound)`` of the worst failing output of a signature's observation, by margin
+    over its bound (a failure without a measured error, e.g. a non-finite mismatch, first); NaN
+    where one was not measured (a measured 0.0 stays 0.0)."""
+    def number(value: Any) -> float:
+        return math.nan if value is None else float(value)
+
+    def rank(o: dict[str, Any]) -> float:
+        margin = OperatorRow(index=0, node="", op="", introduced=number(o.get("test_error")),
+                             bound=number(o.get("bound"))).margin
+        return math.inf if math.isnan(margin) else margin
+
+    failing = [o for o in observed.get("outputs", []) if not o.get("passed", True)]
+    worst = max(failing, key=rank, default={})
+    return number(worst.get("test_error")), number(worst.get("bound"))
 
 
 def strip_dtype_pins(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

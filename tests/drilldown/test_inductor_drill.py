@@ -184,3 +184,61 @@ def test_the_captured_graph_runs_in_float64_where_the_model_pins_its_own_dtype()
     torch.testing.assert_close(out, torch.softmax(x.double() @ w.double(), -1) @ w.double())
     (same,) = stripped(w, x)
     torch.testing.assert_close(same, gm(w, x)[0])
+
+
+def _add_noise(gm, inputs):
+    """A "compiler" whose every output is 1e-4 relative off (the same relative error at every scale)."""
+    def run(*args):
+        return tuple(o * (1 + 1e-4) for o in gm(*args))
+    return run
+
+
+def _two_scales(x):
+    return x * 1e4, x + 0.0
+
+
+def test_the_signature_floor_is_per_output_rms_and_the_repro_copy_agrees():
+    import torch
+
+    from debug_framework.comparison import RatioRule, finite_rms
+    from debug_module.minifier import AccuracySignature, _runtime
+    from debug_module.minifier.signatures import signature_from_dict
+
+    gm = torch.fx.symbolic_trace(_two_scales)
+    x = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    # floor 1e-3 x RMS(output): the 1e-4 relative error passes at both scales (one absolute floor could not)
+    sig = AccuracySignature(_add_noise, reference="float64", ratio=RatioRule(2.0, 0.0), floor_rms=1e-3)
+    holds, observed = sig.check(gm, [x])
+    assert not holds, observed
+    refs = gm(x.double())
+    for row, ref in zip(observed["outputs"], refs, strict=True):
+        assert row["bound"] == pytest.approx(2.0 * row["eager_error"] + 1e-3 * finite_rms(ref), rel=1e-9)
+    assert observed["outputs"][0]["bound"] > 1e3 * observed["outputs"][1]["bound"]
+    tight = AccuracySignature(_add_noise, reference="float64", ratio=RatioRule(2.0, 0.0), floor_rms=1e-6)
+    assert tight.check(gm, [x])[0]
+    # the JSON form keeps it; the repro's standalone copy decides the same, with the same bounds
+    again = signature_from_dict(tight.to_dict(), backend=_add_noise)
+    assert again.floor_rms == 1e-6 and again.to_dict() == tight.to_dict()
+    with torch.no_grad():
+        rows = _runtime.ratio_outputs(refs, gm(x), _add_noise(gm, [x])(x), 2.0, 0.0, 1e-6)
+    for mine, theirs in zip(rows, tight.observe(gm, [x])["outputs"], strict=True):
+        assert mine["passed"] == theirs["passed"] and mine["bound"] == pytest.approx(theirs["bound"], rel=1e-9)
+
+
+def test_the_layer_signature_and_the_culprit_row_keep_a_measured_zero():
+    from debug_framework.backends import get_backend
+    from debug_module.drilldown import _worst_failure, layer_signature
+
+    backend = get_backend("inductor")
+    backend.dtype = "float32"
+    request = DrillRequest(layer=0, checkpoint="post_mlp:0", backend=backend, model=None, inputs=None,
+                           hidden_in=np.full((1, 2, 4), 1e6), dtype="float32", device="cpu", out_dir=Path("unused"),
+                           noise_margin=3.0, floor_eps=8.0)
+    sig = layer_signature(backend, request)
+    assert sig.ratio.multiplier == 3.0 and sig.ratio.floor == 0.0  # no floor from the layer input's scale
+    assert sig.floor_rms == pytest.approx(8.0 * np.finfo(np.float32).eps)
+    assert _worst_failure({"outputs": [{"passed": False, "test_error": 0.0, "bound": 0.0}]}) == (0.0, 0.0)
+    rows = [{"passed": True, "test_error": 9.0, "bound": 1.0}, {"passed": False, "test_error": 2.0, "bound": 1.0},
+            {"passed": False, "test_error": 3.0, "bound": 0.5}]
+    assert _worst_failure({"outputs": rows}) == (3.0, 0.5)
+    assert all(math.isnan(v) for v in _worst_failure({"outputs": [{"passed": False, "reason": "shape"}]}))

@@ -170,3 +170,84 @@ def test_a_bad_graph_transform_is_a_df002(tmp_path):
             load_user_function(spec, "onnxruntime", "graph_transform")
         assert info.value.code == "DF002" and "graph_transform" in str(info.value)
     assert load_user_function(GELU_TANH, "onnxruntime", "graph_transform").__name__ == "gelu_tanh"
+
+
+def test_an_unmeasurable_error_is_infinite_never_nan():
+    from debug_framework.services.drilldown.onnx import _rmse
+
+    ones = np.ones((2, 3))
+    assert _rmse(ones, np.ones((3, 2), np.float32)) == np.inf  # shapes differ
+    assert _rmse(ones, np.full((2, 3), np.nan, np.float32)) == np.inf  # no finite pair
+    one_nan = np.ones((2, 3), np.float32)
+    one_nan[0, 1] = np.nan
+    assert _rmse(ones, one_nan) == np.inf
+    assert _rmse(np.full(3, np.nan), np.full(3, np.nan, np.float32)) == 0.0  # NaN where float64 has NaN: no error
+    assert _rmse(np.array([-1e300, 1.0]), np.array([-np.inf, 1.0], np.float32)) == 0.0  # float32's rounding of -1e300
+    assert _rmse(np.array([1e300, 1.0]), np.array([-np.inf, 1.0], np.float32)) == np.inf
+    assert _rmse(np.array([0.0, 2.0]), np.array([0.0, 0.0], np.float32)) == pytest.approx(np.sqrt(2.0))
+
+
+def test_a_nan_margin_on_one_output_neither_hides_nor_passes_a_failing_one():
+    from debug_framework.services.drilldown.onnx import _worst_output
+
+    failing, unmeasurable, passing = (5.0, 1.0, "y0"), (np.inf, np.inf, "y1"), (0.5, 1.0, "y2")
+    for order in ([failing, unmeasurable, passing], [unmeasurable, failing, passing], [passing, unmeasurable, failing]):
+        assert _worst_output(order) == failing  # the real failure is reported, whichever output comes first
+    assert _worst_output([passing, unmeasurable])[2] == "y1"  # unmeasurable outranks a pass (the row shows NaN)
+    assert _worst_output([(0.0, 0.0, "z"), passing]) == passing
+
+
+def _write_add_repro(tmp_path, *, expected, node="add", op="Add", graph_transform=None):
+    from onnx import TensorProto, helper
+
+    from debug_framework.services.drilldown.onnx_repro import write_onnx_repro
+
+    add = helper.make_node("Add", ["a", "b"], ["y"], name="add")
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("a", "b")]
+    graph = helper.make_graph([add], "g", value, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
+    return write_onnx_repro(tmp_path, node=node, op=op, model=model, feeds=feeds, output="y", expected=expected,
+                            bound=1e-6, optimization="ORT_DISABLE_ALL", providers=["CPUExecutionProvider"],
+                            graph_transform=graph_transform)
+
+
+def test_an_onnx_repro_that_crashes_is_not_verified(tmp_path):
+    from debug_framework.services.drilldown.onnx_repro import verify_onnx_repro
+
+    wrong = np.full(3, 3.0)  # 1 + 1 is not 3: the repro reproduces
+    assert verify_onnx_repro(_write_add_repro(tmp_path / "real", expected=wrong))
+    assert not verify_onnx_repro(_write_add_repro(tmp_path / "right", expected=np.full(3, 2.0)))
+    crashing = _write_add_repro(tmp_path / "crash", expected=wrong, graph_transform="no_such_module_xyz:f")
+    assert not verify_onnx_repro(crashing)  # ModuleNotFoundError: exit 1, yet nothing reproduced
+    assert "ModuleNotFoundError" in (crashing / "verify.log").read_text()
+
+
+def test_a_hostile_node_name_cannot_break_out_of_the_repro_docstring(tmp_path):
+    import ast
+
+    from debug_framework.services.drilldown.onnx_repro import verify_onnx_repro
+
+    hostile = 'n"""\nraise SystemExit(1)  # \\\n"""'
+    repro = _write_add_repro(tmp_path, expected=np.full(3, 2.0), node=hostile, op="Add'''\"")
+    tree = ast.parse((repro / "repro.py").read_text())
+    assert isinstance(tree.body[0], ast.Expr) and "raise" not in [type(n).__name__.lower() for n in tree.body]
+    assert not any(isinstance(n, ast.Raise) for n in tree.body)
+    assert not verify_onnx_repro(repro)  # a correct node: runs to its verdict (exit 0), not an injected exit 1
+    assert '"reproduced": false' in (repro / "verify.log").read_text()
+
+
+def test_carried_in_counts_only_values_computed_from_the_hidden_input():
+    from onnx import TensorProto, helper
+
+    from debug_framework.services.drilldown.onnx import derived_from
+
+    nodes = [helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Mul", ["m", "w"], ["mw"], name="scale_mask"),
+             helper.make_node("Mul", ["hidden", "w"], ["xw"], name="mul"),
+             helper.make_node("Add", ["xw", "mw"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT64, [2]),
+                                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    assert derived_from(helper.make_model(graph), "hidden") == {"hidden", "xw", "y"}  # not m, mw, w, mask

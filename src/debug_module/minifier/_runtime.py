@@ -235,10 +235,18 @@ def _rmse_and_nonfinite(oracle, x):
     return float(((v[finite] - o[finite]) ** 2).mean().sqrt()), nonfinite_mismatch
 
 
-def ratio_outputs(oracle, base, alt, multiplier, floor):
+def _finite_rms(x):
+    """RMS of the finite values of ``x`` in float64 (0.0 without one): ``finite_rms``'s standalone copy."""
+    a = x.detach().to(torch.float64).reshape(-1)
+    a = a[torch.isfinite(a)].abs()
+    peak = float(a.max()) if a.numel() else 0.0
+    return 0.0 if peak == 0.0 else peak * float(((a / peak) ** 2).mean().sqrt())
+
+
+def ratio_outputs(oracle, base, alt, multiplier, floor, floor_rms=0.0):
     """Per output, the ratio rule against the float64 ``oracle`` with ``base`` (eager at the inputs'
     precision) as the baseline: the backend's RMSE may be at most ``multiplier`` x the baseline's +
-    ``floor``, over finite pairs, with no more non-finite mismatches than the baseline. The repro's
+    ``floor`` (+ ``floor_rms`` x the RMS of that output's oracle value), over finite pairs, with no more non-finite mismatches than the baseline. The repro's
     standalone copy of ``debug_framework.comparison.RatioRule.verdict`` (metric ``rmse``); a test
     keeps the two in agreement."""
     refs, bases, alts = _tensors(oracle), _tensors(base), _tensors(alt)
@@ -253,7 +261,8 @@ def ratio_outputs(oracle, base, alt, multiplier, floor):
         base_err, base_nf = _rmse_and_nonfinite(r, b)
         test_err, test_nf = _rmse_and_nonfinite(r, a)
         base_err = base_err or 0.0
-        bound = multiplier * base_err + floor
+        floor_i = floor + floor_rms * _finite_rms(r) if floor_rms else floor
+        bound = multiplier * base_err + floor_i
         if test_nf > base_nf:
             passed, reason = False, "%d non-finite mismatch(es) against float64 (eager has %d)" % (test_nf, base_nf)
         elif test_err is None:
@@ -261,7 +270,7 @@ def ratio_outputs(oracle, base, alt, multiplier, floor):
         else:
             passed = test_err <= bound
             reason = None if passed else "RMSE %.3e vs float64 exceeds %g x eager's RMSE %.3e + %g" % (
-                test_err, multiplier, base_err, floor)
+                test_err, multiplier, base_err, floor_i)
         rows.append({"index": i, "passed": passed, "reason": reason, "test_error": test_err,
                      "eager_error": base_err, "bound": bound})
     return rows

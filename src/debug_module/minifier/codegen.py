@@ -237,7 +237,8 @@ def _observe_source(signature: Signature, backend_json: dict[str, Any] | None) -
                 return {"kind": "accuracy", "error": "%s: %s" % (type(e).__name__, e)}
             if ratio:
                 return {"kind": "accuracy",
-                        "outputs": ratio_outputs(ref, base, alt, ratio["multiplier"], ratio["floor"])}
+                        "outputs": ratio_outputs(ref, base, alt, ratio["multiplier"], ratio["floor"],
+                                                 ratio.get("floor_rms", 0.0))}
             return {"kind": "accuracy", "outputs": compare_outputs(ref, alt, SIGNATURE["rtol"], SIGNATURE["atol"])}
         ''')
 

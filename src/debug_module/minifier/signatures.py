@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from debug_framework.comparison import RatioRule
+from debug_framework.comparison import RatioRule, finite_rms
 
 from ..constraints import Constraint, Violation, as_constraint, check_graph
 from ..errors import MinifierError
@@ -261,6 +261,8 @@ class AccuracySignature(_BackendSignature):
     (:meth:`debug_framework.comparison.RatioRule.verdict`: the backend's error against float64 may be at
     most ``multiplier`` times the eager graph's own error at the inputs' precision, plus ``floor``), as
     KernelDiff's float64 mode judges; the repro's standalone check mirrors it (``_runtime.ratio_outputs``).
+    ``floor_rms``: with ``ratio``, each output's floor is ``ratio.floor + floor_rms x RMS(its float64
+    value)`` (:meth:`~debug_framework.comparison.RatioRule.calibrated` per output: ``floor_eps x eps``).
     ``output``: name of an intermediate node to judge instead of the graph outputs (the graph is first
     cut to that node's inputs cone). If the backend raises, the signature does not hold (another bug).
     """
@@ -268,7 +270,8 @@ class AccuracySignature(_BackendSignature):
     kind = "accuracy"
 
     def __init__(self, backend: Backend | str, *, reference: str = "eager", rtol: float = 1e-4, atol: float = 1e-5,
-                 output: str | None = None, backend_spec: str | None = None, ratio: RatioRule | None = None) -> None:
+                 output: str | None = None, backend_spec: str | None = None, ratio: RatioRule | None = None,
+                 floor_rms: float = 0.0) -> None:
         super().__init__(backend, backend_spec)
         if reference not in ("eager", "float64"):
             raise MinifierError(f"unknown reference {reference!r}", hint="use 'eager' or 'float64'")
@@ -276,18 +279,21 @@ class AccuracySignature(_BackendSignature):
             raise MinifierError("a ratio-rule accuracy signature judges RMSE against float64",
                                 hint="pass reference='float64' and a RatioRule with metric='rmse'")
         self.reference, self.rtol, self.atol, self.output = reference, float(rtol), float(atol), output
-        self.ratio = ratio
+        self.ratio, self.floor_rms = ratio, float(floor_rms)
 
     def to_dict(self) -> dict[str, Any]:
         ratio = None if self.ratio is None else {"multiplier": self.ratio.multiplier, "floor": self.ratio.floor,
                                                   "metric": self.ratio.metric}
+        if ratio is not None and self.floor_rms:
+            ratio["floor_rms"] = self.floor_rms
         return {"kind": self.kind, "reference": self.reference, "rtol": self.rtol, "atol": self.atol,
                 "output": self.output, "ratio": ratio}
 
     def describe(self) -> str:
         if self.ratio is not None:
+            per_output = f" + {self.floor_rms:g} x RMS(output)" if self.floor_rms else ""
             return (f"outputs under backend {self._backend_name()} exceed the ratio rule against float64 "
-                    f"(RMSE <= {self.ratio.multiplier:g} x eager's + {self.ratio.floor:g})")
+                    f"(RMSE <= {self.ratio.multiplier:g} x eager's + {self.ratio.floor:g}{per_output})")
         return (f"outputs under backend {self._backend_name()} differ from {self.reference} "
                 f"(rtol={self.rtol:g}, atol={self.atol:g})")
 
@@ -314,7 +320,10 @@ class AccuracySignature(_BackendSignature):
         row = {"index": i, "passed": bool(res.passed), "max_abs_error": res.max_abs_error,
                "max_rel_error": res.max_rel_error, "reason": res.reason}
         if self.ratio is not None and base is not None:
-            v = self.ratio.verdict(compare(ref.detach(), base.detach(), equal_nan=True, check_dtype=False), res,
+            rule = self.ratio
+            if self.floor_rms:
+                rule = RatioRule(rule.multiplier, rule.floor + self.floor_rms * finite_rms(ref), rule.metric)
+            v = rule.verdict(compare(ref.detach(), base.detach(), equal_nan=True, check_dtype=False), res,
                                    oracle="float64", baseline_name="eager")
             row.update(passed=v.passed, reason=v.reason, test_error=v.judgement.alternative_error,
                        eager_error=v.judgement.reference_error, bound=v.judgement.bound)
@@ -339,6 +348,7 @@ def signature_from_dict(data: dict[str, Any], *, backend: Backend | str | None =
         return AccuracySignature(backend, reference=data.get("reference", "eager"), rtol=data.get("rtol", 1e-4),
                                  atol=data.get("atol", 1e-5), output=data.get("output"),
                                  ratio=None if not ratio else RatioRule(float(ratio["multiplier"]),
-                                                                        float(ratio["floor"]), str(ratio["metric"])))
+                                                                        float(ratio["floor"]), str(ratio["metric"])),
+                                 floor_rms=float((ratio or {}).get("floor_rms", 0.0)))
     raise MinifierError(f"unknown signature kind {kind!r}", hint="use constraint, exception or accuracy")
 

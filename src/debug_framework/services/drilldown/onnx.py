@@ -14,8 +14,11 @@
    inputs. What it cannot see is an exporter bug (the graph itself wrong): that shows at the layer
    level, not here.
 4. Each node is judged alone: ``introduced`` is the RMSE of the node as a one-node model in ONNX
-   Runtime on the trusted inputs (cast to the node's dtype) against its trusted output;
-   ``carried_in`` the largest RMSE of its inputs in the mark-all run; ``bound`` is issue 14's
+   Runtime on the trusted inputs (cast to the node's dtype) against its trusted output (``inf``
+   when the shapes differ or a non-finite value mismatches, never NaN; a node with several outputs
+   reports its worst);
+   ``carried_in`` the largest RMSE, in the mark-all run, of its inputs computed from the layer's
+   hidden input (as the replay counts only the hidden state: not the mask, positions or weights); ``bound`` is issue 14's
    calibrated bound ``noise_margin x noise + floor_eps x eps x RMS(trusted output)``, where the
    noise is what a correct implementation at the node's dtype makes: the reference evaluator run
    at that dtype on the same inputs, and never less than rounding the trusted output to it.
@@ -32,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ...comparison import RatioRule, compare, error_metric
+from ...comparison import RatioRule
 from ...errors import DebugFrameworkError
 from .onnx_graph import (
     FLOAT_TYPES,
@@ -48,15 +51,57 @@ from .paths import module_path_in_model
 from .support import BackendStrategy
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
-__all__ = ["OnnxDrillStrategy"]
+__all__ = ["OnnxDrillStrategy", "derived_from"]
 
 #: ONNX ops that compute nothing a kernel could get wrong numerically (constants are not judged).
 _NOT_JUDGED = frozenset({"Constant"})
 
 
 def _rmse(trusted: np.ndarray, value: np.ndarray) -> float:
-    """RMSE of ``value`` against ``trusted`` by the comparison core (infinity for non-finite mismatches)."""
-    return error_metric(compare(trusted, value, check_dtype=False), "rmse")
+    """RMSE of ``value`` against ``trusted`` over the pairs finite on both sides, in float64.
+
+    Never NaN: ``inf`` when the shapes differ or a non-finite value does not match the trusted one
+    (NaN matches NaN, an infinity the same infinity; an infinity where the trusted value is beyond
+    the range of ``value``'s dtype, of the same sign, is that dtype's rounding, not an error);
+    0.0 when no pair is finite and every non-finite value matches."""
+    value = np.asarray(value)
+    big = float(np.finfo(value.dtype).max) if np.issubdtype(value.dtype, np.floating) else math.inf
+    t, v = np.asarray(trusted, dtype=np.float64), value.astype(np.float64)
+    if t.shape != v.shape:
+        return math.inf
+    finite = np.isfinite(t) & np.isfinite(v)
+    matched = (np.isnan(t) & np.isnan(v)) | (np.isinf(v) & (np.abs(t) >= big) & (np.sign(t) == np.sign(v)))
+    if (~finite & ~matched).any():
+        return math.inf
+    return float(np.sqrt(np.mean((v[finite] - t[finite]) ** 2))) if finite.any() else 0.0
+
+
+def derived_from(model: Any, name: str) -> set[str]:
+    """The values of ``model``'s graph computed from ``name`` (itself included), through the top-level
+    nodes in graph order: what an error in ``name`` can reach (not masks, positions, weights)."""
+    reached = {name}
+    for node in model.graph.node:
+        if any(i in reached for i in node.input if i):
+            reached.update(o for o in node.output if o)
+    return reached
+
+
+def _output_margin(introduced: float, bound: float) -> float:
+    """``introduced / bound`` as a row computes it (:attr:`OperatorRow.margin`; NaN: not measurable)."""
+    return OperatorRow(index=0, node="", op="", introduced=introduced, bound=bound).margin
+
+
+def _worst_output(measured: list[tuple[float, float, str]]) -> tuple[float, float, str]:
+    """Of a node's outputs ``(introduced, bound, name)``, the one its row reports: the largest
+    margin over its bound; an output whose margin is NaN (not measurable) is never taken for a
+    passing one: it ranks above every passing output, below only a measured failure."""
+    def rank(m: tuple[float, float, str]) -> tuple[int, float]:
+        margin = _output_margin(m[0], m[1])
+        if math.isnan(margin):
+            return (1, 0.0)
+        return (2 if margin > 1.0 else 0, margin)
+
+    return max(measured, key=rank)
 
 
 class _Undrillable(Exception):
@@ -75,8 +120,10 @@ class _Values:
     """The layer's values in both runs: ``observed`` (ONNX Runtime, the graph's dtypes) and
     ``trusted`` (float64), with initializers and graph inputs."""
 
-    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, Any]) -> None:
+    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, Any],
+                 carriers: set[str]) -> None:
         self.observed, self.trusted, self.infos, self.types = observed, trusted, infos, value_types(infos)
+        self.carriers = carriers  # the values computed from the layer's hidden input (carried_in counts only these)
 
     def np_dtype(self, name: str) -> np.dtype:
         import onnx
@@ -115,6 +162,7 @@ class OnnxDrillStrategy(BackendStrategy):
         drill.graph_file = str(export.path)
         replays: dict[str, tuple[Any, dict[str, np.ndarray], str]] = {}
         unjudged: list[str] = []
+        not_replayed: set[str] = set()
         for index, node in enumerate(model.graph.node):
             if node.op_type in _NOT_JUDGED or not any(values.is_float(o) for o in node.output if o):
                 continue
@@ -122,9 +170,14 @@ class OnnxDrillStrategy(BackendStrategy):
                 row, replays[node.name] = self._judge(backend, model, node, index, values, export, request)
             except Exception as exc:  # noqa: BLE001 - one node ONNX Runtime cannot run alone: unjudged, said so
                 row = _unjudged_row(node, index, export.layer_name)
+                not_replayed.add(node.name)
                 unjudged.append(f"{node.name} ({type(exc).__name__}: {str(exc)[:200]})")
             drill.operators.append(row)
         notes = [f"{len(unjudged)} node(s) could not be replayed alone: {'; '.join(unjudged)}"] if unjudged else []
+        unmeasured = [r.node for r in drill.operators if math.isnan(r.margin) and r.node not in not_replayed]
+        if unmeasured:  # e.g. non-finite both in ONNX Runtime and at the node's dtype: not a pass either
+            notes.append(f"{len(unmeasured)} node(s) have an error that cannot be set against its bound "
+                         f"(NaN margin, not counted as passing): {', '.join(unmeasured)}")
         culprit_row = next((r for r in drill.operators if r.introduces), None)
         if culprit_row is None:
             worst = max(drill.operators, key=lambda r: -1.0 if math.isnan(r.margin) else r.margin, default=None)
@@ -162,7 +215,8 @@ class OnnxDrillStrategy(BackendStrategy):
             raise _Undrillable(f"ONNX's reference evaluator cannot run the layer in float64: {exc}") from exc
         inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         inits64 = {t.name: numpy_helper.to_array(t) for t in marked64.graph.initializer}
-        return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos)
+        return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos,
+                       derived_from(model, export.hidden_input))
 
     # -- one node -------------------------------------------------------------------------------------
     def _judge(self, backend: Any, model: Any, node: Any, index: int, values: _Values, export: Any,
@@ -174,21 +228,19 @@ class OnnxDrillStrategy(BackendStrategy):
         session = backend.open_session(single.SerializeToString(), export.path)
         got = dict(zip(outputs, session.run(outputs, feeds), strict=True))
         noise = self._noise(single, feeds, outputs, values)
-        best: tuple[float, float, float, str] | None = None  # (margin, introduced, bound, output)
+        measured: list[tuple[float, float, str]] = []  # (introduced, bound, output)
         for name in outputs:
             trusted = values.trusted[name]
             introduced = _rmse(trusted, got[name])
             eps = float(np.finfo(values.np_dtype(name)).eps)
             rule = RatioRule.calibrated(trusted, eps, margin=request.noise_margin, floor_eps=request.floor_eps)
-            bound = rule.judge(noise[name], introduced).bound
-            margin = introduced / bound if bound > 0 else (math.inf if introduced > 0 else 0.0)
-            if best is None or margin > best[0] or math.isnan(margin):
-                best = (margin, introduced, bound, name)
+            measured.append((introduced, rule.judge(noise[name], introduced).bound, name))
+        best = _worst_output(measured)
         carried = [_rmse(values.trusted[n], values.observed[n]) for n in feeds if values.is_float(n)
-                   and n not in {t.name for t in model.graph.initializer}]
-        row = replace(_unjudged_row(node, index, export.layer_name), introduced=best[1],
-                      carried_in=max(carried, default=0.0), bound=best[2])
-        return row, (single, feeds, best[3])
+                   and n in values.carriers]
+        row = replace(_unjudged_row(node, index, export.layer_name), introduced=best[0],
+                      carried_in=max(carried, default=0.0), bound=best[1])
+        return row, (single, feeds, best[2])
 
     @staticmethod
     def _noise(single: Any, feeds: dict[str, np.ndarray], outputs: list[str], values: _Values) -> dict[str, float]:

@@ -11,7 +11,6 @@ that reproduces is ``verified``.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from .judge import Replay
+from .paths import docstring_safe
 
 __all__ = ["write_and_verify", "REPRO_TIMEOUT_S"]
 
@@ -139,8 +139,7 @@ def write_and_verify(folder: Path, replay: Replay, backend: Any, *, what: str) -
     tensors["trusted"] = replay.trusted.detach().to("cpu", torch.float64).contiguous()
     save_file(tensors, str(folder / "inputs.safetensors"))
     (folder / "call.json").write_text(json.dumps(call, indent=1), encoding="utf-8")
-    safe = re.sub(r"[^\w .:,()<>=/+-]", "_", what)  # user text in a docstring: no quotes, no backslashes
-    (folder / "repro.py").write_text(_TEMPLATE.format(what=safe), encoding="utf-8")
+    (folder / "repro.py").write_text(_TEMPLATE.format(what=docstring_safe(what)), encoding="utf-8")
     return folder, _reproduces(folder)
 
 
