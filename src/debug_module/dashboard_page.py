@@ -55,7 +55,7 @@ def _violations_frame(violations: list[dict[str, Any]]) -> Any:
 def _show_run(st: Any, run: Path) -> None:
     import pandas as pd
 
-    from debug_framework.dashboard.data import literal
+    from debug_framework.dashboard.data import cells, literal, plain
 
     from .reports.generator import collect_run
 
@@ -65,20 +65,21 @@ def _show_run(st: Any, run: Path) -> None:
     c[1].metric("graphs", len(data["graphs"]))
     c[2].metric("violations", len(data["violations"]))
     c[3].metric("repros", len(data["repros"]))
-    st.text(f"model: {data['model']}\nbackend: {data.get('backend')}  torch: {data.get('torch')}  "
-            f"created: {data.get('created')}")
+    st.text(plain(f"model: {data['model']}\nbackend: {data.get('backend')}  torch: {data.get('torch')}  "
+                  f"created: {data.get('created')}"))
     st.subheader("Graphs and statistics")
     if data["graphs"]:
-        st.dataframe(pd.DataFrame(data["graphs"]).astype(str), hide_index=True, width="stretch")
-    st.dataframe(pd.DataFrame([{"kind": k, "files": n} for k, n in data["files_by_kind"].items()]), hide_index=True)
+        st.dataframe(cells(pd.DataFrame(data["graphs"]).astype(str)), hide_index=True, width="stretch")
+    st.dataframe(cells(pd.DataFrame([{"kind": k, "files": n} for k, n in data["files_by_kind"].items()])),
+                 hide_index=True)
     if data["coverage"]:
-        st.dataframe(pd.DataFrame(data["coverage"]).astype(str), hide_index=True, width="stretch")
+        st.dataframe(cells(pd.DataFrame(data["coverage"]).astype(str)), hide_index=True, width="stretch")
     for rel, stats in _statistics(run):
         st.caption(literal(f"statistics of {rel}"))
         st.json(stats, expanded=False)
     st.subheader("Constraint violations")
     if data["violations"]:
-        st.dataframe(_violations_frame(data["violations"]), hide_index=True, width="stretch")
+        st.dataframe(cells(_violations_frame(data["violations"])), hide_index=True, width="stretch")
     else:
         st.caption("No constraint violations recorded.")
     st.subheader("Guards and graph breaks")
@@ -88,7 +89,7 @@ def _show_run(st: Any, run: Path) -> None:
             items = guards.get(key) or []
             st.caption(f"{key.replace('_', ' ')}: {len(items)}")
             if items:
-                st.dataframe(pd.DataFrame(items).astype(str), hide_index=True, width="stretch")
+                st.dataframe(cells(pd.DataFrame(items).astype(str)), hide_index=True, width="stretch")
     else:
         st.caption("No guard report (inductor-debug guards writes reports/guards.json).")
     st.subheader("KernelDiff")
@@ -99,13 +100,13 @@ def _show_run(st: Any, run: Path) -> None:
         for plot in data["plots"]:
             path = _inside(run, plot)
             if path is not None and path.suffix.lower() == ".png":
-                st.image(str(path), caption=plot)
+                st.image(str(path), caption=literal(plot))  # captions are Markdown
     else:
         st.caption("No KernelDiff report in this run.")
     st.subheader("Minifier repros")
     for repro in data["repros"]:
         script = _inside(run, str(Path(repro) / "repro.py")) if Path(repro).is_relative_to(run.resolve()) else None
-        st.text(repro)
+        st.text(plain(repro))
         if script is not None:
             st.code(script.read_text(encoding="utf-8", errors="replace")[:_MAX_REPRO_CHARS], language="python")
 
@@ -114,7 +115,7 @@ def runs_page(context: Any) -> None:
     """Draw the page (``context``: the dashboard's ``PageContext``: ``database``, ``artifacts``)."""
     import streamlit as st
 
-    from debug_framework.dashboard.data import literal
+    from debug_framework.dashboard.data import literal, plain
 
     from .reports.generator import find_runs
 
@@ -132,7 +133,7 @@ def runs_page(context: Any) -> None:
             _show_run(st, root / pick)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged run directory
             st.error("This run directory could not be read.")
-            st.text(f"{type(exc).__name__}: {exc}")
+            st.text(plain(f"{type(exc).__name__}: {exc}"))
 
 
 runs_page.title = "debug_module runs"  # type: ignore[attr-defined]

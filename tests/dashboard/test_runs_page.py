@@ -75,3 +75,36 @@ def test_runs_page_without_runs(tmp_path, monkeypatch):
     at.run()
     assert not at.exception
     assert "No debug_module runs here" in at.info[0].value
+
+
+def test_a_plot_named_like_markdown_is_captioned_as_text(tmp_path, monkeypatch):
+    """A KernelDiff plot's path comes from the run's manifest: its caption (Markdown) is escaped."""
+    import json
+    import struct
+    import zlib
+
+    from streamlit.testing.v1 import AppTest
+
+    from debug_framework.dashboard.data import literal
+
+    def png() -> bytes:  # a 1x1 grey PNG
+        def chunk(kind: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b""))
+
+    run = tmp_path / "runs" / "run-1"
+    plot = "plots/[x](javascript:alert(1))_**b**.png"
+    (run / "plots").mkdir(parents=True)
+    (run / "reports").mkdir()
+    (run / plot).write_bytes(png())
+    (run / "reports" / "kerneldiff.json").write_text(json.dumps({"passed": False}))
+    (run / "manifest.json").write_text(json.dumps({
+        "schema": "debug_module.run/1", "run_id": "run-1", "status": "finished",
+        "files": [{"path": plot, "kind": "kerneldiff_plot"}, {"path": "reports/kerneldiff.json", "kind": "kerneldiff"}]}))
+    monkeypatch.syspath_prepend(str(install_entry_points(tmp_path / "ep")))
+    at = AppTest.from_function(_page, args=(str(tmp_path / "runs"),), default_timeout=30)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    (image,) = at.get("image")
+    assert [i.caption for i in image.proto.imgs] == [literal(plot)]  # shown as typed, never as a link

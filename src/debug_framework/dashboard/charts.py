@@ -18,6 +18,7 @@ __all__ = ["CURVE_METRICS", "curve_frame", "curve_chart", "checkpoint_frame", "h
 
 #: The metrics offered as curves: the reports' log-scale metrics and SQNR.
 CURVE_METRICS: tuple[str, ...] = (*LOG_METRICS, "sqnr_db")
+_CURVE_COLUMNS = ["order", "checkpoint", "series", "value", "status"]
 
 
 def curve_frame(rows: Sequence[Mapping[str, Any]], metric: str) -> pd.DataFrame:
@@ -29,7 +30,9 @@ def curve_frame(rows: Sequence[Mapping[str, Any]], metric: str) -> pd.DataFrame:
     for i, (label, v, b, st) in enumerate(zip(labels, values, bounds, status)):
         out.append({"order": i, "checkpoint": label, "series": metric, "value": v, "status": st})
         out.append({"order": i, "checkpoint": label, "series": "bound", "value": b, "status": "bound"})
-    frame = pd.DataFrame(out)
+    frame = pd.DataFrame(out, columns=_CURVE_COLUMNS)  # the columns even without rows (no checkpoint yet)
+    if frame.empty:
+        return frame
     keep = frame["value"].map(lambda x: x is not None and pd.notna(x) and abs(x) != float("inf"))
     return frame[keep & ((frame["value"] > 0) | (metric == "sqnr_db"))]
 

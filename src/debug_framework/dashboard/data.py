@@ -14,18 +14,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import streamlit as st
 
 from ..errors import DebugFrameworkError
+from ..reports import neutralise_bidi
 from .settings import Settings
 
 if TYPE_CHECKING:
     from ..services.database_manager import DatabaseManager
 
-__all__ = ["settings", "literal", "viewer", "show_error", "session_items", "session_ids"]
+__all__ = ["settings", "literal", "plain", "cells", "viewer", "show_error", "session_items", "session_ids"]
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
-_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f]")
 
 
 def settings() -> Settings:
@@ -33,16 +34,32 @@ def settings() -> Settings:
     return Settings.from_environment()
 
 
+def plain(text: object) -> str:
+    """``text`` for ``st.text`` and table cells: every bidi control (the reports' one set,
+    :data:`~debug_framework.reports._common.BIDI_CONTROLS`) shown by its name (``<U+202E>``), so
+    user text cannot reorder what is around it."""
+    return neutralise_bidi(str(text))
+
+
 def literal(text: object) -> str:
-    """``text`` for ``st.markdown``/titles: every Markdown (and HTML) character escaped, bidi
-    controls removed, so user text is shown as typed and never read as markup or links."""
-    return _MARKDOWN.sub(r"\\\1", _BIDI.sub("", str(text)))
+    """``text`` for ``st.markdown``/titles/captions: bidi controls named (:func:`plain`), then every
+    Markdown (and HTML) character escaped, so user text is shown as typed and never read as markup or links."""
+    return _MARKDOWN.sub(r"\\\1", plain(text))
+
+
+def cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table for ``st.dataframe`` with the bidi controls of its text cells named (:func:`plain`)."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
+            out[col] = out[col].map(lambda v: plain(v) if isinstance(v, str) else v)
+    return out
 
 
 def show_error(exc: DebugFrameworkError, doing: str) -> None:
     """A framework error on the page: its code and message as plain text, never a traceback."""
     st.error(f"{exc.code}: could not {doing}")
-    st.text(str(exc))
+    st.text(plain(exc))
 
 
 @contextmanager

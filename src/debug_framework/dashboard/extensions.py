@@ -10,7 +10,8 @@ importing ``debug_module`` (the lower package never imports the upper one)::
     [project.entry-points."debug_framework.dashboard_pages"]
     runs = "debug_module.dashboard_page:runs_page"
 
-A page that fails to load is named with its error in the sidebar instead of breaking the app.
+A page that fails to load, or is named like a built-in page (:data:`RESERVED`), is named with its
+error in the sidebar instead of breaking the app.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-__all__ = ["GROUP", "PageContext", "ContributedPage", "contributed_pages"]
+__all__ = ["GROUP", "RESERVED", "PageContext", "ContributedPage", "contributed_pages"]
 
 GROUP = "debug_framework.dashboard_pages"
+#: The built-in pages' URL paths: a contributed page may not take one (Streamlit refuses two pages
+#: on one path, which would take the whole app down).
+RESERVED = frozenset({"sessions", "session", "diff", "jobs", "plugins"})
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
 
 
@@ -51,6 +55,10 @@ def contributed_pages() -> list[ContributedPage]:
             continue
         if not _NAME.fullmatch(ep.name):
             pages[ep.name] = ContributedPage(ep.name, ep.name, None, "page names are lower-case letters, digits, - _")
+            continue
+        if ep.name in RESERVED:
+            pages[ep.name] = ContributedPage(ep.name, ep.name, None, f"the name {ep.name!r} is a built-in page's; "
+                                             "register the page under another name")
             continue
         try:
             fn = ep.load()

@@ -8,9 +8,11 @@ so the work never runs inside a Streamlit script run and outlives a browser relo
 travels to the worker in its environment (``PIE_DEBUG_DATABASE``), never on its command line, so a
 server URL's password is not shown by ``ps``.
 
-:func:`cancel` flags the task, then signals its worker (SIGTERM) only when the task's recorded
-owner is a live process of this host; the worker ends the running session as ``error`` with a
-"cancelled" message (:mod:`.worker`).
+:func:`cancel` flags the task (``cancel_requested``, which a worker on any host reads at its next
+progress report), then signals its worker (SIGTERM) only when the task's recorded owner is a live
+process of this host; the worker ends the running session as ``error`` with a "cancelled" message
+(:mod:`.worker`). The worker's pid is recorded on the task as soon as it is started, so one that
+dies before taking its task reads as gone, not queued forever.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ValidationError
+from ..errors import FrameworkInitializationError, ValidationError
 from ..storage.database import Database
-from ..storage.leases import current_owner
-from ..storage.tasks import TaskStore, worker_gone
+from ..storage.leases import current_owner, process_owner
+from ..storage.tasks import ACTIVE_STATES, TaskStore, worker_gone
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -68,6 +70,20 @@ def _spawn(settings: Settings, task_id: str) -> int:
     return proc.pid
 
 
+def _start_worker(settings: Settings, tasks: TaskStore, task_id: str) -> None:
+    """Start the task's worker and record its pid on the queued task; when it cannot be started
+    (the log folder or the process cannot be made) the task ends ``failed`` saying why, and the
+    page gets a DF001 error."""
+    try:
+        pid = _spawn(settings, task_id)
+    except OSError as exc:
+        why = f"the worker process could not be started: {type(exc).__name__}: {exc}"
+        tasks.finish(task_id, "failed", why)
+        raise FrameworkInitializationError(why, hint="check that the log folder (PIE_DEBUG_LOG_DIR, else logs/ "
+                                           "beside the database) is writable and the machine can start processes") from exc
+    tasks.record_spawn(task_id, process_owner(pid))
+
+
 _KNOBS = ("dtype", "seed", "input_shape", "isolate", "oracle", "noise_floor", "tensor_recording_enabled",
           "precision_thresholds", "noise_margin")
 
@@ -91,9 +107,9 @@ def launch_validation(settings: Settings, model_path: str, reference: str, alter
     db, tasks = task_store(settings)
     try:
         tid = tasks.create("validation", request)
+        _start_worker(settings, tasks, tid)
     finally:
         db.close()
-    _spawn(settings, tid)
     return tid
 
 
@@ -110,11 +126,12 @@ def launch_batch(settings: Settings, model_paths: list[str], reference: str, alt
               "parallel_execution": False, "database_path": str(settings.database)}
     job = BatchValidationJob(job_id=uuid.uuid4().hex, model_paths=paths, config=config)
     try:
-        tid = TaskStore(job.db).create("batch", {"model_paths": paths, "config": {
+        tasks = TaskStore(job.db)
+        tid = tasks.create("batch", {"model_paths": paths, "config": {
             k: v for k, v in config.items() if k != "database_path"}}, job_id=job.job_id)
+        _start_worker(settings, tasks, tid)
     finally:
         job.db.close()
-    _spawn(settings, tid)
     return tid
 
 
@@ -140,19 +157,39 @@ def cancel(settings: Settings, task_id: str) -> str:
         task = tasks.request_cancel(task_id)
         if task is None:
             raise ValidationError(f"no task {task_id!r}", hint="pick a task from the list")
-        if task["kind"] == "batch" and task.get("job_id"):
-            stored_job(settings, str(task["job_id"])).cancel()
+        if task["state"] not in ACTIVE_STATES:
+            return f"the task had already ended ({task['state']})"
+        if task["kind"] == "batch" and task.get("job_id"):  # stop handing out items (a worker anywhere)
+            _cancel_job(settings, str(task["job_id"]))
         if task["state"] == "queued":
             tasks.finish(task_id, "cancelled", f"{CANCELLED} before its worker started")
             return "cancelled before its worker started"
-        if task["state"] != "running":
-            return f"the task had already ended ({task['state']})"
         if worker_gone(task):
             tasks.finish(task_id, "failed", "its worker process is gone")
             return "its worker process was already gone"
         if task.get("owner_host") != current_owner().host:
             return "cancel requested; the worker runs on another host and stops at its next check"
-        os.kill(int(task["owner_pid"]), signal.SIGTERM)
+        try:
+            os.kill(int(task["owner_pid"]), signal.SIGTERM)
+        except ProcessLookupError:  # it exited between the check above and the signal
+            return _ended(tasks, task_id)
         return "cancel requested; the worker is stopping"
     finally:
         db.close()
+
+
+def _cancel_job(settings: Settings, job_id: str) -> None:
+    job = stored_job(settings, job_id)
+    try:
+        job.cancel()
+    finally:
+        job.db.close()
+
+
+def _ended(tasks: TaskStore, task_id: str) -> str:
+    """What to say of a task whose worker exited as it was signalled."""
+    task = tasks.get(task_id) or {}
+    if task.get("state") in ACTIVE_STATES and worker_gone(task):
+        tasks.finish(task_id, "failed", "its worker process is gone")
+        return "its worker process was already gone"
+    return f"the task had already ended ({task.get('state')})"

@@ -11,7 +11,10 @@ takes the ``queued`` task (recording itself as its owner), then runs it:
 
 SIGTERM (the dashboard's Cancel) raises :class:`Cancelled` in the worker's main thread, where the
 work runs (and again every 2 s until the work has stopped, since Python drops an exception raised
-while a finaliser runs); a cancel is also checked between stages. The engine ends the running
+while a finaliser runs); a cancel is also checked between stages, where the task's
+``cancel_requested`` flag is read from the database too (a dashboard on another host cannot signal
+this process). A resent cancel that lands in the engine's own failure handling is caught up with:
+a session still ``running`` when the cancel reaches the worker ends ``error`` "cancelled". The engine ends the running
 session as ``error`` with the message "cancelled from the dashboard" and keeps its rows; the task
 ends ``cancelled``. Exit codes: 0 the task ran (whatever
 its verdict) or was not ours to run; 2 the request failed (a DF-coded error, recorded on the task);
@@ -96,6 +99,15 @@ def _check_cancel() -> None:
         raise Cancelled()
 
 
+def _check_flag(tasks: TaskStore, task_id: str) -> None:
+    """Note a cancel requested in the database (the dashboard may run on another host, where its
+    signal cannot reach this process); in the main thread, stop here."""
+    if not _STATE["requested"] and tasks.cancel_requested(task_id):
+        _STATE["requested"] = True
+    if threading.current_thread() is threading.main_thread():
+        _check_cancel()
+
+
 def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
     from ..config import from_environment, merge_config
     from ..services.validation_engine import ValidationEngine
@@ -106,7 +118,7 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
 
     def progress(stage: str, done: int, total: int) -> None:
         tasks.update(tid, stage=stage, done=done, total=total)
-        _check_cancel()
+        _check_flag(tasks, tid)
 
     tasks.update(tid, stage="load", done=0, total=None)
     try:
@@ -120,7 +132,9 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
         row = engine.db.sessions.get(sid)
         if row is not None and row["status"] in ("passed", "failed"):
             return  # the session had ended when the cancel arrived: the task finished, its verdict stands
-        if row is not None and row["status"] == "created":  # not started: end it as the engine would
+        if row is not None and row["status"] in ("created", "running"):
+            # not started, or a resent cancel landed in the engine's own failure handling: end it as
+            # the engine would (nothing works on it any more: `working` is false here)
             engine.db.sessions.update_status(sid, "error", error_message=CANCELLED)
             tasks.update(tid, session_id=sid)
         raise
@@ -130,8 +144,9 @@ def _run_batch(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> No
     job = stored_job(settings, str(task["job_id"]))
     tid = task["task_id"]
 
-    def progress(prog: dict[str, Any]) -> None:
+    def progress(prog: dict[str, Any]) -> None:  # called from the executor's follower thread too
         tasks.update(tid, stage=str(prog.get("status")), done=int(prog["finished"]), total=int(prog["total"]))
+        _check_flag(tasks, tid)
 
     try:
         with _cancellable():
@@ -149,9 +164,9 @@ def run_task(settings: Settings, task_id: str) -> int:
     """Run the task ``task_id`` to its end; returns the exit code (see the module doc)."""
     from ..storage.database import Database
 
+    signal.signal(signal.SIGTERM, _on_sigterm)  # before taking the task: a cancel from now on stops us
     db = Database(settings.database)
     tasks = TaskStore(db)
-    signal.signal(signal.SIGTERM, _on_sigterm)  # before taking the task: a cancel from now on stops us
     if not tasks.start(task_id):
         return 0  # cancelled before we started, or another worker took it
     task = tasks.get(task_id)
@@ -177,8 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Run one task launched from the dashboard.")
     parser.add_argument("--task", required=True, help="the task id (dashboard_tasks.task_id)")
     args = parser.parse_args(argv)
-    settings = Settings(database=resolve_database(None), artifacts=Settings.from_environment().artifacts)
-    return run_task(settings, args.task)
+    try:
+        settings = Settings(database=resolve_database(None), artifacts=Settings.from_environment().artifacts)
+        return run_task(settings, args.task)
+    except DebugFrameworkError as exc:  # before the task was taken (the database cannot be opened)
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -221,9 +221,10 @@ def _ansi_c_quote(arg: str) -> str:
 
 
 def shell_quote(arg: str) -> str:
-    """One argument quoted for a POSIX shell: ``shlex.quote`` when it is plain printable text; else
-    (newlines, control, invisible or bidi characters) bash's ``$'...'`` with escapes, so the command
-    shown is exactly the argument, on one line, with nothing hidden."""
+    """One argument quoted for a shell: ``shlex.quote`` (POSIX) when it is plain printable text; else
+    (newlines, control, invisible or bidi characters) ``$'...'`` with escapes, which bash, zsh and
+    ksh read but a plain POSIX ``sh`` (dash) does not: the command shown is exactly the argument, on
+    one line, with nothing hidden, for bash."""
     if all(ch.isprintable() and ch not in BIDI_CONTROLS for ch in arg):
         return shlex.quote(arg)
     return _ansi_c_quote(arg)

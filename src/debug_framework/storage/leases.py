@@ -36,7 +36,7 @@ from .core import SqlCore
 from .dialect import Connection
 from .values import utc_now
 
-__all__ = ["Owner", "current_owner", "owner_gone", "stamp", "renew", "Heartbeat", "holding", "SweepReport",
+__all__ = ["Owner", "current_owner", "process_owner", "owner_gone", "stamp", "renew", "Heartbeat", "holding", "SweepReport",
            "sweep", "live_running_items", "ABANDONED", "LEASE_COLUMNS", "DEFAULT_HEARTBEAT_S", "LEASE_FACTOR", "is_abandoned"]
 
 #: The error message of a session (and the note of a batch item) whose owner is gone.
@@ -105,6 +105,11 @@ def current_owner() -> Owner:
     if owner is None:
         owner = _OWNER[pid] = Owner(_host_key(), pid, _token(pid))
     return owner
+
+
+def process_owner(pid: int) -> Owner:
+    """Process ``pid`` of this host as an owner (its start time read now: a child just started)."""
+    return Owner(_host_key(), int(pid), _token(int(pid)))
 
 
 def _pid_runs(pid: int, token: str | None) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import ValidationError
 from .core import SqlCore
 from .dialect import Connection, Dialect
-from .leases import current_owner, owner_gone
+from .leases import Owner, current_owner, owner_gone
 from .values import decode_json_columns, to_json, utc_now
 
 __all__ = ["TaskStore", "task_tables", "worker_gone", "TASK_KINDS", "TASK_STATES", "ACTIVE_STATES"]
@@ -104,6 +104,21 @@ class TaskStore:
 
         return self.core.run_in_transaction(do, f"start task {task_id}")
 
+    def record_spawn(self, task_id: str, owner: Owner) -> None:
+        """Record the worker process just started for a ``queued`` task as its owner, so a worker
+        that dies before taking the task reads as gone (:func:`worker_gone`) instead of queued forever."""
+        self.core.run_in_transaction(
+            lambda c: self.core.execute(
+                c, "UPDATE dashboard_tasks SET owner_host = ?, owner_pid = ?, owner_token = ?, updated_at = ?"
+                   " WHERE task_id = ? AND state = 'queued'", (owner.host, owner.pid, owner.token, utc_now(), task_id)),
+            f"record the worker of task {task_id}")
+
+    def cancel_requested(self, task_id: str) -> bool:
+        """Whether a cancel was requested for the task (the flag any host can set)."""
+        row = self.core.fetch_one("SELECT cancel_requested FROM dashboard_tasks WHERE task_id = ?", (task_id,),
+                                  f"read task {task_id}")
+        return bool(row is not None and dict(row)["cancel_requested"])
+
     def update(self, task_id: str, **fields: Any) -> None:
         """Record progress or links (``session_id``, ``job_id``, ``stage``, ``done``, ``total``, ``message``)."""
         unknown = set(fields) - set(_COLUMNS)
@@ -134,5 +149,6 @@ class TaskStore:
 
 
 def worker_gone(task: Mapping[str, Any]) -> bool:
-    """Whether a ``running`` task's worker process is gone (dead, a zombie, or its pid reused)."""
-    return task.get("state") == "running" and owner_gone(dict(task), time.time(), None)
+    """Whether an active task's worker process is gone (dead, a zombie, or its pid reused): the
+    worker that runs it, or for a ``queued`` task the one started for it (:meth:`TaskStore.record_spawn`)."""
+    return task.get("state") in ACTIVE_STATES and owner_gone(dict(task), time.time(), None)

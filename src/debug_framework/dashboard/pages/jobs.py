@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from debug_framework.dashboard.data import literal, settings, show_error, viewer
+from debug_framework.dashboard.data import cells, literal, plain, settings, show_error, viewer
 from debug_framework.dashboard.launch import cancel, launch_batch, launch_validation
 from debug_framework.errors import DebugFrameworkError
 from debug_framework.storage.tasks import ACTIVE_STATES, TaskStore, worker_gone
@@ -31,6 +31,12 @@ def _knobs(prefix: str) -> dict[str, object]:
             "isolate": {"auto": "auto", "on": True, "off": False}[isolate]}
 
 
+def show_failure(exc: Exception, doing: str) -> None:
+    """An error that is not a framework error, on the page with its cause, never a traceback."""
+    st.error(f"could not {doing}: {type(exc).__name__}")
+    st.text(plain(exc))
+
+
 tab_v, tab_b = st.tabs(["Launch a validation", "Launch a batch job"])
 with tab_v, st.form("launch_validation"):
     model = st.text_input("model path", placeholder="/path/to/hf-model-dir")
@@ -44,6 +50,8 @@ with tab_v, st.form("launch_validation"):
             st.success(f"Launched task {tid}; its progress is below.")
         except DebugFrameworkError as exc:
             show_error(exc, "launch the validation")
+        except Exception as exc:  # noqa: BLE001 - not ours to crash on (a disk, the process table): say why
+            show_failure(exc, "launch the validation")
 with tab_b, st.form("launch_batch"):
     paths = st.text_area("model paths, one per line")
     c = st.columns(2)
@@ -56,6 +64,8 @@ with tab_b, st.form("launch_batch"):
             st.success(f"Launched batch task {tid}; its progress is below.")
         except DebugFrameworkError as exc:
             show_error(exc, "launch the batch job")
+        except Exception as exc:  # noqa: BLE001 - not ours to crash on (a disk, the process table): say why
+            show_failure(exc, "launch the batch job")
 
 
 def _state(task: dict[str, object]) -> str:
@@ -89,11 +99,13 @@ def tasks_panel() -> None:
                     st.toast(cancel(s, str(t["task_id"])))
                 except DebugFrameworkError as exc:
                     show_error(exc, "cancel the task")
-        st.dataframe(pd.DataFrame([{
+                except Exception as exc:  # noqa: BLE001
+                    show_failure(exc, "cancel the task")
+        st.dataframe(cells(pd.DataFrame([{
             "task": t["task_id"], "kind": t["kind"], "state": _state(t), "stage": t.get("stage"),
             "done": t.get("done"), "total": t.get("total"), "session": t.get("session_id"), "job": t.get("job_id"),
             "message": t.get("message"), "created (UTC)": str(t.get("created_at") or "")[:19],
-        } for t in tasks]), hide_index=True, width="stretch", key="tasks_table")
+        } for t in tasks])), hide_index=True, width="stretch", key="tasks_table")
 
 
 @st.fragment(run_every=2)
@@ -113,8 +125,9 @@ def jobs_panel() -> None:
                         text=literal(f"job {job['job_id']}: {job['status']} ({finished}/{job['total']}; {counts})"))
             with st.expander("items"):
                 full = db.batches.get(job["job_id"]) or {"items": []}
-                st.dataframe(pd.DataFrame([{k: i.get(k) for k in ("item_index", "model_path", "status", "session_id",
-                                                                   "error_message")} for i in full["items"]]),
+                st.dataframe(cells(pd.DataFrame([{k: i.get(k) for k in ("item_index", "model_path", "status",
+                                                                         "session_id", "error_message")}
+                                                   for i in full["items"]])),
                              hide_index=True, width="stretch")
 
 

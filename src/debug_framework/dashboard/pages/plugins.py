@@ -6,9 +6,18 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from debug_framework.dashboard.data import literal, viewer
+from debug_framework.dashboard.data import cells, literal, plain, viewer
 
 st.title("Plugins")
+
+
+def _seconds(value: object) -> float:
+    """A stored duration as a number (0 when it is not one: the row is data, not trusted)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+
 
 with viewer() as db:
     if db is not None:
@@ -19,21 +28,21 @@ with viewer() as db:
             with st.expander(f"{literal(p['plugin_id'])} {literal(p.get('version') or '')} "
                              f"({literal(p.get('backend_type') or '')})", expanded=True):
                 build = p.get("build") or {}
-                st.text(f"built: {p.get('artifact_path') or 'not built'}\ncache key: {build.get('cache_key') or ''}")
+                st.text(plain(f"built: {p.get('artifact_path') or 'not built'}\ncache key: {build.get('cache_key') or ''}"))
                 sweep = (p.get("validation") or {}).get("sweep")
                 if not sweep:
                     st.caption("No op sweep recorded (plugin_compile sweep).")
                     continue
                 ok = sweep.get("passed")
-                (st.success if ok else st.error)(f"sweep {'passed' if ok else 'failed'}: {sweep.get('samples')} "
-                                                 f"samples in {float(sweep.get('seconds') or 0):.1f} s")
+                (st.success if ok else st.error)(literal(f"sweep {'passed' if ok else 'failed'}: {sweep.get('samples')} "
+                                                         f"samples in {_seconds(sweep.get('seconds')):.1f} s"))
                 kernels = sweep.get("kernels") or {}
-                st.dataframe(pd.DataFrame([{
+                st.dataframe(cells(pd.DataFrame([{
                     "kernel": name, "op": k.get("op"), "pass rate": k.get("pass_rate"),
                     "passed": k.get("passed_samples"), "applicable": k.get("applicable"), "failed": k.get("failed"),
                     "errors": k.get("errors"), "crashes": k.get("crashes"), "hangs": k.get("hangs"),
                     "skipped": k.get("skipped"), "repro": k.get("repro"),
-                } for name, k in kernels.items()]), hide_index=True, width="stretch",
+                } for name, k in kernels.items()])), hide_index=True, width="stretch",
                     column_config={"pass rate": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0,
                                                                                 format="percent")})
                 for name, k in kernels.items():

@@ -14,7 +14,7 @@ from debug_framework.dashboard.charts import (
     drilldown_frame,
     heatmap_image,
 )
-from debug_framework.dashboard.data import literal, session_ids, viewer
+from debug_framework.dashboard.data import cells, literal, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import row_label, session_results, worst_row
@@ -39,10 +39,10 @@ with viewer() as db:
             verdict = str(doc["verdict"])
             box = st.success if verdict == "passed" else (st.error if verdict in ("failed", "error") else st.info)
             box(f"Verdict: **{literal(verdict)}** (status {literal(report.overall_status)})")
-            st.text(f"model: {sess.get('model_path')}\n{sess.get('reference_backend')} vs "
-                    f"{sess.get('alternative_backend')}, dtype {res.get('alternative_dtype') or ''}")
+            st.text(plain(f"model: {sess.get('model_path')}\n{sess.get('reference_backend')} vs "
+                    f"{sess.get('alternative_backend')}, dtype {res.get('alternative_dtype') or ''}"))
             if sess.get("error_message"):
-                st.text(f"error: {sess['error_message']}")
+                st.text(plain(f"error: {sess['error_message']}"))
             fd = doc["first_divergence"]
             first = None if fd is None else row_label((fd["checkpoint"], fd["layer"]))
             c1, c2, c3 = st.columns(3)
@@ -61,7 +61,7 @@ with viewer() as db:
                 st.info("No finite figures of this metric to plot.")
             else:
                 st.altair_chart(curve_chart(frame, metric, first), width="stretch")
-            st.dataframe(checkpoint_frame(rows), hide_index=True, width="stretch")
+            st.dataframe(cells(checkpoint_frame(rows)), hide_index=True, width="stretch")
 
             drilled = res.get("drilldown")
             if isinstance(drilled, list):
@@ -73,15 +73,15 @@ with viewer() as db:
                     head = (f"layer {entry.get('layer')} ({entry.get('checkpoint')}), method {entry.get('method')}: "
                             + (f"culprit {culprit.get('op')} at {culprit.get('module_path') or '?'} "
                                f"({culprit.get('source') or '?'})" if culprit else "no culprit"))
-                    st.text(head)
+                    st.text(plain(head))
                     if culprit.get("repro_dir"):
-                        st.text(f"repro ({'verified' if culprit.get('verified') else 'not verified'}): "
-                                f"{culprit['repro_dir']}")
+                        st.text(plain(f"repro ({'verified' if culprit.get('verified') else 'not verified'}): "
+                                      f"{culprit['repro_dir']}"))
                     if entry.get("note"):
                         st.caption(literal(entry["note"]))
                     table = drilldown_frame(entry)
                     if not table.empty:
-                        st.dataframe(table, hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}")
+                        st.dataframe(cells(table), hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}")
 
             worst = worst_row(rows)
             st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_label(worst))}" if worst else ""))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import datetime, timezone
 
 import pandas as pd
 import streamlit as st
 
 from debug_framework.reports._common import row_label
-from debug_framework.dashboard.data import literal, session_items, settings, viewer
+from debug_framework.dashboard.data import cells, literal, session_items, settings, viewer
 
 st.title("Sessions")
 s = settings()
@@ -34,9 +34,11 @@ with viewer(s) as db:
                                                               set(frame["alternative"].dropna())))
             dtypes = cols[2].multiselect("dtype", sorted(frame["dtype"].dropna().unique()))
             verdicts = cols[3].multiselect("verdict / status", sorted(set(frame["verdict"]) | set(frame["status"])))
-            days = pd.to_datetime(frame["created (UTC)"], errors="coerce").dt.date
-            first = min((d for d in days if isinstance(d, date)), default=date.today())
-            span = cols[4].date_input("created between", value=(first, date.today()))
+            days = pd.to_datetime(frame["created (UTC)"], errors="coerce", format="ISO8601").dt.date
+            known = [d for d in days if pd.notna(d)]  # NaT (an unreadable time) is a date to isinstance
+            today = datetime.now(timezone.utc).date()  # created_at is UTC: today in UTC, not local time
+            default = (min(known, default=today), max([*known, today]))
+            span = cols[4].date_input("created between", value=default)
             keep = pd.Series(True, index=frame.index)
             if models:
                 keep &= frame["model"].isin(models)
@@ -46,11 +48,11 @@ with viewer(s) as db:
                 keep &= frame["dtype"].isin(dtypes)
             if verdicts:
                 keep &= frame["verdict"].isin(verdicts) | frame["status"].isin(verdicts)
-            if isinstance(span, tuple) and len(span) == 2:
-                keep &= days.between(span[0], span[1]).fillna(False)
+            if isinstance(span, tuple) and len(span) == 2 and tuple(span) != default:  # unchanged: keep undated rows
+                keep &= days.map(lambda d: bool(pd.notna(d) and span[0] <= d <= span[1]))
             shown = frame[keep]
             st.write(f"{len(shown)} of {len(frame)} sessions")
-            st.dataframe(shown, hide_index=True, width="stretch", key="sessions_table")
+            st.dataframe(cells(shown), hide_index=True, width="stretch", key="sessions_table")
             pick = st.selectbox("open a session", list(shown["session"]), index=None, placeholder="session id")
             if pick and st.button("Show this session", key="open_session"):
                 st.switch_page("pages/session.py", query_params={"id": pick})
