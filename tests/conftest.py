@@ -23,6 +23,16 @@ from pathlib import Path
 
 import pytest
 
+# Triton fixes its mode (interpreted or compiled) at its first import, and Inductor may import it
+# before a test loads a CPU Triton plugin: on a machine without a GPU the whole test process
+# interprets, as a user of CPU Triton plugins is told to do (tests that need another mode, e.g.
+# test_triton_modes_in_a_fresh_process, start their own process without it).
+if not os.environ.get("TRITON_INTERPRET"):
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 _PASSWORD = "pie-test-secret"
 _COUNTER = itertools.count()
 

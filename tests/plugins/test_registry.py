@@ -101,13 +101,13 @@ def test_a_version_3_file_gains_the_plugins_table_and_keeps_its_sessions(tmp_pat
     db = DatabaseManager(path)
     sid = db.create_session("/m", "python_reference", "pytorch")
     db.close()
-    conn = sqlite3.connect(path)  # make it a version-3 file: no plugins table, no step 4
-    conn.executescript("DROP TABLE plugins; DELETE FROM schema_version WHERE version = 4;")
+    conn = sqlite3.connect(path)  # make it a version-3 file: no plugins table, no steps 4 and later
+    conn.executescript("DROP TABLE plugins; DROP TABLE dashboard_tasks; DELETE FROM schema_version WHERE version >= 4;")
     conn.commit()
     conn.close()
     assert DatabaseManager(path, initialize=False).schema_version() == 3
     db = DatabaseManager(path)
-    assert db.schema_version() == SCHEMA_VERSION == 4
+    assert db.schema_version() == SCHEMA_VERSION >= 4
     assert db.get_session(sid)["model_path"] == "/m"
     registry = PluginRegistry(db, discover=False)
     registry.register_plugin(EXAMPLES / "triton")
