@@ -99,5 +99,5 @@ def test_bidi_in_terminal_summary_and_in_markup():
     text = DiffReport(model_name=f"net{BIDI}", run_id="r", created="", reference_backend="eager",
                       test_backend="inductor", mode="tolerance", runs=1).summary()
     assert not set(BIDI) & set(text) and "net<U+202A>" in text
-    assert _finalize(Markup(f"<b>x\u202ey</b>")) == Markup("<b>x&lt;U+202E&gt;y</b>")
+    assert _finalize(Markup("<b>x\u202ey</b>")) == Markup("<b>x&lt;U+202E&gt;y</b>")
     assert _finalize(3) == 3

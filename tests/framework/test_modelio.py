@@ -15,8 +15,6 @@ from safetensors.torch import load_file, save_file
 from debug_framework.errors import ModelLoadingError
 from debug_framework.modelio import BertModelConfig, LlamaModelConfig, ModelInputs, load_model
 
-from .conftest import write_zt
-
 
 def _copy_with_config(src_dir: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)

@@ -31,7 +31,6 @@ import os
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
