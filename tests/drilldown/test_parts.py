@@ -129,3 +129,21 @@ def test_html_section_escapes_everything():
     junit = render_report(report, "junit")
     assert 'name="drilldown_culprits" value="layer 0: aten.gelu.default at &lt;script&gt;' in junit
     assert "drilldown_culprits" not in render_report(no_drill, "junit")
+
+
+def test_rms_error_flags_every_non_finite_mismatch():
+    """A non-finite value is error unless it is the trusted value itself (or a trusted value past
+    the dtype's range rounded to the infinity of its sign)."""
+    from debug_framework.services.drilldown.judge import rms_error
+
+    inf, nan = float("inf"), float("nan")
+    t = torch.tensor
+    assert rms_error(t([inf, 1.0]), t([-inf, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([nan, 1.0]), t([inf, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([nan, 1.0]), t([-inf, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([-inf, 1.0]), t([nan, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([1.0, 1.0]), t([nan, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([inf, 1.0]), t([inf, 1.0], dtype=torch.float64)) == 0.0   # the same value
+    assert rms_error(t([nan, 1.0]), t([nan, 1.0], dtype=torch.float64)) == 0.0
+    assert rms_error(t([-inf, 1.0]), t([-1e300, 1.0], dtype=torch.float64)) == 0.0  # a mask's minus infinity cast down
+    assert rms_error(t([inf, 1.0]), t([-1e300, 1.0], dtype=torch.float64)) == inf

@@ -166,3 +166,15 @@ def test_docs_example_runs(pytester, tiny_bert):
     assert '"path/to/model"' in block
     pytester.makepyfile(test_my_backend=block.replace('"path/to/model"', repr(str(tiny_bert))))
     pytester.runpytest(*_plugin_args(), "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_hook_wrappers_are_old_style_so_any_pluggy_loads_the_plugin():
+    """The entry point loads the plugin for every user of the package: ``wrapper=True`` needs
+    pluggy >= 1.1, ``hookwrapper=True`` works with every pluggy pytest has shipped with."""
+    import importlib
+
+    plugin = importlib.import_module(PLUGIN)
+    hooks = {name: fn.pytest_impl for name, fn in vars(plugin).items() if hasattr(fn, "pytest_impl")}
+    assert "pytest_runtest_makereport" in hooks
+    assert all(not opts.get("wrapper") for opts in hooks.values()), hooks
+    assert hooks["pytest_runtest_makereport"].get("hookwrapper") is True

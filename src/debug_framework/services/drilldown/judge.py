@@ -66,10 +66,11 @@ def first_tensor(value: Any) -> torch.Tensor | None:
 
 
 def rms_error(value: Any, trusted: Any) -> float:
-    """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or the
-    value is non-finite where the trusted one is finite (a trusted value beyond the value's dtype's
-    range that overflowed to the infinity of its sign is rounding, not error: an additive mask's
-    "minus infinity" cast down); NaN when either is not a tensor."""
+    """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or a
+    pair is non-finite on either side without being the same value on both (``+inf`` against
+    ``-inf``, NaN against an infinity or a number); a trusted value beyond the value's dtype's range
+    that overflowed to the infinity of its sign is rounding, not error (an additive mask's "minus
+    infinity" cast down). NaN when either is not a tensor."""
     a, t = first_tensor(value), first_tensor(trusted)
     if a is None or t is None:
         return float("nan")
@@ -78,7 +79,9 @@ def rms_error(value: Any, trusted: Any) -> float:
     big = torch.finfo(a.dtype).max if a.is_floating_point() else math.inf
     a, t = a.detach().to("cpu", torch.float64), t.detach().to("cpu", torch.float64)
     saturated = torch.isinf(a) & (t.abs() >= big) & (torch.sign(a) == torch.sign(t))
-    if bool((torch.isfinite(t) & ~torch.isfinite(a) & ~saturated).any()):
+    same = (a == t) | (torch.isnan(a) & torch.isnan(t))  # the same infinity, or NaN on both sides
+    mismatch = ~(torch.isfinite(a) & torch.isfinite(t)) & ~same & ~saturated
+    if bool(mismatch.any()):
         return float("inf")
     keep = ~saturated
     return finite_rms((a - t)[keep]) if bool(keep.any()) else 0.0
