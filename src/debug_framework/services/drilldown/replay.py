@@ -85,7 +85,8 @@ class ReplayStrategy:
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
         result.operators = judged.rows
         result.graph_file = str(_write_graph(alt, request.out_dir))
-        result.culprit = self._culprit(judged, alt, backend, request.out_dir)
+        result.culprit, culprit_notes = self._culprit(judged, alt, backend, request.out_dir)
+        notes.extend(culprit_notes)
         notes.extend(judged.notes)
         notes.extend(_weight_notes(alt, trusted_inputs))
         if result.culprit is None:
@@ -94,21 +95,39 @@ class ReplayStrategy:
         result.note = "; ".join(notes)
         return result
 
-    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path) -> Culprit | None:
+    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path
+                 ) -> tuple[Culprit | None, list[str]]:
+        """The first operator beyond its bound and its repro, with what the note must say about it
+        (an operator only the alternative has; a repro that could not be written: the table stays)."""
         row = next((r for r in judged.rows if r.introduces), None)
         if row is None:
-            return None
+            return None, []
         node = next(n for n in alt.gm.graph.nodes if n.name == row.node)
-        repro_dir, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend,
-                                               what=f"{row.op} at {row.module_path or '?'} ({row.source or '?'})")
-        return Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
-                       repro_dir=str(repro_dir), verified=verified)
+        notes = []
+        if row.node in judged.extra_ops:
+            notes.append(f"the culprit {row.op} ({row.node}) is an operator only the alternative has: its output is "
+                         f"not the value the reference feeds to {judged.extra_ops[row.node]}")
+        what = f"{row.op} at {row.module_path or '?'} ({row.source or '?'})"
+        try:
+            repro_dir: str | None
+            path, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend, what=what)
+            repro_dir = str(path)
+        except Exception as exc:  # noqa: BLE001 - the table is computed: a repro that fails to write loses nothing else
+            repro_dir, verified = None, False
+            notes.append(f"the culprit's repro could not be written: {type(exc).__name__}: {exc}")
+        culprit = Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
+                          repro_dir=repro_dir, verified=verified)
+        return culprit, notes
 
     def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor
                        ) -> tuple[LayerGraph | None, str]:
         """The trusted layer's graph, called as the alternative's layer is (``(None, why)`` when there
         is no trusted layer or it cannot be called so: a module written with another signature)."""
-        net, why = self._trusted_layer(model, layer_name)
+        try:
+            net, why = self._trusted_layer(model, layer_name)
+        except Exception as exc:  # noqa: BLE001 - transformers cannot build it (an unknown model type: ValueError)
+            self._skeletons.pop(id(model), None)
+            return None, f"the Hugging Face layer cannot be built: {type(exc).__name__}: {exc}"
         if net is None:
             return None, why
         try:
@@ -121,17 +140,17 @@ class ReplayStrategy:
     def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
         """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
         float64 with the model's weights (the rest stays on the ``meta`` device: no memory);
-        ``(None, why)`` when transformers cannot build it or the layer needs more than its weights."""
+        ``(None, why)`` when the layer needs more than its weights; raises whatever transformers
+        raises when it cannot build the model (the caller falls back to the alternative's graph)."""
         from ...backends.pytorch import hf_skeleton
-        from ...errors import DebugFrameworkError
 
         key = id(model)
+        if key not in self._skeletons:
+            self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
         try:
-            if key not in self._skeletons:
-                self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
             layer = self._skeletons[key].get_submodule(layer_name)
-        except (DebugFrameworkError, AttributeError) as exc:
-            return None, getattr(exc, "message", None) or str(exc)
+        except AttributeError as exc:
+            return None, str(exc)
         state = layer.state_dict()
         if len(state) < len(dict(layer.named_parameters())) + len(dict(layer.named_buffers())):
             return None, f"{layer_name} has buffers that are not in the weights"
