@@ -5,6 +5,11 @@ Covers the ``pytorch`` backend in any dtype, module backends (``module_backend``
 ``torch.compile`` (its original module is traced: the operators it asks for, run eagerly) and
 plugin backends (``plugin:<id>``: stock ATen with the plugin's kernels dispatched in their place).
 
+A compiled module whose dynamo backend is not eager-equivalent (inductor, a custom backend) runs
+code replay never sees: the layer is first compiled alone with the same backend and run against its
+own eager code on the same input; when they differ beyond the calibrated bound the compiler is
+what introduces the error, and the drill-down says so instead of naming an eager operator.
+
 For one layer: the alternative's layer is traced to an ATen graph on the reference's input to it
 (cast to the alternative's dtype); a *trusted* graph of the same layer is traced from a correct
 implementation of the same architecture (the Hugging Face model with the same weights, run in
@@ -26,9 +31,10 @@ from typing import Any
 import torch
 
 from .align import align_graphs
-from ...comparison import finite_rms
-from .judge import JudgedLayer, judge_layer, rms_error
-from .layer_graph import LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
+from ...comparison import RatioRule, finite_rms
+from .judge import JudgedLayer, first_tensor, judge_layer, rms_error
+from .layer_graph import (LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, run_graph,
+                          trace_layer)
 from .repro import write_and_verify
 from .types import Culprit, DrillRequest, LayerDrilldown
 
@@ -73,6 +79,7 @@ class ReplayStrategy:
             alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
         alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
         notes: list[str] = []
+        compiler = _compiler_differs(backend.module, module, alt, alt_call, request)
         trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64)
         if trusted is None:
             notes.append(f"no correct implementation of the layer to trust ({why}): the alternative's own graph "
@@ -85,11 +92,16 @@ class ReplayStrategy:
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
         result.operators = judged.rows
         result.graph_file = str(_write_graph(alt, request.out_dir))
-        result.culprit, culprit_notes = self._culprit(judged, alt, backend, request.out_dir)
-        notes.extend(culprit_notes)
+        if compiler:  # an eager operator named here would send the user the wrong way
+            eager = [f"{r.op} ({r.node})" for r in judged.rows if r.introduces]
+            notes.insert(0, compiler + ("; in the eager code, beyond their bounds too: " + ", ".join(eager[:4])
+                                        if eager else ""))
+        else:
+            result.culprit, culprit_notes = self._culprit(judged, alt, backend, request.out_dir)
+            notes.extend(culprit_notes)
         notes.extend(judged.notes)
         notes.extend(_weight_notes(alt, trusted_inputs))
-        if result.culprit is None:
+        if result.culprit is None and not compiler:
             notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
                             "error is carried in, or comes from how operators combine (see the carried-in column)")
         result.note = "; ".join(notes)
@@ -168,6 +180,68 @@ def _eager_module(module: Any) -> torch.nn.Module | None:
     if isinstance(orig, torch.nn.Module):
         return orig
     return module if isinstance(module, torch.nn.Module) else None
+
+
+#: dynamo backends that run the captured operators as eager ATen: replay sees what they run
+_EAGER_BACKENDS = frozenset({"eager", "aot_eager"})
+
+
+def _dynamo_backend(module: Any) -> tuple[str, Any] | None:
+    """``(name, backend)`` of a ``torch.compile`` wrapper (the backend as dynamo calls it); None for
+    a module that is not compiled. Reads dynamo's wrapper (no public API): an unknown layout gives
+    ``("?", None)``."""
+    if not isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        return None
+    try:
+        debug = module.dynamo_ctx.callback._torchdynamo_orig_backend._torchdynamo_orig_backend
+        return str(getattr(debug, "_compiler_name", None) or getattr(debug, "__name__", "?")), \
+            debug._torchdynamo_orig_backend
+    except AttributeError:
+        return "?", None
+
+
+def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, call: LayerCall,
+                      request: DrillRequest) -> str:
+    """A note when the layer compiled alone with ``compiled``'s dynamo backend differs from its own
+    eager code beyond the calibrated bound (the stock eager layer's own error against float64, x the
+    noise margin, + the floor) on the same input: the error is the compiler's. ``""`` when the
+    module is not compiled, its backend is eager-equivalent, or the two agree."""
+    found = _dynamo_backend(compiled)
+    if found is None or found[0] in _EAGER_BACKENDS:
+        return ""
+    name, backend = found
+    layer = eager.get_submodule(alt.layer_name)
+    hidden = alt.inputs[alt.input_paths.index("hidden")]
+    try:
+        if backend is None:
+            raise RuntimeError("the compiled module's dynamo backend could not be read")
+        with torch.no_grad():
+            eager_out = first_tensor(_call_layer(layer, call, hidden))
+            compiled_out = first_tensor(_call_layer(torch.compile(layer, backend=backend), call, hidden))
+    except Exception as exc:  # noqa: BLE001 - the compiler fails on the layer alone: replay still sees its code
+        return (f"the layer compiled alone with dynamo backend {name!r} could not be run ({type(exc).__name__}: "
+                f"{exc}): what its compiler does is not checked, only the eager code it is given")
+    outputs = next(n for n in alt.gm.graph.nodes if n.op == "output").args[0]
+    env = run_graph(alt, [v.double() if v.is_floating_point() else v for v in alt.inputs], float64=True)
+    exact = first_tensor(torch.fx.node.map_arg(outputs, lambda a: env[a.name]))
+    if eager_out is None or compiled_out is None or exact is None:
+        return ""
+    rule = RatioRule.calibrated(exact, torch.finfo(hidden.dtype).eps, margin=request.noise_margin,
+                                floor_eps=request.floor_eps)
+    verdict = rule.judge(rms_error(eager_out, exact), rms_error(compiled_out, eager_out))
+    if verdict.alternative_error <= verdict.bound:
+        return ""
+    return (f"the compiled layer differs from its own eager code (RMS {verdict.alternative_error:.3e} > bound "
+            f"{verdict.bound:.3e}, dynamo backend {name!r}): a compiler bug that replay cannot see inside, so no "
+            "operator of the eager code is named; drill with the inductor backend (its minifier strategy) or "
+            "torch._dynamo's minifier (TORCHDYNAMO_REPRO_AFTER='aot') to find the compiled kernel")
+
+
+def _call_layer(layer: Any, call: LayerCall, hidden: torch.Tensor) -> Any:
+    """``layer`` called as the model calls it, with ``hidden`` as its input."""
+    if call.hidden_keyword:
+        return layer(*call.rest_args, **call.kwargs, hidden_states=hidden)
+    return layer(hidden, *call.rest_args, **call.kwargs)
 
 
 def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
