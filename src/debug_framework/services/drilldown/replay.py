@@ -79,7 +79,7 @@ class ReplayStrategy:
             alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
         alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
         notes: list[str] = []
-        compiler = _compiler_differs(backend.module, module, alt, alt_call, request)
+        compiler, compiler_bug = _compiler_differs(backend.module, module, alt, alt_call, request)
         trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64)
         if trusted is None:
             notes.append(f"no correct implementation of the layer to trust ({why}): the alternative's own graph "
@@ -92,16 +92,18 @@ class ReplayStrategy:
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
         result.operators = judged.rows
         result.graph_file = str(_write_graph(alt, request.out_dir))
-        if compiler:  # an eager operator named here would send the user the wrong way
+        if compiler_bug:  # an eager operator named here would send the user the wrong way
             eager = [f"{r.op} ({r.node})" for r in judged.rows if r.introduces]
             notes.insert(0, compiler + ("; in the eager code, beyond their bounds too: " + ", ".join(eager[:4])
                                         if eager else ""))
         else:
             result.culprit, culprit_notes = self._culprit(judged, alt, backend, request.out_dir)
             notes.extend(culprit_notes)
+            if compiler:
+                notes.append(compiler)
         notes.extend(judged.notes)
         notes.extend(_weight_notes(alt, trusted_inputs))
-        if result.culprit is None and not compiler:
+        if result.culprit is None and not compiler_bug:
             notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
                             "error is carried in, or comes from how operators combine (see the carried-in column)")
         result.note = "; ".join(notes)
@@ -201,14 +203,15 @@ def _dynamo_backend(module: Any) -> tuple[str, Any] | None:
 
 
 def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, call: LayerCall,
-                      request: DrillRequest) -> str:
-    """A note when the layer compiled alone with ``compiled``'s dynamo backend differs from its own
-    eager code beyond the calibrated bound (the stock eager layer's own error against float64, x the
-    noise margin, + the floor) on the same input: the error is the compiler's. ``""`` when the
-    module is not compiled, its backend is eager-equivalent, or the two agree."""
+                      request: DrillRequest) -> tuple[str, bool]:
+    """``(note, True)`` when the layer compiled alone with ``compiled``'s dynamo backend differs from
+    its own eager code beyond the calibrated bound (the stock eager layer's own error against
+    float64, x the noise margin, + the floor) on the same input: the error is the compiler's;
+    ``(note, False)`` when the compiled layer cannot be run alone; ``("", False)`` when the module is
+    not compiled, its backend is eager-equivalent, or the two agree."""
     found = _dynamo_backend(compiled)
     if found is None or found[0] in _EAGER_BACKENDS:
-        return ""
+        return "", False
     name, backend = found
     layer = eager.get_submodule(alt.layer_name)
     hidden = alt.inputs[alt.input_paths.index("hidden")]
@@ -220,21 +223,21 @@ def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, ca
             compiled_out = first_tensor(_call_layer(torch.compile(layer, backend=backend), call, hidden))
     except Exception as exc:  # noqa: BLE001 - the compiler fails on the layer alone: replay still sees its code
         return (f"the layer compiled alone with dynamo backend {name!r} could not be run ({type(exc).__name__}: "
-                f"{exc}): what its compiler does is not checked, only the eager code it is given")
+                f"{exc}): what its compiler does is not checked, only the eager code it is given"), False
     outputs = next(n for n in alt.gm.graph.nodes if n.op == "output").args[0]
     env = run_graph(alt, [v.double() if v.is_floating_point() else v for v in alt.inputs], float64=True)
     exact = first_tensor(torch.fx.node.map_arg(outputs, lambda a: env[a.name]))
     if eager_out is None or compiled_out is None or exact is None:
-        return ""
+        return "", False
     rule = RatioRule.calibrated(exact, torch.finfo(hidden.dtype).eps, margin=request.noise_margin,
                                 floor_eps=request.floor_eps)
     verdict = rule.judge(rms_error(eager_out, exact), rms_error(compiled_out, eager_out))
     if verdict.alternative_error <= verdict.bound:
-        return ""
+        return "", False
     return (f"the compiled layer differs from its own eager code (RMS {verdict.alternative_error:.3e} > bound "
             f"{verdict.bound:.3e}, dynamo backend {name!r}): a compiler bug that replay cannot see inside, so no "
             "operator of the eager code is named; drill with the inductor backend (its minifier strategy) or "
-            "torch._dynamo's minifier (TORCHDYNAMO_REPRO_AFTER='aot') to find the compiled kernel")
+            "torch._dynamo's minifier (TORCHDYNAMO_REPRO_AFTER='aot') to find the compiled kernel"), True
 
 
 def _call_layer(layer: Any, call: LayerCall, hidden: torch.Tensor) -> Any:
