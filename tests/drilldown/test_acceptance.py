@@ -184,3 +184,135 @@ def test_without_a_trusted_layer_imprecision_is_still_named_and_the_note_says_wh
     assert entry.culprit.op == "aten._softmax.default" and entry.culprit.module_path == "model.layers.1.self_attn"
     assert "no correct implementation of the layer to trust (no such architecture)" in entry.note
     assert "cannot be seen" in entry.note
+
+
+class _ScaledGelu:
+    """An activation with an extra operator the reference lacks: ``gelu(y * 1.05)``."""
+
+    @staticmethod
+    def make():
+        import torch
+
+        class ScaledGelu(torch.nn.Module):
+            def forward(self, y):
+                return torch.nn.functional.gelu(y * 1.05)
+
+        return ScaledGelu()
+
+
+def _register(name, patch, wrap=lambda net: net):
+    from debug_framework.backends import module_backend, register_backend
+    from debug_framework.backends.pytorch import build_hf_model
+
+    def build(model, dtype, device):
+        net = build_hf_model(model, dtype, device)
+        patch(net)
+        return wrap(net)
+
+    register_backend(name, module_backend(name, build), replace=True)
+    return name
+
+
+def test_an_operator_only_the_alternative_has_is_named_not_the_one_it_feeds(tiny, tmp_path):
+    """``y * 1.05`` inserted before layer 1's gelu: the mul (the alternative's extra operator) is the
+    culprit, not the gelu judged on the mul's output; the gelu on the reference's input is correct."""
+    from debug_framework.backends import unregister_backend
+
+    def patch(net):
+        net.encoder.layer[1].intermediate.intermediate_act_fn = _ScaledGelu.make()
+
+    name = _register("extra_mul_gelu", patch)
+    try:
+        _, entry = _drill_layer_1(tiny("bert"), name, "float32", tmp_path)
+    finally:
+        unregister_backend(name)
+    c = entry.culprit
+    assert (c.op, c.module_path) == ("aten.mul.Tensor", "encoder.layer.1.intermediate.intermediate_act_fn"), entry.note
+    assert c.source.startswith("test_acceptance.py:")
+    gelu = next(r for r in entry.operators if r.op == "aten.gelu.default")
+    assert not gelu.introduces and gelu.carried_in > gelu.bound  # its input's error is carried in from the mul
+    assert [r.node for r in entry.introducing] == [c.node]
+    assert f"the culprit aten.mul.Tensor ({c.node}) is an operator only the alternative has" in entry.note
+    assert "which only the alternative has, feeds aten.gelu.default" in entry.note
+
+
+def test_without_transformers_model_or_repro_the_table_is_kept(tiny, bug_backend, tmp_path, monkeypatch):
+    """transformers cannot build the architecture (ValueError: unknown model type) and the repro
+    cannot be written: the alternative's own graph is trusted, the table and culprit are kept, the
+    note says both."""
+    import debug_framework.backends.pytorch as hf
+    import debug_framework.services.drilldown.replay as replay
+
+    build = hf.hf_skeleton
+
+    def unknown(model, dtype, *, meta=False):  # the alternative's own build works; the trusted skeleton not
+        if meta:
+            raise ValueError("Unrecognized model identifier: nosuchmodel")
+        return build(model, dtype, meta=meta)
+
+    def unwritable(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(hf, "hf_skeleton", unknown)
+    monkeypatch.setattr(replay, "write_and_verify", unwritable)
+    _, entry = _drill_layer_1(tiny("llama"), bug_backend("reduced_precision_softmax"), "float32", tmp_path)
+    assert entry.culprit.op == "aten._softmax.default" and entry.culprit.module_path == "model.layers.1.self_attn"
+    assert entry.culprit.repro_dir is None and not entry.culprit.verified and len(entry.operators) > 20
+    assert "no correct implementation of the layer to trust (the Hugging Face layer cannot be built: ValueError: " \
+           "Unrecognized model identifier: nosuchmodel)" in entry.note
+    assert "the culprit's repro could not be written: OSError: disk full" in entry.note
+
+
+def _perturbing_backend(scale):
+    """A dynamo backend whose FX pass multiplies every gelu's output by ``scale`` (a compiler bug
+    when ``scale != 1``; a correct non-eager compiler otherwise)."""
+
+    def scaled(fn):
+        return lambda *args, **kwargs: fn(*args, **kwargs) * scale
+
+    def perturb_gelu(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "gelu" in getattr(node.target, "__name__", ""):
+                node.target = scaled(node.target)
+        gm.recompile()
+        return gm.forward
+
+    perturb_gelu.__name__ = f"perturb_gelu_{scale}"
+    return perturb_gelu
+
+
+@pytest.mark.slow
+def test_a_compiler_bug_is_said_plainly_and_no_eager_operator_is_named(tiny, tmp_path):
+    """A module backend compiled with a custom dynamo backend whose FX pass scales gelu's output
+    (the eager code is correct): the drill-down says the compiled layer differs from its own eager
+    code and names no culprit; with a correct custom backend the layer drills as before."""
+    import torch
+
+    from debug_framework.backends import unregister_backend
+
+    backend = _perturbing_backend(1.01)
+    name = _register("compiled_perturb_gelu", lambda net: None,
+                     wrap=lambda net: torch.compile(net, backend=backend))
+    try:
+        alt, entry = _drill_layer_1(tiny("bert"), name, "float32", tmp_path)
+    finally:
+        unregister_backend(name)
+    assert entry.culprit is None and not (tmp_path / "repro").exists(), entry.note
+    assert entry.note.startswith("the compiled layer differs from its own eager code"), entry.note
+    assert "dynamo backend 'perturb_gelu_1.01'" in entry.note and "minifier" in entry.note
+    assert len(entry.operators) > 20 and entry.introducing == []  # the eager code's table, nothing in it
+
+    # a correct non-eager compiler agrees with the eager code: the drill-down goes on as for eager
+    from types import SimpleNamespace
+
+    from debug_framework.modelio import ModelInputs, load_model
+    from debug_framework.services.drilldown.layer_graph import capture_layer_call, trace_layer
+    from debug_framework.services.drilldown.replay import _compiler_differs
+
+    eager, layer_name = alt.module._orig_mod, alt.layer_modules[1]
+    call = capture_layer_call(eager, layer_name, ModelInputs.random(load_model(tiny("bert")).config.vocab_size, 2, 16,
+                                                                  seed=0).torch("cpu"))
+    graph = trace_layer(eager, layer_name, call, call.hidden)
+    request = SimpleNamespace(noise_margin=4.0, floor_eps=1.0)
+    assert _compiler_differs(torch.compile(eager, backend=_perturbing_backend(1.0)), eager, graph, call,
+                             request) == ("", False)

@@ -129,3 +129,44 @@ def test_html_section_escapes_everything():
     junit = render_report(report, "junit")
     assert 'name="drilldown_culprits" value="layer 0: aten.gelu.default at &lt;script&gt;' in junit
     assert "drilldown_culprits" not in render_report(no_drill, "junit")
+
+
+def test_rms_error_flags_every_non_finite_mismatch():
+    """A non-finite value is error unless it is the trusted value itself (or a trusted value past
+    the dtype's range rounded to the infinity of its sign)."""
+    from debug_framework.services.drilldown.judge import rms_error
+
+    inf, nan = float("inf"), float("nan")
+    t = torch.tensor
+    assert rms_error(t([inf, 1.0]), t([-inf, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([nan, 1.0]), t([inf, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([nan, 1.0]), t([-inf, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([-inf, 1.0]), t([nan, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([1.0, 1.0]), t([nan, 1.0], dtype=torch.float64)) == inf
+    assert rms_error(t([inf, 1.0]), t([inf, 1.0], dtype=torch.float64)) == 0.0   # the same value
+    assert rms_error(t([nan, 1.0]), t([nan, 1.0], dtype=torch.float64)) == 0.0
+    assert rms_error(t([-inf, 1.0]), t([-1e300, 1.0], dtype=torch.float64)) == 0.0  # a mask's minus infinity cast down
+    assert rms_error(t([inf, 1.0]), t([-1e300, 1.0], dtype=torch.float64)) == inf
+
+
+def test_a_compiled_layer_that_cannot_run_alone_is_said_and_eager_backends_are_not_checked():
+    """The compiler check of replay: a dynamo backend that fails on the layer alone gives a note but
+    no compiler finding (the eager culprit stays); eager-equivalent backends and plain modules are
+    not checked at all."""
+    from types import SimpleNamespace
+
+    from debug_framework.services.drilldown.layer_graph import capture_layer_call, trace_layer
+    from debug_framework.services.drilldown.replay import _compiler_differs
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no kernel for this")
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    call = capture_layer_call(net, "0", {"input": torch.randn(2, 4)})
+    graph = trace_layer(net, "0", call, call.hidden)
+    request = SimpleNamespace(noise_margin=4.0, floor_eps=1.0)
+    note, bug = _compiler_differs(torch.compile(net, backend=broken), net, graph, call, request)
+    assert not bug and note.startswith("the layer compiled alone with dynamo backend 'broken' could not be run (")
+    assert "no kernel for this" in note
+    assert _compiler_differs(torch.compile(net, backend="eager"), net, graph, call, request) == ("", False)
+    assert _compiler_differs(net, net, graph, call, request) == ("", False)

@@ -29,7 +29,8 @@ def bug_check(tmp_path_factory):
     model = make_model("bert", tmp / "hf", 0)
     name = register_bug_backend("gelu_variant")
     try:
-        outcome = run_backend_check(model, name, database=tmp / "db.db", report_dir=tmp / "reports", dtype="float32")
+        outcome = run_backend_check(model, name, database=tmp / "db.db", report_dir=tmp / "reports", dtype="float32",
+                                    drill_down=True)
     finally:
         unregister_backend(name)
     return model, outcome

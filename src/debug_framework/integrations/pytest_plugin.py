@@ -157,11 +157,18 @@ def _framework_error(excinfo: pytest.ExceptionInfo[BaseException] | None) -> Any
     return excinfo.value if isinstance(excinfo.value, DebugFrameworkError) else None
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    report = yield
-    if call.when != "call":
-        return report
+    # old-style wrapper (any pluggy): this plugin is loaded through the pytest11 entry point for
+    # every user of the package, whatever their pytest; ``wrapper=True`` needs pluggy >= 1.1
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "call":
+        _annotate(item, call, report)
+
+
+def _annotate(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
+    """The test's report carries the checks' lines (and a framework error, told apart)."""
     error = _framework_error(call.excinfo)
     if error is not None:
         item.user_properties += [("df_outcome", "error"), ("df_error_code", error.code)]
@@ -171,7 +178,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if lines:
         report.sections.append(("debug_framework", "\n".join(lines)))
         item.config.stash.setdefault(_RUNS, []).append((item.nodeid, lines, error))
-    return report
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -12,8 +12,11 @@ their alignment, each operator of the alternative gets
   x eps x RMS(trusted)`` (:meth:`debug_framework.comparison.RatioRule.calibrated`).
 
 The trusted value of an alternative node is its aligned trusted node's; a cast carries its
-input's; an unpaired node takes the last same-shaped output of the trusted nodes of the same
-module (a module whose output it replaces), else its own operator run in float64.
+input's; an unpaired node takes its own operator run in float64 (an operator without float64
+support: the last same-shaped output of the trusted nodes of the same module, whose output it
+replaces). An unpaired node whose value is not what the trusted graph feeds the aligned operator it
+feeds (``y * 1.05`` inserted before a ``gelu``) takes that fed value instead: it is then judged (and
+named) as the operator that introduces the error, not the aligned operator after it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +57,9 @@ class JudgedLayer:
     rows: list[OperatorRow]
     replays: dict[str, Replay]
     notes: list[str] = field(default_factory=list)
+    #: operators only the alternative has whose value is not what the reference feeds the aligned
+    #: operator they feed: node -> that operator's node
+    extra_ops: dict[str, str] = field(default_factory=dict)
 
 
 def first_tensor(value: Any) -> torch.Tensor | None:
@@ -66,10 +72,11 @@ def first_tensor(value: Any) -> torch.Tensor | None:
 
 
 def rms_error(value: Any, trusted: Any) -> float:
-    """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or the
-    value is non-finite where the trusted one is finite (a trusted value beyond the value's dtype's
-    range that overflowed to the infinity of its sign is rounding, not error: an additive mask's
-    "minus infinity" cast down); NaN when either is not a tensor."""
+    """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or a
+    pair is non-finite on either side without being the same value on both (``+inf`` against
+    ``-inf``, NaN against an infinity or a number); a trusted value beyond the value's dtype's range
+    that overflowed to the infinity of its sign is rounding, not error (an additive mask's "minus
+    infinity" cast down). NaN when either is not a tensor."""
     a, t = first_tensor(value), first_tensor(trusted)
     if a is None or t is None:
         return float("nan")
@@ -78,7 +85,9 @@ def rms_error(value: Any, trusted: Any) -> float:
     big = torch.finfo(a.dtype).max if a.is_floating_point() else math.inf
     a, t = a.detach().to("cpu", torch.float64), t.detach().to("cpu", torch.float64)
     saturated = torch.isinf(a) & (t.abs() >= big) & (torch.sign(a) == torch.sign(t))
-    if bool((torch.isfinite(t) & ~torch.isfinite(a) & ~saturated).any()):
+    same = (a == t) | (torch.isnan(a) & torch.isnan(t))  # the same infinity, or NaN on both sides
+    mismatch = ~(torch.isfinite(a) & torch.isfinite(t)) & ~same & ~saturated
+    if bool(mismatch.any()):
         return float("inf")
     keep = ~saturated
     return finite_rms((a - t)[keep]) if bool(keep.any()) else 0.0
@@ -117,6 +126,7 @@ class _Judge:
     margin: float
     floor_eps: float
     tv: dict[str, Any] = field(default_factory=dict)  # alternative node -> trusted value
+    extra_ops: dict[str, str] = field(default_factory=dict)  # see JudgedLayer.extra_ops
 
     def __post_init__(self) -> None:
         self.alt_nodes = {n.name: n for n in self.alt.gm.graph.nodes}
@@ -141,7 +151,46 @@ class _Judge:
             return self.tv[node.args[0].name]
         if node.name in self.alignment.pairs:
             return self.trusted_env[self.alignment.pairs[node.name]]
-        return self._unpaired_value(node)
+        own = self._unpaired_value(node)
+        fed = self._fed_value(node, first_tensor(own))
+        if fed is None:
+            return own
+        self.extra_ops[node.name] = fed[1]
+        return fed[0]
+
+    def _consumers(self, node: torch.fx.Node) -> Iterator[tuple[torch.fx.Node, int]]:
+        """``(aligned operator, argument position)`` for every aligned operator ``node`` feeds
+        (through casts)."""
+        for user in node.users:
+            if is_cast(user):
+                yield from self._consumers(user)
+            elif user.name in self.alignment.pairs:
+                yield from ((user, i) for i, a in enumerate(user.args) if a is node)
+
+    def _fed_value(self, node: torch.fx.Node, own: torch.Tensor | None) -> tuple[torch.Tensor, str] | None:
+        """For an operator only the alternative has: ``(value, consumer)`` when its own value is none
+        of the values the trusted graph feeds the counterpart of an aligned ``consumer`` of it, and
+        the one fed at its position has its shape (the trusted graph has no such operator there)."""
+        if own is None or not own.is_floating_point():
+            return None
+        for user, pos in self._consumers(node):
+            ref = self.ref_nodes[self.alignment.pairs[user.name]]
+            fed = [first_tensor(self.trusted_env.get(a.name)) for a in ref.args if isinstance(a, torch.fx.Node)]
+            fed = [t for t in fed if t is not None and t.shape == own.shape]
+            if any(not self._differs(own, t) for t in fed) or pos >= len(ref.args):
+                continue
+            at = ref.args[pos]
+            value = first_tensor(self.trusted_env.get(at.name)) if isinstance(at, torch.fx.Node) else None
+            if value is not None and value.shape == own.shape and value.is_floating_point():
+                return value, user.name
+        return None
+
+    def _differs(self, value: torch.Tensor, trusted: torch.Tensor) -> bool:
+        """Beyond the rounding of ``trusted`` to the alternative's dtype (with the noise margin)."""
+        if not trusted.is_floating_point():
+            return bool((value != trusted).any())
+        rounding = rms_error(trusted.to(self.dtype), trusted)
+        return rms_error(value, trusted) > self.margin * rounding + self.floor_eps * self.eps * finite_rms(trusted)
 
     def _unpaired_value(self, node: torch.fx.Node) -> Any:
         """An operator the trusted graph lacks: its own function in float64 on trusted inputs; an
@@ -250,7 +299,17 @@ def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trus
                                 source=node_source(node), introduced=introduced, carried_in=j.carried_in(node),
                                 bound=bound))
         replays[node.name] = Replay(node.target, args, kwargs, trusted_out, bound, introduced)
-    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment))
+    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment) + _extra_notes(j), j.extra_ops)
+
+
+def _extra_notes(j: _Judge) -> list[str]:
+    """Operators only the alternative has whose output is not what the reference feeds on."""
+    def at(name: str) -> str:
+        n = j.alt_nodes[name]
+        return f"{n.target} ({name}) at {node_module_path(n) or '?'} ({node_source(n) or '?'})"
+
+    return [f"{at(extra)}, which only the alternative has, feeds {at(user)} a value the reference does not: "
+            "it is judged against the value the reference feeds there" for extra, user in j.extra_ops.items()]
 
 
 def _notes(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment) -> list[str]:

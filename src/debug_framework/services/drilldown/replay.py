@@ -5,6 +5,11 @@ Covers the ``pytorch`` backend in any dtype, module backends (``module_backend``
 ``torch.compile`` (its original module is traced: the operators it asks for, run eagerly) and
 plugin backends (``plugin:<id>``: stock ATen with the plugin's kernels dispatched in their place).
 
+A compiled module whose dynamo backend is not eager-equivalent (inductor, a custom backend) runs
+code replay never sees: the layer is first compiled alone with the same backend and run against its
+own eager code on the same input; when they differ beyond the calibrated bound the compiler is
+what introduces the error, and the drill-down says so instead of naming an eager operator.
+
 For one layer: the alternative's layer is traced to an ATen graph on the reference's input to it
 (cast to the alternative's dtype); a *trusted* graph of the same layer is traced from a correct
 implementation of the same architecture (the Hugging Face model with the same weights, run in
@@ -26,9 +31,10 @@ from typing import Any
 import torch
 
 from .align import align_graphs
-from ...comparison import finite_rms
-from .judge import JudgedLayer, judge_layer, rms_error
-from .layer_graph import LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, trace_layer
+from ...comparison import RatioRule, finite_rms
+from .judge import JudgedLayer, first_tensor, judge_layer, rms_error
+from .layer_graph import (LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, run_graph,
+                          trace_layer)
 from .repro import write_and_verify
 from .types import Culprit, DrillRequest, LayerDrilldown
 
@@ -73,6 +79,7 @@ class ReplayStrategy:
             alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
         alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
         notes: list[str] = []
+        compiler, compiler_bug = _compiler_differs(backend.module, module, alt, alt_call, request)
         trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64)
         if trusted is None:
             notes.append(f"no correct implementation of the layer to trust ({why}): the alternative's own graph "
@@ -85,30 +92,56 @@ class ReplayStrategy:
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
         result.operators = judged.rows
         result.graph_file = str(_write_graph(alt, request.out_dir))
-        result.culprit = self._culprit(judged, alt, backend, request.out_dir)
+        if compiler_bug:  # an eager operator named here would send the user the wrong way
+            eager = [f"{r.op} ({r.node})" for r in judged.rows if r.introduces]
+            notes.insert(0, compiler + ("; in the eager code, beyond their bounds too: " + ", ".join(eager[:4])
+                                        if eager else ""))
+        else:
+            result.culprit, culprit_notes = self._culprit(judged, alt, backend, request.out_dir)
+            notes.extend(culprit_notes)
+            if compiler:
+                notes.append(compiler)
         notes.extend(judged.notes)
         notes.extend(_weight_notes(alt, trusted_inputs))
-        if result.culprit is None:
+        if result.culprit is None and not compiler_bug:
             notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
                             "error is carried in, or comes from how operators combine (see the carried-in column)")
         result.note = "; ".join(notes)
         return result
 
-    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path) -> Culprit | None:
+    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path
+                 ) -> tuple[Culprit | None, list[str]]:
+        """The first operator beyond its bound and its repro, with what the note must say about it
+        (an operator only the alternative has; a repro that could not be written: the table stays)."""
         row = next((r for r in judged.rows if r.introduces), None)
         if row is None:
-            return None
+            return None, []
         node = next(n for n in alt.gm.graph.nodes if n.name == row.node)
-        repro_dir, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend,
-                                               what=f"{row.op} at {row.module_path or '?'} ({row.source or '?'})")
-        return Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
-                       repro_dir=str(repro_dir), verified=verified)
+        notes = []
+        if row.node in judged.extra_ops:
+            notes.append(f"the culprit {row.op} ({row.node}) is an operator only the alternative has: its output is "
+                         f"not the value the reference feeds to {judged.extra_ops[row.node]}")
+        what = f"{row.op} at {row.module_path or '?'} ({row.source or '?'})"
+        try:
+            repro_dir: str | None
+            path, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend, what=what)
+            repro_dir = str(path)
+        except Exception as exc:  # noqa: BLE001 - the table is computed: a repro that fails to write loses nothing else
+            repro_dir, verified = None, False
+            notes.append(f"the culprit's repro could not be written: {type(exc).__name__}: {exc}")
+        culprit = Culprit(op=row.op, node=row.node, module_path=node_module_path(node), source=node_source(node),
+                          repro_dir=repro_dir, verified=verified)
+        return culprit, notes
 
     def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor
                        ) -> tuple[LayerGraph | None, str]:
         """The trusted layer's graph, called as the alternative's layer is (``(None, why)`` when there
         is no trusted layer or it cannot be called so: a module written with another signature)."""
-        net, why = self._trusted_layer(model, layer_name)
+        try:
+            net, why = self._trusted_layer(model, layer_name)
+        except Exception as exc:  # noqa: BLE001 - transformers cannot build it (an unknown model type: ValueError)
+            self._skeletons.pop(id(model), None)
+            return None, f"the Hugging Face layer cannot be built: {type(exc).__name__}: {exc}"
         if net is None:
             return None, why
         try:
@@ -121,17 +154,17 @@ class ReplayStrategy:
     def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
         """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
         float64 with the model's weights (the rest stays on the ``meta`` device: no memory);
-        ``(None, why)`` when transformers cannot build it or the layer needs more than its weights."""
+        ``(None, why)`` when the layer needs more than its weights; raises whatever transformers
+        raises when it cannot build the model (the caller falls back to the alternative's graph)."""
         from ...backends.pytorch import hf_skeleton
-        from ...errors import DebugFrameworkError
 
         key = id(model)
+        if key not in self._skeletons:
+            self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
         try:
-            if key not in self._skeletons:
-                self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
             layer = self._skeletons[key].get_submodule(layer_name)
-        except (DebugFrameworkError, AttributeError) as exc:
-            return None, getattr(exc, "message", None) or str(exc)
+        except AttributeError as exc:
+            return None, str(exc)
         state = layer.state_dict()
         if len(state) < len(dict(layer.named_parameters())) + len(dict(layer.named_buffers())):
             return None, f"{layer_name} has buffers that are not in the weights"
@@ -149,6 +182,69 @@ def _eager_module(module: Any) -> torch.nn.Module | None:
     if isinstance(orig, torch.nn.Module):
         return orig
     return module if isinstance(module, torch.nn.Module) else None
+
+
+#: dynamo backends that run the captured operators as eager ATen: replay sees what they run
+_EAGER_BACKENDS = frozenset({"eager", "aot_eager"})
+
+
+def _dynamo_backend(module: Any) -> tuple[str, Any] | None:
+    """``(name, backend)`` of a ``torch.compile`` wrapper (the backend as dynamo calls it); None for
+    a module that is not compiled. Reads dynamo's wrapper (no public API): an unknown layout gives
+    ``("?", None)``."""
+    if not isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        return None
+    try:
+        debug = module.dynamo_ctx.callback._torchdynamo_orig_backend._torchdynamo_orig_backend
+        return str(getattr(debug, "_compiler_name", None) or getattr(debug, "__name__", "?")), \
+            debug._torchdynamo_orig_backend
+    except AttributeError:
+        return "?", None
+
+
+def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, call: LayerCall,
+                      request: DrillRequest) -> tuple[str, bool]:
+    """``(note, True)`` when the layer compiled alone with ``compiled``'s dynamo backend differs from
+    its own eager code beyond the calibrated bound (the stock eager layer's own error against
+    float64, x the noise margin, + the floor) on the same input: the error is the compiler's;
+    ``(note, False)`` when the compiled layer cannot be run alone; ``("", False)`` when the module is
+    not compiled, its backend is eager-equivalent, or the two agree."""
+    found = _dynamo_backend(compiled)
+    if found is None or found[0] in _EAGER_BACKENDS:
+        return "", False
+    name, backend = found
+    layer = eager.get_submodule(alt.layer_name)
+    hidden = alt.inputs[alt.input_paths.index("hidden")]
+    try:
+        if backend is None:
+            raise RuntimeError("the compiled module's dynamo backend could not be read")
+        with torch.no_grad():
+            eager_out = first_tensor(_call_layer(layer, call, hidden))
+            compiled_out = first_tensor(_call_layer(torch.compile(layer, backend=backend), call, hidden))
+    except Exception as exc:  # noqa: BLE001 - the compiler fails on the layer alone: replay still sees its code
+        return (f"the layer compiled alone with dynamo backend {name!r} could not be run ({type(exc).__name__}: "
+                f"{exc}): what its compiler does is not checked, only the eager code it is given"), False
+    outputs = next(n for n in alt.gm.graph.nodes if n.op == "output").args[0]
+    env = run_graph(alt, [v.double() if v.is_floating_point() else v for v in alt.inputs], float64=True)
+    exact = first_tensor(torch.fx.node.map_arg(outputs, lambda a: env[a.name]))
+    if eager_out is None or compiled_out is None or exact is None:
+        return "", False
+    rule = RatioRule.calibrated(exact, torch.finfo(hidden.dtype).eps, margin=request.noise_margin,
+                                floor_eps=request.floor_eps)
+    verdict = rule.judge(rms_error(eager_out, exact), rms_error(compiled_out, eager_out))
+    if verdict.alternative_error <= verdict.bound:
+        return "", False
+    return (f"the compiled layer differs from its own eager code (RMS {verdict.alternative_error:.3e} > bound "
+            f"{verdict.bound:.3e}, dynamo backend {name!r}): a compiler bug that replay cannot see inside, so no "
+            "operator of the eager code is named; drill with the inductor backend (its minifier strategy) or "
+            "torch._dynamo's minifier (TORCHDYNAMO_REPRO_AFTER='aot') to find the compiled kernel"), True
+
+
+def _call_layer(layer: Any, call: LayerCall, hidden: torch.Tensor) -> Any:
+    """``layer`` called as the model calls it, with ``hidden`` as its input."""
+    if call.hidden_keyword:
+        return layer(*call.rest_args, **call.kwargs, hidden_states=hidden)
+    return layer(hidden, *call.rest_args, **call.kwargs)
 
 
 def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:

@@ -29,7 +29,8 @@ class OperatorRow:
     ``introduced`` is the error of this operator alone: the alternative's implementation of it run
     on the reference's (float64) inputs to it, cast to the alternative's dtype, against the trusted
     float64 result. ``carried_in`` is the error already present in its inputs in the alternative's
-    own run (0 for the layer's first operators). ``bound`` is the calibrated bound ``introduced`` is
+    own run (for the layer's first operators: the rounding of the reference's input hidden state to
+    the alternative's dtype, ~2e-8 in float32, never exactly 0). ``bound`` is the calibrated bound ``introduced`` is
     judged by, in the same unit (RMS error). NaN means "could not be observed" (a fused kernel).
     """
 
