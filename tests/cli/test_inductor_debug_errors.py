@@ -85,3 +85,18 @@ def test_user_text_prints_literally(tmp_path, capsys, monkeypatch):
     assert _main("--root", str(root), "analyze", "--type", "summary") == 0
     out = capsys.readouterr().out
     assert f"summary of run {run.path.name} ({EVIL})" in out
+
+
+def test_runs_of_the_same_second_are_ordered_by_their_creation_time(tmp_path):
+    """Run ids carry the second and a random suffix: two runs made in one second sort by the
+    manifest's creation time, not by the suffix (the dashboard's "newest run" relied on it)."""
+    import json
+
+    from debug_module.reports.generator import find_runs
+
+    for run_id, created in (("20261123T081300-ffffffff", "2026-11-23T08:13:00.100000+00:00"),
+                            ("20261123T081300-00000000", "2026-11-23T08:13:00.900000+00:00")):
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "manifest.json").write_text(json.dumps(
+            {"schema": "debug_module.run/1", "run_id": run_id, "created": created, "artifacts": []}))
+    assert [p.name for p in find_runs(tmp_path)] == ["20261123T081300-ffffffff", "20261123T081300-00000000"]

@@ -74,11 +74,21 @@ def is_run_dir(p: Path) -> bool:
 
 
 def find_runs(root: str | os.PathLike[str]) -> list[Path]:
-    """Run directories directly under ``root``, oldest first."""
+    """Run directories directly under ``root``, oldest first: by the manifest's ``created`` time
+    (microseconds; run ids only carry the second, then a random suffix), then the id."""
     r = Path(root)
     if not r.is_dir():
         return []
-    return sorted((p for p in r.iterdir() if is_run_dir(p)), key=lambda p: p.name)
+    return sorted((p for p in r.iterdir() if is_run_dir(p)), key=lambda p: (_created(p), p.name))
+
+
+def _created(run: Path) -> str:
+    """The manifest's ISO ``created`` stamp ("" when unreadable: such runs sort by id first)."""
+    try:
+        created = json.loads((run / "manifest.json").read_text(encoding="utf-8")).get("created")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return created if isinstance(created, str) else ""
 
 
 def save_guard_report(report: Any, run_dir: Any) -> Path:
