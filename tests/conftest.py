@@ -189,3 +189,28 @@ def browser_page(_chromium: object) -> Iterator[BrowserPage]:
         yield BrowserPage(page, errors)
     finally:
         context.close()
+
+
+# -- injected-bug backends (benchmarks/injected_bugs.py), shared by the judgement and drill-down tests ----
+
+@pytest.fixture
+def bug_backend() -> Iterator[object]:
+    """``bug_backend(bug or None) -> name``: an eager transformers backend with ``bug`` in one layer
+    (``benchmarks.injected_bugs.BUG_LAYER``), unregistered after the test."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:  # the bug cases live in `benchmarks` (bench_diagnosis uses them too)
+        sys.path.insert(0, root)
+    from benchmarks.injected_bugs import register_bug_backend
+    from debug_framework.backends import unregister_backend
+
+    names: list[str] = []
+
+    def make(bug: str | None) -> str:
+        names.append(register_bug_backend(bug))
+        return names[-1]
+
+    yield make
+    for n in names:
+        unregister_backend(n)

@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.injected_bugs import register_bug_backend  # noqa: E402
 from benchmarks.models.tiny_transformers import make_model  # noqa: E402
 
 BUGGY_GELU = '''"""A Triton gelu with the sigmoid approximation x * sigmoid(1.702 x): not the erf GELU of aten::gelu."""
@@ -56,22 +55,6 @@ def tiny(tmp_path_factory):
     return get
 
 
-@pytest.fixture
-def bug_backend():
-    """``bug_backend(bug or None) -> name``: a module backend with ``bug`` in layer 1, unregistered after."""
-    from debug_framework.backends import unregister_backend
-
-    names: list[str] = []
-
-    def make(bug: str | None) -> str:
-        names.append(register_bug_backend(bug))
-        return names[-1]
-
-    yield make
-    for n in names:
-        unregister_backend(n)
-
-
 @pytest.fixture(scope="session")
 def buggy_gelu_plugin(tmp_path_factory) -> Path:
     """The manifest of a plugin whose only kernel replaces aten::gelu with a wrong one."""
@@ -81,3 +64,25 @@ def buggy_gelu_plugin(tmp_path_factory) -> Path:
                 "kernels": [{"name": "gelu", "op": "aten::gelu", "entry": "gelu", "dtypes": ["float32"]}]}
     (folder / "plugin.json").write_text(json.dumps(manifest), encoding="utf-8")
     return folder / "plugin.json"
+
+
+#: The layer the ONNX and Inductor strategy tests drill.
+DRILLED_LAYER = 1
+
+
+@pytest.fixture(scope="session")
+def bert_layer(tmp_path_factory):
+    """A tiny BERT, its inputs (one padded row) and the float64 reference's input to layer
+    :data:`DRILLED_LAYER` (shared by the ONNX and Inductor strategy tests)."""
+    import numpy as np
+
+    from debug_framework.backends import get_backend
+    from debug_framework.modelio.inputs import ModelInputs
+    from debug_framework.modelio.loader import load_model
+
+    model = load_model(str(make_model("bert", tmp_path_factory.mktemp("bert") / "hf")))
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=6, seed=0, pad_lengths=[0, 2])
+    reference = get_backend("pytorch")
+    reference.prepare(model, "float64", "cpu")
+    hidden = np.asarray(reference.run(inputs, capture_layer_inputs=True).layer_inputs[DRILLED_LAYER], dtype=np.float64)
+    return model, inputs, hidden

@@ -33,23 +33,7 @@ from debug_framework.services.drilldown.onnx_graph import (  # noqa: E402
 from debug_framework.services.drilldown.types import DrillRequest  # noqa: E402
 
 GELU_TANH = f"{Path(__file__).with_name('buggy_onnx.py')}:gelu_tanh"
-LAYER = 1
-
-
-@pytest.fixture(scope="module")
-def bert_layer(tmp_path_factory):
-    """A tiny BERT, its inputs (one padded row) and the float64 reference's input to layer 1."""
-    from benchmarks.models.tiny_transformers import make_model
-    from debug_framework.backends import get_backend
-    from debug_framework.modelio.inputs import ModelInputs
-    from debug_framework.modelio.loader import load_model
-
-    model = load_model(str(make_model("bert", tmp_path_factory.mktemp("bert") / "hf")))
-    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=6, seed=0, pad_lengths=[0, 2])
-    reference = get_backend("pytorch")
-    reference.prepare(model, "float64", "cpu")
-    hidden = np.asarray(reference.run(inputs, capture_layer_inputs=True).layer_inputs[LAYER], dtype=np.float64)
-    return model, inputs, hidden
+LAYER = 1  # conftest's bert_layer fixture gives the reference's input to this layer (DRILLED_LAYER)
 
 
 def _drill(bert_layer, tmp_path, **options):

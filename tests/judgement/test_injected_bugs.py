@@ -13,25 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from debug_framework.backends import unregister_backend
-
-from benchmarks.injected_bugs import BUG_LAYER, cases, expected_first, register_bug_backend
+from benchmarks.injected_bugs import BUG_LAYER, cases, expected_first
 
 FAST_SEEDS = (0,)
 SLOW_SEEDS = (1, 2)
-
-
-@pytest.fixture
-def bug_backend():
-    names: list[str] = []
-
-    def make(bug: str | None) -> str:
-        names.append(register_bug_backend(bug))
-        return names[-1]
-
-    yield make
-    for n in names:
-        unregister_backend(n)
 
 
 def _check_located(engine, model, bug, backend, dtype, seed):
