@@ -214,3 +214,16 @@ def bug_backend() -> Iterator[object]:
     yield make
     for n in names:
         unregister_backend(n)
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt during the test, as in a terminal: a shell's background job
+    (``cmd &``, e.g. CI started that way) inherits SIGINT ignored, and Python keeps it ignored."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

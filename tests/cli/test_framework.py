@@ -54,7 +54,7 @@ def test_exit_codes_pass_fail_and_usage(capsys):
     assert "--count" in capsys.readouterr().out
 
 
-def test_ctrl_c_is_exit_130_with_one_line_naming_the_session(capsys):
+def test_ctrl_c_is_exit_130_with_one_line_naming_the_session(capsys, ctrl_c_raises):
     """typer turns a KeyboardInterrupt into a silent 130; run_app says what happened, in one line."""
     import os
     import signal

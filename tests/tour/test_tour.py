@@ -61,7 +61,7 @@ class _CtrlCAfter(io.StringIO):
         return line
 
 
-def test_ctrl_c_at_a_prompt_exits_130_and_keeps_the_steps_done(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_at_a_prompt_exits_130_and_keeps_the_steps_done(tmp_path, monkeypatch, capsys, ctrl_c_raises):
     monkeypatch.setattr(sys, "stdin", _CtrlCAfter("\n"))
     code = main(["--step", "minifier", "--no-force-failure", "--output", str(tmp_path)])
     assert code == 130
