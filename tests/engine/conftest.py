@@ -113,7 +113,8 @@ class MyLlama(LlamaReference):
 
 
 class MyRunner:
-    """The user-backend runner: ``run(inputs, keys)`` and ``run_layer(i, hidden_in, inputs)``."""
+    """The user-backend runner: ``run(inputs, keys)``, ``run_layer(i, hidden_in, inputs)`` and
+    ``run_block(i, block, hidden_in, inputs)``."""
 
     def __init__(self, model, dtype, device, bug=None, with_run_layer=True):
         self.net = MyLlama(model.config, model.weights, np.dtype(dtype), bug)
@@ -128,6 +129,10 @@ class MyRunner:
     def run_layer(self, i, hidden_in, inputs):
         h = np.asarray(hidden_in.detach().cpu().numpy() if hasattr(hidden_in, "detach") else hidden_in, self.net.dtype)
         return self.net.layer(i, h, inputs.attention_mask)
+
+    def run_block(self, i, block, hidden_in, inputs):
+        h = np.asarray(hidden_in.detach().cpu().numpy() if hasattr(hidden_in, "detach") else hidden_in, self.net.dtype)
+        return self.net.block(i, block, h, inputs.attention_mask)[1]
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_exit_1_numerical_failure_names_first_divergence(tiny_llama, db_path, tm
     p = _cli("--model-path", tiny_llama, "--alternative-backend", "pytorch", "--database", db_path,
              "--config-file", cfg, "--output-file", out, "--no-isolate")
     assert p.returncode == 1, p.stderr
-    assert "first divergence at post_mlp layer 2" in " ".join(p.stdout.split())
+    assert "first divergence at post_mlp:2" in " ".join(p.stdout.split())
     assert "<first" in p.stdout  # the highlighted row of the table
     doc = json.loads(out.read_text())
     assert doc["first_divergence"]["checkpoint"] == "post_mlp" and doc["first_divergence"]["layer"] == 2

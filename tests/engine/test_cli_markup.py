@@ -29,7 +29,7 @@ def test_markup_in_paths_prints_literally_in_debug_validate_and_session_report(t
                 "--config-file", str(cfg), "--checkpoints", "post_mlp", "--output-file", str(out),
                 "--verbose"])
     text = capsys.readouterr().out
-    assert code == 1 and "FAILED: first divergence at post_mlp layer 2" in text
+    assert code == 1 and "FAILED: first divergence at post_mlp:2" in text
     assert f"in {db}; wrote {out}" in text and out.is_file()
     sid = text.split("session ")[-1].split()[0]
 

@@ -128,7 +128,7 @@ def test_eight_threads_twenty_real_validations_each(micro_llama, any_db_path, my
                for r in returned[sid]["results"]}
         for k in KEYS:  # what the thread got back is what was stored for that session
             assert bool(by_key[k]["passed"]) == ret[k]["passed"], (sid, k)
-            assert by_key[k]["max_abs_error"] == pytest.approx(ret[k]["metrics"]["max_abs_error"], rel=1e-12,
+            assert by_key[k]["max_abs_error"] == pytest.approx(ret[k]["max_abs_error"], rel=1e-12,
                                                                abs=0.0)
         summary = res["results"]
         assert summary["checkpoints"] == len(KEYS)

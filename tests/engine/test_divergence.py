@@ -30,13 +30,16 @@ def test_injected_bug_is_located(bug, tiny_llama, db_path, my_backend):
     idx = [o.key for o in result.results].index(first)
     assert all(o.passed for o in result.results[:idx])
     assert result.introducing_layers == introducing
-    for iso in result.isolation:
-        if iso.layer in introducing:
-            assert iso.block == block and not iso.introduced_mlp.passed
+    for lr in result.isolation:
+        v = lr.verdict
+        if lr.layer in introducing:
+            assert lr.block == block and not v.attention.passed
+            # the MLP, judged on the reference's post-attention state, is exact: never marked
+            assert v.mlp is not None and v.mlp.passed and v.blocks == ["attention"]
         else:  # layers after the bug only carry the error in
-            assert iso.introduced_mlp.passed and iso.introduced_attention.passed
-            if iso.layer > introducing[0]:
-                assert not iso.carried_in.passed
+            assert v.mlp.passed and v.attention.passed and v.whole.passed
+            if lr.layer > introducing[0]:
+                assert not lr.evidence.carried_in.passed
 
     # stored: status, rows in model order, the first failing row is the first divergence
     stored = engine.get_session_results(sid)
@@ -47,8 +50,9 @@ def test_injected_bug_is_located(bug, tiny_llama, db_path, my_backend):
     assert stored["summary"]["first_divergence"]["layer"] == first.layer
     by_key = {(r["checkpoint"], r["layer"]): r for r in rows}
     for layer in range(6):
+        assert by_key[("post_attention", layer)]["introduces_error"] == (layer in introducing)
         row = by_key[("post_mlp", layer)]
-        assert row["introduces_error"] == (layer in introducing)
+        assert row["introduces_error"] is False and row["introduced"]["input"] == "reference"
         assert row["introduced_error"] is not None and row["propagated_error"] is not None
 
 
@@ -56,11 +60,12 @@ def test_eps_bug_layer3_only_propagates_afterwards(tiny_llama, db_path, my_backe
     engine = ValidationEngine(db_path)
     res = engine.execute_validation(engine.create_session(tiny_llama, {}, "python_reference", my_backend("eps_layer3")))
     iso = {d["layer"]: d for d in res["isolation"]}
-    assert iso[3]["introduces_error"] and iso[3]["propagated_error"] < 1e-4
+    assert iso[3]["introduces_error"] and iso[3]["blocks"] == ["attention"]
+    assert iso[3]["carried_in"]["max_abs_error"] < 1e-4
     for layer in (4, 5):
         assert not iso[layer]["introduces_error"]
-        assert iso[layer]["propagated_error"] > 1e-3  # carries layer 3's error in
-        assert iso[layer]["introduced_error"] < 1e-4
+        assert iso[layer]["carried_in"]["max_abs_error"] > 1e-3  # carries layer 3's error in
+        assert iso[layer]["layer_replay"]["max_abs_error"] < 1e-4
     assert res["first_divergence"]["checkpoint"] == "post_attention" and res["first_divergence"]["layer"] == 3
     assert res["first_divergence"]["max_abs_error"] > 1e-3
 
@@ -134,6 +139,6 @@ def test_isolation_replays_inductor_layers(tiny_llama, db_path):
     assert result.verdict == "failed" and result.first_divergence.key == CheckpointKey("post_attention", 3)
     assert result.introducing_layers == [3]
     assert [iso.layer for iso in result.isolation] == list(range(6))
-    assert result.isolation[3].block == "attention" and all(iso.alternative_replay_s > 0 for iso in result.isolation)
-    for iso in result.isolation[4:]:
-        assert not iso.carried_in.passed and iso.introduced_mlp.passed and iso.introduced_attention.passed
+    assert result.isolation[3].block == "attention" and all(lr.evidence.replay_s > 0 for lr in result.isolation)
+    for lr in result.isolation[4:]:
+        assert not lr.evidence.carried_in.passed and lr.verdict.whole.passed and lr.verdict.attention.passed

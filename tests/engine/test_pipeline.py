@@ -14,16 +14,17 @@ from debug_framework.services.validation_engine import ValidationEngine
 CONFIG = {"isolate": False, "input_shape": [1, 8]}
 
 
-class FlagLastLayer(Stage):
-    """A custom stage: mark the last post_mlp failed, as a drill-down or a plugin check would."""
+class NameModules(Stage):
+    """A custom stage adds a measurement (each layer checkpoint's module path); it decides nothing."""
 
-    name = "flag last layer"
-    timing_key = "flag_s"
+    name = "name modules"
+    timing_key = "modules_s"
     persists_rows = True
 
     def run(self, ctx: RunContext) -> None:
-        last = [o for o in ctx.outcomes if o.key.name == "post_mlp"][-1]
-        last.passed, last.reason = False, "flagged by a custom stage"
+        for ev in ctx.evidence.checkpoints:
+            if ev.key.layer is not None:
+                ev.module = f"model.layers.{ev.key.layer}"
 
 
 class Explode(Stage):
@@ -40,18 +41,18 @@ def _with(extra: Stage) -> list[Stage]:
 
 
 def test_a_custom_stage_is_one_class(tiny_llama, db_path):
-    engine = ValidationEngine(db_path, stages=_with(FlagLastLayer()))
+    engine = ValidationEngine(db_path, stages=_with(NameModules()))
     sid = engine.create_session(tiny_llama, CONFIG, "python_reference", "pytorch")
     seen: list[tuple[str, int, int]] = []
     result = engine.run(sid, progress=lambda *a: seen.append(a))
     names = [s for s, _, _ in seen]
-    assert names == ["load", "prepare", "reference", "alternative", "calibration", "compare", "flag last layer", "store"]
+    assert names == ["load", "prepare", "reference", "alternative", "calibration", "compare", "name modules", "store"]
     assert [d for _, d, _ in seen] == list(range(1, len(names) + 1)) and {t for *_, t in seen} == {len(names)}
-    assert result.verdict == "failed" and str(result.first_divergence.key) == "post_mlp:5"
-    assert result.performance["flag_s"] >= 0.0 and "comparison_s" in result.performance
+    assert result.verdict == "passed" and result.results[3].module == "model.layers.1"
+    assert result.performance["modules_s"] >= 0.0 and "comparison_s" in result.performance
     rows = DatabaseManager(db_path).get_checkpoint_results(sid)
-    flagged = [r for r in rows if r["checkpoint"] == "post_mlp" and r["layer"] == 5]
-    assert flagged and flagged[0]["passed"] in (False, 0)  # persisted by the loop after the stage
+    named = [r for r in rows if r["id"] == "post_mlp:5"]
+    assert named and named[0]["module"] == "model.layers.5" and named[0]["passed"]  # persisted after the stage
 
 
 def test_a_crashing_stage_is_a_bug_it_keeps_rows_and_marks_the_session(tiny_llama, db_path):

@@ -34,9 +34,12 @@ def _check_located(engine, model, bug, backend, dtype, seed):
     # the verdict and its bound: the full run's error, or the layer's replay (whose bound is tighter:
     # no carried-in noise), is beyond its calibrated bound
     fd = result.first_divergence
-    replay = fd.introduced_judgement
-    assert fd.judged_by == "calibration" and fd.bound > 0 and replay is not None, where
-    assert max(fd.margin, replay.judgement.margin) > 1 and not replay.passed, where
+    replay = fd.introduced
+    assert fd.judged_by in ("calibration", "isolation") and fd.bound > 0 and replay is not None, where
+    assert max(fd.margin, replay.judgement.margin) > 1 and not replay.judgement.passed, where
+    # each block judged on the reference's input to it: only the buggy block is marked
+    assert result.isolation[BUG_LAYER].verdict.blocks == [source["block"]], (where, result.isolation[BUG_LAYER].verdict)
+    assert replay.input == "reference", where
     for iso in result.isolation:  # later layers carry the error in, introduce nothing
         if iso.layer > BUG_LAYER:
             assert not iso.introduces and iso.accumulation()["carried_in_rmse"] > 0, where

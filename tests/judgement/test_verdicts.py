@@ -15,7 +15,7 @@ from debug_framework.backends.pytorch import build_hf_model
 from debug_framework.capture import CheckpointKey
 from debug_framework.comparison import compare
 from debug_framework.errors import ValidationError
-from debug_framework.services.validation.results import CheckpointOutcome, LayerIsolation, error_source
+from debug_framework.services.validation.judge import Judgement, LayerVerdict, error_source
 
 from benchmarks.injected_bugs import BUG_LAYER, register_bug_backend
 
@@ -49,7 +49,7 @@ def test_readme_oracle_example_passes_a_correct_backend(tiny_models, engine):
     assert result.reference_dtype == "float64" and result.passed, result.first_divergence
     assert result.oracle["baseline"] == "a correct bfloat16 run" and "RMS" in result.oracle["floor"]
     for o in result.results[1:]:
-        assert o.oracle.reference_error > 0 and o.oracle.floor > 0 and o.margin <= 1
+        assert o.judgement.rule.reference_error > 0 and o.judgement.rule.floor > 0 and o.margin <= 1
 
 
 def test_oracle_mode_locates_a_bug(tiny_models, engine):
@@ -109,25 +109,36 @@ def test_embedding_and_head_bugs_name_their_source(tiny_models, engine, patched_
     assert head.error_source["kind"] == "head" and head.error_source["confirmed"]
 
 
-def _outcome(key, passed):
-    comp = compare(np.ones(2), np.ones(2))
-    return CheckpointOutcome(key=CheckpointKey.parse(key), comparison=comp, passed=passed, reason=None)
+def _layer(i, attention=True, mlp=True, whole=True):
+    def j(ok):
+        return Judgement(ok, "calibration", 1.0, 0.5 if ok else 2.0)
+
+    return LayerVerdict(i, j(attention), j(mlp), j(whole), "reference")
 
 
 def test_accumulation_is_named_when_no_layer_introduces():
     """The attribution rule itself: a per-layer failure with every replay within its bound is accumulation;
     without isolation the layer where it shows is named, unconfirmed."""
-    ok = compare(np.ones(2), np.ones(2))
-    results = [_outcome("post_embedding", True), _outcome("post_attention:0", True), _outcome("post_mlp:0", True),
-               _outcome("post_attention:1", False), _outcome("post_mlp:1", False), _outcome("post_processing", False)]
-    isolation = [LayerIsolation(layer=i, carried_in=ok, introduced_attention=ok, introduced_mlp=ok, total=ok)
-                 for i in range(2)]
-    source = error_source(results, isolation)
+    first = CheckpointKey.parse("post_attention:1")
+    layers = {i: _layer(i) for i in range(2)}
+    source = error_source(first, layers)
     assert source["kind"] == "accumulation" and source["layer"] == 1 and source["block"] == "attention"
-    unconfirmed = error_source(results, None, "the alternative cannot run a single layer")
+    unconfirmed = error_source(first, None, "the alternative cannot run a single layer")
     assert unconfirmed["kind"] == "layer" and unconfirmed["layer"] == 1 and not unconfirmed["confirmed"]
     assert "cannot run a single layer" in unconfirmed["detail"]
-    assert error_source(results[:3], isolation) is None
+    assert error_source(None, layers) is None
+
+
+def test_each_block_is_named_apart():
+    """A layer's blocks are judged apart: the attention alone, the MLP alone, or neither alone but the
+    whole layer (the wiring between them); a post_mlp checkpoint is marked only by what ends there."""
+    att = _layer(0, attention=False)
+    assert att.blocks == ["attention"] and att.introduces_at(CheckpointKey("post_mlp", 0)) is False
+    mlp = _layer(0, mlp=False, whole=False)
+    assert mlp.blocks == ["mlp"] and mlp.introduces_at(CheckpointKey("post_attention", 0)) is False
+    glue = _layer(0, whole=False)
+    assert glue.blocks == ["layer"] and glue.introduces_at(CheckpointKey("post_mlp", 0)) is True
+    assert error_source(CheckpointKey("post_mlp", 0), {0: glue})["block"] == "layer"
 
 
 def test_the_bound_is_shown_everywhere(tiny_models, engine, tmp_path):
@@ -150,7 +161,7 @@ def test_the_bound_is_shown_everywhere(tiny_models, engine, tmp_path):
         assert r["bound"] > 0 and r["margin"] is not None and r["judged_by"] == "calibration"
     for layer in doc["isolation"]:
         assert {"carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth"} <= set(layer)
-        assert layer["mlp_judgement"]["bound"] > 0
+        assert layer["mlp"]["bound"] > 0 and layer["mlp"]["input"] == "reference"
     rows = {(r["checkpoint"], r["layer"]): r for r in doc["results"]}
     assert rows[("post_mlp", BUG_LAYER)]["accumulation"] == {k: doc["isolation"][BUG_LAYER][k] for k in
                                                             rows[("post_mlp", BUG_LAYER)]["accumulation"]}
@@ -173,21 +184,16 @@ def test_the_bound_is_shown_everywhere(tiny_models, engine, tmp_path):
 def test_isolation_never_overrides_a_calibrated_verdict_with_a_fixed_tolerance():
     """Without a calibrated replay verdict (a calibration backend that cannot replay a layer), the
     replay's fixed tolerance fails only checkpoints that are themselves judged by a tolerance."""
-    import torch
+    from debug_framework.services.validation.judge import _with_isolation
 
-    from debug_framework.capture.keys import CheckpointKey
-    from debug_framework.comparison import RatioRule, compare
-    from debug_framework.services.validation.results import CheckpointOutcome
-
-    ref = torch.ones(8)
-    off = compare(ref, ref + 1e-2)  # fails the float32 tolerance
     key = CheckpointKey("post_attention", 1)
-    calibrated = RatioRule.calibrated(ref, 1e-7).verdict(off, off)  # within its calibrated bound
-    by_noise = CheckpointOutcome(key, off, True, None, introduced=off, judgement=calibrated)
-    assert by_noise.introduces_error and not by_noise.fails_by_isolation
-    by_tolerance = CheckpointOutcome(key, off, True, None, introduced=off)
-    assert by_tolerance.fails_by_isolation
-    replay_fails = RatioRule.calibrated(ref, 1e-7).verdict(compare(ref, ref), off)
-    by_replay = CheckpointOutcome(key, off, True, None, introduced=off, judgement=calibrated,
-                                  introduced_judgement=replay_fails)
-    assert by_replay.fails_by_isolation
+    by_tolerance_replay = LayerVerdict(1, Judgement(False, "tolerance", reason="outside atol"), None,
+                                       Judgement(True, "tolerance"), None)
+    calibrated = Judgement(True, "calibration", 1.0, 0.5)
+    assert _with_isolation(calibrated, by_tolerance_replay, key) is calibrated
+    tolerance = Judgement(True, "tolerance")
+    assert _with_isolation(tolerance, by_tolerance_replay, key).judged_by == "isolation"
+    calibrated_replay = LayerVerdict(1, Judgement(False, "calibration", 1.0, 3.0, "calibrated bound: ..."), None,
+                                     Judgement(True, "calibration", 1.0, 0.1), None)
+    fails = _with_isolation(calibrated, calibrated_replay, key)
+    assert not fails.passed and fails.judged_by == "isolation" and fails.margin == 3.0

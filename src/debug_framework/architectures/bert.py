@@ -95,10 +95,14 @@ class BertReference(Model):
         ctx = self_attention(q, k, v, padding_mask(attention_mask))
         return linear(merge_heads(ctx), w["attn_out"], w["attn_out_b"])
 
-    def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
-        """Encoder layer i (post-LN): returns (post_attention, post_mlp)."""
-        w, eps = self.layers[i], self.config.layer_norm_eps
-        a = layer_norm(h + self.attention(i, h, attention_mask), w["attn_ln"], w["attn_ln_b"], eps)
-        act = activation(self.config.hidden_act)
+    def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
+        """Layer i's attention block (post-LN): ``layer_norm(h + attention(h))``, the post_attention state."""
+        w = self.layers[i]
+        return layer_norm(h + self.attention(i, h, attention_mask), w["attn_ln"], w["attn_ln_b"],
+                          self.config.layer_norm_eps)
+
+    def mlp_block(self, i: int, a: Array) -> Array:
+        """Layer i's MLP block on the post-attention state: ``layer_norm(a + down(act(up(a))))``, post_mlp."""
+        w, act = self.layers[i], activation(self.config.hidden_act)
         mlp = linear(act(linear(a, w["up"], w["up_b"])), w["down"], w["down_b"])
-        return a, layer_norm(a + mlp, w["out_ln"], w["out_ln_b"], eps)
+        return layer_norm(a + mlp, w["out_ln"], w["out_ln_b"], self.config.layer_norm_eps)

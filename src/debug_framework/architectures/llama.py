@@ -141,11 +141,15 @@ class LlamaReference(Model):
         out = grouped_query_attention(q, k, v, causal_padding_mask(attention_mask))  # [B, H, T, E]
         return linear(merge_heads(out), w["o"], w["o_b"])
 
-    def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
-        """Decoder layer i: returns (post_attention, post_mlp)."""
-        w, eps = self.layers[i], self.config.rms_norm_eps
-        a = h + self.attention(i, rms_norm(h, w["input_norm"], eps), attention_mask)
-        return a, a + gated_mlp(rms_norm(a, w["post_attention_norm"], eps), w)
+    def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
+        """Layer i's attention block (pre-norm, residual): ``h + attention(rms_norm(h))``, the post_attention state."""
+        w = self.layers[i]
+        return h + self.attention(i, rms_norm(h, w["input_norm"], self.config.rms_norm_eps), attention_mask)
+
+    def mlp_block(self, i: int, a: Array) -> Array:
+        """Layer i's MLP block on the post-attention state: ``a + gated_mlp(rms_norm(a))``, post_mlp."""
+        w = self.layers[i]
+        return a + gated_mlp(rms_norm(a, w["post_attention_norm"], self.config.rms_norm_eps), w)
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""

@@ -1,8 +1,10 @@
 """The whole-model walk every model shares, whatever array namespace it runs in.
 
 A model reads its parameters through its family's :class:`~.layout.WeightLayout`, defines
-``embed``, ``layer(i, h, attention_mask) -> (post_attention, post_mlp)`` and ``head``, and inherits
-``forward``: the checkpoint walk with taps and layer-input capture.
+``embed``, ``attention_block(i, h, attention_mask) -> post_attention``,
+``mlp_block(i, post_attention) -> post_mlp`` and ``head``, and inherits ``layer`` (the two blocks
+in turn) and ``forward``: the checkpoint walk with taps and layer-input capture. Each block can run
+alone on its own input, which is what judging a block on the reference's input needs.
 """
 
 from __future__ import annotations
@@ -81,9 +83,28 @@ class Model:
         """``[B, T]`` ids -> ``[B, T, D]``, the post_embedding checkpoint."""
         raise NotImplementedError
 
-    def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
-        """Layer i on its input ``h``: (post_attention, post_mlp)."""
+    def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
+        """Layer i's attention block on the layer's input ``h``: the post_attention state."""
         raise NotImplementedError
+
+    def mlp_block(self, i: int, a: Array) -> Array:
+        """Layer i's MLP block on the post-attention state ``a``: the layer's output (post_mlp)."""
+        raise NotImplementedError
+
+    def block(self, i: int, block: str, x: Array, attention_mask: Array) -> tuple[Key, Array]:
+        """Block ``block`` of layer ``i`` alone on its own input: ``"attention"`` on the layer's
+        input (-> ``("post_attention", i)``) or ``"mlp"`` on the post-attention state (->
+        ``("post_mlp", i)``)."""
+        if block == "attention":
+            return ("post_attention", i), self.attention_block(i, x, attention_mask)
+        if block == "mlp":
+            return ("post_mlp", i), self.mlp_block(i, x)
+        raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+
+    def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
+        """Layer i on its input ``h``: (post_attention, post_mlp), one block after the other."""
+        a = self.attention_block(i, h, attention_mask)
+        return a, self.mlp_block(i, a)
 
     def head(self, h: Array) -> Array:
         """The last layer's output -> post_processing (here: itself)."""

@@ -12,7 +12,8 @@ from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ..suggest import did_you_mean
 
-__all__ = ["Backend", "LayerReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "cpu_name", "layer_replay_support"]
+__all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
+           "cpu_name", "layer_replay_support", "block_replay_support"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -49,6 +50,32 @@ class LayerReplayBackend(Backend, Protocol):
         """Run layer ``i`` alone on ``hidden_in``; the capture holds its ``post_attention:i`` (where
         the backend can see it) and ``post_mlp:i``."""
         ...
+
+
+@runtime_checkable
+class BlockReplayBackend(Backend, Protocol):
+    """A backend that can also run one block of a layer alone on that block's own input (what
+    judging each block on the reference's input needs)."""
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Run block ``block`` of layer ``i`` alone: ``"mlp"`` on the post-attention state
+        ``hidden_in`` (the capture holds ``post_mlp:i``); ``"attention"`` on the layer's input
+        (the capture holds ``post_attention:i``)."""
+        ...
+
+
+#: The blocks of a layer, in order, and the checkpoint each one ends at.
+BLOCKS: dict[str, str] = {"attention": "post_attention", "mlp": "post_mlp"}
+
+
+def block_replay_support(backend: Backend) -> tuple[bool, str]:
+    """``(True, "")`` when ``backend`` (prepared) can run a layer's MLP block alone on a given
+    post-attention state, else ``(False, why)``. A backend whose support depends on what it wraps
+    answers through ``can_run_block()``."""
+    if not isinstance(backend, BlockReplayBackend):
+        return False, "cannot run a layer's blocks alone (no run_block)"
+    can = getattr(backend, "can_run_block", None)
+    return can() if callable(can) else (True, "")
 
 
 def layer_replay_support(backend: Backend) -> tuple[bool, str]:

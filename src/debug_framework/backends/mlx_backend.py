@@ -185,6 +185,20 @@ class MLXBackend(BaseBackend):
             backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
         )
 
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
+        self._prepared()
+        import mlx.core as mx
+
+        host = hidden_in.detach().cpu().float().numpy() if hasattr(hidden_in, "detach") else np.asarray(hidden_in, np.float32)
+        with mx.stream(self._mx_device):
+            h = self.net.xp.from_host(host, self.net.dtype)
+            start = time.perf_counter()
+            key, out = self.net.block(i, block, h, mx.array(inputs.attention_mask))
+            mx.eval(out)
+            elapsed = time.perf_counter() - start
+        return Capture(tensors={CheckpointKey(*key): _host(out)}, backend=self.name, dtype=self.dtype, elapsed_s=elapsed)
+
 
 class MLXMetalBackend(MLXBackend):
     """The spec's ``metal`` backend: MLX on the Metal GPU, nowhere else."""

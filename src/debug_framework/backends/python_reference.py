@@ -74,3 +74,11 @@ class PythonReferenceBackend(BaseBackend):
             dtype=self.dtype,
             elapsed_s=time.perf_counter() - start,
         )
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
+        self._prepared()
+        h = np.asarray(hidden_in.detach().cpu().double().numpy() if hasattr(hidden_in, "detach") else hidden_in, dtype=self.dtype)
+        start = time.perf_counter()
+        key, out = self.reference.block(i, block, h, inputs.attention_mask)
+        return Capture(tensors={CheckpointKey(*key): out}, backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)

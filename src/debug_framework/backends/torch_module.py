@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..capture.hooks import HookCapture, ModuleTap, hf_layer_modules, hf_module_taps
+from ..capture.hooks import HookCapture, ModuleTap, hf_attention_seam, hf_layer_modules, hf_module_taps
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..measure import Timer
@@ -87,6 +87,7 @@ class TorchModuleBackend(BaseBackend):
         self.device = device
         self.module: torch.nn.Module | None = None
         self.taps: list[ModuleTap] = []
+        self.architecture: str | None = None
 
     def availability(self) -> tuple[bool, str]:
         reason = _cuda_reason(self.device)
@@ -106,6 +107,7 @@ class TorchModuleBackend(BaseBackend):
         except Exception as exc:  # a user's builder may raise anything; report it as DF002
             raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
         self.module = module.eval()
+        self.architecture = model.architecture
         if self.checkpoint_map is None:
             self.taps = hf_module_taps(model.architecture, model.num_layers)
         else:
@@ -146,5 +148,39 @@ class TorchModuleBackend(BaseBackend):
         active = [t for t in self.taps if t.key in want]
         with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap, \
                 Timer(self.device) as timer:
+            cap.run(self.module, **inputs.torch(self.device))
+        return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)
+
+    def can_run_block(self) -> tuple[bool, str]:
+        """Blocks run alone where the module follows the Hugging Face layout (the default map)."""
+        if self.checkpoint_map is not None or self._layer_modules is not None:
+            return False, "uses its own module map, so where its attention block ends is not known"
+        return True, ""
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Block ``block`` of layer ``i`` alone on its input, through the module's own code: for
+        ``"mlp"`` the layer is entered with the attention block's result set to ``hidden_in`` (the
+        post-attention state, see :func:`~debug_framework.capture.hooks.hf_attention_seam`) and
+        stopped after the layer; ``"attention"`` is :meth:`run_layer`'s post_attention."""
+        if block == "attention":
+            cap = self.run_layer(i, hidden_in, inputs)
+            key = CheckpointKey("post_attention", i)
+            return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=cap.elapsed_s)
+        if block != "mlp":
+            raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        self._prepared()
+        ok, why = self.can_run_block()
+        if not ok or self.architecture is None:
+            raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
+        name = self.layer_modules[i]
+        state = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
+        seam, how = hf_attention_seam(self.architecture, name)
+        key = CheckpointKey("post_mlp", i)
+        active = [t for t in self.taps if t.key == key]
+        with torch.inference_mode(), HookCapture(
+            self.module, active, replace_input=(name, state), stop_after=name,
+            replace_output=(seam, state if how == "value" else torch.zeros_like(state)),
+        ) as cap, Timer(self.device) as timer:
             cap.run(self.module, **inputs.torch(self.device))
         return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)

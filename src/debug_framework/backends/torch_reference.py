@@ -73,3 +73,14 @@ class TorchReferenceBackend(BaseBackend):
             a, out = self.net.layer(i, h, mask)
         return Capture(tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
                        backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input (rounded once)."""
+        self._prepared()
+        h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
+        _, mask, _ = self._ids(inputs)
+        start = time.perf_counter()
+        with torch.no_grad():
+            key, out = self.net.block(i, block, h, mask)
+        return Capture(tensors={CheckpointKey(*key): out}, backend=self.name, dtype=self.dtype,
+                       elapsed_s=time.perf_counter() - start)

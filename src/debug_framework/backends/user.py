@@ -29,7 +29,8 @@ RunnerBuilder = Callable[[LoadedModel, str, str], Any]
 class CallableBackend(BaseBackend):
     """A backend around a user object: ``runner(inputs, keys)`` (or ``runner.run(inputs, keys)``)
     returns a mapping whose keys are ``CheckpointKey``, ``(name, layer)`` or ``"post_mlp:2"``.
-    If the runner has ``run_layer(i, hidden_in, inputs) -> (post_attention, post_mlp)``, isolation works too."""
+    If the runner has ``run_layer(i, hidden_in, inputs) -> (post_attention, post_mlp)``, isolation works too;
+    with ``run_block(i, block, hidden_in, inputs) -> tensor`` each block is judged on the reference's input."""
 
     def __init__(self, name: str, builder: RunnerBuilder, dtypes: tuple[str, ...] = FLOAT_DTYPES,
                  availability: Callable[[], tuple[bool, str]] | None = None) -> None:
@@ -82,6 +83,22 @@ class CallableBackend(BaseBackend):
             tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
             backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start,
         )
+
+    def can_run_block(self) -> tuple[bool, str]:
+        """Blocks run alone when the (prepared) runner has ``run_block``."""
+        if callable(getattr(self.runner, "run_block", None)):
+            return True, ""
+        return False, "has no run_block(i, block, hidden_in, inputs) on its runner"
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """The runner's ``run_block(i, block, hidden_in, inputs) -> tensor``: ``"mlp"`` on the
+        post-attention state gives ``post_mlp:i``, ``"attention"`` on the layer input ``post_attention:i``."""
+        if not callable(getattr(self.runner, "run_block", None)):
+            raise BackendInitializationError("this user backend has no run_block", backend=self.name)
+        key = CheckpointKey("post_mlp" if block == "mlp" else "post_attention", i)
+        start = time.perf_counter()
+        out = self.runner.run_block(i, block, hidden_in, inputs)
+        return Capture(tensors={key: out}, backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)
 
 
 def user_backend(

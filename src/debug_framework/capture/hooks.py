@@ -16,7 +16,8 @@ import torch
 from ..errors import ValidationError
 from .keys import CheckpointKey
 
-__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "find_module", "HookCapture", "first_tensor"]
+__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "find_module", "HookCapture",
+           "first_tensor"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,19 @@ def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
             ModuleTap(m, K("post_mlp", i)),
         ]
     return taps + [ModuleTap("lm_head", K("post_processing"))]
+
+
+def hf_attention_seam(architecture: str, layer_module: str) -> tuple[str, Literal["value", "zero"]]:
+    """Where layer ``layer_module``'s MLP block can be fed a given post-attention state, in the
+    Hugging Face implementation: ``(module, how)``. ``"value"``: that module's output *is* the
+    post-attention state (post-LN BERT's ``attention``), replace it by the state; ``"zero"``: that
+    module's output is added to the layer's input to make it (pre-norm Llama's ``self_attn``), so the
+    layer is fed the state as its input and that output is replaced by zeros (exact: ``a + 0 = a``)."""
+    if architecture == "bert":
+        return f"{layer_module}.attention", "value"
+    if architecture == "llama":
+        return f"{layer_module}.self_attn", "zero"
+    raise ValidationError(f"no Hugging Face attention module known for architecture {architecture!r}")
 
 
 def find_module(root: torch.nn.Module, name: str) -> torch.nn.Module:
@@ -96,6 +110,8 @@ class HookCapture:
         replace_input: ``(layer module name, tensor)``: feed this hidden state to that module instead
             of what it receives (replay of a single layer).
         stop_after: end the forward pass once this module has run (raises inside, caught by ``run``).
+        replace_output: ``(module name, tensor)``: that module's output (its first tensor) becomes
+            this tensor, in the output's dtype (the seam of a block replay).
     """
 
     def __init__(
@@ -106,12 +122,14 @@ class HookCapture:
         layer_modules: Mapping[int, str] | None = None,
         replace_input: tuple[str, torch.Tensor] | None = None,
         stop_after: str | None = None,
+        replace_output: tuple[str, torch.Tensor] | None = None,
     ) -> None:
         self.root = root
         self.taps = list(taps)
         self.layer_modules = dict(layer_modules or {})
         self.replace_input = replace_input
         self.stop_after = stop_after
+        self.replace_output = replace_output
         self.tensors: dict[CheckpointKey, torch.Tensor] = {}
         self.layer_inputs: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
@@ -142,6 +160,19 @@ class HookCapture:
 
             # prepend so that layer-input recording sees the replayed state
             self._handles.append(find_module(self.root, name).register_forward_pre_hook(swap, with_kwargs=True, prepend=True))
+        if self.replace_output is not None:
+            out_name, value = self.replace_output
+
+            def put(_m, _args, output):
+                first = first_tensor(output)
+                new = value.to(first.dtype)
+                if isinstance(output, torch.Tensor):
+                    return new
+                if isinstance(output, tuple):
+                    return (new, *output[1:])
+                raise ValidationError(f"module {out_name!r} returned {type(output).__name__}; a block replay "
+                                      "can only replace a tensor or the first item of a tuple")
+            self._handles.append(find_module(self.root, out_name).register_forward_hook(put, prepend=True))
         if self.stop_after is not None:
             def stop(_m, _args, _output):
                 raise _StopForward

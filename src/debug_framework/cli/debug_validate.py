@@ -133,9 +133,9 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
     shown = rows if verbose or len(rows) <= 40 else [
         r for i, r in enumerate(rows) if not r["passed"] or i < 5 or i >= len(rows) - 3]
     for r in shown:
-        m = r.get("metrics") or {}
-        key = r["checkpoint"] if r["layer"] is None else f"{r['checkpoint']}:{r['layer']}"
-        is_first = bool(first) and r["checkpoint"] == first.get("checkpoint") and r["layer"] == first.get("layer")
+        m = r  # one flat shape: the metrics sit beside the id and the judgement
+        key = r["id"]
+        is_first = bool(first) and r["id"] == first.get("id")
         verdict = "pass" if r["passed"] else "FAIL"
         if is_first:
             verdict += " <first"
@@ -179,9 +179,8 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
     out.print(_table(result, verbose))
     first = result.get("first_divergence")
     if first:
-        where = first["checkpoint"] + ("" if first["layer"] is None else f" layer {first['layer']}")
         out.print(markup("[bold red]FAILED[/]: first divergence at [bold]{}[/] (max abs error {}; {})",
-                         where, _fmt(first.get("max_abs_error")), first.get("reason") or ""))
+                         first["id"], _fmt(first.get("max_abs_error")), first.get("reason") or ""))
         if result.get("error_source"):
             out.print(markup("{}", _source_line(result["error_source"])))
     else:

@@ -78,7 +78,7 @@ def isolation_table(result: dict[str, Any], fmt: Any) -> Table:
 
     from .framework import add_row
 
-    t = Table(title="isolation: each layer replayed alone on the reference's input (max abs error)")
+    t = Table(title="isolation: each block alone on the reference's input to it (max abs error)")
     t.add_column("layer", justify="right")
     for col in ("attention introduces", "mlp introduces", "carried in", "total"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -86,7 +86,7 @@ def isolation_table(result: dict[str, Any], fmt: Any) -> Table:
     for row in result.get("isolation") or []:
         introduces = bool(row.get("introduces_error"))
         verdict = "introduces error" + (f" ({row['block']})" if row.get("block") else "") if introduces else "propagates"
-        add_row(t, row.get("layer"), fmt(_max_abs(row.get("introduced_attention"))),
-                fmt(_max_abs(row.get("introduced_mlp"))), fmt(_max_abs(row.get("carried_in"))),
-                fmt(row.get("total_error")), verdict, style="red" if introduces else None)
+        add_row(t, row.get("layer"), fmt(_max_abs(row.get("attention"))), fmt(_max_abs(row.get("mlp"))),
+                fmt(_max_abs(row.get("carried_in"))), fmt(_max_abs(row.get("total"))), verdict,
+                style="red" if introduces else None)
     return t

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ..reports._common import LOG_METRICS, as_float, passed_state, row_label
 from ..reports._html import colorize
+from ..reports._rows import judged_by
 from ..reports._tensors import heatmap_for, open_store
 from ..reports.html_report import _bound_values, _metric_values
 
@@ -62,8 +63,7 @@ def checkpoint_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """The checkpoint table: the verdict, what judged it, its bound and margin (error / bound), the errors."""
     out = []
     for r in rows:
-        j = r.get("judgement") if isinstance(r.get("judgement"), Mapping) else {}
-        out.append({"checkpoint": row_label(r), "passed": passed_state(r), "judged by": j.get("judged_by"),
+        out.append({"checkpoint": row_label(r), "passed": passed_state(r), "judged by": judged_by(r),
                     "bound": as_float(r.get("bound")), "margin": as_float(r.get("margin")),
                     "rmse": as_float(r.get("rmse")), "max_abs_error": as_float(r.get("max_abs_error")),
                     "rel_l2_error": as_float(r.get("rel_l2_error")), "sqnr_db": as_float(r.get("sqnr_db")),

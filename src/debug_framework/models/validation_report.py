@@ -68,11 +68,10 @@ def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         "failed": len(failed),
         "unknown": len(rows) - len(passed) - len(failed),
         "first_divergence": None if first is None else {
-            "checkpoint": first.get("checkpoint"), "layer": first.get("layer"),
-            "max_abs_error": first.get("max_abs_error"), "reason": first.get("reason")},
+            k: first.get(k) for k in ("id", "checkpoint", "layer", "step", "module", "judged_by", "bound", "margin",
+                                      "reason", "max_abs_error")},
         "worst": None if worst is None else {
-            "checkpoint": worst.get("checkpoint"), "layer": worst.get("layer"),
-            "max_abs_error": worst.get("max_abs_error")},
+            k: worst.get(k) for k in ("id", "checkpoint", "layer", "step", "max_abs_error")},
     }
 
 

@@ -128,6 +128,10 @@ class PluginBackend(PyTorchBackend):
         with self._swapped():
             return super().run_layer(i, hidden_in, inputs)
 
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        with self._swapped():
+            return super().run_block(i, block, hidden_in, inputs)
+
 
 def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call: Callable[[], Any],
                      limit: int = 8) -> dict[str, list[dict[str, list[int]]]]:

@@ -33,6 +33,7 @@ from ._common import (
     worst_row,
 )
 from ._drilldown import drilldown_section
+from ._rows import layer_replay_of, replay_of, rule_of
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._sections import backends_section, num_td, performance_section, section, tolerances_section
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
@@ -71,9 +72,8 @@ def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float
 def _judged(row: Mapping[str, Any]) -> tuple[str | None, float | None, float | None]:
     """``(metric, bound, margin)`` of the rule a row was judged by (ratio rules: their metric and
     bound; an elementwise tolerance: no metric, its margin max |a - r| / (atol + rtol |r|))."""
-    j = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
-    rule = row.get("oracle") if isinstance(row.get("oracle"), Mapping) else j.get("calibrated")
-    metric = rule.get("metric") if isinstance(rule, Mapping) else None
+    rule = rule_of(row)
+    metric = rule.get("metric") if rule is not None else None
     return metric, as_float(row.get("bound")), as_float(row.get("margin"))
 
 
@@ -186,13 +186,36 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
 
 def _replay_bound(row: Mapping[str, Any]) -> float | None:
     """The bound a layer's replay was judged by, in the chart's units (max abs error, via its margin)."""
-    j = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
-    intro = j.get("introduced_judgement") if isinstance(j.get("introduced_judgement"), Mapping) else None
-    if intro is None:  # an engine layer dict: its mlp replay's judgement
-        intro = row.get("mlp_judgement") if isinstance(row.get("mlp_judgement"), Mapping) else None
+    intro = replay_of(row) if "checkpoint" in row else layer_replay_of(row)  # a row, or an engine layer dict
     if intro is None:
         return None
-    return _bound_in_units(as_float(row.get("introduced_error")), "max_abs_error", as_float(intro.get("margin")))
+    error = as_float(row.get("introduced_error")) if "checkpoint" in row else as_float(intro.get("max_abs_error"))
+    return _bound_in_units(error, "max_abs_error", as_float(intro.get("margin")))
+
+
+def _introduced_error(row: Mapping[str, Any]) -> float | None:
+    """A row's introduced error (its column), or an engine layer dict's (its MLP side's max abs error)."""
+    if "checkpoint" in row or "introduced_error" in row:
+        return as_float(row.get("introduced_error"))
+    replay = layer_replay_of(row)
+    return None if replay is None else as_float(replay.get("max_abs_error"))
+
+
+def _propagated_error(row: Mapping[str, Any]) -> float | None:
+    """A row's carried-in error (its column), or an engine layer dict's."""
+    if "checkpoint" in row or "propagated_error" in row:
+        return as_float(row.get("propagated_error"))
+    carried = row.get("carried_in")
+    return as_float(carried.get("max_abs_error")) if isinstance(carried, Mapping) else None
+
+
+def _block_error(layer: Mapping[str, Any], block: str) -> float | None:
+    """An engine layer dict's block replay error (max abs), new shape or old."""
+    entry = layer.get(block)
+    if isinstance(entry, Mapping):
+        return as_float(entry.get("max_abs_error"))
+    old = layer.get(f"introduced_{block}")
+    return as_float(old.get("max_abs_error")) if isinstance(old, Mapping) else None
 
 
 def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
@@ -223,8 +246,8 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
         labels = [f"layer {d.get('layer')}" for d in layers]
     if series_src:
         svg = line_chart("introduced vs propagated error", labels,
-                         [("introduced", [r.get("introduced_error") for r in series_src], "#dd6b20"),
-                          ("propagated", [r.get("propagated_error") for r in series_src], "#2b6cb0"),
+                         [("introduced", [_introduced_error(r) for r in series_src], "#dd6b20"),
+                          ("propagated", [_propagated_error(r) for r in series_src], "#2b6cb0"),
                           ("introduced bound", [_replay_bound(r) for r in series_src], _BOUND)],
                          log=True, chart_id="isolation", width=760)
         if svg:
@@ -245,13 +268,18 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
         trs = []
         for d in layers:
             intro = d.get("introduces_error")
+            total = d.get("total")
             trs.append(f'<tr class="{"fail" if intro is True else ""}"><td class="num">{esc(d.get("layer"))}</td>'
                        f"<td>{esc('YES' if intro is True else ('no' if intro is False else ''))}</td>"
-                       f"<td>{esc(d.get('block'))}</td>{num_td(d.get('introduced_error'))}"
-                       f"{num_td(d.get('propagated_error'))}{num_td(d.get('total_error'))}"
+                       f"<td>{esc(d.get('block'))}</td>{num_td(_block_error(d, 'attention'))}"
+                       f"{num_td(_block_error(d, 'mlp'))}{num_td(_propagated_error(d))}"
+                       f"{num_td(total.get('max_abs_error') if isinstance(total, Mapping) else d.get('total_error'))}"
                        + "".join(num_td(d.get(k)) for k in _GROWTH) + "</tr>")
-        parts.append("<h3>Per layer (engine)</h3><table><tr><th>layer</th><th>introduces error</th><th>block</th>"
-                     "<th>introduced (mlp out)</th><th>carried in</th><th>total</th><th>carried in (RMSE)</th>"
+        parts.append("<h3>Per layer (engine)</h3><p>Each block replayed alone on the reference's input to it: the "
+                     "attention on the layer's input, the MLP on the post-attention state (max abs error).</p>"
+                     "<table><tr><th>layer</th><th>introduces error</th><th>block</th>"
+                     "<th>attention introduces</th><th>mlp introduces</th><th>carried in</th><th>total</th>"
+                     "<th>carried in (RMSE)</th>"
                      "<th>carried out (RMSE)</th><th>growth</th><th>a correct run's growth</th></tr>"
                      + "".join(trs) + "</table><p>Growth: carried out / carried in through the layer; beside it the "
                      "calibration run's own (accumulated rounding of a correct implementation at the same "

@@ -49,6 +49,7 @@ from typing import Any
 from ..errors import ValidationError
 from ..services.drilldown.types import LayerDrilldown
 from ._common import as_float, passed_state, row_key, row_label, session_results
+from ._rows import replay_of, rule_of
 
 __all__ = [
     "CHECKPOINT_GRAPH_ID",
@@ -128,18 +129,17 @@ def _node_id(row: Mapping[str, Any]) -> str:
 
 def _judged_error(row: Mapping[str, Any]) -> tuple[float | None, str]:
     """The error the verdict judged and its metric: the calibrated metric where calibrated, else max abs."""
-    judgement = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
-    calibrated = judgement.get("calibrated") if isinstance(judgement.get("calibrated"), Mapping) else None
-    if calibrated is not None and as_float(calibrated.get("alternative_error")) is not None:
-        return as_float(calibrated.get("alternative_error")), str(calibrated.get("metric") or "rmse")
+    rule = rule_of(row)
+    if rule is not None and as_float(rule.get("error")) is not None:
+        return as_float(rule.get("error")), str(rule.get("metric") or "rmse")
     return as_float(row.get("max_abs_error")), "max_abs_error"
 
 
 def _introduced(row: Mapping[str, Any]) -> float | None:
-    judgement = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
-    replay = judgement.get("introduced_judgement")
-    if isinstance(replay, Mapping) and as_float(replay.get("alternative_error")) is not None:
-        return as_float(replay.get("alternative_error"))
+    replay = replay_of(row)
+    rule = replay.get("rule") if replay is not None else None
+    if isinstance(rule, Mapping) and as_float(rule.get("error")) is not None:
+        return as_float(rule.get("error"))
     return as_float(row.get("introduced_error"))
 
 
@@ -461,7 +461,7 @@ def write_session_model_explorer(report: Any, out_dir: str | Path) -> dict[str, 
 
 
 def write_result_model_explorer(result: Any, out_dir: str | Path) -> dict[str, Any]:
-    """:func:`write_model_explorer` for a live ``ValidationResult`` (its outcomes' rows and
+    """:func:`write_model_explorer` for a live ``ValidationResult`` (its checkpoints' rows and
     ``.drilldown`` when a drill-down ran)."""
-    rows = [outcome.row() for outcome in result.results]
+    rows = [r.to_row() for r in result.results]
     return write_model_explorer(rows, out_dir, session_drilldowns(result), label=f"session {result.session_id}")

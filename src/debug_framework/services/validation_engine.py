@@ -54,7 +54,7 @@ from .validation.plan import (
     validate_session_config,
 )
 from .validation.calibration import calibration_backend
-from .validation.results import CheckpointOutcome, LayerIsolation, ValidationResult
+from .validation.results import CheckpointResult, LayerResult, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
 if TYPE_CHECKING:
@@ -63,8 +63,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ValidationEngine",
     "ValidationResult",
-    "CheckpointOutcome",
-    "LayerIsolation",
+    "CheckpointResult",
+    "LayerResult",
     "OracleJudgement",
     "SESSION_DEFAULTS",
     "MODEL_TOLERANCES",
@@ -187,6 +187,9 @@ class ValidationEngine:
         self.maintenance: AutoMaintenance | None = None
         if self.resources.auto_cleanup:
             self.maintenance = auto_maintenance(self.db, self.resources)
+        #: ``(session id, {"model", "reference", "alternative", "calibrator"})`` built by the last
+        #: create_session, for its run in this process
+        self._prebuilt: tuple[str | None, dict[str, Any]] = (None, {})
         #: the sessions' artifact directories (exported graphs and their logs): ``<db dir>/<db name>_artifacts/``
         self.artifacts_dir = artifacts_dir_of(self.database_path)
 
@@ -230,8 +233,9 @@ class ValidationEngine:
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
         plan = ValidationPlan.resolve(cfg, model.num_layers)
+        calibrator = None
         if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
-            calibration_backend(plan, alt_name)
+            calibrator = calibration_backend(plan, alt_name)
 
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
         inputs_path = self._save_inputs(_session_inputs(model, cfg), sid)
@@ -251,6 +255,8 @@ class ValidationEngine:
             db=self.db,
         )
         session.save()
+        # what was built here is reused by run() in this process (one load, one build of each backend)
+        self._prebuilt = (sid, {"model": model, "reference": ref, "alternative": alt, "calibrator": calibrator})
         return sid
 
     def _save_inputs(self, inputs: ModelInputs, session_id: str) -> Path:
@@ -316,6 +322,10 @@ class ValidationEngine:
     def _execute(self, session: DebugSession, progress: Progress) -> ValidationResult:
         """The loop over the stages: progress, timing and persisting rows live here alone."""
         ctx = RunContext(session=session, db=self.db, database_path=self.database_path, framework_config=self.config)
+        built_for, built = self._prebuilt
+        self._prebuilt = (None, {})  # used once: a re-run (batch, resume) loads and builds anew
+        if built_for == session.session_id:
+            ctx.prebuilt = built
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
         prepared_recorded = False

@@ -66,8 +66,10 @@ class CheckpointResultStore:
     def for_session(self, session_id: str) -> list[dict[str, Any]]:
         """The session's result dicts in the order first written (the model's order).
 
-        Each is the stored dict (exactly as given, NaN kept) plus ``id``, ``session_id``,
-        ``checkpoint``, ``layer``, ``introduced_error``, ``propagated_error``, timestamps.
+        Each is the stored dict (exactly as given, NaN kept) plus ``row_id`` (the table's key),
+        ``session_id``, ``checkpoint``, ``layer``, ``introduced_error``, ``propagated_error``,
+        timestamps, and ``id``, the checkpoint's canonical id (``post_attention:1``; computed for
+        rows stored before it was).
         """
         rows = self.core.fetch_all(
             "SELECT * FROM checkpoint_results WHERE session_id = ? ORDER BY id",
@@ -77,8 +79,10 @@ class CheckpointResultStore:
         out = []
         for r in rows:
             d = _metrics_of(r)
-            d.update(id=r["id"], session_id=r["session_id"], checkpoint=r["checkpoint"], layer=r["layer"],
+            d.update(row_id=r["id"], session_id=r["session_id"], checkpoint=r["checkpoint"], layer=r["layer"],
                      created_at=r["created_at"], updated_at=r["updated_at"])
+            if not isinstance(d.get("id"), str):  # rows written before the canonical id
+                d["id"] = r["checkpoint"] if r["layer"] is None else f"{r['checkpoint']}:{r['layer']}"
             d.setdefault("introduced_error", r["introduced_error"])
             d.setdefault("propagated_error", r["propagated_error"])
             out.append(d)

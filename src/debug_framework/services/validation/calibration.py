@@ -1,4 +1,4 @@
-"""Calibrated judgement: each checkpoint's bound comes from measured noise.
+"""Calibration: the measurements each checkpoint's calibrated bound is made of.
 
 A trusted implementation at the alternative's precision (by default ``torch_reference``: the
 reference models run through torch in that dtype) runs on the same inputs. Its error against the
@@ -9,9 +9,10 @@ the alternative passes when
     floor = floor_eps * eps(dtype) * RMS(reference tensor)
 
 by the project's one ratio verdict (:meth:`debug_framework.comparison.RatioRule.verdict`, metric
-``calibration_metric``). Layer replays (isolation) are calibrated the same way: the trusted
-implementation replays layer *i* on the reference's input too. Explicit tolerances
-(``precision_thresholds``) win where given; ``calibrate: false`` turns it off.
+``calibration_metric``), applied by the judge (:mod:`.judge`). Block replays (isolation) are
+calibrated the same way: the trusted implementation replays each block on the same reference
+input. Explicit tolerances (``precision_thresholds``) win where given; ``calibrate: false`` turns
+it off. This module only measures: the noise, the tolerance margin, and which backend is trusted.
 """
 
 from __future__ import annotations
@@ -22,38 +23,11 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...capture.keys import Capture, CheckpointKey
-from ...comparison import (
-    ComparisonResult,
-    RatioRule,
-    RatioVerdict,
-    Tolerance,
-    compare,
-    finite_rms,
-    float64_array,
-)
+from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ValidationError
 from .plan import ValidationPlan
 
-__all__ = ["scale_floor", "judge_by_noise", "tolerance_margin", "calibration_backend",
-           "replay_noise", "noise_at"]
-
-
-def scale_floor(plan: ValidationPlan, reference: Any) -> float:
-    """The scale-relative floor of a bound: ``floor_eps * eps(governing dtype) * RMS(reference)``."""
-    return float(plan.config["floor_eps"]) * plan.eps * finite_rms(reference)
-
-
-def judge_by_noise(plan: ValidationPlan, reference: Any, noise: ComparisonResult, error: ComparisonResult,
-                   *, what: str = "") -> RatioVerdict:
-    """The calibrated verdict of ``error`` (alternative vs reference) given ``noise`` (the
-    calibration run vs the same reference) at one checkpoint or replay."""
-    rule = RatioRule.calibrated(reference, plan.eps, margin=float(plan.config["noise_margin"]),
-                                floor_eps=float(plan.config["floor_eps"]), metric=str(plan.config["calibration_metric"]))
-    verdict = rule.verdict(noise, error, oracle="the reference",
-                           baseline_name=f"a correct {plan.alternative_dtype} run{what}")
-    if verdict.reason and not verdict.passed:
-        verdict = RatioVerdict(False, f"calibrated bound: {verdict.reason}", verdict.judgement)
-    return verdict
+__all__ = ["tolerance_margin", "calibration_backend", "noise_at"]
 
 
 def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float | None:
@@ -90,19 +64,6 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str) -> Backe
         raise ValidationError(f"calibration backend {backend.name!r} cannot run the alternative's dtype "
                               f"{plan.alternative_dtype!r}", hint=hint)
     return backend
-
-
-def replay_noise(plan: ValidationPlan, key: CheckpointKey, reference: Capture, calibration: Capture | None,
-                 comparison: ComparisonResult | None) -> RatioVerdict | None:
-    """The calibrated verdict of the alternative's replay at ``key`` (``comparison``), measured by
-    the calibration's replay of the same layer on the same input (None where ``key`` is judged by a
-    tolerance or there is no calibrated replay)."""
-    if comparison is None or calibration is None or key not in calibration or key not in reference:
-        return None
-    if not plan.calibrated(key) or (comparison.numel == 0 and not comparison.passed):  # no replayed tensor
-        return None
-    noise = compare(reference[key], calibration[key], check_dtype=False, name=f"{key} replayed (calibration)")
-    return judge_by_noise(plan, reference[key], noise, comparison, what=" replaying the layer")
 
 
 def noise_at(key: CheckpointKey, reference: Capture, calibration: Capture | None) -> ComparisonResult | None:

@@ -14,14 +14,14 @@ from ...backends.base import Backend
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError, ValidationError
 from .deadline import bounded
+from .evidence import Evidence
+from .judge import Verdict, judge
 from .plan import ValidationPlan
-from .results import CheckpointOutcome, LayerIsolation, ValidationResult
-
-if TYPE_CHECKING:
-    from ..drilldown.types import LayerDrilldown
+from .results import ValidationResult
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
+    from ..drilldown.types import LayerDrilldown
     from ...models.debug_session import DebugSession
     from ..database_manager import DatabaseManager
 
@@ -53,18 +53,19 @@ class RunContext:
     alternative: Backend = field(init=False)
     prepare_s: dict[str, float] = field(default_factory=dict)
     isolating: bool = False
-    isolation_note: str | None = None
     calibrator: Backend | None = None  # the trusted implementation at the alternative's precision
     # reference / alternative
     captures: dict[str, Capture] = field(default_factory=dict)
-    # compare and after
-    outcomes: list[CheckpointOutcome] = field(default_factory=list)
-    isolation: list[LayerIsolation] | None = None
+    # compare and after: what was measured, and what the judge decided of it
+    evidence: Evidence = field(default_factory=Evidence)
+    verdict: Verdict | None = None
     oracle_report: dict[str, Any] | None = None
     noise: dict[str, Any] | None = None
     recordings: str | None = None
     drilldown: list[LayerDrilldown] | None = None  # the drill-down stage's, one per drilled layer
     result: ValidationResult | None = None
+    #: built before the run (``create_session`` in the same process): reused, not built again
+    prebuilt: dict[str, Any] = field(default_factory=dict)
 
     @property
     def reference_capture(self) -> Capture:
@@ -74,9 +75,25 @@ class RunContext:
     def alternative_capture(self) -> Capture:
         return self.captures["alternative"]
 
+    def judge(self) -> Verdict:
+        """Judge the evidence as it stands (:func:`.judge.judge`); kept as :attr:`verdict`."""
+        self.verdict = judge(self.evidence, self.plan)
+        return self.verdict
+
+    def current_result(self) -> ValidationResult:
+        """The evidence so far as the judge decides it, as the typed result record."""
+        session, plan = self.session, self.plan
+        return ValidationResult.assemble(
+            self.evidence, self.judge(),
+            session_id=session.session_id, model_path=session.model_path,
+            reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
+            reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype,
+            oracle=self.oracle_report, noise_floor=self.noise, performance=self.performance,
+            recordings=self.recordings, drilldown=self.drilldown)
+
     def rows(self) -> list[dict[str, Any]]:
-        """The checkpoint rows as they stand now (what the engine persists after a stage)."""
-        return [o.row() for o in self.outcomes]
+        """The checkpoint rows as they stand now, judged (what the engine persists after a stage)."""
+        return [r.to_row() for r in self.current_result().results]
 
 
 class Stage:

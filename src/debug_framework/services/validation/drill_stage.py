@@ -25,14 +25,16 @@ __all__ = ["DrillDownStage", "drill_targets"]
 
 
 def drill_targets(ctx: RunContext) -> list[tuple[int, str]]:
-    """``(layer, checkpoint)`` to drill: the first divergence's layer, then each introducing layer."""
+    """``(layer, checkpoint)`` to drill: the first divergence's layer, then each introducing layer
+    (at the checkpoint its first introducing block ends at), as the judge decided them."""
+    verdict = ctx.verdict if ctx.verdict is not None else ctx.judge()
     targets: dict[int, str] = {}
-    first = next((o for o in ctx.outcomes if not o.passed), None)
-    if first is not None and first.key.layer is not None:
-        targets[first.key.layer] = str(first.key)
-    for iso in ctx.isolation or []:
-        if iso.introduces and iso.layer not in targets:
-            targets[iso.layer] = f"{'post_attention' if iso.block == 'attention' else 'post_mlp'}:{iso.layer}"
+    first = verdict.first_divergence
+    if first is not None and first.layer is not None:
+        targets[first.layer] = str(first)
+    for i, lv in sorted((verdict.layers or {}).items()):
+        if lv.introduces and i not in targets:
+            targets[i] = f"{'post_attention' if lv.block == 'attention' else 'post_mlp'}:{i}"
     return sorted(targets.items())
 
 

@@ -1,132 +1,193 @@
-"""What a validation computed: per-checkpoint outcomes, per-layer isolation and the whole result.
+"""The typed result of a validation: one record per checkpoint, one per isolated layer, the whole.
 
-Plain data with JSON views (``to_dict``) and the database row of a checkpoint (``row``); the
-stages fill them, the stores and reports read them.
+:class:`CheckpointResult` joins what was measured at a checkpoint (:mod:`.evidence`) with the one
+judgement the judge gave it (:mod:`.judge`). Its JSON (:meth:`CheckpointResult.to_dict`) is the
+only shape a checkpoint result has: the CLI's ``--json``, the stored row (:meth:`to_row` adds the
+database's indexed columns, :meth:`from_row` reads it back), the reports and the dashboard all
+carry it. Each checkpoint is named by one canonical ``id`` (``post_attention:1``; a decode step,
+when there is one, adds ``@step``) beside its structured fields. The schema is documented in
+``docs/validation.md`` ("The result's JSON").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...capture.keys import CheckpointKey
-import math
-
-from ...comparison import ComparisonResult, OracleJudgement, RatioVerdict, error_metric
+from ...comparison import ComparisonResult, Tolerance, error_metric
 from ...jsonio import json_safe
 from ..drilldown.types import LayerDrilldown
+from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
+from .judge import Judgement, LayerVerdict, Verdict
 
-__all__ = ["CheckpointOutcome", "LayerIsolation", "ValidationResult", "error_source"]
+__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "checkpoint_id", "brief"]
 
-_SUMMARY_METRICS = ("max_abs_error", "mean_abs_error", "rmse", "rel_l2_error", "cosine_similarity",
-                    "mismatch_percent", "max_ulp_error")
+#: ComparisonResult fields that are not measurements (the allclose verdict is the judge's business).
+_NOT_METRICS = ("passed", "reason", "tolerance", "name")
 
 
-def _metrics(result: ComparisonResult | None) -> dict[str, Any] | None:
+def checkpoint_id(key: CheckpointKey, step: int | None = None) -> str:
+    """The canonical id of a checkpoint: ``post_attention:1``, ``post_embedding``; ``@step`` for a decode step."""
+    return str(key) if step is None else f"{key}@{step}"
+
+
+def brief(result: ComparisonResult | None) -> dict[str, Any] | None:
+    """A comparison in two numbers: ``max_abs_error`` and ``rmse`` (None without one)."""
     if result is None:
         return None
-    out = {m: getattr(result, m) for m in _SUMMARY_METRICS}
-    out["passed"] = result.passed
-    out["reason"] = result.reason
-    return out
+    return {"max_abs_error": error_metric(result, "max_abs_error"), "rmse": error_metric(result, "rmse")}
+
+
+def _metrics(result: ComparisonResult) -> dict[str, Any]:
+    d = result.to_dict()
+    for k in _NOT_METRICS:
+        d.pop(k, None)
+    return d
+
+
+def _comparison_from(row: Mapping[str, Any], passed: bool) -> ComparisonResult:
+    """A stored row's metrics as a :class:`ComparisonResult` (the fields it has; the rest default)."""
+    from ...comparison.result import WorstElement
+
+    kwargs: dict[str, Any] = {}
+    for f in fields(ComparisonResult):
+        if f.name in _NOT_METRICS or f.name not in row or row[f.name] is None:
+            continue
+        value = row[f.name]
+        if f.name == "worst":
+            value = [WorstElement(tuple(w.get("index") or ()), w.get("reference"), w.get("alternative"),
+                                  w.get("abs_error")) for w in value if isinstance(w, Mapping)]
+        elif f.name.endswith("_shape"):
+            value = tuple(value)
+        elif isinstance(value, str) and f.name not in ("reference_dtype", "alternative_dtype", "ulp_dtype"):
+            value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value, value)
+        kwargs[f.name] = value
+    tol = row.get("tolerance")
+    tolerance = Tolerance.from_dict(dict(tol)) if isinstance(tol, Mapping) else Tolerance()
+    return ComparisonResult(passed=passed, reason=None, tolerance=tolerance, **kwargs)
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """The block of a layer that ends at a checkpoint, replayed alone and judged."""
+
+    block: str
+    input: str
+    judgement: Judgement
+    error: ComparisonResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "input": self.input, **self.judgement.to_dict(), **(brief(self.error) or {})}
 
 
 @dataclass
-class CheckpointOutcome:
-    """One enabled checkpoint: the comparison, the verdict used, and isolation/oracle details."""
+class CheckpointResult:
+    """One checkpoint: what was measured there and the one judgement it got.
+
+    Attributes:
+        key: the checkpoint; ``id`` is its canonical name.
+        comparison: the alternative against the reference (the metrics).
+        judgement: the verdict, by exactly one rule, with its bound and margin.
+        noise: the calibration run's error here (a correct implementation's), when calibrated.
+        introduced: the block that ends here, replayed on the reference's input (isolation).
+        carried_in: the error at the layer's input in the full run (isolation).
+        run_to_run: the noise floor's max |run1 - run2| per side.
+        accumulation: the layer's carried-in / carried-out RMSE and growth (isolation).
+        step: the decode step (None: the prefill pass). module: the module path, where known.
+    """
 
     key: CheckpointKey
     comparison: ComparisonResult
-    passed: bool
-    reason: str | None
-    introduced: ComparisonResult | None = None  # the alternative's single-layer replay on the reference's input
-    carried_in: ComparisonResult | None = None  # the error at the layer's input in the full run
-    oracle: OracleJudgement | None = None
-    run_to_run: dict[str, float] | None = None  # noise floor: max |run1 - run2| per side
-    judgement: RatioVerdict | None = None  # the calibrated verdict (None: judged by a tolerance)
-    noise: ComparisonResult | None = None  # the calibration run against the reference here
-    introduced_judgement: RatioVerdict | None = None  # the replay's calibrated verdict
-    tolerance_margin: float | None = None  # max |a - r| / (atol + rtol |r|) where judged by a tolerance
-    accumulation: dict[str, float | None] | None = None  # the layer's carried in / out and growth (isolation)
+    judgement: Judgement
+    noise: ComparisonResult | None = None
+    introduced: BlockResult | None = None
+    carried_in: ComparisonResult | None = None
+    run_to_run: dict[str, float] | None = None
+    accumulation: dict[str, float | None] | None = None
+    step: int | None = None
+    module: str | None = None
 
     @property
-    def introduces_error(self) -> bool | None:
-        if self.introduced_judgement is not None:
-            return not self.introduced_judgement.passed
-        return None if self.introduced is None else not self.introduced.passed
+    def id(self) -> str:
+        return checkpoint_id(self.key, self.step)
 
     @property
-    def fails_by_isolation(self) -> bool:
-        """Whether isolation fails this checkpoint: its layer's calibrated replay verdict where there
-        is one; the replay's fixed tolerance only where the checkpoint itself is judged by a
-        tolerance (never overriding a calibrated or oracle verdict with a fixed tolerance)."""
-        if self.introduced_judgement is not None:
-            return not self.introduced_judgement.passed
-        return self.judged_by == "tolerance" and bool(self.introduces_error)
+    def passed(self) -> bool:
+        return self.judgement.passed
+
+    @property
+    def reason(self) -> str | None:
+        return self.judgement.reason
 
     @property
     def judged_by(self) -> str:
-        """What decided ``passed``: ``"oracle"``, ``"calibration"`` or ``"tolerance"``."""
-        return "oracle" if self.oracle is not None else "calibration" if self.judgement is not None else "tolerance"
+        return self.judgement.judged_by
 
     @property
     def bound(self) -> float | None:
-        """The bound the error was judged by (metric units; None for an elementwise tolerance)."""
-        j = self.oracle if self.oracle is not None else self.judgement.judgement if self.judgement else None
-        return None if j is None else j.bound
+        return self.judgement.bound
 
     @property
     def margin(self) -> float | None:
-        """error / bound (at most 1 passes): the ratio rule's, else the tolerance's."""
-        j = self.oracle if self.oracle is not None else self.judgement.judgement if self.judgement else None
-        return self.tolerance_margin if j is None else j.margin
+        return self.judgement.margin
 
-    def judgement_dict(self) -> dict[str, Any]:
-        """How the verdict was reached: the rule, its bound and the margin."""
-        out: dict[str, Any] = {"judged_by": self.judged_by, "bound": self.bound, "margin": self.margin}
-        if self.judgement is not None:
-            out["calibrated"] = self.judgement.to_dict()
-        if self.introduced_judgement is not None:
-            out["introduced_judgement"] = self.introduced_judgement.to_dict()
-        return out
-
-    def row(self) -> dict[str, Any]:
-        """The database row: every metric of the comparison plus the engine's fields."""
-        d = self.comparison.to_dict()
-        d.update(checkpoint=self.key.name, layer=self.key.layer, passed=self.passed, reason=self.reason,
-                 tolerance_passed=self.comparison.passed)
-        if self.introduced is not None:
-            d["introduced_error"] = error_metric(self.introduced, "max_abs_error")
-            d["introduces_error"] = self.introduces_error
-            d["introduced"] = _metrics(self.introduced)
-        if self.carried_in is not None:
-            d["propagated_error"] = error_metric(self.carried_in, "max_abs_error")
-        if self.oracle is not None:
-            d["oracle"] = self.oracle.to_dict()
-        if self.run_to_run is not None:
-            d["run_to_run"] = dict(self.run_to_run)
-        d["judgement"] = self.judgement_dict()
-        d["bound"], d["margin"] = self.bound, self.margin
-        if self.accumulation is not None:
-            d["accumulation"] = dict(self.accumulation)
-        return d
+    @property
+    def introduces_error(self) -> bool | None:
+        """Whether the block ending here introduces error on the reference's input (None: not judged)."""
+        return None if self.introduced is None else not self.introduced.judgement.passed
 
     def to_dict(self) -> dict[str, Any]:
+        """The one JSON shape of a checkpoint result (documented in docs/validation.md)."""
         return json_safe({
-            **self.key.to_json(),
-            "passed": self.passed,
-            "reason": self.reason,
-            "metrics": _metrics(self.comparison),
-            "tolerance": self.comparison.tolerance.to_dict(),
-            "introduced": _metrics(self.introduced),
-            "carried_in": _metrics(self.carried_in),
+            "id": self.id, **self.key.to_json(), "step": self.step, "module": self.module,
+            **self.judgement.to_dict(),
+            **_metrics(self.comparison),
+            "tolerance": self.comparison.tolerance.to_dict() if self.judged_by == "tolerance" else None,
+            "noise": brief(self.noise),
             "introduces_error": self.introduces_error,
-            "oracle": None if self.oracle is None else self.oracle.to_dict(),
+            "introduced": None if self.introduced is None else self.introduced.to_dict(),
+            "carried_in": brief(self.carried_in),
             "run_to_run": self.run_to_run,
-            "noise": _metrics(self.noise),
             "accumulation": self.accumulation,
-            **self.judgement_dict(),
         })
+
+    def to_row(self) -> dict[str, Any]:
+        """The stored row: :meth:`to_dict` plus the database's indexed error columns."""
+        return {**self.to_dict(),
+                "introduced_error": None if self.introduced is None else error_metric(self.introduced.error, "max_abs_error"),
+                "propagated_error": None if self.carried_in is None else error_metric(self.carried_in, "max_abs_error")}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> CheckpointResult:
+        """Read a stored row back (rows written before the canonical id are read too)."""
+        key = CheckpointKey(str(row["checkpoint"]), None if row.get("layer") is None else int(row["layer"]))
+        passed = bool(row.get("passed"))
+        judged_by = row.get("judged_by") or (row.get("judgement") or {}).get("judged_by") or "tolerance"
+        judgement = Judgement(passed, str(judged_by), _num(row.get("bound")), _num(row.get("margin")), row.get("reason"))
+        comparison = _comparison_from(row, passed)
+        intro = row.get("introduced")
+        introduced = None
+        if isinstance(intro, Mapping) and "judged_by" in intro:
+            ij = Judgement(bool(intro.get("passed")), str(intro["judged_by"]), _num(intro.get("bound")),
+                           _num(intro.get("margin")), intro.get("reason"))
+            introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), ij,
+                                     ComparisonResult(True, None, Tolerance(), max_abs_error=_num(intro.get("max_abs_error")),
+                                                      rmse=_num(intro.get("rmse"))))
+        return cls(key=key, comparison=comparison, judgement=judgement, introduced=introduced,
+                   run_to_run=row.get("run_to_run"), accumulation=row.get("accumulation"),
+                   step=row.get("step"), module=row.get("module"))
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float({"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(v, v))
+    except (TypeError, ValueError):
+        return None
 
 
 def _rmse(result: ComparisonResult | None) -> float | None:
@@ -141,70 +202,74 @@ def _growth(into: float | None, out: float | None) -> float | None:
     return (math.inf if out > 0 else 1.0) if into == 0 else out / into
 
 
-@dataclass
-class LayerIsolation:
-    """What layer ``layer`` does to the error: introduced (replayed on the reference's input) vs
-    carried in (the error at its input in the full run) vs total (its output in the full run)."""
+@dataclass(frozen=True)
+class LayerResult:
+    """Isolation of one layer: its evidence and what the judge decided of it."""
 
-    layer: int
-    carried_in: ComparisonResult
-    introduced_attention: ComparisonResult | None
-    introduced_mlp: ComparisonResult
-    total: ComparisonResult | None
-    alternative_replay_s: float = 0.0
-    #: the calibrated verdicts of the replays (None: judged by the replay comparison's tolerance)
-    attention_judgement: RatioVerdict | None = None
-    mlp_judgement: RatioVerdict | None = None
-    #: the calibration run's own error at the layer's input and output (the accumulation of a correct run)
-    noise_in: ComparisonResult | None = None
-    noise_out: ComparisonResult | None = None
+    evidence: LayerEvidence
+    verdict: LayerVerdict
 
-    def _fails(self, judgement: RatioVerdict | None, comparison: ComparisonResult | None) -> bool:
-        if judgement is not None:
-            return not judgement.passed
-        return comparison is not None and not comparison.passed
+    @property
+    def layer(self) -> int:
+        return self.evidence.layer
 
     @property
     def introduces(self) -> bool:
-        return self.block is not None
+        return self.verdict.introduces
 
     @property
     def block(self) -> str | None:
-        """Where the error starts inside the layer: ``"attention"``, ``"mlp"`` or None."""
-        if self._fails(self.attention_judgement, self.introduced_attention):
-            return "attention"
-        return "mlp" if self._fails(self.mlp_judgement, self.introduced_mlp) else None
+        return self.verdict.block
 
     def accumulation(self) -> dict[str, float | None]:
         """Carried in vs carried out (RMSE at the layer's input and output in the full run) and the
         growth through the layer, beside the calibration run's own (a correct run's accumulation)."""
-        e_in, e_out = _rmse(self.carried_in), _rmse(self.total)
-        n_in, n_out = _rmse(self.noise_in), _rmse(self.noise_out)
+        ev = self.evidence
+        e_in, e_out = _rmse(ev.carried_in), _rmse(ev.total)
+        n_in, n_out = _rmse(ev.noise_in), _rmse(ev.noise_out)
         return {"carried_in_rmse": e_in, "carried_out_rmse": e_out, "growth": _growth(e_in, e_out),
                 "calibration_in_rmse": n_in, "calibration_out_rmse": n_out, "calibration_growth": _growth(n_in, n_out)}
 
+    def block_result(self, key: CheckpointKey) -> BlockResult | None:
+        """The block ending at ``key``, as replayed and judged (None: not judged apart)."""
+        ev, v = self.evidence, self.verdict
+        part = v.part_at(key)
+        if part == "attention" and ev.attention is not None and v.attention is not None:
+            return BlockResult("attention", "reference", v.attention, ev.attention.error)
+        if part == "mlp" and v.mlp is not None:
+            return BlockResult("mlp", v.mlp_input or "reference", v.mlp, (ev.mlp or ev.whole).error)
+        if part == "whole":
+            return BlockResult("layer", "reference", v.whole, ev.whole.error)
+        return None
+
     def to_dict(self) -> dict[str, Any]:
+        ev, v = self.evidence, self.verdict
+
+        def block(j: Judgement | None, b: BlockEvidence | None, input_: str | None) -> dict[str, Any] | None:
+            if j is None or b is None:
+                return None
+            return {"input": input_, **j.to_dict(), **(brief(b.error) or {})}
+
         return json_safe({
-            "layer": self.layer,
-            "introduces_error": self.introduces,
-            "block": self.block,
-            "introduced_error": error_metric(self.introduced_mlp, "max_abs_error"),
-            "propagated_error": error_metric(self.carried_in, "max_abs_error"),
-            "total_error": error_metric(self.total, "max_abs_error") if self.total is not None else None,
-            "introduced_attention": _metrics(self.introduced_attention),
-            "introduced_mlp": _metrics(self.introduced_mlp),
-            "carried_in": _metrics(self.carried_in),
-            "alternative_replay_s": self.alternative_replay_s,
+            "layer": ev.layer,
+            "introduces_error": v.introduces,
+            "block": v.block,
+            "blocks": v.blocks,
+            "attention": block(v.attention, ev.attention, "reference"),
+            "mlp": block(v.mlp, ev.mlp if ev.mlp is not None else ev.whole, v.mlp_input),
+            "mlp_note": ev.mlp_note,
+            "layer_replay": block(v.whole, ev.whole, "reference"),
+            "carried_in": brief(ev.carried_in),
+            "total": brief(ev.total),
+            "replay_s": ev.replay_s,
             **self.accumulation(),
-            "attention_judgement": None if self.attention_judgement is None else self.attention_judgement.to_dict(),
-            "mlp_judgement": None if self.mlp_judgement is None else self.mlp_judgement.to_dict(),
         })
 
 
 @dataclass
 class ValidationResult:
-    """Everything one validation computed: per-checkpoint outcomes in model order, the verdict,
-    the first divergence, isolation per layer, oracle/noise-floor reports and performance."""
+    """Everything one validation measured and decided: per-checkpoint results in model order, the
+    verdict, the first divergence, isolation per layer, oracle/noise-floor reports and performance."""
 
     session_id: str
     model_path: str
@@ -212,15 +277,27 @@ class ValidationResult:
     alternative_backend: str
     reference_dtype: str
     alternative_dtype: str
-    results: list[CheckpointOutcome]
-    isolation: list[LayerIsolation] | None = None
+    results: list[CheckpointResult]
+    isolation: list[LayerResult] | None = None
     isolation_note: str | None = None
+    error_source: dict[str, Any] | None = None
     oracle: dict[str, Any] | None = None
     noise_floor: dict[str, Any] | None = None
     performance: dict[str, Any] = field(default_factory=dict)
     recordings: str | None = None
     #: the op-level drill-down, one entry per drilled layer (None: not requested)
     drilldown: list[LayerDrilldown] | None = None
+
+    @classmethod
+    def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
+        """The record of ``evidence`` as ``verdict`` judged it (``info``: the session's fields)."""
+        layers = None if verdict.layers is None or evidence.layers is None else [
+            LayerResult(ev, verdict.layers[ev.layer]) for ev in evidence.layers]
+        by_layer = {lr.layer: lr for lr in layers or []}
+        results = [checkpoint_result(ev, verdict.checkpoints[ev.key], by_layer.get(ev.key.layer)
+                                     if ev.key.layer is not None else None) for ev in evidence.checkpoints]
+        return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
+                   error_source=verdict.error_source, **info)
 
     @property
     def passed(self) -> bool:
@@ -231,31 +308,26 @@ class ValidationResult:
         return "passed" if self.passed else "failed"
 
     @property
-    def first_divergence(self) -> CheckpointOutcome | None:
+    def first_divergence(self) -> CheckpointResult | None:
         """The earliest checkpoint (model order) that failed."""
         return next((r for r in self.results if not r.passed), None)
 
     @property
     def introducing_layers(self) -> list[int]:
         """Layers that introduce error on their own (isolation), even after an earlier divergence."""
-        return [iso.layer for iso in self.isolation or [] if iso.introduces]
-
-    @property
-    def error_source(self) -> dict[str, Any] | None:
-        """Where a failed validation's error comes from (:func:`error_source`); None when it passed."""
-        return error_source(self.results, self.isolation, self.isolation_note)
+        return [lr.layer for lr in self.isolation or [] if lr.introduces]
 
     def summary(self) -> dict[str, Any]:
-        """The session's ``results`` summary (what reports read)."""
+        """What the session row keeps (``results``): :meth:`to_dict` without the per-checkpoint list."""
         first = self.first_divergence
         return json_safe({
             "verdict": self.verdict,
             "checkpoints": len(self.results),
             "failed": sum(not r.passed for r in self.results),
-            "first_divergence": None if first is None else _first_divergence_dict(first),
+            "first_divergence": None if first is None else divergence_ref(first.to_dict()),
             "introducing_layers": self.introducing_layers if self.isolation is not None else None,
             "error_source": self.error_source,
-            "isolation": None if self.isolation is None else [i.to_dict() for i in self.isolation],
+            "isolation": None if self.isolation is None else [lr.to_dict() for lr in self.isolation],
             "isolation_note": self.isolation_note,
             "oracle": self.oracle,
             "noise_floor": self.noise_floor,
@@ -278,58 +350,19 @@ class ValidationResult:
         })
 
 
-def _first_divergence_dict(o: CheckpointOutcome) -> dict[str, Any]:
-    c = o.comparison
-    return {
-        **o.key.to_json(),
-        "reason": o.reason,
-        "max_abs_error": c.max_abs_error,
-        "mean_abs_error": c.mean_abs_error,
-        "max_rel_error": c.max_rel_error,
-        "rel_l2_error": c.rel_l2_error,
-        "cosine_similarity": c.cosine_similarity,
-        "mismatch_percent": c.mismatch_percent,
-        "tolerance": c.tolerance.to_dict(),
-        "worst": [w.to_dict() for w in c.worst[:3]],
-        "introduces_error": o.introduces_error,
-        "oracle": None if o.oracle is None else o.oracle.to_dict(),
-        **o.judgement_dict(),
-    }
+def divergence_ref(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A failing checkpoint, by reference: its id and structured fields, the rule, margin and reason
+    (its metrics are in its own entry of ``results``)."""
+    return {k: row.get(k) for k in ("id", "checkpoint", "layer", "step", "module", "judged_by", "bound", "margin",
+                                    "reason", "max_abs_error")}
 
 
-def _block(key: CheckpointKey) -> str | None:
-    return {"post_attention": "attention", "post_mlp": "mlp"}.get(key.name)
-
-
-def error_source(results: list[CheckpointOutcome], isolation: list[LayerIsolation] | None,
-                 isolation_note: str | None = None) -> dict[str, Any] | None:
-    """Where the error of a failed validation comes from: ``kind`` is ``"embedding"`` (the embedding
-    output already diverges), ``"layer"`` (``layer`` and ``block``: the first layer introducing error
-    on its own, or, without isolation, the first layer where it shows: ``confirmed`` False),
-    ``"head"`` (every per-layer checkpoint within its bound, the final norm / head output not) or
-    ``"accumulation"`` (no layer introduces more than a correct run's replay error, yet the error
-    carried through the layers grows beyond the bound at ``layer``). None when nothing failed."""
-    first = next((r for r in results if not r.passed), None)
-    if first is None:
-        return None
-    key = first.key
-    if key.name == "post_embedding":
-        return {"kind": "embedding", "layer": None, "block": None, "confirmed": True,
-                "detail": "the embedding output already diverges (post_embedding)"}
-    intro = [iso for iso in isolation or [] if iso.introduces]
-    if intro and (key.layer is None or intro[0].layer <= key.layer):
-        iso = intro[0]
-        return {"kind": "layer", "layer": iso.layer, "block": iso.block, "confirmed": True,
-                "detail": f"layer {iso.layer} ({iso.block}) introduces error on its own: its replay on the "
-                          "reference's input exceeds its bound"}
-    if key.layer is None:
-        return {"kind": "head", "layer": None, "block": None, "confirmed": isolation is not None,
-                "detail": "the final norm / head: every enabled per-layer checkpoint is within its bound, "
-                          f"{key} is not"}
-    if isolation is None:
-        return {"kind": "layer", "layer": key.layer, "block": _block(key), "confirmed": False,
-                "detail": f"the error first shows in layer {key.layer} ({key}); isolation did not run "
-                          f"({isolation_note or 'off'}), so this is where it shows, not confirmed as its source"}
-    return {"kind": "accumulation", "layer": key.layer, "block": _block(key), "confirmed": True,
-            "detail": f"no layer introduces more error than its bound on its own, yet the error carried through "
-                      f"the layers exceeds the bound at {key} (see each layer's growth)"}
+def checkpoint_result(ev: CheckpointEvidence, judgement: Judgement, layer: LayerResult | None) -> CheckpointResult:
+    """One checkpoint's evidence and judgement as its result record."""
+    return CheckpointResult(
+        key=ev.key, comparison=ev.comparison, judgement=judgement, noise=ev.noise,
+        introduced=None if layer is None else layer.block_result(ev.key),
+        carried_in=None if layer is None else layer.evidence.carried_in,
+        run_to_run=ev.run_to_run, accumulation=None if layer is None else layer.accumulation(),
+        step=ev.step, module=ev.module,
+    )

@@ -9,17 +9,21 @@ progress, timing and "persist the checkpoint rows after each stage". A stage onl
 ``reference``         the reference backend's forward pass (wall time, per-layer time, peak memory)
 ``alternative``       the same for the alternative backend
 ``calibration``       a trusted implementation at the alternative's precision: the noise bounds
-``compare``           every enabled checkpoint compared (:func:`debug_framework.comparison.compare`)
-                      and judged by its calibrated bound (or its explicit tolerance)
-``isolation``         each layer of the alternative (and of the calibration) replayed on the
-                      reference's input to it; a layer beyond its replay bound introduces error
-``oracle``            the ratio rule against a float64 ``python_reference``
+``compare``           every enabled checkpoint compared (:func:`debug_framework.comparison.compare`),
+                      beside the calibration's own error there (the noise)
+``isolation``         each block of each layer of the alternative (and of the calibration) replayed
+                      on the reference's input to that block
+``oracle``            both runs against a float64 ``python_reference``
 ``noise floor``       each backend run again; run-to-run differences reported apart
 ``drill-down``        inside each diverging layer, the operator that introduces the error
                       (:mod:`.drill_stage`, with ``drill_down: true``)
 ``record``            the worst checkpoints' tensors kept in the content-addressed tensor store
-``store``             the verdict and summary written to the session
+``store``             the result and its summary written to the session
 ====================  ===========================================================================
+
+Stages only measure: they add to the run's :class:`~.evidence.Evidence`. No stage decides a
+verdict; :func:`.judge.judge` does, from the evidence alone (the engine calls it after each stage
+that adds evidence, so the rows it persists are always judged).
 
 Adding a step to validation (a drill-down, a plugin swap-in) means writing one :class:`Stage`
 and putting it in :data:`DEFAULT_STAGES` (or passing a list to ``ValidationEngine(stages=...)``).
@@ -33,23 +37,22 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from ...backends.base import Backend, LayerReplayBackend, layer_replay_support
+from ...backends.base import (
+    Backend,
+    BlockReplayBackend,
+    LayerReplayBackend,
+    block_replay_support,
+    layer_replay_support,
+)
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints
-from ...comparison import ComparisonResult, RatioRule, compare, error_metric
+from ...comparison import ComparisonResult, compare, error_metric
 from ...errors import ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
-from .calibration import (
-    calibration_backend,
-    judge_by_noise,
-    noise_at,
-    replay_noise,
-    scale_floor,
-    tolerance_margin,
-)
+from .calibration import calibration_backend, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
+from .evidence import BlockEvidence, CheckpointEvidence, LayerEvidence, OracleEvidence, OracleSetup, reference_scale
 from .plan import ValidationPlan
-from .results import CheckpointOutcome, LayerIsolation, ValidationResult
 
 if TYPE_CHECKING:
     from ...modelio import ModelInputs
@@ -88,7 +91,9 @@ class LoadStage(Stage):
         from ...modelio import ModelInputs, load_model
 
         session = ctx.session
-        model = load_model(session.model_path)
+        model = ctx.prebuilt.get("model")
+        if model is None or model.digest != session.weights_digest:
+            model = load_model(session.model_path)
         if session.weights_digest and model.digest != session.weights_digest:
             raise ModelLoadingError(
                 "the weights changed since the session was created (digest mismatch)",
@@ -111,8 +116,10 @@ class PrepareStage(Stage):
 
         plan, session = ctx.plan, ctx.session
         cfg = plan.config
-        ctx.reference = get_backend(session.reference_backend, **cfg["reference_options"])
-        ctx.alternative = get_backend(session.alternative_backend, **cfg["alternative_options"])
+        built = ctx.prebuilt  # the backends create_session built in this process, else new ones
+        ctx.reference = built.get("reference") or get_backend(session.reference_backend, **cfg["reference_options"])
+        ctx.alternative = built.get("alternative") or get_backend(session.alternative_backend,
+                                                                   **cfg["alternative_options"])
         for side, backend, dtype, device in (
             ("reference", ctx.reference, plan.reference_dtype, cfg["reference_device"]),
             ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
@@ -122,13 +129,13 @@ class PrepareStage(Stage):
             ctx.prepare_s[side] = t.seconds
         isolate = cfg["isolate"]
         if not isolate:
-            ctx.isolating, ctx.isolation_note = False, "isolation not requested"
+            ctx.isolating, ctx.evidence.isolation_note = False, "isolation not requested"
             return
         ok, why = _replay_support(ctx.reference, ctx.alternative)
         if isolate is True and not ok:
             raise ValidationError(f"isolation was requested but {why}", session=session.session_id,
                                   hint="set isolate to 'auto' or false, or give the backend a run_layer")
-        ctx.isolating, ctx.isolation_note = ok, (None if ok else why)
+        ctx.isolating, ctx.evidence.isolation_note = ok, (None if ok else why)
 
 
 def _replay_support(reference: Backend, alternative: Backend) -> tuple[bool, str]:
@@ -189,17 +196,18 @@ class RunBackendStage(Stage):
 
 
 # ------------------------------------------------------------------------------------------------
-# judging
+# measuring (the verdicts are the judge's: judge.py)
 # ------------------------------------------------------------------------------------------------
 
 
-def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: ValidationPlan) -> ComparisonResult:
+def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: ValidationPlan,
+                 name: str | None = None) -> ComparisonResult:
     tol = plan.tolerance(key)
     for side, cap in (("alternative", alt), ("reference", ref)):
         if key not in cap:
             return ComparisonResult(passed=False, reason=f"the {side} backend produced no tensor for {key}",
-                                    tolerance=tol, name=str(key))
-    return compare(ref[key], alt[key], tolerance=tol, check_dtype=False, name=str(key))
+                                    tolerance=tol, name=name or str(key))
+    return compare(ref[key], alt[key], tolerance=tol, check_dtype=False, name=name or str(key))
 
 
 class CalibrationStage(Stage):
@@ -221,7 +229,7 @@ class CalibrationStage(Stage):
 
     def run(self, ctx: RunContext) -> None:
         plan, dtype = ctx.plan, ctx.plan.alternative_dtype
-        backend = calibration_backend(plan, ctx.session.alternative_backend)
+        backend = ctx.prebuilt.get("calibrator") or calibration_backend(plan, ctx.session.alternative_backend)
         with Timer() as t:
             call_backend(backend, "prepare()", lambda: backend.prepare(ctx.model, dtype, "cpu"))
         taps = all_checkpoints(plan.num_layers) if ctx.isolating else list(plan.keys)
@@ -231,9 +239,9 @@ class CalibrationStage(Stage):
 
 
 class CompareStage(Stage):
-    """Every enabled checkpoint compared, in model order, and judged by its calibrated bound
-    (``noise_margin x noise + floor``) or, where ``precision_thresholds`` sets one or calibration
-    is off, by its tolerance."""
+    """Every enabled checkpoint measured, in model order: the alternative against the reference,
+    the calibration run against the reference (the noise), the reference's scale and, where a
+    tolerance may judge it, the tolerance's margin."""
 
     name = "compare"
     timing_key = "comparison_s"
@@ -243,20 +251,20 @@ class CompareStage(Stage):
         ref, alt, calib = ctx.reference_capture, ctx.alternative_capture, ctx.captures.get("calibration")
         for key in ctx.plan.keys:
             comp = _compare_key(ref, alt, key, ctx.plan)
-            o = CheckpointOutcome(key=key, comparison=comp, passed=comp.passed, reason=comp.reason,
-                                  noise=noise_at(key, ref, calib))
-            if o.noise is not None and ctx.plan.calibrated(key) and key in alt:
-                o.judgement = judge_by_noise(ctx.plan, ref[key], o.noise, comp)
-                o.passed, o.reason = o.judgement.passed, o.judgement.reason
-            elif key in ref and key in alt and comp.tolerance.pass_rule == "allclose":
-                o.tolerance_margin = tolerance_margin(ref[key], alt[key], comp.tolerance)
-            ctx.outcomes.append(o)
+            both = key in ref and key in alt
+            ev = CheckpointEvidence(key=key, comparison=comp,
+                                    reference_rms=reference_scale(ref[key]) if both else math.nan,
+                                    noise=noise_at(key, ref, calib) if ctx.plan.calibrated(key) else None)
+            if both and (ev.noise is None) and comp.tolerance.pass_rule == "allclose":
+                ev.tolerance_margin = tolerance_margin(ref[key], alt[key], comp.tolerance)
+            ctx.evidence.checkpoints.append(ev)
 
 
 class IsolationStage(Stage):
-    """Introduced vs carried-in error per layer: the alternative replays layer *i* on the
-    reference's input to it; that replay's error is what the layer introduces, the error at the
-    layer's input in the full run is what it carries in."""
+    """Introduced vs carried-in error per layer, each block on the reference's input to it: the
+    attention block on the reference's layer input, the MLP block on the reference's
+    post-attention state (where the alternative can run it alone), and the whole layer on the
+    reference's layer input; the calibration replays the same blocks on the same inputs."""
 
     name = "isolation"
     timing_key = "isolation_s"
@@ -269,76 +277,83 @@ class IsolationStage(Stage):
         return ctx.isolating  # "auto" with a backend that cannot replay a layer: nothing to do
 
     def run(self, ctx: RunContext) -> None:
-        compared = {o.key: o.comparison for o in ctx.outcomes}  # the compare stage's, reused as "total"
-        noises = {o.key: o.noise for o in ctx.outcomes if o.noise is not None}  # and its calibration noise
-        ctx.isolation = [self._layer(ctx, i, compared, noises) for i in ctx.plan.layer_range]
-        by_layer = {iso.layer: iso for iso in ctx.isolation}
-        for o in ctx.outcomes:
-            iso = by_layer.get(o.key.layer) if o.key.layer is not None else None
-            if iso is not None:
-                attn = o.key.name == "post_attention"
-                o.carried_in, o.accumulation = iso.carried_in, iso.accumulation()
-                o.introduced = iso.introduced_attention if attn else iso.introduced_mlp
-                o.introduced_judgement = iso.attention_judgement if attn else iso.mlp_judgement
-                if o.passed and o.fails_by_isolation:  # the verdict agrees with isolation: the layer is named
-                    o.passed, o.reason = False, f"layer {o.key.layer} introduces error on its own: " + (
-                        o.introduced_judgement.reason if o.introduced_judgement is not None and
-                        o.introduced_judgement.reason else "its replay fails its tolerance")
-        ctx.isolation_note = None
+        noises = {ev.key: ev.noise for ev in ctx.evidence.checkpoints if ev.noise is not None}
+        ctx.evidence.layers = [layer_evidence(ctx, i, noises) for i in ctx.plan.layer_range]
+        ctx.evidence.isolation_note = None
 
-    @staticmethod
-    def _layer(ctx: RunContext, i: int, compared: Mapping[CheckpointKey, ComparisonResult],
-               noises: dict[CheckpointKey, ComparisonResult | None]) -> LayerIsolation:
-        plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
-        ref_in = ref_cap.layer_inputs.get(i)
-        if ref_in is None:
-            raise ValidationError(f"the reference backend did not record the input of layer {i}",
-                                  hint="its run() must fill Capture.layer_inputs when capture_layer_inputs=True")
-        k_in = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
-        alt_in = alt_cap.layer_inputs.get(i)
-        if alt_in is None:  # the layer's input is the previous layer's output
-            alt_in = alt_cap.tensors.get(k_in)
-        if alt_in is None:
-            carried = ComparisonResult(passed=False, reason=f"the alternative's input to layer {i} is unknown",
-                                       tolerance=plan.tolerance(k_in), name=f"layer {i} input")
-        else:
-            carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False,
-                              name=f"layer {i} input")
-        alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
-        replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
-        k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
-        intro_attn = None
-        if k_attn in replay and k_attn in ref_cap:
-            intro_attn = compare(ref_cap[k_attn], replay[k_attn], tolerance=plan.tolerance(k_attn),
-                                 check_dtype=False, name=f"{k_attn} replayed")
-        if k_mlp in replay:
-            intro_mlp = compare(ref_cap[k_mlp], replay[k_mlp], tolerance=plan.tolerance(k_mlp), check_dtype=False,
-                                name=f"{k_mlp} replayed")
-        else:
-            intro_mlp = ComparisonResult(passed=False, reason=f"run_layer({i}) returned no post_mlp tensor",
-                                         tolerance=plan.tolerance(k_mlp), name=f"{k_mlp} replayed")
-        total = compared.get(k_mlp)
-        if total is None and k_mlp in alt_cap and k_mlp in ref_cap:  # post_mlp:i is not an enabled checkpoint
-            total = _compare_key(ref_cap, alt_cap, k_mlp, plan)
-        calib, cal_replay = ctx.captures.get("calibration"), None
-        for k in (k_in, k_mlp):  # each checkpoint's noise measured once (layer i's input is layer i-1's output)
-            if k not in noises:
-                noises[k] = noise_at(k, ref_cap, calib)
-        if ctx.calibrator is not None and layer_replay_support(ctx.calibrator)[0] and plan.config["calibrate"]:
-            calibrator = cast(LayerReplayBackend, ctx.calibrator)
-            cal_replay = call_backend(calibrator, f"run_layer({i})", lambda: calibrator.run_layer(i, ref_in, ctx.inputs))
-        return LayerIsolation(layer=i, carried_in=carried, introduced_attention=intro_attn, introduced_mlp=intro_mlp,
-                              total=total, alternative_replay_s=float(replay.elapsed_s),
-                              attention_judgement=replay_noise(plan, k_attn, ref_cap, cal_replay, intro_attn),
-                              mlp_judgement=replay_noise(plan, k_mlp, ref_cap, cal_replay, intro_mlp),
-                              noise_in=noises[k_in], noise_out=noises[k_mlp])
+
+def _replay(backend: Backend, what: str, fn: Any) -> Capture:
+    return call_backend(backend, what, fn)
+
+
+def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, ComparisonResult | None]) -> LayerEvidence:
+    """Layer ``i`` replayed block by block on the reference's inputs, by the alternative and by the
+    calibration (see :class:`IsolationStage`)."""
+    plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
+    ref_in = ref_cap.layer_inputs.get(i)
+    if ref_in is None:
+        raise ValidationError(f"the reference backend did not record the input of layer {i}",
+                              hint="its run() must fill Capture.layer_inputs when capture_layer_inputs=True")
+    k_in = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+    k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
+    alt_in = alt_cap.layer_inputs.get(i)
+    if alt_in is None:  # the layer's input is the previous layer's output
+        alt_in = alt_cap.tensors.get(k_in)
+    if alt_in is None:
+        carried = ComparisonResult(passed=False, reason=f"the alternative's input to layer {i} is unknown",
+                                   tolerance=plan.tolerance(k_in), name=f"layer {i} input")
+    else:
+        carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False, name=f"layer {i} input")
+    alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
+    replay = _replay(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
+    calibrator = ctx.calibrator if plan.config["calibrate"] else None
+    cal_replay = None
+    if calibrator is not None and layer_replay_support(calibrator)[0]:
+        cal = cast(LayerReplayBackend, calibrator)
+        cal_replay = _replay(cal, f"run_layer({i})", lambda: cal.run_layer(i, ref_in, ctx.inputs))
+
+    def block(name: str, key: CheckpointKey, alt: Capture, cal: Capture | None, input_: str = "reference") -> BlockEvidence:
+        label = f"{key} replayed ({name})"
+        error = _compare_key(ref_cap, alt, key, plan, label) if key in ref_cap else ComparisonResult(
+            passed=False, reason=f"the reference has no tensor for {key}", tolerance=plan.tolerance(key), name=label)
+        noise = None if cal is None else noise_at(key, ref_cap, cal)
+        return BlockEvidence(name, key, error, noise, reference_scale(ref_cap.tensors.get(key)), input_)
+
+    attention = block("attention", k_attn, replay, cal_replay) if k_attn in replay else None
+    whole = block("layer", k_mlp, replay, cal_replay)
+    mlp, note = None, None
+    ref_attn = ref_cap.tensors.get(k_attn)
+    ok, why = block_replay_support(ctx.alternative)
+    if ref_attn is None:
+        note = f"the reference has no post-attention state of layer {i}"
+    elif not ok:
+        note = f"the alternative {ctx.alternative.name!r} {why}"
+    else:
+        alt_b = cast(BlockReplayBackend, ctx.alternative)
+        alt_mlp = _replay(alt_b, f"run_block({i}, 'mlp')", lambda: alt_b.run_block(i, "mlp", ref_attn, ctx.inputs))
+        cal_mlp = None
+        if calibrator is not None and block_replay_support(calibrator)[0]:
+            cal_b = cast(BlockReplayBackend, calibrator)
+            cal_mlp = _replay(cal_b, f"run_block({i}, 'mlp')", lambda: cal_b.run_block(i, "mlp", ref_attn, ctx.inputs))
+        mlp = block("mlp", k_mlp, alt_mlp, cal_mlp)
+    total = None
+    if k_mlp in alt_cap and k_mlp in ref_cap:
+        total = next((ev.comparison for ev in ctx.evidence.checkpoints if ev.key == k_mlp), None) \
+            or _compare_key(ref_cap, alt_cap, k_mlp, plan)
+    calib = ctx.captures.get("calibration")
+    for k in (k_in, k_mlp):  # each checkpoint's noise measured once (layer i's input is layer i-1's output)
+        if k not in noises:
+            noises[k] = noise_at(k, ref_cap, calib)
+    return LayerEvidence(layer=i, carried_in=carried, total=total, attention=attention, mlp=mlp, whole=whole,
+                         noise_in=noises[k_in], noise_out=noises[k_mlp], replay_s=float(replay.elapsed_s),
+                         mlp_note=note)
 
 
 class OracleStage(Stage):
-    """Judge each checkpoint by the ratio rule ``err(alt, oracle) <= m * err(baseline, oracle) + floor``
-    against ``python_reference`` in float64 (the reference itself when it already is that). The
-    baseline is the reference, or, when the reference is the oracle, the calibration run (the
-    trusted implementation at the alternative's precision). The floor is ``oracle_floor`` when
+    """Both runs against ``python_reference`` in float64 (the reference itself when it already is
+    that): the baseline is the reference, or, when the reference is the oracle, the calibration run
+    (the trusted implementation at the alternative's precision). The judge applies the ratio rule
+    ``err(alt, oracle) <= m * err(baseline, oracle) + floor``; the floor is ``oracle_floor`` when
     given, else ``floor_eps x eps(dtype) x RMS(oracle tensor)``."""
 
     name = "oracle"
@@ -357,27 +372,19 @@ class OracleStage(Stage):
         if oracle_cap is ctx.reference_capture:  # the reference is the oracle: judge against the trusted run
             base_name, base_cap = f"a correct {plan.alternative_dtype} run", ctx.captures["calibration"]
         alt_cap = ctx.alternative_capture
-        failed = []
-        for o in ctx.outcomes:
-            k = o.key
+        for ev in ctx.evidence.checkpoints:
+            k = ev.key
             if k not in oracle_cap or k not in base_cap or k not in alt_cap:
-                o.passed, o.reason = False, o.reason or f"no tensor for {k} from one of the three runs"
-                failed.append(str(k))
+                ev.oracle_missing = True
                 continue
-            floor = float(fixed_floor) if fixed_floor is not None else scale_floor(plan, oracle_cap[k])
-            rule = RatioRule(float(cfg["oracle_multiplier"]), floor, str(cfg["oracle_metric"]))
-            verdict = rule.verdict(compare(oracle_cap[k], base_cap[k], check_dtype=False),
-                                   compare(oracle_cap[k], alt_cap[k], check_dtype=False),
-                                   oracle="the float64 oracle", baseline_name=base_name)
-            o.oracle = verdict.judgement
-            o.passed = verdict.passed and not o.fails_by_isolation
-            o.reason = (f"oracle ratio rule: {verdict.reason}" if not verdict.passed
-                        else None if o.passed else f"layer {k.layer} introduces error on its own (isolation)")
-            if not o.passed:
-                failed.append(str(k))
+            ev.oracle = OracleEvidence(compare(oracle_cap[k], base_cap[k], check_dtype=False),
+                                       compare(oracle_cap[k], alt_cap[k], check_dtype=False),
+                                       reference_scale(oracle_cap[k]))
+        ctx.evidence.oracle = OracleSetup(str(cfg["oracle_metric"]), float(cfg["oracle_multiplier"]),
+                                          None if fixed_floor is None else float(fixed_floor), base_name)
         ctx.oracle_report = {
             "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": str(cfg["oracle_metric"]),
-            "multiplier": float(cfg["oracle_multiplier"]), "baseline": base_name, "failed": failed,
+            "multiplier": float(cfg["oracle_multiplier"]), "baseline": base_name,
             "floor": fixed_floor if fixed_floor is not None else f"{cfg['floor_eps']:g} x eps({plan.governing_dtype}) "
                                                                   "x RMS(oracle tensor)",
             "rule": "alternative_error <= multiplier * reference_error + floor (errors against the float64 oracle, "
@@ -430,8 +437,8 @@ class NoiseFloorStage(Stage):
             noise[side] = {"backend": backend.name, "deterministic": not nondet,
                            "max_abs_diff": max(diffs.values(), default=0.0), "nondeterministic_keys": nondet,
                            "per_checkpoint": diffs}
-        for o in ctx.outcomes:
-            o.run_to_run = {side: noise[side]["per_checkpoint"].get(str(o.key), math.nan) for side in noise}
+        for ev in ctx.evidence.checkpoints:
+            ev.run_to_run = {side: noise[side]["per_checkpoint"].get(str(ev.key), math.nan) for side in noise}
         ctx.noise = noise
 
 
@@ -457,24 +464,26 @@ class RecordStage(Stage):
         limit = cfg["tensor_recording_limit"] or ctx.framework_config.get("tensor_recording_limit")
         store = TensorStore.beside_database(ctx.database_path, tensor_recording_limit=limit,
                                             byte_budget=cfg["tensor_recording_byte_budget"])
+        result = ctx.current_result()
         candidates = [
-            RecordingCandidate(o.key.name, o.key.layer, side, ctx.captures[side][o.key],
-                               score=error_metric(o.comparison, "max_abs_error"))
-            for o in ctx.outcomes for side in ("reference", "alternative") if o.key in ctx.captures[side]
+            RecordingCandidate(r.key.name, r.key.layer, side, ctx.captures[side][r.key],
+                               score=error_metric(r.comparison, "max_abs_error"))
+            for r in result.results for side in ("reference", "alternative") if r.key in ctx.captures[side]
         ]
         outcome = store.record_session(ctx.db, sid, candidates)
         kept = {(r.checkpoint, r.layer, r.side): r.recording_id for r in outcome.kept}
-        for o in ctx.outcomes:
-            rid = kept.get((o.key.name, o.key.layer, "reference"))
-            aid = kept.get((o.key.name, o.key.layer, "alternative"))
+        for r in result.results:
+            rid = kept.get((r.key.name, r.key.layer, "reference"))
+            aid = kept.get((r.key.name, r.key.layer, "alternative"))
             if rid and aid:
-                TensorComparison.from_comparison_result(sid, o.row(), reference_recording_id=rid,
+                TensorComparison.from_comparison_result(sid, r.to_row(), reference_recording_id=rid,
                                                         alternative_recording_id=aid).save(ctx.db)
         ctx.recordings = outcome.summary()
 
 
 class StoreStage(Stage):
-    """The result: verdict and summary written to the session, its status set passed/failed."""
+    """The result (the evidence as the judge decided it): its summary written to the session, the
+    session's status set passed/failed."""
 
     name = "store"
 
@@ -484,13 +493,8 @@ class StoreStage(Stage):
         perf["total_s"] = time.perf_counter() - ctx.started
         if not plan.profiling:
             perf = {"total_s": perf["total_s"], "note": "performance profiling disabled"}
-        result = ValidationResult(
-            session_id=session.session_id, model_path=session.model_path,
-            reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
-            reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype, results=ctx.outcomes,
-            isolation=ctx.isolation, isolation_note=ctx.isolation_note, oracle=ctx.oracle_report,
-            noise_floor=ctx.noise, performance=perf, recordings=ctx.recordings, drilldown=ctx.drilldown,
-        )
+        ctx.performance = perf
+        result = ctx.current_result()
         session.results = result.summary()
         session.save()
         session.update_status(result.verdict)

@@ -1,0 +1,142 @@
+"""What a validation measured, before anything is judged.
+
+The stages (:mod:`.stages`) only gather evidence: per checkpoint the comparison of the alternative
+with the reference, the calibration run's own error there (the noise of a correct implementation
+at the alternative's precision), the scale of the reference tensor and, in oracle mode, both runs
+against the float64 oracle; per layer (isolation) each block of the alternative replayed on the
+*reference's* input to that block, beside the calibration's replay of the same block. Nothing here
+says pass or fail: :func:`.judge.judge` decides every verdict from this record alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ...capture.keys import CheckpointKey
+from ...comparison import ComparisonResult, finite_rms
+
+__all__ = ["CheckpointEvidence", "OracleEvidence", "BlockEvidence", "LayerEvidence", "OracleSetup", "Evidence",
+           "reference_scale", "BlockInput"]
+
+#: What a block replay was fed: ``"reference"``, the reference's own input to that block; or
+#: ``"alternative"``, the alternative's own state (the MLP block run after the alternative's
+#: attention, when the backend cannot run the MLP block alone).
+BlockInput = Literal["reference", "alternative"]
+
+
+def reference_scale(tensor: Any) -> float:
+    """RMS of a reference tensor's finite values: the scale of a bound's floor (NaN when absent)."""
+    return math.nan if tensor is None else finite_rms(tensor)
+
+
+@dataclass(frozen=True)
+class OracleEvidence:
+    """Both runs against the float64 oracle at one checkpoint: the baseline's error (the reference,
+    or the calibration run when the reference is the oracle) and the alternative's."""
+
+    baseline: ComparisonResult
+    alternative: ComparisonResult
+    oracle_rms: float
+
+
+@dataclass
+class CheckpointEvidence:
+    """What was measured at one enabled checkpoint.
+
+    Attributes:
+        key: the checkpoint.
+        comparison: the alternative against the reference (``passed`` there is the tolerance's
+            allclose, a measurement the judge uses only for a checkpoint judged by a tolerance).
+        reference_rms: the reference tensor's RMS (the floor's scale); NaN when a side has no tensor.
+        noise: the calibration run against the reference (None: not calibrated).
+        tolerance_margin: ``max |a - r| / (atol + rtol |r|)`` (None where not measured).
+        oracle: both runs against the float64 oracle (oracle mode), else None.
+        run_to_run: the noise floor stage's max |run1 - run2| per side.
+        step: the decode step (None: the prefill pass).
+        module: the module path of the checkpoint in the backend's model, where known.
+    """
+
+    key: CheckpointKey
+    comparison: ComparisonResult
+    reference_rms: float = math.nan
+    noise: ComparisonResult | None = None
+    tolerance_margin: float | None = None
+    oracle: OracleEvidence | None = None
+    oracle_missing: bool = False  # oracle mode, but one of the three runs has no tensor here
+    run_to_run: dict[str, float] | None = None
+    step: int | None = None
+    module: str | None = None
+
+    @property
+    def present(self) -> bool:
+        """Both sides produced a tensor (the comparison measured something)."""
+        return not math.isnan(self.reference_rms)
+
+
+@dataclass(frozen=True)
+class BlockEvidence:
+    """One block of one layer, replayed alone.
+
+    Attributes:
+        block: ``"attention"``, ``"mlp"``, or ``"layer"`` (the whole layer replayed on the
+            reference's layer input, ending at ``post_mlp``).
+        key: the checkpoint the block ends at.
+        error: the alternative's replay against the reference's tensor at ``key``.
+        noise: the calibration's replay of the same block on the same input against the reference.
+        reference_rms: the reference tensor's RMS at ``key``.
+        input: what the replay was fed (:data:`BlockInput`).
+    """
+
+    block: str
+    key: CheckpointKey
+    error: ComparisonResult
+    noise: ComparisonResult | None
+    reference_rms: float
+    input: BlockInput = "reference"
+
+
+@dataclass
+class LayerEvidence:
+    """Isolation of one layer: each block on the reference's input to it, the layer's carried-in
+    error (its input in the full run) and total error (its output in the full run).
+
+    ``mlp`` is None when the alternative cannot run the MLP block alone (``mlp_note`` says why);
+    the judge then falls back on the whole-layer replay for the MLP, and only where the attention
+    block is within its bound."""
+
+    layer: int
+    carried_in: ComparisonResult
+    total: ComparisonResult | None
+    attention: BlockEvidence | None
+    mlp: BlockEvidence | None
+    whole: BlockEvidence
+    noise_in: ComparisonResult | None = None
+    noise_out: ComparisonResult | None = None
+    replay_s: float = 0.0
+    mlp_note: str | None = None
+
+
+@dataclass(frozen=True)
+class OracleSetup:
+    """The oracle mode's rule: ``err(alt) <= multiplier x err(baseline) + floor`` against the oracle."""
+
+    metric: str
+    multiplier: float
+    fixed_floor: float | None
+    baseline: str
+
+
+@dataclass
+class Evidence:
+    """Everything one validation measured, in model order; what the judge reads."""
+
+    checkpoints: list[CheckpointEvidence] = field(default_factory=list)
+    layers: list[LayerEvidence] | None = None
+    isolation_note: str | None = None
+    oracle: OracleSetup | None = None
+
+    def at(self, key: CheckpointKey) -> CheckpointEvidence | None:
+        """The evidence of checkpoint ``key`` (None when it is not enabled)."""
+        return next((c for c in self.checkpoints if c.key == key), None)

@@ -1,0 +1,259 @@
+"""The one judge of a validation: ``judge(evidence, plan) -> Verdict``.
+
+Pure: it reads only the :class:`~.evidence.Evidence` the stages measured and the session's
+:class:`~.plan.ValidationPlan`, and decides everything that is a verdict:
+
+* each checkpoint's pass or fail, by exactly one rule: ``"oracle"`` (the ratio rule against the
+  float64 oracle), ``"calibration"`` (``err <= noise_margin x noise + floor_eps x eps x RMS(ref)``),
+  ``"tolerance"`` (allclose, where ``precision_thresholds`` sets one or calibration is off) or
+  ``"isolation"`` (its own error is within its bound, but the block that ends there introduces
+  error on the reference's input);
+* per layer, which blocks introduce error: the attention block judged on the reference's layer
+  input, the MLP block on the reference's post-attention state, and the whole layer on the
+  reference's layer input (error that neither block makes alone: the wiring between them);
+* the first divergence, the introducing layers and the error source.
+
+Every rule is :meth:`debug_framework.comparison.RatioRule.verdict` or a tolerance's allclose; no
+stage decides anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ...capture.keys import CheckpointKey
+from ...comparison import ComparisonResult, OracleJudgement, RatioRule
+from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
+from .plan import ValidationPlan
+
+__all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source"]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One rule applied at one place.
+
+    Attributes:
+        passed: the verdict.
+        judged_by: the rule: ``"calibration"``, ``"tolerance"``, ``"oracle"`` or ``"isolation"``.
+        bound: the bound the error was held to (the rule's metric units; None for an elementwise
+            tolerance).
+        margin: error / bound (at most 1 passes); for a tolerance ``max |a - r| / (atol + rtol |r|)``.
+        reason: why it failed (None when it passed).
+        rule: the ratio rule's errors, multiplier and floor where one decided (None for a tolerance).
+    """
+
+    passed: bool
+    judged_by: str
+    bound: float | None = None
+    margin: float | None = None
+    reason: str | None = None
+    rule: OracleJudgement | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``passed``, ``judged_by``, ``bound``, ``margin``, ``reason`` and the rule's details."""
+        out: dict[str, Any] = {"passed": self.passed, "judged_by": self.judged_by, "bound": self.bound,
+                               "margin": self.margin, "reason": self.reason}
+        if self.rule is not None:
+            j = self.rule
+            out["rule"] = {"metric": j.metric, "error": j.alternative_error, "baseline_error": j.reference_error,
+                           "multiplier": j.multiplier, "floor": j.floor}
+        return out
+
+
+@dataclass(frozen=True)
+class LayerVerdict:
+    """What layer ``layer`` introduces, block by block (each judged on the reference's input).
+
+    ``mlp`` is None when the MLP block could not be judged apart (the backend cannot run it alone
+    and the attention block's error reached it); ``mlp_input`` says what the MLP judgement was fed.
+    """
+
+    layer: int
+    attention: Judgement | None
+    mlp: Judgement | None
+    whole: Judgement
+    mlp_input: str | None
+
+    @property
+    def blocks(self) -> list[str]:
+        """The blocks that introduce error, in order; ``"layer"`` when neither block alone does but
+        the whole layer replayed on the reference's input does."""
+        out = [name for name, j in (("attention", self.attention), ("mlp", self.mlp)) if j is not None and not j.passed]
+        if not out and not self.whole.passed and self.mlp_input == "reference":
+            out.append("layer")
+        return out
+
+    @property
+    def block(self) -> str | None:
+        """The first block that introduces error (None: the layer only carries what came in)."""
+        blocks = self.blocks
+        return blocks[0] if blocks else None
+
+    @property
+    def introduces(self) -> bool:
+        return self.block is not None
+
+    def part_at(self, key: CheckpointKey) -> str | None:
+        """Which judgement stands for the block ending at checkpoint ``key``: ``"attention"`` at
+        post_attention; at post_mlp ``"mlp"``, or ``"whole"`` where only the whole layer fails."""
+        if key.name == "post_attention":
+            return None if self.attention is None else "attention"
+        if key.name == "post_mlp":
+            if self.block == "layer":
+                return "whole"
+            return None if self.mlp is None else "mlp"
+        return None
+
+    def at(self, key: CheckpointKey) -> Judgement | None:
+        """The judgement of the block that ends at checkpoint ``key`` (None: not judged apart)."""
+        part = self.part_at(key)
+        return None if part is None else {"attention": self.attention, "mlp": self.mlp, "whole": self.whole}[part]
+
+    def introduces_at(self, key: CheckpointKey) -> bool | None:
+        """Whether the block ending at ``key`` introduces error (None: not judged apart)."""
+        j = self.at(key)
+        return None if j is None else not j.passed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Everything the judge decided."""
+
+    checkpoints: dict[CheckpointKey, Judgement]
+    layers: dict[int, LayerVerdict] | None
+    first_divergence: CheckpointKey | None
+    error_source: dict[str, Any] | None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checkpoints) and all(j.passed for j in self.checkpoints.values())
+
+    @property
+    def introducing_layers(self) -> list[int]:
+        return [i for i, lv in sorted((self.layers or {}).items()) if lv.introduces]
+
+
+def _ratio(rule: RatioRule, baseline: ComparisonResult, test: ComparisonResult, judged_by: str, *,
+           oracle: str, baseline_name: str, prefix: str) -> Judgement:
+    v = rule.verdict(baseline, test, oracle=oracle, baseline_name=baseline_name)
+    return Judgement(v.passed, judged_by, v.judgement.bound, v.judgement.margin,
+                     None if v.passed else f"{prefix}{v.reason}", v.judgement)
+
+
+def _calibrated(plan: ValidationPlan, noise: ComparisonResult, error: ComparisonResult, reference_rms: float,
+                what: str = "") -> Judgement:
+    cfg = plan.config
+    floor = float(cfg["floor_eps"]) * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
+    rule = RatioRule(float(cfg["noise_margin"]), floor, str(cfg["calibration_metric"]))
+    return _ratio(rule, noise, error, "calibration", oracle="the reference",
+                  baseline_name=f"a correct {plan.alternative_dtype} run{what}", prefix="calibrated bound: ")
+
+
+def _tolerance(comparison: ComparisonResult, margin: float | None = None) -> Judgement:
+    return Judgement(comparison.passed, "tolerance", None, margin, None if comparison.passed else comparison.reason)
+
+
+def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: ValidationPlan) -> Judgement:
+    """The checkpoint's own rule, before isolation: the oracle's, the calibrated bound or its tolerance."""
+    setup = evidence.oracle
+    if setup is not None:
+        if ev.oracle is None:
+            return Judgement(False, "oracle", reason=f"no tensor for {ev.key} from one of the three runs")
+        floor = setup.fixed_floor if setup.fixed_floor is not None else (
+            float(plan.config["floor_eps"]) * plan.eps * ev.oracle.oracle_rms)
+        rule = RatioRule(setup.multiplier, float(floor), setup.metric)
+        return _ratio(rule, ev.oracle.baseline, ev.oracle.alternative, "oracle", oracle="the float64 oracle",
+                      baseline_name=setup.baseline, prefix="oracle ratio rule: ")
+    if ev.noise is not None and ev.present and plan.calibrated(ev.key):
+        return _calibrated(plan, ev.noise, ev.comparison, ev.reference_rms)
+    return _tolerance(ev.comparison, ev.tolerance_margin)
+
+
+def judge_block(ev: BlockEvidence, plan: ValidationPlan) -> Judgement:
+    """A block replay: by its calibrated bound (the calibration's replay of the same block on the
+    same input) where its checkpoint is calibrated, else by the checkpoint's tolerance."""
+    replayed = not (ev.error.numel == 0 and not ev.error.passed)  # no tensor came back: judged as failed
+    if ev.noise is not None and replayed and plan.calibrated(ev.key):
+        what = " replaying the layer" if ev.block == "layer" else f" replaying the {ev.block} block"
+        return _calibrated(plan, ev.noise, ev.error, ev.reference_rms, what)
+    return _tolerance(ev.error)
+
+
+def judge_layer(ev: LayerEvidence, plan: ValidationPlan) -> LayerVerdict:
+    """Each block on the reference's input; without an MLP-alone replay, the MLP is judged on the
+    whole-layer replay only where the attention block passed (else not apart)."""
+    attention = None if ev.attention is None else judge_block(ev.attention, plan)
+    whole = judge_block(ev.whole, plan)
+    if ev.mlp is not None:
+        mlp, mlp_input = judge_block(ev.mlp, plan), ev.mlp.input
+    elif attention is not None and not attention.passed:
+        mlp, mlp_input = None, None
+    else:
+        mlp, mlp_input = whole, "alternative" if attention is not None else "reference"
+    return LayerVerdict(ev.layer, attention, mlp, whole, mlp_input)
+
+
+def _with_isolation(own: Judgement, layer: LayerVerdict | None, key: CheckpointKey) -> Judgement:
+    """A checkpoint within its own bound still fails where the block ending there introduces error
+    by a calibrated replay (or, for a checkpoint judged by a tolerance, by its tolerance): a fixed
+    tolerance never overrides a calibrated or oracle verdict."""
+    block = None if layer is None else layer.at(key)
+    if not own.passed or block is None or block.passed:
+        return own
+    if block.judged_by != "calibration" and own.judged_by != "tolerance":
+        return own
+    return Judgement(False, "isolation", block.bound, block.margin,
+                     f"layer {key.layer} introduces error on its own: {block.reason or 'its replay fails its tolerance'}",
+                     block.rule)
+
+
+def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
+    """Decide every verdict of a validation from its evidence (see the module's docstring)."""
+    layers = None if evidence.layers is None else {ev.layer: judge_layer(ev, plan) for ev in evidence.layers}
+    checkpoints: dict[CheckpointKey, Judgement] = {}
+    for ev in evidence.checkpoints:
+        own = judge_checkpoint(ev, evidence, plan)
+        lv = None if layers is None or ev.key.layer is None else layers.get(ev.key.layer)
+        checkpoints[ev.key] = _with_isolation(own, lv, ev.key)
+    first = next((k for k, j in checkpoints.items() if not j.passed), None)
+    return Verdict(checkpoints, layers, first, error_source(first, layers, evidence.isolation_note))
+
+
+def _block_of(key: CheckpointKey) -> str | None:
+    return {"post_attention": "attention", "post_mlp": "mlp"}.get(key.name)
+
+
+def error_source(first: CheckpointKey | None, layers: dict[int, LayerVerdict] | None,
+                 isolation_note: str | None = None) -> dict[str, Any] | None:
+    """Where the error of a failed validation comes from: ``kind`` is ``"embedding"`` (the embedding
+    output already diverges), ``"layer"`` (``layer`` and ``block``: the first layer introducing error
+    on its own, or, without isolation, the first layer where it shows: ``confirmed`` False),
+    ``"head"`` (every per-layer checkpoint within its bound, the final norm / head output not) or
+    ``"accumulation"`` (no layer introduces more than a correct run's replay error, yet the error
+    carried through the layers grows beyond the bound at ``layer``). None when nothing failed."""
+    if first is None:
+        return None
+    if first.name == "post_embedding":
+        return {"kind": "embedding", "layer": None, "block": None, "confirmed": True,
+                "detail": "the embedding output already diverges (post_embedding)"}
+    intro = [lv for _, lv in sorted((layers or {}).items()) if lv.introduces]
+    if intro and (first.layer is None or intro[0].layer <= first.layer):
+        lv = intro[0]
+        what = "its replay on the reference's input" if lv.block != "layer" else (
+            "the whole layer replayed on the reference's input (neither block alone)")
+        return {"kind": "layer", "layer": lv.layer, "block": lv.block, "confirmed": True,
+                "detail": f"layer {lv.layer} ({lv.block}) introduces error on its own: {what} exceeds its bound"}
+    if first.layer is None:
+        return {"kind": "head", "layer": None, "block": None, "confirmed": layers is not None,
+                "detail": "the final norm / head: every enabled per-layer checkpoint is within its bound, "
+                          f"{first} is not"}
+    if layers is None:
+        return {"kind": "layer", "layer": first.layer, "block": _block_of(first), "confirmed": False,
+                "detail": f"the error first shows in layer {first.layer} ({first}); isolation did not run "
+                          f"({isolation_note or 'off'}), so this is where it shows, not confirmed as its source"}
+    return {"kind": "accumulation", "layer": first.layer, "block": _block_of(first), "confirmed": True,
+            "detail": f"no layer introduces more error than its bound on its own, yet the error carried through "
+                      f"the layers exceeds the bound at {first} (see each layer's growth)"}
