@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..checkpoint_ids import row_checkpoint_id
 from ..errors import DatabaseError, ValidationError
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
@@ -52,7 +53,8 @@ def _num(v: Any) -> float | None:
 
 
 def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts, the first divergence (first failing row in model order) and the worst row."""
+    """Counts, the first divergence (first failing row in model order) and the worst row (each with
+    the checkpoint's canonical ``id`` beside ``checkpoint`` and ``layer``)."""
     failed = [r for r in rows if r.get("passed") is False or r.get("passed") == 0]
     passed = [r for r in rows if r.get("passed") is True or r.get("passed") == 1]
 
@@ -68,10 +70,10 @@ def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         "failed": len(failed),
         "unknown": len(rows) - len(passed) - len(failed),
         "first_divergence": None if first is None else {
-            "checkpoint": first.get("checkpoint"), "layer": first.get("layer"),
+            "id": row_checkpoint_id(first), "checkpoint": first.get("checkpoint"), "layer": first.get("layer"),
             "max_abs_error": first.get("max_abs_error"), "reason": first.get("reason")},
         "worst": None if worst is None else {
-            "checkpoint": worst.get("checkpoint"), "layer": worst.get("layer"),
+            "id": row_checkpoint_id(worst), "checkpoint": worst.get("checkpoint"), "layer": worst.get("layer"),
             "max_abs_error": worst.get("max_abs_error")},
     }
 
