@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ import pytest
 from .conftest import APP, HOSTILE, run_page
 
 pytest.importorskip("streamlit")
+
+
+#: a checkpoint's canonical id, the one spelling every page uses (``post_attention:1``)
+CHECKPOINT_ID = re.compile(r"post_(?:embedding|processing)|post_(?:attention|mlp):\d+")
 
 
 def _texts(at) -> str:
@@ -27,7 +32,7 @@ def test_sessions_page_lists_filters_and_sorts(app_env):
     at.multiselect[3].select("failed").run()  # verdict / status
     frame = at.dataframe[0].value
     assert set(frame["session"]) == {app_env.failed, app_env.drilled}
-    assert frame.iloc[0]["first divergence"]  # a failing session names where it diverged
+    assert CHECKPOINT_ID.fullmatch(frame.iloc[0]["first divergence"])  # a failing session names where it diverged
     assert "2 of 4 sessions" in _texts(at)
 
 
@@ -35,14 +40,18 @@ def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env)
     at = run_page("session.py", {"id": app_env.failed})
     assert "Verdict: **failed**" in at.error[0].value
     first = next(m for m in at.metric if m.label == "first divergence")
-    assert first.value not in ("", "none")
+    first_id = first.value.replace("\\_", "_")  # the metric is Markdown: its underscores are escaped
+    assert CHECKPOINT_ID.fullmatch(first_id)
     table = at.dataframe[0].value
+    assert all(CHECKPOINT_ID.fullmatch(c) for c in table["checkpoint"]) and "post_attention:1" in set(table["checkpoint"])
+    assert first_id in set(table["checkpoint"])
     assert {"bound", "margin", "judged by"} <= set(table.columns)
     assert (table["passed"] == False).any() and table["margin"].notna().any()  # noqa: E712
     charts = at.get("vega_lite_chart")
     assert charts, "the error curve with its bound"
     spec = charts[0].proto.spec
     assert '"bound"' in spec and '"log"' in spec  # the bound series, on a log scale
+    assert '"post_attention:1"' in spec and "post_attention[" not in spec  # the x axis: checkpoint ids
     images = at.get("image")
     assert images, "the heatmap of the worst checkpoint (tensors were recorded)"
     assert "from recorded tensors" in str(images[0].proto)
@@ -80,7 +89,9 @@ def test_diff_page_diffs_two_sessions(app_env):
     assert not at.exception
     worse = next(m for m in at.metric if m.label == "worse")
     assert int(worse.value) > 0
-    assert len(at.dataframe[0].value) > 0
+    changes = at.dataframe[0].value
+    assert len(changes) > 0 and "post_attention:1" in set(changes["checkpoint"])
+    assert all(CHECKPOINT_ID.fullmatch(c) for c in changes["checkpoint"])
     at.selectbox[0].select(app_env.hostile).run()  # another model: DF005 on the page, no traceback
     assert any("DF005" in e.value for e in at.error)
 

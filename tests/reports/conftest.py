@@ -1,11 +1,11 @@
 """Sessions for the report tests, written through the real storage layer with results computed by
 the real comparison core on a small residual-stream model (NumPy), with an optional injected bug.
 
-The "model": h0 = embedding; per layer i: h += attn_i(h) (post_attention[i]); h += mlp_i(h)
-(post_mlp[i]); logits = h @ W_out (post_processing). The reference runs in float64 and is cast to
+The "model": h0 = embedding; per layer i: h += attn_i(h) (post_attention:i); h += mlp_i(h)
+(post_mlp:i); logits = h @ W_out (post_processing). The reference runs in float64 and is cast to
 float32; the alternative runs in float32, so correct layers differ by rounding only. ``bug_layer``
 scales that layer's MLP output by (1 + bug_scale) in the alternative: the first divergence is
-post_mlp[bug_layer]. Isolation replays each alternative layer on the reference's input.
+post_mlp:<bug_layer>. Isolation replays each alternative layer on the reference's input.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ def test_report_formats_to_stdout_and_file(db, build, tmp_path, capsys):
     dbp = str(db.database_path)
     assert main(["--session-id", b.session_id, "--database", dbp]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["first_divergence"] == {"checkpoint": "post_mlp", "layer": 2} and "tensors" not in doc
+    assert doc["first_divergence"] == {"id": "post_mlp:2", "checkpoint": "post_mlp", "layer": 2}
+    assert "tensors" not in doc
     assert main(["--session-id", b.session_id, "--database", dbp, "--include-tensors"]) == 0
     assert len(json.loads(capsys.readouterr().out)["tensors"]) > 0
     assert main(["--session-id", b.session_id, "--database", dbp, "--output-format", "csv"]) == 0
@@ -59,11 +60,11 @@ def test_list(db, build, capsys):
     items = json.loads(capsys.readouterr().out)
     by_id = {i["session_id"]: i for i in items}
     assert set(by_id) == {a.session_id, b.session_id}
-    assert by_id[b.session_id]["first_divergence"] == {"checkpoint": "post_mlp", "layer": 1}
+    assert by_id[b.session_id]["first_divergence"] == {"id": "post_mlp:1", "checkpoint": "post_mlp", "layer": 1}
     assert by_id[a.session_id]["status"] == "passed" and by_id[a.session_id]["first_divergence"] is None
     assert main(["--list", "--database", dbp, "--status", "failed"]) == 0
     out = capsys.readouterr().out
-    assert b.session_id in out and a.session_id not in out and "post_mlp[1]" in out
+    assert b.session_id in out and a.session_id not in out and "post_mlp:1" in out
 
 
 def test_diff_exit_codes(db, build, tmp_path, capsys):

@@ -28,10 +28,14 @@ def test_json_report(db, build):
     b = build(db, bug_layer=1)
     rep = ValidationReport.from_session(b.session_id, db)
     doc = _strict(render_report(rep, "json"))
-    assert doc["verdict"] == "failed" and doc["first_divergence"] == {"checkpoint": "post_mlp", "layer": 1}
+    assert doc["verdict"] == "failed"
+    assert doc["first_divergence"] == {"id": "post_mlp:1", "checkpoint": "post_mlp", "layer": 1}
     assert len(doc["checkpoint_results"]) == len(b.results) and "tensors" not in doc
     assert doc["reproduce_command"]["exact"] is True
     assert doc["checkpoint_results"][0]["max_abs_error"] == 0.0
+    assert [r["id"] for r in doc["checkpoint_results"][:3]] == ["post_embedding", "post_attention:0", "post_mlp:0"]
+    assert doc["checkpoint_results"][-1]["id"] == "post_processing"
+    assert doc["summary_statistics"]["first_divergence"]["id"] == "post_mlp:1"
 
 
 def test_json_include_tensors_returns_the_recorded_values(db, build):
@@ -50,8 +54,10 @@ def test_csv_report(db, build):
     rep = ValidationReport.from_session(b.session_id, db)
     rows = list(csv.DictReader(io.StringIO(render_report(rep, "csv"))))
     assert tuple(rows[0].keys()) == CSV_COLUMNS and len(rows) == len(b.results)
-    flagged = [(r["checkpoint"], r["layer"]) for r in rows if r["first_divergence"] == "1"]
-    assert flagged == [("post_mlp", "2")]
+    assert CSV_COLUMNS[:5] == ("session_id", "index", "id", "checkpoint", "layer")
+    flagged = [(r["id"], r["checkpoint"], r["layer"]) for r in rows if r["first_divergence"] == "1"]
+    assert flagged == [("post_mlp:2", "post_mlp", "2")]
+    assert rows[0]["id"] == "post_embedding" and rows[-1]["id"] == "post_processing"
     by_key = {(r["checkpoint"], r["layer"]): r for r in rows}
     assert float(by_key[("post_mlp", "2")]["max_abs_error"]) == pytest.approx(b.results[6]["max_abs_error"])
     assert by_key[("post_embedding", "")]["passed"] == "1" and by_key[("post_mlp", "3")]["passed"] == "0"
@@ -69,12 +75,12 @@ def test_junit_report_is_valid_xml(db, build):
     assert len(cases) == len(b.results) == int(suite.get("tests"))
     failed = [c for c in cases if c.find("failure") is not None]
     assert len(failed) == sum(not r["passed"] for r in b.results) == int(suite.get("failures"))
-    first = next(c for c in cases if c.get("name") == "post_mlp[2]")
+    first = next(c for c in cases if c.get("name") == "post_mlp:2")
     msg = first.find("failure").get("message")
     assert "[first divergence]" in msg and "max_abs_error=" in msg
     assert "max_ulp_error" in first.find("failure").text
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
-    assert props["first_divergence"] == "post_mlp[2]" and props["model_path"] == "/m/\ufffdbad\ufffd<&>\"'"
+    assert props["first_divergence"] == "post_mlp:2" and props["model_path"] == "/m/\ufffdbad\ufffd<&>\"'"
 
 
 def test_junit_error_session(db):
@@ -103,5 +109,9 @@ def test_diff_json_and_csv(db, build):
     diff = diff_sessions(a.session_id, b.session_id, db)
     doc = _strict(render_diff(diff, "json"))
     assert doc["counts"]["worse"] == len(diff.worse) > 0
+    assert [c["id"] for c in doc["changes"]] == [c.id for c in diff.changes]
+    second = doc["changes"][1]
+    assert (second["id"], second["checkpoint"], second["layer"]) == ("post_attention:0", "post_attention", 0)
     rows = list(csv.DictReader(io.StringIO(render_diff(diff, "csv"))))
     assert [r["change"] for r in rows] == [c.change for c in diff.changes]
+    assert [r["id"] for r in rows] == [c.id for c in diff.changes] and rows[0]["id"] == "post_embedding"

@@ -81,10 +81,11 @@ def test_failing_session_has_every_section(db, build):
                 "tolerances", "config", "environment", "reproduce", "first-divergence", "introducing-layers"):
         assert sid in c.ids, sid
     text = " ".join(c.text)
-    assert "FAILED" in text and "post_mlp[2]" in text
+    assert "FAILED" in text and "first divergence: <strong>post_mlp:2 (" in page
     # exactly one row is marked first, and it is post_mlp layer 2
     first_rows = re.findall(r'<tr class="first" id="row-(\d+)">', page)
-    assert first_rows == ["6"]  # emb, attn0, mlp0, attn1, mlp1, attn2, mlp2
+    assert first_rows == ["6"]  # post_embedding, post_attention:0, post_mlp:0, ..., post_mlp:2
+    assert re.search(r'<tr class="first" id="row-6"><td class="num">6</td><td>post_mlp:2</td>', page)
     assert "&larr; first divergence" in page
     # one log-scale chart per metric with data, plus the marker line of the first divergence
     charts = re.findall(r'data-chart="([a-z0-9_]+)"', page)
@@ -97,7 +98,7 @@ def test_failing_session_has_every_section(db, build):
     # heatmap from the recorded tensors of the worst checkpoint
     assert 'data-source="recorded tensors"' in page
     worst = max(b.results, key=lambda r: r["max_abs_error"])
-    assert f"Heatmap of the worst checkpoint: {worst['checkpoint']}[{worst['layer']}]" in page
+    assert f"Heatmap of the worst checkpoint: {worst['checkpoint']}:{worst['layer']}" in page
     # backends with versions, tolerances, environment, command
     assert "2.13.0" in text and "float64" in text and "rtol" in text and "python" in text
     assert "debug_validate --model-path /models/tiny-llama" in text and "as recorded by the engine" in text

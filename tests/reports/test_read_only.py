@@ -51,7 +51,7 @@ def test_rows_with_damaged_json_render_in_every_format(db, build, tmp_path, caps
     assert main(["--session-id", b.session_id, "--database", dbp, "--output-format", "html", "--include-tensors",
                  "--output-file", str(page)]) == 0
     html = page.read_text()
-    assert 'id="damaged"' in html and "session.config" in html and "post_mlp[1].metrics_json" in html
+    assert 'id="damaged"' in html and "session.config" in html and "post_mlp:1.metrics_json" in html
     assert main(["--diff", other.session_id, b.session_id, "--database", dbp, "--json"]) in (0, 1)
 
 

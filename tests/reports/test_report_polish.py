@@ -30,7 +30,7 @@ def _chart(page: str, chart_id: str) -> str:
 
 
 def test_exact_sqnr_is_an_exact_marker_not_the_nan_cross():
-    labels = ["emb", "attn0", "mlp0"]
+    labels = ["post_embedding", "post_attention:0", "post_mlp:0"]
     svg = line_chart("SQNR", labels, [("sqnr_db", [math.inf, 80.0, 60.0], "#2b6cb0")], log=False, inf_is_exact=True)
     assert 'class="exact"' in svg and 'class="nonfinite"' not in svg
     assert 'data-marker="exact-top"' in svg and "exact match (+inf)" in svg  # the chart's own legend
@@ -63,7 +63,7 @@ def test_identical_tolerance_tables_collapse_into_one():
     assert "6 checkpoint(s): post_mlp:0, post_mlp:1, post_mlp:2, post_mlp:3, post_mlp:4, post_mlp:5" in out
     assert "1 checkpoint(s): post_processing" in out
     used = out[out.index('class="tol-used"'):]
-    assert used.count("<th>rtol</th>") == 1 and "all 6 checkpoint(s): post_mlp[0], post_mlp[1]" in used
+    assert used.count("<th>rtol</th>") == 1 and "all 6 checkpoint(s): post_mlp:0, post_mlp:1" in used
 
 
 @pytest.mark.parametrize(("n", "text"), [(512, "512 B"), (1536, "1.50 KiB"), (69996544, "66.8 MiB"),

@@ -94,10 +94,10 @@ def test_status_transitions_are_enforced_atomically(db):
         db.update_session_status(sid, "passed")
     assert db.update_session_status(sid, "running") == "created"
     assert db.get_session(sid)["started_at"] is not None
-    db.update_session_status(sid, "failed", error_message="post_mlp[3] over tolerance")
+    db.update_session_status(sid, "failed", error_message="post_mlp:3 over tolerance")
     row = db.get_session(sid)
     assert row["status"] == "failed" and row["finished_at"] is not None
-    assert row["error_message"] == "post_mlp[3] over tolerance"
+    assert row["error_message"] == "post_mlp:3 over tolerance"
     for nxt in ("running", "passed", "error", "created"):
         with pytest.raises(ValidationError) as info:
             db.update_session_status(sid, nxt)

@@ -42,7 +42,7 @@ CREATE TABLE tensor_recordings (
     session_id TEXT NOT NULL REFERENCES sessions(session_id) ON DELETE CASCADE,
     tensor_name TEXT NOT NULL, path TEXT NOT NULL, metadata TEXT, created_at TEXT NOT NULL);
 INSERT INTO sessions VALUES ('s1', '/models/tiny', 'python_reference', 'pytorch', '{"seed": 3}', 'failed',
-    '{"verdict": "failed"}', 'post_mlp[1] over tolerance', '2025-01-01T00:00:00+00:00', '2025-01-01T00:01:00+00:00');
+    '{"verdict": "failed"}', 'post_mlp:1 over tolerance', '2025-01-01T00:00:00+00:00', '2025-01-01T00:01:00+00:00');
 INSERT INTO sessions VALUES ('s2', '/models/tiny', 'python_reference', 'pytorch', '{}', 'running',
     NULL, NULL, '2025-01-02T00:00:00+00:00', '2025-01-02T00:00:30+00:00');
 INSERT INTO checkpoint_results (session_id, checkpoint, layer, passed, max_abs_error, mean_abs_error, metrics_json, created_at)
@@ -85,7 +85,7 @@ def test_v1_file_migrates_and_keeps_its_data(db_path):
     db = DatabaseManager(db_path)  # initialize=True migrates on open
     assert db.schema_version() == SCHEMA_VERSION
     s1 = db.get_session("s1")
-    assert s1["status"] == "failed" and s1["error_message"] == "post_mlp[1] over tolerance"
+    assert s1["status"] == "failed" and s1["error_message"] == "post_mlp:1 over tolerance"
     assert s1["config"] == {"seed": 3} and s1["finished_at"] == "2025-01-01T00:01:00+00:00"
     assert db.get_session("s2")["status"] == "running"
     rows = db.get_checkpoint_results("s1")

@@ -31,7 +31,7 @@ def test_debug_session_save_load_update(db, db_path, make_result):
     s.add_checkpoint_result("post_mlp", make_result("ignored", 1, 0.3, False), layer=1)
     s.results = {"verdict": "failed"}
     s.save()
-    s.update_status("failed", "post_mlp[1] over tolerance")
+    s.update_status("failed", "post_mlp:1 over tolerance")
     loaded = DebugSession.load(s.session_id, db=str(db_path))  # a path works as well as a manager
     assert loaded == s
     assert loaded.to_dict() == s.to_dict() and DebugSession.from_dict(s.to_dict()) == s

@@ -130,7 +130,7 @@ def _cmd_model_explorer(db: DatabaseManager, session_id: str, out_dir: Path) -> 
 
 def _session_items(db: DatabaseManager, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
     """The ``--list`` rows: one summary per session, newest first."""
-    from ..reports._common import first_divergence_key, session_results, verdict_of
+    from ..reports._common import first_divergence_entry, first_divergence_key, session_results, verdict_of
 
     items = []
     for s in db.list_sessions(status=status, model_path=model_path, limit=limit):
@@ -141,7 +141,7 @@ def _session_items(db: DatabaseManager, status: str | None, model_path: str | No
             "verdict": verdict_of(s.get("status"), res), "model_path": s.get("model_path"),
             "reference_backend": s.get("reference_backend"), "alternative_backend": s.get("alternative_backend"),
             **_dtypes(s.get("config")),
-            "first_divergence": None if key is None else {"checkpoint": key[0], "layer": key[1]},
+            "first_divergence": first_divergence_entry(key),
         })
     return items
 
@@ -170,8 +170,6 @@ def _where(db: DatabaseManager) -> str:
 def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -> int:
     from rich.table import Table
 
-    from ..reports._common import row_label
-
     if as_json:
         print_json(items)
         return EXIT_OK
@@ -189,7 +187,7 @@ def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -
         status.stylize(colours.get(str(it["status"]), ""))
         add_row(table, it["session_id"], str(it["created_at"] or "")[:19], status, it["model_path"],
                 f"{it['reference_backend']} vs {it['alternative_backend']}", _dtype_cell(it),
-                "" if fd is None else row_label((fd["checkpoint"], fd["layer"])))
+                "" if fd is None else fd["id"])
     make_console(piped_width=_WIDE).print(table)
     return EXIT_OK
 
@@ -220,12 +218,12 @@ def _print_diff_table(diff: SessionDiff, before: str, after: str) -> None:
 
     table = Table(title=literal(f"{before} -> {after}"))
     for col in ("checkpoint", "layer", "before", "after", "before max abs", "after max abs", "change"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "checkpoint")
     styles = {"worse": "bold red", "better": "green", "new": "cyan", "missing": "yellow"}
     for c in diff.changes:
         change = literal(c.change)
         change.stylize(styles.get(c.change, ""))
-        add_row(table, c.checkpoint, fmt_num(c.layer), _pass_label(c.before_passed), _pass_label(c.after_passed),
+        add_row(table, c.id, fmt_num(c.layer), _pass_label(c.before_passed), _pass_label(c.after_passed),
                 fmt_num(c.before_max_abs_error), fmt_num(c.after_max_abs_error), change)
     console = make_console(piped_width=_WIDE)
     console.print(table)

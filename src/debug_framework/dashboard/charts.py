@@ -9,7 +9,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from ..reports._common import LOG_METRICS, as_float, passed_state, row_label
+from ..reports._common import LOG_METRICS, as_float, passed_state, row_id
 from ..reports._html import colorize
 from ..reports._rows import judged_by
 from ..reports._tensors import heatmap_for, open_store
@@ -23,8 +23,8 @@ _CURVE_COLUMNS = ["order", "checkpoint", "series", "value", "status"]
 
 
 def curve_frame(rows: Sequence[Mapping[str, Any]], metric: str) -> pd.DataFrame:
-    """Long form: per checkpoint (model order) the metric's value and its bound in the same units."""
-    labels = [row_label(r) for r in rows]
+    """Long form: per checkpoint (model order, by id) the metric's value and its bound in the same units."""
+    labels = [row_id(r) for r in rows]
     values, bounds = _metric_values(rows, metric), _bound_values(rows, metric)
     status = ["pass" if p else ("fail" if p is False else "n/a") for p in (passed_state(r) for r in rows)]
     out = []
@@ -60,10 +60,11 @@ def curve_chart(frame: pd.DataFrame, metric: str, first_divergence: str | None) 
 
 
 def checkpoint_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The checkpoint table: the verdict, what judged it, its bound and margin (error / bound), the errors."""
+    """The checkpoint table: the checkpoint's id, the verdict, what judged it, its bound and margin
+    (error / bound), the errors."""
     out = []
     for r in rows:
-        out.append({"checkpoint": row_label(r), "passed": passed_state(r), "judged by": judged_by(r),
+        out.append({"checkpoint": row_id(r), "passed": passed_state(r), "judged by": judged_by(r),
                     "bound": as_float(r.get("bound")), "margin": as_float(r.get("margin")),
                     "rmse": as_float(r.get("rmse")), "max_abs_error": as_float(r.get("max_abs_error")),
                     "rel_l2_error": as_float(r.get("rel_l2_error")), "sqnr_db": as_float(r.get("sqnr_db")),

@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..checkpoint_ids import row_checkpoint_id
 from ..errors import DatabaseError, ValidationError
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
@@ -51,8 +52,15 @@ def _num(v: Any) -> float | None:
         return None
 
 
+def _ref(row: Mapping[str, Any], more: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A checkpoint row by reference: its canonical id, structured fields and max abs error (+ ``more``)."""
+    keys = ("checkpoint", "layer", "step", "module", *more, "max_abs_error")
+    return {"id": row_checkpoint_id(row), **{k: row.get(k) for k in keys}}
+
+
 def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts, the first divergence (first failing row in model order) and the worst row."""
+    """Counts, the first divergence (first failing row in model order) and the worst row (each with
+    the checkpoint's canonical ``id`` beside ``checkpoint`` and ``layer``)."""
     failed = [r for r in rows if r.get("passed") is False or r.get("passed") == 0]
     passed = [r for r in rows if r.get("passed") is True or r.get("passed") == 1]
 
@@ -67,11 +75,8 @@ def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
         "passed": len(passed),
         "failed": len(failed),
         "unknown": len(rows) - len(passed) - len(failed),
-        "first_divergence": None if first is None else {
-            k: first.get(k) for k in ("id", "checkpoint", "layer", "step", "module", "judged_by", "bound", "margin",
-                                      "reason", "max_abs_error")},
-        "worst": None if worst is None else {
-            k: worst.get(k) for k in ("id", "checkpoint", "layer", "step", "max_abs_error")},
+        "first_divergence": None if first is None else _ref(first, ("judged_by", "bound", "margin", "reason")),
+        "worst": None if worst is None else _ref(worst),
     }
 
 

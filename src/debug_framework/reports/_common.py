@@ -12,13 +12,16 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..checkpoint_ids import checkpoint_id, row_checkpoint_id
+
 __all__ = [
     "METRICS",
     "LOG_METRICS",
     "as_float",
     "fmt_num",
     "row_key",
-    "row_label",
+    "row_id",
+    "first_divergence_entry",
     "passed_state",
     "session_results",
     "first_divergence_key",
@@ -122,6 +125,7 @@ def human_bytes(value: Any) -> str:
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
+    """A checkpoint row's ``(checkpoint, layer)`` (a layer that is not a number reads as None)."""
     layer = row.get("layer")
     try:
         layer = None if layer is None else int(layer)
@@ -130,10 +134,16 @@ def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
     return (str(row.get("checkpoint")), layer)
 
 
-def row_label(row: Mapping[str, Any] | tuple[str, int | None]) -> str:
-    """``post_mlp[3]`` / ``post_embedding``."""
-    cp, layer = row if isinstance(row, tuple) else row_key(row)
-    return cp if layer is None else f"{cp}[{layer}]"
+def row_id(row: Mapping[str, Any] | tuple[str, int | None]) -> str:
+    """The canonical id of a checkpoint (``post_mlp:3`` / ``post_embedding``): of a row, its stored
+    ``id`` or the one its ``checkpoint``/``layer`` give (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`);
+    of a ``(checkpoint, layer)`` key, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
+    return checkpoint_id(*row) if isinstance(row, tuple) else row_checkpoint_id(row)
+
+
+def first_divergence_entry(key: tuple[str, int | None] | None) -> dict[str, Any] | None:
+    """The ``first_divergence`` object of the JSON outputs: ``{"id", "checkpoint", "layer"}`` (None: none)."""
+    return None if key is None else {"id": checkpoint_id(*key), "checkpoint": key[0], "layer": key[1]}
 
 
 def passed_state(row: Mapping[str, Any]) -> bool | None:
@@ -314,9 +324,9 @@ def isolation_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
 
 def damaged_fields(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """What the store could not decode (``damaged_json`` of the session and of each row), as
-    ``session.config`` / ``post_mlp[1].metrics_json``: shown so a damaged field is not mistaken for one
+    ``session.config`` / ``post_mlp:1.metrics_json``: shown so a damaged field is not mistaken for one
     that was never recorded."""
     out = [f"session.{c}" for c in session.get("damaged_json") or ()]
     for r in rows:
-        out += [f"{row_label(r)}.{c}" for c in r.get("damaged_json") or ()]
+        out += [f"{row_id(r)}.{c}" for c in r.get("damaged_json") or ()]
     return out

@@ -107,12 +107,25 @@ def kv_table(data: Mapping[str, Any] | None, *, depth: int = 0, cls: str = "kv")
 _PASS, _FAIL, _UNKNOWN, _BAD, _EXACT = "#2b6cb0", "#c53030", "#718096", "#b83280", "#2f855a"
 
 
-def _short(label: str) -> str:
-    for long, short in (("post_embedding", "emb"), ("post_attention", "attn"), ("post_mlp", "mlp"),
-                        ("post_processing", "out")):
-        if label.startswith(long):
-            return short + label[len(long):].replace("[", "").replace("]", "")
-    return label if len(label) <= 10 else label[:9] + "\u2026"
+#: The x labels' slant and the width of one character of their 9 px font (an estimate, on the wide
+#: side): the margins are sized so that the longest label (``post_attention:11``) is drawn whole.
+_XT_ANGLE, _XT_CHAR_PX = 40.0, 5.4
+#: A longer x label (no checkpoint id is) is cut, so a strange stored name cannot stretch the chart.
+_XT_MAX_CHARS = 24
+
+
+def _tick(label: str) -> str:
+    """An x label as drawn: whole, or cut to :data:`_XT_MAX_CHARS` with an ellipsis."""
+    return label if len(label) <= _XT_MAX_CHARS else label[: _XT_MAX_CHARS - 1] + "\u2026"
+
+
+def _x_label_margins(labels: Sequence[str]) -> tuple[int, int]:
+    """``(left, bottom)`` room for the slanted x labels: each ends at its tick and runs down-left."""
+    if not labels:
+        return 0, 0
+    rad = math.radians(_XT_ANGLE)
+    longest = max(len(t) for t in labels) * _XT_CHAR_PX
+    return math.ceil(len(labels[0]) * _XT_CHAR_PX * math.cos(rad)) + 4, math.ceil(longest * math.sin(rad)) + 20
 
 
 def line_chart(
@@ -145,7 +158,10 @@ def line_chart(
     if n == 0 or not finite:
         return ""
     exact_top = inf_is_exact and any(v == math.inf for s in vals for v in s)
-    ml, mr, mt, mb = 62, 26, (36 if exact_top else 26), 46
+    x_step = max(1, math.ceil(n / 14))  # every x_step-th checkpoint is labelled
+    label_left, label_bottom = _x_label_margins([_tick(str(t)) for t in labels[::x_step]])
+    ml, mr, mt, mb = max(62, label_left), 26, (36 if exact_top else 26), max(46, label_bottom)
+    height += mb - 46  # the plot keeps its height; the labels get their own room
     pw, ph = width - ml - mr, height - mt - mb
     if log:
         lo, hi = math.floor(math.log10(min(finite))), math.ceil(math.log10(max(finite)))
@@ -186,12 +202,11 @@ def line_chart(
             y = ty(v)
             out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#edf2f7"/>')
             out.append(f'<text x="{ml - 4}" y="{y + 3:.1f}" class="yt">{esc(fmt_num(v, 3))}</text>')
-    # x labels
-    step = max(1, math.ceil(n / 14))
-    for i in range(0, n, step):
+    # x labels: the checkpoint ids, slanted, each ending at its tick
+    for i in range(0, n, x_step):
         x = tx(i)
-        out.append(f'<text x="{x:.1f}" y="{mt + ph + 12}" class="xt" transform="rotate(35 {x:.1f} {mt + ph + 12})">'
-                   f"{esc(_short(labels[i]))}</text>")
+        out.append(f'<text x="{x:.1f}" y="{mt + ph + 12}" class="xt" text-anchor="end" '
+                   f'transform="rotate(-{_XT_ANGLE:g} {x:.1f} {mt + ph + 12})">{esc(_tick(str(labels[i])))}</text>')
     if marker_index is not None and 0 <= marker_index < n:
         x = tx(marker_index)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{mt + ph}" stroke="{_FAIL}" stroke-dasharray="4 3"'

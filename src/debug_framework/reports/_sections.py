@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..jsonio import dumps_json
-from ._common import as_float, fmt_num, human_bytes, row_label
+from ._common import as_float, fmt_num, human_bytes, row_id
 from ._html import esc, json_pre, kv_table, line_chart
 
 __all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
@@ -112,7 +112,7 @@ def tolerances_section(session: Mapping[str, Any], rows: Sequence[Mapping[str, A
     if isinstance(per, Mapping) and per:
         parts.append("<h4>Per checkpoint (identical ones collapsed)</h4>"
                      + _shared_table(_grouped([(str(k), v) for k, v in per.items()]), "tol-session"))
-    used = _grouped([(row_label(r), r.get("tolerance")) for r in rows if r.get("tolerance") is not None])
+    used = _grouped([(row_id(r), r.get("tolerance")) for r in rows if r.get("tolerance") is not None])
     if used:
         parts.append("<h3>Tolerance used per checkpoint</h3>" + _shared_table(used, "tol-used"))
     return section("tolerances", "Tolerances", "".join(parts))

@@ -50,8 +50,10 @@ class ReportSource(SessionSource, Protocol):
 
 
 class ChangeSource(Protocol):
-    """How one ``(checkpoint, layer)`` changed between two sessions."""
+    """How one ``(checkpoint, layer)`` changed between two sessions (``id``: its canonical id)."""
 
+    @property
+    def id(self) -> str: ...
     @property
     def checkpoint(self) -> str: ...
     @property

@@ -26,8 +26,8 @@ from ._common import (
     isolation_rows,
     passed_state,
     reproduce_command,
+    row_id,
     row_key,
-    row_label,
     session_results,
     verdict_of,
     worst_row,
@@ -146,7 +146,7 @@ def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, i
             detail_bits.append(kv_table(more))
         details = f"<details><summary>details</summary>{''.join(detail_bits)}</details>" if detail_bits else ""
         body.append(
-            f'<tr class="{cls}" id="row-{i}"><td class="num">{i}</td><td>{esc(key[0])}</td>'
+            f'<tr class="{cls}" id="row-{i}"><td class="num">{i}</td><td>{esc(row_id(r))}</td>'
             f'<td class="num">{esc(fmt_num(key[1]))}</td><td>{esc(verdict)}{mark}</td>{cells}{iso}'
             f"<td class=\"reason\">{esc(r.get('reason'))}</td><td>{details}</td></tr>")
     return (f'<div class="scroll"><table class="checkpoints"><thead><tr><th>#</th><th>checkpoint</th><th>layer</th>'
@@ -155,7 +155,7 @@ def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, i
 
 
 def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
-    labels = [row_label(r) for r in rows]
+    labels = [row_id(r) for r in rows]
     passed = [passed_state(r) for r in rows]
     charts = []
     for m in LOG_METRICS:
@@ -173,8 +173,8 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
         charts.append(svg)
     if not charts:
         return '<p class="muted">no finite error figures to plot</p>'
-    legend = ('<p class="muted">x: checkpoints in model order (emb = post_embedding, attnN / mlpN = layer N, '
-              "out = post_processing). Points: blue within the bound, red beyond it; a hollow triangle on the "
+    legend = ('<p class="muted">x: checkpoints in model order, by id (post_attention:N and post_mlp:N are layer '
+              "N's). Points: blue within the bound, red beyond it; a hollow triangle on the "
               "floor is an exact 0 (and, on the SQNR chart, a green hollow triangle just above the frame marked \u201cexact\u201d "
               "is an exact match, SQNR +inf); a magenta cross at the top is NaN/inf. Each chart names the off-scale "
               "markers it uses at its top right. The dashed red line marks the first "
@@ -240,7 +240,7 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
                      f'{esc(source.get("detail"))}</p>')
     if iso_rows:
         series_src: Sequence[Mapping[str, Any]] = iso_rows
-        labels = [row_label(r) for r in iso_rows]
+        labels = [row_id(r) for r in iso_rows]
     else:
         series_src = layers
         labels = [f"layer {d.get('layer')}" for d in layers]
@@ -259,7 +259,7 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
         for r in iso_rows:
             intro = r.get("introduces_error")
             flag = "introduces error" if intro is True else ("no" if intro is False else "")
-            trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(row_label(r))}</td>'
+            trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(row_id(r))}</td>'
                        f"{num_td(r.get('introduced_error'))}{num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
                        f"<td>{esc('pass' if passed_state(r) else ('FAIL' if passed_state(r) is False else '?'))}</td></tr>")
         parts.append("<table><tr><th>checkpoint</th><th>introduced error</th><th>propagated error</th>"
@@ -299,7 +299,7 @@ def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
             parts.append(kv_table(oracle))
         if o_rows:
             keys = ("reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio")
-            trs = "".join(f'<tr class="{"fail" if r["oracle"].get("passed") is False else ""}"><td>{esc(row_label(r))}</td>'
+            trs = "".join(f'<tr class="{"fail" if r["oracle"].get("passed") is False else ""}"><td>{esc(row_id(r))}</td>'
                           + "".join(num_td(r["oracle"].get(k)) for k in keys)
                           + f"<td>{esc(r['oracle'].get('passed'))}</td></tr>" for r in o_rows)
             parts.append("<table><tr><th>checkpoint</th>" + "".join(f"<th>{esc(k)}</th>" for k in keys)
@@ -311,7 +311,7 @@ def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
         if noise:
             parts.append(kv_table(noise) if isinstance(noise, Mapping) else json_pre(noise))
         if n_rows:
-            trs = "".join(f"<tr><td>{esc(row_label(r))}</td><td>{_cell(r['run_to_run'])}</td></tr>" for r in n_rows)
+            trs = "".join(f"<tr><td>{esc(row_id(r))}</td><td>{_cell(r['run_to_run'])}</td></tr>" for r in n_rows)
             parts.append(f"<table><tr><th>checkpoint</th><th>max |run1 - run2|</th></tr>{trs}</table>")
     return section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
 
@@ -323,7 +323,7 @@ def _cell(d: Mapping[str, Any]) -> str:
 def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
     if worst is None:
         return section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
-    label = row_label(worst)
+    label = row_id(worst)
     if hm is None:
         return section("heatmap", f"Heatmap of the worst checkpoint: {label}",
                         '<p class="muted">no recorded tensors and no worst-element list for this checkpoint</p>')
@@ -395,7 +395,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     if first_key is None:
         fd_text = "none: every checkpoint within tolerance" if rows else "none (no checkpoint results stored)"
     else:
-        fd_text = row_label(first_key)
+        fd_text = row_id(first_key)
         if first_row is not None:
             fd_text += f" (max abs error {fmt_num(first_row.get('max_abs_error'))}"
             if first_row.get("reason"):
@@ -407,7 +407,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         f"<div>session status <strong>{esc(status)}</strong>; {esc(len(rows))} checkpoints: {esc(n_pass)} passed, "
         f"{esc(n_fail)} failed, {esc(len(rows) - n_pass - n_fail)} without a verdict</div>"
         f'<div id="first-divergence">first divergence: <strong>{esc(fd_text)}</strong></div>'
-        + (f"<div>worst checkpoint: {esc(row_label(worst))} (max abs error {esc(fmt_num(worst.get('max_abs_error')))})</div>"
+        + (f"<div>worst checkpoint: {esc(row_id(worst))} (max abs error {esc(fmt_num(worst.get('max_abs_error')))})</div>"
            if worst is not None else "")
         + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
            if isinstance(results.get("introducing_layers"), list) else "")
@@ -494,7 +494,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
 def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSource) -> str:
     """Cross-session report: which checkpoints got better or worse from ``before`` to ``after``."""
     counts = diff.to_dict()["counts"]
-    labels = [row_label((c.checkpoint, c.layer)) for c in diff.changes]
+    labels = [c.id for c in diff.changes]
     series = [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
               ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")]
     after_rows = list(getattr(after, "checkpoint_results", None) or [])
@@ -509,7 +509,7 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
         if b is not None and a is not None and math.isfinite(a) and math.isfinite(b) and b > 0:
             ratio = fmt_num(a / b, 3)
         pv = lambda p: "pass" if p is True else ("FAIL" if p is False else "")  # noqa: E731
-        trs.append(f'<tr class="{esc(c.change)}"><td>{esc(c.checkpoint)}</td><td class="num">{esc(fmt_num(c.layer))}</td>'
+        trs.append(f'<tr class="{esc(c.change)}"><td>{esc(c.id)}</td><td class="num">{esc(fmt_num(c.layer))}</td>'
                    f"<td>{esc(pv(c.before_passed))}</td><td>{esc(pv(c.after_passed))}</td>"
                    f"{num_td(c.before_max_abs_error)}{num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
                    f'<td class="change">{esc(c.change)}</td></tr>')

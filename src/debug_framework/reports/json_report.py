@@ -3,7 +3,9 @@
 The document is ``ValidationReport.to_dict()`` (``report_id``, ``session_id``, ``overall_status``,
 ``summary_statistics``, ``checkpoint_results``, ``performance_metrics``, ``session``,
 ``tensor_recordings``, ``created_at``) plus ``verdict``, ``first_divergence`` and
-``reproduce_command``; with ``include_tensors`` a ``tensors`` list with each recorded tensor's
+``reproduce_command``. Each entry of ``checkpoint_results`` and ``first_divergence`` carries the
+checkpoint's canonical ``id`` (``post_attention:1``, ``post_embedding``) beside its ``checkpoint``
+and ``layer``; with ``include_tensors`` a ``tensors`` list with each recorded tensor's
 statistics and its first ``max_tensor_values`` values.
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 
 from ..jsonio import dumps_json
 from ..storage.tensor_store import TensorStore
-from ._common import first_divergence_key, reproduce_command, session_results, verdict_of
+from ._common import first_divergence_entry, first_divergence_key, reproduce_command, row_id, session_results, verdict_of
 from ._tensors import open_store, tensor_summary
 from .documents import DiffSource, ReportSource
 
@@ -24,10 +26,13 @@ __all__ = ["report_document", "render_json", "render_diff_json"]
 def report_document(report: ReportSource, *, include_tensors: bool = False, store: TensorStore | None = None,
                     max_tensor_values: int = 4096) -> dict[str, Any]:
     doc = report.to_dict()
+    # the id first; it replaces the store's row number, which names nothing outside the database
+    doc["checkpoint_results"] = [{"id": row_id(r), **{k: v for k, v in r.items() if k != "id"}}
+                                 for r in report.checkpoint_results]
     results = session_results(report.session)
     key = first_divergence_key(report.checkpoint_results, results)
     doc["verdict"] = verdict_of(report.overall_status, results)
-    doc["first_divergence"] = None if key is None else {"checkpoint": key[0], "layer": key[1]}
+    doc["first_divergence"] = first_divergence_entry(key)
     cmd, exact = reproduce_command(report.session or {}, results)
     doc["reproduce_command"] = {"command": cmd, "exact": exact}
     if include_tensors:

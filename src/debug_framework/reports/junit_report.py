@@ -1,8 +1,9 @@
-"""JUnit XML report: one ``<testcase>`` per ``(checkpoint, layer)`` so a CI shows which failed.
+"""JUnit XML report: one ``<testcase>`` per checkpoint, named by its id (``post_attention:1``), so a
+CI shows which failed.
 
 ``<testsuites>`` holds one ``<testsuite name="validation <model>">`` with ``tests``, ``failures``,
 ``errors``, ``skipped`` and ``time`` (session wall time when known), ``<properties>`` with the
-session id, model, backends, status, verdict and first divergence. A failing checkpoint has a
+session id, model, backends, status, verdict and first divergence (its id). A failing checkpoint has a
 ``<failure type="NumericalMismatch">`` whose message names the reason and the key metrics and
 whose text lists every metric; a row with no verdict is ``<skipped>``. A session that ended in
 ``error`` gets an extra ``session`` testcase with an ``<error>``. Text is made XML-1.0 safe
@@ -16,7 +17,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime
 from typing import Any
 
-from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_key, row_label, session_results, verdict_of
+from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_id, row_key, session_results, verdict_of
 from ._drilldown import drilldown_culprits
 from .documents import ReportSource
 
@@ -65,14 +66,14 @@ def render_junit(report: ReportSource) -> str:
                         ("reference_backend", session.get("reference_backend")),
                         ("alternative_backend", session.get("alternative_backend")),
                         ("status", report.overall_status), ("verdict", verdict_of(report.overall_status, results)),
-                        ("first_divergence", None if first is None else row_label(first))):
+                        ("first_divergence", None if first is None else row_id(first))):
         if value is not None:
             ET.SubElement(props, "property", name=name, value=_x(value))
     if (culprits := drilldown_culprits(results)) is not None:
         ET.SubElement(props, "property", name="drilldown_culprits", value=_x(culprits))
     for r in rows:
         key = row_key(r)
-        case = ET.SubElement(suite, "testcase", classname=_x(classname), name=_x(row_label(key)), time="0")
+        case = ET.SubElement(suite, "testcase", classname=_x(classname), name=_x(row_id(r)), time="0")
         p = passed_state(r)
         if p is False:
             metrics = ", ".join(f"{m}={fmt_num(r.get(m))}" for m in ("max_abs_error", "max_rel_error", "mismatch_percent",

@@ -48,7 +48,7 @@ from typing import Any
 
 from ..errors import ValidationError
 from ..services.drilldown.types import LayerDrilldown
-from ._common import as_float, passed_state, row_key, row_label, session_results
+from ._common import as_float, passed_state, row_id, row_key, session_results
 from ._rows import replay_of, rule_of
 
 __all__ = [
@@ -121,12 +121,6 @@ def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapp
 # --- the checkpoint graph (the whole model) ------------------------------------------------------------
 
 
-def _node_id(row: Mapping[str, Any]) -> str:
-    """A checkpoint's node id: its key as the engine names it (``post_mlp:3``, ``post_embedding``)."""
-    cp, layer = row_key(row)
-    return cp if layer is None else f"{cp}:{layer}"
-
-
 def _judged_error(row: Mapping[str, Any]) -> tuple[float | None, str]:
     """The error the verdict judged and its metric: the calibrated metric where calibrated, else max abs."""
     rule = rule_of(row)
@@ -167,10 +161,10 @@ def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[Lay
         attrs = [_kv("passed", passed_state(row)), _kv(f"error ({metric})", error), _kv("bound", row.get("bound")),
                  _kv("margin", row.get("margin")), _kv("introduced", _introduced(row)),
                  _kv("carried_in", _carried_in(row)), _kv("reason", str(row.get("reason") or "")[:300])]
-        c = culprits.get(_node_id(row))
+        c = culprits.get(row_id(row))
         if c is not None:
             attrs.append(_kv("culprit", f"{c.op} ({c.module_path or c.node})"))
-        node = {"id": _node_id(row), "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
+        node = {"id": row_id(row), "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
                 "attrs": attrs, "incomingEdges": [] if previous is None else [{"sourceNodeId": previous}]}
         nodes.append(node)
         previous = node["id"]
@@ -179,7 +173,7 @@ def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[Lay
 
 def checkpoint_node_data(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Node data of the checkpoint graph, one document per quantity (:data:`CHECKPOINT_QUANTITIES`)."""
-    ids = [_node_id(r) for r in rows]
+    ids = [row_id(r) for r in rows]
     error = {i: _judged_error(r)[0] for i, r in zip(ids, rows)}
     verdict = {i: (_PASS if passed_state(r) else _FAIL) for i, r in zip(ids, rows) if passed_state(r) is not None}
     introduces = {i: (_FAIL if r.get("introduces_error") else _PASS) for i, r in zip(ids, rows)
@@ -444,7 +438,7 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
         _write_node_data(out, "checkpoints", checkpoint_node_data(rows), entry)
         graphs = [entry, *(_layer_overlay(d, out) for d in drills)]
         manifest = {"format": "model-explorer node data", "graphs": [g.to_dict(out) for g in graphs],
-                    "checkpoints": [row_label(r) for r in rows]}
+                    "checkpoints": [row_id(r) for r in rows]}
         _dump(out / "manifest.json", manifest)
     except OSError as exc:
         raise ValidationError(f"cannot write the Model Explorer files: {exc.strerror or exc}", path=str(out),

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpoint_ids import checkpoint_id
 from ..errors import DatabaseError, ValidationError
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
@@ -74,6 +75,8 @@ def _leaf_differences(name: str, a: Any, b: Any, depth: int = 0) -> list[FieldDi
 
 @dataclass(frozen=True)
 class CheckpointChange:
+    """How one checkpoint changed between the sessions; ``id`` is its canonical id (``post_mlp:1``)."""
+
     checkpoint: str
     layer: int | None
     change: str  # better | worse | unchanged | new | missing
@@ -82,8 +85,13 @@ class CheckpointChange:
     before_passed: bool | None
     after_passed: bool | None
 
+    @property
+    def id(self) -> str:
+        return checkpoint_id(self.checkpoint, self.layer)
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """``{"id", "checkpoint", "layer", "change", ...}``."""
+        return {"id": self.id, **self.__dict__}
 
 
 @dataclass

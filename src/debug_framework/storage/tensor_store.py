@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint_ids import checkpoint_id
 from ..errors import DatabaseError, ValidationError, no_space_error
 from .database import Database
 from .recordings import StoredRecording
@@ -139,7 +140,7 @@ class RecordingOutcome:
         if not self.dropped:
             return f"kept all {len(self.kept)} recordings ({self.kept_bytes} bytes)"
         keys = sorted({(d.checkpoint, d.layer) for d in self.dropped}, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
-        names = ", ".join(f"{c}" if lay is None else f"{c}[{lay}]" for c, lay in keys[:10])
+        names = ", ".join(checkpoint_id(c, lay) for c, lay in keys[:10])
         more = "" if len(keys) <= 10 else f" and {len(keys) - 10} more"
         return (f"kept {len(self.kept)} recordings ({self.kept_bytes} bytes); dropped {len(self.dropped)} "
                 f"over budget: {names}{more}")

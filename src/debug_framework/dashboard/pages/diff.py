@@ -35,7 +35,7 @@ with viewer() as db:
                 for col, (name, n) in zip(cols, counts.items()):
                     col.metric(name, n)
                 st.dataframe(cells(pd.DataFrame([{
-                    "checkpoint": c.checkpoint, "layer": c.layer, "change": c.change,
+                    "checkpoint": c.id, "layer": c.layer, "change": c.change,
                     "before passed": c.before_passed, "after passed": c.after_passed,
                     "before max abs": c.before_max_abs_error, "after max abs": c.after_max_abs_error,
                 } for c in diff.changes])), hide_index=True, width="stretch")

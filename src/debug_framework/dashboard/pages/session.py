@@ -17,7 +17,7 @@ from debug_framework.dashboard.charts import (
 from debug_framework.dashboard.data import cells, literal, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
-from debug_framework.reports._common import row_label, session_results, worst_row
+from debug_framework.reports._common import row_id, session_results, worst_row
 
 st.title("Session")
 _MIME = {"html": "text/html", "json": "application/json", "csv": "text/csv", "junit": "application/xml"}
@@ -44,7 +44,7 @@ with viewer() as db:
             if sess.get("error_message"):
                 st.text(plain(f"error: {sess['error_message']}"))
             fd = doc["first_divergence"]
-            first = None if fd is None else row_label((fd["checkpoint"], fd["layer"]))
+            first = None if fd is None else str(fd["id"])
             c1, c2, c3 = st.columns(3)
             c1.metric("first divergence", literal(first or "none"))
             c2.metric("introducing layers",
@@ -84,7 +84,7 @@ with viewer() as db:
                         st.dataframe(cells(table), hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}")
 
             worst = worst_row(rows)
-            st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_label(worst))}" if worst else ""))
+            st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_id(worst))}" if worst else ""))
             image = heatmap_image(worst, report.tensor_recordings, report.tensor_store_root) if worst else None
             if image is None:
                 st.caption("No recorded tensors and no worst-element list for this checkpoint.")

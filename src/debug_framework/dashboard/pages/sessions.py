@@ -7,7 +7,6 @@ from datetime import datetime, timezone
 import pandas as pd
 import streamlit as st
 
-from debug_framework.reports._common import row_label
 from debug_framework.dashboard.data import cells, literal, session_items, settings, viewer
 
 st.title("Sessions")
@@ -25,8 +24,7 @@ with viewer(s) as db:
                 "status": it["status"], "verdict": it["verdict"], "model": it["model_path"],
                 "reference": it["reference_backend"], "alternative": it["alternative_backend"],
                 "dtype": it["dtype"], "reference dtype": it["reference_dtype"],
-                "first divergence": "" if it["first_divergence"] is None else
-                row_label((it["first_divergence"]["checkpoint"], it["first_divergence"]["layer"])),
+                "first divergence": "" if it["first_divergence"] is None else it["first_divergence"]["id"],
             } for it in items])
             cols = st.columns(5)
             models = cols[0].multiselect("model", sorted(frame["model"].dropna().unique()))
