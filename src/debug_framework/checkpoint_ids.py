@@ -15,10 +15,12 @@ from typing import Any
 __all__ = ["checkpoint_id", "row_checkpoint_id"]
 
 
-def checkpoint_id(name: str, layer: int | None = None) -> str:
+def checkpoint_id(name: str, layer: int | None = None, step: int | None = None) -> str:
     """``checkpoint_id("post_attention", 1) == "post_attention:1"``; ``checkpoint_id("post_embedding")
-    == "post_embedding"`` (a layer-less checkpoint is its name)."""
-    return name if layer is None else f"{name}:{layer}"
+    == "post_embedding"`` (a layer-less checkpoint is its name); a decode step, when there is one,
+    follows as ``@step`` (``post_mlp:2@5``; the prefill pass has none)."""
+    base = name if layer is None else f"{name}:{layer}"
+    return base if step is None else f"{base}@{step}"
 
 
 def row_checkpoint_id(row: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..checkpoint_ids import checkpoint_id
 from ..errors import ValidationError
 from ..suggest import did_you_mean
 
@@ -90,7 +91,7 @@ class CheckpointKey(NamedTuple):
             ) from exc
 
     def __str__(self) -> str:
-        return self.name if self.layer is None else f"{self.name}:{self.layer}"
+        return checkpoint_id(self.name, self.layer)
 
 
 def all_checkpoints(num_layers: int) -> list[CheckpointKey]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict, Unpack
 
+from ..checkpoint_ids import row_checkpoint_id
 from ..config import check_keywords
 from ..errors import ValidationError
 from .checkpoint_rows import METRIC_COLUMNS, result_row_values, upsert_result_sql
@@ -81,8 +82,7 @@ class CheckpointResultStore:
             d = _metrics_of(r)
             d.update(row_id=r["id"], session_id=r["session_id"], checkpoint=r["checkpoint"], layer=r["layer"],
                      created_at=r["created_at"], updated_at=r["updated_at"])
-            if not isinstance(d.get("id"), str):  # rows written before the canonical id
-                d["id"] = r["checkpoint"] if r["layer"] is None else f"{r['checkpoint']}:{r['layer']}"
+            d["id"] = row_checkpoint_id(d)  # rows written before the canonical id get it too
             d.setdefault("introduced_error", r["introduced_error"])
             d.setdefault("propagated_error", r["propagated_error"])
             out.append(d)

@@ -17,21 +17,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...capture.keys import CheckpointKey
+from ...checkpoint_ids import checkpoint_id
 from ...comparison import ComparisonResult, Tolerance, error_metric
 from ...jsonio import json_safe
 from ..drilldown.types import LayerDrilldown
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .judge import Judgement, LayerVerdict, Verdict
 
-__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "checkpoint_id", "brief"]
+__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "brief"]
 
 #: ComparisonResult fields that are not measurements (the allclose verdict is the judge's business).
 _NOT_METRICS = ("passed", "reason", "tolerance", "name")
-
-
-def checkpoint_id(key: CheckpointKey, step: int | None = None) -> str:
-    """The canonical id of a checkpoint: ``post_attention:1``, ``post_embedding``; ``@step`` for a decode step."""
-    return str(key) if step is None else f"{key}@{step}"
 
 
 def brief(result: ComparisonResult | None) -> dict[str, Any] | None:
@@ -112,7 +108,7 @@ class CheckpointResult:
 
     @property
     def id(self) -> str:
-        return checkpoint_id(self.key, self.step)
+        return checkpoint_id(self.key.name, self.key.layer, self.step)
 
     @property
     def passed(self) -> bool:
