@@ -48,6 +48,9 @@ def test_injected_bug_is_located(bug, tiny_llama, db_path, my_backend):
     assert [(r["checkpoint"], r["layer"]) for r in rows] == [tuple(o.key) for o in result.results]
     assert stored["first_divergence"]["checkpoint"] == first.name and stored["first_divergence"]["layer"] == first.layer
     assert stored["summary"]["first_divergence"]["layer"] == first.layer
+    # one first divergence: the session's summary and the rows agree, and it names its row by id
+    assert stored["first_divergence"] == stored["summary"]["first_divergence"]
+    assert stored["first_divergence"]["id"] == str(first)
     by_key = {(r["checkpoint"], r["layer"]): r for r in rows}
     for layer in range(6):
         assert by_key[("post_attention", layer)]["introduces_error"] == (layer in introducing)

@@ -156,9 +156,11 @@ def test_the_bound_is_shown_everywhere(tiny_models, engine, tmp_path):
     assert code == 1
     doc = json.loads(out.read_text())
     assert doc["error_source"]["kind"] == "layer" and doc["error_source"]["layer"] == BUG_LAYER
-    assert doc["first_divergence"]["margin"] > 1 and doc["first_divergence"]["judged_by"] == "calibration"
+    assert doc["first_divergence"]["margin"] > 1 and doc["first_divergence"]["judged_by"] in ("calibration", "isolation")
     for r in doc["results"]:
-        assert r["bound"] > 0 and r["margin"] is not None and r["judged_by"] == "calibration"
+        assert r["bound"] > 0 and r["margin"] is not None and r["judged_by"] in ("calibration", "isolation")
+        # a row names only the rule that judged it: no allclose verdict or tolerance beside it
+        assert r["tolerance"] is None and "atol" not in (r["reason"] or "") and "passed" in r
     for layer in doc["isolation"]:
         assert {"carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth"} <= set(layer)
         assert layer["mlp"]["bound"] > 0 and layer["mlp"]["input"] == "reference"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ..checkpoint_ids import checkpoint_id
 from ..storage.database import DatabaseLike, open_database
 from ._common import format_time, now_utc, parse_time
 
@@ -35,9 +36,8 @@ class ValidationCheckpoint:
     checkpoint_id: str = ""
 
     def __post_init__(self) -> None:
-        if not self.checkpoint_id:
-            layer = "" if self.layer is None else str(self.layer)
-            self.checkpoint_id = f"{self.session_id}:{self.checkpoint_name}:{layer}"
+        if not self.checkpoint_id:  # unique across sessions: the session, then the checkpoint's canonical id
+            self.checkpoint_id = f"{self.session_id}/{checkpoint_id(self.checkpoint_name, self.layer)}"
 
     @property
     def passed(self) -> bool | None:
