@@ -7,7 +7,8 @@ allclose at torch.testing's defaults for the alternative's dtype (no calibration
 
 * detection: the bug's session fails;
 * localization: the first divergence is the buggy layer's checkpoint (and, for the defaults, the
-  introducing layers are exactly that layer and the error source names it);
+  introducing layers are exactly that layer, the error source names it, and of its blocks, each
+  judged on the reference's input to it, only the buggy one introduces error);
 * false alarms: a correct pair's session fails (python_reference vs eager PyTorch in float32,
   bfloat16 and float16 on every family; eager PyTorch vs Inductor, ONNX Runtime and MLX in float32).
 
@@ -87,15 +88,18 @@ def _judge_one(engine: Any, model: Path, case: Case, judge: str) -> dict[str, An
     margins = [o.margin for o in result.results if o.margin is not None]
     out["margin"] = max(margins, default=float("nan"))  # the worst checkpoint's error / bound
     if case.bug is not None and result.first_divergence is not None:
-        replay = result.first_divergence.introduced_judgement
-        if replay is not None:  # a replay beyond its bound counts too (the layer's own margin)
+        replay = result.first_divergence.introduced
+        if replay is not None and replay.judgement.margin is not None:  # a block beyond its bound counts too
             out["margin"] = max(result.first_divergence.margin or 0.0, replay.judgement.margin)
     if case.bug is not None:
         first = result.first_divergence
         localized = first is not None and first.key == expected_first(case.bug)
-        if judge == JUDGES[0]:
+        if judge == JUDGES[0]:  # the defaults also name the buggy block alone (judged on the reference's input)
             source = result.error_source or {}
-            localized = localized and result.introducing_layers == [BUG_LAYER] and source.get("layer") == BUG_LAYER
+            block = "attention" if expected_first(case.bug).name == "post_attention" else "mlp"
+            blocks = result.isolation[BUG_LAYER].verdict.blocks if result.isolation else []
+            localized = (localized and result.introducing_layers == [BUG_LAYER] and source.get("layer") == BUG_LAYER
+                         and blocks == [block])
         out["localized"] = localized
     return out
 
