@@ -52,12 +52,12 @@ def _run_repro(repro: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _assert_reproduces_dtype(repro: Path, cwd: Path) -> None:
-    assert {p.name for p in repro.parent.iterdir()} >= {"repro.py", "inputs.safetensors", "environment.json"}
+    assert {p.name for p in repro.parent.iterdir()} >= {"repro.py", "inputs.safetensors", "repro.json"}
     p = _run_repro(repro, cwd)
     assert p.returncode == 1, (p.stdout, p.stderr)
-    assert "REPRODUCED: constraint 'dtype' violated" in p.stdout
+    assert p.stdout.strip().splitlines()[-1].startswith("REPRO: reproduced: constraint 'dtype' violated")
     obs = json.loads(next(line for line in p.stdout.splitlines()
-                          if line.startswith("DEBUG_MODULE_OBSERVATION "))[len("DEBUG_MODULE_OBSERVATION "):])
+                          if line.startswith("REPRO-OBSERVATION: "))[len("REPRO-OBSERVATION: "):])
     assert any(v["constraint"] == "dtype" and "float64" in v["message"] for v in obs["violations"])
 
 

@@ -34,7 +34,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
                   "debug_framework.modelio", "debug_framework.measure", "debug_framework.plugins"),
     "core": ("debug_framework.comparison", "debug_framework.errors", "debug_framework.config",
              "debug_framework._torch", "debug_framework.jsonio", "debug_framework.suggest",
-             "debug_framework.backend_prefixes", "debug_framework.checkpoint_ids"),
+             "debug_framework.backend_prefixes", "debug_framework.checkpoint_ids",
+             "debug_framework.repro_format"),
 }
 _ORDER = list(LAYERS)
 

@@ -61,7 +61,7 @@ def test_accuracy_failure_links_a_verified_repro(tmp_path):
     run_dir = Path(report.artifact_dir)
     assert repro.parent == run_dir / "repros" / f"accuracy_graph_{m['graph']:03d}"
     files = {p.name for p in repro.parent.iterdir()}
-    assert {"repro.py", "inputs.safetensors", "environment.json", "backend_accuracy_backends.py"} <= files, files
+    assert {"repro.py", "inputs.safetensors", "repro.json", "backend_accuracy_backends.py"} <= files, files
     assert "mul" in m["detail"], m["detail"]  # the reduced graph is (or contains) the wrong multiply
 
     # the repro files are in the run's manifest, and the saved report links the same repro
@@ -76,9 +76,9 @@ def test_accuracy_failure_links_a_verified_repro(tmp_path):
     cwd.mkdir()
     p = _fresh_run(repro, cwd)
     assert p.returncode == 1, (p.stdout, p.stderr)
-    assert "REPRODUCED: outputs under backend" in p.stdout and "differ from eager" in p.stdout
+    assert "REPRO: reproduced: outputs under backend" in p.stdout and "differ from eager" in p.stdout
     obs = json.loads(next(line for line in p.stdout.splitlines()
-                          if line.startswith("DEBUG_MODULE_OBSERVATION "))[len("DEBUG_MODULE_OBSERVATION "):])
+                          if line.startswith("REPRO-OBSERVATION: "))[len("REPRO-OBSERVATION: "):])
     assert obs["kind"] == "accuracy" and any(not o["passed"] for o in obs["outputs"])
 
 
@@ -97,7 +97,7 @@ def test_float64_mode_minifies_with_the_same_ratio_rule(tmp_path):
     assert m is not None and m["status"] == "ran" and m["verified"] is True, m
     assert "ratio rule against float64" in m["signature"] and "mul" in m["detail"], m
     p = _fresh_run(Path(m["repro"]), tmp_path)
-    assert p.returncode == 1 and "REPRODUCED" in p.stdout, (p.stdout, p.stderr)
+    assert p.returncode == 1 and "REPRO: reproduced: " in p.stdout, (p.stdout, p.stderr)
 
 
 @pytest.mark.slow
@@ -120,4 +120,4 @@ def test_backend_a_repro_cannot_name_needs_test_backend_spec(tmp_path):
     m = KernelDiffHarness(model, (x,), artifact_root=tmp_path, test_backend_spec=spec, **common).compare().minifier
     assert m["status"] == "ran" and m["verified"] is True, m
     p = _fresh_run(Path(m["repro"]), tmp_path)
-    assert p.returncode == 1 and "REPRODUCED" in p.stdout, (p.stdout, p.stderr)
+    assert p.returncode == 1 and "REPRO: reproduced: " in p.stdout, (p.stdout, p.stderr)

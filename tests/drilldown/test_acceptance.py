@@ -55,9 +55,10 @@ def test_docs_example_gelu_tanh_is_named_and_survives_json_database_and_html(tin
 
     # the repro runs alone, fails while the bug is there; no pickle anywhere
     repro = Path(c.repro_dir)  # relative to the working directory when the database path is
-    assert sorted(p.name for p in repro.iterdir()) == ["call.json", "inputs.safetensors", "repro.log", "repro.py"]
+    assert sorted(p.name for p in repro.iterdir()) == ["inputs.safetensors", "repro.json", "repro.py", "verify.log"]
     done = subprocess.run([sys.executable, "repro.py"], cwd=repro, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and done.stdout.strip().endswith("FAIL"), done.stdout + done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith("REPRO: reproduced: aten.gelu.default"), done.stdout + done.stderr
 
     # JSON round trip, the stored session, the reports
     as_json = json.loads(json.dumps(result.to_dict()))

@@ -71,6 +71,7 @@ def test_a_corrupted_node_is_named_with_its_module_path_and_a_verified_repro(ber
     assert not list(repro.glob("*.pkl")) and not list(repro.glob("*.pt"))
     run = subprocess.run([sys.executable, str(repro / "repro.py")], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 1, run.stderr
+    assert run.stdout.strip().splitlines()[-1].startswith("REPRO: reproduced: ONNX node")
     spec = (repro / "repro.json").read_text().replace('"graph_transform:gelu_tanh"', "null")
     (repro / "repro.json").write_text(spec)
     assert subprocess.run([sys.executable, str(repro / "repro.py")], capture_output=True).returncode == 0
@@ -197,28 +198,29 @@ def _write_add_repro(tmp_path, *, expected, node="add", op="Add", graph_transfor
 
 
 def test_an_onnx_repro_that_crashes_is_not_verified(tmp_path):
-    from debug_framework.services.drilldown.onnx_repro import verify_onnx_repro
+    from debug_framework.repro_format import verify
 
     wrong = np.full(3, 3.0)  # 1 + 1 is not 3: the repro reproduces
-    assert verify_onnx_repro(_write_add_repro(tmp_path / "real", expected=wrong))
-    assert not verify_onnx_repro(_write_add_repro(tmp_path / "right", expected=np.full(3, 2.0)))
+    assert verify(_write_add_repro(tmp_path / "real", expected=wrong)).reproduced
+    assert not verify(_write_add_repro(tmp_path / "right", expected=np.full(3, 2.0))).reproduced
     crashing = _write_add_repro(tmp_path / "crash", expected=wrong, graph_transform="no_such_module_xyz:f")
-    assert not verify_onnx_repro(crashing)  # ModuleNotFoundError: exit 1, yet nothing reproduced
+    res = verify(crashing)  # ModuleNotFoundError: the check cannot run (exit 2), nothing reproduced
+    assert not res.reproduced and res.returncode == 2 and res.verdict == "error"
     assert "ModuleNotFoundError" in (crashing / "verify.log").read_text()
 
 
 def test_a_hostile_node_name_cannot_break_out_of_the_repro_docstring(tmp_path):
     import ast
 
-    from debug_framework.services.drilldown.onnx_repro import verify_onnx_repro
+    from debug_framework.repro_format import verify
 
     hostile = 'n"""\nraise SystemExit(1)  # \\\n"""'
     repro = _write_add_repro(tmp_path, expected=np.full(3, 2.0), node=hostile, op="Add'''\"")
     tree = ast.parse((repro / "repro.py").read_text())
     assert isinstance(tree.body[0], ast.Expr) and "raise" not in [type(n).__name__.lower() for n in tree.body]
     assert not any(isinstance(n, ast.Raise) for n in tree.body)
-    assert not verify_onnx_repro(repro)  # a correct node: runs to its verdict (exit 0), not an injected exit 1
-    assert '"reproduced": false' in (repro / "verify.log").read_text()
+    assert not verify(repro).reproduced  # a correct node: runs to its verdict (exit 0), not an injected exit 1
+    assert "REPRO: fixed: ONNX node" in (repro / "verify.log").read_text()
 
 
 def test_carried_in_counts_only_values_computed_from_the_hidden_input():

@@ -48,11 +48,12 @@ def test_scaled_op_among_200_reduces_to_it_and_repro_fails_in_fresh_process(chai
     obs = observation(proc.stdout)
     assert sig.holds(obs) and not obs["outputs"][0]["passed"]
     files = sorted(p.name for p in (tmp_path / "repro").iterdir())
-    assert files == ["README.md", "backend_buggy_backends.py", "environment.json", "inputs.safetensors", "repro.py"]
+    assert files == ["backend_buggy_backends.py", "inputs.safetensors", "repro.json", "repro.py", "verify.log"]
     text = (tmp_path / "repro" / "repro.py").read_text()
     assert "torch.ops.aten.sigmoid.default(" in text and "pickle" not in text and "base64" not in text
-    env = json.loads((tmp_path / "repro" / "environment.json").read_text())
-    assert env["torch"] == torch.__version__ and env["nodes"] == 1
+    manifest = json.loads((tmp_path / "repro" / "repro.json").read_text())
+    assert manifest["writer"] == "minifier" and manifest["environment"]["torch"] == torch.__version__
+    assert manifest["check"]["nodes"] == 1 and proc.stdout.strip().splitlines()[-1].startswith("REPRO: reproduced: ")
 
 
 def test_wrong_op_swapped_in_reduces_to_it(chain_graph, bb):
@@ -308,7 +309,7 @@ def test_ratio_rule_signature_minifies_and_its_repro_agrees(bb, tmp_path, run_cl
     res = verify_repro(result.write_repro(tmp_path / "r"), sig)
     assert res.reproduced, res.stderr
     proc = run_clean(tmp_path / "r" / "repro.py")
-    assert proc.returncode == 1 and "REPRODUCED" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "REPRO: reproduced: " in proc.stdout, proc.stdout + proc.stderr
     # a correct backend passes the rule (the eager graph's own float32 error is allowed, times 2)
     ok = AccuracySignature(lambda g, i: g, reference="float64", ratio=rule)
     assert not ok.check(gm, [x])[0]

@@ -81,7 +81,7 @@ def test_validate_the_wrong_rms_norm_exits_1_with_the_worst_sample(capsys, tmp_p
     doc = json.loads(out)
     assert code == 1 and doc["status"] == "failed" and doc["build"]["cached"]
     rms = doc["sweep"]["kernels"]["rms_norm"]
-    assert not rms["passed"] and rms["worst"]["result"]["status"] == "fail" and rms["repro"]
+    assert not rms["passed"] and rms["worst"]["result"]["status"] == "fail" and rms["repro"] and rms["repro_verified"]
     assert rms["by_source"]["model"]["samples"] == 1  # the shapes of a real forward pass: x [2, 16, 64], w [64]
     code, out, _ = _run(capsys, "--list", "--json", "--database", tmp_path / "s.db", "--cache-dir", build_cache)
     assert json.loads(out)["plugins"][0]["validated"] is False  # the sweep's verdict is stored

@@ -20,4 +20,4 @@ def test_plugins_doc_example(tmp_path, monkeypatch, capsys, buggy_build, build_c
     exec(compile(block, "plugins.md", "exec"), {"__name__": "__doc_example__"})
     out = capsys.readouterr().out
     assert re.search(r"rms_norm: \d+/\d+ samples pass; worst: (subnormal in x|values x 0.0001)", out), out
-    assert "exceeds" in out and (tmp_path / "repros").is_dir()
+    assert "exceeds" in out and (tmp_path / "repros").is_dir() and "repro.py (verified)" in out

@@ -61,10 +61,12 @@ def test_the_wrong_rms_norm_is_caught_with_its_worst_sample_and_a_repro(buggy_sw
     assert small["result"]["status"] == "fail"
     assert "exceeds" in worst["result"]["reason"]
     assert worst["result"]["kernel_error"] > 5 * worst["result"]["bound"]
+    assert ks.repro_verified and buggy_sweep.to_dict()["kernels"]["rms_norm"]["repro_verified"]
     run = subprocess.run([sys.executable, ks.repro], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 1 and "FAIL" in run.stdout, run.stdout + run.stderr
-    meta = json.loads((__import__("pathlib").Path(ks.repro).parent / "sample.json").read_text())
-    assert meta["sample"]["label"] == worst["label"]
+    assert run.returncode == 1 and run.stdout.strip().splitlines()[-1].startswith("REPRO: reproduced: kernel rms_norm"), \
+        run.stdout + run.stderr
+    meta = json.loads((__import__("pathlib").Path(ks.repro).parent / "repro.json").read_text())
+    assert meta["writer"] == "plugin-sweep" and meta["check"]["sample"]["label"] == worst["label"]
 
 
 CRASHY = '''
@@ -106,14 +108,15 @@ def test_a_triton_repro_runs_alone_on_a_machine_without_a_gpu(tmp_path):
     """The repro sets up what the sweep did (Triton's interpreter without a GPU) and judges the same way."""
     import os
 
-    from debug_framework.plugins.repro import write_repro
+    from debug_framework.plugins.repro import write_repro_dir
     from debug_framework.services.compilation_engine import CompilationEngine
 
     defn = load_manifest(EXAMPLES / "triton")
     build = CompilationEngine(tmp_path / "cache").build(defn)
     spec = defn.kernels[0]
-    path = write_repro(defn, build.artifact, spec, next(iter(make_samples(spec))), tmp_path / "out")
+    path = write_repro_dir(defn, build.artifact, spec, next(iter(make_samples(spec))), tmp_path / "out")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=300)
-    assert run.returncode == 0 and "PASS" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and run.stdout.strip().splitlines()[-1].startswith("REPRO: fixed: "), \
+        run.stdout + run.stderr

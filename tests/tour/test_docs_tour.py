@@ -57,7 +57,7 @@ def test_tour_doc_example_quick_run_every_step_and_its_repro(tmp_path):
     assert [r["backend"] for r in bench["results"]] == ["eager", "inductor", "mock_backend"]
     assert "<html" in Path(steps["report"]["artifacts"]["HTML report"]).read_text().lower()
     # the repro ran alone (python -I, from the doc) and failed as promised: exit 1 with the denied op
-    assert "repro exit 1" in p.stdout and "DEBUG_MODULE_OBSERVATION" in p.stdout and "aten.tanh.default" in p.stdout
+    assert "repro exit 1" in p.stdout and "REPRO: reproduced: " in p.stdout and "aten.tanh.default" in p.stdout
     repro = Path(steps["minifier"]["artifacts"]["repro"])
     assert repro.is_relative_to(out / "runs")
     # the CLI step printed the commands with the tour's real paths; the CLIs read the tour's runs

@@ -90,7 +90,8 @@ def _print_validation(result: dict[str, Any]) -> None:
             out.print(markup("[red]{}[/]: worst sample {} - {}", k["kernel"], k["worst"]["label"],
                              k["worst"]["result"].get("reason") or ""))
             if k["repro"]:
-                out.print(markup("  repro: python {}", k["repro"]))
+                out.print(markup("  repro: python {} ({})", k["repro"],
+                                 "verified" if k.get("repro_verified") else "not verified"))
     out.print("[bold green]PASSED[/]" if sweep["passed"] else "[bold red]FAILED[/]: some samples fail (see above)")
 
 

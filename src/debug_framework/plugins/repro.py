@@ -1,61 +1,67 @@
-"""A standalone repro of one sample of the op sweep: the sample's tensors (exact storage, strides and
-offsets) in ``inputs.safetensors``, its layout in ``sample.json``, and ``repro.py`` that needs only
-torch and safetensors: it loads the plugin's build, runs the kernel and the reference (in float64
-and in the kernel's dtype), prints the errors, and exits 1 when the kernel fails the rule.
+"""The op sweep's repro of one sample, in the one repro format (:mod:`debug_framework.repro_format`).
 
-(The minifier's repro writer lives in ``debug_module`` and reduces FX graphs; ``debug_framework``
-may not import it, and a single operator call needs no reduction, so the sweep writes its own.)
+The directory holds the sample's tensors (exact storage, strides and offsets) in ``inputs.safetensors``,
+a copy of the plugin's build (``plugin_<artifact>``) and of its reference file when it has one,
+``repro.json`` (the sample's layout, the kernel, the rule) and ``repro.py``, which needs only torch and
+safetensors: it loads the build, runs the kernel and the reference (in float64 and in the kernel's
+dtype), and says ``REPRO: reproduced`` (exit 1) while the kernel fails the sweep's rule.
+
+:data:`KERNEL_LOADER` and :func:`plugin_kernel_entry` also serve the drill-down's operator repro of a
+plugin backend, which runs the plugin's kernel in place of the operator it replaces.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..comparison import FLOOR_EPS, NOISE_MARGIN
+from ..repro_format import INPUTS, write_repro_files
 from .evaluate import FLOAT64_FLOOR_EPS
 from .manifest import KernelSpec, PluginDefinition
 from .samples import Sample
 
-__all__ = ["write_repro"]
+__all__ = ["write_repro_dir", "KERNEL_LOADER", "plugin_kernel_entry"]
 
-_TEMPLATE = '''"""Standalone repro written by debug_framework's op sweep.
-
-plugin {plugin_id!s} ({backend!s}), kernel {kernel!s} implementing {op!s}
-sample: {label!s}
-Run: python repro.py   (exit 1: the kernel fails the rule, 0: it passes)
-"""
-import importlib.util
-import json
-import os
-import sys
-from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
-
-HERE = Path(__file__).resolve().parent
-ARTIFACT = {artifact!r}
-BACKEND = {backend!r}
-ENTRY = {entry!r}
-REFERENCE_FILE = {reference_file!r}
-REFERENCE = {reference!r}
-DEVICE = {device!r}
-META = json.loads((HERE / "sample.json").read_text())
-STORAGES = load_file(str(HERE / "inputs.safetensors"))
+#: Source of ``load_kernel(entry)`` for a generated repro.py (needs ``os``, ``torch`` and
+#: ``importlib.util`` imported and ``HERE`` set): the kernel of :func:`plugin_kernel_entry`'s entry.
+KERNEL_LOADER = '''
+def load_source(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def value(v):
+def load_kernel(plugin):
+    """The plugin's kernel, from its build copied beside this script (a Triton source or a library)."""
+    artifact = os.path.join(HERE, plugin["artifact"])
+    if not os.path.isfile(artifact):
+        raise CannotCheck("the plugin's build %s is missing" % plugin["artifact"])
+    if plugin["backend_type"] == "triton":
+        if plugin["device"] == "cpu":  # a kernel declared for the CPU runs in Triton's interpreter, GPU or not
+            os.environ["TRITON_INTERPRET"] = "1"
+        return getattr(load_source(artifact, "plugin_source"), plugin["entry"])
+    torch.ops.load_library(artifact)
+    ns, _, name = plugin["entry"].partition("::")
+    name, _, overload = name.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+'''
+
+#: The sweep repro's check: the kernel against the reference, by the sweep's calibrated rule.
+_BODY = KERNEL_LOADER + '''
+
+def value(v, storages, device):
     if isinstance(v, dict) and "storage" in v:
-        return STORAGES[v["storage"]].to(DEVICE).as_strided(v["shape"], v["stride"], v["offset"])
+        return storages[v["storage"]].to(device).as_strided(v["shape"], v["stride"], v["offset"])
     if isinstance(v, dict) and "torch_dtype" in v:
         return getattr(torch, v["torch_dtype"])
     if isinstance(v, list):
-        return [value(x) for x in v]
+        return [value(x, storages, device) for x in v]
     return v
 
 
@@ -69,67 +75,68 @@ def up(v):
     return v
 
 
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def first(out):  # an op returning several tensors is judged by its first, as the sweep does
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-if BACKEND == "triton":
-    if DEVICE == "cpu":  # a kernel declared for the CPU runs in Triton's interpreter, GPU or not
-        os.environ["TRITON_INTERPRET"] = "1"
-    kernel = getattr(load(ARTIFACT, "plugin_source"), ENTRY)
-else:
-    torch.ops.load_library(ARTIFACT)
-    ns, _, name = ENTRY.partition("::")
-    kernel = getattr(getattr(torch.ops, ns), name).default
-if REFERENCE_FILE is None:
-    ns, _, name = REFERENCE.partition("::")
-    name, _, overload = name.partition(".")
-    reference = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
-else:
-    reference = getattr(load(REFERENCE_FILE, "plugin_reference"), REFERENCE)
-
-args = [value(a) for a in META["args"]]
-kwargs = {{k: value(v) for k, v in META["kwargs"].items()}}
-oracle = first(reference(*up(args), **up(kwargs)))
-baseline = first(reference(*args, **kwargs))
-out = first(kernel(*args, **kwargs))
-
-
-def rmse(x):
+def rmse(x, oracle):
     x, o = x.double(), oracle.double()
     both = torch.isfinite(x) & torch.isfinite(o)
     return float(((x - o)[both] ** 2).mean().sqrt()) if both.any() else 0.0
 
 
-def nonfinite_mismatches(x):
+def nonfinite_mismatches(x, oracle):
     x, o = x.double(), oracle.double()
     return int(((~torch.isfinite(x) | ~torch.isfinite(o)) & ~((x == o) | (x.isnan() & o.isnan()))).sum())
 
 
-print("kernel output", tuple(out.shape), out.dtype, "reference", tuple(baseline.shape), baseline.dtype)
-if out.shape != baseline.shape or out.dtype != baseline.dtype:
-    print("FAIL: shape or dtype differs from the reference")
-    sys.exit(1)
-k, b = rmse(out), rmse(baseline)
-# the sweep's calibrated rule: MARGIN x the reference's error in its dtype + FLOOR_EPS x eps(dtype) x RMS(oracle)
-dtype = getattr(torch, META["sample"]["dtype"], None)
-eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 0.0
-fin = oracle.double()[torch.isfinite(oracle.double())].abs()
-peak = float(fin.max()) if fin.numel() else 0.0
-rms = peak * float(((fin / peak) ** 2).mean().sqrt()) if peak > 0 else 0.0
-bound = {margin!r} * b + ({float64_floor_eps!r} if dtype == torch.float64 else {floor_eps!r}) * eps * rms
-print(f"RMSE vs float64 reference: kernel {{k:.3e}}, reference in {{out.dtype}} {{b:.3e}}, bound {{bound:.3e}}")
-bad = nonfinite_mismatches(out) > nonfinite_mismatches(baseline) or not k <= bound
-print("FAIL" if bad else "PASS")
-sys.exit(1 if bad else 0)
+def check():
+    spec = manifest()["check"]
+    plugin = spec["plugin"]
+    storages = load_file(os.path.join(HERE, "inputs.safetensors"))
+    kernel = load_kernel(plugin)
+    if spec["reference_file"] is None:
+        ns, _, name = spec["reference"].partition("::")
+        name, _, overload = name.partition(".")
+        reference = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+    else:
+        reference = getattr(load_source(os.path.join(HERE, spec["reference_file"]), "plugin_reference"),
+                            spec["reference"])
+    args = [value(a, storages, plugin["device"]) for a in spec["args"]]
+    kwargs = {k: value(v, storages, plugin["device"]) for k, v in spec["kwargs"].items()}
+    oracle = first(reference(*up(args), **up(kwargs)))
+    baseline = first(reference(*args, **kwargs))
+    out = first(kernel(*args, **kwargs))
+    what = "kernel %s (%s) on sample %s" % (plugin["kernel"], spec["op"], spec["sample"]["label"])
+    shapes = {"kernel": [list(out.shape), str(out.dtype)], "reference": [list(baseline.shape), str(baseline.dtype)]}
+    if out.shape != baseline.shape or out.dtype != baseline.dtype:
+        return True, "%s: output %s, the reference's %s" % (what, shapes["kernel"], shapes["reference"]), shapes
+    k, b = rmse(out, oracle), rmse(baseline, oracle)
+    # the sweep's calibrated rule: MARGIN x the reference's error in its dtype + FLOOR_EPS x eps(dtype) x RMS(oracle)
+    dtype = getattr(torch, spec["sample"]["dtype"], None)
+    eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 0.0
+    fin = oracle.double()[torch.isfinite(oracle.double())].abs()
+    peak = float(fin.max()) if fin.numel() else 0.0
+    rms = peak * float(((fin / peak) ** 2).mean().sqrt()) if peak > 0 else 0.0
+    floor = spec["float64_floor_eps"] if dtype == torch.float64 else spec["floor_eps"]
+    bound = spec["margin"] * b + floor * eps * rms
+    nonfinite = nonfinite_mismatches(out, oracle) > nonfinite_mismatches(baseline, oracle)
+    detail = "%s: RMSE vs float64 %.3e, the reference in %s %.3e, bound %.3e%s" % (
+        what, k, str(out.dtype).replace("torch.", ""), b, bound,
+        "; more non-finite mismatches than the reference" if nonfinite else "")
+    return nonfinite or not k <= bound, detail, {"kernel_error": k, "reference_error": b, "bound": bound,
+                                                 "nonfinite_mismatch": nonfinite, **shapes}
 '''
+
+
+def plugin_kernel_entry(defn: PluginDefinition, spec: KernelSpec, artifact: str | Path, folder: Path) -> dict[str, Any]:
+    """Copy the plugin's build into ``folder``; what ``load_kernel`` of :data:`KERNEL_LOADER` needs
+    to load ``spec``'s kernel from there (and when it applies: its dtypes and devices)."""
+    source = Path(artifact).resolve()
+    local = f"plugin_{source.name}"
+    shutil.copyfile(source, folder / local)
+    return {"plugin": defn.id, "backend_type": defn.backend_type, "kernel": spec.name, "entry": spec.entry,
+            "artifact": local, "device": spec.devices[0], "dtypes": list(spec.dtypes), "devices": list(spec.devices)}
 
 
 def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -146,25 +153,28 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return v
 
 
-def write_repro(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample: Sample, folder: Path) -> Path:
-    """Write the repro of ``sample`` under ``folder``; the path of its ``repro.py``."""
+def write_repro_dir(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample: Sample, folder: Path) -> Path:
+    """Write the repro of ``sample`` into a new directory under ``folder``; the path of its ``repro.py``."""
     from safetensors.torch import save_file
 
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{defn.id}-{spec.name}-{sample.source}-{sample.label}")[:120]
     out = folder / slug
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    meta = {"args": [_encode(a, tensors) for a in sample.args],
-            "kwargs": {k: _encode(v, tensors) for k, v in sample.kwargs.items()}, "sample": sample.describe()}
-    save_file(tensors, str(out / "inputs.safetensors"))
-    (out / "sample.json").write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
-    ref_file, _, ref_fn = (spec.reference or "").partition(":")
-    entry = spec.entry
-    script = _TEMPLATE.format(
-        plugin_id=defn.id, backend=defn.backend_type, kernel=spec.name, op=spec.op_name, label=sample.label,
-        artifact=str(artifact.resolve()), entry=entry,
-        reference_file=str((defn.root / ref_file).resolve()) if spec.reference else None,
-        reference=ref_fn if spec.reference else spec.op_name,
-        margin=NOISE_MARGIN, floor_eps=FLOOR_EPS, float64_floor_eps=FLOAT64_FLOOR_EPS, device=spec.devices[0])
-    (out / "repro.py").write_text(script, encoding="utf-8")
-    return out / "repro.py"
+    args = [_encode(a, tensors) for a in sample.args]
+    kwargs = {k: _encode(v, tensors) for k, v in sample.kwargs.items()}
+    save_file(tensors, str(out / INPUTS))
+    reference_file = None
+    if spec.reference:
+        ref_file, _, ref_fn = spec.reference.partition(":")
+        reference_file = f"plugin_reference_{Path(ref_file).name}"
+        shutil.copyfile(defn.root / ref_file, out / reference_file)
+    check = {"plugin": plugin_kernel_entry(defn, spec, artifact, out), "op": spec.op_name,
+             "reference_file": reference_file, "reference": ref_fn if spec.reference else spec.op_name,
+             "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS, "float64_floor_eps": FLOAT64_FLOOR_EPS,
+             "args": args, "kwargs": kwargs, "sample": sample.describe()}
+    failure = (f"kernel {spec.name} of plugin {defn.id} ({defn.backend_type}) implementing {spec.op_name} fails the "
+               f"sweep's rule on sample {sample.source}/{sample.label}")
+    return write_repro_files(out, writer="plugin-sweep", failure=failure, body=_BODY, requires=["torch", "safetensors"],
+                       imports=["import importlib.util", "import torch", "from safetensors.torch import load_file"],
+                       check=check)

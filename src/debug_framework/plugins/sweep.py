@@ -7,7 +7,8 @@ Each sample is judged by :func:`~debug_framework.plugins.evaluate.evaluate_sampl
 kills the worker (a segfault, an abort) is recorded as ``crash`` with its exit status, one that runs
 past ``timeout_s`` as ``hang``; the worker is restarted and the sweep goes on with the next sample.
 A kernel passes when every sample that applies passes (BackendBench's rule). The worst sample of
-each kernel gets a standalone repro when ``repro_dir`` is given.
+each failing kernel gets a standalone repro when ``repro_dir`` is given (:mod:`.repro`, the one repro
+format); a failing sample's repro is verified once in a fresh process (``repro_verified``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PluginCompilationError
+from ..repro_format import verify
 from .evaluate import badness
 from .manifest import PluginDefinition
 
@@ -41,6 +43,8 @@ class KernelSweep:
     samples: list[dict[str, Any]] = field(default_factory=list)  # description + "result"
     worst: dict[str, Any] | None = None
     repro: str | None = None
+    #: the repro said ``REPRO: reproduced`` and exited 1 in a fresh process (a crash or hang is not run)
+    repro_verified: bool = False
 
     def count(self, status: str) -> int:
         return sum(1 for s in self.samples if s["result"]["status"] == status)
@@ -70,7 +74,7 @@ class KernelSweep:
              "passed_samples": self.count("pass"), "failed": self.count("fail"), "errors": self.count("error"),
              "crashes": self.count("crash"), "hangs": self.count("hang"), "skipped": self.count("skipped"),
              "pass_rate": self.pass_rate, "passed": self.passed, "by_source": self.by_source(),
-             "worst": self.worst, "repro": self.repro}
+             "worst": self.worst, "repro": self.repro, "repro_verified": self.repro_verified}
         if with_samples:
             d["sample_results"] = self.samples
         return d
@@ -217,6 +221,8 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
                 reply = worker.ask(("repro", name, ks.worst["index"], str(repro_dir)), _START_TIMEOUT_S)
                 if reply is not None and reply[0] == "ok":
                     ks.repro = reply[1]
+                    ks.repro_verified = (ks.worst["result"]["status"] == "fail"
+                                         and verify(Path(reply[1]), timeout=_START_TIMEOUT_S + timeout_s).reproduced)
                 elif reply is None:
                     worker = _Worker(args)
             report.kernels[name] = ks

@@ -56,7 +56,7 @@ class WorkerState:
     def handle(self, msg: tuple[Any, ...]) -> Any:
         from .checks import validate_artifact
         from .evaluate import evaluate_sample
-        from .repro import write_repro
+        from .repro import write_repro_dir
 
         if msg[0] == "load":
             return sorted(self.kernels) if self.defn is not None else []
@@ -68,7 +68,7 @@ class WorkerState:
             return evaluate_sample(self.kernels[msg[1]], self.samples(msg[1])[msg[2]])
         if msg[0] == "repro":
             assert self.defn is not None
-            return str(write_repro(self.defn, self.artifact, self.kernels[msg[1]].spec, self.samples(msg[1])[msg[2]],
+            return str(write_repro_dir(self.defn, self.artifact, self.kernels[msg[1]].spec, self.samples(msg[1])[msg[2]],
                                    Path(msg[3])))
         raise ValueError(f"unknown request {msg[0]!r}")
 

@@ -2,7 +2,7 @@
 
 Accepted ``path``:
 
-- a repro directory written by this minifier (``repro.py`` + ``inputs.safetensors`` + ``environment.json``):
+- a repro directory written by this minifier (``repro.py`` + ``repro.json`` + ``inputs.safetensors``):
   its graph, inputs and signature are loaded (constraint signatures rebuild their constraints from the
   saved configuration; accuracy/exception ones need ``backend=`` unless the backend is importable);
 - a graph file from a run directory (``aot_graphs/graph_000_forward.py``, ``fx_graphs/graph_000.py``:
@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 import torch.fx
+
+from debug_framework.repro_format import read_manifest
 
 from ..errors import MinifierError
 from .minifier import Minifier, MinifyResult
@@ -107,7 +109,15 @@ def recorded_constraints(path: str | os.PathLike[str]) -> list[dict[str, Any]] |
 def load_repro_dir(path: str | os.PathLike[str], *, backend: Any = None) -> tuple[torch.fx.GraphModule, list[Any], Signature]:
     """(graph, inputs, signature) of a repro directory written by :func:`write_repro_dir`."""
     d = Path(path)
-    env = json.loads((d / "environment.json").read_text(encoding="utf-8"))
+    try:
+        manifest = read_manifest(d)
+    except (OSError, ValueError) as e:
+        raise MinifierError(f"cannot read the manifest of the repro directory {d}: {e}",
+                            hint="pass a repro directory written by the minifier (repro.py and repro.json)") from e
+    if manifest.get("writer") != "minifier":
+        raise MinifierError(f"{d} is a repro of the {manifest.get('writer')!r} writer, not one of the minifier's",
+                            hint="only the minifier's repros hold a graph to minify")
+    env = manifest["check"]
     module = _exec_module(d / "repro.py", f"_dm_repro_{abs(hash(str(d)))}")
     model, inputs = module.load()
     gm = torch.fx.symbolic_trace(model)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import importlib
 import operator
-import os
 import sys
-import sysconfig
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +23,7 @@ import torch
 import torch.fx
 
 from debug_framework.comparison import RatioRule, finite_rms
+from debug_framework.repro_format import is_installed
 
 from ..constraints import Constraint, Violation, as_constraint, check_graph
 from ..errors import MinifierError
@@ -68,7 +67,7 @@ class BackendRef:
                 hint="pass backend_spec='module:attr' or 'path/to/file.py:attr' naming it")
         module = sys.modules.get(module_name)
         file = getattr(module, "__file__", None)
-        if module_name != "__main__" and file and _is_installed(file) and not _is_project(file):
+        if module_name != "__main__" and file and is_installed(file) and not _is_project(file):
             return cls("module", module=module_name, attr=attr)
         if file is None:
             raise MinifierError(f"backend {attr} comes from {module_name}, which has no source file",
@@ -77,11 +76,6 @@ class BackendRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
-
-
-def _is_installed(file: str) -> bool:
-    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
-    return any(os.path.abspath(file).startswith(os.path.abspath(p) + os.sep) for p in paths)
 
 
 def _is_project(file: str) -> bool:

@@ -41,7 +41,7 @@ with viewer() as db:
                     "kernel": name, "op": k.get("op"), "pass rate": k.get("pass_rate"),
                     "passed": k.get("passed_samples"), "applicable": k.get("applicable"), "failed": k.get("failed"),
                     "errors": k.get("errors"), "crashes": k.get("crashes"), "hangs": k.get("hangs"),
-                    "skipped": k.get("skipped"), "repro": k.get("repro"),
+                    "skipped": k.get("skipped"), "repro": k.get("repro"), "repro verified": k.get("repro_verified"),
                 } for name, k in kernels.items()])), hide_index=True, width="stretch",
                     column_config={"pass rate": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0,
                                                                                 format="percent")})

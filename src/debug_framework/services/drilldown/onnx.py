@@ -23,7 +23,7 @@
    noise is what a correct implementation at the node's dtype makes: the reference evaluator run
    at that dtype on the same inputs, and never less than rounding the trusted output to it.
 5. The culprit is the first node (graph order) over its bound; its repro directory
-   (:mod:`.onnx_repro`) is written and run once to set ``verified``.
+   (:mod:`.onnx_repro`) is written and verified once in a fresh process to set ``verified``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import numpy as np
 
 from ...comparison import RatioRule
 from ...errors import DebugFrameworkError
+from ...repro_format import verify
 from .onnx_graph import (
     FLOAT_TYPES,
     node_origin,
@@ -46,7 +47,7 @@ from .onnx_graph import (
     value_types,
     with_all_outputs,
 )
-from .onnx_repro import verify_onnx_repro, write_onnx_repro
+from .onnx_repro import write_onnx_repro
 from .paths import module_path_in_model
 from .support import BackendStrategy
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
@@ -267,5 +268,5 @@ class OnnxDrillStrategy(BackendStrategy):
                                      optimization=OPTIMIZATION_LEVELS[backend.optimization],
                                      providers=list(session.get_providers()), graph_transform=backend.graph_transform)
         return Culprit(op=row.op, node=row.node, module_path=row.module_path, source=row.source,
-                       repro_dir=str(directory), verified=verify_onnx_repro(directory))
+                       repro_dir=str(directory), verified=verify(directory).reproduced)
 

@@ -4,7 +4,6 @@ Strategies capture a layer through a wrapper module whose attribute ``layer`` is
 paths their tracers record start with ``layer``; :func:`module_path_in_model` puts the layer's own
 name (``encoder.layer.1``) in its place. :func:`source_line` reads the innermost frame of a
 recorded stack trace (FX ``node.meta["stack_trace"]``, ONNX ``pkg.torch.onnx.stack_trace``).
-:func:`docstring_safe` makes such names (user text) safe to write into a generated repro's docstring.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePath
 
-__all__ = ["WRAPPER_ATTRIBUTE", "module_path_in_model", "source_line", "docstring_safe"]
+__all__ = ["WRAPPER_ATTRIBUTE", "module_path_in_model", "source_line"]
 
 #: The attribute under which drill-down wrappers hold the layer being drilled.
 WRAPPER_ATTRIBUTE = "layer"
@@ -33,8 +32,3 @@ def source_line(stack_trace: str | None) -> str:
     frames = _FRAME.findall(stack_trace or "")
     return f"{PurePath(frames[-1][0]).name}:{frames[-1][1]}" if frames else ""
 
-
-def docstring_safe(text: str) -> str:
-    """``text`` (an operator, a node name: user text) with every character that could end or escape a
-    generated file's docstring (quotes, backslashes, line breaks) replaced by ``_``."""
-    return re.sub(r"[^\w .:,()<>=/+-]", "_", text)

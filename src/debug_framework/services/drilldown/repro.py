@@ -1,52 +1,33 @@
-"""The standalone repro of a drill-down's culprit: one operator, its inputs, the trusted value.
+"""The drill-down's repro of its culprit, in the one repro format (:mod:`debug_framework.repro_format`):
+one operator, its inputs, the trusted value.
 
-The folder holds ``inputs.safetensors`` (the operator's tensor inputs exactly as replayed, and the
-trusted float64 output), ``call.json`` (the operator, its non-tensor arguments, the bound) and
-``repro.py``: it runs the operator (for a plugin backend: with the plugin's kernels swapped in),
-prints the RMS error against the trusted value and the bound, and exits 1 while the error is
-beyond the bound, 0 once it is fixed. No pickle anywhere. It is run once after writing: a repro
-that reproduces is ``verified``.
+The directory holds ``inputs.safetensors`` (the operator's tensor inputs exactly as replayed, and the
+trusted float64 output), ``repro.json`` (the operator, its non-tensor arguments, the bound; for a
+plugin backend the kernel that replaces the operator, whose build is copied beside it) and
+``repro.py``: it runs the operator (the plugin's kernel in its place where the backend dispatched
+it), compares the RMS error against the trusted value with the bound, and says ``REPRO: reproduced``
+(exit 1) while the error is beyond the bound, ``REPRO: fixed`` (exit 0) once it is not. It needs
+torch and safetensors only. It is verified once after writing (:func:`~debug_framework.repro_format.verify`).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...plugins.repro import KERNEL_LOADER, plugin_kernel_entry
+from ...repro_format import INPUTS, verify, write_repro_files
 from .judge import Replay
-from .paths import docstring_safe
 
-__all__ = ["write_and_verify", "REPRO_TIMEOUT_S"]
+__all__ = ["write_and_verify"]
 
-#: How long the one verifying run of a repro may take.
-REPRO_TIMEOUT_S = 300
+_BODY = KERNEL_LOADER + '''
 
-_TEMPLATE = '''"""Standalone repro written by debug_framework's drill-down.
-
-{what}
-Run: python repro.py   (exit 1: the operator is beyond its bound, the bug is there; 0: fixed)
-"""
-import contextlib
-import json
-import sys
-from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
-
-HERE = Path(__file__).resolve().parent
-CALL = json.loads((HERE / "call.json").read_text())
-TENSORS = load_file(str(HERE / "inputs.safetensors"))
-
-
-def value(v):
+def value(v, tensors, device):
     if isinstance(v, dict) and "tensor" in v:
-        return TENSORS[v["tensor"]].to(CALL["device"])
+        return tensors[v["tensor"]].to(device)
     if isinstance(v, dict) and "dtype" in v:
         return getattr(torch, v["dtype"])
     if isinstance(v, dict) and "memory_format" in v:
@@ -56,45 +37,45 @@ def value(v):
     if isinstance(v, dict) and "layout" in v:
         return getattr(torch, v["layout"])
     if isinstance(v, list):
-        return [value(x) for x in v]
+        return [value(x, tensors, device) for x in v]
     return v
 
 
-def kernels():
-    """The plugin's kernels in place of the ATen operators they implement (a plugin backend)."""
-    plugin = CALL.get("plugin")
-    if plugin is None:
-        return contextlib.nullcontext()
-    sys.path.insert(0, plugin["framework_path"])
-    from debug_framework.plugins.loading import load_plugin
-    from debug_framework.plugins.manifest import PluginDefinition
-    from debug_framework.plugins.swap import AtenSwap
-
-    definition = PluginDefinition.from_dict(plugin["definition"])
-    return AtenSwap(list(load_plugin(definition, plugin["artifact"]).values()))
+def operator(spec, args):
+    """The ATen operator, or the plugin's kernel where the backend dispatched to it (its dtypes, devices)."""
+    ns, name, overload = spec["op"].split(".")
+    op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+    plugin = spec.get("plugin")
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if plugin is None or first is None:
+        return op
+    applies = str(first.dtype).replace("torch.", "") in plugin["dtypes"] and first.device.type in plugin["devices"]
+    return load_kernel(plugin) if applies else op
 
 
-ns, name, overload = CALL["op"].split(".")
-op = getattr(getattr(getattr(torch.ops, ns), name), overload)
-args = [value(a) for a in CALL["args"]]
-kwargs = {{k: value(v) for k, v in CALL["kwargs"].items()}}
-with torch.no_grad(), kernels():
-    out = op(*args, **kwargs)
-out = out[0] if isinstance(out, (tuple, list)) else out
-trusted = TENSORS["trusted"].double()
-if out.shape != trusted.shape:
-    print(f"FAIL: output shape {{tuple(out.shape)}}, trusted {{tuple(trusted.shape)}}")
-    sys.exit(1)
-o = out.detach().to("cpu", torch.float64)
-if bool((torch.isfinite(trusted) & ~torch.isfinite(o)).any()):
-    print("FAIL: non-finite output where the trusted value is finite")
-    sys.exit(1)
-ok = torch.isfinite(o) & torch.isfinite(trusted)
-err = float(((o - trusted)[ok] ** 2).mean().sqrt()) if ok.any() else 0.0
-bound = CALL["bound"]
-print(f"{{CALL['op']}}: RMS error vs the trusted float64 value {{err:.3e}}, bound {{bound:.3e}}")
-print("FAIL" if err > bound else "PASS")
-sys.exit(1 if err > bound else 0)
+def check():
+    spec = manifest()["check"]
+    tensors = load_file(os.path.join(HERE, "inputs.safetensors"))
+    args = [value(a, tensors, spec["device"]) for a in spec["args"]]
+    kwargs = {k: value(v, tensors, spec["device"]) for k, v in spec["kwargs"].items()}
+    op = operator(spec, args)
+    with torch.no_grad():
+        out = op(*args, **kwargs)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    trusted = tensors["trusted"].double()
+    bound = spec["bound"]
+    if out.shape != trusted.shape:
+        return True, "%s: output shape %s, trusted %s" % (spec["op"], list(out.shape), list(trusted.shape)), {
+            "op": spec["op"], "shape": list(out.shape), "trusted_shape": list(trusted.shape), "bound": bound}
+    o = out.detach().to("cpu", torch.float64)
+    if bool((torch.isfinite(trusted) & ~torch.isfinite(o)).any()):
+        return True, "%s: non-finite output where the trusted value is finite" % spec["op"], {
+            "op": spec["op"], "rmse": float("inf"), "bound": bound}
+    ok = torch.isfinite(o) & torch.isfinite(trusted)
+    err = float(((o - trusted)[ok] ** 2).mean().sqrt()) if ok.any() else 0.0
+    relation = ">" if err > bound else "<="
+    detail = "%s: RMS error vs the trusted float64 value %.3e %s bound %.3e" % (spec["op"], err, relation, bound)
+    return err > bound, detail, {"op": spec["op"], "rmse": err, "bound": bound}
 '''
 
 
@@ -117,39 +98,30 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return v
 
 
-def _plugin(backend: Any) -> dict[str, Any] | None:
+def _plugin(backend: Any, target: Any, folder: Path) -> dict[str, Any] | None:
+    """For a plugin backend whose kernel replaces ``target``: that kernel, its build copied into ``folder``."""
     from ...plugins.swap import PluginBackend
 
     if not isinstance(backend, PluginBackend):
         return None
-    return {"definition": backend.definition.to_dict(), "artifact": str(Path(backend.artifact).resolve()),
-            "framework_path": str(Path(__file__).resolve().parents[3])}  # the folder holding debug_framework
+    kernel = next((k for k in backend.kernels if k.aten is not None and str(k.aten) == str(target)), None)
+    return None if kernel is None else plugin_kernel_entry(backend.definition, kernel.spec, backend.artifact, folder)
 
 
 def write_and_verify(folder: Path, replay: Replay, backend: Any, *, what: str) -> tuple[Path, bool]:
-    """Write the repro of ``replay`` into ``folder`` and run it once: ``(folder, reproduced)``."""
+    """Write the repro of ``replay`` into ``folder`` and verify it once: ``(folder, verified)``."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    call = {"op": str(replay.target), "args": _encode(list(replay.args), tensors),
-            "kwargs": {k: _encode(v, tensors) for k, v in replay.kwargs.items()},
-            "bound": replay.bound, "introduced": replay.introduced, "device": str(getattr(backend, "device", "cpu")),
-            "plugin": _plugin(backend)}
+    check = {"op": str(replay.target), "args": _encode(list(replay.args), tensors),
+             "kwargs": {k: _encode(v, tensors) for k, v in replay.kwargs.items()},
+             "bound": replay.bound, "introduced": replay.introduced, "device": str(getattr(backend, "device", "cpu")),
+             "plugin": _plugin(backend, replay.target, folder)}
     tensors["trusted"] = replay.trusted.detach().to("cpu", torch.float64).contiguous()
-    save_file(tensors, str(folder / "inputs.safetensors"))
-    (folder / "call.json").write_text(json.dumps(call, indent=1), encoding="utf-8")
-    (folder / "repro.py").write_text(_TEMPLATE.format(what=docstring_safe(what)), encoding="utf-8")
-    return folder, _reproduces(folder)
-
-
-def _reproduces(folder: Path) -> bool:
-    """Run ``repro.py`` once: True when it exits 1 (the failure is there)."""
-    try:
-        done = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True,
-                              timeout=REPRO_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    (folder / "repro.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-    lines = done.stdout.strip().splitlines()
-    return done.returncode == 1 and bool(lines) and lines[-1].startswith("FAIL")  # not a crash (also exit 1)
+    save_file(tensors, str(folder / INPUTS))
+    write_repro_files(folder, writer="drilldown-replay", body=_BODY, requires=["torch", "safetensors"],
+                      imports=["import importlib.util", "import torch", "from safetensors.torch import load_file"],
+                      failure=f"{what}: the operator's error against the trusted float64 value exceeds its bound",
+                      check=check)
+    return folder, verify(folder).reproduced
