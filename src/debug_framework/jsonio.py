@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import ValidationError
 
-__all__ = ["json_safe", "dumps_json", "read_json_object"]
+__all__ = ["json_safe", "dumps_json", "read_json_object", "as_float"]
 
 
 def json_safe(value: Any) -> Any:
@@ -64,3 +64,26 @@ def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValidationError(f"the {what} must hold a JSON object", file=str(p))
     return data
+
+
+def as_float(value: Any) -> float | None:
+    """A float, or None for missing / non-numeric values. The strings the JSON forms use for
+    non-finite numbers ("NaN", "nan", "Infinity", "inf", ...) are turned back into floats."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        table = {"nan": math.nan, "infinity": math.inf, "inf": math.inf, "+inf": math.inf,
+                 "-infinity": -math.inf, "-inf": -math.inf}
+        if text in table:
+            return table[text]
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

@@ -216,3 +216,18 @@ def test_private_torch_apis_live_in_one_layer():
     files = [*SRC.rglob("*.py"), *(p for p in bench.rglob("*.py") if generated not in p.parents)]
     offenders = [str(p) for p in files if allowed not in p.parents and PRIVATE.search(p.read_text())]
     assert not offenders, offenders
+
+
+def test_no_module_over_600_lines():
+    sizes = {str(p.relative_to(SRC)): len(p.read_text(encoding="utf-8").splitlines()) for p in SRC.rglob("*.py")}
+    assert not {p: n for p, n in sizes.items() if n > 600}
+
+
+def test_only_the_judge_decides_a_verdict():
+    """No stage module writes a verdict: the judge module alone builds judgements; stages add evidence."""
+    validation = SRC / "debug_framework" / "services" / "validation"
+    writers = re.compile(r"\.(passed|reason|judgement|judged_by)\s*=[^=]|\bJudgement\(|\bRatioRule(\.calibrated)?\(|\.verdict\(")
+    offenders = [f"{p.name}:{n}" for p in validation.glob("*.py") if p.name not in ("judge.py",)
+                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if writers.search(line) and not line.lstrip().startswith(("#", '"'))]
+    assert not offenders, offenders

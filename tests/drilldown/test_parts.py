@@ -59,9 +59,10 @@ def test_no_strategy_gives_an_entry_with_a_note_never_nothing():
     from debug_framework.backends.torch_reference import TorchReferenceBackend
     from debug_framework.services.validation.drill_stage import DrillDownStage
 
-    failed = SimpleNamespace(key=CheckpointKey("post_attention", 2), passed=False)
-    ctx = SimpleNamespace(outcomes=[SimpleNamespace(key=CheckpointKey("post_embedding"), passed=True), failed],
-                          isolation=None, alternative=TorchReferenceBackend(), drilldown=None)
+    from debug_framework.services.validation.judge import Verdict
+
+    diverged = Verdict(checkpoints={}, layers=None, first_divergence=CheckpointKey("post_attention", 2), error_source=None)
+    ctx = SimpleNamespace(verdict=diverged, alternative=TorchReferenceBackend(), drilldown=None)
     DrillDownStage().run(ctx)
     (entry,) = ctx.drilldown
     assert (entry.layer, entry.checkpoint, entry.method, entry.operators, entry.culprit) == (2, "post_attention:2", "none",
@@ -69,7 +70,7 @@ def test_no_strategy_gives_an_entry_with_a_note_never_nothing():
     assert entry.note.startswith("no drill-down strategy applies to this backend (")
     for strategy in ("minifier", "onnx", "replay"):  # every strategy (installed ones first) says why not
         assert f"{strategy}: " in entry.note
-    ctx.outcomes = [SimpleNamespace(key=CheckpointKey("post_embedding"), passed=True)]
+    ctx.verdict = Verdict(checkpoints={}, layers=None, first_divergence=None, error_source=None)
     DrillDownStage().run(ctx)
     assert ctx.drilldown == []  # nothing diverged: nothing to drill
     assert not DrillDownStage().applies({"drill_down": False}) and DrillDownStage().applies({"drill_down": True})

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..checkpoint_ids import checkpoint_id, row_checkpoint_id
+from ..jsonio import as_float
 
 __all__ = [
     "METRICS",
@@ -48,29 +49,6 @@ LOG_METRICS: tuple[str, ...] = (
     "max_abs_error", "mean_abs_error", "p99_abs_error", "rmse", "rel_l2_error", "max_rel_error",
     "max_ulp_error", "mismatch_percent", "cosine_distance",
 )
-
-
-def as_float(value: Any) -> float | None:
-    """A float, or None for missing / non-numeric values. The strings the JSON forms use for
-    non-finite numbers ("NaN", "nan", "Infinity", "inf", ...) are turned back into floats."""
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        table = {"nan": math.nan, "infinity": math.inf, "inf": math.inf, "+inf": math.inf,
-                 "-infinity": -math.inf, "-inf": -math.inf}
-        if text in table:
-            return table[text]
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 _NONFINITE_TEXT = {"human": ("NaN", "Infinity", "-Infinity"), "machine": ("nan", "inf", "-inf")}

@@ -20,11 +20,13 @@ stage decides anything.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, OracleJudgement, RatioRule
+from ...jsonio import as_float
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .plan import ValidationPlan
 
@@ -51,6 +53,12 @@ class Judgement:
     margin: float | None = None
     reason: str | None = None
     rule: OracleJudgement | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Judgement:
+        """A stored judgement read back (:meth:`to_dict`'s fields; the rule's details are not kept)."""
+        return cls(bool(data.get("passed")), str(data.get("judged_by") or "tolerance"), as_float(data.get("bound")),
+                   as_float(data.get("margin")), data.get("reason"))
 
     def to_dict(self) -> dict[str, Any]:
         """``passed``, ``judged_by``, ``bound``, ``margin``, ``reason`` and the rule's details."""

@@ -19,13 +19,15 @@ from typing import Any
 from ...capture.keys import CheckpointKey
 from ...checkpoint_ids import checkpoint_id
 from ...comparison import ComparisonResult, Tolerance, error_metric
-from ...jsonio import json_safe
+from ...jsonio import as_float, json_safe
 from ..drilldown.types import LayerDrilldown
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .judge import Judgement, LayerVerdict, Verdict
 
 __all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "brief"]
 
+#: the tolerance of a comparison read back from a row no tolerance judged (none was stored)
+_NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
 #: ComparisonResult fields that are not measurements (the allclose verdict is the judge's business).
 _NOT_METRICS = ("passed", "reason", "tolerance", "name")
 
@@ -59,10 +61,10 @@ def _comparison_from(row: Mapping[str, Any], passed: bool) -> ComparisonResult:
         elif f.name.endswith("_shape"):
             value = tuple(value)
         elif isinstance(value, str) and f.name not in ("reference_dtype", "alternative_dtype", "ulp_dtype"):
-            value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value, value)
+            value = as_float(value)
         kwargs[f.name] = value
-    tol = row.get("tolerance")
-    tolerance = Tolerance.from_dict(dict(tol)) if isinstance(tol, Mapping) else Tolerance()
+    tol = row.get("tolerance")  # stored only where a tolerance judged the row; else none is implied (0, 0)
+    tolerance = Tolerance.from_dict(dict(tol)) if isinstance(tol, Mapping) else _NO_TOLERANCE
     return ComparisonResult(passed=passed, reason=None, tolerance=tolerance, **kwargs)
 
 
@@ -160,30 +162,19 @@ class CheckpointResult:
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointResult:
         """Read a stored row back (rows written before the canonical id are read too)."""
         key = CheckpointKey(str(row["checkpoint"]), None if row.get("layer") is None else int(row["layer"]))
-        passed = bool(row.get("passed"))
-        judged_by = row.get("judged_by") or (row.get("judgement") or {}).get("judged_by") or "tolerance"
-        judgement = Judgement(passed, str(judged_by), _num(row.get("bound")), _num(row.get("margin")), row.get("reason"))
-        comparison = _comparison_from(row, passed)
+        old = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
+        judgement = Judgement.from_dict({**row, "judged_by": row.get("judged_by") or old.get("judged_by")})
+        comparison = _comparison_from(row, judgement.passed)
         intro = row.get("introduced")
         introduced = None
         if isinstance(intro, Mapping) and "judged_by" in intro:
-            ij = Judgement(bool(intro.get("passed")), str(intro["judged_by"]), _num(intro.get("bound")),
-                           _num(intro.get("margin")), intro.get("reason"))
+            ij = Judgement.from_dict(intro)
             introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), ij,
-                                     ComparisonResult(True, None, Tolerance(), max_abs_error=_num(intro.get("max_abs_error")),
-                                                      rmse=_num(intro.get("rmse"))))
+                                     ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(intro.get("max_abs_error")),
+                                                      rmse=as_float(intro.get("rmse"))))
         return cls(key=key, comparison=comparison, judgement=judgement, introduced=introduced,
                    run_to_run=row.get("run_to_run"), accumulation=row.get("accumulation"),
                    step=row.get("step"), module=row.get("module"))
-
-
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        return float({"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(v, v))
-    except (TypeError, ValueError):
-        return None
 
 
 def _rmse(result: ComparisonResult | None) -> float | None:
