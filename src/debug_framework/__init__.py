@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 from .config import DEFAULT_CONFIG, database_settings, default_database_path, from_environment, merge_config
 from .errors import (
     BackendInitializationError,
+    BackendRuntimeError,
     ComparisonError,
+    ConfigurationError,
     DatabaseError,
     DebugFrameworkError,
     FrameworkInitializationError,
@@ -106,6 +108,8 @@ __all__ = [
     "DatabaseError",
     "ModelLoadingError",
     "ValidationError",
+    "ConfigurationError",
+    "BackendRuntimeError",
     "ComparisonError",
     "ResourceExhaustedError",
     "PluginCompilationError",

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import DatabaseError, ValidationError
+from ..errors import ConfigurationError, DatabaseError
 from ..storage.schema import SESSION_STATUSES
 from ..suggest import did_you_mean, one_of
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
@@ -249,7 +249,7 @@ def _cmd_diff(db: DatabaseManager, before: str, after: str, fmt: str | None, out
         fmt = "json"
     if fmt is not None:
         if fmt not in _DIFF_FORMATS:
-            raise ValidationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
+            raise ConfigurationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
         _write(render_diff(diff, fmt, db=db), output_file)
     else:
         _print_diff_table(diff, before, after)

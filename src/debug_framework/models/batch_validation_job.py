@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import database_settings, default_database_path, merge_config
-from ..errors import ValidationError
+from ..errors import ConfigurationError, ValidationError
 from ..storage.database import Database
 from ..storage.schema import BATCH_ITEM_STATUSES
 from ._common import BATCH_EXECUTOR_ROLE, Collaborator
@@ -97,14 +97,14 @@ class BatchValidationJob:
         try:
             self.max_concurrent_jobs = int(raw)
         except (TypeError, ValueError) as exc:
-            raise ValidationError(f"max_concurrent_jobs must be an integer >= 1, got {raw!r}") from exc
+            raise ConfigurationError(f"max_concurrent_jobs must be an integer >= 1, got {raw!r}") from exc
         if self.max_concurrent_jobs < 1:
-            raise ValidationError(f"max_concurrent_jobs must be >= 1, got {self.max_concurrent_jobs}")
+            raise ConfigurationError(f"max_concurrent_jobs must be >= 1, got {self.max_concurrent_jobs}")
         if not self.model_paths:
-            raise ValidationError("a batch job needs at least one model path")
+            raise ConfigurationError("a batch job needs at least one model path")
         if self.config.get("executor", "local") not in EXECUTORS:
-            raise ValidationError(f"unknown batch executor {self.config.get('executor')!r}",
-                                  hint=f"use one of {', '.join(EXECUTORS)}")
+            raise ConfigurationError(f"unknown batch executor {self.config.get('executor')!r}",
+                                     hint=f"use one of {', '.join(EXECUTORS)}")
         self.framework_config = merge_config(self.config.get("framework_config"))
         db_path = self.config.get("database_path") or default_database_path(self.framework_config)
         self.framework_config["database_path"] = str(db_path)
@@ -120,8 +120,8 @@ class BatchValidationJob:
         job = self.db.batches.get(self.job_id)
         assert job is not None
         if [i["model_path"] for i in job["items"]] != self.model_paths:
-            raise ValidationError(f"batch job {self.job_id!r} already exists with other model paths",
-                                  hint="use a new job id, or the same model list to resume it")
+            raise ConfigurationError(f"batch job {self.job_id!r} already exists with other model paths",
+                                     hint="use a new job id, or the same model list to resume it")
 
     # ---------------------------------------------------------------- control
 

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import DatabaseError, ValidationError
+from ..errors import ConfigurationError, DatabaseError
 from .core import Row, SqlCore
 from .dialect import Connection
 from .leases import current_owner, stamp
@@ -77,7 +77,7 @@ class BatchQueueStore:
     def set_status(self, job_id: str, status: str) -> None:
         """Set the job's status (one of :data:`~.schema.BATCH_JOB_STATUSES`)."""
         if status not in BATCH_JOB_STATUSES:
-            raise ValidationError(f"unknown batch job status {status!r}", hint=f"use one of {BATCH_JOB_STATUSES}")
+            raise ConfigurationError(f"unknown batch job status {status!r}", hint=f"use one of {BATCH_JOB_STATUSES}")
         self.core.run_in_transaction(
             lambda c: self.core.execute(c, "UPDATE batch_jobs SET status = ?, updated_at = ? WHERE job_id = ?",
                                         (status, utc_now(), job_id)),
@@ -91,7 +91,7 @@ class BatchQueueStore:
         With ``if_owned``, only while this process still holds the item's lease: returns False
         (and changes nothing) when a sweep gave the item to another owner meanwhile."""
         if status not in BATCH_ITEM_STATUSES:
-            raise ValidationError(f"unknown batch item status {status!r}", hint=f"use one of {BATCH_ITEM_STATUSES}")
+            raise ConfigurationError(f"unknown batch item status {status!r}", hint=f"use one of {BATCH_ITEM_STATUSES}")
         owner = current_owner()
         mine = " AND status = 'running' AND owner_host = ? AND owner_pid = ? AND owner_token = ?" if if_owned else ""
         extra: tuple[object, ...] = (owner.host, owner.pid, owner.token) if if_owned else ()
