@@ -165,9 +165,9 @@ def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
         )
     merged = merge_config(_environment(), config)
     try:
-        from .services.database_manager import DatabaseManager
+        from .storage.database import Database
 
-        DatabaseManager(default_database_path(merged), **database_settings(merged)).close()
+        Database(default_database_path(merged), **database_settings(merged)).close()
     except DebugFrameworkError as exc:
         raise FrameworkInitializationError(f"the database cannot be used: {exc.message}",
                                            database=_shown_database(merged)) from exc

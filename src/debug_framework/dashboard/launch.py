@@ -181,7 +181,7 @@ def cancel(settings: Settings, task_id: str) -> str:
 def _cancel_job(settings: Settings, job_id: str) -> None:
     job = stored_job(settings, job_id)
     try:
-        job.cancel()
+        job.db.batches.cancel(job.job_id)
     finally:
         job.db.close()
 

@@ -91,7 +91,7 @@ class L4MAIntegration:
 
     def execute_validation(self, session_id: str) -> dict[str, Any]:
         """Run the session: every checkpoint, plus per-layer isolation where both backends can."""
-        return self.engine.execute_validation(session_id)
+        return self.engine.run(session_id).to_dict()
 
     def get_model_metadata(self, model_path: str | os.PathLike[str]) -> dict[str, Any]:
         """Architecture, shapes, attention and rotary settings, weights digest and files."""

@@ -3,7 +3,7 @@
     from debug_framework.models.validation_report import ValidationReport
     from debug_framework.reports import render_report
 
-    report = ValidationReport.from_session(session_id, db)     # db: DatabaseManager or path
+    report = ValidationReport.from_session(session_id, db)     # db: a Database or a path
     html = render_report(report, "html")                       # one self-contained page
     xml = render_report(report, "junit")
 

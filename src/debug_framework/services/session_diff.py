@@ -192,7 +192,7 @@ def diff_sessions(
     require_same_model: bool = True,
     option_names: Mapping[str, str] | None = None,
 ) -> SessionDiff:
-    """Compare two stored sessions key by key (``db``: a DatabaseManager or a database path).
+    """Compare two stored sessions key by key (``db``: a Database or a database path).
 
     A change of a checkpoint's max abs error counts when it exceeds the largest of ``abs_floor``,
     ``atol_fraction`` times the checkpoint's absolute tolerance, and ``rel_change`` times the larger
