@@ -70,7 +70,7 @@ def test_session_page_for_a_created_and_an_errored_session(own_db):
     from debug_framework.errors import BackendInitializationError
 
     engine = ValidationEngine(own_db)
-    model = engine.db.sessions.get(engine.db.list_sessions(limit=1)[0]["session_id"])["model_path"]
+    model = engine.db.sessions.get(engine.db.sessions.list(limit=1)[0]["session_id"])["model_path"]
     created = engine.create_session(model, {"dtype": "float32"}, "python_reference", "pytorch")
     broken = engine.create_session(model, {"dtype": "float32", "device": "cuda:99"}, "python_reference", "pytorch")
     with pytest.raises(BackendInitializationError):  # DF002 at prepare: no checkpoint row written
