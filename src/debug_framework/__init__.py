@@ -239,7 +239,7 @@ def create_validation_session(
     ...; see docs/validation.md). Run it with ``ValidationEngine(config=get_framework_config()).run(id)``.
 
     Raises:
-        BackendInitializationError (DF002), ModelLoadingError (DF004), ValidationError (DF005).
+        BackendInitializationError (DF002), ModelLoadingError (DF004), ConfigurationError (DF005, a bad configuration).
     """
     from .services.validation_engine import ValidationEngine
 
