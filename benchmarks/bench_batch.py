@@ -9,7 +9,7 @@ list as a fresh job on a fresh SQLite database, ``--workers`` items at a time (d
 * ``ray``: ``executor="ray"`` on a local Ray instance started for the job (``ray.init`` with
   ``--workers`` CPUs), the driver ingesting each worker's rows and tensors.
 
-Wall time is measured around ``job.execute()`` and includes each executor's start-up (spawning
+Wall time is measured around ``execute_job(job)`` and includes each executor's start-up (spawning
 processes, starting Ray and its workers, imports): the honest figure for a batch of this size. The
 figures are printed side by side; nothing is asserted. Everything is written under a temporary
 directory, removed at the end.
@@ -45,11 +45,12 @@ def _tiny_llama(directory: Path, seed: int) -> Path:
 def _run(name: str, models: list[str], root: Path, workers: int, extra: dict) -> tuple[float, int]:
     """Seconds for one fresh job over ``models`` and how many items ended done."""
     from debug_framework.models.batch_validation_job import BatchValidationJob
+    from debug_framework.services.executors import execute_job
 
     config = {"database_path": str(root / f"{name}.db"), "alternative_backend": "pytorch", "isolate": False,
               "parallel_execution": True, "max_concurrent_jobs": workers, **extra}
     start = time.perf_counter()
-    results = BatchValidationJob(f"bench-{name}", models, config).execute()
+    results = execute_job(BatchValidationJob(f"bench-{name}", models, config))
     return time.perf_counter() - start, sum(r["status"] == "done" for r in results)
 
 

@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 from .config import DEFAULT_CONFIG, database_settings, default_database_path, from_environment, merge_config
 from .errors import (
     BackendInitializationError,
+    BackendRuntimeError,
     ComparisonError,
+    ConfigurationError,
     DatabaseError,
     DebugFrameworkError,
     FrameworkInitializationError,
@@ -106,6 +108,8 @@ __all__ = [
     "DatabaseError",
     "ModelLoadingError",
     "ValidationError",
+    "ConfigurationError",
+    "BackendRuntimeError",
     "ComparisonError",
     "ResourceExhaustedError",
     "PluginCompilationError",
@@ -161,9 +165,9 @@ def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
         )
     merged = merge_config(_environment(), config)
     try:
-        from .services.database_manager import DatabaseManager
+        from .storage.database import Database
 
-        DatabaseManager(default_database_path(merged), **database_settings(merged)).close()
+        Database(default_database_path(merged), **database_settings(merged)).close()
     except DebugFrameworkError as exc:
         raise FrameworkInitializationError(f"the database cannot be used: {exc.message}",
                                            database=_shown_database(merged)) from exc
@@ -235,7 +239,7 @@ def create_validation_session(
     ...; see docs/validation.md). Run it with ``ValidationEngine(config=get_framework_config()).run(id)``.
 
     Raises:
-        BackendInitializationError (DF002), ModelLoadingError (DF004), ValidationError (DF005).
+        BackendInitializationError (DF002), ModelLoadingError (DF004), ConfigurationError (DF005, a bad configuration).
     """
     from .services.validation_engine import ValidationEngine
 

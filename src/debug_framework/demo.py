@@ -64,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(output: Path, database: Path | None, alternative_backend: str, invocation: Invocation) -> int:
     from . import get_framework_config
     from .cli.framework import EXIT_FAIL, EXIT_PASS, CliError, markup
+    from .models._common import write_report_file
     from .models.validation_report import ValidationReport
+    from .reports import render_report
     from .services.validation_engine import ValidationEngine
 
     console = make_console()
@@ -86,7 +88,7 @@ def _run(output: Path, database: Path | None, alternative_backend: str, invocati
         alternative_backend=alternative_backend,
     )
     invocation.session_id = sid  # named by the one line of a Ctrl-C
-    row = engine.db.get_session(sid) or {}
+    row = engine.db.sessions.get(sid) or {}
     why = (row.get("alternative_backend_info") or {}).get("selected_because", "")
     console.print(markup("validating all-MiniLM-L6-v2 ({})", model_path))
     console.print(markup("  python_reference (float64) vs [bold]{}[/] -- {}", row.get("alternative_backend"), why))
@@ -94,7 +96,8 @@ def _run(output: Path, database: Path | None, alternative_backend: str, invocati
         result = engine.run(sid)
     out = output.expanduser()
     # the tensor store beside the database feeds the heatmap; an unwritable --output is DF005
-    ValidationReport.from_session(sid, engine.db).save_to_file(out, "html")
+    write_report_file(out, render_report(ValidationReport.from_session(sid, engine.db), "html"),
+                      hint="choose a writable --output")
 
     first = result.first_divergence
     verdict = "[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]"

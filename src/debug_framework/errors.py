@@ -9,10 +9,20 @@ file, tensor, backend or checkpoint is involved) and what to do about it::
     │   └── UnsupportedTorchVersionError   DF002 (the installed PyTorch is outside the checked range)
     ├── DatabaseError                      DF003
     ├── ModelLoadingError                  DF004
-    ├── ValidationError                    DF005
+    ├── ValidationError                    DF005 (a validation that cannot execute: a session in the wrong
+    │   │                                        state, a job another process is running ...)
+    │   ├── ConfigurationError             DF005 (the user's bad option, configuration value, input or
+    │   │                                        path, an output file that cannot be written included)
+    │   └── BackendRuntimeError            DF005 (a backend failing mid-run; names the backend and the call)
     ├── ComparisonError                    DF006
     ├── ResourceExhaustedError             DF007
     └── PluginCompilationError             DF008
+
+The three DF005 classes tell who has to act: ``ConfigurationError`` the user (change the option,
+the file or the path named in the message), ``BackendRuntimeError`` whoever owns the backend (its
+exception is the ``__cause__``), a plain ``ValidationError`` nobody's input (wait, or start a new
+session). All three are caught by ``except ValidationError``. A numerical failure (a checkpoint out
+of tolerance) is never an exception: it is the result (``passed``/``verdict``, exit 1 from a CLI).
 """
 
 from __future__ import annotations
@@ -28,12 +38,15 @@ __all__ = [
     "DatabaseError",
     "ModelLoadingError",
     "ValidationError",
+    "ConfigurationError",
+    "BackendRuntimeError",
     "ComparisonError",
     "ResourceExhaustedError",
     "PluginCompilationError",
     "ERROR_CODES",
     "NO_SPACE_ERRNOS",
     "no_space_error",
+    "unwritable_output",
 ]
 
 
@@ -66,6 +79,11 @@ class DebugFrameworkError(Exception):
             text += f". What to do: {self.hint}"
         return text
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the state, not the constructor's arguments: an error crosses to another process
+        (a batch worker, a Ray task) as it is, whatever its subclass's ``__init__`` takes."""
+        return (_restore_error, (type(self), self.args, self.__dict__.copy()))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, used by CLIs with ``--json``."""
         return {
@@ -75,6 +93,14 @@ class DebugFrameworkError(Exception):
             "hint": self.hint,
             "context": {k: str(v) for k, v in self.context.items()},
         }
+
+
+def _restore_error(cls: type[DebugFrameworkError], args: tuple[Any, ...], state: dict[str, Any]) -> DebugFrameworkError:
+    """Rebuild a pickled framework error without calling its ``__init__`` (see ``__reduce__``)."""
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
 
 
 class FrameworkInitializationError(DebugFrameworkError):
@@ -123,11 +149,47 @@ class ModelLoadingError(DebugFrameworkError):
 
 
 class ValidationError(DebugFrameworkError):
-    """A validation that cannot execute: bad inputs or configuration, or a backend failing mid-run."""
+    """A validation that cannot execute. Raised as such for a state that forbids it (a session that
+    is not ``created``, a running session, a batch job another process executes); the user's bad
+    input is :class:`ConfigurationError` and a backend failing mid-run :class:`BackendRuntimeError`,
+    both subclasses (DF005)."""
 
     code = "DF005"
     title = "Validation failed to execute"
     default_hint = "see the message; the session record keeps what completed before the failure"
+
+
+class ConfigurationError(ValidationError):
+    """The user's bad input (DF005): an option or configuration value out of range or of the wrong
+    type, an unknown key or name, a file that is not what it should be, or an output path that
+    cannot be written (a report, an export; no room to write there is :class:`ResourceExhaustedError`,
+    DF007). Nothing has run when it is raised for an option; the user fixes what the message names."""
+
+    title = "Invalid option or input"
+    default_hint = "correct the option, file or path named in the message and run again"
+
+
+class BackendRuntimeError(ValidationError):
+    """A backend failing mid-run (DF005): an exception out of its ``prepare``, ``run`` or
+    ``run_layer``, or a result it returned that cannot be used. ``backend`` and ``call`` name them;
+    the backend's own exception, if any, is the ``__cause__``. Not the user's input, and not a
+    numerical failure (that is a failed checkpoint in the result)."""
+
+    title = "Backend failed during the run"
+    default_hint = ("fix or report the backend (its own exception is kept as this error's cause); "
+                    "the session keeps every row written before it failed")
+
+    def __init__(self, message: str, *, backend: str, call: str, hint: str | None = None,
+                 **context: Any) -> None:
+        self.backend = backend
+        self.call = call
+        super().__init__(message, hint=hint, backend=backend, call=call, **context)
+
+    @classmethod
+    def from_exception(cls, backend: str, call: str, exc: BaseException, **context: Any) -> BackendRuntimeError:
+        """The error for ``exc`` raised by ``backend`` in ``call`` (raise it ``from exc``)."""
+        return cls(f"backend {backend!r} failed in {call}: {type(exc).__name__}: {exc}",
+                   backend=backend, call=call, **context)
 
 
 class ComparisonError(DebugFrameworkError):
@@ -189,3 +251,16 @@ def no_space_error(exc: BaseException, what: str, *, hint: str | None = None,
                      "everything stored before this point is kept",
         **context,
     )
+
+
+def unwritable_output(exc: OSError, what: str, *, hint: str,
+                      **context: Any) -> ResourceExhaustedError | ConfigurationError:
+    """The error for an output the user asked for (a report, an export) that cannot be written while
+    doing ``what``: DF007 when there is no room to write (:func:`no_space_error`), else
+    :class:`ConfigurationError`, since the path itself is unusable (a directory, no permission, a
+    parent that is a file) and the user's fix is another path (``hint`` says which option).
+    Raise it ``from exc``."""
+    full = no_space_error(exc, what, **context)
+    if full is not None:
+        return full
+    return ConfigurationError(f"cannot {what}: {exc}", hint=hint, **context)

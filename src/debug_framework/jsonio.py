@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ValidationError
+from .errors import ConfigurationError
 
 __all__ = ["json_safe", "dumps_json", "read_json_object", "as_float"]
 
@@ -52,17 +52,17 @@ def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """The JSON object in the file ``path`` (a user's configuration file, called ``what`` in messages).
 
     Raises:
-        ValidationError (DF005): the file cannot be read, is not JSON, or holds something else than an object.
+        ConfigurationError (DF005): the file cannot be read, is not JSON, or holds something else than an object.
     """
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ValidationError(f"cannot read the {what}: {exc}", file=str(p)) from exc
+        raise ConfigurationError(f"cannot read the {what}: {exc}", file=str(p)) from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValidationError(f"the {what} is not JSON: {exc}", file=str(p)) from exc
+        raise ConfigurationError(f"the {what} is not JSON: {exc}", file=str(p)) from exc
     if not isinstance(data, dict):
-        raise ValidationError(f"the {what} must hold a JSON object", file=str(p))
+        raise ConfigurationError(f"the {what} must hold a JSON object", file=str(p))
     return data
 
 

@@ -27,7 +27,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "front": ("debug_framework", "debug_framework.cli", "debug_framework.demo", "debug_framework.integrations",
               "debug_framework.dashboard"),
     "services": ("debug_framework.services", "debug_framework.reports"),
-    "models": ("debug_framework.models",),
+    # compat: the spec's faces over the stores, the comparison core and the records' data (the
+    # records inherit their spec verbs from it, so it sits in their layer and imports none of them)
+    "models": ("debug_framework.models", "debug_framework.compat"),
     "storage": ("debug_framework.storage",),
     # measure times and samples backends (it hooks layers with capture.hooks), so it sits with them
     "execution": ("debug_framework.backends", "debug_framework.capture", "debug_framework.architectures",

@@ -70,7 +70,7 @@ def test_session_page_for_a_created_and_an_errored_session(own_db):
     from debug_framework.errors import BackendInitializationError
 
     engine = ValidationEngine(own_db)
-    model = engine.db.sessions.get(engine.db.list_sessions(limit=1)[0]["session_id"])["model_path"]
+    model = engine.db.sessions.get(engine.db.sessions.list(limit=1)[0]["session_id"])["model_path"]
     created = engine.create_session(model, {"dtype": "float32"}, "python_reference", "pytorch")
     broken = engine.create_session(model, {"dtype": "float32", "device": "cuda:99"}, "python_reference", "pytorch")
     with pytest.raises(BackendInitializationError):  # DF002 at prepare: no checkpoint row written
@@ -174,7 +174,7 @@ def test_a_cancel_landing_in_the_engines_failure_handling_still_ends_the_session
     """A resent cancel that interrupts the engine's own "mark the session error" leaves it running;
     the worker ends it."""
     from debug_framework.dashboard.launch import CANCELLED, task_store
-    from debug_framework.models.debug_session import DebugSession
+    from debug_framework.storage.sessions import SessionStore
 
     worker = clean_worker_state
     path = tmp_path / "debug.db"
@@ -182,14 +182,14 @@ def test_a_cancel_landing_in_the_engines_failure_handling_still_ends_the_session
     db, tasks = task_store(_settings(path))
     tid = tasks.create("validation", {"model_path": str(app_env.model), "reference_backend": "python_reference",
                                       "alternative_backend": "pytorch", "config": {"dtype": "float32", "device": "cuda:99"}})
-    real_update = DebugSession.update_status
+    real_update = SessionStore.update_status
 
-    def interrupted(self, status, error_message=None, **kw):  # the resent SIGTERM lands here
-        if status == "error":
+    def interrupted(self, session_id, status, error_message=None):  # the resent SIGTERM lands here
+        if status == "error" and error_message != CANCELLED:  # the engine's own failure handling
             raise worker.Cancelled()
-        return real_update(self, status, error_message, **kw)
+        return real_update(self, session_id, status, error_message)
 
-    monkeypatch.setattr(DebugSession, "update_status", interrupted)
+    monkeypatch.setattr(SessionStore, "update_status", interrupted)
     assert worker.run_task(_settings(path), tid) == 0
     task = tasks.get(tid)
     assert task["state"] == "cancelled"

@@ -92,7 +92,7 @@ def test_auto_picks_through_the_registry(fresh_framework, tiny_llama, tmp_path):
         pytest.skip("the registry has no select_alternative yet")
     debug_framework.initialize_framework({"database_path": str(tmp_path / "auto.db")})
     sid = debug_framework.create_validation_session(tiny_llama)  # python_reference vs auto
-    row = ValidationEngine(tmp_path / "auto.db").db.get_session(sid)
+    row = ValidationEngine(tmp_path / "auto.db").db.sessions.get(sid)
     expected, _ = registry.select_alternative("python_reference")
     assert row["alternative_backend"] == expected
     assert row["alternative_backend_info"]["requested"] == "auto"

@@ -45,12 +45,14 @@ def test_batch_progress_bar_shows_a_job_id_literally(capsys):
     """The bar's text is the job id as given: not markup (``[/]`` crashed rich), not a format field (``{y}``)."""
     from debug_framework.services.batch_executor import BatchExecutor
 
-    class Job:  # what _follow reads of a BatchValidationJob
+    class Batches:
+        def progress(self, job_id: str) -> dict[str, int]:
+            return {"finished": 2}
+
+    class Job:  # what _follow reads of a BatchValidationJob: its id, models and the batch store's progress
         job_id = f"job {MARKUP}"
         model_paths = ["a", "b"]
-
-        def get_progress(self) -> dict[str, int]:
-            return {"finished": 2}
+        db = type("Db", (), {"batches": Batches()})()
 
     done = threading.Event()
     done.set()

@@ -68,7 +68,7 @@ def test_a_full_disk_is_df007_everywhere_and_keeps_what_was_stored(tiny_llama, s
     with pytest.raises(ResourceExhaustedError, match="no space left"):
         TensorStore.beside_database(engine.database_path).put(np.arange(4096, dtype=np.float32))
     with pytest.raises(ResourceExhaustedError, match="disk full"):
-        engine.db.create_session(str(tiny_llama), "python_reference", "pytorch")
+        engine.db.sessions.create(str(tiny_llama), "python_reference", "pytorch")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exited:
         debug_validate(["--model-path", str(tiny_llama), "--database", str(engine.database_path),

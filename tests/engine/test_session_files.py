@@ -20,15 +20,15 @@ def test_a_session_id_never_leaves_the_inputs_directory(tmp_path):
     engine = ValidationEngine(tmp_path / "a" / "b" / "debug.db")
     for bad in ("../../x", "a/b", "x\0y", "..", "/abs", "x" * 129):
         with pytest.raises(ValidationError) as info:
-            engine.db.create_session("m", "python_reference", "pytorch", session_id=bad)
+            engine.db.sessions.create("m", "python_reference", "pytorch", session_id=bad)
         assert info.value.code == "DF005"
     assert engine.list_sessions() == []
     outside = tmp_path / "x.safetensors"  # a foreign row pointing out of the inputs directory
     outside.write_bytes(b"precious")
-    sid = engine.db.create_session("m", "python_reference", "pytorch", session_id=f"s-{uuid.uuid4().hex}",
+    sid = engine.db.sessions.create("m", "python_reference", "pytorch", session_id=f"s-{uuid.uuid4().hex}",
                                    inputs_ref=str(engine.inputs_dir / ".." / ".." / "x.safetensors"))
     assert engine.cleanup_session(sid, delete_records=True)
-    assert outside.read_bytes() == b"precious" and engine.db.get_session(sid) is None
+    assert outside.read_bytes() == b"precious" and engine.db.sessions.get(sid) is None
 
 
 def test_the_model_path_is_stored_resolved(tiny_llama, tmp_path, monkeypatch, capsys):
@@ -36,7 +36,7 @@ def test_the_model_path_is_stored_resolved(tiny_llama, tmp_path, monkeypatch, ca
     monkeypatch.chdir(tiny_llama.parent)
     engine = ValidationEngine(db)
     sid = engine.create_session(f"./{tiny_llama.name}", CONFIG, "python_reference", "pytorch")
-    stored = engine.db.get_session(sid)["model_path"]
+    stored = engine.db.sessions.get(sid)["model_path"]
     assert stored == str(tiny_llama.resolve())
     assert [s["session_id"] for s in engine.list_sessions(model_path=f"./{tiny_llama.name}")] == [sid]
 

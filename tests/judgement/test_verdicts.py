@@ -87,7 +87,7 @@ def test_calibration_that_cannot_run_is_refused_up_front(tiny_models, engine):
     for bad in ({"noise_margin": -1}, {"floor_eps": "x"}, {"calibrate": "yes"}, {"calibration_metric": "l7"}):
         with pytest.raises(ValidationError):
             engine.create_session(model, bad, "python_reference", "pytorch")
-    assert engine.db.list_sessions() == []
+    assert engine.db.sessions.list() == []
 
 
 def test_embedding_and_head_bugs_name_their_source(tiny_models, engine, patched_backend):

@@ -103,7 +103,7 @@ def test_module_entry_point_and_env_database(db, build, tmp_path):
 
 
 def test_internal_error_exits_3_with_the_traceback_in_the_log(db, build, tmp_path, monkeypatch, capsys):
-    from debug_framework.services.database_manager import DatabaseManager
+    from debug_framework.storage.sessions import SessionStore
 
     build(db, bug_layer=None, record=False)
     log_dir = tmp_path / "crash"
@@ -112,7 +112,7 @@ def test_internal_error_exits_3_with_the_traceback_in_the_log(db, build, tmp_pat
     def broken_list_sessions(self, *args, **kwargs):
         raise RuntimeError("list broke")
 
-    monkeypatch.setattr(DatabaseManager, "list_sessions", broken_list_sessions)
+    monkeypatch.setattr(SessionStore, "list", broken_list_sessions)
     assert main(["--list", "--database", str(db.database_path)]) == 3
     cap = capsys.readouterr()
     (log,) = log_dir.glob("session_report-*.log")

@@ -107,12 +107,13 @@ class _LayerReached(Exception):
     """Stops the eager forward of :func:`_layer_call` as the layer is entered."""
 
 
-def _layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[str, torch.Tensor],
-               ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[str, torch.Tensor], backend: str,
+                i: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The positional and keyword arguments ``net(**net_kwargs)`` passes ``layer`` (its attention
     mask, rotary position embeddings ...): an eager forward, stopped as the layer is entered, so
     a backend can replay the layer alone on another hidden state. Hooks before the layer fire
-    (a :class:`CheckpointOutputs` sink may need clearing afterwards)."""
+    (a :class:`CheckpointOutputs` sink may need clearing afterwards). BackendRuntimeError (DF005,
+    naming ``backend``) when the forward never enters layer ``i``."""
     seen: dict[str, Any] = {}
 
     def grab(_m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -131,10 +132,11 @@ def _layer_call(net: torch.nn.Module, layer: torch.nn.Module, net_kwargs: dict[s
     finally:
         handle.remove()
     if "call" not in seen:
-        from ..errors import ValidationError
+        from ..errors import BackendRuntimeError
 
-        raise ValidationError("the model never called the layer being replayed",
-                              hint="the layer module names must be the ones the model's forward calls")
+        raise BackendRuntimeError(f"the model's forward never called layer {i}, the one being replayed",
+                                  backend=backend, call=f"run_layer({i})",
+                                  hint="the layer module names must be the ones the model's forward calls")
     return seen["call"]
 
 
@@ -168,7 +170,8 @@ def replay_arguments(net: torch.nn.Module, model: LoadedModel, i: int, inputs: M
     layer = find_module(net, name)
     arrays = graph_inputs(model, inputs)
     try:
-        args, kwargs = _layer_call(net, layer, {k: torch.from_numpy(v).to(device) for k, v in arrays.items()})
+        args, kwargs = _layer_call(net, layer, {k: torch.from_numpy(v).to(device) for k, v in arrays.items()},
+                                   backend, i)
     finally:
         sink.clear()  # the eager run fired the checkpoint hooks before the layer
     args, kwargs = _with_hidden(args, kwargs, hidden)

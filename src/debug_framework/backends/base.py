@@ -7,7 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..capture.keys import Capture, CheckpointKey, CheckpointSelection
 from ..config import FLOAT_DTYPES
-from ..errors import BackendInitializationError, ValidationError
+from ..errors import BackendInitializationError, ConfigurationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ..suggest import did_you_mean
@@ -155,11 +155,11 @@ class BaseBackend:
         config = self._prepared().config
         ids = inputs.input_ids
         if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
-            raise ValidationError(
+            raise ConfigurationError(
                 f"token ids must lie in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]", backend=self.name
             )
         if ids.shape[1] > config.max_position_embeddings:
-            raise ValidationError(
+            raise ConfigurationError(
                 f"{ids.shape[1]} tokens exceed max_position_embeddings={config.max_position_embeddings}",
                 backend=self.name,
             )

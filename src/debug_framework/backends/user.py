@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..capture.keys import Capture, CheckpointKey
-from ..errors import BackendInitializationError, ValidationError
+from ..errors import BackendInitializationError, BackendRuntimeError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import FLOAT_DTYPES, BaseBackend, Taps
@@ -61,9 +61,9 @@ class CallableBackend(BaseBackend):
         produced = fn(inputs, keys)
         elapsed = time.perf_counter() - start
         if not isinstance(produced, Mapping):
-            raise ValidationError(
+            raise BackendRuntimeError(
                 f"user backend {self.name!r} returned {type(produced).__name__}, not a mapping of checkpoints",
-                hint="return {CheckpointKey(...) or 'post_mlp:2': tensor}",
+                backend=self.name, call="run", hint="return {CheckpointKey(...) or 'post_mlp:2': tensor}",
             )
         got = {CheckpointKey.parse(k): v for k, v in produced.items()}
         return Capture(tensors={k: got[k] for k in keys if k in got}, backend=self.name, dtype=self.dtype, elapsed_s=elapsed)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import ValidationError
+from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
 
 __all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "find_module", "HookCapture",
@@ -35,7 +35,7 @@ def hf_layer_modules(architecture: str, num_layers: int) -> list[str]:
         return [f"encoder.layer.{i}" for i in range(num_layers)]
     if architecture == "llama":
         return [f"model.layers.{i}" for i in range(num_layers)]
-    raise ValidationError(f"no Hugging Face module names known for architecture {architecture!r}")
+    raise ConfigurationError(f"no Hugging Face module names known for architecture {architecture!r}")
 
 
 def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
@@ -78,7 +78,7 @@ def find_module(root: torch.nn.Module, name: str) -> torch.nn.Module:
     matches = [m for n, m in modules.items() if n.endswith("." + name)]
     if len(matches) == 1:
         return matches[0]
-    raise ValidationError(
+    raise ConfigurationError(
         f"module {name!r} not found in {type(root).__name__}" + (" (ambiguous)" if matches else ""),
         hint="pass an explicit module-to-checkpoint map naming modules of your model",
         checkpoint=name,

@@ -88,6 +88,7 @@ def batch(
     from .. import get_framework_config
     from ..config import default_database_path
     from ..models.batch_validation_job import BatchValidationJob
+    from ..services.executors import execute_job
 
     fw = get_framework_config()
     if database:
@@ -100,7 +101,7 @@ def batch(
                           "parallel_execution": parallel > 1 or None, "max_concurrent_jobs": parallel,
                           "show_progress": not as_json, "database_path": fw["database_path"]}, config_file)
     jid = job_id or "batch-" + hashlib.sha256("\n".join(models).encode()).hexdigest()[:16]
-    results = BatchValidationJob(jid, models, config).execute()
+    results = execute_job(BatchValidationJob(jid, models, config))
     if as_json:
         print_json({"job_id": jid, "items": results})
     else:

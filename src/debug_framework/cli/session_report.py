@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import DatabaseError, ValidationError
+from ..errors import ConfigurationError, DatabaseError
 from ..storage.schema import SESSION_STATUSES
 from ..suggest import did_you_mean, one_of
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
@@ -43,7 +43,7 @@ from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..services.database_manager import DatabaseManager
+    from ..storage.database import Database
     from ..services.session_diff import SessionDiff
 
 __all__ = ["main", "app", "EXIT_OK", "EXIT_WORSE", "EXIT_USAGE"]
@@ -69,13 +69,13 @@ def _database_path(arg: str | None) -> Path | str:
     return default_database_path(merge_config(from_environment()))
 
 
-def _open_db(path: Path | str) -> DatabaseManager:
+def _open_db(path: Path | str) -> Database:
     """The database, opened read-only: a report never changes the file (nor migrates it; an older
     file is read through a migrated temporary copy)."""
-    from ..services.database_manager import DatabaseManager
+    from ..storage.database import Database
 
     _require_db_file(path)
-    return DatabaseManager.open_read_only(path)
+    return Database.open_read_only(path)
 
 
 def _require_db_file(path: Path | str) -> None:
@@ -96,7 +96,7 @@ def _write(text: str, out: Path | None) -> None:
     write_report_file(out.expanduser(), text, hint="choose a writable --output-file")
 
 
-def _cmd_report(db: DatabaseManager, session_id: str, fmt: str, output_file: Path | None, include_tensors: bool,
+def _cmd_report(db: Database, session_id: str, fmt: str, output_file: Path | None, include_tensors: bool,
                 tensor_store: Path | None) -> int:
     from ..models.validation_report import ValidationReport
     from ..reports import render_report
@@ -118,7 +118,7 @@ def _cmd_report(db: DatabaseManager, session_id: str, fmt: str, output_file: Pat
     return EXIT_OK
 
 
-def _cmd_model_explorer(db: DatabaseManager, session_id: str, out_dir: Path) -> None:
+def _cmd_model_explorer(db: Database, session_id: str, out_dir: Path) -> None:
     """``--model-explorer DIR``: the session's Model Explorer graphs and node data (on stderr: where)."""
     from ..models.validation_report import ValidationReport
     from ..reports.model_explorer import write_session_model_explorer
@@ -128,12 +128,12 @@ def _cmd_model_explorer(db: DatabaseManager, session_id: str, out_dir: Path) -> 
           f"(open: {manifest['graphs'][0]['command']})", file=sys.stderr)
 
 
-def _session_items(db: DatabaseManager, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
+def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
     """The ``--list`` rows: one summary per session, newest first."""
     from ..reports._common import first_divergence_entry, first_divergence_key, session_results, verdict_of
 
     items = []
-    for s in db.list_sessions(status=status, model_path=model_path, limit=limit):
+    for s in db.sessions.list(status=status, model_path=model_path, limit=limit):
         res = session_results(s)
         key = first_divergence_key([], res)
         items.append({
@@ -161,13 +161,13 @@ def _dtype_cell(item: dict[str, Any]) -> str:
     return str(alt or ref or "")
 
 
-def _where(db: DatabaseManager) -> str:
+def _where(db: Database) -> str:
     """How to name the database to a person: the file read (the original of a migrated copy), or
     the server URL without its password."""
     return db.location if db.location != str(db.database_path) else str(db.source_path)
 
 
-def _cmd_list(db: DatabaseManager, items: list[dict[str, Any]], as_json: bool) -> int:
+def _cmd_list(db: Database, items: list[dict[str, Any]], as_json: bool) -> int:
     from rich.table import Table
 
     if as_json:
@@ -236,7 +236,7 @@ def _pass_label(passed: bool | None) -> str:
     return "" if passed is None else ("pass" if passed else "FAIL")
 
 
-def _cmd_diff(db: DatabaseManager, before: str, after: str, fmt: str | None, output_file: Path | None, as_json: bool,
+def _cmd_diff(db: Database, before: str, after: str, fmt: str | None, output_file: Path | None, as_json: bool,
               thresholds: dict[str, float], allow_different_models: bool) -> int:
     from ..reports import render_diff
     from ..services.session_diff import diff_sessions
@@ -247,7 +247,7 @@ def _cmd_diff(db: DatabaseManager, before: str, after: str, fmt: str | None, out
         fmt = "json"
     if fmt is not None:
         if fmt not in _DIFF_FORMATS:
-            raise ValidationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
+            raise ConfigurationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
         _write(render_diff(diff, fmt, db=db), output_file)
     else:
         _print_diff_table(diff, before, after)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from ..errors import DebugFrameworkError, ValidationError
+from ..errors import ConfigurationError, DebugFrameworkError
 
 __all__ = ["import_module_or_file", "import_file", "load_backend_code", "is_file_target"]
 
@@ -66,10 +66,10 @@ def _load_one(load: Callable[[], object], what: str, context: dict[str, str]) ->
         load()
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code failed to import: their error
         detail = exc.message if isinstance(exc, DebugFrameworkError) else f"{type(exc).__name__}: {exc}"
-        raise ValidationError(f"{what}: importing it failed: {detail}",
-                              hint="fix the error in that code (run `python -c 'import ...'` to see the traceback); "
-                                   "it should call debug_framework.backends.register_backend(name, factory)",
-                              **context) from exc
+        raise ConfigurationError(f"{what}: importing it failed: {detail}",
+                                 hint="fix the error in that code (run `python -c 'import ...'` to see the traceback); "
+                                      "it should call debug_framework.backends.register_backend(name, factory)",
+                                 **context) from exc
 
 
 def load_backend_code(modules: Sequence[str] = (), files: Sequence[Path] = ()) -> list[str]:
@@ -77,19 +77,19 @@ def load_backend_code(modules: Sequence[str] = (), files: Sequence[Path] = ()) -
     names registered by them.
 
     Raises:
-        ValidationError: a module or file cannot be imported (DF005, naming it).
+        ConfigurationError: a module or file cannot be imported (DF005, naming it).
     """
     for file in files:  # before the registry (and torch) is imported: a typo fails fast
         if not file.expanduser().is_file():
-            raise ValidationError(f"backend file {str(file)!r}: no such file",
-                                  hint="give the path of a Python file that registers backends", file=str(file))
+            raise ConfigurationError(f"backend file {str(file)!r}: no such file",
+                                     hint="give the path of a Python file that registers backends", file=str(file))
     from ..backends.registry import registered_backends
 
     before = set(registered_backends())
     for module in modules:
         if is_file_target(module):
-            raise ValidationError(f"--backend-module {module!r} is a file path, not a module name",
-                                  hint="use --backend-file for a .py file", module=module)
+            raise ConfigurationError(f"--backend-module {module!r} is a file path, not a module name",
+                                     hint="use --backend-file for a .py file", module=module)
         _load_one(lambda m=module: import_module_or_file(m), f"backend module {module!r}", {"module": module})
     for file in files:
         _load_one(lambda f=file: import_file(Path(f)), f"backend file {str(file)!r}", {"file": str(file)})

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import FLOAT_DTYPES
-from ..errors import DatabaseError, ModelLoadingError, ValidationError
+from ..errors import ConfigurationError, DatabaseError, ModelLoadingError
 from ..suggest import did_you_mean, one_of
 
 if TYPE_CHECKING:
@@ -26,11 +26,11 @@ def check_dtype(option: str, dtype: str | None) -> None:
     """``dtype`` is one of the framework's dtype names (or not given).
 
     Raises:
-        ValidationError: an unknown name (DF005), with the closest known one.
+        ConfigurationError: an unknown name (DF005), with the closest known one.
     """
     if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise ValidationError(f"{option} {dtype!r} is not a dtype the framework knows" + did_you_mean(dtype, FLOAT_DTYPES),
-                              hint=one_of(FLOAT_DTYPES))
+        raise ConfigurationError(f"{option} {dtype!r} is not a dtype the framework knows" + did_you_mean(dtype, FLOAT_DTYPES),
+                                 hint=one_of(FLOAT_DTYPES))
 
 
 def check_database_path(database: str | os.PathLike[str]) -> Path | None:

@@ -22,7 +22,7 @@ from ..reports import neutralise_bidi
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from ..services.database_manager import DatabaseManager
+    from ..storage.database import Database
 
 __all__ = ["settings", "literal", "plain", "cells", "viewer", "show_error", "session_items", "session_ids"]
 
@@ -63,7 +63,7 @@ def show_error(exc: DebugFrameworkError, doing: str) -> None:
 
 
 @contextmanager
-def viewer(s: Settings | None = None) -> Iterator[DatabaseManager | None]:
+def viewer(s: Settings | None = None) -> Iterator[Database | None]:
     """The session database opened read-only (nothing on disk changes; an older schema is read
     through a migrated copy), or None after showing why it cannot be (missing, corrupt, newer)."""
     from ..cli.session_report import _open_db  # the one way a reader opens it (missing file: DF003)
@@ -85,12 +85,12 @@ def viewer(s: Settings | None = None) -> Iterator[DatabaseManager | None]:
         db.close()
 
 
-def session_items(db: DatabaseManager, limit: int = 500) -> list[dict[str, Any]]:
+def session_items(db: Database, limit: int = 500) -> list[dict[str, Any]]:
     """One summary per session, newest first (``session_report --list``'s rows)."""
     from ..cli.session_report import _session_items
 
     return _session_items(db, None, None, limit)
 
 
-def session_ids(db: DatabaseManager, limit: int = 500) -> list[str]:
-    return [str(s["session_id"]) for s in db.list_sessions(limit=limit)]
+def session_ids(db: Database, limit: int = 500) -> list[str]:
+    return [str(s["session_id"]) for s in db.sessions.list(limit=limit)]

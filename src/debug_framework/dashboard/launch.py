@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FrameworkInitializationError, ValidationError
+from ..errors import ConfigurationError, FrameworkInitializationError
 from ..storage.database import Database
 from ..storage.leases import current_owner, process_owner
 from ..storage.tasks import ACTIVE_STATES, TaskStore, worker_gone
@@ -97,7 +97,7 @@ def launch_validation(settings: Settings, model_path: str, reference: str, alter
                       knobs: Mapping[str, Any]) -> str:
     """Write a validation task and start its worker; returns the task id."""
     if not str(model_path).strip():
-        raise ValidationError("a validation needs a model path", hint="enter the model's directory or file")
+        raise ConfigurationError("a validation needs a model path", hint="enter the model's directory or file")
     from ..services.validation.plan import validate_session_config
 
     config = session_config(knobs)
@@ -145,7 +145,7 @@ def stored_job(settings: Settings, job_id: str) -> BatchValidationJob:
     finally:
         db.close()
     if row is None:
-        raise ValidationError(f"no batch job {job_id!r}", hint="pick a job from the list")
+        raise ConfigurationError(f"no batch job {job_id!r}", hint="pick a job from the list")
     config = {**(row.get("config") or {}), "database_path": str(settings.database)}
     return BatchValidationJob(job_id=job_id, model_paths=[i["model_path"] for i in row["items"]], config=config)
 
@@ -156,7 +156,7 @@ def cancel(settings: Settings, task_id: str) -> str:
     try:
         task = tasks.request_cancel(task_id)
         if task is None:
-            raise ValidationError(f"no task {task_id!r}", hint="pick a task from the list")
+            raise ConfigurationError(f"no task {task_id!r}", hint="pick a task from the list")
         if task["state"] not in ACTIVE_STATES:
             return f"the task had already ended ({task['state']})"
         if task["kind"] == "batch" and task.get("job_id"):  # stop handing out items (a worker anywhere)
@@ -181,7 +181,7 @@ def cancel(settings: Settings, task_id: str) -> str:
 def _cancel_job(settings: Settings, job_id: str) -> None:
     job = stored_job(settings, job_id)
     try:
-        job.cancel()
+        job.db.batches.cancel(job.job_id)
     finally:
         job.db.close()
 

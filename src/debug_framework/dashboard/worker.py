@@ -141,6 +141,8 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
 
 
 def _run_batch(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
+    from ..services.executors import execute_job
+
     job = stored_job(settings, str(task["job_id"]))
     tid = task["task_id"]
 
@@ -150,13 +152,13 @@ def _run_batch(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> No
 
     try:
         with _cancellable():
-            job.execute(progress=progress)
+            execute_job(job, progress=progress)
         _check_cancel()  # a cancel that arrived as the last model finished
     except Cancelled:  # the item that ran went back to pending: cancelled like the rest
-        job.cancel()
+        job.db.batches.cancel(job.job_id)
         raise
     finally:
-        progress(job.get_progress())
+        progress(job.db.batches.progress(job.job_id))
         job.db.close()
 
 

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ModelLoadingError, ValidationError
+from ..errors import ConfigurationError, ModelLoadingError
 from ..jsonio import read_json_object
 
 __all__ = ["L4MAIntegration", "L4MA_SESSION_DEFAULTS"]
@@ -74,7 +74,7 @@ class L4MAIntegration:
 
         Raises:
             ModelLoadingError (DF004): not loadable, or not Llama-family.
-            ValidationError (DF005): a bad PIE config; BackendInitializationError (DF002).
+            ConfigurationError (DF005): a bad PIE config; BackendInitializationError (DF002).
         """
         from ..services.validation_engine import SESSION_DEFAULTS
 
@@ -84,14 +84,14 @@ class L4MAIntegration:
         alternative = str(pie.pop("alternative_backend", self.alternative_backend))
         unknown = set(pie) - set(SESSION_DEFAULTS)
         if unknown:
-            raise ValidationError(f"unknown key(s) {sorted(unknown)} in the PIE config", file=str(pie_config_path),
-                                  hint=f"known keys: reference_backend, alternative_backend, {', '.join(SESSION_DEFAULTS)}")
+            raise ConfigurationError(f"unknown key(s) {sorted(unknown)} in the PIE config", file=str(pie_config_path),
+                                     hint=f"known keys: reference_backend, alternative_backend, {', '.join(SESSION_DEFAULTS)}")
         config = {**L4MA_SESSION_DEFAULTS, **pie}
         return self.engine.create_session(model_path, config, reference, alternative)
 
     def execute_validation(self, session_id: str) -> dict[str, Any]:
         """Run the session: every checkpoint, plus per-layer isolation where both backends can."""
-        return self.engine.execute_validation(session_id)
+        return self.engine.run(session_id).to_dict()
 
     def get_model_metadata(self, model_path: str | os.PathLike[str]) -> dict[str, Any]:
         """Architecture, shapes, attention and rotary settings, weights digest and files."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backends.mlx_backend import MLXMetalBackend
 from ..capture.keys import Capture
-from ..errors import BackendInitializationError, ValidationError
+from ..errors import BackendInitializationError, ConfigurationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import load_model
 
@@ -103,9 +103,9 @@ def _as_inputs(data: Any) -> ModelInputs:
         return data
     if isinstance(data, dict):
         if "input_ids" not in data:
-            raise ValidationError(f"input_data is a dict without 'input_ids' (keys: {', '.join(map(str, data)) or 'none'})",
-                                  hint="pass {'input_ids': [[...]], 'attention_mask': [[...]]}, ModelInputs, "
-                                       "or an integer [batch, length] array")
+            raise ConfigurationError(f"input_data is a dict without 'input_ids' (keys: {', '.join(map(str, data)) or 'none'})",
+                                     hint="pass {'input_ids': [[...]], 'attention_mask': [[...]]}, ModelInputs, "
+                                          "or an integer [batch, length] array")
         ids = np.asarray(data["input_ids"])
         mask = np.asarray(data.get("attention_mask", np.ones_like(ids)))
         tt = data.get("token_type_ids")
@@ -114,5 +114,5 @@ def _as_inputs(data: Any) -> ModelInputs:
     if ids.ndim == 1:
         ids = ids[None]
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValidationError("input_data must be ModelInputs, a dict with input_ids, or an integer [batch, length] array")
+        raise ConfigurationError("input_data must be ModelInputs, a dict with input_ids, or an integer [batch, length] array")
     return ModelInputs(ids, np.ones_like(ids))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelLoadingError, ValidationError
+from ..errors import ConfigurationError, ModelLoadingError
 
 __all__ = ["ModelInputs"]
 
@@ -38,14 +38,14 @@ class ModelInputs:
     def __post_init__(self) -> None:
         self.input_ids = np.ascontiguousarray(self.input_ids, dtype=np.int64)
         if self.input_ids.ndim != 2:
-            raise ValidationError(f"input_ids must be [batch, length], got shape {self.input_ids.shape}")
+            raise ConfigurationError(f"input_ids must be [batch, length], got shape {self.input_ids.shape}")
         self.attention_mask = np.ascontiguousarray(self.attention_mask, dtype=np.int64)
         if self.attention_mask.shape != self.input_ids.shape:
-            raise ValidationError("attention_mask must have the shape of input_ids")
+            raise ConfigurationError("attention_mask must have the shape of input_ids")
         if self.token_type_ids is not None:
             self.token_type_ids = np.ascontiguousarray(self.token_type_ids, dtype=np.int64)
             if self.token_type_ids.shape != self.input_ids.shape:
-                raise ValidationError("token_type_ids must have the shape of input_ids")
+                raise ConfigurationError("token_type_ids must have the shape of input_ids")
 
     @property
     def shape(self) -> tuple[int, int]:

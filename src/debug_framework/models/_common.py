@@ -1,12 +1,13 @@
 """Helpers shared by the record classes: timestamps, atomic file writes, and the seam through which
-a record reaches a collaborator of an upper layer (a report renderer, a batch executor).
+a spec face on a record reaches a collaborator of an upper layer (a report renderer, a batch runner).
 
-Records never import :mod:`debug_framework.services` or :mod:`debug_framework.reports`. A record
-method that needs one of them (``ValidationReport.generate_html_report``,
-``BatchValidationJob.execute``) takes the collaborator as a parameter or attribute; when neither is
-given it asks the record module's :class:`Collaborator` slot, which the composition root
-(``debug_framework/__init__.py``, run before any submodule) fills with a factory that imports the
-upper layer only when first called.
+Records never import :mod:`debug_framework.services` or :mod:`debug_framework.reports`. The two spec
+verbs that need one of them (``ValidationReport.generate_html_report``/``save_to_file`` and
+``BatchValidationJob.execute``, in :mod:`debug_framework.compat`) take the collaborator as a
+parameter; without one they ask a :class:`Collaborator` slot, which the composition root
+(``debug_framework/__init__.py``, run before any submodule) fills by role with a factory that
+imports the upper layer only when first called. The project's own code calls the upper layer
+directly and never goes through a slot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar, cast
 
-from ..errors import FrameworkInitializationError, ValidationError, no_space_error
+from ..errors import FrameworkInitializationError, unwritable_output
 from ..storage.values import format_time, now_utc, parse_time
 
 __all__ = ["now_utc", "parse_time", "format_time", "write_text_atomic", "write_report_file", "Collaborator", "install_default",
@@ -43,14 +44,12 @@ def write_text_atomic(path: os.PathLike[str] | str, text: str) -> None:
 def write_report_file(path: os.PathLike[str] | str, text: str, *, hint: str = "choose a writable output path",
                       **context: object) -> None:
     """:func:`write_text_atomic` for a file the user asked for (a report): no room to write (full
-    disk, quota, read-only file system) is DF007, any other ``OSError`` ValidationError (DF005)."""
+    disk, quota, read-only file system) is ResourceExhaustedError (DF007), any other ``OSError``
+    ConfigurationError (DF005: the path is unusable; ``hint`` names the option to change)."""
     try:
         write_text_atomic(path, text)
     except OSError as exc:
-        full = no_space_error(exc, "write the report", file=str(path), **context)
-        if full is not None:
-            raise full from exc
-        raise ValidationError(f"cannot write the report: {exc}", file=str(path), hint=hint, **context) from exc
+        raise unwritable_output(exc, "write the report", hint=hint, file=str(path), **context) from exc
 
 
 #: The roles of the records' upper-layer collaborators (keys of the defaults the composition root installs).

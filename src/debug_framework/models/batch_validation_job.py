@@ -12,12 +12,12 @@ session id of item ``i`` is derived from ``(job_id, i)`` (:func:`item_session_id
 was killed and is executed again finds what was finished, and runs the rest: no duplicate and no
 lost session.
 
-This record is the job's data and its bookkeeping (progress, cancel, results). Running the models
-needs the validation engine, an upper layer, so :meth:`BatchValidationJob.execute` hands the job to
-a :class:`BatchExecutor`: the ``executor=`` argument, else the record's ``executor`` attribute, else
-the process default in :data:`BATCH_EXECUTOR`
-(:class:`debug_framework.services.batch_executor.BatchExecutor`, installed by the composition root
-in ``debug_framework/__init__.py``).
+This record is the job's data (its options, its items and their results). Running the models needs
+the validation engine, an upper layer: the project runs a job with
+``services.executors.execute_job(job)`` (the executor ``config["executor"]`` names) and reads its
+progress from the batch queue store (``job.db.batches.progress(job.job_id)``). The spec's
+``execute``, ``get_progress`` and ``cancel`` are faces over them, inherited from
+:class:`debug_framework.compat.BatchJobFaces`.
 """
 
 from __future__ import annotations
@@ -27,16 +27,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from ..compat import BatchJobFaces
 from ..config import database_settings, default_database_path, merge_config
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 from ..storage.database import Database
-from ..storage.schema import BATCH_ITEM_STATUSES
-from ._common import BATCH_EXECUTOR_ROLE, Collaborator
 
-__all__ = ["BatchValidationJob", "BatchExecutor", "BATCH_EXECUTOR", "BATCH_OPTIONS", "ProgressCallback",
-           "item_session_id", "EXECUTORS"]
+__all__ = ["BatchValidationJob", "BATCH_OPTIONS", "ProgressCallback", "item_session_id", "EXECUTORS"]
 
 #: Keys of a batch job's config that are the job's own (the rest is session configuration).
 BATCH_OPTIONS = ("parallel_execution", "max_concurrent_jobs", "reference_backend", "alternative_backend",
@@ -57,19 +55,8 @@ def item_session_id(job_id: str, item_index: int) -> str:
     return uuid.uuid5(_NAMESPACE, f"{job_id}:{int(item_index)}").hex
 
 
-class BatchExecutor(Protocol):
-    """Runs the unfinished items of a job and returns :meth:`BatchValidationJob.results`."""
-
-    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]: ...
-
-
-#: The process default executor (installed by the composition root, ``debug_framework/__init__.py``).
-BATCH_EXECUTOR: Collaborator[BatchExecutor] = Collaborator(
-    BATCH_EXECUTOR_ROLE, "pass executor=debug_framework.services.batch_executor.BatchExecutor()")
-
-
 @dataclass
-class BatchValidationJob:
+class BatchValidationJob(BatchJobFaces):
     """Validate ``model_paths`` one session each.
 
     Args:
@@ -79,13 +66,11 @@ class BatchValidationJob:
             ``alternative_backend``, ``database_path``, ``show_progress``, ``retry_failed``,
             ``framework_config``, ``executor`` (``local`` or ``ray``), ``ray_address``, ``max_retries``
             (Ray: how often an item whose worker died is run again, default 2)); every other key is session configuration for each model.
-        executor: runs the job (None: the process default, :data:`BATCH_EXECUTOR`).
     """
 
     job_id: str
     model_paths: list[str]
     config: dict[str, Any] = field(default_factory=dict)
-    executor: BatchExecutor | None = field(default=None, repr=False, compare=False, kw_only=True)
     parallel_execution: bool = field(init=False)
     max_concurrent_jobs: int = field(init=False)
 
@@ -97,14 +82,14 @@ class BatchValidationJob:
         try:
             self.max_concurrent_jobs = int(raw)
         except (TypeError, ValueError) as exc:
-            raise ValidationError(f"max_concurrent_jobs must be an integer >= 1, got {raw!r}") from exc
+            raise ConfigurationError(f"max_concurrent_jobs must be an integer >= 1, got {raw!r}") from exc
         if self.max_concurrent_jobs < 1:
-            raise ValidationError(f"max_concurrent_jobs must be >= 1, got {self.max_concurrent_jobs}")
+            raise ConfigurationError(f"max_concurrent_jobs must be >= 1, got {self.max_concurrent_jobs}")
         if not self.model_paths:
-            raise ValidationError("a batch job needs at least one model path")
+            raise ConfigurationError("a batch job needs at least one model path")
         if self.config.get("executor", "local") not in EXECUTORS:
-            raise ValidationError(f"unknown batch executor {self.config.get('executor')!r}",
-                                  hint=f"use one of {', '.join(EXECUTORS)}")
+            raise ConfigurationError(f"unknown batch executor {self.config.get('executor')!r}",
+                                     hint=f"use one of {', '.join(EXECUTORS)}")
         self.framework_config = merge_config(self.config.get("framework_config"))
         db_path = self.config.get("database_path") or default_database_path(self.framework_config)
         self.framework_config["database_path"] = str(db_path)
@@ -120,8 +105,8 @@ class BatchValidationJob:
         job = self.db.batches.get(self.job_id)
         assert job is not None
         if [i["model_path"] for i in job["items"]] != self.model_paths:
-            raise ValidationError(f"batch job {self.job_id!r} already exists with other model paths",
-                                  hint="use a new job id, or the same model list to resume it")
+            raise ConfigurationError(f"batch job {self.job_id!r} already exists with other model paths",
+                                     hint="use a new job id, or the same model list to resume it")
 
     # ---------------------------------------------------------------- control
 
@@ -130,45 +115,12 @@ class BatchValidationJob:
         digest = uuid.uuid5(_NAMESPACE, self.job_id).hex
         return self.database_path.parent / f".{self.database_path.name}.batch-{digest}.lock"
 
-    def execute(self, *, progress: ProgressCallback | None = None,
-                executor: BatchExecutor | None = None) -> list[dict[str, Any]]:
-        """Run every unfinished item (resuming an interrupted or cancelled job) and return one
-        dict per item: ``model_path``, ``status`` (done/failed/cancelled), ``session_id``,
-        ``verdict`` (the session's status: passed/failed/error) and ``error``.
-
-        Raises:
-            ValidationError (DF005): another process is executing this job right now.
-        """
-        runner = executor or self.executor or BATCH_EXECUTOR.get()
-        return runner.execute(self, progress=progress)
-
-    def cancel(self) -> bool:
-        """Stop handing out items (workers finish the model they are on); the pending items are
-        marked cancelled. Executing the job again resumes it. Returns True."""
-        self.db.batches.set_status(self.job_id, "cancelled")
-        for item in self.items():
-            if item["status"] == "pending":
-                self.db.batches.update_item(self.job_id, item["item_index"], status="cancelled")
-        return True
-
     # ---------------------------------------------------------------- reading
 
     def items(self) -> list[dict[str, Any]]:
         """The job's item rows, in order."""
         job = self.db.batches.get(self.job_id)
         return list(job["items"]) if job else []
-
-    def get_progress(self) -> dict[str, Any]:
-        """Counts by item status, ``finished`` (done + failed), ``percent`` and the job status."""
-        job = self.db.batches.get(self.job_id)
-        items = job["items"] if job else []
-        counts = {s: 0 for s in BATCH_ITEM_STATUSES}
-        for item in items:
-            counts[item["status"]] = counts.get(item["status"], 0) + 1
-        finished = counts["done"] + counts["failed"]
-        total = len(items)
-        return {"job_id": self.job_id, "status": job["status"] if job else None, "total": total, **counts,
-                "finished": finished, "percent": 100.0 * finished / total if total else 100.0}
 
     def results(self) -> list[dict[str, Any]]:
         """One dict per item, in the job's order."""

@@ -1,19 +1,17 @@
 """``DebugSession``: one validation run of a model on a reference and an alternative backend.
 
-Persistence goes through the session stores of a database
-(:class:`~debug_framework.storage.database.Database`; the spec's
-:class:`~debug_framework.services.database_manager.DatabaseManager` is one) held by the record
-(``db=``) or passed to each call; a database path works too::
+The record is the session's data (``to_dict``/``from_dict`` over the store's row). The spec's verbs
+``save``, ``load``, ``update_status`` and ``add_checkpoint_result`` are faces over the session and
+checkpoint stores, inherited from :class:`debug_framework.compat.SessionFaces`; they use the
+database the record holds (``db=``) or one given to the call (a database path works too)::
 
-    db = DatabaseManager(config["database_path"])
     s = DebugSession(model_path="m.safetensors", reference_backend="python_reference",
-                     alternative_backend="pytorch", config={...}, db=db)
-    s.save()                                  # inserted with status "created"
-    s.update_status("running")
-    s.add_checkpoint_result("post_mlp", comparison_result.to_dict())
-    s.results = {"verdict": "failed", ...}; s.save()
-    s.update_status("failed")
-    again = DebugSession.load(s.session_id, db=db)
+                     alternative_backend="pytorch", config={...}, db=Database(path))
+    s.save(); s.update_status("running")                     # db.sessions.create / update_status
+    s.add_checkpoint_result("post_mlp", comparison_result.to_dict())   # db.checkpoints.add_many
+    again = DebugSession.load(s.session_id, db=path)         # db.sessions.get
+
+The project's own code calls the stores directly (``db.sessions``, ``db.checkpoints``).
 """
 
 from __future__ import annotations
@@ -23,11 +21,10 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import EllipsisType
 from typing import Any
 
-from ..storage.checkpoints import ResultKeys
-from ..storage.database import Database, DatabaseLike, open_database
+from ..compat import SessionFaces
+from ..storage.database import DatabaseLike
 from ._common import format_time, now_utc, parse_time
 
 __all__ = ["DebugSession", "capture_environment"]
@@ -63,14 +60,8 @@ def capture_environment(device: str | None = None) -> dict[str, Any]:
     return env
 
 
-_PROVENANCE = (
-    "model_path", "weights_digest", "reference_backend", "reference_backend_info", "alternative_backend",
-    "alternative_backend_info", "config", "tolerances", "seed", "inputs_ref", "environment", "results",
-)
-
-
 @dataclass(kw_only=True)
-class DebugSession:
+class DebugSession(SessionFaces):
     """A validation session (attributes as in the spec, plus the provenance the store keeps)."""
 
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -131,80 +122,3 @@ class DebugSession:
         if kwargs.get("created_at") is None:
             kwargs.pop("created_at", None)
         return cls(**kwargs, db=db)
-
-    # ------------------------------------------------------------------ persistence
-
-    def _db(self, db: DatabaseLike | None = None) -> Database:
-        """The database to use: ``db`` if given (and remembered), else the one the record holds."""
-        if db is not None or not isinstance(self.db, Database):
-            self.db = open_database(db if db is not None else self.db)
-        return self.db
-
-    def save(self, db: DatabaseLike | None = None) -> bool:
-        """Insert the session (status ``created``) or update its provenance and ``results``.
-
-        A changed ``status`` is applied through :meth:`update_status` rules (validated transition).
-        Everything happens in one transaction.
-        """
-        sessions = self._db(db).sessions
-        with sessions.core.transaction():
-            row = sessions.get(self.session_id)
-            if row is None:
-                sessions.create(
-                    self.model_path, self.reference_backend, self.alternative_backend,
-                    config=self.config, session_id=self.session_id, weights_digest=self.weights_digest,
-                    reference_backend_info=self.reference_backend_info,
-                    alternative_backend_info=self.alternative_backend_info, tolerances=self.tolerances,
-                    seed=self.seed, inputs_ref=self.inputs_ref, environment=self.environment,
-                    created_at=format_time(self.created_at),
-                )
-                if self.results is not None:
-                    sessions.update(self.session_id, results=self.results)
-                row = sessions.get(self.session_id)
-            else:
-                changed = {k: getattr(self, k) for k in _PROVENANCE if getattr(self, k) != row.get(k)}
-                if changed:
-                    sessions.update(self.session_id, **changed)
-            assert row is not None
-            if self.status != row["status"]:
-                sessions.update_status(self.session_id, self.status, self.error_message)
-        self._refresh()
-        return True
-
-    @classmethod
-    def load(cls, session_id: str, db: DatabaseLike | None = None) -> DebugSession | None:
-        """The stored session, or None. ``db``: a DatabaseManager or a database path (required)."""
-        database = open_database(db)
-        row = database.sessions.get(session_id)
-        return None if row is None else cls.from_dict(row, db=database)
-
-    def _refresh(self) -> None:
-        row = self._db().sessions.get(self.session_id)
-        if row is None:  # pragma: no cover - deleted concurrently
-            return
-        fresh = DebugSession.from_dict(row)
-        for key in ("status", "error_message", "created_at", "updated_at", "started_at", "finished_at"):
-            setattr(self, key, getattr(fresh, key))
-
-    def update_status(self, status: str, error_message: str | None = None, *, db: DatabaseLike | None = None) -> bool:
-        """Move to ``status`` (created->running|error, running->passed|failed|error), atomically.
-
-        Raises ValidationError for a transition that is not allowed.
-        """
-        self._db(db).sessions.update_status(self.session_id, status, error_message)
-        self._refresh()
-        return True
-
-    def add_checkpoint_result(self, checkpoint_name: str, result: dict[str, Any], *,
-                              layer: int | None | EllipsisType = ..., db: DatabaseLike | None = None) -> bool:
-        """Store one ``ComparisonResult.to_dict()`` under ``checkpoint_name`` (layer from the dict
-        unless given). Re-adding the same (checkpoint, layer) replaces the row."""
-        keys: ResultKeys = {"checkpoint": checkpoint_name}
-        if not isinstance(layer, EllipsisType):
-            keys["layer"] = layer
-        self._db(db).checkpoints.add_many(self.session_id, [result], **keys)
-        return True
-
-    def checkpoint_results(self, db: DatabaseLike | None = None) -> list[dict[str, Any]]:
-        """The stored per-(checkpoint, layer) result dicts, in the order they were first written."""
-        return self._db(db).checkpoints.for_session(self.session_id)

@@ -1,48 +1,29 @@
 """``ValidationReport``: a session's results as one document (JSON, HTML, CSV or JUnit XML).
 
-The record is plain data read from the stores. Rendering lives in :mod:`debug_framework.reports`,
-which this module never imports: ``generate_html_report``/``save_to_file`` call a
-:class:`ReportRenderer` - the ``renderer=`` argument, else the record's ``renderer`` attribute, else
-the process default in :data:`REPORT_RENDERER` (``debug_framework.reports.render_report``, installed
-by the composition root in ``debug_framework/__init__.py``). The HTML page is self-contained
-(verdict, error curves, checkpoint table with the first divergence marked, heatmap of the worst
-checkpoint, environment, reproduce command); every value is HTML-escaped.
+The record is plain data read from the stores (:meth:`ValidationReport.from_session`). Rendering
+lives in :mod:`debug_framework.reports`, which this module never imports: the project renders with
+``reports.render_report(report, fmt)`` and writes with ``models._common.write_report_file``. The
+spec's ``generate_html_report``, ``export_to_json`` and ``save_to_file`` are faces over them,
+inherited from :class:`debug_framework.compat.ReportFaces`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..checkpoint_ids import row_checkpoint_id
-from ..errors import DatabaseError, ValidationError
-from ..jsonio import dumps_json
+from ..compat import ReportFaces
+from ..errors import DatabaseError
 from ..storage.database import DatabaseLike, open_database
 from ..storage.tensor_store import TensorStore
-from ._common import REPORT_RENDERER_ROLE, Collaborator, format_time, now_utc, parse_time, write_report_file
+from ._common import format_time, now_utc, parse_time
 
-__all__ = ["ValidationReport", "ReportRenderer", "REPORT_RENDERER", "REPORT_FORMATS", "summarize_checkpoints"]
-
-#: The formats :meth:`ValidationReport.save_to_file` writes.
-REPORT_FORMATS = ("json", "html", "csv", "junit")
-
-
-class ReportRenderer(Protocol):
-    """Renders a report as one document (``debug_framework.reports.render_report`` is one)."""
-
-    def __call__(self, report: ValidationReport, fmt: str = "json", *, include_tensors: bool = False,
-                 store: TensorStore | None = None) -> str: ...
-
-
-#: The process default renderer (installed by the composition root, ``debug_framework/__init__.py``).
-REPORT_RENDERER: Collaborator[ReportRenderer] = Collaborator(
-    REPORT_RENDERER_ROLE, "pass renderer=debug_framework.reports.render_report")
+__all__ = ["ValidationReport", "summarize_checkpoints"]
 
 
 def _num(v: Any) -> float | None:
@@ -81,7 +62,7 @@ def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 @dataclass(kw_only=True)
-class ValidationReport:
+class ValidationReport(ReportFaces):
     report_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     session_id: str
     overall_status: str
@@ -94,12 +75,9 @@ class ValidationReport:
     tensor_recordings: list[dict[str, Any]] = field(default_factory=list)
     #: root of the tensor store beside the session's database (used for heatmaps / --include-tensors)
     tensor_store_root: str | None = field(default=None, repr=False, compare=False)
-    #: renders this report (None: the process default, :data:`REPORT_RENDERER`)
-    renderer: ReportRenderer | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_session(cls, session_id: str, db: DatabaseLike, *,
-                     renderer: ReportRenderer | None = None) -> ValidationReport:
+    def from_session(cls, session_id: str, db: DatabaseLike) -> ValidationReport:
         """Build the report of a stored session (status, every checkpoint row, summary)."""
         database = open_database(db)
         row = database.sessions.get(session_id)
@@ -113,7 +91,7 @@ class ValidationReport:
                    performance_metrics=dict(perf) if isinstance(perf, dict) else {},
                    summary_statistics=summarize_checkpoints(rows), session=row,
                    tensor_recordings=database.recordings.for_session(session_id),
-                   tensor_store_root=str(TensorStore.root_beside(database.source_path)), renderer=renderer)
+                   tensor_store_root=str(TensorStore.root_beside(database.source_path)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,28 +106,3 @@ class ValidationReport:
         kwargs = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         kwargs["created_at"] = parse_time(kwargs.get("created_at")) or now_utc()
         return cls(**kwargs)
-
-    def export_to_json(self, *, indent: int | None = 2) -> str:
-        """Strict JSON (non-finite numbers written as the strings "NaN", "Infinity", "-Infinity")."""
-        return dumps_json(self.to_dict(), indent=indent)
-
-    def _renderer(self, renderer: ReportRenderer | None) -> ReportRenderer:
-        return renderer or self.renderer or REPORT_RENDERER.get()
-
-    def generate_html_report(self, *, include_tensors: bool = False, store: TensorStore | None = None,
-                             renderer: ReportRenderer | None = None) -> str:
-        """One self-contained HTML page (no scripts, no network); every value from the session is
-        escaped. See :func:`debug_framework.reports.render_html`."""
-        return self._renderer(renderer)(self, "html", include_tensors=include_tensors, store=store)
-
-    def save_to_file(self, file_path: str | os.PathLike[str], format: str = "json", *,
-                     include_tensors: bool = False, renderer: ReportRenderer | None = None) -> bool:
-        """Write the report as ``json``, ``html``, ``csv`` or ``junit`` (atomically: temp file then rename),
-        the same document :func:`debug_framework.reports.render_report` returns."""
-        fmt = format.lower()
-        if fmt not in REPORT_FORMATS:
-            raise ValidationError(f"unknown report format {format!r}", hint="use 'json', 'html', 'csv' or 'junit'")
-        text = self._renderer(renderer)(self, fmt, include_tensors=include_tensors)
-        path = Path(file_path).expanduser()
-        write_report_file(path, text)
-        return True

@@ -60,7 +60,7 @@ def _validate_metal(artifact: Path, defn: PluginDefinition | None) -> dict[str, 
 
 
 def validate_artifact(artifact: Path, backend_type: str, defn: PluginDefinition | None) -> dict[str, Any]:
-    """The checks of ``CompilationEngine.validate_compilation``, as a report.
+    """The checks of ``CompilationEngine.validation_report``, as a report.
 
     Without a plugin definition (an artifact built from a lone source), a C++/CUDA library passes
     when it loads and registers at least one operator.

@@ -3,7 +3,7 @@
     from debug_framework.models.validation_report import ValidationReport
     from debug_framework.reports import render_report
 
-    report = ValidationReport.from_session(session_id, db)     # db: DatabaseManager or path
+    report = ValidationReport.from_session(session_id, db)     # db: a Database or a path
     html = render_report(report, "html")                       # one self-contained page
     xml = render_report(report, "junit")
 
@@ -15,7 +15,7 @@ the services (see :mod:`.documents`). See ``docs/reports.md``.
 
 from __future__ import annotations
 
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 from ..storage.database import DatabaseLike
 from ..storage.tensor_store import TensorStore
 from .csv_report import CSV_COLUMNS, render_csv, render_diff_csv
@@ -66,7 +66,7 @@ def render_report(report: ReportSource, fmt: str = "json", *, include_tensors: b
         return render_csv(report)
     if f in ("junit", "xml"):
         return render_junit(report)
-    raise ValidationError(f"unknown report format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+    raise ConfigurationError(f"unknown report format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
 
 
 def render_diff(diff: DiffSource, fmt: str = "json", *, before: SessionSource | None = None,
@@ -83,8 +83,8 @@ def render_diff(diff: DiffSource, fmt: str = "json", *, before: SessionSource | 
     if f == "html":
         if before is None or after is None:
             if db is None:
-                raise ValidationError("the HTML diff needs both sessions", hint="pass before=/after= reports or db=")
+                raise ConfigurationError("the HTML diff needs both sessions", hint="pass before=/after= reports or db=")
             before = before or session_side(diff.before_session_id, db)
             after = after or session_side(diff.after_session_id, db)
         return render_diff_html(diff, before, after)
-    raise ValidationError(f"unknown diff format {fmt!r}", hint=f"use one of {', '.join(DIFF_FORMATS)}")
+    raise ConfigurationError(f"unknown diff format {fmt!r}", hint=f"use one of {', '.join(DIFF_FORMATS)}")

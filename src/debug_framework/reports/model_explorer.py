@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ValidationError
+from ..errors import ConfigurationError, unwritable_output
 from ..services.drilldown.types import LayerDrilldown
 from ._common import as_float, passed_state, row_id, row_key, session_results
 from ._rows import replay_of, rule_of
@@ -320,17 +320,17 @@ def _pt2_ids(path: Path) -> tuple[str, set[str]]:
 
 def graph_node_ids(path: str | Path) -> tuple[str, set[str]]:
     """``(graph id, node ids)`` as Model Explorer names them, for an ``.onnx``, ``.pt2`` or
-    Model Explorer ``.json`` graph. Raises ValidationError (DF005) for another kind of file."""
+    Model Explorer ``.json`` graph. Raises ConfigurationError (DF005) for another kind of file."""
     p = Path(path)
     readers = {".onnx": _onnx_ids, ".json": _json_ids, ".pt2": _pt2_ids}
     reader = readers.get(p.suffix.lower())
     if reader is None:
-        raise ValidationError(f"Model Explorer graphs are .onnx, .pt2 or .json, not {p.suffix!r}", file=str(p))
+        raise ConfigurationError(f"Model Explorer graphs are .onnx, .pt2 or .json, not {p.suffix!r}", file=str(p))
     try:
         return reader(p)
     except (OSError, ValueError, KeyError, IndexError, TypeError, zipfile.BadZipFile) as exc:
-        raise ValidationError(f"cannot read the graph file: {exc}", file=str(p),
-                              hint="re-run the drill-down to write it again") from exc
+        raise ConfigurationError(f"cannot read the graph file: {exc}", file=str(p),
+                                 hint="re-run the drill-down to write it again") from exc
 
 
 # --- writing it all ---------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ def _layer_graph(drill: LayerDrilldown, out_dir: Path, stem: str) -> OverlayGrap
         if source.is_file() and source.suffix.lower() in (".onnx", ".pt2", ".json"):
             try:
                 return _copy_graph(source, out_dir, stem, drill)
-            except ValidationError as exc:
+            except ConfigurationError as exc:
                 why = f"graph file {source.name} could not be read ({exc.message})"
     doc = operator_table_graph(drill)
     _dump(out_dir / f"{stem}.json", doc)
@@ -428,7 +428,8 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
     """Write the checkpoint graph of ``rows`` (a session's checkpoint results in model order), each
     drilled layer's graph, their node data and ``manifest.json`` into ``out_dir``; returns the manifest.
 
-    Raises ValidationError (DF005) when ``out_dir`` cannot be written."""
+    Raises ConfigurationError (DF005) when ``out_dir`` cannot be written, ResourceExhaustedError
+    (DF007) when there is no room to write there."""
     out = Path(out_dir).expanduser()
     drills = list(drilldowns)
     try:
@@ -441,8 +442,8 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
                     "checkpoints": [row_id(r) for r in rows]}
         _dump(out / "manifest.json", manifest)
     except OSError as exc:
-        raise ValidationError(f"cannot write the Model Explorer files: {exc.strerror or exc}", path=str(out),
-                              hint="choose a writable directory") from exc
+        raise unwritable_output(exc, "write the Model Explorer files", path=str(out),
+                                hint="choose a writable directory") from exc
     return manifest
 
 

@@ -1,9 +1,8 @@
 """``BatchExecutor``: runs a :class:`~debug_framework.models.batch_validation_job.BatchValidationJob`
 with the validation engine, in this process or in spawned worker processes.
 
-The composition root (``debug_framework/__init__.py``) installs it as the records' default
-(:data:`~debug_framework.models.batch_validation_job.BATCH_EXECUTOR`), so ``job.execute()`` works
-as the spec shows; ``job.execute(executor=BatchExecutor())`` says it explicitly.
+Run a job with ``BatchExecutor().execute(job)``, or with ``services.executors.execute_job(job)``,
+which picks the executor the job's configuration names (the spec's ``job.execute()`` goes there).
 
 One executor per job at a time (a lock file beside the database, see ``job.lock_path()``). Each
 item is claimed under an owner and heartbeat lease (:mod:`debug_framework.storage.leases`, the
@@ -161,7 +160,7 @@ def job_lock(job: BatchValidationJob) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise ValidationError(f"batch job {job.job_id!r} is being executed by another process",
-                                  hint="wait for it, or follow it with get_progress()") from exc
+                                  hint="wait for it, or follow its progress (session_report, the dashboard)") from exc
         yield
 
 
@@ -190,7 +189,7 @@ class BatchExecutor:
         show = bool(job.config.get("show_progress", False))
         args = (str(job.db.target), job.job_id, job.framework_config, job.session_config,
                 job.reference_backend, job.alternative_backend)
-        pending = job.get_progress()["pending"]
+        pending = job.db.batches.progress(job.job_id)["pending"]
         workers = min(job.max_concurrent_jobs, pending) if job.parallel_execution else 0
         if workers >= 1:
             ctx = mp.get_context("spawn")  # torch and threads do not survive fork well
@@ -224,12 +223,12 @@ class BatchExecutor:
         while live_running_items(job.db, job.job_id):
             time.sleep(_POLL_S)
         sweep(job.db, job_id=job.job_id, legacy_after_s=0.0)
-        return job.get_progress()["pending"] > 0 and job.db.batches.get(job.job_id)["status"] != "cancelled"
+        return job.db.batches.progress(job.job_id)["pending"] > 0 and job.db.batches.get(job.job_id)["status"] != "cancelled"
 
     @staticmethod
     def _finish(job: BatchValidationJob) -> None:
         """Completed when no item is left pending or running; failed otherwise (unless cancelled)."""
-        prog = job.get_progress()
+        prog = job.db.batches.progress(job.job_id)
         if prog["status"] is not None and prog["status"] != "cancelled":
             final = "completed" if prog["pending"] == 0 and prog["running"] == 0 else "failed"
             job.db.batches.set_status(job.job_id, final)
@@ -269,7 +268,7 @@ class BatchExecutor:
         try:
             while True:
                 running = alive()
-                prog = job.get_progress()
+                prog = job.db.batches.progress(job.job_id)
                 if bar is not None:
                     bar.update(task, completed=prog["finished"])
                 if progress is not None:

@@ -3,7 +3,7 @@
     engine = CompilationEngine(cache_dir="~/.pie/debug/plugin-builds", optimization_level=2)
     build = engine.build(load_manifest("examples/plugins/cpp/plugin.json"))
     build.artifact, build.cached, build.log_path
-    engine.validate_compilation(build.artifact, "cpp")     # loads it, checks its ops, runs opcheck
+    engine.validation_report(build.artifact, "cpp")["passed"]   # loads it, checks its ops, runs opcheck
 
 The cache key is the SHA-256 of the sources (names and bytes), the backend type, the compiler and
 its version, the flags of the optimisation level, torch's version and the platform, so an unchanged
@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..compat import CompilationFaces
 from ..errors import PluginCompilationError
 from ..plugins.manifest import BACKEND_TYPES, PluginDefinition, load_manifest, source_digest
 from ..plugins.toolchain import OPT_FLAGS, CompilerError, build_commands, check_python_sources, run_commands, toolchain
@@ -74,7 +75,7 @@ def _sha256(path: Path) -> str:
     return file_digest(path)
 
 
-class CompilationEngine:
+class CompilationEngine(CompilationFaces):
     """Builds plugins with the system's compilers, caching by content.
 
     Args:
@@ -181,37 +182,19 @@ class CompilationEngine:
         shutil.copy2(result.artifact, output)
         shutil.copy2(result.artifact.parent / "build.json", output.with_name(output.name + ".build.json"))
 
-    # --------------------------------------------------------------------- the spec's methods
-
-    def _compile_single(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str] | None,
-                        backend_type: str) -> bool:
-        self.build(plugin_definition(source_path, backend_type), output_path)
-        return True
-
-    def compile_cuda_kernel(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> bool:
-        """Compile a CUDA source (or a cuda plugin's manifest) to a shared library with nvcc. DF008 on failure."""
-        return self._compile_single(source_path, output_path, "cuda")
-
-    def compile_metal_kernel(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> bool:
-        """Compile a Metal source to a ``.metallib`` (xcrun metal + metallib, macOS only). DF008 elsewhere, saying why."""
-        return self._compile_single(source_path, output_path, "metal")
-
-    def compile_cpp_kernel(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> bool:
-        """Compile a C++ source (or a cpp plugin's manifest) against torch to a shared library. DF008 on failure."""
-        return self._compile_single(source_path, output_path, "cpp")
-
-    def compile_triton_kernel(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> bool:
-        """Check a Triton source (it is JIT-compiled when first run) and store it. DF008 on a syntax error."""
-        return self._compile_single(source_path, output_path, "triton")
-
-    def validate_compilation(self, compiled_path: str | os.PathLike[str], backend_type: str) -> bool:
-        """Load the artifact (in a worker process), check the ops (or Metal functions) its plugin
-        declares are there, and run ``torch.library.opcheck`` on each registered op. ``True`` when every check passes; the details
-        are :meth:`validation_report`'s."""
-        return bool(self.validation_report(compiled_path, backend_type)["passed"])
+    def build_source(self, source_path: str | os.PathLike[str], backend_type: str,
+                     output_path: str | os.PathLike[str] | None = None) -> BuildResult:
+        """Build the plugin at ``source_path`` (a manifest, its folder, or one source file of
+        ``backend_type``, built as a plugin named after it) and copy the artifact to ``output_path``
+        if given. DF008 on failure. The spec's ``compile_cuda_kernel``/``compile_metal_kernel`` (and
+        ``validate_compilation``) are faces over this and :meth:`validation_report`, in
+        :class:`debug_framework.compat.CompilationFaces`."""
+        return self.build(plugin_definition(source_path, backend_type), output_path)
 
     def validation_report(self, compiled_path: str | os.PathLike[str], backend_type: str) -> dict[str, Any]:
-        """What :meth:`validate_compilation` checked: per kernel, its op, schema, and opcheck results.
+        """Load the artifact (in a worker process), check the ops (or Metal functions) its plugin
+        declares are there, and run ``torch.library.opcheck`` on each registered op: per kernel, its
+        op, schema, and opcheck results, and ``passed``.
 
         Raises:
             PluginCompilationError (DF008): a missing or unloadable artifact, a missing op or symbol.

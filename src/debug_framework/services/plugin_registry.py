@@ -201,7 +201,7 @@ class PluginRegistry:
         return defn, Path(path)
 
     def validate(self, plugin_id: str) -> dict[str, Any]:
-        """``validate_compilation``'s checks (load, ops, opcheck, in a worker process) on the plugin's build, recorded."""
+        """``CompilationEngine.validation_report``'s checks (load, ops, opcheck, in a worker process) on the plugin's build, recorded."""
         defn, artifact = self.artifact(plugin_id)
         from ..plugins.sweep import check_in_worker
 

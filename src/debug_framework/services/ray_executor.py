@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import FrameworkInitializationError, ValidationError
+from ..errors import ConfigurationError, FrameworkInitializationError, ValidationError
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
 from ..storage.leases import holding
 from ..storage.session_rows import export_session, import_session
@@ -63,9 +63,9 @@ def _max_retries(job: BatchValidationJob) -> int:
     try:
         value = int(raw)
     except (TypeError, ValueError) as exc:
-        raise ValidationError(f"max_retries must be an integer >= 0, got {raw!r}") from exc
+        raise ConfigurationError(f"max_retries must be an integer >= 0, got {raw!r}") from exc
     if value < 0:
-        raise ValidationError(f"max_retries must be an integer >= 0, got {value}")
+        raise ConfigurationError(f"max_retries must be an integer >= 0, got {value}")
     return value
 
 

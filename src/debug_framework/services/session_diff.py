@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoint_ids import checkpoint_id
-from ..errors import DatabaseError, ValidationError
+from ..errors import ConfigurationError, DatabaseError
 from ..jsonio import dumps_json
 from ..storage.database import DatabaseLike, open_database
 
@@ -184,9 +184,9 @@ def _spell(name: str, value: str | None, flags: Mapping[str, str] | None) -> str
 def _check_thresholds(values: Mapping[str, float], flags: Mapping[str, str] | None) -> None:
     for name, value in values.items():
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValidationError(f"{_spell(name, None, flags)} must be a finite number >= 0, got {value!r}",
-                                  hint=f"e.g. {_spell('rel_change', '0.10', flags)} (10 %), "
-                                       f"{_spell('abs_floor', '0', flags)}, {_spell('atol_fraction', '0.1', flags)}")
+            raise ConfigurationError(f"{_spell(name, None, flags)} must be a finite number >= 0, got {value!r}",
+                                     hint=f"e.g. {_spell('rel_change', '0.10', flags)} (10 %), "
+                                          f"{_spell('abs_floor', '0', flags)}, {_spell('atol_fraction', '0.1', flags)}")
 
 
 def diff_sessions(
@@ -200,7 +200,7 @@ def diff_sessions(
     require_same_model: bool = True,
     option_names: Mapping[str, str] | None = None,
 ) -> SessionDiff:
-    """Compare two stored sessions key by key (``db``: a DatabaseManager or a database path).
+    """Compare two stored sessions key by key (``db``: a Database or a database path).
 
     A change of a checkpoint's max abs error counts when it exceeds the largest of ``abs_floor``,
     ``atol_fraction`` times the checkpoint's absolute tolerance, and ``rel_change`` times the larger
@@ -208,7 +208,7 @@ def diff_sessions(
     know (a CLI's flags), used in error messages.
 
     Raises DatabaseError (DF003, as for every unknown session id) when a session is missing;
-    ValidationError when ``rel_change``/``abs_floor``/``atol_fraction`` is negative or not finite,
+    ConfigurationError (DF005) when ``rel_change``/``abs_floor``/``atol_fraction`` is negative or not finite,
     or, with ``require_same_model``, when the model path or the backend names differ. Different
     weight digests, backend versions or tolerances are listed in ``differences``/``notes`` (that is
     usually what is being compared).
@@ -226,7 +226,7 @@ def diff_sessions(
     for key in ("model_path", "reference_backend", "alternative_backend"):
         if a[key] != b[key]:
             if require_same_model:
-                raise ValidationError(
+                raise ConfigurationError(
                     f"sessions are not comparable: {key} differs: {a[key]!r} vs {b[key]!r}",
                     hint=f"diff sessions of the same model and backends, or pass "
                          f"{_spell('require_same_model', 'False', option_names)}")

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import DatabaseError, ValidationError
+from ..errors import ConfigurationError, DatabaseError
 from .core import Row, SqlCore
 from .dialect import Connection
 from .leases import current_owner, stamp
@@ -77,7 +77,7 @@ class BatchQueueStore:
     def set_status(self, job_id: str, status: str) -> None:
         """Set the job's status (one of :data:`~.schema.BATCH_JOB_STATUSES`)."""
         if status not in BATCH_JOB_STATUSES:
-            raise ValidationError(f"unknown batch job status {status!r}", hint=f"use one of {BATCH_JOB_STATUSES}")
+            raise ConfigurationError(f"unknown batch job status {status!r}", hint=f"use one of {BATCH_JOB_STATUSES}")
         self.core.run_in_transaction(
             lambda c: self.core.execute(c, "UPDATE batch_jobs SET status = ?, updated_at = ? WHERE job_id = ?",
                                         (status, utc_now(), job_id)),
@@ -91,7 +91,7 @@ class BatchQueueStore:
         With ``if_owned``, only while this process still holds the item's lease: returns False
         (and changes nothing) when a sweep gave the item to another owner meanwhile."""
         if status not in BATCH_ITEM_STATUSES:
-            raise ValidationError(f"unknown batch item status {status!r}", hint=f"use one of {BATCH_ITEM_STATUSES}")
+            raise ConfigurationError(f"unknown batch item status {status!r}", hint=f"use one of {BATCH_ITEM_STATUSES}")
         owner = current_owner()
         mine = " AND status = 'running' AND owner_host = ? AND owner_pid = ? AND owner_token = ?" if if_owned else ""
         extra: tuple[object, ...] = (owner.host, owner.pid, owner.token) if if_owned else ()
@@ -109,6 +109,32 @@ class BatchQueueStore:
             return n == 1
 
         return self.core.run_in_transaction(do, f"update batch job {job_id} item {item_index}")
+
+    def progress(self, job_id: str) -> dict[str, Any]:
+        """The job's progress: ``job_id``, ``status`` (None for an unknown job), ``total``, one count
+        per item status (:data:`~.schema.BATCH_ITEM_STATUSES`), ``finished`` (done + failed) and
+        ``percent`` (100 for a job without items)."""
+        job = self.get(job_id)
+        items = job["items"] if job else []
+        counts = dict.fromkeys(BATCH_ITEM_STATUSES, 0)
+        for item in items:
+            counts[item["status"]] = counts.get(item["status"], 0) + 1
+        finished = counts["done"] + counts["failed"]
+        total = len(items)
+        return {"job_id": job_id, "status": job["status"] if job else None, "total": total, **counts,
+                "finished": finished, "percent": 100.0 * finished / total if total else 100.0}
+
+    def cancel(self, job_id: str) -> None:
+        """Stop handing out the job's items: the job and its pending items become ``cancelled``, in
+        one transaction (items a worker runs finish; executing the job again resumes it)."""
+        def do(c: Connection) -> None:
+            now = utc_now()
+            self.core.execute(c, "UPDATE batch_jobs SET status = 'cancelled', updated_at = ? WHERE job_id = ?",
+                              (now, job_id))
+            self.core.execute(c, "UPDATE batch_job_items SET status = 'cancelled', updated_at = ?"
+                                 " WHERE job_id = ? AND status = 'pending'", (now, job_id))
+
+        self.core.run_in_transaction(do, f"cancel batch job {job_id}")
 
     def claim_item(self, job_id: str) -> dict[str, Any] | None:
         """Atomically take the next pending item of a job (status -> running); None when none is left."""

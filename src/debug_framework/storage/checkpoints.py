@@ -7,7 +7,7 @@ from typing import Any, TypedDict, Unpack
 
 from ..checkpoint_ids import row_checkpoint_id
 from ..config import check_keywords
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 from .checkpoint_rows import METRIC_COLUMNS, result_row_values, upsert_result_sql
 from .core import Row, SqlCore
 from .dialect import Connection
@@ -45,12 +45,12 @@ class CheckpointResultStore:
         rows = []
         for result in results:
             if not isinstance(result, Mapping):
-                raise ValidationError(f"a checkpoint result must be a mapping, got {type(result).__name__}",
-                                      session=session_id, hint="pass ComparisonResult.to_dict()")
+                raise ConfigurationError(f"a checkpoint result must be a mapping, got {type(result).__name__}",
+                                         session=session_id, hint="pass ComparisonResult.to_dict()")
             cp = checkpoint if checkpoint is not None else result.get("checkpoint")
             if not cp:
-                raise ValidationError("a checkpoint result has no checkpoint name", session=session_id,
-                                      hint="pass checkpoint= or include the 'checkpoint' key")
+                raise ConfigurationError("a checkpoint result has no checkpoint name", session=session_id,
+                                         hint="pass checkpoint= or include the 'checkpoint' key")
             ly = keys["layer"] if "layer" in keys else result.get("layer")
             ly = None if ly is None else int(ly)
             rows.append(result_row_values(session_id, result, str(cp), ly, introduced_error, propagated_error,

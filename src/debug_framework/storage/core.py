@@ -168,7 +168,7 @@ class SqlCore:
         """This thread's connection (opened on first use; reopened after ``fork``)."""
         if self._closed:
             raise DatabaseError("the database was closed", database=self.location,
-                                hint="open it again (a new DatabaseManager or Database)")
+                                hint="open it again (a new Database)")
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid() or getattr(conn, "broken", False):
             try:

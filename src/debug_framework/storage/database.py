@@ -5,8 +5,9 @@
     db.checkpoints.add_many(sid, [result.to_dict()])
     db.sessions.update_status(sid, "running")
 
-:class:`~debug_framework.services.database_manager.DatabaseManager` (the spec's face) is this class
-with the spec's flat methods (``get_session``, ``add_checkpoint_results`` ...) delegating here.
+:class:`~debug_framework.compat.DatabaseManager` (the spec's face, importable from
+``debug_framework.services.database_manager``) is this class with the spec's flat methods
+(``get_session``, ``add_checkpoint_results`` ...), each one call to a store here.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def open_database(db: DatabaseLike | None) -> Database:
         return Database(db)
     raise DatabaseError(
         "no database to save to or load from",
-        hint="pass db=DatabaseManager(path) (or a database path) to the record or the call",
+        hint="pass db=Database(path) (or a database path) to the record or the call",
     )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self
 
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 from .core import Row, SqlCore
 from .schema import RECORDING_SIDES
 from .values import as_float, as_int, format_time, decode_json_columns, now_utc, parse_time, to_json, utc_now
@@ -74,7 +74,7 @@ class StoredRecording:
 def _recording_params(record: Mapping[str, Any]) -> tuple[object, ...]:
     side = record.get("side")
     if side is not None and side not in RECORDING_SIDES:
-        raise ValidationError(f"unknown recording side {side!r}", hint=f"use one of {RECORDING_SIDES}")
+        raise ConfigurationError(f"unknown recording side {side!r}", hint=f"use one of {RECORDING_SIDES}")
     dtype = record.get("dtype")
     return (
         str(record.get("recording_id") or uuid.uuid4().hex), record["session_id"],

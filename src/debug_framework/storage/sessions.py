@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 from ..config import check_keywords
-from ..errors import DatabaseError, ValidationError
+from ..errors import ConfigurationError, DatabaseError, ValidationError
 from .core import Row, SqlCore
 from .dialect import Connection
 from .leases import stamp
@@ -144,8 +144,8 @@ class SessionStore:
         terminal status. Raises ValidationError (DF005) for a transition that is not allowed.
         """
         if status not in SESSION_STATUSES:
-            raise ValidationError(f"unknown session status {status!r}", session=session_id,
-                                  hint=f"use one of {', '.join(SESSION_STATUSES)}")
+            raise ConfigurationError(f"unknown session status {status!r}", session=session_id,
+                                     hint=f"use one of {', '.join(SESSION_STATUSES)}")
 
         def do(c: Connection) -> str:
             row = self.core.execute(c, "SELECT status FROM sessions WHERE session_id = ?", (session_id,)).fetchone()

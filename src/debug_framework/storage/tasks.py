@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 from .core import SqlCore
 from .dialect import Connection, Dialect
 from .leases import Owner, current_owner, owner_gone
@@ -70,7 +70,7 @@ class TaskStore:
     def create(self, kind: str, request: Mapping[str, Any], *, job_id: str | None = None) -> str:
         """Write a ``queued`` task and return its id."""
         if kind not in TASK_KINDS:
-            raise ValidationError(f"unknown task kind {kind!r}", hint=f"use one of {', '.join(TASK_KINDS)}")
+            raise ConfigurationError(f"unknown task kind {kind!r}", hint=f"use one of {', '.join(TASK_KINDS)}")
         tid = uuid.uuid4().hex
         now = utc_now()
         self.core.run_in_transaction(
@@ -133,7 +133,7 @@ class TaskStore:
     def finish(self, task_id: str, state: str, message: str | None = None) -> None:
         """End a task (``finished``, ``cancelled`` or ``failed``) unless it already ended."""
         if state not in TASK_STATES or state in ACTIVE_STATES:
-            raise ValidationError(f"a task cannot end as {state!r}")
+            raise ConfigurationError(f"a task cannot end as {state!r}")
         self.core.run_in_transaction(
             lambda c: self.core.execute(
                 c, "UPDATE dashboard_tasks SET state = ?, message = COALESCE(?, message), updated_at = ?"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint_ids import checkpoint_id
-from ..errors import DatabaseError, ValidationError, no_space_error
+from ..errors import ConfigurationError, DatabaseError, no_space_error
 from .database import Database
 from .recordings import StoredRecording
 
@@ -59,7 +59,7 @@ def _to_cpu_tensor(value: Any) -> Any:
         arr = np.ascontiguousarray(np.asarray(value))
         return torch.from_numpy(arr.copy())
     except (TypeError, ValueError) as exc:
-        raise ValidationError(
+        raise ConfigurationError(
             f"cannot record a value of type {type(value).__name__} as a tensor: {exc}",
             hint="pass a torch.Tensor or a NumPy array of a numeric dtype",
         ) from exc
@@ -177,9 +177,9 @@ def select_within_budget(
     count and the byte budget; otherwise all its candidates are dropped with the reason.
     """
     if max_recordings is not None and max_recordings < 0:
-        raise ValidationError(f"tensor_recording_limit must be >= 0, got {max_recordings}")
+        raise ConfigurationError(f"tensor_recording_limit must be >= 0, got {max_recordings}")
     if max_bytes is not None and max_bytes < 0:
-        raise ValidationError(f"the tensor byte budget must be >= 0, got {max_bytes}")
+        raise ConfigurationError(f"the tensor byte budget must be >= 0, got {max_bytes}")
     groups: dict[tuple[str, int | None], list[RecordingCandidate]] = {}
     for c in candidates:
         groups.setdefault(c.key, []).append(c)
@@ -255,7 +255,7 @@ class TensorStore:
 
     def relpath_for(self, content_hash: str) -> str:
         if len(content_hash) != 64 or any(ch not in "0123456789abcdef" for ch in content_hash):
-            raise ValidationError(f"{content_hash!r} is not a sha256 hex digest", hint="use the hash put() returned")
+            raise ConfigurationError(f"{content_hash!r} is not a sha256 hex digest", hint="use the hash put() returned")
         return f"{content_hash[:2]}/{content_hash}{_SUFFIX}"
 
     def path_for(self, content_hash: str) -> Path:

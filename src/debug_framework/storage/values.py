@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
@@ -126,11 +126,11 @@ SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def check_session_id(session_id: object) -> str:
-    """``session_id`` if it is a plain name (:data:`SESSION_ID_PATTERN`, no ``..``), else ValidationError (DF005)."""
+    """``session_id`` if it is a plain name (:data:`SESSION_ID_PATTERN`, no ``..``), else ConfigurationError (DF005)."""
     if not isinstance(session_id, str) or not SESSION_ID_PATTERN.fullmatch(session_id) or ".." in session_id:
-        raise ValidationError(f"session id {session_id!r} is not a plain name",
-                              hint="use letters, digits, '_', '-' and '.', starting with a letter or digit "
-                                   "(at most 128), or let the framework choose one")
+        raise ConfigurationError(f"session id {session_id!r} is not a plain name",
+                                 hint="use letters, digits, '_', '-' and '.', starting with a letter or digit "
+                                      "(at most 128), or let the framework choose one")
     return session_id
 
 
@@ -139,5 +139,5 @@ def session_file(directory: str | os.PathLike[str], session_id: str, suffix: str
     root = Path(directory)
     path = root / f"{check_session_id(session_id)}{suffix}"
     if path.parent != root or os.sep in suffix or "\0" in suffix:
-        raise ValidationError(f"session file suffix {suffix!r} is not a plain suffix", session=session_id)
+        raise ConfigurationError(f"session file suffix {suffix!r} is not a plain suffix", session=session_id)
     return path

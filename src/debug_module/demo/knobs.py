@@ -1,6 +1,6 @@
 """The tour's knobs: what the user may change between steps, each checked before anything runs.
 
-A bad value is a :class:`~debug_framework.errors.ValidationError` (DF005) naming the knob, its
+A bad value is a :class:`~debug_framework.errors.ConfigurationError` (DF005) naming the knob, its
 accepted range and, for a misspelt knob name, the closest one: exit 2 from the command line, a
 message and a new prompt in interactive mode.
 """
@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from debug_framework.errors import ValidationError
+from debug_framework.errors import ConfigurationError
 from debug_framework.suggest import did_you_mean
 
 __all__ = ["TourKnobs", "KNOB_HELP", "MAX_SEQ", "parse_assignments"]
@@ -65,8 +65,8 @@ class TourKnobs:
                 raise _bad(name, value)
         for op in (*self.deny_ops, self.fail_op):
             if not _OP.match(op):
-                raise ValidationError(f"{op!r} is not an op name", knob="deny_ops" if op in self.deny_ops else "fail_op",
-                                      hint="write ATen ops as aten.<name>.<overload>, e.g. aten.tanh.default")
+                raise ConfigurationError(f"{op!r} is not an op name", knob="deny_ops" if op in self.deny_ops else "fail_op",
+                                         hint="write ATen ops as aten.<name>.<overload>, e.g. aten.tanh.default")
 
     def changed(self, changes: dict[str, str]) -> TourKnobs:
         """A copy with ``changes`` (knob name -> text as typed) applied, each parsed and checked."""
@@ -75,7 +75,7 @@ class TourKnobs:
         for name, text in changes.items():
             key = name.strip().replace("-", "_")
             if key not in known:
-                raise ValidationError(f"unknown knob {name!r}" + did_you_mean(key, known), hint="knobs: " + ", ".join(known))
+                raise ConfigurationError(f"unknown knob {name!r}" + did_you_mean(key, known), hint="knobs: " + ", ".join(known))
             parsed[key] = _parse(key, text.strip())
         return replace(self, **parsed)
 
@@ -90,7 +90,7 @@ def parse_assignments(line: str) -> dict[str, str]:
     for word in line.split():
         name, sep, value = word.partition("=")
         if not sep or not name:
-            raise ValidationError(f"{word!r} is not knob=value", hint="for example: batch=4 padding=0 alignment=1")
+            raise ConfigurationError(f"{word!r} is not knob=value", hint="for example: batch=4 padding=0 alignment=1")
         out[name] = value
     return out
 
@@ -115,10 +115,10 @@ def _parse(name: str, text: str) -> Any:
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValidationError(f"{name}={value} is out of range: {KNOB_HELP[name]}", knob=name,
-                              hint=f"give an integer from {low} to {high}")
+        raise ConfigurationError(f"{name}={value} is out of range: {KNOB_HELP[name]}", knob=name,
+                                 hint=f"give an integer from {low} to {high}")
 
 
-def _bad(name: str, value: Any) -> ValidationError:
-    return ValidationError(f"{name}={value} is not valid: {KNOB_HELP[name]}", knob=name,
-                           hint="debug-tour --help lists every knob")
+def _bad(name: str, value: Any) -> ConfigurationError:
+    return ConfigurationError(f"{name}={value} is not valid: {KNOB_HELP[name]}", knob=name,
+                              hint="debug-tour --help lists every knob")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from debug_framework.cli.framework import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, Invocation, add_row, failure_of,
                                            literal, markup)
-from debug_framework.errors import ValidationError
+from debug_framework.errors import ConfigurationError
 from debug_framework.jsonio import dumps_json
 
 from .compile_steps import run_capture, run_constraints, run_inductor
@@ -131,7 +131,7 @@ def _ask(console: Console, ctx: TourContext, read_line: ReadLine, step: Step) ->
         try:
             changes = parse_assignments(text)
             ctx.knobs = ctx.knobs.changed(changes)
-        except ValidationError as exc:
+        except ConfigurationError as exc:
             console.print(markup("[red]{}[/]", str(exc)))
             continue
         shown = " ".join(f"{k}={v}" for k, v in changes.items())

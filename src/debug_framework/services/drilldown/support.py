@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...errors import ValidationError
+from ...errors import ConfigurationError
 from .types import DrillRequest
 
 __all__ = ["BackendStrategy"]
@@ -29,12 +29,12 @@ class BackendStrategy:
         return True, ""
 
     def _start(self, request: DrillRequest) -> Path:
-        """Check ``request.backend`` (ValidationError, DF005, when this strategy does not apply) and
+        """Check ``request.backend`` (ConfigurationError, DF005, when this strategy does not apply) and
         create ``request.out_dir``; returns it."""
         ok, why = self.applies(request.backend)
         if not ok:
-            raise ValidationError(f"the {self.label} drill-down cannot drill this backend: {why}",
-                                  hint=f"drill {self.label} sessions with it; other backends have their own strategy")
+            raise ConfigurationError(f"the {self.label} drill-down cannot drill this backend: {why}",
+                                     hint=f"drill {self.label} sessions with it; other backends have their own strategy")
         out = Path(request.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         return out

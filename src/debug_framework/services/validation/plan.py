@@ -10,7 +10,7 @@ from typing import Any
 
 from ...capture.keys import PER_LAYER_CHECKPOINTS, CheckpointKey, all_checkpoints
 from ...comparison import FLOOR_EPS, NOISE_MARGIN, Tolerance
-from ...errors import ValidationError
+from ...errors import ConfigurationError
 from ...suggest import did_you_mean
 
 __all__ = [
@@ -113,7 +113,7 @@ def resolve_tolerance(thresholds: Mapping[str, Any] | None, key: CheckpointKey, 
     for layer in layers:
         unknown = set(layer) - set(_TOL_FIELDS)
         if unknown:
-            raise ValidationError(
+            raise ConfigurationError(
                 f"unknown tolerance field(s) {sorted(unknown)} for checkpoint {key}",
                 hint=f"use {', '.join(_TOL_FIELDS)}",
             )
@@ -122,42 +122,42 @@ def resolve_tolerance(thresholds: Mapping[str, Any] | None, key: CheckpointKey, 
 
 
 def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``SESSION_DEFAULTS`` overlaid with ``config``, every value checked (ValidationError, DF005)."""
+    """``SESSION_DEFAULTS`` overlaid with ``config``, every value checked (ConfigurationError, DF005)."""
     merged = copy.deepcopy(SESSION_DEFAULTS)
     for key, value in (config or {}).items():
         if key not in SESSION_DEFAULTS:
-            raise ValidationError(
+            raise ConfigurationError(
                 f"unknown session configuration key {key!r}" + did_you_mean(key, SESSION_DEFAULTS),
                 hint=f"known keys: {', '.join(SESSION_DEFAULTS)}",
             )
         merged[key] = copy.deepcopy(value)
     if merged["isolate"] not in (True, False, "auto"):
-        raise ValidationError(f"isolate must be true, false or 'auto', got {merged['isolate']!r}")
+        raise ConfigurationError(f"isolate must be true, false or 'auto', got {merged['isolate']!r}")
     if merged["oracle_metric"] not in ORACLE_METRICS:
-        raise ValidationError(f"oracle_metric must be one of {', '.join(ORACLE_METRICS)}")
+        raise ConfigurationError(f"oracle_metric must be one of {', '.join(ORACLE_METRICS)}")
     for key in ("oracle_multiplier", "oracle_floor", "noise_margin", "floor_eps"):
         v = merged[key]
         if key == "oracle_floor" and v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-            raise ValidationError(f"{key} must be a non-negative number, got {v!r}")
+            raise ConfigurationError(f"{key} must be a non-negative number, got {v!r}")
     if merged["calibration_metric"] not in ORACLE_METRICS:
-        raise ValidationError(f"calibration_metric must be one of {', '.join(ORACLE_METRICS)}")
+        raise ConfigurationError(f"calibration_metric must be one of {', '.join(ORACLE_METRICS)}")
     if not isinstance(merged["drill_down"], bool):
-        raise ValidationError(f"drill_down must be true or false, got {merged['drill_down']!r}")
+        raise ConfigurationError(f"drill_down must be true or false, got {merged['drill_down']!r}")
     if not isinstance(merged["calibrate"], bool):
-        raise ValidationError(f"calibrate must be true or false, got {merged['calibrate']!r}")
+        raise ConfigurationError(f"calibrate must be true or false, got {merged['calibrate']!r}")
     if not isinstance(merged["calibration_backend"], str) or not merged["calibration_backend"]:
-        raise ValidationError("calibration_backend must be a backend name or 'auto'")
+        raise ConfigurationError("calibration_backend must be a backend name or 'auto'")
     if not isinstance(merged["precision_thresholds"], Mapping):
-        raise ValidationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
+        raise ConfigurationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
     shape = merged["input_shape"]
     if not (isinstance(shape, Sequence) and len(shape) == 2 and all(isinstance(v, int) and v > 0 for v in shape)):
-        raise ValidationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
+        raise ConfigurationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
     if merged["layers"] is not None:
         lo_hi = merged["layers"]
         if not (isinstance(lo_hi, Sequence) and len(lo_hi) == 2 and 0 <= int(lo_hi[0]) <= int(lo_hi[1])):
-            raise ValidationError(f"layers must be [start, stop) with 0 <= start <= stop, got {lo_hi!r}")
+            raise ConfigurationError(f"layers must be [start, stop) with 0 <= start <= stop, got {lo_hi!r}")
     return merged
 
 
@@ -175,7 +175,7 @@ def _named_keys(enabled: Sequence[Any] | str, num_layers: int) -> tuple[set[str]
             continue
         k = CheckpointKey.parse(text)
         if k.layer is not None and k.layer >= num_layers:
-            raise ValidationError(f"checkpoint {k} is beyond the model's {num_layers} layers", checkpoint=str(k))
+            raise ConfigurationError(f"checkpoint {k} is beyond the model's {num_layers} layers", checkpoint=str(k))
         specific.add(k)
     return names, specific
 
@@ -192,7 +192,7 @@ def enabled_keys(config: Mapping[str, Any], num_layers: int) -> list[CheckpointK
         lo, hi = int(layers[0]), int(layers[1])
         keys = [k for k in keys if k.layer is None or lo <= k.layer < hi]
     if not keys:
-        raise ValidationError("no checkpoint is enabled", hint="check enabled_checkpoints and layers")
+        raise ConfigurationError("no checkpoint is enabled", hint="check enabled_checkpoints and layers")
     return keys
 
 
@@ -225,7 +225,7 @@ class ValidationPlan:
 
     @classmethod
     def resolve(cls, config: Mapping[str, Any] | None, num_layers: int) -> ValidationPlan:
-        """The plan of a session with ``config`` (checked: ValidationError, DF005) on a model of
+        """The plan of a session with ``config`` (checked: ConfigurationError, DF005) on a model of
         ``num_layers`` layers."""
         cfg = validate_session_config(config)
         ref_dtype, alt_dtype = str(cfg["reference_dtype"]), str(cfg["dtype"])
