@@ -55,6 +55,7 @@ __all__ = [
     "ReportFaces",
     "BatchJobFaces",
     "CompilationFaces",
+    "EngineFaces",
     "ReportRenderer",
     "JobExecutor",
     "JobRunner",
@@ -479,3 +480,17 @@ class CompilationFaces:
     def validate_compilation(self, compiled_path: str | os.PathLike[str], backend_type: str) -> bool:
         """``validation_report(...)["passed"]``: the artifact loads, its ops are there, opcheck passes."""
         return bool(self.validation_report(compiled_path, backend_type)["passed"])
+
+
+# ============================================================== ValidationEngine's verbs
+
+
+class EngineFaces:
+    """``ValidationEngine``'s spec verb over its typed ``run``."""
+
+    if TYPE_CHECKING:
+        def run(self, session_id: str, *, progress: Any = None) -> Any: ...
+
+    def execute_validation(self, session_id: str, *, progress: Any = None) -> dict[str, Any]:
+        """Run the session's validation; returns ``run(session_id).to_dict()`` (the result's JSON)."""
+        return self.run(session_id, progress=progress).to_dict()

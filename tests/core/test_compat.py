@@ -114,6 +114,7 @@ FACES: dict[tuple[str, str], tuple[str, ...]] = {
     ("debug_framework.models.validation_report", "ValidationReport"): (
         "generate_html_report", "export_to_json", "save_to_file"),
     ("debug_framework.models.batch_validation_job", "BatchValidationJob"): ("execute", "get_progress", "cancel"),
+    ("debug_framework.services.validation_engine", "ValidationEngine"): ("execute_validation",),
     ("debug_framework.services.compilation_engine", "CompilationEngine"): (
         "compile_metal_kernel", "compile_cuda_kernel", "compile_cpp_kernel", "compile_triton_kernel",
         "validate_compilation"),
@@ -127,13 +128,8 @@ FACE_ONLY_NAMES = frozenset(
        "compile_triton_kernel", "validate_compilation", "execute_validation"}
 ) - {"create_session", "list_sessions", "referenced_content_hashes"}  # also the engine's and the stores' own names
 
-#: Files the lead is rewriting (issue 25: the engine and the stages keep the session through the
-#: stores); they still call faces until then. Remove an entry once its file is rewritten.
-PENDING = {
-    "debug_framework/services/validation_engine.py",
-    "debug_framework/services/validation/context.py",
-    "debug_framework/services/validation/stages.py",
-}
+#: Files allowed to call faces for now (none: every module calls the direct API).
+PENDING: set[str] = set()
 
 #: Where a face may be named: the faces themselves and the spec's import paths.
 FACE_MODULES = {"debug_framework/compat.py", "debug_framework/services/database_manager.py",

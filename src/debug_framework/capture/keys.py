@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..checkpoint_ids import checkpoint_id
-from ..errors import ValidationError
+from ..errors import ConfigurationError
 from ..suggest import did_you_mean
 
 __all__ = [
@@ -40,20 +40,20 @@ class CheckpointKey(NamedTuple):
     layer: int | None = None
 
     def validate(self) -> CheckpointKey:
-        """Return ``self`` if it names a real checkpoint, else raise ``ValidationError`` (DF005)."""
+        """Return ``self`` if it names a real checkpoint, else raise ``ConfigurationError`` (DF005)."""
         if self.name not in CHECKPOINT_NAMES:
-            raise ValidationError(
+            raise ConfigurationError(
                 f"unknown checkpoint name {self.name!r}" + did_you_mean(self.name, CHECKPOINT_NAMES),
                 hint=f"use one of {', '.join(CHECKPOINT_NAMES)}",
                 checkpoint=self.name,
             )
         per_layer = self.name in PER_LAYER_CHECKPOINTS
         if per_layer and (not isinstance(self.layer, int) or self.layer < 0):
-            raise ValidationError(
+            raise ConfigurationError(
                 f"checkpoint {self.name!r} needs a layer index >= 0, got {self.layer!r}", checkpoint=self.name
             )
         if not per_layer and self.layer is not None:
-            raise ValidationError(f"checkpoint {self.name!r} has no layer, got {self.layer!r}", checkpoint=self.name)
+            raise ConfigurationError(f"checkpoint {self.name!r} has no layer, got {self.layer!r}", checkpoint=self.name)
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -67,7 +67,7 @@ class CheckpointKey(NamedTuple):
             layer = data.get("layer")
             return cls(str(data["checkpoint"]), None if layer is None else int(layer)).validate()
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError(
+            raise ConfigurationError(
                 f"{dict(data)!r} is not a checkpoint: {exc!r}", hint='use {"checkpoint": name, "layer": layer}'
             ) from exc
 
@@ -85,7 +85,7 @@ class CheckpointKey(NamedTuple):
             name, layer = value
             return cls(str(name), None if layer is None else int(layer)).validate()
         except (TypeError, ValueError) as exc:
-            raise ValidationError(
+            raise ConfigurationError(
                 f"{value!r} is not a checkpoint: {exc}",
                 hint='write "post_mlp:2", "post_embedding", (name, layer) or {"checkpoint": name, "layer": layer}',
             ) from exc
@@ -122,7 +122,7 @@ class CheckpointSelection:
         if self.layers is not None:
             lo, hi = self.layers
             if lo < 0 or hi < lo:
-                raise ValidationError(f"invalid layer range {self.layers!r}", hint="pass (start, stop) with 0 <= start <= stop")
+                raise ConfigurationError(f"invalid layer range {self.layers!r}", hint="pass (start, stop) with 0 <= start <= stop")
             object.__setattr__(self, "layers", (int(lo), int(hi)))
 
     def __contains__(self, key: object) -> bool:
@@ -149,7 +149,7 @@ class CheckpointSelection:
         wanted = {CheckpointKey.parse(t) for t in taps}
         for k in wanted:
             if k.layer is not None and k.layer >= num_layers:
-                raise ValidationError(f"checkpoint {k} is beyond the model's {num_layers} layers", checkpoint=str(k))
+                raise ConfigurationError(f"checkpoint {k} is beyond the model's {num_layers} layers", checkpoint=str(k))
         return [k for k in all_checkpoints(num_layers) if k in wanted]
 
 

@@ -62,7 +62,7 @@ class ValidateOptions:
 
 def _session_config(opts: ValidateOptions) -> dict[str, Any]:
     """The session configuration: the config file's keys, overridden by the options given."""
-    from ..errors import ValidationError
+    from ..errors import ConfigurationError
 
     cfg: dict[str, Any] = {} if opts.config_file is None else read_json_object(opts.config_file, "config file")
     if opts.checkpoints:
@@ -72,7 +72,7 @@ def _session_config(opts: ValidateOptions) -> dict[str, Any]:
         try:
             cfg["layers"] = [int(lo), int(hi)]
         except ValueError as exc:
-            raise ValidationError(f"--layers must be START:STOP, got {opts.layers!r}") from exc
+            raise ConfigurationError(f"--layers must be START:STOP, got {opts.layers!r}") from exc
     thresholds = dict(cfg.get("precision_thresholds") or {})
     if opts.rtol is not None:
         thresholds["rtol"] = opts.rtol
@@ -154,8 +154,7 @@ def _table(result: dict[str, Any], verbose: bool) -> Table:
 
 def _write_output(path: Path, engine: ValidationEngine, session_id: str, result: dict[str, Any]) -> None:
     """The HTML report (error curves, heatmap) for ``.html``/``.htm``, else the result JSON; atomic."""
-    from ..errors import ValidationError, no_space_error
-    from ..models._common import write_text_atomic
+    from ..models._common import write_report_file
     from ..models.validation_report import ValidationReport
     from ..reports import render_report
 
@@ -163,15 +162,9 @@ def _write_output(path: Path, engine: ValidationEngine, session_id: str, result:
         text = render_report(ValidationReport.from_session(session_id, engine.db), "html")
     else:
         text = dumps_json(result)
-    try:
-        write_text_atomic(path.expanduser(), text)
-    except OSError as exc:
-        full = no_space_error(exc, "write the output file", file=str(path), session=session_id)
-        if full is not None:
-            raise full from exc
-        raise ValidationError(f"cannot write the output file: {exc}", file=str(path), session=session_id,
-                              hint="choose a writable --output-file; the session is stored, "
-                                   "session_report --session-id can write its report") from exc
+    write_report_file(path.expanduser(), text, session=session_id,  # DF007 when full, else ConfigurationError
+                      hint="choose a writable --output-file; the session is stored, "
+                           "session_report --session-id can write its report")
 
 
 def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: str) -> None:

@@ -26,16 +26,24 @@ from typing import TYPE_CHECKING, Any, Unpack
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
 from ..comparison import OracleJudgement
+from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings
-from ..errors import BackendInitializationError, DatabaseError, DebugFrameworkError, ValidationError, no_space_error
+from ..errors import (
+    BackendInitializationError,
+    ConfigurationError,
+    DatabaseError,
+    DebugFrameworkError,
+    ValidationError,
+    no_space_error,
+)
 from ..jsonio import json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
 from ..storage.leases import holding
-from ..storage.sessions import SessionFilter, model_path_key
+from ..storage.sessions import TERMINAL_STATUSES, SessionFilter, model_path_key
 from ..storage.values import check_session_id, session_file
-from .database_manager import TERMINAL_STATUSES, DatabaseManager
+from ..storage.database import Database
 from .maintenance import (
     AutoMaintenance,
     MaintenanceReport,
@@ -153,11 +161,12 @@ def _record_prepared_backends(ctx: RunContext, session: DebugSession) -> bool:
         if "versions" in got:
             field_name = f"{side}_backend_info"
             setattr(session, field_name, {**(getattr(session, field_name) or {}), "versions": json_safe(got["versions"])})
-    session.save()
+    ctx.db.sessions.update(session.session_id, reference_backend_info=session.reference_backend_info,
+                           alternative_backend_info=session.alternative_backend_info)
     return True
 
 
-class ValidationEngine:
+class ValidationEngine(EngineFaces):
     """Creates, runs and reads validation sessions stored in one SQLite database.
 
     Args:
@@ -180,7 +189,7 @@ class ValidationEngine:
         self.config = merge_config(config)
         self.stages: tuple[Stage, ...] = tuple(stages)
         path = database_path if database_path is not None else default_database_path(self.config)
-        self.db = DatabaseManager(path, **database_settings(self.config))
+        self.db = Database(path, **database_settings(self.config))
         self.database_path = self.db.database_path
         self.inputs_dir = inputs_dir_of(self.database_path)
         self.resources = resource_settings(self.config)
@@ -245,16 +254,14 @@ class ValidationEngine:
             "precision_thresholds": cfg["precision_thresholds"],
             "per_checkpoint": {str(k): plan.tolerance(k).to_dict() for k in plan.keys},
         }
-        session = DebugSession(
-            session_id=sid, model_path=model_path_key(str(model.path)), reference_backend=reference_backend,
-            alternative_backend=alt_name, config=cfg, weights_digest=model.digest, tolerances=tolerances,
-            seed=int(cfg["seed"]), inputs_ref=str(inputs_path), environment=capture_environment(cfg["device"]),
+        self.db.sessions.create(
+            model_path_key(str(model.path)), reference_backend, alt_name, config=cfg, session_id=sid,
+            weights_digest=model.digest, tolerances=tolerances, seed=int(cfg["seed"]), inputs_ref=str(inputs_path),
+            environment=capture_environment(cfg["device"]),
             reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"]),
             alternative_backend_info=_backend_info(alt, alt_dtype, cfg["device"],
                                                    {"requested": alternative_backend, "selected_because": why}),
-            db=self.db,
         )
-        session.save()
         # what was built here is reused by run() in this process (one load, one build of each backend)
         self._prebuilt = (sid, {"model": model, "reference": ref, "alternative": alt, "calibrator": calibrator})
         return sid
@@ -273,22 +280,18 @@ class ValidationEngine:
             raise DatabaseError(f"cannot save the session inputs: {exc}", database=self.db.location) from exc
 
     def _session(self, session_id: str) -> dict[str, Any]:
-        row = self.db.get_session(session_id)
+        row = self.db.sessions.get(session_id)
         if row is None:
-            raise ValidationError(f"no session {session_id!r} in {self.database_path}", session=session_id,
+            raise DatabaseError(f"no session {session_id!r} in {self.database_path}", session=session_id,
                                   hint="create it with create_session() or list sessions with session_report --list")
         return row
-
-    def execute_validation(self, session_id: str, *, progress: Progress | None = None) -> dict[str, Any]:
-        """Run the session's validation; returns :meth:`ValidationResult.to_dict`."""
-        return self.run(session_id, progress=progress).to_dict()
 
     def run(self, session_id: str, *, progress: Progress | None = None) -> ValidationResult:
         """Run the session (status created -> running -> passed|failed, or error) and return the
         typed :class:`ValidationResult`. ``progress(stage, done, total)`` is called as stages finish.
 
         Raises:
-            The framework error that stopped it (a backend failing mid-run is ValidationError, DF005,
+            The framework error that stopped it (a backend failing mid-run is BackendRuntimeError, DF005,
             naming the backend); any other exception is a bug of ours and propagates as it is. Either
             way the session is set to ``error`` with the message and keeps every row already written.
         """
@@ -298,14 +301,14 @@ class ValidationEngine:
                 f"session {session_id} is {row['status']!r}; only a 'created' session can be executed",
                 session=session_id, hint="create a new session to run the validation again",
             )
-        session = DebugSession.from_dict(row, db=self.db)
-        session.update_status("running")
+        session = DebugSession.from_dict(row)  # the session's fields, read by the stages
+        self.db.sessions.update_status(session_id, "running")
         try:
             with artifact_root(self.session_artifact_dir(session_id)):
                 return self._execute_bounded(session, progress or (lambda *_: None))
         except BaseException as exc:
             try:
-                session.update_status("error", error_message=failure_message(exc))
+                self.db.sessions.update_status(session_id, "error", failure_message(exc))
             except DebugFrameworkError:  # pragma: no cover - the database itself failed
                 pass
             raise
@@ -341,10 +344,10 @@ class ValidationEngine:
             if stage.timing_key:
                 ctx.performance[stage.timing_key] = t.seconds
             if stage.persists_rows:
-                self.db.add_checkpoint_results(session.session_id, ctx.rows())
+                self.db.checkpoints.add_many(session.session_id, ctx.rows())
             progress(stage.name, done, len(stages))
         if ctx.result is None:
-            raise ValidationError("the validation's stages produced no result (no store stage ran)",
+            raise ConfigurationError("the validation's stages produced no result (no store stage ran)",
                                   session=session.session_id, hint="end custom stage lists with StoreStage()")
         return ctx.result
 
@@ -363,7 +366,7 @@ class ValidationEngine:
     def get_session_results(self, session_id: str) -> dict[str, Any]:
         """The stored session (status, provenance, summary) with every checkpoint row in model order."""
         row = self._session(session_id)
-        rows = self.db.get_checkpoint_results(session_id)
+        rows = self.db.checkpoints.for_session(session_id)
         results = row.get("results") or {}
         return json_safe({
             "session_id": session_id,
@@ -387,8 +390,8 @@ class ValidationEngine:
         return dict(results["performance"])
 
     def list_sessions(self, **filters: Unpack[SessionFilter]) -> list[dict[str, Any]]:
-        """Stored sessions, newest first (filters as :meth:`DatabaseManager.list_sessions`)."""
-        return self.db.list_sessions(**filters)
+        """Stored sessions, newest first (filters as :meth:`~debug_framework.storage.sessions.SessionStore.list`)."""
+        return self.db.sessions.list(**filters)
 
     def run_maintenance(self, *, dry_run: bool = False, older_than_days: float | None = None,
                         compact: bool = True) -> MaintenanceReport:
@@ -404,7 +407,7 @@ class ValidationEngine:
         database. A running session is refused unless ``force`` (one whose process was killed is
         set to ``error`` by the stale sweep: the next engine start with ``auto_cleanup``, or
         :meth:`run_maintenance`). Returns False when there is no such session."""
-        row = self.db.get_session(session_id)
+        row = self.db.sessions.get(session_id)
         if row is None:
             return False
         if row["status"] == "running" and not force:
@@ -412,7 +415,7 @@ class ValidationEngine:
                                   hint="wait for it to finish")
         if delete_records:
             inputs_ref = row.get("inputs_ref")
-            self.db.delete_session(session_id)
+            self.db.sessions.delete(session_id)
             if inputs_ref:  # only a file of ours: a plain name directly inside the inputs directory
                 p = Path(inputs_ref)
                 if p.parent == self.inputs_dir and p.suffix == ".safetensors" and not p.is_symlink() and p.is_file():

@@ -24,7 +24,7 @@ import numpy as np
 from ...backends.base import Backend
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, float64_array
-from ...errors import ValidationError
+from ...errors import ConfigurationError
 from .plan import ValidationPlan
 
 __all__ = ["tolerance_margin", "calibration_backend", "noise_at"]
@@ -56,12 +56,12 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str) -> Backe
     hint = ("leave calibration_backend 'auto' (torch_reference: the reference models through torch), "
             "or set calibrate to false (then the dtype's fixed tolerances apply)")
     if name == alternative_backend:
-        raise ValidationError(f"calibration_backend {name!r} is the alternative itself: a backend cannot "
+        raise ConfigurationError(f"calibration_backend {name!r} is the alternative itself: a backend cannot "
                               "calibrate its own judgement", hint=hint)
     backend: Backend = TorchReferenceBackend() if name in ("auto", "torch_reference") else get_backend(name)
     supported = tuple(getattr(backend, "supported_dtypes", ()) or ())
     if supported and plan.alternative_dtype not in supported:
-        raise ValidationError(f"calibration backend {backend.name!r} cannot run the alternative's dtype "
+        raise ConfigurationError(f"calibration backend {backend.name!r} cannot run the alternative's dtype "
                               f"{plan.alternative_dtype!r}", hint=hint)
     return backend
 

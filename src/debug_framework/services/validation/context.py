@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ...backends.base import Backend
 from ...capture.keys import Capture
-from ...errors import DebugFrameworkError, ValidationError
+from ...errors import BackendRuntimeError, DebugFrameworkError
 from .deadline import bounded
 from .evidence import Evidence
 from .judge import Verdict, judge
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
     from ..drilldown.types import LayerDrilldown
     from ...models.debug_session import DebugSession
-    from ..database_manager import DatabaseManager
+    from ...storage.database import Database
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ class RunContext:
     """
 
     session: DebugSession
-    db: DatabaseManager
+    db: Database
     database_path: Path
     framework_config: Mapping[str, Any]
     started: float = field(default_factory=time.perf_counter)
@@ -127,7 +127,7 @@ class Stage:
 
 def call_backend(backend: Backend, what: str, fn: Callable[[], T]) -> T:
     """``fn()``, a call into ``backend``: an exception that is not a framework error becomes
-    ``ValidationError`` (DF005) naming the backend and the call, so a backend failing mid-run reads
+    ``BackendRuntimeError`` (DF005) naming the backend and the call, so a backend failing mid-run reads
     as the backend's failure, while an exception from the stages' own code stays what it is (a bug
     of ours: exit 3 from a CLI)."""
     try:
@@ -135,5 +135,4 @@ def call_backend(backend: Backend, what: str, fn: Callable[[], T]) -> T:
     except DebugFrameworkError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, kept as the cause
-        raise ValidationError(f"backend {backend.name!r} failed in {what}: {type(exc).__name__}: {exc}",
-                              backend=backend.name) from exc
+        raise BackendRuntimeError.from_exception(backend.name, what, exc) from exc

@@ -46,7 +46,7 @@ from ...backends.base import (
 )
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, compare, error_metric
-from ...errors import ModelLoadingError, ValidationError
+from ...errors import BackendRuntimeError, ConfigurationError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
@@ -133,7 +133,7 @@ class PrepareStage(Stage):
             return
         ok, why = _replay_support(ctx.reference, ctx.alternative)
         if isolate is True and not ok:
-            raise ValidationError(f"isolation was requested but {why}", session=session.session_id,
+            raise ConfigurationError(f"isolation was requested but {why}", session=session.session_id,
                                   hint="set isolate to 'auto' or false, or give the backend a run_layer")
         ctx.isolating, ctx.evidence.isolation_note = ok, (None if ok else why)
 
@@ -292,8 +292,9 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
     plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
     ref_in = ref_cap.layer_inputs.get(i)
     if ref_in is None:
-        raise ValidationError(f"the reference backend did not record the input of layer {i}",
-                              hint="its run() must fill Capture.layer_inputs when capture_layer_inputs=True")
+        raise BackendRuntimeError(f"the reference backend did not record the input of layer {i}",
+                                  backend=ctx.reference.name, call="run()",
+                                  hint="its run() must fill Capture.layer_inputs when capture_layer_inputs=True")
     k_in = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
     k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
     alt_in = alt_cap.layer_inputs.get(i)
@@ -496,8 +497,8 @@ class StoreStage(Stage):
         ctx.performance = perf
         result = ctx.current_result()
         session.results = result.summary()
-        session.save()
-        session.update_status(result.verdict)
+        ctx.db.sessions.update(session.session_id, results=session.results)
+        ctx.db.sessions.update_status(session.session_id, result.verdict)
         ctx.result = result
 
 
