@@ -47,7 +47,8 @@ def _two_layer_graph(alias_input: bool = False, attention: str = "named"):
                   helper.make_node("Add", [hidden, f"ws{i}"], [attn])]
         if attention != "named":
             op = "Identity" if attention == "copied" else "Add"
-            nodes.append(helper.make_node(op, [attn] if op == "Identity" else [hidden, f"ws{i}"], [f"post_attention_{i}"]))
+            reads = [attn] if op == "Identity" else [hidden, f"ws{i}"]
+            nodes.append(helper.make_node(op, reads, [f"post_attention_{i}"]))
         nodes.append(helper.make_node("Mul", [attn, "three"], [f"post_mlp_{i}"]))
         hidden = f"post_mlp_{i}"
     inits = [numpy_helper.from_array(np.float32(v), n) for n, v in (("two", 2.0), ("three", 3.0))]
@@ -102,7 +103,8 @@ def _backend_on(graph) -> OnnxRuntimeBackend:
 
     backend = OnnxRuntimeBackend()
     backend.model = SimpleNamespace(num_layers=2)
-    keys = [CheckpointKey("post_embedding")] + [CheckpointKey(n, i) for i in range(2) for n in ("post_attention", "post_mlp")]
+    keys = [CheckpointKey("post_embedding")]
+    keys += [CheckpointKey(n, i) for i in range(2) for n in ("post_attention", "post_mlp")]
     backend._names = {k: str(k).replace(":", "_") for k in keys}
     assert list(backend._names.values()) == CHECKPOINTS
     backend._graph_proto = graph

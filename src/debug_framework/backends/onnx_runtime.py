@@ -404,7 +404,8 @@ class OnnxRuntimeBackend(BaseBackend):
         if built:
             start = time.perf_counter()
             cut = self._cut(i, part)
-            self._cut_sessions[(i, part)] = (self._session(self.onnx_path, cut.SerializeToString()), cut.graph.input[0].name)
+            session = self._session(self.onnx_path, cut.SerializeToString())
+            self._cut_sessions[(i, part)] = (session, cut.graph.input[0].name)
             meta["build_s"] = time.perf_counter() - start
         session, hidden_name = self._cut_sessions[(i, part)]
         names = {inp.name for inp in session.get_inputs()}  # the cut keeps only the graph inputs it reads
