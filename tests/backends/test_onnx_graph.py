@@ -1,7 +1,8 @@
 """The onnxruntime backend's graph helpers, on small hand-built ONNX graphs (no export, fast):
-a layer is cut out of a graph at its named boundaries, a cut that would not start at the layer's
-input is refused, the exporter's chatter goes to the log instead of the terminal, and a session's
-artifact root is claimed per backend."""
+a layer, or its MLP block, is cut out of a graph at its named boundaries (through an Identity copy
+where the exporter named one), a cut that would not start at the layer's input is refused (and the
+backend then says it cannot run the block alone), the exporter's chatter goes to the log instead of
+the terminal, and a session's artifact root is claimed per backend."""
 
 from __future__ import annotations
 
@@ -19,16 +20,21 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from debug_framework.backends._onnx_graph import LayerCutError, captured_output, cut_layer  # noqa: E402
 from debug_framework.backends.artifacts import artifact_root, claim_artifact_dir, current_artifact_root  # noqa: E402
+from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend  # noqa: E402
+from debug_framework.capture import CheckpointKey  # noqa: E402
+from debug_framework.errors import BackendInitializationError  # noqa: E402
 
 CHECKPOINTS = ["post_embedding", "post_attention_0", "post_mlp_0", "post_attention_1", "post_mlp_1"]
 
 
-def _two_layer_graph(alias_input: bool = False):
+def _two_layer_graph(alias_input: bool = False, attention: str = "named"):
     """x -> post_embedding = x * 2 -> per layer: attn = h + w_i * scale(mask), mlp = attn * 3.
 
     ``scale(mask)`` is computed once from the ``mask`` input and read by every layer (as a model's
-    attention mask is). ``alias_input``: layer 0 reads the embedding through an Identity, not the
-    named output, so a cut at ``post_embedding`` would not replay it on its input.
+    attention mask is). ``alias_input``: the ``post_embedding`` output is an Identity copy of the
+    value layer 0 reads. ``attention``: what each layer's MLP reads: ``"named"`` the
+    ``post_attention_<i>`` output itself, ``"copied"`` the value that output is an Identity copy of,
+    ``"recomputed"`` a second computation of the same value (no cut can start at the output).
     """
     f32 = TensorProto.FLOAT
     hidden = "emb" if alias_input else "post_embedding"
@@ -36,9 +42,14 @@ def _two_layer_graph(alias_input: bool = False):
     if alias_input:
         nodes.append(helper.make_node("Identity", ["emb"], ["post_embedding"]))
     for i in range(2):
+        attn = f"post_attention_{i}" if attention == "named" else f"attn{i}"
         nodes += [helper.make_node("Mul", [f"w{i}", "scale"], [f"ws{i}"]),
-                  helper.make_node("Add", [hidden, f"ws{i}"], [f"post_attention_{i}"]),
-                  helper.make_node("Mul", [f"post_attention_{i}", "three"], [f"post_mlp_{i}"])]
+                  helper.make_node("Add", [hidden, f"ws{i}"], [attn])]
+        if attention != "named":
+            op = "Identity" if attention == "copied" else "Add"
+            reads = [attn] if op == "Identity" else [hidden, f"ws{i}"]
+            nodes.append(helper.make_node(op, reads, [f"post_attention_{i}"]))
+        nodes.append(helper.make_node("Mul", [attn, "three"], [f"post_mlp_{i}"]))
         hidden = f"post_mlp_{i}"
     inits = [numpy_helper.from_array(np.float32(v), n) for n, v in (("two", 2.0), ("three", 3.0))]
     inits += [numpy_helper.from_array(np.full((4,), i + 1, np.float32), f"w{i}") for i in range(2)]
@@ -67,10 +78,52 @@ def test_a_layer_cut_at_its_boundaries_replays_it_on_any_input():
     np.testing.assert_allclose(_run(first, {"post_embedding": hidden, "mask": mask})[1][1], (hidden + 4) * 3)
 
 
+def test_a_cut_starts_at_the_value_an_identity_output_copies():
+    hidden, mask = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    aliased = cut_layer(_two_layer_graph(alias_input=True), "post_embedding", ["post_attention_0", "post_mlp_0"],
+                        CHECKPOINTS)
+    assert aliased.graph.input[0].name == "emb"  # what layer 0 reads, typed as post_embedding
+    assert aliased.graph.input[0].type == _two_layer_graph().graph.output[0].type
+    np.testing.assert_allclose(_run(aliased, {"emb": hidden, "mask": mask})[1][1], (hidden + 4) * 3)
+    assert {n.op_type for n in aliased.graph.node} == {"Mul", "Add", "ReduceSum"}  # the copy is left out
+
+
+@pytest.mark.parametrize(("attention", "start"), [("named", "post_attention_1"), ("copied", "attn1")])
+def test_an_mlp_block_is_cut_from_its_post_attention_state(attention, start):
+    cut = cut_layer(_two_layer_graph(attention=attention), "post_attention_1", ["post_mlp_1"], CHECKPOINTS)
+    hidden = np.arange(4, dtype=np.float32)
+    session, (mlp,) = _run(cut, {start: hidden, "mask": np.ones(4, np.float32)})
+    assert [i.name for i in session.get_inputs()] == [start]  # no mask, no attention: the block alone
+    np.testing.assert_allclose(mlp, hidden * 3)
+
+
+def _backend_on(graph) -> OnnxRuntimeBackend:
+    """An onnxruntime backend as ``prepare`` leaves it for a two-layer model exported as ``graph``."""
+    from types import SimpleNamespace
+
+    backend = OnnxRuntimeBackend()
+    backend.model = SimpleNamespace(num_layers=2)
+    keys = [CheckpointKey("post_embedding")]
+    keys += [CheckpointKey(n, i) for i in range(2) for n in ("post_attention", "post_mlp")]
+    backend._names = {k: str(k).replace(":", "_") for k in keys}
+    assert list(backend._names.values()) == CHECKPOINTS
+    backend._graph_proto = graph
+    return backend
+
+
+def test_the_backend_says_why_it_cannot_run_an_mlp_block_alone():
+    assert _backend_on(_two_layer_graph(attention="copied")).can_run_block() == (True, "")
+    backend = _backend_on(_two_layer_graph(attention="recomputed"))
+    ok, why = backend.can_run_block()
+    assert not ok and why == ("cannot cut layer 0's MLP block out of its export: "
+                              "no node computing post_mlp_0 reads 'post_attention_0'")
+    with pytest.raises(BackendInitializationError, match="cannot run the MLP block alone: cannot cut layer 0"):
+        backend.run_block(1, "mlp", np.zeros(4, np.float32), None)
+
+
 def test_a_cut_that_would_not_start_at_the_layer_input_is_refused():
-    aliased = _two_layer_graph(alias_input=True)
-    with pytest.raises(LayerCutError, match="reads 'post_embedding'"):
-        cut_layer(aliased, "post_embedding", ["post_attention_0", "post_mlp_0"], CHECKPOINTS)
+    with pytest.raises(LayerCutError, match="reads 'post_attention_0'"):
+        cut_layer(_two_layer_graph(attention="recomputed"), "post_attention_0", ["post_mlp_0"], CHECKPOINTS)
     with pytest.raises(LayerCutError, match="still computes post_attention_0, post_mlp_0"):
         cut_layer(_two_layer_graph(), "post_embedding", ["post_attention_1", "post_mlp_1"], CHECKPOINTS)
     with pytest.raises(LayerCutError, match="post_mlp_7 not among the graph's outputs"):

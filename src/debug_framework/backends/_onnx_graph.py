@@ -1,12 +1,13 @@
-"""ONNX helpers of the ``onnxruntime`` backend: one layer cut out of the model's exported graph
-(what isolation replays, so no layer is exported a second time), and the exporter's chatter kept
-in the artifact directory's log instead of the terminal.
+"""ONNX helpers of the ``onnxruntime`` backend: one layer, or one layer's MLP block, cut out of the
+model's exported graph (what isolation replays, so no layer is exported a second time), and the
+exporter's chatter kept in the artifact directory's log instead of the terminal.
 
 The model's export has every checkpoint as a graph output, so each layer's boundaries are named
 values: layer ``i`` reads ``post_embedding`` (i = 0) or ``post_mlp_<i-1>`` and writes
-``post_attention_<i>`` and ``post_mlp_<i>``. :func:`cut_layer` keeps the nodes those two outputs
-need, with the layer's input value made a graph input; the mask and position computations the
-layer also reads stay in the cut, fed by the model's own ``input_ids`` / ``attention_mask``.
+``post_attention_<i>`` (what its MLP block reads) and ``post_mlp_<i>``. :func:`cut_layer` keeps the
+nodes those outputs need, with the layer's (or the block's) input value made a graph input; the
+mask and position computations the layer also reads stay in the cut, fed by the model's own
+``input_ids`` / ``attention_mask``.
 """
 
 from __future__ import annotations
@@ -50,46 +51,80 @@ def _reads(node: Any) -> list[str]:
     return names
 
 
+def _copied(graph: Any, name: str) -> str | None:
+    """The value the Identity node making ``name`` copies (through a chain of Identity nodes), or
+    None where ``name`` is not made by an Identity node."""
+    producer = {out: node for node in graph.node for out in node.output if out}
+    source = None
+    while (node := producer.get(source or name)) is not None and node.op_type == "Identity" and node.input[0]:
+        source = node.input[0]
+    return source
+
+
 def cut_layer(model: Any, hidden: str, outputs: Sequence[str], checkpoints: Sequence[str]) -> Any:
     """The part of ``model`` (an ``onnx.ModelProto``) that computes ``outputs`` from the value named
     ``hidden``, that value made a graph input; other graph inputs are kept where the cut reads them.
+    A layer is cut from its input to its checkpoints, a layer's MLP block from ``post_attention_<i>``
+    to ``post_mlp_<i>``.
+
+    Where ``hidden`` is an Identity copy of another value that the nodes read instead (an exporter
+    may name a copy for the graph output), the cut starts at that value: the cut's first graph input
+    is the value it starts at (``hidden`` or that one), typed as ``hidden``; feed it by that name.
 
     Initializers are copied as they are (references into the model's external data file when it
     was loaded with ``load_external_data=False``: the caller points ONNX Runtime at that folder).
 
     Raises:
         LayerCutError: ``hidden`` or an output is not a graph output, no node of the cut reads
-            ``hidden`` (the layer reads some other value), or another of ``checkpoints`` lies inside
-            the cut (it would recompute earlier layers instead of starting at ``hidden``).
+            ``hidden`` (nor the value it copies), or another of ``checkpoints`` lies inside the cut (it
+            would recompute earlier layers instead of starting at ``hidden``).
     """
+    declared = {o.name: o for o in model.graph.output}
+    missing = [n for n in (hidden, *outputs) if n not in declared]
+    if missing:
+        raise LayerCutError(f"{', '.join(missing)} not among the graph's outputs")
+    try:
+        return _cut(model, hidden, declared[hidden], outputs, checkpoints)
+    except LayerCutError as exc:
+        source = _copied(model.graph, hidden)
+        if source is None:
+            raise
+        info = type(declared[hidden])()
+        info.CopyFrom(declared[hidden])
+        info.name = source
+        try:
+            return _cut(model, source, info, outputs, checkpoints)
+        except LayerCutError:
+            raise exc from None
+
+
+def _cut(model: Any, start: str, start_info: Any, outputs: Sequence[str], checkpoints: Sequence[str]) -> Any:
+    """:func:`cut_layer` at the value ``start`` (its graph input declared by ``start_info``)."""
     import onnx
 
     graph = model.graph
     declared = {o.name: o for o in graph.output}
-    missing = [n for n in (hidden, *outputs) if n not in declared]
-    if missing:
-        raise LayerCutError(f"{', '.join(missing)} not among the graph's outputs")
     all_nodes = list(graph.node)
     producer = {name: index for index, node in enumerate(all_nodes) for name in node.output if name}
     kept: set[int] = set()
     stack = list(outputs)
     while stack:
         index = producer.get(name := stack.pop())
-        if name == hidden or index is None or index in kept:
+        if name == start or index is None or index in kept:
             continue
         kept.add(index)
         stack.extend(_reads(all_nodes[index]))
     nodes = [all_nodes[index] for index in sorted(kept)]  # graph order: topological
     read = {x for n in nodes for x in _reads(n)}
     made = {x for n in nodes for x in n.output}
-    if hidden not in read:
-        raise LayerCutError(f"no node computing {', '.join(outputs)} reads {hidden!r}")
+    if start not in read:
+        raise LayerCutError(f"no node computing {', '.join(outputs)} reads {start!r}")
     inside = sorted(made & (set(checkpoints) - set(outputs)))
     if inside:
-        raise LayerCutError(f"the cut at {hidden!r} still computes {', '.join(inside)}")
+        raise LayerCutError(f"the cut at {start!r} still computes {', '.join(inside)}")
     sub = onnx.helper.make_graph(
-        nodes, f"{graph.name or 'model'}:{hidden}->{outputs[-1]}",
-        [declared[hidden], *(i for i in graph.input if i.name in read)],
+        nodes, f"{graph.name or 'model'}:{start}->{outputs[-1]}",
+        [start_info, *(i for i in graph.input if i.name in read and i.name != start)],
         [declared[o] for o in outputs],
         initializer=[t for t in graph.initializer if t.name in read],
         value_info=[v for v in graph.value_info if v.name in made],

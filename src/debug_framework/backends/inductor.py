@@ -17,13 +17,20 @@ from typing import Any
 
 import torch
 
-from ..capture.hooks import first_tensor
+from ..capture.hooks import find_module, first_tensor, hf_layer_modules, hf_mlp_block
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import CheckpointOutputs, PlainOutput, graph_inputs, layer_inputs_from, replay_arguments
+from ._graph_capture import (
+    CheckpointOutputs,
+    PlainOutput,
+    check_layer_index,
+    graph_inputs,
+    layer_inputs_from,
+    replay_arguments,
+)
 from ._user_function import is_function_spec, load_user_function
 from .base import BaseBackend, Taps
 from .pytorch import build_hf_model
@@ -67,6 +74,7 @@ class InductorBackend(BaseBackend):
         self._plain: Any = None
         self._seen: set[tuple[str, tuple[Any, ...]]] = set()
         self._layer_fns: dict[int, Any] = {}
+        self._mlp_fns: dict[int, Any] = {}
         #: One entry per first call of a variant on a new input signature: that call compiled.
         self.compile_log: list[dict[str, Any]] = []
 
@@ -112,6 +120,7 @@ class InductorBackend(BaseBackend):
         self._plain = None
         self._seen.clear()
         self._layer_fns.clear()
+        self._mlp_fns.clear()
         self.compile_log.clear()
 
     def _compile(self, module: torch.nn.Module) -> Any:
@@ -199,6 +208,48 @@ class InductorBackend(BaseBackend):
             tensors[k_attn] = emitted[k_attn]
         return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
                        meta={"variant": f"layer {i}", "compiled_in_this_call": first})
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Block ``block`` of layer ``i`` as Inductor compiles it, on that block's own input.
+
+        ``"mlp"``: the layer's MLP block alone (:func:`~debug_framework.capture.hooks.hf_mlp_block`:
+        the layer's own submodules, residual add as the layer writes it) compiled on its own (once
+        per layer, on the first call, with this backend's compiler, mode and cache directory) and
+        called on the post-attention state ``hidden_in`` (cast to this backend's dtype and device);
+        the capture holds ``post_mlp:i``. ``inputs`` is not read: the MLP block sees no mask or
+        position. ``"attention"``: :meth:`run_layer` on the layer's input, its ``post_attention:i``.
+        """
+        if block == "attention":
+            cap = self.run_layer(i, hidden_in, inputs)
+            key = CheckpointKey("post_attention", i)
+            return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
+        if block != "mlp":
+            raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        model = self._prepared()
+        check_layer_index(model, i, self.name)
+        first = i not in self._mlp_fns
+        if first:
+            layer = find_module(self.net, hf_layer_modules(model.architecture, model.num_layers)[i])
+            self._mlp_fns[i] = self._compile(hf_mlp_block(model.architecture, layer))
+        hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
+        from .._torch import dynamo as _dynamo_private
+        from .._torch import inductor as _inductor_private
+
+        try:  # Llama's post_attention_layernorm carries the post_attention checkpoint hook: it fires into the sink
+            with torch.inference_mode(), _dynamo_private.recompile_limit(2 * model.num_layers + 8), \
+                    _inductor_private.using_cache_dir(self.cache_dir), Timer(self.device) as timer:
+                out = self._mlp_fns[i](hidden)
+        finally:
+            self._wrapper._sink.clear()
+        elapsed = timer.seconds
+        if self.mode and "reduce-overhead" in self.mode:  # CUDA graphs reuse output buffers
+            out = out.clone()
+        variant = f"mlp block {i}"
+        if first:
+            self.compile_log.append({"variant": variant, "shape": list(inputs.shape), "first_call_s": round(elapsed, 4)})
+        return Capture(tensors={CheckpointKey("post_mlp", i): out}, backend=self.name, dtype=self.dtype,
+                       elapsed_s=elapsed, meta={"variant": variant, "compiled_in_this_call": first})
 
     def layer_call(self, i: int, hidden_in: Any, inputs: ModelInputs) -> tuple[str, torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
         """Layer ``i``'s module name, the (eager) module and the arguments the model passes it for

@@ -10,7 +10,9 @@ What the exporter prints, logs and warns goes to ``export.log`` there, not to th
 and sequence length are dynamic axes, so one export serves every input shape.
 
 Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's
-boundaries (its input and its checkpoints are named graph outputs), so nothing is exported again.
+boundaries (its input and its checkpoints are named graph outputs), so nothing is exported again;
+``run_block(i, "mlp", ...)`` replays a layer's MLP block alone, cut from ``post_attention:i`` to
+``post_mlp:i``.
 """
 
 from __future__ import annotations
@@ -106,8 +108,10 @@ class OnnxRuntimeBackend(BaseBackend):
         self._wrapper: CheckpointOutputs | None = None
         self._sink: list[torch.Tensor] = []
         self._layer_sessions: dict[tuple[Any, ...], tuple[Any, Path, list[CheckpointKey]]] = {}
-        self._cut_sessions: dict[int, tuple[Any, str]] = {}
+        #: (layer, "layer" | "mlp") -> an ONNX Runtime session on that cut of the export, its hidden input's name
+        self._cut_sessions: dict[tuple[int, str], tuple[Any, str]] = {}
         self._cut_failed: dict[int, str] = {}
+        self._block_support: tuple[bool, str] | None = None
         self._graph_proto: Any = None
         #: removes the temporary artifact directory (None: the directory is not this backend's to remove)
         self._temporary: weakref.finalize | None = None
@@ -246,6 +250,7 @@ class OnnxRuntimeBackend(BaseBackend):
         self._layer_sessions.clear()
         self._cut_sessions.clear()
         self._cut_failed.clear()
+        self._block_support = None
         self.model = None
         if self._temporary is not None:
             self._temporary()
@@ -270,6 +275,7 @@ class OnnxRuntimeBackend(BaseBackend):
         self._layer_sessions.clear()
         self._cut_sessions.clear()
         self._cut_failed.clear()
+        self._block_support = None
         self._graph_proto = None
         self._names = {k: str(k).replace(":", "_") for k in self._keys_out}
         self.onnx_path = artifact_dir / f"{model.architecture}-{model.digest[:12]}-{dtype}-checkpoints.onnx"
@@ -339,7 +345,7 @@ class OnnxRuntimeBackend(BaseBackend):
         cut_failed = self._cut_failed.get(i)
         if self.layer_replay == "graph" and cut_failed is None:
             try:
-                return self._run_cut(i, hidden, inputs)
+                return self._run_cut(i, "layer", hidden, inputs)
             except LayerCutError as exc:
                 cut_failed = self._cut_failed[i] = str(exc)
         cap = self._run_exported_layer(i, hidden, inputs)
@@ -347,18 +353,61 @@ class OnnxRuntimeBackend(BaseBackend):
             cap.meta["cut_failed"] = cut_failed
         return cap
 
-    def _run_cut(self, i: int, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
-        """Layer ``i`` replayed by its cut of the model's graph (raises LayerCutError where there is none)."""
+    def can_run_block(self) -> tuple[bool, str]:
+        """A layer's MLP block runs alone where the export can be cut from each layer's
+        ``post_attention`` to its ``post_mlp`` (checked once per prepare, without running anything)."""
+        if self._block_support is None:
+            model = self._prepared()
+            self._block_support = (True, "")
+            for i in range(model.num_layers):
+                try:
+                    self._cut(i, "mlp")
+                except LayerCutError as exc:
+                    self._block_support = (False, f"cannot cut layer {i}'s MLP block out of its export: {exc}")
+                    break
+        return self._block_support
+
+    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+        """Block ``block`` of layer ``i`` in ONNX Runtime, on that block's own input.
+
+        ``"mlp"``: the model's export cut from ``post_attention:i`` (fed ``hidden_in``, the
+        post-attention state) to ``post_mlp:i`` (see :meth:`can_run_block`), built in memory once per
+        layer like :meth:`run_layer`'s cuts; ``Capture.meta`` as there. ``"attention"``:
+        :meth:`run_layer` on the layer's input, its ``post_attention:i``.
+
+        Raises:
+            BackendInitializationError: the export cannot be cut so (DF002).
+        """
+        if block == "attention":
+            cap = self.run_layer(i, hidden_in, inputs)
+            key = CheckpointKey("post_attention", i)
+            return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
+        if block != "mlp":
+            raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        check_layer_index(self._prepared(), i, self.name)
+        ok, why = self.can_run_block()
+        if not ok:
+            raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
+        return self._run_cut(i, "mlp", torch.as_tensor(hidden_in).detach().to("cpu", torch.float32), inputs)
+
+    def _run_cut(self, i: int, part: str, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
+        """Layer ``i`` (``part="layer"``) or its MLP block (``"mlp"``) replayed by its cut of the
+        model's graph (raises LayerCutError where there is none)."""
         import numpy as np
 
         model = self._prepared()
-        keys = [k for k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)) if k in self._names]
-        meta: dict[str, Any] = {"variant": f"layer {i}", "replay": "graph", "built_in_this_call": i not in self._cut_sessions}
-        if i not in self._cut_sessions:
+        keys = self._cut_keys(i, part)
+        built = (i, part) not in self._cut_sessions
+        variant = f"layer {i}" if part == "layer" else f"mlp block {i}"
+        meta: dict[str, Any] = {"variant": variant, "replay": "graph", "built_in_this_call": built}
+        if built:
             start = time.perf_counter()
-            self._cut_sessions[i] = self._cut_session(i, keys)
+            cut = self._cut(i, part)
+            session = self._session(self.onnx_path, cut.SerializeToString())
+            self._cut_sessions[(i, part)] = (session, cut.graph.input[0].name)
             meta["build_s"] = time.perf_counter() - start
-        session, hidden_name = self._cut_sessions[i]
+        session, hidden_name = self._cut_sessions[(i, part)]
         names = {inp.name for inp in session.get_inputs()}  # the cut keeps only the graph inputs it reads
         feeds = {k: v for k, v in graph_inputs(model, inputs).items() if k in names}
         feeds[hidden_name] = np.ascontiguousarray(hidden.numpy())
@@ -368,15 +417,26 @@ class OnnxRuntimeBackend(BaseBackend):
         return Capture(tensors=dict(zip(keys, arrays, strict=True)), backend=self.name, dtype=self.dtype,
                        elapsed_s=elapsed, meta={**meta, "onnx_path": str(self.onnx_path)})
 
-    def _cut_session(self, i: int, keys: list[CheckpointKey]) -> tuple[Any, str]:
-        """An ONNX Runtime session on layer ``i``'s cut of the model's export, and its hidden input's name."""
+    def _cut_keys(self, i: int, part: str) -> list[CheckpointKey]:
+        """The checkpoints the cut ``part`` of layer ``i`` computes."""
+        if part == "mlp":
+            return [CheckpointKey("post_mlp", i)]
+        return [k for k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)) if k in self._names]
+
+    def _cut(self, i: int, part: str) -> Any:
+        """The cut of the model's export (an ``onnx.ModelProto``, weights left in the data file) that
+        replays layer ``i`` (``part="layer"``: from its input) or its MLP block (``"mlp"``: from its
+        ``post_attention``); its first graph input is the hidden state (see :func:`cut_layer`)."""
         import onnx
 
         if self._graph_proto is None:  # the graph without its weights: the cut's read from the data file
             self._graph_proto = onnx.load(str(self.onnx_path), load_external_data=False)
-        hidden = self._names[CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)]
-        cut = cut_layer(self._graph_proto, hidden, [self._names[k] for k in keys], list(self._names.values()))
-        return self._session(self.onnx_path, cut.SerializeToString()), hidden
+        if part == "mlp":
+            start = CheckpointKey("post_attention", i)
+        else:
+            start = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+        return cut_layer(self._graph_proto, self._names[start], [self._names[k] for k in self._cut_keys(i, part)],
+                         list(self._names.values()))
 
     def export_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, path: Path) -> LayerExport:
         """Export layer ``i`` alone to ``path``, called as the model calls it for ``inputs`` with

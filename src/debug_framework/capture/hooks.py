@@ -7,7 +7,7 @@ A :class:`ModuleTap` says "the output (or input) of module ``encoder.layer.3`` i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,8 +16,8 @@ import torch
 from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
 
-__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "find_module", "HookCapture",
-           "first_tensor"]
+__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
+           "HookCapture", "first_tensor"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,45 @@ def hf_attention_seam(architecture: str, layer_module: str) -> tuple[str, Litera
     if architecture == "llama":
         return f"{layer_module}.self_attn", "zero"
     raise ValidationError(f"no Hugging Face attention module known for architecture {architecture!r}")
+
+
+class _HFMLPBlock(torch.nn.Module):
+    """A Hugging Face layer's MLP block: ``forward(a)`` maps the post-attention state ``a`` to the
+    layer's output (``post_mlp``) through the layer's own submodules (see :func:`hf_mlp_block`)."""
+
+    def __init__(self, architecture: str, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.architecture = architecture
+        self.layer = layer
+        self._chunked: Callable[..., torch.Tensor] | None = None
+        if architecture == "bert" and getattr(layer, "chunk_size_feed_forward", 0):
+            from transformers.pytorch_utils import apply_chunking_to_forward
+
+            self._chunked = apply_chunking_to_forward
+        self.eval()
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        if self.architecture == "llama":
+            # LlamaDecoderLayer / Qwen2DecoderLayer: residual = h; h = norm(h); h = mlp(h); h = residual + h
+            return a + layer.mlp(layer.post_attention_layernorm(a))
+        if self._chunked is not None:  # BertLayer.forward, feed-forward chunking on
+            return self._chunked(layer.feed_forward_chunk, layer.chunk_size_feed_forward, layer.seq_len_dim, a)
+        return layer.feed_forward_chunk(a)  # BertLayer: output(intermediate(a), a) = LayerNorm(dense(.) + a)
+
+
+def hf_mlp_block(architecture: str, layer: torch.nn.Module) -> torch.nn.Module:
+    """Layer ``layer``'s (a Hugging Face layer module) MLP block as a module of its own whose
+    ``forward(a)`` takes the post-attention state ``a`` and returns the layer's output, computed by
+    the layer's own submodules exactly as the layer's forward writes it (same operations, same
+    residual order): pre-norm Llama / Qwen2 ``a + mlp(post_attention_layernorm(a))``; post-LN BERT
+    ``feed_forward_chunk(a)`` = ``output(intermediate(a), a)`` = ``LayerNorm(dense(.) + a)``, chunked
+    where the layer chunks. The module shares the layer's parameters (nothing is copied); hooks on
+    those submodules fire when it runs (e.g. a checkpoint pre-hook on Llama's
+    ``post_attention_layernorm``), hooks on the layer itself do not."""
+    if architecture not in ("llama", "bert"):
+        raise ValidationError(f"no Hugging Face MLP block known for architecture {architecture!r}")
+    return _HFMLPBlock(architecture, layer)
 
 
 def find_module(root: torch.nn.Module, name: str) -> torch.nn.Module:
