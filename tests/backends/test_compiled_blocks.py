@@ -20,7 +20,7 @@ from debug_framework.backends import get_backend, register_backend, unregister_b
 from debug_framework.backends.inductor import InductorBackend
 from debug_framework.capture import CheckpointKey
 from debug_framework.comparison import compare
-from debug_framework.errors import BackendInitializationError
+from debug_framework.errors import BackendInitializationError, ConfigurationError
 from debug_framework.modelio import load_model
 from debug_framework.services.validation_engine import ValidationEngine
 
@@ -65,7 +65,7 @@ def _blocks_replay_the_layer(backend, model, inputs) -> list[dict]:
         metas += [own.meta, got.meta]
     with pytest.raises(BackendInitializationError, match="layer 9 does not exist"):
         backend.run_block(9, "mlp", shifted, inputs)
-    with pytest.raises(ValueError, match="unknown block 'ffn'"):
+    with pytest.raises(ConfigurationError, match="unknown block 'ffn'"):
         backend.run_block(0, "ffn", shifted, inputs)
     _close(ref[CheckpointKey("post_processing")], backend.run(inputs)[CheckpointKey("post_processing")],
            "the full model after the replays")
@@ -88,7 +88,7 @@ def _session_judges_mlp_on_the_reference(model_path, backend, tmp_path) -> None:
     assert len(rows) == n and all(r["introduced"]["input"] == "reference" for r in rows), rows
 
 
-@pytest.mark.parametrize("family", ["llama", "bert"])
+@pytest.mark.parametrize("family", ["bert"])  # Llama's MLP block under Inductor: the attention-bug test below
 def test_inductor_runs_the_mlp_block_alone(family, tiny_llama, tiny_bert, random_inputs, tmp_path):
     path = tiny_llama if family == "llama" else tiny_bert
     model = load_model(path)

@@ -14,6 +14,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from .layout import Parameters, WeightLayout, WeightSource
 from .xp import NUMPY, Array, ArrayNamespace
 
@@ -99,7 +100,7 @@ class Model:
             return ("post_attention", i), self.attention_block(i, x, attention_mask)
         if block == "mlp":
             return ("post_mlp", i), self.mlp_block(i, x)
-        raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        raise ConfigurationError(f"unknown block {block!r}", hint="use 'attention' or 'mlp'")
 
     def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
         """Layer i on its input ``h``: (post_attention, post_mlp), one block after the other."""

@@ -68,6 +68,21 @@ class BlockReplayBackend(Backend, Protocol):
 BLOCKS: dict[str, str] = {"attention": "post_attention", "mlp": "post_mlp"}
 
 
+def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: Any, inputs: ModelInputs,
+                             block: str) -> Capture | None:
+    """``run_block`` for a backend whose attention block is its layer replay's first half: for
+    ``"attention"``, :meth:`run_layer` keeping only ``post_attention:i``; None for ``"mlp"`` (the
+    backend's own business); ConfigurationError (DF005) for another block name."""
+    if block == "mlp":
+        return None
+    if block != "attention":
+        raise ConfigurationError(f"unknown block {block!r}", hint=f"use one of {', '.join(BLOCKS)}")
+    cap = backend.run_layer(i, hidden_in, inputs)
+    key = CheckpointKey("post_attention", i)
+    return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=cap.backend,
+                   dtype=cap.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
+
+
 def block_replay_support(backend: Backend) -> tuple[bool, str]:
     """``(True, "")`` when ``backend`` (prepared) can run a layer's MLP block alone on a given
     post-attention state, else ``(False, why)``. A backend whose support depends on what it wraps

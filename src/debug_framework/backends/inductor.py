@@ -32,7 +32,7 @@ from ._graph_capture import (
     replay_arguments,
 )
 from ._user_function import is_function_spec, load_user_function
-from .base import BaseBackend, Taps
+from .base import BaseBackend, Taps, attention_block_of_layer
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, torch_device_info
 
@@ -219,13 +219,9 @@ class InductorBackend(BaseBackend):
         the capture holds ``post_mlp:i``. ``inputs`` is not read: the MLP block sees no mask or
         position. ``"attention"``: :meth:`run_layer` on the layer's input, its ``post_attention:i``.
         """
-        if block == "attention":
-            cap = self.run_layer(i, hidden_in, inputs)
-            key = CheckpointKey("post_attention", i)
-            return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=self.name,
-                           dtype=self.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
-        if block != "mlp":
-            raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        attention = attention_block_of_layer(self, i, hidden_in, inputs, block)
+        if attention is not None:
+            return attention
         model = self._prepared()
         check_layer_index(model, i, self.name)
         first = i not in self._mlp_fns

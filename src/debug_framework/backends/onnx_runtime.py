@@ -41,7 +41,7 @@ from ._graph_capture import (
 )
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
-from .base import BaseBackend, Taps, cpu_name
+from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
 from .pytorch import build_hf_model
 
 __all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS", "LAYER_REPLAYS"]
@@ -378,13 +378,9 @@ class OnnxRuntimeBackend(BaseBackend):
         Raises:
             BackendInitializationError: the export cannot be cut so (DF002).
         """
-        if block == "attention":
-            cap = self.run_layer(i, hidden_in, inputs)
-            key = CheckpointKey("post_attention", i)
-            return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=self.name,
-                           dtype=self.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
-        if block != "mlp":
-            raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        attention = attention_block_of_layer(self, i, hidden_in, inputs, block)
+        if attention is not None:
+            return attention
         check_layer_index(self._prepared(), i, self.name)
         ok, why = self.can_run_block()
         if not ok:

@@ -17,7 +17,7 @@ from ..errors import BackendInitializationError
 from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
 
 __all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
 
@@ -162,13 +162,9 @@ class TorchModuleBackend(BaseBackend):
         ``"mlp"`` the layer is entered with the attention block's result set to ``hidden_in`` (the
         post-attention state, see :func:`~debug_framework.capture.hooks.hf_attention_seam`) and
         stopped after the layer; ``"attention"`` is :meth:`run_layer`'s post_attention."""
-        if block == "attention":
-            cap = self.run_layer(i, hidden_in, inputs)
-            key = CheckpointKey("post_attention", i)
-            return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=self.name,
-                           dtype=self.dtype, elapsed_s=cap.elapsed_s)
-        if block != "mlp":
-            raise ValueError(f"unknown block {block!r}: use 'attention' or 'mlp'")
+        attention = attention_block_of_layer(self, i, hidden_in, inputs, block)
+        if attention is not None:
+            return attention
         self._prepared()
         ok, why = self.can_run_block()
         if not ok or self.architecture is None:
