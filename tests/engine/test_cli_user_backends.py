@@ -88,7 +88,7 @@ def test_backend_file_and_module_register_and_validate(tiny_llama, tmp_path, mon
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "cli_module_llama (float32) vs python_reference" in out
     # --verbose prints the isolation table it promises: one row per layer, introduced vs carried in
-    assert "isolation: each layer replayed alone" in out and "attention introduces" in out
+    assert "isolation: each block alone on the reference" in out and "attention introduces" in out
     assert out.count("propagates") == 6
 
 
