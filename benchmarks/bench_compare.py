@@ -85,11 +85,12 @@ def _kernel_state_mib() -> float:
     import numba
 
     from debug_framework.comparison import _kernel as K
+    from debug_framework.comparison._state import HIST_BUCKETS, TOTALS
 
     threads = numba.get_num_threads()
-    per_pass = K._NSUB * (K.HIST_BUCKETS + 1) * 4 + K._BLOCK * 2  # one range pass at a time per thread
-    partial = K.HIST_BUCKETS * 8 + (K.NF + K.NI + 1) * 8 + 3 * 8 * 8  # per thread (k = 8)
-    return (threads * (per_pass + partial) + K.HIST_BUCKETS * 8) / 2**20
+    per_pass = K._NSUB * (HIST_BUCKETS + 1) * 4 + K._BLOCK * 2  # one range pass at a time per thread
+    partial = HIST_BUCKETS * 8 + TOTALS.itemsize + 3 * 8 * 8  # per thread (k = 8)
+    return (threads * (per_pass + partial) + HIST_BUCKETS * 8) / 2**20
 
 
 if __name__ == "__main__":

@@ -4,11 +4,15 @@ large enough to be split over threads (one vectorised arithmetic pass per block,
 
 from __future__ import annotations
 
+import inspect
+
 import numba
 import numpy as np
 import pytest
 
 from debug_framework.comparison import _kernel as K
+from debug_framework.comparison._state import (HIST_BUCKETS, HIST_SHIFT, KernelParams, KernelState, new_state,
+                                               read_totals)
 
 N = 3 * (1 << 17) + 12345  # several parts per thread, and a ragged last block
 RTOL, ATOL, GROSS = 1e-4, 1e-6, 10.0
@@ -36,7 +40,7 @@ def _ulp_reference(a: np.ndarray, r: np.ndarray, fin: np.ndarray) -> int:
 @pytest.mark.parametrize(("dtype", "with_ulp"), [(np.float32, True), (np.float64, True), (np.float32, False)])
 def test_parallel_kernel_state_matches_numpy(dtype, with_ulp):
     a, r = _inputs(dtype, 7)
-    state = K.new_state(5)
+    state = new_state(5)
     if with_ulp:
         ibits = np.int32 if dtype is np.float32 else np.int64
         ai, ri, mask = a.view(ibits), r.view(ibits), (1 << (a.dtype.itemsize * 8 - 1)) - 1
@@ -45,9 +49,10 @@ def test_parallel_kernel_state_matches_numpy(dtype, with_ulp):
     eps = float(np.finfo(dtype).eps)
     errs = np.full(N, -1.0) if with_ulp else None  # the exact-quantile buffer (or none)
     with numba.parallel_chunksize(1):
-        K.accumulate(a, r, ai, ri, np.int64(mask), np.int64(100), RTOL, ATOL, GROSS, eps, False, *state,
-                     errs, K.num_threads())
-    fs, cnt, hist, ulp, tv, ti, nfi = state
+        params = KernelParams(ulp_mask=mask, rtol=RTOL, atol=ATOL, gross_factor=GROSS, rel_eps=eps, equal_nan=False)
+        K.accumulate(a, r, ai, ri, np.int64(100), *params, *state, errs, K.num_threads())
+    tot = read_totals(state)
+    hist, tv, ti, nfi = state.hist, state.worst_errors, state.worst_indices, state.nonfinite_mismatch_indices
 
     x, y = a.astype(np.float64), r.astype(np.float64)
     fin = np.isfinite(x) & np.isfinite(y)
@@ -58,27 +63,28 @@ def test_parallel_kernel_state_matches_numpy(dtype, with_ulp):
     nonfinite = np.flatnonzero(~fin)
     bad = [i for i in nonfinite if not (x[i] == y[i])]  # equal_nan=False: NaN never matches
 
-    assert cnt[K.I_FINITE] == fin.sum()
-    assert cnt[K.I_MISMATCH] == (ad > bound).sum() + len(bad)
-    assert cnt[K.I_GROSS] == (ad > GROSS * bound).sum() + len(bad)
-    assert cnt[K.I_NAN_A] == 1 and cnt[K.I_NAN_R] == 1
-    assert cnt[K.I_POSINF_R] == 1 and cnt[K.I_NEGINF_A] == 1 and cnt[K.I_NEGINF_R] == 1
-    assert cnt[K.I_FIRST_NONFINITE] == 100 + nonfinite[0]
-    assert cnt[K.I_NONFINITE_MISMATCH] == len(bad)
+    assert tot.finite_count == fin.sum()
+    assert tot.mismatch_count == (ad > bound).sum() + len(bad)
+    assert tot.gross_mismatch_count == (ad > GROSS * bound).sum() + len(bad)
+    assert tot.nan_count_alt == 1 and tot.nan_count_ref == 1
+    assert tot.posinf_count_ref == 1 and tot.neginf_count_alt == 1 and tot.neginf_count_ref == 1
+    assert tot.posinf_count_alt == 0
+    assert tot.first_nonfinite_index == 100 + nonfinite[0]
+    assert tot.nonfinite_mismatch_count == len(bad)
     assert sorted(nfi[nfi >= 0]) == [100 + i for i in bad][: nfi.shape[0]]
     np.testing.assert_allclose(
-        fs[[K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR, K.F_SUM_REL]],
+        [tot.sum_abs_error, tot.sum_sq_error, tot.sum_sq_ref, tot.sum_sq_alt, tot.sum_alt_ref, tot.sum_rel_error],
         [ad.sum(), (ad * ad).sum(), (yf * yf).sum(), (xf * xf).sum(), (xf * yf).sum(), rel.sum()],
         rtol=1e-10,
     )
-    assert fs[K.F_MAX_REL] == rel.max()  # the same IEEE division, so bit-identical
-    keys = ad.view(np.int64) >> K.HIST_SHIFT
-    np.testing.assert_array_equal(hist, np.bincount(keys, minlength=K.HIST_BUCKETS))
+    assert tot.max_rel_error == rel.max()  # the same IEEE division, so bit-identical
+    keys = ad.view(np.int64) >> HIST_SHIFT
+    np.testing.assert_array_equal(hist, np.bincount(keys, minlength=HIST_BUCKETS))
     order = np.argsort(-ad, kind="stable")[:5]
     flat = np.flatnonzero(fin)[order] + 100
     assert sorted(zip(-tv, ti, strict=True)) == sorted(zip(-ad[order], flat, strict=True))
     assert ti[np.argmax(tv)] == 100 + N - 1
-    assert ulp[0] == (_ulp_reference(a, r, fin) if with_ulp else 0)
+    assert tot.max_ulp_error == (_ulp_reference(a, r, fin) if with_ulp else 0)
     if errs is not None:  # every pair's error, +inf where a side is not finite
         np.testing.assert_array_equal(errs[fin], ad)
         assert np.isposinf(errs[~fin]).all()
@@ -108,3 +114,14 @@ def test_exact_quantiles_at_the_limit_equal_numpy(spread):
     assert res.quantiles_exact
     assert res.median_abs_error == float(np.quantile(ad, 0.5))
     assert res.p99_abs_error == float(np.quantile(ad, 0.99))
+
+
+@pytest.mark.parametrize("entry", ["accumulate", "accumulate_serial"])
+def test_entry_points_take_the_records_fields_in_order(entry):
+    """The kernels' entry points take a KernelParams's then a KernelState's fields, by the same names
+    and in the same order (``fold`` passes ``*params, *state``): a renamed or reordered field fails here."""
+    names = list(inspect.signature(getattr(K, entry).py_func).parameters)
+    fields = [*KernelParams._fields, *KernelState._fields]
+    start = names.index("base") + 1
+    assert names[start:start + len(fields)] == fields
+    assert names[start + len(fields)] == "errs"

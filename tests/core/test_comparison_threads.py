@@ -16,6 +16,10 @@ import pytest
 
 from debug_framework.comparison import _kernel as K
 from debug_framework.comparison import compare
+from debug_framework.comparison._state import KernelParams, new_state
+
+PARAMS = KernelParams(ulp_mask=0x7FFFFFFF, rtol=1e-4, atol=1e-5, gross_factor=10.0,
+                      rel_eps=float(np.finfo(np.float32).eps), equal_nan=False)
 
 
 def _pair(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -28,9 +32,8 @@ def _pair(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fold(kernel, a, r, base, *extra):
-    state = K.new_state(5)
-    kernel(a, r, a.view(np.int32), r.view(np.int32), np.int64(0x7FFFFFFF), np.int64(base), 1e-4, 1e-5, 10.0,
-           float(np.finfo(np.float32).eps), False, *state, *extra)
+    state = new_state(5)
+    kernel(a, r, a.view(np.int32), r.view(np.int32), np.int64(base), *PARAMS, *state, *extra)
     return state
 
 
@@ -51,8 +54,7 @@ def test_fold_takes_the_serial_path_below_two_parts_only(monkeypatch):
     monkeypatch.setattr(K, "accumulate_serial", lambda *args: calls.append(args[0].shape[0]) or real(*args))
     for n in (100, 2 * (1 << 16) - 1, 2 * (1 << 16)):
         a, r = _pair(n, 0)
-        K.fold(a, r, a.view(np.int32), r.view(np.int32), np.int64(0x7FFFFFFF), np.int64(0), 1e-4, 1e-5, 10.0,
-               1e-7, False, K.new_state(5))
+        K.fold(a, r, a.view(np.int32), r.view(np.int32), np.int64(0), PARAMS, new_state(5))
     assert calls == [100, 2 * (1 << 16) - 1]
 
 

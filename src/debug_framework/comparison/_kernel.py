@@ -8,14 +8,15 @@ integer maxima of bit patterns, histogram keys stored as uint16), assuming every
 redone with checks when the block's sum says otherwise; the histogram scatter, the top-k update
 (rarely needed) and the non-finite path then re-read the block from L1, not RAM.
 
-Extra memory is O(threads x (histogram + k)), independent of the input size.
+Extra memory is O(threads x (histogram + k)), independent of the input size. The state and the
+comparison's constants are named records (``_state.KernelState``, ``_state.KernelParams``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -24,30 +25,7 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic, overload
 
-# --- state layout -------------------------------------------------------------------------------
-# float64 sums / maxima
-F_SUM_AD, F_SUM_D2, F_SUM_R2, F_SUM_A2, F_SUM_AR, F_SUM_REL, F_MAX_REL = range(7)
-NF = 7
-# int64 counts
-(
-    I_FINITE,  # pairs where both sides are finite (the population of the error statistics)
-    I_MISMATCH,  # pairs outside atol + rtol*|ref| (non-finite mismatches included)
-    I_GROSS,  # pairs outside outlier_factor * (atol + rtol*|ref|) (non-finite mismatches included)
-    I_NAN_A,
-    I_NAN_R,
-    I_POSINF_A,
-    I_NEGINF_A,
-    I_POSINF_R,
-    I_NEGINF_R,
-    I_FIRST_NONFINITE,  # flat index, or -1
-    I_NONFINITE_MISMATCH,
-) = range(11)
-NI = 11
-
-#: Histogram buckets: the top 16 bits of a non-negative float64 (11 exponent bits + 4 mantissa bits),
-#: i.e. log-spaced buckets of relative width 1/16.
-HIST_SHIFT = 48
-HIST_BUCKETS = 1 << 15
+from ._state import HIST_BUCKETS, HIST_SHIFT, TOTALS, KernelParams, KernelState
 
 _BLOCK = 2048
 _MIN_PER_THREAD = 1 << 16
@@ -181,6 +159,22 @@ def _fma(typingctx, x, y, z):
     return types.float64(types.float64, types.float64, types.float64), codegen
 
 
+class _BlockTotals(NamedTuple):
+    """What :func:`_block_pass` returns for one block."""
+
+    sum_abs_error: float
+    sum_sq_error: float
+    sum_sq_ref: float
+    sum_sq_alt: float
+    sum_alt_ref: float
+    sum_rel_error: float
+    mismatch_count: int
+    gross_mismatch_count: int
+    max_rel_bits: int  # bit pattern of the max relative error
+    max_abs_bits: int  # bit pattern of the max absolute error
+    max_ulp_error: Any  # uint32 or uint64 (see _ulp_zero)
+
+
 @_cached_njit(fastmath={"reassoc"}, error_model="numpy")
 def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, careful):
     """The arithmetic of one block, branch-free so it vectorises: its sums, counts and maxima (as
@@ -228,23 +222,33 @@ def _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, ke
         if ai is not None:  # resolved at compile time: None means no ULP
             u = _ulp_dist(ai[u0 + j], ri[u0 + j], mask, fin)
             m_ulp = u if u > m_ulp else m_ulp
-    # the sums in the state's order (F_SUM_AD .. F_SUM_REL)
-    return (s_ad, s_d2, s_r2, s_a2, s_ar, s_rel), n_mis, n_gross, m_rel_bits, m_ad_bits, m_ulp
+    return _BlockTotals(s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, n_mis, n_gross, m_rel_bits, m_ad_bits, m_ulp)
 
 
 @_cached_njit(fastmath={"reassoc"}, error_model="numpy")
-def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                fs, cnt, hist, ulp, tv, ti, nfi, errs):
+def _range_pass(a, r, ai, ri, lo, hi, base, params, state, errs):
+    """Fold ``a[lo:hi]``/``r[lo:hi]`` (flat indices from ``base``) into ``state``, one thread's partial
+    state (``totals`` of shape (1,)), under the comparison's ``params`` (a :class:`KernelParams`)."""
+    # the comparison's constants by name, passed on to the block pass (the hot loop) as plain scalars
+    mask = params.ulp_mask
+    rtol = params.rtol
+    atol = params.atol
+    gross_factor = params.gross_factor
+    rel_eps = params.rel_eps
+    tot = state.totals[0]
+    worst_errors = state.worst_errors
+    worst_indices = state.worst_indices
+    nonfinite_mismatch_indices = state.nonfinite_mismatch_indices
     # Indices are unsigned throughout: numba then skips its negative-index wrap-around check,
     # which otherwise stops LLVM from vectorising the loops.
     keys = np.empty(_BLOCK, np.uint16)
     h = np.zeros((_NSUB, HIST_BUCKETS + 1), np.uint32)  # last bucket: non-finite (discarded)
-    thr = tv[0]
-    for j in range(1, tv.shape[0]):
-        if tv[j] < thr:
-            thr = tv[j]
+    thr = worst_errors[0]
+    for j in range(1, worst_errors.shape[0]):
+        if worst_errors[j] < thr:
+            thr = worst_errors[j]
     thr_bits = _bits(thr)
-    m_rel_bits = _bits(fs[F_MAX_REL])
+    m_rel_bits = _bits(tot.max_rel_error)
     m_ulp = _ulp_zero(ai)
     n_nonfinite = 0
     n_mis = 0
@@ -256,16 +260,19 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
         # One arithmetic pass over the block, optimistic: it assumes every pair is finite. A non-finite
         # pair (or an overflow) makes the block's sum of errors non-finite; the block is then done
         # again with the finiteness checks, which cost about a fifth of the pass.
-        res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, False)
-        if not res[0][F_SUM_AD] - res[0][F_SUM_AD] == 0.0:
-            res = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, True)
-        sums, b_mis, b_gross, b_rel_bits, b_max_ad, b_ulp = res
-        for k in range(F_SUM_REL + 1):
-            fs[k] += sums[k]
-        n_mis += b_mis
-        n_gross += b_gross
-        m_rel_bits = max(m_rel_bits, b_rel_bits)
-        m_ulp = max(m_ulp, b_ulp)
+        blk = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, False)
+        if not blk.sum_abs_error - blk.sum_abs_error == 0.0:
+            blk = _block_pass(a, r, ai, ri, mask, u0, m, rtol, atol, gross_factor, rel_eps, keys, errs, True)
+        tot.sum_abs_error += blk.sum_abs_error
+        tot.sum_sq_error += blk.sum_sq_error
+        tot.sum_sq_ref += blk.sum_sq_ref
+        tot.sum_sq_alt += blk.sum_sq_alt
+        tot.sum_alt_ref += blk.sum_alt_ref
+        tot.sum_rel_error += blk.sum_rel_error
+        n_mis += blk.mismatch_count
+        n_gross += blk.gross_mismatch_count
+        m_rel_bits = max(m_rel_bits, blk.max_rel_bits)
+        m_ulp = max(m_ulp, blk.max_ulp_error)
         # histogram of the block's absolute errors: a tight scatter into interleaved
         # sub-histograms (repeated hits on one bucket would otherwise serialise on
         # store-to-load forwarding)
@@ -281,7 +288,7 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
         # k worst finite elements (the first of them is the max absolute error), recomputed from
         # the block's inputs (still in cache) only when the block's max beats the current k-th
         # worst: after warm-up, hardly ever
-        if b_max_ad > thr_bits or thr < 0.0:
+        if blk.max_abs_bits > thr_bits or thr < 0.0:
             for jj in range(m):
                 j = np.uint64(jj)
                 x = np.float64(a[u0 + j])
@@ -289,7 +296,7 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
                 if (x - x == 0.0) and (y - y == 0.0):
                     ad = abs(x - y)
                     if ad > thr:
-                        thr = _topk_insert(tv, ti, ad, base + i0 + jj)
+                        thr = _topk_insert(worst_errors, worst_indices, ad, base + i0 + jj)
             thr_bits = _bits(thr)
         # rare path: non-finite pairs (their key is the histogram's last bucket)
         nf = np.int64(h[0, HIST_BUCKETS])
@@ -306,24 +313,24 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
                 xa = x != x
                 yr = y != y
                 if xa:
-                    cnt[I_NAN_A] += 1
+                    tot.nan_count_alt += 1
                 elif x - x != 0.0:
                     if x > 0:
-                        cnt[I_POSINF_A] += 1
+                        tot.posinf_count_alt += 1
                     else:
-                        cnt[I_NEGINF_A] += 1
+                        tot.neginf_count_alt += 1
                 if yr:
-                    cnt[I_NAN_R] += 1
+                    tot.nan_count_ref += 1
                 elif y - y != 0.0:
                     if y > 0:
-                        cnt[I_POSINF_R] += 1
+                        tot.posinf_count_ref += 1
                     else:
-                        cnt[I_NEGINF_R] += 1
+                        tot.neginf_count_ref += 1
                 flat = base + i0 + jj
-                if cnt[I_FIRST_NONFINITE] < 0 or flat < cnt[I_FIRST_NONFINITE]:
-                    cnt[I_FIRST_NONFINITE] = flat
+                if tot.first_nonfinite_index < 0 or flat < tot.first_nonfinite_index:
+                    tot.first_nonfinite_index = flat
                 if xa and yr:
-                    match = equal_nan
+                    match = params.equal_nan
                 elif (not xa) and (not yr) and x == y:
                     match = True
                 else:
@@ -332,115 +339,145 @@ def _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_
                     n_mis += 1
                     n_gross += 1
                     # keep the k smallest flat indices (parts may arrive in any order)
-                    c = cnt[I_NONFINITE_MISMATCH]
-                    if c < nfi.shape[0]:
-                        nfi[c] = flat
+                    c = tot.nonfinite_mismatch_count
+                    if c < nonfinite_mismatch_indices.shape[0]:
+                        nonfinite_mismatch_indices[c] = flat
                     else:
                         pos = 0
-                        for q in range(1, nfi.shape[0]):
-                            if nfi[q] > nfi[pos]:
+                        for q in range(1, nonfinite_mismatch_indices.shape[0]):
+                            if nonfinite_mismatch_indices[q] > nonfinite_mismatch_indices[pos]:
                                 pos = q
-                        if flat < nfi[pos]:
-                            nfi[pos] = flat
-                    cnt[I_NONFINITE_MISMATCH] = c + 1
+                        if flat < nonfinite_mismatch_indices[pos]:
+                            nonfinite_mismatch_indices[pos] = flat
+                    tot.nonfinite_mismatch_count = c + 1
         i0 += m
-    fs[F_MAX_REL] = _from_bits(m_rel_bits)
-    ulp[0] = max(ulp[0], np.uint64(m_ulp))
+    tot.max_rel_error = _from_bits(m_rel_bits)
+    tot.max_ulp_error = max(tot.max_ulp_error, np.uint64(m_ulp))
+    hist = state.hist
     for b in range(HIST_BUCKETS):
         c = np.int64(h[0, b])
         for s in range(1, _NSUB):
             c += np.int64(h[s, b])
         hist[b] += c
-    cnt[I_FINITE] += (hi - lo) - n_nonfinite
-    cnt[I_MISMATCH] += n_mis
-    cnt[I_GROSS] += n_gross
+    tot.finite_count += (hi - lo) - n_nonfinite
+    tot.mismatch_count += n_mis
+    tot.gross_mismatch_count += n_gross
 
 
 @_cached_njit()
-def _partials(nt, fs, tv, nfi):
-    """Empty partial states for ``nt`` workers (first axis), in the order ``_range_pass`` takes them."""
-    k = tv.shape[0]
-    pfs = np.zeros((nt, NF), np.float64)
-    pcnt = np.zeros((nt, NI), np.int64)
-    phist = np.zeros((nt, HIST_BUCKETS), np.int64)
-    pulp = np.zeros((nt, 1), np.uint64)
-    ptv = np.full((nt, k), -1.0)
-    pti = np.full((nt, k), -1, np.int64)
-    pnfi = np.full((nt, nfi.shape[0]), -1, np.int64)
+def _partials(nt, state):
+    """Empty partial states for ``nt`` workers (first axis of each field), as :func:`_range_pass`
+    takes them (each worker's max relative error starts at the state's)."""
+    k = state.worst_errors.shape[0]
+    totals = np.zeros(nt, TOTALS)
     for t in range(nt):
-        pcnt[t, I_FIRST_NONFINITE] = -1
-        pfs[t, F_MAX_REL] = fs[F_MAX_REL]
-    return pfs, pcnt, phist, pulp, ptv, pti, pnfi
+        totals[t].first_nonfinite_index = -1
+        totals[t].max_rel_error = state.totals[0].max_rel_error
+    return KernelState(
+        totals,
+        np.zeros((nt, HIST_BUCKETS), np.int64),
+        np.full((nt, k), -1.0),
+        np.full((nt, k), -1, np.int64),
+        np.full((nt, state.nonfinite_mismatch_indices.shape[0]), -1, np.int64),
+    )
+
+
+# The two entry points take the comparison's constants and the state as plain arguments, the fields
+# of a KernelParams then of a KernelState in their order (numba types plain arguments in C, named
+# tuples in Python: several microseconds a call), and name them again at once; only :func:`fold`
+# calls them, unpacking both records in that one place.
 
 
 @_cached_njit(parallel=True, error_model="numpy")
-def accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-               fs, cnt, hist, ulp, tv, ti, nfi, errs, nthreads):
-    """Fold the pair (a, r) (flat, same length) into the state arrays.
+def accumulate(a, r, ai, ri, base, ulp_mask, rtol, atol, gross_factor, rel_eps, equal_nan,
+               totals, hist, worst_errors, worst_indices, nonfinite_mismatch_indices, errs, nthreads):
+    """Fold the pair (a, r) (flat, same length) into the state (a :class:`KernelState`'s fields)
+    under the comparison's constants (a :class:`KernelParams`'s fields).
 
-    ``ai``/``ri`` are integer views of the values in the dtype whose ULPs are measured (``mask`` is
-    that dtype's magnitude mask), or both None for no ULP. ``base`` is the flat index of ``a[0]``.
+    ``ai``/``ri`` are integer views of the values in the dtype whose ULPs are measured (``ulp_mask``
+    is that dtype's magnitude mask), or both None for no ULP. ``base`` is the flat index of ``a[0]``.
     ``errs`` is None, or a float64 array as long as ``a`` that receives each pair's absolute error
     (+inf where a side is not finite), for exact quantiles (:func:`exact_order_statistics`).
     """
+    state = KernelState(totals, hist, worst_errors, worst_indices, nonfinite_mismatch_indices)
     n = a.shape[0]
     # Work is cut into parts handed out dynamically (the caller sets chunk size 1), so one thread
     # stalled by another process does not hold the others up; partial state is per worker thread.
     parts = max(1, min(nthreads * _PARTS_PER_THREAD, n // _MIN_PER_THREAD), (n + _MAX_PART - 1) // _MAX_PART)
-    pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(nthreads, fs, tv, nfi)
+    partials = _partials(nthreads, state)
+    # numba's parallel loop reads plain variables only: no named tuple built outside it
+    p_totals, p_hist, p_worst_errors, p_worst_indices, p_nonfinite = partials
     for p in prange(parts):
         t = numba.get_thread_id()
         lo = n * p // parts
         hi = n * (p + 1) // parts
-        _range_pass(a, r, ai, ri, mask, lo, hi, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                    pfs[t], pcnt[t], phist[t], pulp[t], ptv[t], pti[t], pnfi[t], errs)
-    _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
+        _range_pass(a, r, ai, ri, lo, hi, base, KernelParams(ulp_mask, rtol, atol, gross_factor, rel_eps, equal_nan),
+                    KernelState(p_totals[t:t + 1], p_hist[t], p_worst_errors[t], p_worst_indices[t], p_nonfinite[t]),
+                    errs)
+    _merge(state, partials)
 
 
 @_cached_njit(error_model="numpy")
-def accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                      fs, cnt, hist, ulp, tv, ti, nfi, errs):
+def accumulate_serial(a, r, ai, ri, base, ulp_mask, rtol, atol, gross_factor, rel_eps, equal_nan,
+                      totals, hist, worst_errors, worst_indices, nonfinite_mismatch_indices, errs):
     """:func:`accumulate` in the calling thread, for inputs too small to split (one part): the
     same pass over the same single range, so the same state, without a parallel launch."""
     if a.shape[0] > _MAX_PART:
         raise ValueError("accumulate_serial takes at most 2**31 elements; use accumulate")
-    pfs, pcnt, phist, pulp, ptv, pti, pnfi = _partials(1, fs, tv, nfi)
-    _range_pass(a, r, ai, ri, mask, 0, a.shape[0], base, rtol, atol, gross_factor, rel_eps, equal_nan,
-                pfs[0], pcnt[0], phist[0], pulp[0], ptv[0], pti[0], pnfi[0], errs)
-    _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi)
+    params = KernelParams(ulp_mask, rtol, atol, gross_factor, rel_eps, equal_nan)
+    state = KernelState(totals, hist, worst_errors, worst_indices, nonfinite_mismatch_indices)
+    partials = _partials(1, state)
+    mine = KernelState(partials.totals[0:1], partials.hist[0], partials.worst_errors[0],
+                       partials.worst_indices[0], partials.nonfinite_mismatch_indices[0])
+    _range_pass(a, r, ai, ri, 0, a.shape[0], base, params, mine, errs)
+    _merge(state, partials)
 
 
 @_cached_njit(error_model="numpy")
-def _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pnfi):
-    """Fold the per-thread partial states (first axis) into the state."""
-    nt = pfs.shape[0]
-    k = tv.shape[0]
+def _merge(state, partials):
+    """Fold the per-thread partial states (first axis of each field) into ``state``."""
+    tot = state.totals[0]
+    worst_errors = state.worst_errors
+    nt = partials.totals.shape[0]
+    k = worst_errors.shape[0]
     for t in range(nt):
-        for f in (F_SUM_AD, F_SUM_D2, F_SUM_R2, F_SUM_A2, F_SUM_AR, F_SUM_REL):
-            fs[f] += pfs[t, f]
-        if pulp[t, 0] > ulp[0]:
-            ulp[0] = pulp[t, 0]
-        for f in (F_MAX_REL,):
-            if pfs[t, f] > fs[f]:
-                fs[f] = pfs[t, f]
-        for c in range(NI):
-            if c == I_FIRST_NONFINITE:
-                v = pcnt[t, c]
-                if v >= 0 and (cnt[c] < 0 or v < cnt[c]):
-                    cnt[c] = v
-            else:
-                cnt[c] += pcnt[t, c]
+        p = partials.totals[t]
+        tot.sum_abs_error += p.sum_abs_error
+        tot.sum_sq_error += p.sum_sq_error
+        tot.sum_sq_ref += p.sum_sq_ref
+        tot.sum_sq_alt += p.sum_sq_alt
+        tot.sum_alt_ref += p.sum_alt_ref
+        tot.sum_rel_error += p.sum_rel_error
+        if p.max_ulp_error > tot.max_ulp_error:
+            tot.max_ulp_error = p.max_ulp_error
+        if p.max_rel_error > tot.max_rel_error:
+            tot.max_rel_error = p.max_rel_error
+        tot.finite_count += p.finite_count
+        tot.mismatch_count += p.mismatch_count
+        tot.gross_mismatch_count += p.gross_mismatch_count
+        tot.nan_count_alt += p.nan_count_alt
+        tot.nan_count_ref += p.nan_count_ref
+        tot.posinf_count_alt += p.posinf_count_alt
+        tot.neginf_count_alt += p.neginf_count_alt
+        tot.posinf_count_ref += p.posinf_count_ref
+        tot.neginf_count_ref += p.neginf_count_ref
+        v = p.first_nonfinite_index
+        if v >= 0 and (tot.first_nonfinite_index < 0 or v < tot.first_nonfinite_index):
+            tot.first_nonfinite_index = v
+        tot.nonfinite_mismatch_count += p.nonfinite_mismatch_count
         for b in range(HIST_BUCKETS):
-            hist[b] += phist[t, b]
+            state.hist[b] += partials.hist[t, b]
         # merge top-k
-        thr = tv[0]
+        thr = worst_errors[0]
         for j in range(1, k):
-            if tv[j] < thr:
-                thr = tv[j]
+            if worst_errors[j] < thr:
+                thr = worst_errors[j]
         for j in range(k):
-            if pti[t, j] >= 0 and ptv[t, j] > thr:
-                thr = _topk_insert(tv, ti, ptv[t, j], pti[t, j])
+            if partials.worst_indices[t, j] >= 0 and partials.worst_errors[t, j] > thr:
+                thr = _topk_insert(worst_errors, state.worst_indices, partials.worst_errors[t, j],
+                                   partials.worst_indices[t, j])
     # first non-finite mismatches: the smallest flat indices over all threads and earlier calls
+    nfi = state.nonfinite_mismatch_indices
     kk = nfi.shape[0]
     allv = np.empty(kk * (nt + 1), np.int64)
     na = 0
@@ -450,46 +487,35 @@ def _merge(fs, cnt, hist, ulp, tv, ti, nfi, pfs, pcnt, phist, pulp, ptv, pti, pn
             na += 1
     for t in range(nt):
         for j in range(kk):
-            if pnfi[t, j] >= 0:
-                allv[na] = pnfi[t, j]
+            if partials.nonfinite_mismatch_indices[t, j] >= 0:
+                allv[na] = partials.nonfinite_mismatch_indices[t, j]
                 na += 1
     srt = np.sort(allv[:na])
     for j in range(kk):
         nfi[j] = srt[j] if j < na else -1
 
 
-def new_state(k: int) -> tuple[np.ndarray, ...]:
-    fs = np.zeros(NF, np.float64)
-    cnt = np.zeros(NI, np.int64)
-    cnt[I_FIRST_NONFINITE] = -1
-    hist = np.zeros(HIST_BUCKETS, np.int64)
-    ulp = np.zeros(1, np.uint64)
-    tv = np.full(max(k, 1), -1.0)
-    ti = np.full(max(k, 1), -1, np.int64)
-    nfi = np.full(max(k, 1), -1, np.int64)
-    return fs, cnt, hist, ulp, tv, ti, nfi
-
-
 def num_threads() -> int:
     return int(numba.get_num_threads())
 
 
-def fold(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, state, errs=None) -> None:
+def fold(a: np.ndarray, r: np.ndarray, ai: np.ndarray | None, ri: np.ndarray | None, base: np.int64,
+         params: KernelParams, state: KernelState, errs: np.ndarray | None = None) -> None:
     """Python entry: :func:`accumulate` with dynamic scheduling over all numba threads; an input
     too small to split (one part) is folded in the calling thread instead, since launching the
     thread team costs far more than the pass (tens of ms on a loaded machine, or with many
     Python threads comparing at once, against microseconds)."""
     if a.shape[0] < 2 * _MIN_PER_THREAD:  # accumulate would make a single part
-        accumulate_serial(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, errs)
+        accumulate_serial(a, r, ai, ri, base, *params, *state, errs)
         return
     global _serialize_launches
     if _serialize_launches is False:
         with numba.parallel_chunksize(1):
-            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, errs, num_threads())
+            accumulate(a, r, ai, ri, base, *params, *state, errs, num_threads())
         return
     with _launch_lock:
         with numba.parallel_chunksize(1):
-            accumulate(a, r, ai, ri, mask, base, rtol, atol, gross_factor, rel_eps, equal_nan, *state, errs, num_threads())
+            accumulate(a, r, ai, ri, base, *params, *state, errs, num_threads())
         if _serialize_launches is None:
             _serialize_launches = numba.threading_layer() not in _THREADSAFE_LAYERS
 

@@ -2,8 +2,10 @@
 
 CPU tensors and NumPy arrays go through the fused numba kernel (``_kernel.accumulate``); tensors on
 another device (CUDA, MPS, ...) are compared where they live with the same algorithm written in
-torch ops (``_accumulate_torch``). Both fold chunks into the same small state, so extra memory is
-bounded by the chunk size whatever the input size.
+torch ops (``_accumulate_torch``). Both fold chunks into the same small state (``_state.KernelState``),
+so extra memory is bounded by the chunk size whatever the input size. What is decided once per
+comparison (engine, dtypes, chunk size, the tolerance as the kernels read it) is one frozen
+:class:`ComparePlan`, built before the pass and read whole by the pass, the finalisation and the verdict.
 
 Quantiles (median, p99) are exact up to ``exact_quantile_limit`` elements (the kernel keeps every
 error in one float64 buffer, 8 MiB at the default limit, and the histogram narrows the selection to
@@ -15,7 +17,8 @@ interpolated.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -24,6 +27,7 @@ import torch
 from ..errors import ComparisonError
 from . import _kernel as K
 from ._inputs import as_tensor, int_view_dtype, iter_flat_chunks, ulp_mask
+from ._state import HIST_BUCKETS, HIST_SHIFT, KernelParams, KernelState, new_state, read_totals
 from .result import ComparisonResult, WorstElement
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
 
@@ -84,8 +88,7 @@ def compare(
         max_mismatch_percent=max_mismatch_percent,
         outlier_factor=outlier_factor,
     )
-    top_k = max(0, int(top_k))
-    base = dict(
+    header: dict[str, Any] = dict(
         name=name,
         tolerance=tol,
         reference_shape=tuple(ref.shape),
@@ -100,9 +103,47 @@ def compare(
             reason=f"shape mismatch: reference {tuple(ref.shape)} vs alternative {tuple(alt.shape)}",
             shape_match=False,
             numel=ref.numel(),
-            **base,
+            **header,
         )
+    plan = _plan(ref, alt, governing, tol, header, engine=engine, top_k=top_k, check_dtype=check_dtype,
+                 chunk_elements=chunk_elements, exact_quantile_limit=exact_quantile_limit)
+    state = new_state(plan.top_k)
+    # numba's OpenMP threading layer sets the calling thread's OpenMP thread count, which torch
+    # shares (libgomp); put back what the caller had so a comparison never changes torch's threads.
+    torch_threads = torch.get_num_threads()
+    try:
+        return _run(ref, alt, plan, state)
+    finally:
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
 
+
+@dataclass(frozen=True)
+class ComparePlan:
+    """Everything ``compare`` decides once per comparison, before the pass; the pass, the
+    finalisation and the verdict read it whole."""
+
+    tolerance: Tolerance
+    engine: Literal["numba", "torch"]
+    device: torch.device  #: where the pass runs
+    compute_dtype: torch.dtype  #: what both sides are read as: float64 when either side is, or is not a float
+    ulp_dtype: torch.dtype | None  #: the less precise float dtype, whose ULPs are counted; None: no ULP
+    numel: int
+    exact_quantiles: bool  #: numel <= exact_quantile_limit: median and p99 exact, else from the histogram
+    exact_int_mismatch: bool  #: integers or bool at zero tolerance: mismatches counted by equality
+    chunk_elements: int  #: elements per streamed chunk (the whole input when read in place)
+    top_k: int
+    check_dtype: bool
+    kernel: KernelParams  #: the tolerance, ULP mask and relative-error floor as both engines' kernels read them
+    header: Mapping[str, Any]  #: the result's fields known before the pass (name, tolerance, shapes, dtypes)
+
+
+def _plan(ref: torch.Tensor, alt: torch.Tensor, governing: torch.dtype, tol: Tolerance, header: Mapping[str, Any], *,
+          engine: Engine, top_k: int, check_dtype: bool, chunk_elements: int | None,
+          exact_quantile_limit: int) -> ComparePlan:
+    """The plan of comparing ``alt`` with ``ref`` (same shape; ``governing`` is the less precise of
+    their dtypes) under ``tol``; raises ComparisonError (DF006) for an unknown engine or numba asked
+    for tensors off the CPU."""
     device = ref.device if ref.device.type != "cpu" else alt.device
     if engine == "auto":
         engine = "numba" if device.type == "cpu" else "torch"
@@ -114,17 +155,12 @@ def compare(
             hint="use engine='auto' or 'torch' to compare them where they live",
         )
     both_float = ref.dtype.is_floating_point and alt.dtype.is_floating_point
-    exact_ints = not both_float and tol.rtol == 0.0 and tol.atol == 0.0
     wide = torch.float64 in (ref.dtype, alt.dtype) or not both_float
     if engine == "torch" and device.type == "mps":
         wide = False  # MPS has no float64
     compute = torch.float64 if wide else torch.float32
     ulp_dtype = governing if both_float else None
-    mask = ulp_mask(ulp_dtype) if ulp_dtype is not None else 0
     n = ref.numel()
-    exact_q = n <= exact_quantile_limit
-    rel_eps = float(torch.finfo(governing).eps) if governing.is_floating_point else 1.0
-
     no_copy = (
         engine == "numba"
         and ref.dtype == alt.dtype == compute
@@ -132,52 +168,65 @@ def compare(
         and alt.is_contiguous()
     )
     chunk = n if (no_copy and chunk_elements is None) else (chunk_elements or DEFAULT_CHUNK_ELEMENTS)
-    chunk = max(1, chunk)
+    kernel = KernelParams(
+        ulp_mask=ulp_mask(ulp_dtype) if ulp_dtype is not None else 0,
+        rtol=float(tol.rtol),
+        atol=float(tol.atol),
+        gross_factor=float(tol.outlier_factor),
+        rel_eps=float(torch.finfo(governing).eps) if governing.is_floating_point else 1.0,
+        equal_nan=bool(tol.equal_nan),
+    )
+    return ComparePlan(
+        tolerance=tol,
+        engine=engine,
+        device=device,
+        compute_dtype=compute,
+        ulp_dtype=ulp_dtype,
+        numel=n,
+        exact_quantiles=n <= exact_quantile_limit,
+        exact_int_mismatch=not both_float and tol.rtol == 0.0 and tol.atol == 0.0,
+        chunk_elements=max(1, chunk),
+        top_k=max(0, int(top_k)),
+        check_dtype=check_dtype,
+        kernel=kernel,
+        header=header,
+    )
 
-    state = K.new_state(top_k)
-    # numba's OpenMP threading layer sets the calling thread's OpenMP thread count, which torch
-    # shares (libgomp); put back what the caller had so a comparison never changes torch's threads.
-    torch_threads = torch.get_num_threads()
-    try:
-        return _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps, chunk,
-                    exact_ints, tol, top_k, check_dtype, base, state)
-    finally:
-        if torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
 
-
-def _run(ref, alt, device, engine, compute, ulp_dtype, mask, n, exact_q, rel_eps, chunk, exact_ints,
-         tol, top_k, check_dtype, base, state) -> ComparisonResult:
+def _run(ref: torch.Tensor, alt: torch.Tensor, plan: ComparePlan, state: KernelState) -> ComparisonResult:
+    """Stream both tensors chunk by chunk through ``plan.engine`` into ``state``, then finalise."""
     # exact quantiles: the numba kernel writes every pair's error into one buffer (<= 8 MiB at the
     # default limit); the torch engine collects the finite errors chunk by chunk
-    errs: list[np.ndarray] | np.ndarray = np.empty(n if exact_q else 0, np.float64) if engine == "numba" else []
+    exact_q = plan.exact_quantiles
+    errs: list[np.ndarray] | np.ndarray = np.empty(plan.numel if exact_q else 0, np.float64) if plan.engine == "numba" else []
     exact_mismatch = 0
     offset = 0
+    chunk = plan.chunk_elements
     for rc, ac in zip(iter_flat_chunks(ref, chunk), iter_flat_chunks(alt, chunk), strict=True):
-        rc = rc.to(device)
-        ac = ac.to(device)
-        af, ai = _prepare(ac, compute, ulp_dtype)
-        rf, ri = _prepare(rc, compute, ulp_dtype)
-        if engine == "numba":
+        if plan.engine == "torch":  # the numba engine's chunks are on the CPU already
+            rc = rc.to(plan.device)
+            ac = ac.to(plan.device)
+        af, ai = _prepare(ac, plan.compute_dtype, plan.ulp_dtype)
+        rf, ri = _prepare(rc, plan.compute_dtype, plan.ulp_dtype)
+        if plan.engine == "numba":
             a_np, r_np = af.numpy(), rf.numpy()
             ai_np = ai.numpy() if ai is not None else None
             ri_np = ri.numpy() if ri is not None else None
-            K.fold(
-                a_np, r_np, ai_np, ri_np, np.int64(mask), np.int64(offset),
-                float(tol.rtol), float(tol.atol), float(tol.outlier_factor), rel_eps,
-                bool(tol.equal_nan), state, errs[offset:offset + a_np.shape[0]] if exact_q else None,
-            )
+            K.fold(a_np, r_np, ai_np, ri_np, np.int64(offset), plan.kernel, state,
+                   errs[offset:offset + a_np.shape[0]] if exact_q else None)
         else:
-            _accumulate_torch(state, af, rf, ai, ri, mask, offset, tol, rel_eps, errs if exact_q else None)
-        if exact_ints:
+            _accumulate_torch(state, af, rf, ai, ri, offset, plan.kernel, errs if exact_q else None)
+        if plan.exact_int_mismatch:
             exact_mismatch += int((rc != ac).sum().item())
         offset += rc.numel()
 
-    return _finalize(ref, alt, state, errs if exact_q else None, tol, n, ulp_dtype,
-                     exact_mismatch if exact_ints else None, check_dtype, top_k, base)
+    return _finalize(ref, alt, plan, state, errs if exact_q else None,
+                     exact_mismatch if plan.exact_int_mismatch else None)
 
 
-def _prepare(chunk: torch.Tensor, compute: torch.dtype, ulp_dtype: torch.dtype | None):
+def _prepare(chunk: torch.Tensor, compute: torch.dtype,
+             ulp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``chunk`` as ``compute`` values, and as integer views of its ``ulp_dtype`` bit patterns (or None)."""
     f = chunk if chunk.dtype == compute else chunk.to(compute)
     if ulp_dtype is None:
         return f, None
@@ -185,9 +234,11 @@ def _prepare(chunk: torch.Tensor, compute: torch.dtype, ulp_dtype: torch.dtype |
     return f, u.view(int_view_dtype(ulp_dtype))
 
 
-def _accumulate_torch(state, a, r, ai, ri, mask, offset, tol, rel_eps, errs) -> None:
+def _accumulate_torch(state: KernelState, a: torch.Tensor, r: torch.Tensor, ai: torch.Tensor | None,
+                      ri: torch.Tensor | None, offset: int, params: KernelParams,
+                      errs: list[np.ndarray] | None) -> None:
     """The kernel's algorithm in torch ops, for tensors on any device (one host sync per chunk)."""
-    fs, cnt, hist, ulp, tv, ti, nfi = state
+    tot = state.totals[0]  # a view: item assignments update the state
     # like the CPU kernel, subtract in float64 (exact for float32 inputs); MPS has no float64
     acc = torch.float32 if a.device.type == "mps" else torch.float64
     a, r = a.to(acc), r.to(acc)
@@ -197,28 +248,29 @@ def _accumulate_torch(state, a, r, ai, ri, mask, offset, tol, rel_eps, errs) -> 
     d = x - y
     ad = d.abs()
     ay = y.abs()
-    bound = tol.atol + tol.rtol * ay
-    rel = ad / ay.clamp_min(rel_eps)
-    scalars = torch.stack([
+    bound = params.atol + params.rtol * ay
+    rel = ad / ay.clamp_min(params.rel_eps)
+    sums = ("sum_abs_error", "sum_sq_error", "sum_sq_ref", "sum_sq_alt", "sum_alt_ref", "sum_rel_error")
+    scalars = dict(zip((*sums, "max_rel_error", "finite_count", "mismatch_count", "gross_mismatch_count"), torch.stack([
         ad.sum(dtype=acc), (d * d).sum(dtype=acc), (y * y).sum(dtype=acc), (x * x).sum(dtype=acc),
         (x * y).sum(dtype=acc), rel.sum(dtype=acc), rel.max() if rel.numel() else torch.zeros((), dtype=acc, device=a.device),
-        fin.sum().to(acc), (ad > bound).sum().to(acc), (ad > tol.outlier_factor * bound).sum().to(acc),
-    ]).tolist()
-    for i, f in enumerate((K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR, K.F_SUM_REL)):
-        fs[f] += scalars[i]
-    fs[K.F_MAX_REL] = max(fs[K.F_MAX_REL], scalars[6])
-    cnt[K.I_FINITE] += int(scalars[7])
-    cnt[K.I_MISMATCH] += int(scalars[8])
-    cnt[K.I_GROSS] += int(scalars[9])
-    if ai is not None and ai.numel():
+        fin.sum().to(acc), (ad > bound).sum().to(acc), (ad > params.gross_factor * bound).sum().to(acc),
+    ]).tolist(), strict=True))
+    for f in sums:
+        tot[f] += scalars[f]
+    tot["max_rel_error"] = max(tot["max_rel_error"], scalars["max_rel_error"])
+    for f in ("finite_count", "mismatch_count", "gross_mismatch_count"):
+        tot[f] += int(scalars[f])
+    if ai is not None and ri is not None and ai.numel():
         ia, ir = ai.to(torch.int64), ri.to(torch.int64)
-        ma, mr = ia & mask, ir & mask
+        ma, mr = ia & params.ulp_mask, ir & params.ulp_mask
         same = (ia < 0) == (ir < 0)
         u = torch.where(same, (ma - mr).abs().to(torch.float64), ma.to(torch.float64) + mr.to(torch.float64))
         u = torch.where(fin, u, 0)
-        ulp[0] = max(int(ulp[0]), int(u.max().item()))
-    keys = (ad.to(torch.float64).view(torch.int64) >> K.HIST_SHIFT)[fin]
-    hist += torch.bincount(keys, minlength=K.HIST_BUCKETS).cpu().numpy()
+        tot["max_ulp_error"] = max(int(tot["max_ulp_error"]), int(u.max().item()))
+    keys = (ad.to(torch.float64).view(torch.int64) >> HIST_SHIFT)[fin]
+    np.add(state.hist, torch.bincount(keys, minlength=HIST_BUCKETS).cpu().numpy(), out=state.hist)
+    tv, ti = state.worst_errors, state.worst_indices
     k = tv.shape[0]
     vals = torch.where(fin, ad, -1.0)
     kk = min(k, vals.numel())
@@ -239,31 +291,33 @@ def _accumulate_torch(state, a, r, ai, ri, mask, offset, tol, rel_eps, errs) -> 
             an.sum(), rn.sum(), (ainf & (a > 0)).sum(), (ainf & (a < 0)).sum(),
             (rinf & (r > 0)).sum(), (rinf & (r < 0)).sum(),
         ]).tolist()
-        for c, v in zip((K.I_NAN_A, K.I_NAN_R, K.I_POSINF_A, K.I_NEGINF_A, K.I_POSINF_R, K.I_NEGINF_R), counts, strict=True):
-            cnt[c] += int(v)
+        for f, v in zip(("nan_count_alt", "nan_count_ref", "posinf_count_alt", "neginf_count_alt",
+                         "posinf_count_ref", "neginf_count_ref"), counts, strict=True):
+            tot[f] += int(v)
         first = int(torch.nonzero(nf)[0].item()) + offset
-        if cnt[K.I_FIRST_NONFINITE] < 0:
-            cnt[K.I_FIRST_NONFINITE] = first
-        match = (an & rn) if tol.equal_nan else torch.zeros_like(an)
+        if tot["first_nonfinite_index"] < 0:
+            tot["first_nonfinite_index"] = first
+        match = (an & rn) if params.equal_nan else torch.zeros_like(an)
         match = match | (~an & ~rn & (a == r))
         bad = nf & ~match
         nbad = int(bad.sum().item())
-        cnt[K.I_MISMATCH] += nbad
-        cnt[K.I_GROSS] += nbad
+        tot["mismatch_count"] += nbad
+        tot["gross_mismatch_count"] += nbad
+        nfi = state.nonfinite_mismatch_indices
         if nbad:
             idx = torch.nonzero(bad).flatten()[: nfi.shape[0]].cpu().numpy() + offset
             have = nfi[nfi >= 0]
             merged = np.sort(np.concatenate([have, idx]))[: nfi.shape[0]]
             nfi[:] = -1
             nfi[: merged.shape[0]] = merged
-        cnt[K.I_NONFINITE_MISMATCH] += nbad
+        tot["nonfinite_mismatch_count"] += nbad
 
 
 def _bucket_mid(b: int) -> float:
     if b == 0:
         return 0.0
-    lo = np.array([b << K.HIST_SHIFT], np.int64).view(np.float64)[0]
-    hi = np.array([(b + 1) << K.HIST_SHIFT], np.int64).view(np.float64)[0]
+    lo = np.array([b << HIST_SHIFT], np.int64).view(np.float64)[0]
+    hi = np.array([(b + 1) << HIST_SHIFT], np.int64).view(np.float64)[0]
     return float((lo + hi) / 2)
 
 
@@ -301,19 +355,26 @@ def _linear_quantiles(m: int, qs: tuple[float, ...],
     return out
 
 
-def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dtype, top_k, base) -> ComparisonResult:
-    fs, cnt, hist, ulp, tv, ti, nfi = state
-    nfin = int(cnt[K.I_FINITE])
-    mismatch = int(cnt[K.I_MISMATCH]) if exact_mismatch is None else exact_mismatch
-    gross = int(cnt[K.I_GROSS]) if exact_mismatch is None else exact_mismatch
+def _finalize(ref: torch.Tensor, alt: torch.Tensor, plan: ComparePlan, state: KernelState,
+              errs: list[np.ndarray] | np.ndarray | None, exact_mismatch: int | None) -> ComparisonResult:
+    """The metrics, the worst elements and the verdict from the folded ``state``. ``errs``: every
+    pair's error (exact quantiles) or None; ``exact_mismatch``: the mismatches counted by equality
+    (``plan.exact_int_mismatch``), else None."""
+    tot = read_totals(state)
+    hist, tv, ti, nfi = state.hist, state.worst_errors, state.worst_indices, state.nonfinite_mismatch_indices
+    n = plan.numel
+    nfin = tot.finite_count
+    mismatch = tot.mismatch_count if exact_mismatch is None else exact_mismatch
+    gross = tot.gross_mismatch_count if exact_mismatch is None else exact_mismatch
     mismatch_pct = 100.0 * mismatch / n if n else 0.0
     valid = ti >= 0
-    order = np.argsort(-tv[valid], kind="stable")
-    fin_v, fin_i = tv[valid][order], ti[valid][order]
+    valid_v = tv[valid]
+    order = np.argsort(-valid_v, kind="stable")
+    fin_v, fin_i = valid_v[order], ti[valid][order]
 
     metrics: dict[str, Any] = {}
     if nfin:
-        s_ad, s_d2, s_r2, s_a2, s_ar = (float(fs[f]) for f in (K.F_SUM_AD, K.F_SUM_D2, K.F_SUM_R2, K.F_SUM_A2, K.F_SUM_AR))
+        s_ad, s_d2, s_r2, s_a2, s_ar = tot.sum_abs_error, tot.sum_sq_error, tot.sum_sq_ref, tot.sum_sq_alt, tot.sum_alt_ref
         max_ad = float(fin_v[0]) if fin_v.size else 0.0
         if isinstance(errs, np.ndarray):  # the numba kernel's buffer: select, never sort it all
             med, p99 = _linear_quantiles(nfin, (0.5, 0.99), lambda ranks: K.exact_order_statistics(errs, hist, ranks))
@@ -346,17 +407,17 @@ def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dt
             median_abs_error=med,
             p99_abs_error=p99,
             quantiles_exact=errs is not None,
-            max_rel_error=float(fs[K.F_MAX_REL]),
-            mean_rel_error=float(fs[K.F_SUM_REL]) / nfin,
+            max_rel_error=tot.max_rel_error,
+            mean_rel_error=tot.sum_rel_error / nfin,
             rmse=math.sqrt(s_d2 / nfin),
             rel_l2_error=rel_l2,
             cosine_similarity=cos,
             sqnr_db=sqnr,
         )
-        if ulp_dtype is not None:
-            metrics["max_ulp_error"] = int(ulp[0])
-    if ulp_dtype is not None:
-        metrics["ulp_dtype"] = str(ulp_dtype).removeprefix("torch.")
+        if plan.ulp_dtype is not None:
+            metrics["max_ulp_error"] = tot.max_ulp_error
+    if plan.ulp_dtype is not None:
+        metrics["ulp_dtype"] = str(plan.ulp_dtype).removeprefix("torch.")
 
     worst: list[WorstElement] = []
     shape = tuple(ref.shape)
@@ -365,17 +426,18 @@ def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dt
         idx = tuple(int(v) for v in np.unravel_index(flat, shape)) if shape else ()
         return WorstElement(idx, ref[idx].item(), alt[idx].item(), err)
 
-    for flat in nfi[nfi >= 0][:top_k]:
+    for flat in nfi[nfi >= 0][:plan.top_k]:
         worst.append(element(int(flat), math.inf))
     for v, flat in zip(fin_v, fin_i, strict=True):
-        if len(worst) >= top_k:
+        if len(worst) >= plan.top_k:
             break
         if v > 0 or not worst:
             worst.append(element(int(flat), float(v)))
 
-    nonfinite_mismatch = int(cnt[K.I_NONFINITE_MISMATCH])
-    first_nf = int(cnt[K.I_FIRST_NONFINITE])
-    passed, reason = _verdict(tol, n, mismatch, gross, mismatch_pct, nonfinite_mismatch, first_nf, worst, base, check_dtype)
+    nonfinite_mismatch = tot.nonfinite_mismatch_count
+    first_nf = tot.first_nonfinite_index
+    passed, reason = _verdict(plan, mismatch=mismatch, gross=gross, pct=mismatch_pct,
+                              nonfinite_mismatch=nonfinite_mismatch, first_nf=first_nf, worst=worst)
     return ComparisonResult(
         passed=passed,
         reason=reason,
@@ -384,24 +446,27 @@ def _finalize(ref, alt, state, errs, tol, n, ulp_dtype, exact_mismatch, check_dt
         mismatch_count=mismatch,
         mismatch_percent=mismatch_pct,
         gross_mismatch_count=gross,
-        nan_count_ref=int(cnt[K.I_NAN_R]),
-        nan_count_alt=int(cnt[K.I_NAN_A]),
-        posinf_count_ref=int(cnt[K.I_POSINF_R]),
-        neginf_count_ref=int(cnt[K.I_NEGINF_R]),
-        posinf_count_alt=int(cnt[K.I_POSINF_A]),
-        neginf_count_alt=int(cnt[K.I_NEGINF_A]),
+        nan_count_ref=tot.nan_count_ref,
+        nan_count_alt=tot.nan_count_alt,
+        posinf_count_ref=tot.posinf_count_ref,
+        neginf_count_ref=tot.neginf_count_ref,
+        posinf_count_alt=tot.posinf_count_alt,
+        neginf_count_alt=tot.neginf_count_alt,
         first_nonfinite_index=first_nf if first_nf >= 0 else None,
         nonfinite_mismatch_count=nonfinite_mismatch,
         worst=worst,
         **metrics,
-        **base,
+        **plan.header,
     )
 
 
-def _verdict(tol, n, mismatch, gross, pct, nonfinite_mismatch, first_nf, worst, base, check_dtype):
+def _verdict(plan: ComparePlan, *, mismatch: int, gross: int, pct: float, nonfinite_mismatch: int, first_nf: int,
+             worst: list[WorstElement]) -> tuple[bool, str | None]:
+    """(passed, the reason it failed or None) under ``plan.tolerance``'s pass rule."""
+    tol, n, header = plan.tolerance, plan.numel, plan.header
     problems = []
-    if check_dtype and not base["dtype_match"]:
-        problems.append(f"dtype mismatch: reference {base['reference_dtype']} vs alternative {base['alternative_dtype']}")
+    if plan.check_dtype and not header["dtype_match"]:
+        problems.append(f"dtype mismatch: reference {header['reference_dtype']} vs alternative {header['alternative_dtype']}")
     bound = f"atol={tol.atol:g} + rtol={tol.rtol:g}*|ref|"
     if tol.pass_rule == "allclose":
         ok = mismatch == 0
