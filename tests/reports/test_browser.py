@@ -106,8 +106,9 @@ def check_session_page(browser_page, page: Path, name: str) -> dict:
     # wide tables scroll in their own box, never the page
     assert p.evaluate("Array.from(document.querySelectorAll('table')).every(t => t.getBoundingClientRect().right"
                       " <= window.innerWidth || t.closest('.scroll'))")
-    # identical tolerance tables are one row naming every checkpoint that shares it
-    tol_rows = p.eval_on_selector_all("table.tol-used > tbody > tr", "els => els.length")
+    # identical tolerance tables are one row naming every checkpoint that shares it (the session's
+    # per-checkpoint tolerances; "used per checkpoint" lists only rows a tolerance judged)
+    tol_rows = p.eval_on_selector_all("table.tol-session > tbody > tr", "els => els.length")
     assert tol_rows >= 2  # header + one row per distinct tolerance
     mem = p.eval_on_selector_all("span.mem", "els => els.map(e => e.textContent)")
     assert all(_UNITS.match(m) for m in mem), mem

@@ -189,5 +189,5 @@ class Capture(Mapping[CheckpointKey, Any]):
     def __contains__(self, key: object) -> bool:
         try:
             return CheckpointKey.parse(key) in self.tensors  # type: ignore[arg-type]
-        except (ValidationError, TypeError, ValueError):
+        except (ConfigurationError, TypeError, ValueError):
             return False
