@@ -282,10 +282,6 @@ class IsolationStage(Stage):
         ctx.evidence.isolation_note = None
 
 
-def _replay(backend: Backend, what: str, fn: Any) -> Capture:
-    return call_backend(backend, what, fn)
-
-
 def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, ComparisonResult | None]) -> LayerEvidence:
     """Layer ``i`` replayed block by block on the reference's inputs, by the alternative and by the
     calibration (see :class:`IsolationStage`)."""
@@ -306,12 +302,12 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
     else:
         carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False, name=f"layer {i} input")
     alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
-    replay = _replay(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
+    replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
     calibrator = ctx.calibrator if plan.config["calibrate"] else None
     cal_replay = None
     if calibrator is not None and layer_replay_support(calibrator)[0]:
         cal = cast(LayerReplayBackend, calibrator)
-        cal_replay = _replay(cal, f"run_layer({i})", lambda: cal.run_layer(i, ref_in, ctx.inputs))
+        cal_replay = call_backend(cal, f"run_layer({i})", lambda: cal.run_layer(i, ref_in, ctx.inputs))
 
     def block(name: str, key: CheckpointKey, alt: Capture, cal: Capture | None, input_: str = "reference") -> BlockEvidence:
         label = f"{key} replayed ({name})"
@@ -331,11 +327,11 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         note = f"the alternative {ctx.alternative.name!r} {why}"
     else:
         alt_b = cast(BlockReplayBackend, ctx.alternative)
-        alt_mlp = _replay(alt_b, f"run_block({i}, 'mlp')", lambda: alt_b.run_block(i, "mlp", ref_attn, ctx.inputs))
+        alt_mlp = call_backend(alt_b, f"run_block({i}, 'mlp')", lambda: alt_b.run_block(i, "mlp", ref_attn, ctx.inputs))
         cal_mlp = None
         if calibrator is not None and block_replay_support(calibrator)[0]:
             cal_b = cast(BlockReplayBackend, calibrator)
-            cal_mlp = _replay(cal_b, f"run_block({i}, 'mlp')", lambda: cal_b.run_block(i, "mlp", ref_attn, ctx.inputs))
+            cal_mlp = call_backend(cal_b, f"run_block({i}, 'mlp')", lambda: cal_b.run_block(i, "mlp", ref_attn, ctx.inputs))
         mlp = block("mlp", k_mlp, alt_mlp, cal_mlp)
     total = None
     if k_mlp in alt_cap and k_mlp in ref_cap:
