@@ -64,7 +64,6 @@ class CheckpointEvidence:
     noise: ComparisonResult | None = None
     tolerance_margin: float | None = None
     oracle: OracleEvidence | None = None
-    oracle_missing: bool = False  # oracle mode, but one of the three runs has no tensor here
     run_to_run: dict[str, float] | None = None
     step: int | None = None
     module: str | None = None

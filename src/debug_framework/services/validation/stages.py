@@ -278,13 +278,16 @@ class IsolationStage(Stage):
 
     def run(self, ctx: RunContext) -> None:
         noises = {ev.key: ev.noise for ev in ctx.evidence.checkpoints if ev.noise is not None}
-        ctx.evidence.layers = [layer_evidence(ctx, i, noises) for i in ctx.plan.layer_range]
+        scales = {ev.key: ev.reference_rms for ev in ctx.evidence.checkpoints if ev.present}
+        ctx.evidence.layers = [layer_evidence(ctx, i, noises, scales) for i in ctx.plan.layer_range]
         ctx.evidence.isolation_note = None
 
 
-def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, ComparisonResult | None]) -> LayerEvidence:
+def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, ComparisonResult | None],
+                   scales: dict[CheckpointKey, float]) -> LayerEvidence:
     """Layer ``i`` replayed block by block on the reference's inputs, by the alternative and by the
-    calibration (see :class:`IsolationStage`)."""
+    calibration (see :class:`IsolationStage`). ``noises`` and ``scales`` (the reference's RMS per
+    checkpoint) are measured once per checkpoint and shared by the layers and their blocks."""
     plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
     ref_in = ref_cap.layer_inputs.get(i)
     if ref_in is None:
@@ -309,12 +312,12 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         cal = cast(LayerReplayBackend, calibrator)
         cal_replay = call_backend(cal, f"run_layer({i})", lambda: cal.run_layer(i, ref_in, ctx.inputs))
 
-    def block(name: str, key: CheckpointKey, alt: Capture, cal: Capture | None, input_: str = "reference") -> BlockEvidence:
-        label = f"{key} replayed ({name})"
-        error = _compare_key(ref_cap, alt, key, plan, label) if key in ref_cap else ComparisonResult(
-            passed=False, reason=f"the reference has no tensor for {key}", tolerance=plan.tolerance(key), name=label)
+    def block(name: str, key: CheckpointKey, alt: Capture, cal: Capture | None) -> BlockEvidence:
+        if key not in scales:
+            scales[key] = reference_scale(ref_cap.tensors.get(key))
         noise = None if cal is None else noise_at(key, ref_cap, cal)
-        return BlockEvidence(name, key, error, noise, reference_scale(ref_cap.tensors.get(key)), input_)
+        return BlockEvidence(name, key, _compare_key(ref_cap, alt, key, plan, f"{key} replayed ({name})"), noise,
+                             scales[key])
 
     attention = block("attention", k_attn, replay, cal_replay) if k_attn in replay else None
     whole = block("layer", k_mlp, replay, cal_replay)
@@ -335,8 +338,8 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         mlp = block("mlp", k_mlp, alt_mlp, cal_mlp)
     total = None
     if k_mlp in alt_cap and k_mlp in ref_cap:
-        total = next((ev.comparison for ev in ctx.evidence.checkpoints if ev.key == k_mlp), None) \
-            or _compare_key(ref_cap, alt_cap, k_mlp, plan)
+        enabled = ctx.evidence.at(k_mlp)  # the compare stage's, when post_mlp:i is an enabled checkpoint
+        total = enabled.comparison if enabled is not None else _compare_key(ref_cap, alt_cap, k_mlp, plan)
     calib = ctx.captures.get("calibration")
     for k in (k_in, k_mlp):  # each checkpoint's noise measured once (layer i's input is layer i-1's output)
         if k not in noises:
@@ -372,8 +375,7 @@ class OracleStage(Stage):
         for ev in ctx.evidence.checkpoints:
             k = ev.key
             if k not in oracle_cap or k not in base_cap or k not in alt_cap:
-                ev.oracle_missing = True
-                continue
+                continue  # no oracle evidence: the judge fails it, naming the missing tensor
             ev.oracle = OracleEvidence(compare(oracle_cap[k], base_cap[k], check_dtype=False),
                                        compare(oracle_cap[k], alt_cap[k], check_dtype=False),
                                        reference_scale(oracle_cap[k]))
