@@ -75,6 +75,11 @@ def _host(x: Any) -> Any:
     return np.array(x, copy=True)
 
 
+def _float32_host(x: Any) -> np.ndarray:
+    """A hidden state (a torch tensor or anything NumPy reads) as a float32 NumPy array on the host."""
+    return x.detach().cpu().float().numpy() if hasattr(x, "detach") else np.asarray(x, np.float32)
+
+
 class MLXBackend(BaseBackend):
     """MLX; float32 (default), float16, bfloat16.
 
@@ -173,7 +178,7 @@ class MLXBackend(BaseBackend):
         self._prepared()
         import mlx.core as mx
 
-        host = hidden_in.detach().cpu().float().numpy() if hasattr(hidden_in, "detach") else np.asarray(hidden_in, np.float32)
+        host = _float32_host(hidden_in)
         with mx.stream(self._mx_device):
             h = self.net.xp.from_host(host, self.net.dtype)
             start = time.perf_counter()
@@ -190,7 +195,7 @@ class MLXBackend(BaseBackend):
         self._prepared()
         import mlx.core as mx
 
-        host = hidden_in.detach().cpu().float().numpy() if hasattr(hidden_in, "detach") else np.asarray(hidden_in, np.float32)
+        host = _float32_host(hidden_in)
         with mx.stream(self._mx_device):
             h = self.net.xp.from_host(host, self.net.dtype)
             start = time.perf_counter()

@@ -18,6 +18,11 @@ from .base import BaseBackend, Taps, cpu_name
 __all__ = ["PythonReferenceBackend"]
 
 
+def _host(x: Any, dtype: Any) -> np.ndarray:
+    """A hidden state (a torch tensor or anything NumPy reads) as a NumPy array of ``dtype``."""
+    return np.asarray(x.detach().cpu().double().numpy() if hasattr(x, "detach") else x, dtype=dtype)
+
+
 class PythonReferenceBackend(BaseBackend):
     """The reference: textbook NumPy, float64 by default (float32 also)."""
 
@@ -65,7 +70,7 @@ class PythonReferenceBackend(BaseBackend):
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
         self._prepared()
-        h = np.asarray(hidden_in.detach().cpu().double().numpy() if hasattr(hidden_in, "detach") else hidden_in, dtype=self.dtype)
+        h = _host(hidden_in, self.dtype)
         start = time.perf_counter()
         a, out = self.reference.layer(i, h, inputs.attention_mask)
         return Capture(
@@ -78,7 +83,7 @@ class PythonReferenceBackend(BaseBackend):
     def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
         self._prepared()
-        h = np.asarray(hidden_in.detach().cpu().double().numpy() if hasattr(hidden_in, "detach") else hidden_in, dtype=self.dtype)
+        h = _host(hidden_in, self.dtype)
         start = time.perf_counter()
         key, out = self.reference.block(i, block, h, inputs.attention_mask)
         return Capture(tensors={CheckpointKey(*key): out}, backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)
