@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError
+from .safefiles import read_strict_json
 
 __all__ = ["json_safe", "dumps_json", "read_json_object", "as_float"]
 
@@ -52,15 +53,13 @@ def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """The JSON object in the file ``path`` (a user's configuration file, called ``what`` in messages).
 
     Raises:
-        ConfigurationError (DF005): the file cannot be read, is not JSON, or holds something else than an object.
+        ConfigurationError (DF005): the file is not a regular file, cannot be read, is larger than
+            :data:`~debug_framework.safefiles.MAX_CONFIG_BYTES`, is not strict UTF-8 JSON (no NaN/Infinity,
+            bounded integers and nesting: :func:`~debug_framework.safefiles.read_strict_json`, which names the
+            field), or holds something else than an object.
     """
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read the {what}: {exc}", file=str(p)) from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"the {what} is not JSON: {exc}", file=str(p)) from exc
+    data = read_strict_json(p, what)
     if not isinstance(data, dict):
         raise ConfigurationError(f"the {what} must hold a JSON object", file=str(p))
     return data

@@ -23,13 +23,13 @@ operator the C++/CUDA library registers (``ns::name``), or the Python function o
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import PluginCompilationError
+from ..safefiles import MAX_CONFIG_BYTES, read_strict_json, size_text
 
 __all__ = ["BACKEND_TYPES", "DTYPES", "KernelSpec", "ModuleSwap", "PluginDefinition", "load_manifest",
            "parse_manifest", "source_digest", "MANIFEST_NAME"]
@@ -41,11 +41,13 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The manifest's file name when a directory is given.
 MANIFEST_NAME = "plugin.json"
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_OP = re.compile(r"^(?P<ns>[A-Za-z_][A-Za-z0-9_]*)::(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\.(?P<overload>[A-Za-z0-9_]+))?$")
-_SCHEMA = re.compile(r"^(?P<qual>[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*)\((?P<args>.*)\)\s*->\s*(?P<ret>.+)$")
-_DIMS = re.compile(r"^(\.\.\.)?(,?[A-Za-z][A-Za-z0-9_]*)*$")
+# anchored with \Z (``$`` would let a final newline through); used with fullmatch
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+_OP = re.compile(r"^(?P<ns>[A-Za-z_][A-Za-z0-9_]*)::(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\.(?P<overload>[A-Za-z0-9_]+))?\Z")
+_SCHEMA = re.compile(r"^(?P<qual>[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*)\((?P<args>.*)\)[ \t]*->[ \t]*(?P<ret>[^\n]+)\Z")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
+_DIMS = re.compile(r"(\.\.\.)?(,?[A-Za-z][A-Za-z0-9_]*)*\Z")
 _TOP_FIELDS = {"id", "version", "backend", "sources", "kernels", "description", "format"}
 _KERNEL_FIELDS = {"name", "op", "entry", "reference", "dtypes", "inputs", "args", "opinfo", "swap_module",
                   "devices"}
@@ -186,7 +188,7 @@ def _inside(root: Path, rel: str, manifest: Path | None, field_name: str) -> Pat
 
 def check_schema(schema: str, manifest: Path | None, field_name: str) -> None:
     """A custom op's schema must parse as ``ns::name(args) -> returns`` (torch's own parser decides)."""
-    if not _SCHEMA.match(schema):
+    if not _SCHEMA.fullmatch(schema):
         raise _bad(f"{field_name} {schema!r} is not an operator schema like 'ns::name(Tensor x) -> Tensor'",
                    manifest, field_name)
     import torch
@@ -198,13 +200,67 @@ def check_schema(schema: str, manifest: Path | None, field_name: str) -> None:
         raise _bad(f"{field_name} is not a valid operator schema: {first}", manifest, field_name) from exc
 
 
+def _op_schema(op: str) -> Any:
+    """The ``FunctionSchema`` of a kernel's op when it can be known here (a custom op's schema was
+    checked by :func:`check_schema`; an ATen op is looked up), else None."""
+    import torch
+
+    if "(" in op:
+        return torch._C.parse_schema(op)
+    qual, _, overload = op.partition(".")
+    try:
+        return getattr(getattr(torch.ops.aten, qual.split("::", 1)[1]), overload or "default")._schema
+    except (AttributeError, RuntimeError, IndexError):
+        return None  # not an ATen op of this torch: the build checks report it
+
+
+def _fits(value: Any, type_text: str) -> bool:
+    """Whether the JSON value fits an argument of the schema type ``type_text`` (``float``, ``int[]``, ``bool?`` ...)."""
+    if type_text.endswith("?"):
+        return value is None or _fits(value, type_text[:-1])
+    if type_text.endswith("]"):
+        inner = type_text[: type_text.index("[")]
+        return isinstance(value, list) and all(_fits(v, inner) for v in value) or (
+            type_text != inner + "[]" and _fits(value, inner))  # int[2] also takes one int
+    if type_text in ("float", "SymFloat"):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if type_text in ("int", "SymInt"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if type_text == "bool":
+        return isinstance(value, bool)
+    if type_text == "str":
+        return isinstance(value, str)
+    if type_text == "Scalar":
+        return isinstance(value, int | float | bool)
+    if type_text == "Tensor":
+        return False
+    return isinstance(value, str | int | float | bool)  # ScalarType, Layout, Device ...: passed as given
+
+
+def _check_args(args: dict[str, Any], schema: Any, manifest: Path | None, where: str) -> None:
+    """Every ``args`` value names a non-tensor argument of the op and fits its type."""
+    types = {} if schema is None else {a.name: str(a.type) for a in schema.arguments}
+    for name, value in args.items():
+        if schema is not None and name not in types:
+            raise _bad(f"{where} names {name!r}, which is not an argument of the op", manifest, f"{where}.{name}",
+                       hint=f"its arguments: {', '.join(types) or 'none'}")
+        kind = types.get(name, "")
+        if kind == "Tensor":
+            raise _bad(f"{where}.{name} is a tensor argument: give its dims in inputs, not a value in args",
+                       manifest, f"{where}.{name}")
+        if not _fits(value, kind) if kind else not (value is None or isinstance(value, str | int | float | bool)
+                                                     or isinstance(value, list)):
+            raise _bad(f"{where}.{name} must be a value of type {kind or 'number/bool/str/list'}, got {value!r}",
+                       manifest, f"{where}.{name}")
+
+
 def _kernel(raw: Any, i: int, root: Path, backend: str, manifest: Path | None) -> KernelSpec:
     where = f"kernels[{i}]."
     if not isinstance(raw, dict):
         raise _bad(f"kernels[{i}] must be an object", manifest, f"kernels[{i}]")
     _check_unknown(raw, _KERNEL_FIELDS, manifest, where)
     name = _require(raw, "name", str, manifest, where)
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise _bad(f"{where}name {name!r} must be an identifier", manifest, where + "name")
     op = _require(raw, "op", str, manifest, where)
     entry = _require(raw, "entry", str, manifest, where)
@@ -213,37 +269,46 @@ def _kernel(raw: Any, i: int, root: Path, backend: str, manifest: Path | None) -
         if not raw.get("reference"):
             raise _bad(f"{where}reference is required for a custom op (file.py:function it must match)", manifest,
                        where + "reference")
-    elif not _OP.match(op) or not op.startswith("aten::"):
+    elif not _OP.fullmatch(op) or not op.startswith("aten::"):
         raise _bad(f"{where}op {op!r} must be an ATen op ('aten::gelu') or a custom op with its schema",
                    manifest, where + "op")
-    if backend in ("cpp", "cuda") and not _OP.match(entry):
+    if backend in ("cpp", "cuda") and not _OP.fullmatch(entry):
         raise _bad(f"{where}entry {entry!r} must name the operator the library registers ('ns::name')",
                    manifest, where + "entry")
-    if backend in ("triton", "metal") and not _NAME.match(entry):
+    if backend in ("triton", "metal") and not _NAME.fullmatch(entry):
         raise _bad(f"{where}entry {entry!r} must be a function name of the source", manifest, where + "entry")
-    dtypes = tuple(raw.get("dtypes") or ("float32",))
+    raw_dtypes = raw.get("dtypes") or ["float32"]
+    if not isinstance(raw_dtypes, list) or not all(isinstance(d, str) for d in raw_dtypes):
+        raise _bad(f"{where}dtypes must be a list of dtype names", manifest, where + "dtypes", hint=f"use {DTYPES}")
+    dtypes = tuple(raw_dtypes)
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
         raise _bad(f"{where}dtypes has unknown dtype(s) {bad}", manifest, where + "dtypes", hint=f"use {DTYPES}")
     reference = raw.get("reference")
     if reference is not None:
-        file, _, fn = str(reference).partition(":")
+        if not isinstance(reference, str):
+            raise _bad(f"{where}reference must be 'file.py:function'", manifest, where + "reference")
+        file, _, fn = reference.partition(":")
         _inside(root, file, manifest, where + "reference")
-        if not _NAME.match(fn):
+        if not _NAME.fullmatch(fn):
             raise _bad(f"{where}reference must be 'file.py:function', got {reference!r}", manifest, where + "reference")
     inputs = raw.get("inputs") or {}
-    if not isinstance(inputs, dict) or not all(isinstance(v, str) and _DIMS.match(v.replace(" ", ""))
-                                               for v in inputs.values()):
+    if not isinstance(inputs, dict) or not all(isinstance(v, str) and _DIMS.fullmatch(v.replace(" ", ""))
+                                               and _NAME.fullmatch(k) for k, v in inputs.items()):
         raise _bad(f"{where}inputs must map tensor arguments to dims like '...,D'", manifest, where + "inputs")
     args = raw.get("args") or {}
     if not isinstance(args, dict):
         raise _bad(f"{where}args must be an object of argument values", manifest, where + "args")
+    _check_args(args, _op_schema(op), manifest, where + "args")
     swap = raw.get("swap_module")
     module_swap = None
     if swap is not None:
         if not isinstance(swap, dict) or not isinstance(swap.get("class"), str) or not isinstance(swap.get("args"), list):
             raise _bad(f"{where}swap_module must be {{'class': name, 'args': [...]}}", manifest, where + "swap_module")
-        module_swap = ModuleSwap(swap["class"], tuple(str(a) for a in swap["args"]))
+        if not _NAME.fullmatch(swap["class"]) or not all(isinstance(a, str) and _NAME.fullmatch(a)
+                                                         for a in swap["args"]):
+            raise _bad(f"{where}swap_module's class and args must be identifiers", manifest, where + "swap_module")
+        module_swap = ModuleSwap(swap["class"], tuple(swap["args"]))
     devices = raw.get("devices") or (["cuda"] if backend == "cuda" else ["cpu"])
     if not isinstance(devices, list) or not devices or any(d not in ("cpu", "cuda", "mps") for d in devices):
         raise _bad(f"{where}devices must be a non-empty list of \"cpu\", \"cuda\" or \"mps\"", manifest, where + "devices")
@@ -260,21 +325,33 @@ def parse_manifest(data: Any, manifest: Path | None = None, root: Path | None = 
     _check_unknown(data, _TOP_FIELDS, manifest, "")
     base = root if root is not None else (manifest.parent if manifest is not None else Path.cwd())
     pid = _require(data, "id", str, manifest)
-    if not _ID.match(pid):
+    if not _ID.fullmatch(pid):
         raise _bad(f"id {pid!r} must be letters, digits, '_', '-' or '.' (at most 64)", manifest, "id")
-    version = str(_require(data, "version", (str, int, float), manifest))
+    version_raw = _require(data, "version", (str, int, float), manifest)
+    if isinstance(version_raw, bool) or (isinstance(version_raw, str) and not _VERSION.fullmatch(version_raw)):
+        raise _bad(f"version {version_raw!r} must be a version like '1.0.0'", manifest, "version")
+    version = str(version_raw)
     backend = _require(data, "backend", str, manifest)
     if backend not in BACKEND_TYPES:
         raise _bad(f"backend {backend!r} is not one of {', '.join(BACKEND_TYPES)}", manifest, "backend")
     sources = _require(data, "sources", list, manifest)
     if not sources:
         raise _bad("sources is empty", manifest, "sources")
-    paths = tuple(_inside(base, str(s), manifest, f"sources[{i}]") for i, s in enumerate(sources))
+    for i, s in enumerate(sources):
+        if not isinstance(s, str) or not s or any(ch in s for ch in "\0\n\r"):
+            raise _bad(f"sources[{i}] must be a relative path (a string without NUL or line breaks)", manifest,
+                       f"sources[{i}]")
+    paths = tuple(_inside(base, s, manifest, f"sources[{i}]") for i, s in enumerate(sources))
     for i, p in enumerate(paths):
         if p.suffix not in _SOURCE_SUFFIXES[backend]:
             raise _bad(f"sources[{i}] {p.name!r} is not a {backend} source ({', '.join(_SOURCE_SUFFIXES[backend])})",
                        manifest, f"sources[{i}]")
     kernels_raw = _require(data, "kernels", list, manifest)
+    if not kernels_raw:
+        raise _bad("kernels is empty: a plugin declares at least one kernel", manifest, "kernels")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise _bad("description must be a string", manifest, "description")
     kernels = tuple(_kernel(k, i, base, backend, manifest) for i, k in enumerate(kernels_raw))
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
@@ -283,7 +360,7 @@ def parse_manifest(data: Any, manifest: Path | None = None, root: Path | None = 
         raise _bad("a triton plugin's kernels run either in Triton's interpreter (devices [\"cpu\"]) or on the GPU "
                    "(devices [\"cuda\"]), not both: Triton chooses when the source is imported", manifest, "kernels",
                    hint="split the plugin in two, or give every kernel the same first device")
-    return PluginDefinition(pid, version, backend, paths, kernels, manifest, str(data.get("description", "")))
+    return PluginDefinition(pid, version, backend, paths, kernels, manifest, description)
 
 
 def load_manifest(path: str | Path) -> PluginDefinition:
@@ -291,13 +368,7 @@ def load_manifest(path: str | Path) -> PluginDefinition:
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / MANIFEST_NAME
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PluginCompilationError(f"cannot read the plugin manifest: {exc.strerror or exc}", manifest=str(p),
-                                     hint="pass the plugin's plugin.json (or its folder)") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _bad(f"the manifest is not JSON: {exc}", p, f"line {exc.lineno}") from exc
+    data = read_strict_json(p, "plugin manifest", error=PluginCompilationError,
+                            hint="pass the plugin's plugin.json (or its folder), strict UTF-8 JSON "
+                                 f"of at most {size_text(MAX_CONFIG_BYTES)} (docs/plugins.md)")
     return parse_manifest(data, p.resolve())

@@ -141,6 +141,10 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
             raise ConfigurationError(f"{key} must be a non-negative number, got {v!r}")
+    limit = merged["tensor_recording_limit"]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigurationError(f"tensor_recording_limit must be a non-negative integer or null, got {limit!r}",
+                                 key="tensor_recording_limit")
     if merged["calibration_metric"] not in ORACLE_METRICS:
         raise ConfigurationError(f"calibration_metric must be one of {', '.join(ORACLE_METRICS)}")
     if not isinstance(merged["drill_down"], bool):
