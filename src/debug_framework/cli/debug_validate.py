@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..jsonio import dumps_json, read_json_object
-from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, Invocation, add_row, make_app, make_console, markup,
+from ..safefiles import check_output_path, is_stdout
+from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stage_progress)
 from .drilldown_view import print_drilldown
 from .user_code import load_backend_code
@@ -162,7 +163,7 @@ def _write_output(path: Path, engine: ValidationEngine, session_id: str, result:
         text = render_report(ValidationReport.from_session(session_id, engine.db), "html")
     else:
         text = dumps_json(result)
-    write_report_file(path.expanduser(), text, session=session_id,  # DF007 when full, else ConfigurationError
+    write_report_file(path.expanduser(), text, session=session_id, option="--output-file",  # DF007 when full, else ConfigurationError
                       hint="choose a writable --output-file; the session is stored, "
                            "session_report --session-id can write its report")
 
@@ -249,6 +250,11 @@ def validate(
     """Validate, print the table (or the JSON), and return the exit code."""
     invocation: Invocation = ctx.obj
     invocation.as_json = as_json
+    if output_file is not None:
+        if is_stdout(output_file) and as_json:
+            raise CliError("--output-file - and --json both write to standard output; choose one")
+        if not is_stdout(output_file):
+            check_output_path(output_file)  # a FIFO, device or symlink is refused before any work
     opts = ValidateOptions(config_file, checkpoints, layers, dtype, reference_dtype, device, rtol, atol, isolate,
                            oracle, noise_floor, tuple(text or ()), seed, drill_down)
     from .. import get_framework_config
@@ -273,8 +279,10 @@ def validate(
     if as_json:
         print_json(result)
     else:
-        footer = f"session {sid} in {engine.db.location}" + (f"; wrote {output_file}" if output_file else "")
-        _print_summary(make_console(), result, verbose, footer)
+        to_stdout = is_stdout(output_file)
+        footer = f"session {sid} in {engine.db.location}" + (f"; wrote {output_file}" if output_file and not to_stdout
+                                                               else "")
+        _print_summary(make_console(stderr=to_stdout), result, verbose, footer)  # stdout holds the report
     return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
 
 

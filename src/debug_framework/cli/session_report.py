@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..errors import ConfigurationError, DatabaseError
+from ..safefiles import check_output_path, is_stdout
 from ..storage.schema import SESSION_STATUSES
 from ..suggest import did_you_mean, one_of
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
@@ -93,7 +94,8 @@ def _write(text: str, out: Path | None) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
         return
-    write_report_file(out.expanduser(), text, hint="choose a writable --output-file")
+    write_report_file(out.expanduser(), text, hint="choose a writable --output-file (or - for standard output)",
+                      option="--output-file")
 
 
 def _cmd_report(db: Database, session_id: str, fmt: str, output_file: Path | None, include_tensors: bool,
@@ -112,7 +114,7 @@ def _cmd_report(db: Database, session_id: str, fmt: str, output_file: Path | Non
     if include_tensors and fmt in ("csv", "junit"):
         print(f"{PROG}: note: --include-tensors has no effect on {fmt} output (use json or html)", file=sys.stderr)
     _write(render_report(report, fmt, include_tensors=include_tensors, store=store), output_file)
-    if output_file is not None:
+    if output_file is not None and not is_stdout(output_file):
         print(f"wrote the {fmt} report of session {session_id} ({report.overall_status}) to {output_file}",
               file=sys.stderr)
     return EXIT_OK
@@ -334,6 +336,8 @@ def report(
     if status is not None and status not in SESSION_STATUSES:
         raise CliError(f"--status {status!r} is not a session status" + did_you_mean(status, SESSION_STATUSES),
                        hint=one_of(SESSION_STATUSES))
+    if output_file is not None and not is_stdout(output_file):
+        check_output_path(output_file)  # a FIFO, device or symlink is refused before any work
     path = _database_path(database)
     invocation.database = path if isinstance(path, Path) else None
     if maintenance:

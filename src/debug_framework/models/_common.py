@@ -13,6 +13,7 @@ directly and never goes through a slot.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Generic, TypeVar, cast
 
 from ..errors import FrameworkInitializationError, unwritable_output
+from ..safefiles import check_output_path, is_stdout
 from ..storage.values import format_time, now_utc, parse_time
 
 __all__ = ["now_utc", "parse_time", "format_time", "write_text_atomic", "write_report_file", "Collaborator", "install_default",
@@ -42,12 +44,20 @@ def write_text_atomic(path: os.PathLike[str] | str, text: str) -> None:
 
 
 def write_report_file(path: os.PathLike[str] | str, text: str, *, hint: str = "choose a writable output path",
-                      **context: object) -> None:
-    """:func:`write_text_atomic` for a file the user asked for (a report): no room to write (full
-    disk, quota, read-only file system) is ResourceExhaustedError (DF007), any other ``OSError``
-    ConfigurationError (DF005: the path is unusable; ``hint`` names the option to change)."""
+                      option: str = "the output file", **context: object) -> None:
+    """Write a file the user asked for (a report) through :func:`write_text_atomic`, so a failed write
+    leaves the old file. ``-`` writes to standard output. An existing path that is a symlink or not a
+    regular file (a FIFO, a device, a directory) is refused before anything is written
+    (:func:`~debug_framework.safefiles.check_output_path`, ConfigurationError naming ``option``); no
+    room to write (full disk, quota, read-only file system) is ResourceExhaustedError (DF007), any
+    other ``OSError`` ConfigurationError (DF005: the path is unusable; ``hint`` names the option to change)."""
+    if is_stdout(path):
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    target = check_output_path(path, option)
     try:
-        write_text_atomic(path, text)
+        write_text_atomic(target, text)
     except OSError as exc:
         raise unwritable_output(exc, "write the report", hint=hint, file=str(path), **context) from exc
 
