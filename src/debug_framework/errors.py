@@ -30,6 +30,8 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from .termtext import terminal_safe
+
 __all__ = [
     "DebugFrameworkError",
     "FrameworkInitializationError",
@@ -77,7 +79,7 @@ class DebugFrameworkError(Exception):
             text += f" ({where})"
         if self.hint:
             text += f". What to do: {self.hint}"
-        return text
+        return terminal_safe(text)  # a path or name in it never moves the cursor of the terminal showing it
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle the state, not the constructor's arguments: an error crosses to another process

@@ -183,7 +183,7 @@ def check_output_path(path: str | os.PathLike[str], option: str = "--output-file
         why = "the name is longer than the file system allows" if exc.errno == errno.ENAMETOOLONG else \
             (exc.strerror or str(exc))
         raise ConfigurationError(f"cannot write {option}: {why}", file=str(p),
-                                 hint=f"choose another {option}") from exc
+                                 hint=f"choose a writable {option}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise ConfigurationError(
             f"{option} exists and is {file_kind(st.st_mode)}; only a regular file is replaced", file=str(p),

@@ -36,7 +36,12 @@ def is_unsafe_char(ch: str, *, multiline: bool = False) -> bool:
     return cat in ("Cc", "Cs")
 
 
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def _escape(ch: str) -> str:
+    if ch in _NAMED:
+        return _NAMED[ch]
     code = ord(ch)
     if code < 0x100:
         return f"\\x{code:02x}"

@@ -24,6 +24,7 @@ rich markup), :func:`add_row`, :func:`print_json` (strict JSON, the project's on
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import json
 import os
 import platform
@@ -43,6 +44,7 @@ import typer
 
 from ..errors import DebugFrameworkError
 from ..jsonio import dumps_json
+from ..termtext import terminal_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -86,8 +88,9 @@ class CliError(Exception):
 
 
 def _one_line(text: str, limit: int | None = None) -> str:
-    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters if given."""
-    flat = " ".join(str(text).split())
+    """``text`` on one line (whitespace runs collapsed, control and bidi characters escaped by
+    :func:`~debug_framework.termtext.terminal_safe`), cut to ``limit`` characters if given."""
+    flat = terminal_safe(" ".join(str(text).split()))
     return flat if limit is None or len(flat) <= limit else flat[: limit - 3] + "..."
 
 
@@ -189,10 +192,12 @@ def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None
             return 130
         except typer.TyperException as exc:  # click's usage errors: its short usage message, exit 2
             show = getattr(exc, "show", None)
-            if callable(show):
-                show()
+            if callable(show):  # click echoes the user's values: shown terminal-safe
+                buffer = io.StringIO()
+                show(file=buffer)
+                sys.stderr.write(terminal_safe(buffer.getvalue(), multiline=True))
             else:
-                print(f"{invocation.prog}: error: {exc.format_message()}", file=sys.stderr)
+                print(terminal_safe(f"{invocation.prog}: error: {exc.format_message()}"), file=sys.stderr)
             return EXIT_USAGE  # never click's 1 (a FileError...), which would read as a numerical failure
         return EXIT_PASS if rv is None else int(rv)
 
@@ -227,15 +232,16 @@ def guarded(invocation: Invocation, body: Callable[[], int]) -> int:
     try:
         return body()
     except KeyboardInterrupt:
-        print(invocation.interrupted_line(), file=sys.stderr)
+        print(terminal_safe(invocation.interrupted_line()), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place every CLI error is mapped to an exit code
         failure = failure_of(exc, invocation)
         if invocation.as_json:
             print_json(invocation.error_document(failure))
-        print(failure.line(invocation.prog), file=sys.stderr)
+        print(terminal_safe(failure.line(invocation.prog)), file=sys.stderr)
         if failure.kind == "internal" and failure.log_file is None:
-            traceback.print_exception(exc, file=sys.stderr)  # last resort: no log could be written
+            sys.stderr.write(terminal_safe("".join(traceback.format_exception(exc)),  # last resort: no log
+                                           multiline=True))
         return failure.exit_code
 
 
@@ -334,18 +340,20 @@ def make_console(*, stderr: bool = False, piped_width: int = 120) -> Console:
 
 
 def literal(value: object) -> Text:
-    """``value`` as rich text shown exactly as written (no markup, no emoji): for user text in tables."""
+    """``value`` as rich text shown as written (no markup, no emoji), its control and bidi characters
+    escaped (:func:`~debug_framework.termtext.terminal_safe`; newlines and tabs kept): for user text in tables."""
     from rich.text import Text
 
-    return Text(str(value))
+    return Text(terminal_safe(value, multiline=True))
 
 
 def markup(template: str, *values: object) -> str:
     """``template.format(*values)`` with every value escaped: the template's markup is styled,
-    the values (paths, names, session ids ...) print literally."""
+    the values (paths, names, session ids ...) print literally, their control and bidi characters
+    shown escaped (:func:`~debug_framework.termtext.terminal_safe`)."""
     from rich.markup import escape
 
-    return template.format(*(escape(str(v)) for v in values))
+    return template.format(*(escape(terminal_safe(v, multiline=True)) for v in values))
 
 
 def add_row(table: Table, *cells: object, style: str | None = None) -> None:
@@ -370,9 +378,9 @@ def stage_progress(console: Console, description: str) -> Iterator[ProgressCallb
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
-        task = bar.add_task(escape(description), total=None)
+        task = bar.add_task(escape(terminal_safe(description)), total=None)
 
         def update(stage: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=escape(f"{stage} done"))
+            bar.update(task, completed=done, total=total, description=escape(terminal_safe(f"{stage} done")))
 
         yield update

@@ -38,6 +38,7 @@ from ..errors import ConfigurationError, DatabaseError
 from ..safefiles import check_output_path, is_stdout
 from ..storage.schema import SESSION_STATUSES
 from ..suggest import did_you_mean, one_of
+from ..termtext import terminal_safe
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
                         print_json, run_app)
 
@@ -94,7 +95,7 @@ def _write(text: str, out: Path | None) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
         return
-    write_report_file(out.expanduser(), text, hint="choose a writable --output-file (or - for standard output)",
+    write_report_file(out.expanduser(), text, hint="choose a writable --output-file",
                       option="--output-file")
 
 
@@ -115,8 +116,8 @@ def _cmd_report(db: Database, session_id: str, fmt: str, output_file: Path | Non
         print(f"{PROG}: note: --include-tensors has no effect on {fmt} output (use json or html)", file=sys.stderr)
     _write(render_report(report, fmt, include_tensors=include_tensors, store=store), output_file)
     if output_file is not None and not is_stdout(output_file):
-        print(f"wrote the {fmt} report of session {session_id} ({report.overall_status}) to {output_file}",
-              file=sys.stderr)
+        print(terminal_safe(f"wrote the {fmt} report of session {session_id} ({report.overall_status}) to "
+                            f"{output_file}"), file=sys.stderr)
     return EXIT_OK
 
 
@@ -126,8 +127,8 @@ def _cmd_model_explorer(db: Database, session_id: str, out_dir: Path) -> None:
     from ..reports.model_explorer import write_session_model_explorer
 
     manifest = write_session_model_explorer(ValidationReport.from_session(session_id, db), out_dir)
-    print(f"wrote {len(manifest['graphs'])} Model Explorer graph(s) with node data to {out_dir} "
-          f"(open: {manifest['graphs'][0]['command']})", file=sys.stderr)
+    print(terminal_safe(f"wrote {len(manifest['graphs'])} Model Explorer graph(s) with node data to {out_dir} "
+                        f"(open: {manifest['graphs'][0]['command']})"), file=sys.stderr)
 
 
 def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
@@ -176,7 +177,7 @@ def _cmd_list(db: Database, items: list[dict[str, Any]], as_json: bool) -> int:
         print_json(items)
         return EXIT_OK
     if not items:
-        print(f"no sessions in {_where(db)}")
+        print(terminal_safe(f"no sessions in {_where(db)}"))
         return EXIT_OK
     table = Table(title=literal(f"Sessions in {_where(db)}"), show_lines=False)
     table.add_column("session", no_wrap=True)

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..termtext import terminal_safe
 from .settings import DEFAULT_ARTIFACTS, Settings, resolve_database
 
 __all__ = ["main", "streamlit_command"]
@@ -57,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else "the network: anyone who can reach it can launch work"
-    print(f"debug-dashboard: http://{args.host}:{args.port} ({where}); database {settings.location}", file=sys.stderr)
+    print(terminal_safe(f"debug-dashboard: http://{args.host}:{args.port} ({where}); database {settings.location}"),
+          file=sys.stderr)
     try:
         return subprocess.call(streamlit_command(args.host, args.port), env=env)
     except KeyboardInterrupt:

@@ -47,6 +47,13 @@ _RUNS = pytest.StashKey[list]()          # config: [(nodeid, lines, error)] for 
 _LINES = pytest.StashKey[list]()         # item: its debug_framework report lines
 
 
+def _terminal_safe(text: str) -> str:
+    """``text`` with control and bidi characters escaped (imported when first needed: see above)."""
+    from ..termtext import terminal_safe
+
+    return terminal_safe(text)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("debug_framework", "backend validation (debug_framework)")
     group.addoption("--df-database", dest="df_database", default=None, metavar="PATH",
@@ -176,7 +183,7 @@ def _annotate(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> No
         item.stash.setdefault(_LINES, []).append(f"framework error (not a numerical mismatch): {error}")
     lines = item.stash.get(_LINES, None)
     if lines:
-        report.sections.append(("debug_framework", "\n".join(lines)))
+        report.sections.append(("debug_framework", "\n".join(_terminal_safe(ln) for ln in lines)))
         item.config.stash.setdefault(_RUNS, []).append((item.nodeid, lines, error))
 
 
@@ -189,9 +196,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         fallback = f"framework error {error.code}" if error is not None else "no verdict"
         verdict = next((ln.split(": ", 1)[1] for ln in lines if ln.startswith("df_verdict: ")), fallback)
         report = next((ln.split(": ", 1)[1] for ln in lines if ln.startswith("df_report: ")), None)
-        terminalreporter.write_line(f"{nodeid}: {verdict}" + (f"; HTML report: {report}" if report else ""))
+        terminalreporter.write_line(_terminal_safe(f"{nodeid}: {verdict}" + (f"; HTML report: {report}" if report else "")))
     errors = [(nodeid, error) for nodeid, _lines, error in runs if error is not None]
     if errors:
         terminalreporter.write_line(f"framework errors (not numerical mismatches): {len(errors)}", red=True)
         for nodeid, error in errors:
-            terminalreporter.write_line(f"  {nodeid}: {error}")
+            terminalreporter.write_line(_terminal_safe(f"  {nodeid}: {error}"))

@@ -253,12 +253,14 @@ class BatchExecutor:
         bar = None
         if show:
             from rich.markup import escape
+
+            from ..termtext import terminal_safe
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             # the job id is user text: shown as the task's description, escaped (never markup nor a format field)
             bar = Progress(TextColumn("batch {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             bar.start()
-            task = bar.add_task(escape(job.job_id), total=len(job.model_paths))
+            task = bar.add_task(escape(terminal_safe(job.job_id)), total=len(job.model_paths))
 
         def alive() -> bool:
             if done_event is not None:
