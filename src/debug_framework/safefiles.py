@@ -26,7 +26,7 @@ from typing import Any
 from .errors import ConfigurationError, DebugFrameworkError
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_JSON_DEPTH", "MAX_JSON_INT", "STDOUT_PATH", "read_strict_json",
-           "check_output_path", "is_stdout", "file_kind", "field_path", "size_text"]
+           "check_output_path", "is_stdout", "file_kind", "field_path", "size_text", "path_exists"]
 
 #: The largest configuration file or plugin manifest read (real ones are a few kilobytes).
 MAX_CONFIG_BYTES = 1 << 20
@@ -161,6 +161,34 @@ def read_strict_json(path: str | os.PathLike[str], what: str, *,
     return data
 
 
+def _os_refusal(exc: OSError) -> str:
+    """What an ``OSError`` on a path means, in words (ENAMETOOLONG named plainly)."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return "the path is longer than the file system allows"
+    return f"cannot look at the path: {exc.strerror or exc}"
+
+
+def _shown(path: str | os.PathLike[str]) -> str:
+    text = os.fspath(path)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def path_exists(path: str | os.PathLike[str], *, error: type[DebugFrameworkError] = ConfigurationError,
+                hint: str | None = None) -> bool:
+    """Whether ``path`` exists (``os.stat``, links followed). A path the OS refuses to look at (a
+    name over the length limit, a loop of links, no permission on a parent, a NUL byte) is ``error``
+    saying why, never an ``OSError`` or ``ValueError`` that would read as a bug."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise error(_os_refusal(exc), file=_shown(path), hint=hint) from exc
+    except ValueError as exc:  # an embedded NUL byte
+        raise error("the path holds a NUL byte", file=repr(os.fspath(path))[:300], hint=hint) from exc
+    return True
+
+
 def is_stdout(path: str | os.PathLike[str] | None) -> bool:
     """Whether an ``--output-file`` value means standard output (``-``)."""
     return path is not None and os.fspath(path) == STDOUT_PATH
@@ -180,9 +208,10 @@ def check_output_path(path: str | os.PathLike[str], option: str = "--output-file
     except FileNotFoundError:
         return p
     except OSError as exc:
-        why = "the name is longer than the file system allows" if exc.errno == errno.ENAMETOOLONG else \
-            (exc.strerror or str(exc))
-        raise ConfigurationError(f"cannot write {option}: {why}", file=str(p),
+        raise ConfigurationError(f"cannot write {option}: {_os_refusal(exc)}", file=_shown(p),
+                                 hint=f"choose a writable {option}") from exc
+    except ValueError as exc:  # an embedded NUL byte
+        raise ConfigurationError(f"cannot write {option}: the path holds a NUL byte", file=repr(str(p))[:300],
                                  hint=f"choose a writable {option}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise ConfigurationError(

@@ -62,7 +62,10 @@ def check_model_path(model_path: str) -> None:
     Raises:
         ModelLoadingError: it does not (DF004).
     """
-    if not Path(model_path).expanduser().exists():
+    from ..safefiles import path_exists
+
+    if not path_exists(Path(model_path).expanduser(), error=ModelLoadingError,
+                       hint="pass a shorter, existing model path"):
         raise ModelLoadingError("model path does not exist", file=str(model_path),
                                 hint="pass a model directory (config.json + weights) or a weights file")
 

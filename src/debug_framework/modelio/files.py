@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadingError
+from ..safefiles import path_exists
 
-__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "regular_file_size", "read_head", "read_json", "short_repr"]
+__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "model_path_exists", "regular_file_size", "read_head", "read_json", "short_repr"]
 
 #: The largest ``config.json`` / shard index read (real ones are kilobytes; a 100k-tensor index ~10 MB).
 MAX_JSON_BYTES = 64 << 20
@@ -30,6 +31,12 @@ def _not_regular(path: Path, mode: int) -> ModelLoadingError:
     kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
     return ModelLoadingError(f"not a regular file: the path is {kind}", file=str(path),
                              hint="point at the model's real files (a FIFO or device would block or never end)")
+
+
+def model_path_exists(path: Path) -> bool:
+    """Whether the model path exists; a path the OS refuses to look at (a name over the length
+    limit, a NUL byte, no permission on a parent) is DF004 saying why, not an ``OSError``."""
+    return path_exists(path, error=ModelLoadingError, hint="pass a shorter, existing model path")
 
 
 def regular_file_size(path: Path) -> int:

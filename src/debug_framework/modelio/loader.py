@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ModelLoadingError
 from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
 from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, parse_config, read_config_file
-from .files import read_json, regular_file_size, short_repr
+from .files import model_path_exists, read_json, regular_file_size, short_repr
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
 
 __all__ = ["LoadedModel", "load_model", "expected_tensors", "WEIGHT_SUFFIXES"]
@@ -237,7 +237,7 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
             keys or sparse/quantized tensors. Nothing is returned half-checked.
     """
     path = Path(path).expanduser()
-    if not path.exists():
+    if not model_path_exists(path):
         raise ModelLoadingError("model path does not exist", file=str(path))
     directory = path if path.is_dir() else path.parent
     weight_map: dict[str, str] = {}

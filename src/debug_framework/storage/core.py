@@ -100,8 +100,9 @@ def server_dialect(database_path: object, settings: CoreSettings) -> Dialect | N
     given = settings.get("dialect")
     if given is not None and getattr(given, "url", None) == str(database_path):
         return given  # reopened in another process or thread: the dialect carries its root
-    from .postgres import PostgresDialect, redact_url
+    from .postgres import PostgresDialect, redact_url, split_url
 
+    split_url(str(database_path))  # a URL that cannot be read is DF003 before anything else
     root = settings.get("artifact_root") or from_environment().get("artifact_root")
     if not root:
         raise DatabaseError("a PostgreSQL database needs a shared folder for its tensor files, inputs and exports",
@@ -216,7 +217,8 @@ class SqlCore:
         if self.dialect.is_integrity_error(exc):
             return DatabaseError(f"could not {what}: constraint violated ({exc})", database=where,
                                  hint="check the session/recording ids exist and values are allowed")
-        return DatabaseError(f"could not {what}: {exc}", database=where)
+        # the dialect's own hint (a server's differs from SQLite's "check the path is writable")
+        return DatabaseError(f"could not {what}: {exc}", database=where, hint=getattr(self.dialect, "error_hint", None))
 
     def retry(self, fn: Callable[[], T], what: str) -> T:
         """Run ``fn``, re-running it with backoff and jitter while the database is busy (raw errors out)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from ..config import is_server_url
 from ..errors import DatabaseError
@@ -39,10 +39,24 @@ WRITE_LOCK_KEY = 0x5049_4544  # "PIED"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+def split_url(url: str) -> SplitResult:
+    """``urlsplit(url)``; a URL it cannot read (an unclosed IPv6 bracket ``[::1``, a bracketed host
+    that is not an address) is DatabaseError (DF003), never a ``ValueError`` read as a bug."""
+    try:
+        parts = urlsplit(url)
+        parts.hostname  # noqa: B018 - the host is parsed lazily: make it fail here
+    except ValueError as exc:
+        scheme = url.split("://", 1)[0] if "://" in url else "postgresql"
+        raise DatabaseError(f"the server URL cannot be read: {exc}", database=f"{scheme}://...",
+                            hint="postgresql://user:password@host:5432/dbname; an IPv6 host in brackets: "
+                                 "postgresql://user@[::1]:5432/dbname") from None
+    return parts
+
+
 def _port_of(url: str) -> int | None:
     """The URL's port (None when absent); DatabaseError (DF003) when it cannot be read (a typo such
     as ``host:54x2``, or libpq's multi-host form, which this dialect does not take)."""
-    parts = urlsplit(url)
+    parts = split_url(url)
     try:
         return parts.port
     except ValueError:
@@ -53,8 +67,11 @@ def _port_of(url: str) -> int | None:
 
 def redact_url(url: str) -> str:
     """``url`` without its password (and without query parameters, which may carry one); a port
-    that cannot be read is left out rather than raising."""
-    parts = urlsplit(url)
+    that cannot be read is left out rather than raising, and so is a URL that cannot be read at all."""
+    try:
+        parts = split_url(url)
+    except DatabaseError:
+        return (url.split("://", 1)[0] if "://" in url else "postgresql") + "://..."
     host = parts.hostname or "localhost"
     netloc = f"{parts.username}@" if parts.username else ""
     netloc += f"[{host}]" if ":" in host else host
@@ -68,7 +85,7 @@ def redact_url(url: str) -> str:
 
 
 def _host_of(url: str) -> str:
-    return f"{urlsplit(url).hostname or 'localhost'}:{_port_of(url) or 5432}"
+    return f"{split_url(url).hostname or 'localhost'}:{_port_of(url) or 5432}"
 
 
 def _translate(statement: str) -> str:
@@ -192,6 +209,10 @@ class PostgresDialect:
     commit_retryable = False
     #: the server's clock, which every host sharing the database reads for its leases
     clock_sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+
+    #: the hint of a DF003 this dialect's driver raised (SQLite's default speaks of a writable path)
+    error_hint = ("check that the PostgreSQL server is running and reachable (a dropped server or connection "
+                  "ends the command; run it again once the server is back: committed rows are kept)")
 
     def __init__(self, url: str, artifact_root: str | Path, connect_timeout_s: float = 10.0) -> None:
         self.url = url
