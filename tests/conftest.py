@@ -10,13 +10,17 @@ missing. ``pg_url`` gives each test a database of its own (``CREATE DATABASE``) 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,124 @@ if not os.environ.get("TRITON_INTERPRET"):
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+
+# -- processes the test run starts ----------------------------------------------------------------------
+# Every process started during the run inherits this token in its environment (tests pass
+# {**os.environ, ...}); at the session's end :func:`pytest_sessionfinish` looks for live processes that
+# carry it, so a server left behind (even one whose parent died and that init adopted) fails the run.
+RUN_TOKEN_VARIABLE = "PIE_TEST_RUN_TOKEN"
+os.environ.setdefault(RUN_TOKEN_VARIABLE, f"{os.getpid()}-{time.time_ns()}")
+#: Helpers that end with the test process itself (they watch their parent): not a leftover server.
+#: How long the end-of-run check waits for stopped servers to exit before it fails the run.
+LEFTOVER_GRACE_S = 10.0
+_PARENT_BOUND = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "compile_worker",
+                 "torch._inductor", "pytest")
+
+
+def _token_processes() -> dict[int, str]:
+    """{pid: command line} of live processes (not this one, not zombies) that carry this run's token."""
+    token = f"{RUN_TOKEN_VARIABLE}={os.environ[RUN_TOKEN_VARIABLE]}".encode()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if token not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            found[pid] = cmd
+    return found
+
+
+def _leftovers() -> dict[int, str]:
+    """Token processes that would outlive the run: all but this process's own parent-bound helpers."""
+    own = {pid: cmd for pid, cmd in _token_processes().items()}
+    out = {}
+    for pid, cmd in own.items():
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and any(mark in cmd for mark in _PARENT_BOUND):
+            continue
+        out[pid] = cmd
+    return out
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a process it started is still alive at its end (a server left behind); the
+    processes are named on the terminal, then killed so they do not linger either."""
+    if not Path("/proc/self/environ").exists() or os.environ.get("PIE_TEST_SKIP_LEFTOVER_CHECK"):
+        return
+    end = time.monotonic() + LEFTOVER_GRACE_S  # a stopped server may take a moment to exit
+    left = _leftovers()
+    while left and time.monotonic() < end:
+        time.sleep(0.2)
+        left = _leftovers()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(left)} process(es) started by the tests outlived them (a test did not stop its server):"]
+    lines += [f"  pid {pid}: {cmd[:200]}" for pid, cmd in sorted(left.items())]
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if reporter is not None:
+        for line in lines:
+            reporter.write_line(line, red=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@contextlib.contextmanager
+def server_process(cmd: list[str], *, stop_timeout: float = 20.0, **popen: object) -> Iterator[subprocess.Popen]:
+    """Start ``cmd`` as a server in a process group of its own and stop the whole group on exit
+    (SIGTERM, then SIGKILL after ``stop_timeout``): a launcher's children (streamlit under
+    ``python -m debug_framework.dashboard``) stop with it, whatever the launcher does with signals."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen)  # type: ignore[call-overload]
+    try:
+        yield proc
+    finally:
+        stop_process_group(proc, stop_timeout)
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM to ``proc``'s process group (it leads one: ``start_new_session``), SIGKILL to what is
+    left after ``timeout``; waits for ``proc``."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:  # the group's other members (the launcher's children)
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def start_server() -> Iterator[object]:
+    """``start_server(cmd, **popen) -> Popen``: a server in its own process group, the group stopped
+    after the test (:func:`server_process`)."""
+    stack = contextlib.ExitStack()
+
+    def start(cmd: list[str], **popen: object) -> subprocess.Popen:
+        return stack.enter_context(server_process(cmd, **popen))
+
+    with stack:
+        yield start
+
 
 _PASSWORD = "pie-test-secret"
 _COUNTER = itertools.count()

@@ -29,16 +29,17 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def server(sessions, runs, tmp_path):
+def server(sessions, runs, tmp_path, start_server):
     """The dashboard as a user starts it, on the sessions' database and the runs' artifacts root."""
     port = _free_port()
     eps = install_entry_points(tmp_path / "ep")  # the runs page, as the installed debug_module declares it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(eps)]),
            "PIE_DEBUG_LOG_DIR": str(tmp_path / "logs"), "HOME": str(tmp_path)}
     log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "debug_framework.dashboard", "--database", str(sessions.database),
-                             "--artifacts", str(runs[0]), "--port", str(port)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    # its own process group, stopped whole after the test: the launcher's streamlit child included
+    proc = start_server([sys.executable, "-m", "debug_framework.dashboard", "--database", str(sessions.database),
+                         "--artifacts", str(runs[0]), "--port", str(port)], env=env, stdout=log,
+                        stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         end = time.monotonic() + 60
@@ -53,11 +54,6 @@ def server(sessions, runs, tmp_path):
                 time.sleep(0.3)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         log.close()
 
 

@@ -149,7 +149,7 @@ def _compile_and_check(registry: Any, plugin_path: Path, backend: str | None, ou
     result: dict[str, Any] = {"plugin": defn.id, "build": build.to_dict(), "passed": True}
     if not validate:
         return result
-    checks = registry.validate(defn.id)
+    checks = registry.validate(defn, timeout_s=timeout)  # exactly this manifest, whatever else shares its id
     result["checks"] = checks
     result["passed"] = bool(checks["passed"])
     if defn.kernels and defn.backend_type != "metal":
@@ -158,7 +158,7 @@ def _compile_and_check(registry: Any, plugin_path: Path, backend: str | None, ou
             from ..plugins.swap import model_shapes
 
             shapes = model_shapes(defn, build.artifact, model_path)
-        sweep = registry.sweep(defn.id, model_shapes=shapes, repro_dir=repro_dir, timeout_s=timeout)
+        sweep = registry.sweep(defn, model_shapes=shapes, repro_dir=repro_dir, timeout_s=timeout)
         result["sweep"] = sweep.to_dict()
         result["passed"] = result["passed"] and sweep.passed
     return result

@@ -23,6 +23,7 @@ operator the C++/CUDA library registers (``ns::name``), or the Python function o
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,6 +124,15 @@ class PluginDefinition:
                 return k
         raise PluginCompilationError(f"plugin {self.id!r} has no kernel {name!r}", plugin=self.id,
                                      hint=f"its kernels: {', '.join(k.name for k in self.kernels) or 'none'}")
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the definition's content (every field, the sources' bytes) with its id: two
+        definitions registered under one id are told apart by it (the registry keys runs by
+        ``(id, digest)``, so a validation never reports another definition's kernels)."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in ("sources", "manifest_path")}
+        text = json.dumps(fields, sort_keys=True, default=str) + "\0" + source_digest(list(self.sources))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as JSON (paths absolute), as the registry stores it."""

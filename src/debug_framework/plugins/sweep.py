@@ -14,8 +14,10 @@ format); a failing sample's repro is verified once in a fresh process (``repro_v
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ from ..repro_format import verify
 from .evaluate import badness
 from .manifest import PluginDefinition
 
-__all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "check_in_worker", "DEFAULT_TIMEOUT_S"]
+__all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "check_in_worker", "signal_name", "DEFAULT_TIMEOUT_S"]
 
 #: Seconds one sample may run before it counts as a hang.
 DEFAULT_TIMEOUT_S = 60.0
@@ -106,27 +108,43 @@ class SweepReport:
 class _Worker:
     """One worker process (``python -m debug_framework.plugins.worker``) and its two pipes; restarted
     after a crash or a hang. A plain subprocess, not ``multiprocessing``'s spawn, so the caller's main
-    module is never re-imported."""
+    module is never re-imported. It runs in a scratch directory of its own (removed when it stops), so
+    a plugin's relative paths never land in the caller's folder; its code still runs with the user's
+    privileges (docs/plugins.md). Loading the plugin (its static initialisers) is bounded by
+    ``timeout_s``, the user's ``--timeout``; only starting Python and torch gets longer."""
 
-    def __init__(self, args: tuple[Any, ...]) -> None:
+    def __init__(self, args: tuple[Any, ...], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.scratch = tempfile.TemporaryDirectory(prefix="df-plugin-worker-")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "debug_framework.plugins.worker", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            cwd=self.scratch.name)
         os.close(to_child_r)
         os.close(from_child_w)
         self.out = Connection(to_child_w, readable=False)
         self.conn = Connection(from_child_r, writable=False)
         self.killed = False
         self.out.send(args)
-        for msg in (None, ("load",)):  # started, then the plugin loaded
-            reply = self._reply(_START_TIMEOUT_S) if msg is None else self.ask(msg, _START_TIMEOUT_S)
-            status, value = reply or ("error", "the worker died while starting")
-            if status != "ok":
+        for msg in (None, ("load",)):  # started (Python and torch), then the plugin loaded (bounded by timeout_s)
+            reply = self._reply(_START_TIMEOUT_S) if msg is None else self.ask(msg, timeout_s)
+            if reply is not None and reply[0] == "died" and msg is None:
+                try:
+                    self.proc.wait(30)  # let it finish dying, to read its exit status
+                except subprocess.TimeoutExpired:
+                    pass
+            if reply is None or reply[0] == "died":
+                reason = self.death(timeout_s if msg else _START_TIMEOUT_S)["reason"]
                 self.stop()
-                raise PluginCompilationError(f"the worker process cannot load the plugin: {value}",
+                raise PluginCompilationError(f"the worker process cannot load the plugin: {reason}",
+                                             artifact=str(args[1]),
+                                             hint="a static initialiser of the plugin crashed or hung while "
+                                                  "loading; raise --timeout if it is only slow")
+            if reply[0] != "ok":
+                self.stop()
+                raise PluginCompilationError(f"the worker process cannot load the plugin: {reply[1]}",
                                              artifact=str(args[1]))
 
     def _reply(self, timeout: float) -> tuple[str, Any] | None:
@@ -168,14 +186,26 @@ class _Worker:
             self.proc.wait(5)
         self.conn.close()
         self.out.close()
+        self.scratch.cleanup()
 
     def death(self, timeout: float) -> dict[str, Any]:
         """What happened to a worker that did not answer: a crash (its exit status) or a hang."""
         code = self.proc.poll()
         if code is None or self.killed:
-            return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
-        how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        return {"status": "crash", "reason": f"the kernel crashed the worker process ({how})"}
+            return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed with SIGKILL)",
+                    "signal": "SIGKILL"}
+        if code < 0:
+            name = signal_name(-code)
+            return {"status": "crash", "reason": f"the kernel crashed the worker process ({name})", "signal": name}
+        return {"status": "crash", "reason": f"the kernel crashed the worker process (exit status {code})"}
+
+
+def signal_name(number: int) -> str:
+    """``SIGSEGV`` for 11 ...; ``signal 99`` for a number without a name here."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[str] | None = None,
@@ -192,7 +222,7 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
         defn.kernel(n)
     args = (defn.to_dict(), str(artifact), defn.backend_type, dict(model_shapes or {}), seed, opinfo)
     start = time.perf_counter()
-    worker = _Worker(args)
+    worker = _Worker(args, timeout_s)
     report = SweepReport(defn.id, {})
     try:
         for name in names:
@@ -204,7 +234,7 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
                 reply = worker.ask(("run", name, i), timeout_s)
                 if reply is None:
                     result = worker.death(timeout_s)
-                    worker = _Worker(args)
+                    worker = _Worker(args, timeout_s)
                     report.worker_restarts += 1
                     # the new worker makes this kernel's samples again now, so that work never counts
                     # against the next sample's timeout (and reads as a hang)
@@ -224,7 +254,7 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
                     ks.repro_verified = (ks.worst["result"]["status"] == "fail"
                                          and verify(Path(reply[1]), timeout=_START_TIMEOUT_S + timeout_s).reproduced)
                 elif reply is None:
-                    worker = _Worker(args)
+                    worker = _Worker(args, timeout_s)
             report.kernels[name] = ks
     finally:
         worker.stop()
@@ -232,16 +262,23 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
     return report
 
 
-def check_in_worker(defn: PluginDefinition | None, artifact: str | Path, backend_type: str) -> dict[str, Any]:
+def check_in_worker(defn: PluginDefinition | None, artifact: str | Path, backend_type: str, *,
+                    timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     """:func:`~debug_framework.plugins.checks.validate_artifact` run in a fresh worker process (the
-    caller's process loads nothing; a crash while loading is a DF008, not the caller's death)."""
-    worker = _Worker((None if defn is None else defn.to_dict(), str(artifact), backend_type, {}, 0, False))
+    caller's process loads nothing; a crash while loading is a DF008, not the caller's death).
+    Loading and the checks are each bounded by ``timeout_s`` (the user's ``--timeout``); a worker
+    that dies or hangs is DF008 naming the signal (SIGSEGV, SIGKILL by the timeout ...)."""
+    worker = _Worker((None if defn is None else defn.to_dict(), str(artifact), backend_type, {}, 0, False), timeout_s)
     try:
-        reply = worker.ask(("checks",), _START_TIMEOUT_S)
+        reply = worker.ask(("checks",), timeout_s)
+        death = worker.death(timeout_s) if reply is None else None
     finally:
         worker.stop()
-    if reply is None:
-        raise PluginCompilationError("loading the artifact crashed the worker process", artifact=str(artifact))
+    if death is not None:
+        raise PluginCompilationError(f"checking the artifact stopped the worker process: {death['reason']}",
+                                     artifact=str(artifact),
+                                     hint="a kernel or a static initialiser of the plugin crashed or hung; "
+                                          "raise --timeout if it is only slow")
     if reply[0] != "ok":
         raise PluginCompilationError(f"checking the artifact failed: {reply[1]}", artifact=str(artifact))
     return reply[1]

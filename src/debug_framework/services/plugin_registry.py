@@ -189,43 +189,71 @@ class PluginRegistry:
         self.db.plugins.set_build(defn.id, str(result.artifact), result.artifact_digest, result.to_dict(), log)
         return result
 
-    def artifact(self, plugin_id: str) -> tuple[PluginDefinition, Path]:
-        """The plugin and its built artifact (built now when the recorded one is gone or stale)."""
-        defn = self.require(plugin_id)
-        row = self.db.plugins.get(plugin_id) or {}
+    def _given(self, plugin: PluginDefinition | str) -> PluginDefinition:
+        """The definition itself, or the one registered under an id now."""
+        return plugin if isinstance(plugin, PluginDefinition) else self.require(plugin)
+
+    def artifact(self, plugin: PluginDefinition | str) -> tuple[PluginDefinition, Path]:
+        """The plugin and its built artifact (built now when the recorded one is gone or stale).
+
+        Given a definition, exactly that definition is used: its build comes from the content-keyed
+        cache, whatever another run registered under the same id since. An id means the definition
+        registered under it now."""
+        defn = self._given(plugin)
+        row = self.db.plugins.get(defn.id) or {}
         path = row.get("artifact_path")
         key = (row.get("build") or {}).get("cache_key")
         if not (path and Path(path).is_file() and key == self.engine.cache_key(defn)):
-            path = str(self.build(defn).artifact)
+            path = str(self.engine.build(defn).artifact if self._replaced(defn) else self.build(defn).artifact)
         _RESOLVED[defn.id] = (defn, Path(path))
         return defn, Path(path)
 
-    def validate(self, plugin_id: str) -> dict[str, Any]:
-        """``CompilationEngine.validation_report``'s checks (load, ops, opcheck, in a worker process) on the plugin's build, recorded."""
-        defn, artifact = self.artifact(plugin_id)
+    def validate(self, plugin: PluginDefinition | str, timeout_s: float | None = None) -> dict[str, Any]:
+        """``CompilationEngine.validation_report``'s checks (load, ops, opcheck, in a worker process)
+        on the build of exactly ``plugin`` (a definition, or the one registered under an id), recorded;
+        ``timeout_s`` bounds the worker (default: the sweep's)."""
+        defn, artifact = self.artifact(plugin)
         from ..plugins.sweep import check_in_worker
 
-        report = check_in_worker(defn, artifact, defn.backend_type)
-        self._record_validation(plugin_id, {"compilation": report})
+        report = check_in_worker(defn, artifact, defn.backend_type,
+                                 **({} if timeout_s is None else {"timeout_s": timeout_s}))
+        self._record_validation(defn, {"compilation": report})
         return report
 
-    def sweep(self, plugin_id: str, **options: Any) -> SweepReport:
-        """The op-by-op sweep of the plugin's build (``options``: :func:`sweep_plugin`'s), recorded."""
-        defn, artifact = self.artifact(plugin_id)
+    def sweep(self, plugin: PluginDefinition | str, **options: Any) -> SweepReport:
+        """The op-by-op sweep of exactly ``plugin``'s build (``options``: :func:`sweep_plugin`'s), recorded."""
+        defn, artifact = self.artifact(plugin)
         report = sweep_plugin(defn, artifact, **options)
-        self._record_validation(plugin_id, {"sweep": report.to_dict()})
+        self._record_validation(defn, {"sweep": report.to_dict()})
         return report
 
-    def _record_validation(self, plugin_id: str, part: dict[str, Any]) -> None:
-        row = self.db.plugins.get(plugin_id) or {}
-        self.db.plugins.set_validation(plugin_id, {**(row.get("validation") or {}), **part})
+    def _replaced(self, defn: PluginDefinition) -> bool:
+        """Whether the row under ``defn.id`` now holds another definition (another run registered one)."""
+        row = self.db.plugins.get(defn.id)
+        if row is None:
+            return False
+        try:
+            return _definition(row).digest != defn.digest
+        except (PluginCompilationError, OSError):
+            return True
+
+    def _record_validation(self, defn: PluginDefinition, part: dict[str, Any]) -> None:
+        """Keep ``part`` on the row when the row still holds ``defn`` (keyed by id and content digest):
+        a run never writes its results onto another definition registered under the same id."""
+        if self._replaced(defn):
+            return
+        row = self.db.plugins.get(defn.id) or {}
+        previous = row.get("validation") or {}
+        if previous.get("definition_digest") != defn.digest:
+            previous = {}  # results of an earlier definition under this id are not this one's
+        self.db.plugins.set_validation(defn.id, {**previous, **part, "definition_digest": defn.digest})
 
     def swap_in(self, manifest: str | os.PathLike[str]) -> str:
         """Register and build the plugin at ``manifest`` for this process; the backend name
         ``plugin:<id>`` that runs the PyTorch model with its kernels (``debug_validate --plugin``)."""
         defn = load_manifest(manifest)
         self.register_plugin(defn)
-        self.artifact(defn.id)
+        self.artifact(defn)
         return f"plugin:{defn.id}"
 
     def record(self, plugin_id: str) -> dict[str, Any] | None:
