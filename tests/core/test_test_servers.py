@@ -70,7 +70,11 @@ def test_a_leftover_server_fails_the_run(harness, monkeypatch):
                 get_plugin=lambda name: types.SimpleNamespace(write_line=lambda line, **kw: lines.append(line)))))
         harness.pytest_sessionfinish(session, 0)
         assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
-        assert any(f"pid {child}" in line for line in lines) and not _alive(child)  # named, then killed
+        assert any(f"pid {child}" in line for line in lines), lines  # named
+        end = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < end:  # then killed
+            time.sleep(0.05)
+        assert not _alive(child)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

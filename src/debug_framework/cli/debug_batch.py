@@ -22,7 +22,7 @@ import typer
 
 from ..jsonio import read_json_object
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
-                        print_json, run_app)
+                        print_json, run_app, stdout_for_json_only)
 from .user_code import load_backend_code
 from .validate_support import check_database_path
 
@@ -94,14 +94,16 @@ def batch(
     if database:
         fw["database_path"] = database
     invocation.database = check_database_path(default_database_path(fw))
-    load_backend_code(backend_module or (), ())
-    config = _job_config({"executor": executor, "ray_address": ray_address, "max_retries": max_retries,
-                          "reference_backend": reference_backend, "alternative_backend": alternative_backend,
-                          "device": device, "isolate": isolate, "retry_failed": retry_failed or None,
-                          "parallel_execution": parallel > 1 or None, "max_concurrent_jobs": parallel,
-                          "show_progress": not as_json, "database_path": fw["database_path"]}, config_file)
-    jid = job_id or "batch-" + hashlib.sha256("\n".join(models).encode()).hexdigest()[:16]
-    results = execute_job(BatchValidationJob(jid, models, config))
+    # under --json, stdout carries only the JSON: user code's, Ray's and the workers' lines go to stderr
+    with stdout_for_json_only(as_json):
+        load_backend_code(backend_module or (), ())
+        config = _job_config({"executor": executor, "ray_address": ray_address, "max_retries": max_retries,
+                              "reference_backend": reference_backend, "alternative_backend": alternative_backend,
+                              "device": device, "isolate": isolate, "retry_failed": retry_failed or None,
+                              "parallel_execution": parallel > 1 or None, "max_concurrent_jobs": parallel,
+                              "show_progress": not as_json, "database_path": fw["database_path"]}, config_file)
+        jid = job_id or "batch-" + hashlib.sha256("\n".join(models).encode()).hexdigest()[:16]
+        results = execute_job(BatchValidationJob(jid, models, config))
     if as_json:
         print_json({"job_id": jid, "items": results})
     else:

@@ -21,7 +21,7 @@ import typer
 from ..jsonio import dumps_json, read_json_object
 from ..safefiles import check_output_path, is_stdout
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, make_app, make_console, markup,
-                        print_json, run_app, stage_progress)
+                        print_json, run_app, stage_progress, stdout_for_json_only)
 from .drilldown_view import print_drilldown
 from .user_code import load_backend_code
 from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table
@@ -272,7 +272,7 @@ def validate(
         alternative_backend = _plugin_alternative(plugin, alternative_backend, engine)
     sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend)
     invocation.session_id = sid
-    with stage_progress(make_console(stderr=True), "loading model") as progress:
+    with stdout_for_json_only(as_json), stage_progress(make_console(stderr=True), "loading model") as progress:
         result = engine.run(sid, progress=progress).to_dict()
     if output_file is not None:
         _write_output(output_file, engine, sid, result)

@@ -35,6 +35,7 @@ import threading
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ __all__ = [
     "CliError", "Failure", "Invocation", "JsonValue", "ProgressCallback",
     "make_app", "run_app", "guarded", "failure_of", "raised_in", "crash_log_dir", "write_crash_log",
     "make_console", "literal", "markup", "add_row", "dumps_json", "print_json", "stage_progress",
+    "stdout_for_json_only",
 ]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -361,6 +363,34 @@ def add_row(table: Table, *cells: object, style: str | None = None) -> None:
     from rich.text import Text
 
     table.add_row(*(c if isinstance(c, Text) else literal(c) for c in cells), style=style)
+
+
+@contextmanager
+def stdout_for_json_only(enabled: bool = True) -> Iterator[None]:
+    """While the block runs, everything written to standard output (by Python code, C code, Ray's
+    driver threads, child processes started meanwhile) goes to standard error instead: under
+    ``--json`` stdout carries only the one JSON document printed after the block."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved_fd: int | None = None
+    try:
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no file descriptors to move (an embedded interpreter): Python's level only
+        saved_fd = None
+    saved_stream = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        sys.stdout = saved_stream
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
 
 
 def print_json(value: object) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import typer
 
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
-                        print_json, run_app)
+                        print_json, run_app, stdout_for_json_only)
 
 __all__ = ["main", "app"]
 
@@ -128,7 +128,9 @@ def compile_plugin(
         return _list(registry, backend, as_json)
     if plugin_path is None:
         raise CliError("--plugin-path is required (or pass --list)")
-    result = _compile_and_check(registry, plugin_path, backend, output_path, validate, model_path, repro_dir, timeout)
+    with stdout_for_json_only(as_json):  # compiler and worker output go to stderr: stdout is the JSON
+        result = _compile_and_check(registry, plugin_path, backend, output_path, validate, model_path, repro_dir,
+                                    timeout)
     passed = result["passed"]
     if as_json:
         print_json({"status": "passed" if passed else "failed", **result})
