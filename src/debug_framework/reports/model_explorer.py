@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import sys
 import zipfile
@@ -348,8 +349,10 @@ class OverlayGraph:
     note: str = ""
 
     def command(self, out_dir: Path) -> str:
+        """The command that opens the graph with its node data, quoted for bash (a folder named
+        ``$(rm -rf ~)`` or ``a b`` is one argument, never code)."""
         files = ",".join(str(out_dir / f) for f in self.node_data.values())
-        return f"model-explorer {out_dir / self.graph} --node_data_paths={files}"
+        return shlex.join(["model-explorer", str(out_dir / self.graph), f"--node_data_paths={files}"])
 
     def to_dict(self, out_dir: Path) -> dict[str, Any]:
         return {"graph": self.graph, "graph_id": self.graph_id, "node_data": dict(self.node_data),
