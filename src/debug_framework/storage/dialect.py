@@ -25,6 +25,18 @@ __all__ = ["Connection", "Dialect", "SQLiteDialect", "SQLITE"]
 Connection = sqlite3.Connection
 
 
+
+def _read_only_uri(path: Path) -> str:
+    """The URI of a read-only open that creates no file. SQLite opening a WAL database read-only
+    creates ``-wal`` and ``-shm`` beside it (and cannot remove them); when neither exists, no
+    writer has the file open, so it is opened ``immutable`` (no locks, no shared memory). While a
+    writer has it open (they exist) the usual ``mode=ro`` open shares them. ``as_uri`` quotes
+    ``?``, ``#`` and ``%`` in the path."""
+    uri = f"{path.as_uri()}?mode=ro"
+    if not any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm", "-journal")):
+        uri += "&immutable=1"
+    return uri
+
 class Dialect(Protocol):
     """What the SQL core and the schema ask of a database engine."""
 
@@ -98,7 +110,7 @@ class SQLiteDialect:
 
     def connect(self, path: Path, busy_timeout_s: float, read_only: bool = False) -> Connection:
         conn = sqlite3.connect(
-            f"{path.as_uri()}?mode=ro" if read_only else str(path),  # as_uri quotes '?', '#', '%'
+            _read_only_uri(path) if read_only else str(path),
             timeout=busy_timeout_s,
             isolation_level=None,  # autocommit; writes use explicit BEGIN IMMEDIATE
             check_same_thread=False,  # only its own thread uses it; close() may run elsewhere
