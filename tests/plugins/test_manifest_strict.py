@@ -133,3 +133,12 @@ def test_property_any_manifest_exits_0_1_or_2(tmp_path_factory, capsys, data):
     assert rc in (0, 1, 2), err
     assert "internal error" not in err
     assert time.monotonic() - start < 20
+
+
+def test_tour_knob_op_names_are_anchored():
+    from debug_framework.errors import ConfigurationError
+    from debug_module.demo.knobs import TourKnobs
+
+    assert TourKnobs(fail_op="aten.tanh.default").fail_op == "aten.tanh.default"
+    with pytest.raises(ConfigurationError):
+        TourKnobs(fail_op="aten.tanh.default\n")

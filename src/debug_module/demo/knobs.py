@@ -19,7 +19,7 @@ __all__ = ["TourKnobs", "KNOB_HELP", "MAX_SEQ", "parse_assignments"]
 
 #: The tiny model's position table: the longest sequence it takes.
 MAX_SEQ = 32
-_OP = re.compile(r"^[A-Za-z_][\w.]*$")
+_OP = re.compile(r"[A-Za-z_][\w.]*\Z")  # with fullmatch: \Z, not $, so a final newline is refused
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n"}
 
@@ -64,7 +64,7 @@ class TourKnobs:
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise _bad(name, value)
         for op in (*self.deny_ops, self.fail_op):
-            if not _OP.match(op):
+            if not _OP.fullmatch(op):
                 raise ConfigurationError(f"{op!r} is not an op name", knob="deny_ops" if op in self.deny_ops else "fail_op",
                                          hint="write ATen ops as aten.<name>.<overload>, e.g. aten.tanh.default")
 
