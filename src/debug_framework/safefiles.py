@@ -205,14 +205,14 @@ def check_output_path(path: str | os.PathLike[str], option: str = "--output-file
     p = Path(path).expanduser()
     try:
         st = os.lstat(p)
-    except FileNotFoundError:
-        return p
     except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return p  # missing, or a parent that is a file / not searchable: the write reports it
         raise ConfigurationError(f"cannot write {option}: {_os_refusal(exc)}", file=_shown(p),
-                                 hint=f"choose a writable {option}") from exc
+                                 hint=f"choose a shorter path for {option}") from exc
     except ValueError as exc:  # an embedded NUL byte
         raise ConfigurationError(f"cannot write {option}: the path holds a NUL byte", file=repr(str(p))[:300],
-                                 hint=f"choose a writable {option}") from exc
+                                 hint=f"choose another path for {option}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise ConfigurationError(
             f"{option} exists and is {file_kind(st.st_mode)}; only a regular file is replaced", file=str(p),

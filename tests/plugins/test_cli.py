@@ -38,7 +38,7 @@ def test_usage_errors_exit_2(capsys, tmp_path):
 
 def test_a_compile_failure_is_df008_exit_2_with_json(capsys, tmp_path):
     manifest = write_plugin(tmp_path / "t", json.dumps({
-        "id": "bad", "version": "1", "backend": "triton", "sources": ["k.py"], "kernels": []}),
+        "id": "bad", "version": "1", "backend": "triton", "sources": ["k.py"], "kernels": [{"name": "f", "op": "aten::gelu", "entry": "f"}]}),
         {"k.py": "def f(:\n    pass\n"})
     code, out, err = _run(capsys, "--plugin-path", manifest, "--json", "--database", tmp_path / "s.db",
                           "--cache-dir", tmp_path / "cache")

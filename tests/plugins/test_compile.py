@@ -36,7 +36,8 @@ def test_levels_map_to_flags_and_change_the_cache_key(tmp_path):
 
 def test_the_cache_key_follows_the_source_bytes(tmp_path):
     manifest = write_plugin(tmp_path / "p", json.dumps({"id": "t", "version": "1", "backend": "triton",
-                                                         "sources": ["k.py"], "kernels": []}), {"k.py": "X = 1\n"})
+                                                         "sources": ["k.py"],
+                                                         "kernels": [{"name": "f", "op": "aten::gelu", "entry": "f"}]}), {"k.py": "X = 1\n"})
     engine = CompilationEngine(tmp_path / "cache")
     before = engine.cache_key(load_manifest(manifest))
     (tmp_path / "p" / "k.py").write_text("X = 2\n")
@@ -74,7 +75,7 @@ def test_cpp_build_is_cached_and_keeps_its_log(cpp_build, engine, tmp_path):
 
 def test_compile_failure_is_df008_with_file_line_and_the_log(tmp_path):
     manifest = write_plugin(tmp_path / "broken", json.dumps({
-        "id": "broken", "version": "1", "backend": "cpp", "sources": ["k.cpp"], "kernels": []}),
+        "id": "broken", "version": "1", "backend": "cpp", "sources": ["k.cpp"], "kernels": [{"name": "g", "op": "aten::gelu", "entry": "ns::g"}]}),
         {"k.cpp": "// no torch headers: the compiler fails fast\nint f() {\n  return undefined_name;\n}\n"})
     engine = CompilationEngine(tmp_path / "cache", optimization_level=0)
     with pytest.raises(PluginCompilationError) as info:
