@@ -42,7 +42,8 @@ if not os.environ.get("TRITON_INTERPRET"):
 # {**os.environ, ...}); at the session's end :func:`pytest_sessionfinish` looks for live processes that
 # carry it, so a server left behind (even one whose parent died and that init adopted) fails the run.
 RUN_TOKEN_VARIABLE = "PIE_TEST_RUN_TOKEN"
-os.environ.setdefault(RUN_TOKEN_VARIABLE, f"{os.getpid()}-{time.time_ns()}")
+# a fresh token per run (a suite run inside another keeps its own, never judging the outer run's processes)
+os.environ[RUN_TOKEN_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
 #: Helpers that end with the test process itself (they watch their parent): not a leftover server.
 #: How long the end-of-run check waits for stopped servers to exit before it fails the run.
 LEFTOVER_GRACE_S = 10.0
