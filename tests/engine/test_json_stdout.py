@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from debug_framework.cli.framework import stdout_for_json_only
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +24,7 @@ subprocess.run([sys.executable, "-c", "print('a child process line')"])
 '''
 
 
+@pytest.mark.slow  # a fresh CLI process imports torch (seconds)
 def test_debug_batch_json_stdout_is_only_json(tmp_path):
     (tmp_path / "noisy_backend.py").write_text(NOISY)
     listing = tmp_path / "models.txt"
