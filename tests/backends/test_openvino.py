@@ -72,6 +72,36 @@ def test_a_bf16_run_is_consistent_with_bfloat16_and_passes_there(tiny_bert, tmp_
     assert info["precision_hint"] == "f32" and info["inference_precision"] == "f32" and info["bf16_rounding"] is None
 
 
+SOFTMAX_BUG = """def transform(model):
+    for node in model.graph.node:  # every softmax over the query axis instead of the key axis
+        if node.op_type == "Softmax":
+            for attribute in node.attribute:
+                if attribute.name == "axis":
+                    attribute.i = 2
+    return model
+"""
+
+
+@pytest.mark.slow
+def test_a_wrong_node_is_drilled_to_through_openvino(tiny_bert, tmp_path):
+    """A graph transform that turns every Softmax to the wrong axis: the ``openvino`` drill-down
+    replays each node of the layer alone in OpenVINO and names the Softmax in the attention."""
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    (tmp_path / "softmax_bug.py").write_text(SOFTMAX_BUG, encoding="utf-8")
+    engine = ValidationEngine(tmp_path / "debug.db")
+    options = {"precision_hint": "f32", "graph_transform": f"{tmp_path / 'softmax_bug.py'}:transform"}
+    result = engine.run(engine.create_session(tiny_bert, {"drill_down": True, "isolate": False,
+                                                          "alternative_options": options},
+                                              "python_reference", "openvino"))
+    assert result.verdict == "failed" and result.consistent_with is None
+    assert str(result.first_divergence.key) == "post_attention:0"
+    (entry,) = result.drilldown
+    assert entry.method == "openvino" and entry.culprit is not None, entry.note
+    assert entry.culprit.op.startswith("Softmax") and entry.culprit.module_path == "encoder.layer.0.attention.self"
+    assert "could not be replayed" not in entry.note and "no standalone repro" in entry.note
+
+
 def _alternative_versions(session: dict) -> dict:
     """The alternative backend's version_info as the session recorded it after prepare."""
     return session["alternative_backend_info"]["versions"]

@@ -70,7 +70,17 @@ class _OpenVinoSession:
         """The outputs ``names`` (None: all, in graph order) for ``feeds`` (arrays by input name)."""
         import numpy as np
 
-        result = self._request.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
+        shapes = {p.get_any_name(): p.get_partial_shape() for p in self.compiled.inputs}
+        arrays = {}
+        for name, value in feeds.items():
+            array = np.ascontiguousarray(value)
+            shape = shapes.get(name)
+            if shape is not None and shape.is_static and list(array.shape) != [d.get_length() for d in shape]:
+                static = [d.get_length() for d in shape]
+                if int(np.prod(static)) == array.size:  # a scalar fed to a [1] input, and the like
+                    array = array.reshape(static)
+            arrays[name] = array
+        result = self._request.infer(arrays)
         by_name: dict[str, Any] = {}
         for port, value in result.items():
             for name in port.get_names():
