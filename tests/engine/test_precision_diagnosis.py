@@ -87,3 +87,25 @@ def test_a_passing_run_names_nothing(refs, plan):
     alt = {k: r.astype(np.float32).astype(np.float64) for k, r in refs.items()}
     verdict = judge(_evidence(alt, refs), plan)
     assert verdict.passed and verdict.consistent_with is None
+
+
+def test_the_terminal_says_consistent_with_and_the_json_carries_it(refs, plan):
+    from rich.console import Console
+
+    from debug_framework.cli.debug_validate import _print_summary
+    from debug_framework.services.validation.results import CheckpointResult, ValidationResult
+
+    alt = {k: _round(r, torch.bfloat16, 300 + n) for n, (k, r) in enumerate(refs.items())}
+    evidence = _evidence(alt, refs)
+    result = ValidationResult.assemble(evidence, judge(evidence, plan), session_id="s", model_path="m",
+                                       reference_backend="python_reference", alternative_backend="openvino",
+                                       reference_dtype="float64", alternative_dtype="float32")
+    doc = result.to_dict()
+    assert doc["consistent_with"] == "bfloat16" and doc["precision_diagnosis"]["measured"] == ["float16", "bfloat16"]
+    assert {r["consistent_with"] for r in doc["results"]} == {"bfloat16"}
+    row = result.results[0].to_row()
+    assert CheckpointResult.from_row(row).judgement.consistent_with == "bfloat16"  # the stored row reads back
+    console = Console(width=100, record=True, color_system=None)
+    _print_summary(console, doc, False, "")
+    text = console.export_text()
+    assert "precision: consistent with a correct bfloat16 run" in text and "declared float32" in text
