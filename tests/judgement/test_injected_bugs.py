@@ -24,6 +24,10 @@ def _check_located(engine, model, bug, backend, dtype, seed):
     first = expected_first(bug)
     where = f"{bug} ({dtype}, seed {seed})"
     assert result.verdict == "failed", where
+    # a bug in one layer of an otherwise correct run is never "consistent with" a lower precision
+    assert result.consistent_with is None and result.first_divergence.judgement.consistent_with is None, where
+    assert result.precision_diagnosis is None or result.precision_diagnosis["measured"] == (
+        ["float16", "bfloat16"] if dtype == "float32" else []), where
     assert result.first_divergence.key == first, (where, result.first_divergence.key)
     assert result.introducing_layers == [BUG_LAYER], where
     source = result.error_source

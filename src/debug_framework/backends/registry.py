@@ -43,6 +43,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "pytorch": "debug_framework.backends.pytorch:PyTorchBackend",
     "inductor": "debug_framework.backends.inductor:InductorBackend",
     "onnxruntime": "debug_framework.backends.onnx_runtime:OnnxRuntimeBackend",
+    "openvino": "debug_framework.backends.openvino_backend:OpenVinoBackend",
     "mlx": "debug_framework.backends.mlx_backend:MLXBackend",
     "metal": "debug_framework.backends.mlx_backend:MLXMetalBackend",
     "cuda": "debug_framework.backends.cuda:CudaBackend",

@@ -177,6 +177,10 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
                          first["id"], _fmt(first.get("max_abs_error")), first.get("reason") or ""))
         if result.get("error_source"):
             out.print(markup("{}", _source_line(result["error_source"])))
+        if isinstance(result.get("consistent_with"), str):
+            out.print(markup("precision: consistent with a correct [bold]{}[/] run (the alternative computes at a "
+                             "lower precision than the declared {}; validate it at that dtype)",
+                             result["consistent_with"], result.get("alternative_dtype")))
     else:
         out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within their bounds")
     if result.get("introducing_layers") is not None:

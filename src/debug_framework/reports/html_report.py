@@ -56,7 +56,7 @@ _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth"
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
                       "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source",
-                      "drilldown"}
+                      "drilldown", "consistent_with"}
 
 
 def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
@@ -409,6 +409,9 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         f'<div id="first-divergence">first divergence: <strong>{esc(fd_text)}</strong></div>'
         + (f"<div>worst checkpoint: {esc(row_id(worst))} (max abs error {esc(fmt_num(worst.get('max_abs_error')))})</div>"
            if worst is not None else "")
+        + (f'<div id="consistent-with">the error is consistent with a correct <strong>{esc(results["consistent_with"])}'
+           f"</strong> run (the alternative computes at a lower precision than declared)</div>"
+           if isinstance(results.get("consistent_with"), str) else "")
         + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
            if isinstance(results.get("introducing_layers"), list) else "")
         + (f"<div>error: {esc(session.get('error_message'))}</div>" if session.get("error_message") else "")

@@ -1,6 +1,6 @@
 """Op-level drill-down: inside a layer that introduces error, which operator does (see :mod:`.types`).
 
-Strategies (:mod:`.registry`): ``onnx`` (:mod:`.onnx`, ONNX Runtime), ``replay`` (:mod:`.replay`,
+Strategies (:mod:`.registry`): ``onnx`` (:mod:`.onnx`, ONNX Runtime), ``openvino`` (:mod:`.openvino`), ``replay`` (:mod:`.replay`,
 eager PyTorch, module and plugin backends), and those installed packages declare in the entry-point
 group ``debug_framework.drill_strategies`` (:mod:`.entry_points`; ``debug_module``'s Inductor one).
 """

@@ -140,11 +140,10 @@ class _Judge:
             own = self.alt.inputs[index]
             got = self.trusted_inputs.get(path)
             if got is None or not isinstance(own, torch.Tensor) or got.shape != own.shape:
-                return own.detach().to("cpu", torch.float64) if own.is_floating_point() else own.cpu()
+                return _trusted_own(own)
             return got
         if node.op == "get_attr":
-            v = self.alt_own[node.name]
-            return v.detach().to("cpu", torch.float64) if v.is_floating_point() else v.cpu()
+            return _trusted_own(self.alt_own[node.name])
         if node.target is operator.getitem:
             return self.tv[node.args[0].name][node.args[1]]
         if is_cast(node):
@@ -246,6 +245,17 @@ class _Judge:
                   if a.op != "placeholder" or self.paths[a.name] == "hidden"]
         errors = [e for e in errors if e == e]
         return max(errors, default=0.0)
+
+
+def _trusted_own(value: Any) -> Any:
+    """The alternative's own input or attribute as the trusted side takes it: a float tensor in
+    float64 on the CPU, another tensor on the CPU, anything else (a quantized module's packed
+    weights, a script object) as it is: only the alternative's kernels read it."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_quantized:
+        return value.dequantize().to("cpu", torch.float64)
+    return value.detach().to("cpu", torch.float64) if value.is_floating_point() else value.cpu()
 
 
 def _on_cpu(value: Any) -> Any:

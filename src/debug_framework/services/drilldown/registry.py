@@ -30,9 +30,16 @@ def _onnx() -> DrillStrategy:
     return OnnxDrillStrategy()
 
 
+def _openvino() -> DrillStrategy:
+    from .openvino import OpenVinoDrillStrategy
+
+    return OpenVinoDrillStrategy()
+
+
 #: Strategy factories, most specific first (a factory imports its module lazily: torch only when used).
 STRATEGY_FACTORIES: list[Callable[[], DrillStrategy]] = [
     _onnx,
+    _openvino,
     _replay,
 ]
 

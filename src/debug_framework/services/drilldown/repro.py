@@ -28,6 +28,14 @@ _BODY = KERNEL_LOADER + '''
 def value(v, tensors, device):
     if isinstance(v, dict) and "tensor" in v:
         return tensors[v["tensor"]].to(device)
+    if isinstance(v, dict) and "linear_packed" in v:  # a dynamically quantized Linear's packed weights
+        p = v["linear_packed"]
+        q = tensors[p["int8"]]
+        if p["axis"] is None:
+            w = torch._make_per_tensor_quantized_tensor(q, p["scale"], p["zero_point"])
+        else:
+            w = torch._make_per_channel_quantized_tensor(q, tensors[p["scales"]], tensors[p["zero_points"]], p["axis"])
+        return torch.ops.quantized.linear_prepack(w, tensors[p["bias"]] if p["bias"] else None)
     if isinstance(v, dict) and "dtype" in v:
         return getattr(torch, v["dtype"])
     if isinstance(v, dict) and "memory_format" in v:
@@ -95,7 +103,29 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return {"device": str(v)}
     if isinstance(v, torch.layout):
         return {"layout": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.ScriptObject) and hasattr(v, "unpack"):  # quantized Linear's packed parameters
+        return {"linear_packed": _packed_linear(v, tensors)}
     return v
+
+
+def _packed_linear(packed: Any, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A ``LinearPackedParamsBase`` as its int8 weight, quantization parameters and bias (stored in
+    ``tensors``), which ``repro.py`` packs again with ``quantized::linear_prepack``."""
+    weight, bias = packed.unpack()
+
+    def keep(t: torch.Tensor) -> str:
+        key = f"t{len(tensors)}"
+        tensors[key] = t.detach().to("cpu").contiguous()
+        return key
+
+    entry: dict[str, Any] = {"int8": keep(weight.int_repr()), "bias": None if bias is None else keep(bias),
+                             "axis": None}
+    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        entry.update(scale=float(weight.q_scale()), zero_point=int(weight.q_zero_point()))
+    else:
+        entry.update(axis=int(weight.q_per_channel_axis()), scales=keep(weight.q_per_channel_scales()),
+                     zero_points=keep(weight.q_per_channel_zero_points()))
+    return entry
 
 
 def _plugin(backend: Any, target: Any, folder: Path) -> dict[str, Any] | None:

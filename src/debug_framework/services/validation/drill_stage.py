@@ -77,14 +77,29 @@ class DrillDownStage(Stage):
         except DebugFrameworkError:
             raise
         except Exception as exc:  # noqa: BLE001 - tracing a user's module may fail in its own code
+            where = _crash_log(request.out_dir, strategy.name, exc)
             return DrillDownStage._empty(ctx, request.layer, request.checkpoint,
-                                         f"the {strategy.name} drill-down failed: {type(exc).__name__}: {exc}",
-                                         strategy.name)
+                                         f"the {strategy.name} drill-down failed: {type(exc).__name__}: {exc} "
+                                         f"({where})", strategy.name)
 
     @staticmethod
     def _empty(ctx: RunContext, layer: int, checkpoint: str, note: str, method: str = "none") -> LayerDrilldown:
         return LayerDrilldown(layer=layer, checkpoint=checkpoint, backend=ctx.alternative.name, method=method,
                               note=note)
+
+
+def _crash_log(out_dir: Path, strategy: str, exc: BaseException) -> str:
+    """Write ``exc``'s traceback to ``<out_dir>/crash.log``; say where (or why it could not be)."""
+    import traceback
+
+    path = out_dir / "crash.log"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"the {strategy} drill-down strategy crashed:\n"
+                        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), encoding="utf-8")
+    except OSError as err:
+        return f"its traceback could not be written to {path}: {err}"
+    return f"traceback in {path}"
 
 
 def _out_dir(ctx: RunContext, layer: int) -> Path:

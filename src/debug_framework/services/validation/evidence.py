@@ -56,6 +56,8 @@ class CheckpointEvidence:
         run_to_run: the noise floor stage's max |run1 - run2| per side.
         step: the decode step (None: the prefill pass).
         module: the module path of the checkpoint in the backend's model, where known.
+        lower_precision: the precision stage's correct runs at lower precisions against the
+            reference here, by dtype (``{"bfloat16": ...}``; None: not measured).
     """
 
     key: CheckpointKey
@@ -67,6 +69,7 @@ class CheckpointEvidence:
     run_to_run: dict[str, float] | None = None
     step: int | None = None
     module: str | None = None
+    lower_precision: dict[str, ComparisonResult] | None = None
 
     @property
     def present(self) -> bool:
@@ -135,6 +138,8 @@ class Evidence:
     layers: list[LayerEvidence] | None = None
     isolation_note: str | None = None
     oracle: OracleSetup | None = None
+    #: the precision stage's: which lower precisions a correct run was measured at, or why none
+    precision_note: dict[str, Any] | None = None
 
     def at(self, key: CheckpointKey) -> CheckpointEvidence | None:
         """The evidence of checkpoint ``key`` (None when it is not enabled)."""

@@ -11,7 +11,12 @@ Pure: it reads only the :class:`~.evidence.Evidence` the stages measured and the
 * per layer, which blocks introduce error: the attention block judged on the reference's layer
   input, the MLP block on the reference's post-attention state, and the whole layer on the
   reference's layer input (error that neither block makes alone: the wiring between them);
-* the first divergence, the introducing layers and the error source.
+* the first divergence, the introducing layers and the error source;
+* where checkpoints fail, whether the whole run is **consistent with a correct run at a lower
+  precision** (``consistent_with``: ``"float16"``, ``"bfloat16"``): at every checkpoint measured,
+  the alternative's error is within the calibrated bound of a correct run at that precision and not
+  far below it (a run computed at that precision errs everywhere, the embedding included, so a bug
+  in one place of an otherwise exact run is never named so).
 
 Every rule is :meth:`debug_framework.comparison.RatioRule.verdict` or a tolerance's allclose; no
 stage decides anything.
@@ -21,16 +26,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, OracleJudgement, RatioRule
 from ...jsonio import as_float
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
-from .plan import ValidationPlan
+from .plan import DTYPE_EPS, ValidationPlan
 
-__all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source"]
+__all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND"]
+
+#: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
+#: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
+PRECISION_BAND = 8.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,8 @@ class Judgement:
         margin: error / bound (at most 1 passes); for a tolerance ``max |a - r| / (atol + rtol |r|)``.
         reason: why it failed (None when it passed).
         rule: the ratio rule's errors, multiplier and floor where one decided (None for a tolerance).
+        consistent_with: on a failed checkpoint of a run consistent with a correct run at a lower
+            precision, that precision (``"bfloat16"``, ``"float16"``); else None.
     """
 
     passed: bool
@@ -53,12 +64,15 @@ class Judgement:
     margin: float | None = None
     reason: str | None = None
     rule: OracleJudgement | None = None
+    consistent_with: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Judgement:
         """A stored judgement read back (:meth:`to_dict`'s fields; the rule's details are not kept)."""
+        consistent = data.get("consistent_with")
         return cls(bool(data.get("passed")), str(data.get("judged_by") or "tolerance"), as_float(data.get("bound")),
-                   as_float(data.get("margin")), data.get("reason"))
+                   as_float(data.get("margin")), data.get("reason"),
+                   consistent_with=consistent if isinstance(consistent, str) else None)
 
     def to_dict(self) -> dict[str, Any]:
         """``passed``, ``judged_by``, ``bound``, ``margin``, ``reason`` and the rule's details."""
@@ -134,6 +148,8 @@ class Verdict:
     layers: dict[int, LayerVerdict] | None
     first_divergence: CheckpointKey | None
     error_source: dict[str, Any] | None
+    #: the lower precision a correct run at which errs as this run does (None: none, or it passed)
+    consistent_with: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -227,7 +243,37 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
         lv = None if layers is None or ev.key.layer is None else layers.get(ev.key.layer)
         checkpoints[ev.key] = _with_isolation(own, lv, ev.key)
     first = next((k for k, j in checkpoints.items() if not j.passed), None)
-    return Verdict(checkpoints, layers, first, error_source(first, layers, evidence.isolation_note))
+    consistent = None if first is None else consistent_precision(evidence, plan)
+    if consistent is not None:
+        checkpoints = {k: j if j.passed else replace(j, consistent_with=consistent) for k, j in checkpoints.items()}
+    return Verdict(checkpoints, layers, first, error_source(first, layers, evidence.isolation_note), consistent)
+
+
+def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None:
+    """The most precise lower precision (of those the precision stage measured, in its order) such
+    that at every checkpoint where a correct run at it was measured, the alternative's error is
+    within that run's calibrated bound (``noise_margin x its error + floor_eps x eps x RMS(ref)``)
+    and that run's error is within ``PRECISION_BAND`` x the alternative's (plus the floor at the
+    alternative's own precision). None when no precision fits every checkpoint."""
+    cfg = plan.config
+    metric = str(cfg["calibration_metric"])
+    measured = [d for d in (evidence.precision_note or {}).get("measured", []) if d in DTYPE_EPS]
+    for dtype in measured:
+        seen = 0
+        for ev in evidence.checkpoints:
+            lower = (ev.lower_precision or {}).get(dtype)
+            if lower is None or not ev.present:
+                continue
+            seen += 1
+            rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
+            upper = RatioRule(float(cfg["noise_margin"]), float(cfg["floor_eps"]) * DTYPE_EPS[dtype] * rms, metric)
+            below = RatioRule(PRECISION_BAND, float(cfg["floor_eps"]) * plan.eps * rms, metric)
+            if not (upper.verdict(lower, ev.comparison).passed and below.verdict(ev.comparison, lower).passed):
+                break
+        else:
+            if seen:
+                return dtype
+    return None
 
 
 def _block_of(key: CheckpointKey) -> str | None:

@@ -50,6 +50,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "floor_eps": FLOOR_EPS,  # 1.0; floor = floor_eps x eps(dtype) x RMS(reference tensor)
     "calibration_metric": "rmse",
     "noise_floor": False,
+    "precision_diagnosis": True,  # failed checkpoints: measure correct runs at lower precisions (consistent_with)
     "drill_down": False,  # name the operator that introduces error in each diverging layer (docs/drilldown.md)
     "seed": 0,
     "input_text": None,  # str or list of str (needs the model's tokenizer)
@@ -149,6 +150,8 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigurationError(f"calibration_metric must be one of {', '.join(ORACLE_METRICS)}")
     if not isinstance(merged["drill_down"], bool):
         raise ConfigurationError(f"drill_down must be true or false, got {merged['drill_down']!r}")
+    if not isinstance(merged["precision_diagnosis"], bool):
+        raise ConfigurationError(f"precision_diagnosis must be true or false, got {merged['precision_diagnosis']!r}")
     if not isinstance(merged["calibrate"], bool):
         raise ConfigurationError(f"calibrate must be true or false, got {merged['calibrate']!r}")
     if not isinstance(merged["calibration_backend"], str) or not merged["calibration_backend"]:
@@ -255,6 +258,14 @@ class ValidationPlan:
     def eps(self) -> float:
         """Machine epsilon of the governing dtype (the unit of the scale-relative floors)."""
         return DTYPE_EPS.get(self.governing_dtype, DTYPE_EPS["float32"])
+
+    @property
+    def lower_precisions(self) -> tuple[str, ...]:
+        """The compute dtypes less precise than the alternative's, most precise first (what the
+        precision diagnosis measures correct runs at)."""
+        if self.alternative_dtype not in _PRECISION_ORDER:
+            return ()
+        return _PRECISION_ORDER[_PRECISION_ORDER.index(self.alternative_dtype) + 1:]
 
     @property
     def layer_range(self) -> range:

@@ -142,6 +142,7 @@ class CheckpointResult:
         return json_safe({
             "id": self.id, **self.key.to_json(), "step": self.step, "module": self.module,
             **self.judgement.to_dict(),
+            "consistent_with": self.judgement.consistent_with,
             **_metrics(self.comparison),
             "tolerance": self.comparison.tolerance.to_dict() if self.judged_by == "tolerance" else None,
             "noise": brief(self.noise),
@@ -274,6 +275,10 @@ class ValidationResult:
     recordings: str | None = None
     #: the op-level drill-down, one entry per drilled layer (None: not requested)
     drilldown: list[LayerDrilldown] | None = None
+    #: the lower precision a correct run at which errs as this run does (the judge's; None: none)
+    consistent_with: str | None = None
+    #: the precision stage's note: which lower precisions were measured, which skipped and why
+    precision_diagnosis: dict[str, Any] | None = None
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -284,7 +289,8 @@ class ValidationResult:
         results = [checkpoint_result(ev, verdict.checkpoints[ev.key], by_layer.get(ev.key.layer)
                                      if ev.key.layer is not None else None) for ev in evidence.checkpoints]
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
-                   error_source=verdict.error_source, **info)
+                   error_source=verdict.error_source, consistent_with=verdict.consistent_with,
+                   precision_diagnosis=evidence.precision_note, **info)
 
     @property
     def passed(self) -> bool:
@@ -314,6 +320,8 @@ class ValidationResult:
             "first_divergence": None if first is None else divergence_ref(first.to_dict()),
             "introducing_layers": self.introducing_layers if self.isolation is not None else None,
             "error_source": self.error_source,
+            "consistent_with": self.consistent_with,
+            "precision_diagnosis": self.precision_diagnosis,
             "isolation": None if self.isolation is None else [lr.to_dict() for lr in self.isolation],
             "isolation_note": self.isolation_note,
             "oracle": self.oracle,

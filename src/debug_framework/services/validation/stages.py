@@ -15,6 +15,8 @@ progress, timing and "persist the checkpoint rows after each stage". A stage onl
                       on the reference's input to that block
 ``oracle``            both runs against a float64 ``python_reference``
 ``noise floor``       each backend run again; run-to-run differences reported apart
+``precision``         where checkpoints fail: correct runs at each lower precision (bfloat16,
+                      float16), for the judge's ``consistent_with`` (:mod:`.precision_stage`)
 ``drill-down``        inside each diverging layer, the operator that introduces the error
                       (:mod:`.drill_stage`, with ``drill_down: true``)
 ``record``            the worst checkpoints' tensors kept in the content-addressed tensor store
@@ -51,6 +53,7 @@ from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
+from .precision_stage import PrecisionStage
 from .evidence import BlockEvidence, CheckpointEvidence, LayerEvidence, OracleEvidence, OracleSetup, reference_scale
 from .plan import ValidationPlan
 
@@ -72,6 +75,7 @@ __all__ = [
     "RecordStage",
     "StoreStage",
     "DrillDownStage",
+    "PrecisionStage",
     "DEFAULT_STAGES",
 ]
 
@@ -511,6 +515,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     IsolationStage(),
     OracleStage(),
     NoiseFloorStage(),
+    PrecisionStage(),
     DrillDownStage(),
     RecordStage(),
     StoreStage(),

@@ -1,0 +1,83 @@
+"""The precision stage: when checkpoints fail at the declared precision, how a correct run at each
+lower precision errs.
+
+A backend that silently computes in bfloat16 (OpenVINO's default on processors with bfloat16
+instructions) or a model file converted to float16 fails a float32 validation at every checkpoint,
+with errors that are exactly what a correct run at that lower precision makes. This stage runs the
+session's trusted implementation (the calibration backend) at each dtype less precise than the
+alternative's (``float16``, then ``bfloat16``) on the same inputs and keeps its error against the
+reference at every enabled checkpoint (``CheckpointEvidence.lower_precision``). It measures only;
+the judge (:func:`.judge.consistent_precision`) decides whether the whole run is consistent with
+one of them (``consistent_with``). It runs only where a checkpoint failed, calibration is on and
+``precision_diagnosis`` is (the default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...backends.base import Backend
+from ...capture.keys import Capture
+from ...errors import DebugFrameworkError
+from ...measure import Timer
+from .calibration import noise_at
+from .context import RunContext, Stage, call_backend
+
+__all__ = ["PrecisionStage", "lower_precision_backend"]
+
+
+def lower_precision_backend(calibration_backend: str, dtype: str) -> tuple[Backend | None, str | None]:
+    """A fresh trusted implementation (the session's ``calibration_backend``) for ``dtype``, or
+    ``(None, why not)`` when it cannot run that dtype."""
+    from ...backends import get_backend
+    from ...backends.torch_reference import TorchReferenceBackend
+
+    backend: Backend = (TorchReferenceBackend() if calibration_backend in ("auto", "torch_reference")
+                        else get_backend(calibration_backend))
+    supported = tuple(getattr(backend, "supported_dtypes", ()) or ())
+    if supported and dtype not in supported:
+        return None, f"the calibration backend {backend.name!r} cannot run {dtype}"
+    return backend, None
+
+
+class PrecisionStage(Stage):
+    """Correct runs at the precisions below the alternative's, measured where checkpoints fail."""
+
+    name = "precision"
+    timing_key = "precision_s"
+    persists_rows = True
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config["precision_diagnosis"]) and bool(config["calibrate"])
+
+    def ready(self, ctx: RunContext) -> bool:
+        """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
+        return bool(ctx.plan.lower_precisions) and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
+
+    def run(self, ctx: RunContext) -> None:
+        plan = ctx.plan
+        keys = [ev.key for ev in ctx.evidence.checkpoints]
+        measured: list[str] = []
+        skipped: dict[str, str] = {}
+        seconds: dict[str, float] = {}
+        for dtype in plan.lower_precisions:
+            backend, why = lower_precision_backend(str(plan.config["calibration_backend"]), dtype)
+            if backend is None:
+                skipped[dtype] = str(why)
+                continue
+            with Timer() as t:
+                try:
+                    call_backend(backend, "prepare()", lambda b=backend, d=dtype: b.prepare(ctx.model, d, "cpu"))
+                    cap: Capture = call_backend(backend, "run()", lambda b=backend: b.run(ctx.inputs, keys))
+                except DebugFrameworkError as exc:  # a trusted run that cannot run here: said, not fatal
+                    skipped[dtype] = exc.message
+                    continue
+            seconds[dtype] = t.seconds
+            measured.append(dtype)
+            for ev in ctx.evidence.checkpoints:
+                noise = noise_at(ev.key, ctx.reference_capture, cap)
+                if noise is not None:
+                    ev.lower_precision = {**(ev.lower_precision or {}), dtype: noise}
+        ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
+                                       "backend": str(plan.config["calibration_backend"])}
