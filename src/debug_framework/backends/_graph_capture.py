@@ -85,6 +85,10 @@ class PlainOutput(torch.nn.Module):
 
 def graph_inputs(model: LoadedModel, inputs: ModelInputs) -> dict[str, Any]:
     """The input arrays a graph takes: ids and mask, plus token types (zeros if absent) for BERT."""
+    if getattr(model, "format", None) == "onnx":  # the file's own inputs, in its own integer types
+        from ..modelio.onnx_file import onnx_feeds
+
+        return onnx_feeds(model.config, inputs)
     out: dict[str, Any] = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask}
     if model.architecture == "bert":
         import numpy as np

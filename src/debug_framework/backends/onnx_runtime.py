@@ -39,6 +39,7 @@ from ._graph_capture import (
     layer_inputs_from,
     replay_arguments,
 )
+from ._onnx_file import alternative_model
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
@@ -75,6 +76,9 @@ class OnnxRuntimeBackend(BaseBackend):
             ``"basic"`` or ``"disable"``.
         layer_replay: how :meth:`run_layer` builds a layer's graph: ``"graph"`` (default: cut out of
             the model's export) or ``"export"`` (the layer exported alone, the slow former way).
+        model_file: ``--alternative-model``: an ONNX file of the same model (float16-converted,
+            optimised, quantized) run instead of the session's model, its checkpoints matched by
+            tensor name; the session's model must then be an ONNX file too.
         graph_transform: ``"module:function"`` or ``"path/file.py:function"``, a function
             ``(onnx.ModelProto) -> onnx.ModelProto`` applied to every graph before ONNX Runtime loads
             it (a deployment's own graph surgery: fusions, rewrites); ``None``: graphs as exported.
@@ -84,8 +88,12 @@ class OnnxRuntimeBackend(BaseBackend):
     supported_dtypes = ("float32",)
 
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
-                 optimization: str = "all", layer_replay: str = "graph", graph_transform: str | None = None) -> None:
+                 optimization: str = "all", layer_replay: str = "graph", graph_transform: str | None = None,
+                 model_file: str | Path | None = None) -> None:
         super().__init__()
+        self.model_file = alternative_model(model_file, self.name)
+        if self.model_file is not None:  # the file's precision is its own: the dtype is the one it is judged at
+            self.supported_dtypes = ("float32", "float16", "bfloat16")
         for what, value, allowed in (("graph optimisation level", optimization, OPTIMIZATION_LEVELS),
                                      ("layer replay", layer_replay, LAYER_REPLAYS)):
             if value not in allowed:
@@ -113,6 +121,7 @@ class OnnxRuntimeBackend(BaseBackend):
         self._cut_failed: dict[int, str] = {}
         self._block_support: tuple[bool, str] | None = None
         self._graph_proto: Any = None
+        self._file_model = False  # an ONNX-file model (modelio/onnx_file.py): the file is run, nothing exported
         #: removes the temporary artifact directory (None: the directory is not this backend's to remove)
         self._temporary: weakref.finalize | None = None
 
@@ -267,6 +276,13 @@ class OnnxRuntimeBackend(BaseBackend):
         self.device = self._device_request
         dtype = self._check_prepare(model, dtype, self.device)
         artifact_dir = self._artifact_dir()
+        if self.model_file is not None and getattr(model, "format", None) != "onnx":
+            raise BackendInitializationError("an alternative model file needs an ONNX file as the session's model",
+                                             backend=self.name, hint="pass the original .onnx file as --model-path")
+        if getattr(model, "format", None) == "onnx":
+            self._prepare_file(model, artifact_dir)
+            return
+        self._file_model = False
         self.net = build_hf_model(model, torch.float32, "cpu")
         wrapper = self._wrapper = CheckpointOutputs.for_model(self.net, model)
         # the list the checkpoint hooks append to (torch.export puts a copy on the wrapper afterwards)
@@ -283,10 +299,36 @@ class OnnxRuntimeBackend(BaseBackend):
         self.session = self._session(self.onnx_path)
         self._plain_session = None
 
+    def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
+        """An ONNX-file model: the file itself (or ``model_file``), its checkpoint tensors made
+        outputs (:func:`~._onnx_file.file_outputs`); nothing exported."""
+        from ._onnx_file import checkpoint_graph, file_outputs
+
+        self._file_model = True
+        self.net, self._wrapper, self._graph_proto = None, None, None
+        self._layer_sessions.clear()
+        self._cut_sessions.clear()
+        path, self._names = file_outputs(model, self.model_file)
+        self._keys_out, self.onnx_path, self.export_s = list(self._names), path, 0.0
+        graph = checkpoint_graph(path, list(self._names.values()))
+        self.session = self._session(artifact_dir / f"{path.stem}-checkpoints.onnx", graph)
+        self._plain_session = self.session
+
+    def can_run_layer(self) -> tuple[bool, str]:
+        """An ONNX-file model's layers are not replayed alone (yet)."""
+        if getattr(self, "_file_model", False):
+            return False, "cannot replay a layer of an ONNX file alone"
+        return True, ""
+
     def _run_plain(self, inputs: ModelInputs) -> Capture:
         """The model exported without checkpoint outputs (exported on first use, beside the other)."""
         model = self._prepared()
         meta: dict[str, Any] = {"variant": "plain"}
+        if getattr(self, "_file_model", False):
+            feeds = graph_inputs(model, inputs)
+            start = time.perf_counter()
+            self.session.run([self.session.get_outputs()[0].name], feeds)
+            return Capture(backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start, meta=meta)
         if self._plain_session is None:
             path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", "-plain.onnx"))
             meta["export_s"] = self._export(PlainOutput(self.net), model, path, ["output"])
@@ -314,7 +356,7 @@ class OnnxRuntimeBackend(BaseBackend):
         elapsed = time.perf_counter() - start
         got = dict(zip(fetch, arrays))
         return Capture(
-            tensors={k: got[k] for k in keys},
+            tensors={k: got[k] for k in keys if k in got},  # an ONNX file may lack a checkpoint
             backend=self.name,
             dtype=self.dtype,
             elapsed_s=elapsed,
@@ -354,6 +396,8 @@ class OnnxRuntimeBackend(BaseBackend):
         return cap
 
     def can_run_block(self) -> tuple[bool, str]:
+        if getattr(self, "_file_model", False):
+            return False, "cannot replay a block of an ONNX file alone"
         """A layer's MLP block runs alone where the export can be cut from each layer's
         ``post_attention`` to its ``post_mlp`` (checked once per prepare, without running anything)."""
         if self._block_support is None:

@@ -153,7 +153,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
     Args:
         device: an OpenVINO device name (``"CPU"``, ``"GPU"``...; ``"cpu"`` means ``"CPU"``);
             ``None``: ``"CPU"``.
-        artifact_dir, opset, layer_replay, graph_transform: as for ``onnxruntime``.
+        artifact_dir, opset, layer_replay, graph_transform, model_file: as for ``onnxruntime``.
         precision_hint: ``"f32"``, ``"bf16"`` or ``None`` (the dtype's: bfloat16 asks for
             ``"bf16"``, float32 for OpenVINO's own default on the device, which is bfloat16 on
             processors with bfloat16 instructions).
@@ -166,9 +166,10 @@ class OpenVinoBackend(OnnxRuntimeBackend):
 
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
                  layer_replay: str = "graph", graph_transform: str | None = None,
-                 precision_hint: str | None = None, emulate_bf16: bool = True) -> None:
+                 precision_hint: str | None = None, emulate_bf16: bool = True,
+                 model_file: str | Path | None = None) -> None:
         super().__init__(device=None, artifact_dir=artifact_dir, opset=opset, optimization="all",
-                         layer_replay=layer_replay, graph_transform=graph_transform)
+                         layer_replay=layer_replay, graph_transform=graph_transform, model_file=model_file)
         if precision_hint is not None and precision_hint not in PRECISION_HINTS:
             raise BackendInitializationError(f"unknown precision hint {precision_hint!r}",
                                              hint=f"use one of {', '.join(PRECISION_HINTS)}", backend=self.name)

@@ -33,6 +33,7 @@ class PythonReferenceBackend(BaseBackend):
     def __init__(self) -> None:
         super().__init__()
         self.reference: LlamaReference | BertReference | None = None
+        self._graph: Any = None  # an ONNX-file model: its own graph, evaluated in float64
 
     def version_info(self) -> dict[str, Any]:
         info = super().version_info()
@@ -48,11 +49,25 @@ class PythonReferenceBackend(BaseBackend):
         dtype = self._check_prepare(model, dtype, device)
         if device != "cpu":
             raise BackendInitializationError(f"device {device!r} is not supported; NumPy runs on cpu", backend=self.name)
+        if getattr(model, "format", None) == "onnx":  # the file's graph in float64 (backends/_onnx_file.py)
+            from ._onnx_file import Float64GraphRunner
+
+            self.reference, self._graph = None, Float64GraphRunner(model, dtype, self.name)
+            return
+        self._graph = None
         self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
+
+    def can_run_layer(self) -> tuple[bool, str]:
+        """An ONNX-file model's layers are not replayed alone (yet): no isolation for it."""
+        if self._graph is not None:
+            return False, "cannot replay a layer of an ONNX file alone"
+        return True, ""
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
         self._check_inputs(inputs)
+        if self._graph is not None:
+            return self._graph.run(inputs, keys, capture_layer_inputs)
         layer_inputs: dict[int, np.ndarray] | None = {} if capture_layer_inputs else None
         start = time.perf_counter()
         out = self.reference.forward(

@@ -22,6 +22,7 @@ from ..architectures import BertReference, LlamaReference, build_reference
 from ..architectures.xp import torch_namespace
 from ..capture.keys import Capture, CheckpointKey
 from ..comparison import float64_array
+from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name
@@ -45,7 +46,22 @@ class TorchReferenceBackend(BaseBackend):
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, "cpu")
+        self._graph = None
+        if getattr(model, "format", None) == "onnx":  # the file's own graph (backends/_onnx_file.py)
+            from ._onnx_file import Float64GraphRunner
+
+            if dtype not in ("float64", "float32", "float16"):
+                raise BackendInitializationError(f"an ONNX file's graph is run at float64, float32 or float16, "
+                                                 f"not {dtype}", backend=self.name, hint="set calibrate to false")
+            self.net, self._graph = None, Float64GraphRunner(model, dtype, self.name)
+            return
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
+
+    def can_run_layer(self) -> tuple[bool, str]:
+        """An ONNX-file model's layers are not replayed alone (yet)."""
+        if getattr(self, "_graph", None) is not None:
+            return False, "cannot replay a layer of an ONNX file alone"
+        return True, ""
 
     def _ids(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         tt = None if inputs.token_type_ids is None else torch.from_numpy(np.asarray(inputs.token_type_ids, np.int64))
@@ -55,6 +71,8 @@ class TorchReferenceBackend(BaseBackend):
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
         self._check_inputs(inputs)
+        if getattr(self, "_graph", None) is not None:
+            return self._graph.run(inputs, keys, capture_layer_inputs)
         ids, mask, tt = self._ids(inputs)
         layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
         start = time.perf_counter()

@@ -248,6 +248,10 @@ def validate(
     backend_file: list[Path] | None = typer.Option(None, "--backend-file", metavar="PATH.py",
                                                    help="import this Python file first (repeatable): it registers "
                                                         "backends with register_backend(name, factory)"),
+    alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE.onnx",
+                                                  help="a converted or optimised ONNX file of the --model-path ONNX "
+                                                  "file, run by the alternative (onnxruntime, openvino); "
+                                                  "checkpoints matched by tensor name"),
     plugin: Path | None = typer.Option(None, "--plugin", help="kernel plugin manifest: the alternative is the PyTorch "
                                        "model with its kernels swapped in (backend plugin:<id>)"),
 ) -> int:
@@ -267,6 +271,9 @@ def validate(
     if database:
         fw["database_path"] = database
     session_config = _check_arguments(invocation, model_path, opts, fw)  # fast: before the heavy imports
+    if alternative_model is not None:
+        session_config["alternative_options"] = {**(session_config.get("alternative_options") or {}),
+                                                 "model_file": str(alternative_model)}
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 

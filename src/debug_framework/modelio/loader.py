@@ -39,7 +39,7 @@ class LoadedModel:
 
     Attributes:
         path: what was loaded (directory or file).
-        format: ``"hf_dir"``, ``"safetensors"``, ``"zt"`` or ``"torch"``.
+        format: ``"hf_dir"``, ``"safetensors"``, ``"zt"``, ``"torch"`` or ``"onnx"`` (:mod:`.onnx_file`).
         config: the typed config (:class:`LlamaModelConfig` or :class:`BertModelConfig`).
         raw_config: ``config.json`` as read.
         weights: canonical tensor name -> tensor, lazy.
@@ -218,6 +218,16 @@ def _load_tokenizer(directory: Path) -> Any:
         raise ModelLoadingError(f"tokenizer.json cannot be read: {exc}", file=str(path)) from exc
 
 
+def _load_onnx(path: Path) -> LoadedModel:
+    """An ONNX file (:mod:`.onnx_file`): the graph is the model; its tokenizer.json beside it, if any."""
+    from .onnx_file import load_onnx_file
+
+    regular_file_size(path)
+    config, weights, files = load_onnx_file(path)
+    return LoadedModel(path=path, format="onnx", config=config, raw_config={}, weights=weights,  # type: ignore[arg-type]
+                       tokenizer=_load_tokenizer(path.parent), files=files)
+
+
 def load_model(path: str | Path, *, config_path: str | Path | None = None) -> LoadedModel:
     """Load a model from a Hugging Face directory or a single weights file with ``config.json`` beside it.
 
@@ -239,6 +249,8 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
     path = Path(path).expanduser()
     if not model_path_exists(path):
         raise ModelLoadingError("model path does not exist", file=str(path))
+    if path.suffix.lower() == ".onnx" and not path.is_dir():
+        return _load_onnx(path)
     directory = path if path.is_dir() else path.parent
     weight_map: dict[str, str] = {}
     if path.is_dir():

@@ -253,12 +253,14 @@ class CompareStage(Stage):
 
     def run(self, ctx: RunContext) -> None:
         ref, alt, calib = ctx.reference_capture, ctx.alternative_capture, ctx.captures.get("calibration")
+        graph_tensors = getattr(ctx.model.config, "checkpoint_tensors", None) or {}  # an ONNX file's tensor names
         for key in ctx.plan.keys:
             comp = _compare_key(ref, alt, key, ctx.plan)
             both = key in ref and key in alt
             ev = CheckpointEvidence(key=key, comparison=comp,
                                     reference_rms=reference_scale(ref[key]) if both else math.nan,
-                                    noise=noise_at(key, ref, calib) if ctx.plan.calibrated(key) else None)
+                                    noise=noise_at(key, ref, calib) if ctx.plan.calibrated(key) else None,
+                                    module=graph_tensors.get(str(key)))
             if both and (ev.noise is None) and comp.tolerance.pass_rule == "allclose":
                 ev.tolerance_margin = tolerance_margin(ref[key], alt[key], comp.tolerance)
             ctx.evidence.checkpoints.append(ev)

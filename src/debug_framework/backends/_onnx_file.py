@@ -1,0 +1,189 @@
+"""The graph of an ONNX-file model (:mod:`debug_framework.modelio.onnx_file`) as the backends run it:
+its checkpoint tensors made graph outputs, and, for the reference, every float32 value of the graph
+made float64 (initializers, constants, graph inputs and outputs, ``Cast``-to-float nodes).
+
+An operator ONNX Runtime has no float64 kernel for is named in the error (DF002), never silently
+run at float32.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..capture.keys import Capture, CheckpointKey
+from ..errors import BackendInitializationError
+
+__all__ = ["alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
+
+_FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
+#: a runner's dtype -> the ONNX element type every float32 value of the graph is made
+_RETYPE = {"float64": _DOUBLE, "float16": _FLOAT16}
+_NUMPY = {_DOUBLE: np.float64, _FLOAT16: np.float16}
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
+
+
+def checkpoint_names(model: Any) -> dict[CheckpointKey, str]:
+    """The model's checkpoints (keys) -> graph tensor names."""
+    return {CheckpointKey.parse(k): v for k, v in model.config.checkpoint_tensors.items()}
+
+
+def tensor_names(path: Path) -> set[str]:
+    """Every tensor name of the ONNX file ``path``: graph inputs, initializers, node outputs."""
+    import onnx
+
+    g = onnx.load(str(path), load_external_data=False).graph
+    return {i.name for i in g.input} | {o for n in g.node for o in n.output}
+
+
+def alternative_model(path: str | Path | None, backend: str) -> Path | None:
+    """``model_file``, checked: an existing ``.onnx`` file (DF002 otherwise)."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if p.suffix.lower() != ".onnx" or not p.is_file():
+        raise BackendInitializationError(f"the alternative model {str(p)!r} is not an existing .onnx file",
+                                         backend=backend)
+    return p
+
+
+def file_outputs(model: Any, model_file: Path | None) -> tuple[Path, dict[CheckpointKey, str]]:
+    """The file an alternative runs (``model_file``, else the model's own) and its checkpoints ->
+    tensor names, matched by name: a checkpoint the file lacks is left out (reported missing)."""
+    names = checkpoint_names(model)
+    if model_file is None:
+        return model.path, names
+    present = tensor_names(model_file)
+    return model_file, {k: v for k, v in names.items() if v in present}
+
+
+def _retyped_tensor(t: Any, elem: int) -> Any:
+    from onnx import numpy_helper
+
+    if t.data_type != _FLOAT:
+        return t
+    return numpy_helper.from_array(numpy_helper.to_array(t).astype(_NUMPY[elem]), t.name)
+
+
+def retype_floats(model: Any, elem: int) -> Any:
+    """``model`` (an ``onnx.ModelProto`` with its data loaded) with every float32 value made ``elem``
+    (float64 or float16) in place: initializers, constants, graph inputs and outputs, ``Cast``-to-float."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    for i, t in enumerate(list(graph.initializer)):
+        if t.data_type == _FLOAT:
+            graph.initializer[i].CopyFrom(_retyped_tensor(t, elem))
+    for vi in list(graph.input) + list(graph.output):
+        if vi.type.tensor_type.elem_type == _FLOAT:
+            vi.type.tensor_type.elem_type = elem
+    del graph.value_info[:]
+    for node in graph.node:
+        for a in node.attribute:
+            if node.op_type == "Cast" and a.name == "to" and a.i == _FLOAT:
+                a.i = elem
+            elif a.type == a.TENSOR and a.t.data_type == _FLOAT:
+                a.t.CopyFrom(_retyped_tensor(a.t, elem))
+            elif node.op_type == "Constant" and a.name in ("value_float", "value_floats"):
+                vals = np.asarray(a.f if a.name == "value_float" else list(a.floats), dtype=_NUMPY[elem])
+                node.attribute.remove(a)
+                node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(vals)))
+                break
+    return model
+
+
+def to_float64(model: Any) -> Any:
+    """``model`` with every float32 value made float64, in place (:func:`retype_floats`)."""
+    return retype_floats(model, _DOUBLE)
+
+
+def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") -> bytes:
+    """The ONNX file ``path`` (external data read in) with ``tensors`` as extra graph outputs,
+    serialized; ``dtype`` float64 or float16: every float32 value made so first."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=True)
+    if dtype in _RETYPE:
+        retype_floats(model, _RETYPE[dtype])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info}
+    except Exception:  # noqa: BLE001 - shape inference is only a help for the outputs' types
+        types = {}
+    present = {o.name for o in model.graph.output}
+    for name in tensors:
+        if name not in present:
+            elem = types.get(name) or _RETYPE.get(dtype, _FLOAT)
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem, None))
+            present.add(name)
+    return model.SerializeToString()
+
+
+def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitializationError:
+    """ONNX Runtime's refusal of a float64 graph, naming the operator it has no float64 kernel for."""
+    m = _NO_KERNEL.search(str(exc))
+    if m:
+        return BackendInitializationError(
+            f"ONNX Runtime cannot run {path.name} so: it has no kernel of that precision for the "
+            f"{m.group(1)} operator (node {m.group(2)!r})", backend=backend,
+            hint="validate with a float32 reference (reference_dtype float32) or replace the operator")
+    return BackendInitializationError(f"ONNX Runtime could not load the retyped graph of {path.name}: {exc}",
+                                      backend=backend)
+
+
+class Float64GraphRunner:
+    """The reference's run of an ONNX-file model: the same graph in float64 (or float32, or float16:
+    the precision diagnosis's correct float16 run) in ONNX Runtime, else in ONNX's NumPy evaluator."""
+
+    def __init__(self, model: Any, dtype: str, backend: str) -> None:
+        import onnxruntime as ort
+
+        self.model, self.dtype, self.backend = model, dtype, backend
+        self.names = checkpoint_names(model)
+        graph = checkpoint_graph(model.path, list(self.names.values()), dtype=dtype)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+        #: "onnxruntime", or "onnx.reference" (NumPy) where ONNX Runtime lacks a float64 kernel
+        self.runtime, self.fallback_reason = "onnxruntime", None
+        try:
+            self.session: Any = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+            err = no_kernel_error(exc, backend, model.path)
+            if not _NO_KERNEL.search(str(exc)):
+                raise err from exc
+            self.session, self.runtime, self.fallback_reason = _numpy_session(graph, err, backend), "onnx.reference", str(err)
+
+    def run(self, inputs: Any, keys: list[CheckpointKey], capture_layer_inputs: bool) -> Capture:
+        from ..modelio.onnx_file import onnx_feeds
+
+        from ._graph_capture import layer_inputs_from
+
+        wanted = [k for k in keys if k in self.names]
+        if capture_layer_inputs:
+            wanted += [k for k in self.names if k.name in ("post_embedding", "post_mlp") and k not in wanted]
+        start = time.perf_counter()
+        arrays = self.session.run([self.names[k] for k in wanted], onnx_feeds(self.model.config, inputs))
+        elapsed = time.perf_counter() - start
+        got = {k: np.asarray(a) for k, a in zip(wanted, arrays)}
+        return Capture(tensors={k: got[k] for k in keys if k in got}, backend=self.backend, dtype=self.dtype,
+                       elapsed_s=elapsed,
+                       layer_inputs=layer_inputs_from(got, self.model.num_layers) if capture_layer_inputs else {},
+                       meta={"variant": "onnx-file", "onnx_path": str(self.model.path), "runtime": self.runtime,
+                             **({"fallback_reason": self.fallback_reason} if self.fallback_reason else {})})
+
+
+def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) -> Any:
+    """The float64 graph in ONNX's NumPy reference evaluator (every operator in float64); ``err``
+    (naming the operator ONNX Runtime lacks) is raised when that cannot run it either."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        return ReferenceEvaluator(onnx.load_from_string(graph))
+    except Exception as exc:  # noqa: BLE001 - the evaluator's refusal (an operator it lacks)
+        raise BackendInitializationError(f"{err}; ONNX's reference evaluator cannot run it either: {exc}",
+                                         backend=backend) from exc

@@ -1,0 +1,135 @@
+"""An ONNX file as ``--model-path``: layers from the graph's name scopes, a float64 reference of
+the same graph, onnxruntime and openvino as the alternative, an injected bug localized to its layer."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from debug_framework.errors import ModelLoadingError  # noqa: E402
+from debug_framework.modelio import load_model  # noqa: E402
+from debug_framework.modelio.onnx_file import layer_of_scope  # noqa: E402
+from debug_framework.services.validation_engine import ValidationEngine  # noqa: E402
+
+
+def test_layer_scopes_of_both_exporters():
+    assert layer_of_scope("encoder.layer.3.attention") == 3
+    assert layer_of_scope("model.layers.12") == 12
+    assert layer_of_scope("encoder/layer.0/attention/self") == 0
+    assert layer_of_scope("embeddings.LayerNorm") is None
+    assert layer_of_scope("player.2") is None
+
+
+def test_a_graph_without_token_inputs_is_df004(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="/layers.0/Relu")], "g", [x], [y])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    with pytest.raises(ModelLoadingError, match="input_ids required"):
+        load_model(path)
+    path.write_bytes(b"not onnx")
+    with pytest.raises(ModelLoadingError, match="not a readable ONNX file"):
+        load_model(path)
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory) -> Path:
+    """A tiny random BERT exported by torch.onnx (dynamo; name-scope metadata), external data beside it."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64)
+    net = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    kw = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long),
+          "token_type_ids": torch.zeros(2, 8, dtype=torch.long)}
+    path = tmp_path_factory.mktemp("onnxfile") / "bert.onnx"
+    dyn = torch.export.Dim.DYNAMIC
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (), str(path), kwargs=kw, input_names=names, output_names=["last_hidden_state"],
+                          dynamic_shapes={k: {0: dyn, 1: dyn} for k in names}, dynamo=True, verbose=False,
+                          external_data=True)
+    return path
+
+
+def _validate(tmp_path: Path, model: Path, alternative: str, **config) -> dict:
+    engine = ValidationEngine(tmp_path / "db.sqlite")
+    sid = engine.create_session(model, {"input_shape": [2, 8], **config}, "python_reference", alternative)
+    return engine.run(sid).to_dict()
+
+
+@pytest.mark.slow
+def test_an_onnx_file_validates_against_onnxruntime_and_openvino(bert_onnx, tmp_path):
+    model = load_model(bert_onnx)
+    assert model.format == "onnx" and model.num_layers == 2 and model.config.vocab_size == 100
+    assert set(model.config.checkpoint_tensors) == {"post_embedding", "post_attention:0", "post_mlp:0",
+                                                    "post_attention:1", "post_mlp:1", "post_processing"}
+    assert len(model.files) == 2  # the external data file is part of the digest
+    result = _validate(tmp_path, bert_onnx, "onnxruntime")
+    assert result["verdict"] == "passed", result["failed"]
+    assert len(result["results"]) == 6 and all(r["passed"] for r in result["results"])
+    tensors = model.config.checkpoint_tensors  # each checkpoint's graph tensor is its module path
+    assert [r["module"] for r in result["results"]] == [tensors[r["id"]] for r in result["results"]]
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return
+    result = _validate(tmp_path, bert_onnx, "openvino", alternative_options={"precision_hint": "f32"})
+    assert result["verdict"] == "passed", result["failed"]
+
+
+@pytest.mark.slow
+def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx, tmp_path):
+    from onnxconverter_common import float16
+
+    fp16 = tmp_path / "bert-fp16.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(bert_onnx)), keep_io_types=True), str(fp16))
+    options = {"alternative_options": {"model_file": str(fp16)}}
+    at32 = _validate(tmp_path, bert_onnx, "onnxruntime", **options)
+    assert at32["verdict"] == "failed" and at32["consistent_with"] == "float16"
+    assert at32["precision_diagnosis"]["measured"] == ["float16"]
+    at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", **options)
+    assert at16["verdict"] == "passed", at16["failed"]
+
+
+@pytest.mark.slow
+def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
+    """The alternative file's layer 1 attention scale multiplied by 1.5: layer 0 and the embedding
+    stay within bounds (also with the padded positions of the second row); layer 1 fails, and the
+    bug is not called a lower precision."""
+    m = onnx.load(str(bert_onnx))
+    changed = 0
+    for node in m.graph.node:
+        scopes = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.name_scopes", "")
+        if node.op_type == "Mul" and "encoder.layer.1.attention" in scopes and not changed:
+            for i, name in enumerate(node.input):
+                init = next((t for t in m.graph.initializer if t.name == name), None)
+                if init is not None and init.data_type == TensorProto.FLOAT:
+                    bad = numpy_helper.to_array(init) * np.float32(1.5)  # a copy: constants are shared by layers
+                    m.graph.initializer.append(numpy_helper.from_array(bad, name + "_buggy"))
+                    node.input[i] = name + "_buggy"
+                    changed += 1
+                    break
+    assert changed == 1
+    path = tmp_path / "buggy.onnx"
+    onnx.save(m, str(path))
+    result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(path)})
+    verdicts = {(r["checkpoint"], r["layer"]): r["passed"] for r in result["results"]}
+    assert result["verdict"] == "failed"
+    assert verdicts[("post_embedding", None)] and verdicts[("post_attention", 0)] and verdicts[("post_mlp", 0)]
+    assert not verdicts[("post_attention", 1)]
+    assert result["first_divergence"]["id"] == "post_attention:1" and result["consistent_with"] is None
