@@ -109,10 +109,11 @@ def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx
 @pytest.mark.slow
 def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
     """The alternative file's layer 1 attention scale multiplied by 1.5: layer 0 and the embedding
-    stay within bounds (also with the padded positions of the second row); layer 1 fails, and the
-    bug is not called a lower precision."""
+    stay within bounds (also with the padded positions of the second row); layer 1 fails, the bug is
+    not called a lower precision, and the drill-down names the node (the trusted values are the
+    session's own file's, matched by tensor name)."""
     m = onnx.load(str(bert_onnx))
-    changed = 0
+    changed, bad_node = 0, None
     for node in m.graph.node:
         scopes = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.name_scopes", "")
         if node.op_type == "Mul" and "encoder.layer.1.attention" in scopes and not changed:
@@ -122,14 +123,18 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
                     bad = numpy_helper.to_array(init) * np.float32(1.5)  # a copy: constants are shared by layers
                     m.graph.initializer.append(numpy_helper.from_array(bad, name + "_buggy"))
                     node.input[i] = name + "_buggy"
-                    changed += 1
+                    changed, bad_node = changed + 1, node.name
                     break
     assert changed == 1
     path = tmp_path / "buggy.onnx"
     onnx.save(m, str(path))
-    result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(path)})
+    result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(path)},
+                       drill_down=True)
     verdicts = {(r["checkpoint"], r["layer"]): r["passed"] for r in result["results"]}
     assert result["verdict"] == "failed"
     assert verdicts[("post_embedding", None)] and verdicts[("post_attention", 0)] and verdicts[("post_mlp", 0)]
     assert not verdicts[("post_attention", 1)]
     assert result["first_divergence"]["id"] == "post_attention:1" and result["consistent_with"] is None
+    [drilled] = result["drilldown"]
+    assert drilled["layer"] == 1 and drilled["culprit"]["node"] == bad_node
+    assert drilled["culprit"]["module_path"].startswith("encoder.layer.1.attention") and drilled["culprit"]["verified"]

@@ -187,3 +187,59 @@ def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) 
     except Exception as exc:  # noqa: BLE001 - the evaluator's refusal (an operator it lacks)
         raise BackendInitializationError(f"{err}; ONNX's reference evaluator cannot run it either: {exc}",
                                          backend=backend) from exc
+
+
+def _layer_scope(model: Any, proto: Any, tensor: str, i: int) -> str:
+    """Layer ``i``'s module path (``encoder.layer.1``) from the scope of the node making ``tensor``."""
+    from ..modelio.onnx_file import node_scope
+
+    producer = next((n for n in proto.graph.node if tensor in n.output), None)
+    scope = node_scope(producer) if producer is not None else ""
+    m = re.search(rf"^(.*?(?:layers?|h|blocks?)[._]{i})(?=[./_]|$)", scope.replace("/", "."))
+    return m.group(1) if m else f"layer {i}"
+
+
+def file_layer_export(backend: Any, model: Any, i: int, hidden_in: Any, inputs: Any, path: Path,
+                      layer_export: Any) -> Any:
+    """Layer ``i`` of an ONNX-file model cut out of the file the backend runs (from its input to
+    its checkpoints, :func:`~._onnx_graph.cut_layer`), written to ``path``: the drill-down's layer graph,
+    returned as a ``layer_export`` (the backend's ``LayerExport`` record).
+
+    Raises:
+        BackendInitializationError: the graph cannot be cut at the layer's boundaries.
+    """
+    import onnx
+
+    from ._graph_capture import graph_inputs
+    from ._onnx_graph import LayerCutError, cut_layer
+
+    names = backend._names
+    start = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+    keys = [k for k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)) if k in names]
+    if start not in names or not keys:
+        raise BackendInitializationError(f"layer {i}'s boundaries are not tensors of {backend.onnx_path.name}",
+                                         backend=backend.name)
+    proto = onnx.load_from_string(checkpoint_graph(backend.onnx_path, list(names.values())))
+    try:
+        cut = cut_layer(proto, names[start], [names[k] for k in keys], list(names.values()))
+    except LayerCutError as exc:
+        raise BackendInitializationError(f"layer {i} cannot be cut out of {backend.onnx_path.name}: {exc}",
+                                         backend=backend.name) from exc
+    onnx.save(cut, str(path))
+    reference_path = None
+    if getattr(backend, "model_file", None) is not None:  # the drill-down's trusted graph: the session's own file
+        own = checkpoint_names(model)
+        try:
+            ref_cut = cut_layer(onnx.load_from_string(checkpoint_graph(model.path, list(own.values()))),
+                                own[start], [own[k] for k in keys], list(own.values()))
+        except LayerCutError as exc:
+            raise BackendInitializationError(f"layer {i} cannot be cut out of {model.path.name}: {exc}",
+                                             backend=backend.name) from exc
+        reference_path = path.with_name(f"{path.stem}-reference.onnx")
+        onnx.save(ref_cut, str(reference_path))
+    hidden_input = cut.graph.input[0].name
+    wanted = {x.name for x in cut.graph.input}
+    feeds = {k: v for k, v in graph_inputs(model, inputs).items() if k in wanted}
+    feeds[hidden_input] = np.asarray(hidden_in, dtype=np.float32)
+    return layer_export(path=path, layer_name=_layer_scope(model, proto, names[keys[-1]], i), keys=keys,
+                       hidden_input=hidden_input, feeds=feeds, reference_path=reference_path)

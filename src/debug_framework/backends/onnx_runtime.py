@@ -1,13 +1,11 @@
 """``onnxruntime``: the Hugging Face model exported with ``torch.onnx.export(dynamo=True)``, every
 checkpoint an extra graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
 
-The exported ``.onnx`` file is an artifact of the run: it is written under ``artifact_dir``, by
-default the session's artifact directory while the validation engine runs a session
-(:mod:`debug_framework.backends.artifacts`), else a temporary ``df-onnx-*`` directory this backend
-removes again (:meth:`OnnxRuntimeBackend.close`, garbage collection or interpreter exit); never the
-package or the current directory. It is reported in ``version_info()`` and each ``Capture.meta``.
-What the exporter prints, logs and warns goes to ``export.log`` there, not to the terminal. Batch
-and sequence length are dynamic axes, so one export serves every input shape.
+The exported ``.onnx`` file is an artifact of the run, under ``artifact_dir`` (default: the session's
+artifact directory, :mod:`debug_framework.backends.artifacts`; else a temporary ``df-onnx-*``
+directory removed by :meth:`OnnxRuntimeBackend.close`), reported in ``version_info()`` and each
+``Capture.meta``; the exporter's output goes to ``export.log`` there. Batch and length are dynamic.
+An ONNX file as the model (:mod:`debug_framework.modelio.onnx_file`) is run as it is, not exported.
 
 Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's
 boundaries (its input and its checkpoints are named graph outputs), so nothing is exported again;
@@ -374,12 +372,9 @@ class OnnxRuntimeBackend(BaseBackend):
         exported or written. Where the graph cannot be cut so, the layer is exported alone instead
         and ``meta["cut_failed"]`` says why.
 
-        ``layer_replay="export"``: the layer alone exported once per layer and input shape (beside
-        the model's export, ``...-layer<i>-<shape>.onnx``), its other arguments taken from an eager
-        forward stopped as the layer is entered.
-
-        ``Capture.meta``: ``replay`` (``"graph"`` / ``"export"``), ``built_in_this_call`` (and
-        ``build_s`` when it was), ``onnx_path`` (the file the layer's graph came from).
+        ``layer_replay="export"``: the layer alone exported once per layer and input shape
+        (``...-layer<i>-<shape>.onnx``), its other arguments from an eager forward stopped at the layer.
+        ``Capture.meta``: ``replay``, ``built_in_this_call`` (``build_s``), ``onnx_path``.
         """
         model = self._prepared()
         check_layer_index(model, i, self.name)
@@ -481,8 +476,12 @@ class OnnxRuntimeBackend(BaseBackend):
     def export_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, path: Path) -> LayerExport:
         """Export layer ``i`` alone to ``path``, called as the model calls it for ``inputs`` with
         ``hidden_in`` as its hidden state; its outputs are the layer's checkpoints (in hook order).
-        Nothing is run: the caller feeds :attr:`LayerExport.feeds` to a session of its own (the
-        drill-down adds every intermediate value as an output)."""
+        Nothing is run: the caller feeds :attr:`LayerExport.feeds` to its own session (the drill-down
+        adds every intermediate value as an output). An ONNX-file model's layer is cut out of the file."""
+        if self._file_model:
+            from ._onnx_file import file_layer_export
+
+            return file_layer_export(self, self._prepared(), i, hidden_in, inputs, path, LayerExport)
         import torch.onnx  # before the output is captured (see _export)
 
         model = self._prepared()
@@ -543,6 +542,7 @@ class LayerExport:
     keys: list[CheckpointKey]
     hidden_input: str
     feeds: dict[str, Any]
+    reference_path: Path | None = None  #: with a model_file: the layer cut out of the session's own file
 
 
 class _LayerReplay(torch.nn.Module):

@@ -211,13 +211,40 @@ class OnnxDrillStrategy(BackendStrategy):
         feeds64[export.hidden_input] = hidden64
         marked64 = to_float64(marked)
         try:
-            trusted = dict(zip(names, ReferenceEvaluator(marked64).run(names, feeds64), strict=True))
+            trusted, own = self._trusted(export, marked64, names, feeds64, hidden64)
         except Exception as exc:  # noqa: BLE001 - an op the reference evaluator lacks
             raise _Undrillable(f"ONNX's reference evaluator cannot run the layer in float64: {exc}") from exc
         inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         inits64 = {t.name: numpy_helper.to_array(t) for t in marked64.graph.initializer}
-        return _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos,
-                       derived_from(model, export.hidden_input))
+        values = _Values({**inits, **feeds, **observed}, {**inits64, **feeds64, **trusted}, infos,
+                         derived_from(model, export.hidden_input))
+        values.own = own
+        return values
+
+    @staticmethod
+    def _trusted(export: Any, marked64: Any, names: list[str], feeds64: dict[str, np.ndarray],
+                 hidden64: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[Any, _Values] | None]:
+        """Every value of the layer in float64: its own graph, or, for an alternative model file, the
+        same layer of the session's own file (values matched by name; a value only the alternative
+        has, e.g. a conversion's Cast, has no trusted twin and its node is not judged); and that
+        file's layer with its values, whose nodes give the noise of a correct run (None without it)."""
+        import onnx
+        from onnx import numpy_helper
+        from onnx.reference import ReferenceEvaluator
+
+        ref_path = getattr(export, "reference_path", None)
+        if ref_path is None:
+            return dict(zip(names, ReferenceEvaluator(marked64).run(names, feeds64), strict=True)), None
+        own = onnx.load(str(ref_path))
+        own_marked, own_names = with_all_outputs(own, value_infos(own))
+        wanted = {i.name for i in own.graph.input}
+        feeds = {k: v for k, v in feeds64.items() if k in wanted}
+        feeds[own.graph.input[0].name] = hidden64
+        own64 = to_float64(own_marked)
+        trusted = dict(zip(own_names, ReferenceEvaluator(own64).run(own_names, feeds), strict=True))
+        inits64 = {t.name: numpy_helper.to_array(t) for t in own64.graph.initializer}
+        everything = {**inits64, **feeds, **trusted}
+        return trusted, (own, _Values(everything, everything, value_infos(own), set()))
 
     # -- one node -------------------------------------------------------------------------------------
     def _judge(self, backend: Any, model: Any, node: Any, index: int, values: _Values, export: Any,
@@ -228,7 +255,8 @@ class OnnxDrillStrategy(BackendStrategy):
         outputs = [o for o in node.output if o and values.is_float(o)]
         session = backend.open_session(single.SerializeToString(), export.path)
         got = dict(zip(outputs, session.run(outputs, feeds), strict=True))
-        noise = self._noise(single, feeds, outputs, values)
+        own = getattr(values, "own", None)
+        noise = self._noise(single, feeds, outputs, values) if own is None else self._own_noise(node, outputs, values, own)
         measured: list[tuple[float, float, str]] = []  # (introduced, bound, output)
         for name in outputs:
             trusted = values.trusted[name]
@@ -255,6 +283,22 @@ class OnnxDrillStrategy(BackendStrategy):
         except Exception:  # noqa: BLE001 - an op the evaluator lacks at this dtype: rounding only
             return rounding
         return {n: max(rounding[n], _rmse(values.trusted[n], np.asarray(low[n]))) for n in outputs}
+
+    @classmethod
+    def _own_noise(cls, node: Any, outputs: list[str], values: _Values, own: tuple[Any, _Values]) -> dict[str, float]:
+        """An alternative model file's node: the noise of a correct run is its twin in the session's
+        own file (the node making the same values) at the node's dtype; rounding alone without a twin."""
+        own_model, own_values = own
+        rounding = {n: _rmse(values.trusted[n], np.asarray(values.trusted[n]).astype(values.np_dtype(n))) for n in outputs}
+        twin = next((x for x in own_model.graph.node if list(x.output) == list(node.output)), None)
+        if twin is None:
+            return rounding
+        single = single_node_model(own_model, twin, own_values.infos)
+        feeds = {n: own_values.trusted_feed(n).astype(values.np_dtype(outputs[0]) if own_values.is_float(n)
+                                                     else own_values.np_dtype(n))
+                 for n in dict.fromkeys(x for x in twin.input if x)}
+        measured = cls._noise(single, feeds, outputs, own_values)
+        return {n: max(rounding[n], measured.get(n, 0.0)) for n in outputs}
 
     @staticmethod
     def _culprit(row: OperatorRow, replay: tuple[Any, dict[str, np.ndarray], str], values: _Values, backend: Any,
