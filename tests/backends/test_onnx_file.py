@@ -138,3 +138,33 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
     [drilled] = result["drilldown"]
     assert drilled["layer"] == 1 and drilled["culprit"]["node"] == bad_node
     assert drilled["culprit"]["module_path"].startswith("encoder.layer.1.attention") and drilled["culprit"]["verified"]
+
+
+@pytest.mark.slow
+def test_a_llama_export_validates_with_padding(tmp_path_factory):
+    """A tiny random Llama (causal mask, rotary positions, GQA) exported by torch.onnx: every
+    checkpoint found from the ``model.layers.N`` scopes, and a pass with the second row left-padded
+    (no false alarm at padded positions or on the mask's constants)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
+                                   use_cache=False)
+    net = transformers.LlamaForCausalLM(cfg).eval()
+    names = ["input_ids", "attention_mask"]
+    kw = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    tmp = tmp_path_factory.mktemp("llama")
+    path = tmp / "llama.onnx"
+    dyn = torch.export.Dim.DYNAMIC
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (), str(path), kwargs=kw, input_names=names, output_names=["logits"],
+                          dynamic_shapes={k: {0: dyn, 1: dyn} for k in names}, dynamo=True, verbose=False)
+    model = load_model(path)
+    assert model.num_layers == 2 and set(model.config.input_names) == set(names)
+    assert {"post_embedding", "post_attention:1", "post_mlp:1"} <= set(model.config.checkpoint_tensors)
+    result = _validate(tmp, path, "onnxruntime", pad_lengths=[0, 3])
+    assert result["verdict"] == "passed", result["failed"]
+    assert all(r["passed"] for r in result["results"]) and len(result["results"]) == 6
