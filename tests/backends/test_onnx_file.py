@@ -41,6 +41,49 @@ def test_a_graph_without_token_inputs_is_df004(tmp_path):
         load_model(path)
 
 
+def _legacy_graph(path: Path) -> Path:
+    """A two-layer token model with legacy node names (``/model/layers.N/...``): an embedding
+    ``Gather``, then per layer ``Erf`` (no float64 kernel in ONNX Runtime) and a residual ``Add``."""
+    rng = np.random.default_rng(0)
+    emb = numpy_helper.from_array(rng.standard_normal((50, 4)).astype(np.float32), "embed.weight")
+    nodes = [helper.make_node("Gather", ["embed.weight", "input_ids"], ["h0"], name="/model/embed_tokens/Gather")]
+    for i in range(2):
+        nodes += [helper.make_node("Erf", [f"h{i}"], [f"e{i}"], name=f"/model/layers.{i}/mlp/Erf"),
+                  helper.make_node("Add", [f"h{i}", f"e{i}"], [f"h{i + 1}"], name=f"/model/layers.{i}/Add")]
+    nodes.append(helper.make_node("Mul", ["h2", "h2"], ["out"], name="/model/norm/Mul"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "t", 4])], initializer=[emb])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_legacy_names_and_a_float64_reference_without_onnxruntime_kernels(tmp_path):
+    """Checkpoints from ``/model/layers.N/`` node names; ONNX Runtime has no float64 ``Erf``, so the
+    reference runs the float64 graph in ONNX's NumPy evaluator, and says so."""
+    from debug_framework.backends.python_reference import PythonReferenceBackend
+    from debug_framework.capture import CheckpointKey
+    from debug_framework.modelio import ModelInputs
+
+    model = load_model(_legacy_graph(tmp_path / "m.onnx"))
+    assert model.config.checkpoint_tensors == {"post_embedding": "h0", "post_mlp:0": "h1", "post_mlp:1": "h2",
+                                               "post_processing": "out"}
+    assert model.config.vocab_size == 50 and model.num_layers == 2
+    ref = PythonReferenceBackend()
+    ref.prepare(model, "float64")
+    inputs = ModelInputs.random(50, 2, 5, seed=0, pad_lengths=[0, 1])
+    cap = ref.run(inputs, [CheckpointKey("post_mlp", 1), CheckpointKey("post_processing")])
+    assert cap.meta["runtime"] == "onnx.reference" and "Erf" in cap.meta["fallback_reason"]
+    out = cap[CheckpointKey("post_processing")]
+    assert out.dtype == np.float64 and out.shape == (2, 5, 4)
+    from math import erf
+
+    h = numpy_helper.to_array(onnx.load(str(tmp_path / "m.onnx")).graph.initializer[0]).astype(np.float64)[
+        inputs.input_ids]
+    for _ in range(2):
+        h = h + np.vectorize(erf)(h)
+    np.testing.assert_allclose(out, h * h, rtol=1e-13)  # float64 all the way: not a float32 run
+
+
 @pytest.fixture(scope="module")
 def bert_onnx(tmp_path_factory) -> Path:
     """A tiny random BERT exported by torch.onnx (dynamo; name-scope metadata), external data beside it."""

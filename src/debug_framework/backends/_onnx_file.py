@@ -18,7 +18,7 @@ import numpy as np
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 
-__all__ = ["alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
+__all__ = ["exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -176,6 +176,26 @@ class Float64GraphRunner:
                              **({"fallback_reason": self.fallback_reason} if self.fallback_reason else {})})
 
 
+def exact_ops() -> list[Any]:
+    """Operators ONNX's NumPy reference evaluator computes below float64 precision, made exact at
+    the input's dtype (its ``new_ops``): ``Erf`` (there ``math.erf`` rounded through float32, so
+    ``Gelu``, defined with it, too)."""
+    from onnx.reference.ops._op import OpRunUnaryNum
+
+    try:
+        from scipy.special import erf as _erf
+    except ImportError:  # scipy is optional: math.erf element by element, in float64
+        import math
+
+        _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+    class Erf(OpRunUnaryNum):
+        def _run(self, x: np.ndarray) -> tuple[np.ndarray]:  # type: ignore[override]
+            return (np.asarray(_erf(np.asarray(x, dtype=np.float64))).astype(x.dtype),)
+
+    return [Erf]
+
+
 def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) -> Any:
     """The float64 graph in ONNX's NumPy reference evaluator (every operator in float64); ``err``
     (naming the operator ONNX Runtime lacks) is raised when that cannot run it either."""
@@ -183,7 +203,7 @@ def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) 
     from onnx.reference import ReferenceEvaluator
 
     try:
-        return ReferenceEvaluator(onnx.load_from_string(graph))
+        return ReferenceEvaluator(onnx.load_from_string(graph), new_ops=exact_ops())
     except Exception as exc:  # noqa: BLE001 - the evaluator's refusal (an operator it lacks)
         raise BackendInitializationError(f"{err}; ONNX's reference evaluator cannot run it either: {exc}",
                                          backend=backend) from exc

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ...backends._onnx_file import exact_ops
 from ...comparison import RatioRule
 from ...errors import DebugFrameworkError
 from ...repro_format import verify
@@ -234,14 +235,16 @@ class OnnxDrillStrategy(BackendStrategy):
 
         ref_path = getattr(export, "reference_path", None)
         if ref_path is None:
-            return dict(zip(names, ReferenceEvaluator(marked64).run(names, feeds64), strict=True)), None
+            evaluator = ReferenceEvaluator(marked64, new_ops=exact_ops())
+            return dict(zip(names, evaluator.run(names, feeds64), strict=True)), None
         own = onnx.load(str(ref_path))
         own_marked, own_names = with_all_outputs(own, value_infos(own))
         wanted = {i.name for i in own.graph.input}
         feeds = {k: v for k, v in feeds64.items() if k in wanted}
         feeds[own.graph.input[0].name] = hidden64
         own64 = to_float64(own_marked)
-        trusted = dict(zip(own_names, ReferenceEvaluator(own64).run(own_names, feeds), strict=True))
+        evaluator = ReferenceEvaluator(own64, new_ops=exact_ops())
+        trusted = dict(zip(own_names, evaluator.run(own_names, feeds), strict=True))
         inits64 = {t.name: numpy_helper.to_array(t) for t in own64.graph.initializer}
         everything = {**inits64, **feeds, **trusted}
         return trusted, (own, _Values(everything, everything, value_infos(own), set()))
@@ -279,7 +282,8 @@ class OnnxDrillStrategy(BackendStrategy):
 
         rounding = {n: _rmse(values.trusted[n], np.asarray(values.trusted[n]).astype(values.np_dtype(n))) for n in outputs}
         try:
-            low = dict(zip(outputs, ReferenceEvaluator(single).run(outputs, feeds), strict=True))
+            evaluator = ReferenceEvaluator(single, new_ops=exact_ops())
+            low = dict(zip(outputs, evaluator.run(outputs, feeds), strict=True))
         except Exception:  # noqa: BLE001 - an op the evaluator lacks at this dtype: rounding only
             return rounding
         return {n: max(rounding[n], _rmse(values.trusted[n], np.asarray(low[n]))) for n in outputs}
