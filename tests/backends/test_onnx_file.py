@@ -84,6 +84,15 @@ def test_legacy_names_and_a_float64_reference_without_onnxruntime_kernels(tmp_pa
     np.testing.assert_allclose(out, h * h, rtol=1e-13)  # float64 all the way: not a float32 run
 
 
+def test_backends_that_build_from_weights_refuse_an_onnx_file(tmp_path):
+    from debug_framework.backends.pytorch import PyTorchBackend
+    from debug_framework.errors import BackendInitializationError
+
+    model = load_model(_legacy_graph(tmp_path / "m.onnx"))
+    with pytest.raises(BackendInitializationError, match="cannot run an ONNX file"):
+        PyTorchBackend().prepare(model, "float32")
+
+
 @pytest.fixture(scope="module")
 def bert_onnx(tmp_path_factory) -> Path:
     """A tiny random BERT exported by torch.onnx (dynamo; name-scope metadata), external data beside it."""

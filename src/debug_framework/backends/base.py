@@ -124,6 +124,8 @@ class BaseBackend:
     name: str = "backend"
     supported_dtypes: tuple[str, ...] = FLOAT_DTYPES
     default_dtype: str = "float32"
+    #: False for a backend that builds the model from its weights and config (an ONNX file has neither)
+    runs_onnx_files: bool = True
 
     def __init__(self) -> None:
         self.model: LoadedModel | None = None
@@ -150,6 +152,10 @@ class BaseBackend:
         ok, reason = self.availability()
         if not ok:
             raise BackendInitializationError(f"backend {self.name!r} is not available: {reason}", backend=self.name)
+        if getattr(model, "format", None) == "onnx" and not self.runs_onnx_files:
+            raise BackendInitializationError(f"backend {self.name!r} builds the model from weights and cannot run "
+                                             f"an ONNX file", backend=self.name,
+                                             hint="use onnxruntime or openvino as the alternative for an ONNX file")
         dtype = str(dtype or self.default_dtype).removeprefix("torch.")
         if dtype not in self.supported_dtypes:
             raise BackendInitializationError(

@@ -57,6 +57,7 @@ class InductorBackend(BaseBackend):
             minifier hands its repros the same compiler.
     """
 
+    runs_onnx_files = False
     name = "inductor"
     supported_dtypes = ("float32", "bfloat16", "float16")
 

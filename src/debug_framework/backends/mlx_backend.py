@@ -88,6 +88,7 @@ class MLXBackend(BaseBackend):
         metal_path: directory of user Metal kernels (recorded; used by the plugin work later).
     """
 
+    runs_onnx_files = False
     name = "mlx"
     supported_dtypes = ("float32", "float16", "bfloat16")
 

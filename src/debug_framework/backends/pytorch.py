@@ -64,6 +64,7 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
 class PyTorchBackend(TorchModuleBackend):
     """Hugging Face eager PyTorch; dtype float32 (default), float16 or bfloat16; device cpu or cuda."""
 
+    runs_onnx_files = False
     supported_dtypes = ("float32", "float16", "bfloat16", "float64")
 
     def __init__(self, device: str = "cpu") -> None:

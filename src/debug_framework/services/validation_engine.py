@@ -231,6 +231,8 @@ class ValidationEngine(EngineFaces):
             cfg["performance_profiling_enabled"] = False
         model = load_model(model_path)
         alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
+        if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
+            alt_name, why = "onnxruntime", "an ONNX file: onnxruntime runs the file itself"
         ref = get_backend(reference_backend, **cfg["reference_options"])
         alt = get_backend(alt_name, **cfg["alternative_options"])
         alt_dtype = str(cfg["dtype"] or getattr(alt, "default_dtype", "float32"))
