@@ -140,6 +140,12 @@ def test_an_onnx_file_validates_against_onnxruntime_and_openvino(bert_onnx, tmp_
         return
     result = _validate(tmp_path, bert_onnx, "openvino", alternative_options={"precision_hint": "f32"})
     assert result["verdict"] == "passed", result["failed"]
+    # the bf16 hint forced (emulated where the CPU has no bfloat16): named, and passing at bfloat16
+    bf16 = {"alternative_options": {"precision_hint": "bf16"}}
+    result = _validate(tmp_path, bert_onnx, "openvino", **bf16)
+    assert result["verdict"] == "failed" and result["consistent_with"] == "bfloat16"
+    result = _validate(tmp_path, bert_onnx, "openvino", dtype="bfloat16", **bf16)
+    assert result["verdict"] == "passed", result["failed"]
 
 
 @pytest.mark.slow
@@ -153,7 +159,7 @@ def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx
     options = {"alternative_options": {"model_file": str(fp16)}}
     at32 = _validate(tmp_path, bert_onnx, "onnxruntime", **options)
     assert at32["verdict"] == "failed" and at32["consistent_with"] == "float16"
-    assert at32["precision_diagnosis"]["measured"] == ["float16"]
+    assert at32["precision_diagnosis"]["measured"] == ["float16", "bfloat16"]
     at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", **options)
     assert at16["verdict"] == "passed", at16["failed"]
 

@@ -101,6 +101,42 @@ def to_float64(model: Any) -> Any:
     return retype_floats(model, _DOUBLE)
 
 
+def _bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 ``a`` rounded to the nearest bfloat16 (ties to even), as float32."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return np.where(np.isfinite(a), rounded.view(np.float32), a).astype(np.float32)
+
+
+def round_to_bfloat16(model: Any, types: dict[str, int]) -> Any:
+    """``model`` (float32) as a correct bfloat16 run computes it, in place: float32 weights and
+    constants rounded to bfloat16, and every float32 value a node makes rounded to bfloat16 by a
+    ``Cast`` pair after it (ONNX Runtime computes each op in float32 on bfloat16 inputs)."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    for t in graph.initializer:
+        if t.data_type == _FLOAT:
+            t.CopyFrom(numpy_helper.from_array(_bf16_round(numpy_helper.to_array(t)), t.name))
+    outputs = {o.name for o in graph.output}
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for a in node.attribute:
+            if a.type == a.TENSOR and a.t.data_type == _FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(_bf16_round(numpy_helper.to_array(a.t)), a.t.name))
+        for k, out in enumerate(node.output):
+            if out and (types.get(out) == _FLOAT or (out in outputs and out not in types)) and node.op_type != "Constant":
+                raw = f"{out}__f32"
+                node.output[k] = raw
+                nodes.append(helper.make_node("Cast", [raw], [f"{out}__bf16"], to=16, name=f"{out}__to_bf16"))
+                nodes.append(helper.make_node("Cast", [f"{out}__bf16"], [out], to=_FLOAT, name=f"{out}__from_bf16"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    return model
+
+
 def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") -> bytes:
     """The ONNX file ``path`` (external data read in) with ``tensors`` as extra graph outputs,
     serialized; ``dtype`` float64 or float16: every float32 value made so first."""
@@ -109,6 +145,9 @@ def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") 
     model = onnx.load(str(path), load_external_data=True)
     if dtype in _RETYPE:
         retype_floats(model, _RETYPE[dtype])
+    elif dtype == "bfloat16":
+        found = onnx.shape_inference.infer_shapes(model).graph.value_info
+        round_to_bfloat16(model, {vi.name: vi.type.tensor_type.elem_type for vi in found})
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
         types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info}
@@ -136,8 +175,9 @@ def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitiali
 
 
 class Float64GraphRunner:
-    """The reference's run of an ONNX-file model: the same graph in float64 (or float32, or float16:
-    the precision diagnosis's correct float16 run) in ONNX Runtime, else in ONNX's NumPy evaluator."""
+    """The reference's run of an ONNX-file model: the same graph in float64 (or float32; or float16,
+    or bfloat16 rounding every value a node makes: the precision diagnosis's correct runs) in ONNX
+    Runtime, else in ONNX's NumPy evaluator."""
 
     def __init__(self, model: Any, dtype: str, backend: str) -> None:
         import onnxruntime as ort

@@ -50,9 +50,9 @@ class TorchReferenceBackend(BaseBackend):
         if getattr(model, "format", None) == "onnx":  # the file's own graph (backends/_onnx_file.py)
             from ._onnx_file import Float64GraphRunner
 
-            if dtype not in ("float64", "float32", "float16"):
-                raise BackendInitializationError(f"an ONNX file's graph is run at float64, float32 or float16, "
-                                                 f"not {dtype}", backend=self.name, hint="set calibrate to false")
+            if dtype not in ("float64", "float32", "float16", "bfloat16"):
+                raise BackendInitializationError(f"an ONNX file's graph is not run at {dtype}", backend=self.name,
+                                                 hint="set calibrate to false")
             self.net, self._graph = None, Float64GraphRunner(model, dtype, self.name)
             return
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
