@@ -1,0 +1,171 @@
+"""Real classes of torch.compile wrong-result bugs, made deterministic by the backends of
+``bug_backends.py``: the fair default judge (float64 ratio rule) lets precision-only differences pass
+and fails each bug; one ``inductor-debug diff`` minifies the failure (forward or gradient) to a verified
+repro whose folder is ``data.repro``; the oracle and the repro apply one rule to dtypes, shapes and
+non-finite values, on fresh clones of the inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from debug_framework.comparison import compare
+from debug_framework.measure import TimedBackend
+from debug_module.diff import KernelDiffHarness
+from debug_module.minifier import AccuracySignature, _runtime
+from debug_module.minifier.graph import record_values
+from debug_module.reports._kerneldiff import exact_match_of
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"kd_{name}", HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bb, bm = _load("bug_backends"), _load("bug_models")
+
+
+# ------------------------------------------------------------------ one rule (fast)
+
+
+_NAN, _INF = math.nan, math.inf
+_PAIRS = [  # (reference, alternative): NaN vs finite, matching and opposite infinities, plain values
+    ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]),
+    ([1.0, 0.0, 3.0], [1.0, _NAN, 3.0]),
+    ([1.0, _NAN, 3.0], [1.0, 0.0, 3.0]),
+    ([1.0, _NAN, 3.0], [1.0, _NAN, 3.0]),
+    ([_INF, 2.0, -_INF], [_INF, 2.0, -_INF]),
+    ([_INF, 2.0, 3.0], [-_INF, 2.0, 3.0]),
+    ([1.0, 2.0, 3.0], [1.0, 2.0, 3.001]),
+    ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0 + 1e-7]),
+]
+
+
+@pytest.mark.parametrize("ref,alt", _PAIRS)
+def test_the_repro_rule_is_the_comparison_core_rule(ref, alt):
+    """The rule the minifier's oracle and repro.py share (``_runtime.compare_outputs``) gives the comparison
+    core's verdict (equal_nan, dtype checked) on NaN, infinities and values alike."""
+    r, a = torch.tensor(ref), torch.tensor(alt)
+    (row,) = _runtime.compare_outputs([r], [a], 1e-4, 1e-5)
+    assert row["passed"] == compare(r, a, rtol=1e-4, atol=1e-5, equal_nan=True).passed, row
+    assert row["passed"] == (row["failure"] is None)
+
+
+def test_dtype_and_shape_failures_are_named():
+    a = torch.tensor([1, 2, 3], dtype=torch.int8)
+    (row,) = _runtime.compare_outputs([a], [a.to(torch.int64)], 0.0, 0.0)
+    assert not row["passed"] and row["failure"] == "dtype" and "int8" in row["reason"]
+    assert not compare(a, a.to(torch.int64)).passed  # the core agrees (check_dtype)
+    (row,) = _runtime.ratio_outputs([a.double()], [a], [a.to(torch.int64)], 2.0, 1e-5)
+    assert row["failure"] == "dtype"
+    (row,) = _runtime.compare_outputs([a], [a[:2]], 0.0, 0.0)
+    assert row["failure"] == "shape"
+    sig = {"kind": "accuracy", "failures": ["dtype"]}
+    assert _runtime.matches(sig, {"kind": "accuracy", "outputs": [{"passed": False, "failure": "dtype"}]})
+    assert not _runtime.matches(sig, {"kind": "accuracy", "outputs": [{"passed": False, "failure": "value"}]})
+
+
+def test_exact_match_is_never_true_on_a_dtype_mismatch():
+    entry = {"name": "out", "passed": False, "max_abs_error": 0.0, "comparison": {"reference_dtype": "int8",
+                                                                                    "alternative_dtype": "int64"}}
+    assert not exact_match_of({"outputs": [entry]})
+    assert not exact_match_of({"outputs": [{**entry, "passed": True}]})  # even if a judge had let it pass
+    same = {**entry, "passed": True, "comparison": {"reference_dtype": "int8", "alternative_dtype": "int8"}}
+    assert exact_match_of({"outputs": [same]})
+
+
+# ------------------------------------------------------------------ fresh inputs (fast)
+
+
+def _sin_then_scale(x):
+    x.sin_()
+    return x * 3.0
+
+
+def test_every_oracle_run_gets_fresh_inputs():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 3)
+    original = x.clone()
+    gm = make_fx(_sin_then_scale)(x.clone())
+    timed = TimedBackend(lambda g, i: g, keep_graphs=True)
+    timed(gm, [x])
+    x.sin_()  # the graph has run: the input changed, what was kept did not
+    torch.testing.assert_close(timed.graphs[0][1][0], original, rtol=0, atol=0)
+
+    values = record_values(gm, [original])
+    assert torch.equal(values[next(n.name for n in gm.graph.nodes if n.op == "placeholder")], original)
+    sig = AccuracySignature(lambda g, i: g, reference="eager", rtol=0.0, atol=0.0)
+    first, second = sig.observe(gm, [original]), sig.observe(gm, [original])
+    assert first == second and all(r["passed"] for r in first["outputs"]), first  # sin_ applied once per run
+    assert torch.equal(values[next(n.name for n in gm.graph.nodes if n.op == "placeholder")], original)
+
+
+# ------------------------------------------------------------------ fair by default
+
+
+@pytest.mark.parametrize("name", bm.PRECISION_CASES)
+def test_precision_only_differences_pass_at_defaults(name):
+    """A compiler that keeps intermediates in float64 differs from eager by rounding only: the default
+    judge (float64 ratio rule) passes it; the tiny-variance norm fails eager's fixed tolerance."""
+    model, inputs = getattr(bm, name)()
+    report = KernelDiffHarness(model, inputs, test_backend=bb.more_precise, runs=1, minify_on_failure=False).compare()
+    assert report.passed and report.reference_backend == "float64" and report.mode == "float64-ratio", report.summary()
+    if name == "tiny_variance_norm":
+        fixed = KernelDiffHarness(model, inputs, test_backend=bb.more_precise, runs=1, minify_on_failure=False,
+                                  rtol=1.3e-6, atol=1e-5).compare()
+        assert not fixed.passed and fixed.reference_backend == "eager"  # a tolerance given: eager + tolerance
+
+
+def test_a_dtype_only_bug_fails_and_is_no_exact_match():
+    model, inputs = bm.dtype()
+    report = KernelDiffHarness(model, inputs, test_backend=bb.int8_add_widened, runs=1,
+                               minify_on_failure=False).compare()
+    (bad,) = report.failed
+    assert "dtype mismatch: eager int8 vs test int64" in bad.reason and bad.max_abs_error == 0
+    assert not report.passed and not report.exact_match and not report.to_dict()["exact_match"]
+
+
+# ------------------------------------------------------------------ one command (slow: compiles and fresh processes)
+
+
+def _fresh_run(repro_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([sys.executable, str(repro_dir / "repro.py")], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(bm.CASES))
+def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, capsys):
+    from debug_module.cli import main
+
+    backend, gradients, failure, op = bm.CASES[case]
+    args = ["--root", str(tmp_path / "art"), "--json", "diff", "--model", f"{HERE / 'bug_models.py'}:{case}",
+            "--backend", f"{HERE / 'bug_backends.py'}:{backend}", "--runs", "1", "--minify-seconds", "90"]
+    code = main(args + (["--gradients"] if gradients else []))
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert code == 1 and data["passed"] is False and data["reference"] == "float64", data
+    m = data["minifier"]
+    assert m["status"] == "ran" and m["verified"] is True, m
+    assert m["stage"] == ("backward" if gradients else "forward") and m["failures"] == [failure], m
+    assert m["nodes"] == 1 and op in m["detail"], m
+    repro = Path(data["repro"])
+    assert repro.is_dir() and repro.is_relative_to(Path(data["path"])), data
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    p = _fresh_run(repro, cwd)  # torch alone, from another directory, no PYTHONPATH
+    assert p.returncode == 1 and p.stdout.rstrip().splitlines()[-1].startswith("REPRO: reproduced: "), p.stdout + p.stderr
