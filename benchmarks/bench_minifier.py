@@ -10,6 +10,11 @@ Measures and prints; asserts nothing. Ours runs without the fresh-process verifi
 minifier has none), so both count only in-process oracle calls.
 
     .venv/bin/python benchmarks/bench_minifier.py [--sizes 16 64 256 1024] [--torch-budget-s 300]
+
+``--bug-classes [NAME ...]`` also runs the one-command flow (KernelDiff -> minifier -> verified repro)
+on the real bug classes of ``tests/diff/bug_models.py`` (each with its buggy backend from
+``tests/diff/bug_backends.py``) and prints, per class, ours: oracle calls, seconds (reduction and
+verification), original and final node count, whether the repro was verified.
 """
 
 from __future__ import annotations
@@ -106,12 +111,47 @@ def run_case(label, gm, inputs, bad, torch_budget_s, torch_budget_calls):
             "bound": bound, "note": note}
 
 
+def bug_classes(names):
+    """The one-command flow on each real bug class; a row per class."""
+    import importlib.util
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from debug_module.diff import KernelDiffHarness
+
+    here = Path(__file__).resolve().parents[1] / "tests" / "diff"
+    mods = {}
+    for stem in ("bug_models", "bug_backends"):
+        spec = importlib.util.spec_from_file_location(f"bench_{stem}", here / f"{stem}.py")
+        mods[stem] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mods[stem]
+        spec.loader.exec_module(mods[stem])
+    cases = mods["bug_models"].CASES
+    rows = []
+    for name in names or list(cases):
+        backend, gradients, _, _ = cases[name]
+        model, inputs = getattr(mods["bug_models"], name)()
+        t0 = time.perf_counter()
+        report = KernelDiffHarness(model, inputs, model_name=name, test_backend=getattr(mods["bug_backends"], backend),
+                                   compare_gradients=gradients, runs=1, artifact_root=tempfile.mkdtemp(),
+                                   test_backend_spec=f"{here / 'bug_backends.py'}:{backend}").compare()
+        m = report.minifier or {}
+        rows.append({"case": name, "stage": m.get("stage"), "calls": m.get("oracle_calls"),
+                     "minify_s": m.get("seconds"), "total_s": time.perf_counter() - t0,
+                     "nodes": f"{m.get('original_nodes')} -> {m.get('nodes')}", "verified": m.get("verified")})
+        print(f"  done {name}: {rows[-1]}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[16, 64, 256, 1024])
     ap.add_argument("--torch-budget-s", type=float, default=300.0, help="per case, for PyTorch's minifier")
     ap.add_argument("--torch-budget-calls", type=int, default=5000)
     ap.add_argument("--no-bert", action="store_true")
+    ap.add_argument("--bug-classes", nargs="*", default=None, metavar="NAME",
+                    help="also run the one-command flow on these bug classes (none named: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -129,6 +169,17 @@ def main() -> None:
         rows.append(run_case(f"bert-2L ({bad})", gm, inputs, bad, args.torch_budget_s, args.torch_budget_calls))
         print_row(rows[-1], flush=True)
     print_table(rows)
+    if args.bug_classes is not None:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="one command on real bug classes (ours: KernelDiff -> minifier -> verified repro)")
+        for col in ("case", "stage", "oracle calls", "minify s", "total s", "nodes", "verified"):
+            t.add_column(col)
+        for r in bug_classes(args.bug_classes):
+            t.add_row(r["case"], str(r["stage"]), str(r["calls"]), f"{r['minify_s']}", f"{r['total_s']:.1f}",
+                      r["nodes"], str(r["verified"]))
+        Console(width=160).print(t)
 
 
 def print_row(r, flush=False):

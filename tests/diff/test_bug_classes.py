@@ -148,15 +148,33 @@ def _fresh_run(repro_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def _doc_command() -> list[str]:
+    """The one-command example of docs/kerneldiff.md, as arguments of ``inductor-debug``."""
+    import re
+    import shlex
+
+    (block,) = re.findall(r"<!-- one-command -->\s*```bash\n(.*?)```", (HERE.parents[1] / "docs" / "kerneldiff.md")
+                          .read_text(), re.S)
+    command = block.replace("\\\n", " ").splitlines()[0].split(">")[0]
+    argv = shlex.split(command)
+    assert argv[0] == "inductor-debug"
+    return argv[1:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(bm.CASES))
-def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, capsys):
+def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, capsys, monkeypatch):
     from debug_module.cli import main
 
     backend, gradients, failure, op = bm.CASES[case]
-    args = ["--root", str(tmp_path / "art"), "--json", "diff", "--model", f"{HERE / 'bug_models.py'}:{case}",
-            "--backend", f"{HERE / 'bug_backends.py'}:{backend}", "--runs", "1", "--minify-seconds", "90"]
-    code = main(args + (["--gradients"] if gradients else []))
+    if case == "gradient":  # the docs' example, as written
+        monkeypatch.chdir(HERE.parents[1])
+        args = _doc_command()
+        args[args.index("--root") + 1] = str(tmp_path / "art")
+    else:
+        args = ["--root", str(tmp_path / "art"), "--json", "diff", "--model", f"{HERE / 'bug_models.py'}:{case}",
+                "--backend", f"{HERE / 'bug_backends.py'}:{backend}", "--runs", "1"]
+    code = main(args)
     data = json.loads(capsys.readouterr().out)["data"]
     assert code == 1 and data["passed"] is False and data["reference"] == "float64", data
     m = data["minifier"]
