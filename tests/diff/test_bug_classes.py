@@ -174,7 +174,9 @@ def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, cap
     else:
         args = ["--root", str(tmp_path / "art"), "--json", "diff", "--model", f"{HERE / 'bug_models.py'}:{case}",
                 "--backend", f"{HERE / 'bug_backends.py'}:{backend}", "--runs", "1"]
-    code = main(args)
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    code = exit_info.value.code
     data = json.loads(capsys.readouterr().out)["data"]
     assert code == 1 and data["passed"] is False and data["reference"] == "float64", data
     m = data["minifier"]
