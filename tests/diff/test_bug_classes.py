@@ -117,6 +117,7 @@ def test_every_oracle_run_gets_fresh_inputs():
 # ------------------------------------------------------------------ fair by default
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", bm.PRECISION_CASES)
 def test_precision_only_differences_pass_at_defaults(name):
     """A compiler that keeps intermediates in float64 differs from eager by rounding only: the default
@@ -130,6 +131,7 @@ def test_precision_only_differences_pass_at_defaults(name):
         assert not fixed.passed and fixed.reference_backend == "eager"  # a tolerance given: eager + tolerance
 
 
+@pytest.mark.slow
 def test_a_dtype_only_bug_fails_and_is_no_exact_match():
     model, inputs = bm.dtype()
     report = KernelDiffHarness(model, inputs, test_backend=bb.int8_add_widened, runs=1,
@@ -163,6 +165,33 @@ def _doc_command() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(bm.CASES))
+def test_each_class_is_judged_by_its_failure_and_reduced_to_its_op(case):
+    """What the one command does, without the fresh-process verification (each costs a cold torch start):
+    KernelDiff fails the bug at defaults, the signature is narrowed to the bug's class of failure, and
+    the minifier reduces the failing graph (the AOT backward graph for the gradient bug) to the bad op."""
+    from debug_module.diff import _minify
+    from debug_module.minifier import Minifier
+
+    backend, gradients, failure, op = bm.CASES[case]
+    model, inputs = getattr(bm, case)()
+    harness = KernelDiffHarness(model, inputs, test_backend=getattr(bb, backend), compare_gradients=gradients, runs=1,
+                                minify_on_failure=False)
+    report = harness.compare()
+    assert not report.passed and report.forward_passed == gradients, report.summary()
+    failing = next(d for d in (report.gradients if gradients else report.outputs) if not d.passed)
+    sig = _minify._signature(harness, harness._test_side, failing)
+    gm, graph_inputs = harness._test_side.timed.graphs[0]
+    (graph, args), *_ = _minify._backward_graphs(gm, graph_inputs, 0) if gradients else [(gm, graph_inputs)]
+    holds, observation = sig.check(graph, args)
+    assert holds, observation
+    sig = sig.for_failure(observation)
+    assert sig.failures == [failure]
+    result = Minifier(graph, args, sig, progress=False, verify=False).minify()
+    assert result.nodes == 1 and op in result.ops[0], result.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["gradient", "inplace"])  # a fresh-process verification each: two classes
 def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, capsys, monkeypatch):
     from debug_module.cli import main
 
