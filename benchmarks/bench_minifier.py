@@ -11,10 +11,13 @@ minifier has none), so both count only in-process oracle calls.
 
     .venv/bin/python benchmarks/bench_minifier.py [--sizes 16 64 256 1024] [--torch-budget-s 300]
 
-``--bug-classes [NAME ...]`` also runs the one-command flow (KernelDiff -> minifier -> verified repro)
-on the real bug classes of ``tests/diff/bug_models.py`` (each with its buggy backend from
-``tests/diff/bug_backends.py``) and prints, per class, ours: oracle calls, seconds (reduction and
-verification), original and final node count, whether the repro was verified.
+``--bug-classes [NAME ...]`` (none named: all) also runs the real bug classes of
+``tests/diff/bug_models.py`` (each with its buggy backend from ``tests/diff/bug_backends.py``): KernelDiff
+finds the failure, and its failing graph goes to ours (the one-command path, fresh-process
+verification included in its time) and to PyTorch's accuracy minifier (its ``fx_minifier`` with the
+oracle of ``TORCHDYNAMO_REPRO_AFTER=aot`` at ``REPRO_LEVEL=4``, ``backend_aot_accuracy_fails``, with
+the FX graph cache off; in process, on the same graph and backend). Printed per class: oracle calls,
+seconds, final node count, and what PyTorch's minifier said.
 """
 
 from __future__ import annotations
@@ -111,14 +114,10 @@ def run_case(label, gm, inputs, bad, torch_budget_s, torch_budget_calls):
             "bound": bound, "note": note}
 
 
-def bug_classes(names):
-    """The one-command flow on each real bug class; a row per class."""
+def _load_bug_modules():
     import importlib.util
     import sys
-    import tempfile
     from pathlib import Path
-
-    from debug_module.diff import KernelDiffHarness
 
     here = Path(__file__).resolve().parents[1] / "tests" / "diff"
     mods = {}
@@ -127,19 +126,62 @@ def bug_classes(names):
         mods[stem] = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mods[stem]
         spec.loader.exec_module(mods[stem])
-    cases = mods["bug_models"].CASES
+    return here, mods["bug_models"], mods["bug_backends"]
+
+
+def bug_classes(names, torch_budget_s):
+    """Per real bug class: KernelDiff finds the failure at defaults; the failing graph (the Dynamo graph,
+    or its AOT backward graph for a gradient-only bug) goes to ours (the one-command path: signature
+    narrowed to the failure's class, reduction, fresh-process verification) and to PyTorch's accuracy
+    minifier (``fx_minifier`` with the oracle of REPRO_AFTER=aot / REPRO_LEVEL=4, FX graph cache off)."""
+    import tempfile
+
+    from debug_framework._torch.functorch import aot_accuracy_fails, fx_minifier
+    from debug_module.diff import KernelDiffHarness, _minify
+    from debug_module.minifier import Minifier
+
+    here, bug_models, bug_backends = _load_bug_modules()
     rows = []
-    for name in names or list(cases):
-        backend, gradients, _, _ = cases[name]
-        model, inputs = getattr(mods["bug_models"], name)()
+    for name in names or list(bug_models.CASES):
+        backend_name, gradients, _, _ = bug_models.CASES[name]
+        backend = getattr(bug_backends, backend_name)
+        model, inputs = getattr(bug_models, name)()
+        harness = KernelDiffHarness(model, inputs, model_name=name, test_backend=backend, compare_gradients=gradients,
+                                    runs=1, minify_on_failure=False,
+                                    test_backend_spec=f"{here / 'bug_backends.py'}:{backend_name}")
+        report = harness.compare()
+        failing = next(d for d in (report.gradients if gradients else report.outputs) if not d.passed)
+        sig = _minify._signature(harness, harness._test_side, failing)
+        gm, graph_inputs = harness._test_side.timed.graphs[0]
+        (graph, args), *_ = _minify._backward_graphs(gm, graph_inputs, 0) if gradients else [(gm, graph_inputs)]
+        n = len(compute_nodes(graph))
         t0 = time.perf_counter()
-        report = KernelDiffHarness(model, inputs, model_name=name, test_backend=getattr(mods["bug_backends"], backend),
-                                   compare_gradients=gradients, runs=1, artifact_root=tempfile.mkdtemp(),
-                                   test_backend_spec=f"{here / 'bug_backends.py'}:{backend}").compare()
-        m = report.minifier or {}
-        rows.append({"case": name, "stage": m.get("stage"), "calls": m.get("oracle_calls"),
-                     "minify_s": m.get("seconds"), "total_s": time.perf_counter() - t0,
-                     "nodes": f"{m.get('original_nodes')} -> {m.get('nodes')}", "verified": m.get("verified")})
+        holds, obs = sig.check(graph, args)
+        ours = Minifier(graph, args, sig.for_failure(obs), progress=False, output_dir=tempfile.mkdtemp()).minify()
+        ours_s = time.perf_counter() - t0
+
+        calls, t0, status = 0, time.perf_counter(), "ok"
+
+        def module_fails(g, inps):
+            nonlocal calls
+            if time.perf_counter() - t0 > torch_budget_s:
+                raise Budget()
+            calls += 1
+            return aot_accuracy_fails(g, list(inps), backend)
+
+        theirs_nodes = None
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                g2, _ = fx_minifier(graph, args, module_fails)
+                theirs_nodes = len(compute_nodes(g2))
+            except Budget:
+                status = f"budget hit ({torch_budget_s:.0f}s)"
+            except Exception as e:  # noqa: BLE001 - what PyTorch's minifier said is the measurement
+                status = f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
+        rows.append({"case": name, "stage": "backward" if gradients else "forward", "N": n,
+                     "ours_calls": ours.calls, "ours_s": ours_s, "ours_nodes": ours.nodes, "verified": ours.verified,
+                     "torch_calls": calls, "torch_s": time.perf_counter() - t0, "torch_nodes": theirs_nodes,
+                     "torch_status": status})
         print(f"  done {name}: {rows[-1]}", flush=True)
     return rows
 
@@ -173,12 +215,15 @@ def main() -> None:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title="one command on real bug classes (ours: KernelDiff -> minifier -> verified repro)")
-        for col in ("case", "stage", "oracle calls", "minify s", "total s", "nodes", "verified"):
+        t = Table(title="real bug classes: ours (one-command path, verified) vs PyTorch's accuracy minifier "
+                        "(fx_minifier + REPRO_LEVEL=4 oracle, FX graph cache off)")
+        for col in ("case", "stage", "N nodes", "ours calls", "ours s", "ours nodes", "verified", "torch calls",
+                    "torch s", "torch nodes", "torch status"):
             t.add_column(col)
-        for r in bug_classes(args.bug_classes):
-            t.add_row(r["case"], str(r["stage"]), str(r["calls"]), f"{r['minify_s']}", f"{r['total_s']:.1f}",
-                      r["nodes"], str(r["verified"]))
+        for r in bug_classes(args.bug_classes, args.torch_budget_s):
+            t.add_row(r["case"], r["stage"], str(r["N"]), str(r["ours_calls"]), f"{r['ours_s']:.1f}", str(r["ours_nodes"]),
+                      str(r["verified"]), str(r["torch_calls"]), f"{r['torch_s']:.1f}", str(r["torch_nodes"]),
+                      r["torch_status"])
         Console(width=160).print(t)
 
 

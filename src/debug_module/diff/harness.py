@@ -134,6 +134,15 @@ def _compile_caches_off(compiling: bool) -> contextlib.AbstractContextManager[No
     return inductor.compile_caches_off()
 
 
+def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (NaN where NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    return bool(torch.equal(a, b))
+
+
 def _stats(samples_s: list[float]) -> dict[str, float | int | None] | None:
     """Run statistics in seconds; ``None`` without samples."""
     return run_stats(samples_s) if samples_s else None
@@ -379,12 +388,13 @@ class KernelDiffHarness:
             err = results[i].max_abs_error
             return (0 if verdicts[i][0] else 1, -1.0 if err is None else (err if math.isfinite(err) else math.inf))
 
+        identical = None if bases is None else all(_bit_identical(b, t) for b, t in zip(bases, tests, strict=False))
         worst = max(range(len(results)), key=badness)
         passed, reason, ratio = verdicts[worst]
         return TensorDiff(name=name, kind=kind, passed=passed and all(v[0] for v in verdicts), result=results[worst],
                           rule="ratio" if bases is not None else "tolerance", baseline=base_results[worst],
                           ratio=ratio, run_max_abs_errors=[r.max_abs_error for r in results], reason=reason,
-                          module=module)
+                          module=module, identical_to_eager=identical)
 
     def _ratio_verdict(self, res: ComparisonResult, base: ComparisonResult) -> tuple[bool, str | None, dict[str, Any]]:
         """The project's ratio verdict (:meth:`RatioRule.verdict`) of the test against float64, with
