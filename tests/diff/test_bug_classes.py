@@ -218,3 +218,30 @@ def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, cap
     cwd.mkdir()
     p = _fresh_run(repro, cwd)  # torch alone, from another directory, no PYTHONPATH
     assert p.returncode == 1 and p.stdout.rstrip().splitlines()[-1].startswith("REPRO: reproduced: "), p.stdout + p.stderr
+
+
+# ------------------------------------------------------------------ cache-proof (fast)
+
+
+@pytest.mark.slow
+def test_compiles_are_judged_with_the_compile_caches_off():
+    """The compiled side of KernelDiff and every oracle compile run with Inductor's FX graph cache off,
+    whatever the process's setting: a verdict never comes from a cached artifact."""
+    from debug_framework._torch import inductor
+
+    seen: list[bool] = []
+
+    def recording(gm, example_inputs):
+        seen.append(inductor.config_flags()["fx_graph_cache"])
+        return gm.forward
+
+    def f(x):
+        return torch.relu(x) * 2.0
+
+    x = torch.randn(8)
+    report = KernelDiffHarness(f, (x,), test_backend=recording, runs=1, minify_on_failure=False).compare()
+    assert report.passed and seen == [False], seen
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    AccuracySignature(recording, reference="float64", rtol=0.0, atol=0.0).observe(make_fx(f)(x), [x])
+    assert seen == [False, False]
