@@ -250,13 +250,16 @@ class ExceptionSignature(_BackendSignature):
 
 class AccuracySignature(_BackendSignature):
     """Outputs of the graph compiled by ``backend`` differ from a reference run beyond ``rtol``/``atol``
-    (|alt - ref| <= atol + rtol*|ref| fails somewhere; judged by the comparison core).
+    (|alt - ref| <= atol + rtol*|ref| fails somewhere over the finite pairs, a non-finite value where
+    the reference has another, a shape or dtype that differs: the comparison core's rule, with
+    ``equal_nan``). Observed by :func:`._runtime.observe_accuracy`, the function the repro runs too:
+    fresh clones of the inputs for every run, compile caches off.
 
     ``reference``: ``"eager"`` (the graph run as is) or ``"float64"`` (floating inputs cast to float64).
     ``ratio``: with ``reference="float64"``, judge by the project's ratio rule instead of rtol/atol
     (:meth:`debug_framework.comparison.RatioRule.verdict`: the backend's error against float64 may be at
     most ``multiplier`` times the eager graph's own error at the inputs' precision, plus ``floor``), as
-    KernelDiff's float64 mode judges; the repro's standalone check mirrors it (``_runtime.ratio_outputs``).
+    KernelDiff's float64 mode judges (``_runtime.ratio_outputs``, kept in agreement with it by a test).
     ``floor_rms``: with ``ratio``, each output's floor is ``ratio.floor + floor_rms x RMS(its float64
     value)`` (:meth:`~debug_framework.comparison.RatioRule.calibrated` per output: ``floor_eps x eps``).
     ``failures``: the classes of failure that count (``shape``, ``dtype``, ``nonfinite``, ``value``,
