@@ -191,8 +191,8 @@ def test_each_class_is_judged_by_its_failure_and_reduced_to_its_op(case):
 
 
 @pytest.mark.slow
-# a cold torch start per verification: the CI runs the docs' (gradient) case; the other classes by name
-# (-k) or through `benchmarks/bench_minifier.py --bug-classes`, which verifies every class
+# a cold torch start per verification: the CI runs the docs' (gradient) case; the other classes are
+# reduced above and verified in fresh processes by `benchmarks/bench_minifier.py --bug-classes`
 @pytest.mark.parametrize("case", ["gradient"])
 def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, capsys, monkeypatch):
     from debug_module.cli import main
