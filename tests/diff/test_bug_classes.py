@@ -208,7 +208,13 @@ def test_one_command_from_a_failing_diff_to_a_verified_repro(case, tmp_path, cap
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     code = exit_info.value.code
-    data = json.loads(capsys.readouterr().out)["data"]
+    doc = json.loads(capsys.readouterr().out)
+    from debug_module.schemas import load_schema, validate
+
+    schema = load_schema("cli-output")
+    assert not validate(doc, schema)
+    assert not validate({**doc, "data": {**doc["data"], "repro": None, "minifier": None}}, schema)  # a passing diff
+    data = doc["data"]
     assert code == 1 and data["passed"] is False and data["reference"] == "float64", data
     m = data["minifier"]
     assert m["status"] == "ran" and m["verified"] is True, m
