@@ -24,7 +24,7 @@ from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, Invocation, make_app, 
 from .drilldown_view import print_drilldown
 from .tables import Column
 from .user_code import load_backend_code
-from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table
+from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table, reproduce_command_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -270,7 +270,8 @@ def validate(
     invocation.database = Path(engine.database_path)
     if plugin is not None:
         alternative_backend = _plugin_alternative(plugin, alternative_backend, engine)
-    sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend)
+    sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend,
+                                command=reproduce_command_line(PROG, invocation.argv))
     invocation.session_id = sid
     with stage_progress(make_console(stderr=True), "loading model") as progress:
         result = engine.run(sid, progress=progress).to_dict()

@@ -227,10 +227,13 @@ _COMMAND_KEYS = ("command", "reproduce_command", "repro_command", "reproduce")
 
 
 def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """``(command, exact)``: the command the engine recorded (exact) or one rebuilt from the stored
-    session (``exact=False``; None when nothing is known about the model)."""
+    """``(command, exact)``: the command recorded with the session (exact: the CLI's own, in
+    ``environment["command"]``, with its user backends, plugin, config file and drill-down) or one
+    rebuilt from the stored session (``exact=False``; None when nothing is known about the model)."""
+    env = session.get("environment")
+    recorded = {"command": env.get("command")} if isinstance(env, Mapping) else {}
     for k in _COMMAND_KEYS:
-        v = results.get(k)
+        v = recorded.get(k) or results.get(k)
         if isinstance(v, Mapping):
             v = v.get("command") or v.get("argv")
         if isinstance(v, (list, tuple)) and v:
@@ -260,6 +263,8 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         argv.append("--oracle")
     if results.get("noise_floor"):
         argv.append("--noise-floor")
+    if results.get("drilldown") is not None:
+        argv.append("--drill-down")
     argv += _config_options(session.get("config"))
     for sentence in input_sentences(session):
         argv += ["--text", sentence]

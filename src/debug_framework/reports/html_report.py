@@ -442,11 +442,13 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         repro = '<p class="muted">not recorded</p>'
     else:
         repro = (f"<pre id=\"command\">{esc(cmd)}</pre>" +
-                 ("<p class=\"muted\">as recorded by the engine</p>" if exact else
-                  '<p class="note">The engine did not record the command; this one is rebuilt from the stored session '
-                  "(model path, backends, dtype, tolerances, seed, the text inputs and the main config options; "
-                  "arguments with control or bidi characters are written as $'...' escapes). Config keys "
-                  "without an option need --config-file.</p>"))
+                 ("<p class=\"muted\">the command that ran this session, as recorded by the engine when it was created</p>"
+                  if exact else
+                  '<p class="note">No command was recorded with this session (it was created through the API); '
+                  "this one is rebuilt from the stored session (model path, backends, dtype, tolerances, seed, "
+                  "the text inputs and the main config options; arguments with control or bidi characters are "
+                  "written as $'...' escapes). A user backend needs its --backend-file or --backend-module, "
+                  "and config keys without an option need --config-file.</p>"))
     other = {k: v for k, v in results.items() if k not in _SHOWN_RESULT_KEYS}
 
     sections = [
