@@ -36,8 +36,7 @@ __all__ = ["main", "run", "app", "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE"]
 
 PROG = "debug_validate"
 
-_HELP = ("Validate an alternative backend against a reference backend, checkpoint by checkpoint. "
-         "Exit 0 pass, 1 numerical failure, 2 usage/environment error, 3 internal error (a bug).")
+_HELP = "Validate an alternative backend against a reference backend, checkpoint by checkpoint."
 app = make_app(_HELP)
 
 
