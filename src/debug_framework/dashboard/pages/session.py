@@ -14,7 +14,7 @@ from debug_framework.dashboard.charts import (
     drilldown_frame,
     heatmap_image,
 )
-from debug_framework.dashboard.data import cells, literal, plain, session_ids, viewer
+from debug_framework.dashboard.data import cells, literal, number_columns, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import row_id, session_results, worst_row
@@ -61,7 +61,8 @@ with viewer() as db:
                 st.info("No finite figures of this metric to plot.")
             else:
                 st.altair_chart(curve_chart(frame, metric, first), width="stretch")
-            st.dataframe(cells(checkpoint_frame(rows)), hide_index=True, width="stretch")
+            table = cells(checkpoint_frame(rows))
+            st.dataframe(table, hide_index=True, width="stretch", column_config=number_columns(table))
 
             drilled = res.get("drilldown")
             if isinstance(drilled, list):
@@ -79,9 +80,10 @@ with viewer() as db:
                                       f"{culprit['repro_dir']}"))
                     if entry.get("note"):
                         st.caption(literal(entry["note"]))
-                    table = drilldown_frame(entry)
+                    table = cells(drilldown_frame(entry))
                     if not table.empty:
-                        st.dataframe(cells(table), hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}")
+                        st.dataframe(table, hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}",
+                                     column_config=number_columns(table))
 
             worst = worst_row(rows)
             st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_id(worst))}" if worst else ""))
