@@ -27,3 +27,12 @@ def test_timed_runs_are_interleaved():
                             "c": lambda: calls.append("c")}, 3)
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_scheduler_nodes_after_fusion_count_each_fused_node_once():
+    from debug_module.demo.compile_steps import scheduler_nodes
+
+    pre = "op0: SchedulerNode(\n  x\nop1: SchedulerNode(\nop2: SchedulerNode(\nop3: ExternKernelSchedulerNode(\n"
+    post = ("op0: SchedulerNode(\nop1_op2: OuterLoopFusedSchedulerNode(\nop1: SchedulerNode(\n"
+            "op2: SchedulerNode(\nop3: ExternKernelSchedulerNode(\n")
+    assert scheduler_nodes(pre) == 4 and scheduler_nodes(post) == 3
