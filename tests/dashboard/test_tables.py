@@ -32,3 +32,15 @@ def test_numbers_keep_their_precision_and_empty_cells_stay_empty():
     assert list(frame["reason"]) == ["", "over"]
     config = number_columns(frame)
     assert set(config) == {"bound"} and config["bound"]["type_config"]["format"] == NUMBER_FORMAT == "%.3e"
+
+
+def test_error_source_and_environment_read_as_words_not_json():
+    from debug_framework.reports._common import error_source_text, flat_items
+
+    assert error_source_text({"kind": "layer", "layer": 1, "block": "attention"}) == "layer 1 (attention)"
+    assert error_source_text({"kind": "accumulation", "layer": 3, "confirmed": False}) == \
+        "accumulation (first beyond its bound at layer 3) (not confirmed by isolation)"
+    items = dict(flat_items({"environment": {"python": "3.11.7", "cuda_available": False, "gpu": None},
+                             "reference": {"dtypes": ["float32", "float64"]}}))
+    assert items == {"environment.python": "3.11.7", "environment.cuda_available": "False",
+                     "environment.gpu": "", "reference.dtypes": "float32, float64"}

@@ -109,15 +109,6 @@ def _margin(v: Any) -> str:
     return "-" if not isinstance(v, (int, float)) or math.isnan(v) else f"{v:.3g}"
 
 
-def _source_line(source: dict[str, Any]) -> str:
-    """Where a failed validation's error comes from, in one line."""
-    kind = source.get("kind")
-    where = {"layer": f"layer {source.get('layer')} ({source.get('block')})", "embedding": "the embedding",
-             "head": "the final norm / head", "accumulation": f"accumulation (first beyond its bound at layer "
-                                                               f"{source.get('layer')})"}.get(kind, str(kind))
-    return f"source: {where}" + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
-
-
 #: The checkpoint table's columns; the lowest ``keep`` goes first when the terminal is narrow.
 _COLUMNS = (Column("checkpoint", min_width=12, short=lambda c: c[5:] if c.startswith("post_") else c,
                    short_note="checkpoint names without post_"),
@@ -180,7 +171,9 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
         out.print(markup("[bold red]FAILED[/]: first divergence at [bold]{}[/] (max abs error {}; {})",
                          first["id"], _fmt(first.get("max_abs_error")), first.get("reason") or ""))
         if result.get("error_source"):
-            out.print(markup("{}", _source_line(result["error_source"])))
+            from ..reports._common import error_source_text
+
+            out.print(markup("{}", "source: " + error_source_text(result["error_source"])))
     else:
         out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within their bounds")
     if result.get("introducing_layers") is not None:

@@ -29,6 +29,8 @@ __all__ = [
     "worst_row",
     "verdict_of",
     "reproduce_command",
+    "error_source_text",
+    "flat_items",
     "isolation_rows",
     "damaged_fields",
     "human_bytes",
@@ -221,6 +223,29 @@ def shell_quote(arg: str) -> str:
 def shell_join(argv: Sequence[str]) -> str:
     """:func:`shell_quote` of every argument, space-separated."""
     return " ".join(shell_quote(str(a)) for a in argv)
+
+
+def error_source_text(source: Mapping[str, Any]) -> str:
+    """Where a failed validation's error comes from, in words: ``layer 1 (attention)``, ``the
+    embedding``, ``the final norm / head``, ``accumulation (first beyond its bound at layer 3)``,
+    with ``(not confirmed by isolation)`` where isolation did not confirm it."""
+    kind = source.get("kind")
+    where = {"layer": f"layer {source.get('layer')} ({source.get('block')})", "embedding": "the embedding",
+             "head": "the final norm / head", "accumulation": f"accumulation (first beyond its bound at layer "
+                                                              f"{source.get('layer')})"}.get(str(kind), str(kind))
+    return where + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
+
+
+def flat_items(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """A nested mapping as ``(dotted key, text)`` pairs, lists and scalars as text: how a page shows
+    the environment or backend information as a table rather than raw JSON."""
+    if isinstance(value, Mapping):
+        out: list[tuple[str, str]] = []
+        for k, v in value.items():
+            out += flat_items(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, "" if value is None else (", ".join(map(str, value)) if isinstance(value, (list, tuple))
+                                               else str(value)))]
 
 
 _COMMAND_KEYS = ("command", "reproduce_command", "repro_command", "reproduce")
