@@ -137,7 +137,10 @@ def _dims(spec: KernelSpec, schema: Any) -> dict[str, tuple[bool, list[str]]] | 
     else:
         return None
     out = {}
-    for name, text in raw.items():
+    # in the schema's argument order, not the manifest's key order (a manifest read back from the
+    # database has its keys sorted): the same kernel gets the same samples on every path
+    for name in sorted(raw, key=lambda n: tensors.index(n) if n in tensors else len(tensors)):
+        text = raw[name]
         parts = [p for p in text.split(",") if p]
         out[name] = (bool(parts) and parts[0] == "...", [p for p in parts if p != "..."])
     return out

@@ -215,9 +215,12 @@ class ValidationEngine(EngineFaces):
         alternative_backend: str = "auto",
         *,
         session_id: str | None = None,
+        command: str | None = None,
     ) -> str:
         """Create a session (status ``created``): the model is loaded and its digest recorded, both
         backends are checked to be available, the inputs are built and saved beside the database.
+        ``command`` is the shell command that reproduces the run (a CLI's own, recorded in the
+        session's ``environment["command"]``; reports print it as the reproduce command).
 
         Raises:
             ModelLoadingError (DF004), BackendInitializationError (DF002), ValidationError (DF005)
@@ -257,7 +260,8 @@ class ValidationEngine(EngineFaces):
         self.db.sessions.create(
             model_path_key(str(model.path)), reference_backend, alt_name, config=cfg, session_id=sid,
             weights_digest=model.digest, tolerances=tolerances, seed=int(cfg["seed"]), inputs_ref=str(inputs_path),
-            environment=capture_environment(cfg["device"]),
+            environment={**capture_environment(cfg["device"]),
+                         **({"command": str(command)} if command else {})},
             reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"]),
             alternative_backend_info=_backend_info(alt, alt_dtype, cfg["device"],
                                                    {"requested": alternative_backend, "selected_because": why}),
