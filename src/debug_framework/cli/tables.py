@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..termtext import terminal_safe
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -95,7 +97,7 @@ def fitted_table(title: str | None, columns: Sequence[Column], rows: Sequence[Se
     from rich.text import Text
 
     cols = list(columns)
-    data = [[str(c) for c in r] for r in rows]
+    data = [[terminal_safe(str(c)) for c in r] for r in rows]  # control and bidi characters shown escaped
     keep = list(range(len(cols)))
 
     def fixed(idx: list[int], cells: list[list[str]]) -> tuple[int, int]:
@@ -125,7 +127,7 @@ def fitted_table(title: str | None, columns: Sequence[Column], rows: Sequence[Se
     wanted = [_natural(cols[i], [r[i] for r in data]) for i in labels]
     shares = dict(zip(labels, _share(wanted, [min(w, _minimum(cols[i])) for i, w in zip(labels, wanted)],
                                      room), strict=True))
-    t = Table(title=title if title_markup or title is None else Text(title))
+    t = Table(title=title if title_markup or title is None else Text(terminal_safe(title)))
     for i in keep:
         col = cols[i]
         w = _natural(col, [r[i] for r in data]) if col.number else shares[i]
