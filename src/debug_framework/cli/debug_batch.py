@@ -115,8 +115,7 @@ def batch(
                               "dtype": dtype, "drill_down": drill_down or None, "oracle": oracle or None,
                               "parallel_execution": parallel > 1 or None, "max_concurrent_jobs": parallel,
                               "show_progress": not as_json, "database_path": fw["database_path"]}, config_file)
-        jid = job_id or "batch-" + hashlib.sha256("
-".join(models).encode()).hexdigest()[:16]
+        jid = job_id or "batch-" + hashlib.sha256("\n".join(models).encode()).hexdigest()[:16]
         results = execute_job(BatchValidationJob(jid, models, config))
     if as_json:
         print_json({"job_id": jid, "items": results})
