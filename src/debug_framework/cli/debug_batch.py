@@ -42,10 +42,11 @@ def read_model_list(path: Path) -> list[str]:
         CliError: the file cannot be read, or lists no model.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # bytes: no newline translation of a "\r" in a path
     except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"cannot read the model list {str(path)!r}: {exc}", kind="environment") from exc
-    models = [s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#")]
+    # lines end at "\n" only: a path may hold any other character (U+2028 or a form feed included)
+    models = [s for s in (line.strip(" \t\r") for line in text.split("\n")) if s and not s.startswith("#")]
     if not models:
         raise CliError(f"the model list {str(path)!r} names no model", hint="one model path per line")
     return models
