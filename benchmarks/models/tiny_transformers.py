@@ -8,15 +8,15 @@ from pathlib import Path
 FAMILIES = ("llama", "qwen2", "bert", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe")
 #: what the newer decoder families set beside the shared sizes: sliding windows shorter than the
 #: sessions' sequences, local and global layers alternating, soft-caps that bite, experts.
-_WINDOW = 4
+WINDOW = 4
 _FAMILY = {
-    "mistral": dict(sliding_window=_WINDOW),
-    "qwen3": dict(use_sliding_window=True, sliding_window=_WINDOW, max_window_layers=1),
-    "gemma2": dict(sliding_window=_WINDOW, query_pre_attn_scalar=16, attn_logit_softcapping=0.5,
+    "mistral": dict(sliding_window=WINDOW),
+    "qwen3": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=16, attn_logit_softcapping=0.5,
                    final_logit_softcapping=0.05),
-    "gemma3_text": dict(sliding_window=_WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    "gemma3_text": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                         query_pre_attn_scalar=16, final_logit_softcapping=0.05),
-    "phi3": dict(sliding_window=_WINDOW, pad_token_id=0),
+    "phi3": dict(sliding_window=WINDOW, pad_token_id=0),
     "qwen3_moe": dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
 }
 _DECODER = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
