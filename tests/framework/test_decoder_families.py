@@ -21,7 +21,7 @@ import torch
 
 from debug_framework.architectures import GemmaReference, MoeReference, build_reference
 from debug_framework.errors import ModelLoadingError
-from debug_framework.modelio import load_model
+from debug_framework.modelio import load_model, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -151,17 +151,6 @@ def test_the_variants_are_exercised(tiny):
     assert configs["qwen3_moe"].num_experts_per_tok < configs["qwen3_moe"].num_experts
 
 
-def _with_config(path: Path, tmp_path: Path, **changes) -> Path:
-    out = tmp_path / "m"
-    out.mkdir()
-    for f in path.iterdir():
-        (out / f.name).symlink_to(f)
-    (out / "config.json").unlink()
-    config = json.loads((path / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, **changes}))
-    return out
-
-
 @pytest.mark.parametrize(("family", "changes", "named"), [
     ("gemma3_text", {"attn_logit_softcapping": 30.0}, "attn_logit_softcapping"),
     ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
@@ -172,7 +161,19 @@ def _with_config(path: Path, tmp_path: Path, **changes) -> Path:
     ("mistral", {"hidden_act": "gelu"}, "hidden_act"),
     ("gemma3_text", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
 ])
-def test_options_the_references_do_not_implement_are_df004(family, changes, named, tiny, tmp_path):
+def test_options_the_references_do_not_implement_are_df004(family, changes, named, tiny):
+    config = json.loads((tiny(family) / "config.json").read_text())
+    parse_config(config)  # as saved: parses
     with pytest.raises(ModelLoadingError) as err:
-        load_model(_with_config(tiny(family), tmp_path, **changes))
+        parse_config({**config, **changes})
     assert err.value.code == "DF004" and named in str(err.value)
+
+
+def test_router_logits_are_a_checkpoint_of_the_moe_reference(tiny):
+    from debug_framework.backends import get_backend
+    from debug_framework.modelio import ModelInputs
+
+    backend = get_backend("python_reference")
+    backend.prepare(load_model(tiny("qwen3_moe")))
+    capture = backend.run(ModelInputs.random(64, 2, LENGTH, seed=0), taps=["router_logits:1", "post_mlp:1"])
+    assert capture["router_logits:1"].shape == (2, LENGTH, 4) and capture["post_mlp:1"].shape == (2, LENGTH, 32)

@@ -354,8 +354,8 @@ def _decoder(r: ConfigReader, model_type: str) -> LlamaModelConfig:
                                 file=r.source)
     act = r.text(d.act_key, d.act)
     if act not in _ACTIVATIONS.get(model_type, ("silu",)):
-        raise ModelLoadingError(f"{d.act_key} {act!r} is not supported for {model_type}", file=r.source,
-                                hint="supported: " + ", ".join(_ACTIVATIONS.get(model_type, ("silu",))))
+        raise _unsupported(f"{d.act_key} {act!r} for {model_type}", r.source,
+                           hint="supported: " + ", ".join(_ACTIVATIONS.get(model_type, ("silu",))))
     qwen2 = model_type == "qwen2"
     if qwen2:
         _check_qwen2_attention(r, layers)
