@@ -177,3 +177,26 @@ def test_router_logits_are_a_checkpoint_of_the_moe_reference(tiny):
     backend.prepare(load_model(tiny("qwen3_moe")))
     capture = backend.run(ModelInputs.random(64, 2, LENGTH, seed=0), taps=["router_logits:1", "post_mlp:1"])
     assert capture["router_logits:1"].shape == (2, LENGTH, 4) and capture["post_mlp:1"].shape == (2, LENGTH, 32)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mlx_runs_the_same_references(family, tiny):
+    """The ``mlx`` backend runs the same classes over ``mlx.core``: float32 agreement at every
+    checkpoint, and a block alone on the reference's input."""
+    from debug_framework.backends import backend_availability, get_backend
+    from debug_framework.modelio import ModelInputs
+
+    ok, why = backend_availability().get("mlx", (False, "not registered"))
+    if not ok:
+        pytest.skip(f"mlx unavailable: {why}")
+    model = load_model(tiny(family))
+    inputs = ModelInputs.random(64, 2, LENGTH, seed=0, pad_lengths=[0, 3])
+    reference, mlx = get_backend("python_reference"), get_backend("mlx")
+    reference.prepare(model)
+    mlx.prepare(model, "float32")
+    expected, actual = reference.run(inputs), mlx.run(inputs)
+    for key in expected:
+        err = np.abs(np.asarray(actual[key], np.float64) - expected[key]).max() / np.abs(expected[key]).max()
+        assert err < 1e-4, (family, str(key), err)
+    block = mlx.run_block(1, "mlp", expected["post_attention:1"], inputs)["post_mlp:1"]
+    assert np.abs(np.asarray(block, np.float64) - expected["post_mlp:1"]).max() < 1e-4

@@ -60,8 +60,9 @@ def decoder_layout(config: LlamaModelConfig, *, mlp: bool = True, norms: tuple[s
 def sliding_window_mask(attention_mask: Array, window: int) -> Array:
     """``allowed[b, 1, i, j]``: causal and padding as :func:`~.llama.causal_padding_mask`, and key j
     at most ``window - 1`` positions before query i (``i - window < j``). ``[B, 1, T, T]``."""
-    too_old = array_namespace(attention_mask).lower_triangle(attention_mask.shape[1], -window)  # j <= i - window
-    return causal_padding_mask(attention_mask) & ~too_old[None, None, :, :]
+    xp, t = array_namespace(attention_mask), attention_mask.shape[1]
+    band = xp.lower_triangle(t) != xp.lower_triangle(t, -window)  # j <= i, and not j <= i - window
+    return causal_padding_mask(attention_mask) & band[None, None, :, :]
 
 
 def soft_cap(x: Array, cap: float | None) -> Array:
