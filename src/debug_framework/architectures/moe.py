@@ -13,13 +13,15 @@ one the sparse dispatch computes, expert by expert in index order.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..modelio.configs import MoeModelConfig
 from .decoder import DecoderReference, decoder_layout
-from .layout import WeightLayout
+from .layout import WeightLayout, WeightSource
 from .llama import silu
 from .ops import linear, softmax
 from .walk import Key
-from .xp import Array, array_namespace
+from .xp import NUMPY, Array, ArrayNamespace, array_namespace
 
 __all__ = ["top_k_gates", "expert_mlp", "MoeReference"]
 
@@ -45,6 +47,12 @@ class MoeReference(DecoderReference):
 
     config: MoeModelConfig
 
+    def __init__(self, config: MoeModelConfig, weights: WeightSource, dtype: object = np.float64,
+                 xp: ArrayNamespace = NUMPY) -> None:
+        super().__init__(config, weights, dtype, xp)
+        #: layer -> the router logits of the last run (or replay) of that layer
+        self.router_logits: dict[int, Array] = {}
+
     @classmethod
     def layout_for(cls, config: MoeModelConfig) -> WeightLayout:  # type: ignore[override]
         """The decoder's layout with the router and each expert's three projections instead of one MLP."""
@@ -66,13 +74,6 @@ class MoeReference(DecoderReference):
             y = expert_mlp(x, w[f"expert{e}_gate"], w[f"expert{e}_up"], w[f"expert{e}_down"])
             out = out + gates[..., e:e + 1] * y
         return out
-
-    @property
-    def router_logits(self) -> dict[int, Array]:
-        """Layer -> the router logits of the last run (or replay) of that layer."""
-        if not hasattr(self, "_router_logits"):
-            self._router_logits: dict[int, Array] = {}
-        return self._router_logits
 
     def forward(self, input_ids: Array, attention_mask: Array, want: set[Key] | None = None,
                 layer_inputs: dict[int, Array] | None = None, token_type_ids: Array | None = None) -> dict[Key, Array]:
