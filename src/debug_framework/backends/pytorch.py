@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import BackendInitializationError, ModelLoadingError
+from ..modelio.configs import MoeModelConfig
 from ..modelio.loader import LoadedModel
 from .torch_module import TorchModuleBackend
 
@@ -28,9 +29,30 @@ def hf_skeleton(model: LoadedModel, dtype: torch.dtype, *, meta: bool = False) -
         raise BackendInitializationError("transformers is not installed", backend="pytorch") from exc
     raw = {k: v for k, v in model.raw_config.items() if k not in ("architectures", "_name_or_path", "transformers_version")}
     hf_config = transformers.AutoConfig.for_model(**raw)
-    auto = transformers.AutoModelForCausalLM if model.architecture == "llama" else transformers.AutoModel
+    auto = transformers.AutoModel if model.architecture == "bert" else transformers.AutoModelForCausalLM
+    # mixtures of experts run their experts one by one in eager code (the grouped kernels refuse float64)
+    experts = {"experts_implementation": "eager"} if isinstance(model.config, MoeModelConfig) else {}
     with torch.device("meta") if meta else contextlib.nullcontext():
-        return auto.from_config(hf_config, attn_implementation="eager", dtype=dtype), hf_config
+        return auto.from_config(hf_config, attn_implementation="eager", dtype=dtype, **experts), hf_config
+
+
+def _stored_tensor(model: LoadedModel, name: str) -> Any:
+    """The tensor the model's parameter ``name`` takes from the weights: itself, or for a mixture of
+    experts' fused ``mlp.experts.gate_up_proj`` / ``down_proj`` the checkpoint's per-expert
+    projections stacked (``[X, 2F, D]``: each expert's gate then up; ``[X, D, F]``)."""
+    if name in model.weights:
+        return model.weights[name]
+    config = model.config
+    if not isinstance(config, MoeModelConfig) or not name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+        return None
+    prefix = name.rsplit(".", 1)[0]
+    parts = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
+    names = [f"{prefix}.{e}.{part}.weight" for e in range(config.num_experts) for part in parts]
+    if not all(n in model.weights for n in names):
+        return None
+    per_expert = [torch.cat([torch.as_tensor(model.weights[f"{prefix}.{e}.{part}.weight"]) for part in parts])
+                  for e in range(config.num_experts)]
+    return torch.stack(per_expert)
 
 
 def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
@@ -44,8 +66,9 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     own = net.state_dict()
     state: dict[str, Any] = {}
     for name in own:
-        if name in model.weights:
-            state[name] = model.weights[name]
+        tensor = _stored_tensor(model, name)
+        if tensor is not None:
+            state[name] = tensor
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
     untrusted = [n for n in missing if n not in tied and not n.startswith("pooler.")]

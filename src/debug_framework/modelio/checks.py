@@ -26,6 +26,7 @@ _SIZE_KEYS = {
     "bert": ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "max_position_embeddings",
              "type_vocab_size"),
 }
+_SIZE_KEYS["gemma"] = _SIZE_KEYS["llama"]
 _LAYER_NAME = {"llama": re.compile(r"model\.layers\.(\d+)\."), "bert": re.compile(r"encoder\.layer\.(\d+)\.")}
 
 

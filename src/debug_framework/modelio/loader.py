@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import ModelLoadingError
 from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
-from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, parse_config, read_config_file
+from .configs import (BertModelConfig, GemmaModelConfig, LlamaModelConfig, ModelConfig, MoeModelConfig, parse_config,
+                      read_config_file)
 from .files import model_path_exists, read_json, regular_file_size, short_repr
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
 
@@ -56,7 +57,7 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        """``"llama"`` or ``"bert"``."""
+        """``"llama"``, ``"gemma"`` or ``"bert"``: the layer structure (which module is which checkpoint)."""
         return self.config.architecture
 
     @property
@@ -73,31 +74,7 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Canonical name -> shape of every tensor the architecture reads."""
     out: dict[str, tuple[int, ...]] = {}
     if isinstance(config, LlamaModelConfig):
-        d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
-        hd, nh, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
-        out["model.embed_tokens.weight"] = (v, d)
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            out[p + "input_layernorm.weight"] = (d,)
-            out[p + "post_attention_layernorm.weight"] = (d,)
-            for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
-                out[p + f"self_attn.{proj}.weight"] = (rows, d)
-                if config.qkv_bias:
-                    out[p + f"self_attn.{proj}.bias"] = (rows,)
-            out[p + "self_attn.o_proj.weight"] = (d, nh * hd)
-            if config.o_bias:
-                out[p + "self_attn.o_proj.bias"] = (d,)
-            out[p + "mlp.gate_proj.weight"] = (f, d)
-            out[p + "mlp.up_proj.weight"] = (f, d)
-            out[p + "mlp.down_proj.weight"] = (d, f)
-            if config.mlp_bias:
-                out[p + "mlp.gate_proj.bias"] = (f,)
-                out[p + "mlp.up_proj.bias"] = (f,)
-                out[p + "mlp.down_proj.bias"] = (d,)
-        out["model.norm.weight"] = (d,)
-        if not config.tie_word_embeddings:
-            out["lm_head.weight"] = (v, d)
-        return out
+        return _decoder_tensors(config)
     assert isinstance(config, BertModelConfig)
     d, f = config.hidden_size, config.intermediate_size
     out["embeddings.word_embeddings.weight"] = (config.vocab_size, d)
@@ -120,6 +97,55 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         out[p + "output.dense.bias"] = (d,)
         out[p + "output.LayerNorm.weight"] = (d,)
         out[p + "output.LayerNorm.bias"] = (d,)
+    return out
+
+
+def _decoder_tensors(config: LlamaModelConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors of a Llama-family or Gemma decoder (Hugging Face names, as saved on disk)."""
+    out: dict[str, tuple[int, ...]] = {}
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    hd, nh, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    out["model.embed_tokens.weight"] = (v, d)
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if isinstance(config, GemmaModelConfig):
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for norm in norms:
+            out[p + norm + ".weight"] = (d,)
+        if config.fused_projections:
+            out[p + "self_attn.qkv_proj.weight"] = ((nh + 2 * nkv) * hd, d)
+        else:
+            for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+                out[p + f"self_attn.{proj}.weight"] = (rows, d)
+                if config.qkv_bias:
+                    out[p + f"self_attn.{proj}.bias"] = (rows,)
+        if config.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (hd,)
+            out[p + "self_attn.k_norm.weight"] = (hd,)
+        out[p + "self_attn.o_proj.weight"] = (d, nh * hd)
+        if config.o_bias:
+            out[p + "self_attn.o_proj.bias"] = (d,)
+        if isinstance(config, MoeModelConfig):
+            out[p + "mlp.gate.weight"] = (config.num_experts, d)
+            fe = config.moe_intermediate_size
+            for e in range(config.num_experts):
+                q = f"{p}mlp.experts.{e}."
+                out[q + "gate_proj.weight"], out[q + "up_proj.weight"], out[q + "down_proj.weight"] = (fe, d), (fe, d), (d, fe)
+            continue
+        if config.fused_projections:
+            out[p + "mlp.gate_up_proj.weight"] = (2 * f, d)
+        else:
+            out[p + "mlp.gate_proj.weight"] = (f, d)
+            out[p + "mlp.up_proj.weight"] = (f, d)
+        out[p + "mlp.down_proj.weight"] = (d, f)
+        if config.mlp_bias:
+            out[p + "mlp.gate_proj.bias"] = (f,)
+            out[p + "mlp.up_proj.bias"] = (f,)
+            out[p + "mlp.down_proj.bias"] = (d,)
+    out["model.norm.weight"] = (d,)
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = (v, d)
     return out
 
 
