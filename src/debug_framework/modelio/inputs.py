@@ -28,12 +28,16 @@ class ModelInputs:
         token_type_ids: int64 array ``[batch, length]`` (BERT segment ids); zeros when ``None``.
         meta: how the inputs were made (``{"source": "text", "texts": [...]}`` or
             ``{"source": "random", "seed": 0}``), saved with them.
+        extra: other named inputs of the model's forward (``pixel_values`` of a ViT-like encoder,
+            ``decoder_input_ids`` of an encoder-decoder, any tensor a ``--inputs`` file names);
+            a model without token inputs has ``input_ids`` of length 0.
     """
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.input_ids = np.ascontiguousarray(self.input_ids, dtype=np.int64)
@@ -110,6 +114,10 @@ class ModelInputs:
         }
         if self.token_type_ids is not None:
             out["token_type_ids"] = torch.from_numpy(self.token_type_ids).to(device)
+        if self.extra and self.input_ids.shape[1] == 0:  # no token inputs (pixels only)
+            out = {}
+        for name, value in self.extra.items():
+            out[name] = torch.from_numpy(np.ascontiguousarray(value)).to(device)
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -123,6 +131,7 @@ class ModelInputs:
         tensors = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.token_type_ids is not None:
             tensors["token_type_ids"] = self.token_type_ids
+        tensors.update(self.extra)
         path.write_bytes(save(tensors, metadata={"debug_framework.inputs": json.dumps(self.meta, sort_keys=True)}))
         return path
 
@@ -143,4 +152,6 @@ class ModelInputs:
         for key in ("input_ids", "attention_mask"):
             if key not in tensors:
                 raise ModelLoadingError("inputs file lacks a tensor", file=str(path), tensor=key)
-        return cls(tensors["input_ids"], tensors["attention_mask"], tensors.get("token_type_ids"), meta=meta)
+        extra = {k: v for k, v in tensors.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+        return cls(tensors["input_ids"], tensors["attention_mask"], tensors.get("token_type_ids"), meta=meta,
+                   extra=extra)

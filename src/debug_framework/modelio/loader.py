@@ -14,7 +14,15 @@ from typing import Any
 
 from ..errors import ModelLoadingError
 from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
-from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, parse_config, read_config_file
+from .configs import (
+    BertModelConfig,
+    LlamaModelConfig,
+    ModelConfig,
+    UnsupportedByReference,
+    parse_config,
+    read_config_file,
+)
+from .generic import GenericModelConfig, generic_config, generic_expected_tensors
 from .files import read_json, regular_file_size, short_repr
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
 
@@ -40,7 +48,8 @@ class LoadedModel:
     Attributes:
         path: what was loaded (directory or file).
         format: ``"hf_dir"``, ``"safetensors"``, ``"zt"`` or ``"torch"``.
-        config: the typed config (:class:`LlamaModelConfig` or :class:`BertModelConfig`).
+        config: the typed config (:class:`LlamaModelConfig`, :class:`BertModelConfig`, or
+            :class:`~.generic.GenericModelConfig` for a model the generic tier runs).
         raw_config: ``config.json`` as read.
         weights: canonical tensor name -> tensor, lazy.
         tokenizer: a ``tokenizers.Tokenizer`` when ``tokenizer.json`` is present, else ``None``.
@@ -48,7 +57,7 @@ class LoadedModel:
 
     path: Path
     format: str
-    config: ModelConfig
+    config: ModelConfig | GenericModelConfig
     raw_config: dict[str, Any]
     weights: WeightStore
     tokenizer: Any = None
@@ -56,7 +65,7 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        """``"llama"`` or ``"bert"``."""
+        """``"llama"`` or ``"bert"`` (a reference written from the math), or ``"generic"``."""
         return self.config.architecture
 
     @property
@@ -136,7 +145,7 @@ def _canonical_prefix(config: ModelConfig, names: set[str]) -> tuple[str, str]:
 
 def _locations(config: ModelConfig, stored: dict[str, TensorReader]) -> dict[str, tuple[TensorReader, str]]:
     """Canonical name -> (reader, stored name); two stored names for one canonical name are refused."""
-    strip, add = _canonical_prefix(config, set(stored))
+    strip, add = ("", "") if isinstance(config, GenericModelConfig) else _canonical_prefix(config, set(stored))
     locations: dict[str, tuple[TensorReader, str]] = {}
     for name, reader in stored.items():
         canonical = add + (name[len(strip):] if strip and name.startswith(strip) else name)
@@ -252,16 +261,30 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
             _open_reader(path)  # raises the unknown-format error before the config is looked at
     cfg_file = Path(config_path) if config_path is not None else directory / "config.json"
     raw = read_config_file(cfg_file)
-    config = parse_config(raw, source=str(cfg_file))
+    config: ModelConfig | GenericModelConfig
+    try:
+        config = parse_config(raw, source=str(cfg_file))
+    except UnsupportedByReference as exc:  # no reference from the math: the model's own eager code judges
+        config = generic_config(raw, source=str(cfg_file), why=exc.message)
 
     stored = stored_tensors([_open_reader(f) for f in files])
     if weight_map:
         check_index(stored, weight_map, directory / INDEX_NAME)
     where = ", ".join(str(f) for f in files)
-    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)
-    locations = _locations(config, stored)
-    check_tensors(expected_tensors(config), locations, config, where)
-    check_layer_count(config, locations)
+    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)  # type: ignore[arg-type]
+    if isinstance(config, GenericModelConfig):
+        locations = _locations(config, stored)  # type: ignore[arg-type]
+        expected = generic_expected_tensors(raw, str(cfg_file))
+        if set(expected) <= set(locations):  # stored under the model's own names: checked here
+            check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
+        elif fmt != "hf_dir":
+            check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
+        # else: stored under names transformers converts on loading (its checkpoint conversion
+        # mapping); transformers' own loader checks them when a backend builds the model
+    else:
+        locations = _locations(config, stored)
+        check_tensors(expected_tensors(config), locations, config, where)
+        check_layer_count(config, locations)
     return LoadedModel(
         path=path,
         format=fmt,
