@@ -45,7 +45,7 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
         BackendInitializationError: transformers is missing (DF002).
         ModelLoadingError: the weights do not fit the model (DF004).
     """
-    if model.architecture == "generic" and model.format == "hf_dir" and not _stored_as_built(model):
+    if getattr(model.config, "weights_renamed", False):
         return _from_pretrained(model, dtype).to(device).eval()
     net, hf_config = hf_skeleton(model, dtype)
     own = net.state_dict()
@@ -79,13 +79,6 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     return net.to(device).eval()
 
 
-def _stored_as_built(model: LoadedModel) -> bool:
-    """Every parameter of the transformers model is stored under its own name (no conversion)."""
-    from ..modelio.generic import generic_expected_tensors
-
-    return set(generic_expected_tensors(model.raw_config, str(model.path))) <= set(model.weights)
-
-
 def _from_pretrained(model: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:
     """A generic-tier model whose files store names transformers converts on loading (its
     checkpoint conversion mapping: fused experts, renamed modules), loaded by transformers itself,
@@ -96,7 +89,7 @@ def _from_pretrained(model: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:
     """
     from transformers.utils import logging as hf_logging
 
-    from ..modelio.generic import auto_model_class, hf_config_of
+    from ..modelio.generic import EAGER_KWARGS, auto_model_class, hf_config_of
 
     hf = hf_config_of(model.raw_config, str(model.path))
     cls = auto_model_class(model.raw_config, hf, str(model.path))
@@ -104,7 +97,7 @@ def _from_pretrained(model: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:
     hf_logging.disable_progress_bar()
     try:
         net, info = cls.from_pretrained(str(model.path), local_files_only=True, output_loading_info=True,
-                                        attn_implementation="eager", dtype=dtype)
+                                        dtype=dtype, **EAGER_KWARGS)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadingError(f"transformers cannot load the weights: {str(exc)[:300]}", file=str(model.path)) from exc
     finally:

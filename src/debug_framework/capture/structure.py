@@ -37,7 +37,7 @@ from ..errors import ModelLoadingError
 from .hooks import ModuleTap, first_input, first_tensor
 from .keys import CheckpointKey
 
-__all__ = ["LayerStructure", "ModelStructure", "discover", "layer_stacks", "MAP_HINT"]
+__all__ = ["LayerStructure", "ModelStructure", "discover", "layer_stacks", "static_router", "MAP_HINT"]
 
 #: How to run a model whose structure is not found (the same advice as the loader's).
 MAP_HINT = ("map its modules yourself: debug_framework.module_backend(name, builder, checkpoint_map="
@@ -196,8 +196,9 @@ def _probe(net: torch.nn.Module, layers: list[str], example: Mapping[str, Any]) 
 
 def _is_passive(call: _Call) -> bool:
     """Dropout, activations, identities: modules that take no part in a block's role."""
-    return isinstance(call.module, (torch.nn.Dropout, torch.nn.Identity)) or not any(
-        True for _ in call.module.parameters())
+    if isinstance(call.module, (torch.nn.Dropout, torch.nn.Identity)):
+        return True
+    return not _is_norm(call) and not any(True for _ in call.module.parameters())
 
 
 def _is_norm(call: _Call) -> bool:
@@ -229,10 +230,7 @@ def _layer(lname: str, calls: list[_Call], layer_in: Any) -> LayerStructure:
     for c in calls:
         if first_attention.order < c.order < mlp.order and any(_same(c.inp, t) for t in early):
             early.append(c.out)
-    router = None
-    for sub, _ in mlp.module.named_children():
-        if sub in _ROUTER:
-            router = f"{lname}.{mlp.name}.{sub}"
+    router = next((f"{lname}.{mlp.name}.{sub}" for sub, _ in mlp.module.named_children() if sub in _ROUTER), None)
     if any(_same(mlp.inp, t) for t in early):  # the MLP never saw the attention's result
         return LayerStructure(lname, f"{lname}.{attention.name}", f"{lname}.{mlp.name}",
                               ModuleTap(f"{lname}.{attention.name}", CheckpointKey("post_attention", 0)),
@@ -247,6 +245,17 @@ def _layer(lname: str, calls: list[_Call], layer_in: Any) -> LayerStructure:
         (f"{lname}.{producer.name}", "value") if producer is not None else (f"{lname}.{attention.name}", "zero"))
     return LayerStructure(lname, f"{lname}.{attention.name}", f"{lname}.{mlp.name}", where, seam=seam,
                           router=router, pre_norm=pre_norm)
+
+
+def static_router(layer: torch.nn.Module) -> str | None:
+    """The router of a layer's mixture-of-experts block without running it (the loader's view):
+    a ``gate``/``router`` child of the child that is its MLP block, as a path inside the layer."""
+    for name, child in _candidates(layer):
+        if _MLP_NAME.match(name.rsplit(".", 1)[-1]) or _MLP_CLASS.search(type(child).__name__):
+            sub = next((s for s, _ in child.named_children() if s in _ROUTER), None)
+            if sub is not None:
+                return f"{name}.{sub}"
+    return None
 
 
 def _module_name(net: torch.nn.Module, target: Any) -> str | None:
@@ -280,6 +289,9 @@ def discover(net: torch.nn.Module, num_layers: int, example: Mapping[str, Any], 
         pa = layer.post_attention
         taps.append(ModuleTap(pa.module, K("post_attention", i), pa.where))
         modules[str(K("post_attention", i))] = pa.module + (" (input)" if pa.where == "input" else "")
+        if layer.router is not None:
+            taps.append(ModuleTap(layer.router, K("router_logits", i)))
+            modules[str(K("router_logits", i))] = layer.router
         taps.append(ModuleTap(layer.module, K("post_mlp", i)))
         modules[str(K("post_mlp", i))] = layer.module
     taps.append(ModuleTap("", K("post_processing")))

@@ -211,7 +211,7 @@ def validate(
     ctx: typer.Context,
     model_path: str = typer.Option(..., "--model-path",
                                    help="model directory or file (.safetensors, .zt with config.json)"),
-    reference_backend: str = typer.Option("python_reference", "--reference-backend", help="default: python_reference"),
+    reference_backend: str = typer.Option("auto", "--reference-backend", help="default auto: python_reference where a reference written from the math exists, else float64_eager (the model's own eager code in float64)"),
     alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name or 'auto' (default)"),
     config_file: Path | None = typer.Option(None, "--config-file", help="JSON file of session configuration keys"),
     output_file: Path | None = typer.Option(None, "--output-file",

@@ -33,6 +33,10 @@ MAP_YOURSELF = (
 #: for an encoder and a decoder (T5-like encoder-decoders).
 INPUT_KINDS = ("tokens", "pixels", "seq2seq")
 
+#: The model's plain eager code: eager attention, and experts looped in eager PyTorch (transformers'
+#: grouped matmul kernels do not run in float64).
+EAGER_KWARGS: dict[str, str] = {"attn_implementation": "eager", "experts_implementation": "eager"}
+
 #: Keys of config.json that only describe the file, not the model.
 _FILE_KEYS = ("architectures", "_name_or_path", "transformers_version", "auto_map", "torch_dtype", "dtype")
 
@@ -68,6 +72,12 @@ class GenericModelConfig:
     hidden_size: int = 0
     why_generic: str = ""
     encoder_layers: int = 0
+    #: the mixture-of-experts layers (their ``router_logits`` checkpoints) and the experts each token takes
+    router_layers: tuple[int, ...] = ()
+    experts_per_token: int = 0
+    #: the files store names transformers converts on loading (fused experts, renamed modules), so
+    #: transformers' own loader reads them
+    weights_renamed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -172,6 +182,7 @@ def generic_config(raw: dict[str, Any], source: str = "config.json", why: str = 
         image_size=int(getattr(hf, "image_size", 0) or 0), num_channels=int(getattr(hf, "num_channels", 3) or 3),
         hidden_size=int(getattr(text, "hidden_size", 0) or getattr(text, "d_model", 0) or 0),
         why_generic=why, encoder_layers=encoder_layers,
+        experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or getattr(text, "moe_top_k", 0) or 0),
     )
 
 
@@ -197,7 +208,7 @@ def build_skeleton(raw: dict[str, Any], dtype: Any = None, *, meta: bool = False
 
     hf = hf_config_of(raw, source)
     cls = auto_model_class(raw, hf, source)
-    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
+    kwargs: dict[str, Any] = dict(EAGER_KWARGS)
     if dtype is not None:
         kwargs["dtype"] = dtype
     try:
@@ -219,13 +230,23 @@ def tied_names(net: Any) -> set[str]:
     return set(tied) if isinstance(tied, (dict, list, set, tuple)) else set()
 
 
-def generic_expected_tensors(raw: dict[str, Any], source: str = "config.json") -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor the transformers model reads (its parameters and persistent
-    buffers, less the tied ones), from a model built on the ``meta`` device (no memory)."""
+def generic_expected_tensors(raw: dict[str, Any], source: str = "config.json",
+                             num_layers: int | None = None) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
+    """Name -> shape of every parameter the transformers model reads (less the tied ones), and the
+    layers that route tokens to experts (a router child in their MLP block), from a model built on
+    the ``meta`` device (no memory). DF004 when ``num_layers`` layers cannot be found in it."""
+    from ..capture.structure import layer_stacks, static_router
+
     net = build_skeleton(raw, meta=True, source=source)
     tied = tied_names(net)
     params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
-    return {n: tuple(t.shape) for n, t in net.state_dict().items() if n in params and n not in tied}
+    expected = {n: tuple(t.shape) for n, t in net.state_dict().items() if n in params and n not in tied}
+    routed: tuple[int, ...] = ()
+    if num_layers is not None:
+        modules = dict(net.named_modules())
+        names = layer_stacks(net, num_layers)
+        routed = tuple(i for i, name in enumerate(names) if static_router(modules[name]) is not None)
+    return expected, routed
 
 
 def random_inputs(config: GenericModelConfig, batch: int, length: int, *, seed: int = 0,

@@ -8,6 +8,7 @@ config (from file headers, without reading the data). Any failure is a ``ModelLo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ class LoadedModel:
     @property
     def num_layers(self) -> int:
         return self.config.num_layers
+
+    @property
+    def router_layers(self) -> tuple[int, ...]:
+        """The mixture-of-experts layers, whose router logits are checkpoints (generic tier)."""
+        return tuple(getattr(self.config, "router_layers", ()))
 
     @property
     def digest(self) -> str:
@@ -274,10 +280,10 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
     check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)  # type: ignore[arg-type]
     if isinstance(config, GenericModelConfig):
         locations = _locations(config, stored)  # type: ignore[arg-type]
-        expected = generic_expected_tensors(raw, str(cfg_file))
-        if set(expected) <= set(locations):  # stored under the model's own names: checked here
-            check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
-        elif fmt != "hf_dir":
+        expected, routed = generic_expected_tensors(raw, str(cfg_file), config.num_layers)
+        renamed = fmt == "hf_dir" and not set(expected) <= set(locations)
+        config = dataclasses.replace(config, router_layers=routed, weights_renamed=renamed)
+        if not renamed:  # stored under the model's own names: checked here
             check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
         # else: stored under names transformers converts on loading (its checkpoint conversion
         # mapping); transformers' own loader checks them when a backend builds the model

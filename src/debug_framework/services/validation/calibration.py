@@ -46,11 +46,18 @@ def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float 
     return float(ratios.max())
 
 
-def calibration_backend(plan: ValidationPlan, alternative_backend: str) -> Backend:
+def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: Any = None) -> Backend:
     """The trusted implementation of a session (``calibration_backend``), checked: it may not be
-    the alternative itself and must run the alternative's dtype (DF005 saying what to pass)."""
+    the alternative itself and must run the alternative's dtype (DF005 saying what to pass).
+    ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
+    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code)."""
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
+
+    if str(plan.config["calibration_backend"]) == "auto" and getattr(model, "architecture", None) == "generic":
+        from ...backends.eager_reference import EagerReferenceBackend
+
+        return EagerReferenceBackend()
 
     name = str(plan.config["calibration_backend"])
     hint = ("leave calibration_backend 'auto' (torch_reference: the reference models through torch), "
