@@ -14,7 +14,7 @@ import torch
 from ..capture.hooks import HookCapture, ModuleTap, hf_attention_seam, hf_layer_modules, hf_module_taps
 from ..capture.keys import Capture, CheckpointKey
 from ..capture.structure import ModelStructure, discover
-from ..errors import BackendInitializationError
+from ..errors import BackendInitializationError, ModelLoadingError
 from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
@@ -106,7 +106,7 @@ class TorchModuleBackend(BaseBackend):
         dtype = self._check_prepare(model, dtype, self.device)
         try:
             module = self.builder(model, TORCH_DTYPES[dtype], self.device)
-        except BackendInitializationError:
+        except (BackendInitializationError, ModelLoadingError):  # DF002 / DF004 as they are
             raise
         except Exception as exc:  # a user's builder may raise anything; report it as DF002
             raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc

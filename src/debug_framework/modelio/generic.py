@@ -124,7 +124,8 @@ def auto_model_class(raw: dict[str, Any], hf_config: Any, source: str = "config.
     names = raw.get("architectures")
     if isinstance(names, list) and names and isinstance(names[0], str):
         cls = getattr(transformers, names[0], None)
-        if cls is not None and hasattr(cls, "_from_config"):
+        own_type = getattr(getattr(cls, "config_class", None), "model_type", None)
+        if cls is not None and hasattr(cls, "_from_config") and own_type == hf_config.model_type:
             return cls
     from transformers.models.auto import modeling_auto as ma
 

@@ -281,12 +281,12 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
     if isinstance(config, GenericModelConfig):
         locations = _locations(config, stored)  # type: ignore[arg-type]
         expected, routed = generic_expected_tensors(raw, str(cfg_file), config.num_layers)
-        renamed = fmt == "hf_dir" and not set(expected) <= set(locations)
+        # stored under names transformers converts on loading (fused experts, renamed modules):
+        # transformers' own loader reads and checks them; weights sharing no name are refused here
+        renamed = fmt == "hf_dir" and not set(expected) <= set(locations) and bool(set(expected) & set(locations))
         config = dataclasses.replace(config, router_layers=routed, weights_renamed=renamed)
         if not renamed:  # stored under the model's own names: checked here
             check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
-        # else: stored under names transformers converts on loading (its checkpoint conversion
-        # mapping); transformers' own loader checks them when a backend builds the model
     else:
         locations = _locations(config, stored)
         check_tensors(expected_tensors(config), locations, config, where)
