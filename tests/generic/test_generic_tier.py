@@ -267,3 +267,91 @@ def test_python_reference_names_the_eager_reference(zoo) -> None:
     with pytest.raises(ModelLoadingError) as err:
         get_backend("python_reference").prepare(model, "float64")
     assert "float64_eager" in str(err.value)
+
+
+# -------------------------------------------------------------------------------------------------
+# the command line, named inputs, any two backends
+# -------------------------------------------------------------------------------------------------
+
+
+def test_debug_validate_runs_any_family_and_says_which_reference_judged(zoo, tmp_path: Path, capsys) -> None:
+    import json
+
+    from debug_framework.cli.debug_validate import run
+
+    code = run(["--model-path", str(zoo("qwen3")), "--alternative-backend", "pytorch", "--database",
+                str(tmp_path / "s.db"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["verdict"] == "passed" and out["reference_backend"] == "float64_eager"
+    assert next(r for r in out["results"] if r["id"] == "post_attention:1")["module"].startswith("model.layers.1.")
+
+
+def test_debug_validate_refuses_custom_code_with_df004_exit_2(tmp_path: Path, capsys) -> None:
+    from debug_framework.cli.debug_validate import run
+
+    path = _write(tmp_path / "m", {"model_type": "mistral", "auto_map": {"AutoModel": "x.Y"}, "num_hidden_layers": 1})
+    code = run(["--model-path", str(path), "--alternative-backend", "pytorch", "--database", str(tmp_path / "s.db")])
+    err = capsys.readouterr().err
+    assert code == 2 and "DF004" in err and "custom code" in err and "Traceback" not in err
+
+
+def test_named_inputs_file_feeds_a_vit(zoo, tmp_path: Path) -> None:
+    """--inputs FILE.safetensors: the model's own forward arguments by name (pixels here)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    pixels = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    save_file({"pixel_values": pixels}, str(tmp_path / "in.safetensors"))
+    out = _validate(zoo("vit"), tmp_path / "s.db", inputs_file=str(tmp_path / "in.safetensors"))
+    assert out["verdict"] == "passed"
+    assert next(r for r in out["results"] if r["id"] == "post_processing")["numel"] == 1 * 5 * 32  # one image
+
+
+def test_two_backends_without_a_reference_from_the_math(zoo, tmp_path: Path) -> None:
+    """--reference-backend pytorch: no NumPy reference and no float64 run involved."""
+    engine = ValidationEngine(database_path=tmp_path / "s.db")
+    sid = engine.create_session(zoo("gemma2"), {"input_shape": [1, 6], "dtype": "float32"}, "pytorch",
+                                "float64_eager")
+    out = engine.run(sid).to_dict()
+    assert out["reference_backend"] == "pytorch" and out["alternative_backend"] == "float64_eager"
+    assert out["verdict"] == "passed"
+
+
+@pytest.mark.slow
+def test_onnxruntime_runs_the_generic_tier_against_pytorch(zoo, tmp_path: Path) -> None:
+    """Any two backends on any model: pytorch as the reference, ONNX Runtime's export of a family
+    without a reference from the math as the alternative, each layer replayed by its cut."""
+    pytest.importorskip("onnxruntime")
+    engine = ValidationEngine(database_path=tmp_path / "s.db")
+    sid = engine.create_session(zoo("mistral"), {"input_shape": [1, 8]}, "pytorch", "onnxruntime")
+    out = engine.run(sid).to_dict()
+    assert out["verdict"] == "passed", out["first_divergence"]
+    assert [layer["mlp"]["input"] for layer in out["isolation"]] == ["reference", "reference"]
+
+
+def test_mlx_says_why_it_cannot_run_the_generic_tier(zoo) -> None:
+    from debug_framework.backends.mlx_backend import MLXBackend
+    from debug_framework.errors import BackendInitializationError
+
+    backend = MLXBackend()
+    if not backend.availability()[0]:
+        pytest.skip("mlx is not installed here")
+    with pytest.raises(BackendInitializationError, match="cannot express"):
+        backend.prepare(load_model(zoo("gemma2")), "float32")
+
+
+def test_map_your_own_model_example_runs(zoo) -> None:
+    """The 'Map your own model' example of docs/models-and-backends.md registers a backend that runs."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models-and-backends.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "generic-tier example" in b)
+    exec(compile(block, "models-and-backends.md", "exec"), {})
+    try:
+        backend = get_backend("my_mapped")
+        model = load_model(zoo("mistral"))
+        backend.prepare(model, "float32")
+        cap = backend.run(random_inputs(model.config, 1, 4), ["post_mlp:1", "post_processing"])
+        assert tuple(cap["post_processing"].shape) == (1, 4, 100)
+    finally:
+        unregister_backend("my_mapped")

@@ -234,6 +234,9 @@ def validate(
                                     "each diverging layer, with a standalone repro (docs/drilldown.md)"),
     text: list[str] | None = typer.Option(None, "--text", help="input sentence (repeatable); default: seeded random tokens"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random inputs"),
+    inputs: Path | None = typer.Option(None, "--inputs", metavar="FILE.safetensors",
+                                       help="named inputs of the model's forward (input_ids, pixel_values, "
+                                            "decoder_input_ids ...); default: seeded random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
                                         "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
@@ -257,6 +260,8 @@ def validate(
     if database:
         fw["database_path"] = database
     session_config = _check_arguments(invocation, model_path, opts, fw)  # fast: before the heavy imports
+    if inputs is not None:
+        session_config["inputs_file"] = str(inputs)
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 

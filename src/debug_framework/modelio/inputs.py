@@ -120,6 +120,39 @@ class ModelInputs:
             out[name] = torch.from_numpy(np.ascontiguousarray(value)).to(device)
         return out
 
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelInputs:
+        """Named inputs of any model from a ``.safetensors`` file (``--inputs``): ``input_ids``,
+        ``attention_mask`` (ones when absent) and ``token_type_ids`` as usual, and every other tensor
+        (``pixel_values``, ``decoder_input_ids`` ...) passed to the model's forward by its name. A
+        file without ``input_ids`` feeds a model that reads no tokens (ids of length 0).
+
+        Raises:
+            ConfigurationError: (DF005) the file is missing, not safetensors, empty, or its tensors
+                disagree on the batch size.
+        """
+        from safetensors import SafetensorError, safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigurationError("inputs file not found", hint="give a .safetensors file of named tensors",
+                                     file=str(path))
+        try:
+            with safe_open(str(path), framework="numpy") as fh:
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ConfigurationError(f"inputs file is not a safetensors file: {exc}", file=str(path)) from exc
+        if not tensors:
+            raise ConfigurationError("inputs file holds no tensor", file=str(path))
+        batches = {k: int(v.shape[0]) if v.ndim else -1 for k, v in tensors.items()}
+        if len(set(batches.values())) != 1 or -1 in batches.values():
+            raise ConfigurationError(f"the inputs' first dimension (the batch) must agree: {batches}", file=str(path))
+        batch = next(iter(batches.values()))
+        ids = tensors.pop("input_ids", np.zeros((batch, 0), dtype=np.int64))
+        mask = tensors.pop("attention_mask", np.ones(np.shape(ids), dtype=np.int64))
+        types = tensors.pop("token_type_ids", None)
+        return cls(ids, mask, types, meta={"source": "file", "file": str(path)}, extra=tensors)
+
     def save(self, path: str | Path) -> Path:
         """Write the inputs to a ``.safetensors`` file; the metadata holds ``meta`` as JSON.
 

@@ -143,6 +143,8 @@ def _session_inputs(model: LoadedModel, cfg: Mapping[str, Any]) -> ModelInputs:
     """The session's inputs: the tokenized ``input_text``, else seeded random ids of ``input_shape``."""
     from ..modelio import ModelInputs
 
+    if cfg["inputs_file"] is not None:
+        return ModelInputs.from_file(cfg["inputs_file"])
     if cfg["input_text"] is not None:
         return ModelInputs.from_text(model.tokenizer, cfg["input_text"], max_length=cfg["max_length"])
     batch, length = cfg["input_shape"]

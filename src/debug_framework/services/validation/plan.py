@@ -55,6 +55,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "input_text": None,  # str or list of str (needs the model's tokenizer)
     "max_length": None,
     "input_shape": [2, 16],  # [batch, length] of seeded random token ids when no text is given
+    "inputs_file": None,  # a .safetensors file of named inputs (any model: pixel_values, decoder_input_ids ...)
     "pad_lengths": None,  # random inputs: padding per row (default: the second row a quarter padded)
     "dtype": None,  # the alternative's compute dtype (default: the backend's)
     "reference_dtype": None,  # default: float64 for python_reference; the alternative's in oracle mode
@@ -151,6 +152,8 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigurationError("calibration_backend must be a backend name or 'auto'")
     if not isinstance(merged["precision_thresholds"], Mapping):
         raise ConfigurationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
+    if merged["inputs_file"] is not None and not isinstance(merged["inputs_file"], str):
+        raise ConfigurationError(f"inputs_file must be a path, got {merged['inputs_file']!r}")
     shape = merged["input_shape"]
     if not (isinstance(shape, Sequence) and len(shape) == 2 and all(isinstance(v, int) and v > 0 for v in shape)):
         raise ConfigurationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
