@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import tiny  # noqa: E402
+from benchmarks.models import tiny_generic as tiny
 
 
 @pytest.fixture(autouse=True)

@@ -60,11 +60,8 @@ def test_parallel_blocks(family: str, zoo) -> None:
     assert not ok and "parallel" in why
 
 
-def test_phi_parallel_block(tmp_path: Path) -> None:
-    import tiny
-
-    tiny.FAMILIES.setdefault("phi", ("PhiForCausalLM", {**tiny._ENC}))
-    _, backend = _backend(tiny.save("phi", tmp_path))
+def test_phi_parallel_block(zoo) -> None:
+    _, backend = _backend(zoo("phi"))
     assert all(layer.parallel for layer in backend.structure.layers)
 
 

@@ -29,6 +29,11 @@ TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 
+#: A generic-tier model's structure and MLP-block support, found once per model and module class in
+#: a process (the reference, the alternative and the calibration share it: module paths do not
+#: depend on the dtype).
+_STRUCTURES: dict[tuple[str, str, str], tuple[ModelStructure, tuple[bool, str]]] = {}
+
 #: ``builder(model, torch_dtype, device) -> nn.Module`` ready to be called with ``**inputs.torch()``.
 ModuleBuilder = Callable[[LoadedModel, torch.dtype, str], torch.nn.Module]
 
@@ -136,10 +141,23 @@ class TorchModuleBackend(BaseBackend):
         from ..modelio.generic import random_inputs
 
         assert self.module is not None
+        cache_key = (model.digest, str(model.path), type(self.module).__qualname__)
+        if cache_key in _STRUCTURES:  # the same model's modules, found once per process
+            self.structure, self._block_support = _STRUCTURES[cache_key]
+            self.taps, self.layer_modules = list(self.structure.taps), self.structure.layer_modules
+            return
         example = random_inputs(model.config, 1, 8, seed=0)  # type: ignore[arg-type]
         structure = discover(self.module, model.num_layers, self._kwargs(example))
         self.structure, self.taps = structure, list(structure.taps)
         self.layer_modules = structure.layer_modules
+        self._verify_seams(structure, example)
+        if len(_STRUCTURES) >= 16:
+            _STRUCTURES.pop(next(iter(_STRUCTURES)))
+        _STRUCTURES[cache_key] = (structure, self._block_support)
+
+    def _verify_seams(self, structure: ModelStructure, example: ModelInputs) -> None:
+        """Whether the MLP blocks run alone: the replay through the seam must give the layer's own
+        output, checked on the first layer of each stack."""
         parallel = [i for i, layer in enumerate(structure.layers) if layer.parallel]
         if parallel:
             self._block_support = (False, f"runs attention and MLP in parallel (layer {parallel[0]}): "

@@ -41,20 +41,23 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build(model_type: str, **overrides: Any) -> Any:
+FAMILIES["phi"] = ("PhiForCausalLM", dict(_ENC))
+
+
+def build(model_type: str, seed: int = 0, **overrides: Any) -> Any:
     """The tiny random ``transformers`` model of ``model_type`` (seeded, float32, eval mode)."""
     import torch
     import transformers
 
     cls_name, kwargs = FAMILIES[model_type]
     config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **overrides})
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     net = getattr(transformers, cls_name)._from_config(config, attn_implementation="eager")
     return net.eval()
 
 
-def save(model_type: str, directory: Path, **overrides: Any) -> Path:
+def save(model_type: str, directory: Path, seed: int = 0, **overrides: Any) -> Path:
     """Save the tiny model of ``model_type`` under ``directory/model_type`` and return that path."""
     out = directory / model_type
-    build(model_type, **overrides).save_pretrained(out)
+    build(model_type, seed, **overrides).save_pretrained(out)
     return out
