@@ -352,3 +352,22 @@ def test_map_your_own_model_example_runs(zoo) -> None:
         assert tuple(cap["post_processing"].shape) == (1, 4, 100)
     finally:
         unregister_backend("my_mapped")
+
+
+@pytest.mark.slow
+def test_drill_down_names_the_culprit_operator_on_the_generic_tier(zoo, tmp_path: Path) -> None:
+    """A wrong attention scale in Mistral's layer 1: the drill-down names the scaling multiply in
+    that layer's attention, with a verified repro."""
+    def builder(model, dtype, device):
+        net = build_hf_model(model, dtype, device)
+        _scale_attention(net)
+        return net
+
+    register_backend("scaled", module_backend("scaled", builder), replace=True)
+    try:
+        out = _validate(zoo("mistral"), tmp_path / "s.db", "scaled", drill_down=True)
+    finally:
+        unregister_backend("scaled")
+    layer = out["drilldown"][0]
+    assert layer["layer"] == 1 and layer["culprit"]["module_path"] == "model.layers.1.self_attn"
+    assert layer["culprit"]["op"] == "aten.mul.Tensor" and layer["culprit"]["verified"]

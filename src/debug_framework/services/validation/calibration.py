@@ -27,7 +27,7 @@ from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ConfigurationError
 from .plan import ValidationPlan
 
-__all__ = ["tolerance_margin", "calibration_backend", "noise_at"]
+__all__ = ["tolerance_margin", "calibration_backend", "calibration_dtype", "noise_at"]
 
 
 def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float | None:
@@ -71,6 +71,16 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: A
         raise ConfigurationError(f"calibration backend {backend.name!r} cannot run the alternative's dtype "
                               f"{plan.alternative_dtype!r}", hint=hint)
     return backend
+
+
+def calibration_dtype(plan: ValidationPlan, model: Any = None) -> str:
+    """The calibration run's dtype: the alternative's; but on the generic tier with a reference not
+    in float64 (``--reference-backend pytorch``: the very code the calibration would run), float64,
+    so that the noise is how far a correct run (the exact one) lands from the reference."""
+    if getattr(model, "architecture", None) == "generic" and plan.reference_dtype != "float64" \
+            and str(plan.config["calibration_backend"]) == "auto":
+        return "float64"
+    return plan.alternative_dtype
 
 
 def noise_at(key: CheckpointKey, reference: Capture, calibration: Capture | None) -> ComparisonResult | None:

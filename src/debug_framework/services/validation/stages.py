@@ -48,7 +48,7 @@ from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, compare, error_metric
 from ...errors import BackendRuntimeError, ConfigurationError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
-from .calibration import calibration_backend, noise_at, tolerance_margin
+from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
 from .evidence import (
@@ -236,7 +236,7 @@ class CalibrationStage(Stage):
         return oracle_baseline or any(plan.calibrated(k) for k in plan.keys)
 
     def run(self, ctx: RunContext) -> None:
-        plan, dtype = ctx.plan, ctx.plan.alternative_dtype
+        plan, dtype = ctx.plan, calibration_dtype(ctx.plan, ctx.model)
         backend = ctx.prebuilt.get("calibrator") or calibration_backend(plan, ctx.session.alternative_backend,
                                                                         ctx.model)
         with Timer() as t:
