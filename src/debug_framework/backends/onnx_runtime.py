@@ -356,6 +356,9 @@ class OnnxRuntimeBackend(BaseBackend):
     def can_run_block(self) -> tuple[bool, str]:
         """A layer's MLP block runs alone where the export can be cut from each layer's
         ``post_attention`` to its ``post_mlp`` (checked once per prepare, without running anything)."""
+        structure = getattr(self._wrapper, "structure", None)
+        if self._block_support is None and structure is not None and any(layer.parallel for layer in structure.layers):
+            self._block_support = (False, "runs attention and MLP in parallel: the MLP is judged with the whole layer")
         if self._block_support is None:
             model = self._prepared()
             self._block_support = (True, "")

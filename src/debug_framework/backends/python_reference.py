@@ -13,7 +13,7 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
 
 __all__ = ["PythonReferenceBackend"]
 
@@ -48,6 +48,7 @@ class PythonReferenceBackend(BaseBackend):
         dtype = self._check_prepare(model, dtype, device)
         if device != "cpu":
             raise BackendInitializationError(f"device {device!r} is not supported; NumPy runs on cpu", backend=self.name)
+        no_reference_from_math(model)
         self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:

@@ -27,6 +27,11 @@ def hf_skeleton(model: LoadedModel, dtype: torch.dtype, *, meta: bool = False) -
         import transformers
     except ImportError as exc:
         raise BackendInitializationError("transformers is not installed", backend="pytorch") from exc
+    if model.architecture == "generic":  # the model's own class (modelio.generic), whatever its family
+        from ..modelio.generic import build_skeleton
+
+        net = build_skeleton(model.raw_config, dtype, meta=meta, source=str(model.path))
+        return net, net.config
     raw = {k: v for k, v in model.raw_config.items() if k not in ("architectures", "_name_or_path", "transformers_version")}
     hf_config = transformers.AutoConfig.for_model(**raw)
     auto = transformers.AutoModel if model.architecture == "bert" else transformers.AutoModelForCausalLM
@@ -62,6 +67,8 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
         BackendInitializationError: transformers is missing (DF002).
         ModelLoadingError: the weights do not fit the model (DF004).
     """
+    if getattr(model.config, "weights_renamed", False):
+        return _from_pretrained(model, dtype).to(device).eval()
     net, hf_config = hf_skeleton(model, dtype)
     own = net.state_dict()
     state: dict[str, Any] = {}
@@ -71,6 +78,13 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
             state[name] = tensor
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
+    if model.architecture == "generic":
+        from ..modelio.generic import tied_names
+
+        # tied parameters come from the tensor they are tied to; buffers the file lacks keep their
+        # computed values (rotary frequencies, position ids)
+        params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
+        tied = tied_names(net) | {n for n in own if n not in params}
     untrusted = [n for n in missing if n not in tied and not n.startswith("pooler.")]
     if untrusted:
         raise ModelLoadingError(
@@ -78,10 +92,45 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
             file=str(model.path),
             tensor=untrusted[0],
         )
-    net.load_state_dict(state, strict=False)
+    try:
+        net.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape the model does not have
+        raise ModelLoadingError(f"the weights do not fit the transformers model: {str(exc)[:300]}",
+                                file=str(model.path)) from exc
     if tied:
         net.tie_weights()
     return net.to(device).eval()
+
+
+def _from_pretrained(model: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:
+    """A generic-tier model whose files store names transformers converts on loading (its
+    checkpoint conversion mapping: fused experts, renamed modules), loaded by transformers itself,
+    offline, from the model's directory (safetensors, or ``.bin`` read with ``weights_only``).
+
+    Raises:
+        ModelLoadingError: a parameter missing or of another shape (DF004).
+    """
+    from transformers.utils import logging as hf_logging
+
+    from ..modelio.generic import EAGER_KWARGS, auto_model_class, hf_config_of
+
+    hf = hf_config_of(model.raw_config, str(model.path))
+    cls = auto_model_class(model.raw_config, hf, str(model.path))
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        net, info = cls.from_pretrained(str(model.path), local_files_only=True, output_loading_info=True,
+                                        dtype=dtype, **EAGER_KWARGS)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadingError(f"transformers cannot load the weights: {str(exc)[:300]}", file=str(model.path)) from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    bad = sorted(info.get("missing_keys") or []) + sorted(str(k) for k in info.get("mismatched_keys") or [])
+    if bad:
+        raise ModelLoadingError(f"{len(bad)} tensors of the transformers model are missing from the weights or of "
+                                "another shape", file=str(model.path), tensor=str(bad[0]))
+    return net
 
 
 class PyTorchBackend(TorchModuleBackend):

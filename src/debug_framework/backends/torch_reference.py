@@ -24,7 +24,7 @@ from ..capture.keys import Capture, CheckpointKey
 from ..comparison import float64_array
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -45,6 +45,7 @@ class TorchReferenceBackend(BaseBackend):
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, "cpu")
+        no_reference_from_math(model)
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
 
     def _ids(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -16,7 +16,7 @@ import torch
 from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
 
-__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
+__all__ = ["first_input", "ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
            "HookCapture", "first_tensor"]
 
 
@@ -142,6 +142,27 @@ def first_tensor(value: Any) -> torch.Tensor:
     raise ValidationError(f"module returned {type(value).__name__}, not a tensor")
 
 
+def first_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """The hidden state a module was called with: its first positional argument, else its
+    ``hidden_states`` keyword, else its first tensor keyword (DistilBERT's ``x=``); None without one."""
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    return next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+
+
+def _with_first_input(args: tuple[Any, ...], kwargs: dict[str, Any], value: torch.Tensor) -> tuple[Any, Any]:
+    """``(args, kwargs)`` with the hidden state (see :func:`first_input`) replaced by ``value`` in its dtype."""
+    if args:
+        return (value.to(args[0].dtype), *args[1:]), kwargs
+    name = "hidden_states" if "hidden_states" in kwargs else next(
+        (k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
+    if name is None:
+        raise ValidationError("the layer was called without a hidden state to replace")
+    return args, {**kwargs, name: value.to(kwargs[name].dtype)}
+
+
 class _StopForward(Exception):
     """Raised by a hook to end a forward pass early (single-layer replay)."""
 
@@ -190,19 +211,17 @@ class HookCapture:
                 self._handles.append(mod.register_forward_hook(out_hook))
             else:
                 def in_hook(_m, args, kwargs, key=key):
-                    self.tensors[key] = (args[0] if args else kwargs["hidden_states"]).detach()
+                    self.tensors[key] = first_input(args, kwargs).detach()
                 self._handles.append(mod.register_forward_pre_hook(in_hook, with_kwargs=True))
         for i, name in self.layer_modules.items():
             def layer_in(_m, args, kwargs, i=i):
-                self.layer_inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+                self.layer_inputs[i] = first_input(args, kwargs).detach()
             self._handles.append(find_module(self.root, name).register_forward_pre_hook(layer_in, with_kwargs=True))
         if self.replace_input is not None:
             name, hidden = self.replace_input
 
             def swap(_m, args, kwargs):
-                if args:
-                    return (hidden.to(args[0].dtype), *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": hidden.to(kwargs["hidden_states"].dtype)}
+                return _with_first_input(args, kwargs, hidden)
 
             # prepend so that layer-input recording sees the replayed state
             self._handles.append(find_module(self.root, name).register_forward_pre_hook(swap, with_kwargs=True, prepend=True))

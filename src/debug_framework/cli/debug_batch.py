@@ -70,7 +70,7 @@ def batch(
     parallel: int = typer.Option(1, "--parallel", min=1, help="items at a time (local processes or Ray tasks)"),
     max_retries: int | None = typer.Option(None, "--max-retries", min=0,
                                            help="Ray: runs of an item after its worker died (default 2)"),
-    reference_backend: str = typer.Option("python_reference", "--reference-backend"),
+    reference_backend: str = typer.Option("auto", "--reference-backend"),
     alternative_backend: str = typer.Option("auto", "--alternative-backend"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cuda: one GPU per Ray task)"),
     isolate: bool | None = typer.Option(None, "--isolate/--no-isolate", help="per-layer isolation, or skip it"),

@@ -214,7 +214,7 @@ def validate(
     ctx: typer.Context,
     model_path: str = typer.Option(..., "--model-path",
                                    help="model directory or file (.safetensors, .zt with config.json)"),
-    reference_backend: str = typer.Option("python_reference", "--reference-backend", help="default: python_reference"),
+    reference_backend: str = typer.Option("auto", "--reference-backend", help="default auto: python_reference where a reference written from the math exists, else float64_eager (the model's own eager code in float64)"),
     alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name or 'auto' (default)"),
     config_file: Path | None = typer.Option(None, "--config-file", help="JSON file of session configuration keys"),
     output_file: Path | None = typer.Option(None, "--output-file",
@@ -237,6 +237,9 @@ def validate(
                                     "each diverging layer, with a standalone repro (docs/drilldown.md)"),
     text: list[str] | None = typer.Option(None, "--text", help="input sentence (repeatable); default: seeded random tokens"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random inputs"),
+    inputs: Path | None = typer.Option(None, "--inputs", metavar="FILE.safetensors",
+                                       help="named inputs of the model's forward (input_ids, pixel_values, "
+                                            "decoder_input_ids ...); default: seeded random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
                                         "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
@@ -265,6 +268,8 @@ def validate(
     if database:
         fw["database_path"] = database
     session_config = _check_arguments(invocation, model_path, opts, fw)  # fast: before the heavy imports
+    if inputs is not None:
+        session_config["inputs_file"] = str(inputs)
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 

@@ -29,6 +29,7 @@ __all__ = [
     "ModelConfig",
     "parse_config",
     "read_config_file",
+    "UnsupportedByReference",
 ]
 
 LLAMA_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral", "qwen3", "phi3", "qwen3_moe", "gemma2", "gemma3_text"})
@@ -155,6 +156,11 @@ class BertModelConfig(_TransformerConfig):
 ModelConfig = LlamaModelConfig | BertModelConfig  # GemmaModelConfig and MoeModelConfig are LlamaModelConfigs
 
 
+class UnsupportedByReference(ModelLoadingError):
+    """DF004 for a config no reference written from the math implements (its architecture, or a
+    feature of it); the loader runs such a model on the generic tier instead (``modelio.generic``)."""
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Read and JSON-parse ``config.json`` (a regular file, bounded in size and depth); DF004 when
     missing, not a regular file or not a JSON object."""
@@ -180,7 +186,7 @@ def _sizes(r: ConfigReader, model_type: str) -> dict[str, Any]:
 
 def _unsupported(what: str, source: str, hint: str | None = None) -> ModelLoadingError:
     """DF004 for a config the reference would compute differently from transformers."""
-    return ModelLoadingError(f"{what} is not supported: the reference model does not implement it",
+    return UnsupportedByReference(f"{what} is not supported: the reference model does not implement it",
                              hint=hint or "use a config without it, or compare without the reference", file=source)
 
 
@@ -460,7 +466,7 @@ def parse_config(data: dict[str, Any], source: str = "config.json") -> ModelConf
         return _decoder(r, model_type)
     if model_type in BERT_MODEL_TYPES:
         return _bert(r, model_type)
-    raise ModelLoadingError(
+    raise UnsupportedByReference(
         f"unsupported architecture: model_type {short_repr(data.get('model_type', ''))}",
         hint="supported model types: " + ", ".join(sorted(LLAMA_MODEL_TYPES | BERT_MODEL_TYPES)),
         file=source,

@@ -8,15 +8,17 @@ config (from file headers, without reading the data). Any failure is a ``ModelLo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadingError
 from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
-from .configs import (BertModelConfig, GemmaModelConfig, LlamaModelConfig, ModelConfig, MoeModelConfig, parse_config,
-                      read_config_file)
+from .configs import (BertModelConfig, GemmaModelConfig, LlamaModelConfig, ModelConfig, MoeModelConfig,
+                      UnsupportedByReference, parse_config, read_config_file)
 from .files import model_path_exists, read_json, regular_file_size, short_repr
+from .generic import GenericModelConfig, generic_config, generic_expected_tensors
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
 
 __all__ = ["LoadedModel", "load_model", "expected_tensors", "WEIGHT_SUFFIXES"]
@@ -41,7 +43,8 @@ class LoadedModel:
     Attributes:
         path: what was loaded (directory or file).
         format: ``"hf_dir"``, ``"safetensors"``, ``"zt"`` or ``"torch"``.
-        config: the typed config (:class:`LlamaModelConfig` or :class:`BertModelConfig`).
+        config: the typed config (:class:`LlamaModelConfig`, :class:`BertModelConfig`, or
+            :class:`~.generic.GenericModelConfig` for a model the generic tier runs).
         raw_config: ``config.json`` as read.
         weights: canonical tensor name -> tensor, lazy.
         tokenizer: a ``tokenizers.Tokenizer`` when ``tokenizer.json`` is present, else ``None``.
@@ -49,7 +52,7 @@ class LoadedModel:
 
     path: Path
     format: str
-    config: ModelConfig
+    config: ModelConfig | GenericModelConfig
     raw_config: dict[str, Any]
     weights: WeightStore
     tokenizer: Any = None
@@ -57,12 +60,18 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        """``"llama"``, ``"gemma"`` or ``"bert"``: the layer structure (which module is which checkpoint)."""
+        """``"llama"``, ``"gemma"`` or ``"bert"`` (a reference written from the math: the layer
+        structure, which module is which checkpoint), or ``"generic"``."""
         return self.config.architecture
 
     @property
     def num_layers(self) -> int:
         return self.config.num_layers
+
+    @property
+    def router_layers(self) -> tuple[int, ...]:
+        """The mixture-of-experts layers, whose router logits are checkpoints (generic tier)."""
+        return tuple(getattr(self.config, "router_layers", ()))
 
     @property
     def digest(self) -> str:
@@ -162,7 +171,7 @@ def _canonical_prefix(config: ModelConfig, names: set[str]) -> tuple[str, str]:
 
 def _locations(config: ModelConfig, stored: dict[str, TensorReader]) -> dict[str, tuple[TensorReader, str]]:
     """Canonical name -> (reader, stored name); two stored names for one canonical name are refused."""
-    strip, add = _canonical_prefix(config, set(stored))
+    strip, add = ("", "") if isinstance(config, GenericModelConfig) else _canonical_prefix(config, set(stored))
     locations: dict[str, tuple[TensorReader, str]] = {}
     for name, reader in stored.items():
         canonical = add + (name[len(strip):] if strip and name.startswith(strip) else name)
@@ -278,16 +287,30 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
             _open_reader(path)  # raises the unknown-format error before the config is looked at
     cfg_file = Path(config_path) if config_path is not None else directory / "config.json"
     raw = read_config_file(cfg_file)
-    config = parse_config(raw, source=str(cfg_file))
+    config: ModelConfig | GenericModelConfig
+    try:
+        config = parse_config(raw, source=str(cfg_file))
+    except UnsupportedByReference as exc:  # no reference from the math: the model's own eager code judges
+        config = generic_config(raw, source=str(cfg_file), why=exc.message)
 
     stored = stored_tensors([_open_reader(f) for f in files])
     if weight_map:
         check_index(stored, weight_map, directory / INDEX_NAME)
     where = ", ".join(str(f) for f in files)
-    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)
-    locations = _locations(config, stored)
-    check_tensors(expected_tensors(config), locations, config, where)
-    check_layer_count(config, locations)
+    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)  # type: ignore[arg-type]
+    if isinstance(config, GenericModelConfig):
+        locations = _locations(config, stored)  # type: ignore[arg-type]
+        expected, routed = generic_expected_tensors(raw, str(cfg_file), config.num_layers)
+        # stored under names transformers converts on loading (fused experts, renamed modules):
+        # transformers' own loader reads and checks them; weights sharing no name are refused here
+        renamed = fmt == "hf_dir" and not set(expected) <= set(locations) and bool(set(expected) & set(locations))
+        config = dataclasses.replace(config, router_layers=routed, weights_renamed=renamed)
+        if not renamed:  # stored under the model's own names: checked here
+            check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
+    else:
+        locations = _locations(config, stored)
+        check_tensors(expected_tensors(config), locations, config, where)
+        check_layer_count(config, locations)
     return LoadedModel(
         path=path,
         format=fmt,
