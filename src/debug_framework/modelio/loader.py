@@ -253,13 +253,21 @@ def _load_tokenizer(directory: Path) -> Any:
         raise ModelLoadingError(f"tokenizer.json cannot be read: {exc}", file=str(path)) from exc
 
 
-def load_model(path: str | Path, *, config_path: str | Path | None = None) -> LoadedModel:
+#: The tiers a model can load on: ``"auto"`` (a reference written from the math where one exists,
+#: else the generic tier) or ``"generic"`` (the model's own eager code, even where one exists).
+MODEL_TIERS = ("auto", "generic")
+
+
+def load_model(path: str | Path, *, config_path: str | Path | None = None, tier: str = "auto") -> LoadedModel:
     """Load a model from a Hugging Face directory or a single weights file with ``config.json`` beside it.
 
     Args:
         path: a directory (``config.json`` + ``*.safetensors``, sharded with an index too, or
             ``*.zt`` / ``pytorch_model.bin``), or a ``.safetensors`` / ``.zt`` / ``.bin`` / ``.pt`` file.
         config_path: the config to use instead of ``config.json`` beside the weights.
+        tier: ``"auto"`` or ``"generic"`` (:data:`MODEL_TIERS`): ``"generic"`` loads a family that
+            has a reference written from the math on the generic tier too (to judge it by its own
+            eager code, or to compare the two references).
 
     Raises:
         ModelLoadingError: (DF004) missing path, a path that is not a regular file (FIFO, device),
@@ -288,7 +296,13 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
     cfg_file = Path(config_path) if config_path is not None else directory / "config.json"
     raw = read_config_file(cfg_file)
     config: ModelConfig | GenericModelConfig
+    if tier not in MODEL_TIERS:
+        raise ModelLoadingError(f"unknown model tier {short_repr(tier)}", hint=f"use one of {', '.join(MODEL_TIERS)}")
     try:
+        if tier == "generic":
+            raise UnsupportedByReference("the generic tier was asked for (model_tier: generic)")
+        if "auto_map" in raw:  # custom code: not the family's standard maths (the generic tier refuses it by name)
+            raise UnsupportedByReference("the config maps to custom code (auto_map)")
         config = parse_config(raw, source=str(cfg_file))
     except UnsupportedByReference as exc:  # no reference from the math: the model's own eager code judges
         config = generic_config(raw, source=str(cfg_file), why=exc.message)

@@ -239,7 +239,7 @@ class ValidationEngine(EngineFaces):
         cfg = validate_session_config(config)
         if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
             cfg["performance_profiling_enabled"] = False
-        model = load_model(model_path)
+        model = load_model(model_path, tier=cfg["model_tier"])
         reference_backend, ref_why = reference_for(reference_backend, model)
         alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])

@@ -56,6 +56,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "input_text": None,  # str or list of str (needs the model's tokenizer)
     "max_length": None,
     "input_shape": [2, 16],  # [batch, length] of seeded random token ids when no text is given
+    "model_tier": "auto",  # "generic": the model's own eager code even where a from-the-math reference exists
     "inputs_file": None,  # a .safetensors file of named inputs (any model: pixel_values, decoder_input_ids ...)
     "pad_lengths": None,  # random inputs: padding per row (default: the second row a quarter padded)
     "dtype": None,  # the alternative's compute dtype (default: the backend's)
@@ -159,6 +160,8 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigurationError("calibration_backend must be a backend name or 'auto'")
     if not isinstance(merged["precision_thresholds"], Mapping):
         raise ConfigurationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
+    if merged["model_tier"] not in ("auto", "generic"):
+        raise ConfigurationError(f"model_tier must be 'auto' or 'generic', got {merged['model_tier']!r}")
     if merged["inputs_file"] is not None and not isinstance(merged["inputs_file"], str):
         raise ConfigurationError(f"inputs_file must be a path, got {merged['inputs_file']!r}")
     shape = merged["input_shape"]

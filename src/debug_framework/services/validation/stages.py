@@ -105,7 +105,7 @@ class LoadStage(Stage):
         session = ctx.session
         model = ctx.prebuilt.get("model")
         if model is None or model.digest != session.weights_digest:
-            model = load_model(session.model_path)
+            model = load_model(session.model_path, tier=(session.config or {}).get("model_tier", "auto"))
         if session.weights_digest and model.digest != session.weights_digest:
             raise ModelLoadingError(
                 "the weights changed since the session was created (digest mismatch)",
