@@ -54,7 +54,7 @@ __all__ = ["FORMAT", "SCRIPT", "MANIFEST", "INPUTS", "LOG", "WRITERS", "EXIT_COD
 FORMAT = "debug_framework.repro/1"
 SCRIPT, MANIFEST, INPUTS, LOG = "repro.py", "repro.json", "inputs.safetensors", "verify.log"
 #: The writers, as the manifest's ``writer`` names them.
-WRITERS = ("drilldown-replay", "drilldown-onnx", "plugin-sweep", "minifier")
+WRITERS = ("drilldown-replay", "drilldown-onnx", "plugin-sweep", "minifier", "op-conformance")
 Verdict = Literal["reproduced", "fixed", "error"]
 #: Exit code of ``repro.py`` per verdict.
 EXIT_CODES: dict[str, int] = {"fixed": 0, "reproduced": 1, "error": 2}
