@@ -283,7 +283,7 @@ def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs:
             return OpResult(op, "unsupported", None, others[0]["reason"], counts)
         reason = "; ".join(skips) or next((smp["result"]["reason"] for smp in samples), None) or "no sample"
         return OpResult(op, "skipped", None, reason, counts)
-    if graphs == 0:
+    if graphs == 0 and counts["pass"] == applicable:  # every sample ran eagerly: nothing was judged
         return OpResult(op, "skipped", None, "no graph with an operation reached the backend (Dynamo ran the "
                         "operator eagerly)", counts, worst)
     rate = counts["pass"] / applicable
