@@ -1,9 +1,10 @@
 """The one repro format: the layout, the verdict line and the exit codes of every repro the project
 writes, and the one function that verifies a repro in a fresh process.
 
-Four writers use it: the drill-down's operator repro (``services.drilldown.repro``), the drill-down's
-ONNX node repro (``services.drilldown.onnx_repro``), the op sweep's kernel repro (``plugins.repro``)
-and the minifier's graph repro (``debug_module.minifier.codegen``). Each supplies only its data files,
+Five writers use it: the drill-down's operator repro (``services.drilldown.repro``), the drill-down's
+ONNX node repro (``services.drilldown.onnx_repro``), the op sweep's kernel repro (``plugins.repro``),
+the minifier's graph repro (``debug_module.minifier.codegen``) and the conformance sweep's operator
+repro (``conformance.repro``). Each supplies only its data files,
 its writer-specific manifest entries and the body of its check; this module writes the rest.
 
 Layout of a repro directory::

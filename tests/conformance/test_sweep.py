@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from debug_framework.repro_format import verify
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 OPS = ["add", "mul", "exp", "sum", "log_softmax", "nn.functional.gelu", "softmax", "cumsum", "sort", "where",
        "nn.functional.relu", "matmul"]
 WRONG = {"nn.functional.gelu", "softmax", "cumsum"}
@@ -32,17 +34,26 @@ def _settings(**kw) -> SweepSettings:
     return SweepSettings(**{**base, **kw})
 
 
-def test_correct_backend_passes_and_wrong_lowerings_are_flagged_exactly(tmp_path):
-    good = run_sweep(_settings(backend="aot_eager", repro_dir=None), database=tmp_path / "s.db")
+def test_correct_backend_passes_and_wrong_lowerings_are_flagged_exactly(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    good = run_sweep(_settings(backend="aot_eager", repro_dir=None), database="opsweep.db")
     assert {o.op: o.verdict for o in good.ops} == {op: "pass" for op in OPS}
     assert good.passed and all(o.pass_rate == 1.0 for o in good.ops)
 
-    bad = run_sweep(_settings(backend="wrong", backend_file=str(HERE / "wrong_lowerings.py"),
-                              repro_dir=tmp_path / "repros"), database=tmp_path / "s.db")
+    # the wrong lowerings: docs/conformance.md's example, run as written
+    (block,) = re.findall(r"<!-- doctest -->\s*```python\n(.*?)```", (ROOT / "docs" / "conformance.md").read_text(),
+                          re.S)
+    scope: dict = {"__name__": "__doc_example__"}
+    exec(compile(block, "conformance.md", "exec"), scope)
+    out = capsys.readouterr().out
+    assert scope["OPS"] == OPS
+    bad = scope["result"]
     assert {o.op for o in bad.failing} == WRONG
     assert all(o.verdict == "pass" for o in bad.ops if o.op not in WRONG)
+    assert re.search(r"^cumsum: fail \(0/2 samples pass\)$", out, re.M) and "add: pass (2/2 samples pass)" in out
     cumsum = next(o for o in bad.ops if o.op == "cumsum")
-    assert cumsum.verdict == "fail" and cumsum.worst["result"]["backend_error"] > cumsum.worst["result"]["bound"]
+    assert cumsum.worst["result"]["backend_error"] > cumsum.worst["result"]["bound"]
     result = verify(Path(cumsum.repro))  # a fresh interpreter, this project unimportable
     assert result.reproduced, result.stdout + result.stderr
     assert (Path(cumsum.repro).parent / "backend_wrong_lowerings.py").is_file()

@@ -64,7 +64,7 @@ class SweepSettings:
     #: worker processes (one per core); 0 runs inside the calling process (no crash or hang
     #: isolation: for tests and for debugging a backend)
     workers: int = 2
-    repro_dir: Path | None = Path("opsweep_repros")
+    repro_dir: Path | str | None = Path("opsweep_repros")
     verify_repros: bool = True
     resume: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)

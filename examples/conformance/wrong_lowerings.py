@@ -2,7 +2,7 @@
 sweep's done-when test): gelu computed with the tanh approximation, softmax summed in float16, and
 cumsum shifted by one (an exclusive scan). Everything else runs as AOTAutograd traced it.
 
-Used as ``debug_opsweep --backend-file tests/conformance/wrong_lowerings.py``.
+Used as ``debug_opsweep --backend-file examples/conformance/wrong_lowerings.py`` (docs/conformance.md).
 """
 
 import torch
