@@ -3,6 +3,7 @@
 * in the test's process (``workers=0``): the correct ``aot_eager`` backend passes every operator of
   a subset; a backend with wrong lowerings for gelu, softmax and cumsum fails exactly those three,
   and the worst sample's repro reproduces in a fresh process with only torch and safetensors;
+* ``grad=True`` judges the gradients: correct for ``aot_eager``, wrong where a forward lowering is;
 * in worker processes: a backend that aborts the process on one operator and hangs on another is
   recorded as a crash and a hang while the operator between them passes; the stored sweep resumes
   without running anything, and ``debug_opsweep --json --junit`` reports it (exit 1).
@@ -57,6 +58,17 @@ def test_correct_backend_passes_and_wrong_lowerings_are_flagged_exactly(tmp_path
     result = verify(Path(cumsum.repro))  # a fresh interpreter, this project unimportable
     assert result.reproduced, result.stdout + result.stderr
     assert (Path(cumsum.repro).parent / "backend_wrong_lowerings.py").is_file()
+
+
+def test_backward_is_judged_with_grad(tmp_path):
+    grad_ops = ["add", "cumsum", "nn.functional.gelu"]
+    good = run_sweep(_settings(backend="aot_eager", ops=grad_ops, grad=True, repro_dir=None))
+    assert [o.verdict for o in good.ops] == ["pass"] * 3 and all(o.counts["pass"] == 2 for o in good.ops)
+    bad = run_sweep(_settings(backend="wrong", backend_file=str(ROOT / "examples/conformance/wrong_lowerings.py"),
+                              ops=grad_ops, grad=True, repro_dir=None))
+    # the forward lowering of cumsum is wrong, so are its gradients; gelu's backward is aten.gelu_backward,
+    # which the example leaves alone
+    assert {o.op: o.verdict for o in bad.ops} == {"add": "pass", "cumsum": "fail", "nn.functional.gelu": "pass"}
 
 
 def test_crash_and_hang_are_isolated_then_the_sweep_resumes(tmp_path, capsys):

@@ -3,6 +3,7 @@
     debug_opsweep --compile-backend inductor --dtypes float32
     debug_opsweep --backend-file my_backend.py --ops softmax,cumsum,nn.functional.gelu --json
     debug_opsweep --compile-backend aot_eager --ops 'nn.functional.*' --junit opsweep.xml
+    debug_opsweep --compile-backend inductor --grad --ops softmax,cumsum      # the backward pass
 
 Every sample (OpInfo's, all of them, plus fuzzed layouts, special values and magnitudes) is judged
 against float64 eager by the calibrated rule; random, uninitialised and non-numeric operators are
@@ -63,6 +64,8 @@ def opsweep(
                                          "or repeated (default: every OpInfo operator)"),
     dtypes: list[str] | None = typer.Option(None, "--dtypes", help="comma-separated, of float32, bfloat16, float16, "
                                             "float64 (default: float32,bfloat16,float16)"),
+    grad: bool = typer.Option(False, "--grad", help="judge the backward pass (every floating input's gradient) "
+                              "instead of the forward"),
     workers: int = typer.Option(2, "--workers", min=1, help="worker processes (one per core)"),
     timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="seconds a sample (its compile included) may run "
                                   "before it counts as a hang"),
@@ -105,7 +108,7 @@ def opsweep(
         fw["database_path"] = database
     invocation.database = check_database_path(default_database_path(fw))
     label = compile_backend if file is None else f"{Path(file).name}:{attr}"
-    settings = SweepSettings(backend=label, backend_file=file, backend_attr=attr, device=device, dtypes=chosen,
+    settings = SweepSettings(backend=label, backend_file=file, backend_attr=attr, device=device, dtypes=chosen, grad=grad,
                              ops=_split(ops) or None, fuzz=fuzz, seed=seed, timeout_s=timeout, workers=workers,
                              repro_dir=repro_dir, verify_repros=verify_repros, resume=resume, max_samples=max_samples)
     progress = None if as_json else _progress()

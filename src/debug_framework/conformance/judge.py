@@ -30,7 +30,7 @@ from ..comparison import RatioRule, compare
 from ..plugins.evaluate import sample_rule
 from ..plugins.samples import Sample, upcast
 
-__all__ = ["flat_outputs", "judge_outputs", "run_sample", "randomness", "badness", "BACKENDBENCH_TOL"]
+__all__ = ["flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness", "BACKENDBENCH_TOL"]
 
 #: BackendBench's tolerances (``BackendBench.eval.allclose``: atol = rtol = 1e-2).
 BACKENDBENCH_TOL = 1e-2
@@ -136,6 +136,59 @@ def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sam
     if test is None:
         return {"status": "fail", "reason": f"the compiled call returned {type(out).__name__}, not tensors"}
     return judge_outputs(orc, base, test, sample.dtype)
+
+
+def _leaves(args: list[Any], kwargs: dict[str, Any], up: bool) -> tuple[list[Any], dict[str, Any], list[torch.Tensor]]:
+    """The sample's arguments with each floating tensor a fresh leaf that requires grad (same view:
+    ``detach`` keeps strides and offset), in float64 with ``up``; and those leaves."""
+    leaves: list[torch.Tensor] = []
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            leaf = (v.detach().to(torch.float64) if up else v.detach()).requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+        if isinstance(v, (list, tuple)):
+            return type(v)(conv(x) for x in v)
+        return upcast(v) if up else v
+
+    return conv(list(args)), {k: conv(v) for k, v in kwargs.items()}, leaves
+
+
+def _grads(fn: Callable[..., Any], sample: Sample, up: bool) -> list[torch.Tensor] | None:
+    """Gradients of sum(output_i x cotangent_i) over the floating outputs with respect to every
+    floating input, the cotangents drawn from a fixed seed (so every run weighs the same); None
+    when nothing differentiable comes out."""
+    args, kwargs, leaves = _leaves(sample.args, sample.kwargs, up)
+    outs = [o for o in flat_outputs(fn(*args, **kwargs)) or [] if o.is_floating_point() and o.requires_grad]
+    if not outs or not leaves:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
+
+
+def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sample) -> dict[str, Any]:
+    """The backward pass of one sample: the gradients of the compiled call against float64 eager's,
+    relative to eager's in the sample's dtype, by the same rule as :func:`run_sample`'s outputs."""
+    try:
+        baseline = _grads(op, sample, up=False)
+        oracle = _grads(op, sample, up=True)
+    except Exception as exc:  # noqa: BLE001 - eager cannot differentiate this sample
+        return {"status": "skipped", "reason": f"eager's backward rejects this sample ({_error(exc)})"}
+    if baseline is None or oracle is None:
+        return {"status": "skipped", "reason": "no differentiable output"}
+    try:
+        test = _grads(compiled, sample, up=False)
+    except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
+        kind = failure_kind(exc)
+        if kind != "runtime":
+            return {"status": "unsupported", "reason": f"backward: {kind} failure: {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled backward raised {_error(exc)}"}
+    if test is None:
+        return {"status": "fail", "reason": "the compiled call's outputs carry no gradient"}
+    return judge_outputs(oracle, baseline, test, sample.dtype)
 
 
 def _same(a: Any, b: Any) -> bool:

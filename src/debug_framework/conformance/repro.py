@@ -70,6 +70,28 @@ def nonfinite_mismatches(x, oracle):
     return int(((~torch.isfinite(x) | ~torch.isfinite(oracle)) & ~((x == oracle) | (x.isnan() & oracle.isnan()))).sum())
 
 
+def grads(fn, args, kwargs, in_float64):
+    """Gradients of sum(output x seeded cotangent) over the floating outputs, for every floating input."""
+    leaves = []
+
+    def conv(v):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            leaf = (v.detach().double() if in_float64 else v.detach()).requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        return up(v) if in_float64 else v
+
+    a = conv(list(args))
+    k = {name: conv(v) for name, v in kwargs.items()}
+    outs = [o for o in flat(fn(*a, **k)) if o.is_floating_point() and o.requires_grad]
+    gen = torch.Generator().manual_seed(0)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    found = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(found, leaves)]
+
+
 def load_backend(spec):
     if spec["backend_file"] is None:
         return spec["backend"]
@@ -101,10 +123,14 @@ def check():
     compiled = torch.compile(call, backend=load_backend(spec))
     what = "%s compiled with %s on sample %s (%s)" % (spec["op"], spec["backend_label"], spec["sample"]["label"],
                                                      spec["sample"]["dtype"])
-    baseline = flat(op(*args, **kwargs))
-    oracle = flat(op(*up(args), **up(kwargs)))
+    if spec["grad"]:
+        what = "the backward of " + what
+        baseline, oracle = grads(op, args, kwargs, False), grads(op, args, kwargs, True)
+    else:
+        baseline = flat(op(*args, **kwargs))
+        oracle = flat(op(*up(args), **up(kwargs)))
     try:
-        out = flat(compiled(*args, **kwargs))
+        out = grads(compiled, args, kwargs, False) if spec["grad"] else flat(compiled(*args, **kwargs))
     except Exception as exc:
         return True, "%s: the compiled call raised %s: %s" % (what, type(exc).__name__, exc), {"raised": str(exc)}
     if len(out) != len(baseline):
@@ -139,7 +165,7 @@ def check():
 
 
 def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend: str, backend_file: str | None,
-                   backend_attr: str, device: str, status: str) -> Path:
+                   backend_attr: str, device: str, status: str, grad: bool = False) -> Path:
     """Write the repro of ``sample`` of operator ``op`` into a new directory under ``folder``; the
     path of its ``repro.py``. ``backend_file`` is copied beside it when the backend comes from a file."""
     from safetensors.torch import save_file
@@ -159,8 +185,8 @@ def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend:
              "backend_file": local_file, "backend_attr": backend_attr,
              "backend_label": backend if backend_file is None else f"{Path(backend_file).name}:{backend_attr}",
              "device": device, "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS, "float64_floor_eps": FLOAT64_FLOOR_EPS,
-             "args": args, "kwargs": kwargs, "sample": sample.describe(), "status": status}
-    failure = (f"operator {op} compiled with {check['backend_label']} differs from eager beyond the calibrated bound "
+             "args": args, "kwargs": kwargs, "sample": sample.describe(), "status": status, "grad": grad}
+    failure = (f"{'the backward of ' if grad else ''}operator {op} compiled with {check['backend_label']} differs from eager beyond the calibrated bound "
                f"(or raises) on sample {sample.source}/{sample.label} in {sample.dtype}")
     return write_repro_files(out, writer="op-conformance", failure=failure, body=_BODY,
                              requires=["torch", "safetensors"],

@@ -54,6 +54,8 @@ class SweepSettings:
     backend_attr: str = "backend"
     device: str = "cpu"
     dtypes: Sequence[str] = ("float32", "bfloat16", "float16")
+    #: judge the backward pass (the gradients of every floating input) instead of the forward
+    grad: bool = False
     ops: Sequence[str] | None = None
     fuzz: bool = True
     seed: int = 0
@@ -75,7 +77,8 @@ class SweepSettings:
         if self.backend_file is not None:
             file_digest = hashlib.sha256(Path(self.backend_file).read_bytes()).hexdigest()
         return {"backend": self.backend, "backend_file_sha256": file_digest, "backend_attr": self.backend_attr,
-                "device": self.device, "dtypes": sorted(self.dtypes), "fuzz": self.fuzz, "seed": self.seed,
+                "device": self.device, "dtypes": sorted(self.dtypes), "grad": self.grad, "fuzz": self.fuzz,
+                "seed": self.seed,
                 "max_samples": self.max_samples}
 
 
@@ -185,7 +188,7 @@ class _Lane:
     def __init__(self, settings: SweepSettings, threads: int) -> None:
         self.settings = settings
         self.args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
-                     settings.seed, threads, settings.max_samples)
+                     settings.seed, threads, settings.max_samples, settings.grad)
         self.proc: _Proc | _InProcess | None = None
         self.restarts = 0
 

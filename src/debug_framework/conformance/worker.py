@@ -51,7 +51,7 @@ class WorkerState:
     """The backend, the current operator's samples and its compiled call."""
 
     def __init__(self, backend: str, backend_file: str | None, backend_attr: str, device: str, fuzz: bool,
-                 seed: int, threads: int, max_samples: int | None = None) -> None:
+                 seed: int, threads: int, max_samples: int | None = None, grad: bool = False) -> None:
         import torch
 
         from .._torch.dynamo import recompile_limit
@@ -59,7 +59,7 @@ class WorkerState:
         if threads > 0:  # 0: running inside the caller's process, whose settings are left alone
             torch.set_num_threads(threads)
         self.backend, self.backend_file, self.backend_attr = backend, backend_file, backend_attr
-        self.device, self.fuzz, self.seed, self.max_samples = device, fuzz, seed, max_samples
+        self.device, self.fuzz, self.seed, self.max_samples, self.grad = device, fuzz, seed, max_samples, grad
         self.compiler = resolve_backend(backend, backend_file, backend_attr)
         self._limit = recompile_limit(100_000)
         self._limit.__enter__()  # for the worker's life: never fall back to eager silently
@@ -84,7 +84,7 @@ class WorkerState:
         from .._torch.dynamo import reset
         from ..plugins.samples import on_device
         from .judge import randomness
-        from .ops import find_op
+        from .ops import DTYPES, find_op
         from .samples import op_samples
 
         info = find_op(key)
@@ -100,6 +100,9 @@ class WorkerState:
 
         call.__code__ = call.__code__.replace(co_name=f"opsweep_{self.count}")  # a code object of its own
         self.compiled = torch.compile(call, backend=self._counting)
+        if self.grad and (not info.supports_autograd or DTYPES[dtype] not in info.supported_backward_dtypes(self.device)):
+            self.samples = []
+            return {"skip": f"OpInfo has no backward in {dtype}"}
         samples = op_samples(info, dtype, fuzz=self.fuzz, seed=self.seed)
         if self.device != "cpu":
             for s in samples:
@@ -116,11 +119,12 @@ class WorkerState:
         return {"samples": [s.describe() for s in samples]}
 
     def run(self, i: int) -> dict[str, Any]:
-        from .judge import run_sample
+        from .judge import run_backward, run_sample
         from .ops import find_op
 
         assert self.current is not None and self.compiled is not None
-        result = run_sample(find_op(self.current[0]).op, self.compiled, self.samples[i])
+        run = run_backward if self.grad else run_sample
+        result = run(find_op(self.current[0]).op, self.compiled, self.samples[i])
         return {**result, "graphs": self.graphs}
 
     def repro(self, key: str, dtype: str, i: int, folder: str, status: str) -> str:
@@ -131,7 +135,7 @@ class WorkerState:
             self.prepare(key, dtype)
         return str(write_op_repro(key, find_op(key), self.samples[i], Path(folder), backend=self.backend,
                                   backend_file=self.backend_file, backend_attr=self.backend_attr,
-                                  device=self.device, status=status))
+                                  device=self.device, status=status, grad=self.grad))
 
     def handle(self, msg: tuple[Any, ...]) -> Any:
         if msg[0] == "prepare":
