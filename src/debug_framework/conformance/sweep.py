@@ -9,7 +9,8 @@ Each worker (``workers`` of them, two by default, one per core) is a fresh Pytho
 (:mod:`.worker`) fed one operator at a time; a sample that kills it is recorded as ``crash`` with its
 exit status, one that runs past ``timeout_s`` as ``hang``; the worker is restarted and the sweep goes
 on. An operator's row is written as soon as it is done; a sweep run again with the same settings
-(the same ``sweep_key``) reads back the operators it already has and runs only the others. The worst
+(the same ``sweep_key``) reads back the operators it already has and runs only the others (and
+those where the sweep's own code failed, ``counts["sweep_failures"]``). The worst
 sample of each failing operator gets a standalone repro (:mod:`.repro`), verified once in a fresh
 process (``repro_verified``).
 """
@@ -221,7 +222,7 @@ class _Lane:
         start = time.perf_counter()
         samples: list[dict[str, Any]] = []
         skips: list[str] = []
-        graphs = 0
+        graphs = sweep_failures = 0
         for dtype in s.dtypes:
             reply = self.ask(("prepare", op, dtype), _START_TIMEOUT_S)
             if reply is None:
@@ -230,6 +231,7 @@ class _Lane:
                 continue
             if reply[0] == "error":
                 skips.append(f"{dtype}: not judged, the sweep itself failed: {reply[1]}")
+                sweep_failures += 1
                 continue
             if "skip" in reply[1]:
                 skips.append(f"{dtype}: {reply[1]['skip']}")
@@ -244,11 +246,13 @@ class _Lane:
                         break
                 elif reply[0] == "error":
                     result = {"status": "skipped", "reason": f"not judged, the sweep itself failed: {reply[1]}"}
+                    sweep_failures += 1
                 else:
                     result = reply[1]
                     graphs = max(graphs, int(result.pop("graphs", 0)))
                 samples.append({**desc, "index": i, "result": result})
         out = _aggregate(op, samples, skips, graphs)
+        out.counts["sweep_failures"] = sweep_failures  # a resumed sweep runs such an operator again
         if s.repro_dir is not None and out.worst is not None and out.verdict in ("fail", "error"):
             w = out.worst
             reply = self.ask(("repro", op, w["dtype"], w["index"], str(s.repro_dir), w["result"]["status"]),
@@ -322,7 +326,8 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     if db is not None:
         db.opsweeps.start(key, settings.backend, settings.device, {**settings.identity(), "ops": list(settings.ops or [])})
         if settings.resume:
-            stored = {r["op"]: OpResult.from_row(r) for r in db.opsweeps.results(key)}
+            stored = {r["op"]: OpResult.from_row(r) for r in db.opsweeps.results(key)
+                      if not (r.get("counts") or {}).get("sweep_failures")}
             for k in keys:
                 if k in stored:
                     results[k] = stored[k]
