@@ -171,5 +171,8 @@ def worker_main(inbox: Any, conn: Any) -> None:
 if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
+    from ..services.batch_executor import die_with_parent
+
+    die_with_parent(os.getppid())  # an interrupted sweep leaves no worker compiling on its own
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     worker_main(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
