@@ -96,7 +96,10 @@ def opsweep(
         from ..conformance.ops import select_ops
 
         keys = select_ops(_split(ops))
-        print_json({"ops": keys}) if as_json else print("\n".join(keys))
+        if as_json:
+            print_json({"ops": keys})
+        else:
+            print("\n".join(keys))
         return EXIT_PASS
     from .. import get_framework_config
     from ..config import default_database_path
