@@ -6,6 +6,7 @@ Used as ``debug_opsweep --backend-file examples/conformance/wrong_lowerings.py``
 """
 
 import torch
+from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 aten = torch.ops.aten
@@ -36,7 +37,7 @@ def _rewrite(gm, example_inputs):
         if node.op == "call_function" and node.target in _WRONG:
             node.target = _WRONG[node.target]
     gm.recompile()
-    return gm
+    return make_boxed_func(gm.forward)
 
 
 backend = aot_autograd(fw_compiler=_rewrite)
