@@ -120,7 +120,6 @@ def check():
     def call(*a, **k):
         return op(*a, **k)
 
-    compiled = torch.compile(call, backend=load_backend(spec))
     what = "%s compiled with %s on sample %s (%s)" % (spec["op"], spec["backend_label"], spec["sample"]["label"],
                                                      spec["sample"]["dtype"])
     if spec["grad"]:
@@ -129,6 +128,19 @@ def check():
     else:
         baseline = flat(op(*args, **kwargs))
         oracle = flat(op(*up(args), **up(kwargs)))
+    backend = load_backend(spec)
+    # the sweep compiled each operator once for all its samples, so a sample may have run the graph
+    # Dynamo recompiled with dynamic shapes: static shapes first, then dynamic ones
+    for dynamic in (False, True):
+        torch.compiler.reset()
+        compiled = torch.compile(call, backend=backend, dynamic=dynamic)
+        result = judge(compiled, args, kwargs, baseline, oracle, spec, what + (" with dynamic shapes" if dynamic else ""))
+        if result[0]:
+            return result
+    return result
+
+
+def judge(compiled, args, kwargs, baseline, oracle, spec, what):
     try:
         out = grads(compiled, args, kwargs, False) if spec["grad"] else flat(compiled(*args, **kwargs))
     except Exception as exc:
