@@ -25,7 +25,7 @@ from .evaluate import FLOAT64_FLOOR_EPS
 from .manifest import KernelSpec, PluginDefinition
 from .samples import Sample
 
-__all__ = ["write_repro_dir", "KERNEL_LOADER", "plugin_kernel_entry"]
+__all__ = ["write_repro_dir", "KERNEL_LOADER", "plugin_kernel_entry", "encode_value"]
 
 #: Source of ``load_kernel(entry)`` for a generated repro.py (needs ``os``, ``torch`` and
 #: ``importlib.util`` imported and ``HERE`` set): the kernel of :func:`plugin_kernel_entry`'s entry.
@@ -166,6 +166,11 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(v, torch.dtype):
         return {"torch_dtype": str(v).removeprefix("torch.")}
     return v
+
+
+#: A sample argument as JSON with its tensors put in ``tensors`` (whole storage and view), for
+#: ``inputs.safetensors``; shared with the backend conformance sweep's repro.
+encode_value = _encode
 
 
 def write_repro_dir(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample: Sample, folder: Path) -> Path:
