@@ -27,7 +27,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from benchmarks.injected_bugs import BUG_LAYER, cases, register_bug_backend  # noqa: E402
+from benchmarks.injected_bugs import BUG_LAYER, CORE_FAMILIES, cases, register_bug_backend  # noqa: E402
 from benchmarks.models.tiny_transformers import make_model  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--family", action="append")
     parser.add_argument("--bug", action="append")
     args = parser.parse_args()
-    todo = [(b, f, d) for b, f, d in cases() if (not args.family or f in args.family) and (not args.bug or b in args.bug)]
+    todo = [(b, f, d) for b, f, d in cases(None if args.family else CORE_FAMILIES) if (not args.family or f in args.family) and (not args.bug or b in args.bug)]
     families = sorted({f for _, f, _ in todo})
     todo += [(None, f, d) for f in families for d in ("float32", "bfloat16")]
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,6 +10,15 @@ Measures and prints; asserts nothing. Ours runs without the fresh-process verifi
 minifier has none), so both count only in-process oracle calls.
 
     .venv/bin/python benchmarks/bench_minifier.py [--sizes 16 64 256 1024] [--torch-budget-s 300]
+
+``--bug-classes [NAME ...]`` (none named: all) also runs the real bug classes of
+``tests/diff/bug_models.py`` (each with its buggy backend from ``tests/diff/bug_backends.py``): KernelDiff
+finds the failure, and its failing graph goes to ours (the one-command path, fresh-process
+verification included in its time) and to PyTorch's accuracy minifier (its ``fx_minifier`` with the
+oracle of ``TORCHDYNAMO_REPRO_AFTER=aot`` at ``REPRO_LEVEL=4``, ``backend_aot_accuracy_fails``, with
+the FX graph cache off; in process, on the same graph and backend). Printed per class: oracle calls,
+seconds (ours: the reduction alone, and with the fresh-process verification PyTorch's minifier does
+not do), final node count, and what PyTorch's minifier said.
 """
 
 from __future__ import annotations
@@ -106,12 +115,93 @@ def run_case(label, gm, inputs, bad, torch_budget_s, torch_budget_calls):
             "bound": bound, "note": note}
 
 
+def _load_bug_modules():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[1] / "tests" / "diff"
+    mods = {}
+    for stem in ("bug_models", "bug_backends"):
+        spec = importlib.util.spec_from_file_location(f"bench_{stem}", here / f"{stem}.py")
+        mods[stem] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mods[stem]
+        spec.loader.exec_module(mods[stem])
+    return here, mods["bug_models"], mods["bug_backends"]
+
+
+def bug_classes(names, torch_budget_s):
+    """Per real bug class: KernelDiff finds the failure at defaults; the failing graph (the Dynamo graph,
+    or its AOT backward graph for a gradient-only bug) goes to ours (the one-command path: signature
+    narrowed to the failure's class, reduction, fresh-process verification) and to PyTorch's accuracy
+    minifier (``fx_minifier`` with the oracle of REPRO_AFTER=aot / REPRO_LEVEL=4, FX graph cache off)."""
+    import tempfile
+
+    from debug_framework._torch.functorch import aot_accuracy_fails, fx_minifier
+    from debug_module.diff import KernelDiffHarness, _minify
+    from debug_module.minifier import Minifier
+
+    here, bug_models, bug_backends = _load_bug_modules()
+    rows = []
+    for name in names or list(bug_models.CASES):
+        backend_name, gradients, _, _ = bug_models.CASES[name]
+        backend = getattr(bug_backends, backend_name)
+        model, inputs = getattr(bug_models, name)()
+        harness = KernelDiffHarness(model, inputs, model_name=name, test_backend=backend, compare_gradients=gradients,
+                                    runs=1, minify_on_failure=False,
+                                    test_backend_spec=f"{here / 'bug_backends.py'}:{backend_name}")
+        report = harness.compare()
+        failing = next(d for d in (report.gradients if gradients else report.outputs) if not d.passed)
+        sig = _minify._signature(harness, harness._test_side, failing)
+        gm, graph_inputs = harness._test_side.timed.graphs[0]
+        (graph, args), *_ = _minify._backward_graphs(gm, graph_inputs, 0) if gradients else [(gm, graph_inputs)]
+        n = len(compute_nodes(graph))
+        t0 = time.perf_counter()
+        holds, obs = sig.check(graph, args)
+        ours = Minifier(graph, args, sig.for_failure(obs), progress=False, output_dir=tempfile.mkdtemp()).minify()
+        ours_s = time.perf_counter() - t0
+
+        calls, t0, status = 0, time.perf_counter(), "ok"
+
+        def plain(g, inps, backend=backend):
+            """The backend as PyTorch's oracle calls it: a callable taking the inputs unpacked (the
+            AOTAutograd wrapper these backends return is marked boxed but takes them unpacked)."""
+            compiled = backend(g, inps)
+            return lambda *a: compiled(*a)
+
+        def module_fails(g, inps):
+            nonlocal calls
+            if time.perf_counter() - t0 > torch_budget_s:
+                raise Budget()
+            calls += 1
+            return aot_accuracy_fails(g, list(inps), plain)
+
+        theirs_nodes = None
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                g2, _ = fx_minifier(graph, args, module_fails)
+                theirs_nodes = len(compute_nodes(g2))
+            except Budget:
+                status = f"budget hit ({torch_budget_s:.0f}s)"
+            except Exception as e:  # noqa: BLE001 - what PyTorch's minifier said is the measurement
+                status = f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
+        rows.append({"case": name, "stage": "backward" if gradients else "forward", "N": n,
+                     "ours_calls": ours.calls, "ours_s": ours_s, "ours_nodes": ours.nodes, "verified": ours.verified,
+                     "ours_reduce_s": ours_s - (ours.verification.seconds if ours.verification is not None else 0.0),
+                     "torch_calls": calls, "torch_s": time.perf_counter() - t0, "torch_nodes": theirs_nodes,
+                     "torch_status": status})
+        print(f"  done {name}: {rows[-1]}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[16, 64, 256, 1024])
     ap.add_argument("--torch-budget-s", type=float, default=300.0, help="per case, for PyTorch's minifier")
     ap.add_argument("--torch-budget-calls", type=int, default=5000)
     ap.add_argument("--no-bert", action="store_true")
+    ap.add_argument("--bug-classes", nargs="*", default=None, metavar="NAME",
+                    help="also run the one-command flow on these bug classes (none named: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -129,6 +219,21 @@ def main() -> None:
         rows.append(run_case(f"bert-2L ({bad})", gm, inputs, bad, args.torch_budget_s, args.torch_budget_calls))
         print_row(rows[-1], flush=True)
     print_table(rows)
+    if args.bug_classes is not None:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="real bug classes: ours (one-command path, verified) vs PyTorch's accuracy minifier "
+                        "(fx_minifier + REPRO_LEVEL=4 oracle, FX graph cache off)")
+        for col in ("case", "stage", "N nodes", "ours calls", "ours s (reduce)", "ours s (+verify)", "ours nodes",
+                    "verified", "torch calls", "torch s", "torch nodes", "torch status"):
+            t.add_column(col)
+        for r in bug_classes(args.bug_classes, args.torch_budget_s):
+            t.add_row(r["case"], r["stage"], str(r["N"]), str(r["ours_calls"]), f"{r['ours_reduce_s']:.2f}",
+                      f"{r['ours_s']:.1f}", str(r["ours_nodes"]),
+                      str(r["verified"]), str(r["torch_calls"]), f"{r['torch_s']:.1f}", str(r["torch_nodes"]),
+                      r["torch_status"])
+        Console(width=160).print(t)
 
 
 def print_row(r, flush=False):

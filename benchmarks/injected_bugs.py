@@ -21,6 +21,8 @@ from debug_framework.backends import module_backend, register_backend
 from debug_framework.backends.pytorch import build_hf_model
 from debug_framework.capture import CheckpointKey
 
+from benchmarks.models.tiny_transformers import WINDOW as TINY_WINDOW
+
 BUG_LAYER = 1
 
 
@@ -105,6 +107,43 @@ def _gelu_tanh(net: torch.nn.Module, i: int) -> None:
     _layers(net)[i].intermediate.intermediate_act_fn = ACT2FN["gelu_pytorch_tanh"]
 
 
+def _drop_q_norm(net: torch.nn.Module, i: int) -> None:
+    """Qwen3 / Gemma 3: the per-head RMS norm of the queries forgotten."""
+    _attn_module(net, i).q_norm = torch.nn.Identity()
+
+
+def _swap_experts(net: torch.nn.Module, i: int) -> None:
+    """A mixture of experts whose experts 0 and 1 are loaded in each other's place."""
+    experts = _layers(net)[i].mlp.experts
+    with torch.no_grad():
+        for param in (experts.gate_up_proj, experts.down_proj):
+            param.copy_(param[[1, 0, *range(2, param.shape[0])]])
+
+
+def _norm_without_offset(net: torch.nn.Module, i: int) -> None:
+    """Gemma's ``(1 + w)`` RMS norm computed as ``w``: the input norm's stored weight read as the scale."""
+    norm = _layers(net)[i].input_layernorm
+    with torch.no_grad():
+        norm.weight.sub_(1.0)  # (1 + (w - 1)) = w
+
+
+def _gemma_head_dim_scale(net: torch.nn.Module, i: int) -> None:
+    """Gemma's attention scaled by ``head_dim ** -0.5`` instead of ``query_pre_attn_scalar ** -0.5``."""
+    module = _attn_module(net, i)
+    module.scaling = module.head_dim ** -0.5
+
+
+def _window_off_by_one(mask: torch.Tensor | None, window: int = TINY_WINDOW) -> torch.Tensor | None:
+    """Off by one in the sliding window: query i also sees key i - window."""
+    if mask is None:
+        return None
+    out = mask.clone()
+    t = out.shape[-1]
+    idx = torch.arange(max(t - window, 0))
+    out[..., idx + window, idx] = True if out.dtype == torch.bool else 0.0
+    return out
+
+
 @dataclass(frozen=True)
 class Bug:
     """One injected bug: what it breaks, where it first shows, and which families/dtypes it applies to."""
@@ -120,7 +159,16 @@ BUGS: dict[str, Bug] = {b.name: b for b in (
     Bug("attention_scale", lambda n, i: setattr(_attn_module(n, i), "scaling", 1.0 / _attn_module(n, i).head_dim
                                                 if hasattr(_attn_module(n, i), "head_dim")
                                                 else 1.0 / _attn_module(n, i).attention_head_size),
-        "post_attention", ("llama", "qwen2", "bert")),
+        "post_attention", ("llama", "qwen2", "bert", "mistral", "qwen3", "phi3", "qwen3_moe")),
+    # Gemma 2's soft-cap squashes the scores the scale acts on: within a correct bfloat16 run's noise
+    Bug("gemma_head_dim_scale", _gemma_head_dim_scale, "post_attention", ("gemma2", "gemma3_text"), ("float32",)),
+    Bug("dropped_q_norm", _drop_q_norm, "post_attention", ("qwen3", "qwen3_moe", "gemma3_text")),
+    Bug("swapped_expert", _swap_experts, "post_mlp", ("qwen3_moe",)),
+    Bug("missing_attention_softcap", lambda n, i: setattr(_attn_module(n, i), "attn_logit_softcapping", None),
+        "post_attention", ("gemma2",)),
+    Bug("norm_without_offset", _norm_without_offset, "post_attention", ("gemma2", "gemma3_text")),
+    Bug("sliding_window_off_by_one", lambda n, i: _use_attention(n, i, "df_bug_window", mask_fn=_window_off_by_one),
+        "post_attention", ("mistral", "qwen3", "phi3")),
     Bug("dropped_norm_weight", lambda n, i: _fill(_layers(n)[i].input_layernorm.weight, 1.0), "post_attention",
         ("llama", "qwen2")),
     Bug("dropped_norm_weight_bert", lambda n, i: _fill(_layers(n)[i].attention.output.LayerNorm.weight, 1.0),
@@ -149,9 +197,15 @@ BUGS: dict[str, Bug] = {b.name: b for b in (
 )}
 
 
-def cases() -> list[tuple[str, str, str]]:
-    """Every (bug, family, dtype) the suite runs."""
-    return [(b.name, fam, dt) for b in BUGS.values() for fam in b.families for dt in b.dtypes]
+#: the families of the original suite (Llama, Qwen2, BERT); the others' bugs run in bench_diagnosis
+#: and, one per family, in tests/judgement/test_decoder_family_bugs.py.
+CORE_FAMILIES = ("llama", "qwen2", "bert")
+
+
+def cases(families: tuple[str, ...] | None = None) -> list[tuple[str, str, str]]:
+    """Every (bug, family, dtype) of ``families`` (all when None)."""
+    return [(b.name, fam, dt) for b in BUGS.values() for fam in b.families for dt in b.dtypes
+            if families is None or fam in families]
 
 
 def expected_first(bug: str) -> CheckpointKey:

@@ -27,6 +27,12 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist's workers are given COLUMNS=80 and LINES=24 (by execnet); a plain run has neither: the
+# CLI's tables then see the same width (piped: 120) whether the suite runs in one process or several
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("COLUMNS", "LINES"):
+        os.environ.pop(_var, None)
+
 # Triton fixes its mode (interpreted or compiled) at its first import, and Inductor may import it
 # before a test loads a CPU Triton plugin: on a machine without a GPU the whole test process
 # interprets, as a user of CPU Triton plugins is told to do (tests that need another mode, e.g.
@@ -91,6 +97,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     processes are named on the terminal, then killed so they do not linger either."""
     if not Path("/proc/self/environ").exists() or os.environ.get("PIE_TEST_SKIP_LEFTOVER_CHECK"):
         return
+    distributed = getattr(session.config.option, "dist", "no") != "no"
+    if distributed and not hasattr(session.config, "workerinput"):
+        return  # pytest-xdist's controller: each worker checks the processes its own tests started
     end = time.monotonic() + LEFTOVER_GRACE_S  # a stopped server may take a moment to exit
     left = _leftovers()
     while left and time.monotonic() < end:

@@ -228,7 +228,7 @@ def get_system_info() -> dict[str, Any]:
 
 def create_validation_session(
     model_path: str | os.PathLike[str],
-    reference_backend: str = "python_reference",
+    reference_backend: str = "auto",
     alternative_backend: str = "auto",
     config: Mapping[str, Any] | None = None,
 ) -> str:

@@ -33,11 +33,10 @@ SENTENCES = [
 
 _HELP = ("Validate the real all-MiniLM-L6-v2: python_reference (NumPy, float64) against the best other backend "
          "here, and write the HTML report.")
-_EPILOG = "Exit codes: 0 passed; 1 numerical failure; 2 environment error; 3 internal error (a bug)."
-app = make_app(_HELP, epilog=_EPILOG)
+app = make_app(_HELP)
 
 
-@app.command(help=_HELP, epilog=_EPILOG)
+@app.command(help=_HELP)
 def demo(
     ctx: typer.Context,
     output: Path = typer.Option(Path("debug_artifacts/validation_report.html"), "--output",

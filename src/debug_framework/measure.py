@@ -353,9 +353,23 @@ def layer_timer(backend: object, enabled: bool = True) -> Iterator[LayerTiming]:
 # ---------------------------------------------------------------------------------------------- compile backends
 
 
+def _snapshot(x: object) -> object:
+    """A clone of a tensor (same strides, dtype, ``requires_grad`` of a leaf); anything else as is."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return x
+    c = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    with torch.no_grad():
+        c.copy_(x.detach())
+    return c.requires_grad_(True) if x.requires_grad and x.is_leaf else c
+
+
 class TimedBackend:
     """Wraps a ``torch.compile`` backend: counts the graphs it gets and the seconds spent inside its
-    compiler (``compile_s``); with ``keep_graphs`` also keeps each ``(graph module, example inputs)``."""
+    compiler (``compile_s``); with ``keep_graphs`` also keeps each ``(graph module, example inputs)``,
+    the inputs as clones taken before the graph first runs (a graph that changes its inputs in place
+    does not change what is kept)."""
 
     def __init__(self, inner: Callable[..., Callable[..., object]], *, keep_graphs: bool = False) -> None:
         self.inner = inner
@@ -367,7 +381,7 @@ class TimedBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         self.calls += 1
         if self.keep_graphs:
-            self.graphs.append((gm, list(example_inputs)))
+            self.graphs.append((gm, [_snapshot(x) for x in example_inputs]))
         t0 = time.perf_counter()
         try:
             return self.inner(gm, example_inputs)

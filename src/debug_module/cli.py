@@ -392,8 +392,9 @@ def analyze(
                 lambda st: _analyze(st, run_dir, type_, run, model, inputs, demo, lowering, alignment, deny_op))
 
 
-def _diff(state: _State, model: str | None, inputs: str | None, demo: bool, backend: str, reference: str,
-          rtol: float | None, atol: float | None, gradients: bool, modules: bool, runs: int, plots: bool) -> Outcome:
+def _diff(state: _State, model: str | None, inputs: str | None, demo: bool, backend: str, reference: str | None,
+          rtol: float | None, atol: float | None, gradients: bool, modules: bool, runs: int, plots: bool,
+          minify: bool, minify_seconds: float) -> Outcome:
     if model is None and not demo:
         raise CliError("diff needs --model module:factory (or --demo)")
     obj, sets, name = _load_model(state, model, inputs, demo)
@@ -402,10 +403,16 @@ def _diff(state: _State, model: str | None, inputs: str | None, demo: bool, back
 
     report = KernelDiffHarness(obj, sets[0], model_name=name, reference_backend=reference, test_backend=test_backend,
                                rtol=rtol, atol=atol, compare_gradients=gradients, compare_modules=modules,
-                               runs=runs, artifact_root=state.root).compare(generate_visualizations=plots)
+                               runs=runs, artifact_root=state.root, minify_on_failure=minify,
+                               minify_max_seconds=minify_seconds,
+                               test_backend_spec=backend if ":" in backend else None).compare(generate_visualizations=plots)
+    m = report.minifier or {}
+    # the verified repro's folder (repro.py exits 1 while the bug is there); None when there is none
+    repro = str(Path(m["repro"]).parent) if m.get("verified") and m.get("repro") else None
     data = {"run_id": report.run_id, "path": report.artifact_dir, "passed": report.passed,
-            "first_divergent_module": report.first_divergent_module, "report": report.json_path,
-            "failed": [d.name for d in report.failed]}
+            "reference": report.reference_backend, "first_divergent_module": report.first_divergent_module,
+            "report": report.json_path, "failed": [d.name for d in report.failed], "repro": repro,
+            "minifier": m or None}
     return data, (EXIT_PASS if report.passed else EXIT_FAIL), lambda: print(report.summary())
 
 
@@ -416,19 +423,24 @@ def diff(
     inputs: str | None = typer.Option(None, "--inputs", help="module:factory returning the inputs"),
     demo: bool = typer.Option(False, "--demo", help="use the built-in demo model"),
     backend: str = typer.Option("inductor", "--backend", help="backend under test: a torch.compile name or module:attr"),
-    reference: str = typer.Option("eager", "--reference", help="eager | float64 | a backend name"),
+    reference: str | None = typer.Option(None, "--reference",
+                                         help="float64 (ratio rule; the default without --rtol/--atol) | eager "
+                                              "(tolerance; the default with them) | a backend name"),
     rtol: float | None = typer.Option(None, "--rtol"),
     atol: float | None = typer.Option(None, "--atol"),
     gradients: bool = typer.Option(False, "--gradients", help="also compare gradients"),
     modules: bool = typer.Option(False, "--modules", help="also compare submodule outputs"),
     runs: int = typer.Option(3, "--runs", min=1),
     plots: bool = typer.Option(False, "--plots", help="write visualizations"),
+    minify: bool = typer.Option(True, "--minify/--no-minify",
+                                help="on failure, minify to a verified repro (its folder is data.repro)"),
+    minify_seconds: float = typer.Option(120.0, "--minify-seconds", min=1.0, help="the minifier's time budget"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
 ) -> int:
-    """KernelDiff a model: backend under test vs reference; exit 1 when it fails."""
+    """KernelDiff a model: backend under test vs reference; exit 1 when it fails, with a verified repro."""
     return _run(ctx, "diff", root, as_json, lambda st: _diff(st, model, inputs, demo, backend, reference, rtol, atol,
-                                                             gradients, modules, runs, plots))
+                                                             gradients, modules, runs, plots, minify, minify_seconds))
 
 
 def _report(state: _State, fmt: str, run: list[str], output: Path | None, benchmarks: Path | None) -> Outcome:

@@ -111,6 +111,17 @@ def _show_run(st: Any, run: Path) -> None:
             st.code(script.read_text(encoding="utf-8", errors="replace")[:_MAX_REPRO_CHARS], language="python")
 
 
+def runs_under(root: Path, find: Any) -> list[Path]:
+    """The run directories under ``root`` and under every ``runs`` folder one or two levels below it
+    (``debug_artifacts/tour/runs``: where the tour writes its runs), each once."""
+    roots = [root, *sorted(p for pattern in ("runs", "*/runs") for p in root.glob(pattern) if p.is_dir())]
+    seen: dict[Path, None] = {}
+    for r in roots:
+        for run in find(r):
+            seen.setdefault(Path(run) if Path(run).is_absolute() else r / run, None)
+    return list(seen)
+
+
 def runs_page(context: Any) -> None:
     """Draw the page (``context``: the dashboard's ``PageContext``: ``database``, ``artifacts``)."""
     import streamlit as st
@@ -121,16 +132,16 @@ def runs_page(context: Any) -> None:
 
     root = Path(context.artifacts)
     st.caption(literal(f"Run directories under {root}"))
-    runs = find_runs(root)
+    runs = runs_under(root, find_runs)
     if not runs:
         st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (inductor-debug writes runs "
-                "under ./debug_artifacts by default).")
+                "under ./debug_artifacts by default, the tour under ./debug_artifacts/tour/runs).")
         return
-    names = [p.name for p in reversed(runs)]  # newest first
-    pick = st.selectbox("run", names)
+    by_name = {str(p.relative_to(root)): p for p in runs}
+    pick = st.selectbox("run", sorted(by_name, key=lambda n: by_name[n].name, reverse=True))  # newest first
     if pick:
         try:
-            _show_run(st, root / pick)
+            _show_run(st, by_name[pick])
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged run directory
             st.error("This run directory could not be read.")
             st.text(plain(f"{type(exc).__name__}: {exc}"))

@@ -26,7 +26,7 @@ PRIVATE = re.compile(r"^\s*(?:from|import)\s+torch\._(dynamo|functorch|inductor|
 LAYERS: dict[str, tuple[str, ...]] = {
     "front": ("debug_framework", "debug_framework.cli", "debug_framework.demo", "debug_framework.integrations",
               "debug_framework.dashboard"),
-    "services": ("debug_framework.services", "debug_framework.reports"),
+    "services": ("debug_framework.services", "debug_framework.reports", "debug_framework.conformance"),
     # compat: the spec's faces over the stores, the comparison core and the records' data (the
     # records inherit their spec verbs from it, so it sits in their layer and imports none of them)
     "models": ("debug_framework.models", "debug_framework.compat"),

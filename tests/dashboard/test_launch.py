@@ -111,9 +111,9 @@ def test_launch_progress_and_cancel_through_worker_processes(app_env, tmp_path, 
 
 
 def test_a_bad_launch_is_a_message_and_writes_nothing(app_env, tmp_path, monkeypatch):
-    from debug_framework.dashboard.launch import launch_validation
+    from debug_framework.dashboard.launch import launch_batch, launch_validation
     from debug_framework.dashboard.settings import DATABASE_VARIABLE, Settings
-    from debug_framework.errors import ValidationError
+    from debug_framework.errors import BackendInitializationError, ModelLoadingError, ValidationError
 
     monkeypatch.setenv(DATABASE_VARIABLE, str(tmp_path / "bad" / "debug.db"))
     s = Settings.from_environment()
@@ -121,6 +121,10 @@ def test_a_bad_launch_is_a_message_and_writes_nothing(app_env, tmp_path, monkeyp
         launch_validation(s, "", "python_reference", "pytorch", {})
     with pytest.raises(ValidationError, match="noise_margin"):
         launch_validation(s, str(app_env.model), "python_reference", "pytorch", {"noise_margin": -1.0})
+    with pytest.raises(BackendInitializationError, match="did you mean 'pytorch'"):
+        launch_validation(s, str(app_env.model), "python_reference", "pytorh", {})
+    with pytest.raises(ModelLoadingError):
+        launch_batch(s, [str(app_env.model), str(tmp_path / "missing")], "python_reference", "pytorch", {})
     assert not (tmp_path / "bad" / "debug.db").exists()
 
 
@@ -133,7 +137,13 @@ def test_the_launch_form_writes_a_task_and_its_worker_records_the_failure(app_en
     s = Settings.from_environment()
     at = run_page("jobs.py")
     at.text_input[0].input(str(tmp_path / "no-such-model"))
-    at.selectbox[0].select("bfloat16")
+    at.button[0].click().run()  # a path that does not exist is refused on the page: no task, no worker
+    assert not at.exception and not at.success and "DF004" in " ".join(e.value for e in at.error)
+    assert not (tmp_path / "fail" / "debug.db").exists()
+    (tmp_path / "not-a-model").mkdir()  # exists, but does not load: the worker finds out
+    at = run_page("jobs.py")
+    at.text_input[0].input(str(tmp_path / "not-a-model"))
+    at.selectbox[2].select("bfloat16")  # reference, alternative, dtype
     at.button[0].click().run()  # the form's submit button
     assert not at.exception and "Launched task" in at.success[0].value
     tid = at.success[0].value.split()[2].rstrip(";")
@@ -143,3 +153,4 @@ def test_the_launch_form_writes_a_task_and_its_worker_records_the_failure(app_en
     at = run_page("jobs.py")
     table = at.dataframe[0].value
     assert table.iloc[0]["state"] == "failed" and table.iloc[0]["message"].startswith("[DF004]")
+    assert {"verdict", "session"} <= set(table.columns)  # a finished task: its verdict and a link to its session

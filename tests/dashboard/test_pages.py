@@ -58,6 +58,9 @@ def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env)
     assert "debug_validate" in at.code[-1].value and "--dtype bfloat16" in at.code[-1].value
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels == ["HTML report", "JSON report", "CSV report", "JUNIT report"]
+    assert not at.get("json")  # error source and environment in words and a table, never raw JSON
+    env = next(d.value for d in at.dataframe if "field" in d.value.columns)
+    assert "environment.python" in set(env["field"]) and "None" not in set(env["value"])
 
 
 def test_session_page_shows_the_drill_down(app_env):
@@ -68,6 +71,7 @@ def test_session_page_shows_the_drill_down(app_env):
     assert "repro (verified)" in shown
     table = next(d.value for d in at.dataframe if "op" in d.value.columns)
     assert table["introduces"].any() and {"introduced", "carried_in", "bound", "margin"} <= set(table.columns)
+    assert bool(table.iloc[0]["culprit"]) and table.iloc[0]["introduces"]  # the culprit first
 
 
 def test_session_page_escapes_a_hostile_model_path(app_env):

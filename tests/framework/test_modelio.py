@@ -159,12 +159,24 @@ def test_shape_contradicting_config(tiny_qwen2, tmp_path):
 
 
 def test_unsupported_architecture(tiny_qwen2, tmp_path):
+    """Another family's config over these weights runs on the generic tier, whose transformers
+    loader refuses the weights when the model is built (DF004 naming a tensor); an architecture
+    transformers does not know is DF004 at once."""
+    from debug_framework.backends.pytorch import build_hf_model
+
     d = _copy_with_config(tiny_qwen2["hf"], tmp_path / "arch")
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "gpt2"
     (d / "config.json").write_text(json.dumps(cfg))
     shutil.copy(tiny_qwen2["hf"] / "model.safetensors", d / "model.safetensors")
-    _df004(d, "unsupported architecture", "'gpt2'", "config.json")
+    model = load_model(d)
+    assert model.architecture == "generic" and model.config.model_class == "GPT2LMHeadModel"
+    with pytest.raises(ModelLoadingError) as info:
+        build_hf_model(model)
+    assert info.value.code == "DF004" and "missing" in str(info.value) and info.value.context.get("tensor")
+    cfg["model_type"] = "no_such_architecture"
+    (d / "config.json").write_text(json.dumps(cfg))
+    _df004(d, "no_such_architecture", "config.json")
 
 
 def test_missing_config_and_empty_directory(tiny_qwen2, tmp_path):

@@ -293,16 +293,24 @@ UNSUPPORTED = [
 
 
 @pytest.mark.parametrize("changes", UNSUPPORTED, ids=range(len(UNSUPPORTED)))
-def test_configs_the_reference_does_not_implement_are_df004(tmp_path, changes):
-    base = LLAMA_CONFIG
-    if changes.get("model_type") == "qwen2":
-        d = tmp_path / "m"
-        cfg = {**LLAMA_CONFIG, "model_type": "qwen2"}
-        write_model(d, cfg)
-        write_config(d, {**cfg, **changes})
-        _df004(d / "model.safetensors", "not supported")
+def test_configs_the_reference_does_not_implement_run_on_the_generic_tier(tmp_path, changes):
+    """The reference written from the math refuses them (DF004, never a wrong reading); the loader
+    then runs them on the generic tier (the model's own transformers code judges), saying why, or,
+    where transformers itself refuses the config, DF004."""
+    from debug_framework.modelio.configs import UnsupportedByReference
+
+    cfg = {**LLAMA_CONFIG, "model_type": changes.get("model_type", LLAMA_CONFIG["model_type"])}
+    with pytest.raises(UnsupportedByReference, match="not supported"):
+        parse_config(json.loads(json.dumps({**cfg, **changes})))
+    d = tmp_path / "m"
+    write_model(d, cfg)
+    write_config(d, {**cfg, **changes})
+    try:
+        model = load_model(d / "model.safetensors")
+    except ModelLoadingError as exc:  # transformers refuses it too
+        assert exc.code == "DF004" and "module_backend" in str(exc)
         return
-    _df004(_with_config(tmp_path, base, **changes), "not supported")
+    assert model.architecture == "generic" and "not supported" in model.config.why_generic
 
 
 SUPPORTED_ROPE = [
@@ -347,7 +355,8 @@ def test_rope_frequencies_match_transformers(changes):
 @pytest.mark.parametrize("damage", ["yarn", "i32"])
 def test_debug_validate_refuses_the_model_with_df004_exit_2(tmp_path, capsys, damage):
     """Before: a yarn config ran (the reference reading it as default rope) and an I32 weight loaded
-    and validated; now debug_validate stops at the model with DF004 and exit 2, recording nothing."""
+    and validated; now debug_validate stops at the model with DF004 and exit 2 (a yarn config where
+    the from-math reference is asked for)."""
     from debug_framework.cli.debug_validate import run
 
     path = write_model(tmp_path / "m")
@@ -358,8 +367,9 @@ def test_debug_validate_refuses_the_model_with_df004_exit_2(tmp_path, capsys, da
     else:
         _retype_header(path, b'"F32"', b'"I32"')
     db = tmp_path / "db" / "sessions.db"
+    # a yarn config runs on the generic tier; the reference written from the math refuses it
     code = run(["--model-path", str(path), "--alternative-backend", "pytorch", "--database", str(db),
-                "--no-isolate"])
+                "--no-isolate", "--reference-backend", "python_reference"])
     err = capsys.readouterr().err
     assert code == 2 and "DF004" in err, err
     assert ("yarn" if damage == "yarn" else "I32") in err

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.injected_bugs import BUG_LAYER, cases, expected_first
+from benchmarks.injected_bugs import BUG_LAYER, CORE_FAMILIES, cases, expected_first
 
 FAST_SEEDS = (0,)
 SLOW_SEEDS = (1, 2)
@@ -51,13 +51,13 @@ def _check_located(engine, model, bug, backend, dtype, seed):
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)
-@pytest.mark.parametrize(("bug", "family", "dtype"), cases())
+@pytest.mark.parametrize(("bug", "family", "dtype"), cases(CORE_FAMILIES))
 def test_bug_is_located_at_its_layer(bug, family, dtype, seed, tiny_models, engine, bug_backend):
     _check_located(engine, tiny_models(family, seed), bug, bug_backend(bug), dtype, seed)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("bug", "family", "dtype"), cases())
+@pytest.mark.parametrize(("bug", "family", "dtype"), cases(CORE_FAMILIES))
 def test_bug_is_located_on_more_seeds(bug, family, dtype, tiny_models, engine, bug_backend):
     for seed in SLOW_SEEDS:
         _check_located(engine, tiny_models(family, seed), bug, bug_backend(bug), dtype, seed)

@@ -29,6 +29,7 @@ __all__ = [
     "inner_exception",
     "lookup_backend",
     "recompile_limit",
+    "failure_kind",
 ]
 
 
@@ -148,3 +149,16 @@ def recompile_limit(at_least: int) -> Iterator[None]:
     with cfg.patch(recompile_limit=limit, accumulated_recompile_limit=max(int(cfg.accumulated_recompile_limit), limit),
                    fail_on_recompile_limit_hit=True):
         yield
+
+
+def failure_kind(exc: BaseException) -> str:
+    """Who an exception from a ``torch.compile``'d call comes from: ``"backend"`` (the backend's
+    compiler raised: it does not accept the graph), ``"capture"`` (Dynamo itself could not trace or
+    fake-run the call) or ``"runtime"`` (the compiled code raised while running)."""
+    from torch._dynamo.exc import BackendCompilerFailed, TorchDynamoException, UserError
+
+    if isinstance(exc, BackendCompilerFailed):
+        return "backend"
+    if isinstance(exc, (TorchDynamoException, UserError)):
+        return "capture"
+    return "runtime"

@@ -33,6 +33,7 @@ __all__ = [
     "AotCaptureCounter",
     "outside_compile_modes",
     "fx_minifier",
+    "aot_accuracy_fails",
 ]
 
 make_boxed_func = _aot.make_boxed_func
@@ -128,3 +129,16 @@ def fx_minifier(gm: torch.fx.GraphModule, inputs: Sequence[Any],
     from torch._functorch.fx_minifier import minifier
 
     return minifier(gm, list(inputs), module_fails, dump_state=lambda *a, **k: None)
+
+
+def aot_accuracy_fails(gm: torch.fx.GraphModule, inputs: Sequence[Any], compiler_fn: Callable[..., Any]) -> bool:
+    """PyTorch's accuracy oracle of ``TORCHDYNAMO_REPRO_AFTER=aot`` at ``TORCHDYNAMO_REPRO_LEVEL=4``
+    (``torch._dynamo.repro.after_aot.backend_aot_accuracy_fails``: the compiled graph against eager,
+    with a float64 run as the judge), with the FX graph cache and AOTAutograd's cache off; the anchor
+    oracle of benchmarks/bench_minifier.py."""
+    from torch._dynamo.repro.after_aot import backend_aot_accuracy_fails
+
+    from .inductor import compile_caches_off
+
+    with compile_caches_off():
+        return bool(backend_aot_accuracy_fails(gm, list(inputs), compiler_fn))

@@ -33,6 +33,7 @@ __all__ = [
     "compile_context",
     "config_flags",
     "clear_caches",
+    "compile_caches_off",
 ]
 
 #: Files Inductor's debug trace writes per compiled graph (in ``<dir>/torchinductor/<graph>.<n>/``).
@@ -119,6 +120,17 @@ def trace_into(directory: str | os.PathLike[str], *, svg: bool = False) -> Itera
         }
         ))
         yield directory / "torchinductor"
+
+
+@contextlib.contextmanager
+def compile_caches_off() -> Iterator[None]:
+    """Inductor's FX graph cache (local and remote) and AOTAutograd's cache off inside the context:
+    every compile there is really done, whatever an earlier process left in the on-disk cache."""
+    import torch._functorch.config as functorch_config
+
+    flags = {k: False for k in ("fx_graph_cache", "fx_graph_remote_cache") if hasattr(_config, k)}
+    with _config.patch(flags), functorch_config.patch(enable_autograd_cache=False):
+        yield
 
 
 def config_flags() -> dict[str, Any]:

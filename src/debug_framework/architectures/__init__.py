@@ -1,28 +1,46 @@
 """The models written from the math once, over an array namespace: NumPy (the reference, float64
-or float32) or ``mlx.core`` (the ``mlx`` backend runs these same classes and step functions).
+or float32), ``mlx.core`` (the ``mlx`` backend) or ``torch`` (``torch_reference``) run these same
+classes and step functions.
 
 Each model exposes ``embed``, ``layer(i, h, attention_mask) -> (post_attention, post_mlp)`` and
 ``forward(input_ids, attention_mask, want, layer_inputs, token_type_ids)``; checkpoints are keyed by
 plain ``(name, layer)`` tuples (equal to ``capture.CheckpointKey``). Modules: ``xp`` (the array
 namespaces), ``layout`` (weight layouts), ``ops`` (shared steps), ``walk`` (the checkpoint walk and
-the model base), ``llama`` and ``bert`` (the families, each with its ``LAYOUT``).
+the model base), the families: ``llama`` (Llama, Qwen2), ``decoder`` (Mistral, Qwen3, Phi-3),
+``gemma`` (Gemma 2, Gemma 3 text), ``moe`` (Qwen3-MoE) and ``bert``.
 """
 
 from ..errors import ModelLoadingError
-from ..modelio.configs import BertModelConfig, LlamaModelConfig
+from ..modelio.configs import BertModelConfig, GemmaModelConfig, LlamaModelConfig, MoeModelConfig
 from .bert import BertReference
+from .decoder import DecoderReference
+from .gemma import GemmaReference
 from .layout import WeightSource
 from .llama import LlamaReference
+from .moe import MoeReference
 from .xp import NUMPY, ArrayNamespace
 
-__all__ = ["LlamaReference", "BertReference", "build_reference"]
+__all__ = ["LlamaReference", "DecoderReference", "GemmaReference", "MoeReference", "BertReference",
+           "ReferenceModel", "build_reference"]
+
+#: any model of this package.
+ReferenceModel = LlamaReference | BertReference
+
+#: model types whose layers are Llama's exactly (the others take :class:`DecoderReference` and its subclasses).
+_PLAIN_LLAMA = frozenset({"llama", "qwen2"})
 
 
 def build_reference(config: LlamaModelConfig | BertModelConfig, weights: WeightSource, dtype: object,
-                    xp: ArrayNamespace = NUMPY) -> LlamaReference | BertReference:
-    """The model for ``config.architecture`` (``"llama"`` or ``"bert"``) in ``xp`` arrays of ``dtype``."""
-    if config.architecture == "llama":
-        return LlamaReference(config, weights, dtype, xp)
+                    xp: ArrayNamespace = NUMPY) -> ReferenceModel:
+    """The model of ``config``'s family in ``xp`` arrays of ``dtype``."""
+    if isinstance(config, GemmaModelConfig):
+        return GemmaReference(config, weights, dtype, xp)
+    if isinstance(config, MoeModelConfig):
+        return MoeReference(config, weights, dtype, xp)
+    if isinstance(config, LlamaModelConfig):
+        if config.model_type in _PLAIN_LLAMA:
+            return LlamaReference(config, weights, dtype, xp)
+        return DecoderReference(config, weights, dtype, xp)
     if config.architecture == "bert":
         return BertReference(config, weights, dtype, xp)
     raise ModelLoadingError(f"unsupported architecture {config.architecture!r}")

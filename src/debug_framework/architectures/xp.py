@@ -54,8 +54,8 @@ class ArrayNamespace:
     zeros_like: Unary
     #: ``lowest(dtype)``: the most negative finite value, as a scalar of that dtype.
     lowest: Callable[[DType], Array]
-    #: ``lower_triangle(t)``: the boolean ``[T, T]`` mask ``j <= i``.
-    lower_triangle: Callable[[int], Array]
+    #: ``lower_triangle(t, k=0)``: the boolean ``[T, T]`` mask ``j <= i + k``.
+    lower_triangle: Callable[..., Array]
     #: ``host_dtype(dtype)``: the NumPy dtype host data is read in before :attr:`from_host`.
     host_dtype: Callable[[DType], np.dtype]
     #: ``from_host(x, dtype)``: a NumPy array as an array of this namespace in ``dtype``.
@@ -64,6 +64,8 @@ class ArrayNamespace:
     permute: Callable[[Array, tuple[int, ...]], Array]
     #: ``amax(x, axis)``: the maximum over ``axis``, the axis kept (size 1).
     amax: Callable[[Array, int], Array]
+    #: ``sort(x)``: the values of ``x`` in ascending order along the last axis.
+    sort: Unary
 
 
 try:  # SciPy's erf is the C library's, vectorised; math.erf is the same function, one element at a time.
@@ -90,11 +92,12 @@ NUMPY = ArrayNamespace(
     concatenate=np.concatenate,
     zeros_like=np.zeros_like,
     lowest=lambda dtype: np.finfo(dtype).min,
-    lower_triangle=lambda t: np.tril(np.ones((t, t), dtype=bool)),
+    lower_triangle=lambda t, k=0: np.tril(np.ones((t, t), dtype=bool), k),
     host_dtype=np.dtype,
     from_host=lambda x, dtype: np.asarray(x, dtype),
     permute=np.transpose,
     amax=lambda x, axis: np.max(x, axis=axis, keepdims=True),
+    sort=lambda x: np.sort(x, axis=-1),
 )
 
 _MLX: list[ArrayNamespace] = []
@@ -119,11 +122,12 @@ def mlx_namespace() -> ArrayNamespace:
             concatenate=mx.concatenate,
             zeros_like=mx.zeros_like,
             lowest=lambda dtype: mx.array(mx.finfo(dtype).min, dtype),
-            lower_triangle=lambda t: mx.tril(mx.ones((t, t), dtype=mx.bool_)),
+            lower_triangle=lambda t, k=0: mx.tril(mx.ones((t, t), dtype=mx.bool_), k),
             host_dtype=lambda dtype: np.dtype(np.float32),
             from_host=lambda x, dtype: mx.array(np.asarray(x, np.float32)).astype(dtype),
             permute=mx.transpose,
             amax=lambda x, axis: mx.max(x, axis=axis, keepdims=True),
+            sort=lambda x: mx.sort(x, axis=-1),
         ))
     return _MLX[0]
 
@@ -163,11 +167,12 @@ def torch_namespace() -> ArrayNamespace:
             concatenate=lambda arrays, axis: torch.cat(list(arrays), dim=axis),
             zeros_like=torch.zeros_like,
             lowest=lambda dtype: torch.tensor(torch.finfo(dtype).min, dtype=dtype),
-            lower_triangle=lambda t: torch.tril(torch.ones((t, t), dtype=torch.bool)),
+            lower_triangle=lambda t, k=0: torch.tril(torch.ones((t, t), dtype=torch.bool), diagonal=k),
             host_dtype=lambda dtype: np.dtype(np.float64),
             from_host=lambda x, dtype: torch.from_numpy(np.ascontiguousarray(x)).to(dtype),
             permute=torch.permute,
             amax=lambda x, axis: torch.amax(x, dim=axis, keepdim=True),
+            sort=lambda x: torch.sort(x, dim=-1).values,
         ))
     return _TORCH[0]
 

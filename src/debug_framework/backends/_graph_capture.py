@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from ..capture.hooks import ModuleTap, find_module, first_tensor, hf_layer_modules, hf_module_taps
+from ..capture.hooks import ModuleTap, find_module, first_input, first_tensor, hf_layer_modules, hf_module_taps
 from ..capture.keys import CheckpointKey
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
-__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "check_layer_index", "replay_arguments"]
+__all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "check_layer_index", "replay_arguments",
+           "layer_names", "generic_structure"]
 
 
 class CheckpointOutputs(torch.nn.Module):
@@ -36,6 +37,8 @@ class CheckpointOutputs(torch.nn.Module):
         #: the module each output is tapped on (``modules[i]`` for ``keys[i]``)
         self.modules: list[str] = [t.module for t in taps]
         self._sink: list[torch.Tensor] = []
+        #: a generic-tier model's structure (None for the from-math families)
+        self.structure: Any = None
         sink = self._sink
         for tap in taps:
             module = find_module(net, tap.module)
@@ -43,9 +46,7 @@ class CheckpointOutputs(torch.nn.Module):
                 module.register_forward_hook(lambda _m, _a, out, sink=sink: sink.append(first_tensor(out)))
             else:
                 module.register_forward_pre_hook(
-                    lambda _m, args, kwargs, sink=sink: sink.append(args[0] if args else kwargs["hidden_states"]),
-                    with_kwargs=True,
-                )
+                    lambda _m, args, kwargs, sink=sink: sink.append(first_input(args, kwargs)), with_kwargs=True)
         self.eval()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
@@ -64,7 +65,12 @@ class CheckpointOutputs(torch.nn.Module):
 
     @classmethod
     def for_model(cls, net: torch.nn.Module, model: LoadedModel) -> CheckpointOutputs:
-        """The wrapper with every checkpoint of a Hugging Face ``BertModel`` / ``*ForCausalLM``."""
+        """The wrapper with every checkpoint of a Hugging Face ``BertModel`` / ``*ForCausalLM``, or
+        of a generic-tier model (found from its module structure: :func:`generic_structure`)."""
+        if model.architecture == "generic":
+            wrapper = cls(net, generic_structure(net, model).taps)
+            wrapper.structure = generic_structure(net, model)
+            return wrapper
         return cls(net, hf_module_taps(model.architecture, model.num_layers))
 
 
@@ -81,6 +87,40 @@ class PlainOutput(torch.nn.Module):
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
         return first_tensor(self.net(**kwargs))
+
+
+def generic_structure(net: torch.nn.Module, model: LoadedModel) -> Any:
+    """The checkpoints of a generic-tier model found from its module structure (one eager forward
+    on a small example; cached on the module). Graph backends take token inputs only: a model
+    read from pixels or with a decoder's inputs is BackendInitializationError (DF002) saying so."""
+    from ..capture.structure import discover
+    from ..modelio.generic import random_inputs
+
+    found = getattr(net, "_debug_framework_structure", None)
+    if found is not None:
+        return found
+    kind = getattr(model.config, "input_kind", "tokens")
+    if kind != "tokens":
+        from ..errors import BackendInitializationError
+
+        raise BackendInitializationError(
+            f"a model read from {'pixels' if kind == 'pixels' else 'an encoder and a decoder input'} "
+            "(generic tier) is run by the eager backends (pytorch, float64_eager) only: the graph backends "
+            "trace a forward of token ids and mask", backend="graph capture")
+    example = random_inputs(model.config, 1, 8, seed=0)  # type: ignore[arg-type]
+    dtype = next((p.dtype for p in net.parameters()), torch.float32)
+    device = next((p.device for p in net.parameters()), torch.device("cpu"))
+    kwargs = {k: v.to(device) for k, v in example.torch().items()}
+    found = discover(net, model.num_layers, {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()})
+    net._debug_framework_structure = found  # type: ignore[assignment]
+    return found
+
+
+def layer_names(net: torch.nn.Module, model: LoadedModel) -> list[str]:
+    """The module name of each layer: the Hugging Face names, or a generic-tier model's found ones."""
+    if model.architecture == "generic":
+        return [layer.module for layer in generic_structure(net, model).layers]
+    return hf_layer_modules(model.architecture, model.num_layers)
 
 
 def graph_inputs(model: LoadedModel, inputs: ModelInputs) -> dict[str, Any]:
@@ -148,7 +188,9 @@ def _with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Te
     """``args``/``kwargs`` of a layer call with ``hidden`` as its hidden state."""
     if args:
         return (hidden, *args[1:]), kwargs
-    return args, {**kwargs, "hidden_states": hidden}
+    name = "hidden_states" if "hidden_states" in kwargs else next(
+        (k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), "hidden_states")
+    return args, {**kwargs, name: hidden}
 
 
 def check_layer_index(model: LoadedModel, i: int, backend: str) -> None:
@@ -170,7 +212,7 @@ def replay_arguments(net: torch.nn.Module, model: LoadedModel, i: int, inputs: M
         BackendInitializationError: there is no layer ``i`` (DF002).
     """
     check_layer_index(model, i, backend)
-    name = hf_layer_modules(model.architecture, model.num_layers)[i]
+    name = layer_names(net, model)[i]
     layer = find_module(net, name)
     arrays = graph_inputs(model, inputs)
     try:

@@ -13,7 +13,7 @@ from ..modelio.loader import LoadedModel
 from ..suggest import did_you_mean
 
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
-           "cpu_name", "layer_replay_support", "block_replay_support"]
+           "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -102,6 +102,21 @@ def layer_replay_support(backend: Backend) -> tuple[bool, str]:
         return False, "cannot run a single layer (no run_layer)"
     can = getattr(backend, "can_run_layer", None)
     return can() if callable(can) else (True, "")
+
+
+def no_reference_from_math(model: LoadedModel) -> None:
+    """DF004 for a model no reference written from the math implements (a generic-tier model):
+    it names why and the reference that judges it instead (``float64_eager``)."""
+    if model.architecture != "generic":
+        return
+    from ..errors import ModelLoadingError
+
+    why = getattr(model.config, "why_generic", "") or "no reference written from the math"
+    raise ModelLoadingError(
+        f"no reference written from the math for model_type {model.config.model_type!r} ({why})",
+        hint="use --reference-backend float64_eager (the model's own eager code in float64; 'auto', the "
+             "default, picks it), or compare two backends directly (--reference-backend pytorch)",
+        file=str(model.path))
 
 
 def cpu_name() -> str:

@@ -210,6 +210,14 @@ class InductorBackend(BaseBackend):
         return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
                        meta={"variant": f"layer {i}", "compiled_in_this_call": first})
 
+    def can_run_block(self) -> tuple[bool, str]:
+        """The MLP block compiles alone for the from-math families' Hugging Face layout; a
+        generic-tier model's MLP is judged with the whole layer."""
+        model = self._prepared()
+        if model.architecture == "generic":
+            return False, "compiles a generic-tier layer whole (its MLP is judged with the whole layer)"
+        return True, ""
+
     def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` as Inductor compiles it, on that block's own input.
 
@@ -225,6 +233,9 @@ class InductorBackend(BaseBackend):
             return attention
         model = self._prepared()
         check_layer_index(model, i, self.name)
+        ok, why = self.can_run_block()
+        if not ok:
+            raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
         first = i not in self._mlp_fns
         if first:
             layer = find_module(self.net, hf_layer_modules(model.architecture, model.num_layers)[i])

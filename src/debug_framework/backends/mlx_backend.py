@@ -142,6 +142,13 @@ class MLXBackend(BaseBackend):
             if not ok:
                 raise BackendInitializationError(reason, backend=self.name)
         dtype = self._check_prepare(model, dtype, resolved)
+        if model.architecture == "generic":  # MLX runs the models written from the math, not transformers' code
+            raise BackendInitializationError(
+                f"MLX cannot express model_type {model.config.model_type!r}: the mlx backend runs the models "
+                "written from the math (architectures/) over mlx.core, and this model has none "
+                f"({getattr(model.config, 'why_generic', '')})",
+                hint="compare it with pytorch, inductor, onnxruntime or cuda (its own transformers code)",
+                backend=self.name)
         import mlx.core as mx
 
         self._mx_device = mx.gpu if resolved == "gpu" else mx.cpu

@@ -1,16 +1,15 @@
-"""``onnxruntime``: the Hugging Face model exported with ``torch.onnx.export(dynamo=True)``, every
-checkpoint an extra graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
+"""``onnxruntime``: the Hugging Face model exported with ``torch.onnx.export(dynamo=True)``, every checkpoint an extra
+graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
 
-The exported ``.onnx`` file is an artifact of the run, under ``artifact_dir`` (default: the session's
-artifact directory, :mod:`debug_framework.backends.artifacts`; else a temporary ``df-onnx-*``
-directory removed by :meth:`OnnxRuntimeBackend.close`), reported in ``version_info()`` and each
-``Capture.meta``; the exporter's output goes to ``export.log`` there. Batch and length are dynamic.
-An ONNX file as the model (:mod:`debug_framework.modelio.onnx_file`) is run as it is, not exported.
+The exported ``.onnx`` file is an artifact of the run, under ``artifact_dir`` (default: the session's artifact
+directory, :mod:`debug_framework.backends.artifacts`; else a temporary ``df-onnx-*`` directory removed by
+:meth:`OnnxRuntimeBackend.close`), reported in ``version_info()`` and each ``Capture.meta``; the exporter's output
+goes to ``export.log`` there. Batch and length are dynamic. An ONNX file as the model
+(:mod:`debug_framework.modelio.onnx_file`) is run as it is, not exported.
 
-Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's
-boundaries (its input and its checkpoints are named graph outputs), so nothing is exported again;
-``run_block(i, "mlp", ...)`` replays a layer's MLP block alone, cut from ``post_attention:i`` to
-``post_mlp:i``.
+Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's boundaries (its
+input and its checkpoints are named graph outputs), so nothing is exported again; ``run_block(i, "mlp", ...)``
+replays a layer's MLP block alone, cut from ``post_attention:i`` to ``post_mlp:i``.
 """
 
 from __future__ import annotations
@@ -395,6 +394,9 @@ class OnnxRuntimeBackend(BaseBackend):
             return False, "cannot replay a block of an ONNX file alone"
         """A layer's MLP block runs alone where the export can be cut from each layer's
         ``post_attention`` to its ``post_mlp`` (checked once per prepare, without running anything)."""
+        structure = getattr(self._wrapper, "structure", None)
+        if self._block_support is None and structure is not None and any(layer.parallel for layer in structure.layers):
+            self._block_support = (False, "runs attention and MLP in parallel: the MLP is judged with the whole layer")
         if self._block_support is None:
             model = self._prepared()
             self._block_support = (True, "")
@@ -525,17 +527,15 @@ class OnnxRuntimeBackend(BaseBackend):
         feeds = {f"in_{n}": t.numpy() for n, t in enumerate(leaves) if f"in_{n}" in names}
         start = time.perf_counter()
         arrays_out = session.run([str(k).replace(":", "_") for k in wanted], feeds)
-        elapsed = time.perf_counter() - start
         return Capture(tensors=dict(zip(wanted, arrays_out, strict=True)), backend=self.name, dtype=self.dtype,
-                       elapsed_s=elapsed, meta={**meta, "onnx_path": str(path)})
+                       elapsed_s=time.perf_counter() - start, meta={**meta, "onnx_path": str(path)})
 
 
 @dataclass
 class LayerExport:
-    """One layer exported alone (:meth:`OnnxRuntimeBackend.export_layer`): the file, the layer's
-    module name, its checkpoints (the graph's outputs, in order), which graph input is the hidden
-    state, and the arrays to feed (float32, as the model passes them; unused inputs may have been
-    dropped by the exporter: feed only the graph's own inputs)."""
+    """One layer exported alone (:meth:`OnnxRuntimeBackend.export_layer`): the file, the layer's module name,
+    its checkpoints (the graph's outputs, in order), which graph input is the hidden state, and the arrays
+    to feed (float32, as the model passes them; feed only the graph's own inputs: the exporter drops unused ones)."""
 
     path: Path
     layer_name: str

@@ -13,7 +13,7 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
 
 __all__ = ["PythonReferenceBackend"]
 
@@ -55,6 +55,7 @@ class PythonReferenceBackend(BaseBackend):
             self.reference, self._graph = None, Float64GraphRunner(model, dtype, self.name)
             return
         self._graph = None
+        no_reference_from_math(model)
         self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
 
     def can_run_layer(self) -> tuple[bool, str]:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import BackendInitializationError, ModelLoadingError
+from ..modelio.configs import MoeModelConfig
 from ..modelio.loader import LoadedModel
 from .torch_module import TorchModuleBackend
 
@@ -26,11 +27,37 @@ def hf_skeleton(model: LoadedModel, dtype: torch.dtype, *, meta: bool = False) -
         import transformers
     except ImportError as exc:
         raise BackendInitializationError("transformers is not installed", backend="pytorch") from exc
+    if model.architecture == "generic":  # the model's own class (modelio.generic), whatever its family
+        from ..modelio.generic import build_skeleton
+
+        net = build_skeleton(model.raw_config, dtype, meta=meta, source=str(model.path))
+        return net, net.config
     raw = {k: v for k, v in model.raw_config.items() if k not in ("architectures", "_name_or_path", "transformers_version")}
     hf_config = transformers.AutoConfig.for_model(**raw)
-    auto = transformers.AutoModelForCausalLM if model.architecture == "llama" else transformers.AutoModel
+    auto = transformers.AutoModel if model.architecture == "bert" else transformers.AutoModelForCausalLM
+    # mixtures of experts run their experts one by one in eager code (the grouped kernels refuse float64)
+    experts = {"experts_implementation": "eager"} if isinstance(model.config, MoeModelConfig) else {}
     with torch.device("meta") if meta else contextlib.nullcontext():
-        return auto.from_config(hf_config, attn_implementation="eager", dtype=dtype), hf_config
+        return auto.from_config(hf_config, attn_implementation="eager", dtype=dtype, **experts), hf_config
+
+
+def _stored_tensor(model: LoadedModel, name: str) -> Any:
+    """The tensor the model's parameter ``name`` takes from the weights: itself, or for a mixture of
+    experts' fused ``mlp.experts.gate_up_proj`` / ``down_proj`` the checkpoint's per-expert
+    projections stacked (``[X, 2F, D]``: each expert's gate then up; ``[X, D, F]``)."""
+    if name in model.weights:
+        return model.weights[name]
+    config = model.config
+    if not isinstance(config, MoeModelConfig) or not name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+        return None
+    prefix = name.rsplit(".", 1)[0]
+    parts = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
+    names = [f"{prefix}.{e}.{part}.weight" for e in range(config.num_experts) for part in parts]
+    if not all(n in model.weights for n in names):
+        return None
+    per_expert = [torch.cat([torch.as_tensor(model.weights[f"{prefix}.{e}.{part}.weight"]) for part in parts])
+                  for e in range(config.num_experts)]
+    return torch.stack(per_expert)
 
 
 def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
@@ -40,14 +67,24 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
         BackendInitializationError: transformers is missing (DF002).
         ModelLoadingError: the weights do not fit the model (DF004).
     """
+    if getattr(model.config, "weights_renamed", False):
+        return _from_pretrained(model, dtype).to(device).eval()
     net, hf_config = hf_skeleton(model, dtype)
     own = net.state_dict()
     state: dict[str, Any] = {}
     for name in own:
-        if name in model.weights:
-            state[name] = model.weights[name]
+        tensor = _stored_tensor(model, name)
+        if tensor is not None:
+            state[name] = tensor
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
+    if model.architecture == "generic":
+        from ..modelio.generic import tied_names
+
+        # tied parameters come from the tensor they are tied to; buffers the file lacks keep their
+        # computed values (rotary frequencies, position ids)
+        params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
+        tied = tied_names(net) | {n for n in own if n not in params}
     untrusted = [n for n in missing if n not in tied and not n.startswith("pooler.")]
     if untrusted:
         raise ModelLoadingError(
@@ -55,10 +92,45 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
             file=str(model.path),
             tensor=untrusted[0],
         )
-    net.load_state_dict(state, strict=False)
+    try:
+        net.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape the model does not have
+        raise ModelLoadingError(f"the weights do not fit the transformers model: {str(exc)[:300]}",
+                                file=str(model.path)) from exc
     if tied:
         net.tie_weights()
     return net.to(device).eval()
+
+
+def _from_pretrained(model: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:
+    """A generic-tier model whose files store names transformers converts on loading (its
+    checkpoint conversion mapping: fused experts, renamed modules), loaded by transformers itself,
+    offline, from the model's directory (safetensors, or ``.bin`` read with ``weights_only``).
+
+    Raises:
+        ModelLoadingError: a parameter missing or of another shape (DF004).
+    """
+    from transformers.utils import logging as hf_logging
+
+    from ..modelio.generic import EAGER_KWARGS, auto_model_class, hf_config_of
+
+    hf = hf_config_of(model.raw_config, str(model.path))
+    cls = auto_model_class(model.raw_config, hf, str(model.path))
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        net, info = cls.from_pretrained(str(model.path), local_files_only=True, output_loading_info=True,
+                                        dtype=dtype, **EAGER_KWARGS)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadingError(f"transformers cannot load the weights: {str(exc)[:300]}", file=str(model.path)) from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    bad = sorted(info.get("missing_keys") or []) + sorted(str(k) for k in info.get("mismatched_keys") or [])
+    if bad:
+        raise ModelLoadingError(f"{len(bad)} tensors of the transformers model are missing from the weights or of "
+                                "another shape", file=str(model.path), tensor=str(bad[0]))
+    return net
 
 
 class PyTorchBackend(TorchModuleBackend):

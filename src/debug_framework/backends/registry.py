@@ -41,6 +41,7 @@ BackendFactory = Callable[..., Backend]
 BUILTIN_BACKENDS: dict[str, str] = {
     "python_reference": "debug_framework.backends.python_reference:PythonReferenceBackend",
     "pytorch": "debug_framework.backends.pytorch:PyTorchBackend",
+    "float64_eager": "debug_framework.backends.eager_reference:EagerReferenceBackend",
     "inductor": "debug_framework.backends.inductor:InductorBackend",
     "onnxruntime": "debug_framework.backends.onnx_runtime:OnnxRuntimeBackend",
     "openvino": "debug_framework.backends.openvino_backend:OpenVinoBackend",

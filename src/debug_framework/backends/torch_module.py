@@ -13,7 +13,8 @@ import torch
 
 from ..capture.hooks import HookCapture, ModuleTap, hf_attention_seam, hf_layer_modules, hf_module_taps
 from ..capture.keys import Capture, CheckpointKey
-from ..errors import BackendInitializationError
+from ..capture.structure import ModelStructure, discover
+from ..errors import BackendInitializationError, ModelLoadingError
 from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
@@ -27,6 +28,11 @@ TORCH_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+
+#: A generic-tier model's structure and MLP-block support, found once per model and module class in
+#: a process (the reference, the alternative and the calibration share it: module paths do not
+#: depend on the dtype).
+_STRUCTURES: dict[tuple[str, str, str], tuple[ModelStructure, tuple[bool, str]]] = {}
 
 #: ``builder(model, torch_dtype, device) -> nn.Module`` ready to be called with ``**inputs.torch()``.
 ModuleBuilder = Callable[[LoadedModel, torch.dtype, str], torch.nn.Module]
@@ -88,6 +94,9 @@ class TorchModuleBackend(BaseBackend):
         self.module: torch.nn.Module | None = None
         self.taps: list[ModuleTap] = []
         self.architecture: str | None = None
+        #: the module structure of a generic-tier model (checkpoints found from its modules)
+        self.structure: ModelStructure | None = None
+        self._block_support: tuple[bool, str] = (True, "")
 
     def availability(self) -> tuple[bool, str]:
         reason = _cuda_reason(self.device)
@@ -102,30 +111,83 @@ class TorchModuleBackend(BaseBackend):
         dtype = self._check_prepare(model, dtype, self.device)
         try:
             module = self.builder(model, TORCH_DTYPES[dtype], self.device)
-        except BackendInitializationError:
+        except (BackendInitializationError, ModelLoadingError):  # DF002 / DF004 as they are
             raise
         except Exception as exc:  # a user's builder may raise anything; report it as DF002
             raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
         self.module = module.eval()
         self.architecture = model.architecture
-        if self.checkpoint_map is None:
+        self.structure = None
+        if self.checkpoint_map is None and model.architecture == "generic":
+            self._discover(model)
+        elif self.checkpoint_map is None:
             self.taps = hf_module_taps(model.architecture, model.num_layers)
         else:
             self.taps = []
             for mod_name, key in self.checkpoint_map.items():
                 parsed = CheckpointKey.parse(key)
                 self.taps.append(ModuleTap(mod_name, parsed))
-        if self._layer_modules is None:
+        if self._layer_modules is None and self.structure is not None:
+            self.layer_modules = self.structure.layer_modules
+        elif self._layer_modules is None:
             self.layer_modules = dict(enumerate(hf_layer_modules(model.architecture, model.num_layers)))
         else:
             self.layer_modules = dict(self._layer_modules)
+
+    def _discover(self, model: LoadedModel) -> None:
+        """The checkpoints of a generic-tier model from its module structure (one forward pass on a
+        small example), and whether its MLP blocks can run alone (checked on the first layer of
+        each stack: the replay through the seam must give the layer's own output)."""
+        from ..modelio.generic import random_inputs
+
+        assert self.module is not None
+        cache_key = (model.digest, str(model.path), type(self.module).__qualname__)
+        if cache_key in _STRUCTURES:  # the same model's modules, found once per process
+            self.structure, self._block_support = _STRUCTURES[cache_key]
+            self.taps, self.layer_modules = list(self.structure.taps), self.structure.layer_modules
+            return
+        example = random_inputs(model.config, 1, 8, seed=0)  # type: ignore[arg-type]
+        structure = discover(self.module, model.num_layers, self._kwargs(example))
+        self.structure, self.taps = structure, list(structure.taps)
+        self.layer_modules = structure.layer_modules
+        self._verify_seams(structure, example)
+        if len(_STRUCTURES) >= 16:
+            _STRUCTURES.pop(next(iter(_STRUCTURES)))
+        _STRUCTURES[cache_key] = (structure, self._block_support)
+
+    def _verify_seams(self, structure: ModelStructure, example: ModelInputs) -> None:
+        """Whether the MLP blocks run alone: the replay through the seam must give the layer's own
+        output, checked on the first layer of each stack."""
+        parallel = [i for i, layer in enumerate(structure.layers) if layer.parallel]
+        if parallel:
+            self._block_support = (False, f"runs attention and MLP in parallel (layer {parallel[0]}): "
+                                          "the MLP is judged with the whole layer")
+            return
+        firsts = [i for i, layer in enumerate(structure.layers)
+                  if i == 0 or layer.module.rsplit(".", 1)[0] != structure.layers[i - 1].module.rsplit(".", 1)[0]]
+        self._block_support = (True, "")
+        for i in firsts:
+            cap = self.run(example, [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)])
+            replay = self.run_block(i, "mlp", cap[CheckpointKey("post_attention", i)], example)
+            want, got = cap[CheckpointKey("post_mlp", i)], replay.tensors.get(CheckpointKey("post_mlp", i))
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            if got is None or not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0)):
+                self._block_support = (False, f"feeding layer {i}'s MLP block a state through "
+                                              f"{structure.layers[i].seam} does not reproduce the layer")
+                return
+
+    def _kwargs(self, inputs: ModelInputs) -> dict[str, Any]:
+        """The forward's keyword arguments: floating inputs (pixel values) in the module's dtype."""
+        kwargs = inputs.torch(self.device)
+        dtype = TORCH_DTYPES[self.dtype]
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()}
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
         keys = self._keys(taps)
         self._check_inputs(inputs)
         wanted = set(keys)
         active = [t for t in self.taps if t.key in wanted]
-        kwargs = inputs.torch(self.device)
+        kwargs = self._kwargs(inputs)
         with torch.inference_mode(), HookCapture(
             self.module, active, layer_modules=self.layer_modules if capture_layer_inputs else None
         ) as cap, Timer(self.device) as timer:
@@ -136,6 +198,7 @@ class TorchModuleBackend(BaseBackend):
             dtype=self.dtype,
             elapsed_s=timer.seconds,
             layer_inputs=cap.layer_inputs,
+            meta={"modules": dict(self.structure.modules)} if self.structure is not None else {},
         )
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
@@ -148,14 +211,14 @@ class TorchModuleBackend(BaseBackend):
         active = [t for t in self.taps if t.key in want]
         with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap, \
                 Timer(self.device) as timer:
-            cap.run(self.module, **inputs.torch(self.device))
+            cap.run(self.module, **self._kwargs(inputs))
         return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)
 
     def can_run_block(self) -> tuple[bool, str]:
         """Blocks run alone where the module follows the Hugging Face layout (the default map)."""
         if self.checkpoint_map is not None or self._layer_modules is not None:
             return False, "uses its own module map, so where its attention block ends is not known"
-        return True, ""
+        return self._block_support if self.structure is not None else (True, "")
 
     def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` alone on its input, through the module's own code: for
@@ -171,12 +234,18 @@ class TorchModuleBackend(BaseBackend):
             raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
         name = self.layer_modules[i]
         state = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
-        seam, how = hf_attention_seam(self.architecture, name)
+        if self.structure is not None:
+            found = self.structure.layers[i].seam
+            if found is None:
+                raise BackendInitializationError(f"layer {i} has no seam for its MLP block", backend=self.name)
+            seam, how = found
+        else:
+            seam, how = hf_attention_seam(self.architecture, name)
         key = CheckpointKey("post_mlp", i)
         active = [t for t in self.taps if t.key == key]
         with torch.inference_mode(), HookCapture(
             self.module, active, replace_input=(name, state), stop_after=name,
             replace_output=(seam, state if how == "value" else torch.zeros_like(state)),
         ) as cap, Timer(self.device) as timer:
-            cap.run(self.module, **inputs.torch(self.device))
+            cap.run(self.module, **self._kwargs(inputs))
         return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)

@@ -25,7 +25,7 @@ from ..comparison import float64_array
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -55,6 +55,7 @@ class TorchReferenceBackend(BaseBackend):
                                                  hint="set calibrate to false")
             self.net, self._graph = None, Float64GraphRunner(model, dtype, self.name)
             return
+        no_reference_from_math(model)
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
 
     def can_run_layer(self) -> tuple[bool, str]:

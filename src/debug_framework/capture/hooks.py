@@ -16,7 +16,7 @@ import torch
 from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
 
-__all__ = ["ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
+__all__ = ["first_input", "ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
            "HookCapture", "first_tensor"]
 
 
@@ -33,13 +33,15 @@ def hf_layer_modules(architecture: str, num_layers: int) -> list[str]:
     """The module name of each layer in the Hugging Face implementation."""
     if architecture == "bert":
         return [f"encoder.layer.{i}" for i in range(num_layers)]
-    if architecture == "llama":
+    if architecture in ("llama", "gemma"):
         return [f"model.layers.{i}" for i in range(num_layers)]
     raise ConfigurationError(f"no Hugging Face module names known for architecture {architecture!r}")
 
 
 def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
-    """Every checkpoint of a Hugging Face ``BertModel`` or ``LlamaForCausalLM``-style model."""
+    """Every checkpoint of a Hugging Face ``BertModel``, ``LlamaForCausalLM``-style or Gemma model.
+    Gemma's residual stream after attention is what its ``pre_feedforward_layernorm`` reads, and its
+    logits are soft-capped after ``lm_head``: post_processing is the model's own output there."""
     layers = hf_layer_modules(architecture, num_layers)
     K = CheckpointKey
     if architecture == "bert":
@@ -48,13 +50,15 @@ def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
             taps += [ModuleTap(f"{m}.attention", K("post_attention", i)), ModuleTap(m, K("post_mlp", i))]
         return taps + [ModuleTap(layers[-1], K("post_processing"))]
     taps = [ModuleTap("model.embed_tokens", K("post_embedding"))]
+    gemma = architecture == "gemma"
     for i, m in enumerate(layers):
-        # The residual stream after attention is what the post-attention norm reads.
+        # The residual stream after attention is what the (pre-feed-forward) norm reads.
+        norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
         taps += [
-            ModuleTap(f"{m}.post_attention_layernorm", K("post_attention", i), "input"),
+            ModuleTap(f"{m}.{norm}", K("post_attention", i), "input"),
             ModuleTap(m, K("post_mlp", i)),
         ]
-    return taps + [ModuleTap("lm_head", K("post_processing"))]
+    return taps + [ModuleTap("" if gemma else "lm_head", K("post_processing"))]
 
 
 def hf_attention_seam(architecture: str, layer_module: str) -> tuple[str, Literal["value", "zero"]]:
@@ -65,7 +69,7 @@ def hf_attention_seam(architecture: str, layer_module: str) -> tuple[str, Litera
     layer is fed the state as its input and that output is replaced by zeros (exact: ``a + 0 = a``)."""
     if architecture == "bert":
         return f"{layer_module}.attention", "value"
-    if architecture == "llama":
+    if architecture in ("llama", "gemma"):  # Gemma's post-attention norm of zeros is zero
         return f"{layer_module}.self_attn", "zero"
     raise ValidationError(f"no Hugging Face attention module known for architecture {architecture!r}")
 
@@ -90,6 +94,8 @@ class _HFMLPBlock(torch.nn.Module):
         if self.architecture == "llama":
             # LlamaDecoderLayer / Qwen2DecoderLayer: residual = h; h = norm(h); h = mlp(h); h = residual + h
             return a + layer.mlp(layer.post_attention_layernorm(a))
+        if self.architecture == "gemma":  # Gemma2/3DecoderLayer: norms before and after the MLP
+            return a + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(a)))
         if self._chunked is not None:  # BertLayer.forward, feed-forward chunking on
             return self._chunked(layer.feed_forward_chunk, layer.chunk_size_feed_forward, layer.seq_len_dim, a)
         return layer.feed_forward_chunk(a)  # BertLayer: output(intermediate(a), a) = LayerNorm(dense(.) + a)
@@ -103,8 +109,9 @@ def hf_mlp_block(architecture: str, layer: torch.nn.Module) -> torch.nn.Module:
     ``feed_forward_chunk(a)`` = ``output(intermediate(a), a)`` = ``LayerNorm(dense(.) + a)``, chunked
     where the layer chunks. The module shares the layer's parameters (nothing is copied); hooks on
     those submodules fire when it runs (e.g. a checkpoint pre-hook on Llama's
-    ``post_attention_layernorm``), hooks on the layer itself do not."""
-    if architecture not in ("llama", "bert"):
+    ``post_attention_layernorm``), hooks on the layer itself do not. Gemma:
+    ``a + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(a)))``."""
+    if architecture not in ("llama", "gemma", "bert"):
         raise ValidationError(f"no Hugging Face MLP block known for architecture {architecture!r}")
     return _HFMLPBlock(architecture, layer)
 
@@ -133,6 +140,27 @@ def first_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, (tuple, list)) and value:
         return first_tensor(value[0])
     raise ValidationError(f"module returned {type(value).__name__}, not a tensor")
+
+
+def first_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """The hidden state a module was called with: its first positional argument, else its
+    ``hidden_states`` keyword, else its first tensor keyword (DistilBERT's ``x=``); None without one."""
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    return next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+
+
+def _with_first_input(args: tuple[Any, ...], kwargs: dict[str, Any], value: torch.Tensor) -> tuple[Any, Any]:
+    """``(args, kwargs)`` with the hidden state (see :func:`first_input`) replaced by ``value`` in its dtype."""
+    if args:
+        return (value.to(args[0].dtype), *args[1:]), kwargs
+    name = "hidden_states" if "hidden_states" in kwargs else next(
+        (k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
+    if name is None:
+        raise ValidationError("the layer was called without a hidden state to replace")
+    return args, {**kwargs, name: value.to(kwargs[name].dtype)}
 
 
 class _StopForward(Exception):
@@ -183,19 +211,17 @@ class HookCapture:
                 self._handles.append(mod.register_forward_hook(out_hook))
             else:
                 def in_hook(_m, args, kwargs, key=key):
-                    self.tensors[key] = (args[0] if args else kwargs["hidden_states"]).detach()
+                    self.tensors[key] = first_input(args, kwargs).detach()
                 self._handles.append(mod.register_forward_pre_hook(in_hook, with_kwargs=True))
         for i, name in self.layer_modules.items():
             def layer_in(_m, args, kwargs, i=i):
-                self.layer_inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+                self.layer_inputs[i] = first_input(args, kwargs).detach()
             self._handles.append(find_module(self.root, name).register_forward_pre_hook(layer_in, with_kwargs=True))
         if self.replace_input is not None:
             name, hidden = self.replace_input
 
             def swap(_m, args, kwargs):
-                if args:
-                    return (hidden.to(args[0].dtype), *args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": hidden.to(kwargs["hidden_states"].dtype)}
+                return _with_first_input(args, kwargs, hidden)
 
             # prepend so that layer-input recording sees the replayed state
             self._handles.append(find_module(self.root, name).register_forward_pre_hook(swap, with_kwargs=True, prepend=True))

@@ -5,7 +5,9 @@ A checkpoint is a named point in a model's forward pass (see ``ARCHITECTURE.md``
 * ``post_embedding`` – the embedding output fed to layer 0 (``layer`` is ``None``);
 * ``post_attention`` – per layer, the residual stream right after the attention block;
 * ``post_mlp`` – per layer, the layer's output;
-* ``post_processing`` – the final output: logits of a causal LM, last hidden state of an encoder.
+* ``post_processing`` – the final output: logits of a causal LM, last hidden state of an encoder;
+* ``router_logits`` – per mixture-of-experts layer, the router's logits (the expert choice is
+  compared too); present only for the layers a model routes (``all_checkpoints(n, router_layers)``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ __all__ = [
 ]
 
 #: Checkpoint names in execution order.
-CHECKPOINT_NAMES: tuple[str, ...] = ("post_embedding", "post_attention", "post_mlp", "post_processing")
+CHECKPOINT_NAMES: tuple[str, ...] = ("post_embedding", "post_attention", "router_logits", "post_mlp",
+                                     "post_processing")
 #: The names that exist once per layer.
-PER_LAYER_CHECKPOINTS: frozenset[str] = frozenset({"post_attention", "post_mlp"})
+PER_LAYER_CHECKPOINTS: frozenset[str] = frozenset({"post_attention", "router_logits", "post_mlp"})
 
 
 class CheckpointKey(NamedTuple):
@@ -94,11 +97,16 @@ class CheckpointKey(NamedTuple):
         return checkpoint_id(self.name, self.layer)
 
 
-def all_checkpoints(num_layers: int) -> list[CheckpointKey]:
-    """Every checkpoint of a model with ``num_layers`` layers, in execution order."""
+def all_checkpoints(num_layers: int, router_layers: Iterable[int] = ()) -> list[CheckpointKey]:
+    """Every checkpoint of a model with ``num_layers`` layers, in execution order; the layers in
+    ``router_layers`` (mixture of experts) add their ``router_logits``."""
+    routed = set(router_layers)
     keys = [CheckpointKey("post_embedding")]
     for i in range(num_layers):
-        keys += [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
+        keys.append(CheckpointKey("post_attention", i))
+        if i in routed:
+            keys.append(CheckpointKey("router_logits", i))
+        keys.append(CheckpointKey("post_mlp", i))
     keys.append(CheckpointKey("post_processing"))
     return keys
 
@@ -150,7 +158,7 @@ class CheckpointSelection:
         for k in wanted:
             if k.layer is not None and k.layer >= num_layers:
                 raise ConfigurationError(f"checkpoint {k} is beyond the model's {num_layers} layers", checkpoint=str(k))
-        return [k for k in all_checkpoints(num_layers) if k in wanted]
+        return [k for k in all_checkpoints(num_layers, range(num_layers)) if k in wanted]
 
 
 @dataclass

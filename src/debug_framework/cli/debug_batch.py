@@ -8,7 +8,8 @@ resumable :class:`~debug_framework.models.batch_validation_job.BatchValidationJo
 The file lists one model path per line (blank lines and lines starting with ``#`` are skipped).
 The job id defaults to one derived from the list, so running the same file again resumes the job
 (what finished is kept, the rest runs). Exit codes: 0 every item validated and passed, 1 an item
-failed (a numerical failure or an error of its own, see its row), 2 usage or environment error.
+failed (a numerical failure or an error of its own, see its row), 2 usage or environment error (a
+model path that does not exist included: every path is checked before anything runs).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from ..jsonio import read_json_object
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stdout_for_json_only)
 from .user_code import load_backend_code
-from .validate_support import check_database_path
+from .validate_support import check_database_path, check_dtype, check_model_path
 
-__all__ = ["app", "main", "read_model_list"]
+__all__ = ["app", "main", "read_model_list", "outcome_counts"]
 
 PROG = "debug_batch"
 _HELP = ("Validate every model listed in a file (one path per line) as one resumable batch job, on local "
-         "processes or a Ray cluster. Exit 0 all passed, 1 an item failed, 2 usage/environment error.")
+         "processes or a Ray cluster.")
 app = make_app(_HELP)
 
 
@@ -41,10 +42,11 @@ def read_model_list(path: Path) -> list[str]:
         CliError: the file cannot be read, or lists no model.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # bytes: no newline translation of a "\r" in a path
     except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"cannot read the model list {str(path)!r}: {exc}", kind="environment") from exc
-    models = [s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#")]
+    # lines end at "\n" only: a path may hold any other character (U+2028 or a form feed included)
+    models = [s for s in (line.strip(" \t\r") for line in text.split("\n")) if s and not s.startswith("#")]
     if not models:
         raise CliError(f"the model list {str(path)!r} names no model", hint="one model path per line")
     return models
@@ -68,7 +70,7 @@ def batch(
     parallel: int = typer.Option(1, "--parallel", min=1, help="items at a time (local processes or Ray tasks)"),
     max_retries: int | None = typer.Option(None, "--max-retries", min=0,
                                            help="Ray: runs of an item after its worker died (default 2)"),
-    reference_backend: str = typer.Option("python_reference", "--reference-backend"),
+    reference_backend: str = typer.Option("auto", "--reference-backend"),
     alternative_backend: str = typer.Option("auto", "--alternative-backend"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cuda: one GPU per Ray task)"),
     isolate: bool | None = typer.Option(None, "--isolate/--no-isolate", help="per-layer isolation, or skip it"),
@@ -77,6 +79,14 @@ def batch(
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL"),
     backend_module: list[str] | None = typer.Option(None, "--backend-module", metavar="PKG.MOD",
                                                     help="import this module first (repeatable)"),
+    backend_file: list[Path] | None = typer.Option(None, "--backend-file", metavar="PATH.py",
+                                                   help="import this Python file first (repeatable): it registers "
+                                                        "backends with register_backend(name, factory)"),
+    dtype: str | None = typer.Option(None, "--dtype", help="the alternative's compute dtype (float32, float16, "
+                                     "bfloat16, float64)"),
+    drill_down: bool = typer.Option(False, "--drill-down", help="name the operator that introduces the error in "
+                                    "each diverging layer (docs/drilldown.md)"),
+    oracle: bool = typer.Option(False, "--oracle", help="judge by the ratio rule against a float64 python_reference"),
     as_json: bool = typer.Option(False, "--json", help="print the items as JSON on stdout (no table)"),
 ) -> int:
     """Run (or resume) the job, print one row per item, and return the exit code."""
@@ -85,6 +95,9 @@ def batch(
     if executor not in ("local", "ray"):
         raise CliError(f"--executor must be local or ray, got {executor!r}")
     models = read_model_list(model_list)
+    check_dtype("--dtype", dtype)
+    for model in models:  # a path that does not exist is the user's (exit 2), before anything runs
+        check_model_path(model)
     from .. import get_framework_config
     from ..config import default_database_path
     from ..models.batch_validation_job import BatchValidationJob
@@ -96,10 +109,11 @@ def batch(
     invocation.database = check_database_path(default_database_path(fw))
     # under --json, stdout carries only the JSON: user code's, Ray's and the workers' lines go to stderr
     with stdout_for_json_only(as_json):
-        load_backend_code(backend_module or (), ())
+        load_backend_code(backend_module or (), backend_file or ())
         config = _job_config({"executor": executor, "ray_address": ray_address, "max_retries": max_retries,
                               "reference_backend": reference_backend, "alternative_backend": alternative_backend,
                               "device": device, "isolate": isolate, "retry_failed": retry_failed or None,
+                              "dtype": dtype, "drill_down": drill_down or None, "oracle": oracle or None,
                               "parallel_execution": parallel > 1 or None, "max_concurrent_jobs": parallel,
                               "show_progress": not as_json, "database_path": fw["database_path"]}, config_file)
         jid = job_id or "batch-" + hashlib.sha256("\n".join(models).encode()).hexdigest()[:16]
@@ -122,7 +136,19 @@ def _print_table(job_id: str, results: list[dict[str, Any]]) -> None:
         add_row(table, r["item_index"], r["model_path"], r["status"], r["verdict"] or "-", r["error"] or "")
     out = make_console()
     out.print(table)
-    out.print(markup("job {}: {} item(s)", job_id, len(results)))
+    out.print(markup("job {}: {} item(s): {}", job_id, len(results), outcome_counts(results)))
+
+
+def outcome_counts(results: list[dict[str, Any]]) -> str:
+    """``3 passed, 1 failed, 1 error``: each item by its verdict, an item that did not finish
+    (its own error, or not run yet) by its status."""
+    counts: dict[str, int] = {}
+    for r in results:
+        key = r["verdict"] if r["status"] == "done" and r.get("verdict") else (
+            "error" if r["status"] == "failed" else str(r["status"]))
+        counts[key] = counts.get(key, 0) + 1
+    order = ["passed", "failed", "error"]
+    return ", ".join(f"{counts[k]} {k}" for k in [*order, *sorted(set(counts) - set(order))] if k in counts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,11 +20,12 @@ import typer
 
 from ..jsonio import dumps_json, read_json_object
 from ..safefiles import check_output_path, is_stdout
-from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, make_app, make_console, markup,
+from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, make_app, make_console, markup,
                         print_json, run_app, stage_progress, stdout_for_json_only)
 from .drilldown_view import print_drilldown
+from .tables import Column
 from .user_code import load_backend_code
-from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table
+from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table, reproduce_command_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,8 +37,7 @@ __all__ = ["main", "run", "app", "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE"]
 
 PROG = "debug_validate"
 
-_HELP = ("Validate an alternative backend against a reference backend, checkpoint by checkpoint. "
-         "Exit 0 pass, 1 numerical failure, 2 usage/environment error, 3 internal error (a bug).")
+_HELP = "Validate an alternative backend against a reference backend, checkpoint by checkpoint."
 app = make_app(_HELP)
 
 
@@ -110,47 +110,43 @@ def _margin(v: Any) -> str:
     return "-" if not isinstance(v, (int, float)) or math.isnan(v) else f"{v:.3g}"
 
 
-def _source_line(source: dict[str, Any]) -> str:
-    """Where a failed validation's error comes from, in one line."""
-    kind = source.get("kind")
-    where = {"layer": f"layer {source.get('layer')} ({source.get('block')})", "embedding": "the embedding",
-             "head": "the final norm / head", "accumulation": f"accumulation (first beyond its bound at layer "
-                                                               f"{source.get('layer')})"}.get(kind, str(kind))
-    return f"source: {where}" + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
+#: The checkpoint table's columns; the lowest ``keep`` goes first when the terminal is narrow.
+_COLUMNS = (Column("checkpoint", min_width=12, short=lambda c: c[5:] if c.startswith("post_") else c,
+                   short_note="checkpoint names without post_"),
+            Column("verdict", min_width=6), Column("margin", number=True), Column("bound", number=True, keep=5),
+            Column("max abs", number=True), Column("rel L2", number=True, keep=2),
+            Column("miss %", number=True, keep=1), Column("introduced", number=True, keep=4),
+            Column("carried in", number=True, keep=3))
 
 
-def _table(result: dict[str, Any], verbose: bool) -> Table:
-    """Checkpoints in model order; the first divergence highlighted, layers that introduce error marked."""
-    from rich.table import Table
+def _table(result: dict[str, Any], verbose: bool, width: int = 120) -> Table:
+    """Checkpoints in model order; the first divergence highlighted, layers that introduce error
+    marked; fitted to ``width`` columns (numbers never cut)."""
+    from .tables import fitted_table
 
     first = result.get("first_divergence") or {}
-    t = Table(title=markup("{} ({}) vs {} ({})", result["alternative_backend"], result["alternative_dtype"],
-                           result["reference_backend"], result["reference_dtype"]))
-    t.add_column("checkpoint", no_wrap=True)
-    t.add_column("verdict", no_wrap=True)
-    for col in ("margin", "bound", "max abs", "rel L2", "miss %", "introduced", "carried in"):
-        t.add_column(col, justify="right", no_wrap=True)
     rows = result["results"]
     shown = rows if verbose or len(rows) <= 40 else [
         r for i, r in enumerate(rows) if not r["passed"] or i < 5 or i >= len(rows) - 3]
+    cells, styles = [], []
     for r in shown:
-        m = r  # one flat shape: the metrics sit beside the id and the judgement
-        key = r["id"]
         is_first = bool(first) and r["id"] == first.get("id")
         verdict = "pass" if r["passed"] else "FAIL"
         if is_first:
             verdict += " <first"
         if r.get("introduces_error"):
             verdict += " +intro"
-        style = "bold white on red" if is_first else ("red" if not r["passed"] else None)
-        add_row(t, key, verdict, _margin(r.get("margin")), _fmt(r.get("bound")),
-                _fmt(m.get("max_abs_error")), _fmt(m.get("rel_l2_error")),
-                _fmt(m.get("mismatch_percent"), 1) if m.get("mismatch_percent") else "0",
-                _fmt((r.get("introduced") or {}).get("max_abs_error")),
-                _fmt((r.get("carried_in") or {}).get("max_abs_error")), style=style)
-    if len(shown) < len(rows):
-        t.caption = f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all)"
-    return t
+        styles.append("bold white on red" if is_first else ("red" if not r["passed"] else None))
+        cells.append([r["id"], verdict, _margin(r.get("margin")), _fmt(r.get("bound")),
+                      _fmt(r.get("max_abs_error")), _fmt(r.get("rel_l2_error")),
+                      _fmt(r.get("mismatch_percent"), 1) if r.get("mismatch_percent") else "0",
+                      _fmt((r.get("introduced") or {}).get("max_abs_error")),
+                      _fmt((r.get("carried_in") or {}).get("max_abs_error"))])
+    caption = (f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all)"
+               if len(shown) < len(rows) else None)
+    title = (f"{result['alternative_backend']} ({result['alternative_dtype']}) vs "
+             f"{result['reference_backend']} ({result['reference_dtype']})")
+    return fitted_table(title, _COLUMNS, cells, width, styles=styles, caption=caption)
 
 
 def _write_output(path: Path, engine: ValidationEngine, session_id: str, result: dict[str, Any]) -> None:
@@ -170,13 +166,15 @@ def _write_output(path: Path, engine: ValidationEngine, session_id: str, result:
 
 def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: str) -> None:
     """The table, the verdict line, isolation, timings and where the session went."""
-    out.print(_table(result, verbose))
+    out.print(_table(result, verbose, out.width))
     first = result.get("first_divergence")
     if first:
         out.print(markup("[bold red]FAILED[/]: first divergence at [bold]{}[/] (max abs error {}; {})",
                          first["id"], _fmt(first.get("max_abs_error")), first.get("reason") or ""))
         if result.get("error_source"):
-            out.print(markup("{}", _source_line(result["error_source"])))
+            from ..reports._common import error_source_text
+
+            out.print(markup("{}", "source: " + error_source_text(result["error_source"])))
         if isinstance(result.get("consistent_with"), str):
             out.print(markup("precision: consistent with a correct [bold]{}[/] run (the alternative computes at a "
                              "lower precision than the declared {}; validate it at that dtype)",
@@ -216,7 +214,7 @@ def validate(
     ctx: typer.Context,
     model_path: str = typer.Option(..., "--model-path",
                                    help="model directory or file (.safetensors, .zt with config.json)"),
-    reference_backend: str = typer.Option("python_reference", "--reference-backend", help="default: python_reference"),
+    reference_backend: str = typer.Option("auto", "--reference-backend", help="default auto: python_reference where a reference written from the math exists, else float64_eager (the model's own eager code in float64)"),
     alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name or 'auto' (default)"),
     config_file: Path | None = typer.Option(None, "--config-file", help="JSON file of session configuration keys"),
     output_file: Path | None = typer.Option(None, "--output-file",
@@ -239,6 +237,9 @@ def validate(
                                     "each diverging layer, with a standalone repro (docs/drilldown.md)"),
     text: list[str] | None = typer.Option(None, "--text", help="input sentence (repeatable); default: seeded random tokens"),
     seed: int | None = typer.Option(None, "--seed", help="seed of the random inputs"),
+    inputs: Path | None = typer.Option(None, "--inputs", metavar="FILE.safetensors",
+                                       help="named inputs of the model's forward (input_ids, pixel_values, "
+                                            "decoder_input_ids ...); default: seeded random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
                                         "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
@@ -274,6 +275,8 @@ def validate(
     if alternative_model is not None:
         session_config["alternative_options"] = {**(session_config.get("alternative_options") or {}),
                                                  "model_file": str(alternative_model)}
+    if inputs is not None:
+        session_config["inputs_file"] = str(inputs)
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 
@@ -281,7 +284,8 @@ def validate(
     invocation.database = Path(engine.database_path)
     if plugin is not None:
         alternative_backend = _plugin_alternative(plugin, alternative_backend, engine)
-    sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend)
+    sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend,
+                                command=reproduce_command_line(PROG, invocation.argv))
     invocation.session_id = sid
     with stdout_for_json_only(as_json), stage_progress(make_console(stderr=True), "loading model") as progress:
         result = engine.run(sid, progress=progress).to_dict()

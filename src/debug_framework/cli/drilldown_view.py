@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .framework import add_row, markup
+from .framework import markup
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,34 +43,51 @@ def _sort_key(row: dict[str, Any]) -> float:
     return -1.0 if m is None else float(m)
 
 
-def _shown(rows: list[dict[str, Any]], verbose: bool) -> list[dict[str, Any]]:
+def _shown(rows: list[dict[str, Any]], culprit: str | None, verbose: bool) -> list[dict[str, Any]]:
+    """The rows to print: all with ``verbose``, else the culprit, every operator that introduces error
+    and the largest margins (at least :data:`MAX_ROWS` in all); the culprit first, then graph order."""
     if verbose or len(rows) <= MAX_ROWS:
-        return rows
-    keep = {r["index"] for r in rows if r.get("introduces")}
-    keep |= {r["index"] for r in sorted(rows, key=_sort_key, reverse=True)[:MAX_ROWS]}
-    return [r for r in rows if r["index"] in keep][: max(MAX_ROWS, len(keep))]
+        keep = {r["index"] for r in rows}
+    else:
+        keep = {r["index"] for r in rows if r.get("introduces") or r.get("node") == culprit}
+        for r in sorted(rows, key=_sort_key, reverse=True):
+            if len(keep) >= MAX_ROWS:
+                break
+            keep.add(r["index"])
+    shown = [r for r in rows if r["index"] in keep]
+    return sorted(shown, key=lambda r: r.get("node") != culprit or culprit is None)
 
 
-def operator_table(entry: dict[str, Any], verbose: bool = False) -> Table:
-    """One drilled layer's operators in graph order (the culprit highlighted)."""
-    from rich.table import Table
+def operator_table(entry: dict[str, Any], verbose: bool = False, width: int = 120) -> Table:
+    """One drilled layer's operators, the culprit first and highlighted, fitted to ``width`` columns."""
+    from .tables import Column, common_prefix, fitted_table, short_op
 
     rows = entry.get("operators") or []
     culprit = (entry.get("culprit") or {}).get("node")
-    t = Table(title=markup("layer {} ({}): operators of {} replayed alone on the reference's input ({})",
-                           entry.get("layer"), entry.get("checkpoint"), entry.get("backend"), entry.get("method")))
-    for col, justify in (("#", "right"), ("op", "left"), ("module path", "left"), ("source", "left"),
-                         ("introduced", "right"), ("carried in", "right"), ("bound", "right"), ("margin", "right")):
-        t.add_column(col, justify=justify, no_wrap=col != "module path")  # type: ignore[arg-type]
-    shown = _shown(rows, verbose)
-    for r in shown:
-        style = "bold white on red" if r.get("node") == culprit else ("red" if r.get("introduces") else None)
-        add_row(t, r.get("index"), r.get("op"), r.get("module_path") or "-", r.get("source") or "-",
-                _num(r.get("introduced")), _num(r.get("carried_in")), _num(r.get("bound")), _margin(r.get("margin")),
-                style=style)
+    shown = _shown(rows, culprit, verbose)
+    prefix = common_prefix([str(r.get("module_path") or "") for r in shown])
+    columns = (Column("#", number=True),
+               Column("op", min_width=14, short=short_op, short_note="op names without aten. and .default"),
+               Column("module path", min_width=12, keep=2,
+                      short=lambda p: p[len(prefix):] if prefix and p.startswith(prefix) else p,
+                      short_note=f"module paths under {prefix[:-1]}" if prefix else None),
+               Column("source", min_width=16, keep=3), Column("introduced", number=True),
+               Column("carried in", number=True, keep=1), Column("bound", number=True, keep=4),
+               Column("margin", number=True))
+    cells = [[str(r.get("index")), str(r.get("op")), str(r.get("module_path") or "-"), str(r.get("source") or "-"),
+              _num(r.get("introduced")), _num(r.get("carried_in")), _num(r.get("bound")), _margin(r.get("margin"))]
+             for r in shown]
+    styles = ["bold white on red" if r.get("node") == culprit else ("red" if r.get("introduces") else None)
+              for r in shown]
+    notes = []
+    if culprit is not None and shown and shown[0].get("node") == culprit:
+        notes.append("the culprit first")
     if len(shown) < len(rows):
-        t.caption = f"{len(rows) - len(shown)} operators within their bounds not shown (--verbose shows all)"
-    return t
+        notes.append(f"{len(rows) - len(shown)} more operators, all within their bounds and with smaller "
+                     "margins than those shown, not shown (--verbose shows all)")
+    title = (f"layer {entry.get('layer')} ({entry.get('checkpoint')}): operators of {entry.get('backend')} "
+             f"replayed alone on the reference's input ({entry.get('method')})")
+    return fitted_table(title, columns, cells, width, styles=styles, caption="; ".join(notes) or None)
 
 
 def culprit_line(entry: dict[str, Any]) -> str:
@@ -93,8 +110,8 @@ def print_drilldown(out: Console, result: dict[str, Any], verbose: bool = False)
         out.print("drill-down: nothing to drill (no layer diverges)")
         return
     for entry in entries:
+        out.print(culprit_line(entry))  # the answer first, then the evidence
         if entry.get("operators"):
-            out.print(operator_table(entry, verbose))
-        out.print(culprit_line(entry))
+            out.print(operator_table(entry, verbose, out.width))
         if entry.get("culprit") and entry.get("note"):
             out.print(markup("  note: {}", entry["note"]))

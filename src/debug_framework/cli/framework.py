@@ -39,9 +39,10 @@ import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
+import typer.main
 
 from ..errors import DebugFrameworkError
 from ..jsonio import dumps_json
@@ -53,7 +54,8 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 __all__ = [
-    "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "LOG_DIR_VARIABLE",
+    "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "LOG_DIR_VARIABLE", "EXIT_CODES_HELP",
+    "plain_help",
     "CliError", "Failure", "Invocation", "JsonValue", "ProgressCallback",
     "make_app", "run_app", "guarded", "failure_of", "raised_in", "crash_log_dir", "write_crash_log",
     "make_console", "literal", "markup", "add_row", "dumps_json", "print_json", "stage_progress",
@@ -166,12 +168,46 @@ class Invocation:
         return isinstance(exc, OSError | MemoryError)
 
 
+#: The exit codes of every console script, as each one's ``--help`` ends and the README lists them.
+EXIT_CODES_HELP = (
+    "Exit codes (every command of this project): 0 done, and what was checked passed; "
+    "1 a numerical failure: what was checked is out of its bound (a checkpoint, a batch item, a "
+    "kernel sample, a KernelDiff, a tour step's check, or a --diff that got worse); "
+    "2 a usage or environment error (a bad option or path, a DF-coded error); "
+    "3 an internal error, a bug (the message names the crash log); 130 interrupted (Ctrl-C).")
+
+
 def make_app(help: str, *, group: bool = False, epilog: str | None = None) -> typer.Typer:
     """A typer app with the project's settings: no shell-completion options, no pretty tracebacks,
-    plain help (help text is never read as rich markup), ``-h`` as well as ``--help``."""
+    plain help (help text is never read as rich markup), ``-h`` as well as ``--help``, and the
+    help ending with :data:`EXIT_CODES_HELP` (after ``epilog``; see :func:`plain_help`)."""
     return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                        no_args_is_help=group, help=help, epilog=epilog,
                        context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def plain_help(command: Any) -> Any:
+    """``command`` (and its subcommands) with help that says each thing once, in words: an option
+    whose help already states its default does not get click's ``[default: ...]`` again, and a
+    value's placeholder is its name (``--model-path MODEL_PATH``), never a Python type (``<str>``,
+    ``<int range>``, ``<list[str]>``); choices stay ``[a|b]``. Every command's help ends with
+    :data:`EXIT_CODES_HELP`."""
+    if EXIT_CODES_HELP not in (command.epilog or ""):
+        command.epilog = f"{command.epilog}\n\n{EXIT_CODES_HELP}" if command.epilog else EXIT_CODES_HELP
+    for sub in getattr(command, "commands", {}).values():
+        plain_help(sub)
+    for param in command.params:  # typer's own parameter classes (it vendors click): duck-typed
+        if getattr(param, "param_type_name", None) == "option":
+            if getattr(param, "is_flag", False) or getattr(param, "count", False):
+                continue
+            if "default" in (getattr(param, "help", None) or "").lower():
+                param.show_default = False
+        elif getattr(param, "param_type_name", None) == "argument":
+            param.display_type_rich = lambda ctx: None  # its name says what it is
+        descriptor = getattr(param, "type_descriptor", None)
+        if param.metavar is None and not getattr(descriptor, "is_choice", False) and param.name:
+            param.metavar = param.name.upper()
+    return command
 
 
 def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None = None) -> int:
@@ -185,8 +221,9 @@ def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None
 
     def body() -> int:
         try:
+            command = plain_help(typer.main.get_command(app))
             with _noting_interrupts() as interrupted:
-                rv = app(args=args, prog_name=invocation.prog, standalone_mode=False, obj=invocation)
+                rv = command(args=args, prog_name=invocation.prog, standalone_mode=False, obj=invocation)
             if interrupted:  # typer turns Ctrl-C into a silent exit code 130
                 raise KeyboardInterrupt
         except typer.Abort:

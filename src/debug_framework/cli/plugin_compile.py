@@ -25,8 +25,7 @@ __all__ = ["main", "app"]
 
 PROG = "plugin_compile"
 _HELP = ("Compile a kernel plugin (a plugin.json manifest, or one source file), check the build, and with "
-         "--validate sweep its kernels op by op against their references. Exit 0 ok, 1 validation failure, "
-         "2 usage/environment error or compile failure (DF008), 3 internal error.")
+         "--validate sweep its kernels op by op against their references. A compile failure is DF008 (exit 2).")
 app = make_app(_HELP)
 
 

@@ -41,6 +41,7 @@ from ..suggest import did_you_mean, one_of
 from ..termtext import terminal_safe
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
                         print_json, run_app)
+from .tables import Column, fitted_table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -57,8 +58,8 @@ _DIFF_FORMATS = ("json", "html", "csv")
 _WIDE = 200  # piped output (CI logs, files) gets a wide table rather than 80 columns of folded ids
 
 _HELP = "Reports of stored validation sessions (json, html, csv, junit), the session list, and diffs."
-_EPILOG = ("Exit codes: 0 ok; 1 --diff found a checkpoint that got worse; 2 usage or environment error; "
-           "3 internal error (a bug).")
+#: What exit code 1 means here (the table of every code ends the help: framework.EXIT_CODES_HELP).
+_EPILOG = ("A report of a failed session is still exit 0; 1 is only --diff finding a checkpoint that got worse.")
 app = make_app(_HELP, epilog=_EPILOG)
 
 
@@ -170,29 +171,30 @@ def _where(db: Database) -> str:
     return db.location if db.location != str(db.database_path) else str(db.source_path)
 
 
-def _cmd_list(db: Database, items: list[dict[str, Any]], as_json: bool) -> int:
-    from rich.table import Table
+#: The session list's columns (the lowest ``keep`` is left out first on a narrow terminal).
+_LIST_COLUMNS = (Column("session", number=True, left=True), Column("created (UTC)", number=True, left=True, keep=2),
+                 Column("status", min_width=6), Column("model", min_width=12, keep=3),
+                 Column("reference vs alternative", min_width=12, keep=4), Column("dtype", min_width=8, keep=1),
+                 Column("first divergence", min_width=12, keep=5))
 
+
+def _cmd_list(db: Database, items: list[dict[str, Any]], as_json: bool) -> int:
     if as_json:
         print_json(items)
         return EXIT_OK
     if not items:
         print(terminal_safe(f"no sessions in {_where(db)}"))
         return EXIT_OK
-    table = Table(title=literal(f"Sessions in {_where(db)}"), show_lines=False)
-    table.add_column("session", no_wrap=True)
-    for col in ("created (UTC)", "status", "model", "reference vs alternative", "dtype", "first divergence"):
-        table.add_column(col, overflow="fold")
     colours = {"passed": "green", "failed": "red", "error": "magenta", "running": "yellow"}
-    for it in items:
-        fd = it["first_divergence"]
-        status = literal(it["status"])
-        status.stylize(colours.get(str(it["status"]), ""))
-        add_row(table, it["session_id"], str(it["created_at"] or "")[:19], status, it["model_path"],
-                f"{it['reference_backend']} vs {it['alternative_backend']}", _dtype_cell(it),
-                "" if fd is None else fd["id"])
-    make_console(piped_width=_WIDE).print(table)
+    rows = [[it["session_id"], str(it["created_at"] or "")[:19], str(it["status"]), str(it["model_path"]),
+             f"{it['reference_backend']}\nvs {it['alternative_backend']}", _dtype_cell(it),
+             "" if it["first_divergence"] is None else it["first_divergence"]["id"]] for it in items]
+    console = make_console(piped_width=_WIDE)
+    table = fitted_table(f"Sessions in {_where(db)}", _LIST_COLUMNS, rows, console.width,
+                         styles=[colours.get(str(it["status"])) for it in items])
+    console.print(table)
     return EXIT_OK
+
 
 
 #: The flags of --diff, named in diff_sessions' messages instead of its Python keywords.
@@ -214,21 +216,22 @@ def _print_differences(console: Console, diff: SessionDiff) -> None:
     console.print(table)
 
 
-def _print_diff_table(diff: SessionDiff, before: str, after: str) -> None:
-    from rich.table import Table
+#: The diff table's columns.
+_DIFF_COLUMNS = (Column("checkpoint", min_width=16), Column("layer", number=True, keep=1),
+                 Column("before", min_width=6), Column("after", min_width=6),
+                 Column("before max abs", number=True), Column("after max abs", number=True),
+                 Column("change", min_width=7))
 
+
+def _print_diff_table(diff: SessionDiff, before: str, after: str) -> None:
     from ..reports._common import fmt_num
 
-    table = Table(title=literal(f"{before} -> {after}"))
-    for col in ("checkpoint", "layer", "before", "after", "before max abs", "after max abs", "change"):
-        table.add_column(col, no_wrap=col == "checkpoint")
     styles = {"worse": "bold red", "better": "green", "new": "cyan", "missing": "yellow"}
-    for c in diff.changes:
-        change = literal(c.change)
-        change.stylize(styles.get(c.change, ""))
-        add_row(table, c.id, fmt_num(c.layer), _pass_label(c.before_passed), _pass_label(c.after_passed),
-                fmt_num(c.before_max_abs_error), fmt_num(c.after_max_abs_error), change)
+    rows = [[c.id, fmt_num(c.layer), _pass_label(c.before_passed), _pass_label(c.after_passed),
+             fmt_num(c.before_max_abs_error), fmt_num(c.after_max_abs_error), c.change] for c in diff.changes]
     console = make_console(piped_width=_WIDE)
+    table = fitted_table(f"{before} -> {after}", _DIFF_COLUMNS, rows, console.width,
+                         styles=[styles.get(c.change) for c in diff.changes])
     console.print(table)
     if diff.differences:
         _print_differences(console, diff)

@@ -19,7 +19,7 @@ from ..suggest import did_you_mean, one_of
 if TYPE_CHECKING:
     from rich.table import Table
 
-__all__ = ["check_dtype", "check_database_path", "check_model_path", "isolation_table"]
+__all__ = ["check_dtype", "check_database_path", "check_model_path", "isolation_table", "reproduce_command_line"]
 
 
 def check_dtype(option: str, dtype: str | None) -> None:
@@ -42,6 +42,7 @@ def check_database_path(database: str | os.PathLike[str]) -> Path | None:
         DatabaseError: the path is a directory, or its directory cannot be created or written (DF003).
     """
     from ..storage.core import _checked_path  # path rules of the storage layer (light: no torch)
+    from ..reports._common import shell_join
     from ..storage.postgres import is_server_url
 
     if is_server_url(os.fspath(database)):
@@ -93,3 +94,42 @@ def isolation_table(result: dict[str, Any], fmt: Any) -> Table:
                 fmt(_max_abs(row.get("carried_in"))), fmt(_max_abs(row.get("total"))), verdict,
                 style="red" if introduces else None)
     return t
+
+
+#: ``debug_validate``'s options whose value is a local path (made absolute in the recorded command).
+PATH_OPTIONS = ("--model-path", "--config-file", "--backend-file", "--plugin", "--database")
+#: Options left out of the recorded command: where this run wrote its output is not part of the run.
+_DROPPED_OPTIONS = ("--output-file",)
+
+
+def reproduce_command_line(prog: str, argv: list[str], cwd: Path | None = None) -> str:
+    """The shell command that reruns this invocation from any directory: ``prog`` and ``argv`` with every
+    path option's value made absolute (``--database`` unless it is a server URL) and
+    ``--output-file`` left out; with ``--backend-module`` (imported from the current directory) it
+    starts with ``cd <this directory> &&``. Every option given is kept: user backends, plugin,
+    config file, drill-down.
+    """
+    from ..reports._common import shell_join
+    from ..storage.postgres import is_server_url
+
+    here = (cwd or Path.cwd()).resolve()
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        if name in PATH_OPTIONS + _DROPPED_OPTIONS and name.startswith("--"):
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+            i += 1 if eq else 2
+            if value is None or name in _DROPPED_OPTIONS:
+                continue
+            if not (name == "--database" and is_server_url(value)):
+                value = str((here / Path(value).expanduser()).resolve())
+            out += [name, value]
+            continue
+        out.append(token)
+        i += 1
+    line = shell_join([prog, *out])
+    if any(a == "--backend-module" or a.startswith("--backend-module=") for a in argv):
+        line = f"cd {shell_join([str(here)])} && {line}"
+    return line

@@ -85,8 +85,14 @@ def heatmap_image(row: Mapping[str, Any], recordings: Sequence[Mapping[str, Any]
 
 
 def drilldown_frame(entry: Mapping[str, Any]) -> pd.DataFrame:
-    """One drilled layer's operator table (a stored ``LayerDrilldown.to_dict()``), in graph order:
-    op, module path, source, introduced, carried in, bound, margin, and whether it introduces error."""
-    columns = ["node", "op", "module_path", "source", "introduced", "carried_in", "bound", "margin", "introduces"]
-    rows = [{c: r.get(c) for c in columns} for r in entry.get("operators") or [] if isinstance(r, Mapping)]
+    """One drilled layer's operator table (a stored ``LayerDrilldown.to_dict()``): the culprit first
+    (marked), then graph order (``#``): op, module path, source, introduced, carried in, bound,
+    margin, and whether it introduces error."""
+    columns = ["#", "culprit", "node", "op", "module_path", "source", "introduced", "carried_in", "bound", "margin",
+               "introduces"]
+    culprit = entry.get("culprit") if isinstance(entry.get("culprit"), Mapping) else {}
+    ops = [r for r in entry.get("operators") or [] if isinstance(r, Mapping)]
+    rows = [{**{c: r.get(c) for c in columns}, "#": r.get("index"),
+             "culprit": bool(culprit) and r.get("node") == culprit.get("node")} for r in ops]
+    rows.sort(key=lambda row: not row["culprit"])
     return pd.DataFrame(rows, columns=columns)

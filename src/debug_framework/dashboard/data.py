@@ -24,7 +24,7 @@ from .settings import Settings
 if TYPE_CHECKING:
     from ..storage.database import Database
 
-__all__ = ["settings", "literal", "plain", "cells", "viewer", "show_error", "session_items", "session_ids"]
+__all__ = ["settings", "literal", "plain", "cells", "number_columns", "NUMBER_FORMAT", "viewer", "show_error", "session_items", "session_ids"]
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
 
@@ -48,12 +48,31 @@ def literal(text: object) -> str:
 
 
 def cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """A table for ``st.dataframe`` with the bidi controls of its text cells named (:func:`plain`)."""
+    """A table for ``st.dataframe`` with the bidi controls of its text cells named (:func:`plain`)
+    and empty text cells empty (never the word "None")."""
     out = frame.copy()
     for col in out.columns:
         if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
-            out[col] = out[col].map(lambda v: plain(v) if isinstance(v, str) else v)
+            out[col] = out[col].map(_text_cell)
     return out
+
+
+def _text_cell(value: Any) -> Any:
+    """A text column's cell: text with bidi controls named, nothing (None, NaN) as ``""``."""
+    if isinstance(value, str):
+        return plain(value)
+    return "" if value is None or (isinstance(value, float) and value != value) else value
+
+
+#: How the dashboard's tables show a measured number: three significant digits in scientific
+#: notation (``9.798e-05``), never fixed decimals that hide the precision ("0.000000002").
+NUMBER_FORMAT = "%.3e"
+
+
+def number_columns(frame: pd.DataFrame) -> dict[str, Any]:
+    """``st.dataframe``'s ``column_config`` for ``frame``: every float column as :data:`NUMBER_FORMAT`."""
+    return {str(col): st.column_config.NumberColumn(str(col), format=NUMBER_FORMAT)
+            for col in frame.columns if pd.api.types.is_float_dtype(frame[col])}
 
 
 def show_error(exc: DebugFrameworkError, doing: str) -> None:

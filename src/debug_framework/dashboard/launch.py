@@ -35,7 +35,7 @@ from .settings import Settings
 if TYPE_CHECKING:
     from ..models.batch_validation_job import BatchValidationJob
 
-__all__ = ["launch_validation", "launch_batch", "cancel", "worker_log_path", "task_store", "stored_job",
+__all__ = ["check_request", "launch_validation", "launch_batch", "cancel", "worker_log_path", "task_store", "stored_job",
            "session_config", "CANCELLED"]
 
 #: What a cancelled session records as its error message (and the task as its message).
@@ -93,11 +93,37 @@ def session_config(knobs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: knobs[k] for k in _KNOBS if knobs.get(k) not in (None, "", {})}
 
 
+def check_request(model_paths: list[str], reference: str, alternative: str) -> None:
+    """What a worker would find wrong, found on the page before any task is written: a model path
+    that does not exist (DF004) and a backend name nobody registered (DF002, with the closest one).
+    ``auto`` (the alternative) and ``plugin:<id>`` names are resolved by the worker.
+
+    Raises:
+        ModelLoadingError, BackendInitializationError.
+    """
+    from ..backends.registry import registered_backends
+    from ..errors import BackendInitializationError, ModelLoadingError
+    from ..suggest import did_you_mean
+
+    for path in model_paths:
+        if not Path(path).expanduser().exists():
+            raise ModelLoadingError("model path does not exist", file=str(path),
+                                    hint="enter a model directory (config.json + weights) or a weights file")
+    known = registered_backends()
+    for role, name in (("reference", reference), ("alternative", alternative)):
+        if name in known or (role == "alternative" and name == "auto") or ":" in name:
+            continue
+        raise BackendInitializationError(f"unknown {role} backend" + did_you_mean(name, known),
+                                         hint=f"registered backends: {', '.join(known)}", backend=name)
+
+
 def launch_validation(settings: Settings, model_path: str, reference: str, alternative: str,
                       knobs: Mapping[str, Any]) -> str:
-    """Write a validation task and start its worker; returns the task id."""
+    """Write a validation task and start its worker; returns the task id (the request is checked
+    first: :func:`check_request`)."""
     if not str(model_path).strip():
         raise ConfigurationError("a validation needs a model path", hint="enter the model's directory or file")
+    check_request([str(model_path)], reference, alternative)
     from ..services.validation.plan import validate_session_config
 
     config = session_config(knobs)
@@ -122,6 +148,7 @@ def launch_batch(settings: Settings, model_paths: list[str], reference: str, alt
     from ..models.batch_validation_job import BatchValidationJob
 
     paths = [p.strip() for p in model_paths if p.strip()]
+    check_request(paths, reference, alternative)
     config = {**session_config(knobs), "reference_backend": reference, "alternative_backend": alternative,
               "parallel_execution": False, "database_path": str(settings.database)}
     job = BatchValidationJob(job_id=uuid.uuid4().hex, model_paths=paths, config=config)

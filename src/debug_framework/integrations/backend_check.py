@@ -138,7 +138,7 @@ def _record(ctx: CheckContext | None, result: Any, report: Path | None) -> None:
             ctx.record("df_culprit", f"layer {drill.layer}: {drill.culprit.op}")
 
 
-def run_backend_check(model_path: str | Path, backend: str, *, reference_backend: str = "python_reference",
+def run_backend_check(model_path: str | Path, backend: str, *, reference_backend: str = "auto",
                       database: str | Path | None = None, report_dir: str | Path | None = None,
                       **session_config: Any) -> CheckOutcome:
     """Create and run the session; the database is ``database``, else the running test's (pytest
@@ -166,7 +166,7 @@ def run_backend_check(model_path: str | Path, backend: str, *, reference_backend
         engine.db.close()
 
 
-def assert_backend_matches(model_path: str | Path, backend: str, *, reference_backend: str = "python_reference",
+def assert_backend_matches(model_path: str | Path, backend: str, *, reference_backend: str = "auto",
                            database: str | Path | None = None, report_dir: str | Path | None = None,
                            **session_config: Any) -> Any:
     """Run a session of ``backend`` against ``reference_backend`` on ``model_path``; return the

@@ -6,7 +6,8 @@
     l4ma.get_model_metadata("path/to/llama")
 
 Llama-family means what ``modelio`` loads as ``architecture == "llama"`` (Llama, Qwen2-style
-q/k/v bias, rope scaling default/linear/llama3). Sessions check every checkpoint and isolate each
+q/k/v bias, rope scaling default/linear/llama3, and the pre-norm variants Mistral, Qwen3, Phi-3 and
+Qwen3-MoE; Gemma's layers are another structure). Sessions check every checkpoint and isolate each
 decoder layer by default (the reference and ``pytorch`` both replay single layers).
 
 A PIE config file (JSON) may carry session keys at the top level or under ``"debug_framework"``

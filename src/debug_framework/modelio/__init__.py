@@ -5,7 +5,8 @@ too), a single ``.safetensors`` or ``.zt`` (ztensor 2.x) file with ``config.json
 ``.bin``/``.pt`` state dicts read only through ``torch.load(weights_only=True)``.
 """
 
-from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, RopeScaling, parse_config
+from .configs import (BertModelConfig, GemmaModelConfig, LlamaModelConfig, ModelConfig, MoeModelConfig, RopeScaling,
+                      parse_config)
 from .inputs import ModelInputs
 from .loader import LoadedModel, expected_tensors, load_model
 from .weights import WeightStore
@@ -15,6 +16,8 @@ __all__ = [
     "LoadedModel",
     "ModelInputs",
     "LlamaModelConfig",
+    "GemmaModelConfig",
+    "MoeModelConfig",
     "BertModelConfig",
     "ModelConfig",
     "RopeScaling",

@@ -25,7 +25,9 @@ _SIZE_KEYS = {
               "head_dim"),
     "bert": ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "max_position_embeddings",
              "type_vocab_size"),
+    "generic": ("vocab_size", "hidden_size"),  # the rest is checked against the transformers model's own shapes
 }
+_SIZE_KEYS["gemma"] = _SIZE_KEYS["llama"]
 _LAYER_NAME = {"llama": re.compile(r"model\.layers\.(\d+)\."), "bert": re.compile(r"encoder\.layer\.(\d+)\.")}
 
 

@@ -28,12 +28,16 @@ class ModelInputs:
         token_type_ids: int64 array ``[batch, length]`` (BERT segment ids); zeros when ``None``.
         meta: how the inputs were made (``{"source": "text", "texts": [...]}`` or
             ``{"source": "random", "seed": 0}``), saved with them.
+        extra: other named inputs of the model's forward (``pixel_values`` of a ViT-like encoder,
+            ``decoder_input_ids`` of an encoder-decoder, any tensor a ``--inputs`` file names);
+            a model without token inputs has ``input_ids`` of length 0.
     """
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.input_ids = np.ascontiguousarray(self.input_ids, dtype=np.int64)
@@ -110,7 +114,44 @@ class ModelInputs:
         }
         if self.token_type_ids is not None:
             out["token_type_ids"] = torch.from_numpy(self.token_type_ids).to(device)
+        if self.extra and self.input_ids.shape[1] == 0:  # no token inputs (pixels only)
+            out = {}
+        for name, value in self.extra.items():
+            out[name] = torch.from_numpy(np.ascontiguousarray(value)).to(device)
         return out
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelInputs:
+        """Named inputs of any model from a ``.safetensors`` file (``--inputs``): ``input_ids``,
+        ``attention_mask`` (ones when absent) and ``token_type_ids`` as usual, and every other tensor
+        (``pixel_values``, ``decoder_input_ids`` ...) passed to the model's forward by its name. A
+        file without ``input_ids`` feeds a model that reads no tokens (ids of length 0).
+
+        Raises:
+            ConfigurationError: (DF005) the file is missing, not safetensors, empty, or its tensors
+                disagree on the batch size.
+        """
+        from safetensors import SafetensorError, safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigurationError("inputs file not found", hint="give a .safetensors file of named tensors",
+                                     file=str(path))
+        try:
+            with safe_open(str(path), framework="numpy") as fh:
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ConfigurationError(f"inputs file is not a safetensors file: {exc}", file=str(path)) from exc
+        if not tensors:
+            raise ConfigurationError("inputs file holds no tensor", file=str(path))
+        batches = {k: int(v.shape[0]) if v.ndim else -1 for k, v in tensors.items()}
+        if len(set(batches.values())) != 1 or -1 in batches.values():
+            raise ConfigurationError(f"the inputs' first dimension (the batch) must agree: {batches}", file=str(path))
+        batch = next(iter(batches.values()))
+        ids = tensors.pop("input_ids", np.zeros((batch, 0), dtype=np.int64))
+        mask = tensors.pop("attention_mask", np.ones(np.shape(ids), dtype=np.int64))
+        types = tensors.pop("token_type_ids", None)
+        return cls(ids, mask, types, meta={"source": "file", "file": str(path)}, extra=tensors)
 
     def save(self, path: str | Path) -> Path:
         """Write the inputs to a ``.safetensors`` file; the metadata holds ``meta`` as JSON.
@@ -123,6 +164,7 @@ class ModelInputs:
         tensors = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.token_type_ids is not None:
             tensors["token_type_ids"] = self.token_type_ids
+        tensors.update(self.extra)
         path.write_bytes(save(tensors, metadata={"debug_framework.inputs": json.dumps(self.meta, sort_keys=True)}))
         return path
 
@@ -143,4 +185,6 @@ class ModelInputs:
         for key in ("input_ids", "attention_mask"):
             if key not in tensors:
                 raise ModelLoadingError("inputs file lacks a tensor", file=str(path), tensor=key)
-        return cls(tensors["input_ids"], tensors["attention_mask"], tensors.get("token_type_ids"), meta=meta)
+        extra = {k: v for k, v in tensors.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+        return cls(tensors["input_ids"], tensors["attention_mask"], tensors.get("token_type_ids"), meta=meta,
+                   extra=extra)

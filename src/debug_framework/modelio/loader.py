@@ -8,14 +8,17 @@ config (from file headers, without reading the data). Any failure is a ``ModelLo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadingError
 from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
-from .configs import BertModelConfig, LlamaModelConfig, ModelConfig, parse_config, read_config_file
+from .configs import (BertModelConfig, GemmaModelConfig, LlamaModelConfig, ModelConfig, MoeModelConfig,
+                      UnsupportedByReference, parse_config, read_config_file)
 from .files import model_path_exists, read_json, regular_file_size, short_repr
+from .generic import GenericModelConfig, generic_config, generic_expected_tensors
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
 
 __all__ = ["LoadedModel", "load_model", "expected_tensors", "WEIGHT_SUFFIXES"]
@@ -40,7 +43,8 @@ class LoadedModel:
     Attributes:
         path: what was loaded (directory or file).
         format: ``"hf_dir"``, ``"safetensors"``, ``"zt"``, ``"torch"`` or ``"onnx"`` (:mod:`.onnx_file`).
-        config: the typed config (:class:`LlamaModelConfig` or :class:`BertModelConfig`).
+        config: the typed config (:class:`LlamaModelConfig`, :class:`BertModelConfig`, or
+            :class:`~.generic.GenericModelConfig` for a model the generic tier runs).
         raw_config: ``config.json`` as read.
         weights: canonical tensor name -> tensor, lazy.
         tokenizer: a ``tokenizers.Tokenizer`` when ``tokenizer.json`` is present, else ``None``.
@@ -48,7 +52,7 @@ class LoadedModel:
 
     path: Path
     format: str
-    config: ModelConfig
+    config: ModelConfig | GenericModelConfig
     raw_config: dict[str, Any]
     weights: WeightStore
     tokenizer: Any = None
@@ -56,12 +60,18 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        """``"llama"`` or ``"bert"``."""
+        """``"llama"``, ``"gemma"`` or ``"bert"`` (a reference written from the math: the layer
+        structure, which module is which checkpoint), or ``"generic"``."""
         return self.config.architecture
 
     @property
     def num_layers(self) -> int:
         return self.config.num_layers
+
+    @property
+    def router_layers(self) -> tuple[int, ...]:
+        """The mixture-of-experts layers, whose router logits are checkpoints (generic tier)."""
+        return tuple(getattr(self.config, "router_layers", ()))
 
     @property
     def digest(self) -> str:
@@ -73,31 +83,7 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Canonical name -> shape of every tensor the architecture reads."""
     out: dict[str, tuple[int, ...]] = {}
     if isinstance(config, LlamaModelConfig):
-        d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
-        hd, nh, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
-        out["model.embed_tokens.weight"] = (v, d)
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            out[p + "input_layernorm.weight"] = (d,)
-            out[p + "post_attention_layernorm.weight"] = (d,)
-            for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
-                out[p + f"self_attn.{proj}.weight"] = (rows, d)
-                if config.qkv_bias:
-                    out[p + f"self_attn.{proj}.bias"] = (rows,)
-            out[p + "self_attn.o_proj.weight"] = (d, nh * hd)
-            if config.o_bias:
-                out[p + "self_attn.o_proj.bias"] = (d,)
-            out[p + "mlp.gate_proj.weight"] = (f, d)
-            out[p + "mlp.up_proj.weight"] = (f, d)
-            out[p + "mlp.down_proj.weight"] = (d, f)
-            if config.mlp_bias:
-                out[p + "mlp.gate_proj.bias"] = (f,)
-                out[p + "mlp.up_proj.bias"] = (f,)
-                out[p + "mlp.down_proj.bias"] = (d,)
-        out["model.norm.weight"] = (d,)
-        if not config.tie_word_embeddings:
-            out["lm_head.weight"] = (v, d)
-        return out
+        return _decoder_tensors(config)
     assert isinstance(config, BertModelConfig)
     d, f = config.hidden_size, config.intermediate_size
     out["embeddings.word_embeddings.weight"] = (config.vocab_size, d)
@@ -123,6 +109,55 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _decoder_tensors(config: LlamaModelConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors of a Llama-family or Gemma decoder (Hugging Face names, as saved on disk)."""
+    out: dict[str, tuple[int, ...]] = {}
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    hd, nh, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    out["model.embed_tokens.weight"] = (v, d)
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if isinstance(config, GemmaModelConfig):
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for norm in norms:
+            out[p + norm + ".weight"] = (d,)
+        if config.fused_projections:
+            out[p + "self_attn.qkv_proj.weight"] = ((nh + 2 * nkv) * hd, d)
+        else:
+            for proj, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+                out[p + f"self_attn.{proj}.weight"] = (rows, d)
+                if config.qkv_bias:
+                    out[p + f"self_attn.{proj}.bias"] = (rows,)
+        if config.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (hd,)
+            out[p + "self_attn.k_norm.weight"] = (hd,)
+        out[p + "self_attn.o_proj.weight"] = (d, nh * hd)
+        if config.o_bias:
+            out[p + "self_attn.o_proj.bias"] = (d,)
+        if isinstance(config, MoeModelConfig):
+            out[p + "mlp.gate.weight"] = (config.num_experts, d)
+            fe = config.moe_intermediate_size
+            for e in range(config.num_experts):
+                q = f"{p}mlp.experts.{e}."
+                out[q + "gate_proj.weight"], out[q + "up_proj.weight"], out[q + "down_proj.weight"] = (fe, d), (fe, d), (d, fe)
+            continue
+        if config.fused_projections:
+            out[p + "mlp.gate_up_proj.weight"] = (2 * f, d)
+        else:
+            out[p + "mlp.gate_proj.weight"] = (f, d)
+            out[p + "mlp.up_proj.weight"] = (f, d)
+        out[p + "mlp.down_proj.weight"] = (d, f)
+        if config.mlp_bias:
+            out[p + "mlp.gate_proj.bias"] = (f,)
+            out[p + "mlp.up_proj.bias"] = (f,)
+            out[p + "mlp.down_proj.bias"] = (d,)
+    out["model.norm.weight"] = (d,)
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = (v, d)
+    return out
+
+
 def _canonical_prefix(config: ModelConfig, names: set[str]) -> tuple[str, str]:
     """(prefix to strip, prefix to add) so that stored names become canonical names."""
     if isinstance(config, BertModelConfig):
@@ -136,7 +171,7 @@ def _canonical_prefix(config: ModelConfig, names: set[str]) -> tuple[str, str]:
 
 def _locations(config: ModelConfig, stored: dict[str, TensorReader]) -> dict[str, tuple[TensorReader, str]]:
     """Canonical name -> (reader, stored name); two stored names for one canonical name are refused."""
-    strip, add = _canonical_prefix(config, set(stored))
+    strip, add = ("", "") if isinstance(config, GenericModelConfig) else _canonical_prefix(config, set(stored))
     locations: dict[str, tuple[TensorReader, str]] = {}
     for name, reader in stored.items():
         canonical = add + (name[len(strip):] if strip and name.startswith(strip) else name)
@@ -228,13 +263,21 @@ def _load_onnx(path: Path) -> LoadedModel:
                        tokenizer=_load_tokenizer(path.parent), files=files)
 
 
-def load_model(path: str | Path, *, config_path: str | Path | None = None) -> LoadedModel:
+#: The tiers a model can load on: ``"auto"`` (a reference written from the math where one exists,
+#: else the generic tier) or ``"generic"`` (the model's own eager code, even where one exists).
+MODEL_TIERS = ("auto", "generic")
+
+
+def load_model(path: str | Path, *, config_path: str | Path | None = None, tier: str = "auto") -> LoadedModel:
     """Load a model from a Hugging Face directory or a single weights file with ``config.json`` beside it.
 
     Args:
         path: a directory (``config.json`` + ``*.safetensors``, sharded with an index too, or
             ``*.zt`` / ``pytorch_model.bin``), or a ``.safetensors`` / ``.zt`` / ``.bin`` / ``.pt`` file.
         config_path: the config to use instead of ``config.json`` beside the weights.
+        tier: ``"auto"`` or ``"generic"`` (:data:`MODEL_TIERS`): ``"generic"`` loads a family that
+            has a reference written from the math on the generic tier too (to judge it by its own
+            eager code, or to compare the two references).
 
     Raises:
         ModelLoadingError: (DF004) missing path, a path that is not a regular file (FIFO, device),
@@ -264,16 +307,36 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None) -> Lo
             _open_reader(path)  # raises the unknown-format error before the config is looked at
     cfg_file = Path(config_path) if config_path is not None else directory / "config.json"
     raw = read_config_file(cfg_file)
-    config = parse_config(raw, source=str(cfg_file))
+    config: ModelConfig | GenericModelConfig
+    if tier not in MODEL_TIERS:
+        raise ModelLoadingError(f"unknown model tier {short_repr(tier)}", hint=f"use one of {', '.join(MODEL_TIERS)}")
+    try:
+        if tier == "generic":
+            raise UnsupportedByReference("the generic tier was asked for (model_tier: generic)")
+        if "auto_map" in raw:  # custom code: not the family's standard maths (the generic tier refuses it by name)
+            raise UnsupportedByReference("the config maps to custom code (auto_map)")
+        config = parse_config(raw, source=str(cfg_file))
+    except UnsupportedByReference as exc:  # no reference from the math: the model's own eager code judges
+        config = generic_config(raw, source=str(cfg_file), why=exc.message)
 
     stored = stored_tensors([_open_reader(f) for f in files])
     if weight_map:
         check_index(stored, weight_map, directory / INDEX_NAME)
     where = ", ".join(str(f) for f in files)
-    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)
-    locations = _locations(config, stored)
-    check_tensors(expected_tensors(config), locations, config, where)
-    check_layer_count(config, locations)
+    check_sizes_fit(config, [r.shape(n) for n, r in stored.items()], where)  # type: ignore[arg-type]
+    if isinstance(config, GenericModelConfig):
+        locations = _locations(config, stored)  # type: ignore[arg-type]
+        expected, routed = generic_expected_tensors(raw, str(cfg_file), config.num_layers)
+        # stored under names transformers converts on loading (fused experts, renamed modules):
+        # transformers' own loader reads and checks them; weights sharing no name are refused here
+        renamed = fmt == "hf_dir" and not set(expected) <= set(locations) and bool(set(expected) & set(locations))
+        config = dataclasses.replace(config, router_layers=routed, weights_renamed=renamed)
+        if not renamed:  # stored under the model's own names: checked here
+            check_tensors(expected, locations, config, where)  # type: ignore[arg-type]
+    else:
+        locations = _locations(config, stored)
+        check_tensors(expected_tensors(config), locations, config, where)
+        check_layer_count(config, locations)
     return LoadedModel(
         path=path,
         format=fmt,

@@ -12,6 +12,14 @@ wrong on small values is caught as surely as on large ones); a kernel may not ha
 reference has a number...) than the reference in its dtype has, and its output must have the
 reference's shape and dtype. A sample the reference itself rejects is ``skipped``; a kernel that
 raises is ``error``.
+
+Samples at the edge of a dtype's range are judged for what they are (:func:`_at_scale`): the three
+outputs are scaled by one power of two (exact) that brings the float64 reference near 1 before they
+are compared, so the squared errors of values near 1e307 (or of subnormals) neither overflow to an
+RMSE of inf nor underflow to 0; the rule is scale-free, and the errors reported are scaled back. A
+kernel value that is infinite where the float64 reference is finite counts against it (an overflow
+the reference does not have), unless the reference's value rounds to the same infinity in the
+kernel's dtype within the rule's floor (an overflow it has too, at the edge of the range).
 """
 
 from __future__ import annotations
@@ -78,15 +86,61 @@ def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> dict[str, Any]:
         return {"status": "fail", "reason": "the kernel returned no tensor"}
     if out.dtype != baseline.dtype:
         return {"status": "fail", "reason": f"the kernel returns {out.dtype}, the reference {baseline.dtype}"}
+    if out.shape != oracle.shape:
+        scale, edge = 1.0, 0
+    else:
+        oracle, baseline, out, scale, edge = _at_scale(oracle, baseline, out, sample.dtype)
     base_cmp = compare(oracle, baseline, check_dtype=False, equal_nan=True)
     test_cmp = compare(oracle, out, check_dtype=False, equal_nan=True)
     verdict = sample_rule(oracle, sample.dtype).verdict(base_cmp, test_cmp, oracle="the float64 reference",
                            baseline_name=f"the reference in {sample.dtype}")
     j = verdict.judgement
-    return {"status": "pass" if verdict.passed else "fail", "reason": verdict.reason,
-            "kernel_error": j.alternative_error, "reference_error": j.reference_error, "bound": j.bound,
-            "max_abs_error": test_cmp.max_abs_error, "shape": list(out.shape),
-            "nonfinite_mismatches": test_cmp.nonfinite_mismatch_count}
+    reason = verdict.reason
+    if reason and scale != 1.0:
+        reason += f" (errors measured at scale 2^{-round(math.log2(scale))}, reported unscaled)"
+    if edge:
+        reason = (f"{reason}; " if reason else "") + (
+            f"{edge} value(s) where the float64 reference is within rounding of {sample.dtype}'s "
+            "largest value and the kernel rounds to infinity are not counted")
+    return {"status": "pass" if verdict.passed else "fail", "reason": reason,
+            "kernel_error": j.alternative_error / scale, "reference_error": j.reference_error / scale,
+            "bound": j.bound / scale, "max_abs_error": _unscaled(test_cmp.max_abs_error, scale),
+            "shape": list(out.shape), "nonfinite_mismatches": test_cmp.nonfinite_mismatch_count}
+
+
+def _unscaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value / scale
+
+
+def _at_scale(oracle: torch.Tensor, baseline: torch.Tensor, out: torch.Tensor,
+              dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, int]:
+    """The three outputs multiplied by the power of two ``scale`` that brings the float64
+    reference's largest finite magnitude into [0.5, 1) (exact for normal values), and the number of
+    edge overflows taken out: positions where the kernel is infinite, the reference is finite with
+    the same sign, and the reference's magnitude is within the rule's floor of ``dtype``'s largest
+    finite value (its value rounds to that infinity as easily as to the largest value)."""
+    finite = oracle[torch.isfinite(oracle)]
+    peak = float(finite.abs().max()) if finite.numel() else 0.0
+    scale = 1.0 if peak == 0.0 else 2.0 ** -min(max(math.frexp(peak)[1], -1000), 1024)
+    torch_dtype = getattr(torch, dtype, None)
+    edge = 0
+    if isinstance(torch_dtype, torch.dtype) and torch_dtype.is_floating_point and out.dtype.is_floating_point:
+        info = torch.finfo(torch_dtype)
+        floor = FLOAT64_FLOOR_EPS if torch_dtype == torch.float64 else FLOOR_EPS
+        near = oracle.abs().to(torch.float64) >= info.max * (1.0 - floor * info.eps)
+        mask = torch.isinf(out) & torch.isfinite(oracle) & near & (torch.sign(out.to(oracle.dtype)) == torch.sign(oracle))
+        edge = int(mask.sum())
+        if edge:  # the same position in every output reads 0: neither counted nor measured
+            oracle, baseline, out = (t.masked_fill(mask, 0) for t in (oracle, baseline, out))
+    if scale == 1.0:
+        return oracle, baseline, out, scale, edge
+    return (*(_scaled(t, scale) for t in (oracle, baseline, out)), scale, edge)
+
+
+def _scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
+    """``t * scale`` computed in float64 and returned in ``t``'s dtype (a power of two: exact while
+    the result is a normal number of that dtype)."""
+    return (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t
 
 
 def badness(result: dict[str, Any]) -> float:

@@ -18,7 +18,8 @@ import torch
 
 from .manifest import KernelSpec
 
-__all__ = ["Sample", "make_samples", "describe_value", "OPINFO_LIMIT", "schema_of", "upcast", "on_device"]
+__all__ = ["Sample", "make_samples", "describe_value", "OPINFO_LIMIT", "schema_of", "upcast", "on_device",
+           "relayout", "with_special", "FUZZ_SHAPES", "LAYOUTS", "SPECIALS", "MAGNITUDES"]
 
 #: OpInfo samples taken per dtype (BackendBench runs about 13 per op).
 OPINFO_LIMIT = 16
@@ -137,7 +138,10 @@ def _dims(spec: KernelSpec, schema: Any) -> dict[str, tuple[bool, list[str]]] | 
     else:
         return None
     out = {}
-    for name, text in raw.items():
+    # in the schema's argument order, not the manifest's key order (a manifest read back from the
+    # database has its keys sorted): the same kernel gets the same samples on every path
+    for name in sorted(raw, key=lambda n: tensors.index(n) if n in tensors else len(tensors)):
+        text = raw[name]
         parts = [p for p in text.split(",") if p]
         out[name] = (bool(parts) and parts[0] == "...", [p for p in parts if p != "..."])
     return out
@@ -217,6 +221,15 @@ def _special(t: torch.Tensor, kind: str) -> torch.Tensor:
     return out
 
 
+#: What the fuzzing varies, shared with the backend conformance sweep (``debug_framework.conformance``).
+FUZZ_SHAPES = _SHAPES
+LAYOUTS = ("noncontiguous", "transposed", "offset", "broadcast")
+SPECIALS = ("nan", "inf", "subnormal", "large")
+MAGNITUDES = (1e-4, 1e-2, 1e3)
+relayout = _layout
+with_special = _special
+
+
 def _fuzz_samples(spec: KernelSpec, dtype: str, seed: int, model_shapes: list[dict[str, list[int]]]) -> Iterator[Sample]:
     schema = schema_of(spec)
     dims, scalars = _dims(spec, schema), _scalars(spec, schema)
@@ -231,18 +244,18 @@ def _fuzz_samples(spec: KernelSpec, dtype: str, seed: int, model_shapes: list[di
     for batch, size in _SHAPES:
         yield Sample("shape", f"batch {batch} size {size}", dtype, *mk.call(fresh(batch, size)))
     batch, size = _BASE
-    for kind in ("noncontiguous", "transposed", "offset", "broadcast"):
+    for kind in LAYOUTS:
         tensors = fresh(batch, size)
         laid = {n: _layout(t, kind, dims[n][0]) for n, t in tensors.items()}
         if any(v is not None for v in laid.values()):
             yield Sample("stride", kind, dtype, *mk.call({n: laid[n] if laid[n] is not None else t
                                                            for n, t in tensors.items()}))
-    for kind in ("nan", "inf", "subnormal", "large"):
+    for kind in SPECIALS:
         first = next(iter(dims))
         tensors = fresh(batch, size)
         tensors[first] = _special(tensors[first], kind)
         yield Sample("special", f"{kind} in {first}", dtype, *mk.call(tensors))
-    for scale in (1e-4, 1e-2, 1e3):
+    for scale in MAGNITUDES:
         yield Sample("magnitude", f"values x {scale:g}", dtype, *mk.call(fresh(batch, size, scale)))
     for i, shapes in enumerate(model_shapes):
         if set(shapes) >= set(dims):

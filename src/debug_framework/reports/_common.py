@@ -29,6 +29,8 @@ __all__ = [
     "worst_row",
     "verdict_of",
     "reproduce_command",
+    "error_source_text",
+    "flat_items",
     "isolation_rows",
     "damaged_fields",
     "human_bytes",
@@ -223,14 +225,40 @@ def shell_join(argv: Sequence[str]) -> str:
     return " ".join(shell_quote(str(a)) for a in argv)
 
 
+def error_source_text(source: Mapping[str, Any]) -> str:
+    """Where a failed validation's error comes from, in words: ``layer 1 (attention)``, ``the
+    embedding``, ``the final norm / head``, ``accumulation (first beyond its bound at layer 3)``,
+    with ``(not confirmed by isolation)`` where isolation did not confirm it."""
+    kind = source.get("kind")
+    where = {"layer": f"layer {source.get('layer')} ({source.get('block')})", "embedding": "the embedding",
+             "head": "the final norm / head", "accumulation": f"accumulation (first beyond its bound at layer "
+                                                              f"{source.get('layer')})"}.get(str(kind), str(kind))
+    return where + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
+
+
+def flat_items(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """A nested mapping as ``(dotted key, text)`` pairs, lists and scalars as text: how a page shows
+    the environment or backend information as a table rather than raw JSON."""
+    if isinstance(value, Mapping):
+        out: list[tuple[str, str]] = []
+        for k, v in value.items():
+            out += flat_items(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, "" if value is None else (", ".join(map(str, value)) if isinstance(value, (list, tuple))
+                                               else str(value)))]
+
+
 _COMMAND_KEYS = ("command", "reproduce_command", "repro_command", "reproduce")
 
 
 def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """``(command, exact)``: the command the engine recorded (exact) or one rebuilt from the stored
-    session (``exact=False``; None when nothing is known about the model)."""
+    """``(command, exact)``: the command recorded with the session (exact: the CLI's own, in
+    ``environment["command"]``, with its user backends, plugin, config file and drill-down) or one
+    rebuilt from the stored session (``exact=False``; None when nothing is known about the model)."""
+    env = session.get("environment")
+    recorded = {"command": env.get("command")} if isinstance(env, Mapping) else {}
     for k in _COMMAND_KEYS:
-        v = results.get(k)
+        v = recorded.get(k) or results.get(k)
         if isinstance(v, Mapping):
             v = v.get("command") or v.get("argv")
         if isinstance(v, (list, tuple)) and v:
@@ -260,6 +288,8 @@ def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) ->
         argv.append("--oracle")
     if results.get("noise_floor"):
         argv.append("--noise-floor")
+    if results.get("drilldown") is not None:
+        argv.append("--drill-down")
     argv += _config_options(session.get("config"))
     for sentence in input_sentences(session):
         argv += ["--text", sentence]

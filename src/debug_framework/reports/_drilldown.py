@@ -43,9 +43,11 @@ def _layer(entry: Mapping[str, Any]) -> str:
     culprit = (entry.get("culprit") or {}).get("node") if isinstance(entry.get("culprit"), Mapping) else None
     head = (f"<h3>layer {esc(entry.get('layer'))} ({esc(entry.get('checkpoint'))}): {esc(entry.get('backend'))}, "
             f"method {esc(entry.get('method'))}</h3>")
+    rows = sorted(rows, key=lambda r: culprit is None or r.get("node") != culprit)  # the culprit first
     table = "" if not rows else (
         '<div class="scroll"><table class="drilldown"><tr>' + "".join(f"<th>{esc(c)}</th>" for c in _COLUMNS)
-        + "</tr>" + "".join(_row(r, culprit) for r in rows) + "</table></div>")
+        + "</tr>" + "".join(_row(r, culprit) for r in rows) + "</table></div>"
+        + ('<p class="muted">the culprit first, then every operator in graph order (#)</p>' if culprit else ""))
     return f'<div class="drilled-layer">{head}{_culprit(entry)}{table}</div>'
 
 

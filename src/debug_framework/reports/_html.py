@@ -371,4 +371,7 @@ img.heat{image-rendering:pixelated;image-rendering:crisp-edges;border:1px solid 
 details summary{cursor:pointer;color:#2b6cb0}td.reason{min-width:22em;max-width:40em}
 h1,h3,.verdict,code,.wrap{overflow-wrap:anywhere}ol.lines{margin:0;padding-left:1.6em}
 pre#command{white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere}svg .ex{font-size:8px;fill:#2f855a}
+nav{display:flex;flex-wrap:wrap;row-gap:.3em}svg.chart{max-width:100%;height:auto}img.heat{max-width:100%}
+table.drilldown td{white-space:nowrap}table.drilldown code{overflow-wrap:normal}
+@media (max-width:640px){body{padding:.5em .6em}table{display:block;overflow-x:auto;max-width:100%}section{overflow-x:auto}}
 """

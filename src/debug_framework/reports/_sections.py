@@ -10,6 +10,7 @@ from typing import Any
 from ..jsonio import dumps_json
 from ._common import as_float, fmt_num, human_bytes, row_id
 from ._html import esc, json_pre, kv_table, line_chart
+from ._rows import judged_by
 
 __all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
 
@@ -102,13 +103,31 @@ def _shared_table(groups: Sequence[tuple[Any, list[str]]], cls: str) -> str:
     return (f'<table class="{esc(cls)}"><tr><th>tolerance</th><th>shared by</th></tr>{trs}</table>')
 
 
+#: How each ``judged_by`` rule is named in the tolerances section.
+_RULES = {"calibration": "calibrated bound: noise margin x a correct run's error at this precision + floor",
+          "oracle": "ratio rule against the float64 oracle",
+          "tolerance": "allclose tolerance (below)",
+          "isolation": "calibrated replay of the block that ends here (isolation)"}
+
+
 def tolerances_section(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """Session tolerances and the tolerance each checkpoint used, identical tables collapsed into
     one row that names every checkpoint sharing it."""
     tol = session.get("tolerances")
     tol = dict(tol) if isinstance(tol, Mapping) else None
     per = tol.pop("per_checkpoint", None) if tol is not None else None
-    parts = ["<h3>Session tolerances</h3>" + kv_table(tol)]
+    rules = _grouped([(row_id(r), _RULES.get(str(judged_by(r)), str(judged_by(r)))) for r in rows if judged_by(r)])
+    parts = []
+    if rules:  # the rule that decided each verdict comes first: it is what the verdict used
+        trs = "".join(f"<tr><td>{esc(rule)}</td><td>{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"
+                      for rule, names in rules)
+        parts.append('<h3>The rule that judged each checkpoint</h3><table class="tol-rule"><tr><th>rule</th>'
+                     f"<th>judged</th></tr>{trs}</table>")
+    by_tolerance = any(judged_by(r) == "tolerance" for r in rows)
+    unused = "" if by_tolerance or not rules else (
+        '<p class="note">No checkpoint was judged by these allclose tolerances (each was judged by the rule '
+        "above); they would judge where calibration is off or precision_thresholds sets one.</p>")
+    parts.append("<h3>Session tolerances (allclose)</h3>" + unused + kv_table(tol))
     if isinstance(per, Mapping) and per:
         parts.append("<h4>Per checkpoint (identical ones collapsed)</h4>"
                      + _shared_table(_grouped([(str(k), v) for k, v in per.items()]), "tol-session"))

@@ -32,7 +32,7 @@ from ._common import (
     verdict_of,
     worst_row,
 )
-from ._drilldown import drilldown_section
+from ._drilldown import drilldown_culprits, drilldown_section
 from ._rows import layer_replay_of, replay_of, rule_of
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._sections import backends_section, num_td, performance_section, section, tolerances_section
@@ -414,6 +414,8 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
            if isinstance(results.get("consistent_with"), str) else "")
         + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
            if isinstance(results.get("introducing_layers"), list) else "")
+        + (f'<div id="culprit-summary">culprit operator (drill-down): <strong>{esc(culprits)}</strong> '
+           '<a href="#drilldown">details</a></div>' if (culprits := drilldown_culprits(results)) else "")
         + (f"<div>error: {esc(session.get('error_message'))}</div>" if session.get("error_message") else "")
         + (f'<div id="damaged">damaged JSON in the database (shown as not recorded): {esc(", ".join(damaged))}</div>'
            if (damaged := damaged_fields(session, rows)) else "")
@@ -445,11 +447,13 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         repro = '<p class="muted">not recorded</p>'
     else:
         repro = (f"<pre id=\"command\">{esc(cmd)}</pre>" +
-                 ("<p class=\"muted\">as recorded by the engine</p>" if exact else
-                  '<p class="note">The engine did not record the command; this one is rebuilt from the stored session '
-                  "(model path, backends, dtype, tolerances, seed, the text inputs and the main config options; "
-                  "arguments with control or bidi characters are written as $'...' escapes). Config keys "
-                  "without an option need --config-file.</p>"))
+                 ("<p class=\"muted\">the command that ran this session, as recorded by the engine when it was created</p>"
+                  if exact else
+                  '<p class="note">No command was recorded with this session (it was created through the API); '
+                  "this one is rebuilt from the stored session (model path, backends, dtype, tolerances, seed, "
+                  "the text inputs and the main config options; arguments with control or bidi characters are "
+                  "written as $'...' escapes). A user backend needs its --backend-file or --backend-module, "
+                  "and config keys without an option need --config-file.</p>"))
     other = {k: v for k, v in results.items() if k not in _SHOWN_RESULT_KEYS}
 
     sections = [
@@ -472,7 +476,8 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         section("other-results", "Other results", kv_table(other)) if other else "",
     ]
     nav = "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
-        ("curves", "error curves"), ("checkpoints", "checkpoints"), ("isolation", "isolation"), ("heatmap", "heatmap"),
+        ("drilldown", "culprit operator"), ("curves", "error curves"), ("checkpoints", "checkpoints"),
+        ("isolation", "isolation"), ("heatmap", "heatmap"),
         ("performance", "performance"), ("backends", "backends"), ("environment", "environment"),
         ("reproduce", "reproduce")) if f'id="{sid}"' in "".join(sections))
     generated = report.created_at.isoformat(timespec="seconds") if report.created_at else ""

@@ -347,15 +347,21 @@ class OverlayGraph:
     unmatched: list[str] = field(default_factory=list)          # row node ids not in the graph
     unknown: list[str] = field(default_factory=list)            # node ids whose value is unknown (NaN)
     note: str = ""
+    #: the quantity Model Explorer opens on: the checkpoints' margin, an operator graph's introduced error
+    default: str | None = None
 
     def command(self, out_dir: Path) -> str:
-        """The command that opens the graph with its node data, quoted for bash (a folder named
-        ``$(rm -rf ~)`` or ``a b`` is one argument, never code)."""
-        files = ",".join(str(out_dir / f) for f in self.node_data.values())
+        """The command that opens the graph with every node-data file, quoted for bash (a folder
+        named ``$(rm -rf ~)`` or ``a b`` is one argument, never code); Model Explorer shows the last
+        file loaded, so :attr:`default` goes last."""
+        order = [q for q in self.node_data if q != self.default] + \
+            ([self.default] if self.default in self.node_data else [])
+        files = ",".join(str(out_dir / self.node_data[q]) for q in order)
         return shlex.join(["model-explorer", str(out_dir / self.graph), f"--node_data_paths={files}"])
 
     def to_dict(self, out_dir: Path) -> dict[str, Any]:
         return {"graph": self.graph, "graph_id": self.graph_id, "node_data": dict(self.node_data),
+                "default_overlay": self.default,
                 "unmatched_nodes": self.unmatched, "unknown_values": self.unknown, "note": self.note,
                 "command": self.command(out_dir)}
 
@@ -407,6 +413,7 @@ def _layer_overlay(drill: LayerDrilldown, out_dir: Path) -> OverlayGraph:
                              method=drill.method, operators=[r for r in drill.operators if r.node not in entry.unmatched])
     entry.unknown = [r.node for r in matched.operators if math.isnan(r.introduced)]
     _write_node_data(out_dir, stem, operator_node_data(matched, entry.graph_id), entry)
+    entry.default = "introduced"
     return entry
 
 
@@ -437,7 +444,7 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
     drills = list(drilldowns)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        entry = OverlayGraph(graph="checkpoints.json", graph_id=CHECKPOINT_GRAPH_ID)
+        entry = OverlayGraph(graph="checkpoints.json", graph_id=CHECKPOINT_GRAPH_ID, default="margin")
         _dump(out / entry.graph, checkpoint_graph(rows, drills, label=label))
         _write_node_data(out, "checkpoints", checkpoint_node_data(rows), entry)
         graphs = [entry, *(_layer_overlay(d, out) for d in drills)]

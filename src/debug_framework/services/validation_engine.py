@@ -143,12 +143,18 @@ def _session_inputs(model: LoadedModel, cfg: Mapping[str, Any]) -> ModelInputs:
     """The session's inputs: the tokenized ``input_text``, else seeded random ids of ``input_shape``."""
     from ..modelio import ModelInputs
 
+    if cfg["inputs_file"] is not None:
+        return ModelInputs.from_file(cfg["inputs_file"])
     if cfg["input_text"] is not None:
         return ModelInputs.from_text(model.tokenizer, cfg["input_text"], max_length=cfg["max_length"])
     batch, length = cfg["input_shape"]
     pads: Sequence[int] | None = cfg["pad_lengths"]
     if pads is None:
         pads = [0] + [length // 4] * (batch - 1) if batch > 1 else [0]
+    if model.architecture == "generic":  # pixels, or an encoder's and a decoder's ids
+        from ..modelio.generic import random_inputs
+
+        return random_inputs(model.config, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads))  # type: ignore[arg-type]
     return ModelInputs.random(model.config.vocab_size, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads))
 
 
@@ -211,25 +217,30 @@ class ValidationEngine(EngineFaces):
         self,
         model_path: str | os.PathLike[str],
         config: Mapping[str, Any] | None = None,
-        reference_backend: str = "python_reference",
+        reference_backend: str = "auto",
         alternative_backend: str = "auto",
         *,
         session_id: str | None = None,
+        command: str | None = None,
     ) -> str:
         """Create a session (status ``created``): the model is loaded and its digest recorded, both
         backends are checked to be available, the inputs are built and saved beside the database.
+        ``command`` is the shell command that reproduces the run (a CLI's own, recorded in the
+        session's ``environment["command"]``; reports print it as the reproduce command).
 
         Raises:
             ModelLoadingError (DF004), BackendInitializationError (DF002), ValidationError (DF005)
             for a bad configuration, DatabaseError (DF003).
         """
         from ..backends import get_backend
+        from ..backends.eager_reference import reference_for
         from ..modelio import load_model
 
         cfg = validate_session_config(config)
         if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
             cfg["performance_profiling_enabled"] = False
-        model = load_model(model_path)
+        model = load_model(model_path, tier=cfg["model_tier"])
+        reference_backend, ref_why = reference_for(reference_backend, model)
         alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
             alt_name, why = "onnxruntime", "an ONNX file: onnxruntime runs the file itself"
@@ -243,10 +254,10 @@ class ValidationEngine(EngineFaces):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
-        plan = ValidationPlan.resolve(cfg, model.num_layers)
+        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers)
         calibrator = None
         if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
-            calibrator = calibration_backend(plan, alt_name)
+            calibrator = calibration_backend(plan, alt_name, model)
 
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
         inputs_path = self._save_inputs(_session_inputs(model, cfg), sid)
@@ -259,8 +270,9 @@ class ValidationEngine(EngineFaces):
         self.db.sessions.create(
             model_path_key(str(model.path)), reference_backend, alt_name, config=cfg, session_id=sid,
             weights_digest=model.digest, tolerances=tolerances, seed=int(cfg["seed"]), inputs_ref=str(inputs_path),
-            environment=capture_environment(cfg["device"]),
-            reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"]),
+            environment={**capture_environment(cfg["device"]),
+                         **({"command": str(command)} if command else {})},
+            reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"], {"selected_because": ref_why}),
             alternative_backend_info=_backend_info(alt, alt_dtype, cfg["device"],
                                                    {"requested": alternative_backend, "selected_because": why}),
         )

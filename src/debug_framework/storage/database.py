@@ -24,6 +24,7 @@ from . import schema
 from .batches import BatchQueueStore
 from .checkpoints import CheckpointResultStore
 from .core import CoreSettings, SqlCore
+from .opsweeps import OpSweepStore
 from .plugins import PluginStore
 from .recordings import RecordingStore
 from .sessions import SessionStore
@@ -42,7 +43,7 @@ class Database(SqlCore):
             (default SQLite): see :class:`~.core.CoreSettings`.
 
     Attributes:
-        sessions, checkpoints, recordings, batches, plugins: the stores (see their modules).
+        sessions, checkpoints, recordings, batches, plugins, opsweeps: the stores (see their modules).
     """
 
     def __init__(self, database_path: str | os.PathLike[str], *, initialize: bool = True,
@@ -56,6 +57,7 @@ class Database(SqlCore):
         self.recordings = RecordingStore(self)
         self.batches = BatchQueueStore(self)
         self.plugins = PluginStore(self)
+        self.opsweeps = OpSweepStore(self)
         if initialize and not self.read_only:
             self.migrate_schema()
 

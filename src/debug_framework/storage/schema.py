@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -360,6 +360,17 @@ def _migrate_4_to_5(core: SqlCore, conn: Connection) -> None:
 
 
 _MIGRATIONS[5] = _migrate_4_to_5
+
+
+def _migrate_5_to_6(core: SqlCore, conn: Connection) -> None:
+    """Version 5 -> 6: backend conformance sweeps, one row per operator (``storage.opsweeps``)."""
+    from .opsweeps import opsweep_tables
+
+    for sql in opsweep_tables(core.dialect):
+        core.execute(conn, sql)
+
+
+_MIGRATIONS[6] = _migrate_5_to_6
 
 # --------------------------------------------------------------------------------------------
 # versions

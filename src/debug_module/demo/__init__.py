@@ -37,8 +37,7 @@ DEFAULT_OUTPUT = Path("debug_artifacts/tour")
 
 _HELP = ("A guided tour of debug_module on a tiny BERT: constraints, FX/AOT capture, Inductor IR, KernelDiff, "
          "the minifier, a benchmark, the HTML report and the CLIs. Interactive unless --quick.")
-_EPILOG = ("Steps: constraints, capture, inductor, kerneldiff, minifier, benchmark, report, cli. "
-           "Exit codes: 0 every step worked; 1 a step's check failed; 2 usage or environment error; 3 internal error.")
+_EPILOG = "Steps: constraints, capture, inductor, kerneldiff, minifier, benchmark, report, cli."
 app = make_app(_HELP, epilog=_EPILOG)
 _D = TourKnobs()  # the defaults
 

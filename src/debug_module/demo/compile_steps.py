@@ -15,7 +15,7 @@ from .context import MODEL_NAME, StepResult, TourContext, quiet_constraint_log
 
 __all__ = ["run_constraints", "run_capture", "run_inductor"]
 
-_SCHEDULER_NODE = re.compile(r"^\S+: \w*SchedulerNode\(", re.M)
+_SCHEDULER_NODE_NAME = re.compile(r"^(\S+): (\w*)SchedulerNode\(", re.M)
 
 
 def _mark(pipeline: Any, step: str) -> Path:
@@ -108,6 +108,19 @@ def run_capture(ctx: TourContext) -> StepResult:
                             "headline": f"{len(pipeline.graphs)} graphs captured; " + lines[0]})
 
 
+#: Kernels listed by name per graph (the rest are counted, with their folder).
+_KERNELS_LISTED = 8
+
+
+def scheduler_nodes(ir_text: str) -> int:
+    """The scheduler nodes of an Inductor IR dump: after fusion, a fused node (``op1_op2: ...Fused
+    SchedulerNode``) counts once and the nodes it lists as its parts (``op1: SchedulerNode``) do not."""
+    names = [m.group(1) for m in _SCHEDULER_NODE_NAME.finditer(ir_text)]
+    fused = {m.group(1) for m in _SCHEDULER_NODE_NAME.finditer(ir_text) if "Fused" in m.group(2)}
+    parts = {part for name in fused for part in name.split("_")}
+    return sum(1 for n in names if n in fused or n not in parts)
+
+
 def run_inductor(ctx: TourContext) -> StepResult:
     """AOTAutograd + Inductor (aot_mock_backend, warn mode): the scheduler's IR before and after fusion
     and the generated kernels, copied into the run."""
@@ -129,10 +142,12 @@ def run_inductor(ctx: TourContext) -> StepResult:
         kdir = run_dir / "inductor_kernels" / ir_dir.name
         kernels = sorted(p for p in kdir.glob("*") if p.name != "output_code.py") if kdir.is_dir() else []
         kernels_total += len(kernels)
-        counts = [len(_SCHEDULER_NODE.findall(p.read_text(encoding="utf-8"))) if p.is_file() else 0 for p in (pre, post)]
+        counts = [scheduler_nodes(p.read_text(encoding="utf-8")) if p.is_file() else 0 for p in (pre, post)]
         lines.append(f"{ir_dir.name}: {counts[0]} scheduler nodes before fusion, {counts[1]} after; "
                      f"{len(kernels)} generated kernel(s)")
-        lines += [f"  kernel {p.stem[:90]}" for p in kernels[:4]]
+        lines += [f"  kernel {p.stem}" for p in kernels[:_KERNELS_LISTED]]
+        if len(kernels) > _KERNELS_LISTED:
+            lines.append(f"  ... and {len(kernels) - _KERNELS_LISTED} more kernel(s) in {kdir}")
         artifacts.update({"IR pre-fusion": pre, "IR post-fusion": post, "output code": kdir / "output_code.py"})
     return StepResult("ok", ran="torch.compile(tiny BERT, backend=aot_mock_backend(strict=False)): AOTAutograd + "
                                 "Inductor's compile_fx_inner", lines=lines, artifacts=artifacts,

@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import shlex
 import subprocess
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,14 +21,15 @@ from debug_framework.jsonio import dumps_json
 
 from .context import MODEL_NAME, StepResult, TourContext, quiet_constraint_log
 
-__all__ = ["run_kerneldiff", "run_minifier", "run_benchmark", "run_report", "run_cli", "next_commands"]
+__all__ = ["run_kerneldiff", "run_minifier", "run_benchmark", "run_report", "run_cli", "next_commands", "ratio_text"]
 
 #: The minifier's budget inside KernelDiff when a low tolerance makes it fail (seconds).
 KERNELDIFF_MINIFY_SECONDS = 30.0
 
 
 def run_kerneldiff(ctx: TourContext) -> StepResult:
-    """Inductor against eager on the same inputs, judged by the comparison core at the knobs' tolerance."""
+    """Inductor against eager on the same inputs: by default the float64 ratio rule (Inductor's error
+    against a float64 run no worse than eager's, times 2); with the rtol/atol knobs, that tolerance."""
     import importlib.util
 
     from ..diff import KernelDiffHarness
@@ -45,12 +47,12 @@ def run_kerneldiff(ctx: TourContext) -> StepResult:
         artifacts["plots"] = run_dir / "visualizations"
     if report.repro_path:  # a failure the minifier reduced
         artifacts["accuracy repro"] = Path(report.repro_path)
-    ran = "KernelDiffHarness(tiny BERT, test_backend='inductor', reference='eager', runs=3" + "".join(
+    ran = f"KernelDiffHarness(tiny BERT, test_backend='inductor', reference='{report.reference_backend}', runs=3" + "".join(
         f", {n}={v}" for n, v in tolerance.items()) + ").compare()"
     lines = report.summary().splitlines()
     if report.passed:
         return StepResult("ok", ran=ran, lines=lines, artifacts=artifacts, data={"passed": True, "headline": lines[0]})
-    return StepResult("failed", ran=ran, lines=lines + ["KernelDiff failed: outputs differ beyond the tolerance "
+    return StepResult("failed", ran=ran, lines=lines + ["KernelDiff failed: outputs fail the judge "
                                                         f"({', '.join(d.name for d in report.failed)})"],
                       artifacts=artifacts, data={"passed": False})  # headline: the last line, why it failed
 
@@ -104,31 +106,74 @@ def run_minifier(ctx: TourContext) -> StepResult:
                             "headline": f"{summary['original_nodes']} -> {summary['nodes']} node(s); " + lines[-1]})
 
 
-def _timed(fn: Callable[[], Any], runs: int, warmup: int = 2) -> tuple[float, dict[str, Any]]:
-    """The first call's seconds (a compile included), then ``runs`` timed calls after ``warmup``."""
-    from debug_framework.measure import Timer, run_stats
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    """(first, third) quartile of ``xs`` (both the value itself for a single sample)."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
 
-    with Timer() as first:
-        fn()
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(runs):
-        with Timer() as t:
-            fn()
-        samples.append(t.seconds)
-    return first.seconds, run_stats(samples, unit="ms", count_key="runs")
+
+def _interleaved(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, list[float]]:
+    """``runs`` timed calls of each function, interleaved: round ``i`` calls every function once,
+    starting at a different one each round, so a busy spell of a shared machine slows every
+    backend alike instead of the one that happened to be measured then."""
+    from debug_framework.measure import Timer
+
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(runs):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            with Timer() as t:
+                fns[name]()
+            samples[name].append(t.seconds)
+    return samples
+
+
+#: A ratio of medians is reported only when the two backends' interquartile ranges do not overlap
+#: and neither spreads over more than this fraction of its median.
+MAX_RELATIVE_SPREAD = 0.5
+
+
+def machine_busy() -> str | None:
+    """Why timings here say little about the backends (more runnable processes than CPUs for this
+    one: every parallel region of an eager model waits for its threads), or None."""
+    import os
+
+    try:
+        load, cpus = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return f"the machine is busy (load average {load:.1f} on {cpus} CPU(s))" if load > cpus else None
+
+
+def ratio_text(anchor: dict[str, Any], other: dict[str, Any], busy: str | None = None) -> tuple[str, bool]:
+    """``("2.31x", True)`` when the spreads allow a ratio of medians, else why not (``False``):
+    a busy machine (``busy`` says why), a spread over :data:`MAX_RELATIVE_SPREAD` of a median, or
+    interquartile ranges that overlap."""
+    if busy:
+        return f"not meaningful: {busy}", False
+    a_lo, a_hi = anchor["iqr"]
+    o_lo, o_hi = other["iqr"]
+    spread = max((a_hi - a_lo) / anchor["median"], (o_hi - o_lo) / other["median"])
+    if spread > MAX_RELATIVE_SPREAD:
+        return f"not meaningful: timings spread {spread:.0%} of their median (a busy machine)", False
+    if o_lo <= a_hi and a_lo <= o_hi:
+        return "not meaningful: the spreads overlap (about the same speed)", False
+    return f"{anchor['median'] / other['median']:.2f}x", True
 
 
 def run_benchmark(ctx: TourContext) -> StepResult:
-    """Eager (the anchor) beside Inductor and the mock accelerator backend: first call and steady latency.
-    Measured and printed, never judged; written as ``debug_module.benchmark/1`` for the report."""
+    """Eager (the anchor) beside Inductor and the mock accelerator backend: first call and steady
+    latency, the backends' timed runs interleaved, each median with its interquartile range, and a
+    ratio only where the spread allows one. Measured and printed, never judged; written as
+    ``debug_module.benchmark/1`` for the report."""
     import platform
 
     import torch
 
     from debug_framework._torch.dynamo import lookup_backend
-    from debug_framework.measure import TimedBackend
+    from debug_framework.measure import Timer, TimedBackend, run_stats
 
     from ..backend.mock import make_mock_backend
     from ..reports import BENCHMARK_SCHEMA
@@ -136,29 +181,42 @@ def run_benchmark(ctx: TourContext) -> StepResult:
     model, inputs = ctx.model_and_inputs()
     sides: list[tuple[str, Any]] = [("eager", None), ("inductor", lookup_backend("inductor")),
                                     ("mock_backend", make_mock_backend(strict=False, constraints=[]))]
-    rows = []
+    rows, fns = [], {}
+    torch.compiler.reset()
     with torch.no_grad():
-        for name, backend in sides:
-            torch.compiler.reset()
+        for name, backend in sides:  # each compiled (first call) and warmed up before any timing
             timed = None if backend is None else TimedBackend(backend)
             fn = model if timed is None else torch.compile(model, backend=timed)
-            first_s, latency = _timed(lambda fn=fn: fn(**inputs), ctx.knobs.runs)
+            with Timer() as first:
+                fn(**inputs)
+            for _ in range(2):
+                fn(**inputs)
+            fns[name] = lambda fn=fn: fn(**inputs)
             rows.append({"backend": name, "compile_s": None if timed is None else timed.compile_s,
-                         "first_call_s": first_s, "latency_ms": latency, "kerneldiff": None,
+                         "first_call_s": first.seconds, "kerneldiff": None,
                          "graph_count": None if timed is None else timed.calls})
-    anchor = rows[0]["latency_ms"]["median"]  # medians: a shared machine's hiccups move means
-    lines = [f"{'backend':<14}{'compile s':>11}{'first call s':>14}{'mean ms':>10}{'median ms':>11}{'vs eager':>10}"]
+        samples = _interleaved(fns, ctx.knobs.runs)
+    for r in rows:
+        r["latency_ms"] = run_stats(samples[r["backend"]], unit="ms", count_key="runs")
+        r["latency_ms"]["iqr"] = [1000.0 * q for q in _quartiles(samples[r["backend"]])]
+    anchor, busy = rows[0]["latency_ms"], machine_busy()
+    lines = [f"{'backend':<14}{'compile s':>10}{'first call s':>13}{'median ms':>11}  {'IQR ms':<17}vs eager"]
     for r in rows:
         lat = r["latency_ms"]
         compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.3f}"
-        lines.append(f"{r['backend']:<14}{compile_s:>11}{r['first_call_s']:>14.3f}{lat['mean']:>10.3f}"
-                     f"{lat['median']:>11.3f}{anchor / lat['median']:>9.2f}x")
-    lines.append(f"(batch {ctx.knobs.batch} x seq {ctx.knobs.seq}, {ctx.knobs.runs} timed runs after 2 warm-up; "
-                 f"measured on this machine, not judged)")
+        ratio, meaningful = ("anchor", True) if r is rows[0] else ratio_text(anchor, lat, busy)
+        r["ratio_vs_eager"] = anchor["median"] / lat["median"] if meaningful and r is not rows[0] else None
+        iqr = f"{lat['iqr'][0]:.3f}-{lat['iqr'][1]:.3f}"
+        lines.append(f"{r['backend']:<14}{compile_s:>10}{r['first_call_s']:>13.3f}{lat['median']:>11.3f}  "
+                     f"{iqr:<17}{ratio}")
+    lines.append(f"(batch {ctx.knobs.batch} x seq {ctx.knobs.seq}; {ctx.knobs.runs} timed runs per backend after "
+                 "2 warm-up, interleaved; median and interquartile range; measured on this machine, not judged)")
+    if busy:
+        lines.append(f"{busy}: the latencies above are this moment's, not the backends'; run it on a quiet machine")
     doc = {"schema": BENCHMARK_SCHEMA, "name": "tour", "model": MODEL_NAME,
            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "device": "cpu",
            "torch": torch.__version__, "python": platform.python_version(), "results": rows,
-           "notes": "debug-tour quick benchmark: eager is the anchor"}
+           "notes": "debug-tour quick benchmark: eager is the anchor; timed runs interleaved"}
     ctx.benchmarks_dir.mkdir(parents=True, exist_ok=True)
     path = ctx.benchmarks_dir / "tour.json"
     path.write_text(dumps_json(doc) + "\n", encoding="utf-8")

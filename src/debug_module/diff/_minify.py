@@ -1,55 +1,125 @@
 """Hand an accuracy failure found by KernelDiff to the minifier (``debug_module.minifier``).
 
 The failing Dynamo graphs are the ones the test backend compiled (recorded by the harness's timing
-wrapper, with the example inputs Dynamo gave the backend). Each is checked with the minifier's
-``AccuracySignature`` (same backend, same reference, the judgement that failed: the tolerance, or in
-float64 mode the same ratio rule, ``RatioRule.verdict``, with eager as the baseline; the harness's
-``test_backend_spec`` tells the repro how to import the backend); the first graph on
-which the failure reproduces in isolation is minified and its repro directory linked. A gradient-only
-failure does not reproduce on forward graphs and is reported as such, not minified.
+wrapper, with clones of the example inputs Dynamo gave the backend). Each is checked with the
+minifier's ``AccuracySignature`` (same backend, the judgement that failed: in float64 mode the same
+ratio rule, ``RatioRule.verdict``, with eager as the baseline, else the tolerance; the harness's
+``test_backend_spec`` tells the repro how to import the backend), narrowed to the classes of failure
+the graph shows (shape, dtype, non-finite values, values); the first graph on which the failure
+reproduces in isolation is minified and its repro directory linked.
+
+A gradient-only failure (forward outputs agree) is minified on the AOT backward graph: each Dynamo
+graph is run once through AOTAutograd (forward as is), a weighted sum of its floating outputs is
+back-propagated, and the backward graph, with the saved tensors and tangents it was called with, is
+judged by the same signature (the backend compiles it as it compiles any graph).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 log = logging.getLogger(__name__)
 
 
-def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> dict[str, Any]:
-    from ..minifier import AccuracySignature, Minifier
+def _backward_graphs(gm: torch.fx.GraphModule, inputs: Sequence[Any], seed: int) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+    """The AOT backward graph(s) of ``gm`` with the arguments they were called with (clones), from one
+    forward and backward pass on fresh clones of ``inputs``; empty when nothing needs a gradient."""
+    from debug_framework._torch import functorch
 
+    from ..minifier import _runtime
+
+    recorded: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def forward_compiler(g: torch.fx.GraphModule, _example: Sequence[Any]) -> Any:
+        return functorch.make_boxed_func(g.forward)
+
+    def backward_compiler(g: torch.fx.GraphModule, _example: Sequence[Any]) -> Any:
+        def run(args: list[Any]) -> Any:
+            recorded.append((g, _runtime.fresh(args)))
+            return g(*args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes a list
+        return run
+
+    args = _runtime.fresh(inputs)
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return []
+    compiled = functorch.aot_compile(gm, args, fw_compiler=forward_compiler, bw_compiler=backward_compiler)
+    with torch.enable_grad():
+        out = compiled(*args)
+        leaves = [o for o in _runtime._tensors(out) if o.is_floating_point() and o.requires_grad]
+        if not leaves:
+            return []
+        g = torch.Generator().manual_seed(seed)
+        loss = sum((o * torch.randn(o.shape, generator=g).to(o.dtype)).sum() for o in leaves)
+        loss.backward()  # type: ignore[union-attr]
+    return recorded
+
+
+def _signature(harness: Any, test: Any, failing: Any) -> Any:
+    from ..minifier import AccuracySignature
+
+    tol = failing.result.tolerance
+    backend = test.backend_spec if isinstance(test.backend_spec, str) else test.timed.inner
+    return AccuracySignature(backend, reference="float64" if harness.float64 else "eager", rtol=tol.rtol,
+                             atol=tol.atol, backend_spec=getattr(harness, "test_backend_spec", None),
+                             ratio=harness.ratio_rule if harness.float64 else None)
+
+
+def _minify_one(harness: Any, sig: Any, gm: torch.fx.GraphModule, inputs: list[Any], run: Any, label: str,
+                graph: int) -> dict[str, Any] | None:
+    """Minify one graph when the failure reproduces on it in isolation; ``None`` when it does not."""
+    from ..minifier import Minifier
+
+    holds, obs = sig.check(gm, inputs)
+    if not holds:
+        return None
+    sig = sig.for_failure(obs)  # the same bug at every step: its class of failure, not any difference
+    out_dir = (Path(run.path) / "repros" / label) if run is not None else None
+    result = Minifier(gm, inputs, sig, progress=False, max_seconds=harness.minify_max_seconds, output_dir=out_dir,
+                      title=f"KernelDiff accuracy failure: {harness.model_name}").minify()
+    repro = str(result.repro_path) if result.repro_path else None
+    if run is not None and result.repro_path:
+        # repro_path is <dir>/repro.py: record every file of its directory (inputs, backend copy...)
+        run.record_tree(Path(result.repro_path).parent.relative_to(run.path).as_posix(), "repro", label)
+    detail = "; ".join([result.summary(), *result.notes])  # notes: why a repro is missing/unverified
+    return {"status": "ran", "graph": graph, "repro": repro, "verified": result.verified, "detail": detail,
+            "signature": sig.describe(), "failures": sig.failures, "original_nodes": result.original_nodes,
+            "nodes": result.nodes, "oracle_calls": result.calls, "seconds": round(result.seconds, 3)}
+
+
+def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> dict[str, Any]:
+    """The minifier's outcome for a failing report (``status``: ran / not_reproduced / skipped / failed;
+    with ``ran``: the graph, ``stage`` forward or backward, the repro and whether it was verified)."""
     if not harness.model_name or test.timed is None or not test.timed.graphs:
         return {"status": "skipped", "detail": "the test side compiled no graph (nothing to minify)"}
     failing = [d for d in report.outputs if not d.passed]
+    stage = "forward"
     if not failing:
-        return {"status": "skipped",
-                "detail": "forward outputs agree; gradient-only failures are not minified (the minifier judges forward graphs)"}
-    tol = failing[0].result.tolerance
-    reference = "float64" if harness.float64 else "eager"
-    backend = test.backend_spec if isinstance(test.backend_spec, str) else test.timed.inner
+        failing = [d for d in report.gradients if not d.passed]
+        stage = "backward"
+    if not failing:
+        return {"status": "skipped", "detail": "no output or gradient failed (nothing to minify)"}
     try:
-        sig = AccuracySignature(backend, reference=reference, rtol=tol.rtol, atol=tol.atol,
-                                backend_spec=getattr(harness, "test_backend_spec", None),
-                                ratio=harness.ratio_rule if harness.float64 else None)
+        sig = _signature(harness, test, failing[0])
         for i, (gm, inputs) in enumerate(test.timed.graphs):
-            holds, _ = sig.check(gm, inputs)
-            if not holds:
+            if stage == "forward":
+                found = _minify_one(harness, sig, gm, inputs, run, f"accuracy_graph_{i:03d}", i)
+                if found is not None:
+                    return {**found, "stage": stage}
                 continue
-            out_dir = (Path(run.path) / "repros" / f"accuracy_graph_{i:03d}") if run is not None else None
-            result = Minifier(gm, inputs, sig, progress=False, max_seconds=harness.minify_max_seconds,
-                              output_dir=out_dir, title=f"KernelDiff accuracy failure: {harness.model_name}").minify()
-            repro = str(result.repro_path) if result.repro_path else None
-            if run is not None and result.repro_path:
-                # repro_path is <dir>/repro.py: record every file of its directory (inputs, backend copy...)
-                run.record_tree(Path(result.repro_path).parent.relative_to(run.path).as_posix(), "repro",
-                                f"accuracy_graph_{i:03d}")
-            detail = "; ".join([result.summary(), *result.notes])  # notes: why a repro is missing/unverified
-            return {"status": "ran", "graph": i, "repro": repro, "verified": result.verified,
-                    "detail": detail, "signature": sig.describe()}
+            for j, (bw, bw_inputs) in enumerate(_backward_graphs(gm, inputs, harness.seed)):
+                found = _minify_one(harness, sig, bw, bw_inputs, run, f"accuracy_graph_{i:03d}_backward_{j}", i)
+                if found is not None:
+                    return {**found, "stage": stage}
     except Exception as e:  # noqa: BLE001 - report, never mask the KernelDiff result
-        return {"status": "failed", "detail": f"{type(e).__name__}: {e}"[:600]}
-    return {"status": "not_reproduced",
-            "detail": f"the failure did not reproduce on any of {len(test.timed.graphs)} compiled graph(s) in isolation"}
+        log.debug("minifier failed", exc_info=True)
+        return {"status": "failed", "stage": stage, "detail": f"{type(e).__name__}: {e}"[:600]}
+    where = "compiled graph(s)" if stage == "forward" else "compiled graph(s)' AOT backward graphs"
+    return {"status": "not_reproduced", "stage": stage,
+            "detail": f"the {stage} failure did not reproduce on any of {len(test.timed.graphs)} {where} in isolation"}

@@ -37,6 +37,7 @@ How each part works (and what it costs):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import logging
@@ -123,6 +124,25 @@ def _safe_flatten(obj: Any, prefix: str) -> dict[str, torch.Tensor]:
     return {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
 
 
+def _compile_caches_off(compiling: bool) -> contextlib.AbstractContextManager[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache off while a compiled side compiles and runs:
+    detection never depends on what the on-disk cache holds."""
+    if not compiling:
+        return contextlib.nullcontext()
+    from debug_framework._torch import inductor
+
+    return inductor.compile_caches_off()
+
+
+def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (NaN where NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    return bool(torch.equal(a, b))
+
+
 def _stats(samples_s: list[float]) -> dict[str, float | int | None] | None:
     """Run statistics in seconds; ``None`` without samples."""
     return run_stats(samples_s) if samples_s else None
@@ -185,8 +205,11 @@ class KernelDiffHarness:
             gradients are of inputs only).
         example_inputs: a tuple of positional inputs, a dict of keyword inputs (HF style) or one tensor.
         model_name: a label for reports (default: the model's class name).
-        reference_backend: ``"eager"`` (default), ``"float64"`` (float64 reference, judged with the ratio
-            rule against float32 eager), or any torch.compile backend name/callable.
+        reference_backend: ``"float64"`` (float64 reference, judged with the ratio rule: the test's error
+            against it may be at most ``float64_multiplier`` x eager's own error at the inputs' precision
+            + ``float64_floor``; a precision-only difference passes, a real bug fails), ``"eager"`` (judged
+            by the tolerance), or any torch.compile backend name/callable. Default (``None``):
+            ``"float64"``, or ``"eager"`` when a tolerance keyword is given.
         test_backend: the backend under test: a name (default ``"inductor"``) or a callable
             (``debug_module.mock_backend``, ``aot_mock_backend(...)``, an adapter, your own).
         rtol, atol, equal_nan, pass_rule, max_mismatch_percentage, tolerance: keywords of the comparison
@@ -215,7 +238,7 @@ class KernelDiffHarness:
         example_inputs: Any,
         *,
         model_name: str | None = None,
-        reference_backend: Any = "eager",
+        reference_backend: Any = None,
         test_backend: Any = "inductor",
         float64_multiplier: float = 2.0,
         float64_floor: float = 1e-5,
@@ -240,9 +263,12 @@ class KernelDiffHarness:
             tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,))
         self.model_name = model_name or (type(model).__name__ if isinstance(model, torch.nn.Module)
                                          else getattr(model, "__name__", "model"))
+        self.tolerance_kwargs: dict[str, Any] = core_tolerance(tolerance_options)
+        if reference_backend is None:  # fair by default: a tolerance given asks for it, else the ratio rule
+            given = any(v is not None for v in self.tolerance_kwargs.values())
+            reference_backend = "eager" if given else "float64"
         self.reference_backend = reference_backend
         self.test_backend = test_backend
-        self.tolerance_kwargs: dict[str, Any] = core_tolerance(tolerance_options)
         self.ratio_rule = RatioRule(float(float64_multiplier), float(float64_floor), "rmse")
         self.compare_gradients = compare_gradients
         self.compare_modules = compare_modules
@@ -323,7 +349,7 @@ class KernelDiffHarness:
         if side.compile:
             fn = torch.compile(model, backend=_resolve_backend(side.backend_spec))
         inputs = side.cast_inputs(self.example_inputs)
-        with torch.no_grad():
+        with torch.no_grad(), _compile_caches_off(side.compile):
             out = _call(fn, inputs)
         for h in handles:
             h.remove()
@@ -352,18 +378,23 @@ class KernelDiffHarness:
             base = compare(r, bases[i], name=name, top_k=self.top_k, check_dtype=False)
             results.append(res)
             base_results.append(base)
-            verdicts.append(self._ratio_verdict(res, base))
+            passed, reason, ratio = self._ratio_verdict(res, base)
+            if bases[i].dtype != t.dtype:  # the float64 side's dtype says nothing: eager's does
+                passed, reason = False, (f"dtype mismatch: eager {str(bases[i].dtype).removeprefix('torch.')} "
+                                         f"vs test {str(t.dtype).removeprefix('torch.')}")
+            verdicts.append((passed, reason, ratio))
         # the worst run: a failing one first, then the largest error
         def badness(i: int) -> tuple[int, float]:
             err = results[i].max_abs_error
             return (0 if verdicts[i][0] else 1, -1.0 if err is None else (err if math.isfinite(err) else math.inf))
 
+        identical = None if bases is None else all(_bit_identical(b, t) for b, t in zip(bases, tests, strict=False))
         worst = max(range(len(results)), key=badness)
         passed, reason, ratio = verdicts[worst]
         return TensorDiff(name=name, kind=kind, passed=passed and all(v[0] for v in verdicts), result=results[worst],
                           rule="ratio" if bases is not None else "tolerance", baseline=base_results[worst],
                           ratio=ratio, run_max_abs_errors=[r.max_abs_error for r in results], reason=reason,
-                          module=module)
+                          module=module, identical_to_eager=identical)
 
     def _ratio_verdict(self, res: ComparisonResult, base: ComparisonResult) -> tuple[bool, str | None, dict[str, Any]]:
         """The project's ratio verdict (:meth:`RatioRule.verdict`) of the test against float64, with
@@ -432,7 +463,8 @@ class KernelDiffHarness:
         self._test_side = test
         for side in (ref, base, test):
             if side is not None:
-                self._run_side(side)
+                with _compile_caches_off(side.compile):
+                    self._run_side(side)
 
         outputs, missing, extra = self._judge_maps("output", ref.outputs, test.outputs,
                                                    base.outputs if base is not None else None)

@@ -46,6 +46,8 @@ class TensorDiff:
     run_max_abs_errors: list[float | None] = field(default_factory=list)
     reason: str | None = None
     module: str | None = None  # for kind == "module": the submodule's qualified name
+    #: with a float64 reference: whether the test is bit-identical to float32 eager (same dtype) in every run
+    identical_to_eager: bool | None = None
 
     @property
     def max_abs_error(self) -> float | None:
@@ -113,6 +115,7 @@ class TensorDiff:
             "error_mean": self.error_mean,
             "error_std": self.error_std,
             "ratio": self.ratio,
+            "identical_to_eager": self.identical_to_eager,
             "comparison": r.to_dict(json_compatible=True),
             "baseline": self.baseline.to_dict(json_compatible=True) if self.baseline is not None else None,
         })

@@ -199,27 +199,91 @@ def _to_float64(x):
     return x
 
 
-def compare_outputs(ref, alt, rtol, atol):
-    """Per output: shape, max abs/rel error, and whether |alt-ref| <= atol + rtol*|ref| everywhere (NaN == NaN)."""
+def fresh(inputs):
+    """Fresh clones of ``inputs`` (same strides, dtype and ``requires_grad``): every oracle run gets
+    its own, so a graph that changes its inputs in place (``sin_``, ``copy_``) sees the original values."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            c = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+            with torch.no_grad():
+                c.copy_(x.detach())
+            if x.requires_grad and x.is_leaf:
+                c.requires_grad_(True)
+            x = c
+        out.append(x)
+    return out
+
+
+def caches_off():
+    """A context in which Inductor's FX graph cache and AOTAutograd's cache are off, so a compile is
+    really done and detection does not depend on what an earlier process left on disk. (The repro's
+    standalone copy of ``debug_framework._torch.inductor.compile_caches_off``.)"""
+    import contextlib
+    import importlib
+
+    stack = contextlib.ExitStack()
+    try:  # by name: this runtime runs in repros, where debug_framework._torch is not importable
+        inductor_config = importlib.import_module("torch._inductor.config")
+        functorch_config = importlib.import_module("torch._functorch.config")
+    except ImportError:  # a torch without them: nothing to turn off
+        return stack
+    flags = {k: False for k in ("fx_graph_cache", "fx_graph_remote_cache") if hasattr(inductor_config, k)}
+    stack.enter_context(inductor_config.patch(flags))
+    if hasattr(functorch_config, "enable_autograd_cache"):
+        stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
+
+
+def _nonfinite_mismatches(r64, a64):
+    """Positions where ``alt`` is non-finite or ``ref`` is, and they differ: NaN matches NaN, an
+    infinity only the same infinity (the comparison core's rule with ``equal_nan``)."""
+    finite = torch.isfinite(r64) & torch.isfinite(a64)
+    matched = (torch.isnan(r64) & torch.isnan(a64)) | (torch.isinf(r64) & (r64 == a64))
+    return ~finite & ~matched
+
+
+def _header_failure(r, a, base):
+    """(failure, reason) for a shape or dtype mismatch, else (None, None). The dtype is judged
+    against ``base``: the graph run eagerly at the inputs' precision (the reference itself in eager mode)."""
+    if tuple(r.shape) != tuple(a.shape):
+        return "shape", "shape mismatch: reference %s vs backend %s" % (list(r.shape), list(a.shape))
+    if base is not None and base.dtype != a.dtype:
+        return "dtype", "dtype mismatch: eager %s vs backend %s" % (_dtype_name(base.dtype), _dtype_name(a.dtype))
+    return None, None
+
+
+def compare_outputs(ref, alt, rtol, atol, base=None):
+    """Per output: |alt - ref| <= atol + rtol*|ref| everywhere over the finite pairs, non-finite values
+    where the reference has the same ones (NaN == NaN), the same shape, and the dtype of ``base`` (the
+    eager run; default ``ref``). Each failing row names its ``failure``: shape, dtype, nonfinite or value."""
     refs, alts = _tensors(ref), _tensors(alt)
+    bases = _tensors(base) if base is not None else refs
     rows = []
-    if len(refs) != len(alts):
-        return [{"index": -1, "passed": False, "reason": "%d reference outputs, %d backend outputs" % (len(refs), len(alts))}]
-    for i, (r, a) in enumerate(zip(refs, alts)):
-        if tuple(r.shape) != tuple(a.shape):
-            rows.append({"index": i, "passed": False, "reason": "shape %s vs %s" % (list(r.shape), list(a.shape))})
+    if not len(refs) == len(alts) == len(bases):
+        return [{"index": -1, "passed": False, "failure": "outputs",
+                 "reason": "%d reference outputs, %d backend outputs" % (len(refs), len(alts))}]
+    for i, (r, a, b) in enumerate(zip(refs, alts, bases)):
+        failure, reason = _header_failure(r, a, b)
+        if failure == "shape":
+            rows.append({"index": i, "passed": False, "failure": failure, "reason": reason})
             continue
         r64, a64 = r.detach().to(torch.float64), a.detach().to(torch.float64)
-        both_nan = torch.isnan(r64) & torch.isnan(a64)
-        diff = (a64 - r64).abs()
-        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-        bad = ~(diff <= atol + rtol * r64.abs())
+        nonfinite = _nonfinite_mismatches(r64, a64)
+        finite = torch.isfinite(r64) & torch.isfinite(a64)
+        diff = torch.where(finite, (a64 - r64).abs(), torch.zeros_like(r64))
+        bad_value = finite & ~(diff <= atol + rtol * r64.abs())
         max_abs = float(diff.max()) if diff.numel() else 0.0
         rel = diff / r64.abs().clamp_min(1e-30)
         max_rel = float(rel.max()) if rel.numel() else 0.0
-        rows.append({"index": i, "passed": not bool(bad.any()), "mismatched": int(bad.sum()), "numel": r.numel(),
-                     "max_abs_error": None if math.isnan(max_abs) else max_abs,
-                     "max_rel_error": None if math.isnan(max_rel) else max_rel})
+        n_nf, n_val = int(nonfinite.sum()), int(bad_value.sum())
+        if failure is None and n_nf:
+            failure, reason = "nonfinite", "%d non-finite mismatch(es)" % n_nf
+        elif failure is None and n_val:
+            failure, reason = "value", "%d value(s) outside rtol=%g atol=%g" % (n_val, rtol, atol)
+        rows.append({"index": i, "passed": failure is None, "failure": failure, "reason": reason,
+                     "mismatched": n_nf + n_val, "nonfinite_mismatches": n_nf, "numel": r.numel(),
+                     "max_abs_error": max_abs, "max_rel_error": max_rel})
     return rows
 
 
@@ -228,8 +292,7 @@ def _rmse_and_nonfinite(oracle, x):
     number of non-finite values that mismatch (NaN matches NaN, an infinity only the same infinity)."""
     o, v = oracle.detach().to(torch.float64).reshape(-1), x.detach().to(torch.float64).reshape(-1)
     finite = torch.isfinite(o) & torch.isfinite(v)
-    matched = (torch.isnan(o) & torch.isnan(v)) | (torch.isinf(o) & (o == v))
-    nonfinite_mismatch = int((~finite & ~matched).sum())
+    nonfinite_mismatch = int(_nonfinite_mismatches(o, v).sum())
     if not int(finite.sum()):
         return (None if o.numel() else 0.0), nonfinite_mismatch
     return float(((v[finite] - o[finite]) ** 2).mean().sqrt()), nonfinite_mismatch
@@ -246,38 +309,70 @@ def _finite_rms(x):
 def ratio_outputs(oracle, base, alt, multiplier, floor, floor_rms=0.0):
     """Per output, the ratio rule against the float64 ``oracle`` with ``base`` (eager at the inputs'
     precision) as the baseline: the backend's RMSE may be at most ``multiplier`` x the baseline's +
-    ``floor`` (+ ``floor_rms`` x the RMS of that output's oracle value), over finite pairs, with no more non-finite mismatches than the baseline. The repro's
-    standalone copy of ``debug_framework.comparison.RatioRule.verdict`` (metric ``rmse``); a test
-    keeps the two in agreement."""
+    ``floor`` (+ ``floor_rms`` x the RMS of that output's oracle value), over finite pairs, with no
+    more non-finite mismatches than the baseline, and the baseline's shape and dtype. The repro's
+    standalone copy of ``debug_framework.comparison.RatioRule.verdict`` (metric ``rmse``) plus the
+    dtype check; a test keeps the two in agreement. Failing rows name their ``failure`` as
+    :func:`compare_outputs` does."""
     refs, bases, alts = _tensors(oracle), _tensors(base), _tensors(alt)
     if not len(refs) == len(bases) == len(alts):
-        return [{"index": -1, "passed": False, "reason": "%d oracle outputs, %d eager, %d backend"
+        return [{"index": -1, "passed": False, "failure": "outputs", "reason": "%d oracle outputs, %d eager, %d backend"
                  % (len(refs), len(bases), len(alts))}]
     rows = []
     for i, (r, b, a) in enumerate(zip(refs, bases, alts)):
-        if tuple(r.shape) != tuple(a.shape) or tuple(r.shape) != tuple(b.shape):
-            rows.append({"index": i, "passed": False, "reason": "shape %s vs %s" % (list(r.shape), list(a.shape))})
+        if tuple(r.shape) != tuple(b.shape):
+            rows.append({"index": i, "passed": False, "failure": "shape",
+                         "reason": "shape %s vs %s" % (list(r.shape), list(b.shape))})
+            continue
+        failure, reason = _header_failure(r, a, b)
+        if failure is not None:
+            rows.append({"index": i, "passed": False, "failure": failure, "reason": reason})
             continue
         base_err, base_nf = _rmse_and_nonfinite(r, b)
         test_err, test_nf = _rmse_and_nonfinite(r, a)
         base_err = base_err or 0.0
+        if test_err is None and test_nf == 0:
+            test_err = 0.0  # nothing finite, every non-finite value where the oracle has it: an exact match
         floor_i = floor + floor_rms * _finite_rms(r) if floor_rms else floor
         bound = multiplier * base_err + floor_i
         if test_nf > base_nf:
-            passed, reason = False, "%d non-finite mismatch(es) against float64 (eager has %d)" % (test_nf, base_nf)
+            failure, reason = "nonfinite", "%d non-finite mismatch(es) against float64 (eager has %d)" % (test_nf, base_nf)
         elif test_err is None:
-            passed, reason = False, "no finite values to compare"
-        else:
-            passed = test_err <= bound
-            reason = None if passed else "RMSE %.3e vs float64 exceeds %g x eager's RMSE %.3e + %g" % (
+            failure, reason = "nonfinite", "no finite values to compare"
+        elif not test_err <= bound:
+            failure, reason = "value", "RMSE %.3e vs float64 exceeds %g x eager's RMSE %.3e + %g" % (
                 test_err, multiplier, base_err, floor_i)
-        rows.append({"index": i, "passed": passed, "reason": reason, "test_error": test_err,
-                     "eager_error": base_err, "bound": bound})
+        rows.append({"index": i, "passed": failure is None, "failure": failure, "reason": reason,
+                     "test_error": test_err, "eager_error": base_err, "bound": bound,
+                     "nonfinite_mismatches": test_nf})
     return rows
 
 
 def reference_inputs(inputs, reference):
     return [_to_float64(x) for x in inputs] if reference == "float64" else list(inputs)
+
+
+def observe_accuracy(model, compile_fn, inputs, signature):
+    """The accuracy observation of one graph: ``model`` run as the reference (on float64 inputs when
+    ``signature["reference"]`` says so) and as the eager baseline, and ``compile_fn(inputs)`` (the
+    backend's compiled callable) run once; every run on fresh clones of ``inputs``, every compile with
+    the compile caches off. The minifier's in-process oracle and the generated repro both call this,
+    so an output fails in one exactly when it fails in the other."""
+    ratio = signature.get("ratio")
+    try:
+        with torch.no_grad():
+            ref = model(*reference_inputs(fresh(inputs), signature["reference"]))
+            with caches_off():
+                compiled = compile_fn(fresh(inputs))
+                alt = compiled(*fresh(inputs))
+            base = model(*fresh(inputs)) if signature["reference"] == "float64" else None
+    except Exception as e:  # noqa: BLE001 - a run that fails is a different bug
+        return {"kind": "accuracy", "error": ("%s: %s" % (type(e).__name__, e))[:2000]}
+    if ratio:
+        rows = ratio_outputs(ref, base, alt, ratio["multiplier"], ratio["floor"], ratio.get("floor_rms", 0.0))
+    else:
+        rows = compare_outputs(ref, alt, signature["rtol"], signature["atol"], base)
+    return {"kind": "accuracy", "outputs": rows}
 
 
 # --------------------------------------------------------------------------- matching
@@ -306,5 +401,7 @@ def matches(sig, obs):
     if sig["kind"] == "accuracy":
         if obs.get("error"):
             return False
-        return any(not row["passed"] for row in obs.get("outputs", []))
+        wanted = sig.get("failures")  # the classes of the original failure (None: any)
+        return any(not row["passed"] and (not wanted or row.get("failure") in wanted)
+                   for row in obs.get("outputs", []))
     return False

@@ -213,20 +213,8 @@ def _observe_source(signature: Signature) -> str:
             ''')
     return load + textwrap.dedent('''
         def observe(model, inputs, spec):
-            signature = spec["signature"]
-            ratio = signature.get("ratio")
-            try:
-                with torch.no_grad():
-                    ref = model(*reference_inputs(inputs, signature["reference"]))
-                    alt = compile_graph(model, inputs, spec["backend"])(*inputs)
-                    base = model(*inputs) if ratio else None
-            except Exception as e:
-                return {"kind": "accuracy", "error": "%s: %s" % (type(e).__name__, e)}
-            if ratio:
-                return {"kind": "accuracy",
-                        "outputs": ratio_outputs(ref, base, alt, ratio["multiplier"], ratio["floor"],
-                                                 ratio.get("floor_rms", 0.0))}
-            return {"kind": "accuracy", "outputs": compare_outputs(ref, alt, signature["rtol"], signature["atol"])}
+            return observe_accuracy(model, lambda fresh_inputs: compile_graph(model, fresh_inputs, spec["backend"]),
+                                    inputs, spec["signature"])
         ''')
 
 

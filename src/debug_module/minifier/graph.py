@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from . import _runtime
+
 __all__ = ["GraphSlicer", "Candidate", "record_values", "synthesize_value"]
 
 _COMPUTE = ("call_function", "call_method", "call_module")
@@ -70,12 +72,13 @@ def record_values(gm: torch.fx.GraphModule, inputs: Sequence[Any] | None) -> dic
         class _Recorder(torch.fx.Interpreter):
             def run_node(self, n: torch.fx.Node) -> Any:
                 r = super().run_node(n)
-                values[n.name] = r
+                # a snapshot: an in-place op later in the graph must not change what this node produced
+                values[n.name] = _runtime.fresh([r])[0] if isinstance(r, torch.Tensor) else r
                 return r
 
         try:
             with torch.no_grad():
-                _Recorder(gm).run(*inputs)
+                _Recorder(gm).run(*_runtime.fresh(inputs))  # the caller's inputs stay as they are
             return values
         except Exception:
             values.clear()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from debug_framework.comparison import RatioRule, finite_rms
+from debug_framework.comparison import RatioRule
 from debug_framework.repro_format import is_installed
 
 from ..constraints import Constraint, Violation, as_constraint, check_graph
@@ -33,6 +33,8 @@ __all__ = ["Signature", "ConstraintSignature", "ExceptionSignature", "AccuracySi
            "signature_from_dict"]
 
 Backend = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+#: The classes of an accuracy failure, as each output row of an observation names it.
+FAILURE_CLASSES = ("shape", "dtype", "nonfinite", "value", "outputs")
 
 
 # --------------------------------------------------------------------------- backends in repros
@@ -248,15 +250,22 @@ class ExceptionSignature(_BackendSignature):
 
 class AccuracySignature(_BackendSignature):
     """Outputs of the graph compiled by ``backend`` differ from a reference run beyond ``rtol``/``atol``
-    (|alt - ref| <= atol + rtol*|ref| fails somewhere; judged by the comparison core).
+    (|alt - ref| <= atol + rtol*|ref| fails somewhere over the finite pairs, a non-finite value where
+    the reference has another, a shape or dtype that differs: the comparison core's rule, with
+    ``equal_nan``). Observed by :func:`._runtime.observe_accuracy`, the function the repro runs too:
+    fresh clones of the inputs for every run, compile caches off.
 
     ``reference``: ``"eager"`` (the graph run as is) or ``"float64"`` (floating inputs cast to float64).
     ``ratio``: with ``reference="float64"``, judge by the project's ratio rule instead of rtol/atol
     (:meth:`debug_framework.comparison.RatioRule.verdict`: the backend's error against float64 may be at
     most ``multiplier`` times the eager graph's own error at the inputs' precision, plus ``floor``), as
-    KernelDiff's float64 mode judges; the repro's standalone check mirrors it (``_runtime.ratio_outputs``).
+    KernelDiff's float64 mode judges (``_runtime.ratio_outputs``, kept in agreement with it by a test).
     ``floor_rms``: with ``ratio``, each output's floor is ``ratio.floor + floor_rms x RMS(its float64
     value)`` (:meth:`~debug_framework.comparison.RatioRule.calibrated` per output: ``floor_eps x eps``).
+    ``failures``: the classes of failure that count (``shape``, ``dtype``, ``nonfinite``, ``value``,
+    ``outputs`` for a different number of outputs; ``None``: any); :meth:`for_failure` sets them from
+    the original graph's observation. Shape and dtype are judged against the graph run eagerly at
+    the inputs' precision, so a dtype-only difference (equal values) fails.
     ``output``: name of an intermediate node to judge instead of the graph outputs (the graph is first
     cut to that node's inputs cone). If the backend raises, the signature does not hold (another bug).
     """
@@ -265,7 +274,7 @@ class AccuracySignature(_BackendSignature):
 
     def __init__(self, backend: Backend | str, *, reference: str = "eager", rtol: float = 1e-4, atol: float = 1e-5,
                  output: str | None = None, backend_spec: str | None = None, ratio: RatioRule | None = None,
-                 floor_rms: float = 0.0) -> None:
+                 floor_rms: float = 0.0, failures: Sequence[str] | None = None) -> None:
         super().__init__(backend, backend_spec)
         if reference not in ("eager", "float64"):
             raise MinifierError(f"unknown reference {reference!r}", hint="use 'eager' or 'float64'")
@@ -274,6 +283,10 @@ class AccuracySignature(_BackendSignature):
                                 hint="pass reference='float64' and a RatioRule with metric='rmse'")
         self.reference, self.rtol, self.atol, self.output = reference, float(rtol), float(atol), output
         self.ratio, self.floor_rms = ratio, float(floor_rms)
+        unknown = sorted(set(failures or ()) - set(FAILURE_CLASSES))
+        if unknown:
+            raise MinifierError(f"unknown accuracy failure class(es) {unknown}", hint=f"use {', '.join(FAILURE_CLASSES)}")
+        self.failures = sorted(set(failures)) if failures else None
 
     def to_dict(self) -> dict[str, Any]:
         ratio = None if self.ratio is None else {"multiplier": self.ratio.multiplier, "floor": self.ratio.floor,
@@ -281,47 +294,31 @@ class AccuracySignature(_BackendSignature):
         if ratio is not None and self.floor_rms:
             ratio["floor_rms"] = self.floor_rms
         return {"kind": self.kind, "reference": self.reference, "rtol": self.rtol, "atol": self.atol,
-                "output": self.output, "ratio": ratio}
+                "output": self.output, "ratio": ratio, "failures": self.failures}
 
     def describe(self) -> str:
+        which = f" [{'/'.join(self.failures)}]" if self.failures else ""
         if self.ratio is not None:
             per_output = f" + {self.floor_rms:g} x RMS(output)" if self.floor_rms else ""
-            return (f"outputs under backend {self._backend_name()} exceed the ratio rule against float64 "
+            return (f"outputs under backend {self._backend_name()} exceed the ratio rule against float64{which} "
                     f"(RMSE <= {self.ratio.multiplier:g} x eager's + {self.ratio.floor:g}{per_output})")
-        return (f"outputs under backend {self._backend_name()} differ from {self.reference} "
+        return (f"outputs under backend {self._backend_name()} differ from {self.reference}{which} "
                 f"(rtol={self.rtol:g}, atol={self.atol:g})")
 
     def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
-        try:
-            with torch.no_grad():
-                ref = gm(*_runtime.reference_inputs(inputs, self.reference))
-                alt = self._compile(gm, inputs)(*inputs)
-                base = gm(*inputs) if self.ratio is not None else None
-        except Exception as e:  # noqa: BLE001 - a failing run is a different bug
-            return {"kind": self.kind, "error": f"{type(e).__name__}: {e}"[:2000]}
-        refs, alts = _runtime._tensors(ref), _runtime._tensors(alt)
-        if len(refs) != len(alts):
-            return {"kind": self.kind, "outputs": _runtime.compare_outputs(refs, alts, self.rtol, self.atol)}
-        bases = _runtime._tensors(base) if base is not None else [None] * len(refs)
-        return {"kind": self.kind, "outputs": [self._judge(i, r, a, b) for i, (r, a, b) in enumerate(zip(refs, alts, bases))]}
+        """The same observation the repro makes (:func:`._runtime.observe_accuracy`): fresh input clones
+        for every run, compile caches off, one rule for shapes, dtypes, non-finite values and errors."""
+        return _runtime.observe_accuracy(gm, lambda fresh: self._compile(gm, fresh), inputs, self.to_dict())
 
-    def _judge(self, i: int, ref: torch.Tensor, alt: torch.Tensor, base: torch.Tensor | None) -> dict[str, Any]:
-        """One output: by rtol/atol, or by the ratio rule with the eager output as the baseline."""
-        from debug_framework.comparison import compare
-
-        res = compare(ref.detach(), alt.detach(), rtol=self.rtol, atol=self.atol, equal_nan=True, check_dtype=False,
-                      name=f"output_{i}")
-        row = {"index": i, "passed": bool(res.passed), "max_abs_error": res.max_abs_error,
-               "max_rel_error": res.max_rel_error, "reason": res.reason}
-        if self.ratio is not None and base is not None:
-            rule = self.ratio
-            if self.floor_rms:
-                rule = RatioRule(rule.multiplier, rule.floor + self.floor_rms * finite_rms(ref), rule.metric)
-            v = rule.verdict(compare(ref.detach(), base.detach(), equal_nan=True, check_dtype=False), res,
-                                   oracle="float64", baseline_name="eager")
-            row.update(passed=v.passed, reason=v.reason, test_error=v.judgement.alternative_error,
-                       eager_error=v.judgement.reference_error, bound=v.judgement.bound)
-        return row
+    def for_failure(self, observation: dict[str, Any]) -> AccuracySignature:
+        """This signature narrowed to the classes of failure (``shape``, ``dtype``, ``nonfinite``,
+        ``value``) that ``observation`` shows, so reduction keeps the same bug: a dtype-only failure is
+        not traded for a rounding difference, a NaN not for a small error."""
+        classes = sorted({row.get("failure") for row in observation.get("outputs", [])
+                          if not row.get("passed") and row.get("failure")})
+        return AccuracySignature(self.backend, reference=self.reference, rtol=self.rtol, atol=self.atol,
+                                 output=self.output, backend_spec=self.backend_spec, ratio=self.ratio,
+                                 floor_rms=self.floor_rms, failures=classes or None)
 
 
 def signature_from_dict(data: dict[str, Any], *, backend: Backend | str | None = None,
@@ -343,6 +340,6 @@ def signature_from_dict(data: dict[str, Any], *, backend: Backend | str | None =
                                  atol=data.get("atol", 1e-5), output=data.get("output"),
                                  ratio=None if not ratio else RatioRule(float(ratio["multiplier"]),
                                                                         float(ratio["floor"]), str(ratio["metric"])),
-                                 floor_rms=float((ratio or {}).get("floor_rms", 0.0)))
+                                 floor_rms=float((ratio or {}).get("floor_rms", 0.0)), failures=data.get("failures"))
     raise MinifierError(f"unknown signature kind {kind!r}", hint="use constraint, exception or accuracy")
 

@@ -20,9 +20,27 @@ def _is_zero(value: Any) -> bool:
 
 def exact_match_of(report: Mapping[str, Any]) -> bool:
     """True when a KernelDiff result (``DiffReport.to_dict()`` or its saved JSON) is bit-identical:
-    something was compared, no leaf is missing or extra, and every output, gradient and module has
-    max abs error 0 and no NaN/inf on either side. Then plots of its errors would be all zeros."""
+    something was compared, no leaf is missing or extra, and every output, gradient and module passed,
+    has the reference's dtype, no error (bit-identical to float32 eager with a float64 reference, max
+    abs error 0 otherwise) and no NaN/inf on either side. Then plots of its errors would be all zeros."""
     entries = [e for key in ("outputs", "gradients", "modules") for e in report.get(key) or () if isinstance(e, Mapping)]
     if not entries or report.get("missing") or report.get("extra"):
         return False
-    return all(_is_zero(e.get("max_abs_error")) and not any(e.get(k) for k in _NONFINITE) for e in entries)
+    return all(e.get("passed") is not False and _dtypes_match(e) and _no_error(e)
+               and not any(e.get(k) for k in _NONFINITE) for e in entries)
+
+
+def _no_error(entry: Mapping[str, Any]) -> bool:
+    """Bit-identical to what it is compared with: with a float64 reference, to float32 eager
+    (``identical_to_eager``); else max abs error 0 against the reference."""
+    identical = entry.get("identical_to_eager")
+    return bool(identical) if identical is not None else _is_zero(entry.get("max_abs_error"))
+
+
+def _dtypes_match(entry: Mapping[str, Any]) -> bool:
+    """The test's dtype is the reference's (eager's, when the reference is float64): equal values in
+    another dtype are no exact match."""
+    test = (entry.get("comparison") or {}).get("alternative_dtype")
+    ref = ((entry.get("baseline") or entry.get("comparison") or {}).get("alternative_dtype") if entry.get("baseline")
+           else (entry.get("comparison") or {}).get("reference_dtype"))
+    return not test or not ref or test == ref

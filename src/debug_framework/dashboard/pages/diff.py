@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from debug_framework.dashboard.data import cells, literal, session_ids, show_error, viewer
+from debug_framework.dashboard.data import cells, literal, number_columns, session_ids, show_error, viewer
 from debug_framework.errors import DebugFrameworkError
 from debug_framework.reports import render_diff
 from debug_framework.services.session_diff import diff_sessions, value_text
@@ -34,11 +34,12 @@ with viewer() as db:
                 cols = st.columns(len(counts))
                 for col, (name, n) in zip(cols, counts.items()):
                     col.metric(name, n)
-                st.dataframe(cells(pd.DataFrame([{
+                changes = cells(pd.DataFrame([{
                     "checkpoint": c.id, "layer": c.layer, "change": c.change,
                     "before passed": c.before_passed, "after passed": c.after_passed,
                     "before max abs": c.before_max_abs_error, "after max abs": c.after_max_abs_error,
-                } for c in diff.changes])), hide_index=True, width="stretch")
+                } for c in diff.changes]))
+                st.dataframe(changes, hide_index=True, width="stretch", column_config=number_columns(changes))
                 if diff.differences:
                     st.subheader("What else differs")
                     st.dataframe(cells(pd.DataFrame([{"field": d.field, "before": value_text(d.before, 200),

@@ -22,13 +22,27 @@ def _knobs(prefix: str) -> dict[str, object]:
     seed = c[1].number_input("seed", min_value=0, value=0, step=1, key=f"{prefix}_seed")
     batch = c[2].number_input("batch", min_value=1, value=2, step=1, key=f"{prefix}_batch")
     length = c[3].number_input("length", min_value=1, value=16, step=1, key=f"{prefix}_len")
-    d = st.columns(3)
+    d = st.columns(4)
     record = d[0].checkbox("record tensors (heatmaps)", key=f"{prefix}_rec")
     oracle = d[1].checkbox("float64 oracle", key=f"{prefix}_oracle")
-    isolate = d[2].selectbox("isolation", ("auto", "on", "off"), key=f"{prefix}_iso")
+    drill = d[2].checkbox("drill down to the operator", key=f"{prefix}_drill")
+    isolate = d[3].selectbox("isolation", ("auto", "on", "off"), key=f"{prefix}_iso")
     return {"dtype": dtype, "seed": int(seed), "input_shape": [int(batch), int(length)],
-            "tensor_recording_enabled": record, "oracle": oracle,
+            "tensor_recording_enabled": record, "oracle": oracle, "drill_down": drill,
             "isolate": {"auto": "auto", "on": True, "off": False}[isolate]}
+
+
+def _backends(prefix: str) -> tuple[str, str]:
+    """The reference and alternative backends, chosen among the registered ones (a ``plugin:<id>``
+    can be typed in); a name is checked before the task is written."""
+    from debug_framework.backends.registry import registered_backends
+
+    known = registered_backends()
+    c = st.columns(2)
+    ref = c[0].selectbox("reference backend", known, index=known.index("python_reference")
+                         if "python_reference" in known else 0, key=f"{prefix}_ref", accept_new_options=True)
+    alt = c[1].selectbox("alternative backend", ["auto", *known], key=f"{prefix}_alt", accept_new_options=True)
+    return str(ref), str(alt)
 
 
 def show_failure(exc: Exception, doing: str) -> None:
@@ -40,9 +54,7 @@ def show_failure(exc: Exception, doing: str) -> None:
 tab_v, tab_b = st.tabs(["Launch a validation", "Launch a batch job"])
 with tab_v, st.form("launch_validation"):
     model = st.text_input("model path", placeholder="/path/to/hf-model-dir")
-    c = st.columns(2)
-    ref = c[0].text_input("reference backend", value="python_reference")
-    alt = c[1].text_input("alternative backend", value="auto")
+    ref, alt = _backends("v")
     knobs = _knobs("v")
     if st.form_submit_button("Launch validation"):
         try:
@@ -54,9 +66,7 @@ with tab_v, st.form("launch_validation"):
             show_failure(exc, "launch the validation")
 with tab_b, st.form("launch_batch"):
     paths = st.text_area("model paths, one per line")
-    c = st.columns(2)
-    bref = c[0].text_input("reference backend", value="python_reference", key="b_ref")
-    balt = c[1].text_input("alternative backend", value="auto", key="b_alt")
+    bref, balt = _backends("b")
     bknobs = _knobs("b")
     if st.form_submit_button("Launch batch job"):
         try:
@@ -73,6 +83,20 @@ def _state(task: dict[str, object]) -> str:
         return "worker gone"
     return str(task["state"]) + (" (cancel requested)" if task.get("cancel_requested") and
                                  task["state"] in ACTIVE_STATES else "")
+
+
+def _verdict(db: object, task: dict[str, object]) -> str:
+    """A task's outcome: its session's verdict (passed, failed, error), or its batch job's counts."""
+    sid = task.get("session_id")
+    if sid:
+        row = db.sessions.get(str(sid))  # type: ignore[attr-defined]
+        return "" if row is None or row["status"] in ("created", "running") else str(row["status"])
+    if task.get("job_id"):
+        job = db.batches.get(str(task["job_id"]))  # type: ignore[attr-defined]
+        items = (job or {}).get("items") or []
+        done = [i for i in items if i.get("status") in ("done", "failed")]
+        return f"{len(done)}/{len(items)} items finished" if items else ""
+    return ""
 
 
 @st.fragment(run_every=2)
@@ -102,10 +126,12 @@ def tasks_panel() -> None:
                 except Exception as exc:  # noqa: BLE001
                     show_failure(exc, "cancel the task")
         st.dataframe(cells(pd.DataFrame([{
-            "task": t["task_id"], "kind": t["kind"], "state": _state(t), "stage": t.get("stage"),
-            "done": t.get("done"), "total": t.get("total"), "session": t.get("session_id"), "job": t.get("job_id"),
+            "task": t["task_id"], "kind": t["kind"], "state": _state(t), "verdict": _verdict(db, t),
+            "stage": t.get("stage"), "done": t.get("done"), "total": t.get("total"),
+            "session": f"./session?id={t['session_id']}" if t.get("session_id") else None, "job": t.get("job_id"),
             "message": t.get("message"), "created (UTC)": str(t.get("created_at") or "")[:19],
-        } for t in tasks])), hide_index=True, width="stretch", key="tasks_table")
+        } for t in tasks])), hide_index=True, width="stretch", key="tasks_table",
+            column_config={"session": st.column_config.LinkColumn("session", display_text=r"id=(.*)")})
 
 
 @st.fragment(run_every=2)

@@ -49,3 +49,23 @@ with viewer() as db:
                     if k.get("worst"):
                         st.caption(f"worst sample of {literal(name)}")
                         st.json(k["worst"], expanded=False)
+
+st.header("Backend conformance sweeps")
+with viewer() as db:
+    if db is not None:
+        sweeps = db.opsweeps.list()
+        if not sweeps:
+            st.info("No conformance sweep recorded. Sweep a torch.compile backend with debug_opsweep "
+                    "(docs/conformance.md).")
+        for s in sweeps:
+            v = s.get("verdicts") or {}
+            failing = sum(int(v.get(k, 0)) for k in ("fail", "error", "crash", "hang"))
+            with st.expander(f"{literal(s['backend'])} on {literal(s['device'])} ({literal(s['sweep_key'])}): "
+                             f"{int(v.get('pass', 0))} passed, {failing} failing", expanded=failing > 0):
+                st.text(plain(f"settings: {s.get('settings')}\nverdicts: {v}"))
+                rows = db.opsweeps.results(str(s["sweep_key"]))
+                st.dataframe(cells(pd.DataFrame([{
+                    "operator": r["op"], "verdict": r["verdict"], "pass rate": r.get("pass_rate"),
+                    "reason": r.get("reason"), "repro": r.get("repro"), "repro verified": r.get("repro_verified"),
+                } for r in rows if r["verdict"] != "pass"] or [{"operator": "", "verdict": "every operator passed"}])),
+                    hide_index=True, width="stretch")

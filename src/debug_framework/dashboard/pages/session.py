@@ -4,6 +4,7 @@ the reports (HTML, JSON, CSV, JUnit) made by ``debug_framework.reports``."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from debug_framework.dashboard.charts import (
@@ -14,10 +15,10 @@ from debug_framework.dashboard.charts import (
     drilldown_frame,
     heatmap_image,
 )
-from debug_framework.dashboard.data import cells, literal, plain, session_ids, viewer
+from debug_framework.dashboard.data import cells, literal, number_columns, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
-from debug_framework.reports._common import row_id, session_results, worst_row
+from debug_framework.reports._common import error_source_text, flat_items, row_id, session_results, worst_row
 
 st.title("Session")
 _MIME = {"html": "text/html", "json": "application/json", "csv": "text/csv", "junit": "application/xml"}
@@ -52,7 +53,7 @@ with viewer() as db:
             c3.metric("checkpoints failed", str(res.get("failed", sum(1 for r in rows if r.get("passed") is False))))
             if res.get("error_source"):
                 st.subheader("Error source")
-                st.json(res["error_source"])
+                st.text(plain(error_source_text(res["error_source"])))
 
             st.subheader("Per-checkpoint error and the bound it was judged by")
             metric = st.selectbox("metric", CURVE_METRICS, index=CURVE_METRICS.index("rmse"))
@@ -61,7 +62,8 @@ with viewer() as db:
                 st.info("No finite figures of this metric to plot.")
             else:
                 st.altair_chart(curve_chart(frame, metric, first), width="stretch")
-            st.dataframe(cells(checkpoint_frame(rows)), hide_index=True, width="stretch")
+            table = cells(checkpoint_frame(rows))
+            st.dataframe(table, hide_index=True, width="stretch", column_config=number_columns(table))
 
             drilled = res.get("drilldown")
             if isinstance(drilled, list):
@@ -79,9 +81,10 @@ with viewer() as db:
                                       f"{culprit['repro_dir']}"))
                     if entry.get("note"):
                         st.caption(literal(entry["note"]))
-                    table = drilldown_frame(entry)
+                    table = cells(drilldown_frame(entry))
                     if not table.empty:
-                        st.dataframe(cells(table), hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}")
+                        st.dataframe(table, hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}",
+                                     column_config=number_columns(table))
 
             worst = worst_row(rows)
             st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_id(worst))}" if worst else ""))
@@ -96,8 +99,11 @@ with viewer() as db:
                     st.caption(literal(note))
 
             st.subheader("Environment")
-            st.json({"environment": sess.get("environment"), "reference": sess.get("reference_backend_info"),
-                     "alternative": sess.get("alternative_backend_info")}, expanded=False)
+            env = cells(pd.DataFrame(flat_items({"environment": sess.get("environment"),
+                                                 "reference": sess.get("reference_backend_info"),
+                                                 "alternative": sess.get("alternative_backend_info")}),
+                                     columns=["field", "value"]))
+            st.dataframe(env, hide_index=True, width="stretch", key="environment")
             st.subheader("Reproduce")
             st.code(doc["reproduce_command"]["command"] or "", language="bash")
             st.subheader("Reports")

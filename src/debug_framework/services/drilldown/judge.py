@@ -35,7 +35,7 @@ from .types import OperatorRow
 from .align import Alignment, attribute_differences
 from .layer_graph import LayerGraph, is_cast, map_float_dtypes, node_module_path, node_source, run_graph
 
-__all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor"]
+__all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor", "value_scale"]
 
 KernelContext = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -71,12 +71,25 @@ def first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def value_scale(trusted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The values whose RMS scales an operator's bound: ``trusted`` without its sentinels, the values
+    at the extreme of ``dtype``'s range (beyond half its largest finite value: an additive mask's
+    ``finfo.min``), which are no magnitude of the computation and would make the bound absurd
+    (2.8e31 for an attention-mask add in float32); all of it when nothing else is left."""
+    t = trusted if trusted.is_floating_point() else trusted.double()
+    if not dtype.is_floating_point:
+        return t
+    ordinary = t.abs() < torch.finfo(dtype).max / 2
+    return t[ordinary] if bool(ordinary.any()) and not bool(ordinary.all()) else t
+
+
 def rms_error(value: Any, trusted: Any) -> float:
     """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or a
     pair is non-finite on either side without being the same value on both (``+inf`` against
     ``-inf``, NaN against an infinity or a number); a trusted value beyond the value's dtype's range
     that overflowed to the infinity of its sign is rounding, not error (an additive mask's "minus
-    infinity" cast down). NaN when either is not a tensor."""
+    infinity" cast down), and so is a pair at the extreme of that range on both sides (beyond half
+    its largest value, same sign: the mask's sentinel). NaN when either is not a tensor."""
     a, t = first_tensor(value), first_tensor(trusted)
     if a is None or t is None:
         return float("nan")
@@ -85,6 +98,8 @@ def rms_error(value: Any, trusted: Any) -> float:
     big = torch.finfo(a.dtype).max if a.is_floating_point() else math.inf
     a, t = a.detach().to("cpu", torch.float64), t.detach().to("cpu", torch.float64)
     saturated = torch.isinf(a) & (t.abs() >= big) & (torch.sign(a) == torch.sign(t))
+    # a sentinel at the extreme of the value's range on both sides (an additive mask's finfo.min)
+    saturated |= (a.abs() >= big / 2) & (t.abs() >= big / 2) & (torch.sign(a) == torch.sign(t))
     same = (a == t) | (torch.isnan(a) & torch.isnan(t))  # the same infinity, or NaN on both sides
     mismatch = ~(torch.isfinite(a) & torch.isfinite(t)) & ~same & ~saturated
     if bool(mismatch.any()):
@@ -302,8 +317,7 @@ def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trus
         out, args, kwargs = j.replay(node)
         introduced = rms_error(out, trusted_out)
         stock = j.stock_noise(node, trusted_out)
-        rule = RatioRule.calibrated(trusted_out if trusted_out.is_floating_point() else trusted_out.double(),
-                                    j.eps, margin=margin, floor_eps=floor_eps)
+        rule = RatioRule.calibrated(value_scale(trusted_out, dtype), j.eps, margin=margin, floor_eps=floor_eps)
         bound = rule.judge(stock, introduced).bound
         rows.append(OperatorRow(index=len(rows), node=node.name, op=str(node.target), module_path=node_module_path(node),
                                 source=node_source(node), introduced=introduced, carried_in=j.carried_in(node),

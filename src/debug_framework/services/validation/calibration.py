@@ -27,7 +27,7 @@ from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ConfigurationError
 from .plan import ValidationPlan
 
-__all__ = ["tolerance_margin", "calibration_backend", "noise_at"]
+__all__ = ["tolerance_margin", "calibration_backend", "calibration_dtype", "noise_at"]
 
 
 def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float | None:
@@ -46,11 +46,18 @@ def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float 
     return float(ratios.max())
 
 
-def calibration_backend(plan: ValidationPlan, alternative_backend: str) -> Backend:
+def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: Any = None) -> Backend:
     """The trusted implementation of a session (``calibration_backend``), checked: it may not be
-    the alternative itself and must run the alternative's dtype (DF005 saying what to pass)."""
+    the alternative itself and must run the alternative's dtype (DF005 saying what to pass).
+    ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
+    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code)."""
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
+
+    if str(plan.config["calibration_backend"]) == "auto" and getattr(model, "architecture", None) == "generic":
+        from ...backends.eager_reference import EagerReferenceBackend
+
+        return EagerReferenceBackend()
 
     name = str(plan.config["calibration_backend"])
     hint = ("leave calibration_backend 'auto' (torch_reference: the reference models through torch), "
@@ -64,6 +71,16 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str) -> Backe
         raise ConfigurationError(f"calibration backend {backend.name!r} cannot run the alternative's dtype "
                               f"{plan.alternative_dtype!r}", hint=hint)
     return backend
+
+
+def calibration_dtype(plan: ValidationPlan, model: Any = None) -> str:
+    """The calibration run's dtype: the alternative's; but on the generic tier with a reference not
+    in float64 (``--reference-backend pytorch``: the very code the calibration would run), float64,
+    so that the noise is how far a correct run (the exact one) lands from the reference."""
+    if getattr(model, "architecture", None) == "generic" and plan.reference_dtype != "float64" \
+            and str(plan.config["calibration_backend"]) == "auto":
+        return "float64"
+    return plan.alternative_dtype
 
 
 def noise_at(key: CheckpointKey, reference: Capture, calibration: Capture | None) -> ComparisonResult | None:

@@ -41,6 +41,44 @@ class OracleEvidence:
     oracle_rms: float
 
 
+@dataclass(frozen=True)
+class ExpertChoice:
+    """The router's expert choice (the top ``k`` experts per token) of the alternative, and of the
+    calibration run, against the reference's: how many tokens chose another set of experts."""
+
+    top_k: int
+    tokens: int
+    differing: int
+    first: int | None = None  #: the first token (flattened index) whose experts differ
+    calibration_differing: int | None = None  #: the same count for a correct run at the alternative's precision
+
+
+def expert_choice(reference: Any, alternative: Any, top_k: int, calibration: Any = None) -> ExpertChoice | None:
+    """Compare the experts two router-logit tensors ``[..., experts]`` choose (top ``top_k`` per
+    token, as sets); None when the shapes differ or ``top_k`` is unknown."""
+    import numpy as np
+
+    from ...comparison import float64_array
+
+    r, a = float64_array(reference), float64_array(alternative)
+    if top_k <= 0 or r.shape != a.shape or r.ndim == 0 or r.shape[-1] < top_k:
+        return None
+
+    def chosen(x: np.ndarray) -> np.ndarray:
+        flat = x.reshape(-1, x.shape[-1])
+        return np.sort(np.argsort(-flat, axis=-1, kind="stable")[:, :top_k], axis=-1)
+
+    ref_choice = chosen(r)
+    diff = np.any(chosen(a) != ref_choice, axis=-1)
+    cal = None
+    if calibration is not None:
+        c = float64_array(calibration)
+        if c.shape == r.shape:
+            cal = int(np.any(chosen(c) != ref_choice, axis=-1).sum())
+    where = np.flatnonzero(diff)
+    return ExpertChoice(top_k, int(diff.size), int(diff.sum()), int(where[0]) if where.size else None, cal)
+
+
 @dataclass
 class CheckpointEvidence:
     """What was measured at one enabled checkpoint.
@@ -58,6 +96,8 @@ class CheckpointEvidence:
         module: the module path of the checkpoint in the backend's model, where known.
         lower_precision: the precision stage's correct runs at lower precisions against the
             reference here, by dtype (``{"bfloat16": ...}``; None: not measured).
+        expert_choice: at a ``router_logits`` checkpoint, the experts chosen (top-k of the logits)
+            compared token by token: :class:`ExpertChoice`.
     """
 
     key: CheckpointKey
@@ -70,6 +110,7 @@ class CheckpointEvidence:
     step: int | None = None
     module: str | None = None
     lower_precision: dict[str, ComparisonResult] | None = None
+    expert_choice: ExpertChoice | None = None
 
     @property
     def present(self) -> bool:

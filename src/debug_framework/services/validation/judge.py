@@ -48,7 +48,8 @@ class Judgement:
 
     Attributes:
         passed: the verdict.
-        judged_by: the rule: ``"calibration"``, ``"tolerance"``, ``"oracle"`` or ``"isolation"``.
+        judged_by: the rule: ``"calibration"``, ``"tolerance"``, ``"oracle"``, ``"isolation"`` or
+            ``"expert_choice"`` (a router chose other experts than the reference's).
         bound: the bound the error was held to (the rule's metric units; None for an elementwise
             tolerance).
         margin: error / bound (at most 1 passes); for a tolerance ``max |a - r| / (atol + rtol |r|)``.
@@ -182,6 +183,13 @@ def _tolerance(comparison: ComparisonResult, margin: float | None = None) -> Jud
 
 def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: ValidationPlan) -> Judgement:
     """The checkpoint's own rule, before isolation: the oracle's, the calibrated bound or its tolerance."""
+    choice = ev.expert_choice
+    if choice is not None and choice.differing > (choice.calibration_differing or 0):
+        noise = "" if choice.calibration_differing is None else (
+            f"; a correct run at this precision differs at {choice.calibration_differing}")
+        return Judgement(False, "expert_choice", reason=(
+            f"the router chose other experts (top {choice.top_k}) for {choice.differing} of {choice.tokens} tokens, "
+            f"first at token {choice.first}{noise}"))
     setup = evidence.oracle
     if setup is not None:
         if ev.oracle is None:
@@ -277,7 +285,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
 
 
 def _block_of(key: CheckpointKey) -> str | None:
-    return {"post_attention": "attention", "post_mlp": "mlp"}.get(key.name)
+    return {"post_attention": "attention", "router_logits": "mlp", "post_mlp": "mlp"}.get(key.name)
 
 
 def error_source(first: CheckpointKey | None, layers: dict[int, LayerVerdict] | None,

@@ -56,6 +56,8 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "input_text": None,  # str or list of str (needs the model's tokenizer)
     "max_length": None,
     "input_shape": [2, 16],  # [batch, length] of seeded random token ids when no text is given
+    "model_tier": "auto",  # "generic": the model's own eager code even where a from-the-math reference exists
+    "inputs_file": None,  # a .safetensors file of named inputs (any model: pixel_values, decoder_input_ids ...)
     "pad_lengths": None,  # random inputs: padding per row (default: the second row a quarter padded)
     "dtype": None,  # the alternative's compute dtype (default: the backend's)
     "reference_dtype": None,  # default: float64 for python_reference; the alternative's in oracle mode
@@ -158,6 +160,10 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigurationError("calibration_backend must be a backend name or 'auto'")
     if not isinstance(merged["precision_thresholds"], Mapping):
         raise ConfigurationError("precision_thresholds must be a mapping like {'rtol': 1e-4, 'atol': 1e-5}")
+    if merged["model_tier"] not in ("auto", "generic"):
+        raise ConfigurationError(f"model_tier must be 'auto' or 'generic', got {merged['model_tier']!r}")
+    if merged["inputs_file"] is not None and not isinstance(merged["inputs_file"], str):
+        raise ConfigurationError(f"inputs_file must be a path, got {merged['inputs_file']!r}")
     shape = merged["input_shape"]
     if not (isinstance(shape, Sequence) and len(shape) == 2 and all(isinstance(v, int) and v > 0 for v in shape)):
         raise ConfigurationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
@@ -187,9 +193,9 @@ def _named_keys(enabled: Sequence[Any] | str, num_layers: int) -> tuple[set[str]
     return names, specific
 
 
-def enabled_keys(config: Mapping[str, Any], num_layers: int) -> list[CheckpointKey]:
-    """The enabled checkpoints in model order."""
-    keys = all_checkpoints(num_layers)
+def enabled_keys(config: Mapping[str, Any], num_layers: int, router_layers: Sequence[int] = ()) -> list[CheckpointKey]:
+    """The enabled checkpoints in model order (``router_layers``: the layers whose router logits exist)."""
+    keys = all_checkpoints(num_layers, router_layers)
     enabled = config.get("enabled_checkpoints")
     if enabled is not None:
         names, specific = _named_keys(enabled, num_layers)
@@ -229,16 +235,24 @@ class ValidationPlan:
     reference_dtype: str
     alternative_dtype: str
     governing_dtype: str  #: the less precise of the two: it picks the default tolerances
+    router_layers: tuple[int, ...] = ()  #: the mixture-of-experts layers (their ``router_logits`` checkpoints)
 
     @classmethod
-    def resolve(cls, config: Mapping[str, Any] | None, num_layers: int) -> ValidationPlan:
+    def resolve(cls, config: Mapping[str, Any] | None, num_layers: int,
+                router_layers: Sequence[int] = ()) -> ValidationPlan:
         """The plan of a session with ``config`` (checked: ConfigurationError, DF005) on a model of
-        ``num_layers`` layers."""
+        ``num_layers`` layers (``router_layers``: its mixture-of-experts layers)."""
         cfg = validate_session_config(config)
         ref_dtype, alt_dtype = str(cfg["reference_dtype"]), str(cfg["dtype"])
-        return cls(config=cfg, num_layers=num_layers, keys=tuple(enabled_keys(cfg, num_layers)),
+        routed = tuple(router_layers)
+        return cls(config=cfg, num_layers=num_layers, keys=tuple(enabled_keys(cfg, num_layers, routed)),
                    reference_dtype=ref_dtype, alternative_dtype=alt_dtype,
-                   governing_dtype=less_precise(ref_dtype, alt_dtype))
+                   governing_dtype=less_precise(ref_dtype, alt_dtype), router_layers=routed)
+
+    @property
+    def all_keys(self) -> list[CheckpointKey]:
+        """Every checkpoint of the model (what isolation needs from each run), in model order."""
+        return all_checkpoints(self.num_layers, self.router_layers)
 
     @property
     def thresholds(self) -> Mapping[str, Any]:

@@ -50,11 +50,19 @@ from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, compare, error_metric
 from ...errors import BackendRuntimeError, ConfigurationError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
-from .calibration import calibration_backend, noise_at, tolerance_margin
+from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
 from .precision_stage import PrecisionStage
-from .evidence import BlockEvidence, CheckpointEvidence, LayerEvidence, OracleEvidence, OracleSetup, reference_scale
+from .evidence import (
+    BlockEvidence,
+    CheckpointEvidence,
+    LayerEvidence,
+    OracleEvidence,
+    OracleSetup,
+    expert_choice,
+    reference_scale,
+)
 from .plan import ValidationPlan
 
 if TYPE_CHECKING:
@@ -97,7 +105,7 @@ class LoadStage(Stage):
         session = ctx.session
         model = ctx.prebuilt.get("model")
         if model is None or model.digest != session.weights_digest:
-            model = load_model(session.model_path)
+            model = load_model(session.model_path, tier=(session.config or {}).get("model_tier", "auto"))
         if session.weights_digest and model.digest != session.weights_digest:
             raise ModelLoadingError(
                 "the weights changed since the session was created (digest mismatch)",
@@ -107,7 +115,7 @@ class LoadStage(Stage):
             raise ValidationError("the session has no saved inputs", session=session.session_id)
         ctx.inputs = ModelInputs.load(session.inputs_ref)
         ctx.model = model
-        ctx.plan = ValidationPlan.resolve(session.config, model.num_layers)
+        ctx.plan = ValidationPlan.resolve(session.config, model.num_layers, model.router_layers)
 
 
 class PrepareStage(Stage):
@@ -192,7 +200,7 @@ class RunBackendStage(Stage):
             backend, dtype, device = ctx.reference, plan.reference_dtype, plan.config["reference_device"]
         else:
             backend, dtype, device = ctx.alternative, plan.alternative_dtype, plan.config["device"]
-        taps = all_checkpoints(plan.num_layers) if ctx.isolating else list(plan.keys)
+        taps = plan.all_keys if ctx.isolating else list(plan.keys)
         drill = self.side == "reference" and bool(plan.config["drill_down"])  # the drill-down's layer inputs
         ctx.captures[self.side], ctx.performance[self.side] = run_measured(
             backend, dtype, device, ctx.inputs, taps, layer_inputs=ctx.isolating or drill, plan=plan,
@@ -232,14 +240,28 @@ class CalibrationStage(Stage):
         return oracle_baseline or any(plan.calibrated(k) for k in plan.keys)
 
     def run(self, ctx: RunContext) -> None:
-        plan, dtype = ctx.plan, ctx.plan.alternative_dtype
-        backend = ctx.prebuilt.get("calibrator") or calibration_backend(plan, ctx.session.alternative_backend)
+        plan, dtype = ctx.plan, calibration_dtype(ctx.plan, ctx.model)
+        backend = ctx.prebuilt.get("calibrator") or calibration_backend(plan, ctx.session.alternative_backend,
+                                                                        ctx.model)
         with Timer() as t:
             call_backend(backend, "prepare()", lambda: backend.prepare(ctx.model, dtype, "cpu"))
-        taps = all_checkpoints(plan.num_layers) if ctx.isolating else list(plan.keys)
+        taps = plan.all_keys if ctx.isolating else list(plan.keys)
         ctx.captures["calibration"], ctx.performance["calibration"] = run_measured(
             backend, dtype, "cpu", ctx.inputs, taps, layer_inputs=False, plan=plan, prepare_s=t.seconds)
         ctx.calibrator = backend
+
+
+def _experts_per_token(ctx: RunContext) -> int:
+    return int(getattr(ctx.model.config, "experts_per_token", 0) or 0)
+
+
+def _module_of(key: CheckpointKey, *captures: Capture) -> str | None:
+    """The module path a backend reports for a checkpoint (``Capture.meta["modules"]``), if any."""
+    for cap in captures:
+        modules = cap.meta.get("modules")
+        if isinstance(modules, Mapping) and str(key) in modules:
+            return str(modules[str(key)])
+    return None
 
 
 class CompareStage(Stage):
@@ -260,7 +282,10 @@ class CompareStage(Stage):
             ev = CheckpointEvidence(key=key, comparison=comp,
                                     reference_rms=reference_scale(ref[key]) if both else math.nan,
                                     noise=noise_at(key, ref, calib) if ctx.plan.calibrated(key) else None,
-                                    module=graph_tensors.get(str(key)))
+                                    module=graph_tensors.get(str(key)) or _module_of(key, ref, alt))
+            if key.name == "router_logits" and both:
+                cal = calib.tensors.get(key) if calib is not None else None
+                ev.expert_choice = expert_choice(ref[key], alt[key], _experts_per_token(ctx), cal)
             if both and (ev.noise is None) and comp.tolerance.pass_rule == "allclose":
                 ev.tolerance_margin = tolerance_margin(ref[key], alt[key], comp.tolerance)
             ctx.evidence.checkpoints.append(ev)
@@ -355,6 +380,12 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
                          mlp_note=note)
 
 
+def _oracle_name(ctx: RunContext) -> str:
+    from ...backends.eager_reference import oracle_for
+
+    return oracle_for(ctx.model)
+
+
 class OracleStage(Stage):
     """Both runs against ``python_reference`` in float64 (the reference itself when it already is
     that): the baseline is the reference, or, when the reference is the oracle, the calibration run
@@ -388,7 +419,7 @@ class OracleStage(Stage):
         ctx.evidence.oracle = OracleSetup(str(cfg["oracle_metric"]), float(cfg["oracle_multiplier"]),
                                           None if fixed_floor is None else float(fixed_floor), base_name)
         ctx.oracle_report = {
-            "oracle_backend": "python_reference", "oracle_dtype": "float64", "metric": str(cfg["oracle_metric"]),
+            "oracle_backend": _oracle_name(ctx), "oracle_dtype": "float64", "metric": str(cfg["oracle_metric"]),
             "multiplier": float(cfg["oracle_multiplier"]), "baseline": base_name,
             "floor": fixed_floor if fixed_floor is not None else f"{cfg['floor_eps']:g} x eps({plan.governing_dtype}) "
                                                                   "x RMS(oracle tensor)",
@@ -398,18 +429,19 @@ class OracleStage(Stage):
 
     @staticmethod
     def reference_is_oracle(ctx: RunContext) -> bool:
-        """The reference run is itself the float64 oracle (``python_reference`` in float64)."""
-        return ctx.session.reference_backend == "python_reference" and ctx.plan.reference_dtype == "float64"
+        """The reference run is itself the float64 oracle (``python_reference``, or ``float64_eager``
+        for a generic-tier model, in float64)."""
+        return ctx.session.reference_backend == _oracle_name(ctx) and ctx.plan.reference_dtype == "float64"
 
     @staticmethod
     def _oracle_capture(ctx: RunContext) -> Capture:
         from ...backends import get_backend
 
         if OracleStage.reference_is_oracle(ctx):
-            ctx.performance["oracle"] = {"note": "the reference backend is python_reference in float64: "
+            ctx.performance["oracle"] = {"note": f"the reference backend is {_oracle_name(ctx)} in float64: "
                                                  "reused as the oracle"}
             return ctx.reference_capture
-        oracle = get_backend("python_reference")
+        oracle = get_backend(_oracle_name(ctx))
         with Timer() as t:
             call_backend(oracle, "prepare()", lambda: oracle.prepare(ctx.model, "float64", "cpu"))
         cap, ctx.performance["oracle"] = run_measured(oracle, "float64", "cpu", ctx.inputs, list(ctx.plan.keys),

@@ -1,0 +1,54 @@
+"""``float64_eager``: the generic tier's reference, the model's own eager ``transformers`` code run
+in float64 on the CPU (as PyTorch's ``torch._dynamo.utils.same`` judges a model against a float64
+run of itself).
+
+It is the default reference of every model without a reference written from the math
+(``modelio.generic``); at the alternative's precision the same backend is the calibration run
+(docs/validation.md, "Calibrated tolerances"), so a correct implementation's rounding at that
+precision is each checkpoint's noise. Checkpoints are found from the module structure
+(:mod:`debug_framework.capture.structure`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..modelio.loader import LoadedModel
+from .pytorch import PyTorchBackend
+
+__all__ = ["EagerReferenceBackend", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
+
+#: The name of the generic tier's reference, everywhere (backend, session, JSON, report).
+FLOAT64_EAGER = "float64_eager"
+#: The name of the references written from the math.
+FROM_MATH = "python_reference"
+
+
+class EagerReferenceBackend(PyTorchBackend):
+    """The model's own eager code on the CPU: float64 by default (the reference); float32, float16
+    or bfloat16 as the calibration run at the alternative's precision."""
+
+    default_dtype = "float64"
+
+    def __init__(self) -> None:
+        super().__init__(device="cpu")
+        self.name = FLOAT64_EAGER
+
+    def version_info(self) -> dict[str, Any]:
+        return {**super().version_info(), "reference": "the model's own transformers eager code"}
+
+
+def reference_for(requested: str, model: LoadedModel) -> tuple[str, str]:
+    """The reference backend of a session: ``"auto"`` is ``python_reference`` where a reference
+    written from the math exists for the model, else ``float64_eager``; ``(name, why)``."""
+    if requested != "auto":
+        return requested, "requested"
+    if model.architecture == "generic":
+        why = getattr(model.config, "why_generic", "") or "no reference written from the math"
+        return FLOAT64_EAGER, f"{FLOAT64_EAGER}: {why}"
+    return FROM_MATH, f"{FROM_MATH}: a reference written from the math exists for {model.config.model_type}"
+
+
+def oracle_for(model: LoadedModel) -> str:
+    """The float64 oracle of a model: the from-math reference where one exists, else ``float64_eager``."""
+    return FLOAT64_EAGER if model.architecture == "generic" else FROM_MATH

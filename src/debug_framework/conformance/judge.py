@@ -1,0 +1,244 @@
+"""Judging one sample of an operator: the compiled call against the float64 eager run, relative to
+the eager run in the sample's own dtype, by the calibrated rule of the plugin op sweep and of
+validation (:func:`debug_framework.plugins.evaluate.sample_rule`, one
+:meth:`~debug_framework.comparison.RatioRule.verdict` per output):
+
+    err(backend, float64 eager) <= 4 x err(eager in the sample's dtype, float64 eager)
+                                   + 1 x eps(sample's dtype) x RMS(float64 eager)
+
+RMSE over finite values; no more non-finite mismatches than eager in the dtype has; the eager run's
+shape and dtype; an output bit for bit equal to eager's in the dtype passes. Integer and boolean
+outputs get the same rule with no floor (exact where eager is exact); an integer output beside floating ones (the indices of ``sort``, ``max(dim)``, ``topk``) is
+not judged, since with ties any index of an equal value is right. Complex outputs are judged on
+their real and imaginary parts.
+
+Beside it each sample records BackendBench's judge (``torch.testing.assert_close`` with
+atol = rtol = 1e-2, NaNs equal) against the float64 run (``allclose_oracle``) and against eager in
+the same dtype (``allclose_eager``), so a sweep can say what a fixed tolerance would have flagged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._torch.dynamo import failure_kind
+from ..comparison import RatioRule, compare
+from ..plugins.evaluate import sample_rule
+from ..plugins.samples import Sample, upcast
+
+__all__ = ["flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness", "BACKENDBENCH_TOL"]
+
+#: BackendBench's tolerances (``BackendBench.eval.allclose``: atol = rtol = 1e-2).
+BACKENDBENCH_TOL = 1e-2
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def flat_outputs(out: Any) -> list[torch.Tensor] | None:
+    """The tensors of an output (nested tuples and lists flattened, Python numbers as 0-d tensors);
+    None when it holds anything else (a string, None, an object)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, bool | int | float):
+        return [torch.tensor(out)]
+    if isinstance(out, complex):
+        return [torch.tensor(out)]
+    if isinstance(out, (tuple, list)):
+        flat: list[torch.Tensor] = []
+        for x in out:
+            sub = flat_outputs(x)
+            if sub is None:
+                return None
+            flat.extend(sub)
+        return flat
+    return None
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        return torch.view_as_real(t.resolve_conj())
+    return t if t.is_floating_point() else t.to(torch.float64)
+
+
+def _bb_allclose(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        torch.testing.assert_close(a, b, atol=BACKENDBENCH_TOL, rtol=BACKENDBENCH_TOL, equal_nan=True,
+                                   check_dtype=False, check_device=False, check_stride=False)
+        return True
+    except (AssertionError, RuntimeError, TypeError, ValueError):
+        return False
+
+
+def judge_outputs(oracle: list[torch.Tensor], baseline: list[torch.Tensor], test: list[torch.Tensor],
+                  dtype: str) -> dict[str, Any]:
+    """The verdict of one sample's outputs (see the module docstring); the worst output's numbers."""
+    if len(test) != len(baseline) or len(oracle) != len(baseline):
+        return {"status": "fail", "reason": f"{len(test)} outputs, eager returns {len(baseline)}"}
+    has_float = any(b.is_floating_point() or b.is_complex() for b in baseline)
+    worst: dict[str, Any] | None = None
+    bb_oracle = bb_eager = True
+    for i, (o, b, t) in enumerate(zip(oracle, baseline, test, strict=True)):
+        if t.dtype != b.dtype:
+            return {"status": "fail", "reason": f"output {i} is {t.dtype}, eager returns {b.dtype}", "output": i}
+        if tuple(t.shape) != tuple(b.shape):
+            return {"status": "fail", "reason": f"output {i} has shape {list(t.shape)}, eager {list(b.shape)}",
+                    "output": i}
+        floating = b.is_floating_point() or b.is_complex()
+        if not floating and has_float:
+            continue  # indices beside values: any index of a tied value is right
+        o64, b64, t64 = _real(o.detach().cpu()).double(), _real(b.detach().cpu()), _real(t.detach().cpu())
+        identical = bool(((t64 == b64) | (t64.isnan() & b64.isnan())).all())
+        bb_oracle = bb_oracle and _bb_allclose(t64.double(), o64)
+        bb_eager = bb_eager and _bb_allclose(t64, b64)
+        # in float64 (exact) and by the torch engine: small tensors, and no kernel to JIT per dtype in a fresh worker
+        base_cmp = compare(o64, b64.double(), check_dtype=False, equal_nan=True, engine="torch")
+        test_cmp = compare(o64, t64.double(), check_dtype=False, equal_nan=True, engine="torch")
+        rule = sample_rule(o64, dtype) if floating else RatioRule.calibrated(o64, 0.0)
+        verdict = rule.verdict(base_cmp, test_cmp, oracle="float64 eager", baseline_name=f"eager in {dtype}")
+        j = verdict.judgement
+        # bit for bit eager's own result in the dtype (the noise itself) passes, even where the rule
+        # cannot measure (eager overflows everywhere the float64 run is finite)
+        passed = verdict.passed or identical
+        row = {"status": "pass" if passed else "fail", "reason": None if passed else verdict.reason, "output": i,
+               "backend_error": j.alternative_error, "eager_error": j.reference_error, "bound": j.bound,
+               "max_abs_error": test_cmp.max_abs_error, "shape": list(t.shape)}
+        if worst is None or badness(row) > badness(worst):
+            worst = row
+    if worst is None:
+        return {"status": "skipped", "reason": "no output to judge", "allclose_oracle": None, "allclose_eager": None}
+    return {**worst, "allclose_oracle": bb_oracle, "allclose_eager": bb_eager}
+
+
+def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sample) -> dict[str, Any]:
+    """Run one sample eagerly (in its dtype and in float64) and compiled; its verdict: ``status``
+    (pass, fail, error, unsupported, skipped) and ``reason``, the errors weighed."""
+    try:
+        baseline = op(*sample.args, **sample.kwargs)
+        oracle = op(*upcast(sample.args), **upcast(sample.kwargs))
+    except Exception as exc:  # noqa: BLE001 - eager rejects the sample: it does not apply
+        return {"status": "skipped", "reason": f"eager rejects this sample ({_error(exc)})"}
+    base, orc = flat_outputs(baseline), flat_outputs(oracle)
+    if not base or orc is None:
+        return {"status": "skipped", "reason": "non-numeric output (no tensor to compare)"}
+    try:
+        out = compiled(*sample.args, **sample.kwargs)
+    except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
+        kind = failure_kind(exc)
+        if kind == "backend":
+            return {"status": "unsupported", "reason": f"the backend does not compile it: {_error(exc)}"}
+        if kind == "capture":
+            return {"status": "unsupported", "reason": f"Dynamo cannot capture it: {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled call raised {_error(exc)}"}
+    test = flat_outputs(out)
+    if test is None:
+        return {"status": "fail", "reason": f"the compiled call returned {type(out).__name__}, not tensors"}
+    return judge_outputs(orc, base, test, sample.dtype)
+
+
+def _leaves(args: list[Any], kwargs: dict[str, Any], up: bool) -> tuple[list[Any], dict[str, Any], list[torch.Tensor]]:
+    """The sample's arguments with each floating tensor a fresh leaf that requires grad (same view:
+    ``detach`` keeps strides and offset), in float64 with ``up``; and those leaves."""
+    leaves: list[torch.Tensor] = []
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            leaf = (v.detach().to(torch.float64) if up else v.detach()).requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+        if isinstance(v, (list, tuple)):
+            return type(v)(conv(x) for x in v)
+        return upcast(v) if up else v
+
+    return conv(list(args)), {k: conv(v) for k, v in kwargs.items()}, leaves
+
+
+def _grads(fn: Callable[..., Any], sample: Sample, up: bool) -> list[torch.Tensor] | None:
+    """Gradients of sum(output_i x cotangent_i) over the floating outputs with respect to every
+    floating input, the cotangents drawn from a fixed seed (so every run weighs the same); None
+    when nothing differentiable comes out."""
+    args, kwargs, leaves = _leaves(sample.args, sample.kwargs, up)
+    outs = [o for o in flat_outputs(fn(*args, **kwargs)) or [] if o.is_floating_point() and o.requires_grad]
+    if not outs or not leaves:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
+
+
+def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sample) -> dict[str, Any]:
+    """The backward pass of one sample: the gradients of the compiled call against float64 eager's,
+    relative to eager's in the sample's dtype, by the same rule as :func:`run_sample`'s outputs."""
+    try:
+        baseline = _grads(op, sample, up=False)
+        oracle = _grads(op, sample, up=True)
+    except Exception as exc:  # noqa: BLE001 - eager cannot differentiate this sample
+        return {"status": "skipped", "reason": f"eager's backward rejects this sample ({_error(exc)})"}
+    if baseline is None or oracle is None:
+        return {"status": "skipped", "reason": "no differentiable output"}
+    try:
+        test = _grads(compiled, sample, up=False)
+    except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
+        kind = failure_kind(exc)
+        if kind != "runtime":
+            return {"status": "unsupported", "reason": f"backward: {kind} failure: {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled backward raised {_error(exc)}"}
+    if test is None:
+        return {"status": "fail", "reason": "the compiled call's outputs carry no gradient"}
+    return judge_outputs(oracle, baseline, test, sample.dtype)
+
+
+def _same(a: Any, b: Any) -> bool:
+    fa, fb = flat_outputs(a), flat_outputs(b)
+    if fa is None or fb is None or len(fa) != len(fb):
+        return fa is None and fb is None
+    for x, y in zip(fa, fb, strict=True):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if x.is_floating_point() or x.is_complex():
+            if not bool(((x == y) | (x.isnan() & y.isnan())).all()):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def randomness(op: Callable[..., Any], sample: Sample) -> str | None:
+    """Why the operator's output cannot be judged against another run, found by running it eagerly
+    three times (seeds 0, 0, 1): uninitialised or nondeterministic, or random; None when it repeats."""
+    try:
+        runs = []
+        for seed in (0, 0, 1):
+            torch.manual_seed(seed)
+            runs.append(op(*sample.args, **sample.kwargs))
+    except Exception:  # noqa: BLE001 - the sample itself is judged (and skipped) by run_sample
+        return None
+    if not _same(runs[0], runs[1]):
+        return "nondeterministic output: two eager runs with the same seed differ"
+    if not _same(runs[0], runs[2]):
+        return "random output: it depends on the RNG seed"
+    return None
+
+
+def badness(result: dict[str, Any]) -> float:
+    """How bad a sample's result is, to pick the worst: crashes, hangs, errors, then error / bound."""
+    status = result.get("status")
+    if status in ("crash", "hang"):
+        return math.inf
+    if status == "error":
+        return 1e300
+    if status in ("skipped", "unsupported"):
+        return -math.inf
+    err, bound = result.get("backend_error"), result.get("bound")
+    if err is None or bound is None or (isinstance(err, float) and math.isnan(err)):
+        return 1e299 if status == "fail" else -1.0
+    if math.isinf(err):
+        return 1e298
+    return err / bound if bound > 0 else (0.0 if err == 0 else 1e297)

@@ -1,0 +1,205 @@
+"""The conformance sweep's repro of one sample, in the one repro format
+(:mod:`debug_framework.repro_format`, writer ``op-conformance``).
+
+The directory holds the sample's tensors (exact storage, strides and offsets) in
+``inputs.safetensors``, ``repro.json`` (the operator's OpInfo name and variant, the backend, the
+sample's layout, the rule) and ``repro.py``, which needs torch and safetensors only: it finds the
+operator in torch's own OpInfo database, compiles it with ``torch.compile`` and the backend (a
+registered name, or the backend file copied beside it), runs it eagerly in float64 and in the
+sample's dtype, and says ``REPRO: reproduced`` (exit 1) while an output is outside the sweep's
+calibrated bound, has another shape or dtype, or the compiled call raises.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..comparison import FLOOR_EPS, NOISE_MARGIN
+from ..plugins.evaluate import FLOAT64_FLOOR_EPS
+from ..plugins.repro import encode_value
+from ..plugins.samples import Sample
+from ..repro_format import INPUTS, write_repro_files
+
+__all__ = ["write_op_repro"]
+
+_BODY = '''
+def value(v, storages, device):
+    if isinstance(v, dict) and "storage" in v:
+        return storages[v["storage"]].to(device).as_strided(v["shape"], v["stride"], v["offset"])
+    if isinstance(v, dict) and "torch_dtype" in v:
+        return getattr(torch, v["torch_dtype"])
+    if isinstance(v, list):
+        return [value(x, storages, device) for x in v]
+    return v
+
+
+def up(v):
+    if isinstance(v, torch.Tensor):
+        return v.double() if v.is_floating_point() else v
+    if isinstance(v, list):
+        return [up(x) for x in v]
+    if isinstance(v, torch.dtype) and v.is_floating_point:
+        return torch.float64
+    return v
+
+
+def flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (bool, int, float, complex)):
+        return [torch.tensor(out)]
+    return [t for x in out for t in flat(x)]
+
+
+def real(t):
+    t = t.detach().cpu()
+    return torch.view_as_real(t.resolve_conj()).double() if t.is_complex() else t.double()
+
+
+def rmse(x, oracle):
+    both = torch.isfinite(x) & torch.isfinite(oracle)
+    return float(((x - oracle)[both] ** 2).mean().sqrt()) if both.any() else 0.0
+
+
+def nonfinite_mismatches(x, oracle):
+    return int(((~torch.isfinite(x) | ~torch.isfinite(oracle)) & ~((x == oracle) | (x.isnan() & oracle.isnan()))).sum())
+
+
+def grads(fn, args, kwargs, in_float64):
+    """Gradients of sum(output x seeded cotangent) over the floating outputs, for every floating input."""
+    leaves = []
+
+    def conv(v):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            leaf = (v.detach().double() if in_float64 else v.detach()).requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        return up(v) if in_float64 else v
+
+    a = conv(list(args))
+    k = {name: conv(v) for name, v in kwargs.items()}
+    outs = [o for o in flat(fn(*a, **k)) if o.is_floating_point() and o.requires_grad]
+    gen = torch.Generator().manual_seed(0)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum() for o in outs)
+    found = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(found, leaves)]
+
+
+def load_backend(spec):
+    if spec["backend_file"] is None:
+        return spec["backend"]
+    import importlib.util
+    path = os.path.join(HERE, spec["backend_file"])
+    module_spec = importlib.util.spec_from_file_location("opsweep_backend", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, spec["backend_attr"])
+
+
+def check():
+    spec = manifest()["check"]
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception as exc:
+        raise CannotCheck("torch's OpInfo database cannot be imported: %s" % exc)
+    found = [o for o in op_db if o.name == spec["opinfo"] and o.variant_test_name == spec["variant"]]
+    if not found:
+        raise CannotCheck("this torch has no OpInfo operator %s" % spec["op"])
+    op = found[0].op
+    storages = load_file(os.path.join(HERE, "inputs.safetensors"))
+    args = [value(a, storages, spec["device"]) for a in spec["args"]]
+    kwargs = {k: value(v, storages, spec["device"]) for k, v in spec["kwargs"].items()}
+
+    def call(*a, **k):
+        return op(*a, **k)
+
+    what = "%s compiled with %s on sample %s (%s)" % (spec["op"], spec["backend_label"], spec["sample"]["label"],
+                                                     spec["sample"]["dtype"])
+    if spec["grad"]:
+        what = "the backward of " + what
+        baseline, oracle = grads(op, args, kwargs, False), grads(op, args, kwargs, True)
+    else:
+        baseline = flat(op(*args, **kwargs))
+        oracle = flat(op(*up(args), **up(kwargs)))
+    backend = load_backend(spec)
+    # the sweep compiled each operator once for all its samples, so a sample may have run the graph
+    # Dynamo recompiled with dynamic shapes: static shapes first, then dynamic ones
+    for dynamic in (False, True):
+        torch.compiler.reset()
+        compiled = torch.compile(call, backend=backend, dynamic=dynamic)
+        result = judge(compiled, args, kwargs, baseline, oracle, spec, what + (" with dynamic shapes" if dynamic else ""))
+        if result[0]:
+            return result
+    return result
+
+
+def judge(compiled, args, kwargs, baseline, oracle, spec, what):
+    try:
+        out = grads(compiled, args, kwargs, False) if spec["grad"] else flat(compiled(*args, **kwargs))
+    except Exception as exc:
+        return True, "%s: the compiled call raised %s: %s" % (what, type(exc).__name__, exc), {"raised": str(exc)}
+    if len(out) != len(baseline):
+        return True, "%s: %d outputs, eager returns %d" % (what, len(out), len(baseline)), {}
+    dtype = getattr(torch, spec["sample"]["dtype"])
+    has_float = any(b.is_floating_point() or b.is_complex() for b in baseline)
+    observation = {"outputs": []}
+    for i, (o, b, t) in enumerate(zip(oracle, baseline, out)):
+        floating = b.is_floating_point() or b.is_complex()
+        if t.dtype != b.dtype or t.shape != b.shape:
+            return True, "%s: output %d is %s %s, eager's %s %s" % (what, i, t.dtype, list(t.shape), b.dtype,
+                                                                  list(b.shape)), observation
+        if not floating and has_float:
+            continue
+        o, b, t = real(o), real(b), real(t)
+        k, e = rmse(t, o), rmse(b, o)
+        fin = o[torch.isfinite(o)].abs()
+        peak = float(fin.max()) if fin.numel() else 0.0
+        rms = peak * float(((fin / peak) ** 2).mean().sqrt()) if peak > 0 else 0.0
+        eps = torch.finfo(dtype).eps if floating else 0.0
+        floor = spec["float64_floor_eps"] if dtype == torch.float64 else spec["floor_eps"]
+        bound = spec["margin"] * e + floor * eps * rms
+        nonfinite = nonfinite_mismatches(t, o) > nonfinite_mismatches(b, o)
+        observation["outputs"].append({"output": i, "backend_error": k, "eager_error": e, "bound": bound,
+                                       "nonfinite_mismatch": nonfinite})
+        if nonfinite or not k <= bound:
+            return True, "%s: output %d RMSE vs float64 eager %.3e, eager in %s %.3e, bound %.3e%s" % (
+                what, i, k, spec["sample"]["dtype"], e, bound,
+                "; more non-finite mismatches than eager" if nonfinite else ""), observation
+    return False, "%s: every output within the calibrated bound" % what, observation
+'''
+
+
+def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend: str, backend_file: str | None,
+                   backend_attr: str, device: str, status: str, grad: bool = False) -> Path:
+    """Write the repro of ``sample`` of operator ``op`` into a new directory under ``folder``; the
+    path of its ``repro.py``. ``backend_file`` is copied beside it when the backend comes from a file."""
+    from safetensors.torch import save_file
+
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op}-{sample.dtype}-{sample.source}-{sample.label}")[:120]
+    out = folder / slug
+    out.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    args = [encode_value(a, tensors) for a in sample.args]
+    kwargs = {k: encode_value(v, tensors) for k, v in sample.kwargs.items()}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / INPUTS))
+    local_file = None
+    if backend_file is not None:
+        local_file = f"backend_{Path(backend_file).name}"
+        shutil.copyfile(backend_file, out / local_file)
+    check = {"op": op, "opinfo": info.name, "variant": info.variant_test_name, "backend": backend,
+             "backend_file": local_file, "backend_attr": backend_attr,
+             "backend_label": backend if backend_file is None else f"{Path(backend_file).name}:{backend_attr}",
+             "device": device, "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS, "float64_floor_eps": FLOAT64_FLOOR_EPS,
+             "args": args, "kwargs": kwargs, "sample": sample.describe(), "status": status, "grad": grad}
+    failure = (f"{'the backward of ' if grad else ''}operator {op} compiled with {check['backend_label']} differs from eager beyond the calibrated bound "
+               f"(or raises) on sample {sample.source}/{sample.label} in {sample.dtype}")
+    return write_repro_files(out, writer="op-conformance", failure=failure, body=_BODY,
+                             requires=["torch", "safetensors"],
+                             imports=["import torch", "from safetensors.torch import load_file"], check=check)

@@ -1,0 +1,385 @@
+"""The conformance sweep of a backend: every selected OpInfo operator, every sample, in worker
+processes, stored in the sessions database as it goes.
+
+    settings = SweepSettings(backend="aot_eager", ops=["add", "softmax"], dtypes=("float32",))
+    result = run_sweep(settings, database="sessions.db")
+    result.passed, [o.op for o in result.failing]
+
+Each worker (``workers`` of them, two by default, one per core) is a fresh Python process
+(:mod:`.worker`) fed one operator at a time; a sample that kills it is recorded as ``crash`` with its
+exit status, one that runs past ``timeout_s`` as ``hang``; the worker is restarted and the sweep goes
+on. An operator's row is written as soon as it is done; a sweep run again with the same settings
+(the same ``sweep_key``) reads back the operators it already has and runs only the others (and
+those where the sweep's own code failed, ``counts["sweep_failures"]``). The worst
+sample of each failing operator gets a standalone repro (:mod:`.repro`), verified once in a fresh
+process (``repro_verified``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..repro_format import verify
+from ..storage.database import Database, DatabaseLike, open_database
+from .judge import badness
+from .results import FAILING, OpResult, SweepResult
+
+__all__ = ["SweepSettings", "run_sweep", "sweep_key", "DEFAULT_TIMEOUT_S"]
+
+#: Seconds one sample (its compile included) may run before it counts as a hang.
+DEFAULT_TIMEOUT_S = 120.0
+_START_TIMEOUT_S = 300.0  # a fresh process importing torch, OpInfo and the backend
+_STATUSES = ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")
+
+
+@dataclass
+class SweepSettings:
+    """What to sweep and how. ``backend`` is a registered ``torch.compile`` backend name, or a label
+    when ``backend_file`` gives the backend (its ``backend_attr``, ``backend`` by default)."""
+
+    backend: str = "aot_eager"
+    backend_file: str | None = None
+    backend_attr: str = "backend"
+    device: str = "cpu"
+    dtypes: Sequence[str] = ("float32", "bfloat16", "float16")
+    #: judge the backward pass (the gradients of every floating input) instead of the forward
+    grad: bool = False
+    ops: Sequence[str] | None = None
+    fuzz: bool = True
+    seed: int = 0
+    #: at most this many samples per operator and dtype (OpInfo's first, then the fuzzed ones are cut);
+    #: None (the default) runs them all. For quick looks and tests, never for a conformance claim.
+    max_samples: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    #: worker processes (one per core); 0 runs inside the calling process (no crash or hang
+    #: isolation: for tests and for debugging a backend)
+    workers: int = 2
+    repro_dir: Path | str | None = Path("opsweep_repros")
+    verify_repros: bool = True
+    resume: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        """What the sweep's key digests: the backend (the file's content too), device, dtypes, samples."""
+        file_digest = None
+        if self.backend_file is not None:
+            file_digest = hashlib.sha256(Path(self.backend_file).read_bytes()).hexdigest()
+        return {"backend": self.backend, "backend_file_sha256": file_digest, "backend_attr": self.backend_attr,
+                "device": self.device, "dtypes": sorted(self.dtypes), "grad": self.grad, "fuzz": self.fuzz,
+                "seed": self.seed,
+                "max_samples": self.max_samples}
+
+
+def sweep_key(settings: SweepSettings) -> str:
+    """The sweep's key in the database: the same settings resume the same sweep."""
+    text = json.dumps(settings.identity(), sort_keys=True)
+    return f"{settings.backend}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+class _Proc:
+    """One worker process and its two pipes (a plain subprocess: the caller's main module is never
+    re-imported); restarted by the caller after a crash or a hang."""
+
+    def __init__(self, args: tuple[Any, ...], env: dict[str, str]) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                    "TORCHINDUCTOR_COMPILE_THREADS": "1", **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "debug_framework.conformance.worker", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.out = Connection(to_child_w, readable=False)
+        self.conn = Connection(from_child_r, writable=False)
+        self.killed = False
+        self.out.send(args)
+        reply = self._reply(_START_TIMEOUT_S) or ("error", "the worker did not start")
+        if reply[0] != "ok":
+            self.stop()
+            raise ConfigurationError(f"the sweep's worker cannot load the backend: {reply[1]}",
+                                     hint="check --compile-backend / --backend-file", backend=args[0])
+
+    def _reply(self, timeout: float) -> tuple[str, Any] | None:
+        try:
+            if self.conn.poll(timeout):
+                return self.conn.recv()
+        except (EOFError, OSError):
+            return ("died", None)
+        return None
+
+    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
+        """The reply, or None when the worker died or ran past ``timeout`` (it is then stopped)."""
+        try:
+            self.out.send(msg)
+        except (BrokenPipeError, OSError):
+            return None
+        reply = self._reply(timeout)
+        if reply is None or reply[0] == "died":
+            self.killed = reply is None
+            if not self.killed:
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.stop()
+            return None
+        return reply
+
+    def death(self, timeout: float) -> dict[str, Any]:
+        code = self.proc.poll()
+        if code is None or self.killed:
+            return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        return {"status": "crash", "reason": f"the sample crashed the worker process ({how})"}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.out.send(("stop",))
+                self.proc.wait(2)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.conn.close()
+        self.out.close()
+
+
+class _InProcess:
+    """The worker's state run inside the caller's process (``workers=0``): no isolation from crashes
+    and no timeout, for tests and debugging a backend under a debugger."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        from .worker import WorkerState
+
+        self.state = WorkerState(*args)
+
+    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
+        try:
+            return ("ok", self.state.handle(msg))
+        except Exception as exc:  # noqa: BLE001 - as the worker process reports it
+            return ("error", f"{type(exc).__name__}: {exc}")
+
+    def death(self, timeout: float) -> dict[str, Any]:
+        raise AssertionError("an in-process sweep has no worker to die")
+
+    def stop(self) -> None:
+        self.state.close()
+
+
+class _Lane:
+    """One worker and the operators it sweeps (one thread of the parent drives it)."""
+
+    def __init__(self, settings: SweepSettings, threads: int) -> None:
+        self.settings = settings
+        self.args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
+                     settings.seed, threads, settings.max_samples, settings.grad)
+        self.proc: _Proc | _InProcess | None = None
+        self.restarts = 0
+
+    def worker(self) -> _Proc | _InProcess:
+        if self.proc is None:
+            if self.settings.workers == 0:
+                try:
+                    self.proc = _InProcess(self.args)
+                except Exception as exc:  # noqa: BLE001 - as the worker process reports it
+                    raise ConfigurationError(f"cannot load the backend: {type(exc).__name__}: {exc}",
+                                             hint="check --compile-backend / --backend-file") from exc
+            else:
+                self.proc = _Proc(self.args, self.settings.extra_env)
+        return self.proc
+
+    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
+        """The worker's reply; None when it died (see :meth:`died`). An exception of the sweep's own
+        code in the worker comes back as ``("error", message)``."""
+        return self.worker().ask(msg, timeout)
+
+    def died(self, timeout: float) -> dict[str, Any]:
+        assert self.proc is not None
+        result = self.proc.death(timeout)
+        self.proc = None
+        self.restarts += 1
+        return result
+
+    def sweep_op(self, op: str) -> OpResult:
+        s = self.settings
+        start = time.perf_counter()
+        samples: list[dict[str, Any]] = []
+        skips: list[str] = []
+        graphs = sweep_failures = 0
+        for dtype in s.dtypes:
+            reply = self.ask(("prepare", op, dtype), _START_TIMEOUT_S)
+            if reply is None:
+                samples.append({"source": "prepare", "label": "making the samples", "dtype": dtype, "index": -1,
+                                "result": self.died(_START_TIMEOUT_S)})
+                continue
+            if reply[0] == "error":
+                skips.append(f"{dtype}: not judged, the sweep itself failed: {reply[1]}")
+                sweep_failures += 1
+                continue
+            if "skip" in reply[1]:
+                skips.append(f"{dtype}: {reply[1]['skip']}")
+                continue
+            descriptions = reply[1]["samples"]
+            for i, desc in enumerate(descriptions):
+                reply = self.ask(("run", i), s.timeout_s)
+                if reply is None:
+                    result = self.died(s.timeout_s)
+                    if i + 1 < len(descriptions) and self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
+                        self.died(_START_TIMEOUT_S)
+                        break
+                elif reply[0] == "error":
+                    result = {"status": "skipped", "reason": f"not judged, the sweep itself failed: {reply[1]}"}
+                    sweep_failures += 1
+                else:
+                    result = reply[1]
+                    graphs = max(graphs, int(result.pop("graphs", 0)))
+                samples.append({**desc, "index": i, "result": result})
+        out = _aggregate(op, samples, skips, graphs)
+        out.counts["sweep_failures"] = sweep_failures  # a resumed sweep runs such an operator again
+        if s.repro_dir is not None and out.worst is not None and out.verdict in ("fail", "error"):
+            w = out.worst
+            reply = self.ask(("repro", op, w["dtype"], w["index"], str(s.repro_dir), w["result"]["status"]),
+                             _START_TIMEOUT_S)
+            if reply is None:
+                self.died(_START_TIMEOUT_S)
+            elif reply[0] == "ok":
+                out.repro = reply[1]
+                if s.verify_repros:
+                    out.repro_verified = verify(Path(reply[1]), timeout=_START_TIMEOUT_S + s.timeout_s).reproduced
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+
+def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs: int) -> OpResult:
+    """An operator's verdict from its samples: the worst applicable status decides."""
+    counts = {k: 0 for k in _STATUSES}
+    for smp in samples:
+        counts[smp["result"]["status"]] += 1
+    counts["samples"] = len(samples)
+    applicable = sum(counts[k] for k in ("pass", *FAILING))
+    ranked = [smp for smp in samples if smp["result"]["status"] not in ("skipped", "unsupported")]
+    worst = max(ranked, key=lambda smp: badness(smp["result"])) if ranked else None
+    allclose = [smp["result"].get("allclose_oracle") for smp in ranked]
+    counts["allclose_oracle_fail"] = sum(1 for a in allclose if a is False)
+    counts["allclose_eager_fail"] = sum(1 for smp in ranked if smp["result"].get("allclose_eager") is False)
+    if applicable == 0:
+        others = [smp["result"] for smp in samples if smp["result"]["status"] == "unsupported"]
+        if others:
+            return OpResult(op, "unsupported", None, others[0]["reason"], counts)
+        reason = "; ".join(skips) or next((smp["result"]["reason"] for smp in samples), None) or "no sample"
+        return OpResult(op, "skipped", None, reason, counts)
+    if graphs == 0 and counts["pass"] == applicable:  # every sample ran eagerly: nothing was judged
+        return OpResult(op, "skipped", None, "no graph with an operation reached the backend (Dynamo ran the "
+                        "operator eagerly)", counts, worst)
+    rate = counts["pass"] / applicable
+    for verdict in ("crash", "hang", "fail", "error"):
+        if counts[verdict]:
+            assert worst is not None
+            return OpResult(op, verdict, rate, f"{counts[verdict]} of {applicable} samples: "
+                            f"{worst['result'].get('reason')}", counts, worst)
+    return OpResult(op, "pass", rate, None, counts, worst)
+
+
+def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
+              progress: Callable[[OpResult, int, int], None] | None = None) -> SweepResult:
+    """Sweep the selected operators (every OpInfo operator when ``settings.ops`` is empty).
+
+    Raises:
+        ConfigurationError (DF005): an unknown dtype or operator, a backend that cannot be loaded.
+    """
+    from .ops import DTYPES, all_ops, select_ops, static_skip
+
+    bad = [d for d in settings.dtypes if d not in DTYPES]
+    if bad or not settings.dtypes:
+        raise ConfigurationError(f"unknown dtype {bad[0] if bad else '(none given)'}",
+                                 hint=f"use some of {', '.join(DTYPES)}", option="--dtypes")
+    if settings.backend_file is not None and not Path(settings.backend_file).is_file():
+        raise ConfigurationError(f"backend file {settings.backend_file!r}: no such file", option="--backend-file")
+    db: Database | None = None if database is None else open_database(database)
+    key = sweep_key(settings)
+    keys = select_ops(settings.ops)
+    start = time.perf_counter()
+    results: dict[str, OpResult] = {}
+    resumed = 0
+    if db is not None:
+        db.opsweeps.start(key, settings.backend, settings.device, {**settings.identity(), "ops": list(settings.ops or [])})
+        if settings.resume:
+            stored = {r["op"]: OpResult.from_row(r) for r in db.opsweeps.results(key)
+                      if not (r.get("counts") or {}).get("sweep_failures")}
+            for k in keys:
+                if k in stored:
+                    results[k] = stored[k]
+            resumed = len(results)
+    todo: queue.Queue[str] = queue.Queue()
+    ops = all_ops()
+    lock = threading.Lock()
+
+    def record(r: OpResult) -> None:
+        with lock:
+            results[r.op] = r
+            if db is not None:
+                db.opsweeps.put(key, r.to_dict())
+            if progress is not None:
+                progress(r, len(results), len(keys))
+
+    for k in keys:
+        if k in results:
+            continue
+        why = static_skip(ops[k], settings.dtypes, settings.device)
+        if why is not None:
+            record(OpResult(k, "skipped", None, why))
+        else:
+            todo.put(k)
+    n_workers = max(1, min(settings.workers, todo.qsize()))
+    threads = 0 if settings.workers == 0 else max(1, (os.cpu_count() or 1) // n_workers)
+    lanes = [_Lane(settings, threads) for _ in range(n_workers)]
+    errors: list[BaseException] = []
+
+    def drive(lane: _Lane) -> None:
+        try:
+            while not errors:
+                try:
+                    k = todo.get_nowait()
+                except queue.Empty:
+                    return
+                record(lane.sweep_op(k))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            lane.close()
+
+    if not todo.empty() and settings.workers == 0:
+        drive(lanes[0])  # in the caller's thread (a debugger sees the backend's frames)
+    elif not todo.empty():
+        workers = [threading.Thread(target=drive, args=(lane,), daemon=True) for lane in lanes]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    if errors:
+        raise errors[0]
+    ordered = [results[k] for k in keys if k in results]
+    return SweepResult(key, settings.backend, settings.device, list(settings.dtypes), ordered,
+                       time.perf_counter() - start, resumed, sum(lane.restarts for lane in lanes))

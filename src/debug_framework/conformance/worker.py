@@ -1,0 +1,178 @@
+"""The conformance sweep's worker process: it resolves the backend, makes one operator's samples in
+one dtype and runs them one at a time on the parent's request, so an operator that crashes the
+process or hangs costs one sample.
+
+Run as ``python -m debug_framework.conformance.worker READ_FD WRITE_FD``; the parent first sends the
+arguments of :class:`WorkerState`, then ``("prepare", op, dtype)`` -> ``{"skip": reason}`` or
+``{"samples": [description, ...]}``, ``("run", i)`` -> the sample's result (with ``graphs``: how many
+graphs with an operation reached the backend for this operator so far), ``("repro", op, dtype, i,
+folder)`` -> the repro's path, ``("stop",)``. Replies are ``("ok", value)`` or ``("error", message)``.
+
+Each operator and dtype is compiled afresh (Dynamo's caches reset, a new code object), once for all
+its samples where the backend takes dynamic shapes (Dynamo's automatic dynamic shapes); Dynamo may
+recompile as often as there are samples and raises rather than falling back to eager.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WorkerState", "worker_main", "resolve_backend"]
+
+
+def resolve_backend(backend: str, backend_file: str | None, backend_attr: str) -> Any:
+    """The ``torch.compile`` backend: ``backend_attr`` of ``backend_file`` when given, else the
+    compiler function registered as ``backend``."""
+    if backend_file is not None:
+        spec = importlib.util.spec_from_file_location("_df_opsweep_backend", backend_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {backend_file} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return getattr(module, backend_attr)
+    from .._torch.dynamo import lookup_backend
+
+    return lookup_backend(backend)
+
+
+def _size(sample: Any) -> int:
+    import torch
+
+    return sum(a.numel() for a in sample.args if isinstance(a, torch.Tensor))
+
+
+class WorkerState:
+    """The backend, the current operator's samples and its compiled call."""
+
+    def __init__(self, backend: str, backend_file: str | None, backend_attr: str, device: str, fuzz: bool,
+                 seed: int, threads: int, max_samples: int | None = None, grad: bool = False) -> None:
+        import torch
+
+        from .._torch.dynamo import recompile_limit
+
+        if threads > 0:  # 0: running inside the caller's process, whose settings are left alone
+            torch.set_num_threads(threads)
+        self.backend, self.backend_file, self.backend_attr = backend, backend_file, backend_attr
+        self.device, self.fuzz, self.seed, self.max_samples, self.grad = device, fuzz, seed, max_samples, grad
+        self.compiler = resolve_backend(backend, backend_file, backend_attr)
+        self._limit = recompile_limit(100_000)
+        self._limit.__enter__()  # for the worker's life: never fall back to eager silently
+        self.current: tuple[str, str] | None = None
+        self.samples: list[Any] = []
+        self.compiled: Callable[..., Any] | None = None
+        self.graphs = 0
+        self.count = 0
+
+    def close(self) -> None:
+        """Leave the recompile-limit setting (matters only when running inside the caller's process)."""
+        self._limit.__exit__(None, None, None)
+
+    def _counting(self, gm: Any, example_inputs: Any) -> Any:
+        if any(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes):
+            self.graphs += 1
+        return self.compiler(gm, example_inputs)
+
+    def prepare(self, key: str, dtype: str) -> dict[str, Any]:
+        import torch
+
+        from .._torch.dynamo import reset
+        from ..plugins.samples import on_device
+        from .judge import randomness
+        from .ops import DTYPES, find_op
+        from .samples import op_samples
+
+        info = find_op(key)
+        if self.current is None or self.current[0] != key:
+            self.graphs = 0
+        self.current = (key, dtype)
+        reset()
+        self.count += 1
+        op = info.op
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return op(*args, **kwargs)
+
+        call.__code__ = call.__code__.replace(co_name=f"opsweep_{self.count}")  # a code object of its own
+        self.compiled = torch.compile(call, backend=self._counting)
+        if self.grad and (not info.supports_autograd or DTYPES[dtype] not in info.supported_backward_dtypes(self.device)):
+            self.samples = []
+            return {"skip": f"OpInfo has no backward in {dtype}"}
+        samples = op_samples(info, dtype, fuzz=self.fuzz, seed=self.seed)
+        if self.device != "cpu":
+            for s in samples:
+                s.args, s.kwargs = on_device(s.args, self.device), on_device(s.kwargs, self.device)
+        self.samples = samples
+        if not samples:
+            return {"skip": f"OpInfo has no sample in {dtype}"}
+        probe = max(samples[:8], key=_size)  # the largest of the first samples: an empty one shows nothing
+        reason = randomness(op, probe)
+        if reason is not None:
+            return {"skip": reason}
+        if self.max_samples is not None:
+            samples = self.samples = samples[: self.max_samples]
+        return {"samples": [s.describe() for s in samples]}
+
+    def run(self, i: int) -> dict[str, Any]:
+        from .judge import run_backward, run_sample
+        from .ops import find_op
+
+        assert self.current is not None and self.compiled is not None
+        run = run_backward if self.grad else run_sample
+        result = run(find_op(self.current[0]).op, self.compiled, self.samples[i])
+        return {**result, "graphs": self.graphs}
+
+    def repro(self, key: str, dtype: str, i: int, folder: str, status: str) -> str:
+        from .ops import find_op
+        from .repro import write_op_repro
+
+        if self.current != (key, dtype):
+            self.prepare(key, dtype)
+        return str(write_op_repro(key, find_op(key), self.samples[i], Path(folder), backend=self.backend,
+                                  backend_file=self.backend_file, backend_attr=self.backend_attr,
+                                  device=self.device, status=status, grad=self.grad))
+
+    def handle(self, msg: tuple[Any, ...]) -> Any:
+        if msg[0] == "prepare":
+            return self.prepare(msg[1], msg[2])
+        if msg[0] == "run":
+            return self.run(msg[1])
+        if msg[0] == "repro":
+            return self.repro(*msg[1:])
+        raise ValueError(f"unknown request {msg[0]!r}")
+
+
+def worker_main(inbox: Any, conn: Any) -> None:
+    """The worker's loop: read the start arguments from ``inbox``, then answer requests on ``conn``."""
+    try:
+        state = WorkerState(*inbox.recv())
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as DF005
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", "ready"))
+    while True:
+        try:
+            msg = inbox.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        try:
+            conn.send(("ok", state.handle(msg)))
+        except Exception as exc:  # noqa: BLE001 - an error of ours is reported, not a verdict
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+if __name__ == "__main__":
+    from multiprocessing.connection import Connection
+
+    from ..services.batch_executor import die_with_parent
+
+    die_with_parent(os.getppid())  # an interrupted sweep leaves no worker compiling on its own
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    worker_main(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

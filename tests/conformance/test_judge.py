@@ -1,0 +1,84 @@
+"""The conformance sweep's judge on tensors made here (fast: no OpInfo, no compile)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from debug_framework.conformance.judge import badness, flat_outputs, judge_outputs, randomness
+from debug_framework.plugins.samples import Sample
+
+
+def _runs(fn, x: torch.Tensor, dtype: torch.dtype):
+    """(oracle, eager in dtype, eager in dtype) of ``fn`` on ``x``."""
+    return flat_outputs(fn(x.double())), flat_outputs(fn(x.to(dtype))), flat_outputs(fn(x.to(dtype)))
+
+
+def test_eager_itself_passes_and_tanh_gelu_fails_in_float32():
+    x = torch.randn(512, generator=torch.Generator().manual_seed(0))
+    oracle, base, same = _runs(torch.nn.functional.gelu, x, torch.float32)
+    ok = judge_outputs(oracle, base, same, "float32")
+    assert ok["status"] == "pass" and ok["allclose_oracle"] and ok["backend_error"] <= ok["bound"]
+    tanh = flat_outputs(torch.nn.functional.gelu(x, approximate="tanh"))
+    bad = judge_outputs(oracle, base, tanh, "float32")
+    assert bad["status"] == "fail" and "RMSE" in bad["reason"]
+    assert bad["allclose_oracle"] is True  # BackendBench's 1e-2 does not see it
+
+
+def test_bfloat16_rounding_is_noise_not_a_failure():
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 30
+    oracle, base, _ = _runs(torch.exp, x / 10, torch.bfloat16)
+    # another correct bfloat16 computation: in float32, rounded once
+    other = [torch.exp((x / 10).to(torch.bfloat16).float()).to(torch.bfloat16)]
+    assert judge_outputs(oracle, base, other, "bfloat16")["status"] == "pass"
+
+
+def test_shape_dtype_count_and_integer_outputs():
+    o, b = [torch.zeros(3, dtype=torch.float64)], [torch.zeros(3)]
+    assert "shape" in judge_outputs(o, b, [torch.zeros(4)], "float32")["reason"]
+    assert "float16" in judge_outputs(o, b, [torch.zeros(3, dtype=torch.float16)], "float32")["reason"]
+    assert judge_outputs(o, b, [torch.zeros(3), torch.zeros(3)], "float32")["status"] == "fail"
+    idx = [torch.tensor([0, 1, 2])]
+    assert judge_outputs(idx, idx, [torch.tensor([0, 1, 2])], "float32")["status"] == "pass"
+    assert judge_outputs(idx, idx, [torch.tensor([0, 2, 1])], "float32")["status"] == "fail"
+    # indices beside values are not judged (ties), the values are
+    vals = torch.tensor([1.0, 1.0])
+    out = judge_outputs([vals.double(), torch.tensor([0, 1])], [vals, torch.tensor([0, 1])],
+                        [vals, torch.tensor([1, 0])], "float32")
+    assert out["status"] == "pass" and out["output"] == 0
+
+
+def test_nan_where_eager_has_a_number_fails():
+    x = torch.linspace(-1, 1, 64)
+    oracle, base, _ = _runs(torch.sin, x, torch.float32)
+    wrong = base[0].clone()
+    wrong[3] = float("nan")
+    assert "non-finite" in judge_outputs(oracle, base, [wrong], "float32")["reason"]
+
+
+def test_randomness_is_found_by_running():
+    x = torch.ones(64)
+    assert "random" in randomness(lambda t: torch.rand_like(t), Sample("opinfo", "0", "float32", [x]))
+    calls = iter(range(10))
+    assert "nondeterministic" in randomness(lambda t: t + next(calls), Sample("opinfo", "0", "float32", [x]))
+    assert randomness(torch.sin, Sample("opinfo", "0", "float32", [x])) is None
+
+
+def test_badness_orders_crashes_errors_and_margins():
+    rows = [{"status": "pass", "backend_error": 1.0, "bound": 4.0}, {"status": "fail", "backend_error": 8.0, "bound": 4.0},
+            {"status": "error"}, {"status": "crash"}, {"status": "skipped"}]
+    ranked = sorted(rows, key=badness)
+    assert [r["status"] for r in ranked] == ["skipped", "pass", "fail", "error", "crash"]
+    assert badness({"status": "pass", "backend_error": 0.0, "bound": 0.0}) == 0.0
+    assert math.isinf(badness({"status": "hang"}))
+    assert flat_outputs((torch.ones(1), [2, 3.0])) is not None and flat_outputs("text") is None
+
+
+def test_eager_identical_output_passes_where_nothing_finite_can_be_measured():
+    x = torch.full((8,), 1e-45)  # subnormal: digamma overflows to -inf in float32, finite in float64
+    oracle, base, same = _runs(torch.special.digamma, x, torch.float32)
+    assert torch.isinf(base[0]).all() and torch.isfinite(oracle[0]).all()
+    assert judge_outputs(oracle, base, same, "float32")["status"] == "pass"
+    other = [torch.zeros(8)]
+    assert judge_outputs(oracle, base, other, "float32")["status"] == "fail"
