@@ -97,7 +97,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     processes are named on the terminal, then killed so they do not linger either."""
     if not Path("/proc/self/environ").exists() or os.environ.get("PIE_TEST_SKIP_LEFTOVER_CHECK"):
         return
-    distributed = getattr(session.config.option, "dist", "no") != "no"
+    distributed = getattr(getattr(session.config, "option", None), "dist", "no") != "no"
     if distributed and not hasattr(session.config, "workerinput"):
         return  # pytest-xdist's controller: each worker checks the processes its own tests started
     end = time.monotonic() + LEFTOVER_GRACE_S  # a stopped server may take a moment to exit

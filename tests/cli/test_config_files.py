@@ -75,6 +75,7 @@ def test_special_files_refused_without_reading(tmp_path, capsys, special):
 
 def test_debug_batch_config_file(tmp_path, capsys):
     listing = tmp_path / "models.txt"
+    (tmp_path / "m").mkdir()  # the model paths are checked first: this one exists
     listing.write_text(str(tmp_path / "m") + "\n")
     cfg = tmp_path / "c.json"
     cfg.write_bytes(b'{"isolate": "\xff"}')

@@ -56,8 +56,10 @@ def test_viewing_a_version_4_file_reads_it_and_changes_nothing(app_env, tmp_path
     with sqlite3.connect(app_env.database) as src, sqlite3.connect(old) as dst:
         src.backup(dst)  # the WAL's pages included
     with sqlite3.connect(old) as conn:
-        conn.execute("DROP TABLE dashboard_tasks")
-        conn.execute("DELETE FROM schema_version WHERE version = 5")
+        conn.execute("DROP TABLE op_sweep_results")  # version 6
+        conn.execute("DROP TABLE op_sweeps")
+        conn.execute("DROP TABLE dashboard_tasks")  # version 5
+        conn.execute("DELETE FROM schema_version WHERE version >= 5")
         conn.execute("PRAGMA journal_mode = DELETE")
     before = old.read_bytes()
     monkeypatch.setenv(DATABASE_VARIABLE, str(old))

@@ -28,6 +28,7 @@ subprocess.run([sys.executable, "-c", "print('a child process line')"])
 def test_debug_batch_json_stdout_is_only_json(tmp_path):
     (tmp_path / "noisy_backend.py").write_text(NOISY)
     listing = tmp_path / "models.txt"
+    (tmp_path / "no-model").mkdir()  # exists (the paths are checked first), holds no model: the item fails
     listing.write_text(str(tmp_path / "no-model") + "\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(tmp_path)]),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -19,7 +19,10 @@ def _check_loaded(model) -> None:
 
     from debug_framework.modelio import expected_tensors
 
-    for name, shape in expected_tensors(model.config).items():
+    # a config the reference from the math cannot read loads on the generic tier: transformers' own
+    # loader checks its tensors when a backend builds it (modelio.generic)
+    expected = {} if model.architecture == "generic" else expected_tensors(model.config)
+    for name, shape in expected.items():
         t = model.weights[name]
         assert tuple(t.shape) == shape, (name, t.shape, shape)
         assert t.dtype.is_floating_point, (name, t.dtype)

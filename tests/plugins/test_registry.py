@@ -102,7 +102,8 @@ def test_a_version_3_file_gains_the_plugins_table_and_keeps_its_sessions(tmp_pat
     sid = db.create_session("/m", "python_reference", "pytorch")
     db.close()
     conn = sqlite3.connect(path)  # make it a version-3 file: no plugins table, no steps 4 and later
-    conn.executescript("DROP TABLE plugins; DROP TABLE dashboard_tasks; DELETE FROM schema_version WHERE version >= 4;")
+    conn.executescript("DROP TABLE op_sweep_results; DROP TABLE op_sweeps; DROP TABLE plugins; DROP TABLE dashboard_tasks; "
+                       "DELETE FROM schema_version WHERE version >= 4;")
     conn.commit()
     conn.close()
     assert DatabaseManager(path, initialize=False).schema_version() == 3

@@ -93,11 +93,11 @@ def test_crashing_and_hanging_kernels_are_recorded_and_the_sweep_goes_on(tmp_pat
         {"k.py": CRASHY, "ref.py": "def ident(x):\n    return x.clone()\n"})
     defn = load_manifest(manifest)
     build = CompilationEngine(tmp_path / "cache").build(defn)
-    report = sweep_plugin(defn, build.artifact, timeout_s=3)
+    report = sweep_plugin(defn, build.artifact, timeout_s=8)  # 3 s made slow samples hangs on a busy machine
     ks = report.kernels["ident"]
     by_status = {s["result"]["status"]: s for s in ks.samples}
     assert ks.count("crash") == 1 and ks.count("hang") == 1 and report.worker_restarts == 2
-    assert by_status["crash"]["args"][0]["shape"][-1] == 7 and "signal" in by_status["crash"]["result"]["reason"]
+    assert by_status["crash"]["args"][0]["shape"][-1] == 7 and "SIGABRT" in by_status["crash"]["result"]["reason"]
     assert by_status["hang"]["args"][0]["shape"][-1] == 33
     assert ks.count("pass") == len(ks.samples) - 2  # every other sample still ran
     assert ks.worst["result"]["status"] in ("crash", "hang") and not ks.passed

@@ -74,7 +74,11 @@ def _session_config(opts: ValidateOptions) -> dict[str, Any]:
             cfg["layers"] = [int(lo), int(hi)]
         except ValueError as exc:
             raise ConfigurationError(f"--layers must be START:STOP, got {opts.layers!r}") from exc
-    thresholds = dict(cfg.get("precision_thresholds") or {})
+    given = cfg.get("precision_thresholds")
+    if given is not None and not isinstance(given, dict):
+        raise ConfigurationError(f"precision_thresholds must be a mapping like {{'rtol': 1e-4, 'atol': 1e-5}}, "
+                                 f"got {type(given).__name__}", hint="fix precision_thresholds in the config file")
+    thresholds = dict(given or {})
     if opts.rtol is not None:
         thresholds["rtol"] = opts.rtol
     if opts.atol is not None:

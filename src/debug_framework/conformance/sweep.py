@@ -255,7 +255,7 @@ class _Lane:
         out.counts["sweep_failures"] = sweep_failures  # a resumed sweep runs such an operator again
         if s.repro_dir is not None and out.worst is not None and out.verdict in ("fail", "error"):
             w = out.worst
-            reply = self.ask(("repro", op, w["dtype"], w["index"], str(s.repro_dir), w["result"]["status"]),
+            reply = self.ask(("repro", op, w["dtype"], w["index"], str(Path(s.repro_dir).resolve()), w["result"]["status"]),
                              _START_TIMEOUT_S)
             if reply is None:
                 self.died(_START_TIMEOUT_S)

@@ -248,7 +248,9 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
                 ks.samples.append({**desc, "index": i, "result": result})
             _pick_worst(ks)
             if repro_dir is not None and ks.worst is not None and ks.worst["result"]["status"] != "pass":
-                reply = worker.ask(("repro", name, ks.worst["index"], str(repro_dir)), _START_TIMEOUT_S)
+                # absolute: the worker runs in a scratch directory of its own
+                reply = worker.ask(("repro", name, ks.worst["index"], str(Path(repro_dir).resolve())),
+                                   _START_TIMEOUT_S)
                 if reply is not None and reply[0] == "ok":
                     ks.repro = reply[1]
                     ks.repro_verified = (ks.worst["result"]["status"] == "fail"
