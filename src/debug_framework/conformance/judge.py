@@ -19,7 +19,6 @@ the same dtype (``allclose_eager``), so a sweep can say what a fixed tolerance w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 
 from .._torch.dynamo import failure_kind
 from ..comparison import RatioRule, compare
-from ..plugins.evaluate import sample_rule
+from ..plugins.evaluate import badness as plugin_badness, sample_rule
 from ..plugins.samples import Sample, upcast
 
 __all__ = ["flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness", "BACKENDBENCH_TOL"]
@@ -228,17 +227,7 @@ def randomness(op: Callable[..., Any], sample: Sample) -> str | None:
 
 
 def badness(result: dict[str, Any]) -> float:
-    """How bad a sample's result is, to pick the worst: crashes, hangs, errors, then error / bound."""
-    status = result.get("status")
-    if status in ("crash", "hang"):
-        return math.inf
-    if status == "error":
-        return 1e300
-    if status in ("skipped", "unsupported"):
-        return -math.inf
-    err, bound = result.get("backend_error"), result.get("bound")
-    if err is None or bound is None or (isinstance(err, float) and math.isnan(err)):
-        return 1e299 if status == "fail" else -1.0
-    if math.isinf(err):
-        return 1e298
-    return err / bound if bound > 0 else (0.0 if err == 0 else 1e297)
+    """How bad a sample's result is, to pick the worst: crashes, hangs, errors, then error / bound
+    (the plugin sweep's ranking, :func:`~debug_framework.plugins.evaluate.badness`, on
+    ``backend_error``; skipped and unsupported samples rank last)."""
+    return plugin_badness(result, error_key="backend_error", unranked=("skipped", "unsupported"))

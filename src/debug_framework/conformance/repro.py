@@ -12,41 +12,19 @@ calibrated bound, has another shape or dtype, or the compiled call raises.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..comparison import FLOOR_EPS, NOISE_MARGIN
 from ..plugins.evaluate import FLOAT64_FLOOR_EPS
-from ..plugins.repro import encode_value
+from ..plugins.repro import SAMPLE_DECODER, save_sample
 from ..plugins.samples import Sample
-from ..repro_format import INPUTS, write_repro_files
+from ..repro_format import write_repro_files
 
 __all__ = ["write_op_repro"]
 
-_BODY = '''
-def value(v, storages, device):
-    if isinstance(v, dict) and "storage" in v:
-        return storages[v["storage"]].to(device).as_strided(v["shape"], v["stride"], v["offset"])
-    if isinstance(v, dict) and "torch_dtype" in v:
-        return getattr(torch, v["torch_dtype"])
-    if isinstance(v, list):
-        return [value(x, storages, device) for x in v]
-    return v
-
-
-def up(v):
-    if isinstance(v, torch.Tensor):
-        return v.double() if v.is_floating_point() else v
-    if isinstance(v, list):
-        return [up(x) for x in v]
-    if isinstance(v, torch.dtype) and v.is_floating_point:
-        return torch.float64
-    return v
-
+_BODY = SAMPLE_DECODER + '''
 
 def flat(out):
     if isinstance(out, torch.Tensor):
@@ -180,15 +158,7 @@ def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend:
                    backend_attr: str, device: str, status: str, grad: bool = False) -> Path:
     """Write the repro of ``sample`` of operator ``op`` into a new directory under ``folder``; the
     path of its ``repro.py``. ``backend_file`` is copied beside it when the backend comes from a file."""
-    from safetensors.torch import save_file
-
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{op}-{sample.dtype}-{sample.source}-{sample.label}")[:120]
-    out = folder / slug
-    out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    args = [encode_value(a, tensors) for a in sample.args]
-    kwargs = {k: encode_value(v, tensors) for k, v in sample.kwargs.items()}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / INPUTS))
+    out, args, kwargs = save_sample(sample, folder, f"{op}-{sample.dtype}-{sample.source}-{sample.label}")
     local_file = None
     if backend_file is not None:
         local_file = f"backend_{Path(backend_file).name}"

@@ -21,17 +21,15 @@ import hashlib
 import json
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..plugins.pipeworker import PipeWorker
 from ..repro_format import verify
 from ..storage.database import Database, DatabaseLike, open_database
 from .judge import badness
@@ -89,56 +87,18 @@ def sweep_key(settings: SweepSettings) -> str:
     return f"{settings.backend}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-class _Proc:
-    """One worker process and its two pipes (a plain subprocess: the caller's main module is never
-    re-imported); restarted by the caller after a crash or a hang."""
+class _Proc(PipeWorker):
+    """One worker process and its two pipes (:class:`~debug_framework.plugins.pipeworker.PipeWorker`);
+    restarted by the caller after a crash or a hang."""
 
     def __init__(self, args: tuple[Any, ...], env: dict[str, str]) -> None:
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                    "TORCHINDUCTOR_COMPILE_THREADS": "1", **env}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "debug_framework.conformance.worker", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self.out = Connection(to_child_w, readable=False)
-        self.conn = Connection(from_child_r, writable=False)
-        self.killed = False
-        self.out.send(args)
+        super().__init__("debug_framework.conformance.worker", args,
+                         env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **env}, quiet=True)
         reply = self._reply(_START_TIMEOUT_S) or ("error", "the worker did not start")
         if reply[0] != "ok":
             self.stop()
             raise ConfigurationError(f"the sweep's worker cannot load the backend: {reply[1]}",
                                      hint="check --compile-backend / --backend-file", backend=args[0])
-
-    def _reply(self, timeout: float) -> tuple[str, Any] | None:
-        try:
-            if self.conn.poll(timeout):
-                return self.conn.recv()
-        except (EOFError, OSError):
-            return ("died", None)
-        return None
-
-    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
-        """The reply, or None when the worker died or ran past ``timeout`` (it is then stopped)."""
-        try:
-            self.out.send(msg)
-        except (BrokenPipeError, OSError):
-            return None
-        reply = self._reply(timeout)
-        if reply is None or reply[0] == "died":
-            self.killed = reply is None
-            if not self.killed:
-                try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    pass
-            self.stop()
-            return None
-        return reply
 
     def death(self, timeout: float) -> dict[str, Any]:
         code = self.proc.poll()
@@ -146,19 +106,6 @@ class _Proc:
             return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
         return {"status": "crash", "reason": f"the sample crashed the worker process ({how})"}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.out.send(("stop",))
-                self.proc.wait(2)
-            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.conn.close()
-        self.out.close()
 
 
 class _InProcess:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..plugins.pipeworker import serve
+
 __all__ = ["WorkerState", "worker_main", "resolve_backend"]
 
 
@@ -148,24 +150,10 @@ class WorkerState:
 
 
 def worker_main(inbox: Any, conn: Any) -> None:
-    """The worker's loop: read the start arguments from ``inbox``, then answer requests on ``conn``."""
-    try:
-        state = WorkerState(*inbox.recv())
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as DF005
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ok", "ready"))
-    while True:
-        try:
-            msg = inbox.recv()
-        except EOFError:
-            return
-        if msg[0] == "stop":
-            return
-        try:
-            conn.send(("ok", state.handle(msg)))
-        except Exception as exc:  # noqa: BLE001 - an error of ours is reported, not a verdict
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    """The worker's loop (:func:`~debug_framework.plugins.pipeworker.serve`): read the start
+    arguments from ``inbox``, then answer requests on ``conn``; a backend that cannot be loaded is
+    reported, and raised as DF005."""
+    serve(inbox, conn, WorkerState)
 
 
 if __name__ == "__main__":

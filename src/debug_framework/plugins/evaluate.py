@@ -143,16 +143,19 @@ def _scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
     return (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t
 
 
-def badness(result: dict[str, Any]) -> float:
-    """How bad a sample's result is, to pick the worst: crashes and errors first, then error / bound."""
+def badness(result: dict[str, Any], *, error_key: str = "kernel_error",
+            unranked: tuple[str, ...] = ("skipped",)) -> float:
+    """How bad a sample's result is, to pick the worst: crashes and errors first, then error / bound.
+    ``error_key`` names the result's measured error (the operator sweep's ``backend_error``); a
+    status in ``unranked`` (a sample not judged) ranks last."""
     status = result.get("status")
     if status in ("crash", "hang"):
         return math.inf
     if status == "error":
         return 1e300
-    if status == "skipped":
+    if status in unranked:
         return -math.inf
-    err, bound = result.get("kernel_error"), result.get("bound")
+    err, bound = result.get(error_key), result.get("bound")
     if err is None or bound is None or (isinstance(err, float) and math.isnan(err)):
         return 1e299 if status == "fail" else -1.0
     if math.isinf(err):

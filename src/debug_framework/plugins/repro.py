@@ -25,7 +25,7 @@ from .evaluate import FLOAT64_FLOOR_EPS
 from .manifest import KernelSpec, PluginDefinition
 from .samples import Sample
 
-__all__ = ["write_repro_dir", "KERNEL_LOADER", "plugin_kernel_entry", "encode_value"]
+__all__ = ["write_repro_dir", "KERNEL_LOADER", "SAMPLE_DECODER", "plugin_kernel_entry", "encode_value", "save_sample"]
 
 #: Source of ``load_kernel(entry)`` for a generated repro.py (needs ``os``, ``torch`` and
 #: ``importlib.util`` imported and ``HERE`` set): the kernel of :func:`plugin_kernel_entry`'s entry.
@@ -52,9 +52,9 @@ def load_kernel(plugin):
     return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
 '''
 
-#: The sweep repro's check: the kernel against the reference, by the sweep's calibrated rule.
-_BODY = KERNEL_LOADER + '''
-
+#: Source of ``value(v, storages, device)`` (a sample's argument from :func:`encode_value`'s form and
+#: the stored tensors) and ``up(v)`` (in float64) for a generated repro.py (needs ``torch`` imported).
+SAMPLE_DECODER = '''
 def value(v, storages, device):
     if isinstance(v, dict) and "storage" in v:
         return storages[v["storage"]].to(device).as_strided(v["shape"], v["stride"], v["offset"])
@@ -73,7 +73,10 @@ def up(v):
     if isinstance(v, torch.dtype) and v.is_floating_point:
         return torch.float64
     return v
+'''
 
+#: The sweep repro's check: the kernel against the reference, by the sweep's calibrated rule.
+_BODY = KERNEL_LOADER + '''\n''' + SAMPLE_DECODER + '''
 
 def first(out):  # an op returning several tensors is judged by its first, as the sweep does
     return out[0] if isinstance(out, (tuple, list)) else out
@@ -173,17 +176,24 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
 encode_value = _encode
 
 
-def write_repro_dir(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample: Sample, folder: Path) -> Path:
-    """Write the repro of ``sample`` into a new directory under ``folder``; the path of its ``repro.py``."""
+def save_sample(sample: Sample, folder: Path, name: str) -> tuple[Path, list[Any], dict[str, Any]]:
+    """Make a repro's directory under ``folder`` (``name`` made a safe file name of at most 120
+    characters) and write ``sample``'s tensors into its ``inputs.safetensors``; the directory and
+    the sample's arguments and keyword arguments as JSON (:data:`encode_value`)."""
     from safetensors.torch import save_file
 
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{defn.id}-{spec.name}-{sample.source}-{sample.label}")[:120]
-    out = folder / slug
+    out = folder / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     args = [_encode(a, tensors) for a in sample.args]
     kwargs = {k: _encode(v, tensors) for k, v in sample.kwargs.items()}
-    save_file(tensors, str(out / INPUTS))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / INPUTS))
+    return out, args, kwargs
+
+
+def write_repro_dir(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sample: Sample, folder: Path) -> Path:
+    """Write the repro of ``sample`` into a new directory under ``folder``; the path of its ``repro.py``."""
+    out, args, kwargs = save_sample(sample, folder, f"{defn.id}-{spec.name}-{sample.source}-{sample.label}")
     reference_file = None
     if spec.reference:
         ref_file, _, ref_fn = spec.reference.partition(":")

@@ -13,13 +13,9 @@ format); a failing sample's repro is verified once in a fresh process (``repro_v
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +24,7 @@ from ..errors import PluginCompilationError
 from ..repro_format import verify
 from .evaluate import badness
 from .manifest import PluginDefinition
+from .pipeworker import PipeWorker
 
 __all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "check_in_worker", "signal_name", "DEFAULT_TIMEOUT_S"]
 
@@ -105,36 +102,21 @@ class SweepReport:
                 "kernels": {n: k.to_dict(with_samples=with_samples) for n, k in self.kernels.items()}}
 
 
-class _Worker:
-    """One worker process (``python -m debug_framework.plugins.worker``) and its two pipes; restarted
-    after a crash or a hang. A plain subprocess, not ``multiprocessing``'s spawn, so the caller's main
-    module is never re-imported. It runs in a scratch directory of its own (removed when it stops), so
-    a plugin's relative paths never land in the caller's folder; its code still runs with the user's
-    privileges (docs/plugins.md). Loading the plugin (its static initialisers) is bounded by
-    ``timeout_s``, the user's ``--timeout``; only starting Python and torch gets longer."""
+class _Worker(PipeWorker):
+    """One worker process (``python -m debug_framework.plugins.worker``) and its two pipes
+    (:class:`~.pipeworker.PipeWorker`); restarted after a crash or a hang. It runs in a scratch
+    directory of its own (removed when it stops), so a plugin's relative paths never land in the
+    caller's folder; its code still runs with the user's privileges (docs/plugins.md). Loading the
+    plugin (its static initialisers) is bounded by ``timeout_s``, the user's ``--timeout``; only
+    starting Python and torch gets longer."""
 
     def __init__(self, args: tuple[Any, ...], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.scratch = tempfile.TemporaryDirectory(prefix="df-plugin-worker-")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "debug_framework.plugins.worker", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            cwd=self.scratch.name)
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self.out = Connection(to_child_w, readable=False)
-        self.conn = Connection(from_child_r, writable=False)
-        self.killed = False
-        self.out.send(args)
+        super().__init__("debug_framework.plugins.worker", args, cwd=self.scratch.name)
         for msg in (None, ("load",)):  # started (Python and torch), then the plugin loaded (bounded by timeout_s)
             reply = self._reply(_START_TIMEOUT_S) if msg is None else self.ask(msg, timeout_s)
             if reply is not None and reply[0] == "died" and msg is None:
-                try:
-                    self.proc.wait(30)  # let it finish dying, to read its exit status
-                except subprocess.TimeoutExpired:
-                    pass
+                self.wait_dying()
             if reply is None or reply[0] == "died":
                 reason = self.death(timeout_s if msg else _START_TIMEOUT_S)["reason"]
                 self.stop()
@@ -147,45 +129,8 @@ class _Worker:
                 raise PluginCompilationError(f"the worker process cannot load the plugin: {reply[1]}",
                                              artifact=str(args[1]))
 
-    def _reply(self, timeout: float) -> tuple[str, Any] | None:
-        """The next reply; ``("died", None)`` when the worker closed its pipe, None on timeout."""
-        try:
-            if self.conn.poll(timeout):
-                return self.conn.recv()
-        except (EOFError, OSError):
-            return ("died", None)
-        return None
-
-    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
-        """The reply, or None when the worker died or ran past ``timeout`` (it is then stopped)."""
-        try:
-            self.out.send(msg)
-        except (BrokenPipeError, OSError):
-            return None
-        reply = self._reply(timeout)
-        if reply is None or reply[0] == "died":
-            self.killed = reply is None  # a timeout: the worker is killed (a hang)
-            if not self.killed:
-                try:
-                    self.proc.wait(30)  # let a dying worker finish dying, to read its exit status
-                except subprocess.TimeoutExpired:
-                    pass
-            self.stop()
-            return None
-        return reply
-
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.out.send(("stop",))
-                self.proc.wait(2)
-            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.conn.close()
-        self.out.close()
+        super().stop()
         self.scratch.cleanup()
 
     def death(self, timeout: float) -> dict[str, Any]:

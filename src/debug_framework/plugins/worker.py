@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .pipeworker import serve
+
 __all__ = ["worker_main", "WorkerState"]
 
 
@@ -74,24 +76,9 @@ class WorkerState:
 
 
 def worker_main(inbox: Any, conn: Any) -> None:
-    """The worker's loop: read the start arguments from ``inbox``, then answer requests on ``conn``."""
-    try:
-        state = WorkerState(*inbox.recv())
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as DF008
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ok", "ready"))
-    while True:
-        try:
-            msg = inbox.recv()
-        except EOFError:
-            return
-        if msg[0] == "stop":
-            return
-        try:
-            conn.send(("ok", state.handle(msg)))
-        except Exception as exc:  # noqa: BLE001 - an error of ours is reported, not a kernel verdict
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    """The worker's loop (:func:`~.pipeworker.serve`): read the start arguments from ``inbox``, then
+    answer requests on ``conn``; a plugin that cannot be set up is reported, and raised as DF008."""
+    serve(inbox, conn, WorkerState)
 
 
 if __name__ == "__main__":
