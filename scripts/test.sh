@@ -11,7 +11,7 @@ if [ "$workers" = "0" ]; then
     .venv/bin/python -m pytest "$@"
 else
     # loadscope: a module's tests stay on one worker, so its module-scoped fixtures are built once
-    .venv/bin/python -m pytest -n "$workers" --dist loadscope "$@"
+    .venv/bin/python -m pytest -n "$workers" --dist loadscope --durations=25 "$@"
 fi
 rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -101,9 +101,15 @@ def test_missing_path(tmp_path):
 
 
 def test_unknown_format(tiny_qwen2, tmp_path):
-    f = _copy_with_config(tiny_qwen2["hf"], tmp_path / "x") / "model.onnx"
+    f = _copy_with_config(tiny_qwen2["hf"], tmp_path / "x") / "model.tflite"
     f.write_bytes(b"\x08\x07")
-    _df004(f, "unknown weights format", "'.onnx'", "model.onnx")
+    _df004(f, "unknown weights format", "'.tflite'", "model.tflite")
+
+
+def test_a_broken_onnx_file_is_df004_naming_it(tiny_qwen2, tmp_path):
+    f = _copy_with_config(tiny_qwen2["hf"], tmp_path / "x") / "model.onnx"
+    f.write_bytes(b"\x08\x07")  # an ONNX file is a model of its own (modelio.onnx_file), this one is empty
+    _df004(f, "ONNX graph has no nodes", "model.onnx")
 
 
 def test_truncated_safetensors(tiny_qwen2, tmp_path):
