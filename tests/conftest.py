@@ -292,6 +292,22 @@ class BrowserPage:
 
 
 @pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """``tiny(family) -> path``: a tiny random model of ``benchmarks.models.tiny_transformers``
+    (seed 0), built once per test session (tests/diff has a ``tiny`` of its own)."""
+    from benchmarks.models.tiny_transformers import make_model
+
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = make_model(family, tmp_path_factory.mktemp(family) / "hf", 0)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def _chromium() -> Iterator[object]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

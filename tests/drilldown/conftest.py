@@ -43,19 +43,6 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    """``tiny(family) -> path``: a tiny model of the judgement suite, built once per test session."""
-    built: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in built:
-            built[family] = make_model(family, tmp_path_factory.mktemp(family) / "hf", 0)
-        return built[family]
-
-    return get
-
-
-@pytest.fixture(scope="session")
 def buggy_gelu_plugin(tmp_path_factory) -> Path:
     """The manifest of a plugin whose only kernel replaces aten::gelu with a wrong one."""
     folder = tmp_path_factory.mktemp("buggy_gelu")

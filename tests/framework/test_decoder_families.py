@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.models.tiny_transformers import WINDOW, make_model  # noqa: E402
+from benchmarks.models.tiny_transformers import WINDOW  # noqa: E402
 
 FAMILIES = ("mistral", "qwen3", "phi3", "gemma2", "gemma3_text", "qwen3_moe")
 LENGTH = 3 * WINDOW  # longer than the sliding window
@@ -60,18 +60,6 @@ def float64_transformers() -> Iterator[None]:
     finally:
         T.to, T.float, F.softmax, torch.arange = to, flt, softmax, arange
         torch.set_default_dtype(default)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    built: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in built:
-            built[family] = make_model(family, tmp_path_factory.mktemp(family) / "hf", 0)
-        return built[family]
-
-    return get
 
 
 def _hf_float64(path: Path) -> torch.nn.Module:
