@@ -1,9 +1,14 @@
-"""Fixtures of the plugin tests: the shipped examples, each C++ example built once per test session
-into a build cache under the session's temporary directory, and their op sweeps."""
+"""Fixtures of the plugin tests: the shipped examples, each C++ example built once per test run into a
+build cache under the run's temporary directory (shared by the run's xdist workers: the engine's cache
+is safe for concurrent builders, and a lock keeps the second worker from compiling the same source
+again), and their op sweeps."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +25,20 @@ EXAMPLES = ROOT / "examples" / "plugins"
 
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("plugin-builds")
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    cache = base / "plugin-builds"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
+@contextlib.contextmanager
+def _one_builder(cache: Path) -> Iterator[None]:
+    """Held while building: a worker that waits here then finds the other's build in the cache."""
+    with open(cache / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -32,14 +50,16 @@ def engine(build_cache) -> CompilationEngine:
 def cpp_build(engine):
     """The C++ example (gelu, rms_norm) built once: (definition, BuildResult)."""
     defn = load_manifest(EXAMPLES / "cpp" / "plugin.json")
-    return defn, engine.build(defn)
+    with _one_builder(engine.cache_dir):
+        return defn, engine.build(defn)
 
 
 @pytest.fixture(scope="session")
 def buggy_build(engine):
     """The wrong rms_norm (eps outside the square root) built once."""
     defn = load_manifest(EXAMPLES / "cpp_buggy" / "plugin.json")
-    return defn, engine.build(defn)
+    with _one_builder(engine.cache_dir):
+        return defn, engine.build(defn)
 
 
 @pytest.fixture(scope="session")
