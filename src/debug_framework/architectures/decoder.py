@@ -170,5 +170,5 @@ class DecoderReference(LlamaReference):
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""
-        return self.norm(h, self.params["norm"]) @ self.params["lm_head"].T
+        return self.params.project("lm_head", self.norm(h, self.params["norm"]))
 

@@ -62,7 +62,7 @@ class GemmaReference(DecoderReference):
 
     def embed(self, input_ids: Array, token_type_ids: Array | None = None) -> Array:
         """Token embeddings scaled by ``sqrt(hidden_size)``. ``[B, T] -> [B, T, D]``."""
-        return self.params["embed_tokens"][input_ids] * self.embed_scale
+        return self.params.rows("embed_tokens", input_ids) * self.embed_scale
 
     def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
         """``h + norm(attention(norm(h)))``: the post_attention state."""
