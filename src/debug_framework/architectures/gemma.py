@@ -41,8 +41,8 @@ class GemmaReference(DecoderReference):
     config: GemmaModelConfig
 
     def __init__(self, config: GemmaModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
-        super().__init__(config, weights, dtype, xp)
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
+        super().__init__(config, weights, dtype, xp, stream=stream)
         self.attention_cap = config.attn_logit_softcapping
         if config.local_rope_theta is not None:
             self.local_inv_freq = rope_inverse_frequencies(config.head_dim, config.local_rope_theta,

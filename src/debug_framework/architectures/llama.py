@@ -112,8 +112,8 @@ class LlamaReference(Model):
     config: LlamaModelConfig
 
     def __init__(self, config: LlamaModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
-        super().__init__(config, weights, dtype, xp)
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
+        super().__init__(config, weights, dtype, xp, stream=stream)
         if config.tie_word_embeddings or not self.params.present("lm_head"):
             self.params.alias("lm_head", "embed_tokens")
         self.inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
