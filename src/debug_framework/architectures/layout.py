@@ -17,6 +17,7 @@ weight's name with ``_b``. No tensor is transposed or fused: ``ops.linear`` take
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -214,8 +215,7 @@ class LayerStream(Sequence[Parameters]):
         return len(self._names)
 
     def __getitem__(self, i: int) -> Parameters:  # type: ignore[override]
-        if not isinstance(i, int):
-            raise TypeError("layers are read one at a time, by index")
+        i = operator.index(i)  # one layer at a time, by index (a slice is a TypeError)
         if i < 0:
             i += len(self._names)
         if not 0 <= i < len(self._names):
