@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     # the shared folder of tensor files, saved inputs and exports when database_path is a
     # postgresql:// URL (docs/storage.md, "PostgreSQL"); SQLite keeps them beside its file
     "artifact_root": None,
+    # the memory a session may need (bytes; None: what is available when it starts; "off": no
+    # check): a session estimated above it is refused with DF007 before it runs (docs/scaling.md)
+    "memory_budget": None,
 }
 
 #: Environment variable -> the config key it overrides (read by :func:`from_environment`).
@@ -51,6 +55,7 @@ ENV_VARIABLES: dict[str, str] = {
     "PIE_DEBUG_DATABASE": "database_path",
     "PIE_METAL_PATH": "metal_path",
     "PIE_DEBUG_ARTIFACT_ROOT": "artifact_root",
+    "PIE_DEBUG_MEMORY_BUDGET": "memory_budget",
 }
 
 _LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
@@ -80,8 +85,22 @@ def _parse_path(name: str, value: str) -> str | None:
     return value or None  # an empty variable means "not set"
 
 
+def _parse_size(name: str, value: str) -> int | str | None:
+    """Bytes, or a number with K, M, G or T (powers of 1024; ``12G``, ``512MiB``); ``off``: no check."""
+    v = value.strip()
+    if not v:
+        return None
+    if v.lower() == "off":
+        return "off"
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", v, flags=re.IGNORECASE)
+    if m is None:
+        raise FrameworkInitializationError(f"{name}={value!r} is not a size", variable=name,
+                                           hint=f"set {name} to bytes, a number with K, M, G or T (12G), or off")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+
+
 _PARSERS = {"debug_enabled": _parse_bool, "log_level": _parse_level, "database_path": _parse_path, "metal_path": _parse_path,
-            "artifact_root": _parse_path}
+            "artifact_root": _parse_path, "memory_budget": _parse_size}
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

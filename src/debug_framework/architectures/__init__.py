@@ -31,16 +31,17 @@ _PLAIN_LLAMA = frozenset({"llama", "qwen2"})
 
 
 def build_reference(config: LlamaModelConfig | BertModelConfig, weights: WeightSource, dtype: object,
-                    xp: ArrayNamespace = NUMPY) -> ReferenceModel:
-    """The model of ``config``'s family in ``xp`` arrays of ``dtype``."""
+                    xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> ReferenceModel:
+    """The model of ``config``'s family in ``xp`` arrays of ``dtype``, its weights streamed layer by
+    layer or resident (``stream``; default: streamed over NumPy and torch, see ``walk.Model``)."""
     if isinstance(config, GemmaModelConfig):
-        return GemmaReference(config, weights, dtype, xp)
+        return GemmaReference(config, weights, dtype, xp, stream=stream)
     if isinstance(config, MoeModelConfig):
-        return MoeReference(config, weights, dtype, xp)
+        return MoeReference(config, weights, dtype, xp, stream=stream)
     if isinstance(config, LlamaModelConfig):
         if config.model_type in _PLAIN_LLAMA:
-            return LlamaReference(config, weights, dtype, xp)
-        return DecoderReference(config, weights, dtype, xp)
+            return LlamaReference(config, weights, dtype, xp, stream=stream)
+        return DecoderReference(config, weights, dtype, xp, stream=stream)
     if config.architecture == "bert":
-        return BertReference(config, weights, dtype, xp)
+        return BertReference(config, weights, dtype, xp, stream=stream)
     raise ModelLoadingError(f"unsupported architecture {config.architecture!r}")

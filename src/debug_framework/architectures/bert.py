@@ -84,7 +84,7 @@ class BertReference(Model):
         """Word + absolute position + token type embeddings, then LayerNorm. ``[B, T] -> [B, T, D]``."""
         p = self.params
         tt = self.xp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
-        x = p["word"][input_ids] + p["position"][: input_ids.shape[1]][None] + p["token_type"][tt]
+        x = p.rows("word", input_ids) + p["position"][: input_ids.shape[1]][None] + p["token_type"][tt]
         return layer_norm(x, p["emb_ln"], p["emb_ln_b"], self.config.layer_norm_eps)
 
     def attention(self, i: int, h: Array, attention_mask: Array) -> Array:

@@ -98,9 +98,9 @@ class DecoderReference(LlamaReference):
     attention_cap: float | None = None
 
     def __init__(self, config: LlamaModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
         self.layout = self.layout_for(config)
-        super().__init__(config, weights, dtype, xp)
+        super().__init__(config, weights, dtype, xp, stream=stream)
         #: the rotary frequencies of the sliding-window layers (Gemma 3's differ from the global ones).
         self.local_inv_freq = self.inv_freq
         self._local_rope: dict[int, tuple[Array, Array]] = {}
@@ -170,5 +170,5 @@ class DecoderReference(LlamaReference):
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""
-        return self.norm(h, self.params["norm"]) @ self.params["lm_head"].T
+        return self.params.project("lm_head", self.norm(h, self.params["norm"]))
 

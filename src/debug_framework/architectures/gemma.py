@@ -41,8 +41,8 @@ class GemmaReference(DecoderReference):
     config: GemmaModelConfig
 
     def __init__(self, config: GemmaModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
-        super().__init__(config, weights, dtype, xp)
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
+        super().__init__(config, weights, dtype, xp, stream=stream)
         self.attention_cap = config.attn_logit_softcapping
         if config.local_rope_theta is not None:
             self.local_inv_freq = rope_inverse_frequencies(config.head_dim, config.local_rope_theta,
@@ -62,7 +62,7 @@ class GemmaReference(DecoderReference):
 
     def embed(self, input_ids: Array, token_type_ids: Array | None = None) -> Array:
         """Token embeddings scaled by ``sqrt(hidden_size)``. ``[B, T] -> [B, T, D]``."""
-        return self.params["embed_tokens"][input_ids] * self.embed_scale
+        return self.params.rows("embed_tokens", input_ids) * self.embed_scale
 
     def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
         """``h + norm(attention(norm(h)))``: the post_attention state."""

@@ -1,6 +1,15 @@
 """Weight layouts: which checkpoint tensor feeds which parameter of a model, declared once per
 family (``llama.LAYOUT``, ``bert.LAYOUT``) and read into any array namespace.
 
+Read *streamed* (the NumPy and torch models), a layer's parameters are converted to the compute
+dtype when the layer is first asked for and only the most recent layer stays converted
+(:class:`LayerStream`); the model's own parameters are converted each time they are read, the
+embedding row by row for the ids asked for (:meth:`ModelParameters.rows`) and the LM head in
+bounded blocks of rows (:meth:`ModelParameters.project`). The weights themselves stay where the
+``WeightStore`` keeps them (memory-mapped files), so a float64 reference holds about one layer of
+float64 weights at a time, never a whole-model copy. Read *resident* (MLX, which evaluates every
+parameter once after loading), everything is converted at construction.
+
 Parameters are plain names (``"q"``, ``"q_b"``, ``"input_norm"``); a module's bias is its
 weight's name with ``_b``. No tensor is transposed or fused: ``ops.linear`` takes Hugging Face's
 ``[out, in]`` weights as they are.
@@ -8,19 +17,25 @@ weight's name with ``_b``. No tensor is transposed or fused: ``ops.linear`` take
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import ModelLoadingError
 from .xp import Array, ArrayNamespace, DType
 
-__all__ = ["WeightSource", "WeightLayout", "weight_and_bias", "Parameters"]
+__all__ = ["WeightSource", "WeightLayout", "weight_and_bias", "Parameters", "ModelParameters", "LayerStream",
+           "HEAD_BLOCK_BYTES"]
 
 #: parameter name -> array (``None`` for an optional tensor the checkpoint lacks).
 Parameters = dict[str, "Array | None"]
+
+#: the most bytes of converted LM-head (or embedding) rows a streamed model holds at once.
+HEAD_BLOCK_BYTES = 64 * 2**20
 
 
 class WeightSource(Protocol):
@@ -62,21 +77,159 @@ class WeightLayout:
         return [*self.model.values(), *(self.layer_prefix.format(i=i) + name
                                         for i in range(num_layers) for name in self.layer.values())]
 
-    def read(self, weights: WeightSource, num_layers: int, xp: ArrayNamespace, dtype: DType) -> tuple[Parameters, list[Parameters]]:
-        """The model's parameters and each layer's, as ``xp`` arrays of ``dtype``."""
-        host = xp.host_dtype(dtype)
+    def names(self, mapping: Mapping[str, str], prefix: str, weights: WeightSource) -> dict[str, str | None]:
+        """parameter -> the tensor name that feeds it (``None`` for an optional tensor the
+        checkpoint lacks); a missing required tensor is a ``ModelLoadingError`` (DF004) naming it."""
+        out: dict[str, str | None] = {}
+        for param, name in mapping.items():
+            if prefix + name in weights:
+                out[param] = prefix + name
+            elif param in self.optional:
+                out[param] = None
+            else:
+                raise ModelLoadingError(f"the checkpoint has no tensor {prefix + name!r}",
+                                        hint="is config.json the one of these weights?")
+        return out
 
-        def get(param: str, name: str) -> Array | None:
-            if name not in weights:
-                if param in self.optional:
-                    return None
-                raise ModelLoadingError(f"the checkpoint has no tensor {name!r}", hint="is config.json the one of these weights?")
-            data = weights.numpy(name, host) if hasattr(weights, "numpy") else weights[name]
-            return xp.from_host(np.asarray(data, host), dtype)
+    def read(self, weights: WeightSource, num_layers: int, xp: ArrayNamespace, dtype: DType, *,
+             stream: bool = False) -> tuple[ModelParameters, LayerStream]:
+        """The model's parameters and each layer's, as ``xp`` arrays of ``dtype``: converted when
+        read and only the latest layer kept with ``stream``, else all converted now. Every tensor's
+        presence is checked now either way."""
+        converter = _Converter(weights, xp, dtype)
+        model = ModelParameters(self.names(self.model, "", weights), converter, resident=not stream)
+        layer_names = [self.names(self.layer, self.layer_prefix.format(i=i), weights) for i in range(num_layers)]
+        return model, LayerStream(layer_names, converter, keep=1 if stream else num_layers)
 
-        model = {p: get(p, name) for p, name in self.model.items()}
-        layers = []
-        for i in range(num_layers):
-            prefix = self.layer_prefix.format(i=i)
-            layers.append({p: get(p, prefix + name) for p, name in self.layer.items()})
-        return model, layers
+
+def _host_array(data: Any, host: np.dtype, rows: np.ndarray | None = None) -> np.ndarray:
+    """A stored tensor (a torch tensor of the file, or any array-like), or only its ``rows``, as a
+    NumPy array of ``host`` (half precision through float32, exactly as ``WeightStore.numpy``)."""
+    if hasattr(data, "detach"):  # a torch tensor, often a view of a memory-mapped file
+        import torch
+
+        t = data if rows is None else data[torch.from_numpy(np.ascontiguousarray(rows, np.int64))]
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.to(torch.float32)
+        return np.asarray(t.numpy(), dtype=host)
+    arr = np.asarray(data) if rows is None else np.asarray(data)[rows]
+    return np.asarray(arr, dtype=host)
+
+
+class _Converter:
+    """Reads one stored tensor (or some of its rows) into ``xp`` arrays of ``dtype``."""
+
+    def __init__(self, weights: WeightSource, xp: ArrayNamespace, dtype: DType) -> None:
+        self.weights, self.xp, self.dtype, self.host = weights, xp, dtype, xp.host_dtype(dtype)
+
+    def stored(self, name: str) -> Any:
+        return self.weights[name]
+
+    def __call__(self, name: str, rows: np.ndarray | None = None) -> Array:
+        if rows is None and hasattr(self.weights, "numpy"):
+            data = self.weights.numpy(name, self.host)
+        else:
+            data = _host_array(self.stored(name), self.host, rows)
+        return self.xp.from_host(np.asarray(data, self.host), self.dtype)
+
+
+class ModelParameters(Mapping[str, "Array | None"]):
+    """The parameters outside the layers (embeddings, final norm, LM head). Resident: converted
+    once, at construction. Streamed: converted each time one is read, so none stays converted
+    between reads; :meth:`rows` and :meth:`project` read the big ones in bounded pieces."""
+
+    def __init__(self, names: dict[str, str | None], convert: _Converter, *, resident: bool) -> None:
+        self._names, self._convert, self.resident = dict(names), convert, resident
+        self._values: dict[str, Array | None] = {}
+        if resident:
+            self._values = {p: None if n is None else convert(n) for p, n in self._names.items()}
+
+    def __getitem__(self, param: str) -> Array | None:
+        if param in self._values:
+            return self._values[param]
+        name = self._names[param]
+        return None if name is None else self._convert(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def present(self, param: str) -> bool:
+        """Whether the checkpoint holds ``param`` (without reading it)."""
+        return self._names.get(param) is not None
+
+    def alias(self, param: str, source: str) -> None:
+        """``param`` reads the tensor ``source`` reads (a tied LM head)."""
+        self._names[param] = self._names[source]
+        if source in self._values:
+            self._values[param] = self._values[source]
+
+    def _shape(self, param: str) -> tuple[int, ...]:
+        name = self._names[param]
+        weights = self._convert.weights
+        if hasattr(weights, "shape"):
+            return tuple(weights.shape(name))
+        return tuple(np.shape(weights[name]))
+
+    def rows(self, param: str, ids: Any) -> Array:
+        """``param[ids]``: the rows of an embedding table for integer ids of any shape (only those
+        rows are read when streamed)."""
+        if self.resident or param in self._values:
+            return self[param][ids]
+        index = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids).astype(np.int64)
+        flat = self._convert(self._names[param], index.reshape(-1))
+        return flat.reshape(*index.shape, flat.shape[-1])
+
+    def project(self, param: str, x: Array) -> Array:
+        """``x @ param.T`` (an LM head ``[V, D]`` applied to ``[..., D]``); streamed, the head is read
+        in blocks of rows of at most :data:`HEAD_BLOCK_BYTES` once converted, joined on the last axis."""
+        if self.resident or param in self._values:
+            return x @ self[param].T
+        vocab, width = self._shape(param)[:2]
+        itemsize = max(np.dtype(self._convert.host).itemsize, 1)
+        block = max(1, HEAD_BLOCK_BYTES // max(width * itemsize, 1))
+        if block >= vocab:
+            return x @ self[param].T
+        name = self._names[param]
+        parts = [x @ self._convert(name, np.arange(start, min(start + block, vocab))).T
+                 for start in range(0, vocab, block)]
+        return self._convert.xp.concatenate(parts, axis=-1)
+
+
+class LayerStream(Sequence[Parameters]):
+    """Each layer's parameters, converted when the layer is asked for; the ``keep`` most recently
+    used layers stay converted (all of them when ``keep`` is the number of layers: resident)."""
+
+    def __init__(self, names: list[dict[str, str | None]], convert: _Converter, *, keep: int) -> None:
+        self._names, self._convert, self.keep = names, convert, max(int(keep), 1)
+        self._cache: OrderedDict[int, Parameters] = OrderedDict()
+        #: how many times a layer was converted (a resident stream converts each once).
+        self.conversions = 0
+        if self.keep >= len(names):
+            for i in range(len(names)):
+                self[i]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, i: int) -> Parameters:  # type: ignore[override]
+        i = operator.index(i)  # one layer at a time, by index (a slice is a TypeError)
+        if i < 0:
+            i += len(self._names)
+        if not 0 <= i < len(self._names):
+            raise IndexError(i)
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i]
+        while len(self._cache) >= self.keep:
+            self._cache.popitem(last=False)  # dropped before the next is read: one layer at a time
+        params = {p: None if n is None else self._convert(n) for p, n in self._names[i].items()}
+        self.conversions += 1
+        self._cache[i] = params
+        return params
+
+    def resident_layers(self) -> list[int]:
+        """The layers converted now."""
+        return list(self._cache)

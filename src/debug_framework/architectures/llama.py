@@ -112,17 +112,17 @@ class LlamaReference(Model):
     config: LlamaModelConfig
 
     def __init__(self, config: LlamaModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
-        super().__init__(config, weights, dtype, xp)
-        if config.tie_word_embeddings or self.params["lm_head"] is None:
-            self.params["lm_head"] = self.params["embed_tokens"]
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
+        super().__init__(config, weights, dtype, xp, stream=stream)
+        if config.tie_word_embeddings or not self.params.present("lm_head"):
+            self.params.alias("lm_head", "embed_tokens")
         self.inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
         self._rope: dict[int, tuple[Array, Array]] = {}
 
     # -- the steps -------------------------------------------------------------------------------
     def embed(self, input_ids: Array, token_type_ids: Array | None = None) -> Array:
         """Token embedding lookup (decoders have no token types). ``[B, T] -> [B, T, D]``."""
-        return self.params["embed_tokens"][input_ids]
+        return self.params.rows("embed_tokens", input_ids)
 
     def rope(self, length: int) -> tuple[Array, Array]:
         """cos and sin for positions ``0 .. length-1`` (computed once per length)."""
@@ -153,4 +153,4 @@ class LlamaReference(Model):
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""
-        return rms_norm(h, self.params["norm"], self.config.rms_norm_eps) @ self.params["lm_head"].T
+        return self.params.project("lm_head", rms_norm(h, self.params["norm"], self.config.rms_norm_eps))

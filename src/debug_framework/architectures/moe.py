@@ -48,8 +48,8 @@ class MoeReference(DecoderReference):
     config: MoeModelConfig
 
     def __init__(self, config: MoeModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
-        super().__init__(config, weights, dtype, xp)
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
+        super().__init__(config, weights, dtype, xp, stream=stream)
         #: layer -> the router logits of the last run (or replay) of that layer
         self.router_logits: dict[int, Array] = {}
 

@@ -15,7 +15,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from ..errors import ConfigurationError
-from .layout import Parameters, WeightLayout, WeightSource
+from .layout import LayerStream, ModelParameters, WeightLayout, WeightSource
 from .xp import NUMPY, Array, ArrayNamespace
 
 Key = tuple[str, int | None]
@@ -68,17 +68,24 @@ class Model:
         weights: canonical tensor name -> tensor (a ``WeightStore`` or any mapping of array-likes).
         dtype: the compute dtype or its name (NumPy: float64, float32; MLX: float32, float16, bfloat16).
         xp: the array namespace (``xp.NUMPY``, the default, or ``xp.mlx_namespace()``).
+        stream: read the weights layer by layer (:mod:`.layout`: about one layer converted at a
+            time); default: streamed over host arrays (NumPy, torch), resident over MLX.
     """
+
+    #: the array namespaces whose models stream their weights by default.
+    STREAMED_NAMESPACES: ClassVar[frozenset[str]] = frozenset({"numpy", "torch"})
 
     #: the family's weight layout.
     layout: ClassVar[WeightLayout]
 
     def __init__(self, config: ModelConfig, weights: WeightSource, dtype: object = np.float64,
-                 xp: ArrayNamespace = NUMPY) -> None:
+                 xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
         self.config, self.xp, self.dtype = config, xp, xp.dtype(dtype)
-        self.params: Parameters
-        self.layers: list[Parameters]
-        self.params, self.layers = self.layout.read(weights, config.num_hidden_layers, xp, self.dtype)
+        if stream is None:
+            stream = xp.name in self.STREAMED_NAMESPACES
+        self.params: ModelParameters
+        self.layers: LayerStream
+        self.params, self.layers = self.layout.read(weights, config.num_hidden_layers, xp, self.dtype, stream=stream)
 
     def embed(self, input_ids: Array, token_type_ids: Array | None = None) -> Array:
         """``[B, T]`` ids -> ``[B, T, D]``, the post_embedding checkpoint."""
@@ -125,5 +132,6 @@ class Model:
                                 lambda i, h: self.layer(i, h, attention_mask), self.head, want, layer_inputs)
 
     def parameters(self) -> list[Array]:
-        """Every parameter array (for ``mx.eval`` after loading)."""
+        """Every parameter array (for ``mx.eval`` after loading a resident model; a streamed model
+        converts every layer in turn to list them)."""
         return [v for group in (self.params, *self.layers) for v in group.values() if v is not None]

@@ -29,6 +29,8 @@ class PythonReferenceBackend(BaseBackend):
     name = "python_reference"
     supported_dtypes = ("float64", "float32")
     default_dtype = "float64"
+    #: the models read their weights layer by layer (``architectures.layout``): about one layer held at a time
+    streams_weights = True
 
     def __init__(self) -> None:
         super().__init__()

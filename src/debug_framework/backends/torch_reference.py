@@ -36,6 +36,8 @@ class TorchReferenceBackend(BaseBackend):
     name = "torch_reference"
     supported_dtypes = ("float64", "float32", "float16", "bfloat16")
     default_dtype = "float32"
+    #: the models read their weights layer by layer (``architectures.layout``): about one layer held at a time
+    streams_weights = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -219,6 +219,11 @@ class WeightStore(Mapping[str, torch.Tensor]):
         reader, stored = self._loc[name]
         return reader.shape(stored)
 
+    def dtype_name(self, name: str) -> str:
+        """The stored dtype from the file header (safetensors' names: ``BF16``, ``F32`` ...), without reading the data."""
+        reader, stored = self._loc[name]
+        return reader.dtype(stored)
+
     def file_of(self, name: str) -> Path:
         """The file that holds ``name``."""
         return self._loc[name][0].path

@@ -62,6 +62,7 @@ from .validation.plan import (
     validate_session_config,
 )
 from .validation.calibration import calibration_backend
+from .validation.memory import RssWatch, check_memory, session_estimate
 from .validation.results import CheckpointResult, LayerResult, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -259,8 +260,12 @@ class ValidationEngine(EngineFaces):
         if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
             calibrator = calibration_backend(plan, alt_name, model)
 
+        inputs = _session_inputs(model, cfg)
+        estimate = session_estimate(model, plan, ref, alt, calibrator, inputs)  # DF007 before anything is built
+        if estimate is not None:
+            check_memory(estimate, self.config, reference_dtype=ref_dtype, alternative_dtype=alt_dtype)
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
-        inputs_path = self._save_inputs(_session_inputs(model, cfg), sid)
+        inputs_path = self._save_inputs(inputs, sid)
 
         tolerances = {
             "governing_dtype": plan.governing_dtype,
@@ -346,20 +351,29 @@ class ValidationEngine(EngineFaces):
         config = validate_session_config(session.config)
         stages = [stage for stage in self.stages if stage.applies(config)]
         prepared_recorded = False
-        for done, stage in enumerate(stages, 1):
-            check_deadline()  # max_session_duration: stop at a stage boundary
-            if not stage.ready(ctx):
+        # each stage's seconds and peak resident memory, recorded with the session (the store stage
+        # writes what the stages before it measured)
+        stage_s: dict[str, float] = {}
+        memory: dict[str, Any] = {"method": RssWatch.method, "stage_peak_rss_bytes": {}}
+        ctx.performance.update(stage_s=stage_s, memory=memory)
+        with RssWatch() as watch:
+            for done, stage in enumerate(stages, 1):
+                check_deadline()  # max_session_duration: stop at a stage boundary
+                if not stage.ready(ctx):
+                    progress(stage.name, done, len(stages))
+                    continue
+                memory["peak_rss_bytes"] = watch.peak
+                with Timer() as t:
+                    stage.run(ctx)
+                stage_s[stage.name] = t.seconds
+                memory["stage_peak_rss_bytes"][stage.name] = watch.take()
+                if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
+                    prepared_recorded = _record_prepared_backends(ctx, session)
+                if stage.timing_key:
+                    ctx.performance[stage.timing_key] = t.seconds
+                if stage.persists_rows:
+                    self.db.checkpoints.add_many(session.session_id, ctx.rows())
                 progress(stage.name, done, len(stages))
-                continue
-            with Timer() as t:
-                stage.run(ctx)
-            if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
-                prepared_recorded = _record_prepared_backends(ctx, session)
-            if stage.timing_key:
-                ctx.performance[stage.timing_key] = t.seconds
-            if stage.persists_rows:
-                self.db.checkpoints.add_many(session.session_id, ctx.rows())
-            progress(stage.name, done, len(stages))
         if ctx.result is None:
             raise ConfigurationError("the validation's stages produced no result (no store stage ran)",
                                   session=session.session_id, hint="end custom stage lists with StoreStage()")

@@ -48,9 +48,10 @@ from ...backends.base import (
 )
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...comparison import ComparisonResult, compare, error_metric
-from ...errors import BackendRuntimeError, ConfigurationError, ModelLoadingError, ValidationError
+from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
+from .memory import check_memory, session_estimate
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
 from .precision_stage import PrecisionStage
@@ -132,6 +133,7 @@ class PrepareStage(Stage):
         ctx.reference = built.get("reference") or get_backend(session.reference_backend, **cfg["reference_options"])
         ctx.alternative = built.get("alternative") or get_backend(session.alternative_backend,
                                                                    **cfg["alternative_options"])
+        _estimate_memory(ctx, checked=bool(built))
         for side, backend, dtype, device in (
             ("reference", ctx.reference, plan.reference_dtype, cfg["reference_device"]),
             ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
@@ -148,6 +150,27 @@ class PrepareStage(Stage):
             raise ConfigurationError(f"isolation was requested but {why}", session=session.session_id,
                                   hint="set isolate to 'auto' or false, or give the backend a run_layer")
         ctx.isolating, ctx.evidence.isolation_note = ok, (None if ok else why)
+
+
+def _estimate_memory(ctx: RunContext, *, checked: bool) -> None:
+    """The session's memory estimate, recorded under ``performance["memory"]``; checked against the
+    budget (DF007 when over it) unless ``create_session`` did so in this process."""
+    plan = ctx.plan
+    calibrator = ctx.prebuilt.get("calibrator")
+    if calibrator is None and (plan.config["calibrate"] or plan.config["oracle"]):
+        try:  # only counted here; the calibration stage builds (and checks) its own
+            calibrator = calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
+        except DebugFrameworkError:
+            calibrator = None
+    estimate = session_estimate(ctx.model, plan, ctx.reference, ctx.alternative, calibrator, ctx.inputs)
+    if estimate is None:
+        return
+    budget = None if checked else check_memory(estimate, ctx.framework_config, reference_dtype=plan.reference_dtype,
+                                                   alternative_dtype=plan.alternative_dtype)
+    memory = ctx.performance.setdefault("memory", {})
+    memory["estimate_bytes"] = estimate.to_dict()
+    if budget is not None:
+        memory["budget_bytes"] = budget
 
 
 def _replay_support(reference: Backend, alternative: Backend) -> tuple[bool, str]:

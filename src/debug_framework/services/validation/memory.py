@@ -1,0 +1,272 @@
+"""The memory a session will need, estimated before anything big is built, and checked against
+the memory there is: a model that cannot fit is a DF007 naming the estimate and what to change,
+not an out-of-memory kill half-way through.
+
+The estimate (bytes; ``N`` the parameters of the weights, ``L`` the largest layer's parameters):
+
+* **runtime**: the process's resident set now (the interpreter and its libraries), at least
+  :data:`RUNTIME_BYTES`;
+* **alternative**: ``N`` x the alternative's dtype size on the CPU (its own copy of the weights;
+  nothing on the host for another device);
+* **reference** and **calibration**: a backend that streams its weights (``streams_weights``:
+  ``python_reference``, ``torch_reference``) holds about one layer, ``L`` x (its dtype size + 8
+  for the float64 host copy it converts from) plus one block of LM-head rows
+  (:data:`~debug_framework.architectures.layout.HEAD_BLOCK_BYTES`); any other backend ``N`` x its
+  dtype size;
+* **activations**: every checkpoint and layer input of the three runs in float64, their logits and
+  the attention scores of one layer: ``3 x (3 layers + 2) x B x T x D x 8 + 3 x B x T x V x 8 +
+  4 x B x H x T x T x 8``;
+* **weights file pages**: the stored bytes, touched while the weights are read; the kernel can drop
+  them, so they are reported but not counted against the budget.
+
+The budget is the framework configuration's ``memory_budget`` (``PIE_DEBUG_MEMORY_BUDGET``: bytes,
+or a number with ``K``/``M``/``G`` (powers of 1024), or ``off``); unset, the memory available now
+(``MemAvailable`` of ``/proc/meminfo``, and the cgroup's limit where lower) plus what this
+process already holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...architectures.layout import HEAD_BLOCK_BYTES
+from ...errors import ResourceExhaustedError
+
+__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "available_memory", "check_memory", "budget_of", "RUNTIME_BYTES",
+           "current_rss"]
+
+#: the least the interpreter, torch and transformers take once imported (measured: ~560 MiB).
+RUNTIME_BYTES = 600 * 2**20
+
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+_STORED_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_LAYER_INDEX = re.compile(r"^(.*?\.(?:layers?|h|blocks?)\.)(\d+)\.")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimated peak resident memory of one session, by part (bytes)."""
+
+    runtime: int
+    alternative: int
+    reference: int
+    calibration: int
+    activations: int
+    file_pages: int
+    parameters: int
+
+    @property
+    def total(self) -> int:
+        """What the session holds at its peak, the droppable file pages excluded."""
+        return self.runtime + self.alternative + self.reference + self.calibration + self.activations
+
+    def parts(self) -> dict[str, int]:
+        """The counted parts, largest first."""
+        parts = {"alternative": self.alternative, "reference": self.reference, "calibration": self.calibration,
+                 "activations": self.activations, "runtime": self.runtime}
+        return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+
+    def to_dict(self) -> dict[str, int]:
+        return {**self.parts(), "file_pages": self.file_pages, "parameters": self.parameters,
+                "total": self.total}
+
+
+def _gib(n: int | float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def current_rss() -> int | None:
+    """This process's resident set now (Linux), None where unreadable."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _weights_census(weights: Any) -> tuple[int, int, int]:
+    """(parameters, stored bytes, the largest layer's parameters) from the weights' headers."""
+    total = stored = 0
+    layers: dict[tuple[str, int], int] = {}
+    for name in weights:
+        shape = weights.shape(name) if hasattr(weights, "shape") else tuple(getattr(weights[name], "shape", ()))
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n
+        dtype = weights.dtype_name(name) if hasattr(weights, "dtype_name") else "F32"
+        stored += n * _STORED_BYTES.get(str(dtype).upper(), 4)
+        m = _LAYER_INDEX.match(name)
+        if m is not None:
+            key = (m.group(1), int(m.group(2)))
+            layers[key] = layers.get(key, 0) + n
+    return total, stored, max(layers.values(), default=0)
+
+
+def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int) -> int:
+    """What one backend holds of the weights: one layer (+ its float64 host copy and a block of
+    head rows) when it streams them, else all of them at its dtype; nothing on the host for a device."""
+    if backend is None or str(device).split(":")[0] not in ("cpu", "None", ""):
+        return 0
+    size = _DTYPE_BYTES.get(str(dtype), 4)
+    if getattr(backend, "streams_weights", False):
+        return layer * (size + 8) + HEAD_BLOCK_BYTES
+    return params * size
+
+
+def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alternative: Any, alternative_dtype: str,
+                    device: str = "cpu", calibrator: Any = None, calibration_dtype: str | None = None,
+                    batch: int = 1, length: int = 1) -> MemoryEstimate:
+    """The session's :class:`MemoryEstimate` (see the module's formula) from the weights' headers,
+    the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``."""
+    params, stored, layer = _weights_census(model.weights)
+    config = model.config
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    layers = int(getattr(model, "num_layers", 0) or 0)
+    tokens = batch * length
+    activations = (3 * (3 * layers + 2) * tokens * hidden * 8 + 3 * tokens * vocab * 8
+                   + 4 * batch * heads * length * length * 8)
+    return MemoryEstimate(
+        runtime=max(current_rss() or 0, RUNTIME_BYTES),
+        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer),
+        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer),
+        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer),
+        activations=activations, file_pages=stored, parameters=params)
+
+
+def _cgroup_room() -> int | None:
+    """The cgroup's memory limit less its usage, where a limit is set (cgroup v2, then v1)."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:
+            return None
+        return int(limit) - usage
+    return None
+
+
+def available_memory() -> int | None:
+    """The memory a new allocation can have now: ``MemAvailable`` (Linux), lowered to the cgroup's
+    room where that is less; None where neither is readable."""
+    room: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                room = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        room = None
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        room = cgroup if room is None else min(room, cgroup)
+    return room
+
+
+def budget_of(framework_config: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(the budget in bytes, where it comes from); None bytes means no check."""
+    configured = framework_config.get("memory_budget")
+    if configured == "off":
+        return None, "off"
+    if configured is not None:
+        return int(configured), "memory_budget (PIE_DEBUG_MEMORY_BUDGET)"
+    room = available_memory()
+    if room is None:
+        return None, "not measurable here"
+    return room + (current_rss() or 0), "the memory available now (MemAvailable) and this process's own"
+
+
+def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, Any], *, reference_dtype: str,
+                 alternative_dtype: str) -> int | None:
+    """Refuse a session whose estimate is over the budget (:func:`budget_of`); the budget in bytes
+    (None when not checked).
+
+    Raises:
+        ResourceExhaustedError: DF007, naming the estimate by part, the budget and what to change.
+    """
+    budget, source = budget_of(framework_config)
+    if budget is None or estimate.total <= budget:
+        return budget
+    parts = ", ".join(f"{name} {_gib(n)}" for name, n in estimate.parts().items() if n)
+    hints = []
+    for name in estimate.parts():
+        if name == "alternative" and alternative_dtype in ("float64", "float32"):
+            hints.append("run the alternative at a lower precision (--dtype bfloat16)")
+        elif name == "reference" and reference_dtype == "float64":
+            hints.append("--reference-dtype float32 (half the reference's share)")
+        elif name == "activations":
+            hints.append("a smaller batch or shorter inputs (input_shape, --text), fewer checkpoints "
+                         "(--layers START:STOP)")
+    hints.append("a machine with more memory, or PIE_DEBUG_MEMORY_BUDGET to set the budget yourself")
+    raise ResourceExhaustedError(
+        f"the session would need about {_gib(estimate.total)} of memory ({parts}; "
+        f"{estimate.parameters / 1e9:.2f}B parameters), more than the budget of {_gib(budget)} ({source})",
+        hint="; or ".join(hints))
+
+
+def session_estimate(model: Any, plan: Any, reference: Any, alternative: Any, calibrator: Any,
+                     inputs: Any) -> MemoryEstimate | None:
+    """The estimate of one planned session (None for an ONNX-file model: its graph is not counted)."""
+    from .calibration import calibration_dtype
+
+    if getattr(model, "format", None) == "onnx":
+        return None
+    shape = getattr(getattr(inputs, "input_ids", None), "shape", None) or (1, 1)
+    batch, length = (int(shape[0]), int(shape[1])) if len(shape) >= 2 else (1, int(shape[0]) if shape else 1)
+    return estimate_memory(model, reference=reference, reference_dtype=plan.reference_dtype,
+                           alternative=alternative, alternative_dtype=plan.alternative_dtype,
+                           device=str(plan.config.get("device") or "cpu"), calibrator=calibrator,
+                           calibration_dtype=calibration_dtype(plan, model) if calibrator is not None else None,
+                           batch=batch, length=max(length, 1))
+
+
+class RssWatch:
+    """The process's resident set sampled every ``interval_s`` by a daemon thread while a session
+    runs (sampling, unlike the kernel's high-water mark, is not reset by the stages' own
+    ``measure.PeakMemory`` blocks): :attr:`peak` over the whole run and :meth:`take` the peak
+    since the previous take (one stage's)."""
+
+    method = "rss_sampled_10ms"
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        self.peak = self._since = current_rss() or 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._note(current_rss() or 0)
+
+    def _note(self, rss: int) -> None:
+        self.peak, self._since = max(self.peak, rss), max(self._since, rss)
+
+    def take(self) -> int:
+        """The peak since the previous call (or the start), then start over from now."""
+        now = current_rss() or 0
+        self._note(now)
+        since, self._since = self._since, now
+        return since
+
+    def __enter__(self) -> RssWatch:
+        if current_rss() is not None:
+            self._thread = threading.Thread(target=self._sample, name="RssWatch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,27 @@
+"""bench_scale's models: the documented shapes' sizes, and a written model the loader reads as written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import bench_scale
+
+
+@pytest.mark.parametrize("name, billions", [("0.1B", 0.125), ("0.5B", 0.55), ("1.2B", 1.24), ("8B", 8.03)])
+def test_shapes_have_the_documented_sizes(name, billions):
+    assert bench_scale.parameters(name) / 1e9 == pytest.approx(billions, abs=0.005)
+
+
+def test_written_model_loads_with_its_shapes_and_bfloat16_weights(tmp_path, monkeypatch):
+    from debug_framework.modelio import load_model
+
+    monkeypatch.setitem(bench_scale.SHAPES, "tiny", (32, 48, 2, 4, 2, 40, True))
+    model = load_model(bench_scale.write_model("tiny", tmp_path / "tiny"))
+    shapes = bench_scale.tensor_shapes("tiny")
+    assert sorted(model.weights) == sorted(shapes) and "lm_head.weight" not in shapes  # tied
+    assert all(model.weights.shape(n) == s and model.weights.dtype_name(n) == "BF16" for n, s in shapes.items())
+    assert np.all(model.weights.numpy("model.norm.weight") == 1.0)
+    q = model.weights.numpy("model.layers.1.self_attn.q_proj.weight")
+    assert 0.01 < q.std() < 0.03
+    assert model.num_layers == 2 and model.config.vocab_size == 40

@@ -1,0 +1,124 @@
+"""Memory at scale (issue 28): the references stream their weights layer by layer, a session's
+memory is estimated before it runs (DF007 when it cannot fit) and its peak and stage times are
+recorded with it."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from debug_framework.architectures import build_reference
+from debug_framework.config import from_environment
+from debug_framework.errors import FrameworkInitializationError, ResourceExhaustedError
+from debug_framework.modelio import load_model
+
+from .conftest import make_tiny
+
+WIDE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            vocab_size=64)
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory) -> dict[int, Path]:
+    """The same tiny Llama shape with 2 and 8 layers."""
+    root = tmp_path_factory.mktemp("stacks")
+    return {n: make_tiny("llama", root / f"l{n}", num_hidden_layers=n, **WIDE) for n in (2, 8)}
+
+
+def _layer_bytes(model) -> int:
+    """One layer's weights in float64."""
+    return sum(int(np.prod(model.weights.shape(n))) for n in model.weights if n.startswith("model.layers.0.")) * 8
+
+
+def _forward_peak(path: Path, stream: bool) -> tuple[int, int]:
+    """(traced peak bytes of building the float64 reference and running it, one layer's float64 bytes)."""
+    model = load_model(path)
+    ids = np.arange(8)[None] % 64
+    mask = np.ones_like(ids)
+    tracemalloc.start()
+    try:
+        ref = build_reference(model.config, model.weights, np.float64, stream=stream)
+        ref.forward(ids, mask)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    if stream:
+        assert len(ref.layers.resident_layers()) <= 1
+    return peak, _layer_bytes(model)
+
+
+def test_float64_reference_holds_about_one_layer_as_layers_are_added(stacks):
+    """Six more layers cost a streamed session less than one layer of float64 weights more at its
+    peak; held resident (the old way) they cost all six."""
+    small, layer = _forward_peak(stacks[2], stream=True)
+    large, _ = _forward_peak(stacks[8], stream=True)
+    assert large - small < layer, (small, large, layer)
+    resident_small, _ = _forward_peak(stacks[2], stream=False)
+    resident_large, _ = _forward_peak(stacks[8], stream=False)
+    assert resident_large - resident_small > 5 * layer  # the measure sees layers held at once
+
+
+def test_streamed_and_resident_references_agree_exactly(stacks):
+    model = load_model(stacks[2])
+    ids, mask = np.array([[1, 5, 9, 2]]), np.array([[1, 1, 1, 0]])
+    streamed = build_reference(model.config, model.weights, np.float64).forward(ids, mask)
+    resident = build_reference(model.config, model.weights, np.float64, stream=False).forward(ids, mask)
+    assert streamed.keys() == resident.keys()
+    assert all(np.array_equal(streamed[k], resident[k]) for k in streamed)
+
+
+def test_estimate_counts_the_alternatives_copy_and_one_streamed_layer(stacks):
+    from debug_framework.architectures.layout import HEAD_BLOCK_BYTES
+    from debug_framework.backends.python_reference import PythonReferenceBackend
+    from debug_framework.backends.pytorch import PyTorchBackend
+    from debug_framework.services.validation.memory import estimate_memory
+
+    model = load_model(stacks[8])
+    params = sum(int(np.prod(model.weights.shape(n))) for n in model.weights)
+    est = estimate_memory(model, reference=PythonReferenceBackend(), reference_dtype="float64",
+                          alternative=PyTorchBackend(), alternative_dtype="float32", batch=2, length=16)
+    assert est.parameters == params
+    assert est.alternative == params * 4
+    assert est.reference == _layer_bytes(model) // 8 * 16 + HEAD_BLOCK_BYTES  # float64 + its host copy
+    assert est.file_pages == params * 4  # save_pretrained wrote float32
+    assert est.total == est.runtime + est.alternative + est.reference + est.calibration + est.activations
+    on_gpu = estimate_memory(model, reference=PythonReferenceBackend(), reference_dtype="float64",
+                             alternative=PyTorchBackend(), alternative_dtype="float32", device="cuda")
+    assert on_gpu.alternative == 0
+
+
+def test_a_session_over_the_budget_is_df007_before_it_runs(stacks, tmp_path):
+    from debug_framework import ValidationEngine
+
+    engine = ValidationEngine(tmp_path / "db.sqlite", config={"memory_budget": 64 * 2**20})
+    with pytest.raises(ResourceExhaustedError) as err:
+        engine.create_session(stacks[2], {}, "auto", "pytorch")
+    text = str(err.value)
+    assert "DF007" in text and "would need about" in text and "budget of 0.06 GiB" in text
+    assert "--reference-dtype float32" in text and "--layers" in text and "PIE_DEBUG_MEMORY_BUDGET" in text
+    assert engine.list_sessions() == []  # nothing was created
+
+
+def test_memory_budget_from_the_environment():
+    assert from_environment({"PIE_DEBUG_MEMORY_BUDGET": "12G"}) == {"memory_budget": 12 * 2**30}
+    assert from_environment({"PIE_DEBUG_MEMORY_BUDGET": "512MiB"}) == {"memory_budget": 512 * 2**20}
+    assert from_environment({"PIE_DEBUG_MEMORY_BUDGET": "off"}) == {"memory_budget": "off"}
+    with pytest.raises(FrameworkInitializationError, match="PIE_DEBUG_MEMORY_BUDGET"):
+        from_environment({"PIE_DEBUG_MEMORY_BUDGET": "lots"})
+
+
+def test_session_records_its_peak_memory_estimate_and_stage_times(stacks, tmp_path):
+    from debug_framework import ValidationEngine
+
+    engine = ValidationEngine(tmp_path / "db.sqlite", config={"memory_budget": "off"})
+    sid = engine.create_session(stacks[2], {"isolate": False, "input_shape": [1, 8]}, "auto", "pytorch")
+    engine.run(sid)
+    perf = engine.get_performance_metrics(sid)
+    memory = perf["memory"]
+    assert memory["method"] == "rss_sampled_10ms"
+    assert memory["peak_rss_bytes"] >= max(memory["stage_peak_rss_bytes"].values()) > 50 * 2**20
+    assert {"load", "prepare", "reference", "alternative", "calibration", "compare"} <= set(perf["stage_s"])
+    assert memory["estimate_bytes"]["total"] > memory["estimate_bytes"]["alternative"] > 0
