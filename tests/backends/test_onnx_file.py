@@ -193,6 +193,12 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
     assert verdicts[("post_embedding", None)] and verdicts[("post_attention", 0)] and verdicts[("post_mlp", 0)]
     assert not verdicts[("post_attention", 1)]
     assert result["first_divergence"]["id"] == "post_attention:1" and result["consistent_with"] is None
+    # isolation: each layer cut out of the file and replayed on the reference's input, by the
+    # alternative and by the calibration's graph: the error is introduced at layer 1 only
+    assert result["introducing_layers"] == [1]
+    layers = {lay["layer"]: lay for lay in result["isolation"]}
+    assert layers[0]["introduces_error"] is False and layers[1]["introduces_error"] is True
+    assert layers[1]["block"] == "attention" and layers[1]["mlp"] is not None
     [drilled] = result["drilldown"]
     assert drilled["layer"] == 1 and drilled["culprit"]["node"] == bad_node
     assert drilled["culprit"]["module_path"].startswith("encoder.layer.1.attention") and drilled["culprit"]["verified"]
