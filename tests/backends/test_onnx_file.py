@@ -160,8 +160,11 @@ def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx
     at32 = _validate(tmp_path, bert_onnx, "onnxruntime", **options)
     assert at32["verdict"] == "failed" and at32["consistent_with"] == "float16"
     assert at32["precision_diagnosis"]["measured"] == ["float16", "bfloat16"]
-    at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", **options)
+    # every node output too, with the second row padded: no false alarm on the mask's constant
+    # (float32's finfo.min where the file has float16's), on padded positions or near zero
+    at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", mark_all=True, pad_lengths=[0, 3], **options)
     assert at16["verdict"] == "passed", at16["failed"]
+    assert at16["mark_all"]["compared"] > 50 and at16["mark_all"]["failed"] == 0, at16["mark_all"]["failures"][:3]
 
 
 @pytest.mark.slow
@@ -187,7 +190,7 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
     path = tmp_path / "buggy.onnx"
     onnx.save(m, str(path))
     result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(path)},
-                       drill_down=True)
+                       drill_down=True, mark_all=True)
     verdicts = {(r["checkpoint"], r["layer"]): r["passed"] for r in result["results"]}
     assert result["verdict"] == "failed"
     assert verdicts[("post_embedding", None)] and verdicts[("post_attention", 0)] and verdicts[("post_mlp", 0)]
@@ -199,6 +202,10 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
     layers = {lay["layer"]: lay for lay in result["isolation"]}
     assert layers[0]["introduces_error"] is False and layers[1]["introduces_error"] is True
     assert layers[1]["block"] == "attention" and layers[1]["mlp"] is not None
+    # every node output compared in topological order: the first over its bound is the bug's
+    marked = result["mark_all"]
+    assert marked["first_divergence"]["node"] == bad_node and marked["first_divergence"]["layer"] == 1
+    assert all(f["layer"] in (1, None) for f in marked["failures"]) and marked["compared"] > 50
     [drilled] = result["drilldown"]
     assert drilled["layer"] == 1 and drilled["culprit"]["node"] == bad_node
     assert drilled["culprit"]["module_path"].startswith("encoder.layer.1.attention") and drilled["culprit"]["verified"]

@@ -199,6 +199,24 @@ class Float64GraphRunner:
                 raise err from exc
             self.session, self.runtime, self.fallback_reason = _numpy_session(graph, err, backend), "onnx.reference", str(err)
 
+    @staticmethod
+    def open_marked(path: Path, tensors: list[str], dtype: str, backend: str) -> tuple[Any, str]:
+        """The graph of ``path`` at ``dtype`` with ``tensors`` as its outputs, opened as the runner
+        opens its own (ONNX Runtime, the graph as written; else ONNX's NumPy evaluator where ONNX
+        Runtime lacks a kernel of that precision): ``(session, runtime)``."""
+        import onnxruntime as ort
+
+        graph = checkpoint_graph(path, tensors, dtype=dtype)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]), "onnxruntime"
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+            err = no_kernel_error(exc, backend, path)
+            if not _NO_KERNEL.search(str(exc)):
+                raise err from exc
+            return _numpy_session(graph, err, backend), "onnx.reference"
+
     def _open(self, graph: bytes) -> Any:
         """A session on ``graph`` in the runtime :meth:`run` uses (ONNX Runtime, else the NumPy evaluator)."""
         import onnxruntime as ort

@@ -442,7 +442,8 @@ class OnnxRuntimeBackend(BaseBackend):
         session, hidden_name = self._cut_sessions[(i, part)]
         names = {inp.name for inp in session.get_inputs()}  # the cut keeps only the graph inputs it reads
         feeds = {k: v for k, v in graph_inputs(model, inputs).items() if k in names}
-        feeds[hidden_name] = np.ascontiguousarray(hidden.numpy())
+        typed = next((x.type for x in session.get_inputs() if x.name == hidden_name), "")  # a float16 file's: float16
+        feeds[hidden_name] = np.ascontiguousarray(hidden.numpy().astype(np.float16 if "float16" in typed else np.float32))
         start = time.perf_counter()
         arrays = session.run([self._names[k] for k in keys], feeds)
         elapsed = time.perf_counter() - start

@@ -53,6 +53,7 @@ from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
+from .mark_all import MarkAllStage
 from .precision_stage import PrecisionStage
 from .evidence import (
     BlockEvidence,
@@ -84,6 +85,7 @@ __all__ = [
     "StoreStage",
     "DrillDownStage",
     "PrecisionStage",
+    "MarkAllStage",
     "DEFAULT_STAGES",
 ]
 
@@ -550,6 +552,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     OracleStage(),
     NoiseFloorStage(),
     PrecisionStage(),
+    MarkAllStage(),
     DrillDownStage(),
     RecordStage(),
     StoreStage(),
