@@ -239,3 +239,23 @@ def test_a_llama_export_validates_with_padding(tmp_path_factory):
     result = _validate(tmp, path, "onnxruntime", pad_lengths=[0, 3])
     assert result["verdict"] == "passed", result["failed"]
     assert all(r["passed"] for r in result["results"]) and len(result["results"]) == 6
+
+
+@pytest.mark.slow
+def test_a_transformer_optimizer_output_is_matched_by_tensor_names(bert_onnx, tmp_path):
+    """onnxruntime's transformer optimizer output (fused attention and layer norms) as the
+    alternative: every checkpoint found in it by name, isolation cuts its layers, and the node
+    outputs the fusion removed are left out of the mark-all comparison, not failed."""
+    from onnxruntime.transformers import optimizer
+
+    fused = tmp_path / "bert-opt.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizer.optimize_model(str(bert_onnx), model_type="bert", num_heads=2, hidden_size=32,
+                                 opt_level=1).save_model_to_file(str(fused))
+    result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(fused)},
+                       mark_all=True)
+    assert result["verdict"] == "passed", result["failed"]
+    assert len(result["results"]) == 6 and result["introducing_layers"] == []
+    marked = result["mark_all"]
+    assert marked["failed"] == 0 and marked["compared"] > 50 and marked["skipped"]["not in the alternative's file"] > 0
