@@ -112,7 +112,7 @@ def measured(cmd: list[str], log: Path) -> tuple[float, int, int, str]:
 
 def polygraphy(python: Path, fp32: Path, fp16: Path, feeds: Path, cache: Path) -> dict:
     """Polygraphy's two runs (reference outputs saved, then the float16 file compared against them)."""
-    exe = [str(python), "-m", "polygraphy"]
+    exe = [str(python.parent / "polygraphy")]
     ref_out = cache / "polygraphy-ref.json"
     w1, m1, rc1, _ = measured([*exe, "run", str(fp32), "--onnxrt", "--onnx-outputs", "mark", "all",
                                "--load-inputs", str(feeds), "--save-outputs", str(ref_out)], cache / "polygraphy-1.log")

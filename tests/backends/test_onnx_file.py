@@ -84,6 +84,14 @@ def test_legacy_names_and_a_float64_reference_without_onnxruntime_kernels(tmp_pa
     np.testing.assert_allclose(out, h * h, rtol=1e-13)  # float64 all the way: not a float32 run
 
 
+def test_the_automatic_reference_of_an_onnx_file_is_its_graph_in_float64(tmp_path):
+    """``--reference-backend auto`` (the CLI's default) on an ONNX file: python_reference, said so."""
+    from debug_framework.backends.eager_reference import reference_for
+
+    name, why = reference_for("auto", load_model(_legacy_graph(tmp_path / "m.onnx")))
+    assert name == "python_reference" and "ONNX file's own graph" in why
+
+
 def test_backends_that_build_from_weights_refuse_an_onnx_file(tmp_path):
     from debug_framework.backends.pytorch import PyTorchBackend
     from debug_framework.errors import BackendInitializationError
