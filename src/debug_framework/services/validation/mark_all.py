@@ -91,12 +91,10 @@ def node_outputs(path: Path) -> list[tuple[str, Any]]:
     order, each with its node; ``Constant`` nodes and values of unknown type left out."""
     import onnx
 
+    from ...backends._onnx_file import value_types
+
     model = onnx.load(str(path), load_external_data=False)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:  # noqa: BLE001 - inference is a help: the graph outputs' types remain
-        inferred = model.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*inferred.value_info, *inferred.output)}
+    types = value_types(model) or {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
     return [(out, node) for node in model.graph.node if node.op_type not in _NOT_JUDGED
             for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
 
@@ -191,12 +189,14 @@ def _stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str
     return _ort_stream(session, feeds, chunks)
 
 
-def _graph_session(path: Path, names: list[str], dtype: str, backend: str) -> tuple[Any, str]:
-    """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the reference's graph runner
-    opens it: ``(session, runtime)``."""
+def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
+    """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the graph runner of the
+    backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``."""
     from ...backends._onnx_file import Float64GraphRunner
 
-    return Float64GraphRunner.open_marked(path, names, dtype, backend)
+    found = getattr(getattr(runner, "_graph", None), "runtime", None) if runner is not None else None
+    name = getattr(runner, "name", "calibration")
+    return Float64GraphRunner.open_marked(path, names, dtype, name, found)
 
 
 class MarkAllStage(Stage):
@@ -239,10 +239,10 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
     chunks = [names[i:i + chunk] for i in range(0, len(names), chunk)]
     ref_session, report.reference_runtime = call_backend(
         ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), names, plan.reference_dtype,
-                                                                ctx.reference.name))
+                                                                ctx.reference))
     cal_session, _ = call_backend(
         ctx.reference, "mark-all calibration graph",
-        lambda: _graph_session(Path(model.path), names, plan.alternative_dtype, "calibration"))
+        lambda: _graph_session(Path(model.path), names, plan.alternative_dtype, ctx.calibrator))
     alt_graph = checkpoint_graph(alt_path, names)
     alt_session = call_backend(alternative, "open_session(mark-all)",
                                lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
