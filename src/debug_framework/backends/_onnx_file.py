@@ -205,6 +205,7 @@ class Float64GraphRunner:
         graph = checkpoint_graph(model.path, list(self.names.values()), dtype=dtype)
         self._graph = graph  #: the checkpoint graph, serialized: what :meth:`run_layer` cuts layers out of
         self._cuts: dict[tuple[int, str], tuple[Any, str, set[str], Any]] = {}
+        self._proto: Any = None
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
         #: "onnxruntime", or "onnx.reference" (NumPy) where ONNX Runtime lacks a float64 kernel
@@ -273,8 +274,10 @@ class Float64GraphRunner:
             if start not in self.names or not keys:
                 raise BackendInitializationError(f"layer {i}'s boundaries are not tensors of {self.model.path.name}",
                                                  backend=self.backend)
+            if self._proto is None:  # parsed once for all the layers' cuts
+                self._proto = onnx.load_from_string(self._graph)
             try:
-                cut = cut_layer(onnx.load_from_string(self._graph), self.names[start],
+                cut = cut_layer(self._proto, self.names[start],
                                 [self.names[k] for k in keys], list(self.names.values()))
             except LayerCutError as exc:
                 raise BackendInitializationError(f"layer {i} cannot be cut out of {self.model.path.name}: {exc}",
