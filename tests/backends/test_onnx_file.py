@@ -84,6 +84,14 @@ def test_legacy_names_and_a_float64_reference_without_onnxruntime_kernels(tmp_pa
     np.testing.assert_allclose(out, h * h, rtol=1e-13)  # float64 all the way: not a float32 run
 
 
+def test_the_automatic_reference_of_an_onnx_file_is_its_graph_in_float64(tmp_path):
+    """``--reference-backend auto`` (the CLI's default) on an ONNX file: python_reference, said so."""
+    from debug_framework.backends.eager_reference import reference_for
+
+    name, why = reference_for("auto", load_model(_legacy_graph(tmp_path / "m.onnx")))
+    assert name == "python_reference" and "ONNX file's own graph" in why
+
+
 def test_backends_that_build_from_weights_refuse_an_onnx_file(tmp_path):
     from debug_framework.backends.pytorch import PyTorchBackend
     from debug_framework.errors import BackendInitializationError
@@ -160,8 +168,11 @@ def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx
     at32 = _validate(tmp_path, bert_onnx, "onnxruntime", **options)
     assert at32["verdict"] == "failed" and at32["consistent_with"] == "float16"
     assert at32["precision_diagnosis"]["measured"] == ["float16", "bfloat16"]
-    at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", **options)
+    # every node output too, with the second row padded: no false alarm on the mask's constant
+    # (float32's finfo.min where the file has float16's), on padded positions or near zero
+    at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", mark_all=True, pad_lengths=[0, 3], **options)
     assert at16["verdict"] == "passed", at16["failed"]
+    assert at16["mark_all"]["compared"] > 50 and at16["mark_all"]["failed"] == 0, at16["mark_all"]["failures"][:3]
 
 
 @pytest.mark.slow
@@ -187,12 +198,22 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
     path = tmp_path / "buggy.onnx"
     onnx.save(m, str(path))
     result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(path)},
-                       drill_down=True)
+                       drill_down=True, mark_all=True)
     verdicts = {(r["checkpoint"], r["layer"]): r["passed"] for r in result["results"]}
     assert result["verdict"] == "failed"
     assert verdicts[("post_embedding", None)] and verdicts[("post_attention", 0)] and verdicts[("post_mlp", 0)]
     assert not verdicts[("post_attention", 1)]
     assert result["first_divergence"]["id"] == "post_attention:1" and result["consistent_with"] is None
+    # isolation: each layer cut out of the file and replayed on the reference's input, by the
+    # alternative and by the calibration's graph: the error is introduced at layer 1 only
+    assert result["introducing_layers"] == [1]
+    layers = {lay["layer"]: lay for lay in result["isolation"]}
+    assert layers[0]["introduces_error"] is False and layers[1]["introduces_error"] is True
+    assert layers[1]["block"] == "attention" and layers[1]["mlp"] is not None
+    # every node output compared in topological order: the first over its bound is the bug's
+    marked = result["mark_all"]
+    assert marked["first_divergence"]["node"] == bad_node and marked["first_divergence"]["layer"] == 1
+    assert all(f["layer"] in (1, None) for f in marked["failures"]) and marked["compared"] > 50
     [drilled] = result["drilldown"]
     assert drilled["layer"] == 1 and drilled["culprit"]["node"] == bad_node
     assert drilled["culprit"]["module_path"].startswith("encoder.layer.1.attention") and drilled["culprit"]["verified"]
@@ -226,3 +247,23 @@ def test_a_llama_export_validates_with_padding(tmp_path_factory):
     result = _validate(tmp, path, "onnxruntime", pad_lengths=[0, 3])
     assert result["verdict"] == "passed", result["failed"]
     assert all(r["passed"] for r in result["results"]) and len(result["results"]) == 6
+
+
+@pytest.mark.slow
+def test_a_transformer_optimizer_output_is_matched_by_tensor_names(bert_onnx, tmp_path):
+    """onnxruntime's transformer optimizer output (fused attention and layer norms) as the
+    alternative: every checkpoint found in it by name, isolation cuts its layers, and the node
+    outputs the fusion removed are left out of the mark-all comparison, not failed."""
+    from onnxruntime.transformers import optimizer
+
+    fused = tmp_path / "bert-opt.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizer.optimize_model(str(bert_onnx), model_type="bert", num_heads=2, hidden_size=32,
+                                 opt_level=1).save_model_to_file(str(fused))
+    result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(fused)},
+                       mark_all=True)
+    assert result["verdict"] == "passed", result["failed"]
+    assert len(result["results"]) == 6 and result["introducing_layers"] == []
+    marked = result["mark_all"]
+    assert marked["failed"] == 0 and marked["compared"] > 50 and marked["skipped"]["not in the alternative's file"] > 0

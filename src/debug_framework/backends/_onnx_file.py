@@ -18,7 +18,7 @@ import numpy as np
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 
-__all__ = ["exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
+__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -146,13 +146,8 @@ def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") 
     if dtype in _RETYPE:
         retype_floats(model, _RETYPE[dtype])
     elif dtype == "bfloat16":
-        found = onnx.shape_inference.infer_shapes(model).graph.value_info
-        round_to_bfloat16(model, {vi.name: vi.type.tensor_type.elem_type for vi in found})
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-        types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info}
-    except Exception:  # noqa: BLE001 - shape inference is only a help for the outputs' types
-        types = {}
+        round_to_bfloat16(model, value_types(model))
+    types = value_types(model)
     present = {o.name for o in model.graph.output}
     for name in tensors:
         if name not in present:
@@ -160,6 +155,29 @@ def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") 
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem, None))
             present.add(name)
     return model.SerializeToString()
+
+
+def value_types(model: Any) -> dict[str, int]:
+    """The ONNX element type of every value of ``model`` shape inference finds (``{}`` where it
+    fails), inferred on a copy without the data of its large initializers (their dims and types
+    kept as graph inputs), so a model's weights are neither copied nor serialized for it."""
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    light = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    small = [t for t in graph.initializer if len(t.raw_data) <= 4096 and t.data_location != 1]
+    large = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in graph.initializer
+             if len(t.raw_data) > 4096 or t.data_location == 1]
+    light.graph.CopyFrom(helper.make_graph(list(graph.node), graph.name, [*graph.input, *large],
+                                           list(graph.output), initializer=small, value_info=list(graph.value_info)))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light).graph
+    except Exception:  # noqa: BLE001 - shape inference is only a help for the values' types
+        return {}
+    return {vi.name: vi.type.tensor_type.elem_type for vi in (*inferred.value_info, *inferred.output)}
 
 
 def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitializationError:
@@ -185,6 +203,9 @@ class Float64GraphRunner:
         self.model, self.dtype, self.backend = model, dtype, backend
         self.names = checkpoint_names(model)
         graph = checkpoint_graph(model.path, list(self.names.values()), dtype=dtype)
+        self._graph = graph  #: the checkpoint graph, serialized: what :meth:`run_layer` cuts layers out of
+        self._cuts: dict[tuple[int, str], tuple[Any, str, set[str], Any]] = {}
+        self._proto: Any = None
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
         #: "onnxruntime", or "onnx.reference" (NumPy) where ONNX Runtime lacks a float64 kernel
@@ -196,6 +217,108 @@ class Float64GraphRunner:
             if not _NO_KERNEL.search(str(exc)):
                 raise err from exc
             self.session, self.runtime, self.fallback_reason = _numpy_session(graph, err, backend), "onnx.reference", str(err)
+
+    @staticmethod
+    def open_marked(path: Path, tensors: list[str], dtype: str, backend: str,
+                    runtime: str | None = None) -> tuple[Any, str]:
+        """The graph of ``path`` at ``dtype`` with ``tensors`` as its outputs, opened as the runner
+        opens its own (ONNX Runtime, the graph as written; else ONNX's NumPy evaluator where ONNX
+        Runtime lacks a kernel of that precision; ``runtime="onnx.reference"``: a runner of the same
+        graph found so already): ``(session, runtime)``."""
+        import onnxruntime as ort
+
+        graph = checkpoint_graph(path, tensors, dtype=dtype)
+        if runtime == "onnx.reference":
+            err = BackendInitializationError(f"ONNX Runtime has no {dtype} kernel for an operator of {path.name}",
+                                             backend=backend)
+            return _numpy_session(graph, err, backend), runtime
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]), "onnxruntime"
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+            err = no_kernel_error(exc, backend, path)
+            if not _NO_KERNEL.search(str(exc)):
+                raise err from exc
+            return _numpy_session(graph, err, backend), "onnx.reference"
+
+    def _open(self, graph: bytes) -> Any:
+        """A session on ``graph`` in the runtime :meth:`run` uses (ONNX Runtime, else the NumPy evaluator)."""
+        import onnxruntime as ort
+
+        if self.runtime == "onnx.reference":
+            return _numpy_session(graph, BackendInitializationError(self.fallback_reason or "", backend=self.backend),
+                                  self.backend)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+
+    def replay(self, i: int, part: str, hidden_in: Any, inputs: Any) -> Capture:
+        """Layer ``i`` (``part="layer"``: from its input, to its checkpoints) or its MLP block
+        (``"mlp"``: from ``post_attention:i`` to ``post_mlp:i``) of the graph alone on ``hidden_in``,
+        cut out of the checkpoint graph at the layer's boundaries (:func:`~._onnx_graph.cut_layer`;
+        built once per layer and part); ``hidden_in`` rounded once to the graph's precision.
+
+        Raises:
+            BackendInitializationError: the graph cannot be cut so (DF002).
+        """
+        import onnx
+
+        from ..modelio.onnx_file import onnx_feeds
+        from ._onnx_graph import LayerCutError, cut_layer
+
+        keys = layer_cut_keys(self.names, i, part)
+        if (i, part) not in self._cuts:
+            start = CheckpointKey("post_attention", i) if part == "mlp" else (
+                CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
+            if start not in self.names or not keys:
+                raise BackendInitializationError(f"layer {i}'s boundaries are not tensors of {self.model.path.name}",
+                                                 backend=self.backend)
+            if self._proto is None:  # parsed once for all the layers' cuts
+                self._proto = onnx.load_from_string(self._graph)
+            try:
+                cut = cut_layer(self._proto, self.names[start],
+                                [self.names[k] for k in keys], list(self.names.values()))
+            except LayerCutError as exc:
+                raise BackendInitializationError(f"layer {i} cannot be cut out of {self.model.path.name}: {exc}",
+                                                 backend=self.backend) from exc
+            elem = cut.graph.input[0].type.tensor_type.elem_type
+            self._cuts[(i, part)] = (self._open(cut.SerializeToString()), cut.graph.input[0].name,
+                                     {i.name for i in cut.graph.input}, _NUMPY.get(elem, np.float32))
+        session, hidden_name, wanted, np_type = self._cuts[(i, part)]
+        hidden = np.asarray(hidden_in, dtype=np.float64)
+        hidden = _bf16_round(hidden.astype(np.float32)) if self.dtype == "bfloat16" else hidden.astype(np_type)
+        feeds = {k: v for k, v in onnx_feeds(self.model.config, inputs).items() if k in wanted}
+        feeds[hidden_name] = np.ascontiguousarray(hidden)
+        start_t = time.perf_counter()
+        arrays = session.run([self.names[k] for k in keys], feeds)
+        return Capture(tensors={k: np.asarray(a) for k, a in zip(keys, arrays)}, backend=self.backend,
+                       dtype=self.dtype, elapsed_s=time.perf_counter() - start_t,
+                       meta={"variant": f"layer {i}" if part == "layer" else f"mlp block {i}", "replay": "graph",
+                             "runtime": self.runtime})
+
+    def block(self, i: int, block: str, hidden_in: Any, inputs: Any) -> Capture:
+        """Block ``block`` of layer ``i`` alone on its input: ``"mlp"`` its cut from
+        ``post_attention:i``; ``"attention"`` the layer's cut, its ``post_attention:i``."""
+        if block == "mlp":
+            return self.replay(i, "mlp", hidden_in, inputs)
+        cap = self.replay(i, "layer", hidden_in, inputs)
+        key = CheckpointKey("post_attention", i)
+        if key not in cap.tensors:
+            raise BackendInitializationError(f"layer {i} of {self.model.path.name} has no post-attention tensor",
+                                             backend=self.backend)
+        cap.tensors = {key: cap.tensors[key]}
+        return cap
+
+    def can_replay(self, part: str) -> tuple[bool, str]:
+        """Whether every layer's ``part`` (``"layer"`` or ``"mlp"``) has its boundaries among the checkpoints."""
+        for i in range(self.model.num_layers):
+            start = CheckpointKey("post_attention", i) if part == "mlp" else (
+                CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
+            if start not in self.names or not layer_cut_keys(self.names, i, part):
+                what = "layer" if part == "layer" else "MLP block"
+                return False, f"cannot cut layer {i}'s {what} out of the graph: its input {start} is not found"
+        return True, ""
 
     def run(self, inputs: Any, keys: list[CheckpointKey], capture_layer_inputs: bool) -> Capture:
         from ..modelio.onnx_file import onnx_feeds
@@ -214,6 +337,14 @@ class Float64GraphRunner:
                        layer_inputs=layer_inputs_from(got, self.model.num_layers) if capture_layer_inputs else {},
                        meta={"variant": "onnx-file", "onnx_path": str(self.model.path), "runtime": self.runtime,
                              **({"fallback_reason": self.fallback_reason} if self.fallback_reason else {})})
+
+
+def layer_cut_keys(names: dict[CheckpointKey, str], i: int, part: str) -> list[CheckpointKey]:
+    """The checkpoints a cut of layer ``i`` computes: ``part="mlp"`` its ``post_mlp:i``; ``"layer"``
+    its ``post_attention:i`` (where the graph has one) and ``post_mlp:i``."""
+    wanted = [CheckpointKey("post_mlp", i)] if part == "mlp" else [CheckpointKey("post_attention", i),
+                                                                    CheckpointKey("post_mlp", i)]
+    return [k for k in wanted if k in names]
 
 
 def exact_ops() -> list[Any]:

@@ -46,6 +46,8 @@ def reference_for(requested: str, model: LoadedModel) -> tuple[str, str]:
     if model.architecture == "generic":
         why = getattr(model.config, "why_generic", "") or "no reference written from the math"
         return FLOAT64_EAGER, f"{FLOAT64_EAGER}: {why}"
+    if getattr(model, "format", None) == "onnx":
+        return FROM_MATH, f"{FROM_MATH}: the ONNX file's own graph in float64"
     return FROM_MATH, f"{FROM_MATH}: a reference written from the math exists for {model.config.model_type}"
 
 

@@ -299,6 +299,8 @@ class OnnxRuntimeBackend(BaseBackend):
     def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
         """An ONNX-file model: the file itself (or ``model_file``), its checkpoint tensors made
         outputs (:func:`~._onnx_file.file_outputs`); nothing exported."""
+        import onnx
+
         from ._onnx_file import checkpoint_graph, file_outputs
 
         self._file_model = True
@@ -308,14 +310,9 @@ class OnnxRuntimeBackend(BaseBackend):
         path, self._names = file_outputs(model, self.model_file)
         self._keys_out, self.onnx_path, self.export_s = list(self._names), path, 0.0
         graph = checkpoint_graph(path, list(self._names.values()))
+        self._graph_proto = onnx.load_from_string(graph)  # what isolation cuts each layer out of (_cut)
         self.session = self._session(artifact_dir / f"{path.stem}-checkpoints.onnx", graph)
         self._plain_session = self.session
-
-    def can_run_layer(self) -> tuple[bool, str]:
-        """An ONNX-file model's layers are not replayed alone (yet)."""
-        if getattr(self, "_file_model", False):
-            return False, "cannot replay a layer of an ONNX file alone"
-        return True, ""
 
     def _run_plain(self, inputs: ModelInputs) -> Capture:
         """The model exported without checkpoint outputs (exported on first use, beside the other)."""
@@ -390,8 +387,6 @@ class OnnxRuntimeBackend(BaseBackend):
         return cap
 
     def can_run_block(self) -> tuple[bool, str]:
-        if getattr(self, "_file_model", False):
-            return False, "cannot replay a block of an ONNX file alone"
         """A layer's MLP block runs alone where the export can be cut from each layer's
         ``post_attention`` to its ``post_mlp`` (checked once per prepare, without running anything)."""
         structure = getattr(self._wrapper, "structure", None)
@@ -447,7 +442,8 @@ class OnnxRuntimeBackend(BaseBackend):
         session, hidden_name = self._cut_sessions[(i, part)]
         names = {inp.name for inp in session.get_inputs()}  # the cut keeps only the graph inputs it reads
         feeds = {k: v for k, v in graph_inputs(model, inputs).items() if k in names}
-        feeds[hidden_name] = np.ascontiguousarray(hidden.numpy())
+        typed = next((x.type for x in session.get_inputs() if x.name == hidden_name), "")  # a float16 file's: float16
+        feeds[hidden_name] = np.ascontiguousarray(hidden.numpy().astype(np.float16 if "float16" in typed else np.float32))
         start = time.perf_counter()
         arrays = session.run([self._names[k] for k in keys], feeds)
         elapsed = time.perf_counter() - start

@@ -244,6 +244,19 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         super().prepare(model, dtype_name, "cpu")
         self.device = "cpu" if self.ov_device == "CPU" else self.ov_device.lower()
 
+    def can_run_layer(self) -> tuple[bool, str]:
+        """An ONNX-file model's layers are not replayed in OpenVINO: the cuts of a file's graph keep
+        dynamic ranks its CPU plugin cannot compile (``rank().is_static()``)."""
+        if getattr(self, "_file_model", False):
+            return False, "cannot replay a layer of an ONNX file alone in OpenVINO (dynamic-rank cuts)"
+        return True, ""
+
+    def can_run_block(self) -> tuple[bool, str]:
+        """As :meth:`can_run_layer`: no block of an ONNX-file model alone in OpenVINO."""
+        if getattr(self, "_file_model", False):
+            return False, "cannot run a block of an ONNX file alone in OpenVINO (dynamic-rank cuts)"
+        return super().can_run_block()
+
     def _export(self, module: Any, model: LoadedModel, path: Path, output_names: list[str]) -> float:
         """Export as ``onnxruntime`` does, or copy this process's earlier export of the same model
         with the same outputs (its external data files too) when it still exists."""

@@ -61,9 +61,15 @@ class PythonReferenceBackend(BaseBackend):
         self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
 
     def can_run_layer(self) -> tuple[bool, str]:
-        """An ONNX-file model's layers are not replayed alone (yet): no isolation for it."""
+        """An ONNX-file model's layers replay as cuts of its graph, where its boundaries are found."""
         if self._graph is not None:
-            return False, "cannot replay a layer of an ONNX file alone"
+            return self._graph.can_replay("layer")
+        return True, ""
+
+    def can_run_block(self) -> tuple[bool, str]:
+        """An ONNX-file model's MLP blocks replay as cuts of its graph, where their boundaries are found."""
+        if self._graph is not None:
+            return self._graph.can_replay("mlp")
         return True, ""
 
     def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
@@ -88,6 +94,8 @@ class PythonReferenceBackend(BaseBackend):
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
         self._prepared()
+        if self._graph is not None:
+            return self._graph.replay(i, "layer", hidden_in, inputs)
         h = _host(hidden_in, self.dtype)
         start = time.perf_counter()
         a, out = self.reference.layer(i, h, inputs.attention_mask)
@@ -101,6 +109,8 @@ class PythonReferenceBackend(BaseBackend):
     def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
         self._prepared()
+        if self._graph is not None:
+            return self._graph.block(i, block, hidden_in, inputs)
         h = _host(hidden_in, self.dtype)
         start = time.perf_counter()
         key, out = self.reference.block(i, block, h, inputs.attention_mask)

@@ -61,9 +61,15 @@ class TorchReferenceBackend(BaseBackend):
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
 
     def can_run_layer(self) -> tuple[bool, str]:
-        """An ONNX-file model's layers are not replayed alone (yet)."""
+        """An ONNX-file model's layers replay as cuts of its graph, where its boundaries are found."""
         if getattr(self, "_graph", None) is not None:
-            return False, "cannot replay a layer of an ONNX file alone"
+            return self._graph.can_replay("layer")
+        return True, ""
+
+    def can_run_block(self) -> tuple[bool, str]:
+        """An ONNX-file model's MLP blocks replay as cuts of its graph, where their boundaries are found."""
+        if getattr(self, "_graph", None) is not None:
+            return self._graph.can_replay("mlp")
         return True, ""
 
     def _ids(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -87,6 +93,8 @@ class TorchReferenceBackend(BaseBackend):
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""
         self._prepared()
+        if getattr(self, "_graph", None) is not None:
+            return self._graph.replay(i, "layer", hidden_in, inputs)
         h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
         _, mask, _ = self._ids(inputs)
         start = time.perf_counter()
@@ -98,6 +106,8 @@ class TorchReferenceBackend(BaseBackend):
     def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input (rounded once)."""
         self._prepared()
+        if getattr(self, "_graph", None) is not None:
+            return self._graph.block(i, block, hidden_in, inputs)
         h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
         _, mask, _ = self._ids(inputs)
         start = time.perf_counter()

@@ -193,6 +193,13 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
         out.print(markup("isolation: {}", result["isolation_note"]))
     if verbose and result.get("isolation"):
         out.print(isolation_table(result, _fmt))
+    marked = result.get("mark_all")
+    if marked:
+        node = marked.get("first_divergence")
+        out.print(markup("mark-all: {} node outputs compared, {} over their bounds{}", marked["compared"],
+                         marked["failed"], "" if not node else
+                         f"; first: {node['tensor']} ({node['op']} node {node['node']}"
+                         f"{'' if node['layer'] is None else ', layer ' + str(node['layer'])})"))
     print_drilldown(out, result, verbose)
     perf = result.get("performance") or {}
     if "reference" in perf and "alternative" in perf:
@@ -257,6 +264,9 @@ def validate(
                                                   help="a converted or optimised ONNX file of the --model-path ONNX "
                                                   "file, run by the alternative (onnxruntime, openvino); "
                                                   "checkpoints matched by tensor name"),
+    mark_all: bool = typer.Option(False, "--mark-all",
+                                  help="an ONNX-file model: compare every node output too, in topological order "
+                                       "(streamed; the first node-level divergence)"),
     plugin: Path | None = typer.Option(None, "--plugin", help="kernel plugin manifest: the alternative is the PyTorch "
                                        "model with its kernels swapped in (backend plugin:<id>)"),
 ) -> int:
@@ -281,6 +291,8 @@ def validate(
                                                  "model_file": str(alternative_model)}
     if inputs is not None:
         session_config["inputs_file"] = str(inputs)
+    if mark_all:
+        session_config["mark_all"] = True
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 

@@ -181,6 +181,8 @@ class Evidence:
     oracle: OracleSetup | None = None
     #: the precision stage's: which lower precisions a correct run was measured at, or why none
     precision_note: dict[str, Any] | None = None
+    #: the mark-all stage's comparison of every node output of an ONNX file (``MarkAllReport.to_dict``)
+    mark_all: dict[str, Any] | None = None
 
     def at(self, key: CheckpointKey) -> CheckpointEvidence | None:
         """The evidence of checkpoint ``key`` (None when it is not enabled)."""

@@ -35,7 +35,8 @@ from ...jsonio import as_float
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .plan import DTYPE_EPS, ValidationPlan
 
-__all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND"]
+__all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND",
+           "node_output_verdict"]
 
 #: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
@@ -319,3 +320,14 @@ def error_source(first: CheckpointKey | None, layers: dict[int, LayerVerdict] | 
     return {"kind": "accumulation", "layer": first.layer, "block": _block_of(first), "confirmed": True,
             "detail": f"no layer introduces more error than its bound on its own, yet the error carried through "
                       f"the layers exceeds the bound at {first} (see each layer's growth)"}
+
+
+def node_output_verdict(error: float, noise: float, reference: Any, dtype: str, margin: float,
+                        floor_eps: float) -> tuple[float, bool]:
+    """``(bound, passed)`` of one node output of the mark-all comparison (``mark_all.py``) by the
+    calibrated rule at ``dtype``: ``error <= margin x noise + floor_eps x eps(dtype) x RMS(reference)``
+    (``reference``: its finite, in-range values). An unmeasurable (infinite) error fails."""
+    rule = RatioRule.calibrated(reference, DTYPE_EPS.get(dtype, DTYPE_EPS["float32"]), margin=margin,
+                                floor_eps=floor_eps)
+    judged = rule.judge(noise if math.isfinite(noise) else 0.0, error)
+    return judged.bound, bool(judged.passed) and math.isfinite(error)

@@ -51,6 +51,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "calibration_metric": "rmse",
     "noise_floor": False,
     "precision_diagnosis": True,  # failed checkpoints: measure correct runs at lower precisions (consistent_with)
+    "mark_all": False,  # an ONNX-file model: every node output compared in topological order (mark_all.py)
     "drill_down": False,  # name the operator that introduces error in each diverging layer (docs/drilldown.md)
     "seed": 0,
     "input_text": None,  # str or list of str (needs the model's tokenizer)
@@ -136,6 +137,8 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         merged[key] = copy.deepcopy(value)
     if merged["isolate"] not in (True, False, "auto"):
         raise ConfigurationError(f"isolate must be true, false or 'auto', got {merged['isolate']!r}")
+    if not isinstance(merged["mark_all"], bool):
+        raise ConfigurationError(f"mark_all must be true or false, got {merged['mark_all']!r}")
     if merged["oracle_metric"] not in ORACLE_METRICS:
         raise ConfigurationError(f"oracle_metric must be one of {', '.join(ORACLE_METRICS)}")
     for key in ("oracle_multiplier", "oracle_floor", "noise_margin", "floor_eps"):

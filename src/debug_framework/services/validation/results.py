@@ -279,6 +279,8 @@ class ValidationResult:
     consistent_with: str | None = None
     #: the precision stage's note: which lower precisions were measured, which skipped and why
     precision_diagnosis: dict[str, Any] | None = None
+    #: every node output of an ONNX file compared in topological order (``--mark-all``; None: not asked)
+    mark_all: dict[str, Any] | None = None
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -290,7 +292,7 @@ class ValidationResult:
                                      if ev.key.layer is not None else None) for ev in evidence.checkpoints]
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
-                   precision_diagnosis=evidence.precision_note, **info)
+                   precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, **info)
 
     @property
     def passed(self) -> bool:
@@ -322,6 +324,7 @@ class ValidationResult:
             "error_source": self.error_source,
             "consistent_with": self.consistent_with,
             "precision_diagnosis": self.precision_diagnosis,
+            "mark_all": self.mark_all,
             "isolation": None if self.isolation is None else [lr.to_dict() for lr in self.isolation],
             "isolation_note": self.isolation_note,
             "oracle": self.oracle,

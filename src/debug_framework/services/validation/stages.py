@@ -54,6 +54,7 @@ from .calibration import calibration_backend, calibration_dtype, noise_at, toler
 from .memory import check_memory, session_estimate
 from .context import RunContext, Stage, call_backend
 from .drill_stage import DrillDownStage
+from .mark_all import MarkAllStage
 from .precision_stage import PrecisionStage
 from .evidence import (
     BlockEvidence,
@@ -85,6 +86,7 @@ __all__ = [
     "StoreStage",
     "DrillDownStage",
     "PrecisionStage",
+    "MarkAllStage",
     "DEFAULT_STAGES",
 ]
 
@@ -573,6 +575,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     OracleStage(),
     NoiseFloorStage(),
     PrecisionStage(),
+    MarkAllStage(),
     DrillDownStage(),
     RecordStage(),
     StoreStage(),

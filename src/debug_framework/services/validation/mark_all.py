@@ -1,0 +1,277 @@
+"""Every node output of an ONNX-file model as a checkpoint (``mark_all``, the CLI's ``--mark-all``).
+
+Each floating-point value a node of the graph makes (``Constant`` nodes aside: they compute
+nothing) is compared, in the graph's topological order, between three runs of the same graph on
+the session's inputs: the **reference** (the graph in float64, as the reference backend runs it),
+the **alternative** (the file the ``onnxruntime`` backend runs, the session's own or its
+``model_file``, opened as that backend opens its graphs: providers, optimisation level, graph
+transform) and the **calibration** (the graph at the alternative's precision, as the calibration's
+graph runner runs it). A value is judged by the calibrated rule of the checkpoints and layers
+(:func:`.judge.node_output_verdict`, the judge's): its RMSE against the reference within
+``noise_margin`` x the calibration's RMSE + ``floor_eps`` x eps(alternative dtype) x RMS(reference).
+The first value over its bound, in topological order, is the node-level first divergence.
+
+**Bounded memory.** The values are streamed: the names are taken in chunks of
+:data:`CHUNK` in topological order, each run fetches one chunk's values (ONNX Runtime computes the
+graph once per chunk; ONNX's NumPy evaluator, where ONNX Runtime lacks a float64 kernel, makes one
+pass over the nodes and drops each value after its last reader), the three chunks are compared and
+dropped before the next. What is kept is one row of scalars per value.
+
+**What is not an error.** Only the valid (non-padded) positions count: on a value whose first axis
+is the batch, every later axis as long as the sequence is restricted to the attention mask's
+positions. A value saturated in the alternative's type where the reference lies beyond that type's
+range (the attention mask's ``finfo.min`` constant in a float16 file: -65504 against -3.4e38), of the
+same sign, is that type's rounding and matches; NaN matches NaN. Values near zero are judged by
+RMSE against the calibrated bound, never relative to themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConfigurationError
+from .context import RunContext, Stage, call_backend
+from .judge import node_output_verdict
+
+__all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs", "compare_value", "valid_mask",
+           "numpy_stream"]
+
+#: How many node outputs one run fetches (the bound on the values held at once, per run).
+CHUNK = 64
+_FLOAT_ELEMS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_NOT_JUDGED = frozenset({"Constant"})
+#: Largest finite value per dtype of the alternative (saturation), bfloat16 as float32's range.
+_BIG = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+
+
+@dataclass(frozen=True)
+class NodeOutput:
+    """One node output's comparison: where it is and how it was judged."""
+
+    index: int  #: its position among the compared values (topological order)
+    tensor: str
+    node: str
+    op: str
+    layer: int | None
+    error: float  #: RMSE of the alternative against the reference (inf: shape or non-finite mismatch)
+    noise: float  #: RMSE of the calibration against the reference
+    bound: float
+    passed: bool
+
+
+@dataclass
+class MarkAllReport:
+    """What the mark-all comparison found: the JSON's ``mark_all``."""
+
+    compared: int = 0
+    failed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  #: why -> how many values were not compared
+    first_divergence: NodeOutput | None = None
+    failures: list[NodeOutput] = field(default_factory=list)
+    chunks: int = 0
+    chunk_size: int = CHUNK
+    reference_runtime: str = "onnxruntime"
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["first_divergence"] = None if self.first_divergence is None else asdict(self.first_divergence)
+        return d
+
+
+def node_outputs(path: Path) -> list[tuple[str, Any]]:
+    """The floating-point values the nodes of the ONNX file ``path`` make, in topological (graph)
+    order, each with its node; ``Constant`` nodes and values of unknown type left out."""
+    import onnx
+
+    from ...backends._onnx_file import value_types
+
+    model = onnx.load(str(path), load_external_data=False)
+    types = value_types(model) or {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+    return [(out, node) for node in model.graph.node if node.op_type not in _NOT_JUDGED
+            for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
+
+
+def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray | None:
+    """The valid positions of a value of ``shape``: where its first axis is the batch, every later
+    axis as long as the sequence restricted to ``attention_mask``'s ones; None when nothing is padded
+    or the value is not laid out so."""
+    mask = np.asarray(attention_mask).astype(bool)
+    if mask.all() or len(shape) < 2 or shape[0] != mask.shape[0]:
+        return None
+    valid = np.ones(shape, dtype=bool)
+    for axis in range(1, len(shape)):
+        if shape[axis] == mask.shape[1]:
+            view = [1] * len(shape)
+            view[0], view[axis] = mask.shape[0], mask.shape[1]
+            valid &= mask.reshape(view)
+    return valid
+
+
+def _error(reference: np.ndarray, value: np.ndarray, big: float) -> float:
+    """RMSE of ``value`` against ``reference`` (both float64, same positions); ``inf`` where a
+    non-finite value does not match (NaN matches NaN; a value saturated in the alternative's type,
+    at least half its largest finite value or infinite, matches a reference beyond that range of the
+    same sign)."""
+    saturated = (np.abs(reference) >= big) & (np.abs(value) >= big / 2) & (np.sign(reference) == np.sign(value))
+    finite = np.isfinite(reference) & np.isfinite(value) & ~saturated
+    matched = saturated | (np.isnan(reference) & np.isnan(value)) | (
+        np.isinf(reference) & np.isinf(value) & (np.sign(reference) == np.sign(value)))
+    if (~finite & ~matched).any():
+        return math.inf
+    if not finite.any():
+        return 0.0
+    diff = value[finite] - reference[finite]
+    return float(np.sqrt(np.mean(diff * diff)))
+
+
+def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.ndarray | None, dtype: str,
+                  margin: float, floor_eps: float) -> tuple[float, float, float, bool]:
+    """``(error, noise, bound, passed)`` of one value by the calibrated rule at ``dtype`` (the
+    alternative's precision), on the positions ``valid`` (None: all)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    alt, cal = np.asarray(alternative), np.asarray(calibration)
+    if alt.shape != ref.shape or cal.shape != ref.shape:
+        return math.inf, (math.inf if cal.shape != ref.shape else 0.0), 0.0, False
+    alt, cal = alt.astype(np.float64), cal.astype(np.float64)
+    if valid is not None:
+        ref, alt, cal = ref[valid], alt[valid], cal[valid]
+    big = _BIG.get(dtype, _BIG["float32"])
+    error, noise = _error(ref, alt, big), _error(ref, cal, big)
+    sane = ref[np.isfinite(ref) & (np.abs(ref) < big)]
+    bound, passed = node_output_verdict(error, noise, sane if sane.size else np.zeros(1), dtype, margin, floor_eps)
+    return error, noise, bound, passed
+
+
+def numpy_stream(evaluator: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    """The values of ``chunks`` (topological order), one chunk at a time, from one pass of ONNX's
+    NumPy evaluator over its nodes: each value dropped after its last reader."""
+    last_use: dict[str, int] = {}
+    for i, node in enumerate(evaluator.rt_nodes_):
+        for x in node.input:
+            last_use[x] = i
+    keep = {o.name for o in evaluator.proto_.graph.output} if hasattr(evaluator.proto_, "graph") else set()
+    results: dict[str, Any] = {"": None, **evaluator.rt_inits_, **feeds}
+    pending = iter(chunks)
+    current = next(pending, None)
+    ready: dict[str, Any] = {}
+    for i, node in enumerate(evaluator.rt_nodes_):
+        args = [results[x] for x in node.input]
+        outs = node.run(*args, context=results) if node.need_context() else node.run(*args)
+        for name, value in zip(node.output, outs):
+            results[name] = value
+            if current is not None and name in current:
+                ready[name] = value
+        for x in set(node.input):
+            if last_use.get(x) == i and x not in keep and x not in evaluator.rt_inits_ and x not in feeds:
+                results.pop(x, None)
+        while current is not None and all(n in ready for n in current):
+            yield {n: ready.pop(n) for n in current}
+            current = next(pending, None)
+
+
+def _ort_stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    for chunk in chunks:
+        yield dict(zip(chunk, session.run(chunk, dict(feeds))))
+
+
+def _stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass."""
+    if hasattr(session, "rt_nodes_"):
+        return numpy_stream(session, feeds, chunks)
+    return _ort_stream(session, feeds, chunks)
+
+
+def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
+    """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the graph runner of the
+    backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``."""
+    from ...backends._onnx_file import Float64GraphRunner
+
+    own = getattr(runner, "_graph", None) if runner is not None else None
+    found = getattr(own, "runtime", None)
+    if found == "onnx.reference" and getattr(own, "dtype", None) == dtype:
+        return own.session, found  # the NumPy evaluator walks every node: its values are all there already
+    return Float64GraphRunner.open_marked(path, names, dtype, getattr(runner, "name", "calibration"), found)
+
+
+class MarkAllStage(Stage):
+    """Every node output of an ONNX-file model compared in topological order (see the module)."""
+
+    name = "mark-all"
+    timing_key = "mark_all_s"
+    persists_rows = False
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return bool(config.get("mark_all"))
+
+    def run(self, ctx: RunContext) -> None:
+        from ...modelio.onnx_file import onnx_feeds
+
+        model, alternative = ctx.model, ctx.alternative
+        if getattr(model, "format", None) != "onnx" or not callable(getattr(alternative, "open_session", None)):
+            raise ConfigurationError(
+                "mark_all compares every node output of an ONNX file: it needs an ONNX-file model "
+                f"(--model-path FILE.onnx) and the onnxruntime alternative (not {alternative.name!r})",
+                hint="drop --mark-all, or validate the ONNX file against onnxruntime")
+        ctx.evidence.mark_all = mark_all(ctx, onnx_feeds(model.config, ctx.inputs)).to_dict()
+
+
+def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) -> MarkAllReport:
+    """The comparison of every node output (see the module), streamed chunk by chunk."""
+    from ...backends._onnx_file import checkpoint_graph
+    from ...modelio.onnx_file import layer_of_scope, node_scope
+
+    start = time.perf_counter()
+    plan, model, alternative = ctx.plan, ctx.model, ctx.alternative
+    alt_path: Path = Path(alternative.onnx_path) if getattr(alternative, "model_file", None) else Path(model.path)
+    report = MarkAllReport(chunk_size=chunk)
+    own = node_outputs(Path(model.path))
+    present = set(dict(node_outputs(alt_path))) if alt_path != Path(model.path) else None
+    values = [(n, node) for n, node in own if present is None or n in present]
+    if present is not None and len(values) < len(own):
+        report.skipped["not in the alternative's file"] = len(own) - len(values)
+    names = [n for n, _ in values]
+    chunks = [names[i:i + chunk] for i in range(0, len(names), chunk)]
+    ref_session, report.reference_runtime = call_backend(
+        ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), names, plan.reference_dtype,
+                                                                ctx.reference))
+    cal_session, _ = call_backend(
+        ctx.reference, "mark-all calibration graph",
+        lambda: _graph_session(Path(model.path), names, plan.alternative_dtype, ctx.calibrator))
+    alt_graph = checkpoint_graph(alt_path, names)
+    alt_session = call_backend(alternative, "open_session(mark-all)",
+                               lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
+    del alt_graph
+    margin, floor_eps = float(plan.config["noise_margin"]), float(plan.config["floor_eps"])
+    mask = np.asarray(ctx.inputs.attention_mask)
+    by_name: dict[str, Any] = dict(values)
+    streams: list[Iterator[dict[str, Any]]] = [_stream(s, feeds, chunks) for s in (ref_session, alt_session, cal_session)]
+    index = 0
+    run: Callable[[], tuple[dict[str, Any], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
+    for _ in chunks:
+        ref_c, alt_c, cal_c = call_backend(alternative, "run(mark-all chunk)", run)
+        report.chunks += 1
+        for name in ref_c:
+            ref = ref_c[name]
+            err, noise, bound, passed = compare_value(ref, alt_c[name], cal_c[name], valid_mask(np.shape(ref), mask),
+                                                      plan.alternative_dtype, margin, floor_eps)
+            node = by_name[name]
+            row = NodeOutput(index, name, node.name, node.op_type, layer_of_scope(node_scope(node)), err, noise,
+                             bound, passed)
+            index += 1
+            report.compared += 1
+            if not passed:
+                report.failed += 1
+                report.failures.append(row)
+                if report.first_divergence is None:
+                    report.first_divergence = row
+        del ref_c, alt_c, cal_c
+    report.elapsed_s = time.perf_counter() - start
+    return report

@@ -1,0 +1,80 @@
+"""``mark_all``'s parts on small values: the streamed NumPy evaluation, the valid positions and
+what is (not) an error (services/validation/mark_all.py). The whole comparison on an ONNX export is
+in tests/backends/test_onnx_file.py (an injected bug, a float16 file)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from debug_framework.services.validation.mark_all import compare_value, numpy_stream, valid_mask  # noqa: E402
+
+
+def _chain() -> onnx.ModelProto:
+    """x -> Erf -> Add(x) -> Mul -> Tanh: four values in topological order."""
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])
+    nodes = [helper.make_node("Erf", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
+             helper.make_node("Mul", ["b", "w"], ["c"]), helper.make_node("Tanh", ["c"], ["y"])]
+    w = numpy_helper.from_array(np.full((2, 3), 0.5), "w")
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[w]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_numpy_stream_yields_each_chunk_as_the_evaluator_computes_it():
+    from onnx.reference import ReferenceEvaluator
+
+    ev = ReferenceEvaluator(_chain())
+    x = np.linspace(-1, 1, 6).reshape(2, 3)
+    whole = ev.run(None, {"x": x}, intermediate=True)
+    chunks = [["a", "b"], ["c"], ["y"]]
+    got = list(numpy_stream(ev, {"x": x}, chunks))
+    assert [sorted(c) for c in got] == [sorted(c) for c in chunks]
+    for chunk in got:
+        for name, value in chunk.items():
+            np.testing.assert_array_equal(value, whole[name])
+
+
+def test_valid_positions_follow_the_attention_mask():
+    mask = np.array([[1, 1, 1], [0, 1, 1]])
+    assert valid_mask((2, 3, 4), np.ones((2, 3))) is None  # nothing padded
+    hidden = valid_mask((2, 3, 4), mask)
+    assert hidden.shape == (2, 3, 4) and not hidden[1, 0].any() and hidden[1, 1:].all() and hidden[0].all()
+    scores = valid_mask((2, 5, 3, 3), mask)  # [B, heads, T, T]: both sequence axes
+    assert not scores[1, :, 0, :].any() and not scores[1, :, :, 0].any() and scores[1, :, 1:, 1:].all()
+    assert valid_mask((4, 3), mask) is None  # not batch-first
+
+
+def test_what_is_and_is_not_an_error():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 3, 4))
+    rounded = ref.astype(np.float16)
+    # a correct float16 run: within the bound the calibration's own float16 rounding sets
+    assert compare_value(ref, rounded, rounded, None, "float16", 4.0, 1.0)[3]
+    # a real error fails
+    assert not compare_value(ref, (ref * 1.1).astype(np.float16), rounded, None, "float16", 4.0, 1.0)[3]
+    # the mask's constant: float32's finfo.min in the reference, float16's (or -inf) in the file
+    big = np.where(np.arange(12).reshape(3, 4) % 2 == 0, -3.4028234663852886e38, 0.0)
+    for saturated in (np.float16(-65504), -np.inf):
+        alt = np.where(big < 0, saturated, 0.0).astype(np.float16)
+        assert compare_value(big, alt, alt, None, "float16", 4.0, 1.0)[3]
+    assert not compare_value(big, np.zeros_like(big, dtype=np.float16), big, None, "float16", 4.0, 1.0)[3]
+    # garbage at padded positions is not compared
+    mask = np.array([[1, 1, 1], [0, 1, 1]])
+    junk = ref.copy()
+    junk[1, 0] = 1e4
+    assert not compare_value(ref, junk, ref, None, "float32", 4.0, 1.0)[3]
+    assert compare_value(ref, junk, ref, valid_mask(ref.shape, mask), "float32", 4.0, 1.0)[3]
+    # near-zero values: judged by RMSE against the calibrated bound, not relative to themselves
+    tiny = ref * 1e-12
+    assert compare_value(tiny, tiny.astype(np.float32) * (1 + 1e-7), tiny.astype(np.float32), None, "float32",
+                         4.0, 1.0)[3]
+    # a shape mismatch or a NaN where the reference is finite fails
+    assert not compare_value(ref, ref[:1], ref, None, "float32", 4.0, 1.0)[3]
+    nan = ref.copy()
+    nan[0, 0, 0] = np.nan
+    assert not compare_value(ref, nan, ref, None, "float32", 4.0, 1.0)[3]
