@@ -63,7 +63,7 @@ def fuzz_samples(info: Any, dtype: str, base: list[Sample], seed: int = 0) -> li
         gen = torch.Generator().manual_seed(seed)
         for shape, size in FUZZ_SHAPES:
             full = (*shape, size)
-            value = torch.randn(full, generator=gen, dtype=torch.float64).to(DTYPES[dtype])
+            value = torch.randn(full, generator=gen, dtype=torch.float64).to(device=x.device, dtype=DTYPES[dtype])
             add("shape", f"shape {tuple(full)}", value)
     return out
 
