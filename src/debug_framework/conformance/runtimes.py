@@ -9,7 +9,9 @@ by the runtime; the sweep judges the outputs exactly as it judges a ``torch.comp
 
 Exported graphs, with their runtime sessions, are cached per operator, dtype, input shapes and
 dtypes and the non-tensor arguments: the sample's other layouts and special values reuse them
-(inputs reach the runtime as contiguous arrays). A sample the exporter cannot export, or the
+(inputs reach the runtime as contiguous arrays). A refusal that holds for every shape (the exporter
+has no ONNX function for the ATen operator, the runtime no kernel for a node's type) is cached for
+the operator and dtype, so its other samples cost nothing. A sample the exporter cannot export, or the
 runtime cannot load or compile, raises :class:`~debug_framework.conformance.judge.NotTaken`: the
 sample is ``unsupported`` with that reason, not failed. OpenVINO compiles with its ``f32``
 precision hint (its CPU plugin otherwise computes in bfloat16 where the processor has it).
@@ -181,9 +183,11 @@ class RuntimeRunner:
             tensors: list[torch.Tensor] = []
             skeleton = (flatten_tensors(list(args), tensors), flatten_tensors(dict(kwargs), tensors))
             signature = (key, dtype, repr(skeleton), tuple((tuple(t.shape), t.dtype) for t in tensors))
-            graph = self.cache.get(signature)
+            graph = self.cache.get(signature) or self.cache.get((key, dtype))
             if graph is None:
                 graph = self.cache[signature] = self._build(op, skeleton, tensors)
+                if isinstance(graph, NotTaken) and any(m in str(graph) for m in _WHOLE_OP):
+                    self.cache[(key, dtype)] = graph  # no translation or kernel at all: no other shape exports
             if isinstance(graph, NotTaken):
                 raise graph
             try:
@@ -243,6 +247,10 @@ class RuntimeRunner:
 
         return run
 
+
+#: Refusals that hold for every shape of an operator in a dtype: the exporter has no ONNX function
+#: for its ATen operator, or the runtime no kernel for a node's type.
+_WHOLE_OP = ("No ONNX function found", "Could not find an implementation for")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
