@@ -98,8 +98,8 @@ def check():
     def call(*a, **k):
         return op(*a, **k)
 
-    what = "%s compiled with %s on sample %s (%s)" % (spec["op"], spec["backend_label"], spec["sample"]["label"],
-                                                     spec["sample"]["dtype"])
+    what = "%s %s %s on sample %s (%s)" % (spec["op"], "run by" if spec.get("runtime") else "compiled with",
+                                          spec["backend_label"], spec["sample"]["label"], spec["sample"]["dtype"])
     if spec["grad"]:
         what = "the backward of " + what
         baseline, oracle = grads(op, args, kwargs, False), grads(op, args, kwargs, True)
@@ -220,8 +220,24 @@ def runtime_call(op, spec):
             core = ov.Core()
             compiled = core.compile_model(core.read_model(path), spec["runtime_target"],
                                           {"INFERENCE_PRECISION_HINT": spec["precision_hint"]})
-            result = compiled.create_infer_request().infer(feeds)
-            outs = [result[o] for o in compiled.outputs]
+            request = compiled.create_infer_request()
+            for i, t in enumerate(found):  # bfloat16 by its bits: OpenVINO shows its data as float16
+                t = t.detach().cpu().contiguous()
+                if t.dtype == torch.bfloat16:
+                    tensor = ov.Tensor(ov.Type.bf16, ov.Shape(list(t.shape)))
+                    if t.numel():
+                        tensor.data.view(np.int16)[...] = t.view(torch.int16).numpy()
+                else:
+                    tensor = ov.Tensor(np.array(t.numpy(), copy=True))
+                request.set_input_tensor(i, tensor)
+            request.infer()
+            outs = []
+            for i in range(len(compiled.outputs)):
+                out = request.get_output_tensor(i)
+                data = np.array(out.data, copy=True)
+                bf16 = out.element_type.get_type_name() == "bf16"
+                outs.append(torch.from_numpy(data.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(data))
+            return outs
         return [to_torch(o) for o in outs]
 
     return call

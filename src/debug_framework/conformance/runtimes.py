@@ -145,10 +145,35 @@ def _to_torch(a: Any) -> torch.Tensor:
     return torch.from_numpy(a.copy())
 
 
+def _ov_tensor(t: torch.Tensor) -> Any:
+    """An OpenVINO tensor holding ``t``'s values (bfloat16 by its bits: OpenVINO's Python API shows
+    bfloat16 data as a float16 array, which a numpy value conversion would misread)."""
+    import numpy as np
+    import openvino as ov
+
+    if t.dtype == torch.bfloat16:
+        out = ov.Tensor(ov.Type.bf16, ov.Shape(list(t.shape)))
+        if t.numel():
+            out.data.view(np.int16)[...] = t.view(torch.int16).numpy()
+        return out
+    return ov.Tensor(np.array(t.numpy(), copy=True))  # 0-d stays 0-d (ascontiguousarray would not)
+
+
+def _from_ov(tensor: Any) -> torch.Tensor:
+    """An OpenVINO output tensor as a torch tensor (bfloat16 read by its bits)."""
+    import numpy as np
+
+    data = np.array(tensor.data, copy=True)
+    if tensor.element_type.get_type_name() == "bf16":
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
 class _Graph:
     """One exported graph and its runtime session."""
 
-    def __init__(self, skeleton: tuple[Any, Any], run: Callable[[list[Any]], list[Any]], nodes: int) -> None:
+    def __init__(self, skeleton: tuple[Any, Any], run: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+                 nodes: int) -> None:
         self.skeleton, self.run, self.nodes = skeleton, run, nodes
 
 
@@ -190,12 +215,7 @@ class RuntimeRunner:
                     self.cache[(key, dtype)] = graph  # no translation or kernel at all: no other shape exports
             if isinstance(graph, NotTaken):
                 raise graph
-            try:
-                feeds = [_to_numpy(t) for t in tensors]
-            except (TypeError, RuntimeError, ImportError) as exc:
-                raise NotTaken(f"{self.runtime} takes no {tensors[0].dtype if tensors else ''} input from "
-                               f"Python: {exc}") from exc
-            outs = [_to_torch(o) for o in graph.run(feeds)]
+            outs = graph.run([t.detach().cpu().contiguous() for t in tensors])
             if graph.nodes:
                 self.graphs += 1
             return outs
@@ -220,7 +240,8 @@ class RuntimeRunner:
             return NotTaken(f"{self.runtime} does not load the exported graph: {_short(exc)}")
         return _Graph(skeleton, run, nodes)
 
-    def _session(self, data: bytes) -> Callable[[list[Any]], list[Any]]:
+    def _session(self, data: bytes) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+        """The runtime's session on the serialized graph: contiguous CPU tensors in, tensors out."""
         if self.runtime == "onnxruntime":
             import onnxruntime as ort
 
@@ -229,7 +250,8 @@ class RuntimeRunner:
             options.intra_op_num_threads = max(1, torch.get_num_threads())
             session = ort.InferenceSession(data, sess_options=options, providers=[self.target])
             names = [i.name for i in session.get_inputs()]
-            return lambda feeds: session.run(None, dict(zip(names, feeds, strict=True)))
+            return lambda feeds: [_to_torch(o) for o in session.run(None, dict(zip(names, map(_to_numpy, feeds),
+                                                                                       strict=True)))]
         import openvino as ov
 
         if self._core is None:
@@ -239,11 +261,12 @@ class RuntimeRunner:
         compiled = self._core.compile_model(self._core.read_model(str(path)), self.target,
                                             {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION_HINT})
         request = compiled.create_infer_request()
-        outputs = list(compiled.outputs)
 
-        def run(feeds: list[Any]) -> list[Any]:
-            result = request.infer(feeds)
-            return [result[o] for o in outputs]
+        def run(feeds: list[torch.Tensor]) -> list[torch.Tensor]:
+            for i, t in enumerate(feeds):
+                request.set_input_tensor(i, _ov_tensor(t))
+            request.infer()
+            return [_from_ov(request.get_output_tensor(i)) for i in range(len(compiled.outputs))]
 
         return run
 
