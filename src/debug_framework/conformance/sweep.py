@@ -82,7 +82,8 @@ class SweepSettings:
         if self.backend_file is not None:
             file_digest = hashlib.sha256(Path(self.backend_file).read_bytes()).hexdigest()
         return {"backend": self.backend, "backend_file_sha256": file_digest, "backend_attr": self.backend_attr,
-                **({"runtime": self.runtime} if self.runtime is not None else {}), "device": self.device, "dtypes": sorted(self.dtypes), "grad": self.grad, "fuzz": self.fuzz,
+                **({"runtime": self.runtime} if self.runtime is not None else {}),  # older keys unchanged
+                "device": self.device, "dtypes": sorted(self.dtypes), "grad": self.grad, "fuzz": self.fuzz,
                 "seed": self.seed,
                 "max_samples": self.max_samples}
 
