@@ -208,7 +208,7 @@ def _layout(t: torch.Tensor, kind: str, lead: bool) -> torch.Tensor | None:
 
 def _special(t: torch.Tensor, kind: str) -> torch.Tensor:
     info = torch.finfo(t.dtype)
-    out = t.clone()
+    out = t.clone(memory_format=torch.contiguous_format)  # a strided input's clone keeps its strides
     flat = out.view(-1)
     if kind == "nan":
         flat[:: max(1, flat.numel() // 3)] = float("nan")
