@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ninductor, CPU, float32: {len(ind.ops)} OpInfo operators in {ind.seconds:.0f} s this run "
           f"({ind.resumed} read back from the database; {swept_s:.0f} s of operator time over {args.workers} workers)")
     if swept_s:
-        print(f"  operators per minute: {60 * len(judged) / max(ind.seconds, 1e-9):.1f} (this run, wall), "
-              f"{60 * args.workers * len(ind.ops) / swept_s:.1f} (from per-operator time)")
+        wall = (f"{60 * len(judged) / max(ind.seconds, 1e-9):.1f} (this run, wall), " if not ind.resumed
+                else "")  # a resumed run's wall clock leaves out the operators read back
+        print(f"  operators per minute: {wall}{60 * args.workers * len(ind.ops) / swept_s:.1f} "
+              f"(from per-operator time, skipped operators included)")
     verdicts = ind.to_dict()["verdicts"]
     print(f"  covered (judged): {len(judged)} operators, beside BackendBench's {BACKENDBENCH_OPS}; verdicts {verdicts}")
     print(f"  samples judged: {sum(o.counts.get('samples', 0) for o in ind.ops)}")

@@ -4,6 +4,8 @@
     debug_opsweep --backend-file my_backend.py --ops softmax,cumsum,nn.functional.gelu --json
     debug_opsweep --compile-backend aot_eager --ops 'nn.functional.*' --junit opsweep.xml
     debug_opsweep --compile-backend inductor --grad --ops softmax,cumsum      # the backward pass
+    debug_opsweep --runtime onnxruntime --ops softmax,cumsum                  # single-op ONNX graphs
+    debug_opsweep --compile-backend inductor --device cuda                    # where a CUDA device exists
 
 Every sample (OpInfo's, all of them, plus fuzzed layouts, special values and magnitudes) is judged
 against float64 eager by the calibrated rule; random, uninitialised and non-numeric operators are
@@ -29,7 +31,8 @@ from .validate_support import check_database_path
 __all__ = ["app", "main"]
 
 PROG = "debug_opsweep"
-_HELP = ("Sweep a torch.compile backend over every PyTorch OpInfo operator it accepts, each sample judged "
+_HELP = ("Sweep a torch.compile backend (or an ONNX runtime, through single-op ONNX graphs) over every PyTorch "
+         "OpInfo operator it accepts, each sample judged "
          "against float64 eager by the calibrated rule. Exit 0 no operator failed, 1 an operator failed, "
          "2 usage/environment error, 3 internal error.")
 app = make_app(_HELP)
@@ -59,7 +62,10 @@ def opsweep(
                                         "(inductor, aot_eager, eager, mock_accel, ...)"),
     backend_file: str | None = typer.Option(None, "--backend-file", metavar="FILE[:NAME]",
                                             help="Python file whose `backend` (or NAME) is the torch.compile backend"),
-    device: str = typer.Option("cpu", "--device", help="device the samples run on (cpu, cuda, ...)"),
+    runtime: str | None = typer.Option(None, "--runtime", help="sweep an ONNX runtime instead: onnxruntime or "
+                                       "openvino (each sample's operator exported alone with torch.onnx)"),
+    device: str = typer.Option("cpu", "--device", help="device the samples run on (cpu, cuda, ...; with --runtime "
+                               "the runtime's device); exit 2 where it does not exist"),
     ops: list[str] | None = typer.Option(None, "--ops", help="operator keys or shell patterns, comma-separated "
                                          "or repeated (default: every OpInfo operator)"),
     dtypes: list[str] | None = typer.Option(None, "--dtypes", help="comma-separated, of float32, bfloat16, float16, "
@@ -92,6 +98,9 @@ def opsweep(
 
             raise CliError(f"unknown dtype {d!r}{did_you_mean(d, _DTYPES)}", hint=f"use some of {', '.join(_DTYPES)}")
     file, attr = _backend_file(backend_file)
+    if runtime is not None and (file is not None or _given(ctx, "compile_backend")):
+        raise CliError("--runtime runs single-op ONNX graphs: it takes no --compile-backend or --backend-file",
+                       hint="give one of --runtime, --compile-backend, --backend-file")
     if list_ops:
         from ..conformance.ops import select_ops
 
@@ -110,8 +119,9 @@ def opsweep(
     if database:
         fw["database_path"] = database
     invocation.database = check_database_path(default_database_path(fw))
-    label = compile_backend if file is None else f"{Path(file).name}:{attr}"
-    settings = SweepSettings(backend=label, backend_file=file, backend_attr=attr, device=device, dtypes=chosen, grad=grad,
+    label = runtime or (compile_backend if file is None else f"{Path(file).name}:{attr}")
+    settings = SweepSettings(backend=label, backend_file=file, backend_attr=attr, runtime=runtime, device=device,
+                             dtypes=chosen, grad=grad,
                              ops=_split(ops) or None, fuzz=fuzz, seed=seed, timeout_s=timeout, workers=workers,
                              repro_dir=repro_dir, verify_repros=verify_repros, resume=resume, max_samples=max_samples)
     progress = None if as_json else _progress()
@@ -127,6 +137,12 @@ def opsweep(
     else:
         _print(result.to_dict())
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was given on the command line (not its default)."""
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _progress() -> Any:

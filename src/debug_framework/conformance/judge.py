@@ -29,10 +29,15 @@ from ..comparison import RatioRule, compare
 from ..plugins.evaluate import badness as plugin_badness, sample_rule
 from ..plugins.samples import Sample, upcast
 
-__all__ = ["flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness", "BACKENDBENCH_TOL"]
+__all__ = ["NotTaken", "flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness", "BACKENDBENCH_TOL"]
 
 #: BackendBench's tolerances (``BackendBench.eval.allclose``: atol = rtol = 1e-2).
 BACKENDBENCH_TOL = 1e-2
+
+
+class NotTaken(Exception):
+    """Raised by a compiled call that does not take a sample (the runtime sweeps' exporter or runtime
+    refuses its graph): the sample is ``unsupported`` with the message as its reason, not failed."""
 
 
 def _error(exc: BaseException) -> str:
@@ -128,6 +133,8 @@ def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sam
         return {"status": "skipped", "reason": "non-numeric output (no tensor to compare)"}
     try:
         out = compiled(*sample.args, **sample.kwargs)
+    except NotTaken as exc:
+        return {"status": "unsupported", "reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
         kind = failure_kind(exc)
         if kind == "backend":

@@ -98,14 +98,16 @@ def check():
     def call(*a, **k):
         return op(*a, **k)
 
-    what = "%s compiled with %s on sample %s (%s)" % (spec["op"], spec["backend_label"], spec["sample"]["label"],
-                                                     spec["sample"]["dtype"])
+    what = "%s %s %s on sample %s (%s)" % (spec["op"], "run by" if spec.get("runtime") else "compiled with",
+                                          spec["backend_label"], spec["sample"]["label"], spec["sample"]["dtype"])
     if spec["grad"]:
         what = "the backward of " + what
         baseline, oracle = grads(op, args, kwargs, False), grads(op, args, kwargs, True)
     else:
         baseline = flat(op(*args, **kwargs))
         oracle = flat(op(*up(args), **up(kwargs)))
+    if spec.get("runtime"):
+        return judge(runtime_call(op, spec), args, kwargs, baseline, oracle, spec, what)
     backend = load_backend(spec)
     # the sweep compiled each operator once for all its samples, so a sample may have run the graph
     # Dynamo recompiled with dynamic shapes: static shapes first, then dynamic ones
@@ -154,10 +156,100 @@ def judge(compiled, args, kwargs, baseline, oracle, spec, what):
 '''
 
 
+_RUNTIME_BODY = """
+
+def runtime_call(op, spec):
+    \"\"\"The operator as the sweep ran it: exported alone with torch.onnx (dynamo), run by the runtime.\"\"\"
+    import numpy as np
+
+    def split(v, found):
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+            return ("input", len(found) - 1)
+        if isinstance(v, (list, tuple)):
+            return type(v)(split(x, found) for x in v)
+        if isinstance(v, dict):
+            return {k: split(x, found) for k, x in v.items()}
+        return v
+
+    def fill(v, tensors):
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == "input":
+            return tensors[v[1]]
+        if isinstance(v, (list, tuple)):
+            return type(v)(fill(x, tensors) for x in v)
+        if isinstance(v, dict):
+            return {k: fill(x, tensors) for k, x in v.items()}
+        return v
+
+    class OneOp(torch.nn.Module):
+        def __init__(self, a, k):
+            super().__init__()
+            self.a, self.k = a, k
+
+        def forward(self, *tensors):
+            return op(*fill(self.a, tensors), **fill(self.k, tensors))
+
+    def to_numpy(t):
+        t = t.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            import ml_dtypes
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+
+    def to_torch(a):
+        a = np.asarray(a)
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(a.copy())
+
+    def call(*args, **kwargs):
+        found = []
+        a, k = split(list(args), found), split(dict(kwargs), found)
+        example = tuple(t.detach().cpu().contiguous() for t in found)
+        data = torch.onnx.export(OneOp(a, k), example, dynamo=True, verbose=False).model_proto.SerializeToString()
+        feeds = [to_numpy(t) for t in found]
+        if spec["runtime"] == "onnxruntime":
+            import onnxruntime as ort
+            session = ort.InferenceSession(data, providers=[spec["runtime_target"]])
+            outs = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
+        else:
+            import openvino as ov
+            path = os.path.join(HERE, "graph.onnx")
+            with open(path, "wb") as fh:
+                fh.write(data)
+            core = ov.Core()
+            compiled = core.compile_model(core.read_model(path), spec["runtime_target"],
+                                          {"INFERENCE_PRECISION_HINT": spec["precision_hint"]})
+            request = compiled.create_infer_request()
+            for i, t in enumerate(found):  # bfloat16 by its bits: OpenVINO shows its data as float16
+                t = t.detach().cpu().contiguous()
+                if t.dtype == torch.bfloat16:
+                    tensor = ov.Tensor(ov.Type.bf16, ov.Shape(list(t.shape)))
+                    if t.numel():
+                        tensor.data.view(np.int16)[...] = t.view(torch.int16).numpy()
+                else:
+                    tensor = ov.Tensor(np.array(t.numpy(), copy=True))
+                request.set_input_tensor(i, tensor)
+            request.infer()
+            outs = []
+            for i in range(len(compiled.outputs)):
+                out = request.get_output_tensor(i)
+                data = np.array(out.data, copy=True)
+                bf16 = out.element_type.get_type_name() == "bf16"
+                outs.append(torch.from_numpy(data.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(data))
+            return outs
+        return [to_torch(o) for o in outs]
+
+    return call
+"""
+
+
 def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend: str, backend_file: str | None,
-                   backend_attr: str, device: str, status: str, grad: bool = False) -> Path:
+                   backend_attr: str, device: str, status: str, grad: bool = False, runtime: str | None = None) -> Path:
     """Write the repro of ``sample`` of operator ``op`` into a new directory under ``folder``; the
-    path of its ``repro.py``. ``backend_file`` is copied beside it when the backend comes from a file."""
+    path of its ``repro.py``. ``backend_file`` is copied beside it when the backend comes from a file.
+    With ``runtime`` the repro exports the operator alone with torch.onnx and runs it by that ONNX
+    runtime (which it then needs, with onnx and onnxscript), as the sweep did."""
     out, args, kwargs = save_sample(sample, folder, f"{op}-{sample.dtype}-{sample.source}-{sample.label}")
     local_file = None
     if backend_file is not None:
@@ -168,8 +260,15 @@ def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend:
              "backend_label": backend if backend_file is None else f"{Path(backend_file).name}:{backend_attr}",
              "device": device, "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS, "float64_floor_eps": FLOAT64_FLOOR_EPS,
              "args": args, "kwargs": kwargs, "sample": sample.describe(), "status": status, "grad": grad}
-    failure = (f"{'the backward of ' if grad else ''}operator {op} compiled with {check['backend_label']} differs from eager beyond the calibrated bound "
+    requires, body = ["torch", "safetensors"], _BODY
+    if runtime is not None:
+        from .runtimes import OPENVINO_PRECISION_HINT, RUNTIMES, check_runtime
+
+        check.update(runtime=runtime, runtime_target=check_runtime(runtime, device), backend_label=runtime,
+                     precision_hint=OPENVINO_PRECISION_HINT, device="cpu")
+        requires, body = ["torch", "safetensors", *RUNTIMES[runtime]], _BODY + _RUNTIME_BODY
+    failure = (f"{'the backward of ' if grad else ''}operator {op} {'run by' if runtime else 'compiled with'} "
+               f"{check['backend_label']} differs from eager beyond the calibrated bound "
                f"(or raises) on sample {sample.source}/{sample.label} in {sample.dtype}")
-    return write_repro_files(out, writer="op-conformance", failure=failure, body=_BODY,
-                             requires=["torch", "safetensors"],
+    return write_repro_files(out, writer="op-conformance", failure=failure, body=body, requires=requires,
                              imports=["import torch", "from safetensors.torch import load_file"], check=check)

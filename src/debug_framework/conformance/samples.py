@@ -33,7 +33,8 @@ def opinfo_samples(info: Any, dtype: str, device: str = "cpu") -> list[Sample]:
 def _seed_input(samples: list[Sample]) -> Sample | None:
     for s in samples:
         first = s.args[0] if s.args else None
-        if isinstance(first, torch.Tensor) and first.is_floating_point() and first.numel() > 1:
+        if (isinstance(first, torch.Tensor) and first.layout == torch.strided and first.is_floating_point()
+                and first.numel() > 1):  # a sparse input has no memory layout of its own to vary
             return s
     return None
 
@@ -63,7 +64,7 @@ def fuzz_samples(info: Any, dtype: str, base: list[Sample], seed: int = 0) -> li
         gen = torch.Generator().manual_seed(seed)
         for shape, size in FUZZ_SHAPES:
             full = (*shape, size)
-            value = torch.randn(full, generator=gen, dtype=torch.float64).to(DTYPES[dtype])
+            value = torch.randn(full, generator=gen, dtype=torch.float64).to(device=x.device, dtype=DTYPES[dtype])
             add("shape", f"shape {tuple(full)}", value)
     return out
 

@@ -46,11 +46,17 @@ _STATUSES = ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")
 @dataclass
 class SweepSettings:
     """What to sweep and how. ``backend`` is a registered ``torch.compile`` backend name, or a label
-    when ``backend_file`` gives the backend (its ``backend_attr``, ``backend`` by default)."""
+    when ``backend_file`` gives the backend (its ``backend_attr``, ``backend`` by default), or when
+    ``runtime`` names an ONNX runtime (``onnxruntime``, ``openvino``: single-op ONNX graphs,
+    :mod:`.runtimes`)."""
 
     backend: str = "aot_eager"
     backend_file: str | None = None
     backend_attr: str = "backend"
+    #: an ONNX runtime instead of a ``torch.compile`` backend: ``onnxruntime`` or ``openvino``
+    runtime: str | None = None
+    #: where the samples run (a ``torch.compile`` backend), or the runtime's device (``cuda``:
+    #: ONNX Runtime's CUDA provider; ``gpu``: OpenVINO's GPU)
     device: str = "cpu"
     dtypes: Sequence[str] = ("float32", "bfloat16", "float16")
     #: judge the backward pass (the gradients of every floating input) instead of the forward
@@ -76,6 +82,7 @@ class SweepSettings:
         if self.backend_file is not None:
             file_digest = hashlib.sha256(Path(self.backend_file).read_bytes()).hexdigest()
         return {"backend": self.backend, "backend_file_sha256": file_digest, "backend_attr": self.backend_attr,
+                **({"runtime": self.runtime} if self.runtime is not None else {}),  # older keys unchanged
                 "device": self.device, "dtypes": sorted(self.dtypes), "grad": self.grad, "fuzz": self.fuzz,
                 "seed": self.seed,
                 "max_samples": self.max_samples}
@@ -136,7 +143,7 @@ class _Lane:
     def __init__(self, settings: SweepSettings, threads: int) -> None:
         self.settings = settings
         self.args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
-                     settings.seed, threads, settings.max_samples, settings.grad)
+                     settings.seed, threads, settings.max_samples, settings.grad, settings.runtime)
         self.proc: _Proc | _InProcess | None = None
         self.restarts = 0
 
@@ -198,7 +205,8 @@ class _Lane:
                     result = reply[1]
                     graphs = max(graphs, int(result.pop("graphs", 0)))
                 samples.append({**desc, "index": i, "result": result})
-        out = _aggregate(op, samples, skips, graphs)
+        out = _aggregate(op, samples, skips, graphs, "(its exported graphs hold no node)" if s.runtime
+                         else "(Dynamo ran the operator eagerly)")
         out.counts["sweep_failures"] = sweep_failures  # a resumed sweep runs such an operator again
         if s.repro_dir is not None and out.worst is not None and out.verdict in ("fail", "error"):
             w = out.worst
@@ -219,7 +227,7 @@ class _Lane:
             self.proc = None
 
 
-def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs: int) -> OpResult:
+def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs: int, no_graph: str) -> OpResult:
     """An operator's verdict from its samples: the worst applicable status decides."""
     counts = {k: 0 for k in _STATUSES}
     for smp in samples:
@@ -238,8 +246,8 @@ def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs:
         reason = "; ".join(skips) or next((smp["result"]["reason"] for smp in samples), None) or "no sample"
         return OpResult(op, "skipped", None, reason, counts)
     if graphs == 0 and counts["pass"] == applicable:  # every sample ran eagerly: nothing was judged
-        return OpResult(op, "skipped", None, "no graph with an operation reached the backend (Dynamo ran the "
-                        "operator eagerly)", counts, worst)
+        return OpResult(op, "skipped", None, f"no graph with an operation reached the backend {no_graph}", counts,
+                        worst)
     rate = counts["pass"] / applicable
     for verdict in ("crash", "hang", "fail", "error"):
         if counts[verdict]:
@@ -254,9 +262,14 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     """Sweep the selected operators (every OpInfo operator when ``settings.ops`` is empty).
 
     Raises:
-        ConfigurationError (DF005): an unknown dtype or operator, a backend that cannot be loaded.
+        ConfigurationError (DF005): an unknown dtype, operator or runtime, a backend that cannot be
+            loaded, ``--grad`` or a backend file with a runtime.
+        BackendInitializationError (DF002): the device does not exist here, or the runtime is not
+            installed or has no such device.
     """
+    from .devices import check_device
     from .ops import DTYPES, all_ops, select_ops, static_skip
+    from .runtimes import RUNTIMES, check_runtime
 
     bad = [d for d in settings.dtypes if d not in DTYPES]
     if bad or not settings.dtypes:
@@ -264,6 +277,16 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
                                  hint=f"use some of {', '.join(DTYPES)}", option="--dtypes")
     if settings.backend_file is not None and not Path(settings.backend_file).is_file():
         raise ConfigurationError(f"backend file {settings.backend_file!r}: no such file", option="--backend-file")
+    if settings.runtime is not None:
+        if settings.runtime not in RUNTIMES:
+            raise ConfigurationError(f"unknown runtime {settings.runtime!r}", option="--runtime",
+                                     hint=f"use {' or '.join(RUNTIMES)}")
+        if settings.backend_file is not None or settings.grad:
+            raise ConfigurationError(f"--runtime {settings.runtime} takes neither --backend-file nor --grad "
+                                     "(it runs exported forward graphs)", option="--runtime")
+        check_runtime(settings.runtime, settings.device)
+    else:
+        check_device(settings.device)
     db: Database | None = None if database is None else open_database(database)
     key = sweep_key(settings)
     keys = select_ops(settings.ops)
@@ -294,7 +317,7 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     for k in keys:
         if k in results:
             continue
-        why = static_skip(ops[k], settings.dtypes, settings.device)
+        why = static_skip(ops[k], settings.dtypes, "cpu" if settings.runtime else settings.device)
         if why is not None:
             record(OpResult(k, "skipped", None, why))
         else:

@@ -53,16 +53,31 @@ class WorkerState:
     """The backend, the current operator's samples and its compiled call."""
 
     def __init__(self, backend: str, backend_file: str | None, backend_attr: str, device: str, fuzz: bool,
-                 seed: int, threads: int, max_samples: int | None = None, grad: bool = False) -> None:
+                 seed: int, threads: int, max_samples: int | None = None, grad: bool = False,
+                 runtime: str | None = None) -> None:
+        import tempfile
+
         import torch
 
         from .._torch.dynamo import recompile_limit
+        from .devices import check_device
 
         if threads > 0:  # 0: running inside the caller's process, whose settings are left alone
             torch.set_num_threads(threads)
         self.backend, self.backend_file, self.backend_attr = backend, backend_file, backend_attr
         self.device, self.fuzz, self.seed, self.max_samples, self.grad = device, fuzz, seed, max_samples, grad
-        self.compiler = resolve_backend(backend, backend_file, backend_attr)
+        self.runtime = runtime
+        self.runner: Any = None
+        self._scratch: Any = None
+        if runtime is not None:  # single-op ONNX graphs run by an ONNX runtime (:mod:`.runtimes`)
+            from .runtimes import RuntimeRunner
+
+            self._scratch = tempfile.TemporaryDirectory(prefix="df_opsweep_")
+            self.runner = RuntimeRunner(runtime, device, Path(self._scratch.name))
+            self.compiler = None
+        else:
+            check_device(device)
+            self.compiler = resolve_backend(backend, backend_file, backend_attr)
         self._limit = recompile_limit(100_000)
         self._limit.__enter__()  # for the worker's life: never fall back to eager silently
         self.current: tuple[str, str] | None = None
@@ -72,8 +87,11 @@ class WorkerState:
         self.count = 0
 
     def close(self) -> None:
-        """Leave the recompile-limit setting (matters only when running inside the caller's process)."""
+        """Leave the recompile-limit setting (matters only when running inside the caller's process)
+        and remove the runtime's scratch directory."""
         self._limit.__exit__(None, None, None)
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
     def _counting(self, gm: Any, example_inputs: Any) -> Any:
         if any(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes):
@@ -84,7 +102,6 @@ class WorkerState:
         import torch
 
         from .._torch.dynamo import reset
-        from ..plugins.samples import on_device
         from .judge import randomness
         from .ops import DTYPES, find_op
         from .samples import op_samples
@@ -92,6 +109,8 @@ class WorkerState:
         info = find_op(key)
         if self.current is None or self.current[0] != key:
             self.graphs = 0
+            if self.runner is not None:
+                self.runner.graphs = 0
         self.current = (key, dtype)
         reset()
         self.count += 1
@@ -101,14 +120,20 @@ class WorkerState:
             return op(*args, **kwargs)
 
         call.__code__ = call.__code__.replace(co_name=f"opsweep_{self.count}")  # a code object of its own
-        self.compiled = torch.compile(call, backend=self._counting)
+        if self.runner is not None:
+            self.compiled = self.runner.bind(key, dtype, op)
+        else:
+            self.compiled = torch.compile(call, backend=self._counting)
+        sample_device = "cpu" if self.runner is not None else self.device
+        if DTYPES[dtype] not in info.supported_dtypes(sample_device):
+            self.samples = []
+            return {"skip": f"OpInfo does not support {dtype} on {sample_device}"}
         if self.grad and (not info.supports_autograd or DTYPES[dtype] not in info.supported_backward_dtypes(self.device)):
             self.samples = []
             return {"skip": f"OpInfo has no backward in {dtype}"}
-        samples = op_samples(info, dtype, fuzz=self.fuzz, seed=self.seed)
-        if self.device != "cpu":
-            for s in samples:
-                s.args, s.kwargs = on_device(s.args, self.device), on_device(s.kwargs, self.device)
+        # made on the device (OpInfo's samples for it, the fuzzed layouts there); a runtime takes
+        # its inputs from the CPU, where eager runs for it
+        samples = op_samples(info, dtype, fuzz=self.fuzz, seed=self.seed, device=sample_device)
         self.samples = samples
         if not samples:
             return {"skip": f"OpInfo has no sample in {dtype}"}
@@ -127,7 +152,7 @@ class WorkerState:
         assert self.current is not None and self.compiled is not None
         run = run_backward if self.grad else run_sample
         result = run(find_op(self.current[0]).op, self.compiled, self.samples[i])
-        return {**result, "graphs": self.graphs}
+        return {**result, "graphs": self.graphs if self.runner is None else self.runner.graphs}
 
     def repro(self, key: str, dtype: str, i: int, folder: str, status: str) -> str:
         from .ops import find_op
@@ -137,7 +162,7 @@ class WorkerState:
             self.prepare(key, dtype)
         return str(write_op_repro(key, find_op(key), self.samples[i], Path(folder), backend=self.backend,
                                   backend_file=self.backend_file, backend_attr=self.backend_attr,
-                                  device=self.device, status=status, grad=self.grad))
+                                  device=self.device, status=status, grad=self.grad, runtime=self.runtime))
 
     def handle(self, msg: tuple[Any, ...]) -> Any:
         if msg[0] == "prepare":

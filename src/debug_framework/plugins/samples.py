@@ -192,13 +192,13 @@ class _Maker:
 def _layout(t: torch.Tensor, kind: str, lead: bool) -> torch.Tensor | None:
     """``t``'s values in another memory layout (same logical shape), or None when it does not apply."""
     if kind == "noncontiguous" and t.dim() >= 1:
-        wide = torch.zeros((*t.shape[:-1], t.shape[-1] * 2), dtype=t.dtype)
+        wide = torch.zeros((*t.shape[:-1], t.shape[-1] * 2), dtype=t.dtype, device=t.device)
         wide[..., ::2] = t
         return wide[..., ::2]
     if kind == "transposed" and t.dim() >= 2:
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     if kind == "offset":
-        flat = torch.zeros(t.numel() + 3, dtype=t.dtype)
+        flat = torch.zeros(t.numel() + 3, dtype=t.dtype, device=t.device)
         flat[3:] = t.reshape(-1)
         return flat.as_strided(t.shape, t.contiguous().stride(), 3)
     if kind == "broadcast" and lead and t.dim() >= 2:
@@ -208,7 +208,7 @@ def _layout(t: torch.Tensor, kind: str, lead: bool) -> torch.Tensor | None:
 
 def _special(t: torch.Tensor, kind: str) -> torch.Tensor:
     info = torch.finfo(t.dtype)
-    out = t.clone()
+    out = t.clone(memory_format=torch.contiguous_format)  # a strided input's clone keeps its strides
     flat = out.view(-1)
     if kind == "nan":
         flat[:: max(1, flat.numel() // 3)] = float("nan")

@@ -1,0 +1,81 @@
+"""Runtime sweeps (single-op ONNX graphs) and ``--device``.
+
+* fast: a device that does not exist is DF002 and exit 2 before anything runs (no GPU here; a
+  machine with one passes ``cuda`` through); ``--runtime`` refuses ``--compile-backend`` and an
+  unknown runtime; the exported module rebuilds a call with tensors nested in lists;
+* slow (one test, one process): ``onnxruntime`` and ``openvino`` sweep ``add`` (exported, run,
+  judged: pass) and ``linalg.svd`` (the exporter has no ONNX function for it: unsupported with that
+  reason, not failed).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from debug_framework.cli.debug_opsweep import main
+from debug_framework.conformance import SweepSettings, run_sweep
+from debug_framework.conformance.devices import check_device
+from debug_framework.conformance.runtimes import _fill, flatten_tensors
+from debug_framework.errors import BackendInitializationError, ConfigurationError
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_missing_device_is_df002_exit_2(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    assert main(["--device", "cuda", "--ops", "add", "--json", "--database", str(db)]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["code"] == "DF002" and "no cuda device here" in doc["error"]["message"]
+    assert main(["--device", "cuda:3", "--ops", "add", "--database", str(db)]) == 2
+    assert "DF002" in capsys.readouterr().err
+    assert main(["--device", "meta", "--ops", "add", "--database", str(db)]) == 2
+    assert main(["--device", "not-a-device", "--ops", "add", "--database", str(db)]) == 2
+    assert "not a torch device" in capsys.readouterr().err
+    assert not db.exists()  # refused before the database is opened
+
+
+def test_check_device_names_the_device_where_it_exists(monkeypatch):
+    assert check_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("cuda") == "cuda:0" and check_device("cuda:1") == "cuda:1"
+    with pytest.raises(BackendInitializationError, match="no device cuda:2"):
+        check_device("cuda:2")
+    with pytest.raises(ConfigurationError):
+        check_device("cuda:x")
+
+
+def test_runtime_usage_errors_exit_2(tmp_path, capsys):
+    db = str(tmp_path / "s.db")
+    assert main(["--runtime", "onnxruntime", "--compile-backend", "inductor", "--database", db]) == 2
+    assert "takes no --compile-backend" in capsys.readouterr().err
+    assert main(["--runtime", "tensorrt", "--ops", "add", "--database", db]) == 2
+    assert "unknown runtime 'tensorrt'" in capsys.readouterr().err
+    with pytest.raises(ConfigurationError, match="neither --backend-file nor --grad"):
+        run_sweep(SweepSettings(backend="onnxruntime", runtime="onnxruntime", grad=True, ops=["add"]))
+
+
+def test_exported_call_rebuilds_nested_tensors():
+    a, b = torch.ones(2), torch.zeros(3)
+    found: list[torch.Tensor] = []
+    skeleton = flatten_tensors([[a, b], 1, {"out": None, "w": a}], found)
+    assert len(found) == 3 and "<input 1>" in repr(skeleton)
+    rebuilt = _fill(skeleton, (a + 1, b + 1, a + 2))
+    assert torch.equal(rebuilt[0][1], b + 1) and rebuilt[1] == 1 and torch.equal(rebuilt[2]["w"], a + 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_runtime_sweep_judges_exported_ops_and_classifies_unexportable(runtime, tmp_path):
+    pytest.importorskip(runtime)
+    settings = SweepSettings(backend=runtime, runtime=runtime, ops=["add", "linalg.svd"], dtypes=["float32"],
+                             max_samples=1, fuzz=False, workers=0, repro_dir=tmp_path / "repros")
+    result = run_sweep(settings, database=tmp_path / "s.db")
+    by = {o.op: o for o in result.ops}
+    assert by["add"].verdict == "pass" and by["add"].counts["pass"] == 1, by["add"]
+    assert by["linalg.svd"].verdict == "unsupported" and by["linalg.svd"].passed is None
+    assert "torch.onnx cannot export it" in by["linalg.svd"].reason
+    assert result.passed and sorted(result.to_dict()["verdicts"].items()) == sorted(
+        {**{k: 0 for k in result.to_dict()["verdicts"]}, "pass": 1, "unsupported": 1}.items())
