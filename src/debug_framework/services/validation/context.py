@@ -68,6 +68,12 @@ class RunContext:
     prebuilt: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def positions(self) -> Any:
+        """The model positions every comparison of this run judges (``ModelInputs.positions``:
+        padded positions left out), or None when nothing is padded."""
+        return self.inputs.positions()
+
+    @property
     def reference_capture(self) -> Capture:
         return self.captures["reference"]
 

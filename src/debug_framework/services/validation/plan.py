@@ -59,6 +59,8 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "model_tier": "auto",  # "generic": the model's own eager code even where a from-the-math reference exists
     "inputs_file": None,  # a .safetensors file of named inputs (any model: pixel_values, decoder_input_ids ...)
     "pad_lengths": None,  # random inputs: padding per row (default: the second row a quarter padded)
+    "padding_side": "right",  # "left": shorter rows padded at the start (random and text inputs)
+    "position_offset": 0,  # the first token's position (a sequence continued from there)
     "dtype": None,  # the alternative's compute dtype (default: the backend's)
     "reference_dtype": None,  # default: float64 for python_reference; the alternative's in oracle mode
     "device": "cpu",  # the alternative's device
@@ -167,6 +169,11 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     shape = merged["input_shape"]
     if not (isinstance(shape, Sequence) and len(shape) == 2 and all(isinstance(v, int) and v > 0 for v in shape)):
         raise ConfigurationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
+    if merged["padding_side"] not in ("right", "left"):
+        raise ConfigurationError(f"padding_side must be 'right' or 'left', got {merged['padding_side']!r}")
+    offset = merged["position_offset"]
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ConfigurationError(f"position_offset must be an int >= 0, got {offset!r}")
     if merged["layers"] is not None:
         lo_hi = merged["layers"]
         if not (isinstance(lo_hi, Sequence) and len(lo_hi) == 2 and 0 <= int(lo_hi[0]) <= int(lo_hi[1])):
