@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...capture.keys import CheckpointKey
@@ -151,10 +151,19 @@ class Verdict:
     error_source: dict[str, Any] | None
     #: the lower precision a correct run at which errs as this run does (None: none, or it passed)
     consistent_with: str | None = None
+    #: each decode step's checkpoints (step >= 1; the prefill's are :attr:`checkpoints`)
+    steps: dict[tuple[int, CheckpointKey], Judgement] = field(default_factory=dict)
+    #: the decode step of the first divergence (None: the prefill, or no divergence)
+    first_step: int | None = None
 
     @property
     def passed(self) -> bool:
-        return bool(self.checkpoints) and all(j.passed for j in self.checkpoints.values())
+        return bool(self.checkpoints) and all(j.passed for j in self.checkpoints.values()) \
+            and all(j.passed for j in self.steps.values())
+
+    def of(self, key: CheckpointKey, step: int | None) -> Judgement:
+        """The judgement of checkpoint ``key`` at decode ``step`` (None or 0: the prefill)."""
+        return self.steps[(step, key)] if step else self.checkpoints[key]
 
     @property
     def introducing_layers(self) -> list[int]:
@@ -246,15 +255,32 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     """Decide every verdict of a validation from its evidence (see the module's docstring)."""
     layers = None if evidence.layers is None else {ev.layer: judge_layer(ev, plan) for ev in evidence.layers}
     checkpoints: dict[CheckpointKey, Judgement] = {}
+    steps: dict[tuple[int, CheckpointKey], Judgement] = {}
     for ev in evidence.checkpoints:
         own = judge_checkpoint(ev, evidence, plan)
+        if ev.step:  # a decode step: its own rule (isolation replays the prefill's layers)
+            steps[(ev.step, ev.key)] = own
+            continue
         lv = None if layers is None or ev.key.layer is None else layers.get(ev.key.layer)
         checkpoints[ev.key] = _with_isolation(own, lv, ev.key)
     first = next((k for k, j in checkpoints.items() if not j.passed), None)
-    consistent = None if first is None else consistent_precision(evidence, plan)
+    first_step = None
+    if first is None:  # the prefill passes: the first decode step that does not
+        first_step, first = next(((s, k) for (s, k), j in steps.items() if not j.passed), (None, None))
+    consistent = None if first is None or first_step else consistent_precision(evidence, plan)
     if consistent is not None:
         checkpoints = {k: j if j.passed else replace(j, consistent_with=consistent) for k, j in checkpoints.items()}
-    return Verdict(checkpoints, layers, first, error_source(first, layers, evidence.isolation_note), consistent)
+    source = decode_source(first, first_step) if first_step else error_source(first, layers, evidence.isolation_note)
+    return Verdict(checkpoints, layers, first, source, consistent, steps, first_step)
+
+
+def decode_source(first: CheckpointKey, step: int) -> dict[str, Any]:
+    """Where the error of a run whose prefill passes comes from: decode ``step`` (the first whose
+    checkpoint ``first`` fails), in that checkpoint's layer and block."""
+    where = f"layer {first.layer} ({_block_of(first)})" if first.layer is not None else str(first)
+    return {"kind": "decode", "step": step, "layer": first.layer, "block": _block_of(first), "confirmed": False,
+            "detail": f"the prefill passes; the error first shows at decode step {step}, in {where}: the decode "
+                      "path (the cache, the positions of cached tokens) differs from the prefill's"}
 
 
 def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None:

@@ -279,6 +279,8 @@ class ValidationResult:
     consistent_with: str | None = None
     #: the precision stage's note: which lower precisions were measured, which skipped and why
     precision_diagnosis: dict[str, Any] | None = None
+    #: decode steps (None: the prefill only): {steps, tokens, tokens_from, kv_cache, seconds_per_step}
+    decode: dict[str, Any] | None = None
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -286,8 +288,9 @@ class ValidationResult:
         layers = None if verdict.layers is None or evidence.layers is None else [
             LayerResult(ev, verdict.layers[ev.layer]) for ev in evidence.layers]
         by_layer = {lr.layer: lr for lr in layers or []}
-        results = [checkpoint_result(ev, verdict.checkpoints[ev.key], by_layer.get(ev.key.layer)
-                                     if ev.key.layer is not None else None) for ev in evidence.checkpoints]
+        results = [checkpoint_result(ev, verdict.of(ev.key, ev.step), by_layer.get(ev.key.layer)
+                                     if ev.key.layer is not None and not ev.step else None)
+                   for ev in evidence.checkpoints]
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
                    precision_diagnosis=evidence.precision_note, **info)
@@ -322,6 +325,7 @@ class ValidationResult:
             "error_source": self.error_source,
             "consistent_with": self.consistent_with,
             "precision_diagnosis": self.precision_diagnosis,
+            "decode": self.decode,
             "isolation": None if self.isolation is None else [lr.to_dict() for lr in self.isolation],
             "isolation_note": self.isolation_note,
             "oracle": self.oracle,

@@ -52,6 +52,7 @@ from ...errors import BackendRuntimeError, ConfigurationError, ModelLoadingError
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .context import RunContext, Stage, call_backend
+from .decode_stage import DecodeStage
 from .drill_stage import DrillDownStage
 from .precision_stage import PrecisionStage
 from .evidence import (
@@ -83,6 +84,7 @@ __all__ = [
     "RecordStage",
     "StoreStage",
     "DrillDownStage",
+    "DecodeStage",
     "PrecisionStage",
     "DEFAULT_STAGES",
 ]
@@ -552,6 +554,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     RunBackendStage("alternative"),
     CalibrationStage(),
     CompareStage(),
+    DecodeStage(),
     IsolationStage(),
     OracleStage(),
     NoiseFloorStage(),
