@@ -117,3 +117,13 @@ def test_given_tokens_and_bad_decode_settings(tiny_models, engine):
                                       "pytorch")
     with pytest.raises(ConfigurationError, match="decode"):
         engine.run(no_decode)
+
+
+def test_left_padding_with_decode_steps_passes(tiny_models, engine):
+    """Left-padded rows decode at their own positions; the float64 reference stays finite (a fully
+    masked padded row is no NaN: Float64Softmax)."""
+    cfg = {**DECODE, "padding_side": "left", "position_offset": 5}
+    result = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", "pytorch"))
+    assert result.passed, result.first_divergence
+    assert all(r.comparison.nan_count_ref == 0 for r in result.results)
+    assert all(r.comparison.masked_positions == 3 for r in result.results if r.step == 0)

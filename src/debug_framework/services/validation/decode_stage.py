@@ -21,15 +21,15 @@ from ...backends.decode import DecodeRun, decode_support
 from ...capture.keys import CheckpointKey
 from ...comparison import compare, error_metric, select_positions
 from ...errors import ConfigurationError
-from .calibration import noise_at
+from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
 from .evidence import CheckpointEvidence, reference_scale
 
 __all__ = ["DecodeStage", "check_decode_tokens"]
 
 #: how to get a decoding reference where the session's cannot decode
-_DECODE_HINT = ("decode through the model's own cache with the generic tier: --model-tier generic (config "
-                "model_tier: generic; reference float64_eager), or set decode_steps to 0")
+_DECODE_HINT = ("use a reference that decodes through the model's own cache: --reference-backend float64_eager "
+                "(the from-math references do not decode yet), or set decode_steps to 0")
 
 
 def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | None:
@@ -110,9 +110,17 @@ class DecodeStage(Stage):
 
     @staticmethod
     def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey], tokens: np.ndarray) -> DecodeRun | None:
-        cal = ctx.calibrator
-        if cal is None or not ctx.plan.config["calibrate"] or not decode_support(cal)[0]:
+        """The calibration's decode of the same tokens: the session's calibration backend where it
+        decodes, else the model's own eager code at the calibration's dtype (``float64_eager``'s)."""
+        if not ctx.plan.config["calibrate"] or not any(ctx.plan.calibrated(k) for k in ctx.plan.keys):
             return None
+        cal = ctx.calibrator
+        if cal is None or not decode_support(cal)[0]:
+            from ...backends.eager_reference import EagerReferenceBackend
+
+            cal = EagerReferenceBackend()
+            dtype = calibration_dtype(ctx.plan, ctx.model)
+            call_backend(cal, "prepare()", lambda: cal.prepare(ctx.model, dtype, "cpu"))
         return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
 
 
