@@ -11,7 +11,8 @@ token). Each pass's checkpoints come back as one :class:`Capture`, the KV cache 
 
 :func:`module_decode` drives any ``transformers``-style ``nn.Module`` (``past_key_values``,
 ``use_cache``): the ``pytorch`` and ``float64_eager`` backends and module backends decode through
-it.
+it. :func:`runner_decode` drives a user engine (``user_backend``) through its runner's ``prefill``,
+``decode_step`` and optional ``kv_cache``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendRuntimeError, ConfigurationError
 from ..modelio.inputs import ModelInputs
 
-__all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "decode_positions", "last_token_index"]
+__all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "runner_decode", "decode_positions",
+           "last_token_index"]
 
 
 @dataclass
@@ -173,4 +175,64 @@ def module_decode(backend_name: str, module: Any, kwargs: dict[str, Any], captur
             masks.append(mask_np)
             logits = getattr(out, "logits", None)
             last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
+    return DecodeRun(captures, chosen, kv, masks)
+
+
+def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
+                  tokens: np.ndarray | None, wrap: Callable[[dict[CheckpointKey, Any], float], Capture]) -> DecodeRun:
+    """Decode through a user engine's runner (the engine protocol, docs/validation.md "Decode steps"):
+
+    * ``runner.prefill(inputs, keys) -> {checkpoint: tensor}``: the prompt, tensors ``[batch, length, ...]``
+      (what it writes at padded positions is not judged);
+    * ``runner.decode_step(tokens, positions, keys) -> {checkpoint: tensor}``: one token per row
+      (``tokens`` and ``positions`` int64 ``[batch]``), tensors ``[batch, 1, ...]``;
+    * optional ``runner.kv_cache() -> {layer: (keys, values)}``, each ``[batch, length, kv_heads,
+      head_dim]`` over every position so far (padded ones included, as zeros or anything).
+
+    Without ``tokens`` the runner's ``post_processing`` logits choose them (greedy).
+
+    Raises:
+        ConfigurationError: (DF005) no tokens given and the runner returns no ``post_processing`` logits.
+        BackendRuntimeError: (DF005) a call that does not return a mapping of checkpoints.
+    """
+    import time
+
+    def call(what: str, fn: Callable[[], Any]) -> tuple[dict[CheckpointKey, Any], float]:
+        start = time.perf_counter()
+        produced = fn()
+        seconds = time.perf_counter() - start
+        if not isinstance(produced, dict):
+            raise BackendRuntimeError(f"{what} returned {type(produced).__name__}, not a mapping of checkpoints",
+                                      backend=backend_name, call=what, hint="return {'post_mlp:2': tensor, ...}")
+        return {CheckpointKey.parse(k): v for k, v in produced.items()}, seconds
+
+    def cache() -> dict[int, tuple[Any, Any]]:
+        fn = getattr(runner, "kv_cache", None)
+        return {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+
+    offset = int(inputs.meta.get("position_offset", 0) or 0)
+    mask = np.asarray(inputs.attention_mask, np.int64)
+    got, seconds = call("prefill()", lambda: runner.prefill(inputs, list(keys)))
+    captures, kv, masks = [wrap(got, seconds)], [cache()], [mask]
+    chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
+    last = last_token_index(mask)
+    logit_key = CheckpointKey("post_processing")
+    for s in range(steps):
+        if tokens is not None:
+            tok = np.asarray(tokens, np.int64)[:, s]
+        elif logit_key in got:
+            logits = np.asarray(got[logit_key].detach().cpu() if hasattr(got[logit_key], "detach") else got[logit_key],
+                                dtype=np.float64)
+            tok = logits[np.arange(logits.shape[0]), last].argmax(-1).astype(np.int64)
+        else:
+            raise ConfigurationError("the engine returns no post_processing logits, so the decode tokens cannot be "
+                                     "chosen", backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
+        chosen[:, s] = tok
+        positions = decode_positions(mask, offset)[:, 0]
+        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+        got, seconds = call("decode_step()", lambda t=tok, p=positions: runner.decode_step(t, p, list(keys)))
+        captures.append(wrap(got, seconds))
+        kv.append(cache())
+        masks.append(mask)
+        last = np.zeros(mask.shape[0], np.int64)
     return DecodeRun(captures, chosen, kv, masks)
