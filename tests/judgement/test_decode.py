@@ -69,8 +69,13 @@ def decode_bug():
 
 
 def test_a_correct_backend_passes_every_decode_step(tiny_models, engine):
-    result = engine.run(engine.create_session(tiny_models("llama", 0), DECODE, "float64_eager", "pytorch"))
+    """Left-padded rows from position 5 decode at their own positions; the float64 reference stays
+    finite (a fully masked padded row is no NaN: Float64Softmax)."""
+    cfg = {**DECODE, "padding_side": "left", "position_offset": 5}
+    result = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", "pytorch"))
     assert result.passed, result.first_divergence
+    assert all(r.comparison.nan_count_ref == 0 for r in result.results)
+    assert all(r.comparison.masked_positions == 3 for r in result.results if r.step == 0)
     steps = sorted({r.step for r in result.results})
     assert steps == [0, 1, 2, 3] and result.results[0].id.endswith("@0")
     assert all(r.judged_by == "calibration" for r in result.results)
@@ -105,25 +110,31 @@ def test_given_tokens_and_bad_decode_settings(tiny_models, engine):
         with pytest.raises(ConfigurationError):
             engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_steps": 0, **bad}, "float64_eager",
                                   "pytorch")
-    wrong = engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_tokens": [[1, 2, 3]]},
-                                  "float64_eager", "pytorch")
-    with pytest.raises(ConfigurationError, match="decode_tokens"):
-        engine.run(wrong)
-    too_long = engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_steps": 10_000},
-                                     "float64_eager", "pytorch")
+    with pytest.raises(ConfigurationError, match="decode_tokens"):  # refused before anything runs
+        engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_tokens": [[1, 2, 3]]}, "float64_eager",
+                              "pytorch")
     with pytest.raises(ConfigurationError, match="max_position_embeddings"):
-        engine.run(too_long)
+        engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_steps": 10_000}, "float64_eager", "pytorch")
     no_decode = engine.create_session(tiny_models("llama", 0), {**DECODE, "model_tier": "auto"}, "python_reference",
                                       "pytorch")
     with pytest.raises(ConfigurationError, match="decode"):
         engine.run(no_decode)
 
 
-def test_left_padding_with_decode_steps_passes(tiny_models, engine):
-    """Left-padded rows decode at their own positions; the float64 reference stays finite (a fully
-    masked padded row is no NaN: Float64Softmax)."""
-    cfg = {**DECODE, "padding_side": "left", "position_offset": 5}
-    result = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", "pytorch"))
-    assert result.passed, result.first_divergence
-    assert all(r.comparison.nan_count_ref == 0 for r in result.results)
-    assert all(r.comparison.masked_positions == 3 for r in result.results if r.step == 0)
+def test_debug_validate_decode_steps_json(tiny_models, decode_bug, tmp_path, capsys):
+    """``debug_validate --decode-steps N --json``: the first divergence names its step, checkpoint
+    and layer (exit 1); bad decode options exit 2."""
+    import json
+
+    from debug_framework.cli.debug_validate import run
+
+    base = ["--model-path", str(tiny_models("llama", 0)), "--reference-backend", "float64_eager",
+            "--database", str(tmp_path / "d.db"), "--no-isolate"]
+    code = run([*base, "--alternative-backend", decode_bug(_rope_at_zero_while_decoding), "--decode-steps", "2",
+                "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["decode"]["steps"] == 2
+    first = out["first_divergence"]
+    assert (first["step"], first["checkpoint"], first["layer"]) == (1, "post_attention", BUG_LAYER)
+    assert run([*base, "--alternative-backend", "pytorch", "--decode-steps", "2", "--decode-tokens", "1,x"]) == 2
+    assert run([*base, "--alternative-backend", "pytorch", "--decode-steps", "-1"]) == 2

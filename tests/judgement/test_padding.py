@@ -100,7 +100,7 @@ def test_an_engine_that_leaves_padding_at_zero_passes_and_a_real_bug_still_fails
     assert tuple(bad.first_divergence.comparison.worst[0].index[:2]) == (2, 3)
 
 
-@pytest.mark.parametrize("family,offset", [("llama", 0), ("llama", 40), ("bert", 40)])
+@pytest.mark.parametrize("family,offset", [("llama", 40), ("bert", 40)])
 def test_left_padding_and_a_start_position_pass_in_every_backend(tiny_models, engine, padded_engine, family, offset):
     cfg = {**RAGGED, "padding_side": "left", "position_offset": offset}
     result = engine.run(engine.create_session(tiny_models(family, 0), cfg, "python_reference",

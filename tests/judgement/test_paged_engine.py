@@ -49,9 +49,9 @@ CFG = {"decode_steps": 3, "isolate": False, "precision_diagnosis": False, "input
        "pad_lengths": [0, 3, 5]}
 
 
-@pytest.mark.parametrize("side", ["right", "left"])
-def test_the_paged_engine_passes_every_step_and_its_cache_matches(tiny_models, engine, engines, side):
-    result = engine.run(engine.create_session(tiny_models("llama", 0), {**CFG, "padding_side": side}, "float64_eager",
+def test_the_paged_engine_passes_every_step_and_its_cache_matches(tiny_models, engine, engines):
+    """Left padding (the off-by-one test below pads on the right)."""
+    result = engine.run(engine.create_session(tiny_models("llama", 0), {**CFG, "padding_side": "left"}, "float64_eager",
                                               engines("paged_numpy", PagedLlamaEngine)))
     assert result.passed, result.first_divergence
     assert sorted({r.step for r in result.results}) == [0, 1, 2, 3]

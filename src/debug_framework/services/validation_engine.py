@@ -270,7 +270,11 @@ class ValidationEngine(EngineFaces):
             calibrator = calibration_backend(plan, alt_name, model)
 
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
-        inputs_path = self._save_inputs(_session_inputs(model, cfg), sid)
+        inputs = _session_inputs(model, cfg)
+        from .validation.decode_stage import check_decode_plan
+
+        check_decode_plan(cfg, inputs, model)  # a bad decode setting is refused before anything runs
+        inputs_path = self._save_inputs(inputs, sid)
 
         tolerances = {
             "governing_dtype": plan.governing_dtype,

@@ -25,7 +25,7 @@ from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
 from .evidence import CheckpointEvidence, reference_scale
 
-__all__ = ["DecodeStage", "check_decode_tokens"]
+__all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
 
 #: how to get a decoding reference where the session's cannot decode
 _DECODE_HINT = ("use a reference that decodes through the model's own cache: --reference-backend float64_eager "
@@ -52,6 +52,28 @@ def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | Non
     return arr
 
 
+def check_decode_plan(config: Mapping[str, Any], inputs: Any, model: Any) -> np.ndarray | None:
+    """The decode settings checked against the inputs and the model (before any backend runs):
+    ``decode_tokens`` one row of ``decode_steps`` ids per input row, and every position (the
+    inputs from ``position_offset``, then the steps) within ``max_position_embeddings``. Returns
+    the given tokens (None: the reference's greedy choice).
+
+    Raises:
+        ConfigurationError: (DF005) saying what to change.
+    """
+    steps = int(config.get("decode_steps") or 0)
+    if not steps:
+        return None
+    batch, length = inputs.shape
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    offset = int(config.get("position_offset") or 0)
+    if limit and offset + length + steps > limit:
+        raise ConfigurationError(
+            f"{length} input position(s) from {offset} and {steps} decode step(s) exceed the model's "
+            f"max_position_embeddings={limit}", hint="fewer decode_steps, shorter inputs or a lower position_offset")
+    return check_decode_tokens(config.get("decode_tokens"), batch, steps)
+
+
 class DecodeStage(Stage):
     """Prefill and ``decode_steps`` decode steps in the reference, the alternative and the
     calibration; each step's checkpoints measured as the compare stage measures the prefill's."""
@@ -66,18 +88,11 @@ class DecodeStage(Stage):
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
         steps = int(plan.config["decode_steps"])
-        batch, length = ctx.inputs.shape
-        limit = int(getattr(ctx.model.config, "max_position_embeddings", 0) or 0)
-        offset = int(plan.config.get("position_offset") or 0)
-        if limit and offset + length + steps > limit:
-            raise ConfigurationError(
-                f"{length} input position(s) from {offset} and {steps} decode step(s) exceed the model's "
-                f"max_position_embeddings={limit}", hint="fewer decode_steps, shorter inputs or a lower position_offset")
+        given = check_decode_plan(plan.config, ctx.inputs, ctx.model)
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
             ok, why = decode_support(backend)
             if not ok:
                 raise ConfigurationError(f"the {side} backend {backend.name!r} {why}", hint=_DECODE_HINT)
-        given = check_decode_tokens(plan.config.get("decode_tokens"), batch, steps)
         taps = list(plan.keys)
         ref = ctx.reference
         ref_run: DecodeRun = call_backend(ref, "run_decode()",
