@@ -57,7 +57,7 @@ def test_the_paged_engine_passes_every_step_and_its_cache_matches(tiny_models, e
     assert sorted({r.step for r in result.results}) == [0, 1, 2, 3]
     kv = result.summary()["decode"]["kv_cache"]
     assert {r["step"] for r in kv} == {0, 1, 2, 3} and all(r[p]["shape_match"] for r in kv for p in "kv")
-    assert max(r[p]["rmse"] / r[p]["noise_rmse"] for r in kv for p in "kv") < 4.0
+    assert all(r["passed"] for r in kv)  # every layer's cache after every pass within a correct run's bound
 
 
 def test_a_kv_cache_write_off_by_one_is_found_at_decode(tiny_models, engine, engines):

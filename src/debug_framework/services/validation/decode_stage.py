@@ -23,7 +23,7 @@ from ...comparison import compare, error_metric, select_positions
 from ...errors import ConfigurationError
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
-from .evidence import CheckpointEvidence, reference_scale
+from .evidence import CheckpointEvidence, KVEvidence, reference_scale
 
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
 
@@ -119,7 +119,7 @@ class DecodeStage(Stage):
                     module=(ev_module(ctx, key))))
         ctx.decode = {"steps": steps, "tokens": np.asarray(tokens).tolist(),
                       "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ref.name})",
-                      "kv_cache": kv_rows(ref_run, alt_run, cal_run),
+                      "kv_cache": kv_rows(ctx, ref_run, alt_run, cal_run),
                       "seconds_per_step": {side: _per_step(run) for side, run in
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
 
@@ -157,10 +157,11 @@ def _per_step(run: DecodeRun) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-def kv_rows(ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[str, Any]]:
+def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[str, Any]]:
     """The KV cache after each pass (step 0: the prefill), per layer: K and V of the alternative
-    against the reference (padded positions left out), beside the calibration's where it decoded.
-    Empty where a side does not expose its cache."""
+    against the reference (padded positions left out), beside the calibration's where it decoded;
+    each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). Empty where a
+    side does not expose its cache."""
     rows: list[dict[str, Any]] = []
     for s, (rk, ak) in enumerate(zip(ref.kv_cache, alt.kv_cache)):
         mask = ref.attention_masks[s] if s < len(ref.attention_masks) else None
@@ -170,8 +171,9 @@ def kv_rows(ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[
             for j, part in enumerate(("k", "v")):
                 err = compare(rk[layer][j], ak[layer][j], check_dtype=False, positions=mask)
                 noise = compare(rk[layer][j], ck[layer][j], check_dtype=False, positions=mask) if layer in ck else None
-                row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error,
-                             "reference_rms": reference_scale(select_positions(rk[layer][j], mask)),
+                scale = reference_scale(select_positions(rk[layer][j], mask))
+                ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
+                row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
                              "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
                              "shape_match": err.shape_match}
             rows.append(row)

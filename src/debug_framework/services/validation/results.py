@@ -291,9 +291,12 @@ class ValidationResult:
         results = [checkpoint_result(ev, verdict.of(ev.key, ev.step), by_layer.get(ev.key.layer)
                                      if ev.key.layer is not None and not ev.step else None)
                    for ev in evidence.checkpoints]
+        decode = info.pop("decode", None)
+        if decode is not None and verdict.kv:  # each KV-cache row with its judgement
+            decode = {**decode, "kv_cache": [_judged_kv(row, verdict) for row in decode.get("kv_cache", [])]}
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
-                   precision_diagnosis=evidence.precision_note, **info)
+                   precision_diagnosis=evidence.precision_note, decode=decode, **info)
 
     @property
     def passed(self) -> bool:
@@ -347,6 +350,18 @@ class ValidationResult:
             **self.summary(),
             "results": [r.to_dict() for r in self.results],
         })
+
+
+def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """A KV-cache row (step, layer, k, v) with each part's judgement (passed, judged_by, bound, margin)."""
+    out = dict(row)
+    for part in ("k", "v"):
+        j = verdict.kv.get((int(row["step"]), int(row["layer"]), part))
+        if j is not None and isinstance(row.get(part), Mapping):
+            out[part] = {**row[part], "passed": j.passed, "judged_by": j.judged_by, "bound": j.bound,
+                         "margin": j.margin}
+    out["passed"] = all(out[p].get("passed", True) for p in ("k", "v") if isinstance(out.get(p), Mapping))
+    return out
 
 
 def divergence_ref(row: Mapping[str, Any]) -> dict[str, Any]:
