@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from ..modelio.configs import BertModelConfig
 from .layout import WeightLayout, weight_and_bias
 from .ops import linear, merge_heads, scaled_dot_product_attention, split_heads
@@ -84,7 +86,9 @@ class BertReference(Model):
         """Word + absolute position + token type embeddings, then LayerNorm. ``[B, T] -> [B, T, D]``."""
         p = self.params
         tt = self.xp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
-        x = p.rows("word", input_ids) + p["position"][: input_ids.shape[1]][None] + p["token_type"][tt]
+        pos = self.positions
+        where = p["position"][: input_ids.shape[1]][None] if pos is None else p["position"][np.asarray(pos, np.int64)]
+        x = p.rows("word", input_ids) + where + p["token_type"][tt]
         return layer_norm(x, p["emb_ln"], p["emb_ln_b"], self.config.layer_norm_eps)
 
     def attention(self, i: int, h: Array, attention_mask: Array) -> Array:

@@ -119,9 +119,7 @@ class DecoderReference(LlamaReference):
         """Layer i's cos and sin (Gemma 3's sliding layers rotate with their own base)."""
         if not self.config.is_sliding(i) or self.local_inv_freq is self.inv_freq:
             return self.rope(length)
-        if length not in self._local_rope:
-            self._local_rope[length] = rope_cos_sin(np.arange(length), self.local_inv_freq, self.dtype, self.xp)
-        return self._local_rope[length]
+        return self.rope_at(self.local_inv_freq, self._local_rope, length)
 
     def allowed(self, i: int, attention_mask: Array) -> Array:
         """Which keys each query of layer i sees: causal (and padding), within the window if it slides."""

@@ -125,10 +125,21 @@ class LlamaReference(Model):
         return self.params.rows("embed_tokens", input_ids)
 
     def rope(self, length: int) -> tuple[Array, Array]:
-        """cos and sin for positions ``0 .. length-1`` (computed once per length)."""
-        if length not in self._rope:
-            self._rope[length] = rope_cos_sin(np.arange(length), self.inv_freq, self.dtype, self.xp)
-        return self._rope[length]
+        """cos and sin for positions ``0 .. length-1`` (computed once per length), or for each
+        row's own :attr:`positions` (``[B, 1, T, E]``) where they are set."""
+        return self.rope_at(self.inv_freq, self._rope, length)
+
+    def rope_at(self, inv_freq: np.ndarray, cache: dict[int, tuple[Array, Array]],
+                length: int) -> tuple[Array, Array]:
+        """cos and sin of ``inv_freq`` at this call's positions (``cache`` holds the ``0 .. T-1`` ones)."""
+        pos = self.positions
+        if pos is not None and pos.ndim == 2 and pos.shape[1] == length:
+            b = pos.shape[0]
+            cos, sin = rope_cos_sin(np.asarray(pos, np.int64).reshape(-1), inv_freq, self.dtype, self.xp)
+            return cos.reshape(b, 1, length, -1), sin.reshape(b, 1, length, -1)
+        if length not in cache:
+            cache[length] = rope_cos_sin(np.arange(length), inv_freq, self.dtype, self.xp)
+        return cache[length]
 
     def attention(self, i: int, x: Array, attention_mask: Array) -> Array:
         """Layer i's self-attention on the normalised stream x ``[B, T, D]``."""

@@ -78,6 +78,11 @@ class Model:
     #: the family's weight layout.
     layout: ClassVar[WeightLayout]
 
+    #: the position of each token ``[B, T]`` (int) where it is not ``0 .. T-1`` (left padding, a
+    #: start position: ``ModelInputs.position_ids()``); set by the backend before each call, None
+    #: for ``0 .. T-1``
+    positions: np.ndarray | None = None
+
     def __init__(self, config: ModelConfig, weights: WeightSource, dtype: object = np.float64,
                  xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
         self.config, self.xp, self.dtype = config, xp, xp.dtype(dtype)

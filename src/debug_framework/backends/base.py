@@ -199,6 +199,12 @@ class BaseBackend:
                 f"{ids.shape[1]} tokens exceed max_position_embeddings={config.max_position_embeddings}",
                 backend=self.name,
             )
+        pos = inputs.position_ids()
+        if pos is not None and pos.size and int(pos.max()) >= config.max_position_embeddings:
+            raise ConfigurationError(
+                f"positions up to {int(pos.max())} exceed max_position_embeddings={config.max_position_embeddings}",
+                backend=self.name, hint="lower position_offset",
+            )
 
     def _keys(self, taps: Taps) -> list[CheckpointKey]:
         return CheckpointSelection.coerce(taps, self._prepared().num_layers)

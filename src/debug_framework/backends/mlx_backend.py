@@ -169,6 +169,7 @@ class MLXBackend(BaseBackend):
         tt = None if inputs.token_type_ids is None else mx.array(inputs.token_type_ids)
         with mx.stream(self._mx_device):
             start = time.perf_counter()
+            self.net.positions = inputs.position_ids()
             out = self.net.forward(ids, mask, want, layer_inputs, tt)
             mx.eval(list(out.values()) + list((layer_inputs or {}).values()))  # MLX is lazy
             elapsed = time.perf_counter() - start
@@ -190,6 +191,7 @@ class MLXBackend(BaseBackend):
         with mx.stream(self._mx_device):
             h = self.net.xp.from_host(host, self.net.dtype)
             start = time.perf_counter()
+            self.net.positions = inputs.position_ids()
             a, out = self.net.layer(i, h, mx.array(inputs.attention_mask))
             mx.eval(a, out)
             elapsed = time.perf_counter() - start
@@ -207,6 +209,7 @@ class MLXBackend(BaseBackend):
         with mx.stream(self._mx_device):
             h = self.net.xp.from_host(host, self.net.dtype)
             start = time.perf_counter()
+            self.net.positions = inputs.position_ids()
             key, out = self.net.block(i, block, h, mx.array(inputs.attention_mask))
             mx.eval(out)
             elapsed = time.perf_counter() - start

@@ -79,6 +79,7 @@ class PythonReferenceBackend(BaseBackend):
             return self._graph.run(inputs, keys, capture_layer_inputs)
         layer_inputs: dict[int, np.ndarray] | None = {} if capture_layer_inputs else None
         start = time.perf_counter()
+        self.reference.positions = inputs.position_ids()
         out = self.reference.forward(
             inputs.input_ids, inputs.attention_mask, set(keys), layer_inputs, inputs.token_type_ids
         )
@@ -98,6 +99,7 @@ class PythonReferenceBackend(BaseBackend):
             return self._graph.replay(i, "layer", hidden_in, inputs)
         h = _host(hidden_in, self.dtype)
         start = time.perf_counter()
+        self.reference.positions = inputs.position_ids()
         a, out = self.reference.layer(i, h, inputs.attention_mask)
         return Capture(
             tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
@@ -113,5 +115,6 @@ class PythonReferenceBackend(BaseBackend):
             return self._graph.block(i, block, hidden_in, inputs)
         h = _host(hidden_in, self.dtype)
         start = time.perf_counter()
+        self.reference.positions = inputs.position_ids()
         key, out = self.reference.block(i, block, h, inputs.attention_mask)
         return Capture(tensors={CheckpointKey(*key): out}, backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)

@@ -19,6 +19,7 @@ from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
+from .decode import DecodeRun, module_decode
 
 __all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
 
@@ -200,6 +201,24 @@ class TorchModuleBackend(BaseBackend):
             layer_inputs=cap.layer_inputs,
             meta={"modules": dict(self.structure.modules)} if self.structure is not None else {},
         )
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None,
+                   tokens: Any = None) -> DecodeRun:
+        """The prefill, then ``steps`` tokens decoded through the module's own cache
+        (:func:`~debug_framework.backends.decode.module_decode`): teacher-forced with ``tokens``
+        ``[batch, steps]``, else its own greedy choice."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        wanted = set(keys)
+        active = [t for t in self.taps if t.key in wanted]
+        meta = {"modules": dict(self.structure.modules)} if self.structure is not None else {}
+
+        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+            return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=seconds, meta=dict(meta))
+
+        return module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
+                             inputs, steps, tokens, self.dtype, wrap)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` on ``hidden_in`` (the model's own masks and positions are kept): the

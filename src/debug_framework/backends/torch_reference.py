@@ -73,6 +73,7 @@ class TorchReferenceBackend(BaseBackend):
         return True, ""
 
     def _ids(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        self.net.positions = inputs.position_ids()  # every call reads its inputs' positions
         tt = None if inputs.token_type_ids is None else torch.from_numpy(np.asarray(inputs.token_type_ids, np.int64))
         return (torch.from_numpy(np.asarray(inputs.input_ids, np.int64)),
                 torch.from_numpy(np.asarray(inputs.attention_mask, np.int64)), tt)

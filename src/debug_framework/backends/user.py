@@ -18,6 +18,7 @@ from ..errors import BackendInitializationError, BackendRuntimeError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import FLOAT_DTYPES, BaseBackend, Taps
+from .decode import DecodeRun, runner_decode
 from .torch_module import ModuleBuilder, TorchModuleBackend
 
 __all__ = ["user_backend", "module_backend", "CallableBackend"]
@@ -30,7 +31,9 @@ class CallableBackend(BaseBackend):
     """A backend around a user object: ``runner(inputs, keys)`` (or ``runner.run(inputs, keys)``)
     returns a mapping whose keys are ``CheckpointKey``, ``(name, layer)`` or ``"post_mlp:2"``.
     If the runner has ``run_layer(i, hidden_in, inputs) -> (post_attention, post_mlp)``, isolation works too;
-    with ``run_block(i, block, hidden_in, inputs) -> tensor`` each block is judged on the reference's input."""
+    with ``run_block(i, block, hidden_in, inputs) -> tensor`` each block is judged on the reference's input;
+    with ``prefill`` and ``decode_step`` (and optionally ``kv_cache``) it decodes
+    (:func:`~debug_framework.backends.decode.runner_decode`)."""
 
     def __init__(self, name: str, builder: RunnerBuilder, dtypes: tuple[str, ...] = FLOAT_DTYPES,
                  availability: Callable[[], tuple[bool, str]] | None = None) -> None:
@@ -83,6 +86,26 @@ class CallableBackend(BaseBackend):
             tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
             backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start,
         )
+
+    def can_decode(self) -> tuple[bool, str]:
+        """Decode steps run when the (prepared) runner has ``prefill`` and ``decode_step``."""
+        if callable(getattr(self.runner, "prefill", None)) and callable(getattr(self.runner, "decode_step", None)):
+            return True, ""
+        return False, "has no prefill(inputs, keys) and decode_step(tokens, positions, keys) on its runner"
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+        """The runner's prefill, then ``steps`` of its ``decode_step`` (teacher-forced with ``tokens``)."""
+        ok, why = self.can_decode()
+        if not ok:
+            raise BackendInitializationError(f"this user backend {why}", backend=self.name)
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+
+        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+            return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name, dtype=self.dtype,
+                           elapsed_s=seconds)
+
+        return runner_decode(self.name, self.runner, inputs, steps, keys, tokens, wrap)
 
     def can_run_block(self) -> tuple[bool, str]:
         """Blocks run alone when the (prepared) runner has ``run_block``."""

@@ -251,6 +251,15 @@ def validate(
     inputs: Path | None = typer.Option(None, "--inputs", metavar="FILE.safetensors",
                                        help="named inputs of the model's forward (input_ids, pixel_values, "
                                             "decoder_input_ids ...); default: seeded random inputs"),
+    padding_side: str | None = typer.Option(None, "--padding-side", help="right (default) or left: where shorter "
+                                            "rows of the batch are padded"),
+    position_offset: int | None = typer.Option(None, "--position-offset", help="the first token's position (a "
+                                               "sequence continued from there; default 0)"),
+    decode_steps: int | None = typer.Option(None, "--decode-steps", metavar="N", help="after the prefill, decode N "
+                                            "tokens through each backend's KV cache and compare every step"),
+    decode_tokens: str | None = typer.Option(None, "--decode-tokens", metavar="IDS", help="the tokens fed at the "
+                                             "decode steps, one row per input row: '5,9,2;7,7,1' (default: the "
+                                             "reference's greedy choice)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
                                         "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
@@ -293,6 +302,7 @@ def validate(
         session_config["inputs_file"] = str(inputs)
     if mark_all:
         session_config["mark_all"] = True
+    session_config.update(_decode_options(padding_side, position_offset, decode_steps, decode_tokens))
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 
@@ -315,6 +325,24 @@ def validate(
                                                                else "")
         _print_summary(make_console(stderr=to_stdout), result, verbose, footer)  # stdout holds the report
     return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
+
+
+def _decode_options(padding_side: str | None, position_offset: int | None, decode_steps: int | None,
+                    decode_tokens: str | None) -> dict[str, Any]:
+    """The padding, position and decode options given, as session configuration keys (checked
+    with the rest of the configuration when the session is created)."""
+    cfg: dict[str, Any] = {}
+    for key, value in (("padding_side", padding_side), ("position_offset", position_offset),
+                       ("decode_steps", decode_steps)):
+        if value is not None:
+            cfg[key] = value
+    if decode_tokens is not None:
+        try:
+            cfg["decode_tokens"] = [[int(t) for t in row.split(",") if t.strip()] for row in decode_tokens.split(";")]
+        except ValueError as exc:
+            raise CliError(f"--decode-tokens must be comma-separated token ids, rows separated by ';': "
+                           f"{decode_tokens!r}") from exc
+    return cfg
 
 
 def _plugin_alternative(manifest: Path, alternative: str, engine: ValidationEngine) -> str:

@@ -13,6 +13,7 @@ judges against a float64 oracle relative to a baseline (validation's oracle mode
 
 from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
 from .nested import compare_nested, flatten_outputs
+from .positions import position_mask, select_positions
 from .ratio import (
     FLOOR_EPS,
     NOISE_MARGIN,
@@ -30,6 +31,8 @@ from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtyp
 __all__ = [
     "compare",
     "compare_nested",
+    "position_mask",
+    "select_positions",
     "flatten_outputs",
     "ComparisonResult",
     "NestedComparison",

@@ -16,6 +16,7 @@ interpolated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 from ..errors import ComparisonError
 from . import _kernel as K
 from ._inputs import as_tensor, int_view_dtype, iter_flat_chunks, ulp_mask
+from .positions import applies_to, full_index, position_mask, select_positions
 from ._state import HIST_BUCKETS, HIST_SHIFT, KernelParams, KernelState, new_state, read_totals
 from .result import ComparisonResult, WorstElement
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
@@ -58,6 +60,7 @@ def compare(
     chunk_elements: int | None = None,
     exact_quantile_limit: int = EXACT_QUANTILE_LIMIT,
     engine: Engine = "auto",
+    positions: Any = None,
 ) -> ComparisonResult:
     """Compare ``alternative`` against ``reference`` and return every metric plus a verdict.
 
@@ -73,12 +76,24 @@ def compare(
         chunk_elements: chunk size of the streaming pass (tests use small values).
         exact_quantile_limit: above this many elements, median/p99 come from the histogram.
         engine: ``"auto"`` (numba on CPU, torch elsewhere), or force one.
+        positions: an attention mask ``[batch, sequence]`` (non-zero = a token): where both
+            tensors' leading dimensions are its shape, only the model positions are compared
+            (padded positions are not outputs); the worst elements keep their full index and
+            ``masked_positions`` counts the positions left out (:mod:`.positions`).
 
     Never raises for a shape or dtype mismatch: the result fails with the reason. Raises
     ``ComparisonError`` (DF006) for inputs that are not numeric tensors.
     """
     ref = as_tensor(reference, "reference")
     alt = as_tensor(alternative, "alternative")
+    mask = position_mask(positions)
+    if mask is not None and ref.shape == alt.shape and applies_to(tuple(ref.shape), mask):
+        inner = compare(select_positions(ref, mask), select_positions(alt, mask), rtol=rtol, atol=atol,
+                        equal_nan=equal_nan, pass_rule=pass_rule, max_mismatch_percent=max_mismatch_percent,
+                        outlier_factor=outlier_factor, tolerance=tolerance, check_dtype=check_dtype, top_k=top_k,
+                        name=name, chunk_elements=chunk_elements, exact_quantile_limit=exact_quantile_limit,
+                        engine=engine)
+        return _in_full(inner, tuple(ref.shape), mask)
     governing = less_precise_dtype(ref.dtype, alt.dtype)
     tol = (tolerance or default_tolerance(governing)).with_overrides(
         rtol=rtol,
@@ -116,6 +131,19 @@ def compare(
     finally:
         if torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
+
+
+def _in_full(result: ComparisonResult, shape: tuple[int, ...], mask: np.ndarray) -> ComparisonResult:
+    """A comparison of the model positions reported against the full tensor: its shapes, the
+    worst elements' and first non-finite value's indices in it, and the positions left out."""
+    inner_shape = tuple(result.reference_shape)
+    first = result.first_nonfinite_index
+    if first is not None:
+        first = int(np.ravel_multi_index(full_index(tuple(int(v) for v in np.unravel_index(first, inner_shape)),
+                                                    mask, shape), shape))
+    worst = [dataclasses.replace(w, index=full_index(w.index, mask, shape)) for w in result.worst]
+    return dataclasses.replace(result, reference_shape=shape, alternative_shape=shape, worst=worst,
+                               first_nonfinite_index=first, masked_positions=int(mask.size - mask.sum()))
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,9 @@ class ComparisonResult:
     first_nonfinite_index: int | None = None
     nonfinite_mismatch_count: int = 0
     worst: list[WorstElement] = field(default_factory=list)
+    #: padded positions (``[batch, sequence]`` rows) left out of every metric and of the verdict
+    #: (``compare(..., positions=mask)``; docs/comparison.md, "Padded positions")
+    masked_positions: int = 0
 
     @property
     def inf_count_ref(self) -> int:

@@ -251,7 +251,7 @@ def generic_expected_tensors(raw: dict[str, Any], source: str = "config.json",
 
 
 def random_inputs(config: GenericModelConfig, batch: int, length: int, *, seed: int = 0,
-                  pad_lengths: list[int] | None = None) -> Any:
+                  pad_lengths: list[int] | None = None, padding_side: str = "right") -> Any:
     """Seeded random inputs of the kind the model reads: token ids (with a decoder's for an
     encoder-decoder) or pixel values ``[batch, channels, size, size]`` (float32, standard normal)."""
     import numpy as np
@@ -265,7 +265,8 @@ def random_inputs(config: GenericModelConfig, batch: int, length: int, *, seed: 
         empty = np.zeros((batch, 0), dtype=np.int64)
         return ModelInputs(empty, empty, None, meta={"source": "random", "seed": seed, "kind": "pixels"},
                            extra={"pixel_values": pixels})
-    inputs = ModelInputs.random(max(config.vocab_size, 1), batch, length, seed=seed, pad_lengths=pad_lengths)
+    inputs = ModelInputs.random(max(config.vocab_size, 1), batch, length, seed=seed, pad_lengths=pad_lengths,
+                                padding_side=padding_side)
     if config.input_kind == "seq2seq":
         rng = np.random.default_rng(seed + 1)
         inputs.extra["decoder_input_ids"] = rng.integers(0, max(config.vocab_size, 1), size=(batch, length),

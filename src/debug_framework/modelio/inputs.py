@@ -15,7 +15,15 @@ import numpy as np
 
 from ..errors import ConfigurationError, ModelLoadingError
 
-__all__ = ["ModelInputs"]
+__all__ = ["ModelInputs", "PADDING_SIDES"]
+
+#: Where a batch's shorter rows are padded (``padding_side``).
+PADDING_SIDES = ("right", "left")
+
+
+def _check_side(padding_side: str) -> None:
+    if padding_side not in PADDING_SIDES:
+        raise ConfigurationError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
 
 
 @dataclass
@@ -24,12 +32,14 @@ class ModelInputs:
 
     Attributes:
         input_ids: int64 array ``[batch, length]``.
-        attention_mask: int64 array ``[batch, length]``; padding is on the right.
+        attention_mask: int64 array ``[batch, length]``; padding on the right (the default) or on
+            the left (``padding_side="left"``), rows of any length (a ragged batch).
         token_type_ids: int64 array ``[batch, length]`` (BERT segment ids); zeros when ``None``.
         meta: how the inputs were made (``{"source": "text", "texts": [...]}`` or
             ``{"source": "random", "seed": 0}``), saved with them.
         extra: other named inputs of the model's forward (``pixel_values`` of a ViT-like encoder,
-            ``decoder_input_ids`` of an encoder-decoder, any tensor a ``--inputs`` file names);
+            ``decoder_input_ids`` of an encoder-decoder, ``position_ids`` where tokens do not sit at
+            ``0 .. length-1``: :meth:`with_positions`, any tensor a ``--inputs`` file names);
             a model without token inputs has ``input_ids`` of length 0.
     """
 
@@ -51,18 +61,60 @@ class ModelInputs:
             if self.token_type_ids.shape != self.input_ids.shape:
                 raise ConfigurationError("token_type_ids must have the shape of input_ids")
 
+    def position_ids(self) -> np.ndarray | None:
+        """Each token's position ``[batch, length]`` where it is not ``0 .. length-1`` (left
+        padding, a start position: :meth:`with_positions`), else None."""
+        pos = self.extra.get("position_ids")
+        return None if pos is None else np.asarray(pos, np.int64)
+
+    def with_positions(self, offset: int = 0) -> ModelInputs:
+        """These inputs with each token at its place in its own sequence, from ``offset`` on:
+        ``position_ids = offset + (number of tokens before it in its row)``, as an engine places a
+        left-padded or continued sequence. Where that is ``0 .. length-1`` at every token (right
+        padding, no offset) nothing is added. Padded positions get ``offset``.
+
+        Raises:
+            ConfigurationError: (DF005) a negative ``offset``.
+        """
+        if offset < 0:
+            raise ConfigurationError(f"position_offset must be >= 0, got {offset}")
+        tokens = self.attention_mask != 0
+        pos = offset + np.maximum(np.cumsum(tokens, axis=1) - 1, 0)
+        plain = np.broadcast_to(np.arange(self.input_ids.shape[1]), pos.shape)
+        extra = dict(self.extra)
+        if self.input_ids.shape[1] and (offset or bool(np.any((pos != plain) & tokens))):
+            extra["position_ids"] = np.where(tokens, pos, offset).astype(np.int64)
+        else:
+            extra.pop("position_ids", None)
+        meta = {**self.meta, "position_offset": int(offset)} if offset else dict(self.meta)
+        return ModelInputs(self.input_ids, self.attention_mask, self.token_type_ids, meta=meta, extra=extra)
+
+    def positions(self) -> np.ndarray | None:
+        """The model positions ``[batch, length]`` (True = a token) the comparison judges, or None
+        when there is no padding to leave out (or the mask is not the checkpoints' sequence: an
+        encoder-decoder's decoder runs over ``decoder_input_ids``). Padded positions are not model
+        outputs (docs/comparison.md, "Padded positions")."""
+        from ..comparison.positions import position_mask
+
+        if "decoder_input_ids" in self.extra:
+            return None
+        return position_mask(self.attention_mask)
+
     @property
     def shape(self) -> tuple[int, int]:
         return (int(self.input_ids.shape[0]), int(self.input_ids.shape[1]))
 
     @classmethod
     def from_text(
-        cls, tokenizer: Any, texts: str | list[str], *, max_length: int | None = None, pad_id: int = 0
+        cls, tokenizer: Any, texts: str | list[str], *, max_length: int | None = None, pad_id: int = 0,
+        padding_side: str = "right",
     ) -> ModelInputs:
         """Tokenize ``texts`` with a ``tokenizers.Tokenizer`` (e.g. ``LoadedModel.tokenizer``).
 
-        Rows are padded on the right with ``pad_id`` to the longest row (or truncated to ``max_length``).
+        Rows are padded with ``pad_id`` on ``padding_side`` (``"right"`` or ``"left"``) to the
+        longest row (or truncated to ``max_length``).
         """
+        _check_side(padding_side)
         if tokenizer is None:
             raise ModelLoadingError("the model has no tokenizer", hint="use ModelInputs.random(...) or load a directory with tokenizer.json")
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -78,10 +130,14 @@ class ModelInputs:
         mask = np.zeros((len(rows), length), dtype=np.int64)
         tt = np.zeros((len(rows), length), dtype=np.int64)
         for b, (r, t) in enumerate(zip(rows, types)):
-            ids[b, : len(r)] = r
-            mask[b, : len(r)] = 1
-            tt[b, : len(t)] = t
-        return cls(ids, mask, tt, meta={"source": "text", "texts": texts, "max_length": max_length})
+            at = slice(length - len(r), length) if padding_side == "left" else slice(0, len(r))
+            ids[b, at] = r
+            mask[b, at] = 1
+            tt[b, at] = t
+        meta = {"source": "text", "texts": texts, "max_length": max_length}
+        if padding_side != "right":
+            meta["padding_side"] = padding_side
+        return cls(ids, mask, tt, meta=meta)
 
     @classmethod
     def random(
@@ -93,16 +149,23 @@ class ModelInputs:
         seed: int = 0,
         pad_lengths: list[int] | None = None,
         pad_id: int = 0,
+        padding_side: str = "right",
     ) -> ModelInputs:
-        """Seeded random ids in ``[0, vocab_size)``; ``pad_lengths[b]`` trailing positions of row b are padding."""
+        """Seeded random ids in ``[0, vocab_size)``; ``pad_lengths[b]`` positions of row b are
+        padding, trailing (``padding_side="right"``) or leading (``"left"``)."""
+        _check_side(padding_side)
         rng = np.random.default_rng(seed)
         ids = rng.integers(0, vocab_size, size=(batch, length), dtype=np.int64)
         mask = np.ones((batch, length), dtype=np.int64)
         for b, n in enumerate(pad_lengths or []):
             if n:
-                ids[b, length - n :] = pad_id
-                mask[b, length - n :] = 0
-        return cls(ids, mask, None, meta={"source": "random", "seed": seed, "pad_lengths": list(pad_lengths or [])})
+                at = slice(0, n) if padding_side == "left" else slice(length - n, length)
+                ids[b, at] = pad_id
+                mask[b, at] = 0
+        meta: dict[str, Any] = {"source": "random", "seed": seed, "pad_lengths": list(pad_lengths or [])}
+        if padding_side != "right":
+            meta["padding_side"] = padding_side
+        return cls(ids, mask, None, meta=meta)
 
     def torch(self, device: str = "cpu") -> dict[str, Any]:
         """The inputs as torch tensors, keyword arguments of a Hugging Face forward."""

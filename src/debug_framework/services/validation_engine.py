@@ -144,19 +144,29 @@ def _session_inputs(model: LoadedModel, cfg: Mapping[str, Any]) -> ModelInputs:
     """The session's inputs: the tokenized ``input_text``, else seeded random ids of ``input_shape``."""
     from ..modelio import ModelInputs
 
+    side = str(cfg.get("padding_side", "right"))
     if cfg["inputs_file"] is not None:
-        return ModelInputs.from_file(cfg["inputs_file"])
-    if cfg["input_text"] is not None:
-        return ModelInputs.from_text(model.tokenizer, cfg["input_text"], max_length=cfg["max_length"])
-    batch, length = cfg["input_shape"]
-    pads: Sequence[int] | None = cfg["pad_lengths"]
-    if pads is None:
-        pads = [0] + [length // 4] * (batch - 1) if batch > 1 else [0]
-    if model.architecture == "generic":  # pixels, or an encoder's and a decoder's ids
-        from ..modelio.generic import random_inputs
+        inputs = ModelInputs.from_file(cfg["inputs_file"])
+    elif cfg["input_text"] is not None:
+        inputs = ModelInputs.from_text(model.tokenizer, cfg["input_text"], max_length=cfg["max_length"],
+                                       padding_side=side)
+    else:
+        batch, length = cfg["input_shape"]
+        pads: Sequence[int] | None = cfg["pad_lengths"]
+        if pads is None:
+            pads = [0] + [length // 4] * (batch - 1) if batch > 1 else [0]
+        if model.architecture == "generic":  # pixels, or an encoder's and a decoder's ids
+            from ..modelio.generic import random_inputs
 
-        return random_inputs(model.config, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads))  # type: ignore[arg-type]
-    return ModelInputs.random(model.config.vocab_size, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads))
+            inputs = random_inputs(model.config, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads),  # type: ignore[arg-type]
+                                   padding_side=side)
+        else:
+            inputs = ModelInputs.random(model.config.vocab_size, batch, length, seed=int(cfg["seed"]),
+                                        pad_lengths=list(pads), padding_side=side)
+    reads_tokens = getattr(model.config, "input_kind", "tokens") == "tokens" and inputs.input_ids.shape[1] > 0
+    if reads_tokens and "position_ids" not in inputs.extra:  # each token at its place in its own row
+        inputs = inputs.with_positions(int(cfg.get("position_offset", 0) or 0))
+    return inputs
 
 
 def _record_prepared_backends(ctx: RunContext, session: DebugSession) -> bool:
@@ -265,6 +275,9 @@ class ValidationEngine(EngineFaces):
         if estimate is not None:
             check_memory(estimate, self.config, reference_dtype=ref_dtype, alternative_dtype=alt_dtype)
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
+        from .validation.decode_stage import check_decode_plan
+
+        check_decode_plan(cfg, inputs, model)  # a bad decode setting is refused before anything runs
         inputs_path = self._save_inputs(inputs, sid)
 
         tolerances = {

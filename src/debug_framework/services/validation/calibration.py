@@ -83,8 +83,11 @@ def calibration_dtype(plan: ValidationPlan, model: Any = None) -> str:
     return plan.alternative_dtype
 
 
-def noise_at(key: CheckpointKey, reference: Capture, calibration: Capture | None) -> ComparisonResult | None:
-    """The calibration run against the reference at ``key`` (None without it)."""
+def noise_at(key: CheckpointKey, reference: Capture, calibration: Capture | None, *,
+             positions: Any = None) -> ComparisonResult | None:
+    """The calibration run against the reference at ``key`` (None without it), over the model
+    ``positions`` (padded positions left out)."""
     if calibration is None or key not in calibration or key not in reference:
         return None
-    return compare(reference[key], calibration[key], check_dtype=False, name=f"{key} (calibration)")
+    return compare(reference[key], calibration[key], check_dtype=False, name=f"{key} (calibration)",
+                   positions=positions)

@@ -63,9 +63,16 @@ class RunContext:
     noise: dict[str, Any] | None = None
     recordings: str | None = None
     drilldown: list[LayerDrilldown] | None = None  # the drill-down stage's, one per drilled layer
+    decode: dict[str, Any] | None = None  # the decode stage's: steps, tokens, KV-cache rows, seconds per step
     result: ValidationResult | None = None
     #: built before the run (``create_session`` in the same process): reused, not built again
     prebuilt: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def positions(self) -> Any:
+        """The model positions every comparison of this run judges (``ModelInputs.positions``:
+        padded positions left out), or None when nothing is padded."""
+        return self.inputs.positions()
 
     @property
     def reference_capture(self) -> Capture:
@@ -89,7 +96,7 @@ class RunContext:
             reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
             reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype,
             oracle=self.oracle_report, noise_floor=self.noise, performance=self.performance,
-            recordings=self.recordings, drilldown=self.drilldown)
+            recordings=self.recordings, drilldown=self.drilldown, decode=self.decode)
 
     def rows(self) -> list[dict[str, Any]]:
         """The checkpoint rows as they stand now, judged (what the engine persists after a stage)."""

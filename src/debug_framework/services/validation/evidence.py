@@ -162,6 +162,19 @@ class LayerEvidence:
 
 
 @dataclass(frozen=True)
+class KVEvidence:
+    """One layer's cached keys or values after one pass (step 0: the prefill), the alternative's
+    against the reference's (padded positions left out), beside the calibration's (the noise)."""
+
+    step: int
+    layer: int
+    part: str  #: "k" or "v"
+    comparison: ComparisonResult
+    noise: ComparisonResult | None
+    reference_rms: float
+
+
+@dataclass(frozen=True)
 class OracleSetup:
     """The oracle mode's rule: ``err(alt) <= multiplier x err(baseline) + floor`` against the oracle."""
 
@@ -183,6 +196,8 @@ class Evidence:
     precision_note: dict[str, Any] | None = None
     #: the mark-all stage's comparison of every node output of an ONNX file (``MarkAllReport.to_dict``)
     mark_all: dict[str, Any] | None = None
+    #: the decode stage's: the KV cache per pass, layer and part
+    kv_cache: list[KVEvidence] = field(default_factory=list)
 
     def at(self, key: CheckpointKey) -> CheckpointEvidence | None:
         """The evidence of checkpoint ``key`` (None when it is not enabled)."""

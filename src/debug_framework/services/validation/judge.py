@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, OracleJudgement, RatioRule
 from ...jsonio import as_float
-from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
+from .evidence import BlockEvidence, CheckpointEvidence, Evidence, KVEvidence, LayerEvidence
 from .plan import DTYPE_EPS, ValidationPlan
 
 __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND",
@@ -152,10 +152,21 @@ class Verdict:
     error_source: dict[str, Any] | None
     #: the lower precision a correct run at which errs as this run does (None: none, or it passed)
     consistent_with: str | None = None
+    #: each decode step's checkpoints (step >= 1; the prefill's are :attr:`checkpoints`)
+    steps: dict[tuple[int, CheckpointKey], Judgement] = field(default_factory=dict)
+    #: the decode step of the first divergence (None: the prefill, or no divergence)
+    first_step: int | None = None
+    #: the KV cache after each pass, by ``(step, layer, part)``: named as a source, not a verdict
+    kv: dict[tuple[int, int, str], Judgement] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return bool(self.checkpoints) and all(j.passed for j in self.checkpoints.values())
+        return bool(self.checkpoints) and all(j.passed for j in self.checkpoints.values()) \
+            and all(j.passed for j in self.steps.values())
+
+    def of(self, key: CheckpointKey, step: int | None) -> Judgement:
+        """The judgement of checkpoint ``key`` at decode ``step`` (None or 0: the prefill)."""
+        return self.steps[(step, key)] if step else self.checkpoints[key]
 
     @property
     def introducing_layers(self) -> list[int]:
@@ -247,15 +258,52 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     """Decide every verdict of a validation from its evidence (see the module's docstring)."""
     layers = None if evidence.layers is None else {ev.layer: judge_layer(ev, plan) for ev in evidence.layers}
     checkpoints: dict[CheckpointKey, Judgement] = {}
+    steps: dict[tuple[int, CheckpointKey], Judgement] = {}
     for ev in evidence.checkpoints:
         own = judge_checkpoint(ev, evidence, plan)
+        if ev.step:  # a decode step: its own rule (isolation replays the prefill's layers)
+            steps[(ev.step, ev.key)] = own
+            continue
         lv = None if layers is None or ev.key.layer is None else layers.get(ev.key.layer)
         checkpoints[ev.key] = _with_isolation(own, lv, ev.key)
     first = next((k for k, j in checkpoints.items() if not j.passed), None)
-    consistent = None if first is None else consistent_precision(evidence, plan)
+    first_step = None
+    if first is None:  # the prefill passes: the first decode step that does not
+        first_step, first = next(((s, k) for (s, k), j in steps.items() if not j.passed), (None, None))
+    consistent = None if first is None or first_step else consistent_precision(evidence, plan)
     if consistent is not None:
         checkpoints = {k: j if j.passed else replace(j, consistent_with=consistent) for k, j in checkpoints.items()}
-    return Verdict(checkpoints, layers, first, error_source(first, layers, evidence.isolation_note), consistent)
+    kv = {(ev.step, ev.layer, ev.part): judge_kv(ev, plan) for ev in evidence.kv_cache}
+    source = decode_source(first, first_step, kv) if first_step else \
+        error_source(first, layers, evidence.isolation_note)
+    return Verdict(checkpoints, layers, first, source, consistent, steps, first_step, kv)
+
+
+def judge_kv(ev: KVEvidence, plan: ValidationPlan) -> Judgement:
+    """The cached keys or values of one layer after one pass, by the calibrated rule (the
+    calibration's own cache the noise) where the calibration decoded, else the default tolerance."""
+    if ev.noise is not None and ev.comparison.shape_match:
+        return _calibrated(plan, ev.noise, ev.comparison, ev.reference_rms, " (its KV cache)")
+    return _tolerance(ev.comparison)
+
+
+def decode_source(first: CheckpointKey, step: int,
+                  kv: dict[tuple[int, int, str], Judgement] | None = None) -> dict[str, Any]:
+    """Where the error of a run whose prefill passes comes from: the KV cache, where one written by
+    an earlier pass (whose checkpoints passed) already differs beyond its bound; else decode
+    ``step`` (the first whose checkpoint ``first`` fails), in that checkpoint's layer and block."""
+    bad = sorted((s, layer, part) for (s, layer, part), j in (kv or {}).items() if s < step and not j.passed)
+    if bad:
+        s, layer, part = bad[0]
+        when = "the prefill" if s == 0 else f"decode step {s}"
+        return {"kind": "kv_cache", "step": s, "layer": layer, "block": "attention", "confirmed": True,
+                "detail": f"the KV cache of layer {layer} ({'keys' if part == 'k' else 'values'}) after {when} "
+                          f"differs beyond a correct run's while that pass's checkpoints matched; decode step "
+                          f"{step} reads it and fails first at {first}"}
+    where = f"layer {first.layer} ({_block_of(first)})" if first.layer is not None else str(first)
+    return {"kind": "decode", "step": step, "layer": first.layer, "block": _block_of(first), "confirmed": False,
+            "detail": f"the prefill passes; the error first shows at decode step {step}, in {where}: the decode "
+                      "path (the cache, the positions of cached tokens) differs from the prefill's"}
 
 
 def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None:

@@ -60,6 +60,10 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "model_tier": "auto",  # "generic": the model's own eager code even where a from-the-math reference exists
     "inputs_file": None,  # a .safetensors file of named inputs (any model: pixel_values, decoder_input_ids ...)
     "pad_lengths": None,  # random inputs: padding per row (default: the second row a quarter padded)
+    "padding_side": "right",  # "left": shorter rows padded at the start (random and text inputs)
+    "position_offset": 0,  # the first token's position (a sequence continued from there)
+    "decode_steps": 0,  # after the prefill, this many tokens decoded through each backend's KV cache
+    "decode_tokens": None,  # [batch][steps] token ids fed at the decode steps (default: the reference's greedy)
     "dtype": None,  # the alternative's compute dtype (default: the backend's)
     "reference_dtype": None,  # default: float64 for python_reference; the alternative's in oracle mode
     "device": "cpu",  # the alternative's device
@@ -170,6 +174,16 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     shape = merged["input_shape"]
     if not (isinstance(shape, Sequence) and len(shape) == 2 and all(isinstance(v, int) and v > 0 for v in shape)):
         raise ConfigurationError(f"input_shape must be [batch, length] of positive ints, got {shape!r}")
+    if merged["padding_side"] not in ("right", "left"):
+        raise ConfigurationError(f"padding_side must be 'right' or 'left', got {merged['padding_side']!r}")
+    offset = merged["position_offset"]
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ConfigurationError(f"position_offset must be an int >= 0, got {offset!r}")
+    steps = merged["decode_steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigurationError(f"decode_steps must be an int >= 0, got {steps!r}")
+    if merged["decode_tokens"] is not None and not steps:
+        raise ConfigurationError("decode_tokens given without decode_steps", hint="set decode_steps to their number")
     if merged["layers"] is not None:
         lo_hi = merged["layers"]
         if not (isinstance(lo_hi, Sequence) and len(lo_hi) == 2 and 0 <= int(lo_hi[0]) <= int(lo_hi[1])):

@@ -76,7 +76,7 @@ class PrecisionStage(Stage):
             seconds[dtype] = t.seconds
             measured.append(dtype)
             for ev in ctx.evidence.checkpoints:
-                noise = noise_at(ev.key, ctx.reference_capture, cap)
+                noise = noise_at(ev.key, ctx.reference_capture, cap, positions=ctx.positions)
                 if noise is not None:
                     ev.lower_precision = {**(ev.lower_precision or {}), dtype: noise}
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,

@@ -281,6 +281,8 @@ class ValidationResult:
     precision_diagnosis: dict[str, Any] | None = None
     #: every node output of an ONNX file compared in topological order (``--mark-all``; None: not asked)
     mark_all: dict[str, Any] | None = None
+    #: decode steps (None: the prefill only): {steps, tokens, tokens_from, kv_cache, seconds_per_step}
+    decode: dict[str, Any] | None = None
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -288,11 +290,16 @@ class ValidationResult:
         layers = None if verdict.layers is None or evidence.layers is None else [
             LayerResult(ev, verdict.layers[ev.layer]) for ev in evidence.layers]
         by_layer = {lr.layer: lr for lr in layers or []}
-        results = [checkpoint_result(ev, verdict.checkpoints[ev.key], by_layer.get(ev.key.layer)
-                                     if ev.key.layer is not None else None) for ev in evidence.checkpoints]
+        results = [checkpoint_result(ev, verdict.of(ev.key, ev.step), by_layer.get(ev.key.layer)
+                                     if ev.key.layer is not None and not ev.step else None)
+                   for ev in evidence.checkpoints]
+        decode = info.pop("decode", None)
+        if decode is not None and verdict.kv:  # each KV-cache row with its judgement
+            decode = {**decode, "kv_cache": [_judged_kv(row, verdict) for row in decode.get("kv_cache", [])]}
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
-                   precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, **info)
+                   precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, decode=decode,
+                   **info)
 
     @property
     def passed(self) -> bool:
@@ -325,6 +332,7 @@ class ValidationResult:
             "consistent_with": self.consistent_with,
             "precision_diagnosis": self.precision_diagnosis,
             "mark_all": self.mark_all,
+            "decode": self.decode,
             "isolation": None if self.isolation is None else [lr.to_dict() for lr in self.isolation],
             "isolation_note": self.isolation_note,
             "oracle": self.oracle,
@@ -346,6 +354,18 @@ class ValidationResult:
             **self.summary(),
             "results": [r.to_dict() for r in self.results],
         })
+
+
+def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """A KV-cache row (step, layer, k, v) with each part's judgement (passed, judged_by, bound, margin)."""
+    out = dict(row)
+    for part in ("k", "v"):
+        j = verdict.kv.get((int(row["step"]), int(row["layer"]), part))
+        if j is not None and isinstance(row.get(part), Mapping):
+            out[part] = {**row[part], "passed": j.passed, "judged_by": j.judged_by, "bound": j.bound,
+                         "margin": j.margin}
+    out["passed"] = all(out[p].get("passed", True) for p in ("k", "v") if isinstance(out.get(p), Mapping))
+    return out
 
 
 def divergence_ref(row: Mapping[str, Any]) -> dict[str, Any]:

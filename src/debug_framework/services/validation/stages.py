@@ -47,12 +47,13 @@ from ...backends.base import (
     layer_replay_support,
 )
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints
-from ...comparison import ComparisonResult, compare, error_metric
+from ...comparison import ComparisonResult, compare, error_metric, select_positions
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .memory import check_memory, session_estimate
 from .context import RunContext, Stage, call_backend
+from .decode_stage import DecodeStage
 from .drill_stage import DrillDownStage
 from .mark_all import MarkAllStage
 from .precision_stage import PrecisionStage
@@ -85,6 +86,7 @@ __all__ = [
     "RecordStage",
     "StoreStage",
     "DrillDownStage",
+    "DecodeStage",
     "PrecisionStage",
     "MarkAllStage",
     "DEFAULT_STAGES",
@@ -238,13 +240,13 @@ class RunBackendStage(Stage):
 
 
 def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: ValidationPlan,
-                 name: str | None = None) -> ComparisonResult:
+                 name: str | None = None, positions: Any = None) -> ComparisonResult:
     tol = plan.tolerance(key)
     for side, cap in (("alternative", alt), ("reference", ref)):
         if key not in cap:
             return ComparisonResult(passed=False, reason=f"the {side} backend produced no tensor for {key}",
                                     tolerance=tol, name=name or str(key))
-    return compare(ref[key], alt[key], tolerance=tol, check_dtype=False, name=name or str(key))
+    return compare(ref[key], alt[key], tolerance=tol, check_dtype=False, name=name or str(key), positions=positions)
 
 
 class CalibrationStage(Stage):
@@ -301,18 +303,21 @@ class CompareStage(Stage):
     def run(self, ctx: RunContext) -> None:
         ref, alt, calib = ctx.reference_capture, ctx.alternative_capture, ctx.captures.get("calibration")
         graph_tensors = getattr(ctx.model.config, "checkpoint_tensors", None) or {}  # an ONNX file's tensor names
+        pos = ctx.positions  # padded positions are not model outputs: no metric reads them
         for key in ctx.plan.keys:
-            comp = _compare_key(ref, alt, key, ctx.plan)
+            comp = _compare_key(ref, alt, key, ctx.plan, positions=pos)
             both = key in ref and key in alt
             ev = CheckpointEvidence(key=key, comparison=comp,
-                                    reference_rms=reference_scale(ref[key]) if both else math.nan,
-                                    noise=noise_at(key, ref, calib) if ctx.plan.calibrated(key) else None,
+                                    reference_rms=reference_scale(select_positions(ref[key], pos)) if both else math.nan,
+                                    noise=noise_at(key, ref, calib, positions=pos) if ctx.plan.calibrated(key) else None,
                                     module=graph_tensors.get(str(key)) or _module_of(key, ref, alt))
             if key.name == "router_logits" and both:
                 cal = calib.tensors.get(key) if calib is not None else None
-                ev.expert_choice = expert_choice(ref[key], alt[key], _experts_per_token(ctx), cal)
+                ev.expert_choice = expert_choice(select_positions(ref[key], pos), select_positions(alt[key], pos),
+                                                 _experts_per_token(ctx), select_positions(cal, pos))
             if both and (ev.noise is None) and comp.tolerance.pass_rule == "allclose":
-                ev.tolerance_margin = tolerance_margin(ref[key], alt[key], comp.tolerance)
+                ev.tolerance_margin = tolerance_margin(select_positions(ref[key], pos),
+                                                       select_positions(alt[key], pos), comp.tolerance)
             ctx.evidence.checkpoints.append(ev)
 
 
@@ -344,7 +349,7 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
     """Layer ``i`` replayed block by block on the reference's inputs, by the alternative and by the
     calibration (see :class:`IsolationStage`). ``noises`` and ``scales`` (the reference's RMS per
     checkpoint) are measured once per checkpoint and shared by the layers and their blocks."""
-    plan, ref_cap, alt_cap = ctx.plan, ctx.reference_capture, ctx.alternative_capture
+    plan, ref_cap, alt_cap, pos = ctx.plan, ctx.reference_capture, ctx.alternative_capture, ctx.positions
     ref_in = ref_cap.layer_inputs.get(i)
     if ref_in is None:
         raise BackendRuntimeError(f"the reference backend did not record the input of layer {i}",
@@ -359,7 +364,8 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         carried = ComparisonResult(passed=False, reason=f"the alternative's input to layer {i} is unknown",
                                    tolerance=plan.tolerance(k_in), name=f"layer {i} input")
     else:
-        carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False, name=f"layer {i} input")
+        carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False, name=f"layer {i} input",
+                          positions=pos)
     alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
     replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
     calibrator = ctx.calibrator if plan.config["calibrate"] else None
@@ -370,9 +376,9 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
 
     def block(name: str, key: CheckpointKey, alt: Capture, cal: Capture | None) -> BlockEvidence:
         if key not in scales:
-            scales[key] = reference_scale(ref_cap.tensors.get(key))
-        noise = None if cal is None else noise_at(key, ref_cap, cal)
-        return BlockEvidence(name, key, _compare_key(ref_cap, alt, key, plan, f"{key} replayed ({name})"), noise,
+            scales[key] = reference_scale(select_positions(ref_cap.tensors.get(key), pos))
+        noise = None if cal is None else noise_at(key, ref_cap, cal, positions=pos)
+        return BlockEvidence(name, key, _compare_key(ref_cap, alt, key, plan, f"{key} replayed ({name})", pos), noise,
                              scales[key])
 
     attention = block("attention", k_attn, replay, cal_replay) if k_attn in replay else None
@@ -395,11 +401,12 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
     total = None
     if k_mlp in alt_cap and k_mlp in ref_cap:
         enabled = ctx.evidence.at(k_mlp)  # the compare stage's, when post_mlp:i is an enabled checkpoint
-        total = enabled.comparison if enabled is not None else _compare_key(ref_cap, alt_cap, k_mlp, plan)
+        total = enabled.comparison if enabled is not None else _compare_key(ref_cap, alt_cap, k_mlp, plan,
+                                                                             positions=pos)
     calib = ctx.captures.get("calibration")
     for k in (k_in, k_mlp):  # each checkpoint's noise measured once (layer i's input is layer i-1's output)
         if k not in noises:
-            noises[k] = noise_at(k, ref_cap, calib)
+            noises[k] = noise_at(k, ref_cap, calib, positions=pos)
     return LayerEvidence(layer=i, carried_in=carried, total=total, attention=attention, mlp=mlp, whole=whole,
                          noise_in=noises[k_in], noise_out=noises[k_mlp], replay_s=float(replay.elapsed_s),
                          mlp_note=note)
@@ -433,14 +440,14 @@ class OracleStage(Stage):
         base_name, base_cap = "the reference", ctx.reference_capture
         if oracle_cap is ctx.reference_capture:  # the reference is the oracle: judge against the trusted run
             base_name, base_cap = f"a correct {plan.alternative_dtype} run", ctx.captures["calibration"]
-        alt_cap = ctx.alternative_capture
+        alt_cap, pos = ctx.alternative_capture, ctx.positions
         for ev in ctx.evidence.checkpoints:
             k = ev.key
             if k not in oracle_cap or k not in base_cap or k not in alt_cap:
                 continue  # no oracle evidence: the judge fails it, naming the missing tensor
-            ev.oracle = OracleEvidence(compare(oracle_cap[k], base_cap[k], check_dtype=False),
-                                       compare(oracle_cap[k], alt_cap[k], check_dtype=False),
-                                       reference_scale(oracle_cap[k]))
+            ev.oracle = OracleEvidence(compare(oracle_cap[k], base_cap[k], check_dtype=False, positions=pos),
+                                       compare(oracle_cap[k], alt_cap[k], check_dtype=False, positions=pos),
+                                       reference_scale(select_positions(oracle_cap[k], pos)))
         ctx.evidence.oracle = OracleSetup(str(cfg["oracle_metric"]), float(cfg["oracle_multiplier"]),
                                           None if fixed_floor is None else float(fixed_floor), base_name)
         ctx.oracle_report = {
@@ -493,7 +500,8 @@ class NoiseFloorStage(Stage):
             diffs: dict[str, float] = {}
             for key in keys:
                 if key in first and key in again:
-                    r = compare(first[key], again[key], rtol=0.0, atol=0.0, equal_nan=True, check_dtype=False)
+                    r = compare(first[key], again[key], rtol=0.0, atol=0.0, equal_nan=True, check_dtype=False,
+                                positions=ctx.positions)
                     diffs[str(key)] = error_metric(r, "max_abs_error") if not r.passed else 0.0
             nondet = [k for k, v in diffs.items() if v != 0.0]
             noise[side] = {"backend": backend.name, "deterministic": not nondet,
@@ -571,6 +579,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     RunBackendStage("alternative"),
     CalibrationStage(),
     CompareStage(),
+    DecodeStage(),
     IsolationStage(),
     OracleStage(),
     NoiseFloorStage(),

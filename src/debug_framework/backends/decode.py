@@ -1,0 +1,238 @@
+"""Decode steps: a prefill, then one token at a time through the model's own KV cache.
+
+A backend that can decode implements :class:`DecodeBackend.run_decode`: the prefill pass over the
+session's inputs, then ``steps`` single-token passes, each token appended to every row (after its
+padding, as an engine appends to its own sequence) and placed at the row's next position. The tokens
+are the caller's (``tokens``, teacher forcing: both sides of a comparison see the same sequence) or,
+where none are given, the backend's own greedy choice (the argmax of its logits at the row's last
+token). Each pass's checkpoints come back as one :class:`Capture`, the KV cache after it (per layer,
+``[batch, length, kv_heads, head_dim]`` so the comparison core can leave padded positions out) in
+:attr:`DecodeRun.kv_cache`.
+
+:func:`module_decode` drives any ``transformers``-style ``nn.Module`` (``past_key_values``,
+``use_cache``): the ``pytorch`` and ``float64_eager`` backends and module backends decode through
+it. :func:`runner_decode` drives a user engine (``user_backend``) through its runner's ``prefill``,
+``decode_step`` and optional ``kv_cache``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..capture.keys import Capture, CheckpointKey
+from ..errors import BackendRuntimeError, ConfigurationError
+from ..modelio.inputs import ModelInputs
+
+__all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "runner_decode", "decode_positions",
+           "last_token_index"]
+
+
+@dataclass
+class DecodeRun:
+    """What one decode produced.
+
+    Attributes:
+        captures: one per pass: ``captures[0]`` the prefill, ``captures[s]`` decode step ``s``.
+        tokens: ``[batch, steps]`` int64, the token fed at each decode step.
+        kv_cache: per pass, ``{layer: (keys, values)}`` each ``[batch, length, kv_heads, head_dim]``
+            (empty where the backend does not expose its cache).
+        attention_masks: per pass, the mask ``[batch, length]`` over the cached positions.
+    """
+
+    captures: list[Capture]
+    tokens: np.ndarray
+    kv_cache: list[dict[int, tuple[Any, Any]]] = field(default_factory=list)
+    attention_masks: list[np.ndarray] = field(default_factory=list)
+
+
+@runtime_checkable
+class DecodeBackend(Protocol):
+    """A backend that decodes (``prefill`` then ``decode_step`` for a user engine: docs/validation.md)."""
+
+    name: str
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Sequence[CheckpointKey],
+                   tokens: np.ndarray | None = None) -> DecodeRun:
+        ...
+
+
+def decode_support(backend: Any) -> tuple[bool, str]:
+    """Whether a prepared backend can decode; ``(False, why)`` when it cannot."""
+    can = getattr(backend, "can_decode", None)
+    if callable(can):
+        ok, why = can()
+        return bool(ok), str(why)
+    if callable(getattr(backend, "run_decode", None)):
+        return True, ""
+    return False, "has no decode support (no run_decode: it runs one forward pass only)"
+
+
+def last_token_index(mask: np.ndarray) -> np.ndarray:
+    """Per row, the index of its last token (the last non-zero of its mask)."""
+    length = mask.shape[1]
+    return (length - 1 - np.argmax(mask[:, ::-1] != 0, axis=1)).astype(np.int64)
+
+
+def decode_positions(mask: np.ndarray, offset: int) -> np.ndarray:
+    """``[batch, 1]``: the position of the next token of each row, ``offset`` + its tokens so far."""
+    return (offset + (mask != 0).sum(axis=1, keepdims=True)).astype(np.int64)
+
+
+def _cache_of(out: Any) -> Any:
+    """The cache a ``transformers`` output returns (``cache``, formerly ``past_key_values``)."""
+    for name in ("cache", "past_key_values"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _layer_kv(cache: Any) -> dict[int, tuple[Any, Any]]:
+    """``{layer: (keys, values)}`` of a ``transformers`` cache, ``[batch, length, heads, dim]``."""
+    layers = getattr(cache, "layers", None)
+    out: dict[int, tuple[Any, Any]] = {}
+    if layers is not None:
+        for i, layer in enumerate(layers):
+            k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if k is not None and v is not None and hasattr(k, "transpose"):
+                out[i] = (k.detach().transpose(1, 2).clone(), v.detach().transpose(1, 2).clone())
+    elif getattr(cache, "key_cache", None) is not None:
+        for i, (k, v) in enumerate(zip(cache.key_cache, cache.value_cache)):
+            out[i] = (k.detach().transpose(1, 2).clone(), v.detach().transpose(1, 2).clone())
+    return out
+
+
+def module_decode(backend_name: str, module: Any, kwargs: dict[str, Any], capture: Callable[[], Any],
+                  inputs: ModelInputs, steps: int, tokens: np.ndarray | None, dtype: str,
+                  wrap: Callable[[dict[CheckpointKey, Any], float], Capture]) -> DecodeRun:
+    """Decode ``steps`` tokens through ``module``'s own cache (``past_key_values``).
+
+    ``kwargs`` are the prefill's forward arguments (``inputs.torch()`` on the module's device);
+    ``capture()`` opens a fresh hook capture (a context manager with ``run`` and ``tensors``);
+    ``wrap(tensors, seconds)`` turns a pass's checkpoints into a :class:`Capture`.
+
+    Raises:
+        ConfigurationError: (DF005) no tokens given and the module returns no logits to choose from.
+        BackendRuntimeError: (DF005) the module keeps no cache (``past_key_values``).
+    """
+    import time
+
+    import torch
+
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2x names it cache
+    device = kwargs["input_ids"].device
+    mask = kwargs["attention_mask"]
+    offset = int(inputs.meta.get("position_offset", 0) or 0)
+    captures: list[Capture] = []
+    kv: list[dict[int, tuple[Any, Any]]] = []
+    masks: list[np.ndarray] = []
+    chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        with capture() as cap:
+            out = cap.run(module, **kwargs, use_cache=True)
+        captures.append(wrap(dict(cap.tensors), time.perf_counter() - start))
+        cache = _cache_of(out)
+        if cache is None:
+            raise BackendRuntimeError("the module returned no past_key_values, so it cannot decode through its cache",
+                                      backend=backend_name, call="run_decode()",
+                                      hint="give the module a cache (use_cache=True), or decode with prefill/decode_step")
+        kv.append(_layer_kv(cache))
+        mask_np = mask.detach().cpu().numpy().astype(np.int64)
+        masks.append(mask_np)
+        logits = getattr(out, "logits", None)
+        last = torch.from_numpy(last_token_index(mask_np)).to(device)
+        for s in range(steps):
+            if tokens is not None:
+                tok = torch.as_tensor(np.asarray(tokens)[:, s], dtype=torch.long, device=device)
+            elif logits is not None:
+                rows = torch.arange(logits.shape[0], device=device)
+                tok = logits[rows, last].float().argmax(-1)
+            else:
+                raise ConfigurationError("the model returns no logits, so the decode tokens cannot be chosen",
+                                         backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
+            chosen[:, s] = tok.cpu().numpy()
+            positions = torch.from_numpy(decode_positions(mask_np, offset)).to(device)
+            mask_np = np.concatenate([mask_np, np.ones((mask_np.shape[0], 1), np.int64)], axis=1)
+            step_kwargs = {"input_ids": tok[:, None], "attention_mask": torch.from_numpy(mask_np).to(device),
+                           "position_ids": positions, cache_arg: cache, "use_cache": True}
+            start = time.perf_counter()
+            with capture() as cap:
+                out = cap.run(module, **step_kwargs)
+            captures.append(wrap(dict(cap.tensors), time.perf_counter() - start))
+            cache = _cache_of(out)
+            kv.append(_layer_kv(cache))
+            masks.append(mask_np)
+            logits = getattr(out, "logits", None)
+            last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
+    return DecodeRun(captures, chosen, kv, masks)
+
+
+def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
+                  tokens: np.ndarray | None, wrap: Callable[[dict[CheckpointKey, Any], float], Capture]) -> DecodeRun:
+    """Decode through a user engine's runner (the engine protocol, docs/validation.md "Decode steps"):
+
+    * ``runner.prefill(inputs, keys) -> {checkpoint: tensor}``: the prompt, tensors ``[batch, length, ...]``
+      (what it writes at padded positions is not judged);
+    * ``runner.decode_step(tokens, positions, keys) -> {checkpoint: tensor}``: one token per row
+      (``tokens`` and ``positions`` int64 ``[batch]``), tensors ``[batch, 1, ...]``;
+    * optional ``runner.kv_cache() -> {layer: (keys, values)}``, each ``[batch, length, kv_heads,
+      head_dim]`` over every position so far (padded ones included, as zeros or anything).
+
+    Without ``tokens`` the runner's ``post_processing`` logits choose them (greedy).
+
+    Raises:
+        ConfigurationError: (DF005) no tokens given and the runner returns no ``post_processing`` logits.
+        BackendRuntimeError: (DF005) a call that does not return a mapping of checkpoints.
+    """
+    import time
+
+    def call(what: str, fn: Callable[[], Any]) -> tuple[dict[CheckpointKey, Any], float]:
+        start = time.perf_counter()
+        produced = fn()
+        seconds = time.perf_counter() - start
+        if not isinstance(produced, dict):
+            raise BackendRuntimeError(f"{what} returned {type(produced).__name__}, not a mapping of checkpoints",
+                                      backend=backend_name, call=what, hint="return {'post_mlp:2': tensor, ...}")
+        return {CheckpointKey.parse(k): v for k, v in produced.items()}, seconds
+
+    def cache() -> dict[int, tuple[Any, Any]]:
+        fn = getattr(runner, "kv_cache", None)
+        return {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+
+    offset = int(inputs.meta.get("position_offset", 0) or 0)
+    mask = np.asarray(inputs.attention_mask, np.int64)
+    got, seconds = call("prefill()", lambda: runner.prefill(inputs, list(keys)))
+    captures, kv, masks = [wrap(got, seconds)], [cache()], [mask]
+    chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
+    last = last_token_index(mask)
+    logit_key = CheckpointKey("post_processing")
+    for s in range(steps):
+        if tokens is not None:
+            tok = np.asarray(tokens, np.int64)[:, s]
+        elif logit_key in got:
+            logits = np.asarray(got[logit_key].detach().cpu() if hasattr(got[logit_key], "detach") else got[logit_key],
+                                dtype=np.float64)
+            tok = logits[np.arange(logits.shape[0]), last].argmax(-1).astype(np.int64)
+        else:
+            raise ConfigurationError("the engine returns no post_processing logits, so the decode tokens cannot be "
+                                     "chosen", backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
+        chosen[:, s] = tok
+        positions = decode_positions(mask, offset)[:, 0]
+        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+        got, seconds = call("decode_step()", lambda t=tok, p=positions: runner.decode_step(t, p, list(keys)))
+        captures.append(wrap(got, seconds))
+        kv.append(cache())
+        masks.append(mask)
+        last = np.zeros(mask.shape[0], np.int64)
+    return DecodeRun(captures, chosen, kv, masks)

@@ -1,0 +1,180 @@
+"""The decode stage: after the prefill, ``decode_steps`` tokens decoded one at a time through each
+backend's own KV cache, every step's checkpoints compared (docs/validation.md, "Decode steps").
+
+Both sides see the same sequence (teacher forcing): the tokens are ``decode_tokens`` where given,
+else the reference's greedy choice. The calibration backend decodes the same tokens at the
+alternative's precision, so each step's checkpoints are judged by the same calibrated rule as the
+prefill's. The prefill's rows then carry ``step`` 0 and decode step ``s``'s rows ``step`` s; the KV
+cache after each pass is compared per layer (K and V, padded positions left out) and kept in
+:attr:`RunContext.decode`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...backends.decode import DecodeRun, decode_support
+from ...capture.keys import CheckpointKey
+from ...comparison import compare, error_metric, select_positions
+from ...errors import ConfigurationError
+from .calibration import calibration_dtype, noise_at
+from .context import RunContext, Stage, call_backend
+from .evidence import CheckpointEvidence, KVEvidence, reference_scale
+
+__all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
+
+#: how to get a decoding reference where the session's cannot decode
+_DECODE_HINT = ("use a reference that decodes through the model's own cache: --reference-backend float64_eager "
+                "(the from-math references do not decode yet), or set decode_steps to 0")
+
+
+def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | None:
+    """``decode_tokens`` as ``[batch, steps]`` int64 (one list per row), None when not given.
+
+    Raises:
+        ConfigurationError: (DF005) tokens that are not ``batch`` rows of ``steps`` ints.
+    """
+    if tokens is None:
+        return None
+    try:
+        arr = np.asarray(tokens, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"decode_tokens must be lists of token ids, one per row: {exc}") from exc
+    if arr.ndim == 1 and batch == 1:
+        arr = arr[None]
+    if arr.shape != (batch, steps):
+        raise ConfigurationError(f"decode_tokens must be {batch} row(s) of {steps} token id(s) (one per decode step), "
+                                 f"got shape {list(arr.shape)}", hint="one list per input row, decode_steps long")
+    return arr
+
+
+def check_decode_plan(config: Mapping[str, Any], inputs: Any, model: Any) -> np.ndarray | None:
+    """The decode settings checked against the inputs and the model (before any backend runs):
+    ``decode_tokens`` one row of ``decode_steps`` ids per input row, and every position (the
+    inputs from ``position_offset``, then the steps) within ``max_position_embeddings``. Returns
+    the given tokens (None: the reference's greedy choice).
+
+    Raises:
+        ConfigurationError: (DF005) saying what to change.
+    """
+    steps = int(config.get("decode_steps") or 0)
+    if not steps:
+        return None
+    batch, length = inputs.shape
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    offset = int(config.get("position_offset") or 0)
+    if limit and offset + length + steps > limit:
+        raise ConfigurationError(
+            f"{length} input position(s) from {offset} and {steps} decode step(s) exceed the model's "
+            f"max_position_embeddings={limit}", hint="fewer decode_steps, shorter inputs or a lower position_offset")
+    return check_decode_tokens(config.get("decode_tokens"), batch, steps)
+
+
+class DecodeStage(Stage):
+    """Prefill and ``decode_steps`` decode steps in the reference, the alternative and the
+    calibration; each step's checkpoints measured as the compare stage measures the prefill's."""
+
+    name = "decode"
+    timing_key = "decode_s"
+    persists_rows = True
+
+    def applies(self, config: Mapping[str, Any]) -> bool:
+        return int(config.get("decode_steps") or 0) > 0
+
+    def run(self, ctx: RunContext) -> None:
+        plan = ctx.plan
+        steps = int(plan.config["decode_steps"])
+        given = check_decode_plan(plan.config, ctx.inputs, ctx.model)
+        for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
+            ok, why = decode_support(backend)
+            if not ok:
+                raise ConfigurationError(f"the {side} backend {backend.name!r} {why}", hint=_DECODE_HINT)
+        taps = list(plan.keys)
+        ref = ctx.reference
+        ref_run: DecodeRun = call_backend(ref, "run_decode()",
+                                          lambda: ref.run_decode(ctx.inputs, steps, taps, given))  # type: ignore[attr-defined]
+        tokens = ref_run.tokens if given is None else given
+        alt = ctx.alternative
+        alt_run: DecodeRun = call_backend(alt, "run_decode()",
+                                          lambda: alt.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
+        cal_run = self._calibration(ctx, steps, taps, tokens)
+        for ev in ctx.evidence.checkpoints:
+            if ev.step is None:
+                ev.step = 0  # the prefill
+        for s in range(1, steps + 1):
+            r, a = ref_run.captures[s], alt_run.captures[s]
+            c = None if cal_run is None else cal_run.captures[s]
+            for key in plan.keys:
+                tol = plan.tolerance(key)
+                both = key in r and key in a
+                comp = compare(r[key], a[key], tolerance=tol, check_dtype=False, name=f"{key}@{s}") if both else \
+                    _missing(key, s, "alternative" if key not in a else "reference", tol)
+                ctx.evidence.checkpoints.append(CheckpointEvidence(
+                    key=key, comparison=comp, reference_rms=reference_scale(r[key]) if both else math.nan,
+                    noise=noise_at(key, r, c) if plan.calibrated(key) else None, step=s,
+                    module=(ev_module(ctx, key))))
+        ctx.decode = {"steps": steps, "tokens": np.asarray(tokens).tolist(),
+                      "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ref.name})",
+                      "kv_cache": kv_rows(ctx, ref_run, alt_run, cal_run),
+                      "seconds_per_step": {side: _per_step(run) for side, run in
+                                           (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
+
+    @staticmethod
+    def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey], tokens: np.ndarray) -> DecodeRun | None:
+        """The calibration's decode of the same tokens: the session's calibration backend where it
+        decodes, else the model's own eager code at the calibration's dtype (``float64_eager``'s)."""
+        if not ctx.plan.config["calibrate"] or not any(ctx.plan.calibrated(k) for k in ctx.plan.keys):
+            return None
+        cal = ctx.calibrator
+        if cal is None or not decode_support(cal)[0]:
+            from ...backends.eager_reference import EagerReferenceBackend
+
+            cal = EagerReferenceBackend()
+            dtype = calibration_dtype(ctx.plan, ctx.model)
+            call_backend(cal, "prepare()", lambda: cal.prepare(ctx.model, dtype, "cpu"))
+        return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
+
+
+def ev_module(ctx: RunContext, key: CheckpointKey) -> str | None:
+    """The module path the prefill's evidence names for ``key``."""
+    found = ctx.evidence.at(key)
+    return None if found is None else found.module
+
+
+def _missing(key: CheckpointKey, step: int, side: str, tol: Any) -> Any:
+    from ...comparison import ComparisonResult
+
+    return ComparisonResult(passed=False, reason=f"the {side} backend produced no tensor for {key} at decode step {step}",
+                            tolerance=tol, name=f"{key}@{step}")
+
+
+def _per_step(run: DecodeRun) -> float | None:
+    times = [c.elapsed_s for c in run.captures[1:]]
+    return sum(times) / len(times) if times else None
+
+
+def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[str, Any]]:
+    """The KV cache after each pass (step 0: the prefill), per layer: K and V of the alternative
+    against the reference (padded positions left out), beside the calibration's where it decoded;
+    each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). Empty where a
+    side does not expose its cache."""
+    rows: list[dict[str, Any]] = []
+    for s, (rk, ak) in enumerate(zip(ref.kv_cache, alt.kv_cache)):
+        mask = ref.attention_masks[s] if s < len(ref.attention_masks) else None
+        ck = cal.kv_cache[s] if cal is not None and s < len(cal.kv_cache) else {}
+        for layer in sorted(set(rk) & set(ak)):
+            row: dict[str, Any] = {"step": s, "layer": layer}
+            for j, part in enumerate(("k", "v")):
+                err = compare(rk[layer][j], ak[layer][j], check_dtype=False, positions=mask)
+                noise = compare(rk[layer][j], ck[layer][j], check_dtype=False, positions=mask) if layer in ck else None
+                scale = reference_scale(select_positions(rk[layer][j], mask))
+                ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
+                row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
+                             "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
+                             "shape_match": err.shape_match}
+            rows.append(row)
+    return rows
