@@ -163,7 +163,7 @@ def test_backend_files_register_their_backends_before_the_task_is_written(app_en
     from debug_framework.backends import unregister_backend
     from debug_framework.dashboard import launch
     from debug_framework.dashboard.settings import DATABASE_VARIABLE, Settings
-    from debug_framework.errors import BackendInitializationError, ConfigurationError
+    from debug_framework.errors import BackendInitializationError, ConfigurationError, ModelLoadingError
     from debug_framework.storage.database import Database
     from debug_framework.storage.tasks import TaskStore
 
@@ -176,6 +176,10 @@ def test_backend_files_register_their_backends_before_the_task_is_written(app_en
     s = Settings.from_environment()
     with pytest.raises(ConfigurationError, match="no such file"):
         launch.launch_validation(s, str(app_env.model), "python_reference", "pytorch", {}, ["missing.py"])
+    with pytest.raises(ConfigurationError, match="longer than the file system allows"):  # issue 33 item 7
+        launch.launch_validation(s, str(app_env.model), "python_reference", "pytorch", {}, ["b" * 5000 + ".py"])
+    with pytest.raises(ModelLoadingError, match="longer than the file system allows"):
+        launch.launch_batch(s, [str(app_env.model), "/" + "m" * 5000], "python_reference", "pytorch", {})
     assert not (tmp_path / "files" / "debug.db").exists()  # refused on submit: nothing written
     try:
         with pytest.raises(BackendInitializationError, match="did you mean 'dash_form_backend'"):

@@ -108,10 +108,14 @@ def check_request(model_paths: list[str], reference: str, alternative: str,
     from ..errors import BackendInitializationError, ModelLoadingError
     from ..suggest import did_you_mean
 
-    for path in model_paths:
-        if not Path(path).expanduser().exists():
-            raise ModelLoadingError("model path does not exist", file=str(path),
-                                    hint="enter a model directory (config.json + weights) or a weights file")
+    from ..safefiles import path_exists
+
+    hint = "enter a model directory (config.json + weights) or a weights file"
+    for path in model_paths:  # a name over the length limit, a NUL: DF004 saying so, never an OSError
+        if not path_exists(Path(path).expanduser(), error=ModelLoadingError, hint=hint):
+            raise ModelLoadingError("model path does not exist", file=str(path)[:300], hint=hint)
+    for file in backend_files:
+        path_exists(Path(file).expanduser(), hint="give the path of a Python file that registers backends")
     if backend_files:
         from ..cli.user_code import load_backend_code
 
@@ -126,7 +130,7 @@ def check_request(model_paths: list[str], reference: str, alternative: str,
 
 def _files(backend_files: Sequence[str]) -> list[str]:
     """The backend files of the form, absolute (the worker runs elsewhere), blanks left out."""
-    return [str(Path(f.strip()).expanduser().resolve()) for f in backend_files if f.strip()]
+    return [str(Path(f.strip()).expanduser().absolute()) for f in backend_files if f.strip()]
 
 
 def launch_validation(settings: Settings, model_path: str, reference: str, alternative: str,
