@@ -79,12 +79,12 @@ def app_env(sessions: Sessions, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
 
 def run_page(page: str | None = None, query: dict[str, str] | None = None, timeout: float = 60):
-    """The app run once on ``page`` (a file under pages/, None: the default page)."""
+    """The app run once on ``page`` (a file under views/, None: the default page)."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(APP), default_timeout=timeout)
     if page is not None:
-        at.switch_page(f"pages/{page}")
+        at.switch_page(f"views/{page}")
     for k, v in (query or {}).items():
         at.query_params[k] = v
     at.run()

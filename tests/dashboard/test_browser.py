@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,17 +29,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def server(sessions, runs, tmp_path, start_server):
-    """The dashboard as a user starts it, on the sessions' database and the runs' artifacts root."""
+def _serve(start_server, tmp_path: Path, database: Path, artifacts: Path) -> Iterator[str]:
+    """The dashboard as a user starts it (``python -m debug_framework.dashboard``), with the runs
+    page declared as the installed debug_module does; yields its URL once it answers."""
     port = _free_port()
     eps = install_entry_points(tmp_path / "ep")  # the runs page, as the installed debug_module declares it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(eps)]),
            "PIE_DEBUG_LOG_DIR": str(tmp_path / "logs"), "HOME": str(tmp_path)}
     log = open(tmp_path / "server.log", "wb")
     # its own process group, stopped whole after the test: the launcher's streamlit child included
-    proc = start_server([sys.executable, "-m", "debug_framework.dashboard", "--database", str(sessions.database),
-                         "--artifacts", str(runs[0]), "--port", str(port)], env=env, stdout=log,
+    proc = start_server([sys.executable, "-m", "debug_framework.dashboard", "--database", str(database),
+                         "--artifacts", str(artifacts), "--port", str(port)], env=env, stdout=log,
                         stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -55,6 +56,12 @@ def server(sessions, runs, tmp_path, start_server):
         yield url
     finally:
         log.close()
+
+
+@pytest.fixture
+def server(sessions, runs, tmp_path, start_server):
+    """The dashboard on the sessions' database and the runs' artifacts root."""
+    yield from _serve(start_server, tmp_path, sessions.database, runs[0])
 
 
 def _wait_text(page, text: str) -> None:
@@ -120,3 +127,25 @@ def test_every_page_in_chromium(server, sessions, runs, browser_page):
     assert browser_page.scroll_overflow() <= 0
     assert not browser_page.errors, (browser_page.errors, bad)
     assert not bad, bad
+
+
+def test_first_visit_to_a_contributed_page_and_no_links_from_user_text(sessions, tmp_path, start_server,
+                                                                        browser_page):
+    """Issue 30 item 7: a fresh server's first request straight to ``/runs`` shows the runs page, not
+    "Page not found" (Streamlit read a ``pages/`` folder beside app.py as an old-style multipage app
+    on the first run). Issue 33 item 9: user text that GFM would link (``www.``, ``http://``, an
+    e-mail address; here the artifacts root the page names) is shown as text, never as a link."""
+    root = tmp_path / "www.evil.example" / "user@evil.example" / "http:" / "evil.example"
+    root.mkdir(parents=True)
+    serving = _serve(start_server, tmp_path, sessions.database, root)
+    url = next(serving)
+    page = browser_page.page
+    page.goto(url + "/runs")
+    _wait_text(page, "No debug_module runs here")
+    page.wait_for_timeout(1500)  # the "Page not found" dialog came after the page had drawn
+    body = page.inner_text("body")
+    assert "Page not found" not in body and "does not seem to exist" not in body
+    assert "evil" in body.replace("\u2060", "")  # the root is shown ...
+    links = page.evaluate("() => Array.from(document.querySelectorAll('a')).map(a => a.href)")
+    assert not [a for a in links if "evil" in a], links  # ... and not linked
+    serving.close()

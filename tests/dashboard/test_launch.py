@@ -154,3 +154,45 @@ def test_the_launch_form_writes_a_task_and_its_worker_records_the_failure(app_en
     table = at.dataframe[0].value
     assert table.iloc[0]["state"] == "failed" and table.iloc[0]["message"].startswith("[DF004]")
     assert {"verdict", "session"} <= set(table.columns)  # a finished task: its verdict and a link to its session
+
+
+def test_backend_files_register_their_backends_before_the_task_is_written(app_env, tmp_path, monkeypatch):
+    """Issue 30 item 7: the Jobs form's backend-file field. The file is imported on submit (as
+    ``--backend-file``), so its backend is accepted and a missing file or an unknown name is refused
+    there; the task records the file's absolute path for its worker, which imports it too."""
+    from debug_framework.backends import unregister_backend
+    from debug_framework.dashboard import launch
+    from debug_framework.dashboard.settings import DATABASE_VARIABLE, Settings
+    from debug_framework.errors import BackendInitializationError, ConfigurationError, ModelLoadingError
+    from debug_framework.storage.database import Database
+    from debug_framework.storage.tasks import TaskStore
+
+    monkeypatch.setenv(DATABASE_VARIABLE, str(tmp_path / "files" / "debug.db"))
+    monkeypatch.setattr(launch, "_start_worker", lambda *a: None)  # the worker's side: test_cli_user_backends
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "form_backend.py").write_text(
+        "from debug_framework.backends import register_backend\n"
+        "register_backend('dash_form_backend', 'debug_framework.backends.pytorch:PyTorchBackend')\n")
+    s = Settings.from_environment()
+    with pytest.raises(ConfigurationError, match="no such file"):
+        launch.launch_validation(s, str(app_env.model), "python_reference", "pytorch", {}, ["missing.py"])
+    with pytest.raises(ConfigurationError, match="longer than the file system allows"):  # issue 33 item 7
+        launch.launch_validation(s, str(app_env.model), "python_reference", "pytorch", {}, ["b" * 5000 + ".py"])
+    with pytest.raises(ModelLoadingError, match="longer than the file system allows"):
+        launch.launch_batch(s, [str(app_env.model), "/" + "m" * 5000], "python_reference", "pytorch", {})
+    assert not (tmp_path / "files" / "debug.db").exists()  # refused on submit: nothing written
+    try:
+        with pytest.raises(BackendInitializationError, match="did you mean 'dash_form_backend'"):
+            launch.launch_validation(s, str(app_env.model), "python_reference", "dash_form_backendd", {},
+                                     ["form_backend.py"])
+        tid = launch.launch_validation(s, str(app_env.model), "python_reference", "dash_form_backend", {},
+                                       [" form_backend.py ", ""])
+    finally:
+        unregister_backend("dash_form_backend")
+    db = Database(s.database)
+    try:
+        request = TaskStore(db).get(tid)["request"]
+    finally:
+        db.close()
+    assert request["backend_files"] == [str(tmp_path / "form_backend.py")]
+    assert request["alternative_backend"] == "dash_form_backend"

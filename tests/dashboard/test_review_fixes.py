@@ -310,6 +310,23 @@ def test_bidi_controls_are_named_in_text_and_markdown():
     assert not set(literal(f"a{every}b")) & BIDI_CONTROLS and "U\\+202E" in literal("\u202e")
 
 
+def test_literal_breaks_every_bare_link_gfm_would_make():
+    """Issue 33 item 9: Streamlit's Markdown links ``http://``, ``www.`` and e-mail addresses in
+    text it has already unescaped; :func:`literal` breaks each with an invisible word joiner."""
+    import re
+
+    from debug_framework.dashboard.data import WORD_JOINER, literal
+
+    gfm = re.compile(r"(?i)https?://|www\.|[\w.+-]+@[\w-]")  # what GFM's autolink literal starts on
+    for text in ("http://evil.example", "HTTPS://evil.example/x", "www.evil.example", "WWW.evil.example",
+                 "user@evil.example", "mailto:user@evil.example", "a backend named http://evil.example"):
+        shown = literal(text)
+        unescaped = re.sub(r"\\(.)", r"\1", shown)  # what the renderer sees after the escapes
+        assert not gfm.search(unescaped), (text, shown)
+        assert unescaped.replace(WORD_JOINER, "") == text  # shown as typed
+    assert WORD_JOINER not in literal("post_attention:1 at 3.5e-05")  # ordinary text untouched
+
+
 def test_sessions_table_cells_name_bidi_controls(app_env):
     at = run_page()
     models = list(at.dataframe[0].value["model"])

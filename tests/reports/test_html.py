@@ -263,3 +263,23 @@ def test_diff_report(db, build):
     assert "changes" in c.ids and "verdict" in c.ids
     assert page.count('<tr class="worse">') == len(diff.worse)
     assert "checkpoint(s) got worse" in page
+
+
+def test_a_sparse_worst_element_map_shows_only_the_rows_and_columns_that_hold_one():
+    """Issue 30 item 10: the logits' worst elements (k of batch x seq x vocabulary) filled a few
+    pixels of a 64 x 160 grid; the map is drawn over the rows and columns that hold one."""
+    from debug_framework.reports.html_report import _heatmap
+
+    hits = [((0, 3, 31999), 0.5), ((0, 3, 7), 0.25), ((0, 6, 7), 2.0), ((0, 6, 7), 1.0), ((0, 1, 1200), math.nan)]
+    row = {"checkpoint": "logits", "layer": None, "reference_shape": [1, 8, 32000], "max_abs_error": 2.0,
+           "worst": [{"index": list(i), "abs_error": e} for i, e in hits]}
+    hm = heatmap_for(row, [], None)
+    assert hm.source == "worst-element list" and (hm.rows, hm.cols) == (8, 32000)
+    assert hm.row_labels == [1, 3, 6] and hm.col_labels == [7, 1200, 31999]
+    assert hm.matrix.shape == (3, 3) and hm.matrix[2, 0] == 2.0 and hm.matrix[1, 2] == 0.5
+    assert math.isinf(hm.matrix[0, 1]) and int(np.isnan(hm.matrix).sum()) == 9 - 4  # 4 cells known
+    page = _heatmap(hm, row)
+    assert "only the 3 row(s) and 3 column(s) that hold a worst element: rows 1, 3, 6, columns 7, 1200, 31999" in page
+    dense = {**row, "reference_shape": [1, 2, 3],
+             "worst": [{"index": [0, i // 3, i % 3], "abs_error": 0.1} for i in range(6)]}
+    assert heatmap_for(dense, [], None).row_labels is None  # a dense map keeps every row and column

@@ -36,3 +36,17 @@ def test_scheduler_nodes_after_fusion_count_each_fused_node_once():
     post = ("op0: SchedulerNode(\nop1_op2: OuterLoopFusedSchedulerNode(\nop1: SchedulerNode(\n"
             "op2: SchedulerNode(\nop3: ExternKernelSchedulerNode(\n")
     assert scheduler_nodes(pre) == 4 and scheduler_nodes(post) == 3
+
+
+def test_the_summary_never_cuts_a_word_or_a_number():
+    """Issue 30 item 8: the summary's result column cut headlines at 110 characters ("1 benchmark f")."""
+    from debug_module.demo.runner import SUMMARY_CELL_CHARS, summary_cell
+
+    report = ("5 run(s), 5 ATen graph(s), 88 violation(s), 0 graph break(s), KernelDiff 1/1 passed, 1 repro(s), "
+              "1 benchmark file(s)")
+    assert len(report) > 110 and summary_cell(report) == report  # the table wraps it whole
+    long = " ".join(f"word{i} 1.25e-05" for i in range(60))
+    short = summary_cell(long)
+    kept = short.removesuffix(" ... (see the step's output)")
+    assert short.endswith("(see the step's output)") and len(kept) <= SUMMARY_CELL_CHARS
+    assert long.startswith(kept) and long[len(kept)] == " " and kept.split()[-1] in long.split()

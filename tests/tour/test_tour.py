@@ -44,6 +44,7 @@ def test_interactive_bad_knob_is_explained_and_asked_again(tmp_path, monkeypatch
     assert code == 0, out
     assert "[DF005]" in out and "batch=0 is out of range" in out
     assert "unknown knob 'bacth' (did you mean 'batch'?)" in out
+    assert "Validation failed to execute" not in out and "Invalid option or input" in out  # a typo, not a run
     assert "knobs now: rtol=0; minifier does not use them, the steps that do will" in out  # no re-run for it
     assert out.count("5/8 minifier") == 2 and "knobs now: fail_op=aten.erf.default; re-running minifier" in out
     doc = json.loads((tmp_path / "tour.json").read_text())

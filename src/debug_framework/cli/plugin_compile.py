@@ -91,6 +91,8 @@ def _print_validation(result: dict[str, Any]) -> None:
             if k["repro"]:
                 out.print(markup("  repro: python {} ({})", k["repro"],
                                  "verified" if k.get("repro_verified") else "not verified"))
+            elif k.get("repro_error"):
+                out.print(markup("  no repro: {}", k["repro_error"]))
     out.print("[bold green]PASSED[/]" if sweep["passed"] else "[bold red]FAILED[/]: some samples fail (see above)")
 
 

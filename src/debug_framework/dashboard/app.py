@@ -1,5 +1,5 @@
 """The dashboard's Streamlit entry (``streamlit run app.py``; :mod:`.__main__` does it): the pages
-in :mod:`.pages` plus those installed through ``debug_framework.dashboard_pages``."""
+in :mod:`.views` plus those installed through ``debug_framework.dashboard_pages``."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ def _draw(page: ContributedPage) -> None:
 
 
 pages = [
-    st.Page("pages/sessions.py", title="Sessions", default=True),
-    st.Page("pages/session.py", title="Session"),
-    st.Page("pages/diff.py", title="Diff"),
-    st.Page("pages/jobs.py", title="Jobs"),
-    st.Page("pages/plugins.py", title="Plugins"),
+    st.Page("views/sessions.py", title="Sessions", default=True),
+    st.Page("views/session.py", title="Session"),
+    st.Page("views/diff.py", title="Diff"),
+    st.Page("views/jobs.py", title="Jobs"),
+    st.Page("views/plugins.py", title="Plugins"),
 ]
 broken = []
 for page in contributed_pages():

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 __all__ = ["settings", "literal", "plain", "cells", "number_columns", "NUMBER_FORMAT", "viewer", "show_error", "session_items", "session_ids"]
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+#: Where GitHub-flavoured Markdown starts a bare link (``http://``, ``https://``, ``www.``, an
+#: e-mail's ``@``): Streamlit's renderer links these in the text it has already unescaped, so
+#: escaping cannot stop it. A word joiner (U+2060, invisible) placed there does.
+_AUTOLINK = re.compile(r"(?i)(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)")
+WORD_JOINER = "\u2060"
 
 
 def settings() -> Settings:
@@ -43,8 +48,10 @@ def plain(text: object) -> str:
 
 def literal(text: object) -> str:
     """``text`` for ``st.markdown``/titles/captions: bidi controls named (:func:`plain`), then every
-    Markdown (and HTML) character escaped, so user text is shown as typed and never read as markup or links."""
-    return _MARKDOWN.sub(r"\\\1", plain(text))
+    Markdown (and HTML) character escaped, and every place a bare link would start broken by an
+    invisible :data:`WORD_JOINER`, so user text is shown as typed and never read as markup or links
+    (a backend named ``http://evil.example`` is shown, not linked)."""
+    return _MARKDOWN.sub(r"\\\1", _AUTOLINK.sub(WORD_JOINER, plain(text)))
 
 
 def cells(frame: pd.DataFrame) -> pd.DataFrame:

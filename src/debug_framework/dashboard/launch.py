@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,22 +93,33 @@ def session_config(knobs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: knobs[k] for k in _KNOBS if knobs.get(k) not in (None, "", {})}
 
 
-def check_request(model_paths: list[str], reference: str, alternative: str) -> None:
+def check_request(model_paths: list[str], reference: str, alternative: str,
+                  backend_files: Sequence[str] = ()) -> None:
     """What a worker would find wrong, found on the page before any task is written: a model path
-    that does not exist (DF004) and a backend name nobody registered (DF002, with the closest one).
-    ``auto`` (the alternative) and ``plugin:<id>`` names are resolved by the worker.
+    that does not exist (DF004), a backend file that is missing or fails to import (DF005; it is
+    imported here, as ``--backend-file`` is, so the backends it registers are known and offered)
+    and a backend name nobody registered (DF002, with the closest one). ``auto`` (the alternative)
+    and ``plugin:<id>`` names are resolved by the worker.
 
     Raises:
-        ModelLoadingError, BackendInitializationError.
+        ModelLoadingError, ConfigurationError, BackendInitializationError.
     """
     from ..backends.registry import registered_backends
     from ..errors import BackendInitializationError, ModelLoadingError
     from ..suggest import did_you_mean
 
-    for path in model_paths:
-        if not Path(path).expanduser().exists():
-            raise ModelLoadingError("model path does not exist", file=str(path),
-                                    hint="enter a model directory (config.json + weights) or a weights file")
+    from ..safefiles import path_exists
+
+    hint = "enter a model directory (config.json + weights) or a weights file"
+    for path in model_paths:  # a name over the length limit, a NUL: DF004 saying so, never an OSError
+        if not path_exists(Path(path).expanduser(), error=ModelLoadingError, hint=hint):
+            raise ModelLoadingError("model path does not exist", file=str(path)[:300], hint=hint)
+    for file in backend_files:
+        path_exists(Path(file).expanduser(), hint="give the path of a Python file that registers backends")
+    if backend_files:
+        from ..cli.user_code import load_backend_code
+
+        load_backend_code(files=[Path(f).expanduser() for f in backend_files])
     known = registered_backends()
     for role, name in (("reference", reference), ("alternative", alternative)):
         if name in known or (role == "alternative" and name == "auto") or ":" in name:
@@ -117,19 +128,25 @@ def check_request(model_paths: list[str], reference: str, alternative: str) -> N
                                          hint=f"registered backends: {', '.join(known)}", backend=name)
 
 
+def _files(backend_files: Sequence[str]) -> list[str]:
+    """The backend files of the form, absolute (the worker runs elsewhere), blanks left out."""
+    return [str(Path(f.strip()).expanduser().absolute()) for f in backend_files if f.strip()]
+
+
 def launch_validation(settings: Settings, model_path: str, reference: str, alternative: str,
-                      knobs: Mapping[str, Any]) -> str:
+                      knobs: Mapping[str, Any], backend_files: Sequence[str] = ()) -> str:
     """Write a validation task and start its worker; returns the task id (the request is checked
     first: :func:`check_request`)."""
     if not str(model_path).strip():
         raise ConfigurationError("a validation needs a model path", hint="enter the model's directory or file")
-    check_request([str(model_path)], reference, alternative)
+    files = _files(backend_files)
+    check_request([str(model_path)], reference, alternative, files)
     from ..services.validation.plan import validate_session_config
 
     config = session_config(knobs)
     validate_session_config(config)  # a bad knob is DF005 here, on the page, not in the worker
     request = {"model_path": str(model_path), "reference_backend": reference, "alternative_backend": alternative,
-               "config": config}
+               "config": config, **({"backend_files": files} if files else {})}
     db, tasks = task_store(settings)
     try:
         tid = tasks.create("validation", request)
@@ -140,7 +157,7 @@ def launch_validation(settings: Settings, model_path: str, reference: str, alter
 
 
 def launch_batch(settings: Settings, model_paths: list[str], reference: str, alternative: str,
-                 knobs: Mapping[str, Any]) -> str:
+                 knobs: Mapping[str, Any], backend_files: Sequence[str] = ()) -> str:
     """Write a batch job (its items) and a task for it, start the worker; returns the task id.
 
     The worker runs the items one after another in its own process (``parallel_execution`` off), so
@@ -148,14 +165,16 @@ def launch_batch(settings: Settings, model_paths: list[str], reference: str, alt
     from ..models.batch_validation_job import BatchValidationJob
 
     paths = [p.strip() for p in model_paths if p.strip()]
-    check_request(paths, reference, alternative)
+    files = _files(backend_files)
+    check_request(paths, reference, alternative, files)
     config = {**session_config(knobs), "reference_backend": reference, "alternative_backend": alternative,
               "parallel_execution": False, "database_path": str(settings.database)}
     job = BatchValidationJob(job_id=uuid.uuid4().hex, model_paths=paths, config=config)
     try:
         tasks = TaskStore(job.db)
         tid = tasks.create("batch", {"model_paths": paths, "config": {
-            k: v for k, v in config.items() if k != "database_path"}}, job_id=job.job_id)
+            k: v for k, v in config.items() if k != "database_path"}, **({"backend_files": files} if files else {})},
+            job_id=job.job_id)
         _start_worker(settings, tasks, tid)
     finally:
         job.db.close()

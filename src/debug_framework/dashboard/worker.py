@@ -33,6 +33,7 @@ import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -174,6 +175,11 @@ def run_task(settings: Settings, task_id: str) -> int:
     task = tasks.get(task_id)
     assert task is not None
     try:
+        files = (task.get("request") or {}).get("backend_files") or []
+        if files:  # the form's backend files register their backends here too, as --backend-file does
+            from ..cli.user_code import load_backend_code
+
+            load_backend_code(files=[Path(f) for f in files])
         (_run_batch if task["kind"] == "batch" else _run_validation)(settings, tasks, task)
     except Cancelled:
         tasks.finish(task_id, "cancelled", CANCELLED)

@@ -30,7 +30,7 @@ __all__ = ["KernelSweep", "SweepReport", "sweep_plugin", "check_in_worker", "sig
 
 #: Seconds one sample may run before it counts as a hang.
 DEFAULT_TIMEOUT_S = 60.0
-_START_TIMEOUT_S = 300.0  # loading torch, OpInfo and the plugin in a fresh process
+_START_TIMEOUT_S = 300.0  # starting Python, torch and OpInfo in a fresh process (no plugin code runs yet)
 
 
 @dataclass
@@ -44,6 +44,8 @@ class KernelSweep:
     repro: str | None = None
     #: the repro said ``REPRO: reproduced`` and exited 1 in a fresh process (a crash or hang is not run)
     repro_verified: bool = False
+    #: why no repro was written: the worker died or ran past the timeout writing it (its signal named)
+    repro_error: str | None = None
 
     def count(self, status: str) -> int:
         return sum(1 for s in self.samples if s["result"]["status"] == status)
@@ -73,7 +75,8 @@ class KernelSweep:
              "passed_samples": self.count("pass"), "failed": self.count("fail"), "errors": self.count("error"),
              "crashes": self.count("crash"), "hangs": self.count("hang"), "skipped": self.count("skipped"),
              "pass_rate": self.pass_rate, "passed": self.passed, "by_source": self.by_source(),
-             "worst": self.worst, "repro": self.repro, "repro_verified": self.repro_verified}
+             "worst": self.worst, "repro": self.repro, "repro_verified": self.repro_verified,
+             "repro_error": self.repro_error}
         if with_samples:
             d["sample_results"] = self.samples
         return d
@@ -107,8 +110,8 @@ class _Worker(PipeWorker):
     (:class:`~.pipeworker.PipeWorker`); restarted after a crash or a hang. It runs in a scratch
     directory of its own (removed when it stops), so a plugin's relative paths never land in the
     caller's folder; its code still runs with the user's privileges (docs/plugins.md). Loading the
-    plugin (its static initialisers) is bounded by ``timeout_s``, the user's ``--timeout``; only
-    starting Python and torch gets longer."""
+    plugin (its static initialisers) and every later request (samples, runs, repros) are bounded by
+    ``timeout_s``, the user's ``--timeout``; only starting Python, torch and OpInfo gets longer."""
 
     def __init__(self, args: tuple[Any, ...], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.scratch = tempfile.TemporaryDirectory(prefix="df-plugin-worker-")
@@ -167,13 +170,14 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
         defn.kernel(n)
     args = (defn.to_dict(), str(artifact), defn.backend_type, dict(model_shapes or {}), seed, opinfo)
     start = time.perf_counter()
-    worker = _Worker(args, timeout_s)
+    worker: _Worker | None = _Worker(args, timeout_s)
     report = SweepReport(defn.id, {})
     try:
         for name in names:
-            status, descriptions = worker.ask(("samples", name), _START_TIMEOUT_S) or ("error", "the worker died")
-            if status != "ok":
-                raise PluginCompilationError(f"making the samples of {name} failed: {descriptions}", plugin=defn.id)
+            if worker is None:  # stopped writing the last kernel's repro
+                worker = _Worker(args, timeout_s)
+                report.worker_restarts += 1
+            descriptions = _samples(worker, name, timeout_s, defn.id)
             ks = KernelSweep(name, defn.kernel(name).op_name)
             for i, desc in enumerate(descriptions):
                 reply = worker.ask(("run", name, i), timeout_s)
@@ -183,9 +187,7 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
                     report.worker_restarts += 1
                     # the new worker makes this kernel's samples again now, so that work never counts
                     # against the next sample's timeout (and reads as a hang)
-                    if (worker.ask(("samples", name), _START_TIMEOUT_S) or ("error",))[0] != "ok":
-                        raise PluginCompilationError(f"the restarted worker cannot make the samples of {name}",
-                                                     plugin=defn.id)
+                    _samples(worker, name, timeout_s, defn.id)
                 elif reply[0] != "ok":
                     raise PluginCompilationError(f"the sweep failed on {name} sample {i}: {reply[1]}", plugin=defn.id)
                 else:
@@ -194,19 +196,39 @@ def sweep_plugin(defn: PluginDefinition, artifact: str | Path, *, kernels: list[
             _pick_worst(ks)
             if repro_dir is not None and ks.worst is not None and ks.worst["result"]["status"] != "pass":
                 # absolute: the worker runs in a scratch directory of its own
-                reply = worker.ask(("repro", name, ks.worst["index"], str(Path(repro_dir).resolve())),
-                                   _START_TIMEOUT_S)
+                reply = worker.ask(("repro", name, ks.worst["index"], str(Path(repro_dir).resolve())), timeout_s)
                 if reply is not None and reply[0] == "ok":
                     ks.repro = reply[1]
+                    # a fresh interpreter: starting it may take longer than the kernel's timeout
                     ks.repro_verified = (ks.worst["result"]["status"] == "fail"
                                          and verify(Path(reply[1]), timeout=_START_TIMEOUT_S + timeout_s).reproduced)
                 elif reply is None:
-                    worker = _Worker(args, timeout_s)
+                    ks.repro_error = f"writing the repro stopped the worker process: {worker.death(timeout_s)['reason']}"
+                    worker = None  # restarted only if another kernel follows
+                else:
+                    ks.repro_error = f"writing the repro failed: {reply[1]}"
             report.kernels[name] = ks
     finally:
-        worker.stop()
+        if worker is not None:
+            worker.stop()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _samples(worker: _Worker, name: str, timeout_s: float, plugin_id: str) -> list[dict[str, Any]]:
+    """The descriptions of kernel ``name``'s samples, made by ``worker`` within ``timeout_s``.
+
+    Raises:
+        PluginCompilationError (DF008): the worker failed, died (its signal named) or ran past ``timeout_s``.
+    """
+    reply = worker.ask(("samples", name), timeout_s)
+    if reply is None:
+        raise PluginCompilationError(f"making the samples of {name} stopped the worker process: "
+                                     f"{worker.death(timeout_s)['reason']}", plugin=plugin_id,
+                                     hint="the plugin's code runs in the worker; raise --timeout if it is only slow")
+    if reply[0] != "ok":
+        raise PluginCompilationError(f"making the samples of {name} failed: {reply[1]}", plugin=plugin_id)
+    return reply[1]
 
 
 def check_in_worker(defn: PluginDefinition | None, artifact: str | Path, backend_type: str, *,

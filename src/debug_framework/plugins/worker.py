@@ -36,6 +36,11 @@ class WorkerState:
         self.model_shapes, self.seed, self.opinfo = model_shapes, seed, opinfo
         self._kernels: dict[str, Any] | None = None
         self._samples: dict[str, list[Any]] = {}
+        if opinfo:  # imported while starting (not bounded by the user's --timeout), not by the first samples
+            try:
+                import torch.testing._internal.common_methods_invocations  # noqa: F401
+            except Exception:  # noqa: BLE001 - missing expecttest etc.: no OpInfo samples (samples._opinfos)
+                pass
 
     @property
     def kernels(self) -> dict[str, Any]:

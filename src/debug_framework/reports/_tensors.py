@@ -36,6 +36,11 @@ class Heatmap:
     cols: int
     block: tuple[int, int]  # elements per cell (rows, cols); each cell shows the block's max
     notes: list[str] = field(default_factory=list)
+    #: a worst-element map too sparse to read at full size (logits: k elements among thousands)
+    #: is drawn over only the rows and columns that hold a worst element; these are their indices
+    #: in the 2-D view (None: the map covers every row and column)
+    row_labels: list[int] | None = None
+    col_labels: list[int] | None = None
 
 
 def open_store(store: TensorStore | None, root: str | None) -> TensorStore | None:
@@ -189,8 +194,7 @@ def heatmap_for(
         notes.append("tensor shape not stored; the map spans the worst elements' bounding box")
     shape = [int(d) for d in shape]
     r, c = _as_2d_shape(shape)
-    br, bc = max(1, math.ceil(r / max_rows)), max(1, math.ceil(c / max_cols))
-    mat = np.full((math.ceil(r / br), math.ceil(c / bc)), np.nan)
+    placed: list[tuple[int, int, float]] = []  # (row, column) in the 2-D view, abs error
     for w in elems:
         idx = [int(i) for i in w["index"]]
         if any(i < 0 or i >= d for i, d in zip(idx, shape)):
@@ -201,8 +205,21 @@ def heatmap_for(
             rr = int(np.ravel_multi_index(idx[:-1], shape[:-1]))
             cc = idx[-1]
         e = as_float(w.get("abs_error"))
-        e = math.inf if e is None or math.isnan(e) else e
+        placed.append((rr, cc, math.inf if e is None or math.isnan(e) else e))
+    br, bc = max(1, math.ceil(r / max_rows)), max(1, math.ceil(c / max_cols))
+    grid = (math.ceil(r / br), math.ceil(c / bc))
+    rows_hit = sorted({p[0] for p in placed})
+    cols_hit = sorted({p[1] for p in placed})
+    if placed and len(rows_hit) * len(cols_hit) < grid[0] * grid[1] / 4:
+        # sparse (a vocabulary-wide logits row holds a handful of worst elements): only the rows and
+        # columns that hold one, each a whole cell, so the map shows where the error is
+        mat = np.full((len(rows_hit), len(cols_hit)), np.nan)
+        for rr, cc, e in placed:
+            cell = (rows_hit.index(rr), cols_hit.index(cc))
+            mat[cell] = e if math.isnan(mat[cell]) else max(mat[cell], e)
+        return Heatmap(key[0], key[1], "worst-element list", mat, shape, r, c, (1, 1), notes, rows_hit, cols_hit)
+    mat = np.full(grid, np.nan)
+    for rr, cc, e in placed:
         cell = (rr // br, cc // bc)
-        cur = mat[cell]
-        mat[cell] = e if math.isnan(cur) else max(cur, e)
+        mat[cell] = e if math.isnan(mat[cell]) else max(mat[cell], e)
     return Heatmap(key[0], key[1], "worst-element list", mat, shape, r, c, (br, bc), notes)

@@ -320,6 +320,12 @@ def _cell(d: Mapping[str, Any]) -> str:
     return esc(", ".join(f"{k}={fmt_num(v)}" for k, v in d.items()))
 
 
+def _indices(values: list[int], shown: int = 24) -> str:
+    """``0, 3, 17`` (the first ``shown``, then how many more)."""
+    more = f" and {len(values) - shown} more" if len(values) > shown else ""
+    return ", ".join(str(v) for v in values[:shown]) + more
+
+
 def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
     if worst is None:
         return section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
@@ -338,6 +344,9 @@ def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
             f"{esc(hm.cols)} columns (last dim)")
     if hm.block != (1, 1):
         desc += f"; each pixel is the max over a block of {esc(hm.block[0])} x {esc(hm.block[1])} elements"
+    if hm.row_labels is not None and hm.col_labels is not None:
+        desc += (f"; drawn over only the {len(hm.row_labels)} row(s) and {len(hm.col_labels)} column(s) that hold "
+                 f"a worst element: rows {esc(_indices(hm.row_labels))}, columns {esc(_indices(hm.col_labels))}")
     notes = "".join(f'<p class="note">{esc(n)}</p>' for n in hm.notes)
     body = (f'<p class="note" data-source="{esc(hm.source)}">{source_note}</p>{notes}<p>{desc}.</p>'
             f'<img class="heat" alt="error heatmap of {esc(label)}" width="{w * scale}" height="{h * scale}" '

@@ -88,7 +88,7 @@ def run_minifier(ctx: TourContext) -> StepResult:
                                                     "to minify (pick fail_op among the ops the capture step lists)"])
     run_dir = Path(backend.pipelines[-1].run_dir)
     backend.pipelines[-1].run.set_status("failed", model=MODEL_NAME, tour_step="minifier")
-    lines = [f"strict mode raised {error.code}: {error.violations[0].describe()[:160]}"]
+    lines = [f"strict mode raised {error.code}: {error.violations[0].describe()}"]
     if error.repro_path is None:
         return StepResult("failed", ran=ran, lines=lines + ["no verified repro was written (see the run's repros/)"],
                           artifacts={"run": run_dir})

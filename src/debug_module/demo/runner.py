@@ -176,7 +176,7 @@ def _summary(console: Console, ctx: TourContext, steps: Sequence[Step], invocati
         if r is None:
             add_row(table, step.name, "not run", "-", "")
             continue
-        add_row(table, step.name, r.status, f"{r.seconds:.1f}", r.headline[:110])
+        add_row(table, step.name, r.status, f"{r.seconds:.1f}", summary_cell(r.headline))
         if not r.worked:
             code = max(code, r.exit_code or EXIT_FAIL)
             why = r.headline
@@ -185,6 +185,21 @@ def _summary(console: Console, ctx: TourContext, steps: Sequence[Step], invocati
     summary = _write_summary(ctx, steps, code)
     console.print(markup("artifacts under {} (step by step: {})", ctx.output, summary))
     return code
+
+
+#: The longest result the summary table shows whole; a longer one (a failure's message) is shortened
+#: at a word, saying so: the step's own output above has it all.
+SUMMARY_CELL_CHARS = 240
+
+
+def summary_cell(headline: str, limit: int = SUMMARY_CELL_CHARS) -> str:
+    """``headline`` for the summary's result column: whole (the table wraps it at any width), or,
+    past ``limit`` characters, up to the last whole word with "... (see the step's output)" after
+    it; never cut inside a word or a number ("1 benchmark f", "| li")."""
+    if len(headline) <= limit:
+        return headline
+    cut = headline[:limit + 1].rsplit(None, 1)[0] if " " in headline[:limit + 1] else headline[:limit]
+    return cut.rstrip(" ,;:") + " ... (see the step's output)"
 
 
 def _write_summary(ctx: TourContext, steps: Sequence[Step], code: int) -> Path:

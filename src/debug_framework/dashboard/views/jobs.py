@@ -54,11 +54,14 @@ def show_failure(exc: Exception, doing: str) -> None:
 tab_v, tab_b = st.tabs(["Launch a validation", "Launch a batch job"])
 with tab_v, st.form("launch_validation"):
     model = st.text_input("model path", placeholder="/path/to/hf-model-dir")
+    files = st.text_input("backend files (optional)", placeholder="/path/to/my_backend.py, ...",
+                          help="Python files that register backends (as debug_validate --backend-file); their "
+                               "backends can then be typed or picked below", key="v_files")
     ref, alt = _backends("v")
     knobs = _knobs("v")
     if st.form_submit_button("Launch validation"):
         try:
-            tid = launch_validation(s, model, ref, alt, knobs)
+            tid = launch_validation(s, model, ref, alt, knobs, files.split(","))
             st.success(f"Launched task {tid}; its progress is below.")
         except DebugFrameworkError as exc:
             show_error(exc, "launch the validation")
@@ -66,11 +69,13 @@ with tab_v, st.form("launch_validation"):
             show_failure(exc, "launch the validation")
 with tab_b, st.form("launch_batch"):
     paths = st.text_area("model paths, one per line")
+    bfiles = st.text_input("backend files (optional)", placeholder="/path/to/my_backend.py, ...",
+                           help="Python files that register backends (as debug_batch --backend-file)", key="b_files")
     bref, balt = _backends("b")
     bknobs = _knobs("b")
     if st.form_submit_button("Launch batch job"):
         try:
-            tid = launch_batch(s, paths.splitlines(), bref, balt, bknobs)
+            tid = launch_batch(s, paths.splitlines(), bref, balt, bknobs, bfiles.split(","))
             st.success(f"Launched batch task {tid}; its progress is below.")
         except DebugFrameworkError as exc:
             show_error(exc, "launch the batch job")

@@ -53,4 +53,4 @@ with viewer(s) as db:
             st.dataframe(cells(shown), hide_index=True, width="stretch", key="sessions_table")
             pick = st.selectbox("open a session", list(shown["session"]), index=None, placeholder="session id")
             if pick and st.button("Show this session", key="open_session"):
-                st.switch_page("pages/session.py", query_params={"id": pick})
+                st.switch_page("views/session.py", query_params={"id": pick})

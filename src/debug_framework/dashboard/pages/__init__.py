@@ -1,1 +1,0 @@
-"""The dashboard's pages: one Streamlit script each, run by ``st.navigation`` from :mod:`..app`."""
