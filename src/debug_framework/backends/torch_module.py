@@ -98,6 +98,8 @@ class TorchModuleBackend(BaseBackend):
         #: the module structure of a generic-tier model (checkpoints found from its modules)
         self.structure: ModelStructure | None = None
         self._block_support: tuple[bool, str] = (True, "")
+        #: whether a replay may skip the layers before the replayed one (None: not yet checked)
+        self._skip_ok: bool | None = None
 
     def availability(self) -> tuple[bool, str]:
         reason = _cuda_reason(self.device)
@@ -228,10 +230,44 @@ class TorchModuleBackend(BaseBackend):
         hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
         want = {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
         active = [t for t in self.taps if t.key in want]
-        with torch.inference_mode(), HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) as cap, \
-                Timer(self.device) as timer:
-            cap.run(self.module, **self._kwargs(inputs))
-        return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)
+        return self._replay(i, active, inputs, replace_input=(name, hidden), stop_after=name)
+
+    def _earlier_layers(self, i: int) -> list[str]:
+        """The layers of layer ``i``'s stack that run before it: a replay need not run them (their
+        output is replaced by the replayed input), once :meth:`_replay` has seen that skipping them
+        changes nothing for this model."""
+        if self._skip_ok is False or not self.layer_modules:
+            return []
+        name = self.layer_modules[i]
+        stack = name.rsplit(".", 1)[0]
+        return [n for j, n in sorted(self.layer_modules.items()) if j < i and n.rsplit(".", 1)[0] == stack]
+
+    def _replay(self, i: int, active: list[ModuleTap], inputs: ModelInputs, **hooks: Any) -> Capture:
+        """One replay through the module's own forward, stopped after layer ``i``. The layers
+        before it are skipped (a replay of layer i then costs one layer, not i + 1), after the first
+        replay that could skip was run both ways and gave the same tensors bit for bit; a model
+        whose layers depend on each other beyond their hidden state (or return more than it) keeps
+        running them all."""
+        skip = self._earlier_layers(i)
+
+        def once(skipped: list[str]) -> Capture:
+            with torch.inference_mode(), HookCapture(self.module, active, skip=skipped, **hooks) as cap, \
+                    Timer(self.device) as timer:
+                cap.run(self.module, **self._kwargs(inputs))
+            return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)
+
+        if not skip:
+            return once([])
+        if self._skip_ok:
+            return once(skip)
+        full = once([])
+        try:
+            fast: Capture | None = once(skip)
+        except Exception:  # noqa: BLE001 - the layers need more than their hidden state: never skip them
+            fast = None
+        self._skip_ok = fast is not None and set(fast.tensors) == set(full.tensors) and all(
+            torch.equal(fast.tensors[k], full.tensors[k]) for k in full.tensors)
+        return full
 
     def can_run_block(self) -> tuple[bool, str]:
         """Blocks run alone where the module follows the Hugging Face layout (the default map)."""
@@ -262,9 +298,5 @@ class TorchModuleBackend(BaseBackend):
             seam, how = hf_attention_seam(self.architecture, name)
         key = CheckpointKey("post_mlp", i)
         active = [t for t in self.taps if t.key == key]
-        with torch.inference_mode(), HookCapture(
-            self.module, active, replace_input=(name, state), stop_after=name,
-            replace_output=(seam, state if how == "value" else torch.zeros_like(state)),
-        ) as cap, Timer(self.device) as timer:
-            cap.run(self.module, **self._kwargs(inputs))
-        return Capture(tensors=dict(cap.tensors), backend=self.name, dtype=self.dtype, elapsed_s=timer.seconds)
+        return self._replay(i, active, inputs, replace_input=(name, state), stop_after=name,
+                            replace_output=(seam, state if how == "value" else torch.zeros_like(state)))

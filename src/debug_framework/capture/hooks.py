@@ -179,6 +179,9 @@ class HookCapture:
         stop_after: end the forward pass once this module has run (raises inside, caught by ``run``).
         replace_output: ``(module name, tensor)``: that module's output (its first tensor) becomes
             this tensor, in the output's dtype (the seam of a block replay).
+        skip: modules that do not run: each returns the hidden state it was given (the layers before
+            a replayed one, whose outputs the replay replaces anyway; the caller checks once that
+            skipping gives the same replay, see ``TorchModuleBackend``).
     """
 
     def __init__(
@@ -190,6 +193,7 @@ class HookCapture:
         replace_input: tuple[str, torch.Tensor] | None = None,
         stop_after: str | None = None,
         replace_output: tuple[str, torch.Tensor] | None = None,
+        skip: Iterable[str] = (),
     ) -> None:
         self.root = root
         self.taps = list(taps)
@@ -197,6 +201,8 @@ class HookCapture:
         self.replace_input = replace_input
         self.stop_after = stop_after
         self.replace_output = replace_output
+        self.skip = list(skip)
+        self._skipped: list[tuple[torch.nn.Module, Any]] = []  # (module, its own instance forward or None)
         self.tensors: dict[CheckpointKey, torch.Tensor] = {}
         self.layer_inputs: dict[int, torch.Tensor] = {}
         self._handles: list[Any] = []
@@ -238,6 +244,10 @@ class HookCapture:
                 raise ValidationError(f"module {out_name!r} returned {type(output).__name__}; a block replay "
                                       "can only replace a tensor or the first item of a tuple")
             self._handles.append(find_module(self.root, out_name).register_forward_hook(put, prepend=True))
+        for name in self.skip:
+            mod = find_module(self.root, name)
+            self._skipped.append((mod, mod.__dict__.get("forward")))
+            mod.forward = lambda *args, **kwargs: first_input(args, kwargs)  # type: ignore[method-assign]
         if self.stop_after is not None:
             def stop(_m, _args, _output):
                 raise _StopForward
@@ -255,3 +265,9 @@ class HookCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for mod, own in self._skipped:  # the forward it had again
+            if own is None:
+                del mod.forward
+            else:
+                mod.forward = own
+        self._skipped.clear()
