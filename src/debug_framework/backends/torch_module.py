@@ -121,7 +121,7 @@ class TorchModuleBackend(BaseBackend):
         if self.checkpoint_map is None and model.architecture == "generic":
             self._discover(model)
         elif self.checkpoint_map is None:
-            self.taps = hf_module_taps(model.architecture, model.num_layers)
+            self.taps = hf_module_taps(model.architecture, model.num_layers, model.router_layers)
         else:
             self.taps = []
             for mod_name, key in self.checkpoint_map.items():
