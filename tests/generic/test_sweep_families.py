@@ -40,3 +40,23 @@ def test_inline_mlp_and_flat_state(zoo) -> None:
     layer = backend.structure.layers[0]
     assert layer.mlp.endswith(".fc1") and layer.flat_state and not layer.parallel
     assert backend.can_run_block() == (True, "")
+
+
+@pytest.mark.slow
+def test_generic_tier_validates_against_inductor(zoo, tmp_path: Path, capsys) -> None:
+    """``debug_validate --alternative-backend inductor`` on a generic-tier family (BLOOM: ALiBi,
+    no reference from the math): every checkpoint within its bound, judged by float64 eager."""
+    import json
+
+    from debug_framework.backends import backend_availability
+    from debug_framework.cli.debug_validate import run
+
+    ok, why = backend_availability().get("inductor", (False, "not registered"))
+    if not ok:
+        pytest.skip(f"inductor unavailable: {why}")
+    code = run(["--model-path", str(zoo("bloom")), "--alternative-backend", "inductor", "--no-isolate", "--json",
+                "--database", str(tmp_path / "s.db")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["verdict"] == "passed", out["first_divergence"]
+    assert out["reference_backend"] == "float64_eager" and out["alternative_backend"] == "inductor"
+    assert len(out["results"]) == 2 + 2 * 2
