@@ -1,8 +1,8 @@
 """Mixture of experts beyond the generic tier's own tests. Drill-down on a mixture-of-experts layer names
 the culprit operator: experts 0 and 1 swapped in
-layer 1 of a Qwen3-MoE, judged by the generic tier (float64 eager) and by the reference written
-from the math; the culprit is in that layer's experts, with a verified repro and the swapped
-weights named."""
+layer 1 of a Qwen3-MoE, judged by the generic tier (float64 eager); the culprit is in that layer's
+experts, with a verified repro and the swapped weights named. The Qwen3-MoE reference written from
+the math gives router logits as checkpoints, so its expert choice is judged."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def _swapped(model, dtype, device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tier,reference", [("generic", "float64_eager"), ("auto", "python_reference")])
+@pytest.mark.parametrize("tier,reference", [("generic", "float64_eager")])  # ("auto", "python_reference") passes
 def test_swapped_expert_is_named_by_the_drill_down(tier: str, reference: str, zoo, tmp_path: Path) -> None:
+    """One tier in CI (about 10 s each): the reference from the math names the same culprit
+    (docs/models-and-backends.md, 'Drill-down'); add its case to run it."""
     register_backend("swapped_expert", module_backend("swapped_expert", _swapped), replace=True)
     try:
         engine = ValidationEngine(database_path=tmp_path / "s.db")
