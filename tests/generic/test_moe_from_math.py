@@ -1,7 +1,7 @@
-"""Mixture of experts beyond the generic tier's own tests. Drill-down on a mixture-of-experts layer names
-the culprit operator: experts 0 and 1 swapped in
-layer 1 of a Qwen3-MoE, judged by the generic tier (float64 eager); the culprit is in that layer's
-experts, with a verified repro and the swapped weights named. The Qwen3-MoE reference written from
+"""Mixture of experts beyond the generic tier's own tests. Drill-down on a mixture-of-experts layer
+names the culprit operator: experts 0 and 1 swapped in layer 1 of a Qwen3-MoE, judged by the
+generic tier (float64 eager); the culprit is in that layer's experts, with a verified repro and the
+swapped weights named. The Qwen3-MoE reference written from
 the math gives router logits as checkpoints, so its expert choice is judged."""
 
 from __future__ import annotations
