@@ -42,6 +42,24 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 FAMILIES["phi"] = ("PhiForCausalLM", dict(_ENC))
+#: families of the breadth sweep (docs/models-and-backends.md): an MLP written inline in the layer
+#: (OPT, BART), a flattened post-attention state (OPT), a bottlenecked encoder whose MLP is judged
+#: with the whole layer (MobileBERT), a parallel block (Cohere), experts in one module (GraniteMoE), ALiBi (BLOOM)
+_BART = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+         "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 100,
+         "max_position_embeddings": 64, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+         "decoder_start_token_id": 2}
+FAMILIES.update({
+    "opt": ("OPTForCausalLM", {"hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "vocab_size": 100, "max_position_embeddings": 64, "word_embed_proj_dim": 32,
+                               "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2}),
+    "bart": ("BartForConditionalGeneration", _BART),
+    "mobilebert": ("MobileBertModel", {**_ENC, "embedding_size": 16, "intra_bottleneck_size": 16,
+                                       "true_hidden_size": 16, "num_feedforward_networks": 2}),
+    "cohere": ("CohereForCausalLM", {**_DEC, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    "granitemoe": ("GraniteMoeForCausalLM", {**_DEC, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "bloom": ("BloomForCausalLM", {"hidden_size": 32, "n_layer": 2, "n_head": 4, "vocab_size": 100}),
+})
 
 
 def build(model_type: str, seed: int = 0, **overrides: Any) -> Any:

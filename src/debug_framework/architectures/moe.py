@@ -43,7 +43,8 @@ def expert_mlp(x: Array, gate: Array, up: Array, down: Array) -> Array:
 
 class MoeReference(DecoderReference):
     """A Qwen3-MoE decoder (arguments: see :class:`~.walk.Model`). After a run, :attr:`router_logits`
-    holds each layer's router logits ``[B, T, X]`` (checkpoint ``("router_logits", i)`` when asked for)."""
+    holds each layer's router logits ``[B, T, X]`` (checkpoint ``("router_logits", i)`` when asked for,
+    as ``[B*T, X]``: one row per token, as transformers' router returns them)."""
 
     config: MoeModelConfig
 
@@ -82,5 +83,5 @@ class MoeReference(DecoderReference):
         out = super().forward(input_ids, attention_mask, want, layer_inputs, token_type_ids)
         for i, logits in self.router_logits.items():
             if want is None or ("router_logits", i) in want:
-                out[("router_logits", i)] = logits
+                out[("router_logits", i)] = logits.reshape(-1, logits.shape[-1])  # [tokens, experts]
         return out

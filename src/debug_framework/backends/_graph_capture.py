@@ -71,7 +71,7 @@ class CheckpointOutputs(torch.nn.Module):
             wrapper = cls(net, generic_structure(net, model).taps)
             wrapper.structure = generic_structure(net, model)
             return wrapper
-        return cls(net, hf_module_taps(model.architecture, model.num_layers))
+        return cls(net, hf_module_taps(model.architecture, model.num_layers, model.router_layers))
 
 
 class PlainOutput(torch.nn.Module):

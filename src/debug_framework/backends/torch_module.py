@@ -13,7 +13,7 @@ import torch
 
 from ..capture.hooks import HookCapture, ModuleTap, hf_attention_seam, hf_layer_modules, hf_module_taps
 from ..capture.keys import Capture, CheckpointKey
-from ..capture.structure import ModelStructure, discover
+from ..capture.structure import MAP_HINT, ModelStructure, discover
 from ..errors import BackendInitializationError, ModelLoadingError
 from ..measure import Timer
 from ..modelio.inputs import ModelInputs
@@ -124,7 +124,7 @@ class TorchModuleBackend(BaseBackend):
         if self.checkpoint_map is None and model.architecture == "generic":
             self._discover(model)
         elif self.checkpoint_map is None:
-            self.taps = hf_module_taps(model.architecture, model.num_layers)
+            self.taps = hf_module_taps(model.architecture, model.num_layers, model.router_layers)
         else:
             self.taps = []
             for mod_name, key in self.checkpoint_map.items():
@@ -150,7 +150,14 @@ class TorchModuleBackend(BaseBackend):
             self.taps, self.layer_modules = list(self.structure.taps), self.structure.layer_modules
             return
         example = random_inputs(model.config, 1, 8, seed=0)  # type: ignore[arg-type]
-        structure = discover(self.module, model.num_layers, self._kwargs(example))
+        try:
+            structure = discover(self.module, model.num_layers, self._kwargs(example))
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the model's own forward failed
+            raise BackendInitializationError(
+                f"the model's own {model.config.model_type} code fails on a forward pass in {self.dtype} "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}), so its checkpoints "
+                "cannot be found at this precision (the generic tier's reference runs it in float64); " + MAP_HINT,
+                backend=self.name) from exc
         self.structure, self.taps = structure, list(structure.taps)
         self.layer_modules = structure.layer_modules
         self._verify_seams(structure, example)
@@ -171,7 +178,13 @@ class TorchModuleBackend(BaseBackend):
         self._block_support = (True, "")
         for i in firsts:
             cap = self.run(example, [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)])
-            replay = self.run_block(i, "mlp", cap[CheckpointKey("post_attention", i)], example)
+            try:
+                replay = self.run_block(i, "mlp", cap[CheckpointKey("post_attention", i)], example)
+            except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the seam does not fit the layer's code
+                self._block_support = (False, f"feeding layer {i}'s MLP block a state through "
+                                              f"{structure.layers[i].seam} fails ({type(exc).__name__}): "
+                                              "the MLP is judged with the whole layer")
+                return
             want, got = cap[CheckpointKey("post_mlp", i)], replay.tensors.get(CheckpointKey("post_mlp", i))
             scale = float(want.abs().max()) if want.numel() else 0.0
             if got is None or not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0)):
@@ -294,6 +307,8 @@ class TorchModuleBackend(BaseBackend):
             if found is None:
                 raise BackendInitializationError(f"layer {i} has no seam for its MLP block", backend=self.name)
             seam, how = found
+            if self.structure.layers[i].flat_state and state.dim() == 2:
+                state = state.reshape(int(inputs.input_ids.shape[0]), -1, state.shape[-1])
         else:
             seam, how = hf_attention_seam(self.architecture, name)
         key = CheckpointKey("post_mlp", i)

@@ -38,10 +38,12 @@ def hf_layer_modules(architecture: str, num_layers: int) -> list[str]:
     raise ConfigurationError(f"no Hugging Face module names known for architecture {architecture!r}")
 
 
-def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
+def hf_module_taps(architecture: str, num_layers: int, router_layers: Iterable[int] = ()) -> list[ModuleTap]:
     """Every checkpoint of a Hugging Face ``BertModel``, ``LlamaForCausalLM``-style or Gemma model.
     Gemma's residual stream after attention is what its ``pre_feedforward_layernorm`` reads, and its
-    logits are soft-capped after ``lm_head``: post_processing is the model's own output there."""
+    logits are soft-capped after ``lm_head``: post_processing is the model's own output there. The
+    layers in ``router_layers`` (a mixture of experts) give ``router_logits:i``: the first output of
+    their ``mlp.gate`` (``[tokens, experts]``)."""
     layers = hf_layer_modules(architecture, num_layers)
     K = CheckpointKey
     if architecture == "bert":
@@ -51,13 +53,14 @@ def hf_module_taps(architecture: str, num_layers: int) -> list[ModuleTap]:
         return taps + [ModuleTap(layers[-1], K("post_processing"))]
     taps = [ModuleTap("model.embed_tokens", K("post_embedding"))]
     gemma = architecture == "gemma"
+    routed = set(router_layers)
     for i, m in enumerate(layers):
         # The residual stream after attention is what the (pre-feed-forward) norm reads.
         norm = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
-        taps += [
-            ModuleTap(f"{m}.{norm}", K("post_attention", i), "input"),
-            ModuleTap(m, K("post_mlp", i)),
-        ]
+        taps.append(ModuleTap(f"{m}.{norm}", K("post_attention", i), "input"))
+        if i in routed:
+            taps.append(ModuleTap(f"{m}.mlp.gate", K("router_logits", i)))
+        taps.append(ModuleTap(m, K("post_mlp", i)))
     return taps + [ModuleTap("" if gemma else "lm_head", K("post_processing"))]
 
 

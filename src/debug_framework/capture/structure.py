@@ -17,6 +17,8 @@ which each layer calls its submodules and which tensor each one receives (by ide
 * an MLP whose input was computed before the attention ran is a *parallel* block (GPT-NeoX, Phi,
   Falcon): ``post_attention:i`` is then the attention block's output (the MLP does not read a
   post-attention residual), and the MLP is judged with the whole layer;
+* a layer without an MLP child (OPT, BART: ``fc1``, activation, ``fc2`` written inline) starts its
+  MLP block at the first module with weights that it calls after its last attention;
 * a mixture-of-experts block's router (its ``gate``/``router`` child) gives ``router_logits:i``.
 
 A model whose layers cannot be found (no stack of ``num_hidden_layers`` identical modules, no
@@ -77,6 +79,9 @@ class LayerStructure:
     seam: tuple[str, Literal["value", "zero"]] | None = None
     router: str | None = None
     pre_norm: bool = False
+    #: the layer flattens its post-attention state to ``[tokens, hidden]`` before the MLP (OPT):
+    #: a state fed through the seam is given the layer input's ``[batch, tokens, hidden]`` back
+    flat_state: bool = False
 
 
 @dataclass
@@ -216,8 +221,12 @@ def _layer(lname: str, calls: list[_Call], layer_in: Any) -> LayerStructure:
                                                             or _ATTENTION.search(type(c.module).__name__))]
     mlp_calls = [c for c in calls if c not in attn_calls and not _is_norm(c)
                  and (_MLP_NAME.match(c.name.rsplit(".", 1)[-1]) or _MLP_CLASS.search(type(c.module).__name__))]
+    if attn_calls and not mlp_calls:
+        # an MLP written inline in the layer (OPT, BART, XGLM: fc1, activation, fc2 as the layer's own
+        # children): the block starts at the first module with weights called after the last attention
+        mlp_calls = [c for c in calls if c.order > attn_calls[-1].order and c not in attn_calls and not _is_norm(c)]
     if not attn_calls or not mlp_calls:
-        missing = "an attention block" if not attn_calls else "an MLP block"
+        missing = "attention block" if not attn_calls else "MLP block"
         raise ModelLoadingError(f"layer {lname!r} has no recognisable {missing} (its submodules, in call order: "
                                 f"{names})", hint=MAP_HINT)
     mlp = mlp_calls[0]
@@ -243,8 +252,9 @@ def _layer(lname: str, calls: list[_Call], layer_in: Any) -> LayerStructure:
     producer = next((c for c in calls if c.order < mlp.order and _same(c.out, state)), None)
     seam: tuple[str, Literal["value", "zero"]] = (
         (f"{lname}.{producer.name}", "value") if producer is not None else (f"{lname}.{attention.name}", "zero"))
+    flat = isinstance(state, torch.Tensor) and isinstance(layer_in, torch.Tensor) and state.dim() < layer_in.dim()
     return LayerStructure(lname, f"{lname}.{attention.name}", f"{lname}.{mlp.name}", where, seam=seam,
-                          router=router, pre_norm=pre_norm)
+                          router=router, pre_norm=pre_norm, flat_state=flat)
 
 
 def static_router(layer: torch.nn.Module) -> str | None:
@@ -274,7 +284,9 @@ def discover(net: torch.nn.Module, num_layers: int, example: Mapping[str, Any], 
     calls, ends, _ = _probe(net, names, example)
     missing = [n for n in names if n not in ends]
     if missing:
-        raise ModelLoadingError(f"the forward pass never ran layer {missing[0]!r}", hint=MAP_HINT)
+        raise ModelLoadingError(f"the forward pass never ran layer {missing[0]!r} as a module call (a model that "
+                                "calls its layers' .forward() directly bypasses the hooks checkpoints are "
+                                "taken with)", hint=MAP_HINT)
     layers = [_layer(n, calls[n], ends[n][0]) for n in names]
     embed = _module_name(net, net.get_input_embeddings()) if hasattr(net, "get_input_embeddings") else None
     head = None

@@ -136,6 +136,16 @@ class MoeModelConfig(LlamaModelConfig):
     moe_intermediate_size: int = 1
     norm_topk_prob: bool = False
 
+    @property
+    def router_layers(self) -> tuple[int, ...]:
+        """Every layer routes its tokens: each one's ``router_logits`` is a checkpoint."""
+        return tuple(range(self.num_hidden_layers))
+
+    @property
+    def experts_per_token(self) -> int:
+        """The experts each token takes (the expert choice judged at ``router_logits``)."""
+        return self.num_experts_per_tok
+
 
 @dataclass(frozen=True)
 class BertModelConfig(_TransformerConfig):

@@ -189,7 +189,9 @@ def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidde
             return torch.func.functional_call(layer, params, (flat[n], *args), kwargs)
 
     with _module_paths(layer, layer_name), fx_traceback.preserve_node_meta(), torch.no_grad():
-        gm = make_fx(torch.func.functionalize(layer_fn, remove="mutations"))(*leaves)
+        # the graph is of this one call on real values: data-dependent steps (a mixture of experts'
+        # loop over the experts its tokens chose) are traced as this input takes them
+        gm = make_fx(torch.func.functionalize(layer_fn, remove="mutations"), _error_on_data_dependent_ops=False)(*leaves)
     return LayerGraph(gm, layer_name, paths, leaves)
 
 

@@ -50,6 +50,8 @@ class ReplayStrategy:
 
     def __init__(self) -> None:
         self._skeletons: dict[int, torch.nn.Module] = {}
+        #: models loaded whole (not a skeleton with one layer materialised at a time)
+        self._loaded: set[int] = set()
 
     def applies(self, backend: Any) -> tuple[bool, str]:
         from ...backends.torch_module import TorchModuleBackend
@@ -149,7 +151,8 @@ class ReplayStrategy:
         except Exception as exc:  # noqa: BLE001 - the alternative's call does not fit the reference layer
             return None, f"the Hugging Face layer cannot be called as the alternative's is: {type(exc).__name__}: {exc}"
         finally:
-            net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
+            if id(model) not in self._loaded:
+                net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
 
     def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
         """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
@@ -159,6 +162,8 @@ class ReplayStrategy:
         from ...backends.pytorch import hf_skeleton
 
         key = id(model)
+        if key in self._loaded:
+            return self._skeletons[key], ""
         if key not in self._skeletons:
             self._skeletons[key] = hf_skeleton(model, torch.float64, meta=True)[0].eval()
         try:
@@ -168,11 +173,20 @@ class ReplayStrategy:
         state = layer.state_dict()
         if len(state) < len(dict(layer.named_parameters())) + len(dict(layer.named_buffers())):
             return None, f"{layer_name} has buffers that are not in the weights"
-        missing = [n for n in state if f"{layer_name}.{n}" not in model.weights]
+        from ...backends.pytorch import _stored_tensor, build_hf_model
+
+        stored = {n: _stored_tensor(model, f"{layer_name}.{n}") for n in state}
+        missing = [n for n, t in stored.items() if t is None]
+        if missing and getattr(model.config, "weights_renamed", False):
+            # names transformers converts on loading (fused experts): its own loader builds the
+            # whole model in float64 (kept for the session's other layers)
+            self._skeletons[key] = build_hf_model(model, torch.float64).eval()
+            self._loaded.add(key)
+            return self._skeletons[key], ""
         if missing:
             return None, f"the weights have no {layer_name}.{missing[0]}"
         layer.to_empty(device="cpu")
-        layer.load_state_dict({n: model.weights[f"{layer_name}.{n}"].to(torch.float64) for n in state})
+        layer.load_state_dict({n: torch.as_tensor(t).to(torch.float64) for n, t in stored.items()})
         return self._skeletons[key], ""
 
 

@@ -196,7 +196,10 @@ def _tolerance(comparison: ComparisonResult, margin: float | None = None) -> Jud
 def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: ValidationPlan) -> Judgement:
     """The checkpoint's own rule, before isolation: the oracle's, the calibrated bound or its tolerance."""
     choice = ev.expert_choice
-    if choice is not None and choice.differing > (choice.calibration_differing or 0):
+    # as the calibrated rule: a correct run at this precision that flips near-tied choices at n
+    # tokens allows noise_margin x n (none where it flips none)
+    allowed = float(plan.config["noise_margin"]) * (choice.calibration_differing or 0) if choice is not None else 0.0
+    if choice is not None and choice.differing > allowed:
         noise = "" if choice.calibration_differing is None else (
             f"; a correct run at this precision differs at {choice.calibration_differing}")
         return Judgement(False, "expert_choice", reason=(
