@@ -267,3 +267,24 @@ def test_a_transformer_optimizer_output_is_matched_by_tensor_names(bert_onnx, tm
     assert len(result["results"]) == 6 and result["introducing_layers"] == []
     marked = result["mark_all"]
     assert marked["failed"] == 0 and marked["compared"] > 50 and marked["skipped"]["not in the alternative's file"] > 0
+
+
+@pytest.mark.slow
+def test_a_quantized_file_is_said_to_err_by_quantization_not_by_a_float_precision(bert_onnx, tmp_path):
+    """An int8 file (onnxruntime's quantize_dynamic) fails at float32; whatever float precision the size
+    of its error matches, the diagnosis names its quantized operators and the words say quantization."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from debug_framework.reports._common import precision_text
+
+    q8 = tmp_path / "bert-int8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(bert_onnx), str(q8), weight_type=QuantType.QInt8)
+    result = _validate(tmp_path, bert_onnx, "onnxruntime", alternative_options={"model_file": str(q8)})
+    assert result["verdict"] == "failed"
+    quantized = result["precision_diagnosis"]["quantized"]
+    assert quantized.get("MatMulInteger", 0) > 0 and quantized.get("DynamicQuantizeLinear", 0) > 0
+    if result["consistent_with"] is not None:
+        text = precision_text(result["consistent_with"], "float32", quantized)
+        assert "quantized (" in text and "comes from quantization" in text

@@ -180,9 +180,11 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
 
             out.print(markup("{}", "source: " + error_source_text(result["error_source"])))
         if isinstance(result.get("consistent_with"), str):
-            out.print(markup("precision: consistent with a correct [bold]{}[/] run (the alternative computes at a "
-                             "lower precision than the declared {}; validate it at that dtype)",
-                             result["consistent_with"], result.get("alternative_dtype")))
+            from ..reports._common import precision_text
+
+            out.print(markup("{}", "precision: " + precision_text(
+                result["consistent_with"], result.get("alternative_dtype"),
+                (result.get("precision_diagnosis") or {}).get("quantized"))))
     else:
         out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within their bounds")
     if result.get("introducing_layers") is not None:

@@ -16,6 +16,7 @@ from ..checkpoint_ids import checkpoint_id, row_checkpoint_id
 from ..jsonio import as_float
 
 __all__ = [
+    "precision_text",
     "METRICS",
     "LOG_METRICS",
     "as_float",
@@ -223,6 +224,18 @@ def shell_quote(arg: str) -> str:
 def shell_join(argv: Sequence[str]) -> str:
     """:func:`shell_quote` of every argument, space-separated."""
     return " ".join(shell_quote(str(a)) for a in argv)
+
+
+def precision_text(dtype: str, declared: Any, quantized: Mapping[str, int] | None = None) -> str:
+    """What ``consistent_with`` means, in words. For a quantized alternative (``quantized``: its
+    quantized operators and their counts) the size of a lower float precision's error is only a
+    scale: the words say that its error comes from quantization."""
+    if quantized:
+        ops = ", ".join(f"{op} x{n}" for op, n in quantized.items())
+        return (f"the error is the size of a correct {dtype} run's, but the alternative is quantized ({ops}): "
+                f"its error comes from quantization, not from {dtype}")
+    return (f"consistent with a correct {dtype} run (the alternative computes at a lower precision than the "
+            f"declared {declared}; validate it at that dtype)")
 
 
 def error_source_text(source: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
+    precision_text,
     as_float,
     damaged_fields,
     first_divergence_key,
@@ -401,6 +402,9 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
 
     n_pass = sum(1 for r in rows if passed_state(r) is True)
     n_fail = sum(1 for r in rows if passed_state(r) is False)
+    alt_dtype = results.get("alternative_dtype") or session.get("alternative_dtype") or "dtype"
+    quantized = (results.get("precision_diagnosis") or {}).get("quantized") \
+        if isinstance(results.get("precision_diagnosis"), dict) else None
     if first_key is None:
         fd_text = "none: every checkpoint within tolerance" if rows else "none (no checkpoint results stored)"
     else:
@@ -418,8 +422,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         f'<div id="first-divergence">first divergence: <strong>{esc(fd_text)}</strong></div>'
         + (f"<div>worst checkpoint: {esc(row_id(worst))} (max abs error {esc(fmt_num(worst.get('max_abs_error')))})</div>"
            if worst is not None else "")
-        + (f'<div id="consistent-with">the error is consistent with a correct <strong>{esc(results["consistent_with"])}'
-           f"</strong> run (the alternative computes at a lower precision than declared)</div>"
+        + (f'<div id="consistent-with">{esc(precision_text(results["consistent_with"], alt_dtype, quantized))}</div>'
            if isinstance(results.get("consistent_with"), str) else "")
         + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
            if isinstance(results.get("introducing_layers"), list) else "")

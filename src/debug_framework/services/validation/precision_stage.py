@@ -79,5 +79,8 @@ class PrecisionStage(Stage):
                 noise = noise_at(ev.key, ctx.reference_capture, cap, positions=ctx.positions)
                 if noise is not None:
                     ev.lower_precision = {**(ev.lower_precision or {}), dtype: noise}
+        from ...backends.quantized import quantized_operators
+
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
-                                       "backend": str(plan.config["calibration_backend"])}
+                                       "backend": str(plan.config["calibration_backend"]),
+                                       "quantized": quantized_operators(ctx.alternative)}

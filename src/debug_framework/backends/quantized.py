@@ -1,0 +1,60 @@
+"""Which quantized operators an alternative runs: an int8 graph's error is quantization, whatever
+float precision its size matches (the precision diagnosis says so beside ``consistent_with``).
+
+Read from what the backend runs: an ONNX file's nodes (QDQ pairs, integer matmuls and convolutions,
+onnxruntime's quantized contrib operators) or a PyTorch module's quantized submodules
+(``torch.ao.nn.quantized``, dynamic and static).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+__all__ = ["QUANTIZED_ONNX_OPS", "quantized_operators"]
+
+#: ONNX (and onnxruntime contrib) operators that compute in, or convert to, an integer format.
+QUANTIZED_ONNX_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+    "QLinearMatMul", "QLinearConv", "QLinearAdd", "QLinearMul", "QAttention", "QGemm", "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat", "MatMulNBits", "DynamicQuantizeLSTM", "QOrderedMatMul",
+})
+
+
+def _onnx_ops(path: Path) -> Counter[str]:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    ops: Counter[str] = Counter()
+    stack = [graph]
+    while stack:  # subgraphs (If / Loop bodies) too
+        g = stack.pop()
+        for node in g.node:
+            ops[node.op_type] += 1
+            stack.extend(a.g for a in node.attribute if a.HasField("g"))
+    return ops
+
+
+def quantized_operators(backend: Any) -> dict[str, int]:
+    """``{operator: count}`` of the quantized operators ``backend`` runs (empty: none found, or a
+    backend whose graph cannot be read here)."""
+    path = getattr(backend, "model_file", None) or getattr(backend, "onnx_path", None)
+    if path is not None and Path(path).suffix == ".onnx" and Path(path).is_file():
+        try:
+            ops = _onnx_ops(Path(path))
+        except Exception:  # noqa: BLE001 - an unreadable graph: nothing can be said of it
+            return {}
+        return {op: n for op, n in sorted(ops.items()) if op in QUANTIZED_ONNX_OPS}
+    module = getattr(backend, "module", None)
+    if module is not None and hasattr(module, "modules"):
+        found: Counter[str] = Counter()
+        for m in module.modules():
+            cls = type(m)
+            if ".quantized" in cls.__module__ and not cls.__name__.endswith("PackedParams"):  # not the weight holders
+                # torch.ao.nn.quantized.dynamic.modules.linear.Linear -> quantized.dynamic.Linear
+                parts = cls.__module__.split(".")
+                scope = parts[parts.index("quantized"):parts.index("modules") if "modules" in parts else None]
+                found[".".join([*scope, cls.__name__])] += 1
+        return dict(sorted(found.items()))
+    return {}
