@@ -36,3 +36,27 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture
 def engine(tmp_path) -> ValidationEngine:
     return ValidationEngine(tmp_path / "debug.db")
+
+
+@pytest.fixture
+def patched_backend():
+    """``make(name, patch) -> name``: eager transformers with ``patch(net)`` applied to the built
+    module, registered as a module backend for the test (and unregistered after it)."""
+    from debug_framework.backends import module_backend, register_backend, unregister_backend
+    from debug_framework.backends.pytorch import build_hf_model
+
+    names: list[str] = []
+
+    def make(name: str, patch) -> str:
+        def build(model, dtype, device):
+            net = build_hf_model(model, dtype, device)
+            patch(net)
+            return net
+
+        register_backend(name, module_backend(name, build), replace=True)
+        names.append(name)
+        return name
+
+    yield make
+    for n in names:
+        unregister_backend(n)

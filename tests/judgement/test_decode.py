@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from debug_framework.backends import module_backend, register_backend, unregister_backend
-from debug_framework.backends.pytorch import build_hf_model
 from debug_framework.errors import ConfigurationError
 
 from benchmarks.injected_bugs import BUG_LAYER
@@ -47,25 +45,9 @@ def _kv_cache_in_bfloat16(net: torch.nn.Module) -> None:
 
 
 @pytest.fixture
-def decode_bug():
+def decode_bug(patched_backend):
     """``make(patch) -> name``: a ``pytorch``-like module backend with a decode-only bug."""
-    names: list[str] = []
-
-    def make(patch) -> str:
-        name = f"decode_bug_{patch.__name__.strip('_')}"
-
-        def build(model, dtype, device):
-            net = build_hf_model(model, dtype, device)
-            patch(net)
-            return net
-
-        register_backend(name, module_backend(name, build), replace=True)
-        names.append(name)
-        return name
-
-    yield make
-    for n in names:
-        unregister_backend(n)
+    return lambda patch: patched_backend(f"decode_bug_{patch.__name__.strip('_')}", patch)
 
 
 def test_a_correct_backend_passes_every_decode_step(tiny_models, engine):

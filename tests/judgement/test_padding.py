@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from debug_framework.backends import module_backend, register_backend, unregister_backend
-from debug_framework.backends.pytorch import build_hf_model
 from debug_framework.comparison import compare
 from debug_framework.errors import ConfigurationError
 from debug_framework.modelio import ModelInputs
@@ -43,14 +41,12 @@ def _zero_padded_rows(net: torch.nn.Module) -> None:
 
 
 @pytest.fixture
-def padded_engine():
+def padded_engine(patched_backend):
     """``make(name, bug_at=None)``: eager transformers that leaves padded positions at zero, with
     optionally a bug (a scaled MLP output) at one unpadded position of layer ``BUG_LAYER``."""
-    names: list[str] = []
 
     def make(name: str, bug_at: tuple[int, int] | None = None) -> str:
-        def build(model, dtype, device):
-            net = build_hf_model(model, dtype, device)
+        def patch(net) -> None:
             if bug_at is not None:
                 b, t = bug_at
 
@@ -61,15 +57,10 @@ def padded_engine():
 
                 net.model.layers[BUG_LAYER].mlp.register_forward_hook(bug)
             _zero_padded_rows(net)
-            return net
 
-        register_backend(name, module_backend(name, build), replace=True)
-        names.append(name)
-        return name
+        return patched_backend(name, patch)
 
-    yield make
-    for n in names:
-        unregister_backend(n)
+    return make
 
 
 def test_compare_leaves_padded_positions_out_and_keeps_full_indices():
@@ -119,27 +110,21 @@ def test_left_padding_positions_are_each_rows_own():
         ModelInputs.random(50, 2, 6, padding_side="middle")
 
 
-def test_wrong_positions_under_left_padding_are_caught(tiny_models, engine):
+def test_wrong_positions_under_left_padding_are_caught(tiny_models, engine, patched_backend):
     """An engine that ignores the rows' own positions (0 .. T-1 whatever the padding) fails where
     positions are absolute (BERT's position embeddings; under rotary embeddings a whole row shifted
     by its padding is the same attention, exactly)."""
-    def build(model, dtype, device):
-        net = build_hf_model(model, dtype, device)
-
+    def patch(net) -> None:
         def drop_positions(_module, args, kwargs):
             kwargs.pop("position_ids", None)
             return args, kwargs
 
         net.register_forward_pre_hook(drop_positions, with_kwargs=True)
-        return net
 
-    register_backend("no_positions", module_backend("no_positions", build), replace=True)
-    try:
-        cfg = {**RAGGED, "padding_side": "left"}
-        result = engine.run(engine.create_session(tiny_models("bert", 0), cfg, "python_reference", "no_positions"))
-        right = engine.run(engine.create_session(tiny_models("bert", 0), RAGGED, "python_reference", "no_positions"))
-    finally:
-        unregister_backend("no_positions")
+    name = patched_backend("no_positions", patch)
+    cfg = {**RAGGED, "padding_side": "left"}
+    result = engine.run(engine.create_session(tiny_models("bert", 0), cfg, "python_reference", name))
+    right = engine.run(engine.create_session(tiny_models("bert", 0), RAGGED, "python_reference", name))
     assert not result.passed and str(result.first_divergence.key) == "post_embedding"
     assert right.passed, right.first_divergence  # right padding: positions 0 .. T-1 are each row's own
 

@@ -10,34 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from debug_framework.backends import module_backend, register_backend, unregister_backend
-from debug_framework.backends.pytorch import build_hf_model
+from debug_framework.backends import unregister_backend
 from debug_framework.capture import CheckpointKey
 from debug_framework.comparison import compare
 from debug_framework.errors import ValidationError
 from debug_framework.services.validation.judge import Judgement, LayerVerdict, error_source
 
 from benchmarks.injected_bugs import BUG_LAYER, register_bug_backend
-
-
-@pytest.fixture
-def patched_backend():
-    """``make(name, patch)``: eager transformers with ``patch(net)`` applied, registered for the test."""
-    names: list[str] = []
-
-    def make(name, patch):
-        def build(model, dtype, device):
-            net = build_hf_model(model, dtype, device)
-            patch(net)
-            return net
-
-        register_backend(name, module_backend(name, build), replace=True)
-        names.append(name)
-        return name
-
-    yield make
-    for n in names:
-        unregister_backend(n)
 
 
 def test_readme_oracle_example_passes_a_correct_backend(tiny_models, engine):
