@@ -68,3 +68,11 @@ def test_layers_that_talk_past_their_hidden_state_are_never_skipped(tiny):
     backend._skip_ok = False
     want = backend.run_layer(1, full.layer_inputs[1], inputs)
     assert all(torch.equal(got.tensors[k], want.tensors[k]) for k in want.tensors)
+
+
+def test_preparing_another_model_checks_skipping_anew(tiny):
+    _model, backend, inputs, full = _prepared(tiny("llama"))
+    backend.run_layer(1, full.layer_inputs[1], inputs)
+    assert backend._skip_ok is True
+    backend.prepare(load_model(tiny("bert")), "float32", "cpu")  # the same backend, another model
+    assert backend._skip_ok is None

@@ -121,6 +121,7 @@ class TorchModuleBackend(BaseBackend):
         self.module = module.eval()
         self.architecture = model.architecture
         self.structure = None
+        self._skip_ok = None  # whether replays may skip earlier layers is a fact of this model: checked anew
         if self.checkpoint_map is None and model.architecture == "generic":
             self._discover(model)
         elif self.checkpoint_map is None:
