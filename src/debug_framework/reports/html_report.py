@@ -403,8 +403,8 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     n_pass = sum(1 for r in rows if passed_state(r) is True)
     n_fail = sum(1 for r in rows if passed_state(r) is False)
     alt_dtype = results.get("alternative_dtype") or session.get("alternative_dtype") or "dtype"
-    quantized = (results.get("precision_diagnosis") or {}).get("quantized") \
-        if isinstance(results.get("precision_diagnosis"), dict) else None
+    diagnosis = results.get("precision_diagnosis")
+    quantized = diagnosis.get("quantized") if isinstance(diagnosis, dict) else None
     if first_key is None:
         fd_text = "none: every checkpoint within tolerance" if rows else "none (no checkpoint results stored)"
     else:
