@@ -19,11 +19,12 @@ import numpy as np
 
 from ...backends.decode import DecodeRun, decode_support
 from ...capture.keys import CheckpointKey
-from ...comparison import compare, error_metric, select_positions
+from ...comparison import compare, error_metric, position_mask, select_positions
+from ...comparison.next_token import next_token_metrics
 from ...errors import ConfigurationError
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
-from .evidence import CheckpointEvidence, KVEvidence, reference_scale
+from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
 
@@ -120,6 +121,7 @@ class DecodeStage(Stage):
         ctx.decode = {"steps": steps, "tokens": np.asarray(tokens).tolist(),
                       "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ref.name})",
                       "kv_cache": kv_rows(ctx, ref_run, alt_run, cal_run),
+                      "token_metrics": token_rows(ctx, ref_run, alt_run, cal_run),
                       "seconds_per_step": {side: _per_step(run) for side, run in
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
 
@@ -177,4 +179,41 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
                              "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
                              "shape_match": err.shape_match}
             rows.append(row)
+    return rows
+
+
+#: the logits checkpoint the token-level metrics read
+_LOGITS = CheckpointKey("post_processing")
+#: how many top-1 flips a token_metrics row lists (``flip_count`` counts them all)
+_FLIPS_SHOWN = 8
+
+
+def token_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[str, Any]]:
+    """The next-token distributions of every pass (step 0: the prefill's token positions, padded
+    ones left out; step s: each row's new token), the alternative's against the reference's beside
+    the calibration's (:func:`~debug_framework.comparison.next_token.next_token_metrics`); each also
+    added to the evidence (:class:`~.evidence.TokenEvidence`, for the judge). Empty where the logits
+    (``post_processing``) are not a checkpoint of the session."""
+    rows: list[dict[str, Any]] = []
+    if _LOGITS not in ctx.plan.keys:
+        return rows
+    for s, (r, a) in enumerate(zip(ref.captures, alt.captures)):
+        if _LOGITS not in r or _LOGITS not in a or tuple(r[_LOGITS].shape) != tuple(a[_LOGITS].shape):
+            continue  # a missing or misshapen tensor already fails the checkpoint itself
+        mask = position_mask(ref.attention_masks[0]) if s == 0 and ref.attention_masks else None
+        metrics = next_token_metrics(r[_LOGITS], a[_LOGITS], positions=mask)
+        c = None if cal is None or s >= len(cal.captures) else cal.captures[s]
+        calm, noise = None, math.nan
+        if c is not None and _LOGITS in c and tuple(c[_LOGITS].shape) == tuple(r[_LOGITS].shape):
+            calm = next_token_metrics(r[_LOGITS], c[_LOGITS], positions=mask)
+            noise = error_metric(compare(r[_LOGITS], c[_LOGITS], check_dtype=False, positions=mask), "max_abs_error")
+        ctx.evidence.token_metrics.append(TokenEvidence(s, metrics, calm, noise,
+                                                        reference_scale(select_positions(r[_LOGITS], mask))))
+        row = metrics.to_dict()
+        row["flip_count"] = len(metrics.flips)
+        row["flips"] = row["flips"][:_FLIPS_SHOWN]
+        row["calibration"] = None if calm is None else {
+            "kl_divergence": dict(calm.kl_divergence), "top1_agreement": calm.top1_agreement,
+            "logits_max_abs_error": noise}
+        rows.append({"step": s, **row})
     return rows

@@ -16,9 +16,10 @@ from typing import Any, Literal
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, finite_rms
+from ...comparison.next_token import TokenMetrics
 
 __all__ = ["CheckpointEvidence", "OracleEvidence", "BlockEvidence", "LayerEvidence", "OracleSetup", "Evidence",
-           "reference_scale", "BlockInput"]
+           "reference_scale", "BlockInput", "TokenEvidence"]
 
 #: What a block replay was fed: ``"reference"``, the reference's own input to that block; or
 #: ``"alternative"``, the alternative's own state (the MLP block run after the alternative's
@@ -175,6 +176,22 @@ class KVEvidence:
 
 
 @dataclass(frozen=True)
+class TokenEvidence:
+    """The next-token distributions at one pass's logits (step 0: the prefill's token positions,
+    padded ones left out; step s: each row's new token), the alternative's against the reference's
+    beside the calibration's (a correct run at the alternative's precision; None: not calibrated).
+
+    ``noise_max_abs`` is the calibration's largest logit error there and ``reference_rms`` the
+    reference logits' RMS: the scale a near tie is measured against."""
+
+    step: int
+    alternative: TokenMetrics
+    calibration: TokenMetrics | None
+    noise_max_abs: float
+    reference_rms: float
+
+
+@dataclass(frozen=True)
 class OracleSetup:
     """The oracle mode's rule: ``err(alt) <= multiplier x err(baseline) + floor`` against the oracle."""
 
@@ -198,6 +215,8 @@ class Evidence:
     mark_all: dict[str, Any] | None = None
     #: the decode stage's: the KV cache per pass, layer and part
     kv_cache: list[KVEvidence] = field(default_factory=list)
+    #: the decode stage's: the next-token distributions per pass (where the logits are captured)
+    token_metrics: list[TokenEvidence] = field(default_factory=list)
 
     def at(self, key: CheckpointKey) -> CheckpointEvidence | None:
         """The evidence of checkpoint ``key`` (None when it is not enabled)."""

@@ -32,11 +32,12 @@ from typing import Any
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, OracleJudgement, RatioRule
 from ...jsonio import as_float
-from .evidence import BlockEvidence, CheckpointEvidence, Evidence, KVEvidence, LayerEvidence
+from .evidence import BlockEvidence, CheckpointEvidence, Evidence, KVEvidence, LayerEvidence, TokenEvidence
 from .plan import DTYPE_EPS, ValidationPlan
 
 __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND",
-           "node_output_verdict"]
+           "node_output_verdict", "judge_tokens", "decisive_flips",
+           "first_divergent_token"]
 
 #: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
@@ -158,6 +159,12 @@ class Verdict:
     first_step: int | None = None
     #: the KV cache after each pass, by ``(step, layer, part)``: named as a source, not a verdict
     kv: dict[tuple[int, int, str], Judgement] = field(default_factory=dict)
+    #: the next-token distributions at each pass's logits, by step (0: the prefill); a failure is
+    #: also the ``post_processing`` checkpoint's judgement at that step
+    tokens: dict[int, Judgement] = field(default_factory=dict)
+    #: the first token the alternative chooses otherwise beyond noise: ``{step, index,
+    #: reference_token, alternative_token, reference_gap}`` (None: none)
+    first_divergent_token: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -262,8 +269,12 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     layers = None if evidence.layers is None else {ev.layer: judge_layer(ev, plan) for ev in evidence.layers}
     checkpoints: dict[CheckpointKey, Judgement] = {}
     steps: dict[tuple[int, CheckpointKey], Judgement] = {}
+    tokens = {ev.step: judge_tokens(ev, plan) for ev in evidence.token_metrics if ev.calibration is not None}
     for ev in evidence.checkpoints:
         own = judge_checkpoint(ev, evidence, plan)
+        by_tokens = tokens.get(ev.step or 0) if ev.key.name == "post_processing" else None
+        if by_tokens is not None and not by_tokens.passed:  # the tokens chosen decide first, as experts do
+            own = by_tokens
         if ev.step:  # a decode step: its own rule (isolation replays the prefill's layers)
             steps[(ev.step, ev.key)] = own
             continue
@@ -279,7 +290,65 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     kv = {(ev.step, ev.layer, ev.part): judge_kv(ev, plan) for ev in evidence.kv_cache}
     source = decode_source(first, first_step, kv) if first_step else \
         error_source(first, layers, evidence.isolation_note)
-    return Verdict(checkpoints, layers, first, source, consistent, steps, first_step, kv)
+    return Verdict(checkpoints, layers, first, source, consistent, steps, first_step, kv, tokens,
+                   first_divergent_token(evidence, plan))
+
+
+def _token_scale(ev: TokenEvidence, plan: ValidationPlan) -> float:
+    """A correct run's allowed logit error at one pass: ``noise_margin`` x the calibration's largest
+    logit error + ``floor_eps`` x eps x RMS(reference logits)."""
+    cfg = plan.config
+    noise = 0.0 if math.isnan(ev.noise_max_abs) else ev.noise_max_abs
+    rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
+    return float(cfg["noise_margin"]) * noise + float(cfg["floor_eps"]) * plan.eps * rms
+
+
+def decisive_flips(metrics: Any, ev: TokenEvidence, plan: ValidationPlan) -> list[Any]:
+    """The flips of ``metrics`` (a :class:`~debug_framework.comparison.next_token.TokenMetrics`)
+    that no error within a correct run's bound explains: the reference prefers its token by more
+    than twice the allowed logit error (:func:`_token_scale`), so both logits moving by it cannot
+    swap them. A near tie flipped is noise."""
+    gap = 2.0 * _token_scale(ev, plan)
+    return [f for f in metrics.flips if not f.reference_gap <= gap]  # NaN/inf gaps count
+
+
+def judge_tokens(ev: TokenEvidence, plan: ValidationPlan) -> Judgement:
+    """One pass's next-token distributions, judged as the router's experts are: the calibration
+    (a correct run at the alternative's precision) gives the expected KL divergence and top-1
+    flips. Fails where the mean KL exceeds ``noise_margin`` x the calibration's + a floor (the KL of
+    a logit error at the calibrated floor, ``(floor_eps x eps x RMS)^2 / 2``), or where more tokens
+    flip decisively (:func:`decisive_flips`) than ``noise_margin`` x those the calibration flips."""
+    cfg = plan.config
+    cal = ev.calibration
+    assert cal is not None  # judged only where calibrated
+    rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
+    floor = 0.5 * (float(cfg["floor_eps"]) * plan.eps * rms) ** 2
+    rule = RatioRule(float(cfg["noise_margin"]), floor, "kl_divergence")
+    kl = rule.judge(cal.kl_divergence["mean"], ev.alternative.kl_divergence["mean"])
+    flips = decisive_flips(ev.alternative, ev, plan)
+    allowed = float(cfg["noise_margin"]) * len(decisive_flips(cal, ev, plan))
+    where = "the prefill" if ev.step == 0 else f"decode step {ev.step}"
+    if len(flips) > allowed:
+        f = flips[0]
+        return Judgement(False, "token_metrics", kl.bound, kl.margin, (
+            f"the next token differs beyond noise at {len(flips)} of {ev.alternative.positions} position(s) of {where} "
+            f"(a correct {plan.alternative_dtype} run: {len(decisive_flips(cal, ev, plan))}), first at "
+            f"{list(f.index)}: {f.alternative_token} instead of {f.reference_token}"), kl)
+    if not kl.passed:
+        return Judgement(False, "token_metrics", kl.bound, kl.margin, (
+            f"mean KL divergence of the next-token distributions {kl.alternative_error:.3e} at {where} exceeds "
+            f"{kl.multiplier:g} x a correct {plan.alternative_dtype} run's {kl.reference_error:.3e} + {kl.floor:.3g}"), kl)
+    return Judgement(True, "token_metrics", kl.bound, kl.margin, None, kl)
+
+
+def first_divergent_token(evidence: Evidence, plan: ValidationPlan) -> dict[str, Any] | None:
+    """The first position (pass by pass, then row by row) whose top-1 token the alternative
+    changes decisively (:func:`decisive_flips`), with its step."""
+    for ev in sorted(evidence.token_metrics, key=lambda e: e.step):
+        flips = decisive_flips(ev.alternative, ev, plan)
+        if flips:
+            return {"step": ev.step, **flips[0].to_dict()}
+    return None
 
 
 def judge_kv(ev: KVEvidence, plan: ValidationPlan) -> Judgement:

@@ -296,6 +296,9 @@ class ValidationResult:
         decode = info.pop("decode", None)
         if decode is not None and verdict.kv:  # each KV-cache row with its judgement
             decode = {**decode, "kv_cache": [_judged_kv(row, verdict) for row in decode.get("kv_cache", [])]}
+        if decode is not None and "token_metrics" in decode:  # each pass's token metrics with their judgement
+            decode = {**decode, "token_metrics": [_judged_tokens(row, verdict) for row in decode["token_metrics"]],
+                      "first_divergent_token": verdict.first_divergent_token}
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
                    precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, decode=decode,
@@ -366,6 +369,15 @@ def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
                          "margin": j.margin}
     out["passed"] = all(out[p].get("passed", True) for p in ("k", "v") if isinstance(out.get(p), Mapping))
     return out
+
+
+def _judged_tokens(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """A token_metrics row (one pass) with its judgement (passed, judged_by, bound, margin, reason;
+    all None where it was not calibrated, so not judged)."""
+    j = verdict.tokens.get(int(row["step"]))
+    return {**row, "passed": None if j is None else j.passed, "judged_by": None if j is None else j.judged_by,
+            "bound": None if j is None else j.bound, "margin": None if j is None else j.margin,
+            "reason": None if j is None else j.reason}
 
 
 def divergence_ref(row: Mapping[str, Any]) -> dict[str, Any]:
