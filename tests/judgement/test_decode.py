@@ -123,3 +123,48 @@ def test_debug_validate_decode_steps_json(tiny_models, decode_bug, tmp_path, cap
     assert (first["step"], first["checkpoint"], first["layer"]) == (1, "post_attention", BUG_LAYER)
     assert run([*base, "--alternative-backend", "pytorch", "--decode-steps", "2", "--decode-tokens", "1,x"]) == 2
     assert run([*base, "--alternative-backend", "pytorch", "--decode-steps", "-1"]) == 2
+
+
+def _top_two_swapped_while_decoding(net: torch.nn.Module) -> None:
+    """The LM head swaps each row's two best logits at a decode step (one new token per row): the
+    prefill's logits and every hidden state are untouched."""
+
+    def swap(_module, _args, out):
+        if out.shape[1] != 1:
+            return out
+        top = out.topk(2, dim=-1)
+        return out.scatter(-1, top.indices, top.values.flip(-1))
+
+    net.lm_head.register_forward_hook(swap)
+
+
+TOKEN_KEYS = {"kl_divergence", "top1_agreement", "topk_overlap", "delta_p", "logits_nmse"}
+
+
+def test_debug_validate_token_metrics_json(tiny_models, decode_bug, tmp_path, capsys):
+    """``--decode-steps 2 --json``: token_metrics per pass (0 the prefill) with their judgement; a
+    correct pair passes them all, a bug only in the decode logits fails by the tokens at step 1."""
+    import json
+
+    from debug_framework.cli.debug_validate import run
+
+    base = ["--model-path", str(tiny_models("llama", 0)), "--reference-backend", "float64_eager",
+            "--database", str(tmp_path / "d.db"), "--no-isolate", "--decode-steps", "2", "--json"]
+    assert run([*base, "--alternative-backend", "pytorch"]) == 0
+    rows = json.loads(capsys.readouterr().out)["decode"]["token_metrics"]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(TOKEN_KEYS <= set(r) for r in rows)
+    assert set(rows[0]["kl_divergence"]) == {"mean", "p99", "max"}
+    assert all(r["passed"] and r["judged_by"] == "token_metrics" and r["top1_agreement"] == 1.0 for r in rows)
+
+    assert run([*base, "--alternative-backend", decode_bug(_top_two_swapped_while_decoding)]) == 1
+    out = json.loads(capsys.readouterr().out)
+    first = out["first_divergence"]
+    assert (first["step"], first["checkpoint"], first["judged_by"]) == (1, "post_processing", "token_metrics")
+    assert "next token differs" in first["reason"]
+    rows = out["decode"]["token_metrics"]
+    assert rows[0]["passed"] and rows[0]["top1_agreement"] == 1.0  # the prefill's tokens agree
+    assert not rows[1]["passed"] and rows[1]["top1_agreement"] == 0.0 and rows[1]["kl_divergence"]["max"] > 0
+    token = out["decode"]["first_divergent_token"]
+    assert token["step"] == 1 and token["index"] == [0, 0] and token["reference_gap"] > 0
+    assert token["alternative_token"] != token["reference_token"]
+    assert out["error_source"]["kind"] == "decode" and out["error_source"]["step"] == 1
