@@ -187,6 +187,11 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
                 (result.get("precision_diagnosis") or {}).get("quantized"))))
     else:
         out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within their bounds")
+    if result.get("decode"):
+        from ..reports._decode import decode_text
+
+        for line in decode_text(result, out.width):
+            out.print(markup("{}", line))
     if result.get("introducing_layers") is not None:
         layers = result["introducing_layers"]
         out.print("isolation: " + (f"layer(s) {', '.join(map(str, layers))} introduce error; the rest only propagate"

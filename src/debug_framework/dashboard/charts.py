@@ -10,12 +10,13 @@ import altair as alt
 import pandas as pd
 
 from ..reports._common import LOG_METRICS, as_float, passed_state, row_id
+from ..reports._decode import decode_view, margin_text
 from ..reports._html import colorize
 from ..reports._rows import judged_by
 from ..reports._tensors import heatmap_for, open_store
 from ..reports.html_report import _bound_values, _metric_values
 
-__all__ = ["CURVE_METRICS", "curve_frame", "curve_chart", "checkpoint_frame", "heatmap_image"]
+__all__ = ["CURVE_METRICS", "curve_frame", "curve_chart", "checkpoint_frame", "heatmap_image", "decode_frames"]
 
 #: The metrics offered as curves: the reports' log-scale metrics and SQNR.
 CURVE_METRICS: tuple[str, ...] = (*LOG_METRICS, "sqnr_db")
@@ -96,3 +97,30 @@ def drilldown_frame(entry: Mapping[str, Any]) -> pd.DataFrame:
              "culprit": bool(culprit) and r.get("node") == culprit.get("node")} for r in ops]
     rows.sort(key=lambda row: not row["culprit"])
     return pd.DataFrame(rows, columns=columns)
+
+
+def decode_frames(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """A decoded session's step x layer margins (the reports' :func:`~debug_framework.reports._decode.decode_view`,
+    with the tokens' figures per step) and its KV cache's margins by step and layer; None without
+    decode steps. A failing cell reads ``2.8e5 FAIL``."""
+    view = decode_view(rows, results)
+    if view is None:
+        return None
+
+    def text(cell: Any) -> str:
+        if cell is None:
+            return ""
+        flag = " FIRST" if cell.first else (" FAIL" if cell.passed is False else "")
+        return margin_text(cell.margin, cell.passed) + flag
+
+    grid = []
+    for s in view.steps:
+        t = view.tokens.get(s) or {}
+        kl = t.get("kl_divergence") if isinstance(t.get("kl_divergence"), Mapping) else {}
+        grid.append({"step": s, **{c: text(view.margins.get(s, {}).get(c)) for c in view.columns},
+                     "KL mean": as_float(kl.get("mean")), "top-1": as_float(t.get("top1_agreement")),
+                     "top-k": as_float(t.get("topk_overlap")),
+                     "tokens": {True: "pass", False: "FAIL"}.get(t.get("passed"), "")})  # type: ignore[arg-type]
+    kv = pd.DataFrame([{"step": s, **{str(i): text(view.kv[s].get(i)) for i in view.kv_layers}}
+                       for s in sorted(view.kv)])
+    return pd.DataFrame(grid), kv

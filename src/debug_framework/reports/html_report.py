@@ -1,7 +1,7 @@
 """The HTML report of a session: one self-contained file, no scripts, no network.
 
 Sections (each a ``<section id=...>``): ``verdict``, ``summary``, ``curves`` (per-layer error on a
-log scale, one inline SVG chart per metric), ``checkpoints`` (the table, first divergence marked),
+log scale, one inline SVG chart per metric), ``checkpoints`` (the table, first divergence marked), ``decode`` (step x layer margins, tokens, KV cache),
 ``isolation`` (introduced vs propagated error, when isolation ran), ``heatmap`` (worst checkpoint),
 ``performance``, ``tensors`` (with ``include_tensors``), ``backends``, ``tolerances``, ``config``,
 ``environment``, ``reproduce`` (the command), ``other-results`` (engine keys not shown above).
@@ -33,6 +33,7 @@ from ._common import (
     verdict_of,
     worst_row,
 )
+from ._decode import decode_section
 from ._drilldown import drilldown_culprits, drilldown_section
 from ._rows import layer_replay_of, replay_of, rule_of
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
@@ -57,7 +58,7 @@ _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth"
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
                       "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source",
-                      "drilldown", "consistent_with"}
+                      "drilldown", "consistent_with", "decode"}
 
 
 def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
@@ -474,6 +475,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         section("curves", "Per-layer error", _curves(rows, first_index)),
         section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
+        decode_section(rows, results),
         _isolation(rows, results),
         drilldown_section(results),
         _heatmap(heat, worst),
@@ -489,7 +491,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     ]
     nav = "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
         ("drilldown", "culprit operator"), ("curves", "error curves"), ("checkpoints", "checkpoints"),
-        ("isolation", "isolation"), ("heatmap", "heatmap"),
+        ("decode", "decode steps"), ("isolation", "isolation"), ("heatmap", "heatmap"),
         ("performance", "performance"), ("backends", "backends"), ("environment", "environment"),
         ("reproduce", "reproduce")) if f'id="{sid}"' in "".join(sections))
     generated = report.created_at.isoformat(timespec="seconds") if report.created_at else ""

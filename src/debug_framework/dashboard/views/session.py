@@ -1,5 +1,6 @@
 """One session: verdict, first divergence and where the error comes from, the drill-down (culprit
-operator and its table) when one ran, per-checkpoint error curves with their bounds, the checkpoint table, the heatmap, environment, the reproduce command and
+operator and its table) when one ran, per-checkpoint error curves with their bounds, the checkpoint table, decode
+steps (margins by step and layer, tokens, KV cache) when the session decoded, the heatmap, environment, the reproduce command and
 the reports (HTML, JSON, CSV, JUnit) made by ``debug_framework.reports``."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from debug_framework.dashboard.charts import (
     checkpoint_frame,
     curve_chart,
     curve_frame,
+    decode_frames,
     drilldown_frame,
     heatmap_image,
 )
@@ -19,6 +21,7 @@ from debug_framework.dashboard.data import cells, literal, number_columns, plain
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import error_source_text, flat_items, row_id, session_results, worst_row
+from debug_framework.reports._decode import token_text
 
 st.title("Session")
 _MIME = {"html": "text/html", "json": "application/json", "csv": "text/csv", "junit": "application/xml"}
@@ -64,6 +67,19 @@ with viewer() as db:
                 st.altair_chart(curve_chart(frame, metric, first), width="stretch")
             table = cells(checkpoint_frame(rows))
             st.dataframe(table, hide_index=True, width="stretch", column_config=number_columns(table))
+
+            decoded = decode_frames(rows, res)
+            if decoded is not None:
+                st.subheader("Decode steps: margins by step and layer")
+                st.caption("Each cell: the worst margin (error / bound, at most 1 passes) of that pass's checkpoints "
+                           "in that layer; step 0 is the prefill. KL, top-1, top-k: the next-token distributions "
+                           "against the reference's.")
+                grid, kv = decoded
+                st.dataframe(cells(grid), hide_index=True, width="stretch", key="decode_grid")
+                st.text(plain(token_text(res["decode"].get("first_divergent_token"))))
+                if not kv.empty:
+                    st.caption("KV cache after each pass: the worse of K and V, by layer")
+                    st.dataframe(cells(kv), hide_index=True, width="stretch", key="decode_kv")
 
             drilled = res.get("drilldown")
             if isinstance(drilled, list):

@@ -1,0 +1,205 @@
+"""Decode steps in the reports: a step x layer view of margins, the tokens and the KV cache.
+
+:func:`decode_view` turns a session's checkpoint rows and its ``decode`` result (docs/validation.md,
+"Decode steps") into one plain :class:`DecodeView`: per pass (step 0 the prefill) the worst margin
+(error / bound, at most 1 passes) of each column (``embedding``, each layer, ``head``), the
+token-level metrics and their verdict, the KV cache's margins per layer (the worse of K and V), and
+the first divergent token. The HTML report draws it with :func:`decode_section`, the terminal with
+:func:`decode_text` (where it fits) and the dashboard as data frames, so all three show the same
+figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._common import as_float
+from ._html import esc
+from ._sections import section
+
+__all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One place at one pass: the worst margin there (None: none measured) and the verdict (None:
+    not judged); ``first`` marks the first divergence."""
+
+    margin: float | None
+    passed: bool | None
+    first: bool = False
+
+
+@dataclass
+class DecodeView:
+    """What a decoded session shows, step by step (step 0: the prefill)."""
+
+    columns: list[str]  #: "embedding", the layers ("0", "1", ...), "head"
+    steps: list[int]
+    margins: dict[int, dict[str, Cell]] = field(default_factory=dict)  #: step -> column -> cell
+    tokens: dict[int, Mapping[str, Any]] = field(default_factory=dict)  #: step -> its token_metrics row
+    kv_layers: list[int] = field(default_factory=list)
+    kv: dict[int, dict[int, Cell]] = field(default_factory=dict)  #: step -> layer -> the worse of K and V
+    first_token: Mapping[str, Any] | None = None
+
+
+def _column(row: Mapping[str, Any]) -> str:
+    if row.get("checkpoint") == "post_embedding":
+        return "embedding"
+    layer = row.get("layer")
+    return str(layer) if isinstance(layer, int) else "head"
+
+
+def _worse(cell: Cell | None, margin: float | None, passed: bool | None, first: bool) -> Cell:
+    """``cell`` with one more place folded in: the larger margin, failed if either failed."""
+    if cell is None:
+        return Cell(margin, passed, first)
+    margins = [m for m in (cell.margin, margin) if m is not None]
+    states = [p for p in (cell.passed, passed) if p is not None]
+    return Cell(max(margins) if margins else None, all(states) if states else None, cell.first or first)
+
+
+def decode_view(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> DecodeView | None:
+    """The decode view of a session (None when it decoded no steps)."""
+    decode = results.get("decode")
+    if not isinstance(decode, Mapping):
+        return None
+    first = results.get("first_divergence") if isinstance(results.get("first_divergence"), Mapping) else {}
+    layers = sorted({r["layer"] for r in rows if isinstance(r.get("layer"), int)})
+    columns = ["embedding", *(str(i) for i in layers), "head"]
+    view = DecodeView(columns, [])
+    for r in rows:
+        step = r.get("step")
+        if not isinstance(step, int):
+            continue
+        passed = r.get("passed") if isinstance(r.get("passed"), bool) else None
+        is_first = bool(first) and r.get("id") == first.get("id")
+        cells = view.margins.setdefault(step, {})
+        col = _column(r)
+        cells[col] = _worse(cells.get(col), as_float(r.get("margin")), passed, is_first)
+    for t in decode.get("token_metrics") or []:
+        if isinstance(t, Mapping) and isinstance(t.get("step"), int):
+            view.tokens[t["step"]] = t
+    for kv in decode.get("kv_cache") or []:
+        if not (isinstance(kv, Mapping) and isinstance(kv.get("step"), int) and isinstance(kv.get("layer"), int)):
+            continue
+        cell = view.kv.setdefault(kv["step"], {}).get(kv["layer"])
+        for part in ("k", "v"):
+            p = kv.get(part) if isinstance(kv.get(part), Mapping) else {}
+            cell = _worse(cell, as_float(p.get("margin")), p.get("passed") if isinstance(p.get("passed"), bool) else None,
+                          False)
+        view.kv[kv["step"]][kv["layer"]] = cell
+    view.kv_layers = sorted({layer for cells in view.kv.values() for layer in cells})
+    view.steps = sorted(set(view.margins) | set(view.tokens) | set(view.kv))
+    ft = decode.get("first_divergent_token")
+    view.first_token = ft if isinstance(ft, Mapping) else None
+    return view
+
+
+def margin_text(margin: float | None, passed: bool | None = None) -> str:
+    """A margin in at most 6 characters (``0.24``, ``2.8e5``, ``inf``; ``FAIL`` for a failure
+    without one, ``-`` for nothing measured)."""
+    if margin is None or math.isnan(margin):
+        return "FAIL" if passed is False else "-"
+    if math.isinf(margin):
+        return "inf"
+    if margin < 1000:
+        return f"{margin:.2g}" if margin < 10 else f"{margin:.0f}"
+    mantissa, exp = f"{margin:.1e}".split("e")
+    return f"{mantissa}e{int(exp)}"
+
+
+def token_text(token: Mapping[str, Any] | None) -> str:
+    """The first divergent token in words."""
+    if not token:
+        return "first divergent token: none (every top-1 token agrees, or differs only at a near tie)"
+    where = "the prefill" if token.get("step") == 0 else f"decode step {token.get('step')}"
+    return (f"first divergent token: {where}, logits index {token.get('index')}: the alternative chooses token "
+            f"{token.get('alternative_token')} where the reference chooses {token.get('reference_token')} "
+            f"(reference logit gap {as_float(token.get('reference_gap')) or 0:.3g})")
+
+
+def _kl(row: Mapping[str, Any] | None) -> float | None:
+    kl = (row or {}).get("kl_divergence")
+    return as_float(kl.get("mean")) if isinstance(kl, Mapping) else None
+
+
+def _td(cell: Cell | None) -> str:
+    if cell is None:
+        return '<td class="num muted">&ndash;</td>'
+    cls = "first" if cell.first else ("fail" if cell.passed is False else "pass")
+    return f'<td class="num {cls}">{esc(margin_text(cell.margin, cell.passed))}</td>'
+
+
+def decode_section(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
+    """The HTML section ``decode`` (empty without decode steps): margins by step and layer with the
+    tokens' figures, the first divergent token, and the KV cache's margins by step and layer."""
+    view = decode_view(rows, results)
+    if view is None:
+        return ""
+    head = "".join(f"<th>{esc(c)}</th>" for c in view.columns)
+    body = []
+    for s in view.steps:
+        t = view.tokens.get(s)
+        verdict = "" if t is None else ("pass" if t.get("passed") else ("FAIL" if t.get("passed") is False else "?"))
+        tcls = "fail" if t is not None and t.get("passed") is False else ""
+        body.append(
+            f"<tr><td class=\"num\">{esc(s)}{' (prefill)' if s == 0 else ''}</td>"
+            + "".join(_td(view.margins.get(s, {}).get(c)) for c in view.columns)
+            + f'<td class="num">{esc(margin_text(_kl(t)) if t else "-")}</td>'
+            + f'<td class="num">{esc("-" if t is None else t.get("top1_agreement"))}</td>'
+            + f'<td class="num">{esc("-" if t is None else t.get("topk_overlap"))}</td>'
+            + f'<td class="{tcls}">{esc(verdict)}</td></tr>')
+    parts = ['<p class="muted">Each cell: the worst margin (error / bound, at most 1 passes) of that pass\'s '
+             "checkpoints in that layer; step 0 is the prefill. KL: mean KL divergence of the next-token "
+             "distributions (nats); top-1 / top-k: agreement with the reference's tokens.</p>",
+             f'<div class="scroll"><table class="decode-grid"><thead><tr><th>step</th>{head}<th>KL mean</th>'
+             f"<th>top-1</th><th>top-k</th><th>tokens</th></tr></thead><tbody>{''.join(body)}</tbody></table></div>",
+             f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>']
+    if view.kv:
+        kv_head = "".join(f"<th>{esc(i)}</th>" for i in view.kv_layers)
+        kv_body = "".join(
+            f'<tr><td class="num">{esc(s)}</td>' + "".join(_td(view.kv[s].get(i)) for i in view.kv_layers) + "</tr>"
+            for s in sorted(view.kv))
+        parts.append("<h3>KV cache after each pass (the worse of K and V, by layer)</h3>"
+                     f'<div class="scroll"><table class="kv-grid"><thead><tr><th>step</th>{kv_head}</tr></thead>'
+                     f"<tbody>{kv_body}</tbody></table></div>")
+    return section("decode", "Decode steps: margins by step and layer", "".join(parts))
+
+
+def decode_text(result: Mapping[str, Any], width: int = 80) -> list[str]:
+    """The step x layer margins as plain lines for a terminal of ``width`` columns (a ``*`` marks a
+    failure, ``<`` the first divergence); one line saying where to look when the grid is wider."""
+    view = decode_view(result.get("results") or [], result)
+    if view is None:
+        return []
+    cols = [("emb" if c == "embedding" else c) for c in view.columns]
+    line_width = 5 + 8 * len(cols) + 16
+    if line_width > min(width, 80):
+        return [f"decode: {len(view.steps) - 1} step(s) x {len(cols) - 2} layer(s): the step x layer margins are in "
+                "the HTML report (--output-file report.html) and the JSON", token_text(view.first_token)]
+
+    def cell(c: Cell | None) -> str:
+        if c is None:
+            return "- ".rjust(8)
+        mark = "<" if c.first else ("*" if c.passed is False else " ")
+        return (margin_text(c.margin, c.passed) + mark).rjust(8)
+
+    lines = ["margins per step x layer (* fails, < first divergence; step 0: the prefill)",
+             "step " + "".join(c.rjust(7) + " " for c in cols) + "KL mean".rjust(9) + "top-1".rjust(7)]
+    for s in view.steps:
+        t = view.tokens.get(s)
+        top1 = "-" if t is None or as_float(t.get("top1_agreement")) is None else f"{as_float(t['top1_agreement']):.2f}"
+        kl = "-" if t is None else f"{_kl(t):.1e}" if _kl(t) is not None else "-"
+        lines.append(f"{s:>4} " + "".join(cell(view.margins.get(s, {}).get(c)) for c in view.columns)
+                     + kl.rjust(9) + (top1 + ("*" if t is not None and t.get("passed") is False else "")).rjust(7))
+    lines.append(token_text(view.first_token))
+    bad_kv = sorted((s, i) for s, cells in view.kv.items() for i, c in cells.items() if c.passed is False)
+    if view.kv:
+        lines.append("KV cache: every layer's K and V within a correct run's bound after every pass" if not bad_kv else
+                     "KV cache beyond its bound: " + ", ".join(f"layer {i} after step {s}" for s, i in bad_kv[:6])
+                     + (" ..." if len(bad_kv) > 6 else ""))
+    return lines
