@@ -141,21 +141,49 @@ def _top_two_swapped_while_decoding(net: torch.nn.Module) -> None:
 TOKEN_KEYS = {"kl_divergence", "top1_agreement", "topk_overlap", "delta_p", "logits_nmse"}
 
 
-def test_debug_validate_token_metrics_json(tiny_models, decode_bug, tmp_path, capsys):
-    """``--decode-steps 2 --json``: token_metrics per pass (0 the prefill) with their judgement; a
-    correct pair passes them all, a bug only in the decode logits fails by the tokens at step 1."""
+def _doc_session() -> tuple[list[str], list[str]]:
+    """The decode session of docs/validation.md: its command's arguments and the lines it prints
+    from the verdict on (under the checkpoint table)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "validation.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"<!-- decode-session -->\s*```text\n(.*?)```", doc, re.S)
+    command = block[:block.index("\n", block.index("--decode-steps"))]  # "$ debug_validate ... \\\n ... --decode-steps 2 ..."
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:2] == ["$", "debug_validate"]
+    shown = block[block.index("PASSED"):].splitlines()
+    return argv[2:], shown
+
+
+def test_debug_validate_token_metrics_json(tiny_models, decode_bug, tmp_path, capsys, monkeypatch):
+    """The decode session of docs/validation.md prints what the page shows; with ``--json``:
+    token_metrics per pass (0 the prefill) with their judgement; a correct pair passes them all, a
+    bug only in the decode logits fails by the tokens at step 1."""
     import json
 
     from debug_framework.cli.debug_validate import run
 
-    base = ["--model-path", str(tiny_models("llama", 0)), "--reference-backend", "float64_eager",
-            "--database", str(tmp_path / "d.db"), "--no-isolate", "--decode-steps", "2", "--json"]
-    assert run([*base, "--alternative-backend", "pytorch"]) == 0
-    rows = json.loads(capsys.readouterr().out)["decode"]["token_metrics"]
+    argv, shown = _doc_session()
+    model = str(tiny_models("llama", 0))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert run([model if a == "tiny-llama" else a for a in argv]
+               + ["--database", str(tmp_path / "d.db"), "--output-file", str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(printed) if line.startswith("PASSED"))
+    for doc_line, line in zip(shown, printed[at:]):
+        if doc_line.split() and doc_line.split()[0].isdigit():  # a grid row: its step and its columns
+            assert line.split()[0] == doc_line.split()[0] and len(line.split()) == len(doc_line.split()), line
+        else:
+            assert line.rstrip() == doc_line.rstrip()
+    rows = json.loads((tmp_path / "r.json").read_text())["decode"]["token_metrics"]
     assert [r["step"] for r in rows] == [0, 1, 2] and all(TOKEN_KEYS <= set(r) for r in rows)
     assert set(rows[0]["kl_divergence"]) == {"mean", "p99", "max"}
     assert all(r["passed"] and r["judged_by"] == "token_metrics" and r["top1_agreement"] == 1.0 for r in rows)
 
+    base = ["--model-path", model, "--reference-backend", "float64_eager",
+            "--database", str(tmp_path / "d.db"), "--no-isolate", "--decode-steps", "2", "--json"]
     assert run([*base, "--alternative-backend", decode_bug(_top_two_swapped_while_decoding)]) == 1
     out = json.loads(capsys.readouterr().out)
     first = out["first_divergence"]
