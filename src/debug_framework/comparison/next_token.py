@@ -131,7 +131,14 @@ def next_token_metrics(reference: Any, alternative: Any, positions: np.ndarray |
     alt_safe = np.where(bad[:, None], 0.0, alt)
     log_p, log_q = _log_softmax(ref), _log_softmax(alt_safe)
     p = np.exp(log_p)
-    kl = np.maximum(np.sum(p * (log_p - log_q), axis=-1), 0.0)  # >= 0 up to rounding
+    # KL = sum p (log p - log q). With d = ref - alt it is sum p d + log(sum p exp(-d)); for small d
+    # the log is taken as log1p(sum p expm1(-d)), so a float32-sized d (KL ~ 1e-15) is not lost to
+    # cancellation in float64; a large d (a real disagreement) takes the direct form
+    d = ref - alt_safe
+    with np.errstate(over="ignore", invalid="ignore"):
+        fine = np.sum(p * d, axis=-1) + np.log1p(np.sum(p * np.expm1(-d), axis=-1))
+    direct = np.sum(p * (log_p - log_q), axis=-1)
+    kl = np.maximum(np.where(np.max(np.abs(d), axis=-1) < 1.0, fine, direct), 0.0)
     kl[bad] = math.inf
     top_r, top_a = np.argmax(ref, axis=-1), np.argmax(alt_safe, axis=-1)
     flipped = (top_r != top_a) | bad

@@ -315,15 +315,17 @@ def decisive_flips(metrics: Any, ev: TokenEvidence, plan: ValidationPlan) -> lis
 def judge_tokens(ev: TokenEvidence, plan: ValidationPlan) -> Judgement:
     """One pass's next-token distributions, judged as the router's experts are: the calibration
     (a correct run at the alternative's precision) gives the expected KL divergence and top-1
-    flips. Fails where the mean KL exceeds ``noise_margin`` x the calibration's + a floor (the KL of
-    a logit error at the calibrated floor, ``(floor_eps x eps x RMS)^2 / 2``), or where more tokens
-    flip decisively (:func:`decisive_flips`) than ``noise_margin`` x those the calibration flips."""
+    flips. Fails where the mean KL exceeds ``noise_margin``² x the calibration's + a floor (the KL
+    of a logit error at the calibrated floor, ``(floor_eps x eps x RMS)^2 / 2``; squared because KL
+    grows with the square of the logits' error, ``Var_p(delta) / 2`` for a small error ``delta``, so
+    this is the checkpoints' ``noise_margin`` x in error units), or where more tokens flip
+    decisively (:func:`decisive_flips`) than ``noise_margin`` x those the calibration flips."""
     cfg = plan.config
     cal = ev.calibration
     assert cal is not None  # judged only where calibrated
     rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
     floor = 0.5 * (float(cfg["floor_eps"]) * plan.eps * rms) ** 2
-    rule = RatioRule(float(cfg["noise_margin"]), floor, "kl_divergence")
+    rule = RatioRule(float(cfg["noise_margin"]) ** 2, floor, "kl_divergence")
     kl = rule.judge(cal.kl_divergence["mean"], ev.alternative.kl_divergence["mean"])
     flips = decisive_flips(ev.alternative, ev, plan)
     allowed = float(cfg["noise_margin"]) * len(decisive_flips(cal, ev, plan))
