@@ -177,7 +177,12 @@ def test_debug_validate_token_metrics_json(tiny_models, decode_bug, tmp_path, ca
             assert line.split()[0] == doc_line.split()[0] and len(line.split()) == len(doc_line.split()), line
         else:
             assert line.rstrip() == doc_line.rstrip()
-    rows = json.loads((tmp_path / "r.json").read_text())["decode"]["token_metrics"]
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = result["decode"]["token_metrics"]
+    from debug_framework.storage.database import open_database
+
+    stored = open_database(tmp_path / "d.db").checkpoints.for_session(result["session_id"])
+    assert [(r["id"], r["step"]) for r in stored] == [(r["id"], r["step"]) for r in result["results"]]  # every step's row
     assert [r["step"] for r in rows] == [0, 1, 2] and all(TOKEN_KEYS <= set(r) for r in rows)
     assert set(rows[0]["kl_divergence"]) == {"mean", "p99", "max"}
     assert all(r["passed"] and r["judged_by"] == "token_metrics" and r["top1_agreement"] == 1.0 for r in rows)

@@ -54,7 +54,7 @@ _KEEP_ON_CONFLICT = ("session_id", "checkpoint", "layer_key", "created_at")
 
 
 def upsert_result_sql(table: str = "checkpoint_results") -> str:
-    """Insert one row, or replace the measurements of the same ``(session, checkpoint, layer)``
+    """Insert one row, or replace the measurements of the same ``(session, checkpoint, layer, decode step)``
     (its ``created_at`` stays, so rows keep the model's order). ``table`` is a schema constant."""
     updates = ", ".join(f"{c} = excluded.{c}" for c in RESULT_COLUMNS if c not in _KEEP_ON_CONFLICT)
     return (
@@ -84,7 +84,9 @@ def result_row_values(
     now: str,
 ) -> tuple[object, ...]:
     """The parameters of :func:`upsert_result_sql` for one result dict, in :data:`RESULT_COLUMNS` order."""
-    values: list[object] = [session_id, checkpoint, layer, layer_key(layer), as_bool(result.get("passed"))]
+    step = result.get("step")
+    values: list[object] = [session_id, checkpoint, layer, layer_key(layer, step if isinstance(step, int) else None),
+                            as_bool(result.get("passed"))]
     values += [_metric_value(typ, result.get(col)) for col, typ in METRIC_COLUMNS.items()]
     values += [to_json(result.get(key)) for key in JSON_RESULT_KEYS]
     intro = introduced_error if introduced_error is not None else result.get("introduced_error")

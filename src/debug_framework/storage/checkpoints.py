@@ -1,4 +1,4 @@
-"""The ``checkpoint_results`` table: one row per ``(session, checkpoint, layer)``."""
+"""The ``checkpoint_results`` table: one row per ``(session, checkpoint, layer, decode step)``."""
 
 from __future__ import annotations
 
