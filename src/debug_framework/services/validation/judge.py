@@ -269,7 +269,8 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     layers = None if evidence.layers is None else {ev.layer: judge_layer(ev, plan) for ev in evidence.layers}
     checkpoints: dict[CheckpointKey, Judgement] = {}
     steps: dict[tuple[int, CheckpointKey], Judgement] = {}
-    tokens = {ev.step: judge_tokens(ev, plan) for ev in evidence.token_metrics if ev.calibration is not None}
+    tokens = {ev.step: judge_tokens(ev, plan) for ev in evidence.token_metrics
+              if ev.calibration is not None and ev.alternative.positions}  # none judged: nothing to predict from
     for ev in evidence.checkpoints:
         own = judge_checkpoint(ev, evidence, plan)
         by_tokens = tokens.get(ev.step or 0) if ev.key.name == "post_processing" else None
