@@ -183,21 +183,25 @@ def _ort_stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list
 
 
 def _stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass."""
-    if hasattr(session, "rt_nodes_"):
-        return numpy_stream(session, feeds, chunks)
+    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass (a runner's
+    :class:`~debug_framework.backends._onnx_file.FedSession`: its weights fed as well)."""
+    inner = getattr(session, "inner", session)
+    if hasattr(inner, "rt_nodes_"):
+        return numpy_stream(inner, {**feeds, **getattr(session, "weights", {})}, chunks)
     return _ort_stream(session, feeds, chunks)
 
 
 def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
     """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the graph runner of the
-    backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``."""
+    backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``.
+    A runner of that graph at that dtype marks its own session (:meth:`Float64GraphRunner.marked`):
+    no second copy of the weights, no second retyping of the file."""
     from ...backends._onnx_file import Float64GraphRunner
 
     own = getattr(runner, "_graph", None) if runner is not None else None
     found = getattr(own, "runtime", None)
-    if found == "onnx.reference" and getattr(own, "dtype", None) == dtype:
-        return own.session, found  # the NumPy evaluator walks every node: its values are all there already
+    if isinstance(own, Float64GraphRunner) and own.dtype == dtype and Path(own.model.path) == Path(path):
+        return own.marked(names), own.runtime
     return Float64GraphRunner.open_marked(path, names, dtype, getattr(runner, "name", "calibration"), found)
 
 
