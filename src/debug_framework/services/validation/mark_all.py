@@ -3,9 +3,9 @@
 Each floating-point value a node of the graph makes (``Constant`` nodes aside: they compute
 nothing) is compared, in the graph's topological order, between three runs of the same graph on
 the session's inputs: the **reference** (the graph in float64, as the reference backend runs it),
-the **alternative** (the file the ``onnxruntime`` backend runs, the session's own or its
-``model_file``, opened as that backend opens its graphs: providers, optimisation level, graph
-transform) and the **calibration** (the graph at the alternative's precision, as the calibration's
+the **alternative** (the file the ``onnxruntime`` or ``openvino`` backend runs, the session's
+own or its ``model_file``, opened as that backend opens its graphs: providers, optimisation level or
+OpenVINO's precision hint, graph transform) and the **calibration** (the graph at the alternative's precision, as the calibration's
 graph runner runs it). A value is judged by the calibrated rule of the checkpoints and layers
 (:func:`.judge.node_output_verdict`, the judge's): its RMSE against the reference within
 ``noise_margin`` x the calibration's RMSE + ``floor_eps`` x eps(alternative dtype) x RMS(reference).
@@ -222,8 +222,9 @@ class MarkAllStage(Stage):
         if getattr(model, "format", None) != "onnx" or not callable(getattr(alternative, "open_session", None)):
             raise ConfigurationError(
                 "mark_all compares every node output of an ONNX file: it needs an ONNX-file model "
-                f"(--model-path FILE.onnx) and the onnxruntime alternative (not {alternative.name!r})",
-                hint="drop --mark-all, or validate the ONNX file against onnxruntime")
+                f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, onnxruntime or openvino "
+                f"(not {alternative.name!r})",
+                hint="drop --mark-all, or validate the ONNX file against onnxruntime or openvino")
         ctx.evidence.mark_all = mark_all(ctx, onnx_feeds(model.config, ctx.inputs)).to_dict()
 
 
