@@ -18,7 +18,7 @@ import numpy as np
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 
-__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names"]
+__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -276,6 +276,49 @@ def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitiali
             hint="validate with a float32 reference (reference_dtype float32) or replace the operator")
     return BackendInitializationError(f"ONNX Runtime could not load the retyped graph of {path.name}: {exc}",
                                       backend=backend)
+
+
+def float16_output_conflicts(model: Any) -> dict[str, list[str]]:
+    """Graph outputs of ``model`` made by a ``Cast`` to float32 that nodes inside the graph read as
+    well -> those nodes: what ``onnxconverter_common``'s float16 conversion with the float32
+    outputs kept (``keep_io_types=True``) leaves when an output is also read inside the graph (a
+    BERT's last hidden state, read by its pooler): the readers were converted to float16 but now
+    read the float32 cast (a reader declared to make float16), and ONNX Runtime refuses the file."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output if o}
+    declared = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.output)}
+    conflicts: dict[str, list[str]] = {}
+    for out in graph.output:
+        made = producer.get(out.name)
+        if made is None or made.op_type != "Cast" or not any(a.name == "to" and a.i == _FLOAT for a in made.attribute):
+            continue
+        readers = [n.name or n.op_type for n in graph.node if out.name in n.input  # a reader left in float16
+                   and any(declared.get(o) == _FLOAT16 for o in n.output)]
+        if readers:
+            conflicts[out.name] = readers
+    return conflicts
+
+
+def load_error(exc: Exception, path: Path, graph: bytes | None, backend: str) -> BackendInitializationError:
+    """ONNX Runtime's refusal to load the file ``path`` (or ``graph``, a serialized model of it),
+    explained where it is a float16 conversion's known breakage (:func:`float16_output_conflicts`)."""
+    import onnx
+
+    message = f"ONNX Runtime could not load {path}: {str(exc).rstrip('. ')}"
+    try:
+        proto = onnx.load_from_string(graph) if graph is not None else onnx.load(str(path), load_external_data=False)
+        conflicts = float16_output_conflicts(proto)
+    except Exception:  # noqa: BLE001 - only an explanation of an error already raised
+        conflicts = {}
+    if conflicts:
+        said = "; ".join(f"{o!r} (read by {', '.join(repr(r) for r in rs[:3])})" for o, rs in conflicts.items())
+        return BackendInitializationError(
+            f"{message}. The file's output {said} is cast back to float32 while nodes inside the graph still "
+            "read it: what a float16 conversion that keeps the float32 outputs (onnxconverter_common's "
+            "keep_io_types=True) makes of an output the graph also reads", backend=backend,
+            hint="convert with keep_io_types=False, or keep the nodes that read that output in float32 "
+                 "(convert_float_to_float16(..., keep_io_types=True, node_block_list=[those nodes]))")
+    return BackendInitializationError(message, backend=backend)
 
 
 class Float64GraphRunner:

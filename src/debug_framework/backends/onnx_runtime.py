@@ -36,7 +36,7 @@ from ._graph_capture import (
     layer_inputs_from,
     replay_arguments,
 )
-from ._onnx_file import alternative_model
+from ._onnx_file import alternative_model, load_error
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
@@ -207,7 +207,7 @@ class OnnxRuntimeBackend(BaseBackend):
             return ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
                                         providers=self._providers())
         except Exception as exc:
-            raise BackendInitializationError(f"ONNX Runtime could not load {path}: {exc}", backend=self.name) from exc
+            raise load_error(exc, path, graph, self.name) from exc
 
     def open_session(self, graph: bytes, beside: Path) -> Any:
         """An ONNX Runtime session on ``graph`` (a serialized model; external data beside the file
