@@ -92,7 +92,8 @@ def test_a_float16_conversion_that_breaks_an_output_read_inside_the_graph_is_exp
     h = helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 4])
     p = helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 4])
     w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Tanh", ["h"], ["p"], name="pool")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Tanh", ["h"], ["p"], name="pool")]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], [h, p], initializer=[w]),
                               opset_imports=[helper.make_opsetid("", 17)])
     assert float16_output_conflicts(model) == {}
@@ -109,4 +110,5 @@ def test_a_float16_conversion_that_breaks_an_output_read_inside_the_graph_is_exp
             assert "node_block_list" in err.hint
         else:  # either fix loads and runs
             assert float16_output_conflicts(converted) == {}
-            ort.InferenceSession(str(path)).run(None, {"x": np.ones((2, 4), dtype=np.float16 if not keep else np.float32)})
+            x_type = np.float32 if keep else np.float16
+            ort.InferenceSession(str(path)).run(None, {"x": np.ones((2, 4), dtype=x_type)})

@@ -77,13 +77,7 @@ def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[
     import onnx
 
     light, weights = split_weights(onnx.load(str(path), load_external_data=True))
-    _weights_at(weights, dtype)
-    if dtype in _RETYPE:
-        retype_floats(light, _RETYPE[dtype])  # the fed weights' inputs retyped with the other float32 inputs
-    elif dtype == "bfloat16":
-        round_to_bfloat16(light, value_types(light))
-    add_outputs(light, tensors, value_types(light), _RETYPE.get(dtype, _FLOAT))
-    return light, weights
+    return _at_dtype(light, dtype, tensors), _weights_at(weights, dtype)  # the fed weights' inputs retyped too
 
 
 class FedSession:
@@ -221,6 +215,11 @@ def checkpoint_proto(path: Path, tensors: list[str], *, dtype: str = "float32") 
     import onnx
 
     model = onnx.load(str(path), load_external_data=True)
+    return _at_dtype(model, dtype, tensors)
+
+
+def _at_dtype(model: Any, dtype: str, tensors: list[str]) -> Any:
+    """``model`` made ``dtype`` in place (retyped, or rounded to bfloat16), ``tensors`` added as outputs."""
     if dtype in _RETYPE:
         retype_floats(model, _RETYPE[dtype])
     elif dtype == "bfloat16":
@@ -464,6 +463,10 @@ class Float64GraphRunner:
                                              backend=self.backend)
         cap.tensors = {key: cap.tensors[key]}
         return cap
+
+    def release_replays(self) -> None:
+        """Drop the layer cuts' sessions (built again when a layer is replayed once more)."""
+        self._cuts.clear()
 
     def can_replay(self, part: str) -> tuple[bool, str]:
         """Whether every layer's ``part`` (``"layer"`` or ``"mlp"``) has its boundaries among the checkpoints."""

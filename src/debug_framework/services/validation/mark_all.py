@@ -5,8 +5,9 @@ nothing) is compared, in the graph's topological order, between three runs of th
 the session's inputs: the **reference** (the graph in float64, as the reference backend runs it),
 the **alternative** (the file the ``onnxruntime`` or ``openvino`` backend runs, the session's
 own or its ``model_file``, opened as that backend opens its graphs: providers, optimisation level or
-OpenVINO's precision hint, graph transform) and the **calibration** (the graph at the alternative's precision, as the calibration's
-graph runner runs it). A value is judged by the calibrated rule of the checkpoints and layers
+OpenVINO's precision hint, graph transform) and the **calibration** (the graph at the
+alternative's precision, as the calibration's graph runner runs it; the reference's and the
+calibration's runners mark their own sessions, :meth:`Float64GraphRunner.marked`). A value is judged by the calibrated rule of the checkpoints and layers
 (:func:`.judge.node_output_verdict`, the judge's): its RMSE against the reference within
 ``noise_margin`` x the calibration's RMSE + ``floor_eps`` x eps(alternative dtype) x RMS(reference).
 The first value over its bound, in topological order, is the node-level first divergence.
