@@ -62,7 +62,7 @@ class TorchReferenceBackend(BaseBackend):
 
     def release_replays(self) -> None:
         """An ONNX-file model: its layer cuts' sessions dropped (:meth:`Float64GraphRunner.release_replays`)."""
-        if self._graph is not None:
+        if getattr(self, "_graph", None) is not None:
             self._graph.release_replays()
 
     def can_run_layer(self) -> tuple[bool, str]:
