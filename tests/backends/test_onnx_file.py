@@ -146,14 +146,18 @@ def test_an_onnx_file_validates_against_onnxruntime_and_openvino(bert_onnx, tmp_
         import openvino  # noqa: F401
     except ImportError:
         return
-    result = _validate(tmp_path, bert_onnx, "openvino", alternative_options={"precision_hint": "f32"})
+    # every node output compared too (--mark-all): OpenVINO compiles the graph with each one marked
+    result = _validate(tmp_path, bert_onnx, "openvino", alternative_options={"precision_hint": "f32"},
+                       mark_all=True, pad_lengths=[0, 3])
     assert result["verdict"] == "passed", result["failed"]
+    assert result["mark_all"]["compared"] > 50 and result["mark_all"]["failed"] == 0, result["mark_all"]["failures"][:3]
     # the bf16 hint forced (emulated where the CPU has no bfloat16): named, and passing at bfloat16
     bf16 = {"alternative_options": {"precision_hint": "bf16"}}
     result = _validate(tmp_path, bert_onnx, "openvino", **bf16)
     assert result["verdict"] == "failed" and result["consistent_with"] == "bfloat16"
-    result = _validate(tmp_path, bert_onnx, "openvino", dtype="bfloat16", **bf16)
+    result = _validate(tmp_path, bert_onnx, "openvino", dtype="bfloat16", mark_all=True, **bf16)
     assert result["verdict"] == "passed", result["failed"]
+    assert result["mark_all"]["compared"] > 50 and result["mark_all"]["failed"] == 0, result["mark_all"]["failures"][:3]
 
 
 @pytest.mark.slow

@@ -78,3 +78,37 @@ def test_what_is_and_is_not_an_error():
     nan = ref.copy()
     nan[0, 0, 0] = np.nan
     assert not compare_value(ref, nan, ref, None, "float32", 4.0, 1.0)[3]
+
+
+def test_a_float16_conversion_that_breaks_an_output_read_inside_the_graph_is_explained(tmp_path):
+    """onnxconverter_common's float16 conversion keeping float32 outputs casts an output back to
+    float32 while a node inside still reads it (a BERT's pooler reading the last hidden state):
+    ONNX Runtime refuses the file; the error names the output, its readers and both fixes."""
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    ort = pytest.importorskip("onnxruntime")
+    from debug_framework.backends._onnx_file import float16_output_conflicts, load_error
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    h = helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 4])
+    p = helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 4])
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Tanh", ["h"], ["p"], name="pool")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [h, p], initializer=[w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    assert float16_output_conflicts(model) == {}
+    for keep, block in ((True, None), (False, None), (True, ["pool"])):
+        converted = float16.convert_float_to_float16(model, keep_io_types=keep, node_block_list=block)
+        path = tmp_path / f"fp16-{keep}-{block}.onnx"
+        onnx.save(converted, str(path))
+        if keep and block is None:  # broken: named, with both fixes
+            assert float16_output_conflicts(converted) == {"h": ["pool"]}
+            with pytest.raises(Exception) as info:
+                ort.InferenceSession(str(path))
+            err = load_error(info.value, path, None, "onnxruntime")
+            assert "'h' (read by 'pool')" in err.message and "keep_io_types=False" in err.hint
+            assert "node_block_list" in err.hint
+        else:  # either fix loads and runs
+            assert float16_output_conflicts(converted) == {}
+            x_type = np.float32 if keep else np.float16
+            ort.InferenceSession(str(path)).run(None, {"x": np.ones((2, 4), dtype=x_type)})

@@ -18,13 +18,80 @@ import numpy as np
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 
-__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "to_float64", "retype_floats", "Float64GraphRunner", "checkpoint_names", "tensor_names"]
+__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
 _RETYPE = {"float64": _DOUBLE, "float16": _FLOAT16}
 _NUMPY = {_DOUBLE: np.float64, _FLOAT16: np.float16}
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
+
+
+#: Initializers above this many bytes are held once as arrays and fed (:func:`split_weights`).
+_FED_BYTES = 4096
+
+
+def split_weights(model: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """``model`` (data loaded) without its large floating-point initializers: a new, light
+    ``onnx.ModelProto`` where each is a graph input of its type and shape, and their data as arrays.
+    A runner holds its weights so once, and feeds the same arrays to its full graph and to every
+    layer cut of it (:class:`FedSession`), instead of one copy per session plus the model's own.
+    (A new model, not ``model`` edited: a protobuf message's removed fields keep their memory until
+    the whole message is freed.)"""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    weights: dict[str, np.ndarray] = {}
+    kept, fed = [], []
+    declared = {i.name for i in graph.input}  # an initializer listed as a graph input (IR < 4) stays
+    for t in graph.initializer:
+        if ((t.data_type in _NUMPY or t.data_type == _FLOAT) and t.name not in declared
+                and t.data_location != 1 and len(t.raw_data) > _FED_BYTES):
+            weights[t.name] = numpy_helper.to_array(t)
+            fed.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            kept.append(t)
+    light = helper.make_model(
+        helper.make_graph(list(graph.node), graph.name, [*graph.input, *fed], list(graph.output),
+                          initializer=kept, value_info=list(graph.value_info)),
+        ir_version=model.ir_version, opset_imports=list(model.opset_import), producer_name=model.producer_name,
+        functions=list(model.functions))
+    light.metadata_props.extend(model.metadata_props)
+    return light, weights
+
+
+def _weights_at(weights: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """The float32 arrays of ``weights`` as a runner at ``dtype`` holds them (in place, one at a
+    time): float64 or float16 cast, bfloat16 rounded (kept in float32)."""
+    for name, a in weights.items():
+        if a.dtype == np.float32 and dtype in _RETYPE:
+            weights[name] = a.astype(_NUMPY[_RETYPE[dtype]])
+        elif a.dtype == np.float32 and dtype == "bfloat16":
+            weights[name] = _bf16_round(a)
+    return weights
+
+
+def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[str, np.ndarray]]:
+    """:func:`checkpoint_proto` with its large weights taken out (:func:`split_weights`) before it
+    is retyped: the light graph at ``dtype`` and the weights at ``dtype``, held once."""
+    import onnx
+
+    light, weights = split_weights(onnx.load(str(path), load_external_data=True))
+    return _at_dtype(light, dtype, tensors), _weights_at(weights, dtype)  # the fed weights' inputs retyped too
+
+
+class FedSession:
+    """A session (ONNX Runtime's, or ONNX's NumPy evaluator) whose weights are graph inputs, fed on
+    every run from the arrays :func:`split_weights` took out (shared, never copied)."""
+
+    def __init__(self, inner: Any, weights: dict[str, np.ndarray]) -> None:
+        self.inner = inner
+        declared = set(inner.input_names) if hasattr(inner, "rt_nodes_") else {i.name for i in inner.get_inputs()}
+        self.weights = {k: v for k, v in weights.items() if k in declared}
+
+    def run(self, names: Any, feeds: dict[str, Any]) -> Any:
+        """The inner session's run of ``names`` on ``feeds`` and the weights."""
+        return self.inner.run(names, {**feeds, **self.weights})
 
 
 def checkpoint_names(model: Any) -> dict[CheckpointKey, str]:
@@ -140,21 +207,39 @@ def round_to_bfloat16(model: Any, types: dict[str, int]) -> Any:
 def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") -> bytes:
     """The ONNX file ``path`` (external data read in) with ``tensors`` as extra graph outputs,
     serialized; ``dtype`` float64 or float16: every float32 value made so first."""
+    return checkpoint_proto(path, tensors, dtype=dtype).SerializeToString()
+
+
+def checkpoint_proto(path: Path, tensors: list[str], *, dtype: str = "float32") -> Any:
+    """:func:`checkpoint_graph` as an ``onnx.ModelProto`` (not serialized)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=True)
+    return _at_dtype(model, dtype, tensors)
+
+
+def _at_dtype(model: Any, dtype: str, tensors: list[str]) -> Any:
+    """``model`` made ``dtype`` in place (retyped, or rounded to bfloat16), ``tensors`` added as outputs."""
     if dtype in _RETYPE:
         retype_floats(model, _RETYPE[dtype])
     elif dtype == "bfloat16":
         round_to_bfloat16(model, value_types(model))
-    types = value_types(model)
+    add_outputs(model, tensors, value_types(model), _RETYPE.get(dtype, _FLOAT))
+    return model
+
+
+def add_outputs(model: Any, tensors: list[str], types: dict[str, int], default: int) -> int:
+    """``tensors`` appended to ``model``'s graph outputs (those not outputs already), typed by
+    ``types`` (else ``default``); returns how many outputs the graph had before."""
+    from onnx import helper
+
+    before = len(model.graph.output)
     present = {o.name for o in model.graph.output}
     for name in tensors:
         if name not in present:
-            elem = types.get(name) or _RETYPE.get(dtype, _FLOAT)
-            model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem, None))
+            model.graph.output.append(helper.make_tensor_value_info(name, types.get(name) or default, None))
             present.add(name)
-    return model.SerializeToString()
+    return before
 
 
 def value_types(model: Any) -> dict[str, int]:
@@ -192,6 +277,49 @@ def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitiali
                                       backend=backend)
 
 
+def float16_output_conflicts(model: Any) -> dict[str, list[str]]:
+    """Graph outputs of ``model`` made by a ``Cast`` to float32 that nodes inside the graph read as
+    well -> those nodes: what ``onnxconverter_common``'s float16 conversion with the float32
+    outputs kept (``keep_io_types=True``) leaves when an output is also read inside the graph (a
+    BERT's last hidden state, read by its pooler): the readers were converted to float16 but now
+    read the float32 cast (a reader declared to make float16), and ONNX Runtime refuses the file."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output if o}
+    declared = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.output)}
+    conflicts: dict[str, list[str]] = {}
+    for out in graph.output:
+        made = producer.get(out.name)
+        if made is None or made.op_type != "Cast" or not any(a.name == "to" and a.i == _FLOAT for a in made.attribute):
+            continue
+        readers = [n.name or n.op_type for n in graph.node if out.name in n.input  # a reader left in float16
+                   and any(declared.get(o) == _FLOAT16 for o in n.output)]
+        if readers:
+            conflicts[out.name] = readers
+    return conflicts
+
+
+def load_error(exc: Exception, path: Path, graph: bytes | None, backend: str) -> BackendInitializationError:
+    """ONNX Runtime's refusal to load the file ``path`` (or ``graph``, a serialized model of it),
+    explained where it is a float16 conversion's known breakage (:func:`float16_output_conflicts`)."""
+    import onnx
+
+    message = f"ONNX Runtime could not load {path}: {str(exc).rstrip('. ')}"
+    try:
+        proto = onnx.load_from_string(graph) if graph is not None else onnx.load(str(path), load_external_data=False)
+        conflicts = float16_output_conflicts(proto)
+    except Exception:  # noqa: BLE001 - only an explanation of an error already raised
+        conflicts = {}
+    if conflicts:
+        said = "; ".join(f"{o!r} (read by {', '.join(repr(r) for r in rs[:3])})" for o, rs in conflicts.items())
+        return BackendInitializationError(
+            f"{message}. The file's output {said} is cast back to float32 while nodes inside the graph still "
+            "read it: what a float16 conversion that keeps the float32 outputs (onnxconverter_common's "
+            "keep_io_types=True) makes of an output the graph also reads", backend=backend,
+            hint="convert with keep_io_types=False, or keep the nodes that read that output in float32 "
+                 "(convert_float_to_float16(..., keep_io_types=True, node_block_list=[those nodes]))")
+    return BackendInitializationError(message, backend=backend)
+
+
 class Float64GraphRunner:
     """The reference's run of an ONNX-file model: the same graph in float64 (or float32; or float16,
     or bfloat16 rounding every value a node makes: the precision diagnosis's correct runs) in ONNX
@@ -202,21 +330,48 @@ class Float64GraphRunner:
 
         self.model, self.dtype, self.backend = model, dtype, backend
         self.names = checkpoint_names(model)
-        graph = checkpoint_graph(model.path, list(self.names.values()), dtype=dtype)
-        self._graph = graph  #: the checkpoint graph, serialized: what :meth:`run_layer` cuts layers out of
+        #: the checkpoint graph (weights at ``dtype``): what :meth:`replay` cuts layers out of and
+        #: :meth:`marked` marks; one copy of the weights beside the session's own (never the bytes too)
+        #: the weights at ``dtype``, held once: fed to the session and every cut (:class:`FedSession`)
+        self._proto, self._weights = runner_graph(model.path, list(self.names.values()), dtype)
         self._cuts: dict[tuple[int, str], tuple[Any, str, set[str], Any]] = {}
-        self._proto: Any = None
+        self._marked: list[str] = []
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
         #: "onnxruntime", or "onnx.reference" (NumPy) where ONNX Runtime lacks a float64 kernel
         self.runtime, self.fallback_reason = "onnxruntime", None
         try:
-            self.session: Any = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+            inner = ort.InferenceSession(self._proto.SerializeToString(), sess_options=options,
+                                         providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
             err = no_kernel_error(exc, backend, model.path)
             if not _NO_KERNEL.search(str(exc)):
                 raise err from exc
-            self.session, self.runtime, self.fallback_reason = _numpy_session(graph, err, backend), "onnx.reference", str(err)
+            inner, self.runtime, self.fallback_reason = _numpy_proto_session(self._proto, err, backend), \
+                "onnx.reference", str(err)
+        self.session: Any = FedSession(inner, self._weights)
+
+    def marked(self, tensors: list[str]) -> Any:
+        """This runner's session with ``tensors`` (values of its graph) among its outputs as well:
+        the mark-all comparison's run of the graph at this runner's dtype. In ONNX Runtime the
+        session is replaced by one on the same graph with those outputs marked (its checkpoint runs
+        compute the same values: the graph as written, nothing fused), so no second copy of the
+        weights is made; ONNX's NumPy evaluator walks every node already and is returned as is."""
+        if self.runtime == "onnx.reference" or set(tensors) <= set(self._marked):
+            return self.session
+        import onnxruntime as ort
+
+        before = add_outputs(self._proto, tensors, value_types(self._proto), _RETYPE.get(self.dtype, _FLOAT))
+        try:
+            graph = self._proto.SerializeToString()
+        finally:
+            del self._proto.graph.output[before:]  # the cuts keep the checkpoint outputs only
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self.session = FedSession(ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]),
+                                  self._weights)
+        self._marked = list(tensors)
+        return self.session
 
     @staticmethod
     def open_marked(path: Path, tensors: list[str], dtype: str, backend: str,
@@ -242,16 +397,19 @@ class Float64GraphRunner:
                 raise err from exc
             return _numpy_session(graph, err, backend), "onnx.reference"
 
-    def _open(self, graph: bytes) -> Any:
-        """A session on ``graph`` in the runtime :meth:`run` uses (ONNX Runtime, else the NumPy evaluator)."""
+    def _open(self, cut: Any) -> Any:
+        """A session on ``cut`` (an ``onnx.ModelProto``) in the runtime :meth:`run` uses (ONNX
+        Runtime, else the NumPy evaluator)."""
         import onnxruntime as ort
 
         if self.runtime == "onnx.reference":
-            return _numpy_session(graph, BackendInitializationError(self.fallback_reason or "", backend=self.backend),
-                                  self.backend)
+            return FedSession(_numpy_proto_session(cut, BackendInitializationError(self.fallback_reason or "",
+                                                                                   backend=self.backend), self.backend),
+                              self._weights)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+        return FedSession(ort.InferenceSession(cut.SerializeToString(), sess_options=options,
+                                               providers=["CPUExecutionProvider"]), self._weights)
 
     def replay(self, i: int, part: str, hidden_in: Any, inputs: Any) -> Capture:
         """Layer ``i`` (``part="layer"``: from its input, to its checkpoints) or its MLP block
@@ -262,8 +420,6 @@ class Float64GraphRunner:
         Raises:
             BackendInitializationError: the graph cannot be cut so (DF002).
         """
-        import onnx
-
         from ..modelio.onnx_file import onnx_feeds
         from ._onnx_graph import LayerCutError, cut_layer
 
@@ -274,8 +430,6 @@ class Float64GraphRunner:
             if start not in self.names or not keys:
                 raise BackendInitializationError(f"layer {i}'s boundaries are not tensors of {self.model.path.name}",
                                                  backend=self.backend)
-            if self._proto is None:  # parsed once for all the layers' cuts
-                self._proto = onnx.load_from_string(self._graph)
             try:
                 cut = cut_layer(self._proto, self.names[start],
                                 [self.names[k] for k in keys], list(self.names.values()))
@@ -283,7 +437,7 @@ class Float64GraphRunner:
                 raise BackendInitializationError(f"layer {i} cannot be cut out of {self.model.path.name}: {exc}",
                                                  backend=self.backend) from exc
             elem = cut.graph.input[0].type.tensor_type.elem_type
-            self._cuts[(i, part)] = (self._open(cut.SerializeToString()), cut.graph.input[0].name,
+            self._cuts[(i, part)] = (self._open(cut), cut.graph.input[0].name,
                                      {i.name for i in cut.graph.input}, _NUMPY.get(elem, np.float32))
         session, hidden_name, wanted, np_type = self._cuts[(i, part)]
         hidden = np.asarray(hidden_in, dtype=np.float64)
@@ -309,6 +463,10 @@ class Float64GraphRunner:
                                              backend=self.backend)
         cap.tensors = {key: cap.tensors[key]}
         return cap
+
+    def release_replays(self) -> None:
+        """Drop the layer cuts' sessions (built again when a layer is replayed once more)."""
+        self._cuts.clear()
 
     def can_replay(self, part: str) -> tuple[bool, str]:
         """Whether every layer's ``part`` (``"layer"`` or ``"mlp"``) has its boundaries among the checkpoints."""
@@ -371,10 +529,16 @@ def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) 
     """The float64 graph in ONNX's NumPy reference evaluator (every operator in float64); ``err``
     (naming the operator ONNX Runtime lacks) is raised when that cannot run it either."""
     import onnx
+
+    return _numpy_proto_session(onnx.load_from_string(graph), err, backend)
+
+
+def _numpy_proto_session(proto: Any, err: BackendInitializationError, backend: str) -> Any:
+    """:func:`_numpy_session` on an ``onnx.ModelProto``."""
     from onnx.reference import ReferenceEvaluator
 
     try:
-        return ReferenceEvaluator(onnx.load_from_string(graph), new_ops=exact_ops())
+        return ReferenceEvaluator(proto, new_ops=exact_ops())
     except Exception as exc:  # noqa: BLE001 - the evaluator's refusal (an operator it lacks)
         raise BackendInitializationError(f"{err}; ONNX's reference evaluator cannot run it either: {exc}",
                                          backend=backend) from exc

@@ -36,7 +36,7 @@ from ._graph_capture import (
     layer_inputs_from,
     replay_arguments,
 )
-from ._onnx_file import alternative_model
+from ._onnx_file import alternative_model, checkpoint_proto, load_error
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
@@ -193,8 +193,7 @@ class OnnxRuntimeBackend(BaseBackend):
         return time.perf_counter() - start
 
     def _session(self, path: Path, graph: bytes | None = None) -> Any:
-        """An ONNX Runtime session on the file ``path``, or on ``graph`` (a serialized model whose
-        external data lies beside ``path``)."""
+        """An ONNX Runtime session on the file ``path``, or on ``graph`` (serialized; external data beside ``path``)."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -207,7 +206,7 @@ class OnnxRuntimeBackend(BaseBackend):
             return ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
                                         providers=self._providers())
         except Exception as exc:
-            raise BackendInitializationError(f"ONNX Runtime could not load {path}: {exc}", backend=self.name) from exc
+            raise load_error(exc, path, graph, self.name) from exc
 
     def open_session(self, graph: bytes, beside: Path) -> Any:
         """An ONNX Runtime session on ``graph`` (a serialized model; external data beside the file
@@ -248,6 +247,11 @@ class OnnxRuntimeBackend(BaseBackend):
             raise BackendInitializationError(f"cannot create the artifact directory {self.artifact_dir}: {exc}",
                                              backend=self.name) from exc
         return self.artifact_dir
+
+    def release_replays(self) -> None:
+        """Drop the layer cuts' sessions and an ONNX file's graph they are cut from (built again on need)."""
+        self._cut_sessions.clear()
+        self._graph_proto = None if getattr(self, "_file_model", False) else self._graph_proto
 
     def close(self) -> None:
         """Drop the ONNX Runtime sessions and remove the temporary artifact directory, if this
@@ -462,12 +466,12 @@ class OnnxRuntimeBackend(BaseBackend):
         ``post_attention``); its first graph input is the hidden state (see :func:`cut_layer`)."""
         import onnx
 
-        if self._graph_proto is None:  # the graph without its weights: the cut's read from the data file
-            self._graph_proto = onnx.load(str(self.onnx_path), load_external_data=False)
-        if part == "mlp":
-            start = CheckpointKey("post_attention", i)
-        else:
-            start = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+        if self._graph_proto is None:  # an ONNX file's checkpoint graph (released), else the export without weights
+            self._graph_proto = (checkpoint_proto(self.onnx_path, list(self._names.values()))
+                                 if getattr(self, "_file_model", False)
+                                 else onnx.load(str(self.onnx_path), load_external_data=False))
+        start = CheckpointKey("post_attention", i) if part == "mlp" else (
+            CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
         return cut_layer(self._graph_proto, self._names[start], [self._names[k] for k in self._cut_keys(i, part)],
                          list(self._names.values()))
 

@@ -60,6 +60,11 @@ class PythonReferenceBackend(BaseBackend):
         no_reference_from_math(model)
         self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
 
+    def release_replays(self) -> None:
+        """An ONNX-file model: its layer cuts' sessions dropped (:meth:`Float64GraphRunner.release_replays`)."""
+        if self._graph is not None:
+            self._graph.release_replays()
+
     def can_run_layer(self) -> tuple[bool, str]:
         """An ONNX-file model's layers replay as cuts of its graph, where its boundaries are found."""
         if self._graph is not None:

@@ -60,6 +60,11 @@ class TorchReferenceBackend(BaseBackend):
         no_reference_from_math(model)
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
 
+    def release_replays(self) -> None:
+        """An ONNX-file model: its layer cuts' sessions dropped (:meth:`Float64GraphRunner.release_replays`)."""
+        if getattr(self, "_graph", None) is not None:
+            self._graph.release_replays()
+
     def can_run_layer(self) -> tuple[bool, str]:
         """An ONNX-file model's layers replay as cuts of its graph, where its boundaries are found."""
         if getattr(self, "_graph", None) is not None:

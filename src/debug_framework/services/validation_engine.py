@@ -252,9 +252,11 @@ class ValidationEngine(EngineFaces):
             cfg["performance_profiling_enabled"] = False
         model = load_model(model_path, tier=cfg["model_tier"])
         reference_backend, ref_why = reference_for(reference_backend, model)
-        alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
+            # (no probe of every backend's availability: that imports torch, transformers and Inductor)
             alt_name, why = "onnxruntime", "an ONNX file: onnxruntime runs the file itself"
+        else:
+            alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
         alt = get_backend(alt_name, **cfg["alternative_options"])
         alt_dtype = str(cfg["dtype"] or getattr(alt, "default_dtype", "float32"))

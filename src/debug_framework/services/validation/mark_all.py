@@ -3,10 +3,11 @@
 Each floating-point value a node of the graph makes (``Constant`` nodes aside: they compute
 nothing) is compared, in the graph's topological order, between three runs of the same graph on
 the session's inputs: the **reference** (the graph in float64, as the reference backend runs it),
-the **alternative** (the file the ``onnxruntime`` backend runs, the session's own or its
-``model_file``, opened as that backend opens its graphs: providers, optimisation level, graph
-transform) and the **calibration** (the graph at the alternative's precision, as the calibration's
-graph runner runs it). A value is judged by the calibrated rule of the checkpoints and layers
+the **alternative** (the file the ``onnxruntime`` or ``openvino`` backend runs, the session's
+own or its ``model_file``, opened as that backend opens its graphs: providers, optimisation level or
+OpenVINO's precision hint, graph transform) and the **calibration** (the graph at the
+alternative's precision, as the calibration's graph runner runs it; the reference's and the
+calibration's runners mark their own sessions, :meth:`Float64GraphRunner.marked`). A value is judged by the calibrated rule of the checkpoints and layers
 (:func:`.judge.node_output_verdict`, the judge's): its RMSE against the reference within
 ``noise_margin`` x the calibration's RMSE + ``floor_eps`` x eps(alternative dtype) x RMS(reference).
 The first value over its bound, in topological order, is the node-level first divergence.
@@ -183,21 +184,25 @@ def _ort_stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list
 
 
 def _stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass."""
-    if hasattr(session, "rt_nodes_"):
-        return numpy_stream(session, feeds, chunks)
+    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass (a runner's
+    :class:`~debug_framework.backends._onnx_file.FedSession`: its weights fed as well)."""
+    inner = getattr(session, "inner", session)
+    if hasattr(inner, "rt_nodes_"):
+        return numpy_stream(inner, {**feeds, **getattr(session, "weights", {})}, chunks)
     return _ort_stream(session, feeds, chunks)
 
 
 def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
     """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the graph runner of the
-    backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``."""
+    backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``.
+    A runner of that graph at that dtype marks its own session (:meth:`Float64GraphRunner.marked`):
+    no second copy of the weights, no second retyping of the file."""
     from ...backends._onnx_file import Float64GraphRunner
 
     own = getattr(runner, "_graph", None) if runner is not None else None
     found = getattr(own, "runtime", None)
-    if found == "onnx.reference" and getattr(own, "dtype", None) == dtype:
-        return own.session, found  # the NumPy evaluator walks every node: its values are all there already
+    if isinstance(own, Float64GraphRunner) and own.dtype == dtype and Path(own.model.path) == Path(path):
+        return own.marked(names), own.runtime
     return Float64GraphRunner.open_marked(path, names, dtype, getattr(runner, "name", "calibration"), found)
 
 
@@ -218,8 +223,9 @@ class MarkAllStage(Stage):
         if getattr(model, "format", None) != "onnx" or not callable(getattr(alternative, "open_session", None)):
             raise ConfigurationError(
                 "mark_all compares every node output of an ONNX file: it needs an ONNX-file model "
-                f"(--model-path FILE.onnx) and the onnxruntime alternative (not {alternative.name!r})",
-                hint="drop --mark-all, or validate the ONNX file against onnxruntime")
+                f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, onnxruntime or openvino "
+                f"(not {alternative.name!r})",
+                hint="drop --mark-all, or validate the ONNX file against onnxruntime or openvino")
         ctx.evidence.mark_all = mark_all(ctx, onnx_feeds(model.config, ctx.inputs)).to_dict()
 
 

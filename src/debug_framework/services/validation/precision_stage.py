@@ -75,10 +75,12 @@ class PrecisionStage(Stage):
                     continue
             seconds[dtype] = t.seconds
             measured.append(dtype)
+            backend = None  # its model (weights at this dtype) freed before the next dtype's is built
             for ev in ctx.evidence.checkpoints:
                 noise = noise_at(ev.key, ctx.reference_capture, cap, positions=ctx.positions)
                 if noise is not None:
                     ev.lower_precision = {**(ev.lower_precision or {}), dtype: noise}
+            del cap
         from ...backends.quantized import quantized_operators
 
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,

@@ -342,6 +342,10 @@ class IsolationStage(Stage):
         scales = {ev.key: ev.reference_rms for ev in ctx.evidence.checkpoints if ev.present}
         ctx.evidence.layers = [layer_evidence(ctx, i, noises, scales) for i in ctx.plan.layer_range]
         ctx.evidence.isolation_note = None
+        for backend in (ctx.alternative, ctx.reference, ctx.calibrator):  # the layer cuts' weights, not held on
+            release = getattr(backend, "release_replays", None)
+            if callable(release):
+                release()
 
 
 def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, ComparisonResult | None],
