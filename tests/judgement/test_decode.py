@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from debug_framework.errors import ConfigurationError
+from debug_framework.errors import BackendInitializationError, ConfigurationError
 
 from benchmarks.injected_bugs import BUG_LAYER
 
@@ -100,10 +100,11 @@ def test_given_tokens_and_bad_decode_settings(tiny_models, engine):
                               "pytorch")
     with pytest.raises(ConfigurationError, match="max_position_embeddings"):
         engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_steps": 10_000}, "float64_eager", "pytorch")
-    no_decode = engine.create_session(tiny_models("llama", 0), {**DECODE, "model_tier": "auto"}, "python_reference",
+    no_decode = engine.create_session(tiny_models("bert", 0), {**DECODE, "model_tier": "auto"}, "python_reference",
                                       "pytorch")
-    with pytest.raises(ConfigurationError, match="decode"):
+    with pytest.raises(BackendInitializationError, match="encoder") as refused:  # DF002: what the backend cannot do
         engine.run(no_decode)
+    assert refused.value.code == "DF002"
 
 
 def test_debug_validate_decode_steps_json(tiny_models, decode_bug, tmp_path, capsys):

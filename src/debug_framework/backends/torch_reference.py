@@ -26,6 +26,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
+from .decode import DecodeRun, reference_can_decode, reference_decode
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -90,6 +91,19 @@ class TorchReferenceBackend(BaseBackend):
             out = self.net.forward(ids, mask, {tuple(k) for k in keys}, layer_inputs, tt)
         return Capture(tensors={k: out[tuple(k)] for k in keys}, backend=self.name, dtype=self.dtype,
                        elapsed_s=time.perf_counter() - start, layer_inputs=layer_inputs or {})
+
+    def can_decode(self) -> tuple[bool, str]:
+        """A decoder decodes through its own KV cache; an encoder or an ONNX file's graph does not."""
+        return reference_can_decode(self.net if getattr(self, "_graph", None) is None else None)
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+        """The prefill, then ``steps`` tokens decoded through the model's KV cache (kept in the
+        compute dtype; ``backends.decode.reference_decode``), teacher-forced with ``tokens``."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        net = self.net if getattr(self, "_graph", None) is None else None
+        return reference_decode(self.name, self.dtype, net, lambda x: torch.from_numpy(np.asarray(x, np.int64)),
+                                inputs, steps, keys, tokens, torch.no_grad)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""

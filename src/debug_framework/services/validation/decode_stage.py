@@ -20,7 +20,7 @@ import numpy as np
 from ...backends.decode import DecodeRun, decode_support
 from ...capture.keys import CheckpointKey
 from ...comparison import compare, error_metric, select_positions
-from ...errors import ConfigurationError
+from ...errors import BackendInitializationError, ConfigurationError
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
 from .evidence import CheckpointEvidence, KVEvidence, reference_scale
@@ -28,8 +28,8 @@ from .evidence import CheckpointEvidence, KVEvidence, reference_scale
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
 
 #: how to get a decoding reference where the session's cannot decode
-_DECODE_HINT = ("use a reference that decodes through the model's own cache: --reference-backend float64_eager "
-                "(the from-math references do not decode yet), or set decode_steps to 0")
+_DECODE_HINT = ("use backends that decode (python_reference, torch_reference, pytorch, float64_eager, module "
+                "backends, engines with prefill/decode_step), or set decode_steps to 0")
 
 
 def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | None:
@@ -91,8 +91,9 @@ class DecodeStage(Stage):
         given = check_decode_plan(plan.config, ctx.inputs, ctx.model)
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
             ok, why = decode_support(backend)
-            if not ok:
-                raise ConfigurationError(f"the {side} backend {backend.name!r} {why}", hint=_DECODE_HINT)
+            if not ok:  # a backend's capability (DF002), as a dtype it does not run
+                raise BackendInitializationError(f"the {side} backend {backend.name!r} {why}", backend=backend.name,
+                                                 hint=_DECODE_HINT)
         taps = list(plan.keys)
         ref = ctx.reference
         ref_run: DecodeRun = call_backend(ref, "run_decode()",
@@ -169,12 +170,25 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
         for layer in sorted(set(rk) & set(ak)):
             row: dict[str, Any] = {"step": s, "layer": layer}
             for j, part in enumerate(("k", "v")):
-                err = compare(rk[layer][j], ak[layer][j], check_dtype=False, positions=mask)
-                noise = compare(rk[layer][j], ck[layer][j], check_dtype=False, positions=mask) if layer in ck else None
-                scale = reference_scale(select_positions(rk[layer][j], mask))
+                r, a, m = held_by_both(rk[layer][j], ak[layer][j], mask)
+                err = compare(r, a, check_dtype=False, positions=m)
+                c = held_by_both(r, ck[layer][j], m) if layer in ck else None
+                noise = None if c is None else compare(c[0], c[1], check_dtype=False, positions=c[2])
+                scale = reference_scale(select_positions(r, m))
                 ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
                 row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
                              "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
                              "shape_match": err.shape_match}
             rows.append(row)
     return rows
+
+
+def held_by_both(ref: Any, alt: Any, mask: np.ndarray | None) -> tuple[Any, Any, np.ndarray | None]:
+    """A layer's cache ``[batch, length, ...]`` on both sides cut to the trailing positions both
+    hold: an engine that evicts what left a sliding window keeps only the last ones (Hugging Face's
+    sliding layers keep ``window - 1``), a reference keeps every position. Equal lengths: unchanged."""
+    lr, la = (int(getattr(t, "shape", (0, 0))[1]) if len(getattr(t, "shape", ())) > 1 else 0 for t in (ref, alt))
+    if lr == la or not lr or not la:
+        return ref, alt, mask
+    n = min(lr, la)
+    return ref[:, lr - n:], alt[:, la - n:], None if mask is None else mask[:, mask.shape[1] - n:]
