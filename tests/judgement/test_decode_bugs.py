@@ -1,0 +1,44 @@
+"""Decode through the references written from the math (python_reference, and torch_reference as
+the calibration): a correct framework passes every decode step, and each decode-only bug of
+``benchmarks.decode_bugs`` is found at its step and layer with the prefill passing (the sweep over
+seeds is ``benchmarks/bench_decode_diagnosis.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.decode_bugs import DECODE_BUGS, register_decode_bug
+from debug_framework.backends import unregister_backend
+
+BASE = {"decode_steps": 3, "isolate": False, "precision_diagnosis": False, "input_shape": [2, 6],
+        "pad_lengths": [0, 2]}
+
+
+def test_the_reference_decodes_a_sliding_window_model_in_bfloat16(tiny_models, engine):
+    """Mistral's window (4) is shorter than the prompt and the steps: the reference keeps every key
+    and masks those out of the window, transformers' cache evicts them; the KV rows compare the
+    positions both hold. Left padding from an offset: the rows decode at their own positions."""
+    cfg = {**BASE, "decode_steps": 5, "dtype": "bfloat16", "padding_side": "left", "position_offset": 3}
+    result = engine.run(engine.create_session(tiny_models("mistral", 0), cfg, "python_reference", "pytorch"))
+    assert result.passed, result.first_divergence
+    assert sorted({r.step for r in result.results}) == list(range(6))
+    assert all(r.judged_by == "calibration" for r in result.results)  # torch_reference decoded in bfloat16
+    kv = result.summary()["decode"]["kv_cache"]
+    assert {(r["step"], r["layer"]) for r in kv} == {(s, i) for s in range(6) for i in range(3)}
+    assert all(r["passed"] and r["k"]["shape_match"] for r in kv)
+
+
+@pytest.mark.parametrize("bug", sorted(DECODE_BUGS))
+def test_a_decode_only_bug_is_found_at_its_step_and_layer(tiny_models, engine, bug):
+    spec = DECODE_BUGS[bug]
+    name = register_decode_bug(bug)
+    try:
+        result = engine.run(engine.create_session(tiny_models(spec.family, 0), {**BASE, **spec.config},
+                                                  "python_reference", name))
+    finally:
+        unregister_backend(name)
+    assert not result.passed
+    assert all(r.passed for r in result.results if r.step == 0)  # the prefill passes
+    first, source = result.first_divergence, result.error_source
+    assert (str(first.key), first.step) == spec.expected
+    assert (source["kind"], source["layer"]) == (spec.source, first.key.layer)
