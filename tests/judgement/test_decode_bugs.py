@@ -42,3 +42,13 @@ def test_a_decode_only_bug_is_found_at_its_step_and_layer(tiny_models, engine, b
     first, source = result.first_divergence, result.error_source
     assert (str(first.key), first.step) == spec.expected
     assert (source["kind"], source["layer"]) == (spec.source, first.key.layer)
+
+
+def test_onnxruntime_says_why_it_cannot_decode():
+    """Its export takes the whole sequence: the decode stage refuses it with this reason (DF002,
+    as it refuses BERT in test_decode.py)."""
+    from debug_framework.backends.decode import decode_support
+    from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend
+
+    ok, why = decode_support(OnnxRuntimeBackend())
+    assert not ok and "no past key/values" in why

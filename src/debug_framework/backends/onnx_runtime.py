@@ -297,16 +297,8 @@ class OnnxRuntimeBackend(BaseBackend):
         self._plain_session = None
 
     def can_decode(self) -> tuple[bool, str]:
-        """No decode steps: the graph it runs takes the whole sequence at once (``input_ids`` and
-        ``attention_mask``) and carries no past key/values, so a token cannot be run over a cache."""
-        inputs = [] if self.session is None else [i.name for i in self.session.get_inputs()]
-        past = [n for n in inputs if "past" in n or "cache" in n]
-        if past:
-            return False, (f"runs an ONNX graph whose past key/value inputs ({', '.join(past[:2])}...) it does not "
-                           "drive: decoding through them is not supported")
-        return False, (f"runs an ONNX graph whose only inputs are {', '.join(inputs) or 'the whole sequence'}: the "
-                       "export carries no past key/values (no KV-cache inputs or outputs), so it cannot decode one "
-                       "token at a time over a cache")
+        """No decode steps (the graph takes the whole sequence at once)."""
+        return False, "runs an ONNX export with no past key/values (no KV-cache inputs or outputs) to decode through"
 
     def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
         """An ONNX-file model: the file itself (or ``model_file``), its checkpoint tensors made
