@@ -17,7 +17,7 @@ The bugs (:mod:`benchmarks.decode_bugs`): RoPE at the wrong position while decod
 off by one, the K/V cache stored in bfloat16, sliding-window eviction off by one, positions wrong
 under left padding.
 
-    python -m benchmarks.bench_decode_diagnosis [--seeds 5] [--steps 8] [--no-compiled]
+    python -m benchmarks.bench_decode_diagnosis [--seeds 5] [--steps 8] [--no-compiled] [--match inductor]
 
 Target: 100 % detected and localized, 0 false alarms.
 """
@@ -103,8 +103,8 @@ def judge(engine: Any, model: Path, case: Case, steps: int) -> dict[str, Any]:
     return out
 
 
-def run(seeds: int, steps: int, compiled: bool) -> dict[str, dict[str, list[Any]]]:
-    """Every case; per case name, its outcomes over the seeds."""
+def run(seeds: int, steps: int, compiled: bool, match: str = "") -> dict[str, dict[str, list[Any]]]:
+    """Every case (whose name contains ``match``); per case name, its outcomes over the seeds."""
     from debug_framework.backends import backend_availability
     from debug_framework.services.validation_engine import ValidationEngine
 
@@ -115,6 +115,8 @@ def run(seeds: int, steps: int, compiled: bool) -> dict[str, dict[str, list[Any]
     models: dict[tuple[str, int], Path] = {}
     outcomes: dict[str, dict[str, list[Any]]] = {}
     for case in _cases(seeds, compiled):
+        if match not in case.name:
+            continue
         key = (case.family, case.seed)
         if key not in models:
             models[key] = make_model(case.family, tmp / f"{case.family}{case.seed}", case.seed)
@@ -136,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5, help="models and inputs per case (default 5)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps per session (default 8)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the pytorch vs inductor pair")
+    ap.add_argument("--match", default="", help="only the cases whose name contains this text (e.g. inductor)")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:
         ap.error("--seeds and --steps must be at least 1")
     start = time.perf_counter()
-    outcomes = run(args.seeds, args.steps, not args.no_compiled)
+    outcomes = run(args.seeds, args.steps, not args.no_compiled, args.match)
     print(f"decode diagnosis: {args.seeds} seed(s), prefill + {args.steps} decode steps "
           f"({time.perf_counter() - start:.0f} s)")
     print(f"{'case':<62}{'false alarms':>13}{'detected':>10}{'localized':>10}{'s/session':>10}")

@@ -306,7 +306,9 @@ def decode_source(first: CheckpointKey, step: int,
     where = f"layer {first.layer} ({_block_of(first)})" if first.layer is not None else str(first)
     return {"kind": "decode", "step": step, "layer": first.layer, "block": _block_of(first), "confirmed": False,
             "detail": f"the prefill passes; the error first shows at decode step {step}, in {where}: the decode "
-                      "path (the cache, the positions of cached tokens) differs from the prefill's"}
+                      "path (the cache, the positions of cached tokens) differs from the prefill's (not confirmed "
+                      "by a replay: isolation replays the prefill's layers, not a layer at a decode step over its "
+                      "cache)"}
 
 
 def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None:
