@@ -187,13 +187,14 @@ class InductorBackend(BaseBackend):
 
     def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
         """The prefill, then ``steps`` tokens decoded through the model's own cache, each pass
-        Inductor's code (:class:`~._graph_capture.DecodeOutputs` compiled once, shapes dynamic after
-        the first steps; graph breaks allowed around the cache, a Python object), its checkpoints
+        Inductor's code (:class:`~._graph_capture.DecodeOutputs` compiled as the model is, the cache
+        an input; shapes turn dynamic after the first steps: about three compiles), its checkpoints
         graph outputs: ``backends.decode.module_decode`` drives it."""
         keys = self._keys(taps)
         self._check_inputs(inputs)
         if self._decode is None:
-            self._decode = torch.compile(DecodeOutputs(self._wrapper), backend=self.compiler, mode=self.mode)
+            self._decode = torch.compile(DecodeOutputs(self._wrapper), backend=self.compiler, mode=self.mode,
+                                         fullgraph=self.fullgraph)
         wrapper, fn = self._wrapper, self._decode
 
         def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
