@@ -49,3 +49,25 @@ def test_decoding_equals_one_pass_over_the_whole_sequence(tiny, family):
         np.testing.assert_allclose(cache[layer][1][valid], v[valid], rtol=0, atol=1e-12)
     decoder.close()
     assert net.cache is None  # a replay after the decode keeps no cache
+
+
+@pytest.mark.parametrize("backend_name", ["python_reference", "torch_reference", "pytorch"])
+def test_a_layer_replayed_at_a_decode_step_reproduces_it(tiny, backend_name):
+    """``run_decode_layer``: layer 1 at decode step 2 on its own input at that step (and the cache
+    the prefill and step 1 wrote) gives that step's post_attention and post_mlp again."""
+    from debug_framework.backends import get_backend
+    from debug_framework.backends.torch_reference import TorchReferenceBackend
+
+    backend = TorchReferenceBackend() if backend_name == "torch_reference" else get_backend(backend_name)
+    backend.prepare(load_model(tiny("mistral")), "float64" if backend_name != "pytorch" else "float32")
+    ids = np.random.default_rng(1).integers(0, 64, (2, 6))
+    mask = np.ones_like(ids)
+    mask[0, :2] = 0
+    inputs = ModelInputs(ids, mask, meta={"position_offset": OFFSET}).with_positions(OFFSET)
+    tokens = np.array([[3, 5, 7], [11, 13, 17]])
+    run = backend.run_decode(inputs, 3, None, tokens)
+    replay = backend.run_decode_layer(1, run.captures[2].tensors[CheckpointKey("post_mlp", 0)], inputs, 2, tokens)
+    for key in (CheckpointKey("post_attention", 1), CheckpointKey("post_mlp", 1)):
+        np.testing.assert_allclose(np.asarray(replay.tensors[key], np.float64),
+                                   np.asarray(run.captures[2].tensors[key], np.float64), rtol=0,
+                                   atol=1e-7 if backend_name == "pytorch" else 1e-12)

@@ -30,7 +30,7 @@ from ..errors import BackendInitializationError, BackendRuntimeError, Configurat
 from ..modelio.inputs import ModelInputs
 
 __all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "runner_decode", "decode_positions",
-           "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode"]
+           "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
 @dataclass
@@ -269,6 +269,14 @@ class ReferenceDecoder:
         self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
         return self._forward(np.asarray(tokens, np.int64)[:, None], np.asarray(positions, np.int64)[:, None], keys)
 
+    def layer_step(self, i: int, hidden: Any, positions: np.ndarray) -> dict[str, Any]:
+        """Layer i alone at the next decode step on ``hidden`` ``[B, 1, D]`` (its input, given), over
+        its cache: its post_attention and post_mlp."""
+        self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
+        self.net.positions = np.asarray(positions, np.int64)[:, None]
+        a, out = self.net.layer(i, hidden, self.to_array(self.mask))
+        return {f"post_attention:{i}": a, f"post_mlp:{i}": out}
+
     def kv_cache(self) -> dict[int, tuple[Any, Any]]:
         """Each layer's keys and values ``[B, L, K, E]`` over every position so far."""
         return {} if self.net.cache is None else self.net.cache.layers()
@@ -312,3 +320,26 @@ def reference_decode(backend_name: str, dtype: str, net: Any, to_array: Callable
             return runner_decode(backend_name, decoder, inputs, steps, keys, tokens, wrap)
     finally:
         decoder.close()
+
+
+def reference_decode_layer(backend_name: str, dtype: str, net: Any, to_array: Callable[[np.ndarray], Any],
+                           inputs: ModelInputs, step: int, tokens: np.ndarray, i: int, hidden: Any,
+                           context: Callable[[], Any]) -> Capture:
+    """Layer ``i`` of a reference written from the math replayed at decode ``step`` (>= 1): the
+    prefill and the steps before it through its cache as :func:`reference_decode` runs them, then
+    layer i alone on ``hidden`` ``[B, 1, D]`` at the step's positions. Its post_attention and post_mlp."""
+    import time
+
+    decoder = ReferenceDecoder(net, to_array)
+    offset = int(inputs.meta.get("position_offset", 0) or 0)
+    try:
+        with context():
+            decoder.prefill(inputs, [])
+            for s in range(step - 1):
+                decoder.decode_step(np.asarray(tokens)[:, s], decode_positions(decoder.mask, offset)[:, 0], [])
+            start = time.perf_counter()
+            got = decoder.layer_step(i, hidden, decode_positions(decoder.mask, offset)[:, 0])
+    finally:
+        decoder.close()
+    return Capture(tensors={CheckpointKey.parse(k): v for k, v in got.items()}, backend=backend_name, dtype=dtype,
+                   elapsed_s=time.perf_counter() - start)

@@ -15,7 +15,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
-from .decode import DecodeRun, reference_can_decode, reference_decode
+from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
 
 __all__ = ["PythonReferenceBackend"]
 
@@ -105,6 +105,13 @@ class PythonReferenceBackend(BaseBackend):
         self._check_inputs(inputs)
         return reference_decode(self.name, self.dtype, self.reference if self._graph is None else None,
                                 lambda x: x, inputs, steps, keys, tokens, contextlib.nullcontext)
+
+    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+        """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]``, over the cache the
+        prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
+        self._prepared()
+        return reference_decode_layer(self.name, self.dtype, self.reference, lambda x: x, inputs, step, tokens, i,
+                                      _host(hidden_in, self.dtype), contextlib.nullcontext)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""

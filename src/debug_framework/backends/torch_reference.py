@@ -26,7 +26,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
-from .decode import DecodeRun, reference_can_decode, reference_decode
+from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -104,6 +104,15 @@ class TorchReferenceBackend(BaseBackend):
         net = self.net if getattr(self, "_graph", None) is None else None
         return reference_decode(self.name, self.dtype, net, lambda x: torch.from_numpy(np.asarray(x, np.int64)),
                                 inputs, steps, keys, tokens, torch.no_grad)
+
+    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+        """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]`` (rounded once), over the
+        cache the prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
+        self._prepared()
+        h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
+        return reference_decode_layer(self.name, self.dtype, self.net,
+                                      lambda x: torch.from_numpy(np.asarray(x, np.int64)), inputs, step, tokens, i, h,
+                                      torch.no_grad)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""

@@ -23,6 +23,7 @@ from ...comparison import compare, error_metric, select_positions
 from ...errors import BackendInitializationError, ConfigurationError
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
+from .decode_replay import replay_decode_layer
 from .evidence import CheckpointEvidence, KVEvidence, reference_scale
 
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
@@ -102,7 +103,7 @@ class DecodeStage(Stage):
         alt = ctx.alternative
         alt_run: DecodeRun = call_backend(alt, "run_decode()",
                                           lambda: alt.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
-        cal_run = self._calibration(ctx, steps, taps, tokens)
+        cal_run, cal = self._calibration(ctx, steps, taps, tokens)
         for ev in ctx.evidence.checkpoints:
             if ev.step is None:
                 ev.step = 0  # the prefill
@@ -123,13 +124,16 @@ class DecodeStage(Stage):
                       "kv_cache": kv_rows(ctx, ref_run, alt_run, cal_run),
                       "seconds_per_step": {side: _per_step(run) for side, run in
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
+        if plan.config["isolate"]:  # the layer of a first divergence at a decode step, replayed at that step
+            replay_decode_layer(ctx, ref_run, np.asarray(tokens), cal)
 
     @staticmethod
-    def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey], tokens: np.ndarray) -> DecodeRun | None:
-        """The calibration's decode of the same tokens: the session's calibration backend where it
+    def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey],
+                     tokens: np.ndarray) -> tuple[DecodeRun | None, Any]:
+        """The calibration's decode of the same tokens, and the backend that ran it: the session's calibration backend where it
         decodes, else the model's own eager code at the calibration's dtype (``float64_eager``'s)."""
         if not ctx.plan.config["calibrate"] or not any(ctx.plan.calibrated(k) for k in ctx.plan.keys):
-            return None
+            return None, None
         cal = ctx.calibrator
         if cal is None or not decode_support(cal)[0]:
             from ...backends.eager_reference import EagerReferenceBackend
@@ -137,7 +141,7 @@ class DecodeStage(Stage):
             cal = EagerReferenceBackend()
             dtype = calibration_dtype(ctx.plan, ctx.model)
             call_backend(cal, "prepare()", lambda: cal.prepare(ctx.model, dtype, "cpu"))
-        return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
+        return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens)), cal  # type: ignore[attr-defined]
 
 
 def ev_module(ctx: RunContext, key: CheckpointKey) -> str | None:
