@@ -245,7 +245,7 @@ class ReferenceDecoder:
     fills a fresh :class:`~debug_framework.architectures.kv_cache.KVCache` with every layer's
     rotated keys and values (padded positions included, masked as in the prefill), and each decode
     step runs the new tokens alone at their positions over it, the mask over every cached position
-    grown by one. ``to_array(x, integer)`` turns host ids and masks into the model's arrays."""
+    grown by one. ``to_array(x)`` turns host ids and masks (int64 NumPy) into the model's arrays."""
 
     def __init__(self, net: Any, to_array: Callable[[np.ndarray], Any]) -> None:
         from ..architectures.kv_cache import KVCache
@@ -291,7 +291,7 @@ def reference_can_decode(net: Any) -> tuple[bool, str]:
     file's graph (``net`` None) does not, and why."""
     if net is None:
         return False, "runs an ONNX file's graph, which carries no past key/values: it cannot decode"
-    if not hasattr(net, "cached") or net.config.architecture == "bert":
+    if net.config.architecture == "bert":
         return False, "runs an encoder (BERT): it has no causal decode"
     return True, ""
 
