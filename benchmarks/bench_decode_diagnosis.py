@@ -11,7 +11,9 @@ reference's greedy tokens) through each backend's own KV cache:
   (``--no-compiled`` skips it);
 * detected: a bug's session fails; localized: its first divergence is the expected checkpoint at the
   expected step, every prefill checkpoint passes, and ``error_source`` is the expected kind
-  (``decode``, or ``kv_cache`` for a cache stored at reduced precision) at the buggy layer.
+  (``decode``, or ``kv_cache`` for a cache stored at reduced precision) at the buggy layer;
+  confirmed: the source is ``confirmed`` (a ``kv_cache`` source, or the layer replayed at the step
+  beyond its bound: bug sessions run with ``isolate: "auto"``; an engine cannot replay a layer).
 
 The bugs (:mod:`benchmarks.decode_bugs`): RoPE at the wrong position while decoding, a KV-cache write
 off by one, the K/V cache stored in bfloat16, sliding-window eviction off by one, positions wrong
@@ -88,8 +90,8 @@ def _register_engine() -> str:
 def judge(engine: Any, model: Path, case: Case, steps: int) -> dict[str, Any]:
     """One session: whether it failed, and for a bug whether it was found where it lives."""
     alternative = register_decode_bug(case.bug) if case.bug else case.alternative
-    config = {"decode_steps": steps, "seed": case.seed, "input_shape": [2, 6], "isolate": False,
-              "precision_diagnosis": False, **case.config}
+    config = {"decode_steps": steps, "seed": case.seed, "input_shape": [2, 6],
+              "isolate": "auto" if case.bug else False, "precision_diagnosis": False, **case.config}
     result = engine.run(engine.create_session(model, config, case.reference, alternative))
     out: dict[str, Any] = {"failed": not result.passed}
     if case.bug:
@@ -100,6 +102,7 @@ def judge(engine: Any, model: Path, case: Case, steps: int) -> dict[str, Any]:
                             and all(r.passed for r in result.results if r.step == 0)
                             and source.get("kind") == spec.source and source.get("layer") == layer)
         out["where"] = None if first is None else f"{first.id} ({source.get('kind')})"
+        out["confirmed"] = bool(source.get("confirmed"))
     return out
 
 
@@ -146,21 +149,24 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = run(args.seeds, args.steps, not args.no_compiled, args.match)
     print(f"decode diagnosis: {args.seeds} seed(s), prefill + {args.steps} decode steps "
           f"({time.perf_counter() - start:.0f} s)")
-    print(f"{'case':<62}{'false alarms':>13}{'detected':>10}{'localized':>10}{'s/session':>10}")
-    fa, det, loc = [], [], []
+    print(f"{'case':<62}{'false alarms':>13}{'detected':>10}{'localized':>10}{'confirmed':>10}{'s/session':>10}")
+    fa, det, loc, conf = [], [], [], []
     for name, row in outcomes.items():
         secs = sum(row["seconds"]) / len(row["seconds"])
         if "localized" in row:
             det += row["failed"]
             loc += row["localized"]
-            print(f"{name:<62}{'':>13}{_count(row['failed']):>10}{_count(row['localized']):>10}{secs:>10.1f}")
+            conf += row["confirmed"]
+            print(f"{name:<62}{'':>13}{_count(row['failed']):>10}{_count(row['localized']):>10}"
+                  f"{_count(row['confirmed']):>10}{secs:>10.1f}")
             missed = sorted({w for w, ok in zip(row["where"], row["localized"]) if not ok}, key=str)
             if missed:
                 print(f"    found instead at: {', '.join(map(str, missed))}")
         else:
             fa += row["failed"]
-            print(f"{name:<62}{_count(row['failed']):>13}{'':>10}{'':>10}{secs:>10.1f}")
-    print(f"total: false alarms {_count(fa)}, detected {_count(det)}, localized {_count(loc)}")
+            print(f"{name:<62}{_count(row['failed']):>13}{'':>10}{'':>10}{'':>10}{secs:>10.1f}")
+    print(f"total: false alarms {_count(fa)}, detected {_count(det)}, localized {_count(loc)}, "
+          f"source confirmed by a replay {_count(conf)}")
     return 0
 
 

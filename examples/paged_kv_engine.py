@@ -116,7 +116,9 @@ class PagedLlamaEngine:
 
     def _visible(self, layer: int, held: int, n: int) -> np.ndarray:
         """``[n, held + n]``: new token q (the row's token ``held + q``) sees key j when ``j <= held + q``
-        and, in a sliding-window layer (Mistral's), ``j > held + q - window`` (older keys are evicted)."""
+        and, in a sliding-window layer (Mistral's), ``j > held + q - window`` (older keys are evicted).
+        The window counts the row's own tokens; transformers counts cache slots, padding included,
+        which differs once tokens are decoded after a right-padded row: validate it left-padded."""
         query, key = held + np.arange(n)[:, None], np.arange(held + n)[None, :]
         seen = key <= query
         window = self.net.config.sliding_window if self.net.config.is_sliding(layer) else None
