@@ -1,5 +1,6 @@
 """An example inference engine validated by ``debug_validate --decode-steps``: a Llama-family decoder
-in NumPy (float32) that keeps its KV cache in fixed-size pages, as paged engines do.
+(Llama, Qwen2, Mistral with its sliding window) in NumPy (float32) that keeps its KV cache in
+fixed-size pages, as paged engines do.
 
 * The batch is packed: each row's tokens are run on their own, padded positions are never computed
   (the checkpoints read 0 there; the comparison leaves them out).
@@ -103,8 +104,7 @@ class PagedLlamaEngine:
             group = self.heads // self.kv_heads
             keys, values = np.repeat(keys, group, axis=1), np.repeat(values, group, axis=1)
             scores = np.einsum("qhe,khe->hqk", q, keys) / np.float32(np.sqrt(self.head_dim))
-            causal = np.arange(held + n)[None, :] <= (held + np.arange(n))[:, None]  # [n, held + n]
-            scores = np.where(causal[None], scores, np.finfo(np.float32).min)
+            scores = np.where(self._visible(i, held, n)[None], scores, np.finfo(np.float32).min)
             attn = np.einsum("hqk,khe->qhe", softmax(scores), values).reshape(n, -1)
             h = h + linear(attn, w["o"], w["o_b"])
             out[f"post_attention:{i}"] = h
@@ -113,6 +113,16 @@ class PagedLlamaEngine:
         self.lengths[row] = held + n
         out["post_processing"] = net.head(h)
         return {k: v for k, v in out.items() if k in want}
+
+    def _visible(self, layer: int, held: int, n: int) -> np.ndarray:
+        """``[n, held + n]``: new token q (the row's token ``held + q``) sees key j when ``j <= held + q``
+        and, in a sliding-window layer (Mistral's), ``j > held + q - window`` (older keys are evicted).
+        The window counts the row's own tokens; transformers counts cache slots, padding included,
+        which differs once tokens are decoded after a right-padded row: validate it left-padded."""
+        query, key = held + np.arange(n)[:, None], np.arange(held + n)[None, :]
+        seen = key <= query
+        window = self.net.config.sliding_window if self.net.config.is_sliding(layer) else None
+        return seen if window is None else seen & (key > query - window)
 
     @staticmethod
     def _names(keys: Any) -> set[str]:

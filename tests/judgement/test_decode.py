@@ -6,42 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from debug_framework.errors import ConfigurationError
+from debug_framework.errors import BackendInitializationError, ConfigurationError
 
+from benchmarks.decode_bugs import kv_cache_in_bfloat16 as _kv_cache_in_bfloat16
+from benchmarks.decode_bugs import rope_at_zero_while_decoding as _rope_at_zero_while_decoding
 from benchmarks.injected_bugs import BUG_LAYER
 
 #: the generic tier: float64_eager (the model's own code in float64) decodes through its cache
 DECODE = {"model_tier": "generic", "decode_steps": 3, "isolate": False, "precision_diagnosis": False,
           "input_shape": [2, 8], "pad_lengths": [0, 3]}
-
-
-def _rope_at_zero_while_decoding(net: torch.nn.Module) -> None:
-    """Layer ``BUG_LAYER`` rotates a new token's query and key at position 0 once its cache holds
-    earlier tokens (the cache offset forgotten): the prefill is untouched."""
-    attn = net.model.layers[BUG_LAYER].self_attn
-
-    def wrong_offset(_module, args, kwargs):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if cache is not None and cache.get_seq_length(attn.layer_idx) > 0:
-            kwargs["position_embeddings"] = net.model.rotary_emb(kwargs["hidden_states"], kwargs["position_ids"] * 0)
-        return args, kwargs
-
-    attn.register_forward_pre_hook(wrong_offset, with_kwargs=True)
-
-
-def _kv_cache_in_bfloat16(net: torch.nn.Module) -> None:
-    """The K/V cache stored at reduced precision (bfloat16) after every pass: the prefill's outputs
-    are exact, every decode step reads the rounded cache."""
-
-    def round_cache(_module, _args, out):
-        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        for layer in getattr(cache, "layers", []):
-            for t in (layer.keys, layer.values):
-                t.copy_(t.to(torch.bfloat16).to(t.dtype))
-
-    net.register_forward_hook(round_cache)
 
 
 @pytest.fixture
@@ -100,10 +74,11 @@ def test_given_tokens_and_bad_decode_settings(tiny_models, engine):
                               "pytorch")
     with pytest.raises(ConfigurationError, match="max_position_embeddings"):
         engine.create_session(tiny_models("llama", 0), {**DECODE, "decode_steps": 10_000}, "float64_eager", "pytorch")
-    no_decode = engine.create_session(tiny_models("llama", 0), {**DECODE, "model_tier": "auto"}, "python_reference",
+    no_decode = engine.create_session(tiny_models("bert", 0), {**DECODE, "model_tier": "auto"}, "python_reference",
                                       "pytorch")
-    with pytest.raises(ConfigurationError, match="decode"):
+    with pytest.raises(BackendInitializationError, match="encoder") as refused:  # DF002: what the backend cannot do
         engine.run(no_decode)
+    assert refused.value.code == "DF002"
 
 
 def test_debug_validate_decode_steps_json(tiny_models, decode_bug, tmp_path, capsys):

@@ -14,21 +14,8 @@ from debug_framework.backends import register_backend, unregister_backend, user_
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from paged_kv_engine import PagedLlamaEngine  # noqa: E402
 
+from benchmarks.decode_bugs import OffByOneWrite  # noqa: E402
 from benchmarks.injected_bugs import BUG_LAYER  # noqa: E402
-
-
-class OffByOneWrite(PagedLlamaEngine):
-    """A KV-cache write off by one while decoding: layer ``BUG_LAYER`` writes a new token's key
-    and value over the previous slot's (the prefill writes right)."""
-
-    def _write(self, layer, row, k, v):
-        if layer == BUG_LAYER and k.shape[0] == 1 and self.lengths[row] > 0:
-            self.lengths[row] -= 1
-            super()._write(layer, row, k, v)
-            self.lengths[row] += 1
-            super()._write(layer, row, k, v)  # the slot the read expects, left as the pages held it
-            return
-        super()._write(layer, row, k, v)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..modelio.configs import LlamaModelConfig
 from .bert import gelu, gelu_tanh
+from .kv_cache import last_queries
 from .layout import WeightLayout, WeightSource, weight_and_bias
 from .llama import LlamaReference, apply_rotary, causal_padding_mask, rms_norm, rope_cos_sin, silu
 from .ops import linear, masked_scores, merge_heads, softmax, split_heads
@@ -145,8 +146,9 @@ class DecoderReference(LlamaReference):
         q, k, v = self.project_qkv(i, x)
         cos, sin = self.rope_of(i, x.shape[1])
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = attention_with_scale(q, k, v, self.allowed(i, attention_mask), self.config.attention_scale,
-                                   self.attention_cap)
+        k, v = self.cached(i, k, v)  # [B, K, L, E]: the cached positions, then these
+        allowed = last_queries(self.allowed(i, attention_mask), q.shape[2])  # attention_mask: [B, L]
+        out = attention_with_scale(q, k, v, allowed, self.config.attention_scale, self.attention_cap)
         return linear(merge_heads(out), w["o"], w["o_b"])
 
     def mlp(self, i: int, x: Array) -> Array:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..modelio.configs import LlamaModelConfig, RopeScaling
+from .kv_cache import last_queries
 from .layout import Parameters, WeightLayout, WeightSource, weight_and_bias
 from .ops import linear, merge_heads, scaled_dot_product_attention, split_heads
 from .walk import Model
@@ -149,7 +150,9 @@ class LlamaReference(Model):
         v = split_heads(linear(x, w["v"], w["v_b"]), c.num_key_value_heads, c.head_dim)
         cos, sin = self.rope(x.shape[1])
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = grouped_query_attention(q, k, v, causal_padding_mask(attention_mask))  # [B, H, T, E]
+        k, v = self.cached(i, k, v)  # [B, K, L, E]: the cached positions, then these
+        allowed = last_queries(causal_padding_mask(attention_mask), q.shape[2])  # attention_mask: [B, L]
+        out = grouped_query_attention(q, k, v, allowed)  # [B, H, T, E]
         return linear(merge_heads(out), w["o"], w["o_b"])
 
     def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:

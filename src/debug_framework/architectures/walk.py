@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from ..errors import ConfigurationError
+from .kv_cache import KVCache
 from .layout import LayerStream, ModelParameters, WeightLayout, WeightSource
 from .xp import NUMPY, Array, ArrayNamespace
 
@@ -83,6 +84,10 @@ class Model:
     #: for ``0 .. T-1``
     positions: np.ndarray | None = None
 
+    #: the KV cache of a decode (:class:`~.kv_cache.KVCache`): each layer's keys and values are
+    #: appended to it and attention reads them all; set by the decoding backend, None for one pass
+    cache: KVCache | None = None
+
     def __init__(self, config: ModelConfig, weights: WeightSource, dtype: object = np.float64,
                  xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
         self.config, self.xp, self.dtype = config, xp, xp.dtype(dtype)
@@ -103,6 +108,11 @@ class Model:
     def mlp_block(self, i: int, a: Array) -> Array:
         """Layer i's MLP block on the post-attention state ``a``: the layer's output (post_mlp)."""
         raise NotImplementedError
+
+    def cached(self, i: int, k: Array, v: Array) -> tuple[Array, Array]:
+        """Layer i's keys and values over every position so far (appended to :attr:`cache`), or
+        ``k`` and ``v`` themselves where no cache is kept."""
+        return (k, v) if self.cache is None else self.cache.append(i, k, v)
 
     def block(self, i: int, block: str, x: Array, attention_mask: Array) -> tuple[Key, Array]:
         """Block ``block`` of layer ``i`` alone on its own input: ``"attention"`` on the layer's

@@ -74,6 +74,49 @@ class CheckpointOutputs(torch.nn.Module):
         return cls(net, hf_module_taps(model.architecture, model.num_layers, model.router_layers))
 
 
+class DecodeOutputs(torch.nn.Module):
+    """One pass of a decode (the prefill or a step) through a model's own cache, for a compiler:
+    ``forward(**kwargs)`` (the model's: ``input_ids``, ``attention_mask``, ``position_ids``, the cache)
+    -> ``(checkpoints, logits, cache)``, the checkpoints in ``wrapper.keys``' order (its hooks)."""
+
+    def __init__(self, wrapper: CheckpointOutputs) -> None:
+        super().__init__()
+        self.wrapper = wrapper
+        self.eval()
+
+    def forward(self, **kwargs: Any) -> tuple[tuple[torch.Tensor, ...], Any, Any]:
+        sink = self.wrapper._sink
+        sink.clear()
+        out = self.wrapper.net(**kwargs)
+        checkpoints = tuple(sink)
+        sink.clear()
+        cache = getattr(out, "cache", None)
+        return checkpoints, getattr(out, "logits", None), getattr(out, "past_key_values", None) if cache is None else cache
+
+
+class CompiledPassCapture:
+    """What ``backends.decode.module_decode`` expects of a hook capture (a context manager with
+    ``run(module, **kwargs)`` and ``tensors``), for a compiled :class:`DecodeOutputs` ``fn``: the
+    checkpoints come out of the compiled graph, not out of hooks added around it."""
+
+    def __init__(self, fn: Any, keys: list[CheckpointKey]) -> None:
+        self.fn, self.keys = fn, keys
+        self.tensors: dict[CheckpointKey, torch.Tensor] = {}
+
+    def __enter__(self) -> CompiledPassCapture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, _module: Any, **kwargs: Any) -> Any:
+        from types import SimpleNamespace
+
+        checkpoints, logits, cache = self.fn(**kwargs)
+        self.tensors = dict(zip(self.keys, checkpoints))
+        return SimpleNamespace(logits=logits, cache=cache)
+
+
 class PlainOutput(torch.nn.Module):
     """The same model with only its final output (logits / last hidden state): no checkpoint outputs."""
 

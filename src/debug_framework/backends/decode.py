@@ -12,7 +12,9 @@ token). Each pass's checkpoints come back as one :class:`Capture`, the KV cache 
 :func:`module_decode` drives any ``transformers``-style ``nn.Module`` (``past_key_values``,
 ``use_cache``): the ``pytorch`` and ``float64_eager`` backends and module backends decode through
 it. :func:`runner_decode` drives a user engine (``user_backend``) through its runner's ``prefill``,
-``decode_step`` and optional ``kv_cache``.
+``decode_step`` and optional ``kv_cache``; the references written from the math
+(``python_reference``, ``torch_reference``) decode through it too, their model wrapped in a
+:class:`ReferenceDecoder` (its own :class:`~debug_framework.architectures.kv_cache.KVCache`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..capture.keys import Capture, CheckpointKey
-from ..errors import BackendRuntimeError, ConfigurationError
+from ..errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
 from ..modelio.inputs import ModelInputs
 
 __all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "runner_decode", "decode_positions",
-           "last_token_index"]
+           "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
 @dataclass
@@ -221,8 +223,8 @@ def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: in
         if tokens is not None:
             tok = np.asarray(tokens, np.int64)[:, s]
         elif logit_key in got:
-            logits = np.asarray(got[logit_key].detach().cpu() if hasattr(got[logit_key], "detach") else got[logit_key],
-                                dtype=np.float64)
+            logits = np.asarray(got[logit_key].detach().cpu().double() if hasattr(got[logit_key], "detach")
+                                else got[logit_key], dtype=np.float64)
             tok = logits[np.arange(logits.shape[0]), last].argmax(-1).astype(np.int64)
         else:
             raise ConfigurationError("the engine returns no post_processing logits, so the decode tokens cannot be "
@@ -236,3 +238,108 @@ def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: in
         masks.append(mask)
         last = np.zeros(mask.shape[0], np.int64)
     return DecodeRun(captures, chosen, kv, masks)
+
+
+class ReferenceDecoder:
+    """The engine protocol over a decoder written from the math (``architectures``): the prefill
+    fills a fresh :class:`~debug_framework.architectures.kv_cache.KVCache` with every layer's
+    rotated keys and values (padded positions included, masked as in the prefill), and each decode
+    step runs the new tokens alone at their positions over it, the mask over every cached position
+    grown by one. ``to_array(x)`` turns host ids and masks (int64 NumPy) into the model's arrays."""
+
+    def __init__(self, net: Any, to_array: Callable[[np.ndarray], Any]) -> None:
+        from ..architectures.kv_cache import KVCache
+
+        self.net, self.to_array, self._cache_type = net, to_array, KVCache
+        self.mask = np.zeros((0, 0), np.int64)
+
+    def _forward(self, ids: np.ndarray, positions: np.ndarray | None, keys: Any) -> dict[str, Any]:
+        self.net.positions = positions
+        out = self.net.forward(self.to_array(ids), self.to_array(self.mask), {tuple(k) for k in keys})
+        return {str(CheckpointKey(*k)): v for k, v in out.items()}
+
+    def prefill(self, inputs: ModelInputs, keys: Any) -> dict[str, Any]:
+        """The prompt ``[B, T]`` at the inputs' positions, every layer's keys and values kept."""
+        self.net.cache = self._cache_type()
+        self.mask = np.asarray(inputs.attention_mask, np.int64)
+        return self._forward(np.asarray(inputs.input_ids, np.int64), inputs.position_ids(), keys)
+
+    def decode_step(self, tokens: np.ndarray, positions: np.ndarray, keys: Any) -> dict[str, Any]:
+        """One token per row at its position, attending over the cache and itself."""
+        self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
+        return self._forward(np.asarray(tokens, np.int64)[:, None], np.asarray(positions, np.int64)[:, None], keys)
+
+    def layer_step(self, i: int, hidden: Any, positions: np.ndarray) -> dict[str, Any]:
+        """Layer i alone at the next decode step on ``hidden`` ``[B, 1, D]`` (its input, given), over
+        its cache: its post_attention and post_mlp."""
+        self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
+        self.net.positions = np.asarray(positions, np.int64)[:, None]
+        a, out = self.net.layer(i, hidden, self.to_array(self.mask))
+        return {f"post_attention:{i}": a, f"post_mlp:{i}": out}
+
+    def kv_cache(self) -> dict[int, tuple[Any, Any]]:
+        """Each layer's keys and values ``[B, L, K, E]`` over every position so far."""
+        return {} if self.net.cache is None else self.net.cache.layers()
+
+    def close(self) -> None:
+        """Drop the cache: the model's next pass (a replay, a forward) keeps none."""
+        self.net.cache, self.net.positions = None, None
+
+
+def reference_can_decode(net: Any) -> tuple[bool, str]:
+    """Whether a reference written from the math decodes: a decoder does; an encoder or an ONNX
+    file's graph (``net`` None) does not, and why."""
+    if net is None:
+        return False, "runs an ONNX file's graph, which carries no past key/values: it cannot decode"
+    if net.config.architecture == "bert":
+        return False, "runs an encoder (BERT): it has no causal decode"
+    return True, ""
+
+
+def reference_decode(backend_name: str, dtype: str, net: Any, to_array: Callable[[np.ndarray], Any],
+                     inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
+                     tokens: np.ndarray | None, context: Callable[[], Any]) -> DecodeRun:
+    """A reference written from the math decoded through its own KV cache (:class:`ReferenceDecoder`,
+    driven by :func:`runner_decode`), each pass under ``context()`` (``torch.no_grad`` for torch);
+    the model keeps no cache afterwards.
+
+    Raises:
+        BackendInitializationError: (DF002) a model that cannot decode (:func:`reference_can_decode`).
+    """
+    ok, why = reference_can_decode(net)
+    if not ok:
+        raise BackendInitializationError(f"this reference {why}", backend=backend_name)
+
+    def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+        return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=backend_name, dtype=dtype,
+                       elapsed_s=seconds)
+
+    decoder = ReferenceDecoder(net, to_array)
+    try:
+        with context():
+            return runner_decode(backend_name, decoder, inputs, steps, keys, tokens, wrap)
+    finally:
+        decoder.close()
+
+
+def reference_decode_layer(backend_name: str, dtype: str, net: Any, to_array: Callable[[np.ndarray], Any],
+                           inputs: ModelInputs, step: int, tokens: np.ndarray, i: int, hidden: Any,
+                           context: Callable[[], Any]) -> Capture:
+    """Layer ``i`` of a reference written from the math replayed at decode ``step`` (>= 1): the
+    prefill and the steps before it through its cache as :func:`reference_decode` runs them, then
+    layer i alone on ``hidden`` ``[B, 1, D]`` at the step's positions. Its post_attention and post_mlp."""
+    import time
+
+    decoder = ReferenceDecoder(net, to_array)
+    offset = int(inputs.meta.get("position_offset", 0) or 0)
+    try:
+        with context():
+            decoder.prefill(inputs, [])
+            for s in range(step - 1):
+                decoder.decode_step(np.asarray(tokens)[:, s], decode_positions(decoder.mask, offset)[:, 0], [])
+            start = time.perf_counter()
+            got = decoder.layer_step(i, hidden, decode_positions(decoder.mask, offset)[:, 0])
+    finally:
+        decoder.close()
+    return Capture(tensors={CheckpointKey.parse(k): v for k, v in got.items()}, backend=backend_name, dtype=dtype,
+                   elapsed_s=time.perf_counter() - start)

@@ -79,6 +79,10 @@ class EagerReferenceBackend(PyTorchBackend):
         with self._exact():
             return super().run_decode(*args, **kwargs)
 
+    def run_decode_layer(self, *args: Any, **kwargs: Any) -> Any:
+        with self._exact():
+            return super().run_decode_layer(*args, **kwargs)
+
     def version_info(self) -> dict[str, Any]:
         return {**super().version_info(), "reference": "the model's own transformers eager code"}
 

@@ -25,6 +25,8 @@ from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_capture import (
     CheckpointOutputs,
+    CompiledPassCapture,
+    DecodeOutputs,
     PlainOutput,
     check_layer_index,
     graph_inputs,
@@ -33,6 +35,7 @@ from ._graph_capture import (
 )
 from ._user_function import is_function_spec, load_user_function
 from .base import BaseBackend, Taps, attention_block_of_layer
+from .decode import DecodeRun, module_decode
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, torch_device_info
 
@@ -73,6 +76,7 @@ class InductorBackend(BaseBackend):
         self._wrapper: CheckpointOutputs | None = None
         self._captured: Any = None
         self._plain: Any = None
+        self._decode: Any = None
         self._seen: set[tuple[str, tuple[Any, ...]]] = set()
         self._layer_fns: dict[int, Any] = {}
         self._mlp_fns: dict[int, Any] = {}
@@ -119,6 +123,7 @@ class InductorBackend(BaseBackend):
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
         self._captured = self._compile(self._wrapper)
         self._plain = None
+        self._decode = None
         self._seen.clear()
         self._layer_fns.clear()
         self._mlp_fns.clear()
@@ -173,6 +178,34 @@ class InductorBackend(BaseBackend):
             layer_inputs=layer_inputs_from(everything, self._prepared().num_layers) if capture_layer_inputs else {},
             meta=meta,
         )
+
+    def can_decode(self) -> tuple[bool, str]:
+        """A causal LM decodes through its own cache, compiled; an encoder (BERT) does not."""
+        if self._prepared().architecture == "bert":
+            return False, "runs an encoder (BERT): it has no causal decode"
+        return True, ""
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+        """The prefill, then ``steps`` tokens decoded through the model's own cache, each pass
+        Inductor's code (:class:`~._graph_capture.DecodeOutputs` compiled as the model is, the cache
+        an input; shapes turn dynamic after the first steps: about three compiles), its checkpoints
+        graph outputs: ``backends.decode.module_decode`` drives it."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        if self._decode is None:
+            self._decode = torch.compile(DecodeOutputs(self._wrapper), backend=self.compiler, mode=self.mode,
+                                         fullgraph=self.fullgraph)
+        wrapper, fn = self._wrapper, self._decode
+
+        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+            return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=seconds, meta={"variant": "decode"})
+
+        from .._torch import inductor as _inductor_private
+
+        with _inductor_private.using_cache_dir(self.cache_dir):
+            return module_decode(self.name, self.net, inputs.torch(self.device), lambda: CompiledPassCapture(fn, wrapper.keys),
+                                 inputs, steps, tokens, self.dtype, wrap)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Replay layer ``i`` as Inductor compiles it, on ``hidden_in`` (isolation).

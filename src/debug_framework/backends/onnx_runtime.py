@@ -300,6 +300,10 @@ class OnnxRuntimeBackend(BaseBackend):
         self.session = self._session(self.onnx_path)
         self._plain_session = None
 
+    def can_decode(self) -> tuple[bool, str]:
+        """No decode steps (the graph takes the whole sequence at once)."""
+        return False, "runs an ONNX export with no past key/values (no KV-cache inputs or outputs) to decode through"
+
     def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
         """An ONNX-file model: the file itself (or ``model_file``), its checkpoint tensors made
         outputs (:func:`~._onnx_file.file_outputs`); nothing exported."""

@@ -3,6 +3,7 @@ float32); always available. The ``mlx`` backend runs the same models over ``mlx.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
+from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
 
 __all__ = ["PythonReferenceBackend"]
 
@@ -96,6 +98,25 @@ class PythonReferenceBackend(BaseBackend):
             elapsed_s=elapsed,
             layer_inputs=layer_inputs or {},
         )
+
+    def can_decode(self) -> tuple[bool, str]:
+        """A decoder decodes through its own KV cache; an encoder or an ONNX file's graph does not."""
+        return reference_can_decode(self.reference if self._graph is None else None)
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+        """The prefill, then ``steps`` tokens decoded through the model's KV cache
+        (``backends.decode.reference_decode``), teacher-forced with ``tokens`` ``[batch, steps]``."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        return reference_decode(self.name, self.dtype, self.reference if self._graph is None else None,
+                                lambda x: x, inputs, steps, keys, tokens, contextlib.nullcontext)
+
+    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+        """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]``, over the cache the
+        prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
+        self._prepared()
+        return reference_decode_layer(self.name, self.dtype, self.reference, lambda x: x, inputs, step, tokens, i,
+                                      _host(hidden_in, self.dtype), contextlib.nullcontext)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..capture.hooks import HookCapture, ModuleTap, hf_attention_seam, hf_layer_modules, hf_module_taps
@@ -235,6 +236,30 @@ class TorchModuleBackend(BaseBackend):
 
         return module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
                              inputs, steps, tokens, self.dtype, wrap)
+
+    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+        """Layer ``i`` at decode ``step`` on ``hidden_in`` ``[B, 1, D]``: the prefill and the earlier
+        steps (``tokens``) through the module's cache, then the step's pass with layer i's input
+        replaced and stopped after it: its post_attention and post_mlp."""
+        self._prepared()
+        name = self.layer_modules[i]
+        hidden = torch.as_tensor(hidden_in).to(self.device, TORCH_DTYPES[self.dtype])
+        want = {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
+        active = [t for t in self.taps if t.key in want]
+        passes = iter(range(step + 1))
+
+        def capture() -> HookCapture:
+            last = next(passes) == step
+            return HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) if last \
+                else HookCapture(self.module, [])
+
+        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+            return Capture(tensors={k: v for k, v in tensors.items() if k in want}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=seconds)
+
+        run = module_decode(self.name, self.module, self._kwargs(inputs), capture, inputs, step,
+                            np.asarray(tokens)[:, :step], self.dtype, wrap)
+        return run.captures[step]
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` on ``hidden_in`` (the model's own masks and positions are kept): the

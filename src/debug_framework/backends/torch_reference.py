@@ -26,6 +26,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
+from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -95,6 +96,28 @@ class TorchReferenceBackend(BaseBackend):
             out = self.net.forward(ids, mask, {tuple(k) for k in keys}, layer_inputs, tt)
         return Capture(tensors={k: out[tuple(k)] for k in keys}, backend=self.name, dtype=self.dtype,
                        elapsed_s=time.perf_counter() - start, layer_inputs=layer_inputs or {})
+
+    def can_decode(self) -> tuple[bool, str]:
+        """A decoder decodes through its own KV cache; an encoder or an ONNX file's graph does not."""
+        return reference_can_decode(self.net if getattr(self, "_graph", None) is None else None)
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+        """The prefill, then ``steps`` tokens decoded through the model's KV cache (kept in the
+        compute dtype; ``backends.decode.reference_decode``), teacher-forced with ``tokens``."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        net = self.net if getattr(self, "_graph", None) is None else None
+        return reference_decode(self.name, self.dtype, net, lambda x: torch.from_numpy(np.asarray(x, np.int64)),
+                                inputs, steps, keys, tokens, torch.no_grad)
+
+    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+        """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]`` (rounded once), over the
+        cache the prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
+        self._prepared()
+        h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
+        return reference_decode_layer(self.name, self.dtype, self.net,
+                                      lambda x: torch.from_numpy(np.asarray(x, np.int64)), inputs, step, tokens, i, h,
+                                      torch.no_grad)
 
     def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""

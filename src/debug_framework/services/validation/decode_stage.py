@@ -21,16 +21,17 @@ from ...backends.decode import DecodeRun, decode_support
 from ...capture.keys import CheckpointKey
 from ...comparison import compare, error_metric, position_mask, select_positions
 from ...comparison.next_token import next_token_metrics
-from ...errors import ConfigurationError
+from ...errors import BackendInitializationError, ConfigurationError
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
+from .decode_replay import replay_decode_layer
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
 
 #: how to get a decoding reference where the session's cannot decode
-_DECODE_HINT = ("use a reference that decodes through the model's own cache: --reference-backend float64_eager "
-                "(the from-math references do not decode yet), or set decode_steps to 0")
+_DECODE_HINT = ("use backends that decode (python_reference, torch_reference, pytorch, float64_eager, module "
+                "backends, engines with prefill/decode_step), or set decode_steps to 0")
 
 
 def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | None:
@@ -92,8 +93,9 @@ class DecodeStage(Stage):
         given = check_decode_plan(plan.config, ctx.inputs, ctx.model)
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
             ok, why = decode_support(backend)
-            if not ok:
-                raise ConfigurationError(f"the {side} backend {backend.name!r} {why}", hint=_DECODE_HINT)
+            if not ok:  # a backend's capability (DF002), as a dtype it does not run
+                raise BackendInitializationError(f"the {side} backend {backend.name!r} {why}", backend=backend.name,
+                                                 hint=_DECODE_HINT)
         taps = list(plan.keys)
         ref = ctx.reference
         ref_run: DecodeRun = call_backend(ref, "run_decode()",
@@ -102,7 +104,7 @@ class DecodeStage(Stage):
         alt = ctx.alternative
         alt_run: DecodeRun = call_backend(alt, "run_decode()",
                                           lambda: alt.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
-        cal_run = self._calibration(ctx, steps, taps, tokens)
+        cal_run, cal = self._calibration(ctx, steps, taps, tokens)
         for ev in ctx.evidence.checkpoints:
             if ev.step is None:
                 ev.step = 0  # the prefill
@@ -124,13 +126,16 @@ class DecodeStage(Stage):
                       "token_metrics": token_rows(ctx, ref_run, alt_run, cal_run),
                       "seconds_per_step": {side: _per_step(run) for side, run in
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
+        if plan.config["isolate"]:  # the layer of a first divergence at a decode step, replayed at that step
+            replay_decode_layer(ctx, ref_run, np.asarray(tokens), cal)
 
     @staticmethod
-    def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey], tokens: np.ndarray) -> DecodeRun | None:
-        """The calibration's decode of the same tokens: the session's calibration backend where it
+    def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey],
+                     tokens: np.ndarray) -> tuple[DecodeRun | None, Any]:
+        """The calibration's decode of the same tokens, and the backend that ran it: the session's calibration backend where it
         decodes, else the model's own eager code at the calibration's dtype (``float64_eager``'s)."""
         if not ctx.plan.config["calibrate"] or not any(ctx.plan.calibrated(k) for k in ctx.plan.keys):
-            return None
+            return None, None
         cal = ctx.calibrator
         if cal is None or not decode_support(cal)[0]:
             from ...backends.eager_reference import EagerReferenceBackend
@@ -138,7 +143,7 @@ class DecodeStage(Stage):
             cal = EagerReferenceBackend()
             dtype = calibration_dtype(ctx.plan, ctx.model)
             call_backend(cal, "prepare()", lambda: cal.prepare(ctx.model, dtype, "cpu"))
-        return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
+        return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens)), cal  # type: ignore[attr-defined]
 
 
 def ev_module(ctx: RunContext, key: CheckpointKey) -> str | None:
@@ -171,9 +176,11 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
         for layer in sorted(set(rk) & set(ak)):
             row: dict[str, Any] = {"step": s, "layer": layer}
             for j, part in enumerate(("k", "v")):
-                err = compare(rk[layer][j], ak[layer][j], check_dtype=False, positions=mask)
-                noise = compare(rk[layer][j], ck[layer][j], check_dtype=False, positions=mask) if layer in ck else None
-                scale = reference_scale(select_positions(rk[layer][j], mask))
+                r, a, m = held_by_both(rk[layer][j], ak[layer][j], mask)
+                err = compare(r, a, check_dtype=False, positions=m)
+                c = held_by_both(r, ck[layer][j], m) if layer in ck else None
+                noise = None if c is None else compare(c[0], c[1], check_dtype=False, positions=c[2])
+                scale = reference_scale(select_positions(r, m))
                 ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
                 row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
                              "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
@@ -217,3 +224,14 @@ def token_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun |
             "logits_max_abs_error": noise}
         rows.append({"step": s, **row})
     return rows
+
+
+def held_by_both(ref: Any, alt: Any, mask: np.ndarray | None) -> tuple[Any, Any, np.ndarray | None]:
+    """A layer's cache ``[batch, length, ...]`` on both sides cut to the trailing positions both
+    hold: an engine that evicts what left a sliding window keeps only the last ones (Hugging Face's
+    sliding layers keep ``window - 1``), a reference keeps every position. Equal lengths: unchanged."""
+    lr, la = (int(getattr(t, "shape", (0, 0))[1]) if len(getattr(t, "shape", ())) > 1 else 0 for t in (ref, alt))
+    if lr == la or not lr or not la:
+        return ref, alt, mask
+    n = min(lr, la)
+    return ref[:, lr - n:], alt[:, la - n:], None if mask is None else mask[:, mask.shape[1] - n:]

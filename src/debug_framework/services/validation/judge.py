@@ -289,7 +289,9 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     if consistent is not None:
         checkpoints = {k: j if j.passed else replace(j, consistent_with=consistent) for k, j in checkpoints.items()}
     kv = {(ev.step, ev.layer, ev.part): judge_kv(ev, plan) for ev in evidence.kv_cache}
-    source = decode_source(first, first_step, kv) if first_step else \
+    replayed = evidence.decode_replay
+    replay = judge_block(replayed[1], plan) if replayed is not None and replayed[0] == first_step else None
+    source = decode_source(first, first_step, kv, replay, evidence.decode_replay_note) if first_step else \
         error_source(first, layers, evidence.isolation_note)
     return Verdict(checkpoints, layers, first, source, consistent, steps, first_step, kv, tokens,
                    first_divergent_token(evidence, plan))
@@ -362,8 +364,8 @@ def judge_kv(ev: KVEvidence, plan: ValidationPlan) -> Judgement:
     return _tolerance(ev.comparison)
 
 
-def decode_source(first: CheckpointKey, step: int,
-                  kv: dict[tuple[int, int, str], Judgement] | None = None) -> dict[str, Any]:
+def decode_source(first: CheckpointKey, step: int, kv: dict[tuple[int, int, str], Judgement] | None = None,
+                  replay: Judgement | None = None, note: str | None = None) -> dict[str, Any]:
     """Where the error of a run whose prefill passes comes from: the KV cache, where one written by
     an earlier pass (whose checkpoints passed) already differs beyond its bound; else decode
     ``step`` (the first whose checkpoint ``first`` fails), in that checkpoint's layer and block."""
@@ -376,9 +378,16 @@ def decode_source(first: CheckpointKey, step: int,
                           f"differs beyond a correct run's while that pass's checkpoints matched; decode step "
                           f"{step} reads it and fails first at {first}"}
     where = f"layer {first.layer} ({_block_of(first)})" if first.layer is not None else str(first)
+    shows = (f"the prefill passes; the error first shows at decode step {step}, in {where}: the decode path (the "
+             "cache, the positions of cached tokens) differs from the prefill's")
+    if replay is not None:
+        how = ("replayed at that step on the reference's input, over its own cache, it exceeds its bound: the error "
+               "is introduced there" if not replay.passed else "its replay at that step on the reference's input is "
+               "within its bound: the error comes in with its input or its cache")
+        return {"kind": "decode", "step": step, "layer": first.layer, "block": _block_of(first),
+                "confirmed": not replay.passed, "detail": f"{shows}; {how}"}
     return {"kind": "decode", "step": step, "layer": first.layer, "block": _block_of(first), "confirmed": False,
-            "detail": f"the prefill passes; the error first shows at decode step {step}, in {where}: the decode "
-                      "path (the cache, the positions of cached tokens) differs from the prefill's"}
+            "detail": f"{shows} (not confirmed by a replay at that step: {note or 'isolation off'})"}
 
 
 def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None:
