@@ -3,9 +3,8 @@ graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
 
 The exported ``.onnx`` file is an artifact of the run, under ``artifact_dir`` (default: the session's artifact
 directory, :mod:`debug_framework.backends.artifacts`; else a temporary ``df-onnx-*`` directory removed by
-:meth:`OnnxRuntimeBackend.close`), reported in ``version_info()`` and each ``Capture.meta``; the exporter's output
-goes to ``export.log`` there. Batch and length are dynamic. An ONNX file as the model
-(:mod:`debug_framework.modelio.onnx_file`) is run as it is, not exported.
+:meth:`OnnxRuntimeBackend.close`), reported in ``version_info()`` and each ``Capture.meta``, with the exporter's
+``export.log``. Batch and length are dynamic. An ONNX file (:mod:`debug_framework.modelio.onnx_file`) runs as it is.
 
 Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's boundaries (its
 input and its checkpoints are named graph outputs), so nothing is exported again; ``run_block(i, "mlp", ...)``
@@ -209,9 +208,8 @@ class OnnxRuntimeBackend(BaseBackend):
             raise load_error(exc, path, graph, self.name) from exc
 
     def open_session(self, graph: bytes, beside: Path) -> Any:
-        """An ONNX Runtime session on ``graph`` (a serialized model; external data beside the file
-        ``beside``) opened as this backend opens its own: providers, optimisation level and
-        ``graph_transform``. The drill-down runs its graphs through it."""
+        """An ONNX Runtime session on ``graph`` (serialized; external data beside ``beside``) opened as this
+        backend opens its own (providers, optimisation level, ``graph_transform``): the drill-down's."""
         return self._session(beside, graph)
 
     def _transformed(self, path: Path, graph: bytes | None) -> bytes:
@@ -300,8 +298,7 @@ class OnnxRuntimeBackend(BaseBackend):
         self.session = self._session(self.onnx_path)
         self._plain_session = None
 
-    def can_decode(self) -> tuple[bool, str]:
-        """No decode steps (the graph takes the whole sequence at once)."""
+    def can_decode(self) -> tuple[bool, str]:  # the graph takes the whole sequence at once
         return False, "runs an ONNX export with no past key/values (no KV-cache inputs or outputs) to decode through"
 
     def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
@@ -471,19 +468,18 @@ class OnnxRuntimeBackend(BaseBackend):
         import onnx
 
         if self._graph_proto is None:  # an ONNX file's checkpoint graph (released), else the export without weights
-            self._graph_proto = (checkpoint_proto(self.onnx_path, list(self._names.values()))
-                                 if getattr(self, "_file_model", False)
-                                 else onnx.load(str(self.onnx_path), load_external_data=False))
+            self._graph_proto = (checkpoint_proto(self.onnx_path, list(self._names.values())) if getattr(
+                self, "_file_model", False) else onnx.load(str(self.onnx_path), load_external_data=False))
         start = CheckpointKey("post_attention", i) if part == "mlp" else (
             CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
         return cut_layer(self._graph_proto, self._names[start], [self._names[k] for k in self._cut_keys(i, part)],
                          list(self._names.values()))
 
     def export_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, path: Path) -> LayerExport:
-        """Export layer ``i`` alone to ``path``, called as the model calls it for ``inputs`` with
-        ``hidden_in`` as its hidden state; its outputs are the layer's checkpoints (in hook order).
-        Nothing is run: the caller feeds :attr:`LayerExport.feeds` to its own session (the drill-down
-        adds every intermediate value as an output). An ONNX-file model's layer is cut out of the file."""
+        """Export layer ``i`` alone to ``path``, called as the model calls it for ``inputs`` with ``hidden_in``
+        as its hidden state; its outputs are the layer's checkpoints (in hook order). Nothing is run: the caller
+        feeds :attr:`LayerExport.feeds` to its own session (the drill-down adds every intermediate value as an
+        output). An ONNX-file model's layer is cut out of the file."""
         if self._file_model:
             from ._onnx_file import file_layer_export
 
