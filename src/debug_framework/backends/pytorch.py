@@ -75,8 +75,8 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     state: dict[str, Any] = {}
     for name, slot in own.items():
         tensor = _stored_tensor(model, name)
-        if tensor is not None:  # converted once, to the dtype the model gives it (no copy when equal)
-            state[name] = torch.as_tensor(tensor).to(slot.dtype)
+        if tensor is not None:  # the model's own copy (never the file's pages the references read), in its dtype
+            state[name] = torch.as_tensor(tensor).to(slot.dtype, copy=True)
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
     if model.architecture == "generic":

@@ -216,7 +216,7 @@ class HookCapture:
         modules = dict(self.root.named_modules())  # walked once for every name below
 
         def find(name: str) -> torch.nn.Module:
-            return find(name, modules)
+            return find_module(self.root, name, modules)
 
         for tap in self.taps:
             mod = find(tap.module)
