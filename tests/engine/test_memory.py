@@ -82,7 +82,11 @@ def test_estimate_counts_the_alternatives_copy_and_one_streamed_layer(stacks):
                           alternative=PyTorchBackend(), alternative_dtype="float32", batch=2, length=16)
     assert est.parameters == params
     assert est.alternative == params * 4
-    assert est.reference == _layer_bytes(model) // 8 * 16 + HEAD_BLOCK_BYTES  # float64 + its host copy
+    assert est.reference == _layer_bytes(model) + HEAD_BLOCK_BYTES  # float64, converted straight into the layer
+    largest = max(int(np.prod(model.weights.shape(n))) for n in model.weights if n.startswith("model.layers.0."))
+    half = estimate_memory(model, reference=PythonReferenceBackend(), reference_dtype="bfloat16",
+                           alternative=PyTorchBackend(), alternative_dtype="float32", batch=2, length=16)
+    assert half.reference == _layer_bytes(model) // 4 + largest * 8 + HEAD_BLOCK_BYTES  # + one tensor's float64
     assert est.file_pages == params * 4  # save_pretrained wrote float32
     assert est.total == est.runtime + est.alternative + est.reference + est.calibration + est.activations
     on_gpu = estimate_memory(model, reference=PythonReferenceBackend(), reference_dtype="float64",
@@ -122,3 +126,42 @@ def test_session_records_its_peak_memory_estimate_and_stage_times(stacks, tmp_pa
     assert memory["peak_rss_bytes"] >= max(memory["stage_peak_rss_bytes"].values()) > 50 * 2**20
     assert {"load", "prepare", "reference", "alternative", "calibration", "compare"} <= set(perf["stage_s"])
     assert memory["estimate_bytes"]["total"] > memory["estimate_bytes"]["alternative"] > 0
+
+
+def test_stored_tensors_convert_in_one_step_exactly_as_through_float32():
+    import torch
+
+    from debug_framework.modelio.weights import tensor_numpy
+
+    src = torch.randn(64, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    for stored in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        t = src.to(stored)
+        for host in (np.float64, np.float32):
+            old = np.asarray((t.to(torch.float32) if stored in (torch.bfloat16, torch.float16) else t).numpy(), host)
+            new = tensor_numpy(t, host)
+            assert new.dtype == host and np.array_equal(new, old)
+    same = src.to(torch.float32)
+    assert np.shares_memory(tensor_numpy(same, np.float32), same.numpy())  # no copy when the dtype matches
+
+
+def test_the_pytorch_alternative_is_built_without_random_weights_and_owns_them(stacks):
+    """Built on the meta device and given the file's weights: nothing left on meta, the computed
+    buffers (rotary frequencies) as a model built the plain way has them, the same logits, and its
+    weights its own (an in-place change does not reach the file's tensors)."""
+    import torch
+
+    from debug_framework.backends.pytorch import build_hf_model, hf_skeleton
+
+    model = load_model(stacks[2])
+    net = build_hf_model(model, torch.float32)
+    plain, _ = hf_skeleton(model, torch.float32)
+    plain.load_state_dict({n: model.weights[n] for n in plain.state_dict() if n in model.weights}, strict=False)
+    plain.tie_weights()
+    assert not any(t.is_meta for t in [*net.parameters(), *net.buffers()])
+    for (name, a), (_, b) in zip(net.named_buffers(), plain.named_buffers()):
+        assert torch.equal(a, b), name
+    ids = torch.arange(8)[None] % 64
+    with torch.no_grad():
+        assert torch.equal(net(input_ids=ids).logits, plain.eval()(input_ids=ids).logits)
+        net.model.embed_tokens.weight.mul_(2.0)
+    assert not torch.equal(net.model.embed_tokens.weight, model.weights["model.embed_tokens.weight"])

@@ -9,8 +9,9 @@ The estimate (bytes; ``N`` the parameters of the weights, ``L`` the largest laye
 * **alternative**: ``N`` x the alternative's dtype size on the CPU (its own copy of the weights;
   nothing on the host for another device);
 * **reference** and **calibration**: a backend that streams its weights (``streams_weights``:
-  ``python_reference``, ``torch_reference``) holds about one layer, ``L`` x (its dtype size + 8
-  for the float64 host copy it converts from) plus one block of LM-head rows
+  ``python_reference``, ``torch_reference``) holds about one layer, ``L`` x its dtype size, plus,
+  below float64, the float64 host copy of the one tensor in conversion (``T`` x 8, ``T`` the
+  largest tensor of a layer), plus one block of LM-head rows
   (:data:`~debug_framework.architectures.layout.HEAD_BLOCK_BYTES`); any other backend ``N`` x its
   dtype size;
 * **activations**: every checkpoint and layer input of the three runs in float64, their logits and
@@ -90,9 +91,10 @@ def current_rss() -> int | None:
         return None
 
 
-def _weights_census(weights: Any) -> tuple[int, int, int]:
-    """(parameters, stored bytes, the largest layer's parameters) from the weights' headers."""
-    total = stored = 0
+def _weights_census(weights: Any) -> tuple[int, int, int, int]:
+    """(parameters, stored bytes, the largest layer's parameters, the largest tensor of a layer's
+    parameters) from the weights' headers."""
+    total = stored = largest = 0
     layers: dict[tuple[str, int], int] = {}
     for name in weights:
         shape = weights.shape(name) if hasattr(weights, "shape") else tuple(getattr(weights[name], "shape", ()))
@@ -106,17 +108,19 @@ def _weights_census(weights: Any) -> tuple[int, int, int]:
         if m is not None:
             key = (m.group(1), int(m.group(2)))
             layers[key] = layers.get(key, 0) + n
-    return total, stored, max(layers.values(), default=0)
+            largest = max(largest, n)
+    return total, stored, max(layers.values(), default=0), largest
 
 
-def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int) -> int:
-    """What one backend holds of the weights: one layer (+ its float64 host copy and a block of
-    head rows) when it streams them, else all of them at its dtype; nothing on the host for a device."""
+def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int, largest: int) -> int:
+    """What one backend holds of the weights: one layer (+ below float64 the float64 host copy of
+    the tensor in conversion, and a block of head rows) when it streams them, else all of them at
+    its dtype; nothing on the host for a device."""
     if backend is None or str(device).split(":")[0] not in ("cpu", "None", ""):
         return 0
     size = _DTYPE_BYTES.get(str(dtype), 4)
     if getattr(backend, "streams_weights", False):
-        return layer * (size + 8) + HEAD_BLOCK_BYTES
+        return layer * size + (0 if str(dtype) == "float64" else largest * 8) + HEAD_BLOCK_BYTES
     return params * size
 
 
@@ -125,7 +129,7 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
                     batch: int = 1, length: int = 1) -> MemoryEstimate:
     """The session's :class:`MemoryEstimate` (see the module's formula) from the weights' headers,
     the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``."""
-    params, stored, layer = _weights_census(model.weights)
+    params, stored, layer, largest = _weights_census(model.weights)
     config = model.config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
@@ -136,9 +140,9 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
                    + 4 * batch * heads * length * length * 8)
     return MemoryEstimate(
         runtime=max(current_rss() or 0, RUNTIME_BYTES),
-        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer),
-        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer),
-        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer),
+        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer, largest),
+        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer, largest),
+        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer, largest),
         activations=activations, file_pages=stored, parameters=params)
 
 
