@@ -12,7 +12,9 @@ each in a fresh process:
 Wall time and peak resident memory come from the kernel for each child (``os.wait4``'s rusage:
 ``ru_maxrss``, the whole process's high-water mark, file pages touched included). Printed side
 by side: both, their ratios (tool / plain) and the tool's peak bytes per parameter. Nothing is
-asserted. Sizes (``--sizes``, default ``0.1B,0.5B,1.2B``; ``--with-8b`` adds the Llama-3-8B shape):
+asserted. Sizes (``--sizes``, default ``0.1B,0.5B,1.2B``; ``--with-8b`` adds the Llama-3-8B shape, whose
+plain float32 load needs 29.9 GiB for its weights alone: on a machine with less memory the benchmark
+refuses it unless ``--dtype bfloat16``, and says so beside the figures):
 
 | name | shape | parameters |
 | --- | --- | --- |
@@ -196,6 +198,28 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (Linux ``MemTotal``), None where unreadable."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def too_big(name: str, dtype: str | None, memory: int | None) -> str | None:
+    """Why the plain load of ``name`` at ``dtype`` cannot be the anchor on a machine of ``memory``
+    bytes (its weights alone at that dtype exceed it), else None."""
+    size = {"float32": 4, "float64": 8}.get(dtype or "float32", 2)
+    need = parameters(name) * size
+    if memory is None or need <= memory:
+        return None
+    return (f"{name}: a plain {dtype or 'float32'} load needs {_gib(need)} for its weights alone, more than "
+            f"this machine's {_gib(memory)}; run it with --dtype bfloat16 (both the plain load and the tool)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0.1B,0.5B,1.2B", help="comma list of " + ", ".join(SHAPES))
@@ -208,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in sizes if s not in SHAPES]
     if unknown:
         ap.error(f"unknown sizes {unknown}; known: {', '.join(SHAPES)}")
+    memory = machine_memory()
+    for name in sizes:
+        reason = too_big(name, args.dtype, memory)
+        if reason:
+            ap.error(reason)
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     rows = []
     try:
@@ -220,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                       f" (exit {r['tool']['exit']}, {r['verdict']}) | ratios: peak {r['ratio_peak']:.2f}x, "
                       f"time {r['ratio_seconds']:.2f}x | tool {r['tool_bytes_per_parameter']:.2f} bytes/param "
                       f"(plain {r['plain_bytes_per_parameter']:.2f})", flush=True)
+                if r["dtype"] != "float32" and too_big(r["size"], "float32", memory):
+                    print("   (" + str(too_big(r["size"], "float32", memory)).split("; run")[0]
+                          + f": plain and tool both at {r['dtype']})", flush=True)
                 print("   tool stages (s):", ", ".join(f"{k} {v}" for k, v in r["tool_stage_s"].items()), flush=True)
                 if r["tool_memory"] and r["tool_memory"].get("estimate_bytes"):
                     est = r["tool_memory"]["estimate_bytes"]
