@@ -165,3 +165,23 @@ def test_the_pytorch_alternative_is_built_without_random_weights_and_owns_them(s
         assert torch.equal(net(input_ids=ids).logits, plain.eval()(input_ids=ids).logits)
         net.model.embed_tokens.weight.mul_(2.0)
     assert not torch.equal(net.model.embed_tokens.weight, model.weights["model.embed_tokens.weight"])
+
+
+def test_half_precision_references_read_narrow_weights_through_float32():
+    """A bfloat16 reference reads float32-or-narrower tensors through float32 (half the float64
+    host copy) and float64 tensors through float64, with the values torch's own conversion gives."""
+    import torch
+
+    from debug_framework.architectures.layout import _Converter
+    from debug_framework.architectures.xp import torch_namespace
+
+    class Stored(dict):
+        def dtype_name(self, name: str) -> str:
+            return {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16"}[self[name].dtype]
+
+    wide = 1 + 2.0**-8 + torch.arange(1, 60, dtype=torch.float64) * 2.0**-30
+    weights = Stored(f64=wide, f32=wide.to(torch.float32), bf16=wide.to(torch.bfloat16))
+    convert = _Converter(weights, torch_namespace(), torch.bfloat16)
+    for name, t in weights.items():
+        assert torch.equal(convert(name), t.to(torch.bfloat16)), name
+    assert convert._host_of("f32") == np.float32 and convert._host_of("f64") == np.float64

@@ -121,21 +121,35 @@ def _host_array(data: Any, host: np.dtype, rows: np.ndarray | slice | None = Non
     return np.asarray(arr, dtype=host)
 
 
+#: stored dtypes (safetensors' names) that float32 holds exactly
+_NARROW_STORED = frozenset({"BF16", "F16", "F32", "BFLOAT16", "FLOAT16", "FLOAT32"})
+
+
 class _Converter:
     """Reads one stored tensor (or some of its rows) into ``xp`` arrays of ``dtype``."""
 
     def __init__(self, weights: WeightSource, xp: ArrayNamespace, dtype: DType) -> None:
         self.weights, self.xp, self.dtype, self.host = weights, xp, dtype, xp.host_dtype(dtype)
+        # below float64, a tensor stored in float32 or narrower is read as float32 even where the
+        # namespace reads float64 (both hold it exactly: one rounding to the dtype either way)
+        below64 = str(getattr(dtype, "name", dtype)).removeprefix("torch.") not in ("float64", "double")
+        self._narrow = below64 and self.host == np.dtype(np.float64) and hasattr(weights, "dtype_name")
 
     def stored(self, name: str) -> Any:
         return self.weights[name]
 
+    def _host_of(self, name: str) -> np.dtype:
+        if self._narrow and str(self.weights.dtype_name(name)).upper() in _NARROW_STORED:  # type: ignore[attr-defined]
+            return np.dtype(np.float32)
+        return self.host
+
     def __call__(self, name: str, rows: np.ndarray | slice | None = None) -> Array:
+        host = self._host_of(name)
         if rows is None and hasattr(self.weights, "numpy"):
-            data = self.weights.numpy(name, self.host)
+            data = self.weights.numpy(name, host)
         else:
-            data = _host_array(self.stored(name), self.host, rows)
-        return self.xp.from_host(np.asarray(data, self.host), self.dtype)
+            data = _host_array(self.stored(name), host, rows)
+        return self.xp.from_host(np.asarray(data, host), self.dtype)
 
 
 class ModelParameters(Mapping[str, "Array | None"]):

@@ -60,6 +60,18 @@ def _stored_tensor(model: LoadedModel, name: str) -> Any:
     return torch.stack(per_expert)
 
 
+def _own_tensor(model: LoadedModel, name: str, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The model's own copy of ``stored`` in ``dtype``: converted, or where the dtype is already the
+    file's, the file's pages through a mapping of the model's own (copy-on-write: no memory of its
+    own until written), else a copy."""
+    if stored.dtype == dtype and name in model.weights:
+        private = getattr(model.weights, "private_tensor", None)
+        own = private(name) if private is not None else None
+        if own is not None:
+            return own
+    return stored.to(dtype, copy=True)
+
+
 def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
     """The ``transformers`` eager model for ``model`` (``BertModel`` / ``*ForCausalLM``) with its weights.
 
@@ -75,8 +87,8 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     state: dict[str, Any] = {}
     for name, slot in own.items():
         tensor = _stored_tensor(model, name)
-        if tensor is not None:  # the model's own copy (never the file's pages the references read), in its dtype
-            state[name] = torch.as_tensor(tensor).to(slot.dtype, copy=True)
+        if tensor is not None:  # the model's own tensors, never those the references read
+            state[name] = _own_tensor(model, name, torch.as_tensor(tensor), slot.dtype)
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
     if model.architecture == "generic":

@@ -224,6 +224,7 @@ class WeightStore(Mapping[str, torch.Tensor]):
     def __init__(self, locations: dict[str, tuple[TensorReader, str]]) -> None:
         self._loc = locations
         self._digest: str | None = None
+        self._private: dict[Path, SafetensorsReader] = {}  # each file's mapping of its own (private_tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loc:
@@ -254,6 +255,18 @@ class WeightStore(Mapping[str, torch.Tensor]):
     def numpy(self, name: str, dtype: Any = np.float64) -> np.ndarray:
         """The tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches)."""
         return tensor_numpy(self[name], dtype)
+
+    def private_tensor(self, name: str) -> torch.Tensor | None:
+        """``name`` through a mapping of its file of its own (safetensors: copy-on-write), opened
+        once per file and kept: the same bytes with no copy made, and a write to it (a backend
+        patching its weights in place) is seen by no other reader of the file. None where the
+        format gives no such mapping."""
+        reader, stored = self._loc[name]
+        if not isinstance(reader, SafetensorsReader):
+            return None
+        if reader.path not in self._private:
+            self._private[reader.path] = SafetensorsReader(reader.path)
+        return self._private[reader.path].tensor(stored)
 
     @property
     def digest(self) -> str:
