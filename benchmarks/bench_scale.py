@@ -24,6 +24,7 @@ refuses it unless ``--dtype bfloat16``, and says so beside the figures):
 | 8B | Llama-3-8B: hidden 4096, MLP 14336, 32 layers, 32/8 heads, vocab 128256, untied head | 8.03B |
 
     python -m benchmarks.bench_scale [--sizes 0.1B,0.5B] [--with-8b] [--dtype bfloat16] [--keep DIR] [--json]
+                                     [--tool-args "--no-isolate"]
 
 The models are written under a temporary directory (removed at the end) or ``--keep DIR``
 (kept and reused by later runs). Disk: about 2 bytes per parameter.
@@ -160,8 +161,8 @@ def _measure_alone(cmd: list[str], env: dict[str, str] | None = None) -> dict[st
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_size(name: str, root: Path, dtype: str | None) -> dict[str, Any]:
-    """Plain and tool figures for one size."""
+def run_size(name: str, root: Path, dtype: str | None, tool_args: list[str] | None = None) -> dict[str, Any]:
+    """Plain and tool figures for one size (``tool_args``: more ``debug_validate`` options)."""
     path = write_model(name, root / name)
     n = parameters(name)
     env = dict(os.environ)
@@ -171,7 +172,7 @@ def run_size(name: str, root: Path, dtype: str | None) -> dict[str, Any]:
                "--alternative-backend", "pytorch", "--database", str(Path(scratch) / "db.sqlite"), "--json"]
         if dtype:
             cmd += ["--dtype", dtype]
-        tool = _measure_alone(cmd, env)
+        tool = _measure_alone(cmd + list(tool_args or []), env)
     verdict, memory, stages = None, None, None
     try:
         doc = json.loads(tool["stdout"])
@@ -180,7 +181,8 @@ def run_size(name: str, root: Path, dtype: str | None) -> dict[str, Any]:
         memory, stages = performance.get("memory"), performance.get("stage_s")
     except (ValueError, AttributeError):
         pass
-    return {"size": name, "parameters": n, "dtype": dtype or "float32", "plain": _brief(plain), "tool": _brief(tool),
+    return {"size": name, "parameters": n, "dtype": dtype or "float32", "tool_args": list(tool_args or []),
+            "plain": _brief(plain), "tool": _brief(tool),
             "verdict": verdict, "tool_memory": memory,
             "tool_stage_s": {k: round(v, 2) for k, v in (stages or {}).items()},
             "ratio_peak": tool["peak_bytes"] / plain["peak_bytes"], "ratio_seconds": tool["seconds"] / plain["seconds"],
@@ -227,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="the alternative's dtype and the plain load's (default float32)")
     ap.add_argument("--keep", type=Path, default=None, help="write (and reuse) the models here")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--tool-args", default="", help="more debug_validate options for the tool, e.g. '--no-isolate' "
+                    "(default: none, its defaults)")
     args = ap.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] + (["8B"] if args.with_8b else [])
     unknown = [s for s in sizes if s not in SHAPES]
@@ -241,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for name in sizes:
-            rows.append(run_size(name, root, args.dtype))
+            rows.append(run_size(name, root, args.dtype, args.tool_args.split()))
             if not args.json:
                 r = rows[-1]
-                print(f"{r['size']:>5} {r['parameters'] / 1e9:.2f}B {r['dtype']}: plain {r['plain']['seconds']:.1f} s, "
+                print(f"{r['size']:>5} {r['parameters'] / 1e9:.2f}B {r['dtype']}{' ' + ' '.join(r['tool_args']) if r['tool_args'] else ''}: plain {r['plain']['seconds']:.1f} s, "
                       f"{_gib(r['plain']['peak_bytes'])} | tool {r['tool']['seconds']:.1f} s, {_gib(r['tool']['peak_bytes'])}"
                       f" (exit {r['tool']['exit']}, {r['verdict']}) | ratios: peak {r['ratio_peak']:.2f}x, "
                       f"time {r['ratio_seconds']:.2f}x | tool {r['tool_bytes_per_parameter']:.2f} bytes/param "
