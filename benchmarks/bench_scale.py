@@ -24,7 +24,7 @@ refuses it unless ``--dtype bfloat16``, and says so beside the figures):
 | 8B | Llama-3-8B: hidden 4096, MLP 14336, 32 layers, 32/8 heads, vocab 128256, untied head | 8.03B |
 
     python -m benchmarks.bench_scale [--sizes 0.1B,0.5B] [--with-8b] [--dtype bfloat16] [--keep DIR] [--json]
-                                     [--tool-args "--no-isolate"]
+                                     [--tool-args=--no-isolate]
 
 The models are written under a temporary directory (removed at the end) or ``--keep DIR``
 (kept and reused by later runs). Disk: about 2 bytes per parameter.
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="the alternative's dtype and the plain load's (default float32)")
     ap.add_argument("--keep", type=Path, default=None, help="write (and reuse) the models here")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
-    ap.add_argument("--tool-args", default="", help="more debug_validate options for the tool, e.g. '--no-isolate' "
+    ap.add_argument("--tool-args", default="", help="more debug_validate options for the tool, e.g. --tool-args=--no-isolate "
                     "(default: none, its defaults)")
     args = ap.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] + (["8B"] if args.with_8b else [])
