@@ -185,3 +185,18 @@ def test_half_precision_references_read_narrow_weights_through_float32():
     for name, t in weights.items():
         assert torch.equal(convert(name), t.to(torch.bfloat16)), name
     assert convert._host_of("f32") == np.float32 and convert._host_of("f64") == np.float64
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+def test_the_runtime_counts_the_process_own_memory_not_the_file_pages_it_maps(tmp_path):
+    import mmap
+
+    from debug_framework.services.validation.memory import current_rss, own_memory
+
+    path = tmp_path / "pages"
+    path.write_bytes(b"\1" * (64 * 2**20))
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        before_rss, before_own = current_rss(), own_memory()
+        assert sum(pages[i] for i in range(0, len(pages), 4096)) == len(pages) // 4096  # touch every page
+        assert current_rss() - before_rss > 48 * 2**20  # the mapped pages are resident
+        assert own_memory() - before_own < 8 * 2**20  # but not the process's own

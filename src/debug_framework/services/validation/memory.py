@@ -4,8 +4,8 @@ not an out-of-memory kill half-way through.
 
 The estimate (bytes; ``N`` the parameters of the weights, ``L`` the largest layer's parameters):
 
-* **runtime**: the process's resident set now (the interpreter and its libraries), at least
-  :data:`RUNTIME_BYTES`;
+* **runtime**: the process's own (anonymous) resident memory now (the interpreter and its
+  libraries; not the file pages it maps), at least :data:`RUNTIME_BYTES`;
 * **alternative**: ``N`` x the alternative's dtype size on the CPU (its own copy of the weights;
   nothing on the host for another device);
 * **reference** and **calibration**: a backend that streams its weights (``streams_weights``:
@@ -40,7 +40,7 @@ from ...architectures.layout import HEAD_BLOCK_BYTES
 from ...errors import ResourceExhaustedError
 
 __all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "available_memory", "check_memory", "budget_of", "RUNTIME_BYTES",
-           "current_rss"]
+           "current_rss", "own_memory"]
 
 #: the least the interpreter, torch and transformers take once imported (measured: ~560 MiB).
 RUNTIME_BYTES = 600 * 2**20
@@ -91,6 +91,20 @@ def current_rss() -> int | None:
         return None
 
 
+def own_memory() -> int | None:
+    """This process's own memory now (Linux): its anonymous resident pages (``RssAnon``), without
+    the mapped file pages that ``current_rss`` also counts (the weights file's pages, touched by the
+    digest or a memory-mapped model: the kernel can drop them); ``current_rss`` where unreadable."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return current_rss()
+
+
 def _weights_census(weights: Any) -> tuple[int, int, int, int]:
     """(parameters, stored bytes, the largest layer's parameters, the largest tensor of a layer's
     parameters) from the weights' headers."""
@@ -139,7 +153,7 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
     activations = (3 * (3 * layers + 2) * tokens * hidden * 8 + 3 * tokens * vocab * 8
                    + 4 * batch * heads * length * length * 8)
     return MemoryEstimate(
-        runtime=max(current_rss() or 0, RUNTIME_BYTES),
+        runtime=max(own_memory() or 0, RUNTIME_BYTES),
         alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer, largest),
         reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer, largest),
         calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer, largest),
@@ -189,7 +203,7 @@ def budget_of(framework_config: Mapping[str, Any]) -> tuple[int | None, str]:
     room = available_memory()
     if room is None:
         return None, "not measurable here"
-    return room + (current_rss() or 0), "the memory available now (MemAvailable) and this process's own"
+    return room + (own_memory() or 0), "the memory available now (MemAvailable) and this process's own"
 
 
 def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, Any], *, reference_dtype: str,
