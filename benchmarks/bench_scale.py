@@ -12,7 +12,9 @@ each in a fresh process:
 Wall time and peak resident memory come from the kernel for each child (``os.wait4``'s rusage:
 ``ru_maxrss``, the whole process's high-water mark, file pages touched included). Printed side
 by side: both, their ratios (tool / plain) and the tool's peak bytes per parameter. Nothing is
-asserted. Sizes (``--sizes``, default ``0.1B,0.5B,1.2B``; ``--with-8b`` adds the Llama-3-8B shape):
+asserted. Sizes (``--sizes``, default ``0.1B,0.5B,1.2B``; ``--with-8b`` adds the Llama-3-8B shape, whose
+plain float32 load needs 29.9 GiB for its weights alone: on a machine with less memory the benchmark
+refuses it unless ``--dtype bfloat16``, and says so beside the figures):
 
 | name | shape | parameters |
 | --- | --- | --- |
@@ -22,6 +24,7 @@ asserted. Sizes (``--sizes``, default ``0.1B,0.5B,1.2B``; ``--with-8b`` adds the
 | 8B | Llama-3-8B: hidden 4096, MLP 14336, 32 layers, 32/8 heads, vocab 128256, untied head | 8.03B |
 
     python -m benchmarks.bench_scale [--sizes 0.1B,0.5B] [--with-8b] [--dtype bfloat16] [--keep DIR] [--json]
+                                     [--tool-args=--no-isolate]
 
 The models are written under a temporary directory (removed at the end) or ``--keep DIR``
 (kept and reused by later runs). Disk: about 2 bytes per parameter.
@@ -158,8 +161,8 @@ def _measure_alone(cmd: list[str], env: dict[str, str] | None = None) -> dict[st
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_size(name: str, root: Path, dtype: str | None) -> dict[str, Any]:
-    """Plain and tool figures for one size."""
+def run_size(name: str, root: Path, dtype: str | None, tool_args: list[str] | None = None) -> dict[str, Any]:
+    """Plain and tool figures for one size (``tool_args``: more ``debug_validate`` options)."""
     path = write_model(name, root / name)
     n = parameters(name)
     env = dict(os.environ)
@@ -169,7 +172,7 @@ def run_size(name: str, root: Path, dtype: str | None) -> dict[str, Any]:
                "--alternative-backend", "pytorch", "--database", str(Path(scratch) / "db.sqlite"), "--json"]
         if dtype:
             cmd += ["--dtype", dtype]
-        tool = _measure_alone(cmd, env)
+        tool = _measure_alone(cmd + list(tool_args or []), env)
     verdict, memory, stages = None, None, None
     try:
         doc = json.loads(tool["stdout"])
@@ -178,7 +181,8 @@ def run_size(name: str, root: Path, dtype: str | None) -> dict[str, Any]:
         memory, stages = performance.get("memory"), performance.get("stage_s")
     except (ValueError, AttributeError):
         pass
-    return {"size": name, "parameters": n, "dtype": dtype or "float32", "plain": _brief(plain), "tool": _brief(tool),
+    return {"size": name, "parameters": n, "dtype": dtype or "float32", "tool_args": list(tool_args or []),
+            "plain": _brief(plain), "tool": _brief(tool),
             "verdict": verdict, "tool_memory": memory,
             "tool_stage_s": {k: round(v, 2) for k, v in (stages or {}).items()},
             "ratio_peak": tool["peak_bytes"] / plain["peak_bytes"], "ratio_seconds": tool["seconds"] / plain["seconds"],
@@ -196,6 +200,28 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (Linux ``MemTotal``), None where unreadable."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def too_big(name: str, dtype: str | None, memory: int | None) -> str | None:
+    """Why the plain load of ``name`` at ``dtype`` cannot be the anchor on a machine of ``memory``
+    bytes (its weights alone at that dtype exceed it), else None."""
+    size = {"float32": 4, "float64": 8}.get(dtype or "float32", 2)
+    need = parameters(name) * size
+    if memory is None or need <= memory:
+        return None
+    return (f"{name}: a plain {dtype or 'float32'} load needs {_gib(need)} for its weights alone, more than "
+            f"this machine's {_gib(memory)}; run it with --dtype bfloat16 (both the plain load and the tool)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0.1B,0.5B,1.2B", help="comma list of " + ", ".join(SHAPES))
@@ -203,23 +229,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="the alternative's dtype and the plain load's (default float32)")
     ap.add_argument("--keep", type=Path, default=None, help="write (and reuse) the models here")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--tool-args", default="", help="more debug_validate options for the tool, e.g. --tool-args=--no-isolate "
+                    "(default: none, its defaults)")
     args = ap.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] + (["8B"] if args.with_8b else [])
     unknown = [s for s in sizes if s not in SHAPES]
     if unknown:
         ap.error(f"unknown sizes {unknown}; known: {', '.join(SHAPES)}")
+    memory = machine_memory()
+    for name in sizes:
+        reason = too_big(name, args.dtype, memory)
+        if reason:
+            ap.error(reason)
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     rows = []
     try:
         for name in sizes:
-            rows.append(run_size(name, root, args.dtype))
+            rows.append(run_size(name, root, args.dtype, args.tool_args.split()))
             if not args.json:
                 r = rows[-1]
-                print(f"{r['size']:>5} {r['parameters'] / 1e9:.2f}B {r['dtype']}: plain {r['plain']['seconds']:.1f} s, "
+                print(f"{r['size']:>5} {r['parameters'] / 1e9:.2f}B {r['dtype']}{' ' + ' '.join(r['tool_args']) if r['tool_args'] else ''}: plain {r['plain']['seconds']:.1f} s, "
                       f"{_gib(r['plain']['peak_bytes'])} | tool {r['tool']['seconds']:.1f} s, {_gib(r['tool']['peak_bytes'])}"
                       f" (exit {r['tool']['exit']}, {r['verdict']}) | ratios: peak {r['ratio_peak']:.2f}x, "
                       f"time {r['ratio_seconds']:.2f}x | tool {r['tool_bytes_per_parameter']:.2f} bytes/param "
                       f"(plain {r['plain_bytes_per_parameter']:.2f})", flush=True)
+                if r["dtype"] != "float32" and too_big(r["size"], "float32", memory):
+                    print("   (" + str(too_big(r["size"], "float32", memory)).split("; run")[0]
+                          + f": plain and tool both at {r['dtype']})", flush=True)
                 print("   tool stages (s):", ", ".join(f"{k} {v}" for k, v in r["tool_stage_s"].items()), flush=True)
                 if r["tool_memory"] and r["tool_memory"].get("estimate_bytes"):
                     est = r["tool_memory"]["estimate_bytes"]

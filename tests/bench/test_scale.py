@@ -25,3 +25,17 @@ def test_written_model_loads_with_its_shapes_and_bfloat16_weights(tmp_path, monk
     q = model.weights.numpy("model.layers.1.self_attn.q_proj.weight")
     assert 0.01 < q.std() < 0.03
     assert model.num_layers == 2 and model.config.vocab_size == 40
+
+
+
+def test_a_plain_load_that_cannot_fit_is_named_and_refused(monkeypatch, tmp_path, capsys):
+    gib = 2**30
+    assert bench_scale.too_big("1.2B", None, 24 * gib) is None
+    reason = bench_scale.too_big("8B", None, 24 * gib)
+    assert reason and "float32" in reason and "29.9" in reason and "--dtype bfloat16" in reason
+    assert bench_scale.too_big("8B", "bfloat16", 24 * gib) is None
+    monkeypatch.setattr(bench_scale, "machine_memory", lambda: 24 * gib)
+    with pytest.raises(SystemExit) as exit_:  # refused before any model is written
+        bench_scale.main(["--sizes", "0.1B", "--with-8b", "--keep", str(tmp_path / "models")])
+    assert exit_.value.code == 2 and "--dtype bfloat16" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()

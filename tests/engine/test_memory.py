@@ -82,7 +82,11 @@ def test_estimate_counts_the_alternatives_copy_and_one_streamed_layer(stacks):
                           alternative=PyTorchBackend(), alternative_dtype="float32", batch=2, length=16)
     assert est.parameters == params
     assert est.alternative == params * 4
-    assert est.reference == _layer_bytes(model) // 8 * 16 + HEAD_BLOCK_BYTES  # float64 + its host copy
+    assert est.reference == _layer_bytes(model) + HEAD_BLOCK_BYTES  # float64, converted straight into the layer
+    largest = max(int(np.prod(model.weights.shape(n))) for n in model.weights if n.startswith("model.layers.0."))
+    half = estimate_memory(model, reference=PythonReferenceBackend(), reference_dtype="bfloat16",
+                           alternative=PyTorchBackend(), alternative_dtype="float32", batch=2, length=16)
+    assert half.reference == _layer_bytes(model) // 4 + largest * 8 + HEAD_BLOCK_BYTES  # + one tensor's float64
     assert est.file_pages == params * 4  # save_pretrained wrote float32
     assert est.total == est.runtime + est.alternative + est.reference + est.calibration + est.activations
     on_gpu = estimate_memory(model, reference=PythonReferenceBackend(), reference_dtype="float64",
@@ -122,3 +126,77 @@ def test_session_records_its_peak_memory_estimate_and_stage_times(stacks, tmp_pa
     assert memory["peak_rss_bytes"] >= max(memory["stage_peak_rss_bytes"].values()) > 50 * 2**20
     assert {"load", "prepare", "reference", "alternative", "calibration", "compare"} <= set(perf["stage_s"])
     assert memory["estimate_bytes"]["total"] > memory["estimate_bytes"]["alternative"] > 0
+
+
+def test_stored_tensors_convert_in_one_step_exactly_as_through_float32():
+    import torch
+
+    from debug_framework.modelio.weights import tensor_numpy
+
+    src = torch.randn(64, 48, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    for stored in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        t = src.to(stored)
+        for host in (np.float64, np.float32):
+            old = np.asarray((t.to(torch.float32) if stored in (torch.bfloat16, torch.float16) else t).numpy(), host)
+            new = tensor_numpy(t, host)
+            assert new.dtype == host and np.array_equal(new, old)
+    same = src.to(torch.float32)
+    assert np.shares_memory(tensor_numpy(same, np.float32), same.numpy())  # no copy when the dtype matches
+
+
+def test_the_pytorch_alternative_is_built_without_random_weights_and_owns_them(stacks):
+    """Built on the meta device and given the file's weights: nothing left on meta, the computed
+    buffers (rotary frequencies) as a model built the plain way has them, the same logits, and its
+    weights its own (an in-place change does not reach the file's tensors)."""
+    import torch
+
+    from debug_framework.backends.pytorch import build_hf_model, hf_skeleton
+
+    model = load_model(stacks[2])
+    net = build_hf_model(model, torch.float32)
+    plain, _ = hf_skeleton(model, torch.float32)
+    plain.load_state_dict({n: model.weights[n] for n in plain.state_dict() if n in model.weights}, strict=False)
+    plain.tie_weights()
+    assert not any(t.is_meta for t in [*net.parameters(), *net.buffers()])
+    for (name, a), (_, b) in zip(net.named_buffers(), plain.named_buffers()):
+        assert torch.equal(a, b), name
+    ids = torch.arange(8)[None] % 64
+    with torch.no_grad():
+        assert torch.equal(net(input_ids=ids).logits, plain.eval()(input_ids=ids).logits)
+        net.model.embed_tokens.weight.mul_(2.0)
+    assert not torch.equal(net.model.embed_tokens.weight, model.weights["model.embed_tokens.weight"])
+
+
+def test_half_precision_references_read_narrow_weights_through_float32():
+    """A bfloat16 reference reads float32-or-narrower tensors through float32 (half the float64
+    host copy) and float64 tensors through float64, with the values torch's own conversion gives."""
+    import torch
+
+    from debug_framework.architectures.layout import _Converter
+    from debug_framework.architectures.xp import torch_namespace
+
+    class Stored(dict):
+        def dtype_name(self, name: str) -> str:
+            return {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16"}[self[name].dtype]
+
+    wide = 1 + 2.0**-8 + torch.arange(1, 60, dtype=torch.float64) * 2.0**-30
+    weights = Stored(f64=wide, f32=wide.to(torch.float32), bf16=wide.to(torch.bfloat16))
+    convert = _Converter(weights, torch_namespace(), torch.bfloat16)
+    for name, t in weights.items():
+        assert torch.equal(convert(name), t.to(torch.bfloat16)), name
+    assert convert._host_of("f32") == np.float32 and convert._host_of("f64") == np.float64
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+def test_the_runtime_counts_the_process_own_memory_not_the_file_pages_it_maps(tmp_path):
+    import mmap
+
+    from debug_framework.services.validation.memory import current_rss, own_memory
+
+    path = tmp_path / "pages"
+    path.write_bytes(b"\1" * (64 * 2**20))
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        before_rss, before_own = current_rss(), own_memory()
+        assert sum(pages[i] for i in range(0, len(pages), 4096)) == len(pages) // 4096  # touch every page
+        assert current_rss() - before_rss > 48 * 2**20  # the mapped pages are resident
+        assert own_memory() - before_own < 8 * 2**20  # but not the process's own

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import ModelLoadingError
+from .ops import linear
 from .xp import Array, ArrayNamespace, DType
 
 __all__ = ["WeightSource", "WeightLayout", "weight_and_bias", "Parameters", "ModelParameters", "LayerStream",
@@ -102,18 +103,26 @@ class WeightLayout:
         return model, LayerStream(layer_names, converter, keep=1 if stream else num_layers)
 
 
-def _host_array(data: Any, host: np.dtype, rows: np.ndarray | None = None) -> np.ndarray:
-    """A stored tensor (a torch tensor of the file, or any array-like), or only its ``rows``, as a
-    NumPy array of ``host`` (half precision through float32, exactly as ``WeightStore.numpy``)."""
+def _host_array(data: Any, host: np.dtype, rows: np.ndarray | slice | None = None) -> np.ndarray:
+    """A stored tensor (a torch tensor of the file, or any array-like), or only its ``rows`` (ids,
+    or a slice: a view, nothing gathered), as a NumPy array of ``host`` (converted as
+    ``WeightStore.numpy`` converts)."""
     if hasattr(data, "detach"):  # a torch tensor, often a view of a memory-mapped file
         import torch
 
-        t = data if rows is None else data[torch.from_numpy(np.ascontiguousarray(rows, np.int64))]
-        if t.dtype in (torch.bfloat16, torch.float16):
-            t = t.to(torch.float32)
-        return np.asarray(t.numpy(), dtype=host)
+        from ..modelio.weights import tensor_numpy
+
+        if isinstance(rows, slice):
+            data = data[rows]
+        elif rows is not None:
+            data = data[torch.from_numpy(np.ascontiguousarray(rows, np.int64))]
+        return tensor_numpy(data, host)
     arr = np.asarray(data) if rows is None else np.asarray(data)[rows]
     return np.asarray(arr, dtype=host)
+
+
+#: stored dtypes (safetensors' names) that float32 holds exactly
+_NARROW_STORED = frozenset({"BF16", "F16", "F32", "BFLOAT16", "FLOAT16", "FLOAT32"})
 
 
 class _Converter:
@@ -121,16 +130,26 @@ class _Converter:
 
     def __init__(self, weights: WeightSource, xp: ArrayNamespace, dtype: DType) -> None:
         self.weights, self.xp, self.dtype, self.host = weights, xp, dtype, xp.host_dtype(dtype)
+        # below float64, a tensor stored in float32 or narrower is read as float32 even where the
+        # namespace reads float64 (both hold it exactly: one rounding to the dtype either way)
+        below64 = str(getattr(dtype, "name", dtype)).removeprefix("torch.") not in ("float64", "double")
+        self._narrow = below64 and self.host == np.dtype(np.float64) and hasattr(weights, "dtype_name")
 
     def stored(self, name: str) -> Any:
         return self.weights[name]
 
-    def __call__(self, name: str, rows: np.ndarray | None = None) -> Array:
+    def _host_of(self, name: str) -> np.dtype:
+        if self._narrow and str(self.weights.dtype_name(name)).upper() in _NARROW_STORED:  # type: ignore[attr-defined]
+            return np.dtype(np.float32)
+        return self.host
+
+    def __call__(self, name: str, rows: np.ndarray | slice | None = None) -> Array:
+        host = self._host_of(name)
         if rows is None and hasattr(self.weights, "numpy"):
-            data = self.weights.numpy(name, self.host)
+            data = self.weights.numpy(name, host)
         else:
-            data = _host_array(self.stored(name), self.host, rows)
-        return self.xp.from_host(np.asarray(data, self.host), self.dtype)
+            data = _host_array(self.stored(name), host, rows)
+        return self.xp.from_host(np.asarray(data, host), self.dtype)
 
 
 class ModelParameters(Mapping[str, "Array | None"]):
@@ -186,14 +205,14 @@ class ModelParameters(Mapping[str, "Array | None"]):
         """``x @ param.T`` (an LM head ``[V, D]`` applied to ``[..., D]``); streamed, the head is read
         in blocks of rows of at most :data:`HEAD_BLOCK_BYTES` once converted, joined on the last axis."""
         if self.resident or param in self._values:
-            return x @ self[param].T
+            return linear(x, self[param])
         vocab, width = self._shape(param)[:2]
         itemsize = max(np.dtype(self._convert.host).itemsize, 1)
         block = max(1, HEAD_BLOCK_BYTES // max(width * itemsize, 1))
         if block >= vocab:
-            return x @ self[param].T
+            return linear(x, self[param])
         name = self._names[param]
-        parts = [x @ self._convert(name, np.arange(start, min(start + block, vocab))).T
+        parts = [linear(x, self._convert(name, slice(start, min(start + block, vocab))))
                  for start in range(0, vocab, block)]
         return self._convert.xp.concatenate(parts, axis=-1)
 

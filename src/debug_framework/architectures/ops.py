@@ -13,7 +13,13 @@ __all__ = ["linear", "softmax", "masked_scores", "split_heads", "merge_heads", "
 
 
 def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
-    """``x @ weight.T + bias``; weight is ``[out, in]`` as in ``torch.nn.Linear``."""
+    """``x @ weight.T + bias``; weight is ``[out, in]`` as in ``torch.nn.Linear``. A batch of
+    sequences ``[B, T, in]`` is multiplied as one ``[B * T, in]`` matrix: one pass over the weight
+    instead of one per sequence (the product of a batch is matrix by matrix in NumPy)."""
+    if len(x.shape) == 3 and len(weight.shape) == 2:
+        b, t, d = x.shape
+        y = (x.reshape(b * t, d) @ weight.T).reshape(b, t, weight.shape[0])
+        return y if bias is None else y + bias
     y = x @ weight.T
     return y if bias is None else y + bias
 

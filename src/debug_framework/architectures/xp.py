@@ -148,9 +148,15 @@ def _torch_dtype(d: object) -> DType:
     return found
 
 
+def _torch_host_dtype(dtype: DType) -> np.dtype:
+    """float32 for a float32 model (read once, exactly as rounding through float64 would give),
+    else float64 (rounded once to a half precision from there)."""
+    return np.dtype(np.float32) if _torch_dtype(dtype) == _torch_dtype("float32") else np.dtype(np.float64)
+
+
 def torch_namespace() -> ArrayNamespace:
-    """The ``torch`` namespace (imports torch; built once). Host data goes in as float64 and is
-    rounded once to the compute dtype; every step then runs in torch's kernels of that dtype."""
+    """The ``torch`` namespace (imports torch; built once). Host data goes in as float32 for a float32
+    model, else as float64, and is rounded once to the compute dtype; every step then runs in torch's kernels of that dtype."""
     if not _TORCH:
         import torch
 
@@ -168,7 +174,7 @@ def torch_namespace() -> ArrayNamespace:
             zeros_like=torch.zeros_like,
             lowest=lambda dtype: torch.tensor(torch.finfo(dtype).min, dtype=dtype),
             lower_triangle=lambda t, k=0: torch.tril(torch.ones((t, t), dtype=torch.bool), diagonal=k),
-            host_dtype=lambda dtype: np.dtype(np.float64),
+            host_dtype=_torch_host_dtype,
             from_host=lambda x, dtype: torch.from_numpy(np.ascontiguousarray(x)).to(dtype),
             permute=torch.permute,
             amax=lambda x, axis: torch.amax(x, dim=axis, keepdim=True),

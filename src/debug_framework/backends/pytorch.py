@@ -60,6 +60,18 @@ def _stored_tensor(model: LoadedModel, name: str) -> Any:
     return torch.stack(per_expert)
 
 
+def _own_tensor(model: LoadedModel, name: str, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The model's own copy of ``stored`` in ``dtype``: converted, or where the dtype is already the
+    file's, the file's pages through a mapping of the model's own (copy-on-write: no memory of its
+    own until written), else a copy."""
+    if stored.dtype == dtype and name in model.weights:
+        private = getattr(model.weights, "private_tensor", None)
+        own = private(name) if private is not None else None
+        if own is not None:
+            return own
+    return stored.to(dtype, copy=True)
+
+
 def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
     """The ``transformers`` eager model for ``model`` (``BertModel`` / ``*ForCausalLM``) with its weights.
 
@@ -69,13 +81,14 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     """
     if getattr(model.config, "weights_renamed", False):
         return _from_pretrained(model, dtype).to(device).eval()
-    net, hf_config = hf_skeleton(model, dtype)
+    # built on the meta device: nothing allocated or randomly initialised that the weights replace
+    net, hf_config = hf_skeleton(model, dtype, meta=True)
     own = net.state_dict()
     state: dict[str, Any] = {}
-    for name in own:
+    for name, slot in own.items():
         tensor = _stored_tensor(model, name)
-        if tensor is not None:
-            state[name] = tensor
+        if tensor is not None:  # the model's own tensors, never those the references read
+            state[name] = _own_tensor(model, name, torch.as_tensor(tensor), slot.dtype)
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
     if model.architecture == "generic":
@@ -93,13 +106,40 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
             tensor=untrusted[0],
         )
     try:
-        net.load_state_dict(state, strict=False)
+        net.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # a shape the model does not have
         raise ModelLoadingError(f"the weights do not fit the transformers model: {str(exc)[:300]}",
                                 file=str(model.path)) from exc
     if tied:
         net.tie_weights()
+    _materialise_rest(net)
     return net.to(device).eval()
+
+
+def _materialise_rest(net: torch.nn.Module) -> None:
+    """Give the tensors the weights did not fill (buffers computed at construction: rotary
+    frequencies, position ids; an optional pooler) their values on the CPU, as ``transformers``
+    does after loading: each module holding one is initialised by the model's ``_init_weights``,
+    which skips the tensors marked loaded (``_is_hf_initialized``), else by its ``reset_parameters``."""
+    init = getattr(net, "_init_weights", None)
+    for module in net.modules():
+        slots = [(module._parameters, n) for n, t in module._parameters.items() if t is not None and t.is_meta]
+        slots += [(module._buffers, n) for n, t in module._buffers.items() if t is not None and t.is_meta]
+        if not slots:
+            continue
+        for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            if tensor is not None and not tensor.is_meta:
+                tensor._is_hf_initialized = True  # type: ignore[attr-defined]
+        for table, name in slots:
+            old = table[name]
+            new = torch.empty_like(old, device="cpu")
+            table[name] = torch.nn.Parameter(new, requires_grad=old.requires_grad) if isinstance(
+                old, torch.nn.Parameter) else new
+        with torch.no_grad():
+            if init is not None:
+                init(module)
+            elif hasattr(module, "reset_parameters"):
+                module.reset_parameters()
 
 
 def _from_pretrained(model: LoadedModel, dtype: torch.dtype) -> torch.nn.Module:

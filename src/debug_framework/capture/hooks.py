@@ -119,9 +119,11 @@ def hf_mlp_block(architecture: str, layer: torch.nn.Module) -> torch.nn.Module:
     return _HFMLPBlock(architecture, layer)
 
 
-def find_module(root: torch.nn.Module, name: str) -> torch.nn.Module:
-    """The submodule ``name``, or the one whose dotted name ends with ``.name`` (e.g. under ``bert.``)."""
-    modules = dict(root.named_modules())
+def find_module(root: torch.nn.Module, name: str, modules: Mapping[str, torch.nn.Module] | None = None) -> torch.nn.Module:
+    """The submodule ``name``, or the one whose dotted name ends with ``.name`` (e.g. under ``bert.``);
+    ``modules``: ``dict(root.named_modules())`` when the caller already has it (looking up many names)."""
+    if modules is None:
+        modules = dict(root.named_modules())
     if name in modules:
         return modules[name]
     matches = [m for n, m in modules.items() if n.endswith("." + name)]
@@ -211,8 +213,13 @@ class HookCapture:
         self._handles: list[Any] = []
 
     def __enter__(self) -> HookCapture:
+        modules = dict(self.root.named_modules())  # walked once for every name below
+
+        def find(name: str) -> torch.nn.Module:
+            return find_module(self.root, name, modules)
+
         for tap in self.taps:
-            mod = find_module(self.root, tap.module)
+            mod = find(tap.module)
             key = tap.key
             if tap.where == "output":
                 def out_hook(_m, _args, output, key=key):
@@ -225,7 +232,7 @@ class HookCapture:
         for i, name in self.layer_modules.items():
             def layer_in(_m, args, kwargs, i=i):
                 self.layer_inputs[i] = first_input(args, kwargs).detach()
-            self._handles.append(find_module(self.root, name).register_forward_pre_hook(layer_in, with_kwargs=True))
+            self._handles.append(find(name).register_forward_pre_hook(layer_in, with_kwargs=True))
         if self.replace_input is not None:
             name, hidden = self.replace_input
 
@@ -233,7 +240,7 @@ class HookCapture:
                 return _with_first_input(args, kwargs, hidden)
 
             # prepend so that layer-input recording sees the replayed state
-            self._handles.append(find_module(self.root, name).register_forward_pre_hook(swap, with_kwargs=True, prepend=True))
+            self._handles.append(find(name).register_forward_pre_hook(swap, with_kwargs=True, prepend=True))
         if self.replace_output is not None:
             out_name, value = self.replace_output
 
@@ -246,15 +253,15 @@ class HookCapture:
                     return (new, *output[1:])
                 raise ValidationError(f"module {out_name!r} returned {type(output).__name__}; a block replay "
                                       "can only replace a tensor or the first item of a tuple")
-            self._handles.append(find_module(self.root, out_name).register_forward_hook(put, prepend=True))
+            self._handles.append(find(out_name).register_forward_hook(put, prepend=True))
         for name in self.skip:
-            mod = find_module(self.root, name)
+            mod = find(name)
             self._skipped.append((mod, mod.__dict__.get("forward")))
             mod.forward = lambda *args, **kwargs: first_input(args, kwargs)  # type: ignore[method-assign]
         if self.stop_after is not None:
             def stop(_m, _args, _output):
                 raise _StopForward
-            self._handles.append(find_module(self.root, self.stop_after).register_forward_hook(stop))
+            self._handles.append(find(self.stop_after).register_forward_hook(stop))
         return self
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -191,6 +191,29 @@ class TorchFileReader:
         return self._tensors[name]
 
 
+_TORCH_FLOATS = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32,
+                 np.dtype(np.float16): torch.float16}
+
+
+def tensor_numpy(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
+    """A CPU tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches).
+
+    A floating tensor goes to a floating ``dtype`` in one conversion by torch (multi-threaded;
+    widening is exact, narrowing rounds once to nearest even, as NumPy's cast does), never
+    through an intermediate array; anything else through float32 (half precision) and NumPy."""
+    target = np.dtype(dtype)
+    to = _TORCH_FLOATS.get(target)
+    if to is not None and t.is_floating_point():
+        if t.dtype == to:
+            return t.numpy()
+        out = np.empty(tuple(t.shape), target)  # NumPy's memory, filled by torch's conversion
+        torch.from_numpy(out).copy_(t)
+        return out
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.to(torch.float32)
+    return np.asarray(t.numpy(), dtype=target)
+
+
 class WeightStore(Mapping[str, torch.Tensor]):
     """Canonical tensor name -> tensor, read lazily from one or more files.
 
@@ -201,6 +224,7 @@ class WeightStore(Mapping[str, torch.Tensor]):
     def __init__(self, locations: dict[str, tuple[TensorReader, str]]) -> None:
         self._loc = locations
         self._digest: str | None = None
+        self._private: dict[Path, SafetensorsReader] = {}  # each file's mapping of its own (private_tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loc:
@@ -230,10 +254,19 @@ class WeightStore(Mapping[str, torch.Tensor]):
 
     def numpy(self, name: str, dtype: Any = np.float64) -> np.ndarray:
         """The tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches)."""
-        t = self[name]
-        if t.dtype in (torch.bfloat16, torch.float16):
-            t = t.to(torch.float32)
-        return np.asarray(t.numpy(), dtype=dtype)
+        return tensor_numpy(self[name], dtype)
+
+    def private_tensor(self, name: str) -> torch.Tensor | None:
+        """``name`` through a mapping of its file of its own (safetensors: copy-on-write), opened
+        once per file and kept: the same bytes with no copy made, and a write to it (a backend
+        patching its weights in place) is seen by no other reader of the file. None where the
+        format gives no such mapping."""
+        reader, stored = self._loc[name]
+        if not isinstance(reader, SafetensorsReader):
+            return None
+        if reader.path not in self._private:
+            self._private[reader.path] = SafetensorsReader(reader.path)
+        return self._private[reader.path].tensor(stored)
 
     @property
     def digest(self) -> str:

@@ -4,13 +4,14 @@ not an out-of-memory kill half-way through.
 
 The estimate (bytes; ``N`` the parameters of the weights, ``L`` the largest layer's parameters):
 
-* **runtime**: the process's resident set now (the interpreter and its libraries), at least
-  :data:`RUNTIME_BYTES`;
+* **runtime**: the process's own (anonymous) resident memory now (the interpreter and its
+  libraries; not the file pages it maps), at least :data:`RUNTIME_BYTES`;
 * **alternative**: ``N`` x the alternative's dtype size on the CPU (its own copy of the weights;
   nothing on the host for another device);
 * **reference** and **calibration**: a backend that streams its weights (``streams_weights``:
-  ``python_reference``, ``torch_reference``) holds about one layer, ``L`` x (its dtype size + 8
-  for the float64 host copy it converts from) plus one block of LM-head rows
+  ``python_reference``, ``torch_reference``) holds about one layer, ``L`` x its dtype size, plus,
+  below float64, the float64 host copy of the one tensor in conversion (``T`` x 8, ``T`` the
+  largest tensor of a layer), plus one block of LM-head rows
   (:data:`~debug_framework.architectures.layout.HEAD_BLOCK_BYTES`); any other backend ``N`` x its
   dtype size;
 * **activations**: every checkpoint and layer input of the three runs in float64, their logits and
@@ -39,7 +40,7 @@ from ...architectures.layout import HEAD_BLOCK_BYTES
 from ...errors import ResourceExhaustedError
 
 __all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "available_memory", "check_memory", "budget_of", "RUNTIME_BYTES",
-           "current_rss"]
+           "current_rss", "own_memory"]
 
 #: the least the interpreter, torch and transformers take once imported (measured: ~560 MiB).
 RUNTIME_BYTES = 600 * 2**20
@@ -90,9 +91,24 @@ def current_rss() -> int | None:
         return None
 
 
-def _weights_census(weights: Any) -> tuple[int, int, int]:
-    """(parameters, stored bytes, the largest layer's parameters) from the weights' headers."""
-    total = stored = 0
+def own_memory() -> int | None:
+    """This process's own memory now (Linux): its anonymous resident pages (``RssAnon``), without
+    the mapped file pages that ``current_rss`` also counts (the weights file's pages, touched by the
+    digest or a memory-mapped model: the kernel can drop them); ``current_rss`` where unreadable."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return current_rss()
+
+
+def _weights_census(weights: Any) -> tuple[int, int, int, int]:
+    """(parameters, stored bytes, the largest layer's parameters, the largest tensor of a layer's
+    parameters) from the weights' headers."""
+    total = stored = largest = 0
     layers: dict[tuple[str, int], int] = {}
     for name in weights:
         shape = weights.shape(name) if hasattr(weights, "shape") else tuple(getattr(weights[name], "shape", ()))
@@ -106,17 +122,19 @@ def _weights_census(weights: Any) -> tuple[int, int, int]:
         if m is not None:
             key = (m.group(1), int(m.group(2)))
             layers[key] = layers.get(key, 0) + n
-    return total, stored, max(layers.values(), default=0)
+            largest = max(largest, n)
+    return total, stored, max(layers.values(), default=0), largest
 
 
-def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int) -> int:
-    """What one backend holds of the weights: one layer (+ its float64 host copy and a block of
-    head rows) when it streams them, else all of them at its dtype; nothing on the host for a device."""
+def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int, largest: int) -> int:
+    """What one backend holds of the weights: one layer (+ below float64 the float64 host copy of
+    the tensor in conversion, and a block of head rows) when it streams them, else all of them at
+    its dtype; nothing on the host for a device."""
     if backend is None or str(device).split(":")[0] not in ("cpu", "None", ""):
         return 0
     size = _DTYPE_BYTES.get(str(dtype), 4)
     if getattr(backend, "streams_weights", False):
-        return layer * (size + 8) + HEAD_BLOCK_BYTES
+        return layer * size + (0 if str(dtype) == "float64" else largest * 8) + HEAD_BLOCK_BYTES
     return params * size
 
 
@@ -125,7 +143,7 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
                     batch: int = 1, length: int = 1) -> MemoryEstimate:
     """The session's :class:`MemoryEstimate` (see the module's formula) from the weights' headers,
     the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``."""
-    params, stored, layer = _weights_census(model.weights)
+    params, stored, layer, largest = _weights_census(model.weights)
     config = model.config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
@@ -135,10 +153,10 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
     activations = (3 * (3 * layers + 2) * tokens * hidden * 8 + 3 * tokens * vocab * 8
                    + 4 * batch * heads * length * length * 8)
     return MemoryEstimate(
-        runtime=max(current_rss() or 0, RUNTIME_BYTES),
-        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer),
-        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer),
-        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer),
+        runtime=max(own_memory() or 0, RUNTIME_BYTES),
+        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer, largest),
+        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer, largest),
+        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer, largest),
         activations=activations, file_pages=stored, parameters=params)
 
 
@@ -185,7 +203,7 @@ def budget_of(framework_config: Mapping[str, Any]) -> tuple[int | None, str]:
     room = available_memory()
     if room is None:
         return None, "not measurable here"
-    return room + (current_rss() or 0), "the memory available now (MemAvailable) and this process's own"
+    return room + (own_memory() or 0), "the memory available now (MemAvailable) and this process's own"
 
 
 def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, Any], *, reference_dtype: str,
