@@ -26,8 +26,8 @@ def checkpoint_id(name: str, layer: int | None = None, step: int | None = None) 
 def row_checkpoint_id(row: Mapping[str, Any]) -> str:
     """The canonical id of a stored checkpoint row: its ``id`` when that is one (a non-empty string;
     an older session's rows have none, and the store's integer row number is not one), else
-    :func:`checkpoint_id` of its ``checkpoint`` and ``layer`` (a layer that is not a number reads
-    as None)."""
+    :func:`checkpoint_id` of its ``checkpoint``, ``layer`` and decode ``step`` (a layer or step that
+    is not a number reads as None)."""
     stored = row.get("id")
     if isinstance(stored, str) and stored:
         return stored
@@ -36,4 +36,6 @@ def row_checkpoint_id(row: Mapping[str, Any]) -> str:
         layer = None if layer is None else int(layer)
     except (TypeError, ValueError):
         layer = None
-    return checkpoint_id(str(row.get("checkpoint")), layer)
+    step = row.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    return checkpoint_id(str(row.get("checkpoint")), layer, step)

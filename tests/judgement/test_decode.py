@@ -4,6 +4,10 @@ divergence naming its step; a bug only in the decode path is found at a step >= 
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+
 import numpy as np
 import pytest
 
@@ -51,6 +55,16 @@ def test_a_decode_only_bug_is_found_at_its_step_and_layer(tiny_models, engine, d
     assert first.step == 1 and str(first.key) == where and first.id == f"{where}@1"
     ref = result.summary()["first_divergence"]
     assert (ref["step"], ref["checkpoint"], ref["layer"]) == (1, "post_attention", first.key.layer)
+    if patch is _rope_at_zero_while_decoding:  # the stored session: its reports mark the one row of that step
+        from debug_framework.models.validation_report import ValidationReport
+        from debug_framework.reports import render_report
+
+        report = ValidationReport.from_session(result.session_id, engine.db)
+        csv_rows = list(csv.DictReader(io.StringIO(render_report(report, "csv"))))
+        assert [r["id"] for r in csv_rows if r["first_divergence"] == "1"] == [first.id]
+        assert render_report(report, "junit").count("[first divergence]") == 1
+        assert json.loads(render_report(report, "json"))["first_divergence"]["step"] == 1
+        assert render_report(report, "html").count("&larr; first divergence") == 1
     source = result.error_source
     if patch is _kv_cache_in_bfloat16:  # the cache after the prefill already differs: it is named the source
         assert (source["kind"], source["step"], source["layer"]) == ("kv_cache", 0, 0)

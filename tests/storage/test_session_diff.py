@@ -97,3 +97,26 @@ def test_messages_name_the_callers_options(db, make_result):
     with pytest.raises(ValidationError) as info:
         diff_sessions(a, a, db, rel_change=-1, option_names=flags)
     assert info.value.message.startswith("--rel-change must be") and "rel_change" not in str(info.value)
+
+
+def test_decode_sessions_diff_step_by_step(db, make_result):
+    """Rows are matched by (checkpoint, layer, step): step 2 of one session against step 2 of the other."""
+    def run(errors):
+        rows = []
+        for step, err in enumerate(errors):
+            for cp, layer in (("post_mlp", 0), ("post_processing", None)):
+                rows.append({**make_result(cp, layer, err, err < 1e-3), "step": step})
+        sid = db.create_session("/models/tiny", "python_reference", "pytorch")
+        db.add_checkpoint_results(sid, rows)
+        return sid
+
+    before, after = run([1e-5, 1e-5, 1e-5]), run([1e-5, 1e-5, 0.5, 1e-5])
+    d = diff_sessions(before, after, db)
+    assert [(c.id, c.step, c.change) for c in d.changes] == [
+        ("post_mlp:0@0", 0, "unchanged"), ("post_processing@0", 0, "unchanged"),
+        ("post_mlp:0@1", 1, "unchanged"), ("post_processing@1", 1, "unchanged"),
+        ("post_mlp:0@2", 2, "worse"), ("post_processing@2", 2, "worse"),
+        ("post_mlp:0@3", 3, "new"), ("post_processing@3", 3, "new")]
+    assert d.to_dict()["changes"][4]["step"] == 2
+    plain = diff_sessions(*(_run(db, make_result, [("post_mlp", 0, 1e-5, True)]) for _ in range(2)), db)
+    assert [(c.id, c.step) for c in plain.changes] == [("post_mlp:0", None)]  # no decode: no step

@@ -22,6 +22,8 @@ __all__ = [
     "as_float",
     "fmt_num",
     "row_key",
+    "row_place",
+    "RowPlace",
     "row_id",
     "first_divergence_entry",
     "passed_state",
@@ -115,16 +117,35 @@ def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
     return (str(row.get("checkpoint")), layer)
 
 
-def row_id(row: Mapping[str, Any] | tuple[str, int | None]) -> str:
-    """The canonical id of a checkpoint (``post_mlp:3`` / ``post_embedding``): of a row, its stored
-    ``id`` or the one its ``checkpoint``/``layer`` give (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`);
-    of a ``(checkpoint, layer)`` key, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
+#: Where a checkpoint row sits: ``(checkpoint, layer, step)``; ``step`` is the decode pass (0: the
+#: prefill), None for a session that does not decode.
+RowPlace = tuple[str, int | None, int | None]
+
+
+def row_place(row: Mapping[str, Any]) -> RowPlace:
+    """A checkpoint row's :data:`RowPlace` (a step that is not a whole number reads as None): one
+    row per place, where :func:`row_key` is the same for every decode step of a checkpoint."""
+    step = row.get("step")
+    return (*row_key(row), step if isinstance(step, int) and not isinstance(step, bool) else None)
+
+
+def row_id(row: Mapping[str, Any] | tuple[str, int | None] | RowPlace) -> str:
+    """The canonical id of a checkpoint (``post_mlp:3`` / ``post_embedding`` / ``post_mlp:3@2``): of a
+    row, its stored ``id`` or the one its ``checkpoint``/``layer``/``step`` give
+    (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`); of a ``(checkpoint, layer)`` key or a
+    :data:`RowPlace`, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
     return checkpoint_id(*row) if isinstance(row, tuple) else row_checkpoint_id(row)
 
 
-def first_divergence_entry(key: tuple[str, int | None] | None) -> dict[str, Any] | None:
-    """The ``first_divergence`` object of the JSON outputs: ``{"id", "checkpoint", "layer"}`` (None: none)."""
-    return None if key is None else {"id": checkpoint_id(*key), "checkpoint": key[0], "layer": key[1]}
+def first_divergence_entry(key: tuple[str, int | None] | RowPlace | None) -> dict[str, Any] | None:
+    """The ``first_divergence`` object of the JSON outputs: ``{"id", "checkpoint", "layer"}``, and
+    ``step`` for a decode step's row (None: none)."""
+    if key is None:
+        return None
+    entry = {"id": checkpoint_id(*key), "checkpoint": key[0], "layer": key[1]}
+    if len(key) > 2 and key[2] is not None:
+        entry["step"] = key[2]
+    return entry
 
 
 def passed_state(row: Mapping[str, Any]) -> bool | None:
@@ -142,20 +163,21 @@ def session_results(session: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(res) if isinstance(res, Mapping) else {}
 
 
-def _key_from(obj: Any) -> tuple[str, int | None] | None:
+def _key_from(obj: Any) -> RowPlace | None:
     if not isinstance(obj, Mapping) or not obj.get("checkpoint"):
         return None
-    return row_key(obj)
+    return row_place(obj)
 
 
-def first_divergence_key(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> tuple[str, int | None] | None:
-    """The engine's first divergence when it recorded one, else the first failing row in model order."""
+def first_divergence_key(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> RowPlace | None:
+    """The :data:`RowPlace` of the engine's first divergence when it recorded one (a decode session's
+    names its step), else of the first failing row in model order."""
     key = _key_from(results.get("first_divergence"))
     if key is not None:
         return key
     for r in rows:
         if passed_state(r) is False:
-            return row_key(r)
+            return row_place(r)
     return None
 
 

@@ -15,7 +15,7 @@ import io
 from typing import Any
 
 from ..jsonio import dumps_json
-from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_id, row_key, session_results
+from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_id, row_key, row_place, session_results
 from .documents import DiffSource, ReportSource
 
 __all__ = ["CSV_COLUMNS", "render_csv", "render_diff_csv"]
@@ -50,7 +50,7 @@ def render_csv(report: ReportSource) -> str:
         tol = r.get("tolerance")
         w.writerow([
             _safe_text(report.session_id), i, _safe_text(row_id(r)), _safe_text(key[0]), "" if key[1] is None else key[1],
-            "" if p is None else int(p), int(first is not None and key == first),
+            "" if p is None else int(p), int(first is not None and row_place(r) == first),
             *(_num(r.get(m)) for m in METRICS),
             _num(r.get("introduced_error")), _num(r.get("propagated_error")), _safe_text(r.get("reason")),
             "" if tol is None else _safe_text(dumps_json(tol, indent=None)),

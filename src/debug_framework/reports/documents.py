@@ -50,7 +50,7 @@ class ReportSource(SessionSource, Protocol):
 
 
 class ChangeSource(Protocol):
-    """How one ``(checkpoint, layer)`` changed between two sessions (``id``: its canonical id)."""
+    """How one ``(checkpoint, layer, step)`` changed between two sessions (``id``: its canonical id)."""
 
     @property
     def id(self) -> str: ...
@@ -58,6 +58,8 @@ class ChangeSource(Protocol):
     def checkpoint(self) -> str: ...
     @property
     def layer(self) -> int | None: ...
+    @property
+    def step(self) -> int | None: ...
     @property
     def change(self) -> str: ...
     @property

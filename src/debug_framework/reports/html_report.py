@@ -29,6 +29,8 @@ from ._common import (
     reproduce_command,
     row_id,
     row_key,
+    RowPlace,
+    row_place,
     session_results,
     verdict_of,
     worst_row,
@@ -109,7 +111,7 @@ def _verdict_class(verdict: str) -> str:
     return "other"
 
 
-def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, int | None] | None,
+def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: RowPlace | None,
                       with_isolation: bool) -> str:
     head = "<th>margin (error / bound)</th><th>bound</th>" + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
     iso_head = "<th>introduced</th><th>propagated</th>" if with_isolation else ""
@@ -118,7 +120,7 @@ def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: tuple[str, i
         key = row_key(r)
         state = passed_state(r)
         verdict = "pass" if state is True else ("FAIL" if state is False else "?")
-        is_first = first_key is not None and key == first_key
+        is_first = first_key is not None and row_place(r) == first_key
         cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
         mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
         judged_metric, bound, margin = _judged(r)
@@ -395,7 +397,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     status = report.overall_status or session.get("status")
     verdict = verdict_of(status, results)
     first_key = first_divergence_key(rows, results)
-    first_index = next((i for i, r in enumerate(rows) if row_key(r) == first_key), None)
+    first_index = next((i for i, r in enumerate(rows) if row_place(r) == first_key), None)
     first_row = rows[first_index] if first_index is not None else None
     worst = worst_row(rows)
     store = open_store(store, report.tensor_store_root) if (report.tensor_recordings or store is not None) else None
@@ -521,8 +523,8 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
               ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")]
     after_rows = list(getattr(after, "checkpoint_results", None) or [])
     if after_rows:  # the bound each checkpoint of the "after" session was judged by, in max abs units
-        bounds = dict(zip((row_key(r) for r in after_rows), _bound_values(after_rows, "max_abs_error")))
-        series.append(("after's bound", [bounds.get((c.checkpoint, c.layer)) for c in diff.changes], _BOUND_AFTER))
+        bounds = dict(zip((row_id(r) for r in after_rows), _bound_values(after_rows, "max_abs_error")))
+        series.append(("after's bound", [bounds.get(c.id) for c in diff.changes], _BOUND_AFTER))
     chart = line_chart("max |alt - ref| per checkpoint", labels, series, log=True, width=900, chart_id="diff")
     trs = []
     for c in diff.changes:

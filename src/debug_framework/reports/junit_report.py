@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime
 from typing import Any
 
-from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_id, row_key, session_results, verdict_of
+from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_id, row_place, session_results, verdict_of
 from ._drilldown import drilldown_culprits
 from .documents import ReportSource
 
@@ -72,13 +72,12 @@ def render_junit(report: ReportSource) -> str:
     if (culprits := drilldown_culprits(results)) is not None:
         ET.SubElement(props, "property", name="drilldown_culprits", value=_x(culprits))
     for r in rows:
-        key = row_key(r)
         case = ET.SubElement(suite, "testcase", classname=_x(classname), name=_x(row_id(r)), time="0")
         p = passed_state(r)
         if p is False:
             metrics = ", ".join(f"{m}={fmt_num(r.get(m))}" for m in ("max_abs_error", "max_rel_error", "mismatch_percent",
                                                                     "cosine_similarity") if r.get(m) is not None)
-            mark = " [first divergence]" if first is not None and key == first else ""
+            mark = " [first divergence]" if first is not None and row_place(r) == first else ""
             msg = f"{r.get('reason') or 'over tolerance'}{mark}; {metrics}"
             detail = "\n".join(f"{m}: {fmt_num(r.get(m), 8)}" for m in METRICS if r.get(m) is not None)
             for extra in ("introduced_error", "propagated_error", "tolerance", "worst"):

@@ -1,4 +1,7 @@
-"""Diff two sessions of the same model and backends: which ``(checkpoint, layer)`` got better or worse.
+"""Diff two sessions of the same model and backends: which ``(checkpoint, layer, step)`` got better or worse.
+
+Rows are matched by checkpoint, layer and decode ``step`` (None for a session that does not decode;
+0 the prefill), so two decode sessions compare step by step.
 
 A key is **worse** when it went from pass to fail, or its max abs error grew by more than the
 larger of ``rel_change`` (relative), ``abs_floor`` and ``atol_fraction`` of the checkpoint's
@@ -75,10 +78,12 @@ def _leaf_differences(name: str, a: Any, b: Any, depth: int = 0) -> list[FieldDi
 
 @dataclass(frozen=True)
 class CheckpointChange:
-    """How one checkpoint changed between the sessions; ``id`` is its canonical id (``post_mlp:1``)."""
+    """How one checkpoint changed between the sessions; ``id`` is its canonical id (``post_mlp:1``;
+    a decode step adds ``@step``: ``post_mlp:1@2``)."""
 
     checkpoint: str
     layer: int | None
+    step: int | None  # the decode pass (0: the prefill); None for a session that does not decode
     change: str  # better | worse | unchanged | new | missing
     before_max_abs_error: float | None
     after_max_abs_error: float | None
@@ -87,10 +92,10 @@ class CheckpointChange:
 
     @property
     def id(self) -> str:
-        return checkpoint_id(self.checkpoint, self.layer)
+        return checkpoint_id(self.checkpoint, self.layer, self.step)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"id", "checkpoint", "layer", "change", ...}``."""
+        """``{"id", "checkpoint", "layer", "step", "change", ...}``."""
         return {"id": self.id, **self.__dict__}
 
 
@@ -189,6 +194,11 @@ def _check_thresholds(values: Mapping[str, float], flags: Mapping[str, str] | No
                                           f"{_spell('abs_floor', '0', flags)}, {_spell('atol_fraction', '0.1', flags)}")
 
 
+def _key(row: Mapping[str, Any]) -> tuple[str, int | None, int | None]:
+    """Where a stored row sits: ``(checkpoint, layer, step)``."""
+    return row["checkpoint"], row["layer"], row.get("step")
+
+
 def diff_sessions(
     before_session_id: str,
     after_session_id: str,
@@ -234,8 +244,8 @@ def diff_sessions(
     for key in ("weights_digest", "reference_backend_info", "alternative_backend_info", "tolerances"):
         differences += _leaf_differences(key, a.get(key), b.get(key))
     notes = [d.sentence() for d in differences]
-    rows_a = {(r["checkpoint"], r["layer"]): r for r in database.checkpoints.for_session(before_session_id)}
-    rows_b = {(r["checkpoint"], r["layer"]): r for r in database.checkpoints.for_session(after_session_id)}
+    rows_a = {_key(r): r for r in database.checkpoints.for_session(before_session_id)}
+    rows_b = {_key(r): r for r in database.checkpoints.for_session(after_session_id)}
     changes: list[CheckpointChange] = []
     order = list(rows_a) + [k for k in rows_b if k not in rows_a]
     for key in order:
@@ -247,7 +257,7 @@ def diff_sessions(
         else:
             kind = _compare(ra, rb, rel_change, abs_floor, atol_fraction)
         changes.append(CheckpointChange(
-            checkpoint=key[0], layer=key[1], change=kind,
+            checkpoint=key[0], layer=key[1], step=key[2], change=kind,
             before_max_abs_error=None if ra is None else ra.get("max_abs_error"),
             after_max_abs_error=None if rb is None else rb.get("max_abs_error"),
             before_passed=None if ra is None else _passed(ra.get("passed")),

@@ -4,15 +4,21 @@ the 1 -> 2 migration, which re-encodes old rows the same way).
 The dict is a ``ComparisonResult.to_dict()``: every metric of :data:`METRIC_COLUMNS` gets its own
 column (queryable), ``first_nonfinite_index``/``worst``/``tolerance`` are JSON columns, unknown keys
 go to ``extra``, and the whole dict is kept losslessly (NaN included) in ``metrics_json``.
+
+A row's place is ``(session_id, checkpoint, layer_key, step)`` (the table's unique key):
+``layer_key`` is the layer (-1 for none, so the key holds no NULL) and ``step`` the decode pass
+(0: the prefill, or the only pass of a session that does not decode). The 1 -> 2 migration writes
+the version-2 table, which has no ``step`` column (``with_step=False``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..errors import ConfigurationError
 from .values import as_bool, as_float, as_int, layer_key, to_json
 
-__all__ = ["METRIC_COLUMNS", "RESULT_COLUMNS", "upsert_result_sql", "result_row_values"]
+__all__ = ["METRIC_COLUMNS", "RESULT_COLUMNS", "ROW_KEY", "upsert_result_sql", "result_row_values", "row_step"]
 
 #: Metric keys of ``ComparisonResult.to_dict()`` stored as their own columns (name -> SQL type).
 METRIC_COLUMNS: dict[str, str] = {
@@ -45,23 +51,44 @@ _KEY_FIELDS = ("checkpoint", "layer", "passed", "introduced_error", "propagated_
 _KNOWN = set(METRIC_COLUMNS) | set(JSON_RESULT_KEYS) | set(_KEY_FIELDS)
 
 RESULT_COLUMNS: tuple[str, ...] = (
-    "session_id", "checkpoint", "layer", "layer_key", "passed",
+    "session_id", "checkpoint", "layer", "layer_key", "step", "passed",
     *METRIC_COLUMNS,
     *JSON_RESULT_KEYS,
     "introduced_error", "propagated_error", "extra", "metrics_json", "created_at", "updated_at",
 )
-_KEEP_ON_CONFLICT = ("session_id", "checkpoint", "layer_key", "created_at")
+#: The unique key of a row (the table's UNIQUE constraint).
+ROW_KEY = ("session_id", "checkpoint", "layer_key", "step")
+_KEEP_ON_CONFLICT = (*ROW_KEY, "created_at")
 
 
-def upsert_result_sql(table: str = "checkpoint_results") -> str:
-    """Insert one row, or replace the measurements of the same ``(session, checkpoint, layer, decode step)``
-    (its ``created_at`` stays, so rows keep the model's order). ``table`` is a schema constant."""
-    updates = ", ".join(f"{c} = excluded.{c}" for c in RESULT_COLUMNS if c not in _KEEP_ON_CONFLICT)
+def _columns(with_step: bool) -> tuple[str, ...]:
+    return RESULT_COLUMNS if with_step else tuple(c for c in RESULT_COLUMNS if c != "step")
+
+
+def upsert_result_sql(table: str = "checkpoint_results", *, with_step: bool = True) -> str:
+    """Insert one row, or replace the measurements of the same ``(session, checkpoint, layer, step)``
+    (its ``created_at`` stays, so rows keep the model's order). ``table`` is a schema constant;
+    ``with_step=False`` writes the version-2 layout (no ``step``; key ``(session, checkpoint, layer)``)."""
+    columns = _columns(with_step)
+    key = ", ".join(k for k in ROW_KEY if with_step or k != "step")
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in _KEEP_ON_CONFLICT)
     return (
-        f"INSERT INTO {table} ({', '.join(RESULT_COLUMNS)}) "
-        f"VALUES ({', '.join('?' for _ in RESULT_COLUMNS)}) "
-        f"ON CONFLICT (session_id, checkpoint, layer_key) DO UPDATE SET {updates}"
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join('?' for _ in columns)}) "
+        f"ON CONFLICT ({key}) DO UPDATE SET {updates}"
     )
+
+
+def row_step(result: Mapping[str, object]) -> int:
+    """The ``step`` column of a result dict: its decode ``step`` (0 is the prefill), 0 when it has
+    none (a session that does not decode). A step that is not a whole number >= 0 is DF005."""
+    step = result.get("step")
+    if step is None:
+        return 0
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigurationError(f"a checkpoint result's step must be a whole number >= 0, got {step!r}",
+                                 hint="step is the decode pass (0: the prefill), or null for a session that does not decode")
+    return step
 
 
 def _metric_value(typ: str, value: object) -> object:
@@ -82,11 +109,15 @@ def result_row_values(
     introduced_error: float | None,
     propagated_error: float | None,
     now: str,
+    *,
+    with_step: bool = True,
 ) -> tuple[object, ...]:
-    """The parameters of :func:`upsert_result_sql` for one result dict, in :data:`RESULT_COLUMNS` order."""
-    step = result.get("step")
-    values: list[object] = [session_id, checkpoint, layer, layer_key(layer, step if isinstance(step, int) else None),
-                            as_bool(result.get("passed"))]
+    """The parameters of :func:`upsert_result_sql` for one result dict, in :data:`RESULT_COLUMNS`
+    order (without ``step`` when ``with_step`` is False, the version-2 layout)."""
+    values: list[object] = [session_id, checkpoint, layer, layer_key(layer)]
+    if with_step:
+        values.append(row_step(result))
+    values.append(as_bool(result.get("passed")))
     values += [_metric_value(typ, result.get(col)) for col, typ in METRIC_COLUMNS.items()]
     values += [to_json(result.get(key)) for key in JSON_RESULT_KEYS]
     intro = introduced_error if introduced_error is not None else result.get("introduced_error")

@@ -68,9 +68,10 @@ class CheckpointResultStore:
         """The session's result dicts in the order first written (the model's order).
 
         Each is the stored dict (exactly as given, NaN kept) plus ``row_id`` (the table's key),
-        ``session_id``, ``checkpoint``, ``layer``, ``introduced_error``, ``propagated_error``,
-        timestamps, and ``id``, the checkpoint's canonical id (``post_attention:1``; computed for
-        rows stored before it was).
+        ``session_id``, ``checkpoint``, ``layer``, ``step`` (the row's decode pass from its ``step``
+        column, 0 the prefill; null, as written, for a session that does not decode),
+        ``introduced_error``, ``propagated_error``, timestamps, and ``id``, the checkpoint's
+        canonical id (``post_attention:1``, ``post_mlp:1@2``; computed for rows stored before it was).
         """
         rows = self.core.fetch_all(
             "SELECT * FROM checkpoint_results WHERE session_id = ? ORDER BY id",
@@ -82,11 +83,20 @@ class CheckpointResultStore:
             d = _metrics_of(r)
             d.update(row_id=r["id"], session_id=r["session_id"], checkpoint=r["checkpoint"], layer=r["layer"],
                      created_at=r["created_at"], updated_at=r["updated_at"])
+            d["step"] = _step_of(r["step"], d.get("step"))
             d["id"] = row_checkpoint_id(d)  # rows written before the canonical id get it too
             d.setdefault("introduced_error", r["introduced_error"])
             d.setdefault("propagated_error", r["propagated_error"])
             out.append(d)
         return out
+
+
+def _step_of(column: int, stored: object) -> int | None:
+    """A row's ``step``: its column; a pass-0 row stored with no step (a session that does not
+    decode, or a row older than decode steps) reads null, as its result was written."""
+    if column == 0 and not (isinstance(stored, int) and not isinstance(stored, bool)):
+        return None
+    return int(column)
 
 
 def _metrics_of(row: Row) -> dict[str, Any]:

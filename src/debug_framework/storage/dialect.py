@@ -75,6 +75,10 @@ class Dialect(Protocol):
     def copy_to(self, conn: Connection, target: Path) -> None:
         """Write a consistent copy of the database ``conn`` reads to the new file ``target``."""
 
+    def restart_ids(self, conn: Connection, table: str) -> None:
+        """After rows were copied into ``table`` with their ids (a migration's rebuild), make the
+        next generated ``id`` follow the largest (``table`` is a schema constant)."""
+
     def is_busy(self, exc: BaseException) -> bool:
         """The engine reported a lock held by someone else (worth retrying)."""
 
@@ -156,6 +160,9 @@ class SQLiteDialect:
             conn.backup(dest)
         finally:
             dest.close()
+
+    def restart_ids(self, conn: Connection, table: str) -> None:
+        """Nothing to do: an AUTOINCREMENT table's counter follows the largest id inserted."""
 
     def is_busy(self, exc: BaseException) -> bool:
         if not isinstance(exc, sqlite3.OperationalError):

@@ -281,6 +281,11 @@ class PostgresDialect:
         raise DatabaseError("a PostgreSQL database of an older schema version cannot be read without migrating it",
                             database=self.location, hint="open it once read-write (any engine start migrates it)")
 
+    def restart_ids(self, conn: PgConnection, table: str) -> None:
+        """The ``id`` sequence (BIGSERIAL) set past the largest id copied in."""
+        conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), COALESCE(MAX(id), 0) + 1, false)"
+                     f" FROM {table}")
+
     def is_busy(self, exc: BaseException) -> bool:
         errors = _psycopg().errors
         return isinstance(exc, (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure))

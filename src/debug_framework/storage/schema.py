@@ -1,7 +1,7 @@
 """The schema: table layouts (DDL), their enumerations, and the versioned migrations.
 
 The file carries its version in ``schema_version``; :func:`migrate` walks an older file up one
-step at a time (0 -> 1 -> 2 -> 3), each step one write transaction that re-reads the version inside it,
+step at a time (0 -> 1 -> 2 -> ... -> 7), each step one write transaction that re-reads the version inside it,
 so processes opening the same old file at once apply every step exactly once. A failed step rolls
 back, leaving the file at the previous version with its data intact.
 """
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -109,15 +109,19 @@ def _v2_sessions_sql(d: Dialect, name: str) -> str:
     )"""
 
 
-def _v2_checkpoint_results_sql(d: Dialect, name: str) -> str:
+def _v2_checkpoint_results_sql(d: Dialect, name: str, *, with_step: bool = False) -> str:
+    """The ``checkpoint_results`` table: version 2's layout, or with ``with_step`` version 7's
+    (a ``step`` column, the decode pass, in the unique key)."""
     metric_cols = ",\n        ".join(f"{col} {typ}" for col, typ in METRIC_COLUMNS.items())
     j = d.json_type
+    step_col = "\n        step                  INTEGER NOT NULL DEFAULT 0," if with_step else ""
+    step_key = ", step" if with_step else ""
     return f"""CREATE TABLE {name} (
         id                    {d.autoincrement_pk},
         session_id            TEXT NOT NULL REFERENCES sessions(session_id) ON DELETE CASCADE,
         checkpoint            TEXT NOT NULL,
         layer                 INTEGER,
-        layer_key             INTEGER NOT NULL,
+        layer_key             INTEGER NOT NULL,{step_col}
         passed                INTEGER,
         {metric_cols},
         first_nonfinite_index {j},
@@ -129,7 +133,7 @@ def _v2_checkpoint_results_sql(d: Dialect, name: str) -> str:
         metrics_json          {j} NOT NULL,
         created_at            TEXT NOT NULL,
         updated_at            TEXT NOT NULL,
-        UNIQUE (session_id, checkpoint, layer_key)
+        UNIQUE (session_id, checkpoint, layer_key{step_key})
     )"""
 
 
@@ -270,7 +274,7 @@ def _copy_checkpoint_results_1_to_2(core: SqlCore, conn: Connection) -> None:
         "SELECT id, session_id, checkpoint, layer, passed, max_abs_error, mean_abs_error, metrics_json, created_at"
         " FROM checkpoint_results ORDER BY id",
     ).fetchall()
-    upsert = upsert_result_sql("checkpoint_results_v2")
+    upsert = upsert_result_sql("checkpoint_results_v2", with_step=False)
     for _rid, sid, cp, layer, passed, max_abs, mean_abs, mjson, created in old:
         metrics = from_json(mjson) or {}
         if not isinstance(metrics, dict):
@@ -279,7 +283,7 @@ def _copy_checkpoint_results_1_to_2(core: SqlCore, conn: Connection) -> None:
         metrics.setdefault("mean_abs_error", mean_abs)
         metrics.setdefault("passed", None if passed is None else bool(passed))
         metrics["checkpoint"], metrics["layer"] = cp, layer
-        core.execute(conn, upsert, result_row_values(sid, metrics, cp, layer, None, None, created))
+        core.execute(conn, upsert, result_row_values(sid, metrics, cp, layer, None, None, created, with_step=False))
 
 
 def _copy_tensor_recordings_1_to_2(core: SqlCore, conn: Connection) -> None:
@@ -371,6 +375,32 @@ def _migrate_5_to_6(core: SqlCore, conn: Connection) -> None:
 
 
 _MIGRATIONS[6] = _migrate_5_to_6
+
+#: Version 6 files written while decode steps were new kept a step ``s`` >= 1 inside the row's
+#: ``layer_key`` (the layer, or -1, plus ``s`` x 2^20); version 7 takes it out into ``step``.
+_V6_STEP_STRIDE = 1 << 20
+
+
+def _migrate_6_to_7(core: SqlCore, conn: Connection) -> None:
+    """Version 6 -> 7: ``checkpoint_results`` gains ``step`` (the decode pass; 0 the prefill) in its
+    unique key, so every decode step's row of a checkpoint is a row of its own. The table is rebuilt
+    (SQLite cannot change a UNIQUE constraint in place), ids and their order kept; existing rows get
+    step 0, except the decode rows of a version 6 file, whose step comes out of ``layer_key``."""
+    d = core.dialect
+    core.execute(conn, _v2_checkpoint_results_sql(d, "checkpoint_results_v7", with_step=True))
+    columns = [c for c in d.columns(conn, "checkpoint_results") if c not in ("layer_key", "step")]
+    listed = ", ".join(columns)  # column names read from the schema itself, never user input
+    step = f"((layer_key + 1) / {_V6_STEP_STRIDE})"  # integer division on both engines; layer_key >= -1
+    core.execute(conn, f"INSERT INTO checkpoint_results_v7 ({listed}, layer_key, step)"
+                       f" SELECT {listed}, layer_key - {step} * {_V6_STEP_STRIDE}, {step}"
+                       " FROM checkpoint_results ORDER BY id")
+    core.execute(conn, "DROP TABLE checkpoint_results")
+    core.execute(conn, "ALTER TABLE checkpoint_results_v7 RENAME TO checkpoint_results")
+    core.execute(conn, "CREATE INDEX IF NOT EXISTS idx_checkpoint_results_session ON checkpoint_results(session_id, id)")
+    d.restart_ids(conn, "checkpoint_results")
+
+
+_MIGRATIONS[7] = _migrate_6_to_7
 
 # --------------------------------------------------------------------------------------------
 # versions

@@ -98,16 +98,10 @@ def as_bool(value: object) -> int | None:
     return None if value is None else int(bool(value))
 
 
-#: how far apart the row keys of two decode steps of one checkpoint are (more than any layer count)
-STEP_STRIDE = 1 << 20
-
-
-def layer_key(layer: int | None, step: int | None = None) -> int:
-    """The NOT NULL key column of a row's place: ``-1`` for "no layer" (so it differs from layer 0),
-    and a decode step ``s`` >= 1 adds ``s x STEP_STRIDE``, so each step's row of a checkpoint is a
-    row of its own (the prefill, step None or 0, keeps the plain layer key)."""
-    base = -1 if layer is None else int(layer)
-    return base + int(step) * STEP_STRIDE if step else base
+def layer_key(layer: int | None) -> int:
+    """The NOT NULL key column of a row's layer: the layer, ``-1`` for "no layer" (so it differs
+    from layer 0 and the unique key holds no NULL)."""
+    return -1 if layer is None else int(layer)
 
 
 def now_utc() -> datetime:
