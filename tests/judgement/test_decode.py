@@ -45,6 +45,14 @@ def test_a_correct_backend_passes_every_decode_step(tiny_models, engine):
     assert all(row["passed"] and row["k"]["judged_by"] == "calibration" for row in decode["kv_cache"])
 
 
+def test_one_input_row_decodes(tiny_models, engine):
+    """A batch of one (no padding): the KV cache rows are judged over its positions."""
+    cfg = {**DECODE, "decode_steps": 1, "input_shape": [1, 6], "pad_lengths": [0]}
+    result = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", "pytorch"))
+    assert result.passed, result.first_divergence
+    assert {row["step"] for row in result.summary()["decode"]["kv_cache"]} == {0, 1}
+
+
 @pytest.mark.parametrize("patch,where", [(_rope_at_zero_while_decoding, f"post_attention:{BUG_LAYER}"),
                                          (_kv_cache_in_bfloat16, "post_attention:0")])
 def test_a_decode_only_bug_is_found_at_its_step_and_layer(tiny_models, engine, decode_bug, patch, where):

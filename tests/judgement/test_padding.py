@@ -79,6 +79,16 @@ def test_compare_leaves_padded_positions_out_and_keeps_full_indices():
     assert compare(ref[:, 0], alt[:, 0], positions=mask).masked_positions == 0  # not [batch, sequence]: whole
 
 
+def test_select_positions_takes_an_attention_mask_as_its_boolean():
+    """An integer attention mask selects its tokens' rows, never rows by index (one row: no IndexError)."""
+    from debug_framework.comparison import select_positions
+
+    t = torch.arange(12.0).reshape(1, 6, 2)
+    assert select_positions(t, np.ones((1, 6), dtype=np.int64)).shape == (6, 2)
+    left = select_positions(t, np.array([[0, 0, 1, 1, 1, 1]]))
+    assert left.tolist() == t[0, 2:].tolist()
+
+
 def test_an_engine_that_leaves_padding_at_zero_passes_and_a_real_bug_still_fails(tiny_models, engine,
                                                                                 padded_engine):
     model = tiny_models("llama", 0)

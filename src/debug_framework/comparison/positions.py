@@ -50,9 +50,11 @@ def applies_to(shape: tuple[int, ...], positions: np.ndarray | None) -> bool:
 
 def select_positions(tensor: Any, positions: np.ndarray | None) -> Any:
     """The model positions of ``tensor`` (``[n_positions, ...]``) where :func:`applies_to` holds,
-    else ``tensor`` itself. Torch tensors stay on their device; NumPy arrays stay NumPy."""
+    else ``tensor`` itself (``positions``: boolean, or an attention mask). Torch tensors stay on their device; NumPy arrays stay NumPy."""
     if tensor is None or positions is None:
         return tensor
+    if positions.dtype != np.bool_:  # an attention mask: its non-zero entries are the tokens
+        positions = positions != 0
     shape = tuple(getattr(tensor, "shape", ()))
     if not applies_to(shape, positions):
         return tensor

@@ -180,7 +180,7 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
                 err = compare(r, a, check_dtype=False, positions=m)
                 c = held_by_both(r, ck[layer][j], m) if layer in ck else None
                 noise = None if c is None else compare(c[0], c[1], check_dtype=False, positions=c[2])
-                scale = reference_scale(select_positions(r, m))
+                scale = reference_scale(select_positions(r, position_mask(m)))  # m: an attention mask
                 ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
                 row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
                              "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
