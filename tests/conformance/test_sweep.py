@@ -117,3 +117,13 @@ def test_each_operator_compiles_once_with_dynamic_shapes_unless_the_backend_refu
         assert sizes(static) == ["pass"] * 3 and static.graphs == 1 + 3 and not static.dynamic
     finally:
         static.close()
+
+
+def test_a_time_budget_stops_taking_operators_and_the_next_run_resumes(tmp_path):
+    db = tmp_path / "s.db"
+    ops = ["abs", "exp", "empty"]  # empty: skipped statically, before any operator runs
+    stopped = run_sweep(_settings(backend="aot_eager", ops=ops, time_budget_s=0.0, repro_dir=None), database=db)
+    assert [o.op for o in stopped.ops] == ["empty"] and stopped.left == 2 and stopped.to_dict()["left"] == 2
+    again = run_sweep(_settings(backend="aot_eager", ops=ops, repro_dir=None), database=db)
+    assert again.resumed == 1 and again.left == 0 and {o.op: o.verdict for o in again.ops} == {
+        "abs": "pass", "exp": "pass", "empty": "skipped"}
