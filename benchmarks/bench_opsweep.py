@@ -12,9 +12,12 @@
    samples, against float64 eager and against eager in the same dtype.
 
     python -m benchmarks.bench_opsweep [--limit N] [--every K] [--workers 2] [--database bench_opsweep.db]
+                                       [--minutes M]
 
 Both sweeps are stored in the database and resume: running the command again continues where an
-interrupted run stopped.
+interrupted run stopped. ``--minutes M`` stops the Inductor sweep taking new operators after M
+minutes, prints what it has, and runs ``aot_eager`` over the operators Inductor reached; the same
+command run again goes on from there.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from debug_framework.conformance import OpResult, SweepResult, SweepSettings, ru
 BACKENDBENCH_OPS = 271
 
 
-def _sweep(backend: str, dtypes: list[str], args: argparse.Namespace, ops: list[str] | None) -> SweepResult:
+def _sweep(backend: str, dtypes: list[str], args: argparse.Namespace, ops: list[str] | None,
+           minutes: float | None = None) -> SweepResult:
     settings = SweepSettings(backend=backend, dtypes=dtypes, ops=ops, workers=args.workers, timeout_s=args.timeout,
-                             repro_dir=Path(args.repro_dir) / backend, max_samples=args.max_samples)
+                             repro_dir=Path(args.repro_dir) / backend, max_samples=args.max_samples,
+                             time_budget_s=None if minutes is None else 60 * minutes)
     done = [0]
     start = time.perf_counter()
 
@@ -59,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database", default="bench_opsweep.db")
     parser.add_argument("--repro-dir", default="bench_opsweep_repros")
     parser.add_argument("--skip-aot-eager", action="store_true")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="stop the Inductor sweep taking new operators after M minutes (it resumes next time)")
     args = parser.parse_args(argv)
 
     ops = args.ops
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
         ops = list(all_ops())[:: args.every][: args.limit]
 
-    ind = _sweep("inductor", ["float32"], args, ops)
+    ind = _sweep("inductor", ["float32"], args, ops, args.minutes)
     judged = [o for o in ind.ops if o.passed is not None]
     swept_s = sum(o.seconds for o in ind.ops)
     print(f"\ninductor, CPU, float32: {len(ind.ops)} OpInfo operators in {ind.seconds:.0f} s this run "
@@ -80,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = ind.to_dict()["verdicts"]
     print(f"  covered (judged): {len(judged)} operators, beside BackendBench's {BACKENDBENCH_OPS}; verdicts {verdicts}")
     print(f"  samples judged: {sum(o.counts.get('samples', 0) for o in ind.ops)}")
+    if ind.left:
+        print(f"  not reached within --minutes {args.minutes:g}: {ind.left} operators (run the command again to "
+              f"resume; {args.database}, sweep {ind.sweep_key})")
     print(f"\n  operators where Inductor and eager differ beyond the calibrated bound, or Inductor fails "
           f"({len(ind.failing)}):")
     for o in ind.failing:
@@ -92,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.skip_aot_eager:
         return 0
-    aot = _sweep("aot_eager", list(args.aot_dtypes), args, ops)
+    aot_ops = [o.op for o in ind.ops] if ind.left else ops  # the operators Inductor reached
+    if ind.left and not aot_ops:
+        return 0
+    aot = _sweep("aot_eager", list(args.aot_dtypes), args, aot_ops)
     judged_aot = [o for o in aot.ops if o.passed is not None]
     bb_oracle = [o.op for o in judged_aot if o.counts.get("allclose_oracle_fail", 0)]
     bb_eager = [o.op for o in judged_aot if o.counts.get("allclose_eager_fail", 0)]

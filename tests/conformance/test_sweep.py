@@ -94,3 +94,36 @@ def test_crash_and_hang_are_isolated_then_the_sweep_resumes(tmp_path, capsys):
     assert {(o["op"], o["passed"]) for o in doc["operators"]} == {("abs", False), ("exp", True), ("neg", False)}
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("tests") == "3" and suite.get("errors") == "2"
+
+
+def test_each_operator_compiles_once_with_dynamic_shapes_unless_the_backend_refuses_them():
+    import torch
+
+    from debug_framework.conformance.worker import WorkerState
+    from debug_framework.plugins.samples import Sample
+
+    def sizes(ws: WorkerState) -> list[str]:
+        ws.prepare("abs", "float32")
+        ws.samples = [Sample("opinfo", f"n={n}", "float32", [torch.randn(n, 3) - 0.5], {}) for n in (4, 7, 9)]
+        return [ws.run(i)["status"] for i in range(3)]
+
+    dyn = WorkerState("aot_eager", None, "backend", "cpu", False, 0, 0)
+    try:  # one graph, with a symbolic size, serves three sizes
+        assert sizes(dyn) == ["pass"] * 3 and dyn.graphs == 1 and dyn.dynamic
+    finally:
+        dyn.close()
+    static = WorkerState("static", str(HERE / "static_only_backend.py"), "backend", "cpu", False, 0, 0)
+    try:  # the dynamic graph is refused once, then every size compiles static and is judged
+        assert sizes(static) == ["pass"] * 3 and static.graphs == 1 + 3 and not static.dynamic
+    finally:
+        static.close()
+
+
+def test_a_time_budget_stops_taking_operators_and_the_next_run_resumes(tmp_path):
+    db = tmp_path / "s.db"
+    ops = ["abs", "exp", "empty"]  # empty: skipped statically, before any operator runs
+    stopped = run_sweep(_settings(backend="aot_eager", ops=ops, time_budget_s=0.0, repro_dir=None), database=db)
+    assert [o.op for o in stopped.ops] == ["empty"] and stopped.left == 2 and stopped.to_dict()["left"] == 2
+    again = run_sweep(_settings(backend="aot_eager", ops=ops, repro_dir=None), database=db)
+    assert again.resumed == 1 and again.left == 0 and {o.op: o.verdict for o in again.ops} == {
+        "abs": "pass", "exp": "pass", "empty": "skipped"}

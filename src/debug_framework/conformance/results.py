@@ -59,6 +59,8 @@ class SweepResult:
     seconds: float = 0.0
     resumed: int = 0  # operators read back from the database, not run again
     worker_restarts: int = 0
+    #: selected operators not reached (the sweep's time budget ran out): a later run resumes them
+    left: int = 0
 
     @property
     def failing(self) -> list[OpResult]:
@@ -75,7 +77,7 @@ class SweepResult:
         verdicts = {v: self.count(v) for v in ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")}
         return {"sweep_key": self.sweep_key, "backend": self.backend, "device": self.device, "dtypes": self.dtypes,
                 "passed": self.passed, "seconds": self.seconds, "resumed": self.resumed,
-                "worker_restarts": self.worker_restarts, "verdicts": verdicts,
+                "worker_restarts": self.worker_restarts, "left": self.left, "verdicts": verdicts,
                 "failing": [o.op for o in self.failing], "operators": [o.to_dict() for o in self.ops]}
 
 

@@ -75,6 +75,9 @@ class SweepSettings:
     verify_repros: bool = True
     resume: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: stop taking new operators after this many seconds (those under way finish); the operators not
+    #: reached are counted in ``SweepResult.left`` and a later run with the same settings resumes them
+    time_budget_s: float | None = None
 
     def identity(self) -> dict[str, Any]:
         """What the sweep's key digests: the backend (the file's content too), device, dtypes, samples."""
@@ -330,6 +333,8 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     def drive(lane: _Lane) -> None:
         try:
             while not errors:
+                if settings.time_budget_s is not None and time.perf_counter() - start >= settings.time_budget_s:
+                    return
                 try:
                     k = todo.get_nowait()
                 except queue.Empty:
@@ -352,4 +357,5 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
         raise errors[0]
     ordered = [results[k] for k in keys if k in results]
     return SweepResult(key, settings.backend, settings.device, list(settings.dtypes), ordered,
-                       time.perf_counter() - start, resumed, sum(lane.restarts for lane in lanes))
+                       time.perf_counter() - start, resumed, sum(lane.restarts for lane in lanes),
+                       left=len(keys) - len(ordered))

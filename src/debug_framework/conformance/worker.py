@@ -8,9 +8,13 @@ arguments of :class:`WorkerState`, then ``("prepare", op, dtype)`` -> ``{"skip":
 graphs with an operation reached the backend for this operator so far), ``("repro", op, dtype, i,
 folder)`` -> the repro's path, ``("stop",)``. Replies are ``("ok", value)`` or ``("error", message)``.
 
-Each operator and dtype is compiled afresh (Dynamo's caches reset, a new code object), once for all
-its samples where the backend takes dynamic shapes (Dynamo's automatic dynamic shapes); Dynamo may
-recompile as often as there are samples and raises rather than falling back to eager.
+Each operator and dtype is compiled afresh (Dynamo's caches reset, a new code object) with dynamic
+shapes (``torch.compile(dynamic=True)``), so its samples share one graph per rank and layout instead
+of a static compile followed by a dynamic one. A backend that does not take dynamic shapes is found
+on the first sample it refuses (``unsupported``): that sample runs again compiled with static
+shapes, and if it is taken there the operator and dtype stay static (a compile per shape); if it is
+refused there too, the refusal is the verdict and dynamic shapes are kept. Dynamo may recompile as
+often as there are samples and raises rather than falling back to eager.
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ class WorkerState:
         self.current: tuple[str, str] | None = None
         self.samples: list[Any] = []
         self.compiled: Callable[..., Any] | None = None
+        #: how the current operator and dtype compile: with dynamic shapes (True), or static ones
+        #: (False: the backend refused a dynamic graph that it takes static)
+        self.dynamic = True
+        #: a refusal under dynamic shapes is tried once more with static ones (once per operator and dtype)
+        self.retry_static = True
         self.graphs = 0
         self.count = 0
 
@@ -99,9 +108,6 @@ class WorkerState:
         return self.compiler(gm, example_inputs)
 
     def prepare(self, key: str, dtype: str) -> dict[str, Any]:
-        import torch
-
-        from .._torch.dynamo import reset
         from .judge import randomness
         from .ops import DTYPES, find_op
         from .samples import op_samples
@@ -112,18 +118,12 @@ class WorkerState:
             if self.runner is not None:
                 self.runner.graphs = 0
         self.current = (key, dtype)
-        reset()
-        self.count += 1
+        self.dynamic, self.retry_static = True, True
         op = info.op
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return op(*args, **kwargs)
-
-        call.__code__ = call.__code__.replace(co_name=f"opsweep_{self.count}")  # a code object of its own
         if self.runner is not None:
             self.compiled = self.runner.bind(key, dtype, op)
         else:
-            self.compiled = torch.compile(call, backend=self._counting)
+            self._compile(op)
         sample_device = "cpu" if self.runner is not None else self.device
         if DTYPES[dtype] not in info.supported_dtypes(sample_device):
             self.samples = []
@@ -145,13 +145,39 @@ class WorkerState:
             samples = self.samples = samples[: self.max_samples]
         return {"samples": [s.describe() for s in samples]}
 
+    def _compile(self, op: Callable[..., Any]) -> None:
+        """A fresh compiled call of ``op`` (Dynamo reset, a code object of its own) in ``self.dynamic``'s mode."""
+        import torch
+
+        from .._torch.dynamo import reset
+
+        reset()
+        self.count += 1
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return op(*args, **kwargs)
+
+        call.__code__ = call.__code__.replace(co_name=f"opsweep_{self.count}")  # a code object of its own
+        self.compiled = torch.compile(call, backend=self._counting, dynamic=self.dynamic)
+
     def run(self, i: int) -> dict[str, Any]:
         from .judge import run_backward, run_sample
         from .ops import find_op
 
         assert self.current is not None and self.compiled is not None
         run = run_backward if self.grad else run_sample
-        result = run(find_op(self.current[0]).op, self.compiled, self.samples[i])
+        op = find_op(self.current[0]).op
+        result = run(op, self.compiled, self.samples[i])
+        if result["status"] == "unsupported" and self.runner is None and self.dynamic and self.retry_static:
+            # refused with dynamic shapes: does the backend take it with static ones?
+            self.dynamic, self.retry_static = False, False
+            self._compile(op)
+            static = run(op, self.compiled, self.samples[i])
+            if static["status"] == "unsupported":  # refused either way: dynamic shapes were not the cause
+                self.dynamic = True
+                self._compile(op)
+            else:
+                result = static
         return {**result, "graphs": self.graphs if self.runner is None else self.runner.graphs}
 
     def repro(self, key: str, dtype: str, i: int, folder: str, status: str) -> str:
