@@ -46,10 +46,10 @@ def _error(exc: BaseException) -> str:
 
 
 def flat_outputs(out: Any) -> list[torch.Tensor] | None:
-    """The tensors of an output (nested tuples and lists flattened, Python numbers as 0-d tensors);
-    None when it holds anything else (a string, None, an object)."""
+    """The tensors of an output (nested tuples and lists flattened, Python numbers as 0-d tensors,
+    sparse tensors as their dense values); None when it holds anything else (a string, None, an object)."""
     if isinstance(out, torch.Tensor):
-        return [out]
+        return [out.to_dense() if out.layout != torch.strided else out]
     if isinstance(out, bool | int | float):
         return [torch.tensor(out)]
     if isinstance(out, complex):
