@@ -119,6 +119,22 @@ def no_reference_from_math(model: LoadedModel) -> None:
         file=str(model.path))
 
 
+def torch_version() -> str | None:
+    """torch's version, without importing it where it is not imported yet (an ONNX file's run);
+    None where it is not installed."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.__version__
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
 def cpu_name() -> str:
     """The processor's model name (``/proc/cpuinfo`` on Linux, ``platform`` elsewhere)."""
     import platform

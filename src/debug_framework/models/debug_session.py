@@ -45,6 +45,16 @@ def capture_environment(device: str | None = None) -> dict[str, Any]:
         env["numpy"] = numpy.__version__
     except ImportError:  # pragma: no cover - numpy is a dependency
         env["numpy"] = None
+    if "torch" not in sys.modules and not str(device or "").startswith("cuda"):
+        # a run that never imported torch (an ONNX file's) is not made to import it to say so:
+        # the installed version, and no CUDA availability (torch would have to be imported to ask)
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            env["torch"] = version("torch")
+        except PackageNotFoundError:
+            env["torch"] = None
+        return env
     try:
         import torch
 
