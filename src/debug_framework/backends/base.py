@@ -119,18 +119,18 @@ def no_reference_from_math(model: LoadedModel) -> None:
         file=str(model.path))
 
 
-def torch_version() -> str | None:
-    """torch's version, without importing it where it is not imported yet (an ONNX file's run);
-    None where it is not installed."""
+def installed_version(package: str) -> str | None:
+    """A package's version without importing it where it is not imported yet (an ONNX file's run
+    never imports torch or onnxscript for it); None where it is not installed."""
     import sys
 
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch.__version__
+    module = sys.modules.get(package)
+    if module is not None and hasattr(module, "__version__"):
+        return module.__version__
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("torch")
+        return version(package)
     except PackageNotFoundError:
         return None
 

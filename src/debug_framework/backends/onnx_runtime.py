@@ -33,7 +33,7 @@ from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
 from ._onnx_file import alternative_model, checkpoint_proto, load_error
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
-from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, torch_version
+from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
 
 if TYPE_CHECKING:  # torch is imported where a torch model is exported: an ONNX file is run without it
     import torch
@@ -145,7 +145,6 @@ class OnnxRuntimeBackend(BaseBackend):
     def version_info(self) -> dict[str, Any]:
         import onnx
         import onnxruntime as ort
-        import onnxscript
 
         used = self.session.get_providers() if self.session is not None else self._providers()
         device_name = cpu_name()
@@ -157,8 +156,8 @@ class OnnxRuntimeBackend(BaseBackend):
             "runtime": "onnxruntime",
             "onnxruntime": ort.__version__,
             "onnx": onnx.__version__,
-            "onnxscript": onnxscript.__version__,
-            "torch": torch_version(),
+            "onnxscript": installed_version("onnxscript"),
+            "torch": installed_version("torch"),
             "providers": list(used),
             "device_name": device_name,
             "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),

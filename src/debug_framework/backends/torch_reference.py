@@ -23,7 +23,7 @@ from ..comparison import float64_array
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name, no_reference_from_math, torch_version
+from .base import BaseBackend, Taps, cpu_name, no_reference_from_math, installed_version
 
 if TYPE_CHECKING:  # torch is imported where the models run over it: an ONNX file's graph runs without it
     import torch
@@ -47,7 +47,7 @@ class TorchReferenceBackend(BaseBackend):
         self.net: LlamaReference | BertReference | None = None
 
     def version_info(self) -> dict[str, Any]:
-        return {**super().version_info(), "runtime": "torch", "torch": torch_version(), "device_name": cpu_name()}
+        return {**super().version_info(), "runtime": "torch", "torch": installed_version("torch"), "device_name": cpu_name()}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, "cpu")

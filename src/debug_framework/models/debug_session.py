@@ -48,12 +48,9 @@ def capture_environment(device: str | None = None) -> dict[str, Any]:
     if "torch" not in sys.modules and not str(device or "").startswith("cuda"):
         # a run that never imported torch (an ONNX file's) is not made to import it to say so:
         # the installed version, and no CUDA availability (torch would have to be imported to ask)
-        from importlib.metadata import PackageNotFoundError, version
+        from ..backends.base import installed_version
 
-        try:
-            env["torch"] = version("torch")
-        except PackageNotFoundError:
-            env["torch"] = None
+        env["torch"] = installed_version("torch")
         return env
     try:
         import torch

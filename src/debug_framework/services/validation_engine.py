@@ -91,9 +91,9 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
                             "module": type(backend).__module__, "dtype": dtype, "device": device}
     import numpy
 
-    from ..backends.base import torch_version
+    from ..backends.base import installed_version
 
-    torch = torch_version()  # not imported for it: an ONNX file's run never imports torch
+    torch = installed_version("torch")  # not imported for it: an ONNX file's run never imports torch
     if torch is not None:
         info["torch"] = torch
     info["numpy"] = numpy.__version__
