@@ -292,3 +292,39 @@ def test_a_quantized_file_is_said_to_err_by_quantization_not_by_a_float_precisio
     if result["consistent_with"] is not None:
         text = precision_text(result["consistent_with"], "float32", quantized)
         assert "quantized (" in text and "comes from quantization" in text
+
+
+
+_NO_TORCH = """
+import json, sys
+from debug_framework.cli.debug_validate import run
+for n, extra in enumerate(([], ["--alternative-model", sys.argv[2]])):
+    run(["--model-path", sys.argv[1], "--alternative-backend", "onnxruntime", "--mark-all", "--output-file",
+         f"r{n}.json", "--checkpoints", "post_embedding,post_mlp,post_processing", *extra])
+print(json.dumps(sorted(m for m in ("torch", "transformers") if m in sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_an_onnx_file_validates_without_importing_torch(tmp_path):
+    """A fresh process validates an ONNX file against onnxruntime, every node output marked, and an
+    injected bug in the alternative file fails it: torch and transformers are never imported."""
+    import json
+    import subprocess
+    import sys
+
+    model = _legacy_graph(tmp_path / "m.onnx")
+    proto = onnx.load(str(model))
+    next(n for n in proto.graph.node if n.name == "/model/layers.1/Add").op_type = "Sub"  # layer 1's bug
+    onnx.save(proto, str(tmp_path / "bug.onnx"))
+    src = Path(__file__).resolve().parents[2] / "src"
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH, str(model), str(tmp_path / "bug.onnx")], cwd=tmp_path,
+                          text=True, capture_output=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "HOME": str(tmp_path),
+                               "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []  # neither torch nor transformers imported
+    good, bad = (json.loads((tmp_path / f"r{n}.json").read_text()) for n in range(2))
+    assert good["verdict"] == "passed" and good["mark_all"]["compared"] == 6 and good["mark_all"]["failed"] == 0
+    assert bad["verdict"] == "failed" and bad["mark_all"]["failed"] > 0
+    assert [r["passed"] for r in bad["results"]] == [True, True, False, False]  # from layer 1 on

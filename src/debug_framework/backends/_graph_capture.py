@@ -17,6 +17,7 @@ from ..capture.hooks import ModuleTap, find_module, first_input, first_tensor, h
 from ..capture.keys import CheckpointKey
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
+from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
 
 __all__ = ["CheckpointOutputs", "PlainOutput", "layer_inputs_from", "graph_inputs", "check_layer_index", "replay_arguments",
            "layer_names", "generic_structure"]
@@ -166,30 +167,6 @@ def layer_names(net: torch.nn.Module, model: LoadedModel) -> list[str]:
     return hf_layer_modules(model.architecture, model.num_layers)
 
 
-def graph_inputs(model: LoadedModel, inputs: ModelInputs) -> dict[str, Any]:
-    """The input arrays a graph takes: ids and mask, plus token types (zeros if absent) for BERT."""
-    if getattr(model, "format", None) == "onnx":  # the file's own inputs, in its own integer types
-        from ..modelio.onnx_file import onnx_feeds
-
-        return onnx_feeds(model.config, inputs)
-    out: dict[str, Any] = {"input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask}
-    if model.architecture == "bert":
-        import numpy as np
-
-        out["token_type_ids"] = inputs.token_type_ids if inputs.token_type_ids is not None else np.zeros_like(inputs.input_ids)
-    return out
-
-
-def layer_inputs_from(tensors: dict[CheckpointKey, Any], num_layers: int) -> dict[int, Any]:
-    """Layer i's input is post_embedding (i = 0) or layer i-1's post_mlp, in both families."""
-    out: dict[int, Any] = {}
-    for i in range(num_layers):
-        key = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
-        if key in tensors:
-            out[i] = tensors[key]
-    return out
-
-
 class _LayerReached(Exception):
     """Stops the eager forward of :func:`_layer_call` as the layer is entered."""
 
@@ -234,14 +211,6 @@ def _with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: torch.Te
     name = "hidden_states" if "hidden_states" in kwargs else next(
         (k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), "hidden_states")
     return args, {**kwargs, name: hidden}
-
-
-def check_layer_index(model: LoadedModel, i: int, backend: str) -> None:
-    """Raises BackendInitializationError (DF002) when ``model`` has no layer ``i``."""
-    if not 0 <= i < model.num_layers:
-        from ..errors import BackendInitializationError
-
-        raise BackendInitializationError(f"layer {i} does not exist (the model has {model.num_layers})", backend=backend)
 
 
 def replay_arguments(net: torch.nn.Module, model: LoadedModel, i: int, inputs: ModelInputs, hidden: torch.Tensor,

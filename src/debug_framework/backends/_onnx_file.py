@@ -481,7 +481,7 @@ class Float64GraphRunner:
     def run(self, inputs: Any, keys: list[CheckpointKey], capture_layer_inputs: bool) -> Capture:
         from ..modelio.onnx_file import onnx_feeds
 
-        from ._graph_capture import layer_inputs_from
+        from ._graph_feeds import layer_inputs_from
 
         wanted = [k for k in keys if k in self.names]
         if capture_layer_inputs:
@@ -565,7 +565,7 @@ def file_layer_export(backend: Any, model: Any, i: int, hidden_in: Any, inputs: 
     """
     import onnx
 
-    from ._graph_capture import graph_inputs
+    from ._graph_feeds import graph_inputs
     from ._onnx_graph import LayerCutError, cut_layer
 
     names = backend._names

@@ -119,6 +119,22 @@ def no_reference_from_math(model: LoadedModel) -> None:
         file=str(model.path))
 
 
+def installed_version(package: str) -> str | None:
+    """A package's version without importing it where it is not imported yet (an ONNX file's run
+    never imports torch or onnxscript for it); None where it is not installed."""
+    import sys
+
+    module = sys.modules.get(package)
+    if module is not None and hasattr(module, "__version__"):
+        return module.__version__
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def cpu_name() -> str:
     """The processor's model name (``/proc/cpuinfo`` on Linux, ``platform`` elsewhere)."""
     import platform

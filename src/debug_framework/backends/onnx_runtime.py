@@ -14,32 +14,30 @@ replays a layer's MLP block alone, cut from ``post_attention:i`` to ``post_mlp:i
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from ._graph_capture import (
-    CheckpointOutputs,
-    PlainOutput,
-    check_layer_index,
-    graph_inputs,
-    layer_inputs_from,
-    replay_arguments,
-)
+from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
 from ._onnx_file import alternative_model, checkpoint_proto, load_error
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
-from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
-from .pytorch import build_hf_model
+from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
+
+if TYPE_CHECKING:  # torch is imported where a torch model is exported: an ONNX file is run without it
+    import torch
+
+    from ._graph_capture import CheckpointOutputs
 
 __all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS", "LAYER_REPLAYS"]
 
@@ -146,19 +144,19 @@ class OnnxRuntimeBackend(BaseBackend):
     def version_info(self) -> dict[str, Any]:
         import onnx
         import onnxruntime as ort
-        import onnxscript
 
         used = self.session.get_providers() if self.session is not None else self._providers()
         device_name = cpu_name()
-        if self.device.startswith("cuda") and torch.cuda.is_available():
+        torch = sys.modules.get("torch")  # an ONNX file's run never imports it
+        if self.device.startswith("cuda") and torch is not None and torch.cuda.is_available():
             device_name = torch.cuda.get_device_name(0)
         return {
             **super().version_info(),
             "runtime": "onnxruntime",
             "onnxruntime": ort.__version__,
             "onnx": onnx.__version__,
-            "onnxscript": onnxscript.__version__,
-            "torch": torch.__version__,
+            "onnxscript": installed_version("onnxscript"),
+            "torch": installed_version("torch"),
             "providers": list(used),
             "device_name": device_name,
             "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
@@ -172,6 +170,7 @@ class OnnxRuntimeBackend(BaseBackend):
     # -- export --------------------------------------------------------------------------------------
     def _export(self, module: torch.nn.Module, model: LoadedModel, path: Path, output_names: list[str]) -> float:
         """Export ``module`` with dynamic batch and length (example 2 x 8: no 0/1 specialisation)."""
+        import torch
         import torch.onnx  # before the output is captured: importing it gives its logger a stderr handler
         from torch.export import Dim
 
@@ -282,6 +281,11 @@ class OnnxRuntimeBackend(BaseBackend):
             self._prepare_file(model, artifact_dir)
             return
         self._file_model = False
+        import torch
+
+        from ._graph_capture import CheckpointOutputs
+        from .pytorch import build_hf_model
+
         self.net = build_hf_model(model, torch.float32, "cpu")
         wrapper = self._wrapper = CheckpointOutputs.for_model(self.net, model)
         # the list the checkpoint hooks append to (torch.export puts a copy on the wrapper afterwards)
@@ -329,6 +333,8 @@ class OnnxRuntimeBackend(BaseBackend):
             self.session.run([self.session.get_outputs()[0].name], feeds)
             return Capture(backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start, meta=meta)
         if self._plain_session is None:
+            from ._graph_capture import PlainOutput
+
             path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", "-plain.onnx"))
             meta["export_s"] = self._export(PlainOutput(self.net), model, path, ["output"])
             self._plain_session = self._session(path)
@@ -379,7 +385,7 @@ class OnnxRuntimeBackend(BaseBackend):
         """
         model = self._prepared()
         check_layer_index(model, i, self.name)
-        hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32)
+        hidden = _float32(hidden_in)
         cut_failed = self._cut_failed.get(i)
         if self.layer_replay == "graph" and cut_failed is None:
             try:
@@ -426,13 +432,11 @@ class OnnxRuntimeBackend(BaseBackend):
         ok, why = self.can_run_block()
         if not ok:
             raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
-        return self._run_cut(i, "mlp", torch.as_tensor(hidden_in).detach().to("cpu", torch.float32), inputs)
+        return self._run_cut(i, "mlp", _float32(hidden_in), inputs)
 
-    def _run_cut(self, i: int, part: str, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
+    def _run_cut(self, i: int, part: str, hidden: np.ndarray, inputs: ModelInputs) -> Capture:
         """Layer ``i`` (``part="layer"``) or its MLP block (``"mlp"``) replayed by its cut of the
         model's graph (raises LayerCutError where there is none)."""
-        import numpy as np
-
         model = self._prepared()
         keys = self._cut_keys(i, part)
         built = (i, part) not in self._cut_sessions
@@ -448,7 +452,7 @@ class OnnxRuntimeBackend(BaseBackend):
         names = {inp.name for inp in session.get_inputs()}  # the cut keeps only the graph inputs it reads
         feeds = {k: v for k, v in graph_inputs(model, inputs).items() if k in names}
         typed = next((x.type for x in session.get_inputs() if x.name == hidden_name), "")  # a float16 file's: float16
-        feeds[hidden_name] = np.ascontiguousarray(hidden.numpy().astype(np.float16 if "float16" in typed else np.float32))
+        feeds[hidden_name] = np.ascontiguousarray(hidden.astype(np.float16 if "float16" in typed else np.float32))
         start = time.perf_counter()
         arrays = session.run([self._names[k] for k in keys], feeds)
         elapsed = time.perf_counter() - start
@@ -472,6 +476,8 @@ class OnnxRuntimeBackend(BaseBackend):
                 self, "_file_model", False) else onnx.load(str(self.onnx_path), load_external_data=False))
         start = CheckpointKey("post_attention", i) if part == "mlp" else (
             CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
+        if start not in self._names:  # a graph whose layers have no post_attention boundary
+            raise LayerCutError(f"the graph has no {start} checkpoint to cut layer {i}'s {part} from")
         return cut_layer(self._graph_proto, self._names[start], [self._names[k] for k in self._cut_keys(i, part)],
                          list(self._names.values()))
 
@@ -484,16 +490,20 @@ class OnnxRuntimeBackend(BaseBackend):
             from ._onnx_file import file_layer_export
 
             return file_layer_export(self, self._prepared(), i, hidden_in, inputs, path, LayerExport)
+        import torch
         import torch.onnx  # before the output is captured (see _export)
+
+        from ._graph_capture import replay_arguments
+        from ._layer_replay import LayerReplay, flatten
 
         model = self._prepared()
         hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32)
         layer_name, layer, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
-        leaves, spec = _flatten((args, kwargs))
+        leaves, spec = flatten((args, kwargs))
         hidden_index = next(n for n, t in enumerate(leaves) if t is hidden)
         leaves = [t.clone() for t in leaves]  # normal tensors: the eager run made inference-mode ones
         keys = self._wrapper.keys_within(layer_name)
-        replay = _LayerReplay(layer, self._sink, spec).eval()
+        replay = LayerReplay(layer, self._sink, spec).eval()
         try:
             with torch.no_grad(), captured_output(path.with_name(EXPORT_LOG), f"export of {path.name}"):
                 torch.onnx.export(replay, tuple(leaves), str(path), dynamo=True, opset_version=self.opset,
@@ -507,11 +517,17 @@ class OnnxRuntimeBackend(BaseBackend):
         return LayerExport(path=path, layer_name=layer_name, keys=keys, hidden_input=f"in_{hidden_index}",
                            feeds={f"in_{n}": t.numpy() for n, t in enumerate(leaves)})
 
-    def _run_exported_layer(self, i: int, hidden: torch.Tensor, inputs: ModelInputs) -> Capture:
-        """Layer ``i`` exported alone (once per input shape) and replayed on ``hidden``."""
+    def _run_exported_layer(self, i: int, hidden_in: np.ndarray, inputs: ModelInputs) -> Capture:
+        """Layer ``i`` exported alone (once per input shape) and replayed on ``hidden_in``."""
+        import torch
+
+        from ._graph_capture import replay_arguments
+        from ._layer_replay import flatten
+
+        hidden = torch.tensor(hidden_in)
         model = self._prepared()
         _, _, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
-        leaves, _ = _flatten((args, kwargs))
+        leaves, _ = flatten((args, kwargs))
         key = (i, tuple((tuple(t.shape), t.dtype) for t in leaves))
         meta: dict[str, Any] = {"variant": f"layer {i}", "replay": "export", "built_in_this_call": key not in self._layer_sessions}
         if key not in self._layer_sessions:
@@ -545,56 +561,8 @@ class LayerExport:
     reference_path: Path | None = None  #: with a model_file: the layer cut out of the session's own file
 
 
-class _LayerReplay(torch.nn.Module):
-    """One layer called with the arguments rebuilt from flat tensors (``spec``: see :func:`_flatten`);
-    returns what the checkpoint hooks inside it appended to ``sink``, in firing order."""
-
-    def __init__(self, layer: torch.nn.Module, sink: list[torch.Tensor], spec: Any) -> None:
-        super().__init__()
-        self.layer = layer
-        self._sink = sink
-        self._spec = spec
-
-    def forward(self, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args, kwargs = _unflatten(self._spec, list(leaves))
-        self._sink.clear()
-        self.layer(*args, **kwargs)
-        out = tuple(self._sink)
-        self._sink.clear()
-        return out
-
-
-_LEAF = object()
-
-
-def _flatten(value: Any) -> tuple[list[torch.Tensor], Any]:
-    """The tensors in nested tuples/lists/dicts, in order, and a spec of everything else."""
-    leaves: list[torch.Tensor] = []
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            leaves.append(v)
-            return _LEAF
-        if isinstance(v, (tuple, list)):
-            return (type(v), [walk(x) for x in v])
-        if isinstance(v, dict):
-            return (dict, {k: walk(x) for k, x in v.items()})
-        return ("const", v)
-
-    return leaves, walk(value)
-
-
-def _unflatten(spec: Any, leaves: list[torch.Tensor]) -> Any:
-    it = iter(leaves)
-
-    def build(sp: Any) -> Any:
-        if sp is _LEAF:
-            return next(it)
-        kind, body = sp
-        if kind == "const":
-            return body
-        if kind is dict:
-            return {k: build(x) for k, x in body.items()}
-        return kind(build(x) for x in body)
-
-    return build(spec)
+def _float32(hidden: Any) -> np.ndarray:
+    """A hidden state (a torch tensor on any device or a NumPy array) as a float32 NumPy array."""
+    if isinstance(hidden, np.ndarray):
+        return hidden.astype(np.float32, copy=False)
+    return hidden.detach().to("cpu", sys.modules["torch"].float32).numpy()

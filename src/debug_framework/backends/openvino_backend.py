@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import BackendInitializationError
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, cpu_name
+from .base import BaseBackend, cpu_name, installed_version
 from .onnx_runtime import OnnxRuntimeBackend
 
 __all__ = ["OpenVinoBackend", "PRECISION_HINTS", "round_to_bfloat16"]
@@ -204,7 +204,6 @@ class OpenVinoBackend(OnnxRuntimeBackend):
     def version_info(self) -> dict[str, Any]:
         import onnx
         import openvino as ov
-        import torch
 
         core = self._ov_core()
         return {
@@ -212,7 +211,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
             "runtime": "openvino",
             "openvino": ov.get_version(),
             "onnx": onnx.__version__,
-            "torch": torch.__version__,
+            "torch": installed_version("torch"),
             "ov_device": self.ov_device,
             "device_name": core.get_property(self.ov_device, "FULL_DEVICE_NAME") if self.ov_device else cpu_name(),
             "device_capabilities": [str(c) for c in core.get_property(self.ov_device, "OPTIMIZATION_CAPABILITIES")],

@@ -13,20 +13,23 @@ implementation at that precision: an upper estimate for implementations that upc
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ..architectures import BertReference, LlamaReference, build_reference
 from ..architectures.xp import torch_namespace
 from ..capture.keys import Capture, CheckpointKey
 from ..comparison import float64_array
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
+from .base import BaseBackend, Taps, cpu_name, installed_version, no_reference_from_math
 from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
+
+if TYPE_CHECKING:  # torch is imported where the models run over it: an ONNX file's graph runs without it
+    import torch
+
+    from ..architectures import BertReference, LlamaReference
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -45,7 +48,7 @@ class TorchReferenceBackend(BaseBackend):
         self.net: LlamaReference | BertReference | None = None
 
     def version_info(self) -> dict[str, Any]:
-        return {**super().version_info(), "runtime": "torch", "torch": torch.__version__, "device_name": cpu_name()}
+        return {**super().version_info(), "runtime": "torch", "torch": installed_version("torch"), "device_name": cpu_name()}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, "cpu")
@@ -58,6 +61,8 @@ class TorchReferenceBackend(BaseBackend):
                                                  hint="set calibrate to false")
             self.net, self._graph = None, Float64GraphRunner(model, dtype, self.name)
             return
+        from ..architectures import build_reference
+
         no_reference_from_math(model)
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
 
@@ -79,6 +84,8 @@ class TorchReferenceBackend(BaseBackend):
         return True, ""
 
     def _ids(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        import torch
+
         self.net.positions = inputs.position_ids()  # every call reads its inputs' positions
         tt = None if inputs.token_type_ids is None else torch.from_numpy(np.asarray(inputs.token_type_ids, np.int64))
         return (torch.from_numpy(np.asarray(inputs.input_ids, np.int64)),
@@ -89,6 +96,8 @@ class TorchReferenceBackend(BaseBackend):
         self._check_inputs(inputs)
         if getattr(self, "_graph", None) is not None:
             return self._graph.run(inputs, keys, capture_layer_inputs)
+        import torch
+
         ids, mask, tt = self._ids(inputs)
         layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
         start = time.perf_counter()
@@ -124,6 +133,8 @@ class TorchReferenceBackend(BaseBackend):
         self._prepared()
         if getattr(self, "_graph", None) is not None:
             return self._graph.replay(i, "layer", hidden_in, inputs)
+        import torch
+
         h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
         _, mask, _ = self._ids(inputs)
         start = time.perf_counter()
@@ -137,6 +148,8 @@ class TorchReferenceBackend(BaseBackend):
         self._prepared()
         if getattr(self, "_graph", None) is not None:
             return self._graph.block(i, block, hidden_in, inputs)
+        import torch
+
         h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
         _, mask, _ = self._ids(inputs)
         start = time.perf_counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError, BackendRuntimeError
@@ -19,7 +19,9 @@ from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import FLOAT_DTYPES, BaseBackend, Taps
 from .decode import DecodeRun, runner_decode
-from .torch_module import ModuleBuilder, TorchModuleBackend
+
+if TYPE_CHECKING:  # torch is imported when a module backend is built, never for a callable one
+    from .torch_module import ModuleBuilder, TorchModuleBackend
 
 __all__ = ["user_backend", "module_backend", "CallableBackend"]
 
@@ -158,4 +160,6 @@ def module_backend(
             module names (``encoder.layer.3``, ``model.layers.3.post_attention_layernorm`` ...).
         layer_modules: layer index -> module name (layer inputs and ``run_layer``).
     """
+    from .torch_module import TorchModuleBackend
+
     return lambda device="cpu": TorchModuleBackend(name, builder, checkpoint_map, layer_modules, device)

@@ -1,58 +1,95 @@
 """Input normalisation and bounded-memory chunking.
 
-Everything becomes a torch tensor without copying (NumPy arrays through ``torch.from_numpy``), then
-is walked in C order in chunks of at most ``chunk`` elements. Contiguous inputs are sliced, never
-copied; a non-contiguous input copies one chunk at a time.
+A pair with a torch tensor on either side becomes torch tensors without copying (NumPy arrays
+through ``torch.from_numpy``); a pair of NumPy arrays and Python numbers stays NumPy
+(:func:`as_array`), so comparing NumPy values never imports torch. Either is walked in C order in
+chunks of at most ``chunk`` elements. Contiguous inputs are sliced, never copied; a non-contiguous
+input copies one chunk at a time.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import ComparisonError
+from .tolerance import dtype_name, is_torch_dtype
 
-INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+if TYPE_CHECKING:
+    import torch
 
-_UNSIGNED_FLOATS = {getattr(torch, n) for n in ("float8_e8m0fnu",) if hasattr(torch, n)}
+_UNSIGNED_FLOAT_NAMES = frozenset({"float8_e8m0fnu"})
+#: The NumPy dtype of a Python number, as ``torch.tensor`` makes it (float32: torch's default dtype).
+_SCALAR_DTYPES = ((bool, np.bool_), (int, np.int64), (float, np.float32))
+
+
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch: none exists before it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def torch_dtype_of(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
+    if is_torch_dtype(dtype):
         return dtype
+    import torch
+
     try:
         return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
     except (TypeError, ValueError) as exc:
         raise ComparisonError(f"dtype {dtype!r} has no torch equivalent") from exc
 
 
+def _numeric_array(x: Any, side: str) -> np.ndarray:
+    """A NumPy array or scalar as a native-byte-order numeric array (DF006 for anything else)."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
+        raise ComparisonError(
+            f"{side} is a NumPy array of dtype {arr.dtype}, which cannot be compared numerically",
+            hint="compare numeric arrays (bool, integer or floating point)",
+        )
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return arr
+
+
+def _not_a_tensor(x: Any, side: str) -> ComparisonError:
+    return ComparisonError(
+        f"{side} is a {type(x).__name__}, not a tensor",
+        hint="pass torch tensors, NumPy arrays or Python numbers",
+    )
+
+
+def as_array(x: Any, side: str) -> np.ndarray:
+    """A NumPy view of ``x`` (NumPy array or Python/NumPy scalar; Python numbers get the dtype
+    ``torch.tensor`` would give them), no copy where possible."""
+    if isinstance(x, np.ndarray | np.generic):
+        return _numeric_array(x, side)
+    for kind, dtype in _SCALAR_DTYPES:
+        if isinstance(x, kind):
+            return np.asarray(x, dtype=dtype)
+    raise _not_a_tensor(x, side)
+
+
 def as_tensor(x: Any, side: str) -> torch.Tensor:
     """A tensor view of ``x`` (torch tensor, NumPy array or Python/NumPy scalar), no copy where possible."""
+    import torch
+
     if isinstance(x, torch.Tensor):
         t = x.detach()
     elif isinstance(x, np.ndarray | np.generic):
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "biuf":
-            raise ComparisonError(
-                f"{side} is a NumPy array of dtype {arr.dtype}, which cannot be compared numerically",
-                hint="compare numeric arrays (bool, integer or floating point)",
-            )
-        if not arr.dtype.isnative:
-            arr = arr.astype(arr.dtype.newbyteorder("="))
+        arr = _numeric_array(x, side)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only arrays: we never write through the view
             t = torch.from_numpy(arr)
     elif isinstance(x, bool | int | float):
         t = torch.tensor(x)
     else:
-        raise ComparisonError(
-            f"{side} is a {type(x).__name__}, not a tensor",
-            hint="pass torch tensors, NumPy arrays or Python numbers",
-        )
+        raise _not_a_tensor(x, side)
     if t.is_complex():
         raise ComparisonError(
             f"{side} is complex ({t.dtype}); complex tensors are not compared directly",
@@ -66,8 +103,12 @@ def as_tensor(x: Any, side: str) -> torch.Tensor:
     return t
 
 
-def iter_flat_chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
-    """Contiguous 1-D pieces of ``t`` in C order, each at most ``chunk`` elements."""
+def iter_flat_chunks(t: Any, chunk: int) -> Iterator[Any]:
+    """Contiguous 1-D pieces of ``t`` (a torch tensor or NumPy array) in C order, each at most
+    ``chunk`` elements."""
+    if isinstance(t, np.ndarray):
+        yield from _iter_numpy_chunks(t, chunk)
+        return
     if t.dim() == 0:
         yield t.reshape(1)
         return
@@ -93,15 +134,47 @@ def iter_flat_chunks(t: torch.Tensor, chunk: int) -> Iterator[torch.Tensor]:
             yield from iter_flat_chunks(t[i], chunk)
 
 
-def int_view_dtype(dtype: torch.dtype) -> torch.dtype:
-    if dtype in _UNSIGNED_FLOATS:
-        return torch.uint8
-    return INT_VIEW[dtype.itemsize]
+def _iter_numpy_chunks(a: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
+    """:func:`iter_flat_chunks` of a NumPy array: the same pieces, in the same order."""
+    if a.ndim == 0:
+        yield a.reshape(1)
+        return
+    n = a.size
+    if n == 0:
+        return
+    if a.flags.c_contiguous:
+        flat = a.reshape(-1)
+        for s in range(0, n, chunk):
+            yield flat[s : s + chunk]
+        return
+    if a.ndim == 1:
+        for s in range(0, n, chunk):
+            yield np.ascontiguousarray(a[s : s + chunk])
+        return
+    row = n // a.shape[0]
+    if row <= chunk:
+        rows = max(1, chunk // row)
+        for s in range(0, a.shape[0], rows):
+            yield np.ascontiguousarray(a[s : s + rows]).reshape(-1)
+    else:
+        for i in range(a.shape[0]):
+            yield from _iter_numpy_chunks(a[i], chunk)
 
 
-def ulp_mask(dtype: torch.dtype) -> int:
+def int_view_dtype(dtype: Any) -> Any:
+    """The integer dtype (torch's for a torch dtype, NumPy's for a NumPy one) of a float dtype's bit patterns."""
+    if is_torch_dtype(dtype):
+        import torch
+
+        if dtype_name(dtype) in _UNSIGNED_FLOAT_NAMES:
+            return torch.uint8
+        return {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    return np.dtype(f"int{8 * np.dtype(dtype).itemsize}")
+
+
+def ulp_mask(dtype: Any) -> int:
     """Magnitude mask of a float dtype's bit pattern (all bits for sign-less formats)."""
     bits = dtype.itemsize * 8
-    if dtype in _UNSIGNED_FLOATS:
+    if dtype_name(dtype) in _UNSIGNED_FLOAT_NAMES:
         return (1 << bits) - 1
     return (1 << (bits - 1)) - 1

@@ -2,7 +2,9 @@
 
 CPU tensors and NumPy arrays go through the fused numba kernel (``_kernel.accumulate``); tensors on
 another device (CUDA, MPS, ...) are compared where they live with the same algorithm written in
-torch ops (``_accumulate_torch``). Both fold chunks into the same small state (``_state.KernelState``),
+torch ops (``_accumulate_torch``). A pair of NumPy arrays (and Python numbers) goes through the
+numba kernel as NumPy arrays, without torch (the same kernel and finalisation: the same numbers and
+verdict as for the same values as CPU tensors). Both engines fold chunks into the same small state (``_state.KernelState``),
 so extra memory is bounded by the chunk size whatever the input size. What is decided once per
 comparison (engine, dtypes, chunk size, the tolerance as the kernels read it) is one frozen
 :class:`ComparePlan`, built before the pass and read whole by the pass, the finalisation and the verdict.
@@ -18,20 +20,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from ..errors import ComparisonError
 from . import _kernel as K
-from ._inputs import as_tensor, int_view_dtype, iter_flat_chunks, ulp_mask
+from ._inputs import as_array, as_tensor, int_view_dtype, is_tensor, iter_flat_chunks, ulp_mask
 from .positions import applies_to, full_index, position_mask, select_positions
 from ._state import HIST_BUCKETS, HIST_SHIFT, KernelParams, KernelState, new_state, read_totals
 from .result import ComparisonResult, WorstElement
-from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
+from .tolerance import PassRule, Tolerance, default_tolerance, dtype_name, float_eps, is_float_dtype, less_precise_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["compare", "DEFAULT_CHUNK_ELEMENTS", "EXACT_QUANTILE_LIMIT"]
 
@@ -84,8 +89,10 @@ def compare(
     Never raises for a shape or dtype mismatch: the result fails with the reason. Raises
     ``ComparisonError`` (DF006) for inputs that are not numeric tensors.
     """
-    ref = as_tensor(reference, "reference")
-    alt = as_tensor(alternative, "alternative")
+    if engine == "torch" or is_tensor(reference) or is_tensor(alternative):
+        ref, alt = as_tensor(reference, "reference"), as_tensor(alternative, "alternative")
+    else:  # NumPy arrays and Python numbers: the numba kernel reads them as they are, no torch
+        ref, alt = as_array(reference, "reference"), as_array(alternative, "alternative")
     mask = position_mask(positions)
     if mask is not None and ref.shape == alt.shape and applies_to(tuple(ref.shape), mask):
         inner = compare(select_positions(ref, mask), select_positions(alt, mask), rtol=rtol, atol=atol,
@@ -108,8 +115,8 @@ def compare(
         tolerance=tol,
         reference_shape=tuple(ref.shape),
         alternative_shape=tuple(alt.shape),
-        reference_dtype=str(ref.dtype).removeprefix("torch."),
-        alternative_dtype=str(alt.dtype).removeprefix("torch."),
+        reference_dtype=dtype_name(ref.dtype),
+        alternative_dtype=dtype_name(alt.dtype),
         dtype_match=ref.dtype == alt.dtype,
     )
     if ref.shape != alt.shape:
@@ -117,20 +124,29 @@ def compare(
             passed=False,
             reason=f"shape mismatch: reference {tuple(ref.shape)} vs alternative {tuple(alt.shape)}",
             shape_match=False,
-            numel=ref.numel(),
+            numel=_numel(ref),
             **header,
         )
     plan = _plan(ref, alt, governing, tol, header, engine=engine, top_k=top_k, check_dtype=check_dtype,
                  chunk_elements=chunk_elements, exact_quantile_limit=exact_quantile_limit)
     state = new_state(plan.top_k)
     # numba's OpenMP threading layer sets the calling thread's OpenMP thread count, which torch
-    # shares (libgomp); put back what the caller had so a comparison never changes torch's threads.
+    # shares (libgomp); put back what the caller had so a comparison never changes torch's threads
+    # (none to keep when torch is not imported).
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return _run(ref, alt, plan, state)
     torch_threads = torch.get_num_threads()
     try:
         return _run(ref, alt, plan, state)
     finally:
         if torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
+
+
+def _numel(x: Any) -> int:
+    """Elements of a torch tensor or NumPy array."""
+    return int(x.size) if isinstance(x, np.ndarray) else x.numel()
 
 
 def _in_full(result: ComparisonResult, shape: tuple[int, ...], mask: np.ndarray) -> ComparisonResult:
@@ -153,9 +169,9 @@ class ComparePlan:
 
     tolerance: Tolerance
     engine: Literal["numba", "torch"]
-    device: torch.device  #: where the pass runs
-    compute_dtype: torch.dtype  #: what both sides are read as: float64 when either side is, or is not a float
-    ulp_dtype: torch.dtype | None  #: the less precise float dtype, whose ULPs are counted; None: no ULP
+    device: torch.device | None  #: where the pass runs; None: NumPy arrays (the CPU)
+    compute_dtype: torch.dtype | np.dtype  #: what both sides are read as: float64 when either side is, or is not a float
+    ulp_dtype: torch.dtype | np.dtype | None  #: the less precise float dtype, whose ULPs are counted; None: no ULP
     numel: int
     exact_quantiles: bool  #: numel <= exact_quantile_limit: median and p99 exact, else from the histogram
     exact_int_mismatch: bool  #: integers or bool at zero tolerance: mismatches counted by equality
@@ -166,42 +182,45 @@ class ComparePlan:
     header: Mapping[str, Any]  #: the result's fields known before the pass (name, tolerance, shapes, dtypes)
 
 
-def _plan(ref: torch.Tensor, alt: torch.Tensor, governing: torch.dtype, tol: Tolerance, header: Mapping[str, Any], *,
+def _plan(ref: Any, alt: Any, governing: Any, tol: Tolerance, header: Mapping[str, Any], *,
           engine: Engine, top_k: int, check_dtype: bool, chunk_elements: int | None,
           exact_quantile_limit: int) -> ComparePlan:
     """The plan of comparing ``alt`` with ``ref`` (same shape; ``governing`` is the less precise of
     their dtypes) under ``tol``; raises ComparisonError (DF006) for an unknown engine or numba asked
-    for tensors off the CPU."""
-    device = ref.device if ref.device.type != "cpu" else alt.device
+    for tensors off the CPU. ``ref`` and ``alt`` are both torch tensors or both NumPy arrays."""
+    arrays = isinstance(ref, np.ndarray)
+    device = None if arrays else ref.device if ref.device.type != "cpu" else alt.device
+    device_type = "cpu" if device is None else device.type
     if engine == "auto":
-        engine = "numba" if device.type == "cpu" else "torch"
+        engine = "numba" if device_type == "cpu" else "torch"
     elif engine not in ("numba", "torch"):
         raise ComparisonError(f"unknown engine {engine!r}", hint="use 'auto', 'numba' or 'torch'")
-    elif engine == "numba" and device.type != "cpu":
+    elif engine == "numba" and device_type != "cpu":
         raise ComparisonError(
             f"engine='numba' runs on the CPU, but the tensors are on {device}",
             hint="use engine='auto' or 'torch' to compare them where they live",
         )
-    both_float = ref.dtype.is_floating_point and alt.dtype.is_floating_point
-    wide = torch.float64 in (ref.dtype, alt.dtype) or not both_float
-    if engine == "torch" and device.type == "mps":
+    both_float = is_float_dtype(ref.dtype) and is_float_dtype(alt.dtype)
+    wide = "float64" in (dtype_name(ref.dtype), dtype_name(alt.dtype)) or not both_float
+    if engine == "torch" and device_type == "mps":
         wide = False  # MPS has no float64
-    compute = torch.float64 if wide else torch.float32
+    if arrays:
+        compute: Any = np.dtype(np.float64 if wide else np.float32)
+        contiguous = ref.flags.c_contiguous and alt.flags.c_contiguous
+    else:
+        torch = sys.modules["torch"]
+        compute = torch.float64 if wide else torch.float32
+        contiguous = ref.is_contiguous() and alt.is_contiguous()
     ulp_dtype = governing if both_float else None
-    n = ref.numel()
-    no_copy = (
-        engine == "numba"
-        and ref.dtype == alt.dtype == compute
-        and ref.is_contiguous()
-        and alt.is_contiguous()
-    )
+    n = _numel(ref)
+    no_copy = engine == "numba" and ref.dtype == alt.dtype == compute and contiguous
     chunk = n if (no_copy and chunk_elements is None) else (chunk_elements or DEFAULT_CHUNK_ELEMENTS)
     kernel = KernelParams(
         ulp_mask=ulp_mask(ulp_dtype) if ulp_dtype is not None else 0,
         rtol=float(tol.rtol),
         atol=float(tol.atol),
         gross_factor=float(tol.outlier_factor),
-        rel_eps=float(torch.finfo(governing).eps) if governing.is_floating_point else 1.0,
+        rel_eps=float_eps(governing) if is_float_dtype(governing) else 1.0,
         equal_nan=bool(tol.equal_nan),
     )
     return ComparePlan(
@@ -221,7 +240,7 @@ def _plan(ref: torch.Tensor, alt: torch.Tensor, governing: torch.dtype, tol: Tol
     )
 
 
-def _run(ref: torch.Tensor, alt: torch.Tensor, plan: ComparePlan, state: KernelState) -> ComparisonResult:
+def _run(ref: Any, alt: Any, plan: ComparePlan, state: KernelState) -> ComparisonResult:
     """Stream both tensors chunk by chunk through ``plan.engine`` into ``state``, then finalise."""
     # exact quantiles: the numba kernel writes every pair's error into one buffer (<= 8 MiB at the
     # default limit); the torch engine collects the finite errors chunk by chunk
@@ -237,24 +256,28 @@ def _run(ref: torch.Tensor, alt: torch.Tensor, plan: ComparePlan, state: KernelS
         af, ai = _prepare(ac, plan.compute_dtype, plan.ulp_dtype)
         rf, ri = _prepare(rc, plan.compute_dtype, plan.ulp_dtype)
         if plan.engine == "numba":
-            a_np, r_np = af.numpy(), rf.numpy()
-            ai_np = ai.numpy() if ai is not None else None
-            ri_np = ri.numpy() if ri is not None else None
+            a_np, r_np, ai_np, ri_np = (v.numpy() if is_tensor(v) else v for v in (af, rf, ai, ri))
             K.fold(a_np, r_np, ai_np, ri_np, np.int64(offset), plan.kernel, state,
                    errs[offset:offset + a_np.shape[0]] if exact_q else None)
         else:
             _accumulate_torch(state, af, rf, ai, ri, offset, plan.kernel, errs if exact_q else None)
         if plan.exact_int_mismatch:
             exact_mismatch += int((rc != ac).sum().item())
-        offset += rc.numel()
+        offset += _numel(rc)
 
     return _finalize(ref, alt, plan, state, errs if exact_q else None,
                      exact_mismatch if plan.exact_int_mismatch else None)
 
 
-def _prepare(chunk: torch.Tensor, compute: torch.dtype,
-             ulp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``chunk`` as ``compute`` values, and as integer views of its ``ulp_dtype`` bit patterns (or None)."""
+def _prepare(chunk: Any, compute: Any, ulp_dtype: Any) -> tuple[Any, Any]:
+    """``chunk`` (a torch tensor or NumPy array) as ``compute`` values, and as integer views of its
+    ``ulp_dtype`` bit patterns (or None)."""
+    if isinstance(chunk, np.ndarray):
+        f = chunk if chunk.dtype == compute else chunk.astype(compute)
+        if ulp_dtype is None:
+            return f, None
+        u = chunk if chunk.dtype == ulp_dtype else chunk.astype(ulp_dtype)
+        return f, u.view(int_view_dtype(ulp_dtype))
     f = chunk if chunk.dtype == compute else chunk.to(compute)
     if ulp_dtype is None:
         return f, None
@@ -266,6 +289,8 @@ def _accumulate_torch(state: KernelState, a: torch.Tensor, r: torch.Tensor, ai: 
                       ri: torch.Tensor | None, offset: int, params: KernelParams,
                       errs: list[np.ndarray] | None) -> None:
     """The kernel's algorithm in torch ops, for tensors on any device (one host sync per chunk)."""
+    import torch
+
     tot = state.totals[0]  # a view: item assignments update the state
     # like the CPU kernel, subtract in float64 (exact for float32 inputs); MPS has no float64
     acc = torch.float32 if a.device.type == "mps" else torch.float64
@@ -383,7 +408,7 @@ def _linear_quantiles(m: int, qs: tuple[float, ...],
     return out
 
 
-def _finalize(ref: torch.Tensor, alt: torch.Tensor, plan: ComparePlan, state: KernelState,
+def _finalize(ref: Any, alt: Any, plan: ComparePlan, state: KernelState,
               errs: list[np.ndarray] | np.ndarray | None, exact_mismatch: int | None) -> ComparisonResult:
     """The metrics, the worst elements and the verdict from the folded ``state``. ``errs``: every
     pair's error (exact quantiles) or None; ``exact_mismatch``: the mismatches counted by equality
@@ -445,7 +470,7 @@ def _finalize(ref: torch.Tensor, alt: torch.Tensor, plan: ComparePlan, state: Ke
         if plan.ulp_dtype is not None:
             metrics["max_ulp_error"] = tot.max_ulp_error
     if plan.ulp_dtype is not None:
-        metrics["ulp_dtype"] = str(plan.ulp_dtype).removeprefix("torch.")
+        metrics["ulp_dtype"] = dtype_name(plan.ulp_dtype)
 
     worst: list[WorstElement] = []
     shape = tuple(ref.shape)

@@ -7,16 +7,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import ComparisonError
+from ._inputs import is_tensor
 from .engine import compare
 from .result import ComparisonResult, NestedComparison
 from .tolerance import Tolerance
 
 __all__ = ["flatten_outputs", "compare_nested"]
 
-_LEAF = (torch.Tensor, np.ndarray, np.generic, bool, int, float)
+_LEAF = (np.ndarray, np.generic, bool, int, float)  #: and torch tensors (:func:`is_tensor`)
 
 
 def flatten_outputs(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -33,7 +33,7 @@ def flatten_outputs(obj: Any, prefix: str = "") -> dict[str, Any]:
 
     if obj is None:
         return out
-    if isinstance(obj, _LEAF):
+    if isinstance(obj, _LEAF) or is_tensor(obj):
         out[prefix or "output"] = obj
     elif isinstance(obj, Mapping):
         for k, v in obj.items():

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
+
+from ._inputs import is_tensor
 
 __all__ = ["position_mask", "applies_to", "select_positions", "full_index"]
 
@@ -27,7 +28,7 @@ def position_mask(mask: Any) -> np.ndarray | None:
     a token), or None when every position is a token (nothing to leave out) or ``mask`` is None."""
     if mask is None:
         return None
-    arr = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    arr = mask.detach().cpu().numpy() if is_tensor(mask) else np.asarray(mask)
     if arr.ndim != 2 or arr.size == 0:
         return None
     valid = arr != 0
@@ -59,7 +60,9 @@ def select_positions(tensor: Any, positions: np.ndarray | None) -> Any:
     if not applies_to(shape, positions):
         return tensor
     rows = positions.reshape(-1) if _flat(shape, positions) else positions
-    if isinstance(tensor, torch.Tensor):
+    if is_tensor(tensor):
+        import torch
+
         return tensor[torch.from_numpy(rows).to(tensor.device)]
     return np.asarray(tensor)[rows]
 

@@ -2,45 +2,77 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-import torch
+import numpy as np
 
 __all__ = ["PassRule", "Tolerance", "default_tolerance", "less_precise_dtype"]
 
 PassRule = Literal["allclose", "mismatch", "both"]
 _RULES = ("allclose", "mismatch", "both")
 
-# torch.testing.assert_close's documented defaults (rtol, atol). float8 types are not in its table;
-# for them we use half an ULP at 1.0 of the format as rtol (2**-4 for e4m3, 2**-3 for e5m2) and
-# the smallest normal as atol -- the same construction torch uses for float16/bfloat16.
-_DEFAULTS: dict[torch.dtype, tuple[float, float]] = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
+# torch.testing.assert_close's documented defaults (rtol, atol), by dtype name (torch's names, which
+# NumPy shares for the dtypes both have: a NumPy comparison never imports torch). float8 types are
+# not in its table; for them we use half an ULP at 1.0 of the format as rtol (2**-4 for e4m3, 2**-3
+# for e5m2) and the smallest normal as atol -- the same construction torch uses for float16/bfloat16.
+_DEFAULTS: dict[str, tuple[float, float]] = {
+    "float16": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float32": (1.3e-6, 1e-5),
+    "float64": (1e-7, 1e-7),
+    "float8_e4m3fn": (2.0**-4, 2.0**-6),
+    "float8_e4m3fnuz": (2.0**-4, 2.0**-7),
+    "float8_e5m2": (2.0**-3, 2.0**-14),
+    "float8_e5m2fnuz": (2.0**-3, 2.0**-15),
+    "float8_e8m0fnu": (1.0, 2.0**-127),
 }
-for _name, _rt, _at in (
-    ("float8_e4m3fn", 2.0**-4, 2.0**-6),
-    ("float8_e4m3fnuz", 2.0**-4, 2.0**-7),
-    ("float8_e5m2", 2.0**-3, 2.0**-14),
-    ("float8_e5m2fnuz", 2.0**-3, 2.0**-15),
-    ("float8_e8m0fnu", 1.0, 2.0**-127),
-):
-    if hasattr(torch, _name):
-        _DEFAULTS[getattr(torch, _name)] = (_rt, _at)
 
 
-def _precision_rank(dtype: torch.dtype) -> float:
+def is_torch_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is a ``torch.dtype`` (without importing torch: none exists before it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dtype, torch.dtype)
+
+
+def is_float_dtype(dtype: Any) -> bool:
+    """Whether a torch or NumPy dtype is a floating-point one."""
+    return bool(dtype.is_floating_point) if is_torch_dtype(dtype) else np.dtype(dtype).kind == "f"
+
+
+def dtype_name(dtype: Any) -> str:
+    """torch's name of a torch or NumPy dtype (``float32``, ``int64``, ``bool``)."""
+    return str(dtype).removeprefix("torch.") if is_torch_dtype(dtype) else np.dtype(dtype).name
+
+
+def float_eps(dtype: Any) -> float:
+    """The machine epsilon of a torch or NumPy float dtype."""
+    if is_torch_dtype(dtype):
+        return float(sys.modules["torch"].finfo(dtype).eps)
+    return float(np.finfo(dtype).eps)
+
+
+def numpy_dtype_of(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy dtype torch also has; DF006 for anything else."""
+    from ..errors import ComparisonError
+
+    try:
+        d = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise ComparisonError(f"dtype {dtype!r} has no torch equivalent") from exc
+    if d.kind not in "biufc" or (d.kind == "f" and d.itemsize > 8) or (d.kind == "c" and d.itemsize > 16):
+        raise ComparisonError(f"dtype {dtype!r} has no torch equivalent")
+    return d
+
+
+def _precision_rank(dtype: Any) -> float:
     """Larger = less precise. Integers and bool are exact (rank 0)."""
-    if dtype.is_floating_point:
-        return float(torch.finfo(dtype).eps)
-    return 0.0
+    return float_eps(dtype) if is_float_dtype(dtype) else 0.0
 
 
-def less_precise_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    """The dtype whose precision governs a comparison of ``a`` against ``b``."""
+def less_precise_dtype(a: Any, b: Any) -> Any:
+    """The dtype whose precision governs a comparison of ``a`` against ``b`` (torch or NumPy dtypes)."""
     return a if _precision_rank(a) >= _precision_rank(b) else b
 
 
@@ -92,11 +124,10 @@ class Tolerance:
         return cls(**{k: v for k, v in data.items() if k in fields})
 
 
-def default_tolerance(dtype: torch.dtype | Any) -> Tolerance:
-    """torch.testing's default (rtol, atol) for ``dtype``; exact (0, 0) for integers and bool."""
-    if not isinstance(dtype, torch.dtype):
-        from ._inputs import torch_dtype_of
-
-        dtype = torch_dtype_of(dtype)
-    rtol, atol = _DEFAULTS.get(dtype, (0.0, 0.0))
+def default_tolerance(dtype: Any) -> Tolerance:
+    """torch.testing's default (rtol, atol) for ``dtype`` (a torch or NumPy dtype); exact (0, 0)
+    for integers and bool."""
+    if not is_torch_dtype(dtype):
+        dtype = numpy_dtype_of(dtype)
+    rtol, atol = _DEFAULTS.get(dtype_name(dtype), (0.0, 0.0))
     return Tolerance(rtol=rtol, atol=atol)

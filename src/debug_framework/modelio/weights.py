@@ -11,10 +11,12 @@ import hashlib
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a tensor is read: an ONNX file's path never needs it
+    import torch
 
 from ..errors import ModelLoadingError
 from .files import read_head, regular_file_size, short_repr
@@ -46,12 +48,13 @@ def _head(path: Path, n: int) -> bytes:
 
 #: The dtypes the reference reads weights in (safetensors' names; the other readers map to them).
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
-_TORCH_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
+_TORCH_DTYPE_NAMES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
     """``F32`` for ``torch.float32`` (safetensors' name); other dtypes by torch's name."""
-    return _TORCH_DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    name = str(dtype).removeprefix("torch.")
+    return _TORCH_DTYPE_NAMES.get(name, name)
 
 
 class SafetensorsReader:
@@ -132,6 +135,8 @@ class ZTensorReader:
         if t.layout != "dense":
             raise ModelLoadingError(f"tensor layout {t.layout!r} is not supported", file=str(self.path), tensor=name)
         try:
+            import torch
+
             return torch.from_dlpack(t)
         except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise ModelLoadingError(f"cannot read tensor: {exc}", file=str(self.path), tensor=name) from exc
@@ -139,6 +144,8 @@ class ZTensorReader:
 
 def _check_plain_tensor(path: Path, key: object, value: torch.Tensor) -> None:
     """A state dict entry must be a string key and a dense CPU tensor (not sparse, quantized, nested or meta)."""
+    import torch
+
     if not isinstance(key, str):
         raise ModelLoadingError(f"state dict key {short_repr(key)} is not a string", file=str(path))
     kind = ("sparse" if value.layout != torch.strided else "quantized" if value.is_quantized
@@ -151,6 +158,8 @@ class TorchFileReader:
     """A ``.bin``/``.pt`` state dict, loaded only with ``torch.load(weights_only=True)``."""
 
     def __init__(self, path: Path) -> None:
+        import torch
+
         self.path = path
         head = _head(path, 4)
         if not (head == _ZIP_MAGIC or head[:2] in _PICKLE_PROTOCOLS):
@@ -191,18 +200,17 @@ class TorchFileReader:
         return self._tensors[name]
 
 
-_TORCH_FLOATS = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32,
-                 np.dtype(np.float16): torch.float16}
-
-
 def tensor_numpy(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
     """A CPU tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches).
 
     A floating tensor goes to a floating ``dtype`` in one conversion by torch (multi-threaded;
     widening is exact, narrowing rounds once to nearest even, as NumPy's cast does), never
     through an intermediate array; anything else through float32 (half precision) and NumPy."""
+    import torch
+
     target = np.dtype(dtype)
-    to = _TORCH_FLOATS.get(target)
+    to = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32,
+          np.dtype(np.float16): torch.float16}.get(target)
     if to is not None and t.is_floating_point():
         if t.dtype == to:
             return t.numpy()
@@ -214,7 +222,7 @@ def tensor_numpy(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
     return np.asarray(t.numpy(), dtype=target)
 
 
-class WeightStore(Mapping[str, torch.Tensor]):
+class WeightStore(Mapping[str, "torch.Tensor"]):
     """Canonical tensor name -> tensor, read lazily from one or more files.
 
     ``store["model.embed_tokens.weight"]`` returns a CPU torch tensor in the file's dtype (a view
@@ -276,6 +284,8 @@ class WeightStore(Mapping[str, torch.Tensor]):
         weights saved as a HF directory and as a ``.zt`` file share a digest.
         """
         if self._digest is None:
+            import torch
+
             h = hashlib.sha256()
             for name in sorted(self._loc):
                 t = self[name].contiguous()

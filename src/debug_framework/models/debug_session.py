@@ -45,6 +45,13 @@ def capture_environment(device: str | None = None) -> dict[str, Any]:
         env["numpy"] = numpy.__version__
     except ImportError:  # pragma: no cover - numpy is a dependency
         env["numpy"] = None
+    if "torch" not in sys.modules and not str(device or "").startswith("cuda"):
+        # a run that never imported torch (an ONNX file's) is not made to import it to say so:
+        # the installed version, and no CUDA availability (torch would have to be imported to ask)
+        from ..backends.base import installed_version
+
+        env["torch"] = installed_version("torch")
+        return env
     try:
         import torch
 

@@ -89,14 +89,14 @@ Progress = Callable[[str, int, int], None]
 def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {"name": getattr(backend, "name", "?"), "class": type(backend).__qualname__,
                             "module": type(backend).__module__, "dtype": dtype, "device": device}
-    try:
-        import numpy
-        import torch
+    import numpy
 
-        info["torch"] = torch.__version__
-        info["numpy"] = numpy.__version__
-    except ImportError:  # pragma: no cover
-        pass
+    from ..backends.base import installed_version
+
+    torch = installed_version("torch")  # not imported for it: an ONNX file's run never imports torch
+    if torch is not None:
+        info["torch"] = torch
+    info["numpy"] = numpy.__version__
     info.update(_versions(backend))
     info.update(extra or {})
     return info
@@ -244,7 +244,7 @@ class ValidationEngine(EngineFaces):
             for a bad configuration, DatabaseError (DF003).
         """
         from ..backends import get_backend
-        from ..backends.eager_reference import reference_for
+        from ..backends.reference_choice import reference_for
         from ..modelio import load_model
 
         cfg = validate_session_config(config)

@@ -417,7 +417,7 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
 
 
 def _oracle_name(ctx: RunContext) -> str:
-    from ...backends.eager_reference import oracle_for
+    from ...backends.reference_choice import oracle_for
 
     return oracle_for(ctx.model)
 
