@@ -113,6 +113,8 @@ class TorchReferenceBackend(BaseBackend):
     def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
         """The prefill, then ``steps`` tokens decoded through the model's KV cache (kept in the
         compute dtype; ``backends.decode.reference_decode``), teacher-forced with ``tokens``."""
+        import torch
+
         keys = self._keys(taps)
         self._check_inputs(inputs)
         net = self.net if getattr(self, "_graph", None) is None else None
@@ -122,6 +124,8 @@ class TorchReferenceBackend(BaseBackend):
     def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
         """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]`` (rounded once), over the
         cache the prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
+        import torch
+
         self._prepared()
         h = torch_namespace().from_host(float64_array(hidden_in), self.net.dtype)
         return reference_decode_layer(self.name, self.dtype, self.net,
