@@ -169,9 +169,16 @@ def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx
         warnings.simplefilter("ignore")
         onnx.save(float16.convert_float_to_float16(onnx.load(str(bert_onnx)), keep_io_types=True), str(fp16))
     options = {"alternative_options": {"model_file": str(fp16)}}
-    at32 = _validate(tmp_path, bert_onnx, "onnxruntime", **options)
+    at32 = _validate(tmp_path, bert_onnx, "onnxruntime", drill_down=True, **options)
     assert at32["verdict"] == "failed" and at32["consistent_with"] == "float16"
     assert at32["precision_diagnosis"]["measured"] == ["float16", "bfloat16"]
+    # drilled at the file's own float16 (its layer reads float16): beyond what a correct float16 run of
+    # the session's file gives is only the mask's Where, whose -3.4e38 the converter clamped to -1e4;
+    # the Cast it added on the output has no twin in the session's file and is said not judged
+    drilled = at32["drilldown"]
+    assert drilled and all("could not be drilled" not in (d["note"] or "") for d in drilled), drilled
+    assert {d["culprit"]["op"].split()[0] for d in drilled} == {"Where"}
+    assert "added by a conversion" in drilled[-1]["note"]
     # every node output too, with the second row padded: no false alarm on the mask's constant
     # (float32's finfo.min where the file has float16's), on padded positions or near zero
     at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", mark_all=True, pad_lengths=[0, 3], **options)

@@ -60,22 +60,31 @@ _NOT_JUDGED = frozenset({"Constant"})
 
 
 def _rmse(trusted: np.ndarray, value: np.ndarray) -> float:
-    """RMSE of ``value`` against ``trusted`` over the pairs finite on both sides, in float64.
+    """RMSE of ``value`` against ``trusted`` over the pairs finite on both sides, in float64, by mark-all's
+    rule (:func:`~debug_framework.services.validation.mark_all.saturating_rmse`): never NaN; ``inf`` when
+    the shapes differ or a non-finite value does not match the trusted one (NaN matches NaN; a value
+    saturated in its dtype, an attention mask's ``finfo.min`` in a float16 graph, matches a trusted value
+    beyond that range of the same sign: that dtype's rounding, not an error); 0.0 when no pair is finite."""
+    from ..validation.mark_all import saturating_rmse
 
-    Never NaN: ``inf`` when the shapes differ or a non-finite value does not match the trusted one
-    (NaN matches NaN, an infinity the same infinity; an infinity where the trusted value is beyond
-    the range of ``value``'s dtype, of the same sign, is that dtype's rounding, not an error);
-    0.0 when no pair is finite and every non-finite value matches."""
     value = np.asarray(value)
     big = float(np.finfo(value.dtype).max) if np.issubdtype(value.dtype, np.floating) else math.inf
     t, v = np.asarray(trusted, dtype=np.float64), value.astype(np.float64)
-    if t.shape != v.shape:
-        return math.inf
-    finite = np.isfinite(t) & np.isfinite(v)
-    matched = (np.isnan(t) & np.isnan(v)) | (np.isinf(v) & (np.abs(t) >= big) & (np.sign(t) == np.sign(v)))
-    if (~finite & ~matched).any():
-        return math.inf
-    return float(np.sqrt(np.mean((v[finite] - t[finite]) ** 2))) if finite.any() else 0.0
+    return math.inf if t.shape != v.shape else saturating_rmse(t, v, big)
+
+
+def as_declared(value: np.ndarray, elem_type: int | None) -> np.ndarray:
+    """A floating feed at the floating type its graph input declares (ONNX ``elem_type``); any other
+    feed, or a type NumPy has no array of (bfloat16), as it is."""
+    from onnx import helper
+
+    value = np.asarray(value)
+    if elem_type not in FLOAT_TYPES or value.dtype.kind != "f":
+        return value
+    try:
+        return value.astype(helper.tensor_dtype_to_np_dtype(elem_type), copy=False)
+    except (KeyError, TypeError, ValueError):
+        return value
 
 
 def derived_from(model: Any, name: str) -> set[str]:
@@ -165,8 +174,14 @@ class OnnxDrillStrategy(BackendStrategy):
         replays: dict[str, tuple[Any, dict[str, np.ndarray], str]] = {}
         unjudged: list[str] = []
         not_replayed: set[str] = set()
+        twinless: list[str] = []  # a value only the alternative file has: no trusted twin to judge it by
         for index, node in enumerate(model.graph.node):
             if node.op_type in _NOT_JUDGED or not any(values.is_float(o) for o in node.output if o):
+                continue
+            if any(x and x not in values.trusted for x in (*node.input, *node.output)):
+                drill.operators.append(_unjudged_row(node, index, export.layer_name))  # e.g. a conversion's Cast
+                not_replayed.add(node.name)
+                twinless.append(node.name)
                 continue
             try:
                 row, replays[node.name] = self._judge(backend, model, node, index, values, export, request)
@@ -176,6 +191,9 @@ class OnnxDrillStrategy(BackendStrategy):
                 unjudged.append(f"{node.name} ({type(exc).__name__}: {str(exc)[:200]})")
             drill.operators.append(row)
         notes = [f"{len(unjudged)} node(s) could not be replayed alone: {'; '.join(unjudged)}"] if unjudged else []
+        if twinless:
+            notes.append(f"{len(twinless)} node(s) read or make a value the session's own file does not have "
+                         f"(added by a conversion), not judged: {', '.join(twinless)}")
         unmeasured = [r.node for r in drill.operators if math.isnan(r.margin) and r.node not in not_replayed]
         if unmeasured:  # e.g. non-finite both in ONNX Runtime and at the node's dtype: not a pass either
             notes.append(f"{len(unmeasured)} node(s) have an error that cannot be set against its bound "
@@ -202,7 +220,8 @@ class OnnxDrillStrategy(BackendStrategy):
         marked, names = with_all_outputs(model, infos)
         wanted = {i.name for i in model.graph.input}
         feeds = {k: v for k, v in export.feeds.items() if k in wanted}
-        feeds[export.hidden_input] = hidden64.astype(np.float32)
+        feeds[export.hidden_input] = hidden64
+        feeds = {k: as_declared(v, types.get(k)) for k, v in feeds.items()}  # a float16 file's layer reads float16
         session = backend.open_session(marked.SerializeToString(), export.path)
         try:
             observed = dict(zip(names, session.run(names, feeds), strict=True))

@@ -116,7 +116,7 @@ def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray
     return valid
 
 
-def _error(reference: np.ndarray, value: np.ndarray, big: float) -> float:
+def saturating_rmse(reference: np.ndarray, value: np.ndarray, big: float) -> float:
     """RMSE of ``value`` against ``reference`` (both float64, same positions); ``inf`` where a
     non-finite value does not match (NaN matches NaN; a value saturated in the alternative's type,
     at least half its largest finite value or infinite, matches a reference beyond that range of the
@@ -145,7 +145,7 @@ def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.
     if valid is not None:
         ref, alt, cal = ref[valid], alt[valid], cal[valid]
     big = _BIG.get(dtype, _BIG["float32"])
-    error, noise = _error(ref, alt, big), _error(ref, cal, big)
+    error, noise = saturating_rmse(ref, alt, big), saturating_rmse(ref, cal, big)
     sane = ref[np.isfinite(ref) & (np.abs(ref) < big)]
     bound, passed = node_output_verdict(error, noise, sane if sane.size else np.zeros(1), dtype, margin, floor_eps)
     return error, noise, bound, passed
