@@ -105,60 +105,35 @@ def as_tensor(x: Any, side: str) -> torch.Tensor:
 
 def iter_flat_chunks(t: Any, chunk: int) -> Iterator[Any]:
     """Contiguous 1-D pieces of ``t`` (a torch tensor or NumPy array) in C order, each at most
-    ``chunk`` elements."""
-    if isinstance(t, np.ndarray):
-        yield from _iter_numpy_chunks(t, chunk)
-        return
-    if t.dim() == 0:
+    ``chunk`` elements: the same pieces, in the same order, for either."""
+    numpy = isinstance(t, np.ndarray)
+    if t.ndim == 0:
         yield t.reshape(1)
         return
-    n = t.numel()
+    n = t.size if numpy else t.numel()
     if n == 0:
         return
-    if t.is_contiguous():
-        flat = t.view(-1)
+    if t.flags.c_contiguous if numpy else t.is_contiguous():
+        flat = t.reshape(-1)  # a view of contiguous data
         for s in range(0, n, chunk):
             yield flat[s : s + chunk]
         return
-    if t.dim() == 1:
+
+    def contiguous(x: Any) -> Any:
+        return np.ascontiguousarray(x) if numpy else x.contiguous()
+
+    if t.ndim == 1:
         for s in range(0, n, chunk):
-            yield t[s : s + chunk].contiguous()
+            yield contiguous(t[s : s + chunk])
         return
     row = n // t.shape[0]
     if row <= chunk:
         rows = max(1, chunk // row)
         for s in range(0, t.shape[0], rows):
-            yield t[s : s + rows].reshape(-1)
+            yield contiguous(t[s : s + rows]).reshape(-1)
     else:
         for i in range(t.shape[0]):
             yield from iter_flat_chunks(t[i], chunk)
-
-
-def _iter_numpy_chunks(a: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
-    """:func:`iter_flat_chunks` of a NumPy array: the same pieces, in the same order."""
-    if a.ndim == 0:
-        yield a.reshape(1)
-        return
-    n = a.size
-    if n == 0:
-        return
-    if a.flags.c_contiguous:
-        flat = a.reshape(-1)
-        for s in range(0, n, chunk):
-            yield flat[s : s + chunk]
-        return
-    if a.ndim == 1:
-        for s in range(0, n, chunk):
-            yield np.ascontiguousarray(a[s : s + chunk])
-        return
-    row = n // a.shape[0]
-    if row <= chunk:
-        rows = max(1, chunk // row)
-        for s in range(0, a.shape[0], rows):
-            yield np.ascontiguousarray(a[s : s + rows]).reshape(-1)
-    else:
-        for i in range(a.shape[0]):
-            yield from _iter_numpy_chunks(a[i], chunk)
 
 
 def int_view_dtype(dtype: Any) -> Any:
