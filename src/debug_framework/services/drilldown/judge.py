@@ -6,7 +6,8 @@ their alignment, each operator of the alternative gets
 * ``introduced``: the RMS error of the operator replayed alone, on the trusted (float64) values of
   its inputs cast to the dtypes the alternative gave them, through the alternative's kernels,
   against the trusted value of its output;
-* ``carried_in``: the largest RMS error of its inputs in the alternative's own run of the layer;
+* ``carried_in``: the largest RMS error of its inputs in the alternative's own run of the layer
+  (the hidden state and, at a decode step, the cache's past are the layer inputs that carry error);
 * ``bound``: ``noise_margin x`` the stock operator's own error at the alternative's dtype (the
   trusted node's op through stock eager ATen on the same inputs cast to that dtype) ``+ floor_eps
   x eps x RMS(trusted)`` (:meth:`debug_framework.comparison.RatioRule.calibrated`).
@@ -257,9 +258,15 @@ class _Judge:
 
     def carried_in(self, node: torch.fx.Node) -> float:
         errors = [rms_error(self.alt_own[a.name], self.tv[a.name]) for a in node.all_input_nodes
-                  if a.op != "placeholder" or self.paths[a.name] == "hidden"]
+                  if a.op != "placeholder" or _carries(self.paths[a.name])]
         errors = [e for e in errors if e == e]
         return max(errors, default=0.0)
+
+
+def _carries(path: str) -> bool:
+    """Whether a graph input carries the alternative's own error into the layer: its hidden state
+    and, at a decode step, the past its cache holds (weights and masks are the layer's own)."""
+    return path == "hidden" or path.startswith("past.")
 
 
 def _trusted_own(value: Any) -> Any:

@@ -52,12 +52,16 @@ class _Stop(Exception):
 @dataclass
 class LayerCall:
     """How the model calls one layer: the hidden state, the other positional arguments and the
-    keyword arguments, as the model passed them (before the layer's own pre-hooks)."""
+    keyword arguments, as the model passed them (before the layer's own pre-hooks). At a decode
+    step, ``cache`` is the layer's entry of the model's KV cache (a
+    :class:`~.decode_step.CacheSlot`: ``keys``, ``values``, ``load(keys, values)``), whose past
+    the traced graph takes as inputs; None for a call without a cache."""
 
     hidden: torch.Tensor
     rest_args: tuple[Any, ...]
     kwargs: dict[str, Any]
     hidden_keyword: bool  # the hidden state came as kwargs["hidden_states"]
+    cache: Any = None
 
 
 @dataclass
@@ -170,7 +174,8 @@ def _module_paths(layer: torch.nn.Module, layer_name: str) -> Iterator[None]:
 
 
 def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidden: torch.Tensor) -> LayerGraph:
-    """The ATen graph of layer ``layer_name`` called as in ``call`` with ``hidden`` as its input."""
+    """The ATen graph of layer ``layer_name`` called as in ``call`` with ``hidden`` as its input (at
+    a decode step, its cache's past as the inputs ``past.keys`` and ``past.values``)."""
     layer = module.get_submodule(layer_name)
     state = {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
     names = list(state)
@@ -179,8 +184,14 @@ def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidde
     args_t = _flatten(call.rest_args, "args", paths, leaves)
     kwargs_t = _flatten(call.kwargs, "kwargs", paths, leaves)
     n = len(names)
+    slot = call.cache
+    if slot is not None:
+        paths += ["past.keys", "past.values"]
+        leaves += [slot.keys, slot.values]
 
     def layer_fn(*flat: torch.Tensor) -> Any:
+        if slot is not None:  # the cache as it was before the layer, holding the graph's past inputs
+            slot.load(flat[-2], flat[-1])
         params = dict(zip(names, flat[:n]))
         args, kwargs = _rebuild(args_t, flat), _rebuild(kwargs_t, flat)
         with _SourceLines():
@@ -191,7 +202,12 @@ def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidde
     with _module_paths(layer, layer_name), fx_traceback.preserve_node_meta(), torch.no_grad():
         # the graph is of this one call on real values: data-dependent steps (a mixture of experts'
         # loop over the experts its tokens chose) are traced as this input takes them
-        gm = make_fx(torch.func.functionalize(layer_fn, remove="mutations"), _error_on_data_dependent_ops=False)(*leaves)
+        try:
+            gm = make_fx(torch.func.functionalize(layer_fn, remove="mutations"),
+                         _error_on_data_dependent_ops=False)(*leaves)
+        finally:
+            if slot is not None:  # no traced value left in the cache
+                slot.load(slot.keys, slot.values)
     return LayerGraph(gm, layer_name, paths, leaves)
 
 

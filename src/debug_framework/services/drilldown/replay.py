@@ -33,6 +33,7 @@ import torch
 from .align import align_graphs
 from ...comparison import RatioRule, finite_rms
 from .judge import JudgedLayer, first_tensor, judge_layer, rms_error
+from .decode_step import capture_layer_call_at_step, reference_past
 from .layer_graph import (LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, run_graph,
                           trace_layer)
 from .repro import write_and_verify
@@ -47,6 +48,8 @@ class ReplayStrategy:
     """Trace the layer's ATen graph and replay each operator alone (see the module's docstring)."""
 
     name = "replay"
+    #: drills a layer at a decode step too (:mod:`.decode_step`)
+    decode_steps = True
 
     def __init__(self) -> None:
         self._skeletons: dict[int, torch.nn.Module] = {}
@@ -74,15 +77,26 @@ class ReplayStrategy:
         dtype = _DTYPES[backend.dtype]
         device = backend.device
         result = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name,
-                                method=self.name)
+                                method=self.name, step=request.step)
         kernels = _kernel_context(backend)
         hidden64 = torch.as_tensor(request.hidden_in, dtype=torch.float64)
         with kernels():
-            alt_call = capture_layer_call(module, layer_name, request.inputs.torch(device))
-        alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
+            alt_call = self._layer_call(module, layer_name, request)
         notes: list[str] = []
+        past: tuple[torch.Tensor, torch.Tensor] | None = None
+        if request.step:
+            if alt_call.cache is None:
+                result.note = (f"layer {request.layer}'s call at decode step {request.step} passes no KV cache laid "
+                               "out as transformers lays it (cache.layers[i].keys/values): its past cannot be given "
+                               "as the reference's, so the step is not drilled")
+                return result
+            past, why_past = reference_past(request.past, alt_call.cache)
+            if past is None:
+                notes.append(f"no past of the reference to trust ({why_past}): the layer is given the alternative's "
+                             "own cache, so an error that comes in with it is not seen as carried in")
+        alt = trace_layer(module, layer_name, alt_call, hidden64.to(device=device, dtype=dtype))
         compiler, compiler_bug = _compiler_differs(backend.module, module, alt, alt_call, request)
-        trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64)
+        trusted, why = self._trusted_graph(request.model, layer_name, alt_call, hidden64, past)
         if trusted is None:
             notes.append(f"no correct implementation of the layer to trust ({why}): the alternative's own graph "
                          "run in float64 is the trusted run, so an operator computing the wrong function (not "
@@ -90,6 +104,8 @@ class ReplayStrategy:
             trusted = alt
         trusted_inputs = _trusted_inputs(trusted, alt, dtype)
         trusted_inputs["hidden"] = hidden64  # the reference's input to the layer, whichever graph is trusted
+        if past is not None:  # and the reference's past, at a decode step
+            trusted_inputs["past.keys"], trusted_inputs["past.values"] = past
         judged = judge_layer(alt, trusted, align_graphs(alt.gm.graph, trusted.gm.graph), trusted_inputs,
                              kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
         result.operators = judged.rows
@@ -105,9 +121,12 @@ class ReplayStrategy:
                 notes.append(compiler)
         notes.extend(judged.notes)
         notes.extend(_weight_notes(alt, trusted_inputs))
+        notes.extend(_past_notes(alt, trusted_inputs, request))
         if result.culprit is None and not compiler_bug:
-            notes.insert(0, "no operator introduces error beyond its bound on the reference's input: the layer's "
-                            "error is carried in, or comes from how operators combine (see the carried-in column)")
+            notes.insert(0, "no operator introduces error beyond its bound on the reference's input"
+                            + (f" at decode step {request.step} (and its past)" if request.step else "")
+                            + ": the layer's error is carried in, or comes from how operators combine (see the "
+                            "carried-in column)")
         result.note = "; ".join(notes)
         return result
 
@@ -135,10 +154,22 @@ class ReplayStrategy:
                           repro_dir=repro_dir, verified=verified)
         return culprit, notes
 
-    def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor
-                       ) -> tuple[LayerGraph | None, str]:
-        """The trusted layer's graph, called as the alternative's layer is (``(None, why)`` when there
-        is no trusted layer or it cannot be called so: a module written with another signature)."""
+    @staticmethod
+    def _layer_call(module: torch.nn.Module, layer_name: str, request: DrillRequest) -> LayerCall:
+        """How the alternative calls the layer: in the prefill's forward pass, or at decode step
+        ``request.step`` through its own cache (:func:`~.decode_step.capture_layer_call_at_step`)."""
+        backend = request.backend
+        kwargs = request.inputs.torch(backend.device)
+        if not request.step:
+            return capture_layer_call(module, layer_name, kwargs)
+        return capture_layer_call_at_step(module, layer_name, request.layer, kwargs, request.inputs, request.step,
+                                          request.tokens, backend.name, backend.dtype)
+
+    def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor,
+                       past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[LayerGraph | None, str]:
+        """The trusted layer's graph, called as the alternative's layer is (at a decode step over
+        ``past``, the reference's) (``(None, why)`` when there is no trusted layer or it cannot be
+        called so: a module written with another signature)."""
         try:
             net, why = self._trusted_layer(model, layer_name)
         except Exception as exc:  # noqa: BLE001 - transformers cannot build it (an unknown model type: ValueError)
@@ -147,7 +178,10 @@ class ReplayStrategy:
         if net is None:
             return None, why
         try:
-            return trace_layer(net, layer_name, _widened(call), hidden64), ""
+            widened = _widened(call)
+            if past is not None and widened.cache is not None:
+                widened.cache = widened.cache.with_past(*past)
+            return trace_layer(net, layer_name, widened, hidden64), ""
         except Exception as exc:  # noqa: BLE001 - the alternative's call does not fit the reference layer
             return None, f"the Hugging Face layer cannot be called as the alternative's is: {type(exc).__name__}: {exc}"
         finally:
@@ -255,7 +289,10 @@ def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, ca
 
 
 def _call_layer(layer: Any, call: LayerCall, hidden: torch.Tensor) -> Any:
-    """``layer`` called as the model calls it, with ``hidden`` as its input."""
+    """``layer`` called as the model calls it, with ``hidden`` as its input (over the past its cache
+    held, at a decode step)."""
+    if call.cache is not None:
+        call.cache.load(call.cache.keys, call.cache.values)
     if call.hidden_keyword:
         return layer(*call.rest_args, **call.kwargs, hidden_states=hidden)
     return layer(hidden, *call.rest_args, **call.kwargs)
@@ -283,7 +320,8 @@ def _widened(call: LayerCall) -> LayerCall:
             return type(v)(widen(x) for x in v)
         return v
 
-    return LayerCall(widen(call.hidden), widen(call.rest_args), widen(call.kwargs), call.hidden_keyword)
+    cache = None if call.cache is None else call.cache.with_past(widen(call.cache.keys), widen(call.cache.values))
+    return LayerCall(widen(call.hidden), widen(call.rest_args), widen(call.kwargs), call.hidden_keyword, cache)
 
 
 def _is_mask(value: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -318,6 +356,22 @@ def _weight_notes(alt: LayerGraph, trusted_inputs: dict[str, torch.Tensor]) -> l
         if rms_error(own, ref) > 4 * rounding + torch.finfo(own.dtype).eps * finite_rms(ref):
             differ.append(path.removeprefix("param:"))
     return [f"the alternative's weights differ from the reference's: {', '.join(differ)}"] if differ else []
+
+
+def _past_notes(alt: LayerGraph, trusted_inputs: dict[str, torch.Tensor], request: DrillRequest) -> list[str]:
+    """At a decode step: how far the past the alternative's own cache holds for the layer is from
+    the reference's (what the operators reading it carry in)."""
+    own = dict(zip(alt.input_paths, alt.inputs))
+    found = []
+    for part in ("keys", "values"):
+        mine, ref = own.get(f"past.{part}"), trusted_inputs.get(f"past.{part}")
+        if isinstance(mine, torch.Tensor) and isinstance(ref, torch.Tensor) and mine.shape == ref.shape:
+            found.append(f"{part} RMS {rms_error(mine, ref):.3e} (its rounding to {mine.dtype}: "
+                         f"{rms_error(ref.to(mine.dtype), ref):.3e})")
+    if not found:
+        return []
+    return [f"the past the alternative's cache holds for layer {request.layer} before decode step {request.step} "
+            f"differs from the reference's by {' and '.join(found)}: the operators reading it carry that in"]
 
 
 def _write_graph(graph: LayerGraph, out_dir: Path) -> Path:

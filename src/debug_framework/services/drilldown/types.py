@@ -103,6 +103,7 @@ class LayerDrilldown:
     ``"onnx"`` (ONNX Runtime with intermediate outputs). ``graph_file`` is the exported graph
     whose node ids the rows' ``node`` refer to (for the Model Explorer overlay), when written.
     ``note`` explains a drill-down that could not name an operator (never silently empty).
+    ``step`` is the pass drilled: 0 the prefill, ``s`` the layer's computation at decode step s.
     """
 
     layer: int
@@ -113,6 +114,7 @@ class LayerDrilldown:
     culprit: Culprit | None = None
     graph_file: str | None = None
     note: str = ""
+    step: int = 0
 
     @property
     def introducing(self) -> list[OperatorRow]:
@@ -120,8 +122,8 @@ class LayerDrilldown:
         return [row for row in self.operators if row.introduces]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "checkpoint": self.checkpoint, "backend": self.backend, "method": self.method,
-                "operators": [r.to_dict() for r in self.operators],
+        return {"layer": self.layer, "step": self.step, "checkpoint": self.checkpoint, "backend": self.backend,
+                "method": self.method, "operators": [r.to_dict() for r in self.operators],
                 "culprit": None if self.culprit is None else self.culprit.to_dict(),
                 "graph_file": self.graph_file, "note": self.note}
 
@@ -131,7 +133,7 @@ class LayerDrilldown:
         return cls(layer=int(d["layer"]), checkpoint=str(d["checkpoint"]), backend=str(d["backend"]),
                    method=str(d["method"]), operators=[OperatorRow.from_dict(r) for r in d.get("operators") or []],
                    culprit=None if not culprit else Culprit.from_dict(culprit),
-                   graph_file=d.get("graph_file"), note=str(d.get("note") or ""))
+                   graph_file=d.get("graph_file"), note=str(d.get("note") or ""), step=int(d.get("step") or 0))
 
 
 @dataclass
@@ -142,6 +144,12 @@ class DrillRequest:
     reference's (float64) input to layer ``layer`` (batch, seq, hidden); ``inputs`` the session's
     model inputs (masks, positions); ``out_dir`` a directory this drill-down may write into (the
     session's artifact folder, ``drilldown/layer_<n>``).
+
+    At a decode step (``step`` >= 1) ``hidden_in`` is the reference's input to the layer at that
+    step (batch, 1, hidden), ``tokens`` the tokens decoded (batch, >= step) and ``past`` the
+    reference's keys and values of the layer before the step (each batch, length, kv_heads,
+    head_dim; None where the reference does not expose its cache). Only a strategy with
+    ``decode_steps = True`` drills a step.
     """
 
     layer: int
@@ -155,6 +163,9 @@ class DrillRequest:
     out_dir: Path
     noise_margin: float = 4.0
     floor_eps: float = 1.0
+    step: int = 0
+    tokens: Any = None
+    past: tuple[Any, Any] | None = None
 
 
 class DrillStrategy(Protocol):

@@ -27,7 +27,20 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["RunContext", "Stage", "call_backend"]
+__all__ = ["RunContext", "Stage", "call_backend", "StepInputs"]
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the reference gave every layer at decode step ``step`` (the first divergent one), kept by
+    the decode stage for the drill-down: ``hidden`` layer -> its input at the step (batch, 1,
+    hidden), ``past`` layer -> its keys and values before the step (each batch, length, kv_heads,
+    head_dim; empty where the reference does not expose its cache) and ``tokens`` (batch, steps)."""
+
+    step: int
+    tokens: Any
+    hidden: dict[int, Any]
+    past: dict[int, tuple[Any, Any]]
 
 
 @dataclass
@@ -64,6 +77,7 @@ class RunContext:
     recordings: str | None = None
     drilldown: list[LayerDrilldown] | None = None  # the drill-down stage's, one per drilled layer
     decode: dict[str, Any] | None = None  # the decode stage's: steps, tokens, KV-cache rows, seconds per step
+    decode_inputs: StepInputs | None = None  # the decode stage's, for a drill-down at the first divergent step
     result: ValidationResult | None = None
     #: built before the run (``create_session`` in the same process): reused, not built again
     prebuilt: dict[str, Any] = field(default_factory=dict)

@@ -16,10 +16,28 @@ import numpy as np
 from ...backends.decode import DecodeRun
 from ...capture.keys import CheckpointKey
 from ...comparison import compare
-from .context import RunContext, call_backend
+from .context import RunContext, StepInputs, call_backend
 from .evidence import BlockEvidence, reference_scale
 
-__all__ = ["replay_decode_layer"]
+__all__ = ["replay_decode_layer", "step_inputs", "layer_input_key"]
+
+
+def layer_input_key(i: int) -> CheckpointKey:
+    """The checkpoint whose tensor is layer ``i``'s input: the embedding's, else layer i - 1's output."""
+    return CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+
+
+def step_inputs(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray) -> StepInputs | None:
+    """The reference's inputs to every layer at the first divergent decode step, for the drill-down
+    (:class:`~.context.StepInputs`); None where the prefill fails or no decode step does."""
+    step = ctx.judge().first_step
+    if not step or step >= len(ref_run.captures):
+        return None
+    at = ref_run.captures[step].tensors
+    layers = range(int(getattr(ctx.model, "num_layers", 0) or 0))
+    hidden = {i: at[layer_input_key(i)] for i in layers if layer_input_key(i) in at}
+    past = dict(ref_run.kv_cache[step - 1]) if step - 1 < len(ref_run.kv_cache) else {}
+    return StepInputs(step, np.asarray(tokens), hidden, past)
 
 
 def _replayer(backend: Any) -> Any:
@@ -35,7 +53,7 @@ def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray,
     if not step or first is None or first.layer is None or (verdict.error_source or {}).get("kind") != "decode":
         return
     i = first.layer
-    k_in = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+    k_in = layer_input_key(i)
     ref_in = ref_run.captures[step].tensors.get(k_in)
     alt = _replayer(ctx.alternative)
     if ref_in is None or alt is None:

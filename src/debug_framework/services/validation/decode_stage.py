@@ -24,7 +24,7 @@ from ...comparison.next_token import next_token_metrics
 from ...errors import BackendInitializationError, ConfigurationError
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend
-from .decode_replay import replay_decode_layer
+from .decode_replay import replay_decode_layer, step_inputs
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
@@ -128,6 +128,8 @@ class DecodeStage(Stage):
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
         if plan.config["isolate"]:  # the layer of a first divergence at a decode step, replayed at that step
             replay_decode_layer(ctx, ref_run, np.asarray(tokens), cal)
+        if plan.config.get("drill_down"):  # what the drill-down gives a layer at the first divergent step
+            ctx.decode_inputs = step_inputs(ctx, ref_run, np.asarray(tokens))
 
     @staticmethod
     def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey],

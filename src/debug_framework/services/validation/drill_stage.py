@@ -5,7 +5,10 @@ layers drilled are the first divergence's layer and every layer isolation says i
 for each, the reference's float64 input to that layer (its run kept the layer inputs) goes into a
 :class:`~debug_framework.services.drilldown.DrillRequest`, and the first strategy of
 :data:`~debug_framework.services.drilldown.STRATEGY_FACTORIES` that applies to the alternative
-drills it. No strategy, no layer input or a strategy failing: that layer's entry has an empty table
+drills it. A first divergence at decode step s is drilled at that step: the reference's input to
+the layer then, the tokens decoded and its past keys and values (kept by the decode stage,
+:class:`~.context.StepInputs`) go into the request, for a strategy that drills steps
+(``decode_steps``: the replay). No strategy, no layer input or a strategy failing: that layer's entry has an empty table
 and a note saying why (never silently nothing).
 """
 
@@ -24,18 +27,19 @@ from .deadline import bounded
 __all__ = ["DrillDownStage", "drill_targets"]
 
 
-def drill_targets(ctx: RunContext) -> list[tuple[int, str]]:
-    """``(layer, checkpoint)`` to drill: the first divergence's layer, then each introducing layer
-    (at the checkpoint its first introducing block ends at), as the judge decided them."""
+def drill_targets(ctx: RunContext) -> list[tuple[int, str, int]]:
+    """``(layer, checkpoint, step)`` to drill: the first divergence's layer (at its decode step, 0 for
+    the prefill), then each introducing layer of the prefill (at the checkpoint its first introducing
+    block ends at), as the judge decided them."""
     verdict = ctx.verdict if ctx.verdict is not None else ctx.judge()
-    targets: dict[int, str] = {}
+    targets: dict[int, tuple[str, int]] = {}
     first = verdict.first_divergence
     if first is not None and first.layer is not None:
-        targets[first.layer] = str(first)
+        targets[first.layer] = (str(first), int(verdict.first_step or 0))
     for i, lv in sorted((verdict.layers or {}).items()):
         if lv.introduces and i not in targets:
-            targets[i] = f"{'post_attention' if lv.block == 'attention' else 'post_mlp'}:{i}"
-    return sorted(targets.items())
+            targets[i] = (f"{'post_attention' if lv.block == 'attention' else 'post_mlp'}:{i}", 0)
+    return [(i, checkpoint, step) for i, (checkpoint, step) in sorted(targets.items())]
 
 
 class DrillDownStage(Stage):
@@ -53,22 +57,40 @@ class DrillDownStage(Stage):
         if not targets:
             return
         strategy, why = choose_strategy(ctx.alternative)
-        for layer, checkpoint in targets:
+        for layer, checkpoint, step in targets:
             if strategy is None:
-                ctx.drilldown.append(self._empty(ctx, layer, checkpoint, why))
+                ctx.drilldown.append(self._empty(ctx, layer, checkpoint, why, step=step))
                 continue
+            request = self._request(ctx, strategy, layer, checkpoint, step)
+            ctx.drilldown.append(self._drill(ctx, strategy, request) if isinstance(request, DrillRequest) else request)
+
+    def _request(self, ctx: RunContext, strategy: Any, layer: int, checkpoint: str,
+                 step: int) -> DrillRequest | LayerDrilldown:
+        """What ``strategy`` is given to drill ``layer`` at ``step``: the reference's input to it then
+        (and at a decode step the tokens and the reference's past); an entry saying why not where
+        there is none, or where the strategy drills only the prefill."""
+        past = None
+        tokens = None
+        if step:
+            at = ctx.decode_inputs if ctx.decode_inputs is not None and ctx.decode_inputs.step == step else None
+            if not getattr(strategy, "decode_steps", False):
+                return self._empty(ctx, layer, checkpoint, f"the {strategy.name} drill-down runs a layer in one "
+                                   f"forward pass: it cannot run layer {layer} at decode step {step}, where the error "
+                                   "first shows (the replay drill-down of eager torch backends can)", strategy.name, step)
+            hidden = None if at is None else at.hidden.get(layer)
+            if at is not None:
+                tokens, past = at.tokens, at.past.get(layer)
+        else:
             hidden = ctx.reference_capture.layer_inputs.get(layer)
-            if hidden is None:
-                ctx.drilldown.append(self._empty(ctx, layer, checkpoint, f"the reference backend "
-                                                 f"{ctx.reference.name!r} did not record the input of layer {layer}",
-                                                 strategy.name))
-                continue
-            request = DrillRequest(layer=layer, checkpoint=checkpoint, backend=ctx.alternative, model=ctx.model,
-                                   inputs=ctx.inputs, hidden_in=hidden, dtype=ctx.plan.alternative_dtype,
-                                   device=str(ctx.plan.config["device"]), out_dir=_out_dir(ctx, layer),
-                                   noise_margin=float(ctx.plan.config["noise_margin"]),
-                                   floor_eps=float(ctx.plan.config["floor_eps"]))
-            ctx.drilldown.append(self._drill(ctx, strategy, request))
+        if hidden is None:
+            when = f" at decode step {step}" if step else ""
+            return self._empty(ctx, layer, checkpoint, f"the reference backend {ctx.reference.name!r} did not record "
+                               f"the input of layer {layer}{when}", strategy.name, step)
+        return DrillRequest(layer=layer, checkpoint=checkpoint, backend=ctx.alternative, model=ctx.model,
+                            inputs=ctx.inputs, hidden_in=hidden, dtype=ctx.plan.alternative_dtype,
+                            device=str(ctx.plan.config["device"]), out_dir=_out_dir(ctx, layer, step),
+                            noise_margin=float(ctx.plan.config["noise_margin"]),
+                            floor_eps=float(ctx.plan.config["floor_eps"]), step=step, tokens=tokens, past=past)
 
     @staticmethod
     def _drill(ctx: RunContext, strategy: Any, request: DrillRequest) -> LayerDrilldown:
@@ -80,12 +102,13 @@ class DrillDownStage(Stage):
             where = _crash_log(request.out_dir, strategy.name, exc)
             return DrillDownStage._empty(ctx, request.layer, request.checkpoint,
                                          f"the {strategy.name} drill-down failed: {type(exc).__name__}: {exc} "
-                                         f"({where})", strategy.name)
+                                         f"({where})", strategy.name, request.step)
 
     @staticmethod
-    def _empty(ctx: RunContext, layer: int, checkpoint: str, note: str, method: str = "none") -> LayerDrilldown:
+    def _empty(ctx: RunContext, layer: int, checkpoint: str, note: str, method: str = "none",
+               step: int = 0) -> LayerDrilldown:
         return LayerDrilldown(layer=layer, checkpoint=checkpoint, backend=ctx.alternative.name, method=method,
-                              note=note)
+                              note=note, step=step)
 
 
 def _crash_log(out_dir: Path, strategy: str, exc: BaseException) -> str:
@@ -102,11 +125,12 @@ def _crash_log(out_dir: Path, strategy: str, exc: BaseException) -> str:
     return f"traceback in {path}"
 
 
-def _out_dir(ctx: RunContext, layer: int) -> Path:
-    """``<session artifacts>/drilldown/layer_<n>`` (a temporary folder outside an engine run)."""
+def _out_dir(ctx: RunContext, layer: int, step: int = 0) -> Path:
+    """``<session artifacts>/drilldown/layer_<n>`` (``layer_<n>_step_<s>`` at a decode step; a
+    temporary folder outside an engine run)."""
     root = current_artifact_root()
     if root is None:
         import tempfile
 
         root = Path(tempfile.mkdtemp(prefix=f"df-drill-{ctx.session.session_id}-"))
-    return root / "drilldown" / f"layer_{layer}"
+    return root / "drilldown" / (f"layer_{layer}_step_{step}" if step else f"layer_{layer}")
