@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..services.drilldown.types import drilled_where
 from .framework import markup
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ def operator_table(entry: dict[str, Any], verbose: bool = False, width: int = 12
     if len(shown) < len(rows):
         notes.append(f"{len(rows) - len(shown)} more operators, all within their bounds and with smaller "
                      "margins than those shown, not shown (--verbose shows all)")
-    title = (f"layer {entry.get('layer')} ({entry.get('checkpoint')}): operators of {entry.get('backend')} "
+    title = (f"{drilled_where(entry.get('layer'), entry.get('step'))} ({entry.get('checkpoint')}): operators of "
+             f"{entry.get('backend')} "
              f"replayed alone on the reference's input ({entry.get('method')})")
     return fitted_table(title, columns, cells, width, styles=styles, caption="; ".join(notes) or None)
 
@@ -94,10 +96,11 @@ def culprit_line(entry: dict[str, Any]) -> str:
     """``culprit: aten.gelu.default at encoder.layer.1... (activations.py:51); repro ... (verified)``."""
     c = entry.get("culprit")
     if not c:
-        return markup("layer {}: no culprit operator: {}", entry.get("layer"), entry.get("note") or "")
+        return markup("{}: no culprit operator: {}", drilled_where(entry.get("layer"), entry.get("step")),
+                      entry.get("note") or "")
     repro = c.get("repro_dir")
     tail = "" if not repro else markup("; repro {} ({})", repro, "verified" if c.get("verified") else "not verified")
-    return markup("layer {}: culprit [bold]{}[/] at {} ({})", entry.get("layer"), c.get("op"),
+    return markup("{}: culprit [bold]{}[/] at {} ({})", drilled_where(entry.get("layer"), entry.get("step")), c.get("op"),
                   c.get("module_path") or "?", c.get("source") or "?") + tail
 
 

@@ -68,17 +68,19 @@ def _safe_name(text: str) -> str:
 
 def _culprit_lines(result: Any) -> list[str]:
     """One line per drilled layer: the culprit operator and its repro, or why none was named."""
+    from ..services.drilldown.types import drilled_where
+
     lines = []
     for drill in getattr(result, "drilldown", None) or []:
         culprit = drill.culprit
         if culprit is None:
-            lines.append(f"drill-down of layer {drill.layer}: no operator named ({drill.note or 'no operator exceeds its bound'})")
+            lines.append(f"drill-down of {drilled_where(drill.layer, drill.step)}: no operator named ({drill.note or 'no operator exceeds its bound'})")
             continue
         where = " at ".join(x for x in (culprit.op, culprit.module_path) if x)
         if culprit.source:
             where += f" ({culprit.source})"
         repro = f"; repro: {culprit.repro_dir}{' (verified)' if culprit.verified else ''}" if culprit.repro_dir else ""
-        lines.append(f"culprit operator (layer {drill.layer}, {drill.method}): {where}{repro}")
+        lines.append(f"culprit operator ({drilled_where(drill.layer, drill.step)}, {drill.method}): {where}{repro}")
     return lines
 
 

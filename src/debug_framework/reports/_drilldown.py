@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..services.drilldown.types import drilled_where
 from ._common import as_float, fmt_num
 from ._html import esc
 
@@ -41,7 +42,8 @@ def _culprit(entry: Mapping[str, Any]) -> str:
 def _layer(entry: Mapping[str, Any]) -> str:
     rows = [r for r in entry.get("operators") or [] if isinstance(r, Mapping)]
     culprit = (entry.get("culprit") or {}).get("node") if isinstance(entry.get("culprit"), Mapping) else None
-    head = (f"<h3>layer {esc(entry.get('layer'))} ({esc(entry.get('checkpoint'))}): {esc(entry.get('backend'))}, "
+    head = (f"<h3>{esc(drilled_where(entry.get('layer'), entry.get('step')))} ({esc(entry.get('checkpoint'))}): "
+            f"{esc(entry.get('backend'))}, "
             f"method {esc(entry.get('method'))}</h3>")
     rows = sorted(rows, key=lambda r: culprit is None or r.get("node") != culprit)  # the culprit first
     table = "" if not rows else (
@@ -75,6 +77,6 @@ def drilldown_culprits(results: Mapping[str, Any]) -> str | None:
         if not isinstance(e, Mapping):
             continue
         c = e.get("culprit")
-        parts.append(f"layer {e.get('layer')}: " + (f"{c.get('op')} at {c.get('module_path') or '?'} "
+        parts.append(f"{drilled_where(e.get('layer'), e.get('step'))}: " + (f"{c.get('op')} at {c.get('module_path') or '?'} "
                                                      f"({c.get('source') or '?'})" if isinstance(c, Mapping) else "none"))
     return "; ".join(parts) or "nothing drilled"

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["OperatorRow", "Culprit", "LayerDrilldown", "DrillRequest", "DrillStrategy"]
+__all__ = ["OperatorRow", "Culprit", "LayerDrilldown", "DrillRequest", "DrillStrategy", "drilled_where"]
+
+
+def drilled_where(layer: Any, step: Any = 0) -> str:
+    """How views name a drilled layer: ``"layer 1"``, or ``"layer 1 at decode step 2"`` for a
+    drill-down of its computation at that step."""
+    return f"layer {layer}" + (f" at decode step {step}" if step else "")
 
 
 @dataclass(frozen=True)
