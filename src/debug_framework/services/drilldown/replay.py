@@ -18,6 +18,10 @@ tanh-approximate ``gelu`` in the alternative's own graph would be invisible in a
 that graph); the graphs are aligned (:mod:`.align`) and every operator judged alone
 (:mod:`.judge`). The culprit is the first operator in graph order beyond its bound; a standalone
 repro of it is written and run once (:mod:`.repro`).
+
+At a decode step (``request.step`` >= 1) the layer's call is the one the alternative makes at that
+step through its own KV cache, whose past is two more graph inputs given the reference's values
+(:mod:`.decode_step`), so the cache's update and the decode path's own operators are judged too.
 """
 
 from __future__ import annotations
