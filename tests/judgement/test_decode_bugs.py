@@ -57,11 +57,12 @@ def test_onnxruntime_says_why_it_cannot_decode():
 @pytest.mark.slow  # two sessions with isolation and a drill-down (its culprit's repro verified in a subprocess)
 def test_the_layer_is_replayed_and_drilled_at_the_decode_step_where_the_backend_can(tiny_models, engine):
     """Isolation at the step: a module backend's layer replayed at decode step 1 on the reference's
-    input (over its own cache) confirms the RoPE bug there; an engine without run_decode_layer
+    input (over its own cache) confirms the RoPE bug there, and the layer after it, failing at that
+    step too, is replayed there and only carries the error in; an engine without run_decode_layer
     leaves the source unconfirmed, saying why. The drill-down runs at that step too: the RoPE bug's
     layer, drilled in its decode-step computation, names the rotary operators the bug computes at
     position 0; the engine has no strategy, said so."""
-    sources, drills = {}, {}
+    sources, drills, isolated = {}, {}, {}
     for bug in ("rope_wrong_position", "kv_write_off_by_one"):
         name = register_decode_bug(bug)
         try:
@@ -73,11 +74,16 @@ def test_the_layer_is_replayed_and_drilled_at_the_decode_step_where_the_backend_
         assert (str(result.first_divergence.key), result.first_divergence.step) == DECODE_BUGS[bug].expected
         sources[bug] = result.error_source
         drills[bug] = result.summary()["drilldown"]
+        isolated[bug] = result.summary()["decode"].get("isolation")
     rope, write = sources["rope_wrong_position"], sources["kv_write_off_by_one"]
     assert (rope["kind"], rope["step"], rope["layer"], rope["confirmed"]) == ("decode", 1, 1, True)
     assert "introduced there" in rope["detail"]
     assert (write["kind"], write["step"], write["confirmed"]) == ("decode", 1, False)
     assert "cannot replay a layer at a decode step" in write["detail"]
+    # every layer failing at the step replayed there: the bug's layer introduces, the one after carries
+    assert isolated["kv_write_off_by_one"] is None
+    iso = isolated["rope_wrong_position"]
+    assert iso["step"] == 1 and [(r["layer"], r["introduces"]) for r in iso["layers"]] == [(1, True), (2, False)]
     [drill] = drills["rope_wrong_position"]
     assert (drill["layer"], drill["step"], drill["checkpoint"], drill["method"]) == (1, 1, "post_attention:1", "replay")
     culprit = drill["culprit"]

@@ -180,7 +180,8 @@ def decode_text(result: Mapping[str, Any], width: int = 80) -> list[str]:
     line_width = 5 + 8 * len(cols) + 16
     if line_width > min(width, 80):
         return [f"decode: {len(view.steps) - 1} step(s) x {len(cols) - 2} layer(s): the step x layer margins are in "
-                "the HTML report (--output-file report.html) and the JSON", token_text(view.first_token)]
+                "the HTML report (--output-file report.html) and the JSON", token_text(view.first_token),
+                *step_isolation_text(result)]
 
     def cell(c: Cell | None) -> str:
         if c is None:
@@ -202,4 +203,18 @@ def decode_text(result: Mapping[str, Any], width: int = 80) -> list[str]:
         lines.append("KV cache: every layer's K and V within a correct run's bound after every pass" if not bad_kv else
                      "KV cache beyond its bound: " + ", ".join(f"layer {i} after step {s}" for s, i in bad_kv[:6])
                      + (" ..." if len(bad_kv) > 6 else ""))
-    return lines
+    return lines + step_isolation_text(result)
+
+
+def step_isolation_text(result: Mapping[str, Any]) -> list[str]:
+    """One line: which layers failing at the first divergent decode step introduce error there
+    (replayed at that step on the reference's input) and which carry it in; none without those replays."""
+    iso = (result.get("decode") or {}).get("isolation")
+    if not isinstance(iso, Mapping) or not iso.get("layers"):
+        return []
+    rows = [r for r in iso["layers"] if isinstance(r, Mapping)]
+    introduce = [str(r.get("layer")) for r in rows if r.get("introduces")]
+    carry = [str(r.get("layer")) for r in rows if not r.get("introduces")]
+    parts = [f"layer(s) {', '.join(introduce)} introduce error there"] if introduce else []
+    parts += [f"layer(s) {', '.join(carry)} only carry it in"] if carry else []
+    return [f"isolation at decode step {iso.get('step')}: " + "; ".join(parts)]

@@ -1,9 +1,11 @@
 """Isolation at a decode step: where the prefill passes and decode step s is the first to fail, at
 layer L, layer L is replayed at step s on the reference's input to it (its hidden state at that
 step), over the backend's own cache (the prefill and the steps before s run as in the decode), by
-the alternative and by the calibration. Judged by the same calibrated rule as a block replay of the
-prefill: a replay beyond its bound confirms that layer L's decode path introduces the error; one
-within it says the error came in with the layer's input or its cache. A backend without
+the alternative and by the calibration; so is every other layer failing at step s (each replay
+costs the prefill and s steps). Judged by the same calibrated rule as a block replay of the
+prefill: a replay beyond its bound says that layer's decode path introduces the error at that step
+(for L: the source is confirmed); one within it says the error came in with the layer's input or
+its cache (``Verdict.decode_layers``). A backend without
 ``run_decode_layer(i, hidden_in, inputs, step, tokens)`` leaves a note saying so.
 """
 
@@ -45,31 +47,55 @@ def _replayer(backend: Any) -> Any:
 
 
 def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray, calibrator: Any) -> None:
-    """Replay the layer of a first divergence at a decode step (see the module); sets
-    ``ctx.evidence.decode_replay`` or ``decode_replay_note``. Nothing where the prefill fails, no
-    decode step fails, a KV cache is already named the source, or the divergence is in no layer."""
+    """Replay every layer that fails at the first divergent decode step at that step (see the
+    module), the first divergence's layer first; sets ``ctx.evidence.decode_replay`` or
+    ``decode_replay_note``. Nothing where the prefill fails, no decode step fails, a KV cache is
+    already named the source, or the divergence is in no layer."""
     verdict = ctx.judge()
     first, step = verdict.first_divergence, verdict.first_step
     if not step or first is None or first.layer is None or (verdict.error_source or {}).get("kind") != "decode":
         return
-    i = first.layer
-    k_in = layer_input_key(i)
-    ref_in = ref_run.captures[step].tensors.get(k_in)
     alt = _replayer(ctx.alternative)
-    if ref_in is None or alt is None:
+    if alt is None:
         ctx.evidence.decode_replay_note = (
-            f"the reference recorded no {k_in} at decode step {step}, the input of layer {i}" if ref_in is None else
             f"the alternative {ctx.alternative.name!r} cannot replay a layer at a decode step (no run_decode_layer)")
         return
+    failing: dict[int, CheckpointKey] = {first.layer: first}  # each layer's first failing checkpoint at the step
+    for (s, key), judgement in verdict.steps.items():
+        if s == step and not judgement.passed and key.layer is not None and key.name in _REPLAYED:
+            failing.setdefault(key.layer, key)
+    blocks: dict[int, BlockEvidence] = {}
+    for i, key in failing.items():
+        ref_in = ref_run.captures[step].tensors.get(layer_input_key(i))
+        if ref_in is None:
+            if i == first.layer:
+                ctx.evidence.decode_replay_note = (f"the reference recorded no {layer_input_key(i)} at decode step "
+                                                   f"{step}, the input of layer {i}")
+                return
+            continue
+        blocks[i] = _replay(ctx, alt, calibrator, ref_run, tokens, step, key, ref_in)
+    ctx.evidence.decode_replay = (step, blocks)
+
+
+#: the checkpoints of a layer its replay gives (``run_decode_layer``'s)
+_REPLAYED = ("post_attention", "post_mlp")
+
+
+def _replay(ctx: RunContext, alt: Any, calibrator: Any, ref_run: DecodeRun, tokens: np.ndarray, step: int,
+            key: CheckpointKey, ref_in: Any) -> BlockEvidence:
+    """Layer ``key.layer`` replayed at ``step`` on ``ref_in`` by the alternative and the calibration,
+    its checkpoint ``key`` measured against the reference's at that step."""
+    i = key.layer
+    assert i is not None
     replay = call_backend(alt, f"run_decode_layer({i}, step {step})",
                           lambda: alt.run_decode_layer(i, ref_in, ctx.inputs, step, tokens))
-    cal = _replayer(calibrator) if ctx.plan.calibrated(first) else None
+    cal = _replayer(calibrator) if ctx.plan.calibrated(key) else None
     cal_replay = None if cal is None else call_backend(
         cal, f"run_decode_layer({i}, step {step})", lambda: cal.run_decode_layer(i, ref_in, ctx.inputs, step, tokens))
-    ref_out = ref_run.captures[step].tensors[first]
-    tol = ctx.plan.tolerance(first)
-    err = compare(ref_out, replay.tensors[first], tolerance=tol, check_dtype=False, name=f"{first}@{step} replayed")
-    noise = None if cal_replay is None else compare(ref_out, cal_replay.tensors[first], tolerance=tol,
-                                                    check_dtype=False, name=f"{first}@{step} calibration replay")
-    block = "attention" if first.name == "post_attention" else "layer"
-    ctx.evidence.decode_replay = (step, BlockEvidence(block, first, err, noise, reference_scale(ref_out)))
+    ref_out = ref_run.captures[step].tensors[key]
+    tol = ctx.plan.tolerance(key)
+    err = compare(ref_out, replay.tensors[key], tolerance=tol, check_dtype=False, name=f"{key}@{step} replayed")
+    noise = None if cal_replay is None else compare(ref_out, cal_replay.tensors[key], tolerance=tol,
+                                                    check_dtype=False, name=f"{key}@{step} calibration replay")
+    block = "attention" if key.name == "post_attention" else "layer"
+    return BlockEvidence(block, key, err, noise, reference_scale(ref_out))

@@ -30,7 +30,8 @@ __all__ = ["DrillDownStage", "drill_targets"]
 def drill_targets(ctx: RunContext) -> list[tuple[int, str, int]]:
     """``(layer, checkpoint, step)`` to drill: the first divergence's layer (at its decode step, 0 for
     the prefill), then each introducing layer of the prefill (at the checkpoint its first introducing
-    block ends at), as the judge decided them."""
+    block ends at) or, for a first divergence at decode step s, each layer that introduces error at
+    s (replayed there), as the judge decided them."""
     verdict = ctx.verdict if ctx.verdict is not None else ctx.judge()
     targets: dict[int, tuple[str, int]] = {}
     first = verdict.first_divergence
@@ -39,6 +40,11 @@ def drill_targets(ctx: RunContext) -> list[tuple[int, str, int]]:
     for i, lv in sorted((verdict.layers or {}).items()):
         if lv.introduces and i not in targets:
             targets[i] = (f"{'post_attention' if lv.block == 'attention' else 'post_mlp'}:{i}", 0)
+    step = int(verdict.first_step or 0)
+    for i, j in sorted(verdict.decode_layers.items()):  # introducing at the first divergent decode step
+        if not j.passed and i not in targets:
+            key = next((k for (s, k), jk in verdict.steps.items() if s == step and k.layer == i and not jk.passed), None)
+            targets[i] = (str(key) if key is not None else f"post_mlp:{i}", step)
     return [(i, checkpoint, step) for i, (checkpoint, step) in sorted(targets.items())]
 
 

@@ -217,9 +217,10 @@ class Evidence:
     kv_cache: list[KVEvidence] = field(default_factory=list)
     #: the decode stage's: the next-token distributions per pass (where the logits are captured)
     token_metrics: list[TokenEvidence] = field(default_factory=list)
-    #: the layer of a first divergence at decode step s replayed at that step on the reference's
-    #: input (:mod:`.decode_replay`): ``(step, block evidence)``, or None with :attr:`decode_replay_note`
-    decode_replay: tuple[int, BlockEvidence] | None = None
+    #: the layers failing at the first divergent decode step s, each replayed at that step on the
+    #: reference's input (:mod:`.decode_replay`): ``(step, {layer: block evidence})``, or None with
+    #: :attr:`decode_replay_note`
+    decode_replay: tuple[int, dict[int, BlockEvidence]] | None = None
     decode_replay_note: str | None = None
 
     def at(self, key: CheckpointKey) -> CheckpointEvidence | None:

@@ -165,6 +165,9 @@ class Verdict:
     #: the first token the alternative chooses otherwise beyond noise: ``{step, index,
     #: reference_token, alternative_token, reference_gap}`` (None: none)
     first_divergent_token: dict[str, Any] | None = None
+    #: each layer failing at decode step :attr:`first_step`, replayed there on the reference's input:
+    #: beyond its bound (not passed) it introduces error at that step, within it the error is carried in
+    decode_layers: dict[int, Judgement] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -290,11 +293,13 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
         checkpoints = {k: j if j.passed else replace(j, consistent_with=consistent) for k, j in checkpoints.items()}
     kv = {(ev.step, ev.layer, ev.part): judge_kv(ev, plan) for ev in evidence.kv_cache}
     replayed = evidence.decode_replay
-    replay = judge_block(replayed[1], plan) if replayed is not None and replayed[0] == first_step else None
+    at_step = {i: judge_block(b, plan) for i, b in sorted(replayed[1].items())} \
+        if replayed is not None and replayed[0] == first_step else {}
+    replay = None if first is None or first.layer is None else at_step.get(first.layer)
     source = decode_source(first, first_step, kv, replay, evidence.decode_replay_note) if first_step else \
         error_source(first, layers, evidence.isolation_note)
     return Verdict(checkpoints, layers, first, source, consistent, steps, first_step, kv, tokens,
-                   first_divergent_token(evidence, plan))
+                   first_divergent_token(evidence, plan), at_step)
 
 
 def _token_scale(ev: TokenEvidence, plan: ValidationPlan) -> float:

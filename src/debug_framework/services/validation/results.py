@@ -299,6 +299,8 @@ class ValidationResult:
         if decode is not None and "token_metrics" in decode:  # each pass's token metrics with their judgement
             decode = {**decode, "token_metrics": [_judged_tokens(row, verdict) for row in decode["token_metrics"]],
                       "first_divergent_token": verdict.first_divergent_token}
+        if decode is not None and verdict.decode_layers and evidence.decode_replay is not None:
+            decode = {**decode, "isolation": _decode_isolation(evidence, verdict)}
         return cls(results=results, isolation=layers, isolation_note=evidence.isolation_note,
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
                    precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, decode=decode,
@@ -357,6 +359,21 @@ class ValidationResult:
             **self.summary(),
             "results": [r.to_dict() for r in self.results],
         })
+
+
+def _decode_isolation(evidence: Evidence, verdict: Verdict) -> dict[str, Any]:
+    """``{step, layers: [{layer, checkpoint, introduces, rmse, judged_by, bound, margin, reason}]}``:
+    each layer failing at the first divergent decode step, replayed there on the reference's input
+    (``introduces``: beyond its bound; else the error is carried in)."""
+    assert evidence.decode_replay is not None
+    step, blocks = evidence.decode_replay
+    rows = []
+    for layer, j in sorted(verdict.decode_layers.items()):
+        block = blocks[layer]
+        rows.append({"layer": layer, "checkpoint": str(block.key), "introduces": not j.passed,
+                     "rmse": block.error.rmse, "judged_by": j.judged_by, "bound": j.bound, "margin": j.margin,
+                     "reason": j.reason})
+    return {"step": step, "layers": rows}
 
 
 def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
