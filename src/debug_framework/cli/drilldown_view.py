@@ -100,8 +100,8 @@ def culprit_line(entry: dict[str, Any]) -> str:
                       entry.get("note") or "")
     repro = c.get("repro_dir")
     tail = "" if not repro else markup("; repro {} ({})", repro, "verified" if c.get("verified") else "not verified")
-    return markup("{}: culprit [bold]{}[/] at {} ({})", drilled_where(entry.get("layer"), entry.get("step")), c.get("op"),
-                  c.get("module_path") or "?", c.get("source") or "?") + tail
+    return markup("{}: culprit [bold]{}[/] at {} ({})", drilled_where(entry.get("layer"), entry.get("step")),
+                  c.get("op"), c.get("module_path") or "?", c.get("source") or "?") + tail
 
 
 def print_drilldown(out: Console, result: dict[str, Any], verbose: bool = False) -> None:

@@ -407,10 +407,11 @@ def _layer_graph(drill: LayerDrilldown, out_dir: Path, stem: str) -> OverlayGrap
 
 
 def _layer_overlay(drill: LayerDrilldown, out_dir: Path) -> OverlayGraph:
-    stem = f"layer_{drill.layer}"
+    stem = f"layer_{drill.layer}" + (f"_step_{drill.step}" if drill.step else "")
     entry = _layer_graph(drill, out_dir, stem)
     matched = LayerDrilldown(layer=drill.layer, checkpoint=drill.checkpoint, backend=drill.backend,
-                             method=drill.method, operators=[r for r in drill.operators if r.node not in entry.unmatched])
+                             method=drill.method, operators=[r for r in drill.operators if r.node not in entry.unmatched],
+                             step=drill.step)
     entry.unknown = [r.node for r in matched.operators if math.isnan(r.introduced)]
     _write_node_data(out_dir, stem, operator_node_data(matched, entry.graph_id), entry)
     entry.default = "introduced"

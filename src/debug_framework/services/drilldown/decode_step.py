@@ -132,10 +132,9 @@ def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: 
                   lambda _t, s: Capture(backend=backend_name, dtype=dtype, elapsed_s=s))
     if "args" not in seen:
         raise RuntimeError(f"decode step {step}'s pass never called {layer_name!r}")
-    found = [(where, v) for where, v in [*enumerate(seen["args"]), *seen["kwargs"].items()]
-             if CacheSlot.find(v, layer) is not None]
-    slot = None if not found else CacheSlot.find(found[0][1], layer)
-    keep = None if not found else found[0][1]
+    slot = next((found for v in [*seen["args"], *seen["kwargs"].values()]
+                 if (found := CacheSlot.find(v, layer)) is not None), None)
+    keep = None if slot is None else slot.cache
 
     def plain(value: Any) -> Any:
         return value if keep is not None and value is keep else _normal(_plain(value))
@@ -150,7 +149,8 @@ def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: 
     return LayerCall(hidden, (), kwargs, True, slot)
 
 
-def reference_past(past: tuple[Any, Any] | None, slot: CacheSlot) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str]:
+def reference_past(past: tuple[Any, Any] | None,
+                   slot: CacheSlot) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str]:
     """The reference's keys and values of the layer before the step (``[batch, length, kv_heads,
     head_dim]``, as :class:`~debug_framework.backends.decode.DecodeRun` keeps them) laid out as the
     slot holds them, in float64, cut to the trailing positions the slot holds (a sliding window

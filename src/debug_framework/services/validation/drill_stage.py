@@ -43,7 +43,8 @@ def drill_targets(ctx: RunContext) -> list[tuple[int, str, int]]:
     step = int(verdict.first_step or 0)
     for i, j in sorted(verdict.decode_layers.items()):  # introducing at the first divergent decode step
         if not j.passed and i not in targets:
-            key = next((k for (s, k), jk in verdict.steps.items() if s == step and k.layer == i and not jk.passed), None)
+            key = next((k for (s, k), jk in verdict.steps.items()
+                        if s == step and k.layer == i and not jk.passed), None)
             targets[i] = (str(key) if key is not None else f"post_mlp:{i}", step)
     return [(i, checkpoint, step) for i, (checkpoint, step) in sorted(targets.items())]
 
@@ -82,7 +83,8 @@ class DrillDownStage(Stage):
             if not getattr(strategy, "decode_steps", False):
                 return self._empty(ctx, layer, checkpoint, f"the {strategy.name} drill-down runs a layer in one "
                                    f"forward pass: it cannot run layer {layer} at decode step {step}, where the error "
-                                   "first shows (the replay drill-down of eager torch backends can)", strategy.name, step)
+                                   "first shows (the replay drill-down of eager torch backends can)",
+                                   strategy.name, step)
             hidden = None if at is None else at.hidden.get(layer)
             if at is not None:
                 tokens, past = at.tokens, at.past.get(layer)
