@@ -164,3 +164,14 @@ def test_the_drill_down_at_a_decode_step_names_the_cache_write(tiny_models, patc
     assert LayerDrilldown.from_dict(at_step.to_dict()).step == 1
     prefill = drill(0, ref.run(inputs, capture_layer_inputs=True).layer_inputs[1])
     assert prefill.step == 0 and prefill.culprit is None and prefill.operators
+
+
+def test_the_isolation_at_a_decode_step_reads_as_one_line():
+    """The terminal's and the HTML report's line for ``decode["isolation"]``; none without it."""
+    from debug_framework.reports._decode import step_isolation_text
+
+    iso = {"step": 2, "layers": [{"layer": 1, "introduces": True}, {"layer": 3, "introduces": False},
+                                 {"layer": 4, "introduces": False}]}
+    assert step_isolation_text({"decode": {"isolation": iso}}) == [
+        "isolation at decode step 2: layer(s) 1 introduce error there; layer(s) 3, 4 only carry it in"]
+    assert step_isolation_text({"decode": {"steps": 2}}) == [] == step_isolation_text({})

@@ -20,7 +20,8 @@ from ._common import as_float
 from ._html import esc
 from ._sections import section
 
-__all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text"]
+__all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text",
+           "step_isolation_text"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ def _td(cell: Cell | None) -> str:
 
 def decode_section(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
     """The HTML section ``decode`` (empty without decode steps): margins by step and layer with the
-    tokens' figures, the first divergent token, and the KV cache's margins by step and layer."""
+    tokens' figures, the first divergent token, the isolation at the first divergent step (where
+    layers were replayed there), and the KV cache's margins by step and layer."""
     view = decode_view(rows, results)
     if view is None:
         return ""
@@ -158,7 +160,8 @@ def decode_section(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]
              "distributions (nats); top-1 / top-k: agreement with the reference's tokens.</p>",
              f'<div class="scroll"><table class="decode-grid"><thead><tr><th>step</th>{head}<th>KL mean</th>'
              f"<th>top-1</th><th>top-k</th><th>tokens</th></tr></thead><tbody>{''.join(body)}</tbody></table></div>",
-             f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>']
+             f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>',
+             *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(results))]
     if view.kv:
         kv_head = "".join(f"<th>{esc(i)}</th>" for i in view.kv_layers)
         kv_body = "".join(
