@@ -43,3 +43,15 @@ def test_upgrade_rewrites_conformance_scripts_only_and_keeps_their_data(tmp_path
     assert (other / "repro.py").read_text() == OLD_SCRIPT  # another writer's script is not generic
     with pytest.raises(ConfigurationError):
         upgrade_repros(tmp_path / "missing")
+
+
+def test_debug_opsweep_upgrade_repros_rewrites_and_reports(tmp_path, capsys):
+    from debug_framework.cli.debug_opsweep import main
+
+    folder = _old(tmp_path / "repros" / "x", "op-conformance", {"op": "x", "grad": False})
+    assert main(["--upgrade-repros", str(tmp_path / "repros"), "--no-verify", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["upgraded"] == [{"repro": str(folder / "repro.py"), "reproduced": None}]
+    assert "from safetensors" not in (folder / "repro.py").read_text()
+    assert main(["--upgrade-repros", str(tmp_path / "none")]) == 2
+    assert "not a directory of repros" in capsys.readouterr().err
