@@ -5,7 +5,7 @@
    prints the time, operators per minute, the operators covered (judged: passed or failed) beside
    BackendBench's 271, and every operator where Inductor and eager differ beyond the calibrated
    bound (or Inductor raises, crashes, hangs), with its worst sample and its repro (``python
-   repro.py``: torch and safetensors only), verified in a fresh process.
+   repro.py``: torch alone), verified in a fresh process.
 2. The correct ``aot_eager`` backend sweeps the same operators and samples (``--aot-dtypes``,
    float32 by default): the operators the calibrated rule flags (the target is 0), and the operators
    BackendBench's judge (``torch.testing.assert_close``, atol = rtol = 1e-2) would flag on the same

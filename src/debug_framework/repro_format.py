@@ -49,7 +49,8 @@ from typing import Any, Literal
 
 __all__ = ["FORMAT", "SCRIPT", "MANIFEST", "INPUTS", "LOG", "WRITERS", "EXIT_CODES", "VERDICT_PREFIX",
            "OBSERVATION_PREFIX", "REPRO_TIMEOUT_S", "VerifyResult", "write_repro_files", "script_source",
-           "docstring_text", "verdict_line", "parse_output", "verify", "read_manifest", "is_installed"]
+           "docstring_text", "verdict_line", "parse_output", "verify", "read_manifest", "is_installed",
+           "SAFETENSORS_READER", "OPTIONAL_PACKAGES"]
 
 #: The manifest's ``format`` value.
 FORMAT = "debug_framework.repro/1"
@@ -64,11 +65,53 @@ OBSERVATION_PREFIX = "REPRO-OBSERVATION: "
 #: How long one verifying run of a repro may take, in seconds.
 REPRO_TIMEOUT_S = 300.0
 
+#: Source of ``load_file(path)`` for a generated repro.py (needs ``json``, ``sys`` and ``torch``
+#: imported, and ``CannotCheck`` defined, as the shared head of every repro.py has them): the tensors
+#: of a safetensors file read with torch alone, so a repro of torch tensors needs no other package.
+#: The layout is safetensors' own: an 8-byte little-endian header length, a JSON header (per
+#: tensor its ``dtype``, ``shape`` and ``data_offsets`` into the bytes after the header), the raw
+#: little-endian bytes. Each tensor is a fresh, writable, aligned copy.
+SAFETENSORS_READER = '''
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
+                      "U64": "uint64", "BOOL": "bool", "C64": "complex64", "F8_E4M3": "float8_e4m3fn",
+                      "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2": "float8_e5m2", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+                      "F8_E8M0": "float8_e8m0fnu"}
+
+
+def load_file(path):
+    """The tensors of a safetensors file, read with torch alone (no safetensors package needed)."""
+    if sys.byteorder != "little":
+        raise CannotCheck("the stored tensors are little-endian; this machine is not")
+    with open(path, "rb") as f:
+        data = bytearray(f.read())  # writable: torch.frombuffer shares it without a warning
+    if len(data) < 8:
+        raise CannotCheck("%s is not a safetensors file (%d bytes)" % (os.path.basename(path), len(data)))
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(bytes(data[8:8 + size]).decode("utf-8"))
+    start = 8 + size
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = getattr(torch, SAFETENSORS_DTYPES.get(info["dtype"], "?"), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CannotCheck("tensor %s has dtype %s, which this torch cannot hold" % (name, info["dtype"]))
+        begin, end = info["data_offsets"]
+        out = torch.empty(info["shape"], dtype=dtype)
+        if end > begin:  # copied into the fresh tensor's storage byte for byte (any dtype, any alignment)
+            raw = torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=start + begin)
+            out.reshape(-1).view(torch.uint8).copy_(raw)
+        tensors[name] = out
+    return tensors
+'''
+
 _VERDICT = re.compile(r"^REPRO: (reproduced|fixed|error): ?(.*)$")
 
-# In the fresh process: make this project unimportable, then run the script as __main__.
+# In the fresh process: make this project (and the packages in {blocked}) unimportable, then run the
+# script as __main__.
 _BOOT = ("import runpy, sys\n"
-         "for _m in ('debug_module', 'debug_framework'):\n"
+         "for _m in ('debug_module', 'debug_framework'{blocked}):\n"
          "    sys.modules[_m] = None\n"
          "sys.argv = sys.argv[1:]\n"
          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
@@ -239,13 +282,20 @@ def parse_output(stdout: str) -> tuple[str | None, str, dict[str, Any] | None]:
     return (found.group(1), found.group(2), observation) if found else (None, "", observation)
 
 
+#: Packages a repro may read its files with that ``verify`` makes unimportable unless the manifest's
+#: ``requires`` lists them: the writers read ``inputs.safetensors`` with torch alone
+#: (:data:`SAFETENSORS_READER`), and verifying proves it.
+OPTIONAL_PACKAGES = ("safetensors",)
+
+
 def verify(repro: str | os.PathLike[str], *, timeout: float = REPRO_TIMEOUT_S, isolated: bool = True,
            python: str | None = None, log: bool = True) -> VerifyResult:
     """Run a repro (its directory or its ``repro.py``) once in a fresh interpreter and verify it.
 
     The interpreter starts without ``PYTHON*`` variables, in a new temporary working directory; with
     ``isolated`` (the default) also with ``-I`` (no user site) and this project's packages made
-    unimportable, as for a user who has only the repro. With ``log``, ``verify.log`` beside the
+    unimportable, as for a user who has only the repro, and so are the :data:`OPTIONAL_PACKAGES` its
+    manifest does not require (safetensors: a repro needs no more than it says). With ``log``, ``verify.log`` beside the
     script keeps the command, its exit code, its stdout and stderr.
     """
     script = Path(repro).resolve()
@@ -253,7 +303,12 @@ def verify(repro: str | os.PathLike[str], *, timeout: float = REPRO_TIMEOUT_S, i
         script = script / SCRIPT
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     exe = python or sys.executable
-    cmd = [exe, "-I", "-c", _BOOT, str(script)] if isolated else [exe, str(script)]
+    try:
+        requires = read_manifest(script.parent).get("requires") or []
+    except (OSError, ValueError, AttributeError):
+        requires = []  # no manifest to go by: the script itself says what it needs
+    blocked = "".join(f", {name!r}" for name in OPTIONAL_PACKAGES if name not in requires)
+    cmd = [exe, "-I", "-c", _BOOT.format(blocked=blocked), str(script)] if isolated else [exe, str(script)]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="df-repro-") as cwd:
         try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from debug_framework.conformance.judge import badness, flat_outputs, judge_outputs, randomness
@@ -74,8 +72,8 @@ def test_badness_orders_crashes_errors_and_margins():
             {"status": "error"}, {"status": "crash"}, {"status": "skipped"}]
     ranked = sorted(rows, key=badness)
     assert [r["status"] for r in ranked] == ["skipped", "pass", "fail", "error", "crash"]
-    assert badness({"status": "pass", "backend_error": 0.0, "bound": 0.0}) == 0.0
-    assert math.isinf(badness({"status": "hang"}))
+    assert badness({"status": "pass", "backend_error": 0.0, "bound": 0.0}) < badness(rows[1])
+    assert badness({"status": "hang"}) == badness({"status": "crash"}) > badness({"status": "error"})
     assert flat_outputs((torch.ones(1), [2, 3.0])) is not None and flat_outputs("text") is None
 
 
@@ -86,3 +84,26 @@ def test_eager_identical_output_passes_where_nothing_finite_can_be_measured():
     assert judge_outputs(oracle, base, same, "float32")["status"] == "pass"
     other = [torch.zeros(8)]
     assert judge_outputs(oracle, base, other, "float32")["status"] == "fail"
+
+
+def test_a_failing_sample_outranks_every_passing_one_whatever_its_numbers():
+    # the Inductor interpolate case: a sample that fails on a non-finite value alone has a small
+    # RMSE over the finite ones, below a passing sample's error / bound
+    passing = {"status": "pass", "backend_error": 6.8e-7, "bound": 1.6e-6, "reason": None}
+    nonfinite = {"status": "fail", "backend_error": 9.5e-8, "bound": 4.6e-7,
+                 "reason": "1 non-finite mismatch(es) against float64 eager (eager in float32 has 0)"}
+    far = {"status": "fail", "backend_error": 8.0, "bound": 4.0, "reason": "RMSE ..."}
+    assert max([passing, nonfinite], key=badness) is nonfinite
+    assert max([passing, nonfinite, far], key=badness) is far
+    assert badness({"status": "fail", "reason": "shape"}) > badness(far)  # unmeasured failures first
+
+
+def test_a_failing_output_fails_the_sample_beside_a_passing_one_with_a_larger_ratio():
+    x = torch.linspace(-1, 1, 64)
+    o1, b1, _ = _runs(torch.sin, x, torch.float32)
+    near = b1[0] + 1e-7 * torch.sign(b1[0])  # passes, but far closer to its bound than the one below
+    o2, b2, _ = _runs(torch.cos, x, torch.float32)
+    wrong = b2[0].clone()
+    wrong[5] = float("inf")
+    out = judge_outputs(o1 + o2, b1 + b2, [near, wrong], "float32")
+    assert out["status"] == "fail" and out["output"] == 1 and "non-finite" in out["reason"]

@@ -57,3 +57,20 @@ def test_store_round_trip_resume_and_parameterised_sql(tmp_path):
     db.opsweeps.start("k-1", "mine", "cpu", {})  # a resumed sweep keeps its rows
     assert len(db.opsweeps.results("k-1")) == 5
     assert db.opsweeps.delete("k-1") and db.opsweeps.results("k-1") == [] and db.opsweeps.get("k-1") is None
+
+
+def test_a_failing_operators_worst_sample_fails_and_gives_the_reason():
+    from debug_framework.conformance.sweep import _aggregate
+
+    def smp(i: int, result: dict) -> dict:
+        return {"source": "opinfo", "label": f"opinfo[{i}]", "dtype": "float32", "index": i, "result": result}
+
+    samples = [smp(0, {"status": "pass", "backend_error": 6.8e-7, "bound": 1.6e-6, "reason": None}),
+               smp(1, {"status": "fail", "backend_error": 9.5e-8, "bound": 4.6e-7, "reason": "1 non-finite mismatch"}),
+               smp(2, {"status": "fail", "backend_error": 2e30, "bound": 2.2e31, "reason": "4 non-finite mismatches"}),
+               smp(3, {"status": "error", "reason": "the compiled call raised"})]
+    out = _aggregate("interp", samples, [], graphs=1, no_graph="")
+    assert out.verdict == "fail" and out.worst is not None and out.worst["index"] == 1
+    assert out.reason == "2 of 4 samples: 1 non-finite mismatch"
+    passing = _aggregate("interp", samples[:1], [], graphs=1, no_graph="")
+    assert passing.verdict == "pass" and passing.worst["index"] == 0

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from debug_framework.repro_format import (EXIT_CODES, FORMAT, parse_output, read_manifest, verify, verdict_line,
-                                          write_repro_files)
+from debug_framework.repro_format import (EXIT_CODES, FORMAT, SAFETENSORS_READER, parse_output, read_manifest, verify,
+                                          verdict_line, write_repro_files)
 
 VERDICT = re.compile(r"^REPRO: (reproduced|fixed|error): \S")
 PICKLES = {".pkl", ".pickle", ".pt", ".pth", ".bin"}
@@ -56,9 +56,10 @@ def assert_contract(folder: Path, expected: str) -> None:
 # --------------------------------------------------------------------------- the format itself
 
 
-def _toy(folder: Path, body: str, *, imports: tuple[str, ...] = (), failure: str = "the toy fails") -> Path:
+def _toy(folder: Path, body: str, *, imports: tuple[str, ...] = (), failure: str = "the toy fails",
+         requires: tuple[str, ...] = ("json",)) -> Path:
     write_repro_files(folder, writer="minifier", failure=failure, body=body, imports=list(imports),
-                      requires=["json"], check={"value": 3})
+                      requires=list(requires), check={"value": 3})
     return folder
 
 
@@ -87,6 +88,36 @@ def test_the_project_is_unimportable_in_the_verifying_process(tmp_path):
     res = verify(_toy(tmp_path / "r", body))
     assert res.reproduced, res.stdout + res.stderr
     assert Path(res.observation["cwd"]).resolve() != (tmp_path / "r").resolve()  # run from elsewhere
+
+
+def test_safetensors_is_unimportable_in_the_verifying_process_unless_the_repro_requires_it(tmp_path):
+    body = "def check():\n    return True, 'ran', {}\n"
+    res = verify(_toy(tmp_path / "no", body, imports=("import safetensors",)))
+    assert res.verdict == "error" and "safetensors" in res.detail and not res.reproduced
+    assert verify(_toy(tmp_path / "yes", body, imports=("import safetensors",), requires=("safetensors",))).reproduced
+
+
+def test_the_torch_only_reader_reads_what_safetensors_writes(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = {"f32": torch.randn(3, 4), "bf16": torch.randn(5).bfloat16(), "f16": torch.randn(2, 2).half(),
+               "bool": torch.tensor([True, False, True]), "i64": torch.arange(7) - 3, "i8": torch.tensor([-1, 2], dtype=torch.int8),
+               "empty": torch.empty(0, 3), "empty_bool": torch.empty(0, dtype=torch.bool), "scalar": torch.tensor(3.5),
+               "c64": torch.randn(3, dtype=torch.complex64), "f8": torch.randn(4).to(torch.float8_e4m3fn),
+               "f64": torch.randn(3, dtype=torch.float64), "u16": torch.arange(3).to(torch.uint16)}
+    save_file(tensors, str(tmp_path / "t.safetensors"))
+    scope = {"torch": torch, "json": json, "os": __import__("os"), "sys": __import__("sys"), "CannotCheck": RuntimeError}
+    exec(SAFETENSORS_READER, scope)
+    read, expected = scope["load_file"](str(tmp_path / "t.safetensors")), load_file(str(tmp_path / "t.safetensors"))
+
+    def raw(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1).view(torch.uint8)
+
+    assert read.keys() == expected.keys()
+    for name, t in expected.items():
+        assert read[name].dtype == t.dtype and read[name].shape == t.shape and torch.equal(raw(read[name]), raw(t)), name
+        raw(read[name]).fill_(1)  # writable, its own memory
+    assert torch.equal(raw(scope["load_file"](str(tmp_path / "t.safetensors"))["f32"]), raw(expected["f32"]))
 
 
 def test_hostile_text_stays_inside_the_docstring_and_on_one_verdict_line(tmp_path):

@@ -6,6 +6,7 @@
     debug_opsweep --compile-backend inductor --grad --ops softmax,cumsum      # the backward pass
     debug_opsweep --runtime onnxruntime --ops softmax,cumsum                  # single-op ONNX graphs
     debug_opsweep --compile-backend inductor --device cuda                    # where a CUDA device exists
+    debug_opsweep --upgrade-repros opsweep_repros     # older repros' scripts to the current (torch-only) one
 
 Every sample (OpInfo's, all of them, plus fuzzed layouts, special values and magnitudes) is judged
 against float64 eager by the calibrated rule; random, uninitialised and non-numeric operators are
@@ -85,6 +86,9 @@ def opsweep(
     verify_repros: bool = typer.Option(True, "--verify/--no-verify", help="run each repro once in a fresh process"),
     junit: Path | None = typer.Option(None, "--junit", help="also write JUnit XML (one testcase per operator) here"),
     list_ops: bool = typer.Option(False, "--list-ops", help="print the OpInfo operator keys and exit"),
+    upgrade: Path | None = typer.Option(None, "--upgrade-repros", metavar="DIR", help="rewrite the repro.py of "
+                                        "every sweep repro under DIR to the current script (torch alone), verify "
+                                        "each (unless --no-verify), and exit; no sweep runs"),
     as_json: bool = typer.Option(False, "--json", help="print the sweep as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="session database (a file or a postgresql:// URL)"),
 ) -> int:
@@ -101,6 +105,8 @@ def opsweep(
     if runtime is not None and (file is not None or _given(ctx, "compile_backend")):
         raise CliError("--runtime runs single-op ONNX graphs: it takes no --compile-backend or --backend-file",
                        hint="give one of --runtime, --compile-backend, --backend-file")
+    if upgrade is not None:
+        return _upgrade(upgrade, verify_repros, as_json)
     if list_ops:
         from ..conformance.ops import select_ops
 
@@ -137,6 +143,30 @@ def opsweep(
     else:
         _print(result.to_dict())
     return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _upgrade(root: Path, verify_them: bool, as_json: bool) -> int:
+    """``--upgrade-repros``: rewrite the scripts, verify each once, print what each did."""
+    from ..conformance.repro import upgrade_repros
+    from ..repro_format import verify
+
+    rows = []
+    for script in upgrade_repros(root):
+        row: dict[str, Any] = {"repro": str(script), "reproduced": None}
+        if verify_them:
+            found = verify(script)
+            row.update(reproduced=found.reproduced, verdict=found.verdict, detail=found.detail)
+        rows.append(row)
+    if as_json:
+        print_json({"upgraded": rows})
+        return EXIT_PASS
+    out = make_console()
+    for row in rows:
+        state = "" if row["reproduced"] is None else (" (reproduced)" if row["reproduced"] else
+                                                      f" (not reproduced: {row['verdict']}: {row['detail']})")
+        out.print(markup("upgraded {}{}", row["repro"], state))
+    out.print(markup("{} repro scripts rewritten under {}", len(rows), str(root)))
+    return EXIT_PASS
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

@@ -233,8 +233,10 @@ def randomness(op: Callable[..., Any], sample: Sample) -> str | None:
     return None
 
 
-def badness(result: dict[str, Any]) -> float:
-    """How bad a sample's result is, to pick the worst: crashes, hangs, errors, then error / bound
-    (the plugin sweep's ranking, :func:`~debug_framework.plugins.evaluate.badness`, on
-    ``backend_error``; skipped and unsupported samples rank last)."""
+def badness(result: dict[str, Any]) -> tuple[int, float]:
+    """How bad a sample's (or an output's) result is, to pick the worst with ``max``: its status
+    first (crashes and hangs, errors, failures, passes: a failing one always outranks a passing one,
+    whatever their numbers), then error / bound (the plugin sweep's ranking,
+    :func:`~debug_framework.plugins.evaluate.badness`, on ``backend_error``; skipped and unsupported
+    samples rank last)."""
     return plugin_badness(result, error_key="backend_error", unranked=("skipped", "unsupported"))

@@ -3,7 +3,7 @@
 
 The directory holds the sample's tensors (exact storage, strides and offsets) in
 ``inputs.safetensors``, ``repro.json`` (the operator's OpInfo name and variant, the backend, the
-sample's layout, the rule) and ``repro.py``, which needs torch and safetensors only: it finds the
+sample's layout, the rule) and ``repro.py``, which needs torch alone (it reads the safetensors file itself): it finds the
 operator in torch's own OpInfo database, compiles it with ``torch.compile`` and the backend (a
 registered name, or the backend file copied beside it), runs it eagerly in float64 and in the
 sample's dtype, and says ``REPRO: reproduced`` (exit 1) while an output is outside the sweep's
@@ -20,11 +20,11 @@ from ..comparison import FLOOR_EPS, NOISE_MARGIN
 from ..plugins.evaluate import FLOAT64_FLOOR_EPS
 from ..plugins.repro import SAMPLE_DECODER, save_sample
 from ..plugins.samples import Sample
-from ..repro_format import write_repro_files
+from ..repro_format import MANIFEST, SAFETENSORS_READER, SCRIPT, read_manifest, script_source, write_repro_files
 
-__all__ = ["write_op_repro"]
+__all__ = ["write_op_repro", "upgrade_repros"]
 
-_BODY = SAMPLE_DECODER + '''
+_BODY = SAFETENSORS_READER + SAMPLE_DECODER + '''
 
 def flat(out):
     if isinstance(out, torch.Tensor):
@@ -260,15 +260,62 @@ def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend:
              "backend_label": backend if backend_file is None else f"{Path(backend_file).name}:{backend_attr}",
              "device": device, "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS, "float64_floor_eps": FLOAT64_FLOOR_EPS,
              "args": args, "kwargs": kwargs, "sample": sample.describe(), "status": status, "grad": grad}
-    requires, body = ["torch", "safetensors"], _BODY
     if runtime is not None:
-        from .runtimes import OPENVINO_PRECISION_HINT, RUNTIMES, check_runtime
+        from .runtimes import OPENVINO_PRECISION_HINT, check_runtime
 
         check.update(runtime=runtime, runtime_target=check_runtime(runtime, device), backend_label=runtime,
                      precision_hint=OPENVINO_PRECISION_HINT, device="cpu")
-        requires, body = ["torch", "safetensors", *RUNTIMES[runtime]], _BODY + _RUNTIME_BODY
     failure = (f"{'the backward of ' if grad else ''}operator {op} {'run by' if runtime else 'compiled with'} "
                f"{check['backend_label']} differs from eager beyond the calibrated bound "
                f"(or raises) on sample {sample.source}/{sample.label} in {sample.dtype}")
+    requires, body = _template(check)
     return write_repro_files(out, writer="op-conformance", failure=failure, body=body, requires=requires,
-                             imports=["import torch", "from safetensors.torch import load_file"], check=check)
+                             imports=_IMPORTS, check=check)
+
+
+_IMPORTS = ["import torch"]
+
+
+def _template(check: dict[str, Any]) -> tuple[list[str], str]:
+    """The packages a repro of ``check`` (its manifest's ``check`` entries) needs and its script's body:
+    torch alone, or with the runtime's packages."""
+    runtime = check.get("runtime")
+    if runtime is None:
+        return ["torch"], _BODY
+    from .runtimes import RUNTIMES
+
+    return ["torch", *RUNTIMES[runtime]], _BODY + _RUNTIME_BODY
+
+
+def upgrade_repros(root: Path) -> list[Path]:
+    """Rewrite the ``repro.py`` of every conformance repro directory at or under ``root`` to the
+    current template (its script is generic: all it knows is in ``repro.json``, which is kept, bar
+    ``requires``), so repros written by an older version of the sweep (one that needed the
+    safetensors package) run with torch alone; their data files are not touched. The rewritten
+    scripts, sorted; directories of other writers are left alone.
+
+    Raises:
+        ConfigurationError (DF005): ``root`` is not a directory.
+    """
+    import json
+
+    from ..errors import ConfigurationError
+
+    if not root.is_dir():
+        raise ConfigurationError(f"{root}: not a directory of repros", option="--upgrade-repros")
+    done = []
+    for found in sorted(root.rglob(MANIFEST)):
+        try:
+            manifest = read_manifest(found.parent)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(manifest, dict) or manifest.get("writer") != "op-conformance":
+            continue
+        requires, body = _template(manifest["check"])
+        script = script_source(writer="op-conformance", failure=manifest["failure"], body=body, imports=_IMPORTS,
+                               requires=requires)
+        manifest["requires"] = requires
+        found.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        (found.parent / SCRIPT).write_text(script, encoding="utf-8")
+        done.append(found.parent / SCRIPT)
+    return done

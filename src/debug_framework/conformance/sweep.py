@@ -254,7 +254,10 @@ def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs:
     rate = counts["pass"] / applicable
     for verdict in ("crash", "hang", "fail", "error"):
         if counts[verdict]:
-            assert worst is not None
+            # the worst sample of the verdict's own status (a failing operator's worst sample fails:
+            # its reason is the verdict's, its repro reproduces), the most failing by the judge's measure
+            worst = max((smp for smp in ranked if smp["result"]["status"] == verdict),
+                        key=lambda smp: badness(smp["result"]))
             return OpResult(op, verdict, rate, f"{counts[verdict]} of {applicable} samples: "
                             f"{worst['result'].get('reason')}", counts, worst)
     return OpResult(op, "pass", rate, None, counts, worst)

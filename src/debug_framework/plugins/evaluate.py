@@ -33,7 +33,7 @@ from ..comparison import FLOOR_EPS, RatioRule, compare
 from .loading import LoadedKernel
 from .samples import Sample, on_device, upcast
 
-__all__ = ["sample_rule", "evaluate_sample", "badness"]
+__all__ = ["sample_rule", "evaluate_sample", "badness", "STATUS_RANK"]
 
 
 #: A float64 kernel has no more precise oracle: the reference in float64 *is* the oracle, its error
@@ -143,21 +143,28 @@ def _scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
     return (t.to(torch.float64) * scale).to(t.dtype) if t.is_floating_point() else t
 
 
+#: The ranks of a sample's status in :func:`badness`: a status outranks every sample of a lower one,
+#: whatever their numbers (a sample that fails on non-finite values alone, with a small RMSE, is
+#: still worse than every passing sample).
+STATUS_RANK = {"crash": 4, "hang": 4, "error": 3, "fail": 2, "pass": 1}
+
+
 def badness(result: dict[str, Any], *, error_key: str = "kernel_error",
-            unranked: tuple[str, ...] = ("skipped",)) -> float:
-    """How bad a sample's result is, to pick the worst: crashes and errors first, then error / bound.
-    ``error_key`` names the result's measured error (the operator sweep's ``backend_error``); a
-    status in ``unranked`` (a sample not judged) ranks last."""
+            unranked: tuple[str, ...] = ("skipped",)) -> tuple[int, float]:
+    """How bad a sample's result is, to pick the worst (compare with ``max``): its status first
+    (crashes and hangs, errors, failures, passes, :data:`STATUS_RANK`), then, within a status,
+    error / bound. ``error_key`` names the result's measured error (the operator sweep's
+    ``backend_error``); a status in ``unranked`` (a sample not judged) ranks last. A failure with no
+    measure (another shape or dtype, no finite value) ranks above measured failures."""
     status = result.get("status")
-    if status in ("crash", "hang"):
-        return math.inf
-    if status == "error":
-        return 1e300
-    if status in unranked:
-        return -math.inf
+    if status in unranked or status not in STATUS_RANK:
+        return (0, -math.inf)
+    rank = STATUS_RANK[status]
+    if rank > STATUS_RANK["fail"]:
+        return (rank, 0.0)
     err, bound = result.get(error_key), result.get("bound")
     if err is None or bound is None or (isinstance(err, float) and math.isnan(err)):
-        return 1e299 if status == "fail" else -1.0
+        return (rank, math.inf if status == "fail" else -1.0)
     if math.isinf(err):
-        return 1e298
-    return err / bound if bound > 0 else (0.0 if err == 0 else 1e297)
+        return (rank, 1e300)
+    return (rank, err / bound if bound > 0 else (0.0 if err == 0 else 1e299))

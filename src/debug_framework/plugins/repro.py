@@ -2,8 +2,8 @@
 
 The directory holds the sample's tensors (exact storage, strides and offsets) in ``inputs.safetensors``,
 a copy of the plugin's build (``plugin_<artifact>``) and of its reference file when it has one,
-``repro.json`` (the sample's layout, the kernel, the rule) and ``repro.py``, which needs only torch and
-safetensors: it loads the build, runs the kernel and the reference (in float64 and in the kernel's
+``repro.json`` (the sample's layout, the kernel, the rule) and ``repro.py``, which needs only torch (it
+reads the safetensors file itself): it loads the build, runs the kernel and the reference (in float64 and in the kernel's
 dtype), and says ``REPRO: reproduced`` (exit 1) while the kernel fails the sweep's rule.
 
 :data:`KERNEL_LOADER` and :func:`plugin_kernel_entry` also serve the drill-down's operator repro of a
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..comparison import FLOOR_EPS, NOISE_MARGIN
-from ..repro_format import INPUTS, write_repro_files
+from ..repro_format import INPUTS, SAFETENSORS_READER, write_repro_files
 from .evaluate import FLOAT64_FLOOR_EPS
 from .manifest import KernelSpec, PluginDefinition
 from .samples import Sample
@@ -76,7 +76,7 @@ def up(v):
 '''
 
 #: The sweep repro's check: the kernel against the reference, by the sweep's calibrated rule.
-_BODY = KERNEL_LOADER + '''\n''' + SAMPLE_DECODER + '''
+_BODY = KERNEL_LOADER + SAFETENSORS_READER + SAMPLE_DECODER + '''
 
 def first(out):  # an op returning several tensors is judged by its first, as the sweep does
     return out[0] if isinstance(out, (tuple, list)) else out
@@ -205,6 +205,6 @@ def write_repro_dir(defn: PluginDefinition, artifact: Path, spec: KernelSpec, sa
              "args": args, "kwargs": kwargs, "sample": sample.describe()}
     failure = (f"kernel {spec.name} of plugin {defn.id} ({defn.backend_type}) implementing {spec.op_name} fails the "
                f"sweep's rule on sample {sample.source}/{sample.label}")
-    return write_repro_files(out, writer="plugin-sweep", failure=failure, body=_BODY, requires=["torch", "safetensors"],
-                       imports=["import importlib.util", "import torch", "from safetensors.torch import load_file"],
+    return write_repro_files(out, writer="plugin-sweep", failure=failure, body=_BODY, requires=["torch"],
+                       imports=["import importlib.util", "import torch"],
                        check=check)

@@ -12,7 +12,7 @@ Layout of one repro directory::
 ``python repro.py`` says ``REPRO: reproduced`` and exits 1 when the signature reproduces, ``REPRO:
 fixed`` and 0 when it does not, ``REPRO: error`` and 2 when the check cannot run; before that its
 observation line (``REPRO-OBSERVATION: {json}``) lets a caller verify *which* failure it saw. It
-needs torch and safetensors, never this project.
+needs torch alone (it reads the safetensors file itself), never this project.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from debug_framework.repro_format import INPUTS, OBSERVATION_PREFIX, VerifyResult, verify, write_repro_files
+from debug_framework.repro_format import (INPUTS, OBSERVATION_PREFIX, SAFETENSORS_READER, VerifyResult, verify,
+                                          write_repro_files)
 
 from ..errors import MinifierError
 from . import _runtime
@@ -164,12 +165,12 @@ def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[Any], signature: 
     extra = [i for i in imports if i not in _IMPORTS]
     return write_repro_files(out, writer="minifier", failure=signature.describe(), title=title,
                              body=_body(src, signature), imports=[*_IMPORTS, *extra],
-                             requires=["torch", "safetensors"], check=check, environment=environment_info(signature))
+                             requires=["torch"], check=check, environment=environment_info(signature))
 
 
 #: What every minifier repro imports (the shared head of repro.py adds json, os, sys, traceback).
 _IMPORTS = ["import math", "import operator", "import re", "import torch", "import torch.fx",
-            "from safetensors.torch import load_file", "from torch.utils._python_dispatch import TorchDispatchMode",
+            "from torch.utils._python_dispatch import TorchDispatchMode",
             "from torch.utils._pytree import tree_flatten"]
 
 
@@ -222,7 +223,7 @@ def _body(src: str, signature: Signature) -> str:
     """The minifier's part of ``repro.py``: the graph, ``load()``, the inlined runtime and ``check()``."""
     runtime = inspect.getsource(_runtime)
     runtime = "\n".join(line for line in runtime.splitlines() if not line.startswith(("import ", "from ")))
-    return f'''
+    return f'''{SAFETENSORS_READER}
 # ----------------------------------------------------------------------------- the minimal graph
 class Repro(torch.nn.Module):
     def __init__(self, tensors, parameters):

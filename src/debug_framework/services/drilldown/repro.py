@@ -7,7 +7,7 @@ plugin backend the kernel that replaces the operator, whose build is copied besi
 ``repro.py``: it runs the operator (the plugin's kernel in its place where the backend dispatched
 it), compares the RMS error against the trusted value with the bound, and says ``REPRO: reproduced``
 (exit 1) while the error is beyond the bound, ``REPRO: fixed`` (exit 0) once it is not. It needs
-torch and safetensors only. It is verified once after writing (:func:`~debug_framework.repro_format.verify`).
+torch alone (it reads the safetensors file itself). It is verified once after writing (:func:`~debug_framework.repro_format.verify`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from ...plugins.repro import KERNEL_LOADER, plugin_kernel_entry
-from ...repro_format import INPUTS, verify, write_repro_files
+from ...repro_format import INPUTS, SAFETENSORS_READER, verify, write_repro_files
 from .judge import Replay
 
 __all__ = ["write_and_verify"]
 
-_BODY = KERNEL_LOADER + '''
+_BODY = KERNEL_LOADER + SAFETENSORS_READER + '''
 
 def value(v, tensors, device):
     if isinstance(v, dict) and "tensor" in v:
@@ -150,8 +150,8 @@ def write_and_verify(folder: Path, replay: Replay, backend: Any, *, what: str) -
              "plugin": _plugin(backend, replay.target, folder)}
     tensors["trusted"] = replay.trusted.detach().to("cpu", torch.float64).contiguous()
     save_file(tensors, str(folder / INPUTS))
-    write_repro_files(folder, writer="drilldown-replay", body=_BODY, requires=["torch", "safetensors"],
-                      imports=["import importlib.util", "import torch", "from safetensors.torch import load_file"],
+    write_repro_files(folder, writer="drilldown-replay", body=_BODY, requires=["torch"],
+                      imports=["import importlib.util", "import torch"],
                       failure=f"{what}: the operator's error against the trusted float64 value exceeds its bound",
                       check=check)
     return folder, verify(folder).reproduced
