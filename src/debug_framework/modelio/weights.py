@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -232,6 +233,8 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
     def __init__(self, locations: dict[str, tuple[TensorReader, str]]) -> None:
         self._loc = locations
         self._digest: str | None = None
+        self._digesting: threading.Thread | None = None  # start_digest's
+        self._digest_error: BaseException | None = None
         self._private: dict[Path, SafetensorsReader] = {}  # each file's mapping of its own (private_tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -283,14 +286,39 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         Independent of the container format and of the order tensors are stored in, so the same
         weights saved as a HF directory and as a ``.zt`` file share a digest.
         """
+        if self._digesting is not None:
+            self._digesting.join()
+            self._digesting = None
+            if self._digest_error is not None:
+                error, self._digest_error = self._digest_error, None
+                raise error
         if self._digest is None:
-            import torch
-
-            h = hashlib.sha256()
-            for name in sorted(self._loc):
-                t = self[name].contiguous()
-                h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
-                if t.numel():
-                    h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
-            self._digest = h.hexdigest()
+            self._digest = self._compute_digest()
         return self._digest
+
+    def start_digest(self) -> None:
+        """Start computing :attr:`digest` on a thread of its own, so that it overlaps what the
+        caller does next (SHA-256 releases the GIL: reading a multi-gigabyte file's hash beside
+        Python imports or a model build); :attr:`digest` then waits for it."""
+        if self._digest is not None or self._digesting is not None:
+            return
+
+        def work() -> None:
+            try:
+                self._digest = self._compute_digest()
+            except BaseException as exc:  # noqa: BLE001 - raised again by the digest property
+                self._digest_error = exc
+
+        self._digesting = threading.Thread(target=work, name="weights-digest", daemon=True)
+        self._digesting.start()
+
+    def _compute_digest(self) -> str:
+        import torch
+
+        h = hashlib.sha256()
+        for name in sorted(self._loc):
+            t = self[name].contiguous()
+            h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
+            if t.numel():
+                h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
+        return h.hexdigest()

@@ -257,6 +257,9 @@ class ValidationEngine(EngineFaces):
         if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
             cfg["performance_profiling_enabled"] = False
         model = load_model(model_path, tier=cfg["model_tier"])
+        start_digest = getattr(model.weights, "start_digest", None)
+        if callable(start_digest):  # hashed beside the backends' imports and the checks below
+            start_digest()
         reference_backend, ref_why = reference_for(reference_backend, model)
         if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
             # (no probe of every backend's availability: that imports torch, transformers and Inductor)
