@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
