@@ -246,7 +246,10 @@ def test_a_session_spilling_its_checkpoints_judges_exactly_as_one_holding_them(s
                                   config={"memory_budget": "off", "capture_memory_budget": budget})
         sid = engine.create_session(stacks[2], {"input_shape": [2, 8]}, "auto", "pytorch")
         layers: list = []
-        result = _untimed(engine.run(sid, layer_progress=lambda *a: layers.append(a)).to_dict())
+        full = engine.run(sid, layer_progress=lambda *a: layers.append(a)).to_dict()
+        captured = full["performance"]["memory"].get("capture_bytes")
+        assert captured is None if budget == "off" else (captured["on_disk"] > 0 and captured["in_memory"] <= 1)
+        result = _untimed(full)
         assert not (tmp_path / f"{name}_tensors" / "spill").exists() or \
             not any((tmp_path / f"{name}_tensors" / "spill").iterdir())
         return result, layers

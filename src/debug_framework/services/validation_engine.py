@@ -412,6 +412,9 @@ class ValidationEngine(EngineFaces):
                     if sink is not None:
                         sink.on_layer = ctx.layers_done if stage.captures else None
                     stage.run(ctx)
+                if sink is not None and stage.captures:  # the captured checkpoints: in memory, on disk
+                    memory["capture_bytes"] = {"in_memory": sink.resident, "on_disk": sink.spilled_bytes,
+                                               "budget": sink.budget}
                 stage_s[stage.name] = t.seconds
                 memory["stage_peak_rss_bytes"][stage.name] = watch.take()
                 if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
