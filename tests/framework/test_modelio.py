@@ -212,3 +212,12 @@ def test_pickle_with_code_is_refused(tiny_qwen2, tmp_path):
     d = _copy_with_config(tiny_qwen2["hf"], tmp_path / "pk")
     torch.save({"weights": torch.ones(2), "payload": Path("/etc")}, str(d / "w.pt"))  # not a plain state dict
     _df004(d / "w.pt", "nothing else is unpickled")
+
+
+def test_a_cancelled_digest_leaves_no_thread(tiny_qwen2):
+    weights = load_model(tiny_qwen2["hf"]).weights
+    weights.start_digest()
+    thread = weights._digesting
+    weights.cancel_digest()
+    assert not thread.is_alive()
+    assert weights.digest == load_model(tiny_qwen2["hf"]).digest  # read later, it is computed then

@@ -235,6 +235,7 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         self._digest: str | None = None
         self._digesting: threading.Thread | None = None  # start_digest's
         self._digest_error: BaseException | None = None
+        self._digest_cancel = threading.Event()
         self._private: dict[Path, SafetensorsReader] = {}  # each file's mapping of its own (private_tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -309,16 +310,32 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
             except BaseException as exc:  # noqa: BLE001 - raised again by the digest property
                 self._digest_error = exc
 
+        self._digest_cancel.clear()
         self._digesting = threading.Thread(target=work, name="weights-digest", daemon=True)
         self._digesting.start()
+
+    def cancel_digest(self) -> None:
+        """Stop a digest :meth:`start_digest` began (the caller failed and will not read it) and wait
+        for its thread, which stops within one block of hashing: no thread is left inside the
+        weights' files when the process exits."""
+        if self._digesting is None:
+            return
+        self._digest_cancel.set()
+        self._digesting.join()
+        self._digest_cancel.clear()
+        self._digesting, self._digest_error = None, None
 
     def _compute_digest(self) -> str:
         import torch
 
         h = hashlib.sha256()
+        block = 64 * 2**20
         for name in sorted(self._loc):
             t = self[name].contiguous()
             h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
-            if t.numel():
-                h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            data = memoryview(t.view(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+            for start in range(0, len(data), block):  # the same hash as one update of the whole
+                if self._digest_cancel.is_set():
+                    raise RuntimeError("the weights' digest was cancelled")
+                h.update(data[start:start + block])
         return h.hexdigest()

@@ -249,8 +249,6 @@ class ValidationEngine(EngineFaces):
             ModelLoadingError (DF004), BackendInitializationError (DF002), ValidationError (DF005)
             for a bad configuration, DatabaseError (DF003).
         """
-        from ..backends import get_backend
-        from ..backends.reference_choice import reference_for
         from ..modelio import load_model
 
         cfg = validate_session_config(config)
@@ -260,6 +258,20 @@ class ValidationEngine(EngineFaces):
         start_digest = getattr(model.weights, "start_digest", None)
         if callable(start_digest):  # hashed beside the backends' imports and the checks below
             start_digest()
+        try:
+            return self._create_session(model, cfg, reference_backend, alternative_backend, session_id, command)
+        except BaseException:
+            cancel = getattr(model.weights, "cancel_digest", None)
+            if callable(cancel):  # no thread left hashing the files of a session never created
+                cancel()
+            raise
+
+    def _create_session(self, model: Any, cfg: dict[str, Any], reference_backend: str, alternative_backend: str,
+                        session_id: str | None, command: str | None) -> str:
+        """:meth:`create_session` once the model is loaded (its digest may be in progress)."""
+        from ..backends import get_backend
+        from ..backends.reference_choice import reference_for
+
         reference_backend, ref_why = reference_for(reference_backend, model)
         if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
             # (no probe of every backend's availability: that imports torch, transformers and Inductor)
