@@ -261,3 +261,32 @@ def test_a_session_spilling_its_checkpoints_judges_exactly_as_one_holding_them(s
     for stage in ("reference", "alternative", "calibration", "isolation"):
         seen = [done for name, done, total in layers if name == stage]
         assert seen and seen[-1] == 2 and sorted(seen) == seen, (stage, layers)
+
+
+def test_spilled_tensors_come_back_with_their_dtype_shape_and_bits(tmp_path):
+    """Over budget, each tensor goes to a file and comes back the same (a torch tensor as a torch
+    tensor, bfloat16 and strided ones included); a folder that cannot be written keeps it in memory."""
+    import torch
+
+    values = {"bf16": torch.randn(4, 5).to(torch.bfloat16), "strided": torch.randn(4, 6)[:, ::2],
+              "bool": torch.tensor([True, False]), "f16": np.arange(6, dtype=np.float16).reshape(2, 3),
+              "scalar": np.full((), 3.0)}
+    sink = CaptureSink(tmp_path / "spill", budget=0)
+    assert type(checkpoint_dict()) is dict  # no sink active: a plain dict
+    with capture_sink(sink):
+        held = checkpoint_dict()
+    for k, v in values.items():
+        held[k] = v
+    assert held.spilled() == len(values) and sink.resident == 0
+    for k, v in values.items():
+        got = held[k]
+        assert type(got) is type(v) and got.dtype == v.dtype and tuple(got.shape) == tuple(v.shape), k
+        assert (torch.equal(got, v) if isinstance(v, torch.Tensor) else np.array_equal(got, v)), k
+    sink.close()
+    assert not (tmp_path / "spill").exists()
+    (tmp_path / "file").write_text("")
+    stuck = CaptureSink(tmp_path / "file" / "spill", budget=0)
+    with capture_sink(stuck):
+        kept = checkpoint_dict()
+    kept["x"] = np.ones(3)
+    assert kept.spilled() == 0 and np.array_equal(kept["x"], np.ones(3))

@@ -50,7 +50,7 @@ class _Spilled:
         if int(np.prod(self.shape)) == 0:
             arr = np.empty(self.shape, self.storage)
         else:
-            arr = np.memmap(self.path, dtype=self.storage, mode="c", shape=self.shape)
+            arr = np.memmap(self.path, dtype=self.storage, mode="c", shape=self.shape or (1,)).reshape(self.shape)
         if self.torch_dtype is None:
             return np.asarray(arr)  # a plain array over the mapping
         import torch
@@ -79,7 +79,7 @@ class CaptureSink:
         budget: bytes of captured tensors kept in memory, all dictionaries of the sink together
             (counted as they are stored: a dictionary's tensors may outlive it in the capture
             the backend returns, so what one held is not given back).
-        on_layer: called with ``(layers done, key)`` as a per-layer checkpoint arrives (progress).
+        on_layer: called with the layers done as a per-layer checkpoint arrives (progress).
     """
 
     directory: Path | None = None
@@ -107,7 +107,7 @@ class CaptureSink:
         an accelerator, anything not an array)."""
         torch_dtype = None
         if isinstance(value, np.ndarray):
-            arr = np.ascontiguousarray(value)
+            arr = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # (keeps a 0-d array 0-d)
         elif type(value).__module__.startswith("torch") and hasattr(value, "device"):
             if value.device.type != "cpu" or value.is_sparse:
                 return None
@@ -158,7 +158,12 @@ class SpillingDict(MutableMapping[Any, Any]):
         if key in self._held:
             del self[key]
         size = _nbytes(value)
-        spilled = sink.write(value) if sink.resident + size > sink.budget else None
+        spilled = None
+        if sink.resident + size > sink.budget:
+            try:
+                spilled = sink.write(value)
+            except OSError:  # a full or unwritable disk: this one stays in memory, the run goes on
+                spilled = None
         if spilled is not None:
             self._held[key] = spilled
         else:
