@@ -46,6 +46,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     # the memory a session may need (bytes; None: what is available when it starts; "off": no
     # check): a session estimated above it is refused with DF007 before it runs (docs/scaling.md)
     "memory_budget": None,
+    # the bytes of captured checkpoints a validation run keeps in memory: beyond it they are written
+    # beside the tensor store as they are produced and read back memory-mapped (docs/scaling.md)
+    "capture_memory_budget": 64 * 2**20,
 }
 
 #: Environment variable -> the config key it overrides (read by :func:`from_environment`).
@@ -56,6 +59,7 @@ ENV_VARIABLES: dict[str, str] = {
     "PIE_METAL_PATH": "metal_path",
     "PIE_DEBUG_ARTIFACT_ROOT": "artifact_root",
     "PIE_DEBUG_MEMORY_BUDGET": "memory_budget",
+    "PIE_DEBUG_CAPTURE_MEMORY": "capture_memory_budget",
 }
 
 _LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
@@ -100,7 +104,8 @@ def _parse_size(name: str, value: str) -> int | str | None:
 
 
 _PARSERS = {"debug_enabled": _parse_bool, "log_level": _parse_level, "database_path": _parse_path, "metal_path": _parse_path,
-            "artifact_root": _parse_path, "memory_budget": _parse_size}
+            "artifact_root": _parse_path, "memory_budget": _parse_size,
+            "capture_memory_budget": _parse_size}
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

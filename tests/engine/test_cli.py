@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -124,3 +126,51 @@ def test_usage_errors_exit_2_without_a_traceback(capsys):
     for argv in (["--model-path"], ["--model-path", "m", "--rtol", "tight"], ["--model-path", "m", "--bogus"]):
         assert run(argv) == 2, argv
         assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a whole validation through the CLI
+def test_progress_goes_layer_by_layer_on_stderr_of_a_long_run_and_json_stays_clean(tiny_llama, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """A stderr that is not a terminal gets plain progress lines once the run is long (here: at
+    once), layer by layer for the forward passes and the isolation; stdout holds the JSON alone."""
+    from debug_framework.cli import framework
+    from debug_framework.cli.debug_validate import run
+
+    monkeypatch.setattr(framework, "LONG_RUN_S", 0.0)
+    monkeypatch.setattr(framework, "LINE_EVERY_S", 0.0)
+    code = run(["--model-path", str(tiny_llama), "--alternative-backend", "pytorch", "--database",
+                str(tmp_path / "db.sqlite"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["verdict"] == "passed"
+    n = json.loads(out)["isolation"][-1]["layer"] + 1
+    for stage in ("reference", "alternative", "calibration", "isolation"):
+        assert f"{stage}: layer {n}/{n}" in err, err
+    assert "store done" in err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert all(x.startswith("[") and " s] " in x for x in lines), lines
+
+
+def test_progress_lines_wait_for_a_long_run_and_are_spaced():
+    """Nothing on a non-terminal stderr before the run is long; then at most a line per stage every
+    few seconds, the last layer and each finished stage always."""
+    import io
+
+    from rich.console import Console
+
+    from debug_framework.cli.framework import LINE_EVERY_S, LONG_RUN_S, stage_progress
+
+    now = [0.0]
+    sink = io.StringIO()
+    with stage_progress(Console(file=sink, force_terminal=False), "loading", clock=lambda: now[0]) as progress:
+        progress.layers("reference", 1, 4)
+        progress("prepare", 2, 9)
+        assert sink.getvalue() == ""  # a short run stays quiet
+        now[0] = LONG_RUN_S + 1
+        progress.layers("reference", 2, 4)
+        progress.layers("reference", 3, 4)  # too soon after the last line
+        now[0] += LINE_EVERY_S / 2
+        progress.layers("reference", 4, 4)  # the last layer: always
+        progress("reference", 3, 9)
+    lines = sink.getvalue().splitlines()
+    assert [x.split("] ", 1)[1] for x in lines] == ["reference: layer 2/4", "reference: layer 4/4",
+                                                   "reference done (3/9 stages)"], lines

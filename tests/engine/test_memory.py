@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from debug_framework.architectures import build_reference
+from debug_framework.capture.spill import CaptureSink, capture_sink, checkpoint_dict
 from debug_framework.config import from_environment
 from debug_framework.errors import FrameworkInitializationError, ResourceExhaustedError
 from debug_framework.modelio import load_model
@@ -33,32 +34,55 @@ def _layer_bytes(model) -> int:
     return sum(int(np.prod(model.weights.shape(n))) for n in model.weights if n.startswith("model.layers.0.")) * 8
 
 
-def _forward_peak(path: Path, stream: bool) -> tuple[int, int]:
-    """(traced peak bytes of building the float64 reference and running it, one layer's float64 bytes)."""
+def _forward_peak(path: Path, stream: bool, tokens: int = 8, sink: CaptureSink | None = None) -> tuple[int, int, dict]:
+    """(traced peak bytes of building the float64 reference and running it on ``tokens`` tokens
+    (batches of 32 beyond 32), capturing every checkpoint and layer input as a validation run
+    does (within ``sink``'s budget when given), one layer's float64 bytes, what it captured)."""
     model = load_model(path)
-    ids = np.arange(8)[None] % 64
+    ids = np.arange(tokens).reshape(-1, min(tokens, 32)) % 64
     mask = np.ones_like(ids)
     tracemalloc.start()
     try:
-        ref = build_reference(model.config, model.weights, np.float64, stream=stream)
-        ref.forward(ids, mask)
+        with capture_sink(sink):
+            ref = build_reference(model.config, model.weights, np.float64, stream=stream)
+            inputs = checkpoint_dict()
+            out = ref.forward(ids, mask, None, inputs)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     if stream:
         assert len(ref.layers.resident_layers()) <= 1
-    return peak, _layer_bytes(model)
+    return peak, _layer_bytes(model), {**{("in", i): inputs[i] for i in inputs}, **{k: out[k] for k in out}}
 
 
-def test_float64_reference_holds_about_one_layer_as_layers_are_added(stacks):
+def test_float64_reference_holds_about_one_layer_as_layers_are_added(stacks, tmp_path):
     """Six more layers cost a streamed session less than one layer of float64 weights more at its
-    peak; held resident (the old way) they cost all six."""
-    small, layer = _forward_peak(stacks[2], stream=True)
-    large, _ = _forward_peak(stacks[8], stream=True)
+    peak; held resident (the old way) they cost all six. The captured checkpoints too: with a
+    capture budget they go to disk as they are produced (six more layers of an 8 x 32 batch cost
+    less than one layer's weights more), read back bit for bit; held in memory they cost their 12
+    activations."""
+    small, layer, _ = _forward_peak(stacks[2], stream=True)
+    large, _, _ = _forward_peak(stacks[8], stream=True)
     assert large - small < layer, (small, large, layer)
-    resident_small, _ = _forward_peak(stacks[2], stream=False)
-    resident_large, _ = _forward_peak(stacks[8], stream=False)
+    resident_small, _, _ = _forward_peak(stacks[2], stream=False)
+    resident_large, _, _ = _forward_peak(stacks[8], stream=False)
     assert resident_large - resident_small > 5 * layer  # the measure sees layers held at once
+
+    activation = 256 * WIDE["hidden_size"] * 8  # one checkpoint of the 8 x 32 batch in float64
+    sinks = {n: CaptureSink(tmp_path / f"spill{n}", budget=activation) for n in (2, 8)}
+    spilled = {n: _forward_peak(stacks[n], stream=True, tokens=256, sink=sinks[n]) for n in (2, 8)}
+    held = {n: _forward_peak(stacks[n], stream=True, tokens=256) for n in (2, 8)}
+    assert spilled[8][0] - spilled[2][0] < layer, (spilled[8][0], spilled[2][0], layer)
+    assert held[8][0] - held[2][0] > 6 * 2 * activation * 0.9  # the measure sees captures held (an input is the last output)
+    assert sinks[8].resident <= activation and sinks[8].spilled_bytes > 6 * 3 * activation
+    for n in (2, 8):
+        assert spilled[n][2].keys() == held[n][2].keys()
+        for k, v in held[n][2].items():
+            got = spilled[n][2][k]
+            assert got.dtype == v.dtype and np.array_equal(got, v), k
+    for sink in sinks.values():
+        sink.close()
+    assert not any(tmp_path.iterdir())
 
 
 def test_streamed_and_resident_references_agree_exactly(stacks):
@@ -200,3 +224,69 @@ def test_the_runtime_counts_the_process_own_memory_not_the_file_pages_it_maps(tm
         assert sum(pages[i] for i in range(0, len(pages), 4096)) == len(pages) // 4096  # touch every page
         assert current_rss() - before_rss > 48 * 2**20  # the mapped pages are resident
         assert own_memory() - before_own < 8 * 2**20  # but not the process's own
+
+
+def _untimed(doc):
+    """A result's JSON without its session id, performance and seconds (``*_s``)."""
+    if isinstance(doc, dict):
+        return {k: _untimed(v) for k, v in doc.items() if k not in ("session_id", "performance") and not k.endswith("_s")}
+    return [_untimed(v) for v in doc] if isinstance(doc, list) else doc
+
+
+@pytest.mark.slow  # two whole sessions with isolation (about 2 s)
+def test_a_session_spilling_its_checkpoints_judges_exactly_as_one_holding_them(stacks, tmp_path):
+    """With a capture budget of one byte every captured checkpoint and layer input of the three runs
+    goes to disk as it is produced (and the folder is gone after the run); the session's rows, its
+    verdict and its isolation are those of the same session holding them in memory. Each capturing
+    stage and the isolation report their layers as they get through them."""
+    from debug_framework import ValidationEngine
+
+    def session(budget: int | str, name: str) -> tuple[dict, list]:
+        engine = ValidationEngine(tmp_path / f"{name}.sqlite",
+                                  config={"memory_budget": "off", "capture_memory_budget": budget})
+        sid = engine.create_session(stacks[2], {"input_shape": [2, 8]}, "auto", "pytorch")
+        layers: list = []
+        full = engine.run(sid, layer_progress=lambda *a: layers.append(a)).to_dict()
+        captured = full["performance"]["memory"].get("capture_bytes")
+        assert captured is None if budget == "off" else (captured["on_disk"] > 0 and captured["in_memory"] <= 1)
+        result = _untimed(full)
+        assert not (tmp_path / f"{name}_tensors" / "spill").exists() or \
+            not any((tmp_path / f"{name}_tensors" / "spill").iterdir())
+        return result, layers
+
+    spilled, layers = session(1, "spilled")
+    held, _ = session("off", "held")
+    assert spilled == held
+    assert spilled["isolation"] and spilled["results"]  # isolation ran, checkpoints were judged
+    for stage in ("reference", "alternative", "calibration", "isolation"):
+        seen = [done for name, done, total in layers if name == stage]
+        assert seen and seen[-1] == 2 and sorted(seen) == seen, (stage, layers)
+
+
+def test_spilled_tensors_come_back_with_their_dtype_shape_and_bits(tmp_path):
+    """Over budget, each tensor goes to a file and comes back the same (a torch tensor as a torch
+    tensor, bfloat16 and strided ones included); a folder that cannot be written keeps it in memory."""
+    import torch
+
+    values = {"bf16": torch.randn(4, 5).to(torch.bfloat16), "strided": torch.randn(4, 6)[:, ::2],
+              "bool": torch.tensor([True, False]), "f16": np.arange(6, dtype=np.float16).reshape(2, 3),
+              "scalar": np.full((), 3.0)}
+    sink = CaptureSink(tmp_path / "spill", budget=0)
+    assert type(checkpoint_dict()) is dict  # no sink active: a plain dict
+    with capture_sink(sink):
+        held = checkpoint_dict()
+    for k, v in values.items():
+        held[k] = v
+    assert held.spilled() == len(values) and sink.resident == 0
+    for k, v in values.items():
+        got = held[k]
+        assert type(got) is type(v) and got.dtype == v.dtype and tuple(got.shape) == tuple(v.shape), k
+        assert (torch.equal(got, v) if isinstance(v, torch.Tensor) else np.array_equal(got, v)), k
+    sink.close()
+    assert not (tmp_path / "spill").exists()
+    (tmp_path / "file").write_text("")
+    stuck = CaptureSink(tmp_path / "file" / "spill", budget=0)
+    with capture_sink(stuck):
+        kept = checkpoint_dict()
+    kept["x"] = np.ones(3)
+    assert kept.spilled() == 0 and np.array_equal(kept["x"], np.ones(3))

@@ -74,6 +74,19 @@ def test_digest_is_stable_across_processes(tiny_qwen2):
     assert out.stdout.strip() == load_model(tiny_qwen2["hf"]).digest
 
 
+def test_a_digest_started_on_a_thread_is_the_same_and_its_error_is_raised_when_read(tiny_qwen2):
+    expected = load_model(tiny_qwen2["hf"]).digest
+    weights = load_model(tiny_qwen2["hf"]).weights
+    weights.start_digest()
+    assert weights.digest == expected
+    broken = load_model(tiny_qwen2["hf"]).weights
+    reader, stored = broken._loc["model.norm.weight"]
+    broken._loc["model.norm.weight"] = (reader, "no such tensor")  # the thread's read fails
+    broken.start_digest()
+    with pytest.raises(ModelLoadingError, match="cannot read tensor"):
+        broken.digest
+
+
 def test_zt_tensors_are_zero_copy_views(tiny_qwen2):
     m = load_model(tiny_qwen2["zt"])
     a = m.weights["model.embed_tokens.weight"]
@@ -199,3 +212,12 @@ def test_pickle_with_code_is_refused(tiny_qwen2, tmp_path):
     d = _copy_with_config(tiny_qwen2["hf"], tmp_path / "pk")
     torch.save({"weights": torch.ones(2), "payload": Path("/etc")}, str(d / "w.pt"))  # not a plain state dict
     _df004(d / "w.pt", "nothing else is unpickled")
+
+
+def test_a_cancelled_digest_leaves_no_thread(tiny_qwen2):
+    weights = load_model(tiny_qwen2["hf"]).weights
+    weights.start_digest()
+    thread = weights._digesting
+    weights.cancel_digest()
+    assert not thread.is_alive()
+    assert weights.digest == load_model(tiny_qwen2["hf"]).digest  # read later, it is computed then

@@ -9,11 +9,12 @@ alone on its own input, which is what judging a block on the reference's input n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import ClassVar, Protocol
 
 import numpy as np
 
+from ..capture.spill import checkpoint_dict
 from ..errors import ConfigurationError
 from .kv_cache import KVCache
 from .layout import LayerStream, ModelParameters, WeightLayout, WeightSource
@@ -37,13 +38,13 @@ def walk_checkpoints(
     layer: Callable[[int, Array], tuple[Array, Array]],
     head: Callable[[Array], Array] | None,
     want: set[Key] | None,
-    layer_inputs: dict[int, Array] | None,
+    layer_inputs: MutableMapping[int, Array] | None,
 ) -> dict[Key, Array]:
     """Run the layers from the embedding output ``h`` and keep the checkpoints in ``want`` (all
     when ``None``): ``post_embedding``, per layer ``post_attention`` and ``post_mlp`` (``layer(i, h)``
     returns both), then ``post_processing`` = ``head(h)`` (``h`` itself when ``head`` is ``None``),
     computed only when wanted. Each layer's input goes into ``layer_inputs`` when it is a dict."""
-    out: dict[Key, Array] = {}
+    out: dict[Key, Array] = checkpoint_dict()  # type: ignore[assignment]  # spilled beyond the run's budget
 
     def keep(name: str, index: int | None, x: Array) -> None:
         if want is None or (name, index) in want:
@@ -138,7 +139,7 @@ class Model:
         input_ids: Array,
         attention_mask: Array,
         want: set[Key] | None = None,
-        layer_inputs: dict[int, Array] | None = None,
+        layer_inputs: MutableMapping[int, Array] | None = None,
         token_type_ids: Array | None = None,
     ) -> dict[Key, Array]:
         """Run the model; return the checkpoints in ``want`` (all when ``None``) keyed ``(name, layer)``.

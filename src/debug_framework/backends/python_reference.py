@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import numpy as np
 
 from ..architectures import BertReference, LlamaReference, build_reference
 from ..capture.keys import Capture, CheckpointKey
+from ..capture.spill import checkpoint_dict
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
@@ -84,7 +86,7 @@ class PythonReferenceBackend(BaseBackend):
         self._check_inputs(inputs)
         if self._graph is not None:
             return self._graph.run(inputs, keys, capture_layer_inputs)
-        layer_inputs: dict[int, np.ndarray] | None = {} if capture_layer_inputs else None
+        layer_inputs: MutableMapping[int, Any] | None = checkpoint_dict() if capture_layer_inputs else None
         start = time.perf_counter()
         self.reference.positions = inputs.position_ids()
         out = self.reference.forward(

@@ -13,12 +13,14 @@ implementation at that precision: an upper estimate for implementations that upc
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..architectures.xp import torch_namespace
 from ..capture.keys import Capture, CheckpointKey
+from ..capture.spill import checkpoint_dict
 from ..comparison import float64_array
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
@@ -99,7 +101,7 @@ class TorchReferenceBackend(BaseBackend):
         import torch
 
         ids, mask, tt = self._ids(inputs)
-        layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
+        layer_inputs: MutableMapping[int, Any] | None = checkpoint_dict() if capture_layer_inputs else None
         start = time.perf_counter()
         with torch.no_grad():
             out = self.net.forward(ids, mask, {tuple(k) for k in keys}, layer_inputs, tt)

@@ -7,7 +7,7 @@ A :class:`ModuleTap` says "the output (or input) of module ``encoder.layer.3`` i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,6 +15,7 @@ import torch
 
 from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
+from .spill import checkpoint_dict
 
 __all__ = ["first_input", "ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
            "HookCapture", "first_tensor"]
@@ -208,8 +209,9 @@ class HookCapture:
         self.replace_output = replace_output
         self.skip = list(skip)
         self._skipped: list[tuple[torch.nn.Module, Any]] = []  # (module, its own instance forward or None)
-        self.tensors: dict[CheckpointKey, torch.Tensor] = {}
-        self.layer_inputs: dict[int, torch.Tensor] = {}
+        # within the run's capture budget where one is active (spilled to disk beyond it: .spill)
+        self.tensors: MutableMapping[CheckpointKey, torch.Tensor] = checkpoint_dict()
+        self.layer_inputs: MutableMapping[int, torch.Tensor] = checkpoint_dict()
         self._handles: list[Any] = []
 
     def __enter__(self) -> HookCapture:

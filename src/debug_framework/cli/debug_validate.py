@@ -321,7 +321,7 @@ def validate(
                                 command=reproduce_command_line(PROG, invocation.argv))
     invocation.session_id = sid
     with stdout_for_json_only(as_json), stage_progress(make_console(stderr=True), "loading model") as progress:
-        result = engine.run(sid, progress=progress).to_dict()
+        result = engine.run(sid, progress=progress, layer_progress=progress.layers).to_dict()
     if output_file is not None:
         _write_output(output_file, engine, sid, result)
     if as_json:

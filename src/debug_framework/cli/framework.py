@@ -31,8 +31,10 @@ import platform
 import re
 import signal
 import sys
+import math
 import threading
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 import contextlib
@@ -59,6 +61,7 @@ __all__ = [
     "CliError", "Failure", "Invocation", "JsonValue", "ProgressCallback",
     "make_app", "run_app", "guarded", "failure_of", "raised_in", "crash_log_dir", "write_crash_log",
     "make_console", "literal", "markup", "add_row", "dumps_json", "print_json", "stage_progress",
+    "StageProgress", "LONG_RUN_S",
     "stdout_for_json_only",
 ]
 
@@ -436,18 +439,61 @@ def print_json(value: object) -> None:
     sys.stdout.flush()
 
 
+#: A run is long after this many seconds: from then on, progress is printed as lines on a stderr
+#: that is not a terminal (a log, CI), at most one per :data:`LINE_EVERY_S` per stage.
+LONG_RUN_S = 30.0
+LINE_EVERY_S = 10.0
+
+
+class StageProgress:
+    """What :func:`stage_progress` yields: called as ``(stage, done, total)`` when a stage finishes
+    (the engine's ``progress=``), and :meth:`layers` as a stage gets through the model's layers
+    (its ``layer_progress=``). On a terminal, a transient bar per stage and one per layer; on any
+    other stderr nothing until the run is long (:data:`LONG_RUN_S`), then plain lines."""
+
+    def __init__(self, console: Console, bar: Any, task: Any, clock: Callable[[], float]) -> None:
+        self.console, self.bar, self.task, self.clock = console, bar, task, clock
+        self.started = clock()
+        self.layer_task = bar.add_task("", total=None, visible=False)
+        self._last_line: dict[str, float] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        from rich.markup import escape
+
+        self.bar.update(self.layer_task, visible=False)
+        self.bar.update(self.task, completed=done, total=total, description=escape(terminal_safe(f"{stage} done")))
+        self._line(f"{stage} done ({done}/{total} stages)", stage, final=True)
+
+    def layers(self, stage: str, done: int, total: int) -> None:
+        """Layer ``done`` of ``total`` of ``stage`` finished (a forward pass, or isolation's replays)."""
+        from rich.markup import escape
+
+        self.bar.update(self.layer_task, visible=True, completed=done, total=total,
+                        description=escape(terminal_safe(f"  {stage}: layer")))
+        self._line(f"{stage}: layer {done}/{total}", stage, final=done >= total)
+
+    def _line(self, text: str, stage: str, *, final: bool) -> None:
+        """One plain line on a stderr that is not a terminal, once the run is long."""
+        if self.console.is_terminal:
+            return
+        now = self.clock()
+        if now - self.started < LONG_RUN_S:
+            return
+        if not final and now - self._last_line.get(stage, -math.inf) < LINE_EVERY_S:
+            return
+        self._last_line[stage] = now
+        self.console.print(f"[{now - self.started:6.1f} s] {terminal_safe(text)}", markup=False, highlight=False,
+                           soft_wrap=True)
+
+
 @contextmanager
-def stage_progress(console: Console, description: str) -> Iterator[ProgressCallback]:
-    """A transient progress bar on ``console`` (meant for stderr; off when it is not a terminal);
-    yields the ``(stage, done, total)`` callback the engine's ``progress=`` takes."""
+def stage_progress(console: Console, description: str, *,
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[StageProgress]:
+    """Progress on ``console`` (meant for stderr): a transient bar on a terminal, plain lines on
+    anything else once the run is long (:class:`StageProgress`); stdout is never written."""
     from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
-        task = bar.add_task(escape(terminal_safe(description)), total=None)
-
-        def update(stage: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=escape(terminal_safe(f"{stage} done")))
-
-        yield update
+        yield StageProgress(console, bar, bar.add_task(escape(terminal_safe(description)), total=None), clock)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -232,6 +233,9 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
     def __init__(self, locations: dict[str, tuple[TensorReader, str]]) -> None:
         self._loc = locations
         self._digest: str | None = None
+        self._digesting: threading.Thread | None = None  # start_digest's
+        self._digest_error: BaseException | None = None
+        self._digest_cancel = threading.Event()
         self._private: dict[Path, SafetensorsReader] = {}  # each file's mapping of its own (private_tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -283,14 +287,55 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         Independent of the container format and of the order tensors are stored in, so the same
         weights saved as a HF directory and as a ``.zt`` file share a digest.
         """
+        if self._digesting is not None:
+            self._digesting.join()
+            self._digesting = None
+            if self._digest_error is not None:
+                error, self._digest_error = self._digest_error, None
+                raise error
         if self._digest is None:
-            import torch
-
-            h = hashlib.sha256()
-            for name in sorted(self._loc):
-                t = self[name].contiguous()
-                h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
-                if t.numel():
-                    h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
-            self._digest = h.hexdigest()
+            self._digest = self._compute_digest()
         return self._digest
+
+    def start_digest(self) -> None:
+        """Start computing :attr:`digest` on a thread of its own, so that it overlaps what the
+        caller does next (SHA-256 releases the GIL: reading a multi-gigabyte file's hash beside
+        Python imports or a model build); :attr:`digest` then waits for it."""
+        if self._digest is not None or self._digesting is not None:
+            return
+
+        def work() -> None:
+            try:
+                self._digest = self._compute_digest()
+            except BaseException as exc:  # noqa: BLE001 - raised again by the digest property
+                self._digest_error = exc
+
+        self._digest_cancel.clear()
+        self._digesting = threading.Thread(target=work, name="weights-digest", daemon=True)
+        self._digesting.start()
+
+    def cancel_digest(self) -> None:
+        """Stop a digest :meth:`start_digest` began (the caller failed and will not read it) and wait
+        for its thread, which stops within one block of hashing: no thread is left inside the
+        weights' files when the process exits."""
+        if self._digesting is None:
+            return
+        self._digest_cancel.set()
+        self._digesting.join()
+        self._digest_cancel.clear()
+        self._digesting, self._digest_error = None, None
+
+    def _compute_digest(self) -> str:
+        import torch
+
+        h = hashlib.sha256()
+        block = 64 * 2**20
+        for name in sorted(self._loc):
+            t = self[name].contiguous()
+            h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
+            data = memoryview(t.view(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+            for start in range(0, len(data), block):  # the same hash as one update of the whole
+                if self._digest_cancel.is_set():
+                    raise RuntimeError("the weights' digest was cancelled")
+                h.update(data[start:start + block])
+        return h.hexdigest()

@@ -44,6 +44,8 @@ from ..storage.leases import holding
 from ..storage.sessions import TERMINAL_STATUSES, SessionFilter, model_path_key
 from ..storage.values import check_session_id, session_file
 from ..storage.database import Database
+from ..storage.tensor_store import TensorStore
+from ..capture.spill import CaptureSink, capture_sink
 from .maintenance import (
     AutoMaintenance,
     MaintenanceReport,
@@ -62,7 +64,7 @@ from .validation.plan import (
     validate_session_config,
 )
 from .validation.calibration import calibration_backend
-from .validation.memory import RssWatch, check_memory, session_estimate
+from .validation.memory import RssWatch, capture_budget, check_memory, session_estimate
 from .validation.results import CheckpointResult, LayerResult, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -80,10 +82,14 @@ __all__ = [
     "resolve_tolerance",
     "resolve_alternative_backend",
     "Progress",
+    "LayerProgress",
 ]
 
 #: ``progress(stage, done, total)``: called as each stage finishes.
 Progress = Callable[[str, int, int], None]
+#: ``layer_progress(stage, layers done, layers)``: called as a stage's forward pass (reference,
+#: alternative, calibration) or its replays (isolation) get through the model's layers.
+LayerProgress = Callable[[str, int, int], None]
 
 
 def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -243,14 +249,29 @@ class ValidationEngine(EngineFaces):
             ModelLoadingError (DF004), BackendInitializationError (DF002), ValidationError (DF005)
             for a bad configuration, DatabaseError (DF003).
         """
-        from ..backends import get_backend
-        from ..backends.reference_choice import reference_for
         from ..modelio import load_model
 
         cfg = validate_session_config(config)
         if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
             cfg["performance_profiling_enabled"] = False
         model = load_model(model_path, tier=cfg["model_tier"])
+        start_digest = getattr(model.weights, "start_digest", None)
+        if callable(start_digest):  # hashed beside the backends' imports and the checks below
+            start_digest()
+        try:
+            return self._create_session(model, cfg, reference_backend, alternative_backend, session_id, command)
+        except BaseException:
+            cancel = getattr(model.weights, "cancel_digest", None)
+            if callable(cancel):  # no thread left hashing the files of a session never created
+                cancel()
+            raise
+
+    def _create_session(self, model: Any, cfg: dict[str, Any], reference_backend: str, alternative_backend: str,
+                        session_id: str | None, command: str | None) -> str:
+        """:meth:`create_session` once the model is loaded (its digest may be in progress)."""
+        from ..backends import get_backend
+        from ..backends.reference_choice import reference_for
+
         reference_backend, ref_why = reference_for(reference_backend, model)
         if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
             # (no probe of every backend's availability: that imports torch, transformers and Inductor)
@@ -273,7 +294,7 @@ class ValidationEngine(EngineFaces):
             calibrator = calibration_backend(plan, alt_name, model)
 
         inputs = _session_inputs(model, cfg)
-        estimate = session_estimate(model, plan, ref, alt, calibrator, inputs)  # DF007 before anything is built
+        estimate = session_estimate(model, plan, ref, alt, calibrator, inputs, capture_budget(self.config))  # DF007 before anything is built
         if estimate is not None:
             check_memory(estimate, self.config, reference_dtype=ref_dtype, alternative_dtype=alt_dtype)
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
@@ -320,9 +341,11 @@ class ValidationEngine(EngineFaces):
                                   hint="create it with create_session() or list sessions with session_report --list")
         return row
 
-    def run(self, session_id: str, *, progress: Progress | None = None) -> ValidationResult:
+    def run(self, session_id: str, *, progress: Progress | None = None,
+            layer_progress: LayerProgress | None = None) -> ValidationResult:
         """Run the session (status created -> running -> passed|failed, or error) and return the
-        typed :class:`ValidationResult`. ``progress(stage, done, total)`` is called as stages finish.
+        typed :class:`ValidationResult`. ``progress(stage, done, total)`` is called as stages finish,
+        ``layer_progress(stage, layers done, layers)`` as a stage gets through the layers.
 
         Raises:
             The framework error that stopped it (a backend failing mid-run is BackendRuntimeError, DF005,
@@ -339,7 +362,7 @@ class ValidationEngine(EngineFaces):
         self.db.sessions.update_status(session_id, "running")
         try:
             with artifact_root(self.session_artifact_dir(session_id)):
-                return self._execute_bounded(session, progress or (lambda *_: None))
+                return self._execute_bounded(session, progress or (lambda *_: None), layer_progress)
         except BaseException as exc:
             try:
                 self.db.sessions.update_status(session_id, "error", failure_message(exc))
@@ -347,18 +370,35 @@ class ValidationEngine(EngineFaces):
                 pass
             raise
 
-    def _execute_bounded(self, session: DebugSession, progress: Progress) -> ValidationResult:
+    def _execute_bounded(self, session: DebugSession, progress: Progress,
+                         layer_progress: LayerProgress | None = None) -> ValidationResult:
         """:meth:`_execute` under the resource settings: the session's owner lease kept alive by
         the heartbeat, ``max_session_duration``, and ``performance_monitoring``."""
         if not self.resources.performance_monitoring:
             session.config = {**session.config, "performance_profiling_enabled": False}
         with holding(self.db, self.resources.heartbeat_interval), \
                 session_deadline(self.resources.max_session_duration, session.session_id):
-            return self._execute(session, progress)
+            return self._execute(session, progress, layer_progress)
 
-    def _execute(self, session: DebugSession, progress: Progress) -> ValidationResult:
-        """The loop over the stages: progress, timing and persisting rows live here alone."""
+    def _execute(self, session: DebugSession, progress: Progress,
+                 layer_progress: LayerProgress | None = None) -> ValidationResult:
+        """The loop over the stages: progress, timing and persisting rows live here alone. The
+        stages that capture checkpoints run with the run's :class:`CaptureSink`: beyond
+        ``capture_memory_budget`` bytes in memory, what they capture goes to a folder beside the
+        tensor store as it is produced (removed when the run ends)."""
         ctx = RunContext(session=session, db=self.db, database_path=self.database_path, framework_config=self.config)
+        budget = capture_budget(self.config)
+        sink = None if budget is None else CaptureSink(
+            TensorStore.root_beside(self.database_path) / "spill" / f"{session.session_id}-{os.getpid()}", budget)
+        try:
+            return self._stages(ctx, session, progress, layer_progress, sink)
+        finally:
+            if sink is not None:
+                ctx.captures.clear()  # the mapped files go before their folder
+                sink.close()
+
+    def _stages(self, ctx: RunContext, session: DebugSession, progress: Progress,
+                layer_progress: LayerProgress | None, sink: CaptureSink | None) -> ValidationResult:
         built_for, built = self._prebuilt
         self._prebuilt = (None, {})  # used once: a re-run (batch, resume) loads and builds anew
         if built_for == session.session_id:
@@ -378,8 +418,15 @@ class ValidationEngine(EngineFaces):
                     progress(stage.name, done, len(stages))
                     continue
                 memory["peak_rss_bytes"] = watch.peak
-                with Timer() as t:
+                ctx.layer_progress = None if layer_progress is None else \
+                    (lambda n, total, name=stage.name: layer_progress(name, n, total))
+                with Timer() as t, capture_sink(sink if stage.captures else None):
+                    if sink is not None:
+                        sink.on_layer = ctx.layers_done if stage.captures else None
                     stage.run(ctx)
+                if sink is not None and stage.captures:  # the captured checkpoints: in memory, on disk
+                    memory["capture_bytes"] = {"in_memory": sink.resident, "on_disk": sink.spilled_bytes,
+                                               "budget": sink.budget}
                 stage_s[stage.name] = t.seconds
                 memory["stage_peak_rss_bytes"][stage.name] = watch.take()
                 if not prepared_recorded and getattr(ctx, "alternative", None) is not None:

@@ -81,6 +81,16 @@ class RunContext:
     result: ValidationResult | None = None
     #: built before the run (``create_session`` in the same process): reused, not built again
     prebuilt: dict[str, Any] = field(default_factory=dict)
+    #: the engine's ``(layers done, layers)`` report for the stage in progress (None: not asked for)
+    layer_progress: Callable[[int, int], None] | None = None
+
+    def layers_done(self, done: int, total: int | None = None) -> None:
+        """Report that the stage in progress got through ``done`` of ``total`` layers (default:
+        the model's)."""
+        if self.layer_progress is not None:
+            if total is None:
+                total = int(getattr(self.model, "num_layers", 0) or 0)
+            self.layer_progress(min(done, total) if total else done, total)
 
     @property
     def positions(self) -> Any:
@@ -125,11 +135,15 @@ class Stage:
         timing_key: where its wall time goes in the performance summary (None: not timed apart).
         persists_rows: the checkpoint rows are written again after it (it changed a verdict or
             added isolation, oracle or noise-floor fields).
+        captures: see the attribute.
     """
 
     name: ClassVar[str] = "stage"
     timing_key: ClassVar[str | None] = None
     persists_rows: ClassVar[bool] = False
+    #: its forward passes' checkpoints are kept for later stages: captured within the run's
+    #: capture budget (spilled to disk beyond it), and their layers reported as progress
+    captures: ClassVar[bool] = False
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         """Whether this stage belongs to a session with this (validated) configuration: decided

@@ -16,7 +16,9 @@ The estimate (bytes; ``N`` the parameters of the weights, ``L`` the largest laye
   dtype size;
 * **activations**: every checkpoint and layer input of the three runs in float64, their logits and
   the attention scores of one layer: ``3 x (3 layers + 2) x B x T x D x 8 + 3 x B x T x V x 8 +
-  4 x B x H x T x T x 8``;
+  4 x B x H x T x T x 8``; with a capture budget (``capture_memory_budget``: captured checkpoints
+  beyond it go to disk as they are produced, :mod:`debug_framework.capture.spill`) the captured
+  part counts at most the budget, plus the logits of the run in progress;
 * **weights file pages**: the stored bytes, touched while the weights are read; the kernel can drop
   them, so they are reported but not counted against the budget.
 
@@ -39,7 +41,7 @@ from typing import Any
 from ...architectures.layout import HEAD_BLOCK_BYTES
 from ...errors import ResourceExhaustedError
 
-__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "available_memory", "check_memory", "budget_of", "RUNTIME_BYTES",
+__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "available_memory", "check_memory", "budget_of", "capture_budget", "RUNTIME_BYTES",
            "current_rss", "own_memory"]
 
 #: the least the interpreter, torch and transformers take once imported (measured: ~560 MiB).
@@ -140,9 +142,10 @@ def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: in
 
 def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alternative: Any, alternative_dtype: str,
                     device: str = "cpu", calibrator: Any = None, calibration_dtype: str | None = None,
-                    batch: int = 1, length: int = 1) -> MemoryEstimate:
+                    batch: int = 1, length: int = 1, capture_budget: int | None = None) -> MemoryEstimate:
     """The session's :class:`MemoryEstimate` (see the module's formula) from the weights' headers,
-    the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``."""
+    the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``;
+    ``capture_budget``: the bytes of captured checkpoints a run keeps in memory (None: all)."""
     params, stored, layer, largest = _weights_census(model.weights)
     config = model.config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
@@ -150,8 +153,10 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
     layers = int(getattr(model, "num_layers", 0) or 0)
     tokens = batch * length
-    activations = (3 * (3 * layers + 2) * tokens * hidden * 8 + 3 * tokens * vocab * 8
-                   + 4 * batch * heads * length * length * 8)
+    captured = 3 * (3 * layers + 2) * tokens * hidden * 8 + 3 * tokens * vocab * 8
+    if capture_budget is not None and captured > capture_budget:  # the rest on disk as it is produced
+        captured = capture_budget + tokens * vocab * 8
+    activations = captured + 4 * batch * heads * length * length * 8
     return MemoryEstimate(
         runtime=max(own_memory() or 0, RUNTIME_BYTES),
         alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer, largest),
@@ -191,6 +196,15 @@ def available_memory() -> int | None:
     if cgroup is not None:
         room = cgroup if room is None else min(room, cgroup)
     return room
+
+
+def capture_budget(framework_config: Mapping[str, Any]) -> int | None:
+    """The bytes of captured checkpoints a run keeps in memory (``capture_memory_budget``,
+    ``PIE_DEBUG_CAPTURE_MEMORY``; default 64 MiB); None (``off``): all of them."""
+    configured = framework_config.get("capture_memory_budget", 64 * 2**20)
+    if configured is None or configured == "off":
+        return None
+    return max(int(configured), 0)
 
 
 def budget_of(framework_config: Mapping[str, Any]) -> tuple[int | None, str]:
@@ -235,8 +249,9 @@ def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, Any], 
 
 
 def session_estimate(model: Any, plan: Any, reference: Any, alternative: Any, calibrator: Any,
-                     inputs: Any) -> MemoryEstimate | None:
-    """The estimate of one planned session (None for an ONNX-file model: its graph is not counted)."""
+                     inputs: Any, capture_budget: int | None = None) -> MemoryEstimate | None:
+    """The estimate of one planned session (None for an ONNX-file model: its graph is not counted);
+    ``capture_budget``: the framework configuration's ``capture_memory_budget``."""
     from .calibration import calibration_dtype
 
     if getattr(model, "format", None) == "onnx":
@@ -247,7 +262,7 @@ def session_estimate(model: Any, plan: Any, reference: Any, alternative: Any, ca
                            alternative=alternative, alternative_dtype=plan.alternative_dtype,
                            device=str(plan.config.get("device") or "cpu"), calibrator=calibrator,
                            calibration_dtype=calibration_dtype(plan, model) if calibrator is not None else None,
-                           batch=batch, length=max(length, 1))
+                           batch=batch, length=max(length, 1), capture_budget=capture_budget)
 
 
 class RssWatch:

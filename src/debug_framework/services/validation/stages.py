@@ -51,7 +51,7 @@ from ...comparison import ComparisonResult, compare, error_metric, select_positi
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
-from .memory import check_memory, session_estimate
+from .memory import capture_budget, check_memory, session_estimate
 from .context import RunContext, Stage, call_backend
 from .decode_stage import DecodeStage
 from .drill_stage import DrillDownStage
@@ -71,26 +71,9 @@ from .plan import ValidationPlan
 if TYPE_CHECKING:
     from ...modelio import ModelInputs
 
-__all__ = [
-    "RunContext",
-    "Stage",
-    "call_backend",
-    "LoadStage",
-    "PrepareStage",
-    "RunBackendStage",
-    "CalibrationStage",
-    "CompareStage",
-    "IsolationStage",
-    "OracleStage",
-    "NoiseFloorStage",
-    "RecordStage",
-    "StoreStage",
-    "DrillDownStage",
-    "DecodeStage",
-    "PrecisionStage",
-    "MarkAllStage",
-    "DEFAULT_STAGES",
-]
+__all__ = ["RunContext", "Stage", "call_backend", "LoadStage", "PrepareStage", "RunBackendStage", "CalibrationStage",
+           "CompareStage", "IsolationStage", "OracleStage", "NoiseFloorStage", "RecordStage", "StoreStage",
+           "DrillDownStage", "DecodeStage", "PrecisionStage", "MarkAllStage", "DEFAULT_STAGES"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -166,7 +149,8 @@ def _estimate_memory(ctx: RunContext, *, checked: bool) -> None:
             calibrator = calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
         except DebugFrameworkError:
             calibrator = None
-    estimate = session_estimate(ctx.model, plan, ctx.reference, ctx.alternative, calibrator, ctx.inputs)
+    estimate = session_estimate(ctx.model, plan, ctx.reference, ctx.alternative, calibrator, ctx.inputs,
+                                capture_budget(ctx.framework_config))
     if estimate is None:
         return
     budget = None if checked else check_memory(estimate, ctx.framework_config, reference_dtype=plan.reference_dtype,
@@ -212,6 +196,8 @@ class RunBackendStage(Stage):
     """One side's forward pass. Isolation needs every layer's checkpoints (and layer inputs) from
     both runs; only the enabled checkpoints are reported."""
 
+    captures = True
+
     def __init__(self, side: str) -> None:
         if side not in ("reference", "alternative"):
             raise ValueError(f"side must be 'reference' or 'alternative', got {side!r}")
@@ -256,6 +242,7 @@ class CalibrationStage(Stage):
 
     name = "calibration"
     timing_key = "calibration_s"
+    captures = True
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["calibrate"] or config["oracle"])
@@ -340,7 +327,11 @@ class IsolationStage(Stage):
     def run(self, ctx: RunContext) -> None:
         noises = {ev.key: ev.noise for ev in ctx.evidence.checkpoints if ev.noise is not None}
         scales = {ev.key: ev.reference_rms for ev in ctx.evidence.checkpoints if ev.present}
-        ctx.evidence.layers = [layer_evidence(ctx, i, noises, scales) for i in ctx.plan.layer_range]
+        layers = list(ctx.plan.layer_range)
+        ctx.evidence.layers = []
+        for n, i in enumerate(layers, 1):
+            ctx.evidence.layers.append(layer_evidence(ctx, i, noises, scales))
+            ctx.layers_done(n, len(layers))
         ctx.evidence.isolation_note = None
         for backend in (ctx.alternative, ctx.reference, ctx.calibrator):  # the layer cuts' weights, not held on
             release = getattr(backend, "release_replays", None)
