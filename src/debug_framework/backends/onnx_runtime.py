@@ -190,11 +190,14 @@ class OnnxRuntimeBackend(BaseBackend):
                                              hint=f"the exporter's output is in {path.with_name(EXPORT_LOG)}") from exc
         return time.perf_counter() - start
 
-    def _session(self, path: Path, graph: bytes | None = None) -> Any:
-        """An ONNX Runtime session on the file ``path``, or on ``graph`` (serialized; external data beside ``path``)."""
+    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
+        """An ONNX Runtime session on the file ``path``, or on ``graph`` (serialized; external data beside
+        ``path``); ``arena=False``: without ONNX Runtime's memory arena (a session run a few times, whose
+        largest run's buffers are then not kept for its life)."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        options.enable_cpu_mem_arena = arena
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[self.optimization])
         if self.graph_transform is not None:
             graph = self._transformed(path, graph)
@@ -209,7 +212,7 @@ class OnnxRuntimeBackend(BaseBackend):
     def open_session(self, graph: bytes, beside: Path) -> Any:
         """An ONNX Runtime session on ``graph`` (serialized; external data beside ``beside``) opened as this
         backend opens its own (providers, optimisation level, ``graph_transform``): the drill-down's."""
-        return self._session(beside, graph)
+        return self._session(beside, graph, arena=False)
 
     def _transformed(self, path: Path, graph: bytes | None) -> bytes:
         """``graph`` (or the file ``path``, its external data left where it is) after :attr:`graph_transform`."""
@@ -319,7 +322,7 @@ class OnnxRuntimeBackend(BaseBackend):
         path, self._names = file_outputs(model, self.model_file)
         self._keys_out, self.onnx_path, self.export_s = list(self._names), path, 0.0
         graph = checkpoint_graph(path, list(self._names.values()))
-        self._graph_proto = onnx.load_from_string(graph)  # what isolation cuts each layer out of (_cut)
+        self._graph_proto = None  # what isolation cuts each layer out of (_cut): read there, on need
         self.session = self._session(artifact_dir / f"{path.stem}-checkpoints.onnx", graph)
         self._plain_session = self.session
 
@@ -444,6 +447,8 @@ class OnnxRuntimeBackend(BaseBackend):
         meta: dict[str, Any] = {"variant": variant, "replay": "graph", "built_in_this_call": built}
         if built:
             start = time.perf_counter()
+            for other in [k for k in self._cut_sessions if k[0] != i]:  # one layer's cuts held at a time
+                del self._cut_sessions[other]
             cut = self._cut(i, part)
             session = self._session(self.onnx_path, cut.SerializeToString())
             self._cut_sessions[(i, part)] = (session, cut.graph.input[0].name)

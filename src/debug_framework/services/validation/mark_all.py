@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ...backends._onnx_weights import numpy_stream
 from ...errors import ConfigurationError
 from .context import RunContext, Stage, call_backend
 from .judge import node_output_verdict
@@ -96,8 +97,14 @@ def node_outputs(path: Path) -> list[tuple[str, Any]]:
 
     model = onnx.load(str(path), load_external_data=False)
     types = value_types(model) or {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
-    return [(out, node) for node in model.graph.node if node.op_type not in _NOT_JUDGED
-            for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
+    found = []
+    for node in model.graph.node:
+        outs = [out for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
+        if outs and node.op_type not in _NOT_JUDGED:
+            own = onnx.NodeProto()  # a copy: a node of the model would keep the whole model (its weights) alive
+            own.CopyFrom(node)
+            found.extend((out, own) for out in outs)
+    return found
 
 
 def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray | None:
@@ -149,33 +156,6 @@ def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.
     sane = ref[np.isfinite(ref) & (np.abs(ref) < big)]
     bound, passed = node_output_verdict(error, noise, sane if sane.size else np.zeros(1), dtype, margin, floor_eps)
     return error, noise, bound, passed
-
-
-def numpy_stream(evaluator: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    """The values of ``chunks`` (topological order), one chunk at a time, from one pass of ONNX's
-    NumPy evaluator over its nodes: each value dropped after its last reader."""
-    last_use: dict[str, int] = {}
-    for i, node in enumerate(evaluator.rt_nodes_):
-        for x in node.input:
-            last_use[x] = i
-    keep = {o.name for o in evaluator.proto_.graph.output} if hasattr(evaluator.proto_, "graph") else set()
-    results: dict[str, Any] = {"": None, **evaluator.rt_inits_, **feeds}
-    pending = iter(chunks)
-    current = next(pending, None)
-    ready: dict[str, Any] = {}
-    for i, node in enumerate(evaluator.rt_nodes_):
-        args = [results[x] for x in node.input]
-        outs = node.run(*args, context=results) if node.need_context() else node.run(*args)
-        for name, value in zip(node.output, outs):
-            results[name] = value
-            if current is not None and name in current:
-                ready[name] = value
-        for x in set(node.input):
-            if last_use.get(x) == i and x not in keep and x not in evaluator.rt_inits_ and x not in feeds:
-                results.pop(x, None)
-        while current is not None and all(n in ready for n in current):
-            yield {n: ready.pop(n) for n in current}
-            current = next(pending, None)
 
 
 def _ort_stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
