@@ -28,12 +28,6 @@ _NUMPY = {_DOUBLE: np.float64, _FLOAT16: np.float16}
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 
 
-def _weights_at(weights: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """The bfloat16 runner's own copy of ``weights``: each float32 array rounded to bfloat16 (kept
-    in float32); other arrays shared as they are."""
-    return {name: _bf16_round(a) if a.dtype == np.float32 else a for name, a in weights.items()}
-
-
 def runner_options() -> Any:
     """ONNX Runtime's options for a graph runner's sessions: the graph as written (no optimisation
     fuses or folds a value away), and no memory arena (an arena keeps the largest run's buffers for
@@ -50,7 +44,7 @@ def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[
     """:func:`checkpoint_proto` with its large weights taken out (:func:`~._onnx_weights.file_weights`,
     float32 arrays shared by every runner of the file): ``(the light graph at dtype, its feeds, the
     shared weights)``. At float64 or float16 the graph casts each float32 weight on use
-    (:func:`~._onnx_weights.cast_on_use`); at bfloat16 the runner holds its own rounded copy."""
+    (:func:`~._onnx_weights.cast_on_use`), at bfloat16 rounds it on use the same way."""
     import onnx
 
     shared = file_weights(path)
@@ -58,7 +52,9 @@ def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[
     proto = _at_dtype(light, dtype, tensors)  # the fed weights' inputs retyped too
     if dtype in _RETYPE:
         return proto, cast_on_use(proto, shared, _RETYPE[dtype]), shared
-    return proto, (_weights_at(shared, dtype) if dtype == "bfloat16" else dict(shared)), shared
+    if dtype == "bfloat16":  # rounded on use (a Cast pair through bfloat16: as _bf16_round rounds)
+        return proto, cast_on_use(proto, shared, _FLOAT, through=16), shared
+    return proto, dict(shared), shared
 
 
 def checkpoint_names(model: Any) -> dict[CheckpointKey, str]:

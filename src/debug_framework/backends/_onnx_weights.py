@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FED_BYTES", "split_weights", "FileWeights", "file_weights", "cast_on_use", "FedSession", "numpy_stream",
+__all__ = ["FED_BYTES", "split_weights", "FileWeights", "file_weights", "light_graph", "cast_on_use", "FedSession", "numpy_stream",
            "run_streamed"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
@@ -70,13 +70,29 @@ class FileWeights(dict):  # type: ignore[type-arg]
 _SHARED: weakref.WeakValueDictionary[tuple[str, int, int], FileWeights] = weakref.WeakValueDictionary()
 
 
+def _key(path: Path) -> tuple[str, int, int]:
+    st = Path(path).stat()
+    return (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+def light_graph(path: Path) -> Any:
+    """The ONNX file ``path``'s graph (an ``onnx.ModelProto``) for reading its nodes: without its
+    large initializers where a runner holds the file's weights (:func:`file_weights`), else read
+    whole (external data left out)."""
+    import onnx
+
+    got = _SHARED.get(_key(path))
+    if got is not None:
+        return onnx.load_from_string(got.light)
+    return onnx.load(str(path), load_external_data=False)
+
+
 def file_weights(path: Path) -> FileWeights:
     """The weights of the ONNX file ``path`` (external data read in), read once while any runner
     holds them: a second runner of the same unchanged file gets the same arrays."""
     import onnx
 
-    st = Path(path).stat()
-    key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+    key = _key(path)
     got = _SHARED.get(key)
     if got is None:
         light, arrays = split_weights(onnx.load(str(path), load_external_data=True))
@@ -87,11 +103,13 @@ def file_weights(path: Path) -> FileWeights:
     return got
 
 
-def cast_on_use(model: Any, weights: Mapping[str, np.ndarray], elem: int) -> dict[str, np.ndarray]:
+def cast_on_use(model: Any, weights: Mapping[str, np.ndarray], elem: int, through: int | None = None
+                ) -> dict[str, np.ndarray]:
     """``model`` (its fed weights' inputs already retyped to ``elem``) made to take each float32
     array of ``weights`` as it is: the input renamed ``<name>__f32`` and typed float32, a ``Cast`` to
-    ``elem`` making ``<name>`` right before its first reader, in place. Returns the feeds (input name ->
-    the same arrays, none copied)."""
+    ``elem`` making ``<name>`` right before its first reader, in place (``through``: by way of that
+    type, a ``Cast`` pair: bfloat16 rounding kept in float32). Returns the feeds (input name -> the
+    same arrays, none copied)."""
     from onnx import helper
 
     graph = model.graph
@@ -105,19 +123,32 @@ def cast_on_use(model: Any, weights: Mapping[str, np.ndarray], elem: int) -> dic
             name = vi.name
             vi.name = f"{name}{CAST_SUFFIX}"
             vi.type.tensor_type.elem_type = _FLOAT
-            casts.append(helper.make_node("Cast", [vi.name], [name], to=elem, name=f"{name}__cast"))
+            if through is None:
+                casts.append(helper.make_node("Cast", [vi.name], [name], to=elem, name=f"{name}__cast"))
+            else:
+                casts.append(helper.make_node("Cast", [f"{name}__via"], [name], to=elem, name=f"{name}__cast"))
+                casts.append(helper.make_node("Cast", [vi.name], [f"{name}__via"], to=through, name=f"{name}__via"))
             feeds[vi.name] = a
         else:
             feeds[vi.name] = a
     if casts:  # each Cast right before the first node that reads its value (its copy made late)
         by_value = {c.output[0]: c for c in casts}
         nodes = []
+
+        def place(value: str) -> None:  # the Cast making ``value``, after the one it reads
+            cast = by_value.pop(value, None)
+            if cast is not None:
+                place(cast.input[0])
+                nodes.append(cast)
+
         for node in graph.node:
             for x in _reads(node):
-                if x in by_value:
-                    nodes.append(by_value.pop(x))
+                place(x)
             nodes.append(node)
-        nodes[:0] = by_value.values()  # read by no node (a graph output)
+        body, nodes = nodes, []
+        for value in list(by_value):  # read by no node (a graph output): first
+            place(value)
+        nodes.extend(body)
         del graph.node[:]
         graph.node.extend(nodes)
     return feeds

@@ -29,7 +29,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
-from ._onnx_file import alternative_model, checkpoint_proto, load_error
+from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
@@ -204,10 +204,11 @@ class OnnxRuntimeBackend(BaseBackend):
         if graph is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         try:
-            return ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
-                                        providers=self._providers())
+            session = ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
+                                           providers=self._providers())
         except Exception as exc:
             raise load_error(exc, path, graph, self.name) from exc
+        return _without_model_bytes(session)
 
     def open_session(self, graph: bytes, beside: Path) -> Any:
         """An ONNX Runtime session on ``graph`` (serialized; external data beside ``beside``) opened as this
@@ -311,9 +312,8 @@ class OnnxRuntimeBackend(BaseBackend):
     def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
         """An ONNX-file model: the file itself (or ``model_file``), its checkpoint tensors made
         outputs (:func:`~._onnx_file.file_outputs`); nothing exported."""
-        import onnx
 
-        from ._onnx_file import checkpoint_graph, file_outputs
+        from ._onnx_file import file_outputs
 
         self._file_model = True
         self.net, self._wrapper, self._graph_proto = None, None, None
@@ -326,6 +326,20 @@ class OnnxRuntimeBackend(BaseBackend):
         self.session = self._session(artifact_dir / f"{path.stem}-checkpoints.onnx", graph)
         self._plain_session = self.session
 
+    def release_session(self) -> None:
+        """An ONNX-file model: drop the checkpoint graph's session (opened again by the next run), so
+        that a stage opening its own session on the file (mark-all) does not hold its weights twice."""
+        if getattr(self, "_file_model", False):
+            self.session = self._plain_session = None
+
+    def _checkpoint_session(self) -> Any:
+        """The checkpoint graph's session (an ONNX-file model's opened again after :meth:`release_session`)."""
+        if self.session is None and getattr(self, "_file_model", False):
+            graph = checkpoint_graph(self.onnx_path, list(self._names.values()))
+            self.session = self._plain_session = self._session(
+                self._artifact_dir() / f"{self.onnx_path.stem}-checkpoints.onnx", graph)
+        return self.session
+
     def _run_plain(self, inputs: ModelInputs) -> Capture:
         """The model exported without checkpoint outputs (exported on first use, beside the other)."""
         model = self._prepared()
@@ -333,7 +347,8 @@ class OnnxRuntimeBackend(BaseBackend):
         if getattr(self, "_file_model", False):
             feeds = graph_inputs(model, inputs)
             start = time.perf_counter()
-            self.session.run([self.session.get_outputs()[0].name], feeds)
+            session = self._checkpoint_session()
+            session.run([session.get_outputs()[0].name], feeds)
             return Capture(backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start, meta=meta)
         if self._plain_session is None:
             from ._graph_capture import PlainOutput
@@ -360,7 +375,7 @@ class OnnxRuntimeBackend(BaseBackend):
         fetch = [k for k in self._keys_out if k in wanted]
         feeds = graph_inputs(model, inputs)
         start = time.perf_counter()
-        arrays = self.session.run([self._names[k] for k in fetch], feeds)
+        arrays = self._checkpoint_session().run([self._names[k] for k in fetch], feeds)
         elapsed = time.perf_counter() - start
         got = dict(zip(fetch, arrays))
         return Capture(
@@ -564,6 +579,17 @@ class LayerExport:
     hidden_input: str
     feeds: dict[str, Any]
     reference_path: Path | None = None  #: with a model_file: the layer cut out of the session's own file
+
+
+def _without_model_bytes(session: Any) -> Any:
+    """``session`` without the serialized model ONNX Runtime's Python session keeps (to build itself
+    again on ``set_providers`` or its CUDA fallback; neither is used here): a graph given as bytes
+    would otherwise stay in memory beside the session's own copy of its weights. The fallback is
+    disabled with it."""
+    if getattr(session, "_model_bytes", None) is not None:
+        session.disable_fallback()
+        session._model_bytes = None
+    return session
 
 
 def _float32(hidden: Any) -> np.ndarray:

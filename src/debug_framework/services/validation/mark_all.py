@@ -94,8 +94,9 @@ def node_outputs(path: Path) -> list[tuple[str, Any]]:
     import onnx
 
     from ...backends._onnx_file import value_types
+    from ...backends._onnx_weights import light_graph
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = light_graph(path)
     types = value_types(model) or {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
     found = []
     for node in model.graph.node:
@@ -218,6 +219,9 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
     plan, model, alternative = ctx.plan, ctx.model, ctx.alternative
     alt_path: Path = Path(alternative.onnx_path) if getattr(alternative, "model_file", None) else Path(model.path)
     report = MarkAllReport(chunk_size=chunk)
+    release = getattr(alternative, "release_session", None)
+    if callable(release):  # its checkpoint session (opened again on need): the file's weights held once
+        release()
     own = node_outputs(Path(model.path))
     present = set(dict(node_outputs(alt_path))) if alt_path != Path(model.path) else None
     values = [(n, node) for n, node in own if present is None or n in present]
