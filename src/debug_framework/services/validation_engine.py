@@ -62,7 +62,7 @@ from .validation.plan import (
     validate_session_config,
 )
 from .validation.calibration import calibration_backend
-from .validation.memory import RssWatch, check_memory, session_estimate
+from .validation.memory import RssWatch, check_memory, give_back_freed, session_estimate
 from .validation.results import CheckpointResult, LayerResult, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -381,6 +381,7 @@ class ValidationEngine(EngineFaces):
                 with Timer() as t:
                     stage.run(ctx)
                 stage_s[stage.name] = t.seconds
+                give_back_freed()  # what the stage released: out of the resident set before the next
                 memory["stage_peak_rss_bytes"][stage.name] = watch.take()
                 if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
                     prepared_recorded = _record_prepared_backends(ctx, session)

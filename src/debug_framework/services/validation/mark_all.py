@@ -41,6 +41,7 @@ from ...backends._onnx_weights import numpy_stream
 from ...errors import ConfigurationError
 from .context import RunContext, Stage, call_backend
 from .judge import node_output_verdict
+from .memory import give_back_freed
 
 __all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs", "compare_value", "valid_mask",
            "numpy_stream"]
@@ -48,6 +49,7 @@ __all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs
 #: How many node outputs one run fetches (the bound on the values held at once, per run).
 CHUNK = 64
 _FLOAT_ELEMS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_FLOAT = 1
 _NOT_JUDGED = frozenset({"Constant"})
 #: Largest finite value per dtype of the alternative (saturation), bfloat16 as float32's range.
 _BIG = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
@@ -91,18 +93,24 @@ class MarkAllReport:
 def node_outputs(path: Path) -> list[tuple[str, Any]]:
     """The floating-point values the nodes of the ONNX file ``path`` make, in topological (graph)
     order, each with its node; ``Constant`` nodes and values of unknown type left out."""
+    from ...backends._onnx_weights import light_graph
+
+    return _node_outputs_of(light_graph(path))
+
+
+def _node_outputs_of(model: Any) -> list[tuple[str, Any]]:
+    """:func:`node_outputs` of an ``onnx.ModelProto`` (each node a copy: a node of the model would
+    keep the whole model, its weights, alive)."""
     import onnx
 
     from ...backends._onnx_file import value_types
-    from ...backends._onnx_weights import light_graph
 
-    model = light_graph(path)
     types = value_types(model) or {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
     found = []
     for node in model.graph.node:
         outs = [out for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
         if outs and node.op_type not in _NOT_JUDGED:
-            own = onnx.NodeProto()  # a copy: a node of the model would keep the whole model (its weights) alive
+            own = onnx.NodeProto()
             own.CopyFrom(node)
             found.extend((out, own) for out in outs)
     return found
@@ -159,18 +167,24 @@ def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.
     return error, noise, bound, passed
 
 
-def _ort_stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    for chunk in chunks:
-        yield dict(zip(chunk, session.run(chunk, dict(feeds))))
-
-
-def _stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass (a runner's
-    :class:`~debug_framework.backends._onnx_file.FedSession`: its weights fed as well)."""
+def _stream(first: Any, reopen: Callable[[list[str]], Any] | None, feeds: Mapping[str, np.ndarray],
+            chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    """The values of ``chunks``, one chunk at a time. ONNX's NumPy evaluator (``first``, a runner's
+    :class:`~debug_framework.backends._onnx_weights.FedSession`: its weights fed as well): one
+    streamed pass. ONNX Runtime computes every output of its graph on each run, fetched or not, and
+    holds them all to the run's end: with ``reopen`` each chunk is run by a session of its own that
+    marks that chunk alone (``first`` the first chunk's), dropped before the next is opened; without,
+    ``first`` marks every value and runs once per chunk."""
+    session, first = first, None
     inner = getattr(session, "inner", session)
     if hasattr(inner, "rt_nodes_"):
-        return numpy_stream(inner, {**feeds, **getattr(session, "weights", {})}, chunks)
-    return _ort_stream(session, feeds, chunks)
+        yield from numpy_stream(inner, {**feeds, **getattr(session, "weights", {})}, chunks)
+        return
+    for i, chunk in enumerate(chunks):
+        if i and reopen is not None:
+            session = None  # dropped before the next chunk's is built
+            session = reopen(chunk)
+        yield dict(zip(chunk, session.run(chunk, dict(feeds))))
 
 
 def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
@@ -212,7 +226,7 @@ class MarkAllStage(Stage):
 
 def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) -> MarkAllReport:
     """The comparison of every node output (see the module), streamed chunk by chunk."""
-    from ...backends._onnx_file import checkpoint_graph
+    from ...backends._onnx_file import add_outputs, checkpoint_proto, value_types
     from ...modelio.onnx_file import layer_of_scope, node_scope
 
     start = time.perf_counter()
@@ -223,26 +237,41 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
     if callable(release):  # its checkpoint session (opened again on need): the file's weights held once
         release()
     own = node_outputs(Path(model.path))
-    present = set(dict(node_outputs(alt_path))) if alt_path != Path(model.path) else None
+    alt_model = checkpoint_proto(alt_path, [])  # read once: its values, then its graph with them marked
+    present = set(dict(_node_outputs_of(alt_model))) if alt_path != Path(model.path) else None
     values = [(n, node) for n, node in own if present is None or n in present]
     if present is not None and len(values) < len(own):
         report.skipped["not in the alternative's file"] = len(own) - len(values)
     names = [n for n, _ in values]
     chunks = [names[i:i + chunk] for i in range(0, len(names), chunk)]
-    ref_session, report.reference_runtime = call_backend(
-        ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), names, plan.reference_dtype,
-                                                                ctx.reference))
-    cal_session, _ = call_backend(
-        ctx.reference, "mark-all calibration graph",
-        lambda: _graph_session(Path(model.path), names, plan.alternative_dtype, ctx.calibrator))
-    alt_graph = checkpoint_graph(alt_path, names)
+    first = chunks[0] if chunks else []
+
+    def ref_open(tensors: list[str]) -> Any:
+        return _graph_session(Path(model.path), tensors, plan.reference_dtype, ctx.reference)[0]
+
+    def cal_open(tensors: list[str]) -> Any:
+        return _graph_session(Path(model.path), tensors, plan.alternative_dtype, ctx.calibrator)[0]
+
+    add_outputs(alt_model, names, value_types(alt_model), _FLOAT)
+    alt_graph = alt_model.SerializeToString()
+    del alt_model
+    give_back_freed()  # the parsed file
     alt_session = call_backend(alternative, "open_session(mark-all)",
                                lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
     del alt_graph
+    give_back_freed()  # the serialized graph
+    ref_first, report.reference_runtime = call_backend(
+        ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), first, plan.reference_dtype,
+                                                                ctx.reference))
+    cal_first = call_backend(ctx.reference, "mark-all calibration graph", lambda: cal_open(first))
+    # the runners' sessions (light: their weights are fed) mark one chunk at a time, the alternative's every value
+    streams: list[Iterator[dict[str, Any]]] = [
+        _stream(ref_first, ref_open, feeds, chunks), _stream(alt_session, None, feeds, chunks),
+        _stream(cal_first, cal_open, feeds, chunks)]
+    del ref_first, alt_session, cal_first
     margin, floor_eps = float(plan.config["noise_margin"]), float(plan.config["floor_eps"])
     mask = np.asarray(ctx.inputs.attention_mask)
     by_name: dict[str, Any] = dict(values)
-    streams: list[Iterator[dict[str, Any]]] = [_stream(s, feeds, chunks) for s in (ref_session, alt_session, cal_session)]
     index = 0
     run: Callable[[], tuple[dict[str, Any], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
     for _ in chunks:
@@ -263,5 +292,6 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
                 if report.first_divergence is None:
                     report.first_divergence = row
         del ref_c, alt_c, cal_c
+        give_back_freed()  # the chunk's values and the runs' buffers
     report.elapsed_s = time.perf_counter() - start
     return report
