@@ -130,6 +130,22 @@ def _validate(tmp_path: Path, model: Path, alternative: str, **config) -> dict:
     return engine.run(sid).to_dict()
 
 
+def test_the_default_checkpoints_are_the_boundaries_the_graph_has(tmp_path):
+    """A graph without ``post_attention`` boundaries validates with the default checkpoints: only
+    those it has are asked for (none reported missing); a checkpoint named explicitly still is."""
+    from debug_framework.services.validation.plan import enabled_keys, model_checkpoints
+
+    path = _legacy_graph(tmp_path / "m.onnx")
+    available = model_checkpoints(load_model(path))
+    assert [str(k) for k in enabled_keys({}, 2, (), available)] == ["post_embedding", "post_mlp:0", "post_mlp:1",
+                                                                     "post_processing"]
+    assert "post_attention:0" in [str(k) for k in enabled_keys({"enabled_checkpoints": ["post_attention"]}, 2, (),
+                                                                available)]
+    result = _validate(tmp_path, path, "onnxruntime", isolate=False, calibrate=False)
+    assert result["verdict"] == "passed", result["failed"]
+    assert [r["id"] for r in result["results"]] == ["post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"]
+
+
 @pytest.mark.slow
 def test_an_onnx_file_validates_against_onnxruntime_and_openvino(bert_onnx, tmp_path):
     model = load_model(bert_onnx)

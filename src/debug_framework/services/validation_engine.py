@@ -57,6 +57,7 @@ from .validation.plan import (
     MODEL_TOLERANCES,
     SESSION_DEFAULTS,
     ValidationPlan,
+    model_checkpoints,
     resolve_alternative_backend,
     resolve_tolerance,
     validate_session_config,
@@ -267,7 +268,7 @@ class ValidationEngine(EngineFaces):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
-        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers)
+        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))
         calibrator = None
         if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
             calibrator = calibration_backend(plan, alt_name, model)
