@@ -13,7 +13,7 @@ from typing import Any
 from debug_framework.services.drilldown.support import BackendStrategy
 from debug_framework.services.drilldown.types import DrillRequest, LayerDrilldown
 
-__all__ = ["InductorDrillStrategy", "capture_layer_graph", "layer_signature", "strip_dtype_pins"]
+__all__ = ["InductorDrillStrategy"]  # the others (capture_layer_graph...): module __getattr__
 
 
 class InductorDrillStrategy(BackendStrategy):

@@ -19,7 +19,7 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
 from ._onnx_weights import FedSession, cast_on_use, file_weights, split_weights
 
-__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error"]
+__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error", "without_model_bytes"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -55,6 +55,17 @@ def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[
     if dtype == "bfloat16":  # rounded on use (a Cast pair through bfloat16: as _bf16_round rounds)
         return proto, cast_on_use(proto, shared, _FLOAT, through=16), shared
     return proto, dict(shared), shared
+
+
+def without_model_bytes(session: Any) -> Any:
+    """``session`` without the serialized model ONNX Runtime's Python session keeps (to build itself
+    again on ``set_providers`` or its CUDA fallback; neither is used here): a graph given as bytes
+    would otherwise stay in memory beside the session's own copy of its weights. The fallback is
+    disabled with it."""
+    if getattr(session, "_model_bytes", None) is not None:
+        session.disable_fallback()
+        session._model_bytes = None
+    return session
 
 
 def checkpoint_names(model: Any) -> dict[CheckpointKey, str]:

@@ -29,7 +29,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
-from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error
+from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error, without_model_bytes
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
@@ -208,12 +208,17 @@ class OnnxRuntimeBackend(BaseBackend):
                                            providers=self._providers())
         except Exception as exc:
             raise load_error(exc, path, graph, self.name) from exc
-        return _without_model_bytes(session)
+        return without_model_bytes(session)
 
     def open_session(self, graph: bytes, beside: Path) -> Any:
         """An ONNX Runtime session on ``graph`` (serialized; external data beside ``beside``) opened as this
         backend opens its own (providers, optimisation level, ``graph_transform``): the drill-down's."""
         return self._session(beside, graph, arena=False)
+
+    def open_session_file(self, path: Path) -> Any:
+        """:meth:`open_session` on the ONNX file ``path``, read by the runtime itself: no serialized
+        copy of the graph is held (nor copied again by the binding) while the session is built."""
+        return self._session(path, arena=False)
 
     def _transformed(self, path: Path, graph: bytes | None) -> bytes:
         """``graph`` (or the file ``path``, its external data left where it is) after :attr:`graph_transform`."""
@@ -579,17 +584,6 @@ class LayerExport:
     hidden_input: str
     feeds: dict[str, Any]
     reference_path: Path | None = None  #: with a model_file: the layer cut out of the session's own file
-
-
-def _without_model_bytes(session: Any) -> Any:
-    """``session`` without the serialized model ONNX Runtime's Python session keeps (to build itself
-    again on ``set_providers`` or its CUDA fallback; neither is used here): a graph given as bytes
-    would otherwise stay in memory beside the session's own copy of its weights. The fallback is
-    disabled with it."""
-    if getattr(session, "_model_bytes", None) is not None:
-        session.disable_fallback()
-        session._model_bytes = None
-    return session
 
 
 def _float32(hidden: Any) -> np.ndarray:

@@ -14,9 +14,12 @@ The first value over its bound, in topological order, is the node-level first di
 
 **Bounded memory.** The values are streamed: the names are taken in chunks of
 :data:`CHUNK` in topological order, each run fetches one chunk's values (ONNX Runtime computes the
-graph once per chunk; ONNX's NumPy evaluator, where ONNX Runtime lacks a float64 kernel, makes one
-pass over the nodes and drops each value after its last reader), the three chunks are compared and
-dropped before the next. What is kept is one row of scalars per value.
+graph once per chunk, and holds every marked output of a run to its end: the runners' light
+sessions mark one chunk at a time; ONNX's NumPy evaluator, where ONNX Runtime lacks a float64
+kernel, makes one pass over the nodes and drops each value after its last reader), the three chunks
+are compared and dropped before the next. What is kept is one row of scalars per value. The
+alternative's own checkpoint session is released meanwhile (opened again on need), and the freed
+heap is handed back after each chunk.
 
 **What is not an error.** Only the valid (non-padded) positions count: on a value whose first axis
 is the batch, every later axis as long as the sequence is restricted to the attention mask's
@@ -29,6 +32,7 @@ RMSE against the calibrated bound, never relative to themselves.
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -226,6 +230,8 @@ class MarkAllStage(Stage):
 
 def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) -> MarkAllReport:
     """The comparison of every node output (see the module), streamed chunk by chunk."""
+    import onnx
+
     from ...backends._onnx_file import add_outputs, checkpoint_proto, value_types
     from ...modelio.onnx_file import layer_of_scope, node_scope
 
@@ -253,12 +259,24 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
         return _graph_session(Path(model.path), tensors, plan.alternative_dtype, ctx.calibrator)[0]
 
     add_outputs(alt_model, names, value_types(alt_model), _FLOAT)
-    alt_graph = alt_model.SerializeToString()
-    del alt_model
-    give_back_freed()  # the parsed file
-    alt_session = call_backend(alternative, "open_session(mark-all)",
-                               lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
-    del alt_graph
+    opener = getattr(alternative, "open_session_file", None)
+    if callable(opener):  # written to a file the runtime reads itself (no serialized copy held)
+        with tempfile.TemporaryDirectory(prefix="df-mark-all-") as tmp:
+            marked = Path(tmp) / alt_path.name
+            # its weights written out one by one beside it (external data): no serialized copy of
+            # the whole model is made on the way
+            onnx.save(alt_model, str(marked), save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=f"{marked.name}.data", size_threshold=4096)
+            del alt_model
+            give_back_freed()  # the parsed file
+            alt_session = call_backend(alternative, "open_session(mark-all)", lambda: opener(marked))
+    else:
+        alt_graph = alt_model.SerializeToString()
+        del alt_model
+        give_back_freed()  # the parsed file
+        alt_session = call_backend(alternative, "open_session(mark-all)",
+                                   lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
+        del alt_graph
     give_back_freed()  # the serialized graph
     ref_first, report.reference_runtime = call_backend(
         ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), first, plan.reference_dtype,
