@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FED_BYTES", "split_weights", "FileWeights", "file_weights", "light_graph", "cast_on_use", "FedSession", "numpy_stream",
-           "run_streamed"]
+__all__ = ["FED_BYTES", "split_weights", "FileWeights", "file_weights", "light_graph", "cast_on_use", "FedSession",
+           "numpy_stream", "run_streamed"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: Initializers above this many bytes are held once as arrays and fed (:func:`split_weights`).
