@@ -130,6 +130,22 @@ def _validate(tmp_path: Path, model: Path, alternative: str, **config) -> dict:
     return engine.run(sid).to_dict()
 
 
+def test_the_default_checkpoints_are_the_boundaries_the_graph_has(tmp_path):
+    """A graph without ``post_attention`` boundaries validates with the default checkpoints: only
+    those it has are asked for (none reported missing); a checkpoint named explicitly still is."""
+    from debug_framework.services.validation.plan import enabled_keys, model_checkpoints
+
+    path = _legacy_graph(tmp_path / "m.onnx")
+    available = model_checkpoints(load_model(path))
+    assert [str(k) for k in enabled_keys({}, 2, (), available)] == ["post_embedding", "post_mlp:0", "post_mlp:1",
+                                                                     "post_processing"]
+    assert "post_attention:0" in [str(k) for k in enabled_keys({"enabled_checkpoints": ["post_attention"]}, 2, (),
+                                                                available)]
+    result = _validate(tmp_path, path, "onnxruntime", isolate=False, calibrate=False)
+    assert result["verdict"] == "passed", result["failed"]
+    assert [r["id"] for r in result["results"]] == ["post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"]
+
+
 @pytest.mark.slow
 def test_an_onnx_file_validates_against_onnxruntime_and_openvino(bert_onnx, tmp_path):
     model = load_model(bert_onnx)
@@ -305,7 +321,7 @@ def test_a_quantized_file_is_said_to_err_by_quantization_not_by_a_float_precisio
 _NO_TORCH = """
 import json, sys
 from debug_framework.cli.debug_validate import run
-for n, extra in enumerate(([], ["--alternative-model", sys.argv[2]])):
+for n, extra in enumerate(([], ["--alternative-model", sys.argv[2], "--drill-down"])):
     run(["--model-path", sys.argv[1], "--alternative-backend", "onnxruntime", "--mark-all", "--output-file",
          f"r{n}.json", "--checkpoints", "post_embedding,post_mlp,post_processing", *extra])
 print(json.dumps(sorted(m for m in ("torch", "transformers") if m in sys.modules)))
@@ -315,7 +331,8 @@ print(json.dumps(sorted(m for m in ("torch", "transformers") if m in sys.modules
 @pytest.mark.slow
 def test_an_onnx_file_validates_without_importing_torch(tmp_path):
     """A fresh process validates an ONNX file against onnxruntime, every node output marked, and an
-    injected bug in the alternative file fails it: torch and transformers are never imported."""
+    injected bug in the alternative file fails it and is drilled to its node: torch and
+    transformers are never imported (the installed drill-down strategies' entry points included)."""
     import json
     import subprocess
     import sys
@@ -335,3 +352,5 @@ def test_an_onnx_file_validates_without_importing_torch(tmp_path):
     assert good["verdict"] == "passed" and good["mark_all"]["compared"] == 6 and good["mark_all"]["failed"] == 0
     assert bad["verdict"] == "failed" and bad["mark_all"]["failed"] > 0
     assert [r["passed"] for r in bad["results"]] == [True, True, False, False]  # from layer 1 on
+    assert [(d["layer"], d["culprit"]["node"], d["culprit"]["op"]) for d in bad["drilldown"]] == [
+        (1, "/model/layers.1/Add", "Sub")]

@@ -112,3 +112,36 @@ def test_a_float16_conversion_that_breaks_an_output_read_inside_the_graph_is_exp
             assert float16_output_conflicts(converted) == {}
             x_type = np.float32 if keep else np.float16
             ort.InferenceSession(str(path)).run(None, {"x": np.ones((2, 4), dtype=x_type)})
+
+
+def test_the_runners_of_a_file_share_one_float32_copy_and_cast_it_on_use(tmp_path):
+    """Two runners of one file (float64, bfloat16) get the same float32 arrays (read once); each
+    graph casts a weight right before its reader: float64 exactly, bfloat16 rounded as
+    ``_bf16_round`` rounds; ONNX's NumPy evaluator runs it streamed."""
+    from onnx.reference import ReferenceEvaluator
+
+    from debug_framework.backends._onnx_file import _bf16_round, runner_graph
+    from debug_framework.backends._onnx_weights import FedSession
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)  # 16 KiB: fed, not kept in the graph
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])
+    nodes = [helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("MatMul", ["t", "w"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[numpy_helper.from_array(w, "w")]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    p64, feeds64, shared64 = runner_graph(path, [], "float64")
+    pbf, feedsbf, sharedbf = runner_graph(path, [], "bfloat16")
+    assert shared64 is sharedbf and feeds64 == {"w__f32": shared64["w"]} and feeds64["w__f32"] is feedsbf["w__f32"]
+    assert [n.op_type for n in p64.graph.node] == ["Tanh", "Cast", "MatMul"]  # the cast right before its reader
+    xv = rng.standard_normal((2, 64))
+    got64 = FedSession(ReferenceEvaluator(p64), feeds64).run(["y"], {"x": xv})[0]
+    assert got64.dtype == np.float64
+    np.testing.assert_array_equal(got64, np.tanh(xv) @ w.astype(np.float64))
+    xf = xv.astype(np.float32)
+    gotbf = FedSession(ReferenceEvaluator(pbf), feedsbf).run(["y"], {"x": xf})[0]
+    want = _bf16_round(_bf16_round(np.tanh(xf)) @ _bf16_round(w))  # every value and the weight rounded
+    assert not np.array_equal(gotbf, np.tanh(xf) @ w)
+    np.testing.assert_array_equal(gotbf, want)

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError
+from ._onnx_weights import FedSession, cast_on_use, file_weights, split_weights
 
-__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error"]
+__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error", "without_model_bytes"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -27,71 +28,44 @@ _NUMPY = {_DOUBLE: np.float64, _FLOAT16: np.float16}
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 
 
-#: Initializers above this many bytes are held once as arrays and fed (:func:`split_weights`).
-_FED_BYTES = 4096
+def runner_options() -> Any:
+    """ONNX Runtime's options for a graph runner's sessions: the graph as written (no optimisation
+    fuses or folds a value away), and no memory arena (an arena keeps the largest run's buffers for
+    the session's life; a runner's sessions run a few times each)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_cpu_mem_arena = False
+    return options
 
 
-def split_weights(model: Any) -> tuple[Any, dict[str, np.ndarray]]:
-    """``model`` (data loaded) without its large floating-point initializers: a new, light
-    ``onnx.ModelProto`` where each is a graph input of its type and shape, and their data as arrays.
-    A runner holds its weights so once, and feeds the same arrays to its full graph and to every
-    layer cut of it (:class:`FedSession`), instead of one copy per session plus the model's own.
-    (A new model, not ``model`` edited: a protobuf message's removed fields keep their memory until
-    the whole message is freed.)"""
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    weights: dict[str, np.ndarray] = {}
-    kept, fed = [], []
-    declared = {i.name for i in graph.input}  # an initializer listed as a graph input (IR < 4) stays
-    for t in graph.initializer:
-        if ((t.data_type in _NUMPY or t.data_type == _FLOAT) and t.name not in declared
-                and t.data_location != 1 and len(t.raw_data) > _FED_BYTES):
-            weights[t.name] = numpy_helper.to_array(t)
-            fed.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            kept.append(t)
-    light = helper.make_model(
-        helper.make_graph(list(graph.node), graph.name, [*graph.input, *fed], list(graph.output),
-                          initializer=kept, value_info=list(graph.value_info)),
-        ir_version=model.ir_version, opset_imports=list(model.opset_import), producer_name=model.producer_name,
-        functions=list(model.functions))
-    light.metadata_props.extend(model.metadata_props)
-    return light, weights
-
-
-def _weights_at(weights: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """The float32 arrays of ``weights`` as a runner at ``dtype`` holds them (in place, one at a
-    time): float64 or float16 cast, bfloat16 rounded (kept in float32)."""
-    for name, a in weights.items():
-        if a.dtype == np.float32 and dtype in _RETYPE:
-            weights[name] = a.astype(_NUMPY[_RETYPE[dtype]])
-        elif a.dtype == np.float32 and dtype == "bfloat16":
-            weights[name] = _bf16_round(a)
-    return weights
-
-
-def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[str, np.ndarray]]:
-    """:func:`checkpoint_proto` with its large weights taken out (:func:`split_weights`) before it
-    is retyped: the light graph at ``dtype`` and the weights at ``dtype``, held once."""
+def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[str, np.ndarray], Any]:
+    """:func:`checkpoint_proto` with its large weights taken out (:func:`~._onnx_weights.file_weights`,
+    float32 arrays shared by every runner of the file): ``(the light graph at dtype, its feeds, the
+    shared weights)``. At float64 or float16 the graph casts each float32 weight on use
+    (:func:`~._onnx_weights.cast_on_use`), at bfloat16 rounds it on use the same way."""
     import onnx
 
-    light, weights = split_weights(onnx.load(str(path), load_external_data=True))
-    return _at_dtype(light, dtype, tensors), _weights_at(weights, dtype)  # the fed weights' inputs retyped too
+    shared = file_weights(path)
+    light = onnx.load_from_string(shared.light)
+    proto = _at_dtype(light, dtype, tensors)  # the fed weights' inputs retyped too
+    if dtype in _RETYPE:
+        return proto, cast_on_use(proto, shared, _RETYPE[dtype]), shared
+    if dtype == "bfloat16":  # rounded on use (a Cast pair through bfloat16: as _bf16_round rounds)
+        return proto, cast_on_use(proto, shared, _FLOAT, through=16), shared
+    return proto, dict(shared), shared
 
 
-class FedSession:
-    """A session (ONNX Runtime's, or ONNX's NumPy evaluator) whose weights are graph inputs, fed on
-    every run from the arrays :func:`split_weights` took out (shared, never copied)."""
-
-    def __init__(self, inner: Any, weights: dict[str, np.ndarray]) -> None:
-        self.inner = inner
-        declared = set(inner.input_names) if hasattr(inner, "rt_nodes_") else {i.name for i in inner.get_inputs()}
-        self.weights = {k: v for k, v in weights.items() if k in declared}
-
-    def run(self, names: Any, feeds: dict[str, Any]) -> Any:
-        """The inner session's run of ``names`` on ``feeds`` and the weights."""
-        return self.inner.run(names, {**feeds, **self.weights})
+def without_model_bytes(session: Any) -> Any:
+    """``session`` without the serialized model ONNX Runtime's Python session keeps (to build itself
+    again on ``set_providers`` or its CUDA fallback; neither is used here): a graph given as bytes
+    would otherwise stay in memory beside the session's own copy of its weights. The fallback is
+    disabled with it."""
+    if getattr(session, "_model_bytes", None) is not None:
+        session.disable_fallback()
+        session._model_bytes = None
+    return session
 
 
 def checkpoint_names(model: Any) -> dict[CheckpointKey, str]:
@@ -333,11 +307,10 @@ class Float64GraphRunner:
         #: the checkpoint graph (weights at ``dtype``): what :meth:`replay` cuts layers out of and
         #: :meth:`marked` marks; one copy of the weights beside the session's own (never the bytes too)
         #: the weights at ``dtype``, held once: fed to the session and every cut (:class:`FedSession`)
-        self._proto, self._weights = runner_graph(model.path, list(self.names.values()), dtype)
+        self._proto, self._weights, self._shared = runner_graph(model.path, list(self.names.values()), dtype)
         self._cuts: dict[tuple[int, str], tuple[Any, str, set[str], Any]] = {}
         self._marked: list[str] = []
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+        options = runner_options()
         #: "onnxruntime", or "onnx.reference" (NumPy) where ONNX Runtime lacks a float64 kernel
         self.runtime, self.fallback_reason = "onnxruntime", None
         try:
@@ -366,8 +339,7 @@ class Float64GraphRunner:
             graph = self._proto.SerializeToString()
         finally:
             del self._proto.graph.output[before:]  # the cuts keep the checkpoint outputs only
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options = runner_options()
         self.session = FedSession(ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]),
                                   self._weights)
         self._marked = list(tensors)
@@ -387,8 +359,7 @@ class Float64GraphRunner:
             err = BackendInitializationError(f"ONNX Runtime has no {dtype} kernel for an operator of {path.name}",
                                              backend=backend)
             return _numpy_session(graph, err, backend), runtime
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options = runner_options()
         try:
             return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]), "onnxruntime"
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
@@ -406,8 +377,7 @@ class Float64GraphRunner:
             return FedSession(_numpy_proto_session(cut, BackendInitializationError(self.fallback_reason or "",
                                                                                    backend=self.backend), self.backend),
                               self._weights)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options = runner_options()
         return FedSession(ort.InferenceSession(cut.SerializeToString(), sess_options=options,
                                                providers=["CPUExecutionProvider"]), self._weights)
 
@@ -425,6 +395,8 @@ class Float64GraphRunner:
 
         keys = layer_cut_keys(self.names, i, part)
         if (i, part) not in self._cuts:
+            for other in [k for k in self._cuts if k[0] != i]:  # one layer's cuts held at a time
+                del self._cuts[other]
             start = CheckpointKey("post_attention", i) if part == "mlp" else (
                 CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
             if start not in self.names or not keys:

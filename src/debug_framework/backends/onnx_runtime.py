@@ -29,7 +29,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
-from ._onnx_file import alternative_model, checkpoint_proto, load_error
+from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error, without_model_bytes
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
@@ -190,26 +190,35 @@ class OnnxRuntimeBackend(BaseBackend):
                                              hint=f"the exporter's output is in {path.with_name(EXPORT_LOG)}") from exc
         return time.perf_counter() - start
 
-    def _session(self, path: Path, graph: bytes | None = None) -> Any:
-        """An ONNX Runtime session on the file ``path``, or on ``graph`` (serialized; external data beside ``path``)."""
+    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
+        """An ONNX Runtime session on the file ``path``, or on ``graph`` (serialized; external data beside
+        ``path``); ``arena=False``: without ONNX Runtime's memory arena (a session run a few times, whose
+        largest run's buffers are then not kept for its life)."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        options.enable_cpu_mem_arena = arena
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[self.optimization])
         if self.graph_transform is not None:
             graph = self._transformed(path, graph)
         if graph is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         try:
-            return ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
-                                        providers=self._providers())
+            session = ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
+                                           providers=self._providers())
         except Exception as exc:
             raise load_error(exc, path, graph, self.name) from exc
+        return without_model_bytes(session)
 
     def open_session(self, graph: bytes, beside: Path) -> Any:
         """An ONNX Runtime session on ``graph`` (serialized; external data beside ``beside``) opened as this
         backend opens its own (providers, optimisation level, ``graph_transform``): the drill-down's."""
-        return self._session(beside, graph)
+        return self._session(beside, graph, arena=False)
+
+    def open_session_file(self, path: Path) -> Any:
+        """:meth:`open_session` on the ONNX file ``path``, read by the runtime itself: no serialized
+        copy of the graph is held (nor copied again by the binding) while the session is built."""
+        return self._session(path, arena=False)
 
     def _transformed(self, path: Path, graph: bytes | None) -> bytes:
         """``graph`` (or the file ``path``, its external data left where it is) after :attr:`graph_transform`."""
@@ -308,9 +317,8 @@ class OnnxRuntimeBackend(BaseBackend):
     def _prepare_file(self, model: LoadedModel, artifact_dir: Path) -> None:
         """An ONNX-file model: the file itself (or ``model_file``), its checkpoint tensors made
         outputs (:func:`~._onnx_file.file_outputs`); nothing exported."""
-        import onnx
 
-        from ._onnx_file import checkpoint_graph, file_outputs
+        from ._onnx_file import file_outputs
 
         self._file_model = True
         self.net, self._wrapper, self._graph_proto = None, None, None
@@ -319,9 +327,23 @@ class OnnxRuntimeBackend(BaseBackend):
         path, self._names = file_outputs(model, self.model_file)
         self._keys_out, self.onnx_path, self.export_s = list(self._names), path, 0.0
         graph = checkpoint_graph(path, list(self._names.values()))
-        self._graph_proto = onnx.load_from_string(graph)  # what isolation cuts each layer out of (_cut)
+        self._graph_proto = None  # what isolation cuts each layer out of (_cut): read there, on need
         self.session = self._session(artifact_dir / f"{path.stem}-checkpoints.onnx", graph)
         self._plain_session = self.session
+
+    def release_session(self) -> None:
+        """An ONNX-file model: drop the checkpoint graph's session (opened again by the next run), so
+        that a stage opening its own session on the file (mark-all) does not hold its weights twice."""
+        if getattr(self, "_file_model", False):
+            self.session = self._plain_session = None
+
+    def _checkpoint_session(self) -> Any:
+        """The checkpoint graph's session (an ONNX-file model's opened again after :meth:`release_session`)."""
+        if self.session is None and getattr(self, "_file_model", False):
+            graph = checkpoint_graph(self.onnx_path, list(self._names.values()))
+            self.session = self._plain_session = self._session(
+                self._artifact_dir() / f"{self.onnx_path.stem}-checkpoints.onnx", graph)
+        return self.session
 
     def _run_plain(self, inputs: ModelInputs) -> Capture:
         """The model exported without checkpoint outputs (exported on first use, beside the other)."""
@@ -330,7 +352,8 @@ class OnnxRuntimeBackend(BaseBackend):
         if getattr(self, "_file_model", False):
             feeds = graph_inputs(model, inputs)
             start = time.perf_counter()
-            self.session.run([self.session.get_outputs()[0].name], feeds)
+            session = self._checkpoint_session()
+            session.run([session.get_outputs()[0].name], feeds)
             return Capture(backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start, meta=meta)
         if self._plain_session is None:
             from ._graph_capture import PlainOutput
@@ -357,7 +380,7 @@ class OnnxRuntimeBackend(BaseBackend):
         fetch = [k for k in self._keys_out if k in wanted]
         feeds = graph_inputs(model, inputs)
         start = time.perf_counter()
-        arrays = self.session.run([self._names[k] for k in fetch], feeds)
+        arrays = self._checkpoint_session().run([self._names[k] for k in fetch], feeds)
         elapsed = time.perf_counter() - start
         got = dict(zip(fetch, arrays))
         return Capture(
@@ -444,6 +467,8 @@ class OnnxRuntimeBackend(BaseBackend):
         meta: dict[str, Any] = {"variant": variant, "replay": "graph", "built_in_this_call": built}
         if built:
             start = time.perf_counter()
+            for other in [k for k in self._cut_sessions if k[0] != i]:  # one layer's cuts held at a time
+                del self._cut_sessions[other]
             cut = self._cut(i, part)
             session = self._session(self.onnx_path, cut.SerializeToString())
             self._cut_sessions[(i, part)] = (session, cut.graph.input[0].name)

@@ -274,9 +274,10 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         _EXPORTS[key] = path
         return seconds
 
-    def _session(self, path: Path, graph: bytes | None = None) -> Any:
+    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
         """An OpenVINO compiled model on the file ``path`` or on ``graph`` (a serialized ONNX model
-        whose external data lies beside ``path``: written there once, named by its content)."""
+        whose external data lies beside ``path``: written there once, named by its content);
+        ``arena`` is ONNX Runtime's (OpenVINO has none to turn off)."""
         if self.graph_transform is not None:
             graph = self._transformed(path, graph)
         if graph is not None:

@@ -59,12 +59,13 @@ from .validation.plan import (
     MODEL_TOLERANCES,
     SESSION_DEFAULTS,
     ValidationPlan,
+    model_checkpoints,
     resolve_alternative_backend,
     resolve_tolerance,
     validate_session_config,
 )
 from .validation.calibration import calibration_backend
-from .validation.memory import RssWatch, capture_budget, check_memory, session_estimate
+from .validation.memory import RssWatch, capture_budget, check_memory, give_back_freed, session_estimate
 from .validation.results import CheckpointResult, LayerResult, ValidationResult
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -288,7 +289,7 @@ class ValidationEngine(EngineFaces):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
-        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers)
+        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))
         calibrator = None
         if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
             calibrator = calibration_backend(plan, alt_name, model)
@@ -428,6 +429,7 @@ class ValidationEngine(EngineFaces):
                     memory["capture_bytes"] = {"in_memory": sink.resident, "on_disk": sink.spilled_bytes,
                                                "budget": sink.budget}
                 stage_s[stage.name] = t.seconds
+                give_back_freed()  # what the stage released: out of the resident set before the next
                 memory["stage_peak_rss_bytes"][stage.name] = watch.take()
                 if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
                     prepared_recorded = _record_prepared_backends(ctx, session)

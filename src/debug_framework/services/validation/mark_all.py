@@ -14,9 +14,12 @@ The first value over its bound, in topological order, is the node-level first di
 
 **Bounded memory.** The values are streamed: the names are taken in chunks of
 :data:`CHUNK` in topological order, each run fetches one chunk's values (ONNX Runtime computes the
-graph once per chunk; ONNX's NumPy evaluator, where ONNX Runtime lacks a float64 kernel, makes one
-pass over the nodes and drops each value after its last reader), the three chunks are compared and
-dropped before the next. What is kept is one row of scalars per value.
+graph once per chunk, and holds every marked output of a run to its end: the runners' light
+sessions mark one chunk at a time; ONNX's NumPy evaluator, where ONNX Runtime lacks a float64
+kernel, makes one pass over the nodes and drops each value after its last reader), the three chunks
+are compared and dropped before the next. What is kept is one row of scalars per value. The
+alternative's own checkpoint session is released meanwhile (opened again on need), and the freed
+heap is handed back after each chunk.
 
 **What is not an error.** Only the valid (non-padded) positions count: on a value whose first axis
 is the batch, every later axis as long as the sequence is restricted to the attention mask's
@@ -29,6 +32,7 @@ RMSE against the calibrated bound, never relative to themselves.
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -37,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from ...backends._onnx_weights import numpy_stream
 from ...errors import ConfigurationError
 from .context import RunContext, Stage, call_backend
 from .judge import node_output_verdict
+from .memory import give_back_freed
 
 __all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs", "compare_value", "valid_mask",
            "numpy_stream"]
@@ -47,6 +53,7 @@ __all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs
 #: How many node outputs one run fetches (the bound on the values held at once, per run).
 CHUNK = 64
 _FLOAT_ELEMS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_FLOAT = 1
 _NOT_JUDGED = frozenset({"Constant"})
 #: Largest finite value per dtype of the alternative (saturation), bfloat16 as float32's range.
 _BIG = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
@@ -90,14 +97,27 @@ class MarkAllReport:
 def node_outputs(path: Path) -> list[tuple[str, Any]]:
     """The floating-point values the nodes of the ONNX file ``path`` make, in topological (graph)
     order, each with its node; ``Constant`` nodes and values of unknown type left out."""
+    from ...backends._onnx_weights import light_graph
+
+    return _node_outputs_of(light_graph(path))
+
+
+def _node_outputs_of(model: Any) -> list[tuple[str, Any]]:
+    """:func:`node_outputs` of an ``onnx.ModelProto`` (each node a copy: a node of the model would
+    keep the whole model, its weights, alive)."""
     import onnx
 
     from ...backends._onnx_file import value_types
 
-    model = onnx.load(str(path), load_external_data=False)
     types = value_types(model) or {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
-    return [(out, node) for node in model.graph.node if node.op_type not in _NOT_JUDGED
-            for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
+    found = []
+    for node in model.graph.node:
+        outs = [out for out in node.output if out and types.get(out) in _FLOAT_ELEMS]
+        if outs and node.op_type not in _NOT_JUDGED:
+            own = onnx.NodeProto()
+            own.CopyFrom(node)
+            found.extend((out, own) for out in outs)
+    return found
 
 
 def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray | None:
@@ -151,45 +171,24 @@ def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.
     return error, noise, bound, passed
 
 
-def numpy_stream(evaluator: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    """The values of ``chunks`` (topological order), one chunk at a time, from one pass of ONNX's
-    NumPy evaluator over its nodes: each value dropped after its last reader."""
-    last_use: dict[str, int] = {}
-    for i, node in enumerate(evaluator.rt_nodes_):
-        for x in node.input:
-            last_use[x] = i
-    keep = {o.name for o in evaluator.proto_.graph.output} if hasattr(evaluator.proto_, "graph") else set()
-    results: dict[str, Any] = {"": None, **evaluator.rt_inits_, **feeds}
-    pending = iter(chunks)
-    current = next(pending, None)
-    ready: dict[str, Any] = {}
-    for i, node in enumerate(evaluator.rt_nodes_):
-        args = [results[x] for x in node.input]
-        outs = node.run(*args, context=results) if node.need_context() else node.run(*args)
-        for name, value in zip(node.output, outs):
-            results[name] = value
-            if current is not None and name in current:
-                ready[name] = value
-        for x in set(node.input):
-            if last_use.get(x) == i and x not in keep and x not in evaluator.rt_inits_ and x not in feeds:
-                results.pop(x, None)
-        while current is not None and all(n in ready for n in current):
-            yield {n: ready.pop(n) for n in current}
-            current = next(pending, None)
-
-
-def _ort_stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    for chunk in chunks:
-        yield dict(zip(chunk, session.run(chunk, dict(feeds))))
-
-
-def _stream(session: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
-    """ONNX Runtime: one run per chunk; the NumPy evaluator: one streamed pass (a runner's
-    :class:`~debug_framework.backends._onnx_file.FedSession`: its weights fed as well)."""
+def _stream(first: Any, reopen: Callable[[list[str]], Any] | None, feeds: Mapping[str, np.ndarray],
+            chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    """The values of ``chunks``, one chunk at a time. ONNX's NumPy evaluator (``first``, a runner's
+    :class:`~debug_framework.backends._onnx_weights.FedSession`: its weights fed as well): one
+    streamed pass. ONNX Runtime computes every output of its graph on each run, fetched or not, and
+    holds them all to the run's end: with ``reopen`` each chunk is run by a session of its own that
+    marks that chunk alone (``first`` the first chunk's), dropped before the next is opened; without,
+    ``first`` marks every value and runs once per chunk."""
+    session, first = first, None
     inner = getattr(session, "inner", session)
     if hasattr(inner, "rt_nodes_"):
-        return numpy_stream(inner, {**feeds, **getattr(session, "weights", {})}, chunks)
-    return _ort_stream(session, feeds, chunks)
+        yield from numpy_stream(inner, {**feeds, **getattr(session, "weights", {})}, chunks)
+        return
+    for i, chunk in enumerate(chunks):
+        if i and reopen is not None:
+            session = None  # dropped before the next chunk's is built
+            session = reopen(chunk)
+        yield dict(zip(chunk, session.run(chunk, dict(feeds))))
 
 
 def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
@@ -231,34 +230,66 @@ class MarkAllStage(Stage):
 
 def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) -> MarkAllReport:
     """The comparison of every node output (see the module), streamed chunk by chunk."""
-    from ...backends._onnx_file import checkpoint_graph
+    import onnx
+
+    from ...backends._onnx_file import add_outputs, checkpoint_proto, value_types
     from ...modelio.onnx_file import layer_of_scope, node_scope
 
     start = time.perf_counter()
     plan, model, alternative = ctx.plan, ctx.model, ctx.alternative
     alt_path: Path = Path(alternative.onnx_path) if getattr(alternative, "model_file", None) else Path(model.path)
     report = MarkAllReport(chunk_size=chunk)
+    release = getattr(alternative, "release_session", None)
+    if callable(release):  # its checkpoint session (opened again on need): the file's weights held once
+        release()
     own = node_outputs(Path(model.path))
-    present = set(dict(node_outputs(alt_path))) if alt_path != Path(model.path) else None
+    alt_model = checkpoint_proto(alt_path, [])  # read once: its values, then its graph with them marked
+    present = set(dict(_node_outputs_of(alt_model))) if alt_path != Path(model.path) else None
     values = [(n, node) for n, node in own if present is None or n in present]
     if present is not None and len(values) < len(own):
         report.skipped["not in the alternative's file"] = len(own) - len(values)
     names = [n for n, _ in values]
     chunks = [names[i:i + chunk] for i in range(0, len(names), chunk)]
-    ref_session, report.reference_runtime = call_backend(
-        ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), names, plan.reference_dtype,
+    first = chunks[0] if chunks else []
+
+    def ref_open(tensors: list[str]) -> Any:
+        return _graph_session(Path(model.path), tensors, plan.reference_dtype, ctx.reference)[0]
+
+    def cal_open(tensors: list[str]) -> Any:
+        return _graph_session(Path(model.path), tensors, plan.alternative_dtype, ctx.calibrator)[0]
+
+    add_outputs(alt_model, names, value_types(alt_model), _FLOAT)
+    opener = getattr(alternative, "open_session_file", None)
+    if callable(opener):  # written to a file the runtime reads itself (no serialized copy held)
+        with tempfile.TemporaryDirectory(prefix="df-mark-all-") as tmp:
+            marked = Path(tmp) / alt_path.name
+            # its weights written out one by one beside it (external data): no serialized copy of
+            # the whole model is made on the way
+            onnx.save(alt_model, str(marked), save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=f"{marked.name}.data", size_threshold=4096)
+            del alt_model
+            give_back_freed()  # the parsed file
+            alt_session = call_backend(alternative, "open_session(mark-all)", lambda: opener(marked))
+    else:
+        alt_graph = alt_model.SerializeToString()
+        del alt_model
+        give_back_freed()  # the parsed file
+        alt_session = call_backend(alternative, "open_session(mark-all)",
+                                   lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
+        del alt_graph
+    give_back_freed()  # the serialized graph
+    ref_first, report.reference_runtime = call_backend(
+        ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), first, plan.reference_dtype,
                                                                 ctx.reference))
-    cal_session, _ = call_backend(
-        ctx.reference, "mark-all calibration graph",
-        lambda: _graph_session(Path(model.path), names, plan.alternative_dtype, ctx.calibrator))
-    alt_graph = checkpoint_graph(alt_path, names)
-    alt_session = call_backend(alternative, "open_session(mark-all)",
-                               lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
-    del alt_graph
+    cal_first = call_backend(ctx.reference, "mark-all calibration graph", lambda: cal_open(first))
+    # the runners' sessions (light: their weights are fed) mark one chunk at a time, the alternative's every value
+    streams: list[Iterator[dict[str, Any]]] = [
+        _stream(ref_first, ref_open, feeds, chunks), _stream(alt_session, None, feeds, chunks),
+        _stream(cal_first, cal_open, feeds, chunks)]
+    del ref_first, alt_session, cal_first
     margin, floor_eps = float(plan.config["noise_margin"]), float(plan.config["floor_eps"])
     mask = np.asarray(ctx.inputs.attention_mask)
     by_name: dict[str, Any] = dict(values)
-    streams: list[Iterator[dict[str, Any]]] = [_stream(s, feeds, chunks) for s in (ref_session, alt_session, cal_session)]
     index = 0
     run: Callable[[], tuple[dict[str, Any], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
     for _ in chunks:
@@ -279,5 +310,6 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
                 if report.first_divergence is None:
                     report.first_divergence = row
         del ref_c, alt_c, cal_c
+        give_back_freed()  # the chunk's values and the runs' buffers
     report.elapsed_s = time.perf_counter() - start
     return report

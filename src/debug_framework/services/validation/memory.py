@@ -41,8 +41,8 @@ from typing import Any
 from ...architectures.layout import HEAD_BLOCK_BYTES
 from ...errors import ResourceExhaustedError
 
-__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "available_memory", "check_memory", "budget_of", "capture_budget", "RUNTIME_BYTES",
-           "current_rss", "own_memory"]
+__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "give_back_freed", "available_memory",
+           "check_memory", "budget_of", "capture_budget", "RUNTIME_BYTES", "current_rss", "own_memory"]
 
 #: the least the interpreter, torch and transformers take once imported (measured: ~560 MiB).
 RUNTIME_BYTES = 600 * 2**20
@@ -91,6 +91,26 @@ def current_rss() -> int | None:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError, AttributeError):
         return None
+
+
+def give_back_freed() -> None:
+    """Hand the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing elsewhere):
+    a stage's released models and sessions leave free holes in the heap that the resident set
+    would otherwise keep counting until later allocations reuse them."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 def own_memory() -> int | None:

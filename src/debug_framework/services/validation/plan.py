@@ -4,7 +4,7 @@ checkpoint keys, tolerances) so the stages read decisions instead of re-deriving
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ __all__ = [
     "ValidationPlan",
     "validate_session_config",
     "enabled_keys",
+    "model_checkpoints",
     "resolve_tolerance",
     "resolve_alternative_backend",
     "less_precise",
@@ -210,13 +211,26 @@ def _named_keys(enabled: Sequence[Any] | str, num_layers: int) -> tuple[set[str]
     return names, specific
 
 
-def enabled_keys(config: Mapping[str, Any], num_layers: int, router_layers: Sequence[int] = ()) -> list[CheckpointKey]:
-    """The enabled checkpoints in model order (``router_layers``: the layers whose router logits exist)."""
+def model_checkpoints(model: Any) -> frozenset[CheckpointKey] | None:
+    """The checkpoints a model declares it has (an ONNX file's: the boundaries found in its graph,
+    ``config.checkpoint_tensors``), or None where every checkpoint of its layers exists."""
+    found = getattr(getattr(model, "config", None), "checkpoint_tensors", None)
+    return None if found is None else frozenset(CheckpointKey.parse(k) for k in found)
+
+
+def enabled_keys(config: Mapping[str, Any], num_layers: int, router_layers: Sequence[int] = (),
+                 available: Collection[CheckpointKey] | None = None) -> list[CheckpointKey]:
+    """The enabled checkpoints in model order (``router_layers``: the layers whose router logits
+    exist). By default every checkpoint, those of ``available`` only where the model declares what
+    it has (a graph without a ``post_attention`` boundary: none asked for); checkpoints named in
+    ``enabled_checkpoints`` are asked for as named (one the model lacks is reported missing)."""
     keys = all_checkpoints(num_layers, router_layers)
     enabled = config.get("enabled_checkpoints")
     if enabled is not None:
         names, specific = _named_keys(enabled, num_layers)
         keys = [k for k in keys if k.name in names or k in specific]
+    elif available is not None:
+        keys = [k for k in keys if k in available]
     layers = config.get("layers")
     if layers is not None:
         lo, hi = int(layers[0]), int(layers[1])
@@ -256,13 +270,15 @@ class ValidationPlan:
 
     @classmethod
     def resolve(cls, config: Mapping[str, Any] | None, num_layers: int,
-                router_layers: Sequence[int] = ()) -> ValidationPlan:
+                router_layers: Sequence[int] = (), available: Collection[CheckpointKey] | None = None
+                ) -> ValidationPlan:
         """The plan of a session with ``config`` (checked: ConfigurationError, DF005) on a model of
-        ``num_layers`` layers (``router_layers``: its mixture-of-experts layers)."""
+        ``num_layers`` layers (``router_layers``: its mixture-of-experts layers; ``available``: the
+        checkpoints it declares, :func:`model_checkpoints`)."""
         cfg = validate_session_config(config)
         ref_dtype, alt_dtype = str(cfg["reference_dtype"]), str(cfg["dtype"])
         routed = tuple(router_layers)
-        return cls(config=cfg, num_layers=num_layers, keys=tuple(enabled_keys(cfg, num_layers, routed)),
+        return cls(config=cfg, num_layers=num_layers, keys=tuple(enabled_keys(cfg, num_layers, routed, available)),
                    reference_dtype=ref_dtype, alternative_dtype=alt_dtype,
                    governing_dtype=less_precise(ref_dtype, alt_dtype), router_layers=routed)
 

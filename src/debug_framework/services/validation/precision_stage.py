@@ -61,6 +61,9 @@ class PrecisionStage(Stage):
         measured: list[str] = []
         skipped: dict[str, str] = {}
         seconds: dict[str, float] = {}
+        release = getattr(ctx.alternative, "release_session", None)
+        if callable(release):  # not run here (opened again on need): its weights not held beside these runs'
+            release()
         for dtype in plan.lower_precisions:
             backend, why = lower_precision_backend(str(plan.config["calibration_backend"]), dtype)
             if backend is None:

@@ -66,7 +66,7 @@ from .evidence import (
     expert_choice,
     reference_scale,
 )
-from .plan import ValidationPlan
+from .plan import ValidationPlan, model_checkpoints
 
 if TYPE_CHECKING:
     from ...modelio import ModelInputs
@@ -103,7 +103,8 @@ class LoadStage(Stage):
             raise ValidationError("the session has no saved inputs", session=session.session_id)
         ctx.inputs = ModelInputs.load(session.inputs_ref)
         ctx.model = model
-        ctx.plan = ValidationPlan.resolve(session.config, model.num_layers, model.router_layers)
+        ctx.plan = ValidationPlan.resolve(session.config, model.num_layers, model.router_layers,
+                                          model_checkpoints(model))
 
 
 class PrepareStage(Stage):
