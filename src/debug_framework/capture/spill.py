@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CaptureSink", "SpillingDict", "capture_sink", "checkpoint_dict", "active_sink"]
+__all__ = ["CaptureSink", "SpillingDict", "capture_sink", "checkpoint_dict", "active_sink", "tensor_nbytes"]
 
 _ACTIVE: ContextVar[CaptureSink | None] = ContextVar("debug_framework_capture_sink", default=None)
 
@@ -59,14 +59,15 @@ class _Spilled:
         return t if t.dtype == self.torch_dtype else t.view(self.torch_dtype)
 
 
-def _nbytes(value: Any) -> int:
+def tensor_nbytes(value: Any) -> int | None:
+    """The bytes of a NumPy array's or a torch tensor's elements (None: neither)."""
     size = getattr(value, "nbytes", None)
     if isinstance(size, int):
         return size
     numel, itemsize = getattr(value, "numel", None), getattr(value, "element_size", None)
     if callable(numel) and callable(itemsize):
         return int(numel()) * int(itemsize())
-    return 0
+    return None
 
 
 @dataclass
@@ -157,7 +158,7 @@ class SpillingDict(MutableMapping[Any, Any]):
         sink = self._sink
         if key in self._held:
             del self[key]
-        size = _nbytes(value)
+        size = tensor_nbytes(value) or 0
         spilled = None
         if sink.resident + size > sink.budget:
             try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..capture.spill import tensor_nbytes
 from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError, DatabaseError, no_space_error
 from .database import Database
@@ -66,12 +67,9 @@ def _to_cpu_tensor(value: Any) -> Any:
 
 
 def _nbytes(value: Any) -> int:
-    n = getattr(value, "nbytes", None)
-    if isinstance(n, int):
+    n = tensor_nbytes(value)
+    if n is not None:
         return n
-    numel, esize = getattr(value, "numel", None), getattr(value, "element_size", None)
-    if callable(numel) and callable(esize):
-        return int(numel()) * int(esize())
     import numpy as np
 
     return int(np.asarray(value).nbytes)
