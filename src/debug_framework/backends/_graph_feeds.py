@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capture.keys import CheckpointKey
+from ..capture.keys import CheckpointKey, layer_input_key
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 
@@ -31,7 +31,7 @@ def layer_inputs_from(tensors: dict[CheckpointKey, Any], num_layers: int) -> dic
     """Layer i's input is post_embedding (i = 0) or layer i-1's post_mlp, in both families."""
     out: dict[int, Any] = {}
     for i in range(num_layers):
-        key = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+        key = layer_input_key(i)
         if key in tensors:
             out[i] = tensors[key]
     return out

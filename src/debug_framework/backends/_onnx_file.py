@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capture.keys import Capture, CheckpointKey
+from ..capture.keys import Capture, CheckpointKey, layer_input_key
 from ..errors import BackendInitializationError
 from ._onnx_weights import FedSession, cast_on_use, file_weights, split_weights
 
@@ -397,8 +397,7 @@ class Float64GraphRunner:
         if (i, part) not in self._cuts:
             for other in [k for k in self._cuts if k[0] != i]:  # one layer's cuts held at a time
                 del self._cuts[other]
-            start = CheckpointKey("post_attention", i) if part == "mlp" else (
-                CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
+            start = CheckpointKey("post_attention", i) if part == "mlp" else layer_input_key(i)
             if start not in self.names or not keys:
                 raise BackendInitializationError(f"layer {i}'s boundaries are not tensors of {self.model.path.name}",
                                                  backend=self.backend)
@@ -443,8 +442,7 @@ class Float64GraphRunner:
     def can_replay(self, part: str) -> tuple[bool, str]:
         """Whether every layer's ``part`` (``"layer"`` or ``"mlp"``) has its boundaries among the checkpoints."""
         for i in range(self.model.num_layers):
-            start = CheckpointKey("post_attention", i) if part == "mlp" else (
-                CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
+            start = CheckpointKey("post_attention", i) if part == "mlp" else layer_input_key(i)
             if start not in self.names or not layer_cut_keys(self.names, i, part):
                 what = "layer" if part == "layer" else "MLP block"
                 return False, f"cannot cut layer {i}'s {what} out of the graph: its input {start} is not found"
@@ -541,7 +539,7 @@ def file_layer_export(backend: Any, model: Any, i: int, hidden_in: Any, inputs: 
     from ._onnx_graph import LayerCutError, cut_layer
 
     names = backend._names
-    start = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+    start = layer_input_key(i)
     keys = [k for k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)) if k in names]
     if start not in names or not keys:
         raise BackendInitializationError(f"layer {i}'s boundaries are not tensors of {backend.onnx_path.name}",

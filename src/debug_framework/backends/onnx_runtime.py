@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..capture.keys import Capture, CheckpointKey
+from ..capture.keys import Capture, CheckpointKey, layer_input_key
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
@@ -499,8 +499,7 @@ class OnnxRuntimeBackend(BaseBackend):
         if self._graph_proto is None:  # an ONNX file's checkpoint graph (released), else the export without weights
             self._graph_proto = (checkpoint_proto(self.onnx_path, list(self._names.values())) if getattr(
                 self, "_file_model", False) else onnx.load(str(self.onnx_path), load_external_data=False))
-        start = CheckpointKey("post_attention", i) if part == "mlp" else (
-            CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1))
+        start = CheckpointKey("post_attention", i) if part == "mlp" else layer_input_key(i)
         if start not in self._names:  # a graph whose layers have no post_attention boundary
             raise LayerCutError(f"the graph has no {start} checkpoint to cut layer {i}'s {part} from")
         return cut_layer(self._graph_proto, self._names[start], [self._names[k] for k in self._cut_keys(i, part)],

@@ -24,6 +24,7 @@ __all__ = [
     "CHECKPOINT_NAMES",
     "PER_LAYER_CHECKPOINTS",
     "CheckpointKey",
+    "layer_input_key",
     "CheckpointSelection",
     "Capture",
     "all_checkpoints",
@@ -95,6 +96,11 @@ class CheckpointKey(NamedTuple):
 
     def __str__(self) -> str:
         return checkpoint_id(self.name, self.layer)
+
+
+def layer_input_key(i: int) -> CheckpointKey:
+    """The checkpoint whose tensor is layer ``i``'s input: the embedding's, else layer i - 1's output."""
+    return CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
 
 
 def all_checkpoints(num_layers: int, router_layers: Iterable[int] = ()) -> list[CheckpointKey]:

@@ -16,17 +16,12 @@ from typing import Any
 import numpy as np
 
 from ...backends.decode import DecodeRun
-from ...capture.keys import CheckpointKey
+from ...capture.keys import CheckpointKey, layer_input_key
 from ...comparison import compare
 from .context import RunContext, StepInputs, call_backend
 from .evidence import BlockEvidence, reference_scale
 
-__all__ = ["replay_decode_layer", "step_inputs", "layer_input_key"]
-
-
-def layer_input_key(i: int) -> CheckpointKey:
-    """The checkpoint whose tensor is layer ``i``'s input: the embedding's, else layer i - 1's output."""
-    return CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+__all__ = ["replay_decode_layer", "step_inputs"]
 
 
 def step_inputs(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray) -> StepInputs | None:

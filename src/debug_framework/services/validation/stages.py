@@ -46,7 +46,7 @@ from ...backends.base import (
     block_replay_support,
     layer_replay_support,
 )
-from ...capture.keys import Capture, CheckpointKey, all_checkpoints
+from ...capture.keys import Capture, CheckpointKey, all_checkpoints, layer_input_key
 from ...comparison import ComparisonResult, compare, error_metric, select_positions
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
 from ...measure import PeakMemory, Timer, layer_timer
@@ -351,7 +351,7 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         raise BackendRuntimeError(f"the reference backend did not record the input of layer {i}",
                                   backend=ctx.reference.name, call="run()",
                                   hint="its run() must fill Capture.layer_inputs when capture_layer_inputs=True")
-    k_in = CheckpointKey("post_embedding") if i == 0 else CheckpointKey("post_mlp", i - 1)
+    k_in = layer_input_key(i)
     k_attn, k_mlp = CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)
     alt_in = alt_cap.layer_inputs.get(i)
     if alt_in is None:  # the layer's input is the previous layer's output
