@@ -1,8 +1,10 @@
 """Memory and time at real sizes: the tool beside a plain ``transformers`` load and forward, in one run.
 
 For each size, a Llama-shaped model with random bfloat16 weights is written by this benchmark
-(config.json + one model.safetensors, tensor by tensor, so writing never holds the model), then,
-each in a fresh process:
+(config.json + one model.safetensors, tensor by tensor, so writing never holds the model): as Llama,
+whose reference is written from the math, or with ``--family olmo2`` as OLMo-2, whose reference is
+the generic tier's ``float64_eager`` (the same shapes with OLMo-2's norms). Then, each in a fresh
+process:
 
 * **plain** (the anchor): ``AutoModelForCausalLM.from_pretrained(path, dtype=...)`` and one forward
   pass on the tool's default inputs (2 x 16 random token ids);
@@ -23,7 +25,8 @@ refuses it unless ``--dtype bfloat16``, and says so beside the figures):
 | 1.2B | Llama-3.2-1B: hidden 2048, MLP 8192, 16 layers, 32/8 heads, vocab 128256, tied head | 1.24B |
 | 8B | Llama-3-8B: hidden 4096, MLP 14336, 32 layers, 32/8 heads, vocab 128256, untied head | 8.03B |
 
-    python -m benchmarks.bench_scale [--sizes 0.1B,0.5B] [--with-8b] [--dtype bfloat16] [--keep DIR] [--json]
+    python -m benchmarks.bench_scale [--sizes 0.1B,0.5B] [--with-8b] [--dtype bfloat16] [--family olmo2]
+                                     [--keep DIR] [--json]
                                      [--tool-args=--no-isolate]
 
 The models are written under a temporary directory (removed at the end) or ``--keep DIR``
@@ -56,14 +59,25 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
 }
 
 
-def tensor_shapes(name: str) -> dict[str, tuple[int, ...]]:
-    """The Hugging Face tensors of the Llama shape ``name``, in file order."""
+#: the families a shape is written as: ``llama`` (a reference written from the math judges it) and
+#: ``olmo2`` (no such reference: the generic tier's ``float64_eager`` judges it; norms after each
+#: block and on the queries and keys, no norm before a block)
+FAMILIES = ("llama", "olmo2")
+
+
+def tensor_shapes(name: str, family: str = "llama") -> dict[str, tuple[int, ...]]:
+    """The Hugging Face tensors of the shape ``name`` as ``family`` writes them, in file order."""
     hidden, mlp, layers, heads, kv, vocab, tied = SHAPES[name]
     head_dim = hidden // heads
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        out |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+        if family == "olmo2":
+            out |= {p + "post_feedforward_layernorm.weight": (hidden,), p + "self_attn.q_norm.weight": (heads * head_dim,),
+                    p + "self_attn.k_norm.weight": (kv * head_dim,)}
+        else:
+            out[p + "input_layernorm.weight"] = (hidden,)
+        out |= {p + "post_attention_layernorm.weight": (hidden,),
                 p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
                 p + "self_attn.k_proj.weight": (kv * head_dim, hidden),
                 p + "self_attn.v_proj.weight": (kv * head_dim, hidden),
@@ -76,9 +90,9 @@ def tensor_shapes(name: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def parameters(name: str) -> int:
+def parameters(name: str, family: str = "llama") -> int:
     total = 0
-    for shape in tensor_shapes(name).values():
+    for shape in tensor_shapes(name, family).values():
         n = 1
         for d in shape:
             n *= d
@@ -86,9 +100,9 @@ def parameters(name: str) -> int:
     return total
 
 
-def write_model(name: str, directory: Path, seed: int = 0) -> Path:
-    """Config and bfloat16 safetensors of shape ``name`` in ``directory`` (kept when already there),
-    written one tensor at a time: norms 1, every other weight N(0, 0.02)."""
+def write_model(name: str, directory: Path, seed: int = 0, family: str = "llama") -> Path:
+    """Config and bfloat16 safetensors of shape ``name`` as ``family`` in ``directory`` (kept when
+    already there), written one tensor at a time: norms 1, every other weight N(0, 0.02)."""
     import torch
 
     done = directory / ".complete"
@@ -101,8 +115,11 @@ def write_model(name: str, directory: Path, seed: int = 0) -> Path:
               "num_key_value_heads": kv, "head_dim": hidden // heads, "vocab_size": vocab,
               "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
               "tie_word_embeddings": tied, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    if family == "olmo2":
+        config |= {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "pad_token_id": 1,
+                   "bos_token_id": None, "eos_token_id": 2}
     (directory / "config.json").write_text(json.dumps(config, indent=1))
-    shapes = tensor_shapes(name)
+    shapes = tensor_shapes(name, family)
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for tensor, shape in shapes.items():
@@ -161,10 +178,11 @@ def _measure_alone(cmd: list[str], env: dict[str, str] | None = None) -> dict[st
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_size(name: str, root: Path, dtype: str | None, tool_args: list[str] | None = None) -> dict[str, Any]:
+def run_size(name: str, root: Path, dtype: str | None, tool_args: list[str] | None = None,
+             family: str = "llama") -> dict[str, Any]:
     """Plain and tool figures for one size (``tool_args``: more ``debug_validate`` options)."""
-    path = write_model(name, root / name)
-    n = parameters(name)
+    path = write_model(name, root / (name if family == "llama" else f"{name}-{family}"), family=family)
+    n = parameters(name, family)
     env = dict(os.environ)
     plain = _measure_alone([sys.executable, "-c", _PLAIN, str(path), dtype or "float32"], env)
     with tempfile.TemporaryDirectory() as scratch:
@@ -181,7 +199,7 @@ def run_size(name: str, root: Path, dtype: str | None, tool_args: list[str] | No
         memory, stages = performance.get("memory"), performance.get("stage_s")
     except (ValueError, AttributeError):
         pass
-    return {"size": name, "parameters": n, "dtype": dtype or "float32", "tool_args": list(tool_args or []),
+    return {"size": name, "family": family, "parameters": n, "dtype": dtype or "float32", "tool_args": list(tool_args or []),
             "plain": _brief(plain), "tool": _brief(tool),
             "verdict": verdict, "tool_memory": memory,
             "tool_stage_s": {k: round(v, 2) for k, v in (stages or {}).items()},
@@ -228,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-8b", action="store_true", help="also the Llama-3-8B shape (about 16 GB on disk)")
     ap.add_argument("--dtype", default=None, help="the alternative's dtype and the plain load's (default float32)")
     ap.add_argument("--keep", type=Path, default=None, help="write (and reuse) the models here")
+    ap.add_argument("--family", default="llama", choices=FAMILIES,
+                    help="how the shapes are written: llama (judged by python_reference) or olmo2 (by the "
+                    "generic tier's float64_eager)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--tool-args", default="", help="more debug_validate options for the tool, e.g. --tool-args=--no-isolate "
                     "(default: none, its defaults)")
@@ -245,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for name in sizes:
-            rows.append(run_size(name, root, args.dtype, args.tool_args.split()))
+            rows.append(run_size(name, root, args.dtype, args.tool_args.split(), args.family))
             if not args.json:
                 r = rows[-1]
-                print(f"{r['size']:>5} {r['parameters'] / 1e9:.2f}B {r['dtype']}{' ' + ' '.join(r['tool_args']) if r['tool_args'] else ''}: plain {r['plain']['seconds']:.1f} s, "
+                print(f"{r['size']:>5} {r['family']} {r['parameters'] / 1e9:.2f}B {r['dtype']}{' ' + ' '.join(r['tool_args']) if r['tool_args'] else ''}: plain {r['plain']['seconds']:.1f} s, "
                       f"{_gib(r['plain']['peak_bytes'])} | tool {r['tool']['seconds']:.1f} s, {_gib(r['tool']['peak_bytes'])}"
                       f" (exit {r['tool']['exit']}, {r['verdict']}) | ratios: peak {r['ratio_peak']:.2f}x, "
                       f"time {r['ratio_seconds']:.2f}x | tool {r['tool_bytes_per_parameter']:.2f} bytes/param "

@@ -27,6 +27,21 @@ def test_written_model_loads_with_its_shapes_and_bfloat16_weights(tmp_path, monk
     assert model.num_layers == 2 and model.config.vocab_size == 40
 
 
+def test_the_olmo2_family_is_written_for_the_generic_tier(tmp_path, monkeypatch):
+    """The same shape as OLMo-2: loaded on the generic tier (judged by float64_eager), every tensor
+    of the transformers model present."""
+    from debug_framework.backends import get_backend
+    from debug_framework.modelio import load_model
+
+    monkeypatch.setitem(bench_scale.SHAPES, "tiny", (32, 48, 2, 4, 2, 40, True))
+    model = load_model(bench_scale.write_model("tiny", tmp_path / "tiny", family="olmo2"))
+    assert model.architecture == "generic" and model.config.model_type == "olmo2"
+    assert sorted(model.weights) == sorted(bench_scale.tensor_shapes("tiny", "olmo2"))
+    backend = get_backend("float64_eager")
+    backend.prepare(model, "float64")  # DF004 if a tensor the model has were missing
+    assert backend.streaming
+
+
 
 def test_a_plain_load_that_cannot_fit_is_named_and_refused(monkeypatch, tmp_path, capsys):
     gib = 2**30

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from debug_framework.backends import get_backend, module_backend, register_backend, unregister_backend
+from debug_framework.backends.eager_reference import NoNarrowing
 from debug_framework.backends.pytorch import build_hf_model
 from debug_framework.capture.keys import CheckpointKey, all_checkpoints
 from debug_framework.errors import ModelLoadingError
@@ -88,7 +89,7 @@ def test_post_attention_is_the_residual_stream(family: str, norm: str | None, po
     cap = backend.run(inputs)
     layer = _layer_parts(backend, 1)
     a = cap[CheckpointKey("post_attention", 1)]
-    with torch.no_grad():
+    with torch.no_grad(), NoNarrowing():  # float64 throughout, as the reference computes
         h = getattr(layer, norm)(a) if norm else a
         h = layer.mlp(h)
         h = getattr(layer, post)(h) if post else h

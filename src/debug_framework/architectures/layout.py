@@ -30,13 +30,16 @@ from .ops import linear
 from .xp import Array, ArrayNamespace, DType
 
 __all__ = ["WeightSource", "WeightLayout", "weight_and_bias", "Parameters", "ModelParameters", "LayerStream",
-           "HEAD_BLOCK_BYTES"]
+           "HEAD_BLOCK_BYTES", "STREAMED_TABLE_ELEMENTS"]
 
 #: parameter name -> array (``None`` for an optional tensor the checkpoint lacks).
 Parameters = dict[str, "Array | None"]
 
 #: the most bytes of converted LM-head (or embedding) rows a streamed model holds at once.
 HEAD_BLOCK_BYTES = 64 * 2**20
+#: the fewest elements of a two-dimensional parameter outside a model's layers that a streaming
+#: backend keeps as stored and converts as used (8M: 64 MiB in float64; a token embedding, an LM head)
+STREAMED_TABLE_ELEMENTS = 1 << 23
 
 
 class WeightSource(Protocol):

@@ -12,56 +12,86 @@ precision is each checkpoint's noise. Checkpoints are found from the module stru
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch.overrides import TorchFunctionMode
-
-from .pytorch import PyTorchBackend
+from ..errors import BackendInitializationError
+from ..modelio.loader import LoadedModel
+from ._streamed_layers import NoNarrowing
+from .pytorch import PyTorchBackend, build_hf_model
 from .reference_choice import FLOAT64_EAGER, FROM_MATH, oracle_for, reference_for
+from .torch_module import TORCH_DTYPES
 
-__all__ = ["EagerReferenceBackend", "Float64Softmax", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
-
-
-
-_SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax)
-
-
-class Float64Softmax(TorchFunctionMode):
-    """Softmax of float64 scores kept in float64 where the model's code asks for float32
-    (``softmax(scores, dtype=torch.float32)``, as ``transformers``' eager attention does): a float64
-    reference whose attention probabilities were float32 would be no float64 reference, and a
-    fully masked row (a left-padded position: every score the float64 minimum, -inf in float32)
-    would be NaN and poison every token that reads its values."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = dict(kwargs or {})
-        if func in _SOFTMAX and kwargs.get("dtype") is torch.float32 and args and \
-                getattr(args[0], "dtype", None) is torch.float64:
-            kwargs["dtype"] = torch.float64
-        return func(*args, **kwargs)
+__all__ = ["EagerReferenceBackend", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
 
 
 class EagerReferenceBackend(PyTorchBackend):
     """The model's own eager code on the CPU: float64 by default (the reference); float32, float16
-    or bfloat16 as the calibration run at the alternative's precision. In float64 every softmax is
-    float64 (:class:`Float64Softmax`)."""
+    or bfloat16 as the calibration run at the alternative's precision. In float64 the whole
+    computation is float64: the model's own casts to float32 (its norms', its softmax's) keep
+    float64 (:class:`NoNarrowing`).
+
+    Where the weights store another dtype, the model's repeated layers are converted one at a time
+    as they are called, and its token embeddings and LM head as they are used
+    (:mod:`._streamed_layers`): the backend holds the other tensors and one layer at its dtype,
+    never a whole-model float64 copy. A model whose forward fails that way (a layer's parameter
+    used outside its layer) is loaded whole instead, and :attr:`stream_note` says so."""
 
     default_dtype = "float64"
+    #: holds the tensors outside the repeated layers and one layer (the memory estimate's rule)
+    streams_layers = True
 
     def __init__(self) -> None:
         super().__init__(device="cpu")
         self.name = FLOAT64_EAGER
+        #: why the last preparation loaded the model whole ("" where it streamed or needed not)
+        self.stream_note = ""
+
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
+        self.builder = functools.partial(build_hf_model, stream=True)
+        self.stream_note = ""
+        try:
+            super().prepare(model, dtype, device)
+        except BackendInitializationError as exc:
+            if getattr(self.module, "streamer", None) is None:
+                raise
+            self.stream_note = f"its layers converted one at a time fail ({exc.message}); loaded whole"
+            self.module = None
+            self.builder = build_hf_model
+            super().prepare(model, dtype, device)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the prepared model converts its layers one at a time."""
+        return getattr(self.module, "streamer", None) is not None
 
     @contextlib.contextmanager
     def _exact(self) -> Iterator[None]:
-        with Float64Softmax() if self.dtype == "float64" else contextlib.nullcontext():
+        dtype = TORCH_DTYPES[self.dtype]
+        keep = self.dtype == "float64" or self.streaming  # stored tables' dtypes must not narrow the run
+        tables = getattr(self.module, "stored_tables", None)
+        with NoNarrowing(dtype) if keep else contextlib.nullcontext(), \
+                tables if tables else contextlib.nullcontext():
             yield
 
+    def _discover(self, model: LoadedModel) -> None:
+        with self._exact():  # the forward that finds the checkpoints runs as every run does
+            super()._discover(model)
+
+    def _release(self) -> None:
+        """Drop the last layer's converted copy after a whole-model run (the next call needs
+        another layer first); a layer's replay keeps it for its block's replay."""
+        streamer = getattr(self.module, "streamer", None)
+        if streamer is not None:
+            streamer.release()
+
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        with self._exact():
-            return super().run(*args, **kwargs)
+        try:
+            with self._exact():
+                return super().run(*args, **kwargs)
+        finally:
+            self._release()
 
     def run_layer(self, *args: Any, **kwargs: Any) -> Any:
         with self._exact():
@@ -72,12 +102,17 @@ class EagerReferenceBackend(PyTorchBackend):
             return super().run_block(*args, **kwargs)
 
     def run_decode(self, *args: Any, **kwargs: Any) -> Any:
-        with self._exact():
-            return super().run_decode(*args, **kwargs)
+        try:
+            with self._exact():
+                return super().run_decode(*args, **kwargs)
+        finally:
+            self._release()
 
     def run_decode_layer(self, *args: Any, **kwargs: Any) -> Any:
         with self._exact():
             return super().run_decode_layer(*args, **kwargs)
 
     def version_info(self) -> dict[str, Any]:
-        return {**super().version_info(), "reference": "the model's own transformers eager code"}
+        weights = ("streamed: layers converted one at a time, tables as used" if self.streaming
+                   else self.stream_note or "held whole at the compute dtype")
+        return {**super().version_info(), "reference": "the model's own transformers eager code", "weights": weights}

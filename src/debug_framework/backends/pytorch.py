@@ -11,6 +11,7 @@ import torch
 from ..errors import BackendInitializationError, ModelLoadingError
 from ..modelio.configs import MoeModelConfig
 from ..modelio.loader import LoadedModel
+from ._streamed_layers import StreamPlan, stream_model
 from .torch_module import TorchModuleBackend
 
 __all__ = ["PyTorchBackend", "build_hf_model", "hf_skeleton"]
@@ -72,23 +73,46 @@ def _own_tensor(model: LoadedModel, name: str, stored: torch.Tensor, dtype: torc
     return stored.to(dtype, copy=True)
 
 
-def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
+def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu", *,
+                   stream: bool = False) -> torch.nn.Module:
     """The ``transformers`` eager model for ``model`` (``BertModel`` / ``*ForCausalLM``) with its weights.
+
+    With ``stream`` (on the CPU), the parameters of the model's repeated layers and of its large
+    tables (token embeddings, LM head) stay as the weights store them where that is another
+    floating dtype, read-only, and become ``dtype`` as they are used, one layer at a time
+    (:mod:`._streamed_layers`); the model's ``streamer`` attribute holds the layers' hooks. Such a
+    model must never be written in place.
 
     Raises:
         BackendInitializationError: transformers is missing (DF002).
         ModelLoadingError: the weights do not fit the model (DF004).
     """
     if getattr(model.config, "weights_renamed", False):
-        return _from_pretrained(model, dtype).to(device).eval()
+        stored = _one_stored_dtype(model) if stream and device == "cpu" else None
+        if stored is None or stored == dtype:
+            return _from_pretrained(model, dtype).to(device).eval()
+        return _stream_loaded(_from_pretrained(model, stored), stored, dtype).eval()
     # built on the meta device: nothing allocated or randomly initialised that the weights replace
     net, hf_config = hf_skeleton(model, dtype, meta=True)
     own = net.state_dict()
+    plan = StreamPlan(net) if stream and device == "cpu" else None
+    params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
+    streamed: list[str] = []
     state: dict[str, Any] = {}
     for name, slot in own.items():
         tensor = _stored_tensor(model, name)
-        if tensor is not None:  # the model's own tensors, never those the references read
-            state[name] = _own_tensor(model, name, torch.as_tensor(tensor), slot.dtype)
+        if tensor is None:
+            continue
+        tensor = torch.as_tensor(tensor)
+        want = slot.dtype
+        if plan is not None and name in params and tensor.dtype != want and tensor.is_floating_point() and \
+                plan.keeps(name):
+            # kept as stored and made ``dtype`` where it is used: only ever read, so the pages the
+            # other readers map (no second mapping of the file, whose pages would count twice)
+            state[name] = tensor
+            streamed.append(name)
+            continue
+        state[name] = _own_tensor(model, name, tensor, want)  # the model's own, never those the references read
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
     if model.architecture == "generic":
@@ -96,7 +120,6 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
 
         # tied parameters come from the tensor they are tied to; buffers the file lacks keep their
         # computed values (rotary frequencies, position ids)
-        params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
         tied = tied_names(net) | {n for n in own if n not in params}
     untrusted = [n for n in missing if n not in tied and not n.startswith("pooler.")]
     if untrusted:
@@ -113,7 +136,42 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     if tied:
         net.tie_weights()
     _materialise_rest(net)
+    if streamed and plan is not None:
+        stream_model(net, plan, dtype)
     return net.to(device).eval()
+
+
+_STORED_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _one_stored_dtype(model: LoadedModel) -> torch.dtype | None:
+    """The floating dtype every floating tensor of the weights is stored in; None where they mix
+    dtypes or the headers do not say (loading them at one of them would round the others)."""
+    weights = model.weights
+    if not hasattr(weights, "dtype_name"):
+        return None
+    names = {str(weights.dtype_name(n)).upper() for n in weights}
+    floating = {n for n in names if n.startswith(("F", "BF"))}
+    if len(floating) != 1 or next(iter(floating)) not in _STORED_DTYPES:
+        return None
+    return _STORED_DTYPES[next(iter(floating))]
+
+
+def _stream_loaded(net: torch.nn.Module, stored: torch.dtype, dtype: torch.dtype) -> torch.nn.Module:
+    """``net``, loaded at the weights' own dtype ``stored``, with every tensor the stream plan does
+    not keep as stored (and every buffer the loading gave that dtype) made ``dtype``, and the rest
+    streamed (:func:`._streamed_layers.stream_model`)."""
+    plan = StreamPlan(net)
+    with torch.no_grad():
+        for name, param in net.named_parameters():
+            if param.dtype == stored and not plan.keeps(name):
+                param.data = param.data.to(dtype)
+        for module in net.modules():
+            for key, buffer in module._buffers.items():
+                if buffer is not None and buffer.dtype == stored:
+                    module._buffers[key] = buffer.to(dtype)
+    stream_model(net, plan, dtype)
+    return net
 
 
 def _materialise_rest(net: torch.nn.Module) -> None:

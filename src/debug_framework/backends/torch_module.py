@@ -179,7 +179,12 @@ class TorchModuleBackend(BaseBackend):
                   if i == 0 or layer.module.rsplit(".", 1)[0] != structure.layers[i - 1].module.rsplit(".", 1)[0]]
         self._block_support = (True, "")
         for i in firsts:
-            cap = self.run(example, [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)])
+            keys = {CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)}
+            # the forward stopped after layer i: a streamed model converts no later layer for it
+            with torch.inference_mode(), HookCapture(self.module, [t for t in self.taps if t.key in keys],
+                                                     stop_after=structure.layers[i].module) as hooks:
+                hooks.run(self.module, **self._kwargs(example))
+            cap = hooks.tensors
             try:
                 replay = self.run_block(i, "mlp", cap[CheckpointKey("post_attention", i)], example)
             except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # the seam does not fit the layer's code

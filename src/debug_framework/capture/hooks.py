@@ -17,7 +17,7 @@ from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
 from .spill import checkpoint_dict
 
-__all__ = ["first_input", "ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
+__all__ = ["first_input", "skipped_forward", "ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
            "HookCapture", "first_tensor"]
 
 
@@ -173,6 +173,12 @@ class _StopForward(Exception):
     """Raised by a hook to end a forward pass early (single-layer replay)."""
 
 
+def skipped_forward(*args: Any, **kwargs: Any) -> Any:
+    """The forward of a module a replay skips (``HookCapture(skip=...)``): the hidden state it was
+    given. A streamed model converts no weights for a module whose forward this is."""
+    return first_input(args, kwargs)
+
+
 class HookCapture:
     """Install forward hooks for one run; ``tensors`` and ``layer_inputs`` fill in as the model runs.
 
@@ -259,7 +265,7 @@ class HookCapture:
         for name in self.skip:
             mod = find(name)
             self._skipped.append((mod, mod.__dict__.get("forward")))
-            mod.forward = lambda *args, **kwargs: first_input(args, kwargs)  # type: ignore[method-assign]
+            mod.forward = skipped_forward  # type: ignore[method-assign]
         if self.stop_after is not None:
             def stop(_m, _args, _output):
                 raise _StopForward

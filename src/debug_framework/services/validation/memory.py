@@ -12,8 +12,13 @@ The estimate (bytes; ``N`` the parameters of the weights, ``L`` the largest laye
   ``python_reference``, ``torch_reference``) holds about one layer, ``L`` x its dtype size, plus,
   below float64, the float64 host copy of the one tensor in conversion (``T`` x 8, ``T`` the
   largest tensor of a layer), plus one block of LM-head rows
-  (:data:`~debug_framework.architectures.layout.HEAD_BLOCK_BYTES`); any other backend ``N`` x its
-  dtype size;
+  (:data:`~debug_framework.architectures.layout.HEAD_BLOCK_BYTES`); one that streams its repeated
+  layers and tables (``streams_layers``: ``float64_eager``) holds one layer and the tensors outside
+  the layers but their large tables, ``(N - N_layers - N_tables + L)`` x its dtype size, plus a
+  block of table rows (``N_layers``: the parameters of all layers; ``N_tables``: those of the
+  two-dimensional tensors outside them of at least
+  :data:`~debug_framework.architectures.layout.STREAMED_TABLE_ELEMENTS` elements); any other
+  backend ``N`` x its dtype size;
 * **activations**: every checkpoint and layer input of the three runs in float64, their logits and
   the attention scores of one layer: ``3 x (3 layers + 2) x B x T x D x 8 + 3 x B x T x V x 8 +
   4 x B x H x T x T x 8``; with a capture budget (``capture_memory_budget``: captured checkpoints
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...architectures.layout import HEAD_BLOCK_BYTES
+from ...architectures.layout import HEAD_BLOCK_BYTES, STREAMED_TABLE_ELEMENTS
 from ...errors import ResourceExhaustedError
 
 __all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "give_back_freed", "available_memory",
@@ -127,10 +132,10 @@ def own_memory() -> int | None:
     return current_rss()
 
 
-def _weights_census(weights: Any) -> tuple[int, int, int, int]:
+def _weights_census(weights: Any) -> tuple[int, int, int, int, int]:
     """(parameters, stored bytes, the largest layer's parameters, the largest tensor of a layer's
-    parameters) from the weights' headers."""
-    total = stored = largest = 0
+    parameters, the parameters of all layers and large tables) from the weights' headers."""
+    total = stored = largest = tables = 0
     layers: dict[tuple[str, int], int] = {}
     for name in weights:
         shape = weights.shape(name) if hasattr(weights, "shape") else tuple(getattr(weights[name], "shape", ()))
@@ -145,18 +150,24 @@ def _weights_census(weights: Any) -> tuple[int, int, int, int]:
             key = (m.group(1), int(m.group(2)))
             layers[key] = layers.get(key, 0) + n
             largest = max(largest, n)
-    return total, stored, max(layers.values(), default=0), largest
+        elif len(shape) == 2 and n >= STREAMED_TABLE_ELEMENTS:
+            tables += n
+    return total, stored, max(layers.values(), default=0), largest, sum(layers.values()) + tables
 
 
-def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int, largest: int) -> int:
+def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int, largest: int,
+                   streamed: int) -> int:
     """What one backend holds of the weights: one layer (+ below float64 the float64 host copy of
-    the tensor in conversion, and a block of head rows) when it streams them, else all of them at
-    its dtype; nothing on the host for a device."""
+    the tensor in conversion, and a block of head rows) when it streams them, the tensors it does
+    not stream (all but ``streamed``), one layer and a block of rows when it streams its layers and
+    tables, else all of them at its dtype; nothing on the host for a device."""
     if backend is None or str(device).split(":")[0] not in ("cpu", "None", ""):
         return 0
     size = _DTYPE_BYTES.get(str(dtype), 4)
     if getattr(backend, "streams_weights", False):
         return layer * size + (0 if str(dtype) == "float64" else largest * 8) + HEAD_BLOCK_BYTES
+    if getattr(backend, "streams_layers", False):
+        return (params - streamed + layer) * size + HEAD_BLOCK_BYTES
     return params * size
 
 
@@ -166,7 +177,7 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
     """The session's :class:`MemoryEstimate` (see the module's formula) from the weights' headers,
     the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``;
     ``capture_budget``: the bytes of captured checkpoints a run keeps in memory (None: all)."""
-    params, stored, layer, largest = _weights_census(model.weights)
+    params, stored, layer, largest, streamed = _weights_census(model.weights)
     config = model.config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
@@ -179,9 +190,10 @@ def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alterna
     activations = captured + 4 * batch * heads * length * length * 8
     return MemoryEstimate(
         runtime=max(own_memory() or 0, RUNTIME_BYTES),
-        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer, largest),
-        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer, largest),
-        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer, largest),
+        alternative=_backend_bytes(alternative, alternative_dtype, device, params, layer, largest, streamed),
+        reference=_backend_bytes(reference, reference_dtype, "cpu", params, layer, largest, streamed),
+        calibration=_backend_bytes(calibrator, calibration_dtype or alternative_dtype, "cpu", params, layer, largest,
+                                   streamed),
         activations=activations, file_pages=stored, parameters=params)
 
 
