@@ -118,6 +118,29 @@ def test_estimate_counts_the_alternatives_copy_and_one_streamed_layer(stacks):
     assert on_gpu.alternative == 0
 
 
+def test_estimate_of_float64_eager_counts_one_layer_and_what_it_holds_whole(stacks, monkeypatch):
+    """The generic tier's reference streams its layers and its large tables: the estimate counts one
+    layer, the tensors it holds whole and a block of table rows, not the whole model."""
+    from debug_framework.architectures.layout import HEAD_BLOCK_BYTES
+    from debug_framework.backends.eager_reference import EagerReferenceBackend
+    from debug_framework.backends.pytorch import PyTorchBackend
+    from debug_framework.services.validation import memory
+
+    model = load_model(stacks[8])
+    sizes = {n: int(np.prod(model.weights.shape(n))) for n in model.weights}
+    layers = sum(v for n, v in sizes.items() if n.startswith("model.layers."))
+    outside = sum(sizes.values()) - layers
+    kwargs = dict(reference=EagerReferenceBackend(), reference_dtype="float64", alternative=PyTorchBackend(),
+                  alternative_dtype="float32", batch=2, length=16)
+    est = memory.estimate_memory(model, **kwargs)
+    assert est.reference == _layer_bytes(model) + outside * 8 + HEAD_BLOCK_BYTES  # tables too small to stream
+    monkeypatch.setattr(memory, "STREAMED_TABLE_ELEMENTS", 1)  # every 2-D tensor outside the layers streams
+    tables = sum(v for n, v in sizes.items() if not n.startswith("model.layers.") and len(model.weights.shape(n)) == 2)
+    assert tables > 0
+    est = memory.estimate_memory(model, **kwargs)
+    assert est.reference == _layer_bytes(model) + (outside - tables) * 8 + HEAD_BLOCK_BYTES
+
+
 def test_a_session_over_the_budget_is_df007_before_it_runs(stacks, tmp_path):
     from debug_framework import ValidationEngine
 
