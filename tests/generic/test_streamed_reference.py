@@ -121,3 +121,21 @@ def test_the_reference_is_float64_where_the_model_casts_to_float32(tmp_path: Pat
         a, b = np.asarray(ours.tensors[key], dtype=np.float64), np.asarray(exact.tensors[key], dtype=np.float64)
         rel = float(np.linalg.norm(a - b) / np.linalg.norm(b))
         assert rel < 5e-9, (key, rel)  # float32 norms gave up to 7.6e-8 here; the rotary angles stay float32
+
+
+def test_a_file_of_mixed_dtypes_loaded_by_transformers_streams_without_rounding(tmp_path: Path) -> None:
+    """Experts renamed on loading (transformers loads them) with the routers stored in float32 and
+    the rest in bfloat16: loaded at float32 (which holds both exactly) and streamed, the runs are
+    the whole model's."""
+    net = tiny.build("mixtral").to(torch.bfloat16)
+    for layer in net.model.layers:
+        layer.mlp.gate.float()
+    net.save_pretrained(tmp_path / "mixed")
+    model = load_model(tmp_path / "mixed", tier="generic")
+    assert {model.weights.dtype_name(n) for n in model.weights} == {"BF16", "F32"}
+    ours, whole = _prepared(tmp_path / "mixed"), _prepared(tmp_path / "mixed", whole=True)
+    assert ours.streaming
+    inputs = random_inputs(model.config, 2, 5, seed=2)
+    got, want = ours.run(inputs), whole.run(inputs)
+    for key in want.tensors:
+        assert torch.equal(got.tensors[key], want.tensors[key]), key

@@ -222,7 +222,7 @@ class StoredTables(TorchFunctionMode):
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         dtype = self.dtype
-        rows = min(weight.shape[0], max(1, HEAD_BLOCK_BYTES // max(1, weight.shape[1] * dtype.itemsize)))
+        rows = max(1, min(weight.shape[0], HEAD_BLOCK_BYTES // max(1, weight.shape[1] * dtype.itemsize)))
         block = torch.empty((rows, weight.shape[1]), dtype=dtype)  # one buffer for every block's rows
         parts = []
         for i in range(0, weight.shape[0], rows):

@@ -88,7 +88,7 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
         ModelLoadingError: the weights do not fit the model (DF004).
     """
     if getattr(model.config, "weights_renamed", False):
-        stored = _one_stored_dtype(model) if stream and device == "cpu" else None
+        stored = _stored_dtype(model) if stream and device == "cpu" else None
         if stored is None or stored == dtype:
             return _from_pretrained(model, dtype).to(device).eval()
         return _stream_loaded(_from_pretrained(model, stored), stored, dtype).eval()
@@ -144,31 +144,38 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
 _STORED_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
-def _one_stored_dtype(model: LoadedModel) -> torch.dtype | None:
-    """The floating dtype every floating tensor of the weights is stored in; None where they mix
-    dtypes or the headers do not say (loading them at one of them would round the others)."""
+def _stored_dtype(model: LoadedModel) -> torch.dtype | None:
+    """The narrowest floating dtype that holds every floating tensor of the weights exactly (the
+    one they are all stored in; float32 for a mix of float16, bfloat16 and float32); None where the
+    headers do not say or a dtype is not one of those."""
     weights = model.weights
     if not hasattr(weights, "dtype_name"):
         return None
     names = {str(weights.dtype_name(n)).upper() for n in weights}
     floating = {n for n in names if n.startswith(("F", "BF"))}
-    if len(floating) != 1 or next(iter(floating)) not in _STORED_DTYPES:
+    if not floating or not floating <= set(_STORED_DTYPES):
         return None
-    return _STORED_DTYPES[next(iter(floating))]
+    if len(floating) == 1:
+        return _STORED_DTYPES[next(iter(floating))]
+    return torch.float64 if "F64" in floating else torch.float32
 
 
 def _stream_loaded(net: torch.nn.Module, stored: torch.dtype, dtype: torch.dtype) -> torch.nn.Module:
-    """``net``, loaded at the weights' own dtype ``stored``, with every tensor the stream plan does
-    not keep as stored (and every buffer the loading gave that dtype) made ``dtype``, and the rest
-    streamed (:func:`._streamed_layers.stream_model`)."""
+    """``net``, loaded at the weights' dtype ``stored`` (:func:`_stored_dtype`), made to compute in
+    ``dtype`` as a load at ``dtype`` would: every parameter the stream plan does not keep as stored
+    and every persistent floating buffer (those the weights give) made ``dtype``, the buffers the
+    model computes at construction left as it made them, the rest streamed
+    (:func:`._streamed_layers.stream_model`)."""
     plan = StreamPlan(net)
+    persistent = set(net.state_dict())
     with torch.no_grad():
         for name, param in net.named_parameters():
-            if param.dtype == stored and not plan.keeps(name):
+            if param.is_floating_point() and param.dtype != dtype and not plan.keeps(name):
                 param.data = param.data.to(dtype)
-        for module in net.modules():
+        for prefix, module in net.named_modules():
             for key, buffer in module._buffers.items():
-                if buffer is not None and buffer.dtype == stored:
+                name = f"{prefix}.{key}" if prefix else key
+                if buffer is not None and buffer.is_floating_point() and name in persistent:
                     module._buffers[key] = buffer.to(dtype)
     stream_model(net, plan, dtype)
     return net
