@@ -148,6 +148,21 @@ def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sam
     return judge_outputs(orc, base, test, sample.dtype)
 
 
+def run_eagerly(op: Callable[..., Any], sample: Sample, grad: bool = False) -> None:
+    """The eager runs a sample's judgement makes (in its dtype and in float64; their gradients with
+    ``grad``), nothing compiled: whether eager itself survives the sample. An exception is a
+    survival (eager rejects the sample); a crash ends the process."""
+    try:
+        if grad:
+            _grads(op, sample, False)
+            _grads(op, sample, True)
+        else:
+            op(*sample.args, **sample.kwargs)
+            op(*upcast(sample.args), **upcast(sample.kwargs))
+    except Exception:  # noqa: BLE001 - rejected, not crashed
+        pass
+
+
 def _leaves(args: list[Any], kwargs: dict[str, Any], up: bool) -> tuple[list[Any], dict[str, Any], list[torch.Tensor]]:
     """The sample's arguments with each floating tensor a fresh leaf that requires grad (same view:
     ``detach`` keeps strides and offset), in float64 with ``up``; and those leaves."""

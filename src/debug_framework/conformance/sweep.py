@@ -7,8 +7,9 @@ processes, stored in the sessions database as it goes.
 
 Each worker (``workers`` of them, two by default, one per core) is a fresh Python process
 (:mod:`.worker`) fed one operator at a time; a sample that kills it is recorded as ``crash`` with its
-exit status, one that runs past ``timeout_s`` as ``hang``; the worker is restarted and the sweep goes
-on. An operator's row is written as soon as it is done; a sweep run again with the same settings
+exit status (unless its eager runs alone, in a fresh worker, kill that too: then eager itself crashes
+on it and it is skipped, not judged), one that runs past ``timeout_s`` as ``hang``; the worker is
+restarted and the sweep goes on. An operator's row is written as soon as it is done; a sweep run again with the same settings
 (the same ``sweep_key``) reads back the operators it already has and runs only the others (and
 those where the sweep's own code failed, ``counts["sweep_failures"]``). The worst
 sample of each failing operator gets a standalone repro (:mod:`.repro`), verified once in a fresh
@@ -198,9 +199,21 @@ class _Lane:
                 reply = self.ask(("run", i), s.timeout_s)
                 if reply is None:
                     result = self.died(s.timeout_s)
-                    if i + 1 < len(descriptions) and self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
-                        self.died(_START_TIMEOUT_S)
-                        break
+                    more = i + 1 < len(descriptions)
+                    if result["status"] == "crash" or more:  # a fresh worker with the operator's samples
+                        if self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
+                            self.died(_START_TIMEOUT_S)
+                            samples.append({**desc, "index": i, "result": result})
+                            break
+                    if result["status"] == "crash" and self.ask(("eager", i), s.timeout_s) is None:
+                        # eager dies on it too: PyTorch's own crash, not the backend's
+                        self.died(s.timeout_s)
+                        result = {"status": "skipped", "reason": "eager itself crashes on this sample (the process "
+                                                                 "dies without the backend): not judged"}
+                        if more and self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
+                            self.died(_START_TIMEOUT_S)
+                            samples.append({**desc, "index": i, "result": result})
+                            break
                 elif reply[0] == "error":
                     result = {"status": "skipped", "reason": f"not judged, the sweep itself failed: {reply[1]}"}
                     sweep_failures += 1

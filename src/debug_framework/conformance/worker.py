@@ -5,8 +5,9 @@ process or hangs costs one sample.
 Run as ``python -m debug_framework.conformance.worker READ_FD WRITE_FD``; the parent first sends the
 arguments of :class:`WorkerState`, then ``("prepare", op, dtype)`` -> ``{"skip": reason}`` or
 ``{"samples": [description, ...]}``, ``("run", i)`` -> the sample's result (with ``graphs``: how many
-graphs with an operation reached the backend for this operator so far), ``("repro", op, dtype, i,
-folder)`` -> the repro's path, ``("stop",)``. Replies are ``("ok", value)`` or ``("error", message)``.
+graphs with an operation reached the backend for this operator so far), ``("eager", i)`` -> True
+once the sample's eager runs alone survived (asked after the sample crashed a worker), ``("repro",
+op, dtype, i, folder)`` -> the repro's path, ``("stop",)``. Replies are ``("ok", value)`` or ``("error", message)``.
 
 Each operator and dtype is compiled afresh (Dynamo's caches reset, a new code object) with dynamic
 shapes (``torch.compile(dynamic=True)``), so its samples share one graph per rank and layout instead
@@ -180,6 +181,15 @@ class WorkerState:
                 result = static
         return {**result, "graphs": self.graphs if self.runner is None else self.runner.graphs}
 
+    def eager(self, i: int) -> bool:
+        """Sample ``i``'s eager runs alone (after it crashed the worker: does eager crash too?)."""
+        from .judge import run_eagerly
+        from .ops import find_op
+
+        assert self.current is not None
+        run_eagerly(find_op(self.current[0]).op, self.samples[i], self.grad)
+        return True
+
     def repro(self, key: str, dtype: str, i: int, folder: str, status: str) -> str:
         from .ops import find_op
         from .repro import write_op_repro
@@ -195,6 +205,8 @@ class WorkerState:
             return self.prepare(msg[1], msg[2])
         if msg[0] == "run":
             return self.run(msg[1])
+        if msg[0] == "eager":
+            return self.eager(msg[1])
         if msg[0] == "repro":
             return self.repro(*msg[1:])
         raise ValueError(f"unknown request {msg[0]!r}")
