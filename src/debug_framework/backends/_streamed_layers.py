@@ -125,7 +125,6 @@ class LayerStreamer:
 
     def __init__(self, net: torch.nn.Module, units: list[str], dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self.units = list(units)
         #: one entry per module call in progress: the stored tensors it replaced (None: nothing)
         self._calls: list[list[tuple[torch.nn.Parameter, torch.Tensor]] | None] = []
         self._converting = 0
@@ -135,12 +134,11 @@ class LayerStreamer:
         self._kept: dict[int, torch.Tensor] = {}
         #: the previous layer's buffers, reused for the next one's: (shape) -> tensors
         self._spare: dict[tuple[int, ...], list[torch.Tensor]] = {}
-        self._handles: list[Any] = []
         for index, unit in enumerate(units):
             for mod in net.get_submodule(unit).modules():
                 self._unit_of.setdefault(id(mod), index)
-                self._handles.append(mod.register_forward_pre_hook(self._enter))
-                self._handles.append(mod.register_forward_hook(self._leave, always_call=True))
+                mod.register_forward_pre_hook(self._enter)
+                mod.register_forward_hook(self._leave, always_call=True)
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         if self._converting or module.__dict__.get("forward") is skipped_forward:
@@ -184,13 +182,6 @@ class LayerStreamer:
         self._kept.clear()
         self._spare.clear()
         self._kept_unit = None
-
-    def remove(self) -> None:
-        """Take the hooks off (the parameters stay as stored)."""
-        self.release()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
 
 _EMBEDDING = (torch.nn.functional.embedding,)

@@ -11,6 +11,7 @@ import torch
 from ..errors import BackendInitializationError, ModelLoadingError
 from ..modelio.configs import MoeModelConfig
 from ..modelio.loader import LoadedModel
+from ..modelio.weights import FLOAT_DTYPES, torch_dtype_name
 from ._streamed_layers import StreamPlan, stream_model
 from .torch_module import TorchModuleBackend
 
@@ -141,7 +142,8 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     return net.to(device).eval()
 
 
-_STORED_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+#: safetensors' dtype name -> the torch dtype, for the floating dtypes weights are read in
+_STORED_DTYPES = {torch_dtype_name(d): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 
 def _stored_dtype(model: LoadedModel) -> torch.dtype | None:
@@ -153,7 +155,7 @@ def _stored_dtype(model: LoadedModel) -> torch.dtype | None:
         return None
     names = {str(weights.dtype_name(n)).upper() for n in weights}
     floating = {n for n in names if n.startswith(("F", "BF"))}
-    if not floating or not floating <= set(_STORED_DTYPES):
+    if not floating or not floating <= FLOAT_DTYPES:
         return None
     if len(floating) == 1:
         return _STORED_DTYPES[next(iter(floating))]

@@ -175,6 +175,13 @@ class _Lane:
         self.restarts += 1
         return result
 
+    def refresh(self, op: str, dtype: str) -> bool:
+        """A fresh worker holding ``op``'s samples in ``dtype``; False where making them kills it."""
+        if self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
+            self.died(_START_TIMEOUT_S)
+            return False
+        return True
+
     def sweep_op(self, op: str) -> OpResult:
         s = self.settings
         start = time.perf_counter()
@@ -199,21 +206,18 @@ class _Lane:
                 reply = self.ask(("run", i), s.timeout_s)
                 if reply is None:
                     result = self.died(s.timeout_s)
-                    more = i + 1 < len(descriptions)
-                    if result["status"] == "crash" or more:  # a fresh worker with the operator's samples
-                        if self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
-                            self.died(_START_TIMEOUT_S)
-                            samples.append({**desc, "index": i, "result": result})
-                            break
-                    if result["status"] == "crash" and self.ask(("eager", i), s.timeout_s) is None:
-                        # eager dies on it too: PyTorch's own crash, not the backend's
-                        self.died(s.timeout_s)
-                        result = {"status": "skipped", "reason": "eager itself crashes on this sample (the process "
-                                                                 "dies without the backend): not judged"}
-                        if more and self.ask(("prepare", op, dtype), _START_TIMEOUT_S) is None:
-                            self.died(_START_TIMEOUT_S)
-                            samples.append({**desc, "index": i, "result": result})
-                            break
+                    ready = None  # whether a fresh worker holds the samples (None: none tried since)
+                    if result["status"] == "crash":
+                        ready = self.refresh(op, dtype)
+                        if ready and self.ask(("eager", i), s.timeout_s) is None:
+                            # eager dies on it too: PyTorch's own crash, not the backend's
+                            self.died(s.timeout_s)
+                            ready = None
+                            result = {"status": "skipped", "reason": "eager itself crashes on this sample (the "
+                                                                     "process dies without the backend): not judged"}
+                    if ready is False or (ready is None and i + 1 < len(descriptions) and not self.refresh(op, dtype)):
+                        samples.append({**desc, "index": i, "result": result})
+                        break
                 elif reply[0] == "error":
                     result = {"status": "skipped", "reason": f"not judged, the sweep itself failed: {reply[1]}"}
                     sweep_failures += 1
