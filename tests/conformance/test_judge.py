@@ -107,3 +107,78 @@ def test_a_failing_output_fails_the_sample_beside_a_passing_one_with_a_larger_ra
     wrong[5] = float("inf")
     out = judge_outputs(o1 + o2, b1 + b2, [near, wrong], "float32")
     assert out["status"] == "fail" and out["output"] == 1 and "non-finite" in out["reason"]
+
+
+def _bilinear(x):
+    return torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+
+
+def _inf_image() -> torch.Tensor:
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    x[0, 0, 0, 0] = float("inf")  # the kernel skips its zero weights, the decomposition gives 0 x inf = NaN
+    return x
+
+
+def test_a_backend_computing_pytorchs_decomposition_passes_where_eagers_kernel_differs():
+    from debug_framework.conformance.judge import decomposition, run_sample
+
+    sample = Sample("special", "inf", "float32", [_inf_image()])
+
+    def traced(*args):
+        with decomposition():
+            return _bilinear(*args)
+
+    assert traced(*sample.args).isnan().any() and not _bilinear(*sample.args).isnan().any()
+    out = run_sample(_bilinear, traced, sample)
+    assert out["status"] == "pass" and out["definition"] == "decomposition"
+    assert "non-finite" in out["kernel_reason"]
+    kernel = run_sample(_bilinear, _bilinear, sample)  # eager's own result: no second look
+    assert kernel["status"] == "pass" and "definition" not in kernel
+
+    def nan_elsewhere(*args):  # wrong against both definitions
+        y = traced(*args).clone()
+        y[0, 0, 7, 7] = float("nan")
+        return y
+
+    assert run_sample(_bilinear, nan_elsewhere, sample)["status"] == "fail"
+
+    def scaled(*args):  # a wrong lowering is wrong whatever the definition
+        return traced(*args) * (1 + 1e-3)
+
+    assert run_sample(_bilinear, scaled, sample)["status"] == "fail"
+
+
+def test_an_error_the_decomposition_raises_too_is_skipped_another_is_an_error():
+    from debug_framework.conformance.judge import decomposition, run_sample
+
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(3))
+    x[1, 2] = float("inf")
+    sample = Sample("special", "inf", "float32", [x])
+
+    def traced(a):
+        with decomposition():  # linalg.eigvals by way of linalg.eig, which rejects infinities
+            return torch.linalg.eigvals(a)
+
+    skipped = run_sample(torch.linalg.eigvals, traced, sample)
+    assert skipped["status"] == "skipped" and "decomposition rejects" in skipped["reason"]
+
+    def other_error(a):
+        raise RuntimeError("my kernel is not ready")
+
+    assert run_sample(torch.linalg.eigvals, other_error, sample)["status"] == "error"
+
+
+def test_an_infinity_by_rounding_at_the_dtypes_largest_value_is_noise_elsewhere_a_failure():
+    big = torch.finfo(torch.bfloat16).max
+    oracle = [torch.tensor([0.9995 * big, 0.5 * big, 1.0], dtype=torch.float64)]
+    base = [oracle[0].to(torch.bfloat16)]  # eager rounds to a finite value
+    rounded_up = base[0].clone()
+    rounded_up[0] = float("inf")  # a sum that rounded up past the largest value (Inductor's bfloat16 cumsum on a GPU)
+    out = judge_outputs(oracle, base, [rounded_up], "bfloat16")
+    assert out["status"] == "pass", out
+    far = base[0].clone()
+    far[1] = float("inf")  # half the largest value: no rounding reaches infinity
+    assert "non-finite" in judge_outputs(oracle, base, [far], "bfloat16")["reason"]
+    negative = base[0].clone()
+    negative[0] = float("-inf")
+    assert judge_outputs(oracle, base, [negative], "bfloat16")["status"] == "fail"

@@ -111,8 +111,8 @@ def test_a_sample_that_crashes_eager_itself_is_skipped_not_the_backends_crash(tm
                              repro_dir=None, verify_repros=False)
     result = run_sweep(settings, database=tmp_path / "s.db")
     (op,) = result.ops
-    # (its verdict is aot_eager's own: the decomposition raises on an inf sample that eager computes)
-    assert op.verdict != "crash" and op.counts["crash"] == 0, (op.verdict, op.reason)
+    # and the inf sample that PyTorch's decomposition rejects (linalg.eig), as aot_eager does, is skipped too
+    assert op.verdict == "pass" and op.counts["crash"] == 0, (op.verdict, op.reason)
     assert op.counts["skipped"] >= 1 and result.worker_restarts == 2  # the sample's run, then eager alone
 
 
@@ -147,3 +147,25 @@ def test_a_time_budget_stops_taking_operators_and_the_next_run_resumes(tmp_path)
     again = run_sweep(_settings(backend="aot_eager", ops=ops, repro_dir=None), database=db)
     assert again.resumed == 1 and again.left == 0 and {o.op: o.verdict for o in again.ops} == {
         "abs": "pass", "exp": "pass", "empty": "skipped"}
+
+
+def test_repro_of_a_sample_where_the_decomposition_differs_judges_by_both(tmp_path):
+    """Bilinear interpolation of an infinity: eager's kernel gives inf, PyTorch's decomposition (what
+    aot_eager runs) NaN. aot_eager's repro says fixed, against the decomposition (a backend wrong
+    against both reproduces: the cumsum repro above)."""
+    import torch
+
+    from debug_framework.conformance.ops import find_op
+    from debug_framework.conformance.repro import write_op_repro
+    from debug_framework.plugins.samples import Sample
+
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    x[0, 0, 0, 0] = float("inf")
+    sample = Sample("special", "inf", "float32", [x, [3, 3]], {"scale_factor": None, "mode": "bilinear",
+                                                              "align_corners": True})
+    info = find_op("nn.functional.interpolate.bilinear")
+    common = {"backend_attr": "backend", "device": "cpu", "status": "fail"}
+    fixed = write_op_repro(info.name + ".bilinear", info, sample, tmp_path / "aot", backend="aot_eager",
+                           backend_file=None, **common)
+    result = verify(fixed)
+    assert not result.reproduced and "against PyTorch's decomposition" in result.stdout, result.stdout + result.stderr

@@ -34,6 +34,7 @@ __all__ = [
     "outside_compile_modes",
     "fx_minifier",
     "aot_accuracy_fails",
+    "as_traced",
 ]
 
 make_boxed_func = _aot.make_boxed_func
@@ -142,3 +143,20 @@ def aot_accuracy_fails(gm: torch.fx.GraphModule, inputs: Sequence[Any], compiler
 
     with compile_caches_off():
         return bool(backend_aot_accuracy_fails(gm, list(inputs), compiler_fn))
+
+
+@contextlib.contextmanager
+def as_traced() -> Iterator[None]:
+    """Operators called eagerly inside run as tracing runs them, by PyTorch's decompositions: the
+    Python dispatcher swaps in the Python decompositions of composite operators, and a pass-through
+    dispatch mode makes C++ composite kernels take the path they take for traced tensors
+    (``linalg.eigvals`` through ``linalg.eig``)."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    with enable_python_dispatcher(), _PassThrough():
+        yield

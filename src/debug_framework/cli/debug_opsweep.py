@@ -205,6 +205,8 @@ def _print(sweep: dict[str, Any]) -> None:
             if o["repro"]:
                 out.print(markup("  {} repro: python {} ({})", o["op"], o["repro"],
                                  "verified" if o["repro_verified"] else "not verified"))
+            elif (o["worst"] or {}).get("repro_error"):
+                out.print(markup("  {} repro not written: {}", o["op"], o["worst"]["repro_error"]))
     v = sweep["verdicts"]
     out.print(markup("{} operators: {} passed, {} failed, {} error, {} crash, {} hang, {} unsupported, {} skipped "
                      "({} read back from the database; sweep {})", len(sweep["operators"]), v["pass"], v["fail"],

@@ -88,6 +88,13 @@ def _x(value: Any) -> str:
     return _XML_BAD.sub("\ufffd", "" if value is None else str(value))
 
 
+def _repro_line(o: OpResult) -> str:
+    if o.repro:
+        return o.repro
+    error = (o.worst or {}).get("repro_error")
+    return f"not written: {error}" if error else "-"
+
+
 def render_junit(sweep: SweepResult) -> str:
     """JUnit XML: one ``<testcase>`` per operator; a failing one has ``<failure>`` (``fail``) or
     ``<error>`` (error, crash, hang) with the worst sample and the repro, one not judged ``<skipped>``."""
@@ -106,7 +113,7 @@ def render_junit(sweep: SweepResult) -> str:
                              time=f"{o.seconds:.3f}")
         worst = o.worst or {}
         text = _x(f"worst sample: {worst.get('source', '')} {worst.get('label', '')} {worst.get('dtype', '')}: "
-                  f"{(worst.get('result') or {}).get('reason') or ''}\nrepro: {o.repro or '-'}")
+                  f"{(worst.get('result') or {}).get('reason') or ''}\nrepro: {_repro_line(o)}")
         if o.verdict == "fail":
             ET.SubElement(case, "failure", type="NumericalMismatch", message=_x(o.reason)).text = text
         elif o.verdict in FAILING:

@@ -233,11 +233,13 @@ class _Lane:
             reply = self.ask(("repro", op, w["dtype"], w["index"], str(Path(s.repro_dir).resolve()), w["result"]["status"]),
                              _START_TIMEOUT_S)
             if reply is None:
-                self.died(_START_TIMEOUT_S)
+                out.worst["repro_error"] = self.died(_START_TIMEOUT_S)["reason"]
             elif reply[0] == "ok":
                 out.repro = reply[1]
                 if s.verify_repros:
                     out.repro_verified = verify(Path(reply[1]), timeout=_START_TIMEOUT_S + s.timeout_s).reproduced
+            else:  # kept beside the verdict: a repro that could not be written is said, not lost
+                out.worst["repro_error"] = str(reply[1])[:300]
         out.seconds = time.perf_counter() - start
         return out
 
@@ -259,6 +261,8 @@ def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs:
     allclose = [smp["result"].get("allclose_oracle") for smp in ranked]
     counts["allclose_oracle_fail"] = sum(1 for a in allclose if a is False)
     counts["allclose_eager_fail"] = sum(1 for smp in ranked if smp["result"].get("allclose_eager") is False)
+    # passed against PyTorch's decomposition where eager's kernel differs (:func:`.judge.decomposition`)
+    counts["by_decomposition"] = sum(1 for smp in ranked if smp["result"].get("definition") == "decomposition")
     if applicable == 0:
         others = [smp["result"] for smp in samples if smp["result"]["status"] == "unsupported"]
         if others:
