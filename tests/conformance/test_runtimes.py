@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +80,22 @@ def test_runtime_sweep_judges_exported_ops_and_classifies_unexportable(runtime, 
     assert "torch.onnx cannot export it" in by["linalg.svd"].reason
     assert result.passed and sorted(result.to_dict()["verdicts"].items()) == sorted(
         {**{k: 0 for k in result.to_dict()["verdicts"]}, "pass": 1, "unsupported": 1}.items())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_sweeps_on_a_gpu_judge_inductors_kernels_and_flag_exactly_the_wrong_lowerings(tmp_path):
+    """On a GPU: Inductor's Triton kernels pass a few operators in float32 and bfloat16, judged
+    against float64 eager on the GPU; the three wrong lowerings are flagged there too, and nothing else."""
+    ops = ["add", "softmax", "nn.functional.gelu", "cumsum", "sum", "where"]
+    ind = run_sweep(SweepSettings(backend="inductor", device="cuda", ops=ops, dtypes=("float32", "bfloat16"),
+                                  max_samples=4, workers=2, repro_dir=tmp_path / "repros"))
+    assert ind.device == "cuda" and {o.op: o.verdict for o in ind.ops} == {op: "pass" for op in ops}, \
+        [(o.op, o.verdict, o.reason) for o in ind.ops]
+    example = Path(__file__).resolve().parents[2] / "examples" / "conformance" / "wrong_lowerings.py"
+    wrong = run_sweep(SweepSettings(backend="wrong", backend_file=str(example), device="cuda", ops=ops,
+                                    dtypes=("float32",), max_samples=4, workers=2, repro_dir=tmp_path / "repros"))
+    assert {o.op for o in wrong.failing} == {"nn.functional.gelu", "softmax", "cumsum"}
+    cumsum = next(o for o in wrong.ops if o.op == "cumsum")
+    assert cumsum.repro_verified and "cuda" in json.loads((Path(cumsum.repro).parent / "repro.json").read_text())[
+        "check"]["device"]

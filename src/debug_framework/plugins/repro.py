@@ -161,8 +161,9 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """A sample argument as JSON, tensors stored with their whole storage and their view."""
     if isinstance(v, torch.Tensor):
         key = f"t{len(tensors)}"
-        storage = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage())
-        tensors[key] = storage.clone()
+        # the whole storage, on the CPU (a GPU sample's too: the file holds host memory)
+        storage = torch.empty(0, dtype=v.dtype, device=v.device).set_(v.untyped_storage())
+        tensors[key] = storage.detach().cpu().clone()
         return {"storage": key, "shape": list(v.shape), "stride": list(v.stride()), "offset": v.storage_offset()}
     if isinstance(v, (list, tuple)):
         return [_encode(x, tensors) for x in v]
