@@ -54,7 +54,7 @@ def _covered(result: SweepResult) -> int:
 
 def _print_by_decomposition(name: str, result: SweepResult) -> None:
     """The operators that passed only against PyTorch's decomposition on some sample (they differ
-    from eager's kernel there, as the decomposition itself does), with one such sample's kernel reason."""
+    from eager's kernel there, as the decomposition itself does), with how many such samples."""
     shared = [o for o in result.ops if o.counts.get("by_decomposition")]
     print(f"  passed against PyTorch's decomposition where eager's kernel computes otherwise ({len(shared)} "
           f"operators; not failures: {name} computes what torch.compile's traced definition does):")

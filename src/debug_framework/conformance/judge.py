@@ -103,8 +103,7 @@ def _overflows_by_rounding(oracle: torch.Tensor, out: torch.Tensor, rel: float) 
     if not math.isfinite(rel):
         return 0
     big = torch.finfo(out.dtype).max
-    o = oracle.to(torch.float64)
-    hit = out.isinf() & o.isfinite() & ((out > 0) == (o > 0)) & (o.abs() * (1 + rel) >= big)
+    hit = out.isinf() & oracle.isfinite() & ((out > 0) == (oracle > 0)) & (oracle.abs() * (1 + rel) >= big)
     return int(hit.sum())
 
 
@@ -198,13 +197,20 @@ def _also_raised_by_decomposition(call: Callable[[], Any], exc: BaseException) -
     return None
 
 
+def _eager_pair(op: Callable[..., Any], sample: Sample, grad: bool = False) -> tuple[Any, Any]:
+    """The eager runs a sample is judged by: ``op`` in the sample's dtype and in float64 (their
+    gradients with ``grad``)."""
+    if grad:
+        return _grads(op, sample, False), _grads(op, sample, True)
+    return op(*sample.args, **sample.kwargs), op(*upcast(sample.args), **upcast(sample.kwargs))
+
+
 def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sample) -> dict[str, Any]:
     """Run one sample eagerly (in its dtype and in float64) and compiled; its verdict: ``status``
     (pass, fail, error, unsupported, skipped) and ``reason``, the errors weighed. A sample that
     fails against eager's kernel is judged against PyTorch's decomposition too (:func:`decomposition`)."""
     try:
-        baseline = op(*sample.args, **sample.kwargs)
-        oracle = op(*upcast(sample.args), **upcast(sample.kwargs))
+        baseline, oracle = _eager_pair(op, sample)
     except Exception as exc:  # noqa: BLE001 - eager rejects the sample: it does not apply
         return {"status": "skipped", "reason": f"eager rejects this sample ({_error(exc)})"}
     base, orc = flat_outputs(baseline), flat_outputs(oracle)
@@ -230,9 +236,7 @@ def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sam
         return {"status": "fail", "reason": f"the compiled call returned {type(out).__name__}, not tensors"}
     verdict = judge_outputs(orc, base, test, sample.dtype)
     if verdict["status"] == "fail":
-        verdict = _or_decomposition(verdict, lambda: (op(*sample.args, **sample.kwargs),
-                                                      op(*upcast(sample.args), **upcast(sample.kwargs))),
-                                    base, orc, test, sample.dtype)
+        verdict = _or_decomposition(verdict, lambda: _eager_pair(op, sample), base, orc, test, sample.dtype)
     return verdict
 
 
@@ -241,12 +245,7 @@ def run_eagerly(op: Callable[..., Any], sample: Sample, grad: bool = False) -> N
     ``grad``), nothing compiled: whether eager itself survives the sample. An exception is a
     survival (eager rejects the sample); a crash ends the process."""
     try:
-        if grad:
-            _grads(op, sample, False)
-            _grads(op, sample, True)
-        else:
-            op(*sample.args, **sample.kwargs)
-            op(*upcast(sample.args), **upcast(sample.kwargs))
+        _eager_pair(op, sample, grad)
     except Exception:  # noqa: BLE001 - rejected, not crashed
         pass
 
@@ -286,8 +285,7 @@ def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: S
     """The backward pass of one sample: the gradients of the compiled call against float64 eager's,
     relative to eager's in the sample's dtype, by the same rule as :func:`run_sample`'s outputs."""
     try:
-        baseline = _grads(op, sample, up=False)
-        oracle = _grads(op, sample, up=True)
+        baseline, oracle = _eager_pair(op, sample, grad=True)
     except Exception as exc:  # noqa: BLE001 - eager cannot differentiate this sample
         return {"status": "skipped", "reason": f"eager's backward rejects this sample ({_error(exc)})"}
     if baseline is None or oracle is None:
@@ -307,8 +305,8 @@ def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: S
         return {"status": "fail", "reason": "the compiled call's outputs carry no gradient"}
     verdict = judge_outputs(oracle, baseline, test, sample.dtype)
     if verdict["status"] == "fail":
-        verdict = _or_decomposition(verdict, lambda: (_grads(op, sample, False), _grads(op, sample, True)),
-                                    baseline, oracle, test, sample.dtype)
+        verdict = _or_decomposition(verdict, lambda: _eager_pair(op, sample, grad=True), baseline, oracle, test,
+                                    sample.dtype)
     return verdict
 
 

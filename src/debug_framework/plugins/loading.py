@@ -26,7 +26,7 @@ from ..errors import PluginCompilationError
 from .manifest import KernelSpec, PluginDefinition
 
 __all__ = ["LoadedKernel", "load_plugin", "resolve_op", "load_reference", "aten_overload", "file_digest",
-           "load_library"]
+           "load_library", "triton_mode"]
 
 _LOADED_LIBRARIES: dict[str, Path] = {}  # artifact digest -> the path loaded
 _TRITON_LIBS: dict[str, Any] = {}  # namespace -> torch.library.Library keeping its registrations alive
@@ -130,7 +130,7 @@ def _triton_compiled_already() -> bool:
     return fn is not None and type(fn).__name__ == "JITFunction"
 
 
-def _triton_mode(defn: PluginDefinition) -> None:
+def triton_mode(defn: PluginDefinition) -> None:
     """Kernels declared for "cpu" run in Triton's interpreter (on CPU tensors, GPU or not), "cuda" ones
     compile for the GPU. Triton reads ``TRITON_INTERPRET`` when the source is imported and again when
     a kernel runs, so it is process-wide: a GPU plugin cannot load into an interpreting process."""
@@ -160,7 +160,7 @@ def _schema_without_name(spec: KernelSpec) -> str:
 def _register_python_kernels(defn: PluginDefinition, artifact: Path) -> str:
     """Register each Triton entry function as ``dfplugin_<id>::<kernel>``; the namespace."""
     ns = f"dfplugin_{_ns(defn.id)}"
-    _triton_mode(defn)  # also when already registered: the interpreter is read again at every call
+    triton_mode(defn)  # also when already registered: the interpreter is read again at every call
     if ns in _TRITON_LIBS:
         return ns
     module = _import_file(artifact, f"{ns}_{file_digest(artifact)[:12]}")

@@ -36,11 +36,12 @@ class WorkerState:
         self.model_shapes, self.seed, self.opinfo = model_shapes, seed, opinfo
         self._kernels: dict[str, Any] | None = None
         self._samples: dict[str, list[Any]] = {}
-        if self.defn is not None and self.defn.backend_type == "triton" and all(
-                spec.devices[0] == "cpu" for spec in self.defn.kernels):
-            # Triton's interpreter for a CPU plugin, chosen before OpInfo's import: on a GPU machine it
-            # imports Triton (compiled), which then cannot switch modes (loading._triton_mode)
-            os.environ["TRITON_INTERPRET"] = "1"
+        if self.defn is not None and self.defn.backend_type == "triton":
+            from .loading import triton_mode
+
+            # Triton's mode chosen before OpInfo's import: on a GPU machine that imports Triton
+            # (compiled), after which a CPU plugin's interpreter could no longer be chosen
+            triton_mode(self.defn)
         if opinfo:  # imported while starting (not bounded by the user's --timeout), not by the first samples
             try:
                 import torch.testing._internal.common_methods_invocations  # noqa: F401
