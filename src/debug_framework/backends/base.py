@@ -13,7 +13,8 @@ from ..modelio.loader import LoadedModel
 from ..suggest import did_you_mean
 
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
-           "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math"]
+           "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math",
+           "reads_loaded_weights", "model_for"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -104,6 +105,21 @@ def layer_replay_support(backend: Backend) -> tuple[bool, str]:
     return can() if callable(can) else (True, "")
 
 
+def reads_loaded_weights(backend: Backend) -> bool:
+    """Whether ``backend`` is given the loaded model itself, whose weights other backends read too,
+    rather than :meth:`LoadedModel.fork` (weights of its own). Only a class that declares
+    ``reads_weights_only = True`` itself is (the framework's references, which only read their
+    weights, layer by layer: one mapping of the file for all of them); a subclass that changes what
+    its parent computes must declare it anew, and every other backend gets a fork."""
+    return vars(type(backend)).get("reads_weights_only") is True
+
+
+def model_for(backend: Backend, model: LoadedModel) -> LoadedModel:
+    """The model as ``backend`` is to be prepared with it: ``model`` for a backend that
+    :func:`reads_loaded_weights`, else a fork whose weights nothing else reads or writes."""
+    return model if reads_loaded_weights(backend) else model.fork()
+
+
 def no_reference_from_math(model: LoadedModel) -> None:
     """DF004 for a model no reference written from the math implements (a generic-tier model):
     it names why and the reference that judges it instead (``float64_eager``)."""
@@ -157,6 +173,9 @@ class BaseBackend:
     default_dtype: str = "float32"
     #: False for a backend that builds the model from its weights and config (an ONNX file has neither)
     runs_onnx_files: bool = True
+    #: True (declared by the class itself, see :func:`reads_loaded_weights`) for a backend that never
+    #: writes the weights it is given: it reads the loaded model's own, shared with the other readers
+    reads_weights_only: bool = False
 
     def __init__(self) -> None:
         self.model: LoadedModel | None = None

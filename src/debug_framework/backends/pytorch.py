@@ -62,15 +62,12 @@ def _stored_tensor(model: LoadedModel, name: str) -> Any:
     return torch.stack(per_expert)
 
 
-def _own_tensor(model: LoadedModel, name: str, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _own_tensor(mine: Any, name: str, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The model's own copy of ``stored`` in ``dtype``: converted, or where the dtype is already the
-    file's, the file's pages through a mapping of the model's own (copy-on-write: no memory of its
-    own until written), else a copy."""
-    if stored.dtype == dtype and name in model.weights:
-        private = getattr(model.weights, "private_tensor", None)
-        own = private(name) if private is not None else None
-        if own is not None:
-            return own
+    file's, the tensor of ``mine`` (a store of the model's own, :meth:`WeightStore.fork`: the file's
+    pages through a copy-on-write mapping, no memory until written), else a copy."""
+    if stored.dtype == dtype and mine is not None and name in mine:
+        return torch.as_tensor(mine[name])
     return stored.to(dtype, copy=True)
 
 
@@ -98,6 +95,9 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     own = net.state_dict()
     plan = StreamPlan(net) if stream and device == "cpu" else None
     params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
+    # the tensors this model keeps at the file's dtype are its own: a store no other model reads
+    weights = model.weights
+    mine = weights if getattr(weights, "private", False) else getattr(weights, "fork", lambda: None)()
     streamed: list[str] = []
     state: dict[str, Any] = {}
     for name, slot in own.items():
@@ -113,7 +113,7 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
             state[name] = tensor
             streamed.append(name)
             continue
-        state[name] = _own_tensor(model, name, tensor, want)  # the model's own, never those the references read
+        state[name] = _own_tensor(mine, name, tensor, want)  # the model's own, never those the references read
     missing = [n for n in own if n not in state]
     tied = {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set()
     if model.architecture == "generic":

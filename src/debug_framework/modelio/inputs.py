@@ -6,6 +6,7 @@ as a ``.safetensors`` file whose header metadata carries the JSON description (n
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,13 @@ class ModelInputs:
             self.token_type_ids = np.ascontiguousarray(self.token_type_ids, dtype=np.int64)
             if self.token_type_ids.shape != self.input_ids.shape:
                 raise ConfigurationError("token_type_ids must have the shape of input_ids")
+
+    def copy(self) -> ModelInputs:
+        """These inputs with arrays of their own (what each backend is given: nothing it writes
+        reaches another's)."""
+        return ModelInputs(self.input_ids.copy(), self.attention_mask.copy(),
+                           None if self.token_type_ids is None else self.token_type_ids.copy(),
+                           meta=copy.deepcopy(self.meta), extra={k: np.array(v, copy=True) for k, v in self.extra.items()})
 
     def position_ids(self) -> np.ndarray | None:
         """Each token's position ``[batch, length]`` where it is not ``0 .. length-1`` (left

@@ -8,6 +8,7 @@ config (from file headers, without reading the data). Any failure is a ``ModelLo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,15 @@ class LoadedModel:
     def digest(self) -> str:
         """Content digest of the weights (SHA-256, format independent, stable across runs)."""
         return self.weights.digest
+
+    def fork(self) -> LoadedModel:
+        """This model with weights of its own (:meth:`WeightStore.fork`: copy-on-write mappings, no
+        copy made) and its own ``config.json`` dict: what a backend that may change its weights in
+        place is given, so that nothing it writes reaches another backend. An ONNX file's weights
+        are read by each runtime from the file itself and stay as they are."""
+        fork = getattr(self.weights, "fork", None)
+        return dataclasses.replace(self, weights=self.weights if fork is None else fork(),
+                                   raw_config=copy.deepcopy(self.raw_config), files=list(self.files))
 
 
 def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -230,19 +230,28 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
     of the file where the format allows). :meth:`numpy` converts to a NumPy array of a dtype.
     """
 
-    def __init__(self, locations: dict[str, tuple[TensorReader, str]]) -> None:
+    def __init__(self, locations: dict[str, tuple[TensorReader, str]], *, private: bool = False) -> None:
         self._loc = locations
+        #: a fork's own readers, one per file, opened on first use (None: the readers of ``locations``)
+        self._own: dict[Path, TensorReader] | None = {} if private else None
+        self._parent: WeightStore | None = None
         self._digest: str | None = None
         self._digesting: threading.Thread | None = None  # start_digest's
         self._digest_error: BaseException | None = None
         self._digest_cancel = threading.Event()
-        self._private: dict[Path, SafetensorsReader] = {}  # each file's mapping of its own (private_tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loc:
             raise KeyError(name)
         reader, stored = self._loc[name]
-        return reader.tensor(stored)
+        if self._own is None:
+            return reader.tensor(stored)
+        if isinstance(reader, ZTensorReader):  # its mapping is read-only: a write would crash the process
+            return reader.tensor(stored).clone()
+        own = self._own.get(reader.path)
+        if own is None:
+            own = self._own[reader.path] = type(reader)(reader.path)  # type: ignore[call-arg]
+        return own.tensor(stored)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._loc)
@@ -268,17 +277,43 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         """The tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches)."""
         return tensor_numpy(self[name], dtype)
 
-    def private_tensor(self, name: str) -> torch.Tensor | None:
-        """``name`` through a mapping of its file of its own (safetensors: copy-on-write), opened
-        once per file and kept: the same bytes with no copy made, and a write to it (a backend
-        patching its weights in place) is seen by no other reader of the file. None where the
-        format gives no such mapping."""
-        reader, stored = self._loc[name]
-        if not isinstance(reader, SafetensorsReader):
-            return None
-        if reader.path not in self._private:
-            self._private[reader.path] = SafetensorsReader(reader.path)
-        return self._private[reader.path].tensor(stored)
+    def fork(self) -> WeightStore:
+        """The same weights as a store of their own (:attr:`private`): each file opened anew, when a
+        tensor of it is first asked for, through a mapping of its own (safetensors and torch files:
+        copy-on-write, so no copy is made and no memory is used until written). A write to a
+        tensor of the fork (a backend fusing, folding or quantizing its weights in place) is seen by
+        no other store, and never reaches the file; a ``.zt`` file, whose mapping is read-only, gives
+        the fork a fresh copy of a tensor each time it is asked for. The fork's :attr:`digest` is
+        this store's."""
+        fork = WeightStore(self._loc, private=True)
+        fork._digest = self._digest
+        fork._parent = self
+        return fork
+
+    @property
+    def private(self) -> bool:
+        """Whether this store is a :meth:`fork`: its tensors are its holder's own to write."""
+        return self._own is not None
+
+    def changed(self, expected: str | None = None, *, limit: int = 5) -> list[str]:
+        """The tensors whose bytes are no longer those of the digest ``expected`` (default: the
+        :attr:`digest` computed when the weights were loaded): a reader wrote into the mapping this
+        store hands out. At most ``limit`` names; ``[]`` when the weights, hashed again, still give
+        the digest. Each tensor is compared with a fresh mapping of its file, which a write through
+        this store's mapping never reaches."""
+        recorded = expected or self.digest
+        if self._compute_digest() == recorded:
+            return []
+        import torch
+
+        fresh = WeightStore(self._loc, private=True)
+        names = []
+        for name in sorted(self._loc):
+            if not torch.equal(self[name], fresh[name]):
+                names.append(name)
+                if len(names) >= limit:
+                    break
+        return names or ["(the tensors' names, shapes or dtypes)"]
 
     @property
     def digest(self) -> str:
@@ -293,6 +328,8 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
             if self._digest_error is not None:
                 error, self._digest_error = self._digest_error, None
                 raise error
+        if self._digest is None and self._parent is not None:
+            self._digest = self._parent.digest
         if self._digest is None:
             self._digest = self._compute_digest()
         return self._digest

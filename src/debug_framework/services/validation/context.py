@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["RunContext", "Stage", "call_backend", "StepInputs"]
+__all__ = ["RunContext", "Stage", "call_backend", "StepInputs", "WeightsChangedError", "own"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,43 @@ class RunContext:
     prebuilt: dict[str, Any] = field(default_factory=dict)
     #: the engine's ``(layers done, layers)`` report for the stage in progress (None: not asked for)
     layer_progress: Callable[[int, int], None] | None = None
+    #: ``(role, backend name)`` of every backend given the loaded weights themselves to read
+    #: (:func:`~debug_framework.backends.base.reads_loaded_weights`): who could have written them
+    weight_readers: list[tuple[str, str]] = field(default_factory=list)
+
+    def prepare_backend(self, backend: Backend, role: str, dtype: str | None, device: str = "cpu") -> float:
+        """Prepare ``backend`` for this run's model in ``role`` (``reference``, ``calibration`` ...):
+        the one way a stage builds a backend. A backend that only reads its weights is given the
+        loaded model; any other a fork with weights of its own, so that a backend changing its
+        weights in place (fusing, folding, quantizing) changes no other backend's. Returns the
+        seconds it took."""
+        from ...backends.base import model_for, reads_loaded_weights
+
+        model = model_for(backend, self.model)
+        if reads_loaded_weights(backend) and (role, backend.name) not in self.weight_readers:
+            self.weight_readers.append((role, backend.name))
+        started = time.perf_counter()
+        call_backend(backend, "prepare()", lambda: backend.prepare(model, dtype, device))
+        return time.perf_counter() - started
+
+    def check_weights(self) -> None:
+        """The guard of the shared weights, run before a verdict is kept: the loaded weights the
+        references read must still hash to the digest recorded when the session was created. Where
+        they do not, a backend wrote into them and every comparison with them is void: raised as
+        :class:`WeightsChangedError` (an internal error, exit 3 from a CLI), naming the backends that
+        were given them and the tensors that changed."""
+        weights = getattr(self, "model", None)
+        weights = getattr(weights, "weights", None)
+        if not self.weight_readers or not callable(getattr(weights, "changed", None)):
+            return
+        changed = weights.changed(self.session.weights_digest or None)
+        if not changed:
+            return
+        readers = ", ".join(f"{name!r} ({role})" for role, name in self.weight_readers)
+        who = "by the only backend given them" if len(self.weight_readers) == 1 else "by one of the backends given them"
+        raise WeightsChangedError(
+            f"the loaded weights changed during session {self.session.session_id}, written {who}: {readers}; "
+            f"changed: {', '.join(changed)}. No verdict is kept: the reference and the calibration read them")
 
     def layers_done(self, done: int, total: int | None = None) -> None:
         """Report that the stage in progress got through ``done`` of ``total`` layers (default:
@@ -158,6 +195,30 @@ class Stage:
     def run(self, ctx: RunContext) -> None:
         """Do this stage's work on ``ctx``."""
         raise NotImplementedError
+
+
+class WeightsChangedError(RuntimeError):
+    """The loaded weights no longer hash to the digest recorded when the session was created: a
+    backend given them to read wrote into them (:meth:`RunContext.check_weights`). An internal
+    error, never a verdict."""
+
+
+def own(value: Any) -> Any:
+    """A copy of ``value`` for one backend call, so that a backend writing into what it is given (an
+    in-place residual add on a replayed layer's input) changes nothing another backend or the judge
+    reads: tensors cloned with their strides, arrays copied, :class:`ModelInputs` copied whole;
+    anything else as it is."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    copy = getattr(value, "copy", None)
+    if type(value).__name__ == "ModelInputs" and callable(copy):
+        return copy()
+    clone = getattr(value, "clone", None)
+    if callable(clone) and hasattr(value, "stride"):  # a torch tensor (preserve_format keeps its strides)
+        return clone()
+    return value
 
 
 def call_backend(backend: Backend, what: str, fn: Callable[[], T]) -> T:

@@ -18,7 +18,7 @@ import numpy as np
 from ...backends.decode import DecodeRun
 from ...capture.keys import CheckpointKey, layer_input_key
 from ...comparison import compare
-from .context import RunContext, StepInputs, call_backend
+from .context import RunContext, StepInputs, call_backend, own
 from .evidence import BlockEvidence, reference_scale
 
 __all__ = ["replay_decode_layer", "step_inputs"]
@@ -83,10 +83,10 @@ def _replay(ctx: RunContext, alt: Any, calibrator: Any, ref_run: DecodeRun, toke
     i = key.layer
     assert i is not None
     replay = call_backend(alt, f"run_decode_layer({i}, step {step})",
-                          lambda: alt.run_decode_layer(i, ref_in, ctx.inputs, step, tokens))
+                          lambda: alt.run_decode_layer(i, own(ref_in), own(ctx.inputs), step, own(tokens)))
     cal = _replayer(calibrator) if ctx.plan.calibrated(key) else None
     cal_replay = None if cal is None else call_backend(
-        cal, f"run_decode_layer({i}, step {step})", lambda: cal.run_decode_layer(i, ref_in, ctx.inputs, step, tokens))
+        cal, f"run_decode_layer({i}, step {step})", lambda: cal.run_decode_layer(i, own(ref_in), own(ctx.inputs), step, own(tokens)))
     ref_out = ref_run.captures[step].tensors[key]
     tol = ctx.plan.tolerance(key)
     err = compare(ref_out, replay.tensors[key], tolerance=tol, check_dtype=False, name=f"{key}@{step} replayed")

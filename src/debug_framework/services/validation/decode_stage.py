@@ -23,7 +23,7 @@ from ...comparison import compare, error_metric, position_mask, select_positions
 from ...comparison.next_token import next_token_metrics
 from ...errors import BackendInitializationError, ConfigurationError
 from .calibration import calibration_dtype, noise_at
-from .context import RunContext, Stage, call_backend
+from .context import RunContext, Stage, call_backend, own
 from .decode_replay import replay_decode_layer, step_inputs
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 
@@ -99,11 +99,11 @@ class DecodeStage(Stage):
         taps = list(plan.keys)
         ref = ctx.reference
         ref_run: DecodeRun = call_backend(ref, "run_decode()",
-                                          lambda: ref.run_decode(ctx.inputs, steps, taps, given))  # type: ignore[attr-defined]
+                                          lambda: ref.run_decode(own(ctx.inputs), steps, taps, own(given)))  # type: ignore[attr-defined]
         tokens = ref_run.tokens if given is None else given
         alt = ctx.alternative
         alt_run: DecodeRun = call_backend(alt, "run_decode()",
-                                          lambda: alt.run_decode(ctx.inputs, steps, taps, tokens))  # type: ignore[attr-defined]
+                                          lambda: alt.run_decode(own(ctx.inputs), steps, taps, own(tokens)))  # type: ignore[attr-defined]
         cal_run, cal = self._calibration(ctx, steps, taps, tokens)
         for ev in ctx.evidence.checkpoints:
             if ev.step is None:
@@ -144,8 +144,8 @@ class DecodeStage(Stage):
 
             cal = EagerReferenceBackend()
             dtype = calibration_dtype(ctx.plan, ctx.model)
-            call_backend(cal, "prepare()", lambda: cal.prepare(ctx.model, dtype, "cpu"))
-        return call_backend(cal, "run_decode()", lambda: cal.run_decode(ctx.inputs, steps, taps, tokens)), cal  # type: ignore[attr-defined]
+            ctx.prepare_backend(cal, "calibration", dtype, "cpu")
+        return call_backend(cal, "run_decode()", lambda: cal.run_decode(own(ctx.inputs), steps, taps, own(tokens))), cal  # type: ignore[attr-defined]
 
 
 def ev_module(ctx: RunContext, key: CheckpointKey) -> str | None:

@@ -22,7 +22,7 @@ from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
 from .calibration import noise_at
-from .context import RunContext, Stage, call_backend
+from .context import RunContext, Stage, call_backend, own
 
 __all__ = ["PrecisionStage", "lower_precision_backend"]
 
@@ -71,8 +71,8 @@ class PrecisionStage(Stage):
                 continue
             with Timer() as t:
                 try:
-                    call_backend(backend, "prepare()", lambda b=backend, d=dtype: b.prepare(ctx.model, d, "cpu"))
-                    cap: Capture = call_backend(backend, "run()", lambda b=backend: b.run(ctx.inputs, keys))
+                    ctx.prepare_backend(backend, f"precision {dtype}", dtype, "cpu")
+                    cap: Capture = call_backend(backend, "run()", lambda b=backend: b.run(own(ctx.inputs), keys))
                 except DebugFrameworkError as exc:  # a trusted run that cannot run here: said, not fatal
                     skipped[dtype] = exc.message
                     continue

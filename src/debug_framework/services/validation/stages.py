@@ -52,7 +52,7 @@ from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkErr
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .memory import capture_budget, check_memory, session_estimate
-from .context import RunContext, Stage, call_backend
+from .context import RunContext, Stage, call_backend, own
 from .decode_stage import DecodeStage
 from .drill_stage import DrillDownStage
 from .mark_all import MarkAllStage
@@ -126,9 +126,7 @@ class PrepareStage(Stage):
             ("reference", ctx.reference, plan.reference_dtype, cfg["reference_device"]),
             ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
         ):
-            with Timer() as t:
-                call_backend(backend, "prepare()", lambda b=backend, d=dtype, dev=device: b.prepare(ctx.model, d, dev))
-            ctx.prepare_s[side] = t.seconds
+            ctx.prepare_s[side] = ctx.prepare_backend(backend, side, dtype, device)
         isolate = cfg["isolate"]
         if not isolate:
             ctx.isolating, ctx.evidence.isolation_note = False, "isolation not requested"
@@ -180,7 +178,7 @@ def run_measured(backend: Backend, dtype: str, device: str, inputs: ModelInputs,
     """One forward pass of a prepared backend with the plan's profiling: ``(capture, stats)``."""
     mem = PeakMemory(device) if plan.memory_profiling else contextlib.nullcontext()
     with layer_timer(backend, plan.per_layer_timing) as timing, Timer() as wall, mem:
-        cap = call_backend(backend, "run()", lambda: backend.run(inputs, taps, capture_layer_inputs=layer_inputs))
+        cap = call_backend(backend, "run()", lambda: backend.run(own(inputs), taps, capture_layer_inputs=layer_inputs))
     stats: dict[str, Any] = {"backend": backend.name, "dtype": dtype, "device": device, "prepare_s": prepare_s,
                              "forward_s": float(cap.elapsed_s), "wall_s": wall.seconds}
     if plan.per_layer_timing:
@@ -258,11 +256,10 @@ class CalibrationStage(Stage):
         plan, dtype = ctx.plan, calibration_dtype(ctx.plan, ctx.model)
         backend = ctx.prebuilt.get("calibrator") or calibration_backend(plan, ctx.session.alternative_backend,
                                                                         ctx.model)
-        with Timer() as t:
-            call_backend(backend, "prepare()", lambda: backend.prepare(ctx.model, dtype, "cpu"))
+        prepare_s = ctx.prepare_backend(backend, "calibration", dtype, "cpu")
         taps = plan.all_keys if ctx.isolating else list(plan.keys)
         ctx.captures["calibration"], ctx.performance["calibration"] = run_measured(
-            backend, dtype, "cpu", ctx.inputs, taps, layer_inputs=False, plan=plan, prepare_s=t.seconds)
+            backend, dtype, "cpu", ctx.inputs, taps, layer_inputs=False, plan=plan, prepare_s=prepare_s)
         ctx.calibrator = backend
 
 
@@ -363,12 +360,12 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         carried = compare(ref_in, alt_in, tolerance=plan.tolerance(k_in), check_dtype=False, name=f"layer {i} input",
                           positions=pos)
     alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
-    replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, ref_in, ctx.inputs))
+    replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, own(ref_in), own(ctx.inputs)))
     calibrator = ctx.calibrator if plan.config["calibrate"] else None
     cal_replay = None
     if calibrator is not None and layer_replay_support(calibrator)[0]:
         cal = cast(LayerReplayBackend, calibrator)
-        cal_replay = call_backend(cal, f"run_layer({i})", lambda: cal.run_layer(i, ref_in, ctx.inputs))
+        cal_replay = call_backend(cal, f"run_layer({i})", lambda: cal.run_layer(i, own(ref_in), own(ctx.inputs)))
 
     def block(name: str, key: CheckpointKey, alt: Capture, cal: Capture | None) -> BlockEvidence:
         if key not in scales:
@@ -388,11 +385,11 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
         note = f"the alternative {ctx.alternative.name!r} {why}"
     else:
         alt_b = cast(BlockReplayBackend, ctx.alternative)
-        alt_mlp = call_backend(alt_b, f"run_block({i}, 'mlp')", lambda: alt_b.run_block(i, "mlp", ref_attn, ctx.inputs))
+        alt_mlp = call_backend(alt_b, f"run_block({i}, 'mlp')", lambda: alt_b.run_block(i, "mlp", own(ref_attn), own(ctx.inputs)))
         cal_mlp = None
         if calibrator is not None and block_replay_support(calibrator)[0]:
             cal_b = cast(BlockReplayBackend, calibrator)
-            cal_mlp = call_backend(cal_b, f"run_block({i}, 'mlp')", lambda: cal_b.run_block(i, "mlp", ref_attn, ctx.inputs))
+            cal_mlp = call_backend(cal_b, f"run_block({i}, 'mlp')", lambda: cal_b.run_block(i, "mlp", own(ref_attn), own(ctx.inputs)))
         mlp = block("mlp", k_mlp, alt_mlp, cal_mlp)
     total = None
     if k_mlp in alt_cap and k_mlp in ref_cap:
@@ -470,10 +467,9 @@ class OracleStage(Stage):
                                                  "reused as the oracle"}
             return ctx.reference_capture
         oracle = get_backend(_oracle_name(ctx))
-        with Timer() as t:
-            call_backend(oracle, "prepare()", lambda: oracle.prepare(ctx.model, "float64", "cpu"))
+        prepare_s = ctx.prepare_backend(oracle, "oracle", "float64", "cpu")
         cap, ctx.performance["oracle"] = run_measured(oracle, "float64", "cpu", ctx.inputs, list(ctx.plan.keys),
-                                                      layer_inputs=False, plan=ctx.plan, prepare_s=t.seconds)
+                                                      layer_inputs=False, plan=ctx.plan, prepare_s=prepare_s)
         return cap
 
 
@@ -492,7 +488,7 @@ class NoiseFloorStage(Stage):
         noise: dict[str, Any] = {}
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
             first = ctx.captures[side]
-            again = call_backend(backend, "run() (second run)", lambda b=backend: b.run(ctx.inputs, keys))
+            again = call_backend(backend, "run() (second run)", lambda b=backend: b.run(own(ctx.inputs), keys))
             diffs: dict[str, float] = {}
             for key in keys:
                 if key in first and key in again:
@@ -549,11 +545,13 @@ class RecordStage(Stage):
 
 class StoreStage(Stage):
     """The result (the evidence as the judge decided it): its summary written to the session, the
-    session's status set passed/failed."""
+    session's status set passed/failed; first the guard of the weights the references read
+    (:meth:`RunContext.check_weights`)."""
 
     name = "store"
 
     def run(self, ctx: RunContext) -> None:
+        ctx.check_weights()  # the weights the references read unchanged, or no verdict at all
         session, plan = ctx.session, ctx.plan
         perf = ctx.performance
         perf["total_s"] = time.perf_counter() - ctx.started
