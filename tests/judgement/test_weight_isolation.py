@@ -216,3 +216,20 @@ def test_guard_exits_3_from_the_cli(tiny_models, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 3, err
     assert "internal error" in err and "writing_reference" in err and "WeightsChangedError" in err
+
+
+def test_a_fork_maps_only_what_it_keeps(tiny_models):
+    """Converting a fork's tensors reads the mapping the references share (the resident set counts
+    the file's pages once, as the 1.2B figures need); only a tensor kept at the file's dtype opens
+    the fork's own mapping."""
+    model = load_model(tiny_models("llama"))
+    fork = model.fork()
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert name in fork.weights and fork.weights._own == {}  # membership reads the names alone
+    build_hf_model(fork, torch.bfloat16)  # every tensor converted from the float32 file
+    assert fork.weights._own == {}
+    net = build_hf_model(fork, torch.float32)  # kept at the file's dtype: the fork's own pages
+    assert len(fork.weights._own) == 1
+    with torch.no_grad():
+        net.get_submodule("model.layers.0.mlp.up_proj").weight.mul_(2.0)
+    assert torch.equal(fork.weights[name], model.weights[name] * 2.0) and model.weights.changed() == []

@@ -47,8 +47,10 @@ def _stored_tensor(model: LoadedModel, name: str) -> Any:
     """The tensor the model's parameter ``name`` takes from the weights: itself, or for a mixture of
     experts' fused ``mlp.experts.gate_up_proj`` / ``down_proj`` the checkpoint's per-expert
     projections stacked (``[X, 2F, D]``: each expert's gate then up; ``[X, D, F]``)."""
-    if name in model.weights:
-        return model.weights[name]
+    weights = model.weights
+    read = getattr(weights, "reading", weights.__getitem__)  # read to convert: no second mapping counted
+    if name in weights:
+        return read(name)
     config = model.config
     if not isinstance(config, MoeModelConfig) or not name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
         return None
@@ -57,7 +59,7 @@ def _stored_tensor(model: LoadedModel, name: str) -> Any:
     names = [f"{prefix}.{e}.{part}.weight" for e in range(config.num_experts) for part in parts]
     if not all(n in model.weights for n in names):
         return None
-    per_expert = [torch.cat([torch.as_tensor(model.weights[f"{prefix}.{e}.{part}.weight"]) for part in parts])
+    per_expert = [torch.cat([torch.as_tensor(read(f"{prefix}.{e}.{part}.weight")) for part in parts])
                   for e in range(config.num_experts)]
     return torch.stack(per_expert)
 

@@ -253,6 +253,9 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
             own = self._own[reader.path] = type(reader)(reader.path)  # type: ignore[call-arg]
         return own.tensor(stored)
 
+    def __contains__(self, name: object) -> bool:  # from the names alone: no file is opened
+        return name in self._loc
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._loc)
 
@@ -289,6 +292,16 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         fork._digest = self._digest
         fork._parent = self
         return fork
+
+    def reading(self, name: str) -> torch.Tensor:
+        """``name`` to be read, never written (converted to another dtype, say): a fork's own tensor
+        where the fork has already handed out a tensor of that file (which may have been written),
+        else the tensor of the mapping the loaded weights' other readers share, whose pages the
+        resident set then counts once."""
+        reader, stored = self._loc[name]
+        if self._own is None or reader.path in self._own:
+            return self[name]
+        return reader.tensor(stored)
 
     @property
     def private(self) -> bool:
