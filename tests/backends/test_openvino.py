@@ -105,3 +105,22 @@ def test_a_wrong_node_is_drilled_to_through_openvino(tiny_bert, tmp_path):
 def _alternative_versions(session: dict) -> dict:
     """The alternative backend's version_info as the session recorded it after prepare."""
     return session["alternative_backend_info"]["versions"]
+
+
+@pytest.mark.slow
+def test_openvino_at_defaults_on_the_real_minilm_completes_with_isolation(minilm_path, tmp_path, capsys):
+    """All-MiniLM-L6-v2 through OpenVINO at its defaults, as a user runs it: each layer replayed
+    through the cut graph (whose inputs OpenVINO now types as ONNX Runtime does, ``tensor(float)``;
+    it crashed in ``run_layer(0)``), a verdict and every layer's isolation."""
+    import json
+
+    from debug_framework.cli.debug_validate import run
+
+    code = run(["--model-path", str(minilm_path), "--alternative-backend", "openvino", "--json",
+                "--database", str(tmp_path / "ov.db")])
+    out = capsys.readouterr().out
+    assert code in (0, 1), out[-2000:]
+    doc = json.loads(out)
+    assert doc["verdict"] in ("passed", "failed")
+    assert [layer["layer"] for layer in doc["isolation"]] == list(range(6))
+    assert all(layer["layer_replay"] is not None for layer in doc["isolation"])

@@ -58,10 +58,10 @@ class _OpenVinoSession:
         self._request = compiled.create_infer_request()
 
     def get_inputs(self) -> list[Any]:
-        return [_Named(p.get_any_name()) for p in self.compiled.inputs]
+        return [_Named.of(p) for p in self.compiled.inputs]
 
     def get_outputs(self) -> list[Any]:
-        return [_Named(p.get_any_name()) for p in self.compiled.outputs]
+        return [_Named.of(p) for p in self.compiled.outputs]
 
     def get_providers(self) -> list[str]:
         return [f"OpenVINO {self.device}"]
@@ -89,11 +89,25 @@ class _OpenVinoSession:
         return [np.array(by_name[n], copy=True) for n in wanted]
 
 
-class _Named:
-    """A graph input or output as ONNX Runtime describes it (only its name is read)."""
+#: OpenVINO's element type name -> ONNX Runtime's spelling of the tensor type (``NodeArg.type``)
+_ORT_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "bf16": "tensor(bfloat16)", "f64": "tensor(double)",
+              "i64": "tensor(int64)", "i32": "tensor(int32)", "boolean": "tensor(bool)", "u8": "tensor(uint8)",
+              "i8": "tensor(int8)"}
 
-    def __init__(self, name: str) -> None:
+
+class _Named:
+    """A graph input or output as ONNX Runtime describes it: its ``name`` and its ``type``
+    (``tensor(float)``, ``tensor(float16)`` ...)."""
+
+    def __init__(self, name: str, type: str = "") -> None:  # noqa: A002 - ONNX Runtime's attribute name
         self.name = name
+        self.type = type
+
+    @classmethod
+    def of(cls, port: Any) -> _Named:
+        """An OpenVINO compiled model's input or output port as ONNX Runtime would name and type it."""
+        element = port.get_element_type().get_type_name()
+        return cls(port.get_any_name(), _ORT_TYPES.get(element, f"tensor({element})"))
 
 
 def round_to_bfloat16(model: Any) -> int:
