@@ -110,10 +110,18 @@ def rms_error(value: Any, trusted: Any) -> float:
 
 
 def _cast_like(value: Any, like: Any, device: str | torch.device) -> Any:
-    """``value`` (trusted, float64) cast to the dtype ``like`` has, on ``device``, as a fresh copy."""
+    """``value`` (trusted, float64) cast to the dtype ``like`` has, on ``device``, as a fresh copy
+    laid out as ``like`` is (its strides, where it is dense): the operator replayed on it was given
+    ``like`` by the alternative, and a ``view`` of it needs the layout it had there, not the one
+    the trusted computation happened to leave (a transposed product where the alternative's own
+    quantized linear gave a contiguous one)."""
     if isinstance(value, torch.Tensor):
-        dtype = like.dtype if isinstance(like, torch.Tensor) else value.dtype
-        return value.detach().to(device=device, dtype=dtype, copy=True)
+        if not isinstance(like, torch.Tensor):
+            return value.detach().to(device=device, copy=True)
+        if like.shape == value.shape and like.layout == torch.strided and not like.is_quantized:
+            # preserve_format: like's strides where they are dense and do not overlap, else contiguous
+            return torch.empty_like(like, device=device).copy_(value.detach())
+        return value.detach().to(device=device, dtype=like.dtype, copy=True).contiguous()
     if isinstance(value, (tuple, list)):
         likes = like if isinstance(like, (tuple, list)) else [None] * len(value)
         return type(value)(_cast_like(v, w, device) for v, w in zip(value, likes))
