@@ -94,7 +94,7 @@ def test_failing_session_has_every_section(db, build):
         assert m in charts, m
     assert page.count('class="fd-line"') >= 8
     # isolation names layer 2 as the one that introduces error
-    assert re.search(r"Layers that introduce error on their own: <strong>2</strong>", page)
+    assert re.search(r"Layers that introduce error on their own: <strong>layer 2( \(mlp\))?</strong>", page)
     # heatmap from the recorded tensors of the worst checkpoint
     assert 'data-source="recorded tensors"' in page
     worst = max(b.results, key=lambda r: r["max_abs_error"])

@@ -170,6 +170,8 @@ def _write_output(path: Path, engine: ValidationEngine, session_id: str, result:
 
 def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: str) -> None:
     """The table, the verdict line, isolation, timings and where the session went."""
+    from ..reports._common import introducing, introducing_text
+
     out.print(_table(result, verbose, out.width))
     first = result.get("first_divergence")
     if first:
@@ -192,10 +194,10 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
 
         for line in decode_text(result, out.width):
             out.print(markup("{}", line))
-    if result.get("introducing_layers") is not None:
-        layers = result["introducing_layers"]
-        out.print("isolation: " + (f"layer(s) {', '.join(map(str, layers))} introduce error; the rest only propagate"
-                                   if layers else "no layer introduces error on its own"))
+    if introducing(result) is not None:
+        found = introducing_text(result)
+        out.print(markup("{}", "isolation: " + ("no layer introduces error on its own" if found == "none" else
+                                                f"error introduced by {found}; the rest only propagate")))
     elif result.get("isolation_note"):
         out.print(markup("isolation: {}", result["isolation_note"]))
     if verbose and result.get("isolation"):

@@ -263,12 +263,55 @@ def precision_text(dtype: str, declared: Any, quantized: Mapping[str, int] | Non
 def error_source_text(source: Mapping[str, Any]) -> str:
     """Where a failed validation's error comes from, in words: ``layer 1 (attention)``, ``the
     embedding``, ``the final norm / head``, ``accumulation (first beyond its bound at layer 3)``,
-    with ``(not confirmed by isolation)`` where isolation did not confirm it."""
+    ``layer 1 (attention) at decode step 1``, ``the KV cache of layer 1 after step 1``, with ``(not
+    confirmed by isolation)`` where isolation did not confirm it. Every view prints this."""
     kind = source.get("kind")
-    where = {"layer": f"layer {source.get('layer')} ({source.get('block')})", "embedding": "the embedding",
-             "head": "the final norm / head", "accumulation": f"accumulation (first beyond its bound at layer "
-                                                              f"{source.get('layer')})"}.get(str(kind), str(kind))
+    layer, block, step = source.get("layer"), source.get("block"), source.get("step")
+    at_layer = f"layer {layer}" + (f" ({block})" if block else "")
+    where = {"layer": at_layer, "embedding": "the embedding",
+             "head": "the final norm / head",
+             "accumulation": f"accumulation (first beyond its bound at layer {layer})",
+             "decode": (f"{at_layer} at decode step {step}" if layer is not None else f"decode step {step}"),
+             "kv_cache": (f"the KV cache of layer {layer}" if layer is not None else "the KV cache")
+                         + (f" after step {step}" if step is not None else "")}.get(str(kind), str(kind))
     return where + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
+
+
+def introducing(results: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The layers that introduce error on their own, from the prefill's isolation and from the
+    replays at the first divergent decode step, in that order: ``{"layer", "step", "blocks"}``
+    (``step`` 0: the prefill); None where no isolation ran at all. The one list every view shows."""
+    found: list[dict[str, Any]] | None = None
+    prefill = results.get("introducing_layers")
+    if isinstance(prefill, list):
+        blocks = {d.get("layer"): d.get("blocks") or [] for d in results.get("isolation") or []
+                  if isinstance(d, Mapping)}
+        found = [{"layer": i, "step": 0, "blocks": list(blocks.get(i) or [])} for i in prefill]
+    iso = (results.get("decode") or {}).get("isolation")
+    if isinstance(iso, Mapping) and iso.get("layers"):
+        found = found or []
+        for r in iso["layers"]:
+            if isinstance(r, Mapping) and r.get("introduces"):
+                key = str(r.get("checkpoint") or "")
+                found.append({"layer": r.get("layer"), "step": iso.get("step"),
+                              "blocks": ["attention" if key.startswith("post_attention") else "layer"]})
+    return found
+
+
+def introducing_text(results: Mapping[str, Any]) -> str:
+    """:func:`introducing` in words: ``layer 1 (attention) at decode step 1``, ``layers 0, 2``,
+    ``none``; ``not run`` where no isolation ran."""
+    found = introducing(results)
+    if found is None:
+        return "not run"
+    if not found:
+        return "none"
+    parts = []
+    for d in found:
+        blocks = ", ".join(str(b) for b in d["blocks"])
+        parts.append(f"layer {d['layer']}" + (f" ({blocks})" if blocks else "")
+                     + (f" at decode step {d['step']}" if d["step"] else ""))
+    return ", ".join(parts)
 
 
 def flat_items(value: Any, prefix: str = "") -> list[tuple[str, str]]:

@@ -18,6 +18,9 @@ from typing import Any
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
+    error_source_text,
+    introducing as introducing_layers,
+    introducing_text,
     precision_text,
     as_float,
     damaged_fields,
@@ -227,21 +230,18 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
     iso_rows = isolation_rows(rows)
     info = results.get("isolation")
     layers = [d for d in info if isinstance(d, Mapping)] if isinstance(info, list) else []
-    introducing = results.get("introducing_layers")
-    if not iso_rows and not info and not introducing and not results.get("isolation_note"):
+    if not iso_rows and not info and not introducing_layers(results) and not results.get("isolation_note"):
         return ""
     parts = []
-    if isinstance(introducing, list):
-        names = ", ".join(str(x) for x in introducing) if introducing else "none"
+    if introducing_layers(results) is not None:
         parts.append(f'<p id="introducing-layers" class="note">Layers that introduce error on their own: '
-                     f"<strong>{esc(names)}</strong></p>")
+                     f"<strong>{esc(introducing_text(results))}</strong></p>")
     if results.get("isolation_note"):
         parts.append(f'<p class="note">{esc(results.get("isolation_note"))}</p>')
     source = results.get("error_source")
     if isinstance(source, Mapping):
-        parts.append(f'<p id="error-source" class="note">Source of the error: <strong>{esc(source.get("kind"))}'
-                     f'{"" if source.get("layer") is None else " " + esc(source.get("layer"))}</strong>: '
-                     f'{esc(source.get("detail"))}</p>')
+        parts.append(f'<p id="error-source" class="note">Source of the error: '
+                     f'<strong>{esc(error_source_text(source))}</strong>: {esc(source.get("detail"))}</p>')
     if iso_rows:
         series_src: Sequence[Mapping[str, Any]] = iso_rows
         labels = [row_id(r) for r in iso_rows]
@@ -427,8 +427,10 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
            if worst is not None else "")
         + (f'<div id="consistent-with">{esc(precision_text(results["consistent_with"], alt_dtype, quantized))}</div>'
            if isinstance(results.get("consistent_with"), str) else "")
-        + (f"<div>layers that introduce error (isolation): {esc(', '.join(str(x) for x in results['introducing_layers']) or 'none')}</div>"
-           if isinstance(results.get("introducing_layers"), list) else "")
+        + (f'<div id="summary-introducing">layers that introduce error (isolation): '
+           f"{esc(introducing_text(results))}</div>" if introducing_layers(results) is not None else "")
+        + (f'<div id="summary-source">source of the error: {esc(error_source_text(results["error_source"]))}</div>'
+           if isinstance(results.get("error_source"), Mapping) else "")
         + (f'<div id="culprit-summary">culprit operator (drill-down): <strong>{esc(culprits)}</strong> '
            '<a href="#drilldown">details</a></div>' if (culprits := drilldown_culprits(results)) else "")
         + (f"<div>error: {esc(session.get('error_message'))}</div>" if session.get("error_message") else "")
