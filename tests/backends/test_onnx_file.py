@@ -170,7 +170,9 @@ def test_an_onnx_file_validates_against_onnxruntime_and_openvino(bert_onnx, tmp_
     # the bf16 hint forced (emulated where the CPU has no bfloat16): named, and passing at bfloat16
     bf16 = {"alternative_options": {"precision_hint": "bf16"}}
     result = _validate(tmp_path, bert_onnx, "openvino", **bf16)
-    assert result["verdict"] == "failed" and result["consistent_with"] == "bfloat16"
+    # bfloat16 where emulated; where the CPU computes bfloat16 natively its accumulations stay float32,
+    # a mixed precision no correct half-precision run matches (tests/backends/test_openvino.py)
+    assert result["verdict"] == "failed" and result["consistent_with"] in ("bfloat16", "float16", None)
     result = _validate(tmp_path, bert_onnx, "openvino", dtype="bfloat16", mark_all=True, **bf16)
     assert result["verdict"] == "passed", result["failed"]
     assert result["mark_all"]["compared"] > 50 and result["mark_all"]["failed"] == 0, result["mark_all"]["failures"][:3]
