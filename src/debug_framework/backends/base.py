@@ -86,23 +86,19 @@ def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: Any
 
 def block_replay_support(backend: Backend) -> tuple[bool, str]:
     """``(True, "")`` when ``backend`` (prepared) can run a layer's MLP block alone on a given
-    post-attention state, else ``(False, why)``. A backend whose support depends on what it wraps
-    answers through ``can_run_block()``."""
-    if not isinstance(backend, BlockReplayBackend):
-        return False, "cannot run a layer's blocks alone (no run_block)"
-    can = getattr(backend, "can_run_block", None)
-    return can() if callable(can) else (True, "")
+    post-attention state, else ``(False, why)``: its :func:`~.capabilities.capabilities`'
+    ``block_replay``."""
+    from .capabilities import capabilities
+
+    return tuple(capabilities(backend).block_replay)  # type: ignore[return-value]
 
 
 def layer_replay_support(backend: Backend) -> tuple[bool, str]:
-    """``(True, "")`` when ``backend`` (prepared) can replay a single layer, else ``(False, why)``.
+    """``(True, "")`` when ``backend`` (prepared) can replay a single layer, else ``(False, why)``:
+    its :func:`~.capabilities.capabilities`' ``layer_replay``."""
+    from .capabilities import capabilities
 
-    A backend whose ``run_layer`` depends on what it wraps answers through ``can_run_layer()``.
-    """
-    if not isinstance(backend, LayerReplayBackend):
-        return False, "cannot run a single layer (no run_layer)"
-    can = getattr(backend, "can_run_layer", None)
-    return can() if callable(can) else (True, "")
+    return tuple(capabilities(backend).layer_replay)  # type: ignore[return-value]
 
 
 def reads_loaded_weights(backend: Backend) -> bool:

@@ -63,14 +63,11 @@ class DecodeBackend(Protocol):
 
 
 def decode_support(backend: Any) -> tuple[bool, str]:
-    """Whether a prepared backend can decode; ``(False, why)`` when it cannot."""
-    can = getattr(backend, "can_decode", None)
-    if callable(can):
-        ok, why = can()
-        return bool(ok), str(why)
-    if callable(getattr(backend, "run_decode", None)):
-        return True, ""
-    return False, "has no decode support (no run_decode: it runs one forward pass only)"
+    """Whether a prepared backend can decode; ``(False, why)`` when it cannot: its
+    :func:`~.capabilities.capabilities`' ``decode``."""
+    from .capabilities import capabilities
+
+    return tuple(capabilities(backend).decode)  # type: ignore[return-value]
 
 
 def last_token_index(mask: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
+from ..backends.capabilities import backend_versions, capabilities
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings
@@ -94,7 +95,7 @@ LayerProgress = Callable[[str, int, int], None]
 
 
 def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": getattr(backend, "name", "?"), "class": type(backend).__qualname__,
+    info: dict[str, Any] = {"name": backend.name, "class": type(backend).__qualname__,
                             "module": type(backend).__module__, "dtype": dtype, "device": device}
     import numpy
 
@@ -112,11 +113,8 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
 def _versions(backend: Backend) -> dict[str, Any]:
     """``{"versions": backend.version_info()}``, ``{"versions_error": why}`` where that raised,
     ``{}`` for a backend without one."""
-    fn = getattr(backend, "version_info", None)
-    if not callable(fn):
-        return {}
     try:
-        more = fn()
+        more = backend_versions(backend)
     except Exception as exc:  # noqa: BLE001 - informational only
         return {"versions_error": str(exc)}
     return {"versions": {str(k): v for k, v in more.items()}} if isinstance(more, Mapping) else {}
@@ -141,10 +139,10 @@ def failure_message(exc: BaseException) -> str:
 def _reference_dtype(ref: Backend, cfg: Mapping[str, Any], alt_dtype: str) -> str:
     if cfg["reference_dtype"]:
         return str(cfg["reference_dtype"])
-    supported = tuple(getattr(ref, "supported_dtypes", ()) or ())
-    if cfg["oracle"] and alt_dtype in supported:
+    caps = capabilities(ref)
+    if cfg["oracle"] and alt_dtype in caps.dtypes:
         return alt_dtype  # the ratio rule compares implementations at the same precision
-    return str(getattr(ref, "default_dtype", "float32"))
+    return caps.default_dtype
 
 
 def _session_inputs(model: LoadedModel, cfg: Mapping[str, Any]) -> ModelInputs:
@@ -281,11 +279,11 @@ class ValidationEngine(EngineFaces):
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
         alt = get_backend(alt_name, **cfg["alternative_options"])
-        alt_dtype = str(cfg["dtype"] or getattr(alt, "default_dtype", "float32"))
+        alt_dtype = str(cfg["dtype"] or capabilities(alt).default_dtype)
         ref_dtype = _reference_dtype(ref, cfg, alt_dtype)
         for b, dt in ((ref, ref_dtype), (alt, alt_dtype)):
-            supported = getattr(b, "supported_dtypes", None)
-            if supported is not None and dt not in supported:
+            supported = capabilities(b).dtypes
+            if dt not in supported:
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype

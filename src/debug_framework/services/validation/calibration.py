@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...backends.base import Backend
+from ...backends.capabilities import capabilities
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ConfigurationError
@@ -66,7 +67,7 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: A
         raise ConfigurationError(f"calibration_backend {name!r} is the alternative itself: a backend cannot "
                               "calibrate its own judgement", hint=hint)
     backend: Backend = TorchReferenceBackend() if name in ("auto", "torch_reference") else get_backend(name)
-    supported = tuple(getattr(backend, "supported_dtypes", ()) or ())
+    supported = capabilities(backend).dtypes
     if supported and plan.alternative_dtype not in supported:
         raise ConfigurationError(f"calibration backend {backend.name!r} cannot run the alternative's dtype "
                               f"{plan.alternative_dtype!r}", hint=hint)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ...backends.capabilities import capabilities
 from ...backends.decode import DecodeRun
 from ...capture.keys import CheckpointKey, layer_input_key
 from ...comparison import compare
@@ -38,7 +39,7 @@ def step_inputs(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray) -> Step
 
 
 def _replayer(backend: Any) -> Any:
-    return backend if callable(getattr(backend, "run_decode_layer", None)) else None
+    return backend if backend is not None and capabilities(backend).decode_layer_replay.ok else None
 
 
 def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray, calibrator: Any) -> None:

@@ -37,11 +37,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ...backends._onnx_weights import numpy_stream
+from ...backends.capabilities import GraphSessionBackend, capabilities, graph_runner, release
 from ...errors import ConfigurationError
 from .context import RunContext, Stage, call_backend
 from .judge import node_output_verdict
@@ -198,11 +199,11 @@ def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tup
     no second copy of the weights, no second retyping of the file."""
     from ...backends._onnx_file import Float64GraphRunner
 
-    own = getattr(runner, "_graph", None) if runner is not None else None
-    found = getattr(own, "runtime", None)
+    own = graph_runner(runner)
+    found = own.runtime if isinstance(own, Float64GraphRunner) else None
     if isinstance(own, Float64GraphRunner) and own.dtype == dtype and Path(own.model.path) == Path(path):
         return own.marked(names), own.runtime
-    return Float64GraphRunner.open_marked(path, names, dtype, getattr(runner, "name", "calibration"), found)
+    return Float64GraphRunner.open_marked(path, names, dtype, "calibration" if runner is None else runner.name, found)
 
 
 class MarkAllStage(Stage):
@@ -219,7 +220,7 @@ class MarkAllStage(Stage):
         from ...modelio.onnx_file import onnx_feeds
 
         model, alternative = ctx.model, ctx.alternative
-        if getattr(model, "format", None) != "onnx" or not callable(getattr(alternative, "open_session", None)):
+        if getattr(model, "format", None) != "onnx" or not capabilities(alternative).graph_sessions.ok:
             raise ConfigurationError(
                 "mark_all compares every node output of an ONNX file: it needs an ONNX-file model "
                 f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, onnxruntime or openvino "
@@ -237,11 +238,10 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
 
     start = time.perf_counter()
     plan, model, alternative = ctx.plan, ctx.model, ctx.alternative
-    alt_path: Path = Path(alternative.onnx_path) if getattr(alternative, "model_file", None) else Path(model.path)
+    graph = cast(GraphSessionBackend, alternative)  # MarkAllStage checked its graph_sessions
+    alt_path: Path = Path(graph.onnx_path) if graph.model_file else Path(model.path)
     report = MarkAllReport(chunk_size=chunk)
-    release = getattr(alternative, "release_session", None)
-    if callable(release):  # its checkpoint session (opened again on need): the file's weights held once
-        release()
+    release(alternative, "session")  # its checkpoint session (opened again on need): the file's weights held once
     own = node_outputs(Path(model.path))
     alt_model = checkpoint_proto(alt_path, [])  # read once: its values, then its graph with them marked
     present = set(dict(_node_outputs_of(alt_model))) if alt_path != Path(model.path) else None
@@ -259,24 +259,16 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
         return _graph_session(Path(model.path), tensors, plan.alternative_dtype, ctx.calibrator)[0]
 
     add_outputs(alt_model, names, value_types(alt_model), _FLOAT)
-    opener = getattr(alternative, "open_session_file", None)
-    if callable(opener):  # written to a file the runtime reads itself (no serialized copy held)
-        with tempfile.TemporaryDirectory(prefix="df-mark-all-") as tmp:
-            marked = Path(tmp) / alt_path.name
-            # its weights written out one by one beside it (external data): no serialized copy of
-            # the whole model is made on the way
-            onnx.save(alt_model, str(marked), save_as_external_data=True, all_tensors_to_one_file=True,
-                      location=f"{marked.name}.data", size_threshold=4096)
-            del alt_model
-            give_back_freed()  # the parsed file
-            alt_session = call_backend(alternative, "open_session(mark-all)", lambda: opener(marked))
-    else:
-        alt_graph = alt_model.SerializeToString()
+    # written to a file the runtime reads itself (no serialized copy held)
+    with tempfile.TemporaryDirectory(prefix="df-mark-all-") as tmp:
+        marked = Path(tmp) / alt_path.name
+        # its weights written out one by one beside it (external data): no serialized copy of
+        # the whole model is made on the way
+        onnx.save(alt_model, str(marked), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=f"{marked.name}.data", size_threshold=4096)
         del alt_model
         give_back_freed()  # the parsed file
-        alt_session = call_backend(alternative, "open_session(mark-all)",
-                                   lambda: alternative.open_session(alt_graph, alt_path))  # type: ignore[attr-defined]
-        del alt_graph
+        alt_session = call_backend(alternative, "open_session(mark-all)", lambda: graph.open_session_file(marked))
     give_back_freed()  # the serialized graph
     ref_first, report.reference_runtime = call_backend(
         ctx.reference, "mark-all graph", lambda: _graph_session(Path(model.path), first, plan.reference_dtype,

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...backends.capabilities import capabilities
 from ...architectures.layout import HEAD_BLOCK_BYTES, STREAMED_TABLE_ELEMENTS
 from ...errors import ResourceExhaustedError
 
@@ -164,9 +165,10 @@ def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: in
     if backend is None or str(device).split(":")[0] not in ("cpu", "None", ""):
         return 0
     size = _DTYPE_BYTES.get(str(dtype), 4)
-    if getattr(backend, "streams_weights", False):
+    memory = capabilities(backend).weights_memory
+    if memory == "streams_weights":
         return layer * size + (0 if str(dtype) == "float64" else largest * 8) + HEAD_BLOCK_BYTES
-    if getattr(backend, "streams_layers", False):
+    if memory == "streams_layers":
         return (params - streamed + layer) * size + HEAD_BLOCK_BYTES
     return params * size
 

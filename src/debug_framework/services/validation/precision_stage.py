@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends.base import Backend
+from ...backends.capabilities import capabilities, release
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
@@ -35,7 +36,7 @@ def lower_precision_backend(calibration_backend: str, dtype: str) -> tuple[Backe
 
     backend: Backend = (TorchReferenceBackend() if calibration_backend in ("auto", "torch_reference")
                         else get_backend(calibration_backend))
-    supported = tuple(getattr(backend, "supported_dtypes", ()) or ())
+    supported = capabilities(backend).dtypes
     if supported and dtype not in supported:
         return None, f"the calibration backend {backend.name!r} cannot run {dtype}"
     return backend, None
@@ -61,9 +62,7 @@ class PrecisionStage(Stage):
         measured: list[str] = []
         skipped: dict[str, str] = {}
         seconds: dict[str, float] = {}
-        release = getattr(ctx.alternative, "release_session", None)
-        if callable(release):  # not run here (opened again on need): its weights not held beside these runs'
-            release()
+        release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
         for dtype in plan.lower_precisions:
             backend, why = lower_precision_backend(str(plan.config["calibration_backend"]), dtype)
             if backend is None:

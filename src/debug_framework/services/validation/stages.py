@@ -46,6 +46,7 @@ from ...backends.base import (
     block_replay_support,
     layer_replay_support,
 )
+from ...backends.capabilities import release
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints, layer_input_key
 from ...comparison import ComparisonResult, compare, error_metric, select_positions
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
@@ -332,9 +333,8 @@ class IsolationStage(Stage):
             ctx.layers_done(n, len(layers))
         ctx.evidence.isolation_note = None
         for backend in (ctx.alternative, ctx.reference, ctx.calibrator):  # the layer cuts' weights, not held on
-            release = getattr(backend, "release_replays", None)
-            if callable(release):
-                release()
+            if backend is not None:
+                release(backend, "replays")
 
 
 def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, ComparisonResult | None],

@@ -1,0 +1,174 @@
+"""What a backend can do, as one typed record: :class:`Capabilities`.
+
+Services read a backend's abilities here and nowhere else: ``capabilities(backend)`` is the
+backend's own declaration (its ``capabilities()`` method, which :class:`~.base.BaseBackend` derives
+from the methods it has) or, for an object that only follows the :class:`~.base.Backend` protocol,
+what its methods show. The probing of a backend (``run_layer``, ``can_decode``, ``release_session``
+...) lives in this module alone; a stage asks ``capabilities(b).decode`` and is told why not.
+
+A backend of one's own declares what it can do by the methods it has (``run_layer``, ``run_block``,
+``run_decode``, ``run_decode_layer``, and ``can_*()`` where it depends on what it wraps), or by
+returning its own record from ``capabilities()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from ..config import FLOAT_DTYPES
+from ..errors import DebugFrameworkError
+
+__all__ = ["Support", "Capabilities", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
+           "backend_versions", "graph_runner"]
+
+
+class Support(NamedTuple):
+    """Whether a backend can do one thing: ``ok``, and ``why`` not where it cannot."""
+
+    ok: bool
+    why: str = ""
+
+
+#: How a backend holds the model's weights (the memory estimate's rule): all of them at its dtype,
+#: one tensor at a time converted (the references over NumPy and torch), or one layer at a time
+#: plus what lies outside the layers (``float64_eager``).
+WEIGHTS_MEMORY = ("resident", "streams_weights", "streams_layers")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One prepared backend's abilities.
+
+    Attributes:
+        name: the backend's name.
+        dtypes: the dtypes it computes in; ``default_dtype`` where none is asked for.
+        reads_weights_only: it never writes its weights, so it is given the loaded model's own
+            (:func:`~.base.reads_loaded_weights`); every other backend gets a fork.
+        weights_memory: one of :data:`WEIGHTS_MEMORY`.
+        layer_replay: it runs one layer alone on a given input (isolation).
+        block_replay: it runs a layer's MLP block alone on a given post-attention state.
+        decode: it decodes through a KV cache of its own (``run_decode``).
+        decode_layer_replay: it replays one layer at a decode step (``run_decode_layer``).
+        holds_replays: it keeps state for its replays that :func:`release` frees.
+        holds_session: it keeps a runtime session that :func:`release` frees (opened again on need).
+        graph_sessions: it opens the ONNX graph it runs with more outputs marked
+            (``open_session_file(path)``: what ``mark_all`` compares every node output with).
+    """
+
+    name: str
+    dtypes: tuple[str, ...] = FLOAT_DTYPES
+    default_dtype: str = "float32"
+    reads_weights_only: bool = False
+    weights_memory: str = "resident"
+    layer_replay: Support = Support(False, "cannot run a single layer (no run_layer)")
+    block_replay: Support = Support(False, "cannot run a layer's blocks alone (no run_block)")
+    decode: Support = Support(False, "has no decode support (no run_decode: it runs one forward pass only)")
+    decode_layer_replay: Support = Support(False, "cannot replay a layer at a decode step (no run_decode_layer)")
+    holds_replays: bool = False
+    holds_session: bool = False
+    graph_sessions: Support = Support(False, "does not run ONNX graphs (no open_session_file)")
+
+    def with_(self, **changes: Any) -> Capabilities:
+        """This record with ``changes``: how a backend declares what differs from what it derives."""
+        return replace(self, **changes)
+
+
+class GraphSessionBackend(Protocol):
+    """What a backend with ``graph_sessions`` offers: the ONNX file it runs (``onnx_path``; its own
+    ``model_file`` where one was given) opened again with more outputs marked."""
+
+    name: str
+    onnx_path: Path | None
+    model_file: Path | None
+
+    def open_session_file(self, path: Path) -> Any:
+        """A runtime session over the ONNX file ``path``, read by the runtime itself."""
+        ...
+
+
+def _asked(backend: Any, method: str, missing: Support) -> Support:
+    """``missing`` where ``backend`` has no ``method``; else its ``can_<what>()`` answer where it
+    has one (its ability depends on what it wraps), else yes."""
+    if not callable(getattr(backend, method, None)):
+        return missing
+    return Support(True)
+
+
+def _can(backend: Any, question: str, fallback: Support) -> Support:
+    can = getattr(backend, question, None)
+    if not callable(can):
+        return fallback
+    try:
+        ok, why = can()
+    except DebugFrameworkError as exc:  # an ability only a prepared backend can tell
+        return Support(False, exc.message)
+    return Support(bool(ok), "" if ok else str(why))
+
+
+def derive_capabilities(backend: Any) -> Capabilities:
+    """The record ``backend``'s methods and attributes show: what a backend that declares nothing
+    itself can do."""
+    from .base import reads_loaded_weights
+
+    base = Capabilities(name=str(getattr(backend, "name", type(backend).__name__)))
+    layer = _asked(backend, "run_layer", base.layer_replay)
+    if layer.ok:
+        layer = _can(backend, "can_run_layer", layer)
+    block = _asked(backend, "run_block", base.block_replay)
+    if block.ok:
+        block = _can(backend, "can_run_block", block)
+    decode = _can(backend, "can_decode", _asked(backend, "run_decode", base.decode))
+    memory = "streams_weights" if getattr(backend, "streams_weights", False) else \
+        "streams_layers" if getattr(backend, "streams_layers", False) else "resident"
+    return Capabilities(
+        name=base.name,
+        dtypes=tuple(getattr(backend, "supported_dtypes", None) or FLOAT_DTYPES),
+        default_dtype=str(getattr(backend, "default_dtype", "float32")),
+        reads_weights_only=reads_loaded_weights(backend),
+        weights_memory=memory,
+        layer_replay=layer,
+        block_replay=block,
+        decode=decode,
+        decode_layer_replay=_asked(backend, "run_decode_layer", base.decode_layer_replay),
+        holds_replays=callable(getattr(backend, "release_replays", None)),
+        holds_session=callable(getattr(backend, "release_session", None)),
+        graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
+    )
+
+
+def capabilities(backend: Any) -> Capabilities:
+    """``backend``'s capabilities: its own ``capabilities()`` record where it declares one, else
+    :func:`derive_capabilities`."""
+    declared = getattr(backend, "capabilities", None)
+    if callable(declared):
+        record = declared()
+        if isinstance(record, Capabilities):
+            return record
+    return derive_capabilities(backend)
+
+
+def release(backend: Any, what: str) -> None:
+    """Free what ``backend`` holds for ``what``: ``"replays"`` (its layer replays' state) or
+    ``"session"`` (its runtime session, opened again on need); nothing where it holds none."""
+    if what not in ("replays", "session"):
+        raise ValueError(f"release what: 'replays' or 'session', got {what!r}")
+    caps = capabilities(backend)
+    held = caps.holds_replays if what == "replays" else caps.holds_session
+    fn: Callable[[], Any] | None = getattr(backend, f"release_{what}", None) if held else None
+    if fn is not None:
+        fn()
+
+
+def graph_runner(backend: Any) -> Any:
+    """The runner of an ONNX file's own graph a reference backend (``python_reference``,
+    ``torch_reference``) prepared for an ONNX-file model, None for any other backend."""
+    return None if backend is None else getattr(backend, "_graph", None)
+
+
+def backend_versions(backend: Any) -> dict[str, Any] | None:
+    """What ``backend`` says it runs on (``version_info()``), None where it says nothing."""
+    fn = getattr(backend, "version_info", None)
+    return fn() if callable(fn) else None
