@@ -14,7 +14,7 @@ from ..suggest import did_you_mean
 
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
            "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math",
-           "reads_loaded_weights", "model_for"]
+           "model_for"]
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -101,18 +101,11 @@ def layer_replay_support(backend: Backend) -> tuple[bool, str]:
     return tuple(capabilities(backend).layer_replay)  # type: ignore[return-value]
 
 
-def reads_loaded_weights(backend: Backend) -> bool:
-    """Whether ``backend`` is given the loaded model itself, whose weights other backends read too,
-    rather than :meth:`LoadedModel.fork` (weights of its own). Only a class that declares
-    ``reads_weights_only = True`` itself is (the framework's references, which only read their
-    weights, layer by layer: one mapping of the file for all of them); a subclass that changes what
-    its parent computes must declare it anew, and every other backend gets a fork."""
-    return vars(type(backend)).get("reads_weights_only") is True
-
-
 def model_for(backend: Backend, model: LoadedModel) -> LoadedModel:
     """The model as ``backend`` is to be prepared with it: ``model`` for a backend that
-    :func:`reads_loaded_weights`, else a fork whose weights nothing else reads or writes."""
+    :func:`.capabilities.reads_loaded_weights`, else a fork whose weights nothing else reads or writes."""
+    from .capabilities import reads_loaded_weights
+
     return model if reads_loaded_weights(backend) else model.fork()
 
 
@@ -169,7 +162,7 @@ class BaseBackend:
     default_dtype: str = "float32"
     #: False for a backend that builds the model from its weights and config (an ONNX file has neither)
     runs_onnx_files: bool = True
-    #: True (declared by the class itself, see :func:`reads_loaded_weights`) for a backend that never
+    #: True (declared by the class itself, see :func:`.capabilities.reads_loaded_weights`) for a backend that never
     #: writes the weights it is given: it reads the loaded model's own, shared with the other readers
     reads_weights_only: bool = False
 

@@ -22,7 +22,7 @@ from ..config import FLOAT_DTYPES
 from ..errors import DebugFrameworkError
 
 __all__ = ["Support", "Capabilities", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
-           "backend_versions", "graph_runner"]
+           "backend_versions", "graph_runner", "reads_loaded_weights"]
 
 
 class Support(NamedTuple):
@@ -46,7 +46,7 @@ class Capabilities:
         name: the backend's name.
         dtypes: the dtypes it computes in; ``default_dtype`` where none is asked for.
         reads_weights_only: it never writes its weights, so it is given the loaded model's own
-            (:func:`~.base.reads_loaded_weights`); every other backend gets a fork.
+            (:func:`reads_loaded_weights`); every other backend gets a fork.
         weights_memory: one of :data:`WEIGHTS_MEMORY`.
         layer_replay: it runs one layer alone on a given input (isolation).
         block_replay: it runs a layer's MLP block alone on a given post-attention state.
@@ -108,11 +108,18 @@ def _can(backend: Any, question: str, fallback: Support) -> Support:
     return Support(bool(ok), "" if ok else str(why))
 
 
+def reads_loaded_weights(backend: Any) -> bool:
+    """Whether ``backend`` is given the loaded model itself, whose weights other backends read too,
+    rather than :meth:`LoadedModel.fork` (weights of its own). Only a class that declares
+    ``reads_weights_only = True`` itself is (the framework's references, which only read their
+    weights, layer by layer: one mapping of the file for all of them); a subclass that changes what
+    its parent computes must declare it anew, and every other backend gets a fork."""
+    return vars(type(backend)).get("reads_weights_only") is True
+
+
 def derive_capabilities(backend: Any) -> Capabilities:
     """The record ``backend``'s methods and attributes show: what a backend that declares nothing
     itself can do."""
-    from .base import reads_loaded_weights
-
     base = Capabilities(name=str(getattr(backend, "name", type(backend).__name__)))
     layer = _asked(backend, "run_layer", base.layer_replay)
     if layer.ok:

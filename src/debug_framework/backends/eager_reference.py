@@ -39,7 +39,7 @@ class EagerReferenceBackend(PyTorchBackend):
     used outside its layer) is loaded whole instead, and :attr:`stream_note` says so."""
 
     default_dtype = "float64"
-    #: only reads its weights: given the loaded model itself (backends.base.reads_loaded_weights)
+    #: only reads its weights: given the loaded model itself (backends.capabilities.reads_loaded_weights)
     reads_weights_only = True
     #: holds the tensors outside the repeated layers and one layer (the memory estimate's rule)
     streams_layers = True

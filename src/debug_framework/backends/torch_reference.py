@@ -42,7 +42,7 @@ class TorchReferenceBackend(BaseBackend):
     name = "torch_reference"
     supported_dtypes = ("float64", "float32", "float16", "bfloat16")
     default_dtype = "float32"
-    #: only reads its weights: given the loaded model itself (backends.base.reads_loaded_weights)
+    #: only reads its weights: given the loaded model itself (backends.capabilities.reads_loaded_weights)
     reads_weights_only = True
     #: the models read their weights layer by layer (``architectures.layout``): about one layer held at a time
     streams_weights = True

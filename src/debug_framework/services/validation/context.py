@@ -84,7 +84,7 @@ class RunContext:
     #: the engine's ``(layers done, layers)`` report for the stage in progress (None: not asked for)
     layer_progress: Callable[[int, int], None] | None = None
     #: ``(role, backend name)`` of every backend given the loaded weights themselves to read
-    #: (:func:`~debug_framework.backends.base.reads_loaded_weights`): who could have written them
+    #: (:func:`~debug_framework.backends.capabilities.reads_loaded_weights`): who could have written them
     weight_readers: list[tuple[str, str]] = field(default_factory=list)
 
     def prepare_backend(self, backend: Backend, role: str, dtype: str | None, device: str = "cpu") -> float:
@@ -93,7 +93,8 @@ class RunContext:
         loaded model; any other a fork with weights of its own, so that a backend changing its
         weights in place (fusing, folding, quantizing) changes no other backend's. Returns the
         seconds it took."""
-        from ...backends.base import model_for, reads_loaded_weights
+        from ...backends.base import model_for
+        from ...backends.capabilities import reads_loaded_weights
 
         model = model_for(backend, self.model)
         if reads_loaded_weights(backend) and (role, backend.name) not in self.weight_readers:
