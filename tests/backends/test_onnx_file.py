@@ -202,6 +202,9 @@ def test_an_fp16_converted_file_is_named_float16_and_passes_at_float16(bert_onnx
     at16 = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="float16", mark_all=True, pad_lengths=[0, 3], **options)
     assert at16["verdict"] == "passed", at16["failed"]
     assert at16["mark_all"]["compared"] > 50 and at16["mark_all"]["failed"] == 0, at16["mark_all"]["failures"][:3]
+    # dtype auto: the file's own precision (its weights are float16), declared by the backend
+    auto = _validate(tmp_path, bert_onnx, "onnxruntime", dtype="auto", isolate=False, **options)
+    assert auto["verdict"] == "passed" and auto["alternative_dtype"] == "float16", auto["failed"]
 
 
 @pytest.mark.slow

@@ -92,6 +92,28 @@ def alternative_model(path: str | Path | None, backend: str) -> Path | None:
     return p
 
 
+#: ONNX's floating element types -> the framework's dtype names
+_ELEM_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
+
+
+def weights_dtype(path: Path) -> str | None:
+    """The floating dtype most of the ONNX file ``path``'s weights (initializers, by element count)
+    are stored in: what a converted file computes at (``float16`` for a file converted by
+    onnxconverter-common); None where it has no floating weights. Reads the graph, not the external
+    data."""
+    import onnx
+
+    counts: dict[str, int] = {}
+    for t in onnx.load(str(path), load_external_data=False).graph.initializer:
+        name = _ELEM_DTYPES.get(int(t.data_type))
+        if name is not None:
+            n = 1
+            for d in t.dims:
+                n *= int(d)
+            counts[name] = counts.get(name, 0) + n
+    return max(counts, key=lambda k: counts[k]) if counts else None
+
+
 def file_outputs(model: Any, model_file: Path | None) -> tuple[Path, dict[CheckpointKey, str]]:
     """The file an alternative runs (``model_file``, else the model's own) and its checkpoints ->
     tensor names, matched by name: a checkpoint the file lacks is left out (reported missing)."""

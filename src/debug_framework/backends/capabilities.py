@@ -22,7 +22,7 @@ from ..config import FLOAT_DTYPES
 from ..errors import DebugFrameworkError
 
 __all__ = ["Support", "Capabilities", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
-           "backend_versions", "graph_runner", "reads_loaded_weights"]
+           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype"]
 
 
 class Support(NamedTuple):
@@ -167,6 +167,14 @@ def release(backend: Any, what: str) -> None:
     fn: Callable[[], Any] | None = getattr(backend, f"release_{what}", None) if held else None
     if fn is not None:
         fn()
+
+
+def declared_dtype(backend: Any, model: Any) -> tuple[str, str] | None:
+    """The precision ``backend`` declares it computes ``model`` at, and why (an ONNX file's weight
+    type, OpenVINO's precision hint or its device's default): what ``dtype: "auto"`` judges it at.
+    None where it declares none (its ``default_dtype`` then)."""
+    fn = getattr(backend, "declared_dtype", None)
+    return fn(model) if callable(fn) else None
 
 
 def graph_runner(backend: Any) -> Any:

@@ -29,7 +29,7 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
-from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error, without_model_bytes
+from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error, weights_dtype, without_model_bytes
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
 from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
@@ -80,6 +80,15 @@ class OnnxRuntimeBackend(BaseBackend):
 
     name = "onnxruntime"
     supported_dtypes = ("float32",)
+
+    def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
+        """The precision the file this backend runs computes at (``--dtype auto``): its weights'
+        floating type, for an ONNX-file model or ``model_file``; None for an export of ours (float32)."""
+        path = self.model_file or (Path(model.path) if getattr(model, "format", None) == "onnx" else None)
+        if path is None:
+            return None
+        found = weights_dtype(path)
+        return None if found is None else (found, f"the weights of {path.name} are {found}")
 
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
                  optimization: str = "all", layer_replay: str = "graph", graph_transform: str | None = None,
@@ -281,6 +290,9 @@ class OnnxRuntimeBackend(BaseBackend):
 
             self._device_request = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
         self.device = self._device_request
+        declared = self.declared_dtype(model)
+        if declared is not None and declared[0] not in self.supported_dtypes:  # the file's precision is its own
+            self.supported_dtypes = (*self.supported_dtypes, declared[0])
         dtype = self._check_prepare(model, dtype, self.device)
         artifact_dir = self._artifact_dir()
         if self.model_file is not None and getattr(model, "format", None) != "onnx":

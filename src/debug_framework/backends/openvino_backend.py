@@ -37,6 +37,8 @@ PRECISION_HINTS: dict[str, str] = {"f32": "f32", "bf16": "bf16"}
 
 #: The hint a session's dtype asks for when no ``precision_hint`` is given.
 _DTYPE_HINTS: dict[str, str | None] = {"float32": None, "bfloat16": "bf16"}
+#: an OpenVINO precision (a hint, or the element type a device reports) -> the dtype it computes at
+_HINT_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 #: Values with a larger magnitude are left unrounded by the emulation (``x * 65537`` would overflow).
 _ROUNDING_LIMIT = 1e30
@@ -210,6 +212,20 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         if not any(d.split(".")[0] == self.ov_device for d in devices):
             return False, f"OpenVINO device {self.ov_device!r} is not present (devices: {', '.join(devices)})"
         return True, ""
+
+    def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
+        """The precision OpenVINO computes at (``--dtype auto``): the file's own where it runs a
+        converted file, else its precision hint, or where none is given the device's default
+        inference precision (bfloat16 on a CPU with AMX)."""
+        own = super().declared_dtype(model)
+        if own is not None and own[0] != "float32":
+            return own
+        if self.precision_hint is not None:
+            return _HINT_DTYPES[self.precision_hint], f"OpenVINO's precision hint {self.precision_hint}"
+        default = self._ov_core().get_property(self.ov_device, "INFERENCE_PRECISION_HINT")
+        name = default.get_type_name() if hasattr(default, "get_type_name") else str(default)
+        dtype = _HINT_DTYPES.get(name, "float32")
+        return dtype, f"OpenVINO's default inference precision on {self.ov_device} ({name})"
 
     def effective_hint(self) -> str | None:
         """The ``INFERENCE_PRECISION_HINT`` given to OpenVINO (None: its default for the device)."""

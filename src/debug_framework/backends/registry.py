@@ -153,6 +153,7 @@ def get_backend(name: str, *, check: bool = True, **options: Any) -> Backend:
             not available here, with the reason (DF002).
     """
     factory = _resolve(name)
+    _check_options(name, factory, options)
     try:
         backend = factory(**options)
     except BackendInitializationError:
@@ -164,6 +165,32 @@ def get_backend(name: str, *, check: bool = True, **options: Any) -> Backend:
         if not ok:
             raise BackendInitializationError(f"backend is not available: {reason}", backend=name)
     return backend
+
+
+def backend_options(factory: Any) -> list[str] | None:
+    """The keyword options ``factory`` takes (a backend class's ``__init__``, or a function); None
+    where it takes any (``**kwargs``) or its signature cannot be read."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+
+
+def _check_options(name: str, factory: Any, options: dict[str, Any]) -> None:
+    """DF002 naming an option the backend does not take, and the ones it does."""
+    known = backend_options(factory)
+    if known is None:
+        return
+    for key in options:
+        if key not in known:
+            raise BackendInitializationError(
+                f"backend {name!r} has no option {key!r}" + did_you_mean(key, known), backend=name,
+                hint=f"its options: {', '.join(known)}" if known else "it takes no options")
 
 
 def backend_availability() -> dict[str, tuple[bool, str]]:

@@ -25,7 +25,8 @@ from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, 
 from .drilldown_view import print_drilldown
 from .tables import Column
 from .user_code import load_backend_code
-from .validate_support import check_database_path, check_dtype, check_model_path, isolation_table, reproduce_command_line
+from .validate_support import (check_database_path, check_dtype, check_model_path, isolation_table,
+                               parse_backend_options, reproduce_command_line)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -148,8 +149,11 @@ def _table(result: dict[str, Any], verbose: bool, width: int = 120) -> Table:
                       _fmt((r.get("carried_in") or {}).get("max_abs_error"))])
     caption = (f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all)"
                if len(shown) < len(rows) else None)
-    title = (f"{result['alternative_backend']} ({result['alternative_dtype']}) vs "
-             f"{result['reference_backend']} ({result['reference_dtype']})")
+    from ..reports._common import backend_label
+
+    alternative = backend_label(result["alternative_backend"], result.get("alternative_options"),
+                                result["alternative_dtype"])
+    title = f"{alternative} vs {backend_label(result['reference_backend'], None, result['reference_dtype'])}"
     return fitted_table(title, _COLUMNS, cells, width, styles=styles, caption=caption)
 
 
@@ -223,7 +227,7 @@ def _check_arguments(invocation: Invocation, model_path: str, opts: ValidateOpti
     from ..config import default_database_path
 
     check_model_path(model_path)
-    check_dtype("--dtype", opts.dtype)
+    check_dtype("--dtype", None if opts.dtype == "auto" else opts.dtype)
     check_dtype("--reference-dtype", opts.reference_dtype)
     invocation.database = check_database_path(default_database_path(fw))
     return _session_config(opts)
@@ -243,7 +247,9 @@ def validate(
     checkpoints: str | None = typer.Option(None, "--checkpoints", help="comma list: post_embedding,post_attention,"
                                            "post_mlp,post_processing or post_mlp:3"),
     layers: str | None = typer.Option(None, "--layers", help="layer range START:STOP (per-layer checkpoints of these layers)"),
-    dtype: str | None = typer.Option(None, "--dtype", help="the alternative's compute dtype (float32, float16, bfloat16, float64)"),
+    dtype: str | None = typer.Option(None, "--dtype", help="the alternative's compute dtype (float32, float16, "
+                                     "bfloat16, float64), or auto: the precision the backend declares (an ONNX "
+                                     "file's weights, OpenVINO's precision hint)"),
     reference_dtype: str | None = typer.Option(None, "--reference-dtype",
                                                help="the reference's compute dtype (default float64 for python_reference)"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cpu, cuda, ...)"),
@@ -287,6 +293,10 @@ def validate(
                                        "(streamed; the first node-level divergence)"),
     plugin: Path | None = typer.Option(None, "--plugin", help="kernel plugin manifest: the alternative is the PyTorch "
                                        "model with its kernels swapped in (backend plugin:<id>)"),
+    backend_option: list[str] | None = typer.Option(None, "--backend-option", metavar="KEY=VALUE",
+                                                    help="an option of the alternative backend (repeatable), e.g. "
+                                                         "precision_hint=bf16 (openvino), optimization=basic "
+                                                         "(onnxruntime); VALUE is read as JSON where it parses"),
 ) -> int:
     """Validate, print the table (or the JSON), and return the exit code."""
     invocation: Invocation = ctx.obj
@@ -307,6 +317,9 @@ def validate(
     if alternative_model is not None:
         session_config["alternative_options"] = {**(session_config.get("alternative_options") or {}),
                                                  "model_file": str(alternative_model)}
+    if backend_option:
+        session_config["alternative_options"] = {**(session_config.get("alternative_options") or {}),
+                                                 **parse_backend_options(backend_option)}
     if inputs is not None:
         session_config["inputs_file"] = str(inputs)
     if mark_all:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import FLOAT_DTYPES
@@ -20,6 +21,30 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = ["check_dtype", "check_database_path", "check_model_path", "isolation_table", "reproduce_command_line"]
+
+
+def parse_backend_options(given: Sequence[str]) -> dict[str, Any]:
+    """``--backend-option KEY=VALUE`` (repeatable) as keyword options of the backend: each KEY an
+    identifier, each VALUE read as JSON where it parses (``3``, ``true``, ``null``, ``["a"]``), else
+    kept as text (``bf16``).
+
+    Raises:
+        ConfigurationError: (DF005) an option without ``=``, or a KEY that is no identifier.
+    """
+    import json
+
+    out: dict[str, Any] = {}
+    for item in given:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigurationError(f"--backend-option {item!r} is not KEY=VALUE",
+                                     hint="e.g. --backend-option precision_hint=bf16")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def check_dtype(option: str, dtype: str | None) -> None:

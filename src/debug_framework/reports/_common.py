@@ -277,6 +277,15 @@ def error_source_text(source: Mapping[str, Any]) -> str:
     return where + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
 
 
+def backend_label(name: Any, options: Any = None, dtype: Any = None) -> str:
+    """A backend as every view names it: ``openvino [precision_hint=bf16] (bfloat16)``; the options
+    it was built with (``--backend-option``) in brackets, its dtype in parentheses."""
+    label = str(name)
+    if isinstance(options, Mapping) and options:
+        label += " [" + ", ".join(f"{k}={v}" for k, v in options.items()) + "]"
+    return label + (f" ({dtype})" if dtype else "")
+
+
 def introducing(results: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """The layers that introduce error on their own, from the prefill's isolation and from the
     replays at the first divergent decode step, in that order: ``{"layer", "step", "blocks"}``

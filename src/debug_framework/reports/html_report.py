@@ -18,6 +18,7 @@ from typing import Any
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
+    backend_label,
     error_source_text,
     introducing as introducing_layers,
     introducing_text,
@@ -444,7 +445,8 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         "model path": session.get("model_path"),
         "weights digest": session.get("weights_digest"),
         "reference backend": session.get("reference_backend"),
-        "alternative backend": session.get("alternative_backend"),
+        "alternative backend": backend_label(session.get("alternative_backend"), results.get("alternative_options"),
+                                             results.get("alternative_dtype")),
         "seed": session.get("seed"),
         "inputs": session.get("inputs_ref"),
         "created": session.get("created_at"),

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
-from ..backends.capabilities import backend_versions, capabilities
+from ..backends.capabilities import backend_versions, capabilities, declared_dtype
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings
@@ -134,6 +134,20 @@ def failure_message(exc: BaseException) -> str:
     if not isinstance(exc, Exception):  # SystemExit, GeneratorExit
         return f"interrupted: {type(exc).__name__}"
     return f"internal error (a bug of the framework): {type(exc).__name__}: {exc}"
+
+
+def _alternative_dtype(alt: Backend, model: LoadedModel, asked: str | None) -> tuple[str, str | None]:
+    """The alternative's compute dtype: the one asked for; for ``"auto"`` the precision the backend
+    declares for this model (an ONNX file's weight type, OpenVINO's precision hint) and why, else its
+    default dtype."""
+    if asked and asked != "auto":
+        return str(asked), None
+    if asked == "auto":
+        declared = declared_dtype(alt, model)
+        if declared is not None:
+            return declared[0], f"dtype auto: {declared[1]}"
+        return capabilities(alt).default_dtype, f"dtype auto: {alt.name} declares no precision; its default"
+    return capabilities(alt).default_dtype, None
 
 
 def _reference_dtype(ref: Backend, cfg: Mapping[str, Any], alt_dtype: str) -> str:
@@ -279,11 +293,11 @@ class ValidationEngine(EngineFaces):
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
         alt = get_backend(alt_name, **cfg["alternative_options"])
-        alt_dtype = str(cfg["dtype"] or capabilities(alt).default_dtype)
+        alt_dtype, dtype_why = _alternative_dtype(alt, model, cfg["dtype"])
         ref_dtype = _reference_dtype(ref, cfg, alt_dtype)
         for b, dt in ((ref, ref_dtype), (alt, alt_dtype)):
             supported = capabilities(b).dtypes
-            if dt not in supported:
+            if dt not in supported and not (b is alt and dtype_why):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
         cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
@@ -314,7 +328,9 @@ class ValidationEngine(EngineFaces):
                          **({"command": str(command)} if command else {})},
             reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"], {"selected_because": ref_why}),
             alternative_backend_info=_backend_info(alt, alt_dtype, cfg["device"],
-                                                   {"requested": alternative_backend, "selected_because": why}),
+                                                   {"requested": alternative_backend, "selected_because": why,
+                                                    "options": json_safe(cfg["alternative_options"]),
+                                                    **({"dtype_because": dtype_why} if dtype_why else {})}),
         )
         # what was built here is reused by run() in this process (one load, one build of each backend)
         self._prebuilt = (sid, {"model": model, "reference": ref, "alternative": alt, "calibrator": calibrator})

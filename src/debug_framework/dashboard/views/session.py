@@ -20,7 +20,7 @@ from debug_framework.dashboard.charts import (
 from debug_framework.dashboard.data import cells, literal, number_columns, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
-from debug_framework.reports._common import (error_source_text, flat_items, introducing_text, row_id, session_results,
+from debug_framework.reports._common import (backend_label, error_source_text, flat_items, introducing_text, row_id, session_results,
                                              worst_row)
 from debug_framework.reports._decode import token_text
 
@@ -44,8 +44,9 @@ with viewer() as db:
             verdict = str(doc["verdict"])
             box = st.success if verdict == "passed" else (st.error if verdict in ("failed", "error") else st.info)
             box(f"Verdict: **{literal(verdict)}** (status {literal(report.overall_status)})")
-            st.text(plain(f"model: {sess.get('model_path')}\n{sess.get('reference_backend')} vs "
-                    f"{sess.get('alternative_backend')}, dtype {res.get('alternative_dtype') or ''}"))
+            alternative = backend_label(sess.get("alternative_backend"), res.get("alternative_options"),
+                                        res.get("alternative_dtype"))
+            st.text(plain(f"model: {sess.get('model_path')}\n{sess.get('reference_backend')} vs {alternative}"))
             if sess.get("error_message"):
                 st.text(plain(f"error: {sess['error_message']}"))
             fd = doc["first_divergence"]

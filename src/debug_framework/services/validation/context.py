@@ -157,6 +157,7 @@ class RunContext:
             session_id=session.session_id, model_path=session.model_path,
             reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
             reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype,
+            alternative_options=dict(plan.config["alternative_options"] or {}),
             oracle=self.oracle_report, noise_floor=self.noise, performance=self.performance,
             recordings=self.recordings, drilldown=self.drilldown, decode=self.decode)
 

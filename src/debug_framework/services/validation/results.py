@@ -283,6 +283,8 @@ class ValidationResult:
     mark_all: dict[str, Any] | None = None
     #: decode steps (None: the prefill only): {steps, tokens, tokens_from, kv_cache, seconds_per_step}
     decode: dict[str, Any] | None = None
+    #: the options the alternative backend was built with (``--backend-option``, ``alternative_options``)
+    alternative_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -347,6 +349,7 @@ class ValidationResult:
             "drilldown": None if self.drilldown is None else [d.to_dict() for d in self.drilldown],
             "reference_dtype": self.reference_dtype,
             "alternative_dtype": self.alternative_dtype,
+            "alternative_options": self.alternative_options,
         })
 
     def to_dict(self) -> dict[str, Any]:
