@@ -220,9 +220,11 @@ def test_private_torch_apis_live_in_one_layer():
     assert not offenders, offenders
 
 
-def test_no_module_over_600_lines():
+def test_no_module_over_800_lines():
+    """Size is a smell, not a target: a module over 800 lines is flagged (split where it holds two
+    concerns), one under it is not asked to split further."""
     sizes = {str(p.relative_to(SRC)): len(p.read_text(encoding="utf-8").splitlines()) for p in SRC.rglob("*.py")}
-    assert not {p: n for p, n in sizes.items() if n > 600}
+    assert not {p: n for p, n in sizes.items() if n > 800}
 
 
 def test_only_the_judge_decides_a_verdict():

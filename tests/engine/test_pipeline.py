@@ -1,5 +1,5 @@
-"""The engine is a loop over stages: a new stage is one class, the loop alone reports progress,
-times stages and persists rows after the stages that change them; a failing stage keeps the rows."""
+"""The engine is a loop over stages: a new stage is one class, the loop alone reports progress and
+times stages, every row is written once (a failing stage keeps the rows measured before it)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ class NameModules(Stage):
 
     name = "name modules"
     timing_key = "modules_s"
-    persists_rows = True
 
     def run(self, ctx: RunContext) -> None:
         for ev in ctx.evidence.checkpoints:
@@ -53,7 +52,7 @@ def test_a_custom_stage_is_one_class(tiny_llama, db_path):
     assert result.performance["modules_s"] >= 0.0 and "comparison_s" in result.performance
     rows = DatabaseManager(db_path).get_checkpoint_results(sid)
     named = [r for r in rows if r["id"] == "post_mlp:5"]
-    assert named and named[0]["module"] == "model.layers.5" and named[0]["passed"]  # persisted after the stage
+    assert named and named[0]["module"] == "model.layers.5" and named[0]["passed"]  # its measurement kept
 
 
 def test_a_crashing_stage_is_a_bug_it_keeps_rows_and_marks_the_session(tiny_llama, db_path):

@@ -426,7 +426,7 @@ class ValidationEngine(EngineFaces):
         stage_s: dict[str, float] = {}
         memory: dict[str, Any] = {"method": RssWatch.method, "stage_peak_rss_bytes": {}}
         ctx.performance.update(stage_s=stage_s, memory=memory)
-        with RssWatch() as watch:
+        with RssWatch() as watch, ctx.rows_kept_on_failure():
             for done, stage in enumerate(stages, 1):
                 check_deadline()  # max_session_duration: stop at a stage boundary
                 if not stage.ready(ctx):
@@ -449,8 +449,6 @@ class ValidationEngine(EngineFaces):
                     prepared_recorded = _record_prepared_backends(ctx, session)
                 if stage.timing_key:
                     ctx.performance[stage.timing_key] = t.seconds
-                if stage.persists_rows:
-                    self.db.checkpoints.add_many(session.session_id, ctx.rows())
                 progress(stage.name, done, len(stages))
         if ctx.result is None:
             raise ConfigurationError("the validation's stages produced no result (no store stage ran)",

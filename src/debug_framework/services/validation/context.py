@@ -4,8 +4,9 @@ bounded by the session's time limit). The stages themselves are in :mod:`.stages
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from ...backends.base import Backend
 from ...capture.keys import Capture
 from ...errors import BackendRuntimeError, DebugFrameworkError
+from ...jsonio import dumps_json
 from .deadline import bounded
 from .evidence import Evidence
 from .judge import Verdict, judge
@@ -83,6 +85,8 @@ class RunContext:
     prebuilt: dict[str, Any] = field(default_factory=dict)
     #: the engine's ``(layers done, layers)`` report for the stage in progress (None: not asked for)
     layer_progress: Callable[[int, int], None] | None = None
+    #: each checkpoint row as last written, by (checkpoint, layer, step) (:meth:`write_rows`)
+    written_rows: dict[tuple[Any, Any, Any], str] = field(default_factory=dict)
     #: ``(role, backend name)`` of every backend given the loaded weights themselves to read
     #: (:func:`~debug_framework.backends.capabilities.reads_loaded_weights`): who could have written them
     weight_readers: list[tuple[str, str]] = field(default_factory=list)
@@ -162,8 +166,39 @@ class RunContext:
             recordings=self.recordings, drilldown=self.drilldown, decode=self.decode)
 
     def rows(self) -> list[dict[str, Any]]:
-        """The checkpoint rows as they stand now, judged (what the engine persists after a stage)."""
+        """The checkpoint rows as they stand now, judged."""
         return [r.to_row() for r in self.current_result().results]
+
+    def write_rows(self, result: ValidationResult | None = None) -> int:
+        """Write the checkpoint rows (``result``'s, else judged now) that are not in the database
+        as they are: each row is written once, when the evidence about it is complete (the store
+        stage) or the run stops (:meth:`rows_kept_on_failure`). Returns how many went in."""
+        rows = [r.to_row() for r in (result or self.current_result()).results]
+        fresh = []
+        for row in rows:
+            place = (row.get("checkpoint"), row.get("layer"), row.get("step"))
+            text = dumps_json(row, indent=None)
+            if self.written_rows.get(place) != text:
+                self.written_rows[place] = text
+                fresh.append(row)
+        if fresh:
+            self.db.checkpoints.add_many(self.session.session_id, fresh)
+        return len(fresh)
+
+    @contextlib.contextmanager
+    def rows_kept_on_failure(self) -> Iterator[None]:
+        """Around the stages: where one fails (or the run is interrupted), the rows measured so far
+        are written, judged, before the error goes on, so nothing compared is lost; never where the
+        weights the references read changed (no verdict of that run is kept)."""
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, WeightsChangedError) and self.evidence.checkpoints and hasattr(self, "plan"):
+                try:
+                    self.write_rows()
+                except Exception:  # noqa: BLE001 - the stage's error is the one to report
+                    pass
+            raise
 
 
 class Stage:
@@ -172,14 +207,11 @@ class Stage:
     Attributes:
         name: the label of its progress report.
         timing_key: where its wall time goes in the performance summary (None: not timed apart).
-        persists_rows: the checkpoint rows are written again after it (it changed a verdict or
-            added isolation, oracle or noise-floor fields).
         captures: see the attribute.
     """
 
     name: ClassVar[str] = "stage"
     timing_key: ClassVar[str | None] = None
-    persists_rows: ClassVar[bool] = False
     #: its forward passes' checkpoints are kept for later stages: captured within the run's
     #: capture budget (spilled to disk beyond it), and their layers reported as progress
     captures: ClassVar[bool] = False

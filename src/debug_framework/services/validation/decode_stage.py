@@ -82,7 +82,6 @@ class DecodeStage(Stage):
 
     name = "decode"
     timing_key = "decode_s"
-    persists_rows = True
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return int(config.get("decode_steps") or 0) > 0

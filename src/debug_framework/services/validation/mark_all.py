@@ -211,7 +211,6 @@ class MarkAllStage(Stage):
 
     name = "mark-all"
     timing_key = "mark_all_s"
-    persists_rows = False
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config.get("mark_all"))

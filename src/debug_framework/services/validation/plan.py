@@ -187,7 +187,8 @@ def validate_session_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigurationError("decode_tokens given without decode_steps", hint="set decode_steps to their number")
     if merged["layers"] is not None:
         lo_hi = merged["layers"]
-        if not (isinstance(lo_hi, Sequence) and len(lo_hi) == 2 and 0 <= int(lo_hi[0]) <= int(lo_hi[1])):
+        if not (isinstance(lo_hi, Sequence) and not isinstance(lo_hi, str) and len(lo_hi) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in lo_hi) and 0 <= lo_hi[0] <= lo_hi[1]):
             raise ConfigurationError(f"layers must be [start, stop) with 0 <= start <= stop, got {lo_hi!r}")
     return merged
 

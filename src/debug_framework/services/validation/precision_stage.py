@@ -47,7 +47,6 @@ class PrecisionStage(Stage):
 
     name = "precision"
     timing_key = "precision_s"
-    persists_rows = True
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["precision_diagnosis"]) and bool(config["calibrate"])

@@ -284,7 +284,6 @@ class CompareStage(Stage):
 
     name = "compare"
     timing_key = "comparison_s"
-    persists_rows = True  # rows go in now, in model order: nothing compared is lost if a later stage fails
 
     def run(self, ctx: RunContext) -> None:
         ref, alt, calib = ctx.reference_capture, ctx.alternative_capture, ctx.captures.get("calibration")
@@ -315,7 +314,6 @@ class IsolationStage(Stage):
 
     name = "isolation"
     timing_key = "isolation_s"
-    persists_rows = True
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["isolate"])
@@ -420,7 +418,6 @@ class OracleStage(Stage):
 
     name = "oracle"
     timing_key = "oracle_s"
-    persists_rows = True
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["oracle"])
@@ -478,7 +475,6 @@ class NoiseFloorStage(Stage):
 
     name = "noise floor"
     timing_key = "noise_floor_s"
-    persists_rows = True
 
     def applies(self, config: Mapping[str, Any]) -> bool:
         return bool(config["noise_floor"])
@@ -559,6 +555,7 @@ class StoreStage(Stage):
             perf = {"total_s": perf["total_s"], "note": "performance profiling disabled"}
         ctx.performance = perf
         result = ctx.current_result()
+        ctx.write_rows(result)  # every row, once, as the judge decided it from all the evidence
         session.results = result.summary()
         ctx.db.sessions.update(session.session_id, results=session.results)
         ctx.db.sessions.update_status(session.session_id, result.verdict)

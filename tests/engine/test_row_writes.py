@@ -1,0 +1,73 @@
+"""Judge as evidence arrives, write each row once: in one session (isolation on, a failing
+alternative, so the precision stage runs too) every checkpoint row goes to the database exactly
+once, judged on all the evidence, and the judge runs a bounded number of times; a stage that fails
+keeps the rows measured before it, each written once."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from debug_framework.services.validation import context as context_module
+from debug_framework.services.validation.stages import DEFAULT_STAGES, Stage, StoreStage
+from debug_framework.services.validation_engine import ValidationEngine
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the judge's calls and of each row's writes, by (checkpoint, layer, step)."""
+    calls = {"judge": 0}
+    writes: Counter = Counter()
+    judge = context_module.judge
+
+    def counting_judge(*args, **kwargs):
+        calls["judge"] += 1
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(context_module, "judge", counting_judge)
+    from debug_framework.storage.checkpoints import CheckpointResultStore
+
+    add_many = CheckpointResultStore.add_many
+
+    def counting_add_many(self, session_id, results, **keys):
+        results = list(results)
+        writes.update((r["checkpoint"], r.get("layer"), r.get("step")) for r in results)
+        return add_many(self, session_id, results, **keys)
+
+    monkeypatch.setattr(CheckpointResultStore, "add_many", counting_add_many)
+    return calls, writes
+
+
+def test_each_row_is_written_once_and_the_judge_runs_a_few_times(tiny_llama, db_path, my_backend, counted):
+    calls, writes = counted
+    engine = ValidationEngine(db_path)
+    sid = engine.create_session(tiny_llama, {"isolate": True, "input_shape": [1, 8]}, "python_reference",
+                                my_backend("rope"))
+    result = engine.run(sid)
+    assert result.verdict == "failed" and result.isolation  # compare, isolation and precision all ran
+    assert len(writes) == len(result.results) and set(writes.values()) == {1}, writes
+    stored = engine.db.checkpoints.for_session(sid)
+    assert [r["id"] for r in stored] == [r.id for r in result.results]  # model order
+    assert {r["id"]: r["passed"] for r in stored} == {r.id: r.passed for r in result.results}
+    assert calls["judge"] <= 4, calls  # the precision stage's question, the record and the store stages
+
+
+class _Explode(Stage):
+    name = "explode"
+
+    def run(self, ctx):
+        raise RuntimeError("a stage crashed")
+
+
+def test_a_failing_stage_keeps_the_rows_each_written_once(tiny_llama, db_path, counted):
+    _, writes = counted
+    stages = list(DEFAULT_STAGES)
+    stages.insert(stages.index(next(s for s in stages if isinstance(s, StoreStage))), _Explode())
+    engine = ValidationEngine(db_path, stages=stages)
+    sid = engine.create_session(tiny_llama, {"isolate": False, "input_shape": [1, 8]}, "python_reference", "pytorch")
+    with pytest.raises(RuntimeError, match="a stage crashed"):
+        engine.run(sid)
+    stored = engine.db.checkpoints.for_session(sid)
+    assert stored and all(r["passed"] for r in stored) and set(writes.values()) == {1}
+    assert engine.db.sessions.get(sid)["status"] == "error"
