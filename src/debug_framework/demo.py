@@ -39,7 +39,7 @@ app = make_app(_HELP)
 @app.command(help=_HELP)
 def demo(
     ctx: typer.Context,
-    output: Path = typer.Option(Path("debug_artifacts/validation_report.html"), "--output",
+    output: Path = typer.Option(Path("debug_artifacts/validation_report.html"), "-o", "--output-file",
                                 help="HTML report path"),
     database: Path | None = typer.Option(None, "--database",
                                          help="session database (default: PIE_DEBUG_DATABASE or "

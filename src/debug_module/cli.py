@@ -470,9 +470,9 @@ def _report(state: _State, fmt: str, run: list[str], output: Path | None, benchm
 @app.command("report")
 def report(
     ctx: typer.Context,
-    fmt: str = typer.Option("html", "--format", "-f", help="html (with its JSON twin) or json"),
+    fmt: str = typer.Option("html", "-f", "--output-format", help="html (with its JSON twin) or json"),
     run: list[str] = typer.Option([], "--run", help="run id (repeatable; default: every run)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="output file (default: <root>/reports/debug_report_<time>.<ext>)"),
+    output: Path | None = typer.Option(None, "-o", "--output-file", help="output file (default: <root>/reports/debug_report_<time>.<ext>)"),
     benchmarks: Path | None = typer.Option(None, "--benchmarks", help="directory of benchmark JSON files (default: <root>/benchmarks)"),
     root: Path | None = RootOpt,
     as_json: bool = JsonOpt,
@@ -504,7 +504,7 @@ def minify(
     ctx: typer.Context,
     path: Path = typer.Argument(..., help="a repro directory, a run directory, or one of its graph files "
                                           "(aot_graphs/graph_000_forward.py, fx_graphs/graph_000.py)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="where the minimized repro goes"),
+    output: Path | None = typer.Option(None, "-o", "--output-dir", help="where the minimized repro goes"),
     max_seconds: float | None = typer.Option(None, "--max-seconds"),
     signature: str | None = typer.Option(None, "--signature", help="constraint:NAME[:OP], exception:TYPE[:PATTERN] "
                                          "or accuracy (default: the first constraint violation found)"),

@@ -54,7 +54,7 @@ def test_runtime_usage_errors_exit_2(tmp_path, capsys):
     assert "takes no --compile-backend" in capsys.readouterr().err
     assert main(["--runtime", "tensorrt", "--ops", "add", "--database", db]) == 2
     assert "unknown runtime 'tensorrt'" in capsys.readouterr().err
-    with pytest.raises(ConfigurationError, match="neither --backend-file nor --grad"):
+    with pytest.raises(ConfigurationError, match="neither --compile-backend-file nor --grad"):
         run_sweep(SweepSettings(backend="onnxruntime", runtime="onnxruntime", grad=True, ops=["add"]))
 
 

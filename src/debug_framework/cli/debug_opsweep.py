@@ -1,7 +1,7 @@
 """``debug_opsweep``: op-by-op conformance of a ``torch.compile`` backend over PyTorch's OpInfo operators.
 
     debug_opsweep --compile-backend inductor --dtypes float32
-    debug_opsweep --backend-file my_backend.py --ops softmax,cumsum,nn.functional.gelu --json
+    debug_opsweep --compile-backend-file my_backend.py --ops softmax,cumsum,nn.functional.gelu --json
     debug_opsweep --compile-backend aot_eager --ops 'nn.functional.*' --junit opsweep.xml
     debug_opsweep --compile-backend inductor --grad --ops softmax,cumsum      # the backward pass
     debug_opsweep --runtime onnxruntime --ops softmax,cumsum                  # single-op ONNX graphs
@@ -49,10 +49,10 @@ def _backend_file(spec: str | None) -> tuple[str | None, str]:
         return None, "backend"
     path, _, attr = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
     if not Path(path).is_file():
-        raise CliError(f"--backend-file {spec!r}: no such file", hint="give a Python file defining `backend` "
+        raise CliError(f"--compile-backend-file {spec!r}: no such file", hint="give a Python file defining `backend` "
                        "(a torch.compile backend), or FILE:NAME for another name")
     if attr and not attr.isidentifier():
-        raise CliError(f"--backend-file {spec!r}: {attr!r} is not a Python name")
+        raise CliError(f"--compile-backend-file {spec!r}: {attr!r} is not a Python name")
     return str(Path(path).resolve()), attr or "backend"
 
 
@@ -61,7 +61,7 @@ def opsweep(
     ctx: typer.Context,
     compile_backend: str = typer.Option("aot_eager", "--compile-backend", help="registered torch.compile backend "
                                         "(inductor, aot_eager, eager, mock_accel, ...)"),
-    backend_file: str | None = typer.Option(None, "--backend-file", metavar="FILE[:NAME]",
+    backend_file: str | None = typer.Option(None, "--compile-backend-file", metavar="FILE[:NAME]",
                                             help="Python file whose `backend` (or NAME) is the torch.compile backend"),
     runtime: str | None = typer.Option(None, "--runtime", help="sweep an ONNX runtime instead: onnxruntime or "
                                        "openvino (each sample's operator exported alone with torch.onnx)"),
@@ -103,8 +103,8 @@ def opsweep(
             raise CliError(f"unknown dtype {d!r}{did_you_mean(d, _DTYPES)}", hint=f"use some of {', '.join(_DTYPES)}")
     file, attr = _backend_file(backend_file)
     if runtime is not None and (file is not None or _given(ctx, "compile_backend")):
-        raise CliError("--runtime runs single-op ONNX graphs: it takes no --compile-backend or --backend-file",
-                       hint="give one of --runtime, --compile-backend, --backend-file")
+        raise CliError("--runtime runs single-op ONNX graphs: it takes no --compile-backend or --compile-backend-file",
+                       hint="give one of --runtime, --compile-backend, --compile-backend-file")
     if upgrade is not None:
         return _upgrade(upgrade, verify_repros, as_json)
     if list_ops:

@@ -241,7 +241,7 @@ def validate(
     reference_backend: str = typer.Option("auto", "--reference-backend", help="default auto: python_reference where a reference written from the math exists, else float64_eager (the model's own eager code in float64)"),
     alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name or 'auto' (default)"),
     config_file: Path | None = typer.Option(None, "--config-file", help="JSON file of session configuration keys"),
-    output_file: Path | None = typer.Option(None, "--output-file",
+    output_file: Path | None = typer.Option(None, "-o", "--output-file",
                                             help="write the result: JSON, or the HTML report if it ends in .html"),
     verbose: bool = typer.Option(False, "--verbose", help="every checkpoint in the table, and the isolation table"),
     checkpoints: str | None = typer.Option(None, "--checkpoints", help="comma list: post_embedding,post_attention,"

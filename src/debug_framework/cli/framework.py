@@ -189,6 +189,55 @@ def make_app(help: str, *, group: bool = False, epilog: str | None = None) -> ty
                        context_settings={"help_option_names": ["-h", "--help"]})
 
 
+#: The one spelling of each option meaning across the commands, and the other spellings still read
+#: (hidden: help shows the one): an alias becomes the first of its candidates the command has.
+OPTION_ALIASES: dict[str, tuple[str, ...]] = {
+    "--output": ("--output-file", "--output-dir"),  # inductor-debug report/minify, debug-tour, the demo
+    "--output-path": ("--output-file",),  # plugin_compile, as the spec spells it
+    "--format": ("--output-format",),  # inductor-debug report
+    "--backend-file": ("--compile-backend-file",),  # debug_opsweep: a torch.compile backend, not a registration
+}
+
+#: The line every command's help ends with after the exit codes.
+VERSION_HELP = "--version prints the version and exits."
+
+
+def canonical_args(command: Any, args: Sequence[str]) -> list[str]:
+    """``args`` with every hidden spelling of :data:`OPTION_ALIASES` replaced by the one the command
+    (or the subcommand named before it) defines; a command that defines the alias itself keeps it.
+    Nothing after ``--`` is touched."""
+    out: list[str] = []
+    current = command
+    for n, token in enumerate(args):
+        if token == "--":
+            return out + list(args[n:])
+        subcommands = getattr(current, "commands", None)
+        if subcommands and token in subcommands:
+            current = subcommands[token]
+            out.append(token)
+            continue
+        name, eq, value = token.partition("=")
+        if name in OPTION_ALIASES:
+            defined = {o for p in current.params for o in (*p.opts, *p.secondary_opts)}
+            if name not in defined:
+                found = next((c for c in OPTION_ALIASES[name] if c in defined), None)
+                token = token if found is None else found + eq + value
+        out.append(token)
+    return out
+
+
+def package_version() -> str:
+    """The installed package's version (the source tree's where it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("multi-backend-debug-framework")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
 def plain_help(command: Any) -> Any:
     """``command`` (and its subcommands) with help that says each thing once, in words: an option
     whose help already states its default does not get click's ``[default: ...]`` again, and a
@@ -196,7 +245,8 @@ def plain_help(command: Any) -> Any:
     ``<int range>``, ``<list[str]>``); choices stay ``[a|b]``. Every command's help ends with
     :data:`EXIT_CODES_HELP`."""
     if EXIT_CODES_HELP not in (command.epilog or ""):
-        command.epilog = f"{command.epilog}\n\n{EXIT_CODES_HELP}" if command.epilog else EXIT_CODES_HELP
+        ending = f"{EXIT_CODES_HELP} {VERSION_HELP}"
+        command.epilog = f"{command.epilog}\n\n{ending}" if command.epilog else ending
     for sub in getattr(command, "commands", {}).values():
         plain_help(sub)
     for param in command.params:  # typer's own parameter classes (it vendors click): duck-typed
@@ -221,10 +271,14 @@ def run_app(app: typer.Typer, invocation: Invocation, argv: Sequence[str] | None
     """
     args = list(sys.argv[1:] if argv is None else argv)
     invocation.argv = args
+    if args[:1] == ["--version"]:
+        print(f"{invocation.prog} {package_version()}")
+        return EXIT_PASS
 
     def body() -> int:
         try:
             command = plain_help(typer.main.get_command(app))
+            args[:] = canonical_args(command, args)
             with _noting_interrupts() as interrupted:
                 rv = command(args=args, prog_name=invocation.prog, standalone_mode=False, obj=invocation)
             if interrupted:  # typer turns Ctrl-C into a silent exit code 130

@@ -101,7 +101,7 @@ def compile_plugin(
     ctx: typer.Context,
     plugin_path: Path | None = typer.Option(None, "--plugin-path", help="plugin.json (or its folder), or one source file"),
     backend: str | None = typer.Option(None, "--backend", help="cpp, cuda, triton or metal (default: the manifest's)"),
-    output_path: Path | None = typer.Option(None, "--output-path", help="copy the built artifact here"),
+    output_path: Path | None = typer.Option(None, "-o", "--output-file", help="copy the built artifact here"),
     optimization_level: int = typer.Option(2, "--optimization-level", min=0, max=3, help="0-3 (compiler flags)"),
     validate: bool = typer.Option(False, "--validate", help="check the build (ops, opcheck) and sweep each kernel"),
     list_plugins: bool = typer.Option(False, "--list", help="list the registered plugins and exit"),

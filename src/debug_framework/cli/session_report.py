@@ -295,10 +295,10 @@ def report(
     list_: bool = typer.Option(False, "--list", help="list sessions, newest first"),
     diff: tuple[str, str] | None = typer.Option(None, "--diff", metavar="BEFORE AFTER",
                                                 help="diff two sessions of the same model/backends"),
-    output_format: str | None = typer.Option(None, "--output-format", metavar="[json|html|csv|junit]",
+    output_format: str | None = typer.Option(None, "-f", "--output-format", metavar="[json|html|csv|junit]",
                                              help="report format (default json); --diff accepts json, html, csv "
                                                   "(default: a table)"),
-    output_file: Path | None = typer.Option(None, "--output-file", help="write here instead of stdout"),
+    output_file: Path | None = typer.Option(None, "-o", "--output-file", help="write here instead of stdout"),
     include_tensors: bool = typer.Option(False, "--include-tensors", help="include recorded tensors (statistics and "
                                          "values) from the tensor store (json, html)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "

@@ -109,7 +109,7 @@ class _Proc(PipeWorker):
         if reply[0] != "ok":
             self.stop()
             raise ConfigurationError(f"the sweep's worker cannot load the backend: {reply[1]}",
-                                     hint="check --compile-backend / --backend-file", backend=args[0])
+                                     hint="check --compile-backend / --compile-backend-file", backend=args[0])
 
     def death(self, timeout: float) -> dict[str, Any]:
         code = self.proc.poll()
@@ -158,7 +158,7 @@ class _Lane:
                     self.proc = _InProcess(self.args)
                 except Exception as exc:  # noqa: BLE001 - as the worker process reports it
                     raise ConfigurationError(f"cannot load the backend: {type(exc).__name__}: {exc}",
-                                             hint="check --compile-backend / --backend-file") from exc
+                                             hint="check --compile-backend / --compile-backend-file") from exc
             else:
                 self.proc = _Proc(self.args, self.settings.extra_env)
         return self.proc
@@ -303,13 +303,13 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
         raise ConfigurationError(f"unknown dtype {bad[0] if bad else '(none given)'}",
                                  hint=f"use some of {', '.join(DTYPES)}", option="--dtypes")
     if settings.backend_file is not None and not Path(settings.backend_file).is_file():
-        raise ConfigurationError(f"backend file {settings.backend_file!r}: no such file", option="--backend-file")
+        raise ConfigurationError(f"backend file {settings.backend_file!r}: no such file", option="--compile-backend-file")
     if settings.runtime is not None:
         if settings.runtime not in RUNTIMES:
             raise ConfigurationError(f"unknown runtime {settings.runtime!r}", option="--runtime",
                                      hint=f"use {' or '.join(RUNTIMES)}")
         if settings.backend_file is not None or settings.grad:
-            raise ConfigurationError(f"--runtime {settings.runtime} takes neither --backend-file nor --grad "
+            raise ConfigurationError(f"--runtime {settings.runtime} takes neither --compile-backend-file nor --grad "
                                      "(it runs exported forward graphs)", option="--runtime")
         check_runtime(settings.runtime, settings.device)
     else:

@@ -13,7 +13,6 @@ Ctrl-C; a server that fails on its own gives 2.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import signal
@@ -22,6 +21,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import typer
+
+from ..cli.framework import CliError, make_app
 from ..termtext import terminal_safe
 from .settings import DEFAULT_ARTIFACTS, Settings, resolve_database
 
@@ -32,21 +34,6 @@ APP = Path(__file__).with_name("app.py")
 STOP_GRACE_S = 10.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ..cli.framework import EXIT_CODES_HELP
-
-    p = argparse.ArgumentParser(prog="debug-dashboard", description="The Streamlit dashboard over validation "
-                                "sessions, batch jobs, plugins and debug_module runs (docs/dashboard.md).",
-                                epilog=EXIT_CODES_HELP)
-    p.add_argument("--database", help="SQLite file or postgresql:// URL (default: PIE_DEBUG_DATABASE or "
-                   "~/.pie/debug/debug_framework.db)")
-    p.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="debug_module run directories (default: "
-                   "./debug_artifacts)")
-    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    return p
-
-
 def streamlit_command(host: str, port: int) -> list[str]:
     """The ``streamlit run`` command line: headless, bound to ``host``, no usage statistics."""
     return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", host, "--server.port",
@@ -54,23 +41,43 @@ def streamlit_command(host: str, port: int) -> list[str]:
             "--server.fileWatcherType", "none", "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if not 0 < args.port < 65536:
-        print(f"debug-dashboard: --port {args.port} is not a port (1-65535)", file=sys.stderr)
-        return 2
-    if importlib.util.find_spec("streamlit") is None:
-        print("debug-dashboard: streamlit is not installed; pip install 'multi-backend-debug-framework[dashboard]'",
+def _app() -> typer.Typer:
+    about = "The Streamlit dashboard over validation sessions, batch jobs, plugins and debug_module runs " \
+            "(docs/dashboard.md)."
+    app = make_app(about)
+
+    @app.command(help=about)
+    def launch(
+        database: str | None = typer.Option(None, "--database", help="SQLite file or postgresql:// URL (default: "
+                                            "PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
+        artifacts: str = typer.Option(str(DEFAULT_ARTIFACTS), "--artifacts",
+                                      help="debug_module run directories (default: ./debug_artifacts)"),
+        port: int = typer.Option(8501, "--port", help="port (default 8501)"),
+        host: str = typer.Option("127.0.0.1", "--host",
+                                 help="address to bind (default 127.0.0.1: this machine only)"),
+    ) -> int:
+        if not 0 < port < 65536:
+            raise CliError(f"--port {port} is not a port (1-65535)")
+        if importlib.util.find_spec("streamlit") is None:
+            raise CliError("streamlit is not installed; pip install 'multi-backend-debug-framework[dashboard]'")
+        settings = Settings(database=resolve_database(database), artifacts=Path(artifacts).expanduser().resolve())
+        env = {**os.environ, **settings.environment()}
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+        where = "this machine only" if host in ("127.0.0.1", "localhost", "::1") else \
+            "the network: anyone who can reach it can launch work"
+        print(terminal_safe(f"debug-dashboard: http://{host}:{port} ({where}); database {settings.location}"),
               file=sys.stderr)
-        return 2
-    settings = Settings(database=resolve_database(args.database), artifacts=Path(args.artifacts).expanduser().resolve())
-    env = {**os.environ, **settings.environment()}
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    where = "this machine only" if args.host in ("127.0.0.1", "localhost", "::1") else "the network: anyone who can reach it can launch work"
-    print(terminal_safe(f"debug-dashboard: http://{args.host}:{args.port} ({where}); database {settings.location}"),
-          file=sys.stderr)
-    return serve(streamlit_command(args.host, args.port), env)
+        return serve(streamlit_command(host, port), env)
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``debug-dashboard``: the project's CLI framework (its help style, exit codes, ``--version``)."""
+    from ..cli.framework import Invocation, run_app
+
+    return run_app(_app(), Invocation("debug-dashboard"), argv)
 
 
 def serve(command: list[str], env: dict[str, str]) -> int:

@@ -47,7 +47,7 @@ def tour(
     ctx: typer.Context,
     quick: bool = typer.Option(False, "--quick", help="run the steps with these knobs, no prompts"),
     step: list[str] = typer.Option([], "--step", metavar="NAME", help="run only this step (repeatable; default: all)"),
-    output: Path = typer.Option(DEFAULT_OUTPUT, "--output", "-o", metavar="DIR", help="where the artifacts go"),
+    output: Path = typer.Option(DEFAULT_OUTPUT, "-o", "--output-dir", metavar="DIR", help="where the artifacts go"),
     batch: str = typer.Option(str(_D.batch), "--batch", metavar="N", help=KNOB_HELP["batch"]),
     seq: str = typer.Option(str(_D.seq), "--seq", metavar="N", help=KNOB_HELP["seq"]),
     padding: str = typer.Option(str(_D.padding), "--padding", metavar="N", help=KNOB_HELP["padding"]),
