@@ -9,6 +9,10 @@ fixed-size pages, as paged engines do.
 * It speaks the engine protocol of ``debug_framework.backends.decode.runner_decode``:
   ``prefill(inputs, keys)``, ``decode_step(tokens, positions, keys)`` and ``kv_cache()`` (and
   ``run(inputs, keys)``, the one forward pass every user backend has).
+* It runs one layer alone on a given input: ``run_layer`` (isolation) and ``run_layer_traced``,
+  which names its intermediate values (``attn_norm``, ``q``, ``q_rope`` ... ``post_mlp``): the
+  drill-down by named values (docs/drilldown.md, "the trace strategy") compares them with the
+  reference's and names the step that introduces an error.
 
 Register it and validate it against the model's own code in float64::
 
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from debug_framework.architectures import build_reference
-from debug_framework.architectures.llama import gated_mlp, rms_norm, rope_cos_sin
+from debug_framework.architectures.llama import rms_norm, rope_cos_sin, silu
 from debug_framework.architectures.ops import linear, softmax
 
 #: tokens per page
@@ -63,12 +67,11 @@ class PagedLlamaEngine:
         start = self.lengths[row]
         for j in range(k.shape[0]):
             at = start + j
-            if at // PAGE >= len(self.tables[row]):
-                if layer == 0:
-                    self.tables[row].append(self.pool_k[0].shape[0])
-                    for pool in (self.pool_k, self.pool_v):
-                        for i in range(self.layers):
-                            pool[i] = np.concatenate([pool[i], np.zeros((1, *pool[i].shape[1:]), np.float32)])
+            if at // PAGE >= len(self.tables[row]):  # the first layer to write there allocates for all
+                self.tables[row].append(self.pool_k[0].shape[0])
+                for pool in (self.pool_k, self.pool_v):
+                    for i in range(self.layers):
+                        pool[i] = np.concatenate([pool[i], np.zeros((1, *pool[i].shape[1:]), np.float32)])
             page = self.tables[row][at // PAGE]
             self.pool_k[layer][page, at % PAGE] = k[j]
             self.pool_v[layer][page, at % PAGE] = v[j]
@@ -93,26 +96,67 @@ class PagedLlamaEngine:
         out["post_embedding"] = h
         n, held = ids.shape[0], self.lengths[row]
         for i in range(self.layers):
-            w = net.layers[i]
-            x = rms_norm(h, w["input_norm"], self.eps)
-            q = linear(x, w["q"], w["q_b"]).reshape(n, self.heads, self.head_dim)
-            k = linear(x, w["k"], w["k_b"]).reshape(n, self.kv_heads, self.head_dim)
-            v = linear(x, w["v"], w["v_b"]).reshape(n, self.kv_heads, self.head_dim)
-            q, k = self._rotate(q, positions), self._rotate(k, positions)
-            self._write(i, row, k, v)
-            keys, values = self._read(i, row, held + n)  # [held + n, kv_heads, E]
-            group = self.heads // self.kv_heads
-            keys, values = np.repeat(keys, group, axis=1), np.repeat(values, group, axis=1)
-            scores = np.einsum("qhe,khe->hqk", q, keys) / np.float32(np.sqrt(self.head_dim))
-            scores = np.where(self._visible(i, held, n)[None], scores, np.finfo(np.float32).min)
-            attn = np.einsum("hqk,khe->qhe", softmax(scores), values).reshape(n, -1)
-            h = h + linear(attn, w["o"], w["o_b"])
-            out[f"post_attention:{i}"] = h
-            h = h + gated_mlp(rms_norm(h, w["post_attention_norm"], self.eps), w)
-            out[f"post_mlp:{i}"] = h
+            a, h = self._layer(i, row, h, positions, held)
+            out[f"post_attention:{i}"], out[f"post_mlp:{i}"] = a, h
         self.lengths[row] = held + n
         out["post_processing"] = net.head(h)
         return {k: v for k, v in out.items() if k in want}
+
+    def _layer(self, i: int, row: int, h: np.ndarray, positions: np.ndarray, held: int,
+               note: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``i`` on ``row``'s new tokens' states ``h`` ``[n, D]`` over its ``held`` cached ones:
+        (post_attention, post_mlp); each intermediate value named in ``note`` where given."""
+        w, n = self.net.layers[i], h.shape[0]
+
+        def tap(name: str, value: np.ndarray) -> np.ndarray:
+            if note is not None:
+                note[name] = value
+            return value
+
+        x = tap("attn_norm", rms_norm(h, w["input_norm"], self.eps))
+        q = tap("q", linear(x, w["q"], w["q_b"])).reshape(n, self.heads, self.head_dim)
+        k = tap("k", linear(x, w["k"], w["k_b"])).reshape(n, self.kv_heads, self.head_dim)
+        v = tap("v", linear(x, w["v"], w["v_b"])).reshape(n, self.kv_heads, self.head_dim)
+        q, k = tap("q_rope", self._rotate(q, positions)), tap("k_rope", self._rotate(k, positions))
+        self._write(i, row, k, v)
+        keys, values = self._read(i, row, held + n)  # [held + n, kv_heads, E]
+        group = self.heads // self.kv_heads
+        keys, values = np.repeat(keys, group, axis=1), np.repeat(values, group, axis=1)
+        scores = np.einsum("qhe,khe->hqk", q, keys) / np.float32(np.sqrt(self.head_dim))
+        scores = np.where(self._visible(i, held, n)[None], scores, np.finfo(np.float32).min)
+        attn = tap("attn", np.einsum("hqk,khe->qhe", softmax(scores), values).reshape(n, -1))
+        a = tap("post_attention", h + tap("attn_out", linear(attn, w["o"], w["o_b"])))
+        x = tap("ffn_norm", rms_norm(a, w["post_attention_norm"], self.eps))
+        gate, up = tap("ffn_gate", linear(x, w["gate"], w["gate_b"])), tap("ffn_up", linear(x, w["up"], w["up_b"]))
+        mlp = tap("ffn_out", linear(tap("ffn_act", silu(gate) * up), w["down"], w["down_b"]))
+        return a, tap("post_mlp", a + mlp)
+
+    # -- one layer alone: isolation, and the drill-down by named values -----------------------------
+    def run_layer_traced(self, i: int, hidden_in: Any, inputs: Any) -> dict[str, np.ndarray]:
+        """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (each row's real tokens, over an empty
+        cache), with its named intermediate values in the padded layout ``[B, T, ...]``."""
+        hidden = np.asarray(hidden_in, np.float32)
+        mask = inputs.attention_mask != 0
+        rows, width = mask.shape
+        given = inputs.position_ids()
+        offset = int(inputs.meta.get("position_offset", 0) or 0)
+        self._reset(rows)
+        full: dict[str, np.ndarray] = {}
+        for b in range(rows):
+            where = np.flatnonzero(mask[b])
+            positions = given[b, where] if given is not None else offset + np.arange(where.size)
+            note: dict[str, np.ndarray] = {}
+            self._layer(i, b, hidden[b, where], positions, 0, note)
+            for name, value in note.items():
+                if name not in full:
+                    full[name] = np.zeros((rows, width, *value.shape[1:]), np.float32)
+                full[name][b, where] = value
+        return full
+
+    def run_layer(self, i: int, hidden_in: Any, inputs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``i`` alone (isolation): its post_attention and post_mlp."""
+        traced = self.run_layer_traced(i, hidden_in, inputs)
+        return traced["post_attention"], traced["post_mlp"]
 
     def _visible(self, layer: int, held: int, n: int) -> np.ndarray:
         """``[n, held + n]``: new token q (the row's token ``held + q``) sees key j when ``j <= held + q``

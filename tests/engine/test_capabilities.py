@@ -56,7 +56,8 @@ def test_a_declared_record_is_what_the_stages_follow(tiny_llama, tmp_path):
 
 _ABILITIES = {"run_layer", "run_block", "run_decode", "run_decode_layer", "can_decode", "can_run_layer",
               "can_run_block", "release_replays", "release_session", "open_session", "open_session_file",
-              "supported_dtypes", "default_dtype", "streams_weights", "streams_layers", "version_info", "_graph"}
+              "supported_dtypes", "default_dtype", "streams_weights", "streams_layers", "version_info", "_graph",
+              "run_layer_traced", "can_run_layer_traced"}
 
 
 def test_no_stage_probes_a_backend():

@@ -93,11 +93,11 @@ class BertReference(Model):
 
     def attention(self, i: int, h: Array, attention_mask: Array) -> Array:
         """Layer i's multi-head self-attention and output projection (before the residual)."""
-        c, w = self.config, self.layers[i]
-        q, k, v = (split_heads(linear(h, w[n], w[n + "_b"]), c.num_attention_heads, c.head_dim)
-                   for n in ("query", "key", "value"))
+        c, w, tap = self.config, self.layers[i], self.tap
+        q, k, v = (split_heads(tap(t, linear(h, w[n], w[n + "_b"])), c.num_attention_heads, c.head_dim)
+                   for t, n in (("q", "query"), ("k", "key"), ("v", "value")))
         ctx = self_attention(q, k, v, padding_mask(attention_mask))
-        return linear(merge_heads(ctx), w["attn_out"], w["attn_out_b"])
+        return tap("attn_out", linear(tap("attn", merge_heads(ctx)), w["attn_out"], w["attn_out_b"]))
 
     def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
         """Layer i's attention block (post-LN): ``layer_norm(h + attention(h))``, the post_attention state."""
@@ -107,6 +107,7 @@ class BertReference(Model):
 
     def mlp_block(self, i: int, a: Array) -> Array:
         """Layer i's MLP block on the post-attention state: ``layer_norm(a + down(act(up(a))))``, post_mlp."""
-        w, act = self.layers[i], activation(self.config.hidden_act)
-        mlp = linear(act(linear(a, w["up"], w["up_b"])), w["down"], w["down_b"])
+        w, act, tap = self.layers[i], activation(self.config.hidden_act), self.tap
+        mlp = tap("ffn_out", linear(tap("ffn_act", act(tap("ffn_up", linear(a, w["up"], w["up_b"])))),
+                                    w["down"], w["down_b"]))
         return layer_norm(a + mlp, w["out_ln"], w["out_ln_b"], self.config.layer_norm_eps)

@@ -145,11 +145,11 @@ class DecoderReference(LlamaReference):
         w = self.layers[i]
         q, k, v = self.project_qkv(i, x)
         cos, sin = self.rope_of(i, x.shape[1])
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.tap("q_rope", apply_rotary(q, cos, sin)), self.tap("k_rope", apply_rotary(k, cos, sin))
         k, v = self.cached(i, k, v)  # [B, K, L, E]: the cached positions, then these
         allowed = last_queries(self.allowed(i, attention_mask), q.shape[2])  # attention_mask: [B, L]
         out = attention_with_scale(q, k, v, allowed, self.config.attention_scale, self.attention_cap)
-        return linear(merge_heads(out), w["o"], w["o_b"])
+        return self.tap("attn_out", linear(self.tap("attn", merge_heads(out)), w["o"], w["o_b"]))
 
     def mlp(self, i: int, x: Array) -> Array:
         """Layer i's gated MLP: ``down(act(gate(x)) * up(x))`` (Phi-3: gate and up from one projection)."""
@@ -158,15 +158,16 @@ class DecoderReference(LlamaReference):
             gate, up = split_last(linear(x, w["gate_up"], w["gate_up_b"]), (self.config.intermediate_size,) * 2)
         else:
             gate, up = linear(x, w["gate"], w["gate_b"]), linear(x, w["up"], w["up_b"])
-        return linear(act(gate) * up, w["down"], w["down_b"])
+        gate, up = self.tap("ffn_gate", gate), self.tap("ffn_up", up)
+        return self.tap("ffn_out", linear(self.tap("ffn_act", act(gate) * up), w["down"], w["down_b"]))
 
     def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
         """``h + attention(norm(h))``: the post_attention state."""
-        return h + self.attention(i, self.norm(h, self.layers[i]["input_norm"]), attention_mask)
+        return h + self.attention(i, self.tap("attn_norm", self.norm(h, self.layers[i]["input_norm"])), attention_mask)
 
     def mlp_block(self, i: int, a: Array) -> Array:
         """``a + mlp(norm(a))``: post_mlp."""
-        return a + self.mlp(i, self.norm(a, self.layers[i]["post_attention_norm"]))
+        return a + self.mlp(i, self.tap("ffn_norm", self.norm(a, self.layers[i]["post_attention_norm"])))
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""

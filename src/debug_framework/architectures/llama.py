@@ -144,26 +144,31 @@ class LlamaReference(Model):
 
     def attention(self, i: int, x: Array, attention_mask: Array) -> Array:
         """Layer i's self-attention on the normalised stream x ``[B, T, D]``."""
-        c, w = self.config, self.layers[i]
-        q = split_heads(linear(x, w["q"], w["q_b"]), c.num_attention_heads, c.head_dim)
-        k = split_heads(linear(x, w["k"], w["k_b"]), c.num_key_value_heads, c.head_dim)
-        v = split_heads(linear(x, w["v"], w["v_b"]), c.num_key_value_heads, c.head_dim)
+        c, w, tap = self.config, self.layers[i], self.tap
+        q = split_heads(tap("q", linear(x, w["q"], w["q_b"])), c.num_attention_heads, c.head_dim)
+        k = split_heads(tap("k", linear(x, w["k"], w["k_b"])), c.num_key_value_heads, c.head_dim)
+        v = split_heads(tap("v", linear(x, w["v"], w["v_b"])), c.num_key_value_heads, c.head_dim)
         cos, sin = self.rope(x.shape[1])
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = tap("q_rope", apply_rotary(q, cos, sin)), tap("k_rope", apply_rotary(k, cos, sin))
         k, v = self.cached(i, k, v)  # [B, K, L, E]: the cached positions, then these
         allowed = last_queries(causal_padding_mask(attention_mask), q.shape[2])  # attention_mask: [B, L]
         out = grouped_query_attention(q, k, v, allowed)  # [B, H, T, E]
-        return linear(merge_heads(out), w["o"], w["o_b"])
+        return tap("attn_out", linear(tap("attn", merge_heads(out)), w["o"], w["o_b"]))
 
     def attention_block(self, i: int, h: Array, attention_mask: Array) -> Array:
         """Layer i's attention block (pre-norm, residual): ``h + attention(rms_norm(h))``, the post_attention state."""
         w = self.layers[i]
-        return h + self.attention(i, rms_norm(h, w["input_norm"], self.config.rms_norm_eps), attention_mask)
+        return h + self.attention(i, self.tap("attn_norm", rms_norm(h, w["input_norm"], self.config.rms_norm_eps)),
+                                  attention_mask)
 
     def mlp_block(self, i: int, a: Array) -> Array:
         """Layer i's MLP block on the post-attention state: ``a + gated_mlp(rms_norm(a))``, post_mlp."""
-        w = self.layers[i]
-        return a + gated_mlp(rms_norm(a, w["post_attention_norm"], self.config.rms_norm_eps), w)
+        w, tap = self.layers[i], self.tap
+        x = tap("ffn_norm", rms_norm(a, w["post_attention_norm"], self.config.rms_norm_eps))
+        if self.trace is None:
+            return a + gated_mlp(x, w)
+        gate, up = tap("ffn_gate", linear(x, w["gate"], w["gate_b"])), tap("ffn_up", linear(x, w["up"], w["up_b"]))
+        return a + tap("ffn_out", linear(tap("ffn_act", silu(gate) * up), w["down"], w["down_b"]))
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""

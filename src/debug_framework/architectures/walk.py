@@ -62,6 +62,15 @@ def walk_checkpoints(
     return out
 
 
+#: The names of a layer's intermediate values (:meth:`Model.traced_layer`), in compute order, shared
+#: with engines that report theirs (llama.cpp's graph names them alike): the attention's input norm,
+#: the projected queries, keys and values, the rotated queries and keys, the heads' merged output
+#: before the output projection, after it, then the MLP's input norm, gate, up, activation (the
+#: gated product) and output (before the residual).
+TRACE_NAMES = ("attn_norm", "q", "k", "v", "q_rope", "k_rope", "attn", "attn_out", "post_attention",
+               "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_out", "post_mlp")
+
+
 class Model:
     """A model of one family in one array namespace and compute dtype.
 
@@ -88,6 +97,9 @@ class Model:
     #: the KV cache of a decode (:class:`~.kv_cache.KVCache`): each layer's keys and values are
     #: appended to it and attention reads them all; set by the decoding backend, None for one pass
     cache: KVCache | None = None
+
+    #: where a :meth:`traced_layer` call records each named intermediate value (None: not tracing)
+    trace: dict[str, Array] | None = None
 
     def __init__(self, config: ModelConfig, weights: WeightSource, dtype: object = np.float64,
                  xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
@@ -127,8 +139,25 @@ class Model:
 
     def layer(self, i: int, h: Array, attention_mask: Array) -> tuple[Array, Array]:
         """Layer i on its input ``h``: (post_attention, post_mlp), one block after the other."""
-        a = self.attention_block(i, h, attention_mask)
-        return a, self.mlp_block(i, a)
+        a = self.tap("post_attention", self.attention_block(i, h, attention_mask))
+        return a, self.tap("post_mlp", self.mlp_block(i, a))
+
+    def tap(self, name: str, value: Array) -> Array:
+        """``value``, recorded under ``name`` while a :meth:`traced_layer` call runs."""
+        if self.trace is not None:
+            self.trace[name] = value
+        return value
+
+    def traced_layer(self, i: int, h: Array, attention_mask: Array) -> dict[str, Array]:
+        """Layer i on ``h`` with its named intermediate values, in the order computed (the names of
+        :data:`TRACE_NAMES`; a family records those its steps have), ending with ``post_attention``
+        and ``post_mlp``: what a drill-down by named intermediates compares an engine's with."""
+        self.trace = {}
+        try:
+            self.layer(i, h, attention_mask)
+            return self.trace
+        finally:
+            self.trace = None
 
     def head(self, h: Array) -> Array:
         """The last layer's output -> post_processing (here: itself)."""

@@ -56,6 +56,9 @@ class Capabilities:
         holds_session: it keeps a runtime session that :func:`release` frees (opened again on need).
         graph_sessions: it opens the ONNX graph it runs with more outputs marked
             (``open_session_file(path)``: what ``mark_all`` compares every node output with).
+        layer_trace: it runs one layer on a given input and reports its named intermediate values
+            (``run_layer_traced(i, hidden_in, inputs)``, names of ``architectures.walk.TRACE_NAMES``):
+            the drill-down compares them with the reference's in order, whatever the engine.
     """
 
     name: str
@@ -70,6 +73,7 @@ class Capabilities:
     holds_replays: bool = False
     holds_session: bool = False
     graph_sessions: Support = Support(False, "does not run ONNX graphs (no open_session_file)")
+    layer_trace: Support = Support(False, "reports no named intermediate values of a layer (no run_layer_traced)")
 
     def with_(self, **changes: Any) -> Capabilities:
         """This record with ``changes``: how a backend declares what differs from what it derives."""
@@ -143,6 +147,7 @@ def derive_capabilities(backend: Any) -> Capabilities:
         holds_replays=callable(getattr(backend, "release_replays", None)),
         holds_session=callable(getattr(backend, "release_session", None)),
         graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
+        layer_trace=_can(backend, "can_run_layer_traced", _asked(backend, "run_layer_traced", base.layer_trace)),
     )
 
 

@@ -115,6 +115,20 @@ class CallableBackend(BaseBackend):
             return True, ""
         return False, "has no run_block(i, block, hidden_in, inputs) on its runner"
 
+    def can_run_layer_traced(self) -> tuple[bool, str]:
+        """Named intermediate values of a layer when the (prepared) runner has ``run_layer_traced``."""
+        if callable(getattr(self.runner, "run_layer_traced", None)):
+            return True, ""
+        return False, "has no run_layer_traced(i, hidden_in, inputs) on its runner"
+
+    def run_layer_traced(self, i: int, hidden_in: Any, inputs: ModelInputs) -> list[tuple[str, Any]]:
+        """The runner's ``run_layer_traced(i, hidden_in, inputs)``: layer ``i`` on ``hidden_in`` with
+        its named intermediate values, in the order computed (a mapping or ``(name, value)`` pairs)."""
+        if not callable(getattr(self.runner, "run_layer_traced", None)):
+            raise BackendInitializationError("this user backend has no run_layer_traced", backend=self.name)
+        out = self.runner.run_layer_traced(i, hidden_in, inputs)
+        return list(out.items()) if isinstance(out, Mapping) else [(str(n), v) for n, v in out]
+
     def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
         """The runner's ``run_block(i, block, hidden_in, inputs) -> tensor``: ``"mlp"`` on the
         post-attention state gives ``post_mlp:i``, ``"attention"`` on the layer input ``post_attention:i``."""

@@ -30,6 +30,12 @@ def _onnx() -> DrillStrategy:
     return OnnxDrillStrategy()
 
 
+def _trace() -> DrillStrategy:
+    from .trace import TraceStrategy
+
+    return TraceStrategy()
+
+
 def _openvino() -> DrillStrategy:
     from .openvino import OpenVinoDrillStrategy
 
@@ -40,6 +46,7 @@ def _openvino() -> DrillStrategy:
 STRATEGY_FACTORIES: list[Callable[[], DrillStrategy]] = [
     _onnx,
     _openvino,
+    _trace,
     _replay,
 ]
 
