@@ -22,7 +22,7 @@ from ..config import FLOAT_DTYPES
 from ..errors import DebugFrameworkError
 
 __all__ = ["Support", "Capabilities", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
-           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype"]
+           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers"]
 
 
 class Support(NamedTuple):
@@ -56,6 +56,7 @@ class Capabilities:
         holds_session: it keeps a runtime session that :func:`release` frees (opened again on need).
         graph_sessions: it opens the ONNX graph it runs with more outputs marked
             (``open_session_file(path)``: what ``mark_all`` compares every node output with).
+        prepared: ``prepare`` has given it a model. device: where it runs.
         layer_trace: it runs one layer on a given input and reports its named intermediate values
             (``run_layer_traced(i, hidden_in, inputs)``, names of ``architectures.walk.TRACE_NAMES``):
             the drill-down compares them with the reference's in order, whatever the engine.
@@ -74,6 +75,8 @@ class Capabilities:
     holds_session: bool = False
     graph_sessions: Support = Support(False, "does not run ONNX graphs (no open_session_file)")
     layer_trace: Support = Support(False, "reports no named intermediate values of a layer (no run_layer_traced)")
+    prepared: bool = False
+    device: str = "cpu"
 
     def with_(self, **changes: Any) -> Capabilities:
         """This record with ``changes``: how a backend declares what differs from what it derives."""
@@ -148,6 +151,8 @@ def derive_capabilities(backend: Any) -> Capabilities:
         holds_session=callable(getattr(backend, "release_session", None)),
         graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
         layer_trace=_can(backend, "can_run_layer_traced", _asked(backend, "run_layer_traced", base.layer_trace)),
+        prepared=getattr(backend, "model", None) is not None,
+        device=str(getattr(backend, "device", "cpu") or "cpu"),
     )
 
 
@@ -180,6 +185,13 @@ def declared_dtype(backend: Any, model: Any) -> tuple[str, str] | None:
     None where it declares none (its ``default_dtype`` then)."""
     fn = getattr(backend, "declared_dtype", None)
     return fn(model) if callable(fn) else None
+
+
+def offers(backend: Any, method: str) -> bool:
+    """Whether ``backend`` has the engine-specific entry point ``method`` a drill-down strategy of
+    that engine calls (``export_layer`` of ONNX Runtime and OpenVINO, ``layer_call`` of Inductor):
+    the one place such a method is looked for."""
+    return callable(getattr(backend, method, None))
 
 
 def graph_runner(backend: Any) -> Any:

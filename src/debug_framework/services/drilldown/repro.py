@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ...backends.capabilities import capabilities
 from ...plugins.repro import KERNEL_LOADER, plugin_kernel_entry
 from ...repro_format import INPUTS, SAFETENSORS_READER, verify, write_repro_files
 from .judge import Replay
@@ -146,7 +147,7 @@ def write_and_verify(folder: Path, replay: Replay, backend: Any, *, what: str) -
     tensors: dict[str, torch.Tensor] = {}
     check = {"op": str(replay.target), "args": _encode(list(replay.args), tensors),
              "kwargs": {k: _encode(v, tensors) for k, v in replay.kwargs.items()},
-             "bound": replay.bound, "introduced": replay.introduced, "device": str(getattr(backend, "device", "cpu")),
+             "bound": replay.bound, "introduced": replay.introduced, "device": capabilities(backend).device,
              "plugin": _plugin(backend, replay.target, folder)}
     tensors["trusted"] = replay.trusted.detach().to("cpu", torch.float64).contiguous()
     save_file(tensors, str(folder / INPUTS))

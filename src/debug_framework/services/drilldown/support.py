@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ...backends.capabilities import capabilities, offers
 from ...errors import ConfigurationError
 from .types import DrillRequest
 
@@ -12,8 +13,9 @@ __all__ = ["BackendStrategy"]
 
 
 class BackendStrategy:
-    """Base of a strategy for one backend (``backend_name``) that needs a ``method`` of it;
-    ``label`` names that backend in messages."""
+    """Base of a strategy for one backend (``backend_name``) that needs a ``method`` of it (an
+    engine-specific entry point: :func:`~debug_framework.backends.capabilities.offers`); ``label``
+    names that backend in messages."""
 
     name: ClassVar[str] = ""
     backend_name: ClassVar[str] = ""
@@ -21,10 +23,12 @@ class BackendStrategy:
     label: ClassVar[str] = ""
 
     def applies(self, backend: Any) -> tuple[bool, str]:
-        """``(True, "")`` for the prepared backend this strategy drills, else ``(False, why)``."""
-        if getattr(backend, "name", None) != self.backend_name or not hasattr(backend, self.method):
-            return False, f"backend {getattr(backend, 'name', backend)!r} is not {self.label}"
-        if getattr(backend, "model", None) is None:
+        """``(True, "")`` for the prepared backend this strategy drills (its name, and the method
+        ``method`` it offers), else ``(False, why)``."""
+        caps = capabilities(backend)
+        if caps.name != self.backend_name or not offers(backend, self.method):
+            return False, f"backend {caps.name!r} is not {self.label}"
+        if not caps.prepared:
             return False, f"the {self.label} backend is not prepared"
         return True, ""
 
