@@ -65,9 +65,9 @@ def server(sessions, runs, tmp_path, start_server):
 
 
 def _wait_text(page, text: str) -> None:
-    # 60 s: a page's script reruns on the 2-core CI machine beside another test worker's compiles
-    # (30 s ran out once on the runs page there; alone it draws in a second or two)
-    page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
+    # 120 s: a page's script reruns on the 2-core CI machine beside another test worker's compiles
+    # (30 s, then 60 s, ran out once each on the runs page there; alone it draws in about a second)
+    page.get_by_text(text, exact=False).first.wait_for(timeout=120_000)
     page.wait_for_timeout(800)  # let late elements (charts, tables) draw
 
 
