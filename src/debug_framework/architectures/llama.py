@@ -10,6 +10,8 @@ Shapes: B batch, T tokens, D hidden, H query heads, K key/value heads, E head di
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..modelio.configs import LlamaModelConfig, RopeScaling
@@ -101,9 +103,14 @@ def silu(x: Array) -> Array:
     return x / (1.0 + array_namespace(x).exp(-x))
 
 
-def gated_mlp(x: Array, w: Parameters) -> Array:
-    """``down(silu(gate(x)) * up(x))``."""
-    return linear(silu(linear(x, w["gate"], w["gate_b"])) * linear(x, w["up"], w["up_b"]), w["down"], w["down_b"])
+def _as_is(name: str, value: Array) -> Array:
+    return value
+
+
+def gated_mlp(x: Array, w: Parameters, tap: Callable[[str, Array], Array] = _as_is) -> Array:
+    """``down(silu(gate(x)) * up(x))``; ``tap`` sees each step's value (``Model.tap``)."""
+    gate, up = tap("ffn_gate", linear(x, w["gate"], w["gate_b"])), tap("ffn_up", linear(x, w["up"], w["up_b"]))
+    return tap("ffn_out", linear(tap("ffn_act", silu(gate) * up), w["down"], w["down_b"]))
 
 
 class LlamaReference(Model):
@@ -163,12 +170,9 @@ class LlamaReference(Model):
 
     def mlp_block(self, i: int, a: Array) -> Array:
         """Layer i's MLP block on the post-attention state: ``a + gated_mlp(rms_norm(a))``, post_mlp."""
-        w, tap = self.layers[i], self.tap
-        x = tap("ffn_norm", rms_norm(a, w["post_attention_norm"], self.config.rms_norm_eps))
-        if self.trace is None:
-            return a + gated_mlp(x, w)
-        gate, up = tap("ffn_gate", linear(x, w["gate"], w["gate_b"])), tap("ffn_up", linear(x, w["up"], w["up_b"]))
-        return a + tap("ffn_out", linear(tap("ffn_act", silu(gate) * up), w["down"], w["down_b"]))
+        w = self.layers[i]
+        return a + gated_mlp(self.tap("ffn_norm", rms_norm(a, w["post_attention_norm"], self.config.rms_norm_eps)),
+                             w, self.tap)
 
     def head(self, h: Array) -> Array:
         """Final norm and the LM head: logits ``[B, T, V]``."""

@@ -1,9 +1,8 @@
 """What a backend can do, as one typed record: :class:`Capabilities`.
 
 Services read a backend's abilities here and nowhere else: ``capabilities(backend)`` is the
-backend's own declaration (its ``capabilities()`` method, which :class:`~.base.BaseBackend` derives
-from the methods it has) or, for an object that only follows the :class:`~.base.Backend` protocol,
-what its methods show. The probing of a backend (``run_layer``, ``can_decode``, ``release_session``
+backend's own declaration (a ``capabilities()`` method returning a record) or, for a backend that
+declares none, what its methods show (:func:`derive_capabilities`). The probing of a backend (``run_layer``, ``can_decode``, ``release_session``
 ...) lives in this module alone; a stage asks ``capabilities(b).decode`` and is told why not.
 
 A backend of one's own declares what it can do by the methods it has (``run_layer``, ``run_block``,
@@ -97,14 +96,15 @@ class GraphSessionBackend(Protocol):
 
 
 def _asked(backend: Any, method: str, missing: Support) -> Support:
-    """``missing`` where ``backend`` has no ``method``; else its ``can_<what>()`` answer where it
-    has one (its ability depends on what it wraps), else yes."""
+    """``missing`` where ``backend`` has no ``method``, else yes."""
     if not callable(getattr(backend, method, None)):
         return missing
     return Support(True)
 
 
 def _can(backend: Any, question: str, fallback: Support) -> Support:
+    """The answer of ``backend``'s ``question`` (``can_decode()`` ...: an ability that depends on
+    what it wraps, or on its preparation) where it has one, else ``fallback``."""
     can = getattr(backend, question, None)
     if not callable(can):
         return fallback

@@ -198,10 +198,11 @@ def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: 
 
         for line in decode_text(result, out.width):
             out.print(markup("{}", line))
-    if introducing(result) is not None:
-        found = introducing_text(result)
-        out.print(markup("{}", "isolation: " + ("no layer introduces error on its own" if found == "none" else
-                                                f"error introduced by {found}; the rest only propagate")))
+    found = introducing(result)
+    if found is not None:
+        out.print(markup("{}", "isolation: " + ("no layer introduces error on its own" if not found else
+                                                f"error introduced by {introducing_text(found)}; the rest only "
+                                                "propagate")))
     elif result.get("isolation_note"):
         out.print(markup("isolation: {}", result["isolation_note"]))
     if verbose and result.get("isolation"):

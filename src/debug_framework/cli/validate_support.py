@@ -9,8 +9,8 @@ of a second instead of after torch and the backends are imported.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import FLOAT_DTYPES

@@ -289,7 +289,6 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         the fork a fresh copy of a tensor each time it is asked for. The fork's :attr:`digest` is
         this store's."""
         fork = WeightStore(self._loc, private=True)
-        fork._digest = self._digest
         fork._parent = self
         return fork
 

@@ -307,10 +307,9 @@ def introducing(results: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return found
 
 
-def introducing_text(results: Mapping[str, Any]) -> str:
-    """:func:`introducing` in words: ``layer 1 (attention) at decode step 1``, ``layers 0, 2``,
-    ``none``; ``not run`` where no isolation ran."""
-    found = introducing(results)
+def introducing_text(found: list[dict[str, Any]] | None) -> str:
+    """What :func:`introducing` found, in words: ``layer 1 (attention) at decode step 1``, ``layer 0,
+    layer 2 (mlp)``, ``none``; ``not run`` where no isolation ran."""
     if found is None:
         return "not run"
     if not found:

@@ -231,12 +231,13 @@ def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) ->
     iso_rows = isolation_rows(rows)
     info = results.get("isolation")
     layers = [d for d in info if isinstance(d, Mapping)] if isinstance(info, list) else []
-    if not iso_rows and not info and not introducing_layers(results) and not results.get("isolation_note"):
+    found = introducing_layers(results)
+    if not iso_rows and not info and not found and not results.get("isolation_note"):
         return ""
     parts = []
-    if introducing_layers(results) is not None:
+    if found is not None:
         parts.append(f'<p id="introducing-layers" class="note">Layers that introduce error on their own: '
-                     f"<strong>{esc(introducing_text(results))}</strong></p>")
+                     f"<strong>{esc(introducing_text(found))}</strong></p>")
     if results.get("isolation_note"):
         parts.append(f'<p class="note">{esc(results.get("isolation_note"))}</p>')
     source = results.get("error_source")
@@ -429,7 +430,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         + (f'<div id="consistent-with">{esc(precision_text(results["consistent_with"], alt_dtype, quantized))}</div>'
            if isinstance(results.get("consistent_with"), str) else "")
         + (f'<div id="summary-introducing">layers that introduce error (isolation): '
-           f"{esc(introducing_text(results))}</div>" if introducing_layers(results) is not None else "")
+           f"{esc(introducing_text(found))}</div>" if (found := introducing_layers(results)) is not None else "")
         + (f'<div id="summary-source">source of the error: {esc(error_source_text(results["error_source"]))}</div>'
            if isinstance(results.get("error_source"), Mapping) else "")
         + (f'<div id="culprit-summary">culprit operator (drill-down): <strong>{esc(culprits)}</strong> '

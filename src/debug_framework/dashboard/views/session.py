@@ -20,8 +20,8 @@ from debug_framework.dashboard.charts import (
 from debug_framework.dashboard.data import cells, literal, number_columns, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
-from debug_framework.reports._common import (backend_label, error_source_text, flat_items, introducing_text, row_id, session_results,
-                                             worst_row)
+from debug_framework.reports._common import (backend_label, error_source_text, flat_items, introducing,
+                                             introducing_text, row_id, session_results, worst_row)
 from debug_framework.reports._decode import token_text
 
 st.title("Session")
@@ -53,7 +53,7 @@ with viewer() as db:
             first = None if fd is None else str(fd["id"])
             c1, c2, c3 = st.columns(3)
             c1.metric("first divergence", literal(first or "none"))
-            c2.metric("introducing layers", literal(introducing_text(res)))
+            c2.metric("introducing layers", literal(introducing_text(introducing(res))))
             c3.metric("checkpoints failed", str(res.get("failed", sum(1 for r in rows if r.get("passed") is False))))
             if res.get("error_source"):
                 st.subheader("Error source")

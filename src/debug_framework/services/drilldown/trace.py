@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...backends.capabilities import capabilities
+from ...comparison import float64_array
 from ...errors import ConfigurationError
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
@@ -57,13 +58,7 @@ def _trace(model: Any, dtype: str, i: int, hidden: np.ndarray, inputs: Any) -> d
         with torch.no_grad():
             trace = net.traced_layer(i, xp.from_host(hidden, net.dtype),
                                      torch.from_numpy(np.asarray(inputs.attention_mask, np.int64)))
-    return {name: _numpy(value) for name, value in trace.items()}
-
-
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().double().numpy()
-    return np.asarray(value, np.float64)
+    return {name: float64_array(value) for name, value in trace.items()}
 
 
 def _layout_like(value: np.ndarray, like: np.ndarray) -> np.ndarray | None:
@@ -126,7 +121,7 @@ class TraceStrategy:
             if trusted is None:
                 unmatched.append(name)
                 continue
-            alt = _layout_like(_numpy(value), trusted)
+            alt = _layout_like(float64_array(value), trusted)
             cal = _layout_like(traces["calibration"][name], trusted)
             if alt is None:
                 unmatched.append(f"{name} (shape {tuple(np.shape(value))})")

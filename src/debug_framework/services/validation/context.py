@@ -244,11 +244,10 @@ def own(value: Any) -> Any:
     anything else as it is."""
     import numpy as np
 
-    if isinstance(value, np.ndarray):
+    from ...modelio.inputs import ModelInputs
+
+    if isinstance(value, (np.ndarray, ModelInputs)):
         return value.copy()
-    copy = getattr(value, "copy", None)
-    if type(value).__name__ == "ModelInputs" and callable(copy):
-        return copy()
     clone = getattr(value, "clone", None)
     if callable(clone) and hasattr(value, "stride"):  # a torch tensor (preserve_format keeps its strides)
         return clone()
