@@ -13,12 +13,18 @@ import math
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, Union
 
 from .errors import ConfigurationError
 from .safefiles import read_strict_json
 
-__all__ = ["json_safe", "dumps_json", "read_json_object", "as_float"]
+__all__ = ["JsonValue", "JsonObject", "json_safe", "dumps_json", "read_json_object", "as_float"]
+
+#: A value JSON can carry: what ``json.loads`` returns, what a database JSON column and a report
+#: document hold. Recursive: lists and objects hold JSON values again.
+JsonValue: TypeAlias = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+#: A JSON object: a stored row, a report document, a session's configuration as recorded.
+JsonObject: TypeAlias = dict[str, JsonValue]
 
 
 def json_safe(value: Any) -> Any:

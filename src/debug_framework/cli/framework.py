@@ -47,7 +47,7 @@ import typer
 import typer.main
 
 from ..errors import DebugFrameworkError
-from ..jsonio import dumps_json
+from ..jsonio import JsonValue, dumps_json
 from ..termtext import terminal_safe
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ LOG_DIR_VARIABLE = "PIE_DEBUG_LOG_DIR"
 FailureKind = Literal["usage", "environment", "internal"]
 #: ``(stage, done, total)``: what the engine's ``progress=`` callback receives.
 ProgressCallback = Callable[[str, int, int], None]
-JsonValue = dict[str, object] | list[object] | str | int | float | bool | None
 
 _MESSAGE_LIMIT = 400
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..jsonio import JsonValue
 
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
@@ -24,8 +25,6 @@ __all__ = [
     "SESSION_ID_PATTERN",
 ]
 
-#: What :func:`from_json` returns (``json.loads`` of a column).
-JsonValue = Any
 
 
 def utc_now() -> str:
