@@ -10,7 +10,6 @@ id back.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 __all__ = ["checkpoint_id", "row_checkpoint_id"]
 
@@ -23,7 +22,7 @@ def checkpoint_id(name: str, layer: int | None = None, step: int | None = None) 
     return base if step is None else f"{base}@{step}"
 
 
-def row_checkpoint_id(row: Mapping[str, Any]) -> str:
+def row_checkpoint_id(row: Mapping[str, object]) -> str:
     """The canonical id of a stored checkpoint row: its ``id`` when that is one (a non-empty string;
     an older session's rows have none, and the store's integer row number is not one), else
     :func:`checkpoint_id` of its ``checkpoint``, ``layer`` and decode ``step`` (a layer or step that

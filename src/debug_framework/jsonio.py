@@ -13,7 +13,7 @@ import math
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeAlias, Union
+from typing import TypeAlias, Union
 
 from .errors import ConfigurationError
 from .safefiles import read_strict_json
@@ -27,7 +27,7 @@ JsonValue: TypeAlias = Union[None, bool, int, float, str, list["JsonValue"], dic
 JsonObject: TypeAlias = dict[str, JsonValue]
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: object) -> JsonValue:
     """A strict-JSON copy: non-finite floats become the strings "NaN", "Infinity", "-Infinity"
     (which JavaScript's ``Number()`` and Python's ``float()`` both read back), datetimes ISO
     strings, NumPy/torch scalars and arrays plain lists. The project's one JSON encoding rule."""
@@ -49,13 +49,13 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def dumps_json(value: Any, *, indent: int | None = 2) -> str:
+def dumps_json(value: object, *, indent: int | None = 2) -> str:
     """Strict JSON text of ``value`` through :func:`json_safe`, keys sorted: what every report,
     CLI and benchmark of the project writes."""
     return json.dumps(json_safe(value), indent=indent, sort_keys=True, allow_nan=False, default=str)
 
 
-def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+def read_json_object(path: str | os.PathLike[str], what: str) -> JsonObject:
     """The JSON object in the file ``path`` (a user's configuration file, called ``what`` in messages).
 
     Raises:
@@ -71,7 +71,7 @@ def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     return data
 
 
-def as_float(value: Any) -> float | None:
+def as_float(value: object) -> float | None:
     """A float, or None for missing / non-numeric values. The strings the JSON forms use for
     non-finite numbers ("NaN", "nan", "Infinity", "inf", ...) are turned back into floats."""
     if value is None or isinstance(value, bool):

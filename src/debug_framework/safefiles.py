@@ -20,10 +20,14 @@ import json
 import math
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import ConfigurationError, DebugFrameworkError
+
+if TYPE_CHECKING:
+    from .jsonio import JsonValue
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_JSON_DEPTH", "MAX_JSON_INT", "STDOUT_PATH", "read_strict_json",
            "check_output_path", "is_stdout", "file_kind", "field_path", "size_text", "path_exists"]
@@ -96,9 +100,9 @@ def field_path(parts: tuple[object, ...]) -> str:
     return out or "<top level>"
 
 
-def _check_tree(data: Any, fail: Any) -> None:
+def _check_tree(data: object, fail: Callable[[str, tuple[object, ...]], None]) -> None:
     """Walk ``data`` iteratively: a refused value or nesting past :data:`MAX_JSON_DEPTH` calls ``fail``."""
-    stack: list[tuple[Any, tuple[object, ...]]] = [(data, ())]
+    stack: list[tuple[object, tuple[object, ...]]] = [(data, ())]
     while stack:
         item, where = stack.pop()
         if isinstance(item, _Bad):
@@ -113,7 +117,7 @@ def _check_tree(data: Any, fail: Any) -> None:
 
 def read_strict_json(path: str | os.PathLike[str], what: str, *,
                      error: type[DebugFrameworkError] = ConfigurationError, hint: str | None = None,
-                     max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+                     max_bytes: int = MAX_CONFIG_BYTES) -> JsonValue:
     """The JSON value of the regular file ``path`` (``what`` names it in messages), read strictly.
 
     Raises:
@@ -122,7 +126,7 @@ def read_strict_json(path: str | os.PathLike[str], what: str, *,
             non-finite or out-of-range number, nesting deeper than :data:`MAX_JSON_DEPTH`.
     """
     p = Path(path)
-    ctx: dict[str, Any] = {"file": str(p)}
+    ctx: dict[str, str] = {"file": str(p)}
     if hint is not None:
         ctx["hint"] = hint
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from ..jsonio import read_json_object
+from ..jsonio import JsonObject, read_json_object
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stdout_for_json_only)
 from .user_code import load_backend_code
@@ -52,7 +52,7 @@ def read_model_list(path: Path) -> list[str]:
     return models
 
 
-def _job_config(options: dict[str, Any], config_file: Path | None) -> dict[str, Any]:
+def _job_config(options: JsonObject, config_file: Path | None) -> JsonObject:
     config = dict(read_json_object(config_file, "--config-file")) if config_file is not None else {}
     config.update({k: v for k, v in options.items() if v is not None})
     return config

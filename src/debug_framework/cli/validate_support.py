@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import FLOAT_DTYPES
 from ..errors import ConfigurationError, DatabaseError, ModelLoadingError
+from ..jsonio import JsonObject
 from ..suggest import did_you_mean, one_of
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["check_dtype", "check_database_path", "check_model_path", "isolation_table", "reproduce_command_line"]
 
 
-def parse_backend_options(given: Sequence[str]) -> dict[str, Any]:
+def parse_backend_options(given: Sequence[str]) -> JsonObject:
     """``--backend-option KEY=VALUE`` (repeatable) as keyword options of the backend: each KEY an
     identifier, each VALUE read as JSON where it parses (``3``, ``true``, ``null``, ``["a"]``), else
     kept as text (``bf16``).
@@ -33,7 +34,7 @@ def parse_backend_options(given: Sequence[str]) -> dict[str, Any]:
     """
     import json
 
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for item in given:
         key, sep, raw = item.partition("=")
         key = key.strip()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from ..errors import ModelLoadingError
+from ..jsonio import JsonObject
 from .fields import MAX_LAYERS, MAX_POSITIONS, ConfigReader
 from .files import read_json, short_repr
 
@@ -171,7 +172,7 @@ class UnsupportedByReference(ModelLoadingError):
     feature of it); the loader runs such a model on the generic tier instead (``modelio.generic``)."""
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> JsonObject:
     """Read and JSON-parse ``config.json`` (a regular file, bounded in size and depth); DF004 when
     missing, not a regular file or not a JSON object."""
     if not path.exists():
@@ -186,7 +187,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _sizes(r: ConfigReader, model_type: str) -> dict[str, Any]:
+def _sizes(r: ConfigReader, model_type: str) -> dict[str, object]:
     """The sizes every family reads the same way from ``config.json``."""
     return {"model_type": model_type, "vocab_size": r.integer("vocab_size"),
             "hidden_size": r.integer("hidden_size"), "intermediate_size": r.integer("intermediate_size"),
@@ -200,7 +201,7 @@ def _unsupported(what: str, source: str, hint: str | None = None) -> ModelLoadin
                              hint=hint or "use a config without it, or compare without the reference", file=source)
 
 
-def _rope_source(r: ConfigReader) -> tuple[str, dict[str, Any]]:
+def _rope_source(r: ConfigReader) -> tuple[str, JsonObject]:
     """The rope parameters as transformers picks them: a non-empty ``rope_scaling`` (4.x) replaces
     ``rope_parameters`` (5.x) as a whole; named for messages."""
     scaling, params = r.mapping("rope_scaling"), r.mapping("rope_parameters")
@@ -217,7 +218,7 @@ def _rope(r: ConfigReader, max_positions: int) -> tuple[float, RopeScaling]:
     return _rope_in(r, name, params, r.number("rope_theta", 10000.0, open_lo=True), max_positions)
 
 
-def _rope_in(r: ConfigReader, name: str, params: dict[str, Any], theta_default: float,
+def _rope_in(r: ConfigReader, name: str, params: JsonObject, theta_default: float,
              max_positions: int) -> tuple[float, RopeScaling]:
     """rope_theta (``params``' own, else ``theta_default``) and the scaling of one rope parameter
     object ``params`` (named ``name`` in messages); a partial rotary factor other than 1 is refused."""
@@ -235,7 +236,7 @@ def _rope_in(r: ConfigReader, name: str, params: dict[str, Any], theta_default: 
                            hint="supported rope types: default, linear, llama3")
     if rope_type == "default":
         return theta, RopeScaling()
-    kw: dict[str, Any] = {"rope_type": rope_type, "factor": p.number("factor", open_lo=True)}
+    kw: dict[str, object] = {"rope_type": rope_type, "factor": p.number("factor", open_lo=True)}
     if rope_type == "llama3":
         kw["low_freq_factor"] = p.number("low_freq_factor", open_lo=True)
         kw["high_freq_factor"] = p.number("high_freq_factor", open_lo=True)
@@ -418,7 +419,7 @@ def _decoder(r: ConfigReader, model_type: str) -> LlamaModelConfig:
     return LlamaModelConfig(**common)
 
 
-def _moe(r: ConfigReader, common: dict[str, Any]) -> MoeModelConfig:
+def _moe(r: ConfigReader, common: dict[str, object]) -> MoeModelConfig:
     """Qwen3-MoE's experts: every layer sparse (a dense layer among them is refused)."""
     experts = r.integer("num_local_experts", None) if "num_local_experts" in r.data else r.integer("num_experts", 128)
     top_k = r.integer("num_experts_per_tok", 8, hi=experts)
@@ -460,7 +461,7 @@ def _bert(r: ConfigReader, model_type: str) -> BertModelConfig:
     )
 
 
-def parse_config(data: dict[str, Any], source: str = "config.json") -> ModelConfig:
+def parse_config(data: JsonObject, source: str = "config.json") -> ModelConfig:
     """Build the typed config of a supported architecture; DF004 otherwise.
 
     Every key is read with its JSON type and bounds (:class:`~.fields.ConfigReader`), and as

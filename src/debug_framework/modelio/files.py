@@ -11,9 +11,9 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from ..errors import ModelLoadingError
+from ..jsonio import JsonValue
 from ..safefiles import path_exists
 
 __all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "model_path_exists", "regular_file_size", "read_head", "read_json", "short_repr"]
@@ -76,15 +76,15 @@ def read_head(path: Path, n: int) -> bytes:
         raise ModelLoadingError(f"cannot read the file: {exc.strerror or exc}", file=str(path)) from exc
 
 
-def short_repr(value: Any, limit: int = 60) -> str:
+def short_repr(value: object, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters (a config value may be a megabyte string)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
+def _depth_exceeds(value: object, limit: int) -> bool:
     """Whether lists/objects nest deeper than ``limit`` (iterative: no recursion on hostile input)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
@@ -96,7 +96,7 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str) -> JsonValue:
     """The JSON value in the regular file ``path`` (called ``what`` in messages), bounded in size and depth.
 
     Raises:

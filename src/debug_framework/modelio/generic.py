@@ -14,10 +14,18 @@ This module reads ``config.json`` only; ``transformers`` is imported when a conf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import ModelLoadingError
+from ..jsonio import JsonObject
 from .files import short_repr
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+    from .inputs import ModelInputs
 
 __all__ = ["GenericModelConfig", "generic_config", "hf_config_of", "auto_model_class", "MAP_YOURSELF",
            "INPUT_KINDS"]
@@ -78,14 +86,14 @@ class GenericModelConfig:
     #: the files store names transformers converts on loading (fused experts, renamed modules), so
     #: transformers' own loader reads them
     weights_renamed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
         return self.num_hidden_layers
 
 
-def _transformers(source: str) -> Any:
+def _transformers(source: str) -> ModuleType:
     try:
         import transformers
     except ImportError as exc:
@@ -94,7 +102,7 @@ def _transformers(source: str) -> Any:
     return transformers
 
 
-def hf_config_of(raw: dict[str, Any], source: str = "config.json") -> Any:
+def hf_config_of(raw: JsonObject, source: str = "config.json") -> PretrainedConfig:
     """The ``transformers`` config of ``raw`` built offline (``AutoConfig.for_model``); DF004 naming
     what is missing for a config it cannot build (no ``model_type``, custom code, an unknown type)."""
     model_type = raw.get("model_type")
@@ -117,7 +125,7 @@ def hf_config_of(raw: dict[str, Any], source: str = "config.json") -> Any:
                                 hint=MAP_YOURSELF, file=source) from exc
 
 
-def auto_model_class(raw: dict[str, Any], hf_config: Any, source: str = "config.json") -> Any:
+def auto_model_class(raw: JsonObject, hf_config: PretrainedConfig, source: str = "config.json") -> type:
     """The ``transformers`` class that builds the model: ``architectures[0]`` when transformers
     defines it, else ``AutoModelForSeq2SeqLM`` / ``AutoModelForCausalLM`` (a decoder) / ``AutoModel``."""
     transformers = _transformers(source)
@@ -138,7 +146,7 @@ def auto_model_class(raw: dict[str, Any], hf_config: Any, source: str = "config.
     return transformers.AutoModel
 
 
-def _class_name(cls: Any, hf_config: Any) -> str:
+def _class_name(cls: type, hf_config: PretrainedConfig) -> str:
     if cls.__name__.startswith("AutoModel"):
         from transformers.models.auto.auto_factory import _get_model_class
 
@@ -146,7 +154,7 @@ def _class_name(cls: Any, hf_config: Any) -> str:
     return str(cls.__name__)
 
 
-def generic_config(raw: dict[str, Any], source: str = "config.json", why: str = "") -> GenericModelConfig:
+def generic_config(raw: JsonObject, source: str = "config.json", why: str = "") -> GenericModelConfig:
     """The generic tier's config of ``raw`` (checked by building its transformers config offline).
 
     Raises:
@@ -187,7 +195,7 @@ def generic_config(raw: dict[str, Any], source: str = "config.json", why: str = 
     )
 
 
-def _forward_inputs(cls: Any, class_name: str) -> set[str]:
+def _forward_inputs(cls: type, class_name: str) -> set[str]:
     """The parameter names of the model class's ``forward``."""
     import inspect
 
@@ -200,7 +208,8 @@ def _forward_inputs(cls: Any, class_name: str) -> set[str]:
         return set()
 
 
-def build_skeleton(raw: dict[str, Any], dtype: Any = None, *, meta: bool = False, source: str = "config.json") -> Any:
+def build_skeleton(raw: JsonObject, dtype: torch.dtype | None = None, *, meta: bool = False,
+                   source: str = "config.json") -> torch.nn.Module:
     """The ``transformers`` eager model of ``raw`` without its weights (on the ``meta`` device with
     ``meta``: no memory), built offline with the eager attention (the reference's semantics)."""
     import contextlib
@@ -209,7 +218,7 @@ def build_skeleton(raw: dict[str, Any], dtype: Any = None, *, meta: bool = False
 
     hf = hf_config_of(raw, source)
     cls = auto_model_class(raw, hf, source)
-    kwargs: dict[str, Any] = dict(EAGER_KWARGS)
+    kwargs: dict[str, object] = dict(EAGER_KWARGS)
     if dtype is not None:
         kwargs["dtype"] = dtype
     try:
@@ -222,7 +231,7 @@ def build_skeleton(raw: dict[str, Any], dtype: Any = None, *, meta: bool = False
                                 hint=MAP_YOURSELF, file=source) from exc
 
 
-def tied_names(net: Any) -> set[str]:
+def tied_names(net: torch.nn.Module) -> set[str]:
     """The parameter names the model ties to another (``lm_head.weight`` to the embeddings ...):
     a checkpoint may leave them out."""
     tied = getattr(net, "all_tied_weights_keys", None)
@@ -231,7 +240,7 @@ def tied_names(net: Any) -> set[str]:
     return set(tied) if isinstance(tied, (dict, list, set, tuple)) else set()
 
 
-def generic_expected_tensors(raw: dict[str, Any], source: str = "config.json",
+def generic_expected_tensors(raw: JsonObject, source: str = "config.json",
                              num_layers: int | None = None) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
     """Name -> shape of every parameter the transformers model reads (less the tied ones), and the
     layers that route tokens to experts (a router child in their MLP block), from a model built on
@@ -251,7 +260,7 @@ def generic_expected_tensors(raw: dict[str, Any], source: str = "config.json",
 
 
 def random_inputs(config: GenericModelConfig, batch: int, length: int, *, seed: int = 0,
-                  pad_lengths: list[int] | None = None, padding_side: str = "right") -> Any:
+                  pad_lengths: list[int] | None = None, padding_side: str = "right") -> ModelInputs:
     """Seeded random inputs of the kind the model reads: token ids (with a decoder's for an
     encoder-decoder) or pixel values ``[batch, channels, size, size]`` (float32, standard normal)."""
     import numpy as np

@@ -10,11 +10,16 @@ import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ConfigurationError, ModelLoadingError
+from ..jsonio import JsonObject
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
 
 __all__ = ["ModelInputs", "PADDING_SIDES"]
 
@@ -47,7 +52,7 @@ class ModelInputs:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -114,7 +119,7 @@ class ModelInputs:
 
     @classmethod
     def from_text(
-        cls, tokenizer: Any, texts: str | list[str], *, max_length: int | None = None, pad_id: int = 0,
+        cls, tokenizer: Tokenizer, texts: str | list[str], *, max_length: int | None = None, pad_id: int = 0,
         padding_side: str = "right",
     ) -> ModelInputs:
         """Tokenize ``texts`` with a ``tokenizers.Tokenizer`` (e.g. ``LoadedModel.tokenizer``).
@@ -170,12 +175,12 @@ class ModelInputs:
                 at = slice(0, n) if padding_side == "left" else slice(length - n, length)
                 ids[b, at] = pad_id
                 mask[b, at] = 0
-        meta: dict[str, Any] = {"source": "random", "seed": seed, "pad_lengths": list(pad_lengths or [])}
+        meta: JsonObject = {"source": "random", "seed": seed, "pad_lengths": list(pad_lengths or [])}
         if padding_side != "right":
             meta["padding_side"] = padding_side
         return cls(ids, mask, None, meta=meta)
 
-    def torch(self, device: str = "cpu") -> dict[str, Any]:
+    def torch(self, device: str = "cpu") -> dict[str, torch.Tensor]:
         """The inputs as torch tensors, keyword arguments of a Hugging Face forward."""
         import torch
 

@@ -12,15 +12,19 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ModelLoadingError
+from ..jsonio import JsonObject
 from .checks import check_index, check_layer_count, check_sizes_fit, check_tensors, stored_tensors
 from .configs import (BertModelConfig, GemmaModelConfig, LlamaModelConfig, ModelConfig, MoeModelConfig,
                       UnsupportedByReference, parse_config, read_config_file)
 from .files import model_path_exists, read_json, regular_file_size, short_repr
 from .generic import GenericModelConfig, generic_config, generic_expected_tensors
 from .weights import SafetensorsReader, TensorReader, TorchFileReader, WeightStore, ZTensorReader
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["LoadedModel", "load_model", "expected_tensors", "WEIGHT_SUFFIXES"]
 
@@ -54,9 +58,9 @@ class LoadedModel:
     path: Path
     format: str
     config: ModelConfig | GenericModelConfig
-    raw_config: dict[str, Any]
+    raw_config: JsonObject
     weights: WeightStore
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     files: list[Path] = field(default_factory=list)
 
     @property
@@ -249,7 +253,7 @@ def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str]]:
     )
 
 
-def _load_tokenizer(directory: Path) -> Any:
+def _load_tokenizer(directory: Path) -> Tokenizer | None:
     path = directory / "tokenizer.json"
     if not path.is_file():
         return None

@@ -12,9 +12,10 @@ import struct
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 if TYPE_CHECKING:  # torch is imported where a tensor is read: an ONNX file's path never needs it
     import torch
@@ -201,7 +202,7 @@ class TorchFileReader:
         return self._tensors[name]
 
 
-def tensor_numpy(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
+def tensor_numpy(t: torch.Tensor, dtype: DTypeLike = np.float64) -> np.ndarray:
     """A CPU tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches).
 
     A floating tensor goes to a floating ``dtype`` in one conversion by torch (multi-threaded;
@@ -276,7 +277,7 @@ class WeightStore(Mapping[str, "torch.Tensor"]):
         """The file that holds ``name``."""
         return self._loc[name][0].path
 
-    def numpy(self, name: str, dtype: Any = np.float64) -> np.ndarray:
+    def numpy(self, name: str, dtype: DTypeLike = np.float64) -> np.ndarray:
         """The tensor as a NumPy array of ``dtype`` (a copy unless the dtype already matches)."""
         return tensor_numpy(self[name], dtype)
 
