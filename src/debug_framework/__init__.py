@@ -46,6 +46,7 @@ from .errors import (
     ResourceExhaustedError,
     ValidationError,
 )
+from .jsonio import JsonObject, JsonValue
 
 __version__ = "0.1.0"
 
@@ -128,11 +129,11 @@ from .services.wiring import install_backend_resolvers as _install_backend_resol
 _install_backend_resolvers()
 
 _STATE_LOCK = threading.Lock()
-_CONFIG: dict[str, Any] | None = None
-_ENVIRONMENT: dict[str, Any] | None = None
+_CONFIG: JsonObject | None = None
+_ENVIRONMENT: JsonObject | None = None
 
 
-def _environment() -> dict[str, Any]:
+def _environment() -> JsonObject:
     """The PIE_* overrides, read from ``os.environ`` once per process."""
     global _ENVIRONMENT
     if _ENVIRONMENT is None:
@@ -140,7 +141,7 @@ def _environment() -> dict[str, Any]:
     return _ENVIRONMENT
 
 
-def _shown_database(config: Mapping[str, Any]) -> str:
+def _shown_database(config: Mapping[str, JsonValue]) -> str:
     """The configured database as messages and reports show it (a server URL without its password)."""
     from .storage.postgres import is_server_url, redact_url
 
@@ -148,7 +149,7 @@ def _shown_database(config: Mapping[str, Any]) -> str:
     return redact_url(path) if is_server_url(path) else str(path)
 
 
-def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
+def initialize_framework(config: Mapping[str, JsonValue] | None = None) -> bool:
     """Set the framework configuration: ``DEFAULT_CONFIG``, then the ``PIE_DEBUG_*`` /
     ``PIE_METAL_PATH`` environment, then ``config`` (explicit arguments win), and open the database
     to check it is usable. Returns True.
@@ -177,7 +178,7 @@ def initialize_framework(config: Mapping[str, Any] | None = None) -> bool:
     return True
 
 
-def get_framework_config() -> dict[str, Any]:
+def get_framework_config() -> JsonObject:
     """The current configuration (a copy): what :func:`initialize_framework` set, else the
     defaults with the environment overrides."""
     with _STATE_LOCK:
@@ -193,9 +194,9 @@ def detect_available_backends() -> dict[str, bool]:
     return detect()
 
 
-def get_system_info() -> dict[str, Any]:
+def get_system_info() -> JsonObject:
     """Platform, versions, CPU/GPU, backend availability (with reasons) and the configuration in use."""
-    info: dict[str, Any] = {
+    info: JsonObject = {
         "framework_version": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -230,7 +231,7 @@ def create_validation_session(
     model_path: str | os.PathLike[str],
     reference_backend: str = "auto",
     alternative_backend: str = "auto",
-    config: Mapping[str, Any] | None = None,
+    config: Mapping[str, JsonValue] | None = None,
 ) -> str:
     """Create a validation session in the configured database and return its id.
 

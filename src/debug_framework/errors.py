@@ -28,7 +28,6 @@ of tolerance) is never an exception: it is the result (``passed``/``verdict``, e
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 from .termtext import terminal_safe
 
@@ -66,7 +65,7 @@ class DebugFrameworkError(Exception):
     title: str = "Debug framework error"
     default_hint: str = ""
 
-    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, **context: object) -> None:
         self.message = message
         self.hint = hint if hint is not None else self.default_hint
         self.context = {k: v for k, v in context.items() if v is not None}
@@ -81,12 +80,12 @@ class DebugFrameworkError(Exception):
             text += f". What to do: {self.hint}"
         return terminal_safe(text)  # a path or name in it never moves the cursor of the terminal showing it
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         """Pickle the state, not the constructor's arguments: an error crosses to another process
         (a batch worker, a Ray task) as it is, whatever its subclass's ``__init__`` takes."""
         return (_restore_error, (type(self), self.args, self.__dict__.copy()))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | dict[str, str]]:
         """JSON-ready form, used by CLIs with ``--json``."""
         return {
             "code": self.code,
@@ -97,7 +96,7 @@ class DebugFrameworkError(Exception):
         }
 
 
-def _restore_error(cls: type[DebugFrameworkError], args: tuple[Any, ...], state: dict[str, Any]) -> DebugFrameworkError:
+def _restore_error(cls: type[DebugFrameworkError], args: tuple[object, ...], state: dict[str, object]) -> DebugFrameworkError:
     """Rebuild a pickled framework error without calling its ``__init__`` (see ``__reduce__``)."""
     exc = cls.__new__(cls)
     Exception.__init__(exc, *args)
@@ -182,13 +181,13 @@ class BackendRuntimeError(ValidationError):
                     "the session keeps every row written before it failed")
 
     def __init__(self, message: str, *, backend: str, call: str, hint: str | None = None,
-                 **context: Any) -> None:
+                 **context: object) -> None:
         self.backend = backend
         self.call = call
         super().__init__(message, hint=hint, backend=backend, call=call, **context)
 
     @classmethod
-    def from_exception(cls, backend: str, call: str, exc: BaseException, **context: Any) -> BackendRuntimeError:
+    def from_exception(cls, backend: str, call: str, exc: BaseException, **context: object) -> BackendRuntimeError:
         """The error for ``exc`` raised by ``backend`` in ``call`` (raise it ``from exc``)."""
         return cls(f"backend {backend!r} failed in {call}: {type(exc).__name__}: {exc}",
                    backend=backend, call=call, **context)
@@ -239,7 +238,7 @@ NO_SPACE_ERRNOS: frozenset[int] = frozenset({errno.ENOSPC, errno.EDQUOT, errno.E
 
 
 def no_space_error(exc: BaseException, what: str, *, hint: str | None = None,
-                   **context: Any) -> ResourceExhaustedError | None:
+                   **context: object) -> ResourceExhaustedError | None:
     """The DF007 for an ``OSError`` that means no room to write while doing ``what`` (None for any other error).
 
     Callers raise it ``from exc`` and keep what they already stored: ``raise err from exc``.
@@ -256,7 +255,7 @@ def no_space_error(exc: BaseException, what: str, *, hint: str | None = None,
 
 
 def unwritable_output(exc: OSError, what: str, *, hint: str,
-                      **context: Any) -> ResourceExhaustedError | ConfigurationError:
+                      **context: object) -> ResourceExhaustedError | ConfigurationError:
     """The error for an output the user asked for (a report, an export) that cannot be written while
     doing ``what``: DF007 when there is no room to write (:func:`no_space_error`), else
     :class:`ConfigurationError`, since the path itself is unusable (a directory, no permission, a
