@@ -13,12 +13,23 @@ range to :data:`SUPPORTED_TORCH_RANGES`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import TypeAlias, Union
 
 import torch
 
 from ..errors import UnsupportedTorchVersionError
 
-__all__ = ["SUPPORTED_TORCH_RANGES", "parse_version", "check_torch_version"]
+__all__ = ["SUPPORTED_TORCH_RANGES", "parse_version", "check_torch_version", "GraphInput", "CompiledFn",
+           "Decompositions"]
+
+#: One input of an FX graph: a tensor, or a (symbolic) size or scalar.
+GraphInput: TypeAlias = Union[torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool, None]
+#: A compiled graph or frame: called with the graph's inputs, returns its outputs (a boxed
+#: callable takes them as one list).
+CompiledFn: TypeAlias = Callable[..., object]
+#: A decomposition table: an ATen operator (overload or packet) -> its Python decomposition.
+Decompositions: TypeAlias = dict[torch._ops.OperatorBase, Callable[..., object]]
 
 #: Half-open ranges ``[low, high)`` of (major, minor) torch versions these modules were checked against.
 SUPPORTED_TORCH_RANGES: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (((2, 13), (2, 14)),)

@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 
-from . import check_torch_version
+from . import CompiledFn, check_torch_version
 
 check_torch_version()
 
 import torch._dynamo as _dynamo  # noqa: E402
+from torch._dynamo.types import GuardFail  # noqa: E402
+from torch._guards import Guard  # noqa: E402
 
 __all__ = [
     "optimize_with_hooks",
@@ -80,25 +82,25 @@ def _frame_guard_expressions() -> tuple[str, list[str]] | None:
 
 
 def optimize_with_hooks(
-    fn: Callable[..., Any],
-    backend: Callable[..., Any],
+    fn: Callable[..., object],
+    backend: Callable[[torch.fx.GraphModule, list[torch.Tensor]], CompiledFn],
     *,
     on_guards: Callable[[str | None, list[str]], None],
     on_guard_fail: Callable[[str, str], None],
     dynamic: bool | None = None,
-) -> Callable[..., Any]:
+) -> CompiledFn:
     """``torch.compile`` ``fn`` with ``backend`` and hooks: ``on_guards(code_name, expressions)`` after
     each frame compiles (the guards of its graph, as Python-like expressions);
     ``on_guard_fail(reason, code_name)`` when a cached graph's guards fail (a recompile)."""
 
-    def export(guards: Iterable[Any]) -> None:
+    def export(guards: Iterable[Guard]) -> None:
         found = _frame_guard_expressions()
         if found is not None:
             on_guards(*found)
         else:  # fall back to Dynamo's Guard objects
             on_guards(None, [line for g in guards for line in guard_lines(g)])
 
-    def fail(guard_fail: Any) -> None:
+    def fail(guard_fail: GuardFail) -> None:
         on_guard_fail(str(guard_fail.reason), getattr(guard_fail.orig_code, "co_name", "?"))
 
     return _dynamo.optimize(backend, guard_export_fn=export, guard_fail_fn=fail, dynamic=dynamic)(fn)
@@ -112,7 +114,7 @@ def graph_break_reason(gm: torch.fx.GraphModule) -> tuple[str, list[traceback.Fr
     return str(reason.reason), list(reason.user_stack or [])
 
 
-def guard_lines(guard: Any) -> list[str]:
+def guard_lines(guard: Guard) -> list[str]:
     """Readable expressions of one Dynamo guard (its generated code parts, else its description)."""
     parts = [str(p) for p in (getattr(guard, "code_list", None) or [])]
     if parts:
@@ -133,7 +135,7 @@ def inner_exception(exc: BaseException) -> BaseException:
     return inner if isinstance(inner, BaseException) else exc
 
 
-def lookup_backend(name: str) -> Callable[..., Any]:
+def lookup_backend(name: str) -> Callable[[torch.fx.GraphModule, list[torch.Tensor]], CompiledFn]:
     """The compiler function behind a registered ``torch.compile`` backend name (``"inductor"``,
     ``"aot_eager"``, an entry-point backend ...), so callers can wrap it (e.g. to time compilation)."""
     return _dynamo.lookup_backend(name)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import torch
 
-from . import check_torch_version
+from . import CompiledFn, Decompositions, GraphInput, check_torch_version
 
 check_torch_version()
 
@@ -42,7 +41,7 @@ make_boxed_func = _aot.make_boxed_func
 _PARTITIONERS = {"min_cut": min_cut_rematerialization_partition, "default": default_partition}
 
 
-def core_aten_decompositions() -> dict[Any, Callable[..., Any]]:
+def core_aten_decompositions() -> Decompositions:
     """PyTorch's core-ATen decomposition table (what an accelerator lowering usually starts from)."""
     return dict(_decomp.core_aten_decompositions())
 
@@ -53,14 +52,14 @@ def is_fake_tensor(value: object) -> bool:
 
 def aot_compile(
     gm: torch.fx.GraphModule,
-    example_inputs: Sequence[Any],
+    example_inputs: Sequence[GraphInput],
     *,
-    fw_compiler: Callable[..., Any],
-    bw_compiler: Callable[..., Any] | None = None,
-    inference_compiler: Callable[..., Any] | None = None,
-    decompositions: dict[Any, Callable[..., Any]] | None = None,
-    partition: str | Callable[..., Any] = "min_cut",
-) -> Callable[..., Any]:
+    fw_compiler: Callable[..., CompiledFn],
+    bw_compiler: Callable[..., CompiledFn] | None = None,
+    inference_compiler: Callable[..., CompiledFn] | None = None,
+    decompositions: Decompositions | None = None,
+    partition: str | Callable[..., object] = "min_cut",
+) -> CompiledFn:
     """Run AOTAutograd once on a Dynamo graph.
 
     The compilers receive ATen-level graphs (forward, backward, or inference) whose nodes carry
@@ -101,7 +100,7 @@ def count_aot_graph_captures() -> Iterator[AotCaptureCounter]:
     counter = AotCaptureCounter()
     original = _aot.aot_stage1_graph_capture
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
+    def counting(*args: object, **kwargs: object) -> object:
         counter.count += 1
         return original(*args, **kwargs)
 
@@ -123,8 +122,9 @@ def outside_compile_modes() -> Iterator[None]:
         yield
 
 
-def fx_minifier(gm: torch.fx.GraphModule, inputs: Sequence[Any],
-                module_fails: Callable[[torch.fx.GraphModule, Sequence[Any]], bool]) -> tuple[torch.fx.GraphModule, Sequence[Any]]:
+def fx_minifier(gm: torch.fx.GraphModule, inputs: Sequence[GraphInput],
+                module_fails: Callable[[torch.fx.GraphModule, Sequence[GraphInput]], bool],
+                ) -> tuple[torch.fx.GraphModule, Sequence[GraphInput]]:
     """PyTorch's own graph minifier (``torch._functorch.fx_minifier.minifier``), without its state dumps;
     used as the comparison anchor of benchmarks/bench_minifier.py."""
     from torch._functorch.fx_minifier import minifier
@@ -132,7 +132,8 @@ def fx_minifier(gm: torch.fx.GraphModule, inputs: Sequence[Any],
     return minifier(gm, list(inputs), module_fails, dump_state=lambda *a, **k: None)
 
 
-def aot_accuracy_fails(gm: torch.fx.GraphModule, inputs: Sequence[Any], compiler_fn: Callable[..., Any]) -> bool:
+def aot_accuracy_fails(gm: torch.fx.GraphModule, inputs: Sequence[GraphInput],
+                       compiler_fn: Callable[..., CompiledFn]) -> bool:
     """PyTorch's accuracy oracle of ``TORCHDYNAMO_REPRO_AFTER=aot`` at ``TORCHDYNAMO_REPRO_LEVEL=4``
     (``torch._dynamo.repro.after_aot.backend_aot_accuracy_fails``: the compiled graph against eager,
     with a float64 run as the judge), with the FX graph cache and AOTAutograd's cache off; the anchor
@@ -155,7 +156,8 @@ def as_traced() -> Iterator[None]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _PassThrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...],
+                               args: tuple[object, ...] = (), kwargs: dict[str, object] | None = None) -> object:
             return func(*args, **(kwargs or {}))
 
     with enable_python_dispatcher(), _PassThrough():

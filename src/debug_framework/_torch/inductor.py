@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from . import check_torch_version
+from . import CompiledFn, Decompositions, GraphInput, check_torch_version
 
 check_torch_version()
 
@@ -47,18 +46,19 @@ TRACE_FILES = {
 }
 
 
-def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+def inductor_decompositions() -> Decompositions:
     """The decomposition table Inductor applies during AOTAutograd."""
     return dict(select_decomp_table())
 
 
-def partition_fn(gm: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
+def partition_fn(gm: torch.fx.GraphModule, joint_inputs: Sequence[GraphInput],
+                 **kwargs: object) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Inductor's joint-graph partitioner: its joint-graph passes (e.g. RNG replacement that
     ``compile_fx_inner`` relies on) followed by min-cut rematerialisation into forward/backward."""
     return _compile_fx.partition_fn(gm, joint_inputs, **kwargs)
 
 
-def prepare_inference_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+def prepare_inference_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[GraphInput]) -> torch.fx.GraphModule:
     """Inference graphs skip the partitioner, so run Inductor's joint-graph passes on them here
     (what ``compile_fx``'s inference path does before ``compile_fx_inner``)."""
     device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), None)
@@ -66,7 +66,7 @@ def prepare_inference_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[A
 
 
 @contextlib.contextmanager
-def compile_context(example_inputs: Sequence[Any]) -> Iterator[None]:
+def compile_context(example_inputs: Sequence[GraphInput]) -> Iterator[None]:
     """The virtualised state Inductor's passes expect (its fake mode), as ``compile_fx`` sets it up."""
     from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
@@ -82,11 +82,11 @@ def compile_context(example_inputs: Sequence[Any]) -> Iterator[None]:
 
 def compile_graph(
     gm: torch.fx.GraphModule,
-    example_inputs: Sequence[Any],
+    example_inputs: Sequence[GraphInput],
     *,
     is_backward: bool = False,
     is_inference: bool = False,
-) -> Callable[..., Any]:
+) -> CompiledFn:
     """Compile one ATen graph (from AOTAutograd) with Inductor's inner compiler; returns a boxed callable."""
     return compile_fx_inner(gm, list(example_inputs), is_backward=is_backward, is_inference=is_inference)
 
@@ -133,7 +133,7 @@ def compile_caches_off() -> Iterator[None]:
         yield
 
 
-def config_flags() -> dict[str, Any]:
+def config_flags() -> dict[str, bool | str | int | None]:
     """The Inductor settings that most often change generated code (recorded in repro environments)."""
     names = ("fallback_random", "freezing", "cpp_wrapper", "max_autotune", "size_asserts", "implicit_fallbacks",
              "force_disable_caches", "fx_graph_cache")
