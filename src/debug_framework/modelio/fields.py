@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Final, TypeVar
 
 from ..errors import ModelLoadingError
+from ..jsonio import JsonObject
 from .files import short_repr
 
 __all__ = ["ConfigReader", "MAX_SIZE", "MAX_LAYERS", "MAX_POSITIONS", "REQUIRED"]
@@ -29,7 +30,9 @@ class _Required:
 
 
 #: Default of a key that must be present.
-REQUIRED: Any = _Required()
+REQUIRED: Final = _Required()
+
+_D = TypeVar("_D")
 
 
 class ConfigReader:
@@ -39,7 +42,7 @@ class ConfigReader:
     treats it), and is a bad value otherwise.
     """
 
-    def __init__(self, data: dict[str, Any], source: str, prefix: str = "") -> None:
+    def __init__(self, data: JsonObject, source: str, prefix: str = "") -> None:
         self.data = data
         self.source = source
         self.prefix = prefix
@@ -49,7 +52,7 @@ class ConfigReader:
         value = short_repr(self.data.get(key))
         return ModelLoadingError(f"config.json key {self.prefix + key!r} {why}, got {value}", file=self.source)
 
-    def _get(self, key: str, default: Any, nullable: bool) -> tuple[bool, Any]:
+    def _get(self, key: str, default: object, nullable: bool) -> tuple[bool, object]:
         """(found, value): ``found`` is False when the default applies."""
         if key not in self.data or (nullable and self.data[key] is None):
             if default is REQUIRED:
@@ -57,8 +60,8 @@ class ConfigReader:
             return False, default
         return True, self.data[key]
 
-    def integer(self, key: str, default: Any = REQUIRED, *, lo: int = 1, hi: int = MAX_SIZE,
-                nullable: bool = False) -> Any:
+    def integer(self, key: str, default: _D = REQUIRED, *, lo: int = 1, hi: int = MAX_SIZE,
+                nullable: bool = False) -> int | _D:
         """An integer in ``[lo, hi]`` (not a bool, not a float)."""
         found, value = self._get(key, default, nullable)
         if not found:
@@ -69,8 +72,8 @@ class ConfigReader:
             raise self.error(key, f"must be between {lo} and {hi}")
         return value
 
-    def number(self, key: str, default: Any = REQUIRED, *, lo: float = 0.0, open_lo: bool = False,
-               nullable: bool = False, float_only: bool = False) -> Any:
+    def number(self, key: str, default: _D = REQUIRED, *, lo: float = 0.0, open_lo: bool = False,
+               nullable: bool = False, float_only: bool = False) -> float | _D:
         """A finite number ``>= lo`` (``> lo`` when ``open_lo``), as a float. ``float_only``: a JSON
         integer is refused too (transformers' config dataclasses refuse ``0`` where they declare a float)."""
         found, value = self._get(key, default, nullable)
@@ -101,7 +104,7 @@ class ConfigReader:
             raise self.error(key, "must be a string")
         return value
 
-    def mapping(self, key: str) -> dict[str, Any] | None:
+    def mapping(self, key: str) -> JsonObject | None:
         """A JSON object, or ``None`` when the key is missing or ``null``."""
         value = self.data.get(key)
         if value is not None and not isinstance(value, dict):
