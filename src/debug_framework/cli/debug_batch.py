@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -126,7 +125,7 @@ def batch(
     return EXIT_PASS if ok else EXIT_FAIL
 
 
-def _print_table(job_id: str, results: list[dict[str, Any]]) -> None:
+def _print_table(job_id: str, results: list[JsonObject]) -> None:
     from rich.table import Table
 
     table = Table(title=None)
@@ -139,7 +138,7 @@ def _print_table(job_id: str, results: list[dict[str, Any]]) -> None:
     out.print(markup("job {}: {} item(s): {}", job_id, len(results), outcome_counts(results)))
 
 
-def outcome_counts(results: list[dict[str, Any]]) -> str:
+def outcome_counts(results: list[JsonObject]) -> str:
     """``3 passed, 1 failed, 1 error``: each item by its verdict, an item that did not finish
     (its own error, or not run yet) by its status."""
     counts: dict[str, int] = {}

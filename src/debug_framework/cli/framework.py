@@ -52,6 +52,7 @@ from ..termtext import terminal_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress, TaskID
     from rich.table import Table
     from rich.text import Text
 
@@ -504,7 +505,7 @@ class StageProgress:
     (its ``layer_progress=``). On a terminal, a transient bar per stage and one per layer; on any
     other stderr nothing until the run is long (:data:`LONG_RUN_S`), then plain lines."""
 
-    def __init__(self, console: Console, bar: Any, task: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, console: Console, bar: Progress, task: TaskID, clock: Callable[[], float]) -> None:
         self.console, self.bar, self.task, self.clock = console, bar, task, clock
         self.started = clock()
         self.layer_task = bar.add_task("", total=None, visible=False)
