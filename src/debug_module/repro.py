@@ -13,11 +13,14 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
-from .constraints.base import Violation
+from .constraints.base import Constraint, Violation
+
+if TYPE_CHECKING:
+    from .artifacts import RunDirectory
 
 __all__ = ["ReproRequest", "ReproWriter", "set_repro_writer", "get_repro_writer", "write_repro"]
 
@@ -35,14 +38,14 @@ class ReproRequest:
     """
 
     fx_graph: torch.fx.GraphModule
-    example_inputs: Sequence[Any]
+    example_inputs: Sequence[object]
     aten_graph: torch.fx.GraphModule
     graph_name: str
     violations: list[Violation]
-    constraints: list[Any]
+    constraints: list[Constraint]
     run_dir: Path | None
     #: the run's :class:`~debug_module.artifacts.RunDirectory` (to record repro files in its manifest)
-    run: Any = None
+    run: RunDirectory | None = None
 
 
 ReproWriter = Callable[[ReproRequest], "Path | None"]
