@@ -80,3 +80,18 @@ def test_report_keeps_its_sections_and_figures(tmp_path):
     assert "No benchmark results." in page and "No repros written." in page
     assert page.count('<img class="plot"') == 1 and "data:image/png;base64," in page
     assert re.search(r"<td>0.5</td>", page)  # the test side's first call, formatted
+
+
+def test_toolkit_builders_escape_text_and_attributes_and_keep_their_own_markup():
+    from debug_framework.reports._html import Markup, join, table, tag, td, trusted
+
+    link = tag("a", EVIL, href=f"#run-{EVIL}", class_="run", hidden=False, open=True)
+    assert link == f'<a href="#run-{ESCAPED}" class="run" open>{ESCAPED}</a>' and isinstance(link, Markup)
+    assert tag("img", "ignored", alt=EVIL) == f'<img alt="{ESCAPED}">'  # a void element has no content
+    assert tag("p", trusted("<b>ok</b>"), EVIL) == f"<p><b>ok</b>{ESCAPED}</p>"
+    assert join([EVIL, tag("br")], sep="&") == f"{ESCAPED}&amp;<br>"
+    grid = table([EVIL], [[EVIL, td("x", cls="v-fail")]], cls="violations", scroll=False)
+    assert grid == (f'<table class="violations"><tr><th>{ESCAPED}</th></tr>'
+                    f'<tr><td>{ESCAPED}</td><td class="v-fail">x</td></tr></table>')
+    # a plain str that looks like markup is still text: only the builders' Markup is trusted
+    assert tag("td", "<b>x</b>") == "<td>&lt;b&gt;x&lt;/b&gt;</td>"
