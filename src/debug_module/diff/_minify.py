@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -28,10 +28,31 @@ from debug_framework.jsonio import JsonObject
 if TYPE_CHECKING:
     from ..artifacts import RunDirectory
     from ..minifier import AccuracySignature
-    from .harness import KernelDiffHarness, _Side
+    from debug_framework.comparison import RatioRule
+    from debug_framework.measure import TimedBackend
+
     from .report import DiffReport, TensorDiff
 
 log = logging.getLogger(__name__)
+
+
+class HarnessSettings(Protocol):
+    """What the hand-off reads of the :class:`~debug_module.diff.KernelDiffHarness` (described here:
+    the harness imports this module, not the reverse)."""
+
+    model_name: str
+    float64: bool
+    ratio_rule: RatioRule
+    test_backend_spec: str | None
+    minify_max_seconds: float
+    seed: int
+
+
+class CompiledSide(Protocol):
+    """What the hand-off reads of the harness's test side: its backend and the graphs it compiled."""
+
+    backend_spec: object
+    timed: TimedBackend | None
 
 
 def _backward_graphs(gm: torch.fx.GraphModule, inputs: Sequence[object], seed: int) -> list[tuple[torch.fx.GraphModule, list[object]]]:
@@ -69,7 +90,7 @@ def _backward_graphs(gm: torch.fx.GraphModule, inputs: Sequence[object], seed: i
     return recorded
 
 
-def _signature(harness: KernelDiffHarness, test: _Side, failing: TensorDiff) -> AccuracySignature:
+def _signature(harness: HarnessSettings, test: CompiledSide, failing: TensorDiff) -> AccuracySignature:
     from ..minifier import AccuracySignature
 
     tol = failing.result.tolerance
@@ -79,7 +100,7 @@ def _signature(harness: KernelDiffHarness, test: _Side, failing: TensorDiff) -> 
                              ratio=harness.ratio_rule if harness.float64 else None)
 
 
-def _minify_one(harness: KernelDiffHarness, sig: AccuracySignature, gm: torch.fx.GraphModule, inputs: list[object],
+def _minify_one(harness: HarnessSettings, sig: AccuracySignature, gm: torch.fx.GraphModule, inputs: list[object],
                 run: RunDirectory | None, label: str, graph: int) -> JsonObject | None:
     """Minify one graph when the failure reproduces on it in isolation; ``None`` when it does not."""
     from ..minifier import Minifier
@@ -101,7 +122,7 @@ def _minify_one(harness: KernelDiffHarness, sig: AccuracySignature, gm: torch.fx
             "nodes": result.nodes, "oracle_calls": result.calls, "seconds": round(result.seconds, 3)}
 
 
-def minify_accuracy_failure(harness: KernelDiffHarness, test: _Side, report: DiffReport,
+def minify_accuracy_failure(harness: HarnessSettings, test: CompiledSide, report: DiffReport,
                             run: RunDirectory | None) -> JsonObject:
     """The minifier's outcome for a failing report (``status``: ran / not_reproduced / skipped / failed;
     with ``ran``: the graph, ``stage`` forward or backward, the repro and whether it was verified)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -17,10 +17,16 @@ import torch
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .harness import _Side
     from .report import DiffReport, TensorDiff
 
 __all__ = ["error_heatmap", "module_error_plot", "summary_plot", "render_report_plots", "error_map"]
+
+
+class RecordedSide(Protocol):
+    """What the plots read of one of the harness's sides: the leaves of its first run."""
+
+    outputs: list[dict[str, torch.Tensor]]
+    grads: list[dict[str, torch.Tensor]]
 
 
 def _figure(w: float = 7.0, h: float = 4.0) -> Figure:
@@ -160,7 +166,7 @@ def summary_plot(report: DiffReport, path: Path) -> Path | None:
     return path
 
 
-def render_report_plots(report: DiffReport, ref: _Side, test: _Side,
+def render_report_plots(report: DiffReport, ref: RecordedSide, test: RecordedSide,
                         module_tensors: dict[str, tuple[torch.Tensor, torch.Tensor]], out_dir: Path,
                         *, max_plots: int = 8) -> list[Path]:
     """All plots of one report: summary, heatmaps (failing tensors first, then the largest errors;
