@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
 import torch
@@ -57,6 +57,18 @@ if TYPE_CHECKING:
 
 #: The layer's call rebuilt from its tensors: ``(args, kwargs)``.
 Rebuild: TypeAlias = Callable[[tuple[torch.Tensor, ...]], tuple[tuple[object, ...], dict[str, object]]]
+
+
+class LayerCallBackend(Protocol):
+    """What the capture and the signature read of the Inductor backend: its dtype (``"float32"``...),
+    its torch.compile backend (a name or a callable) and the call of one layer as the model makes it."""
+
+    name: str
+    dtype: str
+    compiler: str | Callable[..., object]
+
+    def layer_call(self, i: int, hidden_in: torch.Tensor, inputs: object
+                   ) -> tuple[str, torch.nn.Module, tuple[object, ...], dict[str, object]]: ...
 
 __all__ = ["InductorDrillStrategy", "capture_layer_graph", "layer_signature", "strip_dtype_pins"]
 
@@ -97,7 +109,7 @@ def _rebuilder(leaves: list[object], spec: TreeSpec, slots: list[int]) -> Rebuil
     return rebuild
 
 
-def capture_layer_graph(backend: Any, request: DrillRequest) -> tuple[ExportedProgram, list[torch.Tensor], str]:
+def capture_layer_graph(backend: LayerCallBackend, request: DrillRequest) -> tuple[ExportedProgram, list[torch.Tensor], str]:
     """The layer's functional ATen program on the reference's input (see the module docstring), its
     flat inputs (parameters and buffers, then the call's tensors) and the layer's module name."""
     from torch.utils import _pytree as pytree
@@ -204,7 +216,7 @@ class InductorDrillStrategy(BackendStrategy):
         return drill
 
 
-def layer_signature(backend: Any, request: DrillRequest) -> AccuracySignature:
+def layer_signature(backend: LayerCallBackend, request: DrillRequest) -> AccuracySignature:
     """The minifier's signature for a layer of ``backend``: its compiler against float64 by the ratio
     rule, ``noise_margin`` x eager's error at the backend's dtype + ``floor_eps x eps x RMS(output)``
     for each output of the graph judged (the floor :meth:`RatioRule.calibrated` sets elsewhere)."""

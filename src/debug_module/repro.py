@@ -9,11 +9,12 @@ at the first violation) reduces the checked graph and saves a verified repro und
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch.fx
 
@@ -50,8 +51,14 @@ class ReproRequest:
 
 ReproWriter = Callable[[ReproRequest], "Path | None"]
 
-_DEFAULT: Any = object()  # the minifier's writer, imported on first use
-_writer: ReproWriter | None = _DEFAULT
+
+class _Default(enum.Enum):
+    """The writer installed until :func:`set_repro_writer` is called (a typed sentinel)."""
+
+    MINIFIER = "the minifier's writer, imported on first use"
+
+
+_writer: ReproWriter | None | _Default = _Default.MINIFIER
 
 
 def set_repro_writer(writer: ReproWriter | None) -> ReproWriter | None:
@@ -63,7 +70,8 @@ def set_repro_writer(writer: ReproWriter | None) -> ReproWriter | None:
 
 
 def get_repro_writer() -> ReproWriter | None:
-    if _writer is _DEFAULT:
+    """The installed repro writer (by default the minifier's), ``None`` when turned off."""
+    if _writer is _Default.MINIFIER:
         from .minifier.strict import write_strict_repro
 
         return write_strict_repro

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -35,7 +35,7 @@ from .codegen import VerifyResult, run_repro, verify_repro, write_repro_dir
 from .graph import Candidate, GraphSlicer, record_values
 from .signatures import Signature
 
-__all__ = ["Minifier", "MinifyResult", "STATE_SCHEMA"]
+__all__ = ["Minifier", "MinifyResult", "MinifierOptions", "STATE_SCHEMA"]
 
 STATE_SCHEMA = "debug_module.minifier.state/1"
 
@@ -89,6 +89,22 @@ class MinifyResult:
                 "stopped": self.stopped, "verified": self.verified,
                 "verification": self.verification.to_dict() if self.verification else None,
                 "repro_path": str(self.repro_path) if self.repro_path else None, "notes": self.notes}
+
+
+class MinifierOptions(TypedDict, total=False):
+    """:class:`Minifier`'s keyword options besides ``output_dir`` (see its docstring), for callers
+    that pass them on (``minify_saved_graph``)."""
+
+    max_calls: int | None
+    max_seconds: float | None
+    progress: bool
+    state_path: str | os.PathLike[str] | None
+    isolate: bool
+    jobs: int
+    call_timeout: float
+    bisect: bool
+    verify: bool
+    title: str
 
 
 class Minifier:

@@ -27,7 +27,7 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 import torch
 import torch.fx
@@ -36,7 +36,7 @@ from debug_framework.jsonio import JsonObject
 from debug_framework.repro_format import read_manifest
 
 from ..errors import MinifierError
-from .minifier import Minifier, MinifyResult
+from .minifier import Minifier, MinifierOptions, MinifyResult
 from .signatures import Backend, ConstraintSignature, Signature, _load_backend
 
 if TYPE_CHECKING:
@@ -229,7 +229,8 @@ def _pick_run_graph(run: Path, signature: Signature | None, constraints: Sequenc
 def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None = None, *,
                        constraints: Sequence[Constraint | Callable[..., object]] | None = None,
                        backend: Backend | str | None = None,
-                       output_dir: str | os.PathLike[str] | None = None, **options: Any) -> MinifyResult:
+                       output_dir: str | os.PathLike[str] | None = None,
+                       **options: Unpack[MinifierOptions]) -> MinifyResult:
     """Minify a saved graph (a repro directory or a run directory's graph file) and write a verified repro.
 
     ``output_dir`` default: ``<path>.min/`` next to a repro directory, ``<run>/repros/<graph>/`` for a
