@@ -10,7 +10,10 @@ Public names are imported lazily so ``import debug_module`` stays cheap::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .errors import ConstraintViolationError
 
 __all__ = [
     "mock_backend",
@@ -52,7 +55,7 @@ _LAZY = {
 }
 
 
-def constraint_error(exc: BaseException) -> Any:
+def constraint_error(exc: BaseException) -> ConstraintViolationError | None:
     """The :class:`ConstraintViolationError` behind an exception from a compiled call, or ``None``.
 
     Dynamo wraps backend errors in ``BackendCompilerFailed``; this walks the cause chain."""
@@ -69,7 +72,7 @@ def constraint_error(exc: BaseException) -> Any:
     return None
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'debug_module' has no attribute {name!r}")

@@ -31,9 +31,9 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
-
 import torch
+
+from debug_framework.jsonio import JsonObject, JsonValue
 
 __all__ = ["RunDirectory", "SUBDIRS", "MANIFEST_SCHEMA", "new_run_id", "DEFAULT_ARTIFACT_ROOT"]
 
@@ -51,7 +51,7 @@ def new_run_id() -> str:
 class RunDirectory:
     """A fresh run directory under ``root`` with a manifest kept current after every write."""
 
-    def __init__(self, root: str | os.PathLike[str], *, backend: str = "debug_module", info: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, backend: str = "debug_module", info: JsonObject | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         while True:
@@ -65,7 +65,7 @@ class RunDirectory:
         for sub in SUBDIRS:
             (self.path / sub).mkdir()
         self._lock = threading.Lock()
-        self.manifest: dict[str, Any] = {
+        self.manifest: JsonObject = {
             "schema": MANIFEST_SCHEMA,
             "run_id": self.run_id,
             "created": _dt.datetime.now(_dt.UTC).isoformat(),
@@ -119,19 +119,19 @@ class RunDirectory:
         self._target(rel).write_text(text, encoding="utf-8")
         return self.record(rel, kind, graph)
 
-    def write_json(self, rel: str, data: Any, *, kind: str, graph: str | None = None) -> Path:
+    def write_json(self, rel: str, data: JsonValue, *, kind: str, graph: str | None = None) -> Path:
         return self.write_text(rel, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", kind=kind, graph=graph)
 
     def copy_in(self, src: str | os.PathLike[str], rel: str, *, kind: str, graph: str | None = None) -> Path:
         shutil.copyfile(src, self._target(rel))
         return self.record(rel, kind, graph)
 
-    def add_graph(self, summary: dict[str, Any]) -> None:
+    def add_graph(self, summary: JsonObject) -> None:
         with self._lock:
             self.manifest["graphs"].append(summary)
             self._write_manifest()
 
-    def set_status(self, status: str, **info: Any) -> None:
+    def set_status(self, status: str, **info: JsonValue) -> None:
         with self._lock:
             self.manifest["status"] = status
             self.manifest["info"].update(info)
@@ -151,7 +151,7 @@ class RunDirectory:
     # ------------------------------------------------------------------ reading
 
     @staticmethod
-    def load_manifest(run_path: str | os.PathLike[str]) -> dict[str, Any]:
+    def load_manifest(run_path: str | os.PathLike[str]) -> JsonObject:
         return json.loads((Path(run_path) / "manifest.json").read_text(encoding="utf-8"))
 
     def files(self, kind: str | None = None) -> list[str]:

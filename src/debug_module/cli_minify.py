@@ -16,10 +16,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from debug_framework.cli.framework import CliError
+from debug_framework.jsonio import JsonObject
 from debug_framework.suggest import did_you_mean, one_of
+
+if TYPE_CHECKING:
+    from .constraints import Constraint
+    from .minifier.signatures import Backend, Signature
 
 __all__ = ["CONSTRAINT_KINDS", "SIGNATURE_KINDS", "VIOLATION_NAMES", "MinifyOptions", "build_constraints",
            "build_signature"]
@@ -49,7 +54,7 @@ class MinifyOptions:
         return self.constraints is not None or self.alignment is not None or bool(self.deny_ops)
 
 
-def _constraint_configs(text: str) -> list[dict[str, Any]]:
+def _constraint_configs(text: str) -> list[JsonObject]:
     """``--constraints``: inline JSON (starting with ``[``) or the path of a JSON file; checked."""
     source = "--constraints"
     if not text.lstrip().startswith("["):
@@ -72,14 +77,14 @@ def _constraint_configs(text: str) -> list[dict[str, Any]]:
     return configs
 
 
-def build_constraints(options: MinifyOptions, recorded: list[dict[str, Any]] | None) -> list[Any] | None:
+def build_constraints(options: MinifyOptions, recorded: list[JsonObject] | None) -> list[Constraint] | None:
     """The constraints to minify with: ``--constraints`` (else the ``recorded`` ones of the run, else the
     mock accelerator's), with ``--alignment`` replacing any shape alignment and ``--deny-op`` added.
     ``None`` when nothing is given or recorded (the minifier's default)."""
     from .minifier.saved import constraints_from_config
 
     if options.constraints is not None:
-        configs: list[dict[str, Any]] | None = _constraint_configs(options.constraints)
+        configs: list[JsonObject] | None = _constraint_configs(options.constraints)
     else:
         configs = recorded
     if not options.alignment and not options.deny_ops:
@@ -95,7 +100,7 @@ def build_constraints(options: MinifyOptions, recorded: list[dict[str, Any]] | N
     return cons
 
 
-def _from_config(convert: Callable[[list[dict[str, Any]]], list[Any]], configs: list[dict[str, Any]]) -> list[Any]:
+def _from_config(convert: Callable[[list[JsonObject]], list[Constraint]], configs: list[JsonObject]) -> list[Constraint]:
     try:
         return convert(configs)
     except (KeyError, TypeError, ValueError) as exc:
@@ -103,8 +108,8 @@ def _from_config(convert: Callable[[list[dict[str, Any]]], list[Any]], configs: 
                        hint="write them as a run's manifest.json records them (info.constraints)") from exc
 
 
-def build_signature(options: MinifyOptions, constraints: list[Any] | None,
-                    load_backend: Callable[[str], Any]) -> Any:
+def build_signature(options: MinifyOptions, constraints: list[Constraint] | None,
+                    load_backend: Callable[[str], Backend]) -> Signature | None:
     """The ``--signature`` (``None``: found by re-checking the constraints). ``load_backend`` turns a
     ``module:attr``/``file.py:attr`` spec into the backend object."""
     if options.signature is None:

@@ -3,9 +3,10 @@ data itself). Every piece of user text (paths, model names, reasons, source line
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from debug_framework.cli.framework import add_row, literal, make_console, markup
+from debug_framework.jsonio import JsonObject
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["print_analysis"]
 
 
-def _print_guards(con: Console, d: dict[str, Any]) -> None:
+def _print_guards(con: Console, d: JsonObject) -> None:
     if not d["available"]:
         con.print(f"no guard report in this run; {d['fx_graph_count']} Dynamo graph(s) captured "
                   "(analyze --model module:factory records one)")
@@ -26,7 +27,7 @@ def _print_guards(con: Console, d: dict[str, Any]) -> None:
         con.print(literal(f"  recompile (call {r['call_index']}, {r['code_name']}): {'; '.join(r['reasons'])}"))
 
 
-def _print_constraints(con: Console, d: dict[str, Any]) -> None:
+def _print_constraints(con: Console, d: JsonObject) -> None:
     from rich.table import Table
 
     con.print(f"{d['violation_count']} violation(s)")
@@ -45,7 +46,7 @@ def _print_constraints(con: Console, d: dict[str, Any]) -> None:
     con.print(t)
 
 
-def _print_graphs(con: Console, d: dict[str, Any]) -> None:
+def _print_graphs(con: Console, d: JsonObject) -> None:
     from rich.table import Table
 
     t = Table(title=f"{d['fx_graph_count']} Dynamo graph(s)")
@@ -57,7 +58,7 @@ def _print_graphs(con: Console, d: dict[str, Any]) -> None:
     con.print(t)
 
 
-def _print_summary(con: Console, d: dict[str, Any]) -> None:
+def _print_summary(con: Console, d: JsonObject) -> None:
     for k in ("backend", "status", "file_count", "fx_graph_count", "aten_graph_count", "violation_count",
               "graph_break_count", "recompilation_count"):
         con.print(literal(f"  {k}: {d[k]}"))
@@ -70,7 +71,7 @@ def _print_summary(con: Console, d: dict[str, Any]) -> None:
         con.print(literal(f"  repro: {p}"))
 
 
-def print_analysis(d: dict[str, Any]) -> None:
+def print_analysis(d: JsonObject) -> None:
     """Print the ``analyze`` data ``d`` of any type."""
     con = make_console()
     con.print(markup("[bold]{}[/bold] of run {} ({})  {}", d["type"], d["run_id"], d["model"], d["path"]),

@@ -12,8 +12,18 @@ run's directory.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from debug_framework.jsonio import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import pandas as pd
+
+    from debug_framework.dashboard.extensions import PageContext
 
 __all__ = ["runs_page"]
 
@@ -27,7 +37,7 @@ def _inside(run: Path, relative: str) -> Path | None:
     return path if path.is_file() and path.is_relative_to(root) else None
 
 
-def _statistics(run: Path) -> list[tuple[str, Any]]:
+def _statistics(run: Path) -> list[tuple[str, JsonValue]]:
     """The run's graph statistics files (kind ``statistics`` in its manifest), read as JSON."""
     manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
     out = []
@@ -38,7 +48,7 @@ def _statistics(run: Path) -> list[tuple[str, Any]]:
     return out
 
 
-def _violations_frame(violations: list[dict[str, Any]]) -> Any:
+def _violations_frame(violations: list[JsonObject]) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -52,7 +62,7 @@ def _violations_frame(violations: list[dict[str, Any]]) -> Any:
     return pd.DataFrame(rows)
 
 
-def _show_run(st: Any, run: Path) -> None:
+def _show_run(st: ModuleType, run: Path) -> None:
     import pandas as pd
 
     from debug_framework.dashboard.data import cells, literal, plain
@@ -111,7 +121,7 @@ def _show_run(st: Any, run: Path) -> None:
             st.code(script.read_text(encoding="utf-8", errors="replace")[:_MAX_REPRO_CHARS], language="python")
 
 
-def runs_under(root: Path, find: Any) -> list[Path]:
+def runs_under(root: Path, find: Callable[[Path], Iterable[str | Path]]) -> list[Path]:
     """The run directories under ``root`` and under every ``runs`` folder one or two levels below it
     (``debug_artifacts/tour/runs``: where the tour writes its runs), each once."""
     roots = [root, *sorted(p for pattern in ("runs", "*/runs") for p in root.glob(pattern) if p.is_dir())]
@@ -122,7 +132,7 @@ def runs_under(root: Path, find: Any) -> list[Path]:
     return list(seen)
 
 
-def runs_page(context: Any) -> None:
+def runs_page(context: PageContext) -> None:
     """Draw the page (``context``: the dashboard's ``PageContext``: ``database``, ``artifacts``)."""
     import streamlit as st
 

@@ -8,8 +8,6 @@ when a layer is drilled; its other public names are read from there on first use
 
 from __future__ import annotations
 
-from typing import Any
-
 from debug_framework.services.drilldown.support import BackendStrategy
 from debug_framework.services.drilldown.types import DrillRequest, LayerDrilldown
 
@@ -34,7 +32,7 @@ class InductorDrillStrategy(BackendStrategy):
         return Minifying(self.max_seconds).drill(request)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """The Inductor drill-down's other names (``capture_layer_graph``, ``layer_signature``...), read
     from :mod:`debug_module.drilldown_inductor` on first use (it imports torch)."""
     if name.startswith("__"):

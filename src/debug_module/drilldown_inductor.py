@@ -30,8 +30,9 @@ Registered with ``debug_framework`` through the entry-point group ``debug_framew
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
 import torch
@@ -44,6 +45,30 @@ from debug_framework.services.drilldown.types import Culprit, DrillRequest, Laye
 
 from .constraints.base import op_name
 from .minifier import AccuracySignature, Minifier
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+    from torch.export.graph_signature import InputSpec
+    from torch.utils._pytree import TreeSpec
+
+    from debug_framework.jsonio import JsonObject
+
+    from .minifier import MinifyResult
+
+#: The layer's call rebuilt from its tensors: ``(args, kwargs)``.
+Rebuild: TypeAlias = Callable[[tuple[torch.Tensor, ...]], tuple[tuple[object, ...], dict[str, object]]]
+
+
+class LayerCallBackend(Protocol):
+    """What the capture and the signature read of the Inductor backend: its dtype (``"float32"``...),
+    its torch.compile backend (a name or a callable) and the call of one layer as the model makes it."""
+
+    name: str
+    dtype: str
+    compiler: str | Callable[..., object]
+
+    def layer_call(self, i: int, hidden_in: torch.Tensor, inputs: object
+                   ) -> tuple[str, torch.nn.Module, tuple[object, ...], dict[str, object]]: ...
 
 __all__ = ["InductorDrillStrategy", "capture_layer_graph", "layer_signature", "strip_dtype_pins"]
 
@@ -58,12 +83,12 @@ class _Layer(torch.nn.Module):
     """The layer called with its tensor arguments flattened; ``rebuild(tensors) -> (args, kwargs)``
     (a function: torch.export deep-copies the module, and a function is copied by reference)."""
 
-    def __init__(self, layer: torch.nn.Module, rebuild: Any) -> None:
+    def __init__(self, layer: torch.nn.Module, rebuild: Rebuild) -> None:
         super().__init__()
         setattr(self, WRAPPER_ATTRIBUTE, layer)
         self._rebuild = rebuild
 
-    def forward(self, *tensors: torch.Tensor) -> Any:
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from torch.utils import _pytree as pytree
 
         args, kwargs = self._rebuild(tensors)
@@ -71,11 +96,11 @@ class _Layer(torch.nn.Module):
         return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
 
 
-def _rebuilder(leaves: list[Any], spec: Any, slots: list[int]) -> Any:
+def _rebuilder(leaves: list[object], spec: TreeSpec, slots: list[int]) -> Rebuild:
     """``rebuild(tensors)``: the call's ``(args, kwargs)`` with ``tensors`` in the tensor ``slots``."""
     from torch.utils import _pytree as pytree
 
-    def rebuild(tensors: tuple[torch.Tensor, ...]) -> Any:
+    def rebuild(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[object, ...], dict[str, object]]:
         filled = list(leaves)
         for slot, tensor in zip(slots, tensors, strict=True):
             filled[slot] = tensor
@@ -84,7 +109,7 @@ def _rebuilder(leaves: list[Any], spec: Any, slots: list[int]) -> Any:
     return rebuild
 
 
-def capture_layer_graph(backend: Any, request: DrillRequest) -> tuple[Any, list[torch.Tensor], str]:
+def capture_layer_graph(backend: LayerCallBackend, request: DrillRequest) -> tuple[ExportedProgram, list[torch.Tensor], str]:
     """The layer's functional ATen program on the reference's input (see the module docstring), its
     flat inputs (parameters and buffers, then the call's tensors) and the layer's module name."""
     from torch.utils import _pytree as pytree
@@ -109,7 +134,7 @@ def capture_layer_graph(backend: Any, request: DrillRequest) -> tuple[Any, list[
     return program, inputs, layer_name
 
 
-def _program_input(program: Any, spec: Any, user: Any) -> torch.Tensor:
+def _program_input(program: ExportedProgram, spec: InputSpec, user: Iterator[torch.Tensor]) -> torch.Tensor:
     """The value of one input of ``program``: the next of the call's tensors (``user``) for a user
     input, else the lifted parameter, buffer or constant."""
     from torch.export.graph_signature import InputKind
@@ -167,7 +192,7 @@ class InductorDrillStrategy(BackendStrategy):
         return self._named(drill, result, signature)
 
     @staticmethod
-    def _named(drill: LayerDrilldown, result: Any, signature: AccuracySignature) -> LayerDrilldown:
+    def _named(drill: LayerDrilldown, result: MinifyResult, signature: AccuracySignature) -> LayerDrilldown:
         """``drill`` with the culprit: the first computing operator of the minimal graph."""
         minimal = [n.name for n in _operators(result.gm)]
         by_name = {row.node: row for row in drill.operators}
@@ -191,7 +216,7 @@ class InductorDrillStrategy(BackendStrategy):
         return drill
 
 
-def layer_signature(backend: Any, request: DrillRequest) -> AccuracySignature:
+def layer_signature(backend: LayerCallBackend, request: DrillRequest) -> AccuracySignature:
     """The minifier's signature for a layer of ``backend``: its compiler against float64 by the ratio
     rule, ``noise_margin`` x eager's error at the backend's dtype + ``floor_eps x eps x RMS(output)``
     for each output of the graph judged (the floor :meth:`RatioRule.calibrated` sets elsewhere)."""
@@ -200,14 +225,14 @@ def layer_signature(backend: Any, request: DrillRequest) -> AccuracySignature:
                              floor_rms=float(request.floor_eps) * eps)
 
 
-def _worst_failure(observed: dict[str, Any]) -> tuple[float, float]:
+def _worst_failure(observed: JsonObject) -> tuple[float, float]:
     """``(introduced, bound)`` of the worst failing output of a signature's observation, by margin
     over its bound (a failure without a measured error, e.g. a non-finite mismatch, first); NaN
     where one was not measured (a measured 0.0 stays 0.0)."""
-    def number(value: Any) -> float:
+    def number(value: object) -> float:
         return math.nan if value is None else float(value)
 
-    def rank(o: dict[str, Any]) -> float:
+    def rank(o: JsonObject) -> float:
         margin = OperatorRow(index=0, node="", op="", introduced=number(o.get("test_error")),
                              bound=number(o.get("bound"))).margin
         return math.inf if math.isnan(margin) else margin
@@ -242,7 +267,7 @@ def strip_dtype_pins(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 _SOFTMAXES = (torch.ops.aten.softmax.int, torch.ops.aten.log_softmax.int)
 
 
-def _same_dtype(value: Any, dtype: Any) -> bool:
+def _same_dtype(value: object, dtype: torch.dtype) -> bool:
     """Whether the traced ``value`` (an FX node) already has ``dtype``."""
     val = getattr(value, "meta", {}).get("val") if isinstance(value, torch.fx.Node) else None
     return isinstance(val, torch.Tensor) and val.dtype == dtype

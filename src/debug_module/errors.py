@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from debug_framework.errors import UnsupportedTorchVersionError, ValidationError
+from debug_framework.jsonio import JsonObject
 
 if TYPE_CHECKING:  # pragma: no cover
     from .constraints.base import Violation
@@ -41,7 +42,7 @@ class ConstraintViolationError(ValidationError):
         lines += [f"  {i + 1}. {v.describe()}" for i, v in enumerate(self.violations)]
         super().__init__("\n".join(lines), graph=graph, run_dir=run_dir, repro=repro_path)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data = super().to_dict()
         data["violations"] = [v.to_dict() for v in self.violations]
         return data

@@ -16,10 +16,10 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 import torch
 import torch.fx
+
+from debug_framework.jsonio import JsonObject
 
 from .artifacts import RunDirectory
 from .constraints import Constraint, GraphReport, Violation, as_constraint, check_graph
@@ -32,7 +32,7 @@ __all__ = ["CompilePipeline", "CapturedGraph", "Lowering"]
 log = logging.getLogger("debug_module.constraints")
 
 #: ``lower(aten_gm, example_inputs, kind) -> boxed callable``; kind is forward/backward/inference.
-Lowering = Callable[[torch.fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
+Lowering = Callable[[torch.fx.GraphModule, Sequence[object], str], Callable[..., object]]
 
 _KERNEL_RE = re.compile(
     r"^(?P<name>\w+) = async_compile\.(?P<kind>cpp_pybinding|cpp|triton)\((?P<args>.*?)r?'''(?P<src>.*?)'''",
@@ -47,7 +47,7 @@ class CapturedGraph:
     name: str
     kind: str
     graph_module: torch.fx.GraphModule
-    statistics: dict[str, Any]
+    statistics: JsonObject
     report: GraphReport | None = None
     files: list[str] = field(default_factory=list)
 
@@ -79,7 +79,7 @@ class CompilePipeline:
     def __init__(
         self,
         *,
-        constraints: Sequence[Constraint | Callable[..., Any]],
+        constraints: Sequence[Constraint | Callable[..., object]],
         strict: bool,
         lowering: str | Lowering = "eager",
         artifact_root: str | Path | None = None,
@@ -116,7 +116,7 @@ class CompilePipeline:
 
     # ------------------------------------------------------------------ backend entry
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         from debug_framework._torch import functorch
 
         index = next(self._counter)
@@ -131,14 +131,14 @@ class CompilePipeline:
             self.run.write_json(f"statistics/{base}.json", fx.statistics, kind="statistics", graph=base)
             self._maybe_svg(gm, base, "fx_graphs")
 
-        def compiler_for(kind: str) -> Callable[..., Any]:
-            def compiler(aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> Callable[..., Any]:
+        def compiler_for(kind: str) -> Callable[..., object]:
+            def compiler(aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[object]) -> Callable[..., object]:
                 return self._compile_aten(aot_gm, aot_inputs, kind=kind, name=f"{base}_{kind}",
                                           fx_gm=gm, fx_inputs=example_inputs)
             return compiler
 
         decomps = None
-        partition: Any = "min_cut"
+        partition: str | Callable[..., object] = "min_cut"
         if self.inductor_passes:
             from debug_framework._torch import inductor
             partition = inductor.partition_fn
@@ -147,7 +147,7 @@ class CompilePipeline:
             decomps = inductor.inductor_decompositions()
         elif self.decompositions == "core_aten":
             decomps = functorch.core_aten_decompositions()
-        context: Any = contextlib.nullcontext()
+        context: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if self.inductor_passes:
             from debug_framework._torch import inductor
             context = inductor.compile_context(example_inputs)
@@ -171,8 +171,8 @@ class CompilePipeline:
 
     # ------------------------------------------------------------------ one ATen graph
 
-    def _compile_aten(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any], *, kind: str, name: str,
-                      fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def _compile_aten(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[object], *, kind: str, name: str,
+                      fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[object]) -> Callable[..., object]:
         if kind == "inference" and self.inductor_passes:
             from debug_framework._torch import inductor
 
@@ -210,7 +210,7 @@ class CompilePipeline:
         log.info("%s", report.summary())
         return self._lower(aot_gm, aot_inputs, kind, name)
 
-    def _lower(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any], kind: str, name: str) -> Callable[..., Any]:
+    def _lower(self, aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[object], kind: str, name: str) -> Callable[..., object]:
         from debug_framework._torch import functorch
 
         if self.lowering == "eager":

@@ -9,15 +9,19 @@ at the first violation) reduces the checked graph and saves a verified repro und
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.fx
 
-from .constraints.base import Violation
+from .constraints.base import Constraint, Violation
+
+if TYPE_CHECKING:
+    from .artifacts import RunDirectory
 
 __all__ = ["ReproRequest", "ReproWriter", "set_repro_writer", "get_repro_writer", "write_repro"]
 
@@ -35,20 +39,26 @@ class ReproRequest:
     """
 
     fx_graph: torch.fx.GraphModule
-    example_inputs: Sequence[Any]
+    example_inputs: Sequence[object]
     aten_graph: torch.fx.GraphModule
     graph_name: str
     violations: list[Violation]
-    constraints: list[Any]
+    constraints: list[Constraint]
     run_dir: Path | None
     #: the run's :class:`~debug_module.artifacts.RunDirectory` (to record repro files in its manifest)
-    run: Any = None
+    run: RunDirectory | None = None
 
 
 ReproWriter = Callable[[ReproRequest], "Path | None"]
 
-_DEFAULT: Any = object()  # the minifier's writer, imported on first use
-_writer: ReproWriter | None = _DEFAULT
+
+class _Default(enum.Enum):
+    """The writer installed until :func:`set_repro_writer` is called (a typed sentinel)."""
+
+    MINIFIER = "the minifier's writer, imported on first use"
+
+
+_writer: ReproWriter | None | _Default = _Default.MINIFIER
 
 
 def set_repro_writer(writer: ReproWriter | None) -> ReproWriter | None:
@@ -60,7 +70,8 @@ def set_repro_writer(writer: ReproWriter | None) -> ReproWriter | None:
 
 
 def get_repro_writer() -> ReproWriter | None:
-    if _writer is _DEFAULT:
+    """The installed repro writer (by default the minifier's), ``None`` when turned off."""
+    if _writer is _Default.MINIFIER:
         from .minifier.strict import write_strict_repro
 
         return write_strict_repro

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any
-
 import torch.fx
+
+from debug_framework.jsonio import JsonObject
 
 from .constraints.base import _flatten_tensors, op_name
 from .constraints.memory import estimate_peak_memory
@@ -17,7 +17,7 @@ __all__ = ["graph_statistics", "graph_svg"]
 log = logging.getLogger(__name__)
 
 
-def graph_statistics(gm: torch.fx.GraphModule) -> dict[str, Any]:
+def graph_statistics(gm: torch.fx.GraphModule) -> JsonObject:
     """JSON-ready statistics of one FX graph."""
     ops: Counter[str] = Counter()
     dtypes: Counter[str] = Counter()

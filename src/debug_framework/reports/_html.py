@@ -1,9 +1,16 @@
-"""HTML building blocks with escaping by construction, inline SVG charts and a tiny PNG encoder.
+"""The project's one HTML toolkit: building blocks with escaping by construction, the page shell and
+its one stylesheet, inline SVG charts and a tiny PNG encoder.
 
-Rules that keep the report safe and self-contained:
+Both packages' reports are built with it: the validation reports here (``reports/html_report.py``)
+and ``debug_module``'s run report (``debug_module/reports/page.py``).
+
+Rules that keep the reports safe and self-contained:
 
 * Every piece of data goes through :func:`esc` (``html.escape`` with ``quote=True``) before it is
-  placed in markup, attribute values included. Only markup built in this package is trusted.
+  placed in markup, attribute values included. Only markup built by this toolkit is trusted: the
+  builders (:func:`tag`, :func:`td`, :func:`table`, :func:`section`, :func:`page`) take
+  :class:`Markup` (what they and :func:`trusted` return) as is and escape every other value, so a
+  user's string can never become markup. There is no template language, hence no template injection.
 * No external resources, no JavaScript: charts are inline SVG, the heatmap is a PNG written here
   (zlib + struct) and embedded as a ``data:`` URI. The page carries a Content-Security-Policy that
   forbids scripts and any network load, so a mistake would show up as a console error in the
@@ -17,14 +24,19 @@ import html
 import math
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike
 
 from ..jsonio import dumps_json
 from ._common import BIDI_CONTROLS, as_float, fmt_num, human_bytes
 
 __all__ = ["esc", "neutralise_bidi", "BIDI_CONTROLS", "kv_table", "lines_list", "wrap_long", "json_pre", "line_chart", "png_rgb", "colorize",
-           "CSP", "BASE_CSS"]
+           "CSP", "BASE_CSS", "Markup", "Cell", "trusted", "content", "tag", "join", "td", "table", "section", "page",
+           "cards", "png_bytes_data_uri"]
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
@@ -36,33 +48,34 @@ _BIDI_HTML_TABLE = {ord(c): f"&lt;U+{ord(c):04X}&gt;" for c in BIDI_CONTROLS}
 def neutralise_bidi(text: str, *, markup: bool = False) -> str:
     """``text`` with every Unicode bidi control replaced by its visible name (``<U+202E>``), so user
     text cannot reorder the characters around it. Used by the HTML reports of both packages (through
-    :func:`esc` here, as Jinja2's ``finalize`` in ``debug_module.reports``) and safe for terminals.
+    :func:`esc` and the builders here) and safe for terminals.
     Apply it before HTML escaping (the ``<``/``>`` of the marker are escaped then); ``markup=True``
     for text that is already HTML (the marker comes out escaped: ``&lt;U+202E&gt;``)."""
     return str(text).translate(_BIDI_HTML_TABLE if markup else _BIDI_TABLE)
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     """HTML-escape anything (None -> empty); quotes too, so the result is safe in attributes. Bidi
     controls are neutralised first (:func:`neutralise_bidi`)."""
     return html.escape(neutralise_bidi("" if value is None else str(value)), quote=True)
 
 
-def json_pre(value: Any) -> str:
+def json_pre(value: object) -> str:
+    """``value`` as indented JSON in an escaped ``<pre class="json">``."""
     return f'<pre class="json">{esc(dumps_json(value, indent=1))}</pre>'
 
 
-def lines_list(items: Sequence[Any], cls: str = "lines") -> str:
+def lines_list(items: Sequence[object], cls: str = "lines") -> str:
     """Items one per line (an ordered list), each escaped: sentences, whose commas would make a
     comma-joined list ambiguous."""
     return f'<ol class="{esc(cls)}">' + "".join(f"<li>{esc(t)}</li>" for t in items) + "</ol>"
 
 
-def _is_prose(value: Sequence[Any]) -> bool:
+def _is_prose(value: Sequence[object]) -> bool:
     return all(isinstance(v, str) for v in value) and any(" " in v or "," in v for v in value)
 
 
-def _cell(value: Any, depth: int, key: str = "") -> str:
+def _cell(value: object, depth: int, key: str = "") -> str:
     if key.endswith("bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f'<span title="{esc(fmt_num(value))} bytes">{esc(human_bytes(value))}</span>'
     if isinstance(value, Mapping):
@@ -86,20 +99,113 @@ def _cell(value: Any, depth: int, key: str = "") -> str:
     return wrap_long(value)
 
 
-def wrap_long(value: Any, limit: int = 40) -> str:
+def wrap_long(value: object, limit: int = 40) -> str:
     """Escaped text; a long one (paths, hashes, sentences) in ``<span class="wrap">`` so it may break
     anywhere rather than widen the page."""
     text = esc(value)
     return f'<span class="wrap">{text}</span>' if len(str(value)) > limit else text
 
 
-def kv_table(data: Mapping[str, Any] | None, *, depth: int = 0, cls: str = "kv") -> str:
+def kv_table(data: Mapping[str, object] | None, *, depth: int = 0, cls: str = "kv") -> str:
     """A two-column table of a mapping (nested mappings become nested tables); all escaped."""
     if not data:
         return '<p class="muted">not recorded</p>'
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{_cell(v, depth, str(k))}</td></tr>"
                    for k, v in sorted(data.items(), key=lambda kv: str(kv[0])))
     return f'<table class="{esc(cls)}">{rows}</table>'
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+class Markup(str):
+    """HTML built by this toolkit: placed as is by the builders. Every other value is text and is
+    escaped (:func:`content`), so a user's string cannot become markup by accident."""
+
+
+class Cell(Markup):
+    """A whole table cell (``<td ...>...</td>``) from :func:`td`: :func:`table` places it as is."""
+
+
+def trusted(markup: str) -> Markup:
+    """Mark HTML built by code (a chart from :func:`line_chart`, a :func:`kv_table`) as markup. Never
+    for text that holds a user's data unescaped."""
+    return markup if isinstance(markup, Markup) else Markup(markup)
+
+
+def content(value: object) -> str:
+    """``value`` as HTML: :class:`Markup` as is, anything else escaped with :func:`esc`."""
+    return value if isinstance(value, Markup) else esc(value)
+
+
+def join(parts: Iterable[object], sep: str = "") -> Markup:
+    """The parts one after the other (each through :func:`content`), ``sep`` (text) between them."""
+    return Markup(esc(sep).join(content(p) for p in parts))
+
+
+def _attrs(attrs: Mapping[str, object]) -> str:
+    """Attributes as markup: ``class_`` is ``class``, ``data_x`` is ``data-x``; None/False leave the
+    attribute out, True writes it bare; every value escaped."""
+    out = []
+    for key, value in attrs.items():
+        if value is None or value is False:
+            continue
+        name = key.rstrip("_").replace("_", "-")
+        out.append(f" {name}" if value is True else f' {name}="{esc(value)}"')
+    return "".join(out)
+
+
+_VOID = frozenset({"br", "img", "meta", "hr", "input", "link"})
+
+
+def tag(name: str, *children: object, **attrs: object) -> Markup:
+    """One element: ``tag("a", run_id, href=f"#run-{run_id}")``. The name and attribute names come
+    from code; attribute values and children that are not :class:`Markup` are escaped."""
+    if name in _VOID:
+        return Markup(f"<{name}{_attrs(attrs)}>")
+    return Markup(f"<{name}{_attrs(attrs)}>{''.join(content(c) for c in children)}</{name}>")
+
+
+def td(*children: object, cls: str | None = None) -> Cell:
+    """A table cell with an optional class, for :func:`table` rows."""
+    return Cell(tag("td", *children, class_=cls))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, cls: str | None = None,
+          scroll: bool = True) -> Markup:
+    """A table with a header row: each row's values become cells (a :class:`Cell` from :func:`td`
+    is placed as is, anything else goes through :func:`content`). ``scroll``: inside a
+    ``<div class="scroll">`` so a wide table scrolls rather than widen the page."""
+    head = tag("tr", *(tag("th", h) for h in headers))
+    body = "".join(tag("tr", *(c if isinstance(c, Cell) else td(c) for c in row)) for row in rows)
+    out = Markup(f"<table{_attrs({'class': cls})}>{head}{body}</table>")
+    return tag("div", out, class_="scroll") if scroll else out
+
+
+def section(sid: str, title: str, *body: object) -> Markup:
+    """``<section id=sid>`` with an ``<h2>`` title and the body parts."""
+    return tag("section", tag("h2", title), *body, id=sid)
+
+
+def cards(items: Iterable[tuple[object, str]]) -> Markup:
+    """Summary figures as cards: ``(value, label)`` each, the value large."""
+    return tag("div", *(tag("div", tag("div", value, class_="v"), label, class_="card") for value, label in items),
+               class_="cards")
+
+
+def page(title: str, *body: object, css: str = "") -> str:
+    """A whole self-contained document: the :data:`CSP` meta tag, the viewport, :data:`BASE_CSS`
+    (plus ``css``, markup-free rules from code) and the body parts."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{BASE_CSS}{css}</style></head>\n<body>"
+            + "\n".join(content(b) for b in body) + "\n</body></html>\n")
+
+
+def png_bytes_data_uri(data: bytes) -> str:
+    """Encoded PNG bytes (a saved plot) as a ``data:`` URI."""
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
 # ----------------------------------------------------------------------------- charts
@@ -131,7 +237,7 @@ def _x_label_margins(labels: Sequence[str]) -> tuple[int, int]:
 def line_chart(
     title: str,
     labels: Sequence[str],
-    series: Sequence[tuple[str, Sequence[Any], str]],
+    series: Sequence[tuple[str, Sequence[object], str]],
     *,
     log: bool = True,
     passed: Sequence[bool | None] | None = None,
@@ -283,7 +389,7 @@ _VIRIDIS = [(68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144,
             (92, 200, 99), (170, 220, 50), (253, 231, 37)]
 
 
-def colorize(values: Any, *, decades: float = 8.0) -> tuple[Any, float | None, float | None]:
+def colorize(values: ArrayLike, *, decades: float = 8.0) -> tuple[np.ndarray, float | None, float | None]:
     """Map a 2-D array of non-negative errors (inf allowed, NaN = unknown) to RGB on a log scale.
 
     Returns ``(rgb uint8 HxWx3, vmin, vmax)`` with vmin/vmax the error values at the ends of the
@@ -315,7 +421,7 @@ def colorize(values: Any, *, decades: float = 8.0) -> tuple[Any, float | None, f
     return rgb, vmin, vmax
 
 
-def png_rgb(pixels: Any) -> bytes:
+def png_rgb(pixels: ArrayLike) -> bytes:
     """Encode an ``HxWx3`` uint8 array as a PNG (8-bit RGB, no filter)."""
     import numpy as np
 
@@ -330,7 +436,8 @@ def png_rgb(pixels: Any) -> bytes:
             + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
-def png_data_uri(pixels: Any) -> str:
+def png_data_uri(pixels: ArrayLike) -> str:
+    """An ``HxWx3`` uint8 array as a PNG ``data:`` URI (:func:`png_rgb`)."""
     return "data:image/png;base64," + base64.b64encode(png_rgb(pixels)).decode("ascii")
 
 
@@ -373,5 +480,8 @@ h1,h3,.verdict,code,.wrap{overflow-wrap:anywhere}ol.lines{margin:0;padding-left:
 pre#command{white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere}svg .ex{font-size:8px;fill:#2f855a}
 nav{display:flex;flex-wrap:wrap;row-gap:.3em}svg.chart{max-width:100%;height:auto}img.heat{max-width:100%}
 table.drilldown td{white-space:nowrap}table.drilldown code{overflow-wrap:normal}
+.cards{display:flex;flex-wrap:wrap;gap:.8em}.card{border:1px solid #e2e8f0;border-radius:6px;padding:.6em 1em;min-width:8em}
+.card .v{font-size:1.6em;font-weight:700}.v-pass{color:var(--pass);font-weight:600}.v-fail{color:var(--fail);font-weight:600}
+img.plot{max-width:100%;border:1px solid #edf2f7;margin:.3em 0}details{margin:.4em 0}p,li{overflow-wrap:anywhere}.scroll+.scroll{margin-top:.5em}
 @media (max-width:640px){body{padding:.5em .6em}table{display:block;overflow-x:auto;max-width:100%}section{overflow-x:auto}}
 """

@@ -14,7 +14,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.fx
@@ -55,10 +54,10 @@ class AcceleratorCapabilities:
     dynamic_shapes: bool = True
     requires_contiguous: bool = False
     channels_last: bool = True
-    extra_constraints: tuple[Constraint | Callable[..., Any], ...] = field(default_factory=tuple)
+    extra_constraints: tuple[Constraint | Callable[..., object], ...] = field(default_factory=tuple)
 
-    def to_constraints(self) -> list[Constraint | Callable[..., Any]]:
-        cons: list[Constraint | Callable[..., Any]] = [DtypeConstraint(self.dtypes)]
+    def to_constraints(self) -> list[Constraint | Callable[..., object]]:
+        cons: list[Constraint | Callable[..., object]] = [DtypeConstraint(self.dtypes)]
         if self.supported_ops is not None:
             cons.append(OpAllowlistConstraint(self.supported_ops))
         if self.unsupported_ops:
@@ -95,7 +94,7 @@ class AcceleratorAdapter(ABC):
         """What the device supports."""
 
     @abstractmethod
-    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object], kind: str) -> Callable[..., object]:
         """Compile one ATen graph (``kind``: ``forward``, ``backward`` or ``inference``).
 
         ``gm``'s nodes are ATen ops with FakeTensor metadata in ``node.meta["val"]``;
@@ -117,14 +116,14 @@ class AcceleratorAdapter(ABC):
     def get_alignment(self) -> int:
         return self.capabilities().alignment
 
-    def constraints(self) -> list[Constraint | Callable[..., Any]]:
+    def constraints(self) -> list[Constraint | Callable[..., object]]:
         return self.capabilities().to_constraints()
 
     def backend(self) -> CompilePipeline:
         """A fresh torch.compile backend for this adapter (one run / set of records per backend)."""
         from debug_framework._torch import functorch
 
-        def lower(gm: torch.fx.GraphModule, inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+        def lower(gm: torch.fx.GraphModule, inputs: Sequence[object], kind: str) -> Callable[..., object]:
             return functorch.make_boxed_func(self.compile(gm, inputs, kind))
 
         pipeline = CompilePipeline(constraints=self.constraints(), strict=self.strict, lowering=lower,
@@ -133,6 +132,6 @@ class AcceleratorAdapter(ABC):
         self.last_backend = pipeline
         return pipeline
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         """Use the adapter directly as a torch.compile backend (records land on ``self.last_backend``)."""
         return self.backend()(gm, example_inputs)

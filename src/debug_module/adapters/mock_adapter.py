@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch.fx
 
@@ -34,6 +33,6 @@ class MockAcceleratorAdapter(AcceleratorAdapter):
             channels_last=False,
         )
 
-    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[..., Any]:
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object], kind: str) -> Callable[..., object]:
         self.compiled_graphs.append((kind, len(gm.graph.nodes)))
         return gm.forward

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,7 +27,7 @@ AotMockBackend = CompilePipeline
 
 def aot_mock_backend(
     strict: bool = True,
-    constraints: Sequence[Constraint | Callable[..., Any]] | None = None,
+    constraints: Sequence[Constraint | Callable[..., object]] | None = None,
     *,
     artifact_root: str | Path = DEFAULT_ARTIFACT_ROOT,
     svg: bool = False,
@@ -45,7 +44,7 @@ def aot_mock_backend(
                            decompositions="inductor", svg=svg, name="aot_mock_accel")
 
 
-def aot_mock_backend_default(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+def aot_mock_backend_default(gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
     """The ``aot_mock_accel`` named backend: strictness and constraints from ``MOCK_*``, artifacts under
     ``./debug_artifacts``; each compiled Dynamo graph gets its own run directory."""
     cfg = read_mock_env()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -34,7 +33,7 @@ class MockBackend:
         from_env: read ``MOCK_*`` at every compile (the module-level :data:`mock_backend` does).
     """
 
-    def __init__(self, *, strict: bool | None = None, constraints: Sequence[Constraint | Callable[..., Any]] | None = None,
+    def __init__(self, *, strict: bool | None = None, constraints: Sequence[Constraint | Callable[..., object]] | None = None,
                  artifact_root: str | Path | None = None, from_env: bool = True) -> None:
         self.strict = strict
         self.constraints = None if constraints is None else list(constraints)
@@ -49,7 +48,7 @@ class MockBackend:
         return CompilePipeline(constraints=constraints, strict=strict, lowering="eager",
                                artifact_root=self.artifact_root, decompositions="inductor", name="mock_accel")
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object]) -> Callable[..., object]:
         pipeline = self._pipeline()
         self.pipelines.append(pipeline)
         return pipeline(gm, example_inputs)
@@ -66,7 +65,7 @@ class MockBackend:
         self.pipelines.clear()
 
 
-def make_mock_backend(*, strict: bool | None = None, constraints: Sequence[Any] | None = None,
+def make_mock_backend(*, strict: bool | None = None, constraints: Sequence[Constraint | Callable[..., object]] | None = None,
                       artifact_root: str | Path | None = None, from_env: bool = False) -> MockBackend:
     """A fresh mock backend with its own records (settings not given come from ``MockConfig`` defaults,
     or from the ``MOCK_*`` variables with ``from_env=True``)."""

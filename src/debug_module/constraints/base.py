@@ -12,10 +12,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
-from typing import Any
 
 import torch
 import torch.fx
+
+from debug_framework.jsonio import JsonObject
 
 __all__ = [
     "Violation",
@@ -71,8 +72,8 @@ class Violation:
 
     constraint: str
     message: str
-    limit: Any = None
-    actual: Any = None
+    limit: object = None
+    actual: object = None
     node: str | None = None
     op: str | None = None
     torch_op: str | None = None
@@ -94,7 +95,7 @@ class Violation:
             parts.append(f"at {self.source}")
         return " | ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data = asdict(self)
         data["source"] = asdict(self.source) if self.source is not None else None
         return data
@@ -103,7 +104,7 @@ class Violation:
 # --------------------------------------------------------------------------- tensor / node views
 
 
-def concrete_dim(d: Any) -> int | None:
+def concrete_dim(d: object) -> int | None:
     """An int for a dim: the value, or the size hint of a symbolic dim (``None`` if it has none)."""
     if isinstance(d, int):
         return d
@@ -118,7 +119,7 @@ def concrete_dim(d: Any) -> int | None:
     return int(d)
 
 
-def dim_to_json(d: Any) -> int | str:
+def dim_to_json(d: object) -> int | str:
     return d if isinstance(d, int) else str(d)
 
 
@@ -131,7 +132,7 @@ class TensorMeta:
         self.t = t
 
     @cached_property
-    def shape(self) -> tuple[Any, ...]:
+    def shape(self) -> tuple[int | torch.SymInt, ...]:
         return tuple(self.t.shape)
 
     @property
@@ -172,7 +173,7 @@ class TensorMeta:
         return [dim_to_json(d) for d in self.shape]
 
 
-def op_name(target: Any) -> str:
+def op_name(target: object) -> str:
     """``aten.convolution.default`` for an OpOverload; a dotted name for Python callables."""
     if isinstance(target, str):
         return target
@@ -185,7 +186,7 @@ def op_name(target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def _flatten_tensors(val: Any) -> list[torch.Tensor]:
+def _flatten_tensors(val: object) -> list[torch.Tensor]:
     if isinstance(val, torch.Tensor):
         return [val]
     if isinstance(val, (list, tuple)):
@@ -223,7 +224,7 @@ class NodeInfo:
         return bool(getattr(self.node.target, "is_view", False))
 
     @cached_property
-    def torch_origin(self) -> tuple[str | None, Any]:
+    def torch_origin(self) -> tuple[str | None, object]:
         """(short name, torch-level callable or module class) that produced this node, if recorded.
         A backward node answers with the forward call it differentiates (AOTAutograd records it as
         ``fwd_source_fn_stack``), so a torch-level name covers that call's gradient too."""
@@ -250,7 +251,7 @@ class NodeInfo:
     def source(self) -> SourceLocation | None:
         return SourceLocation.from_stack_trace(self.node.meta.get("stack_trace"))
 
-    def violation(self, constraint: str, message: str, *, limit: Any = None, actual: Any = None,
+    def violation(self, constraint: str, message: str, *, limit: object = None, actual: object = None,
                   tensor: TensorMeta | None = None) -> Violation:
         """A :class:`Violation` at this node, filled with its op, shape, dtype and source line."""
         t = tensor if tensor is not None else (self.tensors[0] if self.tensors else None)
@@ -294,7 +295,7 @@ class Constraint(ABC):
         return type(self).check_node is not Constraint.check_node
 
     @abstractmethod
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """JSON-ready configuration of this constraint (written into reports)."""
 
     def __repr__(self) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import sympy
 import torch
 import torch.fx
+
+from debug_framework.jsonio import JsonObject
 
 from .base import Constraint, NodeInfo, Violation, concrete_dim, dim_to_json
 from .memory import estimate_peak_memory
@@ -53,11 +54,11 @@ def _dtype_name(d: torch.dtype) -> str:
 # --------------------------------------------------------------------------- ops
 
 
-def _resolve_dotted(name: str) -> Any:
+def _resolve_dotted(name: str) -> object:
     parts = name.split(".")
     for i in range(len(parts) - 1, 0, -1):
         try:
-            obj: Any = importlib.import_module(".".join(parts[:i]))
+            obj: object = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
         try:
@@ -81,10 +82,10 @@ class OpDenylistConstraint(Constraint):
 
     name = "unsupported_op"
 
-    def __init__(self, ops: Iterable[Any]) -> None:
+    def __init__(self, ops: Iterable[object]) -> None:
         self.entries = list(ops)
         self._names: set[str] = set()
-        self._objects: list[Any] = []
+        self._objects: list[object] = []
         for entry in self.entries:
             if isinstance(entry, str):
                 self._names.add(entry)
@@ -119,7 +120,7 @@ class OpDenylistConstraint(Constraint):
         return (info.violation(self.name, f"op {info.op} is not supported (denylisted as {hit!r})",
                                limit=sorted(self._names) or [str(o) for o in self._objects], actual=info.op),)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "ops": sorted(self._names | {repr(o) for o in self._objects if not hasattr(o, "_schema")})}
 
 
@@ -161,7 +162,7 @@ class ShapeConstraint(Constraint):
             return (rank - 1,) if rank else ()
         return sorted({d % rank for d in self.dims if -rank <= d < rank})
 
-    def _aligned(self, d: Any) -> bool:
+    def _aligned(self, d: object) -> bool:
         if isinstance(d, int):
             return d % self.alignment == 0
         if self.symbolic == "hint":
@@ -189,7 +190,7 @@ class ShapeConstraint(Constraint):
                 ))
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "alignment": self.alignment, "dims": self.dims, "symbolic": self.symbolic,
                 "check_views": self.check_views}
 
@@ -215,7 +216,7 @@ class DtypeConstraint(Constraint):
                                           actual=_dtype_name(t.dtype), tensor=t))
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "allowed_dtypes": sorted(_dtype_name(d) for d in self.allowed)}
 
 
@@ -251,7 +252,7 @@ class LayoutConstraint(Constraint):
                 actual={"stride": [dim_to_json(s) for s in t.t.stride()]}, tensor=t))
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "require_contiguous": self.require_contiguous,
                 "allow_channels_last": self.allow_channels_last, "check_views": self.check_views}
 
@@ -294,7 +295,7 @@ class MemoryConstraint(Constraint):
             v.node, v.op, v.source = node.name, info.op, info.source
         return (v,)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "max_tensor_bytes": self.max_tensor_bytes, "max_peak_bytes": self.max_peak_bytes}
 
 
@@ -311,7 +312,7 @@ class MaxRankConstraint(Constraint):
         return [info.violation(self.name, f"rank {t.t.dim()} exceeds {self.max_rank}", limit=self.max_rank,
                                actual=t.t.dim(), tensor=t) for t in info.tensors if t.t.dim() > self.max_rank]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "max_rank": self.max_rank}
 
 
@@ -330,7 +331,7 @@ class DynamicShapeConstraint(Constraint):
                                limit="static", actual=t.shape_json(), tensor=t)
                 for t in info.tensors if t.is_symbolic]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "allow_dynamic": self.allow_dynamic}
 
 
@@ -338,7 +339,7 @@ class CallableConstraint(Constraint):
     """A user rule: ``fn(info: NodeInfo)`` returns ``None``/``False``-y when fine, or a message string,
     a :class:`Violation`, or an iterable of those."""
 
-    def __init__(self, fn: Callable[[NodeInfo], Any], name: str | None = None) -> None:
+    def __init__(self, fn: Callable[[NodeInfo], object], name: str | None = None) -> None:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "user_constraint")
 
@@ -349,11 +350,11 @@ class CallableConstraint(Constraint):
         items = [result] if isinstance(result, (str, Violation)) else list(result)
         return [r if isinstance(r, Violation) else info.violation(self.name, str(r), limit=self.name) for r in items]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "callable": getattr(self.fn, "__qualname__", repr(self.fn))}
 
 
-def as_constraint(c: Constraint | Callable[[NodeInfo], Any]) -> Constraint:
+def as_constraint(c: Constraint | Callable[[NodeInfo], object]) -> Constraint:
     if isinstance(c, Constraint):
         return c
     if callable(c):
@@ -369,7 +370,7 @@ class OpAllowlistConstraint(Constraint):
 
     name = "op_not_in_allowlist"
 
-    def __init__(self, ops: Iterable[Any]) -> None:
+    def __init__(self, ops: Iterable[object]) -> None:
         self.ops = frozenset(e if isinstance(e, str) else str(e) for e in ops)
 
     def check_node(self, info: NodeInfo) -> Iterable[Violation]:
@@ -378,5 +379,5 @@ class OpAllowlistConstraint(Constraint):
         return (info.violation(self.name, f"op {info.op} is not among the accelerator's supported ops",
                                limit=f"{len(self.ops)} supported ops", actual=info.op),)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {"name": self.name, "ops": sorted(self.ops)}

@@ -7,9 +7,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch.fx
+
+from debug_framework.jsonio import JsonObject
 
 from .base import Constraint, NodeInfo, Violation, iter_checked_nodes
 from .builtin import as_constraint
@@ -43,7 +44,7 @@ class Coverage:
     def op_share(self) -> float:
         return self.supported_ops / self.ops if self.ops else 1.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "nodes": self.nodes,
             "supported_nodes": self.supported_nodes,
@@ -63,14 +64,14 @@ class GraphReport:
     graph: str
     violations: list[Violation]
     coverage: Coverage
-    constraints: list[dict[str, Any]] = field(default_factory=list)
+    constraints: list[JsonObject] = field(default_factory=list)
     check_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "graph": self.graph,
             "ok": self.ok,
@@ -133,7 +134,7 @@ def compute_coverage(infos: Sequence[NodeInfo], bad_nodes: set[torch.fx.Node]) -
 
 def check_graph(
     gm: torch.fx.GraphModule,
-    constraints: Iterable[Constraint | Callable[[NodeInfo], Any]],
+    constraints: Iterable[Constraint | Callable[[NodeInfo], object]],
     graph_name: str = "graph",
 ) -> GraphReport:
     """Check ``gm`` (an ATen graph with ``node.meta["val"]``) against every constraint.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.fx
+
+from debug_framework.jsonio import JsonObject
 
 from .base import TensorMeta, _flatten_tensors
 
@@ -26,8 +27,8 @@ class MemoryEstimate:
     peak_node: torch.fx.Node | None = None
     timeline: list[tuple[str, int]] = field(default_factory=list)
 
-    def to_dict(self, *, with_timeline: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_dict(self, *, with_timeline: bool = False) -> JsonObject:
+        data: JsonObject = {
             "peak_bytes": self.peak_bytes,
             "input_bytes": self.input_bytes,
             "peak_node": self.peak_node.name if self.peak_node is not None else None,
@@ -37,7 +38,7 @@ class MemoryEstimate:
         return data
 
 
-def _bytes(val: Any) -> int:
+def _bytes(val: object) -> int:
     return sum(TensorMeta(t).nbytes for t in _flatten_tensors(val))
 
 

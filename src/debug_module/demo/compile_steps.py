@@ -9,16 +9,20 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .context import MODEL_NAME, StepResult, TourContext, quiet_constraint_log
+
+if TYPE_CHECKING:
+    from ..constraints import Violation
+    from ..pipeline import CompilePipeline
 
 __all__ = ["run_constraints", "run_capture", "run_inductor"]
 
 _SCHEDULER_NODE_NAME = re.compile(r"^(\S+): (\w*)SchedulerNode\(", re.M)
 
 
-def _mark(pipeline: Any, step: str) -> Path:
+def _mark(pipeline: CompilePipeline, step: str) -> Path:
     """Name the model and the step in the run's manifest; the run's path."""
     pipeline.run.set_status("complete", model=MODEL_NAME, tour_step=step)
     return Path(pipeline.run_dir)
@@ -30,7 +34,7 @@ def _short_op(op: str) -> str:
     return parts[1] if parts[0] in ("aten", "prims") and len(parts) > 1 else parts[-1]
 
 
-def _where(v: Any) -> str:
+def _where(v: Violation) -> str:
     if v.source is None:
         return "a graph input or parameter" if v.op in (None, "placeholder") else "no source line"
     return f"{Path(v.source.file).name}:{v.source.line}"

@@ -7,11 +7,15 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from debug_framework.errors import ModelLoadingError
+from debug_framework.jsonio import JsonObject
 
 from .knobs import MAX_SEQ, TourKnobs
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MODEL_NAME", "VOCAB", "StepResult", "TourContext", "Step", "tiny_bert", "tour_inputs", "quiet_constraint_log"]
 
@@ -35,7 +39,7 @@ class StepResult:
     ran: str = ""
     lines: list[str] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
+    data: JsonObject = field(default_factory=dict)
     seconds: float = 0.0
     exit_code: int = 0
 
@@ -66,7 +70,7 @@ class TourContext:
     def benchmarks_dir(self) -> Path:
         return self.output / "benchmarks"
 
-    def model_and_inputs(self) -> tuple[Any, dict[str, Any]]:
+    def model_and_inputs(self) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
         """A fresh tiny BERT (same seeded weights every time) and inputs shaped by the knobs."""
         return tiny_bert(), tour_inputs(self.knobs)
 
@@ -82,7 +86,7 @@ class Step:
     run: Callable[[TourContext], StepResult]
 
 
-def tiny_bert() -> Any:
+def tiny_bert() -> torch.nn.Module:
     """A one-layer BERT with 16 hidden units (random weights, seed 0, no dropout): seconds to compile on CPU."""
     import torch
 
@@ -98,7 +102,7 @@ def tiny_bert() -> Any:
     return transformers.BertModel(config).eval()
 
 
-def tour_inputs(knobs: TourKnobs) -> dict[str, Any]:
+def tour_inputs(knobs: TourKnobs) -> dict[str, torch.Tensor]:
     """``input_ids`` and ``attention_mask`` of ``batch x seq`` seeded tokens; the last row's final
     ``padding`` tokens are padding (id 0, masked out)."""
     import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import TypeAlias
 
 from debug_framework.errors import ConfigurationError
 from debug_framework.suggest import did_you_mean
@@ -19,6 +19,8 @@ __all__ = ["TourKnobs", "KNOB_HELP", "MAX_SEQ", "parse_assignments"]
 
 #: The tiny model's position table: the longest sequence it takes.
 MAX_SEQ = 32
+#: What a knob holds once parsed: a count, a tolerance (None: the default), a switch, op names or text.
+KnobValue: TypeAlias = int | float | bool | tuple[str, ...] | str | None
 _OP = re.compile(r"[A-Za-z_][\w.]*\Z")  # with fullmatch: \Z, not $, so a final newline is refused
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n"}
@@ -71,7 +73,7 @@ class TourKnobs:
     def changed(self, changes: dict[str, str]) -> TourKnobs:
         """A copy with ``changes`` (knob name -> text as typed) applied, each parsed and checked."""
         known = [f.name for f in fields(self)]
-        parsed: dict[str, Any] = {}
+        parsed: dict[str, KnobValue] = {}
         for name, text in changes.items():
             key = name.strip().replace("-", "_")
             if key not in known:
@@ -79,7 +81,7 @@ class TourKnobs:
             parsed[key] = _parse(key, text.strip())
         return replace(self, **parsed)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, KnobValue]:
         """The knobs as plain data (for the artifacts and the printed table)."""
         return asdict(self)
 
@@ -95,7 +97,7 @@ def parse_assignments(line: str) -> dict[str, str]:
     return out
 
 
-def _parse(name: str, text: str) -> Any:
+def _parse(name: str, text: str) -> KnobValue:
     kind = {"batch": int, "seq": int, "padding": int, "alignment": int, "runs": int, "rtol": float, "atol": float}
     if name in kind:
         if name in ("rtol", "atol") and text.lower() in ("", "none", "default"):
@@ -113,12 +115,12 @@ def _parse(name: str, text: str) -> Any:
     return text
 
 
-def _int_in(name: str, value: Any, low: int, high: int) -> None:
+def _int_in(name: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigurationError(f"{name}={value} is out of range: {KNOB_HELP[name]}", knob=name,
                                  hint=f"give an integer from {low} to {high}")
 
 
-def _bad(name: str, value: Any) -> ConfigurationError:
+def _bad(name: str, value: object) -> ConfigurationError:
     return ConfigurationError(f"{name}={value} is not valid: {KNOB_HELP[name]}", knob=name,
                               hint="debug-tour --help lists every knob")

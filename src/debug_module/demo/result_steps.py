@@ -15,7 +15,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from debug_framework.jsonio import dumps_json
 
@@ -114,7 +114,14 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def _interleaved(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, list[float]]:
+class Spread(TypedDict):
+    """What :func:`ratio_text` reads of a timed side: its median and interquartile range."""
+
+    median: float
+    iqr: tuple[float, float]
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, list[float]]:
     """``runs`` timed calls of each function, interleaved: round ``i`` calls every function once,
     starting at a different one each round, so a busy spell of a shared machine slows every
     backend alike instead of the one that happened to be measured then."""
@@ -147,7 +154,7 @@ def machine_busy() -> str | None:
     return f"the machine is busy (load average {load:.1f} on {cpus} CPU(s))" if load > cpus else None
 
 
-def ratio_text(anchor: dict[str, Any], other: dict[str, Any], busy: str | None = None) -> tuple[str, bool]:
+def ratio_text(anchor: Spread, other: Spread, busy: str | None = None) -> tuple[str, bool]:
     """``("2.31x", True)`` when the spreads allow a ratio of medians, else why not (``False``):
     a busy machine (``busy`` says why), a spread over :data:`MAX_RELATIVE_SPREAD` of a median, or
     interquartile ranges that overlap."""
@@ -179,7 +186,7 @@ def run_benchmark(ctx: TourContext) -> StepResult:
     from ..reports import BENCHMARK_SCHEMA
 
     model, inputs = ctx.model_and_inputs()
-    sides: list[tuple[str, Any]] = [("eager", None), ("inductor", lookup_backend("inductor")),
+    sides: list[tuple[str, Callable[..., object] | None]] = [("eager", None), ("inductor", lookup_backend("inductor")),
                                     ("mock_backend", make_mock_backend(strict=False, constraints=[]))]
     rows, fns = [], {}
     torch.compiler.reset()

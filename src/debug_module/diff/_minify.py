@@ -17,29 +17,58 @@ judged by the same signature (the backend compiles it as it compiles any graph).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from debug_framework.jsonio import JsonObject
+
+if TYPE_CHECKING:
+    from ..artifacts import RunDirectory
+    from ..minifier import AccuracySignature
+    from debug_framework.comparison import RatioRule
+    from debug_framework.measure import TimedBackend
+
+    from .report import DiffReport, TensorDiff
 
 log = logging.getLogger(__name__)
 
 
-def _backward_graphs(gm: torch.fx.GraphModule, inputs: Sequence[Any], seed: int) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+class HarnessSettings(Protocol):
+    """What the hand-off reads of the :class:`~debug_module.diff.KernelDiffHarness` (described here:
+    the harness imports this module, not the reverse)."""
+
+    model_name: str
+    float64: bool
+    ratio_rule: RatioRule
+    test_backend_spec: str | None
+    minify_max_seconds: float
+    seed: int
+
+
+class CompiledSide(Protocol):
+    """What the hand-off reads of the harness's test side: its backend and the graphs it compiled."""
+
+    backend_spec: object
+    timed: TimedBackend | None
+
+
+def _backward_graphs(gm: torch.fx.GraphModule, inputs: Sequence[object], seed: int) -> list[tuple[torch.fx.GraphModule, list[object]]]:
     """The AOT backward graph(s) of ``gm`` with the arguments they were called with (clones), from one
     forward and backward pass on fresh clones of ``inputs``; empty when nothing needs a gradient."""
     from debug_framework._torch import functorch
 
     from ..minifier import _runtime
 
-    recorded: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+    recorded: list[tuple[torch.fx.GraphModule, list[object]]] = []
 
-    def forward_compiler(g: torch.fx.GraphModule, _example: Sequence[Any]) -> Any:
+    def forward_compiler(g: torch.fx.GraphModule, _example: Sequence[object]) -> Callable[..., object]:
         return functorch.make_boxed_func(g.forward)
 
-    def backward_compiler(g: torch.fx.GraphModule, _example: Sequence[Any]) -> Any:
-        def run(args: list[Any]) -> Any:
+    def backward_compiler(g: torch.fx.GraphModule, _example: Sequence[object]) -> Callable[[list[object]], object]:
+        def run(args: list[object]) -> object:
             recorded.append((g, _runtime.fresh(args)))
             return g(*args)
 
@@ -61,7 +90,7 @@ def _backward_graphs(gm: torch.fx.GraphModule, inputs: Sequence[Any], seed: int)
     return recorded
 
 
-def _signature(harness: Any, test: Any, failing: Any) -> Any:
+def _signature(harness: HarnessSettings, test: CompiledSide, failing: TensorDiff) -> AccuracySignature:
     from ..minifier import AccuracySignature
 
     tol = failing.result.tolerance
@@ -71,8 +100,8 @@ def _signature(harness: Any, test: Any, failing: Any) -> Any:
                              ratio=harness.ratio_rule if harness.float64 else None)
 
 
-def _minify_one(harness: Any, sig: Any, gm: torch.fx.GraphModule, inputs: list[Any], run: Any, label: str,
-                graph: int) -> dict[str, Any] | None:
+def _minify_one(harness: HarnessSettings, sig: AccuracySignature, gm: torch.fx.GraphModule, inputs: list[object],
+                run: RunDirectory | None, label: str, graph: int) -> JsonObject | None:
     """Minify one graph when the failure reproduces on it in isolation; ``None`` when it does not."""
     from ..minifier import Minifier
 
@@ -93,7 +122,8 @@ def _minify_one(harness: Any, sig: Any, gm: torch.fx.GraphModule, inputs: list[A
             "nodes": result.nodes, "oracle_calls": result.calls, "seconds": round(result.seconds, 3)}
 
 
-def minify_accuracy_failure(harness: Any, test: Any, report: Any, run: Any) -> dict[str, Any]:
+def minify_accuracy_failure(harness: HarnessSettings, test: CompiledSide, report: DiffReport,
+                            run: RunDirectory | None) -> JsonObject:
     """The minifier's outcome for a failing report (``status``: ran / not_reproduced / skipped / failed;
     with ``ran``: the graph, ``stage`` forward or backward, the repro and whether it was verified)."""
     if not harness.model_name or test.timed is None or not test.timed.graphs:

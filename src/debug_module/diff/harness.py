@@ -46,26 +46,34 @@ import tempfile
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TypeAlias, Unpack
 
 import torch
 
 from debug_framework.comparison import ComparisonResult, RatioRule, compare, finite_metric, flatten_outputs
 from debug_framework.measure import TimedBackend, Timer, run_stats
 
+from debug_framework.jsonio import JsonObject
+
 from ..artifacts import RunDirectory, new_run_id
-from .metrics import ToleranceOptions, core_tolerance
+from .metrics import CompareTolerance, ToleranceOptions, core_tolerance
 from .report import DiffReport, TensorDiff
 
 __all__ = ["KernelDiffHarness"]
 
 log = logging.getLogger(__name__)
 
+#: A side's backend: a name ("eager", "float64", a registered torch.compile backend) or a
+#: torch.compile backend (a callable taking the FX graph and example inputs).
+BackendSpec: TypeAlias = str | Callable[..., object]
+#: What KernelDiff runs: an ``nn.Module`` (submodule hooks, parameters) or any callable.
+ModelLike: TypeAlias = torch.nn.Module | Callable[..., object]
+
 
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _backend_name(backend: Any) -> str:
+def _backend_name(backend: object) -> str:
     if isinstance(backend, str):
         return backend
     name = getattr(backend, "name", None)
@@ -74,7 +82,7 @@ def _backend_name(backend: Any) -> str:
     return getattr(backend, "__name__", None) or type(backend).__name__
 
 
-def _resolve_backend(backend: Any) -> Callable[..., Any]:
+def _resolve_backend(backend: object) -> Callable[..., object]:
     if isinstance(backend, str):
         from debug_framework._torch import dynamo
 
@@ -84,7 +92,9 @@ def _resolve_backend(backend: Any) -> Callable[..., Any]:
     raise TypeError(f"a backend must be a name or a callable, got {type(backend).__name__}")
 
 
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+def _map_tensors(obj: object, fn: Callable[[torch.Tensor], object]) -> object:
+    """``obj`` with every tensor in it (nested in mappings, tuples, lists, named tuples, ModelOutputs)
+    replaced by ``fn(tensor)``."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, Mapping):
@@ -97,11 +107,11 @@ def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return obj
 
 
-def _is_model_output(obj: Any) -> bool:
+def _is_model_output(obj: object) -> bool:
     return any(c.__name__ == "ModelOutput" for c in type(obj).__mro__)
 
 
-def _device_of(model: Any, inputs: Any) -> torch.device:
+def _device_of(model: object, inputs: object) -> torch.device:
     if isinstance(model, torch.nn.Module):
         for p in model.parameters():
             return p.device
@@ -115,7 +125,7 @@ def _leaf_weight(name: str, t: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.randn(t.shape, generator=g, dtype=torch.float32).to(device=t.device, dtype=t.dtype)
 
 
-def _safe_flatten(obj: Any, prefix: str) -> dict[str, torch.Tensor]:
+def _safe_flatten(obj: object, prefix: str) -> dict[str, torch.Tensor]:
     """Tensor leaves of ``obj``; leaves that are not tensors (caches, strings...) are dropped."""
     try:
         flat = flatten_outputs(obj, prefix)
@@ -151,7 +161,7 @@ def _stats(samples_s: list[float]) -> dict[str, float | int | None] | None:
 class _Side:
     """One way of running the model: eager, float64, or compiled with a backend."""
 
-    def __init__(self, label: str, model: Any, backend: Any, *, dtype: torch.dtype | None, compile_: bool) -> None:
+    def __init__(self, label: str, model: ModelLike, backend: BackendSpec, *, dtype: torch.dtype | None, compile_: bool) -> None:
         self.label = label
         self.backend_spec = backend
         self.dtype = dtype
@@ -168,13 +178,13 @@ class _Side:
         self.forward_s: list[float] = []
         self.backward_s: list[float] = []
 
-    def _copy(self, model: Any) -> Any:
+    def _copy(self, model: ModelLike) -> ModelLike:
         m = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
         if self.dtype is not None and isinstance(m, torch.nn.Module):
             m = m.to(self.dtype)
         return m
 
-    def cast_inputs(self, inputs: Any) -> Any:
+    def cast_inputs(self, inputs: object) -> object:
         dtype = self.dtype
 
         def one(t: torch.Tensor) -> torch.Tensor:
@@ -186,7 +196,7 @@ class _Side:
         return _map_tensors(inputs, one)
 
 
-def _call(fn: Callable[..., Any], inputs: Any) -> Any:
+def _call(fn: Callable[..., object], inputs: object) -> object:
     if isinstance(inputs, Mapping):
         return fn(**inputs)
     if isinstance(inputs, tuple):
@@ -234,12 +244,12 @@ class KernelDiffHarness:
 
     def __init__(
         self,
-        model: Any,
-        example_inputs: Any,
+        model: ModelLike,
+        example_inputs: object,
         *,
         model_name: str | None = None,
-        reference_backend: Any = None,
-        test_backend: Any = "inductor",
+        reference_backend: BackendSpec | None = None,
+        test_backend: BackendSpec = "inductor",
         float64_multiplier: float = 2.0,
         float64_floor: float = 1e-5,
         compare_gradients: bool = False,
@@ -263,7 +273,7 @@ class KernelDiffHarness:
             tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,))
         self.model_name = model_name or (type(model).__name__ if isinstance(model, torch.nn.Module)
                                          else getattr(model, "__name__", "model"))
-        self.tolerance_kwargs: dict[str, Any] = core_tolerance(tolerance_options)
+        self.tolerance_kwargs: CompareTolerance = core_tolerance(tolerance_options)
         if reference_backend is None:  # fair by default: a tolerance given asks for it, else the ratio rule
             given = any(v is not None for v in self.tolerance_kwargs.values())
             reference_backend = "eager" if given else "float64"
@@ -286,7 +296,7 @@ class KernelDiffHarness:
 
     # ------------------------------------------------------------------ sides
 
-    def _make_side(self, label: str, backend: Any) -> _Side:
+    def _make_side(self, label: str, backend: BackendSpec) -> _Side:
         if isinstance(backend, str) and backend == "eager":
             return _Side(label, self.model, backend, dtype=None, compile_=False)
         if isinstance(backend, str) and backend == "float64":
@@ -333,19 +343,19 @@ class KernelDiffHarness:
     def _capture_modules(self, side: _Side) -> tuple[dict[str, dict[str, torch.Tensor]], list[str], dict[str, torch.Tensor]]:
         """Submodule outputs of one call on a fresh hooked copy; (per-module leaves, completion order, final outputs)."""
         model = side._copy(self.model)
-        captured: dict[str, Any] = {}
+        captured: dict[str, object] = {}
         order: list[str] = []
         handles = []
         for name, mod in model.named_modules():
             if not name:
                 continue
 
-            def hook(mod: Any, args: Any, out: Any, name: str = name) -> None:
+            def hook(mod: torch.nn.Module, args: object, out: object, name: str = name) -> None:
                 captured[name] = _map_tensors(out, lambda t: t.detach().clone())
                 order.append(name)
 
             handles.append(mod.register_forward_hook(hook))
-        fn: Any = model
+        fn: Callable[..., object] = model
         if side.compile:
             fn = torch.compile(model, backend=_resolve_backend(side.backend_spec))
         inputs = side.cast_inputs(self.example_inputs)
@@ -366,7 +376,7 @@ class KernelDiffHarness:
                bases: list[torch.Tensor] | None, module: str | None = None) -> TensorDiff:
         results: list[ComparisonResult] = []
         base_results: list[ComparisonResult | None] = []
-        verdicts: list[tuple[bool, str | None, dict[str, Any] | None]] = []
+        verdicts: list[tuple[bool, str | None, dict[str, float | str | None] | None]] = []
         for i, (r, t) in enumerate(zip(refs, tests, strict=False)):
             if bases is None:
                 res = compare(r, t, name=name, top_k=self.top_k, **self.tolerance_kwargs)
@@ -396,7 +406,7 @@ class KernelDiffHarness:
                           ratio=ratio, run_max_abs_errors=[r.max_abs_error for r in results], reason=reason,
                           module=module, identical_to_eager=identical)
 
-    def _ratio_verdict(self, res: ComparisonResult, base: ComparisonResult) -> tuple[bool, str | None, dict[str, Any]]:
+    def _ratio_verdict(self, res: ComparisonResult, base: ComparisonResult) -> tuple[bool, str | None, dict[str, float | str | None]]:
         """The project's ratio verdict (:meth:`RatioRule.verdict`) of the test against float64, with
         float32 eager as the baseline; the dict is what the report shows of it."""
         rule = self.ratio_rule
@@ -436,7 +446,7 @@ class KernelDiffHarness:
                 out[k] = max(out.get(k, 0.0), err)
         return out
 
-    def _timing(self, side: _Side) -> dict[str, Any]:
+    def _timing(self, side: _Side) -> JsonObject:
         return {
             "backend": _backend_name(side.backend_spec),
             "first_call_s": side.forward_s[0],
@@ -501,7 +511,7 @@ class KernelDiffHarness:
         report.timing["speedup"] = (r_ss["median"] / t_ss["median"]) if r_ss and t_ss and t_ss["median"] > 0 else None
         report.nondeterminism = {s.label: self._nondeterminism(s) for s in (ref, base, test) if s is not None}
 
-        module_tensors: dict[str, Any] = {}
+        module_tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if self.compare_modules:
             self._compare_modules(report, ref, base, test, module_tensors)
 
@@ -526,17 +536,17 @@ class KernelDiffHarness:
             run.set_status("complete", passed=report.passed, first_divergent_module=report.first_divergent_module)
         return report
 
-    def _tolerance_description(self) -> dict[str, Any]:
+    def _tolerance_description(self) -> JsonObject:
         if self.float64:
             rule = self.ratio_rule
             return {"rule": "ratio", "metric": rule.metric, "multiplier": rule.multiplier, "floor": rule.floor}
         tol = self.tolerance_kwargs.get("tolerance")
-        d: dict[str, Any] = {"rule": "tolerance", "base": tol.to_dict() if tol is not None else "dtype default (torch.testing)"}
+        d: JsonObject = {"rule": "tolerance", "base": tol.to_dict() if tol is not None else "dtype default (torch.testing)"}
         d.update({k: v for k, v in self.tolerance_kwargs.items() if k != "tolerance" and v is not None})
         return d
 
     def _compare_modules(self, report: DiffReport, ref: _Side, base: _Side | None, test: _Side,
-                         keep: dict[str, Any]) -> None:
+                         keep: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         ref_mods, order, _ = self._capture_modules(ref)
         test_mods, _, hooked_out = self._capture_modules(test)
         base_mods = self._capture_modules(base)[0] if base is not None else None
@@ -569,7 +579,7 @@ class KernelDiffHarness:
 
     # ------------------------------------------------------------------ minifier
 
-    def _minify(self, test: _Side, report: DiffReport, run: RunDirectory | None) -> dict[str, Any]:
+    def _minify(self, test: _Side, report: DiffReport, run: RunDirectory | None) -> JsonObject:
         from . import _minify
 
         return _minify.minify_accuracy_failure(self, test, report, run)

@@ -14,12 +14,18 @@ core's :class:`~debug_framework.comparison.ComparisonResult` in ``.result``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from debug_framework.comparison import ComparisonResult, PassRule, Tolerance, compare
 from debug_framework.config import check_keywords
 
-__all__ = ["TensorComparisonResult", "compare_tensors", "ToleranceOptions", "core_tolerance"]
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from debug_framework.jsonio import JsonObject
+
+__all__ = ["TensorComparisonResult", "compare_tensors", "ToleranceOptions", "CompareTolerance", "core_tolerance"]
 
 
 class ToleranceOptions(TypedDict, total=False):
@@ -34,11 +40,22 @@ class ToleranceOptions(TypedDict, total=False):
     tolerance: Tolerance | None
 
 
-def core_tolerance(options: ToleranceOptions) -> dict[str, Any]:
+class CompareTolerance(TypedDict, total=False):
+    """The same options under :func:`debug_framework.comparison.compare`'s keyword names."""
+
+    rtol: float | None
+    atol: float | None
+    equal_nan: bool | None
+    pass_rule: PassRule | None
+    max_mismatch_percent: float | None
+    tolerance: Tolerance | None
+
+
+def core_tolerance(options: ToleranceOptions) -> CompareTolerance:
     """``compare``'s keywords for KernelDiff's (``max_mismatch_percentage`` is the core's
     ``max_mismatch_percent``). Raises ``TypeError`` for a keyword that is not a tolerance option."""
     check_keywords(options, ToleranceOptions, "compare_tensors")
-    out: dict[str, Any] = {k: v for k, v in options.items() if k != "max_mismatch_percentage"}
+    out: CompareTolerance = {k: v for k, v in options.items() if k != "max_mismatch_percentage"}
     out["max_mismatch_percent"] = options.get("max_mismatch_percentage")
     return out
 
@@ -69,7 +86,7 @@ class TensorComparisonResult:
         """N-D index of the largest error (``None`` when nothing was compared)."""
         return self.result.worst[0].index if self.result.worst else None
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name == "result":  # pragma: no cover - only during unpickling-like partial init
             raise AttributeError(name)
         return getattr(self.result, name)
@@ -77,14 +94,14 @@ class TensorComparisonResult:
     def summary(self) -> str:
         return self.result.summary()
 
-    def to_dict(self, *, json_compatible: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, json_compatible: bool = True) -> JsonObject:
         return self.result.to_dict(json_compatible=json_compatible)
 
     def __str__(self) -> str:
         return self.result.summary()
 
 
-def compare_tensors(reference: Any, test: Any, *, check_dtype: bool = True, top_k: int = 5, name: str = "",
+def compare_tensors(reference: torch.Tensor | np.ndarray, test: torch.Tensor | np.ndarray, *, check_dtype: bool = True, top_k: int = 5, name: str = "",
                     **tolerance_options: Unpack[ToleranceOptions]) -> TensorComparisonResult:
     """Compare ``test`` against ``reference`` with :func:`debug_framework.comparison.compare`.
 

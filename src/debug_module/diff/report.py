@@ -7,10 +7,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 from debug_framework.comparison import ComparisonResult
-from debug_framework.jsonio import json_safe
+from debug_framework.jsonio import JsonObject, json_safe
 from debug_framework.reports import neutralise_bidi
 
 from ..reports._kerneldiff import exact_match_of
@@ -42,7 +40,7 @@ class TensorDiff:
     result: ComparisonResult
     rule: str = "tolerance"
     baseline: ComparisonResult | None = None
-    ratio: dict[str, Any] | None = None
+    ratio: dict[str, float | str | None] | None = None
     run_max_abs_errors: list[float | None] = field(default_factory=list)
     reason: str | None = None
     module: str | None = None  # for kind == "module": the submodule's qualified name
@@ -93,7 +91,7 @@ class TensorDiff:
             parts.append(f"-- {self.reason}")
         return " ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         r = self.result
         return json_safe({
             "name": self.name,
@@ -140,13 +138,13 @@ class DiffReport:
     modules_not_captured: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # leaves the test side lacks
     extra: list[str] = field(default_factory=list)  # leaves only the test side has
-    timing: dict[str, Any] = field(default_factory=dict)
+    timing: JsonObject = field(default_factory=dict)
     nondeterminism: dict[str, dict[str, float]] = field(default_factory=dict)
-    observer_effect: dict[str, Any] | None = None
-    tolerance: dict[str, Any] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
+    observer_effect: dict[str, float | str] | None = None
+    tolerance: JsonObject = field(default_factory=dict)
+    environment: JsonObject = field(default_factory=dict)
     visualizations: list[str] = field(default_factory=list)
-    minifier: dict[str, Any] = field(default_factory=dict)
+    minifier: JsonObject = field(default_factory=dict)
     artifact_dir: str | None = None
     json_path: str | None = None
 
@@ -188,7 +186,7 @@ class DiffReport:
         return self.minifier.get("repro")
 
     @property
-    def nonfinite(self) -> list[dict[str, Any]]:
+    def nonfinite(self) -> list[dict[str, str | int]]:
         out = []
         for d in self.outputs + self.gradients + self.modules:
             if d.has_nonfinite:
@@ -256,12 +254,12 @@ class DiffReport:
     def __str__(self) -> str:
         return self.summary()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = self._dict()
         d["exact_match"] = exact_match_of(d)
         return d
 
-    def _dict(self) -> dict[str, Any]:
+    def _dict(self) -> JsonObject:
         return json_safe({
             "schema": REPORT_SCHEMA,
             "model_name": self.model_name,

@@ -9,15 +9,27 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .report import DiffReport, TensorDiff
+
 __all__ = ["error_heatmap", "module_error_plot", "summary_plot", "render_report_plots", "error_map"]
 
 
-def _figure(w: float = 7.0, h: float = 4.0) -> Any:
+class RecordedSide(Protocol):
+    """What the plots read of one of the harness's sides: the leaves of its first run."""
+
+    outputs: list[dict[str, torch.Tensor]]
+    grads: list[dict[str, torch.Tensor]]
+
+
+def _figure(w: float = 7.0, h: float = 4.0) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -86,7 +98,7 @@ def error_heatmap(reference: torch.Tensor, test: torch.Tensor, name: str, path: 
     return path
 
 
-def _bar_values(diffs: list[Any]) -> list[float]:
+def _bar_values(diffs: list[TensorDiff]) -> list[float]:
     vals = []
     for d in diffs:
         v = d.result.max_abs_error
@@ -94,7 +106,7 @@ def _bar_values(diffs: list[Any]) -> list[float]:
     return vals
 
 
-def module_error_plot(report: Any, path: Path) -> Path | None:
+def module_error_plot(report: DiffReport, path: Path) -> Path | None:
     """Max abs error of every submodule, in eager execution order; failing modules red, first divergent marked."""
     per: dict[str, tuple[float, bool]] = {}
     for d in report.modules:
@@ -128,7 +140,7 @@ def module_error_plot(report: Any, path: Path) -> Path | None:
     return path
 
 
-def summary_plot(report: Any, path: Path) -> Path | None:
+def summary_plot(report: DiffReport, path: Path) -> Path | None:
     """Max abs error per output and gradient, green pass / red fail (log scale)."""
     diffs = report.outputs + report.gradients
     if not diffs:
@@ -154,7 +166,8 @@ def summary_plot(report: Any, path: Path) -> Path | None:
     return path
 
 
-def render_report_plots(report: Any, ref: Any, test: Any, module_tensors: dict[str, Any], out_dir: Path,
+def render_report_plots(report: DiffReport, ref: RecordedSide, test: RecordedSide,
+                        module_tensors: dict[str, tuple[torch.Tensor, torch.Tensor]], out_dir: Path,
                         *, max_plots: int = 8) -> list[Path]:
     """All plots of one report: summary, heatmaps (failing tensors first, then the largest errors;
     at most ``max_plots``; a tensor with no error at all gets none), and error by module when modules

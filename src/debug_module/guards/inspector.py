@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
+
+from debug_framework.jsonio import JsonObject
 
 from ..constraints.base import op_name
 
@@ -75,7 +76,7 @@ class GuardReport:
     def graph_break_count(self) -> int:
         return len(self.graph_breaks)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "calls": self.calls,
             "graph_count": self.graph_count,
@@ -114,7 +115,7 @@ class GuardInspector:
             covers only this inspector's compilations.
     """
 
-    def __init__(self, model: Callable[..., Any], *, backend: Callable[..., Any] | None = None,
+    def __init__(self, model: Callable[..., object], *, backend: Callable[..., object] | None = None,
                  dynamic: bool | None = None, reset: bool = True) -> None:
         from debug_framework._torch import dynamo
 
@@ -134,7 +135,7 @@ class GuardInspector:
 
     # ------------------------------------------------------------------ hooks
 
-    def _record_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    def _record_graph(self, gm: torch.fx.GraphModule, example_inputs: list[object]) -> Callable[..., object]:
         ops = [op_name(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
         info = GraphInfo(index=len(self._graphs), call_index=self._calls, op_count=len(ops), ops=ops)
         found = self._dynamo.graph_break_reason(gm)
@@ -169,13 +170,13 @@ class GuardInspector:
 
     # ------------------------------------------------------------------ use
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         try:
             return self._compiled(*args, **kwargs)
         finally:
             self._calls += 1
 
-    def inspect(self, *args: Any, **kwargs: Any) -> GuardReport:
+    def inspect(self, *args: object, **kwargs: object) -> GuardReport:
         """Call once with these inputs and return the report so far."""
         self(*args, **kwargs)
         return self.report()

@@ -26,11 +26,11 @@ import textwrap
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.fx
 
+from debug_framework.jsonio import JsonObject
 from debug_framework.repro_format import (INPUTS, OBSERVATION_PREFIX, SAFETENSORS_READER, VerifyResult, verify,
                                           write_repro_files)
 
@@ -44,7 +44,7 @@ __all__ = ["write_repro_dir", "verify_repro", "run_repro", "VerifyResult", "OBSE
 # --------------------------------------------------------------------------- code of the graph
 
 
-def _global_import(name: str, obj: Any) -> str | None:
+def _global_import(name: str, obj: object) -> str | None:
     if name in ("inf", "nan"):
         return f"from math import {name}"
     if name == "NoneType":
@@ -88,8 +88,8 @@ def _param_targets(gm: torch.fx.GraphModule) -> list[str]:
 # --------------------------------------------------------------------------- environment
 
 
-def environment_info(signature: Signature | None = None) -> dict[str, Any]:
-    info: dict[str, Any] = {
+def environment_info(signature: Signature | None = None) -> JsonObject:
+    info: JsonObject = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -120,8 +120,8 @@ def _storage_safe(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous().clone()
 
 
-def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[Any], signature: Signature, out_dir: str | os.PathLike[str],
-                    *, title: str = "", notes: dict[str, Any] | None = None) -> Path:
+def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[object], signature: Signature, out_dir: str | os.PathLike[str],
+                    *, title: str = "", notes: JsonObject | None = None) -> Path:
     """Write a standalone repro of ``signature`` on ``gm(*inputs)`` into ``out_dir`` (created; files replaced).
     Returns the path of ``repro.py``."""
     from safetensors.torch import save_file
@@ -132,7 +132,7 @@ def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[Any], signature: 
     if len(names) != len(inputs):
         raise MinifierError(f"graph has {len(names)} inputs, {len(inputs)} values given")
     tensors: dict[str, torch.Tensor] = {}
-    input_meta: list[dict[str, Any]] = []
+    input_meta: list[JsonObject] = []
     for name, value in zip(names, inputs):
         if isinstance(value, torch.Tensor):
             tensors[f"input.{name}"] = _storage_safe(value)
@@ -144,7 +144,7 @@ def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[Any], signature: 
             raise MinifierError(f"input {name} is a {type(value).__name__}; repros take tensors and numbers")
     params = _param_targets(gm)
     for target in params:
-        obj: Any = gm
+        obj: object = gm
         for part in target.split("."):
             obj = getattr(obj, part)
         if not isinstance(obj, torch.Tensor):
@@ -275,7 +275,7 @@ def check():
 # --------------------------------------------------------------------------- verifying
 
 
-def run_repro(repro: str | os.PathLike[str], signature_dict: dict[str, Any], *, timeout: float = 300.0,
+def run_repro(repro: str | os.PathLike[str], signature_dict: JsonObject, *, timeout: float = 300.0,
               isolated: bool = True, python: str | None = None, log: bool = False) -> VerifyResult:
     """Run ``repro.py`` in a fresh interpreter (:func:`debug_framework.repro_format.verify`: cwd a new
     temporary directory, this project unimportable when ``isolated``) and require ``signature_dict``:

@@ -17,7 +17,6 @@ import hashlib
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.fx
@@ -33,7 +32,7 @@ def _is_getitem(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
 
 
-def synthesize_value(val: Any, *, seed: int = 0) -> Any:
+def synthesize_value(val: object, *, seed: int = 0) -> object:
     """A real value shaped like ``val`` (a FakeTensor or tensor in ``node.meta["val"]``): random normal
     floats, zeros for integers and bools. Used only when a graph cannot be run with real inputs."""
     if isinstance(val, torch.Tensor):
@@ -63,14 +62,14 @@ def _storage_span(shape: Sequence[int], stride: Sequence[int]) -> int:
     return 1 + sum((d - 1) * st for d, st in zip(shape, stride))
 
 
-def record_values(gm: torch.fx.GraphModule, inputs: Sequence[Any] | None) -> dict[str, Any]:
+def record_values(gm: torch.fx.GraphModule, inputs: Sequence[object] | None) -> dict[str, object]:
     """Every node's value (by node name) from one eager run of ``gm``; falls back to values synthesised
     from ``node.meta["val"]`` for the whole graph when it cannot run (no inputs, fake-only graph)."""
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     if inputs is not None:
 
         class _Recorder(torch.fx.Interpreter):
-            def run_node(self, n: torch.fx.Node) -> Any:
+            def run_node(self, n: torch.fx.Node) -> object:
                 r = super().run_node(n)
                 # a snapshot: an in-place op later in the graph must not change what this node produced
                 values[n.name] = _runtime.fresh([r])[0] if isinstance(r, torch.Tensor) else r
@@ -92,8 +91,8 @@ def record_values(gm: torch.fx.GraphModule, inputs: Sequence[Any] | None) -> dic
     return values
 
 
-def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
+def _fetch_attr(gm: torch.nn.Module, target: str) -> object:
+    obj: object = gm
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
@@ -104,7 +103,7 @@ class Candidate:
     """A built sub-graph: the module, its inputs (values, in placeholder order) and a content key."""
 
     gm: torch.fx.GraphModule
-    inputs: list[Any]
+    inputs: list[object]
     key: str
     groups: tuple[int, ...]
 
@@ -116,7 +115,7 @@ class Candidate:
 class GraphSlicer:
     """Builds sub-graphs of ``gm`` from sets of group indices (see the module docstring)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, values: dict[str, Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, values: dict[str, object]) -> None:
         self.gm = gm
         self.values = values
         self.groups: list[list[torch.fx.Node]] = []
@@ -149,7 +148,7 @@ class GraphSlicer:
         kept_nodes = {n for g in keep for n in self.groups[g]}
         new = torch.fx.Graph()
         env: dict[torch.fx.Node, torch.fx.Node] = {}
-        inputs: list[Any] = []
+        inputs: list[object] = []
         root = torch.nn.Module()
         used_attrs: dict[str, torch.fx.Node] = {}
 
@@ -180,7 +179,7 @@ class GraphSlicer:
             env[a] = p
             inputs.append(value)
 
-        def map_arg(x: torch.fx.Node) -> Any:
+        def map_arg(x: torch.fx.Node) -> object:
             if x in env:
                 return env[x]
             v = self.values.get(x.name)
@@ -211,7 +210,7 @@ class GraphSlicer:
         return Candidate(gm, inputs, self.key(keep), tuple(keep))
 
 
-def _set_attr(root: torch.nn.Module, target: str, value: Any) -> None:
+def _set_attr(root: torch.nn.Module, target: str, value: object) -> None:
     *path, last = target.split(".")
     mod = root
     for p in path:

@@ -20,9 +20,14 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
+
+from debug_framework.jsonio import JsonObject
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 import torch.fx
 
 from ..errors import MinifierError
@@ -30,7 +35,7 @@ from .codegen import VerifyResult, run_repro, verify_repro, write_repro_dir
 from .graph import Candidate, GraphSlicer, record_values
 from .signatures import Signature
 
-__all__ = ["Minifier", "MinifyResult", "STATE_SCHEMA"]
+__all__ = ["Minifier", "MinifyResult", "MinifierOptions", "STATE_SCHEMA"]
 
 STATE_SCHEMA = "debug_module.minifier.state/1"
 
@@ -45,7 +50,7 @@ class MinifyResult:
     (the last *verified* one when the final repro did not reproduce in a fresh process)."""
 
     gm: torch.fx.GraphModule
-    inputs: list[Any]
+    inputs: list[object]
     signature: Signature
     nodes: int
     original_nodes: int
@@ -77,13 +82,29 @@ class MinifyResult:
             text += f"; stopped early: {self.stopped}"
         return text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"signature": self.signature.to_dict(), "signature_text": self.signature.describe(),
                 "nodes": self.nodes, "original_nodes": self.original_nodes, "calls": self.calls,
                 "cache_hits": self.cache_hits, "seconds": round(self.seconds, 3), "ops": self.ops,
                 "stopped": self.stopped, "verified": self.verified,
                 "verification": self.verification.to_dict() if self.verification else None,
                 "repro_path": str(self.repro_path) if self.repro_path else None, "notes": self.notes}
+
+
+class MinifierOptions(TypedDict, total=False):
+    """:class:`Minifier`'s keyword options besides ``output_dir`` (see its docstring), for callers
+    that pass them on (``minify_saved_graph``)."""
+
+    max_calls: int | None
+    max_seconds: float | None
+    progress: bool
+    state_path: str | os.PathLike[str] | None
+    isolate: bool
+    jobs: int
+    call_timeout: float
+    bisect: bool
+    verify: bool
+    title: str
 
 
 class Minifier:
@@ -107,7 +128,7 @@ class Minifier:
         output_dir: where the repro directory goes (default: a temporary directory when verifying).
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, signature: Signature, *,
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object] | None, signature: Signature, *,
                  max_calls: int | None = None, max_seconds: float | None = None, progress: bool = True,
                  state_path: str | os.PathLike[str] | None = None, isolate: bool = False, jobs: int = 1,
                  call_timeout: float = 120.0, bisect: bool = True, verify: bool = True,
@@ -131,7 +152,7 @@ class Minifier:
         self.cache: dict[str, bool] = {}
         self.history: list[list[int]] = []
         self._t0 = 0.0
-        self._bar: Any = None
+        self._bar: tuple[Progress, TaskID] | None = None
         self._current: list[int] = []
 
     # ------------------------------------------------------------------ public
@@ -199,9 +220,9 @@ class Minifier:
         if self.max_seconds is not None and time.perf_counter() - self._t0 > self.max_seconds:
             raise _OutOfBudget(f"time budget of {self.max_seconds}s spent")
 
-    _last_obs: dict[str, Any] | None = None
+    _last_obs: JsonObject | None = None
 
-    def _oracle(self, cand: Candidate) -> tuple[bool, dict[str, Any] | None]:
+    def _oracle(self, cand: Candidate) -> tuple[bool, JsonObject | None]:
         if not self.isolate:
             try:
                 return self.signature.check(cand.gm, cand.inputs)

@@ -25,18 +25,22 @@ import os
 import re
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Unpack
 
 import torch
 import torch.fx
 
+from debug_framework.jsonio import JsonObject
 from debug_framework.repro_format import read_manifest
 
 from ..errors import MinifierError
-from .minifier import Minifier, MinifyResult
-from .signatures import ConstraintSignature, Signature, _load_backend
+from .minifier import Minifier, MinifierOptions, MinifyResult
+from .signatures import Backend, ConstraintSignature, Signature, _load_backend
+
+if TYPE_CHECKING:
+    from ..constraints import Constraint
 
 __all__ = ["minify_saved_graph", "load_repro_dir", "load_graph_file", "constraints_from_config",
            "recorded_constraints"]
@@ -60,13 +64,13 @@ def _exec_module(path: Path, name: str) -> types.ModuleType:
     return module
 
 
-def constraints_from_config(configs: Sequence[dict[str, Any]]) -> list[Any]:
+def constraints_from_config(configs: Sequence[JsonObject]) -> list[Constraint]:
     """Constraint objects from their ``describe()`` JSON (the inlinable kinds)."""
     from ..constraints import (DtypeConstraint, LayoutConstraint, MaxRankConstraint, MemoryConstraint,
                                OpDenylistConstraint, ShapeConstraint)
     from ..constraints.builtin import OpAllowlistConstraint
 
-    out: list[Any] = []
+    out: list[Constraint] = []
     for c in configs:
         kind = c["name"]
         if kind == "dtype":
@@ -89,7 +93,7 @@ def constraints_from_config(configs: Sequence[dict[str, Any]]) -> list[Any]:
     return out
 
 
-def recorded_constraints(path: str | os.PathLike[str]) -> list[dict[str, Any]] | None:
+def recorded_constraints(path: str | os.PathLike[str]) -> list[JsonObject] | None:
     """The constraint descriptions a run recorded in its manifest (``info.constraints``), for a run
     directory or a graph file inside one; ``None`` when there is no run or it recorded none."""
     p = Path(path)
@@ -106,7 +110,7 @@ def recorded_constraints(path: str | os.PathLike[str]) -> list[dict[str, Any]] |
     return [c for c in configs if isinstance(c, dict)]
 
 
-def load_repro_dir(path: str | os.PathLike[str], *, backend: Any = None) -> tuple[torch.fx.GraphModule, list[Any], Signature]:
+def load_repro_dir(path: str | os.PathLike[str], *, backend: Backend | str | None = None) -> tuple[torch.fx.GraphModule, list[object], Signature]:
     """(graph, inputs, signature) of a repro directory written by :func:`write_repro_dir`."""
     d = Path(path)
     try:
@@ -162,7 +166,7 @@ def _synth_from_annotation(annotation: str, seed: int) -> torch.Tensor:
     return synthesize_value(torch.empty_strided(shape, stride, dtype=_DTYPES[m["dt"]], device="meta"), seed=seed)
 
 
-def load_graph_file(path: str | os.PathLike[str]) -> tuple[torch.fx.GraphModule, list[Any]]:
+def load_graph_file(path: str | os.PathLike[str]) -> tuple[torch.fx.GraphModule, list[object]]:
     """A ``print_readable`` graph file (from a run directory) as a GraphModule plus synthesised inputs."""
     p = Path(path)
     text = re.sub(r"^class [^(\n]+\(", "class SavedGraph(", p.read_text(encoding="utf-8"), count=1, flags=re.M)
@@ -189,8 +193,8 @@ def load_graph_file(path: str | os.PathLike[str]) -> tuple[torch.fx.GraphModule,
     return gm, inputs
 
 
-def _first_violation(gm: torch.fx.GraphModule, inputs: Sequence[Any],
-                     constraints: Sequence[Any] | None) -> ConstraintSignature | None:
+def _first_violation(gm: torch.fx.GraphModule, inputs: Sequence[object],
+                     constraints: Sequence[Constraint | Callable[..., object]] | None) -> ConstraintSignature | None:
     sig = ConstraintSignature("?", constraints=constraints)
     obs = sig.observe(gm, inputs)
     if not obs["violations"]:
@@ -199,8 +203,8 @@ def _first_violation(gm: torch.fx.GraphModule, inputs: Sequence[Any],
     return ConstraintSignature(first["constraint"], first["op"] or None, constraints=sig.constraints)
 
 
-def _pick_run_graph(run: Path, signature: Signature | None, constraints: Sequence[Any] | None
-                    ) -> tuple[Path, torch.fx.GraphModule, list[Any], Signature]:
+def _pick_run_graph(run: Path, signature: Signature | None, constraints: Sequence[Constraint | Callable[..., object]] | None
+                    ) -> tuple[Path, torch.fx.GraphModule, list[object], Signature]:
     """The first graph file of a run directory on which ``signature`` holds (no signature: the first
     with a constraint violation), with its graph, inputs and signature."""
     files = sorted((run / "aot_graphs").glob("*.py")) + sorted((run / "fx_graphs").glob("*.py"))
@@ -223,8 +227,10 @@ def _pick_run_graph(run: Path, signature: Signature | None, constraints: Sequenc
 
 
 def minify_saved_graph(path: str | os.PathLike[str], signature: Signature | None = None, *,
-                       constraints: Sequence[Any] | None = None, backend: Any = None,
-                       output_dir: str | os.PathLike[str] | None = None, **options: Any) -> MinifyResult:
+                       constraints: Sequence[Constraint | Callable[..., object]] | None = None,
+                       backend: Backend | str | None = None,
+                       output_dir: str | os.PathLike[str] | None = None,
+                       **options: Unpack[MinifierOptions]) -> MinifyResult:
     """Minify a saved graph (a repro directory or a run directory's graph file) and write a verified repro.
 
     ``output_dir`` default: ``<path>.min/`` next to a repro directory, ``<run>/repros/<graph>/`` for a

@@ -17,12 +17,12 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.fx
 
 from debug_framework.comparison import RatioRule
+from debug_framework.jsonio import JsonObject
 from debug_framework.repro_format import is_installed
 
 from ..constraints import Constraint, Violation, as_constraint, check_graph
@@ -32,7 +32,7 @@ from . import _runtime
 __all__ = ["Signature", "ConstraintSignature", "ExceptionSignature", "AccuracySignature", "BackendRef",
            "signature_from_dict"]
 
-Backend = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+Backend = Callable[[torch.fx.GraphModule, Sequence[object]], Callable[..., object]]
 #: The classes of an accuracy failure, as each output row of an observation names it.
 FAILURE_CLASSES = ("shape", "dtype", "nonfinite", "value", "outputs")
 
@@ -76,7 +76,7 @@ class BackendRef:
                                 hint="pass backend_spec naming an importable module or a .py file")
         return cls("file", path=str(Path(file).resolve()), attr=attr)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
@@ -85,7 +85,7 @@ def _is_project(file: str) -> bool:
     return Path(file).resolve().is_relative_to(here)
 
 
-def _load_backend(ref: dict[str, Any]) -> Any:
+def _load_backend(ref: JsonObject) -> Backend:
     if ref["kind"] == "module":
         return getattr(importlib.import_module(ref["module"]), ref["attr"])
     raise MinifierError(f"backend reference {ref} cannot be loaded in-process")
@@ -98,20 +98,20 @@ class Signature(ABC):
     kind: str
 
     @abstractmethod
-    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
+    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> JsonObject:
         """Run/check ``gm`` and return a JSON-ready observation."""
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON form; what :func:`._runtime.matches` reads."""
 
     @abstractmethod
     def describe(self) -> str: ...
 
-    def holds(self, obs: dict[str, Any]) -> bool:
+    def holds(self, obs: JsonObject) -> bool:
         return _runtime.matches(self.to_dict(), obs)
 
-    def check(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> tuple[bool, dict[str, Any]]:
+    def check(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> tuple[bool, JsonObject]:
         obs = self.observe(gm, inputs)
         return self.holds(obs), obs
 
@@ -144,7 +144,7 @@ class ConstraintSignature(Signature):
     kind = "constraint"
 
     def __init__(self, constraint: str, op: str | None = None, *, message: str | None = None,
-                 constraints: Sequence[Constraint | Callable[..., Any]] | None = None) -> None:
+                 constraints: Sequence[Constraint | Callable[..., object]] | None = None) -> None:
         if constraints is None:
             from ..config import MockConfig
 
@@ -155,14 +155,14 @@ class ConstraintSignature(Signature):
         self.constraints = [as_constraint(c) for c in constraints]
 
     @classmethod
-    def from_violation(cls, v: Violation, constraints: Sequence[Constraint | Callable[..., Any]] | None = None) -> ConstraintSignature:
+    def from_violation(cls, v: Violation, constraints: Sequence[Constraint | Callable[..., object]] | None = None) -> ConstraintSignature:
         return cls(v.constraint, v.op, constraints=constraints)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"kind": self.kind, "constraint": self.constraint, "op": self.op, "message": self.message,
                 "constraints": self.inline_constraints()}
 
-    def inline_constraints(self) -> list[dict[str, Any]]:
+    def inline_constraints(self) -> list[JsonObject]:
         """The JSON configuration of the constraints that can produce this violation (for the repro)."""
         out = []
         for c in self.constraints:
@@ -181,7 +181,7 @@ class ConstraintSignature(Signature):
     def describe(self) -> str:
         return f"constraint {self.constraint!r} violated" + (f" at {self.op}" if self.op else "")
 
-    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
+    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> JsonObject:
         if not _is_aten_graph(gm) or any(n.op == "call_function" and "val" not in n.meta for n in gm.graph.nodes):
             from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -192,7 +192,7 @@ class ConstraintSignature(Signature):
                                for v in report.violations]}
 
 
-def _jsonable(x: Any) -> Any:
+def _jsonable(x: object) -> object:
     if isinstance(x, dict):
         return {k: _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, set, frozenset)):
@@ -211,7 +211,7 @@ class _BackendSignature(Signature):
             self._ref = BackendRef.resolve(self.backend, self.backend_spec)
         return self._ref
 
-    def _compile(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+    def _compile(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable[..., object]:
         if isinstance(self.backend, str):
             return torch.compile(gm, backend=self.backend)
         return self.backend(gm, list(inputs))
@@ -238,13 +238,13 @@ class ExceptionSignature(_BackendSignature):
         self.exc_type = exc_type if isinstance(exc_type, str) else exc_type.__name__
         self.pattern = pattern
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"kind": self.kind, "type": self.exc_type, "pattern": self.pattern}
 
     def describe(self) -> str:
         return f"{self.exc_type} matching {self.pattern!r} from backend {self._backend_name()}"
 
-    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
+    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> JsonObject:
         return _runtime.observe_exception(lambda: self._compile(gm, inputs)(*inputs))
 
 
@@ -288,7 +288,7 @@ class AccuracySignature(_BackendSignature):
             raise MinifierError(f"unknown accuracy failure class(es) {unknown}", hint=f"use {', '.join(FAILURE_CLASSES)}")
         self.failures = sorted(set(failures)) if failures else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         ratio = None if self.ratio is None else {"multiplier": self.ratio.multiplier, "floor": self.ratio.floor,
                                                   "metric": self.ratio.metric}
         if ratio is not None and self.floor_rms:
@@ -305,12 +305,12 @@ class AccuracySignature(_BackendSignature):
         return (f"outputs under backend {self._backend_name()} differ from {self.reference}{which} "
                 f"(rtol={self.rtol:g}, atol={self.atol:g})")
 
-    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> dict[str, Any]:
+    def observe(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> JsonObject:
         """The same observation the repro makes (:func:`._runtime.observe_accuracy`): fresh input clones
         for every run, compile caches off, one rule for shapes, dtypes, non-finite values and errors."""
         return _runtime.observe_accuracy(gm, lambda fresh: self._compile(gm, fresh), inputs, self.to_dict())
 
-    def for_failure(self, observation: dict[str, Any]) -> AccuracySignature:
+    def for_failure(self, observation: JsonObject) -> AccuracySignature:
         """This signature narrowed to the classes of failure (``shape``, ``dtype``, ``nonfinite``,
         ``value``) that ``observation`` shows, so reduction keeps the same bug: a dtype-only failure is
         not traded for a rounding difference, a NaN not for a small error."""
@@ -321,7 +321,7 @@ class AccuracySignature(_BackendSignature):
                                  floor_rms=self.floor_rms, failures=classes or None)
 
 
-def signature_from_dict(data: dict[str, Any], *, backend: Backend | str | None = None,
+def signature_from_dict(data: JsonObject, *, backend: Backend | str | None = None,
                         constraints: Sequence[Constraint] | None = None) -> Signature:
     """Rebuild a signature from its JSON form (``backend`` must be given for exception/accuracy ones
     unless ``data["backend"]`` names an importable module)."""

@@ -11,13 +11,17 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..constraints.base import Violation
 from .minifier import Minifier
 from .signatures import ConstraintSignature
+
+if TYPE_CHECKING:
+    from ..artifacts import RunDirectory
+    from ..constraints.base import Constraint
 
 __all__ = ["write_strict_repro", "StrictReproRequest", "STRICT_MAX_CALLS", "STRICT_MAX_SECONDS"]
 
@@ -33,7 +37,7 @@ class StrictReproRequest(Protocol):
     imported: the plug point in :mod:`debug_module.repro` depends on the minifier, not the reverse)."""
 
     @property
-    def example_inputs(self) -> Sequence[Any]: ...
+    def example_inputs(self) -> Sequence[object]: ...
     @property
     def aten_graph(self) -> torch.fx.GraphModule: ...
     @property
@@ -41,14 +45,14 @@ class StrictReproRequest(Protocol):
     @property
     def violations(self) -> list[Violation]: ...
     @property
-    def constraints(self) -> list[Any]: ...
+    def constraints(self) -> list[Constraint]: ...
     @property
     def run_dir(self) -> Path | None: ...
     @property
-    def run(self) -> Any: ...
+    def run(self) -> RunDirectory | None: ...
 
 
-def _matching_inputs(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> list[Any] | None:
+def _matching_inputs(gm: torch.fx.GraphModule, inputs: Sequence[object]) -> list[object] | None:
     """The real example inputs when they line up with the ATen graph's placeholders, else ``None``."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):

@@ -1,4 +1,5 @@
-"""debug_module's own report: one self-contained HTML page (and its JSON twin) over run directories."""
+"""debug_module's own report: one self-contained HTML page (and its JSON twin) over run directories,
+built with the project's one HTML toolkit (``debug_framework.reports._html``)."""
 
 from .generator import (
     BENCHMARK_SCHEMA,

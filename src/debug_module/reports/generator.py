@@ -32,19 +32,25 @@ Speedup is computed per file as ``eager mean latency / backend mean latency`` wh
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import io
 import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from debug_framework.jsonio import dumps_json
-from debug_framework.reports import CSP, neutralise_bidi
+from debug_framework.jsonio import JsonObject, JsonValue, dumps_json
+from debug_framework.reports._html import png_bytes_data_uri
 
 from ._kerneldiff import exact_match_of
+from .page import render_page
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..artifacts import RunDirectory
+    from ..guards import GuardReport
 
 #: Same as debug_module.artifacts.MANIFEST_SCHEMA (not imported: reading runs must not need torch).
 MANIFEST_SCHEMA = "debug_module.run/1"
@@ -54,10 +60,10 @@ __all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "collect_run", "loa
 
 REPORT_SCHEMA = "debug_module.report/1"
 BENCHMARK_SCHEMA = "debug_module.benchmark/1"
-_MAX_PLOT_BYTES = 4 << 20
 
 
-def _read_json(p: Path) -> Any:
+def _read_json(p: Path) -> JsonValue:
+    """The JSON document in ``p``."""
     return json.loads(p.read_text(encoding="utf-8"))
 
 
@@ -91,7 +97,7 @@ def _created(run: Path) -> str:
     return created if isinstance(created, str) else ""
 
 
-def save_guard_report(report: Any, run_dir: Any) -> Path:
+def save_guard_report(report: GuardReport, run_dir: RunDirectory | str | os.PathLike[str]) -> Path:
     """Store a :class:`~debug_module.guards.GuardReport` in a run directory (``reports/guards.json``,
     recorded in its manifest). ``run_dir``: a :class:`~debug_module.artifacts.RunDirectory` or a run's path."""
     from ..artifacts import RunDirectory
@@ -100,7 +106,7 @@ def save_guard_report(report: Any, run_dir: Any) -> Path:
     return run.write_text("reports/guards.json", dumps_json(report.to_dict()) + "\n", kind="guard_report")
 
 
-def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def collect_run(run_dir: str | os.PathLike[str]) -> JsonObject:
     """Everything the report and the CLI show about one run directory, as plain data."""
     path = Path(run_dir)
     manifest = _read_json(path / "manifest.json")
@@ -110,8 +116,8 @@ def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         kinds[f.get("kind", "?")] += 1
     info = manifest.get("info", {}) or {}
     model = info.get("model") or f"{manifest.get('backend', 'run')} {manifest.get('run_id')}"
-    violations: list[dict[str, Any]] = []
-    coverage: list[dict[str, Any]] = []
+    violations: list[JsonValue] = []
+    coverage: list[JsonValue] = []
     for f in files:
         if f.get("kind") == "constraint_report" and (path / f["path"]).is_file():
             rep = _read_json(path / f["path"])
@@ -155,7 +161,7 @@ def collect_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def load_benchmarks(directory: str | os.PathLike[str] | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def load_benchmarks(directory: str | os.PathLike[str] | None) -> tuple[list[JsonObject], list[dict[str, str]]]:
     """Benchmark result files (``debug_module.benchmark/1``) in ``directory``; (valid files, skipped files with why)."""
     if directory is None or not Path(directory).is_dir():
         return [], []
@@ -184,7 +190,7 @@ def load_benchmarks(directory: str | os.PathLike[str] | None) -> tuple[list[dict
 
 
 def build_report(root: str | os.PathLike[str], *, run_ids: list[str] | None = None,
-                 benchmarks_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+                 benchmarks_dir: str | os.PathLike[str] | None = None) -> JsonObject:
     """The report's data (the JSON twin): selected runs (default: all under ``root``) and benchmarks
     (default directory: ``<root>/benchmarks``)."""
     runs = find_runs(root)
@@ -197,7 +203,7 @@ def build_report(root: str | os.PathLike[str], *, run_ids: list[str] | None = No
     collected = [collect_run(p) for p in runs]
     bdir = benchmarks_dir if benchmarks_dir is not None else Path(root) / "benchmarks"
     benchmarks, skipped = load_benchmarks(bdir)
-    grouped: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    grouped: dict[str, dict[str, list[JsonObject]]] = defaultdict(lambda: defaultdict(list))
     for r in collected:
         for v in r["violations"]:
             grouped[v["model"]][v.get("constraint", "?")].append(v)
@@ -233,25 +239,15 @@ def build_report(root: str | os.PathLike[str], *, run_ids: list[str] | None = No
 # ---------------------------------------------------------------------------------------------- HTML
 
 
-def _png_data_uri(path: Path) -> str | None:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    if len(data) > _MAX_PLOT_BYTES or not data.startswith(b"\x89PNG"):
-        return None
-    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-
-
-def _summary_figure(data: dict[str, Any]) -> str | None:
+def _summary_figure(data: JsonObject) -> str:
     """Bar charts: violations per constraint, and KernelDiff pass/fail (embedded PNG)."""
     fig = summary_figure(data)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return png_bytes_data_uri(buf.getvalue())
 
 
-def summary_figure(data: dict[str, Any]) -> Any:
+def summary_figure(data: JsonObject) -> Figure:
     """The summary's matplotlib figure: violations per constraint and KernelDiff pass/fail, both
     count axes with integer ticks only."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -283,50 +279,13 @@ def summary_figure(data: dict[str, Any]) -> Any:
     return fig
 
 
-def _finalize(value: Any) -> Any:
-    """Every ``{{ ... }}`` value: bidi controls in text neutralised (the same helper as the framework's
-    report), before Jinja2's autoescape."""
-    from markupsafe import Markup
-
-    if isinstance(value, Markup):  # already HTML: the marker must come out escaped
-        return Markup(neutralise_bidi(value, markup=True))
-    return neutralise_bidi(value) if isinstance(value, str) else value
+def render_html(data: JsonObject, *, figures: bool = True) -> str:
+    """The report as one self-contained HTML page (:mod:`.page`: the project's one HTML toolkit, every
+    user-provided string escaped by construction); ``figures``: with the summary's bar charts."""
+    return render_page(data, figure=_summary_figure(data) if figures else None)
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.3e}" if (v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4)) else f"{v:.4g}"
-    return str(v)
-
-
-def render_html(data: dict[str, Any], *, figures: bool = True) -> str:
-    """The report as one self-contained HTML page (all user-provided text escaped by Jinja2 autoescape)."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
-                             autoescape=True, undefined=jinja2.ChainableUndefined, finalize=_finalize)
-    env.filters["fmt"] = _fmt
-    env.filters["tojson_pretty"] = dumps_json
-    plots: dict[str, list[dict[str, str]]] = {}
-    for r in data["runs"]:
-        items = []
-        exact = bool((r.get("kerneldiff") or {}).get("exact_match"))
-        for rel in [] if exact else r["plots"]:
-            uri = _png_data_uri(Path(r["path"]) / rel)
-            if uri:
-                items.append({"name": Path(rel).name, "uri": uri})
-        plots[r["run_id"]] = items
-    return env.get_template("report.html.j2").render(
-        data=data, s=data["summary"], plots=plots, csp=CSP,
-        multi_run=len({v.get("run_id") for by_c in data["violations_by_model"].values() for vs in by_c.values()
-                       for v in vs}) > 1,
-        summary_figure=_summary_figure(data) if figures else None,
-    )
-
-
-def write_report(data: dict[str, Any], output: str | os.PathLike[str], *, fmt: str = "html") -> tuple[Path | None, Path]:
+def write_report(data: JsonObject, output: str | os.PathLike[str], *, fmt: str = "html") -> tuple[Path | None, Path]:
     """Write the HTML report and its JSON twin (same stem, ``.json``), or only the JSON for ``fmt="json"``.
     Returns (html path or None, json path)."""
     out = Path(output)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import re
 from importlib import resources
-from typing import Any
+
+from debug_framework.jsonio import JsonObject
 
 __all__ = ["load_schema", "validate"]
 
@@ -24,12 +25,12 @@ _TYPES = {
 }
 
 
-def load_schema(name: str) -> dict[str, Any]:
+def load_schema(name: str) -> JsonObject:
     """A schema file of this package by stem (``"cli-output"``)."""
     return json.loads(resources.files(__package__).joinpath(f"{name}.schema.json").read_text(encoding="utf-8"))
 
 
-def validate(instance: Any, schema: dict[str, Any], *, root: dict[str, Any] | None = None, path: str = "$") -> list[str]:
+def validate(instance: object, schema: JsonObject, *, root: JsonObject | None = None, path: str = "$") -> list[str]:
     """Errors of ``instance`` against ``schema`` (draft 2020-12 subset: type, const, enum, properties,
     required, additionalProperties, items, minimum, pattern, $ref to #/$defs, oneOf, anyOf, allOf, if/then)."""
     root = root if root is not None else schema
