@@ -48,16 +48,16 @@ _STATUSES = ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")
 class SweepSettings:
     """What to sweep and how. ``backend`` is a registered ``torch.compile`` backend name, or a label
     when ``backend_file`` gives the backend (its ``backend_attr``, ``backend`` by default), or when
-    ``runtime`` names an ONNX runtime (``onnxruntime``, ``openvino``: single-op ONNX graphs,
-    :mod:`.runtimes`)."""
+    ``runtime`` names an engine's ONNX runtime (single-op ONNX graphs, :mod:`.runtimes`; the names
+    :func:`~.runtime_lookup.runtime_names` lists)."""
 
     backend: str = "aot_eager"
     backend_file: str | None = None
     backend_attr: str = "backend"
-    #: an ONNX runtime instead of a ``torch.compile`` backend: ``onnxruntime`` or ``openvino``
+    #: an engine's ONNX runtime instead of a ``torch.compile`` backend (:mod:`.runtime_lookup`)
     runtime: str | None = None
-    #: where the samples run (a ``torch.compile`` backend), or the runtime's device (``cuda``:
-    #: ONNX Runtime's CUDA provider; ``gpu``: OpenVINO's GPU)
+    #: where the samples run (a ``torch.compile`` backend), or the runtime's device (the runtime
+    #: maps it to its own: an execution provider, a device name)
     device: str = "cpu"
     dtypes: Sequence[str] = ("float32", "bfloat16", "float16")
     #: judge the backward pass (the gradients of every floating input) instead of the forward
@@ -296,7 +296,8 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     """
     from .devices import check_device
     from .ops import DTYPES, all_ops, select_ops, static_skip
-    from .runtimes import RUNTIMES, check_runtime
+    from .runtime_lookup import find_runtime
+    from .runtimes import check_runtime
 
     bad = [d for d in settings.dtypes if d not in DTYPES]
     if bad or not settings.dtypes:
@@ -305,9 +306,7 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     if settings.backend_file is not None and not Path(settings.backend_file).is_file():
         raise ConfigurationError(f"backend file {settings.backend_file!r}: no such file", option="--compile-backend-file")
     if settings.runtime is not None:
-        if settings.runtime not in RUNTIMES:
-            raise ConfigurationError(f"unknown runtime {settings.runtime!r}", option="--runtime",
-                                     hint=f"use {' or '.join(RUNTIMES)}")
+        find_runtime(settings.runtime)  # DF005 for an unknown name, before the other checks
         if settings.backend_file is not None or settings.grad:
             raise ConfigurationError(f"--runtime {settings.runtime} takes neither --compile-backend-file nor --grad "
                                      "(it runs exported forward graphs)", option="--runtime")

@@ -75,10 +75,11 @@ class WorkerState:
         self.runner: Any = None
         self._scratch: Any = None
         if runtime is not None:  # single-op ONNX graphs run by an ONNX runtime (:mod:`.runtimes`)
+            from .runtime_lookup import find_runtime
             from .runtimes import RuntimeRunner
 
             self._scratch = tempfile.TemporaryDirectory(prefix="df_opsweep_")
-            self.runner = RuntimeRunner(runtime, device, Path(self._scratch.name))
+            self.runner = RuntimeRunner(find_runtime(runtime), device, Path(self._scratch.name))
             self.compiler = None
         else:
             check_device(device)
