@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..plugins.pipeworker import PipeWorker
+from ..plugins.worker import InProcess, Lane, SweepWorker
 from ..repro_format import verify
 from ..storage.database import Database, DatabaseLike, open_database
 from .judge import badness
@@ -98,82 +98,38 @@ def sweep_key(settings: SweepSettings) -> str:
     return f"{settings.backend}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-class _Proc(PipeWorker):
-    """One worker process and its two pipes (:class:`~debug_framework.plugins.pipeworker.PipeWorker`);
-    restarted by the caller after a crash or a hang."""
+def _start(args: tuple[object, ...], env: dict[str, str], in_process: bool) -> SweepWorker | InProcess:
+    """A worker holding the backend (:class:`~.subject.BackendSubject`): a process of its own, or
+    the caller's process with ``in_process`` (no crash or hang isolation).
 
-    def __init__(self, args: tuple[Any, ...], env: dict[str, str]) -> None:
-        super().__init__("debug_framework.conformance.worker", args,
-                         env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **env}, quiet=True)
-        reply = self._reply(_START_TIMEOUT_S) or ("error", "the worker did not start")
-        if reply[0] != "ok":
-            self.stop()
-            raise ConfigurationError(f"the sweep's worker cannot load the backend: {reply[1]}",
-                                     hint="check --compile-backend / --compile-backend-file", backend=args[0])
-
-    def death(self, timeout: float) -> dict[str, Any]:
-        code = self.proc.poll()
-        if code is None or self.killed:
-            return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
-        how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        return {"status": "crash", "reason": f"the sample crashed the worker process ({how})"}
-
-
-class _InProcess:
-    """The worker's state run inside the caller's process (``workers=0``): no isolation from crashes
-    and no timeout, for tests and debugging a backend under a debugger."""
-
-    def __init__(self, args: tuple[Any, ...]) -> None:
-        from .worker import WorkerState
-
-        self.state = WorkerState(*args)
-
-    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
+    Raises:
+        ConfigurationError (DF005): the backend cannot be loaded.
+    """
+    if in_process:
         try:
-            return ("ok", self.state.handle(msg))
+            return InProcess("backend", args)
         except Exception as exc:  # noqa: BLE001 - as the worker process reports it
-            return ("error", f"{type(exc).__name__}: {exc}")
+            raise ConfigurationError(f"cannot load the backend: {type(exc).__name__}: {exc}",
+                                     hint="check --compile-backend / --compile-backend-file") from exc
+    worker = SweepWorker("backend", args, env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **env}, quiet=True)
+    reply = worker.started(_START_TIMEOUT_S)
+    if reply is None or reply[0] != "ok":
+        why = reply[1] if reply is not None else f"the worker did not start: {worker.death(_START_TIMEOUT_S)['reason']}"
+        worker.stop()
+        raise ConfigurationError(f"the sweep's worker cannot load the backend: {why}",
+                                 hint="check --compile-backend / --compile-backend-file", backend=str(args[0]))
+    return worker
 
-    def death(self, timeout: float) -> dict[str, Any]:
-        raise AssertionError("an in-process sweep has no worker to die")
 
-    def stop(self) -> None:
-        self.state.close()
-
-
-class _Lane:
-    """One worker and the operators it sweeps (one thread of the parent drives it)."""
+class _Lane(Lane):
+    """One worker (:class:`~debug_framework.plugins.worker.Lane`) and the operators it sweeps (one
+    thread of the parent drives it)."""
 
     def __init__(self, settings: SweepSettings, threads: int) -> None:
         self.settings = settings
-        self.args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
-                     settings.seed, threads, settings.max_samples, settings.grad, settings.runtime)
-        self.proc: _Proc | _InProcess | None = None
-        self.restarts = 0
-
-    def worker(self) -> _Proc | _InProcess:
-        if self.proc is None:
-            if self.settings.workers == 0:
-                try:
-                    self.proc = _InProcess(self.args)
-                except Exception as exc:  # noqa: BLE001 - as the worker process reports it
-                    raise ConfigurationError(f"cannot load the backend: {type(exc).__name__}: {exc}",
-                                             hint="check --compile-backend / --compile-backend-file") from exc
-            else:
-                self.proc = _Proc(self.args, self.settings.extra_env)
-        return self.proc
-
-    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
-        """The worker's reply; None when it died (see :meth:`died`). An exception of the sweep's own
-        code in the worker comes back as ``("error", message)``."""
-        return self.worker().ask(msg, timeout)
-
-    def died(self, timeout: float) -> dict[str, Any]:
-        assert self.proc is not None
-        result = self.proc.death(timeout)
-        self.proc = None
-        self.restarts += 1
-        return result
+        args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
+                settings.seed, threads, settings.max_samples, settings.grad, settings.runtime)
+        super().__init__(lambda: _start(args, settings.extra_env, settings.workers == 0))
 
     def refresh(self, op: str, dtype: str) -> bool:
         """A fresh worker holding ``op``'s samples in ``dtype``; False where making them kills it."""
@@ -242,11 +198,6 @@ class _Lane:
                 out.worst["repro_error"] = str(reply[1])[:300]
         out.seconds = time.perf_counter() - start
         return out
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.proc = None
 
 
 def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs: int, no_graph: str) -> OpResult:
