@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigurationError
+from ..jsonio import JsonObject
 from ..plugins.worker import InProcess, Lane, SweepWorker
 from ..repro_format import verify
 from ..storage.database import Database, DatabaseLike, open_database
@@ -80,7 +80,7 @@ class SweepSettings:
     #: reached are counted in ``SweepResult.left`` and a later run with the same settings resumes them
     time_budget_s: float | None = None
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonObject:
         """What the sweep's key digests: the backend (the file's content too), device, dtypes, samples."""
         file_digest = None
         if self.backend_file is not None:
@@ -141,7 +141,7 @@ class _Lane(Lane):
     def sweep_op(self, op: str) -> OpResult:
         s = self.settings
         start = time.perf_counter()
-        samples: list[dict[str, Any]] = []
+        samples: list[JsonObject] = []
         skips: list[str] = []
         graphs = sweep_failures = 0
         for dtype in s.dtypes:
@@ -200,7 +200,7 @@ class _Lane(Lane):
         return out
 
 
-def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs: int, no_graph: str) -> OpResult:
+def _aggregate(op: str, samples: list[JsonObject], skips: list[str], graphs: int, no_graph: str) -> OpResult:
     """An operator's verdict from its samples: the worst applicable status decides."""
     counts = {k: 0 for k in _STATUSES}
     for smp in samples:
