@@ -20,15 +20,20 @@ error, 3 internal error.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..conformance.runtime_lookup import runtime_names
+from ..jsonio import JsonObject
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app)
 from .validate_support import check_database_path
+
+if TYPE_CHECKING:
+    from ..conformance.results import OpResult
 
 __all__ = ["app", "main"]
 
@@ -154,7 +159,7 @@ def _upgrade(root: Path, verify_them: bool, as_json: bool) -> int:
 
     rows = []
     for script in upgrade_repros(root):
-        row: dict[str, Any] = {"repro": str(script), "reproduced": None}
+        row: JsonObject = {"repro": str(script), "reproduced": None}
         if verify_them:
             found = verify(script)
             row.update(reproduced=found.reproduced, verdict=found.verdict, detail=found.detail)
@@ -177,16 +182,16 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return getattr(source, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def _progress() -> Any:
+def _progress() -> Callable[[OpResult, int, int], None]:
     err = make_console(stderr=True)
 
-    def show(r: Any, done: int, total: int) -> None:
+    def show(r: OpResult, done: int, total: int) -> None:
         err.print(markup("[dim]{}/{}[/] {}: {}", done, total, r.op, r.verdict))
 
     return show
 
 
-def _print(sweep: dict[str, Any]) -> None:
+def _print(sweep: JsonObject) -> None:
     from rich.table import Table
 
     out = make_console()
