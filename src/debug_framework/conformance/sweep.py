@@ -6,8 +6,9 @@ processes, stored in the sessions database as it goes.
     result.passed, [o.op for o in result.failing]
 
 Each worker (``workers`` of them, two by default, one per core) is a fresh Python process
-(:mod:`.worker`) fed one operator at a time; a sample that kills it is recorded as ``crash`` with its
-exit status (unless its eager runs alone, in a fresh worker, kill that too: then eager itself crashes
+(the op sweep's one worker module, :mod:`debug_framework.plugins.worker`, holding a
+:class:`~.subject.BackendSubject`) fed one operator at a time; a sample that kills it is recorded as
+``crash`` with its signal or exit status (unless its eager runs alone, in a fresh worker, kill that too: then eager itself crashes
 on it and it is skipped, not judged), one that runs past ``timeout_s`` as ``hang``; the worker is
 restarted and the sweep goes on. An operator's row is written as soon as it is done; a sweep run again with the same settings
 (the same ``sweep_key``) reads back the operators it already has and runs only the others (and
