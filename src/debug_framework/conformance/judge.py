@@ -41,7 +41,7 @@ import torch
 from .._torch.dynamo import failure_kind
 from ..comparison import RatioRule, compare, finite_rms
 from ..jsonio import JsonObject
-from ..plugins.evaluate import badness as plugin_badness, sample_rule
+from ..plugins.evaluate import badness as plugin_badness, error_text, sample_rule
 from ..plugins.samples import Sample, upcast
 
 __all__ = ["NotTaken", "flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness",
@@ -54,11 +54,6 @@ BACKENDBENCH_TOL = 1e-2
 class NotTaken(Exception):
     """Raised by a compiled call that does not take a sample (the runtime sweeps' exporter or runtime
     refuses its graph): the sample is ``unsupported`` with the message as its reason, not failed."""
-
-
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def flat_outputs(out: object) -> list[torch.Tensor] | None:
@@ -190,9 +185,9 @@ def _also_raised_by_decomposition(call: Callable[[], object], exc: BaseException
         with decomposition():
             call()
     except Exception as mine:  # noqa: BLE001 - compared with the backend's
-        line = _error(mine).split(": ", 1)[-1]
+        line = error_text(mine).split(": ", 1)[-1]
         if line and line in str(exc):
-            return _error(mine)
+            return error_text(mine)
     return None
 
 
@@ -211,7 +206,7 @@ def run_sample(op: Callable[..., object], compiled: Callable[..., object], sampl
     try:
         baseline, oracle = _eager_pair(op, sample)
     except Exception as exc:  # noqa: BLE001 - eager rejects the sample: it does not apply
-        return {"status": "skipped", "reason": f"eager rejects this sample ({_error(exc)})"}
+        return {"status": "skipped", "reason": f"eager rejects this sample ({error_text(exc)})"}
     base, orc = flat_outputs(baseline), flat_outputs(oracle)
     if not base or orc is None:
         return {"status": "skipped", "reason": "non-numeric output (no tensor to compare)"}
@@ -222,14 +217,14 @@ def run_sample(op: Callable[..., object], compiled: Callable[..., object], sampl
     except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
         kind = failure_kind(exc)
         if kind == "backend":
-            return {"status": "unsupported", "reason": f"the backend does not compile it: {_error(exc)}"}
+            return {"status": "unsupported", "reason": f"the backend does not compile it: {error_text(exc)}"}
         if kind == "capture":
-            return {"status": "unsupported", "reason": f"Dynamo cannot capture it: {_error(exc)}"}
+            return {"status": "unsupported", "reason": f"Dynamo cannot capture it: {error_text(exc)}"}
         also = _also_raised_by_decomposition(lambda: op(*sample.args, **sample.kwargs), exc)
         if also is not None:
             return {"status": "skipped", "reason": f"PyTorch's decomposition rejects this sample too ({also}), "
                                                    "where eager's kernel computes it: not judged"}
-        return {"status": "error", "reason": f"the compiled call raised {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled call raised {error_text(exc)}"}
     test = flat_outputs(out)
     if test is None:
         return {"status": "fail", "reason": f"the compiled call returned {type(out).__name__}, not tensors"}
@@ -287,7 +282,7 @@ def run_backward(op: Callable[..., object], compiled: Callable[..., object], sam
     try:
         baseline, oracle = _eager_pair(op, sample, grad=True)
     except Exception as exc:  # noqa: BLE001 - eager cannot differentiate this sample
-        return {"status": "skipped", "reason": f"eager's backward rejects this sample ({_error(exc)})"}
+        return {"status": "skipped", "reason": f"eager's backward rejects this sample ({error_text(exc)})"}
     if baseline is None or oracle is None:
         return {"status": "skipped", "reason": "no differentiable output"}
     try:
@@ -295,12 +290,12 @@ def run_backward(op: Callable[..., object], compiled: Callable[..., object], sam
     except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
         kind = failure_kind(exc)
         if kind != "runtime":
-            return {"status": "unsupported", "reason": f"backward: {kind} failure: {_error(exc)}"}
+            return {"status": "unsupported", "reason": f"backward: {kind} failure: {error_text(exc)}"}
         also = _also_raised_by_decomposition(lambda: _grads(op, sample, False), exc)
         if also is not None:
             return {"status": "skipped", "reason": f"PyTorch's decomposition rejects this sample's backward too "
                                                    f"({also}), where eager's kernels compute it: not judged"}
-        return {"status": "error", "reason": f"the compiled backward raised {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled backward raised {error_text(exc)}"}
     if test is None:
         return {"status": "fail", "reason": "the compiled call's outputs carry no gradient"}
     verdict = judge_outputs(oracle, baseline, test, sample.dtype)

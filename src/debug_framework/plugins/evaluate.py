@@ -32,7 +32,7 @@ from ..jsonio import JsonObject
 from .loading import LoadedKernel
 from .samples import Sample, on_device, upcast
 
-__all__ = ["sample_rule", "evaluate_sample", "badness", "STATUS_RANK"]
+__all__ = ["sample_rule", "evaluate_sample", "badness", "error_text", "STATUS_RANK"]
 
 
 #: A float64 kernel has no more precise oracle: the reference in float64 *is* the oracle, its error
@@ -59,7 +59,8 @@ def _first_tensor(out: object) -> torch.Tensor | None:
     return None
 
 
-def _error(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An exception as one line of a sample's reason: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
@@ -74,14 +75,14 @@ def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> JsonObject:
         oracle = _first_tensor(kernel.reference(*upcast(sample.args), **upcast(sample.kwargs)))
         baseline = _first_tensor(kernel.reference(*sample.args, **sample.kwargs))
     except Exception as exc:  # noqa: BLE001 - the reference rejects the sample: it does not apply
-        return {"status": "skipped", "reason": f"the reference rejects this sample ({_error(exc)})"}
+        return {"status": "skipped", "reason": f"the reference rejects this sample ({error_text(exc)})"}
     if oracle is None or baseline is None:
         return {"status": "skipped", "reason": "the reference returns no tensor"}
     try:
         with torch.inference_mode():
             out = _first_tensor(kernel.op(*sample.args, **sample.kwargs))
     except Exception as exc:  # noqa: BLE001 - the kernel's failure is the verdict
-        return {"status": "error", "reason": f"the kernel raised {_error(exc)}"}
+        return {"status": "error", "reason": f"the kernel raised {error_text(exc)}"}
     if out is None:
         return {"status": "fail", "reason": "the kernel returned no tensor"}
     if out.dtype != baseline.dtype:
