@@ -1,22 +1,55 @@
 """The one place the op sweep finds an engine's op-sweep runtime by name (``debug_opsweep --runtime NAME``).
 
 Each engine that runs exported single-operator ONNX graphs defines its runtime object in its own
-package, ``debug_framework.backends.<engine>.opsweep.RUNTIME``
-(:class:`~debug_framework.conformance.runtimes.OpSweepRuntime`); nothing else in the sweep names an
-engine. Until the engine registry lists them, the known engines are the table below.
+package, ``debug_framework.backends.<engine>.opsweep.RUNTIME`` (:class:`OpSweepRuntime`, defined
+here); nothing else in the sweep names an engine. Until the engine registry lists them, the known engines are the table below.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .runtimes import OpSweepRuntime
+    import torch
 
-__all__ = ["runtime_names", "find_runtime"]
+__all__ = ["OpSweepRuntime", "GraphRun", "runtime_names", "find_runtime"]
+
+#: A loaded graph: contiguous CPU tensors in (the graph's inputs in order), its outputs out.
+GraphRun = Callable[[list["torch.Tensor"]], list["torch.Tensor"]]
+
+
+class OpSweepRuntime(Protocol):
+    """What an engine tells the op sweep to run its exported single-op graphs
+    (``debug_framework.backends.<engine>.opsweep.RUNTIME``)."""
+
+    #: the engine's name (``--runtime NAME``, the repro's label)
+    name: str
+    #: the Python packages it needs (the runtime's and the exporter's): checked before a sweep,
+    #: listed in a repro's ``requires``
+    packages: tuple[str, ...]
+    #: the precision the runtime is asked to compute in (recorded with the repro), None for none
+    precision_hint: str | None
+    #: source of ``run_graph(data, tensors, spec)`` in a repro.py (``os``, ``torch`` and ``HERE``
+    #: defined): the serialized graph run as the sweep ran it, outputs as torch tensors
+    repro_runner: str
+
+    def version(self) -> str | None:
+        """The runtime's installed version."""
+        ...
+
+    def target(self, device: str) -> str:
+        """The runtime's device (a provider, a device name) for a torch device name; DF002 where absent."""
+        ...
+
+    def session(self, data: bytes, target: str, scratch: Path) -> GraphRun:
+        """The runtime loading the serialized graph ``data`` on ``target`` (files under ``scratch``)."""
+        ...
+
 
 #: engine name -> the module defining its ``RUNTIME`` (to be read from the engine registry)
 _KNOWN: dict[str, str] = {

@@ -25,48 +25,15 @@ import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from ..errors import BackendInitializationError
 from ..jsonio import JsonObject
 from .judge import NotTaken
-from .runtime_lookup import find_runtime
+from .runtime_lookup import GraphRun, OpSweepRuntime, find_runtime
 
 __all__ = ["OpSweepRuntime", "GraphRun", "RuntimeRunner", "check_runtime", "export_op", "flatten_tensors"]
-
-#: A loaded graph: contiguous CPU tensors in (the graph's inputs in order), its outputs out.
-GraphRun = Callable[[list[torch.Tensor]], list[torch.Tensor]]
-
-
-class OpSweepRuntime(Protocol):
-    """What an engine tells the op sweep to run its exported single-op graphs
-    (``debug_framework.backends.<engine>.opsweep.RUNTIME``)."""
-
-    #: the engine's name (``--runtime NAME``, the repro's label)
-    name: str
-    #: the Python packages it needs (the runtime's and the exporter's): checked before a sweep,
-    #: listed in a repro's ``requires``
-    packages: tuple[str, ...]
-    #: the precision the runtime is asked to compute in (recorded with the repro), None for none
-    precision_hint: str | None
-    #: source of ``run_graph(data, tensors, spec)`` in a repro.py (``os``, ``torch`` and ``HERE``
-    #: defined): the serialized graph run as the sweep ran it, outputs as torch tensors
-    repro_runner: str
-
-    def version(self) -> str | None:
-        """The runtime's installed version."""
-        ...
-
-    def target(self, device: str) -> str:
-        """The runtime's device (a provider, a device name) for a torch device name; DF002 where absent."""
-        ...
-
-    def session(self, data: bytes, target: str, scratch: Path) -> GraphRun:
-        """The runtime loading the serialized graph ``data`` on ``target`` (files under ``scratch``)."""
-        ...
-
 
 def check_runtime(name: str, device: str) -> str:
     """The runtime's device name for the torch device name ``device`` (runtime ``name`` found by

@@ -27,6 +27,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import NotRequired, Protocol, TypedDict
@@ -262,8 +264,18 @@ def serve(inbox: Connection, conn: Connection) -> None:
         state.close()
 
 
-if __name__ == "__main__":
-    from ..services.batch_executor import die_with_parent
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when the sweep that started it is gone, even while a sample runs (an
+    interrupted sweep leaves no worker compiling on its own): a daemon thread polls the parent's pid."""
 
-    die_with_parent(os.getppid())  # an interrupted sweep leaves no worker running on its own
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.25)
+        os._exit(70)
+
+    threading.Thread(target=watch, name="opsweep-parent-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    _die_with_parent(os.getppid())
     serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

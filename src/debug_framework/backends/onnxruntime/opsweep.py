@@ -1,6 +1,6 @@
 """ONNX Runtime as an op-sweep runtime: how the conformance sweep (``debug_opsweep --runtime
 onnxruntime``) runs one exported single-operator ONNX graph, the execution provider a torch device
-name maps to, and the source of the repro's runner (:class:`~debug_framework.conformance.runtimes.OpSweepRuntime`).
+name maps to, and the source of the repro's runner (:class:`~debug_framework.conformance.runtime_lookup.OpSweepRuntime`).
 
     from debug_framework.backends.onnxruntime.opsweep import RUNTIME
     target = RUNTIME.target("cpu")                        # "CPUExecutionProvider"

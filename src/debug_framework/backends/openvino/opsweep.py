@@ -1,7 +1,7 @@
 """OpenVINO as an op-sweep runtime: how the conformance sweep (``debug_opsweep --runtime
 openvino``) runs one exported single-operator ONNX graph, the OpenVINO device a torch device name
 maps to, its precision hint, and the source of the repro's runner
-(:class:`~debug_framework.conformance.runtimes.OpSweepRuntime`).
+(:class:`~debug_framework.conformance.runtime_lookup.OpSweepRuntime`).
 
 The sweep compiles with the ``f32`` precision hint (OpenVINO's CPU plugin otherwise computes in
 bfloat16 where the processor has it; the judge compares at the sample's own dtype).
