@@ -58,6 +58,25 @@ def test_runtime_usage_errors_exit_2(tmp_path, capsys):
         run_sweep(SweepSettings(backend="onnxruntime", runtime="onnxruntime", grad=True, ops=["add"]))
 
 
+def test_the_sweep_finds_engines_by_name_and_names_none_itself():
+    """Issue 43: each engine's op-sweep runtime lives in its package; one lookup finds it by name."""
+    from debug_framework.conformance.runtime_lookup import find_runtime, runtime_names
+
+    assert set(runtime_names()) >= {"onnxruntime", "openvino"}
+    for name in runtime_names():
+        runtime = find_runtime(name)
+        assert runtime.name == name and type(runtime).__module__ == f"debug_framework.backends.{name}.opsweep"
+        assert name in runtime.packages and "def run_graph(data, tensors, spec)" in runtime.repro_runner
+    assert find_runtime("openvino").precision_hint == "f32" and find_runtime("onnxruntime").precision_hint is None
+    with pytest.raises(ConfigurationError, match="unknown runtime 'tensorrt'") as err:
+        find_runtime("tensorrt")
+    assert err.value.code == "DF005"
+    src = Path(__file__).resolve().parents[2] / "src" / "debug_framework"
+    naming = sorted(str(f.relative_to(src)) for d in ("conformance", "plugins") for f in (src / d).rglob("*.py")
+                    if any(n in f.read_text(encoding="utf-8").lower() for n in ("onnxruntime", "openvino")))
+    assert naming == ["conformance/runtime_lookup.py"]
+
+
 def test_exported_call_rebuilds_nested_tensors():
     a, b = torch.ones(2), torch.zeros(3)
     found: list[torch.Tensor] = []
@@ -99,3 +118,27 @@ def test_sweeps_on_a_gpu_judge_inductors_kernels_and_flag_exactly_the_wrong_lowe
     cumsum = next(o for o in wrong.ops if o.op == "cumsum")
     assert cumsum.repro_verified and "cuda" in json.loads((Path(cumsum.repro).parent / "repro.json").read_text())[
         "check"]["device"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_a_runtime_repro_runs_the_graph_by_the_runtimes_own_runner(runtime, tmp_path):
+    """The repro writer asks the runtime for its runner and packages: the repro exports the
+    operator alone, runs it by that runtime and judges it (``add`` passes: ``fixed``)."""
+    pytest.importorskip(runtime)
+    from debug_framework.conformance.ops import find_op
+    from debug_framework.conformance.repro import write_op_repro
+    from debug_framework.conformance.runtime_lookup import find_runtime
+    from debug_framework.conformance.samples import op_samples
+    from debug_framework.repro_format import verify
+
+    info = find_op("add")
+    sample = op_samples(info, "float32", fuzz=False)[0]
+    script = write_op_repro("add", info, sample, tmp_path, backend=runtime, backend_file=None, backend_attr="backend",
+                            device="cpu", status="fail", runtime=runtime)
+    manifest = json.loads((script.parent / "repro.json").read_text())
+    assert manifest["requires"] == ["torch", *find_runtime(runtime).packages]
+    assert manifest["check"]["precision_hint"] == find_runtime(runtime).precision_hint
+    assert find_runtime(runtime).repro_runner.strip() in script.read_text()
+    result = verify(script, timeout=300)
+    assert result.verdict == "fixed" and f"add run by {runtime}" in result.detail, result

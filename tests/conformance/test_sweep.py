@@ -119,20 +119,20 @@ def test_a_sample_that_crashes_eager_itself_is_skipped_not_the_backends_crash(tm
 def test_each_operator_compiles_once_with_dynamic_shapes_unless_the_backend_refuses_them():
     import torch
 
-    from debug_framework.conformance.worker import WorkerState
+    from debug_framework.conformance.subject import BackendSubject
     from debug_framework.plugins.samples import Sample
 
-    def sizes(ws: WorkerState) -> list[str]:
+    def sizes(ws: BackendSubject) -> list[str]:
         ws.prepare("abs", "float32")
         ws.samples = [Sample("opinfo", f"n={n}", "float32", [torch.randn(n, 3) - 0.5], {}) for n in (4, 7, 9)]
         return [ws.run(i)["status"] for i in range(3)]
 
-    dyn = WorkerState("aot_eager", None, "backend", "cpu", False, 0, 0)
+    dyn = BackendSubject("aot_eager", None, "backend", "cpu", False, 0, 0)
     try:  # one graph, with a symbolic size, serves three sizes
         assert sizes(dyn) == ["pass"] * 3 and dyn.graphs == 1 and dyn.dynamic
     finally:
         dyn.close()
-    static = WorkerState("static", str(HERE / "static_only_backend.py"), "backend", "cpu", False, 0, 0)
+    static = BackendSubject("static", str(HERE / "static_only_backend.py"), "backend", "cpu", False, 0, 0)
     try:  # the dynamic graph is refused once, then every size compiles static and is judged
         assert sizes(static) == ["pass"] * 3 and static.graphs == 1 + 3 and not static.dynamic
     finally:

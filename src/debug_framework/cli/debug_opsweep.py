@@ -4,7 +4,7 @@
     debug_opsweep --compile-backend-file my_backend.py --ops softmax,cumsum,nn.functional.gelu --json
     debug_opsweep --compile-backend aot_eager --ops 'nn.functional.*' --junit opsweep.xml
     debug_opsweep --compile-backend inductor --grad --ops softmax,cumsum      # the backward pass
-    debug_opsweep --runtime onnxruntime --ops softmax,cumsum                  # single-op ONNX graphs
+    debug_opsweep --runtime NAME --ops softmax,cumsum          # an engine's ONNX runtime: single-op ONNX graphs
     debug_opsweep --compile-backend inductor --device cuda                    # where a CUDA device exists
     debug_opsweep --upgrade-repros opsweep_repros     # older repros' scripts to the current (torch-only) one
 
@@ -20,14 +20,20 @@ error, 3 internal error.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
+from ..conformance.runtime_lookup import runtime_names
+from ..jsonio import JsonObject
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app)
 from .validate_support import check_database_path
+
+if TYPE_CHECKING:
+    from ..conformance.results import OpResult
 
 __all__ = ["app", "main"]
 
@@ -63,8 +69,9 @@ def opsweep(
                                         "(inductor, aot_eager, eager, mock_accel, ...)"),
     backend_file: str | None = typer.Option(None, "--compile-backend-file", metavar="FILE[:NAME]",
                                             help="Python file whose `backend` (or NAME) is the torch.compile backend"),
-    runtime: str | None = typer.Option(None, "--runtime", help="sweep an ONNX runtime instead: onnxruntime or "
-                                       "openvino (each sample's operator exported alone with torch.onnx)"),
+    runtime: str | None = typer.Option(None, "--runtime", help="sweep an engine's ONNX runtime instead: "
+                                       f"{' or '.join(runtime_names())} (each sample's operator exported alone "
+                                       "with torch.onnx)"),
     device: str = typer.Option("cpu", "--device", help="device the samples run on (cpu, cuda, ...; with --runtime "
                                "the runtime's device); exit 2 where it does not exist"),
     ops: list[str] | None = typer.Option(None, "--ops", help="operator keys or shell patterns, comma-separated "
@@ -152,7 +159,7 @@ def _upgrade(root: Path, verify_them: bool, as_json: bool) -> int:
 
     rows = []
     for script in upgrade_repros(root):
-        row: dict[str, Any] = {"repro": str(script), "reproduced": None}
+        row: JsonObject = {"repro": str(script), "reproduced": None}
         if verify_them:
             found = verify(script)
             row.update(reproduced=found.reproduced, verdict=found.verdict, detail=found.detail)
@@ -175,16 +182,16 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return getattr(source, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def _progress() -> Any:
+def _progress() -> Callable[[OpResult, int, int], None]:
     err = make_console(stderr=True)
 
-    def show(r: Any, done: int, total: int) -> None:
+    def show(r: OpResult, done: int, total: int) -> None:
         err.print(markup("[dim]{}/{}[/] {}: {}", done, total, r.op, r.verdict))
 
     return show
 
 
-def _print(sweep: dict[str, Any]) -> None:
+def _print(sweep: JsonObject) -> None:
     from rich.table import Table
 
     out = make_console()

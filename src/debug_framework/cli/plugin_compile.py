@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
                         print_json, run_app, stdout_for_json_only)
+
+if TYPE_CHECKING:
+    from ..jsonio import JsonObject
+    from ..services.plugin_registry import PluginRegistry
 
 __all__ = ["main", "app"]
 
@@ -29,7 +33,7 @@ _HELP = ("Compile a kernel plugin (a plugin.json manifest, or one source file), 
 app = make_app(_HELP)
 
 
-def _list(registry: Any, backend: str | None, as_json: bool) -> int:
+def _list(registry: PluginRegistry, backend: str | None, as_json: bool) -> int:
     from rich.table import Table
 
     rows = []
@@ -59,7 +63,7 @@ def _list(registry: Any, backend: str | None, as_json: bool) -> int:
     return EXIT_PASS
 
 
-def _print_validation(result: dict[str, Any]) -> None:
+def _print_validation(result: JsonObject) -> None:
     from rich.table import Table
 
     out = make_console()
@@ -140,8 +144,8 @@ def compile_plugin(
     return EXIT_PASS if passed else EXIT_FAIL
 
 
-def _compile_and_check(registry: Any, plugin_path: Path, backend: str | None, output_path: Path | None,
-                       validate: bool, model_path: Path | None, repro_dir: Path, timeout: float) -> dict[str, Any]:
+def _compile_and_check(registry: PluginRegistry, plugin_path: Path, backend: str | None, output_path: Path | None,
+                       validate: bool, model_path: Path | None, repro_dir: Path, timeout: float) -> JsonObject:
     from ..services.compilation_engine import plugin_definition
 
     if not (plugin_path.is_dir() or plugin_path.suffix == ".json") and backend is None:
@@ -149,7 +153,7 @@ def _compile_and_check(registry: Any, plugin_path: Path, backend: str | None, ou
     defn = plugin_definition(plugin_path, backend)
     registry.register_plugin(defn)
     build = registry.build(defn, output_path)
-    result: dict[str, Any] = {"plugin": defn.id, "build": build.to_dict(), "passed": True}
+    result: JsonObject = {"plugin": defn.id, "build": build.to_dict(), "passed": True}
     if not validate:
         return result
     checks = registry.validate(defn, timeout_s=timeout)  # exactly this manifest, whatever else shares its id

@@ -36,13 +36,12 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
-
 import torch
 
 from .._torch.dynamo import failure_kind
 from ..comparison import RatioRule, compare, finite_rms
-from ..plugins.evaluate import badness as plugin_badness, sample_rule
+from ..jsonio import JsonObject
+from ..plugins.evaluate import badness as plugin_badness, error_text, sample_rule
 from ..plugins.samples import Sample, upcast
 
 __all__ = ["NotTaken", "flat_outputs", "judge_outputs", "run_sample", "run_backward", "randomness", "badness",
@@ -57,12 +56,7 @@ class NotTaken(Exception):
     refuses its graph): the sample is ``unsupported`` with the message as its reason, not failed."""
 
 
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
-
-def flat_outputs(out: Any) -> list[torch.Tensor] | None:
+def flat_outputs(out: object) -> list[torch.Tensor] | None:
     """The tensors of an output (nested tuples and lists flattened, Python numbers as 0-d tensors,
     sparse tensors as their dense values); None when it holds anything else (a string, None, an object)."""
     if isinstance(out, torch.Tensor):
@@ -108,12 +102,12 @@ def _overflows_by_rounding(oracle: torch.Tensor, out: torch.Tensor, rel: float) 
 
 
 def judge_outputs(oracle: list[torch.Tensor], baseline: list[torch.Tensor], test: list[torch.Tensor],
-                  dtype: str) -> dict[str, Any]:
+                  dtype: str) -> JsonObject:
     """The verdict of one sample's outputs (see the module docstring); the worst output's numbers."""
     if len(test) != len(baseline) or len(oracle) != len(baseline):
         return {"status": "fail", "reason": f"{len(test)} outputs, eager returns {len(baseline)}"}
     has_float = any(b.is_floating_point() or b.is_complex() for b in baseline)
-    worst: dict[str, Any] | None = None
+    worst: JsonObject | None = None
     bb_oracle = bb_eager = True
     for i, (o, b, t) in enumerate(zip(oracle, baseline, test, strict=True)):
         if t.dtype != b.dtype:
@@ -167,8 +161,8 @@ def decomposition() -> Iterator[None]:
         yield
 
 
-def _or_decomposition(verdict: dict[str, Any], runs: Callable[[], tuple[Any, Any]], baseline: list[torch.Tensor],
-                      oracle: list[torch.Tensor], test: list[torch.Tensor], dtype: str) -> dict[str, Any]:
+def _or_decomposition(verdict: JsonObject, runs: Callable[[], tuple[object, object]], baseline: list[torch.Tensor],
+                      oracle: list[torch.Tensor], test: list[torch.Tensor], dtype: str) -> JsonObject:
     """A failing sample's verdict judged once more against the decomposition's pair (``runs``: its
     outputs in the sample's dtype and in float64); a pass there wins, marked as such."""
     try:
@@ -184,20 +178,20 @@ def _or_decomposition(verdict: dict[str, Any], runs: Callable[[], tuple[Any, Any
     return {**second, "definition": "decomposition", "kernel_reason": verdict.get("reason")}
 
 
-def _also_raised_by_decomposition(call: Callable[[], Any], exc: BaseException) -> str | None:
+def _also_raised_by_decomposition(call: Callable[[], object], exc: BaseException) -> str | None:
     """The decomposition's own error where it raises the compiled call's error too (the same first
     line of message); None otherwise."""
     try:
         with decomposition():
             call()
     except Exception as mine:  # noqa: BLE001 - compared with the backend's
-        line = _error(mine).split(": ", 1)[-1]
+        line = error_text(mine).split(": ", 1)[-1]
         if line and line in str(exc):
-            return _error(mine)
+            return error_text(mine)
     return None
 
 
-def _eager_pair(op: Callable[..., Any], sample: Sample, grad: bool = False) -> tuple[Any, Any]:
+def _eager_pair(op: Callable[..., object], sample: Sample, grad: bool = False) -> tuple[object, object]:
     """The eager runs a sample is judged by: ``op`` in the sample's dtype and in float64 (their
     gradients with ``grad``)."""
     if grad:
@@ -205,14 +199,14 @@ def _eager_pair(op: Callable[..., Any], sample: Sample, grad: bool = False) -> t
     return op(*sample.args, **sample.kwargs), op(*upcast(sample.args), **upcast(sample.kwargs))
 
 
-def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sample) -> dict[str, Any]:
+def run_sample(op: Callable[..., object], compiled: Callable[..., object], sample: Sample) -> JsonObject:
     """Run one sample eagerly (in its dtype and in float64) and compiled; its verdict: ``status``
     (pass, fail, error, unsupported, skipped) and ``reason``, the errors weighed. A sample that
     fails against eager's kernel is judged against PyTorch's decomposition too (:func:`decomposition`)."""
     try:
         baseline, oracle = _eager_pair(op, sample)
     except Exception as exc:  # noqa: BLE001 - eager rejects the sample: it does not apply
-        return {"status": "skipped", "reason": f"eager rejects this sample ({_error(exc)})"}
+        return {"status": "skipped", "reason": f"eager rejects this sample ({error_text(exc)})"}
     base, orc = flat_outputs(baseline), flat_outputs(oracle)
     if not base or orc is None:
         return {"status": "skipped", "reason": "non-numeric output (no tensor to compare)"}
@@ -223,14 +217,14 @@ def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sam
     except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
         kind = failure_kind(exc)
         if kind == "backend":
-            return {"status": "unsupported", "reason": f"the backend does not compile it: {_error(exc)}"}
+            return {"status": "unsupported", "reason": f"the backend does not compile it: {error_text(exc)}"}
         if kind == "capture":
-            return {"status": "unsupported", "reason": f"Dynamo cannot capture it: {_error(exc)}"}
+            return {"status": "unsupported", "reason": f"Dynamo cannot capture it: {error_text(exc)}"}
         also = _also_raised_by_decomposition(lambda: op(*sample.args, **sample.kwargs), exc)
         if also is not None:
             return {"status": "skipped", "reason": f"PyTorch's decomposition rejects this sample too ({also}), "
                                                    "where eager's kernel computes it: not judged"}
-        return {"status": "error", "reason": f"the compiled call raised {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled call raised {error_text(exc)}"}
     test = flat_outputs(out)
     if test is None:
         return {"status": "fail", "reason": f"the compiled call returned {type(out).__name__}, not tensors"}
@@ -240,7 +234,7 @@ def run_sample(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sam
     return verdict
 
 
-def run_eagerly(op: Callable[..., Any], sample: Sample, grad: bool = False) -> None:
+def run_eagerly(op: Callable[..., object], sample: Sample, grad: bool = False) -> None:
     """The eager runs a sample's judgement makes (in its dtype and in float64; their gradients with
     ``grad``), nothing compiled: whether eager itself survives the sample. An exception is a
     survival (eager rejects the sample); a crash ends the process."""
@@ -250,12 +244,13 @@ def run_eagerly(op: Callable[..., Any], sample: Sample, grad: bool = False) -> N
         pass
 
 
-def _leaves(args: list[Any], kwargs: dict[str, Any], up: bool) -> tuple[list[Any], dict[str, Any], list[torch.Tensor]]:
+def _leaves(args: list[object], kwargs: dict[str, object],
+            up: bool) -> tuple[list[object], dict[str, object], list[torch.Tensor]]:
     """The sample's arguments with each floating tensor a fresh leaf that requires grad (same view:
     ``detach`` keeps strides and offset), in float64 with ``up``; and those leaves."""
     leaves: list[torch.Tensor] = []
 
-    def conv(v: Any) -> Any:
+    def conv(v: object) -> object:
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             leaf = (v.detach().to(torch.float64) if up else v.detach()).requires_grad_(True)
             leaves.append(leaf)
@@ -267,7 +262,7 @@ def _leaves(args: list[Any], kwargs: dict[str, Any], up: bool) -> tuple[list[Any
     return conv(list(args)), {k: conv(v) for k, v in kwargs.items()}, leaves
 
 
-def _grads(fn: Callable[..., Any], sample: Sample, up: bool) -> list[torch.Tensor] | None:
+def _grads(fn: Callable[..., object], sample: Sample, up: bool) -> list[torch.Tensor] | None:
     """Gradients of sum(output_i x cotangent_i) over the floating outputs with respect to every
     floating input, the cotangents drawn from a fixed seed (so every run weighs the same); None
     when nothing differentiable comes out."""
@@ -281,13 +276,13 @@ def _grads(fn: Callable[..., Any], sample: Sample, up: bool) -> list[torch.Tenso
     return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
 
 
-def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: Sample) -> dict[str, Any]:
+def run_backward(op: Callable[..., object], compiled: Callable[..., object], sample: Sample) -> JsonObject:
     """The backward pass of one sample: the gradients of the compiled call against float64 eager's,
     relative to eager's in the sample's dtype, by the same rule as :func:`run_sample`'s outputs."""
     try:
         baseline, oracle = _eager_pair(op, sample, grad=True)
     except Exception as exc:  # noqa: BLE001 - eager cannot differentiate this sample
-        return {"status": "skipped", "reason": f"eager's backward rejects this sample ({_error(exc)})"}
+        return {"status": "skipped", "reason": f"eager's backward rejects this sample ({error_text(exc)})"}
     if baseline is None or oracle is None:
         return {"status": "skipped", "reason": "no differentiable output"}
     try:
@@ -295,12 +290,12 @@ def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: S
     except Exception as exc:  # noqa: BLE001 - the backend's or the capture's failure is the verdict
         kind = failure_kind(exc)
         if kind != "runtime":
-            return {"status": "unsupported", "reason": f"backward: {kind} failure: {_error(exc)}"}
+            return {"status": "unsupported", "reason": f"backward: {kind} failure: {error_text(exc)}"}
         also = _also_raised_by_decomposition(lambda: _grads(op, sample, False), exc)
         if also is not None:
             return {"status": "skipped", "reason": f"PyTorch's decomposition rejects this sample's backward too "
                                                    f"({also}), where eager's kernels compute it: not judged"}
-        return {"status": "error", "reason": f"the compiled backward raised {_error(exc)}"}
+        return {"status": "error", "reason": f"the compiled backward raised {error_text(exc)}"}
     if test is None:
         return {"status": "fail", "reason": "the compiled call's outputs carry no gradient"}
     verdict = judge_outputs(oracle, baseline, test, sample.dtype)
@@ -310,7 +305,7 @@ def run_backward(op: Callable[..., Any], compiled: Callable[..., Any], sample: S
     return verdict
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     fa, fb = flat_outputs(a), flat_outputs(b)
     if fa is None or fb is None or len(fa) != len(fb):
         return fa is None and fb is None
@@ -325,7 +320,7 @@ def _same(a: Any, b: Any) -> bool:
     return True
 
 
-def randomness(op: Callable[..., Any], sample: Sample) -> str | None:
+def randomness(op: Callable[..., object], sample: Sample) -> str | None:
     """Why the operator's output cannot be judged against another run, found by running it eagerly
     three times (seeds 0, 0, 1): uninitialised or nondeterministic, or random; None when it repeats."""
     try:
@@ -342,7 +337,7 @@ def randomness(op: Callable[..., Any], sample: Sample) -> str | None:
     return None
 
 
-def badness(result: dict[str, Any]) -> tuple[int, float]:
+def badness(result: JsonObject) -> tuple[int, float]:
     """How bad a sample's (or an output's) result is, to pick the worst with ``max``: its status
     first (crashes and hangs, errors, failures, passes: a failing one always outranks a passing one,
     whatever their numbers), then error / bound (the plugin sweep's ranking,

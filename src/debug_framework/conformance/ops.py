@@ -13,12 +13,15 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import ConfigurationError
 from ..suggest import did_you_mean
+
+if TYPE_CHECKING:
+    from torch.testing._internal.opinfo.core import OpInfo
 
 __all__ = ["op_key", "all_ops", "find_op", "select_ops", "static_skip", "DTYPES"]
 
@@ -27,20 +30,20 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
                                   "float64": torch.float64}
 
 
-def op_key(info: Any) -> str:
+def op_key(info: OpInfo) -> str:
     """``name`` or ``name.variant``: the one spelling of an OpInfo entry in rows, JSON and options."""
     return info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
 
 
 @cache
-def all_ops() -> dict[str, Any]:
+def all_ops() -> dict[str, OpInfo]:
     """Every OpInfo entry by key, in ``op_db``'s order."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     return {op_key(o): o for o in op_db}
 
 
-def find_op(key: str) -> Any:
+def find_op(key: str) -> OpInfo:
     """The OpInfo entry of ``key``; ConfigurationError (DF005) naming the closest keys."""
     ops = all_ops()
     if key not in ops:
@@ -64,7 +67,7 @@ def select_ops(patterns: Sequence[str] | None) -> list[str]:
     return [k for k in keys if k in chosen]
 
 
-def static_skip(info: Any, dtypes: Sequence[str], device: str = "cpu") -> str | None:
+def static_skip(info: OpInfo, dtypes: Sequence[str], device: str = "cpu") -> str | None:
     """Why an operator is never judged, whatever the backend (None when it is)."""
     name = info.name.rsplit(".", 1)[-1]
     if name.startswith(("empty", "new_empty")) or name in ("resize_", "resize_as_"):

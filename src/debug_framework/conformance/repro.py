@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..comparison import FLOOR_EPS, NOISE_MARGIN
 from ..plugins.evaluate import FLOAT64_FLOOR_EPS
 from ..plugins.repro import SAMPLE_DECODER, save_sample
 from ..plugins.samples import Sample
+from ..jsonio import JsonObject
 from ..repro_format import MANIFEST, SAFETENSORS_READER, SCRIPT, read_manifest, script_source, write_repro_files
+
+if TYPE_CHECKING:
+    from torch.testing._internal.opinfo.core import OpInfo
 
 __all__ = ["write_op_repro", "upgrade_repros"]
 
@@ -222,8 +226,8 @@ def judge(compiled, args, kwargs, definitions, spec, what):
 _RUNTIME_BODY = """
 
 def runtime_call(op, spec):
-    \"\"\"The operator as the sweep ran it: exported alone with torch.onnx (dynamo), run by the runtime.\"\"\"
-    import numpy as np
+    \"\"\"The operator as the sweep ran it: exported alone with torch.onnx (dynamo), run by the
+    runtime's ``run_graph`` (its source comes from the runtime).\"\"\"
 
     def split(v, found):
         if isinstance(v, torch.Tensor):
@@ -252,62 +256,18 @@ def runtime_call(op, spec):
         def forward(self, *tensors):
             return op(*fill(self.a, tensors), **fill(self.k, tensors))
 
-    def to_numpy(t):
-        t = t.detach().cpu().contiguous()
-        if t.dtype == torch.bfloat16:
-            import ml_dtypes
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-
-    def to_torch(a):
-        a = np.asarray(a)
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(a.copy())
-
     def call(*args, **kwargs):
         found = []
         a, k = split(list(args), found), split(dict(kwargs), found)
         example = tuple(t.detach().cpu().contiguous() for t in found)
         data = torch.onnx.export(OneOp(a, k), example, dynamo=True, verbose=False).model_proto.SerializeToString()
-        feeds = [to_numpy(t) for t in found]
-        if spec["runtime"] == "onnxruntime":
-            import onnxruntime as ort
-            session = ort.InferenceSession(data, providers=[spec["runtime_target"]])
-            outs = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
-        else:
-            import openvino as ov
-            path = os.path.join(HERE, "graph.onnx")
-            with open(path, "wb") as fh:
-                fh.write(data)
-            core = ov.Core()
-            compiled = core.compile_model(core.read_model(path), spec["runtime_target"],
-                                          {"INFERENCE_PRECISION_HINT": spec["precision_hint"]})
-            request = compiled.create_infer_request()
-            for i, t in enumerate(found):  # bfloat16 by its bits: OpenVINO shows its data as float16
-                t = t.detach().cpu().contiguous()
-                if t.dtype == torch.bfloat16:
-                    tensor = ov.Tensor(ov.Type.bf16, ov.Shape(list(t.shape)))
-                    if t.numel():
-                        tensor.data.view(np.int16)[...] = t.view(torch.int16).numpy()
-                else:
-                    tensor = ov.Tensor(np.array(t.numpy(), copy=True))
-                request.set_input_tensor(i, tensor)
-            request.infer()
-            outs = []
-            for i in range(len(compiled.outputs)):
-                out = request.get_output_tensor(i)
-                data = np.array(out.data, copy=True)
-                bf16 = out.element_type.get_type_name() == "bf16"
-                outs.append(torch.from_numpy(data.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(data))
-            return outs
-        return [to_torch(o) for o in outs]
+        return run_graph(data, found, spec)
 
     return call
 """
 
 
-def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend: str, backend_file: str | None,
+def write_op_repro(op: str, info: OpInfo, sample: Sample, folder: Path, *, backend: str, backend_file: str | None,
                    backend_attr: str, device: str, status: str, grad: bool = False, runtime: str | None = None) -> Path:
     """Write the repro of ``sample`` of operator ``op`` into a new directory under ``folder``; the
     path of its ``repro.py``. ``backend_file`` is copied beside it when the backend comes from a file.
@@ -318,16 +278,18 @@ def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend:
     if backend_file is not None:
         local_file = f"backend_{Path(backend_file).name}"
         shutil.copyfile(backend_file, out / local_file)
-    check = {"op": op, "opinfo": info.name, "variant": info.variant_test_name, "backend": backend,
-             "backend_file": local_file, "backend_attr": backend_attr,
-             "backend_label": backend if backend_file is None else f"{Path(backend_file).name}:{backend_attr}",
-             "device": device, "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS, "float64_floor_eps": FLOAT64_FLOOR_EPS,
-             "args": args, "kwargs": kwargs, "sample": sample.describe(), "status": status, "grad": grad}
+    check: JsonObject = {"op": op, "opinfo": info.name, "variant": info.variant_test_name, "backend": backend,
+                         "backend_file": local_file, "backend_attr": backend_attr,
+                         "backend_label": backend if backend_file is None else f"{Path(backend_file).name}:{backend_attr}",
+                         "device": device, "margin": NOISE_MARGIN, "floor_eps": FLOOR_EPS,
+                         "float64_floor_eps": FLOAT64_FLOOR_EPS, "args": args, "kwargs": kwargs,
+                         "sample": sample.describe(), "status": status, "grad": grad}
     if runtime is not None:
-        from .runtimes import OPENVINO_PRECISION_HINT, check_runtime
+        from .runtime_lookup import find_runtime
+        from .runtimes import check_runtime
 
         check.update(runtime=runtime, runtime_target=check_runtime(runtime, device), backend_label=runtime,
-                     precision_hint=OPENVINO_PRECISION_HINT, device="cpu")
+                     precision_hint=find_runtime(runtime).precision_hint, device="cpu")
     failure = (f"{'the backward of ' if grad else ''}operator {op} {'run by' if runtime else 'compiled with'} "
                f"{check['backend_label']} differs from eager beyond the calibrated bound "
                f"(or raises) on sample {sample.source}/{sample.label} in {sample.dtype}")
@@ -339,15 +301,16 @@ def write_op_repro(op: str, info: Any, sample: Sample, folder: Path, *, backend:
 _IMPORTS = ["import torch"]
 
 
-def _template(check: dict[str, Any]) -> tuple[list[str], str]:
+def _template(check: JsonObject) -> tuple[list[str], str]:
     """The packages a repro of ``check`` (its manifest's ``check`` entries) needs and its script's body:
-    torch alone, or with the runtime's packages."""
-    runtime = check.get("runtime")
-    if runtime is None:
+    torch alone, or with the runtime's packages and its ``run_graph`` (the runtime asked, never named here)."""
+    name = check.get("runtime")
+    if not isinstance(name, str):
         return ["torch"], _BODY
-    from .runtimes import RUNTIMES
+    from .runtime_lookup import find_runtime
 
-    return ["torch", *RUNTIMES[runtime]], _BODY + _RUNTIME_BODY
+    runtime = find_runtime(name)
+    return ["torch", *runtime.packages], _BODY + _RUNTIME_BODY + runtime.repro_runner
 
 
 def upgrade_repros(root: Path) -> list[Path]:

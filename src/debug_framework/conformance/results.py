@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..jsonio import JsonObject
 
 __all__ = ["OpResult", "SweepResult", "FAILING", "render_junit"]
 
@@ -23,7 +24,7 @@ class OpResult:
     pass_rate: float | None = None
     reason: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
-    worst: dict[str, Any] | None = None
+    worst: JsonObject | None = None
     repro: str | None = None
     repro_verified: bool = False
     seconds: float = 0.0
@@ -35,16 +36,23 @@ class OpResult:
             return True
         return False if self.verdict in FAILING else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
+        """The operator's record (a stored row, the JSON output's entry)."""
         return {"op": self.op, "passed": self.passed, "verdict": self.verdict, "pass_rate": self.pass_rate,
                 "reason": self.reason, "counts": dict(self.counts), "worst": self.worst, "repro": self.repro,
                 "repro_verified": self.repro_verified, "seconds": self.seconds}
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> OpResult:
+    def from_row(cls, row: JsonObject) -> OpResult:
         """From a stored ``op_sweep_results`` row."""
-        return cls(row["op"], row["verdict"], row.get("pass_rate"), row.get("reason"), row.get("counts") or {},
-                   row.get("worst"), row.get("repro"), bool(row.get("repro_verified")), row.get("seconds") or 0.0)
+        rate, reason, counts, worst, repro = (row.get(k) for k in ("pass_rate", "reason", "counts", "worst", "repro"))
+        seconds = row.get("seconds")
+        return cls(str(row["op"]), str(row["verdict"]), float(rate) if isinstance(rate, int | float) else None,
+                   None if reason is None else str(reason),
+                   {str(k): int(v) for k, v in counts.items() if isinstance(v, int | float)}
+                   if isinstance(counts, dict) else {},
+                   worst if isinstance(worst, dict) else None, None if repro is None else str(repro),
+                   bool(row.get("repro_verified")), float(seconds) if isinstance(seconds, int | float) else 0.0)
 
 
 @dataclass
@@ -73,8 +81,9 @@ class SweepResult:
     def count(self, verdict: str) -> int:
         return sum(1 for o in self.ops if o.verdict == verdict)
 
-    def to_dict(self) -> dict[str, Any]:
-        verdicts = {v: self.count(v) for v in ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")}
+    def to_dict(self) -> JsonObject:
+        """The sweep as ``debug_opsweep --json`` prints it."""
+        verdicts: JsonObject = {v: self.count(v) for v in ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")}
         return {"sweep_key": self.sweep_key, "backend": self.backend, "device": self.device, "dtypes": self.dtypes,
                 "passed": self.passed, "seconds": self.seconds, "resumed": self.resumed,
                 "worker_restarts": self.worker_restarts, "left": self.left, "verdicts": verdicts,
@@ -84,7 +93,8 @@ class SweepResult:
 _XML_BAD = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def _x(value: Any) -> str:
+def _x(value: object) -> str:
+    """``value`` as XML-safe text (characters XML cannot hold replaced)."""
     return _XML_BAD.sub("\ufffd", "" if value is None else str(value))
 
 

@@ -1,10 +1,13 @@
-"""Single-op ONNX graphs: a conformance sweep of an ONNX runtime (``onnxruntime``, ``openvino``).
+"""Single-op ONNX graphs: a conformance sweep of an ONNX runtime (``--runtime NAME``: an engine's
+op-sweep runtime, found by :func:`~.runtime_lookup.find_runtime`).
 
 Each sample's operator call is exported with ``torch.onnx.export(dynamo=True)`` as a one-operator
 graph (a tiny module whose inputs are the sample's tensors, its other arguments baked in) and run
-by the runtime; the sweep judges the outputs exactly as it judges a ``torch.compile`` backend's.
+by the runtime (:class:`OpSweepRuntime`: its session on the graph, its target per device, its
+precision hint, its repro's runner); the sweep judges the outputs exactly as it judges a
+``torch.compile`` backend's.
 
-    runner = RuntimeRunner("onnxruntime", "cpu", scratch)
+    runner = RuntimeRunner(find_runtime(name), "cpu", scratch)
     call = runner.bind("softmax", "float32", op)      # call(*sample.args, **sample.kwargs) -> [tensors]
 
 Exported graphs, with their runtime sessions, are cached per operator, dtype, input shapes and
@@ -13,8 +16,7 @@ dtypes and the non-tensor arguments: the sample's other layouts and special valu
 has no ONNX function for the ATen operator, the runtime no kernel for a node's type) is cached for
 the operator and dtype, so its other samples cost nothing. A sample the exporter cannot export, or the
 runtime cannot load or compile, raises :class:`~debug_framework.conformance.judge.NotTaken`: the
-sample is ``unsupported`` with that reason, not failed. OpenVINO compiles with its ``f32``
-precision hint (its CPU plugin otherwise computes in bfloat16 where the processor has it).
+sample is ``unsupported`` with that reason, not failed.
 """
 
 from __future__ import annotations
@@ -23,51 +25,33 @@ import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..errors import BackendInitializationError
+from ..jsonio import JsonObject
 from .judge import NotTaken
+from .runtime_lookup import GraphRun, OpSweepRuntime, find_runtime
 
-__all__ = ["RUNTIMES", "RuntimeRunner", "check_runtime", "OPENVINO_PRECISION_HINT", "export_op", "flatten_tensors"]
+__all__ = ["OpSweepRuntime", "GraphRun", "RuntimeRunner", "check_runtime", "export_op", "flatten_tensors"]
 
-#: The runtimes a sweep takes, with the Python packages each needs.
-RUNTIMES: dict[str, tuple[str, ...]] = {"onnxruntime": ("onnxruntime", "onnx", "onnxscript"),
-                                        "openvino": ("openvino", "onnx", "onnxscript")}
-#: OpenVINO's ``INFERENCE_PRECISION_HINT`` in a sweep (the judge compares at the sample's dtype).
-OPENVINO_PRECISION_HINT = "f32"
+def check_runtime(name: str, device: str) -> str:
+    """The runtime's device name for the torch device name ``device`` (runtime ``name`` found by
+    :func:`~.runtime_lookup.find_runtime`).
 
-
-def check_runtime(runtime: str, device: str) -> str:
-    """The runtime's device name (``CPUExecutionProvider``, ``CPU``...) for the torch device name
-    ``device``; BackendInitializationError (DF002) naming what is missing otherwise."""
-    missing = [p for p in RUNTIMES[runtime] if importlib.util.find_spec(p) is None]
+    Raises:
+        ConfigurationError (DF005): no such runtime.
+        BackendInitializationError (DF002): a package it needs is missing, or it has no such device.
+    """
+    runtime = find_runtime(name)
+    missing = [p for p in runtime.packages if importlib.util.find_spec(p) is None]
     if missing:
-        raise BackendInitializationError(f"the {runtime} sweep needs {', '.join(missing)}, not installed",
-                                         hint=f"pip install {' '.join(missing)}", backend=runtime)
-    kind = device.split(":")[0]
-    if runtime == "onnxruntime":
-        import onnxruntime as ort
-
-        provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}.get(kind)
-        present = ort.get_available_providers()
-        if provider is None or provider not in present:
-            raise BackendInitializationError(
-                f"onnxruntime has no execution provider for device {device!r}",
-                hint=f"its providers here: {', '.join(present)} (--device cpu or cuda)", backend=runtime)
-        return provider
-    import openvino as ov
-
-    name = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}.get(kind, kind.upper())
-    present = ov.Core().available_devices
-    if not any(d.split(".")[0] == name for d in present):
-        raise BackendInitializationError(f"OpenVINO has no device {name} (for --device {device})",
-                                         hint=f"its devices here: {', '.join(present)}", backend=runtime)
-    return name
+        raise BackendInitializationError(f"the {name} sweep needs {', '.join(missing)}, not installed",
+                                         hint=f"pip install {' '.join(missing)}", backend=name)
+    return runtime.target(device)
 
 
-def flatten_tensors(value: Any, found: list[torch.Tensor]) -> Any:
+def flatten_tensors(value: object, found: list[torch.Tensor]) -> object:
     """``value`` with each tensor (inside lists, tuples and dicts too) replaced by its index in
     ``found``, where it is appended: the skeleton the exported module rebuilds the call from."""
     if isinstance(value, torch.Tensor):
@@ -90,7 +74,8 @@ class _Slot:
         return f"<input {self.index}>"
 
 
-def _fill(skeleton: Any, tensors: tuple[torch.Tensor, ...]) -> Any:
+def _fill(skeleton: object, tensors: tuple[torch.Tensor, ...]) -> object:
+    """The call's value rebuilt from its skeleton (:func:`flatten_tensors`) with ``tensors`` in its slots."""
     if isinstance(skeleton, _Slot):
         return tensors[skeleton.index]
     if isinstance(skeleton, (list, tuple)):
@@ -103,15 +88,22 @@ def _fill(skeleton: Any, tensors: tuple[torch.Tensor, ...]) -> Any:
 class _OneOp(torch.nn.Module):
     """The operator applied to the graph's inputs, every other argument a constant."""
 
-    def __init__(self, op: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    def __init__(self, op: Callable[..., object], args: list[object], kwargs: dict[str, object]) -> None:
         super().__init__()
         self.op, self.args, self.kwargs = op, args, kwargs
 
-    def forward(self, *tensors: torch.Tensor) -> Any:
-        return self.op(*_fill(self.args, tensors), **_fill(self.kwargs, tensors))
+    def forward(self, *tensors: torch.Tensor) -> object:
+        args, kwargs = _fill(self.args, tensors), _fill(self.kwargs, tensors)
+        assert isinstance(args, list) and isinstance(kwargs, dict)
+        return self.op(*args, **kwargs)
 
 
-def export_op(op: Callable[..., Any], args: Any, kwargs: Any, tensors: list[torch.Tensor], log: Path) -> bytes:
+#: A call's skeleton: its positional arguments and keyword arguments, tensors replaced by slots.
+Skeleton = tuple[list[object], dict[str, object]]
+
+
+def export_op(op: Callable[..., object], args: list[object], kwargs: dict[str, object], tensors: list[torch.Tensor],
+              log: Path) -> bytes:
     """The serialized one-operator ONNX graph of ``op`` on the skeletons ``args`` / ``kwargs``
     (inputs ``tensors``, on the CPU); the exporter's chatter goes to ``log``."""
     import torch.onnx  # before capturing: importing it gives its logger a stderr handler
@@ -127,86 +119,40 @@ def export_op(op: Callable[..., Any], args: Any, kwargs: Any, tensors: list[torc
     return program.model_proto.SerializeToString()
 
 
-def _to_numpy(t: torch.Tensor) -> Any:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def _to_torch(a: Any) -> torch.Tensor:
-    import numpy as np
-
-    a = np.asarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
-def _ov_tensor(t: torch.Tensor) -> Any:
-    """An OpenVINO tensor holding ``t``'s values (bfloat16 by its bits: OpenVINO's Python API shows
-    bfloat16 data as a float16 array, which a numpy value conversion would misread)."""
-    import numpy as np
-    import openvino as ov
-
-    if t.dtype == torch.bfloat16:
-        out = ov.Tensor(ov.Type.bf16, ov.Shape(list(t.shape)))
-        if t.numel():
-            out.data.view(np.int16)[...] = t.view(torch.int16).numpy()
-        return out
-    return ov.Tensor(np.array(t.numpy(), copy=True))  # 0-d stays 0-d (ascontiguousarray would not)
-
-
-def _from_ov(tensor: Any) -> torch.Tensor:
-    """An OpenVINO output tensor as a torch tensor (bfloat16 read by its bits)."""
-    import numpy as np
-
-    data = np.array(tensor.data, copy=True)
-    if tensor.element_type.get_type_name() == "bf16":
-        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(data)
-
-
 class _Graph:
     """One exported graph and its runtime session."""
 
-    def __init__(self, skeleton: tuple[Any, Any], run: Callable[[list[torch.Tensor]], list[torch.Tensor]],
-                 nodes: int) -> None:
+    def __init__(self, skeleton: Skeleton, run: GraphRun, nodes: int) -> None:
         self.skeleton, self.run, self.nodes = skeleton, run, nodes
 
 
 class RuntimeRunner:
     """The runtime's sessions on one-operator graphs, cached by operator, dtype and input signature."""
 
-    def __init__(self, runtime: str, device: str, scratch: Path) -> None:
-        if runtime not in RUNTIMES:
-            raise BackendInitializationError(f"unknown runtime {runtime!r}", hint=f"use {' or '.join(RUNTIMES)}")
+    def __init__(self, runtime: OpSweepRuntime, device: str, scratch: Path) -> None:
         self.runtime, self.device = runtime, device
-        self.target = check_runtime(runtime, device)
+        self.target = check_runtime(runtime.name, device)
         self.scratch = scratch
         scratch.mkdir(parents=True, exist_ok=True)
-        self.cache: dict[tuple[Any, ...], _Graph | NotTaken] = {}
+        self.cache: dict[tuple[object, ...], _Graph | NotTaken] = {}
         #: calls that ran a graph with at least one node (reset per operator by the worker)
         self.graphs = 0
         self.exports = 0
-        self._core: Any = None
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         """The runtime's version and settings, for the sweep's record."""
-        module = importlib.import_module(self.runtime)
-        info = {"runtime": self.runtime, "version": getattr(module, "__version__", None), "target": self.target}
-        if self.runtime == "openvino":
-            info["precision_hint"] = OPENVINO_PRECISION_HINT
+        info: JsonObject = {"runtime": self.runtime.name, "version": self.runtime.version(), "target": self.target}
+        if self.runtime.precision_hint is not None:
+            info["precision_hint"] = self.runtime.precision_hint
         return info
 
-    def bind(self, key: str, dtype: str, op: Callable[..., Any]) -> Callable[..., list[torch.Tensor]]:
+    def bind(self, key: str, dtype: str, op: Callable[..., object]) -> Callable[..., list[torch.Tensor]]:
         """The call of operator ``key`` (OpInfo's ``op``) through the runtime, for samples in ``dtype``."""
 
-        def call(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        def call(*args: object, **kwargs: object) -> list[torch.Tensor]:
             tensors: list[torch.Tensor] = []
-            skeleton = (flatten_tensors(list(args), tensors), flatten_tensors(dict(kwargs), tensors))
+            skeleton: Skeleton = ([flatten_tensors(a, tensors) for a in args],
+                                  {k: flatten_tensors(v, tensors) for k, v in kwargs.items()})
             signature = (key, dtype, repr(skeleton), tuple((tuple(t.shape), t.dtype) for t in tensors))
             graph = self.cache.get(signature) or self.cache.get((key, dtype))
             if graph is None:
@@ -222,7 +168,7 @@ class RuntimeRunner:
 
         return call
 
-    def _build(self, op: Callable[..., Any], skeleton: tuple[Any, Any], tensors: list[torch.Tensor]) -> _Graph | NotTaken:
+    def _build(self, op: Callable[..., object], skeleton: Skeleton, tensors: list[torch.Tensor]) -> _Graph | NotTaken:
         """Export and load one graph; the NotTaken to raise for every sample of its signature when
         the exporter or the runtime refuses it."""
         import onnx
@@ -235,40 +181,10 @@ class RuntimeRunner:
         model = onnx.load_from_string(data)
         nodes = len(model.graph.node)
         try:
-            run = self._session(data)
+            run = self.runtime.session(data, self.target, self.scratch)
         except Exception as exc:  # noqa: BLE001 - the runtime's refusal is the classification
-            return NotTaken(f"{self.runtime} does not load the exported graph: {_short(exc)}")
+            return NotTaken(f"{self.runtime.name} does not load the exported graph: {_short(exc)}")
         return _Graph(skeleton, run, nodes)
-
-    def _session(self, data: bytes) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-        """The runtime's session on the serialized graph: contiguous CPU tensors in, tensors out."""
-        if self.runtime == "onnxruntime":
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            options.intra_op_num_threads = max(1, torch.get_num_threads())
-            session = ort.InferenceSession(data, sess_options=options, providers=[self.target])
-            names = [i.name for i in session.get_inputs()]
-            return lambda feeds: [_to_torch(o) for o in session.run(None, dict(zip(names, map(_to_numpy, feeds),
-                                                                                       strict=True)))]
-        import openvino as ov
-
-        if self._core is None:
-            self._core = ov.Core()
-        path = self.scratch / f"graph-{self.exports}.onnx"
-        path.write_bytes(data)
-        compiled = self._core.compile_model(self._core.read_model(str(path)), self.target,
-                                            {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISION_HINT})
-        request = compiled.create_infer_request()
-
-        def run(feeds: list[torch.Tensor]) -> list[torch.Tensor]:
-            for i, t in enumerate(feeds):
-                request.set_input_tensor(i, _ov_tensor(t))
-            request.infer()
-            return [_from_ov(request.get_output_tensor(i)) for i in range(len(compiled.outputs))]
-
-        return run
 
 
 #: Refusals that hold for every shape of an operator in a dtype: the exporter has no ONNX function

@@ -11,17 +11,20 @@ is made from a seed, so a worker that restarts makes exactly the same list again
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..plugins.samples import FUZZ_SHAPES, LAYOUTS, MAGNITUDES, SPECIALS, Sample, relayout, with_special
 from .ops import DTYPES
 
+if TYPE_CHECKING:
+    from torch.testing._internal.opinfo.core import OpInfo
+
 __all__ = ["op_samples", "opinfo_samples", "fuzz_samples"]
 
 
-def opinfo_samples(info: Any, dtype: str, device: str = "cpu") -> list[Sample]:
+def opinfo_samples(info: OpInfo, dtype: str, device: str = "cpu") -> list[Sample]:
     """Every sample OpInfo makes for the operator in ``dtype`` (its RNG seeded, so the list repeats)."""
     torch.manual_seed(0)
     out = []
@@ -39,7 +42,7 @@ def _seed_input(samples: list[Sample]) -> Sample | None:
     return None
 
 
-def fuzz_samples(info: Any, dtype: str, base: list[Sample], seed: int = 0) -> list[Sample]:
+def fuzz_samples(info: OpInfo, dtype: str, base: list[Sample], seed: int = 0) -> list[Sample]:
     """Layouts, special values and magnitudes of the first floating input of ``base``'s first
     usable sample; fresh shapes for an elementwise unary operator."""
     seed_sample = _seed_input(base)
@@ -69,7 +72,7 @@ def fuzz_samples(info: Any, dtype: str, base: list[Sample], seed: int = 0) -> li
     return out
 
 
-def op_samples(info: Any, dtype: str, *, fuzz: bool = True, seed: int = 0, device: str = "cpu") -> list[Sample]:
+def op_samples(info: OpInfo, dtype: str, *, fuzz: bool = True, seed: int = 0, device: str = "cpu") -> list[Sample]:
     """The operator's samples in ``dtype``: OpInfo's, then the fuzzed ones (with ``fuzz``)."""
     base = opinfo_samples(info, dtype, device)
     return base + (fuzz_samples(info, dtype, base, seed) if fuzz else [])

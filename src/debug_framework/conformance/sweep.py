@@ -6,8 +6,9 @@ processes, stored in the sessions database as it goes.
     result.passed, [o.op for o in result.failing]
 
 Each worker (``workers`` of them, two by default, one per core) is a fresh Python process
-(:mod:`.worker`) fed one operator at a time; a sample that kills it is recorded as ``crash`` with its
-exit status (unless its eager runs alone, in a fresh worker, kill that too: then eager itself crashes
+(the op sweep's one worker module, :mod:`debug_framework.plugins.worker`, holding a
+:class:`~.subject.BackendSubject`) fed one operator at a time; a sample that kills it is recorded as
+``crash`` with its signal or exit status (unless its eager runs alone, in a fresh worker, kill that too: then eager itself crashes
 on it and it is skipped, not judged), one that runs past ``timeout_s`` as ``hang``; the worker is
 restarted and the sweep goes on. An operator's row is written as soon as it is done; a sweep run again with the same settings
 (the same ``sweep_key``) reads back the operators it already has and runs only the others (and
@@ -27,10 +28,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigurationError
-from ..plugins.pipeworker import PipeWorker
+from ..jsonio import JsonObject
+from ..plugins.worker import InProcess, Lane, SweepWorker
 from ..repro_format import verify
 from ..storage.database import Database, DatabaseLike, open_database
 from .judge import badness
@@ -48,16 +49,16 @@ _STATUSES = ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")
 class SweepSettings:
     """What to sweep and how. ``backend`` is a registered ``torch.compile`` backend name, or a label
     when ``backend_file`` gives the backend (its ``backend_attr``, ``backend`` by default), or when
-    ``runtime`` names an ONNX runtime (``onnxruntime``, ``openvino``: single-op ONNX graphs,
-    :mod:`.runtimes`)."""
+    ``runtime`` names an engine's ONNX runtime (single-op ONNX graphs, :mod:`.runtimes`; the names
+    :func:`~.runtime_lookup.runtime_names` lists)."""
 
     backend: str = "aot_eager"
     backend_file: str | None = None
     backend_attr: str = "backend"
-    #: an ONNX runtime instead of a ``torch.compile`` backend: ``onnxruntime`` or ``openvino``
+    #: an engine's ONNX runtime instead of a ``torch.compile`` backend (:mod:`.runtime_lookup`)
     runtime: str | None = None
-    #: where the samples run (a ``torch.compile`` backend), or the runtime's device (``cuda``:
-    #: ONNX Runtime's CUDA provider; ``gpu``: OpenVINO's GPU)
+    #: where the samples run (a ``torch.compile`` backend), or the runtime's device (the runtime
+    #: maps it to its own: an execution provider, a device name)
     device: str = "cpu"
     dtypes: Sequence[str] = ("float32", "bfloat16", "float16")
     #: judge the backward pass (the gradients of every floating input) instead of the forward
@@ -80,7 +81,7 @@ class SweepSettings:
     #: reached are counted in ``SweepResult.left`` and a later run with the same settings resumes them
     time_budget_s: float | None = None
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonObject:
         """What the sweep's key digests: the backend (the file's content too), device, dtypes, samples."""
         file_digest = None
         if self.backend_file is not None:
@@ -98,82 +99,38 @@ def sweep_key(settings: SweepSettings) -> str:
     return f"{settings.backend}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-class _Proc(PipeWorker):
-    """One worker process and its two pipes (:class:`~debug_framework.plugins.pipeworker.PipeWorker`);
-    restarted by the caller after a crash or a hang."""
+def _start(args: tuple[object, ...], env: dict[str, str], in_process: bool) -> SweepWorker | InProcess:
+    """A worker holding the backend (:class:`~.subject.BackendSubject`): a process of its own, or
+    the caller's process with ``in_process`` (no crash or hang isolation).
 
-    def __init__(self, args: tuple[Any, ...], env: dict[str, str]) -> None:
-        super().__init__("debug_framework.conformance.worker", args,
-                         env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **env}, quiet=True)
-        reply = self._reply(_START_TIMEOUT_S) or ("error", "the worker did not start")
-        if reply[0] != "ok":
-            self.stop()
-            raise ConfigurationError(f"the sweep's worker cannot load the backend: {reply[1]}",
-                                     hint="check --compile-backend / --compile-backend-file", backend=args[0])
-
-    def death(self, timeout: float) -> dict[str, Any]:
-        code = self.proc.poll()
-        if code is None or self.killed:
-            return {"status": "hang", "reason": f"no answer within {timeout:g} s (the worker was killed)"}
-        how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        return {"status": "crash", "reason": f"the sample crashed the worker process ({how})"}
-
-
-class _InProcess:
-    """The worker's state run inside the caller's process (``workers=0``): no isolation from crashes
-    and no timeout, for tests and debugging a backend under a debugger."""
-
-    def __init__(self, args: tuple[Any, ...]) -> None:
-        from .worker import WorkerState
-
-        self.state = WorkerState(*args)
-
-    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
+    Raises:
+        ConfigurationError (DF005): the backend cannot be loaded.
+    """
+    if in_process:
         try:
-            return ("ok", self.state.handle(msg))
+            return InProcess("backend", args)
         except Exception as exc:  # noqa: BLE001 - as the worker process reports it
-            return ("error", f"{type(exc).__name__}: {exc}")
+            raise ConfigurationError(f"cannot load the backend: {type(exc).__name__}: {exc}",
+                                     hint="check --compile-backend / --compile-backend-file") from exc
+    worker = SweepWorker("backend", args, env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **env}, quiet=True)
+    reply = worker.started(_START_TIMEOUT_S)
+    if reply is None or reply[0] != "ok":
+        why = reply[1] if reply is not None else f"the worker did not start: {worker.death(_START_TIMEOUT_S)['reason']}"
+        worker.stop()
+        raise ConfigurationError(f"the sweep's worker cannot load the backend: {why}",
+                                 hint="check --compile-backend / --compile-backend-file", backend=str(args[0]))
+    return worker
 
-    def death(self, timeout: float) -> dict[str, Any]:
-        raise AssertionError("an in-process sweep has no worker to die")
 
-    def stop(self) -> None:
-        self.state.close()
-
-
-class _Lane:
-    """One worker and the operators it sweeps (one thread of the parent drives it)."""
+class _Lane(Lane):
+    """One worker (:class:`~debug_framework.plugins.worker.Lane`) and the operators it sweeps (one
+    thread of the parent drives it)."""
 
     def __init__(self, settings: SweepSettings, threads: int) -> None:
         self.settings = settings
-        self.args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
-                     settings.seed, threads, settings.max_samples, settings.grad, settings.runtime)
-        self.proc: _Proc | _InProcess | None = None
-        self.restarts = 0
-
-    def worker(self) -> _Proc | _InProcess:
-        if self.proc is None:
-            if self.settings.workers == 0:
-                try:
-                    self.proc = _InProcess(self.args)
-                except Exception as exc:  # noqa: BLE001 - as the worker process reports it
-                    raise ConfigurationError(f"cannot load the backend: {type(exc).__name__}: {exc}",
-                                             hint="check --compile-backend / --compile-backend-file") from exc
-            else:
-                self.proc = _Proc(self.args, self.settings.extra_env)
-        return self.proc
-
-    def ask(self, msg: tuple[Any, ...], timeout: float) -> tuple[str, Any] | None:
-        """The worker's reply; None when it died (see :meth:`died`). An exception of the sweep's own
-        code in the worker comes back as ``("error", message)``."""
-        return self.worker().ask(msg, timeout)
-
-    def died(self, timeout: float) -> dict[str, Any]:
-        assert self.proc is not None
-        result = self.proc.death(timeout)
-        self.proc = None
-        self.restarts += 1
-        return result
+        args = (settings.backend, settings.backend_file, settings.backend_attr, settings.device, settings.fuzz,
+                settings.seed, threads, settings.max_samples, settings.grad, settings.runtime)
+        super().__init__(lambda: _start(args, settings.extra_env, settings.workers == 0))
 
     def refresh(self, op: str, dtype: str) -> bool:
         """A fresh worker holding ``op``'s samples in ``dtype``; False where making them kills it."""
@@ -185,7 +142,7 @@ class _Lane:
     def sweep_op(self, op: str) -> OpResult:
         s = self.settings
         start = time.perf_counter()
-        samples: list[dict[str, Any]] = []
+        samples: list[JsonObject] = []
         skips: list[str] = []
         graphs = sweep_failures = 0
         for dtype in s.dtypes:
@@ -243,13 +200,8 @@ class _Lane:
         out.seconds = time.perf_counter() - start
         return out
 
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.proc = None
 
-
-def _aggregate(op: str, samples: list[dict[str, Any]], skips: list[str], graphs: int, no_graph: str) -> OpResult:
+def _aggregate(op: str, samples: list[JsonObject], skips: list[str], graphs: int, no_graph: str) -> OpResult:
     """An operator's verdict from its samples: the worst applicable status decides."""
     counts = {k: 0 for k in _STATUSES}
     for smp in samples:
@@ -296,7 +248,8 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     """
     from .devices import check_device
     from .ops import DTYPES, all_ops, select_ops, static_skip
-    from .runtimes import RUNTIMES, check_runtime
+    from .runtime_lookup import find_runtime
+    from .runtimes import check_runtime
 
     bad = [d for d in settings.dtypes if d not in DTYPES]
     if bad or not settings.dtypes:
@@ -305,9 +258,7 @@ def run_sweep(settings: SweepSettings, database: DatabaseLike | None = None,
     if settings.backend_file is not None and not Path(settings.backend_file).is_file():
         raise ConfigurationError(f"backend file {settings.backend_file!r}: no such file", option="--compile-backend-file")
     if settings.runtime is not None:
-        if settings.runtime not in RUNTIMES:
-            raise ConfigurationError(f"unknown runtime {settings.runtime!r}", option="--runtime",
-                                     hint=f"use {' or '.join(RUNTIMES)}")
+        find_runtime(settings.runtime)  # DF005 for an unknown name, before the other checks
         if settings.backend_file is not None or settings.grad:
             raise ConfigurationError(f"--runtime {settings.runtime} takes neither --compile-backend-file nor --grad "
                                      "(it runs exported forward graphs)", option="--runtime")

@@ -3,13 +3,18 @@ there with the right schemas, and ``torch.library.opcheck`` passes on each regis
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import PluginCompilationError
-from .manifest import PluginDefinition
+from ..jsonio import JsonObject
+from .manifest import KernelSpec, PluginDefinition
+
+if TYPE_CHECKING:
+    from .samples import Sample
 
 __all__ = ["validate_artifact", "METALLIB_MAGIC", "opcheck_samples"]
 
@@ -17,7 +22,7 @@ __all__ = ["validate_artifact", "METALLIB_MAGIC", "opcheck_samples"]
 METALLIB_MAGIC = b"MTLB"
 
 
-def opcheck_samples(spec: Any, limit: int = 2) -> list[Any]:
+def opcheck_samples(spec: KernelSpec, limit: int = 2) -> list[Sample]:
     """A few small samples of a kernel to run ``opcheck`` on (fuzzed, else OpInfo)."""
     from .samples import make_samples
 
@@ -29,7 +34,8 @@ def opcheck_samples(spec: Any, limit: int = 2) -> list[Any]:
     return small[:limit]
 
 
-def _opcheck(op: Any, spec: Any) -> dict[str, Any]:
+def _opcheck(op: Callable[..., object], spec: KernelSpec) -> JsonObject:
+    """``torch.library.opcheck`` on a few small samples: each test's first failure, or SUCCESS."""
     samples = opcheck_samples(spec)
     if not samples:
         return {"passed": True, "note": "no sample to run opcheck on (declare the kernel's inputs and args)"}
@@ -48,18 +54,19 @@ def _opcheck(op: Any, spec: Any) -> dict[str, Any]:
     return {"passed": all(v == "SUCCESS" for v in results.values()), "tests": results, "samples": len(samples)}
 
 
-def _validate_metal(artifact: Path, defn: PluginDefinition | None) -> dict[str, Any]:
+def _validate_metal(artifact: Path, defn: PluginDefinition | None) -> JsonObject:
+    """A Metal library: its header, and each declared entry's symbol in it."""
     data = artifact.read_bytes()
     if not data.startswith(METALLIB_MAGIC):
         raise PluginCompilationError("the file is not a Metal library (no MTLB header)", artifact=str(artifact))
-    kernels = {}
+    kernels: dict[str, JsonObject] = {}
     for spec in defn.kernels if defn else ():
         found = spec.entry.encode() in data
         kernels[spec.name] = {"entry": spec.entry, "symbol_found": found, "passed": found}
     return {"passed": all(k["passed"] for k in kernels.values()), "kernels": kernels}
 
 
-def validate_artifact(artifact: Path, backend_type: str, defn: PluginDefinition | None) -> dict[str, Any]:
+def validate_artifact(artifact: Path, backend_type: str, defn: PluginDefinition | None) -> JsonObject:
     """The checks of ``CompilationEngine.validation_report``, as a report.
 
     Without a plugin definition (an artifact built from a lone source), a C++/CUDA library passes
@@ -84,7 +91,7 @@ def validate_artifact(artifact: Path, backend_type: str, defn: PluginDefinition 
         return {"artifact": str(artifact), "backend_type": backend_type, "passed": bool(new), "registered_ops": new,
                 "note": "" if new else "the library registered no new operator (or was loaded before)"}
     kernels = load_plugin(defn, artifact)
-    report: dict[str, Any] = {}
+    report: dict[str, JsonObject] = {}
     for name, k in kernels.items():
         check = _opcheck(k.op, k.spec)
         report[name] = {"entry": str(k.op), "schema": str(k.op._schema), "notes": k.notes, "opcheck": check,

@@ -25,15 +25,14 @@ kernel's dtype within the rule's floor (an overflow it has too, at the edge of t
 from __future__ import annotations
 
 import math
-from typing import Any
-
 import torch
 
 from ..comparison import FLOOR_EPS, RatioRule, compare
+from ..jsonio import JsonObject
 from .loading import LoadedKernel
 from .samples import Sample, on_device, upcast
 
-__all__ = ["sample_rule", "evaluate_sample", "badness", "STATUS_RANK"]
+__all__ = ["sample_rule", "evaluate_sample", "badness", "error_text", "STATUS_RANK"]
 
 
 #: A float64 kernel has no more precise oracle: the reference in float64 *is* the oracle, its error
@@ -51,7 +50,8 @@ def sample_rule(oracle: torch.Tensor, dtype: str) -> RatioRule:
     return RatioRule.calibrated(oracle, torch.finfo(torch_dtype).eps, floor_eps=floor_eps)
 
 
-def _first_tensor(out: Any) -> torch.Tensor | None:
+def _first_tensor(out: object) -> torch.Tensor | None:
+    """The output itself, or the first of a tuple or list of tensors (the one a kernel is judged by)."""
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor):
@@ -59,12 +59,13 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
-def _error(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An exception as one line of a sample's reason: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> dict[str, Any]:
+def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> JsonObject:
     """The verdict of one sample: ``status`` (pass/fail/error/skipped), ``reason``, the errors weighed."""
     device = kernel.spec.devices[0]
     if device != "cpu":  # samples are made on CPU; a CUDA kernel runs (and is judged) on its device
@@ -74,14 +75,14 @@ def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> dict[str, Any]:
         oracle = _first_tensor(kernel.reference(*upcast(sample.args), **upcast(sample.kwargs)))
         baseline = _first_tensor(kernel.reference(*sample.args, **sample.kwargs))
     except Exception as exc:  # noqa: BLE001 - the reference rejects the sample: it does not apply
-        return {"status": "skipped", "reason": f"the reference rejects this sample ({_error(exc)})"}
+        return {"status": "skipped", "reason": f"the reference rejects this sample ({error_text(exc)})"}
     if oracle is None or baseline is None:
         return {"status": "skipped", "reason": "the reference returns no tensor"}
     try:
         with torch.inference_mode():
             out = _first_tensor(kernel.op(*sample.args, **sample.kwargs))
     except Exception as exc:  # noqa: BLE001 - the kernel's failure is the verdict
-        return {"status": "error", "reason": f"the kernel raised {_error(exc)}"}
+        return {"status": "error", "reason": f"the kernel raised {error_text(exc)}"}
     if out is None:
         return {"status": "fail", "reason": "the kernel returned no tensor"}
     if out.dtype != baseline.dtype:
@@ -149,7 +150,7 @@ def _scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
 STATUS_RANK = {"crash": 4, "hang": 4, "error": 3, "fail": 2, "pass": 1}
 
 
-def badness(result: dict[str, Any], *, error_key: str = "kernel_error",
+def badness(result: JsonObject, *, error_key: str = "kernel_error",
             unranked: tuple[str, ...] = ("skipped",)) -> tuple[int, float]:
     """How bad a sample's result is, to pick the worst (compare with ``max``): its status first
     (crashes and hangs, errors, failures, passes, :data:`STATUS_RANK`), then, within a status,
@@ -163,7 +164,7 @@ def badness(result: dict[str, Any], *, error_key: str = "kernel_error",
     if rank > STATUS_RANK["fail"]:
         return (rank, 0.0)
     err, bound = result.get(error_key), result.get("bound")
-    if err is None or bound is None or (isinstance(err, float) and math.isnan(err)):
+    if not isinstance(err, int | float) or not isinstance(bound, int | float) or math.isnan(err):
         return (rank, math.inf if status == "fail" else -1.0)
     if math.isinf(err):
         return (rank, 1e300)

@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import torch
+from torch._ops import OpOverload
 
 from ..errors import PluginCompilationError
 from .manifest import KernelSpec, PluginDefinition
@@ -29,7 +30,7 @@ __all__ = ["LoadedKernel", "load_plugin", "resolve_op", "load_reference", "aten_
            "load_library", "triton_mode"]
 
 _LOADED_LIBRARIES: dict[str, Path] = {}  # artifact digest -> the path loaded
-_TRITON_LIBS: dict[str, Any] = {}  # namespace -> torch.library.Library keeping its registrations alive
+_TRITON_LIBS: dict[str, torch.library.Library] = {}  # namespace -> torch.library.Library keeping its registrations alive
 
 
 @dataclass
@@ -37,9 +38,9 @@ class LoadedKernel:
     """A kernel ready to run: the plugin's operator, the reference, the ATen op it replaces (if any)."""
 
     spec: KernelSpec
-    op: Callable[..., Any]  # torch.ops.<ns>.<name>.default
-    reference: Callable[..., Any]
-    aten: Any | None  # the ATen OpOverload for ATen kernels
+    op: Callable[..., object]  # torch.ops.<ns>.<name>.default
+    reference: Callable[..., object]
+    aten: OpOverload | None  # the ATen OpOverload for ATen kernels
     notes: list[str]
 
 
@@ -52,19 +53,20 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def resolve_op(name: str) -> Any:
+def resolve_op(name: str) -> OpOverload:
     """The ``OpOverload`` of ``ns::name[.overload]`` (``default`` when no overload is named)."""
     qual, _, overload = name.partition(".")
     ns, _, op = qual.partition("::")
     try:
         packet = getattr(getattr(torch.ops, ns), op)
-        return getattr(packet, overload or "default")
+        found: OpOverload = getattr(packet, overload or "default")
+        return found
     except (AttributeError, RuntimeError) as exc:
         raise PluginCompilationError(f"operator {name} is not registered", op=name,
                                      hint="the library must register it with TORCH_LIBRARY (see docs/plugins.md)") from exc
 
 
-def aten_overload(spec: KernelSpec) -> Any:
+def aten_overload(spec: KernelSpec) -> OpOverload:
     """The ATen ``OpOverload`` an ATen kernel implements."""
     return resolve_op(spec.op_name)
 
@@ -84,7 +86,7 @@ def load_library(artifact: Path) -> None:
     _LOADED_LIBRARIES[digest] = artifact
 
 
-def load_reference(defn: PluginDefinition, spec: KernelSpec) -> Callable[..., Any]:
+def load_reference(defn: PluginDefinition, spec: KernelSpec) -> Callable[..., object]:
     """The function a kernel must match: the ATen op itself, or ``file.py:function`` of the plugin."""
     if spec.reference is None:
         return aten_overload(spec)
@@ -101,7 +103,8 @@ def _ns(plugin_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", plugin_id)
 
 
-def _import_file(path: Path, module_name: str) -> Any:
+def _import_file(path: Path, module_name: str) -> ModuleType:
+    """The plugin file ``path`` imported as ``module_name`` (once: a module already imported from it is reused)."""
     if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == str(path):
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -176,12 +179,12 @@ def _register_python_kernels(defn: PluginDefinition, artifact: Path) -> str:
     return ns
 
 
-def _check_schema(spec: KernelSpec, op: Any, plugin_id: str) -> None:
+def _check_schema(spec: KernelSpec, op: OpOverload, plugin_id: str) -> None:
     """The registered operator takes the arguments of the op it implements (types, order, kwarg-only)."""
     want = torch._C.parse_schema(spec.op) if not spec.is_aten else aten_overload(spec)._schema
     got = op._schema
 
-    def shape(s: Any) -> list[tuple[str, bool]]:
+    def shape(s: torch._C.FunctionSchema) -> list[tuple[str, bool]]:
         return [(str(a.type), bool(a.kwarg_only)) for a in s.arguments]
 
     if shape(got) != shape(want):
@@ -191,7 +194,7 @@ def _check_schema(spec: KernelSpec, op: Any, plugin_id: str) -> None:
             hint="give the kernel the same arguments as the operator it implements")
 
 
-def _ensure_fake(qualname: str, reference: Callable[..., Any], notes: list[str]) -> None:
+def _ensure_fake(qualname: str, reference: Callable[..., object], notes: list[str]) -> None:
     """Give an operator without a Meta/fake kernel the reference as its fake kernel (for opcheck and tracing)."""
     if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Meta"):
         return

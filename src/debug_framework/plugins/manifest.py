@@ -27,10 +27,17 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import PluginCompilationError
+from ..jsonio import JsonObject, JsonValue
 from ..safefiles import MAX_CONFIG_BYTES, read_strict_json, size_text
+
+if TYPE_CHECKING:
+    import torch
+
+_T = TypeVar("_T")
 
 __all__ = ["BACKEND_TYPES", "DTYPES", "KernelSpec", "ModuleSwap", "PluginDefinition", "load_manifest",
            "parse_manifest", "source_digest", "MANIFEST_NAME"]
@@ -80,7 +87,7 @@ class KernelSpec:
     dtypes: tuple[str, ...] = ("float32",)
     reference: str | None = None  # "file.py:function" (custom ops); None: the ATen op itself
     inputs: dict[str, str] = field(default_factory=dict)  # tensor argument -> dims ("...,D")
-    args: dict[str, Any] = field(default_factory=dict)  # non-tensor argument values for fuzzing
+    args: dict[str, JsonValue] = field(default_factory=dict)  # non-tensor argument values for fuzzing
     opinfo: str | None = None  # OpInfo name whose samples apply (ATen ops; default: found by name)
     swap_module: ModuleSwap | None = None
     devices: tuple[str, ...] = ("cpu",)
@@ -94,8 +101,9 @@ class KernelSpec:
         """``ns::name[.overload]`` without the schema."""
         return self.op.split("(", 1)[0]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+    def to_dict(self) -> JsonObject:
+        """The kernel as JSON (the manifest's fields)."""
+        d: JsonObject = asdict(self)
         d["swap_module"] = None if self.swap_module is None else {"class": self.swap_module.cls,
                                                                   "args": list(self.swap_module.args)}
         return d
@@ -134,7 +142,7 @@ class PluginDefinition:
         text = json.dumps(fields, sort_keys=True, default=str) + "\0" + source_digest(list(self.sources))
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The manifest as JSON (paths absolute), as the registry stores it."""
         return {"id": self.id, "version": self.version, "backend": self.backend_type,
                 "sources": [str(s) for s in self.sources], "kernels": [k.to_dict() for k in self.kernels],
@@ -142,7 +150,7 @@ class PluginDefinition:
                 "description": self.description}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PluginDefinition:
+    def from_dict(cls, data: JsonObject) -> PluginDefinition:
         """Inverse of :meth:`to_dict` (what the registry reads back)."""
         kernels = []
         for k in data["kernels"]:
@@ -167,7 +175,9 @@ def source_digest(paths: tuple[Path, ...] | list[Path]) -> str:
     return h.hexdigest()
 
 
-def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], manifest: Path | None, where: str = "") -> Any:
+def _require(data: Mapping[str, object], key: str, kind: type[_T] | tuple[type[_T], ...], manifest: Path | None,
+             where: str = "") -> _T:
+    """``data[key]``, checked to be of ``kind``; DF008 naming the field otherwise."""
     if key not in data:
         raise _bad(f"the manifest has no {where}{key!r}", manifest, where + key)
     value = data[key]
@@ -177,7 +187,7 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], mani
     return value
 
 
-def _check_unknown(data: dict[str, Any], known: set[str], manifest: Path | None, where: str) -> None:
+def _check_unknown(data: Mapping[str, object], known: set[str], manifest: Path | None, where: str) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
         raise _bad(f"unknown field(s) {', '.join(map(repr, unknown))} in {where or 'the manifest'}", manifest,
@@ -210,7 +220,7 @@ def check_schema(schema: str, manifest: Path | None, field_name: str) -> None:
         raise _bad(f"{field_name} is not a valid operator schema: {first}", manifest, field_name) from exc
 
 
-def _op_schema(op: str) -> Any:
+def _op_schema(op: str) -> torch._C.FunctionSchema | None:
     """The ``FunctionSchema`` of a kernel's op when it can be known here (a custom op's schema was
     checked by :func:`check_schema`; an ATen op is looked up), else None."""
     import torch
@@ -224,7 +234,7 @@ def _op_schema(op: str) -> Any:
         return None  # not an ATen op of this torch: the build checks report it
 
 
-def _fits(value: Any, type_text: str) -> bool:
+def _fits(value: object, type_text: str) -> bool:
     """Whether the JSON value fits an argument of the schema type ``type_text`` (``float``, ``int[]``, ``bool?`` ...)."""
     if type_text.endswith("?"):
         return value is None or _fits(value, type_text[:-1])
@@ -247,7 +257,7 @@ def _fits(value: Any, type_text: str) -> bool:
     return isinstance(value, str | int | float | bool)  # ScalarType, Layout, Device ...: passed as given
 
 
-def _check_args(args: dict[str, Any], schema: Any, manifest: Path | None, where: str) -> None:
+def _check_args(args: Mapping[str, object], schema: torch._C.FunctionSchema | None, manifest: Path | None, where: str) -> None:
     """Every ``args`` value names a non-tensor argument of the op and fits its type."""
     types = {} if schema is None else {a.name: str(a.type) for a in schema.arguments}
     for name, value in args.items():
@@ -264,7 +274,7 @@ def _check_args(args: dict[str, Any], schema: Any, manifest: Path | None, where:
                        manifest, f"{where}.{name}")
 
 
-def _kernel(raw: Any, i: int, root: Path, backend: str, manifest: Path | None) -> KernelSpec:
+def _kernel(raw: object, i: int, root: Path, backend: str, manifest: Path | None) -> KernelSpec:
     where = f"kernels[{i}]."
     if not isinstance(raw, dict):
         raise _bad(f"kernels[{i}] must be an object", manifest, f"kernels[{i}]")
@@ -328,7 +338,7 @@ def _kernel(raw: Any, i: int, root: Path, backend: str, manifest: Path | None) -
                       dict(args), raw.get("opinfo"), module_swap, tuple(devices))
 
 
-def parse_manifest(data: Any, manifest: Path | None = None, root: Path | None = None) -> PluginDefinition:
+def parse_manifest(data: object, manifest: Path | None = None, root: Path | None = None) -> PluginDefinition:
     """Check and parse a manifest object (``root``: where relative paths start; default the manifest's folder)."""
     if not isinstance(data, dict):
         raise _bad("the manifest must be a JSON object", manifest, "(top level)")

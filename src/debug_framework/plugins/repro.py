@@ -15,11 +15,10 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from ..comparison import FLOOR_EPS, NOISE_MARGIN
+from ..jsonio import JsonObject, JsonValue
 from ..repro_format import INPUTS, SAFETENSORS_READER, write_repro_files
 from .evaluate import FLOAT64_FLOOR_EPS
 from .manifest import KernelSpec, PluginDefinition
@@ -147,7 +146,7 @@ def check():
 '''
 
 
-def plugin_kernel_entry(defn: PluginDefinition, spec: KernelSpec, artifact: str | Path, folder: Path) -> dict[str, Any]:
+def plugin_kernel_entry(defn: PluginDefinition, spec: KernelSpec, artifact: str | Path, folder: Path) -> JsonObject:
     """Copy the plugin's build into ``folder``; what ``load_kernel`` of :data:`KERNEL_LOADER` needs
     to load ``spec``'s kernel from there (and when it applies: its dtypes and devices)."""
     source = Path(artifact).resolve()
@@ -157,7 +156,7 @@ def plugin_kernel_entry(defn: PluginDefinition, spec: KernelSpec, artifact: str 
             "artifact": local, "device": spec.devices[0], "dtypes": list(spec.dtypes), "devices": list(spec.devices)}
 
 
-def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _encode(v: object, tensors: dict[str, torch.Tensor]) -> JsonValue:
     """A sample argument as JSON, tensors stored with their whole storage and their view."""
     if isinstance(v, torch.Tensor):
         key = f"t{len(tensors)}"
@@ -177,7 +176,7 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
 encode_value = _encode
 
 
-def save_sample(sample: Sample, folder: Path, name: str) -> tuple[Path, list[Any], dict[str, Any]]:
+def save_sample(sample: Sample, folder: Path, name: str) -> tuple[Path, list[JsonValue], JsonObject]:
     """Make a repro's directory under ``folder`` (``name`` made a safe file name of at most 120
     characters) and write ``sample``'s tensors into its ``inputs.safetensors``; the directory and
     the sample's arguments and keyword arguments as JSON (:data:`encode_value`)."""

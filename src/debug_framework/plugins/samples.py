@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from ..jsonio import JsonObject, JsonValue
 from .manifest import KernelSpec
+
+if TYPE_CHECKING:
+    from torch.testing._internal.opinfo.core import OpInfo
+
+_V = TypeVar("_V")
 
 __all__ = ["Sample", "make_samples", "describe_value", "OPINFO_LIMIT", "schema_of", "upcast", "on_device",
            "relayout", "with_special", "FUZZ_SHAPES", "LAYOUTS", "SPECIALS", "MAGNITUDES"]
@@ -37,17 +43,18 @@ class Sample:
     source: str  # opinfo | shape | stride | special | magnitude | model
     label: str
     dtype: str
-    args: list[Any]
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    args: list[object]
+    kwargs: dict[str, object] = field(default_factory=dict)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """JSON view: tensor arguments by shape/stride/offset/dtype, other values as they are."""
         return {"source": self.source, "label": self.label, "dtype": self.dtype,
                 "args": [describe_value(a) for a in self.args],
                 "kwargs": {k: describe_value(v) for k, v in self.kwargs.items()}}
 
 
-def describe_value(v: Any) -> Any:
+def describe_value(v: object) -> JsonValue:
+    """A sample argument as JSON: a tensor by shape, stride, offset and dtype; other values as they are."""
     if isinstance(v, torch.Tensor):
         return {"shape": list(v.shape), "stride": list(v.stride()), "offset": v.storage_offset(),
                 "dtype": str(v.dtype).removeprefix("torch.")}
@@ -58,7 +65,7 @@ def describe_value(v: Any) -> Any:
     return v
 
 
-def upcast(v: Any) -> Any:
+def upcast(v: _V) -> _V:
     """``v`` with floating tensors (and dtype arguments) in float64: the reference's inputs."""
     if isinstance(v, torch.Tensor):
         return v.to(torch.float64) if v.is_floating_point() else v
@@ -69,7 +76,7 @@ def upcast(v: Any) -> Any:
     return v
 
 
-def on_device(v: Any, device: str) -> Any:
+def on_device(v: _V, device: str) -> _V:
     """``v`` with its tensors moved to ``device`` (CUDA kernels' samples; views become contiguous there)."""
     if device == "cpu":
         return v
@@ -82,7 +89,7 @@ def on_device(v: Any, device: str) -> Any:
     return v
 
 
-def schema_of(spec: KernelSpec) -> Any:
+def schema_of(spec: KernelSpec) -> torch._C.FunctionSchema:
     """The ``FunctionSchema`` of the op a kernel implements."""
     if spec.is_aten:
         from .loading import aten_overload
@@ -94,7 +101,7 @@ def schema_of(spec: KernelSpec) -> Any:
 # ---------------------------------------------------------------------------------------------- OpInfo
 
 
-def _opinfos(spec: KernelSpec) -> list[Any]:
+def _opinfos(spec: KernelSpec) -> list[OpInfo]:
     """The OpInfo entries of an ATen kernel's op (by ``opinfo`` name, else by ATen name)."""
     if not spec.is_aten and spec.opinfo is None:
         return []
@@ -126,7 +133,7 @@ def _opinfo_samples(spec: KernelSpec, dtype: str) -> Iterator[Sample]:
 # ---------------------------------------------------------------------------------------------- fuzzing
 
 
-def _dims(spec: KernelSpec, schema: Any) -> dict[str, tuple[bool, list[str]]] | None:
+def _dims(spec: KernelSpec, schema: torch._C.FunctionSchema) -> dict[str, tuple[bool, list[str]]] | None:
     """tensor argument -> (has leading ``...``, named dims); None when the kernel cannot be fuzzed."""
     tensors = [a.name for a in schema.arguments if str(a.type) == "Tensor"]
     if spec.inputs:
@@ -147,8 +154,10 @@ def _dims(spec: KernelSpec, schema: Any) -> dict[str, tuple[bool, list[str]]] | 
     return out
 
 
-def _scalars(spec: KernelSpec, schema: Any) -> dict[str, Any] | None:
-    values: dict[str, Any] = {}
+def _scalars(spec: KernelSpec, schema: torch._C.FunctionSchema) -> dict[str, object] | None:
+    """The values of the schema's other arguments (declared, else left to their defaults); None when
+    one without a default is not declared."""
+    values: dict[str, object] = {}
     for a in schema.arguments:
         if str(a.type) == "Tensor":
             continue
@@ -164,7 +173,8 @@ def _scalars(spec: KernelSpec, schema: Any) -> dict[str, Any] | None:
 class _Maker:
     """Tensors for one kernel's arguments from a seeded generator."""
 
-    def __init__(self, dims: dict[str, tuple[bool, list[str]]], scalars: dict[str, Any], schema: Any, seed: int) -> None:
+    def __init__(self, dims: dict[str, tuple[bool, list[str]]], scalars: dict[str, object],
+                 schema: torch._C.FunctionSchema, seed: int) -> None:
         self.dims, self.scalars, self.schema = dims, scalars, schema
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -175,9 +185,10 @@ class _Maker:
     def values(self, shape: tuple[int, ...], dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(shape, generator=self.gen, dtype=torch.float64) * scale).to(dtype)
 
-    def call(self, tensors: dict[str, torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
-        args: list[Any] = []
-        kwargs: dict[str, Any] = {}
+    def call(self, tensors: dict[str, torch.Tensor]) -> tuple[list[object], dict[str, object]]:
+        """The kernel's arguments and keyword arguments in its schema's order."""
+        args: list[object] = []
+        kwargs: dict[str, object] = {}
         for a in self.schema.arguments:
             value = tensors.get(a.name, self.scalars.get(a.name))
             if a.name not in tensors and a.name not in self.scalars:

@@ -13,13 +13,15 @@ name the first layer where a swapped kernel changes the numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.hooks import RemovableHandle
 
 from ..backends.pytorch import PyTorchBackend
 from ..capture.keys import Capture
@@ -40,11 +42,13 @@ class AtenSwap(TorchDispatchMode):
         self.table = {k.aten: k for k in kernels if k.aten is not None}
         self.calls: dict[str, int] = {}
 
-    def _applies(self, k: LoadedKernel, args: tuple[Any, ...]) -> bool:
+    def _applies(self, k: LoadedKernel, args: tuple[object, ...]) -> bool:
+        """The kernel takes this call: its first tensor's dtype and device are among the declared ones."""
         t = next((a for a in args if isinstance(a, torch.Tensor)), None)
         return t is not None and str(t.dtype).removeprefix("torch.") in k.spec.dtypes and t.device.type in k.spec.devices
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(self, func: OpOverload, types: Sequence[type], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         kwargs = kwargs or {}
         k = self.table.get(func)
         if k is not None and self._applies(k, args):
@@ -53,13 +57,17 @@ class AtenSwap(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _module_hook(k: LoadedKernel, calls: dict[str, int]) -> Callable[..., Any]:
-    def hook(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
+def _module_hook(k: LoadedKernel, calls: dict[str, int]) -> Callable[..., torch.Tensor]:
+    """A forward hook replacing the module's output by the kernel's (dtype and device permitting), counted."""
+
+    def hook(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
         x = inputs[0]
         if str(x.dtype).removeprefix("torch.") not in k.spec.dtypes or x.device.type not in k.spec.devices:
             return output
         calls[k.spec.name] = calls.get(k.spec.name, 0) + 1
-        return k.op(*_swap_args(k, module, x)).to(output.dtype)
+        out = k.op(*_swap_args(k, module, x))
+        assert isinstance(out, torch.Tensor)
+        return out.to(output.dtype)
 
     return hook
 
@@ -74,12 +82,13 @@ def _swap_targets(module: torch.nn.Module, kernels: list[LoadedKernel]) -> Itera
                 yield k, sub
 
 
-def _swap_args(k: LoadedKernel, module: torch.nn.Module, x: Any) -> list[Any]:
+def _swap_args(k: LoadedKernel, module: torch.nn.Module, x: torch.Tensor) -> list[object]:
+    """The kernel's arguments for a module call: its input, then the module's attributes it names."""
     assert k.spec.swap_module is not None
     return [x if n == "input" else getattr(module, n) for n in k.spec.swap_module.args]
 
 
-def module_swaps(module: torch.nn.Module, kernels: list[LoadedKernel], calls: dict[str, int]) -> list[Any]:
+def module_swaps(module: torch.nn.Module, kernels: list[LoadedKernel], calls: dict[str, int]) -> list[RemovableHandle]:
     """Forward hooks putting each ``swap_module`` kernel in place of its modules' outputs; the handles."""
     return [sub.register_forward_hook(_module_hook(k, calls)) for k, sub in _swap_targets(module, kernels)]
 
@@ -94,7 +103,7 @@ class PluginBackend(PyTorchBackend):
         self.artifact = Path(artifact)
         self.kernels: list[LoadedKernel] = []
         self.calls: dict[str, int] = {}
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
 
     def version_info(self) -> dict[str, Any]:
         return {**super().version_info(), "plugin": self.definition.id, "plugin_version": self.definition.version,
@@ -133,7 +142,7 @@ class PluginBackend(PyTorchBackend):
             return super().run_block(i, block, hidden_in, inputs)
 
 
-def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call: Callable[[], Any],
+def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call: Callable[[], object],
                      limit: int = 8) -> dict[str, list[dict[str, list[int]]]]:
     """The argument shapes each kernel's operator sees during ``call()`` (a real model run): kernel ->
     up to ``limit`` distinct ``{tensor argument: shape}``, for the sweep's ``model`` samples."""
@@ -141,7 +150,7 @@ def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call:
 
     seen: dict[str, list[dict[str, list[int]]]] = {k.spec.name: [] for k in kernels}
 
-    def note(k: LoadedKernel, args: list[Any]) -> None:
+    def note(k: LoadedKernel, args: list[object]) -> None:
         names = [a.name for a in schema_of(k.spec).arguments]
         shapes = {n: list(v.shape) for n, v in zip(names, args) if isinstance(v, torch.Tensor)}
         if shapes not in seen[k.spec.name] and len(seen[k.spec.name]) < limit:
@@ -150,7 +159,8 @@ def record_op_shapes(module: torch.nn.Module, kernels: list[LoadedKernel], call:
     class Recorder(TorchDispatchMode):
         table = {k.aten: k for k in kernels if k.aten is not None}
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: OpOverload, types: Sequence[type], args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
             if func in self.table:
                 note(self.table[func], list(args))
             return func(*args, **(kwargs or {}))

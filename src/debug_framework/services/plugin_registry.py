@@ -17,17 +17,21 @@ package's ``pyproject.toml``::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import DEFAULT_CONFIG, default_database_path, from_environment, merge_config
 from ..errors import PluginCompilationError
+from ..jsonio import JsonObject, JsonValue
 from ..plugins.manifest import PluginDefinition, load_manifest
 from ..plugins.sweep import SweepReport, sweep_plugin
 from ..storage.database import Database, DatabaseLike, open_database
 from .compilation_engine import BuildResult, CompilationEngine, plugin_definition
+
+if TYPE_CHECKING:
+    from ..plugins.swap import PluginBackend
 
 __all__ = ["PluginRegistry", "ENTRY_POINT_GROUP", "installed_plugins", "plugin_backend_factory"]
 
@@ -55,7 +59,7 @@ def installed_plugins() -> list[tuple[str, PluginDefinition | PluginCompilationE
 _RESOLVED: dict[str, tuple[PluginDefinition, Path]] = {}
 
 
-def plugin_backend_factory(plugin_id: str) -> Any:
+def plugin_backend_factory(plugin_id: str) -> Callable[..., PluginBackend]:
     """The factory of backend ``plugin:<id>``: the plugin resolved in this process (``debug_validate
     --plugin`` does that), else the one registered in the configured database, built if needed.
 
@@ -79,7 +83,7 @@ def plugin_backend_factory(plugin_id: str) -> Any:
     return partial(PluginBackend, defn, artifact)
 
 
-def _definition(row: Mapping[str, Any]) -> PluginDefinition:
+def _definition(row: Mapping[str, JsonValue]) -> PluginDefinition:
     """The definition stored in a plugin row; a damaged one is DF008 naming the plugin."""
     try:
         return PluginDefinition.from_dict(row["definition"])
@@ -208,7 +212,7 @@ class PluginRegistry:
         _RESOLVED[defn.id] = (defn, Path(path))
         return defn, Path(path)
 
-    def validate(self, plugin: PluginDefinition | str, timeout_s: float | None = None) -> dict[str, Any]:
+    def validate(self, plugin: PluginDefinition | str, timeout_s: float | None = None) -> JsonObject:
         """``CompilationEngine.validation_report``'s checks (load, ops, opcheck, in a worker process)
         on the build of exactly ``plugin`` (a definition, or the one registered under an id), recorded;
         ``timeout_s`` bounds the worker (default: the sweep's)."""
@@ -237,7 +241,7 @@ class PluginRegistry:
         except (PluginCompilationError, OSError):
             return True
 
-    def _record_validation(self, defn: PluginDefinition, part: dict[str, Any]) -> None:
+    def _record_validation(self, defn: PluginDefinition, part: JsonObject) -> None:
         """Keep ``part`` on the row when the row still holds ``defn`` (keyed by id and content digest):
         a run never writes its results onto another definition registered under the same id."""
         if self._replaced(defn):
@@ -256,6 +260,6 @@ class PluginRegistry:
         self.artifact(defn)
         return f"plugin:{defn.id}"
 
-    def record(self, plugin_id: str) -> dict[str, Any] | None:
+    def record(self, plugin_id: str) -> JsonObject | None:
         """The stored row: definition, build (with the full log), validation results."""
         return self.db.plugins.get(plugin_id)

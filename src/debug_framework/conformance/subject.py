@@ -1,13 +1,13 @@
-"""The conformance sweep's worker process: it resolves the backend, makes one operator's samples in
-one dtype and runs them one at a time on the parent's request, so an operator that crashes the
-process or hangs costs one sample.
+"""A backend as the subject of an op sweep: the state the sweep's worker
+(:mod:`debug_framework.plugins.worker`, subject ``backend``) holds for a ``torch.compile`` backend
+or an engine's ONNX runtime (:mod:`.runtimes`): the backend resolved, one operator's OpInfo samples
+in one dtype (:mod:`.samples`), its compiled call.
 
-Run as ``python -m debug_framework.conformance.worker READ_FD WRITE_FD``; the parent first sends the
-arguments of :class:`WorkerState`, then ``("prepare", op, dtype)`` -> ``{"skip": reason}`` or
-``{"samples": [description, ...]}``, ``("run", i)`` -> the sample's result (with ``graphs``: how many
-graphs with an operation reached the backend for this operator so far), ``("eager", i)`` -> True
-once the sample's eager runs alone survived (asked after the sample crashed a worker), ``("repro",
-op, dtype, i, folder)`` -> the repro's path, ``("stop",)``. Replies are ``("ok", value)`` or ``("error", message)``.
+Requests: ``("prepare", op, dtype)`` -> ``{"skip": reason}`` or ``{"samples": [description, ...]}``,
+``("run", i)`` -> the sample's result (with ``graphs``: how many graphs with an operation reached the
+backend for this operator so far), ``("eager", i)`` -> True once the sample's eager runs alone
+survived (asked after the sample crashed a worker), ``("repro", op, dtype, i, folder, status)`` ->
+the repro's path.
 
 Each operator and dtype is compiled afresh (Dynamo's caches reset, a new code object) with dynamic
 shapes (``torch.compile(dynamic=True)``), so its samples share one graph per rank and layout instead
@@ -25,14 +25,25 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..plugins.pipeworker import serve
+from ..jsonio import JsonObject, JsonValue
 
-__all__ = ["WorkerState", "worker_main", "resolve_backend"]
+if TYPE_CHECKING:
+    import tempfile
+
+    import torch
+
+    from ..plugins.samples import Sample
+    from .runtimes import RuntimeRunner
+
+#: A ``torch.compile`` backend: the captured graph and its example inputs -> the callable to run.
+CompilerFn = Callable[..., Callable[..., object]]
+
+__all__ = ["BackendSubject", "resolve_backend"]
 
 
-def resolve_backend(backend: str, backend_file: str | None, backend_attr: str) -> Any:
+def resolve_backend(backend: str, backend_file: str | None, backend_attr: str) -> CompilerFn:
     """The ``torch.compile`` backend: ``backend_attr`` of ``backend_file`` when given, else the
     compiler function registered as ``backend``."""
     if backend_file is not None:
@@ -42,19 +53,22 @@ def resolve_backend(backend: str, backend_file: str | None, backend_attr: str) -
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-        return getattr(module, backend_attr)
+        found: CompilerFn = getattr(module, backend_attr)
+        return found
     from .._torch.dynamo import lookup_backend
 
-    return lookup_backend(backend)
+    registered: CompilerFn = lookup_backend(backend)
+    return registered
 
 
-def _size(sample: Any) -> int:
+def _size(sample: Sample) -> int:
+    """How many elements the sample's tensor arguments hold."""
     import torch
 
     return sum(a.numel() for a in sample.args if isinstance(a, torch.Tensor))
 
 
-class WorkerState:
+class BackendSubject:
     """The backend, the current operator's samples and its compiled call."""
 
     def __init__(self, backend: str, backend_file: str | None, backend_attr: str, device: str, fuzz: bool,
@@ -72,13 +86,14 @@ class WorkerState:
         self.backend, self.backend_file, self.backend_attr = backend, backend_file, backend_attr
         self.device, self.fuzz, self.seed, self.max_samples, self.grad = device, fuzz, seed, max_samples, grad
         self.runtime = runtime
-        self.runner: Any = None
-        self._scratch: Any = None
+        self.runner: RuntimeRunner | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
         if runtime is not None:  # single-op ONNX graphs run by an ONNX runtime (:mod:`.runtimes`)
+            from .runtime_lookup import find_runtime
             from .runtimes import RuntimeRunner
 
             self._scratch = tempfile.TemporaryDirectory(prefix="df_opsweep_")
-            self.runner = RuntimeRunner(runtime, device, Path(self._scratch.name))
+            self.runner = RuntimeRunner(find_runtime(runtime), device, Path(self._scratch.name))
             self.compiler = None
         else:
             check_device(device)
@@ -86,8 +101,8 @@ class WorkerState:
         self._limit = recompile_limit(100_000)
         self._limit.__enter__()  # for the worker's life: never fall back to eager silently
         self.current: tuple[str, str] | None = None
-        self.samples: list[Any] = []
-        self.compiled: Callable[..., Any] | None = None
+        self.samples: list[Sample] = []
+        self.compiled: Callable[..., object] | None = None
         #: how the current operator and dtype compile: with dynamic shapes (True), or static ones
         #: (False: the backend refused a dynamic graph that it takes static)
         self.dynamic = True
@@ -103,12 +118,15 @@ class WorkerState:
         if self._scratch is not None:
             self._scratch.cleanup()
 
-    def _counting(self, gm: Any, example_inputs: Any) -> Any:
+    def _counting(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., object]:
+        """The backend's compiled graph; a graph holding an operation is counted (``graphs``)."""
         if any(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes):
             self.graphs += 1
         return self.compiler(gm, example_inputs)
 
-    def prepare(self, key: str, dtype: str) -> dict[str, Any]:
+    def prepare(self, key: str, dtype: str) -> JsonObject:
+        """Operator ``key``'s samples in ``dtype`` made and its call compiled (or bound to the
+        runtime): ``{"samples": [description, ...]}``, or ``{"skip": reason}`` where none is judged."""
         from .judge import randomness
         from .ops import DTYPES, find_op
         from .samples import op_samples
@@ -146,7 +164,7 @@ class WorkerState:
             samples = self.samples = samples[: self.max_samples]
         return {"samples": [s.describe() for s in samples]}
 
-    def _compile(self, op: Callable[..., Any]) -> None:
+    def _compile(self, op: Callable[..., object]) -> None:
         """A fresh compiled call of ``op`` (Dynamo reset, a code object of its own) in ``self.dynamic``'s mode."""
         import torch
 
@@ -155,13 +173,15 @@ class WorkerState:
         reset()
         self.count += 1
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> object:
             return op(*args, **kwargs)
 
         call.__code__ = call.__code__.replace(co_name=f"opsweep_{self.count}")  # a code object of its own
         self.compiled = torch.compile(call, backend=self._counting, dynamic=self.dynamic)
 
-    def run(self, i: int) -> dict[str, Any]:
+    def run(self, i: int) -> JsonObject:
+        """Sample ``i``'s verdict (:func:`~.judge.run_sample`, or :func:`~.judge.run_backward` with
+        ``grad``); a refusal under dynamic shapes is tried once with static ones."""
         from .judge import run_backward, run_sample
         from .ops import find_op
 
@@ -191,6 +211,7 @@ class WorkerState:
         return True
 
     def repro(self, key: str, dtype: str, i: int, folder: str, status: str) -> str:
+        """Write sample ``i``'s repro (:func:`~.repro.write_op_repro`) under ``folder``; its path."""
         from .ops import find_op
         from .repro import write_op_repro
 
@@ -200,30 +221,16 @@ class WorkerState:
                                   backend_file=self.backend_file, backend_attr=self.backend_attr,
                                   device=self.device, status=status, grad=self.grad, runtime=self.runtime))
 
-    def handle(self, msg: tuple[Any, ...]) -> Any:
-        if msg[0] == "prepare":
-            return self.prepare(msg[1], msg[2])
-        if msg[0] == "run":
-            return self.run(msg[1])
-        if msg[0] == "eager":
-            return self.eager(msg[1])
-        if msg[0] == "repro":
-            return self.repro(*msg[1:])
-        raise ValueError(f"unknown request {msg[0]!r}")
-
-
-def worker_main(inbox: Any, conn: Any) -> None:
-    """The worker's loop (:func:`~debug_framework.plugins.pipeworker.serve`): read the start
-    arguments from ``inbox``, then answer requests on ``conn``; a backend that cannot be loaded is
-    reported, and raised as DF005."""
-    serve(inbox, conn, WorkerState)
-
-
-if __name__ == "__main__":
-    from multiprocessing.connection import Connection
-
-    from ..services.batch_executor import die_with_parent
-
-    die_with_parent(os.getppid())  # an interrupted sweep leaves no worker compiling on its own
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    worker_main(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    def handle(self, msg: tuple[object, ...]) -> JsonValue:
+        """The answer to one request (see the module docstring)."""
+        name, args = msg[0], [str(a) if not isinstance(a, int) else a for a in msg[1:]]
+        if name == "prepare":
+            return self.prepare(str(args[0]), str(args[1]))
+        if name == "run":
+            return self.run(int(args[0]))
+        if name == "eager":
+            return self.eager(int(args[0]))
+        if name == "repro":
+            key, dtype, i, folder, status = args
+            return self.repro(str(key), str(dtype), int(i), str(folder), str(status))
+        raise ValueError(f"unknown request {name!r}")
