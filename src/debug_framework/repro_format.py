@@ -17,7 +17,7 @@ Layout of a repro directory::
     verify.log          stdout and stderr of the verifying run (written by :func:`verify`)
 
 Contract of ``repro.py``: it resolves every path against its own file, needs only the packages the
-manifest's ``requires`` lists (torch and safetensors, or numpy and onnxruntime; never this project),
+manifest's ``requires`` lists (torch and safetensors, or numpy and an ONNX runtime; never this project),
 prints one JSON observation line (:data:`OBSERVATION_PREFIX`) and, last, one verdict line:
 
     ``REPRO: reproduced: <detail>``  exit 1: the failure is there

@@ -1,5 +1,5 @@
 """``python_reference``: the models of ``debug_framework.architectures`` over NumPy (float64 or
-float32); always available. The ``mlx`` backend runs the same models over ``mlx.core``."""
+float32); always available. Other engines run the same models over their own arrays (:mod:`debug_framework.architectures.xp`)."""
 
 from __future__ import annotations
 

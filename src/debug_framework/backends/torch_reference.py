@@ -5,7 +5,7 @@ It is the validation engine's *trusted implementation at the alternative's preci
 calibration stage runs it at the alternative's dtype to measure how far a correct implementation at
 that precision lands from the reference, and judges the alternative by that noise
 (docs/validation.md, "Calibrated tolerances"). It shares no code with the Hugging Face model the
-``pytorch``, ``inductor`` and ``onnxruntime`` backends run, nor with MLX's kernels. Every step runs
+``pytorch``, ``inductor`` and ONNX-graph backends run, nor with any other engine's kernels. Every step runs
 in the compute dtype (no float32 upcast of norms or softmax), so its noise is that of a plain
 implementation at that precision: an upper estimate for implementations that upcast.
 """

@@ -4,7 +4,7 @@
     debug_opsweep --compile-backend-file my_backend.py --ops softmax,cumsum,nn.functional.gelu --json
     debug_opsweep --compile-backend aot_eager --ops 'nn.functional.*' --junit opsweep.xml
     debug_opsweep --compile-backend inductor --grad --ops softmax,cumsum      # the backward pass
-    debug_opsweep --runtime onnxruntime --ops softmax,cumsum                  # single-op ONNX graphs
+    debug_opsweep --runtime ENGINE --ops softmax,cumsum                       # single-op ONNX graphs
     debug_opsweep --compile-backend inductor --device cuda                    # where a CUDA device exists
     debug_opsweep --upgrade-repros opsweep_repros     # older repros' scripts to the current (torch-only) one
 
@@ -63,8 +63,8 @@ def opsweep(
                                         "(inductor, aot_eager, eager, mock_accel, ...)"),
     backend_file: str | None = typer.Option(None, "--compile-backend-file", metavar="FILE[:NAME]",
                                             help="Python file whose `backend` (or NAME) is the torch.compile backend"),
-    runtime: str | None = typer.Option(None, "--runtime", help="sweep an ONNX runtime instead: onnxruntime or "
-                                       "openvino (each sample's operator exported alone with torch.onnx)"),
+    runtime: str | None = typer.Option(None, "--runtime", help="sweep an engine's ONNX runtime instead: a registered "
+                                       "engine with an op-sweep runtime (each sample's operator exported alone with torch.onnx)"),
     device: str = typer.Option("cpu", "--device", help="device the samples run on (cpu, cuda, ...; with --runtime "
                                "the runtime's device); exit 2 where it does not exist"),
     ops: list[str] | None = typer.Option(None, "--ops", help="operator keys or shell patterns, comma-separated "

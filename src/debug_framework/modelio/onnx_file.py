@@ -190,7 +190,7 @@ def load_onnx_file(path: Path) -> tuple[OnnxGraphConfig, OnnxFileWeights, list[P
         import onnx
     except ImportError as exc:
         raise ModelLoadingError("reading an ONNX file needs the onnx package", file=str(path),
-                                hint="pip install onnx onnxruntime") from exc
+                                hint="pip install onnx") from exc
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError and friends for a corrupt file

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .types import DrillStrategy
+from ...backends.drilldown.types import DrillStrategy
 
 __all__ = ["ENTRY_POINT_GROUP", "StrategyLoadFailure", "entry_point_strategies"]
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ...comparison import RatioRule, finite_rms
-from .types import OperatorRow
+from ...backends.drilldown.types import OperatorRow
 from .align import Alignment, attribute_differences
 from .layer_graph import LayerGraph, is_cast, map_float_dtypes, node_module_path, node_source, run_graph
 

@@ -25,7 +25,7 @@ import numpy as np
 from ...backends.capabilities import capabilities
 from ...comparison import float64_array
 from ...errors import ConfigurationError
-from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
+from ...backends.drilldown.types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
 __all__ = ["TraceStrategy"]
 

@@ -3,9 +3,9 @@
 Each floating-point value a node of the graph makes (``Constant`` nodes aside: they compute
 nothing) is compared, in the graph's topological order, between three runs of the same graph on
 the session's inputs: the **reference** (the graph in float64, as the reference backend runs it),
-the **alternative** (the file the ``onnxruntime`` or ``openvino`` backend runs, the session's
+the **alternative** (the file an engine that runs ONNX graphs runs, the session's
 own or its ``model_file``, opened as that backend opens its graphs: providers, optimisation level or
-OpenVINO's precision hint, graph transform) and the **calibration** (the graph at the
+precision hint, graph transform) and the **calibration** (the graph at the
 alternative's precision, as the calibration's graph runner runs it; the reference's and the
 calibration's runners mark their own sessions, :meth:`Float64GraphRunner.marked`). A value is judged by the calibrated rule of the checkpoints and layers
 (:func:`.judge.node_output_verdict`, the judge's): its RMSE against the reference within
@@ -41,6 +41,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ...backends._onnx_file import saturating_rmse
 from ...backends._onnx_weights import numpy_stream
 from ...backends.capabilities import GraphSessionBackend, capabilities, graph_runner, release
 from ...errors import ConfigurationError
@@ -86,7 +87,7 @@ class MarkAllReport:
     failures: list[NodeOutput] = field(default_factory=list)
     chunks: int = 0
     chunk_size: int = CHUNK
-    reference_runtime: str = "onnxruntime"
+    reference_runtime: str = ""  #: what ran the reference's graph (the engine's name, or ``onnx.reference``)
     elapsed_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,23 +136,6 @@ def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray
             view[0], view[axis] = mask.shape[0], mask.shape[1]
             valid &= mask.reshape(view)
     return valid
-
-
-def saturating_rmse(reference: np.ndarray, value: np.ndarray, big: float) -> float:
-    """RMSE of ``value`` against ``reference`` (both float64, same positions); ``inf`` where a
-    non-finite value does not match (NaN matches NaN; a value saturated in the alternative's type,
-    at least half its largest finite value or infinite, matches a reference beyond that range of the
-    same sign)."""
-    saturated = (np.abs(reference) >= big) & (np.abs(value) >= big / 2) & (np.sign(reference) == np.sign(value))
-    finite = np.isfinite(reference) & np.isfinite(value) & ~saturated
-    matched = saturated | (np.isnan(reference) & np.isnan(value)) | (
-        np.isinf(reference) & np.isinf(value) & (np.sign(reference) == np.sign(value)))
-    if (~finite & ~matched).any():
-        return math.inf
-    if not finite.any():
-        return 0.0
-    diff = value[finite] - reference[finite]
-    return float(np.sqrt(np.mean(diff * diff)))
 
 
 def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.ndarray | None, dtype: str,
@@ -222,10 +206,17 @@ class MarkAllStage(Stage):
         if getattr(model, "format", None) != "onnx" or not capabilities(alternative).graph_sessions.ok:
             raise ConfigurationError(
                 "mark_all compares every node output of an ONNX file: it needs an ONNX-file model "
-                f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, onnxruntime or openvino "
+                f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, {_onnx_engines()} "
                 f"(not {alternative.name!r})",
-                hint="drop --mark-all, or validate the ONNX file against onnxruntime or openvino")
+                hint=f"drop --mark-all, or validate the ONNX file against {_onnx_engines()}")
         ctx.evidence.mark_all = mark_all(ctx, onnx_feeds(model.config, ctx.inputs)).to_dict()
+
+
+def _onnx_engines() -> str:
+    """The registered engines that run ONNX files (their registry records say so), for messages."""
+    from ...backends.registry import engines
+
+    return " or ".join(e.name for e in engines() if "onnx" in e.file_formats) or "an engine that runs them"
 
 
 def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) -> MarkAllReport:

@@ -1,7 +1,8 @@
-"""``openvino``: the Hugging Face model exported to ONNX as the ``onnxruntime`` backend exports it
+"""``openvino``: the Hugging Face model exported to ONNX as every ONNX-graph engine exports it
 (every checkpoint an extra graph output), run by OpenVINO (CPU here; any OpenVINO device).
 
-Everything but the runtime is the ``onnxruntime`` backend's: the export under the session's
+Everything but the runtime is every ONNX-graph engine's
+(:class:`~debug_framework.backends._onnx_export.OnnxGraphBackend`): the export under the session's
 artifact directory, layer replay by cutting the export at a layer's boundaries (``run_layer``),
 the MLP block alone (``run_block``), the drill-down's ONNX graphs. OpenVINO reads each graph with
 its ONNX frontend and compiles it for ``device`` with the precision hint asked for.
@@ -25,10 +26,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendInitializationError
-from ..modelio.loader import LoadedModel
-from .base import BaseBackend, cpu_name, installed_version
-from .onnx_runtime import OnnxRuntimeBackend
+from ...errors import BackendInitializationError
+from ...modelio.loader import LoadedModel
+from ..base import BaseBackend, cpu_name, installed_version
+from .._onnx_export import OnnxGraphBackend
 
 __all__ = ["OpenVinoBackend", "PRECISION_HINTS", "round_to_bfloat16"]
 
@@ -50,8 +51,8 @@ _EXPORTS: dict[tuple[Any, ...], Path] = {}
 
 
 class _OpenVinoSession:
-    """An OpenVINO compiled model behind the part of ONNX Runtime's ``InferenceSession`` interface
-    the ``onnxruntime`` backend and the drill-down use: ``run(names, feeds)``, ``get_inputs()``,
+    """An OpenVINO compiled model behind the session interface the ONNX-graph engines and the
+    drill-down use (:class:`~debug_framework.backends._graph_session.GraphSession`): ``run(names, feeds)``, ``get_inputs()``,
     ``get_outputs()``, ``get_providers()``."""
 
     def __init__(self, compiled: Any, device: str) -> None:
@@ -163,13 +164,14 @@ def _copy_onnx(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
-class OpenVinoBackend(OnnxRuntimeBackend):
+class OpenVinoBackend(OnnxGraphBackend):
     """OpenVINO on the ONNX export of a Hugging Face model; float32 or bfloat16.
 
     Args:
         device: an OpenVINO device name (``"CPU"``, ``"GPU"``...; ``"cpu"`` means ``"CPU"``);
             ``None``: ``"CPU"``.
-        artifact_dir, opset, layer_replay, graph_transform, model_file: as for ``onnxruntime``.
+        artifact_dir, opset, layer_replay, graph_transform, model_file: as for every ONNX-graph
+            engine (:class:`~debug_framework.backends._onnx_export.OnnxGraphBackend`).
         precision_hint: ``"f32"``, ``"bf16"`` or ``None`` (the dtype's: bfloat16 asks for
             ``"bf16"``, float32 for OpenVINO's own default on the device, which is bfloat16 on
             processors with bfloat16 instructions).
@@ -184,7 +186,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
                  layer_replay: str = "graph", graph_transform: str | None = None,
                  precision_hint: str | None = None, emulate_bf16: bool = True,
                  model_file: str | Path | None = None) -> None:
-        super().__init__(device=None, artifact_dir=artifact_dir, opset=opset, optimization="all",
+        super().__init__(device=None, artifact_dir=artifact_dir, opset=opset,
                          layer_replay=layer_replay, graph_transform=graph_transform, model_file=model_file)
         if precision_hint is not None and precision_hint not in PRECISION_HINTS:
             raise BackendInitializationError(f"unknown precision hint {precision_hint!r}",
@@ -263,7 +265,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         return self._core
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
-        """Export the model as ``onnxruntime`` does and compile it with OpenVINO."""
+        """Export the model as every ONNX-graph engine does and compile it with OpenVINO."""
         if device is not None and device not in ("cpu", self.device):
             self.ov_device = str(device).upper()
             self.device = device
@@ -287,7 +289,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         return super().can_run_block()
 
     def _export(self, module: Any, model: LoadedModel, path: Path, output_names: list[str]) -> float:
-        """Export as ``onnxruntime`` does, or copy this process's earlier export of the same model
+        """Export as every ONNX-graph engine does, or copy this process's earlier export of the same model
         with the same outputs (its external data files too) when it still exists."""
         import time
 
@@ -307,7 +309,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
     def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
         """An OpenVINO compiled model on the file ``path`` or on ``graph`` (a serialized ONNX model
         whose external data lies beside ``path``: written there once, named by its content);
-        ``arena`` is ONNX Runtime's (OpenVINO has none to turn off)."""
+        ``arena`` is another runtime's (OpenVINO has none to turn off)."""
         if self.graph_transform is not None:
             graph = self._transformed(path, graph)
         if graph is not None:

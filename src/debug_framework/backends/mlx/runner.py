@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ..architectures import BertReference, LlamaReference, build_reference
-from ..architectures.xp import mlx_namespace
-from ..capture.keys import Capture, CheckpointKey
-from ..errors import BackendInitializationError
-from ..modelio.inputs import ModelInputs
-from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from ...architectures import BertReference, LlamaReference, build_reference
+from .xp import mlx_namespace
+from ...capture.keys import Capture, CheckpointKey
+from ...errors import BackendInitializationError
+from ...modelio.inputs import ModelInputs
+from ...modelio.loader import LoadedModel
+from ..base import BaseBackend, Taps, cpu_name
 
 __all__ = ["MLXBackend", "MLXMetalBackend", "mlx_availability", "metal_availability"]
 
@@ -147,7 +147,7 @@ class MLXBackend(BaseBackend):
                 f"MLX cannot express model_type {model.config.model_type!r}: the mlx backend runs the models "
                 "written from the math (architectures/) over mlx.core, and this model has none "
                 f"({getattr(model.config, 'why_generic', '')})",
-                hint="compare it with pytorch, inductor, onnxruntime or cuda (its own transformers code)",
+                hint="compare it with pytorch, inductor, cuda or an ONNX-graph engine (its own transformers code)",
                 backend=self.name)
         import mlx.core as mx
 
