@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
            "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math",
-           "model_for", "HiddenState"]
+           "model_for", "HiddenState", "Tensor"]
 
+#: A value a backend produces or is handed: a torch tensor or a NumPy array.
+Tensor: TypeAlias = "torch.Tensor | np.ndarray"
 #: A hidden state handed to a layer or block replay: the reference's recorded tensor (torch) or array (NumPy).
 HiddenState: TypeAlias = "torch.Tensor | np.ndarray"
 

@@ -24,12 +24,20 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...errors import BackendInitializationError
 from ...modelio.loader import LoadedModel
 from ..base import BaseBackend, cpu_name, installed_version
+from .._graph_session import GraphPort
 from .._onnx_export import OnnxGraphBackend
+
+if TYPE_CHECKING:
+    import numpy as np
+    import openvino as ov
+    import torch
+
+    from ...jsonio import JsonObject
 
 __all__ = ["OpenVinoBackend", "PRECISION_HINTS", "round_to_bfloat16"]
 
@@ -47,7 +55,7 @@ _ROUNDING_LIMIT = 1e30
 #: This process's exports of a model with every checkpoint as an output: (model digest, opset,
 #: output names) -> the file. A backend prepared again for the same model (another precision hint,
 #: another session) copies it instead of exporting again.
-_EXPORTS: dict[tuple[Any, ...], Path] = {}
+_EXPORTS: dict[tuple[str, int | None, tuple[str, ...]], Path] = {}
 
 
 class _OpenVinoSession:
@@ -55,21 +63,21 @@ class _OpenVinoSession:
     drill-down use (:class:`~debug_framework.backends._graph_session.GraphSession`): ``run(names, feeds)``, ``get_inputs()``,
     ``get_outputs()``, ``get_providers()``."""
 
-    def __init__(self, compiled: Any, device: str) -> None:
+    def __init__(self, compiled: ov.CompiledModel, device: str) -> None:
         self.compiled = compiled
         self.device = device
         self._request = compiled.create_infer_request()
 
-    def get_inputs(self) -> list[Any]:
+    def get_inputs(self) -> list[GraphPort]:
         return [_Named.of(p) for p in self.compiled.inputs]
 
-    def get_outputs(self) -> list[Any]:
+    def get_outputs(self) -> list[GraphPort]:
         return [_Named.of(p) for p in self.compiled.outputs]
 
     def get_providers(self) -> list[str]:
         return [f"OpenVINO {self.device}"]
 
-    def run(self, names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:
+    def run(self, names: list[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs ``names`` (None: all, in graph order) for ``feeds`` (arrays by input name)."""
         import numpy as np
 
@@ -84,7 +92,7 @@ class _OpenVinoSession:
                     array = array.reshape(static)
             arrays[name] = array
         result = self._request.infer(arrays)
-        by_name: dict[str, Any] = {}
+        by_name: dict[str, np.ndarray] = {}
         for port, value in result.items():
             for name in port.get_names():
                 by_name[name] = value
@@ -107,13 +115,13 @@ class _Named:
         self.type = type
 
     @classmethod
-    def of(cls, port: Any) -> _Named:
+    def of(cls, port: ov.Output) -> _Named:
         """An OpenVINO compiled model's input or output port as ONNX Runtime would name and type it."""
         element = port.get_element_type().get_type_name()
         return cls(port.get_any_name(), _ORT_TYPES.get(element, f"tensor({element})"))
 
 
-def round_to_bfloat16(model: Any) -> int:
+def round_to_bfloat16(model: ov.Model) -> int:
     """Round every float32 value ``model`` (an ``openvino.Model``) computes or holds to bfloat16,
     in place: a rounding after each operation's float32 output (constants included; parameters are
     rounded where they are used, results are the rounded values). Returns how many outputs were
@@ -195,7 +203,7 @@ class OpenVinoBackend(OnnxGraphBackend):
         self.emulate_bf16 = bool(emulate_bf16)
         self.ov_device = "CPU" if device in (None, "cpu") else str(device).upper()
         self.device = "cpu" if self.ov_device == "CPU" else self.ov_device.lower()
-        self._core: Any = None
+        self._core: ov.Core | None = None
         #: what the last compiled model reports and whether bfloat16 was emulated
         self.inference_precision: str | None = None
         self.bf16_rounding: str | None = None
@@ -233,7 +241,7 @@ class OpenVinoBackend(OnnxGraphBackend):
         """The ``INFERENCE_PRECISION_HINT`` given to OpenVINO (None: its default for the device)."""
         return self.precision_hint or _DTYPE_HINTS.get(self.dtype)
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         import onnx
         import openvino as ov
 
@@ -257,7 +265,7 @@ class OpenVinoBackend(OnnxGraphBackend):
             "graph_transform": self.graph_transform,
         }
 
-    def _ov_core(self) -> Any:
+    def _ov_core(self) -> ov.Core:
         if self._core is None:
             import openvino as ov
 
@@ -288,7 +296,7 @@ class OpenVinoBackend(OnnxGraphBackend):
             return False, "cannot run a block of an ONNX file alone in OpenVINO (dynamic-rank cuts)"
         return super().can_run_block()
 
-    def _export(self, module: Any, model: LoadedModel, path: Path, output_names: list[str]) -> float:
+    def _export(self, module: torch.nn.Module, model: LoadedModel, path: Path, output_names: list[str]) -> float:
         """Export as every ONNX-graph engine does, or copy this process's earlier export of the same model
         with the same outputs (its external data files too) when it still exists."""
         import time
@@ -306,7 +314,7 @@ class OpenVinoBackend(OnnxGraphBackend):
         _EXPORTS[key] = path
         return seconds
 
-    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
+    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> _OpenVinoSession:
         """An OpenVINO compiled model on the file ``path`` or on ``graph`` (a serialized ONNX model
         whose external data lies beside ``path``: written there once, named by its content);
         ``arena`` is another runtime's (OpenVINO has none to turn off)."""
