@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -48,6 +48,14 @@ from ...errors import ConfigurationError
 from .context import RunContext, Stage, call_backend
 from .judge import node_output_verdict
 from .memory import give_back_freed
+
+if TYPE_CHECKING:
+    import onnx
+
+    from ...backends._graph_session import GraphSession
+    from ...backends._onnx_weights import FedSession
+    from ...backends.base import Backend
+    from ...jsonio import JsonObject
 
 __all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs", "compare_value", "valid_mask",
            "numpy_stream"]
@@ -90,13 +98,13 @@ class MarkAllReport:
     reference_runtime: str = ""  #: what ran the reference's graph (the engine's name, or ``onnx.reference``)
     elapsed_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["first_divergence"] = None if self.first_divergence is None else asdict(self.first_divergence)
         return d
 
 
-def node_outputs(path: Path) -> list[tuple[str, Any]]:
+def node_outputs(path: Path) -> list[tuple[str, onnx.NodeProto]]:
     """The floating-point values the nodes of the ONNX file ``path`` make, in topological (graph)
     order, each with its node; ``Constant`` nodes and values of unknown type left out."""
     from ...backends._onnx_weights import light_graph
@@ -104,7 +112,7 @@ def node_outputs(path: Path) -> list[tuple[str, Any]]:
     return _node_outputs_of(light_graph(path))
 
 
-def _node_outputs_of(model: Any) -> list[tuple[str, Any]]:
+def _node_outputs_of(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto]]:
     """:func:`node_outputs` of an ``onnx.ModelProto`` (each node a copy: a node of the model would
     keep the whole model, its weights, alive)."""
     import onnx
@@ -138,7 +146,7 @@ def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray
     return valid
 
 
-def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.ndarray | None, dtype: str,
+def compare_value(reference: np.ndarray, alternative: np.ndarray, calibration: np.ndarray, valid: np.ndarray | None, dtype: str,
                   margin: float, floor_eps: float) -> tuple[float, float, float, bool]:
     """``(error, noise, bound, passed)`` of one value by the calibrated rule at ``dtype`` (the
     alternative's precision), on the positions ``valid`` (None: all)."""
@@ -156,8 +164,8 @@ def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.
     return error, noise, bound, passed
 
 
-def _stream(first: Any, reopen: Callable[[list[str]], Any] | None, feeds: Mapping[str, np.ndarray],
-            chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+def _stream(first: GraphSession | FedSession, reopen: Callable[[list[str]], GraphSession | FedSession] | None,
+            feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, np.ndarray]]:
     """The values of ``chunks``, one chunk at a time. ONNX's NumPy evaluator (``first``, a runner's
     :class:`~debug_framework.backends._onnx_weights.FedSession`: its weights fed as well): one
     streamed pass. ONNX Runtime computes every output of its graph on each run, fetched or not, and
@@ -176,7 +184,8 @@ def _stream(first: Any, reopen: Callable[[list[str]], Any] | None, feeds: Mappin
         yield dict(zip(chunk, session.run(chunk, dict(feeds))))
 
 
-def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
+def _graph_session(path: Path, names: list[str], dtype: str, runner: Backend | None
+                   ) -> tuple[GraphSession | FedSession, str]:
     """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the graph runner of the
     backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``.
     A runner of that graph at that dtype marks its own session (:meth:`Float64GraphRunner.marked`):
@@ -242,10 +251,10 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
     chunks = [names[i:i + chunk] for i in range(0, len(names), chunk)]
     first = chunks[0] if chunks else []
 
-    def ref_open(tensors: list[str]) -> Any:
+    def ref_open(tensors: list[str]) -> GraphSession | FedSession:
         return _graph_session(Path(model.path), tensors, plan.reference_dtype, ctx.reference)[0]
 
-    def cal_open(tensors: list[str]) -> Any:
+    def cal_open(tensors: list[str]) -> GraphSession | FedSession:
         return _graph_session(Path(model.path), tensors, plan.alternative_dtype, ctx.calibrator)[0]
 
     add_outputs(alt_model, names, value_types(alt_model), _FLOAT)
@@ -265,15 +274,15 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
                                                                 ctx.reference))
     cal_first = call_backend(ctx.reference, "mark-all calibration graph", lambda: cal_open(first))
     # the runners' sessions (light: their weights are fed) mark one chunk at a time, the alternative's every value
-    streams: list[Iterator[dict[str, Any]]] = [
+    streams: list[Iterator[dict[str, np.ndarray]]] = [
         _stream(ref_first, ref_open, feeds, chunks), _stream(alt_session, None, feeds, chunks),
         _stream(cal_first, cal_open, feeds, chunks)]
     del ref_first, alt_session, cal_first
     margin, floor_eps = float(plan.config["noise_margin"]), float(plan.config["floor_eps"])
     mask = np.asarray(ctx.inputs.attention_mask)
-    by_name: dict[str, Any] = dict(values)
+    by_name: dict[str, onnx.NodeProto] = dict(values)
     index = 0
-    run: Callable[[], tuple[dict[str, Any], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
+    run: Callable[[], tuple[dict[str, np.ndarray], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
     for _ in chunks:
         ref_c, alt_c, cal_c = call_backend(alternative, "run(mark-all chunk)", run)
         report.chunks += 1
