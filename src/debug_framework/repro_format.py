@@ -2,7 +2,7 @@
 writes, and the one function that verifies a repro in a fresh process.
 
 Five writers use it: the drill-down's operator repro (``services.drilldown.repro``), the drill-down's
-ONNX node repro (``services.drilldown.onnx_repro``), the op sweep's kernel repro (``plugins.repro``),
+ONNX node repro of an ONNX-graph engine (``backends/<engine>/repro.py``), the op sweep's kernel repro (``plugins.repro``),
 the minifier's graph repro (``debug_module.minifier.codegen``) and the conformance sweep's operator
 repro (``conformance.repro``). Each supplies only its data files,
 its writer-specific manifest entries and the body of its check; this module writes the rest.
