@@ -2,7 +2,7 @@
 writes, and the one function that verifies a repro in a fresh process.
 
 Five writers use it: the drill-down's operator repro (``services.drilldown.repro``), the drill-down's
-ONNX node repro (``services.drilldown.onnx_repro``), the op sweep's kernel repro (``plugins.repro``),
+ONNX node repro of an ONNX-graph engine (``backends/<engine>/repro.py``), the op sweep's kernel repro (``plugins.repro``),
 the minifier's graph repro (``debug_module.minifier.codegen``) and the conformance sweep's operator
 repro (``conformance.repro``). Each supplies only its data files,
 its writer-specific manifest entries and the body of its check; this module writes the rest.
@@ -17,7 +17,7 @@ Layout of a repro directory::
     verify.log          stdout and stderr of the verifying run (written by :func:`verify`)
 
 Contract of ``repro.py``: it resolves every path against its own file, needs only the packages the
-manifest's ``requires`` lists (torch and safetensors, or numpy and onnxruntime; never this project),
+manifest's ``requires`` lists (torch and safetensors, or numpy and an ONNX runtime; never this project),
 prints one JSON observation line (:data:`OBSERVATION_PREFIX`) and, last, one verdict line:
 
     ``REPRO: reproduced: <detail>``  exit 1: the failure is there
@@ -45,7 +45,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .jsonio import JsonObject
 
 __all__ = ["FORMAT", "SCRIPT", "MANIFEST", "INPUTS", "LOG", "WRITERS", "EXIT_CODES", "VERDICT_PREFIX",
            "OBSERVATION_PREFIX", "REPRO_TIMEOUT_S", "VerifyResult", "write_repro_files", "script_source",
@@ -211,7 +214,7 @@ def _versions(requires: Sequence[str]) -> dict[str, str | None]:
 
 
 def write_repro_files(folder: str | os.PathLike[str], *, writer: str, failure: str, body: str, imports: Sequence[str],
-                requires: Sequence[str], check: dict[str, Any], environment: dict[str, Any] | None = None,
+                requires: Sequence[str], check: JsonObject, environment: JsonObject | None = None,
                 title: str = "") -> Path:
     """Write ``repro.py`` and ``repro.json`` into ``folder`` (the writer has put its data files there
     first: the manifest lists them); the path of ``repro.py``."""
@@ -237,7 +240,7 @@ def is_installed(file: str | os.PathLike[str]) -> bool:
     return any(os.path.abspath(file).startswith(os.path.abspath(p) + os.sep) for p in paths)
 
 
-def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
+def read_manifest(folder: str | os.PathLike[str]) -> JsonObject:
     """A repro directory's ``repro.json``."""
     return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
 
@@ -249,7 +252,7 @@ class VerifyResult:
 
     reproduced: bool
     returncode: int | None
-    observation: dict[str, Any] | None
+    observation: JsonObject | None
     stdout: str = ""
     stderr: str = ""
     command: list[str] = field(default_factory=list)
@@ -258,14 +261,14 @@ class VerifyResult:
     verdict: str | None = None
     detail: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"reproduced": self.reproduced, "verdict": self.verdict, "detail": self.detail,
                 "returncode": self.returncode, "observation": self.observation,
                 "stdout_tail": self.stdout[-2000:], "stderr_tail": self.stderr[-2000:], "command": self.command,
                 "seconds": round(self.seconds, 3)}
 
 
-def parse_output(stdout: str) -> tuple[str | None, str, dict[str, Any] | None]:
+def parse_output(stdout: str) -> tuple[str | None, str, JsonObject | None]:
     """(verdict, detail, observation) of a repro's stdout: the verdict from its last non-empty line
     (``None`` when that is no verdict line), the observation from the last observation line."""
     lines = [line for line in stdout.splitlines() if line.strip()]

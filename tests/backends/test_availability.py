@@ -151,7 +151,7 @@ def test_every_available_backend_records_its_versions():
 
 
 def test_onnxruntime_unknown_optimisation_level_or_layer_replay_is_df002():
-    from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend
+    from debug_framework.backends.onnxruntime.runner import OnnxRuntimeBackend
 
     with pytest.raises(BackendInitializationError) as info:
         OnnxRuntimeBackend(optimization="max")

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from debug_framework.backends._onnx_graph import LayerCutError, captured_output, cut_layer  # noqa: E402
 from debug_framework.backends.artifacts import artifact_root, claim_artifact_dir, current_artifact_root  # noqa: E402
-from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend  # noqa: E402
+from debug_framework.backends.onnxruntime.runner import OnnxRuntimeBackend  # noqa: E402
 from debug_framework.capture import CheckpointKey  # noqa: E402
 from debug_framework.errors import BackendInitializationError  # noqa: E402
 

@@ -18,7 +18,7 @@ import torch
 openvino = pytest.importorskip("openvino")
 
 from debug_framework.backends import get_backend  # noqa: E402
-from debug_framework.backends.openvino_backend import round_to_bfloat16  # noqa: E402
+from debug_framework.backends.openvino.runner import round_to_bfloat16  # noqa: E402
 from debug_framework.errors import BackendInitializationError  # noqa: E402
 
 

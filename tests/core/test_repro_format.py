@@ -210,7 +210,7 @@ def test_plugin_sweep_repro_follows_the_format(tmp_path):
 def _add_repro(tmp_path: Path, expected: np.ndarray) -> Path:
     from onnx import TensorProto, helper
 
-    from debug_framework.services.drilldown.onnx_repro import write_onnx_repro
+    from debug_framework.backends.onnxruntime.repro import write_onnx_repro
 
     add = helper.make_node("Add", ["a", "b"], ["y"], name="add")
     value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("a", "b")]

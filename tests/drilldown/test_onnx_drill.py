@@ -22,8 +22,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from debug_framework.errors import BackendInitializationError, ValidationError  # noqa: E402
-from debug_framework.services.drilldown.onnx import OnnxDrillStrategy  # noqa: E402
-from debug_framework.services.drilldown.onnx_graph import (  # noqa: E402
+from debug_framework.backends.onnxruntime.drilldown import OnnxDrillStrategy  # noqa: E402
+from debug_framework.backends.drilldown.onnx_graph import (  # noqa: E402
     node_origin,
     single_node_model,
     to_float64,
@@ -158,7 +158,7 @@ def test_a_bad_graph_transform_is_a_df002(tmp_path):
 
 
 def test_an_unmeasurable_error_is_infinite_never_nan():
-    from debug_framework.services.drilldown.onnx import _rmse
+    from debug_framework.backends.drilldown.onnx import _rmse
 
     ones = np.ones((2, 3))
     assert _rmse(ones, np.ones((3, 2), np.float32)) == np.inf  # shapes differ
@@ -173,7 +173,7 @@ def test_an_unmeasurable_error_is_infinite_never_nan():
 
 
 def test_a_nan_margin_on_one_output_neither_hides_nor_passes_a_failing_one():
-    from debug_framework.services.drilldown.onnx import _worst_output
+    from debug_framework.backends.drilldown.onnx import _worst_output
 
     failing, unmeasurable, passing = (5.0, 1.0, "y0"), (np.inf, np.inf, "y1"), (0.5, 1.0, "y2")
     for order in ([failing, unmeasurable, passing], [unmeasurable, failing, passing], [passing, unmeasurable, failing]):
@@ -185,7 +185,7 @@ def test_a_nan_margin_on_one_output_neither_hides_nor_passes_a_failing_one():
 def _write_add_repro(tmp_path, *, expected, node="add", op="Add", graph_transform=None):
     from onnx import TensorProto, helper
 
-    from debug_framework.services.drilldown.onnx_repro import write_onnx_repro
+    from debug_framework.backends.onnxruntime.repro import write_onnx_repro
 
     add = helper.make_node("Add", ["a", "b"], ["y"], name="add")
     value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("a", "b")]
@@ -226,7 +226,7 @@ def test_a_hostile_node_name_cannot_break_out_of_the_repro_docstring(tmp_path):
 def test_carried_in_counts_only_values_computed_from_the_hidden_input():
     from onnx import TensorProto, helper
 
-    from debug_framework.services.drilldown.onnx import derived_from
+    from debug_framework.backends.drilldown.onnx import derived_from
 
     nodes = [helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT, name="cast"),
              helper.make_node("Mul", ["m", "w"], ["mw"], name="scale_mask"),

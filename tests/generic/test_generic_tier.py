@@ -333,7 +333,7 @@ def test_onnxruntime_runs_the_generic_tier_against_pytorch(zoo, tmp_path: Path) 
 
 
 def test_mlx_says_why_it_cannot_run_the_generic_tier(zoo) -> None:
-    from debug_framework.backends.mlx_backend import MLXBackend
+    from debug_framework.backends.mlx.runner import MLXBackend
     from debug_framework.errors import BackendInitializationError
 
     backend = MLXBackend()

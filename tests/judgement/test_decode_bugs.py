@@ -48,7 +48,7 @@ def test_onnxruntime_says_why_it_cannot_decode():
     """Its export takes the whole sequence: the decode stage refuses it with this reason (DF002,
     as it refuses BERT in test_decode.py)."""
     from debug_framework.backends.decode import decode_support
-    from debug_framework.backends.onnx_runtime import OnnxRuntimeBackend
+    from debug_framework.backends.onnxruntime.runner import OnnxRuntimeBackend
 
     ok, why = decode_support(OnnxRuntimeBackend())
     assert not ok and "no past key/values" in why

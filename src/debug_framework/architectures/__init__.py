@@ -1,6 +1,6 @@
 """The models written from the math once, over an array namespace: NumPy (the reference, float64
-or float32), ``mlx.core`` (the ``mlx`` backend) or ``torch`` (``torch_reference``) run these same
-classes and step functions.
+or float32), ``torch`` (``torch_reference``) or an engine's own arrays (a namespace it registers,
+:func:`.xp.register_namespace`) run these same classes and step functions.
 
 Each model exposes ``embed``, ``layer(i, h, attention_mask) -> (post_attention, post_mlp)`` and
 ``forward(input_ids, attention_mask, want, layer_inputs, token_type_ids)``; checkpoints are keyed by

@@ -1,4 +1,4 @@
-"""The BERT encoder written from the math, over NumPy or MLX.
+"""The BERT encoder written from the math, over any array namespace (:mod:`.xp`).
 
     h0 = layer_norm(word[ids] + position[t] + token_type[tt])           -> post_embedding
     for each layer:  a = layer_norm(h + attention(h))                   -> post_attention

@@ -1,4 +1,4 @@
-"""The Llama family's variants written from the math, over NumPy, MLX or torch: Mistral (a sliding
+"""The Llama family's variants written from the math, over any array namespace (:mod:`.xp`): Mistral (a sliding
 window), Qwen3 (an RMS norm over each head's queries and keys), Phi-3 (fused q/k/v and gate/up
 projections), and the shared machinery of the Gemma (``.gemma``) and mixture-of-experts (``.moe``)
 decoders: a per-layer attention type, an attention scale and a soft-cap on the attention scores.

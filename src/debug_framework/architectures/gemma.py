@@ -1,4 +1,4 @@
-"""The Gemma 2 and Gemma 3 text decoders written from the math, over NumPy, MLX or torch.
+"""The Gemma 2 and Gemma 3 text decoders written from the math, over any array namespace (:mod:`.xp`).
 
     h0 = embed(ids) * sqrt(D)                                              -> post_embedding
     for each layer:  a = h + norm(attention_i(norm(h)))                    -> post_attention

@@ -7,7 +7,7 @@ dtype when the layer is first asked for and only the most recent layer stays con
 embedding row by row for the ids asked for (:meth:`ModelParameters.rows`) and the LM head in
 bounded blocks of rows (:meth:`ModelParameters.project`). The weights themselves stay where the
 ``WeightStore`` keeps them (memory-mapped files), so a float64 reference holds about one layer of
-float64 weights at a time, never a whole-model copy. Read *resident* (MLX, which evaluates every
+float64 weights at a time, never a whole-model copy. Read *resident* (an engine that evaluates every
 parameter once after loading), everything is converted at construction.
 
 Parameters are plain names (``"q"``, ``"q_b"``, ``"input_norm"``); a module's bias is its

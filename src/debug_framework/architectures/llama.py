@@ -1,4 +1,4 @@
-"""The Llama family (Llama, Qwen2-style q/k/v bias) written from the math, over NumPy or MLX.
+"""The Llama family (Llama, Qwen2-style q/k/v bias) written from the math, over any array namespace (:mod:`.xp`).
 
     h0 = embed(ids)
     for each layer:  a = h + attention(rms_norm(h))          -> post_attention

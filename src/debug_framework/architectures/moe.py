@@ -1,4 +1,4 @@
-"""A sparse mixture-of-experts decoder (Qwen3-MoE) written from the math, over NumPy, MLX or torch.
+"""A sparse mixture-of-experts decoder (Qwen3-MoE) written from the math, over any array namespace (:mod:`.xp`).
 Attention as Qwen3's (:mod:`.decoder`); each layer's MLP is a mixture of experts:
 
     router_logits = x W_r^T                                   [B, T, X]   (X experts)

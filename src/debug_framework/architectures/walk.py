@@ -77,10 +77,10 @@ class Model:
     Args:
         config: the family's typed config (``modelio.configs``).
         weights: canonical tensor name -> tensor (a ``WeightStore`` or any mapping of array-likes).
-        dtype: the compute dtype or its name (NumPy: float64, float32; MLX: float32, float16, bfloat16).
-        xp: the array namespace (``xp.NUMPY``, the default, or ``xp.mlx_namespace()``).
+        dtype: the compute dtype or its name (NumPy: float64, float32; another namespace: the dtypes it has).
+        xp: the array namespace (``xp.NUMPY``, the default, ``xp.torch_namespace()``, or a registered one).
         stream: read the weights layer by layer (:mod:`.layout`: about one layer converted at a
-            time); default: streamed over host arrays (NumPy, torch), resident over MLX.
+            time); default: streamed over host arrays (NumPy, torch), resident over another namespace.
     """
 
     #: the array namespaces whose models stream their weights by default.

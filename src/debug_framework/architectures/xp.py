@@ -1,5 +1,6 @@
-"""The array namespaces the models are written over: NumPy, ``mlx.core`` and ``torch`` (the last two
-imported on first use).
+"""The array namespaces the models are written over: NumPy, ``torch`` (imported on first use) and
+those an engine registers (:func:`register_namespace`: an engine whose arrays the reference models
+run over registers its namespace under its array types' module prefix).
 
 The models use array methods the libraries share (``@``, ``.T`` of 2-D weights, ``.reshape``,
 ``.mean`` and ``.sum`` with ``axis``/``keepdims``, indexing) and, for everything else, an
@@ -16,21 +17,30 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
 from ..errors import BackendInitializationError
 
-if TYPE_CHECKING:
-    import mlx.core as mx
+__all__ = ["Array", "DType", "ArrayNamespace", "NUMPY", "torch_namespace", "array_namespace", "register_namespace"]
 
-__all__ = ["Array", "DType", "ArrayNamespace", "NUMPY", "mlx_namespace", "torch_namespace", "array_namespace"]
 
-#: an array of one of the namespaces (``np.ndarray`` or ``mx.array``).
-Array: TypeAlias = "np.ndarray | mx.array"
-#: a dtype of one of the namespaces (``np.dtype`` or ``mx.Dtype``).
-DType: TypeAlias = "np.dtype | mx.Dtype"
+class Array(Protocol):
+    """An array of one of the namespaces (``np.ndarray``, ``torch.Tensor``, a registered engine's):
+    what the models use of it directly; everything else goes through its :class:`ArrayNamespace`."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __matmul__(self, other: Array) -> Array: ...
+
+    def reshape(self, *shape: int) -> Array: ...
+
+
+#: a dtype of one of the namespaces (``np.dtype``, ``torch.dtype``, a registered engine's): each
+#: namespace reads its own (:attr:`ArrayNamespace.dtype`).
+DType: TypeAlias = object
 
 Unary = Callable[[Array], Array]
 
@@ -100,38 +110,6 @@ NUMPY = ArrayNamespace(
     sort=lambda x: np.sort(x, axis=-1),
 )
 
-_MLX: list[ArrayNamespace] = []
-
-
-def mlx_namespace() -> ArrayNamespace:
-    """The ``mlx.core`` namespace (imports MLX; built once). Host data goes in as float32, MLX's
-    widest float, and is then cast to the compute dtype."""
-    if not _MLX:
-        import mlx.core as mx
-
-        _MLX.append(ArrayNamespace(
-            name="mlx",
-            dtype=lambda d: getattr(mx, d) if isinstance(d, str) else d,
-            sqrt=mx.sqrt,
-            exp=mx.exp,
-            tanh=mx.tanh,
-            erf=mx.erf,
-            maximum=mx.maximum,
-            where=mx.where,
-            repeat=mx.repeat,
-            concatenate=mx.concatenate,
-            zeros_like=mx.zeros_like,
-            lowest=lambda dtype: mx.array(mx.finfo(dtype).min, dtype),
-            lower_triangle=lambda t, k=0: mx.tril(mx.ones((t, t), dtype=mx.bool_), k),
-            host_dtype=lambda dtype: np.dtype(np.float32),
-            from_host=lambda x, dtype: mx.array(np.asarray(x, np.float32)).astype(dtype),
-            permute=mx.transpose,
-            amax=lambda x, axis: mx.max(x, axis=axis, keepdims=True),
-            sort=lambda x: mx.sort(x, axis=-1),
-        ))
-    return _MLX[0]
-
-
 _TORCH: list[ArrayNamespace] = []
 
 
@@ -185,20 +163,36 @@ def torch_namespace() -> ArrayNamespace:
 
 _BY_TYPE: dict[type, ArrayNamespace] = {np.ndarray: NUMPY}
 
+#: array type module prefix -> the loader of its namespace (``torch`` built in; engines add theirs).
+_BY_PREFIX: dict[str, Callable[[], ArrayNamespace]] = {"torch": torch_namespace}
+
+
+def register_namespace(module_prefix: str, loader: Callable[[], ArrayNamespace]) -> None:
+    """Let the models run over the arrays whose type is defined in a module starting with
+    ``module_prefix`` (``"torch"``: ``torch.Tensor``): :func:`array_namespace` then returns
+    ``loader()`` for them (called on the first such array; it may import its library then)."""
+    _BY_PREFIX[module_prefix] = loader
+    for kind in [k for k in _BY_TYPE if k.__module__.startswith(module_prefix)]:
+        del _BY_TYPE[kind]  # a namespace registered again replaces the one found before
+
+
+def _registered(kind: type) -> ArrayNamespace | None:
+    """The namespace registered for ``kind``'s module (the longest matching prefix), None if none is."""
+    module = kind.__module__
+    matches = [p for p in _BY_PREFIX if module == p or module.startswith(p + ".")]
+    return _BY_PREFIX[max(matches, key=len)]() if matches else None
+
 
 def array_namespace(x: Array) -> ArrayNamespace:
-    """The namespace of an array (NumPy arrays and scalars, MLX arrays)."""
+    """The namespace of an array (NumPy arrays and scalars, torch tensors, a registered engine's arrays)."""
     kind = type(x)
     found = _BY_TYPE.get(kind)
     if found is None:
-        if kind.__module__.startswith("mlx"):
-            found = mlx_namespace()
-        elif kind.__module__.startswith("torch"):
-            found = torch_namespace()
-        elif issubclass(kind, np.generic):
-            found = NUMPY
-        else:
-            raise BackendInitializationError(f"no array namespace for {kind.__module__}.{kind.__qualname__}",
-                                             hint="the reference models take NumPy or MLX arrays")
+        found = NUMPY if issubclass(kind, np.generic) else _registered(kind)
+        if found is None:
+            raise BackendInitializationError(
+                f"no array namespace for {kind.__module__}.{kind.__qualname__}",
+                hint="the reference models take NumPy or torch arrays, or those of a namespace registered "
+                     "with debug_framework.architectures.xp.register_namespace")
         _BY_TYPE[kind] = found
     return found

@@ -1,4 +1,5 @@
-"""Backends: the ``Backend`` protocol, the registry, and the built-in and user backends.
+"""Backends: the ``Backend`` protocol, the engine registry (one :class:`Engine` record per engine;
+each runtime engine one package under ``backends/``), and the built-in and user backends.
 
     from debug_framework.backends import get_backend
     ref = get_backend("python_reference"); ref.prepare(model, "float64")
@@ -10,12 +11,15 @@ from .base import Backend, BaseBackend, Taps
 from .registry import (
     AUTO_ORDER,
     BUILTIN_BACKENDS,
+    BUILTIN_ENGINES,
     BackendFactory,
+    Engine,
     backend_availability,
     backend_versions,
     detect_available_backends,
     get_backend,
     register_backend,
+    register_engine,
     registered_backends,
     select_alternative,
     unregister_backend,
@@ -28,6 +32,9 @@ __all__ = [
     "Taps",
     "BackendFactory",
     "BUILTIN_BACKENDS",
+    "Engine",
+    "BUILTIN_ENGINES",
+    "register_engine",
     "register_backend",
     "unregister_backend",
     "registered_backends",

@@ -2,7 +2,7 @@
 
 Hooks cannot run inside generated code, so the Hugging Face model is wrapped once: forward hooks
 (installed before tracing) append each checkpoint tensor to a list, and the wrapper returns that
-list as a tuple. Tracing (Dynamo for ``inductor``, ``torch.export`` for ``onnxruntime``) inlines
+list as a tuple. Tracing (Dynamo for ``inductor``, ``torch.export`` for the ONNX-graph engines) inlines
 the hooks, so the checkpoints become ordinary outputs of a single graph: no graph break.
 """
 

@@ -1,4 +1,4 @@
-"""A layer of a torch model exported alone (``onnxruntime``'s ``layer_replay="export"`` and its
+"""A layer of a torch model exported alone (an ONNX-graph engine's ``layer_replay="export"`` and its
 drill-down export): the layer's call arguments flattened to tensors and rebuilt inside the exported
 module. Imported only where a torch model is exported (an ONNX file's path never needs torch)."""
 

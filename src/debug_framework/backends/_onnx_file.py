@@ -8,18 +8,29 @@ run at float32.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..capture.keys import Capture, CheckpointKey, layer_input_key
 from ..errors import BackendInitializationError
+from ._graph_session import GraphSession, LayerExport
+
+if TYPE_CHECKING:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    from ..modelio.inputs import ModelInputs
+    from ..modelio.loader import LoadedModel
+    from ._onnx_weights import FileWeights
+    from .base import BaseBackend, HiddenState
 from ._onnx_weights import FedSession, cast_on_use, file_weights, split_weights
 
-__all__ = ["value_types", "exact_ops", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error", "without_model_bytes"]
+__all__ = ["value_types", "exact_ops", "saturating_rmse", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -28,19 +39,17 @@ _NUMPY = {_DOUBLE: np.float64, _FLOAT16: np.float16}
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 
 
-def runner_options() -> Any:
-    """ONNX Runtime's options for a graph runner's sessions: the graph as written (no optimisation
-    fuses or folds a value away), and no memory arena (an arena keeps the largest run's buffers for
-    the session's life; a runner's sessions run a few times each)."""
-    import onnxruntime as ort
+def _plain_session(graph: bytes) -> tuple[GraphSession, str]:
+    """A session on ``graph`` (serialized) computing it as written, in the engine the registry names
+    for ONNX files (:func:`~debug_framework.backends.registry.graph_runtime`): ``(session, engine)``;
+    the engine's own exception when it cannot open it (e.g. no kernel of that precision)."""
+    from .registry import graph_runtime
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.enable_cpu_mem_arena = False
-    return options
+    engine, opener = graph_runtime("onnx")
+    return opener(graph), engine
 
 
-def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[str, np.ndarray], Any]:
+def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray], FileWeights]:
     """:func:`checkpoint_proto` with its large weights taken out (:func:`~._onnx_weights.file_weights`,
     float32 arrays shared by every runner of the file): ``(the light graph at dtype, its feeds, the
     shared weights)``. At float64 or float16 the graph casts each float32 weight on use
@@ -57,18 +66,7 @@ def runner_graph(path: Path, tensors: list[str], dtype: str) -> tuple[Any, dict[
     return proto, dict(shared), shared
 
 
-def without_model_bytes(session: Any) -> Any:
-    """``session`` without the serialized model ONNX Runtime's Python session keeps (to build itself
-    again on ``set_providers`` or its CUDA fallback; neither is used here): a graph given as bytes
-    would otherwise stay in memory beside the session's own copy of its weights. The fallback is
-    disabled with it."""
-    if getattr(session, "_model_bytes", None) is not None:
-        session.disable_fallback()
-        session._model_bytes = None
-    return session
-
-
-def checkpoint_names(model: Any) -> dict[CheckpointKey, str]:
+def checkpoint_names(model: LoadedModel) -> dict[CheckpointKey, str]:
     """The model's checkpoints (keys) -> graph tensor names."""
     return {CheckpointKey.parse(k): v for k, v in model.config.checkpoint_tensors.items()}
 
@@ -114,7 +112,7 @@ def weights_dtype(path: Path) -> str | None:
     return max(counts, key=lambda k: counts[k]) if counts else None
 
 
-def file_outputs(model: Any, model_file: Path | None) -> tuple[Path, dict[CheckpointKey, str]]:
+def file_outputs(model: LoadedModel, model_file: Path | None) -> tuple[Path, dict[CheckpointKey, str]]:
     """The file an alternative runs (``model_file``, else the model's own) and its checkpoints ->
     tensor names, matched by name: a checkpoint the file lacks is left out (reported missing)."""
     names = checkpoint_names(model)
@@ -124,7 +122,7 @@ def file_outputs(model: Any, model_file: Path | None) -> tuple[Path, dict[Checkp
     return model_file, {k: v for k, v in names.items() if v in present}
 
 
-def _retyped_tensor(t: Any, elem: int) -> Any:
+def _retyped_tensor(t: onnx.TensorProto, elem: int) -> onnx.TensorProto:
     from onnx import numpy_helper
 
     if t.data_type != _FLOAT:
@@ -132,7 +130,7 @@ def _retyped_tensor(t: Any, elem: int) -> Any:
     return numpy_helper.from_array(numpy_helper.to_array(t).astype(_NUMPY[elem]), t.name)
 
 
-def retype_floats(model: Any, elem: int) -> Any:
+def retype_floats(model: onnx.ModelProto, elem: int) -> onnx.ModelProto:
     """``model`` (an ``onnx.ModelProto`` with its data loaded) with every float32 value made ``elem``
     (float64 or float16) in place: initializers, constants, graph inputs and outputs, ``Cast``-to-float."""
     from onnx import helper, numpy_helper
@@ -159,7 +157,7 @@ def retype_floats(model: Any, elem: int) -> Any:
     return model
 
 
-def to_float64(model: Any) -> Any:
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every float32 value made float64, in place (:func:`retype_floats`)."""
     return retype_floats(model, _DOUBLE)
 
@@ -171,7 +169,7 @@ def _bf16_round(a: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(a), rounded.view(np.float32), a).astype(np.float32)
 
 
-def round_to_bfloat16(model: Any, types: dict[str, int]) -> Any:
+def round_to_bfloat16(model: onnx.ModelProto, types: dict[str, int]) -> onnx.ModelProto:
     """``model`` (float32) as a correct bfloat16 run computes it, in place: float32 weights and
     constants rounded to bfloat16, and every float32 value a node makes rounded to bfloat16 by a
     ``Cast`` pair after it (ONNX Runtime computes each op in float32 on bfloat16 inputs)."""
@@ -206,7 +204,7 @@ def checkpoint_graph(path: Path, tensors: list[str], *, dtype: str = "float32") 
     return checkpoint_proto(path, tensors, dtype=dtype).SerializeToString()
 
 
-def checkpoint_proto(path: Path, tensors: list[str], *, dtype: str = "float32") -> Any:
+def checkpoint_proto(path: Path, tensors: list[str], *, dtype: str = "float32") -> onnx.ModelProto:
     """:func:`checkpoint_graph` as an ``onnx.ModelProto`` (not serialized)."""
     import onnx
 
@@ -214,7 +212,7 @@ def checkpoint_proto(path: Path, tensors: list[str], *, dtype: str = "float32") 
     return _at_dtype(model, dtype, tensors)
 
 
-def _at_dtype(model: Any, dtype: str, tensors: list[str]) -> Any:
+def _at_dtype(model: onnx.ModelProto, dtype: str, tensors: list[str]) -> onnx.ModelProto:
     """``model`` made ``dtype`` in place (retyped, or rounded to bfloat16), ``tensors`` added as outputs."""
     if dtype in _RETYPE:
         retype_floats(model, _RETYPE[dtype])
@@ -224,7 +222,7 @@ def _at_dtype(model: Any, dtype: str, tensors: list[str]) -> Any:
     return model
 
 
-def add_outputs(model: Any, tensors: list[str], types: dict[str, int], default: int) -> int:
+def add_outputs(model: onnx.ModelProto, tensors: list[str], types: dict[str, int], default: int) -> int:
     """``tensors`` appended to ``model``'s graph outputs (those not outputs already), typed by
     ``types`` (else ``default``); returns how many outputs the graph had before."""
     from onnx import helper
@@ -238,7 +236,7 @@ def add_outputs(model: Any, tensors: list[str], types: dict[str, int], default: 
     return before
 
 
-def value_types(model: Any) -> dict[str, int]:
+def value_types(model: onnx.ModelProto) -> dict[str, int]:
     """The ONNX element type of every value of ``model`` shape inference finds (``{}`` where it
     fails), inferred on a copy without the data of its large initializers (their dims and types
     kept as graph inputs), so a model's weights are neither copied nor serialized for it."""
@@ -273,7 +271,7 @@ def no_kernel_error(exc: Exception, backend: str, path: Path) -> BackendInitiali
                                       backend=backend)
 
 
-def float16_output_conflicts(model: Any) -> dict[str, list[str]]:
+def float16_output_conflicts(model: onnx.ModelProto) -> dict[str, list[str]]:
     """Graph outputs of ``model`` made by a ``Cast`` to float32 that nodes inside the graph read as
     well -> those nodes: what ``onnxconverter_common``'s float16 conversion with the float32
     outputs kept (``keep_io_types=True``) leaves when an output is also read inside the graph (a
@@ -321,32 +319,29 @@ class Float64GraphRunner:
     or bfloat16 rounding every value a node makes: the precision diagnosis's correct runs) in ONNX
     Runtime, else in ONNX's NumPy evaluator."""
 
-    def __init__(self, model: Any, dtype: str, backend: str) -> None:
-        import onnxruntime as ort
-
+    def __init__(self, model: LoadedModel, dtype: str, backend: str) -> None:
         self.model, self.dtype, self.backend = model, dtype, backend
         self.names = checkpoint_names(model)
         #: the checkpoint graph (weights at ``dtype``): what :meth:`replay` cuts layers out of and
         #: :meth:`marked` marks; one copy of the weights beside the session's own (never the bytes too)
         #: the weights at ``dtype``, held once: fed to the session and every cut (:class:`FedSession`)
         self._proto, self._weights, self._shared = runner_graph(model.path, list(self.names.values()), dtype)
-        self._cuts: dict[tuple[int, str], tuple[Any, str, set[str], Any]] = {}
+        self._cuts: dict[tuple[int, str], tuple[onnx.ModelProto, str, set[str], FedSession | None]] = {}
         self._marked: list[str] = []
-        options = runner_options()
-        #: "onnxruntime", or "onnx.reference" (NumPy) where ONNX Runtime lacks a float64 kernel
-        self.runtime, self.fallback_reason = "onnxruntime", None
+        #: the engine that runs ONNX files (the registry's), or "onnx.reference" (NumPy) where it lacks a
+        #: kernel of this precision
+        self.fallback_reason: str | None = None
         try:
-            inner = ort.InferenceSession(self._proto.SerializeToString(), sess_options=options,
-                                         providers=["CPUExecutionProvider"])
+            inner, self.runtime = _plain_session(self._proto.SerializeToString())
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
             err = no_kernel_error(exc, backend, model.path)
             if not _NO_KERNEL.search(str(exc)):
                 raise err from exc
             inner, self.runtime, self.fallback_reason = _numpy_proto_session(self._proto, err, backend), \
                 "onnx.reference", str(err)
-        self.session: Any = FedSession(inner, self._weights)
+        self.session: FedSession = FedSession(inner, self._weights)
 
-    def marked(self, tensors: list[str]) -> Any:
+    def marked(self, tensors: list[str]) -> FedSession:
         """This runner's session with ``tensors`` (values of its graph) among its outputs as well:
         the mark-all comparison's run of the graph at this runner's dtype. In ONNX Runtime the
         session is replaced by one on the same graph with those outputs marked (its checkpoint runs
@@ -354,56 +349,45 @@ class Float64GraphRunner:
         weights is made; ONNX's NumPy evaluator walks every node already and is returned as is."""
         if self.runtime == "onnx.reference" or set(tensors) <= set(self._marked):
             return self.session
-        import onnxruntime as ort
-
         before = add_outputs(self._proto, tensors, value_types(self._proto), _RETYPE.get(self.dtype, _FLOAT))
         try:
             graph = self._proto.SerializeToString()
         finally:
             del self._proto.graph.output[before:]  # the cuts keep the checkpoint outputs only
-        options = runner_options()
-        self.session = FedSession(ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]),
-                                  self._weights)
+        self.session = FedSession(_plain_session(graph)[0], self._weights)
         self._marked = list(tensors)
         return self.session
 
     @staticmethod
     def open_marked(path: Path, tensors: list[str], dtype: str, backend: str,
-                    runtime: str | None = None) -> tuple[Any, str]:
+                    runtime: str | None = None) -> tuple[GraphSession, str]:
         """The graph of ``path`` at ``dtype`` with ``tensors`` as its outputs, opened as the runner
         opens its own (ONNX Runtime, the graph as written; else ONNX's NumPy evaluator where ONNX
         Runtime lacks a kernel of that precision; ``runtime="onnx.reference"``: a runner of the same
         graph found so already): ``(session, runtime)``."""
-        import onnxruntime as ort
-
         graph = checkpoint_graph(path, tensors, dtype=dtype)
         if runtime == "onnx.reference":
             err = BackendInitializationError(f"ONNX Runtime has no {dtype} kernel for an operator of {path.name}",
                                              backend=backend)
             return _numpy_session(graph, err, backend), runtime
-        options = runner_options()
         try:
-            return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"]), "onnxruntime"
+            return _plain_session(graph)
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
             err = no_kernel_error(exc, backend, path)
             if not _NO_KERNEL.search(str(exc)):
                 raise err from exc
             return _numpy_session(graph, err, backend), "onnx.reference"
 
-    def _open(self, cut: Any) -> Any:
+    def _open(self, cut: onnx.ModelProto) -> FedSession:
         """A session on ``cut`` (an ``onnx.ModelProto``) in the runtime :meth:`run` uses (ONNX
         Runtime, else the NumPy evaluator)."""
-        import onnxruntime as ort
-
         if self.runtime == "onnx.reference":
             return FedSession(_numpy_proto_session(cut, BackendInitializationError(self.fallback_reason or "",
                                                                                    backend=self.backend), self.backend),
                               self._weights)
-        options = runner_options()
-        return FedSession(ort.InferenceSession(cut.SerializeToString(), sess_options=options,
-                                               providers=["CPUExecutionProvider"]), self._weights)
+        return FedSession(_plain_session(cut.SerializeToString())[0], self._weights)
 
-    def replay(self, i: int, part: str, hidden_in: Any, inputs: Any) -> Capture:
+    def replay(self, i: int, part: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Layer ``i`` (``part="layer"``: from its input, to its checkpoints) or its MLP block
         (``"mlp"``: from ``post_attention:i`` to ``post_mlp:i``) of the graph alone on ``hidden_in``,
         cut out of the checkpoint graph at the layer's boundaries (:func:`~._onnx_graph.cut_layer`;
@@ -444,7 +428,7 @@ class Float64GraphRunner:
                        meta={"variant": f"layer {i}" if part == "layer" else f"mlp block {i}", "replay": "graph",
                              "runtime": self.runtime})
 
-    def block(self, i: int, block: str, hidden_in: Any, inputs: Any) -> Capture:
+    def block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` alone on its input: ``"mlp"`` its cut from
         ``post_attention:i``; ``"attention"`` the layer's cut, its ``post_attention:i``."""
         if block == "mlp":
@@ -470,7 +454,7 @@ class Float64GraphRunner:
                 return False, f"cannot cut layer {i}'s {what} out of the graph: its input {start} is not found"
         return True, ""
 
-    def run(self, inputs: Any, keys: list[CheckpointKey], capture_layer_inputs: bool) -> Capture:
+    def run(self, inputs: ModelInputs, keys: list[CheckpointKey], capture_layer_inputs: bool) -> Capture:
         from ..modelio.onnx_file import onnx_feeds
 
         from ._graph_feeds import layer_inputs_from
@@ -497,7 +481,24 @@ def layer_cut_keys(names: dict[CheckpointKey, str], i: int, part: str) -> list[C
     return [k for k in wanted if k in names]
 
 
-def exact_ops() -> list[Any]:
+def saturating_rmse(reference: np.ndarray, value: np.ndarray, big: float) -> float:
+    """RMSE of ``value`` against ``reference`` (both float64, same positions); ``inf`` where a
+    non-finite value does not match (NaN matches NaN; a value saturated in the alternative's type,
+    at least half its largest finite value or infinite, matches a reference beyond that range of the
+    same sign)."""
+    saturated = (np.abs(reference) >= big) & (np.abs(value) >= big / 2) & (np.sign(reference) == np.sign(value))
+    finite = np.isfinite(reference) & np.isfinite(value) & ~saturated
+    matched = saturated | (np.isnan(reference) & np.isnan(value)) | (
+        np.isinf(reference) & np.isinf(value) & (np.sign(reference) == np.sign(value)))
+    if (~finite & ~matched).any():
+        return math.inf
+    if not finite.any():
+        return 0.0
+    diff = value[finite] - reference[finite]
+    return float(np.sqrt(np.mean(diff * diff)))
+
+
+def exact_ops() -> list[type]:
     """Operators ONNX's NumPy reference evaluator computes below float64 precision, made exact at
     the input's dtype (its ``new_ops``): ``Erf`` (there ``math.erf`` rounded through float32, so
     ``Gelu``, defined with it, too)."""
@@ -517,7 +518,7 @@ def exact_ops() -> list[Any]:
     return [Erf]
 
 
-def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) -> Any:
+def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) -> ReferenceEvaluator:
     """The float64 graph in ONNX's NumPy reference evaluator (every operator in float64); ``err``
     (naming the operator ONNX Runtime lacks) is raised when that cannot run it either."""
     import onnx
@@ -525,7 +526,7 @@ def _numpy_session(graph: bytes, err: BackendInitializationError, backend: str) 
     return _numpy_proto_session(onnx.load_from_string(graph), err, backend)
 
 
-def _numpy_proto_session(proto: Any, err: BackendInitializationError, backend: str) -> Any:
+def _numpy_proto_session(proto: onnx.ModelProto, err: BackendInitializationError, backend: str) -> ReferenceEvaluator:
     """:func:`_numpy_session` on an ``onnx.ModelProto``."""
     from onnx.reference import ReferenceEvaluator
 
@@ -536,7 +537,7 @@ def _numpy_proto_session(proto: Any, err: BackendInitializationError, backend: s
                                          backend=backend) from exc
 
 
-def _layer_scope(model: Any, proto: Any, tensor: str, i: int) -> str:
+def _layer_scope(model: LoadedModel, proto: onnx.ModelProto, tensor: str, i: int) -> str:
     """Layer ``i``'s module path (``encoder.layer.1``) from the scope of the node making ``tensor``."""
     from ..modelio.onnx_file import node_scope
 
@@ -546,8 +547,8 @@ def _layer_scope(model: Any, proto: Any, tensor: str, i: int) -> str:
     return m.group(1) if m else f"layer {i}"
 
 
-def file_layer_export(backend: Any, model: Any, i: int, hidden_in: Any, inputs: Any, path: Path,
-                      layer_export: Any) -> Any:
+def file_layer_export(backend: BaseBackend, model: LoadedModel, i: int, hidden_in: HiddenState, inputs: ModelInputs,
+                      path: Path, layer_export: type[LayerExport]) -> LayerExport:
     """Layer ``i`` of an ONNX-file model cut out of the file the backend runs (from its input to
     its checkpoints, :func:`~._onnx_graph.cut_layer`), written to ``path``: the drill-down's layer graph,
     returned as a ``layer_export`` (the backend's ``LayerExport`` record).

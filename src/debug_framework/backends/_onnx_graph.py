@@ -1,4 +1,4 @@
-"""ONNX helpers of the ``onnxruntime`` backend: one layer, or one layer's MLP block, cut out of the
+"""ONNX helpers of the ONNX-graph engines (:mod:`._onnx_export`): one layer, or one layer's MLP block, cut out of the
 model's exported graph (what isolation replays, so no layer is exported a second time), and the
 exporter's chatter kept in the artifact directory's log instead of the terminal.
 
@@ -21,7 +21,10 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["EXPORT_LOG", "LayerCutError", "captured_output", "cut_layer"]
 
@@ -40,7 +43,7 @@ class LayerCutError(Exception):
     """The graph cannot be cut at a layer's boundaries so that the cut replays the layer on its input."""
 
 
-def _reads(node: Any) -> list[str]:
+def _reads(node: onnx.NodeProto) -> list[str]:
     """The value names ``node`` reads: its inputs and, for control flow, what its subgraphs read."""
     names = [x for x in node.input if x]
     for attr in node.attribute:
@@ -51,7 +54,7 @@ def _reads(node: Any) -> list[str]:
     return names
 
 
-def _copied(graph: Any, name: str) -> str | None:
+def _copied(graph: onnx.GraphProto, name: str) -> str | None:
     """The value the Identity node making ``name`` copies (through a chain of Identity nodes), or
     None where ``name`` is not made by an Identity node."""
     producer = {out: node for node in graph.node for out in node.output if out}
@@ -61,7 +64,7 @@ def _copied(graph: Any, name: str) -> str | None:
     return source
 
 
-def cut_layer(model: Any, hidden: str, outputs: Sequence[str], checkpoints: Sequence[str]) -> Any:
+def cut_layer(model: onnx.ModelProto, hidden: str, outputs: Sequence[str], checkpoints: Sequence[str]) -> onnx.ModelProto:
     """The part of ``model`` (an ``onnx.ModelProto``) that computes ``outputs`` from the value named
     ``hidden``, that value made a graph input; other graph inputs are kept where the cut reads them.
     A layer is cut from its input to its checkpoints, a layer's MLP block from ``post_attention_<i>``
@@ -98,7 +101,7 @@ def cut_layer(model: Any, hidden: str, outputs: Sequence[str], checkpoints: Sequ
             raise exc from None
 
 
-def _cut(model: Any, start: str, start_info: Any, outputs: Sequence[str], checkpoints: Sequence[str]) -> Any:
+def _cut(model: onnx.ModelProto, start: str, start_info: onnx.ValueInfoProto, outputs: Sequence[str], checkpoints: Sequence[str]) -> onnx.ModelProto:
     """:func:`cut_layer` at the value ``start`` (its graph input declared by ``start_info``)."""
     import onnx
 

@@ -15,9 +15,18 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    from ._graph_session import GraphSession
+
+#: A session :class:`FedSession` wraps: a runtime's, or ONNX's NumPy evaluator.
+InnerSession = Union["GraphSession", "ReferenceEvaluator"]
 
 __all__ = ["FED_BYTES", "split_weights", "FileWeights", "file_weights", "light_graph", "cast_on_use", "FedSession",
            "numpy_stream", "run_streamed"]
@@ -29,7 +38,7 @@ FED_BYTES = 4096
 CAST_SUFFIX = "__f32"
 
 
-def split_weights(model: Any) -> tuple[Any, dict[str, np.ndarray]]:
+def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``model`` (data loaded) without its large floating-point initializers: a new, light
     ``onnx.ModelProto`` where each is a graph input of its type and shape, and their data as arrays.
     A runner holds its weights so once, and feeds the same arrays to its full graph and to every
@@ -75,7 +84,7 @@ def _key(path: Path) -> tuple[str, int, int]:
     return (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
 
 
-def light_graph(path: Path) -> Any:
+def light_graph(path: Path) -> onnx.ModelProto:
     """The ONNX file ``path``'s graph (an ``onnx.ModelProto``) for reading its nodes: without its
     large initializers where a runner holds the file's weights (:func:`file_weights`), else read
     whole (external data left out)."""
@@ -103,7 +112,7 @@ def file_weights(path: Path) -> FileWeights:
     return got
 
 
-def cast_on_use(model: Any, weights: Mapping[str, np.ndarray], elem: int, through: int | None = None
+def cast_on_use(model: onnx.ModelProto, weights: Mapping[str, np.ndarray], elem: int, through: int | None = None
                 ) -> dict[str, np.ndarray]:
     """``model`` (its fed weights' inputs already retyped to ``elem``) made to take each float32
     array of ``weights`` as it is: the input renamed ``<name>__f32`` and typed float32, a ``Cast`` to
@@ -159,19 +168,20 @@ class FedSession:
     every run from the arrays :func:`split_weights` took out (shared, never copied). The NumPy
     evaluator runs streamed (:func:`run_streamed`): a value is dropped after its last reader."""
 
-    def __init__(self, inner: Any, weights: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, inner: InnerSession, weights: Mapping[str, np.ndarray]) -> None:
         self.inner = inner
         declared = set(inner.input_names) if hasattr(inner, "rt_nodes_") else {i.name for i in inner.get_inputs()}
         self.weights = {k: v for k, v in weights.items() if k in declared}
 
-    def run(self, names: Any, feeds: dict[str, Any]) -> Any:
+    def run(self, names: list[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The inner session's run of ``names`` on ``feeds`` and the weights."""
         if hasattr(self.inner, "rt_nodes_"):
             return run_streamed(self.inner, {**feeds, **self.weights}, names)
         return self.inner.run(names, {**feeds, **self.weights})
 
 
-def run_streamed(evaluator: Any, feeds: Mapping[str, np.ndarray], names: Any) -> list[Any]:
+def run_streamed(evaluator: ReferenceEvaluator, feeds: Mapping[str, np.ndarray], names: list[str] | None
+                 ) -> list[np.ndarray]:
     """ONNX's NumPy evaluator's outputs ``names`` (``None``: the graph's) on ``feeds``, computed in
     one :func:`numpy_stream` pass (each value dropped after its last reader)."""
     wanted = list(names) if names else list(evaluator.output_names)
@@ -181,7 +191,7 @@ def run_streamed(evaluator: Any, feeds: Mapping[str, np.ndarray], names: Any) ->
     return [got[n] for n in wanted]
 
 
-def _reads(node: Any) -> list[str]:
+def _reads(node: onnx.NodeProto) -> list[str]:
     """The value names a ``NodeProto`` reads: its inputs and what its subgraphs read."""
     if node is None:
         return []
@@ -193,7 +203,8 @@ def _reads(node: Any) -> list[str]:
     return names
 
 
-def numpy_stream(evaluator: Any, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+def numpy_stream(evaluator: ReferenceEvaluator, feeds: Mapping[str, np.ndarray], chunks: list[list[str]]
+                 ) -> Iterator[dict[str, np.ndarray]]:
     """The values of ``chunks`` (topological order), one chunk at a time, from one pass of ONNX's
     NumPy evaluator over its nodes: each value dropped after its last reader."""
     reads = [set(_reads(getattr(node, "onnx_node", None)) or node.input) for node in evaluator.rt_nodes_]
@@ -203,8 +214,8 @@ def numpy_stream(evaluator: Any, feeds: Mapping[str, np.ndarray], chunks: list[l
             last_use[x] = i
     wanted = {n for chunk in chunks for n in chunk}
     fixed = {**evaluator.rt_inits_, **feeds}
-    results: dict[str, Any] = {"": None, **fixed}
-    ready: dict[str, Any] = {n: fixed[n] for n in wanted if n in fixed}  # asked for, made by no node
+    results: dict[str, np.ndarray | None] = {"": None, **fixed}
+    ready: dict[str, np.ndarray] = {n: fixed[n] for n in wanted if n in fixed}  # asked for, made by no node
     pending = iter(chunks)
     current = next(pending, None)
     while current is not None and all(n in ready for n in current):

@@ -4,18 +4,19 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = ["is_function_spec", "load_user_function"]
 
 
-def is_function_spec(value: Any) -> bool:
+def is_function_spec(value: object) -> bool:
     """Whether ``value`` is a ``"module:function"`` / ``"file.py:function"`` string."""
     return isinstance(value, str) and ":" in value
 
 
-def load_user_function(spec: str, backend: str, option: str) -> Any:
+def load_user_function(spec: str, backend: str, option: str) -> Callable[..., Any]:
     """The function ``spec`` names: ``"package.module:function"`` (imported) or
     ``"path/to/file.py:function"`` (an existing ``.py`` file, loaded as a module of its own and kept
     in ``sys.modules``, so a minifier repro can find its source file).

@@ -4,12 +4,12 @@ While the validation engine runs a session it sets that session's artifact root
 (``<db dir>/<db name>_artifacts/<session id>/``, see
 :meth:`~debug_framework.services.validation_engine.ValidationEngine.session_artifact_dir`). A backend
 that writes files and was given no directory of its own claims one there with
-:func:`claim_artifact_dir` (``<root>/onnxruntime``; ``<root>/onnxruntime-2`` for a second one in the
+:func:`claim_artifact_dir` (``<root>/<backend name>``; ``<root>/<backend name>-2`` for a second one in the
 same session), so the files stay with the session and its record names them. Outside such a run
 there is no root: the backend uses a temporary directory that it removes itself.
 
     with artifact_root(tmp / "session-1"):
-        backend.prepare(model)           # exports into tmp/session-1/onnxruntime/
+        backend.prepare(model)           # exports into tmp/session-1/<backend name>/
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from ..capture.keys import Capture, CheckpointKey, CheckpointSelection
 from ..config import FLOAT_DTYPES
@@ -12,9 +12,20 @@ from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from ..suggest import did_you_mean
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from ..jsonio import JsonObject
+
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
            "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math",
-           "model_for"]
+           "model_for", "HiddenState", "Tensor"]
+
+#: A value a backend produces or is handed: a torch tensor or a NumPy array.
+Tensor: TypeAlias = "torch.Tensor | np.ndarray"
+#: A hidden state handed to a layer or block replay: the reference's recorded tensor (torch) or array (NumPy).
+HiddenState: TypeAlias = "torch.Tensor | np.ndarray"
 
 #: A checkpoint request: ``None`` (all), a selection, or an iterable of keys / ``"post_mlp:2"`` strings.
 Taps = CheckpointSelection | Iterable[Any] | None
@@ -47,7 +58,7 @@ class Backend(Protocol):
 class LayerReplayBackend(Backend, Protocol):
     """A backend that can also replay one layer (what isolation needs)."""
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in``; the capture holds its ``post_attention:i`` (where
         the backend can see it) and ``post_mlp:i``."""
         ...
@@ -58,7 +69,7 @@ class BlockReplayBackend(Backend, Protocol):
     """A backend that can also run one block of a layer alone on that block's own input (what
     judging each block on the reference's input needs)."""
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Run block ``block`` of layer ``i`` alone: ``"mlp"`` on the post-attention state
         ``hidden_in`` (the capture holds ``post_mlp:i``); ``"attention"`` on the layer's input
         (the capture holds ``post_attention:i``)."""
@@ -69,7 +80,7 @@ class BlockReplayBackend(Backend, Protocol):
 BLOCKS: dict[str, str] = {"attention": "post_attention", "mlp": "post_mlp"}
 
 
-def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: Any, inputs: ModelInputs,
+def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: HiddenState, inputs: ModelInputs,
                              block: str) -> Capture | None:
     """``run_block`` for a backend whose attention block is its layer replay's first half: for
     ``"attention"``, :meth:`run_layer` keeping only ``post_attention:i``; None for ``"mlp"`` (the
@@ -174,7 +185,7 @@ class BaseBackend:
     def availability(self) -> tuple[bool, str]:
         return True, ""
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         """What this backend runs on, for the session record: ``backend``, ``runtime`` and its
         version, ``device`` and ``device_name``; subclasses add their own (JSON-ready values)."""
         import platform
@@ -194,7 +205,8 @@ class BaseBackend:
         if getattr(model, "format", None) == "onnx" and not self.runs_onnx_files:
             raise BackendInitializationError(f"backend {self.name!r} builds the model from weights and cannot run "
                                              f"an ONNX file", backend=self.name,
-                                             hint="use onnxruntime or openvino as the alternative for an ONNX file")
+                                             hint="use an engine that runs ONNX files as the alternative (or none: the default one "
+                                                  "is picked for an ONNX file)")
         dtype = str(dtype or self.default_dtype).removeprefix("torch.")
         if dtype not in self.supported_dtypes:
             raise BackendInitializationError(

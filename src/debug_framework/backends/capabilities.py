@@ -15,12 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..config import FLOAT_DTYPES
 from ..errors import DebugFrameworkError
 
-__all__ = ["Support", "Capabilities", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
+if TYPE_CHECKING:
+    from ..jsonio import JsonObject
+    from ..modelio.loader import LoadedModel
+    from ._graph_session import GraphSession
+
+__all__ = ["Support", "Capabilities", "GraphRunner", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
            "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers"]
 
 
@@ -77,9 +82,21 @@ class Capabilities:
     prepared: bool = False
     device: str = "cpu"
 
-    def with_(self, **changes: Any) -> Capabilities:
+    def with_(self, **changes: object) -> Capabilities:
         """This record with ``changes``: how a backend declares what differs from what it derives."""
         return replace(self, **changes)
+
+
+class GraphRunner(Protocol):
+    """A reference backend's runner of an ONNX file's own graph (``Float64GraphRunner``): the file's
+    graph at ``dtype``, run by ``runtime``, its session opened again with more outputs marked."""
+
+    runtime: str
+    dtype: str
+
+    def marked(self, tensors: list[str]) -> GraphSession:
+        """The runner's session with ``tensors`` among its outputs as well."""
+        ...
 
 
 class GraphSessionBackend(Protocol):
@@ -90,19 +107,19 @@ class GraphSessionBackend(Protocol):
     onnx_path: Path | None
     model_file: Path | None
 
-    def open_session_file(self, path: Path) -> Any:
+    def open_session_file(self, path: Path) -> GraphSession:
         """A runtime session over the ONNX file ``path``, read by the runtime itself."""
         ...
 
 
-def _asked(backend: Any, method: str, missing: Support) -> Support:
+def _asked(backend: object, method: str, missing: Support) -> Support:
     """``missing`` where ``backend`` has no ``method``, else yes."""
     if not callable(getattr(backend, method, None)):
         return missing
     return Support(True)
 
 
-def _can(backend: Any, question: str, fallback: Support) -> Support:
+def _can(backend: object, question: str, fallback: Support) -> Support:
     """The answer of ``backend``'s ``question`` (``can_decode()`` ...: an ability that depends on
     what it wraps, or on its preparation) where it has one, else ``fallback``."""
     can = getattr(backend, question, None)
@@ -115,7 +132,7 @@ def _can(backend: Any, question: str, fallback: Support) -> Support:
     return Support(bool(ok), "" if ok else str(why))
 
 
-def reads_loaded_weights(backend: Any) -> bool:
+def reads_loaded_weights(backend: object) -> bool:
     """Whether ``backend`` is given the loaded model itself, whose weights other backends read too,
     rather than :meth:`LoadedModel.fork` (weights of its own). Only a class that declares
     ``reads_weights_only = True`` itself is (the framework's references, which only read their
@@ -124,7 +141,7 @@ def reads_loaded_weights(backend: Any) -> bool:
     return vars(type(backend)).get("reads_weights_only") is True
 
 
-def derive_capabilities(backend: Any) -> Capabilities:
+def derive_capabilities(backend: object) -> Capabilities:
     """The record ``backend``'s methods and attributes show: what a backend that declares nothing
     itself can do."""
     base = Capabilities(name=str(getattr(backend, "name", type(backend).__name__)))
@@ -156,7 +173,7 @@ def derive_capabilities(backend: Any) -> Capabilities:
     )
 
 
-def capabilities(backend: Any) -> Capabilities:
+def capabilities(backend: object) -> Capabilities:
     """``backend``'s capabilities: its own ``capabilities()`` record where it declares one, else
     :func:`derive_capabilities`."""
     declared = getattr(backend, "capabilities", None)
@@ -167,40 +184,40 @@ def capabilities(backend: Any) -> Capabilities:
     return derive_capabilities(backend)
 
 
-def release(backend: Any, what: str) -> None:
+def release(backend: object, what: str) -> None:
     """Free what ``backend`` holds for ``what``: ``"replays"`` (its layer replays' state) or
     ``"session"`` (its runtime session, opened again on need); nothing where it holds none."""
     if what not in ("replays", "session"):
         raise ValueError(f"release what: 'replays' or 'session', got {what!r}")
     caps = capabilities(backend)
     held = caps.holds_replays if what == "replays" else caps.holds_session
-    fn: Callable[[], Any] | None = getattr(backend, f"release_{what}", None) if held else None
+    fn: Callable[[], object] | None = getattr(backend, f"release_{what}", None) if held else None
     if fn is not None:
         fn()
 
 
-def declared_dtype(backend: Any, model: Any) -> tuple[str, str] | None:
+def declared_dtype(backend: object, model: LoadedModel) -> tuple[str, str] | None:
     """The precision ``backend`` declares it computes ``model`` at, and why (an ONNX file's weight
-    type, OpenVINO's precision hint or its device's default): what ``dtype: "auto"`` judges it at.
+    type, an engine's precision hint or its device's default): what ``dtype: "auto"`` judges it at.
     None where it declares none (its ``default_dtype`` then)."""
     fn = getattr(backend, "declared_dtype", None)
     return fn(model) if callable(fn) else None
 
 
-def offers(backend: Any, method: str) -> bool:
+def offers(backend: object, method: str) -> bool:
     """Whether ``backend`` has the engine-specific entry point ``method`` a drill-down strategy of
-    that engine calls (``export_layer`` of ONNX Runtime and OpenVINO, ``layer_call`` of Inductor):
+    that engine calls (``export_layer`` of the ONNX-graph engines, ``layer_call`` of Inductor):
     the one place such a method is looked for."""
     return callable(getattr(backend, method, None))
 
 
-def graph_runner(backend: Any) -> Any:
+def graph_runner(backend: object) -> GraphRunner | None:
     """The runner of an ONNX file's own graph a reference backend (``python_reference``,
     ``torch_reference``) prepared for an ONNX-file model, None for any other backend."""
     return None if backend is None else getattr(backend, "_graph", None)
 
 
-def backend_versions(backend: Any) -> dict[str, Any] | None:
+def backend_versions(backend: object) -> JsonObject | None:
     """What ``backend`` says it runs on (``version_info()``), None where it says nothing."""
     fn = getattr(backend, "version_info", None)
     return fn() if callable(fn) else None

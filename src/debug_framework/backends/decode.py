@@ -21,13 +21,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ContextManager, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
 from ..modelio.inputs import ModelInputs
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..architectures.walk import Model
+    from ..architectures.xp import Array
+    from .base import Tensor
+
+#: One layer's cached ``(keys, values)``, each ``[batch, length, kv_heads, head_dim]``.
+LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
 __all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
@@ -47,7 +57,7 @@ class DecodeRun:
 
     captures: list[Capture]
     tokens: np.ndarray
-    kv_cache: list[dict[int, tuple[Any, Any]]] = field(default_factory=list)
+    kv_cache: list[dict[int, LayerKV]] = field(default_factory=list)
     attention_masks: list[np.ndarray] = field(default_factory=list)
 
 
@@ -62,7 +72,7 @@ class DecodeBackend(Protocol):
         ...
 
 
-def decode_support(backend: Any) -> tuple[bool, str]:
+def decode_support(backend: object) -> tuple[bool, str]:
     """Whether a prepared backend can decode; ``(False, why)`` when it cannot: its
     :func:`~.capabilities.capabilities`' ``decode``."""
     from .capabilities import capabilities
@@ -81,7 +91,7 @@ def decode_positions(mask: np.ndarray, offset: int) -> np.ndarray:
     return (offset + (mask != 0).sum(axis=1, keepdims=True)).astype(np.int64)
 
 
-def _cache_of(out: Any) -> Any:
+def _cache_of(out: object) -> object:
     """The cache a ``transformers`` output returns (``cache``, formerly ``past_key_values``)."""
     for name in ("cache", "past_key_values"):
         value = getattr(out, name, None)
@@ -90,10 +100,10 @@ def _cache_of(out: Any) -> Any:
     return None
 
 
-def _layer_kv(cache: Any) -> dict[int, tuple[Any, Any]]:
+def _layer_kv(cache: object) -> dict[int, LayerKV]:
     """``{layer: (keys, values)}`` of a ``transformers`` cache, ``[batch, length, heads, dim]``."""
     layers = getattr(cache, "layers", None)
-    out: dict[int, tuple[Any, Any]] = {}
+    out: dict[int, LayerKV] = {}
     if layers is not None:
         for i, layer in enumerate(layers):
             k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -105,9 +115,10 @@ def _layer_kv(cache: Any) -> dict[int, tuple[Any, Any]]:
     return out
 
 
-def module_decode(backend_name: str, module: Any, kwargs: dict[str, Any], capture: Callable[[], Any],
+def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, torch.Tensor],
+                  capture: Callable[[], ContextManager[object]],
                   inputs: ModelInputs, steps: int, tokens: np.ndarray | None, dtype: str,
-                  wrap: Callable[[dict[CheckpointKey, Any], float], Capture]) -> DecodeRun:
+                  wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture]) -> DecodeRun:
     """Decode ``steps`` tokens through ``module``'s own cache (``past_key_values``).
 
     ``kwargs`` are the prefill's forward arguments (``inputs.torch()`` on the module's device);
@@ -133,7 +144,7 @@ def module_decode(backend_name: str, module: Any, kwargs: dict[str, Any], captur
     mask = kwargs["attention_mask"]
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     captures: list[Capture] = []
-    kv: list[dict[int, tuple[Any, Any]]] = []
+    kv: list[dict[int, LayerKV]] = []
     masks: list[np.ndarray] = []
     chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
     with torch.inference_mode():
@@ -177,8 +188,8 @@ def module_decode(backend_name: str, module: Any, kwargs: dict[str, Any], captur
     return DecodeRun(captures, chosen, kv, masks)
 
 
-def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
-                  tokens: np.ndarray | None, wrap: Callable[[dict[CheckpointKey, Any], float], Capture]) -> DecodeRun:
+def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
+                  tokens: np.ndarray | None, wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture]) -> DecodeRun:
     """Decode through a user engine's runner (the engine protocol, docs/validation.md "Decode steps"):
 
     * ``runner.prefill(inputs, keys) -> {checkpoint: tensor}``: the prompt, tensors ``[batch, length, ...]``
@@ -196,7 +207,7 @@ def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: in
     """
     import time
 
-    def call(what: str, fn: Callable[[], Any]) -> tuple[dict[CheckpointKey, Any], float]:
+    def call(what: str, fn: Callable[[], object]) -> tuple[dict[CheckpointKey, Tensor], float]:
         start = time.perf_counter()
         produced = fn()
         seconds = time.perf_counter() - start
@@ -205,7 +216,7 @@ def runner_decode(backend_name: str, runner: Any, inputs: ModelInputs, steps: in
                                       backend=backend_name, call=what, hint="return {'post_mlp:2': tensor, ...}")
         return {CheckpointKey.parse(k): v for k, v in produced.items()}, seconds
 
-    def cache() -> dict[int, tuple[Any, Any]]:
+    def cache() -> dict[int, LayerKV]:
         fn = getattr(runner, "kv_cache", None)
         return {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
 
@@ -244,29 +255,29 @@ class ReferenceDecoder:
     step runs the new tokens alone at their positions over it, the mask over every cached position
     grown by one. ``to_array(x)`` turns host ids and masks (int64 NumPy) into the model's arrays."""
 
-    def __init__(self, net: Any, to_array: Callable[[np.ndarray], Any]) -> None:
+    def __init__(self, net: Model, to_array: Callable[[np.ndarray], Array]) -> None:
         from ..architectures.kv_cache import KVCache
 
         self.net, self.to_array, self._cache_type = net, to_array, KVCache
         self.mask = np.zeros((0, 0), np.int64)
 
-    def _forward(self, ids: np.ndarray, positions: np.ndarray | None, keys: Any) -> dict[str, Any]:
+    def _forward(self, ids: np.ndarray, positions: np.ndarray | None, keys: Sequence[CheckpointKey]) -> dict[str, Array]:
         self.net.positions = positions
         out = self.net.forward(self.to_array(ids), self.to_array(self.mask), {tuple(k) for k in keys})
         return {str(CheckpointKey(*k)): v for k, v in out.items()}
 
-    def prefill(self, inputs: ModelInputs, keys: Any) -> dict[str, Any]:
+    def prefill(self, inputs: ModelInputs, keys: Sequence[CheckpointKey]) -> dict[str, Array]:
         """The prompt ``[B, T]`` at the inputs' positions, every layer's keys and values kept."""
         self.net.cache = self._cache_type()
         self.mask = np.asarray(inputs.attention_mask, np.int64)
         return self._forward(np.asarray(inputs.input_ids, np.int64), inputs.position_ids(), keys)
 
-    def decode_step(self, tokens: np.ndarray, positions: np.ndarray, keys: Any) -> dict[str, Any]:
+    def decode_step(self, tokens: np.ndarray, positions: np.ndarray, keys: Sequence[CheckpointKey]) -> dict[str, Array]:
         """One token per row at its position, attending over the cache and itself."""
         self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
         return self._forward(np.asarray(tokens, np.int64)[:, None], np.asarray(positions, np.int64)[:, None], keys)
 
-    def layer_step(self, i: int, hidden: Any, positions: np.ndarray) -> dict[str, Any]:
+    def layer_step(self, i: int, hidden: Array, positions: np.ndarray) -> dict[str, Array]:
         """Layer i alone at the next decode step on ``hidden`` ``[B, 1, D]`` (its input, given), over
         its cache: its post_attention and post_mlp."""
         self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
@@ -274,7 +285,7 @@ class ReferenceDecoder:
         a, out = self.net.layer(i, hidden, self.to_array(self.mask))
         return {f"post_attention:{i}": a, f"post_mlp:{i}": out}
 
-    def kv_cache(self) -> dict[int, tuple[Any, Any]]:
+    def kv_cache(self) -> dict[int, LayerKV]:
         """Each layer's keys and values ``[B, L, K, E]`` over every position so far."""
         return {} if self.net.cache is None else self.net.cache.layers()
 
@@ -283,7 +294,7 @@ class ReferenceDecoder:
         self.net.cache, self.net.positions = None, None
 
 
-def reference_can_decode(net: Any) -> tuple[bool, str]:
+def reference_can_decode(net: Model | None) -> tuple[bool, str]:
     """Whether a reference written from the math decodes: a decoder does; an encoder or an ONNX
     file's graph (``net`` None) does not, and why."""
     if net is None:
@@ -293,9 +304,9 @@ def reference_can_decode(net: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def reference_decode(backend_name: str, dtype: str, net: Any, to_array: Callable[[np.ndarray], Any],
+def reference_decode(backend_name: str, dtype: str, net: Model | None, to_array: Callable[[np.ndarray], Array],
                      inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
-                     tokens: np.ndarray | None, context: Callable[[], Any]) -> DecodeRun:
+                     tokens: np.ndarray | None, context: Callable[[], ContextManager[object]]) -> DecodeRun:
     """A reference written from the math decoded through its own KV cache (:class:`ReferenceDecoder`,
     driven by :func:`runner_decode`), each pass under ``context()`` (``torch.no_grad`` for torch);
     the model keeps no cache afterwards.
@@ -307,7 +318,7 @@ def reference_decode(backend_name: str, dtype: str, net: Any, to_array: Callable
     if not ok:
         raise BackendInitializationError(f"this reference {why}", backend=backend_name)
 
-    def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+    def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
         return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=backend_name, dtype=dtype,
                        elapsed_s=seconds)
 
@@ -319,9 +330,9 @@ def reference_decode(backend_name: str, dtype: str, net: Any, to_array: Callable
         decoder.close()
 
 
-def reference_decode_layer(backend_name: str, dtype: str, net: Any, to_array: Callable[[np.ndarray], Any],
-                           inputs: ModelInputs, step: int, tokens: np.ndarray, i: int, hidden: Any,
-                           context: Callable[[], Any]) -> Capture:
+def reference_decode_layer(backend_name: str, dtype: str, net: Model, to_array: Callable[[np.ndarray], Array],
+                           inputs: ModelInputs, step: int, tokens: np.ndarray, i: int, hidden: Array,
+                           context: Callable[[], ContextManager[object]]) -> Capture:
     """Layer ``i`` of a reference written from the math replayed at decode ``step`` (>= 1): the
     prefill and the steps before it through its cache as :func:`reference_decode` runs them, then
     layer i alone on ``hidden`` ``[B, 1, D]`` at the step's positions. Its post_attention and post_mlp."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendInitializationError
 from ..modelio.loader import LoadedModel
@@ -22,6 +22,11 @@ from ._streamed_layers import NoNarrowing
 from .pytorch import PyTorchBackend, build_hf_model
 from .reference_choice import FLOAT64_EAGER, FROM_MATH, oracle_for, reference_for
 from .torch_module import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    from ..capture.keys import Capture
+    from ..jsonio import JsonObject
+    from .decode import DecodeRun
 
 __all__ = ["EagerReferenceBackend", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
 
@@ -88,33 +93,33 @@ class EagerReferenceBackend(PyTorchBackend):
         if streamer is not None:
             streamer.release()
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
+    def run(self, *args: Any, **kwargs: Any) -> Capture:
         try:
             with self._exact():
                 return super().run(*args, **kwargs)
         finally:
             self._release()
 
-    def run_layer(self, *args: Any, **kwargs: Any) -> Any:
+    def run_layer(self, *args: Any, **kwargs: Any) -> Capture:
         with self._exact():
             return super().run_layer(*args, **kwargs)
 
-    def run_block(self, *args: Any, **kwargs: Any) -> Any:
+    def run_block(self, *args: Any, **kwargs: Any) -> Capture:
         with self._exact():
             return super().run_block(*args, **kwargs)
 
-    def run_decode(self, *args: Any, **kwargs: Any) -> Any:
+    def run_decode(self, *args: Any, **kwargs: Any) -> DecodeRun:
         try:
             with self._exact():
                 return super().run_decode(*args, **kwargs)
         finally:
             self._release()
 
-    def run_decode_layer(self, *args: Any, **kwargs: Any) -> Any:
+    def run_decode_layer(self, *args: Any, **kwargs: Any) -> Capture:
         with self._exact():
             return super().run_decode_layer(*args, **kwargs)
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         weights = ("streamed: layers converted one at a time, tables as used" if self.streaming
                    else self.stream_note or "held whole at the compute dtype")
         return {**super().version_info(), "reference": "the model's own transformers eager code", "weights": weights}

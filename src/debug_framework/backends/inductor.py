@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,10 +34,15 @@ from ._graph_capture import (
     replay_arguments,
 )
 from ._user_function import is_function_spec, load_user_function
-from .base import BaseBackend, Taps, attention_block_of_layer
+from .base import BaseBackend, HiddenState, Taps, Tensor, attention_block_of_layer
 from .decode import DecodeRun, module_decode
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, torch_device_info
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..jsonio import JsonObject
 
 __all__ = ["InductorBackend"]
 
@@ -81,7 +86,7 @@ class InductorBackend(BaseBackend):
         self._layer_fns: dict[int, Any] = {}
         self._mlp_fns: dict[int, Any] = {}
         #: One entry per first call of a variant on a new input signature: that call compiled.
-        self.compile_log: list[dict[str, Any]] = []
+        self.compile_log: list[JsonObject] = []
 
     def availability(self) -> tuple[bool, str]:
         if "inductor" not in torch.compiler.list_backends():
@@ -98,7 +103,7 @@ class InductorBackend(BaseBackend):
             return False, f"Inductor on CPU needs a C++ compiler; none of {', '.join(_CXX)} is on PATH"
         return True, ""
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         from .._torch import inductor as _inductor_private
 
         info = {**super().version_info(), **torch_device_info(self.device)}
@@ -185,7 +190,7 @@ class InductorBackend(BaseBackend):
             return False, "runs an encoder (BERT): it has no causal decode"
         return True, ""
 
-    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None) -> DecodeRun:
         """The prefill, then ``steps`` tokens decoded through the model's own cache, each pass
         Inductor's code (:class:`~._graph_capture.DecodeOutputs` compiled as the model is, the cache
         an input; shapes turn dynamic after the first steps: about three compiles), its checkpoints
@@ -197,7 +202,7 @@ class InductorBackend(BaseBackend):
                                          fullgraph=self.fullgraph)
         wrapper, fn = self._wrapper, self._decode
 
-        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+        def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
             return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name,
                            dtype=self.dtype, elapsed_s=seconds, meta={"variant": "decode"})
 
@@ -207,7 +212,7 @@ class InductorBackend(BaseBackend):
             return module_decode(self.name, self.net, inputs.torch(self.device), lambda: CompiledPassCapture(fn, wrapper.keys),
                                  inputs, steps, tokens, self.dtype, wrap)
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Replay layer ``i`` as Inductor compiles it, on ``hidden_in`` (isolation).
 
         The layer's other inputs (attention mask, rotary position embeddings...) are what the model
@@ -251,7 +256,7 @@ class InductorBackend(BaseBackend):
             return False, "compiles a generic-tier layer whole (its MLP is judged with the whole layer)"
         return True, ""
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` as Inductor compiles it, on that block's own input.
 
         ``"mlp"``: the layer's MLP block alone (:func:`~debug_framework.capture.hooks.hf_mlp_block`:
@@ -292,7 +297,7 @@ class InductorBackend(BaseBackend):
         return Capture(tensors={CheckpointKey("post_mlp", i): out}, backend=self.name, dtype=self.dtype,
                        elapsed_s=elapsed, meta={"variant": variant, "compiled_in_this_call": first})
 
-    def layer_call(self, i: int, hidden_in: Any, inputs: ModelInputs) -> tuple[str, torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+    def layer_call(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> tuple[str, torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
         """Layer ``i``'s module name, the (eager) module and the arguments the model passes it for
         ``inputs``, with ``hidden_in`` (cast to this backend's dtype and device) as its hidden state
         (an eager forward stopped as the layer is entered; no KV cache)."""

@@ -1,12 +1,12 @@
 """``python_reference``: the models of ``debug_framework.architectures`` over NumPy (float64 or
-float32); always available. The ``mlx`` backend runs the same models over ``mlx.core``."""
+float32); always available. Other engines run the same models over their own arrays (:mod:`debug_framework.architectures.xp`)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,13 +16,17 @@ from ..capture.spill import checkpoint_dict
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name, no_reference_from_math
+from .base import BaseBackend, HiddenState, Taps, cpu_name, no_reference_from_math
 from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
+
+if TYPE_CHECKING:
+    from ..jsonio import JsonObject
+    from ._onnx_file import Float64GraphRunner
 
 __all__ = ["PythonReferenceBackend"]
 
 
-def _host(x: Any, dtype: Any) -> np.ndarray:
+def _host(x: HiddenState, dtype: np.dtype | str) -> np.ndarray:
     """A hidden state (a torch tensor or anything NumPy reads) as a NumPy array of ``dtype``."""
     return np.asarray(x.detach().cpu().double().numpy() if hasattr(x, "detach") else x, dtype=dtype)
 
@@ -41,9 +45,9 @@ class PythonReferenceBackend(BaseBackend):
     def __init__(self) -> None:
         super().__init__()
         self.reference: LlamaReference | BertReference | None = None
-        self._graph: Any = None  # an ONNX-file model: its own graph, evaluated in float64
+        self._graph: Float64GraphRunner | None = None  # an ONNX-file model: its own graph, evaluated in float64
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         info = super().version_info()
         try:
             import scipy
@@ -88,7 +92,7 @@ class PythonReferenceBackend(BaseBackend):
         self._check_inputs(inputs)
         if self._graph is not None:
             return self._graph.run(inputs, keys, capture_layer_inputs)
-        layer_inputs: MutableMapping[int, Any] | None = checkpoint_dict() if capture_layer_inputs else None
+        layer_inputs: MutableMapping[int, np.ndarray] | None = checkpoint_dict() if capture_layer_inputs else None
         start = time.perf_counter()
         self.reference.positions = inputs.position_ids()
         out = self.reference.forward(
@@ -107,7 +111,7 @@ class PythonReferenceBackend(BaseBackend):
         """A decoder decodes through its own KV cache; an encoder or an ONNX file's graph does not."""
         return reference_can_decode(self.reference if self._graph is None else None)
 
-    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None) -> DecodeRun:
         """The prefill, then ``steps`` tokens decoded through the model's KV cache
         (``backends.decode.reference_decode``), teacher-forced with ``tokens`` ``[batch, steps]``."""
         keys = self._keys(taps)
@@ -115,14 +119,14 @@ class PythonReferenceBackend(BaseBackend):
         return reference_decode(self.name, self.dtype, self.reference if self._graph is None else None,
                                 lambda x: x, inputs, steps, keys, tokens, contextlib.nullcontext)
 
-    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+    def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]``, over the cache the
         prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
         self._prepared()
         return reference_decode_layer(self.name, self.dtype, self.reference, lambda x: x, inputs, step, tokens, i,
                                       _host(hidden_in, self.dtype), contextlib.nullcontext)
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
         self._prepared()
         if self._graph is not None:
@@ -138,7 +142,7 @@ class PythonReferenceBackend(BaseBackend):
             elapsed_s=time.perf_counter() - start,
         )
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
         self._prepared()
         if self._graph is not None:

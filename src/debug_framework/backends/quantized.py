@@ -2,7 +2,7 @@
 float precision its size matches (the precision diagnosis says so beside ``consistent_with``).
 
 Read from what the backend runs: an ONNX file's nodes (QDQ pairs, integer matmuls and convolutions,
-onnxruntime's quantized contrib operators) or a PyTorch module's quantized submodules
+a runtime's quantized contrib operators) or a PyTorch module's quantized submodules
 (``torch.ao.nn.quantized``, dynamic and static).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["QUANTIZED_ONNX_OPS", "quantized_operators"]
 
-#: ONNX (and onnxruntime contrib) operators that compute in, or convert to, an integer format.
+#: ONNX (and ONNX Runtime contrib, ``com.microsoft``) operators that compute in, or convert to, an integer format.
 QUANTIZED_ONNX_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
     "QLinearMatMul", "QLinearConv", "QLinearAdd", "QLinearMul", "QAttention", "QGemm", "DynamicQuantizeMatMul",

@@ -7,7 +7,7 @@ eager models) and of user ``nn.Module`` backends (:func:`debug_framework.backend
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,8 +19,11 @@ from ..errors import BackendInitializationError, ModelLoadingError
 from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name
+from .base import BaseBackend, HiddenState, Taps, Tensor, attention_block_of_layer, cpu_name
 from .decode import DecodeRun, module_decode
+
+if TYPE_CHECKING:
+    from ..jsonio import JsonObject
 
 __all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
 
@@ -48,9 +51,9 @@ def _cuda_reason(device: str) -> str:
     return ""
 
 
-def torch_device_info(device: str) -> dict[str, Any]:
+def torch_device_info(device: str) -> JsonObject:
     """torch's version and the device's name (GPU model, compute capability, CUDA version on cuda)."""
-    info: dict[str, Any] = {"runtime": "torch", "torch": torch.__version__, "device": device}
+    info: JsonObject = {"runtime": "torch", "torch": torch.__version__, "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():
         dev = torch.device(device)
         index = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -106,7 +109,7 @@ class TorchModuleBackend(BaseBackend):
         reason = _cuda_reason(self.device)
         return (not reason, reason)
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         return {**super().version_info(), **torch_device_info(self.device)}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
@@ -225,7 +228,7 @@ class TorchModuleBackend(BaseBackend):
         )
 
     def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None,
-                   tokens: Any = None) -> DecodeRun:
+                   tokens: np.ndarray | None = None) -> DecodeRun:
         """The prefill, then ``steps`` tokens decoded through the module's own cache
         (:func:`~debug_framework.backends.decode.module_decode`): teacher-forced with ``tokens``
         ``[batch, steps]``, else its own greedy choice."""
@@ -235,14 +238,14 @@ class TorchModuleBackend(BaseBackend):
         active = [t for t in self.taps if t.key in wanted]
         meta = {"modules": dict(self.structure.modules)} if self.structure is not None else {}
 
-        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+        def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
             return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name,
                            dtype=self.dtype, elapsed_s=seconds, meta=dict(meta))
 
         return module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
                              inputs, steps, tokens, self.dtype, wrap)
 
-    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+    def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` at decode ``step`` on ``hidden_in`` ``[B, 1, D]``: the prefill and the earlier
         steps (``tokens``) through the module's cache, then the step's pass with layer i's input
         replaced and stopped after it: its post_attention and post_mlp."""
@@ -258,7 +261,7 @@ class TorchModuleBackend(BaseBackend):
             return HookCapture(self.module, active, replace_input=(name, hidden), stop_after=name) if last \
                 else HookCapture(self.module, [])
 
-        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+        def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
             return Capture(tensors={k: v for k, v in tensors.items() if k in want}, backend=self.name,
                            dtype=self.dtype, elapsed_s=seconds)
 
@@ -266,7 +269,7 @@ class TorchModuleBackend(BaseBackend):
                             np.asarray(tokens)[:, :step], self.dtype, wrap)
         return run.captures[step]
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` on ``hidden_in`` (the model's own masks and positions are kept): the
         full forward is entered, layer i's input is replaced, and the pass stops after layer i."""
         self._prepared()
@@ -319,7 +322,7 @@ class TorchModuleBackend(BaseBackend):
             return False, "uses its own module map, so where its attention block ends is not known"
         return self._block_support if self.structure is not None else (True, "")
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` alone on its input, through the module's own code: for
         ``"mlp"`` the layer is entered with the attention block's result set to ``hidden_in`` (the
         post-attention state, see :func:`~debug_framework.capture.hooks.hf_attention_seam`) and

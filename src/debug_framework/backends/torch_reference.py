@@ -5,7 +5,7 @@ It is the validation engine's *trusted implementation at the alternative's preci
 calibration stage runs it at the alternative's dtype to measure how far a correct implementation at
 that precision lands from the reference, and judges the alternative by that noise
 (docs/validation.md, "Calibrated tolerances"). It shares no code with the Hugging Face model the
-``pytorch``, ``inductor`` and ``onnxruntime`` backends run, nor with MLX's kernels. Every step runs
+``pytorch``, ``inductor`` and ONNX-graph backends run, nor with any other engine's kernels. Every step runs
 in the compute dtype (no float32 upcast of norms or softmax), so its noise is that of a plain
 implementation at that precision: an upper estimate for implementations that upcast.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,13 +25,14 @@ from ..comparison import float64_array
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name, installed_version, no_reference_from_math
+from .base import BaseBackend, HiddenState, Taps, cpu_name, installed_version, no_reference_from_math
 from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
 
 if TYPE_CHECKING:  # torch is imported where the models run over it: an ONNX file's graph runs without it
     import torch
 
     from ..architectures import BertReference, LlamaReference
+    from ..jsonio import JsonObject
 
 __all__ = ["TorchReferenceBackend"]
 
@@ -51,7 +52,7 @@ class TorchReferenceBackend(BaseBackend):
         super().__init__()
         self.net: LlamaReference | BertReference | None = None
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         return {**super().version_info(), "runtime": "torch", "torch": installed_version("torch"), "device_name": cpu_name()}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
@@ -103,7 +104,7 @@ class TorchReferenceBackend(BaseBackend):
         import torch
 
         ids, mask, tt = self._ids(inputs)
-        layer_inputs: MutableMapping[int, Any] | None = checkpoint_dict() if capture_layer_inputs else None
+        layer_inputs: MutableMapping[int, torch.Tensor] | None = checkpoint_dict() if capture_layer_inputs else None
         start = time.perf_counter()
         with torch.no_grad():
             out = self.net.forward(ids, mask, {tuple(k) for k in keys}, layer_inputs, tt)
@@ -114,7 +115,7 @@ class TorchReferenceBackend(BaseBackend):
         """A decoder decodes through its own KV cache; an encoder or an ONNX file's graph does not."""
         return reference_can_decode(self.net if getattr(self, "_graph", None) is None else None)
 
-    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None) -> DecodeRun:
         """The prefill, then ``steps`` tokens decoded through the model's KV cache (kept in the
         compute dtype; ``backends.decode.reference_decode``), teacher-forced with ``tokens``."""
         import torch
@@ -125,7 +126,7 @@ class TorchReferenceBackend(BaseBackend):
         return reference_decode(self.name, self.dtype, net, lambda x: torch.from_numpy(np.asarray(x, np.int64)),
                                 inputs, steps, keys, tokens, torch.no_grad)
 
-    def run_decode_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, step: int, tokens: Any) -> Capture:
+    def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]`` (rounded once), over the
         cache the prefill and the earlier steps (``tokens``) wrote: its post_attention and post_mlp."""
         import torch
@@ -136,7 +137,7 @@ class TorchReferenceBackend(BaseBackend):
                                       lambda x: torch.from_numpy(np.asarray(x, np.int64)), inputs, step, tokens, i, h,
                                       torch.no_grad)
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Layer ``i`` alone on ``hidden_in`` ``[B, T, D]`` (rounded once to the compute dtype)."""
         self._prepared()
         if getattr(self, "_graph", None) is not None:
@@ -151,7 +152,7 @@ class TorchReferenceBackend(BaseBackend):
         return Capture(tensors={CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out},
                        backend=self.name, dtype=self.dtype, elapsed_s=time.perf_counter() - start)
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input (rounded once)."""
         self._prepared()
         if getattr(self, "_graph", None) is not None:

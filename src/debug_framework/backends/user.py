@@ -17,10 +17,13 @@ from ..capture.keys import Capture, CheckpointKey
 from ..errors import BackendInitializationError, BackendRuntimeError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
-from .base import FLOAT_DTYPES, BaseBackend, Taps
+from .base import FLOAT_DTYPES, BaseBackend, HiddenState, Taps, Tensor
 from .decode import DecodeRun, runner_decode
 
 if TYPE_CHECKING:  # torch is imported when a module backend is built, never for a callable one
+    import numpy as np
+
+    from ..jsonio import JsonObject
     from .torch_module import ModuleBuilder, TorchModuleBackend
 
 __all__ = ["user_backend", "module_backend", "CallableBackend"]
@@ -79,7 +82,7 @@ class CallableBackend(BaseBackend):
             return True, ""
         return False, "has no run_layer(i, hidden_in, inputs) on its runner"
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         if not hasattr(self.runner, "run_layer"):
             raise BackendInitializationError("this user backend has no run_layer", backend=self.name)
         start = time.perf_counter()
@@ -95,7 +98,7 @@ class CallableBackend(BaseBackend):
             return True, ""
         return False, "has no prefill(inputs, keys) and decode_step(tokens, positions, keys) on its runner"
 
-    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: Any = None) -> DecodeRun:
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None) -> DecodeRun:
         """The runner's prefill, then ``steps`` of its ``decode_step`` (teacher-forced with ``tokens``)."""
         ok, why = self.can_decode()
         if not ok:
@@ -103,7 +106,7 @@ class CallableBackend(BaseBackend):
         keys = self._keys(taps)
         self._check_inputs(inputs)
 
-        def wrap(tensors: dict[CheckpointKey, Any], seconds: float) -> Capture:
+        def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
             return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name, dtype=self.dtype,
                            elapsed_s=seconds)
 
@@ -121,7 +124,7 @@ class CallableBackend(BaseBackend):
             return True, ""
         return False, "has no run_layer_traced(i, hidden_in, inputs) on its runner"
 
-    def run_layer_traced(self, i: int, hidden_in: Any, inputs: ModelInputs) -> list[tuple[str, Any]]:
+    def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, Any]]:
         """The runner's ``run_layer_traced(i, hidden_in, inputs)``: layer ``i`` on ``hidden_in`` with
         its named intermediate values, in the order computed (a mapping or ``(name, value)`` pairs)."""
         if not callable(getattr(self.runner, "run_layer_traced", None)):
@@ -129,7 +132,7 @@ class CallableBackend(BaseBackend):
         out = self.runner.run_layer_traced(i, hidden_in, inputs)
         return list(out.items()) if isinstance(out, Mapping) else [(str(n), v) for n, v in out]
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """The runner's ``run_block(i, block, hidden_in, inputs) -> tensor``: ``"mlp"`` on the
         post-attention state gives ``post_mlp:i``, ``"attention"`` on the layer input ``post_attention:i``."""
         if not callable(getattr(self.runner, "run_block", None)):

@@ -250,7 +250,7 @@ def validate(
     layers: str | None = typer.Option(None, "--layers", help="layer range START:STOP (per-layer checkpoints of these layers)"),
     dtype: str | None = typer.Option(None, "--dtype", help="the alternative's compute dtype (float32, float16, "
                                      "bfloat16, float64), or auto: the precision the backend declares (an ONNX "
-                                     "file's weights, OpenVINO's precision hint)"),
+                                     "file's weights, an engine's precision hint)"),
     reference_dtype: str | None = typer.Option(None, "--reference-dtype",
                                                help="the reference's compute dtype (default float64 for python_reference)"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cpu, cuda, ...)"),
@@ -287,7 +287,7 @@ def validate(
                                                         "backends with register_backend(name, factory)"),
     alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE.onnx",
                                                   help="a converted or optimised ONNX file of the --model-path ONNX "
-                                                  "file, run by the alternative (onnxruntime, openvino); "
+                                                  "file, run by the alternative (an engine that runs ONNX files); "
                                                   "checkpoints matched by tensor name"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
@@ -296,8 +296,8 @@ def validate(
                                        "model with its kernels swapped in (backend plugin:<id>)"),
     backend_option: list[str] | None = typer.Option(None, "--backend-option", metavar="KEY=VALUE",
                                                     help="an option of the alternative backend (repeatable), e.g. "
-                                                         "precision_hint=bf16 (openvino), optimization=basic "
-                                                         "(onnxruntime); VALUE is read as JSON where it parses"),
+                                                         "precision_hint=bf16 or optimization=basic (each engine "
+                                                         "lists its own); VALUE is read as JSON where it parses"),
 ) -> int:
     """Validate, print the table (or the JSON), and return the exit code."""
     invocation: Invocation = ctx.obj

@@ -27,7 +27,11 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..services.validation.results import ValidationResult
+    from ..services.validation_engine import ValidationEngine
 
 __all__ = ["assert_backend_matches", "run_backend_check", "BackendMismatch", "CheckContext", "CheckOutcome",
            "failure_message", "CHECK_CONTEXT"]
@@ -55,7 +59,7 @@ class BackendMismatch(AssertionError):
 
     ``result`` is the ``ValidationResult``; ``report_path`` the HTML report written, if any."""
 
-    def __init__(self, message: str, result: Any, report_path: Path | None) -> None:
+    def __init__(self, message: str, result: ValidationResult, report_path: Path | None) -> None:
         super().__init__(message)
         self.result = result
         self.report_path = report_path
@@ -66,7 +70,7 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._")[:80] or "check"
 
 
-def _culprit_lines(result: Any) -> list[str]:
+def _culprit_lines(result: ValidationResult) -> list[str]:
     """One line per drilled layer: the culprit operator and its repro, or why none was named."""
     from ..services.drilldown.types import drilled_where
 
@@ -84,7 +88,7 @@ def _culprit_lines(result: Any) -> list[str]:
     return lines
 
 
-def failure_message(result: Any, report_path: Path | None = None, database: Path | str | None = None) -> str:
+def failure_message(result: ValidationResult, report_path: Path | None = None, database: Path | str | None = None) -> str:
     """The assertion message of a failed session: verdict, first divergence, introducing layers,
     error source, culprit operators, and where the session and report are."""
     lines = [f"backend {result.alternative_backend!r} ({result.alternative_dtype}) does not match "
@@ -104,7 +108,7 @@ def failure_message(result: Any, report_path: Path | None = None, database: Path
     return "\n  ".join(lines)
 
 
-def _write_report(engine: Any, session_id: str, report_dir: Path, label: str) -> Path:
+def _write_report(engine: ValidationEngine, session_id: str, report_dir: Path, label: str) -> Path:
     """The session's HTML report in ``report_dir`` (created), named after the test and session."""
     from ..models._common import write_report_file
     from ..models.validation_report import ValidationReport
@@ -121,12 +125,12 @@ class CheckOutcome:
     """What :func:`run_backend_check` did: the result, the HTML report written (or None) and the
     database holding the session."""
 
-    result: Any
+    result: ValidationResult
     report: Path | None
     database: str
 
 
-def _record(ctx: CheckContext | None, result: Any, report: Path | None) -> None:
+def _record(ctx: CheckContext | None, result: ValidationResult, report: Path | None) -> None:
     """Attach the session's verdict, report, first divergence and culprits to the running test."""
     if ctx is None:
         return
@@ -142,7 +146,7 @@ def _record(ctx: CheckContext | None, result: Any, report: Path | None) -> None:
 
 def run_backend_check(model_path: str | Path, backend: str, *, reference_backend: str = "auto",
                       database: str | Path | None = None, report_dir: str | Path | None = None,
-                      **session_config: Any) -> CheckOutcome:
+                      **session_config: object) -> CheckOutcome:
     """Create and run the session; the database is ``database``, else the running test's (pytest
     plugin), else the configured one. Raises the framework's errors (DF codes) unchanged; a session
     that stops with one is recorded with status ``error``."""
@@ -170,7 +174,7 @@ def run_backend_check(model_path: str | Path, backend: str, *, reference_backend
 
 def assert_backend_matches(model_path: str | Path, backend: str, *, reference_backend: str = "auto",
                            database: str | Path | None = None, report_dir: str | Path | None = None,
-                           **session_config: Any) -> Any:
+                           **session_config: object) -> ValidationResult:
     """Run a session of ``backend`` against ``reference_backend`` on ``model_path``; return the
     ``ValidationResult`` when it passes, raise :class:`BackendMismatch` (an ``AssertionError``)
     with the first divergence, introducing layers, error source and culprit operator when not.

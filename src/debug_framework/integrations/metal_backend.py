@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.mlx_backend import MLXMetalBackend
+from ..backends.mlx.runner import MLXMetalBackend
 from ..capture.keys import Capture
 from ..errors import BackendInitializationError, ConfigurationError
 from ..modelio.inputs import ModelInputs

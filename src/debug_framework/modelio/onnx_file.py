@@ -23,12 +23,18 @@ import ast
 import hashlib
 import re
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ModelLoadingError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from .inputs import ModelInputs
 
 __all__ = ["OnnxGraphConfig", "OnnxFileWeights", "load_onnx_file", "node_scope", "layer_of_scope", "ONNX_INPUTS"]
 
@@ -64,7 +70,7 @@ class OnnxFileWeights:
         self.files = files
         self._digest: str | None = None
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[str]:
         return iter(())
 
     def __len__(self) -> int:
@@ -86,7 +92,7 @@ class OnnxFileWeights:
         return self._digest
 
 
-def node_scope(node: Any) -> str:
+def node_scope(node: onnx.NodeProto) -> str:
     """A node's module scope as a dotted path (``encoder.layer.0.attention``); ``""`` if it has none."""
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
@@ -115,7 +121,7 @@ def _is_layer_scope(scope: str, i: int) -> bool:
     return m is not None and int(m.group(1)) == i and m.end() == len(scope)
 
 
-def _external_files(model: Any, directory: Path) -> list[Path]:
+def _external_files(model: onnx.ModelProto, directory: Path) -> list[Path]:
     out: set[Path] = set()
     for init in model.graph.initializer:
         if init.data_location == 1:  # EXTERNAL
@@ -131,7 +137,7 @@ def _external_files(model: Any, directory: Path) -> list[Path]:
     return sorted(out)
 
 
-def _vocab_size(model: Any) -> int | None:
+def _vocab_size(model: onnx.ModelProto) -> int | None:
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "input_ids":
@@ -141,13 +147,13 @@ def _vocab_size(model: Any) -> int | None:
     return None
 
 
-def _checkpoints(model: Any) -> tuple[dict[str, str], int]:
+def _checkpoints(model: onnx.ModelProto) -> tuple[dict[str, str], int]:
     """Checkpoint key -> tensor name, and the layer count."""
     last_of_layer: dict[int, str] = {}
     last_attention: dict[int, str] = {}
     producer_scope: dict[str, str] = {}
-    consumers: dict[str, list[Any]] = {}
-    order: list[tuple[Any, str, int | None]] = []
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    order: list[tuple[onnx.NodeProto, str, int | None]] = []
     for node in model.graph.node:
         scope = node_scope(node)
         layer = layer_of_scope(scope)
@@ -190,7 +196,7 @@ def load_onnx_file(path: Path) -> tuple[OnnxGraphConfig, OnnxFileWeights, list[P
         import onnx
     except ImportError as exc:
         raise ModelLoadingError("reading an ONNX file needs the onnx package", file=str(path),
-                                hint="pip install onnx onnxruntime") from exc
+                                hint="pip install onnx") from exc
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError and friends for a corrupt file
@@ -218,7 +224,7 @@ def load_onnx_file(path: Path) -> tuple[OnnxGraphConfig, OnnxFileWeights, list[P
     return config, OnnxFileWeights(files), files
 
 
-def onnx_feeds(config: OnnxGraphConfig, inputs: Any) -> dict[str, np.ndarray]:
+def onnx_feeds(config: OnnxGraphConfig, inputs: ModelInputs) -> dict[str, np.ndarray]:
     """The session's inputs as the graph's feeds, each in the graph's integer type."""
     ids = np.asarray(inputs.input_ids)
     values = {

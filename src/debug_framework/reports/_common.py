@@ -278,7 +278,7 @@ def error_source_text(source: Mapping[str, Any]) -> str:
 
 
 def backend_label(name: Any, options: Any = None, dtype: Any = None) -> str:
-    """A backend as every view names it: ``openvino [precision_hint=bf16] (bfloat16)``; the options
+    """A backend as every view names it: ``myengine [precision_hint=bf16] (bfloat16)``; the options
     it was built with (``--backend-option``) in brackets, its dtype in parentheses."""
     label = str(name)
     if isinstance(options, Mapping) and options:

@@ -138,7 +138,7 @@ def failure_message(exc: BaseException) -> str:
 
 def _alternative_dtype(alt: Backend, model: LoadedModel, asked: str | None) -> tuple[str, str | None]:
     """The alternative's compute dtype: the one asked for; for ``"auto"`` the precision the backend
-    declares for this model (an ONNX file's weight type, OpenVINO's precision hint) and why, else its
+    declares for this model (an ONNX file's weight type, an engine's precision hint) and why, else its
     default dtype."""
     if asked and asked != "auto":
         return str(asked), None
@@ -284,11 +284,14 @@ class ValidationEngine(EngineFaces):
         """:meth:`create_session` once the model is loaded (its digest may be in progress)."""
         from ..backends import get_backend
         from ..backends.reference_choice import reference_for
+        from ..backends.registry import default_engine_for
 
         reference_backend, ref_why = reference_for(reference_backend, model)
-        if alternative_backend == "auto" and model.format == "onnx":  # the built-in backend that runs a file
-            # (no probe of every backend's availability: that imports torch, transformers and Inductor)
-            alt_name, why = "onnxruntime", "an ONNX file: onnxruntime runs the file itself"
+        # an ONNX file: the engine the registry names for the format runs it (no probe of every
+        # backend's availability: that imports torch, transformers and Inductor)
+        runner = default_engine_for("onnx") if alternative_backend == "auto" and model.format == "onnx" else None
+        if runner is not None:
+            alt_name, why = runner.name, f"an ONNX file: {runner.name} runs the file itself"
         else:
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg["reference_options"])
@@ -456,7 +459,7 @@ class ValidationEngine(EngineFaces):
         return ctx.result
 
     def session_artifact_dir(self, session_id: str) -> Path | None:
-        """Where a session's backends keep the files they produce (an ``onnxruntime`` export and its
+        """Where a session's backends keep the files they produce (an ONNX engine's export and its
         log): ``<db dir>/<db name>_artifacts/<session id>/``, created by the first backend that
         writes there; ``None`` for an id that is not a plain name (such a session's backends use
         temporary directories they remove)."""

@@ -14,7 +14,6 @@ import difflib
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -51,7 +50,7 @@ def align_graphs(alternative: torch.fx.Graph, trusted: torch.fx.Graph) -> Alignm
     return out
 
 
-def _match(alt: list[torch.fx.Node], ref: list[torch.fx.Node], key: Any, out: Alignment, *, refine: bool) -> None:
+def _match(alt: list[torch.fx.Node], ref: list[torch.fx.Node], key: object, out: Alignment, *, refine: bool) -> None:
     sm = difflib.SequenceMatcher(None, [key(n) for n in alt], [key(n) for n in ref], autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
@@ -63,7 +62,7 @@ def _match(alt: list[torch.fx.Node], ref: list[torch.fx.Node], key: Any, out: Al
             out.trusted_only.extend(n.name for n in ref[j1:j2])
 
 
-def _constant(value: Any) -> Any:
+def _constant(value: object) -> object:
     """The non-tensor part of an argument (tensors and dtypes are not attributes of the op)."""
     if isinstance(value, torch.fx.Node) or isinstance(value, torch.dtype):
         return None
@@ -72,7 +71,7 @@ def _constant(value: Any) -> Any:
     return value
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0) or (math.isnan(a) and math.isnan(b))
     if isinstance(a, tuple) and isinstance(b, tuple):
@@ -103,7 +102,7 @@ def _arg_names(node: torch.fx.Node) -> dict[int, str]:
     return {} if schema is None else {i: a.name for i, a in enumerate(schema.arguments)}
 
 
-def _defaults(node: torch.fx.Node) -> dict[str, Any]:
+def _defaults(node: torch.fx.Node) -> dict[str, object]:
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return {}

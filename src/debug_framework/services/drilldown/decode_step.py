@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .layer_graph import LayerCall, _plain, _Stop
+
+if TYPE_CHECKING:
+    from ...modelio.inputs import ModelInputs
 
 __all__ = ["CacheSlot", "capture_layer_call_at_step", "reference_past"]
 
@@ -39,14 +42,14 @@ class CacheSlot:
     ran; ``state`` the entry's other attributes then (a sliding window's cumulative length), put
     back by :meth:`load` so every call of the layer starts from the same cache."""
 
-    cache: Any
+    cache: object
     index: int
     keys: torch.Tensor
     values: torch.Tensor
-    state: dict[str, Any]
+    state: dict[str, object]
 
     @classmethod
-    def find(cls, value: Any, index: int) -> CacheSlot | None:
+    def find(cls, value: object, index: int) -> CacheSlot | None:
         """The slot of layer ``index`` in ``value`` when it is a cache of the known layout, else None."""
         layers = getattr(value, "layers", None)
         if not isinstance(layers, (list, tuple)) or not 0 <= index < len(layers):
@@ -69,7 +72,7 @@ class CacheSlot:
         return replace(self, keys=keys, values=values)
 
 
-def _normal(value: Any) -> Any:
+def _normal(value: object) -> object:
     """``value`` with every tensor cloned outside inference mode (the decode runs in it; a traced
     call needs ordinary tensors)."""
     if isinstance(value, torch.Tensor):
@@ -85,20 +88,20 @@ class _Pass:
     """The capture :func:`module_decode` opens for one pass: a plain call, or at the drilled step one
     stopped at the layer's pre-hook (which keeps the call in ``seen``)."""
 
-    def __init__(self, layer: torch.nn.Module | None, seen: dict[str, Any]) -> None:
+    def __init__(self, layer: torch.nn.Module | None, seen: dict[str, object]) -> None:
         self.layer, self.seen, self.tensors = layer, seen, {}
 
     def __enter__(self) -> _Pass:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
-    def run(self, module: Any, **kwargs: Any) -> Any:
+    def run(self, module: object, **kwargs: object) -> object:
         if self.layer is None:
             return module(**kwargs)
 
-        def pre(_mod: torch.nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        def pre(_mod: torch.nn.Module, args: tuple[object, ...], kw: dict[str, object]) -> None:
             self.seen["args"], self.seen["kwargs"] = args, dict(kw)
             raise _Stop
 
@@ -111,8 +114,8 @@ class _Pass:
         return None
 
 
-def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: int, forward_kwargs: dict[str, Any],
-                               inputs: Any, step: int, tokens: Any, backend_name: str, dtype: str) -> LayerCall:
+def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: int, forward_kwargs: dict[str, object],
+                               inputs: ModelInputs, step: int, tokens: np.ndarray, backend_name: str, dtype: str) -> LayerCall:
     """How ``module`` calls layer ``layer_name`` (index ``layer``) at decode ``step`` (>= 1): the
     prefill and steps ``1 .. step - 1`` through its own cache with ``tokens`` ``[batch, >= step]``,
     then step ``step``'s pass stopped at the layer. The call's ``cache`` is the layer's
@@ -125,7 +128,7 @@ def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: 
     from ...capture.keys import Capture
 
     target = module.get_submodule(layer_name)
-    seen: dict[str, Any] = {}
+    seen: dict[str, object] = {}
     passes = iter(range(step + 1))
     module_decode(backend_name, module, forward_kwargs, lambda: _Pass(target if next(passes) == step else None, seen),
                   inputs, step, np.asarray(tokens, np.int64)[:, :step], dtype,
@@ -136,7 +139,7 @@ def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: 
                  if (found := CacheSlot.find(v, layer)) is not None), None)
     keep = None if slot is None else slot.cache
 
-    def plain(value: Any) -> Any:
+    def plain(value: object) -> object:
         return value if keep is not None and value is keep else _normal(_plain(value))
 
     args = tuple(plain(v) for v in seen["args"])
@@ -149,7 +152,7 @@ def capture_layer_call_at_step(module: torch.nn.Module, layer_name: str, layer: 
     return LayerCall(hidden, (), kwargs, True, slot)
 
 
-def reference_past(past: tuple[Any, Any] | None,
+def reference_past(past: tuple[object, object] | None,
                    slot: CacheSlot) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, str]:
     """The reference's keys and values of the layer before the step (``[batch, length, kv_heads,
     head_dim]``, as :class:`~debug_framework.backends.decode.DecodeRun` keeps them) laid out as the

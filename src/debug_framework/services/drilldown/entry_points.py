@@ -15,9 +15,8 @@ drill-down: it is left out and said why in the second list.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from .types import DrillStrategy
+from ...backends.drilldown.types import DrillStrategy
 
 __all__ = ["ENTRY_POINT_GROUP", "StrategyLoadFailure", "entry_point_strategies"]
 
@@ -37,7 +36,7 @@ class StrategyLoadFailure:
         return f"drill-down strategy {self.name!r} ({self.target}) was not loaded: {self.reason}"
 
 
-def _is_strategy(obj: Any) -> bool:
+def _is_strategy(obj: object) -> bool:
     """Whether ``obj`` has what :class:`DrillStrategy` asks for: a ``name``, ``applies`` and ``drill``."""
     return isinstance(getattr(obj, "name", None), str) and callable(getattr(obj, "applies", None)) \
         and callable(getattr(obj, "drill", None))

@@ -27,27 +27,26 @@ import math
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ...comparison import RatioRule, finite_rms
-from .types import OperatorRow
+from ...backends.drilldown.types import OperatorRow
 from .align import Alignment, attribute_differences
 from .layer_graph import LayerGraph, is_cast, map_float_dtypes, node_module_path, node_source, run_graph
 
 __all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor", "value_scale"]
 
-KernelContext = Callable[[], contextlib.AbstractContextManager[Any]]
+KernelContext = Callable[[], contextlib.AbstractContextManager[object]]
 
 
 @dataclass
 class Replay:
     """What replaying one operator took: its call (inputs as replayed) and the trusted output."""
 
-    target: Any
-    args: Any
-    kwargs: Any
+    target: Callable[..., object]
+    args: object
+    kwargs: object
     trusted: torch.Tensor
     bound: float
     introduced: float
@@ -63,7 +62,7 @@ class JudgedLayer:
     extra_ops: dict[str, str] = field(default_factory=dict)
 
 
-def first_tensor(value: Any) -> torch.Tensor | None:
+def first_tensor(value: object) -> torch.Tensor | None:
     """An operator's output, judged by its first tensor (``native_layer_norm`` -> the normalised)."""
     if isinstance(value, torch.Tensor):
         return value
@@ -84,7 +83,7 @@ def value_scale(trusted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t[ordinary] if bool(ordinary.any()) and not bool(ordinary.all()) else t
 
 
-def rms_error(value: Any, trusted: Any) -> float:
+def rms_error(value: object, trusted: object) -> float:
     """RMS of ``value - trusted`` over finite pairs, in float64; ``inf`` when shapes differ or a
     pair is non-finite on either side without being the same value on both (``+inf`` against
     ``-inf``, NaN against an infinity or a number); a trusted value beyond the value's dtype's range
@@ -109,7 +108,7 @@ def rms_error(value: Any, trusted: Any) -> float:
     return finite_rms((a - t)[keep]) if bool(keep.any()) else 0.0
 
 
-def _cast_like(value: Any, like: Any, device: str | torch.device) -> Any:
+def _cast_like(value: object, like: object, device: str | torch.device) -> object:
     """``value`` (trusted, float64) cast to the dtype ``like`` has, on ``device``, as a fresh copy
     laid out as ``like`` is (its strides, where it is dense): the operator replayed on it was given
     ``like`` by the alternative, and a ``view`` of it needs the layout it had there, not the one
@@ -128,7 +127,7 @@ def _cast_like(value: Any, like: Any, device: str | torch.device) -> Any:
     return value
 
 
-def _to_dtype(value: Any, dtype: torch.dtype) -> Any:
+def _to_dtype(value: object, dtype: torch.dtype) -> object:
     if isinstance(value, torch.Tensor):
         return value.detach().to(dtype=dtype, copy=True) if value.is_floating_point() else value.clone()
     if isinstance(value, (tuple, list)):
@@ -141,15 +140,15 @@ class _Judge:
     alt: LayerGraph
     trusted: LayerGraph
     alignment: Alignment
-    alt_own: dict[str, Any]
-    trusted_env: dict[str, Any]
+    alt_own: dict[str, object]
+    trusted_env: dict[str, object]
     trusted_inputs: dict[str, torch.Tensor]
     kernels: KernelContext
     dtype: torch.dtype
     device: str | torch.device
     margin: float
     floor_eps: float
-    tv: dict[str, Any] = field(default_factory=dict)  # alternative node -> trusted value
+    tv: dict[str, object] = field(default_factory=dict)  # alternative node -> trusted value
     extra_ops: dict[str, str] = field(default_factory=dict)  # see JudgedLayer.extra_ops
 
     def __post_init__(self) -> None:
@@ -158,7 +157,7 @@ class _Judge:
         self.eps = torch.finfo(self.dtype).eps
         self.paths = {n.name: p for n, p in zip(self.alt.placeholders(), self.alt.input_paths)}
 
-    def trusted_value(self, node: torch.fx.Node, index: int) -> Any:
+    def trusted_value(self, node: torch.fx.Node, index: int) -> object:
         if node.op == "placeholder":
             path = self.alt.input_paths[index]
             own = self.alt.inputs[index]
@@ -215,7 +214,7 @@ class _Judge:
         rounding = rms_error(trusted.to(self.dtype), trusted)
         return rms_error(value, trusted) > self.margin * rounding + self.floor_eps * self.eps * finite_rms(trusted)
 
-    def _unpaired_value(self, node: torch.fx.Node) -> Any:
+    def _unpaired_value(self, node: torch.fx.Node) -> object:
         """An operator the trusted graph lacks: its own function in float64 on trusted inputs; an
         operator without float64 support stands for the output of its module (a kernel swapped in
         for a module): the last same-shaped trusted value made in that module, else its own output."""
@@ -235,14 +234,14 @@ class _Judge:
                     return value
         return _to_dtype(_on_cpu(self.alt_own[node.name]), torch.float64)
 
-    def _replay_input(self, arg: torch.fx.Node) -> Any:
+    def _replay_input(self, arg: torch.fx.Node) -> object:
         """A replayed operator's input: the alternative's own weights (its state is part of what is
         judged), else the trusted value cast to the dtype the alternative gave that input."""
         if arg.op == "get_attr" or (arg.op == "placeholder" and self.paths[arg.name].startswith("param:")):
             return _clone(self.alt_own[arg.name])
         return _cast_like(self.tv[arg.name], self.alt_own[arg.name], self.device)
 
-    def replay(self, node: torch.fx.Node) -> tuple[Any, Any, Any]:
+    def replay(self, node: torch.fx.Node) -> tuple[object, object, object]:
         """The operator alone on trusted inputs cast to the alternative's dtypes, its kernels in place."""
         args = torch.fx.node.map_arg(node.args, self._replay_input)
         kwargs = torch.fx.node.map_arg(node.kwargs, self._replay_input)
@@ -250,7 +249,7 @@ class _Judge:
             out = node.target(*_clone(args), **_clone(kwargs))
         return out, args, kwargs
 
-    def stock_noise(self, node: torch.fx.Node, trusted: Any) -> float:
+    def stock_noise(self, node: torch.fx.Node, trusted: object) -> float:
         """The error a stock eager operator makes at the alternative's dtype on the same inputs."""
         ref_name = self.alignment.pairs.get(node.name)
         if ref_name is None or is_cast(node):  # no stock operator: the rounding of the value itself
@@ -277,7 +276,7 @@ def _carries(path: str) -> bool:
     return path == "hidden" or path.startswith("past.")
 
 
-def _trusted_own(value: Any) -> Any:
+def _trusted_own(value: object) -> object:
     """The alternative's own input or attribute as the trusted side takes it: a float tensor in
     float64 on the CPU, another tensor on the CPU, anything else (a quantized module's packed
     weights, a script object) as it is: only the alternative's kernels read it."""
@@ -288,7 +287,7 @@ def _trusted_own(value: Any) -> Any:
     return value.detach().to("cpu", torch.float64) if value.is_floating_point() else value.cpu()
 
 
-def _on_cpu(value: Any) -> Any:
+def _on_cpu(value: object) -> object:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, (tuple, list)):
@@ -296,7 +295,7 @@ def _on_cpu(value: Any) -> Any:
     return value
 
 
-def _clone(value: Any) -> Any:
+def _clone(value: object) -> object:
     if isinstance(value, torch.Tensor):
         return value.clone()
     if isinstance(value, (tuple, list)):

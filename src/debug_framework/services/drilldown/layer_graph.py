@@ -16,7 +16,6 @@ import os
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -34,7 +33,8 @@ class _SourceLines(TorchFunctionMode):
     """While tracing, each torch call publishes the user frames that made it (outside torch and
     this package) as the ``stack_trace`` of the nodes it creates."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Callable[..., object], types: tuple[type, ...], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         frames = [f for f in traceback.extract_stack()[:-1]
                   if not f.filename.startswith(_TORCH_DIR) and not f.filename.startswith(_HERE)]
         meta = fx_traceback.get_current_meta()
@@ -58,10 +58,10 @@ class LayerCall:
     the traced graph takes as inputs; None for a call without a cache."""
 
     hidden: torch.Tensor
-    rest_args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    rest_args: tuple[object, ...]
+    kwargs: dict[str, object]
     hidden_keyword: bool  # the hidden state came as kwargs["hidden_states"]
-    cache: Any = None
+    cache: object = None
 
 
 @dataclass
@@ -78,12 +78,12 @@ class LayerGraph:
         return [n for n in self.gm.graph.nodes if n.op == "placeholder"]
 
 
-def capture_layer_call(module: torch.nn.Module, layer_name: str, forward_kwargs: dict[str, Any]) -> LayerCall:
+def capture_layer_call(module: torch.nn.Module, layer_name: str, forward_kwargs: dict[str, object]) -> LayerCall:
     """Run ``module(**forward_kwargs)`` until layer ``layer_name`` is called; how it was called."""
     layer = module.get_submodule(layer_name)
-    seen: dict[str, Any] = {}
+    seen: dict[str, object] = {}
 
-    def pre(_mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def pre(_mod: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         seen["args"], seen["kwargs"] = args, dict(kwargs)
         raise _Stop
 
@@ -102,7 +102,7 @@ def capture_layer_call(module: torch.nn.Module, layer_name: str, forward_kwargs:
     return LayerCall(hidden, (), kwargs, True)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """``value`` with every object that is not a tensor, a plain value or a container of them (a
     key/value cache, which a traced call would append to) replaced by None."""
     if isinstance(value, (torch.Tensor, int, float, str, bool, type(None), torch.dtype, torch.device)):
@@ -114,7 +114,7 @@ def _plain(value: Any) -> Any:
     return None
 
 
-def _flatten(value: Any, path: str, paths: list[str], leaves: list[torch.Tensor]) -> Any:
+def _flatten(value: object, path: str, paths: list[str], leaves: list[torch.Tensor]) -> object:
     """``value`` with every tensor replaced by its index in ``leaves`` (a ``_Leaf``)."""
     if isinstance(value, torch.Tensor):
         paths.append(path)
@@ -132,7 +132,7 @@ class _Leaf:
     index: int
 
 
-def _rebuild(template: Any, flat: tuple[Any, ...]) -> Any:
+def _rebuild(template: object, flat: tuple[object, ...]) -> object:
     if isinstance(template, _Leaf):
         return flat[template.index]
     if isinstance(template, dict):
@@ -151,12 +151,12 @@ def _module_paths(layer: torch.nn.Module, layer_name: str) -> Iterator[None]:
         fx_traceback.get_current_meta()["nn_module_stack"] = {p: (p, t) for p, t in stack}
 
     def enter(path: str) -> Callable[..., None]:
-        def hook(mod: torch.nn.Module, _args: Any) -> None:
+        def hook(mod: torch.nn.Module, _args: object) -> None:
             stack.append((path, type(mod).__qualname__))
             publish()
         return hook
 
-    def leave(_mod: torch.nn.Module, _args: Any, _out: Any) -> None:
+    def leave(_mod: torch.nn.Module, _args: object, _out: object) -> None:
         if stack:
             stack.pop()
         publish()
@@ -189,7 +189,7 @@ def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidde
         paths += ["past.keys", "past.values"]
         leaves += [slot.keys, slot.values]
 
-    def layer_fn(*flat: torch.Tensor) -> Any:
+    def layer_fn(*flat: torch.Tensor) -> object:
         if slot is not None:  # the cache as it was before the layer, holding the graph's past inputs
             slot.load(flat[-2], flat[-1])
         params = dict(zip(names, flat[:n]))
@@ -253,7 +253,7 @@ _CASTS = {torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype, torch.ops.at
           torch.ops.aten.to.device}
 
 
-def map_float_dtypes(value: Any, dtype: torch.dtype, only: torch.dtype | None = None) -> Any:
+def map_float_dtypes(value: object, dtype: torch.dtype, only: torch.dtype | None = None) -> object:
     """``value`` (args or kwargs) with every floating ``torch.dtype`` (or only ``only``) replaced by ``dtype``."""
     if isinstance(value, torch.dtype):
         return dtype if value.is_floating_point and (only is None or value == only) else value
@@ -264,10 +264,10 @@ def map_float_dtypes(value: Any, dtype: torch.dtype, only: torch.dtype | None = 
     return value
 
 
-def run_graph(graph: LayerGraph, inputs: list[Any], *, float64: bool = False) -> dict[str, Any]:
+def run_graph(graph: LayerGraph, inputs: list[object], *, float64: bool = False) -> dict[str, object]:
     """Every node's value running ``graph`` on ``inputs`` (placeholder order), eagerly; with
     ``float64`` every floating dtype the graph names becomes float64 (the trusted run)."""
-    env: dict[str, Any] = {}
+    env: dict[str, object] = {}
     it = iter(inputs)
     with torch.no_grad():
         for node in graph.gm.graph.nodes:

@@ -30,7 +30,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,7 +41,11 @@ from .decode_step import capture_layer_call_at_step, reference_past
 from .layer_graph import (LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, run_graph,
                           trace_layer)
 from .repro import write_and_verify
-from .types import Culprit, DrillRequest, LayerDrilldown
+from ...backends.drilldown.types import Culprit, DrillRequest, LayerDrilldown
+
+if TYPE_CHECKING:
+    from ...backends.base import Backend
+    from ...modelio.loader import LoadedModel
 
 __all__ = ["ReplayStrategy"]
 
@@ -60,7 +64,7 @@ class ReplayStrategy:
         #: models loaded whole (not a skeleton with one layer materialised at a time)
         self._loaded: set[int] = set()
 
-    def applies(self, backend: Any) -> tuple[bool, str]:
+    def applies(self, backend: Backend) -> tuple[bool, str]:
         from ...backends.torch_module import TorchModuleBackend
 
         if not isinstance(backend, TorchModuleBackend):
@@ -134,7 +138,7 @@ class ReplayStrategy:
         result.note = "; ".join(notes)
         return result
 
-    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Any, out_dir: Path
+    def _culprit(self, judged: JudgedLayer, alt: LayerGraph, backend: Backend, out_dir: Path
                  ) -> tuple[Culprit | None, list[str]]:
         """The first operator beyond its bound and its repro, with what the note must say about it
         (an operator only the alternative has; a repro that could not be written: the table stays)."""
@@ -169,7 +173,7 @@ class ReplayStrategy:
         return capture_layer_call_at_step(module, layer_name, request.layer, kwargs, request.inputs, request.step,
                                           request.tokens, backend.name, backend.dtype)
 
-    def _trusted_graph(self, model: Any, layer_name: str, call: LayerCall, hidden64: torch.Tensor,
+    def _trusted_graph(self, model: LoadedModel, layer_name: str, call: LayerCall, hidden64: torch.Tensor,
                        past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[LayerGraph | None, str]:
         """The trusted layer's graph, called as the alternative's layer is (at a decode step over
         ``past``, the reference's) (``(None, why)`` when there is no trusted layer or it cannot be
@@ -192,7 +196,7 @@ class ReplayStrategy:
             if id(model) not in self._loaded:
                 net.get_submodule(layer_name).to_empty(device="meta")  # one layer at a time
 
-    def _trusted_layer(self, model: Any, layer_name: str) -> tuple[torch.nn.Module | None, str]:
+    def _trusted_layer(self, model: LoadedModel, layer_name: str) -> tuple[torch.nn.Module | None, str]:
         """The Hugging Face model of the architecture with only layer ``layer_name`` materialised, in
         float64 with the model's weights (the rest stays on the ``meta`` device: no memory);
         ``(None, why)`` when the layer needs more than its weights; raises whatever transformers
@@ -228,7 +232,7 @@ class ReplayStrategy:
         return self._skeletons[key], ""
 
 
-def _eager_module(module: Any) -> torch.nn.Module | None:
+def _eager_module(module: object) -> torch.nn.Module | None:
     """The module whose operators run eagerly: a ``torch.compile`` wrapper's original module."""
     orig = getattr(module, "_orig_mod", None)
     if isinstance(orig, torch.nn.Module):
@@ -240,7 +244,7 @@ def _eager_module(module: Any) -> torch.nn.Module | None:
 _EAGER_BACKENDS = frozenset({"eager", "aot_eager"})
 
 
-def _dynamo_backend(module: Any) -> tuple[str, Any] | None:
+def _dynamo_backend(module: object) -> tuple[str, object] | None:
     """``(name, backend)`` of a ``torch.compile`` wrapper (the backend as dynamo calls it); None for
     a module that is not compiled. Reads dynamo's wrapper (no public API): an unknown layout gives
     ``("?", None)``."""
@@ -254,7 +258,7 @@ def _dynamo_backend(module: Any) -> tuple[str, Any] | None:
         return "?", None
 
 
-def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, call: LayerCall,
+def _compiler_differs(compiled: object, eager: torch.nn.Module, alt: LayerGraph, call: LayerCall,
                       request: DrillRequest) -> tuple[str, bool]:
     """``(note, True)`` when the layer compiled alone with ``compiled``'s dynamo backend differs from
     its own eager code beyond the calibrated bound (the stock eager layer's own error against
@@ -292,7 +296,7 @@ def _compiler_differs(compiled: Any, eager: torch.nn.Module, alt: LayerGraph, ca
             "torch._dynamo's minifier (TORCHDYNAMO_REPRO_AFTER='aot') to find the compiled kernel"), True
 
 
-def _call_layer(layer: Any, call: LayerCall, hidden: torch.Tensor) -> Any:
+def _call_layer(layer: object, call: LayerCall, hidden: torch.Tensor) -> object:
     """``layer`` called as the model calls it, with ``hidden`` as its input (over the past its cache
     held, at a decode step)."""
     if call.cache is not None:
@@ -302,7 +306,7 @@ def _call_layer(layer: Any, call: LayerCall, hidden: torch.Tensor) -> Any:
     return layer(hidden, *call.rest_args, **call.kwargs)
 
 
-def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+def _kernel_context(backend: Backend) -> Callable[[], contextlib.AbstractContextManager[object]]:
     """What puts the alternative's own kernels in place while an operator runs: a plugin backend's
     ATen swap; nothing for eager backends (their kernels are torch's)."""
     from ...plugins.swap import AtenSwap, PluginBackend
@@ -315,7 +319,7 @@ def _kernel_context(backend: Any) -> Callable[[], contextlib.AbstractContextMana
 def _widened(call: LayerCall) -> LayerCall:
     """The alternative's call of the layer with every floating tensor in float64 on the CPU (masks
     and position embeddings are the model's, not the layer's: the layer is judged given them)."""
-    def widen(v: Any) -> Any:
+    def widen(v: object) -> object:
         if isinstance(v, torch.Tensor):
             return v.detach().to("cpu", torch.float64) if v.is_floating_point() else v.detach().cpu()
         if isinstance(v, dict):

@@ -13,7 +13,7 @@ torch alone (it reads the safetensors file itself). It is verified once after wr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +21,9 @@ from ...backends.capabilities import capabilities
 from ...plugins.repro import KERNEL_LOADER, plugin_kernel_entry
 from ...repro_format import INPUTS, SAFETENSORS_READER, verify, write_repro_files
 from .judge import Replay
+
+if TYPE_CHECKING:
+    from ...backends.base import Backend
 
 __all__ = ["write_and_verify"]
 
@@ -88,7 +91,7 @@ def check():
 '''
 
 
-def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _encode(v: object, tensors: dict[str, torch.Tensor]) -> object:
     """An argument as JSON; tensors stored (contiguous, on the CPU) in ``tensors``."""
     if isinstance(v, torch.Tensor):
         key = f"t{len(tensors)}"
@@ -109,7 +112,7 @@ def _encode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return v
 
 
-def _packed_linear(packed: Any, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _packed_linear(packed: object, tensors: dict[str, torch.Tensor]) -> dict[str, object]:
     """A ``LinearPackedParamsBase`` as its int8 weight, quantization parameters and bias (stored in
     ``tensors``), which ``repro.py`` packs again with ``quantized::linear_prepack``."""
     weight, bias = packed.unpack()
@@ -119,7 +122,7 @@ def _packed_linear(packed: Any, tensors: dict[str, torch.Tensor]) -> dict[str, A
         tensors[key] = t.detach().to("cpu").contiguous()
         return key
 
-    entry: dict[str, Any] = {"int8": keep(weight.int_repr()), "bias": None if bias is None else keep(bias),
+    entry: dict[str, object] = {"int8": keep(weight.int_repr()), "bias": None if bias is None else keep(bias),
                              "axis": None}
     if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
         entry.update(scale=float(weight.q_scale()), zero_point=int(weight.q_zero_point()))
@@ -129,7 +132,7 @@ def _packed_linear(packed: Any, tensors: dict[str, torch.Tensor]) -> dict[str, A
     return entry
 
 
-def _plugin(backend: Any, target: Any, folder: Path) -> dict[str, Any] | None:
+def _plugin(backend: Backend, target: object, folder: Path) -> dict[str, object] | None:
     """For a plugin backend whose kernel replaces ``target``: that kernel, its build copied into ``folder``."""
     from ...plugins.swap import PluginBackend
 
@@ -139,7 +142,7 @@ def _plugin(backend: Any, target: Any, folder: Path) -> dict[str, Any] | None:
     return None if kernel is None else plugin_kernel_entry(backend.definition, kernel.spec, backend.artifact, folder)
 
 
-def write_and_verify(folder: Path, replay: Replay, backend: Any, *, what: str) -> tuple[Path, bool]:
+def write_and_verify(folder: Path, replay: Replay, backend: Backend, *, what: str) -> tuple[Path, bool]:
     """Write the repro of ``replay`` into ``folder`` and verify it once: ``(folder, verified)``."""
     from safetensors.torch import save_file
 

@@ -18,14 +18,19 @@ the value, ``carried_in`` the largest error of the values before it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...backends.capabilities import capabilities
 from ...comparison import float64_array
 from ...errors import ConfigurationError
-from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
+from ...backends.drilldown.types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
+
+if TYPE_CHECKING:
+    from ...backends.base import Backend
+    from ...modelio.inputs import ModelInputs
+    from ...modelio.loader import LoadedModel
 
 __all__ = ["TraceStrategy"]
 
@@ -38,7 +43,7 @@ _STEP = {"attn_norm": "the attention's input norm", "q": "the query projection",
          "ffn_act": "the MLP's activation", "ffn_out": "the MLP's down projection", "post_mlp": "the MLP's residual"}
 
 
-def _trace(model: Any, dtype: str, i: int, hidden: np.ndarray, inputs: Any) -> dict[str, np.ndarray]:
+def _trace(model: LoadedModel, dtype: str, i: int, hidden: np.ndarray, inputs: ModelInputs) -> dict[str, np.ndarray]:
     """Layer ``i``'s named intermediate values in the reference written from the math: over NumPy
     in float64 (``python_reference``'s), over torch at another dtype (``torch_reference``'s, the
     calibration), the input rounded once to that dtype; each value back in float64."""
@@ -84,7 +89,7 @@ class TraceStrategy:
     #: drills the prefill only: a decode step's trace would need the engine's own cache at that step
     decode_steps = False
 
-    def applies(self, backend: Any) -> tuple[bool, str]:
+    def applies(self, backend: Backend) -> tuple[bool, str]:
         support = capabilities(backend).layer_trace
         return support.ok, support.why
 

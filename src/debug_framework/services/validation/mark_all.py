@@ -3,9 +3,9 @@
 Each floating-point value a node of the graph makes (``Constant`` nodes aside: they compute
 nothing) is compared, in the graph's topological order, between three runs of the same graph on
 the session's inputs: the **reference** (the graph in float64, as the reference backend runs it),
-the **alternative** (the file the ``onnxruntime`` or ``openvino`` backend runs, the session's
+the **alternative** (the file an engine that runs ONNX graphs runs, the session's
 own or its ``model_file``, opened as that backend opens its graphs: providers, optimisation level or
-OpenVINO's precision hint, graph transform) and the **calibration** (the graph at the
+precision hint, graph transform) and the **calibration** (the graph at the
 alternative's precision, as the calibration's graph runner runs it; the reference's and the
 calibration's runners mark their own sessions, :meth:`Float64GraphRunner.marked`). A value is judged by the calibrated rule of the checkpoints and layers
 (:func:`.judge.node_output_verdict`, the judge's): its RMSE against the reference within
@@ -37,16 +37,25 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ...backends._onnx_file import saturating_rmse
 from ...backends._onnx_weights import numpy_stream
 from ...backends.capabilities import GraphSessionBackend, capabilities, graph_runner, release
 from ...errors import ConfigurationError
 from .context import RunContext, Stage, call_backend
 from .judge import node_output_verdict
 from .memory import give_back_freed
+
+if TYPE_CHECKING:
+    import onnx
+
+    from ...backends._graph_session import GraphSession
+    from ...backends._onnx_weights import FedSession
+    from ...backends.base import Backend
+    from ...jsonio import JsonObject
 
 __all__ = ["CHUNK", "MarkAllStage", "NodeOutput", "MarkAllReport", "node_outputs", "compare_value", "valid_mask",
            "numpy_stream"]
@@ -86,16 +95,16 @@ class MarkAllReport:
     failures: list[NodeOutput] = field(default_factory=list)
     chunks: int = 0
     chunk_size: int = CHUNK
-    reference_runtime: str = "onnxruntime"
+    reference_runtime: str = ""  #: what ran the reference's graph (the engine's name, or ``onnx.reference``)
     elapsed_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         d = asdict(self)
         d["first_divergence"] = None if self.first_divergence is None else asdict(self.first_divergence)
         return d
 
 
-def node_outputs(path: Path) -> list[tuple[str, Any]]:
+def node_outputs(path: Path) -> list[tuple[str, onnx.NodeProto]]:
     """The floating-point values the nodes of the ONNX file ``path`` make, in topological (graph)
     order, each with its node; ``Constant`` nodes and values of unknown type left out."""
     from ...backends._onnx_weights import light_graph
@@ -103,7 +112,7 @@ def node_outputs(path: Path) -> list[tuple[str, Any]]:
     return _node_outputs_of(light_graph(path))
 
 
-def _node_outputs_of(model: Any) -> list[tuple[str, Any]]:
+def _node_outputs_of(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto]]:
     """:func:`node_outputs` of an ``onnx.ModelProto`` (each node a copy: a node of the model would
     keep the whole model, its weights, alive)."""
     import onnx
@@ -137,24 +146,7 @@ def valid_mask(shape: tuple[int, ...], attention_mask: np.ndarray) -> np.ndarray
     return valid
 
 
-def saturating_rmse(reference: np.ndarray, value: np.ndarray, big: float) -> float:
-    """RMSE of ``value`` against ``reference`` (both float64, same positions); ``inf`` where a
-    non-finite value does not match (NaN matches NaN; a value saturated in the alternative's type,
-    at least half its largest finite value or infinite, matches a reference beyond that range of the
-    same sign)."""
-    saturated = (np.abs(reference) >= big) & (np.abs(value) >= big / 2) & (np.sign(reference) == np.sign(value))
-    finite = np.isfinite(reference) & np.isfinite(value) & ~saturated
-    matched = saturated | (np.isnan(reference) & np.isnan(value)) | (
-        np.isinf(reference) & np.isinf(value) & (np.sign(reference) == np.sign(value)))
-    if (~finite & ~matched).any():
-        return math.inf
-    if not finite.any():
-        return 0.0
-    diff = value[finite] - reference[finite]
-    return float(np.sqrt(np.mean(diff * diff)))
-
-
-def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.ndarray | None, dtype: str,
+def compare_value(reference: np.ndarray, alternative: np.ndarray, calibration: np.ndarray, valid: np.ndarray | None, dtype: str,
                   margin: float, floor_eps: float) -> tuple[float, float, float, bool]:
     """``(error, noise, bound, passed)`` of one value by the calibrated rule at ``dtype`` (the
     alternative's precision), on the positions ``valid`` (None: all)."""
@@ -172,8 +164,8 @@ def compare_value(reference: Any, alternative: Any, calibration: Any, valid: np.
     return error, noise, bound, passed
 
 
-def _stream(first: Any, reopen: Callable[[list[str]], Any] | None, feeds: Mapping[str, np.ndarray],
-            chunks: list[list[str]]) -> Iterator[dict[str, Any]]:
+def _stream(first: GraphSession | FedSession, reopen: Callable[[list[str]], GraphSession | FedSession] | None,
+            feeds: Mapping[str, np.ndarray], chunks: list[list[str]]) -> Iterator[dict[str, np.ndarray]]:
     """The values of ``chunks``, one chunk at a time. ONNX's NumPy evaluator (``first``, a runner's
     :class:`~debug_framework.backends._onnx_weights.FedSession`: its weights fed as well): one
     streamed pass. ONNX Runtime computes every output of its graph on each run, fetched or not, and
@@ -192,7 +184,8 @@ def _stream(first: Any, reopen: Callable[[list[str]], Any] | None, feeds: Mappin
         yield dict(zip(chunk, session.run(chunk, dict(feeds))))
 
 
-def _graph_session(path: Path, names: list[str], dtype: str, runner: Any) -> tuple[Any, str]:
+def _graph_session(path: Path, names: list[str], dtype: str, runner: Backend | None
+                   ) -> tuple[GraphSession | FedSession, str]:
     """The graph of ``path`` at ``dtype`` with ``names`` as outputs, as the graph runner of the
     backend ``runner`` opens it (in the runtime it found, when it has one): ``(session, runtime)``.
     A runner of that graph at that dtype marks its own session (:meth:`Float64GraphRunner.marked`):
@@ -222,10 +215,17 @@ class MarkAllStage(Stage):
         if getattr(model, "format", None) != "onnx" or not capabilities(alternative).graph_sessions.ok:
             raise ConfigurationError(
                 "mark_all compares every node output of an ONNX file: it needs an ONNX-file model "
-                f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, onnxruntime or openvino "
+                f"(--model-path FILE.onnx) and an alternative that runs ONNX graphs, {_onnx_engines()} "
                 f"(not {alternative.name!r})",
-                hint="drop --mark-all, or validate the ONNX file against onnxruntime or openvino")
+                hint=f"drop --mark-all, or validate the ONNX file against {_onnx_engines()}")
         ctx.evidence.mark_all = mark_all(ctx, onnx_feeds(model.config, ctx.inputs)).to_dict()
+
+
+def _onnx_engines() -> str:
+    """The registered engines that run ONNX files (their registry records say so), for messages."""
+    from ...backends.registry import engines
+
+    return " or ".join(e.name for e in engines() if "onnx" in e.file_formats) or "an engine that runs them"
 
 
 def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) -> MarkAllReport:
@@ -251,10 +251,10 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
     chunks = [names[i:i + chunk] for i in range(0, len(names), chunk)]
     first = chunks[0] if chunks else []
 
-    def ref_open(tensors: list[str]) -> Any:
+    def ref_open(tensors: list[str]) -> GraphSession | FedSession:
         return _graph_session(Path(model.path), tensors, plan.reference_dtype, ctx.reference)[0]
 
-    def cal_open(tensors: list[str]) -> Any:
+    def cal_open(tensors: list[str]) -> GraphSession | FedSession:
         return _graph_session(Path(model.path), tensors, plan.alternative_dtype, ctx.calibrator)[0]
 
     add_outputs(alt_model, names, value_types(alt_model), _FLOAT)
@@ -274,15 +274,15 @@ def mark_all(ctx: RunContext, feeds: dict[str, np.ndarray], chunk: int = CHUNK) 
                                                                 ctx.reference))
     cal_first = call_backend(ctx.reference, "mark-all calibration graph", lambda: cal_open(first))
     # the runners' sessions (light: their weights are fed) mark one chunk at a time, the alternative's every value
-    streams: list[Iterator[dict[str, Any]]] = [
+    streams: list[Iterator[dict[str, np.ndarray]]] = [
         _stream(ref_first, ref_open, feeds, chunks), _stream(alt_session, None, feeds, chunks),
         _stream(cal_first, cal_open, feeds, chunks)]
     del ref_first, alt_session, cal_first
     margin, floor_eps = float(plan.config["noise_margin"]), float(plan.config["floor_eps"])
     mask = np.asarray(ctx.inputs.attention_mask)
-    by_name: dict[str, Any] = dict(values)
+    by_name: dict[str, onnx.NodeProto] = dict(values)
     index = 0
-    run: Callable[[], tuple[dict[str, Any], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
+    run: Callable[[], tuple[dict[str, np.ndarray], ...]] = lambda: tuple(next(s) for s in streams)  # noqa: E731
     for _ in chunks:
         ref_c, alt_c, cal_c = call_backend(alternative, "run(mark-all chunk)", run)
         report.chunks += 1

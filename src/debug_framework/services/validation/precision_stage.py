@@ -1,7 +1,7 @@
 """The precision stage: when checkpoints fail at the declared precision, how a correct run at each
 lower precision errs.
 
-A backend that silently computes in bfloat16 (OpenVINO's default on processors with bfloat16
+A backend that silently computes in bfloat16 (some engines' default on processors with bfloat16
 instructions) or a model file converted to float16 fails a float32 validation at every checkpoint,
 with errors that are exactly what a correct run at that lower precision makes. This stage runs the
 session's trusted implementation (the calibration backend) at each dtype less precise than the

@@ -1,9 +1,11 @@
-"""``onnxruntime``: the Hugging Face model exported with ``torch.onnx.export(dynamo=True)``, every checkpoint an extra
-graph output, run by ONNX Runtime (CPU provider; CUDA's where present).
+"""An engine that runs a Hugging Face model exported with ``torch.onnx.export(dynamo=True)`` (every
+checkpoint an extra graph output), or an ONNX file as it is: everything but the runtime, shared by
+the engines that run ONNX graphs (each subclasses :class:`OnnxGraphBackend` and opens its sessions,
+:meth:`OnnxGraphBackend._session`).
 
 The exported ``.onnx`` file is an artifact of the run, under ``artifact_dir`` (default: the session's artifact
 directory, :mod:`debug_framework.backends.artifacts`; else a temporary ``df-onnx-*`` directory removed by
-:meth:`OnnxRuntimeBackend.close`), reported in ``version_info()`` and each ``Capture.meta``, with the exporter's
+:meth:`OnnxGraphBackend.close`), reported in ``version_info()`` and each ``Capture.meta``, with the exporter's
 ``export.log``. Batch and length are dynamic. An ONNX file (:mod:`debug_framework.modelio.onnx_file`) runs as it is.
 
 Isolation (``run_layer``) replays a layer from that same export: the graph is cut at the layer's boundaries (its
@@ -16,11 +18,11 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,26 +30,21 @@ from ..capture.keys import Capture, CheckpointKey, layer_input_key
 from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
+from ._graph_session import GraphPort, GraphSession, LayerExport
 from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
-from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, load_error, weights_dtype, without_model_bytes
+from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, weights_dtype
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import claim_artifact_dir
-from .base import BaseBackend, Taps, attention_block_of_layer, cpu_name, installed_version
+from .base import BaseBackend, HiddenState, Taps, attention_block_of_layer
 
 if TYPE_CHECKING:  # torch is imported where a torch model is exported: an ONNX file is run without it
+    import onnx
     import torch
 
+    from ..jsonio import JsonObject
     from ._graph_capture import CheckpointOutputs
 
-__all__ = ["OnnxRuntimeBackend", "OPTIMIZATION_LEVELS", "LAYER_REPLAYS"]
-
-#: ``optimization=`` value -> name of ONNX Runtime's ``GraphOptimizationLevel`` member.
-OPTIMIZATION_LEVELS: dict[str, str] = {
-    "all": "ORT_ENABLE_ALL",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "basic": "ORT_ENABLE_BASIC",
-    "disable": "ORT_DISABLE_ALL",
-}
+__all__ = ["OnnxGraphBackend", "GraphSession", "GraphPort", "LayerExport", "LAYER_REPLAYS"]
 
 #: ``layer_replay=`` values: how ``run_layer`` gets a layer's graph.
 LAYER_REPLAYS: dict[str, str] = {
@@ -56,29 +53,30 @@ LAYER_REPLAYS: dict[str, str] = {
 }
 
 
-class OnnxRuntimeBackend(BaseBackend):
-    """ONNX Runtime on an exported graph; float32.
+class OnnxGraphBackend(BaseBackend):
+    """An engine running ONNX graphs: a Hugging Face model's export, or an ONNX file; float32.
+
+    A subclass is one engine: it names itself (``name``), says whether its runtime is here
+    (:meth:`availability`, :meth:`version_info`) and opens a session on a graph
+    (:meth:`_session`); everything else (the export, the checkpoint outputs, the layer and block
+    cuts, :meth:`export_layer` for the node-level drill-down) is here.
 
     Args:
-        device: ``"cpu"`` (CPUExecutionProvider), ``"cuda"`` (CUDAExecutionProvider, CPU as
-            fallback for unsupported nodes) or ``None``: CUDA where ONNX Runtime has it, else CPU.
+        device: the engine's device (``None``: :meth:`_default_device` when prepared).
         artifact_dir: where the exported ``.onnx`` files and ``export.log`` go; ``None``: the
             session's artifact directory during a validation, else a temporary directory that
             :meth:`close` (or garbage collection, or interpreter exit) removes.
         opset: ONNX opset for the exporter (``None``: the exporter's default).
-        optimization: ONNX Runtime graph optimisation level: ``"all"`` (default), ``"extended"``,
-            ``"basic"`` or ``"disable"``.
         layer_replay: how :meth:`run_layer` builds a layer's graph: ``"graph"`` (default: cut out of
             the model's export) or ``"export"`` (the layer exported alone, the slow former way).
         model_file: ``--alternative-model``: an ONNX file of the same model (float16-converted,
             optimised, quantized) run instead of the session's model, its checkpoints matched by
             tensor name; the session's model must then be an ONNX file too.
         graph_transform: ``"module:function"`` or ``"path/file.py:function"``, a function
-            ``(onnx.ModelProto) -> onnx.ModelProto`` applied to every graph before ONNX Runtime loads
+            ``(onnx.ModelProto) -> onnx.ModelProto`` applied to every graph before the runtime loads
             it (a deployment's own graph surgery: fusions, rewrites); ``None``: graphs as exported.
     """
 
-    name = "onnxruntime"
     supported_dtypes = ("float32",)
 
     def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
@@ -91,90 +89,50 @@ class OnnxRuntimeBackend(BaseBackend):
         return None if found is None else (found, f"the weights of {path.name} are {found}")
 
     def __init__(self, device: str | None = None, artifact_dir: str | Path | None = None, opset: int | None = None,
-                 optimization: str = "all", layer_replay: str = "graph", graph_transform: str | None = None,
+                 layer_replay: str = "graph", graph_transform: str | None = None,
                  model_file: str | Path | None = None) -> None:
         super().__init__()
         self.model_file = alternative_model(model_file, self.name)
         if self.model_file is not None:  # the file's precision is its own: the dtype is the one it is judged at
             self.supported_dtypes = ("float32", "float16", "bfloat16")
-        for what, value, allowed in (("graph optimisation level", optimization, OPTIMIZATION_LEVELS),
-                                     ("layer replay", layer_replay, LAYER_REPLAYS)):
-            if value not in allowed:
-                raise BackendInitializationError(f"unknown {what} {value!r}", hint=f"use one of {', '.join(allowed)}",
-                                                 backend=self.name)
+        if layer_replay not in LAYER_REPLAYS:
+            raise BackendInitializationError(f"unknown layer replay {layer_replay!r}",
+                                             hint=f"use one of {', '.join(LAYER_REPLAYS)}", backend=self.name)
         self.layer_replay = layer_replay
         self.graph_transform = graph_transform
-        self._transform: Any = None
+        self._transform: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
         self._device_request = device
         self.device = device or "cpu"
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.opset = opset
-        self.optimization = optimization
         self.net: torch.nn.Module | None = None
-        self.session: Any = None
-        self._plain_session: Any = None
+        self.session: GraphSession | None = None
+        self._plain_session: GraphSession | None = None
         self.onnx_path: Path | None = None
         self.export_s = 0.0
-        self._keys_out: list[Any] = []
+        self._keys_out: list[CheckpointKey] = []
         self._wrapper: CheckpointOutputs | None = None
         self._sink: list[torch.Tensor] = []
-        self._layer_sessions: dict[tuple[Any, ...], tuple[Any, Path, list[CheckpointKey]]] = {}
-        #: (layer, "layer" | "mlp") -> an ONNX Runtime session on that cut of the export, its hidden input's name
-        self._cut_sessions: dict[tuple[int, str], tuple[Any, str]] = {}
+        self._layer_sessions: dict[tuple[object, ...], tuple[GraphSession, Path, list[CheckpointKey]]] = {}
+        #: (layer, "layer" | "mlp") -> an session on that cut of the export, its hidden input's name
+        self._cut_sessions: dict[tuple[int, str], tuple[GraphSession, str]] = {}
         self._cut_failed: dict[int, str] = {}
         self._block_support: tuple[bool, str] | None = None
-        self._graph_proto: Any = None
+        self._graph_proto: onnx.ModelProto | None = None
         self._file_model = False  # an ONNX-file model (modelio/onnx_file.py): the file is run, nothing exported
         #: removes the temporary artifact directory (None: the directory is not this backend's to remove)
         self._temporary: weakref.finalize | None = None
 
-    # -- availability and versions -----------------------------------------------------------------
-    def availability(self) -> tuple[bool, str]:
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            return False, f"onnxruntime is not installed: {exc}"
-        import importlib.util
+    # -- the engine's part ---------------------------------------------------------------------------
+    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> GraphSession:
+        """A session of this engine on the file ``path``, or on ``graph`` (serialized; external data
+        beside ``path``), with :attr:`graph_transform` applied; ``arena=False``: a session run a few
+        times (the runtime need not keep its largest run's buffers). The engine's subclass opens it."""
+        raise NotImplementedError(f"{type(self).__name__} does not open sessions")
 
-        for needed in ("onnx", "onnxscript"):  # the dynamo exporter needs both (found, not imported: slow)
-            if importlib.util.find_spec(needed) is None:
-                return False, f"{needed} (needed by torch.onnx's dynamo exporter) is not installed"
-        if self._device_request and self._device_request.startswith("cuda"):
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                return False, (f"device {self._device_request!r} requested but this onnxruntime {ort.__version__} has no "
-                               f"CUDAExecutionProvider (providers: {', '.join(ort.get_available_providers())})")
-        return True, ""
-
-    def _providers(self) -> list[str]:
-        if self.device.startswith("cuda"):
-            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        return ["CPUExecutionProvider"]
-
-    def version_info(self) -> dict[str, Any]:
-        import onnx
-        import onnxruntime as ort
-
-        used = self.session.get_providers() if self.session is not None else self._providers()
-        device_name = cpu_name()
-        torch = sys.modules.get("torch")  # an ONNX file's run never imports it
-        if self.device.startswith("cuda") and torch is not None and torch.cuda.is_available():
-            device_name = torch.cuda.get_device_name(0)
-        return {
-            **super().version_info(),
-            "runtime": "onnxruntime",
-            "onnxruntime": ort.__version__,
-            "onnx": onnx.__version__,
-            "onnxscript": installed_version("onnxscript"),
-            "torch": installed_version("torch"),
-            "providers": list(used),
-            "device_name": device_name,
-            "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
-            "onnx_path": None if self.onnx_path is None else str(self.onnx_path),
-            "export_log": None if self.artifact_dir is None else str(self.artifact_dir / EXPORT_LOG),
-            "export_s": round(self.export_s, 4),
-            "layer_replay": self.layer_replay,
-            "graph_transform": self.graph_transform,
-        }
+    def _default_device(self) -> str:
+        """The device :meth:`prepare` uses when none was asked for (the engine's subclass may look)."""
+        return "cpu"
 
     # -- export --------------------------------------------------------------------------------------
     def _export(self, module: torch.nn.Module, model: LoadedModel, path: Path, output_names: list[str]) -> float:
@@ -199,32 +157,12 @@ class OnnxRuntimeBackend(BaseBackend):
                                              hint=f"the exporter's output is in {path.with_name(EXPORT_LOG)}") from exc
         return time.perf_counter() - start
 
-    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
-        """An ONNX Runtime session on the file ``path``, or on ``graph`` (serialized; external data beside
-        ``path``); ``arena=False``: without ONNX Runtime's memory arena (a session run a few times, whose
-        largest run's buffers are then not kept for its life)."""
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.enable_cpu_mem_arena = arena
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[self.optimization])
-        if self.graph_transform is not None:
-            graph = self._transformed(path, graph)
-        if graph is not None:
-            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
-        try:
-            session = ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
-                                           providers=self._providers())
-        except Exception as exc:
-            raise load_error(exc, path, graph, self.name) from exc
-        return without_model_bytes(session)
-
-    def open_session(self, graph: bytes, beside: Path) -> Any:
-        """An ONNX Runtime session on ``graph`` (serialized; external data beside ``beside``) opened as this
+    def open_session(self, graph: bytes, beside: Path) -> GraphSession:
+        """A session on ``graph`` (serialized; external data beside ``beside``) opened as this
         backend opens its own (providers, optimisation level, ``graph_transform``): the drill-down's."""
         return self._session(beside, graph, arena=False)
 
-    def open_session_file(self, path: Path) -> Any:
+    def open_session_file(self, path: Path) -> GraphSession:
         """:meth:`open_session` on the ONNX file ``path``, read by the runtime itself: no serialized
         copy of the graph is held (nor copied again by the binding) while the session is built."""
         return self._session(path, arena=False)
@@ -269,7 +207,7 @@ class OnnxRuntimeBackend(BaseBackend):
         self._graph_proto = None if getattr(self, "_file_model", False) else self._graph_proto
 
     def close(self) -> None:
-        """Drop the ONNX Runtime sessions and remove the temporary artifact directory, if this
+        """Drop the sessions and remove the temporary artifact directory, if this
         backend made one (a directory given to it, or the session's, is kept). Prepare again to reuse."""
         self.session = self._plain_session = self._graph_proto = None
         self._layer_sessions.clear()
@@ -282,13 +220,11 @@ class OnnxRuntimeBackend(BaseBackend):
             self._temporary, self.artifact_dir = None, None
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
-        """Export the model with every checkpoint as an output and open an ONNX Runtime session."""
+        """Export the model with every checkpoint as an output and open an session."""
         if device is not None:
             self._device_request = device
         if self._device_request is None:
-            import onnxruntime as ort
-
-            self._device_request = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+            self._device_request = self._default_device()
         self.device = self._device_request
         declared = self.declared_dtype(model)
         if declared is not None and declared[0] not in self.supported_dtypes:  # the file's precision is its own
@@ -349,7 +285,7 @@ class OnnxRuntimeBackend(BaseBackend):
         if getattr(self, "_file_model", False):
             self.session = self._plain_session = None
 
-    def _checkpoint_session(self) -> Any:
+    def _checkpoint_session(self) -> GraphSession:
         """The checkpoint graph's session (an ONNX-file model's opened again after :meth:`release_session`)."""
         if self.session is None and getattr(self, "_file_model", False):
             graph = checkpoint_graph(self.onnx_path, list(self._names.values()))
@@ -360,7 +296,7 @@ class OnnxRuntimeBackend(BaseBackend):
     def _run_plain(self, inputs: ModelInputs) -> Capture:
         """The model exported without checkpoint outputs (exported on first use, beside the other)."""
         model = self._prepared()
-        meta: dict[str, Any] = {"variant": "plain"}
+        meta: JsonObject = {"variant": "plain"}
         if getattr(self, "_file_model", False):
             feeds = graph_inputs(model, inputs)
             start = time.perf_counter()
@@ -404,8 +340,8 @@ class OnnxRuntimeBackend(BaseBackend):
             meta={"variant": "captured", "onnx_path": str(self.onnx_path), "providers": self.session.get_providers()},
         )
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
-        """Replay layer ``i`` in ONNX Runtime on ``hidden_in`` (isolation).
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
+        """Replay layer ``i`` in the engine on ``hidden_in`` (isolation).
 
         ``layer_replay="graph"`` (default): the layer's part of the model's export, cut at its
         boundaries (:func:`~debug_framework.backends._onnx_graph.cut_layer`): ``hidden_in`` feeds
@@ -449,8 +385,8 @@ class OnnxRuntimeBackend(BaseBackend):
                     break
         return self._block_support
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
-        """Block ``block`` of layer ``i`` in ONNX Runtime, on that block's own input.
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
+        """Block ``block`` of layer ``i`` in the engine, on that block's own input.
 
         ``"mlp"``: the model's export cut from ``post_attention:i`` (fed ``hidden_in``, the
         post-attention state) to ``post_mlp:i`` (see :meth:`can_run_block`), built in memory once per
@@ -476,7 +412,7 @@ class OnnxRuntimeBackend(BaseBackend):
         keys = self._cut_keys(i, part)
         built = (i, part) not in self._cut_sessions
         variant = f"layer {i}" if part == "layer" else f"mlp block {i}"
-        meta: dict[str, Any] = {"variant": variant, "replay": "graph", "built_in_this_call": built}
+        meta: JsonObject = {"variant": variant, "replay": "graph", "built_in_this_call": built}
         if built:
             start = time.perf_counter()
             for other in [k for k in self._cut_sessions if k[0] != i]:  # one layer's cuts held at a time
@@ -502,7 +438,7 @@ class OnnxRuntimeBackend(BaseBackend):
             return [CheckpointKey("post_mlp", i)]
         return [k for k in (CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)) if k in self._names]
 
-    def _cut(self, i: int, part: str) -> Any:
+    def _cut(self, i: int, part: str) -> onnx.ModelProto:
         """The cut of the model's export (an ``onnx.ModelProto``, weights left in the data file) that
         replays layer ``i`` (``part="layer"``: from its input) or its MLP block (``"mlp"``: from its
         ``post_attention``); its first graph input is the hidden state (see :func:`cut_layer`)."""
@@ -517,7 +453,7 @@ class OnnxRuntimeBackend(BaseBackend):
         return cut_layer(self._graph_proto, self._names[start], [self._names[k] for k in self._cut_keys(i, part)],
                          list(self._names.values()))
 
-    def export_layer(self, i: int, hidden_in: Any, inputs: ModelInputs, path: Path) -> LayerExport:
+    def export_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, path: Path) -> LayerExport:
         """Export layer ``i`` alone to ``path``, called as the model calls it for ``inputs`` with ``hidden_in``
         as its hidden state; its outputs are the layer's checkpoints (in hook order). Nothing is run: the caller
         feeds :attr:`LayerExport.feeds` to its own session (the drill-down adds every intermediate value as an
@@ -565,7 +501,7 @@ class OnnxRuntimeBackend(BaseBackend):
         _, _, args, kwargs = replay_arguments(self.net, model, i, inputs, hidden, self._sink, "cpu", self.name)
         leaves, _ = flatten((args, kwargs))
         key = (i, tuple((tuple(t.shape), t.dtype) for t in leaves))
-        meta: dict[str, Any] = {"variant": f"layer {i}", "replay": "export", "built_in_this_call": key not in self._layer_sessions}
+        meta: JsonObject = {"variant": f"layer {i}", "replay": "export", "built_in_this_call": key not in self._layer_sessions}
         if key not in self._layer_sessions:
             shape = "x".join(str(d) for d in hidden.shape)
             path = self.onnx_path.with_name(self.onnx_path.name.replace("-checkpoints.onnx", f"-layer{i}-{shape}.onnx"))
@@ -583,21 +519,7 @@ class OnnxRuntimeBackend(BaseBackend):
                        elapsed_s=time.perf_counter() - start, meta={**meta, "onnx_path": str(path)})
 
 
-@dataclass
-class LayerExport:
-    """One layer exported alone (:meth:`OnnxRuntimeBackend.export_layer`): the file, the layer's module name,
-    its checkpoints (the graph's outputs, in order), which graph input is the hidden state, and the arrays
-    to feed (float32, as the model passes them; feed only the graph's own inputs: the exporter drops unused ones)."""
-
-    path: Path
-    layer_name: str
-    keys: list[CheckpointKey]
-    hidden_input: str
-    feeds: dict[str, Any]
-    reference_path: Path | None = None  #: with a model_file: the layer cut out of the session's own file
-
-
-def _float32(hidden: Any) -> np.ndarray:
+def _float32(hidden: HiddenState) -> np.ndarray:
     """A hidden state (a torch tensor on any device or a NumPy array) as a float32 NumPy array."""
     if isinstance(hidden, np.ndarray):
         return hidden.astype(np.float32, copy=False)

@@ -15,11 +15,14 @@ import importlib.util
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...repro_format import is_installed, write_repro_files
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["write_onnx_repro"]
 
@@ -71,7 +74,7 @@ def _graph_transform(spec: str | None, out: Path) -> str | None:
     return spec  # installed (or not found: the repro then says it cannot run)
 
 
-def write_onnx_repro(out: Path, *, node: str, op: str, model: Any, feeds: dict[str, np.ndarray], output: str,
+def write_onnx_repro(out: Path, *, node: str, op: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], output: str,
                      expected: np.ndarray, bound: float, optimization: str, providers: list[str],
                      graph_transform: str | None) -> Path:
     """Write the repro directory ``out / "repro_<node>"`` and return it."""

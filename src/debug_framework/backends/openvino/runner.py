@@ -1,7 +1,8 @@
-"""``openvino``: the Hugging Face model exported to ONNX as the ``onnxruntime`` backend exports it
+"""``openvino``: the Hugging Face model exported to ONNX as every ONNX-graph engine exports it
 (every checkpoint an extra graph output), run by OpenVINO (CPU here; any OpenVINO device).
 
-Everything but the runtime is the ``onnxruntime`` backend's: the export under the session's
+Everything but the runtime is every ONNX-graph engine's
+(:class:`~debug_framework.backends._onnx_export.OnnxGraphBackend`): the export under the session's
 artifact directory, layer replay by cutting the export at a layer's boundaries (``run_layer``),
 the MLP block alone (``run_block``), the drill-down's ONNX graphs. OpenVINO reads each graph with
 its ONNX frontend and compiles it for ``device`` with the precision hint asked for.
@@ -23,12 +24,20 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..errors import BackendInitializationError
-from ..modelio.loader import LoadedModel
-from .base import BaseBackend, cpu_name, installed_version
-from .onnx_runtime import OnnxRuntimeBackend
+from ...errors import BackendInitializationError
+from ...modelio.loader import LoadedModel
+from ..base import BaseBackend, cpu_name, installed_version
+from .._graph_session import GraphPort
+from .._onnx_export import OnnxGraphBackend
+
+if TYPE_CHECKING:
+    import numpy as np
+    import openvino as ov
+    import torch
+
+    from ...jsonio import JsonObject
 
 __all__ = ["OpenVinoBackend", "PRECISION_HINTS", "round_to_bfloat16"]
 
@@ -46,29 +55,29 @@ _ROUNDING_LIMIT = 1e30
 #: This process's exports of a model with every checkpoint as an output: (model digest, opset,
 #: output names) -> the file. A backend prepared again for the same model (another precision hint,
 #: another session) copies it instead of exporting again.
-_EXPORTS: dict[tuple[Any, ...], Path] = {}
+_EXPORTS: dict[tuple[str, int | None, tuple[str, ...]], Path] = {}
 
 
 class _OpenVinoSession:
-    """An OpenVINO compiled model behind the part of ONNX Runtime's ``InferenceSession`` interface
-    the ``onnxruntime`` backend and the drill-down use: ``run(names, feeds)``, ``get_inputs()``,
+    """An OpenVINO compiled model behind the session interface the ONNX-graph engines and the
+    drill-down use (:class:`~debug_framework.backends._graph_session.GraphSession`): ``run(names, feeds)``, ``get_inputs()``,
     ``get_outputs()``, ``get_providers()``."""
 
-    def __init__(self, compiled: Any, device: str) -> None:
+    def __init__(self, compiled: ov.CompiledModel, device: str) -> None:
         self.compiled = compiled
         self.device = device
         self._request = compiled.create_infer_request()
 
-    def get_inputs(self) -> list[Any]:
+    def get_inputs(self) -> list[GraphPort]:
         return [_Named.of(p) for p in self.compiled.inputs]
 
-    def get_outputs(self) -> list[Any]:
+    def get_outputs(self) -> list[GraphPort]:
         return [_Named.of(p) for p in self.compiled.outputs]
 
     def get_providers(self) -> list[str]:
         return [f"OpenVINO {self.device}"]
 
-    def run(self, names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:
+    def run(self, names: list[str] | None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs ``names`` (None: all, in graph order) for ``feeds`` (arrays by input name)."""
         import numpy as np
 
@@ -83,7 +92,7 @@ class _OpenVinoSession:
                     array = array.reshape(static)
             arrays[name] = array
         result = self._request.infer(arrays)
-        by_name: dict[str, Any] = {}
+        by_name: dict[str, np.ndarray] = {}
         for port, value in result.items():
             for name in port.get_names():
                 by_name[name] = value
@@ -106,13 +115,13 @@ class _Named:
         self.type = type
 
     @classmethod
-    def of(cls, port: Any) -> _Named:
+    def of(cls, port: ov.Output) -> _Named:
         """An OpenVINO compiled model's input or output port as ONNX Runtime would name and type it."""
         element = port.get_element_type().get_type_name()
         return cls(port.get_any_name(), _ORT_TYPES.get(element, f"tensor({element})"))
 
 
-def round_to_bfloat16(model: Any) -> int:
+def round_to_bfloat16(model: ov.Model) -> int:
     """Round every float32 value ``model`` (an ``openvino.Model``) computes or holds to bfloat16,
     in place: a rounding after each operation's float32 output (constants included; parameters are
     rounded where they are used, results are the rounded values). Returns how many outputs were
@@ -163,13 +172,14 @@ def _copy_onnx(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
-class OpenVinoBackend(OnnxRuntimeBackend):
+class OpenVinoBackend(OnnxGraphBackend):
     """OpenVINO on the ONNX export of a Hugging Face model; float32 or bfloat16.
 
     Args:
         device: an OpenVINO device name (``"CPU"``, ``"GPU"``...; ``"cpu"`` means ``"CPU"``);
             ``None``: ``"CPU"``.
-        artifact_dir, opset, layer_replay, graph_transform, model_file: as for ``onnxruntime``.
+        artifact_dir, opset, layer_replay, graph_transform, model_file: as for every ONNX-graph
+            engine (:class:`~debug_framework.backends._onnx_export.OnnxGraphBackend`).
         precision_hint: ``"f32"``, ``"bf16"`` or ``None`` (the dtype's: bfloat16 asks for
             ``"bf16"``, float32 for OpenVINO's own default on the device, which is bfloat16 on
             processors with bfloat16 instructions).
@@ -184,7 +194,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
                  layer_replay: str = "graph", graph_transform: str | None = None,
                  precision_hint: str | None = None, emulate_bf16: bool = True,
                  model_file: str | Path | None = None) -> None:
-        super().__init__(device=None, artifact_dir=artifact_dir, opset=opset, optimization="all",
+        super().__init__(device=None, artifact_dir=artifact_dir, opset=opset,
                          layer_replay=layer_replay, graph_transform=graph_transform, model_file=model_file)
         if precision_hint is not None and precision_hint not in PRECISION_HINTS:
             raise BackendInitializationError(f"unknown precision hint {precision_hint!r}",
@@ -193,7 +203,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         self.emulate_bf16 = bool(emulate_bf16)
         self.ov_device = "CPU" if device in (None, "cpu") else str(device).upper()
         self.device = "cpu" if self.ov_device == "CPU" else self.ov_device.lower()
-        self._core: Any = None
+        self._core: ov.Core | None = None
         #: what the last compiled model reports and whether bfloat16 was emulated
         self.inference_precision: str | None = None
         self.bf16_rounding: str | None = None
@@ -231,7 +241,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         """The ``INFERENCE_PRECISION_HINT`` given to OpenVINO (None: its default for the device)."""
         return self.precision_hint or _DTYPE_HINTS.get(self.dtype)
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         import onnx
         import openvino as ov
 
@@ -255,7 +265,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
             "graph_transform": self.graph_transform,
         }
 
-    def _ov_core(self) -> Any:
+    def _ov_core(self) -> ov.Core:
         if self._core is None:
             import openvino as ov
 
@@ -263,7 +273,7 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         return self._core
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
-        """Export the model as ``onnxruntime`` does and compile it with OpenVINO."""
+        """Export the model as every ONNX-graph engine does and compile it with OpenVINO."""
         if device is not None and device not in ("cpu", self.device):
             self.ov_device = str(device).upper()
             self.device = device
@@ -286,8 +296,8 @@ class OpenVinoBackend(OnnxRuntimeBackend):
             return False, "cannot run a block of an ONNX file alone in OpenVINO (dynamic-rank cuts)"
         return super().can_run_block()
 
-    def _export(self, module: Any, model: LoadedModel, path: Path, output_names: list[str]) -> float:
-        """Export as ``onnxruntime`` does, or copy this process's earlier export of the same model
+    def _export(self, module: torch.nn.Module, model: LoadedModel, path: Path, output_names: list[str]) -> float:
+        """Export as every ONNX-graph engine does, or copy this process's earlier export of the same model
         with the same outputs (its external data files too) when it still exists."""
         import time
 
@@ -304,10 +314,10 @@ class OpenVinoBackend(OnnxRuntimeBackend):
         _EXPORTS[key] = path
         return seconds
 
-    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> Any:
+    def _session(self, path: Path, graph: bytes | None = None, *, arena: bool = True) -> _OpenVinoSession:
         """An OpenVINO compiled model on the file ``path`` or on ``graph`` (a serialized ONNX model
         whose external data lies beside ``path``: written there once, named by its content);
-        ``arena`` is ONNX Runtime's (OpenVINO has none to turn off)."""
+        ``arena`` is another runtime's (OpenVINO has none to turn off)."""
         if self.graph_transform is not None:
             graph = self._transformed(path, graph)
         if graph is not None:

@@ -13,17 +13,22 @@ from __future__ import annotations
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..architectures import BertReference, LlamaReference, build_reference
-from ..architectures.xp import mlx_namespace
-from ..capture.keys import Capture, CheckpointKey
-from ..errors import BackendInitializationError
-from ..modelio.inputs import ModelInputs
-from ..modelio.loader import LoadedModel
-from .base import BaseBackend, Taps, cpu_name
+from ...architectures import BertReference, LlamaReference, build_reference
+from .xp import mlx_namespace
+from ...capture.keys import Capture, CheckpointKey
+from ...errors import BackendInitializationError
+from ...modelio.inputs import ModelInputs
+from ...modelio.loader import LoadedModel
+from ..base import BaseBackend, HiddenState, Taps, Tensor, cpu_name
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from ...jsonio import JsonObject
 
 __all__ = ["MLXBackend", "MLXMetalBackend", "mlx_availability", "metal_availability"]
 
@@ -63,7 +68,7 @@ def _mlx_version() -> str:
         return getattr(mx, "__version__", "unknown")
 
 
-def _host(x: Any) -> Any:
+def _host(x: mx.array) -> Tensor:
     """An MLX array as a NumPy array; bfloat16 (which NumPy lacks) as a torch bfloat16 tensor
     (exact: every bfloat16 is a float32)."""
     import mlx.core as mx
@@ -75,7 +80,7 @@ def _host(x: Any) -> Any:
     return np.array(x, copy=True)
 
 
-def _float32_host(x: Any) -> np.ndarray:
+def _float32_host(x: HiddenState) -> np.ndarray:
     """A hidden state (a torch tensor or anything NumPy reads) as a float32 NumPy array on the host."""
     return x.detach().cpu().float().numpy() if hasattr(x, "detach") else np.asarray(x, np.float32)
 
@@ -117,7 +122,7 @@ class MLXBackend(BaseBackend):
             raise BackendInitializationError(f"device {request!r} is not an MLX device", hint="use 'cpu' or 'gpu'", backend=self.name)
         return request
 
-    def version_info(self) -> dict[str, Any]:
+    def version_info(self) -> JsonObject:
         import mlx.core as mx
 
         info = {**super().version_info(), "runtime": "mlx", "mlx": _mlx_version(),
@@ -147,7 +152,7 @@ class MLXBackend(BaseBackend):
                 f"MLX cannot express model_type {model.config.model_type!r}: the mlx backend runs the models "
                 "written from the math (architectures/) over mlx.core, and this model has none "
                 f"({getattr(model.config, 'why_generic', '')})",
-                hint="compare it with pytorch, inductor, onnxruntime or cuda (its own transformers code)",
+                hint="compare it with pytorch, inductor, cuda or an ONNX-graph engine (its own transformers code)",
                 backend=self.name)
         import mlx.core as mx
 
@@ -164,7 +169,7 @@ class MLXBackend(BaseBackend):
         want = {tuple(k) for k in keys}
         if not want and not capture_layer_inputs:  # nothing kept: still evaluate the final output
             want = {("post_processing", None)}
-        layer_inputs: dict[int, Any] | None = {} if capture_layer_inputs else None
+        layer_inputs: dict[int, mx.array] | None = {} if capture_layer_inputs else None
         ids, mask = mx.array(inputs.input_ids), mx.array(inputs.attention_mask)
         tt = None if inputs.token_type_ids is None else mx.array(inputs.token_type_ids)
         with mx.stream(self._mx_device):
@@ -182,7 +187,7 @@ class MLXBackend(BaseBackend):
             meta={"device": self.device},
         )
 
-    def run_layer(self, i: int, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
         self._prepared()
         import mlx.core as mx
@@ -200,7 +205,7 @@ class MLXBackend(BaseBackend):
             backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
         )
 
-    def run_block(self, i: int, block: str, hidden_in: Any, inputs: ModelInputs) -> Capture:
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
         self._prepared()
         import mlx.core as mx

@@ -12,9 +12,12 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .paths import source_line
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["FLOAT_TYPES", "NodeOrigin", "node_origin", "value_infos", "value_types", "with_all_outputs", "to_float64",
            "single_node_model"]
@@ -35,7 +38,7 @@ class NodeOrigin:
     source: str = ""
 
 
-def node_origin(node: Any) -> NodeOrigin:
+def node_origin(node: onnx.NodeProto) -> NodeOrigin:
     """The origin torch.onnx's exporter recorded on ``node`` (an ``onnx.NodeProto``)."""
     props = {p.key: p.value for p in node.metadata_props}
     match = _TARGET.search(props.get("pkg.torch.onnx.fx_node", ""))
@@ -50,7 +53,7 @@ def node_origin(node: Any) -> NodeOrigin:
     return NodeOrigin(aten, module_path, source_line(props.get("pkg.torch.onnx.stack_trace")))
 
 
-def value_infos(model: Any) -> dict[str, Any]:
+def value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """A typed ``ValueInfoProto`` (shape where ONNX shape inference knows it) of every value of
     ``model``'s graph: inputs, initializers and node outputs."""
     import onnx
@@ -62,12 +65,12 @@ def value_infos(model: Any) -> dict[str, Any]:
     return infos
 
 
-def value_types(infos: dict[str, Any]) -> dict[str, int]:
+def value_types(infos: dict[str, onnx.ValueInfoProto]) -> dict[str, int]:
     """Element type of every value in ``infos`` (see :func:`value_infos`)."""
     return {name: info.type.tensor_type.elem_type for name, info in infos.items()}
 
 
-def _info(infos: dict[str, Any], name: str) -> Any:
+def _info(infos: dict[str, onnx.ValueInfoProto], name: str) -> onnx.ValueInfoProto:
     """A copy of the value info of ``name`` (shape kept: a checked model needs one)."""
     import onnx
 
@@ -76,7 +79,7 @@ def _info(infos: dict[str, Any], name: str) -> Any:
     return copy
 
 
-def with_all_outputs(model: Any, infos: dict[str, Any]) -> tuple[Any, list[str]]:
+def with_all_outputs(model: onnx.ModelProto, infos: dict[str, onnx.ValueInfoProto]) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` whose outputs are every node output of known tensor type (graph order),
     and those names. Observing a value blocks the fusions that would consume it, so this runs
     ONNX Runtime's kernels one by one, as Polygraphy's mark-all does."""
@@ -92,7 +95,7 @@ def with_all_outputs(model: Any, infos: dict[str, Any]) -> tuple[Any, list[str]]
     return out, names
 
 
-def to_float64(model: Any) -> Any:
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` computing in float64: float32 initializers, inputs, outputs, value
     infos, ``Cast``/``CastLike`` targets and ``Constant`` tensors become double (integer and
     boolean values are kept)."""
@@ -118,7 +121,7 @@ def to_float64(model: Any) -> Any:
     return out
 
 
-def single_node_model(model: Any, node: Any, infos: dict[str, Any]) -> Any:
+def single_node_model(model: onnx.ModelProto, node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto]) -> onnx.ModelProto:
     """``node`` alone as a model: each of its inputs a graph input, its outputs the graph's
     outputs, typed as in ``model`` (``infos``: :func:`value_infos`), with ``model``'s opsets and
     local functions."""

@@ -1,20 +1,23 @@
-"""The ONNX Runtime drill-down: the layer exported alone, every intermediate value observed.
+"""The node-level drill-down of the engines that run ONNX graphs: the layer exported alone, every
+intermediate value observed, each node replayed alone in the engine. An engine's strategy subclasses
+:class:`OnnxNodeStrategy` (naming its backend and label; ONNX Runtime's adds a standalone repro of
+the culprit) and lives in its package.
 
-1. The layer is exported alone (:meth:`OnnxRuntimeBackend.export_layer`, one layer at a time, so
+1. The layer is exported alone (the backend's ``export_layer``, one layer at a time, so
    memory stays bounded by one layer's values) and written as ``graph_file``; its node names are
    the rows' node ids.
-2. ONNX Runtime runs it, opened as the backend opens its graphs, with every node output a graph
-   output (mark-all), on the reference's input to the layer cast to float32.
+2. The engine runs it, opened as the backend opens its graphs (``open_session``), with every node
+   output a graph output (mark-all), on the reference's input to the layer cast to float32.
 3. The trusted run is **the same ONNX graph in float64, evaluated by ONNX's reference evaluator**
-   (``onnx.reference``, NumPy). Not ONNX Runtime in float64 (its CPU provider has no double kernel
-   for many ops, e.g. ``LayerNormalization`` and ``Gelu``), and not the torch layer in float64
-   (only the values named after FX nodes would have a trusted twin; the ONNX nodes a translation
-   adds, e.g. the ``MatMul`` half of a ``linear``, would not). The evaluator is independent of ONNX
-   Runtime and gives a float64 value for every ONNX value, so each node can be replayed on trusted
-   inputs. What it cannot see is an exporter bug (the graph itself wrong): that shows at the layer
-   level, not here.
-4. Each node is judged alone: ``introduced`` is the RMSE of the node as a one-node model in ONNX
-   Runtime on the trusted inputs (cast to the node's dtype) against its trusted output (``inf``
+   (``onnx.reference``, NumPy). Not the engine in float64 (a runtime's CPU kernels often lack
+   double versions, e.g. of ``LayerNormalization`` and ``Gelu``), and not the torch layer in
+   float64 (only the values named after FX nodes would have a trusted twin; the ONNX nodes a
+   translation adds, e.g. the ``MatMul`` half of a ``linear``, would not). The evaluator is
+   independent of the engine and gives a float64 value for every ONNX value, so each node can be
+   replayed on trusted inputs. What it cannot see is an exporter bug (the graph itself wrong): that
+   shows at the layer level, not here.
+4. Each node is judged alone: ``introduced`` is the RMSE of the node as a one-node model in the
+   engine on the trusted inputs (cast to the node's dtype) against its trusted output (``inf``
    when the shapes differ or a non-finite value mismatches, never NaN; a node with several outputs
    reports its worst);
    ``carried_in`` the largest RMSE, in the mark-all run, of its inputs computed from the layer's
@@ -22,8 +25,8 @@
    calibrated bound ``noise_margin x noise + floor_eps x eps x RMS(trusted output)``, where the
    noise is what a correct implementation at the node's dtype makes: the reference evaluator run
    at that dtype on the same inputs, and never less than rounding the trusted output to it.
-5. The culprit is the first node (graph order) over its bound; its repro directory
-   (:mod:`.onnx_repro`) is written and verified once in a fresh process to set ``verified``.
+5. The culprit is the first node (graph order) over its bound; an engine whose strategy can write
+   a standalone repro of it does (:meth:`OnnxNodeStrategy._culprit`).
 """
 
 from __future__ import annotations
@@ -31,14 +34,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
-from ...backends._onnx_file import exact_ops
+from .._onnx_file import exact_ops, saturating_rmse
 from ...comparison import RatioRule
 from ...errors import DebugFrameworkError
-from ...repro_format import verify
 from .onnx_graph import (
     FLOAT_TYPES,
     node_origin,
@@ -48,12 +50,17 @@ from .onnx_graph import (
     value_types,
     with_all_outputs,
 )
-from .onnx_repro import write_onnx_repro
 from .paths import module_path_in_model
 from .support import BackendStrategy
 from .types import Culprit, DrillRequest, LayerDrilldown, OperatorRow
 
-__all__ = ["OnnxDrillStrategy", "derived_from"]
+if TYPE_CHECKING:
+    import onnx
+
+    from .._graph_session import LayerExport
+    from .._onnx_export import OnnxGraphBackend
+
+__all__ = ["OnnxNodeStrategy", "NodeReplay", "derived_from", "as_declared"]
 
 #: ONNX ops that compute nothing a kernel could get wrong numerically (constants are not judged).
 _NOT_JUDGED = frozenset({"Constant"})
@@ -61,12 +68,10 @@ _NOT_JUDGED = frozenset({"Constant"})
 
 def _rmse(trusted: np.ndarray, value: np.ndarray) -> float:
     """RMSE of ``value`` against ``trusted`` over the pairs finite on both sides, in float64, by mark-all's
-    rule (:func:`~debug_framework.services.validation.mark_all.saturating_rmse`): never NaN; ``inf`` when
+    rule (:func:`~debug_framework.backends._onnx_file.saturating_rmse`): never NaN; ``inf`` when
     the shapes differ or a non-finite value does not match the trusted one (NaN matches NaN; a value
     saturated in its dtype, an attention mask's ``finfo.min`` in a float16 graph, matches a trusted value
     beyond that range of the same sign: that dtype's rounding, not an error); 0.0 when no pair is finite."""
-    from ..validation.mark_all import saturating_rmse
-
     value = np.asarray(value)
     big = float(np.finfo(value.dtype).max) if np.issubdtype(value.dtype, np.floating) else math.inf
     t, v = np.asarray(trusted, dtype=np.float64), value.astype(np.float64)
@@ -87,7 +92,7 @@ def as_declared(value: np.ndarray, elem_type: int | None) -> np.ndarray:
         return value
 
 
-def derived_from(model: Any, name: str) -> set[str]:
+def derived_from(model: onnx.ModelProto, name: str) -> set[str]:
     """The values of ``model``'s graph computed from ``name`` (itself included), through the top-level
     nodes in graph order: what an error in ``name`` can reach (not masks, positions, weights)."""
     reached = {name}
@@ -115,11 +120,15 @@ def _worst_output(measured: list[tuple[float, float, str]]) -> tuple[float, floa
     return max(measured, key=rank)
 
 
+#: What a node's repro needs: the one-node model (``onnx.ModelProto``), its feeds, the judged output.
+NodeReplay: TypeAlias = "tuple[onnx.ModelProto, dict[str, np.ndarray], str]"
+
+
 class _Undrillable(Exception):
     """The layer's graph cannot be run both ways (the drill-down returns a note saying why)."""
 
 
-def _unjudged_row(node: Any, index: int, layer_name: str) -> OperatorRow:
+def _unjudged_row(node: onnx.NodeProto, index: int, layer_name: str) -> OperatorRow:
     """The row of ``node`` with its origin and no measurement (NaN errors)."""
     origin = node_origin(node)
     op = f"{node.op_type} ({origin.aten})" if origin.aten else node.op_type
@@ -128,10 +137,10 @@ def _unjudged_row(node: Any, index: int, layer_name: str) -> OperatorRow:
 
 
 class _Values:
-    """The layer's values in both runs: ``observed`` (ONNX Runtime, the graph's dtypes) and
+    """The layer's values in both runs: ``observed`` (the engine, the graph's dtypes) and
     ``trusted`` (float64), with initializers and graph inputs."""
 
-    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, Any],
+    def __init__(self, observed: dict[str, np.ndarray], trusted: dict[str, np.ndarray], infos: dict[str, onnx.ValueInfoProto],
                  carriers: set[str]) -> None:
         self.observed, self.trusted, self.infos, self.types = observed, trusted, infos, value_types(infos)
         self.carriers = carriers  # the values computed from the layer's hidden input (carried_in counts only these)
@@ -149,18 +158,19 @@ class _Values:
         return self.types.get(name) in FLOAT_TYPES
 
 
-class OnnxDrillStrategy(BackendStrategy):
-    """Drill layers of the ``onnxruntime`` backend (see the module docstring)."""
+class OnnxNodeStrategy(BackendStrategy):
+    """Drill layers of an engine that runs ONNX graphs node by node (see the module docstring). A
+    subclass names the engine (``name``, ``backend_name``, ``label``; ``method`` is ``export_layer``)
+    and may write a repro of the culprit (:meth:`_culprit`)."""
 
-    name = "onnx"
-    backend_name, method, label = "onnxruntime", "export_layer", "ONNX Runtime"
+    method = "export_layer"
 
     def drill(self, request: DrillRequest) -> LayerDrilldown:
         out = self._start(request)
         import onnx
 
         backend = request.backend
-        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name, method="onnx")
+        drill = LayerDrilldown(layer=request.layer, checkpoint=request.checkpoint, backend=backend.name, method=self.name)
         hidden64 = np.asarray(request.hidden_in, dtype=np.float64)
         try:
             export = backend.export_layer(request.layer, hidden64.astype(np.float32), request.inputs,
@@ -171,7 +181,7 @@ class OnnxDrillStrategy(BackendStrategy):
             drill.note = f"layer {request.layer} could not be drilled: {exc}"
             return drill
         drill.graph_file = str(export.path)
-        replays: dict[str, tuple[Any, dict[str, np.ndarray], str]] = {}
+        replays: dict[str, NodeReplay] = {}
         unjudged: list[str] = []
         not_replayed: set[str] = set()
         twinless: list[str] = []  # a value only the alternative file has: no trusted twin to judge it by
@@ -185,7 +195,7 @@ class OnnxDrillStrategy(BackendStrategy):
                 continue
             try:
                 row, replays[node.name] = self._judge(backend, model, node, index, values, export, request)
-            except Exception as exc:  # noqa: BLE001 - one node ONNX Runtime cannot run alone: unjudged, said so
+            except Exception as exc:  # noqa: BLE001 - one node the engine cannot run alone: unjudged, said so
                 row = _unjudged_row(node, index, export.layer_name)
                 not_replayed.add(node.name)
                 unjudged.append(f"{node.name} ({type(exc).__name__}: {str(exc)[:200]})")
@@ -195,7 +205,7 @@ class OnnxDrillStrategy(BackendStrategy):
             notes.append(f"{len(twinless)} node(s) read or make a value the session's own file does not have "
                          f"(added by a conversion), not judged: {', '.join(twinless)}")
         unmeasured = [r.node for r in drill.operators if math.isnan(r.margin) and r.node not in not_replayed]
-        if unmeasured:  # e.g. non-finite both in ONNX Runtime and at the node's dtype: not a pass either
+        if unmeasured:  # e.g. non-finite both in the engine and at the node's dtype: not a pass either
             notes.append(f"{len(unmeasured)} node(s) have an error that cannot be set against its bound "
                          f"(NaN margin, not counted as passing): {', '.join(unmeasured)}")
         culprit_row = next((r for r in drill.operators if r.introduces), None)
@@ -210,8 +220,9 @@ class OnnxDrillStrategy(BackendStrategy):
         return drill
 
     # -- the two runs ---------------------------------------------------------------------------------
-    def _run_both(self, backend: Any, model: Any, export: Any, hidden64: np.ndarray) -> _Values:
-        """ONNX Runtime (mark-all, float32 feeds) and the reference evaluator (float64) on the layer."""
+    def _run_both(self, backend: OnnxGraphBackend, model: onnx.ModelProto, export: LayerExport,
+                  hidden64: np.ndarray) -> _Values:
+        """The engine (mark-all, float32 feeds) and the reference evaluator (float64) on the layer."""
         from onnx import numpy_helper
         from onnx.reference import ReferenceEvaluator
 
@@ -225,8 +236,8 @@ class OnnxDrillStrategy(BackendStrategy):
         session = backend.open_session(marked.SerializeToString(), export.path)
         try:
             observed = dict(zip(names, session.run(names, feeds), strict=True))
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-            raise _Undrillable(f"ONNX Runtime failed on the layer with every value as an output: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a runtime raises its own exception types
+            raise _Undrillable(f"{self.label} failed on the layer with every value as an output: {exc}") from exc
         feeds64 = {k: (v.astype(np.float64) if types.get(k) in FLOAT_TYPES else v) for k, v in feeds.items()}
         feeds64[export.hidden_input] = hidden64
         marked64 = to_float64(marked)
@@ -242,8 +253,8 @@ class OnnxDrillStrategy(BackendStrategy):
         return values
 
     @staticmethod
-    def _trusted(export: Any, marked64: Any, names: list[str], feeds64: dict[str, np.ndarray],
-                 hidden64: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[Any, _Values] | None]:
+    def _trusted(export: LayerExport, marked64: onnx.ModelProto, names: list[str], feeds64: dict[str, np.ndarray],
+                 hidden64: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[onnx.ModelProto, _Values] | None]:
         """Every value of the layer in float64: its own graph, or, for an alternative model file, the
         same layer of the session's own file (values matched by name; a value only the alternative
         has, e.g. a conversion's Cast, has no trusted twin and its node is not judged); and that
@@ -269,8 +280,9 @@ class OnnxDrillStrategy(BackendStrategy):
         return trusted, (own, _Values(everything, everything, value_infos(own), set()))
 
     # -- one node -------------------------------------------------------------------------------------
-    def _judge(self, backend: Any, model: Any, node: Any, index: int, values: _Values, export: Any,
-               request: DrillRequest) -> tuple[OperatorRow, tuple[Any, dict[str, np.ndarray], str]]:
+    def _judge(self, backend: OnnxGraphBackend, model: onnx.ModelProto, node: onnx.NodeProto, index: int,
+               values: _Values, export: LayerExport,
+               request: DrillRequest) -> tuple[OperatorRow, NodeReplay]:
         """The node's row, and what its repro needs (the one-node model, its feeds, the judged output)."""
         single = single_node_model(model, node, values.infos)
         feeds = {n: values.trusted_feed(n) for n in dict.fromkeys(x for x in node.input if x)}
@@ -294,7 +306,7 @@ class OnnxDrillStrategy(BackendStrategy):
         return row, (single, feeds, best[2])
 
     @staticmethod
-    def _noise(single: Any, feeds: dict[str, np.ndarray], outputs: list[str], values: _Values) -> dict[str, float]:
+    def _noise(single: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str], values: _Values) -> dict[str, float]:
         """Per output, the error a correct implementation at the node's dtype makes: the reference
         evaluator at that dtype, never less than rounding the trusted output to the dtype."""
         from onnx.reference import ReferenceEvaluator
@@ -308,7 +320,8 @@ class OnnxDrillStrategy(BackendStrategy):
         return {n: max(rounding[n], _rmse(values.trusted[n], np.asarray(low[n]))) for n in outputs}
 
     @classmethod
-    def _own_noise(cls, node: Any, outputs: list[str], values: _Values, own: tuple[Any, _Values]) -> dict[str, float]:
+    def _own_noise(cls, node: onnx.NodeProto, outputs: list[str], values: _Values, own: tuple[onnx.ModelProto, _Values]
+                   ) -> dict[str, float]:
         """An alternative model file's node: the noise of a correct run is its twin in the session's
         own file (the node making the same values) at the node's dtype; rounding alone without a twin."""
         own_model, own_values = own
@@ -323,17 +336,8 @@ class OnnxDrillStrategy(BackendStrategy):
         measured = cls._noise(single, feeds, outputs, own_values)
         return {n: max(rounding[n], measured.get(n, 0.0)) for n in outputs}
 
-    @staticmethod
-    def _culprit(row: OperatorRow, replay: tuple[Any, dict[str, np.ndarray], str], values: _Values, backend: Any,
+    def _culprit(self, row: OperatorRow, replay: NodeReplay, values: _Values, backend: OnnxGraphBackend,
                  out: Path) -> Culprit:
-        from ...backends.onnx_runtime import OPTIMIZATION_LEVELS
-
-        single, feeds, output = replay
-        session = backend.open_session(single.SerializeToString(), out)
-        directory = write_onnx_repro(out, node=row.node, op=row.op, model=single, feeds=feeds, output=output,
-                                     expected=values.trusted[output], bound=row.bound,
-                                     optimization=OPTIMIZATION_LEVELS[backend.optimization],
-                                     providers=list(session.get_providers()), graph_transform=backend.graph_transform)
-        return Culprit(op=row.op, node=row.node, module_path=row.module_path, source=row.source,
-                       repro_dir=str(directory), verified=verify(directory).reproduced)
-
+        """The culprit of ``row``; this engine writes no standalone repro of it (a subclass whose
+        engine can, does)."""
+        return Culprit(op=row.op, node=row.node, module_path=row.module_path, source=row.source)
