@@ -37,6 +37,7 @@ import typer
 from ..errors import ConfigurationError, DatabaseError
 from ..safefiles import check_output_path, is_stdout
 from ..storage.schema import SESSION_STATUSES
+from ..reports.formats import DIFF_FORMATS, REPORT_FORMATS
 from ..suggest import did_you_mean, one_of
 from ..termtext import terminal_safe
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
@@ -53,8 +54,6 @@ __all__ = ["main", "app", "EXIT_OK", "EXIT_WORSE", "EXIT_USAGE"]
 
 PROG = "session_report"
 EXIT_OK, EXIT_WORSE = EXIT_PASS, EXIT_FAIL
-_FORMATS = ("json", "html", "csv", "junit")
-_DIFF_FORMATS = ("json", "html", "csv")
 _WIDE = 200  # piped output (CI logs, files) gets a wide table rather than 80 columns of folded ids
 
 _HELP = "Reports of stored validation sessions (json, html, csv, junit), the session list, and diffs."
@@ -252,8 +251,8 @@ def _cmd_diff(db: Database, before: str, after: str, fmt: str | None, output_fil
     if fmt is None and (as_json or output_file is not None):
         fmt = "json"
     if fmt is not None:
-        if fmt not in _DIFF_FORMATS:
-            raise ConfigurationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
+        if fmt not in DIFF_FORMATS:
+            raise ConfigurationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(DIFF_FORMATS)}")
         _write(render_diff(diff, fmt, db=db), output_file)
     else:
         _print_diff_table(diff, before, after)
@@ -334,9 +333,9 @@ def report(
         raise CliError("--model-explorer goes with --session-id", hint=f"{PROG} --session-id ID --model-explorer DIR")
     if not maintenance and (dry_run or older_than is not None):
         raise CliError("--dry-run and --older-than go with --maintenance", hint=f"{PROG} --maintenance --dry-run")
-    if output_format is not None and output_format not in _FORMATS:
-        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}"
-                       + did_you_mean(output_format, _FORMATS))
+    if output_format is not None and output_format not in REPORT_FORMATS:
+        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(REPORT_FORMATS)}"
+                       + did_you_mean(output_format, REPORT_FORMATS))
     if status is not None and status not in SESSION_STATUSES:
         raise CliError(f"--status {status!r} is not a session status" + did_you_mean(status, SESSION_STATUSES),
                        hint=one_of(SESSION_STATUSES))

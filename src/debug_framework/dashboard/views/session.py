@@ -23,10 +23,9 @@ from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import (backend_label, error_source_text, flat_items, introducing,
                                              introducing_text, row_id, session_results, worst_row)
 from debug_framework.reports._decode import token_text
+from debug_framework.reports.formats import MEDIA, REPORT_FORMATS
 
 st.title("Session")
-_MIME = {"html": "text/html", "json": "application/json", "csv": "text/csv", "junit": "application/xml"}
-_SUFFIX = {"html": "html", "json": "json", "csv": "csv", "junit": "xml"}
 
 with viewer() as db:
     if db is not None:
@@ -124,7 +123,7 @@ with viewer() as db:
             st.subheader("Reproduce")
             st.code(doc["reproduce_command"]["command"] or "", language="bash")
             st.subheader("Reports")
-            cols = st.columns(4)
-            for col, fmt in zip(cols, ("html", "json", "csv", "junit")):
+            cols = st.columns(len(REPORT_FORMATS))
+            for col, fmt in zip(cols, REPORT_FORMATS):
                 col.download_button(f"{fmt.upper()} report", data=lambda f=fmt: render_report(report, f),
-                                    file_name=f"session-{pick}.{_SUFFIX[fmt]}", mime=_MIME[fmt], key=f"dl_{fmt}")
+                                    file_name=f"session-{pick}.{MEDIA[fmt][1]}", mime=MEDIA[fmt][0], key=f"dl_{fmt}")
