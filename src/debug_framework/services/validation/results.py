@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from ...capture.keys import CheckpointKey
 from ...checkpoint_ids import checkpoint_id
 from ...comparison import ComparisonResult, Tolerance, error_metric
-from ...jsonio import as_float, json_safe
+from ...comparison.ratio import OracleJudgement
+from ...errors import DatabaseError
+from ...jsonio import JsonObject, JsonValue, as_float, json_safe
 from ..drilldown.types import LayerDrilldown
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .judge import Judgement, LayerVerdict, Verdict
+
+if TYPE_CHECKING:
+    from ...storage.database import DatabaseLike
 
 __all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "brief"]
 
@@ -160,22 +166,60 @@ class CheckpointResult:
                 "propagated_error": None if self.carried_in is None else error_metric(self.carried_in, "max_abs_error")}
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> CheckpointResult:
-        """Read a stored row back (rows written before the canonical id are read too)."""
-        key = CheckpointKey(str(row["checkpoint"]), None if row.get("layer") is None else int(row["layer"]))
-        old = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
-        judgement = Judgement.from_dict({**row, "judged_by": row.get("judged_by") or old.get("judged_by")})
-        comparison = _comparison_from(row, judgement.passed)
+    def from_row(cls, row: Mapping[str, JsonValue]) -> CheckpointResult:
+        """Read a stored row back (:meth:`to_row`'s shape; the schema migrates rows stored before it)."""
+        layer = row.get("layer")
+        key = CheckpointKey(str(row["checkpoint"]), None if layer is None else int(str(layer)))
+        judgement = judgement_from(row)
         intro = row.get("introduced")
         introduced = None
         if isinstance(intro, Mapping) and "judged_by" in intro:
-            ij = Judgement.from_dict(intro)
-            introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), ij,
-                                     ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(intro.get("max_abs_error")),
-                                                      rmse=as_float(intro.get("rmse"))))
-        return cls(key=key, comparison=comparison, judgement=judgement, introduced=introduced,
-                   run_to_run=row.get("run_to_run"), accumulation=row.get("accumulation"),
-                   step=row.get("step"), module=row.get("module"))
+            introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), judgement_from(intro),
+                                     brief_comparison(intro) or _no_comparison())
+        step = row.get("step")
+        module = row.get("module")
+        return cls(key=key, comparison=_comparison_from(row, judgement.passed), judgement=judgement,
+                   noise=brief_comparison(row.get("noise")), introduced=introduced,
+                   carried_in=brief_comparison(row.get("carried_in")),
+                   run_to_run=_floats(row.get("run_to_run")), accumulation=_optional_floats(row.get("accumulation")),
+                   step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                   module=module if isinstance(module, str) else None)
+
+
+def judgement_from(data: Mapping[str, JsonValue]) -> Judgement:
+    """A stored judgement read back with its ratio rule (``rule``: metric, error, baseline_error,
+    multiplier, floor), where one decided."""
+    judgement = Judgement.from_dict(data)
+    rule = data.get("rule")
+    if not isinstance(rule, Mapping) or rule.get("metric") is None:
+        return judgement
+    numbers = [as_float(rule.get(k)) for k in ("baseline_error", "error", "multiplier", "floor")]
+    return replace(judgement, rule=OracleJudgement(str(rule["metric"]), *(math.nan if v is None else v for v in numbers)))
+
+
+def brief_comparison(data: JsonValue) -> ComparisonResult | None:
+    """A :func:`brief` read back: a comparison with its ``max_abs_error`` and ``rmse`` (None for none)."""
+    if not isinstance(data, Mapping):
+        return None
+    return ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("max_abs_error")),
+                            rmse=as_float(data.get("rmse")))
+
+
+def _no_comparison() -> ComparisonResult:
+    """A comparison that measured nothing (every metric None)."""
+    return ComparisonResult(True, None, _NO_TOLERANCE)
+
+
+def _floats(data: JsonValue) -> dict[str, float] | None:
+    """A stored ``{name: number}`` object (numbers that are not finite stored as strings read back)."""
+    if not isinstance(data, Mapping):
+        return None
+    return {str(k): v for k, v in ((k, as_float(v)) for k, v in data.items()) if v is not None}
+
+
+def _optional_floats(data: JsonValue) -> dict[str, float | None] | None:
+    """A stored ``{name: number or null}`` object."""
+    return None if not isinstance(data, Mapping) else {str(k): as_float(v) for k, v in data.items()}
 
 
 def _rmse(result: ComparisonResult | None) -> float | None:
@@ -229,6 +273,42 @@ class LayerResult:
         if part == "whole":
             return BlockResult("layer", "reference", v.whole, ev.whole.error)
         return None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> LayerResult:
+        """An isolation entry read back (:meth:`to_dict`'s shape): each block's judgement and its
+        two error figures, the carried-in and total errors, the calibration run's RMSE in and out."""
+        layer = int(str(data["layer"]))
+
+        def judged(part: str) -> tuple[Judgement, ComparisonResult] | None:
+            entry = data.get(part)
+            if not isinstance(entry, Mapping) or "judged_by" not in entry:
+                return None
+            return judgement_from(entry), brief_comparison(entry) or _no_comparison()
+
+        def evidence(block: str, checkpoint: str, found: tuple[Judgement, ComparisonResult] | None,
+                     input_: str = "reference") -> BlockEvidence | None:
+            return None if found is None else BlockEvidence(block, CheckpointKey(checkpoint, layer), found[1], None,
+                                                            math.nan, input_)  # type: ignore[arg-type]
+
+        attention, mlp, whole = judged("attention"), judged("mlp"), judged("layer_replay")
+        whole = whole or (Judgement(True, "isolation"), _no_comparison())  # no whole-layer replay was stored
+        mlp_entry = data.get("mlp")
+        mlp_input = str(mlp_entry["input"]) if isinstance(mlp_entry, Mapping) and mlp_entry.get("input") else None
+        noise_in, noise_out = as_float(data.get("calibration_in_rmse")), as_float(data.get("calibration_out_rmse"))
+        replay_s, note = as_float(data.get("replay_s")), data.get("mlp_note")
+        whole_ev = evidence("layer", "post_mlp", whole)
+        assert whole_ev is not None
+        ev = LayerEvidence(
+            layer=layer, carried_in=brief_comparison(data.get("carried_in")) or _no_comparison(),
+            total=brief_comparison(data.get("total")), attention=evidence("attention", "post_attention", attention),
+            mlp=evidence("mlp", "post_mlp", mlp, mlp_input or "reference"), whole=whole_ev,
+            noise_in=None if noise_in is None else ComparisonResult(True, None, _NO_TOLERANCE, rmse=noise_in),
+            noise_out=None if noise_out is None else ComparisonResult(True, None, _NO_TOLERANCE, rmse=noise_out),
+            replay_s=0.0 if replay_s is None else replay_s, mlp_note=note if isinstance(note, str) else None)
+        verdict = LayerVerdict(layer, None if attention is None else attention[0], None if mlp is None else mlp[0],
+                               whole[0], mlp_input)
+        return cls(ev, verdict)
 
     def to_dict(self) -> dict[str, Any]:
         ev, v = self.evidence, self.verdict
@@ -307,6 +387,55 @@ class ValidationResult:
                    error_source=verdict.error_source, consistent_with=verdict.consistent_with,
                    precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, decode=decode,
                    **info)
+
+    @classmethod
+    def load(cls, store: DatabaseLike, session_id: str) -> ValidationResult:
+        """The stored session ``session_id`` read back as the result that was stored: its session
+        row's ``results`` (:meth:`summary`) and its checkpoint rows (:meth:`CheckpointResult.to_row`).
+        ``store``: a :class:`~debug_framework.storage.database.Database` or a path. DatabaseError
+        (DF003) when there is no such session."""
+        from ...storage.database import open_database
+
+        database = open_database(store)
+        row = database.sessions.get(session_id)
+        if row is None:
+            raise DatabaseError(f"session {session_id!r} does not exist", session=session_id,
+                                hint="list sessions with session_report --list")
+        return cls.from_stored(row, database.checkpoints.for_session(session_id))
+
+    @classmethod
+    def from_stored(cls, session: Mapping[str, JsonValue], rows: Sequence[Mapping[str, JsonValue]]) -> ValidationResult:
+        """The result of a stored session row and its checkpoint rows (model order): the inverse of
+        what the CLI stores (``results`` = :meth:`summary`, each row :meth:`CheckpointResult.to_row`).
+        A session that stored no summary (it ended in error, or was written through the records'
+        API) reads back with its rows and nothing else."""
+        stored = session.get("results")
+        summary: Mapping[str, JsonValue] = stored if isinstance(stored, Mapping) else {}
+
+        def obj(key: str) -> JsonObject | None:
+            value = summary.get(key)
+            return dict(value) if isinstance(value, Mapping) else None
+
+        def text(mapping: Mapping[str, JsonValue], key: str) -> str:
+            value = mapping.get(key)
+            return "" if value is None else str(value)
+
+        iso, drill = summary.get("isolation"), summary.get("drilldown")
+        note, consistent, recordings = summary.get("isolation_note"), summary.get("consistent_with"), summary.get("recordings")
+        return cls(
+            session_id=text(session, "session_id"), model_path=text(session, "model_path"),
+            reference_backend=text(session, "reference_backend"), alternative_backend=text(session, "alternative_backend"),
+            reference_dtype=text(summary, "reference_dtype"), alternative_dtype=text(summary, "alternative_dtype"),
+            results=[CheckpointResult.from_row(r) for r in rows],
+            isolation=[LayerResult.from_dict(d) for d in iso if isinstance(d, Mapping)] if isinstance(iso, list) else None,
+            isolation_note=note if isinstance(note, str) else None,
+            error_source=obj("error_source"), oracle=obj("oracle"), noise_floor=obj("noise_floor"),
+            performance=obj("performance") or {}, recordings=recordings if isinstance(recordings, str) else None,
+            drilldown=[LayerDrilldown.from_dict(dict(d)) for d in drill if isinstance(d, Mapping)]
+            if isinstance(drill, list) else None,
+            consistent_with=consistent if isinstance(consistent, str) else None,
+            precision_diagnosis=obj("precision_diagnosis"), mark_all=obj("mark_all"), decode=obj("decode"),
+            alternative_options=obj("alternative_options") or {})
 
     @property
     def passed(self) -> bool:
