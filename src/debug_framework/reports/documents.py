@@ -11,12 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DatabaseError
 from ..storage.database import DatabaseLike, open_database
+from ..storage.session_record import SessionRecord
 
-__all__ = ["SessionSource", "ReportSource", "ChangeSource", "DiffSource", "SessionSide", "session_side"]
+if TYPE_CHECKING:
+    from ..services.validation.results import CheckpointResult, ValidationResult
+
+__all__ = ["SessionSource", "ReportSource", "ChangeSource", "DiffSource", "SessionSide", "session_side", "Stored",
+           "stored"]
 
 
 class SessionSource(Protocol):
@@ -107,3 +112,39 @@ def session_side(session_id: str, db: DatabaseLike) -> SessionSide:
                             hint="list sessions with session_report --list")
     return SessionSide(session_id=session_id, overall_status=row["status"], session=row,
                        checkpoint_results=database.checkpoints.for_session(session_id))
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What every view renders of a stored session: its row as a :class:`SessionRecord` and what it
+    measured as the typed :class:`~debug_framework.services.validation.results.ValidationResult`
+    (:meth:`ValidationResult.from_stored`); ``status`` is the report's overall status."""
+
+    record: SessionRecord
+    result: ValidationResult
+    status: str
+
+    @property
+    def rows(self) -> list[CheckpointResult]:
+        """The checkpoint results in model order."""
+        return self.result.results
+
+    @property
+    def verdict(self) -> str:
+        """The verdict the run stored, else the session's status (a run that stored none)."""
+        v = self.record.results.get("verdict")
+        return str(v) if isinstance(v, str) and v else str(self.status or "unknown")
+
+    @property
+    def first_divergence(self) -> CheckpointResult | None:
+        """The first checkpoint (model order) that failed: the run's first divergence."""
+        return self.result.first_divergence
+
+
+def stored(report: ReportSource | SessionSide) -> Stored:
+    """The typed :class:`Stored` of a report's session row and checkpoint rows."""
+    from ..services.validation.results import ValidationResult
+
+    row = {"session_id": report.session_id, **(report.session or {})}
+    return Stored(SessionRecord.from_row(row), ValidationResult.from_stored(row, report.checkpoint_results),
+                  str(report.overall_status or row.get("status") or "unknown"))

@@ -30,7 +30,7 @@ from .judge import Judgement, LayerVerdict, Verdict
 if TYPE_CHECKING:
     from ...storage.database import DatabaseLike
 
-__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "brief"]
+__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "Introducer", "brief"]
 
 #: the tolerance of a comparison read back from a row no tolerance judged (none was stored)
 _NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
@@ -70,7 +70,8 @@ def _comparison_from(row: Mapping[str, Any], passed: bool) -> ComparisonResult:
             value = as_float(value)
         kwargs[f.name] = value
     tol = row.get("tolerance")  # stored only where a tolerance judged the row; else none is implied (0, 0)
-    tolerance = Tolerance.from_dict(dict(tol)) if isinstance(tol, Mapping) else _NO_TOLERANCE
+    # a first-release row may name one of rtol/atol: the other was 0
+    tolerance = Tolerance.from_dict({"rtol": 0.0, "atol": 0.0, **tol}) if isinstance(tol, Mapping) else _NO_TOLERANCE
     return ComparisonResult(passed=passed, reason=None, tolerance=tolerance, **kwargs)
 
 
@@ -113,6 +114,10 @@ class CheckpointResult:
     accumulation: dict[str, float | None] | None = None
     step: int | None = None
     module: str | None = None
+    #: False for a stored row that carries no verdict (written through the records' API unjudged)
+    judged: bool = True
+    #: the introduced error of a stored row that kept no replayed block's judgement (records' API)
+    introduced_figure: float | None = None
 
     @property
     def id(self) -> str:
@@ -121,6 +126,11 @@ class CheckpointResult:
     @property
     def passed(self) -> bool:
         return self.judgement.passed
+
+    @property
+    def state(self) -> bool | None:
+        """The verdict, None where the row carries none (a view shows it as skipped / unknown)."""
+        return self.judgement.passed if self.judged else None
 
     @property
     def reason(self) -> str | None:
@@ -139,6 +149,24 @@ class CheckpointResult:
         return self.judgement.margin
 
     @property
+    def tolerance(self) -> Tolerance | None:
+        """The elementwise tolerance that judged the checkpoint (None: another rule judged it)."""
+        tol = self.comparison.tolerance
+        return tol if self.judged_by == "tolerance" and tol is not _NO_TOLERANCE else None
+
+    @property
+    def introduced_error(self) -> float | None:
+        """Max |error| of the block ending here, replayed on the reference's input (isolation)."""
+        if self.introduced is None:
+            return self.introduced_figure
+        return error_metric(self.introduced.error, "max_abs_error")
+
+    @property
+    def propagated_error(self) -> float | None:
+        """Max |error| carried into the layer in the full run (isolation)."""
+        return None if self.carried_in is None else error_metric(self.carried_in, "max_abs_error")
+
+    @property
     def introduces_error(self) -> bool | None:
         """Whether the block ending here introduces error on the reference's input (None: not judged)."""
         return None if self.introduced is None else not self.introduced.judgement.passed
@@ -150,7 +178,7 @@ class CheckpointResult:
             **self.judgement.to_dict(),
             "consistent_with": self.judgement.consistent_with,
             **_metrics(self.comparison),
-            "tolerance": self.comparison.tolerance.to_dict() if self.judged_by == "tolerance" else None,
+            "tolerance": None if self.tolerance is None else self.tolerance.to_dict(),
             "noise": brief(self.noise),
             "introduces_error": self.introduces_error,
             "introduced": None if self.introduced is None else self.introduced.to_dict(),
@@ -161,9 +189,7 @@ class CheckpointResult:
 
     def to_row(self) -> dict[str, Any]:
         """The stored row: :meth:`to_dict` plus the database's indexed error columns."""
-        return {**self.to_dict(),
-                "introduced_error": None if self.introduced is None else error_metric(self.introduced.error, "max_abs_error"),
-                "propagated_error": None if self.carried_in is None else error_metric(self.carried_in, "max_abs_error")}
+        return {**self.to_dict(), "introduced_error": self.introduced_error, "propagated_error": self.propagated_error}
 
     @classmethod
     def from_row(cls, row: Mapping[str, JsonValue]) -> CheckpointResult:
@@ -178,12 +204,15 @@ class CheckpointResult:
                                      brief_comparison(intro) or _no_comparison())
         step = row.get("step")
         module = row.get("module")
+        carried = brief_comparison(row.get("carried_in"))
+        if carried is None and row.get("propagated_error") is not None:  # a row with the figure alone
+            carried = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(row.get("propagated_error")))
         return cls(key=key, comparison=_comparison_from(row, judgement.passed), judgement=judgement,
-                   noise=brief_comparison(row.get("noise")), introduced=introduced,
-                   carried_in=brief_comparison(row.get("carried_in")),
+                   noise=brief_comparison(row.get("noise")), introduced=introduced, carried_in=carried,
+                   introduced_figure=None if introduced is not None else as_float(row.get("introduced_error")),
                    run_to_run=_floats(row.get("run_to_run")), accumulation=_optional_floats(row.get("accumulation")),
                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                   module=module if isinstance(module, str) else None)
+                   module=module if isinstance(module, str) else None, judged=row.get("passed") is not None)
 
 
 def judgement_from(data: Mapping[str, JsonValue]) -> Judgement:
@@ -334,6 +363,15 @@ class LayerResult:
         })
 
 
+@dataclass(frozen=True)
+class Introducer:
+    """A layer that introduces error on its own: at ``step`` (0: the prefill), in ``blocks``."""
+
+    layer: int | None
+    step: int | None
+    blocks: tuple[str, ...]
+
+
 @dataclass
 class ValidationResult:
     """Everything one validation measured and decided: per-checkpoint results in model order, the
@@ -447,13 +485,33 @@ class ValidationResult:
 
     @property
     def first_divergence(self) -> CheckpointResult | None:
-        """The earliest checkpoint (model order) that failed."""
-        return next((r for r in self.results if not r.passed), None)
+        """The earliest checkpoint (model order) that failed (a stored row with no verdict did not)."""
+        return next((r for r in self.results if r.state is False), None)
 
     @property
     def introducing_layers(self) -> list[int]:
         """Layers that introduce error on their own (isolation), even after an earlier divergence."""
         return [lr.layer for lr in self.isolation or [] if lr.introduces]
+
+    def introducing(self) -> list[Introducer] | None:
+        """The layers that introduce error on their own, from the prefill's isolation and from the
+        replays at the first divergent decode step, in that order (``step`` 0: the prefill); None
+        where no isolation ran at all. The one list every view shows."""
+        found: list[Introducer] | None = None
+        if self.isolation is not None:
+            found = [Introducer(lr.layer, 0, tuple(lr.verdict.blocks)) for lr in self.isolation if lr.introduces]
+        iso = (self.decode or {}).get("isolation")
+        layers = iso.get("layers") if isinstance(iso, Mapping) else None
+        if isinstance(iso, Mapping) and isinstance(layers, list) and layers:
+            found = found or []
+            step = iso.get("step")
+            for r in layers:
+                if isinstance(r, Mapping) and r.get("introduces"):
+                    layer, key = r.get("layer"), str(r.get("checkpoint") or "")
+                    found.append(Introducer(layer if isinstance(layer, int) else None,
+                                            step if isinstance(step, int) else None,
+                                            ("attention" if key.startswith("post_attention") else "layer",)))
+        return found
 
     def summary(self) -> dict[str, Any]:
         """What the session row keeps (``results``): :meth:`to_dict` without the per-checkpoint list."""
