@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError, DatabaseError
+from ..jsonio import JsonObject, JsonValue
 from ..safefiles import check_output_path, is_stdout
 from ..storage.schema import SESSION_STATUSES
 from ..reports.formats import DIFF_FORMATS, REPORT_FORMATS
@@ -133,26 +135,39 @@ def _cmd_model_explorer(db: Database, session_id: str, out_dir: Path) -> None:
 
 def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
     """The ``--list`` rows: one summary per session, newest first."""
-    from ..reports._common import first_divergence_entry, first_divergence_key, session_results, verdict_of
+    from ..reports._common import verdict_of
+    from ..storage.session_record import SessionRecord
 
     items = []
-    for s in db.sessions.list(status=status, model_path=model_path, limit=limit):
-        res = session_results(s)
-        key = first_divergence_key([], res)
+    for row in db.sessions.list(status=status, model_path=model_path, limit=limit):
+        s = SessionRecord.from_row(row)
         items.append({
-            "session_id": s["session_id"], "created_at": s.get("created_at"), "status": s.get("status"),
-            "verdict": verdict_of(s.get("status"), res), "model_path": s.get("model_path"),
-            "reference_backend": s.get("reference_backend"), "alternative_backend": s.get("alternative_backend"),
-            **_dtypes(s.get("config")),
-            "first_divergence": first_divergence_entry(key),
+            "session_id": s.session_id, "created_at": s.created_at, "status": s.status,
+            "verdict": verdict_of(s), "model_path": s.model_path,
+            "reference_backend": s.reference_backend, "alternative_backend": s.alternative_backend,
+            **_dtypes(s.config),
+            "first_divergence": _first_divergence(s.results.get("first_divergence")),
         })
     return items
 
 
-def _dtypes(config: object) -> dict[str, str | None]:
+def _first_divergence(ref: JsonValue) -> JsonObject | None:
+    """The ``first_divergence`` of a session's stored summary as the list shows it: its ``id``,
+    ``checkpoint`` and ``layer``, and ``step`` for a decode step (None: none)."""
+    if not isinstance(ref, dict) or not ref.get("checkpoint"):
+        return None
+    layer, step = ref.get("layer"), ref.get("step")
+    entry: JsonObject = {"id": checkpoint_id(str(ref["checkpoint"]), layer if isinstance(layer, int) else None,
+                                             step if isinstance(step, int) else None),
+                         "checkpoint": ref["checkpoint"], "layer": layer}
+    if isinstance(step, int):
+        entry["step"] = step
+    return entry
+
+
+def _dtypes(config: JsonObject) -> dict[str, str | None]:
     """The session's compute dtypes (alternative, reference) from its config; None where not recorded."""
-    cfg = config if isinstance(config, dict) else {}
-    alt, ref = cfg.get("dtype"), cfg.get("reference_dtype")
+    alt, ref = config.get("dtype"), config.get("reference_dtype")
     return {"dtype": None if alt is None else str(alt), "reference_dtype": None if ref is None else str(ref)}
 
 

@@ -12,11 +12,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DebugFrameworkError
 from ..storage.tensor_store import TensorStore
-from ._common import as_float, row_key
+from ._common import as_float
+
+if TYPE_CHECKING:
+    from ..services.validation.results import CheckpointResult
 
 __all__ = ["Heatmap", "open_store", "find_pair", "load_array", "tensor_summary", "heatmap_for",
            "MAX_HEATMAP_ROWS", "MAX_HEATMAP_COLS"]
@@ -151,7 +154,7 @@ def _from_tensors(ref: Any, alt: Any) -> Any:
 
 
 def heatmap_for(
-    row: Mapping[str, Any],
+    row: CheckpointResult,
     recordings: Sequence[Mapping[str, Any]],
     store: TensorStore | None,
     *,
@@ -161,7 +164,7 @@ def heatmap_for(
     """The error heatmap of one checkpoint row (see the module doc for the two sources)."""
     import numpy as np
 
-    key = row_key(row)
+    key = (row.key.name, row.key.layer)
     notes: list[str] = []
     ref_rec, alt_rec = find_pair(recordings, key)
     if ref_rec is not None and alt_rec is not None:
@@ -181,22 +184,21 @@ def heatmap_for(
                     return Heatmap(key[0], key[1], "recorded tensors", mat, list(ref.shape), r, c, block, notes)
     elif recordings:
         notes.append("no recorded tensors for this checkpoint (over the recording budget or not enabled)")
-    worst = row.get("worst") or []
-    elems = [w for w in worst if isinstance(w, Mapping) and isinstance(w.get("index"), (list, tuple))]
+    elems = list(row.comparison.worst or [])
     if not elems:
         return None
-    shape = row.get("reference_shape") or row.get("alternative_shape")
-    if not shape or any(len(w["index"]) != len(shape) for w in elems):
-        nd = len(elems[0]["index"])
-        if any(len(w["index"]) != nd for w in elems):
+    stored_shape = row.comparison.reference_shape or row.comparison.alternative_shape
+    if not stored_shape or any(len(w.index) != len(stored_shape) for w in elems):
+        nd = len(elems[0].index)
+        if any(len(w.index) != nd for w in elems):
             return None
-        shape = [max(int(w["index"][d]) for w in elems) + 1 for d in range(nd)]
+        stored_shape = tuple(max(int(w.index[d]) for w in elems) + 1 for d in range(nd))
         notes.append("tensor shape not stored; the map spans the worst elements' bounding box")
-    shape = [int(d) for d in shape]
+    shape = [int(d) for d in stored_shape]
     r, c = _as_2d_shape(shape)
     placed: list[tuple[int, int, float]] = []  # (row, column) in the 2-D view, abs error
     for w in elems:
-        idx = [int(i) for i in w["index"]]
+        idx = [int(i) for i in w.index]
         if any(i < 0 or i >= d for i, d in zip(idx, shape)):
             continue
         if len(shape) <= 1:
@@ -204,7 +206,7 @@ def heatmap_for(
         else:
             rr = int(np.ravel_multi_index(idx[:-1], shape[:-1]))
             cc = idx[-1]
-        e = as_float(w.get("abs_error"))
+        e = as_float(w.abs_error)
         placed.append((rr, cc, math.inf if e is None or math.isnan(e) else e))
     br, bc = max(1, math.ceil(r / max_rows)), max(1, math.ceil(c / max_cols))
     grid = (math.ceil(r / br), math.ceil(c / bc))

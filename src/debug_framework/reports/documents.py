@@ -8,14 +8,15 @@ little a diff page shows of each session straight from the stores.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DatabaseError
 from ..storage.database import DatabaseLike, open_database
 from ..storage.session_record import SessionRecord
+from ._common import verdict_of
 
 if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult, ValidationResult
@@ -33,6 +34,8 @@ class SessionSource(Protocol):
     def overall_status(self) -> str: ...
     @property
     def session(self) -> dict[str, Any]: ...
+    @property
+    def checkpoint_results(self) -> list[dict[str, Any]]: ...
 
 
 class ReportSource(SessionSource, Protocol):
@@ -40,8 +43,6 @@ class ReportSource(SessionSource, Protocol):
 
     @property
     def report_id(self) -> str: ...
-    @property
-    def checkpoint_results(self) -> list[dict[str, Any]]: ...
     @property
     def performance_metrics(self) -> dict[str, Any]: ...
     @property
@@ -88,6 +89,8 @@ class DiffSource(Protocol):
     def changes(self) -> Sequence[ChangeSource]: ...
     @property
     def notes(self) -> Sequence[str]: ...
+    @property
+    def counts(self) -> Mapping[str, int]: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -132,8 +135,7 @@ class Stored:
     @property
     def verdict(self) -> str:
         """The verdict the run stored, else the session's status (a run that stored none)."""
-        v = self.record.results.get("verdict")
-        return str(v) if isinstance(v, str) and v else str(self.status or "unknown")
+        return verdict_of(replace(self.record, status=self.status))
 
     @property
     def first_divergence(self) -> CheckpointResult | None:

@@ -45,12 +45,15 @@ import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, unwritable_output
 from ..services.drilldown.types import LayerDrilldown
-from ._common import as_float, passed_state, row_id, row_key, session_results
-from ._rows import replay_of, rule_of
+from ._common import as_float
+from .documents import ReportSource, stored
+
+if TYPE_CHECKING:
+    from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = [
     "CHECKPOINT_GRAPH_ID",
@@ -122,34 +125,33 @@ def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapp
 # --- the checkpoint graph (the whole model) ------------------------------------------------------------
 
 
-def _judged_error(row: Mapping[str, Any]) -> tuple[float | None, str]:
-    """The error the verdict judged and its metric: the calibrated metric where calibrated, else max abs."""
-    rule = rule_of(row)
-    if rule is not None and as_float(rule.get("error")) is not None:
-        return as_float(rule.get("error")), str(rule.get("metric") or "rmse")
-    return as_float(row.get("max_abs_error")), "max_abs_error"
+def _judged_error(row: CheckpointResult) -> tuple[float | None, str]:
+    """The error the rule judged (its metric), else max |alt - ref|."""
+    rule = row.judgement.rule
+    if rule is not None and as_float(rule.alternative_error) is not None:
+        return as_float(rule.alternative_error), rule.metric or "rmse"
+    return as_float(row.comparison.max_abs_error), "max_abs_error"
 
 
-def _introduced(row: Mapping[str, Any]) -> float | None:
-    replay = replay_of(row)
-    rule = replay.get("rule") if replay is not None else None
-    if isinstance(rule, Mapping) and as_float(rule.get("error")) is not None:
-        return as_float(rule.get("error"))
-    return as_float(row.get("introduced_error"))
+def _introduced(row: CheckpointResult) -> float | None:
+    """The error of the block ending here replayed on the reference's input (its rule's metric)."""
+    rule = None if row.introduced is None else row.introduced.judgement.rule
+    if rule is not None and as_float(rule.alternative_error) is not None:
+        return as_float(rule.alternative_error)
+    return as_float(row.introduced_error)
 
 
-def _carried_in(row: Mapping[str, Any]) -> float | None:
-    acc = row.get("accumulation")
-    if isinstance(acc, Mapping) and as_float(acc.get("carried_in_rmse")) is not None:
-        return as_float(acc.get("carried_in_rmse"))
-    return as_float(row.get("propagated_error"))
+def _carried_in(row: CheckpointResult) -> float | None:
+    """The error carried into the layer (RMSE where isolation measured it)."""
+    rmse = None if row.accumulation is None else as_float(row.accumulation.get("carried_in_rmse"))
+    return rmse if rmse is not None else as_float(row.propagated_error)
 
 
 def _kv(key: str, value: Any) -> dict[str, str]:
     return {"key": key, "value": "" if value is None else str(value)}
 
 
-def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[LayerDrilldown] = (),
+def checkpoint_graph(rows: Sequence[CheckpointResult], drilldowns: Iterable[LayerDrilldown] = (),
                      label: str = "checkpoints") -> dict[str, Any]:
     """Model Explorer's JSON graph (a graph collection) of a session's checkpoints in model order:
     one node per checkpoint (id ``post_mlp:3``), namespaced by layer, each fed by the one before it."""
@@ -157,34 +159,33 @@ def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[Lay
     nodes: list[dict[str, Any]] = []
     previous: str | None = None
     for row in rows:
-        cp, layer = row_key(row)
+        cp, layer = row.key.name, row.key.layer
         error, metric = _judged_error(row)
-        attrs = [_kv("passed", passed_state(row)), _kv(f"error ({metric})", error), _kv("bound", row.get("bound")),
-                 _kv("margin", row.get("margin")), _kv("introduced", _introduced(row)),
-                 _kv("carried_in", _carried_in(row)), _kv("reason", str(row.get("reason") or "")[:300])]
-        c = culprits.get(row_id(row))
+        attrs = [_kv("passed", row.state), _kv(f"error ({metric})", error), _kv("bound", row.bound),
+                 _kv("margin", row.margin), _kv("introduced", _introduced(row)),
+                 _kv("carried_in", _carried_in(row)), _kv("reason", str(row.reason or "")[:300])]
+        c = culprits.get(row.id)
         if c is not None:
             attrs.append(_kv("culprit", f"{c.op} ({c.module_path or c.node})"))
-        node = {"id": row_id(row), "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
+        node = {"id": row.id, "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
                 "attrs": attrs, "incomingEdges": [] if previous is None else [{"sourceNodeId": previous}]}
         nodes.append(node)
         previous = node["id"]
     return {"label": label, "graphs": [{"id": CHECKPOINT_GRAPH_ID, "nodes": nodes}]}
 
 
-def checkpoint_node_data(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def checkpoint_node_data(rows: Sequence[CheckpointResult]) -> dict[str, dict[str, Any]]:
     """Node data of the checkpoint graph, one document per quantity (:data:`CHECKPOINT_QUANTITIES`)."""
-    ids = [row_id(r) for r in rows]
+    ids = [r.id for r in rows]
     error = {i: _judged_error(r)[0] for i, r in zip(ids, rows)}
-    verdict = {i: (_PASS if passed_state(r) else _FAIL) for i, r in zip(ids, rows) if passed_state(r) is not None}
-    introduces = {i: (_FAIL if r.get("introduces_error") else _PASS) for i, r in zip(ids, rows)
-                  if r.get("introduces_error") is not None}
+    verdict = {i: (_PASS if r.state else _FAIL) for i, r in zip(ids, rows) if r.state is not None}
+    introduces = {i: (_FAIL if r.introduces_error else _PASS) for i, r in zip(ids, rows)
+                  if r.introduces_error is not None}
     g = CHECKPOINT_GRAPH_ID
     return {
         "error": node_data(error, g, colors=verdict, gradient=_ERROR_GRADIENT, name="error (judged metric)"),
-        "bound": node_data({i: as_float(r.get("bound")) for i, r in zip(ids, rows)}, g, gradient=_ERROR_GRADIENT,
-                           name="bound"),
-        "margin": node_data({i: as_float(r.get("margin")) for i, r in zip(ids, rows)}, g,
+        "bound": node_data({i: r.bound for i, r in zip(ids, rows)}, g, gradient=_ERROR_GRADIENT, name="bound"),
+        "margin": node_data({i: r.margin for i, r in zip(ids, rows)}, g,
                             thresholds=_MARGIN_THRESHOLDS, name="margin (error / bound)"),
         "introduced": node_data({i: _introduced(r) for i, r in zip(ids, rows)}, g, colors=introduces,
                                 gradient=_ERROR_GRADIENT, name="introduced (layer replay)"),
@@ -418,23 +419,7 @@ def _layer_overlay(drill: LayerDrilldown, out_dir: Path) -> OverlayGraph:
     return entry
 
 
-def session_drilldowns(results: Mapping[str, Any] | Any) -> list[LayerDrilldown]:
-    """The drill-downs of a ``ValidationResult`` (``.drilldown``) or of a stored session's results
-    JSON (``"drilldown"``: a list of ``LayerDrilldown.to_dict()``); [] when none ran."""
-    raw = results.get("drilldown") if isinstance(results, Mapping) else getattr(results, "drilldown", None)
-    out = []
-    for item in raw or []:
-        if isinstance(item, LayerDrilldown):
-            out.append(item)
-        elif isinstance(item, Mapping):
-            try:
-                out.append(LayerDrilldown.from_dict(item))
-            except (KeyError, TypeError, ValueError):
-                continue  # a damaged entry: the manifest lists what was written, not this
-    return out
-
-
-def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
+def write_model_explorer(rows: Sequence[CheckpointResult], out_dir: str | Path,
                          drilldowns: Iterable[LayerDrilldown] = (), *, label: str = "checkpoints") -> dict[str, Any]:
     """Write the checkpoint graph of ``rows`` (a session's checkpoint results in model order), each
     drilled layer's graph, their node data and ``manifest.json`` into ``out_dir``; returns the manifest.
@@ -450,7 +435,7 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
         _write_node_data(out, "checkpoints", checkpoint_node_data(rows), entry)
         graphs = [entry, *(_layer_overlay(d, out) for d in drills)]
         manifest = {"format": "model-explorer node data", "graphs": [g.to_dict(out) for g in graphs],
-                    "checkpoints": [row_id(r) for r in rows]}
+                    "checkpoints": [r.id for r in rows]}
         _dump(out / "manifest.json", manifest)
     except OSError as exc:
         raise unwritable_output(exc, "write the Model Explorer files", path=str(out),
@@ -458,16 +443,13 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
     return manifest
 
 
-def write_session_model_explorer(report: Any, out_dir: str | Path) -> dict[str, Any]:
+def write_session_model_explorer(report: ReportSource, out_dir: str | Path) -> dict[str, Any]:
     """:func:`write_model_explorer` for a stored session (a ``ValidationReport``): its checkpoint
-    rows and the drill-downs its results recorded."""
-    drills = session_drilldowns(session_results(report.session))
-    return write_model_explorer(report.checkpoint_results, out_dir, drills, label=f"session {report.session_id}")
+    results and the drill-downs it recorded, read back as the typed result."""
+    return write_result_model_explorer(stored(report).result, out_dir)
 
 
-
-def write_result_model_explorer(result: Any, out_dir: str | Path) -> dict[str, Any]:
-    """:func:`write_model_explorer` for a live ``ValidationResult`` (its checkpoints' rows and
-    ``.drilldown`` when a drill-down ran)."""
-    rows = [r.to_row() for r in result.results]
-    return write_model_explorer(rows, out_dir, session_drilldowns(result), label=f"session {result.session_id}")
+def write_result_model_explorer(result: ValidationResult, out_dir: str | Path) -> dict[str, Any]:
+    """:func:`write_model_explorer` for a ``ValidationResult`` (its checkpoints and ``.drilldown``
+    when a drill-down ran)."""
+    return write_model_explorer(result.results, out_dir, result.drilldown or (), label=f"session {result.session_id}")

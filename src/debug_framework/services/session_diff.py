@@ -127,8 +127,13 @@ class SessionDiff:
     def missing(self) -> list[CheckpointChange]:
         return self.by_change("missing")
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many checkpoints got better, worse, stayed, are new or missing."""
+        return {k: len(self.by_change(k)) for k in ("better", "worse", "unchanged", "new", "missing")}
+
     def to_dict(self) -> dict[str, Any]:
-        counts = {k: len(self.by_change(k)) for k in ("better", "worse", "unchanged", "new", "missing")}
+        counts = self.counts
         return {"before_session_id": self.before_session_id, "after_session_id": self.after_session_id,
                 "counts": counts, "notes": list(self.notes),
                 "differences": [d.to_dict() for d in self.differences],

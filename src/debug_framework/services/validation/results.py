@@ -24,13 +24,14 @@ from ...comparison.ratio import OracleJudgement
 from ...errors import DatabaseError
 from ...jsonio import JsonObject, JsonValue, as_float, json_safe
 from ..drilldown.types import LayerDrilldown
+from .decode_record import DecodeRecord
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .judge import Judgement, LayerVerdict, Verdict
 
 if TYPE_CHECKING:
     from ...storage.database import DatabaseLike
 
-__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "Introducer", "brief"]
+__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "Introducer", "ErrorSource", "brief"]
 
 #: the tolerance of a comparison read back from a row no tolerance judged (none was stored)
 _NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
@@ -202,6 +203,11 @@ class CheckpointResult:
         if isinstance(intro, Mapping) and "judged_by" in intro:
             introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), judgement_from(intro),
                                      brief_comparison(intro) or _no_comparison())
+        elif isinstance(row.get("introduces_error"), bool):  # the records' API: the verdict and the figure
+            introduced = BlockResult("attention" if key.name == "post_attention" else "mlp", "reference",
+                                     Judgement(not row["introduces_error"], "isolation"),
+                                     ComparisonResult(True, None, _NO_TOLERANCE,
+                                                      max_abs_error=as_float(row.get("introduced_error"))))
         step = row.get("step")
         module = row.get("module")
         carried = brief_comparison(row.get("carried_in"))
@@ -321,15 +327,27 @@ class LayerResult:
                                                             math.nan, input_)  # type: ignore[arg-type]
 
         attention, mlp, whole = judged("attention"), judged("mlp"), judged("layer_replay")
-        whole = whole or (Judgement(True, "isolation"), _no_comparison())  # no whole-layer replay was stored
         mlp_entry = data.get("mlp")
         mlp_input = str(mlp_entry["input"]) if isinstance(mlp_entry, Mapping) and mlp_entry.get("input") else None
+        # an entry written through the records' API names the blocks that introduce error and its two
+        # figures, without the blocks' judgements: each named block reads as failing its isolation
+        blocks, block = data.get("blocks"), data.get("block")
+        named = [str(b) for b in blocks] if isinstance(blocks, list) else ([str(block)] if block else [])
+        introduced = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("introduced_error")))
+        failing = (Judgement(False, "isolation"), introduced)
+        attention = attention or (failing if "attention" in named else None)
+        mlp = mlp or (failing if "mlp" in named else None)
+        whole = whole or (failing if "layer" in named else (Judgement(True, "isolation"), introduced))
+        mlp_input = mlp_input or ("reference" if "layer" in named else None)
+        carried = brief_comparison(data.get("carried_in"))
+        if carried is None and data.get("propagated_error") is not None:
+            carried = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("propagated_error")))
         noise_in, noise_out = as_float(data.get("calibration_in_rmse")), as_float(data.get("calibration_out_rmse"))
         replay_s, note = as_float(data.get("replay_s")), data.get("mlp_note")
         whole_ev = evidence("layer", "post_mlp", whole)
         assert whole_ev is not None
         ev = LayerEvidence(
-            layer=layer, carried_in=brief_comparison(data.get("carried_in")) or _no_comparison(),
+            layer=layer, carried_in=carried or _no_comparison(),
             total=brief_comparison(data.get("total")), attention=evidence("attention", "post_attention", attention),
             mlp=evidence("mlp", "post_mlp", mlp, mlp_input or "reference"), whole=whole_ev,
             noise_in=None if noise_in is None else ComparisonResult(True, None, _NO_TOLERANCE, rmse=noise_in),
@@ -361,6 +379,41 @@ class LayerResult:
             "replay_s": ev.replay_s,
             **self.accumulation(),
         })
+
+
+@dataclass(frozen=True)
+class ErrorSource:
+    """Where a failed validation's error comes from (the judge's ``error_source``): ``kind`` is
+    ``layer``, ``embedding``, ``head``, ``accumulation``, ``decode`` or ``kv_cache``; ``layer``,
+    ``block`` and ``step`` place it; ``confirmed`` says whether isolation confirmed it."""
+
+    kind: str
+    layer: int | None = None
+    block: str | None = None
+    step: int | None = None
+    confirmed: bool = True
+    detail: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> ErrorSource:
+        """The judge's ``error_source`` object (as stored) as a record."""
+        layer, block, step, detail = data.get("layer"), data.get("block"), data.get("step"), data.get("detail")
+        return cls(kind=str(data.get("kind")), layer=layer if isinstance(layer, int) else None,
+                   block=block if isinstance(block, str) else None, step=step if isinstance(step, int) else None,
+                   confirmed=data.get("confirmed", True) is not False, detail=detail if isinstance(detail, str) else None)
+
+    def text(self) -> str:
+        """In words: ``layer 1 (attention)``, ``the embedding``, ``the final norm / head``,
+        ``accumulation (first beyond its bound at layer 3)``, ``layer 1 (attention) at decode step
+        1``, ``the KV cache of layer 1 after step 1``, with ``(not confirmed by isolation)`` where
+        isolation did not confirm it. Every view prints this."""
+        at_layer = f"layer {self.layer}" + (f" ({self.block})" if self.block else "")
+        where = {"layer": at_layer, "embedding": "the embedding", "head": "the final norm / head",
+                 "accumulation": f"accumulation (first beyond its bound at layer {self.layer})",
+                 "decode": f"{at_layer} at decode step {self.step}" if self.layer is not None else f"decode step {self.step}",
+                 "kv_cache": (f"the KV cache of layer {self.layer}" if self.layer is not None else "the KV cache")
+                             + (f" after step {self.step}" if self.step is not None else "")}.get(self.kind, self.kind)
+        return where + ("" if self.confirmed else " (not confirmed by isolation)")
 
 
 @dataclass(frozen=True)
@@ -475,6 +528,13 @@ class ValidationResult:
             precision_diagnosis=obj("precision_diagnosis"), mark_all=obj("mark_all"), decode=obj("decode"),
             alternative_options=obj("alternative_options") or {})
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, JsonValue]) -> ValidationResult:
+        """The inverse of :meth:`to_dict` (the CLI's ``--json``): the result it was written from."""
+        rows = doc.get("results")
+        return cls.from_stored({**doc, "results": dict(doc)},
+                               [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else [])
+
     @property
     def passed(self) -> bool:
         return bool(self.results) and all(r.passed for r in self.results)
@@ -489,6 +549,16 @@ class ValidationResult:
         return next((r for r in self.results if r.state is False), None)
 
     @property
+    def source(self) -> ErrorSource | None:
+        """:attr:`error_source` as a record (None: the validation passed, or named no source)."""
+        return None if self.error_source is None else ErrorSource.from_dict(self.error_source)
+
+    @property
+    def decoded(self) -> DecodeRecord | None:
+        """:attr:`decode` as a typed record (None: the prefill only)."""
+        return None if self.decode is None else DecodeRecord.from_dict(self.decode)
+
+    @property
     def introducing_layers(self) -> list[int]:
         """Layers that introduce error on their own (isolation), even after an earlier divergence."""
         return [lr.layer for lr in self.isolation or [] if lr.introduces]
@@ -500,17 +570,9 @@ class ValidationResult:
         found: list[Introducer] | None = None
         if self.isolation is not None:
             found = [Introducer(lr.layer, 0, tuple(lr.verdict.blocks)) for lr in self.isolation if lr.introduces]
-        iso = (self.decode or {}).get("isolation")
-        layers = iso.get("layers") if isinstance(iso, Mapping) else None
-        if isinstance(iso, Mapping) and isinstance(layers, list) and layers:
-            found = found or []
-            step = iso.get("step")
-            for r in layers:
-                if isinstance(r, Mapping) and r.get("introduces"):
-                    layer, key = r.get("layer"), str(r.get("checkpoint") or "")
-                    found.append(Introducer(layer if isinstance(layer, int) else None,
-                                            step if isinstance(step, int) else None,
-                                            ("attention" if key.startswith("post_attention") else "layer",)))
+        iso = None if self.decoded is None else self.decoded.isolation
+        if iso is not None and iso.layers:
+            found = (found or []) + [Introducer(r.layer, iso.step, (r.block,)) for r in iso.layers if r.introduces]
         return found
 
     def summary(self) -> dict[str, Any]:
