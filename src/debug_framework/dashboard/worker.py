@@ -38,7 +38,7 @@ from types import FrameType
 from typing import Any
 
 from ..errors import DebugFrameworkError
-from ..storage.tasks import TaskStore
+from ..storage.tasks import TaskRecord, TaskStore
 from .launch import CANCELLED, stored_job
 from .settings import Settings, resolve_database
 
@@ -113,7 +113,8 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
     from ..config import from_environment, merge_config
     from ..services.validation_engine import ValidationEngine
 
-    req = task["request"] or {}
+    record = TaskRecord.from_row(task)
+    req = record.request
     engine = ValidationEngine(settings.database, config=merge_config(from_environment()))
     tid, sid = task["task_id"], uuid.uuid4().hex
 
@@ -124,9 +125,9 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
     tasks.update(tid, stage="load", done=0, total=None)
     try:
         with _cancellable():
-            engine.create_session(req["model_path"], req.get("config") or {},
-                                  req.get("reference_backend", "python_reference"),
-                                  req.get("alternative_backend", "auto"), session_id=sid)
+            engine.create_session(str(req["model_path"]), record.config,
+                                  record.asked("reference_backend", "python_reference"),
+                                  record.asked("alternative_backend", "auto"), session_id=sid)
             tasks.update(tid, session_id=sid)
             engine.run(sid, progress=progress)
     except Cancelled:
@@ -175,7 +176,7 @@ def run_task(settings: Settings, task_id: str) -> int:
     task = tasks.get(task_id)
     assert task is not None
     try:
-        files = (task.get("request") or {}).get("backend_files") or []
+        files = TaskRecord.from_row(task).backend_files
         if files:  # the form's backend files register their backends here too, as --backend-file does
             from ..cli.user_code import load_backend_code
 

@@ -26,9 +26,6 @@ __all__ = [
     "LOG_METRICS",
     "as_float",
     "fmt_num",
-    "row_key",
-    "row_place",
-    "RowPlace",
     "row_id",
     "first_divergence_entry",
     "worst_row",
@@ -111,33 +108,11 @@ def human_bytes(value: Any) -> str:
     raise AssertionError("unreachable")
 
 
-def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
-    """A checkpoint row's ``(checkpoint, layer)`` (a layer that is not a number reads as None)."""
-    layer = row.get("layer")
-    try:
-        layer = None if layer is None else int(layer)
-    except (TypeError, ValueError):
-        layer = None
-    return (str(row.get("checkpoint")), layer)
-
-
-#: Where a checkpoint row sits: ``(checkpoint, layer, step)``; ``step`` is the decode pass (0: the
-#: prefill), None for a session that does not decode.
-RowPlace = tuple[str, int | None, int | None]
-
-
-def row_place(row: Mapping[str, Any]) -> RowPlace:
-    """A checkpoint row's :data:`RowPlace` (a step that is not a whole number reads as None): one
-    row per place, where :func:`row_key` is the same for every decode step of a checkpoint."""
-    step = row.get("step")
-    return (*row_key(row), step if isinstance(step, int) and not isinstance(step, bool) else None)
-
-
-def row_id(row: Mapping[str, Any] | tuple[str, int | None] | RowPlace) -> str:
+def row_id(row: Mapping[str, JsonValue] | tuple[str, int | None] | tuple[str, int | None, int | None]) -> str:
     """The canonical id of a checkpoint (``post_mlp:3`` / ``post_embedding`` / ``post_mlp:3@2``): of a
     row, its stored ``id`` or the one its ``checkpoint``/``layer``/``step`` give
-    (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`); of a ``(checkpoint, layer)`` key or a
-    :data:`RowPlace`, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
+    (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`); of a ``(checkpoint, layer)`` or
+    ``(checkpoint, layer, step)`` key, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
     return checkpoint_id(*row) if isinstance(row, tuple) else row_checkpoint_id(row)
 
 

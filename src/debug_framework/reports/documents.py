@@ -148,5 +148,6 @@ def stored(report: ReportSource | SessionSide) -> Stored:
     from ..services.validation.results import ValidationResult
 
     row = {"session_id": report.session_id, **(report.session or {})}
-    return Stored(SessionRecord.from_row(row), ValidationResult.from_stored(row, report.checkpoint_results),
-                  str(report.overall_status or row.get("status") or "unknown"))
+    record = SessionRecord.from_row(row)
+    return Stored(record, ValidationResult.from_stored(row, report.checkpoint_results),
+                  str(report.overall_status or record.status))

@@ -17,7 +17,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from ..jsonio import JsonObject, JsonValue
 
 from ..errors import ConfigurationError
 from .core import SqlCore
@@ -25,7 +28,7 @@ from .dialect import Connection, Dialect
 from .leases import Owner, current_owner, owner_gone
 from .values import decode_json_columns, to_json, utc_now
 
-__all__ = ["TaskStore", "task_tables", "worker_gone", "TASK_KINDS", "TASK_STATES", "ACTIVE_STATES"]
+__all__ = ["TaskStore", "TaskRecord", "task_tables", "worker_gone", "TASK_KINDS", "TASK_STATES", "ACTIVE_STATES"]
 
 TASK_KINDS = ("validation", "batch")
 TASK_STATES = ("queued", "running", "finished", "cancelled", "failed")
@@ -59,6 +62,69 @@ def task_tables(d: Dialect) -> tuple[str, ...]:
     )""",
         "CREATE INDEX IF NOT EXISTS idx_dashboard_tasks_created ON dashboard_tasks(created_at)",
     )
+
+
+def _opt_int(value: JsonValue) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: JsonValue) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One ``dashboard_tasks`` row as the pages show it (defaults decided here once)."""
+
+    task_id: str
+    kind: str
+    state: str
+    request: JsonObject = field(default_factory=dict)
+    session_id: str | None = None
+    job_id: str | None = None
+    stage: str | None = None
+    done: int = 0
+    total: int = 0
+    message: str | None = None
+    cancel_requested: bool = False
+    created_at: str = ""
+    owner_host: str | None = None
+    owner_pid: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, JsonValue]) -> TaskRecord:
+        """The record of a row as :meth:`TaskStore.get` / :meth:`TaskStore.list` return it."""
+        request = row.get("request")
+        return cls(task_id=str(row["task_id"]), kind=str(row["kind"]), state=str(row["state"]),
+                   request=dict(request) if isinstance(request, Mapping) else {},
+                   session_id=_opt_str(row.get("session_id")) or None, job_id=_opt_str(row.get("job_id")) or None,
+                   stage=_opt_str(row.get("stage")), done=_opt_int(row.get("done")) or 0,
+                   total=_opt_int(row.get("total")) or 0, message=_opt_str(row.get("message")),
+                   cancel_requested=bool(row.get("cancel_requested")), created_at=str(row.get("created_at") or ""),
+                   owner_host=_opt_str(row.get("owner_host")), owner_pid=_opt_int(row.get("owner_pid")))
+
+    def asked(self, key: str, default: str) -> str:
+        """A text field of the request (``reference_backend``, ``alternative_backend``), else ``default``."""
+        value = self.request.get(key)
+        return default if value is None else str(value)
+
+    @property
+    def config(self) -> JsonObject:
+        """The session configuration the request asks for ({} for none)."""
+        cfg = self.request.get("config")
+        return dict(cfg) if isinstance(cfg, Mapping) else {}
+
+    @property
+    def backend_files(self) -> list[str]:
+        """The files that register the request's backends (``--backend-file``)."""
+        files = self.request.get("backend_files")
+        return [str(f) for f in files] if isinstance(files, list) else []
+
+    @property
+    def what(self) -> str:
+        """What the task validates: its model path, or how many models its batch holds."""
+        model, models = self.request.get("model_path"), self.request.get("model_paths")
+        return str(model) if model else f"{len(models) if isinstance(models, list) else 0} models"
 
 
 class TaskStore:

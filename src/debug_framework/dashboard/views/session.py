@@ -122,6 +122,6 @@ with viewer() as db:
             st.code(doc["reproduce_command"]["command"] or "", language="bash")
             st.subheader("Reports")
             cols = st.columns(len(REPORT_FORMATS))
-            for col, fmt in zip(cols, REPORT_FORMATS):
+            for col, fmt in zip(cols, sorted(REPORT_FORMATS, key=lambda f: f != "html")):  # the page first
                 col.download_button(f"{fmt.upper()} report", data=lambda f=fmt: render_report(report, f),
                                     file_name=f"session-{pick}.{MEDIA[fmt][1]}", mime=MEDIA[fmt][0], key=f"dl_{fmt}")
