@@ -39,7 +39,7 @@ from ..errors import ConfigurationError, DatabaseError
 from ..jsonio import JsonObject, JsonValue
 from ..safefiles import check_output_path, is_stdout
 from ..storage.schema import SESSION_STATUSES
-from ..reports.formats import DIFF_FORMATS, REPORT_FORMATS
+from ..report_formats import DIFF_FORMATS, REPORT_FORMATS
 from ..suggest import did_you_mean, one_of
 from ..termtext import terminal_safe
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,

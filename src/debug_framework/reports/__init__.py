@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..errors import ConfigurationError
 from ..storage.database import DatabaseLike
 from ..storage.tensor_store import TensorStore
-from .formats import DIFF_FORMATS, REPORT_FORMATS
+from ..report_formats import DIFF_FORMATS, REPORT_FORMATS
 from .csv_report import CSV_COLUMNS, render_csv, render_diff_csv
 from ._html import CSP, neutralise_bidi
 from .documents import DiffSource, ReportSource, SessionSource, session_side
@@ -48,7 +48,7 @@ __all__ = [
     "neutralise_bidi",
 ]
 
-#: the report formats (:data:`.formats.REPORT_FORMATS`; ``FORMATS`` is its older name)
+#: the report formats (:data:`debug_framework.report_formats.REPORT_FORMATS`; ``FORMATS`` is its older name)
 FORMATS = REPORT_FORMATS
 
 

@@ -24,7 +24,7 @@ from debug_framework.reports._common import backend_label, error_source_text, fl
 from debug_framework.reports._decode import token_text
 from debug_framework.reports.documents import stored
 from debug_framework.services.drilldown.types import drilled_where
-from debug_framework.reports.formats import MEDIA, REPORT_FORMATS
+from debug_framework.report_formats import MEDIA, REPORT_FORMATS
 
 st.title("Session")
 

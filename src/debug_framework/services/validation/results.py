@@ -205,7 +205,7 @@ class CheckpointResult:
                                      brief_comparison(intro) or _no_comparison())
         elif isinstance(row.get("introduces_error"), bool):  # the records' API: the verdict and the figure
             introduced = BlockResult("attention" if key.name == "post_attention" else "mlp", "reference",
-                                     Judgement(not row["introduces_error"], "isolation"),
+                                     Judgement.from_dict({"passed": not row["introduces_error"], "judged_by": "isolation"}),
                                      ComparisonResult(True, None, _NO_TOLERANCE,
                                                       max_abs_error=as_float(row.get("introduced_error"))))
         step = row.get("step")
@@ -334,10 +334,12 @@ class LayerResult:
         blocks, block = data.get("blocks"), data.get("block")
         named = [str(b) for b in blocks] if isinstance(blocks, list) else ([str(block)] if block else [])
         introduced = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("introduced_error")))
-        failing = (Judgement(False, "isolation"), introduced)
+        failing = (Judgement.from_dict({"passed": False, "judged_by": "isolation"}), introduced)
         attention = attention or (failing if "attention" in named else None)
         mlp = mlp or (failing if "mlp" in named else None)
-        whole = whole or (failing if "layer" in named else (Judgement(True, "isolation"), introduced))
+        # no whole-layer replay stored: none failed (the entry names every block that introduces error)
+        whole = whole or (failing if "layer" in named else
+                          (Judgement.from_dict({"passed": True, "judged_by": "isolation"}), introduced))
         mlp_input = mlp_input or ("reference" if "layer" in named else None)
         carried = brief_comparison(data.get("carried_in"))
         if carried is None and data.get("propagated_error") is not None:
