@@ -103,7 +103,7 @@ def _session_config(opts: ValidateOptions) -> dict[str, Any]:
     return cfg
 
 
-def _fmt(v: Any, digits: int = 2) -> str:
+def _fmt(v: object, digits: int = 2) -> str:
     if v is None:
         return "-"
     if isinstance(v, str):
@@ -113,7 +113,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
-def _margin(v: Any) -> str:
+def _margin(v: object) -> str:
     """error / bound as a short number (at most 1 passes)."""
     return "-" if not isinstance(v, (int, float)) or math.isnan(v) else f"{v:.3g}"
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -133,7 +133,7 @@ def _cmd_model_explorer(db: Database, session_id: str, out_dir: Path) -> None:
                         f"(open: {manifest['graphs'][0]['command']})"), file=sys.stderr)
 
 
-def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
+def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[JsonObject]:
     """The ``--list`` rows: one summary per session, newest first."""
     from ..reports._common import verdict_of
     from ..storage.session_record import SessionRecord
@@ -171,7 +171,7 @@ def _dtypes(config: JsonObject) -> dict[str, str | None]:
     return {"dtype": None if alt is None else str(alt), "reference_dtype": None if ref is None else str(ref)}
 
 
-def _dtype_cell(item: dict[str, Any]) -> str:
+def _dtype_cell(item: JsonObject) -> str:
     """``float32``, or ``float64 vs float32`` when the reference ran at another precision."""
     alt, ref = item.get("dtype"), item.get("reference_dtype")
     if ref and alt and ref != alt:
@@ -192,7 +192,7 @@ _LIST_COLUMNS = (Column("session", number=True, left=True), Column("created (UTC
                  Column("first divergence", min_width=12, keep=5))
 
 
-def _cmd_list(db: Database, items: list[dict[str, Any]], as_json: bool) -> int:
+def _cmd_list(db: Database, items: list[JsonObject], as_json: bool) -> int:
     if as_json:
         print_json(items)
         return EXIT_OK

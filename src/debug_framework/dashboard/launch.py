@@ -24,7 +24,7 @@ import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, FrameworkInitializationError
 from ..storage.database import Database
@@ -88,7 +88,7 @@ _KNOBS = ("dtype", "seed", "input_shape", "isolate", "oracle", "noise_floor", "t
           "precision_thresholds", "noise_margin")
 
 
-def session_config(knobs: Mapping[str, Any]) -> dict[str, Any]:
+def session_config(knobs: Mapping[str, object]) -> dict[str, object]:
     """The session configuration of the launch form: only the knobs it offers, unset ones left out."""
     return {k: knobs[k] for k in _KNOBS if knobs.get(k) not in (None, "", {})}
 
@@ -134,7 +134,7 @@ def _files(backend_files: Sequence[str]) -> list[str]:
 
 
 def launch_validation(settings: Settings, model_path: str, reference: str, alternative: str,
-                      knobs: Mapping[str, Any], backend_files: Sequence[str] = ()) -> str:
+                      knobs: Mapping[str, object], backend_files: Sequence[str] = ()) -> str:
     """Write a validation task and start its worker; returns the task id (the request is checked
     first: :func:`check_request`)."""
     if not str(model_path).strip():
@@ -157,7 +157,7 @@ def launch_validation(settings: Settings, model_path: str, reference: str, alter
 
 
 def launch_batch(settings: Settings, model_paths: list[str], reference: str, alternative: str,
-                 knobs: Mapping[str, Any], backend_files: Sequence[str] = ()) -> str:
+                 knobs: Mapping[str, object], backend_files: Sequence[str] = ()) -> str:
     """Write a batch job (its items) and a task for it, start the worker; returns the task id.
 
     The worker runs the items one after another in its own process (``parallel_execution`` off), so

@@ -35,9 +35,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ..errors import DebugFrameworkError
+from ..jsonio import JsonObject
 from ..storage.tasks import TaskRecord, TaskStore
 from .launch import CANCELLED, stored_job
 from .settings import Settings, resolve_database
@@ -109,7 +109,7 @@ def _check_flag(tasks: TaskStore, task_id: str) -> None:
         _check_cancel()
 
 
-def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
+def _run_validation(settings: Settings, tasks: TaskStore, task: JsonObject) -> None:
     from ..config import from_environment, merge_config
     from ..services.validation_engine import ValidationEngine
 
@@ -142,13 +142,13 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
         raise
 
 
-def _run_batch(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
+def _run_batch(settings: Settings, tasks: TaskStore, task: JsonObject) -> None:
     from ..services.executors import execute_job
 
     job = stored_job(settings, str(task["job_id"]))
     tid = task["task_id"]
 
-    def progress(prog: dict[str, Any]) -> None:  # called from the executor's follower thread too
+    def progress(prog: JsonObject) -> None:  # called from the executor's follower thread too
         tasks.update(tid, stage=str(prog.get("status")), done=int(prog["finished"]), total=int(prog["total"]))
         _check_flag(tasks, tid)
 

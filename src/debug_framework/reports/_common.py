@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..checkpoint_ids import checkpoint_id, row_checkpoint_id
 from ..jsonio import JsonObject, JsonValue, as_float
@@ -60,8 +60,8 @@ LOG_METRICS: tuple[str, ...] = (
 _NONFINITE_TEXT = {"human": ("NaN", "Infinity", "-Infinity"), "machine": ("nan", "inf", "-inf")}
 
 
-def fmt_num(value: Any, digits: int = 4, *, style: str = "human",
-            text: Callable[[Any], str] = str) -> str:
+def fmt_num(value: object, digits: int = 4, *, style: str = "human",
+            text: Callable[[object], str] = str) -> str:
     """One number as text; None as ''.
 
     ``style="human"`` (tables, HTML): ints as ints, floats in %.{digits}g, booleans true/false,
@@ -93,7 +93,7 @@ def fmt_num(value: Any, digits: int = 4, *, style: str = "human",
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 
 
-def human_bytes(value: Any) -> str:
+def human_bytes(value: object) -> str:
     """A byte count in binary units: ``512 B``, ``1.50 KiB``, ``944 MiB``, ``1011 MiB``, ``2.03 GiB``
     (three significant digits, four below 1024); '' for a value that is not a number."""
     f = as_float(value)
@@ -191,7 +191,7 @@ def shell_join(argv: Sequence[str]) -> str:
     return " ".join(shell_quote(str(a)) for a in argv)
 
 
-def precision_text(dtype: str, declared: Any, quantized: Mapping[str, int] | None = None) -> str:
+def precision_text(dtype: str, declared: object, quantized: Mapping[str, int] | None = None) -> str:
     """What ``consistent_with`` means, in words. For a quantized alternative (``quantized``: its
     quantized operators and their counts) the size of a lower float precision's error is only a
     scale: the words say that its error comes from quantization."""
@@ -208,7 +208,7 @@ def error_source_text(source: ErrorSource) -> str:
     return source.text()
 
 
-def backend_label(name: Any, options: Any = None, dtype: Any = None) -> str:
+def backend_label(name: object, options: object = None, dtype: object = None) -> str:
     """A backend as every view names it: ``openvino [precision_hint=bf16] (bfloat16)``; the options
     it was built with (``--backend-option``) in brackets, its dtype in parentheses."""
     label = str(name)
@@ -228,7 +228,7 @@ def introducing_text(found: Sequence[Introducer] | None) -> str:
                      + (f" at decode step {d.step}" if d.step else "") for d in found)
 
 
-def flat_items(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+def flat_items(value: object, prefix: str = "") -> list[tuple[str, str]]:
     """A nested mapping as ``(dotted key, text)`` pairs, lists and scalars as text: how a page shows
     the environment or backend information as a table rather than raw JSON."""
     if isinstance(value, Mapping):

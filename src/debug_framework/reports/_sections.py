@@ -5,7 +5,7 @@ naming every checkpoint that shares it); and the two cell/section helpers every 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..jsonio import JsonValue, dumps_json
 from ..storage.session_record import SessionRecord
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
 
 
-def num_td(v: Any) -> str:
+def num_td(v: object) -> str:
     """A right-aligned number cell."""
     return f'<td class="num">{esc(fmt_num(v))}</td>'
 
@@ -28,7 +28,7 @@ def section(sid: str, title: str, body: str) -> str:
     return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{body}</section>'
 
 
-def performance_section(perf: Any) -> str:
+def performance_section(perf: JsonValue) -> str:
     if not perf:
         return section("performance", "Performance", '<p class="muted">not recorded</p>')
     if not isinstance(perf, Mapping):
@@ -61,7 +61,7 @@ def performance_section(perf: Any) -> str:
     return section("performance", "Performance", "".join(parts))
 
 
-def memory_cell(mem: Any) -> str:
+def memory_cell(mem: JsonValue) -> str:
     """Peak memory in binary units: ``1011 MiB (+66.8 MiB over 944 MiB at start; rss_vmhwm)``."""
     if mem is None:
         return '<span class="muted">not measured</span>'
@@ -89,15 +89,15 @@ def backends_section(session: SessionRecord) -> str:
     return section("backends", "Backends", "".join(parts))
 
 
-def _grouped(pairs: Sequence[tuple[str, Any]]) -> list[tuple[Any, list[str]]]:
+def _grouped(pairs: Sequence[tuple[str, JsonValue]]) -> list[tuple[JsonValue, list[str]]]:
     """``(value, names sharing it)`` for each distinct value (compared as JSON), in first-seen order."""
-    distinct: dict[str, tuple[Any, list[str]]] = {}
+    distinct: dict[str, tuple[JsonValue, list[str]]] = {}
     for name, value in pairs:
         distinct.setdefault(dumps_json(value, indent=None), (value, []))[1].append(name)
     return list(distinct.values())
 
 
-def _shared_table(groups: Sequence[tuple[Any, list[str]]], cls: str) -> str:
+def _shared_table(groups: Sequence[tuple[JsonValue, list[str]]], cls: str) -> str:
     """One row per distinct tolerance: the tolerance, and every checkpoint that uses it."""
     trs = "".join(f"<tr><td>{kv_table(tol) if isinstance(tol, Mapping) else json_pre(tol)}</td>"
                   f"<td>{'all ' if len(groups) == 1 else ''}{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"

@@ -12,13 +12,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import DebugFrameworkError
+from ..jsonio import JsonObject, JsonValue
 from ..storage.tensor_store import TensorStore
 from ._common import as_float
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..services.validation.results import CheckpointResult
 
 __all__ = ["Heatmap", "open_store", "find_pair", "load_array", "tensor_summary", "heatmap_for",
@@ -33,7 +36,7 @@ class Heatmap:
     checkpoint: str
     layer: int | None
     source: str  # "recorded tensors" | "worst-element list"
-    matrix: Any  # 2-D float64: abs error per (downsampled) cell; inf = non-finite mismatch; NaN = unknown
+    matrix: np.ndarray  # 2-D float64: abs error per (downsampled) cell; inf = non-finite mismatch; NaN = unknown
     full_shape: list[int]
     rows: int  # rows/cols of the 2-D view before downsampling
     cols: int
@@ -55,7 +58,8 @@ def open_store(store: TensorStore | None, root: str | None) -> TensorStore | Non
     return TensorStore(root, tensor_recording_limit=None)
 
 
-def find_pair(recordings: Sequence[Mapping[str, Any]], key: tuple[str, int | None]) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+def find_pair(recordings: Sequence[Mapping[str, JsonValue]], key: tuple[str, int | None]
+              ) -> tuple[Mapping[str, JsonValue] | None, Mapping[str, JsonValue] | None]:
     ref = alt = None
     for r in recordings:
         if (r.get("checkpoint"), r.get("layer")) != key or not r.get("content_hash"):
@@ -67,7 +71,7 @@ def find_pair(recordings: Sequence[Mapping[str, Any]], key: tuple[str, int | Non
     return ref, alt
 
 
-def load_array(store: TensorStore, recording: Mapping[str, Any]) -> Any:
+def load_array(store: TensorStore, recording: Mapping[str, JsonValue]) -> np.ndarray:
     """The recorded tensor as a float64 NumPy array (hash-verified by the store)."""
     import numpy as np
 
@@ -82,11 +86,11 @@ def load_array(store: TensorStore, recording: Mapping[str, Any]) -> Any:
     return np.asarray(t, dtype=np.float64)
 
 
-def tensor_summary(recording: Mapping[str, Any], store: TensorStore | None, *, max_values: int = 256) -> dict[str, Any]:
+def tensor_summary(recording: Mapping[str, JsonValue], store: TensorStore | None, *, max_values: int = 256) -> JsonObject:
     """Metadata, statistics and (up to ``max_values``) flattened values of one recording."""
     import numpy as np
 
-    out: dict[str, Any] = {k: recording.get(k) for k in ("recording_id", "tensor_name", "checkpoint", "layer", "side",
+    out: JsonObject = {k: recording.get(k) for k in ("recording_id", "tensor_name", "checkpoint", "layer", "side",
                                                           "content_hash", "shape", "dtype", "nbytes", "score")}
     if store is None:
         out["error"] = "tensor store not found"
@@ -122,7 +126,7 @@ def _as_2d_shape(shape: Sequence[int]) -> tuple[int, int]:
     return int(math.prod(dims[:-1])), dims[-1]
 
 
-def _block_max(mat: Any, max_rows: int, max_cols: int) -> tuple[Any, tuple[int, int]]:
+def _block_max(mat: np.ndarray, max_rows: int, max_cols: int) -> tuple[np.ndarray, tuple[int, int]]:
     """Downsample by taking each block's max (NaN = unknown is ignored unless the block is all NaN)."""
     import numpy as np
 
@@ -141,7 +145,7 @@ def _block_max(mat: Any, max_rows: int, max_cols: int) -> tuple[Any, tuple[int, 
     return out, (br, bc)
 
 
-def _from_tensors(ref: Any, alt: Any) -> Any:
+def _from_tensors(ref: np.ndarray, alt: np.ndarray) -> np.ndarray:
     import numpy as np
 
     with np.errstate(invalid="ignore", over="ignore"):
@@ -155,7 +159,7 @@ def _from_tensors(ref: Any, alt: Any) -> Any:
 
 def heatmap_for(
     row: CheckpointResult,
-    recordings: Sequence[Mapping[str, Any]],
+    recordings: Sequence[Mapping[str, JsonValue]],
     store: TensorStore | None,
     *,
     max_rows: int = MAX_HEATMAP_ROWS,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
-
 from ..jsonio import dumps_json
 from ._common import METRICS, fmt_num
 from .documents import DiffSource, ReportSource, stored
@@ -24,7 +22,7 @@ CSV_COLUMNS = ("session_id", "index", "id", "checkpoint", "layer", "passed", "fi
                "introduced_error", "propagated_error", "reason", "tolerance")
 
 
-def _safe_text(value: Any) -> str:
+def _safe_text(value: object) -> str:
     text = "" if value is None else str(value)
     if text and text[0] in "=+-@\t\r":
         try:
@@ -34,7 +32,7 @@ def _safe_text(value: Any) -> str:
     return text
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     return fmt_num(value, style="machine", text=_safe_text)
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import DatabaseError
+from ..jsonio import JsonObject
 from ..storage.database import DatabaseLike, open_database
 from ..storage.session_record import SessionRecord
 from ._common import verdict_of
@@ -33,9 +34,9 @@ class SessionSource(Protocol):
     @property
     def overall_status(self) -> str: ...
     @property
-    def session(self) -> dict[str, Any]: ...
+    def session(self) -> JsonObject: ...
     @property
-    def checkpoint_results(self) -> list[dict[str, Any]]: ...
+    def checkpoint_results(self) -> list[JsonObject]: ...
 
 
 class ReportSource(SessionSource, Protocol):
@@ -44,15 +45,15 @@ class ReportSource(SessionSource, Protocol):
     @property
     def report_id(self) -> str: ...
     @property
-    def performance_metrics(self) -> dict[str, Any]: ...
+    def performance_metrics(self) -> JsonObject: ...
     @property
     def created_at(self) -> datetime: ...
     @property
-    def tensor_recordings(self) -> list[dict[str, Any]]: ...
+    def tensor_recordings(self) -> list[JsonObject]: ...
     @property
     def tensor_store_root(self) -> str | None: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JsonObject: ...
 
 
 class ChangeSource(Protocol):
@@ -92,7 +93,7 @@ class DiffSource(Protocol):
     @property
     def counts(self) -> Mapping[str, int]: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JsonObject: ...
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,9 @@ class SessionSide:
 
     session_id: str
     overall_status: str
-    session: dict[str, Any]
+    session: JsonObject
     #: the session's checkpoint rows (model order): the diff chart draws the bounds they were judged by
-    checkpoint_results: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_results: list[JsonObject] = field(default_factory=list)
 
 
 def session_side(session_id: str, db: DatabaseLike) -> SessionSide:

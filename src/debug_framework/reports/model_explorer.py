@@ -45,14 +45,17 @@ import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, unwritable_output
+from ..jsonio import JsonObject, JsonValue
 from ..services.drilldown.types import LayerDrilldown
 from ._common import as_float
 from .documents import ReportSource, stored
 
 if TYPE_CHECKING:
+    import torch
+
     from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = [
@@ -98,13 +101,13 @@ def _finite(value: float | None) -> float | None:
 
 
 def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapping[str, str] | None = None,
-              thresholds: Sequence[Mapping[str, Any]] | None = None,
-              gradient: Sequence[Mapping[str, Any]] | None = None, name: str | None = None) -> dict[str, Any]:
+              thresholds: Sequence[Mapping[str, JsonValue]] | None = None,
+              gradient: Sequence[Mapping[str, JsonValue]] | None = None, name: str | None = None) -> JsonObject:
     """One Model Explorer node-data document ``{graph_id: {"results": ..., ...}}``.
 
     ``values``: node id -> number (None/NaN left out); ``colors``: node id -> a CSS colour that
     overrides the thresholds/gradient for that node; ``name``: shown in Model Explorer's UI."""
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, JsonObject] = {}
     for node, value in values.items():
         v = _finite(value)
         if v is None:
@@ -112,7 +115,7 @@ def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapp
         results[node] = {"value": v}
         if colors and node in colors:
             results[node]["bgColor"] = colors[node]
-    graph: dict[str, Any] = {"results": results}
+    graph: JsonObject = {"results": results}
     if name:
         graph["name"] = name
     if thresholds:
@@ -147,16 +150,16 @@ def _carried_in(row: CheckpointResult) -> float | None:
     return rmse if rmse is not None else as_float(row.propagated_error)
 
 
-def _kv(key: str, value: Any) -> dict[str, str]:
+def _kv(key: str, value: object) -> dict[str, str]:
     return {"key": key, "value": "" if value is None else str(value)}
 
 
 def checkpoint_graph(rows: Sequence[CheckpointResult], drilldowns: Iterable[LayerDrilldown] = (),
-                     label: str = "checkpoints") -> dict[str, Any]:
+                     label: str = "checkpoints") -> JsonObject:
     """Model Explorer's JSON graph (a graph collection) of a session's checkpoints in model order:
     one node per checkpoint (id ``post_mlp:3``), namespaced by layer, each fed by the one before it."""
     culprits = {d.checkpoint: d.culprit for d in drilldowns if d.culprit is not None}
-    nodes: list[dict[str, Any]] = []
+    nodes: list[JsonObject] = []
     previous: str | None = None
     for row in rows:
         cp, layer = row.key.name, row.key.layer
@@ -174,7 +177,7 @@ def checkpoint_graph(rows: Sequence[CheckpointResult], drilldowns: Iterable[Laye
     return {"label": label, "graphs": [{"id": CHECKPOINT_GRAPH_ID, "nodes": nodes}]}
 
 
-def checkpoint_node_data(rows: Sequence[CheckpointResult]) -> dict[str, dict[str, Any]]:
+def checkpoint_node_data(rows: Sequence[CheckpointResult]) -> dict[str, JsonObject]:
     """Node data of the checkpoint graph, one document per quantity (:data:`CHECKPOINT_QUANTITIES`)."""
     ids = [r.id for r in rows]
     error = {i: _judged_error(r)[0] for i, r in zip(ids, rows)}
@@ -197,7 +200,7 @@ def checkpoint_node_data(rows: Sequence[CheckpointResult]) -> dict[str, dict[str
 # --- a drilled layer's operator graph ---------------------------------------------------------------
 
 
-def operator_node_data(drill: LayerDrilldown, graph_id: str) -> dict[str, dict[str, Any]]:
+def operator_node_data(drill: LayerDrilldown, graph_id: str) -> dict[str, JsonObject]:
     """Node data of a drilled layer's operators, one document per quantity (:data:`OPERATOR_QUANTITIES`).
 
     ``introduced`` nodes are red when the operator exceeds its own bound, green within it."""
@@ -215,14 +218,14 @@ def operator_node_data(drill: LayerDrilldown, graph_id: str) -> dict[str, dict[s
     }
 
 
-def _fx_label(node: Any) -> str:
+def _fx_label(node: torch.fx.Node) -> str:
     target = node.target
     if hasattr(target, "overloadpacket"):
         return str(target.overloadpacket)
     return node.op if node.op in ("placeholder", "output") else getattr(target, "__name__", str(target))
 
 
-def _fx_namespace(node: Any) -> str:
+def _fx_namespace(node: torch.fx.Node) -> str:
     """``nn_module_stack`` as a Model Explorer namespace (``encoder/layer.2/intermediate``)."""
     if node.op == "placeholder":
         return "inputs"
@@ -231,7 +234,7 @@ def _fx_namespace(node: Any) -> str:
     return paths[-1].replace(".", "/") if paths else ""
 
 
-def fx_graph(graph_module: Any, graph_id: str = PT2_GRAPH_ID, label: str = "layer") -> dict[str, Any]:
+def fx_graph(graph_module: torch.fx.GraphModule, graph_id: str = PT2_GRAPH_ID, label: str = "layer") -> JsonObject:
     """Model Explorer's JSON graph of an FX ``GraphModule`` (what ``make_fx``/``torch.export``
     capture), node ids = FX node names, as Model Explorer's PyTorch adapter names them."""
     nodes = []
@@ -245,7 +248,7 @@ def fx_graph(graph_module: Any, graph_id: str = PT2_GRAPH_ID, label: str = "laye
     return {"label": label, "graphs": [{"id": graph_id, "nodes": nodes}]}
 
 
-def operator_table_graph(drill: LayerDrilldown, graph_id: str = PT2_GRAPH_ID) -> dict[str, Any]:
+def operator_table_graph(drill: LayerDrilldown, graph_id: str = PT2_GRAPH_ID) -> JsonObject:
     """A graph of the operator table alone, for a drill-down that wrote no graph file: nodes in
     graph order, each drawn after the one before (the table has no data-flow edges)."""
     nodes, previous = [], None
@@ -272,7 +275,7 @@ def _onnx_ids(path: Path) -> tuple[str, set[str]]:
     return model.graph.name or "<main>", names
 
 
-def node_table_graph(doc: Mapping[str, Any], graph_id: str = PT2_GRAPH_ID) -> dict[str, Any]:
+def node_table_graph(doc: Mapping[str, JsonValue], graph_id: str = PT2_GRAPH_ID) -> JsonObject:
     """Model Explorer's JSON graph of a drill-down's own graph file (the replay strategy's
     ``layer_graph.json``: ``{"layer", "nodes": [{"id", "op", "target", "inputs", "module_path",
     "source"}]}``), with data-flow edges from ``inputs``."""
@@ -288,7 +291,7 @@ def node_table_graph(doc: Mapping[str, Any], graph_id: str = PT2_GRAPH_ID) -> di
     return {"label": f"layer {doc.get('layer', '')}".strip(), "graphs": [{"id": graph_id, "nodes": nodes}]}
 
 
-def _model_explorer_json(doc: Any) -> dict[str, Any]:
+def _model_explorer_json(doc: JsonValue) -> JsonObject:
     """A JSON graph file as a Model Explorer graph collection: one already (a collection or a list
     of graphs), or a drill-down's node table converted (:func:`node_table_graph`)."""
     if isinstance(doc, list):
@@ -360,18 +363,18 @@ class OverlayGraph:
         files = ",".join(str(out_dir / self.node_data[q]) for q in order)
         return shlex.join(["model-explorer", str(out_dir / self.graph), f"--node_data_paths={files}"])
 
-    def to_dict(self, out_dir: Path) -> dict[str, Any]:
+    def to_dict(self, out_dir: Path) -> JsonObject:
         return {"graph": self.graph, "graph_id": self.graph_id, "node_data": dict(self.node_data),
                 "default_overlay": self.default,
                 "unmatched_nodes": self.unmatched, "unknown_values": self.unknown, "note": self.note,
                 "command": self.command(out_dir)}
 
 
-def _dump(path: Path, doc: Any) -> None:
+def _dump(path: Path, doc: JsonValue) -> None:
     path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
-def _write_node_data(out_dir: Path, stem: str, docs: Mapping[str, dict[str, Any]], entry: OverlayGraph) -> None:
+def _write_node_data(out_dir: Path, stem: str, docs: Mapping[str, JsonObject], entry: OverlayGraph) -> None:
     for quantity, doc in docs.items():
         name = f"{stem}.{quantity}.json"
         _dump(out_dir / name, doc)
@@ -420,7 +423,7 @@ def _layer_overlay(drill: LayerDrilldown, out_dir: Path) -> OverlayGraph:
 
 
 def write_model_explorer(rows: Sequence[CheckpointResult], out_dir: str | Path,
-                         drilldowns: Iterable[LayerDrilldown] = (), *, label: str = "checkpoints") -> dict[str, Any]:
+                         drilldowns: Iterable[LayerDrilldown] = (), *, label: str = "checkpoints") -> JsonObject:
     """Write the checkpoint graph of ``rows`` (a session's checkpoint results in model order), each
     drilled layer's graph, their node data and ``manifest.json`` into ``out_dir``; returns the manifest.
 
@@ -443,13 +446,13 @@ def write_model_explorer(rows: Sequence[CheckpointResult], out_dir: str | Path,
     return manifest
 
 
-def write_session_model_explorer(report: ReportSource, out_dir: str | Path) -> dict[str, Any]:
+def write_session_model_explorer(report: ReportSource, out_dir: str | Path) -> JsonObject:
     """:func:`write_model_explorer` for a stored session (a ``ValidationReport``): its checkpoint
     results and the drill-downs it recorded, read back as the typed result."""
     return write_result_model_explorer(stored(report).result, out_dir)
 
 
-def write_result_model_explorer(result: ValidationResult, out_dir: str | Path) -> dict[str, Any]:
+def write_result_model_explorer(result: ValidationResult, out_dir: str | Path) -> JsonObject:
     """:func:`write_model_explorer` for a ``ValidationResult`` (its checkpoints and ``.drilldown``
     when a drill-down ran)."""
     return write_model_explorer(result.results, out_dir, result.drilldown or (), label=f"session {result.session_id}")

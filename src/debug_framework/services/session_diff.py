@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError, DatabaseError
-from ..jsonio import dumps_json
+from ..jsonio import JsonObject, JsonValue, dumps_json
 from ..storage.database import DatabaseLike, open_database
 
 __all__ = ["CheckpointChange", "FieldDifference", "SessionDiff", "diff_sessions", "value_text", "DIFF_OPTIONS"]
@@ -40,17 +39,17 @@ class FieldDifference:
     """One leaf that differs between the sessions: ``field`` (``alternative_backend_info.torch``)."""
 
     field: str
-    before: Any
-    after: Any
+    before: JsonValue
+    after: JsonValue
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"field": self.field, "before": self.before, "after": self.after}
 
     def sentence(self) -> str:
         return f"{self.field}: {value_text(self.before)} -> {value_text(self.after)}"
 
 
-def value_text(value: Any, limit: int = _MAX_VALUE_TEXT) -> str:
+def value_text(value: JsonValue, limit: int = _MAX_VALUE_TEXT) -> str:
     """A difference's value in one short line: strings as they are, None as ``(not recorded)``,
     anything else as compact JSON; cut to ``limit`` characters."""
     if value is None:
@@ -62,7 +61,7 @@ def value_text(value: Any, limit: int = _MAX_VALUE_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _leaf_differences(name: str, a: Any, b: Any, depth: int = 0) -> list[FieldDifference]:
+def _leaf_differences(name: str, a: JsonValue, b: JsonValue, depth: int = 0) -> list[FieldDifference]:
     """The leaves of two JSON values that differ, dotted paths from ``name`` (dicts recursed; a key
     only one side has is None on the other)."""
     if a == b:
@@ -94,7 +93,7 @@ class CheckpointChange:
     def id(self) -> str:
         return checkpoint_id(self.checkpoint, self.layer, self.step)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``{"id", "checkpoint", "layer", "step", "change", ...}``."""
         return {"id": self.id, **self.__dict__}
 
@@ -132,7 +131,7 @@ class SessionDiff:
         """How many checkpoints got better, worse, stayed, are new or missing."""
         return {k: len(self.by_change(k)) for k in ("better", "worse", "unchanged", "new", "missing")}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         counts = self.counts
         return {"before_session_id": self.before_session_id, "after_session_id": self.after_session_id,
                 "counts": counts, "notes": list(self.notes),
@@ -140,17 +139,17 @@ class SessionDiff:
                 "changes": [c.to_dict() for c in self.changes]}
 
 
-def _err(v: Any) -> float:
+def _err(v: JsonValue) -> float:
     if v is None:
         return math.nan
     return float(v)
 
 
-def _passed(v: Any) -> bool | None:
+def _passed(v: JsonValue) -> bool | None:
     return None if v is None else bool(v)
 
 
-def _atol(row: dict[str, Any]) -> float:
+def _atol(row: JsonObject) -> float:
     """The absolute tolerance the row was judged by (0 when not recorded)."""
     tol = row.get("tolerance")
     value = tol.get("atol") if isinstance(tol, dict) else None
@@ -161,7 +160,7 @@ def _atol(row: dict[str, Any]) -> float:
     return f if math.isfinite(f) and f > 0 else 0.0
 
 
-def _compare(before: dict[str, Any], after: dict[str, Any], rel_change: float, abs_floor: float,
+def _compare(before: JsonObject, after: JsonObject, rel_change: float, abs_floor: float,
              atol_fraction: float = 0.0) -> str:
     pb, pa = _passed(before.get("passed")), _passed(after.get("passed"))
     if pb is True and pa is False:
@@ -199,7 +198,7 @@ def _check_thresholds(values: Mapping[str, float], flags: Mapping[str, str] | No
                                           f"{_spell('abs_floor', '0', flags)}, {_spell('atol_fraction', '0.1', flags)}")
 
 
-def _key(row: Mapping[str, Any]) -> tuple[str, int | None, int | None]:
+def _key(row: Mapping[str, JsonValue]) -> tuple[str, int | None, int | None]:
     """Where a stored row sits: ``(checkpoint, layer, step)``."""
     return row["checkpoint"], row["layer"], row.get("step")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..jsonio import JsonObject, JsonValue, as_float
 
@@ -40,7 +39,7 @@ def plugin_tables(d: Dialect) -> tuple[str, ...]:
     )
 
 
-def _row(row: Row) -> dict[str, Any]:
+def _row(row: Row) -> JsonObject:
     """A plugin row with its JSON decoded; a damaged column reads as None, named in ``damaged_json``."""
     return decode_json_columns(dict(row), ("definition", "build", "validation"))
 
@@ -103,7 +102,7 @@ class PluginStore:
     def __init__(self, core: SqlCore) -> None:
         self.core = core
 
-    def upsert(self, plugin_id: str, version: str, backend_type: str, definition: Mapping[str, Any], *,
+    def upsert(self, plugin_id: str, version: str, backend_type: str, definition: Mapping[str, object], *,
                manifest_path: str | None = None, origin: str = "manifest") -> None:
         """Insert or replace a plugin's definition (its build and validation are kept when the
         definition is unchanged, cleared when it changed)."""
@@ -125,7 +124,7 @@ class PluginStore:
 
         self.core.run_in_transaction(do, f"register plugin {plugin_id}")
 
-    def set_build(self, plugin_id: str, artifact_path: str, artifact_digest: str, build: Mapping[str, Any],
+    def set_build(self, plugin_id: str, artifact_path: str, artifact_digest: str, build: Mapping[str, object],
                   build_log: str) -> None:
         """Record the plugin's latest build (its validation is cleared: it was of another build)."""
         self.core.run_in_transaction(
@@ -137,21 +136,21 @@ class PluginStore:
                  plugin_id)),
             f"record the build of plugin {plugin_id}")
 
-    def set_validation(self, plugin_id: str, validation: Mapping[str, Any]) -> None:
+    def set_validation(self, plugin_id: str, validation: Mapping[str, object]) -> None:
         """Record the last validation (compilation checks and/or the op sweep) of the plugin's build."""
         self.core.run_in_transaction(
             lambda c: self.core.execute(c, "UPDATE plugins SET validation = ?, updated_at = ? WHERE plugin_id = ?",
                                         (to_json(dict(validation)), utc_now(), plugin_id)),
             f"record the validation of plugin {plugin_id}")
 
-    def get(self, plugin_id: str) -> dict[str, Any] | None:
+    def get(self, plugin_id: str) -> JsonObject | None:
         """The plugin's row (JSON columns decoded), or None."""
         row = self.core.read(
             lambda c: self.core.execute(c, "SELECT * FROM plugins WHERE plugin_id = ?", (plugin_id,)).fetchone(),
             f"read plugin {plugin_id}")
         return None if row is None else _row(row)
 
-    def list(self, backend_type: str | None = None) -> list[dict[str, Any]]:
+    def list(self, backend_type: str | None = None) -> list[JsonObject]:
         """Every plugin (of ``backend_type`` when given), by id."""
         def rd(c: Connection) -> list[Row]:
             if backend_type is None:

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..jsonio import JsonObject, JsonValue
 
@@ -133,7 +132,7 @@ class TaskStore:
     def __init__(self, core: SqlCore) -> None:
         self.core = core
 
-    def create(self, kind: str, request: Mapping[str, Any], *, job_id: str | None = None) -> str:
+    def create(self, kind: str, request: Mapping[str, object], *, job_id: str | None = None) -> str:
         """Write a ``queued`` task and return its id."""
         if kind not in TASK_KINDS:
             raise ConfigurationError(f"unknown task kind {kind!r}", hint=f"use one of {', '.join(TASK_KINDS)}")
@@ -146,11 +145,11 @@ class TaskStore:
             f"create task {tid}")
         return tid
 
-    def get(self, task_id: str) -> dict[str, Any] | None:
+    def get(self, task_id: str) -> JsonObject | None:
         row = self.core.fetch_one("SELECT * FROM dashboard_tasks WHERE task_id = ?", (task_id,), f"read task {task_id}")
         return None if row is None else decode_json_columns(dict(row), ("request",))
 
-    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list(self, limit: int = 50) -> list[JsonObject]:
         """Tasks, newest first."""
         rows = self.core.fetch_all("SELECT * FROM dashboard_tasks ORDER BY created_at DESC, task_id LIMIT ?",
                                    (int(limit),), "list tasks")
@@ -185,7 +184,7 @@ class TaskStore:
                                   f"read task {task_id}")
         return bool(row is not None and dict(row)["cancel_requested"])
 
-    def update(self, task_id: str, **fields: Any) -> None:
+    def update(self, task_id: str, **fields: object) -> None:
         """Record progress or links (``session_id``, ``job_id``, ``stage``, ``done``, ``total``, ``message``)."""
         unknown = set(fields) - set(_COLUMNS)
         if unknown:
@@ -206,7 +205,7 @@ class TaskStore:
                    " WHERE task_id = ? AND state IN ('queued', 'running')", (state, message, utc_now(), task_id)),
             f"finish task {task_id}")
 
-    def request_cancel(self, task_id: str) -> dict[str, Any] | None:
+    def request_cancel(self, task_id: str) -> JsonObject | None:
         """Flag the task for cancelling and return it as it is now (None: no such task)."""
         self.core.run_in_transaction(
             lambda c: self.core.execute(c, "UPDATE dashboard_tasks SET cancel_requested = 1, updated_at = ?"
@@ -214,7 +213,7 @@ class TaskStore:
         return self.get(task_id)
 
 
-def worker_gone(task: Mapping[str, Any]) -> bool:
+def worker_gone(task: Mapping[str, object]) -> bool:
     """Whether an active task's worker process is gone (dead, a zombie, or its pid reused): the
     worker that runs it, or for a ``queued`` task the one started for it (:meth:`TaskStore.record_spawn`)."""
     return task.get("state") in ACTIVE_STATES and owner_gone(dict(task), time.time(), None)

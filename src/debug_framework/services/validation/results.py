@@ -39,25 +39,25 @@ _NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
 _NOT_METRICS = ("passed", "reason", "tolerance", "name")
 
 
-def brief(result: ComparisonResult | None) -> dict[str, Any] | None:
+def brief(result: ComparisonResult | None) -> JsonObject | None:
     """A comparison in two numbers: ``max_abs_error`` and ``rmse`` (None without one)."""
     if result is None:
         return None
     return {"max_abs_error": error_metric(result, "max_abs_error"), "rmse": error_metric(result, "rmse")}
 
 
-def _metrics(result: ComparisonResult) -> dict[str, Any]:
+def _metrics(result: ComparisonResult) -> JsonObject:
     d = result.to_dict()
     for k in _NOT_METRICS:
         d.pop(k, None)
     return d
 
 
-def _comparison_from(row: Mapping[str, Any], passed: bool) -> ComparisonResult:
+def _comparison_from(row: Mapping[str, JsonValue], passed: bool) -> ComparisonResult:
     """A stored row's metrics as a :class:`ComparisonResult` (the fields it has; the rest default)."""
     from ...comparison.result import WorstElement
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, object] = {}
     for f in fields(ComparisonResult):
         if f.name in _NOT_METRICS or f.name not in row or row[f.name] is None:
             continue
@@ -85,7 +85,7 @@ class BlockResult:
     judgement: Judgement
     error: ComparisonResult
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"block": self.block, "input": self.input, **self.judgement.to_dict(), **(brief(self.error) or {})}
 
 
@@ -172,7 +172,7 @@ class CheckpointResult:
         """Whether the block ending here introduces error on the reference's input (None: not judged)."""
         return None if self.introduced is None else not self.introduced.judgement.passed
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The one JSON shape of a checkpoint result (documented in docs/validation.md)."""
         return json_safe({
             "id": self.id, **self.key.to_json(), "step": self.step, "module": self.module,
@@ -188,7 +188,7 @@ class CheckpointResult:
             "accumulation": self.accumulation,
         })
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> JsonObject:
         """The stored row: :meth:`to_dict` plus the database's indexed error columns."""
         return {**self.to_dict(), "introduced_error": self.introduced_error, "propagated_error": self.propagated_error}
 
@@ -359,10 +359,10 @@ class LayerResult:
                                whole[0], mlp_input)
         return cls(ev, verdict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         ev, v = self.evidence, self.verdict
 
-        def block(j: Judgement | None, b: BlockEvidence | None, input_: str | None) -> dict[str, Any] | None:
+        def block(j: Judgement | None, b: BlockEvidence | None, input_: str | None) -> JsonObject | None:
             if j is None or b is None:
                 return None
             return {"input": input_, **j.to_dict(), **(brief(b.error) or {})}
@@ -441,23 +441,23 @@ class ValidationResult:
     results: list[CheckpointResult]
     isolation: list[LayerResult] | None = None
     isolation_note: str | None = None
-    error_source: dict[str, Any] | None = None
-    oracle: dict[str, Any] | None = None
-    noise_floor: dict[str, Any] | None = None
-    performance: dict[str, Any] = field(default_factory=dict)
+    error_source: JsonObject | None = None
+    oracle: JsonObject | None = None
+    noise_floor: JsonObject | None = None
+    performance: JsonObject = field(default_factory=dict)
     recordings: str | None = None
     #: the op-level drill-down, one entry per drilled layer (None: not requested)
     drilldown: list[LayerDrilldown] | None = None
     #: the lower precision a correct run at which errs as this run does (the judge's; None: none)
     consistent_with: str | None = None
     #: the precision stage's note: which lower precisions were measured, which skipped and why
-    precision_diagnosis: dict[str, Any] | None = None
+    precision_diagnosis: JsonObject | None = None
     #: every node output of an ONNX file compared in topological order (``--mark-all``; None: not asked)
-    mark_all: dict[str, Any] | None = None
+    mark_all: JsonObject | None = None
     #: decode steps (None: the prefill only): {steps, tokens, tokens_from, kv_cache, seconds_per_step}
-    decode: dict[str, Any] | None = None
+    decode: JsonObject | None = None
     #: the options the alternative backend was built with (``--backend-option``, ``alternative_options``)
-    alternative_options: dict[str, Any] = field(default_factory=dict)
+    alternative_options: JsonObject = field(default_factory=dict)
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -577,7 +577,7 @@ class ValidationResult:
             found = (found or []) + [Introducer(r.layer, iso.step, (r.block,)) for r in iso.layers if r.introduces]
         return found
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """What the session row keeps (``results``): :meth:`to_dict` without the per-checkpoint list."""
         first = self.first_divergence
         return json_safe({
@@ -603,7 +603,7 @@ class ValidationResult:
             "alternative_options": self.alternative_options,
         })
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready (non-finite floats as "NaN"/"Infinity"/"-Infinity" strings)."""
         return json_safe({
             "session_id": self.session_id,
@@ -615,7 +615,7 @@ class ValidationResult:
         })
 
 
-def _decode_isolation(evidence: Evidence, verdict: Verdict) -> dict[str, Any]:
+def _decode_isolation(evidence: Evidence, verdict: Verdict) -> JsonObject:
     """``{step, layers: [{layer, checkpoint, introduces, rmse, judged_by, bound, margin, reason}]}``:
     each layer failing at the first divergent decode step, replayed there on the reference's input
     (``introduces``: beyond its bound; else the error is carried in)."""
@@ -630,7 +630,7 @@ def _decode_isolation(evidence: Evidence, verdict: Verdict) -> dict[str, Any]:
     return {"step": step, "layers": rows}
 
 
-def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+def _judged_kv(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
     """A KV-cache row (step, layer, k, v) with each part's judgement (passed, judged_by, bound, margin)."""
     out = dict(row)
     for part in ("k", "v"):
@@ -642,7 +642,7 @@ def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
     return out
 
 
-def _judged_tokens(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+def _judged_tokens(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
     """A token_metrics row (one pass) with its judgement (passed, judged_by, bound, margin, reason;
     all None where it was not calibrated, so not judged)."""
     j = verdict.tokens.get(int(row["step"]))
@@ -651,7 +651,7 @@ def _judged_tokens(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
             "reason": None if j is None else j.reason}
 
 
-def divergence_ref(row: Mapping[str, Any]) -> dict[str, Any]:
+def divergence_ref(row: Mapping[str, JsonValue]) -> JsonObject:
     """A failing checkpoint, by reference: its id and structured fields, the rule, margin and reason
     (its metrics are in its own entry of ``results``)."""
     return {k: row.get(k) for k in ("id", "checkpoint", "layer", "step", "module", "judged_by", "bound", "margin",
