@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DebugFrameworkError
 from ..jsonio import JsonObject, JsonValue
+from ..storage.recordings import StoredRecording
 from ..storage.tensor_store import TensorStore
 from ._common import as_float
 
@@ -59,23 +60,24 @@ def open_store(store: TensorStore | None, root: str | None) -> TensorStore | Non
 
 
 def find_pair(recordings: Sequence[Mapping[str, JsonValue]], key: tuple[str, int | None]
-              ) -> tuple[Mapping[str, JsonValue] | None, Mapping[str, JsonValue] | None]:
+              ) -> tuple[StoredRecording | None, StoredRecording | None]:
+    """The first reference and alternative recording of checkpoint ``key`` that hold their bytes."""
     ref = alt = None
-    for r in recordings:
-        if (r.get("checkpoint"), r.get("layer")) != key or not r.get("content_hash"):
+    for rec in (StoredRecording.from_dict(r) for r in recordings):
+        if (rec.checkpoint, rec.layer) != key or not rec.content_hash:
             continue
-        if r.get("side") == "reference" and ref is None:
-            ref = r
-        elif r.get("side") == "alternative" and alt is None:
-            alt = r
+        if rec.side == "reference" and ref is None:
+            ref = rec
+        elif rec.side == "alternative" and alt is None:
+            alt = rec
     return ref, alt
 
 
-def load_array(store: TensorStore, recording: Mapping[str, JsonValue]) -> np.ndarray:
+def load_array(store: TensorStore, recording: StoredRecording) -> np.ndarray:
     """The recorded tensor as a float64 NumPy array (hash-verified by the store)."""
     import numpy as np
 
-    t = store.get(str(recording["content_hash"]))
+    t = store.get(str(recording.content_hash))
     if hasattr(t, "detach"):
         t = t.detach().to("cpu")
         if not t.dtype.is_floating_point and not t.dtype.is_complex:
@@ -90,13 +92,15 @@ def tensor_summary(recording: Mapping[str, JsonValue], store: TensorStore | None
     """Metadata, statistics and (up to ``max_values``) flattened values of one recording."""
     import numpy as np
 
-    out: JsonObject = {k: recording.get(k) for k in ("recording_id", "tensor_name", "checkpoint", "layer", "side",
-                                                          "content_hash", "shape", "dtype", "nbytes", "score")}
+    rec = StoredRecording.from_dict(recording)
+    row = rec.to_dict()
+    out: JsonObject = {k: row[k] for k in ("recording_id", "tensor_name", "checkpoint", "layer", "side",
+                                           "content_hash", "shape", "dtype", "nbytes", "score")}
     if store is None:
         out["error"] = "tensor store not found"
         return out
     try:
-        a = load_array(store, recording)
+        a = load_array(store, rec)
     except DebugFrameworkError as exc:
         out["error"] = str(exc)
         return out
