@@ -71,7 +71,6 @@ __all__ = [
     "operator_table_graph",
     "operator_node_data",
     "graph_node_ids",
-    "session_drilldowns",
     "write_model_explorer",
     "write_session_model_explorer",
     "write_result_model_explorer",
