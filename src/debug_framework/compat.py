@@ -41,6 +41,7 @@ from .errors import ConfigurationError
 from .jsonio import dumps_json
 from .models._common import (BATCH_EXECUTOR_ROLE, REPORT_RENDERER_ROLE, Collaborator, format_time, parse_time,
                              write_report_file)
+from .report_formats import REPORT_FORMATS  # the formats ReportFaces.save_to_file writes
 from .storage.checkpoints import ResultKeys
 from .storage.database import Database, DatabaseLike, open_database
 from .storage.sessions import SessionFilter, SessionProvenance
@@ -96,8 +97,6 @@ REPORT_RENDERER: Collaborator[ReportRenderer] = Collaborator(
 BATCH_EXECUTOR: Collaborator[JobRunner] = Collaborator(
     BATCH_EXECUTOR_ROLE, "pass executor=debug_framework.services.batch_executor.BatchExecutor()")
 
-#: The formats :meth:`ReportFaces.save_to_file` writes.
-REPORT_FORMATS = ("json", "html", "csv", "junit")
 
 # ============================================================== DatabaseManager
 

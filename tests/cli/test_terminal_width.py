@@ -15,6 +15,7 @@ from rich.console import Console
 from debug_framework.cli.debug_validate import _fmt, _margin, _print_summary
 from debug_framework.cli.drilldown_view import _num
 from debug_framework.cli.tables import Column, common_prefix, fitted_table, short_op
+from debug_framework.services.validation.results import ValidationResult
 
 RESULT = json.loads((Path(__file__).parent / "data" / "drilldown_result.json").read_text())
 
@@ -22,7 +23,7 @@ RESULT = json.loads((Path(__file__).parent / "data" / "drilldown_result.json").r
 def _render(width: int, verbose: bool = False) -> str:
     console = Console(width=width, record=True, color_system=None)
     with console.capture() as cap:
-        _print_summary(console, RESULT, verbose, "footer")
+        _print_summary(console, ValidationResult.from_dict(RESULT), verbose, "footer")
     return cap.get()
 
 

@@ -37,7 +37,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("debug_framework.comparison", "debug_framework.errors", "debug_framework.config",
              "debug_framework._torch", "debug_framework.jsonio", "debug_framework.suggest",
              "debug_framework.backend_prefixes", "debug_framework.checkpoint_ids",
-             "debug_framework.repro_format", "debug_framework.termtext", "debug_framework.safefiles"),
+             "debug_framework.repro_format", "debug_framework.termtext", "debug_framework.safefiles",
+             "debug_framework.report_formats"),
 }
 _ORDER = list(LAYERS)
 

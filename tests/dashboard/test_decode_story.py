@@ -73,3 +73,21 @@ def test_every_view_names_the_same_step_layer_and_block(decode_bug_session, caps
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["introducing layers"].replace("\\", "") == STORY  # shown as literal text (markdown escaped)
     assert STORY in "\n".join(t.value for t in at.text)
+
+
+def test_the_stored_result_tells_the_same_story(decode_bug_session, capsys):
+    """What every view renders is the typed result read back from the store: its error source, its
+    introducing layers and its first divergence name the same step, layer and block as the run did."""
+    from debug_framework.reports._common import error_source_text, introducing_text
+    from debug_framework.services.validation.results import ValidationResult
+
+    model, backend, tmp = decode_bug_session
+    database = tmp / "typed.db"
+    assert _validate(model, backend, database, "--json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    loaded = ValidationResult.load(database, doc["session_id"])
+    assert loaded.source is not None and error_source_text(loaded.source) == STORY
+    assert introducing_text(loaded.introducing()) == STORY
+    assert loaded.first_divergence is not None and loaded.first_divergence.step == 1
+    assert loaded.first_divergence.id == doc["first_divergence"]["id"]
+    assert loaded.to_dict()["results"] == doc["results"]  # every row reads back as the run wrote it

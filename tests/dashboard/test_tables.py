@@ -19,8 +19,10 @@ DRILL = json.loads((Path(__file__).resolve().parents[1] / "cli" / "data" / "dril
 
 
 def test_the_culprit_is_the_first_row_and_marked():
+    from debug_framework.services.drilldown.types import LayerDrilldown
+
     (entry,) = DRILL["drilldown"]
-    frame = drilldown_frame(entry)
+    frame = drilldown_frame(LayerDrilldown.from_dict(entry))
     assert frame.iloc[0]["node"] == entry["culprit"]["node"] and bool(frame.iloc[0]["culprit"])
     assert int(frame["culprit"].sum()) == 1 and len(frame) == len(entry["operators"])
     assert list(frame["#"][1:]) == sorted(frame["#"][1:])  # the rest in graph order
@@ -36,9 +38,11 @@ def test_numbers_keep_their_precision_and_empty_cells_stay_empty():
 
 def test_error_source_and_environment_read_as_words_not_json():
     from debug_framework.reports._common import error_source_text, flat_items
+    from debug_framework.services.validation.results import ErrorSource
 
-    assert error_source_text({"kind": "layer", "layer": 1, "block": "attention"}) == "layer 1 (attention)"
-    assert error_source_text({"kind": "accumulation", "layer": 3, "confirmed": False}) == \
+    assert error_source_text(ErrorSource.from_dict({"kind": "layer", "layer": 1, "block": "attention"})) == \
+        "layer 1 (attention)"
+    assert error_source_text(ErrorSource.from_dict({"kind": "accumulation", "layer": 3, "confirmed": False})) == \
         "accumulation (first beyond its bound at layer 3) (not confirmed by isolation)"
     items = dict(flat_items({"environment": {"python": "3.11.7", "cuda_available": False, "gpu": None},
                              "reference": {"dtypes": ["float32", "float64"]}}))

@@ -39,7 +39,7 @@ def test_doc_examples_run(fresh_framework, capsys):
     from debug_framework.backends import unregister_backend
 
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     namespace: dict = {}
     try:
         for block in blocks:

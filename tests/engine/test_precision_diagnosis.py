@@ -106,6 +106,6 @@ def test_the_terminal_says_consistent_with_and_the_json_carries_it(refs, plan):
     row = result.results[0].to_row()
     assert CheckpointResult.from_row(row).judgement.consistent_with == "bfloat16"  # the stored row reads back
     console = Console(width=100, record=True, color_system=None)
-    _print_summary(console, doc, False, "")
+    _print_summary(console, result, False, "")
     text = console.export_text()
     assert "precision: consistent with a correct bfloat16 run" in text and "declared float32" in text

@@ -205,16 +205,19 @@ def _the_views_show_it(out: dict) -> None:
     """The terminal (80 columns), the HTML report and the dashboard draw the same step x layer view."""
     from debug_framework.dashboard.charts import decode_frames
     from debug_framework.reports._decode import decode_section, decode_text
+    from debug_framework.services.validation.results import ValidationResult
 
-    lines = decode_text(out, 80)
+    result = ValidationResult.from_dict(out)  # the typed result the JSON was written from
+    lines = decode_text(result, 80)
     grid_lines = lines[:2 + 3]  # the legend, the header, steps 0..2 (then the token and KV-cache sentences)
     assert all(len(line) <= 80 for line in grid_lines) and lines[1].split()[:2] == ["step", "emb"]
     step1 = next(line for line in lines if line.split()[0] == "1")
     assert step1.split()[-3].endswith("<") and step1.endswith("0.00*")  # the head fails first; no token agrees
     assert "first divergent token: decode step 1" in "\n".join(lines)
-    html = decode_section(out["results"], out)
+    html = decode_section(result)
     assert 'id="decode"' in html and '<td class="num first">' in html and 'id="first-divergent-token"' in html
-    grid, _kv = decode_frames(out["results"], out)
+    grid, _kv = decode_frames(result)
     assert list(grid["step"]) == [0, 1, 2] and grid.loc[1, "head"].endswith("FIRST") and grid.loc[1, "tokens"] == "FAIL"
-    hostile = {**out, "decode": {**out["decode"], "first_divergent_token": {"step": 1, "reference_token": "<b>x</b>"}}}
-    assert "<b>" not in decode_section(out["results"], hostile) and "&lt;b&gt;" in decode_section(out["results"], hostile)
+    hostile = ValidationResult.from_dict(
+        {**out, "decode": {**out["decode"], "first_divergent_token": {"step": 1, "reference_token": "<b>x</b>"}}})
+    assert "<b>" not in decode_section(hostile) and "&lt;b&gt;" in decode_section(hostile)

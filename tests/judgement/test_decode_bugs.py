@@ -170,9 +170,13 @@ def test_the_drill_down_at_a_decode_step_names_the_cache_write(tiny_models, patc
 def test_the_isolation_at_a_decode_step_reads_as_one_line():
     """The terminal's and the HTML report's line for ``decode["isolation"]``; none without it."""
     from debug_framework.reports._decode import step_isolation_text
+    from debug_framework.services.validation.results import ValidationResult
+
+    def typed(doc: dict) -> ValidationResult:
+        return ValidationResult.from_dict(doc)
 
     iso = {"step": 2, "layers": [{"layer": 1, "introduces": True}, {"layer": 3, "introduces": False},
                                  {"layer": 4, "introduces": False}]}
-    assert step_isolation_text({"decode": {"isolation": iso}}) == [
+    assert step_isolation_text(typed({"decode": {"isolation": iso}})) == [
         "isolation at decode step 2: layer(s) 1 introduce error there; layer(s) 3, 4 only carry it in"]
-    assert step_isolation_text({"decode": {"steps": 2}}) == [] == step_isolation_text({})
+    assert step_isolation_text(typed({"decode": {"steps": 2}})) == [] == step_isolation_text(typed({}))

@@ -17,6 +17,7 @@ from debug_framework.models.debug_session import DebugSession
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_diff, render_html
 from debug_framework.reports._tensors import heatmap_for
+from debug_framework.services.validation.results import CheckpointResult
 from debug_framework.services.session_diff import diff_sessions
 
 EVIL = "<script>alert(1)</script>\"' onmouseover=alert(2) <img src=x onerror=alert(3)>"
@@ -169,7 +170,7 @@ def test_heatmap_from_tensors_matches_the_comparison_core(db, build):
     b = build(db, record=True, recording_limit=2)
     rep = ValidationReport.from_session(b.session_id, db)
     worst = max(rep.checkpoint_results, key=lambda r: r["max_abs_error"])
-    hm = heatmap_for(worst, rep.tensor_recordings, b.store)
+    hm = heatmap_for(CheckpointResult.from_row(worst), rep.tensor_recordings, b.store)
     assert hm is not None and hm.source == "recorded tensors"
     assert hm.full_shape == list(worst["reference_shape"])
     # the map's max is the core's max abs error (two independent computations)
@@ -211,7 +212,7 @@ def test_heatmap_png_is_valid_and_downsampled(db, tmp_path):
     s.update_status("failed")
     rep = ValidationReport.from_session(s.session_id, db)
     page = rep.generate_html_report()
-    hm = heatmap_for(rep.checkpoint_results[0], rep.tensor_recordings, store)
+    hm = heatmap_for(CheckpointResult.from_row(rep.checkpoint_results[0]), rep.tensor_recordings, store)
     assert hm.rows == 400 and hm.cols == 384 and hm.matrix.shape[0] <= 64 and hm.matrix.shape[1] <= 160
     assert math.isinf(hm.matrix[-1, -1])
     w, h, raw = _png_size(page)
@@ -273,13 +274,13 @@ def test_a_sparse_worst_element_map_shows_only_the_rows_and_columns_that_hold_on
     hits = [((0, 3, 31999), 0.5), ((0, 3, 7), 0.25), ((0, 6, 7), 2.0), ((0, 6, 7), 1.0), ((0, 1, 1200), math.nan)]
     row = {"checkpoint": "logits", "layer": None, "reference_shape": [1, 8, 32000], "max_abs_error": 2.0,
            "worst": [{"index": list(i), "abs_error": e} for i, e in hits]}
-    hm = heatmap_for(row, [], None)
+    hm = heatmap_for(CheckpointResult.from_row(row), [], None)
     assert hm.source == "worst-element list" and (hm.rows, hm.cols) == (8, 32000)
     assert hm.row_labels == [1, 3, 6] and hm.col_labels == [7, 1200, 31999]
     assert hm.matrix.shape == (3, 3) and hm.matrix[2, 0] == 2.0 and hm.matrix[1, 2] == 0.5
     assert math.isinf(hm.matrix[0, 1]) and int(np.isnan(hm.matrix).sum()) == 9 - 4  # 4 cells known
-    page = _heatmap(hm, row)
+    page = _heatmap(hm, CheckpointResult.from_row(row))
     assert "only the 3 row(s) and 3 column(s) that hold a worst element: rows 1, 3, 6, columns 7, 1200, 31999" in page
     dense = {**row, "reference_shape": [1, 2, 3],
              "worst": [{"index": [0, i // 3, i % 3], "abs_error": 0.1} for i in range(6)]}
-    assert heatmap_for(dense, [], None).row_labels is None  # a dense map keeps every row and column
+    assert heatmap_for(CheckpointResult.from_row(dense), [], None).row_labels is None  # a dense map keeps every row and column

@@ -17,6 +17,8 @@ from debug_framework.reports import neutralise_bidi, render_html
 from debug_framework.reports._common import human_bytes, reproduce_command, shell_quote
 from debug_framework.reports._html import esc, kv_table, line_chart
 from debug_framework.reports._sections import memory_cell, tolerances_section
+from debug_framework.services.validation.results import CheckpointResult, ValidationResult
+from debug_framework.storage.session_record import SessionRecord
 
 BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
 #: sentences a user may pass with --text: commas, quotes, shell syntax, a newline, a bidi override
@@ -53,10 +55,11 @@ def test_sqnr_chart_of_a_session_with_an_exact_checkpoint(db, build):
 
 def test_identical_tolerance_tables_collapse_into_one():
     tol = {"rtol": 1e-4, "atol": 1e-4, "pass_rule": "allclose"}
-    session = {"tolerances": {"governing_dtype": "float32",
-                              "per_checkpoint": {f"post_mlp:{i}": dict(tol) for i in range(6)}
-                              | {"post_processing": {**tol, "atol": 1e-3}}}}
-    rows = [{"checkpoint": "post_mlp", "layer": i, "tolerance": dict(tol)} for i in range(6)]
+    session = SessionRecord("s", tolerances={"governing_dtype": "float32",
+                                             "per_checkpoint": {f"post_mlp:{i}": dict(tol) for i in range(6)}
+                                             | {"post_processing": {**tol, "atol": 1e-3}}})
+    rows = [CheckpointResult.from_row({"checkpoint": "post_mlp", "layer": i, "passed": True, "tolerance": dict(tol)})
+            for i in range(6)]
     out = tolerances_section(session, rows)
     session_part = out[out.index('class="tol-session"'):out.index('class="tol-used"')]
     assert session_part.count("<th>rtol</th>") == 2  # two distinct tolerances, not seven tables
@@ -110,8 +113,8 @@ def test_shell_quote_forms():
     assert shell_quote("it's") == "'it'\"'\"'s'"
     assert shell_quote("a\nb") == "$'a\\nb'"
     assert shell_quote("x\u202ey") == "$'x\\u202ey'"
-    assert reproduce_command({"model_path": "/m", "config": {"input_text": "one, two"}}, {})[0].endswith(
-        "--text 'one, two'")
+    session = SessionRecord("s", model_path="/m", config={"input_text": "one, two"})
+    assert reproduce_command(session, ValidationResult.from_stored({}, []))[0].endswith("--text 'one, two'")
 
 
 def test_long_strings_wrap_in_their_cell():
@@ -131,9 +134,9 @@ def test_bidi_controls_are_neutralised_in_the_page(db, build):
 
 
 def test_rebuilt_command_restates_the_thresholds_set_by_rtol_atol():
-    session = {"model_path": "/m", "tolerances": {"governing_dtype": "bfloat16", "per_checkpoint": {}},
-               "config": {"precision_thresholds": {"rtol": 0.016, "atol": 1e-05}}}
-    assert "--rtol 0.016 --atol 1e-05" in reproduce_command(session, {})[0]
+    session = SessionRecord("s", model_path="/m", tolerances={"governing_dtype": "bfloat16", "per_checkpoint": {}},
+                            config={"precision_thresholds": {"rtol": 0.016, "atol": 1e-05}})
+    assert "--rtol 0.016 --atol 1e-05" in reproduce_command(session, ValidationResult.from_stored({}, []))[0]
 
 
 def test_diff_chart_draws_the_after_sessions_bound(db, build):

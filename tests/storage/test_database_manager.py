@@ -14,7 +14,7 @@ EVIL = "models/it's \"quoted\"'); DROP TABLE sessions; --"
 
 
 def test_fresh_database_is_current_wal_and_enforces_foreign_keys(db, db_path):
-    assert db.schema_version() == SCHEMA_VERSION == 7
+    assert db.schema_version() == SCHEMA_VERSION == 8
     assert db.execute_query("PRAGMA journal_mode")[0]["journal_mode"] == "wal"
     seen = {}
 

@@ -79,3 +79,46 @@ def test_a_step_that_is_not_a_pass_number_is_refused(tmp_path):
             db.checkpoints.add_many("s", [{"checkpoint": "post_mlp", "layer": 0, "step": bad}])
     assert db.checkpoints.for_session("s") == []
     db.close()
+
+
+def _v7_database(path, monkeypatch) -> None:
+    """A version-7 database holding a session stored before the typed result: its row's judgement
+    nested under ``judgement`` (rule under ``calibrated``, the replayed block's under
+    ``introduced_judgement``), its isolation entry's MLP side under ``mlp_judgement``."""
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 7)
+    db = Database(path)
+    db.sessions.create("/m", "python_reference", "pytorch", session_id="old")
+    mlp = {"input": "reference", "passed": False, "judged_by": "calibration", "bound": 0.01, "margin": 5.0,
+           "reason": "beyond", "max_abs_error": 0.05, "rmse": 0.01}
+    db.sessions.update("old", results={"verdict": "failed", "isolation": [
+        {"layer": 1, "introduces_error": True, "block": "mlp", "blocks": ["mlp"], "mlp_judgement": mlp}]})
+    doc = {"checkpoint": "post_mlp", "layer": 1, "passed": False, "max_abs_error": 0.5, "reason": "beyond its bound",
+           "introduced_error": 0.05,
+           "judgement": {"judged_by": "calibration", "bound": 0.1, "margin": 5.0,
+                         "calibrated": {"metric": "rmse", "alternative_error": 0.2, "reference_error": 0.01,
+                                        "multiplier": 8.0, "floor": 0.02},
+                         "introduced_judgement": {"passed": False, "bound": 0.01, "margin": 5.0, "metric": "rmse",
+                                                  "alternative_error": 0.05}}}
+    db.execute_query(_V6_ROW.replace("layer_key,", "layer_key, step,").replace("?, ?)", "?, ?, ?)"),
+                     ("old", "post_mlp", 1, 1, 0, 0, 0.5, json.dumps(doc), "t001", "t001"))
+    db.close()
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 8)
+
+
+def test_a_version_7_result_is_migrated_to_the_one_shape(any_db_path, monkeypatch):
+    from debug_framework.services.validation.results import ValidationResult
+
+    _v7_database(any_db_path, monkeypatch)
+    db = Database(any_db_path)  # opening migrates
+    assert db.schema_version() == 8
+    (row,) = db.checkpoints.for_session("old")
+    assert "judgement" not in row and row["judged_by"] == "calibration" and row["bound"] == 0.1
+    assert row["rule"] == {"metric": "rmse", "error": 0.2, "baseline_error": 0.01, "multiplier": 8.0, "floor": 0.02}
+    result = ValidationResult.load(db, "old")
+    (cp,) = result.results
+    assert (cp.id, cp.passed, cp.judged_by, cp.margin) == ("post_mlp:1", False, "calibration", 5.0)
+    assert cp.judgement.rule is not None and cp.judgement.rule.bound == 8.0 * 0.01 + 0.02
+    assert cp.introduces_error is True and cp.introduced is not None and cp.introduced.error.max_abs_error == 0.05
+    (layer,) = result.isolation
+    assert (layer.layer, layer.block, layer.verdict.mlp.margin) == (1, "mlp", 5.0)
+    assert "mlp_judgement" not in db.sessions.get("old")["results"]["isolation"][0]

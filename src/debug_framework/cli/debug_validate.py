@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from ..comparison import ComparisonResult
+    from ..jsonio import JsonObject
+    from ..services.validation.results import ValidationResult
     from ..services.validation_engine import ValidationEngine
 
 __all__ = ["main", "run", "app", "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE"]
@@ -100,7 +103,7 @@ def _session_config(opts: ValidateOptions) -> dict[str, Any]:
     return cfg
 
 
-def _fmt(v: Any, digits: int = 2) -> str:
+def _fmt(v: object, digits: int = 2) -> str:
     if v is None:
         return "-"
     if isinstance(v, str):
@@ -110,7 +113,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
-def _margin(v: Any) -> str:
+def _margin(v: object) -> str:
     """error / bound as a short number (at most 1 passes)."""
     return "-" if not isinstance(v, (int, float)) or math.isnan(v) else f"{v:.3g}"
 
@@ -124,40 +127,37 @@ _COLUMNS = (Column("checkpoint", min_width=12, short=lambda c: c[5:] if c.starts
             Column("carried in", number=True, keep=3))
 
 
-def _table(result: dict[str, Any], verbose: bool, width: int = 120) -> Table:
+def _error(result: ComparisonResult | None) -> float | None:
+    return None if result is None else result.max_abs_error
+
+
+def _table(result: ValidationResult, verbose: bool, width: int = 120) -> Table:
     """Checkpoints in model order; the first divergence highlighted, layers that introduce error
     marked; fitted to ``width`` columns (numbers never cut)."""
+    from ..reports._common import backend_label
     from .tables import fitted_table
 
-    first = result.get("first_divergence") or {}
-    rows = result["results"]
+    first = result.first_divergence
+    rows = result.results
     shown = rows if verbose or len(rows) <= 40 else [
-        r for i, r in enumerate(rows) if not r["passed"] or i < 5 or i >= len(rows) - 3]
+        r for i, r in enumerate(rows) if not r.passed or i < 5 or i >= len(rows) - 3]
     cells, styles = [], []
     for r in shown:
-        is_first = bool(first) and r["id"] == first.get("id")
-        verdict = "pass" if r["passed"] else "FAIL"
-        if is_first:
-            verdict += " <first"
-        if r.get("introduces_error"):
-            verdict += " +intro"
-        styles.append("bold white on red" if is_first else ("red" if not r["passed"] else None))
-        cells.append([r["id"], verdict, _margin(r.get("margin")), _fmt(r.get("bound")),
-                      _fmt(r.get("max_abs_error")), _fmt(r.get("rel_l2_error")),
-                      _fmt(r.get("mismatch_percent"), 1) if r.get("mismatch_percent") else "0",
-                      _fmt((r.get("introduced") or {}).get("max_abs_error")),
-                      _fmt((r.get("carried_in") or {}).get("max_abs_error"))])
+        is_first = r is first
+        verdict = ("pass" if r.passed else "FAIL") + (" <first" if is_first else "") + (" +intro" if r.introduces_error else "")
+        styles.append("bold white on red" if is_first else ("red" if not r.passed else None))
+        c = r.comparison
+        cells.append([r.id, verdict, _margin(r.margin), _fmt(r.bound), _fmt(c.max_abs_error), _fmt(c.rel_l2_error),
+                      _fmt(c.mismatch_percent, 1) if c.mismatch_percent else "0",
+                      _fmt(None if r.introduced is None else _error(r.introduced.error)), _fmt(_error(r.carried_in))])
     caption = (f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all)"
                if len(shown) < len(rows) else None)
-    from ..reports._common import backend_label
-
-    alternative = backend_label(result["alternative_backend"], result.get("alternative_options"),
-                                result["alternative_dtype"])
-    title = f"{alternative} vs {backend_label(result['reference_backend'], None, result['reference_dtype'])}"
+    alternative = backend_label(result.alternative_backend, result.alternative_options, result.alternative_dtype)
+    title = f"{alternative} vs {backend_label(result.reference_backend, None, result.reference_dtype)}"
     return fitted_table(title, _COLUMNS, cells, width, styles=styles, caption=caption)
 
 
-def _write_output(path: Path, engine: ValidationEngine, session_id: str, result: dict[str, Any]) -> None:
+def _write_output(path: Path, engine: ValidationEngine, session_id: str, result: ValidationResult) -> None:
     """The HTML report (error curves, heatmap) for ``.html``/``.htm``, else the result JSON; atomic."""
     from ..models._common import write_report_file
     from ..models.validation_report import ValidationReport
@@ -166,58 +166,67 @@ def _write_output(path: Path, engine: ValidationEngine, session_id: str, result:
     if path.suffix.lower() in (".html", ".htm"):
         text = render_report(ValidationReport.from_session(session_id, engine.db), "html")
     else:
-        text = dumps_json(result)
+        text = dumps_json(result.to_dict())
     write_report_file(path.expanduser(), text, session=session_id, option="--output-file",  # DF007 when full, else ConfigurationError
                       hint="choose a writable --output-file; the session is stored, "
                            "session_report --session-id can write its report")
 
 
-def _print_summary(out: Console, result: dict[str, Any], verbose: bool, footer: str) -> None:
+def _verdict_lines(out: Console, result: ValidationResult) -> None:
+    """The verdict line; for a failure, where the error comes from and the precision it matches."""
+    from ..reports._common import error_source_text, precision_text
+
+    first = result.first_divergence
+    if first is None:
+        out.print(f"[bold green]PASSED[/]: {len(result.results)} checkpoints within their bounds")
+        return
+    out.print(markup("[bold red]FAILED[/]: first divergence at [bold]{}[/] (max abs error {}; {})",
+                     first.id, _fmt(first.comparison.max_abs_error), first.reason or ""))
+    if result.source is not None:
+        out.print(markup("{}", "source: " + error_source_text(result.source)))
+    if result.consistent_with:
+        quantized = (result.precision_diagnosis or {}).get("quantized")
+        out.print(markup("{}", "precision: " + precision_text(result.consistent_with, result.alternative_dtype,
+                                                              quantized if isinstance(quantized, dict) else None)))
+
+
+def _mark_all_line(marked: JsonObject) -> str:
+    """``--mark-all``'s line: how many node outputs were compared, how many failed, the first."""
+    node = marked.get("first_divergence")
+    first = ("" if not isinstance(node, dict) else
+             f"; first: {node['tensor']} ({node['op']} node {node['node']}"
+             f"{'' if node['layer'] is None else ', layer ' + str(node['layer'])})")
+    return f"mark-all: {marked['compared']} node outputs compared, {marked['failed']} over their bounds{first}"
+
+
+def _print_summary(out: Console, result: ValidationResult, verbose: bool, footer: str) -> None:
     """The table, the verdict line, isolation, timings and where the session went."""
-    from ..reports._common import introducing, introducing_text
+    from ..reports._common import introducing_text
 
     out.print(_table(result, verbose, out.width))
-    first = result.get("first_divergence")
-    if first:
-        out.print(markup("[bold red]FAILED[/]: first divergence at [bold]{}[/] (max abs error {}; {})",
-                         first["id"], _fmt(first.get("max_abs_error")), first.get("reason") or ""))
-        if result.get("error_source"):
-            from ..reports._common import error_source_text
-
-            out.print(markup("{}", "source: " + error_source_text(result["error_source"])))
-        if isinstance(result.get("consistent_with"), str):
-            from ..reports._common import precision_text
-
-            out.print(markup("{}", "precision: " + precision_text(
-                result["consistent_with"], result.get("alternative_dtype"),
-                (result.get("precision_diagnosis") or {}).get("quantized"))))
-    else:
-        out.print(f"[bold green]PASSED[/]: {len(result['results'])} checkpoints within their bounds")
-    if result.get("decode"):
+    _verdict_lines(out, result)
+    doc = result.to_dict()  # the JSON view the isolation and drill-down tables read
+    if result.decode:
         from ..reports._decode import decode_text
 
         for line in decode_text(result, out.width):
             out.print(markup("{}", line))
-    found = introducing(result)
+    found = result.introducing()
     if found is not None:
         out.print(markup("{}", "isolation: " + ("no layer introduces error on its own" if not found else
                                                 f"error introduced by {introducing_text(found)}; the rest only "
                                                 "propagate")))
-    elif result.get("isolation_note"):
-        out.print(markup("isolation: {}", result["isolation_note"]))
-    if verbose and result.get("isolation"):
-        out.print(isolation_table(result, _fmt))
-    marked = result.get("mark_all")
-    if marked:
-        node = marked.get("first_divergence")
-        out.print(markup("mark-all: {} node outputs compared, {} over their bounds{}", marked["compared"],
-                         marked["failed"], "" if not node else
-                         f"; first: {node['tensor']} ({node['op']} node {node['node']}"
-                         f"{'' if node['layer'] is None else ', layer ' + str(node['layer'])})"))
-    print_drilldown(out, result, verbose)
-    perf = result.get("performance") or {}
-    if "reference" in perf and "alternative" in perf:
-        out.print(f"time: reference {perf['reference']['wall_s']:.3f} s, alternative {perf['alternative']['wall_s']:.3f} s")
+    elif result.isolation_note:
+        out.print(markup("isolation: {}", result.isolation_note))
+    if verbose and result.isolation:
+        out.print(isolation_table(doc, _fmt))
+    if result.mark_all:
+        out.print(markup("{}", _mark_all_line(result.mark_all)))
+    print_drilldown(out, doc, verbose)
+    perf = result.performance
+    ref, alt = perf.get("reference"), perf.get("alternative")
+    if isinstance(ref, dict) and isinstance(alt, dict):
+        out.print(f"time: reference {ref['wall_s']:.3f} s, alternative {alt['wall_s']:.3f} s")
     out.print(markup("{}", footer))
 
 
@@ -337,17 +346,17 @@ def validate(
                                 command=reproduce_command_line(PROG, invocation.argv))
     invocation.session_id = sid
     with stdout_for_json_only(as_json), stage_progress(make_console(stderr=True), "loading model") as progress:
-        result = engine.run(sid, progress=progress, layer_progress=progress.layers).to_dict()
+        result = engine.run(sid, progress=progress, layer_progress=progress.layers)
     if output_file is not None:
         _write_output(output_file, engine, sid, result)
     if as_json:
-        print_json(result)
+        print_json(result.to_dict())
     else:
         to_stdout = is_stdout(output_file)
         footer = f"session {sid} in {engine.db.location}" + (f"; wrote {output_file}" if output_file and not to_stdout
                                                                else "")
         _print_summary(make_console(stderr=to_stdout), result, verbose, footer)  # stdout holds the report
-    return EXIT_PASS if result["verdict"] == "passed" else EXIT_FAIL
+    return EXIT_PASS if result.verdict == "passed" else EXIT_FAIL
 
 
 def _decode_options(padding_side: str | None, position_offset: int | None, decode_steps: int | None,

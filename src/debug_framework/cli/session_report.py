@@ -30,13 +30,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
+from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError, DatabaseError
+from ..jsonio import JsonObject, JsonValue
 from ..safefiles import check_output_path, is_stdout
 from ..storage.schema import SESSION_STATUSES
+from ..report_formats import DIFF_FORMATS, REPORT_FORMATS
 from ..suggest import did_you_mean, one_of
 from ..termtext import terminal_safe
 from .framework import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, CliError, Invocation, add_row, literal, make_app, make_console,
@@ -53,8 +56,6 @@ __all__ = ["main", "app", "EXIT_OK", "EXIT_WORSE", "EXIT_USAGE"]
 
 PROG = "session_report"
 EXIT_OK, EXIT_WORSE = EXIT_PASS, EXIT_FAIL
-_FORMATS = ("json", "html", "csv", "junit")
-_DIFF_FORMATS = ("json", "html", "csv")
 _WIDE = 200  # piped output (CI logs, files) gets a wide table rather than 80 columns of folded ids
 
 _HELP = "Reports of stored validation sessions (json, html, csv, junit), the session list, and diffs."
@@ -132,32 +133,45 @@ def _cmd_model_explorer(db: Database, session_id: str, out_dir: Path) -> None:
                         f"(open: {manifest['graphs'][0]['command']})"), file=sys.stderr)
 
 
-def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[dict[str, Any]]:
+def _session_items(db: Database, status: str | None, model_path: str | None, limit: int) -> list[JsonObject]:
     """The ``--list`` rows: one summary per session, newest first."""
-    from ..reports._common import first_divergence_entry, first_divergence_key, session_results, verdict_of
+    from ..reports._common import verdict_of
+    from ..storage.session_record import SessionRecord
 
     items = []
-    for s in db.sessions.list(status=status, model_path=model_path, limit=limit):
-        res = session_results(s)
-        key = first_divergence_key([], res)
+    for row in db.sessions.list(status=status, model_path=model_path, limit=limit):
+        s = SessionRecord.from_row(row)
         items.append({
-            "session_id": s["session_id"], "created_at": s.get("created_at"), "status": s.get("status"),
-            "verdict": verdict_of(s.get("status"), res), "model_path": s.get("model_path"),
-            "reference_backend": s.get("reference_backend"), "alternative_backend": s.get("alternative_backend"),
-            **_dtypes(s.get("config")),
-            "first_divergence": first_divergence_entry(key),
+            "session_id": s.session_id, "created_at": s.created_at, "status": s.status,
+            "verdict": verdict_of(s), "model_path": s.model_path,
+            "reference_backend": s.reference_backend, "alternative_backend": s.alternative_backend,
+            **_dtypes(s.config),
+            "first_divergence": _first_divergence(s.results.get("first_divergence")),
         })
     return items
 
 
-def _dtypes(config: object) -> dict[str, str | None]:
+def _first_divergence(ref: JsonValue) -> JsonObject | None:
+    """The ``first_divergence`` of a session's stored summary as the list shows it: its ``id``,
+    ``checkpoint`` and ``layer``, and ``step`` for a decode step (None: none)."""
+    if not isinstance(ref, dict) or not ref.get("checkpoint"):
+        return None
+    layer, step = ref.get("layer"), ref.get("step")
+    entry: JsonObject = {"id": checkpoint_id(str(ref["checkpoint"]), layer if isinstance(layer, int) else None,
+                                             step if isinstance(step, int) else None),
+                         "checkpoint": ref["checkpoint"], "layer": layer}
+    if isinstance(step, int):
+        entry["step"] = step
+    return entry
+
+
+def _dtypes(config: JsonObject) -> dict[str, str | None]:
     """The session's compute dtypes (alternative, reference) from its config; None where not recorded."""
-    cfg = config if isinstance(config, dict) else {}
-    alt, ref = cfg.get("dtype"), cfg.get("reference_dtype")
+    alt, ref = config.get("dtype"), config.get("reference_dtype")
     return {"dtype": None if alt is None else str(alt), "reference_dtype": None if ref is None else str(ref)}
 
 
-def _dtype_cell(item: dict[str, Any]) -> str:
+def _dtype_cell(item: JsonObject) -> str:
     """``float32``, or ``float64 vs float32`` when the reference ran at another precision."""
     alt, ref = item.get("dtype"), item.get("reference_dtype")
     if ref and alt and ref != alt:
@@ -178,7 +192,7 @@ _LIST_COLUMNS = (Column("session", number=True, left=True), Column("created (UTC
                  Column("first divergence", min_width=12, keep=5))
 
 
-def _cmd_list(db: Database, items: list[dict[str, Any]], as_json: bool) -> int:
+def _cmd_list(db: Database, items: list[JsonObject], as_json: bool) -> int:
     if as_json:
         print_json(items)
         return EXIT_OK
@@ -252,8 +266,8 @@ def _cmd_diff(db: Database, before: str, after: str, fmt: str | None, output_fil
     if fmt is None and (as_json or output_file is not None):
         fmt = "json"
     if fmt is not None:
-        if fmt not in _DIFF_FORMATS:
-            raise ConfigurationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(_DIFF_FORMATS)}")
+        if fmt not in DIFF_FORMATS:
+            raise ConfigurationError(f"--diff cannot be written as {fmt}", hint=f"use one of {', '.join(DIFF_FORMATS)}")
         _write(render_diff(diff, fmt, db=db), output_file)
     else:
         _print_diff_table(diff, before, after)
@@ -334,9 +348,9 @@ def report(
         raise CliError("--model-explorer goes with --session-id", hint=f"{PROG} --session-id ID --model-explorer DIR")
     if not maintenance and (dry_run or older_than is not None):
         raise CliError("--dry-run and --older-than go with --maintenance", hint=f"{PROG} --maintenance --dry-run")
-    if output_format is not None and output_format not in _FORMATS:
-        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(_FORMATS)}"
-                       + did_you_mean(output_format, _FORMATS))
+    if output_format is not None and output_format not in REPORT_FORMATS:
+        raise CliError(f"--output-format {output_format!r} is not one of {', '.join(REPORT_FORMATS)}"
+                       + did_you_mean(output_format, REPORT_FORMATS))
     if status is not None and status not in SESSION_STATUSES:
         raise CliError(f"--status {status!r} is not a session status" + did_you_mean(status, SESSION_STATUSES),
                        hint=one_of(SESSION_STATUSES))

@@ -3,18 +3,25 @@ per-checkpoint error curves with the bound each checkpoint was judged by, and th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import altair as alt
 import pandas as pd
 
-from ..reports._common import LOG_METRICS, as_float, passed_state, row_id
-from ..reports._decode import decode_view, margin_text
+from ..jsonio import JsonValue
+from ..reports._common import LOG_METRICS
+from ..reports._decode import Cell, decode_view, margin_text
 from ..reports._html import colorize
-from ..reports._rows import judged_by
 from ..reports._tensors import heatmap_for, open_store
 from ..reports.html_report import _bound_values, _metric_values
+from ..services.drilldown.types import LayerDrilldown
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = ["CURVE_METRICS", "curve_frame", "curve_chart", "checkpoint_frame", "heatmap_image", "decode_frames"]
 
@@ -23,11 +30,11 @@ CURVE_METRICS: tuple[str, ...] = (*LOG_METRICS, "sqnr_db")
 _CURVE_COLUMNS = ["order", "checkpoint", "series", "value", "status"]
 
 
-def curve_frame(rows: Sequence[Mapping[str, Any]], metric: str) -> pd.DataFrame:
+def curve_frame(rows: Sequence[CheckpointResult], metric: str) -> pd.DataFrame:
     """Long form: per checkpoint (model order, by id) the metric's value and its bound in the same units."""
-    labels = [row_id(r) for r in rows]
+    labels = [r.id for r in rows]
     values, bounds = _metric_values(rows, metric), _bound_values(rows, metric)
-    status = ["pass" if p else ("fail" if p is False else "n/a") for p in (passed_state(r) for r in rows)]
+    status = ["pass" if p else ("fail" if p is False else "n/a") for p in (r.state for r in rows)]
     out = []
     for i, (label, v, b, st) in enumerate(zip(labels, values, bounds, status)):
         out.append({"order": i, "checkpoint": label, "series": metric, "value": v, "status": st})
@@ -60,22 +67,21 @@ def curve_chart(frame: pd.DataFrame, metric: str, first_divergence: str | None) 
     return alt.layer(*layers).properties(height=320)
 
 
-def checkpoint_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def checkpoint_frame(rows: Sequence[CheckpointResult]) -> pd.DataFrame:
     """The checkpoint table: the checkpoint's id, the verdict, what judged it, its bound and margin
     (error / bound), the errors."""
     out = []
     for r in rows:
-        out.append({"checkpoint": row_id(r), "passed": passed_state(r), "judged by": judged_by(r),
-                    "bound": as_float(r.get("bound")), "margin": as_float(r.get("margin")),
-                    "rmse": as_float(r.get("rmse")), "max_abs_error": as_float(r.get("max_abs_error")),
-                    "rel_l2_error": as_float(r.get("rel_l2_error")), "sqnr_db": as_float(r.get("sqnr_db")),
-                    "introduced": as_float(r.get("introduced_error")),
-                    "carried in": as_float(r.get("propagated_error")), "reason": r.get("reason")})
+        c = r.comparison
+        out.append({"checkpoint": r.id, "passed": r.state, "judged by": r.judged_by if r.judged else None,
+                    "bound": r.bound, "margin": r.margin, "rmse": c.rmse, "max_abs_error": c.max_abs_error,
+                    "rel_l2_error": c.rel_l2_error, "sqnr_db": c.sqnr_db, "introduced": r.introduced_error,
+                    "carried in": r.propagated_error, "reason": r.reason})
     return pd.DataFrame(out)
 
 
-def heatmap_image(row: Mapping[str, Any], recordings: Sequence[Mapping[str, Any]],
-                  store_root: str | None) -> tuple[Any, str, list[str]] | None:
+def heatmap_image(row: CheckpointResult, recordings: Sequence[Mapping[str, JsonValue]],
+                  store_root: str | None) -> tuple[np.ndarray, str, list[str]] | None:
     """``(RGB pixels, source, notes)`` of the row's error heatmap (recorded tensors, else the
     worst-element list), or None when there is nothing to draw."""
     hm = heatmap_for(row, recordings, open_store(None, store_root))
@@ -85,29 +91,34 @@ def heatmap_image(row: Mapping[str, Any], recordings: Sequence[Mapping[str, Any]
     return rgb, hm.source, list(hm.notes)
 
 
-def drilldown_frame(entry: Mapping[str, Any]) -> pd.DataFrame:
-    """One drilled layer's operator table (a stored ``LayerDrilldown.to_dict()``): the culprit first
-    (marked), then graph order (``#``): op, module path, source, introduced, carried in, bound,
-    margin, and whether it introduces error."""
+def _figure(value: float) -> float | None:
+    """An operator's figure: NaN (unmeasured) as None, as its JSON stores it."""
+    return None if math.isnan(value) else value
+
+
+def drilldown_frame(entry: LayerDrilldown) -> pd.DataFrame:
+    """One drilled layer's operator table: the culprit first (marked), then graph order (``#``): op,
+    module path, source, introduced, carried in, bound, margin, and whether it introduces error."""
     columns = ["#", "culprit", "node", "op", "module_path", "source", "introduced", "carried_in", "bound", "margin",
                "introduces"]
-    culprit = entry.get("culprit") if isinstance(entry.get("culprit"), Mapping) else {}
-    ops = [r for r in entry.get("operators") or [] if isinstance(r, Mapping)]
-    rows = [{**{c: r.get(c) for c in columns}, "#": r.get("index"),
-             "culprit": bool(culprit) and r.get("node") == culprit.get("node")} for r in ops]
+    culprit = None if entry.culprit is None else entry.culprit.node
+    rows = [{"#": r.index, "culprit": r.node == culprit, "node": r.node, "op": r.op, "module_path": r.module_path,
+             "source": r.source, "introduced": _figure(r.introduced), "carried_in": _figure(r.carried_in),
+             "bound": _figure(r.bound), "margin": _figure(r.margin), "introduces": r.introduces}
+            for r in entry.operators]
     rows.sort(key=lambda row: not row["culprit"])
     return pd.DataFrame(rows, columns=columns)
 
 
-def decode_frames(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+def decode_frames(result: ValidationResult) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """A decoded session's step x layer margins (the reports' :func:`~debug_framework.reports._decode.decode_view`,
     with the tokens' figures per step) and its KV cache's margins by step and layer; None without
     decode steps. A failing cell reads ``2.8e5 FAIL``."""
-    view = decode_view(rows, results)
+    view = decode_view(result)
     if view is None:
         return None
 
-    def text(cell: Any) -> str:
+    def text(cell: Cell | None) -> str:
         if cell is None:
             return ""
         flag = " FIRST" if cell.first else (" FAIL" if cell.passed is False else "")
@@ -115,12 +126,11 @@ def decode_frames(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any])
 
     grid = []
     for s in view.steps:
-        t = view.tokens.get(s) or {}
-        kl = t.get("kl_divergence") if isinstance(t.get("kl_divergence"), Mapping) else {}
+        t = view.tokens.get(s)
         grid.append({"step": s, **{c: text(view.margins.get(s, {}).get(c)) for c in view.columns},
-                     "KL mean": as_float(kl.get("mean")), "top-1": as_float(t.get("top1_agreement")),
-                     "top-k": as_float(t.get("topk_overlap")),
-                     "tokens": {True: "pass", False: "FAIL"}.get(t.get("passed"), "")})  # type: ignore[arg-type]
+                     "KL mean": None if t is None else t.kl_mean, "top-1": None if t is None else t.top1_agreement,
+                     "top-k": None if t is None else t.topk_overlap,
+                     "tokens": "" if t is None or t.passed is None else ("pass" if t.passed else "FAIL")})
     kv = pd.DataFrame([{"step": s, **{str(i): text(view.kv[s].get(i)) for i in view.kv_layers}}
                        for s in sorted(view.kv)])
     return pd.DataFrame(grid), kv

@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import streamlit as st
 
 from ..errors import DebugFrameworkError
+from ..jsonio import JsonObject
 from ..reports import neutralise_bidi
 from .settings import Settings
 
@@ -64,7 +65,7 @@ def cells(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _text_cell(value: Any) -> Any:
+def _text_cell(value: object) -> object:
     """A text column's cell: text with bidi controls named, nothing (None, NaN) as ``""``."""
     if isinstance(value, str):
         return plain(value)
@@ -76,7 +77,7 @@ def _text_cell(value: Any) -> Any:
 NUMBER_FORMAT = "%.3e"
 
 
-def number_columns(frame: pd.DataFrame) -> dict[str, Any]:
+def number_columns(frame: pd.DataFrame) -> dict[str, object]:
     """``st.dataframe``'s ``column_config`` for ``frame``: every float column as :data:`NUMBER_FORMAT`."""
     return {str(col): st.column_config.NumberColumn(str(col), format=NUMBER_FORMAT)
             for col in frame.columns if pd.api.types.is_float_dtype(frame[col])}
@@ -111,7 +112,7 @@ def viewer(s: Settings | None = None) -> Iterator[Database | None]:
         db.close()
 
 
-def session_items(db: Database, limit: int = 500) -> list[dict[str, Any]]:
+def session_items(db: Database, limit: int = 500) -> list[JsonObject]:
     """One summary per session, newest first (``session_report --list``'s rows)."""
     from ..cli.session_report import _session_items
 

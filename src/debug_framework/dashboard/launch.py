@@ -24,12 +24,12 @@ import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, FrameworkInitializationError
 from ..storage.database import Database
 from ..storage.leases import current_owner, process_owner
-from ..storage.tasks import ACTIVE_STATES, TaskStore, worker_gone
+from ..storage.tasks import ACTIVE_STATES, TaskRecord, TaskStore, worker_gone
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ _KNOBS = ("dtype", "seed", "input_shape", "isolate", "oracle", "noise_floor", "t
           "precision_thresholds", "noise_margin")
 
 
-def session_config(knobs: Mapping[str, Any]) -> dict[str, Any]:
+def session_config(knobs: Mapping[str, object]) -> dict[str, object]:
     """The session configuration of the launch form: only the knobs it offers, unset ones left out."""
     return {k: knobs[k] for k in _KNOBS if knobs.get(k) not in (None, "", {})}
 
@@ -134,7 +134,7 @@ def _files(backend_files: Sequence[str]) -> list[str]:
 
 
 def launch_validation(settings: Settings, model_path: str, reference: str, alternative: str,
-                      knobs: Mapping[str, Any], backend_files: Sequence[str] = ()) -> str:
+                      knobs: Mapping[str, object], backend_files: Sequence[str] = ()) -> str:
     """Write a validation task and start its worker; returns the task id (the request is checked
     first: :func:`check_request`)."""
     if not str(model_path).strip():
@@ -157,7 +157,7 @@ def launch_validation(settings: Settings, model_path: str, reference: str, alter
 
 
 def launch_batch(settings: Settings, model_paths: list[str], reference: str, alternative: str,
-                 knobs: Mapping[str, Any], backend_files: Sequence[str] = ()) -> str:
+                 knobs: Mapping[str, object], backend_files: Sequence[str] = ()) -> str:
     """Write a batch job (its items) and a task for it, start the worker; returns the task id.
 
     The worker runs the items one after another in its own process (``parallel_execution`` off), so
@@ -192,7 +192,7 @@ def stored_job(settings: Settings, job_id: str) -> BatchValidationJob:
         db.close()
     if row is None:
         raise ConfigurationError(f"no batch job {job_id!r}", hint="pick a job from the list")
-    config = {**(row.get("config") or {}), "database_path": str(settings.database)}
+    config = {**(row["config"] or {}), "database_path": str(settings.database)}
     return BatchValidationJob(job_id=job_id, model_paths=[i["model_path"] for i in row["items"]], config=config)
 
 
@@ -200,23 +200,26 @@ def cancel(settings: Settings, task_id: str) -> str:
     """Cancel a task; returns what was done, as a sentence for the page."""
     db, tasks = task_store(settings)
     try:
-        task = tasks.request_cancel(task_id)
-        if task is None:
+        row = tasks.request_cancel(task_id)
+        if row is None:
             raise ConfigurationError(f"no task {task_id!r}", hint="pick a task from the list")
-        if task["state"] not in ACTIVE_STATES:
-            return f"the task had already ended ({task['state']})"
-        if task["kind"] == "batch" and task.get("job_id"):  # stop handing out items (a worker anywhere)
-            _cancel_job(settings, str(task["job_id"]))
-        if task["state"] == "queued":
+        task = TaskRecord.from_row(row)
+        if task.state not in ACTIVE_STATES:
+            return f"the task had already ended ({task.state})"
+        if task.kind == "batch" and task.job_id:  # stop handing out items (a worker anywhere)
+            _cancel_job(settings, task.job_id)
+        if task.state == "queued":
             tasks.finish(task_id, "cancelled", f"{CANCELLED} before its worker started")
             return "cancelled before its worker started"
-        if worker_gone(task):
+        if worker_gone(row):
             tasks.finish(task_id, "failed", "its worker process is gone")
             return "its worker process was already gone"
-        if task.get("owner_host") != current_owner().host:
+        if task.owner_host != current_owner().host:
             return "cancel requested; the worker runs on another host and stops at its next check"
+        if task.owner_pid is None:  # no worker recorded itself: nothing to signal
+            return _ended(tasks, task_id)
         try:
-            os.kill(int(task["owner_pid"]), signal.SIGTERM)
+            os.kill(task.owner_pid, signal.SIGTERM)
         except ProcessLookupError:  # it exited between the check above and the signal
             return _ended(tasks, task_id)
         return "cancel requested; the worker is stopping"
@@ -234,8 +237,9 @@ def _cancel_job(settings: Settings, job_id: str) -> None:
 
 def _ended(tasks: TaskStore, task_id: str) -> str:
     """What to say of a task whose worker exited as it was signalled."""
-    task = tasks.get(task_id) or {}
-    if task.get("state") in ACTIVE_STATES and worker_gone(task):
+    row = tasks.get(task_id)
+    state = None if row is None else TaskRecord.from_row(row).state
+    if row is not None and state in ACTIVE_STATES and worker_gone(row):
         tasks.finish(task_id, "failed", "its worker process is gone")
         return "its worker process was already gone"
-    return f"the task had already ended ({task.get('state')})"
+    return f"the task had already ended ({state})"

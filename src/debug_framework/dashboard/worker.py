@@ -35,10 +35,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ..errors import DebugFrameworkError
-from ..storage.tasks import TaskStore
+from ..jsonio import JsonObject
+from ..storage.tasks import TaskRecord, TaskStore
 from .launch import CANCELLED, stored_job
 from .settings import Settings, resolve_database
 
@@ -109,11 +109,12 @@ def _check_flag(tasks: TaskStore, task_id: str) -> None:
         _check_cancel()
 
 
-def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
+def _run_validation(settings: Settings, tasks: TaskStore, task: JsonObject) -> None:
     from ..config import from_environment, merge_config
     from ..services.validation_engine import ValidationEngine
 
-    req = task["request"] or {}
+    record = TaskRecord.from_row(task)
+    req = record.request
     engine = ValidationEngine(settings.database, config=merge_config(from_environment()))
     tid, sid = task["task_id"], uuid.uuid4().hex
 
@@ -124,9 +125,9 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
     tasks.update(tid, stage="load", done=0, total=None)
     try:
         with _cancellable():
-            engine.create_session(req["model_path"], req.get("config") or {},
-                                  req.get("reference_backend", "python_reference"),
-                                  req.get("alternative_backend", "auto"), session_id=sid)
+            engine.create_session(str(req["model_path"]), record.config,
+                                  record.asked("reference_backend", "python_reference"),
+                                  record.asked("alternative_backend", "auto"), session_id=sid)
             tasks.update(tid, session_id=sid)
             engine.run(sid, progress=progress)
     except Cancelled:
@@ -141,13 +142,13 @@ def _run_validation(settings: Settings, tasks: TaskStore, task: dict[str, Any]) 
         raise
 
 
-def _run_batch(settings: Settings, tasks: TaskStore, task: dict[str, Any]) -> None:
+def _run_batch(settings: Settings, tasks: TaskStore, task: JsonObject) -> None:
     from ..services.executors import execute_job
 
     job = stored_job(settings, str(task["job_id"]))
     tid = task["task_id"]
 
-    def progress(prog: dict[str, Any]) -> None:  # called from the executor's follower thread too
+    def progress(prog: JsonObject) -> None:  # called from the executor's follower thread too
         tasks.update(tid, stage=str(prog.get("status")), done=int(prog["finished"]), total=int(prog["total"]))
         _check_flag(tasks, tid)
 
@@ -175,7 +176,7 @@ def run_task(settings: Settings, task_id: str) -> int:
     task = tasks.get(task_id)
     assert task is not None
     try:
-        files = (task.get("request") or {}).get("backend_files") or []
+        files = TaskRecord.from_row(task).backend_files
         if files:  # the form's backend files register their backends here too, as --backend-file does
             from ..cli.user_code import load_backend_code
 

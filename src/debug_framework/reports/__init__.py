@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..errors import ConfigurationError
 from ..storage.database import DatabaseLike
 from ..storage.tensor_store import TensorStore
+from ..report_formats import DIFF_FORMATS, REPORT_FORMATS
 from .csv_report import CSV_COLUMNS, render_csv, render_diff_csv
 from ._html import CSP, neutralise_bidi
 from .documents import DiffSource, ReportSource, SessionSource, session_side
@@ -27,6 +28,7 @@ from .junit_report import render_junit
 
 __all__ = [
     "FORMATS",
+    "REPORT_FORMATS",
     "DIFF_FORMATS",
     "CSV_COLUMNS",
     "render_report",
@@ -46,8 +48,8 @@ __all__ = [
     "neutralise_bidi",
 ]
 
-FORMATS = ("json", "html", "csv", "junit")
-DIFF_FORMATS = ("json", "html", "csv")
+#: the report formats (:data:`debug_framework.report_formats.REPORT_FORMATS`; ``FORMATS`` is its older name)
+FORMATS = REPORT_FORMATS
 
 
 def render_report(report: ReportSource, fmt: str = "json", *, include_tensors: bool = False,
@@ -66,7 +68,7 @@ def render_report(report: ReportSource, fmt: str = "json", *, include_tensors: b
         return render_csv(report)
     if f in ("junit", "xml"):
         return render_junit(report)
-    raise ConfigurationError(f"unknown report format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+    raise ConfigurationError(f"unknown report format {fmt!r}", hint=f"use one of {', '.join(REPORT_FORMATS)}")
 
 
 def render_diff(diff: DiffSource, fmt: str = "json", *, before: SessionSource | None = None,

@@ -1,8 +1,9 @@
-"""Helpers shared by the renderers: reading a stored session's rows robustly, labels, numbers.
+"""Helpers shared by the renderers: labels, numbers, the reproduce command, the summary lines.
 
-Everything here works on what the store returns (``ValidationReport`` fields: the session row,
-the checkpoint result dicts in model order, the engine's ``results`` JSON). Older sessions may
-lack any of the engine's keys, so every accessor tolerates a missing or oddly typed field.
+The session-level helpers read the typed records every view renders (a
+:class:`~debug_framework.storage.session_record.SessionRecord` and the
+:class:`~debug_framework.services.validation.results.ValidationResult` read back from the store;
+rows stored by earlier versions are migrated by the schema, so nothing here probes for old keys).
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..checkpoint_ids import checkpoint_id, row_checkpoint_id
-from ..jsonio import as_float
+from ..jsonio import JsonObject, JsonValue, as_float
+from ..storage.session_record import SessionRecord
+
+if TYPE_CHECKING:
+    from ..services.validation.results import CheckpointResult, ErrorSource, Introducer, ValidationResult
 
 __all__ = [
     "precision_text",
@@ -21,18 +26,14 @@ __all__ = [
     "LOG_METRICS",
     "as_float",
     "fmt_num",
-    "row_key",
-    "row_place",
-    "RowPlace",
     "row_id",
     "first_divergence_entry",
-    "passed_state",
-    "session_results",
-    "first_divergence_key",
     "worst_row",
     "verdict_of",
     "reproduce_command",
     "error_source_text",
+    "introducing_text",
+    "backend_label",
     "flat_items",
     "isolation_rows",
     "damaged_fields",
@@ -59,8 +60,8 @@ LOG_METRICS: tuple[str, ...] = (
 _NONFINITE_TEXT = {"human": ("NaN", "Infinity", "-Infinity"), "machine": ("nan", "inf", "-inf")}
 
 
-def fmt_num(value: Any, digits: int = 4, *, style: str = "human",
-            text: Callable[[Any], str] = str) -> str:
+def fmt_num(value: object, digits: int = 4, *, style: str = "human",
+            text: Callable[[object], str] = str) -> str:
     """One number as text; None as ''.
 
     ``style="human"`` (tables, HTML): ints as ints, floats in %.{digits}g, booleans true/false,
@@ -92,7 +93,7 @@ def fmt_num(value: Any, digits: int = 4, *, style: str = "human",
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 
 
-def human_bytes(value: Any) -> str:
+def human_bytes(value: object) -> str:
     """A byte count in binary units: ``512 B``, ``1.50 KiB``, ``944 MiB``, ``1011 MiB``, ``2.03 GiB``
     (three significant digits, four below 1024); '' for a value that is not a number."""
     f = as_float(value)
@@ -107,88 +108,33 @@ def human_bytes(value: Any) -> str:
     raise AssertionError("unreachable")
 
 
-def row_key(row: Mapping[str, Any]) -> tuple[str, int | None]:
-    """A checkpoint row's ``(checkpoint, layer)`` (a layer that is not a number reads as None)."""
-    layer = row.get("layer")
-    try:
-        layer = None if layer is None else int(layer)
-    except (TypeError, ValueError):
-        layer = None
-    return (str(row.get("checkpoint")), layer)
-
-
-#: Where a checkpoint row sits: ``(checkpoint, layer, step)``; ``step`` is the decode pass (0: the
-#: prefill), None for a session that does not decode.
-RowPlace = tuple[str, int | None, int | None]
-
-
-def row_place(row: Mapping[str, Any]) -> RowPlace:
-    """A checkpoint row's :data:`RowPlace` (a step that is not a whole number reads as None): one
-    row per place, where :func:`row_key` is the same for every decode step of a checkpoint."""
-    step = row.get("step")
-    return (*row_key(row), step if isinstance(step, int) and not isinstance(step, bool) else None)
-
-
-def row_id(row: Mapping[str, Any] | tuple[str, int | None] | RowPlace) -> str:
+def row_id(row: Mapping[str, JsonValue] | tuple[str, int | None] | tuple[str, int | None, int | None]) -> str:
     """The canonical id of a checkpoint (``post_mlp:3`` / ``post_embedding`` / ``post_mlp:3@2``): of a
     row, its stored ``id`` or the one its ``checkpoint``/``layer``/``step`` give
-    (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`); of a ``(checkpoint, layer)`` key or a
-    :data:`RowPlace`, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
+    (:func:`~debug_framework.checkpoint_ids.row_checkpoint_id`); of a ``(checkpoint, layer)`` or
+    ``(checkpoint, layer, step)`` key, :func:`~debug_framework.checkpoint_ids.checkpoint_id`."""
     return checkpoint_id(*row) if isinstance(row, tuple) else row_checkpoint_id(row)
 
 
-def first_divergence_entry(key: tuple[str, int | None] | RowPlace | None) -> dict[str, Any] | None:
+def first_divergence_entry(first: CheckpointResult | None) -> JsonObject | None:
     """The ``first_divergence`` object of the JSON outputs: ``{"id", "checkpoint", "layer"}``, and
     ``step`` for a decode step's row (None: none)."""
-    if key is None:
+    if first is None:
         return None
-    entry = {"id": checkpoint_id(*key), "checkpoint": key[0], "layer": key[1]}
-    if len(key) > 2 and key[2] is not None:
-        entry["step"] = key[2]
+    entry: JsonObject = {"id": first.id, "checkpoint": first.key.name, "layer": first.key.layer}
+    if first.step is not None:
+        entry["step"] = first.step
     return entry
 
 
-def passed_state(row: Mapping[str, Any]) -> bool | None:
-    p = row.get("passed")
-    if p is None:
-        return None
-    if isinstance(p, str):
-        return p.strip().lower() in {"1", "true", "pass", "passed"}
-    return bool(p)
-
-
-def session_results(session: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The engine's ``results`` JSON as a dict (``{}`` when absent or not a mapping)."""
-    res = (session or {}).get("results")
-    return dict(res) if isinstance(res, Mapping) else {}
-
-
-def _key_from(obj: Any) -> RowPlace | None:
-    if not isinstance(obj, Mapping) or not obj.get("checkpoint"):
-        return None
-    return row_place(obj)
-
-
-def first_divergence_key(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> RowPlace | None:
-    """The :data:`RowPlace` of the engine's first divergence when it recorded one (a decode session's
-    names its step), else of the first failing row in model order."""
-    key = _key_from(results.get("first_divergence"))
-    if key is not None:
-        return key
-    for r in rows:
-        if passed_state(r) is False:
-            return row_place(r)
-    return None
-
-
-def _badness(row: Mapping[str, Any]) -> float:
-    v = as_float(row.get("max_abs_error"))
+def _badness(row: CheckpointResult) -> float:
+    v = as_float(row.comparison.max_abs_error)
     if v is None:
         return -math.inf
     return math.inf if math.isnan(v) else v
 
 
-def worst_row(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def worst_row(rows: Sequence[CheckpointResult]) -> CheckpointResult | None:
     """The row with the largest max abs error (NaN/inf rank worst); None when there are no rows or
     no row has an error figure (e.g. every row is a shape mismatch)."""
     scored = [r for r in rows if _badness(r) != -math.inf]
@@ -197,18 +143,15 @@ def worst_row(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return max(scored, key=_badness)
 
 
-def verdict_of(status: str | None, results: Mapping[str, Any]) -> str:
-    """The engine's verdict if it wrote one, else the session status."""
-    v = results.get("verdict")
-    if isinstance(v, Mapping):
-        v = v.get("verdict") or v.get("status")
-    return str(v) if v else str(status or "unknown")
+def verdict_of(record: SessionRecord) -> str:
+    """The verdict the run stored with the session, else its status."""
+    v = record.results.get("verdict")
+    return str(v) if isinstance(v, str) and v else str(record.status or "unknown")
 
 
-def input_sentences(session: Mapping[str, Any]) -> list[str]:
+def input_sentences(record: SessionRecord) -> list[str]:
     """The text inputs of a session (its config's ``input_text``: one string or a list), or []."""
-    cfg = session.get("config")
-    text = cfg.get("input_text") if isinstance(cfg, Mapping) else None
+    text = record.config.get("input_text")
     if isinstance(text, str):
         return [text]
     return [str(t) for t in text] if isinstance(text, (list, tuple)) else []
@@ -248,7 +191,7 @@ def shell_join(argv: Sequence[str]) -> str:
     return " ".join(shell_quote(str(a)) for a in argv)
 
 
-def precision_text(dtype: str, declared: Any, quantized: Mapping[str, int] | None = None) -> str:
+def precision_text(dtype: str, declared: object, quantized: Mapping[str, int] | None = None) -> str:
     """What ``consistent_with`` means, in words. For a quantized alternative (``quantized``: its
     quantized operators and their counts) the size of a lower float precision's error is only a
     scale: the words say that its error comes from quantization."""
@@ -260,24 +203,12 @@ def precision_text(dtype: str, declared: Any, quantized: Mapping[str, int] | Non
             f"declared {declared}; validate it at that dtype)")
 
 
-def error_source_text(source: Mapping[str, Any]) -> str:
-    """Where a failed validation's error comes from, in words: ``layer 1 (attention)``, ``the
-    embedding``, ``the final norm / head``, ``accumulation (first beyond its bound at layer 3)``,
-    ``layer 1 (attention) at decode step 1``, ``the KV cache of layer 1 after step 1``, with ``(not
-    confirmed by isolation)`` where isolation did not confirm it. Every view prints this."""
-    kind = source.get("kind")
-    layer, block, step = source.get("layer"), source.get("block"), source.get("step")
-    at_layer = f"layer {layer}" + (f" ({block})" if block else "")
-    where = {"layer": at_layer, "embedding": "the embedding",
-             "head": "the final norm / head",
-             "accumulation": f"accumulation (first beyond its bound at layer {layer})",
-             "decode": (f"{at_layer} at decode step {step}" if layer is not None else f"decode step {step}"),
-             "kv_cache": (f"the KV cache of layer {layer}" if layer is not None else "the KV cache")
-                         + (f" after step {step}" if step is not None else "")}.get(str(kind), str(kind))
-    return where + ("" if source.get("confirmed", True) else " (not confirmed by isolation)")
+def error_source_text(source: ErrorSource) -> str:
+    """Where a failed validation's error comes from, in words (:meth:`ErrorSource.text`)."""
+    return source.text()
 
 
-def backend_label(name: Any, options: Any = None, dtype: Any = None) -> str:
+def backend_label(name: object, options: object = None, dtype: object = None) -> str:
     """A backend as every view names it: ``myengine [precision_hint=bf16] (bfloat16)``; the options
     it was built with (``--backend-option``) in brackets, its dtype in parentheses."""
     label = str(name)
@@ -286,43 +217,18 @@ def backend_label(name: Any, options: Any = None, dtype: Any = None) -> str:
     return label + (f" ({dtype})" if dtype else "")
 
 
-def introducing(results: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The layers that introduce error on their own, from the prefill's isolation and from the
-    replays at the first divergent decode step, in that order: ``{"layer", "step", "blocks"}``
-    (``step`` 0: the prefill); None where no isolation ran at all. The one list every view shows."""
-    found: list[dict[str, Any]] | None = None
-    prefill = results.get("introducing_layers")
-    if isinstance(prefill, list):
-        blocks = {d.get("layer"): d.get("blocks") or [] for d in results.get("isolation") or []
-                  if isinstance(d, Mapping)}
-        found = [{"layer": i, "step": 0, "blocks": list(blocks.get(i) or [])} for i in prefill]
-    iso = (results.get("decode") or {}).get("isolation")
-    if isinstance(iso, Mapping) and iso.get("layers"):
-        found = found or []
-        for r in iso["layers"]:
-            if isinstance(r, Mapping) and r.get("introduces"):
-                key = str(r.get("checkpoint") or "")
-                found.append({"layer": r.get("layer"), "step": iso.get("step"),
-                              "blocks": ["attention" if key.startswith("post_attention") else "layer"]})
-    return found
-
-
-def introducing_text(found: list[dict[str, Any]] | None) -> str:
-    """What :func:`introducing` found, in words: ``layer 1 (attention) at decode step 1``, ``layer 0,
-    layer 2 (mlp)``, ``none``; ``not run`` where no isolation ran."""
+def introducing_text(found: Sequence[Introducer] | None) -> str:
+    """What :meth:`ValidationResult.introducing` found, in words: ``layer 1 (attention) at decode
+    step 1``, ``layer 0, layer 2 (mlp)``, ``none``; ``not run`` where no isolation ran."""
     if found is None:
         return "not run"
     if not found:
         return "none"
-    parts = []
-    for d in found:
-        blocks = ", ".join(str(b) for b in d["blocks"])
-        parts.append(f"layer {d['layer']}" + (f" ({blocks})" if blocks else "")
-                     + (f" at decode step {d['step']}" if d["step"] else ""))
-    return ", ".join(parts)
+    return ", ".join(f"layer {d.layer}" + (f" ({', '.join(d.blocks)})" if d.blocks else "")
+                     + (f" at decode step {d.step}" if d.step else "") for d in found)
 
 
-def flat_items(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+def flat_items(value: object, prefix: str = "") -> list[tuple[str, str]]:
     """A nested mapping as ``(dotted key, text)`` pairs, lists and scalars as text: how a page shows
     the environment or backend information as a table rather than raw JSON."""
     if isinstance(value, Mapping):
@@ -337,67 +243,67 @@ def flat_items(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 _COMMAND_KEYS = ("command", "reproduce_command", "repro_command", "reproduce")
 
 
-def reproduce_command(session: Mapping[str, Any], results: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """``(command, exact)``: the command recorded with the session (exact: the CLI's own, in
-    ``environment["command"]``, with its user backends, plugin, config file and drill-down) or one
-    rebuilt from the stored session (``exact=False``; None when nothing is known about the model)."""
-    env = session.get("environment")
-    recorded = {"command": env.get("command")} if isinstance(env, Mapping) else {}
+def _recorded_command(record: SessionRecord) -> str | None:
+    """The command line recorded with the session: the CLI's own argv in ``environment["command"]``
+    (or a ``command`` the run stored in its results), shell-quoted."""
     for k in _COMMAND_KEYS:
-        v = recorded.get(k) or results.get(k)
+        v = (record.environment.get(k) if k == "command" else None) or record.results.get(k)
         if isinstance(v, Mapping):
             v = v.get("command") or v.get("argv")
         if isinstance(v, (list, tuple)) and v:
-            return shell_join([str(a) for a in v]), True
+            return shell_join([str(a) for a in v])
         if isinstance(v, str) and v.strip():
-            return v, True
-    model = session.get("model_path")
-    if not model:
+            return v
+    return None
+
+
+def reproduce_command(record: SessionRecord, result: ValidationResult) -> tuple[str | None, bool]:
+    """``(command, exact)``: the command recorded with the session (exact: the CLI's own, in
+    ``environment["command"]``, with its user backends, plugin, config file and drill-down) or one
+    rebuilt from the stored session (``exact=False``; None when nothing is known about the model)."""
+    recorded = _recorded_command(record)
+    if recorded is not None:
+        return recorded, True
+    if not record.model_path:
         return None, False
-    argv = ["python", "-m", "debug_framework.cli.debug_validate", "--model-path", str(model)]
-    if session.get("reference_backend"):
-        argv += ["--reference-backend", str(session["reference_backend"])]
-    if session.get("alternative_backend"):
-        argv += ["--alternative-backend", str(session["alternative_backend"])]
-    if results.get("alternative_dtype"):
-        argv += ["--dtype", str(results["alternative_dtype"])]
-    tol = _thresholds(session)
-    if tol.get("rtol") is not None:
-        argv += ["--rtol", str(tol["rtol"])]
-    if tol.get("atol") is not None:
-        argv += ["--atol", str(tol["atol"])]
-    if session.get("seed") is not None:
-        argv += ["--seed", str(session["seed"])]
-    if isinstance(results.get("isolation"), list):
-        argv.append("--isolate")
-    if results.get("oracle"):
-        argv.append("--oracle")
-    if results.get("noise_floor"):
-        argv.append("--noise-floor")
-    if results.get("drilldown") is not None:
-        argv.append("--drill-down")
-    argv += _config_options(session.get("config"))
-    for sentence in input_sentences(session):
+    argv = ["python", "-m", "debug_framework.cli.debug_validate", "--model-path", record.model_path]
+    if record.reference_backend:
+        argv += ["--reference-backend", record.reference_backend]
+    if record.alternative_backend:
+        argv += ["--alternative-backend", record.alternative_backend]
+    if result.alternative_dtype:
+        argv += ["--dtype", result.alternative_dtype]
+    rtol, atol = _thresholds(record)
+    if rtol is not None:
+        argv += ["--rtol", str(rtol)]
+    if atol is not None:
+        argv += ["--atol", str(atol)]
+    if record.seed is not None:
+        argv += ["--seed", str(record.seed)]
+    for asked, option in ((result.isolation is not None, "--isolate"), (bool(result.oracle), "--oracle"),
+                          (bool(result.noise_floor), "--noise-floor"), (result.drilldown is not None, "--drill-down")):
+        if asked:
+            argv.append(option)
+    argv += _config_options(record.config)
+    for sentence in input_sentences(record):
         argv += ["--text", sentence]
     return shell_join(argv), False
 
 
-def _thresholds(session: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The session-wide rtol/atol: the stored tolerances' own, else their ``precision_thresholds``,
-    else the config's ``precision_thresholds`` (what ``--rtol/--atol`` set); {} when none."""
-    tol, cfg = session.get("tolerances"), session.get("config")
-    for cand in (tol, tol.get("precision_thresholds") if isinstance(tol, Mapping) else None,
-                 cfg.get("precision_thresholds") if isinstance(cfg, Mapping) else None):
+def _thresholds(record: SessionRecord) -> tuple[JsonValue, JsonValue]:
+    """The session-wide ``(rtol, atol)``: the stored tolerances' own, else their
+    ``precision_thresholds``, else the config's ``precision_thresholds`` (what ``--rtol/--atol``
+    set); ``(None, None)`` when none."""
+    nested, configured = record.tolerances.get("precision_thresholds"), record.config.get("precision_thresholds")
+    for cand in (record.tolerances, nested, configured):
         if isinstance(cand, Mapping) and (cand.get("rtol") is not None or cand.get("atol") is not None):
-            return cand
-    return {}
+            return cand.get("rtol"), cand.get("atol")
+    return None, None
 
 
-def _config_options(cfg: Any) -> list[str]:
+def _config_options(cfg: JsonObject) -> list[str]:
     """The ``debug_validate`` options that restate a session config's reference dtype, device,
     layer range and checkpoint selection (the text inputs are added by the caller)."""
-    if not isinstance(cfg, Mapping):
-        return []
     out: list[str] = []
     for key, option in (("reference_dtype", "--reference-dtype"), ("device", "--device")):
         if cfg.get(key):
@@ -411,16 +317,17 @@ def _config_options(cfg: Any) -> list[str]:
     return out
 
 
-def isolation_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def isolation_rows(rows: Sequence[CheckpointResult]) -> list[CheckpointResult]:
     """Rows that carry isolation figures (introduced and/or propagated error)."""
-    return [r for r in rows if r.get("introduced_error") is not None or r.get("propagated_error") is not None]
+    return [r for r in rows if r.introduced_error is not None or r.propagated_error is not None]
 
 
-def damaged_fields(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """What the store could not decode (``damaged_json`` of the session and of each row), as
+def damaged_fields(record: SessionRecord, rows: Sequence[Mapping[str, JsonValue]]) -> list[str]:
+    """What the store could not decode (``damaged_json`` of the session and of each stored row), as
     ``session.config`` / ``post_mlp:1.metrics_json``: shown so a damaged field is not mistaken for one
     that was never recorded."""
-    out = [f"session.{c}" for c in session.get("damaged_json") or ()]
+    out = [f"session.{c}" for c in record.damaged_json]
     for r in rows:
-        out += [f"{row_id(r)}.{c}" for c in r.get("damaged_json") or ()]
+        damaged = r.get("damaged_json")
+        out += [f"{row_checkpoint_id(r)}.{c}" for c in damaged] if isinstance(damaged, list | tuple) else []
     return out

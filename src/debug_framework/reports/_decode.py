@@ -12,13 +12,16 @@ figures.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ._common import as_float
 from ._html import esc
 from ._sections import section
+
+if TYPE_CHECKING:
+    from ..services.validation.decode_record import FirstToken, TokenRow
+    from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text",
            "step_isolation_text"]
@@ -41,17 +44,16 @@ class DecodeView:
     columns: list[str]  #: "embedding", the layers ("0", "1", ...), "head"
     steps: list[int]
     margins: dict[int, dict[str, Cell]] = field(default_factory=dict)  #: step -> column -> cell
-    tokens: dict[int, Mapping[str, Any]] = field(default_factory=dict)  #: step -> its token_metrics row
+    tokens: dict[int, TokenRow] = field(default_factory=dict)  #: step -> its token metrics
     kv_layers: list[int] = field(default_factory=list)
-    kv: dict[int, dict[int, Cell]] = field(default_factory=dict)  #: step -> layer -> the worse of K and V
-    first_token: Mapping[str, Any] | None = None
+    kv: dict[int, dict[int, Cell | None]] = field(default_factory=dict)  #: step -> layer -> the worse of K and V
+    first_token: FirstToken | None = None
 
 
-def _column(row: Mapping[str, Any]) -> str:
-    if row.get("checkpoint") == "post_embedding":
+def _column(row: CheckpointResult) -> str:
+    if row.key.name == "post_embedding":
         return "embedding"
-    layer = row.get("layer")
-    return str(layer) if isinstance(layer, int) else "head"
+    return "head" if row.key.layer is None else str(row.key.layer)
 
 
 def _worse(cell: Cell | None, margin: float | None, passed: bool | None, first: bool) -> Cell:
@@ -63,40 +65,31 @@ def _worse(cell: Cell | None, margin: float | None, passed: bool | None, first: 
     return Cell(max(margins) if margins else None, all(states) if states else None, cell.first or first)
 
 
-def decode_view(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> DecodeView | None:
+def decode_view(result: ValidationResult) -> DecodeView | None:
     """The decode view of a session (None when it decoded no steps)."""
-    decode = results.get("decode")
-    if not isinstance(decode, Mapping):
+    decode = result.decoded
+    if decode is None:
         return None
-    first = results.get("first_divergence") if isinstance(results.get("first_divergence"), Mapping) else {}
-    layers = sorted({r["layer"] for r in rows if isinstance(r.get("layer"), int)})
-    columns = ["embedding", *(str(i) for i in layers), "head"]
-    view = DecodeView(columns, [])
+    first = result.first_divergence
+    rows = result.results
+    layers = sorted({r.key.layer for r in rows if r.key.layer is not None})
+    view = DecodeView(["embedding", *(str(i) for i in layers), "head"], [])
     for r in rows:
-        step = r.get("step")
-        if not isinstance(step, int):
+        if r.step is None:
             continue
-        passed = r.get("passed") if isinstance(r.get("passed"), bool) else None
-        is_first = bool(first) and r.get("id") == first.get("id")
-        cells = view.margins.setdefault(step, {})
+        cells = view.margins.setdefault(r.step, {})
         col = _column(r)
-        cells[col] = _worse(cells.get(col), as_float(r.get("margin")), passed, is_first)
-    for t in decode.get("token_metrics") or []:
-        if isinstance(t, Mapping) and isinstance(t.get("step"), int):
-            view.tokens[t["step"]] = t
-    for kv in decode.get("kv_cache") or []:
-        if not (isinstance(kv, Mapping) and isinstance(kv.get("step"), int) and isinstance(kv.get("layer"), int)):
-            continue
-        cell = view.kv.setdefault(kv["step"], {}).get(kv["layer"])
-        for part in ("k", "v"):
-            p = kv.get(part) if isinstance(kv.get(part), Mapping) else {}
-            cell = _worse(cell, as_float(p.get("margin")), p.get("passed") if isinstance(p.get("passed"), bool) else None,
-                          False)
-        view.kv[kv["step"]][kv["layer"]] = cell
+        cells[col] = _worse(cells.get(col), r.margin, r.state, r is first)
+    view.tokens = {t.step: t for t in decode.token_metrics}
+    for kv in decode.kv_cache:
+        cell = view.kv.setdefault(kv.step, {}).get(kv.layer)
+        for p in (kv.k, kv.v):
+            if p is not None:
+                cell = _worse(cell, p.margin, p.passed, False)
+        view.kv[kv.step][kv.layer] = cell
     view.kv_layers = sorted({layer for cells in view.kv.values() for layer in cells})
     view.steps = sorted(set(view.margins) | set(view.tokens) | set(view.kv))
-    ft = decode.get("first_divergent_token")
-    view.first_token = ft if isinstance(ft, Mapping) else None
+    view.first_token = decode.first_divergent_token
     return view
 
 
@@ -113,19 +106,22 @@ def margin_text(margin: float | None, passed: bool | None = None) -> str:
     return f"{mantissa}e{int(exp)}"
 
 
-def token_text(token: Mapping[str, Any] | None) -> str:
+def token_text(token: FirstToken | None) -> str:
     """The first divergent token in words."""
-    if not token:
+    if token is None:
         return "first divergent token: none (every top-1 token agrees, or differs only at a near tie)"
-    where = "the prefill" if token.get("step") == 0 else f"decode step {token.get('step')}"
-    return (f"first divergent token: {where}, logits index {token.get('index')}: the alternative chooses token "
-            f"{token.get('alternative_token')} where the reference chooses {token.get('reference_token')} "
-            f"(reference logit gap {as_float(token.get('reference_gap')) or 0:.3g})")
+    where = "the prefill" if token.step == 0 else f"decode step {token.step}"
+    return (f"first divergent token: {where}, logits index {token.index}: the alternative chooses token "
+            f"{token.alternative_token} where the reference chooses {token.reference_token} "
+            f"(reference logit gap {token.reference_gap or 0:.3g})")
 
 
-def _kl(row: Mapping[str, Any] | None) -> float | None:
-    kl = (row or {}).get("kl_divergence")
-    return as_float(kl.get("mean")) if isinstance(kl, Mapping) else None
+def _verdict(t: TokenRow | None) -> str:
+    return "" if t is None else ("pass" if t.passed else ("FAIL" if t.passed is False else "?"))
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _td(cell: Cell | None) -> str:
@@ -135,33 +131,32 @@ def _td(cell: Cell | None) -> str:
     return f'<td class="num {cls}">{esc(margin_text(cell.margin, cell.passed))}</td>'
 
 
-def decode_section(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
+def decode_section(result: ValidationResult) -> str:
     """The HTML section ``decode`` (empty without decode steps): margins by step and layer with the
     tokens' figures, the first divergent token, the isolation at the first divergent step (where
     layers were replayed there), and the KV cache's margins by step and layer."""
-    view = decode_view(rows, results)
+    view = decode_view(result)
     if view is None:
         return ""
     head = "".join(f"<th>{esc(c)}</th>" for c in view.columns)
     body = []
     for s in view.steps:
         t = view.tokens.get(s)
-        verdict = "" if t is None else ("pass" if t.get("passed") else ("FAIL" if t.get("passed") is False else "?"))
-        tcls = "fail" if t is not None and t.get("passed") is False else ""
+        tcls = "fail" if t is not None and t.passed is False else ""
         body.append(
             f"<tr><td class=\"num\">{esc(s)}{' (prefill)' if s == 0 else ''}</td>"
             + "".join(_td(view.margins.get(s, {}).get(c)) for c in view.columns)
-            + f'<td class="num">{esc(margin_text(_kl(t)) if t else "-")}</td>'
-            + f'<td class="num">{esc("-" if t is None else t.get("top1_agreement"))}</td>'
-            + f'<td class="num">{esc("-" if t is None else t.get("topk_overlap"))}</td>'
-            + f'<td class="{tcls}">{esc(verdict)}</td></tr>')
+            + f'<td class="num">{esc(margin_text(t.kl_mean) if t else "-")}</td>'
+            + f'<td class="num">{esc("-" if t is None else _figure(t.top1_agreement))}</td>'
+            + f'<td class="num">{esc("-" if t is None else _figure(t.topk_overlap))}</td>'
+            + f'<td class="{tcls}">{esc(_verdict(t))}</td></tr>')
     parts = ['<p class="muted">Each cell: the worst margin (error / bound, at most 1 passes) of that pass\'s '
              "checkpoints in that layer; step 0 is the prefill. KL: mean KL divergence of the next-token "
              "distributions (nats); top-1 / top-k: agreement with the reference's tokens.</p>",
              f'<div class="scroll"><table class="decode-grid"><thead><tr><th>step</th>{head}<th>KL mean</th>'
              f"<th>top-1</th><th>top-k</th><th>tokens</th></tr></thead><tbody>{''.join(body)}</tbody></table></div>",
              f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>',
-             *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(results))]
+             *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(result))]
     if view.kv:
         kv_head = "".join(f"<th>{esc(i)}</th>" for i in view.kv_layers)
         kv_body = "".join(
@@ -173,10 +168,10 @@ def decode_section(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]
     return section("decode", "Decode steps: margins by step and layer", "".join(parts))
 
 
-def decode_text(result: Mapping[str, Any], width: int = 80) -> list[str]:
+def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
     """The step x layer margins as plain lines for a terminal of ``width`` columns (a ``*`` marks a
     failure, ``<`` the first divergence); one line saying where to look when the grid is wider."""
-    view = decode_view(result.get("results") or [], result)
+    view = decode_view(result)
     if view is None:
         return []
     cols = [("emb" if c == "embedding" else c) for c in view.columns]
@@ -196,12 +191,12 @@ def decode_text(result: Mapping[str, Any], width: int = 80) -> list[str]:
              "step " + "".join(c.rjust(7) + " " for c in cols) + "KL mean".rjust(9) + "top-1".rjust(7)]
     for s in view.steps:
         t = view.tokens.get(s)
-        top1 = "-" if t is None or as_float(t.get("top1_agreement")) is None else f"{as_float(t['top1_agreement']):.2f}"
-        kl = "-" if t is None else f"{_kl(t):.1e}" if _kl(t) is not None else "-"
+        top1 = "-" if t is None or t.top1_agreement is None else f"{t.top1_agreement:.2f}"
+        kl = "-" if t is None or t.kl_mean is None else f"{t.kl_mean:.1e}"
         lines.append(f"{s:>4} " + "".join(cell(view.margins.get(s, {}).get(c)) for c in view.columns)
-                     + kl.rjust(9) + (top1 + ("*" if t is not None and t.get("passed") is False else "")).rjust(7))
+                     + kl.rjust(9) + (top1 + ("*" if t is not None and t.passed is False else "")).rjust(7))
     lines.append(token_text(view.first_token))
-    bad_kv = sorted((s, i) for s, cells in view.kv.items() for i, c in cells.items() if c.passed is False)
+    bad_kv = sorted((s, i) for s, cells in view.kv.items() for i, c in cells.items() if c is not None and c.passed is False)
     if view.kv:
         lines.append("KV cache: every layer's K and V within a correct run's bound after every pass" if not bad_kv else
                      "KV cache beyond its bound: " + ", ".join(f"layer {i} after step {s}" for s, i in bad_kv[:6])
@@ -209,15 +204,14 @@ def decode_text(result: Mapping[str, Any], width: int = 80) -> list[str]:
     return lines + step_isolation_text(result)
 
 
-def step_isolation_text(result: Mapping[str, Any]) -> list[str]:
+def step_isolation_text(result: ValidationResult) -> list[str]:
     """One line: which layers failing at the first divergent decode step introduce error there
     (replayed at that step on the reference's input) and which carry it in; none without those replays."""
-    iso = (result.get("decode") or {}).get("isolation")
-    if not isinstance(iso, Mapping) or not iso.get("layers"):
+    iso = None if result.decoded is None else result.decoded.isolation
+    if iso is None or not iso.layers:
         return []
-    rows = [r for r in iso["layers"] if isinstance(r, Mapping)]
-    introduce = [str(r.get("layer")) for r in rows if r.get("introduces")]
-    carry = [str(r.get("layer")) for r in rows if not r.get("introduces")]
+    introduce = [str(r.layer) for r in iso.layers if r.introduces]
+    carry = [str(r.layer) for r in iso.layers if not r.introduces]
     parts = [f"layer(s) {', '.join(introduce)} introduce error there"] if introduce else []
     parts += [f"layer(s) {', '.join(carry)} only carry it in"] if carry else []
-    return [f"isolation at decode step {iso.get('step')}: " + "; ".join(parts)]
+    return [f"isolation at decode step {iso.step}: " + "; ".join(parts)]

@@ -5,17 +5,20 @@ naming every checkpoint that shares it); and the two cell/section helpers every 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..jsonio import dumps_json
-from ._common import as_float, fmt_num, human_bytes, row_id
+from ..jsonio import JsonValue, dumps_json
+from ..storage.session_record import SessionRecord
+from ._common import as_float, fmt_num, human_bytes
 from ._html import esc, json_pre, kv_table, line_chart
-from ._rows import judged_by
+
+if TYPE_CHECKING:
+    from ..services.validation.results import CheckpointResult
 
 __all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
 
 
-def num_td(v: Any) -> str:
+def num_td(v: object) -> str:
     """A right-aligned number cell."""
     return f'<td class="num">{esc(fmt_num(v))}</td>'
 
@@ -25,7 +28,7 @@ def section(sid: str, title: str, body: str) -> str:
     return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{body}</section>'
 
 
-def performance_section(perf: Any) -> str:
+def performance_section(perf: JsonValue) -> str:
     if not perf:
         return section("performance", "Performance", '<p class="muted">not recorded</p>')
     if not isinstance(perf, Mapping):
@@ -58,7 +61,7 @@ def performance_section(perf: Any) -> str:
     return section("performance", "Performance", "".join(parts))
 
 
-def memory_cell(mem: Any) -> str:
+def memory_cell(mem: JsonValue) -> str:
     """Peak memory in binary units: ``1011 MiB (+66.8 MiB over 944 MiB at start; rss_vmhwm)``."""
     if mem is None:
         return '<span class="muted">not measured</span>'
@@ -76,26 +79,25 @@ def memory_cell(mem: Any) -> str:
             + (f' <span class="muted">({esc(detail)})</span>' if detail else ""))
 
 
-def backends_section(session: Mapping[str, Any]) -> str:
+def backends_section(session: SessionRecord) -> str:
+    """Each backend's name and the version information recorded with the session."""
     parts = []
-    for side in ("reference", "alternative"):
-        name = session.get(f"{side}_backend")
-        info = session.get(f"{side}_backend_info")
+    for side, name, info in (("reference", session.reference_backend, session.reference_backend_info),
+                             ("alternative", session.alternative_backend, session.alternative_backend_info)):
         parts.append(f"<h3>{esc(side)}: {esc(name)}</h3>"
-                     + (kv_table(info) if isinstance(info, Mapping) else
-                        (json_pre(info) if info else '<p class="muted">no version information recorded</p>')))
+                     + (kv_table(info) if info else '<p class="muted">no version information recorded</p>'))
     return section("backends", "Backends", "".join(parts))
 
 
-def _grouped(pairs: Sequence[tuple[str, Any]]) -> list[tuple[Any, list[str]]]:
+def _grouped(pairs: Sequence[tuple[str, JsonValue]]) -> list[tuple[JsonValue, list[str]]]:
     """``(value, names sharing it)`` for each distinct value (compared as JSON), in first-seen order."""
-    distinct: dict[str, tuple[Any, list[str]]] = {}
+    distinct: dict[str, tuple[JsonValue, list[str]]] = {}
     for name, value in pairs:
         distinct.setdefault(dumps_json(value, indent=None), (value, []))[1].append(name)
     return list(distinct.values())
 
 
-def _shared_table(groups: Sequence[tuple[Any, list[str]]], cls: str) -> str:
+def _shared_table(groups: Sequence[tuple[JsonValue, list[str]]], cls: str) -> str:
     """One row per distinct tolerance: the tolerance, and every checkpoint that uses it."""
     trs = "".join(f"<tr><td>{kv_table(tol) if isinstance(tol, Mapping) else json_pre(tol)}</td>"
                   f"<td>{'all ' if len(groups) == 1 else ''}{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"
@@ -110,20 +112,20 @@ _RULES = {"calibration": "calibrated bound: noise margin x a correct run's error
           "isolation": "calibrated replay of the block that ends here (isolation)"}
 
 
-def tolerances_section(session: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def tolerances_section(session: SessionRecord, rows: Sequence[CheckpointResult]) -> str:
     """Session tolerances and the tolerance each checkpoint used, identical tables collapsed into
     one row that names every checkpoint sharing it."""
-    tol = session.get("tolerances")
-    tol = dict(tol) if isinstance(tol, Mapping) else None
+    tol: dict[str, JsonValue] | None = dict(session.tolerances) if session.tolerances else None
     per = tol.pop("per_checkpoint", None) if tol is not None else None
-    rules = _grouped([(row_id(r), _RULES.get(str(judged_by(r)), str(judged_by(r)))) for r in rows if judged_by(r)])
+    judged = [r for r in rows if r.judged]
+    rules = _grouped([(r.id, _RULES.get(r.judged_by, r.judged_by)) for r in judged])
     parts = []
     if rules:  # the rule that decided each verdict comes first: it is what the verdict used
         trs = "".join(f"<tr><td>{esc(rule)}</td><td>{len(names)} checkpoint(s): {esc(', '.join(names))}</td></tr>"
                       for rule, names in rules)
         parts.append('<h3>The rule that judged each checkpoint</h3><table class="tol-rule"><tr><th>rule</th>'
                      f"<th>judged</th></tr>{trs}</table>")
-    by_tolerance = any(judged_by(r) == "tolerance" for r in rows)
+    by_tolerance = any(r.judged_by == "tolerance" for r in judged)
     unused = "" if by_tolerance or not rules else (
         '<p class="note">No checkpoint was judged by these allclose tolerances (each was judged by the rule '
         "above); they would judge where calibration is off or precision_thresholds sets one.</p>")
@@ -131,7 +133,7 @@ def tolerances_section(session: Mapping[str, Any], rows: Sequence[Mapping[str, A
     if isinstance(per, Mapping) and per:
         parts.append("<h4>Per checkpoint (identical ones collapsed)</h4>"
                      + _shared_table(_grouped([(str(k), v) for k, v in per.items()]), "tol-session"))
-    used = _grouped([(row_id(r), r.get("tolerance")) for r in rows if r.get("tolerance") is not None])
+    used = _grouped([(r.id, r.tolerance.to_dict()) for r in rows if r.tolerance is not None])
     if used:
         parts.append("<h3>Tolerance used per checkpoint</h3>" + _shared_table(used, "tol-used"))
     return section("tolerances", "Tolerances", "".join(parts))

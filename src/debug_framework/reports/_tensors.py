@@ -12,11 +12,18 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import DebugFrameworkError
+from ..jsonio import JsonObject, JsonValue
+from ..storage.recordings import StoredRecording
 from ..storage.tensor_store import TensorStore
-from ._common import as_float, row_key
+from ._common import as_float
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..services.validation.results import CheckpointResult
 
 __all__ = ["Heatmap", "open_store", "find_pair", "load_array", "tensor_summary", "heatmap_for",
            "MAX_HEATMAP_ROWS", "MAX_HEATMAP_COLS"]
@@ -30,7 +37,7 @@ class Heatmap:
     checkpoint: str
     layer: int | None
     source: str  # "recorded tensors" | "worst-element list"
-    matrix: Any  # 2-D float64: abs error per (downsampled) cell; inf = non-finite mismatch; NaN = unknown
+    matrix: np.ndarray  # 2-D float64: abs error per (downsampled) cell; inf = non-finite mismatch; NaN = unknown
     full_shape: list[int]
     rows: int  # rows/cols of the 2-D view before downsampling
     cols: int
@@ -52,23 +59,25 @@ def open_store(store: TensorStore | None, root: str | None) -> TensorStore | Non
     return TensorStore(root, tensor_recording_limit=None)
 
 
-def find_pair(recordings: Sequence[Mapping[str, Any]], key: tuple[str, int | None]) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+def find_pair(recordings: Sequence[Mapping[str, JsonValue]], key: tuple[str, int | None]
+              ) -> tuple[StoredRecording | None, StoredRecording | None]:
+    """The first reference and alternative recording of checkpoint ``key`` that hold their bytes."""
     ref = alt = None
-    for r in recordings:
-        if (r.get("checkpoint"), r.get("layer")) != key or not r.get("content_hash"):
+    for rec in (StoredRecording.from_dict(r) for r in recordings):
+        if (rec.checkpoint, rec.layer) != key or not rec.content_hash:
             continue
-        if r.get("side") == "reference" and ref is None:
-            ref = r
-        elif r.get("side") == "alternative" and alt is None:
-            alt = r
+        if rec.side == "reference" and ref is None:
+            ref = rec
+        elif rec.side == "alternative" and alt is None:
+            alt = rec
     return ref, alt
 
 
-def load_array(store: TensorStore, recording: Mapping[str, Any]) -> Any:
+def load_array(store: TensorStore, recording: StoredRecording) -> np.ndarray:
     """The recorded tensor as a float64 NumPy array (hash-verified by the store)."""
     import numpy as np
 
-    t = store.get(str(recording["content_hash"]))
+    t = store.get(str(recording.content_hash))
     if hasattr(t, "detach"):
         t = t.detach().to("cpu")
         if not t.dtype.is_floating_point and not t.dtype.is_complex:
@@ -79,17 +88,19 @@ def load_array(store: TensorStore, recording: Mapping[str, Any]) -> Any:
     return np.asarray(t, dtype=np.float64)
 
 
-def tensor_summary(recording: Mapping[str, Any], store: TensorStore | None, *, max_values: int = 256) -> dict[str, Any]:
+def tensor_summary(recording: Mapping[str, JsonValue], store: TensorStore | None, *, max_values: int = 256) -> JsonObject:
     """Metadata, statistics and (up to ``max_values``) flattened values of one recording."""
     import numpy as np
 
-    out: dict[str, Any] = {k: recording.get(k) for k in ("recording_id", "tensor_name", "checkpoint", "layer", "side",
-                                                          "content_hash", "shape", "dtype", "nbytes", "score")}
+    rec = StoredRecording.from_dict(recording)
+    row = rec.to_dict()
+    out: JsonObject = {k: row[k] for k in ("recording_id", "tensor_name", "checkpoint", "layer", "side",
+                                           "content_hash", "shape", "dtype", "nbytes", "score")}
     if store is None:
         out["error"] = "tensor store not found"
         return out
     try:
-        a = load_array(store, recording)
+        a = load_array(store, rec)
     except DebugFrameworkError as exc:
         out["error"] = str(exc)
         return out
@@ -119,7 +130,7 @@ def _as_2d_shape(shape: Sequence[int]) -> tuple[int, int]:
     return int(math.prod(dims[:-1])), dims[-1]
 
 
-def _block_max(mat: Any, max_rows: int, max_cols: int) -> tuple[Any, tuple[int, int]]:
+def _block_max(mat: np.ndarray, max_rows: int, max_cols: int) -> tuple[np.ndarray, tuple[int, int]]:
     """Downsample by taking each block's max (NaN = unknown is ignored unless the block is all NaN)."""
     import numpy as np
 
@@ -138,7 +149,7 @@ def _block_max(mat: Any, max_rows: int, max_cols: int) -> tuple[Any, tuple[int, 
     return out, (br, bc)
 
 
-def _from_tensors(ref: Any, alt: Any) -> Any:
+def _from_tensors(ref: np.ndarray, alt: np.ndarray) -> np.ndarray:
     import numpy as np
 
     with np.errstate(invalid="ignore", over="ignore"):
@@ -151,8 +162,8 @@ def _from_tensors(ref: Any, alt: Any) -> Any:
 
 
 def heatmap_for(
-    row: Mapping[str, Any],
-    recordings: Sequence[Mapping[str, Any]],
+    row: CheckpointResult,
+    recordings: Sequence[Mapping[str, JsonValue]],
     store: TensorStore | None,
     *,
     max_rows: int = MAX_HEATMAP_ROWS,
@@ -161,7 +172,7 @@ def heatmap_for(
     """The error heatmap of one checkpoint row (see the module doc for the two sources)."""
     import numpy as np
 
-    key = row_key(row)
+    key = (row.key.name, row.key.layer)
     notes: list[str] = []
     ref_rec, alt_rec = find_pair(recordings, key)
     if ref_rec is not None and alt_rec is not None:
@@ -181,22 +192,21 @@ def heatmap_for(
                     return Heatmap(key[0], key[1], "recorded tensors", mat, list(ref.shape), r, c, block, notes)
     elif recordings:
         notes.append("no recorded tensors for this checkpoint (over the recording budget or not enabled)")
-    worst = row.get("worst") or []
-    elems = [w for w in worst if isinstance(w, Mapping) and isinstance(w.get("index"), (list, tuple))]
+    elems = list(row.comparison.worst or [])
     if not elems:
         return None
-    shape = row.get("reference_shape") or row.get("alternative_shape")
-    if not shape or any(len(w["index"]) != len(shape) for w in elems):
-        nd = len(elems[0]["index"])
-        if any(len(w["index"]) != nd for w in elems):
+    stored_shape = row.comparison.reference_shape or row.comparison.alternative_shape
+    if not stored_shape or any(len(w.index) != len(stored_shape) for w in elems):
+        nd = len(elems[0].index)
+        if any(len(w.index) != nd for w in elems):
             return None
-        shape = [max(int(w["index"][d]) for w in elems) + 1 for d in range(nd)]
+        stored_shape = tuple(max(int(w.index[d]) for w in elems) + 1 for d in range(nd))
         notes.append("tensor shape not stored; the map spans the worst elements' bounding box")
-    shape = [int(d) for d in shape]
+    shape = [int(d) for d in stored_shape]
     r, c = _as_2d_shape(shape)
     placed: list[tuple[int, int, float]] = []  # (row, column) in the 2-D view, abs error
     for w in elems:
-        idx = [int(i) for i in w["index"]]
+        idx = [int(i) for i in w.index]
         if any(i < 0 or i >= d for i, d in zip(idx, shape)):
             continue
         if len(shape) <= 1:
@@ -204,7 +214,7 @@ def heatmap_for(
         else:
             rr = int(np.ravel_multi_index(idx[:-1], shape[:-1]))
             cc = idx[-1]
-        e = as_float(w.get("abs_error"))
+        e = as_float(w.abs_error)
         placed.append((rr, cc, math.inf if e is None or math.isnan(e) else e))
     br, bc = max(1, math.ceil(r / max_rows)), max(1, math.ceil(c / max_cols))
     grid = (math.ceil(r / br), math.ceil(c / bc))

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
-
 from ..jsonio import dumps_json
-from ._common import METRICS, first_divergence_key, fmt_num, passed_state, row_id, row_key, row_place, session_results
-from .documents import DiffSource, ReportSource
+from ._common import METRICS, fmt_num
+from .documents import DiffSource, ReportSource, stored
 
 __all__ = ["CSV_COLUMNS", "render_csv", "render_diff_csv"]
 
@@ -24,7 +22,7 @@ CSV_COLUMNS = ("session_id", "index", "id", "checkpoint", "layer", "passed", "fi
                "introduced_error", "propagated_error", "reason", "tolerance")
 
 
-def _safe_text(value: Any) -> str:
+def _safe_text(value: object) -> str:
     text = "" if value is None else str(value)
     if text and text[0] in "=+-@\t\r":
         try:
@@ -34,25 +32,26 @@ def _safe_text(value: Any) -> str:
     return text
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     return fmt_num(value, style="machine", text=_safe_text)
 
 
 def render_csv(report: ReportSource) -> str:
-    rows = report.checkpoint_results
-    first = first_divergence_key(rows, session_results(report.session))
+    """One row per checkpoint of the stored session, in model order (:data:`CSV_COLUMNS`)."""
+    view = stored(report)
+    first = view.first_divergence
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
-    for i, r in enumerate(rows):
-        key = row_key(r)
-        p = passed_state(r)
-        tol = r.get("tolerance")
+    for i, r in enumerate(view.rows):
+        p = r.state
+        tol = None if r.tolerance is None else r.tolerance.to_dict()
         w.writerow([
-            _safe_text(report.session_id), i, _safe_text(row_id(r)), _safe_text(key[0]), "" if key[1] is None else key[1],
-            "" if p is None else int(p), int(first is not None and row_place(r) == first),
-            *(_num(r.get(m)) for m in METRICS),
-            _num(r.get("introduced_error")), _num(r.get("propagated_error")), _safe_text(r.get("reason")),
+            _safe_text(view.record.session_id), i, _safe_text(r.id), _safe_text(r.key.name),
+            "" if r.key.layer is None else r.key.layer,
+            "" if p is None else int(p), int(r is first),
+            *(_num(getattr(r.comparison, m)) for m in METRICS),
+            _num(r.introduced_error), _num(r.propagated_error), _safe_text(r.reason),
             "" if tol is None else _safe_text(dumps_json(tol, indent=None)),
         ])
     return buf.getvalue()

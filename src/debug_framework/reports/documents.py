@@ -8,15 +8,22 @@ little a diff page shows of each session straight from the stores.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import DatabaseError
+from ..jsonio import JsonObject
 from ..storage.database import DatabaseLike, open_database
+from ..storage.session_record import SessionRecord
+from ._common import verdict_of
 
-__all__ = ["SessionSource", "ReportSource", "ChangeSource", "DiffSource", "SessionSide", "session_side"]
+if TYPE_CHECKING:
+    from ..services.validation.results import CheckpointResult, ValidationResult
+
+__all__ = ["SessionSource", "ReportSource", "ChangeSource", "DiffSource", "SessionSide", "session_side", "Stored",
+           "stored"]
 
 
 class SessionSource(Protocol):
@@ -27,7 +34,9 @@ class SessionSource(Protocol):
     @property
     def overall_status(self) -> str: ...
     @property
-    def session(self) -> dict[str, Any]: ...
+    def session(self) -> JsonObject: ...
+    @property
+    def checkpoint_results(self) -> list[JsonObject]: ...
 
 
 class ReportSource(SessionSource, Protocol):
@@ -36,17 +45,15 @@ class ReportSource(SessionSource, Protocol):
     @property
     def report_id(self) -> str: ...
     @property
-    def checkpoint_results(self) -> list[dict[str, Any]]: ...
-    @property
-    def performance_metrics(self) -> dict[str, Any]: ...
+    def performance_metrics(self) -> JsonObject: ...
     @property
     def created_at(self) -> datetime: ...
     @property
-    def tensor_recordings(self) -> list[dict[str, Any]]: ...
+    def tensor_recordings(self) -> list[JsonObject]: ...
     @property
     def tensor_store_root(self) -> str | None: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JsonObject: ...
 
 
 class ChangeSource(Protocol):
@@ -83,8 +90,10 @@ class DiffSource(Protocol):
     def changes(self) -> Sequence[ChangeSource]: ...
     @property
     def notes(self) -> Sequence[str]: ...
+    @property
+    def counts(self) -> Mapping[str, int]: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JsonObject: ...
 
 
 @dataclass(frozen=True)
@@ -93,9 +102,9 @@ class SessionSide:
 
     session_id: str
     overall_status: str
-    session: dict[str, Any]
+    session: JsonObject
     #: the session's checkpoint rows (model order): the diff chart draws the bounds they were judged by
-    checkpoint_results: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_results: list[JsonObject] = field(default_factory=list)
 
 
 def session_side(session_id: str, db: DatabaseLike) -> SessionSide:
@@ -107,3 +116,39 @@ def session_side(session_id: str, db: DatabaseLike) -> SessionSide:
                             hint="list sessions with session_report --list")
     return SessionSide(session_id=session_id, overall_status=row["status"], session=row,
                        checkpoint_results=database.checkpoints.for_session(session_id))
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What every view renders of a stored session: its row as a :class:`SessionRecord` and what it
+    measured as the typed :class:`~debug_framework.services.validation.results.ValidationResult`
+    (:meth:`ValidationResult.from_stored`); ``status`` is the report's overall status."""
+
+    record: SessionRecord
+    result: ValidationResult
+    status: str
+
+    @property
+    def rows(self) -> list[CheckpointResult]:
+        """The checkpoint results in model order."""
+        return self.result.results
+
+    @property
+    def verdict(self) -> str:
+        """The verdict the run stored, else the session's status (a run that stored none)."""
+        return verdict_of(replace(self.record, status=self.status))
+
+    @property
+    def first_divergence(self) -> CheckpointResult | None:
+        """The first checkpoint (model order) that failed: the run's first divergence."""
+        return self.result.first_divergence
+
+
+def stored(report: ReportSource | SessionSide) -> Stored:
+    """The typed :class:`Stored` of a report's session row and checkpoint rows."""
+    from ..services.validation.results import ValidationResult
+
+    row = {"session_id": report.session_id, **(report.session or {})}
+    record = SessionRecord.from_row(row)
+    return Stored(record, ValidationResult.from_stored(row, report.checkpoint_results),
+                  str(report.overall_status or record.status))

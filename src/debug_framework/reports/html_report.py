@@ -13,39 +13,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from ..comparison import ComparisonResult
+from ..jsonio import JsonValue
+from ..storage.session_record import SessionRecord
 from ..storage.tensor_store import TensorStore
 from ._common import (
     LOG_METRICS,
     backend_label,
     error_source_text,
-    introducing as introducing_layers,
     introducing_text,
     precision_text,
     as_float,
     damaged_fields,
-    first_divergence_key,
     fmt_num,
     input_sentences,
     isolation_rows,
-    passed_state,
     reproduce_command,
-    row_id,
-    row_key,
-    RowPlace,
-    row_place,
-    session_results,
     verdict_of,
     worst_row,
 )
 from ._decode import decode_section
 from ._drilldown import drilldown_culprits, drilldown_section
-from ._rows import layer_replay_of, replay_of, rule_of
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._sections import backends_section, num_td, performance_section, section, tolerances_section
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
-from .documents import DiffSource, ReportSource, SessionSource
+from .documents import DiffSource, ReportSource, SessionSource, stored
+
+if TYPE_CHECKING:
+    from ..services.validation.judge import Judgement
+    from ..services.validation.results import CheckpointResult, LayerResult, ValidationResult
 
 __all__ = ["render_html", "render_diff_html"]
 
@@ -67,22 +66,23 @@ _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation",
                       "drilldown", "consistent_with", "decode"}
 
 
-def _metric_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
+def _metric(r: CheckpointResult, metric: str) -> float | None:
+    """One metric of a checkpoint's comparison (``cosine_distance``: 1 - cosine similarity)."""
     if metric == "cosine_distance":
-        out: list[float | None] = []
-        for r in rows:
-            c = as_float(r.get("cosine_similarity"))
-            out.append(None if c is None else (c if math.isnan(c) else max(0.0, 1.0 - c)))
-        return out
-    return [as_float(r.get(metric)) for r in rows]
+        c = as_float(r.comparison.cosine_similarity)
+        return None if c is None else (c if math.isnan(c) else max(0.0, 1.0 - c))
+    return as_float(getattr(r.comparison, metric))
 
 
-def _judged(row: Mapping[str, Any]) -> tuple[str | None, float | None, float | None]:
+def _metric_values(rows: Sequence[CheckpointResult], metric: str) -> list[float | None]:
+    return [_metric(r, metric) for r in rows]
+
+
+def _judged(row: CheckpointResult) -> tuple[str | None, float | None, float | None]:
     """``(metric, bound, margin)`` of the rule a row was judged by (ratio rules: their metric and
     bound; an elementwise tolerance: no metric, its margin max |a - r| / (atol + rtol |r|))."""
-    rule = rule_of(row)
-    metric = rule.get("metric") if rule is not None else None
-    return metric, as_float(row.get("bound")), as_float(row.get("margin"))
+    rule = row.judgement.rule
+    return (None if rule is None else rule.metric), row.bound, row.margin
 
 
 def _bound_in_units(value: float | None, metric: str, margin: float | None) -> float | None:
@@ -95,7 +95,7 @@ def _bound_in_units(value: float | None, metric: str, margin: float | None) -> f
     return value / margin**2 if metric == "cosine_distance" else value / margin
 
 
-def _bound_values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
+def _bound_values(rows: Sequence[CheckpointResult], metric: str) -> list[float | None]:
     """Each checkpoint's bound in the units of ``metric``'s chart: the rule's own bound where it
     judged by this metric, else the bound carried over by the margin (:func:`_bound_in_units`)."""
     values = _metric_values(rows, metric)
@@ -115,56 +115,58 @@ def _verdict_class(verdict: str) -> str:
     return "other"
 
 
-def _checkpoint_table(rows: Sequence[Mapping[str, Any]], first_key: RowPlace | None,
-                      with_isolation: bool) -> str:
+#: ComparisonResult figures shown in a checkpoint's details (where measured)
+_DETAILS = ("numel", "reference_shape", "alternative_shape", "reference_dtype", "alternative_dtype", "median_abs_error",
+            "p99_abs_error", "mean_rel_error", "rmse", "mismatch_count", "nan_count_ref", "nan_count_alt",
+            "inf_count_ref", "inf_count_alt", "first_nonfinite_index")
+
+
+def _details(r: CheckpointResult) -> str:
+    """A checkpoint's worst elements and its other figures, folded."""
+    bits = []
+    if r.comparison.worst:
+        wrows = "".join(f"<tr><td>{esc(list(w.index))}</td>{num_td(w.reference)}{num_td(w.alternative)}"
+                        f"{num_td(w.abs_error)}</tr>" for w in r.comparison.worst)
+        bits.append("<table><tr><th>index</th><th>reference</th><th>alternative</th><th>abs error</th></tr>"
+                    f"{wrows}</table>")
+    more: dict[str, object] = {k: getattr(r.comparison, k) for k in _DETAILS}
+    more = {k: (list(v) if isinstance(v, tuple) else v) for k, v in more.items() if v not in (None, "", ())}
+    if r.tolerance is not None:
+        more["tolerance"] = r.tolerance.to_dict()
+    if more:
+        bits.append(kv_table(more))
+    return f"<details><summary>details</summary>{''.join(bits)}</details>" if bits else ""
+
+
+def _checkpoint_table(rows: Sequence[CheckpointResult], first: CheckpointResult | None, with_isolation: bool) -> str:
     head = "<th>margin (error / bound)</th><th>bound</th>" + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
     iso_head = "<th>introduced</th><th>propagated</th>" if with_isolation else ""
     body = []
     for i, r in enumerate(rows):
-        key = row_key(r)
-        state = passed_state(r)
+        state = r.state
         verdict = "pass" if state is True else ("FAIL" if state is False else "?")
-        is_first = first_key is not None and row_place(r) == first_key
+        is_first = r is first
         cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
         mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
         judged_metric, bound, margin = _judged(r)
         cells = (num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
-                 + "".join(num_td(r.get(m)) for m in _TABLE_METRICS))
+                 + "".join(num_td(_metric(r, m)) for m in _TABLE_METRICS))
         iso = ""
         if with_isolation:
-            flag = ' <strong title="this layer introduces error on its own">&#9888;</strong>' if r.get("introduces_error") is True else ""
-            iso = (f'<td class="num">{esc(fmt_num(r.get("introduced_error")))}{flag}</td>'
-                   + num_td(r.get("propagated_error")))
-        detail_bits = []
-        worst = r.get("worst")
-        if isinstance(worst, list) and worst:
-            wrows = "".join(
-                f"<tr><td>{esc(w.get('index') if isinstance(w, Mapping) else w)}</td>"
-                f"{num_td(w.get('reference', w.get('ref')) if isinstance(w, Mapping) else None)}"
-                f"{num_td(w.get('alternative', w.get('alt')) if isinstance(w, Mapping) else None)}"
-                f"{num_td(w.get('abs_error') if isinstance(w, Mapping) else None)}</tr>"
-                for w in worst)
-            detail_bits.append("<table><tr><th>index</th><th>reference</th><th>alternative</th><th>abs error</th></tr>"
-                               f"{wrows}</table>")
-        more = {k: r.get(k) for k in ("numel", "reference_shape", "alternative_shape", "reference_dtype",
-                                      "alternative_dtype", "median_abs_error", "p99_abs_error", "mean_rel_error",
-                                      "rmse", "mismatch_count", "nan_count_ref", "nan_count_alt", "inf_count_ref",
-                                      "inf_count_alt", "first_nonfinite_index", "tolerance") if r.get(k) is not None}
-        if more:
-            detail_bits.append(kv_table(more))
-        details = f"<details><summary>details</summary>{''.join(detail_bits)}</details>" if detail_bits else ""
+            flag = ' <strong title="this layer introduces error on its own">&#9888;</strong>' if r.introduces_error else ""
+            iso = f'<td class="num">{esc(fmt_num(r.introduced_error))}{flag}</td>' + num_td(r.propagated_error)
         body.append(
-            f'<tr class="{cls}" id="row-{i}"><td class="num">{i}</td><td>{esc(row_id(r))}</td>'
-            f'<td class="num">{esc(fmt_num(key[1]))}</td><td>{esc(verdict)}{mark}</td>{cells}{iso}'
-            f"<td class=\"reason\">{esc(r.get('reason'))}</td><td>{details}</td></tr>")
+            f'<tr class="{cls}" id="row-{i}"><td class="num">{i}</td><td>{esc(r.id)}</td>'
+            f'<td class="num">{esc(fmt_num(r.key.layer))}</td><td>{esc(verdict)}{mark}</td>{cells}{iso}'
+            f"<td class=\"reason\">{esc(r.reason)}</td><td>{_details(r)}</td></tr>")
     return (f'<div class="scroll"><table class="checkpoints"><thead><tr><th>#</th><th>checkpoint</th><th>layer</th>'
             f"<th>verdict</th>{head}{iso_head}<th>reason</th><th></th></tr></thead><tbody>{''.join(body)}</tbody>"
             "</table></div>")
 
 
-def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
-    labels = [row_id(r) for r in rows]
-    passed = [passed_state(r) for r in rows]
+def _curves(rows: Sequence[CheckpointResult], first_index: int | None) -> str:
+    labels = [r.id for r in rows]
+    passed = [r.state for r in rows]
     charts = []
     for m in LOG_METRICS:
         if m == "mismatch_percent":  # counts elements beyond the dtype's elementwise tolerance: in the table
@@ -192,137 +194,131 @@ def _curves(rows: Sequence[Mapping[str, Any]], first_index: int | None) -> str:
     return legend + f'<div class="charts">{"".join(charts)}</div>'
 
 
-def _replay_bound(row: Mapping[str, Any]) -> float | None:
-    """The bound a layer's replay was judged by, in the chart's units (max abs error, via its margin)."""
-    intro = replay_of(row) if "checkpoint" in row else layer_replay_of(row)  # a row, or an engine layer dict
-    if intro is None:
-        return None
-    error = as_float(row.get("introduced_error")) if "checkpoint" in row else as_float(intro.get("max_abs_error"))
-    return _bound_in_units(error, "max_abs_error", as_float(intro.get("margin")))
+def _error(result: ComparisonResult | None) -> float | None:
+    return None if result is None else as_float(result.max_abs_error)
 
 
-def _introduced_error(row: Mapping[str, Any]) -> float | None:
-    """A row's introduced error (its column), or an engine layer dict's (its MLP side's max abs error)."""
-    if "checkpoint" in row or "introduced_error" in row:
-        return as_float(row.get("introduced_error"))
-    replay = layer_replay_of(row)
-    return None if replay is None else as_float(replay.get("max_abs_error"))
+def _layer_side(lr: LayerResult) -> tuple[Judgement, ComparisonResult]:
+    """A layer's MLP-side judgement (the block ending at post_mlp) and its replay's error."""
+    ev, v = lr.evidence, lr.verdict
+    if v.mlp is not None:
+        return v.mlp, (ev.mlp or ev.whole).error
+    return v.whole, ev.whole.error
 
 
-def _propagated_error(row: Mapping[str, Any]) -> float | None:
-    """A row's carried-in error (its column), or an engine layer dict's."""
-    if "checkpoint" in row or "propagated_error" in row:
-        return as_float(row.get("propagated_error"))
-    carried = row.get("carried_in")
-    return as_float(carried.get("max_abs_error")) if isinstance(carried, Mapping) else None
+def _row_series(rows: Sequence[CheckpointResult]) -> list[tuple[float | None, float | None, float | None]]:
+    """``(introduced, propagated, introduced bound)`` per checkpoint row (max abs error units)."""
+    return [(r.introduced_error, r.propagated_error,
+             None if r.introduced is None else _bound_in_units(r.introduced_error, "max_abs_error", r.introduced.judgement.margin))
+            for r in rows]
 
 
-def _block_error(layer: Mapping[str, Any], block: str) -> float | None:
-    """An engine layer dict's block replay error (max abs), new shape or old."""
-    entry = layer.get(block)
-    if isinstance(entry, Mapping):
-        return as_float(entry.get("max_abs_error"))
-    old = layer.get(f"introduced_{block}")
-    return as_float(old.get("max_abs_error")) if isinstance(old, Mapping) else None
+def _layer_series(layers: Sequence[LayerResult]) -> list[tuple[float | None, float | None, float | None]]:
+    """``(introduced, propagated, introduced bound)`` per isolated layer (its MLP side)."""
+    out = []
+    for lr in layers:
+        judgement, error = _layer_side(lr)
+        intro = _error(error)
+        out.append((intro, _error(lr.evidence.carried_in), _bound_in_units(intro, "max_abs_error", judgement.margin)))
+    return out
 
 
-def _isolation(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
-    """Per-checkpoint introduced/propagated error (row columns) and the engine's per-layer isolation list."""
-    iso_rows = isolation_rows(rows)
-    info = results.get("isolation")
-    layers = [d for d in info if isinstance(d, Mapping)] if isinstance(info, list) else []
-    found = introducing_layers(results)
-    if not iso_rows and not info and not found and not results.get("isolation_note"):
+def _iso_rows_table(iso_rows: Sequence[CheckpointResult]) -> str:
+    trs = []
+    for r in iso_rows:
+        intro = r.introduces_error
+        flag = "introduces error" if intro is True else ("no" if intro is False else "")
+        trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(r.id)}</td>'
+                   f"{num_td(r.introduced_error)}{num_td(r.propagated_error)}<td>{esc(flag)}</td>"
+                   f"<td>{esc('pass' if r.state else ('FAIL' if r.state is False else '?'))}</td></tr>")
+    return ("<table><tr><th>checkpoint</th><th>introduced error</th><th>propagated error</th>"
+            f"<th>this layer</th><th>end-to-end verdict</th></tr>{''.join(trs)}</table>")
+
+
+def _layers_table(layers: Sequence[LayerResult]) -> str:
+    trs = []
+    for lr in layers:
+        ev, v = lr.evidence, lr.verdict
+        attention = _error(ev.attention.error) if v.attention is not None and ev.attention is not None else None
+        mlp = _error((ev.mlp or ev.whole).error) if v.mlp is not None else None
+        growth = lr.accumulation()
+        trs.append(f'<tr class="{"fail" if lr.introduces else ""}"><td class="num">{esc(lr.layer)}</td>'
+                   f"<td>{esc('YES' if lr.introduces else 'no')}</td><td>{esc(lr.block)}</td>{num_td(attention)}"
+                   f"{num_td(mlp)}{num_td(_error(ev.carried_in))}{num_td(_error(ev.total))}"
+                   + "".join(num_td(growth[k]) for k in _GROWTH) + "</tr>")
+    return ("<h3>Per layer (engine)</h3><p>Each block replayed alone on the reference's input to it: the "
+            "attention on the layer's input, the MLP on the post-attention state (max abs error).</p>"
+            "<table><tr><th>layer</th><th>introduces error</th><th>block</th>"
+            "<th>attention introduces</th><th>mlp introduces</th><th>carried in</th><th>total</th>"
+            "<th>carried in (RMSE)</th>"
+            "<th>carried out (RMSE)</th><th>growth</th><th>a correct run's growth</th></tr>"
+            + "".join(trs) + "</table><p>Growth: carried out / carried in through the layer; beside it the "
+            "calibration run's own (accumulated rounding of a correct implementation at the same "
+            "precision). A layer that only accumulates grows the error about as a correct run does.</p>")
+
+
+def _isolation(result: ValidationResult) -> str:
+    """Per-checkpoint introduced/propagated error and the engine's per-layer isolation list."""
+    iso_rows = isolation_rows(result.results)
+    layers = result.isolation or []
+    found = result.introducing()
+    if not iso_rows and not layers and not found and not result.isolation_note:
         return ""
     parts = []
     if found is not None:
         parts.append(f'<p id="introducing-layers" class="note">Layers that introduce error on their own: '
                      f"<strong>{esc(introducing_text(found))}</strong></p>")
-    if results.get("isolation_note"):
-        parts.append(f'<p class="note">{esc(results.get("isolation_note"))}</p>')
-    source = results.get("error_source")
-    if isinstance(source, Mapping):
+    if result.isolation_note:
+        parts.append(f'<p class="note">{esc(result.isolation_note)}</p>')
+    source = result.source
+    if source is not None:
         parts.append(f'<p id="error-source" class="note">Source of the error: '
-                     f'<strong>{esc(error_source_text(source))}</strong>: {esc(source.get("detail"))}</p>')
-    if iso_rows:
-        series_src: Sequence[Mapping[str, Any]] = iso_rows
-        labels = [row_id(r) for r in iso_rows]
-    else:
-        series_src = layers
-        labels = [f"layer {d.get('layer')}" for d in layers]
-    if series_src:
+                     f'<strong>{esc(error_source_text(source))}</strong>: {esc(source.detail)}</p>')
+    series = _row_series(iso_rows) if iso_rows else _layer_series(layers)
+    labels = [r.id for r in iso_rows] if iso_rows else [f"layer {lr.layer}" for lr in layers]
+    if series:
         svg = line_chart("introduced vs propagated error", labels,
-                         [("introduced", [_introduced_error(r) for r in series_src], "#dd6b20"),
-                          ("propagated", [_propagated_error(r) for r in series_src], "#2b6cb0"),
-                          ("introduced bound", [_replay_bound(r) for r in series_src], _BOUND)],
+                         [("introduced", [s[0] for s in series], "#dd6b20"),
+                          ("propagated", [s[1] for s in series], "#2b6cb0"),
+                          ("introduced bound", [s[2] for s in series], _BOUND)],
                          log=True, chart_id="isolation", width=760)
         if svg:
             parts.append(f'<div class="charts">{svg}</div>')
     parts.append("<p>Introduced: the error a layer adds when the alternative runs it on the reference's input to "
                  "that layer. Propagated: the error carried in from earlier layers (end-to-end run).</p>")
     if iso_rows:
-        trs = []
-        for r in iso_rows:
-            intro = r.get("introduces_error")
-            flag = "introduces error" if intro is True else ("no" if intro is False else "")
-            trs.append(f'<tr class="{"fail" if intro is True else ""}"><td>{esc(row_id(r))}</td>'
-                       f"{num_td(r.get('introduced_error'))}{num_td(r.get('propagated_error'))}<td>{esc(flag)}</td>"
-                       f"<td>{esc('pass' if passed_state(r) else ('FAIL' if passed_state(r) is False else '?'))}</td></tr>")
-        parts.append("<table><tr><th>checkpoint</th><th>introduced error</th><th>propagated error</th>"
-                     f"<th>this layer</th><th>end-to-end verdict</th></tr>{''.join(trs)}</table>")
+        parts.append(_iso_rows_table(iso_rows))
     if layers:
-        trs = []
-        for d in layers:
-            intro = d.get("introduces_error")
-            total = d.get("total")
-            trs.append(f'<tr class="{"fail" if intro is True else ""}"><td class="num">{esc(d.get("layer"))}</td>'
-                       f"<td>{esc('YES' if intro is True else ('no' if intro is False else ''))}</td>"
-                       f"<td>{esc(d.get('block'))}</td>{num_td(_block_error(d, 'attention'))}"
-                       f"{num_td(_block_error(d, 'mlp'))}{num_td(_propagated_error(d))}"
-                       f"{num_td(total.get('max_abs_error') if isinstance(total, Mapping) else d.get('total_error'))}"
-                       + "".join(num_td(d.get(k)) for k in _GROWTH) + "</tr>")
-        parts.append("<h3>Per layer (engine)</h3><p>Each block replayed alone on the reference's input to it: the "
-                     "attention on the layer's input, the MLP on the post-attention state (max abs error).</p>"
-                     "<table><tr><th>layer</th><th>introduces error</th><th>block</th>"
-                     "<th>attention introduces</th><th>mlp introduces</th><th>carried in</th><th>total</th>"
-                     "<th>carried in (RMSE)</th>"
-                     "<th>carried out (RMSE)</th><th>growth</th><th>a correct run's growth</th></tr>"
-                     + "".join(trs) + "</table><p>Growth: carried out / carried in through the layer; beside it the "
-                     "calibration run's own (accumulated rounding of a correct implementation at the same "
-                     "precision). A layer that only accumulates grows the error about as a correct run does.</p>")
-    elif info:
-        parts.append("<h3>Isolation summary (engine)</h3>" + (kv_table(info) if isinstance(info, Mapping) else json_pre(info)))
+        parts.append(_layers_table(layers))
     return section("isolation", "Isolation: introduced vs propagated error", "".join(parts))
 
 
-def _oracle_noise(rows: Sequence[Mapping[str, Any]], results: Mapping[str, Any]) -> str:
+def _oracle_noise(result: ValidationResult) -> str:
     parts = []
-    oracle = results.get("oracle")
-    o_rows = [r for r in rows if isinstance(r.get("oracle"), Mapping)]
-    if oracle or o_rows:
+    o_rows = [r for r in result.results if r.judged_by == "oracle" and r.judgement.rule is not None]
+    if result.oracle or o_rows:
         parts.append("<h3>Oracle (float64 python_reference)</h3>")
-        if isinstance(oracle, Mapping):
-            parts.append(kv_table(oracle))
+        if result.oracle:
+            parts.append(kv_table(result.oracle))
         if o_rows:
             keys = ("reference_error", "alternative_error", "multiplier", "floor", "bound", "ratio")
-            trs = "".join(f'<tr class="{"fail" if r["oracle"].get("passed") is False else ""}"><td>{esc(row_id(r))}</td>'
-                          + "".join(num_td(r["oracle"].get(k)) for k in keys)
-                          + f"<td>{esc(r['oracle'].get('passed'))}</td></tr>" for r in o_rows)
+            trs = "".join(f'<tr class="{"fail" if r.state is False else ""}"><td>{esc(r.id)}</td>'
+                          + "".join(num_td(getattr(r.judgement.rule, k)) for k in keys)
+                          + f"<td>{esc(r.state)}</td></tr>" for r in o_rows)
             parts.append("<table><tr><th>checkpoint</th>" + "".join(f"<th>{esc(k)}</th>" for k in keys)
                          + f"<th>passed</th></tr>{trs}</table>")
-    noise = results.get("noise_floor")
-    n_rows = [r for r in rows if isinstance(r.get("run_to_run"), Mapping)]
-    if noise or n_rows:
+    n_rows = [r for r in result.results if r.run_to_run is not None]
+    if result.noise_floor or n_rows:
         parts.append("<h3>Noise floor (run-to-run)</h3>")
-        if noise:
-            parts.append(kv_table(noise) if isinstance(noise, Mapping) else json_pre(noise))
+        if result.noise_floor:
+            parts.append(kv_table(result.noise_floor))
         if n_rows:
-            trs = "".join(f"<tr><td>{esc(row_id(r))}</td><td>{_cell(r['run_to_run'])}</td></tr>" for r in n_rows)
+            trs = "".join(f"<tr><td>{esc(r.id)}</td><td>{_cell(r.run_to_run or {})}</td></tr>" for r in n_rows)
             parts.append(f"<table><tr><th>checkpoint</th><th>max |run1 - run2|</th></tr>{trs}</table>")
     return section("oracle", "Oracle and noise floor", "".join(parts)) if parts else ""
 
 
-def _cell(d: Mapping[str, Any]) -> str:
+def _cell(d: Mapping[str, float]) -> str:
     return esc(", ".join(f"{k}={fmt_num(v)}" for k, v in d.items()))
 
 
@@ -332,10 +328,10 @@ def _indices(values: list[int], shown: int = 24) -> str:
     return ", ".join(str(v) for v in values[:shown]) + more
 
 
-def _heatmap(hm: Heatmap | None, worst: Mapping[str, Any] | None) -> str:
+def _heatmap(hm: Heatmap | None, worst: CheckpointResult | None) -> str:
     if worst is None:
         return section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
-    label = row_id(worst)
+    label = worst.id
     if hm is None:
         return section("heatmap", f"Heatmap of the worst checkpoint: {label}",
                         '<p class="muted">no recorded tensors and no worst-element list for this checkpoint</p>')
@@ -392,68 +388,63 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     session's database when it exists. ``include_tensors`` adds a table of every recorded tensor
     (statistics and the first values).
     """
-    session = dict(report.session or {})
-    session.setdefault("session_id", report.session_id)
-    rows = list(report.checkpoint_results)
-    results = session_results(session)
-    status = report.overall_status or session.get("status")
-    verdict = verdict_of(status, results)
-    first_key = first_divergence_key(rows, results)
-    first_index = next((i for i, r in enumerate(rows) if row_place(r) == first_key), None)
-    first_row = rows[first_index] if first_index is not None else None
+    view = stored(report)
+    session, result, rows = view.record, view.result, view.rows
+    status = view.status
+    verdict = view.verdict
+    first = view.first_divergence
+    first_index = next((i for i, r in enumerate(rows) if r is first), None)
     worst = worst_row(rows)
     store = open_store(store, report.tensor_store_root) if (report.tensor_recordings or store is not None) else None
     heat = heatmap_for(worst, report.tensor_recordings, store) if worst is not None else None
 
-    n_pass = sum(1 for r in rows if passed_state(r) is True)
-    n_fail = sum(1 for r in rows if passed_state(r) is False)
-    alt_dtype = results.get("alternative_dtype") or session.get("alternative_dtype") or "dtype"
-    diagnosis = results.get("precision_diagnosis")
-    quantized = diagnosis.get("quantized") if isinstance(diagnosis, dict) else None
-    if first_key is None:
+    n_pass = sum(1 for r in rows if r.state is True)
+    n_fail = sum(1 for r in rows if r.state is False)
+    diagnosis = result.precision_diagnosis or {}
+    quantized = diagnosis.get("quantized")
+    if first is None:
         fd_text = "none: every checkpoint within tolerance" if rows else "none (no checkpoint results stored)"
     else:
-        fd_text = row_id(first_key)
-        if first_row is not None:
-            fd_text += f" (max abs error {fmt_num(first_row.get('max_abs_error'))}"
-            if first_row.get("reason"):
-                fd_text += f"; {first_row.get('reason')}"
-            fd_text += ")"
+        fd_text = f"{first.id} (max abs error {fmt_num(first.comparison.max_abs_error)}"
+        fd_text += (f"; {first.reason}" if first.reason else "") + ")"
+    found = result.introducing()
+    source = result.source
+    culprits = drilldown_culprits(result.drilldown)
+    damaged = damaged_fields(session, report.checkpoint_results)
     verdict_box = (
         f'<section id="verdict" class="verdict {_verdict_class(verdict)}">'
         f'<div class="big">{esc(verdict.upper())}</div>'
         f"<div>session status <strong>{esc(status)}</strong>; {esc(len(rows))} checkpoints: {esc(n_pass)} passed, "
         f"{esc(n_fail)} failed, {esc(len(rows) - n_pass - n_fail)} without a verdict</div>"
         f'<div id="first-divergence">first divergence: <strong>{esc(fd_text)}</strong></div>'
-        + (f"<div>worst checkpoint: {esc(row_id(worst))} (max abs error {esc(fmt_num(worst.get('max_abs_error')))})</div>"
+        + (f"<div>worst checkpoint: {esc(worst.id)} (max abs error {esc(fmt_num(worst.comparison.max_abs_error))})</div>"
            if worst is not None else "")
-        + (f'<div id="consistent-with">{esc(precision_text(results["consistent_with"], alt_dtype, quantized))}</div>'
-           if isinstance(results.get("consistent_with"), str) else "")
+        + (f'<div id="consistent-with">{esc(precision_text(result.consistent_with, result.alternative_dtype or "dtype", quantized if isinstance(quantized, Mapping) else None))}</div>'
+           if result.consistent_with else "")
         + (f'<div id="summary-introducing">layers that introduce error (isolation): '
-           f"{esc(introducing_text(found))}</div>" if (found := introducing_layers(results)) is not None else "")
-        + (f'<div id="summary-source">source of the error: {esc(error_source_text(results["error_source"]))}</div>'
-           if isinstance(results.get("error_source"), Mapping) else "")
+           f"{esc(introducing_text(found))}</div>" if found is not None else "")
+        + (f'<div id="summary-source">source of the error: {esc(error_source_text(source))}</div>'
+           if source is not None else "")
         + (f'<div id="culprit-summary">culprit operator (drill-down): <strong>{esc(culprits)}</strong> '
-           '<a href="#drilldown">details</a></div>' if (culprits := drilldown_culprits(results)) else "")
-        + (f"<div>error: {esc(session.get('error_message'))}</div>" if session.get("error_message") else "")
+           '<a href="#drilldown">details</a></div>' if culprits else "")
+        + (f"<div>error: {esc(session.error_message)}</div>" if session.error_message else "")
         + (f'<div id="damaged">damaged JSON in the database (shown as not recorded): {esc(", ".join(damaged))}</div>'
-           if (damaged := damaged_fields(session, rows)) else "")
+           if damaged else "")
         + "</section>")
 
-    started, finished = session.get("started_at"), session.get("finished_at")
-    summary = {
-        "session id": session.get("session_id"),
-        "model path": session.get("model_path"),
-        "weights digest": session.get("weights_digest"),
-        "reference backend": session.get("reference_backend"),
-        "alternative backend": backend_label(session.get("alternative_backend"), results.get("alternative_options"),
-                                             results.get("alternative_dtype")),
-        "seed": session.get("seed"),
-        "inputs": session.get("inputs_ref"),
-        "created": session.get("created_at"),
-        "started": started,
-        "finished": finished,
-        "tensor recordings": results.get("recordings"),
+    summary: dict[str, object] = {
+        "session id": session.session_id,
+        "model path": session.model_path or None,
+        "weights digest": session.weights_digest,
+        "reference backend": session.reference_backend or None,
+        "alternative backend": backend_label(session.alternative_backend, result.alternative_options,
+                                             result.alternative_dtype or None),
+        "seed": session.seed,
+        "inputs": session.inputs_ref,
+        "created": session.created_at,
+        "started": session.started_at,
+        "finished": session.finished_at,
+        "tensor recordings": result.recordings,
     }
     summary_html = kv_table({k: v for k, v in summary.items() if v is not None})
     sentences = input_sentences(session)
@@ -461,8 +452,8 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         summary_html += (f"<h3>Input sentences ({len(sentences)})</h3>"
                          + lines_list(sentences, "lines sentences").replace("<ol ", '<ol id="input-sentences" ', 1))
 
-    perf = results.get("performance") if results.get("performance") is not None else (report.performance_metrics or None)
-    cmd, exact = reproduce_command(session, results)
+    perf = result.performance or report.performance_metrics or None
+    cmd, exact = reproduce_command(session, result)
     if cmd is None:
         repro = '<p class="muted">not recorded</p>'
     else:
@@ -474,25 +465,25 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
                   "the text inputs and the main config options; arguments with control or bidi characters are "
                   "written as $'...' escapes). A user backend needs its --backend-file or --backend-module, "
                   "and config keys without an option need --config-file.</p>"))
-    other = {k: v for k, v in results.items() if k not in _SHOWN_RESULT_KEYS}
+    other = {k: v for k, v in session.results.items() if k not in _SHOWN_RESULT_KEYS}
 
     sections = [
         verdict_box,
         section("summary", "Session", summary_html),
         section("curves", "Per-layer error", _curves(rows, first_index)),
-        section("checkpoints", "Checkpoints", _checkpoint_table(rows, first_key, bool(isolation_rows(rows)))
+        section("checkpoints", "Checkpoints", _checkpoint_table(rows, first, bool(isolation_rows(rows)))
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
-        decode_section(rows, results),
-        _isolation(rows, results),
-        drilldown_section(results),
+        decode_section(result),
+        _isolation(result),
+        drilldown_section(result.drilldown),
         _heatmap(heat, worst),
-        _oracle_noise(rows, results),
+        _oracle_noise(result),
         performance_section(perf),
         _tensorssection(report, store, max_tensor_values) if include_tensors else "",
         backends_section(session),
         tolerances_section(session, rows),
-        section("config", "Configuration", kv_table(session.get("config") if isinstance(session.get("config"), Mapping) else None)),
-        section("environment", "Environment", kv_table(session.get("environment") if isinstance(session.get("environment"), Mapping) else None)),
+        section("config", "Configuration", kv_table(session.config or None)),
+        section("environment", "Environment", kv_table(session.environment or None)),
         section("reproduce", "Reproduce this run", repro),
         section("other-results", "Other results", kv_table(other)) if other else "",
     ]
@@ -507,9 +498,9 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Validation report {esc(report.session_id)}</title><style>{BASE_CSS}</style></head>\n<body>"
-        f"<h1>Validation report: {esc(session.get('model_path'))}</h1>"
-        f"<p class=\"muted\">{esc(session.get('reference_backend'))} (reference) vs "
-        f"{esc(session.get('alternative_backend'))} (alternative) &middot; session <code>{esc(report.session_id)}</code></p>"
+        f"<h1>Validation report: {esc(session.model_path)}</h1>"
+        f"<p class=\"muted\">{esc(session.reference_backend)} (reference) vs "
+        f"{esc(session.alternative_backend)} (alternative) &middot; session <code>{esc(report.session_id)}</code></p>"
         f"<nav>{nav}</nav>"
         + "\n".join(s for s in sections if s)
         + f'<footer><p class="muted">report {esc(report.report_id)} generated {esc(generated)} by debug_framework</p>'
@@ -520,15 +511,21 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
 # ----------------------------------------------------------------------------- diff
 
 
+def _record(rep: SessionSource) -> SessionRecord:
+    """A diff side's session row as its record (its status the side's overall status)."""
+    record = SessionRecord.from_row({"session_id": rep.session_id, **(rep.session or {})})
+    return replace(record, status=rep.overall_status or record.status)
+
+
 def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSource) -> str:
     """Cross-session report: which checkpoints got better or worse from ``before`` to ``after``."""
-    counts = diff.to_dict()["counts"]
+    counts = diff.counts
     labels = [c.id for c in diff.changes]
     series = [("before", [c.before_max_abs_error for c in diff.changes], "#718096"),
               ("after", [c.after_max_abs_error for c in diff.changes], "#c53030")]
-    after_rows = list(getattr(after, "checkpoint_results", None) or [])
+    after_rows = stored(after).rows
     if after_rows:  # the bound each checkpoint of the "after" session was judged by, in max abs units
-        bounds = dict(zip((row_id(r) for r in after_rows), _bound_values(after_rows, "max_abs_error")))
+        bounds = dict(zip((r.id for r in after_rows), _bound_values(after_rows, "max_abs_error")))
         series.append(("after's bound", [bounds.get(c.id) for c in diff.changes], _BOUND_AFTER))
     chart = line_chart("max |alt - ref| per checkpoint", labels, series, log=True, width=900, chart_id="diff")
     trs = []
@@ -542,18 +539,17 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
                    f"<td>{esc(pv(c.before_passed))}</td><td>{esc(pv(c.after_passed))}</td>"
                    f"{num_td(c.before_max_abs_error)}{num_td(c.after_max_abs_error)}<td class=\"num\">{esc(ratio)}</td>"
                    f'<td class="change">{esc(c.change)}</td></tr>')
-    worse = counts.get("worse", 0)
+    worse = diff.counts["worse"]
     cls = "bad" if worse else "ok"
     headline = f"{worse} checkpoint(s) got worse" if worse else "nothing got worse"
 
     def side(title: str, rep: SessionSource) -> str:
-        s = rep.session or {}
-        res = session_results(s)
+        s = _record(rep)
         return (f"<h3>{esc(title)}</h3>" + kv_table({
-            "session id": rep.session_id, "status": rep.overall_status, "verdict": verdict_of(rep.overall_status, res),
-            "model path": s.get("model_path"), "weights digest": s.get("weights_digest"),
-            "reference backend": s.get("reference_backend"), "alternative backend": s.get("alternative_backend"),
-            "created": s.get("created_at")}))
+            "session id": rep.session_id, "status": rep.overall_status, "verdict": verdict_of(s),
+            "model path": s.model_path, "weights digest": s.weights_digest,
+            "reference backend": s.reference_backend, "alternative backend": s.alternative_backend,
+            "created": s.created_at}))
 
     notes = "".join(f"<li>{esc(n)}</li>" for n in diff.notes)
     return (
@@ -561,7 +557,7 @@ def render_diff_html(diff: DiffSource, before: SessionSource, after: SessionSour
         f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
         f"<title>Session diff {esc(diff.before_session_id)} -&gt; {esc(diff.after_session_id)}</title>"
         f"<style>{BASE_CSS}</style></head>\n<body>"
-        f"<h1>Session diff: {esc((before.session or {}).get('model_path'))}</h1>"
+        f"<h1>Session diff: {esc(_record(before).model_path)}</h1>"
         f'<section id="verdict" class="verdict {cls}"><div class="big">{esc(headline)}</div>'
         f"<div>{' &middot; '.join(f'{esc(k)}: {esc(v)}' for k, v in counts.items())}</div></section>"
         f'<section id="sessions"><h2>Sessions</h2><div class="charts"><div>{side("before", before)}</div>'

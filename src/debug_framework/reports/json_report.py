@@ -11,29 +11,27 @@ statistics and its first ``max_tensor_values`` values.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..jsonio import dumps_json
+from ..jsonio import JsonObject, dumps_json
 from ..storage.tensor_store import TensorStore
-from ._common import first_divergence_entry, first_divergence_key, reproduce_command, row_id, session_results, verdict_of
+from ._common import first_divergence_entry, reproduce_command
 from ._tensors import open_store, tensor_summary
-from .documents import DiffSource, ReportSource
+from .documents import DiffSource, ReportSource, stored
 
 
 __all__ = ["report_document", "render_json", "render_diff_json"]
 
 
 def report_document(report: ReportSource, *, include_tensors: bool = False, store: TensorStore | None = None,
-                    max_tensor_values: int = 4096) -> dict[str, Any]:
+                    max_tensor_values: int = 4096) -> JsonObject:
+    """The JSON report's document (see the module's docstring)."""
+    view = stored(report)
     doc = report.to_dict()
     # the id first; it replaces the store's row number, which names nothing outside the database
-    doc["checkpoint_results"] = [{"id": row_id(r), **{k: v for k, v in r.items() if k != "id"}}
-                                 for r in report.checkpoint_results]
-    results = session_results(report.session)
-    key = first_divergence_key(report.checkpoint_results, results)
-    doc["verdict"] = verdict_of(report.overall_status, results)
-    doc["first_divergence"] = first_divergence_entry(key)
-    cmd, exact = reproduce_command(report.session or {}, results)
+    doc["checkpoint_results"] = [{"id": typed.id, **{k: v for k, v in r.items() if k != "id"}}
+                                 for typed, r in zip(view.rows, report.checkpoint_results)]
+    doc["verdict"] = view.verdict
+    doc["first_divergence"] = first_divergence_entry(view.first_divergence)
+    cmd, exact = reproduce_command(view.record, view.result)
     doc["reproduce_command"] = {"command": cmd, "exact": exact}
     if include_tensors:
         st = open_store(store, report.tensor_store_root) if report.tensor_recordings else None

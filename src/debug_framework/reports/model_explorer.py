@@ -45,12 +45,18 @@ import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, unwritable_output
+from ..jsonio import JsonObject, JsonValue
 from ..services.drilldown.types import LayerDrilldown
-from ._common import as_float, passed_state, row_id, row_key, session_results
-from ._rows import replay_of, rule_of
+from ._common import as_float
+from .documents import ReportSource, stored
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = [
     "CHECKPOINT_GRAPH_ID",
@@ -65,7 +71,6 @@ __all__ = [
     "operator_table_graph",
     "operator_node_data",
     "graph_node_ids",
-    "session_drilldowns",
     "write_model_explorer",
     "write_session_model_explorer",
     "write_result_model_explorer",
@@ -95,13 +100,13 @@ def _finite(value: float | None) -> float | None:
 
 
 def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapping[str, str] | None = None,
-              thresholds: Sequence[Mapping[str, Any]] | None = None,
-              gradient: Sequence[Mapping[str, Any]] | None = None, name: str | None = None) -> dict[str, Any]:
+              thresholds: Sequence[Mapping[str, JsonValue]] | None = None,
+              gradient: Sequence[Mapping[str, JsonValue]] | None = None, name: str | None = None) -> JsonObject:
     """One Model Explorer node-data document ``{graph_id: {"results": ..., ...}}``.
 
     ``values``: node id -> number (None/NaN left out); ``colors``: node id -> a CSS colour that
     overrides the thresholds/gradient for that node; ``name``: shown in Model Explorer's UI."""
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, JsonObject] = {}
     for node, value in values.items():
         v = _finite(value)
         if v is None:
@@ -109,7 +114,7 @@ def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapp
         results[node] = {"value": v}
         if colors and node in colors:
             results[node]["bgColor"] = colors[node]
-    graph: dict[str, Any] = {"results": results}
+    graph: JsonObject = {"results": results}
     if name:
         graph["name"] = name
     if thresholds:
@@ -122,69 +127,67 @@ def node_data(values: Mapping[str, float | None], graph_id: str, *, colors: Mapp
 # --- the checkpoint graph (the whole model) ------------------------------------------------------------
 
 
-def _judged_error(row: Mapping[str, Any]) -> tuple[float | None, str]:
-    """The error the verdict judged and its metric: the calibrated metric where calibrated, else max abs."""
-    rule = rule_of(row)
-    if rule is not None and as_float(rule.get("error")) is not None:
-        return as_float(rule.get("error")), str(rule.get("metric") or "rmse")
-    return as_float(row.get("max_abs_error")), "max_abs_error"
+def _judged_error(row: CheckpointResult) -> tuple[float | None, str]:
+    """The error the rule judged (its metric), else max |alt - ref|."""
+    rule = row.judgement.rule
+    if rule is not None and as_float(rule.alternative_error) is not None:
+        return as_float(rule.alternative_error), rule.metric or "rmse"
+    return as_float(row.comparison.max_abs_error), "max_abs_error"
 
 
-def _introduced(row: Mapping[str, Any]) -> float | None:
-    replay = replay_of(row)
-    rule = replay.get("rule") if replay is not None else None
-    if isinstance(rule, Mapping) and as_float(rule.get("error")) is not None:
-        return as_float(rule.get("error"))
-    return as_float(row.get("introduced_error"))
+def _introduced(row: CheckpointResult) -> float | None:
+    """The error of the block ending here replayed on the reference's input (its rule's metric)."""
+    rule = None if row.introduced is None else row.introduced.judgement.rule
+    if rule is not None and as_float(rule.alternative_error) is not None:
+        return as_float(rule.alternative_error)
+    return as_float(row.introduced_error)
 
 
-def _carried_in(row: Mapping[str, Any]) -> float | None:
-    acc = row.get("accumulation")
-    if isinstance(acc, Mapping) and as_float(acc.get("carried_in_rmse")) is not None:
-        return as_float(acc.get("carried_in_rmse"))
-    return as_float(row.get("propagated_error"))
+def _carried_in(row: CheckpointResult) -> float | None:
+    """The error carried into the layer (RMSE where isolation measured it)."""
+    rmse = None if row.accumulation is None else as_float(row.accumulation.get("carried_in_rmse"))
+    return rmse if rmse is not None else as_float(row.propagated_error)
 
 
-def _kv(key: str, value: Any) -> dict[str, str]:
+def _kv(key: str, value: object) -> dict[str, str]:
     return {"key": key, "value": "" if value is None else str(value)}
 
 
-def checkpoint_graph(rows: Sequence[Mapping[str, Any]], drilldowns: Iterable[LayerDrilldown] = (),
-                     label: str = "checkpoints") -> dict[str, Any]:
+def checkpoint_graph(rows: Sequence[CheckpointResult], drilldowns: Iterable[LayerDrilldown] = (),
+                     label: str = "checkpoints") -> JsonObject:
     """Model Explorer's JSON graph (a graph collection) of a session's checkpoints in model order:
     one node per checkpoint (id ``post_mlp:3``), namespaced by layer, each fed by the one before it."""
     culprits = {d.checkpoint: d.culprit for d in drilldowns if d.culprit is not None}
-    nodes: list[dict[str, Any]] = []
+    nodes: list[JsonObject] = []
     previous: str | None = None
     for row in rows:
-        cp, layer = row_key(row)
+        cp, layer = row.key.name, row.key.layer
         error, metric = _judged_error(row)
-        attrs = [_kv("passed", passed_state(row)), _kv(f"error ({metric})", error), _kv("bound", row.get("bound")),
-                 _kv("margin", row.get("margin")), _kv("introduced", _introduced(row)),
-                 _kv("carried_in", _carried_in(row)), _kv("reason", str(row.get("reason") or "")[:300])]
-        c = culprits.get(row_id(row))
+        attrs = [_kv("passed", row.state), _kv(f"error ({metric})", error), _kv("bound", row.bound),
+                 _kv("margin", row.margin), _kv("introduced", _introduced(row)),
+                 _kv("carried_in", _carried_in(row)), _kv("reason", str(row.reason or "")[:300])]
+        c = culprits.get(row.id)
         if c is not None:
             attrs.append(_kv("culprit", f"{c.op} ({c.module_path or c.node})"))
-        node = {"id": row_id(row), "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
+        node = {"id": row.id, "label": cp, "namespace": "" if layer is None else f"layer_{layer}",
                 "attrs": attrs, "incomingEdges": [] if previous is None else [{"sourceNodeId": previous}]}
         nodes.append(node)
         previous = node["id"]
     return {"label": label, "graphs": [{"id": CHECKPOINT_GRAPH_ID, "nodes": nodes}]}
 
 
-def checkpoint_node_data(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def checkpoint_node_data(rows: Sequence[CheckpointResult]) -> dict[str, JsonObject]:
     """Node data of the checkpoint graph, one document per quantity (:data:`CHECKPOINT_QUANTITIES`)."""
-    ids = [row_id(r) for r in rows]
+    ids = [r.id for r in rows]
     error = {i: _judged_error(r)[0] for i, r in zip(ids, rows)}
-    verdict = {i: (_PASS if passed_state(r) else _FAIL) for i, r in zip(ids, rows) if passed_state(r) is not None}
-    introduces = {i: (_FAIL if r.get("introduces_error") else _PASS) for i, r in zip(ids, rows)
-                  if r.get("introduces_error") is not None}
+    verdict = {i: (_PASS if r.state else _FAIL) for i, r in zip(ids, rows) if r.state is not None}
+    introduces = {i: (_FAIL if r.introduces_error else _PASS) for i, r in zip(ids, rows)
+                  if r.introduces_error is not None}
     g = CHECKPOINT_GRAPH_ID
     return {
         "error": node_data(error, g, colors=verdict, gradient=_ERROR_GRADIENT, name="error (judged metric)"),
-        "bound": node_data({i: as_float(r.get("bound")) for i, r in zip(ids, rows)}, g, gradient=_ERROR_GRADIENT,
-                           name="bound"),
-        "margin": node_data({i: as_float(r.get("margin")) for i, r in zip(ids, rows)}, g,
+        "bound": node_data({i: r.bound for i, r in zip(ids, rows)}, g, gradient=_ERROR_GRADIENT, name="bound"),
+        "margin": node_data({i: r.margin for i, r in zip(ids, rows)}, g,
                             thresholds=_MARGIN_THRESHOLDS, name="margin (error / bound)"),
         "introduced": node_data({i: _introduced(r) for i, r in zip(ids, rows)}, g, colors=introduces,
                                 gradient=_ERROR_GRADIENT, name="introduced (layer replay)"),
@@ -196,7 +199,7 @@ def checkpoint_node_data(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[st
 # --- a drilled layer's operator graph ---------------------------------------------------------------
 
 
-def operator_node_data(drill: LayerDrilldown, graph_id: str) -> dict[str, dict[str, Any]]:
+def operator_node_data(drill: LayerDrilldown, graph_id: str) -> dict[str, JsonObject]:
     """Node data of a drilled layer's operators, one document per quantity (:data:`OPERATOR_QUANTITIES`).
 
     ``introduced`` nodes are red when the operator exceeds its own bound, green within it."""
@@ -214,14 +217,14 @@ def operator_node_data(drill: LayerDrilldown, graph_id: str) -> dict[str, dict[s
     }
 
 
-def _fx_label(node: Any) -> str:
+def _fx_label(node: torch.fx.Node) -> str:
     target = node.target
     if hasattr(target, "overloadpacket"):
         return str(target.overloadpacket)
     return node.op if node.op in ("placeholder", "output") else getattr(target, "__name__", str(target))
 
 
-def _fx_namespace(node: Any) -> str:
+def _fx_namespace(node: torch.fx.Node) -> str:
     """``nn_module_stack`` as a Model Explorer namespace (``encoder/layer.2/intermediate``)."""
     if node.op == "placeholder":
         return "inputs"
@@ -230,7 +233,7 @@ def _fx_namespace(node: Any) -> str:
     return paths[-1].replace(".", "/") if paths else ""
 
 
-def fx_graph(graph_module: Any, graph_id: str = PT2_GRAPH_ID, label: str = "layer") -> dict[str, Any]:
+def fx_graph(graph_module: torch.fx.GraphModule, graph_id: str = PT2_GRAPH_ID, label: str = "layer") -> JsonObject:
     """Model Explorer's JSON graph of an FX ``GraphModule`` (what ``make_fx``/``torch.export``
     capture), node ids = FX node names, as Model Explorer's PyTorch adapter names them."""
     nodes = []
@@ -244,7 +247,7 @@ def fx_graph(graph_module: Any, graph_id: str = PT2_GRAPH_ID, label: str = "laye
     return {"label": label, "graphs": [{"id": graph_id, "nodes": nodes}]}
 
 
-def operator_table_graph(drill: LayerDrilldown, graph_id: str = PT2_GRAPH_ID) -> dict[str, Any]:
+def operator_table_graph(drill: LayerDrilldown, graph_id: str = PT2_GRAPH_ID) -> JsonObject:
     """A graph of the operator table alone, for a drill-down that wrote no graph file: nodes in
     graph order, each drawn after the one before (the table has no data-flow edges)."""
     nodes, previous = [], None
@@ -271,7 +274,7 @@ def _onnx_ids(path: Path) -> tuple[str, set[str]]:
     return model.graph.name or "<main>", names
 
 
-def node_table_graph(doc: Mapping[str, Any], graph_id: str = PT2_GRAPH_ID) -> dict[str, Any]:
+def node_table_graph(doc: Mapping[str, JsonValue], graph_id: str = PT2_GRAPH_ID) -> JsonObject:
     """Model Explorer's JSON graph of a drill-down's own graph file (the replay strategy's
     ``layer_graph.json``: ``{"layer", "nodes": [{"id", "op", "target", "inputs", "module_path",
     "source"}]}``), with data-flow edges from ``inputs``."""
@@ -287,7 +290,7 @@ def node_table_graph(doc: Mapping[str, Any], graph_id: str = PT2_GRAPH_ID) -> di
     return {"label": f"layer {doc.get('layer', '')}".strip(), "graphs": [{"id": graph_id, "nodes": nodes}]}
 
 
-def _model_explorer_json(doc: Any) -> dict[str, Any]:
+def _model_explorer_json(doc: JsonValue) -> JsonObject:
     """A JSON graph file as a Model Explorer graph collection: one already (a collection or a list
     of graphs), or a drill-down's node table converted (:func:`node_table_graph`)."""
     if isinstance(doc, list):
@@ -359,18 +362,18 @@ class OverlayGraph:
         files = ",".join(str(out_dir / self.node_data[q]) for q in order)
         return shlex.join(["model-explorer", str(out_dir / self.graph), f"--node_data_paths={files}"])
 
-    def to_dict(self, out_dir: Path) -> dict[str, Any]:
+    def to_dict(self, out_dir: Path) -> JsonObject:
         return {"graph": self.graph, "graph_id": self.graph_id, "node_data": dict(self.node_data),
                 "default_overlay": self.default,
                 "unmatched_nodes": self.unmatched, "unknown_values": self.unknown, "note": self.note,
                 "command": self.command(out_dir)}
 
 
-def _dump(path: Path, doc: Any) -> None:
+def _dump(path: Path, doc: JsonValue) -> None:
     path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
-def _write_node_data(out_dir: Path, stem: str, docs: Mapping[str, dict[str, Any]], entry: OverlayGraph) -> None:
+def _write_node_data(out_dir: Path, stem: str, docs: Mapping[str, JsonObject], entry: OverlayGraph) -> None:
     for quantity, doc in docs.items():
         name = f"{stem}.{quantity}.json"
         _dump(out_dir / name, doc)
@@ -418,24 +421,8 @@ def _layer_overlay(drill: LayerDrilldown, out_dir: Path) -> OverlayGraph:
     return entry
 
 
-def session_drilldowns(results: Mapping[str, Any] | Any) -> list[LayerDrilldown]:
-    """The drill-downs of a ``ValidationResult`` (``.drilldown``) or of a stored session's results
-    JSON (``"drilldown"``: a list of ``LayerDrilldown.to_dict()``); [] when none ran."""
-    raw = results.get("drilldown") if isinstance(results, Mapping) else getattr(results, "drilldown", None)
-    out = []
-    for item in raw or []:
-        if isinstance(item, LayerDrilldown):
-            out.append(item)
-        elif isinstance(item, Mapping):
-            try:
-                out.append(LayerDrilldown.from_dict(item))
-            except (KeyError, TypeError, ValueError):
-                continue  # a damaged entry: the manifest lists what was written, not this
-    return out
-
-
-def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
-                         drilldowns: Iterable[LayerDrilldown] = (), *, label: str = "checkpoints") -> dict[str, Any]:
+def write_model_explorer(rows: Sequence[CheckpointResult], out_dir: str | Path,
+                         drilldowns: Iterable[LayerDrilldown] = (), *, label: str = "checkpoints") -> JsonObject:
     """Write the checkpoint graph of ``rows`` (a session's checkpoint results in model order), each
     drilled layer's graph, their node data and ``manifest.json`` into ``out_dir``; returns the manifest.
 
@@ -450,7 +437,7 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
         _write_node_data(out, "checkpoints", checkpoint_node_data(rows), entry)
         graphs = [entry, *(_layer_overlay(d, out) for d in drills)]
         manifest = {"format": "model-explorer node data", "graphs": [g.to_dict(out) for g in graphs],
-                    "checkpoints": [row_id(r) for r in rows]}
+                    "checkpoints": [r.id for r in rows]}
         _dump(out / "manifest.json", manifest)
     except OSError as exc:
         raise unwritable_output(exc, "write the Model Explorer files", path=str(out),
@@ -458,16 +445,13 @@ def write_model_explorer(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
     return manifest
 
 
-def write_session_model_explorer(report: Any, out_dir: str | Path) -> dict[str, Any]:
+def write_session_model_explorer(report: ReportSource, out_dir: str | Path) -> JsonObject:
     """:func:`write_model_explorer` for a stored session (a ``ValidationReport``): its checkpoint
-    rows and the drill-downs its results recorded."""
-    drills = session_drilldowns(session_results(report.session))
-    return write_model_explorer(report.checkpoint_results, out_dir, drills, label=f"session {report.session_id}")
+    results and the drill-downs it recorded, read back as the typed result."""
+    return write_result_model_explorer(stored(report).result, out_dir)
 
 
-
-def write_result_model_explorer(result: Any, out_dir: str | Path) -> dict[str, Any]:
-    """:func:`write_model_explorer` for a live ``ValidationResult`` (its checkpoints' rows and
-    ``.drilldown`` when a drill-down ran)."""
-    rows = [r.to_row() for r in result.results]
-    return write_model_explorer(rows, out_dir, session_drilldowns(result), label=f"session {result.session_id}")
+def write_result_model_explorer(result: ValidationResult, out_dir: str | Path) -> JsonObject:
+    """:func:`write_model_explorer` for a ``ValidationResult`` (its checkpoints and ``.drilldown``
+    when a drill-down ran)."""
+    return write_model_explorer(result.results, out_dir, result.drilldown or (), label=f"session {result.session_id}")

@@ -19,12 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError, DatabaseError
-from ..jsonio import dumps_json
+from ..jsonio import JsonObject, JsonValue, dumps_json
 from ..storage.database import DatabaseLike, open_database
+
+if TYPE_CHECKING:
+    from .validation.results import CheckpointResult
 
 __all__ = ["CheckpointChange", "FieldDifference", "SessionDiff", "diff_sessions", "value_text", "DIFF_OPTIONS"]
 
@@ -40,17 +43,17 @@ class FieldDifference:
     """One leaf that differs between the sessions: ``field`` (``alternative_backend_info.torch``)."""
 
     field: str
-    before: Any
-    after: Any
+    before: JsonValue
+    after: JsonValue
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"field": self.field, "before": self.before, "after": self.after}
 
     def sentence(self) -> str:
         return f"{self.field}: {value_text(self.before)} -> {value_text(self.after)}"
 
 
-def value_text(value: Any, limit: int = _MAX_VALUE_TEXT) -> str:
+def value_text(value: JsonValue, limit: int = _MAX_VALUE_TEXT) -> str:
     """A difference's value in one short line: strings as they are, None as ``(not recorded)``,
     anything else as compact JSON; cut to ``limit`` characters."""
     if value is None:
@@ -62,7 +65,7 @@ def value_text(value: Any, limit: int = _MAX_VALUE_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _leaf_differences(name: str, a: Any, b: Any, depth: int = 0) -> list[FieldDifference]:
+def _leaf_differences(name: str, a: JsonValue, b: JsonValue, depth: int = 0) -> list[FieldDifference]:
     """The leaves of two JSON values that differ, dotted paths from ``name`` (dicts recursed; a key
     only one side has is None on the other)."""
     if a == b:
@@ -94,7 +97,7 @@ class CheckpointChange:
     def id(self) -> str:
         return checkpoint_id(self.checkpoint, self.layer, self.step)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``{"id", "checkpoint", "layer", "step", "change", ...}``."""
         return {"id": self.id, **self.__dict__}
 
@@ -127,43 +130,39 @@ class SessionDiff:
     def missing(self) -> list[CheckpointChange]:
         return self.by_change("missing")
 
-    def to_dict(self) -> dict[str, Any]:
-        counts = {k: len(self.by_change(k)) for k in ("better", "worse", "unchanged", "new", "missing")}
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many checkpoints got better, worse, stayed, are new or missing."""
+        return {k: len(self.by_change(k)) for k in ("better", "worse", "unchanged", "new", "missing")}
+
+    def to_dict(self) -> JsonObject:
+        counts = self.counts
         return {"before_session_id": self.before_session_id, "after_session_id": self.after_session_id,
                 "counts": counts, "notes": list(self.notes),
                 "differences": [d.to_dict() for d in self.differences],
                 "changes": [c.to_dict() for c in self.changes]}
 
 
-def _err(v: Any) -> float:
-    if v is None:
-        return math.nan
-    return float(v)
+def _err(row: CheckpointResult) -> float:
+    """A checkpoint's max abs error (NaN where it has none)."""
+    value = row.comparison.max_abs_error
+    return math.nan if value is None else float(value)
 
 
-def _passed(v: Any) -> bool | None:
-    return None if v is None else bool(v)
-
-
-def _atol(row: dict[str, Any]) -> float:
-    """The absolute tolerance the row was judged by (0 when not recorded)."""
-    tol = row.get("tolerance")
-    value = tol.get("atol") if isinstance(tol, dict) else None
-    try:
-        f = float(value) if value is not None else 0.0
-    except (TypeError, ValueError):
-        return 0.0
+def _atol(row: CheckpointResult) -> float:
+    """The absolute tolerance the row was judged by (0 when none judged it)."""
+    f = 0.0 if row.tolerance is None else float(row.tolerance.atol)
     return f if math.isfinite(f) and f > 0 else 0.0
 
 
-def _compare(before: dict[str, Any], after: dict[str, Any], rel_change: float, abs_floor: float,
+def _compare(before: CheckpointResult, after: CheckpointResult, rel_change: float, abs_floor: float,
              atol_fraction: float = 0.0) -> str:
-    pb, pa = _passed(before.get("passed")), _passed(after.get("passed"))
+    pb, pa = before.state, after.state
     if pb is True and pa is False:
         return "worse"
     if pb is False and pa is True:
         return "better"
-    eb, ea = _err(before.get("max_abs_error")), _err(after.get("max_abs_error"))
+    eb, ea = _err(before), _err(after)
     if math.isnan(eb) and math.isnan(ea):
         return "unchanged"
     if math.isnan(ea):
@@ -194,9 +193,9 @@ def _check_thresholds(values: Mapping[str, float], flags: Mapping[str, str] | No
                                           f"{_spell('abs_floor', '0', flags)}, {_spell('atol_fraction', '0.1', flags)}")
 
 
-def _key(row: Mapping[str, Any]) -> tuple[str, int | None, int | None]:
-    """Where a stored row sits: ``(checkpoint, layer, step)``."""
-    return row["checkpoint"], row["layer"], row.get("step")
+def _key(row: CheckpointResult) -> tuple[str, int | None, int | None]:
+    """Where a checkpoint sits: ``(checkpoint, layer, step)``."""
+    return row.key.name, row.key.layer, row.step
 
 
 def diff_sessions(
@@ -244,8 +243,10 @@ def diff_sessions(
     for key in ("weights_digest", "reference_backend_info", "alternative_backend_info", "tolerances"):
         differences += _leaf_differences(key, a.get(key), b.get(key))
     notes = [d.sentence() for d in differences]
-    rows_a = {_key(r): r for r in database.checkpoints.for_session(before_session_id)}
-    rows_b = {_key(r): r for r in database.checkpoints.for_session(after_session_id)}
+    from .validation.results import ValidationResult  # the typed result each session stored
+
+    rows_a = {_key(r): r for r in ValidationResult.from_stored(a, database.checkpoints.for_session(before_session_id)).results}
+    rows_b = {_key(r): r for r in ValidationResult.from_stored(b, database.checkpoints.for_session(after_session_id)).results}
     changes: list[CheckpointChange] = []
     order = list(rows_a) + [k for k in rows_b if k not in rows_a]
     for key in order:
@@ -258,9 +259,9 @@ def diff_sessions(
             kind = _compare(ra, rb, rel_change, abs_floor, atol_fraction)
         changes.append(CheckpointChange(
             checkpoint=key[0], layer=key[1], step=key[2], change=kind,
-            before_max_abs_error=None if ra is None else ra.get("max_abs_error"),
-            after_max_abs_error=None if rb is None else rb.get("max_abs_error"),
-            before_passed=None if ra is None else _passed(ra.get("passed")),
-            after_passed=None if rb is None else _passed(rb.get("passed")),
+            before_max_abs_error=None if ra is None else ra.comparison.max_abs_error,
+            after_max_abs_error=None if rb is None else rb.comparison.max_abs_error,
+            before_passed=None if ra is None else ra.state,
+            after_passed=None if rb is None else rb.state,
         ))
     return SessionDiff(before_session_id, after_session_id, changes, notes, differences)

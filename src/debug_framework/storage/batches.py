@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from ..jsonio import JsonObject
 from ..errors import ConfigurationError, DatabaseError
 from .core import Row, SqlCore
 from .dialect import Connection
@@ -23,7 +23,7 @@ class BatchQueueStore:
     def __init__(self, core: SqlCore) -> None:
         self.core = core
 
-    def create(self, model_paths: Sequence[str], config: Mapping[str, Any] | None = None,
+    def create(self, model_paths: Sequence[str], config: Mapping[str, object] | None = None,
                *, job_id: str | None = None) -> str:
         """Create a job with one pending item per model path. Re-creating an existing job id is a
         no-op (so a restarted job resumes its items)."""
@@ -43,7 +43,7 @@ class BatchQueueStore:
         self.core.run_in_transaction(do, f"create batch job {jid}")
         return jid
 
-    def get(self, job_id: str) -> dict[str, Any] | None:
+    def get(self, job_id: str) -> JsonObject | None:
         """The job row (``config`` decoded) with its ``items`` in order, or None."""
         def rd(c: Connection) -> tuple[Row | None, list[Row]]:
             job = self.core.execute(c, "SELECT * FROM batch_jobs WHERE job_id = ?", (job_id,)).fetchone()
@@ -58,14 +58,14 @@ class BatchQueueStore:
         d["items"] = [dict(i) for i in items]
         return d
 
-    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list(self, limit: int = 50) -> list[JsonObject]:
         """Jobs, newest first, each with its item counts by status (``counts``) and ``total``."""
         rows = self.core.fetch_all(
             "SELECT j.job_id, j.status, j.created_at, j.updated_at, i.status AS item_status, COUNT(i.item_index) AS n"
             " FROM batch_jobs j LEFT JOIN batch_job_items i ON i.job_id = j.job_id"
             " GROUP BY j.job_id, j.status, j.created_at, j.updated_at, i.status"
             " ORDER BY j.created_at DESC, j.job_id", (), "list batch jobs")
-        jobs: dict[str, dict[str, Any]] = {}
+        jobs: dict[str, JsonObject] = {}
         for r in rows:
             job = jobs.setdefault(r["job_id"], {"job_id": r["job_id"], "status": r["status"], "created_at": r["created_at"],
                                                 "updated_at": r["updated_at"], "counts": {}, "total": 0})
@@ -110,7 +110,7 @@ class BatchQueueStore:
 
         return self.core.run_in_transaction(do, f"update batch job {job_id} item {item_index}")
 
-    def progress(self, job_id: str) -> dict[str, Any]:
+    def progress(self, job_id: str) -> JsonObject:
         """The job's progress: ``job_id``, ``status`` (None for an unknown job), ``total``, one count
         per item status (:data:`~.schema.BATCH_ITEM_STATUSES`), ``finished`` (done + failed) and
         ``percent`` (100 for a job without items)."""
@@ -136,10 +136,10 @@ class BatchQueueStore:
 
         self.core.run_in_transaction(do, f"cancel batch job {job_id}")
 
-    def claim_item(self, job_id: str) -> dict[str, Any] | None:
+    def claim_item(self, job_id: str) -> JsonObject | None:
         """Atomically take the next pending item of a job (status -> running); None when none is left."""
 
-        def do(c: Connection) -> dict[str, Any] | None:
+        def do(c: Connection) -> JsonObject | None:
             # one statement on both engines (UPDATE ... RETURNING): the row changes to running as it
             # is read, inside the write transaction, so two claimers never get the same item
             row = self.core.execute(

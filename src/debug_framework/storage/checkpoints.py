@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
+from ..jsonio import JsonObject
 from ..checkpoint_ids import row_checkpoint_id
 from ..config import check_keywords
 from ..errors import ConfigurationError
@@ -36,7 +37,7 @@ class CheckpointResultStore:
         self.core = core
         self.sessions = sessions
 
-    def add_many(self, session_id: str, results: Iterable[Mapping[str, Any]], **keys: Unpack[ResultKeys]) -> int:
+    def add_many(self, session_id: str, results: Iterable[Mapping[str, object]], **keys: Unpack[ResultKeys]) -> int:
         """Store (or replace) many ``ComparisonResult.to_dict()``-shaped dicts of one session in ONE
         transaction; returns how many. ``checkpoint``/``layer`` default to each dict's keys."""
         check_keywords(keys, ResultKeys, "add_checkpoint_results")
@@ -64,7 +65,7 @@ class CheckpointResultStore:
 
         return self.core.run_in_transaction(do, f"store checkpoint results of session {session_id}")
 
-    def for_session(self, session_id: str) -> list[dict[str, Any]]:
+    def for_session(self, session_id: str) -> list[JsonObject]:
         """The session's result dicts in the order first written (the model's order).
 
         Each is the stored dict (exactly as given, NaN kept) plus ``row_id`` (the table's key),
@@ -99,7 +100,7 @@ def _step_of(column: int, stored: object) -> int | None:
     return int(column)
 
 
-def _metrics_of(row: Row) -> dict[str, Any]:
+def _metrics_of(row: Row) -> JsonObject:
     """The result dict kept in ``metrics_json``; when that text is damaged (or not an object), what
     the metric columns hold, with ``damaged_json`` naming the column, so the row still renders."""
     decoded = decode_json_columns({"metrics_json": row["metrics_json"]}, ("metrics_json",))
@@ -108,7 +109,7 @@ def _metrics_of(row: Row) -> dict[str, Any]:
     if row["metrics_json"] is None:
         return {}
     keys = row.keys()
-    d: dict[str, Any] = {col: row[col] for col in (*METRIC_COLUMNS, "passed") if col in keys}
+    d: JsonObject = {col: row[col] for col in (*METRIC_COLUMNS, "passed") if col in keys}
     if d.get("passed") is not None:
         d["passed"] = bool(d["passed"])
     d[DAMAGED_KEY] = ["metrics_json"]

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from ..jsonio import JsonObject
 from ..config import check_keywords, from_environment
 from ..errors import DatabaseError, ResourceExhaustedError, no_space_error
 from .dialect import SQLITE, Connection, Dialect
@@ -318,7 +319,7 @@ class SqlCore:
         """Every row of a read."""
         return self.read(lambda c: self.execute(c, statement, params).fetchall(), what)
 
-    def execute_query(self, query: str, parameters: Params = ()) -> list[dict[str, Any]] | int:
+    def execute_query(self, query: str, parameters: Params = ()) -> list[JsonObject] | int:
         """Run one parameterised statement.
 
         Returns a list of dicts for statements that return rows (SELECT, ... RETURNING), else the
@@ -329,7 +330,7 @@ class SqlCore:
             return self.read(lambda c: [dict(r) for r in self.execute(c, query, parameters).fetchall()],
                              "run a query")
 
-        def write(c: Connection) -> list[dict[str, Any]] | int:
+        def write(c: Connection) -> list[JsonObject] | int:
             cur = self.execute(c, query, parameters)
             if cur.description is not None:
                 return [dict(r) for r in cur.fetchall()]

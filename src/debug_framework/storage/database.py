@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any, Self, Unpack
+from typing import Self, Unpack
 
 from ..errors import DatabaseError
 from . import schema
@@ -88,11 +88,11 @@ class Database(SqlCore):
 
     # A database can be handed to another process (multiprocessing spawn/fork): only the settings
     # travel (the dialect included); the new process opens its own connections.
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {"database_path": self.target, "busy_timeout_s": self.busy_timeout_s,
                 "max_retry_s": self.max_retry_s, "dialect": self.dialect, "read_only": self.read_only}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         Database.__init__(self, state["database_path"], busy_timeout_s=state["busy_timeout_s"],
                           max_retry_s=state["max_retry_s"], dialect=state["dialect"],
                           read_only=state.get("read_only", False), initialize=False)

@@ -30,8 +30,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
 
+from ..jsonio import JsonObject
 from .core import SqlCore
 from .dialect import Connection
 from .values import utc_now
@@ -60,7 +60,7 @@ class Owner:
     pid: int
     token: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"owner_host": self.host, "owner_pid": self.pid, "owner_token": self.token}
 
 
@@ -134,7 +134,7 @@ def _pid_runs(pid: int, token: str | None) -> bool:
     return True
 
 
-def owner_gone(row: dict[str, Any], now: float, legacy_after_s: float | None) -> bool:
+def owner_gone(row: JsonObject, now: float, legacy_after_s: float | None) -> bool:
     """Whether the owner of a ``running`` row is gone (see the module docstring).
 
     A row without an owner (written before schema version 3) counts as gone once it has not been
@@ -288,12 +288,12 @@ class SweepReport:
     sessions: list[str] = field(default_factory=list)
     items: list[tuple[str, int]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"abandoned_sessions": list(self.sessions),
                 "requeued_items": [{"job_id": j, "item_index": i} for j, i in self.items]}
 
 
-def _running(core: SqlCore, table: str, job_id: str | None) -> list[dict[str, Any]]:
+def _running(core: SqlCore, table: str, job_id: str | None) -> list[JsonObject]:
     cols = ", ".join((*_KEYS[table], *LEASE_COLUMNS, "updated_at"))
     sql = f"SELECT {cols} FROM {table} WHERE status = 'running'"
     params: tuple[object, ...] = ()
@@ -302,7 +302,7 @@ def _running(core: SqlCore, table: str, job_id: str | None) -> list[dict[str, An
     return [dict(r) for r in core.fetch_all(sql, params, f"find running rows of {table}")]
 
 
-def _release(core: SqlCore, table: str, row: dict[str, Any]) -> bool:
+def _release(core: SqlCore, table: str, row: JsonObject) -> bool:
     """Release one row of a gone owner, only if that owner still holds it."""
     key = tuple(row[c] for c in _KEYS[table])
     owner = (row["owner_host"], row["owner_pid"], row["owner_token"])

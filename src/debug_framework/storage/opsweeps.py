@@ -11,8 +11,8 @@ the same key skips every operator that already has a row, so an interrupted swee
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
+from ..jsonio import JsonObject
 from .core import Row, SqlCore
 from .dialect import Connection, Dialect
 from .values import decode_json_columns, to_json, utc_now
@@ -58,7 +58,7 @@ def opsweep_tables(d: Dialect) -> tuple[str, ...]:
     )
 
 
-def _row(row: Row) -> dict[str, Any]:
+def _row(row: Row) -> JsonObject:
     out = decode_json_columns(dict(row), ("worst", "counts", "settings"))
     if "passed" in out:
         out["passed"] = None if out["passed"] is None else bool(out["passed"])
@@ -73,7 +73,7 @@ class OpSweepStore:
     def __init__(self, core: SqlCore) -> None:
         self.core = core
 
-    def start(self, sweep_key: str, backend: str, device: str, settings: Mapping[str, Any]) -> None:
+    def start(self, sweep_key: str, backend: str, device: str, settings: Mapping[str, object]) -> None:
         """Record a sweep (its row is kept, with its results, when it already exists)."""
         def do(c: Connection) -> None:
             now = utc_now()
@@ -86,7 +86,7 @@ class OpSweepStore:
 
         self.core.run_in_transaction(do, f"record op sweep {sweep_key}")
 
-    def put(self, sweep_key: str, result: Mapping[str, Any]) -> None:
+    def put(self, sweep_key: str, result: Mapping[str, object]) -> None:
         """Insert or replace one operator's row (``result``: :meth:`OpResult.to_dict`'s keys)."""
         values = (sweep_key, result["op"], result["verdict"],
                   None if result.get("passed") is None else int(bool(result["passed"])), result.get("pass_rate"),
@@ -103,7 +103,7 @@ class OpSweepStore:
 
         self.core.run_in_transaction(do, f"record operator {result['op']} of op sweep {sweep_key}")
 
-    def results(self, sweep_key: str) -> list[dict[str, Any]]:
+    def results(self, sweep_key: str) -> list[JsonObject]:
         """Every operator row of a sweep, by operator name."""
         rows = self.core.read(
             lambda c: self.core.execute(c, "SELECT * FROM op_sweep_results WHERE sweep_key = ? ORDER BY op",
@@ -117,14 +117,14 @@ class OpSweepStore:
                                         (sweep_key,)).fetchall(), f"read op sweep {sweep_key}")
         return {str(r[0]) for r in rows}
 
-    def get(self, sweep_key: str) -> dict[str, Any] | None:
+    def get(self, sweep_key: str) -> JsonObject | None:
         """A sweep's own row (settings decoded), or None."""
         row = self.core.read(
             lambda c: self.core.execute(c, "SELECT * FROM op_sweeps WHERE sweep_key = ?", (sweep_key,)).fetchone(),
             f"read op sweep {sweep_key}")
         return None if row is None else _row(row)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> list[JsonObject]:
         """Every sweep, newest first, with its operator counts by verdict (``verdicts``)."""
         def rd(c: Connection) -> tuple[list[Row], list[Row]]:
             sweeps = self.core.execute(c, "SELECT * FROM op_sweeps ORDER BY updated_at DESC").fetchall()

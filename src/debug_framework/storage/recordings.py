@@ -7,8 +7,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Self
+from typing import Self
 
+from ..jsonio import JsonObject
 from ..errors import ConfigurationError
 from .core import Row, SqlCore
 from .schema import RECORDING_SIDES
@@ -46,10 +47,10 @@ class StoredRecording:
     nbytes: int | None = None
     path: str = ""
     score: float | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
     created_at: datetime = field(default_factory=now_utc)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "recording_id": self.recording_id, "session_id": self.session_id, "tensor_name": self.tensor_name,
             "checkpoint": self.checkpoint, "layer": self.layer, "side": self.side,
@@ -58,12 +59,12 @@ class StoredRecording:
             "metadata": dict(self.metadata), "created_at": format_time(self.created_at),
         }
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> JsonObject:
         """The column values :meth:`RecordingStore.add` takes."""
         return self.to_dict()
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+    def from_dict(cls, data: Mapping[str, object]) -> Self:
         """An instance of ``cls`` from a row dict (unknown keys ignored)."""
         kwargs = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         kwargs["created_at"] = parse_time(kwargs.get("created_at")) or now_utc()
@@ -71,7 +72,7 @@ class StoredRecording:
         return cls(**kwargs)
 
 
-def _recording_params(record: Mapping[str, Any]) -> tuple[object, ...]:
+def _recording_params(record: Mapping[str, object]) -> tuple[object, ...]:
     side = record.get("side")
     if side is not None and side not in RECORDING_SIDES:
         raise ConfigurationError(f"unknown recording side {side!r}", hint=f"use one of {RECORDING_SIDES}")
@@ -85,11 +86,11 @@ def _recording_params(record: Mapping[str, Any]) -> tuple[object, ...]:
     )
 
 
-def _recording_from_row(row: Row) -> dict[str, Any]:
+def _recording_from_row(row: Row) -> JsonObject:
     return decode_json_columns(dict(row), ("shape", "metadata"))
 
 
-def _comparison_from_row(row: Row) -> dict[str, Any]:
+def _comparison_from_row(row: Row) -> JsonObject:
     d = dict(row)
     d["match_status"] = bool(d["match_status"])
     d["metrics"] = d.pop("metrics_json")
@@ -102,11 +103,11 @@ class RecordingStore:
     def __init__(self, core: SqlCore) -> None:
         self.core = core
 
-    def add(self, record: Mapping[str, Any]) -> str:
+    def add(self, record: Mapping[str, object]) -> str:
         """Insert a tensor_recordings row (keys as the columns); returns the recording id."""
         return self.add_many([record])[0]
 
-    def add_many(self, records: Iterable[Mapping[str, Any]]) -> list[str]:
+    def add_many(self, records: Iterable[Mapping[str, object]]) -> list[str]:
         """Insert many tensor_recordings rows in ONE transaction; returns their ids."""
         params = [_recording_params(r) for r in records]
         if not params:
@@ -115,7 +116,7 @@ class RecordingStore:
         self.core.run_in_transaction(lambda c: self.core.executemany(c, _INSERT_RECORDING, params), what)
         return [str(p[0]) for p in params]
 
-    def for_session(self, session_id: str) -> list[dict[str, Any]]:
+    def for_session(self, session_id: str) -> list[JsonObject]:
         """The session's recordings, oldest first."""
         rows = self.core.fetch_all(
             "SELECT * FROM tensor_recordings WHERE session_id = ? ORDER BY created_at, recording_id",
@@ -123,7 +124,7 @@ class RecordingStore:
         )
         return [_recording_from_row(r) for r in rows]
 
-    def get(self, recording_id: str) -> dict[str, Any] | None:
+    def get(self, recording_id: str) -> JsonObject | None:
         """One recording row, or None."""
         row = self.core.fetch_one("SELECT * FROM tensor_recordings WHERE recording_id = ?", (recording_id,),
                                   f"read tensor recording {recording_id}")
@@ -137,7 +138,7 @@ class RecordingStore:
         )
         return {r[0] for r in rows}
 
-    def add_comparison(self, record: Mapping[str, Any]) -> str:
+    def add_comparison(self, record: Mapping[str, object]) -> str:
         """Insert a tensor_comparisons row (``metrics`` goes to ``metrics_json``); returns its id."""
         cid = str(record.get("comparison_id") or uuid.uuid4().hex)
         params = (
@@ -151,7 +152,7 @@ class RecordingStore:
                                      f"store tensor comparison {cid}")
         return cid
 
-    def comparisons_for_session(self, session_id: str) -> list[dict[str, Any]]:
+    def comparisons_for_session(self, session_id: str) -> list[JsonObject]:
         """The session's tensor comparisons, oldest first."""
         rows = self.core.fetch_all(
             "SELECT * FROM tensor_comparisons WHERE session_id = ? ORDER BY created_at, comparison_id",

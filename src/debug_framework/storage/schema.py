@@ -1,7 +1,7 @@
 """The schema: table layouts (DDL), their enumerations, and the versioned migrations.
 
 The file carries its version in ``schema_version``; :func:`migrate` walks an older file up one
-step at a time (0 -> 1 -> 2 -> ... -> 7), each step one write transaction that re-reads the version inside it,
+step at a time (0 -> 1 -> 2 -> ... -> 8), each step one write transaction that re-reads the version inside it,
 so processes opening the same old file at once apply every step exactly once. A failed step rolls
 back, leaving the file at the previous version with its data intact.
 """
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this code writes. :func:`migrate` brings older files up to it.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 SESSION_STATUSES = ("created", "running", "passed", "failed", "error")
 RECORDING_SIDES = ("reference", "alternative", "oracle")
@@ -401,6 +401,27 @@ def _migrate_6_to_7(core: SqlCore, conn: Connection) -> None:
 
 
 _MIGRATIONS[7] = _migrate_6_to_7
+
+
+def _migrate_7_to_8(core: SqlCore, conn: Connection) -> None:
+    """Version 7 -> 8: results stored before the typed result are rewritten in its one shape
+    (:mod:`.result_shape`): each checkpoint row's ``metrics_json`` with a nested ``judgement``, each
+    session's ``results`` whose isolation entries kept ``mlp_judgement``. No layout changes."""
+    from .result_shape import upgrade_row, upgrade_summary
+
+    for table, key, column, upgrade in (("checkpoint_results", "id", "metrics_json", upgrade_row),
+                                        ("sessions", "session_id", "results", upgrade_summary)):
+        for row in core.execute(conn, f"SELECT {key}, {column} FROM {table} WHERE {column} IS NOT NULL").fetchall():
+            try:
+                doc = from_json(row[column])
+            except ValueError:
+                continue  # a damaged document stays as it is; readers name it in damaged_json
+            new = upgrade(doc) if isinstance(doc, dict) else None
+            if new is not None:
+                core.execute(conn, f"UPDATE {table} SET {column} = ? WHERE {key} = ?", (to_json(new), row[key]))
+
+
+_MIGRATIONS[8] = _migrate_7_to_8
 
 # --------------------------------------------------------------------------------------------
 # versions

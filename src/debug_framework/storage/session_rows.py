@@ -10,8 +10,8 @@ worker ever becomes SQL text. ``checkpoint_results.id`` is the destination's to 
 
 from __future__ import annotations
 
-from typing import Any
 
+from ..jsonio import JsonObject
 from .core import SqlCore
 from .dialect import Connection
 
@@ -22,10 +22,10 @@ SESSION_TABLES = ("sessions", "checkpoint_results", "tensor_recordings", "tensor
 _SKIP = {"checkpoint_results": {"id"}}
 
 
-def export_session(core: SqlCore, session_id: str) -> dict[str, list[dict[str, Any]]]:
+def export_session(core: SqlCore, session_id: str) -> dict[str, list[JsonObject]]:
     """Every row of session ``session_id``, table by table (raw column values)."""
-    def rd(c: Connection) -> dict[str, list[dict[str, Any]]]:
-        out: dict[str, list[dict[str, Any]]] = {}
+    def rd(c: Connection) -> dict[str, list[JsonObject]]:
+        out: dict[str, list[JsonObject]] = {}
         for table in SESSION_TABLES:
             order = " ORDER BY id" if table == "checkpoint_results" else ""
             rows = core.execute(c, f"SELECT * FROM {table} WHERE session_id = ?{order}", (session_id,)).fetchall()
@@ -40,7 +40,7 @@ def _columns(core: SqlCore, c: Connection, table: str) -> list[str]:
     return [d[0] for d in cur.description]
 
 
-def import_session(core: SqlCore, session_id: str, rows: dict[str, list[dict[str, Any]]]) -> int:
+def import_session(core: SqlCore, session_id: str, rows: dict[str, list[JsonObject]]) -> int:
     """Write the rows of :func:`export_session` (all of session ``session_id``, replacing any it
     had) in one transaction; returns how many rows were written. A row of another session is
     refused (ValueError): a worker's answer never touches another session."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
+from ..jsonio import JsonObject
 from ..config import check_keywords
 from ..errors import ConfigurationError, DatabaseError, ValidationError
 from .core import Row, SqlCore
@@ -40,15 +41,15 @@ _FILTERS = ("model_path", "status", "reference_backend", "alternative_backend")
 class SessionProvenance(TypedDict, total=False):
     """Optional columns of a new session (what ran, how, where)."""
 
-    config: Mapping[str, Any] | None
+    config: Mapping[str, object] | None
     session_id: str | None
     weights_digest: str | None
-    reference_backend_info: Mapping[str, Any] | None
-    alternative_backend_info: Mapping[str, Any] | None
-    tolerances: Mapping[str, Any] | None
+    reference_backend_info: Mapping[str, object] | None
+    alternative_backend_info: Mapping[str, object] | None
+    tolerances: Mapping[str, object] | None
     seed: int | None
     inputs_ref: str | None
-    environment: Mapping[str, Any] | None
+    environment: Mapping[str, object] | None
     created_at: str | None
 
 
@@ -62,7 +63,7 @@ class SessionFilter(TypedDict, total=False):
     limit: int | None
 
 
-def session_from_row(row: Row) -> dict[str, Any]:
+def session_from_row(row: Row) -> JsonObject:
     """A session row as a dict, JSON columns decoded (damaged ones None, named in ``damaged_json``)."""
     return decode_json_columns(dict(row), sorted(SESSION_JSON))
 
@@ -119,7 +120,7 @@ class SessionStore:
         )
         return sid
 
-    def update(self, session_id: str, **fields: Any) -> None:
+    def update(self, session_id: str, **fields: object) -> None:
         """Update provenance fields / ``results`` of a session (not its status: see update_status)."""
         unknown = set(fields) - set(SESSION_MUTABLE)
         if unknown:
@@ -174,13 +175,13 @@ class SessionStore:
 
         return self.core.run_in_transaction(do, f"set session {session_id} to {status}")
 
-    def get(self, session_id: str) -> dict[str, Any] | None:
+    def get(self, session_id: str) -> JsonObject | None:
         """The session row as a dict (JSON columns decoded), or None."""
         row = self.core.fetch_one("SELECT * FROM sessions WHERE session_id = ?", (session_id,),
                                   f"read session {session_id}")
         return None if row is None else session_from_row(row)
 
-    def list(self, **where: Unpack[SessionFilter]) -> list[dict[str, Any]]:
+    def list(self, **where: Unpack[SessionFilter]) -> list[JsonObject]:
         """Sessions, newest first, optionally filtered (``model_path``, ``status``,
         ``reference_backend``, ``alternative_backend``) and cut to ``limit``."""
         check_keywords(where, SessionFilter, "list_sessions")

@@ -17,7 +17,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+
+from ..jsonio import JsonObject, JsonValue
 
 from ..errors import ConfigurationError
 from .core import SqlCore
@@ -25,7 +27,7 @@ from .dialect import Connection, Dialect
 from .leases import Owner, current_owner, owner_gone
 from .values import decode_json_columns, to_json, utc_now
 
-__all__ = ["TaskStore", "task_tables", "worker_gone", "TASK_KINDS", "TASK_STATES", "ACTIVE_STATES"]
+__all__ = ["TaskStore", "TaskRecord", "task_tables", "worker_gone", "TASK_KINDS", "TASK_STATES", "ACTIVE_STATES"]
 
 TASK_KINDS = ("validation", "batch")
 TASK_STATES = ("queued", "running", "finished", "cancelled", "failed")
@@ -61,13 +63,76 @@ def task_tables(d: Dialect) -> tuple[str, ...]:
     )
 
 
+def _opt_int(value: JsonValue) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: JsonValue) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One ``dashboard_tasks`` row as the pages show it (defaults decided here once)."""
+
+    task_id: str
+    kind: str
+    state: str
+    request: JsonObject = field(default_factory=dict)
+    session_id: str | None = None
+    job_id: str | None = None
+    stage: str | None = None
+    done: int = 0
+    total: int = 0
+    message: str | None = None
+    cancel_requested: bool = False
+    created_at: str = ""
+    owner_host: str | None = None
+    owner_pid: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, JsonValue]) -> TaskRecord:
+        """The record of a row as :meth:`TaskStore.get` / :meth:`TaskStore.list` return it."""
+        request = row.get("request")
+        return cls(task_id=str(row["task_id"]), kind=str(row["kind"]), state=str(row["state"]),
+                   request=dict(request) if isinstance(request, Mapping) else {},
+                   session_id=_opt_str(row.get("session_id")) or None, job_id=_opt_str(row.get("job_id")) or None,
+                   stage=_opt_str(row.get("stage")), done=_opt_int(row.get("done")) or 0,
+                   total=_opt_int(row.get("total")) or 0, message=_opt_str(row.get("message")),
+                   cancel_requested=bool(row.get("cancel_requested")), created_at=str(row.get("created_at") or ""),
+                   owner_host=_opt_str(row.get("owner_host")), owner_pid=_opt_int(row.get("owner_pid")))
+
+    def asked(self, key: str, default: str) -> str:
+        """A text field of the request (``reference_backend``, ``alternative_backend``), else ``default``."""
+        value = self.request.get(key)
+        return default if value is None else str(value)
+
+    @property
+    def config(self) -> JsonObject:
+        """The session configuration the request asks for ({} for none)."""
+        cfg = self.request.get("config")
+        return dict(cfg) if isinstance(cfg, Mapping) else {}
+
+    @property
+    def backend_files(self) -> list[str]:
+        """The files that register the request's backends (``--backend-file``)."""
+        files = self.request.get("backend_files")
+        return [str(f) for f in files] if isinstance(files, list) else []
+
+    @property
+    def what(self) -> str:
+        """What the task validates: its model path, or how many models its batch holds."""
+        model, models = self.request.get("model_path"), self.request.get("model_paths")
+        return str(model) if model else f"{len(models) if isinstance(models, list) else 0} models"
+
+
 class TaskStore:
     """Launched tasks by id: request, owner, progress, outcome, cancel flag."""
 
     def __init__(self, core: SqlCore) -> None:
         self.core = core
 
-    def create(self, kind: str, request: Mapping[str, Any], *, job_id: str | None = None) -> str:
+    def create(self, kind: str, request: Mapping[str, object], *, job_id: str | None = None) -> str:
         """Write a ``queued`` task and return its id."""
         if kind not in TASK_KINDS:
             raise ConfigurationError(f"unknown task kind {kind!r}", hint=f"use one of {', '.join(TASK_KINDS)}")
@@ -80,11 +145,11 @@ class TaskStore:
             f"create task {tid}")
         return tid
 
-    def get(self, task_id: str) -> dict[str, Any] | None:
+    def get(self, task_id: str) -> JsonObject | None:
         row = self.core.fetch_one("SELECT * FROM dashboard_tasks WHERE task_id = ?", (task_id,), f"read task {task_id}")
         return None if row is None else decode_json_columns(dict(row), ("request",))
 
-    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list(self, limit: int = 50) -> list[JsonObject]:
         """Tasks, newest first."""
         rows = self.core.fetch_all("SELECT * FROM dashboard_tasks ORDER BY created_at DESC, task_id LIMIT ?",
                                    (int(limit),), "list tasks")
@@ -119,7 +184,7 @@ class TaskStore:
                                   f"read task {task_id}")
         return bool(row is not None and dict(row)["cancel_requested"])
 
-    def update(self, task_id: str, **fields: Any) -> None:
+    def update(self, task_id: str, **fields: object) -> None:
         """Record progress or links (``session_id``, ``job_id``, ``stage``, ``done``, ``total``, ``message``)."""
         unknown = set(fields) - set(_COLUMNS)
         if unknown:
@@ -140,7 +205,7 @@ class TaskStore:
                    " WHERE task_id = ? AND state IN ('queued', 'running')", (state, message, utc_now(), task_id)),
             f"finish task {task_id}")
 
-    def request_cancel(self, task_id: str) -> dict[str, Any] | None:
+    def request_cancel(self, task_id: str) -> JsonObject | None:
         """Flag the task for cancelling and return it as it is now (None: no such task)."""
         self.core.run_in_transaction(
             lambda c: self.core.execute(c, "UPDATE dashboard_tasks SET cancel_requested = 1, updated_at = ?"
@@ -148,7 +213,7 @@ class TaskStore:
         return self.get(task_id)
 
 
-def worker_gone(task: Mapping[str, Any]) -> bool:
+def worker_gone(task: Mapping[str, object]) -> bool:
     """Whether an active task's worker process is gone (dead, a zombie, or its pid reused): the
     worker that runs it, or for a ``queued`` task the one started for it (:meth:`TaskStore.record_spawn`)."""
     return task.get("state") in ACTIVE_STATES and owner_gone(dict(task), time.time(), None)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..jsonio import JsonObject
 from ..capture.spill import tensor_nbytes
 from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError, DatabaseError, no_space_error
@@ -101,7 +102,7 @@ class RecordingCandidate:
     tensor: Any
     score: float | None = None
     tensor_name: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -121,7 +122,7 @@ class DroppedRecording:
     nbytes: int
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"checkpoint": self.checkpoint, "layer": self.layer, "side": self.side, "score": self.score,
                 "nbytes": self.nbytes, "reason": self.reason}
 
@@ -143,7 +144,7 @@ class RecordingOutcome:
         return (f"kept {len(self.kept)} recordings ({self.kept_bytes} bytes); dropped {len(self.dropped)} "
                 f"over budget: {names}{more}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"kept": [r.to_dict() for r in self.kept], "dropped": [d.to_dict() for d in self.dropped],
                 "kept_bytes": self.kept_bytes}
 

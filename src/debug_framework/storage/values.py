@@ -14,10 +14,10 @@ import re
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+
 
 from ..errors import ConfigurationError
-from ..jsonio import JsonValue
+from ..jsonio import JsonObject, JsonValue
 
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
@@ -63,7 +63,7 @@ def from_json(text: str | None) -> JsonValue:
 DAMAGED_KEY = "damaged_json"
 
 
-def decode_json_columns(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
+def decode_json_columns(row: JsonObject, columns: Iterable[str]) -> JsonObject:
     """Decode ``row``'s JSON ``columns`` in place and return it. A column whose text is not JSON
     (a hand-edited or damaged file) reads as None and is named in ``row["damaged_json"]``, so the
     row still renders and says what it lost, instead of failing the whole read."""

@@ -9,7 +9,8 @@ import streamlit as st
 from debug_framework.dashboard.data import cells, literal, plain, settings, show_error, viewer
 from debug_framework.dashboard.launch import cancel, launch_batch, launch_validation
 from debug_framework.errors import DebugFrameworkError
-from debug_framework.storage.tasks import ACTIVE_STATES, TaskStore, worker_gone
+from debug_framework.storage.database import Database
+from debug_framework.storage.tasks import ACTIVE_STATES, TaskRecord, TaskStore, worker_gone
 
 st.title("Jobs")
 s = settings()
@@ -83,23 +84,21 @@ with tab_b, st.form("launch_batch"):
             show_failure(exc, "launch the batch job")
 
 
-def _state(task: dict[str, object]) -> str:
-    if worker_gone(task):
+def _state(row: dict[str, object], task: TaskRecord) -> str:
+    if worker_gone(row):
         return "worker gone"
-    return str(task["state"]) + (" (cancel requested)" if task.get("cancel_requested") and
-                                 task["state"] in ACTIVE_STATES else "")
+    return task.state + (" (cancel requested)" if task.cancel_requested and task.state in ACTIVE_STATES else "")
 
 
-def _verdict(db: object, task: dict[str, object]) -> str:
+def _verdict(db: Database, task: TaskRecord) -> str:
     """A task's outcome: its session's verdict (passed, failed, error), or its batch job's counts."""
-    sid = task.get("session_id")
-    if sid:
-        row = db.sessions.get(str(sid))  # type: ignore[attr-defined]
+    if task.session_id:
+        row = db.sessions.get(task.session_id)
         return "" if row is None or row["status"] in ("created", "running") else str(row["status"])
-    if task.get("job_id"):
-        job = db.batches.get(str(task["job_id"]))  # type: ignore[attr-defined]
-        items = (job or {}).get("items") or []
-        done = [i for i in items if i.get("status") in ("done", "failed")]
+    if task.job_id:
+        job = db.batches.get(task.job_id)
+        items = [] if job is None else job["items"]
+        done = [i for i in items if i["status"] in ("done", "failed")]
         return f"{len(done)}/{len(items)} items finished" if items else ""
     return ""
 
@@ -110,32 +109,30 @@ def tasks_panel() -> None:
     with viewer(s) as db:
         if db is None:
             return
-        tasks = TaskStore(db).list()
-        if not tasks:
+        rows = TaskStore(db).list()
+        if not rows:
             st.info("No tasks launched from the dashboard yet.")
             return
-        for t in tasks:
-            if t["state"] not in ACTIVE_STATES:
+        tasks = [(row, TaskRecord.from_row(row)) for row in rows]
+        for row, t in tasks:
+            if t.state not in ACTIVE_STATES:
                 continue
-            req = t.get("request") or {}
-            what = req.get("model_path") or f"{len(req.get('model_paths') or [])} models"
-            st.markdown(f"**{literal(t['kind'])}** task `{literal(t['task_id'])}`: {literal(what)}")
-            done, total = t.get("done") or 0, t.get("total") or 0
-            st.progress(min(1.0, done / total) if total else 0.0,
-                        text=literal(f"{_state(t)}: {t.get('stage') or 'starting'} ({done}/{total or '?'})"))
-            if st.button("Cancel", key=f"cancel_{t['task_id']}"):
+            st.markdown(f"**{literal(t.kind)}** task `{literal(t.task_id)}`: {literal(t.what)}")
+            st.progress(min(1.0, t.done / t.total) if t.total else 0.0,
+                        text=literal(f"{_state(row, t)}: {t.stage or 'starting'} ({t.done}/{t.total or '?'})"))
+            if st.button("Cancel", key=f"cancel_{t.task_id}"):
                 try:
-                    st.toast(cancel(s, str(t["task_id"])))
+                    st.toast(cancel(s, t.task_id))
                 except DebugFrameworkError as exc:
                     show_error(exc, "cancel the task")
                 except Exception as exc:  # noqa: BLE001
                     show_failure(exc, "cancel the task")
         st.dataframe(cells(pd.DataFrame([{
-            "task": t["task_id"], "kind": t["kind"], "state": _state(t), "verdict": _verdict(db, t),
-            "stage": t.get("stage"), "done": t.get("done"), "total": t.get("total"),
-            "session": f"./session?id={t['session_id']}" if t.get("session_id") else None, "job": t.get("job_id"),
-            "message": t.get("message"), "created (UTC)": str(t.get("created_at") or "")[:19],
-        } for t in tasks])), hide_index=True, width="stretch", key="tasks_table",
+            "task": t.task_id, "kind": t.kind, "state": _state(row, t), "verdict": _verdict(db, t),
+            "stage": t.stage, "done": t.done, "total": t.total,
+            "session": f"./session?id={t.session_id}" if t.session_id else None, "job": t.job_id,
+            "message": t.message, "created (UTC)": t.created_at[:19],
+        } for row, t in tasks])), hide_index=True, width="stretch", key="tasks_table",
             column_config={"session": st.column_config.LinkColumn("session", display_text=r"id=(.*)")})
 
 
@@ -150,14 +147,15 @@ def jobs_panel() -> None:
             st.info("No batch jobs in this database.")
             return
         for job in jobs:
-            finished = job["counts"].get("done", 0) + job["counts"].get("failed", 0)
+            counted = job["counts"]
+            finished = sum(int(counted[k]) for k in ("done", "failed") if k in counted)
             counts = ", ".join(f"{k} {v}" for k, v in sorted(job["counts"].items()))
             st.progress(finished / job["total"] if job["total"] else 1.0,
                         text=literal(f"job {job['job_id']}: {job['status']} ({finished}/{job['total']}; {counts})"))
             with st.expander("items"):
                 full = db.batches.get(job["job_id"]) or {"items": []}
-                st.dataframe(cells(pd.DataFrame([{k: i.get(k) for k in ("item_index", "model_path", "status",
-                                                                         "session_id", "error_message")}
+                columns = ("item_index", "model_path", "status", "session_id", "error_message")
+                st.dataframe(cells(pd.DataFrame([{k: i[k] if k in i else None for k in columns}
                                                    for i in full["items"]])),
                              hide_index=True, width="stretch")
 

@@ -20,13 +20,13 @@ from debug_framework.dashboard.charts import (
 from debug_framework.dashboard.data import cells, literal, number_columns, plain, session_ids, viewer
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
-from debug_framework.reports._common import (backend_label, error_source_text, flat_items, introducing,
-                                             introducing_text, row_id, session_results, worst_row)
+from debug_framework.reports._common import backend_label, error_source_text, flat_items, introducing_text, worst_row
 from debug_framework.reports._decode import token_text
+from debug_framework.reports.documents import stored
+from debug_framework.services.drilldown.types import drilled_where
+from debug_framework.report_formats import MEDIA, REPORT_FORMATS
 
 st.title("Session")
-_MIME = {"html": "text/html", "json": "application/json", "csv": "text/csv", "junit": "application/xml"}
-_SUFFIX = {"html": "html", "json": "json", "csv": "csv", "junit": "xml"}
 
 with viewer() as db:
     if db is not None:
@@ -40,24 +40,24 @@ with viewer() as db:
             st.query_params["id"] = pick
             report = ValidationReport.from_session(pick, db)
             doc = report_document(report)
-            sess, rows, res = report.session, report.checkpoint_results, session_results(report.session)
+            view = stored(report)
+            sess, result, rows = view.record, view.result, view.rows
             verdict = str(doc["verdict"])
             box = st.success if verdict == "passed" else (st.error if verdict in ("failed", "error") else st.info)
             box(f"Verdict: **{literal(verdict)}** (status {literal(report.overall_status)})")
-            alternative = backend_label(sess.get("alternative_backend"), res.get("alternative_options"),
-                                        res.get("alternative_dtype"))
-            st.text(plain(f"model: {sess.get('model_path')}\n{sess.get('reference_backend')} vs {alternative}"))
-            if sess.get("error_message"):
-                st.text(plain(f"error: {sess['error_message']}"))
-            fd = doc["first_divergence"]
-            first = None if fd is None else str(fd["id"])
+            alternative = backend_label(sess.alternative_backend, result.alternative_options,
+                                        result.alternative_dtype or None)
+            st.text(plain(f"model: {sess.model_path}\n{sess.reference_backend} vs {alternative}"))
+            if sess.error_message:
+                st.text(plain(f"error: {sess.error_message}"))
+            first = None if view.first_divergence is None else view.first_divergence.id
             c1, c2, c3 = st.columns(3)
             c1.metric("first divergence", literal(first or "none"))
-            c2.metric("introducing layers", literal(introducing_text(introducing(res))))
-            c3.metric("checkpoints failed", str(res.get("failed", sum(1 for r in rows if r.get("passed") is False))))
-            if res.get("error_source"):
+            c2.metric("introducing layers", literal(introducing_text(result.introducing())))
+            c3.metric("checkpoints failed", str(sum(1 for r in rows if r.state is False)))
+            if result.source is not None:
                 st.subheader("Error source")
-                st.text(plain(error_source_text(res["error_source"])))
+                st.text(plain(error_source_text(result.source)))
 
             st.subheader("Per-checkpoint error and the bound it was judged by")
             metric = st.selectbox("metric", CURVE_METRICS, index=CURVE_METRICS.index("rmse"))
@@ -69,7 +69,7 @@ with viewer() as db:
             table = cells(checkpoint_frame(rows))
             st.dataframe(table, hide_index=True, width="stretch", column_config=number_columns(table))
 
-            decoded = decode_frames(rows, res)
+            decoded = decode_frames(result)
             if decoded is not None:
                 st.subheader("Decode steps: margins by step and layer")
                 st.caption("Each cell: the worst margin (error / bound, at most 1 passes) of that pass's checkpoints "
@@ -77,34 +77,31 @@ with viewer() as db:
                            "against the reference's.")
                 grid, kv = decoded
                 st.dataframe(cells(grid), hide_index=True, width="stretch", key="decode_grid")
-                st.text(plain(token_text(res["decode"].get("first_divergent_token"))))
+                st.text(plain(token_text(None if result.decoded is None else result.decoded.first_divergent_token)))
                 if not kv.empty:
                     st.caption("KV cache after each pass: the worse of K and V, by layer")
                     st.dataframe(cells(kv), hide_index=True, width="stretch", key="decode_kv")
 
-            drilled = res.get("drilldown")
-            if isinstance(drilled, list):
+            if result.drilldown is not None:
                 st.subheader("Drill-down: the operator that introduces the error")
-                if not drilled:
+                if not result.drilldown:
                     st.caption("Nothing to drill: no layer diverges.")
-                for entry in (e for e in drilled if isinstance(e, dict)):
-                    culprit = entry.get("culprit") or {}
-                    head = (f"layer {entry.get('layer')} ({entry.get('checkpoint')}), method {entry.get('method')}: "
-                            + (f"culprit {culprit.get('op')} at {culprit.get('module_path') or '?'} "
-                               f"({culprit.get('source') or '?'})" if culprit else "no culprit"))
+                for entry in result.drilldown:
+                    c = entry.culprit
+                    head = (f"{drilled_where(entry.layer, entry.step)} ({entry.checkpoint}), method {entry.method}: "
+                            + (f"culprit {c.op} at {c.module_path or '?'} ({c.source or '?'})" if c else "no culprit"))
                     st.text(plain(head))
-                    if culprit.get("repro_dir"):
-                        st.text(plain(f"repro ({'verified' if culprit.get('verified') else 'not verified'}): "
-                                      f"{culprit['repro_dir']}"))
-                    if entry.get("note"):
-                        st.caption(literal(entry["note"]))
+                    if c is not None and c.repro_dir:
+                        st.text(plain(f"repro ({'verified' if c.verified else 'not verified'}): {c.repro_dir}"))
+                    if entry.note:
+                        st.caption(literal(entry.note))
                     table = cells(drilldown_frame(entry))
                     if not table.empty:
-                        st.dataframe(table, hide_index=True, width="stretch", key=f"drill_{entry.get('layer')}",
+                        st.dataframe(table, hide_index=True, width="stretch", key=f"drill_{entry.layer}_{entry.step}",
                                      column_config=number_columns(table))
 
             worst = worst_row(rows)
-            st.subheader("Heatmap of the worst checkpoint" + (f": {literal(row_id(worst))}" if worst else ""))
+            st.subheader("Heatmap of the worst checkpoint" + (f": {literal(worst.id)}" if worst else ""))
             image = heatmap_image(worst, report.tensor_recordings, report.tensor_store_root) if worst else None
             if image is None:
                 st.caption("No recorded tensors and no worst-element list for this checkpoint.")
@@ -116,15 +113,15 @@ with viewer() as db:
                     st.caption(literal(note))
 
             st.subheader("Environment")
-            env = cells(pd.DataFrame(flat_items({"environment": sess.get("environment"),
-                                                 "reference": sess.get("reference_backend_info"),
-                                                 "alternative": sess.get("alternative_backend_info")}),
+            env = cells(pd.DataFrame(flat_items({"environment": sess.environment or None,
+                                                 "reference": sess.reference_backend_info or None,
+                                                 "alternative": sess.alternative_backend_info or None}),
                                      columns=["field", "value"]))
             st.dataframe(env, hide_index=True, width="stretch", key="environment")
             st.subheader("Reproduce")
             st.code(doc["reproduce_command"]["command"] or "", language="bash")
             st.subheader("Reports")
-            cols = st.columns(4)
-            for col, fmt in zip(cols, ("html", "json", "csv", "junit")):
+            cols = st.columns(len(REPORT_FORMATS))
+            for col, fmt in zip(cols, sorted(REPORT_FORMATS, key=lambda f: f != "html")):  # the page first
                 col.download_button(f"{fmt.upper()} report", data=lambda f=fmt: render_report(report, f),
-                                    file_name=f"session-{pick}.{_SUFFIX[fmt]}", mime=_MIME[fmt], key=f"dl_{fmt}")
+                                    file_name=f"session-{pick}.{MEDIA[fmt][1]}", mime=MEDIA[fmt][0], key=f"dl_{fmt}")

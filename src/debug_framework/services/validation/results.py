@@ -13,18 +13,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from ...capture.keys import CheckpointKey
 from ...checkpoint_ids import checkpoint_id
 from ...comparison import ComparisonResult, Tolerance, error_metric
-from ...jsonio import as_float, json_safe
+from ...comparison.ratio import OracleJudgement
+from ...errors import DatabaseError
+from ...jsonio import JsonObject, JsonValue, as_float, json_safe
 from ..drilldown.types import LayerDrilldown
+from .decode_record import DecodeRecord
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
 from .judge import Judgement, LayerVerdict, Verdict
 
-__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "brief"]
+if TYPE_CHECKING:
+    from ...storage.database import DatabaseLike
+
+__all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult", "Introducer", "ErrorSource", "brief"]
 
 #: the tolerance of a comparison read back from a row no tolerance judged (none was stored)
 _NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
@@ -32,25 +39,25 @@ _NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
 _NOT_METRICS = ("passed", "reason", "tolerance", "name")
 
 
-def brief(result: ComparisonResult | None) -> dict[str, Any] | None:
+def brief(result: ComparisonResult | None) -> JsonObject | None:
     """A comparison in two numbers: ``max_abs_error`` and ``rmse`` (None without one)."""
     if result is None:
         return None
     return {"max_abs_error": error_metric(result, "max_abs_error"), "rmse": error_metric(result, "rmse")}
 
 
-def _metrics(result: ComparisonResult) -> dict[str, Any]:
+def _metrics(result: ComparisonResult) -> JsonObject:
     d = result.to_dict()
     for k in _NOT_METRICS:
         d.pop(k, None)
     return d
 
 
-def _comparison_from(row: Mapping[str, Any], passed: bool) -> ComparisonResult:
+def _comparison_from(row: Mapping[str, JsonValue], passed: bool) -> ComparisonResult:
     """A stored row's metrics as a :class:`ComparisonResult` (the fields it has; the rest default)."""
     from ...comparison.result import WorstElement
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, object] = {}
     for f in fields(ComparisonResult):
         if f.name in _NOT_METRICS or f.name not in row or row[f.name] is None:
             continue
@@ -64,7 +71,8 @@ def _comparison_from(row: Mapping[str, Any], passed: bool) -> ComparisonResult:
             value = as_float(value)
         kwargs[f.name] = value
     tol = row.get("tolerance")  # stored only where a tolerance judged the row; else none is implied (0, 0)
-    tolerance = Tolerance.from_dict(dict(tol)) if isinstance(tol, Mapping) else _NO_TOLERANCE
+    # a first-release row may name one of rtol/atol: the other was 0
+    tolerance = Tolerance.from_dict({"rtol": 0.0, "atol": 0.0, **tol}) if isinstance(tol, Mapping) else _NO_TOLERANCE
     return ComparisonResult(passed=passed, reason=None, tolerance=tolerance, **kwargs)
 
 
@@ -77,7 +85,7 @@ class BlockResult:
     judgement: Judgement
     error: ComparisonResult
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"block": self.block, "input": self.input, **self.judgement.to_dict(), **(brief(self.error) or {})}
 
 
@@ -107,6 +115,10 @@ class CheckpointResult:
     accumulation: dict[str, float | None] | None = None
     step: int | None = None
     module: str | None = None
+    #: False for a stored row that carries no verdict (written through the records' API unjudged)
+    judged: bool = True
+    #: the introduced error of a stored row that kept no replayed block's judgement (records' API)
+    introduced_figure: float | None = None
 
     @property
     def id(self) -> str:
@@ -115,6 +127,11 @@ class CheckpointResult:
     @property
     def passed(self) -> bool:
         return self.judgement.passed
+
+    @property
+    def state(self) -> bool | None:
+        """The verdict, None where the row carries none (a view shows it as skipped / unknown)."""
+        return self.judgement.passed if self.judged else None
 
     @property
     def reason(self) -> str | None:
@@ -133,18 +150,36 @@ class CheckpointResult:
         return self.judgement.margin
 
     @property
+    def tolerance(self) -> Tolerance | None:
+        """The elementwise tolerance that judged the checkpoint (None: another rule judged it)."""
+        tol = self.comparison.tolerance
+        return tol if self.judged_by == "tolerance" and tol is not _NO_TOLERANCE else None
+
+    @property
+    def introduced_error(self) -> float | None:
+        """Max |error| of the block ending here, replayed on the reference's input (isolation)."""
+        if self.introduced is None:
+            return self.introduced_figure
+        return error_metric(self.introduced.error, "max_abs_error")
+
+    @property
+    def propagated_error(self) -> float | None:
+        """Max |error| carried into the layer in the full run (isolation)."""
+        return None if self.carried_in is None else error_metric(self.carried_in, "max_abs_error")
+
+    @property
     def introduces_error(self) -> bool | None:
         """Whether the block ending here introduces error on the reference's input (None: not judged)."""
         return None if self.introduced is None else not self.introduced.judgement.passed
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The one JSON shape of a checkpoint result (documented in docs/validation.md)."""
         return json_safe({
             "id": self.id, **self.key.to_json(), "step": self.step, "module": self.module,
             **self.judgement.to_dict(),
             "consistent_with": self.judgement.consistent_with,
             **_metrics(self.comparison),
-            "tolerance": self.comparison.tolerance.to_dict() if self.judged_by == "tolerance" else None,
+            "tolerance": None if self.tolerance is None else self.tolerance.to_dict(),
             "noise": brief(self.noise),
             "introduces_error": self.introduces_error,
             "introduced": None if self.introduced is None else self.introduced.to_dict(),
@@ -153,29 +188,73 @@ class CheckpointResult:
             "accumulation": self.accumulation,
         })
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> JsonObject:
         """The stored row: :meth:`to_dict` plus the database's indexed error columns."""
-        return {**self.to_dict(),
-                "introduced_error": None if self.introduced is None else error_metric(self.introduced.error, "max_abs_error"),
-                "propagated_error": None if self.carried_in is None else error_metric(self.carried_in, "max_abs_error")}
+        return {**self.to_dict(), "introduced_error": self.introduced_error, "propagated_error": self.propagated_error}
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> CheckpointResult:
-        """Read a stored row back (rows written before the canonical id are read too)."""
-        key = CheckpointKey(str(row["checkpoint"]), None if row.get("layer") is None else int(row["layer"]))
-        old = row.get("judgement") if isinstance(row.get("judgement"), Mapping) else {}
-        judgement = Judgement.from_dict({**row, "judged_by": row.get("judged_by") or old.get("judged_by")})
-        comparison = _comparison_from(row, judgement.passed)
+    def from_row(cls, row: Mapping[str, JsonValue]) -> CheckpointResult:
+        """Read a stored row back (:meth:`to_row`'s shape; the schema migrates rows stored before it)."""
+        layer = row.get("layer")
+        key = CheckpointKey(str(row["checkpoint"]), None if layer is None else int(str(layer)))
+        judgement = judgement_from(row)
         intro = row.get("introduced")
         introduced = None
         if isinstance(intro, Mapping) and "judged_by" in intro:
-            ij = Judgement.from_dict(intro)
-            introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), ij,
-                                     ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(intro.get("max_abs_error")),
-                                                      rmse=as_float(intro.get("rmse"))))
-        return cls(key=key, comparison=comparison, judgement=judgement, introduced=introduced,
-                   run_to_run=row.get("run_to_run"), accumulation=row.get("accumulation"),
-                   step=row.get("step"), module=row.get("module"))
+            introduced = BlockResult(str(intro.get("block")), str(intro.get("input")), judgement_from(intro),
+                                     brief_comparison(intro) or _no_comparison())
+        elif isinstance(row.get("introduces_error"), bool):  # the records' API: the verdict and the figure
+            introduced = BlockResult("attention" if key.name == "post_attention" else "mlp", "reference",
+                                     Judgement.from_dict({"passed": not row["introduces_error"], "judged_by": "isolation"}),
+                                     ComparisonResult(True, None, _NO_TOLERANCE,
+                                                      max_abs_error=as_float(row.get("introduced_error"))))
+        step = row.get("step")
+        module = row.get("module")
+        carried = brief_comparison(row.get("carried_in"))
+        if carried is None and row.get("propagated_error") is not None:  # a row with the figure alone
+            carried = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(row.get("propagated_error")))
+        return cls(key=key, comparison=_comparison_from(row, judgement.passed), judgement=judgement,
+                   noise=brief_comparison(row.get("noise")), introduced=introduced, carried_in=carried,
+                   introduced_figure=None if introduced is not None else as_float(row.get("introduced_error")),
+                   run_to_run=_floats(row.get("run_to_run")), accumulation=_optional_floats(row.get("accumulation")),
+                   step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                   module=module if isinstance(module, str) else None, judged=row.get("passed") is not None)
+
+
+def judgement_from(data: Mapping[str, JsonValue]) -> Judgement:
+    """A stored judgement read back with its ratio rule (``rule``: metric, error, baseline_error,
+    multiplier, floor), where one decided."""
+    judgement = Judgement.from_dict(data)
+    rule = data.get("rule")
+    if not isinstance(rule, Mapping) or rule.get("metric") is None:
+        return judgement
+    numbers = [as_float(rule.get(k)) for k in ("baseline_error", "error", "multiplier", "floor")]
+    return replace(judgement, rule=OracleJudgement(str(rule["metric"]), *(math.nan if v is None else v for v in numbers)))
+
+
+def brief_comparison(data: JsonValue) -> ComparisonResult | None:
+    """A :func:`brief` read back: a comparison with its ``max_abs_error`` and ``rmse`` (None for none)."""
+    if not isinstance(data, Mapping):
+        return None
+    return ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("max_abs_error")),
+                            rmse=as_float(data.get("rmse")))
+
+
+def _no_comparison() -> ComparisonResult:
+    """A comparison that measured nothing (every metric None)."""
+    return ComparisonResult(True, None, _NO_TOLERANCE)
+
+
+def _floats(data: JsonValue) -> dict[str, float] | None:
+    """A stored ``{name: number}`` object (numbers that are not finite stored as strings read back)."""
+    if not isinstance(data, Mapping):
+        return None
+    return {str(k): v for k, v in ((k, as_float(v)) for k, v in data.items()) if v is not None}
+
+
+def _optional_floats(data: JsonValue) -> dict[str, float | None] | None:
+    """A stored ``{name: number or null}`` object."""
+    return None if not isinstance(data, Mapping) else {str(k): as_float(v) for k, v in data.items()}
 
 
 def _rmse(result: ComparisonResult | None) -> float | None:
@@ -230,10 +309,60 @@ class LayerResult:
             return BlockResult("layer", "reference", v.whole, ev.whole.error)
         return None
 
-    def to_dict(self) -> dict[str, Any]:
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> LayerResult:
+        """An isolation entry read back (:meth:`to_dict`'s shape): each block's judgement and its
+        two error figures, the carried-in and total errors, the calibration run's RMSE in and out."""
+        layer = int(str(data["layer"]))
+
+        def judged(part: str) -> tuple[Judgement, ComparisonResult] | None:
+            entry = data.get(part)
+            if not isinstance(entry, Mapping) or "judged_by" not in entry:
+                return None
+            return judgement_from(entry), brief_comparison(entry) or _no_comparison()
+
+        def evidence(block: str, checkpoint: str, found: tuple[Judgement, ComparisonResult] | None,
+                     input_: str = "reference") -> BlockEvidence | None:
+            return None if found is None else BlockEvidence(block, CheckpointKey(checkpoint, layer), found[1], None,
+                                                            math.nan, input_)  # type: ignore[arg-type]
+
+        attention, mlp, whole = judged("attention"), judged("mlp"), judged("layer_replay")
+        mlp_entry = data.get("mlp")
+        mlp_input = str(mlp_entry["input"]) if isinstance(mlp_entry, Mapping) and mlp_entry.get("input") else None
+        # an entry written through the records' API names the blocks that introduce error and its two
+        # figures, without the blocks' judgements: each named block reads as failing its isolation
+        blocks, block = data.get("blocks"), data.get("block")
+        named = [str(b) for b in blocks] if isinstance(blocks, list) else ([str(block)] if block else [])
+        introduced = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("introduced_error")))
+        failing = (Judgement.from_dict({"passed": False, "judged_by": "isolation"}), introduced)
+        attention = attention or (failing if "attention" in named else None)
+        mlp = mlp or (failing if "mlp" in named else None)
+        # no whole-layer replay stored: none failed (the entry names every block that introduces error)
+        whole = whole or (failing if "layer" in named else
+                          (Judgement.from_dict({"passed": True, "judged_by": "isolation"}), introduced))
+        mlp_input = mlp_input or ("reference" if "layer" in named else None)
+        carried = brief_comparison(data.get("carried_in"))
+        if carried is None and data.get("propagated_error") is not None:
+            carried = ComparisonResult(True, None, _NO_TOLERANCE, max_abs_error=as_float(data.get("propagated_error")))
+        noise_in, noise_out = as_float(data.get("calibration_in_rmse")), as_float(data.get("calibration_out_rmse"))
+        replay_s, note = as_float(data.get("replay_s")), data.get("mlp_note")
+        whole_ev = evidence("layer", "post_mlp", whole)
+        assert whole_ev is not None
+        ev = LayerEvidence(
+            layer=layer, carried_in=carried or _no_comparison(),
+            total=brief_comparison(data.get("total")), attention=evidence("attention", "post_attention", attention),
+            mlp=evidence("mlp", "post_mlp", mlp, mlp_input or "reference"), whole=whole_ev,
+            noise_in=None if noise_in is None else ComparisonResult(True, None, _NO_TOLERANCE, rmse=noise_in),
+            noise_out=None if noise_out is None else ComparisonResult(True, None, _NO_TOLERANCE, rmse=noise_out),
+            replay_s=0.0 if replay_s is None else replay_s, mlp_note=note if isinstance(note, str) else None)
+        verdict = LayerVerdict(layer, None if attention is None else attention[0], None if mlp is None else mlp[0],
+                               whole[0], mlp_input)
+        return cls(ev, verdict)
+
+    def to_dict(self) -> JsonObject:
         ev, v = self.evidence, self.verdict
 
-        def block(j: Judgement | None, b: BlockEvidence | None, input_: str | None) -> dict[str, Any] | None:
+        def block(j: Judgement | None, b: BlockEvidence | None, input_: str | None) -> JsonObject | None:
             if j is None or b is None:
                 return None
             return {"input": input_, **j.to_dict(), **(brief(b.error) or {})}
@@ -254,6 +383,50 @@ class LayerResult:
         })
 
 
+@dataclass(frozen=True)
+class ErrorSource:
+    """Where a failed validation's error comes from (the judge's ``error_source``): ``kind`` is
+    ``layer``, ``embedding``, ``head``, ``accumulation``, ``decode`` or ``kv_cache``; ``layer``,
+    ``block`` and ``step`` place it; ``confirmed`` says whether isolation confirmed it."""
+
+    kind: str
+    layer: int | None = None
+    block: str | None = None
+    step: int | None = None
+    confirmed: bool = True
+    detail: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> ErrorSource:
+        """The judge's ``error_source`` object (as stored) as a record."""
+        layer, block, step, detail = data.get("layer"), data.get("block"), data.get("step"), data.get("detail")
+        return cls(kind=str(data.get("kind")), layer=layer if isinstance(layer, int) else None,
+                   block=block if isinstance(block, str) else None, step=step if isinstance(step, int) else None,
+                   confirmed=data.get("confirmed", True) is not False, detail=detail if isinstance(detail, str) else None)
+
+    def text(self) -> str:
+        """In words: ``layer 1 (attention)``, ``the embedding``, ``the final norm / head``,
+        ``accumulation (first beyond its bound at layer 3)``, ``layer 1 (attention) at decode step
+        1``, ``the KV cache of layer 1 after step 1``, with ``(not confirmed by isolation)`` where
+        isolation did not confirm it. Every view prints this."""
+        at_layer = f"layer {self.layer}" + (f" ({self.block})" if self.block else "")
+        where = {"layer": at_layer, "embedding": "the embedding", "head": "the final norm / head",
+                 "accumulation": f"accumulation (first beyond its bound at layer {self.layer})",
+                 "decode": f"{at_layer} at decode step {self.step}" if self.layer is not None else f"decode step {self.step}",
+                 "kv_cache": (f"the KV cache of layer {self.layer}" if self.layer is not None else "the KV cache")
+                             + (f" after step {self.step}" if self.step is not None else "")}.get(self.kind, self.kind)
+        return where + ("" if self.confirmed else " (not confirmed by isolation)")
+
+
+@dataclass(frozen=True)
+class Introducer:
+    """A layer that introduces error on its own: at ``step`` (0: the prefill), in ``blocks``."""
+
+    layer: int | None
+    step: int | None
+    blocks: tuple[str, ...]
+
+
 @dataclass
 class ValidationResult:
     """Everything one validation measured and decided: per-checkpoint results in model order, the
@@ -268,23 +441,23 @@ class ValidationResult:
     results: list[CheckpointResult]
     isolation: list[LayerResult] | None = None
     isolation_note: str | None = None
-    error_source: dict[str, Any] | None = None
-    oracle: dict[str, Any] | None = None
-    noise_floor: dict[str, Any] | None = None
-    performance: dict[str, Any] = field(default_factory=dict)
+    error_source: JsonObject | None = None
+    oracle: JsonObject | None = None
+    noise_floor: JsonObject | None = None
+    performance: JsonObject = field(default_factory=dict)
     recordings: str | None = None
     #: the op-level drill-down, one entry per drilled layer (None: not requested)
     drilldown: list[LayerDrilldown] | None = None
     #: the lower precision a correct run at which errs as this run does (the judge's; None: none)
     consistent_with: str | None = None
     #: the precision stage's note: which lower precisions were measured, which skipped and why
-    precision_diagnosis: dict[str, Any] | None = None
+    precision_diagnosis: JsonObject | None = None
     #: every node output of an ONNX file compared in topological order (``--mark-all``; None: not asked)
-    mark_all: dict[str, Any] | None = None
+    mark_all: JsonObject | None = None
     #: decode steps (None: the prefill only): {steps, tokens, tokens_from, kv_cache, seconds_per_step}
-    decode: dict[str, Any] | None = None
+    decode: JsonObject | None = None
     #: the options the alternative backend was built with (``--backend-option``, ``alternative_options``)
-    alternative_options: dict[str, Any] = field(default_factory=dict)
+    alternative_options: JsonObject = field(default_factory=dict)
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -308,6 +481,62 @@ class ValidationResult:
                    precision_diagnosis=evidence.precision_note, mark_all=evidence.mark_all, decode=decode,
                    **info)
 
+    @classmethod
+    def load(cls, store: DatabaseLike, session_id: str) -> ValidationResult:
+        """The stored session ``session_id`` read back as the result that was stored: its session
+        row's ``results`` (:meth:`summary`) and its checkpoint rows (:meth:`CheckpointResult.to_row`).
+        ``store``: a :class:`~debug_framework.storage.database.Database` or a path. DatabaseError
+        (DF003) when there is no such session."""
+        from ...storage.database import open_database
+
+        database = open_database(store)
+        row = database.sessions.get(session_id)
+        if row is None:
+            raise DatabaseError(f"session {session_id!r} does not exist", session=session_id,
+                                hint="list sessions with session_report --list")
+        return cls.from_stored(row, database.checkpoints.for_session(session_id))
+
+    @classmethod
+    def from_stored(cls, session: Mapping[str, JsonValue], rows: Sequence[Mapping[str, JsonValue]]) -> ValidationResult:
+        """The result of a stored session row and its checkpoint rows (model order): the inverse of
+        what the CLI stores (``results`` = :meth:`summary`, each row :meth:`CheckpointResult.to_row`).
+        A session that stored no summary (it ended in error, or was written through the records'
+        API) reads back with its rows and nothing else."""
+        stored = session.get("results")
+        summary: Mapping[str, JsonValue] = stored if isinstance(stored, Mapping) else {}
+
+        def obj(key: str) -> JsonObject | None:
+            value = summary.get(key)
+            return dict(value) if isinstance(value, Mapping) else None
+
+        def text(mapping: Mapping[str, JsonValue], key: str) -> str:
+            value = mapping.get(key)
+            return "" if value is None else str(value)
+
+        iso, drill = summary.get("isolation"), summary.get("drilldown")
+        note, consistent, recordings = summary.get("isolation_note"), summary.get("consistent_with"), summary.get("recordings")
+        return cls(
+            session_id=text(session, "session_id"), model_path=text(session, "model_path"),
+            reference_backend=text(session, "reference_backend"), alternative_backend=text(session, "alternative_backend"),
+            reference_dtype=text(summary, "reference_dtype"), alternative_dtype=text(summary, "alternative_dtype"),
+            results=[CheckpointResult.from_row(r) for r in rows],
+            isolation=[LayerResult.from_dict(d) for d in iso if isinstance(d, Mapping)] if isinstance(iso, list) else None,
+            isolation_note=note if isinstance(note, str) else None,
+            error_source=obj("error_source"), oracle=obj("oracle"), noise_floor=obj("noise_floor"),
+            performance=obj("performance") or {}, recordings=recordings if isinstance(recordings, str) else None,
+            drilldown=[LayerDrilldown.from_dict(dict(d)) for d in drill if isinstance(d, Mapping)]
+            if isinstance(drill, list) else None,
+            consistent_with=consistent if isinstance(consistent, str) else None,
+            precision_diagnosis=obj("precision_diagnosis"), mark_all=obj("mark_all"), decode=obj("decode"),
+            alternative_options=obj("alternative_options") or {})
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, JsonValue]) -> ValidationResult:
+        """The inverse of :meth:`to_dict` (the CLI's ``--json``): the result it was written from."""
+        rows = doc.get("results")
+        return cls.from_stored({**doc, "results": dict(doc)},
+                               [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else [])
+
     @property
     def passed(self) -> bool:
         return bool(self.results) and all(r.passed for r in self.results)
@@ -318,15 +547,37 @@ class ValidationResult:
 
     @property
     def first_divergence(self) -> CheckpointResult | None:
-        """The earliest checkpoint (model order) that failed."""
-        return next((r for r in self.results if not r.passed), None)
+        """The earliest checkpoint (model order) that failed (a stored row with no verdict did not)."""
+        return next((r for r in self.results if r.state is False), None)
+
+    @property
+    def source(self) -> ErrorSource | None:
+        """:attr:`error_source` as a record (None: the validation passed, or named no source)."""
+        return None if self.error_source is None else ErrorSource.from_dict(self.error_source)
+
+    @property
+    def decoded(self) -> DecodeRecord | None:
+        """:attr:`decode` as a typed record (None: the prefill only)."""
+        return None if self.decode is None else DecodeRecord.from_dict(self.decode)
 
     @property
     def introducing_layers(self) -> list[int]:
         """Layers that introduce error on their own (isolation), even after an earlier divergence."""
         return [lr.layer for lr in self.isolation or [] if lr.introduces]
 
-    def summary(self) -> dict[str, Any]:
+    def introducing(self) -> list[Introducer] | None:
+        """The layers that introduce error on their own, from the prefill's isolation and from the
+        replays at the first divergent decode step, in that order (``step`` 0: the prefill); None
+        where no isolation ran at all. The one list every view shows."""
+        found: list[Introducer] | None = None
+        if self.isolation is not None:
+            found = [Introducer(lr.layer, 0, tuple(lr.verdict.blocks)) for lr in self.isolation if lr.introduces]
+        iso = None if self.decoded is None else self.decoded.isolation
+        if iso is not None and iso.layers:
+            found = (found or []) + [Introducer(r.layer, iso.step, (r.block,)) for r in iso.layers if r.introduces]
+        return found
+
+    def summary(self) -> JsonObject:
         """What the session row keeps (``results``): :meth:`to_dict` without the per-checkpoint list."""
         first = self.first_divergence
         return json_safe({
@@ -352,7 +603,7 @@ class ValidationResult:
             "alternative_options": self.alternative_options,
         })
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready (non-finite floats as "NaN"/"Infinity"/"-Infinity" strings)."""
         return json_safe({
             "session_id": self.session_id,
@@ -364,7 +615,7 @@ class ValidationResult:
         })
 
 
-def _decode_isolation(evidence: Evidence, verdict: Verdict) -> dict[str, Any]:
+def _decode_isolation(evidence: Evidence, verdict: Verdict) -> JsonObject:
     """``{step, layers: [{layer, checkpoint, introduces, rmse, judged_by, bound, margin, reason}]}``:
     each layer failing at the first divergent decode step, replayed there on the reference's input
     (``introduces``: beyond its bound; else the error is carried in)."""
@@ -379,7 +630,7 @@ def _decode_isolation(evidence: Evidence, verdict: Verdict) -> dict[str, Any]:
     return {"step": step, "layers": rows}
 
 
-def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+def _judged_kv(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
     """A KV-cache row (step, layer, k, v) with each part's judgement (passed, judged_by, bound, margin)."""
     out = dict(row)
     for part in ("k", "v"):
@@ -391,7 +642,7 @@ def _judged_kv(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
     return out
 
 
-def _judged_tokens(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+def _judged_tokens(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
     """A token_metrics row (one pass) with its judgement (passed, judged_by, bound, margin, reason;
     all None where it was not calibrated, so not judged)."""
     j = verdict.tokens.get(int(row["step"]))
@@ -400,7 +651,7 @@ def _judged_tokens(row: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
             "reason": None if j is None else j.reason}
 
 
-def divergence_ref(row: Mapping[str, Any]) -> dict[str, Any]:
+def divergence_ref(row: Mapping[str, JsonValue]) -> JsonObject:
     """A failing checkpoint, by reference: its id and structured fields, the rule, margin and reason
     (its metrics are in its own entry of ``results``)."""
     return {k: row.get(k) for k in ("id", "checkpoint", "layer", "step", "module", "judged_by", "bound", "margin",
