@@ -32,6 +32,7 @@ from typing import Any
 from ..compat import BatchJobFaces
 from ..config import database_settings, default_database_path, merge_config
 from ..errors import ConfigurationError
+from .session_config import SessionConfig
 from ..storage.database import Database
 
 __all__ = ["BatchValidationJob", "BATCH_OPTIONS", "ProgressCallback", "item_session_id", "EXECUTORS"]
@@ -90,10 +91,12 @@ class BatchValidationJob(BatchJobFaces):
         if self.config.get("executor", "local") not in EXECUTORS:
             raise ConfigurationError(f"unknown batch executor {self.config.get('executor')!r}",
                                      hint=f"use one of {', '.join(EXECUTORS)}")
+        #: every model's session configuration, validated once here (DF005 before anything is stored)
+        self.session_config = SessionConfig.from_mapping(
+            {k: v for k, v in self.config.items() if k not in BATCH_OPTIONS})
         self.framework_config = merge_config(self.config.get("framework_config"))
         db_path = self.config.get("database_path") or default_database_path(self.framework_config)
         self.framework_config["database_path"] = str(db_path)
-        self.session_config = {k: v for k, v in self.config.items() if k not in BATCH_OPTIONS}
         self.reference_backend = str(self.config.get("reference_backend", "python_reference"))
         self.alternative_backend = str(self.config.get("alternative_backend", "auto"))
         self.db = Database(db_path, **database_settings(self.framework_config))

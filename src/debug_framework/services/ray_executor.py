@@ -33,7 +33,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, FrameworkInitializationError, ValidationError
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
@@ -42,6 +42,9 @@ from ..storage.session_rows import export_session, import_session
 from ..storage.tensor_store import TensorStore
 from ..storage.values import session_file
 from .batch_executor import BatchExecutor, job_lock, settle_existing
+
+if TYPE_CHECKING:
+    from ..models.session_config import SessionConfig
 
 __all__ = ["RayExecutor", "validate_item", "check_reachable", "DEFAULT_MAX_RETRIES"]
 
@@ -69,7 +72,7 @@ def _max_retries(job: BatchValidationJob) -> int:
     return value
 
 
-def validate_item(model_path: str, session_id: str, framework_config: dict[str, Any], session_config: dict[str, Any],
+def validate_item(model_path: str, session_id: str, framework_config: dict[str, Any], session_config: SessionConfig,
                   reference: str, alternative: str) -> dict[str, Any]:
     """One item, on a Ray worker: validate into a private temporary SQLite database and return the
     session's rows, its tensors (``{content hash: bytes}``), its inputs file's bytes and the error
@@ -187,7 +190,7 @@ class _Drive:
         self.ray, self.job, self.retries = ray, job, retries
         self.engine = ValidationEngine(str(job.db.target), config=job.framework_config)
         self.store = TensorStore.beside_database(self.engine.database_path, tensor_recording_limit=None)
-        device = str(job.session_config.get("device") or job.framework_config.get("device") or "cpu")
+        device = str(job.session_config.device or job.framework_config.get("device") or "cpu")
         self.task = ray.remote(validate_item).options(
             num_cpus=1, num_gpus=1 if device.startswith("cuda") else 0, max_retries=retries, retry_exceptions=False)
         self.in_flight: dict[Any, int] = {}

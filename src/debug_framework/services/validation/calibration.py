@@ -55,12 +55,12 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: A
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
 
-    if str(plan.config["calibration_backend"]) == "auto" and getattr(model, "architecture", None) == "generic":
+    if plan.config.calibration_backend == "auto" and getattr(model, "architecture", None) == "generic":
         from ...backends.eager_reference import EagerReferenceBackend
 
         return EagerReferenceBackend()
 
-    name = str(plan.config["calibration_backend"])
+    name = plan.config.calibration_backend
     hint = ("leave calibration_backend 'auto' (torch_reference: the reference models through torch), "
             "or set calibrate to false (then the dtype's fixed tolerances apply)")
     if name == alternative_backend:
@@ -79,7 +79,7 @@ def calibration_dtype(plan: ValidationPlan, model: Any = None) -> str:
     in float64 (``--reference-backend pytorch``: the very code the calibration would run), float64,
     so that the noise is how far a correct run (the exact one) lands from the reference."""
     if getattr(model, "architecture", None) == "generic" and plan.reference_dtype != "float64" \
-            and str(plan.config["calibration_backend"]) == "auto":
+            and plan.config.calibration_backend == "auto":
         return "float64"
     return plan.alternative_dtype
 

@@ -55,8 +55,8 @@ class DrillDownStage(Stage):
     name = "drill-down"
     timing_key = "drilldown_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config.get("drill_down"))
+    def applies(self, config: SessionConfig) -> bool:
+        return config.drill_down
 
     def run(self, ctx: RunContext) -> None:
         targets = drill_targets(ctx)
@@ -96,9 +96,9 @@ class DrillDownStage(Stage):
                                f"the input of layer {layer}{when}", strategy.name, step)
         return DrillRequest(layer=layer, checkpoint=checkpoint, backend=ctx.alternative, model=ctx.model,
                             inputs=ctx.inputs, hidden_in=hidden, dtype=ctx.plan.alternative_dtype,
-                            device=str(ctx.plan.config["device"]), out_dir=_out_dir(ctx, layer, step),
-                            noise_margin=float(ctx.plan.config["noise_margin"]),
-                            floor_eps=float(ctx.plan.config["floor_eps"]), step=step, tokens=tokens, past=past)
+                            device=ctx.plan.config.device, out_dir=_out_dir(ctx, layer, step),
+                            noise_margin=ctx.plan.config.noise_margin,
+                            floor_eps=ctx.plan.config.floor_eps, step=step, tokens=tokens, past=past)
 
     @staticmethod
     def _drill(ctx: RunContext, strategy: Any, request: DrillRequest) -> LayerDrilldown:

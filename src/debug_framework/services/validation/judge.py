@@ -193,8 +193,8 @@ def _ratio(rule: RatioRule, baseline: ComparisonResult, test: ComparisonResult, 
 def _calibrated(plan: ValidationPlan, noise: ComparisonResult, error: ComparisonResult, reference_rms: float,
                 what: str = "") -> Judgement:
     cfg = plan.config
-    floor = float(cfg["floor_eps"]) * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
-    rule = RatioRule(float(cfg["noise_margin"]), floor, str(cfg["calibration_metric"]))
+    floor = cfg.floor_eps * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
+    rule = RatioRule(cfg.noise_margin, floor, cfg.calibration_metric)
     return _ratio(rule, noise, error, "calibration", oracle="the reference",
                   baseline_name=f"a correct {plan.alternative_dtype} run{what}", prefix="calibrated bound: ")
 
@@ -208,7 +208,7 @@ def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: Validatio
     choice = ev.expert_choice
     # as the calibrated rule: a correct run at this precision that flips near-tied choices at n
     # tokens allows noise_margin x n (none where it flips none)
-    allowed = float(plan.config["noise_margin"]) * (choice.calibration_differing or 0) if choice is not None else 0.0
+    allowed = plan.config.noise_margin * (choice.calibration_differing or 0) if choice is not None else 0.0
     if choice is not None and choice.differing > allowed:
         noise = "" if choice.calibration_differing is None else (
             f"; a correct run at this precision differs at {choice.calibration_differing}")
@@ -220,7 +220,7 @@ def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: Validatio
         if ev.oracle is None:
             return Judgement(False, "oracle", reason=f"no tensor for {ev.key} from one of the three runs")
         floor = setup.fixed_floor if setup.fixed_floor is not None else (
-            float(plan.config["floor_eps"]) * plan.eps * ev.oracle.oracle_rms)
+            plan.config.floor_eps * plan.eps * ev.oracle.oracle_rms)
         rule = RatioRule(setup.multiplier, float(floor), setup.metric)
         return _ratio(rule, ev.oracle.baseline, ev.oracle.alternative, "oracle", oracle="the float64 oracle",
                       baseline_name=setup.baseline, prefix="oracle ratio rule: ")
@@ -308,7 +308,7 @@ def _token_scale(ev: TokenEvidence, plan: ValidationPlan) -> float:
     cfg = plan.config
     noise = 0.0 if math.isnan(ev.noise_max_abs) else ev.noise_max_abs
     rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-    return float(cfg["noise_margin"]) * noise + float(cfg["floor_eps"]) * plan.eps * rms
+    return cfg.noise_margin * noise + cfg.floor_eps * plan.eps * rms
 
 
 def decisive_flips(metrics: Any, ev: TokenEvidence, plan: ValidationPlan) -> list[Any]:
@@ -332,11 +332,11 @@ def judge_tokens(ev: TokenEvidence, plan: ValidationPlan) -> Judgement:
     cal = ev.calibration
     assert cal is not None  # judged only where calibrated
     rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-    floor = 0.5 * (float(cfg["floor_eps"]) * plan.eps * rms) ** 2
-    rule = RatioRule(float(cfg["noise_margin"]) ** 2, floor, "kl_divergence")
+    floor = 0.5 * (cfg.floor_eps * plan.eps * rms) ** 2
+    rule = RatioRule(cfg.noise_margin ** 2, floor, "kl_divergence")
     kl = rule.judge(cal.kl_divergence["mean"], ev.alternative.kl_divergence["mean"])
     flips = decisive_flips(ev.alternative, ev, plan)
-    allowed = float(cfg["noise_margin"]) * len(decisive_flips(cal, ev, plan))
+    allowed = cfg.noise_margin * len(decisive_flips(cal, ev, plan))
     where = "the prefill" if ev.step == 0 else f"decode step {ev.step}"
     if len(flips) > allowed:
         f = flips[0]
@@ -402,7 +402,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
     and that run's error is within ``PRECISION_BAND`` x the alternative's (plus the floor at the
     alternative's own precision). None when no precision fits every checkpoint."""
     cfg = plan.config
-    metric = str(cfg["calibration_metric"])
+    metric = cfg.calibration_metric
     measured = [d for d in (evidence.precision_note or {}).get("measured", []) if d in DTYPE_EPS]
     for dtype in measured:
         seen = 0
@@ -412,8 +412,8 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
                 continue
             seen += 1
             rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-            upper = RatioRule(float(cfg["noise_margin"]), float(cfg["floor_eps"]) * DTYPE_EPS[dtype] * rms, metric)
-            below = RatioRule(PRECISION_BAND, float(cfg["floor_eps"]) * plan.eps * rms, metric)
+            upper = RatioRule(cfg.noise_margin, cfg.floor_eps * DTYPE_EPS[dtype] * rms, metric)
+            below = RatioRule(PRECISION_BAND, cfg.floor_eps * plan.eps * rms, metric)
             if not (upper.verdict(lower, ev.comparison).passed and below.verdict(ev.comparison, lower).passed):
                 break
         else:

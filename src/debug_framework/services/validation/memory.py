@@ -294,7 +294,7 @@ def session_estimate(model: Any, plan: Any, reference: Any, alternative: Any, ca
     batch, length = (int(shape[0]), int(shape[1])) if len(shape) >= 2 else (1, int(shape[0]) if shape else 1)
     return estimate_memory(model, reference=reference, reference_dtype=plan.reference_dtype,
                            alternative=alternative, alternative_dtype=plan.alternative_dtype,
-                           device=str(plan.config.get("device") or "cpu"), calibrator=calibrator,
+                           device=plan.config.device, calibrator=calibrator,
                            calibration_dtype=calibration_dtype(plan, model) if calibrator is not None else None,
                            batch=batch, length=max(length, 1), capture_budget=capture_budget)
 
