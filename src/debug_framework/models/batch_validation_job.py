@@ -27,13 +27,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..compat import BatchJobFaces
 from ..config import database_settings, default_database_path, merge_config
 from ..errors import ConfigurationError
-from .session_config import SessionConfig
+from ..jsonio import JsonObject
 from ..storage.database import Database
+from .session_config import SessionConfig
 
 __all__ = ["BatchValidationJob", "BATCH_OPTIONS", "ProgressCallback", "item_session_id", "EXECUTORS"]
 
@@ -48,7 +48,7 @@ EXECUTORS = ("local", "ray")
 _NAMESPACE = uuid.UUID("6f1c2a52-7d0e-4f0a-9a43-5b0c1f1d2e3a")
 
 #: Called with :meth:`BatchValidationJob.get_progress` while a job runs.
-ProgressCallback = Callable[[dict[str, Any]], None]
+ProgressCallback = Callable[[JsonObject], None]
 
 
 def item_session_id(job_id: str, item_index: int) -> str:
@@ -71,7 +71,7 @@ class BatchValidationJob(BatchJobFaces):
 
     job_id: str
     model_paths: list[str]
-    config: dict[str, Any] = field(default_factory=dict)
+    config: JsonObject = field(default_factory=dict)
     parallel_execution: bool = field(init=False)
     max_concurrent_jobs: int = field(init=False)
 
@@ -120,12 +120,12 @@ class BatchValidationJob(BatchJobFaces):
 
     # ---------------------------------------------------------------- reading
 
-    def items(self) -> list[dict[str, Any]]:
+    def items(self) -> list[JsonObject]:
         """The job's item rows, in order."""
         job = self.db.batches.get(self.job_id)
         return list(job["items"]) if job else []
 
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[JsonObject]:
         """One dict per item, in the job's order."""
         out = []
         for item in self.items():
@@ -137,6 +137,6 @@ class BatchValidationJob(BatchJobFaces):
                         "first_divergence": res.get("first_divergence"), "error": item.get("error_message")})
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"job_id": self.job_id, "model_paths": list(self.model_paths), "config": dict(self.config),
                 "parallel_execution": self.parallel_execution, "max_concurrent_jobs": self.max_concurrent_jobs}

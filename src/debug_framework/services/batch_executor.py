@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ValidationError
 from ..jsonio import JsonObject
@@ -85,7 +85,7 @@ def _resume_state(engine: ValidationEngine, sid: str) -> str:
     return "run"
 
 
-def run_items(database_path: str, job_id: str, framework_config: dict[str, Any], session_config: SessionConfig,
+def run_items(database_path: str, job_id: str, framework_config: JsonObject, session_config: SessionConfig,
               reference: str, alternative: str, *, parent_pid: int | None = None) -> int:
     """Worker loop: claim pending items until none is left or the job is cancelled. Returns how many ran.
 
@@ -174,7 +174,7 @@ class BatchExecutor:
     ``max_concurrent_jobs`` spawned processes, else they run here; progress is polled from the
     database (a rich bar with ``show_progress``, and/or the ``progress`` callback)."""
 
-    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
+    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[JsonObject]:
         """Run every unfinished item of ``job`` and return ``job.results()``.
 
         Raises:

@@ -12,22 +12,22 @@ cache after each pass is compared per layer (K and V, padded positions left out)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...backends.base import Backend
 from ...backends.decode import DecodeRun, decode_support
-from ...capture.keys import CheckpointKey
+from ...capture.keys import CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
 from ...comparison.next_token import next_token_metrics
 from ...errors import BackendInitializationError, ConfigurationError
 from ...jsonio import JsonObject
+from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend, own
 from .decode_replay import replay_decode_layer, step_inputs
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
-from ...models.session_config import SessionConfig
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
@@ -230,7 +230,8 @@ def token_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun |
     return rows
 
 
-def held_by_both(ref: Any, alt: Any, mask: np.ndarray | None) -> tuple[Any, Any, np.ndarray | None]:
+def held_by_both(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None
+                 ) -> tuple[CapturedTensor, CapturedTensor, np.ndarray | None]:
     """A layer's cache ``[batch, length, ...]`` on both sides cut to the trailing positions both
     hold: an engine that evicts what left a sliding window keeps only the last ones (Hugging Face's
     sliding layers keep ``window - 1``), a reference keeps every position. Equal lengths: unchanged."""

@@ -14,14 +14,12 @@ one of them (``consistent_with``). It runs only where a checkpoint failed, calib
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ...backends.base import Backend
 from ...backends.capabilities import capabilities, release
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
+from ...models.session_config import SessionConfig
 from .calibration import noise_at
 from .context import RunContext, Stage, call_backend, own
 
