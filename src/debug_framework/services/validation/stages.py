@@ -1,7 +1,10 @@
 """The stages of one validation, each a small class over a shared :class:`RunContext`.
 
 The engine (:mod:`debug_framework.services.validation_engine`) runs them in order and alone owns
-progress, timing and "persist the checkpoint rows after each stage". A stage only does its work:
+progress and timing; each checkpoint row is written once (:meth:`RunContext.write_rows`, by the
+store stage, or as a failing run stops). Every stage reads the session's configuration as the one
+:class:`~debug_framework.models.session_config.SessionConfig` of the plan (``ctx.plan.config``). A
+stage only does its work:
 
 ====================  ===========================================================================
 ``load``              the model, the inputs and the plan: create_session's in the same process, else
@@ -25,8 +28,8 @@ progress, timing and "persist the checkpoint rows after each stage". A stage onl
 ====================  ===========================================================================
 
 Stages only measure: they add to the run's :class:`~.evidence.Evidence`. No stage decides a
-verdict; :func:`.judge.judge` does, from the evidence alone (the engine calls it after each stage
-that adds evidence, so the rows it persists are always judged).
+verdict; :func:`.judge.judge` does, from the evidence alone, wherever a stage needs the verdict so
+far (:meth:`RunContext.judge`) and once more for the rows and the result the store stage keeps.
 
 Adding a step to validation (a drill-down, a plugin swap-in) means writing one :class:`Stage`
 and putting it in :data:`DEFAULT_STAGES` (or passing a list to ``ValidationEngine(stages=...)``).
