@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Protocol, Self, Unpack
+from typing import TYPE_CHECKING, Protocol, Self, Unpack
 
 from .errors import ConfigurationError
-from .jsonio import dumps_json
+from .jsonio import JsonObject, dumps_json
 from .models._common import (BATCH_EXECUTOR_ROLE, REPORT_RENDERER_ROLE, Collaborator, format_time, parse_time,
                              write_report_file)
 from .report_formats import REPORT_FORMATS  # the formats ReportFaces.save_to_file writes
@@ -71,7 +71,7 @@ __all__ = [
 class ReportRenderer(Protocol):
     """Renders a report as one document (``debug_framework.reports.render_report`` is one)."""
 
-    def __call__(self, report: Any, fmt: str = "json", *, include_tensors: bool = False,
+    def __call__(self, report: ReportFaces, fmt: str = "json", *, include_tensors: bool = False,
                  store: TensorStore | None = None) -> str: ...
 
 
@@ -79,15 +79,15 @@ class JobExecutor(Protocol):
     """An object that runs a batch job's unfinished items (``services.batch_executor.BatchExecutor``,
     ``services.ray_executor.RayExecutor``) and returns the job's results."""
 
-    def execute(self, job: Any, *, progress: Callable[[dict[str, Any]], None] | None = None,
-                ) -> list[dict[str, Any]]: ...
+    def execute(self, job: BatchJobFaces, *, progress: Callable[[JsonObject], None] | None = None,
+                ) -> list[JsonObject]: ...
 
 
 class JobRunner(Protocol):
     """Runs a batch job with the executor its configuration names (``services.executors.execute_job``)."""
 
-    def __call__(self, job: Any, *, progress: Callable[[dict[str, Any]], None] | None = None,
-                 ) -> list[dict[str, Any]]: ...
+    def __call__(self, job: BatchJobFaces, *, progress: Callable[[JsonObject], None] | None = None,
+                 ) -> list[JsonObject]: ...
 
 
 #: The process default renderer of ``ValidationReport``'s faces (``reports.render_report``).
@@ -117,7 +117,7 @@ class DatabaseManager(Database):
         """``db.sessions.create``: insert a session in status ``created``; returns its id."""
         return self.sessions.create(model_path, reference_backend, alternative_backend, **provenance)
 
-    def update_session(self, session_id: str, **fields: Any) -> None:
+    def update_session(self, session_id: str, **fields: object) -> None:
         """``db.sessions.update``: provenance fields / ``results`` (not the status)."""
         self.sessions.update(session_id, **fields)
 
@@ -125,11 +125,11 @@ class DatabaseManager(Database):
         """``db.sessions.update_status``: a checked transition; returns the previous status."""
         return self.sessions.update_status(session_id, status, error_message)
 
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
+    def get_session(self, session_id: str) -> JsonObject | None:
         """``db.sessions.get``: the session row (JSON columns decoded), or None."""
         return self.sessions.get(session_id)
 
-    def list_sessions(self, **where: Unpack[SessionFilter]) -> list[dict[str, Any]]:
+    def list_sessions(self, **where: Unpack[SessionFilter]) -> list[JsonObject]:
         """``db.sessions.list``: sessions, newest first, optionally filtered."""
         return self.sessions.list(**where)
 
@@ -139,30 +139,30 @@ class DatabaseManager(Database):
 
     # ---------------------------------------------------------------- checkpoint results (db.checkpoints)
 
-    def add_checkpoint_result(self, session_id: str, result: Mapping[str, Any], **keys: Unpack[ResultKeys]) -> None:
+    def add_checkpoint_result(self, session_id: str, result: Mapping[str, object], **keys: Unpack[ResultKeys]) -> None:
         """``db.checkpoints.add_many`` of one result dict (replaces its ``(checkpoint, layer)`` row)."""
         self.checkpoints.add_many(session_id, [result], **keys)
 
-    def add_checkpoint_results(self, session_id: str, results: Iterable[Mapping[str, Any]],
+    def add_checkpoint_results(self, session_id: str, results: Iterable[Mapping[str, object]],
                                **keys: Unpack[ResultKeys]) -> int:
         """``db.checkpoints.add_many``: many result dicts in one transaction; returns how many."""
         return self.checkpoints.add_many(session_id, results, **keys)
 
-    def get_checkpoint_results(self, session_id: str) -> list[dict[str, Any]]:
+    def get_checkpoint_results(self, session_id: str) -> list[JsonObject]:
         """``db.checkpoints.for_session``: the session's result dicts in model order."""
         return self.checkpoints.for_session(session_id)
 
     # ---------------------------------------------------------------- recordings / comparisons (db.recordings)
 
-    def add_tensor_recording(self, record: Mapping[str, Any]) -> str:
+    def add_tensor_recording(self, record: Mapping[str, object]) -> str:
         """``db.recordings.add``: a tensor_recordings row; returns its id."""
         return self.recordings.add(record)
 
-    def get_tensor_recordings(self, session_id: str) -> list[dict[str, Any]]:
+    def get_tensor_recordings(self, session_id: str) -> list[JsonObject]:
         """``db.recordings.for_session``."""
         return self.recordings.for_session(session_id)
 
-    def get_tensor_recording(self, recording_id: str) -> dict[str, Any] | None:
+    def get_tensor_recording(self, recording_id: str) -> JsonObject | None:
         """``db.recordings.get``."""
         return self.recordings.get(recording_id)
 
@@ -170,22 +170,22 @@ class DatabaseManager(Database):
         """``db.recordings.referenced_content_hashes``."""
         return self.recordings.referenced_content_hashes()
 
-    def add_tensor_comparison(self, record: Mapping[str, Any]) -> str:
+    def add_tensor_comparison(self, record: Mapping[str, object]) -> str:
         """``db.recordings.add_comparison``."""
         return self.recordings.add_comparison(record)
 
-    def get_tensor_comparisons(self, session_id: str) -> list[dict[str, Any]]:
+    def get_tensor_comparisons(self, session_id: str) -> list[JsonObject]:
         """``db.recordings.comparisons_for_session``."""
         return self.recordings.comparisons_for_session(session_id)
 
     # ---------------------------------------------------------------- batch jobs (db.batches)
 
-    def create_batch_job(self, model_paths: Sequence[str], config: Mapping[str, Any] | None = None,
+    def create_batch_job(self, model_paths: Sequence[str], config: Mapping[str, object] | None = None,
                          *, job_id: str | None = None) -> str:
         """``db.batches.create``: one pending item per model path (an existing id is a no-op)."""
         return self.batches.create(model_paths, config, job_id=job_id)
 
-    def get_batch_job(self, job_id: str) -> dict[str, Any] | None:
+    def get_batch_job(self, job_id: str) -> JsonObject | None:
         """``db.batches.get``."""
         return self.batches.get(job_id)
 
@@ -199,7 +199,7 @@ class DatabaseManager(Database):
         self.batches.update_item(job_id, item_index, status=status, session_id=session_id,
                                  error_message=error_message)
 
-    def claim_batch_item(self, job_id: str) -> dict[str, Any] | None:
+    def claim_batch_item(self, job_id: str) -> JsonObject | None:
         """``db.batches.claim_item``: atomically take the next pending item; None when none is left."""
         return self.batches.claim_item(job_id)
 
@@ -211,12 +211,12 @@ class TensorComparisonEngine:
     """The spec's dict-speaking comparison engine over :func:`debug_framework.comparison.compare`
     (every number comes from it; nothing is computed twice)."""
 
-    def __init__(self, default_tolerance_config: Mapping[str, Any] | None = None, *, top_k: int = 5) -> None:
+    def __init__(self, default_tolerance_config: Mapping[str, object] | None = None, *, top_k: int = 5) -> None:
         self.default_tolerance_config = dict(default_tolerance_config or {})
         self.top_k = top_k
 
-    def compare_tensors(self, reference_tensor: Any, alternative_tensor: Any,
-                        tolerance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def compare_tensors(self, reference_tensor: object, alternative_tensor: object,
+                        tolerance: Mapping[str, object] | None = None) -> JsonObject:
         """``compare(reference, alternative, check_dtype=False, **tolerance)`` as a dict: every metric
         plus ``match_status``, ``max_absolute_error``, ``max_relative_error`` and ``tolerance_config``.
         ``tolerance`` holds ``rtol``/``atol`` (and optionally the other ``Tolerance`` fields) over
@@ -234,7 +234,7 @@ class TensorComparisonEngine:
                    max_relative_error=out["max_rel_error"], tolerance_config=res.tolerance.to_dict())
         return out
 
-    def analyze_differences(self, reference_tensor: Any, alternative_tensor: Any) -> dict[str, Any]:
+    def analyze_differences(self, reference_tensor: object, alternative_tensor: object) -> JsonObject:
         """The error distribution, worst elements, non-finite values and the tightest (atol, rtol)
         each pair would pass with, grouped from one ``compare``."""
         from .comparison import compare
@@ -255,7 +255,7 @@ class TensorComparisonEngine:
             "dtypes": [d["reference_dtype"], d["alternative_dtype"]],
         }
 
-    def generate_comparison_report(self, comparison_results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def generate_comparison_report(self, comparison_results: Sequence[Mapping[str, object]]) -> JsonObject:
         """Summarise many ``compare_tensors`` results: counts, pass rate, the worst entry."""
         results = list(comparison_results)
         passed = [r for r in results if r.get("match_status", r.get("passed"))]
@@ -289,23 +289,23 @@ class SessionFaces:
     model_path: str
     reference_backend: str
     alternative_backend: str
-    config: dict[str, Any]
+    config: JsonObject
     created_at: datetime
     status: str
-    results: dict[str, Any] | None
+    results: JsonObject | None
     weights_digest: str | None
-    reference_backend_info: dict[str, Any] | None
-    alternative_backend_info: dict[str, Any] | None
-    tolerances: dict[str, Any] | None
+    reference_backend_info: JsonObject | None
+    alternative_backend_info: JsonObject | None
+    tolerances: JsonObject | None
     seed: int | None
     inputs_ref: str | None
-    environment: dict[str, Any] | None
+    environment: JsonObject | None
     error_message: str | None
     db: DatabaseLike | None
 
     if TYPE_CHECKING:
         @classmethod
-        def from_dict(cls, data: dict[str, Any], *, db: DatabaseLike | None = None) -> Self: ...
+        def from_dict(cls, data: JsonObject, *, db: DatabaseLike | None = None) -> Self: ...
 
     def _database(self, db: DatabaseLike | None = None) -> Database:
         """The database to use: ``db`` if given (and remembered), else the one the record holds."""
@@ -366,7 +366,7 @@ class SessionFaces:
         self._refresh()
         return True
 
-    def add_checkpoint_result(self, checkpoint_name: str, result: dict[str, Any], *,
+    def add_checkpoint_result(self, checkpoint_name: str, result: JsonObject, *,
                               layer: int | None | EllipsisType = ..., db: DatabaseLike | None = None) -> bool:
         """``db.checkpoints.add_many`` of one result under ``checkpoint_name`` (layer from the dict
         unless given; the same (checkpoint, layer) again replaces the row)."""
@@ -376,7 +376,7 @@ class SessionFaces:
         self._database(db).checkpoints.add_many(self.session_id, [result], **keys)
         return True
 
-    def checkpoint_results(self, db: DatabaseLike | None = None) -> list[dict[str, Any]]:
+    def checkpoint_results(self, db: DatabaseLike | None = None) -> list[JsonObject]:
         """``db.checkpoints.for_session``: the stored result dicts, in the order first written."""
         return self._database(db).checkpoints.for_session(self.session_id)
 
@@ -389,7 +389,7 @@ class ReportFaces:
     and an atomic file write."""
 
     if TYPE_CHECKING:
-        def to_dict(self) -> dict[str, Any]: ...
+        def to_dict(self) -> JsonObject: ...
 
     def export_to_json(self, *, indent: int | None = 2) -> str:
         """The record's ``to_dict()`` as strict JSON (non-finite numbers as "NaN", "Infinity", "-Infinity")."""
@@ -424,8 +424,8 @@ class BatchJobFaces:
     job_id: str
     db: Database
 
-    def execute(self, *, progress: Callable[[dict[str, Any]], None] | None = None,
-                executor: JobExecutor | None = None) -> list[dict[str, Any]]:
+    def execute(self, *, progress: Callable[[JsonObject], None] | None = None,
+                executor: JobExecutor | None = None) -> list[JsonObject]:
         """Run every unfinished item (resuming an interrupted or cancelled job); one dict per item:
         ``model_path``, ``status`` (done/failed/cancelled), ``session_id``, ``verdict``, ``error``.
         ValidationError (DF005) while another process executes the job."""
@@ -433,7 +433,7 @@ class BatchJobFaces:
             return executor.execute(self, progress=progress)
         return BATCH_EXECUTOR.get()(self, progress=progress)
 
-    def get_progress(self) -> dict[str, Any]:
+    def get_progress(self) -> JsonObject:
         """``db.batches.progress``: counts by item status, ``finished``, ``percent``, the job status."""
         return self.db.batches.progress(self.job_id)
 
@@ -452,9 +452,9 @@ class CompilationFaces:
 
     if TYPE_CHECKING:
         def build_source(self, source_path: str | os.PathLike[str], backend_type: str,
-                         output_path: str | os.PathLike[str] | None = None) -> Any: ...
+                         output_path: str | os.PathLike[str] | None = None) -> object: ...
 
-        def validation_report(self, compiled_path: str | os.PathLike[str], backend_type: str) -> dict[str, Any]: ...
+        def validation_report(self, compiled_path: str | os.PathLike[str], backend_type: str) -> JsonObject: ...
 
     def compile_cuda_kernel(self, source_path: str | os.PathLike[str], output_path: str | os.PathLike[str]) -> bool:
         """Compile a CUDA source (or a cuda plugin's manifest) to a shared library with nvcc. DF008 on failure."""
@@ -483,13 +483,23 @@ class CompilationFaces:
 
 # ============================================================== ValidationEngine's verbs
 
+#: ``progress(stage, done, total)``: called as each stage of a validation finishes.
+Progress = Callable[[str, int, int], None]
+
+
+class _ResultRecord(Protocol):
+    """What a typed validation result gives the face: its JSON document."""
+
+    def to_dict(self) -> JsonObject: ...
+
+
 
 class EngineFaces:
     """``ValidationEngine``'s spec verb over its typed ``run``."""
 
     if TYPE_CHECKING:
-        def run(self, session_id: str, *, progress: Any = None) -> Any: ...
+        def run(self, session_id: str, *, progress: Progress | None = None) -> _ResultRecord: ...
 
-    def execute_validation(self, session_id: str, *, progress: Any = None) -> dict[str, Any]:
+    def execute_validation(self, session_id: str, *, progress: Progress | None = None) -> JsonObject:
         """Run the session's validation; returns ``run(session_id).to_dict()`` (the result's JSON)."""
         return self.run(session_id, progress=progress).to_dict()

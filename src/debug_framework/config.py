@@ -12,9 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .errors import FrameworkInitializationError
+from .jsonio import JsonObject
 
 __all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "FLOAT_DTYPES", "from_environment", "merge_config",
            "default_database_path", "is_server_url", "database_settings", "check_keywords", "ResourceSettings",
@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_CONFIG", "ENV_VARIABLES", "FLOAT_DTYPES", "from_environment"
 #: so a CLI can refuse a bad ``--dtype`` before importing anything heavy).
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
-DEFAULT_CONFIG: dict[str, Any] = {
+DEFAULT_CONFIG: JsonObject = {
     "database_path": "~/.pie/debug/debug_framework.db",
     "performance_monitoring": True,
     "auto_cleanup": True,
@@ -108,14 +108,14 @@ _PARSERS = {"debug_enabled": _parse_bool, "log_level": _parse_level, "database_p
             "capture_memory_budget": _parse_size}
 
 
-def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_environment(environ: Mapping[str, str] | None = None) -> JsonObject:
     """Read the variables of :data:`ENV_VARIABLES` from ``environ`` (default ``os.environ``).
 
     Raises:
         FrameworkInitializationError: a value that does not parse (DF001), naming the variable.
     """
     env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for variable, key in ENV_VARIABLES.items():
         if variable in env:
             value = _PARSERS[key](variable, env[variable])
@@ -124,7 +124,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]
     return out
 
 
-def merge_config(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
+def merge_config(*layers: Mapping[str, object] | None) -> dict[str, object]:
     """Later layers win; nested dicts merge key by key. Starts from a deep copy of DEFAULT_CONFIG."""
     result = copy.deepcopy(DEFAULT_CONFIG)
     for layer in layers:
@@ -144,13 +144,13 @@ def is_server_url(target: object) -> bool:
                                                                                                 "postgres")
 
 
-def default_database_path(config: Mapping[str, Any]) -> Path | str:
+def default_database_path(config: Mapping[str, object]) -> Path | str:
     """The configured database path, with ``~`` expanded; a ``postgresql://`` URL as given."""
     raw = str(config.get("database_path") or DEFAULT_CONFIG["database_path"])
     return raw if is_server_url(raw) else Path(raw).expanduser()
 
 
-def database_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+def database_settings(config: Mapping[str, object]) -> dict[str, str]:
     """The database settings a config carries besides the path (``artifact_root`` for a server)."""
     root = config.get("artifact_root")
     return {"artifact_root": str(root)} if root else {}
@@ -184,7 +184,7 @@ class ResourceSettings:
     performance_monitoring: bool
 
 
-def _number(config: Mapping[str, Any], key: str, *, optional: bool, minimum: float = 0.0) -> float | None:
+def _number(config: Mapping[str, object], key: str, *, optional: bool, minimum: float = 0.0) -> float | None:
     value = config.get(key, DEFAULT_CONFIG[key])
     if value is None and optional:
         return None
@@ -195,7 +195,7 @@ def _number(config: Mapping[str, Any], key: str, *, optional: bool, minimum: flo
     return float(value)
 
 
-def resource_settings(config: Mapping[str, Any]) -> ResourceSettings:
+def resource_settings(config: Mapping[str, object]) -> ResourceSettings:
     """The checked resource keys of ``config`` (DEFAULT_CONFIG's where absent); FrameworkInitializationError
     (DF001) naming the key for a value of the wrong kind. ``max_session_duration`` of 0 means no limit."""
     duration = config.get("max_session_duration", DEFAULT_CONFIG["max_session_duration"])

@@ -73,7 +73,9 @@ def test_no_strategy_gives_an_entry_with_a_note_never_nothing():
     ctx.verdict = Verdict(checkpoints={}, layers=None, first_divergence=None, error_source=None)
     DrillDownStage().run(ctx)
     assert ctx.drilldown == []  # nothing diverged: nothing to drill
-    assert not DrillDownStage().applies({"drill_down": False}) and DrillDownStage().applies({"drill_down": True})
+    from debug_framework.models.session_config import SessionConfig
+
+    assert not DrillDownStage().applies(SessionConfig()) and DrillDownStage().applies(SessionConfig(drill_down=True))
 
 
 def test_alignment_pairs_through_casts_and_names_a_changed_attribute():

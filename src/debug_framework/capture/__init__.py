@@ -3,8 +3,6 @@
 The hook-based names (:mod:`.hooks`, which needs torch) are imported on first use, so a run that
 never captures a torch module (an ONNX file) does not import torch."""
 
-from typing import Any
-
 from .keys import CHECKPOINT_NAMES, Capture, CheckpointKey, CheckpointSelection, all_checkpoints
 
 __all__ = [
@@ -23,7 +21,7 @@ __all__ = [
 _HOOKS = ("HookCapture", "ModuleTap", "find_module", "hf_layer_modules", "hf_module_taps")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """The torch-based names of :mod:`.hooks`, imported when first asked for."""
     if name in _HOOKS:
         from . import hooks

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 import torch
 
 from ..errors import ConfigurationError, ValidationError
 from .keys import CheckpointKey
 from .spill import checkpoint_dict
+
+T = TypeVar("T")
 
 __all__ = ["first_input", "skipped_forward", "ModuleTap", "hf_module_taps", "hf_layer_modules", "hf_attention_seam", "hf_mlp_block", "find_module",
            "HookCapture", "first_tensor"]
@@ -137,7 +139,7 @@ def find_module(root: torch.nn.Module, name: str, modules: Mapping[str, torch.nn
     )
 
 
-def first_tensor(value: Any) -> torch.Tensor:
+def first_tensor(value: object) -> torch.Tensor:
     """The tensor a module returned: itself, the first of a tuple, or the first field of a ModelOutput."""
     if isinstance(value, torch.Tensor):
         return value
@@ -148,7 +150,7 @@ def first_tensor(value: Any) -> torch.Tensor:
     raise ValidationError(f"module returned {type(value).__name__}, not a tensor")
 
 
-def first_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+def first_input(args: tuple[object, ...], kwargs: Mapping[str, object]) -> object:
     """The hidden state a module was called with: its first positional argument, else its
     ``hidden_states`` keyword, else its first tensor keyword (DistilBERT's ``x=``); None without one."""
     if args:
@@ -158,7 +160,8 @@ def first_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     return next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
 
 
-def _with_first_input(args: tuple[Any, ...], kwargs: dict[str, Any], value: torch.Tensor) -> tuple[Any, Any]:
+def _with_first_input(args: tuple[object, ...], kwargs: dict[str, object], value: torch.Tensor
+                      ) -> tuple[tuple[object, ...], dict[str, object]]:
     """``(args, kwargs)`` with the hidden state (see :func:`first_input`) replaced by ``value`` in its dtype."""
     if args:
         return (value.to(args[0].dtype), *args[1:]), kwargs
@@ -173,7 +176,7 @@ class _StopForward(Exception):
     """Raised by a hook to end a forward pass early (single-layer replay)."""
 
 
-def skipped_forward(*args: Any, **kwargs: Any) -> Any:
+def skipped_forward(*args: object, **kwargs: object) -> object:
     """The forward of a module a replay skips (``HookCapture(skip=...)``): the hidden state it was
     given. A streamed model converts no weights for a module whose forward this is."""
     return first_input(args, kwargs)
@@ -214,11 +217,11 @@ class HookCapture:
         self.stop_after = stop_after
         self.replace_output = replace_output
         self.skip = list(skip)
-        self._skipped: list[tuple[torch.nn.Module, Any]] = []  # (module, its own instance forward or None)
+        self._skipped: list[tuple[torch.nn.Module, Callable[..., object] | None]] = []  # (module, its own instance forward or None)
         # within the run's capture budget where one is active (spilled to disk beyond it: .spill)
         self.tensors: MutableMapping[CheckpointKey, torch.Tensor] = checkpoint_dict()
         self.layer_inputs: MutableMapping[int, torch.Tensor] = checkpoint_dict()
-        self._handles: list[Any] = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> HookCapture:
         modules = dict(self.root.named_modules())  # walked once for every name below
@@ -272,14 +275,14 @@ class HookCapture:
             self._handles.append(find(self.stop_after).register_forward_hook(stop))
         return self
 
-    def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T | None:
         """Call ``fn`` (the forward), swallowing the early stop of ``stop_after``."""
         try:
             return fn(*args, **kwargs)
         except _StopForward:
             return None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()

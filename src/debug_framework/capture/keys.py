@@ -14,11 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from ..checkpoint_ids import checkpoint_id
 from ..errors import ConfigurationError
+from ..jsonio import JsonObject
 from ..suggest import did_you_mean
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+#: What a backend captures at a checkpoint (or as a layer's input): a torch tensor or a NumPy array.
+CapturedTensor: TypeAlias = "torch.Tensor | np.ndarray"
 
 __all__ = [
     "CHECKPOINT_NAMES",
@@ -60,12 +68,12 @@ class CheckpointKey(NamedTuple):
             raise ConfigurationError(f"checkpoint {self.name!r} has no layer, got {self.layer!r}", checkpoint=self.name)
         return self
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """``{"checkpoint": name, "layer": layer}``."""
         return {"checkpoint": self.name, "layer": self.layer}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CheckpointKey:
+    def from_json(cls, data: Mapping[str, object]) -> CheckpointKey:
         """Inverse of :meth:`to_json`."""
         try:
             layer = data.get("layer")
@@ -76,7 +84,7 @@ class CheckpointKey(NamedTuple):
             ) from exc
 
     @classmethod
-    def parse(cls, value: CheckpointKey | tuple[str, int | None] | str | Mapping[str, Any]) -> CheckpointKey:
+    def parse(cls, value: CheckpointKey | tuple[str, int | None] | str | Mapping[str, object]) -> CheckpointKey:
         """Accept a key, a ``(name, layer)`` tuple, ``"post_mlp:2"`` / ``"post_embedding"``, or the JSON form."""
         if isinstance(value, CheckpointKey):
             return value.validate()
@@ -154,7 +162,7 @@ class CheckpointSelection:
         return [k for k in all_checkpoints(num_layers) if k in self]
 
     @classmethod
-    def coerce(cls, taps: CheckpointSelection | Iterable[Any] | None, num_layers: int) -> list[CheckpointKey]:
+    def coerce(cls, taps: CheckpointSelection | Iterable[object] | None, num_layers: int) -> list[CheckpointKey]:
         """Turn ``None`` (everything), a selection, or an iterable of keys into an ordered key list."""
         if taps is None:
             return all_checkpoints(num_layers)
@@ -168,7 +176,7 @@ class CheckpointSelection:
 
 
 @dataclass
-class Capture(Mapping[CheckpointKey, Any]):
+class Capture(Mapping[CheckpointKey, "CapturedTensor"]):
     """What one backend run produced: ``CheckpointKey -> tensor`` plus timing.
 
     Tensors (torch tensors or NumPy arrays) stay on their device until compared.
@@ -184,14 +192,14 @@ class Capture(Mapping[CheckpointKey, Any]):
             JSON-ready values.
     """
 
-    tensors: dict[CheckpointKey, Any] = field(default_factory=dict)
+    tensors: dict[CheckpointKey, CapturedTensor] = field(default_factory=dict)
     backend: str = ""
     dtype: str = ""
     elapsed_s: float = 0.0
-    layer_inputs: dict[int, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    layer_inputs: dict[int, CapturedTensor] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: CheckpointKey | tuple[str, int | None] | str) -> CapturedTensor:  # type: ignore[override]
         return self.tensors[CheckpointKey.parse(key)]
 
     def __iter__(self) -> Iterator[CheckpointKey]:

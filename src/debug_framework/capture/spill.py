@@ -23,13 +23,20 @@ import contextlib
 import itertools
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Hashable, Iterator, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
+
+from .keys import CapturedTensor
+
+if TYPE_CHECKING:
+    import torch
+
+K = TypeVar("K", bound=Hashable)
 
 __all__ = ["CaptureSink", "SpillingDict", "capture_sink", "checkpoint_dict", "active_sink", "tensor_nbytes"]
 
@@ -43,9 +50,9 @@ class _Spilled:
     path: Path
     storage: np.dtype
     shape: tuple[int, ...]
-    torch_dtype: Any = None
+    torch_dtype: torch.dtype | None = None
 
-    def load(self) -> Any:
+    def load(self) -> CapturedTensor:
         """The tensor, memory-mapped (copy-on-write: writable, the file unchanged)."""
         if int(np.prod(self.shape)) == 0:
             arr = np.empty(self.shape, self.storage)
@@ -59,7 +66,7 @@ class _Spilled:
         return t if t.dtype == self.torch_dtype else t.view(self.torch_dtype)
 
 
-def tensor_nbytes(value: Any) -> int | None:
+def tensor_nbytes(value: object) -> int | None:
     """The bytes of a NumPy array's or a torch tensor's elements (None: neither)."""
     size = getattr(value, "nbytes", None)
     if isinstance(size, int):
@@ -103,7 +110,7 @@ class CaptureSink:
                 self._dir, self._made_dir = self.directory, True
         return self._dir
 
-    def write(self, value: Any) -> _Spilled | None:
+    def write(self, value: CapturedTensor) -> _Spilled | None:
         """``value`` written to a file of its own, or None for what stays in memory (a tensor on
         an accelerator, anything not an array)."""
         torch_dtype = None
@@ -129,7 +136,7 @@ class CaptureSink:
         self.spilled_bytes += arr.nbytes
         return _Spilled(path, arr.dtype, tuple(arr.shape), torch_dtype)
 
-    def layer_reached(self, key: Any) -> None:
+    def layer_reached(self, key: object) -> None:
         """Progress: ``key`` (a checkpoint key, a ``(name, layer)`` tuple, or a layer index of the
         layer inputs) just arrived."""
         if self.on_layer is None:
@@ -146,15 +153,15 @@ class CaptureSink:
         self._dir = None
 
 
-class SpillingDict(MutableMapping[Any, Any]):
+class SpillingDict(MutableMapping[K, CapturedTensor], Generic[K]):
     """A dictionary of captured tensors within its sink's memory budget (see the module's text)."""
 
     def __init__(self, sink: CaptureSink) -> None:
         self._sink = sink
-        self._held: dict[Any, Any] = {}  # key -> the tensor, or a _Spilled
-        self._sizes: dict[Any, int] = {}  # bytes held in memory per key
+        self._held: dict[K, CapturedTensor | _Spilled] = {}  # key -> the tensor, or a _Spilled
+        self._sizes: dict[K, int] = {}  # bytes held in memory per key
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: K, value: CapturedTensor) -> None:
         sink = self._sink
         if key in self._held:
             del self[key]
@@ -174,15 +181,15 @@ class SpillingDict(MutableMapping[Any, Any]):
             sink.peak_resident = max(sink.peak_resident, sink.resident)
         sink.layer_reached(key)
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: K) -> CapturedTensor:
         value = self._held[key]
         return value.load() if isinstance(value, _Spilled) else value
 
-    def __delitem__(self, key: Any) -> None:
+    def __delitem__(self, key: K) -> None:
         del self._held[key]
         self._sink.resident -= self._sizes.pop(key, 0)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[K]:
         return iter(self._held)
 
     def __len__(self) -> int:
@@ -201,7 +208,7 @@ def active_sink() -> CaptureSink | None:
     return _ACTIVE.get()
 
 
-def checkpoint_dict() -> MutableMapping[Any, Any]:
+def checkpoint_dict() -> MutableMapping[K, CapturedTensor]:
     """The dictionary a backend fills with captured tensors as the model runs: a
     :class:`SpillingDict` while a sink is active, else a plain ``dict``."""
     sink = _ACTIVE.get()

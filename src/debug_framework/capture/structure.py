@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -159,17 +159,17 @@ def _candidates(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return out
 
 
-def _probe(net: torch.nn.Module, layers: list[str], example: Mapping[str, Any]) -> tuple[
-        dict[str, list[_Call]], dict[str, tuple[Any, Any]], Any]:
+def _probe(net: torch.nn.Module, layers: list[str], example: Mapping[str, object]) -> tuple[
+        dict[str, list[_Call]], dict[str, tuple[object, torch.Tensor | None]], object]:
     """One forward pass recording, per layer, the calls of its children in order (their first
     input and first output tensors) and the layer's own input and output."""
     modules = dict(net.named_modules())
     calls: dict[str, list[_Call]] = {name: [] for name in layers}
-    ends: dict[str, tuple[Any, Any]] = {}
-    handles: list[Any] = []
+    ends: dict[str, tuple[object, torch.Tensor | None]] = {}
+    handles: list[torch.utils.hooks.RemovableHandle] = []
     counter = [0]
 
-    def tensor(value: Any) -> torch.Tensor | None:
+    def tensor(value: object) -> torch.Tensor | None:
         try:
             return first_tensor(value)
         except Exception:  # a module returning something without a tensor (None, a cache)
@@ -180,14 +180,16 @@ def _probe(net: torch.nn.Module, layers: list[str], example: Mapping[str, Any]) 
         for cname, child in _candidates(layer):
             record = calls[lname]
 
-            def hook(mod: Any, args: Any, kwargs: Any, output: Any, cname: str = cname, record: list = record) -> None:
+            def hook(mod: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object,
+                     cname: str = cname, record: list[_Call] = record) -> None:
                 if any(c.name == cname for c in record):
                     return
                 counter[0] += 1
                 record.append(_Call(cname, mod, first_input(args, kwargs), tensor(output), counter[0]))
             handles.append(child.register_forward_hook(hook, with_kwargs=True))
 
-        def lhook(mod: Any, args: Any, kwargs: Any, output: Any, lname: str = lname) -> None:
+        def lhook(mod: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object,
+                  lname: str = lname) -> None:
             ends.setdefault(lname, (first_input(args, kwargs), tensor(output)))
         handles.append(layer.register_forward_hook(lhook, with_kwargs=True))
     try:
@@ -210,11 +212,11 @@ def _is_norm(call: _Call) -> bool:
     return bool(_NORM.search(call.name.rsplit(".", 1)[-1]) or "Norm" in type(call.module).__name__)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     return a is not None and b is not None and a is b
 
 
-def _layer(lname: str, calls: list[_Call], layer_in: Any) -> LayerStructure:
+def _layer(lname: str, calls: list[_Call], layer_in: object) -> LayerStructure:
     names = ", ".join(c.name for c in calls) or "none"
     calls = [c for c in calls if not _is_passive(c)]
     attn_calls = [c for c in calls if not _is_norm(c) and (_ATTENTION.search(c.name.rsplit(".", 1)[-1])
@@ -268,13 +270,13 @@ def static_router(layer: torch.nn.Module) -> str | None:
     return None
 
 
-def _module_name(net: torch.nn.Module, target: Any) -> str | None:
+def _module_name(net: torch.nn.Module, target: object) -> str | None:
     if target is None:
         return None
     return next((n for n, m in net.named_modules() if m is target), None)
 
 
-def discover(net: torch.nn.Module, num_layers: int, example: Mapping[str, Any], *,
+def discover(net: torch.nn.Module, num_layers: int, example: Mapping[str, object], *,
              experts_per_token: int = 0) -> ModelStructure:
     """The structure of ``net`` from one forward pass on ``example`` (keyword arguments of its
     forward); see the module's documentation. DF004 (with how to map the model yourself) when the

@@ -12,6 +12,7 @@ configuration...), 3 internal error (a bug; the traceback is in the crash log th
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,11 +66,13 @@ class ValidateOptions:
     drill_down: bool = False
 
 
-def _session_config(opts: ValidateOptions) -> dict[str, Any]:
-    """The session configuration: the config file's keys, overridden by the options given."""
+def _session_config(opts: ValidateOptions) -> dict[str, object]:
+    """The session configuration's keys: the config file's, overridden by the options given
+    (checked as one :class:`~debug_framework.models.session_config.SessionConfig`
+    before the session is created)."""
     from ..errors import ConfigurationError
 
-    cfg: dict[str, Any] = {} if opts.config_file is None else read_json_object(opts.config_file, "config file")
+    cfg: dict[str, object] = {} if opts.config_file is None else read_json_object(opts.config_file, "config file")
     if opts.checkpoints:
         cfg["enabled_checkpoints"] = [c.strip() for c in opts.checkpoints.split(",") if c.strip()]
     if opts.layers:
@@ -231,7 +234,7 @@ def _print_summary(out: Console, result: ValidationResult, verbose: bool, footer
 
 
 def _check_arguments(invocation: Invocation, model_path: str, opts: ValidateOptions,
-                     fw: dict[str, Any]) -> dict[str, Any]:
+                     fw: Mapping[str, object]) -> dict[str, object]:
     """The checks that need no heavy import (model path, dtypes, database, config file, --layers);
     returns the session configuration."""
     from ..config import default_database_path
@@ -335,6 +338,9 @@ def validate(
     if mark_all:
         session_config["mark_all"] = True
     session_config.update(_decode_options(padding_side, position_offset, decode_steps, decode_tokens))
+    from ..models.session_config import SessionConfig
+
+    config = SessionConfig.from_mapping(session_config)  # validated once, here: a bad key is DF005 before any load
     load_backend_code(backend_module or (), backend_file or ())
     from ..services.validation_engine import ValidationEngine
 
@@ -342,7 +348,7 @@ def validate(
     invocation.database = Path(engine.database_path)
     if plugin is not None:
         alternative_backend = _plugin_alternative(plugin, alternative_backend, engine)
-    sid = engine.create_session(model_path, session_config, reference_backend, alternative_backend,
+    sid = engine.create_session(model_path, config, reference_backend, alternative_backend,
                                 command=reproduce_command_line(PROG, invocation.argv))
     invocation.session_id = sid
     with stdout_for_json_only(as_json), stage_progress(make_console(stderr=True), "loading model") as progress:
@@ -360,10 +366,10 @@ def validate(
 
 
 def _decode_options(padding_side: str | None, position_offset: int | None, decode_steps: int | None,
-                    decode_tokens: str | None) -> dict[str, Any]:
+                    decode_tokens: str | None) -> dict[str, object]:
     """The padding, position and decode options given, as session configuration keys (checked
     with the rest of the configuration when the session is created)."""
-    cfg: dict[str, Any] = {}
+    cfg: dict[str, object] = {}
     for key, value in (("padding_side", padding_side), ("position_offset", position_offset),
                        ("decode_steps", decode_steps)):
         if value is not None:

@@ -12,28 +12,31 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 from ..errors import ComparisonError
-from .tolerance import dtype_name, is_torch_dtype
+from .tolerance import DType, dtype_name, is_torch_dtype
 
 if TYPE_CHECKING:
     import torch
+
+#: One side of a comparison once normalised: a torch tensor or a NumPy array.
+Array: TypeAlias = "torch.Tensor | np.ndarray"
 
 _UNSIGNED_FLOAT_NAMES = frozenset({"float8_e8m0fnu"})
 #: The NumPy dtype of a Python number, as ``torch.tensor`` makes it (float32: torch's default dtype).
 _SCALAR_DTYPES = ((bool, np.bool_), (int, np.int64), (float, np.float32))
 
 
-def is_tensor(x: Any) -> bool:
+def is_tensor(x: object) -> bool:
     """Whether ``x`` is a torch tensor (without importing torch: none exists before it is)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def torch_dtype_of(dtype: Any) -> torch.dtype:
+def torch_dtype_of(dtype: DType) -> torch.dtype:
     if is_torch_dtype(dtype):
         return dtype
     import torch
@@ -44,7 +47,7 @@ def torch_dtype_of(dtype: Any) -> torch.dtype:
         raise ComparisonError(f"dtype {dtype!r} has no torch equivalent") from exc
 
 
-def _numeric_array(x: Any, side: str) -> np.ndarray:
+def _numeric_array(x: object, side: str) -> np.ndarray:
     """A NumPy array or scalar as a native-byte-order numeric array (DF006 for anything else)."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
@@ -57,14 +60,14 @@ def _numeric_array(x: Any, side: str) -> np.ndarray:
     return arr
 
 
-def _not_a_tensor(x: Any, side: str) -> ComparisonError:
+def _not_a_tensor(x: object, side: str) -> ComparisonError:
     return ComparisonError(
         f"{side} is a {type(x).__name__}, not a tensor",
         hint="pass torch tensors, NumPy arrays or Python numbers",
     )
 
 
-def as_array(x: Any, side: str) -> np.ndarray:
+def as_array(x: object, side: str) -> np.ndarray:
     """A NumPy view of ``x`` (NumPy array or Python/NumPy scalar; Python numbers get the dtype
     ``torch.tensor`` would give them), no copy where possible."""
     if isinstance(x, np.ndarray | np.generic):
@@ -75,7 +78,7 @@ def as_array(x: Any, side: str) -> np.ndarray:
     raise _not_a_tensor(x, side)
 
 
-def as_tensor(x: Any, side: str) -> torch.Tensor:
+def as_tensor(x: object, side: str) -> torch.Tensor:
     """A tensor view of ``x`` (torch tensor, NumPy array or Python/NumPy scalar), no copy where possible."""
     import torch
 
@@ -103,7 +106,7 @@ def as_tensor(x: Any, side: str) -> torch.Tensor:
     return t
 
 
-def iter_flat_chunks(t: Any, chunk: int) -> Iterator[Any]:
+def iter_flat_chunks(t: Array, chunk: int) -> Iterator[Array]:
     """Contiguous 1-D pieces of ``t`` (a torch tensor or NumPy array) in C order, each at most
     ``chunk`` elements: the same pieces, in the same order, for either."""
     numpy = isinstance(t, np.ndarray)
@@ -119,7 +122,7 @@ def iter_flat_chunks(t: Any, chunk: int) -> Iterator[Any]:
             yield flat[s : s + chunk]
         return
 
-    def contiguous(x: Any) -> Any:
+    def contiguous(x: Array) -> Array:
         return np.ascontiguousarray(x) if numpy else x.contiguous()
 
     if t.ndim == 1:
@@ -136,7 +139,7 @@ def iter_flat_chunks(t: Any, chunk: int) -> Iterator[Any]:
             yield from iter_flat_chunks(t[i], chunk)
 
 
-def int_view_dtype(dtype: Any) -> Any:
+def int_view_dtype(dtype: DType) -> DType:
     """The integer dtype (torch's for a torch dtype, NumPy's for a NumPy one) of a float dtype's bit patterns."""
     if is_torch_dtype(dtype):
         import torch
@@ -147,7 +150,7 @@ def int_view_dtype(dtype: Any) -> Any:
     return np.dtype(f"int{8 * np.dtype(dtype).itemsize}")
 
 
-def ulp_mask(dtype: Any) -> int:
+def ulp_mask(dtype: DType) -> int:
     """Magnitude mask of a float dtype's bit pattern (all bits for sign-less formats)."""
     bits = dtype.itemsize * 8
     if dtype_name(dtype) in _UNSIGNED_FLOAT_NAMES:

@@ -23,17 +23,17 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from ..errors import ComparisonError
 from . import _kernel as K
-from ._inputs import as_array, as_tensor, int_view_dtype, is_tensor, iter_flat_chunks, ulp_mask
+from ._inputs import Array, as_array, as_tensor, int_view_dtype, is_tensor, iter_flat_chunks, ulp_mask
 from .positions import applies_to, full_index, position_mask, select_positions
 from ._state import HIST_BUCKETS, HIST_SHIFT, KernelParams, KernelState, new_state, read_totals
 from .result import ComparisonResult, WorstElement
-from .tolerance import PassRule, Tolerance, default_tolerance, dtype_name, float_eps, is_float_dtype, less_precise_dtype
+from .tolerance import DType, PassRule, Tolerance, default_tolerance, dtype_name, float_eps, is_float_dtype, less_precise_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -49,8 +49,8 @@ Engine = Literal["auto", "numba", "torch"]
 
 
 def compare(
-    reference: Any,
-    alternative: Any,
+    reference: object,
+    alternative: object,
     *,
     rtol: float | None = None,
     atol: float | None = None,
@@ -65,7 +65,7 @@ def compare(
     chunk_elements: int | None = None,
     exact_quantile_limit: int = EXACT_QUANTILE_LIMIT,
     engine: Engine = "auto",
-    positions: Any = None,
+    positions: object = None,
 ) -> ComparisonResult:
     """Compare ``alternative`` against ``reference`` and return every metric plus a verdict.
 
@@ -110,7 +110,7 @@ def compare(
         max_mismatch_percent=max_mismatch_percent,
         outlier_factor=outlier_factor,
     )
-    header: dict[str, Any] = dict(
+    header: dict[str, object] = dict(
         name=name,
         tolerance=tol,
         reference_shape=tuple(ref.shape),
@@ -144,7 +144,7 @@ def compare(
             torch.set_num_threads(torch_threads)
 
 
-def _numel(x: Any) -> int:
+def _numel(x: Array) -> int:
     """Elements of a torch tensor or NumPy array."""
     return int(x.size) if isinstance(x, np.ndarray) else x.numel()
 
@@ -179,10 +179,10 @@ class ComparePlan:
     top_k: int
     check_dtype: bool
     kernel: KernelParams  #: the tolerance, ULP mask and relative-error floor as both engines' kernels read them
-    header: Mapping[str, Any]  #: the result's fields known before the pass (name, tolerance, shapes, dtypes)
+    header: Mapping[str, object]  #: the result's fields known before the pass (name, tolerance, shapes, dtypes)
 
 
-def _plan(ref: Any, alt: Any, governing: Any, tol: Tolerance, header: Mapping[str, Any], *,
+def _plan(ref: Array, alt: Array, governing: DType, tol: Tolerance, header: Mapping[str, object], *,
           engine: Engine, top_k: int, check_dtype: bool, chunk_elements: int | None,
           exact_quantile_limit: int) -> ComparePlan:
     """The plan of comparing ``alt`` with ``ref`` (same shape; ``governing`` is the less precise of
@@ -205,7 +205,7 @@ def _plan(ref: Any, alt: Any, governing: Any, tol: Tolerance, header: Mapping[st
     if engine == "torch" and device_type == "mps":
         wide = False  # MPS has no float64
     if arrays:
-        compute: Any = np.dtype(np.float64 if wide else np.float32)
+        compute: DType = np.dtype(np.float64 if wide else np.float32)
         contiguous = ref.flags.c_contiguous and alt.flags.c_contiguous
     else:
         torch = sys.modules["torch"]
@@ -240,7 +240,7 @@ def _plan(ref: Any, alt: Any, governing: Any, tol: Tolerance, header: Mapping[st
     )
 
 
-def _run(ref: Any, alt: Any, plan: ComparePlan, state: KernelState) -> ComparisonResult:
+def _run(ref: Array, alt: Array, plan: ComparePlan, state: KernelState) -> ComparisonResult:
     """Stream both tensors chunk by chunk through ``plan.engine`` into ``state``, then finalise."""
     # exact quantiles: the numba kernel writes every pair's error into one buffer (<= 8 MiB at the
     # default limit); the torch engine collects the finite errors chunk by chunk
@@ -269,7 +269,7 @@ def _run(ref: Any, alt: Any, plan: ComparePlan, state: KernelState) -> Compariso
                      exact_mismatch if plan.exact_int_mismatch else None)
 
 
-def _prepare(chunk: Any, compute: Any, ulp_dtype: Any) -> tuple[Any, Any]:
+def _prepare(chunk: Array, compute: DType, ulp_dtype: DType | None) -> tuple[Array, Array | None]:
     """``chunk`` (a torch tensor or NumPy array) as ``compute`` values, and as integer views of its
     ``ulp_dtype`` bit patterns (or None)."""
     if isinstance(chunk, np.ndarray):
@@ -408,7 +408,7 @@ def _linear_quantiles(m: int, qs: tuple[float, ...],
     return out
 
 
-def _finalize(ref: Any, alt: Any, plan: ComparePlan, state: KernelState,
+def _finalize(ref: Array, alt: Array, plan: ComparePlan, state: KernelState,
               errs: list[np.ndarray] | np.ndarray | None, exact_mismatch: int | None) -> ComparisonResult:
     """The metrics, the worst elements and the verdict from the folded ``state``. ``errs``: every
     pair's error (exact quantiles) or None; ``exact_mismatch``: the mismatches counted by equality
@@ -425,7 +425,7 @@ def _finalize(ref: Any, alt: Any, plan: ComparePlan, state: KernelState,
     order = np.argsort(-valid_v, kind="stable")
     fin_v, fin_i = valid_v[order], ti[valid][order]
 
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, object] = {}
     if nfin:
         s_ad, s_d2, s_r2, s_a2, s_ar = tot.sum_abs_error, tot.sum_sq_error, tot.sum_sq_ref, tot.sum_sq_alt, tot.sum_alt_ref
         max_ad = float(fin_v[0]) if fin_v.size else 0.0

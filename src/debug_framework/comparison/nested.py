@@ -19,16 +19,16 @@ __all__ = ["flatten_outputs", "compare_nested"]
 _LEAF = (np.ndarray, np.generic, bool, int, float)  #: and torch tensors (:func:`is_tensor`)
 
 
-def flatten_outputs(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_outputs(obj: object, prefix: str = "") -> dict[str, object]:
     """Named leaves of a nested output: ``{"logits": t, "hidden_states.3": t, ...}``.
 
     Mappings (HF ``ModelOutput`` included) by key, sequences by position, dataclasses and
     named tuples by field. ``None`` entries are skipped (HF outputs leave unused fields ``None``).
     A lone tensor flattens to ``{"output": t}`` (or ``{prefix: t}``).
     """
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
 
-    def name(key: Any) -> str:
+    def name(key: object) -> str:
         return f"{prefix}.{key}" if prefix else str(key)
 
     if obj is None:
@@ -56,8 +56,8 @@ def flatten_outputs(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def compare_nested(
-    reference: Any,
-    alternative: Any,
+    reference: object,
+    alternative: object,
     *,
     leaf_tolerance: Mapping[str, Tolerance] | Callable[[str], Tolerance | None] | None = None,
     **kwargs: Any,

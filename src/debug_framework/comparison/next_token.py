@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from ..jsonio import JsonObject
 from .positions import full_index, select_positions
 from .ratio import float64_array
 
@@ -56,7 +56,7 @@ class TokenFlip:
     alternative_token: int
     reference_gap: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"index": list(self.index), "reference_token": self.reference_token,
                 "alternative_token": self.alternative_token, "reference_gap": self.reference_gap}
 
@@ -75,7 +75,7 @@ class TokenMetrics:
     logits_nmse: float
     flips: tuple[TokenFlip, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON shape (docs/validation.md): the metrics, ``k``, ``positions`` and the flips."""
         return {"positions": self.positions, "kl_divergence": dict(self.kl_divergence),
                 "top1_agreement": self.top1_agreement, "topk_overlap": self.topk_overlap, "k": self.k,
@@ -95,7 +95,7 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-x, axis=-1, kind="stable")[:, :k]
 
 
-def next_token_metrics(reference: Any, alternative: Any, positions: np.ndarray | None = None,
+def next_token_metrics(reference: object, alternative: object, positions: np.ndarray | None = None,
                        k: int = TOP_K) -> TokenMetrics:
     """Compare two logits tensors ``[batch, sequence, vocab]`` (or ``[batch, vocab]``) position by
     position: only the positions ``positions`` (a boolean ``[batch, sequence]`` mask, None: all)

@@ -14,7 +14,7 @@ A tensor whose leading dimensions are not the mask's (a pooled output, a scalar)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,8 +22,10 @@ from ._inputs import is_tensor
 
 __all__ = ["position_mask", "applies_to", "select_positions", "full_index"]
 
+T = TypeVar("T")
 
-def position_mask(mask: Any) -> np.ndarray | None:
+
+def position_mask(mask: object) -> np.ndarray | None:
     """The boolean ``[batch, sequence]`` mask of model positions of an attention mask (non-zero =
     a token), or None when every position is a token (nothing to leave out) or ``mask`` is None."""
     if mask is None:
@@ -49,7 +51,7 @@ def applies_to(shape: tuple[int, ...], positions: np.ndarray | None) -> bool:
     return tuple(shape[:2]) == tuple(positions.shape) or _flat(shape, positions)
 
 
-def select_positions(tensor: Any, positions: np.ndarray | None) -> Any:
+def select_positions(tensor: T, positions: np.ndarray | None) -> T:
     """The model positions of ``tensor`` (``[n_positions, ...]``) where :func:`applies_to` holds,
     else ``tensor`` itself (``positions``: boolean, or an attention mask). Torch tensors stay on their device; NumPy arrays stay NumPy."""
     if tensor is None or positions is None:

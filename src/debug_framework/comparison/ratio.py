@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from typing import Any
-
 import numpy as np
 
 from .result import ComparisonResult
@@ -35,7 +33,7 @@ NOISE_MARGIN = 4.0
 FLOOR_EPS = 1.0
 
 
-def float64_array(x: Any) -> np.ndarray:
+def float64_array(x: object) -> np.ndarray:
     """``x`` (a torch tensor of any dtype and device, or anything NumPy reads) as a float64 NumPy array."""
     if hasattr(x, "detach"):
         import torch
@@ -44,7 +42,7 @@ def float64_array(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def finite_rms(x: Any) -> float:
+def finite_rms(x: object) -> float:
     """Root mean square of the finite values of ``x`` (a tensor or an array), in float64; 0.0 when
     there are none."""
     a = float64_array(x)
@@ -125,7 +123,7 @@ class RatioRule:
     metric: str = "rmse"
 
     @classmethod
-    def calibrated(cls, reference: Any, eps: float, *, margin: float = NOISE_MARGIN, floor_eps: float = FLOOR_EPS,
+    def calibrated(cls, reference: object, eps: float, *, margin: float = NOISE_MARGIN, floor_eps: float = FLOOR_EPS,
                    metric: str = "rmse") -> RatioRule:
         """The calibrated rule at one tensor: ``margin`` x the baseline's error plus a floor of
         ``floor_eps`` x ``eps`` (the machine epsilon of the precision judged) x RMS(``reference``).

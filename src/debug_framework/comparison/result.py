@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..jsonio import dumps_json, json_safe
+from ..jsonio import JsonObject, dumps_json, json_safe
 from .tolerance import Tolerance
 
 __all__ = ["WorstElement", "ComparisonResult", "NestedComparison", "json_safe", "dumps_json"]
@@ -23,7 +22,7 @@ class WorstElement:
     alternative: float | int | bool
     abs_error: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "index": list(self.index),
             "reference": self.reference,
@@ -111,9 +110,9 @@ class ComparisonResult:
     def __str__(self) -> str:
         return self.summary()
 
-    def to_dict(self, *, json_compatible: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, json_compatible: bool = False) -> JsonObject:
         """Every field as plain Python data (``json_compatible`` maps inf/nan to strings)."""
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             if name == "tolerance":
@@ -151,7 +150,7 @@ class NestedComparison:
         lines += [f"  extra in alternative: {k}" for k in self.extra]
         return "\n".join(lines)
 
-    def to_dict(self, *, json_compatible: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, json_compatible: bool = False) -> JsonObject:
         return {
             "passed": self.passed,
             "results": {k: r.to_dict(json_compatible=json_compatible) for k, r in self.results.items()},

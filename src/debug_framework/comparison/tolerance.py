@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import numpy as np
 
-__all__ = ["PassRule", "Tolerance", "default_tolerance", "less_precise_dtype"]
+from ..jsonio import JsonObject
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PassRule", "Tolerance", "default_tolerance", "less_precise_dtype", "DType"]
+
+#: A torch or NumPy dtype (or what ``np.dtype`` reads: a name, a scalar type).
+DType: TypeAlias = "torch.dtype | np.dtype | type | str"
 
 PassRule = Literal["allclose", "mismatch", "both"]
 _RULES = ("allclose", "mismatch", "both")
@@ -30,30 +39,30 @@ _DEFAULTS: dict[str, tuple[float, float]] = {
 }
 
 
-def is_torch_dtype(dtype: Any) -> bool:
+def is_torch_dtype(dtype: DType) -> bool:
     """Whether ``dtype`` is a ``torch.dtype`` (without importing torch: none exists before it is)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(dtype, torch.dtype)
 
 
-def is_float_dtype(dtype: Any) -> bool:
+def is_float_dtype(dtype: DType) -> bool:
     """Whether a torch or NumPy dtype is a floating-point one."""
     return bool(dtype.is_floating_point) if is_torch_dtype(dtype) else np.dtype(dtype).kind == "f"
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DType) -> str:
     """torch's name of a torch or NumPy dtype (``float32``, ``int64``, ``bool``)."""
     return str(dtype).removeprefix("torch.") if is_torch_dtype(dtype) else np.dtype(dtype).name
 
 
-def float_eps(dtype: Any) -> float:
+def float_eps(dtype: DType) -> float:
     """The machine epsilon of a torch or NumPy float dtype."""
     if is_torch_dtype(dtype):
         return float(sys.modules["torch"].finfo(dtype).eps)
     return float(np.finfo(dtype).eps)
 
 
-def numpy_dtype_of(dtype: Any) -> np.dtype:
+def numpy_dtype_of(dtype: DType) -> np.dtype:
     """``dtype`` as a NumPy dtype torch also has; DF006 for anything else."""
     from ..errors import ComparisonError
 
@@ -66,12 +75,12 @@ def numpy_dtype_of(dtype: Any) -> np.dtype:
     return d
 
 
-def _precision_rank(dtype: Any) -> float:
+def _precision_rank(dtype: DType) -> float:
     """Larger = less precise. Integers and bool are exact (rank 0)."""
     return float_eps(dtype) if is_float_dtype(dtype) else 0.0
 
 
-def less_precise_dtype(a: Any, b: Any) -> Any:
+def less_precise_dtype(a: DType, b: DType) -> DType:
     """The dtype whose precision governs a comparison of ``a`` against ``b`` (torch or NumPy dtypes)."""
     return a if _precision_rank(a) >= _precision_rank(b) else b
 
@@ -111,20 +120,20 @@ class Tolerance:
         if not self.outlier_factor >= 1.0:
             raise ComparisonError(f"outlier_factor must be >= 1, got {self.outlier_factor!r}")
 
-    def with_overrides(self, **overrides: Any) -> Tolerance:
+    def with_overrides(self, **overrides: float | bool | str | None) -> Tolerance:
         """A copy with the given fields replaced (``None`` values are ignored)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Tolerance:
+    def from_dict(cls, data: Mapping[str, object]) -> Tolerance:
         fields = {"rtol", "atol", "equal_nan", "pass_rule", "max_mismatch_percent", "outlier_factor"}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
 
-def default_tolerance(dtype: Any) -> Tolerance:
+def default_tolerance(dtype: DType) -> Tolerance:
     """torch.testing's default (rtol, atol) for ``dtype`` (a torch or NumPy dtype); exact (0, 0)
     for integers and bool."""
     if not is_torch_dtype(dtype):

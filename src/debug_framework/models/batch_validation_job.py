@@ -27,12 +27,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..compat import BatchJobFaces
 from ..config import database_settings, default_database_path, merge_config
 from ..errors import ConfigurationError
+from ..jsonio import JsonObject
 from ..storage.database import Database
+from .session_config import SessionConfig
 
 __all__ = ["BatchValidationJob", "BATCH_OPTIONS", "ProgressCallback", "item_session_id", "EXECUTORS"]
 
@@ -47,7 +48,7 @@ EXECUTORS = ("local", "ray")
 _NAMESPACE = uuid.UUID("6f1c2a52-7d0e-4f0a-9a43-5b0c1f1d2e3a")
 
 #: Called with :meth:`BatchValidationJob.get_progress` while a job runs.
-ProgressCallback = Callable[[dict[str, Any]], None]
+ProgressCallback = Callable[[JsonObject], None]
 
 
 def item_session_id(job_id: str, item_index: int) -> str:
@@ -70,7 +71,7 @@ class BatchValidationJob(BatchJobFaces):
 
     job_id: str
     model_paths: list[str]
-    config: dict[str, Any] = field(default_factory=dict)
+    config: JsonObject = field(default_factory=dict)
     parallel_execution: bool = field(init=False)
     max_concurrent_jobs: int = field(init=False)
 
@@ -90,10 +91,12 @@ class BatchValidationJob(BatchJobFaces):
         if self.config.get("executor", "local") not in EXECUTORS:
             raise ConfigurationError(f"unknown batch executor {self.config.get('executor')!r}",
                                      hint=f"use one of {', '.join(EXECUTORS)}")
+        #: every model's session configuration, validated once here (DF005 before anything is stored)
+        self.session_config = SessionConfig.from_mapping(
+            {k: v for k, v in self.config.items() if k not in BATCH_OPTIONS})
         self.framework_config = merge_config(self.config.get("framework_config"))
         db_path = self.config.get("database_path") or default_database_path(self.framework_config)
         self.framework_config["database_path"] = str(db_path)
-        self.session_config = {k: v for k, v in self.config.items() if k not in BATCH_OPTIONS}
         self.reference_backend = str(self.config.get("reference_backend", "python_reference"))
         self.alternative_backend = str(self.config.get("alternative_backend", "auto"))
         self.db = Database(db_path, **database_settings(self.framework_config))
@@ -117,12 +120,12 @@ class BatchValidationJob(BatchJobFaces):
 
     # ---------------------------------------------------------------- reading
 
-    def items(self) -> list[dict[str, Any]]:
+    def items(self) -> list[JsonObject]:
         """The job's item rows, in order."""
         job = self.db.batches.get(self.job_id)
         return list(job["items"]) if job else []
 
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[JsonObject]:
         """One dict per item, in the job's order."""
         out = []
         for item in self.items():
@@ -134,6 +137,6 @@ class BatchValidationJob(BatchJobFaces):
                         "first_divergence": res.get("first_divergence"), "error": item.get("error_message")})
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"job_id": self.job_id, "model_paths": list(self.model_paths), "config": dict(self.config),
                 "parallel_execution": self.parallel_execution, "max_concurrent_jobs": self.max_concurrent_jobs}

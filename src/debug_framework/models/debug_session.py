@@ -21,18 +21,18 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from ..compat import SessionFaces
+from ..jsonio import JsonObject
 from ..storage.database import DatabaseLike
 from ._common import format_time, now_utc, parse_time
 
 __all__ = ["DebugSession", "capture_environment"]
 
 
-def capture_environment(device: str | None = None) -> dict[str, Any]:
+def capture_environment(device: str | None = None) -> JsonObject:
     """Python, platform, NumPy/torch versions and the device: the ``environment`` of a session."""
-    env: dict[str, Any] = {
+    env: JsonObject = {
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
@@ -75,17 +75,17 @@ class DebugSession(SessionFaces):
     model_path: str
     reference_backend: str
     alternative_backend: str
-    config: dict[str, Any] = field(default_factory=dict)
+    config: JsonObject = field(default_factory=dict)
     created_at: datetime = field(default_factory=now_utc)
     status: str = "created"
-    results: dict[str, Any] | None = None
+    results: JsonObject | None = None
     weights_digest: str | None = None
-    reference_backend_info: dict[str, Any] | None = None
-    alternative_backend_info: dict[str, Any] | None = None
-    tolerances: dict[str, Any] | None = None
+    reference_backend_info: JsonObject | None = None
+    alternative_backend_info: JsonObject | None = None
+    tolerances: JsonObject | None = None
     seed: int | None = None
     inputs_ref: str | None = None
-    environment: dict[str, Any] | None = None
+    environment: JsonObject | None = None
     error_message: str | None = None
     updated_at: datetime | None = None
     started_at: datetime | None = None
@@ -94,7 +94,7 @@ class DebugSession(SessionFaces):
 
     # ------------------------------------------------------------------ dict form
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "session_id": self.session_id,
             "model_path": self.model_path,
@@ -118,7 +118,7 @@ class DebugSession(SessionFaces):
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, db: DatabaseLike | None = None) -> DebugSession:
+    def from_dict(cls, data: JsonObject, *, db: DatabaseLike | None = None) -> DebugSession:
         known = {f for f in cls.__dataclass_fields__ if f != "db"}
         kwargs = {k: v for k, v in data.items() if k in known}
         for key in ("created_at", "updated_at", "started_at", "finished_at"):

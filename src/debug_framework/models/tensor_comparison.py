@@ -6,8 +6,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
+from ..jsonio import JsonObject
 from ..storage.database import DatabaseLike, open_database
 from ._common import format_time, now_utc, parse_time
 
@@ -23,15 +23,15 @@ class TensorComparison:
     match_status: bool
     max_absolute_error: float | None = None
     max_relative_error: float | None = None
-    tolerance_config: dict[str, Any] = field(default_factory=dict)
+    tolerance_config: JsonObject = field(default_factory=dict)
     checkpoint: str | None = None
     layer: int | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: JsonObject = field(default_factory=dict)
     created_at: datetime = field(default_factory=now_utc)
 
     @classmethod
     def from_comparison_result(
-        cls, session_id: str, result: Mapping[str, Any], *, reference_recording_id: str | None = None,
+        cls, session_id: str, result: Mapping[str, object], *, reference_recording_id: str | None = None,
         alternative_recording_id: str | None = None,
     ) -> TensorComparison:
         """Build from a ``ComparisonResult.to_dict()``."""
@@ -43,7 +43,7 @@ class TensorComparison:
             layer=result.get("layer"), metrics=dict(result),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "comparison_id": self.comparison_id, "session_id": self.session_id,
             "reference_recording_id": self.reference_recording_id,
@@ -54,7 +54,7 @@ class TensorComparison:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TensorComparison:
+    def from_dict(cls, data: Mapping[str, object]) -> TensorComparison:
         kwargs = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         kwargs["created_at"] = parse_time(kwargs.get("created_at")) or now_utc()
         kwargs["tolerance_config"] = kwargs.get("tolerance_config") or {}

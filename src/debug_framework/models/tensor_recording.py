@@ -10,8 +10,8 @@ returns); this record adds the spec's verbs over the stores.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from ..capture.keys import CapturedTensor
 from ..errors import DatabaseError
 from ..storage.database import DatabaseLike, open_database
 from ..storage.recordings import StoredRecording
@@ -47,6 +47,6 @@ class TensorRecording(StoredRecording):
         """The serialized (safetensors) bytes of the tensor, verified against ``content_hash``."""
         return store.read_bytes(self._hash())
 
-    def load_tensor(self, store: TensorStore) -> Any:
+    def load_tensor(self, store: TensorStore) -> CapturedTensor:
         """The tensor itself (CPU ``torch.Tensor``)."""
         return store.get(self._hash())

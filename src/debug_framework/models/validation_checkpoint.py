@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
+from ..capture.keys import CapturedTensor
 from ..checkpoint_ids import checkpoint_id
+from ..jsonio import JsonObject
 from ..storage.database import DatabaseLike, open_database
 from ._common import format_time, now_utc, parse_time
 
 __all__ = ["ValidationCheckpoint"]
 
 
-def _tensor_summary(t: Any) -> dict[str, Any] | None:
+def _tensor_summary(t: CapturedTensor | None) -> JsonObject | None:
     if t is None:
         return None
     shape = getattr(t, "shape", None)
@@ -29,9 +30,9 @@ class ValidationCheckpoint:
     session_id: str
     checkpoint_name: str
     layer: int | None = None
-    comparison_result: dict[str, Any] = field(default_factory=dict)
-    reference_tensor: Any = field(default=None, repr=False, compare=False)
-    alternative_tensor: Any = field(default=None, repr=False, compare=False)
+    comparison_result: JsonObject = field(default_factory=dict)
+    reference_tensor: CapturedTensor | None = field(default=None, repr=False, compare=False)
+    alternative_tensor: CapturedTensor | None = field(default=None, repr=False, compare=False)
     timestamp: datetime = field(default_factory=now_utc)
     checkpoint_id: str = ""
 
@@ -44,7 +45,7 @@ class ValidationCheckpoint:
         p = self.comparison_result.get("passed")
         return None if p is None else bool(p)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "checkpoint_id": self.checkpoint_id, "session_id": self.session_id,
             "checkpoint_name": self.checkpoint_name, "layer": self.layer,
@@ -55,7 +56,7 @@ class ValidationCheckpoint:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValidationCheckpoint:
+    def from_dict(cls, data: Mapping[str, object]) -> ValidationCheckpoint:
         return cls(
             checkpoint_id=str(data.get("checkpoint_id") or ""), session_id=data["session_id"],
             checkpoint_name=data["checkpoint_name"], layer=data.get("layer"),

@@ -14,11 +14,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from ..checkpoint_ids import row_checkpoint_id
 from ..compat import ReportFaces
 from ..errors import DatabaseError
+from ..jsonio import JsonObject
 from ..storage.database import DatabaseLike, open_database
 from ..storage.tensor_store import TensorStore
 from ._common import format_time, now_utc, parse_time
@@ -26,26 +26,26 @@ from ._common import format_time, now_utc, parse_time
 __all__ = ["ValidationReport", "summarize_checkpoints"]
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     try:
         return None if v is None else float(v)
     except (TypeError, ValueError):
         return None
 
 
-def _ref(row: Mapping[str, Any], more: tuple[str, ...] = ()) -> dict[str, Any]:
+def _ref(row: Mapping[str, object], more: tuple[str, ...] = ()) -> JsonObject:
     """A checkpoint row by reference: its canonical id, structured fields and max abs error (+ ``more``)."""
     keys = ("checkpoint", "layer", "step", "module", *more, "max_abs_error")
     return {"id": row_checkpoint_id(row), **{k: row.get(k) for k in keys}}
 
 
-def summarize_checkpoints(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize_checkpoints(rows: list[Mapping[str, object]]) -> JsonObject:
     """Counts, the first divergence (first failing row in model order) and the worst row (each with
     the checkpoint's canonical ``id`` beside ``checkpoint`` and ``layer``)."""
     failed = [r for r in rows if r.get("passed") is False or r.get("passed") == 0]
     passed = [r for r in rows if r.get("passed") is True or r.get("passed") == 1]
 
-    def rank(r: Mapping[str, Any]) -> float:
+    def rank(r: Mapping[str, object]) -> float:
         v = _num(r.get("max_abs_error"))
         return -math.inf if v is None else (math.inf if math.isnan(v) else v)
 
@@ -66,13 +66,13 @@ class ValidationReport(ReportFaces):
     report_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     session_id: str
     overall_status: str
-    checkpoint_results: list[dict[str, Any]] = field(default_factory=list)
-    performance_metrics: dict[str, Any] = field(default_factory=dict)
-    summary_statistics: dict[str, Any] = field(default_factory=dict)
-    session: dict[str, Any] = field(default_factory=dict)
+    checkpoint_results: list[JsonObject] = field(default_factory=list)
+    performance_metrics: JsonObject = field(default_factory=dict)
+    summary_statistics: JsonObject = field(default_factory=dict)
+    session: JsonObject = field(default_factory=dict)
     created_at: datetime = field(default_factory=now_utc)
     #: the session's tensor_recordings rows (metadata only; the bytes stay in the tensor store)
-    tensor_recordings: list[dict[str, Any]] = field(default_factory=list)
+    tensor_recordings: list[JsonObject] = field(default_factory=list)
     #: root of the tensor store beside the session's database (used for heatmaps / --include-tensors)
     tensor_store_root: str | None = field(default=None, repr=False, compare=False)
 
@@ -93,7 +93,7 @@ class ValidationReport(ReportFaces):
                    tensor_recordings=database.recordings.for_session(session_id),
                    tensor_store_root=str(TensorStore.root_beside(database.source_path)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "report_id": self.report_id, "session_id": self.session_id, "overall_status": self.overall_status,
             "summary_statistics": self.summary_statistics, "checkpoint_results": self.checkpoint_results,
@@ -102,7 +102,7 @@ class ValidationReport(ReportFaces):
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValidationReport:
+    def from_dict(cls, data: Mapping[str, object]) -> ValidationReport:
         kwargs = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         kwargs["created_at"] = parse_time(kwargs.get("created_at")) or now_utc()
         return cls(**kwargs)

@@ -25,12 +25,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ValidationError
+from ..jsonio import JsonObject
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
 from ..storage.leases import holding, is_abandoned, live_running_items, owner_gone, sweep
 from ..storage.sessions import TERMINAL_STATUSES
+
+if TYPE_CHECKING:
+    from ..models.session_config import SessionConfig
+    from .validation_engine import ValidationEngine
 
 __all__ = ["BatchExecutor", "run_items", "die_with_parent", "job_lock", "settle_existing"]
 
@@ -63,7 +68,7 @@ def die_with_parent(parent_pid: int) -> None:
         threading.Thread(target=_watch_parent, args=(parent_pid,), name="pie-debug-parent-watch", daemon=True).start()
 
 
-def _resume_state(engine: Any, sid: str) -> str:
+def _resume_state(engine: ValidationEngine, sid: str) -> str:
     """What to do with the item whose session id is ``sid``: ``"run"`` (nothing usable there;
     an abandoned or half-made session is deleted first), ``"link"`` (it finished before an
     interruption) or ``"busy"`` (a live process other than its item's owner runs it)."""
@@ -80,7 +85,7 @@ def _resume_state(engine: Any, sid: str) -> str:
     return "run"
 
 
-def run_items(database_path: str, job_id: str, framework_config: dict[str, Any], session_config: dict[str, Any],
+def run_items(database_path: str, job_id: str, framework_config: JsonObject, session_config: SessionConfig,
               reference: str, alternative: str, *, parent_pid: int | None = None) -> int:
     """Worker loop: claim pending items until none is left or the job is cancelled. Returns how many ran.
 
@@ -108,7 +113,7 @@ def run_items(database_path: str, job_id: str, framework_config: dict[str, Any],
                 raise
 
 
-def settle_existing(engine: Any, job_id: str, idx: int) -> bool:
+def settle_existing(engine: ValidationEngine, job_id: str, idx: int) -> bool:
     """Settle claimed item ``idx`` from what its session already is, True when that was enough:
     it finished before an interruption (linked to the item now), or a live process other than its
     owner runs it (the item fails). False: the item must run (a half-made session was deleted)."""
@@ -127,7 +132,7 @@ def settle_existing(engine: Any, job_id: str, idx: int) -> bool:
     return False
 
 
-def _run_item(engine: Any, job_id: str, item: dict[str, Any], session_config: dict[str, Any], reference: str,
+def _run_item(engine: ValidationEngine, job_id: str, item: JsonObject, session_config: SessionConfig, reference: str,
               alternative: str) -> int:
     """Run (or link) one claimed item; 1 when a validation ran. The item's outcome is only written
     while this process still holds its lease."""
@@ -169,7 +174,7 @@ class BatchExecutor:
     ``max_concurrent_jobs`` spawned processes, else they run here; progress is polled from the
     database (a rich bar with ``show_progress``, and/or the ``progress`` callback)."""
 
-    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
+    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[JsonObject]:
         """Run every unfinished item of ``job`` and return ``job.results()``.
 
         Raises:

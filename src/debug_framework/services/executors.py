@@ -11,15 +11,16 @@ only then).
 
 from __future__ import annotations
 
-from typing import Any
 
+from ..compat import JobExecutor
+from ..jsonio import JsonObject
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback
 from .batch_executor import BatchExecutor
 
 __all__ = ["executor_for", "execute_job"]
 
 
-def executor_for(job: BatchValidationJob) -> Any:
+def executor_for(job: BatchValidationJob) -> JobExecutor:
     """The executor ``job.config["executor"]`` names: a ``BatchExecutor`` or a ``RayExecutor``
     (the job checked the name when it was made)."""
     if job.config.get("executor", "local") == "ray":
@@ -29,7 +30,7 @@ def executor_for(job: BatchValidationJob) -> Any:
     return BatchExecutor()
 
 
-def execute_job(job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
+def execute_job(job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[JsonObject]:
     """Run every unfinished item of ``job`` (resuming it) with the executor its configuration names;
     returns ``job.results()``. ``progress`` is called with the job's progress
     (``job.db.batches.progress``) while it runs.

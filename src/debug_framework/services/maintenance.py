@@ -35,6 +35,7 @@ from typing import Any
 
 from ..config import ResourceSettings, database_settings, merge_config, resource_settings
 from ..errors import DebugFrameworkError
+from ..jsonio import JsonObject
 from ..storage.database import Database, DatabaseLike, open_database
 from ..storage.leases import SweepReport, sweep
 from ..storage.sessions import TERMINAL_STATUSES
@@ -67,7 +68,7 @@ class RemovedFile:
     path: str
     nbytes: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"path": self.path, "bytes": self.nbytes}
 
 
@@ -90,7 +91,7 @@ class MaintenanceReport:
         """Bytes freed (or freeable) in all: files removed plus the database's shrinkage."""
         return sum(f.nbytes for f in (*self.inputs, *self.artifacts, *self.tensors)) + self.database_bytes_freed
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"database": self.database, "dry_run": self.dry_run, **self.swept.to_dict(),
                 "expired_sessions": list(self.expired_sessions),
                 "removed_inputs": [f.to_dict() for f in self.inputs],
@@ -126,7 +127,7 @@ def _db_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.is_file())
 
 
-def _finished_before(row: Mapping[str, Any], cutoff: float) -> bool:
+def _finished_before(row: Mapping[str, object], cutoff: float) -> bool:
     for col in ("finished_at", "updated_at", "created_at"):
         try:
             when = parse_time(row.get(col))
@@ -137,7 +138,7 @@ def _finished_before(row: Mapping[str, Any], cutoff: float) -> bool:
     return False
 
 
-def _expired(db: Database, days: float | None) -> list[dict[str, Any]]:
+def _expired(db: Database, days: float | None) -> list[JsonObject]:
     """Finished sessions older than ``days`` (none when None)."""
     if days is None:
         return []
@@ -196,7 +197,7 @@ def _optimise(db: Database, dry_run: bool, compact: bool) -> tuple[list[str], in
 
 
 def run_maintenance(database: DatabaseLike, *, dry_run: bool = False, older_than_days: float | None = None,
-                    config: Mapping[str, Any] | None = None, tensor_store: str | os.PathLike[str] | None = None,
+                    config: Mapping[str, object] | None = None, tensor_store: str | os.PathLike[str] | None = None,
                     grace_s: float = 3600.0, compact: bool = True) -> MaintenanceReport:
     """One maintenance pass over ``database`` (see the module docstring); ``dry_run`` changes nothing.
 

@@ -33,15 +33,20 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, FrameworkInitializationError, ValidationError
+from ..jsonio import JsonObject
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
 from ..storage.leases import holding
 from ..storage.session_rows import export_session, import_session
 from ..storage.tensor_store import TensorStore
 from ..storage.values import session_file
 from .batch_executor import BatchExecutor, job_lock, settle_existing
+
+if TYPE_CHECKING:
+    from ..models.session_config import SessionConfig
 
 __all__ = ["RayExecutor", "validate_item", "check_reachable", "DEFAULT_MAX_RETRIES"]
 
@@ -51,7 +56,7 @@ _POLL_S = 0.25
 _INPUTS_SUFFIX = ".safetensors"
 
 
-def _import_ray() -> Any:
+def _import_ray() -> ModuleType:
     if importlib.util.find_spec("ray") is None:
         raise FrameworkInitializationError("the Ray executor needs the 'ray' package", hint="pip install "
                                            "'multi-backend-debug-framework[ray]', or use executor 'local'")
@@ -69,8 +74,8 @@ def _max_retries(job: BatchValidationJob) -> int:
     return value
 
 
-def validate_item(model_path: str, session_id: str, framework_config: dict[str, Any], session_config: dict[str, Any],
-                  reference: str, alternative: str) -> dict[str, Any]:
+def validate_item(model_path: str, session_id: str, framework_config: JsonObject, session_config: SessionConfig,
+                  reference: str, alternative: str) -> JsonObject:
     """One item, on a Ray worker: validate into a private temporary SQLite database and return the
     session's rows, its tensors (``{content hash: bytes}``), its inputs file's bytes and the error
     (None when the validation ran; a numerical failure is a ``failed`` session, not an error)."""
@@ -116,7 +121,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def _connected(ray: Any, address: str | None) -> Iterator[None]:
+def _connected(ray: ModuleType, address: str | None) -> Iterator[None]:
     """Use the Ray connection this process has, else connect to ``address`` (None: start a local
     one) for the job's duration."""
     if ray.is_initialized():
@@ -150,7 +155,7 @@ def _write_once(path: Path, data: bytes) -> None:
 class RayExecutor:
     """Runs a job's unfinished items as Ray tasks; the driver ingests their results (see the module)."""
 
-    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
+    def execute(self, job: BatchValidationJob, *, progress: ProgressCallback | None = None) -> list[JsonObject]:
         """Run every unfinished item of ``job`` on Ray and return ``job.results()``.
 
         Raises:
@@ -181,16 +186,16 @@ class RayExecutor:
 class _Drive:
     """One pass of the driver over a job: claim, submit, ingest, until nothing is left or cancelled."""
 
-    def __init__(self, ray: Any, job: BatchValidationJob, retries: int) -> None:
+    def __init__(self, ray: ModuleType, job: BatchValidationJob, retries: int) -> None:
         from .validation_engine import ValidationEngine
 
         self.ray, self.job, self.retries = ray, job, retries
         self.engine = ValidationEngine(str(job.db.target), config=job.framework_config)
         self.store = TensorStore.beside_database(self.engine.database_path, tensor_recording_limit=None)
-        device = str(job.session_config.get("device") or job.framework_config.get("device") or "cpu")
+        device = str(job.session_config.device or job.framework_config.get("device") or "cpu")
         self.task = ray.remote(validate_item).options(
             num_cpus=1, num_gpus=1 if device.startswith("cuda") else 0, max_retries=retries, retry_exceptions=False)
-        self.in_flight: dict[Any, int] = {}
+        self.in_flight: dict[object, int] = {}  # a Ray ObjectRef -> its item
 
     def run(self) -> None:
         job, db = self.job, self.engine.db
@@ -225,7 +230,7 @@ class _Drive:
             self.engine.db.batches.update_item(self.job.job_id, idx, status="cancelled", if_owned=True)
         self.in_flight.clear()
 
-    def _settle(self, ref: Any, idx: int) -> None:
+    def _settle(self, ref: object, idx: int) -> None:
         """Ingest a finished task's answer, or record why there is none."""
         batches = self.engine.db.batches
         try:
@@ -241,7 +246,7 @@ class _Drive:
             return
         self._ingest(idx, answer)
 
-    def _ingest(self, idx: int, answer: dict[str, Any]) -> None:
+    def _ingest(self, idx: int, answer: JsonObject) -> None:
         sid = item_session_id(self.job.job_id, idx)
         rows = answer.get("rows") or {}
         session = (rows.get("sessions") or [None])[0]

@@ -9,19 +9,25 @@ name the first divergence, isolate the layer that introduces error, and store it
 A validation is a list of stages (:mod:`debug_framework.services.validation.stages`: load,
 prepare, reference, alternative, compare, isolation, oracle, noise floor, record, store) over one
 :class:`~debug_framework.services.validation.stages.RunContext`. :meth:`ValidationEngine.run` is
-the only loop: it reports progress, times each stage and writes the checkpoint rows after every
-stage that changed them, so a failure part-way sets the session to ``error`` with its message and
-keeps every row already written.
+the only loop: it reports progress and times each stage; each checkpoint row is written once, by
+the store stage, or, where a stage fails part-way, judged on the evidence so far before the
+session is set to ``error`` with its message.
+
+The session's configuration is one :class:`~debug_framework.models.session_config.SessionConfig`,
+validated where it enters (``create_session``); the plan is resolved once, and the model, the
+inputs and the backends ``create_session`` built are handed to the run in the same process (a run
+elsewhere loads the model and reads the saved inputs back).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
@@ -37,7 +43,7 @@ from ..errors import (
     ValidationError,
     no_space_error,
 )
-from ..jsonio import json_safe
+from ..jsonio import JsonObject, JsonValue, json_safe
 from ..measure import Timer
 from ..models.debug_session import DebugSession, capture_environment
 from ..models.validation_report import summarize_checkpoints
@@ -63,11 +69,12 @@ from .validation.plan import (
     model_checkpoints,
     resolve_alternative_backend,
     resolve_tolerance,
-    validate_session_config,
 )
 from .validation.calibration import calibration_backend
 from .validation.memory import RssWatch, capture_budget, check_memory, give_back_freed, session_estimate
 from .validation.results import CheckpointResult, LayerResult, ValidationResult
+from .validation.context import Prebuilt
+from ..models.session_config import SessionConfig
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
 if TYPE_CHECKING:
@@ -75,6 +82,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ValidationEngine",
+    "SessionConfig",
     "ValidationResult",
     "CheckpointResult",
     "LayerResult",
@@ -94,8 +102,8 @@ Progress = Callable[[str, int, int], None]
 LayerProgress = Callable[[str, int, int], None]
 
 
-def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": backend.name, "class": type(backend).__qualname__,
+def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str, JsonValue] | None = None) -> JsonObject:
+    info: JsonObject = {"name": backend.name, "class": type(backend).__qualname__,
                             "module": type(backend).__module__, "dtype": dtype, "device": device}
     import numpy
 
@@ -110,7 +118,7 @@ def _backend_info(backend: Backend, dtype: str, device: str, extra: Mapping[str,
     return info
 
 
-def _versions(backend: Backend) -> dict[str, Any]:
+def _versions(backend: Backend) -> JsonObject:
     """``{"versions": backend.version_info()}``, ``{"versions_error": why}`` where that raised,
     ``{}`` for a backend without one."""
     try:
@@ -150,41 +158,41 @@ def _alternative_dtype(alt: Backend, model: LoadedModel, asked: str | None) -> t
     return capabilities(alt).default_dtype, None
 
 
-def _reference_dtype(ref: Backend, cfg: Mapping[str, Any], alt_dtype: str) -> str:
-    if cfg["reference_dtype"]:
-        return str(cfg["reference_dtype"])
+def _reference_dtype(ref: Backend, cfg: SessionConfig, alt_dtype: str) -> str:
+    if cfg.reference_dtype:
+        return cfg.reference_dtype
     caps = capabilities(ref)
-    if cfg["oracle"] and alt_dtype in caps.dtypes:
+    if cfg.oracle and alt_dtype in caps.dtypes:
         return alt_dtype  # the ratio rule compares implementations at the same precision
     return caps.default_dtype
 
 
-def _session_inputs(model: LoadedModel, cfg: Mapping[str, Any]) -> ModelInputs:
+def _session_inputs(model: LoadedModel, cfg: SessionConfig) -> ModelInputs:
     """The session's inputs: the tokenized ``input_text``, else seeded random ids of ``input_shape``."""
     from ..modelio import ModelInputs
 
-    side = str(cfg.get("padding_side", "right"))
-    if cfg["inputs_file"] is not None:
-        inputs = ModelInputs.from_file(cfg["inputs_file"])
-    elif cfg["input_text"] is not None:
-        inputs = ModelInputs.from_text(model.tokenizer, cfg["input_text"], max_length=cfg["max_length"],
-                                       padding_side=side)
+    side = cfg.padding_side
+    if cfg.inputs_file is not None:
+        inputs = ModelInputs.from_file(cfg.inputs_file)
+    elif cfg.input_text is not None:
+        text = cfg.input_text if isinstance(cfg.input_text, str) else list(cfg.input_text)
+        inputs = ModelInputs.from_text(model.tokenizer, text, max_length=cfg.max_length, padding_side=side)
     else:
-        batch, length = cfg["input_shape"]
-        pads: Sequence[int] | None = cfg["pad_lengths"]
+        batch, length = cfg.input_shape
+        pads: Sequence[int] | None = cfg.pad_lengths
         if pads is None:
             pads = [0] + [length // 4] * (batch - 1) if batch > 1 else [0]
         if model.architecture == "generic":  # pixels, or an encoder's and a decoder's ids
             from ..modelio.generic import random_inputs
 
-            inputs = random_inputs(model.config, batch, length, seed=int(cfg["seed"]), pad_lengths=list(pads),  # type: ignore[arg-type]
+            inputs = random_inputs(model.config, batch, length, seed=cfg.seed, pad_lengths=list(pads),  # type: ignore[arg-type]
                                    padding_side=side)
         else:
-            inputs = ModelInputs.random(model.config.vocab_size, batch, length, seed=int(cfg["seed"]),
+            inputs = ModelInputs.random(model.config.vocab_size, batch, length, seed=cfg.seed,
                                         pad_lengths=list(pads), padding_side=side)
     reads_tokens = getattr(model.config, "input_kind", "tokens") == "tokens" and inputs.input_ids.shape[1] > 0
     if reads_tokens and "position_ids" not in inputs.extra:  # each token at its place in its own row
-        inputs = inputs.with_positions(int(cfg.get("position_offset", 0) or 0))
+        inputs = inputs.with_positions(cfg.position_offset)
     return inputs
 
 
@@ -221,7 +229,7 @@ class ValidationEngine(EngineFaces):
     """
 
     def __init__(self, database_path: str | os.PathLike[str] | None = None, *,
-                 config: Mapping[str, Any] | None = None, stages: Sequence[Stage] = DEFAULT_STAGES) -> None:
+                 config: Mapping[str, object] | None = None, stages: Sequence[Stage] = DEFAULT_STAGES) -> None:
         self.config = merge_config(config)
         self.stages: tuple[Stage, ...] = tuple(stages)
         path = database_path if database_path is not None else default_database_path(self.config)
@@ -232,9 +240,8 @@ class ValidationEngine(EngineFaces):
         self.maintenance: AutoMaintenance | None = None
         if self.resources.auto_cleanup:
             self.maintenance = auto_maintenance(self.db, self.resources)
-        #: ``(session id, {"model", "reference", "alternative", "calibrator"})`` built by the last
-        #: create_session, for its run in this process
-        self._prebuilt: tuple[str | None, dict[str, Any]] = (None, {})
+        #: what the last create_session built (model, inputs, plan, backends), for its run in this process
+        self._prebuilt: Prebuilt | None = None
         #: the sessions' artifact directories (exported graphs and their logs): ``<db dir>/<db name>_artifacts/``
         self.artifacts_dir = artifacts_dir_of(self.database_path)
 
@@ -246,15 +253,18 @@ class ValidationEngine(EngineFaces):
     def create_session(
         self,
         model_path: str | os.PathLike[str],
-        config: Mapping[str, Any] | None = None,
+        config: SessionConfig | Mapping[str, object] | None = None,
         reference_backend: str = "auto",
         alternative_backend: str = "auto",
         *,
         session_id: str | None = None,
         command: str | None = None,
     ) -> str:
-        """Create a session (status ``created``): the model is loaded and its digest recorded, both
-        backends are checked to be available, the inputs are built and saved beside the database.
+        """Create a session (status ``created``): the configuration is validated (a
+        :class:`SessionConfig` as it is, a mapping of its keys checked), the model is loaded and its
+        digest recorded, both backends are checked to be available, the plan is resolved, the
+        inputs are built and saved beside the database. What was built is handed to the session's
+        :meth:`run` in this process, not loaded, read back or resolved again.
         ``command`` is the shell command that reproduces the run (a CLI's own, recorded in the
         session's ``environment["command"]``; reports print it as the reproduce command).
 
@@ -264,10 +274,10 @@ class ValidationEngine(EngineFaces):
         """
         from ..modelio import load_model
 
-        cfg = validate_session_config(config)
+        cfg = SessionConfig.coerce(config)  # validated once, here where it enters
         if not self.resources.performance_monitoring:  # the framework-wide switch: no profiling at all
-            cfg["performance_profiling_enabled"] = False
-        model = load_model(model_path, tier=cfg["model_tier"])
+            cfg = cfg.replace(performance_profiling_enabled=False)
+        model = load_model(model_path, tier=cfg.model_tier)
         start_digest = getattr(model.weights, "start_digest", None)
         if callable(start_digest):  # hashed beside the backends' imports and the checks below
             start_digest()
@@ -279,7 +289,7 @@ class ValidationEngine(EngineFaces):
                 cancel()
             raise
 
-    def _create_session(self, model: Any, cfg: dict[str, Any], reference_backend: str, alternative_backend: str,
+    def _create_session(self, model: LoadedModel, cfg: SessionConfig, reference_backend: str, alternative_backend: str,
                         session_id: str | None, command: str | None) -> str:
         """:meth:`create_session` once the model is loaded (its digest may be in progress)."""
         from ..backends import get_backend
@@ -294,19 +304,19 @@ class ValidationEngine(EngineFaces):
             alt_name, why = runner.name, f"an ONNX file: {runner.name} runs the file itself"
         else:
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
-        ref = get_backend(reference_backend, **cfg["reference_options"])
-        alt = get_backend(alt_name, **cfg["alternative_options"])
-        alt_dtype, dtype_why = _alternative_dtype(alt, model, cfg["dtype"])
+        ref = get_backend(reference_backend, **cfg.reference_options)
+        alt = get_backend(alt_name, **cfg.alternative_options)
+        alt_dtype, dtype_why = _alternative_dtype(alt, model, cfg.dtype)
         ref_dtype = _reference_dtype(ref, cfg, alt_dtype)
         for b, dt in ((ref, ref_dtype), (alt, alt_dtype)):
             supported = capabilities(b).dtypes
             if dt not in supported and not (b is alt and dtype_why):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
-        cfg["dtype"], cfg["reference_dtype"] = alt_dtype, ref_dtype
-        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))
+        cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype)
+        plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))  # once
         calibrator = None
-        if cfg["calibrate"] or cfg["oracle"]:  # refuse a calibration that cannot run now, not mid-run (DF005)
+        if cfg.calibrate or cfg.oracle:  # refuse a calibration that cannot run now, not mid-run (DF005)
             calibrator = calibration_backend(plan, alt_name, model)
 
         inputs = _session_inputs(model, cfg)
@@ -321,22 +331,23 @@ class ValidationEngine(EngineFaces):
 
         tolerances = {
             "governing_dtype": plan.governing_dtype,
-            "precision_thresholds": cfg["precision_thresholds"],
+            "precision_thresholds": dict(cfg.precision_thresholds),
             "per_checkpoint": {str(k): plan.tolerance(k).to_dict() for k in plan.keys},
         }
         self.db.sessions.create(
-            model_path_key(str(model.path)), reference_backend, alt_name, config=cfg, session_id=sid,
-            weights_digest=model.digest, tolerances=tolerances, seed=int(cfg["seed"]), inputs_ref=str(inputs_path),
-            environment={**capture_environment(cfg["device"]),
+            model_path_key(str(model.path)), reference_backend, alt_name, config=cfg.to_json(), session_id=sid,
+            weights_digest=model.digest, tolerances=tolerances, seed=cfg.seed, inputs_ref=str(inputs_path),
+            environment={**capture_environment(cfg.device),
                          **({"command": str(command)} if command else {})},
-            reference_backend_info=_backend_info(ref, ref_dtype, cfg["reference_device"], {"selected_because": ref_why}),
-            alternative_backend_info=_backend_info(alt, alt_dtype, cfg["device"],
+            reference_backend_info=_backend_info(ref, ref_dtype, cfg.reference_device, {"selected_because": ref_why}),
+            alternative_backend_info=_backend_info(alt, alt_dtype, cfg.device,
                                                    {"requested": alternative_backend, "selected_because": why,
-                                                    "options": json_safe(cfg["alternative_options"]),
+                                                    "options": json_safe(dict(cfg.alternative_options)),
                                                     **({"dtype_because": dtype_why} if dtype_why else {})}),
         )
-        # what was built here is reused by run() in this process (one load, one build of each backend)
-        self._prebuilt = (sid, {"model": model, "reference": ref, "alternative": alt, "calibrator": calibrator})
+        # what was built here is handed to run() in this process: one load, one plan, the inputs in
+        # memory (the saved file is the session's record, read back only by a run elsewhere)
+        self._prebuilt = Prebuilt(sid, model, inputs, plan, ref, alt, calibrator)
         return sid
 
     def _save_inputs(self, inputs: ModelInputs, session_id: str) -> Path:
@@ -352,7 +363,7 @@ class ValidationEngine(EngineFaces):
                 raise full from exc
             raise DatabaseError(f"cannot save the session inputs: {exc}", database=self.db.location) from exc
 
-    def _session(self, session_id: str) -> dict[str, Any]:
+    def _session(self, session_id: str) -> JsonObject:
         row = self.db.sessions.get(session_id)
         if row is None:
             raise DatabaseError(f"no session {session_id!r} in {self.database_path}", session=session_id,
@@ -377,10 +388,15 @@ class ValidationEngine(EngineFaces):
                 session=session_id, hint="create a new session to run the validation again",
             )
         session = DebugSession.from_dict(row)  # the session's fields, read by the stages
+        built, self._prebuilt = self._prebuilt, None  # used once: a re-run (batch, resume) loads and builds anew
+        if built is not None and built.session_id != session_id:
+            built = None
         self.db.sessions.update_status(session_id, "running")
         try:
+            # the configuration as create_session validated it in this process, else read back (once)
+            config = built.plan.config if built is not None else SessionConfig.from_json(session.config)
             with artifact_root(self.session_artifact_dir(session_id)):
-                return self._execute_bounded(session, progress or (lambda *_: None), layer_progress)
+                return self._execute_bounded(session, config, built, progress or (lambda *_: None), layer_progress)
         except BaseException as exc:
             try:
                 self.db.sessions.update_status(session_id, "error", failure_message(exc))
@@ -388,23 +404,26 @@ class ValidationEngine(EngineFaces):
                 pass
             raise
 
-    def _execute_bounded(self, session: DebugSession, progress: Progress,
-                         layer_progress: LayerProgress | None = None) -> ValidationResult:
+    def _execute_bounded(self, session: DebugSession, config: SessionConfig, built: Prebuilt | None,
+                         progress: Progress, layer_progress: LayerProgress | None = None) -> ValidationResult:
         """:meth:`_execute` under the resource settings: the session's owner lease kept alive by
         the heartbeat, ``max_session_duration``, and ``performance_monitoring``."""
-        if not self.resources.performance_monitoring:
-            session.config = {**session.config, "performance_profiling_enabled": False}
+        if not self.resources.performance_monitoring and config.performance_profiling_enabled:
+            config = dataclasses.replace(config, performance_profiling_enabled=False)
+            if built is not None:
+                built = dataclasses.replace(built, plan=dataclasses.replace(built.plan, config=config))
         with holding(self.db, self.resources.heartbeat_interval), \
                 session_deadline(self.resources.max_session_duration, session.session_id):
-            return self._execute(session, progress, layer_progress)
+            return self._execute(session, config, built, progress, layer_progress)
 
-    def _execute(self, session: DebugSession, progress: Progress,
+    def _execute(self, session: DebugSession, config: SessionConfig, built: Prebuilt | None, progress: Progress,
                  layer_progress: LayerProgress | None = None) -> ValidationResult:
         """The loop over the stages: progress, timing and persisting rows live here alone. The
         stages that capture checkpoints run with the run's :class:`CaptureSink`: beyond
         ``capture_memory_budget`` bytes in memory, what they capture goes to a folder beside the
         tensor store as it is produced (removed when the run ends)."""
-        ctx = RunContext(session=session, db=self.db, database_path=self.database_path, framework_config=self.config)
+        ctx = RunContext(session=session, db=self.db, database_path=self.database_path, framework_config=self.config,
+                         config=config, prebuilt=built)
         budget = capture_budget(self.config)
         sink = None if budget is None else CaptureSink(
             TensorStore.root_beside(self.database_path) / "spill" / f"{session.session_id}-{os.getpid()}", budget)
@@ -417,17 +436,13 @@ class ValidationEngine(EngineFaces):
 
     def _stages(self, ctx: RunContext, session: DebugSession, progress: Progress,
                 layer_progress: LayerProgress | None, sink: CaptureSink | None) -> ValidationResult:
-        built_for, built = self._prebuilt
-        self._prebuilt = (None, {})  # used once: a re-run (batch, resume) loads and builds anew
-        if built_for == session.session_id:
-            ctx.prebuilt = built
-        config = validate_session_config(session.config)
-        stages = [stage for stage in self.stages if stage.applies(config)]
+        stages = [stage for stage in self.stages if stage.applies(ctx.config)]
         prepared_recorded = False
         # each stage's seconds and peak resident memory, recorded with the session (the store stage
         # writes what the stages before it measured)
         stage_s: dict[str, float] = {}
-        memory: dict[str, Any] = {"method": RssWatch.method, "stage_peak_rss_bytes": {}}
+        stage_peaks: dict[str, int] = {}
+        memory: JsonObject = {"method": RssWatch.method, "stage_peak_rss_bytes": stage_peaks}
         ctx.performance.update(stage_s=stage_s, memory=memory)
         with RssWatch() as watch, ctx.rows_kept_on_failure():
             for done, stage in enumerate(stages, 1):
@@ -447,7 +462,7 @@ class ValidationEngine(EngineFaces):
                                                "budget": sink.budget}
                 stage_s[stage.name] = t.seconds
                 give_back_freed()  # what the stage released: out of the resident set before the next
-                memory["stage_peak_rss_bytes"][stage.name] = watch.take()
+                stage_peaks[stage.name] = watch.take()
                 if not prepared_recorded and getattr(ctx, "alternative", None) is not None:
                     prepared_recorded = _record_prepared_backends(ctx, session)
                 if stage.timing_key:
@@ -470,7 +485,7 @@ class ValidationEngine(EngineFaces):
 
     # ---------------------------------------------------------------- reading back
 
-    def get_session_results(self, session_id: str) -> dict[str, Any]:
+    def get_session_results(self, session_id: str) -> JsonObject:
         """The stored session (status, provenance, summary) with every checkpoint row in model order."""
         row = self._session(session_id)
         rows = self.db.checkpoints.for_session(session_id)
@@ -487,7 +502,7 @@ class ValidationEngine(EngineFaces):
             "session": row,
         })
 
-    def get_performance_metrics(self, session_id: str) -> dict[str, Any]:
+    def get_performance_metrics(self, session_id: str) -> JsonObject:
         """Wall time per backend (and per layer where measured), peak memory when profiled."""
         row = self._session(session_id)
         results = row.get("results") or {}
@@ -496,7 +511,7 @@ class ValidationEngine(EngineFaces):
                                   session=session_id, hint="execute the session first")
         return dict(results["performance"])
 
-    def list_sessions(self, **filters: Unpack[SessionFilter]) -> list[dict[str, Any]]:
+    def list_sessions(self, **filters: Unpack[SessionFilter]) -> list[JsonObject]:
         """Stored sessions, newest first (filters as :meth:`~debug_framework.storage.sessions.SessionStore.list`)."""
         return self.db.sessions.list(**filters)
 

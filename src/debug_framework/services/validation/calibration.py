@@ -17,7 +17,7 @@ it off. This module only measures: the noise, the tolerance margin, and which ba
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +28,13 @@ from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ConfigurationError
 from .plan import ValidationPlan
 
+if TYPE_CHECKING:
+    from ...modelio import LoadedModel
+
 __all__ = ["tolerance_margin", "calibration_backend", "calibration_dtype", "noise_at"]
 
 
-def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float | None:
+def tolerance_margin(reference: object, alternative: object, tol: Tolerance) -> float | None:
     """``max |a - r| / (atol + rtol |r|)`` over finite pairs: the margin of an allclose tolerance
     (at most 1 passes); None when shapes differ or there is nothing finite to measure."""
     r, a = float64_array(reference), float64_array(alternative)
@@ -47,7 +50,7 @@ def tolerance_margin(reference: Any, alternative: Any, tol: Tolerance) -> float 
     return float(ratios.max())
 
 
-def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: Any = None) -> Backend:
+def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: LoadedModel | None = None) -> Backend:
     """The trusted implementation of a session (``calibration_backend``), checked: it may not be
     the alternative itself and must run the alternative's dtype (DF005 saying what to pass).
     ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
@@ -55,12 +58,12 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: A
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
 
-    if str(plan.config["calibration_backend"]) == "auto" and getattr(model, "architecture", None) == "generic":
+    if plan.config.calibration_backend == "auto" and getattr(model, "architecture", None) == "generic":
         from ...backends.eager_reference import EagerReferenceBackend
 
         return EagerReferenceBackend()
 
-    name = str(plan.config["calibration_backend"])
+    name = plan.config.calibration_backend
     hint = ("leave calibration_backend 'auto' (torch_reference: the reference models through torch), "
             "or set calibrate to false (then the dtype's fixed tolerances apply)")
     if name == alternative_backend:
@@ -74,18 +77,18 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: A
     return backend
 
 
-def calibration_dtype(plan: ValidationPlan, model: Any = None) -> str:
+def calibration_dtype(plan: ValidationPlan, model: LoadedModel | None = None) -> str:
     """The calibration run's dtype: the alternative's; but on the generic tier with a reference not
     in float64 (``--reference-backend pytorch``: the very code the calibration would run), float64,
     so that the noise is how far a correct run (the exact one) lands from the reference."""
     if getattr(model, "architecture", None) == "generic" and plan.reference_dtype != "float64" \
-            and str(plan.config["calibration_backend"]) == "auto":
+            and plan.config.calibration_backend == "auto":
         return "float64"
     return plan.alternative_dtype
 
 
 def noise_at(key: CheckpointKey, reference: Capture, calibration: Capture | None, *,
-             positions: Any = None) -> ComparisonResult | None:
+             positions: np.ndarray | None = None) -> ComparisonResult | None:
     """The calibration run against the reference at ``key`` (None without it), over the model
     ``positions`` (padded positions left out)."""
     if calibration is None or key not in calibration or key not in reference:

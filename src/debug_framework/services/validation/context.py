@@ -9,19 +9,23 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from ...backends.base import Backend
 from ...capture.keys import Capture
 from ...errors import BackendRuntimeError, DebugFrameworkError
-from ...jsonio import dumps_json
+from ...jsonio import JsonObject, JsonValue, dumps_json
 from .deadline import bounded
 from .evidence import Evidence
 from .judge import Verdict, judge
 from .plan import ValidationPlan
 from .results import ValidationResult
+from ...models.session_config import SessionConfig
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from ...modelio import LoadedModel, ModelInputs
     from ..drilldown.types import LayerDrilldown
     from ...models.debug_session import DebugSession
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["RunContext", "Stage", "call_backend", "StepInputs", "WeightsChangedError", "own"]
+__all__ = ["RunContext", "Stage", "call_backend", "StepInputs", "Prebuilt", "WeightsChangedError", "own"]
 
 
 @dataclass(frozen=True)
@@ -40,25 +44,40 @@ class StepInputs:
     head_dim; empty where the reference does not expose its cache) and ``tokens`` (batch, steps)."""
 
     step: int
-    tokens: Any
-    hidden: dict[int, Any]
-    past: dict[int, tuple[Any, Any]]
+    tokens: np.ndarray
+    hidden: dict[int, torch.Tensor]
+    past: dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """What ``create_session`` built for a session in this process, handed to its run: the loaded
+    model, the inputs, the plan and the backends, none loaded, read back or resolved again."""
+
+    session_id: str
+    model: LoadedModel
+    inputs: ModelInputs
+    plan: ValidationPlan
+    reference: Backend
+    alternative: Backend
+    calibrator: Backend | None  #: the trusted implementation, where calibration or oracle mode needs one
 
 
 @dataclass
 class RunContext:
     """Everything one validation run shares between its stages.
 
-    The first fields are given by the engine; the rest are filled by the stages in order (a stage
-    reads only what an earlier stage wrote).
+    The first fields are given by the engine (``config``: the session's configuration, validated
+    once); the rest are filled by the stages in order (a stage reads only what an earlier stage wrote).
     """
 
     session: DebugSession
     db: Database
     database_path: Path
-    framework_config: Mapping[str, Any]
+    framework_config: Mapping[str, object]
+    config: SessionConfig = field(default_factory=SessionConfig)
     started: float = field(default_factory=time.perf_counter)
-    performance: dict[str, Any] = field(default_factory=dict)
+    performance: dict[str, object] = field(default_factory=dict)
     # load
     plan: ValidationPlan = field(init=False)
     model: LoadedModel = field(init=False)
@@ -74,19 +93,19 @@ class RunContext:
     # compare and after: what was measured, and what the judge decided of it
     evidence: Evidence = field(default_factory=Evidence)
     verdict: Verdict | None = None
-    oracle_report: dict[str, Any] | None = None
-    noise: dict[str, Any] | None = None
+    oracle_report: JsonObject | None = None
+    noise: JsonObject | None = None
     recordings: str | None = None
     drilldown: list[LayerDrilldown] | None = None  # the drill-down stage's, one per drilled layer
-    decode: dict[str, Any] | None = None  # the decode stage's: steps, tokens, KV-cache rows, seconds per step
+    decode: JsonObject | None = None  # the decode stage's: steps, tokens, KV-cache rows, seconds per step
     decode_inputs: StepInputs | None = None  # the decode stage's, for a drill-down at the first divergent step
     result: ValidationResult | None = None
     #: built before the run (``create_session`` in the same process): reused, not built again
-    prebuilt: dict[str, Any] = field(default_factory=dict)
+    prebuilt: Prebuilt | None = None
     #: the engine's ``(layers done, layers)`` report for the stage in progress (None: not asked for)
     layer_progress: Callable[[int, int], None] | None = None
     #: each checkpoint row as last written, by (checkpoint, layer, step) (:meth:`write_rows`)
-    written_rows: dict[tuple[Any, Any, Any], str] = field(default_factory=dict)
+    written_rows: dict[tuple[JsonValue, JsonValue, JsonValue], str] = field(default_factory=dict)
     #: ``(role, backend name)`` of every backend given the loaded weights themselves to read
     #: (:func:`~debug_framework.backends.capabilities.reads_loaded_weights`): who could have written them
     weight_readers: list[tuple[str, str]] = field(default_factory=list)
@@ -135,7 +154,7 @@ class RunContext:
             self.layer_progress(min(done, total) if total else done, total)
 
     @property
-    def positions(self) -> Any:
+    def positions(self) -> np.ndarray | None:
         """The model positions every comparison of this run judges (``ModelInputs.positions``:
         padded positions left out), or None when nothing is padded."""
         return self.inputs.positions()
@@ -161,11 +180,11 @@ class RunContext:
             session_id=session.session_id, model_path=session.model_path,
             reference_backend=session.reference_backend, alternative_backend=session.alternative_backend,
             reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype,
-            alternative_options=dict(plan.config["alternative_options"] or {}),
+            alternative_options=dict(plan.config.alternative_options),
             oracle=self.oracle_report, noise_floor=self.noise, performance=self.performance,
             recordings=self.recordings, drilldown=self.drilldown, decode=self.decode)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[JsonObject]:
         """The checkpoint rows as they stand now, judged."""
         return [r.to_row() for r in self.current_result().results]
 
@@ -216,7 +235,7 @@ class Stage:
     #: capture budget (spilled to disk beyond it), and their layers reported as progress
     captures: ClassVar[bool] = False
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
+    def applies(self, config: SessionConfig) -> bool:
         """Whether this stage belongs to a session with this (validated) configuration: decided
         before the run, so progress knows its total."""
         return True
@@ -237,7 +256,7 @@ class WeightsChangedError(RuntimeError):
     error, never a verdict."""
 
 
-def own(value: Any) -> Any:
+def own(value: T) -> T:
     """A copy of ``value`` for one backend call, so that a backend writing into what it is given (an
     in-place residual add on a replayed layer's input) changes nothing another backend or the judge
     reads: tensors cloned with their strides, arrays copied, :class:`ModelInputs` copied whole;

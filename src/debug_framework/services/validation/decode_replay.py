@@ -11,13 +11,13 @@ its cache (``Verdict.decode_layers``). A backend without
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
+from ...backends.base import Backend
 from ...backends.capabilities import capabilities
 from ...backends.decode import DecodeRun
-from ...capture.keys import CheckpointKey, layer_input_key
+from ...capture.keys import CapturedTensor, CheckpointKey, layer_input_key
 from ...comparison import compare
 from .context import RunContext, StepInputs, call_backend, own
 from .evidence import BlockEvidence, reference_scale
@@ -38,11 +38,11 @@ def step_inputs(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray) -> Step
     return StepInputs(step, np.asarray(tokens), hidden, past)
 
 
-def _replayer(backend: Any) -> Any:
+def _replayer(backend: Backend | None) -> Backend | None:
     return backend if backend is not None and capabilities(backend).decode_layer_replay.ok else None
 
 
-def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray, calibrator: Any) -> None:
+def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray, calibrator: Backend | None) -> None:
     """Replay every layer that fails at the first divergent decode step at that step (see the
     module), the first divergence's layer first; sets ``ctx.evidence.decode_replay`` or
     ``decode_replay_note``. Nothing where the prefill fails, no decode step fails, a KV cache is
@@ -77,8 +77,8 @@ def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray,
 _REPLAYED = ("post_attention", "post_mlp")
 
 
-def _replay(ctx: RunContext, alt: Any, calibrator: Any, ref_run: DecodeRun, tokens: np.ndarray, step: int,
-            key: CheckpointKey, ref_in: Any) -> BlockEvidence:
+def _replay(ctx: RunContext, alt: Backend, calibrator: Backend | None, ref_run: DecodeRun, tokens: np.ndarray, step: int,
+            key: CheckpointKey, ref_in: CapturedTensor) -> BlockEvidence:
     """Layer ``key.layer`` replayed at ``step`` on ``ref_in`` by the alternative and the calibration,
     its checkpoint ``key`` measured against the reference's at that step."""
     i = key.layer

@@ -12,20 +12,25 @@ cache after each pass is compared per layer (K and V, padded positions left out)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...backends.base import Backend
 from ...backends.decode import DecodeRun, decode_support
-from ...capture.keys import CheckpointKey
-from ...comparison import compare, error_metric, position_mask, select_positions
+from ...capture.keys import CapturedTensor, CheckpointKey
+from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
 from ...comparison.next_token import next_token_metrics
 from ...errors import BackendInitializationError, ConfigurationError
+from ...jsonio import JsonObject
+from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend, own
 from .decode_replay import replay_decode_layer, step_inputs
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
+
+if TYPE_CHECKING:
+    from ...modelio import LoadedModel, ModelInputs
 
 __all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
 
@@ -34,7 +39,7 @@ _DECODE_HINT = ("use backends that decode (python_reference, torch_reference, py
                 "backends, engines with prefill/decode_step), or set decode_steps to 0")
 
 
-def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | None:
+def check_decode_tokens(tokens: object, batch: int, steps: int) -> np.ndarray | None:
     """``decode_tokens`` as ``[batch, steps]`` int64 (one list per row), None when not given.
 
     Raises:
@@ -54,7 +59,7 @@ def check_decode_tokens(tokens: Any, batch: int, steps: int) -> np.ndarray | Non
     return arr
 
 
-def check_decode_plan(config: Mapping[str, Any], inputs: Any, model: Any) -> np.ndarray | None:
+def check_decode_plan(config: SessionConfig, inputs: ModelInputs, model: LoadedModel) -> np.ndarray | None:
     """The decode settings checked against the inputs and the model (before any backend runs):
     ``decode_tokens`` one row of ``decode_steps`` ids per input row, and every position (the
     inputs from ``position_offset``, then the steps) within ``max_position_embeddings``. Returns
@@ -63,17 +68,17 @@ def check_decode_plan(config: Mapping[str, Any], inputs: Any, model: Any) -> np.
     Raises:
         ConfigurationError: (DF005) saying what to change.
     """
-    steps = int(config.get("decode_steps") or 0)
+    steps = config.decode_steps
     if not steps:
         return None
     batch, length = inputs.shape
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-    offset = int(config.get("position_offset") or 0)
+    offset = config.position_offset
     if limit and offset + length + steps > limit:
         raise ConfigurationError(
             f"{length} input position(s) from {offset} and {steps} decode step(s) exceed the model's "
             f"max_position_embeddings={limit}", hint="fewer decode_steps, shorter inputs or a lower position_offset")
-    return check_decode_tokens(config.get("decode_tokens"), batch, steps)
+    return check_decode_tokens(config.decode_tokens, batch, steps)
 
 
 class DecodeStage(Stage):
@@ -83,12 +88,12 @@ class DecodeStage(Stage):
     name = "decode"
     timing_key = "decode_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return int(config.get("decode_steps") or 0) > 0
+    def applies(self, config: SessionConfig) -> bool:
+        return config.decode_steps > 0
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
-        steps = int(plan.config["decode_steps"])
+        steps = plan.config.decode_steps
         given = check_decode_plan(plan.config, ctx.inputs, ctx.model)
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
             ok, why = decode_support(backend)
@@ -125,17 +130,17 @@ class DecodeStage(Stage):
                       "token_metrics": token_rows(ctx, ref_run, alt_run, cal_run),
                       "seconds_per_step": {side: _per_step(run) for side, run in
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
-        if plan.config["isolate"]:  # the layer of a first divergence at a decode step, replayed at that step
+        if plan.config.isolate:  # the layer of a first divergence at a decode step, replayed at that step
             replay_decode_layer(ctx, ref_run, np.asarray(tokens), cal)
-        if plan.config.get("drill_down"):  # what the drill-down gives a layer at the first divergent step
+        if plan.config.drill_down:  # what the drill-down gives a layer at the first divergent step
             ctx.decode_inputs = step_inputs(ctx, ref_run, np.asarray(tokens))
 
     @staticmethod
     def _calibration(ctx: RunContext, steps: int, taps: list[CheckpointKey],
-                     tokens: np.ndarray) -> tuple[DecodeRun | None, Any]:
+                     tokens: np.ndarray) -> tuple[DecodeRun | None, Backend | None]:
         """The calibration's decode of the same tokens, and the backend that ran it: the session's calibration backend where it
         decodes, else the model's own eager code at the calibration's dtype (``float64_eager``'s)."""
-        if not ctx.plan.config["calibrate"] or not any(ctx.plan.calibrated(k) for k in ctx.plan.keys):
+        if not ctx.plan.config.calibrate or not any(ctx.plan.calibrated(k) for k in ctx.plan.keys):
             return None, None
         cal = ctx.calibrator
         if cal is None or not decode_support(cal)[0]:
@@ -153,9 +158,7 @@ def ev_module(ctx: RunContext, key: CheckpointKey) -> str | None:
     return None if found is None else found.module
 
 
-def _missing(key: CheckpointKey, step: int, side: str, tol: Any) -> Any:
-    from ...comparison import ComparisonResult
-
+def _missing(key: CheckpointKey, step: int, side: str, tol: Tolerance) -> ComparisonResult:
     return ComparisonResult(passed=False, reason=f"the {side} backend produced no tensor for {key} at decode step {step}",
                             tolerance=tol, name=f"{key}@{step}")
 
@@ -165,17 +168,17 @@ def _per_step(run: DecodeRun) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[str, Any]]:
+def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[JsonObject]:
     """The KV cache after each pass (step 0: the prefill), per layer: K and V of the alternative
     against the reference (padded positions left out), beside the calibration's where it decoded;
     each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). Empty where a
     side does not expose its cache."""
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     for s, (rk, ak) in enumerate(zip(ref.kv_cache, alt.kv_cache)):
         mask = ref.attention_masks[s] if s < len(ref.attention_masks) else None
         ck = cal.kv_cache[s] if cal is not None and s < len(cal.kv_cache) else {}
         for layer in sorted(set(rk) & set(ak)):
-            row: dict[str, Any] = {"step": s, "layer": layer}
+            row: JsonObject = {"step": s, "layer": layer}
             for j, part in enumerate(("k", "v")):
                 r, a, m = held_by_both(rk[layer][j], ak[layer][j], mask)
                 err = compare(r, a, check_dtype=False, positions=m)
@@ -196,13 +199,13 @@ _LOGITS = CheckpointKey("post_processing")
 _FLIPS_SHOWN = 8
 
 
-def token_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[dict[str, Any]]:
+def token_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[JsonObject]:
     """The next-token distributions of every pass (step 0: the prefill's token positions, padded
     ones left out; step s: each row's new token), the alternative's against the reference's beside
     the calibration's (:func:`~debug_framework.comparison.next_token.next_token_metrics`); each also
     added to the evidence (:class:`~.evidence.TokenEvidence`, for the judge). Empty where the logits
     (``post_processing``) are not a checkpoint of the session."""
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     if _LOGITS not in ctx.plan.keys:
         return rows
     for s, (r, a) in enumerate(zip(ref.captures, alt.captures)):
@@ -227,7 +230,8 @@ def token_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun |
     return rows
 
 
-def held_by_both(ref: Any, alt: Any, mask: np.ndarray | None) -> tuple[Any, Any, np.ndarray | None]:
+def held_by_both(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None
+                 ) -> tuple[CapturedTensor, CapturedTensor, np.ndarray | None]:
     """A layer's cache ``[batch, length, ...]`` on both sides cut to the trailing positions both
     hold: an engine that evicts what left a sliding window keeps only the last ones (Hugging Face's
     sliding layers keep ``window - 1``), a reference keeps every position. Equal lengths: unchanged."""

@@ -14,13 +14,12 @@ and a note saying why (never silently nothing).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ...backends.artifacts import current_artifact_root
 from ...errors import DebugFrameworkError
-from ..drilldown import DrillRequest, LayerDrilldown, choose_strategy
+from ...models.session_config import SessionConfig
+from ..drilldown import DrillRequest, DrillStrategy, LayerDrilldown, choose_strategy
 from .context import RunContext, Stage
 from .deadline import bounded
 
@@ -55,8 +54,8 @@ class DrillDownStage(Stage):
     name = "drill-down"
     timing_key = "drilldown_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config.get("drill_down"))
+    def applies(self, config: SessionConfig) -> bool:
+        return config.drill_down
 
     def run(self, ctx: RunContext) -> None:
         targets = drill_targets(ctx)
@@ -71,7 +70,7 @@ class DrillDownStage(Stage):
             request = self._request(ctx, strategy, layer, checkpoint, step)
             ctx.drilldown.append(self._drill(ctx, strategy, request) if isinstance(request, DrillRequest) else request)
 
-    def _request(self, ctx: RunContext, strategy: Any, layer: int, checkpoint: str,
+    def _request(self, ctx: RunContext, strategy: DrillStrategy, layer: int, checkpoint: str,
                  step: int) -> DrillRequest | LayerDrilldown:
         """What ``strategy`` is given to drill ``layer`` at ``step``: the reference's input to it then
         (and at a decode step the tokens and the reference's past); an entry saying why not where
@@ -96,12 +95,12 @@ class DrillDownStage(Stage):
                                f"the input of layer {layer}{when}", strategy.name, step)
         return DrillRequest(layer=layer, checkpoint=checkpoint, backend=ctx.alternative, model=ctx.model,
                             inputs=ctx.inputs, hidden_in=hidden, dtype=ctx.plan.alternative_dtype,
-                            device=str(ctx.plan.config["device"]), out_dir=_out_dir(ctx, layer, step),
-                            noise_margin=float(ctx.plan.config["noise_margin"]),
-                            floor_eps=float(ctx.plan.config["floor_eps"]), step=step, tokens=tokens, past=past)
+                            device=ctx.plan.config.device, out_dir=_out_dir(ctx, layer, step),
+                            noise_margin=ctx.plan.config.noise_margin,
+                            floor_eps=ctx.plan.config.floor_eps, step=step, tokens=tokens, past=past)
 
     @staticmethod
-    def _drill(ctx: RunContext, strategy: Any, request: DrillRequest) -> LayerDrilldown:
+    def _drill(ctx: RunContext, strategy: DrillStrategy, request: DrillRequest) -> LayerDrilldown:
         try:
             return bounded(lambda: strategy.drill(request))  # within the session's time limit
         except DebugFrameworkError:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, finite_rms
 from ...comparison.next_token import TokenMetrics
+from ...jsonio import JsonObject
 
 __all__ = ["CheckpointEvidence", "OracleEvidence", "BlockEvidence", "LayerEvidence", "OracleSetup", "Evidence",
            "reference_scale", "BlockInput", "TokenEvidence"]
@@ -27,7 +28,7 @@ __all__ = ["CheckpointEvidence", "OracleEvidence", "BlockEvidence", "LayerEviden
 BlockInput = Literal["reference", "alternative"]
 
 
-def reference_scale(tensor: Any) -> float:
+def reference_scale(tensor: object) -> float:
     """RMS of a reference tensor's finite values: the scale of a bound's floor (NaN when absent)."""
     return math.nan if tensor is None else finite_rms(tensor)
 
@@ -54,7 +55,7 @@ class ExpertChoice:
     calibration_differing: int | None = None  #: the same count for a correct run at the alternative's precision
 
 
-def expert_choice(reference: Any, alternative: Any, top_k: int, calibration: Any = None) -> ExpertChoice | None:
+def expert_choice(reference: object, alternative: object, top_k: int, calibration: object = None) -> ExpertChoice | None:
     """Compare the experts two router-logit tensors ``[..., experts]`` choose (top ``top_k`` per
     token, as sets); None when the shapes differ or ``top_k`` is unknown."""
     import numpy as np
@@ -210,9 +211,9 @@ class Evidence:
     isolation_note: str | None = None
     oracle: OracleSetup | None = None
     #: the precision stage's: which lower precisions a correct run was measured at, or why none
-    precision_note: dict[str, Any] | None = None
+    precision_note: JsonObject | None = None
     #: the mark-all stage's comparison of every node output of an ONNX file (``MarkAllReport.to_dict``)
-    mark_all: dict[str, Any] | None = None
+    mark_all: JsonObject | None = None
     #: the decode stage's: the KV cache per pass, layer and part
     kv_cache: list[KVEvidence] = field(default_factory=list)
     #: the decode stage's: the next-token distributions per pass (where the logits are captured)

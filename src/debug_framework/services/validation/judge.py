@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, OracleJudgement, RatioRule
-from ...jsonio import as_float
+from ...comparison.next_token import TokenFlip, TokenMetrics
+from ...jsonio import JsonObject, as_float
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, KVEvidence, LayerEvidence, TokenEvidence
 from .plan import DTYPE_EPS, ValidationPlan
 
@@ -70,16 +70,16 @@ class Judgement:
     consistent_with: str | None = None
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Judgement:
+    def from_dict(cls, data: Mapping[str, object]) -> Judgement:
         """A stored judgement read back (:meth:`to_dict`'s fields; the rule's details are not kept)."""
         consistent = data.get("consistent_with")
         return cls(bool(data.get("passed")), str(data.get("judged_by") or "tolerance"), as_float(data.get("bound")),
                    as_float(data.get("margin")), data.get("reason"),
                    consistent_with=consistent if isinstance(consistent, str) else None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``passed``, ``judged_by``, ``bound``, ``margin``, ``reason`` and the rule's details."""
-        out: dict[str, Any] = {"passed": self.passed, "judged_by": self.judged_by, "bound": self.bound,
+        out: JsonObject = {"passed": self.passed, "judged_by": self.judged_by, "bound": self.bound,
                                "margin": self.margin, "reason": self.reason}
         if self.rule is not None:
             j = self.rule
@@ -150,7 +150,7 @@ class Verdict:
     checkpoints: dict[CheckpointKey, Judgement]
     layers: dict[int, LayerVerdict] | None
     first_divergence: CheckpointKey | None
-    error_source: dict[str, Any] | None
+    error_source: JsonObject | None
     #: the lower precision a correct run at which errs as this run does (None: none, or it passed)
     consistent_with: str | None = None
     #: each decode step's checkpoints (step >= 1; the prefill's are :attr:`checkpoints`)
@@ -164,7 +164,7 @@ class Verdict:
     tokens: dict[int, Judgement] = field(default_factory=dict)
     #: the first token the alternative chooses otherwise beyond noise: ``{step, index,
     #: reference_token, alternative_token, reference_gap}`` (None: none)
-    first_divergent_token: dict[str, Any] | None = None
+    first_divergent_token: JsonObject | None = None
     #: each layer failing at decode step :attr:`first_step`, replayed there on the reference's input:
     #: beyond its bound (not passed) it introduces error at that step, within it the error is carried in
     decode_layers: dict[int, Judgement] = field(default_factory=dict)
@@ -193,8 +193,8 @@ def _ratio(rule: RatioRule, baseline: ComparisonResult, test: ComparisonResult, 
 def _calibrated(plan: ValidationPlan, noise: ComparisonResult, error: ComparisonResult, reference_rms: float,
                 what: str = "") -> Judgement:
     cfg = plan.config
-    floor = float(cfg["floor_eps"]) * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
-    rule = RatioRule(float(cfg["noise_margin"]), floor, str(cfg["calibration_metric"]))
+    floor = cfg.floor_eps * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
+    rule = RatioRule(cfg.noise_margin, floor, cfg.calibration_metric)
     return _ratio(rule, noise, error, "calibration", oracle="the reference",
                   baseline_name=f"a correct {plan.alternative_dtype} run{what}", prefix="calibrated bound: ")
 
@@ -208,7 +208,7 @@ def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: Validatio
     choice = ev.expert_choice
     # as the calibrated rule: a correct run at this precision that flips near-tied choices at n
     # tokens allows noise_margin x n (none where it flips none)
-    allowed = float(plan.config["noise_margin"]) * (choice.calibration_differing or 0) if choice is not None else 0.0
+    allowed = plan.config.noise_margin * (choice.calibration_differing or 0) if choice is not None else 0.0
     if choice is not None and choice.differing > allowed:
         noise = "" if choice.calibration_differing is None else (
             f"; a correct run at this precision differs at {choice.calibration_differing}")
@@ -220,7 +220,7 @@ def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: Validatio
         if ev.oracle is None:
             return Judgement(False, "oracle", reason=f"no tensor for {ev.key} from one of the three runs")
         floor = setup.fixed_floor if setup.fixed_floor is not None else (
-            float(plan.config["floor_eps"]) * plan.eps * ev.oracle.oracle_rms)
+            plan.config.floor_eps * plan.eps * ev.oracle.oracle_rms)
         rule = RatioRule(setup.multiplier, float(floor), setup.metric)
         return _ratio(rule, ev.oracle.baseline, ev.oracle.alternative, "oracle", oracle="the float64 oracle",
                       baseline_name=setup.baseline, prefix="oracle ratio rule: ")
@@ -308,10 +308,10 @@ def _token_scale(ev: TokenEvidence, plan: ValidationPlan) -> float:
     cfg = plan.config
     noise = 0.0 if math.isnan(ev.noise_max_abs) else ev.noise_max_abs
     rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-    return float(cfg["noise_margin"]) * noise + float(cfg["floor_eps"]) * plan.eps * rms
+    return cfg.noise_margin * noise + cfg.floor_eps * plan.eps * rms
 
 
-def decisive_flips(metrics: Any, ev: TokenEvidence, plan: ValidationPlan) -> list[Any]:
+def decisive_flips(metrics: TokenMetrics, ev: TokenEvidence, plan: ValidationPlan) -> list[TokenFlip]:
     """The flips of ``metrics`` (a :class:`~debug_framework.comparison.next_token.TokenMetrics`)
     that no error within a correct run's bound explains: the reference prefers its token by more
     than twice the allowed logit error (:func:`_token_scale`), so both logits moving by it cannot
@@ -332,11 +332,11 @@ def judge_tokens(ev: TokenEvidence, plan: ValidationPlan) -> Judgement:
     cal = ev.calibration
     assert cal is not None  # judged only where calibrated
     rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-    floor = 0.5 * (float(cfg["floor_eps"]) * plan.eps * rms) ** 2
-    rule = RatioRule(float(cfg["noise_margin"]) ** 2, floor, "kl_divergence")
+    floor = 0.5 * (cfg.floor_eps * plan.eps * rms) ** 2
+    rule = RatioRule(cfg.noise_margin ** 2, floor, "kl_divergence")
     kl = rule.judge(cal.kl_divergence["mean"], ev.alternative.kl_divergence["mean"])
     flips = decisive_flips(ev.alternative, ev, plan)
-    allowed = float(cfg["noise_margin"]) * len(decisive_flips(cal, ev, plan))
+    allowed = cfg.noise_margin * len(decisive_flips(cal, ev, plan))
     where = "the prefill" if ev.step == 0 else f"decode step {ev.step}"
     if len(flips) > allowed:
         f = flips[0]
@@ -351,7 +351,7 @@ def judge_tokens(ev: TokenEvidence, plan: ValidationPlan) -> Judgement:
     return Judgement(True, "token_metrics", kl.bound, kl.margin, None, kl)
 
 
-def first_divergent_token(evidence: Evidence, plan: ValidationPlan) -> dict[str, Any] | None:
+def first_divergent_token(evidence: Evidence, plan: ValidationPlan) -> JsonObject | None:
     """The first position (pass by pass, then row by row) whose top-1 token the alternative
     changes decisively (:func:`decisive_flips`), with its step."""
     for ev in sorted(evidence.token_metrics, key=lambda e: e.step):
@@ -370,7 +370,7 @@ def judge_kv(ev: KVEvidence, plan: ValidationPlan) -> Judgement:
 
 
 def decode_source(first: CheckpointKey, step: int, kv: dict[tuple[int, int, str], Judgement] | None = None,
-                  replay: Judgement | None = None, note: str | None = None) -> dict[str, Any]:
+                  replay: Judgement | None = None, note: str | None = None) -> JsonObject:
     """Where the error of a run whose prefill passes comes from: the KV cache, where one written by
     an earlier pass (whose checkpoints passed) already differs beyond its bound; else decode
     ``step`` (the first whose checkpoint ``first`` fails), in that checkpoint's layer and block."""
@@ -402,7 +402,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
     and that run's error is within ``PRECISION_BAND`` x the alternative's (plus the floor at the
     alternative's own precision). None when no precision fits every checkpoint."""
     cfg = plan.config
-    metric = str(cfg["calibration_metric"])
+    metric = cfg.calibration_metric
     measured = [d for d in (evidence.precision_note or {}).get("measured", []) if d in DTYPE_EPS]
     for dtype in measured:
         seen = 0
@@ -412,8 +412,8 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
                 continue
             seen += 1
             rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-            upper = RatioRule(float(cfg["noise_margin"]), float(cfg["floor_eps"]) * DTYPE_EPS[dtype] * rms, metric)
-            below = RatioRule(PRECISION_BAND, float(cfg["floor_eps"]) * plan.eps * rms, metric)
+            upper = RatioRule(cfg.noise_margin, cfg.floor_eps * DTYPE_EPS[dtype] * rms, metric)
+            below = RatioRule(PRECISION_BAND, cfg.floor_eps * plan.eps * rms, metric)
             if not (upper.verdict(lower, ev.comparison).passed and below.verdict(ev.comparison, lower).passed):
                 break
         else:
@@ -427,7 +427,7 @@ def _block_of(key: CheckpointKey) -> str | None:
 
 
 def error_source(first: CheckpointKey | None, layers: dict[int, LayerVerdict] | None,
-                 isolation_note: str | None = None) -> dict[str, Any] | None:
+                 isolation_note: str | None = None) -> JsonObject | None:
     """Where the error of a failed validation comes from: ``kind`` is ``"embedding"`` (the embedding
     output already diverges), ``"layer"`` (``layer`` and ``block``: the first layer introducing error
     on its own, or, without isolation, the first layer where it shows: ``confirmed`` False),
@@ -459,7 +459,7 @@ def error_source(first: CheckpointKey | None, layers: dict[int, LayerVerdict] | 
                       f"the layers exceeds the bound at {first} (see each layer's growth)"}
 
 
-def node_output_verdict(error: float, noise: float, reference: Any, dtype: str, margin: float,
+def node_output_verdict(error: float, noise: float, reference: object, dtype: str, margin: float,
                         floor_eps: float) -> tuple[float, bool]:
     """``(bound, passed)`` of one node output of the mark-all comparison (``mark_all.py``) by the
     calibrated rule at ``dtype``: ``error <= margin x noise + floor_eps x eps(dtype) x RMS(reference)``

@@ -41,11 +41,16 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...backends.capabilities import capabilities
 from ...architectures.layout import HEAD_BLOCK_BYTES, STREAMED_TABLE_ELEMENTS
+from ...backends.base import Backend
 from ...errors import ResourceExhaustedError
+
+if TYPE_CHECKING:
+    from ...modelio import LoadedModel, ModelInputs
+    from .plan import ValidationPlan
 
 __all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "give_back_freed", "available_memory",
            "check_memory", "budget_of", "capture_budget", "RUNTIME_BYTES", "current_rss", "own_memory"]
@@ -133,7 +138,7 @@ def own_memory() -> int | None:
     return current_rss()
 
 
-def _weights_census(weights: Any) -> tuple[int, int, int, int, int]:
+def _weights_census(weights: object) -> tuple[int, int, int, int, int]:
     """(parameters, stored bytes, the largest layer's parameters, the largest tensor of a layer's
     parameters, the parameters of all layers and large tables) from the weights' headers."""
     total = stored = largest = tables = 0
@@ -156,7 +161,7 @@ def _weights_census(weights: Any) -> tuple[int, int, int, int, int]:
     return total, stored, max(layers.values(), default=0), largest, sum(layers.values()) + tables
 
 
-def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: int, largest: int,
+def _backend_bytes(backend: Backend, dtype: str, device: str, params: int, layer: int, largest: int,
                    streamed: int) -> int:
     """What one backend holds of the weights: one layer (+ below float64 the float64 host copy of
     the tensor in conversion, and a block of head rows) when it streams them, the tensors it does
@@ -173,8 +178,8 @@ def _backend_bytes(backend: Any, dtype: str, device: str, params: int, layer: in
     return params * size
 
 
-def estimate_memory(model: Any, *, reference: Any, reference_dtype: str, alternative: Any, alternative_dtype: str,
-                    device: str = "cpu", calibrator: Any = None, calibration_dtype: str | None = None,
+def estimate_memory(model: LoadedModel, *, reference: Backend, reference_dtype: str, alternative: Backend,
+                    alternative_dtype: str, device: str = "cpu", calibrator: Backend | None = None, calibration_dtype: str | None = None,
                     batch: int = 1, length: int = 1, capture_budget: int | None = None) -> MemoryEstimate:
     """The session's :class:`MemoryEstimate` (see the module's formula) from the weights' headers,
     the model's shape, the backends and dtypes, and the inputs' ``batch`` x ``length``;
@@ -232,7 +237,7 @@ def available_memory() -> int | None:
     return room
 
 
-def capture_budget(framework_config: Mapping[str, Any]) -> int | None:
+def capture_budget(framework_config: Mapping[str, object]) -> int | None:
     """The bytes of captured checkpoints a run keeps in memory (``capture_memory_budget``,
     ``PIE_DEBUG_CAPTURE_MEMORY``; default 64 MiB); None (``off``): all of them."""
     configured = framework_config.get("capture_memory_budget", 64 * 2**20)
@@ -241,7 +246,7 @@ def capture_budget(framework_config: Mapping[str, Any]) -> int | None:
     return max(int(configured), 0)
 
 
-def budget_of(framework_config: Mapping[str, Any]) -> tuple[int | None, str]:
+def budget_of(framework_config: Mapping[str, object]) -> tuple[int | None, str]:
     """(the budget in bytes, where it comes from); None bytes means no check."""
     configured = framework_config.get("memory_budget")
     if configured == "off":
@@ -254,7 +259,7 @@ def budget_of(framework_config: Mapping[str, Any]) -> tuple[int | None, str]:
     return room + (own_memory() or 0), "the memory available now (MemAvailable) and this process's own"
 
 
-def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, Any], *, reference_dtype: str,
+def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, object], *, reference_dtype: str,
                  alternative_dtype: str) -> int | None:
     """Refuse a session whose estimate is over the budget (:func:`budget_of`); the budget in bytes
     (None when not checked).
@@ -282,8 +287,8 @@ def check_memory(estimate: MemoryEstimate, framework_config: Mapping[str, Any], 
         hint="; or ".join(hints))
 
 
-def session_estimate(model: Any, plan: Any, reference: Any, alternative: Any, calibrator: Any,
-                     inputs: Any, capture_budget: int | None = None) -> MemoryEstimate | None:
+def session_estimate(model: LoadedModel, plan: ValidationPlan, reference: Backend, alternative: Backend,
+                     calibrator: Backend | None, inputs: ModelInputs, capture_budget: int | None = None) -> MemoryEstimate | None:
     """The estimate of one planned session (None for an ONNX-file model: its graph is not counted);
     ``capture_budget``: the framework configuration's ``capture_memory_budget``."""
     from .calibration import calibration_dtype
@@ -294,7 +299,7 @@ def session_estimate(model: Any, plan: Any, reference: Any, alternative: Any, ca
     batch, length = (int(shape[0]), int(shape[1])) if len(shape) >= 2 else (1, int(shape[0]) if shape else 1)
     return estimate_memory(model, reference=reference, reference_dtype=plan.reference_dtype,
                            alternative=alternative, alternative_dtype=plan.alternative_dtype,
-                           device=str(plan.config.get("device") or "cpu"), calibrator=calibrator,
+                           device=plan.config.device, calibrator=calibrator,
                            calibration_dtype=calibration_dtype(plan, model) if calibrator is not None else None,
                            batch=batch, length=max(length, 1), capture_budget=capture_budget)
 

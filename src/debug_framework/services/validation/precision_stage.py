@@ -14,14 +14,12 @@ one of them (``consistent_with``). It runs only where a checkpoint failed, calib
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ...backends.base import Backend
 from ...backends.capabilities import capabilities, release
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
+from ...models.session_config import SessionConfig
 from .calibration import noise_at
 from .context import RunContext, Stage, call_backend, own
 
@@ -48,8 +46,8 @@ class PrecisionStage(Stage):
     name = "precision"
     timing_key = "precision_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config["precision_diagnosis"]) and bool(config["calibrate"])
+    def applies(self, config: SessionConfig) -> bool:
+        return config.precision_diagnosis and config.calibrate
 
     def ready(self, ctx: RunContext) -> bool:
         """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
@@ -63,7 +61,7 @@ class PrecisionStage(Stage):
         seconds: dict[str, float] = {}
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
         for dtype in plan.lower_precisions:
-            backend, why = lower_precision_backend(str(plan.config["calibration_backend"]), dtype)
+            backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
             if backend is None:
                 skipped[dtype] = str(why)
                 continue
@@ -85,5 +83,5 @@ class PrecisionStage(Stage):
         from ...backends.quantized import quantized_operators
 
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
-                                       "backend": str(plan.config["calibration_backend"]),
+                                       "backend": plan.config.calibration_backend,
                                        "quantized": quantized_operators(ctx.alternative)}

@@ -1,10 +1,14 @@
 """The stages of one validation, each a small class over a shared :class:`RunContext`.
 
 The engine (:mod:`debug_framework.services.validation_engine`) runs them in order and alone owns
-progress, timing and "persist the checkpoint rows after each stage". A stage only does its work:
+progress and timing; each checkpoint row is written once (:meth:`RunContext.write_rows`, by the
+store stage, or as a failing run stops). Every stage reads the session's configuration as the one
+:class:`~debug_framework.models.session_config.SessionConfig` of the plan (``ctx.plan.config``). A
+stage only does its work:
 
 ====================  ===========================================================================
-``load``              the model (its digest must still match the session's), the saved inputs, the plan
+``load``              the model, the inputs and the plan: create_session's in the same process, else
+                      the model loaded (its digest must still match), the saved inputs read, the plan resolved
 ``prepare``           both backends built and prepared; whether per-layer isolation can run
 ``reference``         the reference backend's forward pass (wall time, per-layer time, peak memory)
 ``alternative``       the same for the alternative backend
@@ -24,8 +28,8 @@ progress, timing and "persist the checkpoint rows after each stage". A stage onl
 ====================  ===========================================================================
 
 Stages only measure: they add to the run's :class:`~.evidence.Evidence`. No stage decides a
-verdict; :func:`.judge.judge` does, from the evidence alone (the engine calls it after each stage
-that adds evidence, so the rows it persists are always judged).
+verdict; :func:`.judge.judge` does, from the evidence alone, wherever a stage needs the verdict so
+far (:meth:`RunContext.judge`) and once more for the rows and the result the store stage keeps.
 
 Adding a step to validation (a drill-down, a plugin swap-in) means writing one :class:`Stage`
 and putting it in :data:`DEFAULT_STAGES` (or passing a list to ``ValidationEngine(stages=...)``).
@@ -37,7 +41,7 @@ import contextlib
 import math
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ...backends.base import (
     Backend,
@@ -50,6 +54,7 @@ from ...backends.capabilities import release
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints, layer_input_key
 from ...comparison import ComparisonResult, compare, error_metric, select_positions
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
+from ...jsonio import JsonObject
 from ...measure import PeakMemory, Timer, layer_timer
 from .calibration import calibration_backend, calibration_dtype, noise_at, tolerance_margin
 from .memory import capture_budget, check_memory, session_estimate
@@ -68,8 +73,11 @@ from .evidence import (
     reference_scale,
 )
 from .plan import ValidationPlan, model_checkpoints
+from ...models.session_config import SessionConfig
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ...modelio import ModelInputs
 
 __all__ = ["RunContext", "Stage", "call_backend", "LoadStage", "PrepareStage", "RunBackendStage", "CalibrationStage",
@@ -89,12 +97,20 @@ class LoadStage(Stage):
     timing_key = "model_load_s"
 
     def run(self, ctx: RunContext) -> None:
+        built = ctx.prebuilt
+        if built is not None and built.model.digest == ctx.session.weights_digest:  # handed on, not read again
+            ctx.model, ctx.inputs, ctx.plan = built.model, built.inputs, built.plan
+            return
+        self._load(ctx)
+
+    @staticmethod
+    def _load(ctx: RunContext) -> None:
+        """A run in another process (a batch item, a resumed session): the model loaded, its digest
+        checked, the inputs read from the session's file and the plan resolved."""
         from ...modelio import ModelInputs, load_model
 
         session = ctx.session
-        model = ctx.prebuilt.get("model")
-        if model is None or model.digest != session.weights_digest:
-            model = load_model(session.model_path, tier=(session.config or {}).get("model_tier", "auto"))
+        model = load_model(session.model_path, tier=ctx.config.model_tier)
         if session.weights_digest and model.digest != session.weights_digest:
             raise ModelLoadingError(
                 "the weights changed since the session was created (digest mismatch)",
@@ -104,7 +120,7 @@ class LoadStage(Stage):
             raise ValidationError("the session has no saved inputs", session=session.session_id)
         ctx.inputs = ModelInputs.load(session.inputs_ref)
         ctx.model = model
-        ctx.plan = ValidationPlan.resolve(session.config, model.num_layers, model.router_layers,
+        ctx.plan = ValidationPlan.resolve(ctx.config, model.num_layers, model.router_layers,
                                           model_checkpoints(model))
 
 
@@ -119,16 +135,18 @@ class PrepareStage(Stage):
         plan, session = ctx.plan, ctx.session
         cfg = plan.config
         built = ctx.prebuilt  # the backends create_session built in this process, else new ones
-        ctx.reference = built.get("reference") or get_backend(session.reference_backend, **cfg["reference_options"])
-        ctx.alternative = built.get("alternative") or get_backend(session.alternative_backend,
-                                                                   **cfg["alternative_options"])
-        _estimate_memory(ctx, checked=bool(built))
+        if built is not None:
+            ctx.reference, ctx.alternative = built.reference, built.alternative
+        else:
+            ctx.reference = get_backend(session.reference_backend, **cfg.reference_options)
+            ctx.alternative = get_backend(session.alternative_backend, **cfg.alternative_options)
+        _estimate_memory(ctx, checked=built is not None)
         for side, backend, dtype, device in (
-            ("reference", ctx.reference, plan.reference_dtype, cfg["reference_device"]),
-            ("alternative", ctx.alternative, plan.alternative_dtype, cfg["device"]),
+            ("reference", ctx.reference, plan.reference_dtype, cfg.reference_device),
+            ("alternative", ctx.alternative, plan.alternative_dtype, cfg.device),
         ):
             ctx.prepare_s[side] = ctx.prepare_backend(backend, side, dtype, device)
-        isolate = cfg["isolate"]
+        isolate = cfg.isolate
         if not isolate:
             ctx.isolating, ctx.evidence.isolation_note = False, "isolation not requested"
             return
@@ -143,8 +161,8 @@ def _estimate_memory(ctx: RunContext, *, checked: bool) -> None:
     """The session's memory estimate, recorded under ``performance["memory"]``; checked against the
     budget (DF007 when over it) unless ``create_session`` did so in this process."""
     plan = ctx.plan
-    calibrator = ctx.prebuilt.get("calibrator")
-    if calibrator is None and (plan.config["calibrate"] or plan.config["oracle"]):
+    calibrator = ctx.prebuilt.calibrator if ctx.prebuilt is not None else None
+    if calibrator is None and (plan.config.calibrate or plan.config.oracle):
         try:  # only counted here; the calibration stage builds (and checks) its own
             calibrator = calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
         except DebugFrameworkError:
@@ -155,7 +173,7 @@ def _estimate_memory(ctx: RunContext, *, checked: bool) -> None:
         return
     budget = None if checked else check_memory(estimate, ctx.framework_config, reference_dtype=plan.reference_dtype,
                                                    alternative_dtype=plan.alternative_dtype)
-    memory = ctx.performance.setdefault("memory", {})
+    memory = cast("dict[str, object]", ctx.performance.setdefault("memory", {}))  # the engine's memory record
     memory["estimate_bytes"] = estimate.to_dict()
     if budget is not None:
         memory["budget_bytes"] = budget
@@ -175,12 +193,12 @@ def _replay_support(reference: Backend, alternative: Backend) -> tuple[bool, str
 
 
 def run_measured(backend: Backend, dtype: str, device: str, inputs: ModelInputs, taps: list[CheckpointKey], *,
-                 layer_inputs: bool, plan: ValidationPlan, prepare_s: float) -> tuple[Capture, dict[str, Any]]:
+                 layer_inputs: bool, plan: ValidationPlan, prepare_s: float) -> tuple[Capture, JsonObject]:
     """One forward pass of a prepared backend with the plan's profiling: ``(capture, stats)``."""
     mem = PeakMemory(device) if plan.memory_profiling else contextlib.nullcontext()
     with layer_timer(backend, plan.per_layer_timing) as timing, Timer() as wall, mem:
         cap = call_backend(backend, "run()", lambda: backend.run(own(inputs), taps, capture_layer_inputs=layer_inputs))
-    stats: dict[str, Any] = {"backend": backend.name, "dtype": dtype, "device": device, "prepare_s": prepare_s,
+    stats: JsonObject = {"backend": backend.name, "dtype": dtype, "device": device, "prepare_s": prepare_s,
                              "forward_s": float(cap.elapsed_s), "wall_s": wall.seconds}
     if plan.per_layer_timing:
         stats["per_layer_s"] = timing.per_layer_s
@@ -210,11 +228,11 @@ class RunBackendStage(Stage):
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
         if self.side == "reference":
-            backend, dtype, device = ctx.reference, plan.reference_dtype, plan.config["reference_device"]
+            backend, dtype, device = ctx.reference, plan.reference_dtype, plan.config.reference_device
         else:
-            backend, dtype, device = ctx.alternative, plan.alternative_dtype, plan.config["device"]
+            backend, dtype, device = ctx.alternative, plan.alternative_dtype, plan.config.device
         taps = plan.all_keys if ctx.isolating else list(plan.keys)
-        drill = self.side == "reference" and bool(plan.config["drill_down"])  # the drill-down's layer inputs
+        drill = self.side == "reference" and plan.config.drill_down  # the drill-down's layer inputs
         ctx.captures[self.side], ctx.performance[self.side] = run_measured(
             backend, dtype, device, ctx.inputs, taps, layer_inputs=ctx.isolating or drill, plan=plan,
             prepare_s=ctx.prepare_s[self.side])
@@ -226,7 +244,7 @@ class RunBackendStage(Stage):
 
 
 def _compare_key(ref: Capture, alt: Capture, key: CheckpointKey, plan: ValidationPlan,
-                 name: str | None = None, positions: Any = None) -> ComparisonResult:
+                 name: str | None = None, positions: np.ndarray | None = None) -> ComparisonResult:
     tol = plan.tolerance(key)
     for side, cap in (("alternative", alt), ("reference", ref)):
         if key not in cap:
@@ -244,19 +262,19 @@ class CalibrationStage(Stage):
     timing_key = "calibration_s"
     captures = True
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config["calibrate"] or config["oracle"])
+    def applies(self, config: SessionConfig) -> bool:
+        return config.calibrate or config.oracle
 
     def ready(self, ctx: RunContext) -> bool:
         """Some checkpoint is calibrated, or oracle mode needs a baseline (the reference is the oracle)."""
         plan = ctx.plan
-        oracle_baseline = bool(plan.config["oracle"]) and OracleStage.reference_is_oracle(ctx)
+        oracle_baseline = plan.config.oracle and OracleStage.reference_is_oracle(ctx)
         return oracle_baseline or any(plan.calibrated(k) for k in plan.keys)
 
     def run(self, ctx: RunContext) -> None:
         plan, dtype = ctx.plan, calibration_dtype(ctx.plan, ctx.model)
-        backend = ctx.prebuilt.get("calibrator") or calibration_backend(plan, ctx.session.alternative_backend,
-                                                                        ctx.model)
+        built = ctx.prebuilt.calibrator if ctx.prebuilt is not None else None
+        backend = built or calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
         prepare_s = ctx.prepare_backend(backend, "calibration", dtype, "cpu")
         taps = plan.all_keys if ctx.isolating else list(plan.keys)
         ctx.captures["calibration"], ctx.performance["calibration"] = run_measured(
@@ -315,8 +333,8 @@ class IsolationStage(Stage):
     name = "isolation"
     timing_key = "isolation_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config["isolate"])
+    def applies(self, config: SessionConfig) -> bool:
+        return bool(config.isolate)
 
     def ready(self, ctx: RunContext) -> bool:
         return ctx.isolating  # "auto" with a backend that cannot replay a layer: nothing to do
@@ -359,7 +377,7 @@ def layer_evidence(ctx: RunContext, i: int, noises: dict[CheckpointKey, Comparis
                           positions=pos)
     alternative = cast(LayerReplayBackend, ctx.alternative)  # PrepareStage checked layer_replay_support
     replay = call_backend(alternative, f"run_layer({i})", lambda: alternative.run_layer(i, own(ref_in), own(ctx.inputs)))
-    calibrator = ctx.calibrator if plan.config["calibrate"] else None
+    calibrator = ctx.calibrator if plan.config.calibrate else None
     cal_replay = None
     if calibrator is not None and layer_replay_support(calibrator)[0]:
         cal = cast(LayerReplayBackend, calibrator)
@@ -419,14 +437,14 @@ class OracleStage(Stage):
     name = "oracle"
     timing_key = "oracle_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config["oracle"])
+    def applies(self, config: SessionConfig) -> bool:
+        return config.oracle
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
         oracle_cap = self._oracle_capture(ctx)
         cfg = plan.config
-        fixed_floor = cfg["oracle_floor"]
+        fixed_floor = cfg.oracle_floor
         base_name, base_cap = "the reference", ctx.reference_capture
         if oracle_cap is ctx.reference_capture:  # the reference is the oracle: judge against the trusted run
             base_name, base_cap = f"a correct {plan.alternative_dtype} run", ctx.captures["calibration"]
@@ -438,12 +456,11 @@ class OracleStage(Stage):
             ev.oracle = OracleEvidence(compare(oracle_cap[k], base_cap[k], check_dtype=False, positions=pos),
                                        compare(oracle_cap[k], alt_cap[k], check_dtype=False, positions=pos),
                                        reference_scale(select_positions(oracle_cap[k], pos)))
-        ctx.evidence.oracle = OracleSetup(str(cfg["oracle_metric"]), float(cfg["oracle_multiplier"]),
-                                          None if fixed_floor is None else float(fixed_floor), base_name)
+        ctx.evidence.oracle = OracleSetup(cfg.oracle_metric, cfg.oracle_multiplier, fixed_floor, base_name)
         ctx.oracle_report = {
-            "oracle_backend": _oracle_name(ctx), "oracle_dtype": "float64", "metric": str(cfg["oracle_metric"]),
-            "multiplier": float(cfg["oracle_multiplier"]), "baseline": base_name,
-            "floor": fixed_floor if fixed_floor is not None else f"{cfg['floor_eps']:g} x eps({plan.governing_dtype}) "
+            "oracle_backend": _oracle_name(ctx), "oracle_dtype": "float64", "metric": cfg.oracle_metric,
+            "multiplier": cfg.oracle_multiplier, "baseline": base_name,
+            "floor": fixed_floor if fixed_floor is not None else f"{cfg.floor_eps:g} x eps({plan.governing_dtype}) "
                                                                   "x RMS(oracle tensor)",
             "rule": "alternative_error <= multiplier * reference_error + floor (errors against the float64 oracle, "
                     "over finite pairs; the alternative may not have more non-finite mismatches than the reference)",
@@ -476,12 +493,12 @@ class NoiseFloorStage(Stage):
     name = "noise floor"
     timing_key = "noise_floor_s"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config["noise_floor"])
+    def applies(self, config: SessionConfig) -> bool:
+        return config.noise_floor
 
     def run(self, ctx: RunContext) -> None:
         keys = list(ctx.plan.keys)
-        noise: dict[str, Any] = {}
+        noise: dict[str, JsonObject] = {}
         for side, backend in (("reference", ctx.reference), ("alternative", ctx.alternative)):
             first = ctx.captures[side]
             again = call_backend(backend, "run() (second run)", lambda b=backend: b.run(own(ctx.inputs), keys))
@@ -511,17 +528,17 @@ class RecordStage(Stage):
 
     name = "record"
 
-    def applies(self, config: Mapping[str, Any]) -> bool:
-        return bool(config["tensor_recording_enabled"])
+    def applies(self, config: SessionConfig) -> bool:
+        return config.tensor_recording_enabled
 
     def run(self, ctx: RunContext) -> None:
         from ...models.tensor_comparison import TensorComparison
         from ...storage.tensor_store import RecordingCandidate, TensorStore
 
         cfg, sid = ctx.plan.config, ctx.session.session_id
-        limit = cfg["tensor_recording_limit"] or ctx.framework_config.get("tensor_recording_limit")
-        store = TensorStore.beside_database(ctx.database_path, tensor_recording_limit=limit,
-                                            byte_budget=cfg["tensor_recording_byte_budget"])
+        limit = cfg.tensor_recording_limit or ctx.framework_config.get("tensor_recording_limit")
+        store = TensorStore.beside_database(ctx.database_path, tensor_recording_limit=limit,  # type: ignore[arg-type]
+                                            byte_budget=cfg.tensor_recording_byte_budget)
         result = ctx.current_result()
         candidates = [
             RecordingCandidate(r.key.name, r.key.layer, side, ctx.captures[side][r.key],
