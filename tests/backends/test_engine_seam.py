@@ -33,10 +33,8 @@ from debug_framework.errors import BackendInitializationError
 SRC = Path(__file__).resolve().parents[2] / "src" / "debug_framework"
 
 #: Modules outside an engine's package allowed to name it: the registry (the one place engines are
-#: listed), the spec's Metal front for the mlx engine, and the op sweep's runtimes, which move into
-#: the engine packages (``backends/<engine>/opsweep.py``) with issue 43's op-sweep part.
-ALLOWED = {"backends/registry.py", "integrations/metal_backend.py", "conformance/runtimes.py",
-           "conformance/sweep.py", "conformance/repro.py"}
+#: listed) and the spec's Metal front for the mlx engine.
+ALLOWED = {"backends/registry.py", "integrations/metal_backend.py"}
 
 
 def _engine_packages() -> set[str]:
@@ -52,9 +50,12 @@ def _engine_packages() -> set[str]:
 def test_every_builtin_record_resolves():
     for record in BUILTIN_ENGINES:
         assert callable(load_attribute(str(record.factory), record.name)), record
-        for field in (record.drill_strategy, record.graph_session, record.opsweep_runtime):
+        for field in (record.drill_strategy, record.graph_session):
             if field is not None:
                 assert callable(load_attribute(field, record.name)), (record.name, field)
+        if record.opsweep_runtime is not None:  # a runtime object: its name and how it runs a graph
+            runtime = load_attribute(record.opsweep_runtime, record.name)
+            assert getattr(runtime, "name", None) == record.name and callable(getattr(runtime, "session", None))
     assert BUILTIN_BACKENDS == {r.name: r.factory for r in BUILTIN_ENGINES}
     assert {"onnxruntime", "openvino", "mlx"} <= _engine_packages()
 

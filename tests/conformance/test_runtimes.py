@@ -74,7 +74,26 @@ def test_the_sweep_finds_engines_by_name_and_names_none_itself():
     src = Path(__file__).resolve().parents[2] / "src" / "debug_framework"
     naming = sorted(str(f.relative_to(src)) for d in ("conformance", "plugins") for f in (src / d).rglob("*.py")
                     if any(n in f.read_text(encoding="utf-8").lower() for n in ("onnxruntime", "openvino")))
-    assert naming == ["conformance/runtime_lookup.py"]
+    assert naming == []
+
+
+def test_an_engine_registered_with_an_op_sweep_runtime_is_swept_by_its_name():
+    """The lookup reads the engine registry: a third party's engine record that names an op-sweep
+    runtime is a ``--runtime`` name; one without is not."""
+    from debug_framework.backends.registry import Engine, register_engine, unregister_backend
+    from debug_framework.conformance.runtime_lookup import find_runtime, runtime_names
+
+    register_engine(Engine("third_party_rt", "debug_framework.backends.pytorch:PyTorchBackend",
+                           opsweep_runtime="debug_framework.backends.onnxruntime.opsweep:RUNTIME"))
+    register_engine(Engine("no_sweep_rt", "debug_framework.backends.pytorch:PyTorchBackend"))
+    try:
+        assert "third_party_rt" in runtime_names() and "no_sweep_rt" not in runtime_names()
+        assert find_runtime("third_party_rt") is find_runtime("onnxruntime")
+        with pytest.raises(ConfigurationError, match="unknown runtime 'no_sweep_rt'"):
+            find_runtime("no_sweep_rt")
+    finally:
+        unregister_backend("third_party_rt")
+        unregister_backend("no_sweep_rt")
 
 
 def test_exported_call_rebuilds_nested_tensors():

@@ -2,12 +2,12 @@
 
 Each engine that runs exported single-operator ONNX graphs defines its runtime object in its own
 package, ``debug_framework.backends.<engine>.opsweep.RUNTIME`` (:class:`OpSweepRuntime`, defined
-here); nothing else in the sweep names an engine. Until the engine registry lists them, the known engines are the table below.
+here), and its engine record (``backends.registry.Engine.opsweep_runtime``) names it; nothing in
+the sweep names an engine.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -51,28 +51,26 @@ class OpSweepRuntime(Protocol):
         ...
 
 
-#: engine name -> the module defining its ``RUNTIME`` (to be read from the engine registry)
-_KNOWN: dict[str, str] = {
-    "onnxruntime": "debug_framework.backends.onnxruntime.opsweep",
-    "openvino": "debug_framework.backends.openvino.opsweep",
-}
-
-
 def runtime_names() -> tuple[str, ...]:
-    """The names ``--runtime`` takes, in the order help lists them."""
-    return tuple(_KNOWN)
+    """The names ``--runtime`` takes (the registered engines with an op-sweep runtime), in the
+    registry's order."""
+    from ..backends.registry import engines
+
+    return tuple(e.name for e in engines() if e.opsweep_runtime)
 
 
 def find_runtime(name: str) -> OpSweepRuntime:
-    """The op-sweep runtime of engine ``name`` (its module imported; the runtime's own packages are
-    imported only when it runs).
+    """The op-sweep runtime of engine ``name``, as its engine record names it (its module imported;
+    the runtime's own packages are imported only when it runs).
 
     Raises:
-        ConfigurationError (DF005): no engine of that name has an op-sweep runtime.
+        ConfigurationError (DF005): no registered engine of that name has an op-sweep runtime.
     """
-    module = _KNOWN.get(name)
-    if module is None:
+    from ..backends.registry import engines, load_attribute
+
+    record = next((e for e in engines() if e.name == name and e.opsweep_runtime), None)
+    if record is None or record.opsweep_runtime is None:
         raise ConfigurationError(f"unknown runtime {name!r}", option="--runtime",
                                  hint=f"use {' or '.join(runtime_names())}")
-    runtime: OpSweepRuntime = importlib.import_module(module).RUNTIME
-    return runtime
+    runtime = load_attribute(record.opsweep_runtime, name)
+    return runtime  # type: ignore[return-value]  # the record names an OpSweepRuntime
