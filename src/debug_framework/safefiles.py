@@ -22,12 +22,8 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import ConfigurationError, DebugFrameworkError
-
-if TYPE_CHECKING:
-    from .jsonio import JsonValue
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_JSON_DEPTH", "MAX_JSON_INT", "STDOUT_PATH", "read_strict_json",
            "check_output_path", "is_stdout", "file_kind", "field_path", "size_text", "path_exists"]
@@ -117,7 +113,7 @@ def _check_tree(data: object, fail: Callable[[str, tuple[object, ...]], None]) -
 
 def read_strict_json(path: str | os.PathLike[str], what: str, *,
                      error: type[DebugFrameworkError] = ConfigurationError, hint: str | None = None,
-                     max_bytes: int = MAX_CONFIG_BYTES) -> JsonValue:
+                     max_bytes: int = MAX_CONFIG_BYTES) -> object:
     """The JSON value of the regular file ``path`` (``what`` names it in messages), read strictly.
 
     Raises:
