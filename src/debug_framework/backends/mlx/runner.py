@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...architectures import BertReference, LlamaReference, build_reference
-from .xp import mlx_namespace
 from ...capture.keys import Capture, CheckpointKey
 from ...errors import BackendInitializationError
 from ...modelio.inputs import ModelInputs
 from ...modelio.loader import LoadedModel
 from ..base import BaseBackend, HiddenState, Taps, Tensor, cpu_name
+from .xp import mlx_namespace
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -187,8 +188,10 @@ class MLXBackend(BaseBackend):
             meta={"device": self.device},
         )
 
-    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
-        """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
+    def _on_device(self, hidden_in: HiddenState, inputs: ModelInputs,
+                   step: Callable[[mx.array, mx.array], dict[CheckpointKey, mx.array]]) -> Capture:
+        """``step(h, mask)`` on the device, ``h`` the hidden state ``[B, T, D]`` at the model's dtype:
+        the values it returns, evaluated and timed, as a capture."""
         self._prepared()
         import mlx.core as mx
 
@@ -197,28 +200,29 @@ class MLXBackend(BaseBackend):
             h = self.net.xp.from_host(host, self.net.dtype)
             start = time.perf_counter()
             self.net.positions = inputs.position_ids()
-            a, out = self.net.layer(i, h, mx.array(inputs.attention_mask))
-            mx.eval(a, out)
+            out = step(h, mx.array(inputs.attention_mask))
+            mx.eval(list(out.values()))  # MLX is lazy
             elapsed = time.perf_counter() - start
-        return Capture(
-            tensors={CheckpointKey("post_attention", i): _host(a), CheckpointKey("post_mlp", i): _host(out)},
-            backend=self.name, dtype=self.dtype, elapsed_s=elapsed,
-        )
+        return Capture(tensors={k: _host(v) for k, v in out.items()}, backend=self.name, dtype=self.dtype,
+                       elapsed_s=elapsed)
+
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
+        """Run layer ``i`` alone on ``hidden_in`` ``[B, T, D]``; returns its post_attention and post_mlp."""
+
+        def layer(h: mx.array, mask: mx.array) -> dict[CheckpointKey, mx.array]:
+            a, out = self.net.layer(i, h, mask)
+            return {CheckpointKey("post_attention", i): a, CheckpointKey("post_mlp", i): out}
+
+        return self._on_device(hidden_in, inputs, layer)
 
     def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` (``"attention"`` or ``"mlp"``) of layer ``i`` alone on its input ``[B, T, D]``."""
-        self._prepared()
-        import mlx.core as mx
 
-        host = _float32_host(hidden_in)
-        with mx.stream(self._mx_device):
-            h = self.net.xp.from_host(host, self.net.dtype)
-            start = time.perf_counter()
-            self.net.positions = inputs.position_ids()
-            key, out = self.net.block(i, block, h, mx.array(inputs.attention_mask))
-            mx.eval(out)
-            elapsed = time.perf_counter() - start
-        return Capture(tensors={CheckpointKey(*key): _host(out)}, backend=self.name, dtype=self.dtype, elapsed_s=elapsed)
+        def one_block(h: mx.array, mask: mx.array) -> dict[CheckpointKey, mx.array]:
+            key, out = self.net.block(i, block, h, mask)
+            return {CheckpointKey(*key): out}
+
+        return self._on_device(hidden_in, inputs, one_block)
 
 
 class MLXMetalBackend(MLXBackend):
