@@ -15,7 +15,40 @@ from ._html import esc, json_pre, kv_table, line_chart
 if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult
 
-__all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
+__all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell",
+           "METRIC_LABELS", "metric_label", "change_text", "sensitivity_text"]
+
+#: How each judged metric is named beside its bound in the checkpoint tables.
+METRIC_LABELS = {"rmse": "RMSE", "max_abs_error": "max abs", "kl_divergence": "KL", "allclose": "allclose",
+                 "cosine_distance": "1 - cos", "sqnr_db": "SQNR dB"}
+
+
+def metric_label(metric: str | None) -> str:
+    """A judged metric's short name (``"RMSE"``, ``"KL"``; ``"-"`` for none)."""
+    return "-" if metric is None else METRIC_LABELS.get(metric, metric)
+
+
+def change_text(change: float | None) -> str:
+    """A relative change as a percentage in a few characters (``0.83%``, ``12%``; ``-`` for none)."""
+    if change is None:
+        return "-"
+    pct = 100.0 * change
+    return f"{pct:.2g}%" if pct < 100 else f"{pct:.0f}%"
+
+
+def sensitivity_text(found: Mapping[str, JsonValue] | None) -> str | None:
+    """:meth:`ValidationResult.sensitivity` in words: ``at bfloat16 this run can see a relative
+    change of 0.8% at post_mlp:1 and no smaller; the finest, 0.1%, at post_embedding`` (None: none)."""
+    if not found:
+        return None
+    coarsest, finest = found.get("coarsest"), found.get("finest")
+    if not isinstance(coarsest, Mapping) or not isinstance(finest, Mapping):
+        return None
+    text = (f"at {found.get('dtype') or 'its precision'} this run can see a relative change of "
+            f"{change_text(as_float(coarsest.get('change')))} at {coarsest.get('id')} and no smaller")
+    if finest.get("id") != coarsest.get("id"):
+        text += f" (the finest: {change_text(as_float(finest.get('change')))} at {finest.get('id')})"
+    return text + "; a smaller change there passes as rounding noise"
 
 
 def num_td(v: object) -> str:
