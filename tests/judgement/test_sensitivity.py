@@ -55,3 +55,39 @@ def test_a_change_above_what_the_bound_sees_fails_and_one_well_below_passes(tiny
     stored = ValidationResult.load(engine.db, correct.session_id)
     assert {r.id: r for r in stored.results}["post_processing"].detectable_change == pytest.approx(sees)
     assert ValidationResult.from_dict(doc).sensitivity() == summary
+
+
+def test_every_view_shows_the_judged_error_beside_its_bound_and_what_it_sees(tiny_models, engine):
+    import csv
+    import io
+
+    from rich.console import Console
+
+    from debug_framework.cli.debug_validate import _fmt, _print_summary
+    from debug_framework.models.validation_report import ValidationReport
+    from debug_framework.reports import render_report
+    from debug_framework.reports._sections import change_text
+
+    result = engine.run(engine.create_session(tiny_models("llama", 0), {"dtype": "bfloat16", "isolate": False},
+                                              "python_reference", "pytorch"))
+    head = {r.id: r for r in result.results}["post_processing"]
+    coarsest = result.sensitivity()["coarsest"]
+    report = ValidationReport.from_session(result.session_id, engine.db)
+    rows = {r["id"]: r for r in csv.DictReader(io.StringIO(render_report(report, "csv")))}
+    row = rows["post_processing"]
+    assert row["judged_by"] == "calibration" and row["judged_metric"] == "rmse"
+    assert float(row["judged_error"]) == pytest.approx(head.judged_error)
+    assert float(row["bound"]) == pytest.approx(head.bound) and float(row["margin"]) == pytest.approx(head.margin)
+    assert float(row["detectable_change"]) == pytest.approx(head.detectable_change)
+    html = render_report(report, "html")
+    assert "<th>judged</th><th>bound</th>" in html and f"RMSE {head.judged_error:.4g}"[:9] in html
+    assert 'id="sensitivity"' in html and f"{change_text(coarsest['change'])} at {coarsest['id']}" in html
+    console = Console(width=200, record=True, color_system=None)
+    with console.capture() as cap:
+        _print_summary(console, result, True, "footer")
+    out = cap.get()
+    line = next(x for x in out.splitlines() if "post_processing" in x)
+    cells = [c.strip() for c in line.split("│")]
+    at = cells.index(_fmt(head.judged_error))  # the judged error, then its bound, then what it sees
+    assert cells[at + 1] == _fmt(head.bound) and cells[at + 2] == change_text(head.detectable_change)
+    assert f"sensitivity: at bfloat16 this run can see a relative change of {change_text(coarsest['change'])}" in out
