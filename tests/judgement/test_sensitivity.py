@@ -90,4 +90,4 @@ def test_every_view_shows_the_judged_error_beside_its_bound_and_what_it_sees(tin
     cells = [c.strip() for c in line.split("│")]
     at = cells.index(_fmt(head.judged_error))  # the judged error, then its bound, then what it sees
     assert cells[at + 1] == _fmt(head.bound) and cells[at + 2] == change_text(head.detectable_change)
-    assert f"sensitivity: at bfloat16 this run can see a relative change of {change_text(coarsest['change'])}" in out
+    assert f"at bfloat16 this run can see a relative change of {change_text(coarsest['change'])}" in out

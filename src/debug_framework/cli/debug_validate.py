@@ -232,7 +232,7 @@ def _print_summary(out: Console, result: ValidationResult, verbose: bool, footer
 
     sees = sensitivity_text(result.sensitivity())
     if sees is not None:
-        out.print(markup("{}", "sensitivity: " + sees))
+        out.print(markup("{}", sees))
     doc = result.to_dict()  # the JSON view the isolation and drill-down tables read
     if result.decode:
         from ..reports._decode import decode_text

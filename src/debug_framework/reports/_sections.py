@@ -36,19 +36,22 @@ def change_text(change: float | None) -> str:
     return f"{pct:.2g}%" if pct < 100 else f"{pct:.0f}%"
 
 
-def sensitivity_text(found: Mapping[str, JsonValue] | None) -> str | None:
+def sensitivity_text(found: Mapping[str, JsonValue] | None, finest: bool = False) -> str | None:
     """:meth:`ValidationResult.sensitivity` in words: ``at bfloat16 this run can see a relative
-    change of 0.8% at post_mlp:1 and no smaller; the finest, 0.1%, at post_embedding`` (None: none)."""
+    change of 3.8% at post_mlp:1 and no smaller``; with ``finest``, the finest checkpoint's figure
+    too and what a smaller change does (None: no checkpoint has a figure)."""
     if not found:
         return None
-    coarsest, finest = found.get("coarsest"), found.get("finest")
-    if not isinstance(coarsest, Mapping) or not isinstance(finest, Mapping):
+    coarsest, best = found.get("coarsest"), found.get("finest")
+    if not isinstance(coarsest, Mapping) or not isinstance(best, Mapping):
         return None
     text = (f"at {found.get('dtype') or 'its precision'} this run can see a relative change of "
             f"{change_text(as_float(coarsest.get('change')))} at {coarsest.get('id')} and no smaller")
-    if finest.get("id") != coarsest.get("id"):
-        text += f" (the finest: {change_text(as_float(finest.get('change')))} at {finest.get('id')})"
-    return text + "; a smaller change there passes as rounding noise"
+    if not finest:
+        return text
+    if best.get("id") != coarsest.get("id"):
+        text += f" (the finest: {change_text(as_float(best.get('change')))} at {best.get('id')})"
+    return text + "; a smaller change of a checkpoint's output passes there as rounding noise"
 
 
 def num_td(v: object) -> str:

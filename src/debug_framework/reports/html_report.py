@@ -413,7 +413,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         fd_text = f"{first.id} (max abs error {fmt_num(first.comparison.max_abs_error)}"
         fd_text += (f"; {first.reason}" if first.reason else "") + ")"
     found = result.introducing()
-    sees = sensitivity_text(result.sensitivity())
+    sees = sensitivity_text(result.sensitivity(), finest=True)
     source = result.source
     culprits = drilldown_culprits(result.drilldown)
     damaged = damaged_fields(session, report.checkpoint_results)

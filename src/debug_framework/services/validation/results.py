@@ -26,7 +26,7 @@ from ...jsonio import JsonObject, JsonValue, as_float, json_safe
 from ..drilldown.types import LayerDrilldown
 from .decode_record import DecodeRecord
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
-from .judge import Judgement, LayerVerdict, Verdict
+from .judge import FLIPS_REASON, Judgement, LayerVerdict, Verdict
 
 if TYPE_CHECKING:
     from ...storage.database import DatabaseLike
@@ -698,13 +698,16 @@ def _judged_kv(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
 
 def _judged_tokens(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
     """A token_metrics row (one pass) with its judgement (passed, judged_by, bound: the mean KL's,
-    margin, reason, failed_by: ``"kl_divergence"`` where the mean KL is beyond its bound, ``"top1"``
-    where it is within it but too many top-1 tokens flipped beyond noise; all None where it was not
-    calibrated, so not judged)."""
+    margin, reason; all None where it was not calibrated, so not judged) and ``failed_by``: the
+    metrics that failed the pass, ``"top1"`` (more top-1 tokens flipped beyond noise than a
+    correct run flips) and/or ``"kl_divergence"`` (the mean KL beyond ``bound``); [] where it passed."""
     j = verdict.tokens.get(int(row["step"]))
-    failed_by = None
+    failed_by: list[JsonValue] = []
     if j is not None and not j.passed:
-        failed_by = "kl_divergence" if j.rule is not None and not j.rule.passed else "top1"
+        if (j.reason or "").startswith(FLIPS_REASON):
+            failed_by.append("top1")
+        if j.rule is not None and not j.rule.passed:
+            failed_by.append("kl_divergence")
     return {**row, "passed": None if j is None else j.passed, "judged_by": None if j is None else j.judged_by,
             "bound": None if j is None else j.bound, "margin": None if j is None else j.margin,
             "reason": None if j is None else j.reason, "failed_by": failed_by}
