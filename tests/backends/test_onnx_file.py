@@ -252,10 +252,8 @@ def test_an_injected_bug_is_localized_to_its_layer(bert_onnx, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_llama_export_validates_with_padding(tmp_path_factory):
-    """A tiny random Llama (causal mask, rotary positions, GQA) exported by torch.onnx: every
-    checkpoint found from the ``model.layers.N`` scopes, and a pass with the second row left-padded
-    (no false alarm at padded positions or on the mask's constants)."""
+def _llama_export(tmp: Path) -> Path:
+    """A tiny random Llama (causal mask, rotary positions, GQA) exported by torch.onnx (dynamo)."""
     import torch
     import transformers
 
@@ -266,19 +264,59 @@ def test_a_llama_export_validates_with_padding(tmp_path_factory):
     net = transformers.LlamaForCausalLM(cfg).eval()
     names = ["input_ids", "attention_mask"]
     kw = {"input_ids": torch.randint(0, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
-    tmp = tmp_path_factory.mktemp("llama")
     path = tmp / "llama.onnx"
     dyn = torch.export.Dim.DYNAMIC
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(net, (), str(path), kwargs=kw, input_names=names, output_names=["logits"],
                           dynamic_shapes={k: {0: dyn, 1: dyn} for k in names}, dynamo=True, verbose=False)
+    return path
+
+
+def test_a_llama_export_validates_with_padding(tmp_path_factory):
+    """A tiny random Llama exported by torch.onnx: every checkpoint found from the
+    ``model.layers.N`` scopes, and a pass with the second row left-padded (no false alarm at padded
+    positions or on the mask's constants)."""
+    names = ["input_ids", "attention_mask"]
+    tmp = tmp_path_factory.mktemp("llama")
+    path = _llama_export(tmp)
     model = load_model(path)
     assert model.num_layers == 2 and set(model.config.input_names) == set(names)
     assert {"post_embedding", "post_attention:1", "post_mlp:1"} <= set(model.config.checkpoint_tensors)
     result = _validate(tmp, path, "onnxruntime", pad_lengths=[0, 3])
     assert result["verdict"] == "passed", result["failed"]
     assert all(r["passed"] for r in result["results"]) and len(result["results"]) == 6
+
+
+def test_a_float16_conversion_onnx_runtime_refuses_is_named_in_the_users_file(tmp_path):
+    """issue 48, item 4: convert_float_to_float16(keep_io_types=True) of a Llama export keeps the
+    exporter's cast of the rotary positions to float32 (``_to_copy``) while declaring its value
+    float16; ONNX Runtime refuses the file. The error names the user's file (not the tool's
+    checkpoint copy), the Cast node, and the node_block_list that converts it right, which loads and
+    validates (consistent with float16 at float32)."""
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    from debug_framework.backends._onnx_file import float16_cast_conflicts
+    from debug_framework.errors import BackendInitializationError
+
+    path = _llama_export(tmp_path)
+    broken = float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+    casts = float16_cast_conflicts(broken)
+    assert casts and all(node.startswith("node__to_copy") for node in casts.values())
+    user = tmp_path / "llama-fp16.onnx"
+    onnx.save(broken, str(user))
+    with pytest.raises(BackendInitializationError) as info:
+        _validate(tmp_path, path, "onnxruntime", alternative_options={"model_file": str(user)})
+    err = info.value
+    assert err.code == "DF002" and f"could not load {user} (its checkpoint copy" in err.message
+    assert "In llama-fp16.onnx, its Cast node(s) " in err.message and "detect_available_backends" not in err.hint
+    block = [node for node in casts.values()]
+    assert f"node_block_list={block!r}" in err.hint
+    fixed = tmp_path / "llama-fp16-fixed.onnx"
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True, node_block_list=block),
+              str(fixed))
+    assert float16_cast_conflicts(onnx.load(str(fixed))) == {}
+    result = _validate(tmp_path, path, "onnxruntime", alternative_options={"model_file": str(fixed)}, isolate=False)
+    assert result["verdict"] == "failed" and result["consistent_with"] == "float16"
 
 
 @pytest.mark.slow

@@ -48,7 +48,8 @@ def test_no_number_is_cut_and_every_line_fits(width):
 def test_at_80_columns_the_left_out_columns_are_named_and_labels_abbreviated():
     out = _render(80)
     flat = " ".join(out.split())
-    assert "left out at 80 columns: miss %, rel L2" in flat
+    # the judged error and its bound stay; the isolation figures and the sensitivity go first
+    assert "left out at 80 columns: sees, miss %, rel L2, carried in, introduced" in flat
     assert "checkpoint names without post_" in flat and "attention:1" in out
     # the '#' column keeps every index whole
     (entry,) = RESULT["drilldown"]
@@ -58,7 +59,10 @@ def test_at_80_columns_the_left_out_columns_are_named_and_labels_abbreviated():
 def test_at_120_columns_the_verdict_and_checkpoint_are_whole():
     out = _render(120)
     assert "FAIL <first +intro" in out and "post_attention:1" in out
-    assert "left out" not in out.split("FAILED")[0]  # the checkpoint table keeps every column
+    table = " ".join(out.split("FAILED")[0].split())
+    # every column but the two lowest-ranked (named); the judged error beside its bound
+    assert "left out at 120 columns: sees, miss %" in table
+    assert "judged" in table and "bound" in table and "introduced" in table
 
 
 def test_the_culprit_comes_first_and_the_title_once():

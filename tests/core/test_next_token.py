@@ -112,3 +112,45 @@ def test_the_judge_holds_tokens_to_a_correct_runs(plan):
     assert judge_tokens(_evidence(0.5, cal_flips=1), plan).passed  # a correct run flips as many: noise
     kl = judge_tokens(_evidence(None, kl_alt=1e-6), plan)
     assert not kl.passed and kl.margin == pytest.approx(1e-6 / (16e-8 + kl.rule.floor)) and "KL" in kl.reason
+
+
+def _decoded(judgement, top1: float):
+    """A result that decoded one step whose token metrics ``judgement`` judged (issue 48, item 7)."""
+    from debug_framework.services.validation.judge import Verdict
+    from debug_framework.services.validation.results import ValidationResult, _judged_tokens
+
+    row = {"step": 1, "positions": 4, "kl_divergence": {"mean": judgement.rule.alternative_error},
+           "top1_agreement": top1, "topk_overlap": 1.0}
+    judged = _judged_tokens(row, Verdict({}, None, None, None, tokens={1: judgement}))
+    return judged, ValidationResult.from_dict({"session_id": "s", "results": [], "decode": {"steps": 1,
+                                                                                            "token_metrics": [judged]}})
+
+
+def test_the_token_columns_say_which_metric_failed_and_against_what(plan):
+    """A pass failed by its mean KL with every top-1 token agreeing marks the KL, beside its bound, not
+    top-1; one failed by flipped tokens marks top-1; the line under the grid names the metric and bound."""
+    from debug_framework.reports._decode import decode_section, decode_text
+
+    kl = judge_tokens_of(_evidence(None, kl_alt=1e-6), plan)
+    row, result = _decoded(kl, 1.0)
+    assert row["failed_by"] == ["kl_divergence"] and row["bound"] == pytest.approx(kl.bound)
+    lines = decode_text(result, 80)
+    step = next(x for x in lines if x.split() and x.split()[0] == "1")
+    assert step.split()[-3:] == ["1.0e-06*", f"{kl.bound:.1e}", "1.00"]  # KL failed, against its bound
+    assert f"tokens fail at step 1 by mean KL 1.0e-06 > bound {kl.bound:.1e}: " in "\n".join(lines)
+    html = decode_section(result)
+    assert '<td class="num fail">1.0e-06*</td>' in html and f"<td class=\"num\">{kl.bound:.1e}</td>" in html
+    assert '<td class="num">1.0</td>' in html  # top-1 agreement 1.0, not marked
+
+    flips = judge_tokens_of(_evidence(0.5), plan)
+    row, result = _decoded(flips, 0.75)
+    assert row["failed_by"] == ["top1"]
+    step = next(x for x in decode_text(result, 80) if x.split() and x.split()[0] == "1")
+    assert step.split()[-3:] == ["1.0e-08", f"{flips.bound:.1e}", "0.75*"]
+    assert '<td class="num fail">0.75*</td>' in decode_section(result)
+
+
+def judge_tokens_of(evidence, plan):
+    from debug_framework.services.validation.judge import judge_tokens
+
+    return judge_tokens(evidence, plan)

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .base import BaseBackend, HiddenState
 from ._onnx_weights import FedSession, cast_on_use, file_weights, split_weights
 
-__all__ = ["value_types", "exact_ops", "saturating_rmse", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "load_error"]
+__all__ = ["value_types", "exact_ops", "saturating_rmse", "alternative_model", "file_outputs", "checkpoint_graph", "checkpoint_proto", "add_outputs", "to_float64", "retype_floats", "Float64GraphRunner", "FedSession", "split_weights", "runner_graph", "checkpoint_names", "tensor_names", "float16_output_conflicts", "float16_cast_conflicts",
+           "float16_conflicts_text", "load_error"]
 
 _FLOAT, _FLOAT16, _DOUBLE = 1, 10, 11
 #: a runner's dtype -> the ONNX element type every float32 value of the graph is made
@@ -292,25 +293,76 @@ def float16_output_conflicts(model: onnx.ModelProto) -> dict[str, list[str]]:
     return conflicts
 
 
-def load_error(exc: Exception, path: Path, graph: bytes | None, backend: str) -> BackendInitializationError:
+def float16_cast_conflicts(model: onnx.ModelProto) -> dict[str, str]:
+    """``Cast`` nodes of ``model`` that make float32 where the graph declares their output float16
+    -> the node's name: what ``onnxconverter_common``'s float16 conversion leaves of a cast to
+    float32 inside the graph (torch.onnx's ``_to_copy`` of the rotary positions in a Llama export):
+    it retypes the value but keeps the cast, and ONNX Runtime refuses the file (keyed by the value)."""
+    graph = model.graph
+    declared = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.output)}
+    found: dict[str, str] = {}
+    for n in graph.node:
+        if n.op_type != "Cast" or not n.output or not n.output[0]:
+            continue
+        to = next((a.i for a in n.attribute if a.name == "to"), None)
+        if to == _FLOAT and declared.get(n.output[0]) == _FLOAT16:
+            found[n.output[0]] = n.name or n.op_type
+    return found
+
+
+def float16_conflicts_text(model: onnx.ModelProto) -> tuple[str, str] | None:
+    """``(what, fix)`` for every float16 conversion breakage of ``model`` that ONNX Runtime refuses
+    (:func:`float16_output_conflicts`, :func:`float16_cast_conflicts`), in words, with the
+    conversion that avoids all of them; None where there is none."""
+    outputs, casts = float16_output_conflicts(model), float16_cast_conflicts(model)
+    if not outputs and not casts:
+        return None
+    what, block = [], []
+    if outputs:
+        said = "; ".join(f"{o!r} (read by {', '.join(repr(r) for r in rs[:3])})" for o, rs in outputs.items())
+        what.append(f"its output {said} is cast back to float32 while nodes inside the graph still read it: "
+                    "what a float16 conversion that keeps the float32 outputs (keep_io_types=True) makes of an "
+                    "output the graph also reads")
+        block += [r for rs in outputs.values() for r in rs]
+    if casts:
+        said = ", ".join(f"{node!r} (making {value!r})" for value, node in list(casts.items())[:3])
+        what.append(f"its Cast node(s) {said} still make float32 where the conversion declared float16: a float16 "
+                    "conversion keeps a cast to float32 inside the graph (an exporter's _to_copy)")
+        block += list(casts.values())
+    nodes = ", ".join(repr(b) for b in dict.fromkeys(block))
+    fix = (f"convert again with those nodes kept in float32: convert_float_to_float16(model, keep_io_types=True, "
+           f"node_block_list=[{nodes}])")
+    if outputs and not casts:
+        fix = "convert with keep_io_types=False, or " + fix[0].lower() + fix[1:]
+    return "; ".join(what), fix
+
+
+def load_error(exc: Exception, path: Path, graph: bytes | None, backend: str,
+               source: Path | None = None) -> BackendInitializationError:
     """ONNX Runtime's refusal to load the file ``path`` (or ``graph``, a serialized model of it),
-    explained where it is a float16 conversion's known breakage (:func:`float16_output_conflicts`)."""
+    explained where it is a float16 conversion's known breakage (:func:`float16_conflicts_text`).
+    ``source``: the user's file that ``path`` is the tool's checkpoint copy of; the error names it
+    and looks for the breakage in it."""
     import onnx
 
-    message = f"ONNX Runtime could not load {path}: {str(exc).rstrip('. ')}"
+    refused = str(exc).rstrip(". ")
+    copy = "" if source is None or source == path else f" (its checkpoint copy {path.name})"
+    message = f"ONNX Runtime could not load {source or path}{copy}: {refused}"
     try:
-        proto = onnx.load_from_string(graph) if graph is not None else onnx.load(str(path), load_external_data=False)
-        conflicts = float16_output_conflicts(proto)
+        if source is not None:
+            proto = onnx.load(str(source), load_external_data=False)
+        else:
+            proto = onnx.load_from_string(graph) if graph is not None else onnx.load(str(path), load_external_data=False)
+        found = float16_conflicts_text(proto)
     except Exception:  # noqa: BLE001 - only an explanation of an error already raised
-        conflicts = {}
-    if conflicts:
-        said = "; ".join(f"{o!r} (read by {', '.join(repr(r) for r in rs[:3])})" for o, rs in conflicts.items())
-        return BackendInitializationError(
-            f"{message}. The file's output {said} is cast back to float32 while nodes inside the graph still "
-            "read it: what a float16 conversion that keeps the float32 outputs (onnxconverter_common's "
-            "keep_io_types=True) makes of an output the graph also reads", backend=backend,
-            hint="convert with keep_io_types=False, or keep the nodes that read that output in float32 "
-                 "(convert_float_to_float16(..., keep_io_types=True, node_block_list=[those nodes]))")
+        found = None
+    if found is not None:
+        what, fix = found
+        return BackendInitializationError(f"{message}. In {(source or path).name}, {what}", backend=backend, hint=fix)
+    if source is not None:  # the user's file itself: not a backend that cannot run here
+        return BackendInitializationError(message, backend=backend, hint=(
+            f"check that ONNX Runtime opens {source.name} itself (onnxruntime.InferenceSession({str(source)!r})); "
+            "if it does not, the file needs fixing or converting again"))
     return BackendInitializationError(message, backend=backend)
 
 

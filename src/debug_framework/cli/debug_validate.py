@@ -12,7 +12,7 @@ configuration...), 3 internal error (a bug; the traceback is in the crash log th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from ..comparison import ComparisonResult
     from ..jsonio import JsonObject
-    from ..services.validation.results import ValidationResult
+    from ..services.validation.results import CheckpointResult, ValidationResult
     from ..services.validation_engine import ValidationEngine
 
 __all__ = ["main", "run", "app", "EXIT_PASS", "EXIT_FAIL", "EXIT_USAGE"]
@@ -124,20 +124,38 @@ def _margin(v: object) -> str:
 #: The checkpoint table's columns; the lowest ``keep`` goes first when the terminal is narrow.
 _COLUMNS = (Column("checkpoint", min_width=12, short=lambda c: c[5:] if c.startswith("post_") else c,
                    short_note="checkpoint names without post_"),
-            Column("verdict", min_width=6), Column("margin", number=True), Column("bound", number=True, keep=5),
-            Column("max abs", number=True), Column("rel L2", number=True, keep=2),
-            Column("miss %", number=True, keep=1), Column("introduced", number=True, keep=4),
-            Column("carried in", number=True, keep=3))
+            Column("verdict", min_width=18), Column("margin", number=True), Column("judged", number=True, keep=7),
+            Column("bound", number=True, keep=6), Column("sees", number=True, keep=0), Column("max abs", number=True),
+            Column("rel L2", number=True, keep=2), Column("miss %", number=True, keep=1),
+            Column("introduced", number=True, keep=4), Column("carried in", number=True, keep=3))
 
 
 def _error(result: ComparisonResult | None) -> float | None:
     return None if result is None else result.max_abs_error
 
 
+def _judged_cell(r: CheckpointResult) -> str:
+    """The error in the judged metric's units, the figure the ``bound`` column bounds (``-`` where
+    no ratio rule judged: an allclose tolerance's margin is its figure)."""
+    return _fmt(r.judged_error)
+
+
+def _judged_note(rows: Sequence[CheckpointResult]) -> str:
+    """The caption naming what ``judged`` and ``sees`` are: the metrics held to the bounds."""
+    from ..reports._sections import metric_label
+
+    metrics = sorted({metric_label(r.judged_metric) for r in rows if r.judged_metric is not None})
+    held = ", ".join(metrics) if metrics else "none recorded"
+    return (f"judged: the error held to bound ({held}), margin = judged / bound; sees: the smallest relative "
+            "change of the output the bound would catch")
+
+
 def _table(result: ValidationResult, verbose: bool, width: int = 120) -> Table:
     """Checkpoints in model order; the first divergence highlighted, layers that introduce error
-    marked; fitted to ``width`` columns (numbers never cut)."""
+    marked; fitted to ``width`` columns (numbers never cut). ``judged`` is the metric the rule held
+    to ``bound``; ``sees`` the smallest relative change of the output the bound would catch."""
     from ..reports._common import backend_label
+    from ..reports._sections import change_text
     from .tables import fitted_table
 
     first = result.first_divergence
@@ -150,11 +168,13 @@ def _table(result: ValidationResult, verbose: bool, width: int = 120) -> Table:
         verdict = ("pass" if r.passed else "FAIL") + (" <first" if is_first else "") + (" +intro" if r.introduces_error else "")
         styles.append("bold white on red" if is_first else ("red" if not r.passed else None))
         c = r.comparison
-        cells.append([r.id, verdict, _margin(r.margin), _fmt(r.bound), _fmt(c.max_abs_error), _fmt(c.rel_l2_error),
+        cells.append([r.id, verdict, _margin(r.margin), _judged_cell(r), _fmt(r.bound), change_text(r.detectable_change),
+                      _fmt(c.max_abs_error), _fmt(c.rel_l2_error),
                       _fmt(c.mismatch_percent, 1) if c.mismatch_percent else "0",
                       _fmt(None if r.introduced is None else _error(r.introduced.error)), _fmt(_error(r.carried_in))])
-    caption = (f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all)"
-               if len(shown) < len(rows) else None)
+    hidden = (f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all); "
+              if len(shown) < len(rows) else "")
+    caption = hidden + _judged_note(rows)
     alternative = backend_label(result.alternative_backend, result.alternative_options, result.alternative_dtype)
     title = f"{alternative} vs {backend_label(result.reference_backend, None, result.reference_dtype)}"
     return fitted_table(title, _COLUMNS, cells, width, styles=styles, caption=caption)
@@ -208,6 +228,11 @@ def _print_summary(out: Console, result: ValidationResult, verbose: bool, footer
 
     out.print(_table(result, verbose, out.width))
     _verdict_lines(out, result)
+    from ..reports._sections import sensitivity_text
+
+    sees = sensitivity_text(result.sensitivity())
+    if sees is not None:
+        out.print(markup("{}", sees))
     doc = result.to_dict()  # the JSON view the isolation and drill-down tables read
     if result.decode:
         from ..reports._decode import decode_text

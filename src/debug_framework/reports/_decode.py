@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text",
-           "step_isolation_text"]
+           "token_failure_text", "step_isolation_text"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,48 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _kl_failed(t: TokenRow) -> bool:
+    """Whether the mean KL divergence failed the pass (beyond its bound; a row stored without
+    ``failed_by``: its margin over 1)."""
+    if t.passed is not False:
+        return False
+    return "kl_divergence" in t.failed_by if t.failed_by else (t.margin is not None and t.margin > 1)
+
+
+def _top1_failed(t: TokenRow) -> bool:
+    """Whether the top-1 tokens failed the pass (more flipped beyond noise than a correct run flips)."""
+    if t.passed is not False:
+        return False
+    return "top1" in t.failed_by if t.failed_by else not _kl_failed(t)
+
+
+def _kl_text(t: TokenRow | None) -> str:
+    return "-" if t is None or t.kl_mean is None else f"{t.kl_mean:.1e}"
+
+
+def _kl_bound_text(t: TokenRow | None) -> str:
+    return "-" if t is None or t.bound is None else f"{t.bound:.1e}"
+
+
+def _token_td(t: TokenRow | None, metric: str, text: str) -> str:
+    """A token metric's cell, marked failed (``*``) where this metric failed the pass."""
+    failed = t is not None and (_kl_failed(t) if metric == "kl_divergence" else _top1_failed(t))
+    return f'<td class="num{" fail" if failed else ""}">{esc(text + ("*" if failed else ""))}</td>'
+
+
+def token_failure_text(view: DecodeView) -> list[str]:
+    """One line per failing pass: which token metric failed and against what (the judge's reason)."""
+    lines = []
+    for s in view.steps:
+        t = view.tokens.get(s)
+        if t is None or t.passed is not False:
+            continue
+        what = [w for w, failed in (("its top-1 tokens", _top1_failed(t)),
+                                    (f"mean KL {_kl_text(t)} > bound {_kl_bound_text(t)}", _kl_failed(t))) if failed]
+        lines.append(f"tokens fail at step {s} by {' and '.join(what)}: {t.reason or 'no reason recorded'}")
+    return lines
+
+
 def _td(cell: Cell | None) -> str:
     if cell is None:
         return '<td class="num muted">&ndash;</td>'
@@ -146,15 +188,19 @@ def decode_section(result: ValidationResult) -> str:
         body.append(
             f"<tr><td class=\"num\">{esc(s)}{' (prefill)' if s == 0 else ''}</td>"
             + "".join(_td(view.margins.get(s, {}).get(c)) for c in view.columns)
-            + f'<td class="num">{esc(margin_text(t.kl_mean) if t else "-")}</td>'
-            + f'<td class="num">{esc("-" if t is None else _figure(t.top1_agreement))}</td>'
+            + _token_td(t, "kl_divergence", _kl_text(t)) + f'<td class="num">{esc(_kl_bound_text(t))}</td>'
+            + _token_td(t, "top1", "-" if t is None else _figure(t.top1_agreement))
             + f'<td class="num">{esc("-" if t is None else _figure(t.topk_overlap))}</td>'
-            + f'<td class="{tcls}">{esc(_verdict(t))}</td></tr>')
+            + f'<td class="{tcls}" title="{esc("" if t is None else t.reason or "")}">{esc(_verdict(t))}</td></tr>')
     parts = ['<p class="muted">Each cell: the worst margin (error / bound, at most 1 passes) of that pass\'s '
              "checkpoints in that layer; step 0 is the prefill. KL: mean KL divergence of the next-token "
-             "distributions (nats); top-1 / top-k: agreement with the reference's tokens.</p>",
+             "distributions (nats), held to the KL bound beside it; top-1 / top-k: agreement with the reference's "
+             "tokens (top-1 fails where more tokens flip beyond noise than a correct run flips). The metric that "
+             "failed a pass is marked.</p>",
              f'<div class="scroll"><table class="decode-grid"><thead><tr><th>step</th>{head}<th>KL mean</th>'
-             f"<th>top-1</th><th>top-k</th><th>tokens</th></tr></thead><tbody>{''.join(body)}</tbody></table></div>",
+             f"<th>KL bound</th><th>top-1</th><th>top-k</th><th>tokens</th></tr></thead><tbody>{''.join(body)}</tbody>"
+             "</table></div>",
+             *(f'<p class="token-failure">{esc(line)}</p>' for line in token_failure_text(view)),
              f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>',
              *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(result))]
     if view.kv:
@@ -175,10 +221,11 @@ def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
     if view is None:
         return []
     cols = [("emb" if c == "embedding" else c) for c in view.columns]
-    line_width = 5 + 8 * len(cols) + 16
+    line_width = 5 + 8 * len(cols) + 26
     if line_width > min(width, 80):
         return [f"decode: {len(view.steps) - 1} step(s) x {len(cols) - 2} layer(s): the step x layer margins are in "
-                "the HTML report (--output-file report.html) and the JSON", token_text(view.first_token),
+                "the HTML report (--output-file report.html) and the JSON", *token_failure_text(view),
+                token_text(view.first_token),
                 *step_isolation_text(result)]
 
     def cell(c: Cell | None) -> str:
@@ -188,13 +235,16 @@ def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
         return (margin_text(c.margin, c.passed) + mark).rjust(8)
 
     lines = ["margins per step x layer (* fails, < first divergence; step 0: the prefill)",
-             "step " + "".join(c.rjust(7) + " " for c in cols) + "KL mean".rjust(9) + "top-1".rjust(7)]
+             "step " + "".join(c.rjust(7) + " " for c in cols) + "KL mean".rjust(9) + "KL bound".rjust(10)
+             + "top-1".rjust(7)]
     for s in view.steps:
         t = view.tokens.get(s)
         top1 = "-" if t is None or t.top1_agreement is None else f"{t.top1_agreement:.2f}"
-        kl = "-" if t is None or t.kl_mean is None else f"{t.kl_mean:.1e}"
+        kl = _kl_text(t) + ("*" if t is not None and _kl_failed(t) else "")
         lines.append(f"{s:>4} " + "".join(cell(view.margins.get(s, {}).get(c)) for c in view.columns)
-                     + kl.rjust(9) + (top1 + ("*" if t is not None and t.passed is False else "")).rjust(7))
+                     + kl.rjust(9) + _kl_bound_text(t).rjust(10)
+                     + (top1 + ("*" if t is not None and _top1_failed(t) else "")).rjust(7))
+    lines += token_failure_text(view)
     lines.append(token_text(view.first_token))
     bad_kv = sorted((s, i) for s, cells in view.kv.items() for i, c in cells.items() if c is not None and c.passed is False)
     if view.kv:

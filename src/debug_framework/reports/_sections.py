@@ -15,7 +15,43 @@ from ._html import esc, json_pre, kv_table, line_chart
 if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult
 
-__all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell"]
+__all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell",
+           "METRIC_LABELS", "metric_label", "change_text", "sensitivity_text"]
+
+#: How each judged metric is named beside its bound in the checkpoint tables.
+METRIC_LABELS = {"rmse": "RMSE", "max_abs_error": "max abs", "kl_divergence": "KL", "allclose": "allclose",
+                 "cosine_distance": "1 - cos", "sqnr_db": "SQNR dB"}
+
+
+def metric_label(metric: str | None) -> str:
+    """A judged metric's short name (``"RMSE"``, ``"KL"``; ``"-"`` for none)."""
+    return "-" if metric is None else METRIC_LABELS.get(metric, metric)
+
+
+def change_text(change: float | None) -> str:
+    """A relative change as a percentage in a few characters (``0.83%``, ``12%``; ``-`` for none)."""
+    if change is None:
+        return "-"
+    pct = 100.0 * change
+    return f"{pct:.2g}%" if pct < 100 else f"{pct:.0f}%"
+
+
+def sensitivity_text(found: Mapping[str, JsonValue] | None, finest: bool = False) -> str | None:
+    """:meth:`ValidationResult.sensitivity` in words: ``at bfloat16 this run can see a relative
+    change of 3.8% at post_mlp:1 and no smaller``; with ``finest``, the finest checkpoint's figure
+    too and what a smaller change does (None: no checkpoint has a figure)."""
+    if not found:
+        return None
+    coarsest, best = found.get("coarsest"), found.get("finest")
+    if not isinstance(coarsest, Mapping) or not isinstance(best, Mapping):
+        return None
+    text = (f"at {found.get('dtype') or 'its precision'} this run can see a relative change of "
+            f"{change_text(as_float(coarsest.get('change')))} at {coarsest.get('id')} and no smaller")
+    if not finest:
+        return text
+    if best.get("id") != coarsest.get("id"):
+        text += f" (the finest: {change_text(as_float(best.get('change')))} at {best.get('id')})"
+    return text + "; a smaller change of a checkpoint's output passes there as rounding noise"
 
 
 def num_td(v: object) -> str:

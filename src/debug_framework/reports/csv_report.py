@@ -1,7 +1,9 @@
 """CSV report: one row per ``(checkpoint, layer)`` in model order, every metric a column.
 
-Columns: ``session_id, index, id, checkpoint, layer, passed, first_divergence`` then the metric
-columns, ``introduced_error, propagated_error, reason, tolerance`` (JSON); ``id`` is the
+Columns: ``session_id, index, id, checkpoint, layer, passed, first_divergence``, the judgement
+(``judged_by``, ``judged_metric``, ``judged_error``: the figure held to ``bound``, ``margin`` =
+judged_error / bound, ``detectable_change``: the smallest relative change of the output the bound
+would catch) then the metric columns, ``introduced_error, propagated_error, reason, tolerance`` (JSON); ``id`` is the
 checkpoint's canonical id (``post_attention:1``). The diff's columns start ``id, checkpoint, layer,
 change``. Non-finite numbers are written ``nan``/``inf``/``-inf``. Text cells that a spreadsheet
 would run as a formula (leading ``= + - @``, tab or CR, unless the cell is a number) get a leading
@@ -18,7 +20,8 @@ from .documents import DiffSource, ReportSource, stored
 
 __all__ = ["CSV_COLUMNS", "render_csv", "render_diff_csv"]
 
-CSV_COLUMNS = ("session_id", "index", "id", "checkpoint", "layer", "passed", "first_divergence", *METRICS,
+CSV_COLUMNS = ("session_id", "index", "id", "checkpoint", "layer", "passed", "first_divergence", "judged_by",
+               "judged_metric", "judged_error", "bound", "margin", "detectable_change", *METRICS,
                "introduced_error", "propagated_error", "reason", "tolerance")
 
 
@@ -49,7 +52,8 @@ def render_csv(report: ReportSource) -> str:
         w.writerow([
             _safe_text(view.record.session_id), i, _safe_text(r.id), _safe_text(r.key.name),
             "" if r.key.layer is None else r.key.layer,
-            "" if p is None else int(p), int(r is first),
+            "" if p is None else int(p), int(r is first), _safe_text(r.judged_by if r.judged else None),
+            _safe_text(r.judged_metric), _num(r.judged_error), _num(r.bound), _num(r.margin), _num(r.detectable_change),
             *(_num(getattr(r.comparison, m)) for m in METRICS),
             _num(r.introduced_error), _num(r.propagated_error), _safe_text(r.reason),
             "" if tol is None else _safe_text(dumps_json(tol, indent=None)),

@@ -38,7 +38,8 @@ from ._common import (
 from ._decode import decode_section
 from ._drilldown import drilldown_culprits, drilldown_section
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
-from ._sections import backends_section, num_td, performance_section, section, tolerances_section
+from ._sections import (backends_section, change_text, metric_label, num_td, performance_section, section,
+                        sensitivity_text, tolerances_section)
 from ._tensors import Heatmap, heatmap_for, open_store, tensor_summary
 from .documents import DiffSource, ReportSource, SessionSource, stored
 
@@ -139,7 +140,9 @@ def _details(r: CheckpointResult) -> str:
 
 
 def _checkpoint_table(rows: Sequence[CheckpointResult], first: CheckpointResult | None, with_isolation: bool) -> str:
-    head = "<th>margin (error / bound)</th><th>bound</th>" + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS)
+    head = ("<th>margin (error / bound)</th><th>judged</th><th>bound</th>"
+            '<th title="the smallest relative change of the output the bound would catch">sees</th>'
+            + "".join(f"<th>{esc(m)}</th>" for m in _TABLE_METRICS))
     iso_head = "<th>introduced</th><th>propagated</th>" if with_isolation else ""
     body = []
     for i, r in enumerate(rows):
@@ -148,8 +151,10 @@ def _checkpoint_table(rows: Sequence[CheckpointResult], first: CheckpointResult 
         is_first = r is first
         cls = "first" if is_first else ("fail" if state is False else ("unknown" if state is None else "pass"))
         mark = ' <span class="fd">&larr; first divergence</span>' if is_first else ""
-        judged_metric, bound, margin = _judged(r)
-        cells = (num_td(margin) + (f'<td class="num" title="{esc(judged_metric or "")}">{esc(fmt_num(bound))}</td>')
+        judged = metric_label(r.judged_metric) + ("" if r.judged_error is None else f" {fmt_num(r.judged_error)}")
+        cells = (num_td(r.margin) + f'<td class="num judged">{esc(judged)}</td>'
+                 + (f'<td class="num" title="{esc(r.judged_metric or "")}">{esc(fmt_num(r.bound))}</td>')
+                 + f'<td class="num sees">{esc(change_text(r.detectable_change))}</td>'
                  + "".join(num_td(_metric(r, m)) for m in _TABLE_METRICS))
         iso = ""
         if with_isolation:
@@ -408,6 +413,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         fd_text = f"{first.id} (max abs error {fmt_num(first.comparison.max_abs_error)}"
         fd_text += (f"; {first.reason}" if first.reason else "") + ")"
     found = result.introducing()
+    sees = sensitivity_text(result.sensitivity(), finest=True)
     source = result.source
     culprits = drilldown_culprits(result.drilldown)
     damaged = damaged_fields(session, report.checkpoint_results)
@@ -421,6 +427,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
            if worst is not None else "")
         + (f'<div id="consistent-with">{esc(precision_text(result.consistent_with, result.alternative_dtype or "dtype", quantized if isinstance(quantized, Mapping) else None))}</div>'
            if result.consistent_with else "")
+        + (f'<div id="sensitivity">sensitivity: {esc(sees)}</div>' if sees else "")
         + (f'<div id="summary-introducing">layers that introduce error (isolation): '
            f"{esc(introducing_text(found))}</div>" if found is not None else "")
         + (f'<div id="summary-source">source of the error: {esc(error_source_text(source))}</div>'

@@ -128,5 +128,6 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
             session = ort.InferenceSession(str(path) if graph is None else graph, sess_options=options,
                                            providers=self._providers())
         except Exception as exc:
-            raise load_error(exc, path, graph, self.name) from exc
+            source = self.onnx_path if getattr(self, "_file_model", False) else None  # the user's file
+            raise load_error(exc, path, graph, self.name, source) from exc
         return without_model_bytes(session)

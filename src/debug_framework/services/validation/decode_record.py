@@ -38,7 +38,12 @@ def _objects(value: JsonValue) -> list[Mapping[str, JsonValue]]:
 
 @dataclass(frozen=True)
 class TokenRow:
-    """One pass's next-token metrics (step 0: the prefill) and their judgement (None: not judged)."""
+    """One pass's next-token metrics (step 0: the prefill) and their judgement (None: not judged).
+
+    ``bound`` is the mean KL divergence's bound (``margin`` = kl_mean / bound); ``failed_by`` names
+    the metrics that failed the pass: ``"top1"`` (more top-1 tokens flipped beyond noise than a
+    correct run flips; the KL may be within its bound) and/or ``"kl_divergence"`` (the mean KL
+    beyond ``bound``); empty where the pass passed or was not judged."""
 
     step: int
     kl_mean: float | None = None
@@ -47,12 +52,16 @@ class TokenRow:
     passed: bool | None = None
     margin: float | None = None
     reason: str | None = None
+    bound: float | None = None
+    failed_by: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, JsonValue]) -> TokenRow:
         return cls(step=_int(d.get("step")) or 0, kl_mean=as_float(_object(d.get("kl_divergence")).get("mean")),
                    top1_agreement=as_float(d.get("top1_agreement")), topk_overlap=as_float(d.get("topk_overlap")),
-                   passed=_bool(d.get("passed")), margin=as_float(d.get("margin")), reason=_str(d.get("reason")))
+                   passed=_bool(d.get("passed")), margin=as_float(d.get("margin")), reason=_str(d.get("reason")),
+                   bound=as_float(d.get("bound")),
+                   failed_by=tuple(str(m) for m in failed) if isinstance(failed := d.get("failed_by"), list) else ())
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,14 @@ from .evidence import BlockEvidence, CheckpointEvidence, Evidence, KVEvidence, L
 from .plan import DTYPE_EPS, ValidationPlan
 
 __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND",
-           "node_output_verdict", "judge_tokens", "decisive_flips",
+           "node_output_verdict", "judge_tokens", "decisive_flips", "FLIPS_REASON",
            "first_divergent_token"]
 
 #: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
 PRECISION_BAND = 8.0
+#: How a pass failed by its top-1 tokens begins its reason (:func:`judge_tokens`).
+FLIPS_REASON = "the next token differs beyond noise"
 
 
 @dataclass(frozen=True)
@@ -341,7 +343,7 @@ def judge_tokens(ev: TokenEvidence, plan: ValidationPlan) -> Judgement:
     if len(flips) > allowed:
         f = flips[0]
         return Judgement(False, "token_metrics", kl.bound, kl.margin, (
-            f"the next token differs beyond noise at {len(flips)} of {ev.alternative.positions} position(s) of {where} "
+            f"{FLIPS_REASON} at {len(flips)} of {ev.alternative.positions} position(s) of {where} "
             f"(a correct {plan.alternative_dtype} run: {len(decisive_flips(cal, ev, plan))}), first at "
             f"{list(f.index)}: {f.alternative_token} instead of {f.reference_token}"), kl)
     if not kl.passed:

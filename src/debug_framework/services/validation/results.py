@@ -26,7 +26,7 @@ from ...jsonio import JsonObject, JsonValue, as_float, json_safe
 from ..drilldown.types import LayerDrilldown
 from .decode_record import DecodeRecord
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, LayerEvidence
-from .judge import Judgement, LayerVerdict, Verdict
+from .judge import FLIPS_REASON, Judgement, LayerVerdict, Verdict
 
 if TYPE_CHECKING:
     from ...storage.database import DatabaseLike
@@ -37,6 +37,8 @@ __all__ = ["CheckpointResult", "BlockResult", "LayerResult", "ValidationResult",
 _NO_TOLERANCE = Tolerance(rtol=0.0, atol=0.0)
 #: ComparisonResult fields that are not measurements (the allclose verdict is the judge's business).
 _NOT_METRICS = ("passed", "reason", "tolerance", "name")
+#: Judged metrics in the output's own units: their bound over RMS(reference) is a relative change.
+_SCALE_METRICS = ("rmse", "max_abs_error")
 
 
 def brief(result: ComparisonResult | None) -> JsonObject | None:
@@ -103,6 +105,7 @@ class CheckpointResult:
         run_to_run: the noise floor's max |run1 - run2| per side.
         accumulation: the layer's carried-in / carried-out RMSE and growth (isolation).
         step: the decode step (None: the prefill pass). module: the module path, where known.
+        reference_rms: the reference output's RMS here (the scale of :attr:`detectable_change`).
     """
 
     key: CheckpointKey
@@ -119,6 +122,7 @@ class CheckpointResult:
     judged: bool = True
     #: the introduced error of a stored row that kept no replayed block's judgement (records' API)
     introduced_figure: float | None = None
+    reference_rms: float | None = None
 
     @property
     def id(self) -> str:
@@ -148,6 +152,38 @@ class CheckpointResult:
     @property
     def margin(self) -> float | None:
         return self.judgement.margin
+
+    @property
+    def judged_metric(self) -> str | None:
+        """The metric the rule held to :attr:`bound` (``"rmse"``, ``"max_abs_error"``,
+        ``"kl_divergence"``); ``"allclose"`` for an elementwise tolerance (no bound: its margin is
+        ``max |a - r| / (atol + rtol |r|)``); None where the row kept no rule."""
+        if self.judgement.rule is not None:
+            return self.judgement.rule.metric
+        return "allclose" if self.judged_by == "tolerance" and self.judged else None
+
+    @property
+    def judged_error(self) -> float | None:
+        """The error in :attr:`judged_metric`'s units, the figure held to :attr:`bound` (None: no rule
+        kept; for a tolerance its margin is the figure)."""
+        rule = self.judgement.rule
+        if rule is not None:
+            return None if math.isnan(rule.alternative_error) else rule.alternative_error
+        return None
+
+    @property
+    def detectable_change(self) -> float | None:
+        """The smallest relative change of this checkpoint's output its bound would catch: the
+        bound over the reference's RMS here, for a bound in the output's units (RMSE or max abs
+        error). A change of relative size ``d`` spread over the output adds about ``d x RMS(ref)``
+        to the RMSE, so below this figure a change (a layer scaled by ``1 + d``) passes as noise.
+        None for other rules (an elementwise tolerance, token metrics) or an unmeasured scale."""
+        rms, bound = self.reference_rms, self.bound
+        if self.judged_metric not in _SCALE_METRICS or rms is None or bound is None:
+            return None
+        if not (math.isfinite(rms) and math.isfinite(bound)) or rms <= 0:
+            return None
+        return bound / rms
 
     @property
     def tolerance(self) -> Tolerance | None:
@@ -186,6 +222,10 @@ class CheckpointResult:
             "carried_in": brief(self.carried_in),
             "run_to_run": self.run_to_run,
             "accumulation": self.accumulation,
+            "judged_metric": self.judged_metric,
+            "judged_error": self.judged_error,
+            "reference_rms": self.reference_rms,
+            "detectable_change": self.detectable_change,
         })
 
     def to_row(self) -> JsonObject:
@@ -218,7 +258,8 @@ class CheckpointResult:
                    introduced_figure=None if introduced is not None else as_float(row.get("introduced_error")),
                    run_to_run=_floats(row.get("run_to_run")), accumulation=_optional_floats(row.get("accumulation")),
                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                   module=module if isinstance(module, str) else None, judged=row.get("passed") is not None)
+                   module=module if isinstance(module, str) else None, judged=row.get("passed") is not None,
+                   reference_rms=as_float(row.get("reference_rms")))
 
 
 def judgement_from(data: Mapping[str, JsonValue]) -> Judgement:
@@ -577,6 +618,18 @@ class ValidationResult:
             found = (found or []) + [Introducer(r.layer, iso.step, (r.block,)) for r in iso.layers if r.introduces]
         return found
 
+    def sensitivity(self) -> JsonObject | None:
+        """What this run's bounds can see: ``{dtype, checkpoints, finest: {id, change}, coarsest:
+        {id, change}}`` over the checkpoints whose bound is in the output's units
+        (:attr:`CheckpointResult.detectable_change`): a relative change of the output below
+        ``coarsest.change`` may pass unseen at ``coarsest.id``; None where no checkpoint has one."""
+        seen = [(r.id, r.detectable_change) for r in self.results if r.detectable_change is not None]
+        if not seen:
+            return None
+        finest, coarsest = min(seen, key=lambda t: t[1]), max(seen, key=lambda t: t[1])
+        return {"dtype": self.alternative_dtype, "checkpoints": len(seen),
+                "finest": {"id": finest[0], "change": finest[1]}, "coarsest": {"id": coarsest[0], "change": coarsest[1]}}
+
     def summary(self) -> JsonObject:
         """What the session row keeps (``results``): :meth:`to_dict` without the per-checkpoint list."""
         first = self.first_divergence
@@ -588,6 +641,7 @@ class ValidationResult:
             "introducing_layers": self.introducing_layers if self.isolation is not None else None,
             "error_source": self.error_source,
             "consistent_with": self.consistent_with,
+            "detectable_change": self.sensitivity(),
             "precision_diagnosis": self.precision_diagnosis,
             "mark_all": self.mark_all,
             "decode": self.decode,
@@ -643,12 +697,20 @@ def _judged_kv(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
 
 
 def _judged_tokens(row: Mapping[str, JsonValue], verdict: Verdict) -> JsonObject:
-    """A token_metrics row (one pass) with its judgement (passed, judged_by, bound, margin, reason;
-    all None where it was not calibrated, so not judged)."""
+    """A token_metrics row (one pass) with its judgement (passed, judged_by, bound: the mean KL's,
+    margin, reason; all None where it was not calibrated, so not judged) and ``failed_by``: the
+    metrics that failed the pass, ``"top1"`` (more top-1 tokens flipped beyond noise than a
+    correct run flips) and/or ``"kl_divergence"`` (the mean KL beyond ``bound``); [] where it passed."""
     j = verdict.tokens.get(int(row["step"]))
+    failed_by: list[JsonValue] = []
+    if j is not None and not j.passed:
+        if (j.reason or "").startswith(FLIPS_REASON):
+            failed_by.append("top1")
+        if j.rule is not None and not j.rule.passed:
+            failed_by.append("kl_divergence")
     return {**row, "passed": None if j is None else j.passed, "judged_by": None if j is None else j.judged_by,
             "bound": None if j is None else j.bound, "margin": None if j is None else j.margin,
-            "reason": None if j is None else j.reason}
+            "reason": None if j is None else j.reason, "failed_by": failed_by}
 
 
 def divergence_ref(row: Mapping[str, JsonValue]) -> JsonObject:
@@ -666,4 +728,5 @@ def checkpoint_result(ev: CheckpointEvidence, judgement: Judgement, layer: Layer
         carried_in=None if layer is None else layer.evidence.carried_in,
         run_to_run=ev.run_to_run, accumulation=None if layer is None else layer.accumulation(),
         step=ev.step, module=ev.module,
+        reference_rms=None if math.isnan(ev.reference_rms) else ev.reference_rms,
     )
