@@ -20,8 +20,9 @@ from typing import Any
 
 import typer
 
-from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue, add_row,
-                                           literal, make_app, make_console, print_json, raised_in, run_app)
+from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue,
+                                           make_app, make_console, print_json, raised_in, run_app)
+from debug_framework.cli.tables import Column
 from debug_framework.suggest import did_you_mean, one_of
 
 from .cli_minify import MinifyOptions
@@ -324,20 +325,26 @@ def _list(state: _State) -> Outcome:
                      "kerneldiff_passed": None if kd is None else kd["passed"], "repros": r["repros"]})
 
     def human() -> None:
-        from rich.table import Table
+        from debug_framework.cli.tables import fitted_table
 
         if not runs:
             print(f"no runs under {state.root}")
             return
-        t = Table(title=literal(f"runs under {state.root}"))
-        for c in ("run", "model", "backend", "status", "files", "graphs", "violations", "KernelDiff"):
-            t.add_column(c)
-        for r in runs:
-            add_row(t, r["run_id"], r["model"], r["backend"], r["status"], r["file_count"], r["graph_count"],
-                    r["violation_count"], {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]])
-        make_console().print(t)
+        console = make_console()
+        rows = [[r["run_id"], r["model"], r["backend"], r["status"], str(r["file_count"]), str(r["graph_count"]),
+                 str(r["violation_count"]), {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]]]
+                for r in runs]
+        console.print(fitted_table(f"runs under {state.root}", _LIST_COLUMNS, rows, console.width))
 
     return {"runs": runs}, EXIT_PASS, human
+
+
+#: ``list``'s columns: the run id (what ``--run`` takes) is never cut or left out; on a narrow
+#: terminal the counts go first, then the backend, so the model, status and verdict stay.
+_LIST_COLUMNS = (Column("run", key=True), Column("model", min_width=10, keep=5), Column("backend", min_width=8, keep=4),
+                 Column("status", min_width=6), Column("files", number=True, keep=1),
+                 Column("graphs", number=True, keep=2), Column("violations", number=True, keep=3),
+                 Column("KernelDiff", min_width=4))
 
 
 @app.command("list")

@@ -21,8 +21,9 @@ from pathlib import Path
 import typer
 
 from ..jsonio import JsonObject, read_json_object
-from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
+from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, make_app, make_console, markup,
                         print_json, run_app, stdout_for_json_only)
+from .tables import Column, fitted_table
 from .user_code import load_backend_code
 from .validate_support import check_database_path, check_dtype, check_model_path
 
@@ -125,16 +126,17 @@ def batch(
     return EXIT_PASS if ok else EXIT_FAIL
 
 
-def _print_table(job_id: str, results: list[JsonObject]) -> None:
-    from rich.table import Table
+#: The batch table's columns: the item index is never cut, the model path folds whole (never cut
+#: to ``…``), and the error goes first when the terminal is narrow.
+_COLUMNS = (Column("#", number=True), Column("model", min_width=20), Column("item", min_width=7),
+            Column("verdict", min_width=7), Column("error", min_width=12, keep=1))
 
-    table = Table(title=None)
-    for col in ("#", "model", "item", "verdict", "error"):
-        table.add_column(col)
-    for r in results:
-        add_row(table, r["item_index"], r["model_path"], r["status"], r["verdict"] or "-", r["error"] or "")
+
+def _print_table(job_id: str, results: list[JsonObject]) -> None:
+    rows = [[str(r["item_index"]), str(r["model_path"]), str(r["status"]), str(r["verdict"] or "-"),
+             str(r["error"] or "")] for r in results]
     out = make_console()
-    out.print(table)
+    out.print(fitted_table(None, _COLUMNS, rows, out.width))
     out.print(markup("job {}: {} item(s): {}", job_id, len(results), outcome_counts(results)))
 
 

@@ -185,11 +185,13 @@ def _where(db: Database) -> str:
     return db.location if db.location != str(db.database_path) else str(db.source_path)
 
 
-#: The session list's columns (the lowest ``keep`` is left out first on a narrow terminal).
-_LIST_COLUMNS = (Column("session", number=True, left=True), Column("created (UTC)", number=True, left=True, keep=2),
-                 Column("status", min_width=6), Column("model", min_width=12, keep=3),
-                 Column("reference vs alternative", min_width=12, keep=4), Column("dtype", min_width=8, keep=1),
-                 Column("first divergence", min_width=12, keep=5))
+#: The session list's columns: the id is never cut or left out; on a narrow terminal the lowest
+#: ``keep`` goes first (when created, then the backends, then the first divergence), so the status,
+#: model and dtype stay (a bfloat16 and a float32 run of one model never look the same).
+_LIST_COLUMNS = (Column("session", key=True), Column("created (UTC)", number=True, left=True, keep=1),
+                 Column("status", min_width=6), Column("model", min_width=12, keep=4),
+                 Column("reference vs alternative", min_width=12, keep=2), Column("dtype", min_width=8, keep=5),
+                 Column("first divergence", min_width=12, keep=3))
 
 
 def _cmd_list(db: Database, items: list[JsonObject], as_json: bool) -> int:
