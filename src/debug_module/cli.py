@@ -288,7 +288,7 @@ def analyze_run(run_path: Path, kind: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- commands
 
-RootOpt = typer.Option(None, "--root", help=f"artifacts root (default {DEFAULT_ARTIFACT_ROOT})")
+RootOpt = typer.Option(None, "--root", help=f"artifacts root (default: {DEFAULT_ARTIFACT_ROOT})")
 JsonOpt = typer.Option(False, "--json", help="print one JSON document (stable schema)")
 
 
@@ -433,11 +433,14 @@ def diff(
     reference: str | None = typer.Option(None, "--reference",
                                          help="float64 (ratio rule; the default without --rtol/--atol) | eager "
                                               "(tolerance; the default with them) | a backend name"),
-    rtol: float | None = typer.Option(None, "--rtol"),
-    atol: float | None = typer.Option(None, "--atol"),
+    rtol: float | None = typer.Option(None, "--rtol", help="relative tolerance of the eager or backend "
+                                      "reference (default: torch.testing's for the dtype); implies --reference eager"),
+    atol: float | None = typer.Option(None, "--atol", help="absolute tolerance of the eager or backend "
+                                      "reference (default: torch.testing's for the dtype); implies --reference eager"),
     gradients: bool = typer.Option(False, "--gradients", help="also compare gradients"),
     modules: bool = typer.Option(False, "--modules", help="also compare submodule outputs"),
-    runs: int = typer.Option(3, "--runs", min=1),
+    runs: int = typer.Option(3, "--runs", min=1, help="calls per side: the first is the first call, the rest "
+                             "give steady-state latency"),
     plots: bool = typer.Option(False, "--plots", help="write visualizations"),
     minify: bool = typer.Option(True, "--minify/--no-minify",
                                 help="on failure, minify to a verified repro (its folder is data.repro)"),
@@ -512,7 +515,8 @@ def minify(
     path: Path = typer.Argument(..., help="a repro directory, a run directory, or one of its graph files "
                                           "(aot_graphs/graph_000_forward.py, fx_graphs/graph_000.py)"),
     output: Path | None = typer.Option(None, "-o", "--output-dir", help="where the minimized repro goes"),
-    max_seconds: float | None = typer.Option(None, "--max-seconds"),
+    max_seconds: float | None = typer.Option(None, "--max-seconds", help="the minifier's time budget in seconds "
+                                             "(default: none, it runs until the graph is minimal)"),
     signature: str | None = typer.Option(None, "--signature", help="constraint:NAME[:OP], exception:TYPE[:PATTERN] "
                                          "or accuracy (default: the first constraint violation found)"),
     backend: str | None = typer.Option(None, "--backend", help="for exception/accuracy: a torch.compile backend name, "

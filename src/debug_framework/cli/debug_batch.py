@@ -69,9 +69,11 @@ def batch(
                                            "RAY_ADDRESS, else a new local Ray instance)"),
     parallel: int = typer.Option(1, "--parallel", min=1, help="items at a time (local processes or Ray tasks)"),
     max_retries: int | None = typer.Option(None, "--max-retries", min=0,
-                                           help="Ray: runs of an item after its worker died (default 2)"),
-    reference_backend: str = typer.Option("auto", "--reference-backend"),
-    alternative_backend: str = typer.Option("auto", "--alternative-backend"),
+                                           help="Ray: runs of an item after its worker died (default: 2)"),
+    reference_backend: str = typer.Option("auto", "--reference-backend", help="as debug_validate's: "
+                                          "python_reference where one exists, else float64_eager (default: auto)"),
+    alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name, as "
+                                            "debug_validate's (default: auto)"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cuda: one GPU per Ray task)"),
     isolate: bool | None = typer.Option(None, "--isolate/--no-isolate", help="per-layer isolation, or skip it"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed items again"),

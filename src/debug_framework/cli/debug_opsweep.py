@@ -85,7 +85,7 @@ def opsweep(
     timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="seconds a sample (its compile included) may run "
                                   "before it counts as a hang"),
     max_samples: int | None = typer.Option(None, "--max-samples", min=1, help="at most N samples per operator and "
-                                           "dtype (a quick look; default all)"),
+                                           "dtype (a quick look) (default: all)"),
     fuzz: bool = typer.Option(True, "--fuzz/--no-fuzz", help="add fuzzed layouts, special values and magnitudes"),
     seed: int = typer.Option(0, "--seed", help="seed of the fuzzed samples"),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="skip operators the database already has for "

@@ -312,7 +312,7 @@ def report(
     diff: tuple[str, str] | None = typer.Option(None, "--diff", metavar="BEFORE AFTER",
                                                 help="diff two sessions of the same model/backends"),
     output_format: str | None = typer.Option(None, "-f", "--output-format", metavar="[json|html|csv|junit]",
-                                             help="report format (default json); --diff accepts json, html, csv "
+                                             help="report format (default: json); --diff accepts json, html, csv "
                                                   "(default: a table)"),
     output_file: Path | None = typer.Option(None, "-o", "--output-file", help="write here instead of stdout"),
     include_tensors: bool = typer.Option(False, "--include-tensors", help="include recorded tensors (statistics and "
@@ -322,13 +322,13 @@ def report(
     tensor_store: Path | None = typer.Option(None, "--tensor-store", help="tensor store root (default: <db dir>/<db "
                                              "name>_tensors)"),
     as_json: bool = typer.Option(False, "--json", help="with --list (or a --diff without --output-format): JSON on stdout"),
-    limit: int = typer.Option(50, "--limit", min=1, help="with --list: at most this many sessions (default 50)"),
+    limit: int = typer.Option(50, "--limit", min=1, help="with --list: at most this many sessions"),
     status: str | None = typer.Option(None, "--status", help="with --list: only sessions with this status"),
     model_path: str | None = typer.Option(None, "--model-path", help="with --list: only sessions of this model path"),
-    rel_change: float = typer.Option(0.10, "--rel-change", help="with --diff: relative change that counts (default 0.10)"),
+    rel_change: float = typer.Option(0.10, "--rel-change", help="with --diff: relative change that counts"),
     abs_floor: float = typer.Option(0.0, "--abs-floor", help="with --diff: ignore changes smaller than this"),
     atol_fraction: float = typer.Option(0.1, "--atol-fraction", help="with --diff: ignore changes smaller than this "
-                                        "fraction of the checkpoint's absolute tolerance (default 0.1)"),
+                                        "fraction of the checkpoint's absolute tolerance (default: 0.1)"),
     allow_different_models: bool = typer.Option(False, "--allow-different-models",
                                                 help="with --diff: allow different model/backends"),
     model_explorer: Path | None = typer.Option(None, "--model-explorer", metavar="DIR",
