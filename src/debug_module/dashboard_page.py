@@ -101,7 +101,8 @@ def _show_run(st: ModuleType, run: Path) -> None:
             if items:
                 st.dataframe(cells(pd.DataFrame(items).astype(str)), hide_index=True, width="stretch")
     else:
-        st.caption("No guard report (inductor-debug guards writes reports/guards.json).")
+        st.caption("No guard report: `inductor-debug analyze --type guards --model module:factory` records one "
+                   "(reports/guards.json).")
     st.subheader("KernelDiff")
     if data.get("kerneldiff"):
         kd = data["kerneldiff"]
@@ -144,8 +145,8 @@ def runs_page(context: PageContext) -> None:
     st.caption(literal(f"Run directories under {root}"))
     runs = runs_under(root, find_runs)
     if not runs:
-        st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (inductor-debug writes runs "
-                "under ./debug_artifacts by default, the tour under ./debug_artifacts/tour/runs).")
+        st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (`inductor-debug diff` and "
+                "`inductor-debug analyze` write runs under ./debug_artifacts by default, the tour under ./debug_artifacts/tour/runs).")
         return
     by_name = {str(p.relative_to(root)): p for p in runs}
     pick = st.selectbox("run", sorted(by_name, key=lambda n: by_name[n].name, reverse=True))  # newest first
