@@ -20,8 +20,9 @@ from typing import Any
 
 import typer
 
-from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue, add_row,
-                                           literal, make_app, make_console, print_json, raised_in, run_app)
+from debug_framework.cli.framework import (EXIT_FAIL, EXIT_PASS, CliError, Failure, Invocation, JsonValue,
+                                           make_app, make_console, print_json, raised_in, run_app)
+from debug_framework.cli.tables import Column
 from debug_framework.suggest import did_you_mean, one_of
 
 from .cli_minify import MinifyOptions
@@ -287,7 +288,7 @@ def analyze_run(run_path: Path, kind: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- commands
 
-RootOpt = typer.Option(None, "--root", help=f"artifacts root (default {DEFAULT_ARTIFACT_ROOT})")
+RootOpt = typer.Option(None, "--root", help=f"artifacts root (default: {DEFAULT_ARTIFACT_ROOT})")
 JsonOpt = typer.Option(False, "--json", help="print one JSON document (stable schema)")
 
 
@@ -324,20 +325,26 @@ def _list(state: _State) -> Outcome:
                      "kerneldiff_passed": None if kd is None else kd["passed"], "repros": r["repros"]})
 
     def human() -> None:
-        from rich.table import Table
+        from debug_framework.cli.tables import fitted_table
 
         if not runs:
             print(f"no runs under {state.root}")
             return
-        t = Table(title=literal(f"runs under {state.root}"))
-        for c in ("run", "model", "backend", "status", "files", "graphs", "violations", "KernelDiff"):
-            t.add_column(c)
-        for r in runs:
-            add_row(t, r["run_id"], r["model"], r["backend"], r["status"], r["file_count"], r["graph_count"],
-                    r["violation_count"], {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]])
-        make_console().print(t)
+        console = make_console()
+        rows = [[r["run_id"], r["model"], r["backend"], r["status"], str(r["file_count"]), str(r["graph_count"]),
+                 str(r["violation_count"]), {None: "-", True: "PASS", False: "FAIL"}[r["kerneldiff_passed"]]]
+                for r in runs]
+        console.print(fitted_table(f"runs under {state.root}", _LIST_COLUMNS, rows, console.width))
 
     return {"runs": runs}, EXIT_PASS, human
+
+
+#: ``list``'s columns: the run id (what ``--run`` takes) is never cut or left out; on a narrow
+#: terminal the counts go first, then the backend, so the model, status and verdict stay.
+_LIST_COLUMNS = (Column("run", key=True), Column("model", min_width=10, keep=5), Column("backend", min_width=8, keep=4),
+                 Column("status", min_width=6), Column("files", number=True, keep=1),
+                 Column("graphs", number=True, keep=2), Column("violations", number=True, keep=3),
+                 Column("KernelDiff", min_width=4))
 
 
 @app.command("list")
@@ -426,11 +433,14 @@ def diff(
     reference: str | None = typer.Option(None, "--reference",
                                          help="float64 (ratio rule; the default without --rtol/--atol) | eager "
                                               "(tolerance; the default with them) | a backend name"),
-    rtol: float | None = typer.Option(None, "--rtol"),
-    atol: float | None = typer.Option(None, "--atol"),
+    rtol: float | None = typer.Option(None, "--rtol", help="relative tolerance of the eager or backend "
+                                      "reference (default: torch.testing's for the dtype); implies --reference eager"),
+    atol: float | None = typer.Option(None, "--atol", help="absolute tolerance of the eager or backend "
+                                      "reference (default: torch.testing's for the dtype); implies --reference eager"),
     gradients: bool = typer.Option(False, "--gradients", help="also compare gradients"),
     modules: bool = typer.Option(False, "--modules", help="also compare submodule outputs"),
-    runs: int = typer.Option(3, "--runs", min=1),
+    runs: int = typer.Option(3, "--runs", min=1, help="calls per side: the first is the first call, the rest "
+                             "give steady-state latency"),
     plots: bool = typer.Option(False, "--plots", help="write visualizations"),
     minify: bool = typer.Option(True, "--minify/--no-minify",
                                 help="on failure, minify to a verified repro (its folder is data.repro)"),
@@ -505,7 +515,8 @@ def minify(
     path: Path = typer.Argument(..., help="a repro directory, a run directory, or one of its graph files "
                                           "(aot_graphs/graph_000_forward.py, fx_graphs/graph_000.py)"),
     output: Path | None = typer.Option(None, "-o", "--output-dir", help="where the minimized repro goes"),
-    max_seconds: float | None = typer.Option(None, "--max-seconds"),
+    max_seconds: float | None = typer.Option(None, "--max-seconds", help="the minifier's time budget in seconds "
+                                             "(default: none, it runs until the graph is minimal)"),
     signature: str | None = typer.Option(None, "--signature", help="constraint:NAME[:OP], exception:TYPE[:PATTERN] "
                                          "or accuracy (default: the first constraint violation found)"),
     backend: str | None = typer.Option(None, "--backend", help="for exception/accuracy: a torch.compile backend name, "

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from debug_framework.dashboard.extensions import PageContext
 
-__all__ = ["runs_page"]
+__all__ = ["runs_page", "kerneldiff_tables"]
 
 _MAX_REPRO_CHARS = 20_000
 
@@ -60,6 +60,41 @@ def _violations_frame(violations: list[JsonObject]) -> pd.DataFrame:
                      "source": f"{src.get('file')}:{src.get('line')}" if src else "",
                      "code": src.get("code") if src else ""})
     return pd.DataFrame(rows)
+
+
+def _num(value: JsonValue | None) -> str:
+    """A metric as the tables show it: ``1.234e-05``, or ``-`` where not measured."""
+    return f"{value:.3e}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def _verdict(value: JsonValue | None) -> str:
+    """``pass``, ``FAIL``, or ``-`` where there is no verdict."""
+    return "pass" if value is True else "FAIL" if value is False else "-"
+
+
+def kerneldiff_tables(kd: JsonObject) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A KernelDiff report (``reports/kerneldiff.json``) as two tables: the run (verdict, backends,
+    mode, runs, first divergent module) as field/value rows, and one row per compared tensor
+    (outputs, gradients, submodule outputs) with its verdict, rule, errors and reason."""
+    import pandas as pd
+
+    summary = [("verdict", _verdict(kd.get("passed"))),
+               ("reference", str(kd.get("reference_backend") or "-")), ("backend", str(kd.get("test_backend") or "-")),
+               ("mode", str(kd.get("mode") or "-")), ("runs", str(kd.get("runs") or "-")),
+               ("first divergent module", str(kd.get("first_divergent_module") or "-")),
+               ("exact match", _verdict(kd.get("exact_match")))]
+    rows = []
+    for kind in ("outputs", "gradients", "modules"):
+        entries = kd.get(kind)
+        for d in entries if isinstance(entries, list) else []:
+            if isinstance(d, dict):
+                rows.append({"kind": kind[:-1], "tensor": str(d.get("name") or ""),
+                             "verdict": _verdict(d.get("passed")),
+                             "rule": str(d.get("rule") or ""), "max abs": _num(d.get("max_abs_error")),
+                             "RMSE": _num(d.get("rmse")), "ratio": _num(d.get("ratio")),
+                             "reason": str(d.get("reason") or "")})
+    columns = ["kind", "tensor", "verdict", "rule", "max abs", "RMSE", "ratio", "reason"]
+    return pd.DataFrame(summary, columns=["field", "value"]), pd.DataFrame(rows, columns=columns)
 
 
 def _show_run(st: ModuleType, run: Path) -> None:
@@ -101,12 +136,17 @@ def _show_run(st: ModuleType, run: Path) -> None:
             if items:
                 st.dataframe(cells(pd.DataFrame(items).astype(str)), hide_index=True, width="stretch")
     else:
-        st.caption("No guard report (inductor-debug guards writes reports/guards.json).")
+        st.caption("No guard report: `inductor-debug analyze --type guards --model module:factory` records one "
+                   "(reports/guards.json).")
     st.subheader("KernelDiff")
     if data.get("kerneldiff"):
         kd = data["kerneldiff"]
         (st.success if kd.get("passed") else st.error)("KernelDiff " + ("passed" if kd.get("passed") else "failed"))
-        st.json(kd, expanded=False)
+        summary, tensors = kerneldiff_tables(kd)
+        st.dataframe(cells(summary), hide_index=True)
+        st.dataframe(cells(tensors), hide_index=True, width="stretch")
+        with st.expander("the report as JSON (reports/kerneldiff.json)"):
+            st.json(kd, expanded=True)
         for plot in data["plots"]:
             path = _inside(run, plot)
             if path is not None and path.suffix.lower() == ".png":
@@ -144,8 +184,8 @@ def runs_page(context: PageContext) -> None:
     st.caption(literal(f"Run directories under {root}"))
     runs = runs_under(root, find_runs)
     if not runs:
-        st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (inductor-debug writes runs "
-                "under ./debug_artifacts by default, the tour under ./debug_artifacts/tour/runs).")
+        st.info("No debug_module runs here. Start the dashboard with --artifacts DIR (`inductor-debug diff` and "
+                "`inductor-debug analyze` write runs under ./debug_artifacts by default, the tour under ./debug_artifacts/tour/runs).")
         return
     by_name = {str(p.relative_to(root)): p for p in runs}
     pick = st.selectbox("run", sorted(by_name, key=lambda n: by_name[n].name, reverse=True))  # newest first

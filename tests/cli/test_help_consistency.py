@@ -48,6 +48,58 @@ def test_every_help_ends_with_the_exit_codes_and_says_each_thing_once(script, ca
                 assert "[default:" not in line, (script, sub, line)
 
 
+def _command(script: str):
+    """The click command of ``script`` as its help shows it (after :func:`plain_help`)."""
+    import typer.main
+
+    from debug_framework.cli.framework import plain_help
+
+    module = importlib.import_module(SCRIPTS[script].partition(":")[0])
+    app = getattr(module, "app", None) or module._app()
+    return plain_help(typer.main.get_command(app))
+
+
+def _options(command, path: list[str]):
+    """(command path, option) for every visible option of ``command`` and its subcommands."""
+    for sub_name, sub in getattr(command, "commands", {}).items():
+        yield from _options(sub, [*path, sub_name])
+    for param in command.params:
+        if param.param_type_name == "option" and not param.hidden and "--help" not in param.opts:
+            yield path, param
+
+
+_IDENTIFIER = re.compile(r"[\w~<>/.:,-]*[\w>][-_./:][\w<~][\w~<>/.:,-]*")
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_option_has_help_one_default_style_and_whole_identifiers_at_80_columns(script, capsys, monkeypatch):
+    """Issue 48, item 12: each option of each command says what it is; its default is written
+    ``(default: X)`` and only so; no option, id or file name in a help is broken across two lines."""
+    monkeypatch.setenv("COLUMNS", "80")
+    command = _command(script)
+    texts: dict[tuple[str, ...], str] = {}
+    for path, option in _options(command, []):
+        assert (option.help or "").strip(), (script, path, option.opts)  # every option has help text
+        if tuple(path) not in texts:
+            texts[tuple(path)] = _help(script, path, capsys)
+        text = texts[tuple(path)]
+        assert "[default:" not in text, (script, path, text)
+        assert not re.search(r"\(default(?!:)", text), (script, path, text)
+        lines = text.splitlines()
+        for token in _IDENTIFIER.findall(option.help):
+            token = token.rstrip(".,:;")
+            assert any(token in line for line in lines), (script, path, option.opts, token)
+
+
+def test_the_help_formatter_breaks_lines_at_spaces_only():
+    from debug_framework.cli.framework import HelpFormatter
+
+    formatter = HelpFormatter(width=40)
+    formatter.write_dl([("--output", "with --list (or a --diff without --output-format): JSON on stdout")])
+    lines = formatter.getvalue().splitlines()
+    assert any("--output-format" in line for line in lines), lines
+
+
 def test_the_readme_lists_every_console_script_and_the_exit_codes():
     readme = (ROOT / "README.md").read_text()
     for script in SCRIPTS:

@@ -34,6 +34,8 @@ def test_sessions_page_lists_filters_and_sorts(app_env):
     assert set(frame["session"]) == {app_env.failed, app_env.drilled}
     assert CHECKPOINT_ID.fullmatch(frame.iloc[0]["first divergence"])  # a failing session names where it diverged
     assert "2 of 4 sessions" in _texts(at)
+    # issue 48, item 9: what tells sessions apart is in view at any width: before the model path
+    assert list(frame.columns)[:5] == ["session", "status", "verdict", "dtype", "first divergence"]
 
 
 def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env):

@@ -64,7 +64,27 @@ def test_runs_page_shows_violations_guards_and_kerneldiff(runs, tmp_path, monkey
     assert any(c.value.startswith("statistics of statistics/") for c in at.caption) and at.json  # graph statistics
     at.selectbox[0].select(ids["kd"]).run()
     assert any("KernelDiff failed" in e.value for e in at.error)
+    frames = [d.value for d in at.dataframe]  # the result is tables, not a collapsed raw {...}
+    assert any("tensor" in f.columns and (f["verdict"] == "FAIL").any() for f in frames)
     assert at.get("image"), "the KernelDiff plots"
+
+
+def test_a_kerneldiff_result_reads_as_tables(runs):
+    """Issue 48, item 9: the failing KernelDiff run's result is a run table and one row per tensor."""
+    import json
+
+    from debug_module.dashboard_page import kerneldiff_tables
+
+    root, ids = runs
+    kd = json.loads(next(root.rglob(f"{ids['kd']}/reports/kerneldiff.json")).read_text())
+    summary, tensors = kerneldiff_tables(kd)
+    fields = dict(zip(summary["field"], summary["value"], strict=True))
+    assert fields["verdict"] == "FAIL" and fields["first divergent module"] == "fc2"
+    assert list(tensors.columns) == ["kind", "tensor", "verdict", "rule", "max abs", "RMSE", "ratio", "reason"]
+    assert len(tensors) == len(kd["outputs"]) + len(kd["gradients"]) + len(kd["modules"])
+    failed = tensors[tensors["verdict"] == "FAIL"]
+    assert set(failed["kind"]) >= {"output", "module"} and "fc2" in set(failed["tensor"])
+    assert all(v == "-" or float(v) >= 0 for v in tensors["max abs"])
 
 
 def test_runs_page_without_runs(tmp_path, monkeypatch):

@@ -41,6 +41,10 @@ def test_the_report_at_390_and_1400_px(report_page, browser_page):
                          " || 20")
     assert code and max(code) < 2 * line, "an operator name wraps"
     assert page.evaluate("document.documentElement.scrollHeight") < 12000
+    clipped = page.evaluate("Array.from(document.querySelectorAll('#summary table.kv td')).filter(td => "
+                            "td.scrollWidth > td.clientWidth + 1 || td.getBoundingClientRect().right > "
+                            "window.innerWidth).map(td => td.innerText)")
+    assert clipped == [], clipped  # issue 48, item 10: every Session value is whole in view (it wraps)
     browser_page.screenshot("report-390px")
 
     page.set_viewport_size({"width": 1400, "height": 900})

@@ -128,7 +128,8 @@ def _retyped_tensor(t: onnx.TensorProto, elem: int) -> onnx.TensorProto:
 
     if t.data_type != _FLOAT:
         return t
-    return numpy_helper.from_array(numpy_helper.to_array(t).astype(_NUMPY[elem]), t.name)
+    with np.errstate(over="ignore"):  # beyond float16's range is ±inf, as the engine makes it; judged as saturated
+        return numpy_helper.from_array(numpy_helper.to_array(t).astype(_NUMPY[elem]), t.name)
 
 
 def retype_floats(model: onnx.ModelProto, elem: int) -> onnx.ModelProto:
@@ -470,7 +471,8 @@ class Float64GraphRunner:
                                      {i.name for i in cut.graph.input}, _NUMPY.get(elem, np.float32))
         session, hidden_name, wanted, np_type = self._cuts[(i, part)]
         hidden = np.asarray(hidden_in, dtype=np.float64)
-        hidden = _bf16_round(hidden.astype(np.float32)) if self.dtype == "bfloat16" else hidden.astype(np_type)
+        with np.errstate(over="ignore"):  # a hidden state beyond float16's range is ±inf there (saturated)
+            hidden = _bf16_round(hidden.astype(np.float32)) if self.dtype == "bfloat16" else hidden.astype(np_type)
         feeds = {k: v for k, v in onnx_feeds(self.model.config, inputs).items() if k in wanted}
         feeds[hidden_name] = np.ascontiguousarray(hidden)
         start_t = time.perf_counter()

@@ -21,8 +21,9 @@ from pathlib import Path
 import typer
 
 from ..jsonio import JsonObject, read_json_object
-from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
+from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, make_app, make_console, markup,
                         print_json, run_app, stdout_for_json_only)
+from .tables import Column, fitted_table
 from .user_code import load_backend_code
 from .validate_support import check_database_path, check_dtype, check_model_path
 
@@ -68,9 +69,11 @@ def batch(
                                            "RAY_ADDRESS, else a new local Ray instance)"),
     parallel: int = typer.Option(1, "--parallel", min=1, help="items at a time (local processes or Ray tasks)"),
     max_retries: int | None = typer.Option(None, "--max-retries", min=0,
-                                           help="Ray: runs of an item after its worker died (default 2)"),
-    reference_backend: str = typer.Option("auto", "--reference-backend"),
-    alternative_backend: str = typer.Option("auto", "--alternative-backend"),
+                                           help="Ray: runs of an item after its worker died (default: 2)"),
+    reference_backend: str = typer.Option("auto", "--reference-backend", help="as debug_validate's: "
+                                          "python_reference where one exists, else float64_eager (default: auto)"),
+    alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name, as "
+                                            "debug_validate's (default: auto)"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cuda: one GPU per Ray task)"),
     isolate: bool | None = typer.Option(None, "--isolate/--no-isolate", help="per-layer isolation, or skip it"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed items again"),
@@ -125,16 +128,17 @@ def batch(
     return EXIT_PASS if ok else EXIT_FAIL
 
 
-def _print_table(job_id: str, results: list[JsonObject]) -> None:
-    from rich.table import Table
+#: The batch table's columns: the item index is never cut, the model path folds whole (never cut
+#: to ``…``), and the error goes first when the terminal is narrow.
+_COLUMNS = (Column("#", number=True), Column("model", min_width=20), Column("item", min_width=7),
+            Column("verdict", min_width=7), Column("error", min_width=12, keep=1))
 
-    table = Table(title=None)
-    for col in ("#", "model", "item", "verdict", "error"):
-        table.add_column(col)
-    for r in results:
-        add_row(table, r["item_index"], r["model_path"], r["status"], r["verdict"] or "-", r["error"] or "")
+
+def _print_table(job_id: str, results: list[JsonObject]) -> None:
+    rows = [[str(r["item_index"]), str(r["model_path"]), str(r["status"]), str(r["verdict"] or "-"),
+             str(r["error"] or "")] for r in results]
     out = make_console()
-    out.print(table)
+    out.print(fitted_table(None, _COLUMNS, rows, out.width))
     out.print(markup("job {}: {} item(s): {}", job_id, len(results), outcome_counts(results)))
 
 

@@ -28,8 +28,9 @@ import typer
 
 from ..conformance.runtime_lookup import runtime_names
 from ..jsonio import JsonObject
-from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, add_row, make_app, make_console, markup,
+from .framework import (EXIT_FAIL, EXIT_PASS, CliError, Invocation, make_app, make_console, markup,
                         print_json, run_app)
+from .tables import Column, fitted_table
 from .validate_support import check_database_path
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def opsweep(
     timeout: float = typer.Option(120.0, "--timeout", min=0.1, help="seconds a sample (its compile included) may run "
                                   "before it counts as a hang"),
     max_samples: int | None = typer.Option(None, "--max-samples", min=1, help="at most N samples per operator and "
-                                           "dtype (a quick look; default all)"),
+                                           "dtype (a quick look) (default: all)"),
     fuzz: bool = typer.Option(True, "--fuzz/--no-fuzz", help="add fuzzed layouts, special values and magnitudes"),
     seed: int = typer.Option(0, "--seed", help="seed of the fuzzed samples"),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="skip operators the database already has for "
@@ -191,21 +192,24 @@ def _progress() -> Callable[[OpResult, int, int], None]:
     return show
 
 
-def _print(sweep: JsonObject) -> None:
-    from rich.table import Table
+#: The sweep table's columns: the operator (what ``--ops`` takes) is never cut or left out.
+_COLUMNS = (Column("operator", key=True), Column("verdict", min_width=7), Column("pass rate", number=True, keep=2),
+            Column("samples", number=True, keep=1), Column("worst sample", min_width=10, keep=3),
+            Column("reason", min_width=12))
 
+
+def _print(sweep: JsonObject) -> None:
     out = make_console()
-    t = Table(title=markup("op sweep of {} on {} ({}; {} s)", sweep["backend"], sweep["device"],
-                           ", ".join(sweep["dtypes"]), f"{sweep['seconds']:.1f}"))
-    for col in ("operator", "verdict", "pass rate", "samples", "worst sample", "reason"):
-        t.add_column(col)
+    rows = []
     for o in sweep["operators"]:
         if o["verdict"] in ("pass", "skipped", "unsupported"):
             continue
         w = o["worst"] or {}
         rate = "-" if o["pass_rate"] is None else f"{100 * o['pass_rate']:.0f}%"
-        add_row(t, o["op"], o["verdict"], rate, (o["counts"] or {}).get("samples", ""),
-                f"{w.get('source', '')}/{w.get('label', '')} {w.get('dtype', '')}", o["reason"] or "", style="red")
+        rows.append([str(o["op"]), str(o["verdict"]), rate, str((o["counts"] or {}).get("samples", "")),
+                     f"{w.get('source', '')}/{w.get('label', '')} {w.get('dtype', '')}", str(o["reason"] or "")])
+    t = fitted_table(f"op sweep of {sweep['backend']} on {sweep['device']} ({', '.join(sweep['dtypes'])}; "
+                     f"{sweep['seconds']:.1f} s)", _COLUMNS, rows, out.width, styles=["red"] * len(rows))
     if t.row_count:
         out.print(t)
         for o in sweep["operators"]:

@@ -275,21 +275,23 @@ def _check_arguments(invocation: Invocation, model_path: str, opts: ValidateOpti
 def validate(
     ctx: typer.Context,
     model_path: str = typer.Option(..., "--model-path",
-                                   help="model directory or file (.safetensors, .zt with config.json)"),
-    reference_backend: str = typer.Option("auto", "--reference-backend", help="default auto: python_reference where a reference written from the math exists, else float64_eager (the model's own eager code in float64)"),
-    alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name or 'auto' (default)"),
+                                   help="model directory or file (.safetensors or .zt with config.json, "
+                                        "or an .onnx file)"),
+    reference_backend: str = typer.Option("auto", "--reference-backend", help="python_reference where a reference written from the math exists, else float64_eager (the model's own eager code in float64) (default: auto)"),
+    alternative_backend: str = typer.Option("auto", "--alternative-backend", help="backend name or 'auto' (default: auto)"),
     config_file: Path | None = typer.Option(None, "--config-file", help="JSON file of session configuration keys"),
     output_file: Path | None = typer.Option(None, "-o", "--output-file",
                                             help="write the result: JSON, or the HTML report if it ends in .html"),
     verbose: bool = typer.Option(False, "--verbose", help="every checkpoint in the table, and the isolation table"),
-    checkpoints: str | None = typer.Option(None, "--checkpoints", help="comma list: post_embedding,post_attention,"
-                                           "post_mlp,post_processing or post_mlp:3"),
+    checkpoints: str | None = typer.Option(None, "--checkpoints", help="comma-separated checkpoint names or "
+                                           "ids, no spaces: post_embedding, post_attention, post_mlp, post_processing "
+                                           "(every layer) or post_mlp:3 (one layer), as in post_attention,post_mlp:3"),
     layers: str | None = typer.Option(None, "--layers", help="layer range START:STOP (per-layer checkpoints of these layers)"),
     dtype: str | None = typer.Option(None, "--dtype", help="the alternative's compute dtype (float32, float16, "
                                      "bfloat16, float64), or auto: the precision the backend declares (an ONNX "
                                      "file's weights, an engine's precision hint)"),
     reference_dtype: str | None = typer.Option(None, "--reference-dtype",
-                                               help="the reference's compute dtype (default float64 for python_reference)"),
+                                               help="the reference's compute dtype (default: float64 for python_reference)"),
     device: str | None = typer.Option(None, "--device", help="the alternative's device (cpu, cuda, ...)"),
     rtol: float | None = typer.Option(None, "--rtol", help="relative tolerance (all checkpoints)"),
     atol: float | None = typer.Option(None, "--atol", help="absolute tolerance (all checkpoints)"),
@@ -304,10 +306,10 @@ def validate(
     inputs: Path | None = typer.Option(None, "--inputs", metavar="FILE.safetensors",
                                        help="named inputs of the model's forward (input_ids, pixel_values, "
                                             "decoder_input_ids ...); default: seeded random inputs"),
-    padding_side: str | None = typer.Option(None, "--padding-side", help="right (default) or left: where shorter "
-                                            "rows of the batch are padded"),
-    position_offset: int | None = typer.Option(None, "--position-offset", help="the first token's position (a "
-                                               "sequence continued from there; default 0)"),
+    padding_side: str | None = typer.Option(None, "--padding-side", help="right or left: where shorter rows of "
+                                            "the batch are padded (default: right)"),
+    position_offset: int | None = typer.Option(None, "--position-offset", help="the first token's position, a "
+                                               "sequence continued from there (default: 0)"),
     decode_steps: int | None = typer.Option(None, "--decode-steps", metavar="N", help="after the prefill, decode N "
                                             "tokens through each backend's KV cache and compare every step"),
     decode_tokens: str | None = typer.Option(None, "--decode-tokens", metavar="IDS", help="the tokens fed at the "

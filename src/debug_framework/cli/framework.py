@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import typer
+import typer.core
 import typer.main
 
 from ..errors import DebugFrameworkError
@@ -238,23 +239,84 @@ def package_version() -> str:
         return __version__
 
 
+#: A hyphen inside a word while help is wrapped: the wrapper breaks lines at spaces only, so an
+#: option or identifier (``--output-format``, ``post_mlp:0``) is never split across two lines.
+_GLUED_HYPHEN = "\u2011"
+_WORD_HYPHEN = re.compile(r"(?<=\S)-|-(?=\S)")
+
+
+def _glued(text: str) -> str:
+    """``text`` with every hyphen that touches a word glued (wrapped as a letter)."""
+    return _WORD_HYPHEN.sub(_GLUED_HYPHEN, text)
+
+
+class HelpFormatter(typer.Context.formatter_class):  # click's formatter, as typer ships it
+    """click's help formatter, except that lines break at spaces only: an option name, a file name
+    or a checkpoint id in a help text is never split across two lines at any terminal width."""
+
+    def write_dl(self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2) -> None:
+        """The options' definition list, each help text wrapped at spaces only."""
+        super().write_dl([(term, _glued(text)) for term, text in rows], col_max, col_spacing)
+
+    def write_text(self, text: str) -> None:
+        """A paragraph (a command's help, the epilog), wrapped at spaces only."""
+        super().write_text(_glued(text))
+
+    def getvalue(self) -> str:
+        """The formatted help, hyphens restored."""
+        return super().getvalue().replace(_GLUED_HYPHEN, "-")
+
+
+class HelpContext(typer.Context):
+    """The context of every command: its help is written by :class:`HelpFormatter`."""
+
+    formatter_class = HelpFormatter
+
+
+def _default_text(value: object) -> str | None:
+    """An option's default as its help states it (``float64``, ``a, b``), or None when there is
+    nothing to state (no default, an empty one, a computed one)."""
+    import enum
+
+    if value is None or callable(value) or value == "" or value == () or value == []:
+        return None
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v.value if isinstance(v, enum.Enum) else v) for v in value)
+    return str(value.value if isinstance(value, enum.Enum) else value)
+
+
+def _state_default(param: typer.core.TyperOption) -> None:
+    """One default style: the option's help ends with ``(default: X)`` (written in its help, or
+    added here from its value), never click's ``[default: X]`` beside it."""
+    param.show_default = False
+    help_text = param.help or ""
+    if "default" in help_text.lower():
+        return
+    if param.is_flag:  # an on/off pair states the side it takes; a lone flag is off unless given
+        pair = param.secondary_opts and isinstance(param.default, bool)
+        shown = (param.opts if param.default else param.secondary_opts)[-1].lstrip("-") if pair else None
+    else:
+        shown = _default_text(param.default)
+    if shown is not None:
+        param.help = f"{help_text} (default: {shown})" if help_text else f"(default: {shown})"
+
+
 def plain_help(command: Any) -> Any:
-    """``command`` (and its subcommands) with help that says each thing once, in words: an option
-    whose help already states its default does not get click's ``[default: ...]`` again, and a
+    """``command`` (and its subcommands) with help that says each thing once, in words: every
+    option's default is stated once as ``(default: X)`` (never click's ``[default: X]`` too), a
     value's placeholder is its name (``--model-path MODEL_PATH``), never a Python type (``<str>``,
-    ``<int range>``, ``<list[str]>``); choices stay ``[a|b]``. Every command's help ends with
-    :data:`EXIT_CODES_HELP`."""
+    ``<int range>``, ``<list[str]>``); choices stay ``[a|b]``; lines break at spaces only
+    (:class:`HelpFormatter`). Every command's help ends with :data:`EXIT_CODES_HELP`."""
     if EXIT_CODES_HELP not in (command.epilog or ""):
         ending = f"{EXIT_CODES_HELP} {VERSION_HELP}"
         command.epilog = f"{command.epilog}\n\n{ending}" if command.epilog else ending
+    command.context_class = HelpContext
     for sub in getattr(command, "commands", {}).values():
         plain_help(sub)
     for param in command.params:  # typer's own parameter classes (it vendors click): duck-typed
         if getattr(param, "param_type_name", None) == "option":
-            if getattr(param, "is_flag", False) or getattr(param, "count", False):
-                continue
-            if "default" in (getattr(param, "help", None) or "").lower():
-                param.show_default = False
+            if not getattr(param, "count", False):
+                _state_default(param)
         elif getattr(param, "param_type_name", None) == "argument":
             param.display_type_rich = lambda ctx: None  # its name says what it is
         descriptor = getattr(param, "type_descriptor", None)

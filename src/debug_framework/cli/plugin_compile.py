@@ -112,7 +112,7 @@ def compile_plugin(
     model_path: Path | None = typer.Option(None, "--model-path", help="add the shapes a real model run gives the ops"),
     repro_dir: Path = typer.Option(Path("plugin_repros"), "--repro-dir", help="where the worst samples' repros go"),
     timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds a sample may run before it counts as a hang"),
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="build cache (default ~/.pie/debug/plugin-builds)"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="build cache (default: ~/.pie/debug/plugin-builds)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     database: str | None = typer.Option(None, "--database", help="session database holding the plugin registry "
                                           "(a file or a postgresql:// URL)"),

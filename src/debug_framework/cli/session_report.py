@@ -185,11 +185,13 @@ def _where(db: Database) -> str:
     return db.location if db.location != str(db.database_path) else str(db.source_path)
 
 
-#: The session list's columns (the lowest ``keep`` is left out first on a narrow terminal).
-_LIST_COLUMNS = (Column("session", number=True, left=True), Column("created (UTC)", number=True, left=True, keep=2),
-                 Column("status", min_width=6), Column("model", min_width=12, keep=3),
-                 Column("reference vs alternative", min_width=12, keep=4), Column("dtype", min_width=8, keep=1),
-                 Column("first divergence", min_width=12, keep=5))
+#: The session list's columns: the id is never cut or left out; on a narrow terminal the lowest
+#: ``keep`` goes first (when created, then the backends, then the first divergence), so the status,
+#: model and dtype stay (a bfloat16 and a float32 run of one model never look the same).
+_LIST_COLUMNS = (Column("session", key=True), Column("created (UTC)", number=True, left=True, keep=1),
+                 Column("status", min_width=6), Column("model", min_width=12, keep=4),
+                 Column("reference vs alternative", min_width=12, keep=2), Column("dtype", min_width=8, keep=5),
+                 Column("first divergence", min_width=12, keep=3))
 
 
 def _cmd_list(db: Database, items: list[JsonObject], as_json: bool) -> int:
@@ -310,7 +312,7 @@ def report(
     diff: tuple[str, str] | None = typer.Option(None, "--diff", metavar="BEFORE AFTER",
                                                 help="diff two sessions of the same model/backends"),
     output_format: str | None = typer.Option(None, "-f", "--output-format", metavar="[json|html|csv|junit]",
-                                             help="report format (default json); --diff accepts json, html, csv "
+                                             help="report format (default: json); --diff accepts json, html, csv "
                                                   "(default: a table)"),
     output_file: Path | None = typer.Option(None, "-o", "--output-file", help="write here instead of stdout"),
     include_tensors: bool = typer.Option(False, "--include-tensors", help="include recorded tensors (statistics and "
@@ -320,13 +322,13 @@ def report(
     tensor_store: Path | None = typer.Option(None, "--tensor-store", help="tensor store root (default: <db dir>/<db "
                                              "name>_tensors)"),
     as_json: bool = typer.Option(False, "--json", help="with --list (or a --diff without --output-format): JSON on stdout"),
-    limit: int = typer.Option(50, "--limit", min=1, help="with --list: at most this many sessions (default 50)"),
+    limit: int = typer.Option(50, "--limit", min=1, help="with --list: at most this many sessions"),
     status: str | None = typer.Option(None, "--status", help="with --list: only sessions with this status"),
     model_path: str | None = typer.Option(None, "--model-path", help="with --list: only sessions of this model path"),
-    rel_change: float = typer.Option(0.10, "--rel-change", help="with --diff: relative change that counts (default 0.10)"),
+    rel_change: float = typer.Option(0.10, "--rel-change", help="with --diff: relative change that counts"),
     abs_floor: float = typer.Option(0.0, "--abs-floor", help="with --diff: ignore changes smaller than this"),
     atol_fraction: float = typer.Option(0.1, "--atol-fraction", help="with --diff: ignore changes smaller than this "
-                                        "fraction of the checkpoint's absolute tolerance (default 0.1)"),
+                                        "fraction of the checkpoint's absolute tolerance (default: 0.1)"),
     allow_different_models: bool = typer.Option(False, "--allow-different-models",
                                                 help="with --diff: allow different model/backends"),
     model_explorer: Path | None = typer.Option(None, "--model-explorer", metavar="DIR",

@@ -1,11 +1,13 @@
-"""Terminal tables that fit the terminal: numbers are never cut, labels wrap or are abbreviated, and
-columns that do not fit are left out and named in the caption.
+"""Terminal tables that fit the terminal: numbers and ids are never cut, labels wrap or are
+abbreviated, and columns that do not fit are left out and named in the caption.
 
 Every CLI table of the framework is built by :func:`fitted_table` from :class:`Column` descriptions
 and rows of plain strings. It sizes each column itself (rich would otherwise shrink every column
 evenly, cutting ``9.80e-05`` to ``9.…``):
 
-1. a number column is exactly as wide as its widest cell (or its header's longest word);
+1. a number column is exactly as wide as its widest cell (or its header's longest word); an id
+   column (``Column.key``: a session or run id a user passes back to a command) too, and it is
+   never left out, so every list shows each id whole at any width;
 2. when the natural widths do not fit, label columns with an abbreviation (``Column.short``) use it;
 3. while the number columns and the labels' minimum widths still do not fit, the column with the
    lowest ``keep`` rank is left out (the caption says which, and that a wider terminal shows them);
@@ -33,13 +35,15 @@ class Column:
     Args:
         header: the column's name (its words may wrap; a number column is at least as wide as the
             longest word).
-        number: a number column (or a key such as a session id): never cut, never wrapped;
+        number: a number column: never cut, never wrapped;
             right-aligned unless ``left``.
         keep: rank for leaving columns out when the terminal is narrow; the lowest goes first. ``None``
             never goes.
         min_width: a label column's narrowest width (it folds below its natural width).
         short: a label's abbreviation, used when the natural widths do not fit.
         short_note: what the abbreviation does, for the caption (when it was used).
+        key: an id a user passes back to a command (``--session-id``, ``--run``): never cut, never
+            wrapped, never left out (``keep`` is ignored), left-aligned.
     """
 
     header: str
@@ -49,6 +53,17 @@ class Column:
     min_width: int = 6
     short: Callable[[str], str] | None = None
     short_note: str | None = None
+    key: bool = False
+
+    @property
+    def whole(self) -> bool:
+        """Whether the column's cells are shown whole (a number or an id): never cut or wrapped."""
+        return self.number or self.key
+
+    @property
+    def droppable(self) -> bool:
+        """Whether the column may be left out on a narrow terminal (an id never is)."""
+        return self.keep is not None and not self.key
 
 
 def _natural(col: Column, cells: list[str]) -> int:
@@ -97,7 +112,8 @@ def fitted_table(title: str | None, columns: Sequence[Column], rows: Sequence[Se
     from rich.text import Text
 
     cols = list(columns)
-    data = [[terminal_safe(str(c)) for c in r] for r in rows]  # control and bidi characters shown escaped
+    # control and bidi characters shown escaped; a cell's own line breaks stay line breaks
+    data = [[terminal_safe(str(c), multiline=True) for c in r] for r in rows]
     keep = list(range(len(cols)))
 
     def fixed(idx: list[int], cells: list[list[str]]) -> tuple[int, int]:
@@ -106,23 +122,23 @@ def fitted_table(title: str | None, columns: Sequence[Column], rows: Sequence[Se
         for i in idx:
             w = _natural(cols[i], [r[i] for r in cells])
             nat += w
-            need += w if cols[i].number else min(w, _minimum(cols[i]))
+            need += w if cols[i].whole else min(w, _minimum(cols[i]))
         return need, nat
 
     abbreviated = fixed(keep, data)[1] > width
     if abbreviated:  # abbreviate the labels that can be
-        data = [[cols[i].short(c) if cols[i].short and not cols[i].number else c for i, c in enumerate(r)]
+        data = [[cols[i].short(c) if cols[i].short and not cols[i].whole else c for i, c in enumerate(r)]
                 for r in data]
     dropped: list[str] = []
     while fixed(keep, data)[0] > width:
-        candidates = [i for i in keep if cols[i].keep is not None]
+        candidates = [i for i in keep if cols[i].droppable]
         if not candidates:
             break
-        gone = min(candidates, key=lambda i: (cols[i].keep, -i))
+        gone = min(candidates, key=lambda i: (cols[i].keep or 0, -i))
         keep.remove(gone)
         dropped.append(cols[gone].header)
-    labels = [i for i in keep if not cols[i].number]
-    numbers = sum(_natural(cols[i], [r[i] for r in data]) for i in keep if cols[i].number)
+    labels = [i for i in keep if not cols[i].whole]
+    numbers = sum(_natural(cols[i], [r[i] for r in data]) for i in keep if cols[i].whole)
     room = width - _chrome(len(keep)) - numbers
     wanted = [_natural(cols[i], [r[i] for r in data]) for i in labels]
     shares = dict(zip(labels, _share(wanted, [min(w, _minimum(cols[i])) for i, w in zip(labels, wanted)],
@@ -130,8 +146,9 @@ def fitted_table(title: str | None, columns: Sequence[Column], rows: Sequence[Se
     t = Table(title=title if title_markup or title is None else Text(terminal_safe(title)))
     for i in keep:
         col = cols[i]
-        w = _natural(col, [r[i] for r in data]) if col.number else shares[i]
-        t.add_column(col.header, justify="right" if col.number and not col.left else "left", width=w, overflow="fold")
+        w = _natural(col, [r[i] for r in data]) if col.whole else shares[i]
+        right = col.number and not col.left and not col.key
+        t.add_column(col.header, justify="right" if right else "left", width=w, overflow="fold")
     for n, r in enumerate(data):
         t.add_row(*(Text(r[i]) for i in keep), style=None if styles is None else styles[n])
     notes = [caption] if caption else []

@@ -1,7 +1,7 @@
 """User code named on a command line: ``pkg.mod`` or ``path/to/file.py``, imported before a command runs.
 
 ``debug_validate --backend-module pkg.mod --backend-file my_backend.py`` imports them so their
-``register_backend(...)`` calls run (:func:`load_backend_code`); ``inductor-debug --model`` loads
+``register_backend(...)`` calls run (:func:`load_backend_code`); ``inductor-debug diff --model`` loads
 a model factory from one (:func:`import_module_or_file`).
 """
 

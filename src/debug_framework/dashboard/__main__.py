@@ -52,9 +52,9 @@ def _app() -> typer.Typer:
                                             "PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
         artifacts: str = typer.Option(str(DEFAULT_ARTIFACTS), "--artifacts",
                                       help="debug_module run directories (default: ./debug_artifacts)"),
-        port: int = typer.Option(8501, "--port", help="port (default 8501)"),
+        port: int = typer.Option(8501, "--port", help="port"),
         host: str = typer.Option("127.0.0.1", "--host",
-                                 help="address to bind (default 127.0.0.1: this machine only)"),
+                                 help="address to bind (default: 127.0.0.1, this machine only)"),
     ) -> int:
         if not 0 < port < 65536:
             raise CliError(f"--port {port} is not a port (1-65535)")

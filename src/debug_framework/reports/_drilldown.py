@@ -44,15 +44,47 @@ def _culprit(entry: LayerDrilldown) -> str:
             + (f'<p class="note">{esc(entry.note)}</p>' if entry.note else ""))
 
 
+#: Operators on each side of the culprit (graph order) shown with it; the rest are folded.
+NEIGHBOURS = 3
+#: A layer with at most this many operators is shown whole (nothing worth folding).
+UNFOLDED = 12
+
+
+def _table(rows: Sequence[OperatorRow], culprit: str | None) -> str:
+    return ('<div class="scroll"><table class="drilldown"><tr>' + "".join(f"<th>{esc(c)}</th>" for c in _COLUMNS)
+            + "</tr>" + "".join(_row(r, culprit) for r in rows) + "</table></div>")
+
+
+def _split(rows: Sequence[OperatorRow], culprit: str | None) -> tuple[list[OperatorRow], list[OperatorRow]]:
+    """(shown, folded): the culprit first, then its neighbourhood (``NEIGHBOURS`` operators either
+    side in graph order) and every other operator that introduces error; the rest folded."""
+    ordered = sorted(rows, key=lambda r: r.index)
+    if len(ordered) <= UNFOLDED:
+        return sorted(ordered, key=lambda r: culprit is None or r.node != culprit), []
+    at = next((n for n, r in enumerate(ordered) if r.node == culprit), None)
+    near = set() if at is None else set(range(at - NEIGHBOURS, at + NEIGHBOURS + 1))
+    keep = [r for n, r in enumerate(ordered) if n in near or r.introduces]
+    if not keep:  # no culprit and nothing introduces: the first operators, the rest folded
+        keep = ordered[:UNFOLDED]
+    kept = {id(r) for r in keep}
+    shown = sorted(keep, key=lambda r: culprit is None or r.node != culprit)
+    return shown, [r for r in ordered if id(r) not in kept]
+
+
 def _layer(entry: LayerDrilldown) -> str:
     culprit = None if entry.culprit is None else entry.culprit.node
     head = (f"<h3>{esc(drilled_where(entry.layer, entry.step))} ({esc(entry.checkpoint)}): "
             f"{esc(entry.backend)}, method {esc(entry.method)}</h3>")
-    rows = sorted(entry.operators, key=lambda r: culprit is None or r.node != culprit)  # the culprit first
-    table = "" if not rows else (
-        '<div class="scroll"><table class="drilldown"><tr>' + "".join(f"<th>{esc(c)}</th>" for c in _COLUMNS)
-        + "</tr>" + "".join(_row(r, culprit) for r in rows) + "</table></div>"
-        + ('<p class="muted">the culprit first, then every operator in graph order (#)</p>' if culprit else ""))
+    shown, folded = _split(entry.operators, culprit)
+    table = "" if not shown else _table(shown, culprit)
+    if shown and culprit:
+        table += ('<p class="muted">the culprit first, then its neighbours and every operator that introduces '
+                  "error, in graph order (#)</p>" if folded else
+                  '<p class="muted">the culprit first, then every operator in graph order (#)</p>')
+    if folded:
+        within = all(not r.introduces for r in folded)
+        table += (f'<details class="more-operators"><summary>{len(folded)} more operators'
+                  f"{', all within their bounds' if within else ''}</summary>{_table(folded, culprit)}</details>")
     return f'<div class="drilled-layer">{head}{_culprit(entry)}{table}</div>'
 
 

@@ -483,5 +483,7 @@ table.drilldown td{white-space:nowrap}table.drilldown code{overflow-wrap:normal}
 .cards{display:flex;flex-wrap:wrap;gap:.8em}.card{border:1px solid #e2e8f0;border-radius:6px;padding:.6em 1em;min-width:8em}
 .card .v{font-size:1.6em;font-weight:700}.v-pass{color:var(--pass);font-weight:600}.v-fail{color:var(--fail);font-weight:600}
 img.plot{max-width:100%;border:1px solid #edf2f7;margin:.3em 0}details{margin:.4em 0}p,li{overflow-wrap:anywhere}.scroll+.scroll{margin-top:.5em}
-@media (max-width:640px){body{padding:.5em .6em}table{display:block;overflow-x:auto;max-width:100%}section{overflow-x:auto}}
+table.kv td{overflow-wrap:anywhere}
+@media (max-width:640px){body{padding:.5em .6em}table{display:block;overflow-x:auto;max-width:100%}section{overflow-x:auto}
+table.kv{display:table;width:100%;table-layout:fixed}table.kv th{width:32%;overflow-wrap:anywhere}}
 """

@@ -333,6 +333,26 @@ def _indices(values: list[int], shown: int = 24) -> str:
     return ", ".join(str(v) for v in values[:shown]) + more
 
 
+#: The heatmap's largest drawing (px) and its largest cell: a small matrix (a 4 x 4 tensor) is drawn
+#: with large cells, readable, a large one with a pixel per cell or block.
+HEAT_MAX_W, HEAT_MAX_H, HEAT_MAX_CELL = 900, 420, 64
+
+
+def heat_scale(rows: int, cols: int) -> int:
+    """Pixels per cell of a ``rows`` x ``cols`` heatmap: as large as fits in ``HEAT_MAX_W`` x
+    ``HEAT_MAX_H`` px, at most ``HEAT_MAX_CELL``, at least 1."""
+    return max(1, min(HEAT_MAX_CELL, int(min(HEAT_MAX_W / max(cols, 1), HEAT_MAX_H / max(rows, 1)))))
+
+
+def _dtype_text(config: Mapping[str, object], alternative: str | None) -> str | None:
+    """``bfloat16 (reference float64)``: the alternative's compute dtype and the reference's."""
+    alt = alternative or config.get("dtype")
+    ref = config.get("reference_dtype")
+    if alt is None and ref is None:
+        return None
+    return f"{alt or 'backend default'}" + (f" (reference {ref})" if ref else "")
+
+
 def _heatmap(hm: Heatmap | None, worst: CheckpointResult | None) -> str:
     if worst is None:
         return section("heatmap", "Heatmap of the worst checkpoint", '<p class="muted">no checkpoint has an error figure</p>')
@@ -342,7 +362,7 @@ def _heatmap(hm: Heatmap | None, worst: CheckpointResult | None) -> str:
                         '<p class="muted">no recorded tensors and no worst-element list for this checkpoint</p>')
     rgb, vmin, vmax = colorize(hm.matrix)
     h, w = rgb.shape[0], rgb.shape[1]
-    scale = max(1, min(16, int(min(900 / max(w, 1), 360 / max(h, 1)))))
+    scale = heat_scale(h, w)
     source_note = ("Source: <strong>recorded tensors</strong> (|alternative - reference| of every element)."
                    if hm.source == "recorded tensors" else
                    "Source: <strong>worst-element list</strong> (no recorded tensors): only the k worst elements the "
@@ -446,6 +466,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         "reference backend": session.reference_backend or None,
         "alternative backend": backend_label(session.alternative_backend, result.alternative_options,
                                              result.alternative_dtype or None),
+        "dtype": _dtype_text(session.config, result.alternative_dtype or None),
         "seed": session.seed,
         "inputs": session.inputs_ref,
         "created": session.created_at,

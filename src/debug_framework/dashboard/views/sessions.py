@@ -9,6 +9,7 @@ import streamlit as st
 
 from debug_framework.dashboard.data import cells, literal, session_items, settings, viewer
 
+st.set_page_config(layout="wide")  # the page alone (streamlit run views/sessions.py) is wide too
 st.title("Sessions")
 s = settings()
 st.caption(f"Database: {literal(s.location)}")
@@ -19,12 +20,14 @@ with viewer(s) as db:
         if not items:
             st.info("No sessions yet. Run debug_validate, or launch a validation on the Jobs page.")
         else:
+            # what tells sessions apart comes first (verdict, dtype, where it diverged), so it is in
+            # view at any window width; the long model path and the backends follow
             frame = pd.DataFrame([{
-                "session": it["session_id"], "created (UTC)": str(it["created_at"] or "")[:19],
-                "status": it["status"], "verdict": it["verdict"], "model": it["model_path"],
+                "session": it["session_id"], "status": it["status"], "verdict": it["verdict"],
+                "dtype": it["dtype"], "first divergence": "" if it["first_divergence"] is None
+                else it["first_divergence"]["id"], "model": it["model_path"],
                 "reference": it["reference_backend"], "alternative": it["alternative_backend"],
-                "dtype": it["dtype"], "reference dtype": it["reference_dtype"],
-                "first divergence": "" if it["first_divergence"] is None else it["first_divergence"]["id"],
+                "reference dtype": it["reference_dtype"], "created (UTC)": str(it["created_at"] or "")[:19],
             } for it in items])
             cols = st.columns(5)
             models = cols[0].multiselect("model", sorted(frame["model"].dropna().unique()))
