@@ -11,7 +11,10 @@ How each part works (and what it costs):
   ``"float64"`` runs a float64 copy on float64 inputs (and a float32 eager copy as the baseline of
   the ratio rule); anything else (a backend name such as ``"inductor"``, or a backend callable such
   as ``debug_module.mock_backend``) goes through ``torch.compile`` with that backend, wrapped so the
-  time spent inside the backend's compiler is measured.
+  time spent inside the backend's compiler is measured, and handed a copy of each graph (what it
+  edits in place never reaches the graph kept for the minifier). The float64 side runs under
+  ``_runtime.WidenToFloat64`` (the model's casts to narrower floats stay float64); a reference run
+  that still raises is a ``BackendRuntimeError`` (DF005) saying so, with a hint.
 * **Runs.** Each side is called ``runs`` times on fresh clones of the inputs. Call 1 is the first
   call (Dynamo tracing + backend compilation + execution); calls 2..N give the steady-state latency
   (CUDA is synchronised around every timed region). Run *i* of the test is compared with run *i*
