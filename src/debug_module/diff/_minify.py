@@ -51,7 +51,7 @@ class HarnessSettings(Protocol):
 class CompiledSide(Protocol):
     """What the hand-off reads of the harness's test side: its backend and the graphs it compiled."""
 
-    backend_spec: object
+    backend_spec: str | Callable[..., object]
     timed: TimedBackend | None
 
 
@@ -94,19 +94,21 @@ def _signature(harness: HarnessSettings, test: CompiledSide, failing: TensorDiff
     from ..minifier import AccuracySignature
 
     tol = failing.result.tolerance
-    backend = test.backend_spec if isinstance(test.backend_spec, str) else test.timed.inner
-    return AccuracySignature(backend, reference="float64" if harness.float64 else "eager", rtol=tol.rtol,
+    return AccuracySignature(test.backend_spec, reference="float64" if harness.float64 else "eager", rtol=tol.rtol,
                              atol=tol.atol, backend_spec=getattr(harness, "test_backend_spec", None),
                              ratio=harness.ratio_rule if harness.float64 else None)
 
 
 def _minify_one(harness: HarnessSettings, sig: AccuracySignature, gm: torch.fx.GraphModule, inputs: list[object],
-                run: RunDirectory | None, label: str, graph: int) -> JsonObject | None:
-    """Minify one graph when the failure reproduces on it in isolation; ``None`` when it does not."""
+                run: RunDirectory | None, label: str, graph: int, errors: list[str]) -> JsonObject | None:
+    """Minify one graph when the failure reproduces on it in isolation; ``None`` when it does not (a run
+    of the graph that raised, the reference's or the backend's, is added to ``errors``)."""
     from ..minifier import Minifier
 
     holds, obs = sig.check(gm, inputs)
     if not holds:
+        if obs.get("error"):
+            errors.append(f"{label}: {obs['error']}"[:400])
         return None
     sig = sig.for_failure(obs)  # the same bug at every step: its class of failure, not any difference
     out_dir = (Path(run.path) / "repros" / label) if run is not None else None
@@ -135,21 +137,23 @@ def minify_accuracy_failure(harness: HarnessSettings, test: CompiledSide, report
         stage = "backward"
     if not failing:
         return {"status": "skipped", "detail": "no output or gradient failed (nothing to minify)"}
+    errors: list[str] = []
     try:
         sig = _signature(harness, test, failing[0])
         for i, (gm, inputs) in enumerate(test.timed.graphs):
             if stage == "forward":
-                found = _minify_one(harness, sig, gm, inputs, run, f"accuracy_graph_{i:03d}", i)
+                found = _minify_one(harness, sig, gm, inputs, run, f"accuracy_graph_{i:03d}", i, errors)
                 if found is not None:
                     return {**found, "stage": stage}
                 continue
             for j, (bw, bw_inputs) in enumerate(_backward_graphs(gm, inputs, harness.seed)):
-                found = _minify_one(harness, sig, bw, bw_inputs, run, f"accuracy_graph_{i:03d}_backward_{j}", i)
+                found = _minify_one(harness, sig, bw, bw_inputs, run, f"accuracy_graph_{i:03d}_backward_{j}", i, errors)
                 if found is not None:
                     return {**found, "stage": stage}
     except Exception as e:  # noqa: BLE001 - report, never mask the KernelDiff result
         log.debug("minifier failed", exc_info=True)
         return {"status": "failed", "stage": stage, "detail": f"{type(e).__name__}: {e}"[:600]}
     where = "compiled graph(s)" if stage == "forward" else "compiled graph(s)' AOT backward graphs"
+    why = f" (a run failed there: {errors[0]})" if errors else ""
     return {"status": "not_reproduced", "stage": stage,
-            "detail": f"the {stage} failure did not reproduce on any of {len(test.timed.graphs)} {where} in isolation"}
+            "detail": f"the {stage} failure did not reproduce on any of {len(test.timed.graphs)} {where} in isolation{why}"}

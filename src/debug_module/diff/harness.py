@@ -11,7 +11,10 @@ How each part works (and what it costs):
   ``"float64"`` runs a float64 copy on float64 inputs (and a float32 eager copy as the baseline of
   the ratio rule); anything else (a backend name such as ``"inductor"``, or a backend callable such
   as ``debug_module.mock_backend``) goes through ``torch.compile`` with that backend, wrapped so the
-  time spent inside the backend's compiler is measured.
+  time spent inside the backend's compiler is measured, and handed a copy of each graph (what it
+  edits in place never reaches the graph kept for the minifier). The float64 side runs under
+  ``_runtime.WidenToFloat64`` (the model's casts to narrower floats stay float64); a reference run
+  that still raises is a ``BackendRuntimeError`` (DF005) saying so, with a hint.
 * **Runs.** Each side is called ``runs`` times on fresh clones of the inputs. Call 1 is the first
   call (Dynamo tracing + backend compilation + execution); calls 2..N give the steady-state latency
   (CUDA is synchronised around every timed region). Run *i* of the test is compared with run *i*
@@ -53,9 +56,11 @@ import torch
 from debug_framework.comparison import ComparisonResult, RatioRule, compare, finite_metric, flatten_outputs
 from debug_framework.measure import TimedBackend, Timer, run_stats
 
+from debug_framework.errors import BackendRuntimeError
 from debug_framework.jsonio import JsonObject
 
 from ..artifacts import RunDirectory, new_run_id
+from ..minifier import _runtime
 from .metrics import CompareTolerance, ToleranceOptions, core_tolerance
 from .report import DiffReport, TensorDiff
 
@@ -169,7 +174,7 @@ class _Side:
         self.model = self._copy(model)
         self.timed: TimedBackend | None = None
         if compile_:
-            self.timed = TimedBackend(_resolve_backend(backend), keep_graphs=True)
+            self.timed = TimedBackend(_GivenACopy(_resolve_backend(backend)), keep_graphs=True)
             self.fn = torch.compile(self.model, backend=self.timed)
         else:
             self.fn = self.model
@@ -184,6 +189,11 @@ class _Side:
             m = m.to(self.dtype)
         return m
 
+    def widening(self) -> contextlib.AbstractContextManager[object]:
+        """The context a side's runs (forward and backward) go in: the float64 side keeps float64 where
+        the model's code narrows (:class:`~debug_module.minifier._runtime.WidenToFloat64`)."""
+        return _runtime.WidenToFloat64() if self.dtype == torch.float64 else contextlib.nullcontext()
+
     def cast_inputs(self, inputs: object) -> object:
         dtype = self.dtype
 
@@ -194,6 +204,32 @@ class _Side:
             return t
 
         return _map_tensors(inputs, one)
+
+
+class _GivenACopy:
+    """A backend wrapper that hands the backend a copy of every graph (:func:`_runtime.backend_copy`):
+    a backend that edits the graph it is given in place leaves the graph the harness keeps (and the
+    minifier judges) as Dynamo made it."""
+
+    def __init__(self, inner: Callable[..., object]) -> None:
+        self.inner = inner
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[object]) -> object:
+        return self.inner(_runtime.backend_copy(gm), example_inputs)
+
+
+def _reference_failed(side: _Side, exc: Exception) -> BackendRuntimeError:
+    """The DF005 error for a reference (or eager baseline) run of the model that raised ``exc``."""
+    if side.dtype == torch.float64:
+        what = ("KernelDiff's float64 reference run (the model in float64 on float64 inputs, its casts to "
+                "narrower floats kept float64) failed")
+        hint = ("judge against eager instead (--reference eager, or reference_backend='eager'), or let the "
+                "model follow its inputs' dtype where it pins one")
+    else:
+        what = f"KernelDiff's {side.label} run (the model as it is, eagerly) failed"
+        hint = "check that the model runs on these inputs: call it once yourself"
+    return BackendRuntimeError(f"{what}: {type(exc).__name__}: {exc}"[:1500], backend=_backend_name(side.backend_spec),
+                               call=side.label, hint=hint)
 
 
 def _call(fn: Callable[..., object], inputs: object) -> object:
@@ -315,7 +351,7 @@ class KernelDiffHarness:
                         input_leaves[k] = t
                 for p in params.values():
                     p.grad = None
-            with Timer(self.device) as fwd, torch.set_grad_enabled(self.compare_gradients):
+            with Timer(self.device) as fwd, torch.set_grad_enabled(self.compare_gradients), side.widening():
                 out = _call(side.fn, inputs)
             side.forward_s.append(fwd.seconds)
             flat = _safe_flatten(out, "")
@@ -329,7 +365,7 @@ class KernelDiffHarness:
                         loss = term if loss is None else loss + term
                 grads: dict[str, torch.Tensor] = {}
                 if loss is not None:
-                    with Timer(self.device) as bwd:
+                    with Timer(self.device) as bwd, side.widening():
                         loss.backward()
                     side.backward_s.append(bwd.seconds)
                     for name, p in params.items():
@@ -359,7 +395,7 @@ class KernelDiffHarness:
         if side.compile:
             fn = torch.compile(model, backend=_resolve_backend(side.backend_spec))
         inputs = side.cast_inputs(self.example_inputs)
-        with torch.no_grad(), _compile_caches_off(side.compile):
+        with torch.no_grad(), _compile_caches_off(side.compile), side.widening():
             out = _call(fn, inputs)
         for h in handles:
             h.remove()
@@ -474,7 +510,12 @@ class KernelDiffHarness:
         for side in (ref, base, test):
             if side is not None:
                 with _compile_caches_off(side.compile):
-                    self._run_side(side)
+                    try:
+                        self._run_side(side)
+                    except Exception as e:
+                        if side is test:
+                            raise
+                        raise _reference_failed(side, e) from e
 
         outputs, missing, extra = self._judge_maps("output", ref.outputs, test.outputs,
                                                    base.outputs if base is not None else None)

@@ -3,6 +3,7 @@
 # This file is copied verbatim into every generated repro.py (the repro must run where this project is
 # not installed), and the minifier's in-process oracles use the same matching functions, so "the
 # signature holds" means the same thing during reduction and in the repro.
+import contextlib
 import math
 import operator
 import re
@@ -199,20 +200,106 @@ def _to_float64(x):
     return x
 
 
+def _strided_clone(x):
+    """A copy of ``x`` with its shape and strides, also where elements share memory (an ``expand``'s
+    stride 0, which ``copy_`` into such a tensor refuses): the span of storage it covers is cloned and
+    viewed with the same strides."""
+    x = x.detach()
+    if x.numel() == 0:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    span = 1 + sum((d - 1) * st for d, st in zip(x.shape, x.stride()))
+    with torch.no_grad():
+        flat = x.as_strided((span,), (1,), x.storage_offset()).clone()
+    return flat.as_strided(x.shape, x.stride(), 0)
+
+
 def fresh(inputs):
     """Fresh clones of ``inputs`` (same strides, dtype and ``requires_grad``): every oracle run gets
     its own, so a graph that changes its inputs in place (``sin_``, ``copy_``) sees the original values."""
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
-            c = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-            with torch.no_grad():
-                c.copy_(x.detach())
+            c = _strided_clone(x)
             if x.requires_grad and x.is_leaf:
                 c.requires_grad_(True)
             x = c
         out.append(x)
     return out
+
+
+def backend_copy(gm):
+    """The copy of graph module ``gm`` a backend is given: its graph, nodes' arguments and parameters
+    copied, so a backend that edits what it is given in place (retargets a node, rewrites its args,
+    inserts nodes) never changes the graph the reference runs."""
+    import copy
+
+    return copy.deepcopy(gm)
+
+
+_NARROWER_THAN_FLOAT64 = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class WidenToFloat64(TorchDispatchMode):
+    """Keeps a float64 computation float64 where the code narrows it: a cast of a float64 tensor to a
+    narrower float (``.float()``, ``.to(torch.float32)``, ``.to(h.dtype)`` baked into a graph, a
+    softmax's or sum's ``dtype=``) stays float64, and a narrower float tensor meeting a float64 one
+    (a constant made at float32) is widened. What ``float64_eager``'s ``NoNarrowing`` does for a model's
+    code, at the ATen level, so it holds for FX and ATen graphs too. Casts of integer tensors to a
+    float are left as written."""
+
+    _KEEP = ("aten::view.dtype",)  # a bit reinterpretation, not a cast
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        wide = any(t.dtype == torch.float64 for t in tensors)
+        if wide and str(func._schema.name) + "." + func._overloadname not in self._KEEP:
+            first = tensors[0]
+            if first.dtype == torch.float64:
+                if kwargs.get("dtype") in _NARROWER_THAN_FLOAT64:
+                    kwargs["dtype"] = torch.float64
+                args = tuple(torch.float64 if isinstance(a, torch.dtype) and a in _NARROWER_THAN_FLOAT64 else a
+                             for a in args)
+            if not func._schema.is_mutable:
+                args, kwargs = _widen_tensors((args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _widen_tensors(tree):
+    """``tree`` (nested tuples, lists, dicts) with every narrower-than-float64 float tensor in float64."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(torch.float64) if tree.dtype in _NARROWER_THAN_FLOAT64 else tree
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_widen_tensors(v) for v in tree)
+    if isinstance(tree, dict):
+        return {k: _widen_tensors(v) for k, v in tree.items()}
+    return tree
+
+
+COMPUTE_OPS = ("call_function", "call_method", "call_module")
+
+
+def node_op(n):
+    """A compute node's op as text (``torch.exp``, ``add``, a method's or submodule's name)."""
+    t = n.target
+    return t if isinstance(t, str) else "%s.%s" % (getattr(t, "__module__", ""), getattr(t, "__name__", repr(t)))
+
+
+def restore_module_stacks(gm, stacks):
+    """Give the compute nodes of ``gm`` (a graph traced from the repro's code) the ``nn_module_stack`` the
+    original graph's nodes had (``stacks``: one ``{"op", "stack"}`` per compute node, in order); a node
+    whose op differs from the recorded one at its position gets none. The class in each entry is its name."""
+    nodes = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
+    for n, rec in zip(nodes, stacks or ()):
+        if rec["stack"] and node_op(n) == rec["op"]:
+            n.meta["nn_module_stack"] = {k: (v[0], v[1]) for k, v in rec["stack"].items()}
+
+
+def run_quietly(model, args):
+    """``model(*args)``; an FX graph module's generated ``forward`` is called directly, so a failure
+    raises its exception without FX printing the generated code's traceback on stderr."""
+    forward = model.forward if isinstance(model, torch.fx.GraphModule) else model
+    return forward(*args)
 
 
 def caches_off():
@@ -359,15 +446,22 @@ def observe_accuracy(model, compile_fn, inputs, signature):
     the compile caches off. The minifier's in-process oracle and the generated repro both call this,
     so an output fails in one exactly when it fails in the other."""
     ratio = signature.get("ratio")
+    float64 = signature["reference"] == "float64"
+    run = "reference"
     try:
         with torch.no_grad():
-            ref = model(*reference_inputs(fresh(inputs), signature["reference"]))
+            with WidenToFloat64() if float64 else contextlib.nullcontext():
+                ref = run_quietly(model, reference_inputs(fresh(inputs), signature["reference"]))
+            run = "eager baseline"
+            base = run_quietly(model, fresh(inputs)) if float64 else None
+            run = "backend"
             with caches_off():
                 compiled = compile_fn(fresh(inputs))
                 alt = compiled(*fresh(inputs))
-            base = model(*fresh(inputs)) if signature["reference"] == "float64" else None
     except Exception as e:  # noqa: BLE001 - a run that fails is a different bug
-        return {"kind": "accuracy", "error": ("%s: %s" % (type(e).__name__, e))[:2000]}
+        which = "the %s run" % ("float64 reference" if float64 and run == "reference" else run)
+        return {"kind": "accuracy", "error": ("%s failed: %s: %s" % (which, type(e).__name__, e))[:2000],
+                "failed_run": run}
     if ratio:
         rows = ratio_outputs(ref, base, alt, ratio["multiplier"], ratio["floor"], ratio.get("floor_rms", 0.0))
     else:

@@ -120,6 +120,20 @@ def _storage_safe(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous().clone()
 
 
+def _module_stacks(gm: torch.fx.GraphModule) -> list[JsonObject]:
+    """Per compute node of ``gm``, in order: its op and the ``nn_module_stack`` Dynamo recorded (module
+    path and class name per entry), so a backend that selects nodes by module (``docs/kerneldiff.md``'s
+    ``buggy_backend``) finds them in the repro's traced graph too (:func:`._runtime.restore_module_stacks`)."""
+    out: list[JsonObject] = []
+    for n in gm.graph.nodes:
+        if n.op not in _runtime.COMPUTE_OPS:
+            continue
+        stack = n.meta.get("nn_module_stack") or {}
+        out.append({"op": _runtime.node_op(n),
+                    "stack": {str(k): [str(v[0]), getattr(v[1], "__qualname__", str(v[1]))] for k, v in stack.items()}})
+    return out
+
+
 def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[object], signature: Signature, out_dir: str | os.PathLike[str],
                     *, title: str = "", notes: JsonObject | None = None) -> Path:
     """Write a standalone repro of ``signature`` on ``gm(*inputs)`` into ``out_dir`` (created; files replaced).
@@ -161,7 +175,7 @@ def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[object], signatur
         backend_json = {"kind": "file", "path": local, "attr": backend.attr}
     check = {"signature": signature.to_dict(), "signature_text": signature.describe(), "backend": backend_json,
              "nodes": sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")),
-             "inputs": input_meta, "parameters": params, **(notes or {})}
+             "inputs": input_meta, "parameters": params, "module_stacks": _module_stacks(gm), **(notes or {})}
     extra = [i for i in imports if i not in _IMPORTS]
     return write_repro_files(out, writer="minifier", failure=signature.describe(), title=title,
                              body=_body(src, signature), imports=[*_IMPORTS, *extra],
@@ -169,7 +183,7 @@ def write_repro_dir(gm: torch.fx.GraphModule, inputs: Sequence[object], signatur
 
 
 #: What every minifier repro imports (the shared head of repro.py adds json, os, sys, traceback).
-_IMPORTS = ["import math", "import operator", "import re", "import torch", "import torch.fx",
+_IMPORTS = ["import contextlib", "import math", "import operator", "import re", "import torch", "import torch.fx",
             "from torch.utils._python_dispatch import TorchDispatchMode",
             "from torch.utils._pytree import tree_flatten"]
 
@@ -188,8 +202,9 @@ def _observe_source(signature: Signature) -> str:
                 return observe_constraints(model, inputs, spec["signature"]["constraints"])
             ''')
     load = textwrap.dedent('''
-        def compile_graph(model, inputs, ref):
-            """Compile the graph with the backend that showed the failure (``ref``: repro.json's backend)."""
+        def compile_graph(model, inputs, spec):
+            """Compile the graph with the backend that showed the failure (``spec["backend"]``: repro.json's)."""
+            ref = spec["backend"]
             if ref["kind"] == "torch_compile":
                 return torch.compile(model, backend=ref["name"])
             if ref["kind"] == "module":
@@ -200,21 +215,22 @@ def _observe_source(signature: Signature) -> str:
                 path = os.path.join(HERE, ref["path"])
                 if not os.path.isfile(path):
                     raise CannotCheck("the backend's file %s is missing" % ref["path"])
-                spec = importlib.util.spec_from_file_location("repro_backend", path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
+                found = importlib.util.spec_from_file_location("repro_backend", path)
+                module = importlib.util.module_from_spec(found)
+                found.loader.exec_module(module)
                 backend = getattr(module, ref["attr"])
-            gm = torch.fx.symbolic_trace(model)  # backends compile FX graphs
+            gm = torch.fx.symbolic_trace(backend_copy(model))  # backends compile FX graphs; theirs to edit
+            restore_module_stacks(gm, spec.get("module_stacks"))
             return backend(gm, list(inputs))
         ''')
     if signature.kind == "exception":
         return load + textwrap.dedent('''
             def observe(model, inputs, spec):
-                return observe_exception(lambda: compile_graph(model, inputs, spec["backend"])(*inputs))
+                return observe_exception(lambda: compile_graph(model, inputs, spec)(*inputs))
             ''')
     return load + textwrap.dedent('''
         def observe(model, inputs, spec):
-            return observe_accuracy(model, lambda fresh_inputs: compile_graph(model, fresh_inputs, spec["backend"]),
+            return observe_accuracy(model, lambda fresh_inputs: compile_graph(model, fresh_inputs, spec),
                                     inputs, spec["signature"])
         ''')
 

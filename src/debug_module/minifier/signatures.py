@@ -212,9 +212,11 @@ class _BackendSignature(Signature):
         return self._ref
 
     def _compile(self, gm: torch.fx.GraphModule, inputs: Sequence[object]) -> Callable[..., object]:
+        """``gm`` compiled by the backend. A backend callable gets a copy (:func:`._runtime.backend_copy`):
+        what it edits in place never reaches ``gm``, which the reference and the eager baseline run."""
         if isinstance(self.backend, str):
             return torch.compile(gm, backend=self.backend)
-        return self.backend(gm, list(inputs))
+        return self.backend(_runtime.backend_copy(gm), list(inputs))
 
     def _backend_name(self) -> str:
         b = self.backend
