@@ -362,8 +362,8 @@ def load_error(exc: Exception, path: Path, graph: bytes | None, backend: str,
         return BackendInitializationError(f"{message}. In {(source or path).name}, {what}", backend=backend, hint=fix)
     if source is not None:  # the user's file itself: not a backend that cannot run here
         return BackendInitializationError(message, backend=backend, hint=(
-            f"check that ONNX Runtime opens {source.name} itself (onnxruntime.InferenceSession({str(source)!r})); "
-            "if it does not, the file needs fixing or converting again"))
+            f"open {source.name} itself in the runtime's own API (an inference session of {str(source)!r}); "
+            "if it does not load there either, the file needs fixing or converting again"))
     return BackendInitializationError(message, backend=backend)
 
 
