@@ -142,7 +142,7 @@ def judge_with_noise(rule: RatioRule, baseline: ComparisonResult, test: Comparis
     if widened.passed:
         return RatioVerdict(True, None, widened), evidence
     label = "RMSE" if rule.metric == "rmse" else rule.metric
-    reason = (f"{label} {j.alternative_error:.3e} vs {oracle} > bound {widened.bound:.3e} = {rule.multiplier:g} x "
+    reason = (f"{label} {j.alternative_error:.3e} vs {oracle} exceeds the bound {widened.bound:.3e} = {rule.multiplier:g} x "
               f"the largest {label} of {baseline_name} ({j.reference_error:.3e} once, {noise:.3e} over {runs} runs on "
               f"inputs perturbed within rounding) + {rule.floor:.3g}")
     return RatioVerdict(False, reason, widened), evidence

@@ -9,7 +9,10 @@ validation (:func:`debug_framework.plugins.evaluate.sample_rule`, one
 RMSE over finite values; no more non-finite mismatches than eager in the dtype has (an infinity
 where the oracle is finite but within the bound of the dtype's largest value is a rounding that
 overflowed, and counts for neither); the eager run's
-shape and dtype; an output bit for bit equal to eager's in the dtype passes. Integer and boolean
+shape and dtype; an output bit for bit equal to eager's in the dtype passes. Where an output exceeds
+the bound of that one eager run, the noise rule (:func:`~debug_framework.comparison.judge_with_noise`)
+reruns eager on the sample's inputs perturbed within rounding and judges by the largest error
+measured; the output's row then carries ``noise`` (the widening's provenance). Integer and boolean
 outputs get the same rule with no floor (exact where eager is exact); an integer output beside floating ones (the indices of ``sort``, ``max(dim)``, ``topk``) is
 not judged, since with ties any index of an equal value is right. Complex outputs are judged on
 their real and imaginary parts.

@@ -7,7 +7,9 @@ run in the kernel's own dtype, by the calibrated rule the validation engine judg
 
 (for a float64 kernel the reference in float64 is the oracle itself, so the floor is 16 eps x RMS)
 
-on the RMSE over finite values (the floor is relative to the sample's scale, so a kernel that is
+on the RMSE over finite values, widened where it is exceeded by the noise the reference in the
+kernel's dtype has on inputs perturbed within rounding (the noise rule,
+:func:`debug_framework.comparison.judge_with_noise`; the result's ``noise`` records it) (the floor is relative to the sample's scale, so a kernel that is
 wrong on small values is caught as surely as on large ones); a kernel may not have more non-finite mismatches (NaN where the
 reference has a number...) than the reference in its dtype has, and its output must have the
 reference's shape and dtype. A sample the reference itself rejects is ``skipped``; a kernel that

@@ -227,7 +227,9 @@ class KernelDiffHarness:
             core's tolerance (:class:`~debug_module.diff.metrics.ToleranceOptions`; default: torch.testing's
             for the dtype); used in ``"eager"``/backend mode.
         float64_multiplier, float64_floor: the ratio rule ``test_rmse <= m * eager_rmse + floor``
-            (errors against the float64 reference; defaults as in torch's own accuracy checks: 2.0, 1e-5).
+            (errors against the float64 reference; defaults as in torch's own accuracy checks: 2.0, 1e-5);
+            where a tensor exceeds it, eager's error is measured again on inputs perturbed within rounding
+            (the noise rule, :func:`debug_framework.comparison.judge_with_noise`) before it fails.
         compare_gradients: also compare parameter and input gradients after a backward pass.
         compare_modules: also compare every submodule's output and name the first divergent one.
         runs: calls per side (>= 1); the first is the first call, the rest give steady-state latency.
