@@ -1,7 +1,7 @@
 """The op sweep's progress: samples judged per operator, and an estimate of the time left.
 
     >>> from debug_framework.conformance.results import OpResult
-    >>> ticks = iter([0.0, 60.0])
+    >>> ticks = iter([0.0, 60.0, 60.0])
     >>> p = SweepProgress(clock=lambda: next(ticks))
     >>> r = OpResult("exp", "pass", 1.0, None, {"pass": 24, "samples": 24}, seconds=60.0)
     >>> p.line(r, 1, 4)
