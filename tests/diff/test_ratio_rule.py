@@ -64,7 +64,7 @@ def test_kerneldiff_float64_mode_judges_with_the_shared_rule(tiny):
     report = harness.compare()
     assert report.passed and report.mode == "float64-ratio"
     ratio = report.outputs[0].ratio
-    assert set(ratio) == {"test_error", "eager_error", "bound", "multiplier", "floor", "metric"}
+    assert set(ratio) == {"test_error", "eager_error", "bound", "multiplier", "floor", "metric", "passed", "noise"}
     assert ratio["bound"] == pytest.approx(3.0 * ratio["eager_error"] + 1e-6) and ratio["test_error"] == ratio["eager_error"]
     assert report.tolerance == {"rule": "ratio", "metric": "rmse", "multiplier": 3.0, "floor": 1e-6}
 

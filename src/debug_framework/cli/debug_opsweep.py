@@ -20,7 +20,8 @@ error, 3 internal error.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,8 +139,8 @@ def opsweep(
                              dtypes=chosen, grad=grad,
                              ops=_split(ops) or None, fuzz=fuzz, seed=seed, timeout_s=timeout, workers=workers,
                              repro_dir=repro_dir, verify_repros=verify_repros, resume=resume, max_samples=max_samples)
-    progress = None if as_json else _progress()
-    result = run_sweep(settings, database=fw["database_path"], progress=progress)
+    with _progress() as progress:  # with --json, stdout is the JSON alone and stderr stays quiet
+        result = run_sweep(settings, database=fw["database_path"], progress=None if as_json else progress)
     if junit is not None:
         try:
             junit.write_text(render_junit(result), encoding="utf-8")
@@ -183,13 +184,26 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return getattr(source, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def _progress() -> Callable[[OpResult, int, int], None]:
+@contextmanager
+def _progress() -> Iterator[Callable[[OpResult, int, int], None]]:
+    """On stderr, a line per operator (its verdict, the samples judged, the time elapsed and the
+    estimate of the time left, :class:`~debug_framework.conformance.progress.SweepProgress`); on a
+    terminal also a transient bar with the estimate. Plain lines elsewhere."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..conformance.progress import SweepProgress
+
     err = make_console(stderr=True)
+    state = SweepProgress()
+    with Progress(TextColumn("op sweep"), BarColumn(), TextColumn("{task.completed}/{task.total} operators"),
+                  TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("", total=None)
 
-    def show(r: OpResult, done: int, total: int) -> None:
-        err.print(markup("[dim]{}/{}[/] {}: {}", done, total, r.op, r.verdict))
+        def show(r: OpResult, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            err.print(state.line(r, done, total), markup=False, highlight=False, soft_wrap=True)
 
-    return show
+        yield show
 
 
 #: The sweep table's columns: the operator (what ``--ops`` takes) is never cut or left out.
@@ -223,6 +237,11 @@ def _print(sweep: JsonObject) -> None:
                      "({} read back from the database; sweep {})", len(sweep["operators"]), v["pass"], v["fail"],
                      v["error"], v["crash"], v["hang"], v["unsupported"], v["skipped"], sweep["resumed"],
                      sweep["sweep_key"]))
+    from ..conformance.progress import samples_text
+
+    counts = sweep["samples"] if isinstance(sweep.get("samples"), dict) else {}
+    out.print(markup("{} over {} operators", samples_text({k: int(v) for k, v in counts.items()
+                                                           if isinstance(v, int)}), len(sweep["operators"])))
     out.print("[bold green]PASSED[/]" if sweep["passed"] else "[bold red]FAILED[/]: some operators fail (see above)")
 
 

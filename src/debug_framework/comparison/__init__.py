@@ -12,6 +12,7 @@ judges against a float64 oracle relative to a baseline (validation's oracle mode
 """
 
 from .engine import DEFAULT_CHUNK_ELEMENTS, EXACT_QUANTILE_LIMIT, compare
+from .noise import NOISE_RUNS, NoiseEvidence, judge_with_noise, perturb_within_rounding
 from .nested import compare_nested, flatten_outputs
 from .positions import position_mask, select_positions
 from .ratio import (
@@ -43,6 +44,10 @@ __all__ = [
     "less_precise_dtype",
     "RatioRule",
     "RatioVerdict",
+    "NoiseEvidence",
+    "judge_with_noise",
+    "perturb_within_rounding",
+    "NOISE_RUNS",
     "OracleJudgement",
     "error_metric",
     "finite_metric",

@@ -9,7 +9,10 @@ validation (:func:`debug_framework.plugins.evaluate.sample_rule`, one
 RMSE over finite values; no more non-finite mismatches than eager in the dtype has (an infinity
 where the oracle is finite but within the bound of the dtype's largest value is a rounding that
 overflowed, and counts for neither); the eager run's
-shape and dtype; an output bit for bit equal to eager's in the dtype passes. Integer and boolean
+shape and dtype; an output bit for bit equal to eager's in the dtype passes. Where an output exceeds
+the bound of that one eager run, the noise rule (:func:`~debug_framework.comparison.judge_with_noise`)
+reruns eager on the sample's inputs perturbed within rounding and judges by the largest error
+measured; the output's row then carries ``noise`` (the widening's provenance). Integer and boolean
 outputs get the same rule with no floor (exact where eager is exact); an integer output beside floating ones (the indices of ``sort``, ``max(dim)``, ``topk``) is
 not judged, since with ties any index of an equal value is right. Complex outputs are judged on
 their real and imaginary parts.
@@ -39,7 +42,7 @@ from dataclasses import replace
 import torch
 
 from .._torch.dynamo import failure_kind
-from ..comparison import RatioRule, compare, finite_rms
+from ..comparison import ComparisonResult, RatioRule, compare, finite_rms, judge_with_noise, perturb_within_rounding
 from ..jsonio import JsonObject
 from ..plugins.evaluate import badness as plugin_badness, error_text, sample_rule
 from ..plugins.samples import Sample, upcast
@@ -101,14 +104,37 @@ def _overflows_by_rounding(oracle: torch.Tensor, out: torch.Tensor, rel: float) 
     return int(hit.sum())
 
 
+#: Eager's outputs on the sample's inputs perturbed within rounding with a seed (None: not available).
+NoiseRuns = Callable[[int], list[torch.Tensor] | None]
+
+
+def _noise_measure(noise: NoiseRuns | None, i: int, o64: torch.Tensor,
+                   cache: dict[int, list[torch.Tensor] | None]) -> Callable[[int], ComparisonResult | None]:
+    """The noise rule's measure at output ``i``: eager's perturbed run ``seed`` (run once per seed,
+    cached for the sample's other outputs) against the float64 oracle; None without ``noise``."""
+    def measure(seed: int) -> ComparisonResult | None:
+        if noise is None:
+            return None
+        if seed not in cache:
+            cache[seed] = noise(seed)
+        runs = cache[seed]
+        if runs is None or i >= len(runs) or runs[i].shape != o64.shape:
+            return None
+        return compare(o64, _real(runs[i].detach().cpu()).double(), check_dtype=False, equal_nan=True, engine="torch")
+    return measure
+
+
 def judge_outputs(oracle: list[torch.Tensor], baseline: list[torch.Tensor], test: list[torch.Tensor],
-                  dtype: str) -> JsonObject:
-    """The verdict of one sample's outputs (see the module docstring); the worst output's numbers."""
+                  dtype: str, noise: NoiseRuns | None = None) -> JsonObject:
+    """The verdict of one sample's outputs (see the module docstring); the worst output's numbers.
+    ``noise`` reruns eager on perturbed inputs: where an output exceeds the single-run bound, the
+    noise rule (:func:`~debug_framework.comparison.judge_with_noise`) measures it before failing."""
     if len(test) != len(baseline) or len(oracle) != len(baseline):
         return {"status": "fail", "reason": f"{len(test)} outputs, eager returns {len(baseline)}"}
     has_float = any(b.is_floating_point() or b.is_complex() for b in baseline)
     worst: JsonObject | None = None
     bb_oracle = bb_eager = True
+    cache: dict[int, list[torch.Tensor] | None] = {}
     for i, (o, b, t) in enumerate(zip(oracle, baseline, test, strict=True)):
         if t.dtype != b.dtype:
             return {"status": "fail", "reason": f"output {i} is {t.dtype}, eager returns {b.dtype}", "output": i}
@@ -137,6 +163,10 @@ def judge_outputs(oracle: list[torch.Tensor], baseline: list[torch.Tensor], test
             test_cmp = replace(test_cmp, nonfinite_mismatch_count=test_cmp.nonfinite_mismatch_count
                                - _overflows_by_rounding(o64, t64, rel))
             verdict = rule.verdict(base_cmp, test_cmp, oracle="float64 eager", baseline_name=f"eager in {dtype}")
+        evidence = None
+        if not verdict.passed and floating:
+            verdict, evidence = judge_with_noise(rule, base_cmp, test_cmp, _noise_measure(noise, i, o64, cache),
+                                                 oracle="float64 eager", baseline_name=f"eager in {dtype}")
         j = verdict.judgement
         # bit for bit eager's own result in the dtype (the noise itself) passes, even where the rule
         # cannot measure (eager overflows everywhere the float64 run is finite)
@@ -144,6 +174,9 @@ def judge_outputs(oracle: list[torch.Tensor], baseline: list[torch.Tensor], test
         row = {"status": "pass" if passed else "fail", "reason": None if passed else verdict.reason, "output": i,
                "backend_error": j.alternative_error, "eager_error": j.reference_error, "bound": j.bound,
                "max_abs_error": test_cmp.max_abs_error, "shape": list(t.shape)}
+        if evidence is not None:  # the provenance of the bound: widened by measured noise, and by how much
+            row["eager_error"] = evidence.single_run_error
+            row["noise"] = evidence.to_dict()
         if worst is None or badness(row) > badness(worst):
             worst = row
     if worst is None:
@@ -228,10 +261,19 @@ def run_sample(op: Callable[..., object], compiled: Callable[..., object], sampl
     test = flat_outputs(out)
     if test is None:
         return {"status": "fail", "reason": f"the compiled call returned {type(out).__name__}, not tensors"}
-    verdict = judge_outputs(orc, base, test, sample.dtype)
+    verdict = judge_outputs(orc, base, test, sample.dtype,
+                            noise=lambda seed: flat_outputs(op(*_perturbed(sample, seed).args,
+                                                               **_perturbed(sample, seed).kwargs)))
     if verdict["status"] == "fail":
         verdict = _or_decomposition(verdict, lambda: _eager_pair(op, sample), base, orc, test, sample.dtype)
     return verdict
+
+
+def _perturbed(sample: Sample, seed: int) -> Sample:
+    """``sample`` with its floating inputs moved within their dtype's rounding
+    (:func:`~debug_framework.comparison.perturb_within_rounding`; the same seed, the same inputs)."""
+    return Sample(sample.source, sample.label, sample.dtype, perturb_within_rounding(list(sample.args), seed),
+                  perturb_within_rounding(dict(sample.kwargs), seed))
 
 
 def run_eagerly(op: Callable[..., object], sample: Sample, grad: bool = False) -> None:
@@ -298,7 +340,8 @@ def run_backward(op: Callable[..., object], compiled: Callable[..., object], sam
         return {"status": "error", "reason": f"the compiled backward raised {error_text(exc)}"}
     if test is None:
         return {"status": "fail", "reason": "the compiled call's outputs carry no gradient"}
-    verdict = judge_outputs(oracle, baseline, test, sample.dtype)
+    verdict = judge_outputs(oracle, baseline, test, sample.dtype,
+                            noise=lambda seed: _grads(op, _perturbed(sample, seed), False))
     if verdict["status"] == "fail":
         verdict = _or_decomposition(verdict, lambda: _eager_pair(op, sample, grad=True), baseline, oracle, test,
                                     sample.dtype)

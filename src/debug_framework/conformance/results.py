@@ -81,12 +81,19 @@ class SweepResult:
     def count(self, verdict: str) -> int:
         return sum(1 for o in self.ops if o.verdict == verdict)
 
+    def samples(self, key: str) -> int:
+        """Samples over every operator with count ``key`` (``samples``: all; a status; ``widened_by_noise``)."""
+        return sum(int(o.counts.get(key, 0)) for o in self.ops)
+
     def to_dict(self) -> JsonObject:
         """The sweep as ``debug_opsweep --json`` prints it."""
         verdicts: JsonObject = {v: self.count(v) for v in ("pass", "fail", "error", "crash", "hang", "unsupported", "skipped")}
+        samples: JsonObject = {k: self.samples(k) for k in ("samples", "pass", *FAILING, "unsupported", "skipped",
+                                                             "widened_by_noise")}
+        samples["judged"] = sum(self.samples(k) for k in ("pass", *FAILING))
         return {"sweep_key": self.sweep_key, "backend": self.backend, "device": self.device, "dtypes": self.dtypes,
                 "passed": self.passed, "seconds": self.seconds, "resumed": self.resumed,
-                "worker_restarts": self.worker_restarts, "left": self.left, "verdicts": verdicts,
+                "worker_restarts": self.worker_restarts, "left": self.left, "verdicts": verdicts, "samples": samples,
                 "failing": [o.op for o in self.failing], "operators": [o.to_dict() for o in self.ops]}
 
 

@@ -215,6 +215,8 @@ def _aggregate(op: str, samples: list[JsonObject], skips: list[str], graphs: int
     counts["allclose_eager_fail"] = sum(1 for smp in ranked if smp["result"].get("allclose_eager") is False)
     # passed against PyTorch's decomposition where eager's kernel differs (:func:`.judge.decomposition`)
     counts["by_decomposition"] = sum(1 for smp in ranked if smp["result"].get("definition") == "decomposition")
+    # judged on a bound the noise rule widened by measured noise (:func:`..comparison.judge_with_noise`)
+    counts["widened_by_noise"] = sum(1 for smp in ranked if (smp["result"].get("noise") or {}).get("widened"))
     if applicable == 0:
         others = [smp["result"] for smp in samples if smp["result"]["status"] == "unsupported"]
         if others:

@@ -7,7 +7,9 @@ run in the kernel's own dtype, by the calibrated rule the validation engine judg
 
 (for a float64 kernel the reference in float64 is the oracle itself, so the floor is 16 eps x RMS)
 
-on the RMSE over finite values (the floor is relative to the sample's scale, so a kernel that is
+on the RMSE over finite values, widened where it is exceeded by the noise the reference in the
+kernel's dtype has on inputs perturbed within rounding (the noise rule,
+:func:`debug_framework.comparison.judge_with_noise`; the result's ``noise`` records it) (the floor is relative to the sample's scale, so a kernel that is
 wrong on small values is caught as surely as on large ones); a kernel may not have more non-finite mismatches (NaN where the
 reference has a number...) than the reference in its dtype has, and its output must have the
 reference's shape and dtype. A sample the reference itself rejects is ``skipped``; a kernel that
@@ -27,7 +29,7 @@ from __future__ import annotations
 import math
 import torch
 
-from ..comparison import FLOOR_EPS, RatioRule, compare
+from ..comparison import FLOOR_EPS, ComparisonResult, RatioRule, compare, judge_with_noise, perturb_within_rounding
 from ..jsonio import JsonObject
 from .loading import LoadedKernel
 from .samples import Sample, on_device, upcast
@@ -93,8 +95,19 @@ def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> JsonObject:
         oracle, baseline, out, scale, edge = _at_scale(oracle, baseline, out, sample.dtype)
     base_cmp = compare(oracle, baseline, check_dtype=False, equal_nan=True)
     test_cmp = compare(oracle, out, check_dtype=False, equal_nan=True)
-    verdict = sample_rule(oracle, sample.dtype).verdict(base_cmp, test_cmp, oracle="the float64 reference",
-                           baseline_name=f"the reference in {sample.dtype}")
+    noisy_oracle = oracle
+
+    def measure(seed: int) -> ComparisonResult | None:
+        """The reference in the sample's dtype on inputs perturbed within rounding, against the oracle."""
+        noisy = _first_tensor(kernel.reference(*perturb_within_rounding(list(sample.args), seed),
+                                               **perturb_within_rounding(dict(sample.kwargs), seed)))
+        if noisy is None or noisy.shape != noisy_oracle.shape:
+            return None
+        return compare(noisy_oracle, _scaled(noisy, scale), check_dtype=False, equal_nan=True)
+
+    verdict, evidence = judge_with_noise(sample_rule(oracle, sample.dtype), base_cmp, test_cmp, measure,
+                                         oracle="the float64 reference",
+                                         baseline_name=f"the reference in {sample.dtype}")
     j = verdict.judgement
     reason = verdict.reason
     if reason and scale != 1.0:
@@ -106,7 +119,12 @@ def evaluate_sample(kernel: LoadedKernel, sample: Sample) -> JsonObject:
     return {"status": "pass" if verdict.passed else "fail", "reason": reason,
             "kernel_error": j.alternative_error / scale, "reference_error": j.reference_error / scale,
             "bound": j.bound / scale, "max_abs_error": _unscaled(test_cmp.max_abs_error, scale),
-            "shape": list(out.shape), "nonfinite_mismatches": test_cmp.nonfinite_mismatch_count}
+            "shape": list(out.shape), "nonfinite_mismatches": test_cmp.nonfinite_mismatch_count,
+            **({"reference_error": evidence.single_run_error / scale,
+                "noise": {**evidence.to_dict(), "errors": [e / scale for e in evidence.errors],
+                          "noise": evidence.noise / scale, "single_run_error": evidence.single_run_error / scale,
+                          "single_run_bound": evidence.single_run_bound / scale, "bound": evidence.bound / scale}}
+               if evidence is not None else {})}
 
 
 def _unscaled(value: float | None, scale: float) -> float | None:

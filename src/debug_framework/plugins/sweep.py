@@ -66,6 +66,13 @@ class KernelSweep:
     def passed(self) -> bool:
         return self.applicable > 0 and self.count("pass") == self.applicable
 
+    @property
+    def widened_by_noise(self) -> int:
+        """Samples judged on a bound the noise rule widened by measured noise
+        (:func:`debug_framework.comparison.judge_with_noise`)."""
+        return sum(1 for s in self.samples if isinstance(s.get("result"), dict)
+                   and isinstance(s["result"].get("noise"), dict) and bool(s["result"]["noise"].get("widened")))
+
     def by_source(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for s in self.samples:
@@ -79,6 +86,7 @@ class KernelSweep:
                          "passed_samples": self.count("pass"), "failed": self.count("fail"),
                          "errors": self.count("error"), "crashes": self.count("crash"), "hangs": self.count("hang"),
                          "skipped": self.count("skipped"), "pass_rate": self.pass_rate, "passed": self.passed,
+                         "widened_by_noise": self.widened_by_noise,
                          "by_source": dict(self.by_source()), "worst": self.worst, "repro": self.repro,
                          "repro_verified": self.repro_verified, "repro_error": self.repro_error}
         if with_samples:

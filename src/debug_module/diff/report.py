@@ -19,8 +19,32 @@ __all__ = ["TensorDiff", "DiffReport", "REPORT_SCHEMA"]
 REPORT_SCHEMA = "debug_module.kerneldiff/1"
 
 
-def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3e}"
+def _fmt(v: object) -> str:
+    return f"{v:.3e}" if isinstance(v, int | float) and not isinstance(v, bool) else "n/a"
+
+
+def _ratio_text(ratio: dict[str, float | str | bool | JsonObject | None]) -> str:
+    """The ratio rule's line: the judged metric against its bound with the comparison sign that holds
+    (``<=`` within it, ``>`` over it, ``vs`` when unmeasured), eager's single-run error, and where
+    the measured noise widened the bound, by how much."""
+    test, bound = ratio.get("test_error"), ratio.get("bound")
+    metric = "RMSE" if ratio.get("metric", "rmse") == "rmse" else str(ratio.get("metric"))
+    if isinstance(test, int | float) and isinstance(bound, int | float) and not math.isnan(test):
+        sign = "<=" if test <= bound else ">"
+    else:
+        sign = "vs"
+    text = f"{metric} vs float64: test {_fmt(test)} {sign} bound {_fmt(bound)} (eager {_fmt(ratio.get('eager_error'))})"
+    noise = ratio.get("noise")
+    if isinstance(noise, dict) and noise.get("widened"):
+        text += (f" [bound widened x{_fmt_g(noise.get('widening'))} from {_fmt(noise.get('single_run_bound'))} by "
+                 f"the measured noise of {noise.get('runs')} eager runs on inputs perturbed within rounding]")
+    elif isinstance(noise, dict):
+        text += f" [{noise.get('runs')} eager runs on perturbed inputs: no more noise than the single run]"
+    return text
+
+
+def _fmt_g(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, int | float) else "n/a"
 
 
 @dataclass
@@ -40,7 +64,7 @@ class TensorDiff:
     result: ComparisonResult
     rule: str = "tolerance"
     baseline: ComparisonResult | None = None
-    ratio: dict[str, float | str | None] | None = None
+    ratio: dict[str, float | str | bool | JsonObject | None] | None = None
     run_max_abs_errors: list[float | None] = field(default_factory=list)
     reason: str | None = None
     module: str | None = None  # for kind == "module": the submodule's qualified name
@@ -79,8 +103,7 @@ class TensorDiff:
         parts.append(f"max_abs={_fmt(r.max_abs_error)} mean_abs={_fmt(r.mean_abs_error)} "
                      f"max_rel={_fmt(r.max_rel_error)} rmse={_fmt(r.rmse)} mismatch={r.mismatch_percent:.4g}%")
         if self.ratio is not None:
-            parts.append(f"ratio: test {_fmt(self.ratio['test_error'])} <= bound {_fmt(self.ratio['bound'])}"
-                         f" (eager {_fmt(self.ratio['eager_error'])})")
+            parts.append(_ratio_text(self.ratio))
         if len(self.run_max_abs_errors) > 1:
             parts.append(f"runs: mean {_fmt(self.error_mean)} std {_fmt(self.error_std)}")
         if r.worst:
