@@ -171,8 +171,10 @@ def _per_step(run: DecodeRun) -> float | None:
 def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[JsonObject]:
     """The KV cache after each pass (step 0: the prefill), per layer: K and V of the alternative
     against the reference (padded positions left out), beside the calibration's where it decoded;
-    each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). Empty where a
-    side does not expose its cache."""
+    each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). What each
+    side kept is compared (:attr:`~debug_framework.backends.decode.DecodeRun.kv_span`): the whole
+    cache after the prefill and on audited steps, else the trailing positions both kept (a step's
+    new entries); the row's ``compared`` says which. Empty where a side does not expose its cache."""
     rows: list[JsonObject] = []
     for s, (rk, ak) in enumerate(zip(ref.kv_cache, alt.kv_cache)):
         mask = ref.attention_masks[s] if s < len(ref.attention_masks) else None
@@ -180,7 +182,8 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
         for layer in sorted(set(rk) & set(ak)):
             row: JsonObject = {"step": s, "layer": layer}
             for j, part in enumerate(("k", "v")):
-                r, a, m = held_by_both(rk[layer][j], ak[layer][j], mask)
+                r, a, m = held_by_both(rk[layer][j], ak[layer][j], _trailing(mask, rk[layer][j]))
+                row["compared"] = _compared(s, r, ref, alt, layer)
                 err = compare(r, a, check_dtype=False, positions=m)
                 c = held_by_both(r, ck[layer][j], m) if layer in ck else None
                 noise = None if c is None else compare(c[0], c[1], check_dtype=False, positions=c[2])
@@ -191,6 +194,24 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
                              "shape_match": err.shape_match}
             rows.append(row)
     return rows
+
+
+def _trailing(mask: np.ndarray | None, kept: CapturedTensor) -> np.ndarray | None:
+    """The mask's trailing columns over the positions a side kept (all of them for a whole cache,
+    the last for a step's new entries)."""
+    shape = getattr(kept, "shape", ())
+    if mask is None or len(shape) < 2 or int(shape[1]) >= mask.shape[1]:
+        return mask
+    return mask[:, mask.shape[1] - int(shape[1]):]
+
+
+def _compared(step: int, kept: CapturedTensor, ref: DecodeRun, alt: DecodeRun, layer: int) -> str:
+    """What a KV row compared: ``"new entries"`` (the step's last position) or the whole cache,
+    and why (``"prefill"``, ``"audit"``, ``"rewrite"``)."""
+    spans = {run.span(step, layer) for run in (ref, alt)}
+    if step and int(getattr(kept, "shape", (0, 0))[1]) == 1 and "new" in spans:
+        return "new entries"
+    return "whole cache (" + "/".join(sorted(spans - {"new"})) + ")"
 
 
 #: the logits checkpoint the token-level metrics read
