@@ -10,7 +10,7 @@ token). Each pass's checkpoints come back as one :class:`Capture`, the KV cache 
 :attr:`DecodeRun.kv_cache`: whole after the prefill, after every :data:`KV_AUDIT_EVERY`-th step and
 after the last step, and where a layer's cache did not grow by exactly one position (the engine
 rewrote it: a sliding window's eviction, a paged cache's move); on any other step only each layer's
-new entries (its last position), so what a step keeps and compares does not grow with the steps
+new entries (its last :data:`KV_TAIL` positions), so what a step keeps and compares does not grow with the steps
 taken (:class:`KVRecorder`; :meth:`DecodeRun.cache_at` rebuilds a whole cache).
 
 :func:`module_decode` drives any ``transformers``-style ``nn.Module`` (``past_key_values``,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 #: One layer's cached ``(keys, values)``, each ``[batch, length, kv_heads, head_dim]``.
 LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
-__all__ = ["DecodeRun", "DecodeBackend", "KVRecorder", "KV_AUDIT_EVERY", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
+__all__ = ["DecodeRun", "DecodeBackend", "KVRecorder", "KV_AUDIT_EVERY", "KV_TAIL", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
@@ -56,7 +56,8 @@ class DecodeRun:
         tokens: ``[batch, steps]`` int64, the token fed at each decode step.
         kv_cache: per pass, ``{layer: (keys, values)}`` each ``[batch, length, kv_heads, head_dim]``
             (empty where the backend does not expose its cache): the whole cache where
-            ``kv_span[s][layer]`` is not ``"new"``, else only the pass's new entries (``length`` 1).
+            ``kv_span[s][layer]`` is not ``"new"``, else only the pass's new entries (its last
+            :data:`KV_TAIL` positions: the new token's and the one before, where an off-by-one write lands).
         attention_masks: per pass, the mask ``[batch, length]`` over the cached positions.
         kv_span: per pass, per layer, what ``kv_cache`` kept: ``"prefill"``, ``"audit"`` (a sampled
             step, the last one included), ``"rewrite"`` (the cache did not grow by exactly one
@@ -79,7 +80,8 @@ class DecodeRun:
             start = step
             while start > 0 and self.span(start, layer) == "new":
                 start -= 1
-            parts = [self.kv_cache[t][layer] for t in range(start, step + 1) if layer in self.kv_cache[t]]
+            parts = [self.kv_cache[t][layer] if t == start else _last(self.kv_cache[t][layer])
+                     for t in range(start, step + 1) if layer in self.kv_cache[t]]
             out[layer] = (_concat([p[0] for p in parts]), _concat([p[1] for p in parts]))
         return out
 
@@ -91,6 +93,9 @@ class DecodeRun:
 #: the decode keeps (and the decode stage compares) every layer's whole cache after every this
 #: many steps, and after the last; between them, each step's new entries only
 KV_AUDIT_EVERY = 64
+#: the positions a step keeps as its "new entries": the new token's and the one before it, where a
+#: write off by one lands
+KV_TAIL = 2
 
 
 def kv_audited(step: int, steps: int) -> bool:
@@ -110,9 +115,14 @@ def _concat(parts: list[Tensor | Array]) -> Tensor | Array:
     return np.concatenate([np.asarray(p) for p in parts], axis=1)
 
 
+def _last(kv: LayerKV) -> LayerKV:
+    """A step's new entries cut to its own position (the last)."""
+    return kv[0][:, -1:], kv[1][:, -1:]
+
+
 def _own_tail(t: Tensor | Array) -> Tensor | Array:
-    """The last position of ``t`` ``[batch, length, ...]``, copied (it keeps no view of the whole)."""
-    tail = t[:, -1:]
+    """The last :data:`KV_TAIL` positions of ``t`` ``[batch, length, ...]``, copied (no view of the whole)."""
+    tail = t[:, -KV_TAIL:]
     if hasattr(tail, "clone"):
         return tail.clone()
     return tail.copy() if hasattr(tail, "copy") else np.array(tail)
@@ -121,7 +131,7 @@ def _own_tail(t: Tensor | Array) -> Tensor | Array:
 class KVRecorder:
     """Builds :attr:`DecodeRun.kv_cache` and :attr:`DecodeRun.kv_span` pass by pass: the whole cache
     after the prefill, on audited steps (:func:`kv_audited`) and for a layer whose cache did not grow
-    by exactly one position since the pass before; each other layer's last position alone."""
+    by exactly one position since the pass before; each other layer's last :data:`KV_TAIL` positions."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
@@ -208,7 +218,7 @@ def _keep_kv(cache: object, recorder: KVRecorder) -> None:
     spans = recorder.spans_for({i: int(k.shape[2]) for i, (k, _) in held.items()})
 
     def own(t: torch.Tensor, whole: bool) -> torch.Tensor:
-        return (t if whole else t[:, :, -1:]).detach().transpose(1, 2).clone()
+        return (t if whole else t[:, :, -KV_TAIL:]).detach().transpose(1, 2).clone()
     recorder.kv.append({i: (own(k, spans[i] != "new"), own(v, spans[i] != "new")) for i, (k, v) in held.items()})
     recorder.spans.append(spans)
 

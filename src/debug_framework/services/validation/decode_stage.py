@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...backends.base import Backend
-from ...backends.decode import DecodeRun, decode_support
+from ...backends.decode import KV_TAIL, DecodeRun, decode_support
 from ...capture.keys import CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
 from ...comparison.next_token import next_token_metrics
@@ -206,10 +206,10 @@ def _trailing(mask: np.ndarray | None, kept: CapturedTensor) -> np.ndarray | Non
 
 
 def _compared(step: int, kept: CapturedTensor, ref: DecodeRun, alt: DecodeRun, layer: int) -> str:
-    """What a KV row compared: ``"new entries"`` (the step's last position) or the whole cache,
+    """What a KV row compared: ``"new entries"`` (the step's last positions) or the whole cache,
     and why (``"prefill"``, ``"audit"``, ``"rewrite"``)."""
     spans = {run.span(step, layer) for run in (ref, alt)}
-    if step and int(getattr(kept, "shape", (0, 0))[1]) == 1 and "new" in spans:
+    if step and int(getattr(kept, "shape", (0, 0))[1]) <= KV_TAIL and "new" in spans:
         return "new entries"
     return "whole cache (" + "/".join(sorted(spans - {"new"})) + ")"
 
