@@ -94,3 +94,6 @@ def test_a_kv_bug_after_200_steps_is_caught_at_its_step(long_llama, engine):
     at = {(r["step"], r["layer"]): r for r in kv}
     assert not at[(LATE, BUG_LAYER)]["passed"] and at[(LATE, BUG_LAYER)]["compared"] == "new entries"
     assert all(r["passed"] for r in kv if r["step"] < LATE)
+    noise = result.summary()["decode"]["calibration_noise"]  # the bound carried between sampled steps
+    assert LATE not in noise["sampled_steps"] and noise["carried"] > noise["measured"]
+    assert noise["remeasured"] >= 1  # step LATE failed by the carried bound: its own noise judged it
