@@ -157,23 +157,24 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # one thread: the steadiest figures, the same for both sides
+    params = SIZES[size]
+    print(f"random llama '{size}' ({params['num_hidden_layers']} layers, hidden {params['hidden_size']}, vocab "
+          f"{params['vocab_size']}), batch {args.batch}, prompt {args.length}, 1 thread, one session per count",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         path = build(size, root / "llama")
         plain = plain_greedy(path, args.batch, args.length, counts[-1])
-        ours = {n: tool(path, root, args.batch, args.length, n) for n in [1, *counts]}
-    params = SIZES[size]
-    print(f"random llama '{size}' ({params['num_hidden_layers']} layers, hidden {params['hidden_size']}, vocab "
-          f"{params['vocab_size']}), batch {args.batch}, prompt {args.length}, 1 thread, one session per count")
-    low = 1
-    for n in counts:
-        mine = (ours[n]["stage_s"] - ours[low]["stage_s"]) / (n - low)
-        base = sum(plain[low:n]) / (n - low)
-        print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy {base * 1e3:.2f} ms: "
-              f"{mine / base:.1f}x | session at {n}: decode stage {ours[n]['stage_s']:.2f} s, whole "
-              f"{ours[n]['session_s']:.2f} s, peak memory {ours[n]['peak_bytes'] / 2**20:.0f} MiB "
-              f"(+{ours[n]['growth_bytes'] / 2**20:.0f} MiB during the session)")
-        low = n
+        low, base_run = 1, tool(path, root, args.batch, args.length, 1)
+        for n in counts:  # each count printed as soon as its session is done
+            run = tool(path, root, args.batch, args.length, n)
+            mine = (run["stage_s"] - base_run["stage_s"]) / (n - low)
+            base = sum(plain[low:n]) / (n - low)
+            print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
+                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x | session at {n}: decode stage {run['stage_s']:.2f} s, "
+                  f"whole {run['session_s']:.2f} s, peak memory {run['peak_bytes'] / 2**20:.0f} MiB "
+                  f"(+{run['growth_bytes'] / 2**20:.0f} MiB during the session)", flush=True)
+            low, base_run = n, run
     return 0
 
 
