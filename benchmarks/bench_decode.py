@@ -1,41 +1,51 @@
-"""Decode steps (issue 27): what validating one decode step costs, beside a plain ``transformers``
-greedy decode of the same model in the same run.
+"""Decode steps (issues 27, 47): what validating one more decode step costs, and the memory of a
+session, at 10, 100 and 1000 steps, beside a plain ``transformers`` greedy decode of the same model
+in the same run.
 
-* **plain greedy**: the model (a random Llama, ``--size tiny`` or ``small``) in float32, eager, one
-  prefill then one token at a time through its own cache (``past_key_values``), argmax each step:
-  the median seconds per decode step; and ``model.generate(..., do_sample=False)`` for the same
-  number of new tokens, its seconds per token (prefill included).
+* **plain greedy**: the model (a random Llama, ``--size tiny``, ``small`` or ``1b``, a Llama 3.2 1B
+  shape) in float32, eager, one prefill then one token at a time through its own cache
+  (``past_key_values``), argmax each step: each step timed, so the cost per step between two step
+  counts (the steps after the lower up to the higher) is the mean of those steps' times.
 * **the tool**: ``debug_validate --decode-steps N`` on the same model and inputs (reference
-  ``float64_eager``, alternative ``pytorch`` float32, calibration at float32, no isolation): whole
-  sessions with ``--steps-low`` and ``--steps-high`` decode steps; the difference of their median
-  decode-stage times divided by the difference in steps is the tool's cost of one more decode step
-  (three decodes, every checkpoint compared and judged, the KV cache compared per layer, the token
-  metrics), and its ratio to one plain greedy step.
+  ``float64_eager``, alternative ``pytorch`` float32, calibration at float32, no isolation): one
+  whole session per step count (1 and each of ``--steps``), each in a fresh subprocess (after a
+  1-step warm-up session there) so that its peak memory is its own; the difference of the decode
+  stage's seconds between two counts over the difference in steps is the tool's cost of one more
+  decode step there, printed beside the plain step's and as their ratio; the peak resident memory of
+  each session's process and its growth during the session.
 
-Nothing is asserted about time: the figures are printed (docs/benchmarks.md, "Decode steps").
+Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
-    python -m benchmarks.bench_decode [--size tiny|small] [--repeats 3] [--quick]
+    python -m benchmarks.bench_decode [--size tiny|small|1b] [--steps 10 100 1000] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-#: random Llamas: tiny (the tests' size) and small (a few million parameters)
+#: random Llamas: tiny (the tests' size), small (a few million parameters) and 1b (Llama 3.2 1B's shape)
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, max_position_embeddings=128),
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=2048),
     "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=256),
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=2048),
+    "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048),
 }
 
 
@@ -50,16 +60,16 @@ def build(size: str, directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def _inputs(vocab: int, batch: int, length: int, seed: int = 0) -> Any:
+def _inputs(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=gen)
 
 
-def plain_greedy(path: Path, batch: int, length: int, steps: int, repeats: int) -> dict[str, float]:
-    """Median seconds of one greedy decode step through the model's own cache, and ``generate``'s
-    seconds per new token, both in float32 eager ``transformers``."""
+def plain_greedy(path: Path, batch: int, length: int, steps: int) -> list[float]:
+    """The seconds of each of ``steps`` greedy decode steps through the model's own cache, float32
+    eager ``transformers`` (after a 2-step warm-up)."""
     import inspect
 
     import torch
@@ -68,61 +78,67 @@ def plain_greedy(path: Path, batch: int, length: int, steps: int, repeats: int) 
     net = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cache_arg = "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
 
-    def cache_of(out: Any) -> Any:
-        return getattr(out, "cache", None) or out.past_key_values
+    def cache_of(out: object) -> object:
+        return getattr(out, "cache", None) or getattr(out, "past_key_values")
     ids = _inputs(net.config.vocab_size, batch, length)
     mask = torch.ones_like(ids)
-    per_step: list[float] = []
-    per_token: list[float] = []
+    times: list[float] = []
     with torch.inference_mode():
-        for r in range(repeats + 1):  # the first round warms up
+        for n in (2, steps):  # the first round warms up
             out = net(input_ids=ids, attention_mask=mask, use_cache=True)
             cache, logits, m = cache_of(out), out.logits, mask
             times = []
-            for _ in range(steps):
+            for _ in range(n):
                 tok = logits[:, -1].argmax(-1, keepdim=True)
                 m = torch.cat([m, torch.ones_like(tok)], dim=1)
                 start = time.perf_counter()
                 out = net(input_ids=tok, attention_mask=m, use_cache=True, **{cache_arg: cache})
                 times.append(time.perf_counter() - start)
                 cache, logits = cache_of(out), out.logits
-            start = time.perf_counter()
-            net.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                         pad_token_id=0)
-            if r:
-                per_step.append(statistics.median(times))
-                per_token.append((time.perf_counter() - start) / steps)
-    return {"step_s": statistics.median(per_step), "generate_token_s": statistics.median(per_token)}
+    return times
 
 
-def tool(path: Path, root: Path, batch: int, length: int, steps: tuple[int, int], repeats: int) -> dict[str, Any]:
-    """The tool's decode stage on the same model: median decode-stage seconds at each step count,
-    the marginal seconds per decode step, and the whole session's seconds at the higher count."""
+def _rss_bytes() -> int:
+    """This process's resident memory now (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float]:
+    """One ``--decode-steps steps`` session (after a 1-step warm-up one in this process): its decode
+    stage's and whole seconds, the process's peak resident memory and its growth during the session."""
+    import torch
+
     from debug_framework.services.validation_engine import ValidationEngine
 
-    engine = ValidationEngine(database_path=root / "decode.db")
-    stage: dict[int, list[float]] = {n: [] for n in steps}
-    session: list[float] = []
-    per_side: dict[str, list[float]] = {"reference": [], "alternative": []}
-    for r in range(repeats + 1):  # the first round warms imports and caches up
-        for n in steps:
-            config = {"model_tier": "generic", "decode_steps": n, "isolate": False, "precision_diagnosis": False,
-                      "input_shape": [batch, length]}
-            start = time.perf_counter()
-            result = engine.run(engine.create_session(path, config, "float64_eager", "pytorch"))
-            elapsed = time.perf_counter() - start
-            if not result.passed:
-                raise SystemExit(f"a correct pair failed at {n} decode steps: {result.first_divergence}")
-            if r:
-                stage[n].append(float(result.performance["decode_s"]))
-                if n == steps[1]:
-                    session.append(elapsed)
-                    for side, secs in (result.decode or {}).get("seconds_per_step", {}).items():
-                        per_side[side].append(float(secs))
-    low, high = (statistics.median(stage[n]) for n in steps)
-    return {"stage_s": {n: statistics.median(v) for n, v in stage.items()},
-            "step_s": (high - low) / (steps[1] - steps[0]), "session_s": statistics.median(session),
-            "pass_s": {side: statistics.median(v) for side, v in per_side.items() if v}}
+    torch.set_num_threads(1)
+    engine = ValidationEngine(database_path=root / f"decode_{steps}.db")
+    config = {"model_tier": "generic", "isolate": False, "precision_diagnosis": False, "input_shape": [batch, length]}
+    engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))
+    before = _rss_bytes()
+    start = time.perf_counter()
+    result = engine.run(engine.create_session(path, {**config, "decode_steps": steps}, "float64_eager", "pytorch"))
+    elapsed = time.perf_counter() - start
+    if not result.passed:
+        raise SystemExit(f"a correct pair failed at {steps} decode steps: {result.first_divergence}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
+            "growth_bytes": float(max(0, peak - before))}
+
+
+def tool(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float]:
+    """:func:`one_session` in a fresh Python process (its peak memory its own)."""
+    code = ("import json, sys; from pathlib import Path; from benchmarks.bench_decode import one_session; "
+            f"print(json.dumps(one_session(Path({str(path)!r}), Path({str(root)!r}), {batch}, {length}, {steps})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
+                                                                    os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        raise SystemExit(f"the {steps}-step session failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,34 +146,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--length", type=int, default=16)
-    parser.add_argument("--steps-low", type=int, default=2)
-    parser.add_argument("--steps-high", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 1 and 3 steps, one repeat")
+    parser.add_argument("--steps", type=int, nargs="+", default=[10, 100, 1000], help="decode step counts (ascending)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 3 and 10 steps")
     args = parser.parse_args(argv)
-    size, repeats, steps = args.size, args.repeats, (args.steps_low, args.steps_high)
+    size, counts = args.size, sorted(set(args.steps))
     if args.quick:
-        size, repeats, steps = "tiny", 1, (1, 3)
-    if not 0 < steps[0] < steps[1]:
-        parser.error("need 0 < --steps-low < --steps-high")
+        size, counts = "tiny", [3, 10]
+    if counts[0] < 2:
+        parser.error("need --steps of 2 or more (a 1-step session is the base)")
     import torch
 
     torch.set_num_threads(1)  # one thread: the steadiest figures, the same for both sides
+    params = SIZES[size]
+    print(f"random llama '{size}' ({params['num_hidden_layers']} layers, hidden {params['hidden_size']}, vocab "
+          f"{params['vocab_size']}), batch {args.batch}, prompt {args.length}, 1 thread, one session per count",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         path = build(size, root / "llama")
-        plain = plain_greedy(path, args.batch, args.length, steps[1], repeats)
-        ours = tool(path, root, args.batch, args.length, steps, repeats)
-    params = SIZES[size]
-    print(f"random llama '{size}' ({params['num_hidden_layers']} layers, hidden {params['hidden_size']}, vocab "
-          f"{params['vocab_size']}), batch {args.batch}, prompt {args.length}, 1 thread, median of {repeats}")
-    print(f"plain transformers greedy: {plain['step_s'] * 1e3:.2f} ms per decode step (own cache loop); "
-          f"generate(do_sample=False): {plain['generate_token_s'] * 1e3:.2f} ms per new token")
-    print(f"debug_validate --decode-steps: decode stage {ours['stage_s'][steps[0]]:.3f} s at {steps[0]} step(s), "
-          f"{ours['stage_s'][steps[1]]:.3f} s at {steps[1]}; whole session at {steps[1]}: {ours['session_s']:.3f} s")
-    print(f"the tool per decode step: {ours['step_s'] * 1e3:.2f} ms = {ours['step_s'] / plain['step_s']:.1f}x a plain "
-          f"greedy step (one pass inside it: reference {ours['pass_s'].get('reference', float('nan')) * 1e3:.2f} ms, "
-          f"alternative {ours['pass_s'].get('alternative', float('nan')) * 1e3:.2f} ms)")
+        plain = plain_greedy(path, args.batch, args.length, counts[-1])
+        low, base_run = 1, tool(path, root, args.batch, args.length, 1)
+        for n in counts:  # each count printed as soon as its session is done
+            run = tool(path, root, args.batch, args.length, n)
+            mine = (run["stage_s"] - base_run["stage_s"]) / (n - low)
+            base = sum(plain[low:n]) / (n - low)
+            print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
+                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x | session at {n}: decode stage {run['stage_s']:.2f} s, "
+                  f"whole {run['session_s']:.2f} s, peak memory {run['peak_bytes'] / 2**20:.0f} MiB "
+                  f"(+{run['growth_bytes'] / 2**20:.0f} MiB during the session)", flush=True)
+            low, base_run = n, run
     return 0
 
 

@@ -7,7 +7,11 @@ are the caller's (``tokens``, teacher forcing: both sides of a comparison see th
 where none are given, the backend's own greedy choice (the argmax of its logits at the row's last
 token). Each pass's checkpoints come back as one :class:`Capture`, the KV cache after it (per layer,
 ``[batch, length, kv_heads, head_dim]`` so the comparison core can leave padded positions out) in
-:attr:`DecodeRun.kv_cache`.
+:attr:`DecodeRun.kv_cache`: whole after the prefill, after every :data:`KV_AUDIT_EVERY`-th step and
+after the last step, and where a layer's cache did not grow by exactly one position (the engine
+rewrote it: a sliding window's eviction, a paged cache's move); on any other step only each layer's
+new entries (its last :data:`KV_TAIL` positions), so what a step keeps and compares does not grow with the steps
+taken (:class:`KVRecorder`; :meth:`DecodeRun.cache_at` rebuilds a whole cache).
 
 :func:`module_decode` drives any ``transformers``-style ``nn.Module`` (``past_key_values``,
 ``use_cache``): the ``pytorch`` and ``float64_eager`` backends and module backends decode through
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 #: One layer's cached ``(keys, values)``, each ``[batch, length, kv_heads, head_dim]``.
 LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
-__all__ = ["DecodeRun", "DecodeBackend", "decode_support", "module_decode", "runner_decode", "decode_positions",
+__all__ = ["DecodeRun", "DecodeBackend", "KVRecorder", "KV_AUDIT_EVERY", "KV_TAIL", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
@@ -51,14 +55,107 @@ class DecodeRun:
         captures: one per pass: ``captures[0]`` the prefill, ``captures[s]`` decode step ``s``.
         tokens: ``[batch, steps]`` int64, the token fed at each decode step.
         kv_cache: per pass, ``{layer: (keys, values)}`` each ``[batch, length, kv_heads, head_dim]``
-            (empty where the backend does not expose its cache).
+            (empty where the backend does not expose its cache): the whole cache where
+            ``kv_span[s][layer]`` is not ``"new"``, else only the pass's new entries (its last
+            :data:`KV_TAIL` positions: the new token's and the one before, where an off-by-one write lands).
         attention_masks: per pass, the mask ``[batch, length]`` over the cached positions.
+        kv_span: per pass, per layer, what ``kv_cache`` kept: ``"prefill"``, ``"audit"`` (a sampled
+            step, the last one included), ``"rewrite"`` (the cache did not grow by exactly one
+            position) -- the whole cache -- or ``"new"`` (the new entries only). Empty: every pass whole.
     """
 
     captures: list[Capture]
     tokens: np.ndarray
     kv_cache: list[dict[int, LayerKV]] = field(default_factory=list)
     attention_masks: list[np.ndarray] = field(default_factory=list)
+    kv_span: list[dict[int, str]] = field(default_factory=list)
+
+    def cache_at(self, step: int) -> dict[int, LayerKV]:
+        """Every layer's whole cache after pass ``step`` (0: the prefill): the last whole one kept at
+        or before it, the new entries of the passes after it appended. Empty where none was kept."""
+        if step >= len(self.kv_cache):
+            return {}
+        out: dict[int, LayerKV] = {}
+        for layer in self.kv_cache[step]:
+            start = step
+            while start > 0 and self.span(start, layer) == "new":
+                start -= 1
+            parts = [self.kv_cache[t][layer] if t == start else _last(self.kv_cache[t][layer])
+                     for t in range(start, step + 1) if layer in self.kv_cache[t]]
+            out[layer] = (_concat([p[0] for p in parts]), _concat([p[1] for p in parts]))
+        return out
+
+    def span(self, step: int, layer: int) -> str:
+        """What pass ``step`` kept of ``layer``'s cache (:attr:`kv_span`; ``"audit"`` where not recorded)."""
+        return self.kv_span[step].get(layer, "audit") if step < len(self.kv_span) else "audit"
+
+
+#: the decode keeps (and the decode stage compares) every layer's whole cache after every this
+#: many steps, and after the last; between them, each step's new entries only
+KV_AUDIT_EVERY = 64
+#: the positions a step keeps as its "new entries": the new token's and the one before it, where a
+#: write off by one lands
+KV_TAIL = 2
+
+
+def kv_audited(step: int, steps: int) -> bool:
+    """Whether decode ``step`` (>= 1) of ``steps`` is a sampled audit of the whole cache: every
+    :data:`KV_AUDIT_EVERY`-th step and the last."""
+    return step == steps or step % KV_AUDIT_EVERY == 0
+
+
+def _concat(parts: list[Tensor | Array]) -> Tensor | Array:
+    """Tensors ``[batch, length, ...]`` joined along ``length`` (torch or NumPy-like)."""
+    if len(parts) == 1:
+        return parts[0]
+    if hasattr(parts[0], "detach"):
+        import torch
+
+        return torch.cat(list(parts), dim=1)  # type: ignore[arg-type]
+    return np.concatenate([np.asarray(p) for p in parts], axis=1)
+
+
+def _last(kv: LayerKV) -> LayerKV:
+    """A step's new entries cut to its own position (the last)."""
+    return kv[0][:, -1:], kv[1][:, -1:]
+
+
+def _own_tail(t: Tensor | Array) -> Tensor | Array:
+    """The last :data:`KV_TAIL` positions of ``t`` ``[batch, length, ...]``, copied (no view of the whole)."""
+    tail = t[:, -KV_TAIL:]
+    if hasattr(tail, "clone"):
+        return tail.clone()
+    return tail.copy() if hasattr(tail, "copy") else np.array(tail)
+
+
+class KVRecorder:
+    """Builds :attr:`DecodeRun.kv_cache` and :attr:`DecodeRun.kv_span` pass by pass: the whole cache
+    after the prefill, on audited steps (:func:`kv_audited`) and for a layer whose cache did not grow
+    by exactly one position since the pass before; each other layer's last :data:`KV_TAIL` positions."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.kv: list[dict[int, LayerKV]] = []
+        self.spans: list[dict[int, str]] = []
+        self._lengths: dict[int, int] = {}
+
+    def spans_for(self, lengths: dict[int, int]) -> dict[int, str]:
+        """What the next pass keeps of each layer, given each layer's cached length after it."""
+        step = len(self.kv)
+        if step == 0:
+            spans = {i: "prefill" for i in lengths}
+        elif kv_audited(step, self.steps):
+            spans = {i: "audit" for i in lengths}
+        else:
+            spans = {i: "new" if self._lengths.get(i, -2) + 1 == n else "rewrite" for i, n in lengths.items()}
+        self._lengths = dict(lengths)
+        return spans
+
+    def add(self, whole: dict[int, LayerKV], spans: dict[int, str]) -> None:
+        """Keep one pass: ``whole`` every layer's cache (the new layers cut to their last position)."""
+        self.kv.append({i: kv if spans.get(i) != "new" else (_own_tail(kv[0]), _own_tail(kv[1]))
+                        for i, kv in whole.items()})
+        self.spans.append(spans)
 
 
 @runtime_checkable
@@ -100,19 +197,30 @@ def _cache_of(out: object) -> object:
     return None
 
 
-def _layer_kv(cache: object) -> dict[int, LayerKV]:
-    """``{layer: (keys, values)}`` of a ``transformers`` cache, ``[batch, length, heads, dim]``."""
+def _cache_layers(cache: object) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``{layer: (keys, values)}`` of a ``transformers`` cache as it holds them, ``[batch, heads, length, dim]``."""
     layers = getattr(cache, "layers", None)
-    out: dict[int, LayerKV] = {}
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     if layers is not None:
         for i, layer in enumerate(layers):
             k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
             if k is not None and v is not None and hasattr(k, "transpose"):
-                out[i] = (k.detach().transpose(1, 2).clone(), v.detach().transpose(1, 2).clone())
+                out[i] = (k, v)
     elif getattr(cache, "key_cache", None) is not None:
-        for i, (k, v) in enumerate(zip(cache.key_cache, cache.value_cache)):
-            out[i] = (k.detach().transpose(1, 2).clone(), v.detach().transpose(1, 2).clone())
+        out = dict(enumerate(zip(cache.key_cache, cache.value_cache)))
     return out
+
+
+def _keep_kv(cache: object, recorder: KVRecorder) -> None:
+    """Record a ``transformers`` cache after a pass in ``recorder``, ``[batch, length, heads, dim]``:
+    a layer kept whole is copied whole, one kept new only (its last position) is copied alone."""
+    held = _cache_layers(cache)
+    spans = recorder.spans_for({i: int(k.shape[2]) for i, (k, _) in held.items()})
+
+    def own(t: torch.Tensor, whole: bool) -> torch.Tensor:
+        return (t if whole else t[:, :, -KV_TAIL:]).detach().transpose(1, 2).clone()
+    recorder.kv.append({i: (own(k, spans[i] != "new"), own(v, spans[i] != "new")) for i, (k, v) in held.items()})
+    recorder.spans.append(spans)
 
 
 def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, torch.Tensor],
@@ -144,7 +252,7 @@ def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, 
     mask = kwargs["attention_mask"]
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     captures: list[Capture] = []
-    kv: list[dict[int, LayerKV]] = []
+    kv = KVRecorder(steps)
     masks: list[np.ndarray] = []
     chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
     with torch.inference_mode():
@@ -157,7 +265,7 @@ def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, 
             raise BackendRuntimeError("the module returned no past_key_values, so it cannot decode through its cache",
                                       backend=backend_name, call="run_decode()",
                                       hint="give the module a cache (use_cache=True), or decode with prefill/decode_step")
-        kv.append(_layer_kv(cache))
+        _keep_kv(cache, kv)
         mask_np = mask.detach().cpu().numpy().astype(np.int64)
         masks.append(mask_np)
         logits = getattr(out, "logits", None)
@@ -181,11 +289,11 @@ def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, 
                 out = cap.run(module, **step_kwargs)
             captures.append(wrap(dict(cap.tensors), time.perf_counter() - start))
             cache = _cache_of(out)
-            kv.append(_layer_kv(cache))
+            _keep_kv(cache, kv)
             masks.append(mask_np)
             logits = getattr(out, "logits", None)
             last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
-    return DecodeRun(captures, chosen, kv, masks)
+    return DecodeRun(captures, chosen, kv.kv, masks, kv.spans)
 
 
 def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
@@ -216,14 +324,18 @@ def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps:
                                       backend=backend_name, call=what, hint="return {'post_mlp:2': tensor, ...}")
         return {CheckpointKey.parse(k): v for k, v in produced.items()}, seconds
 
-    def cache() -> dict[int, LayerKV]:
+    recorder = KVRecorder(steps)
+
+    def cache() -> None:
         fn = getattr(runner, "kv_cache", None)
-        return {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+        whole = {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+        recorder.add(whole, recorder.spans_for({i: int(kv[0].shape[1]) for i, kv in whole.items()}))
 
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     mask = np.asarray(inputs.attention_mask, np.int64)
     got, seconds = call("prefill()", lambda: runner.prefill(inputs, list(keys)))
-    captures, kv, masks = [wrap(got, seconds)], [cache()], [mask]
+    captures, masks = [wrap(got, seconds)], [mask]
+    cache()
     chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
     last = last_token_index(mask)
     logit_key = CheckpointKey("post_processing")
@@ -242,10 +354,10 @@ def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps:
         mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
         got, seconds = call("decode_step()", lambda t=tok, p=positions: runner.decode_step(t, p, list(keys)))
         captures.append(wrap(got, seconds))
-        kv.append(cache())
+        cache()
         masks.append(mask)
         last = np.zeros(mask.shape[0], np.int64)
-    return DecodeRun(captures, chosen, kv, masks)
+    return DecodeRun(captures, chosen, recorder.kv, masks, recorder.spans)
 
 
 class ReferenceDecoder:

@@ -34,7 +34,7 @@ def step_inputs(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray) -> Step
     at = ref_run.captures[step].tensors
     layers = range(int(getattr(ctx.model, "num_layers", 0) or 0))
     hidden = {i: at[layer_input_key(i)] for i in layers if layer_input_key(i) in at}
-    past = dict(ref_run.kv_cache[step - 1]) if step - 1 < len(ref_run.kv_cache) else {}
+    past = ref_run.cache_at(step - 1)  # the whole cache before the step (new entries appended to the last whole one)
     return StepInputs(step, np.asarray(tokens), hidden, past)
 
 

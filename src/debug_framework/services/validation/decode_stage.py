@@ -12,12 +12,14 @@ cache after each pass is compared per layer (K and V, padded positions left out)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...backends.base import Backend
-from ...backends.decode import DecodeRun, decode_support
+from ...backends.decode import KV_TAIL, DecodeRun, decode_support
 from ...capture.keys import CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
 from ...comparison.next_token import next_token_metrics
@@ -28,11 +30,22 @@ from .calibration import calibration_dtype, noise_at
 from .context import RunContext, Stage, call_backend, own
 from .decode_replay import replay_decode_layer, step_inputs
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
+from .judge import judge_checkpoint, judge_kv
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
 
-__all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan"]
+__all__ = ["DecodeStage", "check_decode_tokens", "check_decode_plan", "NOISE_EVERY", "noise_sampled", "NoiseCarry"]
+
+#: the calibration's noise is measured at decode step 1, every this many steps and the last; the
+#: steps between carry the last measured (and measure their own where a check fails by the carried)
+NOISE_EVERY = 8
+
+
+def noise_sampled(step: int, steps: int) -> bool:
+    """Whether the calibration's noise is measured at decode ``step`` of ``steps`` whatever the
+    check: step 1, every :data:`NOISE_EVERY`-th and the last."""
+    return step in (1, steps) or step % NOISE_EVERY == 0
 
 #: how to get a decoding reference where the session's cannot decode
 _DECODE_HINT = ("use backends that decode (python_reference, torch_reference, pytorch, float64_eager, module "
@@ -112,6 +125,7 @@ class DecodeStage(Stage):
         for ev in ctx.evidence.checkpoints:
             if ev.step is None:
                 ev.step = 0  # the prefill
+        noise = NoiseCarry()
         for s in range(1, steps + 1):
             r, a = ref_run.captures[s], alt_run.captures[s]
             c = None if cal_run is None else cal_run.captures[s]
@@ -120,13 +134,15 @@ class DecodeStage(Stage):
                 both = key in r and key in a
                 comp = compare(r[key], a[key], tolerance=tol, check_dtype=False, name=f"{key}@{s}") if both else \
                     _missing(key, s, "alternative" if key not in a else "reference", tol)
-                ctx.evidence.checkpoints.append(CheckpointEvidence(
-                    key=key, comparison=comp, reference_rms=reference_scale(r[key]) if both else math.nan,
-                    noise=noise_at(key, r, c) if plan.calibrated(key) else None, step=s,
-                    module=(ev_module(ctx, key))))
+                ev = CheckpointEvidence(key=key, comparison=comp, step=s, module=ev_module(ctx, key),
+                                        reference_rms=reference_scale(r[key]) if both else math.nan)
+                if plan.calibrated(key):
+                    noise.checkpoint(ctx, ev, lambda k=key, r=r, c=c: noise_at(k, r, c), noise_sampled(s, steps))
+                ctx.evidence.checkpoints.append(ev)
         ctx.decode = {"steps": steps, "tokens": np.asarray(tokens).tolist(),
                       "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ref.name})",
-                      "kv_cache": kv_rows(ctx, ref_run, alt_run, cal_run),
+                      "kv_cache": kv_rows(ctx, ref_run, alt_run, cal_run, noise),
+                      "calibration_noise": noise.record(steps),
                       "token_metrics": token_rows(ctx, ref_run, alt_run, cal_run),
                       "seconds_per_step": {side: _per_step(run) for side, run in
                                            (("reference", ref_run), ("alternative", alt_run)) if run is not None}}
@@ -168,11 +184,16 @@ def _per_step(run: DecodeRun) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None) -> list[JsonObject]:
+def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | None,
+            carry: NoiseCarry | None = None) -> list[JsonObject]:
     """The KV cache after each pass (step 0: the prefill), per layer: K and V of the alternative
     against the reference (padded positions left out), beside the calibration's where it decoded;
-    each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). Empty where a
-    side does not expose its cache."""
+    each also added to the evidence (:class:`~.evidence.KVEvidence`, for the judge). What each
+    side kept is compared (:attr:`~debug_framework.backends.decode.DecodeRun.kv_span`): the whole
+    cache after the prefill and on audited steps, else the trailing positions both kept (a step's
+    new entries); the row's ``compared`` says which. With ``carry``, the calibration's noise on a
+    step's new entries is measured as :class:`NoiseCarry` measures a checkpoint's (a whole cache's
+    always). Empty where a side does not expose its cache."""
     rows: list[JsonObject] = []
     for s, (rk, ak) in enumerate(zip(ref.kv_cache, alt.kv_cache)):
         mask = ref.attention_masks[s] if s < len(ref.attention_masks) else None
@@ -180,17 +201,92 @@ def kv_rows(ctx: RunContext, ref: DecodeRun, alt: DecodeRun, cal: DecodeRun | No
         for layer in sorted(set(rk) & set(ak)):
             row: JsonObject = {"step": s, "layer": layer}
             for j, part in enumerate(("k", "v")):
-                r, a, m = held_by_both(rk[layer][j], ak[layer][j], mask)
+                r, a, m = held_by_both(rk[layer][j], ak[layer][j], _trailing(mask, rk[layer][j]))
+                row["compared"] = _compared(s, r, ref, alt, layer)
                 err = compare(r, a, check_dtype=False, positions=m)
                 c = held_by_both(r, ck[layer][j], m) if layer in ck else None
-                noise = None if c is None else compare(c[0], c[1], check_dtype=False, positions=c[2])
                 scale = reference_scale(select_positions(r, position_mask(m)))  # m: an attention mask
+                noise = None
+                if c is not None:
+                    def measure(c: tuple[CapturedTensor, CapturedTensor, np.ndarray | None] = c) -> ComparisonResult:
+                        return compare(c[0], c[1], check_dtype=False, positions=c[2])
+                    whole = carry is None or row["compared"] != "new entries"
+                    noise = measure() if whole else carry.kv(  # type: ignore[union-attr]
+                        ctx, KVEvidence(s, layer, part, err, None, scale), measure,
+                        noise_sampled(s, len(ref.kv_cache) - 1))
                 ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
                 row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
                              "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
                              "shape_match": err.shape_match}
             rows.append(row)
     return rows
+
+
+def _trailing(mask: np.ndarray | None, kept: CapturedTensor) -> np.ndarray | None:
+    """The mask's trailing columns over the positions a side kept (all of them for a whole cache,
+    the last for a step's new entries)."""
+    shape = getattr(kept, "shape", ())
+    if mask is None or len(shape) < 2 or int(shape[1]) >= mask.shape[1]:
+        return mask
+    return mask[:, mask.shape[1] - int(shape[1]):]
+
+
+def _compared(step: int, kept: CapturedTensor, ref: DecodeRun, alt: DecodeRun, layer: int) -> str:
+    """What a KV row compared: ``"new entries"`` (the step's last positions) or the whole cache,
+    and why (``"prefill"``, ``"audit"``, ``"rewrite"``)."""
+    spans = {run.span(step, layer) for run in (ref, alt)}
+    if step and int(getattr(kept, "shape", (0, 0))[1]) <= KV_TAIL and "new" in spans:
+        return "new entries"
+    return "whole cache (" + "/".join(sorted(spans - {"new"})) + ")"
+
+
+class NoiseCarry:
+    """The calibration's noise at the decode steps, measured where it must be and carried between:
+    at a sampled step (:func:`noise_sampled`) it is measured; at any other, the last one measured
+    for the same checkpoint (or the same layer's K or V new entries) is carried, and where the
+    check fails by the carried bound the noise is measured at that step and judges it instead (so a
+    carried bound never fails a correct step, and a failure is judged by its own step's noise).
+    Counts what was measured and carried for ``result.decode["calibration_noise"]``."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[object, ...], ComparisonResult] = {}
+        self.measured = self.carried = self.remeasured = 0
+
+    def _noise(self, slot: tuple[object, ...], measure: Callable[[], ComparisonResult | None], sampled: bool,
+               fails: Callable[[ComparisonResult], bool]) -> ComparisonResult | None:
+        held = None if sampled else self.last.get(slot)
+        if held is not None and not fails(held):
+            self.carried += 1
+            return held
+        noise = measure()
+        self.measured += 1
+        self.remeasured += held is not None
+        if noise is not None:
+            self.last[slot] = noise
+        return noise
+
+    def checkpoint(self, ctx: RunContext, ev: CheckpointEvidence, measure: Callable[[], ComparisonResult | None],
+                   sampled: bool) -> None:
+        """Set ``ev.noise`` (a decode step's checkpoint)."""
+        def fails(noise: ComparisonResult) -> bool:
+            ev.noise = noise
+            return not judge_checkpoint(ev, ctx.evidence, ctx.plan).passed
+        ev.noise = self._noise(("checkpoint", ev.key), measure, sampled, fails)
+
+    def kv(self, ctx: RunContext, ev: KVEvidence, measure: Callable[[], ComparisonResult | None],
+           sampled: bool) -> ComparisonResult | None:
+        """The noise of ``ev`` (a step's new K or V entries of a layer; its own ``noise`` unused)."""
+        return self._noise(("kv", ev.layer, ev.part), measure, sampled,
+                           lambda noise: not judge_kv(replace(ev, noise=noise), ctx.plan).passed)
+
+    def record(self, steps: int) -> JsonObject:
+        """Where the noise was measured and how it was carried (the bound's provenance)."""
+        return {"sampled_steps": [s for s in range(1, steps + 1) if noise_sampled(s, steps)],
+                "every": NOISE_EVERY, "measured": self.measured, "carried": self.carried,
+                "remeasured": self.remeasured,
+                "rule": "measured at step 1, every NOISE_EVERY-th step and the last; between them the last measured "
+                        "noise of the same checkpoint (or K/V new entries) is carried, and measured at the step "
+                        "itself where the check fails by the carried bound"}
 
 
 #: the logits checkpoint the token-level metrics read
