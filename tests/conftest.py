@@ -375,3 +375,14 @@ def ctrl_c_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture(autouse=True)
+def _main_module_kept() -> Iterator[None]:
+    """Streamlit's ``AppTest`` runs a page as ``__main__`` and leaves its temporary script there;
+    a later test on the same worker that spawns processes (a batch job) would make each child run
+    that script (``multiprocessing``'s spawn re-imports the parent's main). Put the real one back."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
