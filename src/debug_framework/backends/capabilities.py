@@ -23,12 +23,10 @@ from ..errors import DebugFrameworkError
 if TYPE_CHECKING:
     from ..jsonio import JsonObject
     from ..modelio.loader import LoadedModel
-    from .base import Backend
     from ._graph_session import GraphSession
 
 __all__ = ["Support", "Capabilities", "GraphRunner", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
-           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers",
-           "EmulatedPrecision", "emulated_precision"]
+           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers"]
 
 
 class Support(NamedTuple):
@@ -196,28 +194,6 @@ def release(backend: object, what: str) -> None:
     fn: Callable[[], object] | None = getattr(backend, f"release_{what}", None) if held else None
     if fn is not None:
         fn()
-
-
-class EmulatedPrecision(Protocol):
-    """A precision an engine computes at beyond a float dtype (llama.cpp's quantized weights and
-    activations, its KV cache type), and a trusted implementation reproducing it."""
-
-    #: what ``consistent_with`` calls it (``"q8_0"``)
-    name: str
-    #: the float dtype the emulation computes in
-    dtype: str
-
-    def describe(self) -> str: ...
-
-    def trusted_backend(self) -> Backend: ...
-
-
-def emulated_precision(backend: object, model: LoadedModel) -> EmulatedPrecision | None:
-    """The precision ``backend`` declares it computes ``model`` at and offers an emulation of
-    (``emulated_precision(model)``), None where it offers none: what the calibration reproduces at
-    ``dtype: "auto"`` and what the precision diagnosis measures under its name."""
-    fn = getattr(backend, "emulated_precision", None)
-    return fn(model) if callable(fn) else None  # type: ignore[no-any-return]
 
 
 def declared_dtype(backend: object, model: LoadedModel) -> tuple[str, str] | None:

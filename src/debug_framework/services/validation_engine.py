@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
-from ..backends.capabilities import backend_versions, capabilities, declared_dtype, emulated_precision
+from ..backends.base import emulated_precision
+from ..backends.capabilities import backend_versions, capabilities, declared_dtype
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings

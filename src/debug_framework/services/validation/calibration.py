@@ -60,7 +60,7 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: L
     precision it emulates, :func:`~debug_framework.backends.capabilities.emulated_precision`), the
     ``alternative``'s emulation of it."""
     from ...backends import get_backend
-    from ...backends.capabilities import emulated_precision
+    from ...backends.base import emulated_precision
     from ...backends.torch_reference import TorchReferenceBackend
 
     if plan.config.calibration_backend == "auto" and plan.config.emulated_precision and alternative is not None \

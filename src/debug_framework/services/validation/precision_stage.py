@@ -15,7 +15,8 @@ one of them (``consistent_with``). It runs only where a checkpoint failed, calib
 from __future__ import annotations
 
 from ...backends.base import Backend
-from ...backends.capabilities import EmulatedPrecision, capabilities, emulated_precision, release
+from ...backends.base import EmulatedPrecision, emulated_precision
+from ...backends.capabilities import capabilities, release
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer

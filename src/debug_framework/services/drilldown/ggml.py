@@ -1,5 +1,6 @@
-"""The ``llamacpp`` engine's drill-down strategy, ``ggml``: the trace drill-down
-(:mod:`debug_framework.services.drilldown.trace`) over llama.cpp's own graph nodes.
+"""The ``llamacpp`` engine's drill-down strategy, ``ggml``: the trace drill-down (:mod:`.trace`)
+over llama.cpp's own graph nodes. It lives beside the trace strategy it specialises (the engine's
+record names it; the engine's package sits in a lower layer than the drill-down services).
 
 The failing layer runs in llama.cpp on the reference's input to it (its input node replaced as
 llama.cpp computes it), every node of the layer read through the eval callback (``attn_norm-1``,
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...services.drilldown.trace import TraceStrategy
+from .trace import TraceStrategy
 
 if TYPE_CHECKING:
-    from ..base import Backend
-    from ..drilldown.types import DrillRequest, LayerDrilldown
+    from ...backends.base import Backend
+    from ...backends.drilldown.types import DrillRequest, LayerDrilldown
 
 __all__ = ["GgmlDrillStrategy"]
 
