@@ -1,15 +1,16 @@
-"""The ``llamacpp`` engine's drill-down strategy, ``ggml``: the trace drill-down (:mod:`.trace`)
-over llama.cpp's own graph nodes. It lives beside the trace strategy it specialises (the engine's
-record names it; the engine's package sits in a lower layer than the drill-down services).
+"""The ``ggml`` drill-down strategy: the trace drill-down (:mod:`.trace`) over an engine's own graph
+nodes, named as the engine names them (llama.cpp's ``Qcur-1``, ``ffn_gate-0``), for an engine whose
+precision is more than a dtype.
 
-The failing layer runs in llama.cpp on the reference's input to it (its input node replaced as
-llama.cpp computes it), every node of the layer read through the eval callback (``attn_norm-1``,
-``Qcur-1``, ``Kcur-1``, ``Vcur-1``, ``kqv_out-1``, ``attn_out-1``, ``ffn_inp-1``, ``ffn_norm-1``,
-``ffn_gate-1``, ``ffn_up-1``, ``ffn_swiglu-1``, ``ffn_out-1``, ``l_out-1``), queries and keys
-put back in Hugging Face's rotary order for a Llama file, and judged in llama.cpp's order against
-the reference's matching step in float64. Rows and culprit carry llama.cpp's node name (``node``)
-beside the reference's operation (``op``: ``q``, ``ffn_gate`` ...). No standalone repro is written:
-a ggml node runs inside llama.cpp's graph.
+It applies to a backend that reports, beside its traced values (``run_layer_traced``), the node each
+came from (``trace_nodes``: trace name -> node) and that emulates its precision
+(``emulated_precision(model)``): the failing layer runs in the engine on the reference's input to it,
+each node is judged in the engine's order against the reference's matching step in float64, with
+the calibration traced in the engine's emulated precision (for llama.cpp: the file's weight types,
+its activation quantization and KV cache type), so a correct quantized layer's nodes are within
+their bounds and the node a bug is in stands out. Rows and culprit carry the engine's node name
+(``node``) beside the reference's step (``op``: ``q``, ``ffn_gate`` ...). No standalone repro is
+written: a ggml node runs inside the engine's graph. The engine's record names this strategy.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...backends.base import emulated_precision
 from .trace import TraceStrategy
 
 if TYPE_CHECKING:
@@ -29,14 +31,34 @@ __all__ = ["GgmlDrillStrategy"]
 
 
 class GgmlDrillStrategy(TraceStrategy):
-    """Drill a layer of the ``llamacpp`` backend node by node (see the module)."""
+    """Drill a layer of an engine that names its graph nodes node by node (see the module)."""
 
     name = "ggml"
 
     def applies(self, backend: Backend) -> tuple[bool, str]:
-        if getattr(backend, "name", None) != "llamacpp":
-            return False, "drills the llamacpp engine only"
+        if not isinstance(getattr(backend, "trace_nodes", None), dict) or not callable(
+                getattr(backend, "emulated_precision", None)):
+            return False, "drills an engine reporting its graph nodes (trace_nodes) and emulating its precision"
         return super().applies(backend)
+
+    def calibration_trace(self, request: DrillRequest, hidden: np.ndarray) -> dict[str, np.ndarray]:
+        """The layer traced in the engine's emulated precision."""
+        import torch
+
+        from ...architectures.xp import torch_namespace
+        from ...comparison import float64_array
+
+        precision = emulated_precision(request.backend, request.model)
+        if precision is None:
+            return super().calibration_trace(request, hidden)
+        emulation = precision.trusted_backend()
+        emulation.prepare(request.model, precision.dtype)
+        net = emulation.net  # type: ignore[attr-defined]
+        net.positions = request.inputs.position_ids()
+        with torch.no_grad():
+            trace = net.traced_layer(request.layer, torch_namespace().from_host(hidden, net.dtype),
+                                     torch.from_numpy(np.asarray(request.inputs.attention_mask, np.int64)))
+        return {name: float64_array(value) for name, value in trace.items()}
 
     def drill(self, request: DrillRequest) -> LayerDrilldown:
         entry = super().drill(request)
@@ -47,23 +69,5 @@ class GgmlDrillStrategy(TraceStrategy):
             node = nodes.get(entry.culprit.op, entry.culprit.node)
             entry.culprit = dataclasses.replace(
                 entry.culprit, node=node,
-                source=f"llama.cpp node {node}: {entry.culprit.source}" if entry.culprit.source else node)
+                source=f"node {node}: {entry.culprit.source}" if entry.culprit.source else node)
         return entry
-
-    def calibration_trace(self, request: DrillRequest, hidden: np.ndarray) -> dict[str, np.ndarray]:
-        """The layer traced in llama.cpp's emulated precision (:mod:`.precision`): the file's weight
-        types, its activation quantization and KV cache type, so a correct quantized layer's nodes
-        are within their bounds and the node a bug is in stands out."""
-        import torch
-
-        from ...architectures.xp import torch_namespace
-        from ...comparison import float64_array
-
-        emulation = request.backend.emulated_precision(request.model).trusted_backend()  # type: ignore[attr-defined]
-        emulation.prepare(request.model, "float32")
-        net = emulation.net
-        net.positions = request.inputs.position_ids()
-        with torch.no_grad():
-            trace = net.traced_layer(request.layer, torch_namespace().from_host(hidden, net.dtype),
-                                     torch.from_numpy(np.asarray(request.inputs.attention_mask, np.int64)))
-        return {name: float64_array(value) for name, value in trace.items()}
