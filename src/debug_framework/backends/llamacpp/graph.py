@@ -124,15 +124,17 @@ class LlamaGraph:
         self._error: BaseException | None = None
 
     # -- contexts ---------------------------------------------------------------------------------
-    def open_context(self, sequences: int, cells: int, batch: int) -> None:
-        """A fresh context for ``sequences`` rows, ``cells`` cached positions and ``batch`` tokens per pass."""
+    def open_context(self, sequences: int, cells: int, batch: int, *, observed: bool = True) -> None:
+        """A fresh context for ``sequences`` rows, ``cells`` cached positions and ``batch`` tokens per
+        pass; ``observed`` False: without the eval callback (llama.cpp's own speed, nothing kept)."""
         self.close_context()
         cp = self.lib.context_params()
         cp.n_ctx = max(256, -(-cells // 256) * 256)
         cp.n_batch = cp.n_ubatch = max(batch, 1)
         cp.n_seq_max = max(sequences, 1)
         cp.kv_unified = True  # tokens keep the batch's order (one sequence per row)
-        cp.cb_eval = self._callback
+        if observed:
+            cp.cb_eval = self._callback
         cp.type_k, cp.type_v = GGML_TYPES[self.settings.cache_type_k], GGML_TYPES[self.settings.cache_type_v]
         cp.flash_attn_type = FLASH_ATTN[self.settings.flash_attn]
         if self.settings.n_threads is not None:
