@@ -58,9 +58,12 @@ def test_correct_files_pass_at_dtype_auto(engine, files, hf_llama, kind: str, co
     assert result.consistent_with is None
 
 
-def test_q8_0_at_float32_fails_consistent_with_q8_0(engine, files) -> None:
-    result = _validate(engine, files["q8_0"], dtype="float32")
-    assert not result.passed and result.consistent_with == "q8_0"
+@pytest.mark.parametrize("kind, consistent", [("q8_0", "q8_0"), ("f32", "float16")])
+def test_correct_files_at_float32_fail_consistent_with_their_precision(engine, files, kind: str,
+                                                                       consistent: str) -> None:
+    """q8_0: its quantization; f32 at llama.cpp's defaults: the F16 KV cache."""
+    result = _validate(engine, files[kind], dtype="float32")
+    assert not result.passed and result.consistent_with == consistent
 
 
 @pytest.mark.parametrize("bug, layer, block, node", [("no_permutation", 1, "attention", "Qcur-1"),

@@ -98,19 +98,38 @@ class LlamaPrecision:
         return LlamaEmulationBackend(self)
 
 
+#: float types -> the framework's dtype name (what a float file's or cache's rounding is called)
+_FLOATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
 def _main_type(types: dict[str, str]) -> str:
-    """The file's quantization: the type of most of its 2-D weights' elements (by count of tensors)."""
+    """The type most of the file's 2-D weights are stored in (by count of tensors)."""
     counts: dict[str, int] = {}
     for name, t in types.items():
         if name.endswith("weight") and "norm" not in name:
             counts[t] = counts.get(t, 0) + 1
-    return max(counts, key=lambda k: counts[k]).lower() if counts else "f32"
+    return max(counts, key=lambda k: counts[k]) if counts else "F32"
+
+
+def _name(main: str, cache_k: str, cache_v: str) -> str:
+    """What ``consistent_with`` calls the precision: a quantized file's type (``q8_0``); for a float
+    file the least precise float among its weights and KV cache (``float16`` for an f32 file with
+    llama.cpp's default F16 cache), or the cache's quantization where that is one."""
+    if main not in _FLOATS:
+        return main.lower()
+    kinds = [main, cache_k.upper(), cache_v.upper()]
+    quantized = [k for k in kinds if k not in _FLOATS]
+    if quantized:
+        return quantized[0].lower()
+    order = ["float32", "float16", "bfloat16"]
+    return max((_FLOATS[k] for k in kinds), key=order.index)
 
 
 def llama_precision(gguf: GgufFile, settings: LlamaSettings) -> LlamaPrecision:
     """The precision llama.cpp runs ``gguf`` at with ``settings``."""
     types = gguf.tensor_types()
-    return LlamaPrecision(_main_type(types), types, settings.cache_type_k, settings.cache_type_v, settings.flash_attn)
+    name = _name(_main_type(types), settings.cache_type_k, settings.cache_type_v)
+    return LlamaPrecision(name, types, settings.cache_type_k, settings.cache_type_v, settings.flash_attn)
 
 
 def _requantized(weights: np.ndarray, kind: str) -> np.ndarray | None:

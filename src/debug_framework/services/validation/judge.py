@@ -407,7 +407,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
     metric = cfg.calibration_metric
     note = evidence.precision_note or {}
     emulated = dict(note.get("emulated") or {})  # an engine's emulated precision -> the dtype it computes in
-    eps_of = {**DTYPE_EPS, **{name: DTYPE_EPS[d] for name, d in emulated.items() if d in DTYPE_EPS}}
+    eps_of = {**{name: DTYPE_EPS[d] for name, d in emulated.items() if d in DTYPE_EPS}, **DTYPE_EPS}
     measured = [d for d in note.get("measured", []) if d in eps_of]
     for dtype in measured:
         seen = 0

@@ -59,9 +59,11 @@ class PrecisionStage(Stage):
     def _emulated(ctx: RunContext) -> EmulatedPrecision | None:
         """The precision the alternative's engine declares and emulates (llama.cpp's ``q8_0``), where
         the calibration did not already run it (a session judged at an explicit dtype)."""
-        if ctx.plan.config.emulated_precision or ctx.plan.config.calibration_backend != "auto":
+        config = ctx.plan.config
+        if config.emulated_precision or config.calibration_backend != "auto" or ctx.alternative is None:
             return None
-        return emulated_precision(ctx.alternative, ctx.model) if ctx.alternative is not None else None
+        emulated = emulated_precision(ctx.alternative, ctx.model)
+        return None if emulated is None or emulated.name == ctx.plan.alternative_dtype else emulated
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
@@ -72,7 +74,7 @@ class PrecisionStage(Stage):
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
         emulated = self._emulated(ctx)
         candidates: list[tuple[str, str]] = [(emulated.name, emulated.dtype)] if emulated is not None else []
-        candidates += [(d, d) for d in plan.lower_precisions]
+        candidates += [(d, d) for d in plan.lower_precisions if emulated is None or d != emulated.name]
         for dtype, compute in candidates:
             if emulated is not None and dtype == emulated.name:
                 backend, why = emulated.trusted_backend(), None
