@@ -88,7 +88,7 @@ def test_two_decode_steps_through_llamas_cache_pass(engine, files) -> None:
     assert [row.step for row in result.decoded.token_metrics] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
 def test_families_match_the_reference_with_an_f32_cache(family: str, request, tmp_path: Path) -> None:
     """llama.cpp at an F32 KV cache with flash attention off is float32-exact against the reference."""
     from debug_framework.backends.llamacpp.runner import LlamaCppBackend
