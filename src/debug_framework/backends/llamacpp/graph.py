@@ -144,7 +144,8 @@ class LlamaGraph:
         if not ctx:
             raise BackendInitializationError(f"llama.cpp cannot create a context for {self.path}: {_log_tail()}",
                                              backend="llamacpp",
-                                             hint="a quantized V cache needs flash_attn=on; check cache_type_k/v")
+                                             hint="check cache_type_k/v and flash_attn (a quantized V cache needs "
+                                                  "flash_attn=on, a quantized cache a head size its block divides)")
         self.ctx = ctx
 
     def close_context(self) -> None:
