@@ -102,6 +102,7 @@ BUILTIN_ENGINES: tuple[Engine, ...] = (
     Engine("mlx", "debug_framework.backends.mlx.runner:MLXBackend"),
     Engine("metal", "debug_framework.backends.mlx.runner:MLXMetalBackend"),
     Engine("cuda", "debug_framework.backends.cuda:CudaBackend"),
+    Engine("served", "debug_framework.backends.served.backend:ServedBackend"),
 )
 
 #: Built-in backends: name -> the factory's ``"module:attribute"`` (:data:`BUILTIN_ENGINES`' factories).

@@ -1,0 +1,11 @@
+"""The ``served`` engine: a model behind an OpenAI-compatible server, judged by its token
+log-probabilities (docs/served.md).
+
+:mod:`.client` is the HTTP client (httpx; the API key from ``OPENAI_API_KEY``, never written
+anywhere; connect and read timeouts, a whole-session limit, bounded retries with backoff on
+429/5xx, at most ``concurrency`` requests in flight); :mod:`.protocols` the request plans and
+answers of the servers it knows (llama.cpp's ``llama-server``: one request per position, its prompt
+cache reused; vLLM: one request per row with its ``prompt_logprobs`` extension); :mod:`.backend`
+the backend on the engine seam (``Engine("served", ...)`` in the registry), which gives out no hidden
+states, only the top-k log-probabilities at every position it is asked for. Nothing is imported here.
+"""
