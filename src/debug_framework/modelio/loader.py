@@ -308,6 +308,10 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None, tier:
         raise ModelLoadingError("model path does not exist", file=str(path))
     if path.suffix.lower() == ".onnx" and not path.is_dir():
         return _load_onnx(path)
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        from .gguf_model import load_gguf
+
+        return load_gguf(path)
     directory = path if path.is_dir() else path.parent
     weight_map: dict[str, str] = {}
     if path.is_dir():
