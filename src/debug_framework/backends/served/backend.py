@@ -10,6 +10,7 @@ keeps it.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -141,11 +142,19 @@ class ServedBackend(BaseBackend):
         run = LogprobRun(protocol=protocol.name, model=self.served_model, k=self.top_k)
         before, retried, started = client.requests, client.retried, time.perf_counter()
 
+        stop = threading.Event()  # a chain that failed stops the others at their next request
+
         def run_chain(chain: list[Request]) -> None:
-            for request in chain:
-                answered = protocol.ask(client, self.served_model, sequences[request.row], request, self.top_k)
-                for p, top in answered.items():
-                    run.top[(request.row, p)] = top  # one key per (row, position): no two chains write one
+            try:
+                for request in chain:
+                    if stop.is_set():
+                        return
+                    answered = protocol.ask(client, self.served_model, sequences[request.row], request, self.top_k)
+                    for p, top in answered.items():
+                        run.top[(request.row, p)] = top  # one key per (row, position): no two chains write one
+            except BaseException:
+                stop.set()
+                raise
 
         try:
             client.map(run_chain, chains(requests, self.limits.concurrency))
