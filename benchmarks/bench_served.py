@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from debug_framework.modelio.gguf_write import write_gguf
-    from debug_framework.modelio.inputs import ModelInputs  # noqa: F401 - the inputs' module, imported before timing
+    from debug_framework.modelio.inputs import ModelInputs
+    from debug_framework.services.validation_engine import ValidationEngine
 
     from .llama_server import serving
 
@@ -98,12 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         gguf = write_gguf(model_dir, root / "model.gguf")
         with serving(gguf, slots=max(4, args.concurrency)) as url:
             ours = _validate(model_dir, url, root / "bench.db", args)
-            from debug_framework.services.validation_engine import ValidationEngine
-            from debug_framework.modelio.inputs import ModelInputs as Inputs
-
             engine = ValidationEngine(config={"database_path": str(root / "bench.db")})
-            row = engine.db.sessions.get(str(ours["session"]))
-            inputs = Inputs.load(str(row["inputs_ref"]))  # type: ignore[index]
+            row = engine.db.sessions.get(str(ours["session"]))  # the session's own inputs, as it saved them
+            inputs = ModelInputs.load(str(row["inputs_ref"]))  # type: ignore[index]
             prompts = [[int(t) for t in ids] for ids in inputs.input_ids]
             bare = min((bare_completions(url, prompts, args.decode_steps, args.concurrency)
                         for _ in range(max(1, args.repeats))), key=lambda r: r[0])

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from debug_framework.backends.served.client import ClientLimits, EndpointClient, EndpointError
-from debug_framework.backends.served.endpoint import check_endpoint_url
-from debug_framework.backends.served.protocols import Request, chains, read_vllm
+from debug_framework.backends.endpoints import check_endpoint_url
+from debug_framework.backends.openai_server.client import ClientLimits, EndpointClient, EndpointError
+from debug_framework.backends.openai_server.protocols import Request, chains, read_vllm
 from debug_framework.comparison.topk import top_of, topk_token_metrics
 from debug_framework.errors import ConfigurationError
 

@@ -81,7 +81,7 @@ def _validate(served: dict[str, object], capsys: pytest.CaptureFixture[str], url
 def test_a_correct_conversion_passes_at_the_servers_precision(served, capsys):
     code, doc, text = _validate(served, capsys, str(served["good"]), "--dtype", "float32")
     assert code == 0, text
-    assert doc["verdict"] == "passed" and doc["alternative_backend"] == "served"
+    assert doc["verdict"] == "passed" and doc["alternative_backend"] == "openai_server"
     assert [r["step"] for r in doc["results"]] == [0, 1, 2]
     assert all(r["judged_by"] == "calibration" and r["margin"] < 1 for r in doc["results"])
     tokens = doc["decode"]["token_metrics"]

@@ -102,7 +102,7 @@ class SessionConfig:
     tensor_recording_byte_budget: int | None = None
     # a served model (docs/served.md)
     #: the OpenAI-compatible base URL of a served model (``http://host:8000/v1``): the alternative is
-    #: the ``served`` engine, judged by its tokens' log-probabilities
+    #: the registry's engine for such servers, judged by its tokens' log-probabilities
     alternative_endpoint: str | None = None
     timeout: float = 600.0  #: seconds: the whole session's limit on the endpoint's requests
     concurrency: int = 4  #: the most requests in flight to the endpoint
@@ -227,7 +227,7 @@ def _check_served(v: Mapping[str, object]) -> None:
         raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", key="concurrency")
     if v.get("alternative_endpoint") is None:
         return
-    from ..backends.served.endpoint import check_endpoint_url
+    from ..backends.endpoints import check_endpoint_url
 
     check_endpoint_url(v["alternative_endpoint"])
     enabled = v.get("enabled_checkpoints")
@@ -312,7 +312,7 @@ def _normalized(v: dict[str, object]) -> dict[str, object]:
     if v.get("timeout") is not None:
         v["timeout"] = float(v["timeout"])  # type: ignore[arg-type]  # checked a number
     if v.get("alternative_endpoint") is not None:  # a served model: its logits alone, computed elsewhere
-        from ..backends.served.endpoint import check_endpoint_url
+        from ..backends.endpoints import check_endpoint_url
 
         v["alternative_endpoint"] = check_endpoint_url(v["alternative_endpoint"])
         v["enabled_checkpoints"] = ("post_processing",)

@@ -9,7 +9,8 @@ and ``decode_steps`` continuation tokens (the reference's greedy choice, or ``de
 2. the calibration: the trusted implementation at the precision the user names (``--dtype``) on the
    same tokens: what a correct run at that precision gives;
 3. the endpoint: each row's tokens sent as ids, the top-k asked at every position
-   (:meth:`~debug_framework.backends.served.backend.ServedBackend.run_logprobs`);
+   (:meth:`~debug_framework.backends.endpoints.LogprobBackend.run_logprobs`, the engine the registry
+   names for the server's API);
 4. per pass, the evidence the judge reads as it reads any decode: :class:`~.evidence.TokenEvidence`
    (KL over the returned top-k, Δp of the reference's token, top-1/top-k agreement: the
    endpoint's beside the calibration's seen through the same top-k window) and the
@@ -24,7 +25,7 @@ the rows) before its error is raised.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -32,7 +33,9 @@ from ...backends.decode import DecodeRun, decode_support
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import compare
 from ...comparison.topk import log_probs_at, top_of, topk_token_metrics
-from ...errors import ConfigurationError, DebugFrameworkError
+from ...backends.capabilities import offers
+from ...backends.endpoints import LogprobBackend, LogprobRun, LogprobRunCut
+from ...errors import BackendInitializationError, ConfigurationError, DebugFrameworkError
 from ...jsonio import JsonObject
 from ...measure import Timer
 from ...models.session_config import SessionConfig
@@ -44,8 +47,6 @@ from .precision_stage import lower_precision_backend
 
 if TYPE_CHECKING:
     from ...backends.base import Backend
-    from ...backends.served.answers import LogprobRun
-    from ...backends.served.backend import ServedBackend
     from ...modelio import ModelInputs
 
 __all__ = ["ServedStage", "served_sequences", "served_alternative", "Pass"]
@@ -57,12 +58,20 @@ _FLIPS_SHOWN = 8
 
 
 def served_alternative(requested: str) -> str:
-    """The alternative backend of a session with ``alternative_endpoint``: the ``served`` engine,
-    where ``requested`` is it or ``auto`` (ConfigurationError, DF005, for another name)."""
-    if requested not in ("auto", "served"):
+    """The alternative backend of a session with ``alternative_endpoint``: the registry's engine for
+    OpenAI-compatible servers (:func:`~debug_framework.backends.registry.endpoint_engine`), where
+    ``requested`` is it or ``auto`` (ConfigurationError, DF005, for another name; DF002 where no
+    engine is registered for them)."""
+    from ...backends.registry import endpoint_engine
+
+    record = endpoint_engine("openai")
+    if record is None:
+        raise BackendInitializationError("no registered engine validates a model behind an OpenAI-compatible server",
+                                         backend=requested, hint="register one with endpoint_apis=('openai',)")
+    if requested not in ("auto", record.name):
         raise ConfigurationError(f"--alternative-endpoint validates a served model; --alternative-backend {requested} "
-                                 "names another", hint="drop --alternative-backend (or give 'served')")
-    return "served"
+                                 "names another", hint=f"drop --alternative-backend (or give {record.name!r})")
+    return record.name
 
 
 def served_sequences(inputs: ModelInputs, tokens: np.ndarray) -> tuple[list[tuple[int, ...]], list[np.ndarray]]:
@@ -135,15 +144,18 @@ class ServedStage(Stage):
         sequences, where = served_sequences(ctx.inputs, tokens)
         passes = [Pass(s, where) for s in range(steps + 1)]
         wanted = [sorted({p for ps in passes for (b, p) in ps.places if b == row}) for row in range(len(sequences))]
-        backend: ServedBackend = ctx.alternative  # type: ignore[assignment]  # the engine gave the served backend
-        ctx.evidence.served = backend.url
+        backend = ctx.alternative
+        if not offers(backend, "run_logprobs"):
+            raise BackendInitializationError(f"the alternative backend {backend.name!r} gives out no token "
+                                             "log-probabilities (no run_logprobs)", backend=backend.name,
+                                             hint="alternative_endpoint needs an engine registered for the server's API")
+        served = cast(LogprobBackend, backend)
+        ctx.evidence.served = str(getattr(served, "url", backend.name))
         ctx.evidence.isolation_note = "a served model gives out no hidden states: no layer to isolate"
-        from ...backends.served.client import EndpointError
-
         try:
-            run = call_backend(backend, "run_logprobs()",
-                               lambda: backend.run_logprobs(sequences, [tuple(w) for w in wanted]))
-        except EndpointError as exc:
+            run: LogprobRun = call_backend(backend, "run_logprobs()",
+                                           lambda: served.run_logprobs(sequences, [tuple(w) for w in wanted]))
+        except LogprobRunCut as exc:
             if exc.measured is not None:  # a partial run keeps what it measured
                 self._record(ctx, passes, ref_run, cal_run, exc.measured, tokens, given, exc.message)
             raise

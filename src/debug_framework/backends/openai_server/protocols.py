@@ -24,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 
 from ...jsonio import JsonObject, JsonValue
-from .answers import TopK
+from ..endpoints import TopK
 from .client import EndpointClient
 
 __all__ = ["TopK", "Request", "Protocol", "LlamaCpp", "Vllm", "PROTOCOLS", "detect_protocol", "chains"]

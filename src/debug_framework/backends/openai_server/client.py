@@ -23,15 +23,13 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from ...errors import BackendRuntimeError
 from ...jsonio import JsonObject, JsonValue
 from ...termtext import terminal_safe
-from .endpoint import API_KEY_VARIABLE, api_key, check_endpoint_url
+from ..endpoints import LogprobRunCut, check_endpoint_url
+from .endpoint import API_KEY_VARIABLE, api_key
 
 if TYPE_CHECKING:
     import httpx
-
-    from .answers import LogprobRun
 
 __all__ = ["ClientLimits", "EndpointClient", "EndpointError"]
 
@@ -42,19 +40,18 @@ R = TypeVar("R")
 _QUOTED = 120
 
 
-class EndpointError(BackendRuntimeError):
+class EndpointError(LogprobRunCut):
     """The served model's endpoint failed (DF005): down, silent, refusing the key, answering garbage,
-    overloaded past the retries, or past the session limit. ``endpoint`` and ``cause`` name them."""
+    overloaded past the retries, or past the session limit. ``endpoint`` and ``cause`` name them;
+    ``measured`` is what a run answered before (:class:`~debug_framework.backends.endpoints.LogprobRunCut`)."""
 
-    title = "The served model's endpoint failed"
     default_hint = "check that the server is up at that URL and answers OpenAI-compatible completions"
 
     def __init__(self, message: str, *, endpoint: str, cause: str, hint: str | None = None) -> None:
         self.endpoint = endpoint
         self.cause = cause
-        #: what a run measured before the endpoint failed (set by the backend; None: nothing yet)
-        self.measured: LogprobRun | None = None
-        super().__init__(message, backend="served", call="completions", hint=hint, endpoint=endpoint, cause=cause)
+        super().__init__(message, backend="openai_server", call="completions", hint=hint, endpoint=endpoint,
+                         cause=cause)
 
 
 @dataclass(frozen=True)
@@ -215,7 +212,7 @@ class EndpointClient:
         if self.limits.concurrency <= 1 or len(todo) <= 1:
             return [fn(item) for item in todo]
         with ThreadPoolExecutor(max_workers=min(self.limits.concurrency, len(todo)),
-                                thread_name_prefix="served") as pool:
+                                thread_name_prefix="endpoint") as pool:
             futures: list[Future[R]] = [pool.submit(fn, item) for item in todo]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = next((f for f in futures if f in done and f.exception() is not None), None)

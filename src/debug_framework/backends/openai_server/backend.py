@@ -1,4 +1,5 @@
-"""The ``served`` backend: a model behind an OpenAI-compatible endpoint, on the engine seam.
+"""The ``openai_server`` backend: a model behind an OpenAI-compatible endpoint, on the engine seam
+(a :class:`~debug_framework.backends.endpoints.LogprobBackend`).
 
 It gives out no hidden states: :meth:`ServedBackend.run` refuses, and its capabilities say so. What
 it gives is :meth:`ServedBackend.run_logprobs`: the top-k log-probabilities at every position asked
@@ -20,8 +21,7 @@ from ...errors import BackendInitializationError, ConfigurationError
 from ..base import BaseBackend, Taps
 from ..capabilities import Capabilities, Support
 from .client import ClientLimits, EndpointClient, EndpointError
-from .endpoint import check_endpoint_url
-from .answers import DEFAULT_TOP_K, LogprobRun
+from ..endpoints import DEFAULT_TOP_K, LogprobRun, check_endpoint_url
 from .protocols import PROTOCOLS, Protocol, Request, chains, detect_protocol
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class ServedBackend(BaseBackend):
         retries: how many times a 429/5xx answer is retried (with exponential backoff).
     """
 
-    name = "served"
+    name = "openai_server"
     supported_dtypes = FLOAT_DTYPES
     default_dtype = "float32"
     runs_onnx_files = False
@@ -172,7 +172,7 @@ class ServedBackend(BaseBackend):
     def version_info(self) -> JsonObject:
         """The endpoint (its URL, never the key), the protocol, the served model and the limits."""
         info = super().version_info()
-        info.update(runtime="served", endpoint=self.url, protocol=self.protocol_name, served_model=self.served_model,
+        info.update(runtime=self.protocol_name, endpoint=self.url, protocol=self.protocol_name, served_model=self.served_model,
                     top_k=self.top_k, timeout_s=self.limits.session_s, concurrency=self.limits.concurrency)
         return info
 
