@@ -106,8 +106,24 @@ def test_llama_cpps_float16_kv_cache_is_consistent_with_float16(served, capsys):
     code, doc, text = _validate(served, capsys, str(served["f16kv"]), "--dtype", "float32")
     assert code == 1, text
     assert doc["consistent_with"] == "float16" and doc["precision_diagnosis"]["measured"] == ["float16", "bfloat16"]
-    code, doc, text = _validate(served, capsys, str(served["f16kv"]), "--dtype", "float16")
+    code, doc, text = _validate(served, capsys, str(served["f16kv"]), "--dtype", "float16",
+                                "--decode-tokens", "5,9;7,7")
     assert code == 0, text  # judged at the precision it computes at, it is correct
+    assert doc["decode"]["tokens"] == [[5, 9], [7, 7]] and doc["decode"]["tokens_from"] == "decode_tokens"
+
+
+def test_a_dead_endpoint_is_exit_2_at_once(served, capsys):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # bound, not listening: refused
+        started = time.monotonic()
+        code, doc, text = _validate(served, capsys, url)
+    assert code == 2 and time.monotonic() - started < 30
+    assert doc["error"]["code"] == "DF005" and doc["error"]["context"]["cause"] == "connection refused"
+    assert doc["error"]["context"]["endpoint"] == url
 
 
 def test_the_api_key_works_and_is_never_kept(served, capsys, monkeypatch, tmp_path):
