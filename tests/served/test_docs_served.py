@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from benchmarks import bench_served
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "served.md"
@@ -13,6 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
+@pytest.mark.slow  # a real llama-server and a validation
 def test_the_docs_example_passes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -23,6 +26,7 @@ def test_the_docs_example_passes(tmp_path, monkeypatch, capsys):
     assert "exit code 0" in out and "PASSED" in out and "served: http://127.0.0.1:" in out
 
 
+@pytest.mark.slow  # a real llama-server and a validation
 def test_bench_served_prints_ours_beside_the_bare_requests(capsys):
     assert bench_served.main(["--batch", "1", "--length", "8", "--decode-steps", "2", "--repeats", "1", "--json"]) == 0
     import json

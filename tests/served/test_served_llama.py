@@ -24,6 +24,8 @@ from debug_framework.cli import debug_validate
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+pytestmark = pytest.mark.slow  # four real llama-servers and a dozen validations (about 15 s together)
+
 SECRET = "sk-served-test-5f3a9c-not-for-anyone"
 KEY_VAR = "PIE_TEST_SERVED_KEY"  # the server reads its key from here; the client only from OPENAI_API_KEY
 
