@@ -39,6 +39,7 @@ __all__ = [
     "engines",
     "drill_strategy_factories",
     "graph_runtime",
+    "endpoint_engine",
     "load_attribute",
     "BUILTIN_BACKENDS",
     "ENTRY_POINT_GROUP",
@@ -76,6 +77,9 @@ class Engine:
         graph_session: ``"module:attribute"`` of ``open(graph: bytes) -> session`` computing a serialized
             graph of one of ``file_formats`` as written, on the CPU: what the float64 reference runners
             of such a file open (:func:`graph_runtime`); None: the engine offers none.
+        endpoint_apis: the server APIs (``"openai"``) of models this engine validates behind a
+            session's ``alternative_endpoint`` (:func:`endpoint_engine`): it gives out only token
+            log-probabilities (``backends.endpoints.LogprobBackend``).
     """
 
     name: str
@@ -84,6 +88,7 @@ class Engine:
     opsweep_runtime: str | None = None
     file_formats: tuple[str, ...] = ()
     graph_session: str | None = None
+    endpoint_apis: tuple[str, ...] = ()
 
 
 #: The built-in engines, in registration order (the one place they are named).
@@ -104,6 +109,7 @@ BUILTIN_ENGINES: tuple[Engine, ...] = (
     Engine("cuda", "debug_framework.backends.cuda:CudaBackend"),
     Engine("llamacpp", "debug_framework.backends.llamacpp.runner:LlamaCppBackend",
            drill_strategy="debug_framework.services.drilldown.ggml:GgmlDrillStrategy", file_formats=("gguf",)),
+    Engine("openai_server", "debug_framework.backends.openai_server.backend:ServedBackend", endpoint_apis=("openai",)),
 )
 
 #: Built-in backends: name -> the factory's ``"module:attribute"`` (:data:`BUILTIN_ENGINES`' factories).
@@ -242,6 +248,12 @@ def drill_strategy_factories() -> list[Callable[[], DrillStrategy]]:
 def default_engine_for(file_format: str) -> Engine | None:
     """The first registered engine that runs model files of ``file_format`` (``"onnx"``) by default."""
     return next((e for e in engines() if file_format in e.file_formats), None)
+
+
+def endpoint_engine(api: str = "openai") -> Engine | None:
+    """The first registered engine that validates a model behind a server of ``api`` (a session's
+    ``alternative_endpoint``)."""
+    return next((e for e in engines() if api in e.endpoint_apis), None)
 
 
 def graph_runtime(file_format: str) -> tuple[str, Callable[[bytes], GraphSession]]:

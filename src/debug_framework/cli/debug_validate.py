@@ -3,6 +3,7 @@
     debug_validate --model-path ./my-model --alternative-backend pytorch --isolate
     python -m debug_framework.cli.debug_validate --model-path m --json > result.json
     debug_validate --model-path m --backend-file my_backend.py --alternative-backend my_backend
+    debug_validate --model-path ./hf-model --alternative-endpoint http://127.0.0.1:8080/v1 --decode-steps 8
 
 Exit codes (:mod:`debug_framework.cli.framework`): 0 every checkpoint within tolerance, 1 numerical
 failure, 2 usage or environment error (a DF-coded error: bad path, unavailable backend, bad
@@ -312,6 +313,15 @@ def validate(
                                                "sequence continued from there (default: 0)"),
     decode_steps: int | None = typer.Option(None, "--decode-steps", metavar="N", help="after the prefill, decode N "
                                             "tokens through each backend's KV cache and compare every step"),
+    alternative_endpoint: str | None = typer.Option(None, "--alternative-endpoint", metavar="URL",
+                                                    help="a served model: the OpenAI-compatible base URL of its "
+                                                         "server (http://host:8000/v1), judged by its tokens' "
+                                                         "log-probabilities; the API key from OPENAI_API_KEY "
+                                                         "(docs/served.md)"),
+    timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS", help="with --alternative-endpoint: "
+                                         "the whole session's limit on the endpoint's requests (default: 600)"),
+    concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", help="with --alternative-endpoint: "
+                                           "the most requests in flight (default: 4)"),
     decode_tokens: str | None = typer.Option(None, "--decode-tokens", metavar="IDS", help="the tokens fed at the "
                                              "decode steps, one row per input row: '5,9,2;7,7,1' (default: the "
                                              "reference's greedy choice)"),
@@ -366,6 +376,7 @@ def validate(
     if mark_all:
         session_config["mark_all"] = True
     session_config.update(_decode_options(padding_side, position_offset, decode_steps, decode_tokens))
+    session_config.update(_served_options(alternative_endpoint, timeout, concurrency))
     from ..models.session_config import SessionConfig
 
     config = SessionConfig.from_mapping(session_config)  # validated once, here: a bad key is DF005 before any load
@@ -408,6 +419,21 @@ def _decode_options(padding_side: str | None, position_offset: int | None, decod
         except ValueError as exc:
             raise CliError(f"--decode-tokens must be comma-separated token ids, rows separated by ';': "
                            f"{decode_tokens!r}") from exc
+    return cfg
+
+
+def _served_options(endpoint: str | None, timeout: float | None, concurrency: int | None) -> dict[str, object]:
+    """``--alternative-endpoint``, ``--timeout`` and ``--concurrency`` as session configuration keys
+    (checked with the rest when the session is created); the last two only with an endpoint."""
+    if endpoint is None:
+        if timeout is not None or concurrency is not None:
+            raise CliError("--timeout and --concurrency apply to a served model: give --alternative-endpoint URL")
+        return {}
+    cfg: dict[str, object] = {"alternative_endpoint": endpoint}
+    if timeout is not None:
+        cfg["timeout"] = timeout
+    if concurrency is not None:
+        cfg["concurrency"] = concurrency
     return cfg
 
 

@@ -103,6 +103,20 @@ class SessionConfig:
     alternative_options: Mapping[str, object] = field(default_factory=dict)
     tensor_recording_limit: int | None = None  #: default: the framework config's
     tensor_recording_byte_budget: int | None = None
+    # a served model (docs/served.md)
+    #: the OpenAI-compatible base URL of a served model (``http://host:8000/v1``): the alternative is
+    #: the registry's engine for such servers, judged by its tokens' log-probabilities
+    alternative_endpoint: str | None = None
+    timeout: float = 600.0  #: seconds: the whole session's limit on the endpoint's requests
+    concurrency: int = 4  #: the most requests in flight to the endpoint
+
+    def alternative_keywords(self) -> dict[str, object]:
+        """The keywords the alternative backend is built with: ``alternative_options``, and for a
+        served model its ``url``, ``timeout`` and ``concurrency``."""
+        if self.alternative_endpoint is None:
+            return dict(self.alternative_options)
+        return {"url": self.alternative_endpoint, "timeout": self.timeout, "concurrency": self.concurrency,
+                **self.alternative_options}
 
     # ------------------------------------------------------------------ entering
 
@@ -205,6 +219,27 @@ def _check(v: Mapping[str, object]) -> None:
         if not isinstance(v.get(key) or {}, Mapping):
             raise ConfigurationError(f"{key} must be a mapping of the backend's keyword arguments, got {v[key]!r}")
     _check_inputs(v)
+    _check_served(v)
+
+
+def _check_served(v: Mapping[str, object]) -> None:
+    """The served model's keys: a URL without credentials, a positive timeout, a concurrency >= 1,
+    and nothing asked of it but its tokens (the ``post_processing`` checkpoint)."""
+    timeout = v.get("timeout", 1.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}", key="timeout")
+    concurrency = v.get("concurrency", 1)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", key="concurrency")
+    if v.get("alternative_endpoint") is None:
+        return
+    from ..backends.endpoints import check_endpoint_url
+
+    check_endpoint_url(v["alternative_endpoint"])
+    enabled = v.get("enabled_checkpoints")
+    if enabled is not None and _checkpoint_names(enabled) != ("post_processing",):
+        raise ConfigurationError("a served model gives out only its tokens' log-probabilities: its one checkpoint is "
+                                 "post_processing", key="enabled_checkpoints", hint="drop --checkpoints")
 
 
 def _check_inputs(v: Mapping[str, object]) -> None:
@@ -280,6 +315,14 @@ def _normalized(v: dict[str, object]) -> dict[str, object]:
     for key in ("dtype", "reference_dtype"):
         if v.get(key) is not None:
             v[key] = str(v[key])
+    if v.get("timeout") is not None:
+        v["timeout"] = float(v["timeout"])  # type: ignore[arg-type]  # checked a number
+    if v.get("alternative_endpoint") is not None:  # a served model: its logits alone, computed elsewhere
+        from ..backends.endpoints import check_endpoint_url
+
+        v["alternative_endpoint"] = check_endpoint_url(v["alternative_endpoint"])
+        v["enabled_checkpoints"] = ("post_processing",)
+        v["device"] = "remote"
     return v
 
 

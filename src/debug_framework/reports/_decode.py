@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text",
-           "token_failure_text", "step_isolation_text"]
+           "token_failure_text", "step_isolation_text", "served_text"]
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,8 @@ def decode_section(result: ValidationResult) -> str:
              "</table></div>",
              *(f'<p class="token-failure">{esc(line)}</p>' for line in token_failure_text(view)),
              f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>',
-             *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(result))]
+             *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(result)),
+             *(f'<p id="served">{esc(line)}</p>' for line in served_text(result))]
     if view.kv:
         kv_head = "".join(f"<th>{esc(i)}</th>" for i in view.kv_layers)
         kv_body = "".join(
@@ -226,7 +227,7 @@ def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
         return [f"decode: {len(view.steps) - 1} step(s) x {len(cols) - 2} layer(s): the step x layer margins are in "
                 "the HTML report (--output-file report.html) and the JSON", *token_failure_text(view),
                 token_text(view.first_token),
-                *step_isolation_text(result)]
+                *step_isolation_text(result), *served_text(result)]
 
     def cell(c: Cell | None) -> str:
         if c is None:
@@ -251,7 +252,23 @@ def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
         lines.append("KV cache: every layer's K and V within a correct run's bound after every pass" if not bad_kv else
                      "KV cache beyond its bound: " + ", ".join(f"layer {i} after step {s}" for s, i in bad_kv[:6])
                      + (" ..." if len(bad_kv) > 6 else ""))
-    return lines + step_isolation_text(result)
+    return lines + step_isolation_text(result) + served_text(result)
+
+
+def served_text(result: ValidationResult) -> list[str]:
+    """One line for a served model (``decode["served"]``): the endpoint, how it was asked and, for a
+    run cut short, what it answered before its error; none for any other session."""
+    info = None if result.decoded is None else result.decoded.info.get("served")
+    if not isinstance(info, dict):
+        return []
+    seconds = info.get("seconds")
+    line = (f"served: {info.get('url')} ({info.get('protocol')}, model {info.get('model')}): {info.get('requests')} "
+            f"request(s), {info.get('retried') or 0} retried, {info.get('positions')} of {info.get('asked')} position(s) "
+            f"answered with their top-{info.get('top_k')} log-probabilities"
+            + (f" in {seconds:.3g} s" if isinstance(seconds, (int, float)) else ""))
+    if info.get("partial"):
+        line += f"; cut short: {info.get('error')}"
+    return [line]
 
 
 def step_isolation_text(result: ValidationResult) -> list[str]:

@@ -75,6 +75,7 @@ from .validation.calibration import calibration_backend
 from .validation.memory import RssWatch, capture_budget, check_memory, give_back_freed, session_estimate
 from .validation.results import CheckpointResult, LayerResult, ValidationResult
 from .validation.context import Prebuilt
+from .validation.served_stage import served_alternative
 from ..models.session_config import SessionConfig
 from .validation.stages import DEFAULT_STAGES, RunContext, Stage
 
@@ -302,12 +303,14 @@ class ValidationEngine(EngineFaces):
         # backend's availability: that imports torch, transformers and Inductor)
         runner = default_engine_for(model.format) if alternative_backend == "auto" and model.format in ("onnx", "gguf") \
             else None
-        if runner is not None:
+        if cfg.alternative_endpoint is not None:  # a served model: the served engine, whatever else is named
+            alt_name, why = served_alternative(alternative_backend), "alternative_endpoint: a served model"
+        elif runner is not None:
             alt_name, why = runner.name, f"an {model.format.upper()} file: {runner.name} runs the file itself"
         else:
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg.reference_options)
-        alt = get_backend(alt_name, **cfg.alternative_options)
+        alt = get_backend(alt_name, **cfg.alternative_keywords())
         alt_dtype, dtype_why = _alternative_dtype(alt, model, cfg.dtype)
         ref_dtype = _reference_dtype(ref, cfg, alt_dtype)
         for b, dt in ((ref, ref_dtype), (alt, alt_dtype)):
@@ -440,7 +443,7 @@ class ValidationEngine(EngineFaces):
 
     def _stages(self, ctx: RunContext, session: DebugSession, progress: Progress,
                 layer_progress: LayerProgress | None, sink: CaptureSink | None) -> ValidationResult:
-        stages = [stage for stage in self.stages if stage.applies(ctx.config)]
+        stages = [stage for stage in self.stages if stage.runs_in(ctx.config)]
         prepared_recorded = False
         # each stage's seconds and peak resident memory, recorded with the session (the store stage
         # writes what the stages before it measured)

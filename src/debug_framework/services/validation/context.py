@@ -234,11 +234,19 @@ class Stage:
     #: its forward passes' checkpoints are kept for later stages: captured within the run's
     #: capture budget (spilled to disk beyond it), and their layers reported as progress
     captures: ClassVar[bool] = False
+    #: it reads the alternative's hidden states (checkpoint tensors): not a stage of a session whose
+    #: alternative gives out only token log-probabilities (a served model, ``alternative_endpoint``)
+    reads_hidden_states: ClassVar[bool] = True
 
     def applies(self, config: SessionConfig) -> bool:
         """Whether this stage belongs to a session with this (validated) configuration: decided
         before the run, so progress knows its total."""
         return True
+
+    def runs_in(self, config: SessionConfig) -> bool:
+        """:meth:`applies`, and where the alternative gives out only token log-probabilities (a
+        served model) only a stage that reads no hidden state: what the engine runs."""
+        return self.applies(config) and not (self.reads_hidden_states and config.alternative_endpoint is not None)
 
     def ready(self, ctx: RunContext) -> bool:
         """Whether there is work for it in this run, decided when its turn comes (False: the engine

@@ -223,6 +223,9 @@ class Evidence:
     #: :attr:`decode_replay_note`
     decode_replay: tuple[int, dict[int, BlockEvidence]] | None = None
     decode_replay_note: str | None = None
+    #: the served stage's: the endpoint of an alternative that gives out only token log-probabilities
+    #: (a served model: its error is placed no deeper than the model it serves); None: not served
+    served: str | None = None
 
     def at(self, key: CheckpointKey) -> CheckpointEvidence | None:
         """The evidence of checkpoint ``key`` (None when it is not enabled)."""

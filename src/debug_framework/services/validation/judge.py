@@ -37,7 +37,7 @@ from .plan import DTYPE_EPS, ValidationPlan
 
 __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND",
            "node_output_verdict", "judge_tokens", "decisive_flips", "FLIPS_REASON",
-           "first_divergent_token"]
+           "first_divergent_token", "served_source"]
 
 #: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
@@ -300,6 +300,8 @@ def judge(evidence: Evidence, plan: ValidationPlan) -> Verdict:
     replay = None if first is None or first.layer is None else at_step.get(first.layer)
     source = decode_source(first, first_step, kv, replay, evidence.decode_replay_note) if first_step else \
         error_source(first, layers, evidence.isolation_note)
+    if evidence.served is not None and first is not None:
+        source = served_source(evidence.served, first_step)
     return Verdict(checkpoints, layers, first, source, consistent, steps, first_step, kv, tokens,
                    first_divergent_token(evidence, plan), at_step)
 
@@ -395,6 +397,18 @@ def decode_source(first: CheckpointKey, step: int, kv: dict[tuple[int, int, str]
                 "confirmed": not replay.passed, "detail": f"{shows}; {how}"}
     return {"kind": "decode", "step": step, "layer": first.layer, "block": _block_of(first), "confirmed": False,
             "detail": f"{shows} (not confirmed by a replay at that step: {note or 'isolation off'})"}
+
+
+def served_source(endpoint: str, step: int | None) -> JsonObject:
+    """Where the error of a served model comes from: the model behind ``endpoint`` (its conversion,
+    kernels, KV cache or settings), first seen at the prefill or decode ``step``; it gives out no
+    hidden state to place it deeper."""
+    when = "its prompt's positions" if not step else f"decode step {step}"
+    return {"kind": "served", "layer": None, "block": None, "step": step or None, "confirmed": False,
+            "detail": f"the model served at {endpoint} first differs beyond a correct run's bound at {when}; it gives "
+                      "out only token log-probabilities, so the error is placed no deeper than the served model "
+                      "(its conversion, kernels, KV cache or settings): validate the same weights with a local engine "
+                      "to find the layer"}
 
 
 def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None:

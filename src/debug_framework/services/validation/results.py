@@ -427,7 +427,8 @@ class LayerResult:
 @dataclass(frozen=True)
 class ErrorSource:
     """Where a failed validation's error comes from (the judge's ``error_source``): ``kind`` is
-    ``layer``, ``embedding``, ``head``, ``accumulation``, ``decode`` or ``kv_cache``; ``layer``,
+    ``layer``, ``embedding``, ``head``, ``accumulation``, ``decode``, ``kv_cache`` or ``served`` (a
+    served model, which gives out no hidden state to place it deeper); ``layer``,
     ``block`` and ``step`` place it; ``confirmed`` says whether isolation confirmed it."""
 
     kind: str
@@ -455,8 +456,10 @@ class ErrorSource:
                  "accumulation": f"accumulation (first beyond its bound at layer {self.layer})",
                  "decode": f"{at_layer} at decode step {self.step}" if self.layer is not None else f"decode step {self.step}",
                  "kv_cache": (f"the KV cache of layer {self.layer}" if self.layer is not None else "the KV cache")
-                             + (f" after step {self.step}" if self.step is not None else "")}.get(self.kind, self.kind)
-        return where + ("" if self.confirmed else " (not confirmed by isolation)")
+                             + (f" after step {self.step}" if self.step is not None else ""),
+                 "served": "the served model" + (f" at decode step {self.step}" if self.step else "")
+                           + " (it gives out only token log-probabilities)"}.get(self.kind, self.kind)
+        return where + ("" if self.confirmed or self.kind == "served" else " (not confirmed by isolation)")
 
 
 @dataclass(frozen=True)

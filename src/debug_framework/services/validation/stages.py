@@ -11,6 +11,9 @@ stage only does its work:
                       the model loaded (its digest must still match), the saved inputs read, the plan resolved
 ``prepare``           both backends built and prepared; whether per-layer isolation can run
 ``reference``         the reference backend's forward pass (wall time, per-layer time, peak memory)
+``served``            a served model (``alternative_endpoint``): its tokens' log-probabilities
+                      against the reference's and a correct run's (:mod:`.served_stage`); a
+                      session with one runs only the stages that read no hidden state
 ``alternative``       the same for the alternative backend
 ``calibration``       a trusted implementation at the alternative's precision: the noise bounds
 ``compare``           every enabled checkpoint compared (:func:`debug_framework.comparison.compare`),
@@ -63,6 +66,7 @@ from .decode_stage import DecodeStage
 from .drill_stage import DrillDownStage
 from .mark_all import MarkAllStage
 from .precision_stage import PrecisionStage
+from .served_stage import ServedStage
 from .evidence import (
     BlockEvidence,
     CheckpointEvidence,
@@ -82,7 +86,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RunContext", "Stage", "call_backend", "LoadStage", "PrepareStage", "RunBackendStage", "CalibrationStage",
            "CompareStage", "IsolationStage", "OracleStage", "NoiseFloorStage", "RecordStage", "StoreStage",
-           "DrillDownStage", "DecodeStage", "PrecisionStage", "MarkAllStage", "DEFAULT_STAGES"]
+           "DrillDownStage", "DecodeStage", "PrecisionStage", "MarkAllStage", "ServedStage", "DEFAULT_STAGES"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,6 +98,7 @@ class LoadStage(Stage):
     """The model (its digest must still match the session's), the saved inputs and the plan."""
 
     name = "load"
+    reads_hidden_states = False
     timing_key = "model_load_s"
 
     def run(self, ctx: RunContext) -> None:
@@ -128,6 +133,7 @@ class PrepareStage(Stage):
     """Both backends built and prepared; isolation decided (required but impossible is DF005)."""
 
     name = "prepare"
+    reads_hidden_states = False
 
     def run(self, ctx: RunContext) -> None:
         from ...backends import get_backend
@@ -139,7 +145,7 @@ class PrepareStage(Stage):
             ctx.reference, ctx.alternative = built.reference, built.alternative
         else:
             ctx.reference = get_backend(session.reference_backend, **cfg.reference_options)
-            ctx.alternative = get_backend(session.alternative_backend, **cfg.alternative_options)
+            ctx.alternative = get_backend(session.alternative_backend, **cfg.alternative_keywords())
         _estimate_memory(ctx, checked=built is not None)
         for side, backend, dtype, device in (
             ("reference", ctx.reference, plan.reference_dtype, cfg.reference_device),
@@ -562,6 +568,7 @@ class StoreStage(Stage):
     (:meth:`RunContext.check_weights`)."""
 
     name = "store"
+    reads_hidden_states = False
 
     def run(self, ctx: RunContext) -> None:
         ctx.check_weights()  # the weights the references read unchanged, or no verdict at all
@@ -584,6 +591,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     LoadStage(),
     PrepareStage(),
     RunBackendStage("reference"),
+    ServedStage(),
     RunBackendStage("alternative"),
     CalibrationStage(),
     CompareStage(),
