@@ -354,14 +354,22 @@ def layer_timer(backend: object, enabled: bool = True) -> Iterator[LayerTiming]:
 
 
 def _snapshot(x: object) -> object:
-    """A clone of a tensor (same strides, dtype, ``requires_grad`` of a leaf); anything else as is."""
+    """A clone of a tensor (same shape, strides, dtype, ``requires_grad`` of a leaf); anything else as is.
+    Elements that share memory (an ``expand``'s stride 0, as a graph after a graph break is given) keep
+    sharing it in the clone: the span of storage the tensor covers is cloned and viewed with its strides
+    (``copy_`` into such a layout is refused)."""
     import torch
 
     if not isinstance(x, torch.Tensor):
         return x
-    c = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-    with torch.no_grad():
-        c.copy_(x.detach())
+    t = x.detach()
+    if t.numel() == 0:
+        c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    else:
+        span = 1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride()))
+        with torch.no_grad():
+            flat = t.as_strided((span,), (1,), t.storage_offset()).clone()
+        c = flat.as_strided(t.shape, t.stride(), 0)
     return c.requires_grad_(True) if x.requires_grad and x.is_leaf else c
 
 

@@ -87,6 +87,19 @@ def _open_session(page, session_id: str, text: str) -> None:
     _wait_text(page, text)
 
 
+def _columns_in_view(page, has: str) -> tuple[list[str], float]:
+    """The header of each column the grid of the dataframe whose header has ``has`` draws (the
+    grid draws only the columns in its view: its accessible table lists them), and the grid's right
+    edge in the window."""
+    return page.evaluate("""(has) => {
+      for (const df of document.querySelectorAll('[data-testid="stDataFrame"]')) {
+        const heads = Array.from(df.querySelectorAll('[role=columnheader]')).map(t => t.textContent.trim());
+        if (heads.includes(has)) { return [heads, df.getBoundingClientRect().right]; }
+      }
+      return [[], 0];
+    }""", has)
+
+
 def test_every_page_in_chromium(server, sessions, runs, browser_page):
     """Loaded once at the root, then navigated as a user does (a direct load of a page's own URL
     makes Streamlit's frontend probe ``<page>/_stcore/health`` first: two 404s in the console)."""
@@ -98,6 +111,10 @@ def test_every_page_in_chromium(server, sessions, runs, browser_page):
     _wait_text(page, "4 of 4 sessions")
     page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
     browser_page.screenshot("dashboard-sessions")
+    # issue 48, item 9: at 1400 px what tells sessions apart is in view, not pushed out by the layout
+    heads, right = _columns_in_view(page, "session")
+    assert {"verdict", "dtype", "first divergence"} <= set(heads), heads
+    assert right <= page.evaluate("window.innerWidth"), right
 
     _open_session(page, sessions.failed, "Per-checkpoint error")
     assert sessions.failed in page.url  # the address names the session: a reload shows it again
@@ -108,6 +125,8 @@ def test_every_page_in_chromium(server, sessions, runs, browser_page):
     doc = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
     assert doc["session_id"] == sessions.failed and doc["verdict"] == "failed" and doc["first_divergence"]
     browser_page.screenshot("dashboard-session")
+    heads, right = _columns_in_view(page, "checkpoint")  # the judged error, its bound and what it sees
+    assert {"margin", "judged", "bound", "sees"} <= set(heads) and right <= page.evaluate("window.innerWidth"), heads
 
     page.evaluate("() => { window.__xss = undefined; window.alert = () => { window.__xss = 1; }; }")
     _open_session(page, sessions.hostile, "Verdict")

@@ -38,6 +38,23 @@ def test_sessions_page_lists_filters_and_sorts(app_env):
     assert list(frame.columns)[:5] == ["session", "status", "verdict", "dtype", "first divergence"]
 
 
+def test_the_checkpoint_table_shows_what_was_judged_and_what_the_bound_sees(app_env):
+    """Issue 48, items 6 and 9: the session page's checkpoint table carries the ``judged`` error beside
+    its ``bound`` and what the bound ``sees``, the figures and words of the terminal and the HTML report."""
+    from debug_framework.reports._sections import change_text
+    from debug_framework.services.validation.results import ValidationResult
+
+    at = run_page("session.py", {"id": app_env.passed})
+    table = next(d.value for d in at.dataframe if "checkpoint" in d.value.columns)
+    columns = list(table.columns)
+    assert columns.index("margin") < columns.index("judged") < columns.index("bound") < columns.index("sees")
+    stored = {r.id: r for r in ValidationResult.load(app_env.database, app_env.passed).results}
+    for _, row in table.iterrows():
+        r = stored[row["checkpoint"]]
+        assert row["judged"] == pytest.approx(r.judged_error) and row["sees"] == change_text(r.detectable_change)
+    assert "judged: the error held to bound (RMSE)" in _texts(at)
+
+
 def test_session_page_shows_the_failure_with_bounds_heatmap_and_reports(app_env):
     at = run_page("session.py", {"id": app_env.failed})
     assert "Verdict: **failed**" in at.error[0].value

@@ -135,3 +135,25 @@ def more_precise(gm, example_inputs):
         return type(out)(o.to(low) if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in out)
 
     return run
+
+
+def backward_scaled(gm, example_inputs):
+    """A bug in the backward compiler alone: the forward graph is compiled as is, every floating
+    gradient the backward graph returns is scaled by 1.5. A backward graph handed to this backend on
+    its own is compiled as a forward graph, correctly: the failure shows only through AOTAutograd's
+    joint compile, never on an isolated graph."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def forward(g, _inputs):
+        return make_boxed_func(g.forward)
+
+    def backward(g, _inputs):
+        def run(args):
+            return [_scale_half(o) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                    for o in g(*args)]
+
+        run._boxed_call = True
+        return run
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=backward)(gm, example_inputs)

@@ -90,3 +90,21 @@ def make_exp_mlp():
 
 def make_exp_mlp_inputs():
     return exp_mlp()[1]
+
+
+class ExpandedAfterBreak(torch.nn.Module):
+    """``exp`` of an expanded mean after a graph break: the second Dynamo graph is given a stride-0
+    tensor (stride ``(0, 1)``), the layout a repro must keep and restore."""
+
+    def forward(self, x):
+        y = x.mean(0).expand(3, 4)
+        torch._dynamo.graph_break()
+        return torch.exp(y) * 2.0
+
+
+def make_expanded_after_break():
+    return ExpandedAfterBreak()
+
+
+def make_expanded_after_break_inputs():
+    return (torch.randn(5, 4, generator=_gen()),)

@@ -182,3 +182,49 @@ def test_a_gradient_only_failure_against_eager_gets_a_verified_repro(tmp_path, c
     assert code == 1 and data["passed"] is False, data
     assert m["stage"] == "backward" and m["status"] == "ran" and m["verified"] is True, m
     assert data["repro"] is not None
+
+
+# ------------------------------------------------------------------ item 14's general case
+
+
+def test_the_compile_wrapper_keeps_expanded_inputs_with_their_strides():
+    """The inputs a compiled graph is given are kept as copies with their strides, an expanded
+    (stride-0) one too (``copy_`` into that layout is refused: the compile crashed)."""
+    from debug_framework.measure import _snapshot
+
+    x = torch.arange(4.0).expand(3, 4)
+    c = _snapshot(x)
+    assert c.stride() == (0, 1) and torch.equal(c, x) and c.data_ptr() != x.data_ptr()
+    x.as_strided((4,), (1,)).add_(1.0)  # the original changes; the copy does not
+    assert torch.equal(c[0], torch.arange(4.0))
+
+
+@pytest.mark.slow
+def test_an_expanded_graph_input_gets_a_verified_repro(tmp_path, capsys):
+    """A graph after a graph break takes a stride-0 tensor: the diff keeps it, the repro stores it and
+    its ``load()`` restores the stride-0 layout in a fresh process (verified)."""
+    code, doc = _cli(["--root", str(tmp_path / "art"), "--json", "diff",
+                      "--model", f"{HERE / 'pinned_models.py'}:make_expanded_after_break",
+                      "--inputs", f"{HERE / 'pinned_models.py'}:make_expanded_after_break_inputs",
+                      "--backend", f"{HERE / 'inplace_backends.py'}:exp_to_expm1", "--runs", "1"], capsys)
+    data = doc["data"]
+    assert code == 1 and data is not None, doc
+    m = data["minifier"]
+    assert m["status"] == "ran" and m["verified"] is True, m
+    spec = json.loads(Path(data["repro"], "repro.json").read_text())["check"]
+    assert [i["stride"] for i in spec["inputs"]] == [[0, 1]], spec["inputs"]
+
+
+def test_a_gradient_failure_no_isolated_backward_graph_shows_ends_in_a_line_saying_why(tmp_path):
+    """A bug in the backend's backward compiler alone: each AOT backward graph handed to the backend
+    on its own is compiled correctly, so no isolated graph reproduces it; the diff fails and its
+    minifier outcome says there is no repro and why."""
+    bb = _load("bug_backends")
+    model, inputs = pm.exp_mlp()
+    report = KernelDiffHarness(model, inputs, test_backend=bb.backward_scaled, runs=1, compare_gradients=True,
+                               artifact_root=tmp_path, minify_max_seconds=30).compare()
+    m = report.minifier
+    assert report.forward_passed and report.gradients_passed is False, report.summary()
+    assert m["status"] == "not_reproduced" and m["stage"] == "backward" and report.repro_path is None, m
+    assert m["detail"].startswith("no repro:") and "joint forward-and-backward compile" in m["detail"], m
+    assert "no repro:" in report.summary()

@@ -45,8 +45,8 @@ def test_a_custom_stage_is_one_class(tiny_llama, db_path):
     seen: list[tuple[str, int, int]] = []
     result = engine.run(sid, progress=lambda *a: seen.append(a))
     names = [s for s, _, _ in seen]
-    assert names == ["load", "prepare", "reference", "alternative", "calibration", "compare", "precision",
-                     "name modules", "store"]
+    assert names == ["load", "prepare", "reference", "alternative", "calibration", "compare", "noise rule",
+                     "precision", "name modules", "store"]
     assert [d for _, d, _ in seen] == list(range(1, len(names) + 1)) and {t for *_, t in seen} == {len(names)}
     assert result.verdict == "passed" and result.results[3].module == "model.layers.1"
     assert result.performance["modules_s"] >= 0.0 and "comparison_s" in result.performance

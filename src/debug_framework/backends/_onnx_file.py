@@ -379,6 +379,9 @@ class Float64GraphRunner:
         #: :meth:`marked` marks; one copy of the weights beside the session's own (never the bytes too)
         #: the weights at ``dtype``, held once: fed to the session and every cut (:class:`FedSession`)
         self._proto, self._weights, self._shared = runner_graph(model.path, list(self.names.values()), dtype)
+        perturb = getattr(model.weights, "perturb_array", None)  # the validation's noise rule: weights moved
+        if callable(perturb):
+            self._weights = {k: perturb(k, v) for k, v in self._weights.items()}
         self._cuts: dict[tuple[int, str], tuple[onnx.ModelProto, str, set[str], FedSession | None]] = {}
         self._marked: list[str] = []
         #: the engine that runs ONNX files (the registry's), or "onnx.reference" (NumPy) where it lacks a

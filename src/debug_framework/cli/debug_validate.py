@@ -13,7 +13,7 @@ configuration...), 3 internal error (a bug; the traceback is in the crash log th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,22 +141,12 @@ def _judged_cell(r: CheckpointResult) -> str:
     return _fmt(r.judged_error)
 
 
-def _judged_note(rows: Sequence[CheckpointResult]) -> str:
-    """The caption naming what ``judged`` and ``sees`` are: the metrics held to the bounds."""
-    from ..reports._sections import metric_label
-
-    metrics = sorted({metric_label(r.judged_metric) for r in rows if r.judged_metric is not None})
-    held = ", ".join(metrics) if metrics else "none recorded"
-    return (f"judged: the error held to bound ({held}), margin = judged / bound; sees: the smallest relative "
-            "change of the output the bound would catch")
-
-
 def _table(result: ValidationResult, verbose: bool, width: int = 120) -> Table:
     """Checkpoints in model order; the first divergence highlighted, layers that introduce error
     marked; fitted to ``width`` columns (numbers never cut). ``judged`` is the metric the rule held
     to ``bound``; ``sees`` the smallest relative change of the output the bound would catch."""
     from ..reports._common import backend_label
-    from ..reports._sections import change_text
+    from ..reports._sections import change_text, judged_caption
     from .tables import fitted_table
 
     first = result.first_divergence
@@ -175,7 +165,7 @@ def _table(result: ValidationResult, verbose: bool, width: int = 120) -> Table:
                       _fmt(None if r.introduced is None else _error(r.introduced.error)), _fmt(_error(r.carried_in))])
     hidden = (f"{len(rows) - len(shown)} passing checkpoints not shown (--verbose shows all); "
               if len(shown) < len(rows) else "")
-    caption = hidden + _judged_note(rows)
+    caption = hidden + judged_caption(rows)
     alternative = backend_label(result.alternative_backend, result.alternative_options, result.alternative_dtype)
     title = f"{alternative} vs {backend_label(result.reference_backend, None, result.reference_dtype)}"
     return fitted_table(title, _COLUMNS, cells, width, styles=styles, caption=caption)

@@ -27,17 +27,22 @@ operator sweep and the plugin sweep all judge this way.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from ..jsonio import as_float
 from .ratio import RatioRule, RatioVerdict, finite_metric
 from .result import ComparisonResult
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from ..jsonio import JsonObject
 
-__all__ = ["NOISE_RUNS", "NoiseEvidence", "perturb_within_rounding", "judge_with_noise", "PERTURBATION"]
+__all__ = ["NOISE_RUNS", "NoiseEvidence", "perturb_within_rounding", "perturb_array", "judge_with_noise",
+           "PERTURBATION"]
 
 #: How many perturbed trusted runs measure the noise at a tensor whose single-run bound is exceeded.
 NOISE_RUNS = 4
@@ -47,10 +52,13 @@ PERTURBATION = "each floating input moved by at most one ulp of its dtype"
 _V = TypeVar("_V")
 
 
-def perturb_within_rounding(value: _V, seed: int) -> _V:
+def perturb_within_rounding(value: _V, seed: int, *, within: str | None = None) -> _V:
     """``value`` with every floating tensor in it (nested in lists, tuples and dicts) multiplied by
-    ``1 + u x eps(dtype)``, ``u`` uniform in [-1/2, 1/2] per element (drawn from ``seed``), and rounded
-    back to its dtype: each value stays or moves to a neighbour (at most one ulp). Anything else is returned as is."""
+    ``1 + u x eps``, ``u`` uniform in [-1/2, 1/2] per element (drawn from ``seed``), and rounded
+    back to its dtype: each value stays or moves to a neighbour (at most one ulp). ``eps`` is the
+    tensor's own dtype's, or that of ``within`` (a dtype name: ``"bfloat16"``) where given, for a
+    value a computation at that precision rounds (float32 weights of a bfloat16 run). Anything else
+    is returned as is."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -58,14 +66,35 @@ def perturb_within_rounding(value: _V, seed: int) -> _V:
             return value
         gen = torch.Generator().manual_seed(int(seed))
         u = torch.rand(value.shape, generator=gen, dtype=torch.float64) - 0.5
-        eps = torch.finfo(value.dtype).eps
+        eps = rounding_eps(value.dtype if within is None else getattr(torch, within))
         moved = (value.detach().to("cpu", torch.float64) * (1.0 + u * eps)).to(value.dtype).to(value.device)
         return moved.requires_grad_(value.requires_grad)  # type: ignore[return-value]
     if isinstance(value, dict):
-        return {k: perturb_within_rounding(v, seed + i) for i, (k, v) in enumerate(value.items())}  # type: ignore[return-value]
+        return {k: perturb_within_rounding(v, seed + i, within=within)  # type: ignore[return-value]
+                for i, (k, v) in enumerate(value.items())}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(perturb_within_rounding(v, seed + 7919 * (i + 1)) for i, v in enumerate(value))  # type: ignore[return-value]
+        return type(value)(perturb_within_rounding(v, seed + 7919 * (i + 1), within=within)  # type: ignore[return-value]
+                           for i, v in enumerate(value))
     return value
+
+
+def perturb_array(array: np.ndarray, seed: int, *, within: str | None = None) -> np.ndarray:
+    """:func:`perturb_within_rounding` of a NumPy array (a copy; a non-floating array as is)."""
+    import numpy as np
+
+    if not np.issubdtype(array.dtype, np.floating):
+        return array
+    import torch
+
+    moved = perturb_within_rounding(torch.from_numpy(np.array(array, copy=True)), seed, within=within)
+    return moved.numpy().astype(array.dtype, copy=False)
+
+
+def rounding_eps(dtype: torch.dtype) -> float:
+    """The machine epsilon of a torch floating dtype (the gap from 1 to the next value)."""
+    import torch
+
+    return float(torch.finfo(dtype).eps)
 
 
 @dataclass(frozen=True)
@@ -103,6 +132,15 @@ class NoiseEvidence:
                 "bound": self.bound, "widened": self.widened, "widening": self.widening,
                 "perturbation": self.perturbation}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> NoiseEvidence:
+        """The evidence read back from :meth:`to_dict`'s shape."""
+        errors = data.get("errors")
+        return cls(int(_number(data.get("runs"), 0.0)),
+                   tuple(_number(e) for e in errors) if isinstance(errors, list) else (),
+                   _number(data.get("single_run_error")), _number(data.get("single_run_bound")),
+                   _number(data.get("bound")), str(data.get("perturbation") or PERTURBATION))
+
     def text(self) -> str:
         """One line for a report: by how much the bound was widened, and by what."""
         if not self.widened:
@@ -112,14 +150,21 @@ class NoiseEvidence:
                 f"trusted runs on perturbed inputs (largest error {self.noise:.3e})")
 
 
+def _number(value: object, missing: float = math.nan) -> float:
+    number = as_float(value)
+    return missing if number is None else number
+
+
 def judge_with_noise(rule: RatioRule, baseline: ComparisonResult, test: ComparisonResult,
                      measure: Callable[[int], ComparisonResult | None], *, runs: int = NOISE_RUNS,
-                     oracle: str = "the oracle", baseline_name: str = "the baseline") -> tuple[RatioVerdict, NoiseEvidence | None]:
+                     oracle: str = "the oracle", baseline_name: str = "the baseline",
+                     perturbation: str = PERTURBATION) -> tuple[RatioVerdict, NoiseEvidence | None]:
     """:meth:`RatioRule.verdict` of ``test``, and where it fails on the metric alone (not a shape or a
     non-finite mismatch), judged again with the noise measured: ``measure(k)`` (k = 1..``runs``) is the
     comparison against the same oracle of the trusted side run on inputs perturbed with seed ``k``
-    (``None``, or an exception, when it cannot run: the single-run verdict stands). Returns the verdict
-    and the evidence (``None`` when no noise was measured)."""
+    (``None``, or an exception, when it cannot run: the single-run verdict stands); ``perturbation``
+    says how the inputs were moved (recorded in the evidence). Returns the verdict and the evidence
+    (``None`` when no noise was measured)."""
     verdict = rule.verdict(baseline, test, oracle=oracle, baseline_name=baseline_name)
     j = verdict.judgement
     if verdict.passed or not test.shape_match or math.isnan(j.alternative_error) \
@@ -138,7 +183,7 @@ def judge_with_noise(rule: RatioRule, baseline: ComparisonResult, test: Comparis
     measured = [e for e in errors if math.isfinite(e)]
     noise = max([j.reference_error, *measured])
     widened = rule.judge(noise, j.alternative_error)
-    evidence = NoiseEvidence(runs, tuple(errors), j.reference_error, j.bound, widened.bound)
+    evidence = NoiseEvidence(runs, tuple(errors), j.reference_error, j.bound, widened.bound, perturbation)
     if widened.passed:
         return RatioVerdict(True, None, widened), evidence
     label = "RMSE" if rule.metric == "rmse" else rule.metric

@@ -68,13 +68,18 @@ def curve_chart(frame: pd.DataFrame, metric: str, first_divergence: str | None) 
 
 
 def checkpoint_frame(rows: Sequence[CheckpointResult]) -> pd.DataFrame:
-    """The checkpoint table: the checkpoint's id, the verdict, what judged it, its bound and margin
-    (error / bound), the errors."""
+    """The checkpoint table: the checkpoint's id, the verdict, what judged it, its margin (judged /
+    bound), ``judged`` (the error in the metric the rule held to the bound), the bound, ``sees`` (the
+    smallest relative change of the output the bound would catch, as the terminal and the HTML
+    report write it), the errors."""
+    from ..reports._sections import change_text
+
     out = []
     for r in rows:
         c = r.comparison
         out.append({"checkpoint": r.id, "passed": r.state, "judged by": r.judged_by if r.judged else None,
-                    "bound": r.bound, "margin": r.margin, "rmse": c.rmse, "max_abs_error": c.max_abs_error,
+                    "margin": r.margin, "judged": r.judged_error, "bound": r.bound,
+                    "sees": change_text(r.detectable_change), "rmse": c.rmse, "max_abs_error": c.max_abs_error,
                     "rel_l2_error": c.rel_l2_error, "sqnr_db": c.sqnr_db, "introduced": r.introduced_error,
                     "carried in": r.propagated_error, "reason": r.reason})
     return pd.DataFrame(out)

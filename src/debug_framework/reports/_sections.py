@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult
 
 __all__ = ["num_td", "section", "performance_section", "backends_section", "tolerances_section", "memory_cell",
-           "METRIC_LABELS", "metric_label", "change_text", "sensitivity_text"]
+           "METRIC_LABELS", "metric_label", "change_text", "sensitivity_text", "judged_caption"]
 
 #: How each judged metric is named beside its bound in the checkpoint tables.
 METRIC_LABELS = {"rmse": "RMSE", "max_abs_error": "max abs", "kl_divergence": "KL", "allclose": "allclose",
@@ -26,6 +26,15 @@ METRIC_LABELS = {"rmse": "RMSE", "max_abs_error": "max abs", "kl_divergence": "K
 def metric_label(metric: str | None) -> str:
     """A judged metric's short name (``"RMSE"``, ``"KL"``; ``"-"`` for none)."""
     return "-" if metric is None else METRIC_LABELS.get(metric, metric)
+
+
+def judged_caption(rows: Sequence[CheckpointResult]) -> str:
+    """The caption naming what a checkpoint table's ``judged`` and ``sees`` columns are: the metrics
+    held to the bounds (the terminal's and the dashboard's)."""
+    metrics = sorted({metric_label(r.judged_metric) for r in rows if r.judged_metric is not None})
+    held = ", ".join(metrics) if metrics else "none recorded"
+    return (f"judged: the error held to bound ({held}), margin = judged / bound; sees: the smallest relative "
+            "change of the output the bound would catch")
 
 
 def change_text(change: float | None) -> str:

@@ -136,7 +136,7 @@ def minify_accuracy_failure(harness: HarnessSettings, test: CompiledSide, report
         failing = [d for d in report.gradients if not d.passed]
         stage = "backward"
     if not failing:
-        return {"status": "skipped", "detail": "no output or gradient failed (nothing to minify)"}
+        return {"status": "skipped", "detail": _nothing_to_minify(report)}
     errors: list[str] = []
     try:
         sig = _signature(harness, test, failing[0])
@@ -153,7 +153,29 @@ def minify_accuracy_failure(harness: HarnessSettings, test: CompiledSide, report
     except Exception as e:  # noqa: BLE001 - report, never mask the KernelDiff result
         log.debug("minifier failed", exc_info=True)
         return {"status": "failed", "stage": stage, "detail": f"{type(e).__name__}: {e}"[:600]}
-    where = "compiled graph(s)" if stage == "forward" else "compiled graph(s)' AOT backward graphs"
-    why = f" (a run failed there: {errors[0]})" if errors else ""
-    return {"status": "not_reproduced", "stage": stage,
-            "detail": f"the {stage} failure did not reproduce on any of {len(test.timed.graphs)} {where} in isolation{why}"}
+    return {"status": "not_reproduced", "stage": stage, "detail": _not_reproduced(stage, len(test.timed.graphs), errors)}
+
+
+def _nothing_to_minify(report: DiffReport) -> str:
+    """Why a failing report has no tensor to minify on: its outputs differ in structure."""
+    parts = [f"{what}: {', '.join(names[:5])}" for what, names in (("missing", report.missing), ("extra", report.extra))
+             if names]
+    if parts:
+        return (f"no repro: the outputs differ in structure ({'; '.join(parts)}), not in value; a value repro "
+                "needs the same outputs on both sides")
+    return "no output or gradient failed (nothing to minify)"
+
+
+def _not_reproduced(stage: str, graphs: int, errors: list[str]) -> str:
+    """The line a failing diff ends in when no isolated graph reproduces it: what was tried and why a
+    one-graph repro cannot show this failure."""
+    ran = f" (a run failed there: {errors[0]})" if errors else ""
+    if stage == "forward":
+        return (f"no repro: the forward failure did not reproduce on any of {graphs} compiled graph(s) in isolation"
+                f"{ran}; it needs the graphs run together (a graph's inputs come from the graphs before it) or "
+                "state the backend keeps between graphs, which a one-graph repro cannot hold")
+    return (f"no repro: the backward failure did not reproduce on any of {graphs} compiled graph(s)' AOT backward "
+            f"graphs in isolation{ran}; the backend computes those backward graphs correctly when given each "
+            "alone, so the gradients go wrong only in its joint forward-and-backward compile (its AOTAutograd "
+            "backward compiler), which a one-graph repro cannot hold: debug that compiler with "
+            "`inductor-debug diff --gradients` on the smallest model that shows it")

@@ -268,9 +268,22 @@ def load():
             continue
         t = tensors["input." + meta["name"]]
         if list(t.stride()) != meta["stride"]:  # restore the original (non-contiguous) layout
-            t = torch.empty_strided(meta["shape"], meta["stride"], dtype=t.dtype).copy_(t)
+            t = strided_like(t, meta["stride"])
         inputs.append(t)
     return Repro(tensors, spec["parameters"]), inputs
+
+
+def strided_like(t, stride):
+    """``t``'s values in a tensor of its shape with ``stride``, also where elements share memory (an
+    expand's stride 0, into which ``copy_`` refuses to write): each element's storage index is computed
+    and the values are written there (elements sharing one hold equal values)."""
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, stride, dtype=t.dtype)
+    span = 1 + sum((d - 1) * st for d, st in zip(t.shape, stride))
+    where = torch.arange(span).as_strided(t.shape, stride)
+    storage = torch.empty(span, dtype=t.dtype)
+    storage[where.reshape(-1)] = t.reshape(-1)
+    return storage.as_strided(t.shape, stride)
 
 
 # ----------------------------------------------------------------------------- checking the signature

@@ -22,6 +22,7 @@ from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import backend_label, error_source_text, flat_items, introducing_text, worst_row
 from debug_framework.reports._decode import token_text
+from debug_framework.reports._sections import judged_caption
 from debug_framework.reports.documents import stored
 from debug_framework.services.drilldown.types import drilled_where
 from debug_framework.report_formats import MEDIA, REPORT_FORMATS
@@ -66,6 +67,7 @@ with viewer() as db:
                 st.info("No finite figures of this metric to plot.")
             else:
                 st.altair_chart(curve_chart(frame, metric, first), width="stretch")
+            st.caption(judged_caption(rows))
             table = cells(checkpoint_frame(rows))
             st.dataframe(table, hide_index=True, width="stretch", column_config=number_columns(table))
 

@@ -100,6 +100,10 @@ class CheckpointEvidence:
             reference here, by dtype (``{"bfloat16": ...}``; None: not measured).
         expert_choice: at a ``router_logits`` checkpoint, the experts chosen (top-k of the logits)
             compared token by token: :class:`ExpertChoice`.
+        perturbed: where the checkpoint exceeded its single-run bound, the noise rule's runs
+            (:mod:`.noise_stage`): the trusted side (the calibration run, or the oracle mode's
+            baseline) run again on inputs and weights perturbed within rounding, each against the
+            same tensor its single run was compared with (the reference, or the oracle); else None.
     """
 
     key: CheckpointKey
@@ -113,6 +117,7 @@ class CheckpointEvidence:
     module: str | None = None
     lower_precision: dict[str, ComparisonResult] | None = None
     expert_choice: ExpertChoice | None = None
+    perturbed: tuple[ComparisonResult, ...] | None = None
 
     @property
     def present(self) -> bool:
@@ -132,6 +137,8 @@ class BlockEvidence:
         noise: the calibration's replay of the same block on the same input against the reference.
         reference_rms: the reference tensor's RMS at ``key``.
         input: what the replay was fed (:data:`BlockInput`).
+        perturbed: where the replay exceeded its single-run bound, the noise rule's replays of the
+            calibration on weights and input perturbed within rounding (:mod:`.noise_stage`).
     """
 
     block: str
@@ -140,6 +147,7 @@ class BlockEvidence:
     noise: ComparisonResult | None
     reference_rms: float
     input: BlockInput = "reference"
+    perturbed: tuple[ComparisonResult, ...] | None = None
 
 
 @dataclass

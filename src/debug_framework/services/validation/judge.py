@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from ...capture.keys import CheckpointKey
 from ...comparison import ComparisonResult, OracleJudgement, RatioRule
+from ...comparison.noise import NoiseEvidence, judge_with_noise
 from ...comparison.next_token import TokenFlip, TokenMetrics
 from ...jsonio import JsonObject, as_float
 from .evidence import BlockEvidence, CheckpointEvidence, Evidence, KVEvidence, LayerEvidence, TokenEvidence
@@ -42,6 +43,9 @@ __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "con
 #: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
 PRECISION_BAND = 8.0
+#: How the noise rule's runs of a validation were perturbed (:mod:`.noise_stage`).
+PERTURBED_WEIGHTS = ("each weight and floating input moved by at most one ulp of the precision the trusted run "
+                     "computes at")
 #: How a pass failed by its top-1 tokens begins its reason (:func:`judge_tokens`).
 FLIPS_REASON = "the next token differs beyond noise"
 
@@ -61,6 +65,9 @@ class Judgement:
         rule: the ratio rule's errors, multiplier and floor where one decided (None for a tolerance).
         consistent_with: on a failed checkpoint of a run consistent with a correct run at a lower
             precision, that precision (``"bfloat16"``, ``"float16"``); else None.
+        noise: where the single run's bound was exceeded and the noise rule measured the trusted
+            side on perturbed inputs (:func:`~debug_framework.comparison.judge_with_noise`): what it
+            found and by how much the bound widened; else None.
     """
 
     passed: bool
@@ -70,14 +77,19 @@ class Judgement:
     reason: str | None = None
     rule: OracleJudgement | None = None
     consistent_with: str | None = None
+    noise: NoiseEvidence | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Judgement:
-        """A stored judgement read back (:meth:`to_dict`'s fields; the rule's details are not kept)."""
+        """A stored judgement read back (:meth:`to_dict`'s fields and the noise rule's evidence; the
+        rule's other details are read by ``results.judgement_from``)."""
         consistent = data.get("consistent_with")
+        rule = data.get("rule")
+        noise = rule.get("noise") if isinstance(rule, Mapping) else None
         return cls(bool(data.get("passed")), str(data.get("judged_by") or "tolerance"), as_float(data.get("bound")),
                    as_float(data.get("margin")), data.get("reason"),
-                   consistent_with=consistent if isinstance(consistent, str) else None)
+                   consistent_with=consistent if isinstance(consistent, str) else None,
+                   noise=NoiseEvidence.from_dict(noise) if isinstance(noise, Mapping) else None)
 
     def to_dict(self) -> JsonObject:
         """``passed``, ``judged_by``, ``bound``, ``margin``, ``reason`` and the rule's details."""
@@ -86,7 +98,8 @@ class Judgement:
         if self.rule is not None:
             j = self.rule
             out["rule"] = {"metric": j.metric, "error": j.alternative_error, "baseline_error": j.reference_error,
-                           "multiplier": j.multiplier, "floor": j.floor}
+                           "multiplier": j.multiplier, "floor": j.floor,
+                           **({} if self.noise is None else {"noise": self.noise.to_dict()})}
         return out
 
 
@@ -186,19 +199,29 @@ class Verdict:
 
 
 def _ratio(rule: RatioRule, baseline: ComparisonResult, test: ComparisonResult, judged_by: str, *,
-           oracle: str, baseline_name: str, prefix: str) -> Judgement:
-    v = rule.verdict(baseline, test, oracle=oracle, baseline_name=baseline_name)
+           oracle: str, baseline_name: str, prefix: str,
+           perturbed: tuple[ComparisonResult, ...] | None = None) -> Judgement:
+    """The ratio rule's verdict; where it fails and the noise rule's runs were measured
+    (``perturbed``: the trusted side on inputs perturbed within rounding, against the same oracle),
+    judged again on the largest noise they show (:func:`~debug_framework.comparison.judge_with_noise`)."""
+    if not perturbed:
+        v, noise = rule.verdict(baseline, test, oracle=oracle, baseline_name=baseline_name), None
+    else:
+        runs = len(perturbed)
+        v, noise = judge_with_noise(rule, baseline, test, lambda k: perturbed[k - 1], runs=runs, oracle=oracle,
+                                    baseline_name=baseline_name, perturbation=PERTURBED_WEIGHTS)
     return Judgement(v.passed, judged_by, v.judgement.bound, v.judgement.margin,
-                     None if v.passed else f"{prefix}{v.reason}", v.judgement)
+                     None if v.passed else f"{prefix}{v.reason}", v.judgement, noise=noise)
 
 
 def _calibrated(plan: ValidationPlan, noise: ComparisonResult, error: ComparisonResult, reference_rms: float,
-                what: str = "") -> Judgement:
+                what: str = "", perturbed: tuple[ComparisonResult, ...] | None = None) -> Judgement:
     cfg = plan.config
     floor = cfg.floor_eps * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
     rule = RatioRule(cfg.noise_margin, floor, cfg.calibration_metric)
     return _ratio(rule, noise, error, "calibration", oracle="the reference",
-                  baseline_name=f"a correct {plan.alternative_dtype} run{what}", prefix="calibrated bound: ")
+                  baseline_name=f"a correct {plan.alternative_dtype} run{what}", prefix="calibrated bound: ",
+                  perturbed=perturbed)
 
 
 def _tolerance(comparison: ComparisonResult, margin: float | None = None) -> Judgement:
@@ -225,9 +248,9 @@ def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: Validatio
             plan.config.floor_eps * plan.eps * ev.oracle.oracle_rms)
         rule = RatioRule(setup.multiplier, float(floor), setup.metric)
         return _ratio(rule, ev.oracle.baseline, ev.oracle.alternative, "oracle", oracle="the float64 oracle",
-                      baseline_name=setup.baseline, prefix="oracle ratio rule: ")
+                      baseline_name=setup.baseline, prefix="oracle ratio rule: ", perturbed=ev.perturbed)
     if ev.noise is not None and ev.present and plan.calibrated(ev.key):
-        return _calibrated(plan, ev.noise, ev.comparison, ev.reference_rms)
+        return _calibrated(plan, ev.noise, ev.comparison, ev.reference_rms, perturbed=ev.perturbed)
     return _tolerance(ev.comparison, ev.tolerance_margin)
 
 
@@ -237,7 +260,7 @@ def judge_block(ev: BlockEvidence, plan: ValidationPlan) -> Judgement:
     replayed = not (ev.error.numel == 0 and not ev.error.passed)  # no tensor came back: judged as failed
     if ev.noise is not None and replayed and plan.calibrated(ev.key):
         what = " replaying the layer" if ev.block == "layer" else f" replaying the {ev.block} block"
-        return _calibrated(plan, ev.noise, ev.error, ev.reference_rms, what)
+        return _calibrated(plan, ev.noise, ev.error, ev.reference_rms, what, perturbed=ev.perturbed)
     return _tolerance(ev.error)
 
 

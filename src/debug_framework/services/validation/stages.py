@@ -65,6 +65,7 @@ from .context import RunContext, Stage, call_backend, own
 from .decode_stage import DecodeStage
 from .drill_stage import DrillDownStage
 from .mark_all import MarkAllStage
+from .noise_stage import NoiseRuleStage
 from .precision_stage import PrecisionStage
 from .served_stage import ServedStage
 from .evidence import (
@@ -86,7 +87,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RunContext", "Stage", "call_backend", "LoadStage", "PrepareStage", "RunBackendStage", "CalibrationStage",
            "CompareStage", "IsolationStage", "OracleStage", "NoiseFloorStage", "RecordStage", "StoreStage",
-           "DrillDownStage", "DecodeStage", "PrecisionStage", "MarkAllStage", "ServedStage", "DEFAULT_STAGES"]
+           "DrillDownStage", "DecodeStage", "PrecisionStage", "MarkAllStage", "ServedStage", "NoiseRuleStage",
+           "DEFAULT_STAGES"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -448,7 +450,7 @@ class OracleStage(Stage):
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
-        oracle_cap = self._oracle_capture(ctx)
+        oracle_cap = ctx.captures["oracle"] = self._oracle_capture(ctx)  # the noise rule compares with it too
         cfg = plan.config
         fixed_floor = cfg.oracle_floor
         base_name, base_cap = "the reference", ctx.reference_capture
@@ -598,6 +600,7 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     DecodeStage(),
     IsolationStage(),
     OracleStage(),
+    NoiseRuleStage(),
     NoiseFloorStage(),
     PrecisionStage(),
     MarkAllStage(),
