@@ -27,6 +27,7 @@ from ...jsonio import JsonObject
 from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
+from .decode_equivalence import prefill_equivalence
 from .decode_replay import replay_decode_layer, step_inputs
 from .decode_walk import LOGITS, NOISE_EVERY, DecodeWalk, NoiseCarry, held_by_both, noise_sampled
 
@@ -149,6 +150,11 @@ class DecodeStage(Stage):
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}
         kept = walk.kept
+        verdict = ctx.judge()
+        if kept is not None and verdict.first_step == walk.first_failed and verdict.first_divergence is not None:
+            key, at = verdict.first_divergence, walk.first_failed
+            ctx.decode["prefill_equivalence"] = prefill_equivalence(ctx, ctx.alternative, at, key,
+                                                                    kept.captures[at].tensors.get(key), tokens)
         if kept is not None and plan.config.isolate:  # the layer of a first divergence at a decode step, replayed at that step
             replay_decode_layer(ctx, kept, tokens, cal)
         if kept is not None and plan.config.drill_down:  # what the drill-down gives a layer at the first divergent step
