@@ -135,22 +135,40 @@ def test_a_step_batched_comparison_measures_what_compare_does():
     assert not got[2].passed and got[2].reason
 
 
-def test_the_float64_reference_holds_its_converted_layers_and_computes_the_same(tiny_models):
-    """A decode step converts no layer again (each held once converted), and holding changes no value."""
+@pytest.mark.parametrize("budget", ["whole", "two layers"])
+def test_the_float64_reference_holds_its_converted_weights_and_computes_the_same(tiny_models, monkeypatch, budget):
+    """For a decode the float64 reference converts its weights once (the whole model in place where it
+    fits the budget, else as many layers as fit, each held once converted), puts them back after,
+    and computes what converting them again at every step computes."""
+    from debug_framework.backends import eager_reference
+
     model = load_model(str(tiny_models("llama", 0)))
     inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=PROMPT, seed=0, pad_lengths=[0, 2])
     backend = get_backend("float64_eager")
     backend.prepare(model, "float64", "cpu")
     keys = [CheckpointKey("post_mlp", i) for i in range(model.num_layers)] + [CheckpointKey("post_processing")]
-    whole = backend.run_decode(inputs, 3, keys)
-    streamer = backend.module.streamer
+    whole = backend.run_decode(inputs, 3, keys)  # run whole: each layer converted as called, every step
+    streamer, net = backend.module.streamer, backend.module
+    layer = sum(p.numel() * 8 for p in net.get_submodule(streamer_unit(net)).parameters())
+    if budget == "two layers":
+        monkeypatch.setattr(eager_reference, "DECODE_HOLD_BYTES", 2 * layer)
+    stored = [p.dtype for p in net.parameters()]
     stream = backend.iter_decode(inputs, 3, keys, None, [CheckpointKey("post_processing")])
     passes = [next(stream), next(stream)]
     assert set(passes[0].capture.tensors) == {CheckpointKey("post_processing")}  # the prefill's logits alone
-    assert len(streamer._held) == model.num_layers - 1  # the others held, the last one in use
+    dtypes = {p.dtype for p in net.parameters() if p.is_floating_point()}
+    if budget == "whole":
+        assert dtypes == {torch.float64} and streamer._held is None
+    else:
+        assert dtypes != {torch.float64} and len(streamer._held) == 2  # two held, the last one in use converts
     passes += list(stream)
-    assert streamer._held is None  # released with the decode
+    assert streamer._held is None and [p.dtype for p in net.parameters()] == stored  # put back
     for p in passes[1:]:
         for key in keys:
             assert tuple(p.capture[key].shape[:2]) == (2, 1)
             torch.testing.assert_close(p.capture[key], whole.captures[p.step][key], rtol=0, atol=0)
+
+
+def streamer_unit(net: torch.nn.Module) -> str:
+    """The first decoder layer's module name."""
+    return next(name for name, mod in net.named_modules() if name.endswith("layers.0"))

@@ -21,13 +21,13 @@ import numpy as np
 from ...backends.decode import KV_TAIL, DecodePass, DecodeRun, LayerKV, concat_positions
 from ...capture.keys import Capture, CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
-from ...comparison.next_token import next_token_metrics
+from ...comparison.next_token import TokenMetrics, next_token_metrics
 from ...jsonio import JsonObject
 from .calibration import noise_at
 from .context import RunContext
 from .decode_batch import Pair, compare_many, rms_many
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
-from .judge import judge_checkpoint, judge_kv, judge_tokens
+from .judge import Judgement, judge_checkpoint, judge_kv, judge_tokens
 
 __all__ = ["DecodeWalk", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "held_by_both", "LOGITS"]
 
@@ -124,6 +124,8 @@ class DecodeWalk:
         self.kept: DecodeRun | None = None
         self._trail = _CacheTrail()
         self._mask0: np.ndarray | None = None
+        #: the calibration's next-token metrics and largest logit error last measured (carried between)
+        self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
         self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
 
     def step(self, r: DecodePass, a: DecodePass, c: DecodePass | None) -> bool:
@@ -180,9 +182,8 @@ class DecodeWalk:
                 side = "alternative" if key not in a else "reference"
                 ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
                                         module=_module(ctx, key))
-            if plan.calibrated(key) and key in errors:
-                self._noise(ev, r, c, sampled, measured.get(key))
-            verdict = judge_checkpoint(ev, ctx.evidence, plan)
+            judged = self._noise(ev, r, c, sampled, measured.get(key)) if plan.calibrated(key) and key in errors else None
+            verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
             if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
                 ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
                                         name=f"{key}@{s}")
@@ -192,29 +193,53 @@ class DecodeWalk:
         return failed
 
     def _noise(self, ev: CheckpointEvidence, r: Capture, c: Capture | None, sampled: bool,
-               measured: ComparisonResult | None) -> None:
+               measured: ComparisonResult | None) -> Judgement | None:
+        """Set ``ev.noise`` (:class:`NoiseCarry`); the judgement by it where the carry judged it already."""
         ctx = self.ctx
+        judged: list[tuple[ComparisonResult, Judgement]] = []
 
         def fails(noise: ComparisonResult) -> bool:
             ev.noise = noise
-            return not judge_checkpoint(ev, ctx.evidence, ctx.plan).passed
+            judged.append((noise, judge_checkpoint(ev, ctx.evidence, ctx.plan)))
+            return not judged[-1][1].passed
         ev.noise = self.carry.noise(("checkpoint", ev.key), lambda: noise_at(ev.key, r, c), sampled, fails, measured)
+        return judged[-1][1] if judged and judged[-1][0] is ev.noise else None
 
     # -- next-token distributions ------------------------------------------------------------------
     def _tokens(self, s: int, r: Capture, a: Capture, c: Capture | None) -> bool:
         """The pass's next-token metrics row and evidence (nothing where the logits are not a
-        checkpoint); True where the token judgement fails."""
+        checkpoint); True where the token judgement fails. The calibration's metrics are measured
+        where its noise is (:func:`noise_sampled`) and carried between as :class:`NoiseCarry`
+        carries the noise: measured at the step itself where the pass fails by the carried ones."""
         ctx = self.ctx
         if LOGITS not in ctx.plan.keys or LOGITS not in r or LOGITS not in a \
                 or tuple(r[LOGITS].shape) != tuple(a[LOGITS].shape):
             return False  # a missing or misshapen tensor already fails the checkpoint itself
         mask = position_mask(self._mask0) if s == 0 and self._mask0 is not None else None
         metrics = next_token_metrics(r[LOGITS], a[LOGITS], positions=mask)
-        calm, noise = None, math.nan
-        if c is not None and LOGITS in c and tuple(c[LOGITS].shape) == tuple(r[LOGITS].shape):
-            calm = next_token_metrics(r[LOGITS], c[LOGITS], positions=mask)
-            noise = error_metric(compare(r[LOGITS], c[LOGITS], check_dtype=False, positions=mask), "max_abs_error")
-        ev = TokenEvidence(s, metrics, calm, noise, reference_scale(select_positions(r[LOGITS], mask)))
+        scale = reference_scale(select_positions(r[LOGITS], mask))
+
+        def measure() -> tuple[TokenMetrics | None, float]:
+            if c is None or LOGITS not in c or tuple(c[LOGITS].shape) != tuple(r[LOGITS].shape):
+                return None, math.nan
+            noise = compare_many([Pair(r[LOGITS], c[LOGITS], None, "")])[0] if mask is None else \
+                compare(r[LOGITS], c[LOGITS], check_dtype=False, positions=mask)
+            return next_token_metrics(r[LOGITS], c[LOGITS], positions=mask), error_metric(noise, "max_abs_error")
+
+        held = None if s == 0 or noise_sampled(s, self.steps) else self._token_noise
+        ev = None
+        if held is not None and held[0] is not None:
+            ev = TokenEvidence(s, metrics, held[0], held[1], scale)
+            if metrics.positions and not judge_tokens(ev, ctx.plan).passed:
+                ev = None  # fails by the carried: measured at this step
+                self.carry.remeasured += 1
+            else:
+                self.carry.carried += 1
+        if ev is None:
+            self._token_noise = measure()
+            self.carry.measured += s > 0
+            ev = TokenEvidence(s, metrics, *self._token_noise, scale)
+        calm, noise = ev.calibration, ev.noise_max_abs
         ctx.evidence.token_metrics.append(ev)
         row = metrics.to_dict()
         row["flip_count"] = len(metrics.flips)
@@ -242,11 +267,12 @@ class DecodeWalk:
                 plans.append((layer, part, ref, alt, m, cal, compared))
         batched = [i for i, p in enumerate(plans) if p[6] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
         errors = dict(zip(batched, compare_many([Pair(plans[i][2], plans[i][3], None, "") for i in batched])))
+        scales = dict(zip(batched, rms_many([plans[i][2] for i in batched])))
         rows: dict[int, JsonObject] = {}
         sampled = noise_sampled(s, self.steps)
         for i, (layer, part, ref, alt, m, cal, compared) in enumerate(plans):
             err = errors.get(i) or compare(ref, alt, check_dtype=False, positions=m)
-            scale = reference_scale(select_positions(ref, position_mask(m)))
+            scale = scales[i] if i in scales else reference_scale(select_positions(ref, position_mask(m)))
             noise = None
             if cal is not None:
                 def measure(cal: tuple[CapturedTensor, CapturedTensor, np.ndarray | None] = cal) -> ComparisonResult:
