@@ -134,6 +134,12 @@ class LayerStreamer:
         self._kept: dict[int, torch.Tensor] = {}
         #: the previous layer's buffers, reused for the next one's: (shape) -> tensors
         self._spare: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        #: while :meth:`hold` is in force: the other layers' converted parameters kept (unit -> them),
+        #: the bytes they take and the most they may take
+        self._held: dict[int, dict[int, torch.Tensor]] | None = None
+        self._held_units: set[int] = set()
+        self._held_bytes = 0
+        self._hold_budget = 0
         for index, unit in enumerate(units):
             for mod in net.get_submodule(unit).modules():
                 self._unit_of.setdefault(id(mod), index)
@@ -145,11 +151,16 @@ class LayerStreamer:
             self._calls.append(None)  # converted by an enclosing call already, or not run at all
             return
         unit = self._unit_of.get(id(module))
-        if unit != self._kept_unit:  # the last layer's copies become this one's buffers
-            self._spare.clear()
-            for tensor in self._kept.values():
-                self._spare.setdefault(tuple(tensor.shape), []).append(tensor)
-            self._kept.clear()
+        if unit != self._kept_unit:  # the last layer's copies become this one's buffers (or are held)
+            last, self._kept = self._kept, {}
+            if self._held is not None and self._kept_unit is not None and last and self._room_for(self._kept_unit, last):
+                self._held[self._kept_unit] = last
+            else:
+                self._spare.clear()
+                for tensor in last.values():
+                    self._spare.setdefault(tuple(tensor.shape), []).append(tensor)
+            if self._held is not None and unit is not None and unit in self._held:
+                self._kept = self._held.pop(unit)
             self._kept_unit = unit
         swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         seen: set[int] = set()
@@ -177,11 +188,29 @@ class LayerStreamer:
         for param, stored in swapped:
             param.data = stored
 
+    def _room_for(self, unit: int, converted: dict[int, torch.Tensor]) -> bool:
+        """Whether ``unit``'s converted parameters may be held (counted once, within the budget)."""
+        if unit in self._held_units:
+            return True
+        size = sum(t.numel() * t.element_size() for t in converted.values())
+        if self._held_bytes + size > self._hold_budget:
+            return False
+        self._held_units.add(unit)
+        self._held_bytes += size
+        return True
+
+    def hold(self, budget_bytes: int) -> None:
+        """Until :meth:`release`, keep every layer's converted parameters once converted, up to
+        ``budget_bytes`` in all (the layers beyond it still convert as called): a decode runs every
+        layer at every step, and converting them again each step is a fifth of a float64 step."""
+        self._held, self._held_units, self._held_bytes, self._hold_budget = {}, set(), 0, max(0, int(budget_bytes))
+
     def release(self) -> None:
-        """Drop the kept layer's converted copies and the buffers kept for the next."""
+        """Drop the kept layer's converted copies, the held ones and the buffers kept for the next."""
         self._kept.clear()
         self._spare.clear()
         self._kept_unit = None
+        self._held, self._held_units, self._held_bytes, self._hold_budget = None, set(), 0, 0
 
 
 _EMBEDDING = (torch.nn.functional.embedding,)

@@ -23,7 +23,8 @@ it. :func:`runner_decode` drives a user engine (``user_backend``) through its ru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ContextManager, Protocol, runtime_checkable
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 #: One layer's cached ``(keys, values)``, each ``[batch, length, kv_heads, head_dim]``.
 LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
-__all__ = ["DecodeRun", "DecodeBackend", "KVRecorder", "KV_AUDIT_EVERY", "KV_TAIL", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
+__all__ = ["DecodeRun", "DecodePass", "DecodeBackend", "collect_run", "decode_passes", "iter_module_decode",
+           "iter_runner_decode", "KVRecorder", "KV_AUDIT_EVERY", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
@@ -82,7 +84,7 @@ class DecodeRun:
                 start -= 1
             parts = [self.kv_cache[t][layer] if t == start else _last(self.kv_cache[t][layer])
                      for t in range(start, step + 1) if layer in self.kv_cache[t]]
-            out[layer] = (_concat([p[0] for p in parts]), _concat([p[1] for p in parts]))
+            out[layer] = (concat_positions([p[0] for p in parts]), concat_positions([p[1] for p in parts]))
         return out
 
     def span(self, step: int, layer: int) -> str:
@@ -104,7 +106,7 @@ def kv_audited(step: int, steps: int) -> bool:
     return step == steps or step % KV_AUDIT_EVERY == 0
 
 
-def _concat(parts: list[Tensor | Array]) -> Tensor | Array:
+def concat_positions(parts: list[Tensor | Array]) -> Tensor | Array:
     """Tensors ``[batch, length, ...]`` joined along ``length`` (torch or NumPy-like)."""
     if len(parts) == 1:
         return parts[0]
@@ -138,10 +140,11 @@ class KVRecorder:
         self.kv: list[dict[int, LayerKV]] = []
         self.spans: list[dict[int, str]] = []
         self._lengths: dict[int, int] = {}
+        self._passes = 0  #: the passes asked about so far (0: the next is the prefill)
 
     def spans_for(self, lengths: dict[int, int]) -> dict[int, str]:
         """What the next pass keeps of each layer, given each layer's cached length after it."""
-        step = len(self.kv)
+        step, self._passes = self._passes, self._passes + 1
         if step == 0:
             spans = {i: "prefill" for i in lengths}
         elif kv_audited(step, self.steps):
@@ -151,10 +154,15 @@ class KVRecorder:
         self._lengths = dict(lengths)
         return spans
 
+    @staticmethod
+    def cut(whole: dict[int, LayerKV], spans: dict[int, str]) -> dict[int, LayerKV]:
+        """What one pass keeps of ``whole`` (every layer's cache): a layer kept new only cut to its
+        last :data:`KV_TAIL` positions (copied), the others as given."""
+        return {i: kv if spans.get(i) != "new" else (_own_tail(kv[0]), _own_tail(kv[1])) for i, kv in whole.items()}
+
     def add(self, whole: dict[int, LayerKV], spans: dict[int, str]) -> None:
         """Keep one pass: ``whole`` every layer's cache (the new layers cut to their last position)."""
-        self.kv.append({i: kv if spans.get(i) != "new" else (_own_tail(kv[0]), _own_tail(kv[1]))
-                        for i, kv in whole.items()})
+        self.kv.append(self.cut(whole, spans))
         self.spans.append(spans)
 
 
@@ -211,37 +219,93 @@ def _cache_layers(cache: object) -> dict[int, tuple[torch.Tensor, torch.Tensor]]
     return out
 
 
-def _keep_kv(cache: object, recorder: KVRecorder) -> None:
-    """Record a ``transformers`` cache after a pass in ``recorder``, ``[batch, length, heads, dim]``:
-    a layer kept whole is copied whole, one kept new only (its last position) is copied alone."""
+def _kept_kv(cache: object, recorder: KVRecorder) -> tuple[dict[int, LayerKV], dict[int, str]]:
+    """What one pass keeps of a ``transformers`` cache, ``[batch, length, heads, dim]``, and its
+    spans: a layer kept whole is copied whole, one kept new only (its last positions) is copied alone."""
     held = _cache_layers(cache)
     spans = recorder.spans_for({i: int(k.shape[2]) for i, (k, _) in held.items()})
 
     def own(t: torch.Tensor, whole: bool) -> torch.Tensor:
         return (t if whole else t[:, :, -KV_TAIL:]).detach().transpose(1, 2).clone()
-    recorder.kv.append({i: (own(k, spans[i] != "new"), own(v, spans[i] != "new")) for i, (k, v) in held.items()})
-    recorder.spans.append(spans)
+    return {i: (own(k, spans[i] != "new"), own(v, spans[i] != "new")) for i, (k, v) in held.items()}, spans
+
+
+@dataclass
+class DecodePass:
+    """One pass of a decode as it is produced (:func:`iter_module_decode`, :func:`iter_runner_decode`).
+
+    Attributes:
+        step: 0 for the prefill, ``s`` for decode step ``s``.
+        capture: the pass's checkpoints.
+        kv: what the pass keeps of each layer's cache (:class:`KVRecorder`), ``span`` says what.
+        span: per layer, ``"prefill"``, ``"audit"``, ``"rewrite"`` or ``"new"`` (:attr:`DecodeRun.kv_span`).
+        mask: the attention mask ``[batch, length]`` over the cached positions after the pass.
+        token: ``[batch]`` int64, the token fed at this step (None for the prefill).
+    """
+
+    step: int
+    capture: Capture
+    kv: dict[int, LayerKV]
+    span: dict[int, str]
+    mask: np.ndarray
+    token: np.ndarray | None = None
+
+
+def collect_run(passes: Iterator[DecodePass], steps: int) -> DecodeRun:
+    """Every pass of a streamed decode kept, as one :class:`DecodeRun` (what ``run_decode`` returns)."""
+    run = DecodeRun([], np.zeros((0, steps), np.int64))
+    chosen: list[np.ndarray] = []
+    for p in passes:
+        run.captures.append(p.capture)
+        run.kv_cache.append(p.kv)
+        run.kv_span.append(p.span)
+        run.attention_masks.append(p.mask)
+        if p.token is not None:
+            chosen.append(np.asarray(p.token, np.int64))
+    batch = run.attention_masks[0].shape[0] if run.attention_masks else 0
+    run.tokens = np.stack(chosen, axis=1) if chosen else np.zeros((batch, 0), np.int64)
+    return run
 
 
 def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, torch.Tensor],
                   capture: Callable[[], ContextManager[object]],
                   inputs: ModelInputs, steps: int, tokens: np.ndarray | None, dtype: str,
                   wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture]) -> DecodeRun:
-    """Decode ``steps`` tokens through ``module``'s own cache (``past_key_values``).
-
-    ``kwargs`` are the prefill's forward arguments (``inputs.torch()`` on the module's device);
-    ``capture()`` opens a fresh hook capture (a context manager with ``run`` and ``tensors``);
-    ``wrap(tensors, seconds)`` turns a pass's checkpoints into a :class:`Capture`.
+    """Decode ``steps`` tokens through ``module``'s own cache (``past_key_values``), every pass kept
+    (:func:`iter_module_decode`, collected).
 
     Raises:
         ConfigurationError: (DF005) no tokens given and the module returns no logits to choose from.
         BackendRuntimeError: (DF005) the module keeps no cache (``past_key_values``).
     """
+    return collect_run(iter_module_decode(backend_name, module, kwargs, capture, inputs, steps, tokens, wrap), steps)
+
+
+def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, torch.Tensor],
+                       capture: Callable[[], ContextManager[object]],
+                       inputs: ModelInputs, steps: int, tokens: np.ndarray | None,
+                       wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture],
+                       prefill_capture: Callable[[], ContextManager[object]] | None = None,
+                       context: Callable[[], ContextManager[object]] | None = None) -> Iterator[DecodePass]:
+    """Decode ``steps`` tokens through ``module``'s own cache (``past_key_values``), one
+    :class:`DecodePass` yielded as each pass is done (nothing kept here between passes).
+
+    ``kwargs`` are the prefill's forward arguments (``inputs.torch()`` on the module's device);
+    ``capture()`` opens a fresh hook capture (a context manager with ``run`` and ``tensors``) for a
+    decode step, ``prefill_capture()`` for the prefill (default ``capture``); ``wrap(tensors,
+    seconds)`` turns a pass's checkpoints into a :class:`Capture`. ``tokens[:, s]`` is read only when
+    step ``s + 1`` runs, so a caller streaming several backends may fill it as it goes. Each pass
+    runs under ``torch.inference_mode()`` and ``context()`` (entered and left within the pass, never
+    across a ``yield``: several decodes may be interleaved).
+
+    Raises:
+        ConfigurationError: (DF005) no tokens given and the module returns no logits to choose from.
+        BackendRuntimeError: (DF005) the module keeps no cache (``past_key_values``).
+    """
+    import inspect
     import time
 
     import torch
-
-    import inspect
 
     try:
         params = inspect.signature(module.forward).parameters
@@ -251,63 +315,78 @@ def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, 
     device = kwargs["input_ids"].device
     mask = kwargs["attention_mask"]
     offset = int(inputs.meta.get("position_offset", 0) or 0)
-    captures: list[Capture] = []
     kv = KVRecorder(steps)
-    masks: list[np.ndarray] = []
-    chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
-    with torch.inference_mode():
-        start = time.perf_counter()
-        with capture() as cap:
-            out = cap.run(module, **kwargs, use_cache=True)
-        captures.append(wrap(dict(cap.tensors), time.perf_counter() - start))
-        cache = _cache_of(out)
-        if cache is None:
-            raise BackendRuntimeError("the module returned no past_key_values, so it cannot decode through its cache",
-                                      backend=backend_name, call="run_decode()",
-                                      hint="give the module a cache (use_cache=True), or decode with prefill/decode_step")
-        _keep_kv(cache, kv)
-        mask_np = mask.detach().cpu().numpy().astype(np.int64)
-        masks.append(mask_np)
-        logits = getattr(out, "logits", None)
-        last = torch.from_numpy(last_token_index(mask_np)).to(device)
-        for s in range(steps):
-            if tokens is not None:
-                tok = torch.as_tensor(np.asarray(tokens)[:, s], dtype=torch.long, device=device)
-            elif logits is not None:
-                rows = torch.arange(logits.shape[0], device=device)
-                tok = logits[rows, last].float().argmax(-1)
-            else:
-                raise ConfigurationError("the model returns no logits, so the decode tokens cannot be chosen",
-                                         backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
-            chosen[:, s] = tok.cpu().numpy()
-            positions = torch.from_numpy(decode_positions(mask_np, offset)).to(device)
-            mask_np = np.concatenate([mask_np, np.ones((mask_np.shape[0], 1), np.int64)], axis=1)
-            step_kwargs = {"input_ids": tok[:, None], "attention_mask": torch.from_numpy(mask_np).to(device),
-                           "position_ids": positions, cache_arg: cache, "use_cache": True}
+
+    def forward(open_capture: Callable[[], ContextManager[object]], kw: dict[str, object]) -> tuple[object, Capture]:
+        with torch.inference_mode(), (context or contextlib.nullcontext)():
             start = time.perf_counter()
-            with capture() as cap:
-                out = cap.run(module, **step_kwargs)
-            captures.append(wrap(dict(cap.tensors), time.perf_counter() - start))
-            cache = _cache_of(out)
-            _keep_kv(cache, kv)
-            masks.append(mask_np)
-            logits = getattr(out, "logits", None)
-            last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
-    return DecodeRun(captures, chosen, kv.kv, masks, kv.spans)
+            with open_capture() as cap:
+                out = cap.run(module, **kw)  # type: ignore[attr-defined]
+            return out, wrap(dict(cap.tensors), time.perf_counter() - start)  # type: ignore[attr-defined]
+
+    out, got = forward(prefill_capture or capture, {**kwargs, "use_cache": True})
+    cache = _cache_of(out)
+    if cache is None:
+        raise BackendRuntimeError("the module returned no past_key_values, so it cannot decode through its cache",
+                                  backend=backend_name, call="run_decode()",
+                                  hint="give the module a cache (use_cache=True), or decode with prefill/decode_step")
+    mask_np = mask.detach().cpu().numpy().astype(np.int64)
+    with torch.inference_mode():
+        kept = _kept_kv(cache, kv)
+    yield DecodePass(0, got, *kept, mask_np)
+    logits = getattr(out, "logits", None)
+    last = torch.from_numpy(last_token_index(mask_np)).to(device)
+    for s in range(steps):
+        if tokens is not None:
+            tok = torch.as_tensor(np.asarray(tokens)[:, s], dtype=torch.long, device=device)
+        elif logits is not None:
+            rows = torch.arange(logits.shape[0], device=device)
+            tok = logits[rows, last].float().argmax(-1)
+        else:
+            raise ConfigurationError("the model returns no logits, so the decode tokens cannot be chosen",
+                                     backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
+        fed = tok.cpu().numpy().astype(np.int64)
+        positions = torch.from_numpy(decode_positions(mask_np, offset)).to(device)
+        mask_np = np.concatenate([mask_np, np.ones((mask_np.shape[0], 1), np.int64)], axis=1)
+        out, got = forward(capture, {"input_ids": tok[:, None], "attention_mask": torch.from_numpy(mask_np).to(device),
+                                     "position_ids": positions, cache_arg: cache, "use_cache": True})
+        cache = _cache_of(out)
+        logits = getattr(out, "logits", None)
+        with torch.inference_mode():
+            kept = _kept_kv(cache, kv)
+        yield DecodePass(s + 1, got, *kept, mask_np, fed)
+        last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
 
 
 def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
                   tokens: np.ndarray | None, wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture]) -> DecodeRun:
-    """Decode through a user engine's runner (the engine protocol, docs/validation.md "Decode steps"):
+    """Decode through a user engine's runner, every pass kept (:func:`iter_runner_decode`, collected).
+
+    Raises:
+        ConfigurationError: (DF005) no tokens given and the runner returns no ``post_processing`` logits.
+        BackendRuntimeError: (DF005) a call that does not return a mapping of checkpoints.
+    """
+    return collect_run(iter_runner_decode(backend_name, runner, inputs, steps, keys, tokens, wrap), steps)
+
+
+def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps: int,
+                       keys: Sequence[CheckpointKey], tokens: np.ndarray | None,
+                       wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture],
+                       prefill_keys: Sequence[CheckpointKey] | None = None,
+                       context: Callable[[], ContextManager[object]] | None = None) -> Iterator[DecodePass]:
+    """Decode through a user engine's runner (the engine protocol, docs/validation.md "Decode steps"),
+    one :class:`DecodePass` yielded as each pass is done:
 
     * ``runner.prefill(inputs, keys) -> {checkpoint: tensor}``: the prompt, tensors ``[batch, length, ...]``
-      (what it writes at padded positions is not judged);
+      (what it writes at padded positions is not judged); asked for ``prefill_keys`` (default ``keys``);
     * ``runner.decode_step(tokens, positions, keys) -> {checkpoint: tensor}``: one token per row
       (``tokens`` and ``positions`` int64 ``[batch]``), tensors ``[batch, 1, ...]``;
     * optional ``runner.kv_cache() -> {layer: (keys, values)}``, each ``[batch, length, kv_heads,
       head_dim]`` over every position so far (padded ones included, as zeros or anything).
 
-    Without ``tokens`` the runner's ``post_processing`` logits choose them (greedy).
+    Without ``tokens`` the runner's ``post_processing`` logits choose them (greedy); ``tokens[:, s]``
+    is read only when step ``s + 1`` runs. Each call into the runner runs under ``context()``
+    (entered and left within the pass, never across a ``yield``).
 
     Raises:
         ConfigurationError: (DF005) no tokens given and the runner returns no ``post_processing`` logits.
@@ -315,10 +394,13 @@ def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps:
     """
     import time
 
+    within = context or contextlib.nullcontext
+
     def call(what: str, fn: Callable[[], object]) -> tuple[dict[CheckpointKey, Tensor], float]:
-        start = time.perf_counter()
-        produced = fn()
-        seconds = time.perf_counter() - start
+        with within():
+            start = time.perf_counter()
+            produced = fn()
+            seconds = time.perf_counter() - start
         if not isinstance(produced, dict):
             raise BackendRuntimeError(f"{what} returned {type(produced).__name__}, not a mapping of checkpoints",
                                       backend=backend_name, call=what, hint="return {'post_mlp:2': tensor, ...}")
@@ -326,17 +408,18 @@ def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps:
 
     recorder = KVRecorder(steps)
 
-    def cache() -> None:
+    def cache() -> tuple[dict[int, LayerKV], dict[int, str]]:
         fn = getattr(runner, "kv_cache", None)
-        whole = {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
-        recorder.add(whole, recorder.spans_for({i: int(kv[0].shape[1]) for i, kv in whole.items()}))
+        with within():
+            whole = {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+        spans = recorder.spans_for({i: int(kv[0].shape[1]) for i, kv in whole.items()})
+        return recorder.cut(whole, spans), spans
 
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     mask = np.asarray(inputs.attention_mask, np.int64)
-    got, seconds = call("prefill()", lambda: runner.prefill(inputs, list(keys)))
-    captures, masks = [wrap(got, seconds)], [mask]
-    cache()
-    chosen = np.zeros((mask.shape[0], steps), dtype=np.int64)
+    first = list(keys if prefill_keys is None else prefill_keys)
+    got, seconds = call("prefill()", lambda: runner.prefill(inputs, first))
+    yield DecodePass(0, wrap(got, seconds), *cache(), mask)
     last = last_token_index(mask)
     logit_key = CheckpointKey("post_processing")
     for s in range(steps):
@@ -349,15 +432,37 @@ def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps:
         else:
             raise ConfigurationError("the engine returns no post_processing logits, so the decode tokens cannot be "
                                      "chosen", backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
-        chosen[:, s] = tok
         positions = decode_positions(mask, offset)[:, 0]
         mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
         got, seconds = call("decode_step()", lambda t=tok, p=positions: runner.decode_step(t, p, list(keys)))
-        captures.append(wrap(got, seconds))
-        cache()
-        masks.append(mask)
+        yield DecodePass(s + 1, wrap(got, seconds), *cache(), mask, np.array(tok, np.int64))
         last = np.zeros(mask.shape[0], np.int64)
-    return DecodeRun(captures, chosen, recorder.kv, masks, recorder.spans)
+
+
+def streams_decode(backend: object) -> bool:
+    """Whether ``backend`` gives its decode pass by pass (``iter_decode``), not only whole (``run_decode``)."""
+    from .capabilities import offers
+
+    return offers(backend, "iter_decode")
+
+
+def decode_passes(backend: object, inputs: ModelInputs, steps: int, taps: Sequence[CheckpointKey],
+                  tokens: np.ndarray | None, prefill_taps: Sequence[CheckpointKey] | None = None) -> Iterator[DecodePass]:
+    """A backend's decode pass by pass: its ``iter_decode(inputs, steps, taps, tokens,
+    prefill_taps)`` where it streams (the built-in backends), else its ``run_decode`` run whole and
+    its passes given one by one (an engine written to the ``run_decode`` protocol alone: it holds
+    every pass until the end, so its memory grows with the steps)."""
+    if streams_decode(backend):
+        return backend.iter_decode(inputs, steps, taps, tokens, prefill_taps)  # type: ignore[attr-defined]
+
+    def whole() -> Iterator[DecodePass]:
+        run: DecodeRun = backend.run_decode(inputs, steps, taps, tokens)  # type: ignore[attr-defined]
+        for s, capture in enumerate(run.captures):
+            yield DecodePass(s, capture, run.kv_cache[s] if s < len(run.kv_cache) else {},
+                             run.kv_span[s] if s < len(run.kv_span) else {},
+                             run.attention_masks[s] if s < len(run.attention_masks) else np.zeros((0, 0), np.int64),
+                             None if s == 0 else np.asarray(run.tokens)[:, s - 1])
+    return whole()
 
 
 class ReferenceDecoder:
@@ -419,9 +524,23 @@ def reference_can_decode(net: Model | None) -> tuple[bool, str]:
 def reference_decode(backend_name: str, dtype: str, net: Model | None, to_array: Callable[[np.ndarray], Array],
                      inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
                      tokens: np.ndarray | None, context: Callable[[], ContextManager[object]]) -> DecodeRun:
+    """A reference written from the math decoded through its own KV cache, every pass kept
+    (:func:`reference_iter_decode`, collected).
+
+    Raises:
+        BackendInitializationError: (DF002) a model that cannot decode (:func:`reference_can_decode`).
+    """
+    return collect_run(reference_iter_decode(backend_name, dtype, net, to_array, inputs, steps, keys, tokens,
+                                             context), steps)
+
+
+def reference_iter_decode(backend_name: str, dtype: str, net: Model | None, to_array: Callable[[np.ndarray], Array],
+                          inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],
+                          tokens: np.ndarray | None, context: Callable[[], ContextManager[object]],
+                          prefill_keys: Sequence[CheckpointKey] | None = None) -> Iterator[DecodePass]:
     """A reference written from the math decoded through its own KV cache (:class:`ReferenceDecoder`,
-    driven by :func:`runner_decode`), each pass under ``context()`` (``torch.no_grad`` for torch);
-    the model keeps no cache afterwards.
+    driven by :func:`iter_runner_decode`), pass by pass, each call under ``context()``
+    (``torch.no_grad`` for torch); the model keeps no cache afterwards (nor when the caller stops early).
 
     Raises:
         BackendInitializationError: (DF002) a model that cannot decode (:func:`reference_can_decode`).
@@ -429,17 +548,22 @@ def reference_decode(backend_name: str, dtype: str, net: Model | None, to_array:
     ok, why = reference_can_decode(net)
     if not ok:
         raise BackendInitializationError(f"this reference {why}", backend=backend_name)
+    assert net is not None
+
+    wanted = set(keys) | set(prefill_keys or ())
 
     def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
-        return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=backend_name, dtype=dtype,
+        return Capture(tensors={k: v for k, v in tensors.items() if k in wanted}, backend=backend_name, dtype=dtype,
                        elapsed_s=seconds)
 
-    decoder = ReferenceDecoder(net, to_array)
-    try:
-        with context():
-            return runner_decode(backend_name, decoder, inputs, steps, keys, tokens, wrap)
-    finally:
-        decoder.close()
+    def passes() -> Iterator[DecodePass]:
+        decoder = ReferenceDecoder(net, to_array)
+        try:
+            yield from iter_runner_decode(backend_name, decoder, inputs, steps, keys, tokens, wrap, prefill_keys,
+                                          context)
+        finally:
+            decoder.close()
+    return passes()
 
 
 def reference_decode_layer(backend_name: str, dtype: str, net: Model, to_array: Callable[[np.ndarray], Array],

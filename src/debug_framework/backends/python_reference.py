@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +17,8 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, HiddenState, Taps, cpu_name, no_reference_from_math
-from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
+from .decode import (DecodePass, DecodeRun, reference_can_decode, reference_decode, reference_decode_layer,
+                     reference_iter_decode)
 
 if TYPE_CHECKING:
     from ..jsonio import JsonObject
@@ -118,6 +119,16 @@ class PythonReferenceBackend(BaseBackend):
         self._check_inputs(inputs)
         return reference_decode(self.name, self.dtype, self.reference if self._graph is None else None,
                                 lambda x: x, inputs, steps, keys, tokens, contextlib.nullcontext)
+
+    def iter_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None,
+                    prefill_taps: Taps = None) -> Iterator[DecodePass]:
+        """:meth:`run_decode` pass by pass (``backends.decode.reference_iter_decode``), the prefill
+        capturing ``prefill_taps`` (default ``taps``)."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        return reference_iter_decode(self.name, self.dtype, self.reference if self._graph is None else None,
+                                     lambda x: x, inputs, steps, keys, tokens, contextlib.nullcontext,
+                                     None if prefill_taps is None else self._keys(prefill_taps))
 
     def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]``, over the cache the

@@ -6,8 +6,9 @@ eager models) and of user ``nn.Module`` backends (:func:`debug_framework.backend
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from ..measure import Timer
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, HiddenState, Taps, Tensor, attention_block_of_layer, cpu_name
-from .decode import DecodeRun, module_decode
+from .decode import DecodePass, DecodeRun, iter_module_decode, module_decode
 
 if TYPE_CHECKING:
     from ..jsonio import JsonObject
@@ -244,6 +245,28 @@ class TorchModuleBackend(BaseBackend):
 
         return module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
                              inputs, steps, tokens, self.dtype, wrap)
+
+    def iter_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None,
+                    prefill_taps: Taps = None) -> Iterator[DecodePass]:
+        """:meth:`run_decode` pass by pass (:func:`~debug_framework.backends.decode.iter_module_decode`),
+        the prefill capturing ``prefill_taps`` (default ``taps``); each pass under :meth:`_decode_context`."""
+        keys = self._keys(taps)
+        first = keys if prefill_taps is None else self._keys(prefill_taps)
+        self._check_inputs(inputs)
+        active = [t for t in self.taps if t.key in set(keys)]
+        at_prefill = [t for t in self.taps if t.key in set(first)]
+        meta = {"modules": dict(self.structure.modules)} if self.structure is not None else {}
+
+        def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
+            return Capture(tensors=dict(tensors), backend=self.name, dtype=self.dtype, elapsed_s=seconds, meta=dict(meta))
+
+        return iter_module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
+                                  inputs, steps, tokens, wrap, lambda: HookCapture(self.module, at_prefill),
+                                  self._decode_context)
+
+    def _decode_context(self) -> ContextManager[object]:
+        """What each pass of :meth:`iter_decode` runs under (nothing here; the float64 reference's exactness)."""
+        return contextlib.nullcontext()
 
     def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` at decode ``step`` on ``hidden_in`` ``[B, 1, D]``: the prefill and the earlier

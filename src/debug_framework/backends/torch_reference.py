@@ -13,7 +13,7 @@ implementation at that precision: an upper estimate for implementations that upc
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +26,8 @@ from ..errors import BackendInitializationError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import BaseBackend, HiddenState, Taps, cpu_name, installed_version, no_reference_from_math
-from .decode import DecodeRun, reference_can_decode, reference_decode, reference_decode_layer
+from .decode import (DecodePass, DecodeRun, reference_can_decode, reference_decode, reference_decode_layer,
+                     reference_iter_decode)
 
 if TYPE_CHECKING:  # torch is imported where the models run over it: an ONNX file's graph runs without it
     import torch
@@ -125,6 +126,19 @@ class TorchReferenceBackend(BaseBackend):
         net = self.net if getattr(self, "_graph", None) is None else None
         return reference_decode(self.name, self.dtype, net, lambda x: torch.from_numpy(np.asarray(x, np.int64)),
                                 inputs, steps, keys, tokens, torch.no_grad)
+
+    def iter_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None,
+                    prefill_taps: Taps = None) -> Iterator[DecodePass]:
+        """:meth:`run_decode` pass by pass (``backends.decode.reference_iter_decode``), the prefill
+        capturing ``prefill_taps`` (default ``taps``)."""
+        import torch
+
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        net = self.net if getattr(self, "_graph", None) is None else None
+        return reference_iter_decode(self.name, self.dtype, net, lambda x: torch.from_numpy(np.asarray(x, np.int64)),
+                                     inputs, steps, keys, tokens, torch.no_grad,
+                                     None if prefill_taps is None else self._keys(prefill_taps))
 
     def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]`` (rounded once), over the

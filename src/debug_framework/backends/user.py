@@ -10,7 +10,7 @@ Both return a *factory*: pass it to :func:`register_backend` or call it to get a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..capture.keys import Capture, CheckpointKey
@@ -18,7 +18,7 @@ from ..errors import BackendInitializationError, BackendRuntimeError
 from ..modelio.inputs import ModelInputs
 from ..modelio.loader import LoadedModel
 from .base import FLOAT_DTYPES, BaseBackend, HiddenState, Taps, Tensor
-from .decode import DecodeRun, runner_decode
+from .decode import DecodePass, DecodeRun, iter_runner_decode, runner_decode
 
 if TYPE_CHECKING:  # torch is imported when a module backend is built, never for a callable one
     import numpy as np
@@ -111,6 +111,24 @@ class CallableBackend(BaseBackend):
                            elapsed_s=seconds)
 
         return runner_decode(self.name, self.runner, inputs, steps, keys, tokens, wrap)
+
+    def iter_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None,
+                    prefill_taps: Taps = None) -> Iterator[DecodePass]:
+        """:meth:`run_decode` pass by pass (``backends.decode.iter_runner_decode``), the runner's
+        prefill asked for ``prefill_taps`` (default ``taps``)."""
+        ok, why = self.can_decode()
+        if not ok:
+            raise BackendInitializationError(f"this user backend {why}", backend=self.name)
+        keys = self._keys(taps)
+        first = keys if prefill_taps is None else self._keys(prefill_taps)
+        self._check_inputs(inputs)
+        wanted = set(keys) | set(first)
+
+        def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
+            return Capture(tensors={k: v for k, v in tensors.items() if k in wanted}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=seconds)
+
+        return iter_runner_decode(self.name, self.runner, inputs, steps, keys, tokens, wrap, first)
 
     def can_run_block(self) -> tuple[bool, str]:
         """Blocks run alone when the (prepared) runner has ``run_block``."""

@@ -315,6 +315,8 @@ def validate(
     decode_tokens: str | None = typer.Option(None, "--decode-tokens", metavar="IDS", help="the tokens fed at the "
                                              "decode steps, one row per input row: '5,9,2;7,7,1' (default: the "
                                              "reference's greedy choice)"),
+    stop_at_first_divergence: bool = typer.Option(False, "--stop-at-first-divergence", help="end the decode at "
+                                                  "the first decode step that fails (the later steps are not run)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout (no table)"),
     database: str | None = typer.Option(None, "--database", help="SQLite database file or postgresql:// URL "
                                         "(default: PIE_DEBUG_DATABASE or ~/.pie/debug/debug_framework.db)"),
@@ -367,6 +369,8 @@ def validate(
         session_config["mark_all"] = True
     session_config.update(_decode_options(padding_side, position_offset, decode_steps, decode_tokens))
     session_config.update(_served_options(alternative_endpoint, timeout, concurrency))
+    if stop_at_first_divergence:
+        session_config["stop_at_first_divergence"] = True
     from ..models.session_config import SessionConfig
 
     config = SessionConfig.from_mapping(session_config)  # validated once, here: a bad key is DF005 before any load

@@ -561,6 +561,10 @@ LONG_RUN_S = 30.0
 LINE_EVERY_S = 10.0
 
 
+#: what a stage's inner progress counts where it is not layers: the decode stage counts its steps
+_UNITS = {"decode": "step"}
+
+
 class StageProgress:
     """What :func:`stage_progress` yields: called as ``(stage, done, total)`` when a stage finishes
     (the engine's ``progress=``), and :meth:`layers` as a stage gets through the model's layers
@@ -584,9 +588,10 @@ class StageProgress:
         """Layer ``done`` of ``total`` of ``stage`` finished (a forward pass, or isolation's replays)."""
         from rich.markup import escape
 
+        unit = _UNITS.get(stage, "layer")
         self.bar.update(self.layer_task, visible=True, completed=done, total=total,
-                        description=escape(terminal_safe(f"  {stage}: layer")))
-        self._line(f"{stage}: layer {done}/{total}", stage, final=done >= total)
+                        description=escape(terminal_safe(f"  {stage}: {unit}")))
+        self._line(f"{stage}: {unit} {done}/{total}", stage, final=done >= total)
 
     def _line(self, text: str, stage: str, *, final: bool) -> None:
         """One plain line on a stderr that is not a terminal, once the run is long."""

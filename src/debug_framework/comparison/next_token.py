@@ -91,8 +91,19 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _top(x: np.ndarray, k: int) -> np.ndarray:
-    """The indices of the ``k`` largest logits per row (ties: the lower index first)."""
-    return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    """The indices of the ``k`` largest logits per row (ties: the lower index first): the rows'
+    k-th largest found by a partition, only the candidates sorted (a whole vocabulary's sort is
+    most of a decode step's token metrics)."""
+    if k >= x.shape[-1] or np.isnan(x).any():
+        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    kth = -np.partition(-x, k - 1, axis=-1)[:, k - 1]
+    out = np.empty((x.shape[0], k), np.int64)
+    for i, row in enumerate(x):
+        above = np.flatnonzero(row > kth[i])
+        ties = np.flatnonzero(row == kth[i])[:k - above.size]
+        candidates = np.concatenate([above, ties])
+        out[i] = candidates[np.argsort(-row[candidates], kind="stable")]
+    return out
 
 
 def next_token_metrics(reference: object, alternative: object, positions: np.ndarray | None = None,

@@ -31,7 +31,7 @@ Isolate: TypeAlias = bool | Literal["auto"]
 #: The metrics the oracle and calibration ratio rules may compare errors by.
 ORACLE_METRICS = ("rmse", "max_abs_error", "mean_abs_error", "rel_l2_error")
 _NON_NEGATIVE = ("oracle_multiplier", "oracle_floor", "noise_margin", "floor_eps")
-_STRICT_BOOLS = ("mark_all", "drill_down", "precision_diagnosis", "calibrate")
+_STRICT_BOOLS = ("mark_all", "drill_down", "precision_diagnosis", "calibrate", "stop_at_first_divergence")
 _LOOSE_BOOLS = ("tensor_recording_enabled", "performance_profiling_enabled", "profile_memory_usage",
                 "profile_execution_time", "oracle", "noise_floor")
 
@@ -91,6 +91,8 @@ class SessionConfig:
     decode_steps: int = 0  #: after the prefill, this many tokens decoded through each backend's KV cache
     #: ``[batch][steps]`` token ids fed at the decode steps (default: the reference's greedy)
     decode_tokens: tuple[tuple[int, ...], ...] | None = None
+    #: end the decode at the first decode step that fails (the steps after it are not run)
+    stop_at_first_divergence: bool = False
     dtype: str | None = None  #: the alternative's compute dtype (default: the backend's)
     #: set at ``dtype: "auto"`` where the alternative declares a precision beyond a float dtype (an
     #: engine's emulated precision, e.g. llama.cpp's ``q8_0``): the calibration reproduces it

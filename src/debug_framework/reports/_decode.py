@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..services.validation.results import CheckpointResult, ValidationResult
 
 __all__ = ["Cell", "DecodeView", "decode_view", "decode_section", "decode_text", "margin_text", "token_text",
-           "token_failure_text", "step_isolation_text", "served_text"]
+           "token_failure_text", "step_isolation_text", "served_text", "decode_notes"]
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,8 @@ def decode_section(result: ValidationResult) -> str:
              *(f'<p class="token-failure">{esc(line)}</p>' for line in token_failure_text(view)),
              f'<p id="first-divergent-token">{esc(token_text(view.first_token))}</p>',
              *(f'<p id="step-isolation">{esc(line)}</p>' for line in step_isolation_text(result)),
-             *(f'<p id="served">{esc(line)}</p>' for line in served_text(result))]
+             *(f'<p id="served">{esc(line)}</p>' for line in served_text(result)),
+             *(f'<p class="decode-note">{esc(line)}</p>' for line in decode_notes(result))]
     if view.kv:
         kv_head = "".join(f"<th>{esc(i)}</th>" for i in view.kv_layers)
         kv_body = "".join(
@@ -227,7 +228,7 @@ def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
         return [f"decode: {len(view.steps) - 1} step(s) x {len(cols) - 2} layer(s): the step x layer margins are in "
                 "the HTML report (--output-file report.html) and the JSON", *token_failure_text(view),
                 token_text(view.first_token),
-                *step_isolation_text(result), *served_text(result)]
+                *step_isolation_text(result), *served_text(result), *decode_notes(result)]
 
     def cell(c: Cell | None) -> str:
         if c is None:
@@ -252,7 +253,7 @@ def decode_text(result: ValidationResult, width: int = 80) -> list[str]:
         lines.append("KV cache: every layer's K and V within a correct run's bound after every pass" if not bad_kv else
                      "KV cache beyond its bound: " + ", ".join(f"layer {i} after step {s}" for s, i in bad_kv[:6])
                      + (" ..." if len(bad_kv) > 6 else ""))
-    return lines + step_isolation_text(result) + served_text(result)
+    return lines + step_isolation_text(result) + served_text(result) + decode_notes(result)
 
 
 def served_text(result: ValidationResult) -> list[str]:
@@ -282,3 +283,19 @@ def step_isolation_text(result: ValidationResult) -> list[str]:
     parts = [f"layer(s) {', '.join(introduce)} introduce error there"] if introduce else []
     parts += [f"layer(s) {', '.join(carry)} only carry it in"] if carry else []
     return [f"isolation at decode step {iso.step}: " + "; ".join(parts)]
+
+
+def decode_notes(result: ValidationResult) -> list[str]:
+    """Where the decode stopped early (``--stop-at-first-divergence``) and whether the first divergent
+    decode step's tokens replayed as one prefill tell a cache bug from an accumulation
+    (``decode["prefill_equivalence"]``); none where neither applies."""
+    decoded = result.decoded
+    if decoded is None:
+        return []
+    lines = []
+    if decoded.info.get("stopped_at_first_divergence"):
+        lines.append(f"decode stopped at its first divergent step, {decoded.info.get('first_failed_step')} of "
+                     f"{decoded.info.get('steps')} (--stop-at-first-divergence)")
+    if decoded.prefill_equivalence is not None:
+        lines.append(decoded.prefill_equivalence.text())
+    return lines

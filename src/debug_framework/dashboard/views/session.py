@@ -21,7 +21,7 @@ from debug_framework.dashboard.data import cells, literal, number_columns, plain
 from debug_framework.models.validation_report import ValidationReport
 from debug_framework.reports import render_report, report_document
 from debug_framework.reports._common import backend_label, error_source_text, flat_items, introducing_text, worst_row
-from debug_framework.reports._decode import token_text
+from debug_framework.reports._decode import decode_notes, token_text
 from debug_framework.reports._sections import judged_caption
 from debug_framework.reports.documents import stored
 from debug_framework.services.drilldown.types import drilled_where
@@ -80,6 +80,8 @@ with viewer() as db:
                 grid, kv = decoded
                 st.dataframe(cells(grid), hide_index=True, width="stretch", key="decode_grid")
                 st.text(plain(token_text(None if result.decoded is None else result.decoded.first_divergent_token)))
+                for line in decode_notes(result):
+                    st.text(plain(line))
                 if not kv.empty:
                     st.caption("KV cache after each pass: the worse of K and V, by layer")
                     st.dataframe(cells(kv), hide_index=True, width="stretch", key="decode_kv")

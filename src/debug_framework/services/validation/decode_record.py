@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from ...jsonio import JsonObject, JsonValue, as_float
 
-__all__ = ["DecodeRecord", "TokenRow", "KVRow", "KVPart", "FirstToken", "StepReplay", "StepIsolation"]
+__all__ = ["DecodeRecord", "TokenRow", "KVRow", "KVPart", "FirstToken", "StepReplay", "StepIsolation",
+           "PrefillEquivalence"]
 
 
 def _int(value: JsonValue) -> int | None:
@@ -140,6 +141,40 @@ class StepIsolation:
 
 
 @dataclass(frozen=True)
+class PrefillEquivalence:
+    """Where a long decode's failure starts (``decode["prefill_equivalence"]``): at the first failing
+    decode ``step``, the same tokens replayed as one prefill by the alternative, measured at
+    ``checkpoint`` against the reference's decode step. ``finding`` is ``"cache"`` (the prefill is
+    within the step's bound: the decode's cache is wrong), ``"accumulation"`` (it diverges too: the
+    computation at that length is) or None where it could not run (``note`` says why)."""
+
+    step: int
+    checkpoint: str
+    finding: str | None
+    explanation: str | None = None
+    decode_error: float | None = None
+    prefill_error: float | None = None
+    bound: float | None = None
+    metric: str | None = None
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, JsonValue]) -> PrefillEquivalence:
+        return cls(_int(d.get("step")) or 0, str(d.get("checkpoint") or ""), _str(d.get("finding")),
+                   _str(d.get("explanation")), as_float(d.get("decode_error")), as_float(d.get("prefill_error")),
+                   as_float(d.get("bound")), _str(d.get("metric")), _str(d.get("note")))
+
+    def text(self) -> str:
+        """One line a person reads: the finding and its measurements, or why there is none."""
+        if self.finding is None:
+            return f"prefill equivalence at decode step {self.step}: not measured ({self.note or 'no replay'})"
+        figures = "" if self.prefill_error is None or self.decode_error is None or self.bound is None else (
+            f" ({self.metric or 'error'} decode {self.decode_error:.3g}, one prefill {self.prefill_error:.3g}, "
+            f"bound {self.bound:.3g})")
+        return f"prefill equivalence at decode step {self.step} ({self.finding}): {self.explanation}{figures}"
+
+
+@dataclass(frozen=True)
 class DecodeRecord:
     """A validation's decode steps: what each view shows of them."""
 
@@ -147,18 +182,20 @@ class DecodeRecord:
     kv_cache: tuple[KVRow, ...] = ()
     first_divergent_token: FirstToken | None = None
     isolation: StepIsolation | None = None
+    prefill_equivalence: PrefillEquivalence | None = None
     #: the rest of the decode object (steps, tokens, tokens_from, seconds_per_step, ...)
     info: JsonObject = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, JsonValue]) -> DecodeRecord:
         """The record of a result's ``decode`` object."""
-        first, iso = d.get("first_divergent_token"), d.get("isolation")
+        first, iso, equal = d.get("first_divergent_token"), d.get("isolation"), d.get("prefill_equivalence")
         kv = (KVRow.from_dict(r) for r in _objects(d.get("kv_cache")))
         return cls(token_metrics=tuple(TokenRow.from_dict(t) for t in _objects(d.get("token_metrics"))
                                        if _int(t.get("step")) is not None),
                    kv_cache=tuple(r for r in kv if r is not None),
                    first_divergent_token=FirstToken.from_dict(first) if isinstance(first, Mapping) else None,
                    isolation=StepIsolation.from_dict(iso) if isinstance(iso, Mapping) else None,
+                   prefill_equivalence=PrefillEquivalence.from_dict(equal) if isinstance(equal, Mapping) else None,
                    info={k: v for k, v in d.items() if k not in ("token_metrics", "kv_cache", "first_divergent_token",
-                                                                 "isolation")})
+                                                                 "isolation", "prefill_equivalence")})

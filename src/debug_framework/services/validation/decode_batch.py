@@ -1,0 +1,174 @@
+"""All the comparisons of one decode step in one vectorised pass (docs/validation.md, "Decode steps").
+
+A decode step's checkpoints are small (``[batch, 1, hidden]``, the logits ``[batch, 1, vocab]``,
+each layer's new K/V entries) and many: :func:`~debug_framework.comparison.compare` costs most of
+its time in setting up each one. :func:`compare_many` stacks the pairs of equal shape and
+computes, per pair, what ``compare``'s streaming pass computes (in float64, the reference's
+values against the other side's): the error sums (mean absolute error, RMSE, relative L2,
+cosine, SQNR, mean and max relative error), the median and 99th percentile of the absolute
+error (exact), the mismatches and gross mismatches against the tolerance and its verdict, and
+the worst element. It leaves out what a judgement of a passing step does not read: the ULP
+count (None) and all but the worst element. A pair it cannot take as it is (a shape mismatch,
+a non-finite value, integers, a tensor off the CPU) is compared by ``compare`` itself, as is a
+pair that fails its tolerance; the stage recompares with ``compare`` any checkpoint its judge
+fails, so a failure's evidence is always complete.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...capture.keys import CapturedTensor
+from ...comparison import ComparisonResult, Tolerance, WorstElement, compare, default_tolerance
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Pair", "compare_many", "rms_many"]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One comparison of a step: ``other`` against ``reference``, under ``tolerance`` (None: the
+    default for the less precise dtype), named ``name``."""
+
+    reference: CapturedTensor
+    other: CapturedTensor
+    tolerance: Tolerance | None
+    name: str
+
+
+def _tensor(x: CapturedTensor) -> torch.Tensor | None:
+    """``x`` as a CPU float tensor, None where the batched pass does not take it."""
+    import torch
+
+    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(x) if isinstance(x, np.ndarray) else None
+    if t is None or t.device.type != "cpu" or not t.is_floating_point():
+        return None
+    return t
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
+    """Every pair compared, in order (see the module): one vectorised pass per group of equal
+    shape and dtypes, ``compare`` for the rest."""
+    out: list[ComparisonResult | None] = [None] * len(pairs)
+    groups: dict[tuple[object, ...], list[int]] = {}
+    tensors: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for i, p in enumerate(pairs):
+        r, a = _tensor(p.reference), _tensor(p.other)
+        ok = r is not None and a is not None and tuple(r.shape) == tuple(a.shape) and r.numel() > 0
+        tensors.append((r, a) if ok else None)  # type: ignore[arg-type]
+        if ok:
+            assert r is not None and a is not None
+            groups.setdefault((tuple(r.shape), r.dtype, a.dtype), []).append(i)
+    for members in groups.values():
+        for i, result in zip(members, _batch([tensors[i] for i in members], [pairs[i] for i in members])):  # type: ignore[misc]
+            out[i] = result
+    return [res if res is not None else compare(p.reference, p.other, tolerance=p.tolerance, check_dtype=False,
+                                                 name=p.name) for res, p in zip(out, pairs)]
+
+
+def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) -> list[ComparisonResult | None]:
+    """One stacked pass over pairs of one shape and dtypes; None for a pair left to ``compare``
+    (a non-finite value, or a failed tolerance whose reason ``compare`` writes)."""
+    import torch
+
+    ref0, alt0 = items[0]
+    governing = ref0.dtype if torch.finfo(ref0.dtype).eps >= torch.finfo(alt0.dtype).eps else alt0.dtype
+    tols = [p.tolerance or default_tolerance(governing) for p in pairs]
+    y = torch.stack([r.reshape(-1) for r, _ in items]).to(torch.float64)
+    x = torch.stack([a.reshape(-1) for _, a in items]).to(torch.float64)
+    finite = torch.isfinite(x).all(dim=1) & torch.isfinite(y).all(dim=1)
+    n = y.shape[1]
+    d = x - y
+    ad, ay = d.abs(), y.abs()
+    rtol = torch.tensor([t.rtol for t in tols], dtype=torch.float64)[:, None]
+    atol = torch.tensor([t.atol for t in tols], dtype=torch.float64)[:, None]
+    gross = torch.tensor([t.outlier_factor for t in tols], dtype=torch.float64)[:, None]
+    bound = atol + rtol * ay
+    rel = ad / ay.clamp_min(torch.finfo(governing).eps)
+    sums = torch.stack([ad.sum(1), (d * d).sum(1), (y * y).sum(1), (x * x).sum(1), (x * y).sum(1), rel.sum(1),
+                        rel.max(1).values, (ad > bound).sum(1).double(), (ad > gross * bound).sum(1).double()], 1)
+    quant = torch.quantile(ad, torch.tensor([0.5, 0.99], dtype=torch.float64), dim=1).T
+    worst_at = ad.argmax(1)
+    shape = tuple(ref0.shape)
+    rows, qs, worst = sums.tolist(), quant.tolist(), worst_at.tolist()
+    out: list[ComparisonResult | None] = []
+    for k, (p, tol) in enumerate(zip(pairs, tols)):
+        if not bool(finite[k]):
+            out.append(None)
+            continue
+        s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, max_rel, mism, gmism = rows[k]
+        pct = 100.0 * mism / n
+        if tol.pass_rule == "allclose":
+            ok = mism == 0
+        elif tol.pass_rule == "mismatch":
+            ok = pct <= tol.max_mismatch_percent
+        else:
+            ok = pct <= tol.max_mismatch_percent and gmism == 0
+        if not ok:
+            out.append(None)  # compare() writes the failure's reason and worst elements
+            continue
+        j = worst[k]
+        index = tuple(int(v) for v in np.unravel_index(j, shape))
+        out.append(ComparisonResult(
+            passed=True, reason=None, tolerance=tol, name=p.name, reference_shape=shape, alternative_shape=shape,
+            reference_dtype=_dtype_name(items[k][0]), alternative_dtype=_dtype_name(items[k][1]),
+            dtype_match=items[k][0].dtype == items[k][1].dtype, numel=n, finite_count=n,
+            max_abs_error=float(ad[k, j]), mean_abs_error=s_ad / n, median_abs_error=qs[k][0], p99_abs_error=qs[k][1],
+            max_rel_error=max_rel, mean_rel_error=s_rel / n, rmse=math.sqrt(s_d2 / n), rel_l2_error=_rel_l2(s_d2, s_r2),
+            cosine_similarity=_cosine(s_a2, s_r2, s_ar), sqnr_db=_sqnr(s_d2, s_r2), mismatch_count=int(mism),
+            mismatch_percent=pct, gross_mismatch_count=int(gmism),
+            worst=[WorstElement(index, float(y[k, j]), float(x[k, j]), float(ad[k, j]))]))
+    return out
+
+
+def _rel_l2(s_d2: float, s_r2: float) -> float:
+    if s_r2 == 0.0:
+        return 0.0 if s_d2 == 0.0 else math.inf
+    return math.sqrt(s_d2) / math.sqrt(s_r2)
+
+
+def _cosine(s_a2: float, s_r2: float, s_ar: float) -> float:
+    if s_a2 == 0.0 and s_r2 == 0.0:
+        return 1.0
+    if s_a2 == 0.0 or s_r2 == 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, s_ar / (math.sqrt(s_a2) * math.sqrt(s_r2))))
+
+
+def _sqnr(s_d2: float, s_r2: float) -> float:
+    if s_d2 == 0.0:
+        return math.inf
+    return -math.inf if s_r2 == 0.0 else 10.0 * math.log10(s_r2 / s_d2)
+
+
+def rms_many(tensors: Sequence[CapturedTensor | None]) -> list[float]:
+    """Each tensor's RMS over its finite values (:func:`~.evidence.reference_scale`: NaN for None),
+    the CPU float ones of equal shape in one stacked pass."""
+    from .evidence import reference_scale
+
+    out: list[float | None] = [None] * len(tensors)
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, t in enumerate(tensors):
+        x = None if t is None else _tensor(t)
+        if x is not None and x.numel():
+            groups.setdefault((tuple(x.shape), x.dtype), []).append(i)
+    for members in groups.values():
+        import torch
+
+        stacked = torch.stack([_tensor(tensors[i]).reshape(-1) for i in members]).to(torch.float64)  # type: ignore[union-attr]
+        if not bool(torch.isfinite(stacked).all()):
+            continue
+        for i, v in zip(members, stacked.square().mean(1).sqrt().tolist()):
+            out[i] = v
+    return [v if v is not None else reference_scale(t) for v, t in zip(out, tensors)]

@@ -1,0 +1,332 @@
+"""Each decode pass judged as it is produced (docs/validation.md, "Decode steps").
+
+:class:`DecodeWalk` takes the reference's, the alternative's and the calibration's pass of one step
+(:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint in one
+vectorised pass, :func:`.decode_batch.compare_many`; the KV cache's new entries, or the whole
+cache on an audited step; the next-token distributions) into the evidence, judges the step, and
+drops the tensors: what a step leaves behind is its comparisons (numbers), so memory does not grow
+with the tensors of the steps taken. It keeps only what a failure needs: the reference's pass at
+the first divergent step and its cache before that step (for the replays and the drill-down), and
+the running cache itself (the reference's last whole cache and the new entries since).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from ...backends.decode import KV_TAIL, DecodePass, DecodeRun, LayerKV, concat_positions
+from ...capture.keys import Capture, CapturedTensor, CheckpointKey
+from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
+from ...comparison.next_token import TokenMetrics, next_token_metrics
+from ...jsonio import JsonObject
+from .calibration import noise_at
+from .context import RunContext
+from .decode_batch import Pair, compare_many, rms_many
+from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
+from .judge import Judgement, judge_checkpoint, judge_kv, judge_tokens
+
+__all__ = ["DecodeWalk", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "held_by_both", "LOGITS"]
+
+#: the calibration's noise is measured at decode step 1, every this many steps and the last; the
+#: steps between carry the last measured (and measure their own where a check fails by the carried)
+NOISE_EVERY = 8
+#: the logits checkpoint the token-level metrics read
+LOGITS = CheckpointKey("post_processing")
+#: how many top-1 flips a token_metrics row lists (``flip_count`` counts them all)
+_FLIPS_SHOWN = 8
+
+
+def noise_sampled(step: int, steps: int) -> bool:
+    """Whether the calibration's noise is measured at decode ``step`` of ``steps`` whatever the
+    check: step 1, every :data:`NOISE_EVERY`-th and the last."""
+    return step in (1, steps) or step % NOISE_EVERY == 0
+
+
+class NoiseCarry:
+    """The calibration's noise at the decode steps, measured where it must be and carried between:
+    at a sampled step (:func:`noise_sampled`) it is measured; at any other, the last one measured
+    for the same checkpoint (or the same layer's K or V new entries) is carried, and where the
+    check fails by the carried bound the noise is measured at that step and judges it instead (so a
+    carried bound never fails a correct step, and a failure is judged by its own step's noise).
+    Counts what was measured and carried for ``result.decode["calibration_noise"]``."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[object, ...], ComparisonResult] = {}
+        self.measured = self.carried = self.remeasured = 0
+
+    def noise(self, slot: tuple[object, ...], measure: Callable[[], ComparisonResult | None], sampled: bool,
+              fails: Callable[[ComparisonResult], bool], measured: ComparisonResult | None = None) -> ComparisonResult | None:
+        """The noise at ``slot`` this step: ``measured`` (already measured at a sampled step), the
+        carried one where the check passes by it, else ``measure()``."""
+        held = None if sampled else self.last.get(slot)
+        if held is not None and not fails(held):
+            self.carried += 1
+            return held
+        noise = measured if measured is not None and held is None else measure()
+        self.measured += 1
+        self.remeasured += held is not None
+        if noise is not None:
+            self.last[slot] = noise
+        return noise
+
+    def record(self, steps: int) -> JsonObject:
+        """Where the noise was measured and how it was carried (the bound's provenance)."""
+        return {"sampled_steps": [s for s in range(1, steps + 1) if noise_sampled(s, steps)],
+                "every": NOISE_EVERY, "measured": self.measured, "carried": self.carried,
+                "remeasured": self.remeasured,
+                "rule": "measured at step 1, every NOISE_EVERY-th step and the last; between them the last measured "
+                        "noise of the same checkpoint (or K/V new entries) is carried, and measured at the step "
+                        "itself where the check fails by the carried bound"}
+
+
+class _CacheTrail:
+    """The reference's cache as the passes go: per layer the last whole cache kept and the new
+    entries (each pass's own position) since; :meth:`whole` joins them."""
+
+    def __init__(self) -> None:
+        self.base: dict[int, LayerKV] = {}
+        self.tail: dict[int, list[LayerKV]] = {}
+
+    def add(self, p: DecodePass) -> None:
+        for layer, kv in p.kv.items():
+            if p.span.get(layer, "audit") == "new" and layer in self.base:
+                self.tail[layer].append((kv[0][:, -1:], kv[1][:, -1:]))
+            else:
+                self.base[layer], self.tail[layer] = kv, []
+
+    def whole(self) -> dict[int, LayerKV]:
+        """Every layer's whole cache now (as :meth:`DecodeRun.cache_at` joins a whole cache and the
+        new entries after it)."""
+        out: dict[int, LayerKV] = {}
+        for layer, kv in self.base.items():
+            parts = [kv, *self.tail.get(layer, [])]
+            out[layer] = (concat_positions([p[0] for p in parts]), concat_positions([p[1] for p in parts]))
+        return out
+
+
+class DecodeWalk:
+    """The decode stage's judgement, one step at a time (see the module). ``steps`` is the number
+    of decode steps asked for; :attr:`first_failed` the first decode step whose checkpoints fail
+    (None while none has), :attr:`kv_rows` and :attr:`token_rows` the rows of
+    ``result.decode``."""
+
+    def __init__(self, ctx: RunContext, steps: int, calibrated: bool) -> None:
+        self.ctx, self.steps, self.calibrated = ctx, steps, calibrated
+        self.carry = NoiseCarry()
+        self.kv_rows: list[JsonObject] = []
+        self.token_rows: list[JsonObject] = []
+        self.first_failed: int | None = None
+        #: the reference's pass at :attr:`first_failed`, and its whole cache before that step
+        self.kept: DecodeRun | None = None
+        self._trail = _CacheTrail()
+        self._mask0: np.ndarray | None = None
+        #: the calibration's next-token metrics and largest logit error last measured (carried between)
+        self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
+        self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
+
+    def step(self, r: DecodePass, a: DecodePass, c: DecodePass | None) -> bool:
+        """Measure and judge one pass (step 0: the prefill's KV cache and logits; its checkpoints
+        are the compare stage's); True where a decode step's checkpoints fail."""
+        s = r.step
+        if s == 0:
+            self._mask0 = r.mask
+        else:
+            self._seconds["reference"].append(r.capture.elapsed_s)
+            self._seconds["alternative"].append(a.capture.elapsed_s)
+        cal = None if c is None else c.capture
+        failed = self._checkpoints(s, r.capture, a.capture, cal) if s else False
+        failed = self._tokens(s, r.capture, a.capture, cal) and s > 0 or failed
+        self._kv(s, r, a, c)
+        if failed and self.first_failed is None:
+            self.first_failed = s
+            self.kept = self._keep(r)
+        if self.first_failed is None:
+            self._trail.add(r)
+        return failed
+
+    def seconds_per_step(self) -> dict[str, float]:
+        return {side: sum(t) / len(t) for side, t in self._seconds.items() if t}
+
+    def _keep(self, r: DecodePass) -> DecodeRun:
+        """A :class:`DecodeRun` holding only what a replay at step ``r.step`` reads: the
+        reference's capture there and its whole cache after the step before."""
+        s = r.step
+        empty = Capture(tensors={}, backend=r.capture.backend, dtype=r.capture.dtype)
+        captures = [empty] * s + [r.capture]
+        before = self._trail.whole()
+        kv = [{} for _ in range(s - 1)] + [before]
+        spans = [{} for _ in range(s - 1)] + [{layer: "audit" for layer in before}]
+        return DecodeRun(captures, np.zeros((r.mask.shape[0], 0), np.int64), kv, [], spans)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _checkpoints(self, s: int, r: Capture, a: Capture, c: Capture | None) -> bool:
+        ctx, plan = self.ctx, self.ctx.plan
+        keys = [k for k in plan.keys if k in r and k in a]
+        sampled = noise_sampled(s, self.steps)
+        errors = dict(zip(keys, compare_many([Pair(r[k], a[k], plan.tolerance(k), f"{k}@{s}") for k in keys])))
+        scales = dict(zip(keys, rms_many([r[k] for k in keys])))
+        measured: dict[CheckpointKey, ComparisonResult] = {}
+        if sampled and c is not None:
+            noisy = [k for k in keys if plan.calibrated(k) and k in c]
+            measured = dict(zip(noisy, compare_many([Pair(r[k], c[k], None, f"{k} (calibration)") for k in noisy])))
+        failed = False
+        for key in plan.keys:
+            if key in errors:
+                ev = CheckpointEvidence(key=key, comparison=errors[key], step=s, module=_module(ctx, key),
+                                        reference_rms=scales[key])
+            else:
+                side = "alternative" if key not in a else "reference"
+                ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
+                                        module=_module(ctx, key))
+            judged = self._noise(ev, r, c, sampled, measured.get(key)) if plan.calibrated(key) and key in errors else None
+            verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
+            if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
+                ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
+                                        name=f"{key}@{s}")
+                verdict = judge_checkpoint(ev, ctx.evidence, plan)
+            failed = failed or not verdict.passed
+            ctx.evidence.checkpoints.append(ev)
+        return failed
+
+    def _noise(self, ev: CheckpointEvidence, r: Capture, c: Capture | None, sampled: bool,
+               measured: ComparisonResult | None) -> Judgement | None:
+        """Set ``ev.noise`` (:class:`NoiseCarry`); the judgement by it where the carry judged it already."""
+        ctx = self.ctx
+        judged: list[tuple[ComparisonResult, Judgement]] = []
+
+        def fails(noise: ComparisonResult) -> bool:
+            ev.noise = noise
+            judged.append((noise, judge_checkpoint(ev, ctx.evidence, ctx.plan)))
+            return not judged[-1][1].passed
+        ev.noise = self.carry.noise(("checkpoint", ev.key), lambda: noise_at(ev.key, r, c), sampled, fails, measured)
+        return judged[-1][1] if judged and judged[-1][0] is ev.noise else None
+
+    # -- next-token distributions ------------------------------------------------------------------
+    def _tokens(self, s: int, r: Capture, a: Capture, c: Capture | None) -> bool:
+        """The pass's next-token metrics row and evidence (nothing where the logits are not a
+        checkpoint); True where the token judgement fails. The calibration's metrics are measured
+        where its noise is (:func:`noise_sampled`) and carried between as :class:`NoiseCarry`
+        carries the noise: measured at the step itself where the pass fails by the carried ones."""
+        ctx = self.ctx
+        if LOGITS not in ctx.plan.keys or LOGITS not in r or LOGITS not in a \
+                or tuple(r[LOGITS].shape) != tuple(a[LOGITS].shape):
+            return False  # a missing or misshapen tensor already fails the checkpoint itself
+        mask = position_mask(self._mask0) if s == 0 and self._mask0 is not None else None
+        metrics = next_token_metrics(r[LOGITS], a[LOGITS], positions=mask)
+        scale = reference_scale(select_positions(r[LOGITS], mask))
+
+        def measure() -> tuple[TokenMetrics | None, float]:
+            if c is None or LOGITS not in c or tuple(c[LOGITS].shape) != tuple(r[LOGITS].shape):
+                return None, math.nan
+            noise = compare_many([Pair(r[LOGITS], c[LOGITS], None, "")])[0] if mask is None else \
+                compare(r[LOGITS], c[LOGITS], check_dtype=False, positions=mask)
+            return next_token_metrics(r[LOGITS], c[LOGITS], positions=mask), error_metric(noise, "max_abs_error")
+
+        held = None if s == 0 or noise_sampled(s, self.steps) else self._token_noise
+        ev = None
+        if held is not None and held[0] is not None:
+            ev = TokenEvidence(s, metrics, held[0], held[1], scale)
+            if metrics.positions and not judge_tokens(ev, ctx.plan).passed:
+                ev = None  # fails by the carried: measured at this step
+                self.carry.remeasured += 1
+            else:
+                self.carry.carried += 1
+        if ev is None:
+            self._token_noise = measure()
+            self.carry.measured += s > 0
+            ev = TokenEvidence(s, metrics, *self._token_noise, scale)
+        calm, noise = ev.calibration, ev.noise_max_abs
+        ctx.evidence.token_metrics.append(ev)
+        row = metrics.to_dict()
+        row["flip_count"] = len(metrics.flips)
+        row["flips"] = row["flips"][:_FLIPS_SHOWN]
+        row["calibration"] = None if calm is None else {
+            "kl_divergence": dict(calm.kl_divergence), "top1_agreement": calm.top1_agreement,
+            "logits_max_abs_error": noise}
+        self.token_rows.append({"step": s, **row})
+        return calm is not None and bool(metrics.positions) and not judge_tokens(ev, ctx.plan).passed
+
+    # -- the KV cache --------------------------------------------------------------------------------
+    def _kv(self, s: int, r: DecodePass, a: DecodePass, c: DecodePass | None) -> None:
+        """Each layer's K and V after the pass, the alternative's against the reference's beside the
+        calibration's (:func:`held_by_both`): a step's new entries in one vectorised pass, a whole
+        cache (the prefill, an audit, a rewrite) with ``compare``; each row's ``compared`` says which."""
+        ctx = self.ctx
+        ck = {} if c is None else c.kv
+        layers = sorted(set(r.kv) & set(a.kv))
+        plans: list[tuple[int, str, CapturedTensor, CapturedTensor, np.ndarray | None, tuple[CapturedTensor, CapturedTensor, np.ndarray | None] | None, str]] = []
+        for layer in layers:
+            for j, part in enumerate(("k", "v")):
+                ref, alt, m = held_by_both(r.kv[layer][j], a.kv[layer][j], _trailing(r.mask, r.kv[layer][j]))
+                compared = _compared(s, ref, r, a, layer)
+                cal = held_by_both(ref, ck[layer][j], m) if layer in ck else None
+                plans.append((layer, part, ref, alt, m, cal, compared))
+        batched = [i for i, p in enumerate(plans) if p[6] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
+        errors = dict(zip(batched, compare_many([Pair(plans[i][2], plans[i][3], None, "") for i in batched])))
+        scales = dict(zip(batched, rms_many([plans[i][2] for i in batched])))
+        rows: dict[int, JsonObject] = {}
+        sampled = noise_sampled(s, self.steps)
+        for i, (layer, part, ref, alt, m, cal, compared) in enumerate(plans):
+            err = errors.get(i) or compare(ref, alt, check_dtype=False, positions=m)
+            scale = scales[i] if i in scales else reference_scale(select_positions(ref, position_mask(m)))
+            noise = None
+            if cal is not None:
+                def measure(cal: tuple[CapturedTensor, CapturedTensor, np.ndarray | None] = cal) -> ComparisonResult:
+                    return compare(cal[0], cal[1], check_dtype=False, positions=cal[2])
+                if compared != "new entries":
+                    noise = measure()
+                else:
+                    probe = KVEvidence(s, layer, part, err, None, scale)
+                    noise = self.carry.noise(("kv", layer, part), measure, sampled,
+                                             lambda n, e=probe: not judge_kv(replace(e, noise=n), ctx.plan).passed)
+            ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
+            row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})
+            row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
+                         "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
+                         "shape_match": err.shape_match}
+        self.kv_rows.extend(rows[layer] for layer in layers if layer in rows)
+
+
+def _module(ctx: RunContext, key: CheckpointKey) -> str | None:
+    """The module path the prefill's evidence names for ``key``."""
+    found = ctx.evidence.at(key)
+    return None if found is None else found.module
+
+
+def _missing(key: CheckpointKey, step: int, side: str, tol: Tolerance) -> ComparisonResult:
+    return ComparisonResult(passed=False, reason=f"the {side} backend produced no tensor for {key} at decode step {step}",
+                            tolerance=tol, name=f"{key}@{step}")
+
+
+def _trailing(mask: np.ndarray | None, kept: CapturedTensor) -> np.ndarray | None:
+    """The mask's trailing columns over the positions a side kept (all of them for a whole cache,
+    the last for a step's new entries)."""
+    shape = getattr(kept, "shape", ())
+    if mask is None or len(shape) < 2 or int(shape[1]) >= mask.shape[1]:
+        return mask
+    return mask[:, mask.shape[1] - int(shape[1]):]
+
+
+def _compared(step: int, kept: CapturedTensor, ref: DecodePass, alt: DecodePass, layer: int) -> str:
+    """What a KV row compared: ``"new entries"`` (the step's last positions) or the whole cache,
+    and why (``"prefill"``, ``"audit"``, ``"rewrite"``)."""
+    spans = {p.span.get(layer, "audit") for p in (ref, alt)}
+    if step and int(getattr(kept, "shape", (0, 0))[1]) <= KV_TAIL and "new" in spans:
+        return "new entries"
+    return "whole cache (" + "/".join(sorted(spans - {"new"})) + ")"
+
+
+def held_by_both(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None
+                 ) -> tuple[CapturedTensor, CapturedTensor, np.ndarray | None]:
+    """A layer's cache ``[batch, length, ...]`` on both sides cut to the trailing positions both
+    hold: an engine that evicts what left a sliding window keeps only the last ones (Hugging Face's
+    sliding layers keep ``window - 1``), a reference keeps every position. Equal lengths: unchanged."""
+    lr, la = (int(getattr(t, "shape", (0, 0))[1]) if len(getattr(t, "shape", ())) > 1 else 0 for t in (ref, alt))
+    if lr == la or not lr or not la:
+        return ref, alt, mask
+    n = min(lr, la)
+    return ref[:, lr - n:], alt[:, la - n:], None if mask is None else mask[:, mask.shape[1] - n:]

@@ -1,0 +1,174 @@
+"""Streamed decodes (issue 47): each step judged as it is produced, the first divergent step
+reported and the decode stopped there on request, and where a long-run failure starts (the same
+tokens replayed as one prefill tell a cache bug from an error of the computation itself)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from debug_framework.backends import get_backend, register_backend, unregister_backend, user_backend
+from debug_framework.capture.keys import CheckpointKey
+from debug_framework.comparison import compare
+from debug_framework.modelio.inputs import ModelInputs
+from debug_framework.modelio.loader import load_model
+from debug_framework.reports._decode import decode_notes
+from debug_framework.services.validation.decode_batch import Pair, compare_many
+from debug_framework.services.validation.decode_equivalence import replayed_as_prefill
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from paged_kv_engine import PagedLlamaEngine  # noqa: E402
+
+from benchmarks.injected_bugs import BUG_LAYER  # noqa: E402
+
+PROMPT = 8
+#: the decode step from which the engines below go wrong
+FROM = 4
+CFG = {"decode_steps": 9, "isolate": False, "precision_diagnosis": False, "input_shape": [2, PROMPT],
+       "pad_lengths": [0, 2]}
+
+
+class OffByOneFromStep(PagedLlamaEngine):
+    """A decode-only KV write off by one from step :data:`FROM` (layer ``BUG_LAYER`` writes the new
+    token's key and value over the previous slot): the same tokens in one prefill are right."""
+
+    def _write(self, layer: int, row: int, k: np.ndarray, v: np.ndarray) -> None:
+        if layer == BUG_LAYER and k.shape[0] == 1 and self.lengths[row] >= self._held0[row] + FROM - 1:
+            self.lengths[row] -= 1
+            super()._write(layer, row, k, v)
+            self.lengths[row] += 1
+        super()._write(layer, row, k, v)
+
+    def prefill(self, inputs, keys):
+        got = super().prefill(inputs, keys)
+        self._held0 = list(self.lengths)
+        return got
+
+
+class LatePositions(PagedLlamaEngine):
+    """Rotates every position from the one decode step :data:`FROM` takes one too far: no cache bug,
+    the same tokens in one prefill go wrong as well."""
+
+    def _rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions)
+        return super()._rotate(x, np.where(positions >= PROMPT + FROM - 1, positions + 1, positions))
+
+
+@pytest.fixture
+def engines():
+    names = []
+
+    def make(name, cls):
+        register_backend(name, user_backend(name, cls, dtypes=("float32",)), replace=True)
+        names.append(name)
+        return name
+
+    yield make
+    for n in names:
+        unregister_backend(n)
+
+
+def test_the_first_divergent_step_stops_the_decode_and_a_cache_bug_is_named(tiny_models, engine, engines):
+    """``stop_at_first_divergence``: the decode ends at step FROM (no later step run or kept), and the
+    same tokens replayed as one prefill pass: the cache is named."""
+    name = engines("paged_off_by_one_from", OffByOneFromStep)
+    result = engine.run(engine.create_session(tiny_models("llama", 0), {**CFG, "stop_at_first_divergence": True},
+                                              "float64_eager", name))
+    decode = result.summary()["decode"]
+    assert not result.passed and result.first_divergence.step == FROM
+    assert decode["steps_run"] == FROM and decode["stopped_at_first_divergence"]
+    assert max(r.step for r in result.results) == FROM and len(decode["tokens"][0]) == FROM
+    equal = result.decoded.prefill_equivalence
+    assert (equal.step, equal.finding) == (FROM, "cache") and equal.prefill_error <= equal.bound < equal.decode_error
+    assert any("stopped at its first divergent step, 4 of 9" in line for line in decode_notes(result))
+    assert any("(cache)" in line for line in decode_notes(result))
+
+
+def test_an_error_of_the_computation_itself_is_not_blamed_on_the_cache(tiny_models, engine, engines):
+    """Without the stop every step runs; a position bug diverges in one prefill too: ``accumulation``."""
+    name = engines("paged_late_positions", LatePositions)
+    result = engine.run(engine.create_session(tiny_models("llama", 0), CFG, "float64_eager", name))
+    decode = result.summary()["decode"]
+    assert not result.passed and result.first_divergence.step == FROM
+    assert decode["steps_run"] == 9 and not decode["stopped_at_first_divergence"]
+    equal = result.decoded.prefill_equivalence
+    assert (equal.step, equal.finding) == (FROM, "accumulation") and equal.prefill_error > equal.bound
+
+
+def test_the_cli_stops_at_the_first_divergence(tiny_models, engines, tmp_path, capsys):
+    from debug_framework.cli.debug_validate import run
+
+    name = engines("paged_off_by_one_cli", OffByOneFromStep)
+    code = run(["--model-path", str(tiny_models("llama", 0)), "--reference-backend", "float64_eager",
+                "--alternative-backend", name, "--database", str(tmp_path / "d.db"), "--no-isolate",
+                "--decode-steps", "9", "--stop-at-first-divergence", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["decode"]["steps_run"] == FROM and out["decode"]["prefill_equivalence"]["finding"] == "cache"
+
+
+def test_the_replayed_prefill_puts_each_token_where_the_decode_did():
+    """Right padding: the decoded tokens follow the padding, at the row's next positions."""
+    inputs = ModelInputs(np.array([[5, 6, 7], [8, 9, 0]]), np.array([[1, 1, 1], [1, 1, 0]]))
+    longer = replayed_as_prefill(inputs, np.array([[1, 2, 3], [4, 5, 6]]), 2)
+    assert longer.input_ids.tolist() == [[5, 6, 7, 1, 2], [8, 9, 0, 4, 5]]
+    assert longer.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 1, 1]]
+    assert longer.position_ids()[1].tolist()[3:] == [2, 3]
+
+
+def test_a_step_batched_comparison_measures_what_compare_does():
+    gen = torch.Generator().manual_seed(0)
+    refs = [torch.randn(2, 1, 32, generator=gen, dtype=torch.float64) for _ in range(3)]
+    alts = [(r + 1e-5 * torch.randn(r.shape, generator=gen, dtype=torch.float64)).float() for r in refs]
+    alts[2] = alts[2] + 1.0  # fails its tolerance: compare writes the reason
+    got = compare_many([Pair(r, a, None, f"c{i}") for i, (r, a) in enumerate(zip(refs, alts))])
+    for r, a, g in zip(refs, alts, got):
+        want = compare(r, a, check_dtype=False)
+        assert g.passed == want.passed
+        for field in ("rmse", "max_abs_error", "mean_abs_error", "median_abs_error", "p99_abs_error", "rel_l2_error",
+                      "cosine_similarity", "max_rel_error", "mismatch_count"):
+            assert getattr(g, field) == pytest.approx(getattr(want, field), rel=1e-9), field
+    assert not got[2].passed and got[2].reason
+
+
+@pytest.mark.parametrize("budget", ["whole", "two layers"])
+def test_the_float64_reference_holds_its_converted_weights_and_computes_the_same(tiny_models, monkeypatch, budget):
+    """For a decode the float64 reference converts its weights once (the whole model in place where it
+    fits the budget, else as many layers as fit, each held once converted), puts them back after,
+    and computes what converting them again at every step computes."""
+    from debug_framework.backends import eager_reference
+
+    model = load_model(str(tiny_models("llama", 0)))
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=PROMPT, seed=0, pad_lengths=[0, 2])
+    backend = get_backend("float64_eager")
+    backend.prepare(model, "float64", "cpu")
+    keys = [CheckpointKey("post_mlp", i) for i in range(model.num_layers)] + [CheckpointKey("post_processing")]
+    whole = backend.run_decode(inputs, 3, keys)  # run whole: each layer converted as called, every step
+    streamer, net = backend.module.streamer, backend.module
+    layer = sum(p.numel() * 8 for p in net.get_submodule(streamer_unit(net)).parameters())
+    if budget == "two layers":
+        monkeypatch.setattr(eager_reference, "DECODE_HOLD_BYTES", 2 * layer)
+    stored = [p.dtype for p in net.parameters()]
+    stream = backend.iter_decode(inputs, 3, keys, None, [CheckpointKey("post_processing")])
+    passes = [next(stream), next(stream)]
+    assert set(passes[0].capture.tensors) == {CheckpointKey("post_processing")}  # the prefill's logits alone
+    dtypes = {p.dtype for p in net.parameters() if p.is_floating_point()}
+    if budget == "whole":
+        assert dtypes == {torch.float64} and streamer._held is None
+    else:
+        assert dtypes != {torch.float64} and len(streamer._held) == 2  # two held, the last one in use converts
+    passes += list(stream)
+    assert streamer._held is None and [p.dtype for p in net.parameters()] == stored  # put back
+    for p in passes[1:]:
+        for key in keys:
+            assert tuple(p.capture[key].shape[:2]) == (2, 1)
+            torch.testing.assert_close(p.capture[key], whole.captures[p.step][key], rtol=0, atol=0)
+
+
+def streamer_unit(net: torch.nn.Module) -> str:
+    """The first decoder layer's module name."""
+    return next(name for name, mod in net.named_modules() if name.endswith("layers.0"))
