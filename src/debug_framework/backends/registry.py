@@ -102,6 +102,7 @@ BUILTIN_ENGINES: tuple[Engine, ...] = (
     Engine("mlx", "debug_framework.backends.mlx.runner:MLXBackend"),
     Engine("metal", "debug_framework.backends.mlx.runner:MLXMetalBackend"),
     Engine("cuda", "debug_framework.backends.cuda:CudaBackend"),
+    Engine("executorch", "debug_framework.backends.executorch.runner:ExecuTorchBackend", file_formats=("pte",)),
 )
 
 #: Built-in backends: name -> the factory's ``"module:attribute"`` (:data:`BUILTIN_ENGINES`' factories).
