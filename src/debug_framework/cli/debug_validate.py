@@ -324,10 +324,11 @@ def validate(
     backend_file: list[Path] | None = typer.Option(None, "--backend-file", metavar="PATH.py",
                                                    help="import this Python file first (repeatable): it registers "
                                                         "backends with register_backend(name, factory)"),
-    alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE.onnx",
+    alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE.onnx|FILE.pte",
                                                   help="a converted or optimised ONNX file of the --model-path ONNX "
                                                   "file, run by the alternative (an engine that runs ONNX files); "
-                                                  "checkpoints matched by tensor name"),
+                                                  "checkpoints matched by tensor name; or an ExecuTorch program "
+                                                  "of the --model-path model (executorch, docs/executorch.md)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
                                        "(streamed; the first node-level divergence)"),
@@ -355,6 +356,7 @@ def validate(
         fw["database_path"] = database
     session_config = _check_arguments(invocation, model_path, opts, fw)  # fast: before the heavy imports
     if alternative_model is not None:
+        alternative_backend = _engine_for_file(alternative_model, alternative_backend)
         session_config["alternative_options"] = {**(session_config.get("alternative_options") or {}),
                                                  "model_file": str(alternative_model)}
     if backend_option:
@@ -408,6 +410,18 @@ def _decode_options(padding_side: str | None, position_offset: int | None, decod
             raise CliError(f"--decode-tokens must be comma-separated token ids, rows separated by ';': "
                            f"{decode_tokens!r}") from exc
     return cfg
+
+
+def _engine_for_file(model_file: Path, alternative: str) -> str:
+    """The alternative for ``--alternative-model``: the one given, or with ``auto`` the engine that
+    runs files of its kind by default (the registry's ``file_formats``: ``.pte`` executorch, ``.onnx``
+    onnxruntime, as ``auto`` means for an ONNX-file model)."""
+    if alternative != "auto":
+        return alternative
+    from ..backends.registry import default_engine_for
+
+    record = default_engine_for(model_file.suffix.lower().lstrip("."))
+    return alternative if record is None else record.name
 
 
 def _plugin_alternative(manifest: Path, alternative: str, engine: ValidationEngine) -> str:

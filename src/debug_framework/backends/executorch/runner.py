@@ -7,8 +7,9 @@ to the outputs: :class:`~debug_framework.backends._graph_capture.CheckpointOutpu
 for ``delegate``: ``"xnnpack"`` (default; what ExecuTorch runs on CPUs) or ``"portable"``. The
 checkpoints are outputs of the program itself, so every layer is judged even where XNNPACK's
 delegate runs it as one opaque call. A program is exported at the shape of the inputs it runs (the
-first run of each shape exports; ``version_info()["programs"]`` lists them with their seconds) and
-written under the session's artifact directory with its outputs sidecar, so the same file can be
+first run of each shape exports; :attr:`ExecuTorchBackend.exports` lists them with their seconds, and
+each run's ``Capture.meta`` names its program) and written under the session's artifact directory
+(``version_info()["artifact_dir"]``) with its outputs sidecar, so the same file can be
 given back as ``--alternative-model``. A layer is replayed (isolation) by exporting it alone,
 called as the model calls it with the reference's input to it (its mask and rotary embeddings from
 an eager forward stopped at the layer), and its MLP block alone the same way; each once per layer
@@ -33,7 +34,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...capture.keys import Capture, CheckpointKey
+from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...errors import BackendInitializationError
 from ...modelio.inputs import ModelInputs
 from ...modelio.loader import LoadedModel
@@ -121,7 +122,7 @@ class ExecuTorchBackend(BaseBackend):
             "torch": installed_version("torch"),
             "device_name": cpu_name(),
             "delegate": "as lowered by its author" if self.model_file else self.delegate,
-            "programs": list(self.exports),
+            "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
         }
         if self.model_file is not None:
             info["model_file"] = str(self.model_file)
@@ -143,6 +144,15 @@ class ExecuTorchBackend(BaseBackend):
         if found in _LOWER_PRECISIONS:
             return found, f"the outputs of {self.model_file.name} are {found}"
         return None
+
+    def checkpoints(self, model: LoadedModel) -> list[str] | None:
+        """The checkpoints a user's program outputs (:mod:`.outputs`), in model order: what a
+        session compares; None for the model's own export (every checkpoint)."""
+        if self.model_file is None:
+            return None
+        self.signature = self.signature or probe_program(self.model_file, self.name)
+        mapped, _ = output_map(self.signature, model, self._named, str(self.outputs_file or self.model_file))
+        return [str(k) for k in all_checkpoints(model.num_layers, model.router_layers) if k in mapped]
 
     # -- preparation ---------------------------------------------------------------------------------
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
