@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ._graph_session import GraphSession
 
 __all__ = ["Support", "Capabilities", "GraphRunner", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
-           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers"]
+           "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers",
+           "produced_checkpoints"]
 
 
 class Support(NamedTuple):
@@ -201,6 +202,14 @@ def declared_dtype(backend: object, model: LoadedModel) -> tuple[str, str] | Non
     type, an engine's precision hint or its device's default): what ``dtype: "auto"`` judges it at.
     None where it declares none (its ``default_dtype`` then)."""
     fn = getattr(backend, "declared_dtype", None)
+    return fn(model) if callable(fn) else None
+
+
+def produced_checkpoints(backend: object, model: LoadedModel) -> list[str] | None:
+    """The checkpoint ids ``backend`` (built, not yet prepared) declares it produces for ``model``, in
+    model order (a program of the user's that returns the logits and some hidden states), or None
+    where it produces every checkpoint of the model (it declares no ``checkpoints(model)``)."""
+    fn = getattr(backend, "checkpoints", None)
     return fn(model) if callable(fn) else None
 
 

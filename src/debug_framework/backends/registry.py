@@ -110,6 +110,7 @@ BUILTIN_ENGINES: tuple[Engine, ...] = (
     Engine("llamacpp", "debug_framework.backends.llamacpp.runner:LlamaCppBackend",
            drill_strategy="debug_framework.services.drilldown.ggml:GgmlDrillStrategy", file_formats=("gguf",)),
     Engine("openai_server", "debug_framework.backends.openai_server.backend:ServedBackend", endpoint_apis=("openai",)),
+    Engine("executorch", "debug_framework.backends.executorch.runner:ExecuTorchBackend", file_formats=("pte",)),
 )
 
 #: Built-in backends: name -> the factory's ``"module:attribute"`` (:data:`BUILTIN_ENGINES`' factories).

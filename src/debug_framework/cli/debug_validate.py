@@ -329,8 +329,9 @@ def validate(
     alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE",
                                                   help="a converted file of the --model-path model, run by the "
                                                   "alternative: an optimised ONNX file of an ONNX model (an engine "
-                                                  "that runs ONNX files; checkpoints matched by tensor name), or a "
-                                                  "GGUF of a Hugging Face model (an engine that runs GGUF files)"),
+                                                  "that runs ONNX files; checkpoints matched by tensor name), a "
+                                                  "GGUF of a Hugging Face model (an engine that runs GGUF files), "
+                                                  "or an ExecuTorch program (executorch, docs/executorch.md)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
                                        "(streamed; the first node-level divergence)"),
@@ -358,6 +359,7 @@ def validate(
         fw["database_path"] = database
     session_config = _check_arguments(invocation, model_path, opts, fw)  # fast: before the heavy imports
     if alternative_model is not None:
+        alternative_backend = _engine_for_file(alternative_model, alternative_backend)
         session_config["alternative_options"] = {**(session_config.get("alternative_options") or {}),
                                                  "model_file": str(alternative_model)}
     if backend_option:
@@ -429,6 +431,18 @@ def _served_options(endpoint: str | None, timeout: float | None, concurrency: in
     if concurrency is not None:
         cfg["concurrency"] = concurrency
     return cfg
+
+
+def _engine_for_file(model_file: Path, alternative: str) -> str:
+    """The alternative for ``--alternative-model``: the one given, or with ``auto`` the engine that
+    runs files of its kind by default (the registry's ``file_formats``: ``.pte`` executorch, ``.onnx``
+    onnxruntime, as ``auto`` means for an ONNX-file model)."""
+    if alternative != "auto":
+        return alternative
+    from ..backends.registry import default_engine_for
+
+    record = default_engine_for(model_file.suffix.lower().lstrip("."))
+    return alternative if record is None else record.name
 
 
 def _plugin_alternative(manifest: Path, alternative: str, engine: ValidationEngine) -> str:

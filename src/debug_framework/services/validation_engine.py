@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Unpack
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
 from ..backends.base import emulated_precision
-from ..backends.capabilities import backend_versions, capabilities, declared_dtype
+from ..backends.capabilities import backend_versions, capabilities, declared_dtype, produced_checkpoints
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings
@@ -321,6 +321,9 @@ class ValidationEngine(EngineFaces):
         emulated = emulated_precision(alt, model) if cfg.dtype == "auto" else None
         cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype,
                                   emulated_precision=None if emulated is None else emulated.name)
+        produced = produced_checkpoints(alt, model) if cfg.enabled_checkpoints is None else None
+        if produced is not None:  # an alternative with some checkpoints only: those are compared (and recorded)
+            cfg = dataclasses.replace(cfg, enabled_checkpoints=tuple(produced))
         plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))  # once
         calibrator = None
         if cfg.calibrate or cfg.oracle:  # refuse a calibration that cannot run now, not mid-run (DF005)
