@@ -182,7 +182,7 @@ class LlamaCppBackend(BaseBackend):
         return self.graph
 
     def _feed(self, inputs: ModelInputs, want: frozenset[str], replace: dict[str, np.ndarray] | None = None,
-              steps: int = 0) -> tuple[Pass, Rows]:
+              steps: int = 0, stop_after: str | None = None) -> tuple[Pass, Rows]:
         """One prefill pass of every row's real tokens in a fresh context."""
         g = self._graph()
         rows = Rows.of(inputs.attention_mask)
@@ -190,7 +190,7 @@ class LlamaCppBackend(BaseBackend):
         pos = inputs.position_ids()
         pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape) if pos is None else np.asarray(pos)
         g.open_context(ids.shape[0], len(rows.batch) + ids.shape[0] * (steps + 1), max(len(rows.batch), ids.shape[0]))
-        return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace), rows
+        return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace, stop_after=stop_after), rows
 
     @staticmethod
     def _node(key: CheckpointKey) -> str:
@@ -224,17 +224,20 @@ class LlamaCppBackend(BaseBackend):
     def _input_node(self, i: int) -> str:
         return "embd" if i == 0 else f"l_out-{i - 1}"
 
-    def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str]) -> tuple[Pass, Rows]:
+    def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str],
+                  last: str) -> tuple[Pass, Rows]:
+        """A pass with ``node`` replaced by ``hidden_in``, stopped once ``last`` is computed."""
         from ...comparison import float64_array
 
         rows = Rows.of(inputs.attention_mask)
         given = rows.gather(float64_array(hidden_in).astype(np.float32))
-        return self._feed(inputs, frozenset(want), {node: given})
+        return self._feed(inputs, frozenset(want | {last}), {node: given}, stop_after=last)
 
     def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Layer ``i`` on ``hidden_in`` ``[B, T, D]``: its input node replaced by it as llama.cpp computes it."""
         keys = [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
-        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys})
+        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys},
+                                    f"l_out-{i}")
         return self._capture(kept, rows, keys, kept.seconds)
 
     def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
@@ -244,14 +247,14 @@ class LlamaCppBackend(BaseBackend):
             raise ConfigurationError(f"unknown block {block!r}", hint="use 'attention' or 'mlp'")
         key = CheckpointKey("post_attention" if block == "attention" else "post_mlp", i)
         node = self._input_node(i) if block == "attention" else f"ffn_inp-{i}"
-        kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)})
+        kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
         return self._capture(kept, rows, [key], kept.seconds)
 
     def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
         """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
         order), each ``[B, T, ...]``; :attr:`trace_nodes` says which llama.cpp node each came from."""
         names = {f"{node}-{i}" for node, _ in TRACE_NODES.values()}
-        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names)
+        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names, f"l_out-{i}")
         model = self._prepared()
         permuted = self.gguf is not None and self.gguf.architecture == "llama"
         head_dim = int(getattr(model.config, "head_dim", 0))
