@@ -130,3 +130,12 @@ def test_a_layout_that_does_not_match_is_a_df002(monkeypatch) -> None:
     context.n_batch = 7  # what a shifted field would read
     with pytest.raises(BackendInitializationError, match="DF002.*n_batch"):
         binding._check_defaults(context, lib.model_params())
+
+
+def test_a_session_without_a_gguf_or_with_another_models_is_a_df002(engine, files, hf_llama, hf_qwen2) -> None:
+    from debug_framework.errors import BackendInitializationError
+
+    with pytest.raises(BackendInitializationError, match="DF002.*runs a GGUF file"):
+        engine.create_session(hf_llama, {"input_shape": [1, 4], "dtype": "auto"}, alternative_backend="llamacpp")
+    with pytest.raises(BackendInitializationError, match="DF002.*is not this model"):
+        _validate(engine, hf_qwen2, alternative_options={"model_file": str(files["f32"])})

@@ -138,6 +138,11 @@ class LlamaCppBackend(BaseBackend):
                 f"({', '.join(GGUF_ARCHITECTURES)}); this is {self.gguf.architecture!r} / "
                 f"{model.config.model_type!r}", backend=self.name)
         mine = gguf_config(self.gguf)
+        family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
+        if mine["model_type"] != family:
+            raise BackendInitializationError(
+                f"the GGUF {self.gguf.path} is not this model: a {self.gguf.architecture} file for a "
+                f"{model.config.model_type} model", backend=self.name, hint="give the file converted from --model-path")
         for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
             if mine[key] != getattr(model.config, key):
                 raise BackendInitializationError(
