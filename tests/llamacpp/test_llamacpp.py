@@ -86,6 +86,9 @@ def test_two_decode_steps_through_llamas_cache_pass(engine, files) -> None:
     steps = {c.to_dict().get("step") for c in result.results}
     assert {1, 2} <= steps
     assert [row.step for row in result.decoded.token_metrics] == [0, 1, 2]
+    kv = result.decoded.kv_cache  # the keys and values llama.cpp writes, every layer, every pass
+    assert {(row.step, row.layer) for row in kv} == {(s, i) for s in range(3) for i in range(2)}
+    assert all(row.k.passed and row.v.passed for row in kv)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])

@@ -315,24 +315,53 @@ def _occurrence(values: list[np.ndarray], which: str) -> np.ndarray | None:
 
 class _Decoder:
     """The runner protocol of :func:`~debug_framework.backends.decode.runner_decode` over one
-    llama.cpp context: the prefill, then one token per row per step (each row its own sequence)."""
+    llama.cpp context: the prefill, then one token per row per step (each row its own sequence).
+
+    ``kv_cache()`` is what llama.cpp writes into its cache, read from the graph as it is written:
+    each layer's rotated keys (``Kcur-i``, in Hugging Face's rotary order) and values (``Vcur-i``)
+    of every pass so far, ``[batch, length, kv_heads, head_dim]``, in float32 as computed (the
+    cache then stores them at its type; the cache cells themselves are not read back)."""
 
     def __init__(self, backend: LlamaCppBackend, steps: int) -> None:
         self.backend, self.steps = backend, steps
+        model = backend._prepared()
+        self.layers = model.num_layers
+        self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
+        self.head_dim = int(getattr(model.config, "head_dim", 0))
+        self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
+
+    def _want(self, keys: list[CheckpointKey]) -> frozenset[str]:
+        nodes = {f"{n}-{i}" for i in range(self.layers) for n in ("Kcur", "Vcur")}
+        return frozenset({self.backend._node(k) for k in keys} | nodes)
+
+    def _keep_kv(self, kept: Pass, rows: Rows) -> None:
+        permuted = self.backend.gguf is not None and self.backend.gguf.architecture == "llama"
+        for i, (ks, vs) in self._kv.items():
+            k = _occurrence(kept.nodes.get(f"Kcur-{i}", []), "rope")
+            v = _occurrence(kept.nodes.get(f"Vcur-{i}", []), "proj")
+            if k is None or v is None:
+                continue
+            k = _unpermute_heads(k, self.head_dim) if permuted else k
+            ks.append(rows.scatter(k.reshape(k.shape[0], self.kv_heads, self.head_dim)))
+            vs.append(rows.scatter(v.reshape(v.shape[0], self.kv_heads, self.head_dim)))
 
     def _tensors(self, kept: Pass, rows: Rows, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
+        self._keep_kv(kept, rows)
         cap = self.backend._capture(kept, rows, keys, kept.seconds)
         return {f"{k.name}:{k.layer}" if k.layer is not None else k.name: v for k, v in cap.tensors.items()}
 
     def prefill(self, inputs: ModelInputs, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
-        kept, rows = self.backend._feed(inputs, frozenset(self.backend._node(k) for k in keys), steps=self.steps)
+        kept, rows = self.backend._feed(inputs, self._want(keys), steps=self.steps)
         return self._tensors(kept, rows, keys)
 
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
         g = self.backend._graph()
         b = len(tokens)
-        kept = g.decode(np.asarray(tokens), np.asarray(positions), np.arange(b),
-                        frozenset(self.backend._node(k) for k in keys))
+        kept = g.decode(np.asarray(tokens), np.asarray(positions), np.arange(b), self._want(keys))
         rows = Rows(np.arange(b), np.zeros(b, np.int64), (b, 1))
         return self._tensors(kept, rows, keys)
 
+    def kv_cache(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Every layer's keys and values written so far (see the class)."""
+        return {i: (np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
+                for i, (ks, vs) in self._kv.items() if ks}
