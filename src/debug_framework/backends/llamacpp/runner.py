@@ -40,7 +40,10 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "llamacpp_availability"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "RUNS", "llamacpp_availability"]
+
+#: the llama.cpp architectures whose graphs name every canonical checkpoint (``ffn_inp-i``, ``l_out-i``)
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -129,14 +132,15 @@ class LlamaCppBackend(BaseBackend):
         self.graph = LlamaGraph(path, self.settings)
 
     def _check_same_model(self, model: LoadedModel) -> None:
-        from ...modelio.gguf_model import GGUF_ARCHITECTURES, gguf_config
+        from ...modelio.gguf_model import gguf_config
 
         assert self.gguf is not None
-        if model.architecture == "generic" or self.gguf.architecture not in GGUF_ARCHITECTURES:
+        if model.architecture == "generic" or self.gguf.architecture not in RUNS:
             raise BackendInitializationError(
-                f"llamacpp checks GGUF files of the families with a reference written from the math "
-                f"({', '.join(GGUF_ARCHITECTURES)}); this is {self.gguf.architecture!r} / "
-                f"{model.config.model_type!r}", backend=self.name)
+                f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
+                f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
+                hint="a Phi-3 graph names no post-attention node: validate the Hugging Face model it was "
+                     "converted from with another engine")
         mine = gguf_config(self.gguf)
         family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
         if mine["model_type"] != family:
