@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from debug_framework.errors import ModelLoadingError
-from debug_framework.modelio import load_model
-from debug_framework.modelio.gguf_read import read_gguf
-from debug_framework.modelio.gguf_write import write_gguf
+pytest.importorskip("gguf")
+
+from debug_framework.errors import ModelLoadingError  # noqa: E402
+from debug_framework.modelio import load_model  # noqa: E402
+from debug_framework.modelio.gguf_read import read_gguf  # noqa: E402
+from debug_framework.modelio.gguf_write import write_gguf  # noqa: E402
 
 
 def _s(text: str) -> bytes:
