@@ -86,6 +86,9 @@ def test_two_decode_steps_through_llamas_cache_pass(engine, files) -> None:
     steps = {c.to_dict().get("step") for c in result.results}
     assert {1, 2} <= steps
     assert [row.step for row in result.decoded.token_metrics] == [0, 1, 2]
+    kv = result.decoded.kv_cache  # the keys and values llama.cpp writes, every layer, every pass
+    assert {(row.step, row.layer) for row in kv} == {(s, i) for s in range(3) for i in range(2)}
+    assert all(row.k.passed and row.v.passed for row in kv)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
@@ -130,3 +133,12 @@ def test_a_layout_that_does_not_match_is_a_df002(monkeypatch) -> None:
     context.n_batch = 7  # what a shifted field would read
     with pytest.raises(BackendInitializationError, match="DF002.*n_batch"):
         binding._check_defaults(context, lib.model_params())
+
+
+def test_a_session_without_a_gguf_or_with_another_models_is_a_df002(engine, files, hf_llama, hf_qwen2) -> None:
+    from debug_framework.errors import BackendInitializationError
+
+    with pytest.raises(BackendInitializationError, match="DF002.*runs a GGUF file"):
+        engine.create_session(hf_llama, {"input_shape": [1, 4], "dtype": "auto"}, alternative_backend="llamacpp")
+    with pytest.raises(BackendInitializationError, match="DF002.*is not this model"):
+        _validate(engine, hf_qwen2, alternative_options={"model_file": str(files["f32"])})

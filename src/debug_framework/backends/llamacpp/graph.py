@@ -83,6 +83,8 @@ class Pass:
 
     nodes: dict[str, list[np.ndarray]] = field(default_factory=dict)
     logits: np.ndarray | None = None
+    #: the nodes whose value was replaced
+    replaced: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def last(self, name: str) -> np.ndarray:
@@ -120,6 +122,7 @@ class LlamaGraph:
         self._want: frozenset[str] = frozenset()
         self._replace: Mapping[str, np.ndarray] = {}
         self._kept: Pass | None = None
+        self._stop: str | None = None
         self._tokens = 0
         self._error: BaseException | None = None
 
@@ -176,22 +179,26 @@ class LlamaGraph:
                 if not ggml_tensor_write(self.lib, t, self._replace[name]):
                     raise BackendRuntimeError(f"cannot replace llama.cpp node {name!r} with the given values",
                                               backend="llamacpp", call="run_layer()")
+                if self._kept is not None:
+                    self._kept.replaced.append(name)
             if name in self._want and self._kept is not None:
                 value = ggml_tensor_array(self.lib, t)
                 if value is not None:
                     rows = _rows_first(np.asarray(value), self._tokens)
                     if rows is not None:
                         self._kept.nodes.setdefault(name, []).append(rows.copy())
-            return True
+            return name != self._stop  # False: llama.cpp computes nothing after this node
         except BaseException as exc:  # noqa: BLE001 - never unwinds through C: re-raised after the pass
             self._error = exc
             return False
 
     # -- a pass -----------------------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, positions: np.ndarray, sequences: np.ndarray, want: frozenset[str],
-               replace: Mapping[str, np.ndarray] | None = None) -> Pass:
+               replace: Mapping[str, np.ndarray] | None = None, *, stop_after: str | None = None) -> Pass:
         """Feed ``tokens`` (at ``positions``, each in sequence ``sequences[k]``) in one pass; keep the
-        nodes in ``want`` and every token's logits; replace the nodes of ``replace`` (``[tokens, D]``)."""
+        nodes in ``want`` and every token's logits; replace the nodes of ``replace`` (``[tokens, D]``).
+        ``stop_after``: a node computed once (``l_out-3``) after which llama.cpp stops the pass (a
+        replay needs nothing later; the logits are then not kept)."""
         import time
 
         if not self.ctx:
@@ -204,13 +211,13 @@ class LlamaGraph:
         seq = (ctypes.POINTER(ctypes.c_int32) * n)(*[ctypes.cast(c, ctypes.POINTER(ctypes.c_int32)) for c in seq_cells])
         outputs = (ctypes.c_int8 * n)(*([1] * n))
         batch = Batch(n, tok, None, pos, n_seq, seq, outputs)
-        self._want, self._replace, self._tokens = want, dict(replace or {}), n
+        self._want, self._replace, self._tokens, self._stop = want, dict(replace or {}), n, stop_after
         self._kept, self._error = Pass(), None
         start = time.perf_counter()
         try:
             code = self.lib.so.llama_decode(self.ctx, batch)
         finally:
-            kept, self._kept, self._want, self._replace = self._kept, None, frozenset(), {}
+            kept, self._kept, self._want, self._replace, self._stop = self._kept, None, frozenset(), {}, None
         kept.seconds = time.perf_counter() - start
         if self._error is not None:
             error, self._error = self._error, None
@@ -218,9 +225,22 @@ class LlamaGraph:
         if code != 0:
             raise BackendRuntimeError(f"llama_decode returned {code}: {_log_tail()}", backend="llamacpp",
                                       call="llama_decode")
-        logits = self.lib.so.llama_get_logits(self.ctx)
-        kept.logits = np.ctypeslib.as_array(logits, shape=(n, self.n_vocab)).copy()
+        missing = sorted(set(_names(replace)) - set(kept.replaced))
+        if missing:
+            raise BackendRuntimeError(f"llama.cpp's graph has no node {', '.join(missing)} to replace",
+                                      backend="llamacpp", call="llama_decode",
+                                      hint="this architecture's graph does not name the node a replay needs")
+        if stop_after is None:
+            logits = self.lib.so.llama_get_logits(self.ctx)
+            kept.logits = np.ctypeslib.as_array(logits, shape=(n, self.n_vocab)).copy()
+        elif stop_after not in kept.nodes:
+            raise BackendRuntimeError(f"llama.cpp's graph has no node {stop_after!r}", backend="llamacpp",
+                                      call="llama_decode")
         return kept
+
+
+def _names(replace: Mapping[str, np.ndarray] | None) -> list[str]:
+    return list(replace or {})
 
 
 def _log_tail(lines: int = 6) -> str:

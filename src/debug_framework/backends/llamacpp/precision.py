@@ -26,6 +26,7 @@ from ..torch_reference import TorchReferenceBackend
 if TYPE_CHECKING:
     import torch
 
+    from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
     from ...modelio.loader import LoadedModel
     from .graph import LlamaSettings
@@ -160,7 +161,7 @@ class LlamaEmulationBackend(TorchReferenceBackend):
                                              backend=self.name, hint="run --alternative-backend llamacpp")
         self.precision = precision
 
-    def version_info(self) -> dict[str, object]:  # type: ignore[override]
+    def version_info(self) -> JsonObject:
         return {**super().version_info(), "emulates": self.precision.describe()}
 
     def _weights(self, model: LoadedModel) -> dict[str, np.ndarray]:

@@ -40,7 +40,10 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "llamacpp_availability"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "RUNS", "llamacpp_availability"]
+
+#: the llama.cpp architectures whose graphs name every canonical checkpoint (``ffn_inp-i``, ``l_out-i``)
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -109,6 +112,9 @@ class LlamaCppBackend(BaseBackend):
         self.gguf: GgufFile | None = None
         #: the llama.cpp node of each value of the last :meth:`run_layer_traced` (trace name -> node)
         self.trace_nodes: dict[str, str] = {}
+        #: the last layer replay (layer, input digest, capture): an attention-block replay on the
+        #: same input is that pass's first half
+        self._last_layer: tuple[int, str, Capture] | None = None
 
     def availability(self) -> tuple[bool, str]:
         return llamacpp_availability()
@@ -129,15 +135,21 @@ class LlamaCppBackend(BaseBackend):
         self.graph = LlamaGraph(path, self.settings)
 
     def _check_same_model(self, model: LoadedModel) -> None:
-        from ...modelio.gguf_model import GGUF_ARCHITECTURES, gguf_config
+        from ...modelio.gguf_model import gguf_config
 
         assert self.gguf is not None
-        if model.architecture == "generic" or self.gguf.architecture not in GGUF_ARCHITECTURES:
+        if model.architecture == "generic" or self.gguf.architecture not in RUNS:
             raise BackendInitializationError(
-                f"llamacpp checks GGUF files of the families with a reference written from the math "
-                f"({', '.join(GGUF_ARCHITECTURES)}); this is {self.gguf.architecture!r} / "
-                f"{model.config.model_type!r}", backend=self.name)
+                f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
+                f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
+                hint="a Phi-3 graph names no post-attention node: validate the Hugging Face model it was "
+                     "converted from with another engine")
         mine = gguf_config(self.gguf)
+        family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
+        if mine["model_type"] != family:
+            raise BackendInitializationError(
+                f"the GGUF {self.gguf.path} is not this model: a {self.gguf.architecture} file for a "
+                f"{model.config.model_type} model", backend=self.name, hint="give the file converted from --model-path")
         for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
             if mine[key] != getattr(model.config, key):
                 raise BackendInitializationError(
@@ -182,7 +194,7 @@ class LlamaCppBackend(BaseBackend):
         return self.graph
 
     def _feed(self, inputs: ModelInputs, want: frozenset[str], replace: dict[str, np.ndarray] | None = None,
-              steps: int = 0) -> tuple[Pass, Rows]:
+              steps: int = 0, stop_after: str | None = None) -> tuple[Pass, Rows]:
         """One prefill pass of every row's real tokens in a fresh context."""
         g = self._graph()
         rows = Rows.of(inputs.attention_mask)
@@ -190,7 +202,7 @@ class LlamaCppBackend(BaseBackend):
         pos = inputs.position_ids()
         pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape) if pos is None else np.asarray(pos)
         g.open_context(ids.shape[0], len(rows.batch) + ids.shape[0] * (steps + 1), max(len(rows.batch), ids.shape[0]))
-        return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace), rows
+        return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace, stop_after=stop_after), rows
 
     @staticmethod
     def _node(key: CheckpointKey) -> str:
@@ -224,18 +236,23 @@ class LlamaCppBackend(BaseBackend):
     def _input_node(self, i: int) -> str:
         return "embd" if i == 0 else f"l_out-{i - 1}"
 
-    def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str]) -> tuple[Pass, Rows]:
+    def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str],
+                  last: str) -> tuple[Pass, Rows]:
+        """A pass with ``node`` replaced by ``hidden_in``, stopped once ``last`` is computed."""
         from ...comparison import float64_array
 
         rows = Rows.of(inputs.attention_mask)
         given = rows.gather(float64_array(hidden_in).astype(np.float32))
-        return self._feed(inputs, frozenset(want), {node: given})
+        return self._feed(inputs, frozenset(want | {last}), {node: given}, stop_after=last)
 
     def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Layer ``i`` on ``hidden_in`` ``[B, T, D]``: its input node replaced by it as llama.cpp computes it."""
         keys = [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
-        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys})
-        return self._capture(kept, rows, keys, kept.seconds)
+        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys},
+                                    f"l_out-{i}")
+        cap = self._capture(kept, rows, keys, kept.seconds)
+        self._last_layer = (i, _fingerprint(hidden_in, inputs), cap)
+        return cap
 
     def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` alone: ``"attention"`` on the layer's input (its input node
@@ -243,15 +260,21 @@ class LlamaCppBackend(BaseBackend):
         if block not in ("attention", "mlp"):
             raise ConfigurationError(f"unknown block {block!r}", hint="use 'attention' or 'mlp'")
         key = CheckpointKey("post_attention" if block == "attention" else "post_mlp", i)
+        last = getattr(self, "_last_layer", None)
+        if block == "attention" and last is not None and last[0] == i and last[1] == _fingerprint(hidden_in, inputs):
+            # the same pass as the layer replay just run on this very input (its first half): reused
+            cap = last[2]
+            return Capture(tensors={key: cap.tensors[key]}, backend=self.name, dtype=self.dtype,
+                           elapsed_s=cap.elapsed_s, meta=cap.meta)
         node = self._input_node(i) if block == "attention" else f"ffn_inp-{i}"
-        kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)})
+        kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
         return self._capture(kept, rows, [key], kept.seconds)
 
     def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
         """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
         order), each ``[B, T, ...]``; :attr:`trace_nodes` says which llama.cpp node each came from."""
         names = {f"{node}-{i}" for node, _ in TRACE_NODES.values()}
-        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names)
+        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names, f"l_out-{i}")
         model = self._prepared()
         permuted = self.gguf is not None and self.gguf.architecture == "llama"
         head_dim = int(getattr(model.config, "head_dim", 0))
@@ -291,6 +314,19 @@ class LlamaCppBackend(BaseBackend):
             self.graph.close_context()
 
 
+def _fingerprint(hidden_in: HiddenState, inputs: ModelInputs) -> str:
+    """A digest of a replay's input state and inputs (ids, mask, positions): equal digests, equal passes."""
+    import hashlib
+
+    from ...comparison import float64_array
+
+    digest = hashlib.sha256(np.ascontiguousarray(float64_array(hidden_in)).tobytes())
+    for part in (inputs.input_ids, inputs.attention_mask, inputs.position_ids()):
+        if part is not None:
+            digest.update(np.ascontiguousarray(np.asarray(part, np.int64)).tobytes())
+    return digest.hexdigest()
+
+
 def _occurrence(values: list[np.ndarray], which: str) -> np.ndarray | None:
     """The value of a node name computed more than once: the rotation (``rope``: the last 3-D one),
     the projection before it (``proj``: the last 2-D one), else the last."""
@@ -307,24 +343,53 @@ def _occurrence(values: list[np.ndarray], which: str) -> np.ndarray | None:
 
 class _Decoder:
     """The runner protocol of :func:`~debug_framework.backends.decode.runner_decode` over one
-    llama.cpp context: the prefill, then one token per row per step (each row its own sequence)."""
+    llama.cpp context: the prefill, then one token per row per step (each row its own sequence).
+
+    ``kv_cache()`` is what llama.cpp writes into its cache, read from the graph as it is written:
+    each layer's rotated keys (``Kcur-i``, in Hugging Face's rotary order) and values (``Vcur-i``)
+    of every pass so far, ``[batch, length, kv_heads, head_dim]``, in float32 as computed (the
+    cache then stores them at its type; the cache cells themselves are not read back)."""
 
     def __init__(self, backend: LlamaCppBackend, steps: int) -> None:
         self.backend, self.steps = backend, steps
+        model = backend._prepared()
+        self.layers = model.num_layers
+        self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
+        self.head_dim = int(getattr(model.config, "head_dim", 0))
+        self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
+
+    def _want(self, keys: list[CheckpointKey]) -> frozenset[str]:
+        nodes = {f"{n}-{i}" for i in range(self.layers) for n in ("Kcur", "Vcur")}
+        return frozenset({self.backend._node(k) for k in keys} | nodes)
+
+    def _keep_kv(self, kept: Pass, rows: Rows) -> None:
+        permuted = self.backend.gguf is not None and self.backend.gguf.architecture == "llama"
+        for i, (ks, vs) in self._kv.items():
+            k = _occurrence(kept.nodes.get(f"Kcur-{i}", []), "rope")
+            v = _occurrence(kept.nodes.get(f"Vcur-{i}", []), "proj")
+            if k is None or v is None:
+                continue
+            k = _unpermute_heads(k, self.head_dim) if permuted else k
+            ks.append(rows.scatter(k.reshape(k.shape[0], self.kv_heads, self.head_dim)))
+            vs.append(rows.scatter(v.reshape(v.shape[0], self.kv_heads, self.head_dim)))
 
     def _tensors(self, kept: Pass, rows: Rows, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
+        self._keep_kv(kept, rows)
         cap = self.backend._capture(kept, rows, keys, kept.seconds)
         return {f"{k.name}:{k.layer}" if k.layer is not None else k.name: v for k, v in cap.tensors.items()}
 
     def prefill(self, inputs: ModelInputs, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
-        kept, rows = self.backend._feed(inputs, frozenset(self.backend._node(k) for k in keys), steps=self.steps)
+        kept, rows = self.backend._feed(inputs, self._want(keys), steps=self.steps)
         return self._tensors(kept, rows, keys)
 
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
         g = self.backend._graph()
         b = len(tokens)
-        kept = g.decode(np.asarray(tokens), np.asarray(positions), np.arange(b),
-                        frozenset(self.backend._node(k) for k in keys))
+        kept = g.decode(np.asarray(tokens), np.asarray(positions), np.arange(b), self._want(keys))
         rows = Rows(np.arange(b), np.zeros(b, np.int64), (b, 1))
         return self._tensors(kept, rows, keys)
 
+    def kv_cache(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Every layer's keys and values written so far (see the class)."""
+        return {i: (np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
+                for i, (ks, vs) in self._kv.items() if ks}
