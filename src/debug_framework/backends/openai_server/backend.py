@@ -39,7 +39,8 @@ class ServedBackend(BaseBackend):
     """A model served behind an OpenAI-compatible ``url`` (``http://host:8000/v1``).
 
     Args:
-        url: the server's OpenAI-compatible base URL (``--alternative-endpoint``).
+        url: the server's OpenAI-compatible base URL (``--alternative-endpoint``; without it the
+            backend is not available).
         timeout: the whole session's limit on the endpoint, seconds (``--timeout``).
         concurrency: the most requests in flight (``--concurrency``).
         top_k: log-probabilities asked for per position.
@@ -57,10 +58,7 @@ class ServedBackend(BaseBackend):
                  protocol: str = "auto", read_timeout: float = 60.0, connect_timeout: float = 5.0,
                  retries: int = 3) -> None:
         super().__init__()
-        if url is None:
-            raise ConfigurationError("the served backend needs the server's URL",
-                                     hint="pass --alternative-endpoint http://host:port/v1")
-        self.url = check_endpoint_url(url)
+        self.url = "" if url is None else check_endpoint_url(url)
         if protocol != "auto" and protocol not in PROTOCOLS:
             raise ConfigurationError(f"unknown protocol {protocol!r}", hint=f"use auto or one of {', '.join(PROTOCOLS)}")
         for option, value, low in (("timeout", timeout, 0.0), ("read_timeout", read_timeout, 0.0),
@@ -86,6 +84,8 @@ class ServedBackend(BaseBackend):
             import httpx  # noqa: F401
         except ImportError:
             return False, "httpx is not installed (pip install 'debug-framework[served]')"
+        if not self.url:
+            return False, "it validates a served model: give its URL (--alternative-endpoint http://host:port/v1)"
         return True, ""
 
     def capabilities(self) -> Capabilities:
