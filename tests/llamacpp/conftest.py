@@ -51,3 +51,9 @@ def hf_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2-layer Qwen3 (q/k norms), Hugging Face directory."""
     return make_hf("qwen3", tmp_path_factory.mktemp("gguf_qwen3") / "hf", seed=5)
+
+
+@pytest.fixture(scope="session")
+def hf_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Mistral (written as llama.cpp's ``llama``), Hugging Face directory."""
+    return make_hf("mistral", tmp_path_factory.mktemp("gguf_mistral") / "hf", seed=7)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
            "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math",
-           "model_for", "HiddenState", "Tensor"]
+           "model_for", "HiddenState", "Tensor", "EmulatedPrecision", "emulated_precision"]
 
 #: A value a backend produces or is handed: a torch tensor or a NumPy array.
 Tensor: TypeAlias = "torch.Tensor | np.ndarray"
@@ -93,6 +93,28 @@ def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: Hid
     key = CheckpointKey("post_attention", i)
     return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=cap.backend,
                    dtype=cap.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
+
+
+class EmulatedPrecision(Protocol):
+    """A precision an engine computes at beyond a float dtype (llama.cpp's quantized weights and
+    activations, its KV cache type), and a trusted implementation reproducing it."""
+
+    #: what ``consistent_with`` calls it (``"q8_0"``)
+    name: str
+    #: the float dtype the emulation computes in
+    dtype: str
+
+    def describe(self) -> str: ...
+
+    def trusted_backend(self) -> Backend: ...
+
+
+def emulated_precision(backend: object, model: LoadedModel) -> EmulatedPrecision | None:
+    """The precision ``backend`` declares it computes ``model`` at and offers an emulation of
+    (``emulated_precision(model)``), None where it offers none: what the calibration reproduces at
+    ``dtype: "auto"`` and what the precision diagnosis measures under its name."""
+    fn = getattr(backend, "emulated_precision", None)
+    return fn(model) if callable(fn) else None  # type: ignore[no-any-return]
 
 
 def block_replay_support(backend: Backend) -> tuple[bool, str]:

@@ -107,6 +107,8 @@ BUILTIN_ENGINES: tuple[Engine, ...] = (
     Engine("mlx", "debug_framework.backends.mlx.runner:MLXBackend"),
     Engine("metal", "debug_framework.backends.mlx.runner:MLXMetalBackend"),
     Engine("cuda", "debug_framework.backends.cuda:CudaBackend"),
+    Engine("llamacpp", "debug_framework.backends.llamacpp.runner:LlamaCppBackend",
+           drill_strategy="debug_framework.services.drilldown.ggml:GgmlDrillStrategy", file_formats=("gguf",)),
     Engine("openai_server", "debug_framework.backends.openai_server.backend:ServedBackend", endpoint_apis=("openai",)),
 )
 

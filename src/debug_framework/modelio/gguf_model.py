@@ -1,7 +1,7 @@
 """A GGUF file as a model: its metadata mapped to the typed config, its tensors (dequantized,
 under Hugging Face's names, q/k rows back in Hugging Face's order) as the weights.
 
-``load_model("model.gguf")`` comes here: the reference written from the math then runs on the
+``load_model("model.gguf")`` reads it here (:func:`gguf_model_parts`): the reference written from the math then runs on the
 file's own weights in float64. Families: those both llama.cpp and the references support
 (:data:`GGUF_ARCHITECTURES`); another architecture is refused with DF004 naming it.
 """
@@ -17,14 +17,13 @@ from ..errors import ModelLoadingError
 from ..jsonio import JsonObject
 from .configs import LlamaModelConfig, parse_config
 from .gguf_read import GgufFile, read_gguf
-from .gguf_write import GGUF_FAMILIES, permute_for_rope
 
 if TYPE_CHECKING:
     import torch
 
-    from .loader import LoadedModel
+    from .weights import TensorReader
 
-__all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "load_gguf",
+__all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "gguf_model_parts",
            "unpermute_for_rope"]
 
 #: llama.cpp architecture -> Hugging Face ``model_type`` of the reference that runs it
@@ -161,31 +160,17 @@ class GgufReader:
         return torch.from_numpy(self.array(name))
 
 
-def load_gguf(path: Path) -> LoadedModel:
-    """A GGUF file as a :class:`~.loader.LoadedModel` (format ``"gguf"``): config from its metadata,
-    weights dequantized, every tensor the family needs checked present and shaped as the config says.
+def gguf_model_parts(path: Path) -> tuple[LlamaModelConfig, JsonObject, dict[str, tuple[TensorReader, str]]]:
+    """A GGUF file's typed config, its metadata as a ``config.json``, and where each tensor is (what
+    ``load_model`` checks and wraps as a ``LoadedModel`` of format ``"gguf"``).
 
     Raises:
         ModelLoadingError: (DF004) a malformed file (:func:`~.gguf_read.read_gguf`), an
-            architecture without a reference, metadata of the wrong type, a missing or misshapen tensor.
+            architecture without a reference, metadata of the wrong type.
     """
-    from .checks import check_layer_count, check_sizes_fit, check_tensors
-    from .loader import LoadedModel, expected_tensors
-    from .weights import WeightStore
-
     header = read_gguf(path)
     raw = gguf_config(header)
     config = parse_config(raw, source=str(path))
     assert isinstance(config, LlamaModelConfig)
     reader = GgufReader(path, header)
-    locations = {name: (reader, name) for name in reader.names()}
-    check_sizes_fit(config, [reader.shape(n) for n in locations], str(path))
-    check_tensors(expected_tensors(config), locations, config, str(path))  # type: ignore[arg-type]
-    check_layer_count(config, locations)  # type: ignore[arg-type]
-    return LoadedModel(path=path, format="gguf", config=config, raw_config=raw,
-                       weights=WeightStore(locations), files=[path])  # type: ignore[arg-type]
-
-
-def family_of(model_type: str) -> str | None:
-    """The llama.cpp architecture a Hugging Face ``model_type`` is written as (None: not written)."""
-    return GGUF_FAMILIES.get(model_type)
+    return config, raw, {name: (reader, name) for name in reader.names()}

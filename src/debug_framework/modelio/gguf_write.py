@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import ModelLoadingError
 from .configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
+from .gguf_model import gguf_name as hf_to_gguf
 from .loader import load_model
 
 __all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope"]
@@ -42,28 +43,6 @@ GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": 
 
 #: ``model_type``s whose q/k rows the converter permutes (interleaved RoPE in llama.cpp).
 _PERMUTED = frozenset({"llama", "mistral"})
-
-#: Per-layer Hugging Face module -> llama.cpp tensor (the ``blk.N.`` prefix is added).
-_LAYER_TENSORS: dict[str, str] = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-
-_GLOBAL_TENSORS: dict[str, str] = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
 
 @dataclass(frozen=True)
 class _Tensor:
@@ -84,19 +63,6 @@ def permute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = N
             .reshape(weights.shape))
 
 
-def _gguf_name(hf_name: str) -> str | None:
-    """llama.cpp's name for a Hugging Face tensor, or None for one the file does not carry."""
-    if hf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[hf_name]
-    parts = hf_name.split(".")
-    if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
-        return None
-    module, kind = ".".join(parts[3:-1]), parts[-1]
-    if module not in _LAYER_TENSORS or kind not in ("weight", "bias"):
-        return None
-    return f"blk.{int(parts[2])}.{_LAYER_TENSORS[module]}.{kind}"
-
-
 def _converted(config: LlamaModelConfig, hf_name: str, array: np.ndarray) -> np.ndarray:
     """The array as the converter writes it: q/k permuted for Llama-style RoPE."""
     if config.model_type not in _PERMUTED:
@@ -111,7 +77,7 @@ def _converted(config: LlamaModelConfig, hf_name: str, array: np.ndarray) -> np.
 def _tensors(config: LlamaModelConfig, weights: dict[str, np.ndarray]) -> Iterator[_Tensor]:
     """Every tensor of the file, in Hugging Face's order (the output head left out when tied)."""
     for hf_name, array in weights.items():
-        gguf_name = _gguf_name(hf_name)
+        gguf_name = hf_to_gguf(hf_name)
         if gguf_name is None or (gguf_name == "output.weight" and config.tie_word_embeddings):
             continue
         yield _Tensor(gguf_name, array, _converted(config, hf_name, array))

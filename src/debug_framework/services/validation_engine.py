@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
+from ..backends.base import emulated_precision
 from ..backends.capabilities import backend_versions, capabilities, declared_dtype
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
@@ -300,11 +301,12 @@ class ValidationEngine(EngineFaces):
         reference_backend, ref_why = reference_for(reference_backend, model)
         # an ONNX file: the engine the registry names for the format runs it (no probe of every
         # backend's availability: that imports torch, transformers and Inductor)
-        runner = default_engine_for("onnx") if alternative_backend == "auto" and model.format == "onnx" else None
-        if runner is not None:
-            alt_name, why = runner.name, f"an ONNX file: {runner.name} runs the file itself"
-        elif cfg.alternative_endpoint is not None:  # a served model: the served engine, whatever else is named
+        runner = default_engine_for(model.format) if alternative_backend == "auto" and model.format in ("onnx", "gguf") \
+            else None
+        if cfg.alternative_endpoint is not None:  # a served model: the registry's engine for it, whatever the file
             alt_name, why = served_alternative(alternative_backend), "alternative_endpoint: a served model"
+        elif runner is not None:
+            alt_name, why = runner.name, f"an {model.format.upper()} file: {runner.name} runs the file itself"
         else:
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg.reference_options)
@@ -316,11 +318,13 @@ class ValidationEngine(EngineFaces):
             if dt not in supported and not (b is alt and dtype_why):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
-        cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype)
+        emulated = emulated_precision(alt, model) if cfg.dtype == "auto" else None
+        cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype,
+                                  emulated_precision=None if emulated is None else emulated.name)
         plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))  # once
         calibrator = None
         if cfg.calibrate or cfg.oracle:  # refuse a calibration that cannot run now, not mid-run (DF005)
-            calibrator = calibration_backend(plan, alt_name, model)
+            calibrator = calibration_backend(plan, alt_name, model, alt)
 
         inputs = _session_inputs(model, cfg)
         estimate = session_estimate(model, plan, ref, alt, calibrator, inputs, capture_budget(self.config))  # DF007 before anything is built

@@ -50,13 +50,24 @@ def tolerance_margin(reference: object, alternative: object, tol: Tolerance) -> 
     return float(ratios.max())
 
 
-def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: LoadedModel | None = None) -> Backend:
+def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: LoadedModel | None = None,
+                        alternative: Backend | None = None) -> Backend:
     """The trusted implementation of a session (``calibration_backend``), checked: it may not be
     the alternative itself and must run the alternative's dtype (DF005 saying what to pass).
     ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
-    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code)."""
+    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code),
+    or, where the session's ``emulated_precision`` is set (``dtype: "auto"`` and an engine declaring a
+    precision it emulates, :func:`~debug_framework.backends.capabilities.emulated_precision`), the
+    ``alternative``'s emulation of it."""
     from ...backends import get_backend
+    from ...backends.base import emulated_precision
     from ...backends.torch_reference import TorchReferenceBackend
+
+    if plan.config.calibration_backend == "auto" and plan.config.emulated_precision and alternative is not None \
+            and model is not None:
+        emulated = emulated_precision(alternative, model)
+        if emulated is not None:
+            return emulated.trusted_backend()
 
     if plan.config.calibration_backend == "auto" and getattr(model, "architecture", None) == "generic":
         from ...backends.eager_reference import EagerReferenceBackend

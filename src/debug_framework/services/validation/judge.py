@@ -419,7 +419,10 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
     alternative's own precision). None when no precision fits every checkpoint."""
     cfg = plan.config
     metric = cfg.calibration_metric
-    measured = [d for d in (evidence.precision_note or {}).get("measured", []) if d in DTYPE_EPS]
+    note = evidence.precision_note or {}
+    emulated = dict(note.get("emulated") or {})  # an engine's emulated precision -> the dtype it computes in
+    eps_of = {**{name: DTYPE_EPS[d] for name, d in emulated.items() if d in DTYPE_EPS}, **DTYPE_EPS}
+    measured = [d for d in note.get("measured", []) if d in eps_of]
     for dtype in measured:
         seen = 0
         for ev in evidence.checkpoints:
@@ -428,7 +431,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
                 continue
             seen += 1
             rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-            upper = RatioRule(cfg.noise_margin, cfg.floor_eps * DTYPE_EPS[dtype] * rms, metric)
+            upper = RatioRule(cfg.noise_margin, cfg.floor_eps * eps_of[dtype] * rms, metric)
             below = RatioRule(PRECISION_BAND, cfg.floor_eps * plan.eps * rms, metric)
             if not (upper.verdict(lower, ev.comparison).passed and below.verdict(ev.comparison, lower).passed):
                 break

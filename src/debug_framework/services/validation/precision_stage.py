@@ -15,6 +15,7 @@ one of them (``consistent_with``). It runs only where a checkpoint failed, calib
 from __future__ import annotations
 
 from ...backends.base import Backend
+from ...backends.base import EmulatedPrecision, emulated_precision
 from ...backends.capabilities import capabilities, release
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
@@ -51,7 +52,18 @@ class PrecisionStage(Stage):
 
     def ready(self, ctx: RunContext) -> bool:
         """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
-        return bool(ctx.plan.lower_precisions) and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
+        lower = bool(ctx.plan.lower_precisions) or self._emulated(ctx) is not None
+        return lower and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
+
+    @staticmethod
+    def _emulated(ctx: RunContext) -> EmulatedPrecision | None:
+        """The precision the alternative's engine declares and emulates (llama.cpp's ``q8_0``), where
+        the calibration did not already run it (a session judged at an explicit dtype)."""
+        config = ctx.plan.config
+        if config.emulated_precision or config.calibration_backend != "auto" or ctx.alternative is None:
+            return None
+        emulated = emulated_precision(ctx.alternative, ctx.model)
+        return None if emulated is None or emulated.name == ctx.plan.alternative_dtype else emulated
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
@@ -60,14 +72,20 @@ class PrecisionStage(Stage):
         skipped: dict[str, str] = {}
         seconds: dict[str, float] = {}
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
-        for dtype in plan.lower_precisions:
-            backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
+        emulated = self._emulated(ctx)
+        candidates: list[tuple[str, str]] = [(emulated.name, emulated.dtype)] if emulated is not None else []
+        candidates += [(d, d) for d in plan.lower_precisions if emulated is None or d != emulated.name]
+        for dtype, compute in candidates:
+            if emulated is not None and dtype == emulated.name:
+                backend, why = emulated.trusted_backend(), None
+            else:
+                backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
             if backend is None:
                 skipped[dtype] = str(why)
                 continue
             with Timer() as t:
                 try:
-                    ctx.prepare_backend(backend, f"precision {dtype}", dtype, "cpu")
+                    ctx.prepare_backend(backend, f"precision {dtype}", compute, "cpu")
                     cap: Capture = call_backend(backend, "run()", lambda b=backend: b.run(own(ctx.inputs), keys))
                 except DebugFrameworkError as exc:  # a trusted run that cannot run here: said, not fatal
                     skipped[dtype] = exc.message
@@ -84,4 +102,5 @@ class PrecisionStage(Stage):
 
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
                                        "backend": plan.config.calibration_backend,
-                                       "quantized": quantized_operators(ctx.alternative)}
+                                       "quantized": quantized_operators(ctx.alternative),
+                                       "emulated": {emulated.name: emulated.dtype} if emulated is not None else {}}
