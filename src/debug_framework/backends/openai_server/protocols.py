@@ -3,7 +3,7 @@
 Prompts are sent as token ids (no tokenizer can differ); every answer is read by token id. A
 *position* ``p`` of a row's sequence is the next-token distribution after its tokens ``[0, p]``.
 
-* :class:`LlamaCpp` (llama.cpp's ``llama-server``): it has no prompt log-probabilities (``echo`` is
+* :class:`LlamaServer` (llama.cpp's ``llama-server``): it has no prompt log-probabilities (``echo`` is
   refused), so one ``/completions`` request per position: the prefix as the prompt, ``max_tokens``
   1, ``logprobs`` k (its ``n_probs``: the top-k of the full-vocabulary softmax of the raw logits, each
   with its ``id``), ``temperature`` 0 and ``cache_prompt`` (its extension: the next, one token
@@ -27,7 +27,7 @@ from ...jsonio import JsonObject, JsonValue
 from ..endpoints import TopK
 from .client import EndpointClient
 
-__all__ = ["TopK", "Request", "Protocol", "LlamaCpp", "Vllm", "PROTOCOLS", "detect_protocol", "chains"]
+__all__ = ["TopK", "Request", "Protocol", "LlamaServer", "Vllm", "PROTOCOLS", "detect_protocol", "chains"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class Protocol:
     """How one kind of server is asked for top-k log-probabilities (see the module's docstring)."""
 
     name: ClassVar[str] = "protocol"
+    #: what the server's ``/models`` says its models are ``owned_by``
+    owned_by: ClassVar[str] = ""
 
     def requests(self, row: int, tokens: tuple[int, ...], positions: tuple[int, ...]) -> list[Request]:
         """The requests that answer ``positions`` of row ``row`` (its tokens ``tokens``), in order."""
@@ -72,10 +74,11 @@ def _path(doc: JsonValue, *keys: str | int) -> JsonValue:
     return doc
 
 
-class LlamaCpp(Protocol):
+class LlamaServer(Protocol):
     """llama.cpp's ``llama-server``: one request per position, its prompt cache reused."""
 
     name = "llama.cpp"
+    owned_by = name.replace(".", "")  # llama-server's /models: its project's name without the dot
 
     def requests(self, row: int, tokens: tuple[int, ...], positions: tuple[int, ...]) -> list[Request]:
         return [Request(row, p + 1, (p,)) for p in sorted(positions)]
@@ -103,6 +106,7 @@ class Vllm(Protocol):
     """vLLM: one request per row, ``prompt_logprobs`` for the prompt's positions."""
 
     name = "vllm"
+    owned_by = name
 
     def requests(self, row: int, tokens: tuple[int, ...], positions: tuple[int, ...]) -> list[Request]:
         return [Request(row, max(positions) + 1, tuple(sorted(positions)))] if positions else []
@@ -140,9 +144,9 @@ def read_vllm(client: EndpointClient, doc: JsonObject, request: Request, k: int)
 
 
 #: The protocols by name (``--backend-option protocol=NAME``; ``auto`` asks the server's ``/models``).
-PROTOCOLS: dict[str, type[Protocol]] = {LlamaCpp.name: LlamaCpp, Vllm.name: Vllm}
+PROTOCOLS: dict[str, type[Protocol]] = {LlamaServer.name: LlamaServer, Vllm.name: Vllm}
 #: ``owned_by`` of a server's ``/models`` -> its protocol
-_OWNERS = {"llamacpp": LlamaCpp.name, "vllm": Vllm.name}
+_OWNERS = {p.owned_by: name for name, p in PROTOCOLS.items()}
 
 
 def detect_protocol(client: EndpointClient, doc: JsonObject, given: str = "auto") -> tuple[str, str]:
