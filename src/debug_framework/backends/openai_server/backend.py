@@ -44,7 +44,8 @@ class ServedBackend(BaseBackend):
         timeout: the whole session's limit on the endpoint, seconds (``--timeout``).
         concurrency: the most requests in flight (``--concurrency``).
         top_k: log-probabilities asked for per position.
-        protocol: ``auto`` (from the server's ``/models``) or one of :data:`~.protocols.PROTOCOLS`.
+        protocol: ``auto`` (from the server's ``/models``, or TGI's ``/info``) or one of
+            :data:`~.protocols.PROTOCOLS` (``llama.cpp``, ``vllm``, ``sglang``, ``tgi``).
         read_timeout: one request's read timeout, seconds. connect_timeout: its connect timeout.
         retries: how many times a 429/5xx answer is retried (with exponential backoff).
     """
@@ -95,8 +96,8 @@ class ServedBackend(BaseBackend):
                             prepared=self.model is not None, device="remote")
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
-        """Connect: the server's kind and model from its ``/models`` (EndpointError where it cannot
-        be reached or answers garbage); its vocabulary, where it says, must be the model's."""
+        """Connect: the server's kind and model from its ``/models`` (and TGI's ``/info``; EndpointError
+        where it cannot be reached or answers garbage); its vocabulary, where it says, must be the model's."""
         self._check_prepare(model, dtype, device)
         self.device = "remote"
         self.release_session()
@@ -104,7 +105,7 @@ class ServedBackend(BaseBackend):
         models = client.get("/models")
         name, served = detect_protocol(client, models, self.protocol_name)
         self._check_vocabulary(models, model)
-        self._client, self._protocol, self.served_model = client, PROTOCOLS[name](), served
+        self._client, self._protocol, self.served_model = client, PROTOCOLS[name].for_model(model, self.url), served
         self.protocol_name = name
 
     def _check_vocabulary(self, doc: JsonObject, model: LoadedModel) -> None:

@@ -91,6 +91,8 @@ class EndpointClient:
         import httpx
 
         self.url = check_endpoint_url(base_url)
+        #: the server's root, where its own (not OpenAI-compatible) routes are: the URL without its ``/v1``
+        self.root = self.url.removesuffix("/v1")
         self.limits = limits or ClientLimits()
         self._key = api_key()
         headers = {"Accept": "application/json"}
@@ -115,22 +117,26 @@ class EndpointClient:
 
     # ------------------------------------------------------------------ requests
 
-    def get(self, path: str) -> JsonObject:
-        """GET ``base + path`` as a JSON object."""
-        return self._request("GET", path, None)
+    def get(self, path: str, *, native: bool = False) -> JsonObject:
+        """GET ``base + path`` as a JSON object (``native``: the server's own route, at :attr:`root`)."""
+        return self._request("GET", self.where(path, native), None)
 
-    def post(self, path: str, body: Mapping[str, JsonValue]) -> JsonObject:
-        """POST ``body`` as JSON to ``base + path``; the answer as a JSON object."""
-        return self._request("POST", path, body)
+    def post(self, path: str, body: Mapping[str, JsonValue], *, native: bool = False) -> JsonObject:
+        """POST ``body`` as JSON to ``base + path`` (``native``: to ``root + path``); the answer as a JSON object."""
+        return self._request("POST", self.where(path, native), body)
+
+    def where(self, path: str, native: bool = False) -> str:
+        """The URL of ``path``: under the OpenAI-compatible base, or (``native``) under :attr:`root`,
+        where servers keep their own routes (SGLang's and TGI's ``/generate``, TGI's ``/info``)."""
+        return (self.root if native else self.url) + path
 
     def remaining_s(self) -> float:
         """Seconds left of the session limit."""
         return self._deadline - time.monotonic()
 
-    def _request(self, method: str, path: str, body: Mapping[str, JsonValue] | None) -> JsonObject:
+    def _request(self, method: str, where: str, body: Mapping[str, JsonValue] | None) -> JsonObject:
         import httpx
 
-        where = self.url + path
         attempt = 0
         while True:
             left = self.remaining_s()
@@ -144,7 +150,7 @@ class EndpointClient:
             except httpx.ConnectTimeout as exc:
                 raise self.error(f"connecting to {where} timed out", "connect timeout") from exc
             except httpx.ConnectError as exc:
-                raise self.error(f"cannot connect to {where}: {self._quote(str(exc))}", "connection refused",
+                raise self.error(f"cannot connect to {where}: {self.quote(str(exc))}", "connection refused",
                                   "start the server, or check the host and port of --alternative-endpoint") from exc
             except httpx.ReadTimeout as exc:
                 raise self.error(f"{where} accepted the connection but sent no answer within "
@@ -156,9 +162,9 @@ class EndpointClient:
                     attempt += 1
                     self._back_off(attempt, None)
                     continue
-                raise self.error(f"{where} dropped the connection: {self._quote(str(exc))}", "dropped connection") from exc
+                raise self.error(f"{where} dropped the connection: {self.quote(str(exc))}", "dropped connection") from exc
             except httpx.HTTPError as exc:
-                raise self.error(f"request to {where} failed: {type(exc).__name__}: {self._quote(str(exc))}",
+                raise self.error(f"request to {where} failed: {type(exc).__name__}: {self.quote(str(exc))}",
                                   "transport error") from exc
             with self._lock:
                 self.requests += 1
@@ -206,19 +212,19 @@ class EndpointClient:
                               f"set {API_KEY_VARIABLE} to the server's API key")
         if status == 429 or status >= 500:
             raise self.error(f"{where} answered HTTP {status} after {retries} retr{'y' if retries == 1 else 'ies'}: "
-                              f"{self._quote(text)}", f"HTTP {status}",
+                              f"{self.quote(text)}", f"HTTP {status}",
                               "the server is overloaded or failing: lower --concurrency, or try again later")
         if status >= 400:
-            raise self.error(f"{where} answered HTTP {status}: {self._quote(text)}", f"HTTP {status}",
+            raise self.error(f"{where} answered HTTP {status}: {self.quote(text)}", f"HTTP {status}",
                               "the server refused the request: it may not offer this API or these parameters "
                               "(see docs/served.md for what each server needs)")
         try:
             doc = json.loads(text)
         except ValueError as exc:
-            raise self.error(f"{where} answered something that is not JSON: {self._quote(text)}",
+            raise self.error(f"{where} answered something that is not JSON: {self.quote(text)}",
                               "garbage answer") from exc
         if not isinstance(doc, dict):
-            raise self.error(f"{where} answered JSON that is not an object: {self._quote(text)}", "garbage answer")
+            raise self.error(f"{where} answered JSON that is not an object: {self.quote(text)}", "garbage answer")
         return doc
 
     # ------------------------------------------------------------------ concurrency
@@ -243,7 +249,7 @@ class EndpointClient:
 
     # ------------------------------------------------------------------ errors
 
-    def _quote(self, text: str) -> str:
+    def quote(self, text: str) -> str:
         """A server's text as an error may quote it: the key removed, cut short, terminal-safe."""
         if self._key:
             text = text.replace(self._key, "[OPENAI_API_KEY]")
@@ -256,8 +262,8 @@ class EndpointClient:
             message = message.replace(self._key, "[OPENAI_API_KEY]")
         return EndpointError(message, endpoint=self.url, cause=cause, hint=hint)
 
-    def answer_error(self, path: str, what: str, doc: JsonValue) -> EndpointError:
+    def answer_error(self, path: str, what: str, doc: JsonValue, *, native: bool = False) -> EndpointError:
         """The error of an answer that parsed as JSON but is not what ``path`` answers (``what`` is missing)."""
-        return self.error(f"{self.url + path} answered without {what}: {self._quote(json.dumps(doc)[:400])}",
+        return self.error(f"{self.where(path, native)} answered without {what}: {self.quote(json.dumps(doc)[:400])}",
                            "garbage answer", "check that the URL is an OpenAI-compatible server's /v1 base "
                                              "(docs/served.md lists the servers and their flags)")
