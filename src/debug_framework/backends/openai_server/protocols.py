@@ -323,8 +323,8 @@ def detect_protocol(client: EndpointClient, doc: JsonObject, given: str = "auto"
         raise client.error(
             f"the server at {client.url} (owned_by {owner!r}) is not one whose log-probabilities are read by token id "
             f"here: {', '.join(PROTOCOLS)}", "unknown server",
-            "serve the model with llama.cpp's llama-server, vLLM, SGLang or TGI, or name the protocol with --backend-option "
-            f"protocol=NAME (one of {', '.join(PROTOCOLS)}) where the server speaks it (docs/served.md)")
+            "serve the model with llama.cpp's llama-server, vLLM, SGLang or TGI, or name the protocol with "
+            f"--backend-option protocol=NAME (one of {', '.join(PROTOCOLS)}) where the server speaks it (docs/served.md)")
     return name, model
 
 
