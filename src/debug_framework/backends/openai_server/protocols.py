@@ -306,7 +306,8 @@ TGI_ROUTER = "text-generation-router"
 
 def detect_protocol(client: EndpointClient, doc: JsonObject, given: str = "auto") -> tuple[str, str]:
     """``(protocol name, model id)`` from the server's ``/models`` answer ``doc`` (its first
-    model's ``owned_by``; ``given`` where not ``auto``).
+    model's ``owned_by``, or TGI where that names no known server and the root answers TGI's
+    ``/info``; ``given`` where not ``auto``).
 
     Raises:
         EndpointError: the server cannot be reached, answers garbage, or is of a kind whose
