@@ -122,6 +122,34 @@ def test_the_session_limit_bounds_a_slow_server(http_server):
     assert err.cause == "session limit" and took < 1.5 and "--timeout" in str(err)
 
 
+def test_a_dripping_server_cannot_outlast_the_session_limit():
+    """A server that answers one byte every 0.1 s never trips the read timeout; the session limit
+    still ends the request."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        stop = threading.Event()
+
+        def drip() -> None:
+            conn, _ = s.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.wait(0.1):
+                    try:
+                        conn.sendall(b" ")
+                    except OSError:
+                        return
+
+        threading.Thread(target=drip, daemon=True).start()
+        limits = ClientLimits(connect_s=1.0, read_s=0.5, session_s=1.0, retries=0)
+        try:
+            err, took = _fails(f"http://127.0.0.1:{s.getsockname()[1]}/v1", limits)
+        finally:
+            stop.set()
+    assert err.cause == "session limit" and "still answering" in str(err) and took < 3.0
+
+
 def test_map_keeps_at_most_concurrency_in_flight_and_stops_at_a_failure():
     client = EndpointClient("http://127.0.0.1:9/v1", ClientLimits(concurrency=3))
     lock, running, peak = threading.Lock(), [0], [0]

@@ -303,7 +303,7 @@ class ValidationEngine(EngineFaces):
         # backend's availability: that imports torch, transformers and Inductor)
         runner = default_engine_for(model.format) if alternative_backend == "auto" and model.format in ("onnx", "gguf") \
             else None
-        if cfg.alternative_endpoint is not None:  # a served model: the served engine, whatever else is named
+        if cfg.alternative_endpoint is not None:  # a served model: the registry's engine for it, whatever the file
             alt_name, why = served_alternative(alternative_backend), "alternative_endpoint: a served model"
         elif runner is not None:
             alt_name, why = runner.name, f"an {model.format.upper()} file: {runner.name} runs the file itself"

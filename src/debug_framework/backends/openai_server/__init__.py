@@ -5,7 +5,9 @@ log-probabilities (docs/served.md).
 anywhere; connect and read timeouts, a whole-session limit, bounded retries with backoff on
 429/5xx, at most ``concurrency`` requests in flight); :mod:`.protocols` the request plans and
 answers of the servers it knows (llama.cpp's ``llama-server``: one request per position, its prompt
-cache reused; vLLM: one request per row with its ``prompt_logprobs`` extension); :mod:`.backend`
+cache reused; vLLM: one request per row with its ``prompt_logprobs`` extension; SGLang: one request
+per row to its native ``/generate``; TGI: one request per position to its native ``/generate``, the
+prompt as text its tokenization checked); :mod:`.backend`
 the backend on the engine seam (``Engine("openai_server", ...)`` in the registry, which names it the
 engine of ``alternative_endpoint``), a :class:`~debug_framework.backends.endpoints.LogprobBackend`: it
 gives out no hidden states, only the top-k log-probabilities at every position it is asked for.

@@ -39,11 +39,13 @@ class ServedBackend(BaseBackend):
     """A model served behind an OpenAI-compatible ``url`` (``http://host:8000/v1``).
 
     Args:
-        url: the server's OpenAI-compatible base URL (``--alternative-endpoint``).
+        url: the server's OpenAI-compatible base URL (``--alternative-endpoint``; without it the
+            backend is not available).
         timeout: the whole session's limit on the endpoint, seconds (``--timeout``).
         concurrency: the most requests in flight (``--concurrency``).
         top_k: log-probabilities asked for per position.
-        protocol: ``auto`` (from the server's ``/models``) or one of :data:`~.protocols.PROTOCOLS`.
+        protocol: ``auto`` (from the server's ``/models``, or TGI's ``/info``) or one of
+            :data:`~.protocols.PROTOCOLS` (``llama.cpp``, ``vllm``, ``sglang``, ``tgi``).
         read_timeout: one request's read timeout, seconds. connect_timeout: its connect timeout.
         retries: how many times a 429/5xx answer is retried (with exponential backoff).
     """
@@ -57,10 +59,7 @@ class ServedBackend(BaseBackend):
                  protocol: str = "auto", read_timeout: float = 60.0, connect_timeout: float = 5.0,
                  retries: int = 3) -> None:
         super().__init__()
-        if url is None:
-            raise ConfigurationError("the served backend needs the server's URL",
-                                     hint="pass --alternative-endpoint http://host:port/v1")
-        self.url = check_endpoint_url(url)
+        self.url = "" if url is None else check_endpoint_url(url)
         if protocol != "auto" and protocol not in PROTOCOLS:
             raise ConfigurationError(f"unknown protocol {protocol!r}", hint=f"use auto or one of {', '.join(PROTOCOLS)}")
         for option, value, low in (("timeout", timeout, 0.0), ("read_timeout", read_timeout, 0.0),
@@ -86,6 +85,8 @@ class ServedBackend(BaseBackend):
             import httpx  # noqa: F401
         except ImportError:
             return False, "httpx is not installed (pip install 'debug-framework[served]')"
+        if not self.url:
+            return False, "it validates a served model: give its URL (--alternative-endpoint http://host:port/v1)"
         return True, ""
 
     def capabilities(self) -> Capabilities:
@@ -95,8 +96,8 @@ class ServedBackend(BaseBackend):
                             prepared=self.model is not None, device="remote")
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
-        """Connect: the server's kind and model from its ``/models`` (EndpointError where it cannot
-        be reached or answers garbage); its vocabulary, where it says, must be the model's."""
+        """Connect: the server's kind and model from its ``/models`` (and TGI's ``/info``; EndpointError
+        where it cannot be reached or answers garbage); its vocabulary, where it says, must be the model's."""
         self._check_prepare(model, dtype, device)
         self.device = "remote"
         self.release_session()
@@ -104,7 +105,7 @@ class ServedBackend(BaseBackend):
         models = client.get("/models")
         name, served = detect_protocol(client, models, self.protocol_name)
         self._check_vocabulary(models, model)
-        self._client, self._protocol, self.served_model = client, PROTOCOLS[name](), served
+        self._client, self._protocol, self.served_model = client, PROTOCOLS[name].for_model(model, self.url), served
         self.protocol_name = name
 
     def _check_vocabulary(self, doc: JsonObject, model: LoadedModel) -> None:

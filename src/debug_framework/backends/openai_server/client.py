@@ -5,7 +5,8 @@
   configuration (every text taken from an answer is cut short, made terminal-safe and stripped of
   the key before it goes into an error).
 * Every request has a connect and a read timeout, and the whole client a session limit
-  (``timeout``): no request outlives it, so a silent server ends the run in bounded time.
+  (``timeout``): no request outlives it (an answer is read in chunks, the limit checked between
+  them, at most :data:`MAX_ANSWER_BYTES`), so a silent or dripping server ends the run in bounded time.
 * 429 and 5xx answers (and a connection dropped mid-answer) are retried at most ``retries`` times
   with exponential backoff (``Retry-After`` honoured, within the session limit); a refused
   connection, a read timeout, 401/403 and a garbage answer are not.
@@ -16,6 +17,7 @@ Every failure is an :class:`EndpointError` (DF005, exit 2 from a CLI) naming the
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -31,13 +33,15 @@ from .endpoint import API_KEY_VARIABLE, api_key
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["ClientLimits", "EndpointClient", "EndpointError"]
+__all__ = ["ClientLimits", "EndpointClient", "EndpointError", "MAX_ANSWER_BYTES"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 #: the most characters of a server's answer quoted in an error
 _QUOTED = 120
+#: the most bytes one answer may hold (a completion of one token with its top-k is a few kB)
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class EndpointError(LogprobRunCut):
@@ -87,6 +91,8 @@ class EndpointClient:
         import httpx
 
         self.url = check_endpoint_url(base_url)
+        #: the server's root, where its own (not OpenAI-compatible) routes are: the URL without its ``/v1``
+        self.root = self.url.removesuffix("/v1")
         self.limits = limits or ClientLimits()
         self._key = api_key()
         headers = {"Accept": "application/json"}
@@ -111,22 +117,26 @@ class EndpointClient:
 
     # ------------------------------------------------------------------ requests
 
-    def get(self, path: str) -> JsonObject:
-        """GET ``base + path`` as a JSON object."""
-        return self._request("GET", path, None)
+    def get(self, path: str, *, native: bool = False) -> JsonObject:
+        """GET ``base + path`` as a JSON object (``native``: the server's own route, at :attr:`root`)."""
+        return self._request("GET", self.where(path, native), None)
 
-    def post(self, path: str, body: Mapping[str, JsonValue]) -> JsonObject:
-        """POST ``body`` as JSON to ``base + path``; the answer as a JSON object."""
-        return self._request("POST", path, body)
+    def post(self, path: str, body: Mapping[str, JsonValue], *, native: bool = False) -> JsonObject:
+        """POST ``body`` as JSON to ``base + path`` (``native``: to ``root + path``); the answer as a JSON object."""
+        return self._request("POST", self.where(path, native), body)
+
+    def where(self, path: str, native: bool = False) -> str:
+        """The URL of ``path``: under the OpenAI-compatible base, or (``native``) under :attr:`root`,
+        where servers keep their own routes (SGLang's and TGI's ``/generate``, TGI's ``/info``)."""
+        return (self.root if native else self.url) + path
 
     def remaining_s(self) -> float:
         """Seconds left of the session limit."""
         return self._deadline - time.monotonic()
 
-    def _request(self, method: str, path: str, body: Mapping[str, JsonValue] | None) -> JsonObject:
+    def _request(self, method: str, where: str, body: Mapping[str, JsonValue] | None) -> JsonObject:
         import httpx
 
-        where = self.url + path
         attempt = 0
         while True:
             left = self.remaining_s()
@@ -136,11 +146,11 @@ class EndpointClient:
                                   "raise --timeout, lower --concurrency's load on the server, or ask fewer positions")
             timeout = httpx.Timeout(min(self.limits.read_s, left), connect=min(self.limits.connect_s, left))
             try:
-                answer = self._http.request(method, where, json=body, timeout=timeout)
+                status, headers, data = self._exchange(method, where, body, timeout)
             except httpx.ConnectTimeout as exc:
                 raise self.error(f"connecting to {where} timed out", "connect timeout") from exc
             except httpx.ConnectError as exc:
-                raise self.error(f"cannot connect to {where}: {self._quote(str(exc))}", "connection refused",
+                raise self.error(f"cannot connect to {where}: {self.quote(str(exc))}", "connection refused",
                                   "start the server, or check the host and port of --alternative-endpoint") from exc
             except httpx.ReadTimeout as exc:
                 raise self.error(f"{where} accepted the connection but sent no answer within "
@@ -152,18 +162,33 @@ class EndpointClient:
                     attempt += 1
                     self._back_off(attempt, None)
                     continue
-                raise self.error(f"{where} dropped the connection: {self._quote(str(exc))}", "dropped connection") from exc
+                raise self.error(f"{where} dropped the connection: {self.quote(str(exc))}", "dropped connection") from exc
             except httpx.HTTPError as exc:
-                raise self.error(f"request to {where} failed: {type(exc).__name__}: {self._quote(str(exc))}",
+                raise self.error(f"request to {where} failed: {type(exc).__name__}: {self.quote(str(exc))}",
                                   "transport error") from exc
             with self._lock:
                 self.requests += 1
-            status = answer.status_code
             if (status == 429 or status >= 500) and attempt < self.limits.retries:
                 attempt += 1
-                self._back_off(attempt, answer.headers.get("retry-after"))
+                self._back_off(attempt, headers.get("retry-after"))
                 continue
-            return self._parse(answer, where, attempt)
+            return self._parse(status, data, where, attempt)
+
+    def _exchange(self, method: str, where: str, body: Mapping[str, JsonValue] | None,
+                  timeout: httpx.Timeout) -> tuple[int, httpx.Headers, bytes]:
+        """One request: ``(status, headers, body)``, the body read in chunks so that a server that
+        drips its answer cannot outlast the session limit, nor send more than :data:`MAX_ANSWER_BYTES`."""
+        with self._http.stream(method, where, json=body, timeout=timeout) as answer:
+            data = bytearray()
+            for chunk in answer.iter_bytes():
+                data += chunk
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise self.error(f"{where} answered more than {MAX_ANSWER_BYTES} bytes", "oversized answer")
+                if self.remaining_s() <= 0:
+                    raise self.error(f"{where} was still answering when the session limit of "
+                                     f"{self.limits.session_s:g} s (--timeout) was reached", "session limit",
+                                     "raise --timeout, or check the server: it answers very slowly")
+            return answer.status_code, answer.headers, bytes(data)
 
     def _back_off(self, attempt: int, retry_after: str | None) -> None:
         """Wait before retry ``attempt``: ``Retry-After`` where the server gives seconds, else the
@@ -178,8 +203,8 @@ class EndpointClient:
             pass  # an HTTP date: the doubling backoff
         time.sleep(max(0.0, min(wait_s, self.remaining_s())))
 
-    def _parse(self, answer: httpx.Response, where: str, retries: int) -> JsonObject:
-        status = answer.status_code
+    def _parse(self, status: int, data: bytes, where: str, retries: int) -> JsonObject:
+        text = data.decode("utf-8", errors="replace")
         if status in (401, 403):
             given = ("the API key in OPENAI_API_KEY was refused" if self._key else
                      f"the server wants an API key and {API_KEY_VARIABLE} is not set")
@@ -187,19 +212,19 @@ class EndpointClient:
                               f"set {API_KEY_VARIABLE} to the server's API key")
         if status == 429 or status >= 500:
             raise self.error(f"{where} answered HTTP {status} after {retries} retr{'y' if retries == 1 else 'ies'}: "
-                              f"{self._quote(answer.text)}", f"HTTP {status}",
+                              f"{self.quote(text)}", f"HTTP {status}",
                               "the server is overloaded or failing: lower --concurrency, or try again later")
         if status >= 400:
-            raise self.error(f"{where} answered HTTP {status}: {self._quote(answer.text)}", f"HTTP {status}",
+            raise self.error(f"{where} answered HTTP {status}: {self.quote(text)}", f"HTTP {status}",
                               "the server refused the request: it may not offer this API or these parameters "
                               "(see docs/served.md for what each server needs)")
         try:
-            doc = answer.json()
+            doc = json.loads(text)
         except ValueError as exc:
-            raise self.error(f"{where} answered something that is not JSON: {self._quote(answer.text)}",
+            raise self.error(f"{where} answered something that is not JSON: {self.quote(text)}",
                               "garbage answer") from exc
         if not isinstance(doc, dict):
-            raise self.error(f"{where} answered JSON that is not an object: {self._quote(answer.text)}", "garbage answer")
+            raise self.error(f"{where} answered JSON that is not an object: {self.quote(text)}", "garbage answer")
         return doc
 
     # ------------------------------------------------------------------ concurrency
@@ -224,7 +249,7 @@ class EndpointClient:
 
     # ------------------------------------------------------------------ errors
 
-    def _quote(self, text: str) -> str:
+    def quote(self, text: str) -> str:
         """A server's text as an error may quote it: the key removed, cut short, terminal-safe."""
         if self._key:
             text = text.replace(self._key, "[OPENAI_API_KEY]")
@@ -237,10 +262,8 @@ class EndpointClient:
             message = message.replace(self._key, "[OPENAI_API_KEY]")
         return EndpointError(message, endpoint=self.url, cause=cause, hint=hint)
 
-    def answer_error(self, path: str, what: str, doc: JsonValue) -> EndpointError:
+    def answer_error(self, path: str, what: str, doc: JsonValue, *, native: bool = False) -> EndpointError:
         """The error of an answer that parsed as JSON but is not what ``path`` answers (``what`` is missing)."""
-        import json
-
-        return self.error(f"{self.url + path} answered without {what}: {self._quote(json.dumps(doc)[:400])}",
+        return self.error(f"{self.where(path, native)} answered without {what}: {self.quote(json.dumps(doc)[:400])}",
                            "garbage answer", "check that the URL is an OpenAI-compatible server's /v1 base "
                                              "(docs/served.md lists the servers and their flags)")

@@ -129,32 +129,19 @@ class ServedStage(Stage):
         return config.alternative_endpoint is not None
 
     def run(self, ctx: RunContext) -> None:
-        cfg = ctx.plan.config
-        if cfg.position_offset:
-            raise ConfigurationError("a served model's sequences start at position 0: position_offset must be 0",
-                                     hint="drop position_offset (the endpoint is sent each row's tokens from the start)")
-        steps = cfg.decode_steps
-        given = check_decode_plan(cfg, ctx.inputs, ctx.model)
-        with Timer() as t:
-            ref_run = self._logits(ctx, ctx.reference, steps, given)
-        ctx.performance["reference"] = {"backend": ctx.reference.name, "dtype": ctx.plan.reference_dtype,
-                                        "device": cfg.reference_device, "wall_s": t.seconds}
-        tokens = np.asarray(ref_run.tokens if given is None else given, dtype=np.int64).reshape(len(ctx.inputs.input_ids), steps)
+        served = self._served_backend(ctx)
+        steps = ctx.plan.config.decode_steps
+        given = check_decode_plan(ctx.plan.config, ctx.inputs, ctx.model)
+        ref_run = self._reference(ctx, steps, given)
+        tokens = np.asarray(ref_run.tokens if given is None else given,
+                            dtype=np.int64).reshape(len(ctx.inputs.input_ids), steps)
         cal_run = self._calibration(ctx, steps, tokens)
         sequences, where = served_sequences(ctx.inputs, tokens)
         passes = [Pass(s, where) for s in range(steps + 1)]
-        wanted = [sorted({p for ps in passes for (b, p) in ps.places if b == row}) for row in range(len(sequences))]
-        backend = ctx.alternative
-        if not offers(backend, "run_logprobs"):
-            raise BackendInitializationError(f"the alternative backend {backend.name!r} gives out no token "
-                                             "log-probabilities (no run_logprobs)", backend=backend.name,
-                                             hint="alternative_endpoint needs an engine registered for the server's API")
-        served = cast(LogprobBackend, backend)
-        ctx.evidence.served = str(getattr(served, "url", backend.name))
-        ctx.evidence.isolation_note = "a served model gives out no hidden states: no layer to isolate"
+        wanted = [tuple(sorted({p for ps in passes for (b, p) in ps.places if b == row})) for row in range(len(sequences))]
         try:
-            run: LogprobRun = call_backend(backend, "run_logprobs()",
-                                           lambda: served.run_logprobs(sequences, [tuple(w) for w in wanted]))
+            run: LogprobRun = call_backend(ctx.alternative, "run_logprobs()",
+                                           lambda: served.run_logprobs(sequences, wanted))
         except LogprobRunCut as exc:
             if exc.measured is not None:  # a partial run keeps what it measured
                 self._record(ctx, passes, ref_run, cal_run, exc.measured, tokens, given, exc.message)
@@ -163,6 +150,31 @@ class ServedStage(Stage):
         prefill = ctx.judge().checkpoints.get(LOGITS)
         if prefill is not None and not prefill.passed:
             self._lower_precisions(ctx, passes[0], ref_run, run)
+
+    @staticmethod
+    def _served_backend(ctx: RunContext) -> LogprobBackend:
+        """The alternative as a backend of log-probabilities (DF002 where it gives none), the session
+        checked for what a served model can answer (DF005), its endpoint noted in the evidence."""
+        if ctx.plan.config.position_offset:
+            raise ConfigurationError("a served model's sequences start at position 0: position_offset must be 0",
+                                     hint="drop position_offset (the endpoint is sent each row's tokens from the start)")
+        backend = ctx.alternative
+        if not offers(backend, "run_logprobs"):
+            raise BackendInitializationError(f"the alternative backend {backend.name!r} gives out no token "
+                                             "log-probabilities (no run_logprobs)", backend=backend.name,
+                                             hint="alternative_endpoint needs an engine registered for the server's API")
+        served = cast(LogprobBackend, backend)
+        ctx.evidence.served = str(getattr(served, "url", backend.name))
+        ctx.evidence.isolation_note = "a served model gives out no hidden states: no layer to isolate"
+        return served
+
+    def _reference(self, ctx: RunContext, steps: int, given: np.ndarray | None) -> DecodeRun:
+        """The reference's logits at the prompt and, decoding, its greedy tokens and each step's logits."""
+        with Timer() as t:
+            run = self._logits(ctx, ctx.reference, steps, given)
+        ctx.performance["reference"] = {"backend": ctx.reference.name, "dtype": ctx.plan.reference_dtype,
+                                        "device": ctx.plan.config.reference_device, "wall_s": t.seconds}
+        return run
 
     # ------------------------------------------------------------------ the local runs
 
