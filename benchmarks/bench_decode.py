@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -70,9 +71,10 @@ def _inputs(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=gen)
 
 
-def plain_greedy(path: Path, batch: int, length: int, steps: int) -> list[float]:
+def plain_greedy(path: Path, batch: int, length: int, steps: int,
+                 clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """The seconds of each of ``steps`` greedy decode steps through the model's own cache, float32
-    eager ``transformers`` (after a 2-step warm-up)."""
+    eager ``transformers`` (after a 2-step warm-up), by ``clock`` (wall time, or this process's CPU time)."""
     import inspect
 
     import torch
@@ -94,9 +96,9 @@ def plain_greedy(path: Path, batch: int, length: int, steps: int) -> list[float]
             for _ in range(n):
                 tok = logits[:, -1].argmax(-1, keepdim=True)
                 m = torch.cat([m, torch.ones_like(tok)], dim=1)
-                start = time.perf_counter()
+                start = clock()
                 out = net(input_ids=tok, attention_mask=m, use_cache=True, **{cache_arg: cache})
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
                 cache, logits = cache_of(out), out.logits
     return times
 
@@ -111,8 +113,10 @@ def _rss_bytes() -> int:
 
 
 def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float | list[float]]:
-    """One ``--decode-steps steps`` session (after a 1-step warm-up one in this process): its decode
-    stage's and whole seconds, the process's peak resident memory and its growth during the session.
+    """One ``--decode-steps steps`` session (after a 1-step warm-up one in this process, and a 1-step
+    one timed): its decode stage's and whole seconds, each validated step's seconds, the CPU time of
+    one more step (the difference of the two sessions' CPU time over the difference in steps), the
+    process's peak resident memory and its growth during the session.
     Plain greedy decoding of the same steps runs in a process of its own just before (:func:`tool`),
     so that both see the machine as it is then."""
     import torch
@@ -122,17 +126,22 @@ def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> 
     torch.set_num_threads(1)
     engine = ValidationEngine(database_path=root / f"decode_{steps}.db")
     config = {"model_tier": "generic", "isolate": False, "precision_diagnosis": False, "input_shape": [batch, length]}
-    engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))
+    engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))  # warm-up
+    cpu = time.process_time()
+    one = engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))
+    cpu_one = time.process_time() - cpu
     before = _rss_bytes()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = engine.run(engine.create_session(path, {**config, "decode_steps": steps}, "float64_eager", "pytorch"))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_all = time.perf_counter() - start, time.process_time() - cpu
+    del one
     if not result.passed:
         raise SystemExit(f"a correct pair failed at {steps} decode steps: {result.first_divergence}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     walls = (result.decoded.info.get("step_wall_s") if result.decoded is not None else None) or []
     return {"stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
-            "growth_bytes": float(max(0, peak - before)), "step_s": [float(t) for t in walls]}  # type: ignore[arg-type, union-attr]
+            "growth_bytes": float(max(0, peak - before)), "step_s": [float(t) for t in walls],  # type: ignore[arg-type, union-attr]
+            "cpu_per_step_s": (cpu_all - cpu_one) / max(1, steps - 1)}
 
 
 def plain_session(path: Path, batch: int, length: int, steps: int) -> dict[str, float | list[float]]:
@@ -141,7 +150,9 @@ def plain_session(path: Path, batch: int, length: int, steps: int) -> dict[str, 
 
     torch.set_num_threads(1)
     times = plain_greedy(path, batch, length, steps)
-    return {"step_s": times, "peak_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
+    cpu = plain_greedy(path, batch, length, steps, clock=time.process_time)
+    return {"step_s": times, "cpu_step_s": cpu,
+            "peak_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
 
 
 def _fresh(call: str, what: str) -> dict[str, float | list[float]]:
@@ -161,7 +172,8 @@ def tool(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[st
     plain = _fresh(f"plain_session(Path({str(path)!r}), {batch}, {length}, {steps})", f"plain greedy of {steps} steps")
     run = _fresh(f"one_session(Path({str(path)!r}), Path({str(root)!r}), {batch}, {length}, {steps})",
                  f"the {steps}-step session")
-    return {**run, "plain_step_s": plain["step_s"], "plain_peak_bytes": plain["peak_bytes"]}
+    return {**run, "plain_step_s": plain["step_s"], "plain_cpu_step_s": plain["cpu_step_s"],
+            "plain_peak_bytes": plain["peak_bytes"]}
 
 
 def measure(size: str, counts: list[int], batch: int, length: int) -> None:
@@ -180,8 +192,12 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             assert isinstance(plain, list) and isinstance(steps, list)
             mine = sum(steps[low:n]) / (n - low)  # the same steps of both, each timed where it ran
             base = sum(plain[low:n]) / (n - low)
+            plain_cpu = run["plain_cpu_step_s"]
+            assert isinstance(plain_cpu, list)
+            cpu, cpu_base = float(run["cpu_per_step_s"]), sum(plain_cpu[1:n]) / (n - 1)  # type: ignore[arg-type]
             print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
-                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x | session at {n}: decode stage {run['stage_s']:.2f} s, "
+                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x (CPU time per step of the whole session, steps 2..{n}: {cpu * 1e3:.2f} ms against "
+                  f"{cpu_base * 1e3:.2f} ms, {cpu / cpu_base:.1f}x) | session at {n}: decode stage {run['stage_s']:.2f} s, "
                   f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]
                   f"(+{float(run['growth_bytes']) / 2**20:.0f} MiB during the session; plain greedy's process "  # type: ignore[arg-type]
                   f"{float(run['plain_peak_bytes']) / 2**20:.0f} MiB)", flush=True)  # type: ignore[arg-type]
