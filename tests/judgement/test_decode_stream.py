@@ -191,3 +191,28 @@ def test_the_progress_bar_counts_a_decode_in_steps():
         progress.layers("decode", 1000, 1000)
         progress.layers("reference", 4, 4)
     assert [x.split("] ", 1)[1] for x in sink.getvalue().splitlines()] == ["decode: step 1000/1000", "reference: layer 4/4"]
+
+
+class WholeOnly(PagedLlamaEngine):
+    """The engine as a backend that decodes only whole (``run_decode``, no ``iter_decode``)."""
+
+
+def test_an_engine_that_decodes_only_whole_still_validates(tiny_models, engine):
+    """A backend written to ``run_decode`` alone: the reference decodes first, its greedy tokens fed to it."""
+    name = "paged_whole_only"
+
+    def factory(*args, **kwargs):
+        backend = user_backend(name, WholeOnly, dtypes=("float32",))(*args, **kwargs)
+        backend.iter_decode = None  # not offered: decode_passes takes run_decode's whole run
+        return backend
+
+    register_backend(name, factory, replace=True)
+    try:
+        cfg = {**CFG, "decode_steps": 3}
+        result = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", name))
+        streamed = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", "pytorch"))
+    finally:
+        unregister_backend(name)
+    assert result.passed, result.first_divergence
+    assert result.summary()["decode"]["tokens"] == streamed.summary()["decode"]["tokens"]  # the reference's greedy
+    assert result.summary()["decode"]["steps_run"] == 3

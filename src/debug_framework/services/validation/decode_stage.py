@@ -24,7 +24,6 @@ from ...backends.base import Backend
 from ...backends.decode import DecodePass, decode_passes, decode_support, streams_decode
 from ...capture.keys import CheckpointKey
 from ...errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
-from ...jsonio import JsonObject
 from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
