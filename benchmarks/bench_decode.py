@@ -3,20 +3,23 @@ session, at 10, 100 and 1000 steps, beside a plain ``transformers`` greedy decod
 in the same run.
 
 * **plain greedy**: the model (a random Llama, ``--size tiny``, ``small`` or ``1b``, a Llama 3.2 1B
-  shape) in float32, eager, one prefill then one token at a time through its own cache
-  (``past_key_values``), argmax each step: each step timed, so the cost per step between two step
-  counts (the steps after the lower up to the higher) is the mean of those steps' times.
+  shape, random weights written by the bench) in float32, eager, one prefill then one token at a
+  time through its own cache (``past_key_values``), argmax each step: each step timed, so the cost
+  per step between two step counts (the steps after the lower up to the higher) is the mean of
+  those steps' times. It runs in a fresh process just before each session, so that a busy machine
+  slows both alike.
 * **the tool**: ``debug_validate --decode-steps N`` on the same model and inputs (reference
   ``float64_eager``, alternative ``pytorch`` float32, calibration at float32, no isolation): one
-  whole session per step count (1 and each of ``--steps``), each in a fresh subprocess (after a
-  1-step warm-up session there) so that its peak memory is its own; the difference of the decode
-  stage's seconds between two counts over the difference in steps is the tool's cost of one more
-  decode step there, printed beside the plain step's and as their ratio; the peak resident memory of
-  each session's process and its growth during the session.
+  whole session per step count, each in a fresh subprocess (after a 1-step warm-up session there)
+  so that its peak memory is its own. The decode stage times each validated step (its three passes
+  and its judgement: ``decode["step_wall_s"]``); their mean over the steps after the lower count up
+  to the higher is the tool's cost of one more decode step there, printed beside the plain step's
+  over the same steps and as their ratio; the peak resident memory of each session's process and
+  its growth during the session, beside plain greedy's process.
 
 Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
-    python -m benchmarks.bench_decode [--size tiny|small|1b] [--steps 10 100 1000] [--quick]
+    python -m benchmarks.bench_decode [--size tiny|small|1b] [--steps 10 100 1000] [--quick | --issue]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -67,9 +71,10 @@ def _inputs(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=gen)
 
 
-def plain_greedy(path: Path, batch: int, length: int, steps: int) -> list[float]:
+def plain_greedy(path: Path, batch: int, length: int, steps: int,
+                 clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """The seconds of each of ``steps`` greedy decode steps through the model's own cache, float32
-    eager ``transformers`` (after a 2-step warm-up)."""
+    eager ``transformers`` (after a 2-step warm-up), by ``clock`` (wall time, or this process's CPU time)."""
     import inspect
 
     import torch
@@ -91,9 +96,9 @@ def plain_greedy(path: Path, batch: int, length: int, steps: int) -> list[float]
             for _ in range(n):
                 tok = logits[:, -1].argmax(-1, keepdim=True)
                 m = torch.cat([m, torch.ones_like(tok)], dim=1)
-                start = time.perf_counter()
+                start = clock()
                 out = net(input_ids=tok, attention_mask=m, use_cache=True, **{cache_arg: cache})
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
                 cache, logits = cache_of(out), out.logits
     return times
 
@@ -107,9 +112,13 @@ def _rss_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float]:
-    """One ``--decode-steps steps`` session (after a 1-step warm-up one in this process): its decode
-    stage's and whole seconds, the process's peak resident memory and its growth during the session."""
+def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float | list[float]]:
+    """One ``--decode-steps steps`` session (after a 1-step warm-up one in this process, and a 1-step
+    one timed): its decode stage's and whole seconds, each validated step's seconds, the CPU time of
+    one more step (the difference of the two sessions' CPU time over the difference in steps), the
+    process's peak resident memory and its growth during the session.
+    Plain greedy decoding of the same steps runs in a process of its own just before (:func:`tool`),
+    so that both see the machine as it is then."""
     import torch
 
     from debug_framework.services.validation_engine import ValidationEngine
@@ -117,28 +126,82 @@ def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> 
     torch.set_num_threads(1)
     engine = ValidationEngine(database_path=root / f"decode_{steps}.db")
     config = {"model_tier": "generic", "isolate": False, "precision_diagnosis": False, "input_shape": [batch, length]}
-    engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))
+    engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))  # warm-up
+    cpu = time.process_time()
+    one = engine.run(engine.create_session(path, {**config, "decode_steps": 1}, "float64_eager", "pytorch"))
+    cpu_one = time.process_time() - cpu
     before = _rss_bytes()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = engine.run(engine.create_session(path, {**config, "decode_steps": steps}, "float64_eager", "pytorch"))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_all = time.perf_counter() - start, time.process_time() - cpu
+    del one
     if not result.passed:
         raise SystemExit(f"a correct pair failed at {steps} decode steps: {result.first_divergence}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    walls = (result.decoded.info.get("step_wall_s") if result.decoded is not None else None) or []
     return {"stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
-            "growth_bytes": float(max(0, peak - before))}
+            "growth_bytes": float(max(0, peak - before)), "step_s": [float(t) for t in walls],  # type: ignore[arg-type, union-attr]
+            "cpu_per_step_s": (cpu_all - cpu_one) / max(1, steps - 1)}
 
 
-def tool(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float]:
-    """:func:`one_session` in a fresh Python process (its peak memory its own)."""
-    code = ("import json, sys; from pathlib import Path; from benchmarks.bench_decode import one_session; "
-            f"print(json.dumps(one_session(Path({str(path)!r}), Path({str(root)!r}), {batch}, {length}, {steps})))")
+def plain_session(path: Path, batch: int, length: int, steps: int) -> dict[str, float | list[float]]:
+    """:func:`plain_greedy` over ``steps`` steps (one thread) and this process's peak memory."""
+    import torch
+
+    torch.set_num_threads(1)
+    times = plain_greedy(path, batch, length, steps)
+    cpu = plain_greedy(path, batch, length, steps, clock=time.process_time)
+    return {"step_s": times, "cpu_step_s": cpu,
+            "peak_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
+
+
+def _fresh(call: str, what: str) -> dict[str, float | list[float]]:
+    """``call`` (an expression of this module's functions) in a fresh Python process: its JSON result."""
+    code = f"import json; from pathlib import Path; from benchmarks.bench_decode import *; print(json.dumps({call}))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
                                                                     os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     if done.returncode:
-        raise SystemExit(f"the {steps}-step session failed:\n{done.stderr[-4000:]}")
+        raise SystemExit(f"{what} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tool(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[str, float | list[float]]:
+    """:func:`one_session` in a fresh Python process (its peak memory its own), and plain greedy
+    decoding of the same steps in another just before (``plain_step_s``, ``plain_peak_bytes``)."""
+    plain = _fresh(f"plain_session(Path({str(path)!r}), {batch}, {length}, {steps})", f"plain greedy of {steps} steps")
+    run = _fresh(f"one_session(Path({str(path)!r}), Path({str(root)!r}), {batch}, {length}, {steps})",
+                 f"the {steps}-step session")
+    return {**run, "plain_step_s": plain["step_s"], "plain_cpu_step_s": plain["cpu_step_s"],
+            "plain_peak_bytes": plain["peak_bytes"]}
+
+
+def measure(size: str, counts: list[int], batch: int, length: int) -> None:
+    """Print, for each step count, the tool's cost of one more decode step beside plain greedy's over
+    the same steps, and the peak memory of both (see the module)."""
+    params = SIZES[size]
+    print(f"random llama '{size}' ({params['num_hidden_layers']} layers, hidden {params['hidden_size']}, vocab "
+          f"{params['vocab_size']}), batch {batch}, prompt {length}, 1 thread, one session per count", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        path = build(size, root / "llama")
+        low = 1
+        for n in counts:  # each count printed as soon as its session is done
+            run = tool(path, root, batch, length, n)
+            plain, steps = run["plain_step_s"], run["step_s"]
+            assert isinstance(plain, list) and isinstance(steps, list)
+            mine = sum(steps[low:n]) / (n - low)  # the same steps of both, each timed where it ran
+            base = sum(plain[low:n]) / (n - low)
+            plain_cpu = run["plain_cpu_step_s"]
+            assert isinstance(plain_cpu, list)
+            cpu, cpu_base = float(run["cpu_per_step_s"]), sum(plain_cpu[1:n]) / (n - 1)  # type: ignore[arg-type]
+            print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
+                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x (CPU time per step of the whole session, steps 2..{n}: {cpu * 1e3:.2f} ms against "
+                  f"{cpu_base * 1e3:.2f} ms, {cpu / cpu_base:.1f}x) | session at {n}: decode stage {run['stage_s']:.2f} s, "
+                  f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]
+                  f"(+{float(run['growth_bytes']) / 2**20:.0f} MiB during the session; plain greedy's process "  # type: ignore[arg-type]
+                  f"{float(run['plain_peak_bytes']) / 2**20:.0f} MiB)", flush=True)  # type: ignore[arg-type]
+            low = n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,33 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 100, 1000], help="decode step counts (ascending)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 3 and 10 steps")
+    parser.add_argument("--issue", action="store_true", help="issue 47's figures: the 'small' model at 10, 100 and "
+                        "1000 steps, then the 1b shape at 64")
     args = parser.parse_args(argv)
-    size, counts = args.size, sorted(set(args.steps))
+    runs = [(args.size, sorted(set(args.steps)))]
     if args.quick:
-        size, counts = "tiny", [3, 10]
-    if counts[0] < 2:
+        runs = [("tiny", [3, 10])]
+    elif args.issue:
+        runs = [("small", [10, 100, 1000]), ("1b", [64])]
+    if any(counts[0] < 2 for _, counts in runs):
         parser.error("need --steps of 2 or more (a 1-step session is the base)")
-    import torch
-
-    torch.set_num_threads(1)  # one thread: the steadiest figures, the same for both sides
-    params = SIZES[size]
-    print(f"random llama '{size}' ({params['num_hidden_layers']} layers, hidden {params['hidden_size']}, vocab "
-          f"{params['vocab_size']}), batch {args.batch}, prompt {args.length}, 1 thread, one session per count",
-          flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        path = build(size, root / "llama")
-        plain = plain_greedy(path, args.batch, args.length, counts[-1])
-        low, base_run = 1, tool(path, root, args.batch, args.length, 1)
-        for n in counts:  # each count printed as soon as its session is done
-            run = tool(path, root, args.batch, args.length, n)
-            mine = (run["stage_s"] - base_run["stage_s"]) / (n - low)
-            base = sum(plain[low:n]) / (n - low)
-            print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
-                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x | session at {n}: decode stage {run['stage_s']:.2f} s, "
-                  f"whole {run['session_s']:.2f} s, peak memory {run['peak_bytes'] / 2**20:.0f} MiB "
-                  f"(+{run['growth_bytes'] / 2**20:.0f} MiB during the session)", flush=True)
-            low, base_run = n, run
+    for size, counts in runs:
+        measure(size, counts, args.batch, args.length)
     return 0
 
 

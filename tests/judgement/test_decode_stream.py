@@ -77,8 +77,11 @@ def test_the_first_divergent_step_stops_the_decode_and_a_cache_bug_is_named(tiny
     """``stop_at_first_divergence``: the decode ends at step FROM (no later step run or kept), and the
     same tokens replayed as one prefill pass: the cache is named."""
     name = engines("paged_off_by_one_from", OffByOneFromStep)
+    reported: list[tuple[str, int, int]] = []
     result = engine.run(engine.create_session(tiny_models("llama", 0), {**CFG, "stop_at_first_divergence": True},
-                                              "float64_eager", name))
+                                              "float64_eager", name),
+                        layer_progress=lambda stage, done, total: reported.append((stage, done, total)))
+    assert [(d, t) for stage, d, t in reported if stage == "decode"] == [(s, 9) for s in range(FROM + 1)]  # by step
     decode = result.summary()["decode"]
     assert not result.passed and result.first_divergence.step == FROM
     assert decode["steps_run"] == FROM and decode["stopped_at_first_divergence"]
@@ -172,3 +175,44 @@ def test_the_float64_reference_holds_its_converted_weights_and_computes_the_same
 def streamer_unit(net: torch.nn.Module) -> str:
     """The first decoder layer's module name."""
     return next(name for name, mod in net.named_modules() if name.endswith("layers.0"))
+
+
+def test_the_progress_bar_counts_a_decode_in_steps():
+    import io
+
+    from rich.console import Console
+
+    from debug_framework.cli.framework import LONG_RUN_S, stage_progress
+
+    now = [0.0]
+    sink = io.StringIO()
+    with stage_progress(Console(file=sink, force_terminal=False), "validating", clock=lambda: now[0]) as progress:
+        now[0] = LONG_RUN_S + 1
+        progress.layers("decode", 1000, 1000)
+        progress.layers("reference", 4, 4)
+    assert [x.split("] ", 1)[1] for x in sink.getvalue().splitlines()] == ["decode: step 1000/1000", "reference: layer 4/4"]
+
+
+class WholeOnly(PagedLlamaEngine):
+    """The engine as a backend that decodes only whole (``run_decode``, no ``iter_decode``)."""
+
+
+def test_an_engine_that_decodes_only_whole_still_validates(tiny_models, engine):
+    """A backend written to ``run_decode`` alone: the reference decodes first, its greedy tokens fed to it."""
+    name = "paged_whole_only"
+
+    def factory(*args, **kwargs):
+        backend = user_backend(name, WholeOnly, dtypes=("float32",))(*args, **kwargs)
+        backend.iter_decode = None  # not offered: decode_passes takes run_decode's whole run
+        return backend
+
+    register_backend(name, factory, replace=True)
+    try:
+        cfg = {**CFG, "decode_steps": 3}
+        result = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", name))
+        streamed = engine.run(engine.create_session(tiny_models("llama", 0), cfg, "float64_eager", "pytorch"))
+    finally:
+        unregister_backend(name)
+    assert result.passed, result.first_divergence
+    assert result.summary()["decode"]["tokens"] == streamed.summary()["decode"]["tokens"]  # the reference's greedy
+    assert result.summary()["decode"]["steps_run"] == 3

@@ -84,7 +84,8 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
 
     ref0, alt0 = items[0]
     governing = ref0.dtype if torch.finfo(ref0.dtype).eps >= torch.finfo(alt0.dtype).eps else alt0.dtype
-    tols = [p.tolerance or default_tolerance(governing) for p in pairs]
+    default = default_tolerance(governing)  # one object for every pair that takes it
+    tols = [p.tolerance or default for p in pairs]
     y = torch.stack([r.reshape(-1) for r, _ in items]).to(torch.float64)
     x = torch.stack([a.reshape(-1) for _, a in items]).to(torch.float64)
     finite = torch.isfinite(x).all(dim=1) & torch.isfinite(y).all(dim=1)

@@ -14,6 +14,7 @@ positions left out) and kept in :attr:`RunContext.decode`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,6 @@ from ...backends.base import Backend
 from ...backends.decode import DecodePass, decode_passes, decode_support, streams_decode
 from ...capture.keys import CheckpointKey
 from ...errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
-from ...jsonio import JsonObject
 from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
@@ -122,8 +122,10 @@ class DecodeStage(Stage):
         walk = DecodeWalk(ctx, steps, cal is not None)
         stop = plan.config.stop_at_first_divergence
         done = 0
+        walls: list[float] = []  # each decode step's wall time: its three passes and its judgement
         try:
             for s in range(steps + 1):
+                started = time.perf_counter()
                 passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
                 if given is None and s:
                     tokens[:, s - 1] = passes[0].token
@@ -132,6 +134,8 @@ class DecodeStage(Stage):
                 passes += [self._next(backend, stream, s) for backend, stream, _ in sides[1:]]
                 failed = walk.step(passes[0], passes[1], passes[2] if len(passes) > 2 else None)
                 done = s
+                if s:
+                    walls.append(round(time.perf_counter() - started, 6))
                 ctx.layers_done(s, steps)  # the progress bar by step
                 if failed and stop:
                     break
@@ -146,6 +150,7 @@ class DecodeStage(Stage):
                       "calibration_noise": walk.carry.record(done),
                       "token_metrics": walk.token_rows,
                       "seconds_per_step": walk.seconds_per_step(),
+                      "step_wall_s": walls,
                       "steps_run": done,
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}

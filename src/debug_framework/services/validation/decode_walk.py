@@ -292,9 +292,9 @@ class DecodeWalk:
 
 
 def _module(ctx: RunContext, key: CheckpointKey) -> str | None:
-    """The module path the prefill's evidence names for ``key``."""
-    found = ctx.evidence.at(key)
-    return None if found is None else found.module
+    """The module path the prefill's evidence names for ``key`` (the prefill's evidence comes first)."""
+    found = next((c for c in ctx.evidence.checkpoints if c.key == key or c.step), None)
+    return None if found is None or found.step else found.module
 
 
 def _missing(key: CheckpointKey, step: int, side: str, tol: Tolerance) -> ComparisonResult:
