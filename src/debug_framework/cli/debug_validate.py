@@ -331,7 +331,7 @@ def validate(
                                                   "alternative: an optimised ONNX file of an ONNX model (an engine "
                                                   "that runs ONNX files; checkpoints matched by tensor name), a "
                                                   "GGUF of a Hugging Face model (an engine that runs GGUF files), "
-                                                  "or an ExecuTorch program (executorch, docs/executorch.md)"),
+                                                  "or an ExecuTorch program (an engine that runs .pte files; docs/executorch.md)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
                                        "(streamed; the first node-level divergence)"),
@@ -435,8 +435,8 @@ def _served_options(endpoint: str | None, timeout: float | None, concurrency: in
 
 def _engine_for_file(model_file: Path, alternative: str) -> str:
     """The alternative for ``--alternative-model``: the one given, or with ``auto`` the engine that
-    runs files of its kind by default (the registry's ``file_formats``: ``.pte`` executorch, ``.onnx``
-    onnxruntime, as ``auto`` means for an ONNX-file model)."""
+    runs files of its kind by default (the registry's ``file_formats``, as ``auto`` means for an
+    ONNX-file model)."""
     if alternative != "auto":
         return alternative
     from ..backends.registry import default_engine_for
