@@ -331,7 +331,7 @@ def validate(
                                                   "alternative: an optimised ONNX file of an ONNX model (an engine "
                                                   "that runs ONNX files; checkpoints matched by tensor name), a "
                                                   "GGUF of a Hugging Face model (an engine that runs GGUF files), "
-                                                  "or an ExecuTorch program (an engine that runs .pte files; docs/executorch.md)"),
+                                                  "or a .pte program (an engine that runs .pte files)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
                                        "(streamed; the first node-level divergence)"),
