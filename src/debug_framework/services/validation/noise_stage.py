@@ -8,8 +8,10 @@ that rounds an intermediate differently lands far from where that one run happen
 single-run bound is a false alarm. So where a checkpoint exceeds its single-run bound, this stage
 runs the trusted side again, :data:`~debug_framework.comparison.NOISE_RUNS` times, each on the
 model's weights and floating inputs moved within the rounding of the precision it computes at
-(:class:`PerturbedWeights`, :func:`perturbed_inputs`: each value moved by at most one ulp, the
-backward error every correct implementation is allowed), and keeps each run's comparison with the
+(:class:`PerturbedWeights`, :func:`perturbed_inputs`: each value moved by at most :data:`FRACTION`
+of an ulp of that precision before the run rounds it, so that a correct run's roundings are
+resampled, not made worse; a value already at that precision by one ulp of its own, the backward
+error every correct implementation is allowed), and keeps each run's comparison with the
 same tensor its single run was compared with (``CheckpointEvidence.perturbed``). The judge then
 applies the one noise rule of KernelDiff and the op sweeps
 (:func:`~debug_framework.comparison.judge_with_noise`): the bound only widens, and only by what was
@@ -55,6 +57,12 @@ if TYPE_CHECKING:
 
     from ...modelio import LoadedModel, ModelInputs
 
+#: How far a weight or floating input of the noise rule's runs moves before the trusted run rounds
+#: it, in ulps of the precision it computes at: an eighth, so that only values near a rounding's
+#: midpoint round the other way (a correct run's rounding resampled, not made worse; a value already
+#: at that precision moves by one ulp of its own, the least that changes it).
+FRACTION = 0.125
+
 __all__ = ["NoiseRuleStage", "PerturbedWeights", "perturbed_model", "perturbed_inputs"]
 
 
@@ -65,7 +73,7 @@ def _seed_of(seed: int, name: str) -> int:
 
 class PerturbedWeights(Mapping[str, "torch.Tensor"]):
     """A model's weights with each floating tensor moved within the rounding of ``within`` (a dtype
-    name) by :func:`~debug_framework.comparison.perturb_within_rounding`, the same way on every
+    name; by :data:`FRACTION` of its ulp) by :func:`~debug_framework.comparison.perturb_within_rounding`, the same way on every
     read; a fresh tensor each time, so nothing written to one reaches the loaded weights. Everything
     else (shapes, dtypes, files, digest) is the weights' own."""
 
@@ -77,7 +85,7 @@ class PerturbedWeights(Mapping[str, "torch.Tensor"]):
     def __getitem__(self, name: str) -> torch.Tensor:
         read = getattr(self._weights, "reading", None)
         tensor = read(name) if callable(read) else self._weights[name]
-        return perturb_within_rounding(tensor, _seed_of(self.seed, name), within=self.within)
+        return perturb_within_rounding(tensor, _seed_of(self.seed, name), within=self.within, fraction=FRACTION)
 
     def reading(self, name: str) -> torch.Tensor:
         """The tensor ``name``, perturbed (a copy of its own: read or written alike)."""
@@ -111,7 +119,7 @@ class PerturbedWeights(Mapping[str, "torch.Tensor"]):
 
     def perturb_array(self, name: str, array: np.ndarray) -> np.ndarray:
         """A weight array read by other means (an ONNX graph's fed initializers), moved the same way."""
-        return perturb_array(array, _seed_of(self.seed, name), within=self.within)
+        return perturb_array(array, _seed_of(self.seed, name), within=self.within, fraction=FRACTION)
 
 
 def perturbed_model(model: LoadedModel, seed: int, within: str) -> LoadedModel:
@@ -123,7 +131,7 @@ def perturbed_inputs(inputs: ModelInputs, seed: int, within: str) -> ModelInputs
     """A copy of ``inputs`` with its floating inputs (``extra``: pixel values, features) perturbed
     within the rounding of ``within``; token ids, masks and positions as they are."""
     out = inputs.copy()
-    out.extra = {k: perturb_array(v, _seed_of(seed, k), within=within) for k, v in out.extra.items()}
+    out.extra = {k: perturb_array(v, _seed_of(seed, k), within=within, fraction=FRACTION) for k, v in out.extra.items()}
     return out
 
 
@@ -266,8 +274,8 @@ def _replay(ctx: RunContext, trusted: Backend, i: int, b: BlockEvidence, seed: i
 def _perturbed_tensor(value: object, seed: int, within: str) -> object:
     """A copy of a captured tensor (a NumPy array or a torch tensor) moved within the rounding of ``within``."""
     if isinstance(value, np.ndarray):
-        return perturb_array(value, seed, within=within)
-    return perturb_within_rounding(value, seed, within=within)
+        return perturb_array(value, seed, within=within, fraction=FRACTION)
+    return perturb_within_rounding(value, seed, within=within, fraction=FRACTION)
 
 
 def _trusted_side(ctx: RunContext) -> tuple[Backend, str, str, Capture, str]:
