@@ -154,40 +154,79 @@ class NoiseRuleStage(Stage):
         record: JsonObject = {"runs": NOISE_RUNS, "perturbation": PERTURBED_WEIGHTS}
         with Timer() as t:
             try:
-                exceeding = _exceeding(ctx)
-                if exceeding:
-                    record.update(_measure_checkpoints(ctx, exceeding))
-                blocks = _exceeding_blocks(ctx)
-                if blocks:
-                    record["blocks"] = _measure_blocks(ctx, blocks)
+                record.update(_measure(ctx, _exceeding(ctx), _exceeding_blocks(ctx)))
             except DebugFrameworkError as exc:  # the trusted side cannot run perturbed: one run's bound stands
                 record["skipped"] = exc.message
         record["seconds"] = t.seconds
         ctx.performance["noise_rule"] = record
 
 
-def _measure_checkpoints(ctx: RunContext, exceeding: list[CheckpointEvidence]) -> JsonObject:
-    """The trusted side's runs on perturbed weights and inputs, each compared at the exceeding
-    checkpoints with what its single run was compared with; kept as ``ev.perturbed``."""
-    backend, dtype, device, against, who = _trusted_side(ctx)
+def _measure(ctx: RunContext, exceeding: list[CheckpointEvidence], blocks: list[tuple[LayerEvidence, str]]
+             ) -> JsonObject:
+    """Per seed, the trusted side prepared once on perturbed weights: its run on perturbed inputs
+    compared at the exceeding checkpoints with what its single run was compared with (kept as
+    ``ev.perturbed``), and the calibration's replays of the exceeding blocks, each layer or MLP
+    replayed once for all its blocks, on the reference's input to it perturbed (kept as the block's
+    ``perturbed``)."""
+    from .calibration import calibration_backend, calibration_dtype
+
+    plan = ctx.plan
+    side, dtype, device, against, who = _trusted_side(ctx)
+    cal_dtype = calibration_dtype(plan, ctx.model)
+    calibrator = side if who == "the calibration" else calibration_backend(plan, ctx.session.alternative_backend,
+                                                                          ctx.model)
+    if blocks and not layer_replay_support(calibrator)[0]:
+        blocks = []
     keys = [ev.key for ev in exceeding]
     runs: dict[CheckpointKey, list[ComparisonResult]] = {k: [] for k in keys}
+    replays: dict[tuple[int, str], list[ComparisonResult]] = {(layer.layer, part): [] for layer, part in blocks}
+    ref = ctx.reference_capture
     for seed in range(1, NOISE_RUNS + 1):
-        model = perturbed_model(ctx.model, seed, dtype)
-        call_backend(backend, "prepare() (noise rule)", lambda m=model: backend.prepare(model_for(backend, m), dtype,
-                                                                                        device))
-        cap: Capture = call_backend(backend, "run() (noise rule)", lambda s=seed: backend.run(
-            own(perturbed_inputs(ctx.inputs, s, dtype)), keys))
-        for key in keys:
-            if key in cap and key in against:
-                runs[key].append(compare(against[key], cap[key], check_dtype=False, positions=ctx.positions,
-                                         name=f"{key} ({who}, perturbed {seed})"))
-        del cap
-    release(backend, "session")
+        if keys:
+            _prepare(side, ctx.model, seed, dtype, device)
+            cap: Capture = call_backend(side, "run() (noise rule)", lambda s=seed: side.run(
+                own(perturbed_inputs(ctx.inputs, s, dtype)), keys))
+            for key in keys:
+                if key in cap and key in against:
+                    runs[key].append(compare(against[key], cap[key], check_dtype=False, positions=ctx.positions,
+                                             name=f"{key} ({who}, perturbed {seed})"))
+            del cap
+        if blocks:
+            if not keys or calibrator is not side:
+                _prepare(calibrator, ctx.model, seed, cal_dtype, "cpu")
+            replayed: dict[tuple[int, str], Capture | None] = {}  # the attention and whole-layer blocks: one replay
+            for layer, part in blocks:
+                b: BlockEvidence = getattr(layer, part)
+                kind = "mlp" if b.block == "mlp" else "layer"
+                if (layer.layer, kind) not in replayed:
+                    replayed[(layer.layer, kind)] = _replay(ctx, calibrator, layer.layer, kind, seed, cal_dtype)
+                got = replayed[(layer.layer, kind)]
+                if got is not None and b.key in got and b.key in ref:
+                    replays[(layer.layer, part)].append(compare(ref[b.key], got[b.key], check_dtype=False,
+                                                                positions=ctx.positions,
+                                                                name=f"{b.key} replayed ({b.block}, perturbed {seed})"))
+    for backend in {id(side): side, id(calibrator): calibrator}.values():
+        release(backend, "replays")
+        release(backend, "session")
     for ev in exceeding:
         if len(runs[ev.key]) == NOISE_RUNS:  # every run measured, or none is used
             ev.perturbed = tuple(runs[ev.key])
-    return {"trusted": backend.name, "dtype": dtype, "checkpoints": [str(k) for k in keys]}
+    for layer, part in blocks:
+        if len(replays[(layer.layer, part)]) == NOISE_RUNS:
+            setattr(layer, part, replace(getattr(layer, part), perturbed=tuple(replays[(layer.layer, part)])))
+    out: JsonObject = {}
+    if keys:
+        out.update({"trusted": side.name, "dtype": dtype, "checkpoints": [str(k) for k in keys]})
+    if blocks:
+        out["blocks"] = {"trusted": calibrator.name, "dtype": cal_dtype,
+                         "replays": [f"layer {layer.layer} ({getattr(layer, part).block})" for layer, part in blocks]}
+    return out
+
+
+def _prepare(backend: Backend, model: LoadedModel, seed: int, dtype: str, device: str) -> None:
+    """``backend`` prepared on ``model``'s weights perturbed with ``seed`` (:func:`perturbed_model`)."""
+    moved = model_for(backend, perturbed_model(model, seed, dtype))
+    call_backend(backend, "prepare() (noise rule)", lambda: backend.prepare(moved, dtype, device))
 
 
 def _exceeding(ctx: RunContext) -> list[CheckpointEvidence]:
@@ -222,45 +261,13 @@ def _exceeding_blocks(ctx: RunContext) -> list[tuple[LayerEvidence, str]]:
     return out
 
 
-def _measure_blocks(ctx: RunContext, blocks: list[tuple[LayerEvidence, str]]) -> JsonObject:
-    """The calibration's replays of each exceeding block on perturbed weights and on the reference's
-    input to it perturbed within rounding, compared with the reference's tensor where it ends; kept
-    as the block's ``perturbed``."""
-    from .calibration import calibration_backend, calibration_dtype
-
-    plan, ref = ctx.plan, ctx.reference_capture
-    trusted = calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
-    dtype = calibration_dtype(plan, ctx.model)
-    if not layer_replay_support(trusted)[0]:
-        return {"trusted": trusted.name, "skipped": f"{trusted.name!r} cannot replay a layer"}
-    runs: dict[tuple[int, str], list[ComparisonResult]] = {(layer.layer, part): [] for layer, part in blocks}
-    for seed in range(1, NOISE_RUNS + 1):
-        model = perturbed_model(ctx.model, seed, dtype)
-        call_backend(trusted, "prepare() (noise rule)", lambda m=model: trusted.prepare(model_for(trusted, m), dtype,
-                                                                                        "cpu"))
-        for layer, part in blocks:
-            b: BlockEvidence = getattr(layer, part)
-            cap = _replay(ctx, trusted, layer.layer, b, seed, dtype)
-            if cap is not None and b.key in cap and b.key in ref:
-                runs[(layer.layer, part)].append(compare(ref[b.key], cap[b.key], check_dtype=False,
-                                                         positions=ctx.positions,
-                                                         name=f"{b.key} replayed ({b.block}, perturbed {seed})"))
-    release(trusted, "replays")
-    release(trusted, "session")
-    for layer, part in blocks:
-        measured = runs[(layer.layer, part)]
-        if len(measured) == NOISE_RUNS:
-            setattr(layer, part, replace(getattr(layer, part), perturbed=tuple(measured)))
-    return {"trusted": trusted.name, "dtype": dtype,
-            "replays": [f"layer {layer.layer} ({getattr(layer, part).block})" for layer, part in blocks]}
-
-
-def _replay(ctx: RunContext, trusted: Backend, i: int, b: BlockEvidence, seed: int, dtype: str) -> Capture | None:
-    """The trusted backend's replay of block ``b`` of layer ``i`` on the reference's input to it,
-    perturbed within the rounding of ``dtype`` (None where that input or the block replay is missing)."""
+def _replay(ctx: RunContext, trusted: Backend, i: int, kind: str, seed: int, dtype: str) -> Capture | None:
+    """The trusted backend's replay of layer ``i`` (``kind`` ``"layer"``) or of its MLP block
+    (``"mlp"``) on the reference's input to it, perturbed within the rounding of ``dtype`` (None
+    where that input or the block replay is missing)."""
     ref = ctx.reference_capture
     inputs = own(perturbed_inputs(ctx.inputs, seed, dtype))
-    if b.block == "mlp":
+    if kind == "mlp":
         state = ref.tensors.get(CheckpointKey("post_attention", i))
         if state is None or not block_replay_support(trusted)[0]:
             return None
