@@ -50,35 +50,52 @@ NOISE_RUNS = 4
 PERTURBATION = "each floating input moved by at most one ulp of its dtype"
 
 _V = TypeVar("_V")
+#: the smallest move :func:`perturb_within_rounding` computes in float32 (a 2^-16 relative move is 256
+#: float32 ulps: float32's own rounding of it is negligible); smaller moves are computed in float64
+_FLOAT32_ENOUGH = 2.0 ** -16
 
 
-def perturb_within_rounding(value: _V, seed: int, *, within: str | None = None) -> _V:
+def perturb_within_rounding(value: _V, seed: int, *, within: str | None = None, fraction: float = 1.0) -> _V:
     """``value`` with every floating tensor in it (nested in lists, tuples and dicts) multiplied by
     ``1 + u x eps``, ``u`` uniform in [-1/2, 1/2] per element (drawn from ``seed``), and rounded
     back to its dtype: each value stays or moves to a neighbour (at most one ulp). ``eps`` is the
     tensor's own dtype's, or that of ``within`` (a dtype name: ``"bfloat16"``) where given, for a
-    value a computation at that precision rounds (float32 weights of a bfloat16 run). Anything else
-    is returned as is."""
+    value a computation at that precision rounds (float32 weights of a bfloat16 run). With ``within``,
+    ``fraction`` scales the move: ``1/8`` moves each value by at most an eighth of an ulp of
+    ``within`` before that computation rounds it, so only values near a rounding's midpoint round
+    the other way (the rounding is resampled, not made worse); never by less than one ulp of the
+    value's own dtype, since a smaller move rounds back to the value itself. Anything else is
+    returned as is."""
     import torch
 
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point():
             return value
         gen = torch.Generator().manual_seed(int(seed))
-        u = torch.rand(value.shape, generator=gen, dtype=torch.float64) - 0.5
-        eps = rounding_eps(value.dtype if within is None else getattr(torch, within))
-        moved = (value.detach().to("cpu", torch.float64) * (1.0 + u * eps)).to(value.dtype).to(value.device)
-        return moved.requires_grad_(value.requires_grad)  # type: ignore[return-value]
+        eps = rounding_eps(value.dtype)
+        if within is not None:
+            eps = max(fraction * rounding_eps(getattr(torch, within)), eps)
+        x = value.detach().to("cpu")
+        if within is not None and eps >= _FLOAT32_ENOUGH and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            # a move of at least 2^-16: float32 arithmetic (rounding 2^-24) is exact enough, and a
+            # model's weights are moved in a fraction of the time and memory of float64
+            factor = torch.rand(x.shape, generator=gen, dtype=torch.float32)
+            moved = factor.sub_(0.5).mul_(eps).add_(1.0).mul_(x).to(value.dtype)
+        else:
+            u = torch.rand(x.shape, generator=gen, dtype=torch.float64) - 0.5
+            moved = (x.to(torch.float64) * (1.0 + u * eps)).to(value.dtype)
+        return moved.to(value.device).requires_grad_(value.requires_grad)  # type: ignore[return-value]
     if isinstance(value, dict):
-        return {k: perturb_within_rounding(v, seed + i, within=within)  # type: ignore[return-value]
+        return {k: perturb_within_rounding(v, seed + i, within=within, fraction=fraction)  # type: ignore[return-value]
                 for i, (k, v) in enumerate(value.items())}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(perturb_within_rounding(v, seed + 7919 * (i + 1), within=within)  # type: ignore[return-value]
+        return type(value)(perturb_within_rounding(v, seed + 7919 * (i + 1), within=within,  # type: ignore[return-value]
+                                                   fraction=fraction)
                            for i, v in enumerate(value))
     return value
 
 
-def perturb_array(array: np.ndarray, seed: int, *, within: str | None = None) -> np.ndarray:
+def perturb_array(array: np.ndarray, seed: int, *, within: str | None = None, fraction: float = 1.0) -> np.ndarray:
     """:func:`perturb_within_rounding` of a NumPy array (a copy; a non-floating array as is)."""
     import numpy as np
 
@@ -86,7 +103,8 @@ def perturb_array(array: np.ndarray, seed: int, *, within: str | None = None) ->
         return array
     import torch
 
-    moved = perturb_within_rounding(torch.from_numpy(np.array(array, copy=True)), seed, within=within)
+    moved = perturb_within_rounding(torch.from_numpy(np.array(array, copy=True)), seed, within=within,
+                                    fraction=fraction)
     return moved.numpy().astype(array.dtype, copy=False)
 
 

@@ -44,8 +44,8 @@ __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "con
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
 PRECISION_BAND = 8.0
 #: How the noise rule's runs of a validation were perturbed (:mod:`.noise_stage`).
-PERTURBED_WEIGHTS = ("each weight and floating input moved by at most one ulp of the precision the trusted run "
-                     "computes at")
+PERTURBED_WEIGHTS = ("each weight and floating input moved by at most 1/8 ulp of the precision the trusted run "
+                     "computes at before it rounds them (one ulp of their own dtype where that is as coarse)")
 #: How a pass failed by its top-1 tokens begins its reason (:func:`judge_tokens`).
 FLIPS_REASON = "the next token differs beyond noise"
 

@@ -8,8 +8,10 @@ that rounds an intermediate differently lands far from where that one run happen
 single-run bound is a false alarm. So where a checkpoint exceeds its single-run bound, this stage
 runs the trusted side again, :data:`~debug_framework.comparison.NOISE_RUNS` times, each on the
 model's weights and floating inputs moved within the rounding of the precision it computes at
-(:class:`PerturbedWeights`, :func:`perturbed_inputs`: each value moved by at most one ulp, the
-backward error every correct implementation is allowed), and keeps each run's comparison with the
+(:class:`PerturbedWeights`, :func:`perturbed_inputs`: each value moved by at most :data:`FRACTION`
+of an ulp of that precision before the run rounds it, so that a correct run's roundings are
+resampled, not made worse; a value already at that precision by one ulp of its own, the backward
+error every correct implementation is allowed), and keeps each run's comparison with the
 same tensor its single run was compared with (``CheckpointEvidence.perturbed``). The judge then
 applies the one noise rule of KernelDiff and the op sweeps
 (:func:`~debug_framework.comparison.judge_with_noise`): the bound only widens, and only by what was
@@ -43,6 +45,7 @@ from ...backends.capabilities import release
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import NOISE_RUNS, ComparisonResult, compare
 from ...comparison.noise import perturb_array, perturb_within_rounding
+from ...errors import DebugFrameworkError
 from ...jsonio import JsonObject
 from ...measure import Timer
 from ...models.session_config import SessionConfig
@@ -55,6 +58,12 @@ if TYPE_CHECKING:
 
     from ...modelio import LoadedModel, ModelInputs
 
+#: How far a weight or floating input of the noise rule's runs moves before the trusted run rounds
+#: it, in ulps of the precision it computes at: an eighth, so that only values near a rounding's
+#: midpoint round the other way (a correct run's rounding resampled, not made worse; a value already
+#: at that precision moves by one ulp of its own, the least that changes it).
+FRACTION = 0.125
+
 __all__ = ["NoiseRuleStage", "PerturbedWeights", "perturbed_model", "perturbed_inputs"]
 
 
@@ -65,7 +74,7 @@ def _seed_of(seed: int, name: str) -> int:
 
 class PerturbedWeights(Mapping[str, "torch.Tensor"]):
     """A model's weights with each floating tensor moved within the rounding of ``within`` (a dtype
-    name) by :func:`~debug_framework.comparison.perturb_within_rounding`, the same way on every
+    name; by :data:`FRACTION` of its ulp) by :func:`~debug_framework.comparison.perturb_within_rounding`, the same way on every
     read; a fresh tensor each time, so nothing written to one reaches the loaded weights. Everything
     else (shapes, dtypes, files, digest) is the weights' own."""
 
@@ -77,7 +86,7 @@ class PerturbedWeights(Mapping[str, "torch.Tensor"]):
     def __getitem__(self, name: str) -> torch.Tensor:
         read = getattr(self._weights, "reading", None)
         tensor = read(name) if callable(read) else self._weights[name]
-        return perturb_within_rounding(tensor, _seed_of(self.seed, name), within=self.within)
+        return perturb_within_rounding(tensor, _seed_of(self.seed, name), within=self.within, fraction=FRACTION)
 
     def reading(self, name: str) -> torch.Tensor:
         """The tensor ``name``, perturbed (a copy of its own: read or written alike)."""
@@ -111,7 +120,7 @@ class PerturbedWeights(Mapping[str, "torch.Tensor"]):
 
     def perturb_array(self, name: str, array: np.ndarray) -> np.ndarray:
         """A weight array read by other means (an ONNX graph's fed initializers), moved the same way."""
-        return perturb_array(array, _seed_of(self.seed, name), within=self.within)
+        return perturb_array(array, _seed_of(self.seed, name), within=self.within, fraction=FRACTION)
 
 
 def perturbed_model(model: LoadedModel, seed: int, within: str) -> LoadedModel:
@@ -123,7 +132,7 @@ def perturbed_inputs(inputs: ModelInputs, seed: int, within: str) -> ModelInputs
     """A copy of ``inputs`` with its floating inputs (``extra``: pixel values, features) perturbed
     within the rounding of ``within``; token ids, masks and positions as they are."""
     out = inputs.copy()
-    out.extra = {k: perturb_array(v, _seed_of(seed, k), within=within) for k, v in out.extra.items()}
+    out.extra = {k: perturb_array(v, _seed_of(seed, k), within=within, fraction=FRACTION) for k, v in out.extra.items()}
     return out
 
 
@@ -144,38 +153,80 @@ class NoiseRuleStage(Stage):
     def run(self, ctx: RunContext) -> None:
         record: JsonObject = {"runs": NOISE_RUNS, "perturbation": PERTURBED_WEIGHTS}
         with Timer() as t:
-            exceeding = _exceeding(ctx)
-            if exceeding:
-                record.update(_measure_checkpoints(ctx, exceeding))
-            blocks = _exceeding_blocks(ctx)
-            if blocks:
-                record["blocks"] = _measure_blocks(ctx, blocks)
+            try:
+                record.update(_measure(ctx, _exceeding(ctx), _exceeding_blocks(ctx)))
+            except DebugFrameworkError as exc:  # the trusted side cannot run perturbed: one run's bound stands
+                record["skipped"] = exc.message
         record["seconds"] = t.seconds
         ctx.performance["noise_rule"] = record
 
 
-def _measure_checkpoints(ctx: RunContext, exceeding: list[CheckpointEvidence]) -> JsonObject:
-    """The trusted side's runs on perturbed weights and inputs, each compared at the exceeding
-    checkpoints with what its single run was compared with; kept as ``ev.perturbed``."""
-    backend, dtype, device, against, who = _trusted_side(ctx)
+def _measure(ctx: RunContext, exceeding: list[CheckpointEvidence], blocks: list[tuple[LayerEvidence, str]]
+             ) -> JsonObject:
+    """Per seed, the trusted side prepared once on perturbed weights: its run on perturbed inputs
+    compared at the exceeding checkpoints with what its single run was compared with (kept as
+    ``ev.perturbed``), and the calibration's replays of the exceeding blocks, each layer or MLP
+    replayed once for all its blocks, on the reference's input to it perturbed (kept as the block's
+    ``perturbed``)."""
+    from .calibration import calibration_backend, calibration_dtype
+
+    plan = ctx.plan
+    side, dtype, device, against, who = _trusted_side(ctx)
+    cal_dtype = calibration_dtype(plan, ctx.model)
+    calibrator = side if who == "the calibration" else calibration_backend(plan, ctx.session.alternative_backend,
+                                                                          ctx.model)
+    if blocks and not layer_replay_support(calibrator)[0]:
+        blocks = []
     keys = [ev.key for ev in exceeding]
     runs: dict[CheckpointKey, list[ComparisonResult]] = {k: [] for k in keys}
+    replays: dict[tuple[int, str], list[ComparisonResult]] = {(layer.layer, part): [] for layer, part in blocks}
+    ref = ctx.reference_capture
     for seed in range(1, NOISE_RUNS + 1):
-        model = perturbed_model(ctx.model, seed, dtype)
-        call_backend(backend, "prepare() (noise rule)", lambda m=model: backend.prepare(model_for(backend, m), dtype,
-                                                                                        device))
-        cap: Capture = call_backend(backend, "run() (noise rule)", lambda s=seed: backend.run(
-            own(perturbed_inputs(ctx.inputs, s, dtype)), keys))
-        for key in keys:
-            if key in cap and key in against:
-                runs[key].append(compare(against[key], cap[key], check_dtype=False, positions=ctx.positions,
-                                         name=f"{key} ({who}, perturbed {seed})"))
-        del cap
-    release(backend, "session")
+        if keys:
+            _prepare(side, ctx.model, seed, dtype, device)
+            cap: Capture = call_backend(side, "run() (noise rule)", lambda s=seed: side.run(
+                own(perturbed_inputs(ctx.inputs, s, dtype)), keys))
+            for key in keys:
+                if key in cap and key in against:
+                    runs[key].append(compare(against[key], cap[key], check_dtype=False, positions=ctx.positions,
+                                             name=f"{key} ({who}, perturbed {seed})"))
+            del cap
+        if blocks:
+            if not keys or calibrator is not side:
+                _prepare(calibrator, ctx.model, seed, cal_dtype, "cpu")
+            replayed: dict[tuple[int, str], Capture | None] = {}  # the attention and whole-layer blocks: one replay
+            for layer, part in blocks:
+                b: BlockEvidence = getattr(layer, part)
+                kind = "mlp" if b.block == "mlp" else "layer"
+                if (layer.layer, kind) not in replayed:
+                    replayed[(layer.layer, kind)] = _replay(ctx, calibrator, layer.layer, kind, seed, cal_dtype)
+                got = replayed[(layer.layer, kind)]
+                if got is not None and b.key in got and b.key in ref:
+                    replays[(layer.layer, part)].append(compare(ref[b.key], got[b.key], check_dtype=False,
+                                                                positions=ctx.positions,
+                                                                name=f"{b.key} replayed ({b.block}, perturbed {seed})"))
+    for backend in {id(side): side, id(calibrator): calibrator}.values():
+        release(backend, "replays")
+        release(backend, "session")
     for ev in exceeding:
         if len(runs[ev.key]) == NOISE_RUNS:  # every run measured, or none is used
             ev.perturbed = tuple(runs[ev.key])
-    return {"trusted": backend.name, "dtype": dtype, "checkpoints": [str(k) for k in keys]}
+    for layer, part in blocks:
+        if len(replays[(layer.layer, part)]) == NOISE_RUNS:
+            setattr(layer, part, replace(getattr(layer, part), perturbed=tuple(replays[(layer.layer, part)])))
+    out: JsonObject = {}
+    if keys:
+        out.update({"trusted": side.name, "dtype": dtype, "checkpoints": [str(k) for k in keys]})
+    if blocks:
+        out["blocks"] = {"trusted": calibrator.name, "dtype": cal_dtype,
+                         "replays": [f"layer {layer.layer} ({getattr(layer, part).block})" for layer, part in blocks]}
+    return out
+
+
+def _prepare(backend: Backend, model: LoadedModel, seed: int, dtype: str, device: str) -> None:
+    """``backend`` prepared on ``model``'s weights perturbed with ``seed`` (:func:`perturbed_model`)."""
+    moved = model_for(backend, perturbed_model(model, seed, dtype))
+    call_backend(backend, "prepare() (noise rule)", lambda: backend.prepare(moved, dtype, device))
 
 
 def _exceeding(ctx: RunContext) -> list[CheckpointEvidence]:
@@ -210,45 +261,13 @@ def _exceeding_blocks(ctx: RunContext) -> list[tuple[LayerEvidence, str]]:
     return out
 
 
-def _measure_blocks(ctx: RunContext, blocks: list[tuple[LayerEvidence, str]]) -> JsonObject:
-    """The calibration's replays of each exceeding block on perturbed weights and on the reference's
-    input to it perturbed within rounding, compared with the reference's tensor where it ends; kept
-    as the block's ``perturbed``."""
-    from .calibration import calibration_backend, calibration_dtype
-
-    plan, ref = ctx.plan, ctx.reference_capture
-    trusted = calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
-    dtype = calibration_dtype(plan, ctx.model)
-    if not layer_replay_support(trusted)[0]:
-        return {"trusted": trusted.name, "skipped": f"{trusted.name!r} cannot replay a layer"}
-    runs: dict[tuple[int, str], list[ComparisonResult]] = {(layer.layer, part): [] for layer, part in blocks}
-    for seed in range(1, NOISE_RUNS + 1):
-        model = perturbed_model(ctx.model, seed, dtype)
-        call_backend(trusted, "prepare() (noise rule)", lambda m=model: trusted.prepare(model_for(trusted, m), dtype,
-                                                                                        "cpu"))
-        for layer, part in blocks:
-            b: BlockEvidence = getattr(layer, part)
-            cap = _replay(ctx, trusted, layer.layer, b, seed, dtype)
-            if cap is not None and b.key in cap and b.key in ref:
-                runs[(layer.layer, part)].append(compare(ref[b.key], cap[b.key], check_dtype=False,
-                                                         positions=ctx.positions,
-                                                         name=f"{b.key} replayed ({b.block}, perturbed {seed})"))
-    release(trusted, "replays")
-    release(trusted, "session")
-    for layer, part in blocks:
-        measured = runs[(layer.layer, part)]
-        if len(measured) == NOISE_RUNS:
-            setattr(layer, part, replace(getattr(layer, part), perturbed=tuple(measured)))
-    return {"trusted": trusted.name, "dtype": dtype,
-            "replays": [f"layer {layer.layer} ({getattr(layer, part).block})" for layer, part in blocks]}
-
-
-def _replay(ctx: RunContext, trusted: Backend, i: int, b: BlockEvidence, seed: int, dtype: str) -> Capture | None:
-    """The trusted backend's replay of block ``b`` of layer ``i`` on the reference's input to it,
-    perturbed within the rounding of ``dtype`` (None where that input or the block replay is missing)."""
+def _replay(ctx: RunContext, trusted: Backend, i: int, kind: str, seed: int, dtype: str) -> Capture | None:
+    """The trusted backend's replay of layer ``i`` (``kind`` ``"layer"``) or of its MLP block
+    (``"mlp"``) on the reference's input to it, perturbed within the rounding of ``dtype`` (None
+    where that input or the block replay is missing)."""
     ref = ctx.reference_capture
     inputs = own(perturbed_inputs(ctx.inputs, seed, dtype))
-    if b.block == "mlp":
+    if kind == "mlp":
         state = ref.tensors.get(CheckpointKey("post_attention", i))
         if state is None or not block_replay_support(trusted)[0]:
             return None
@@ -266,8 +285,8 @@ def _replay(ctx: RunContext, trusted: Backend, i: int, b: BlockEvidence, seed: i
 def _perturbed_tensor(value: object, seed: int, within: str) -> object:
     """A copy of a captured tensor (a NumPy array or a torch tensor) moved within the rounding of ``within``."""
     if isinstance(value, np.ndarray):
-        return perturb_array(value, seed, within=within)
-    return perturb_within_rounding(value, seed, within=within)
+        return perturb_array(value, seed, within=within, fraction=FRACTION)
+    return perturb_within_rounding(value, seed, within=within, fraction=FRACTION)
 
 
 def _trusted_side(ctx: RunContext) -> tuple[Backend, str, str, Capture, str]:
