@@ -104,6 +104,9 @@ class TorchModuleBackend(BaseBackend):
         self._block_support: tuple[bool, str] = (True, "")
         #: whether a replay may skip the layers before the replayed one (None: not yet checked)
         self._skip_ok: bool | None = None
+        #: the module :meth:`declared_dtype` built (its model's digest, dtype, device), kept for :meth:`prepare`
+        self._declared_module: torch.nn.Module | None = None
+        self._declared_for: tuple[str, str, str] | None = None
 
     def availability(self) -> tuple[bool, str]:
         reason = _cuda_reason(self.device)
@@ -116,13 +119,9 @@ class TorchModuleBackend(BaseBackend):
         if device is not None:
             self.device = device
         dtype = self._check_prepare(model, dtype, self.device)
-        try:
-            module = self.builder(model, TORCH_DTYPES[dtype], self.device)
-        except (BackendInitializationError, ModelLoadingError):  # DF002 / DF004 as they are
-            raise
-        except Exception as exc:  # a user's builder may raise anything; report it as DF002
-            raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
-        self.module = module.eval()
+        module = self._declared_module if self._declared_for == (model.digest, dtype, self.device) else None
+        self._declared_module = self._declared_for = None
+        self.module = (module if module is not None else self._build(model, dtype)).eval()
         self.architecture = model.architecture
         self.structure = None
         self._skip_ok = None  # whether replays may skip earlier layers is a fact of this model: checked anew
@@ -141,6 +140,34 @@ class TorchModuleBackend(BaseBackend):
             self.layer_modules = dict(enumerate(hf_layer_modules(model.architecture, model.num_layers)))
         else:
             self.layer_modules = dict(self._layer_modules)
+
+    def _build(self, model: LoadedModel, dtype: str) -> torch.nn.Module:
+        try:
+            return self.builder(model, TORCH_DTYPES[dtype], self.device)
+        except (BackendInitializationError, ModelLoadingError):  # DF002 / DF004 as they are
+            raise
+        except Exception as exc:  # a user's builder may raise anything; report it as DF002
+            raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
+
+    def built_module(self, model: LoadedModel, dtype: str) -> torch.nn.Module:
+        """The module built for ``model`` at ``dtype`` before :meth:`prepare`, on a copy of the weights
+        of its own (``LoadedModel.fork``), kept for the ``prepare`` at that dtype that follows."""
+        if self._declared_module is None or self._declared_for != (model.digest, dtype, self.device):
+            fork = getattr(model, "fork", None)
+            self._declared_module = self._build(fork() if callable(fork) else model, dtype)
+            self._declared_for = (model.digest, dtype, self.device)
+        return self._declared_module
+
+    def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
+        """What ``--dtype auto`` judges the module at: its torchao quantization where it holds one
+        (:func:`~debug_framework.backends.torchao.declared_quantization`), else None (its default).
+        Only a user's module (``module_backend``) is built to see: the framework's own subclasses
+        (``pytorch``: the stock eager model) declare nothing."""
+        if type(self) is not TorchModuleBackend:
+            return None
+        from .torchao import declared_quantization
+
+        return declared_quantization(self, model)
 
     def _discover(self, model: LoadedModel) -> None:
         """The checkpoints of a generic-tier model from its module structure (one forward pass on a

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -156,6 +157,17 @@ def _alternative_dtype(alt: Backend, model: LoadedModel, asked: str | None) -> t
             return declared[0], f"dtype auto: {declared[1]}"
         return capabilities(alt).default_dtype, f"dtype auto: {alt.name} declares no precision; its default"
     return capabilities(alt).default_dtype, None
+
+
+def _calibration_for(alt: Backend, cfg: SessionConfig, dtype_why: str | None) -> str:
+    """The session's calibration backend: as configured; but ``--dtype auto`` on a module holding
+    torchao-quantized weights (left ``"auto"``) is calibrated by a correct run at that quantization
+    (``"torchao"``: the trusted model quantized by torchao the same way)."""
+    if cfg.dtype != "auto" or cfg.calibration_backend != "auto" or dtype_why is None or "torchao" not in sys.modules:
+        return cfg.calibration_backend
+    from ..backends.torchao import declared_scheme
+
+    return "torchao" if declared_scheme(alt) is not None else cfg.calibration_backend
 
 
 def _reference_dtype(ref: Backend, cfg: SessionConfig, alt_dtype: str) -> str:
@@ -313,11 +325,12 @@ class ValidationEngine(EngineFaces):
             if dt not in supported and not (b is alt and dtype_why):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
-        cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype)
+        cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype,
+                                  calibration_backend=_calibration_for(alt, cfg, dtype_why))
         plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))  # once
         calibrator = None
         if cfg.calibrate or cfg.oracle:  # refuse a calibration that cannot run now, not mid-run (DF005)
-            calibrator = calibration_backend(plan, alt_name, model)
+            calibrator = calibration_backend(plan, alt_name, model, alt)
 
         inputs = _session_inputs(model, cfg)
         estimate = session_estimate(model, plan, ref, alt, calibrator, inputs, capture_budget(self.config))  # DF007 before anything is built

@@ -50,13 +50,25 @@ def tolerance_margin(reference: object, alternative: object, tol: Tolerance) -> 
     return float(ratios.max())
 
 
-def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: LoadedModel | None = None) -> Backend:
+def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: LoadedModel | None = None,
+                        alternative: Backend | None = None) -> Backend:
     """The trusted implementation of a session (``calibration_backend``), checked: it may not be
     the alternative itself and must run the alternative's dtype (DF005 saying what to pass).
     ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
-    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code)."""
+    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code).
+    ``"torchao"`` (set by ``--dtype auto`` for a module holding torchao-quantized weights) is the
+    trusted eager model quantized by torchao as ``alternative`` is
+    (:class:`~debug_framework.backends.torchao.TorchaoReferenceBackend`)."""
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
+
+    if plan.config.calibration_backend == "torchao":
+        from ...backends.torchao import TorchaoReferenceBackend
+
+        if alternative is None:
+            raise ConfigurationError("calibration_backend 'torchao' quantizes the trusted model as the alternative "
+                                     "is, but no alternative backend was given", hint="leave calibration_backend 'auto'")
+        return TorchaoReferenceBackend(alternative)
 
     if plan.config.calibration_backend == "auto" and getattr(model, "architecture", None) == "generic":
         from ...backends.eager_reference import EagerReferenceBackend

@@ -9,14 +9,16 @@ alternative's (``float16``, then ``bfloat16``) on the same inputs and keeps its 
 reference at every enabled checkpoint (``CheckpointEvidence.lower_precision``). It measures only;
 the judge (:func:`.judge.consistent_precision`) decides whether the whole run is consistent with
 one of them (``consistent_with``). It runs only where a checkpoint failed, calibration is on and
-``precision_diagnosis`` is (the default).
+``precision_diagnosis`` is (the default). An alternative holding torchao-quantized weights is
+measured first against a correct run at its own quantization (the trusted model quantized by torchao
+with the same configuration), named by its scheme (``int8_weight_only``).
 """
 
 from __future__ import annotations
 
 from ...backends.base import Backend
 from ...backends.capabilities import capabilities, release
-from ...capture.keys import Capture
+from ...capture.keys import Capture, CheckpointKey
 from ...errors import DebugFrameworkError
 from ...measure import Timer
 from ...models.session_config import SessionConfig
@@ -51,7 +53,10 @@ class PrecisionStage(Stage):
 
     def ready(self, ctx: RunContext) -> bool:
         """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
-        return bool(ctx.plan.lower_precisions) and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
+        from ...backends.torchao import declared_scheme
+
+        lower = bool(ctx.plan.lower_precisions) or declared_scheme(ctx.alternative) is not None
+        return lower and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
@@ -59,7 +64,12 @@ class PrecisionStage(Stage):
         measured: list[str] = []
         skipped: dict[str, str] = {}
         seconds: dict[str, float] = {}
+        from ...backends.torchao import declared_scheme
+
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
+        scheme = declared_scheme(ctx.alternative)
+        if scheme is not None:  # a correct run at the alternative's torchao quantization, measured first
+            self._quantized_run(ctx, scheme, keys, measured, skipped, seconds)
         for dtype in plan.lower_precisions:
             backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
             if backend is None:
@@ -80,8 +90,36 @@ class PrecisionStage(Stage):
                 if noise is not None:
                     ev.lower_precision = {**(ev.lower_precision or {}), dtype: noise}
             del cap
-        from ...backends.quantized import quantized_operators
+        from ...backends.quantized import quantized_modules, quantized_operators
 
+        modules = quantized_modules(ctx.alternative)
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
                                        "backend": plan.config.calibration_backend,
-                                       "quantized": quantized_operators(ctx.alternative)}
+                                       "quantized": quantized_operators(ctx.alternative),
+                                       **({"quantized_modules": modules} if modules else {})}
+
+    @staticmethod
+    def _quantized_run(ctx: RunContext, scheme: str, keys: list[CheckpointKey], measured: list[str],
+                       skipped: dict[str, str], seconds: dict[str, float]) -> None:
+        """The trusted model quantized by torchao as the alternative is, at the alternative's dtype
+        (:class:`~debug_framework.backends.torchao.TorchaoReferenceBackend`): its error at every
+        checkpoint under the scheme's name (``int8_weight_only``). A session calibrated by that very
+        run (``calibration_backend`` ``"torchao"``) reuses its capture."""
+        from ...backends.torchao import TorchaoReferenceBackend
+
+        cap = ctx.captures.get("calibration") if ctx.plan.config.calibration_backend == "torchao" else None
+        with Timer() as t:
+            if cap is None:
+                backend = TorchaoReferenceBackend(ctx.alternative)
+                try:
+                    ctx.prepare_backend(backend, f"precision {scheme}", ctx.plan.alternative_dtype, "cpu")
+                    cap = call_backend(backend, "run()", lambda: backend.run(own(ctx.inputs), keys))
+                except DebugFrameworkError as exc:  # a scheme this framework cannot reproduce: said, not fatal
+                    skipped[scheme] = exc.message
+                    return
+        seconds[scheme] = t.seconds
+        measured.append(scheme)
+        for ev in ctx.evidence.checkpoints:
+            noise = noise_at(ev.key, ctx.reference_capture, cap, positions=ctx.positions)
+            if noise is not None:
+                ev.lower_precision = {**(ev.lower_precision or {}), scheme: noise}

@@ -164,7 +164,7 @@ def _estimate_memory(ctx: RunContext, *, checked: bool) -> None:
     calibrator = ctx.prebuilt.calibrator if ctx.prebuilt is not None else None
     if calibrator is None and (plan.config.calibrate or plan.config.oracle):
         try:  # only counted here; the calibration stage builds (and checks) its own
-            calibrator = calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
+            calibrator = calibration_backend(plan, ctx.session.alternative_backend, ctx.model, ctx.alternative)
         except DebugFrameworkError:
             calibrator = None
     estimate = session_estimate(ctx.model, plan, ctx.reference, ctx.alternative, calibrator, ctx.inputs,
@@ -274,7 +274,8 @@ class CalibrationStage(Stage):
     def run(self, ctx: RunContext) -> None:
         plan, dtype = ctx.plan, calibration_dtype(ctx.plan, ctx.model)
         built = ctx.prebuilt.calibrator if ctx.prebuilt is not None else None
-        backend = built or calibration_backend(plan, ctx.session.alternative_backend, ctx.model)
+        backend = built or calibration_backend(plan, ctx.session.alternative_backend, ctx.model,
+                                             ctx.alternative)
         prepare_s = ctx.prepare_backend(backend, "calibration", dtype, "cpu")
         taps = plan.all_keys if ctx.isolating else list(plan.keys)
         ctx.captures["calibration"], ctx.performance["calibration"] = run_measured(
