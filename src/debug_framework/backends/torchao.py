@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMES", "QuantizedWeight", "torchao_weights", "scheme_name", "scheme_counts", "config_for",
            "quantize_like", "dequantized", "TorchaoReferenceBackend", "declared_quantization", "declared_scheme",
-           "quantized_leaves", "is_quantized_call", "kernel_of", "call_of", "weight_error",
+           "quantized_leaves", "quantized_weight", "is_quantized_call", "kernel_of", "call_of", "weight_error",
            "correct_quantized_error"]
 
 #: The schemes recognised, as results name them (``consistent_with``, the ``quantized`` section).
@@ -86,8 +86,8 @@ def _scheme(weight: torch.Tensor) -> tuple[str, int | None]:
     if cls == "Int8Tensor":
         dynamic = getattr(weight, "act_quant_kwargs", None) is not None
         return ("int8_dynamic_activation_int8_weight" if dynamic else "int8_weight_only"), group
-    if cls in _INT4:
-        return "int4_weight_only", group
+    if cls in _INT4:  # always grouped: its group size is the block's width, whatever the row's
+        return "int4_weight_only", last
     return f"torchao.{cls}", group
 
 
@@ -257,6 +257,11 @@ def _(x: torch.Tensor, parts: list[torch.Tensor], handle: int, bias: torch.Tenso
 
 
 _OP = torch.ops.debug_framework.quantized_linear.default
+
+
+def quantized_weight(handle: int, parts: list[torch.Tensor]) -> torch.Tensor:
+    """The torchao weight a quantized-linear node's ``handle`` stands for, rebuilt from ``parts``."""
+    return _CALLS[handle].rebuild(list(parts))
 
 
 def is_quantized_call(node: torch.fx.Node) -> bool:

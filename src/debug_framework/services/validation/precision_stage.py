@@ -34,7 +34,8 @@ def lower_precision_backend(calibration_backend: str, dtype: str) -> tuple[Backe
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
 
-    backend: Backend = (TorchReferenceBackend() if calibration_backend in ("auto", "torch_reference")
+    # a session calibrated at the alternative's torchao quantization measures lower float precisions as "auto" does
+    backend: Backend = (TorchReferenceBackend() if calibration_backend in ("auto", "torch_reference", "torchao")
                         else get_backend(calibration_backend))
     supported = capabilities(backend).dtypes
     if supported and dtype not in supported:
@@ -55,7 +56,8 @@ class PrecisionStage(Stage):
         """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
         from ...backends.torchao import declared_scheme
 
-        lower = bool(ctx.plan.lower_precisions) or declared_scheme(ctx.alternative) is not None
+        lower = bool(ctx.plan.lower_precisions) or (declared_scheme(ctx.alternative) is not None
+                                                    and ctx.plan.config.calibration_backend != "torchao")
         return lower and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
 
     def run(self, ctx: RunContext) -> None:
@@ -68,7 +70,9 @@ class PrecisionStage(Stage):
 
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
         scheme = declared_scheme(ctx.alternative)
-        if scheme is not None:  # a correct run at the alternative's torchao quantization, measured first
+        if scheme is not None and plan.config.calibration_backend != "torchao":
+            # a correct run at the alternative's torchao quantization, measured first (a session
+            # calibrated by that very run was judged at it: the question is answered there)
             self._quantized_run(ctx, scheme, keys, measured, skipped, seconds)
         for dtype in plan.lower_precisions:
             backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
@@ -103,20 +107,17 @@ class PrecisionStage(Stage):
                        skipped: dict[str, str], seconds: dict[str, float]) -> None:
         """The trusted model quantized by torchao as the alternative is, at the alternative's dtype
         (:class:`~debug_framework.backends.torchao.TorchaoReferenceBackend`): its error at every
-        checkpoint under the scheme's name (``int8_weight_only``). A session calibrated by that very
-        run (``calibration_backend`` ``"torchao"``) reuses its capture."""
+        checkpoint under the scheme's name (``int8_weight_only``)."""
         from ...backends.torchao import TorchaoReferenceBackend
 
-        cap = ctx.captures.get("calibration") if ctx.plan.config.calibration_backend == "torchao" else None
         with Timer() as t:
-            if cap is None:
-                backend = TorchaoReferenceBackend(ctx.alternative)
-                try:
-                    ctx.prepare_backend(backend, f"precision {scheme}", ctx.plan.alternative_dtype, "cpu")
-                    cap = call_backend(backend, "run()", lambda: backend.run(own(ctx.inputs), keys))
-                except DebugFrameworkError as exc:  # a scheme this framework cannot reproduce: said, not fatal
-                    skipped[scheme] = exc.message
-                    return
+            backend = TorchaoReferenceBackend(ctx.alternative)
+            try:
+                ctx.prepare_backend(backend, f"precision {scheme}", ctx.plan.alternative_dtype, "cpu")
+                cap = call_backend(backend, "run()", lambda: backend.run(own(ctx.inputs), keys))
+            except DebugFrameworkError as exc:  # a scheme this framework cannot reproduce: said, not fatal
+                skipped[scheme] = exc.message
+                return
         seconds[scheme] = t.seconds
         measured.append(scheme)
         for ev in ctx.evidence.checkpoints:
