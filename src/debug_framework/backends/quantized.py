@@ -53,7 +53,7 @@ def quantized_operators(backend: Any) -> dict[str, int]:
         return {op: n for op, n in sorted(ops.items()) if op in QUANTIZED_ONNX_OPS}
     module = getattr(backend, "module", None)
     if module is not None and hasattr(module, "modules"):
-        from .torchao import scheme_counts, torchao_weights
+        from .torchao.weights import scheme_counts, torchao_weights
 
         found: Counter[str] = Counter(scheme_counts(torchao_weights(module)))
         for m in module.modules():
@@ -70,6 +70,6 @@ def quantized_operators(backend: Any) -> dict[str, int]:
 def quantized_modules(backend: Any) -> list[JsonObject]:
     """Each torchao-quantized weight of a module backend: ``{module, scheme, group_size, tensor}``
     (empty: none, or not a module backend)."""
-    from .torchao import torchao_weights
+    from .torchao.weights import torchao_weights
 
     return [w.to_dict() for w in torchao_weights(getattr(backend, "module", None))]

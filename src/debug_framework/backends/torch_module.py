@@ -160,14 +160,15 @@ class TorchModuleBackend(BaseBackend):
 
     def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
         """What ``--dtype auto`` judges the module at: its torchao quantization where it holds one
-        (:func:`~debug_framework.backends.torchao.declared_quantization`), else None (its default).
+        (:func:`~debug_framework.backends.torchao.weights.declared_quantization` of the module built
+        here, kept for :meth:`prepare`), else None (its default).
         Only a user's module (``module_backend``) is built to see: the framework's own subclasses
         (``pytorch``: the stock eager model) declare nothing."""
         if type(self) is not TorchModuleBackend:
             return None
-        from .torchao import declared_quantization
+        from .torchao.weights import declared_quantization
 
-        return declared_quantization(self, model)
+        return declared_quantization(self.built_module(model, "float32"))
 
     def _discover(self, model: LoadedModel) -> None:
         """The checkpoints of a generic-tier model from its module structure (one forward pass on a

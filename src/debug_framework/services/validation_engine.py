@@ -165,7 +165,7 @@ def _calibration_for(alt: Backend, cfg: SessionConfig, dtype_why: str | None) ->
     (``"torchao"``: the trusted model quantized by torchao the same way)."""
     if cfg.dtype != "auto" or cfg.calibration_backend != "auto" or dtype_why is None or "torchao" not in sys.modules:
         return cfg.calibration_backend
-    from ..backends.torchao import declared_scheme
+    from ..backends.torchao.weights import declared_scheme
 
     return "torchao" if declared_scheme(alt) is not None else cfg.calibration_backend
 

@@ -41,7 +41,7 @@ from ...comparison import RatioRule, finite_rms
 from ...backends.drilldown.types import OperatorRow
 from .align import Alignment, attribute_differences
 from .layer_graph import LayerGraph, is_cast, map_float_dtypes, node_module_path, node_source, run_graph
-from ...backends.torchao import (call_of, correct_quantized_error, is_quantized_call, kernel_of, quantized_weight,
+from ...backends.torchao.leaves import (call_of, correct_quantized_error, is_quantized_call, kernel_of, quantized_weight,
                                  weight_error)
 
 __all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor", "value_scale", "as_linear"]

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
 if TYPE_CHECKING:
-    from ...backends.torchao import QuantizedLeaves
+    from ...backends.torchao.leaves import QuantizedLeaves
 
 __all__ = ["LayerCall", "LayerGraph", "capture_layer_call", "trace_layer", "node_module_path", "node_source",
            "run_graph", "is_cast", "map_float_dtypes"]
@@ -34,7 +34,7 @@ __all__ = ["LayerCall", "LayerGraph", "capture_layer_call", "trace_layer", "node
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 #: the module whose stand-in forward calls a torchao-quantized linear: no source line of the model's
-_LEAF_FILE = os.path.abspath(os.path.join(_HERE, "..", "..", "backends", "torchao.py"))
+_LEAF_FILE = os.path.abspath(os.path.join(_HERE, "..", "..", "backends", "torchao", "leaves.py"))
 
 
 class _SourceLines(TorchFunctionMode):
@@ -185,7 +185,7 @@ def _module_paths(layer: torch.nn.Module, layer_name: str) -> Iterator[None]:
 def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidden: torch.Tensor) -> LayerGraph:
     """The ATen graph of layer ``layer_name`` called as in ``call`` with ``hidden`` as its input (at
     a decode step, its cache's past as the inputs ``past.keys`` and ``past.values``)."""
-    from ...backends.torchao import quantized_leaves
+    from ...backends.torchao.leaves import quantized_leaves
 
     layer = module.get_submodule(layer_name)
     with quantized_leaves(layer, layer_name) as quantized:  # torchao weights: one operator each

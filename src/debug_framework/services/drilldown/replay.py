@@ -41,7 +41,7 @@ from .decode_step import capture_layer_call_at_step, reference_past
 from .layer_graph import (LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, run_graph,
                           trace_layer)
 from .repro import write_and_verify
-from ...backends.torchao import is_quantized_call
+from ...backends.torchao.leaves import is_quantized_call
 from ...backends.drilldown.types import Culprit, DrillRequest, LayerDrilldown
 
 if TYPE_CHECKING:

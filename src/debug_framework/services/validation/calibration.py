@@ -63,7 +63,7 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: L
     from ...backends.torch_reference import TorchReferenceBackend
 
     if plan.config.calibration_backend == "torchao":
-        from ...backends.torchao import TorchaoReferenceBackend
+        from ...backends.torchao.reference import TorchaoReferenceBackend
 
         if alternative is None:
             raise ConfigurationError("calibration_backend 'torchao' quantizes the trusted model as the alternative "

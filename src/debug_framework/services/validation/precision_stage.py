@@ -54,7 +54,7 @@ class PrecisionStage(Stage):
 
     def ready(self, ctx: RunContext) -> bool:
         """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
-        from ...backends.torchao import declared_scheme
+        from ...backends.torchao.weights import declared_scheme
 
         lower = bool(ctx.plan.lower_precisions) or (declared_scheme(ctx.alternative) is not None
                                                     and ctx.plan.config.calibration_backend != "torchao")
@@ -66,7 +66,7 @@ class PrecisionStage(Stage):
         measured: list[str] = []
         skipped: dict[str, str] = {}
         seconds: dict[str, float] = {}
-        from ...backends.torchao import declared_scheme
+        from ...backends.torchao.weights import declared_scheme
 
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
         scheme = declared_scheme(ctx.alternative)
@@ -108,7 +108,7 @@ class PrecisionStage(Stage):
         """The trusted model quantized by torchao as the alternative is, at the alternative's dtype
         (:class:`~debug_framework.backends.torchao.TorchaoReferenceBackend`): its error at every
         checkpoint under the scheme's name (``int8_weight_only``)."""
-        from ...backends.torchao import TorchaoReferenceBackend
+        from ...backends.torchao.reference import TorchaoReferenceBackend
 
         with Timer() as t:
             backend = TorchaoReferenceBackend(ctx.alternative)
