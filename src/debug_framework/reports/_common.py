@@ -194,7 +194,13 @@ def shell_join(argv: Sequence[str]) -> str:
 def precision_text(dtype: str, declared: object, quantized: Mapping[str, int] | None = None) -> str:
     """What ``consistent_with`` means, in words. For a quantized alternative (``quantized``: its
     quantized operators and their counts) the size of a lower float precision's error is only a
-    scale: the words say that its error comes from quantization."""
+    scale: the words say that its error comes from quantization. A quantization scheme as
+    ``dtype`` (a torchao module: ``int8_weight_only``) is what the alternative really runs: the words
+    say to judge it at its quantization."""
+    if quantized and dtype in quantized:
+        return (f"consistent with a correct {dtype} quantization of the reference's weights (torchao, the same "
+                f"configuration): its error is that quantization's, not a bug; validate it with --dtype auto "
+                "to judge it at its quantization")
     if quantized:
         ops = ", ".join(f"{op} x{n}" for op, n in quantized.items())
         return (f"the error is the size of a correct {dtype} run's, but the alternative is quantized ({ops}): "
