@@ -111,12 +111,17 @@ def _int8(model, dtype, device):
 
 
 def test_int8_passes_at_its_quantization_and_fails_at_float32_consistent_with_it(llama, tmp_path):
+    """At float32 it used to fail with consistent_with null, an empty quantized section and a
+    drill-down that crashed in every layer."""
     auto, row = _session(llama, tmp_path, _int8, {"dtype": "auto", "layers": [0, 2]})
     assert auto.verdict == "passed" and auto.alternative_dtype == "float32"
     assert row["config"]["calibration_backend"] == "torchao"
-    assert "torchao int8_weight_only at" in row["alternative_backend_info"]["dtype_because"]
+    info = row["alternative_backend_info"]
+    assert "torchao int8_weight_only at" in info["dtype_because"]
+    assert info["quantized_modules"][0] == {"module": "model.layers.0.self_attn.q_proj", "scheme": "int8_weight_only",
+                                            "group_size": None, "tensor": "Int8Tensor"}
 
-    f32, row = _session(llama, tmp_path, _int8, {"dtype": "float32", "layers": [0, 2]})
+    f32, row = _session(llama, tmp_path, _int8, {"dtype": "float32", "layers": [0, 1], "drill_down": True})
     assert f32.verdict == "failed" and f32.consistent_with == "int8_weight_only"
     assert row["config"]["calibration_backend"] == "auto"
     note = f32.precision_diagnosis
@@ -124,6 +129,9 @@ def test_int8_passes_at_its_quantization_and_fails_at_float32_consistent_with_it
     assert {"module": "model.layers.0.self_attn.q_proj", "scheme": "int8_weight_only", "group_size": None,
             "tensor": "Int8Tensor"} in note["quantized_modules"]
     assert all(r.to_dict()["consistent_with"] == "int8_weight_only" for r in f32.results if not r.passed)
+    (entry,) = f32.drilldown  # drilled through its quantized weights (it failed in torchao's dispatch before)
+    assert (entry.culprit.op, entry.culprit.module_path) == ("aten.mm.default", "model.layers.0.self_attn.q_proj")
+    assert "the error is the quantization's; judge the model at its quantization with --dtype auto" in entry.note
 
 
 @pytest.mark.slow

@@ -170,6 +170,17 @@ def _calibration_for(alt: Backend, cfg: SessionConfig, dtype_why: str | None) ->
     return "torchao" if declared_scheme(alt) is not None else cfg.calibration_backend
 
 
+def _quantized_modules(alt: Backend, cfg: SessionConfig) -> JsonObject:
+    """``{"quantized_modules": [...]}`` for a session judged at the alternative's torchao quantization
+    (each module, scheme, group size, tensor class: what the precision diagnosis lists too), else ``{}``."""
+    if cfg.calibration_backend != "torchao":
+        return {}
+    from ..backends.torchao.weights import declared_weights
+
+    found = declared_weights(alt)
+    return {"quantized_modules": [w.to_dict() for w in found]} if found else {}
+
+
 def _reference_dtype(ref: Backend, cfg: SessionConfig, alt_dtype: str) -> str:
     if cfg.reference_dtype:
         return cfg.reference_dtype
@@ -356,7 +367,8 @@ class ValidationEngine(EngineFaces):
             alternative_backend_info=_backend_info(alt, alt_dtype, cfg.device,
                                                    {"requested": alternative_backend, "selected_because": why,
                                                     "options": json_safe(dict(cfg.alternative_options)),
-                                                    **({"dtype_because": dtype_why} if dtype_why else {})}),
+                                                    **({"dtype_because": dtype_why} if dtype_why else {}),
+                                                    **_quantized_modules(alt, cfg)}),
         )
         # what was built here is handed to run() in this process: one load, one plan, the inputs in
         # memory (the saved file is the session's record, read back only by a run elsewhere)

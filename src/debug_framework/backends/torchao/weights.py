@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ...modelio.loader import LoadedModel
 
 __all__ = ["SCHEMES", "QuantizedWeight", "torchao_weights", "scheme_name", "scheme_counts", "config_for",
-           "quantize_like", "dequantized", "declared_quantization", "declared_scheme", "is_torchao_tensor",
+           "quantize_like", "dequantized", "declared_quantization", "declared_weights", "declared_scheme", "is_torchao_tensor",
            "scheme_of"]
 
 #: The schemes recognised, as results name them (``consistent_with``, the ``quantized`` section).
@@ -159,10 +159,14 @@ def declared_quantization(module: torch.nn.Module) -> tuple[str, str] | None:
                      "with the same configuration)")
 
 
+def declared_weights(backend: object) -> list[QuantizedWeight]:
+    """The torchao-quantized weights of a module backend's module (prepared, or built for
+    ``--dtype auto``); empty for any other backend."""
+    module = getattr(backend, "module", None) or getattr(backend, "_declared_module", None)
+    return torchao_weights(module)
+
+
 def declared_scheme(backend: object) -> str | None:
     """The torchao scheme a module backend's module holds (None: none, or not built yet)."""
-    module = getattr(backend, "module", None) or getattr(backend, "_declared_module", None)
-    found = torchao_weights(module)
+    found = declared_weights(backend)
     return scheme_name(found) if found else None
-
-

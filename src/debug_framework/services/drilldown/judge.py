@@ -413,7 +413,23 @@ def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trus
                                 source=source, introduced=introduced, carried_in=j.carried_in(node),
                                 bound=bound))
         replays[node.name] = Replay(node.target, args, kwargs, trusted_out, bound, introduced)
-    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment) + _extra_notes(j), j.extra_ops)
+    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment) + _extra_notes(j) + _quantization_notes(j, rows),
+                       j.extra_ops)
+
+
+def _quantization_notes(j: _Judge, rows: list[OperatorRow]) -> list[str]:
+    """Where a float-judged session's first operator beyond its bound is a torchao-quantized linear
+    whose error a correct quantization of the reference's weight makes too: that it is
+    quantization's error, and how to judge at it."""
+    first = next((r for r in rows if r.introduces), None)
+    node = None if first is None or j.quantization else j.alt_nodes[first.node]
+    check = j.checks.get(first.node) if node is not None and is_quantized_call(node) else None
+    if first is None or check is None or first.introduced > j.margin * check.correct + first.bound:
+        return []
+    scheme = call_of(j.alt_nodes[first.node]).weight.scheme
+    return [f"{first.op} at {first.module_path} errs as a correct {scheme} quantization of the reference's weight "
+            f"does ({first.introduced:.3e} against {check.correct:.3e}): the error is the quantization's; judge the "
+            "model at its quantization with --dtype auto"]
 
 
 def _quantized_step(j: _Judge, node: torch.fx.Node, args: object, trusted: torch.Tensor, margin: float
