@@ -40,8 +40,13 @@ _CALLS: dict[int, _Call] = {}
 
 @torch.library.custom_op("debug_framework::quantized_linear", mutates_args=())
 def _quantized_linear(x: torch.Tensor, parts: list[torch.Tensor], handle: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with the torchao weight ``handle`` rebuilt from ``parts``."""
-    return torch.nn.functional.linear(x, _CALLS[handle].rebuild(list(parts)), bias).clone()
+    """``F.linear(x, weight, bias)`` with the torchao weight ``handle`` rebuilt from ``parts``; an input
+    of another dtype (a graph run in float64) is computed at the weight's and cast back."""
+    weight = _CALLS[handle].rebuild(list(parts))
+    if x.dtype != weight.dtype:
+        b = None if bias is None else bias.to(weight.dtype)
+        return torch.nn.functional.linear(x.to(weight.dtype), weight, b).to(x.dtype)
+    return torch.nn.functional.linear(x, weight, bias).clone()
 
 
 @_quantized_linear.register_fake
@@ -63,6 +68,7 @@ def is_quantized_call(node: torch.fx.Node) -> bool:
 
 
 def call_of(node: torch.fx.Node) -> _Call:
+    """What a quantized-linear node stands for: its weight's class, module, scheme and kernel."""
     return _CALLS[int(node.args[2])]
 
 
