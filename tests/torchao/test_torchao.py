@@ -110,12 +110,30 @@ def _int8(model, dtype, device):
     return net
 
 
+def test_a_quantized_module_declares_its_precision_on_the_one_seam(llama):
+    """The module backend declares its torchao scheme as llama.cpp declares its file's type (the
+    services read it through capabilities.emulated_precision): no torchao branch in the pipeline."""
+    from debug_framework.backends.capabilities import emulated_precision
+    from debug_framework.backends.torchao.reference import TorchaoReferenceBackend
+    from debug_framework.modelio.loader import load_model
+
+    model = load_model(llama)
+    backend = module_backend("ao_seam", _int8)()
+    precision = emulated_precision(backend, model)
+    assert precision is not None and (precision.name, precision.dtype) == ("int8_weight_only", "float32")
+    assert precision.describe() == "torchao int8_weight_only at 22 modules, float32 elsewhere"
+    trusted = precision.trusted_backend()
+    assert isinstance(trusted, TorchaoReferenceBackend) and trusted.alternative is backend
+    assert emulated_precision(trusted, model) is None  # the trusted emulation declares nothing itself
+    assert emulated_precision(module_backend("ao_plain", build_hf_model)(), model) is None
+
+
 def test_int8_passes_at_its_quantization_and_fails_at_float32_consistent_with_it(llama, tmp_path):
     """At float32 it used to fail with consistent_with null, an empty quantized section and a
     drill-down that crashed in every layer."""
     auto, row = _session(llama, tmp_path, _int8, {"dtype": "auto", "layers": [0, 2]})
     assert auto.verdict == "passed" and auto.alternative_dtype == "float32"
-    assert row["config"]["calibration_backend"] == "torchao"
+    assert row["config"]["calibration_backend"] == "auto" and row["config"]["emulated_precision"] == "int8_weight_only"
     info = row["alternative_backend_info"]
     assert "torchao int8_weight_only at" in info["dtype_because"]
     assert info["quantized_modules"][0] == {"module": "model.layers.0.self_attn.q_proj", "scheme": "int8_weight_only",
@@ -123,9 +141,10 @@ def test_int8_passes_at_its_quantization_and_fails_at_float32_consistent_with_it
 
     f32, row = _session(llama, tmp_path, _int8, {"dtype": "float32", "layers": [0, 1], "drill_down": True})
     assert f32.verdict == "failed" and f32.consistent_with == "int8_weight_only"
-    assert row["config"]["calibration_backend"] == "auto"
+    assert row["config"]["calibration_backend"] == "auto" and row["config"]["emulated_precision"] is None
     note = f32.precision_diagnosis
     assert note["measured"][0] == "int8_weight_only" and note["quantized"] == {"int8_weight_only": 22}
+    assert note["emulated"] == {"int8_weight_only": "float32"}  # the one precision seam llama.cpp's q8_0 uses
     assert {"module": "model.layers.0.self_attn.q_proj", "scheme": "int8_weight_only", "group_size": None,
             "tensor": "Int8Tensor"} in note["quantized_modules"]
     assert all(r.to_dict()["consistent_with"] == "int8_weight_only" for r in f32.results if not r.passed)

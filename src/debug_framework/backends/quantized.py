@@ -68,8 +68,8 @@ def quantized_operators(backend: Any) -> dict[str, int]:
 
 
 def quantized_modules(backend: Any) -> list[JsonObject]:
-    """Each torchao-quantized weight of a module backend: ``{module, scheme, group_size, tensor}``
-    (empty: none, or not a module backend)."""
-    from .torchao.weights import torchao_weights
+    """Each torchao-quantized weight of a module backend's module (prepared, or built for ``--dtype
+    auto``): ``{module, scheme, group_size, tensor}`` (empty: none, or not a module backend)."""
+    from .torchao.weights import declared_weights
 
-    return [w.to_dict() for w in torchao_weights(getattr(backend, "module", None))]
+    return [w.to_dict() for w in declared_weights(backend)]

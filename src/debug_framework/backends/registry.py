@@ -102,6 +102,8 @@ BUILTIN_ENGINES: tuple[Engine, ...] = (
     Engine("mlx", "debug_framework.backends.mlx.runner:MLXBackend"),
     Engine("metal", "debug_framework.backends.mlx.runner:MLXMetalBackend"),
     Engine("cuda", "debug_framework.backends.cuda:CudaBackend"),
+    Engine("llamacpp", "debug_framework.backends.llamacpp.runner:LlamaCppBackend",
+           drill_strategy="debug_framework.services.drilldown.ggml:GgmlDrillStrategy", file_formats=("gguf",)),
 )
 
 #: Built-in backends: name -> the factory's ``"module:attribute"`` (:data:`BUILTIN_ENGINES`' factories).

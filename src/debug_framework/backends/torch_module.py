@@ -7,7 +7,7 @@ eager models) and of user ``nn.Module`` backends (:func:`debug_framework.backend
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -24,8 +24,9 @@ from .decode import DecodeRun, module_decode
 
 if TYPE_CHECKING:
     from ..jsonio import JsonObject
+    from .base import EmulatedPrecision
 
-__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
+__all__ = ["TorchModuleBackend", "ModuleBuilder", "PrecisionOf", "TORCH_DTYPES", "torch_device_info"]
 
 TORCH_DTYPES = {
     "float64": torch.float64,
@@ -41,6 +42,10 @@ _STRUCTURES: dict[tuple[str, str, str], tuple[ModelStructure, tuple[bool, str]]]
 
 #: ``builder(model, torch_dtype, device) -> nn.Module`` ready to be called with ``**inputs.torch()``.
 ModuleBuilder = Callable[[LoadedModel, torch.dtype, str], torch.nn.Module]
+
+#: How a module backend's precision is read from its module (``precision`` of
+#: :class:`TorchModuleBackend`): the backend and its module -> the precision declared, or None.
+PrecisionOf: TypeAlias = "Callable[[TorchModuleBackend, torch.nn.Module], EmulatedPrecision | None]"
 
 
 def _cuda_reason(device: str) -> str:
@@ -80,6 +85,9 @@ class TorchModuleBackend(BaseBackend):
         layer_modules: layer index -> module name, for layer inputs and ``run_layer``; ``None``
             means the Hugging Face layer names.
         device: default device (``"cpu"`` or ``"cuda"``).
+        precision: what the module's own precision is, given the backend and its module (None: a
+            float dtype only); ``module_backend`` passes torchao's
+            (:func:`~debug_framework.backends.torchao.reference.torchao_precision`).
     """
 
     def __init__(
@@ -89,10 +97,12 @@ class TorchModuleBackend(BaseBackend):
         checkpoint_map: Mapping[str, Any] | None = None,
         layer_modules: Mapping[int, str] | None = None,
         device: str = "cpu",
+        precision: PrecisionOf | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self.builder = builder
+        self.precision_of = precision
         self.checkpoint_map = checkpoint_map
         self._layer_modules = layer_modules
         self.device = device
@@ -169,6 +179,16 @@ class TorchModuleBackend(BaseBackend):
         from .torchao.weights import declared_quantization
 
         return declared_quantization(self.built_module(model, "float32"))
+
+    def emulated_precision(self, model: LoadedModel) -> EmulatedPrecision | None:
+        """The precision the module computes at beyond a float dtype, with its trusted emulation
+        (a user's module holding torchao weights: its scheme, the eager model quantized the same way,
+        :class:`~debug_framework.backends.torchao.reference.TorchaoPrecision`), None where it declares
+        none. Read of the module prepared, else of the one built for ``--dtype auto``."""
+        if self.precision_of is None:
+            return None
+        module = self.module if self.module is not None else self.built_module(model, "float32")
+        return self.precision_of(self, module)
 
     def _discover(self, model: LoadedModel) -> None:
         """The checkpoints of a generic-tier model from its module structure (one forward pass on a

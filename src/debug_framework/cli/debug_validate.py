@@ -324,10 +324,11 @@ def validate(
     backend_file: list[Path] | None = typer.Option(None, "--backend-file", metavar="PATH.py",
                                                    help="import this Python file first (repeatable): it registers "
                                                         "backends with register_backend(name, factory)"),
-    alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE.onnx",
-                                                  help="a converted or optimised ONNX file of the --model-path ONNX "
-                                                  "file, run by the alternative (an engine that runs ONNX files); "
-                                                  "checkpoints matched by tensor name"),
+    alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE",
+                                                  help="a converted file of the --model-path model, run by the "
+                                                  "alternative: an optimised ONNX file of an ONNX model (an engine "
+                                                  "that runs ONNX files; checkpoints matched by tensor name), or a "
+                                                  "GGUF of a Hugging Face model (an engine that runs GGUF files)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
                                        "(streamed; the first node-level divergence)"),

@@ -47,7 +47,8 @@ class LoadedModel:
 
     Attributes:
         path: what was loaded (directory or file).
-        format: ``"hf_dir"``, ``"safetensors"``, ``"zt"``, ``"torch"`` or ``"onnx"`` (:mod:`.onnx_file`).
+        format: ``"hf_dir"``, ``"safetensors"``, ``"zt"``, ``"torch"``, ``"onnx"`` (:mod:`.onnx_file`) or
+            ``"gguf"`` (:mod:`.gguf_model`).
         config: the typed config (:class:`LlamaModelConfig`, :class:`BertModelConfig`, or
             :class:`~.generic.GenericModelConfig` for a model the generic tier runs).
         raw_config: ``config.json`` as read.
@@ -277,6 +278,19 @@ def _load_onnx(path: Path) -> LoadedModel:
                        tokenizer=_load_tokenizer(path.parent), files=files)
 
 
+def _load_gguf(path: Path) -> LoadedModel:
+    """A GGUF file (:mod:`.gguf_model`): config from its metadata, tensors dequantized under Hugging
+    Face's names, every tensor the family needs checked present and shaped as the config says."""
+    from .gguf_model import gguf_model_parts
+
+    config, raw, locations = gguf_model_parts(path)
+    check_sizes_fit(config, [reader.shape(name) for reader, name in locations.values()], str(path))
+    check_tensors(expected_tensors(config), locations, config, str(path))
+    check_layer_count(config, locations)
+    return LoadedModel(path=path, format="gguf", config=config, raw_config=raw, weights=WeightStore(locations),
+                       files=[path])
+
+
 #: The tiers a model can load on: ``"auto"`` (a reference written from the math where one exists,
 #: else the generic tier) or ``"generic"`` (the model's own eager code, even where one exists).
 MODEL_TIERS = ("auto", "generic")
@@ -308,6 +322,8 @@ def load_model(path: str | Path, *, config_path: str | Path | None = None, tier:
         raise ModelLoadingError("model path does not exist", file=str(path))
     if path.suffix.lower() == ".onnx" and not path.is_dir():
         return _load_onnx(path)
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        return _load_gguf(path)
     directory = path if path.is_dir() else path.parent
     weight_map: dict[str, str] = {}
     if path.is_dir():

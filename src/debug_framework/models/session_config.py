@@ -92,6 +92,9 @@ class SessionConfig:
     #: ``[batch][steps]`` token ids fed at the decode steps (default: the reference's greedy)
     decode_tokens: tuple[tuple[int, ...], ...] | None = None
     dtype: str | None = None  #: the alternative's compute dtype (default: the backend's)
+    #: set at ``dtype: "auto"`` where the alternative declares a precision beyond a float dtype (an
+    #: engine's emulated precision, e.g. llama.cpp's ``q8_0``): the calibration reproduces it
+    emulated_precision: str | None = None
     #: default: float64 for python_reference; the alternative's in oracle mode
     reference_dtype: str | None = None
     device: str = "cpu"  #: the alternative's device
@@ -190,6 +193,9 @@ def _check(v: Mapping[str, object]) -> None:
     for key in _STRICT_BOOLS:
         if not isinstance(v.get(key, False), bool):
             raise ConfigurationError(f"{key} must be true or false, got {v[key]!r}")
+    emulated = v.get("emulated_precision")
+    if emulated is not None and (not isinstance(emulated, str) or not emulated):
+        raise ConfigurationError(f"emulated_precision must be a precision's name or null, got {emulated!r}")
     backend = v.get("calibration_backend", "auto")
     if not isinstance(backend, str) or not backend:
         raise ConfigurationError("calibration_backend must be a backend name or 'auto'")

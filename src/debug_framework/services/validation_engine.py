@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
-from ..backends.capabilities import backend_versions, capabilities, declared_dtype
+from ..backends.capabilities import backend_versions, capabilities, declared_dtype, emulated_precision
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings
@@ -159,26 +158,16 @@ def _alternative_dtype(alt: Backend, model: LoadedModel, asked: str | None) -> t
     return capabilities(alt).default_dtype, None
 
 
-def _calibration_for(alt: Backend, cfg: SessionConfig, dtype_why: str | None) -> str:
-    """The session's calibration backend: as configured; but ``--dtype auto`` on a module holding
-    torchao-quantized weights (left ``"auto"``) is calibrated by a correct run at that quantization
-    (``"torchao"``: the trusted model quantized by torchao the same way)."""
-    if cfg.dtype != "auto" or cfg.calibration_backend != "auto" or dtype_why is None or "torchao" not in sys.modules:
-        return cfg.calibration_backend
-    from ..backends.torchao.weights import declared_scheme
-
-    return "torchao" if declared_scheme(alt) is not None else cfg.calibration_backend
-
-
 def _quantized_modules(alt: Backend, cfg: SessionConfig) -> JsonObject:
-    """``{"quantized_modules": [...]}`` for a session judged at the alternative's torchao quantization
-    (each module, scheme, group size, tensor class: what the precision diagnosis lists too), else ``{}``."""
-    if cfg.calibration_backend != "torchao":
+    """``{"quantized_modules": [...]}`` for a session judged at the alternative's emulated precision
+    whose module holds torchao-quantized weights (each module, scheme, group size, tensor class: what
+    the precision diagnosis lists too), else ``{}``."""
+    if cfg.emulated_precision is None:
         return {}
-    from ..backends.torchao.weights import declared_weights
+    from ..backends.quantized import quantized_modules
 
-    found = declared_weights(alt)
-    return {"quantized_modules": [w.to_dict() for w in found]} if found else {}
+    found = quantized_modules(alt)
+    return {"quantized_modules": found} if found else {}
 
 
 def _reference_dtype(ref: Backend, cfg: SessionConfig, alt_dtype: str) -> str:
@@ -322,9 +311,10 @@ class ValidationEngine(EngineFaces):
         reference_backend, ref_why = reference_for(reference_backend, model)
         # an ONNX file: the engine the registry names for the format runs it (no probe of every
         # backend's availability: that imports torch, transformers and Inductor)
-        runner = default_engine_for("onnx") if alternative_backend == "auto" and model.format == "onnx" else None
+        runner = default_engine_for(model.format) if alternative_backend == "auto" and model.format in ("onnx", "gguf") \
+            else None
         if runner is not None:
-            alt_name, why = runner.name, f"an ONNX file: {runner.name} runs the file itself"
+            alt_name, why = runner.name, f"an {model.format.upper()} file: {runner.name} runs the file itself"
         else:
             alt_name, why = resolve_alternative_backend(alternative_backend, reference_backend)
         ref = get_backend(reference_backend, **cfg.reference_options)
@@ -336,8 +326,9 @@ class ValidationEngine(EngineFaces):
             if dt not in supported and not (b is alt and dtype_why):
                 raise BackendInitializationError(f"dtype {dt!r} is not supported",
                                                  hint=f"use one of {', '.join(supported)}", backend=b.name)
+        emulated = emulated_precision(alt, model) if cfg.dtype == "auto" else None
         cfg = dataclasses.replace(cfg, dtype=alt_dtype, reference_dtype=ref_dtype,
-                                  calibration_backend=_calibration_for(alt, cfg, dtype_why))
+                                  emulated_precision=None if emulated is None else emulated.name)
         plan = ValidationPlan.resolve(cfg, model.num_layers, model.router_layers, model_checkpoints(model))  # once
         calibrator = None
         if cfg.calibrate or cfg.oracle:  # refuse a calibration that cannot run now, not mid-run (DF005)

@@ -11,9 +11,11 @@ activation quantized per row, then ``aten._int_mm``), ``Int4OpaqueTensor``
   scheme, the group size, the tensor class); :data:`~.weights.SCHEMES` names the schemes as the results do.
 * :mod:`.reference`: :class:`~.reference.TorchaoReferenceBackend` is a correct run at that quantization: the trusted eager model
   (transformers' code, the file's weights) quantized by torchao with the same configuration at the
-  same modules. It is the calibration of a session judged at the alternative's quantization
-  (``--dtype auto``: ``calibration_backend`` ``"torchao"``) and the precision diagnosis's candidate
-  (``consistent_with`` ``"int8_weight_only"``).
+  same modules. :class:`~.reference.TorchaoPrecision` is the precision a module backend holding
+  torchao weights declares (its ``emulated_precision(model)``, the seam llama.cpp uses too), whose
+  trusted emulation that backend is: the calibration of a session judged at the alternative's
+  quantization (``--dtype auto``: ``emulated_precision`` ``"int8_weight_only"``) and the precision
+  diagnosis's candidate (``consistent_with`` ``"int8_weight_only"``).
 * :mod:`.leaves`: :func:`~.leaves.quantized_leaves` makes each quantized linear one operator of a traced layer graph
   (``debug_framework::quantized_linear``, its weight's inner tensors as graph inputs), which the
   replay drill-down runs on the alternative's own quantized weight and judges against the trusted

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ...modelio.loader import LoadedModel
 
 __all__ = ["SCHEMES", "QuantizedWeight", "torchao_weights", "scheme_name", "scheme_counts", "config_for",
-           "quantize_like", "dequantized", "declared_quantization", "declared_weights", "declared_scheme", "is_torchao_tensor",
+           "quantize_like", "dequantized", "declared_quantization", "float_dtype", "describe_weights", "declared_weights", "declared_scheme", "is_torchao_tensor",
            "scheme_of"]
 
 #: The schemes recognised, as results name them (``consistent_with``, the ``quantized`` section).
@@ -150,13 +150,22 @@ def declared_quantization(module: torch.nn.Module) -> tuple[str, str] | None:
     found = torchao_weights(module)
     if not found:
         return None
+    return float_dtype(module), (f"{describe_weights(found)}: judged at its quantization (the calibration is the "
+                                 "trusted model quantized by torchao with the same configuration)")
+
+
+def float_dtype(module: torch.nn.Module) -> str:
+    """The dtype of ``module``'s float parameters other than torchao's (what its quantized linears
+    compute in too), float32 where it has none."""
     floats = [p.dtype for p in module.parameters() if not is_torchao_tensor(p) and p.is_floating_point()]
-    dtype = str(floats[0]).removeprefix("torch.") if floats else "float32"
-    groups = sorted({w.group_size for w in found if w.group_size})
-    return dtype, (f"torchao {scheme_name(found)} at {len(found)} modules"
-                   + (f" (group size {', '.join(map(str, groups))})" if groups else "")
-                   + ": judged at its quantization (the calibration is the trusted model quantized by torchao "
-                     "with the same configuration)")
+    return str(floats[0]).removeprefix("torch.") if floats else "float32"
+
+
+def describe_weights(weights: list[QuantizedWeight]) -> str:
+    """One line: ``torchao int8_weight_only at 7 modules (group size 32)``."""
+    groups = sorted({w.group_size for w in weights if w.group_size})
+    return (f"torchao {scheme_name(weights)} at {len(weights)} modules"
+            + (f" (group size {', '.join(map(str, groups))})" if groups else ""))
 
 
 def declared_weights(backend: object) -> list[QuantizedWeight]:

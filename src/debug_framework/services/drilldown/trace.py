@@ -93,6 +93,12 @@ class TraceStrategy:
         support = capabilities(backend).layer_trace
         return support.ok, support.why
 
+    def calibration_trace(self, request: DrillRequest, hidden: np.ndarray) -> dict[str, np.ndarray]:
+        """The calibration's named values of the drilled layer (a correct run at the engine's
+        precision): the reference written from the math over torch at the request's dtype; an
+        engine whose precision is more than a dtype (llama.cpp's) traces its own emulation."""
+        return _trace(request.model, request.dtype, request.layer, hidden, request.inputs)
+
     def drill(self, request: DrillRequest) -> LayerDrilldown:
         import torch
 
@@ -111,8 +117,8 @@ class TraceStrategy:
             entry.note = "no reference written from the math records this family's intermediate values"
             return entry
         h = np.asarray(request.hidden_in, np.float64)
-        traces = {side: _trace(request.model, at, i, h, inputs)
-                  for side, at in (("reference", "float64"), ("calibration", dtype))}
+        traces = {"reference": _trace(request.model, "float64", i, h, inputs),
+                  "calibration": self.calibration_trace(request, h)}
         own = request.backend.run_layer_traced(i, h.astype(np.float32) if dtype != "float64" else h.copy(),
                                                inputs.copy())
         torch_dtype = getattr(torch, dtype)

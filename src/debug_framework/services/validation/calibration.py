@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...backends.base import Backend
-from ...backends.capabilities import capabilities
+from ...backends.capabilities import capabilities, emulated_precision
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ConfigurationError
@@ -55,20 +55,18 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: L
     """The trusted implementation of a session (``calibration_backend``), checked: it may not be
     the alternative itself and must run the alternative's dtype (DF005 saying what to pass).
     ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
-    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code).
-    ``"torchao"`` (set by ``--dtype auto`` for a module holding torchao-quantized weights) is the
-    trusted eager model quantized by torchao as ``alternative`` is
-    (:class:`~debug_framework.backends.torchao.TorchaoReferenceBackend`)."""
+    ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code),
+    or, where the session's ``emulated_precision`` is set (``dtype: "auto"`` and an engine declaring a
+    precision it emulates, :func:`~debug_framework.backends.capabilities.emulated_precision`: llama.cpp's
+    ``q8_0``, a module's torchao ``int8_weight_only``), the ``alternative``'s emulation of it."""
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
 
-    if plan.config.calibration_backend == "torchao":
-        from ...backends.torchao.reference import TorchaoReferenceBackend
-
-        if alternative is None:
-            raise ConfigurationError("calibration_backend 'torchao' quantizes the trusted model as the alternative "
-                                     "is, but no alternative backend was given", hint="leave calibration_backend 'auto'")
-        return TorchaoReferenceBackend(alternative)
+    if plan.config.calibration_backend == "auto" and plan.config.emulated_precision and alternative is not None \
+            and model is not None:
+        emulated = emulated_precision(alternative, model)
+        if emulated is not None:
+            return emulated.trusted_backend()
 
     if plan.config.calibration_backend == "auto" and getattr(model, "architecture", None) == "generic":
         from ...backends.eager_reference import EagerReferenceBackend

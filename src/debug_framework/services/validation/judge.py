@@ -13,8 +13,9 @@ Pure: it reads only the :class:`~.evidence.Evidence` the stages measured and the
   reference's layer input (error that neither block makes alone: the wiring between them);
 * the first divergence, the introducing layers and the error source;
 * where checkpoints fail, whether the whole run is **consistent with a correct run at a lower
-  precision** (``consistent_with``: ``"float16"``, ``"bfloat16"``, or the torchao scheme a quantized
-  module holds, ``"int8_weight_only"``...): at every checkpoint measured,
+  precision** (``consistent_with``: ``"float16"``, ``"bfloat16"``, or the precision the alternative's
+  engine declares and emulates, llama.cpp's ``"q8_0"``, a torchao module's ``"int8_weight_only"``...):
+  at every checkpoint measured,
   the alternative's error is within the calibrated bound of a correct run at that precision and not
   far below it (a run computed at that precision errs everywhere, the embedding included, so a bug
   in one place of an otherwise exact run is never named so).
@@ -406,8 +407,11 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
     alternative's own precision). None when no precision fits every checkpoint."""
     cfg = plan.config
     metric = cfg.calibration_metric
-    measured = [d for d in (evidence.precision_note or {}).get("measured", []) if isinstance(d, str)]
-    for dtype in measured:  # a float dtype, or a quantization scheme at the alternative's own (its eps)
+    note = evidence.precision_note or {}
+    emulated = dict(note.get("emulated") or {})  # an engine's emulated precision -> the dtype it computes in
+    eps_of = {**{name: DTYPE_EPS[d] for name, d in emulated.items() if d in DTYPE_EPS}, **DTYPE_EPS}
+    measured = [d for d in note.get("measured", []) if d in eps_of]
+    for dtype in measured:  # a float dtype, or an emulated precision (at the eps of the dtype it computes in)
         seen = 0
         for ev in evidence.checkpoints:
             lower = (ev.lower_precision or {}).get(dtype)
@@ -415,7 +419,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
                 continue
             seen += 1
             rms = 0.0 if math.isnan(ev.reference_rms) else ev.reference_rms
-            upper = RatioRule(cfg.noise_margin, cfg.floor_eps * DTYPE_EPS.get(dtype, plan.eps) * rms, metric)
+            upper = RatioRule(cfg.noise_margin, cfg.floor_eps * eps_of[dtype] * rms, metric)
             below = RatioRule(PRECISION_BAND, cfg.floor_eps * plan.eps * rms, metric)
             if not (upper.verdict(lower, ev.comparison).passed and below.verdict(ev.comparison, lower).passed):
                 break

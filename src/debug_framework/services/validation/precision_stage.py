@@ -9,16 +9,17 @@ alternative's (``float16``, then ``bfloat16``) on the same inputs and keeps its 
 reference at every enabled checkpoint (``CheckpointEvidence.lower_precision``). It measures only;
 the judge (:func:`.judge.consistent_precision`) decides whether the whole run is consistent with
 one of them (``consistent_with``). It runs only where a checkpoint failed, calibration is on and
-``precision_diagnosis`` is (the default). An alternative holding torchao-quantized weights is
-measured first against a correct run at its own quantization (the trusted model quantized by torchao
-with the same configuration), named by its scheme (``int8_weight_only``).
+``precision_diagnosis`` is (the default). An alternative whose engine declares a precision it
+emulates (:func:`~debug_framework.backends.capabilities.emulated_precision`: llama.cpp's ``q8_0``, a
+torchao module's ``int8_weight_only``) is measured first against that emulation, under its name,
+where the calibration did not already run it (a session judged at an explicit dtype).
 """
 
 from __future__ import annotations
 
-from ...backends.base import Backend
-from ...backends.capabilities import capabilities, release
-from ...capture.keys import Capture, CheckpointKey
+from ...backends.base import Backend, EmulatedPrecision
+from ...backends.capabilities import capabilities, emulated_precision, release
+from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
 from ...models.session_config import SessionConfig
@@ -34,8 +35,7 @@ def lower_precision_backend(calibration_backend: str, dtype: str) -> tuple[Backe
     from ...backends import get_backend
     from ...backends.torch_reference import TorchReferenceBackend
 
-    # a session calibrated at the alternative's torchao quantization measures lower float precisions as "auto" does
-    backend: Backend = (TorchReferenceBackend() if calibration_backend in ("auto", "torch_reference", "torchao")
+    backend: Backend = (TorchReferenceBackend() if calibration_backend in ("auto", "torch_reference")
                         else get_backend(calibration_backend))
     supported = capabilities(backend).dtypes
     if supported and dtype not in supported:
@@ -54,11 +54,19 @@ class PrecisionStage(Stage):
 
     def ready(self, ctx: RunContext) -> bool:
         """Some checkpoint fails as judged so far, and there is a lower precision to measure."""
-        from ...backends.torchao.weights import declared_scheme
-
-        lower = bool(ctx.plan.lower_precisions) or (declared_scheme(ctx.alternative) is not None
-                                                    and ctx.plan.config.calibration_backend != "torchao")
+        lower = bool(ctx.plan.lower_precisions) or self._emulated(ctx) is not None
         return lower and bool(ctx.evidence.checkpoints) and not ctx.judge().passed
+
+    @staticmethod
+    def _emulated(ctx: RunContext) -> EmulatedPrecision | None:
+        """The precision the alternative's engine declares and emulates (llama.cpp's ``q8_0``, a torchao
+        module's ``int8_weight_only``), where
+        the calibration did not already run it (a session judged at an explicit dtype)."""
+        config = ctx.plan.config
+        if config.emulated_precision or config.calibration_backend != "auto" or ctx.alternative is None:
+            return None
+        emulated = emulated_precision(ctx.alternative, ctx.model)
+        return None if emulated is None or emulated.name == ctx.plan.alternative_dtype else emulated
 
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
@@ -66,22 +74,21 @@ class PrecisionStage(Stage):
         measured: list[str] = []
         skipped: dict[str, str] = {}
         seconds: dict[str, float] = {}
-        from ...backends.torchao.weights import declared_scheme
-
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
-        scheme = declared_scheme(ctx.alternative)
-        if scheme is not None and plan.config.calibration_backend != "torchao":
-            # a correct run at the alternative's torchao quantization, measured first (a session
-            # calibrated by that very run was judged at it: the question is answered there)
-            self._quantized_run(ctx, scheme, keys, measured, skipped, seconds)
-        for dtype in plan.lower_precisions:
-            backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
+        emulated = self._emulated(ctx)
+        candidates: list[tuple[str, str]] = [(emulated.name, emulated.dtype)] if emulated is not None else []
+        candidates += [(d, d) for d in plan.lower_precisions if emulated is None or d != emulated.name]
+        for dtype, compute in candidates:
+            if emulated is not None and dtype == emulated.name:
+                backend, why = emulated.trusted_backend(), None
+            else:
+                backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
             if backend is None:
                 skipped[dtype] = str(why)
                 continue
             with Timer() as t:
                 try:
-                    ctx.prepare_backend(backend, f"precision {dtype}", dtype, "cpu")
+                    ctx.prepare_backend(backend, f"precision {dtype}", compute, "cpu")
                     cap: Capture = call_backend(backend, "run()", lambda b=backend: b.run(own(ctx.inputs), keys))
                 except DebugFrameworkError as exc:  # a trusted run that cannot run here: said, not fatal
                     skipped[dtype] = exc.message
@@ -100,27 +107,5 @@ class PrecisionStage(Stage):
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
                                        "backend": plan.config.calibration_backend,
                                        "quantized": quantized_operators(ctx.alternative),
+                                       "emulated": {emulated.name: emulated.dtype} if emulated is not None else {},
                                        **({"quantized_modules": modules} if modules else {})}
-
-    @staticmethod
-    def _quantized_run(ctx: RunContext, scheme: str, keys: list[CheckpointKey], measured: list[str],
-                       skipped: dict[str, str], seconds: dict[str, float]) -> None:
-        """The trusted model quantized by torchao as the alternative is, at the alternative's dtype
-        (:class:`~debug_framework.backends.torchao.TorchaoReferenceBackend`): its error at every
-        checkpoint under the scheme's name (``int8_weight_only``)."""
-        from ...backends.torchao.reference import TorchaoReferenceBackend
-
-        with Timer() as t:
-            backend = TorchaoReferenceBackend(ctx.alternative)
-            try:
-                ctx.prepare_backend(backend, f"precision {scheme}", ctx.plan.alternative_dtype, "cpu")
-                cap = call_backend(backend, "run()", lambda: backend.run(own(ctx.inputs), keys))
-            except DebugFrameworkError as exc:  # a scheme this framework cannot reproduce: said, not fatal
-                skipped[scheme] = exc.message
-                return
-        seconds[scheme] = t.seconds
-        measured.append(scheme)
-        for ev in ctx.evidence.checkpoints:
-            noise = noise_at(ev.key, ctx.reference_capture, cap, positions=ctx.positions)
-            if noise is not None:
-                ev.lower_precision = {**(ev.lower_precision or {}), scheme: noise}

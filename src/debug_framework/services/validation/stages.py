@@ -43,14 +43,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from ...backends.base import (
-    Backend,
-    BlockReplayBackend,
-    LayerReplayBackend,
-    block_replay_support,
-    layer_replay_support,
-)
-from ...backends.capabilities import release
+from ...backends.base import Backend, BlockReplayBackend, LayerReplayBackend
+from ...backends.capabilities import block_replay_support, layer_replay_support, release
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints, layer_input_key
 from ...comparison import ComparisonResult, compare, error_metric, select_positions
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
@@ -274,8 +268,7 @@ class CalibrationStage(Stage):
     def run(self, ctx: RunContext) -> None:
         plan, dtype = ctx.plan, calibration_dtype(ctx.plan, ctx.model)
         built = ctx.prebuilt.calibrator if ctx.prebuilt is not None else None
-        backend = built or calibration_backend(plan, ctx.session.alternative_backend, ctx.model,
-                                             ctx.alternative)
+        backend = built or calibration_backend(plan, ctx.session.alternative_backend, ctx.model, ctx.alternative)
         prepare_s = ctx.prepare_backend(backend, "calibration", dtype, "cpu")
         taps = plan.all_keys if ctx.isolating else list(plan.keys)
         ctx.captures["calibration"], ctx.performance["calibration"] = run_measured(

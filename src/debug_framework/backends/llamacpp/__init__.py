@@ -1,0 +1,1 @@
+"""llama.cpp, through the C API of the xllamacpp wheel (docs/gguf.md)."""

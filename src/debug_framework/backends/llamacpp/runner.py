@@ -1,0 +1,367 @@
+"""``llamacpp``: a GGUF run in llama.cpp (the ``xllamacpp`` wheel's build, through :mod:`.binding`),
+the canonical checkpoints read from its graph nodes through the eval callback, every token row.
+
+=====================  ===============================================
+checkpoint             llama.cpp node
+=====================  ===============================================
+``post_embedding``     ``embd``
+``post_attention:i``   ``ffn_inp-i`` (attention and its residual)
+``post_mlp:i``         ``l_out-i`` (the layer's output)
+``post_processing``    the logits of every token (``result_output``)
+=====================  ===============================================
+
+Which file: ``model_file`` (``--alternative-model FILE.gguf``: a conversion checked against the
+Hugging Face model of ``--model-path``), else the session's model itself (``--model-path FILE.gguf``:
+llama.cpp checked against the file's own weights, dequantized). llama.cpp's settings are options
+(``--backend-option cache_type_k=f32`` ...), llama.cpp's defaults by default, recorded with the
+session in ``version_info``. One layer or one block replays by replacing its input node's value as
+soon as llama.cpp computes it (:mod:`.graph`); decode steps go through llama.cpp's own KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...capture.keys import Capture, CheckpointKey
+from ...errors import BackendInitializationError, ConfigurationError
+from ...modelio.inputs import ModelInputs
+from ...modelio.loader import LoadedModel
+from ..base import BaseBackend, HiddenState, Taps, cpu_name, installed_version
+from ..decode import DecodeRun, runner_decode
+from .binding import PINNED_XLLAMACPP, library
+from .graph import LlamaGraph, LlamaSettings, Pass, Rows
+from .precision import LlamaPrecision, llama_precision
+
+if TYPE_CHECKING:
+    from ...jsonio import JsonObject
+    from ...modelio.gguf_read import GgufFile
+
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "llamacpp_availability"]
+
+#: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
+#: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
+TRACE_NODES: dict[str, tuple[str, str]] = {
+    "attn_norm": ("attn_norm", "one"), "q": ("Qcur", "proj"), "k": ("Kcur", "proj"), "v": ("Vcur", "proj"),
+    "q_rope": ("Qcur", "rope"), "k_rope": ("Kcur", "rope"), "attn": ("kqv_out", "one"),
+    "attn_out": ("attn_out", "one"), "post_attention": ("ffn_inp", "one"), "ffn_norm": ("ffn_norm", "one"),
+    "ffn_gate": ("ffn_gate", "one"), "ffn_up": ("ffn_up", "one"), "ffn_act": ("ffn_swiglu", "one"),
+    "ffn_out": ("ffn_out", "one"), "post_mlp": ("l_out", "one"),
+}
+
+
+def llamacpp_availability() -> tuple[bool, str]:
+    """Whether the pinned llama.cpp binding loads here."""
+    try:
+        library()
+    except BackendInitializationError as exc:
+        return False, exc.message + (f" ({exc.hint})" if exc.hint else "")
+    return True, ""
+
+
+def _gguf_of(model: LoadedModel, model_file: str | Path | None) -> Path:
+    """The GGUF llama.cpp runs: ``model_file``, else the session's model where it is a GGUF."""
+    if model_file is not None:
+        p = Path(model_file).expanduser()
+        if p.suffix.lower() != ".gguf" or not p.is_file():
+            raise BackendInitializationError(f"the alternative model {str(p)!r} is not an existing .gguf file",
+                                             backend="llamacpp", hint="--alternative-model FILE.gguf")
+        return p
+    if getattr(model, "format", None) == "gguf":
+        return Path(model.path)
+    raise BackendInitializationError(
+        "llamacpp runs a GGUF file, and the session's model is not one", backend="llamacpp",
+        hint="give the converted file: --alternative-model FILE.gguf, or validate the file itself: --model-path FILE.gguf")
+
+
+def _unpermute_heads(x: np.ndarray, head_dim: int) -> np.ndarray:
+    """llama.cpp's interleaved rotary pairs ``[x0 y0 x1 y1 ...]`` of each head back in Hugging
+    Face's half-split order ``[x0 x1 ... y0 y1 ...]``: ``x`` is ``[..., heads * E]`` or ``[..., E]``."""
+    shape = x.shape
+    h = x.reshape(*shape[:-1], -1, head_dim // 2, 2)
+    return np.swapaxes(h, -1, -2).reshape(shape)
+
+
+class LlamaCppBackend(BaseBackend):
+    """llama.cpp on the CPU.
+
+    Args:
+        model_file: the GGUF to run (``--alternative-model``); None: the session's model, a GGUF.
+        cache_type_k, cache_type_v: the KV cache types (``f16``, llama.cpp's default; ``f32``, ``q8_0`` ...).
+        flash_attn: ``auto`` (llama.cpp's default), ``on`` or ``off``.
+        n_threads: llama.cpp's threads (None: its default).
+    """
+
+    name = "llamacpp"
+    supported_dtypes = ("float32", "float16", "bfloat16")
+    default_dtype = "float32"
+    runs_onnx_files = False
+
+    def __init__(self, model_file: str | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 flash_attn: str = "auto", n_threads: int | None = None) -> None:
+        super().__init__()
+        self.model_file = model_file
+        self.settings = LlamaSettings(str(cache_type_k), str(cache_type_v), str(flash_attn), n_threads).check()
+        self.graph: LlamaGraph | None = None
+        self.gguf: GgufFile | None = None
+        #: the llama.cpp node of each value of the last :meth:`run_layer_traced` (trace name -> node)
+        self.trace_nodes: dict[str, str] = {}
+
+    def availability(self) -> tuple[bool, str]:
+        return llamacpp_availability()
+
+    # -- preparation ------------------------------------------------------------------------------
+    def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
+        """Load the GGUF in llama.cpp and check it is the session's model (family, sizes)."""
+        if device not in ("cpu", None):
+            raise BackendInitializationError(f"this llama.cpp build runs on the CPU, not {device!r}", backend=self.name)
+        from ...modelio.gguf_read import read_gguf
+
+        dtype = self._check_prepare(model, dtype, "cpu")
+        path = _gguf_of(model, self.model_file)
+        self.gguf = read_gguf(path)  # malformed: DF004 here, before llama.cpp reads it
+        self._check_same_model(model)
+        if self.graph is not None:
+            self.graph.close()
+        self.graph = LlamaGraph(path, self.settings)
+
+    def _check_same_model(self, model: LoadedModel) -> None:
+        from ...modelio.gguf_model import GGUF_ARCHITECTURES, gguf_config
+
+        assert self.gguf is not None
+        if model.architecture == "generic" or self.gguf.architecture not in GGUF_ARCHITECTURES:
+            raise BackendInitializationError(
+                f"llamacpp checks GGUF files of the families with a reference written from the math "
+                f"({', '.join(GGUF_ARCHITECTURES)}); this is {self.gguf.architecture!r} / "
+                f"{model.config.model_type!r}", backend=self.name)
+        mine = gguf_config(self.gguf)
+        family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
+        if mine["model_type"] != family:
+            raise BackendInitializationError(
+                f"the GGUF {self.gguf.path} is not this model: a {self.gguf.architecture} file for a "
+                f"{model.config.model_type} model", backend=self.name, hint="give the file converted from --model-path")
+        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+            if mine[key] != getattr(model.config, key):
+                raise BackendInitializationError(
+                    f"the GGUF {self.gguf.path} is not this model: {key} {mine[key]} where the model has "
+                    f"{getattr(model.config, key)}", backend=self.name, hint="give the file converted from --model-path")
+
+    @property
+    def precision(self) -> LlamaPrecision:
+        """What llama.cpp computes this file at (weights, activations, KV cache)."""
+        assert self.gguf is not None
+        return llama_precision(self.gguf, self.settings)
+
+    def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
+        """``--dtype auto``: float32 activations, judged against the calibration's emulation of the
+        file's weight types, llama.cpp's activation quantization and the KV cache type."""
+        if self.gguf is None:
+            from ...modelio.gguf_read import read_gguf
+
+            self.gguf = read_gguf(_gguf_of(model, self.model_file))
+        return "float32", f"llama.cpp runs {self.precision.describe()}"
+
+    def emulated_precision(self, model: LoadedModel) -> LlamaPrecision:
+        """The precision the calibration reproduces in a trusted implementation (:mod:`.precision`)."""
+        self.declared_dtype(model)
+        return self.precision
+
+    def version_info(self) -> JsonObject:
+        info: JsonObject = {**super().version_info(), "runtime": "llama.cpp (xllamacpp)",
+                            "xllamacpp": installed_version("xllamacpp"), "binding_pinned_to": PINNED_XLLAMACPP,
+                            "device_name": cpu_name(), "cache_type_k": self.settings.cache_type_k,
+                            "cache_type_v": self.settings.cache_type_v, "flash_attn": self.settings.flash_attn,
+                            "n_threads": self.settings.n_threads}
+        if self.gguf is not None:
+            info["model_file"] = str(self.gguf.path)
+            info["precision"] = self.precision.describe()
+        return info
+
+    # -- passes -----------------------------------------------------------------------------------
+    def _graph(self) -> LlamaGraph:
+        self._prepared()
+        assert self.graph is not None
+        return self.graph
+
+    def _feed(self, inputs: ModelInputs, want: frozenset[str], replace: dict[str, np.ndarray] | None = None,
+              steps: int = 0, stop_after: str | None = None) -> tuple[Pass, Rows]:
+        """One prefill pass of every row's real tokens in a fresh context."""
+        g = self._graph()
+        rows = Rows.of(inputs.attention_mask)
+        ids = np.asarray(inputs.input_ids, np.int64)
+        pos = inputs.position_ids()
+        pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape) if pos is None else np.asarray(pos)
+        g.open_context(ids.shape[0], len(rows.batch) + ids.shape[0] * (steps + 1), max(len(rows.batch), ids.shape[0]))
+        return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace, stop_after=stop_after), rows
+
+    @staticmethod
+    def _node(key: CheckpointKey) -> str:
+        return {"post_embedding": "embd", "post_attention": f"ffn_inp-{key.layer}",
+                "post_mlp": f"l_out-{key.layer}"}.get(key.name, "result_output")
+
+    def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
+                 layer_inputs: dict[int, np.ndarray] | None = None) -> Capture:
+        tensors: dict[CheckpointKey, np.ndarray] = {}
+        for key in keys:
+            if key.name == "post_processing":
+                tensors[key] = rows.scatter(kept.logits)
+            elif self._node(key) in kept.nodes:
+                tensors[key] = rows.scatter(kept.last(self._node(key)))
+        return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=seconds,
+                       layer_inputs=layer_inputs or {}, meta={"engine": "llama.cpp", **self.settings.__dict__})
+
+    def run(self, inputs: ModelInputs, taps: Taps = None, *, capture_layer_inputs: bool = False) -> Capture:
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        n = self._prepared().num_layers
+        want = {self._node(k) for k in keys}
+        if capture_layer_inputs:
+            want |= {"embd", *(f"l_out-{i}" for i in range(n - 1))}
+        kept, rows = self._feed(inputs, frozenset(want))
+        layer_inputs = None
+        if capture_layer_inputs:
+            layer_inputs = {i: rows.scatter(kept.last("embd" if i == 0 else f"l_out-{i - 1}")) for i in range(n)}
+        return self._capture(kept, rows, keys, kept.seconds, layer_inputs)
+
+    def _input_node(self, i: int) -> str:
+        return "embd" if i == 0 else f"l_out-{i - 1}"
+
+    def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str],
+                  last: str) -> tuple[Pass, Rows]:
+        """A pass with ``node`` replaced by ``hidden_in``, stopped once ``last`` is computed."""
+        from ...comparison import float64_array
+
+        rows = Rows.of(inputs.attention_mask)
+        given = rows.gather(float64_array(hidden_in).astype(np.float32))
+        return self._feed(inputs, frozenset(want | {last}), {node: given}, stop_after=last)
+
+    def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
+        """Layer ``i`` on ``hidden_in`` ``[B, T, D]``: its input node replaced by it as llama.cpp computes it."""
+        keys = [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
+        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys},
+                                    f"l_out-{i}")
+        return self._capture(kept, rows, keys, kept.seconds)
+
+    def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
+        """Block ``block`` of layer ``i`` alone: ``"attention"`` on the layer's input (its input node
+        replaced), ``"mlp"`` on the post-attention state (``ffn_inp-i`` replaced)."""
+        if block not in ("attention", "mlp"):
+            raise ConfigurationError(f"unknown block {block!r}", hint="use 'attention' or 'mlp'")
+        key = CheckpointKey("post_attention" if block == "attention" else "post_mlp", i)
+        node = self._input_node(i) if block == "attention" else f"ffn_inp-{i}"
+        kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
+        return self._capture(kept, rows, [key], kept.seconds)
+
+    def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
+        """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
+        order), each ``[B, T, ...]``; :attr:`trace_nodes` says which llama.cpp node each came from."""
+        names = {f"{node}-{i}" for node, _ in TRACE_NODES.values()}
+        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names, f"l_out-{i}")
+        model = self._prepared()
+        permuted = self.gguf is not None and self.gguf.architecture == "llama"
+        head_dim = int(getattr(model.config, "head_dim", 0))
+        out: list[tuple[str, np.ndarray]] = []
+        self.trace_nodes = {}
+        for trace, (node, which) in TRACE_NODES.items():
+            values = kept.nodes.get(f"{node}-{i}", [])
+            value = _occurrence(values, which)
+            if value is None:
+                continue
+            if permuted and trace in ("q", "k", "q_rope", "k_rope"):
+                value = _unpermute_heads(value, head_dim)
+            if value.ndim == 3 and trace in ("q", "k", "v"):
+                value = value.reshape(value.shape[0], -1)
+            self.trace_nodes[trace] = f"{node}-{i}"
+            out.append((trace, rows.scatter(value)))
+        return out
+
+    # -- decode -----------------------------------------------------------------------------------
+    def can_decode(self) -> tuple[bool, str]:
+        return True, ""
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None) -> DecodeRun:
+        """The prefill, then ``steps`` tokens, one pass each, through llama.cpp's own KV cache."""
+        keys = self._keys(taps)
+        self._check_inputs(inputs)
+        decoder = _Decoder(self, steps)
+
+        def wrap(tensors: dict[CheckpointKey, np.ndarray], seconds: float) -> Capture:
+            return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=seconds)
+
+        return runner_decode(self.name, decoder, inputs, steps, keys, tokens, wrap)
+
+    def release_session(self) -> None:
+        """Free llama.cpp's context (the model stays loaded)."""
+        if self.graph is not None:
+            self.graph.close_context()
+
+
+def _occurrence(values: list[np.ndarray], which: str) -> np.ndarray | None:
+    """The value of a node name computed more than once: the rotation (``rope``: the last 3-D one),
+    the projection before it (``proj``: the last 2-D one), else the last."""
+    if not values:
+        return None
+    if which == "rope":
+        three = [v for v in values if v.ndim == 3]
+        return three[-1] if three else None
+    if which == "proj":
+        two = [v for v in values if v.ndim == 2]
+        return two[-1] if two else values[0]
+    return values[-1]
+
+
+class _Decoder:
+    """The runner protocol of :func:`~debug_framework.backends.decode.runner_decode` over one
+    llama.cpp context: the prefill, then one token per row per step (each row its own sequence).
+
+    ``kv_cache()`` is what llama.cpp writes into its cache, read from the graph as it is written:
+    each layer's rotated keys (``Kcur-i``, in Hugging Face's rotary order) and values (``Vcur-i``)
+    of every pass so far, ``[batch, length, kv_heads, head_dim]``, in float32 as computed (the
+    cache then stores them at its type; the cache cells themselves are not read back)."""
+
+    def __init__(self, backend: LlamaCppBackend, steps: int) -> None:
+        self.backend, self.steps = backend, steps
+        model = backend._prepared()
+        self.layers = model.num_layers
+        self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
+        self.head_dim = int(getattr(model.config, "head_dim", 0))
+        self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
+
+    def _want(self, keys: list[CheckpointKey]) -> frozenset[str]:
+        nodes = {f"{n}-{i}" for i in range(self.layers) for n in ("Kcur", "Vcur")}
+        return frozenset({self.backend._node(k) for k in keys} | nodes)
+
+    def _keep_kv(self, kept: Pass, rows: Rows) -> None:
+        permuted = self.backend.gguf is not None and self.backend.gguf.architecture == "llama"
+        for i, (ks, vs) in self._kv.items():
+            k = _occurrence(kept.nodes.get(f"Kcur-{i}", []), "rope")
+            v = _occurrence(kept.nodes.get(f"Vcur-{i}", []), "proj")
+            if k is None or v is None:
+                continue
+            k = _unpermute_heads(k, self.head_dim) if permuted else k
+            ks.append(rows.scatter(k.reshape(k.shape[0], self.kv_heads, self.head_dim)))
+            vs.append(rows.scatter(v.reshape(v.shape[0], self.kv_heads, self.head_dim)))
+
+    def _tensors(self, kept: Pass, rows: Rows, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
+        self._keep_kv(kept, rows)
+        cap = self.backend._capture(kept, rows, keys, kept.seconds)
+        return {f"{k.name}:{k.layer}" if k.layer is not None else k.name: v for k, v in cap.tensors.items()}
+
+    def prefill(self, inputs: ModelInputs, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
+        kept, rows = self.backend._feed(inputs, self._want(keys), steps=self.steps)
+        return self._tensors(kept, rows, keys)
+
+    def decode_step(self, tokens: np.ndarray, positions: np.ndarray, keys: list[CheckpointKey]) -> dict[str, np.ndarray]:
+        g = self.backend._graph()
+        b = len(tokens)
+        kept = g.decode(np.asarray(tokens), np.asarray(positions), np.arange(b), self._want(keys))
+        rows = Rows(np.arange(b), np.zeros(b, np.int64), (b, 1))
+        return self._tensors(kept, rows, keys)
+
+    def kv_cache(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Every layer's keys and values written so far (see the class)."""
+        return {i: (np.concatenate(ks, axis=1), np.concatenate(vs, axis=1))
+                for i, (ks, vs) in self._kv.items() if ks}

@@ -1,0 +1,176 @@
+"""A GGUF file as a model: its metadata mapped to the typed config, its tensors (dequantized,
+under Hugging Face's names, q/k rows back in Hugging Face's order) as the weights.
+
+``load_model("model.gguf")`` reads it here (:func:`gguf_model_parts`): the reference written from the math then runs on the
+file's own weights in float64. Families: those both llama.cpp and the references support
+(:data:`GGUF_ARCHITECTURES`); another architecture is refused with DF004 naming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import ModelLoadingError
+from ..jsonio import JsonObject
+from .configs import LlamaModelConfig, parse_config
+from .gguf_read import GgufFile, read_gguf
+
+if TYPE_CHECKING:
+    import torch
+
+    from .weights import TensorReader
+
+__all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "gguf_model_parts",
+           "unpermute_for_rope"]
+
+#: llama.cpp architecture -> Hugging Face ``model_type`` of the reference that runs it
+GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+#: llama.cpp architectures whose q/k rows the converter permuted
+_PERMUTED_ARCHS = frozenset({"llama"})
+
+_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+          "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+          "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+
+
+def hf_name(name: str) -> str | None:
+    """The Hugging Face name of llama.cpp tensor ``name`` (``blk.0.attn_q.weight`` ->
+    ``model.layers.0.self_attn.q_proj.weight``), None for one the references do not read."""
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    parts = name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in _LAYER:
+        return None
+    return f"model.layers.{int(parts[1])}.{_LAYER[parts[2]]}.{parts[3]}"
+
+
+def gguf_name(name: str) -> str | None:
+    """The llama.cpp name of Hugging Face tensor ``name`` (the inverse of :func:`hf_name`)."""
+    for g, h in _GLOBAL.items():
+        if h == name:
+            return g
+    parts = name.split(".")
+    inverse = {v: k for k, v in _LAYER.items()}
+    if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+        return None
+    module = ".".join(parts[3:-1])
+    return f"blk.{int(parts[2])}.{inverse[module]}.{parts[-1]}" if module in inverse else None
+
+
+def unpermute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """The inverse of :func:`~.gguf_write.permute_for_rope`: llama.cpp's interleaved q/k rows back
+    in Hugging Face's half-split order."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, weights.shape[0] // n_head // 2, 2, *weights.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weights.shape))
+
+
+def _int(f: GgufFile, key: str, default: int | None = None) -> int:
+    value = f.key(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadingError(f"GGUF key {f.architecture}.{key} must be a positive integer, got {value!r}",
+                                file=str(f.path))
+    return value
+
+
+def _float(f: GgufFile, key: str, default: float) -> float:
+    value = f.key(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelLoadingError(f"GGUF key {f.architecture}.{key} must be a number, got {value!r}", file=str(f.path))
+    return float(value)
+
+
+def gguf_config(f: GgufFile) -> JsonObject:
+    """The file's metadata as a Hugging Face ``config.json`` of its family (read by ``parse_config``)."""
+    arch = f.architecture
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadingError(
+            f"GGUF architecture {arch!r} has no reference here", file=str(f.path),
+            hint="supported GGUF architectures: " + ", ".join(GGUF_ARCHITECTURES)
+                 + "; validate the Hugging Face model it was converted from instead")
+    if "token_embd.weight" not in f.tensors:
+        raise ModelLoadingError("the GGUF has no token_embd.weight", file=str(f.path))
+    vocab, hidden = f.tensors["token_embd.weight"].shape
+    heads = _int(f, "attention.head_count")
+    config: JsonObject = {
+        "model_type": GGUF_ARCHITECTURES[arch], "vocab_size": vocab, "hidden_size": _int(f, "embedding_length"),
+        "intermediate_size": _int(f, "feed_forward_length"), "num_hidden_layers": _int(f, "block_count"),
+        "num_attention_heads": heads, "num_key_value_heads": _int(f, "attention.head_count_kv", heads),
+        "head_dim": _int(f, "attention.key_length", hidden // heads),
+        "rms_norm_eps": _float(f, "attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": _float(f, "rope.freq_base", 10000.0),
+        "max_position_embeddings": _int(f, "context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in f.tensors, "hidden_act": "silu",
+    }
+    if arch == "llama":
+        config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    if f.key("rope.scaling.type") == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": _float(f, "rope.scaling.factor", 1.0)}
+    elif f.key("rope.scaling.type") not in (None, "none"):
+        raise ModelLoadingError(f"GGUF rope scaling {f.key('rope.scaling.type')!r} is not read here",
+                                file=str(f.path), hint="validate a file without rope scaling, or with linear scaling")
+    return config
+
+
+class GgufReader:
+    """The tensors of a GGUF file under Hugging Face's names (a ``TensorReader``): dequantized to
+    float32 on demand, q/k rows of a permuting architecture put back in Hugging Face's order."""
+
+    def __init__(self, path: Path, header: GgufFile | None = None) -> None:
+        self.path = Path(path)
+        self.file = header if header is not None else read_gguf(self.path)
+        self._names = {h: g for g in self.file.tensors if (h := hf_name(g)) is not None}
+        self._heads = (self.file.key("attention.head_count"), self.file.key("attention.head_count_kv"))
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.file.tensors[self._names[name]].shape
+
+    def dtype(self, name: str) -> str:
+        return "F32"  # what tensor() returns; the stored type is GgufFile.tensor_types()
+
+    def stored_type(self, name: str) -> str:
+        """The GGML type the file stores ``name`` in (``Q8_0``)."""
+        return self.file.tensors[self._names[name]].type_name
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as float32 NumPy, in Hugging Face's layout."""
+        stored = self._names[name]
+        data = self.file.read(stored)
+        if self.file.architecture in _PERMUTED_ARCHS and ".attn_q." in stored:
+            data = unpermute_for_rope(data, int(self._heads[0]), int(self._heads[0]))  # type: ignore[arg-type]
+        elif self.file.architecture in _PERMUTED_ARCHS and ".attn_k." in stored:
+            data = unpermute_for_rope(data, int(self._heads[0]), int(self._heads[1] or self._heads[0]))  # type: ignore[arg-type]
+        return np.ascontiguousarray(data)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(self.array(name))
+
+
+def gguf_model_parts(path: Path) -> tuple[LlamaModelConfig, JsonObject, dict[str, tuple[TensorReader, str]]]:
+    """A GGUF file's typed config, its metadata as a ``config.json``, and where each tensor is (what
+    ``load_model`` checks and wraps as a ``LoadedModel`` of format ``"gguf"``).
+
+    Raises:
+        ModelLoadingError: (DF004) a malformed file (:func:`~.gguf_read.read_gguf`), an
+            architecture without a reference, metadata of the wrong type.
+    """
+    header = read_gguf(path)
+    raw = gguf_config(header)
+    config = parse_config(raw, source=str(path))
+    assert isinstance(config, LlamaModelConfig)
+    reader = GgufReader(path, header)
+    return config, raw, {name: (reader, name) for name in reader.names()}

@@ -1,0 +1,207 @@
+"""Write a GGUF from a Hugging Face model directory, the way llama.cpp's ``convert_hf_to_gguf.py`` does.
+
+The file carries what llama.cpp needs to load and run the model without a tokenizer: the
+architecture keys, a synthetic vocabulary of ``vocab_size`` tokens (token ids are fed directly;
+no text is ever tokenized), and every tensor under llama.cpp's name. Llama-style models
+(``llama``, ``mistral``) get their q/k rows permuted for llama.cpp's interleaved RoPE exactly as
+the converter's ``LlamaModel.permute`` does; Qwen2 and Qwen3 are written unpermuted (llama.cpp
+runs them in NeoX RoPE mode).
+
+``transform`` lets a caller change any tensor on its way into the file (tests inject converter
+bugs with it: skip the permutation, swap or scale a tensor)::
+
+    def skip_permutation(name: str, original: np.ndarray, converted: np.ndarray) -> np.ndarray:
+        return original if name.endswith(("attn_q.weight", "attn_k.weight")) else converted
+
+    write_gguf(hf_dir, out / "model.gguf", tensor_type="q8_0", transform=skip_permutation)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelLoadingError
+from .configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
+from .gguf_model import gguf_name as hf_to_gguf
+from .loader import load_model
+
+__all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope"]
+
+#: (llama.cpp tensor name, the array as Hugging Face stores it, the array the converter writes)
+#: -> the array to write. Arrays are float32, shaped as Hugging Face shapes them (out, in).
+TensorTransform = Callable[[str, np.ndarray, np.ndarray], np.ndarray]
+
+#: The tensor types a file can be written at (2-D weights; norms and biases stay F32 as in llama.cpp).
+GGUF_TENSOR_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+#: Hugging Face ``model_type`` -> llama.cpp architecture name.
+GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+#: ``model_type``s whose q/k rows the converter permutes (interleaved RoPE in llama.cpp).
+_PERMUTED = frozenset({"llama", "mistral"})
+
+@dataclass(frozen=True)
+class _Tensor:
+    """One tensor on its way into the file."""
+
+    gguf_name: str
+    original: np.ndarray
+    converted: np.ndarray
+
+
+def permute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute``: reorder each head's rows from Hugging Face's half-split
+    RoPE layout to llama.cpp's interleaved one (q: ``n_head`` heads; k: ``n_head_kv`` heads)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weights.shape))
+
+
+def _converted(config: LlamaModelConfig, hf_name: str, array: np.ndarray) -> np.ndarray:
+    """The array as the converter writes it: q/k permuted for Llama-style RoPE."""
+    if config.model_type not in _PERMUTED:
+        return array
+    if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        return permute_for_rope(array, config.num_attention_heads, config.num_attention_heads)
+    if hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        return permute_for_rope(array, config.num_attention_heads, config.num_key_value_heads)
+    return array
+
+
+def _tensors(config: LlamaModelConfig, weights: dict[str, np.ndarray]) -> Iterator[_Tensor]:
+    """Every tensor of the file, in Hugging Face's order (the output head left out when tied)."""
+    for hf_name, array in weights.items():
+        gguf_name = hf_to_gguf(hf_name)
+        if gguf_name is None or (gguf_name == "output.weight" and config.tie_word_embeddings):
+            continue
+        yield _Tensor(gguf_name, array, _converted(config, hf_name, array))
+
+
+def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.ndarray]]:
+    """The directory's typed config and float32 weights; DF004 for a family the writer does not write."""
+    model = load_model(model_dir)
+    config = model.config
+    if (not isinstance(config, LlamaModelConfig) or isinstance(config, (GemmaModelConfig, MoeModelConfig))
+            or config.model_type not in GGUF_FAMILIES or config.fused_projections):
+        raise ModelLoadingError(
+            f"cannot write a GGUF for {model_dir}: model_type {getattr(config, 'model_type', '?')!r} is not one "
+            f"the GGUF writer handles", hint="supported: " + ", ".join(sorted(GGUF_FAMILIES)))
+    if config.rope_scaling.rope_type not in ("default", "linear"):
+        raise ModelLoadingError(
+            f"cannot write a GGUF for {model_dir}: rope scaling {config.rope_scaling.rope_type!r} is not written",
+            hint="write a model without rope_scaling, or with linear scaling")
+    return config, {name: model.weights.numpy(name, np.float32) for name in model.weights}
+
+
+def _add_metadata(writer: object, config: LlamaModelConfig, file_type: int, name: str) -> None:
+    """The architecture keys llama.cpp reads for the family."""
+    import gguf
+
+    w = writer  # gguf.GGUFWriter
+    assert isinstance(w, gguf.GGUFWriter)
+    w.add_name(name)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
+    w.add_rope_dimension_count(config.head_dim)
+    w.add_rope_freq_base(config.rope_theta)
+    if config.rope_scaling.rope_type == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(config.rope_scaling.factor)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_vocab_size(config.vocab_size)
+    w.add_file_type(file_type)
+
+
+def _add_synthetic_vocabulary(writer: object, vocab_size: int) -> None:
+    """A SentencePiece-typed vocabulary of ``vocab_size`` placeholder tokens (ids 0-2 are
+    ``<unk>``, ``<s>``, ``</s>``): enough for llama.cpp to load the model and decode token ids."""
+    import gguf
+
+    assert isinstance(writer, gguf.GGUFWriter)
+    special = {0: "<unk>", 1: "<s>", 2: "</s>"}
+    tokens = [special.get(i, f"<tok_{i}>") for i in range(vocab_size)]
+    types = [gguf.TokenType.UNKNOWN if i == 0 else gguf.TokenType.CONTROL if i in special
+             else gguf.TokenType.NORMAL for i in range(vocab_size)]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * vocab_size)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    if vocab_size > 2:
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+
+
+def _file_type(tensor_type: str) -> int:
+    """``general.file_type`` for a tensor type."""
+    import gguf
+
+    names = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
+             "q4_0": "MOSTLY_Q4_0", "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1"}
+    return int(gguf.LlamaFileType[names[tensor_type]])
+
+
+def _encoded(array: np.ndarray, tensor_type: str) -> tuple[np.ndarray, object]:
+    """The bytes (or plain array) to store and their GGML type: 1-D tensors and rows that do not
+    fill whole quantization blocks stay F32 / fall back to F16, as llama.cpp's converter does."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[tensor_type.upper()]
+    if array.ndim < 2 or qtype == gguf.GGMLQuantizationType.F32:
+        return np.ascontiguousarray(array, dtype=np.float32), gguf.GGMLQuantizationType.F32
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    if array.shape[-1] % block:
+        qtype = gguf.GGMLQuantizationType.F16
+    return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+
+
+def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str = "f32",
+               transform: TensorTransform | None = None) -> Path:
+    """Write the Hugging Face model in ``model_dir`` as a GGUF at ``out_path`` and return the path.
+
+    Args:
+        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2 or Qwen3 decoder.
+        out_path: the file to write (its directory must exist).
+        tensor_type: the type of every 2-D weight, one of :data:`GGUF_TENSOR_TYPES`; norms and
+            biases stay F32, and a weight whose rows do not fill whole blocks falls back to F16.
+        transform: called for every tensor with its llama.cpp name, the float32 array as Hugging
+            Face stores it and the array the converter would write; its result is written.
+
+    Raises:
+        ModelLoadingError: (DF004) the directory does not load, its family or rope scaling is
+            not one the writer handles, or ``tensor_type`` is unknown.
+    """
+    import gguf
+
+    if tensor_type not in GGUF_TENSOR_TYPES:
+        raise ModelLoadingError(f"unknown GGUF tensor type {tensor_type!r}",
+                                hint="one of " + ", ".join(GGUF_TENSOR_TYPES))
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    config, weights = _supported_config(model_dir)
+    writer = gguf.GGUFWriter(str(out_path), GGUF_FAMILIES[config.model_type])
+    _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
+    _add_synthetic_vocabulary(writer, config.vocab_size)
+    for tensor in _tensors(config, weights):
+        array = tensor.converted if transform is None else transform(tensor.gguf_name, tensor.original,
+                                                                     tensor.converted)
+        data, qtype = _encoded(np.asarray(array, dtype=np.float32), tensor_type)
+        writer.add_tensor(tensor.gguf_name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path

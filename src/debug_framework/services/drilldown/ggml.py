@@ -1,0 +1,72 @@
+"""The ``ggml`` drill-down strategy: the trace drill-down (:mod:`.trace`) over an engine's own graph
+nodes, named as the engine names them (llama.cpp's ``Qcur-1``, ``ffn_gate-0``), for an engine whose
+precision is more than a dtype.
+
+It applies to a backend that reports, beside its traced values (``run_layer_traced``), the node each
+came from (``trace_nodes``: trace name -> node) and that emulates its precision
+(``emulated_precision(model)``): the failing layer runs in the engine on the reference's input to it,
+each node is judged in the engine's order against the reference's matching step in float64, with
+the calibration traced in the engine's emulated precision (for llama.cpp: the file's weight types,
+its activation quantization and KV cache type), so a correct quantized layer's nodes are within
+their bounds and the node a bug is in stands out. Rows and culprit carry the engine's node name
+(``node``) beside the reference's step (``op``: ``q``, ``ffn_gate`` ...). No standalone repro is
+written: a ggml node runs inside the engine's graph. The engine's record names this strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...backends.capabilities import emulated_precision, offers, trace_nodes
+from .trace import TraceStrategy
+
+if TYPE_CHECKING:
+    from ...backends.base import Backend
+    from ...backends.drilldown.types import DrillRequest, LayerDrilldown
+
+__all__ = ["GgmlDrillStrategy"]
+
+
+class GgmlDrillStrategy(TraceStrategy):
+    """Drill a layer of an engine that names its graph nodes node by node (see the module)."""
+
+    name = "ggml"
+
+    def applies(self, backend: Backend) -> tuple[bool, str]:
+        if trace_nodes(backend) is None or not offers(backend, "emulated_precision"):
+            return False, "drills an engine reporting its graph nodes (trace_nodes) and emulating its precision"
+        return super().applies(backend)
+
+    def calibration_trace(self, request: DrillRequest, hidden: np.ndarray) -> dict[str, np.ndarray]:
+        """The layer traced in the engine's emulated precision."""
+        import torch
+
+        from ...architectures.xp import torch_namespace
+        from ...comparison import float64_array
+
+        precision = emulated_precision(request.backend, request.model)
+        if precision is None:
+            return super().calibration_trace(request, hidden)
+        emulation = precision.trusted_backend()
+        emulation.prepare(request.model, precision.dtype)
+        net = emulation.net  # type: ignore[attr-defined]
+        net.positions = request.inputs.position_ids()
+        with torch.no_grad():
+            trace = net.traced_layer(request.layer, torch_namespace().from_host(hidden, net.dtype),
+                                     torch.from_numpy(np.asarray(request.inputs.attention_mask, np.int64)))
+        return {name: float64_array(value) for name, value in trace.items()}
+
+    def drill(self, request: DrillRequest) -> LayerDrilldown:
+        entry = super().drill(request)
+        nodes = trace_nodes(request.backend) or {}
+        entry.method = self.name
+        entry.operators = [dataclasses.replace(row, node=nodes.get(row.op, row.node)) for row in entry.operators]
+        if entry.culprit is not None:
+            node = nodes.get(entry.culprit.op, entry.culprit.node)
+            entry.culprit = dataclasses.replace(
+                entry.culprit, node=node,
+                source=f"node {node}: {entry.culprit.source}" if entry.culprit.source else node)
+        return entry

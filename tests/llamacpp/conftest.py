@@ -1,0 +1,59 @@
+"""Fixtures of the llama.cpp / GGUF tests: tiny random decoders written with ``save_pretrained``
+(one per family, once per session), and the GGUFs written from them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # no network, ever, in these tests
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+#: The shape every tiny test model has: 2 layers, GQA 4/2 heads of 16, rows of 64 (two Q8/Q4 blocks).
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6)
+
+
+def make_hf(kind: str, directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """A tiny random ``llama`` / ``mistral`` / ``qwen2`` / ``qwen3`` decoder saved as a Hugging Face directory."""
+    import torch
+    import transformers
+
+    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+    config_class, model_class = (getattr(transformers, name) for name in classes[kind])
+    torch.manual_seed(seed)
+    model = model_class(config_class(**{"tie_word_embeddings": False, **TINY, **overrides}))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale, base = (0.1, 1.0) if "norm" in name else (0.08, 0.0)
+            p.copy_(base + scale * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Llama (GQA 4/2 heads), Hugging Face directory."""
+    return make_hf("llama", tmp_path_factory.mktemp("gguf_llama") / "hf")
+
+
+@pytest.fixture(scope="session")
+def hf_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Qwen2 (q/k/v biases), Hugging Face directory."""
+    return make_hf("qwen2", tmp_path_factory.mktemp("gguf_qwen2") / "hf", seed=3)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Qwen3 (q/k norms), Hugging Face directory."""
+    return make_hf("qwen3", tmp_path_factory.mktemp("gguf_qwen3") / "hf", seed=5)
+
+
+@pytest.fixture(scope="session")
+def hf_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Mistral (written as llama.cpp's ``llama``), Hugging Face directory."""
+    return make_hf("mistral", tmp_path_factory.mktemp("gguf_mistral") / "hf", seed=7)
