@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from ...modelio.loader import LoadedModel
 
 __all__ = ["SCHEMES", "QuantizedWeight", "torchao_weights", "scheme_name", "scheme_counts", "config_for",
-           "quantize_like", "dequantized", "declared_quantization", "float_dtype", "describe_weights", "declared_weights", "declared_scheme", "is_torchao_tensor",
-           "scheme_of"]
+           "quantize_like", "dequantized", "declared_quantization", "float_dtype", "describe_weights",
+           "declared_weights", "is_torchao_tensor", "scheme_of"]
 
 #: The schemes recognised, as results name them (``consistent_with``, the ``quantized`` section).
 SCHEMES = ("int8_weight_only", "int8_dynamic_activation_int8_weight", "int4_weight_only")
@@ -174,8 +174,3 @@ def declared_weights(backend: object) -> list[QuantizedWeight]:
     module = getattr(backend, "module", None) or getattr(backend, "_declared_module", None)
     return torchao_weights(module)
 
-
-def declared_scheme(backend: object) -> str | None:
-    """The torchao scheme a module backend's module holds (None: none, or not built yet)."""
-    found = declared_weights(backend)
-    return scheme_name(found) if found else None
