@@ -22,10 +22,12 @@ def make_hf(kind: str, directory: Path, seed: int = 0, **overrides: object) -> P
     import transformers
 
     classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
-               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+               "phi3": ("Phi3Config", "Phi3ForCausalLM")}
     config_class, model_class = (getattr(transformers, name) for name in classes[kind])
     torch.manual_seed(seed)
-    model = model_class(config_class(**{"tie_word_embeddings": False, **TINY, **overrides}))
+    extra = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2} if kind == "phi3" else {}
+    model = model_class(config_class(**{"tie_word_embeddings": False, **TINY, **extra, **overrides}))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -57,3 +59,9 @@ def hf_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2-layer Mistral (written as llama.cpp's ``llama``), Hugging Face directory."""
     return make_hf("mistral", tmp_path_factory.mktemp("gguf_mistral") / "hf", seed=7)
+
+
+@pytest.fixture(scope="session")
+def hf_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Phi-3 (fused qkv and gate/up projections), Hugging Face directory."""
+    return make_hf("phi3", tmp_path_factory.mktemp("gguf_phi3") / "hf", seed=9)

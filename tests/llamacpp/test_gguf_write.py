@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from debug_framework.errors import ModelLoadingError
-from debug_framework.modelio.gguf_write import permute_for_rope, write_gguf
+pytest.importorskip("gguf")
+
+from debug_framework.errors import ModelLoadingError  # noqa: E402
+from debug_framework.modelio.gguf_write import permute_for_rope, write_gguf  # noqa: E402
 
 
 def _read(path: Path) -> tuple[dict[str, object], dict[str, tuple[str, np.ndarray]]]:

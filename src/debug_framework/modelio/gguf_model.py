@@ -27,7 +27,7 @@ __all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_n
            "unpermute_for_rope"]
 
 #: llama.cpp architecture -> Hugging Face ``model_type`` of the reference that runs it
-GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 
 #: llama.cpp architectures whose q/k rows the converter permuted
 _PERMUTED_ARCHS = frozenset({"llama"})
@@ -36,19 +36,25 @@ _LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k"
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
           "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
           "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+#: the fused projections of an architecture that fuses them (Phi-3): llama.cpp name -> Hugging Face module
+_FUSED = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+#: llama.cpp architectures with fused q/k/v and gate/up projections
+_FUSED_ARCHS = frozenset({"phi3"})
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 
 
-def hf_name(name: str) -> str | None:
-    """The Hugging Face name of llama.cpp tensor ``name`` (``blk.0.attn_q.weight`` ->
-    ``model.layers.0.self_attn.q_proj.weight``), None for one the references do not read."""
+def hf_name(name: str, architecture: str = "llama") -> str | None:
+    """The Hugging Face name of llama.cpp tensor ``name`` of an ``architecture`` file
+    (``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``; Phi-3's ``blk.0.ffn_up``
+    -> ``mlp.gate_up_proj``), None for one the references do not read."""
     if name in _GLOBAL:
         return _GLOBAL[name]
     parts = name.split(".")
-    if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in _LAYER:
+    modules = {**_LAYER, **_FUSED} if architecture in _FUSED_ARCHS else _LAYER
+    if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in modules:
         return None
-    return f"model.layers.{int(parts[1])}.{_LAYER[parts[2]]}.{parts[3]}"
+    return f"model.layers.{int(parts[1])}.{modules[parts[2]]}.{parts[3]}"
 
 
 def gguf_name(name: str) -> str | None:
@@ -57,7 +63,7 @@ def gguf_name(name: str) -> str | None:
         if h == name:
             return g
     parts = name.split(".")
-    inverse = {v: k for k, v in _LAYER.items()}
+    inverse = {**{v: k for k, v in _LAYER.items()}, **{v: k for k, v in _FUSED.items()}}
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
         return None
     module = ".".join(parts[3:-1])
@@ -128,7 +134,7 @@ class GgufReader:
     def __init__(self, path: Path, header: GgufFile | None = None) -> None:
         self.path = Path(path)
         self.file = header if header is not None else read_gguf(self.path)
-        self._names = {h: g for g in self.file.tensors if (h := hf_name(g)) is not None}
+        self._names = {h: g for g in self.file.tensors if (h := hf_name(g, self.file.architecture)) is not None}
         self._heads = (self.file.key("attention.head_count"), self.file.key("attention.head_count_kv"))
 
     def names(self) -> list[str]:

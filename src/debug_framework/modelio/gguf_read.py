@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 from ..errors import ModelLoadingError
 from .files import regular_file_size
 
-__all__ = ["GGUF_MAGIC", "GgufTensorInfo", "GgufFile", "read_gguf", "GGML_TYPE_NAMES"]
+__all__ = ["GGUF_MAGIC", "GgufTensorInfo", "GgufFile", "read_gguf"]
 
 GGUF_MAGIC = b"GGUF"
 #: the versions this reader reads (llama.cpp writes 3; 2 differs only in nothing we read)
@@ -44,10 +43,6 @@ def _ggml_types() -> dict[int, tuple[str, int, int]]:
 
     return {int(t): (t.name, *gguf.GGML_QUANT_SIZES[t]) for t in gguf.GGMLQuantizationType
             if t in gguf.GGML_QUANT_SIZES}
-
-
-#: GGML type id -> name (``Q8_0``), filled on first use
-GGML_TYPE_NAMES: dict[int, str] = {}
 
 
 @dataclass(frozen=True)
@@ -213,7 +208,6 @@ def read_gguf(path: Path | str) -> GgufFile:
         raise ModelLoadingError(f"malformed GGUF: file is truncated ({size} bytes, shorter than a GGUF header)",
                                 file=str(path))
     types = _ggml_types()
-    GGML_TYPE_NAMES.update({k: v[0] for k, v in types.items()})
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         c = _Cursor(mm, path)
         magic = c.take(4, "the magic")
@@ -250,8 +244,3 @@ def read_gguf(path: Path | str) -> GgufFile:
         tensors[info.name] = info
     return GgufFile(path, version, metadata, tensors, data_start, alignment, lengths)
 
-
-def iter_layers(gguf_file: GgufFile) -> Iterator[int]:
-    """The block indices ``blk.N`` the file's tensors name, ascending."""
-    seen = {int(n.split(".")[1]) for n in gguf_file.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
-    return iter(sorted(seen))

@@ -39,7 +39,8 @@ TensorTransform = Callable[[str, np.ndarray, np.ndarray], np.ndarray]
 GGUF_TENSOR_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 #: Hugging Face ``model_type`` -> llama.cpp architecture name.
-GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                                 "phi3": "phi3"}
 
 #: ``model_type``s whose q/k rows the converter permutes (interleaved RoPE in llama.cpp).
 _PERMUTED = frozenset({"llama", "mistral"})
@@ -88,7 +89,7 @@ def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.n
     model = load_model(model_dir)
     config = model.config
     if (not isinstance(config, LlamaModelConfig) or isinstance(config, (GemmaModelConfig, MoeModelConfig))
-            or config.model_type not in GGUF_FAMILIES or config.fused_projections):
+            or config.model_type not in GGUF_FAMILIES):
         raise ModelLoadingError(
             f"cannot write a GGUF for {model_dir}: model_type {getattr(config, 'model_type', '?')!r} is not one "
             f"the GGUF writer handles", hint="supported: " + ", ".join(sorted(GGUF_FAMILIES)))
@@ -124,13 +125,20 @@ def _add_metadata(writer: object, config: LlamaModelConfig, file_type: int, name
     w.add_file_type(file_type)
 
 
-def _add_synthetic_vocabulary(writer: object, vocab_size: int) -> None:
+#: control tokens llama.cpp looks up by their text when it loads a family's vocabulary
+_NAMED_TOKENS: dict[str, tuple[str, ...]] = {"phi3": ("<|endoftext|>", "<|end|>", "<|assistant|>", "<|user|>",
+                                                      "<|system|>")}
+
+
+def _add_synthetic_vocabulary(writer: object, vocab_size: int, architecture: str) -> None:
     """A SentencePiece-typed vocabulary of ``vocab_size`` placeholder tokens (ids 0-2 are
-    ``<unk>``, ``<s>``, ``</s>``): enough for llama.cpp to load the model and decode token ids."""
+    ``<unk>``, ``<s>``, ``</s>``, then the control tokens llama.cpp looks up for the family):
+    enough for llama.cpp to load the model and decode token ids."""
     import gguf
 
     assert isinstance(writer, gguf.GGUFWriter)
-    special = {0: "<unk>", 1: "<s>", 2: "</s>"}
+    named = ("<unk>", "<s>", "</s>", *_NAMED_TOKENS.get(architecture, ()))
+    special = {i: text for i, text in enumerate(named) if i < vocab_size}
     tokens = [special.get(i, f"<tok_{i}>") for i in range(vocab_size)]
     types = [gguf.TokenType.UNKNOWN if i == 0 else gguf.TokenType.CONTROL if i in special
              else gguf.TokenType.NORMAL for i in range(vocab_size)]
@@ -174,7 +182,7 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     """Write the Hugging Face model in ``model_dir`` as a GGUF at ``out_path`` and return the path.
 
     Args:
-        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2 or Qwen3 decoder.
+        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3 or Phi-3 decoder.
         out_path: the file to write (its directory must exist).
         tensor_type: the type of every 2-D weight, one of :data:`GGUF_TENSOR_TYPES`; norms and
             biases stay F32, and a weight whose rows do not fill whole blocks falls back to F16.
@@ -194,7 +202,7 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     config, weights = _supported_config(model_dir)
     writer = gguf.GGUFWriter(str(out_path), GGUF_FAMILIES[config.model_type])
     _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
-    _add_synthetic_vocabulary(writer, config.vocab_size)
+    _add_synthetic_vocabulary(writer, config.vocab_size, GGUF_FAMILIES[config.model_type])
     for tensor in _tensors(config, weights):
         array = tensor.converted if transform is None else transform(tensor.gguf_name, tensor.original,
                                                                      tensor.converted)

@@ -1,1 +1,7 @@
-"""llama.cpp, through the C API of the xllamacpp wheel (docs/gguf.md)."""
+"""The ``llamacpp`` engine: a GGUF run in llama.cpp through the C API of the pinned ``xllamacpp``
+wheel (:mod:`.binding`), its graph nodes read and replaced through the eval callback (:mod:`.graph`),
+the canonical checkpoints, replays and decode (:mod:`.runner`), and the precision it computes at
+with a trusted emulation of it (:mod:`.precision`); docs/gguf.md. It registers in
+:data:`debug_framework.backends.registry.BUILTIN_ENGINES` (its drill-down strategy:
+``services.drilldown.ggml``). Nothing is imported here: the registry imports the runner on first use.
+"""

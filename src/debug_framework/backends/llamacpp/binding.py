@@ -20,14 +20,14 @@ import ctypes
 import platform
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import BackendInitializationError
 
 __all__ = ["PINNED_XLLAMACPP", "GGML_TYPES", "ModelParams", "ContextParams", "Batch", "EvalCallback",
-           "Library", "library", "library_path", "LOG", "ggml_tensor_name", "ggml_tensor_array"]
+           "Library", "library", "library_path", "LOG", "ggml_tensor_name", "ggml_tensor_shape", "ggml_tensor_type",
+           "ggml_tensor_array", "ggml_tensor_write"]
 
 #: the xllamacpp version whose llama.cpp this layout matches (``pip install xllamacpp==...``)
 PINNED_XLLAMACPP = "2026.10.11549"
@@ -198,14 +198,10 @@ def _declare(so: ctypes.CDLL) -> None:
         "llama_free": ([_ptr], None),
         "llama_decode": ([_ptr, Batch], _i32),
         "llama_get_logits": ([_ptr], ctypes.POINTER(_f32)),
-        "llama_get_memory": ([_ptr], _ptr),
-        "llama_memory_clear": ([_ptr, _bool], None),
-        "llama_memory_seq_rm": ([_ptr, _i32, _i32, _i32], _bool),
         "llama_model_n_embd": ([_ptr], _i32),
         "llama_model_n_layer": ([_ptr], _i32),
         "llama_model_get_vocab": ([_ptr], _ptr),
         "llama_vocab_n_tokens": ([_ptr], _i32),
-        "llama_n_ctx": ([_ptr], _u32),
         "ggml_get_name": ([_ptr], ctypes.c_char_p),
         "ggml_nbytes": ([_ptr], ctypes.c_size_t),
         "ggml_nelements": ([_ptr], ctypes.c_int64),
@@ -290,6 +286,3 @@ def ggml_tensor_write(lib: Library, t: int, values: object) -> bool:
     lib.so.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
     return True
 
-
-#: what the eval callback is given: the node's address; it returns whether to go on
-NodeVisitor = Callable[[int], bool]

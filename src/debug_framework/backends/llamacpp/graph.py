@@ -83,6 +83,8 @@ class Pass:
 
     nodes: dict[str, list[np.ndarray]] = field(default_factory=dict)
     logits: np.ndarray | None = None
+    #: the nodes whose value was replaced
+    replaced: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def last(self, name: str) -> np.ndarray:
@@ -177,6 +179,8 @@ class LlamaGraph:
                 if not ggml_tensor_write(self.lib, t, self._replace[name]):
                     raise BackendRuntimeError(f"cannot replace llama.cpp node {name!r} with the given values",
                                               backend="llamacpp", call="run_layer()")
+                if self._kept is not None:
+                    self._kept.replaced.append(name)
             if name in self._want and self._kept is not None:
                 value = ggml_tensor_array(self.lib, t)
                 if value is not None:
@@ -221,6 +225,11 @@ class LlamaGraph:
         if code != 0:
             raise BackendRuntimeError(f"llama_decode returned {code}: {_log_tail()}", backend="llamacpp",
                                       call="llama_decode")
+        missing = sorted(set(_names(replace)) - set(kept.replaced))
+        if missing:
+            raise BackendRuntimeError(f"llama.cpp's graph has no node {', '.join(missing)} to replace",
+                                      backend="llamacpp", call="llama_decode",
+                                      hint="this architecture's graph does not name the node a replay needs")
         if stop_after is None:
             logits = self.lib.so.llama_get_logits(self.ctx)
             kept.logits = np.ctypeslib.as_array(logits, shape=(n, self.n_vocab)).copy()
@@ -228,6 +237,10 @@ class LlamaGraph:
             raise BackendRuntimeError(f"llama.cpp's graph has no node {stop_after!r}", backend="llamacpp",
                                       call="llama_decode")
         return kept
+
+
+def _names(replace: Mapping[str, np.ndarray] | None) -> list[str]:
+    return list(replace or {})
 
 
 def _log_tail(lines: int = 6) -> str:

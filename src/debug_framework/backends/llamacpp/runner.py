@@ -40,7 +40,10 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "llamacpp_availability"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "RUNS", "llamacpp_availability"]
+
+#: the llama.cpp architectures whose graphs name every canonical checkpoint (``ffn_inp-i``, ``l_out-i``)
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -109,6 +112,9 @@ class LlamaCppBackend(BaseBackend):
         self.gguf: GgufFile | None = None
         #: the llama.cpp node of each value of the last :meth:`run_layer_traced` (trace name -> node)
         self.trace_nodes: dict[str, str] = {}
+        #: the last layer replay (layer, input digest, capture): an attention-block replay on the
+        #: same input is that pass's first half
+        self._last_layer: tuple[int, str, Capture] | None = None
 
     def availability(self) -> tuple[bool, str]:
         return llamacpp_availability()
@@ -129,14 +135,15 @@ class LlamaCppBackend(BaseBackend):
         self.graph = LlamaGraph(path, self.settings)
 
     def _check_same_model(self, model: LoadedModel) -> None:
-        from ...modelio.gguf_model import GGUF_ARCHITECTURES, gguf_config
+        from ...modelio.gguf_model import gguf_config
 
         assert self.gguf is not None
-        if model.architecture == "generic" or self.gguf.architecture not in GGUF_ARCHITECTURES:
+        if model.architecture == "generic" or self.gguf.architecture not in RUNS:
             raise BackendInitializationError(
-                f"llamacpp checks GGUF files of the families with a reference written from the math "
-                f"({', '.join(GGUF_ARCHITECTURES)}); this is {self.gguf.architecture!r} / "
-                f"{model.config.model_type!r}", backend=self.name)
+                f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
+                f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
+                hint="a Phi-3 graph names no post-attention node: validate the Hugging Face model it was "
+                     "converted from with another engine")
         mine = gguf_config(self.gguf)
         family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
         if mine["model_type"] != family:
@@ -243,7 +250,9 @@ class LlamaCppBackend(BaseBackend):
         keys = [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
         kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys},
                                     f"l_out-{i}")
-        return self._capture(kept, rows, keys, kept.seconds)
+        cap = self._capture(kept, rows, keys, kept.seconds)
+        self._last_layer = (i, _fingerprint(hidden_in, inputs), cap)
+        return cap
 
     def run_block(self, i: int, block: str, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Block ``block`` of layer ``i`` alone: ``"attention"`` on the layer's input (its input node
@@ -251,6 +260,12 @@ class LlamaCppBackend(BaseBackend):
         if block not in ("attention", "mlp"):
             raise ConfigurationError(f"unknown block {block!r}", hint="use 'attention' or 'mlp'")
         key = CheckpointKey("post_attention" if block == "attention" else "post_mlp", i)
+        last = getattr(self, "_last_layer", None)
+        if block == "attention" and last is not None and last[0] == i and last[1] == _fingerprint(hidden_in, inputs):
+            # the same pass as the layer replay just run on this very input (its first half): reused
+            cap = last[2]
+            return Capture(tensors={key: cap.tensors[key]}, backend=self.name, dtype=self.dtype,
+                           elapsed_s=cap.elapsed_s, meta=cap.meta)
         node = self._input_node(i) if block == "attention" else f"ffn_inp-{i}"
         kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
         return self._capture(kept, rows, [key], kept.seconds)
@@ -297,6 +312,19 @@ class LlamaCppBackend(BaseBackend):
         """Free llama.cpp's context (the model stays loaded)."""
         if self.graph is not None:
             self.graph.close_context()
+
+
+def _fingerprint(hidden_in: HiddenState, inputs: ModelInputs) -> str:
+    """A digest of a replay's input state and inputs (ids, mask, positions): equal digests, equal passes."""
+    import hashlib
+
+    from ...comparison import float64_array
+
+    digest = hashlib.sha256(np.ascontiguousarray(float64_array(hidden_in)).tobytes())
+    for part in (inputs.input_ids, inputs.attention_mask, inputs.position_ids()):
+        if part is not None:
+            digest.update(np.ascontiguousarray(np.asarray(part, np.int64)).tobytes())
+    return digest.hexdigest()
 
 
 def _occurrence(values: list[np.ndarray], which: str) -> np.ndarray | None:
