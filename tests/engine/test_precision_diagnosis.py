@@ -109,3 +109,13 @@ def test_the_terminal_says_consistent_with_and_the_json_carries_it(refs, plan):
     _print_summary(console, result, False, "")
     text = console.export_text()
     assert "precision: consistent with a correct bfloat16 run" in text and "declared float32" in text
+
+
+def test_an_engines_emulated_precision_is_worded_as_its_own_not_as_a_dtype_to_validate_at():
+    """llama.cpp's ``q8_0`` (or its F16 cache's ``float16``) is no dtype to pass: judge it at --dtype auto."""
+    from debug_framework.reports._common import precision_text
+
+    emulated = {"q8_0": "float32"}
+    words = precision_text("q8_0", "float32", None, emulated)
+    assert "alternative's own q8_0 precision" in words and "--dtype auto" in words
+    assert "validate it at that dtype" in precision_text("bfloat16", "float32", None, emulated)

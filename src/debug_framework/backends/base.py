@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from ..jsonio import JsonObject
 
 __all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
-           "cpu_name", "layer_replay_support", "block_replay_support", "no_reference_from_math",
-           "model_for", "HiddenState", "Tensor", "EmulatedPrecision", "emulated_precision"]
+           "cpu_name", "no_reference_from_math", "HiddenState", "Tensor", "EmulatedPrecision"]
 
 #: A value a backend produces or is handed: a torch tensor or a NumPy array.
 Tensor: TypeAlias = "torch.Tensor | np.ndarray"
@@ -97,7 +96,9 @@ def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: Hid
 
 class EmulatedPrecision(Protocol):
     """A precision an engine computes at beyond a float dtype (llama.cpp's quantized weights and
-    activations, its KV cache type), and a trusted implementation reproducing it."""
+    activations, its KV cache type; a module's torchao-quantized weights), and a trusted
+    implementation reproducing it. An engine declares it by a method ``emulated_precision(model)``,
+    read through :func:`~.capabilities.emulated_precision`."""
 
     #: what ``consistent_with`` calls it (``"q8_0"``)
     name: str
@@ -107,39 +108,6 @@ class EmulatedPrecision(Protocol):
     def describe(self) -> str: ...
 
     def trusted_backend(self) -> Backend: ...
-
-
-def emulated_precision(backend: object, model: LoadedModel) -> EmulatedPrecision | None:
-    """The precision ``backend`` declares it computes ``model`` at and offers an emulation of
-    (``emulated_precision(model)``), None where it offers none: what the calibration reproduces at
-    ``dtype: "auto"`` and what the precision diagnosis measures under its name."""
-    fn = getattr(backend, "emulated_precision", None)
-    return fn(model) if callable(fn) else None  # type: ignore[no-any-return]
-
-
-def block_replay_support(backend: Backend) -> tuple[bool, str]:
-    """``(True, "")`` when ``backend`` (prepared) can run a layer's MLP block alone on a given
-    post-attention state, else ``(False, why)``: its :func:`~.capabilities.capabilities`'
-    ``block_replay``."""
-    from .capabilities import capabilities
-
-    return tuple(capabilities(backend).block_replay)  # type: ignore[return-value]
-
-
-def layer_replay_support(backend: Backend) -> tuple[bool, str]:
-    """``(True, "")`` when ``backend`` (prepared) can replay a single layer, else ``(False, why)``:
-    its :func:`~.capabilities.capabilities`' ``layer_replay``."""
-    from .capabilities import capabilities
-
-    return tuple(capabilities(backend).layer_replay)  # type: ignore[return-value]
-
-
-def model_for(backend: Backend, model: LoadedModel) -> LoadedModel:
-    """The model as ``backend`` is to be prepared with it: ``model`` for a backend that
-    :func:`.capabilities.reads_loaded_weights`, else a fork whose weights nothing else reads or writes."""
-    from .capabilities import reads_loaded_weights
-
-    return model if reads_loaded_weights(backend) else model.fork()
 
 
 def no_reference_from_math(model: LoadedModel) -> None:

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from ..jsonio import JsonObject
     from ..modelio.loader import LoadedModel
     from ._graph_session import GraphSession
+    from .base import EmulatedPrecision
 
 __all__ = ["Support", "Capabilities", "GraphRunner", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
            "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers",
+           "emulated_precision", "trace_nodes", "layer_replay_support", "block_replay_support", "model_for",
            "produced_checkpoints"]
 
 
@@ -185,6 +187,26 @@ def capabilities(backend: object) -> Capabilities:
     return derive_capabilities(backend)
 
 
+def block_replay_support(backend: object) -> tuple[bool, str]:
+    """``(True, "")`` when ``backend`` (prepared) can run a layer's MLP block alone on a given
+    post-attention state, else ``(False, why)``: its :func:`capabilities`' ``block_replay``."""
+    ok, why = capabilities(backend).block_replay
+    return ok, why
+
+
+def layer_replay_support(backend: object) -> tuple[bool, str]:
+    """``(True, "")`` when ``backend`` (prepared) can replay a single layer, else ``(False, why)``:
+    its :func:`capabilities`' ``layer_replay``."""
+    ok, why = capabilities(backend).layer_replay
+    return ok, why
+
+
+def model_for(backend: object, model: LoadedModel) -> LoadedModel:
+    """The model as ``backend`` is to be prepared with it: ``model`` for a backend that
+    :func:`reads_loaded_weights`, else a fork whose weights nothing else reads or writes."""
+    return model if reads_loaded_weights(backend) else model.fork()
+
+
 def release(backend: object, what: str) -> None:
     """Free what ``backend`` holds for ``what``: ``"replays"`` (its layer replays' state) or
     ``"session"`` (its runtime session, opened again on need); nothing where it holds none."""
@@ -211,6 +233,22 @@ def produced_checkpoints(backend: object, model: LoadedModel) -> list[str] | Non
     where it produces every checkpoint of the model (it declares no ``checkpoints(model)``)."""
     fn = getattr(backend, "checkpoints", None)
     return fn(model) if callable(fn) else None
+
+
+def emulated_precision(backend: object, model: LoadedModel) -> EmulatedPrecision | None:
+    """The precision ``backend`` declares it computes ``model`` at beyond a float dtype, with a
+    trusted emulation of it (its ``emulated_precision(model)``: llama.cpp's ``q8_0``, a module's
+    torchao ``int8_weight_only``), None where it declares none: what the calibration reproduces at
+    ``dtype: "auto"`` and what the precision diagnosis measures under its name."""
+    fn = getattr(backend, "emulated_precision", None)
+    return fn(model) if callable(fn) else None  # type: ignore[no-any-return]
+
+
+def trace_nodes(backend: object) -> dict[str, str] | None:
+    """The engine graph's node each of ``backend``'s traced values came from (its ``trace_nodes``:
+    trace name -> node, llama.cpp's ``Qcur-1``), None where it reports none."""
+    nodes = getattr(backend, "trace_nodes", None)
+    return {str(k): str(v) for k, v in nodes.items()} if isinstance(nodes, dict) else None
 
 
 def offers(backend: object, method: str) -> bool:

@@ -2,17 +2,22 @@
 float precision its size matches (the precision diagnosis says so beside ``consistent_with``).
 
 Read from what the backend runs: an ONNX file's nodes (QDQ pairs, integer matmuls and convolutions,
-a runtime's quantized contrib operators) or a PyTorch module's quantized submodules
-(``torch.ao.nn.quantized``, dynamic and static).
+a runtime's quantized contrib operators), a PyTorch module's quantized submodules
+(``torch.ao.nn.quantized``, dynamic and static) or its torchao-quantized weights (counted by scheme:
+``int8_weight_only``, ``int8_dynamic_activation_int8_weight``, ``int4_weight_only``; each module
+listed by :func:`quantized_modules`, see :mod:`.torchao`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["QUANTIZED_ONNX_OPS", "quantized_operators"]
+if TYPE_CHECKING:
+    from ..jsonio import JsonObject
+
+__all__ = ["QUANTIZED_ONNX_OPS", "quantized_operators", "quantized_modules"]
 
 #: ONNX (and ONNX Runtime contrib, ``com.microsoft``) operators that compute in, or convert to, an integer format.
 QUANTIZED_ONNX_OPS = frozenset({
@@ -48,7 +53,9 @@ def quantized_operators(backend: Any) -> dict[str, int]:
         return {op: n for op, n in sorted(ops.items()) if op in QUANTIZED_ONNX_OPS}
     module = getattr(backend, "module", None)
     if module is not None and hasattr(module, "modules"):
-        found: Counter[str] = Counter()
+        from .torchao.weights import scheme_counts, torchao_weights
+
+        found: Counter[str] = Counter(scheme_counts(torchao_weights(module)))
         for m in module.modules():
             cls = type(m)
             if ".quantized" in cls.__module__ and not cls.__name__.endswith("PackedParams"):  # not the weight holders
@@ -58,3 +65,11 @@ def quantized_operators(backend: Any) -> dict[str, int]:
                 found[".".join([*scope, cls.__name__])] += 1
         return dict(sorted(found.items()))
     return {}
+
+
+def quantized_modules(backend: Any) -> list[JsonObject]:
+    """Each torchao-quantized weight of a module backend's module (prepared, or built for ``--dtype
+    auto``): ``{module, scheme, group_size, tensor}`` (empty: none, or not a module backend)."""
+    from .torchao.weights import declared_weights
+
+    return [w.to_dict() for w in declared_weights(backend)]

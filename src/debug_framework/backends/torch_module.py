@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager, TypeAlias
 
 import numpy as np
 import torch
@@ -25,8 +25,9 @@ from .decode import DecodePass, DecodeRun, iter_module_decode, module_decode
 
 if TYPE_CHECKING:
     from ..jsonio import JsonObject
+    from .base import EmulatedPrecision
 
-__all__ = ["TorchModuleBackend", "ModuleBuilder", "TORCH_DTYPES", "torch_device_info"]
+__all__ = ["TorchModuleBackend", "ModuleBuilder", "PrecisionOf", "TORCH_DTYPES", "torch_device_info"]
 
 TORCH_DTYPES = {
     "float64": torch.float64,
@@ -42,6 +43,10 @@ _STRUCTURES: dict[tuple[str, str, str], tuple[ModelStructure, tuple[bool, str]]]
 
 #: ``builder(model, torch_dtype, device) -> nn.Module`` ready to be called with ``**inputs.torch()``.
 ModuleBuilder = Callable[[LoadedModel, torch.dtype, str], torch.nn.Module]
+
+#: How a module backend's precision is read from its module (``precision`` of
+#: :class:`TorchModuleBackend`): the backend and its module -> the precision declared, or None.
+PrecisionOf: TypeAlias = "Callable[[TorchModuleBackend, torch.nn.Module], EmulatedPrecision | None]"
 
 
 def _cuda_reason(device: str) -> str:
@@ -81,6 +86,9 @@ class TorchModuleBackend(BaseBackend):
         layer_modules: layer index -> module name, for layer inputs and ``run_layer``; ``None``
             means the Hugging Face layer names.
         device: default device (``"cpu"`` or ``"cuda"``).
+        precision: what the module's own precision is, given the backend and its module (None: a
+            float dtype only); ``module_backend`` passes torchao's
+            (:func:`~debug_framework.backends.torchao.reference.torchao_precision`).
     """
 
     def __init__(
@@ -90,10 +98,12 @@ class TorchModuleBackend(BaseBackend):
         checkpoint_map: Mapping[str, Any] | None = None,
         layer_modules: Mapping[int, str] | None = None,
         device: str = "cpu",
+        precision: PrecisionOf | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self.builder = builder
+        self.precision_of = precision
         self.checkpoint_map = checkpoint_map
         self._layer_modules = layer_modules
         self.device = device
@@ -105,6 +115,9 @@ class TorchModuleBackend(BaseBackend):
         self._block_support: tuple[bool, str] = (True, "")
         #: whether a replay may skip the layers before the replayed one (None: not yet checked)
         self._skip_ok: bool | None = None
+        #: the module :meth:`declared_dtype` built (its model's digest, dtype, device), kept for :meth:`prepare`
+        self._declared_module: torch.nn.Module | None = None
+        self._declared_for: tuple[str, str, str] | None = None
 
     def availability(self) -> tuple[bool, str]:
         reason = _cuda_reason(self.device)
@@ -117,13 +130,9 @@ class TorchModuleBackend(BaseBackend):
         if device is not None:
             self.device = device
         dtype = self._check_prepare(model, dtype, self.device)
-        try:
-            module = self.builder(model, TORCH_DTYPES[dtype], self.device)
-        except (BackendInitializationError, ModelLoadingError):  # DF002 / DF004 as they are
-            raise
-        except Exception as exc:  # a user's builder may raise anything; report it as DF002
-            raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
-        self.module = module.eval()
+        module = self._declared_module if self._declared_for == (model.digest, dtype, self.device) else None
+        self._declared_module = self._declared_for = None
+        self.module = (module if module is not None else self._build(model, dtype)).eval()
         self.architecture = model.architecture
         self.structure = None
         self._skip_ok = None  # whether replays may skip earlier layers is a fact of this model: checked anew
@@ -142,6 +151,45 @@ class TorchModuleBackend(BaseBackend):
             self.layer_modules = dict(enumerate(hf_layer_modules(model.architecture, model.num_layers)))
         else:
             self.layer_modules = dict(self._layer_modules)
+
+    def _build(self, model: LoadedModel, dtype: str) -> torch.nn.Module:
+        try:
+            return self.builder(model, TORCH_DTYPES[dtype], self.device)
+        except (BackendInitializationError, ModelLoadingError):  # DF002 / DF004 as they are
+            raise
+        except Exception as exc:  # a user's builder may raise anything; report it as DF002
+            raise BackendInitializationError(f"building the module failed: {exc}", backend=self.name) from exc
+
+    def built_module(self, model: LoadedModel, dtype: str) -> torch.nn.Module:
+        """The module built for ``model`` at ``dtype`` before :meth:`prepare`, on a copy of the weights
+        of its own (``LoadedModel.fork``), kept for the ``prepare`` at that dtype that follows."""
+        if self._declared_module is None or self._declared_for != (model.digest, dtype, self.device):
+            fork = getattr(model, "fork", None)
+            self._declared_module = self._build(fork() if callable(fork) else model, dtype)
+            self._declared_for = (model.digest, dtype, self.device)
+        return self._declared_module
+
+    def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
+        """What ``--dtype auto`` judges the module at: its torchao quantization where it holds one
+        (:func:`~debug_framework.backends.torchao.weights.declared_quantization` of the module built
+        here, kept for :meth:`prepare`), else None (its default).
+        Only a user's module (``module_backend``) is built to see: the framework's own subclasses
+        (``pytorch``: the stock eager model) declare nothing."""
+        if type(self) is not TorchModuleBackend:
+            return None
+        from .torchao.weights import declared_quantization
+
+        return declared_quantization(self.built_module(model, "float32"))
+
+    def emulated_precision(self, model: LoadedModel) -> EmulatedPrecision | None:
+        """The precision the module computes at beyond a float dtype, with its trusted emulation
+        (a user's module holding torchao weights: its scheme, the eager model quantized the same way,
+        :class:`~debug_framework.backends.torchao.reference.TorchaoPrecision`), None where it declares
+        none. Read of the module prepared, else of the one built for ``--dtype auto``."""
+        if self.precision_of is None:
+            return None
+        module = self.module if self.module is not None else self.built_module(model, "float32")
+        return self.precision_of(self, module)
 
     def _discover(self, model: LoadedModel) -> None:
         """The checkpoints of a generic-tier model from its module structure (one forward pass on a

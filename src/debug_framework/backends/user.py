@@ -196,5 +196,8 @@ def module_backend(
         layer_modules: layer index -> module name (layer inputs and ``run_layer``).
     """
     from .torch_module import TorchModuleBackend
+    from .torchao.reference import torchao_precision
 
-    return lambda device="cpu": TorchModuleBackend(name, builder, checkpoint_map, layer_modules, device)
+    # a module holding torchao-quantized weights declares that precision (judged at it by --dtype auto)
+    return lambda device="cpu": TorchModuleBackend(name, builder, checkpoint_map, layer_modules, device,
+                                                   precision=torchao_precision)

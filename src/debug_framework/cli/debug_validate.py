@@ -199,9 +199,11 @@ def _verdict_lines(out: Console, result: ValidationResult) -> None:
     if result.source is not None:
         out.print(markup("{}", "source: " + error_source_text(result.source)))
     if result.consistent_with:
-        quantized = (result.precision_diagnosis or {}).get("quantized")
+        note = result.precision_diagnosis or {}
+        quantized, emulated = note.get("quantized"), note.get("emulated")
         out.print(markup("{}", "precision: " + precision_text(result.consistent_with, result.alternative_dtype,
-                                                              quantized if isinstance(quantized, dict) else None)))
+                                                              quantized if isinstance(quantized, dict) else None,
+                                                              emulated if isinstance(emulated, dict) else None)))
 
 
 def _mark_all_line(marked: JsonObject) -> str:

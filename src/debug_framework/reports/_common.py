@@ -191,10 +191,22 @@ def shell_join(argv: Sequence[str]) -> str:
     return " ".join(shell_quote(str(a)) for a in argv)
 
 
-def precision_text(dtype: str, declared: object, quantized: Mapping[str, int] | None = None) -> str:
+def precision_text(dtype: str, declared: object, quantized: Mapping[str, int] | None = None,
+                   emulated: Mapping[str, str] | None = None) -> str:
     """What ``consistent_with`` means, in words. For a quantized alternative (``quantized``: its
     quantized operators and their counts) the size of a lower float precision's error is only a
-    scale: the words say that its error comes from quantization."""
+    scale: the words say that its error comes from quantization. A precision the alternative's
+    engine declares (``emulated``: its name -> the dtype it computes in; llama.cpp's ``q8_0``, a
+    torchao module's ``int8_weight_only``) is what the alternative really runs: the words say to
+    judge it at that precision."""
+    if quantized and dtype in quantized:
+        return (f"consistent with a correct {dtype} quantization of the reference's weights (torchao, the same "
+                f"configuration): its error is that quantization's, not a bug; validate it with --dtype auto "
+                "to judge it at its quantization")
+    if emulated and dtype in emulated:
+        return (f"consistent with a correct run at the alternative's own {dtype} precision (its engine's, "
+                f"computing in {emulated[dtype]}): its error is that precision's, not a bug; validate it with "
+                "--dtype auto to judge it at that precision")
     if quantized:
         ops = ", ".join(f"{op} x{n}" for op, n in quantized.items())
         return (f"the error is the size of a correct {dtype} run's, but the alternative is quantized ({ops}): "

@@ -426,7 +426,10 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     n_pass = sum(1 for r in rows if r.state is True)
     n_fail = sum(1 for r in rows if r.state is False)
     diagnosis = result.precision_diagnosis or {}
-    quantized = diagnosis.get("quantized")
+    quantized, emulated = diagnosis.get("quantized"), diagnosis.get("emulated")
+    consistent = "" if not result.consistent_with else precision_text(
+        result.consistent_with, result.alternative_dtype or "dtype", quantized if isinstance(quantized, Mapping) else None,
+        emulated if isinstance(emulated, Mapping) else None)
     if first is None:
         fd_text = "none: every checkpoint within tolerance" if rows else "none (no checkpoint results stored)"
     else:
@@ -445,8 +448,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         f'<div id="first-divergence">first divergence: <strong>{esc(fd_text)}</strong></div>'
         + (f"<div>worst checkpoint: {esc(worst.id)} (max abs error {esc(fmt_num(worst.comparison.max_abs_error))})</div>"
            if worst is not None else "")
-        + (f'<div id="consistent-with">{esc(precision_text(result.consistent_with, result.alternative_dtype or "dtype", quantized if isinstance(quantized, Mapping) else None))}</div>'
-           if result.consistent_with else "")
+        + (f'<div id="consistent-with">{esc(consistent)}</div>' if consistent else "")
         + (f'<div id="sensitivity">sensitivity: {esc(sees)}</div>' if sees else "")
         + (f'<div id="summary-introducing">layers that introduce error (isolation): '
            f"{esc(introducing_text(found))}</div>" if found is not None else "")

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Unpack
 
 from ..backends.artifacts import artifact_root
 from ..backends.base import Backend
-from ..backends.base import emulated_precision
-from ..backends.capabilities import backend_versions, capabilities, declared_dtype, produced_checkpoints
+from ..backends.capabilities import backend_versions, capabilities, declared_dtype, emulated_precision, \
+    produced_checkpoints
 from ..comparison import OracleJudgement
 from ..compat import EngineFaces
 from ..config import database_settings, default_database_path, merge_config, resource_settings
@@ -158,6 +158,18 @@ def _alternative_dtype(alt: Backend, model: LoadedModel, asked: str | None) -> t
             return declared[0], f"dtype auto: {declared[1]}"
         return capabilities(alt).default_dtype, f"dtype auto: {alt.name} declares no precision; its default"
     return capabilities(alt).default_dtype, None
+
+
+def _quantized_modules(alt: Backend, cfg: SessionConfig) -> JsonObject:
+    """``{"quantized_modules": [...]}`` for a session judged at the alternative's emulated precision
+    whose module holds torchao-quantized weights (each module, scheme, group size, tensor class: what
+    the precision diagnosis lists too), else ``{}``."""
+    if cfg.emulated_precision is None:
+        return {}
+    from ..backends.quantized import quantized_modules
+
+    found = quantized_modules(alt)
+    return {"quantized_modules": found} if found else {}
 
 
 def _reference_dtype(ref: Backend, cfg: SessionConfig, alt_dtype: str) -> str:
@@ -353,7 +365,8 @@ class ValidationEngine(EngineFaces):
             alternative_backend_info=_backend_info(alt, alt_dtype, cfg.device,
                                                    {"requested": alternative_backend, "selected_because": why,
                                                     "options": json_safe(dict(cfg.alternative_options)),
-                                                    **({"dtype_because": dtype_why} if dtype_why else {})}),
+                                                    **({"dtype_because": dtype_why} if dtype_why else {}),
+                                                    **_quantized_modules(alt, cfg)}),
         )
         # what was built here is handed to run() in this process: one load, one plan, the inputs in
         # memory (the saved file is the session's record, read back only by a run elsewhere)

@@ -180,6 +180,10 @@ class DrillRequest:
     step: int = 0
     tokens: np.ndarray | None = None
     past: tuple[HiddenState, HiddenState] | None = None
+    #: the session judges at the alternative's emulated precision (``SessionConfig.emulated_precision``,
+    #: a torchao module's ``int8_weight_only``): a quantized operator's bound is a correct
+    #: quantization's error, not its dtype's rounding
+    quantization: bool = False
 
 
 class DrillStrategy(Protocol):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...backends.base import emulated_precision
+from ...backends.capabilities import emulated_precision, offers, trace_nodes
 from .trace import TraceStrategy
 
 if TYPE_CHECKING:
@@ -36,8 +36,7 @@ class GgmlDrillStrategy(TraceStrategy):
     name = "ggml"
 
     def applies(self, backend: Backend) -> tuple[bool, str]:
-        if not isinstance(getattr(backend, "trace_nodes", None), dict) or not callable(
-                getattr(backend, "emulated_precision", None)):
+        if trace_nodes(backend) is None or not offers(backend, "emulated_precision"):
             return False, "drills an engine reporting its graph nodes (trace_nodes) and emulating its precision"
         return super().applies(backend)
 
@@ -62,7 +61,7 @@ class GgmlDrillStrategy(TraceStrategy):
 
     def drill(self, request: DrillRequest) -> LayerDrilldown:
         entry = super().drill(request)
-        nodes: dict[str, str] = dict(getattr(request.backend, "trace_nodes", {}) or {})
+        nodes = trace_nodes(request.backend) or {}
         entry.method = self.name
         entry.operators = [dataclasses.replace(row, node=nodes.get(row.op, row.node)) for row in entry.operators]
         if entry.culprit is not None:

@@ -18,6 +18,13 @@ support: the last same-shaped output of the trusted nodes of the same module, wh
 replaces). An unpaired node whose value is not what the trusted graph feeds the aligned operator it
 feeds (``y * 1.05`` inserted before a ``gelu``) takes that fed value instead: it is then judged (and
 named) as the operator that introduces the error, not the aligned operator after it.
+
+A torchao-quantized linear (one node, :mod:`debug_framework.backends.torchao`) is replayed on the
+alternative's own quantized weight; its trusted value is its module's output in the trusted layer
+(the reference's float weights, float64). Its row names the kernel it runs (``aten.mm``,
+``aten._int_mm``, ``aten._weight_int4pack_mm_for_cpu``), or its weight's dequantize step where the
+weight is no correct quantization of the reference's; where the session judges at the quantization,
+its bound is a correct quantization's error on the same input.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from ...comparison import RatioRule, finite_rms
 from ...backends.drilldown.types import OperatorRow
 from .align import Alignment, attribute_differences
 from .layer_graph import LayerGraph, is_cast, map_float_dtypes, node_module_path, node_source, run_graph
+from ...backends.torchao.leaves import (call_of, correct_quantized_error, is_quantized_call, kernel_of, quantized_weight,
+                                 weight_error)
 
-__all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor", "value_scale"]
+__all__ = ["JudgedLayer", "Replay", "judge_layer", "rms_error", "first_tensor", "value_scale", "as_linear"]
 
 KernelContext = Callable[[], contextlib.AbstractContextManager[object]]
 
@@ -50,6 +59,14 @@ class Replay:
     trusted: torch.Tensor
     bound: float
     introduced: float
+
+
+def as_linear(replay: Replay) -> Replay:
+    """A torchao-quantized linear's replay as ``torch.nn.functional.linear`` on its quantized weight
+    (rebuilt from the graph's inner tensors): what a repro with torchao installed can run."""
+    x, parts, handle, bias = replay.args  # type: ignore[misc]
+    weight = quantized_weight(int(handle), list(parts))
+    return Replay(torch.nn.functional.linear, (x, weight, bias), {}, replay.trusted, replay.bound, replay.introduced)
 
 
 @dataclass
@@ -135,6 +152,23 @@ def _to_dtype(value: object, dtype: torch.dtype) -> object:
     return value
 
 
+@dataclass(frozen=True)
+class QuantizedCheck:
+    """A torchao-quantized linear beside a correct quantization of the reference's weight:
+    ``correct`` its output error on the same input, ``correct_weight`` / ``weight`` the RMS of the
+    correct / the alternative's dequantized weight against the reference's, ``floor`` eps x RMS(weight)."""
+
+    correct: float
+    correct_weight: float
+    weight: float
+    floor: float
+
+    def weight_wrong(self, margin: float) -> bool:
+        """The alternative's quantized weight is no correct quantization of the reference's: its
+        quantize/dequantize step (scales, zero points or data) is where the error comes from."""
+        return self.weight > margin * self.correct_weight + self.floor
+
+
 @dataclass
 class _Judge:
     alt: LayerGraph
@@ -150,6 +184,8 @@ class _Judge:
     floor_eps: float
     tv: dict[str, object] = field(default_factory=dict)  # alternative node -> trusted value
     extra_ops: dict[str, str] = field(default_factory=dict)  # see JudgedLayer.extra_ops
+    quantization: bool = False  # the session judges at the alternative's quantization
+    checks: dict[str, QuantizedCheck | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.alt_nodes = {n.name: n for n in self.alt.gm.graph.nodes}
@@ -171,6 +207,8 @@ class _Judge:
             return self.tv[node.args[0].name][node.args[1]]
         if is_cast(node):
             return self.tv[node.args[0].name]
+        if is_quantized_call(node):  # its module's output in the trusted layer (float weights, float64)
+            return self._module_output(node, first_tensor(self.alt_own[node.name]))
         if node.name in self.alignment.pairs:
             return self.trusted_env[self.alignment.pairs[node.name]]
         own = self._unpaired_value(node)
@@ -225,14 +263,19 @@ class _Judge:
                 return node.target(*map_float_dtypes(args, torch.float64), **map_float_dtypes(kwargs, torch.float64))
         except Exception:  # noqa: BLE001 - an operator without float64 support
             pass
-        own = first_tensor(self.alt_own[node.name])
+        found = self._module_output(node, first_tensor(self.alt_own[node.name]))
+        return found if found is not None else _to_dtype(_on_cpu(self.alt_own[node.name]), torch.float64)
+
+    def _module_output(self, node: torch.fx.Node, own: torch.Tensor | None) -> torch.Tensor | None:
+        """The last trusted value of ``own``'s shape made in ``node``'s module (the module's output,
+        for an operator that stands for the whole module); None where there is none."""
         path = node_module_path(node)
         if own is not None and path:
             for ref in reversed([n for n in self.trusted.gm.graph.nodes if node_module_path(n) == path]):
                 value = first_tensor(self.trusted_env.get(ref.name))
                 if value is not None and value.shape == own.shape:
                     return value
-        return _to_dtype(_on_cpu(self.alt_own[node.name]), torch.float64)
+        return None
 
     def _replay_input(self, arg: torch.fx.Node) -> object:
         """A replayed operator's input: the alternative's own weights (its state is part of what is
@@ -249,8 +292,14 @@ class _Judge:
             out = node.target(*_clone(args), **_clone(kwargs))
         return out, args, kwargs
 
-    def stock_noise(self, node: torch.fx.Node, trusted: object) -> float:
-        """The error a stock eager operator makes at the alternative's dtype on the same inputs."""
+    def stock_noise(self, node: torch.fx.Node, trusted: object, args: object = None) -> float:
+        """The error a stock eager operator makes at the alternative's dtype on the same inputs; for a
+        torchao-quantized linear where the session judges at its quantization, the error of a correct
+        quantization of the reference's weight (:meth:`quantized_check`)."""
+        if self.quantization and is_quantized_call(node):
+            check = self.quantized_check(node, args, trusted)
+            if check is not None:
+                return check.correct
         ref_name = self.alignment.pairs.get(node.name)
         if ref_name is None or is_cast(node):  # no stock operator: the rounding of the value itself
             t = first_tensor(trusted)
@@ -262,6 +311,27 @@ class _Judge:
             out = ref.target(*map_float_dtypes(args, self.dtype, torch.float64),
                              **map_float_dtypes(kwargs, self.dtype, torch.float64))
         return rms_error(out, trusted)
+
+    def quantized_check(self, node: torch.fx.Node, args: object, trusted: object) -> QuantizedCheck | None:
+        """A torchao-quantized linear measured against a correct quantization of the reference's
+        weight (same configuration, the alternative's dtype) on the same replayed input: that run's
+        output error, and both weights' error against the reference's (None where the reference's
+        weight is not known here, or the scheme cannot be reproduced)."""
+        if node.name in self.checks:
+            return self.checks[node.name]
+        call = call_of(node)
+        weight = self.trusted_inputs.get(f"param:{call.param}")
+        bias = self.trusted_inputs.get(f"param:{call.param.removesuffix('weight')}bias")
+        t = first_tensor(trusted)
+        found = None
+        if isinstance(args, (tuple, list)) and weight is not None and t is not None:
+            x, parts = args[0], list(args[1])
+            correct = correct_quantized_error(node, x, weight, bias, t)
+            if correct is not None:
+                found = QuantizedCheck(correct[0], correct[1], weight_error(node, parts, weight),
+                                       self.eps * finite_rms(weight))
+        self.checks[node.name] = found
+        return found
 
     def carried_in(self, node: torch.fx.Node) -> float:
         errors = [rms_error(self.alt_own[a.name], self.tv[a.name]) for a in node.all_input_nodes
@@ -306,14 +376,17 @@ def _clone(value: object) -> object:
 
 
 def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trusted_inputs: dict[str, torch.Tensor],
-                *, kernels: KernelContext, dtype: torch.dtype, margin: float, floor_eps: float) -> JudgedLayer:
-    """Every operator of ``alt`` judged alone (see the module's docstring)."""
+                *, kernels: KernelContext, dtype: torch.dtype, margin: float, floor_eps: float,
+                quantization: bool = False) -> JudgedLayer:
+    """Every operator of ``alt`` judged alone (see the module's docstring); with ``quantization`` a
+    torchao-quantized linear is bounded by a correct quantization's error, not by float rounding."""
     device = next((t.device for t in alt.inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
     with kernels():
         alt_own = run_graph(alt, alt.inputs)
     trusted_env = run_graph(trusted, [trusted_inputs.get(p, v.double() if v.is_floating_point() else v)
                                       for p, v in zip(trusted.input_paths, trusted.inputs)], float64=True)
-    j = _Judge(alt, trusted, alignment, alt_own, trusted_env, trusted_inputs, kernels, dtype, device, margin, floor_eps)
+    j = _Judge(alt, trusted, alignment, alt_own, trusted_env, trusted_inputs, kernels, dtype, device, margin, floor_eps,
+               quantization=quantization)
     rows: list[OperatorRow] = []
     replays: dict[str, Replay] = {}
     placeholder_index = 0
@@ -330,14 +403,50 @@ def judge_layer(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment, trus
             continue
         out, args, kwargs = j.replay(node)
         introduced = rms_error(out, trusted_out)
-        stock = j.stock_noise(node, trusted_out)
+        stock = j.stock_noise(node, trusted_out, args)
         rule = RatioRule.calibrated(value_scale(trusted_out, dtype), j.eps, margin=margin, floor_eps=floor_eps)
         bound = rule.judge(stock, introduced).bound
-        rows.append(OperatorRow(index=len(rows), node=node.name, op=str(node.target), module_path=node_module_path(node),
-                                source=node_source(node), introduced=introduced, carried_in=j.carried_in(node),
+        op, source = str(node.target), node_source(node)
+        if is_quantized_call(node):
+            op, source = _quantized_step(j, node, args, trusted_out, margin)
+        rows.append(OperatorRow(index=len(rows), node=node.name, op=op, module_path=node_module_path(node),
+                                source=source, introduced=introduced, carried_in=j.carried_in(node),
                                 bound=bound))
         replays[node.name] = Replay(node.target, args, kwargs, trusted_out, bound, introduced)
-    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment) + _extra_notes(j), j.extra_ops)
+    return JudgedLayer(rows, replays, _notes(alt, trusted, alignment) + _extra_notes(j) + _quantization_notes(j, rows),
+                       j.extra_ops)
+
+
+def _quantization_notes(j: _Judge, rows: list[OperatorRow]) -> list[str]:
+    """Where a float-judged session's first operator beyond its bound is a torchao-quantized linear
+    whose error a correct quantization of the reference's weight makes too: that it is
+    quantization's error, and how to judge at it."""
+    first = next((r for r in rows if r.introduces), None)
+    node = None if first is None or j.quantization else j.alt_nodes[first.node]
+    check = j.checks.get(first.node) if node is not None and is_quantized_call(node) else None
+    if first is None or check is None or first.introduced > j.margin * check.correct + first.bound:
+        return []
+    scheme = call_of(j.alt_nodes[first.node]).weight.scheme
+    return [f"{first.op} at {first.module_path} errs as a correct {scheme} quantization of the reference's weight "
+            f"does ({first.introduced:.3e} against {check.correct:.3e}): the error is the quantization's; judge the "
+            "model at its quantization with --dtype auto"]
+
+
+def _quantized_step(j: _Judge, node: torch.fx.Node, args: object, trusted: torch.Tensor, margin: float
+                    ) -> tuple[str, str]:
+    """``(op, source)`` of a torchao-quantized linear's row: the kernel it runs
+    (``aten._int_mm.default``), or its weight's dequantize step (``Int8Tensor.dequantize``) where
+    that weight is no correct quantization of the reference's; the source says which scheme."""
+    call = call_of(node)
+    where = f"torchao {call.weight.scheme}" + (f" (group size {call.weight.group_size})" if call.weight.group_size
+                                               else "") + f" linear, {call.weight.tensor} weight"
+    line = node_source(node)
+    check = j.quantized_check(node, args, trusted)
+    if check is not None and check.weight_wrong(margin):
+        return (f"{call.weight.tensor}.dequantize",
+                f"{line} ({where}: its dequantized weight is {check.weight:.3e} RMS from the reference's where a "
+                f"correct {call.weight.scheme} quantization is {check.correct_weight:.3e})")
+    return kernel_of(node), f"{line} ({where})"
 
 
 def _extra_notes(j: _Judge) -> list[str]:
@@ -358,8 +467,19 @@ def _notes(alt: LayerGraph, trusted: LayerGraph, alignment: Alignment) -> list[s
     for a, r in alignment.pairs.items():
         for d in attribute_differences(alt_nodes[a], ref_nodes[r]):
             notes.append(f"{alt_nodes[a].target} ({a}) at {node_module_path(alt_nodes[a]) or '?'}: {d}")
-    for side, names, nodes in (("only the alternative has", alignment.alternative_only, alt_nodes),
-                               ("the alternative lacks", alignment.trusted_only, ref_nodes)):
+    # a torchao-quantized linear stands for its whole module: neither its node nor the trusted
+    # module's operators are missing from the other side
+    quantized = [alt_nodes[n] for n in alignment.alternative_only if is_quantized_call(alt_nodes[n])]
+    modules = {node_module_path(n) for n in quantized}
+    if quantized:
+        schemes = ", ".join(dict.fromkeys(call_of(n).weight.scheme for n in quantized))
+        notes.append(f"{len(quantized)} torchao-quantized linear{'s' if len(quantized) > 1 else ''} ({schemes}) "
+                     "judged as one operator each: replayed on the alternative's quantized weight against its module's "
+                     "float64 output")
+    alt_only = [n for n in alignment.alternative_only if not is_quantized_call(alt_nodes[n])]
+    ref_only = [n for n in alignment.trusted_only if node_module_path(ref_nodes[n]) not in modules]
+    for side, names, nodes in (("only the alternative has", alt_only, alt_nodes),
+                               ("the alternative lacks", ref_only, ref_nodes)):
         if names:
             listed = ", ".join(f"{nodes[n].target} ({n}) at {node_module_path(nodes[n]) or '?'}" for n in names[:8])
             notes.append(f"{side}: {listed}" + (f" and {len(names) - 8} more" if len(names) > 8 else ""))

@@ -6,7 +6,9 @@ layer's first pre-hook and keeps its arguments (masks, position embeddings, flag
 own hooks and whatever the model hands it are part of the call. The call is then traced with
 ``make_fx`` (real tensors, the dispatcher's ops after autograd: ``aten.addmm``, ``aten.gelu``,
 ``aten._softmax``...), the layer's parameters and buffers lifted to graph inputs by
-``torch.func.functional_call`` and in-place ops removed by ``torch.func.functionalize``.
+``torch.func.functional_call`` and in-place ops removed by ``torch.func.functionalize``. A linear
+holding a torchao-quantized weight is one operator (``debug_framework::quantized_linear``) whose
+inputs are the weight's inner tensors (``param:<weight>.qdata``...: :mod:`debug_framework.backends.torchao`).
 """
 
 from __future__ import annotations
@@ -16,17 +18,23 @@ import os
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
+if TYPE_CHECKING:
+    from ...backends.torchao.leaves import QuantizedLeaves
+
 __all__ = ["LayerCall", "LayerGraph", "capture_layer_call", "trace_layer", "node_module_path", "node_source",
            "run_graph", "is_cast", "map_float_dtypes"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
+#: the module whose stand-in forward calls a torchao-quantized linear: no source line of the model's
+_LEAF_FILE = os.path.abspath(os.path.join(_HERE, "..", "..", "backends", "torchao", "leaves.py"))
 
 
 class _SourceLines(TorchFunctionMode):
@@ -36,7 +44,8 @@ class _SourceLines(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., object], types: tuple[type, ...], args: tuple[object, ...] = (),
                            kwargs: dict[str, object] | None = None) -> object:
         frames = [f for f in traceback.extract_stack()[:-1]
-                  if not f.filename.startswith(_TORCH_DIR) and not f.filename.startswith(_HERE)]
+                  if not f.filename.startswith(_TORCH_DIR) and not f.filename.startswith(_HERE)
+                  and os.path.abspath(f.filename) != _LEAF_FILE]
         meta = fx_traceback.get_current_meta()
         meta["stack_trace"] = "".join(traceback.format_list(frames[-4:]))
         try:
@@ -176,14 +185,26 @@ def _module_paths(layer: torch.nn.Module, layer_name: str) -> Iterator[None]:
 def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidden: torch.Tensor) -> LayerGraph:
     """The ATen graph of layer ``layer_name`` called as in ``call`` with ``hidden`` as its input (at
     a decode step, its cache's past as the inputs ``past.keys`` and ``past.values``)."""
+    from ...backends.torchao.leaves import quantized_leaves
+
     layer = module.get_submodule(layer_name)
-    state = {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
+    with quantized_leaves(layer, layer_name) as quantized:  # torchao weights: one operator each
+        return _trace(layer, layer_name, call, hidden, quantized)
+
+
+def _trace(layer: torch.nn.Module, layer_name: str, call: LayerCall, hidden: torch.Tensor,
+           quantized: QuantizedLeaves) -> LayerGraph:
+    state = {k: v for k, v in {**dict(layer.named_parameters()), **dict(layer.named_buffers())}.items()
+             if k not in quantized.names}
     names = list(state)
     paths = [f"param:{n}" for n in names] + ["hidden"]
     leaves: list[torch.Tensor] = [*state.values(), hidden]
     args_t = _flatten(call.rest_args, "args", paths, leaves)
     kwargs_t = _flatten(call.kwargs, "kwargs", paths, leaves)
     n = len(names)
+    q_start = len(leaves)  # the quantized weights' inner tensors, after the call's own
+    paths += quantized.paths
+    leaves += quantized.inputs
     slot = call.cache
     if slot is not None:
         paths += ["past.keys", "past.values"]
@@ -192,6 +213,7 @@ def trace_layer(module: torch.nn.Module, layer_name: str, call: LayerCall, hidde
     def layer_fn(*flat: torch.Tensor) -> object:
         if slot is not None:  # the cache as it was before the layer, holding the graph's past inputs
             slot.load(flat[-2], flat[-1])
+        quantized.bind(flat, q_start)
         params = dict(zip(names, flat[:n]))
         args, kwargs = _rebuild(args_t, flat), _rebuild(kwargs_t, flat)
         with _SourceLines():

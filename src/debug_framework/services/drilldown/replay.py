@@ -36,11 +36,12 @@ import torch
 
 from .align import align_graphs
 from ...comparison import RatioRule, finite_rms
-from .judge import JudgedLayer, first_tensor, judge_layer, rms_error
+from .judge import JudgedLayer, as_linear, first_tensor, judge_layer, rms_error
 from .decode_step import capture_layer_call_at_step, reference_past
 from .layer_graph import (LayerCall, LayerGraph, capture_layer_call, node_module_path, node_source, run_graph,
                           trace_layer)
 from .repro import write_and_verify
+from ...backends.torchao.leaves import is_quantized_call
 from ...backends.drilldown.types import Culprit, DrillRequest, LayerDrilldown
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ class ReplayStrategy:
         if past is not None:  # and the reference's past, at a decode step
             trusted_inputs["past.keys"], trusted_inputs["past.values"] = past
         judged = judge_layer(alt, trusted, align_graphs(alt.gm.graph, trusted.gm.graph), trusted_inputs,
-                             kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps)
+                             kernels=kernels, dtype=dtype, margin=request.noise_margin, floor_eps=request.floor_eps,
+                             quantization=request.quantization)
         result.operators = judged.rows
         result.graph_file = str(_write_graph(alt, request.out_dir))
         if compiler_bug:  # an eager operator named here would send the user the wrong way
@@ -153,7 +155,10 @@ class ReplayStrategy:
         what = f"{row.op} at {row.module_path or '?'} ({row.source or '?'})"
         try:
             repro_dir: str | None
-            path, verified = write_and_verify(out_dir / "repro", judged.replays[row.node], backend, what=what)
+            replay = judged.replays[row.node]
+            if is_quantized_call(node):  # torchao's own linear on the quantized weight, as the user runs it
+                replay = as_linear(replay)
+            path, verified = write_and_verify(out_dir / "repro", replay, backend, what=what)
             repro_dir = str(path)
         except Exception as exc:  # noqa: BLE001 - the table is computed: a repro that fails to write loses nothing else
             repro_dir, verified = None, False

@@ -7,7 +7,8 @@ plugin backend the kernel that replaces the operator, whose build is copied besi
 ``repro.py``: it runs the operator (the plugin's kernel in its place where the backend dispatched
 it), compares the RMS error against the trusted value with the bound, and says ``REPRO: reproduced``
 (exit 1) while the error is beyond the bound, ``REPRO: fixed`` (exit 0) once it is not. It needs
-torch alone (it reads the safetensors file itself). It is verified once after writing (:func:`~debug_framework.repro_format.verify`).
+torch alone (it reads the safetensors file itself); a torchao-quantized linear's repro also needs
+torchao, and keeps the quantized weight as ``torchao_<n>.pt`` (read with ``weights_only=True``). It is verified once after writing (:func:`~debug_framework.repro_format.verify`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def value(v, tensors, device):
         else:
             w = torch._make_per_channel_quantized_tensor(q, tensors[p["scales"]], tensors[p["zero_points"]], p["axis"])
         return torch.ops.quantized.linear_prepack(w, tensors[p["bias"]] if p["bias"] else None)
+    if isinstance(v, dict) and "torchao_weight" in v:  # a torchao-quantized weight (tensor subclass)
+        import torchao  # noqa: F401  (registers its tensor classes for weights_only loading)
+
+        if str(v.get("module", "")).startswith("torchao."):  # its class's module (a prototype's registers there)
+            importlib.import_module(v["module"])
+        return torch.load(os.path.join(HERE, v["torchao_weight"]), weights_only=True).to(device)
     if isinstance(v, dict) and "dtype" in v:
         return getattr(torch, v["dtype"])
     if isinstance(v, dict) and "memory_format" in v:
@@ -55,6 +62,8 @@ def value(v, tensors, device):
 
 def operator(spec, args):
     """The ATen operator, or the plugin's kernel where the backend dispatched to it (its dtypes, devices)."""
+    if spec["op"] == "torch.nn.functional.linear":  # a torchao weight's linear (its __torch_function__)
+        return torch.nn.functional.linear
     ns, name, overload = spec["op"].split(".")
     op = getattr(getattr(getattr(torch.ops, ns), name), overload)
     plugin = spec.get("plugin")
@@ -91,8 +100,17 @@ def check():
 '''
 
 
+#: the key prefix of a torchao weight in the tensors to write: saved by ``torch.save`` as ``<key>.pt``
+#: (read back with ``weights_only=True``), not into the safetensors file
+_TORCHAO = "torchao_"
+
+
 def _encode(v: object, tensors: dict[str, torch.Tensor]) -> object:
     """An argument as JSON; tensors stored (contiguous, on the CPU) in ``tensors``."""
+    if isinstance(v, torch.Tensor) and type(v).__module__.startswith("torchao."):
+        key = f"{_TORCHAO}{len(tensors)}"
+        tensors[key] = v.detach().to("cpu")
+        return {"torchao_weight": f"{key}.pt", "module": type(v).__module__}
     if isinstance(v, torch.Tensor):
         key = f"t{len(tensors)}"
         tensors[key] = v.detach().to("cpu").contiguous()
@@ -148,13 +166,17 @@ def write_and_verify(folder: Path, replay: Replay, backend: Backend, *, what: st
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    check = {"op": str(replay.target), "args": _encode(list(replay.args), tensors),
+    op = "torch.nn.functional.linear" if replay.target is torch.nn.functional.linear else str(replay.target)
+    check = {"op": op, "args": _encode(list(replay.args), tensors),
              "kwargs": {k: _encode(v, tensors) for k, v in replay.kwargs.items()},
              "bound": replay.bound, "introduced": replay.introduced, "device": capabilities(backend).device,
              "plugin": _plugin(backend, replay.target, folder)}
     tensors["trusted"] = replay.trusted.detach().to("cpu", torch.float64).contiguous()
+    for key in [k for k in tensors if k.startswith(_TORCHAO)]:
+        torch.save(tensors.pop(key), folder / f"{key}.pt")
     save_file(tensors, str(folder / INPUTS))
-    write_repro_files(folder, writer="drilldown-replay", body=_BODY, requires=["torch"],
+    torchao = any(p.name.startswith(_TORCHAO) for p in folder.iterdir())
+    write_repro_files(folder, writer="drilldown-replay", body=_BODY, requires=["torch", *(["torchao"] if torchao else [])],
                       imports=["import importlib.util", "import torch"],
                       failure=f"{what}: the operator's error against the trusted float64 value exceeds its bound",
                       check=check)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...backends.base import Backend
-from ...backends.capabilities import capabilities
+from ...backends.capabilities import capabilities, emulated_precision
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, float64_array
 from ...errors import ConfigurationError
@@ -57,10 +57,9 @@ def calibration_backend(plan: ValidationPlan, alternative_backend: str, model: L
     ``"auto"`` is ``torch_reference`` (the from-math models through torch), or for a generic-tier
     ``model`` the model's own eager code at the alternative's precision (``float64_eager``'s code),
     or, where the session's ``emulated_precision`` is set (``dtype: "auto"`` and an engine declaring a
-    precision it emulates, :func:`~debug_framework.backends.capabilities.emulated_precision`), the
-    ``alternative``'s emulation of it."""
+    precision it emulates, :func:`~debug_framework.backends.capabilities.emulated_precision`: llama.cpp's
+    ``q8_0``, a module's torchao ``int8_weight_only``), the ``alternative``'s emulation of it."""
     from ...backends import get_backend
-    from ...backends.base import emulated_precision
     from ...backends.torch_reference import TorchReferenceBackend
 
     if plan.config.calibration_backend == "auto" and plan.config.emulated_precision and alternative is not None \

@@ -116,8 +116,7 @@ class RunContext:
         loaded model; any other a fork with weights of its own, so that a backend changing its
         weights in place (fusing, folding, quantizing) changes no other backend's. Returns the
         seconds it took."""
-        from ...backends.base import model_for
-        from ...backends.capabilities import reads_loaded_weights
+        from ...backends.capabilities import model_for, reads_loaded_weights
 
         model = model_for(backend, self.model)
         if reads_loaded_weights(backend) and (role, backend.name) not in self.weight_readers:

@@ -97,7 +97,8 @@ class DrillDownStage(Stage):
                             inputs=ctx.inputs, hidden_in=hidden, dtype=ctx.plan.alternative_dtype,
                             device=ctx.plan.config.device, out_dir=_out_dir(ctx, layer, step),
                             noise_margin=ctx.plan.config.noise_margin,
-                            floor_eps=ctx.plan.config.floor_eps, step=step, tokens=tokens, past=past)
+                            floor_eps=ctx.plan.config.floor_eps, step=step, tokens=tokens, past=past,
+                            quantization=ctx.plan.config.emulated_precision is not None)
 
     @staticmethod
     def _drill(ctx: RunContext, strategy: DrillStrategy, request: DrillRequest) -> LayerDrilldown:

@@ -13,7 +13,9 @@ Pure: it reads only the :class:`~.evidence.Evidence` the stages measured and the
   reference's layer input (error that neither block makes alone: the wiring between them);
 * the first divergence, the introducing layers and the error source;
 * where checkpoints fail, whether the whole run is **consistent with a correct run at a lower
-  precision** (``consistent_with``: ``"float16"``, ``"bfloat16"``): at every checkpoint measured,
+  precision** (``consistent_with``: ``"float16"``, ``"bfloat16"``, or the precision the alternative's
+  engine declares and emulates, llama.cpp's ``"q8_0"``, a torchao module's ``"int8_weight_only"``...):
+  at every checkpoint measured,
   the alternative's error is within the calibrated bound of a correct run at that precision and not
   far below it (a run computed at that precision errs everywhere, the embedding included, so a bug
   in one place of an otherwise exact run is never named so).
@@ -446,7 +448,7 @@ def consistent_precision(evidence: Evidence, plan: ValidationPlan) -> str | None
     emulated = dict(note.get("emulated") or {})  # an engine's emulated precision -> the dtype it computes in
     eps_of = {**{name: DTYPE_EPS[d] for name, d in emulated.items() if d in DTYPE_EPS}, **DTYPE_EPS}
     measured = [d for d in note.get("measured", []) if d in eps_of]
-    for dtype in measured:
+    for dtype in measured:  # a float dtype, or an emulated precision (at the eps of the dtype it computes in)
         seen = 0
         for ev in evidence.checkpoints:
             lower = (ev.lower_precision or {}).get(dtype)

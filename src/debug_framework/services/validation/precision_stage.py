@@ -9,14 +9,16 @@ alternative's (``float16``, then ``bfloat16``) on the same inputs and keeps its 
 reference at every enabled checkpoint (``CheckpointEvidence.lower_precision``). It measures only;
 the judge (:func:`.judge.consistent_precision`) decides whether the whole run is consistent with
 one of them (``consistent_with``). It runs only where a checkpoint failed, calibration is on and
-``precision_diagnosis`` is (the default).
+``precision_diagnosis`` is (the default). An alternative whose engine declares a precision it
+emulates (:func:`~debug_framework.backends.capabilities.emulated_precision`: llama.cpp's ``q8_0``, a
+torchao module's ``int8_weight_only``) is measured first against that emulation, under its name,
+where the calibration did not already run it (a session judged at an explicit dtype).
 """
 
 from __future__ import annotations
 
-from ...backends.base import Backend
-from ...backends.base import EmulatedPrecision, emulated_precision
-from ...backends.capabilities import capabilities, release
+from ...backends.base import Backend, EmulatedPrecision
+from ...backends.capabilities import capabilities, emulated_precision, release
 from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
@@ -57,7 +59,8 @@ class PrecisionStage(Stage):
 
     @staticmethod
     def _emulated(ctx: RunContext) -> EmulatedPrecision | None:
-        """The precision the alternative's engine declares and emulates (llama.cpp's ``q8_0``), where
+        """The precision the alternative's engine declares and emulates (llama.cpp's ``q8_0``, a torchao
+        module's ``int8_weight_only``), where
         the calibration did not already run it (a session judged at an explicit dtype)."""
         config = ctx.plan.config
         if config.emulated_precision or config.calibration_backend != "auto" or ctx.alternative is None:
@@ -98,9 +101,11 @@ class PrecisionStage(Stage):
                 if noise is not None:
                     ev.lower_precision = {**(ev.lower_precision or {}), dtype: noise}
             del cap
-        from ...backends.quantized import quantized_operators
+        from ...backends.quantized import quantized_modules, quantized_operators
 
+        modules = quantized_modules(ctx.alternative)
         ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
                                        "backend": plan.config.calibration_backend,
                                        "quantized": quantized_operators(ctx.alternative),
-                                       "emulated": {emulated.name: emulated.dtype} if emulated is not None else {}}
+                                       "emulated": {emulated.name: emulated.dtype} if emulated is not None else {},
+                                       **({"quantized_modules": modules} if modules else {})}

@@ -46,14 +46,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from ...backends.base import (
-    Backend,
-    BlockReplayBackend,
-    LayerReplayBackend,
-    block_replay_support,
-    layer_replay_support,
-)
-from ...backends.capabilities import release
+from ...backends.base import Backend, BlockReplayBackend, LayerReplayBackend
+from ...backends.capabilities import block_replay_support, layer_replay_support, release
 from ...capture.keys import Capture, CheckpointKey, all_checkpoints, layer_input_key
 from ...comparison import ComparisonResult, compare, error_metric, select_positions
 from ...errors import BackendRuntimeError, ConfigurationError, DebugFrameworkError, ModelLoadingError, ValidationError
