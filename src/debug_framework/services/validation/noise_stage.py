@@ -33,15 +33,8 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ...backends.base import (
-    Backend,
-    BlockReplayBackend,
-    LayerReplayBackend,
-    block_replay_support,
-    layer_replay_support,
-    model_for,
-)
-from ...backends.capabilities import release
+from ...backends.base import Backend, BlockReplayBackend, LayerReplayBackend
+from ...backends.capabilities import block_replay_support, layer_replay_support, model_for, release
 from ...capture.keys import Capture, CheckpointKey
 from ...comparison import NOISE_RUNS, ComparisonResult, compare
 from ...comparison.noise import perturb_array, perturb_within_rounding
