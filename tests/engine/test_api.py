@@ -47,7 +47,7 @@ def test_doc_examples_run(fresh_framework, capsys):
     finally:
         unregister_backend("my_llama")
     out = capsys.readouterr().out
-    assert re.search(r"8/9 worst error\n9/9 store\n[0-9.e+-]+ worst max abs error", out)  # the custom-stage example
+    assert re.search(r"9/10 worst error\n10/10 store\n[0-9.e+-]+ worst max abs error", out)  # the custom-stage example
     assert "would free" in out  # the maintenance dry run
     assert "post_attention:2 [2]" in out and "[('done', 'passed'), ('done', 'passed')] 100.0" in out
 
