@@ -327,8 +327,9 @@ def validate(
     alternative_model: Path | None = typer.Option(None, "--alternative-model", metavar="FILE.onnx|FILE.pte",
                                                   help="a converted or optimised ONNX file of the --model-path ONNX "
                                                   "file, run by the alternative (an engine that runs ONNX files); "
-                                                  "checkpoints matched by tensor name; or an ExecuTorch program "
-                                                  "of the --model-path model (executorch, docs/executorch.md)"),
+                                                  "checkpoints matched by tensor name; or a .pte program of the "
+                                                  "--model-path model, run by the engine registered for .pte "
+                                                  "files"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="an ONNX-file model: compare every node output too, in topological order "
                                        "(streamed; the first node-level divergence)"),
@@ -414,8 +415,8 @@ def _decode_options(padding_side: str | None, position_offset: int | None, decod
 
 def _engine_for_file(model_file: Path, alternative: str) -> str:
     """The alternative for ``--alternative-model``: the one given, or with ``auto`` the engine that
-    runs files of its kind by default (the registry's ``file_formats``: ``.pte`` executorch, ``.onnx``
-    onnxruntime, as ``auto`` means for an ONNX-file model)."""
+    runs files of its kind by default (the registry's ``file_formats``, by the file's suffix; for
+    ``.onnx`` the engine ``auto`` means for an ONNX-file model)."""
     if alternative != "auto":
         return alternative
     from ..backends.registry import default_engine_for

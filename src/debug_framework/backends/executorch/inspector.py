@@ -2,9 +2,9 @@
 operator between the ETRecord's intermediates, computed by the exported program at its own dtype,
 and the ETDump's, recorded by the runtime), where it runs.
 
-It runs for portable programs without grouped-query attention; with executorch 1.5.1 it fails for
-grouped-query attention (``ValueError: ... size of tensor a (4) must match ... b (2)``) and for
-XNNPACK programs (a delegate call is one operator). :func:`numeric_gap` returns what happened either
+Measured with executorch 1.5.1 on a tiny Llama: it runs on a batch of one (portable or XNNPACK:
+a delegate call is then one operator), and fails for a batch of two (``ValueError: ... size of
+tensor a (16) must match the size of tensor b (32)``) and, as reported, for grouped-query attention. :func:`numeric_gap` returns what happened either
 way, as :class:`InspectorEvidence`: the gap per operator where it ran, the error where it did not.
 """
 
@@ -68,6 +68,13 @@ def _gap_value(value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
+def _op_names(value: object) -> str:
+    """The operator names of one row of the Inspector's table (a list of names, or one)."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
 def numeric_gap(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, delegate: str,
                 metric: str = "MSE") -> InspectorEvidence:
     """Export ``module`` on ``args`` with an ETRecord, run the program once recording an ETDump, and
@@ -87,7 +94,7 @@ def numeric_gap(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: P
     except Exception as exc:  # noqa: BLE001 - the Inspector failing is what is reported
         return InspectorEvidence(False, time.perf_counter() - start, metric, why=f"{type(exc).__name__}: {exc}"[:500])
     seconds = time.perf_counter() - start
-    name_column = next((c for c in ("runtime_op_name", "aot_op_names", "runtime_op_names") if c in table.columns), None)
-    rows: list[JsonObject] = [{"operator": str(row[name_column]) if name_column else str(n), "gap": _gap_value(row["gap"])}
+    column = next((c for c in ("aot_ops", "runtime_ops") if c in table.columns), None)
+    rows: list[JsonObject] = [{"operator": _op_names(row[column]) if column else str(n), "gap": _gap_value(row["gap"])}
                               for n, (_, row) in enumerate(table.iterrows())]
     return InspectorEvidence(True, seconds, metric, rows)

@@ -158,7 +158,10 @@ class ExecuTorchBackend(BaseBackend):
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         """Build the model to export (its programs are exported on the first run of each input
         shape), or check, probe and load the user's program."""
-        self._check_prepare(model, dtype, device or "cpu")
+        if device not in (None, "cpu"):
+            raise BackendInitializationError(f"runs ExecuTorch's CPU runtime, not on {device!r}", backend=self.name,
+                                             hint="leave --device at cpu")
+        self._check_prepare(model, dtype, "cpu")
         self._programs.clear()
         self.exports.clear()
         if self.model_file is not None:
