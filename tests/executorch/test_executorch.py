@@ -51,12 +51,14 @@ def _rows(result: dict) -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def portable_session(tiny_et_llama, tmp_path_factory):
-    """The model's own portable export, layer 1 and its MLP block replayed in ExecuTorch."""
+    """The model's own portable export, layer 1 and its MLP block replayed in ExecuTorch, and
+    ExecuTorch's Inspector run beside it."""
     from debug_framework.services.validation_engine import ValidationEngine
 
     engine = ValidationEngine(tmp_path_factory.mktemp("db") / "d.db")
     sid = engine.create_session(tiny_et_llama, {"isolate": True, "layers": [1, 2],  # layer 1 replayed: two programs
-                                                "alternative_options": {"delegate": "portable"}}, "auto", "executorch")
+                                                "alternative_options": {"delegate": "portable", "inspector": True}},
+                                "auto", "executorch")
     return engine.run(sid), engine.db.sessions.get(sid)
 
 
@@ -67,9 +69,12 @@ def test_the_portable_export_passes_and_replays_a_layer_and_its_mlp(portable_ses
     info = stored["alternative_backend_info"]["versions"]
     assert info["runtime"] == "executorch" and info["delegate"] == "portable"
     programs = sorted(p.name.split("-")[3] for p in Path(info["artifact_dir"]).glob("*.pte"))
-    assert programs == ["layer1", "mlp1", "model"]
+    assert programs == ["inspector", "layer1", "mlp1", "model"]
     isolation = result.to_dict()["isolation"]
     assert [layer["layer"] for layer in isolation] == [1]
+    inspector = info["inspector"]  # a portable program at batch 1: the Inspector runs, its gap per operator
+    assert inspector["ran"] and inspector["operators"] > 50 and inspector["metric"] == "MSE"
+    assert 0.0 <= inspector["worst"][0]["gap"] < 1e-8 and "calculate_numeric_gap:" in inspector["line"]
 
 
 def test_the_model_program_given_back_reads_its_sidecar(portable_session, tiny_et_llama, tmp_path):

@@ -43,6 +43,7 @@ from ..artifacts import claim_artifact_dir
 from ..base import BaseBackend, HiddenState, Taps, attention_block_of_layer, cpu_name, installed_version
 from .lowering import check_delegate, lower_to_file
 from .outputs import OutputMap, output_map, program_feeds, read_sidecar, sidecar_json, sidecar_path
+from .inspector import InspectorEvidence
 from .program import LoadedProgram, ProgramSignature, check_program_file, load_program, probe_program
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ class ExecuTorchBackend(BaseBackend):
             ``None``: ``<model_file>.json`` where it exists, else logits / logits and hidden states.
         artifact_dir: where the exported programs go; ``None``: the session's artifact directory
             during a validation, else a temporary directory :meth:`close` removes.
+        inspector: also run ExecuTorch's Inspector (:func:`~.inspector.numeric_gap`) when prepared, on
+            the model's logits for one row of 16 seeded random tokens (what it runs on: see
+            docs/executorch.md), its result or failure in ``version_info()["inspector"]``, beside the
+            session's own judgement; the model's own export only (a user's program has no ETRecord).
     """
 
     name = "executorch"
@@ -76,7 +81,8 @@ class ExecuTorchBackend(BaseBackend):
     runs_onnx_files = False
 
     def __init__(self, delegate: str = "xnnpack", model_file: str | Path | None = None,
-                 outputs: str | Path | None = None, artifact_dir: str | Path | None = None) -> None:
+                 outputs: str | Path | None = None, artifact_dir: str | Path | None = None,
+                 inspector: bool = False) -> None:
         super().__init__()
         self.delegate = check_delegate(str(delegate), self.name)
         self.model_file = None if model_file is None else Path(model_file).expanduser()
@@ -89,6 +95,12 @@ class ExecuTorchBackend(BaseBackend):
         self.outputs_file = given
         self._named = None if given is None else read_sidecar(given)
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
+        if inspector and self.model_file is not None:
+            raise BackendInitializationError("ExecuTorch's Inspector needs the program's ETRecord, which a user's "
+                                             "program does not come with", backend=self.name,
+                                             hint="drop inspector=true, or let the backend export the model")
+        self.inspector = bool(inspector)
+        self.inspector_evidence: InspectorEvidence | None = None
         self._temporary: weakref.finalize | None = None
         self.signature: ProgramSignature | None = None
         self.outputs_read_as: str | None = None
@@ -124,6 +136,11 @@ class ExecuTorchBackend(BaseBackend):
             "delegate": "as lowered by its author" if self.model_file else self.delegate,
             "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
         }
+        if self.inspector_evidence is not None:
+            found = self.inspector_evidence
+            info["inspector"] = {"ran": found.ran, "seconds": round(found.seconds, 4), "metric": found.metric,
+                                 "line": found.line(), "worst": found.worst(5), "operators": len(found.operators),
+                                 "inputs": "1 x 16 seeded random tokens"}
         if self.model_file is not None:
             info["model_file"] = str(self.model_file)
             info["outputs_read_as"] = self.outputs_read_as
@@ -176,6 +193,23 @@ class ExecuTorchBackend(BaseBackend):
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
         self._sink = self._wrapper._sink  # the hooks' list (torch.export leaves a copy on the wrapper)
         self._artifact_dir()
+        if self.inspector:
+            self.inspector_evidence = self._inspect(model)
+
+    def _inspect(self, model: LoadedModel) -> InspectorEvidence:
+        """ExecuTorch's Inspector on the model's logits for one row of 16 seeded random tokens."""
+        import torch
+
+        from .._graph_capture import PlainOutput
+        from .inspector import numeric_gap
+
+        example = ModelInputs.random(model.config.vocab_size, batch=1, length=16, seed=0)
+        args = tuple(torch.from_numpy(v) for v in graph_inputs(model, example).values())
+        path = self._artifact_dir() / f"{model.architecture}-{model.digest[:12]}-{self.delegate}-inspector-1x16.pte"
+        try:
+            return numeric_gap(PlainOutput(self.net), args, path, self.delegate)
+        finally:
+            self._sink.clear()
 
     def _prepare_file(self, model: LoadedModel) -> None:
         """The user's program: loaded by a child first (a crash there is a DF004 error), then here."""
