@@ -50,14 +50,14 @@ def _rows(result: dict) -> dict[str, bool]:
 
 
 @pytest.fixture(scope="module")
-def portable_session(tiny_et_llama, tmp_path_factory):
-    """The model's own portable export, layer 1 and its MLP block replayed in ExecuTorch, and
+def portable_session(one_layer_llama, tmp_path_factory):
+    """The model's own portable export (one layer), the layer and its MLP block replayed in ExecuTorch, and
     ExecuTorch's Inspector run beside it."""
     from debug_framework.services.validation_engine import ValidationEngine
 
     engine = ValidationEngine(tmp_path_factory.mktemp("db") / "d.db")
-    sid = engine.create_session(tiny_et_llama, {"isolate": True, "layers": [1, 2],  # layer 1 replayed: two programs
-                                                "alternative_options": {"delegate": "portable", "inspector": True}},
+    sid = engine.create_session(one_layer_llama, {"isolate": True,  # the layer and its MLP replayed: two programs
+                                                  "alternative_options": {"delegate": "portable", "inspector": True}},
                                 "auto", "executorch")
     return engine.run(sid), engine.db.sessions.get(sid)
 
@@ -65,24 +65,25 @@ def portable_session(tiny_et_llama, tmp_path_factory):
 def test_the_portable_export_passes_and_replays_a_layer_and_its_mlp(portable_session):
     result, stored = portable_session
     assert result.verdict == "passed"
-    assert [str(r.key) for r in result.results] == ["post_embedding", "post_attention:1", "post_mlp:1", "post_processing"]
+    assert [str(r.key) for r in result.results] == ["post_embedding", "post_attention:0", "post_mlp:0", "post_processing"]
     info = stored["alternative_backend_info"]["versions"]
     assert info["runtime"] == "executorch" and info["delegate"] == "portable"
     programs = sorted(p.name.split("-")[3] for p in Path(info["artifact_dir"]).glob("*.pte"))
-    assert programs == ["inspector", "layer1", "mlp1", "model"]
+    assert programs == ["inspector", "layer0", "mlp0", "model"]
     isolation = result.to_dict()["isolation"]
-    assert [layer["layer"] for layer in isolation] == [1]
+    assert [layer["layer"] for layer in isolation] == [0] and not isolation[0]["introduces_error"]
+    assert isolation[0]["attention"]["passed"] and isolation[0]["mlp"]["passed"]
     inspector = info["inspector"]  # a portable program at batch 1: the Inspector runs, its gap per operator
     assert inspector["ran"] and inspector["operators"] > 50 and inspector["metric"] == "MSE"
     assert 0.0 <= inspector["worst"][0]["gap"] < 1e-8 and "calculate_numeric_gap:" in inspector["line"]
 
 
-def test_the_model_program_given_back_reads_its_sidecar(portable_session, tiny_et_llama, tmp_path):
+def test_the_model_program_given_back_reads_its_sidecar(portable_session, one_layer_llama, tmp_path):
     _, stored = portable_session
     program = next(Path(stored["alternative_backend_info"]["versions"]["artifact_dir"]).glob("*-model-*.pte"))
     assert json.loads(Path(str(program) + ".json").read_text())["outputs"][0] == "post_embedding"
-    code, result = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(program), "--no-isolate")
-    assert code == 0 and len(result["results"]) == 8 and all(_rows(result).values())
+    code, result = _validate(one_layer_llama, tmp_path / "d.db", "--alternative-model", str(program), "--no-isolate")
+    assert code == 0 and len(result["results"]) == 4 and all(_rows(result).values())
 
 
 def test_the_xnnpack_export_passes_every_checkpoint(one_layer_llama, tmp_path):
