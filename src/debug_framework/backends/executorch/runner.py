@@ -44,7 +44,7 @@ from ..base import BaseBackend, HiddenState, Taps, attention_block_of_layer, cpu
 from .lowering import check_delegate, lower_to_file
 from .outputs import OutputMap, output_map, program_feeds, read_sidecar, sidecar_json, sidecar_path
 from .inspector import InspectorEvidence
-from .program import LoadedProgram, ProgramSignature, check_program_file, load_program, probe_program
+from .program import LoadedProgram, ProgramHeader, ProgramSignature, check_program_file, load_program, probe_program
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +67,8 @@ class ExecuTorchBackend(BaseBackend):
         model_file: ``--alternative-model``: a ``.pte`` program of the session's model, run instead
             of an export of ours; checked here (header and sizes), loaded by a child first in ``prepare``.
         outputs: a sidecar naming the program's outputs (``{"outputs": ["post_processing", ...]}``);
-            ``None``: ``<model_file>.json`` where it exists, else logits / logits and hidden states.
+            ``None``: the one beside the program (``model.pte.json``) where it exists, else the
+            outputs are read as logits, or logits and hidden states.
         artifact_dir: where the exported programs go; ``None``: the session's artifact directory
             during a validation, else a temporary directory :meth:`close` removes.
         inspector: also run ExecuTorch's Inspector (:func:`~.inspector.numeric_gap`) when prepared, on
@@ -86,6 +87,7 @@ class ExecuTorchBackend(BaseBackend):
         super().__init__()
         self.delegate = check_delegate(str(delegate), self.name)
         self.model_file = None if model_file is None else Path(model_file).expanduser()
+        self.header: ProgramHeader | None = None
         if self.model_file is not None:
             self.header = check_program_file(self.model_file)
             self.supported_dtypes = ("float32", *_LOWER_PRECISIONS)  # the program's precision is its own
