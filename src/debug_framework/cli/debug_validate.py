@@ -239,6 +239,10 @@ def _print_summary(out: Console, result: ValidationResult, verbose: bool, footer
 
         for line in decode_text(result, out.width):
             out.print(markup("{}", line))
+    from ..reports._inspector import inspector_text
+
+    for line in inspector_text(result):
+        out.print(markup("{}", line))
     found = result.introducing()
     if found is not None:
         out.print(markup("{}", "isolation: " + ("no layer introduces error on its own" if not found else

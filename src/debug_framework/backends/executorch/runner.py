@@ -71,10 +71,11 @@ class ExecuTorchBackend(BaseBackend):
             outputs are read as logits, or logits and hidden states.
         artifact_dir: where the exported programs go; ``None``: the session's artifact directory
             during a validation, else a temporary directory :meth:`close` removes.
-        inspector: also run ExecuTorch's Inspector (:func:`~.inspector.numeric_gap`) when prepared, on
-            the model's logits for one row of 16 seeded random tokens (what it runs on: see
-            docs/executorch.md), its result or failure in ``version_info()["inspector"]``, beside the
-            session's own judgement; the model's own export only (a user's program has no ETRecord).
+        inspector: also run ExecuTorch's Inspector (:func:`~.inspector.numeric_gap`) on the model's
+            logits for the inputs of the first run (the session's: the whole batch, else row by row at
+            batch 1; see docs/executorch.md), its result or failure as :meth:`inspector_record`,
+            which the session's result keeps as ``inspector`` beside its own per-layer judgement; the
+            model's own export only (a user's program has no ETRecord).
     """
 
     name = "executorch"
@@ -138,11 +139,6 @@ class ExecuTorchBackend(BaseBackend):
             "delegate": "as lowered by its author" if self.model_file else self.delegate,
             "artifact_dir": None if self.artifact_dir is None else str(self.artifact_dir),
         }
-        if self.inspector_evidence is not None:
-            found = self.inspector_evidence
-            info["inspector"] = {"ran": found.ran, "seconds": round(found.seconds, 4), "metric": found.metric,
-                                 "line": found.line(), "worst": found.worst(5), "operators": len(found.operators),
-                                 "inputs": "1 x 16 seeded random tokens"}
         if self.model_file is not None:
             info["model_file"] = str(self.model_file)
             info["outputs_read_as"] = self.outputs_read_as
@@ -195,21 +191,27 @@ class ExecuTorchBackend(BaseBackend):
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
         self._sink = self._wrapper._sink  # the hooks' list (torch.export leaves a copy on the wrapper)
         self._artifact_dir()
-        if self.inspector:
-            self.inspector_evidence = self._inspect(model)
+        self.inspector_evidence = None
 
-    def _inspect(self, model: LoadedModel) -> InspectorEvidence:
-        """ExecuTorch's Inspector on the model's logits for one row of 16 seeded random tokens."""
+    def inspector_record(self) -> JsonObject | None:
+        """What ExecuTorch's Inspector said on the session's inputs (:meth:`.InspectorEvidence.to_dict`:
+        the gap per place in the model, or why it failed); None where ``inspector`` was not asked for
+        or no run happened yet. The session's result keeps it as ``inspector``."""
+        return None if self.inspector_evidence is None else self.inspector_evidence.to_dict()
+
+    def _inspect(self, inputs: ModelInputs) -> InspectorEvidence:
+        """ExecuTorch's Inspector on the model's logits for ``inputs`` (whole, else row by row)."""
         import torch
 
         from .._graph_capture import PlainOutput
         from .inspector import numeric_gap
 
-        example = ModelInputs.random(model.config.vocab_size, batch=1, length=16, seed=0)
-        args = tuple(torch.from_numpy(v) for v in graph_inputs(model, example).values())
-        path = self._artifact_dir() / f"{model.architecture}-{model.digest[:12]}-{self.delegate}-inspector-1x16.pte"
+        model = self._prepared()
+        batch = tuple(torch.from_numpy(v) for v in graph_inputs(model, inputs).values())
+        shape = "x".join(str(d) for d in batch[0].shape)
+        path = self._artifact_dir() / f"{model.architecture}-{model.digest[:12]}-{self.delegate}-inspector-{shape}.pte"
         try:
-            return numeric_gap(PlainOutput(self.net), args, path, self.delegate)
+            return numeric_gap(PlainOutput(self.net), batch, path, self.delegate)
         finally:
             self._sink.clear()
 
@@ -294,6 +296,8 @@ class ExecuTorchBackend(BaseBackend):
             program, out_keys = self._program, self._map
             meta.update(program=str(self.model_file), outputs_read_as=self.outputs_read_as)
         else:
+            if self.inspector and self.inspector_evidence is None:  # on the session's inputs: its first run
+                self.inspector_evidence = self._inspect(inputs)
             program, out_keys, feeds, made = self._model_program(inputs)  # type: ignore[assignment]
             meta.update(program=str(program.path), exported_in_this_call=made)
         start = time.perf_counter()
