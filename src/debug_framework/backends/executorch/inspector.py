@@ -52,7 +52,7 @@ class InspectorEvidence:
 
     Attributes:
         ran: ``calculate_numeric_gap`` returned a table (for the whole batch, or for every row).
-        seconds: the time it took (the Inspector's parsing included), or until it failed.
+        seconds: the time it took (its exports and the Inspector's parsing included), or until it failed.
         metric: ``"MSE"``, ``"L1"`` or ``"SNR"``.
         inputs: what it ran on, in words (the session's batch, or its rows one by one at batch 1).
         operators: one row per compared operator in program order: ``operator`` (its name(s)),
