@@ -53,3 +53,16 @@ def test_a_failed_inspector_is_said_plainly_everywhere():
     page = inspector_section(result)
     assert "failed after 1.25 s" in page and "&lt;XNNPACK&gt;" in page and "<table>" not in page
     assert inspector_section(_result(None)) == "" and inspector_text(_result(None)) == []
+
+
+def test_a_failure_names_the_known_causes_the_session_has():
+    """XNNPACK's delegate and grouped-query attention: what the Inspector is known to fail on."""
+    from types import SimpleNamespace
+
+    from debug_framework.backends.executorch.runner import ExecuTorchBackend
+
+    gqa = SimpleNamespace(config=SimpleNamespace(num_attention_heads=4, num_key_value_heads=2))
+    causes = ExecuTorchBackend(delegate="xnnpack")._known_causes(gqa)
+    assert len(causes) == 2 and "XNNPACK's delegate" in causes[0] and "grouped-query attention (4 query heads, 2" in causes[1]
+    plain = SimpleNamespace(config=SimpleNamespace(num_attention_heads=4, num_key_value_heads=4))
+    assert ExecuTorchBackend(delegate="portable")._known_causes(plain) == []

@@ -211,9 +211,25 @@ class ExecuTorchBackend(BaseBackend):
         shape = "x".join(str(d) for d in batch[0].shape)
         path = self._artifact_dir() / f"{model.architecture}-{model.digest[:12]}-{self.delegate}-inspector-{shape}.pte"
         try:
-            return numeric_gap(PlainOutput(self.net), batch, path, self.delegate)
+            found = numeric_gap(PlainOutput(self.net), batch, path, self.delegate)
         finally:
             self._sink.clear()
+        if not found.ran:
+            found.notes.extend(self._known_causes(model))
+        return found
+
+    def _known_causes(self, model: LoadedModel) -> list[str]:
+        """What is known to make the Inspector fail that this session has (docs/executorch.md)."""
+        causes = []
+        if self.delegate == "xnnpack":
+            causes.append("the program is lowered to XNNPACK's delegate: the Inspector fails on every XNNPACK "
+                          "program measured with executorch 1.5.1 (delegate=portable runs it)")
+        heads = getattr(model.config, "num_attention_heads", None)
+        kv_heads = getattr(model.config, "num_key_value_heads", None) or heads
+        if heads and kv_heads and kv_heads < heads:
+            causes.append(f"the model uses grouped-query attention ({heads} query heads, {kv_heads} key/value heads), "
+                          "for which the Inspector is reported to fail upstream")
+        return causes
 
     def _prepare_file(self, model: LoadedModel) -> None:
         """The user's program: loaded by a child first (a crash there is a DF004 error), then here."""
