@@ -24,11 +24,12 @@ from .lowering import lower_to_file
 from .program import load_program
 
 if TYPE_CHECKING:
+    import pandas
     import torch
 
     from ...jsonio import JsonObject
 
-__all__ = ["InspectorEvidence", "numeric_gap", "place_of", "DEBUG_BUFFER_BYTES"]
+__all__ = ["InspectorEvidence", "numeric_gap", "place_of", "module_paths", "worse", "DEBUG_BUFFER_BYTES"]
 
 #: The debug buffer the runtime records every intermediate value in (bytes).
 DEBUG_BUFFER_BYTES = 64 << 20
@@ -44,6 +45,13 @@ def place_of(module_path: str, after_layers: bool) -> str:
     if found:
         return f"layer {int(found.group(1))}"
     return "head" if after_layers else "embedding"
+
+
+def worse(metric: str, a: float, b: float) -> bool:
+    """``a`` is a worse gap than ``b`` under ``metric`` (a larger MSE or L1, a smaller SNR; NaN is worst)."""
+    if math.isnan(a):
+        return not math.isnan(b)
+    return a < b if metric == "SNR" else a > b
 
 
 @dataclass
@@ -70,12 +78,6 @@ class InspectorEvidence:
     why: str = ""
     notes: list[str] = field(default_factory=list)
 
-    def _worse(self, a: float, b: float) -> bool:
-        """``a`` is a worse gap than ``b`` (a larger MSE or L1, a smaller SNR; NaN is worst)."""
-        if math.isnan(a):
-            return not math.isnan(b)
-        return a < b if self.metric == "SNR" else a > b
-
     def worst(self, n: int = 5) -> list[JsonObject]:
         """The ``n`` operators with the worst gap."""
         key = (lambda r: float(r["gap"])) if self.metric != "SNR" else (lambda r: -float(r["gap"]))
@@ -92,7 +94,7 @@ class InspectorEvidence:
                 found[place] = {"place": place, "operators": 1, "gap": gap, "operator": row["operator"]}
                 continue
             seen["operators"] = int(seen["operators"]) + 1
-            if self._worse(gap, float(seen["gap"])):
+            if worse(self.metric, gap, float(seen["gap"])):
                 seen.update(gap=gap, operator=row["operator"])
         return list(found.values())
 
@@ -148,12 +150,12 @@ def module_paths(etrecord: object) -> dict[int, str]:
     return paths
 
 
-def _placed(table: object, paths: dict[int, str]) -> list[JsonObject]:
+def _placed(table: pandas.DataFrame, paths: dict[int, str]) -> list[JsonObject]:
     """The Inspector's table as rows placed in the model (the first layer's operator starts the
     layers, anything outside a layer after one is the head)."""
     rows: list[JsonObject] = []
     after_layers = False
-    for n, (_, row) in enumerate(table.iterrows()):  # type: ignore[attr-defined]
+    for n, (_, row) in enumerate(table.iterrows()):
         module = next((paths[h] for h in _handles(row["aot_debug_handle"]) if paths.get(h)), "")
         place = place_of(module, after_layers)
         after_layers = after_layers or place.startswith("layer")
@@ -190,14 +192,13 @@ def _attempt(module: torch.nn.Module, rows: list[tuple[torch.Tensor, ...]], path
     lowered = lower_to_file(module, rows[0], path, delegate, "executorch", etrecord=True)
     assert lowered.etrecord is not None
     merged: list[JsonObject] = []
-    probe = InspectorEvidence(True, 0.0, metric)
     for n, args in enumerate(rows):
         got = _one_run(path, lowered.etrecord, args, metric, f"row{n}")
         if not merged:
             merged = got
             continue
         for have, new in zip(merged, got):
-            if probe._worse(float(new["gap"]), float(have["gap"])):
+            if worse(metric, float(new["gap"]), float(have["gap"])):
                 have["gap"] = new["gap"]
     return merged
 
