@@ -9,9 +9,13 @@ delegate (portable, XNNPACK):
 * program run: the median of the program's own ``forward`` (ExecuTorch's runtime alone), and the
   same model in eager PyTorch for scale (the anchor);
 * session: a whole ``ValidationEngine`` session (``--no-isolate``), the export included, and its verdict;
-* Inspector: the model exported again with an ETRecord, run with an ETDump, and
-  ``calculate_numeric_gap("MSE")``: its seconds and its largest gap, or the line where it fails.
+* Inspector: the model (logits alone) exported again with an ETRecord, run with an ETDump, and
+  ``calculate_numeric_gap("MSE")``, on the session's inputs (batch 2) and on their first row alone
+  (batch 1): its seconds, how many operators it compared and its largest gap, or the line where it
+  fails.
 
+Each delegate is measured in a child interpreter of its own (a crash in one is reported, the other
+still measured).
 Measures and prints; asserts nothing.
 
     python benchmarks/bench_executorch.py [--layers 2] [--hidden 32] [--kv-heads 4] [--repeats 20]
@@ -54,11 +58,23 @@ def _median_run(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+class _Logits(torch.nn.Module):
+    """The model's logits for (input_ids, attention_mask): what the Inspector is given."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
 def measure(model_dir: Path, delegate: str, repeats: int, work: Path) -> dict[str, object]:
-    """The four figures for one delegate."""
+    """The figures for one delegate."""
     from debug_framework.backends import get_backend
     from debug_framework.backends._graph_capture import PlainOutput, graph_inputs
     from debug_framework.backends.executorch.inspector import numeric_gap
+    from debug_framework.backends.pytorch import build_hf_model
     from debug_framework.services.validation_engine import ValidationEngine
 
     model = load_model(model_dir)
@@ -68,7 +84,8 @@ def measure(model_dir: Path, delegate: str, repeats: int, work: Path) -> dict[st
     backend.run(inputs)  # exports
     export = backend.exports[0]
     program_s = _median_run(lambda: backend.run(inputs), repeats)
-    eager = PlainOutput(backend.net)
+    net = build_hf_model(model.fork(), torch.float32, "cpu")
+    eager = PlainOutput(net)
     feeds = {k: torch.from_numpy(v) for k, v in graph_inputs(model, inputs).items()}
     with torch.no_grad():
         eager_s = _median_run(lambda: eager(**feeds), repeats)
@@ -80,12 +97,29 @@ def measure(model_dir: Path, delegate: str, repeats: int, work: Path) -> dict[st
     result = engine.run(sid)
     session_s = time.perf_counter() - start
 
-    args = tuple(feeds.values())
-    evidence = numeric_gap(PlainOutput(backend.net), args, work / f"inspector-{delegate}.pte", delegate)
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    inspector = {f"batch {len(a[0])}": numeric_gap(_Logits(net).eval(), a, work / f"inspector-{delegate}-{len(a[0])}.pte",
+                                                   delegate).line()
+                 for a in ((ids, mask), (ids[:1], mask[:1]))}
     return {"delegate": delegate, "export_s": export["export_s"] + export["lower_s"], "program_s": program_s,
             "eager_s": eager_s, "session_s": session_s, "verdict": result.verdict,
-            "worst_margin": max(r.to_dict().get("margin") or 0.0 for r in result.results),
-            "inspector": evidence}
+            "worst_margin": max(r.to_dict().get("margin") or 0.0 for r in result.results), "inspector": inspector}
+
+
+def _in_child(args: argparse.Namespace, delegate: str) -> dict[str, object] | str:
+    """:func:`measure` for ``delegate`` in a child interpreter: its row, or why there is none."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, __file__, "--one", delegate, "--layers", str(args.layers), "--hidden", str(args.hidden),
+               "--kv-heads", str(args.kv_heads), "--repeats", str(args.repeats)]
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("ROW:")), None)
+    if line is None:
+        tail = (done.stderr.strip().splitlines() or [""])[-1][:300]
+        return f"{delegate}: no result (exit {done.returncode}): {tail}"
+    return json.loads(line.removeprefix("ROW:"))
 
 
 def main() -> None:
@@ -95,19 +129,29 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=4, help="2: grouped-query attention (4 query heads)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--delegates", default="portable,xnnpack")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one delegate, one JSON row
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-executorch-") as tmp:
-        work = Path(tmp)
-        model_dir = make_llama(work / "hf", args.layers, args.hidden, args.kv_heads)
-        print(f"tiny Llama: {args.layers} layers, hidden {args.hidden}, 4 heads / {args.kv_heads} kv heads; "
-              f"inputs 2 x 16; {os.cpu_count()} CPUs")
-        print(f"{'delegate':<9} {'export s':>9} {'program ms':>11} {'eager ms':>9} {'session s':>10} "
-              f"{'verdict':>8} {'worst margin':>13}  Inspector")
-        for delegate in args.delegates.split(","):
-            row = measure(model_dir, delegate, args.repeats, work)
-            inspector = row["inspector"]
-            print(f"{delegate:<9} {row['export_s']:>9.2f} {1e3 * row['program_s']:>11.3f} {1e3 * row['eager_s']:>9.3f} "
-                  f"{row['session_s']:>10.2f} {row['verdict']:>8} {row['worst_margin']:>13.3f}  {inspector.line()}")
+    if args.one is not None:
+        import json
+
+        with tempfile.TemporaryDirectory(prefix="bench-executorch-") as tmp:
+            work = Path(tmp)
+            model_dir = make_llama(work / "hf", args.layers, args.hidden, args.kv_heads)
+            print("ROW:" + json.dumps(measure(model_dir, args.one, args.repeats, work)))
+        return
+    print(f"tiny Llama: {args.layers} layers, hidden {args.hidden}, 4 heads / {args.kv_heads} kv heads; "
+          f"inputs 2 x 16 (row 2 padded by 4); {os.cpu_count()} CPUs")
+    print(f"{'delegate':<9} {'export s':>9} {'program ms':>11} {'eager ms':>9} {'session s':>10} {'verdict':>8} "
+          f"{'worst margin':>13}")
+    rows = [_in_child(args, d) for d in args.delegates.split(",")]
+    for row in rows:
+        if isinstance(row, str):
+            print(row)
+            continue
+        print(f"{row['delegate']:<9} {row['export_s']:>9.2f} {1e3 * row['program_s']:>11.3f} "
+              f"{1e3 * row['eager_s']:>9.3f} {row['session_s']:>10.2f} {row['verdict']:>8} {row['worst_margin']:>13.3f}")
+        for batch, line in row["inspector"].items():
+            print(f"    {batch}: {line}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ a broken layer (localized to the layer where the program exposes it); corrupt pr
 exit 2 while the tool lives on.
 
 Slow: ExecuTorch's exporter imports in seconds and each lowering takes seconds, so every program is
-exported once per module (portable, except the one XNNPACK case) on a 3-layer Llama of hidden 32.
+exported once per module, on a one-layer Llama of hidden 32 wherever one layer shows the behaviour
+(the portable session, the XNNPACK case, the logits-alone program; the corrupt files are cut from
+the portable session's own program), on the 3-layer one where a broken layer must sit between two
+(the hidden states, the docs example).
 """
 
 from __future__ import annotations
@@ -22,14 +25,6 @@ pytest.importorskip("executorch")
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def user_programs(tiny_et_llama, user_program_exporter, tmp_path_factory) -> dict[str, Path]:
-    """The user's programs: with hidden states (broken: the correct one is the docs example's) or
-    logits alone (correct and broken)."""
-    root = tmp_path_factory.mktemp("programs")
-    return {f"{kind}-{state}": user_program_exporter(tiny_et_llama, root / f"{kind}-{state}.pte",
-                                                   hidden_states=kind == "hidden", broken=state == "broken")
-            for kind, state in (("hidden", "broken"), ("logits", "correct"), ("logits", "broken"))}
 
 
 def _validate(model: Path, db: Path, *extra: str) -> tuple[int, dict]:
@@ -50,34 +45,65 @@ def _rows(result: dict) -> dict[str, bool]:
 
 
 @pytest.fixture(scope="module")
-def portable_session(tiny_et_llama, tmp_path_factory):
-    """The model's own portable export, layer 1 and its MLP block replayed in ExecuTorch."""
+def portable_session(one_layer_llama, tmp_path_factory):
+    """The model's own portable export (one layer), the layer and its MLP block replayed in ExecuTorch, and
+    ExecuTorch's Inspector run beside it on the session's inputs (2 x 16: it fails at batch 2, then runs
+    row by row)."""
     from debug_framework.services.validation_engine import ValidationEngine
 
     engine = ValidationEngine(tmp_path_factory.mktemp("db") / "d.db")
-    sid = engine.create_session(tiny_et_llama, {"isolate": True, "layers": [1, 2],  # layer 1 replayed: two programs
-                                                "alternative_options": {"delegate": "portable"}}, "auto", "executorch")
-    return engine.run(sid), engine.db.sessions.get(sid)
+    sid = engine.create_session(one_layer_llama, {"isolate": True,  # the layer and its MLP replayed: two programs
+                                                  "alternative_options": {"delegate": "portable", "inspector": True}},
+                                "auto", "executorch")
+    return engine.run(sid), engine.db.sessions.get(sid), engine.db
 
 
 def test_the_portable_export_passes_and_replays_a_layer_and_its_mlp(portable_session):
-    result, stored = portable_session
+    result, stored, _ = portable_session
     assert result.verdict == "passed"
-    assert [str(r.key) for r in result.results] == ["post_embedding", "post_attention:1", "post_mlp:1", "post_processing"]
+    assert [str(r.key) for r in result.results] == ["post_embedding", "post_attention:0", "post_mlp:0", "post_processing"]
     info = stored["alternative_backend_info"]["versions"]
     assert info["runtime"] == "executorch" and info["delegate"] == "portable"
-    programs = sorted(p.name.split("-")[3] for p in Path(info["artifact_dir"]).glob("*.pte"))
-    assert programs == ["layer1", "mlp1", "model"]
+    programs = sorted(p.name.split("-", 3)[3] for p in Path(info["artifact_dir"]).glob("*.pte"))
+    assert programs == ["inspector-2x16-batch1.pte", "inspector-2x16.pte", "layer0-2x16x32.pte", "mlp0-2x16x32.pte",
+                        "model-2x16.pte"]
     isolation = result.to_dict()["isolation"]
-    assert [layer["layer"] for layer in isolation] == [1]
+    assert [layer["layer"] for layer in isolation] == [0] and not isolation[0]["introduces_error"]
+    assert isolation[0]["attention"]["passed"] and isolation[0]["mlp"]["passed"]
 
 
-def test_the_model_program_given_back_reads_its_sidecar(portable_session, tiny_et_llama, tmp_path):
-    _, stored = portable_session
+def test_the_inspector_runs_on_the_sessions_rows_beside_our_judgement(portable_session):
+    """ExecuTorch's Inspector on the session's own inputs: the batch of 2 fails (said so), each row at
+    batch 1 runs; its gap per operator placed in the model (embedding, layer 0, head) beside our
+    margin there, in --json, the stored session, the terminal and the HTML report."""
+    from debug_framework.models.validation_report import ValidationReport
+    from debug_framework.reports import render_report
+    from debug_framework.reports._inspector import inspector_text
+    from debug_framework.services.validation.results import ValidationResult
+
+    result, stored, db = portable_session
+    inspector = result.to_dict()["inspector"]
+    assert inspector["ran"] and inspector["metric"] == "MSE" and inspector["operators"] > 50
+    assert inspector["inputs"] == "the session's 2 rows one by one at batch 1"
+    assert len(inspector["notes"]) == 1 and "at the session's batch of 2: ValueError" in inspector["notes"][0]
+    places = {p["place"]: p for p in inspector["places"]}
+    assert list(places) == ["embedding", "layer 0", "head"]  # program order, each operator by its module
+    assert places["layer 0"]["operators"] > 20 and 0.0 <= inspector["worst"][0]["gap"] < 1e-8
+    assert ValidationResult.from_dict(result.to_dict()).inspector == inspector  # what --json writes reads back
+    assert ValidationResult.load(db, result.session_id).inspector == inspector  # the stored session
+    lines = inspector_text(result)
+    assert lines[0].startswith("inspector: ExecuTorch's Inspector (calculate_numeric_gap, the session's 2 rows")
+    assert [line.split()[0] for line in lines[2:]] == ["embedding", "layer", "head"] and "pass" in lines[3]
+    page = render_report(ValidationReport.from_session(result.session_id, db), "html")
+    assert 'id="inspector"' in page and "<td>layer 0</td>" in page and "at the session&#x27;s batch of 2" in page
+
+
+def test_the_model_program_given_back_reads_its_sidecar(portable_session, one_layer_llama, tmp_path):
+    _, stored, _ = portable_session
     program = next(Path(stored["alternative_backend_info"]["versions"]["artifact_dir"]).glob("*-model-*.pte"))
     assert json.loads(Path(str(program) + ".json").read_text())["outputs"][0] == "post_embedding"
-    code, result = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(program), "--no-isolate")
-    assert code == 0 and len(result["results"]) == 8 and all(_rows(result).values())
+    code, result = _validate(one_layer_llama, tmp_path / "d.db", "--alternative-model", str(program), "--no-isolate")
+    assert code == 0 and len(result["results"]) == 4 and all(_rows(result).values())
 
 
 def test_the_xnnpack_export_passes_every_checkpoint(one_layer_llama, tmp_path):
@@ -87,10 +113,12 @@ def test_the_xnnpack_export_passes_every_checkpoint(one_layer_llama, tmp_path):
     assert list(_rows(result)) == ["post_embedding", "post_attention:0", "post_mlp:0", "post_processing"]
 
 
-def test_a_users_program_with_hidden_states_and_a_broken_layer(user_programs, tiny_et_llama, broken_layer, tmp_path):
+def test_a_users_program_with_hidden_states_and_a_broken_layer(tiny_et_llama, user_program_exporter, broken_layer,
+                                                               tmp_path):
     """Localized to its layer: the layer before passes, the broken one is the first divergence (the
     correct program with hidden states passing: test_the_docs_example_runs)."""
-    code, result = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(user_programs["hidden-broken"]))
+    program = user_program_exporter(tiny_et_llama, tmp_path / "hidden-broken.pte", hidden_states=True, broken=True)
+    code, result = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(program))
     rows = _rows(result)
     assert code == 1 and set(rows) == {"post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"}
     assert rows["post_embedding"] and rows["post_mlp:0"] and not rows[f"post_mlp:{broken_layer}"]
@@ -98,24 +126,27 @@ def test_a_users_program_with_hidden_states_and_a_broken_layer(user_programs, ti
     assert (first["checkpoint"], first["layer"]) == ("post_mlp", broken_layer)
 
 
-def test_a_users_program_with_logits_alone(user_programs, tiny_et_llama, tmp_path):
-    code, result = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(user_programs["logits-correct"]))
+def test_a_users_program_with_logits_alone(one_layer_llama, user_program_exporter, tmp_path):
+    """Only the logits are compared (a broken layer is localized to the logits: the hidden-states case
+    shows a broken layer found)."""
+    program = user_program_exporter(one_layer_llama, tmp_path / "logits.pte", hidden_states=False, broken=False)
+    code, result = _validate(one_layer_llama, tmp_path / "d.db", "--alternative-model", str(program))
     assert code == 0 and _rows(result) == {"post_processing": True}
-    code, result = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(user_programs["logits-broken"]))
-    assert code == 1 and _rows(result) == {"post_processing": False}
 
 
-def test_truncated_and_non_utf8_programs_exit_2_and_the_tool_lives_on(user_programs, tiny_et_llama, tmp_path, capsys):
+def test_truncated_and_non_utf8_programs_exit_2_and_the_tool_lives_on(portable_session, one_layer_llama, tmp_path,
+                                                                      capsys):
     from debug_framework.backends.executorch.program import probe_program
     from debug_framework.errors import ModelLoadingError
 
-    data = user_programs["logits-correct"].read_bytes()
+    _, stored, _ = portable_session
+    data = next(Path(stored["alternative_backend_info"]["versions"]["artifact_dir"]).glob("*-model-*.pte")).read_bytes()
     truncated = tmp_path / "truncated.pte"
     truncated.write_bytes(data[: len(data) // 2])
     garbled = tmp_path / "garbled.pte"
     garbled.write_bytes(data[:4] + b"\xff\xfe\xfd\xfc" + data[8:])
     for path, why in ((truncated, "it is truncated"), (garbled, "bytes 4-8 are ff fe fd fc")):
-        code, _ = _validate(tiny_et_llama, tmp_path / "d.db", "--alternative-model", str(path))
+        code, _ = _validate(one_layer_llama, tmp_path / "d.db", "--alternative-model", str(path))
         err = capsys.readouterr().err
         assert code == 2 and f"{path.name} is not an ExecuTorch program" in err and why in err
     # past the header check, ExecuTorch's loader aborts the process reading it: the child's crash, our DF004

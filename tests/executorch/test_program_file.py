@@ -85,3 +85,17 @@ def test_outputs_are_read_as_logits_hidden_states_or_named():
         output_map(sig(2), Model, ["post_processing"], "p.pte.json")
     with pytest.raises(ConfigurationError, match="names post_mlp:7, the model has 3 layers"):
         output_map(sig(1), Model, ["post_mlp:7"], "p.pte.json")
+
+
+def test_options_are_checked_when_the_backend_is_built(tmp_path):
+    from debug_framework.backends import get_backend
+    from debug_framework.errors import BackendInitializationError
+
+    with pytest.raises(BackendInitializationError, match="unknown delegate 'xnn'.*delegate=xnnpack or delegate=portable"):
+        get_backend("executorch", delegate="xnn", check=False)
+    program = _write(tmp_path, _program_bytes())
+    with pytest.raises(BackendInitializationError, match="Inspector needs the program's ETRecord"):
+        get_backend("executorch", model_file=str(program), inspector=True, check=False)
+    (tmp_path / "model.pte.json").write_text("{outputs")  # the sidecar beside it, read when the backend is built
+    with pytest.raises(BackendInitializationError, match="the outputs sidecar is not JSON"):
+        get_backend("executorch", model_file=str(program), check=False)

@@ -232,6 +232,10 @@ def _print_summary(out: Console, result: ValidationResult, verbose: bool, footer
 
         for line in decode_text(result, out.width):
             out.print(markup("{}", line))
+    from ..reports._inspector import inspector_text
+
+    for line in inspector_text(result):
+        out.print(markup("{}", line))
     found = result.introducing()
     if found is not None:
         out.print(markup("{}", "isolation: " + ("no layer introduces error on its own" if not found else
@@ -437,8 +441,8 @@ def _served_options(endpoint: str | None, timeout: float | None, concurrency: in
 
 def _engine_for_file(model_file: Path, alternative: str) -> str:
     """The alternative for ``--alternative-model``: the one given, or with ``auto`` the engine that
-    runs files of its kind by default (the registry's ``file_formats``, as ``auto`` means for an
-    ONNX-file model)."""
+    runs files of its kind by default (the registry's ``file_formats``, by the file's suffix; for
+    ``.onnx`` the engine ``auto`` means for an ONNX-file model)."""
     if alternative != "auto":
         return alternative
     from ..backends.registry import default_engine_for

@@ -36,6 +36,7 @@ from ._common import (
     worst_row,
 )
 from ._decode import decode_section
+from ._inspector import inspector_section
 from ._drilldown import drilldown_culprits, drilldown_section
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._sections import (backends_section, change_text, metric_label, num_td, performance_section, section,
@@ -64,7 +65,7 @@ _GROWTH = ("carried_in_rmse", "carried_out_rmse", "growth", "calibration_growth"
 _SHOWN_RESULT_KEYS = {"verdict", "first_divergence", "performance", "isolation", "command", "reproduce_command",
                       "repro_command", "reproduce", "recordings", "introducing_layers", "isolation_note", "oracle",
                       "noise_floor", "reference_dtype", "alternative_dtype", "checkpoints", "failed", "error_source",
-                      "drilldown", "consistent_with", "decode"}
+                      "drilldown", "consistent_with", "decode", "inspector"}
 
 
 def _metric(r: CheckpointResult, metric: str) -> float | None:
@@ -505,6 +506,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
                  if rows else '<p class="muted">no checkpoint results stored</p>'),
         decode_section(result),
         _isolation(result),
+        inspector_section(result),
         drilldown_section(result.drilldown),
         _heatmap(heat, worst),
         _oracle_noise(result),

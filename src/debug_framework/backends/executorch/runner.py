@@ -43,7 +43,8 @@ from ..artifacts import claim_artifact_dir
 from ..base import BaseBackend, HiddenState, Taps, attention_block_of_layer, cpu_name, installed_version
 from .lowering import check_delegate, lower_to_file
 from .outputs import OutputMap, output_map, program_feeds, read_sidecar, sidecar_json, sidecar_path
-from .program import LoadedProgram, ProgramSignature, check_program_file, load_program, probe_program
+from .inspector import InspectorEvidence
+from .program import LoadedProgram, ProgramHeader, ProgramSignature, check_program_file, load_program, probe_program
 
 if TYPE_CHECKING:
     import torch
@@ -66,9 +67,15 @@ class ExecuTorchBackend(BaseBackend):
         model_file: ``--alternative-model``: a ``.pte`` program of the session's model, run instead
             of an export of ours; checked here (header and sizes), loaded by a child first in ``prepare``.
         outputs: a sidecar naming the program's outputs (``{"outputs": ["post_processing", ...]}``);
-            ``None``: ``<model_file>.json`` where it exists, else logits / logits and hidden states.
+            ``None``: the one beside the program (``model.pte.json``) where it exists, else the
+            outputs are read as logits, or logits and hidden states.
         artifact_dir: where the exported programs go; ``None``: the session's artifact directory
             during a validation, else a temporary directory :meth:`close` removes.
+        inspector: also run ExecuTorch's Inspector (:func:`~.inspector.numeric_gap`) on the model's
+            logits for the inputs of the first run (the session's: the whole batch, else row by row at
+            batch 1; see docs/executorch.md), its result or failure as :meth:`inspector_record`,
+            which the session's result keeps as ``inspector`` beside its own per-layer judgement; the
+            model's own export only (a user's program has no ETRecord).
     """
 
     name = "executorch"
@@ -76,10 +83,12 @@ class ExecuTorchBackend(BaseBackend):
     runs_onnx_files = False
 
     def __init__(self, delegate: str = "xnnpack", model_file: str | Path | None = None,
-                 outputs: str | Path | None = None, artifact_dir: str | Path | None = None) -> None:
+                 outputs: str | Path | None = None, artifact_dir: str | Path | None = None,
+                 inspector: bool = False) -> None:
         super().__init__()
         self.delegate = check_delegate(str(delegate), self.name)
         self.model_file = None if model_file is None else Path(model_file).expanduser()
+        self.header: ProgramHeader | None = None
         if self.model_file is not None:
             self.header = check_program_file(self.model_file)
             self.supported_dtypes = ("float32", *_LOWER_PRECISIONS)  # the program's precision is its own
@@ -89,6 +98,12 @@ class ExecuTorchBackend(BaseBackend):
         self.outputs_file = given
         self._named = None if given is None else read_sidecar(given)
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
+        if inspector and self.model_file is not None:
+            raise BackendInitializationError("ExecuTorch's Inspector needs the program's ETRecord, which a user's "
+                                             "program does not come with", backend=self.name,
+                                             hint="drop inspector=true, or let the backend export the model")
+        self.inspector = bool(inspector)
+        self.inspector_evidence: InspectorEvidence | None = None
         self._temporary: weakref.finalize | None = None
         self.signature: ProgramSignature | None = None
         self.outputs_read_as: str | None = None
@@ -158,7 +173,10 @@ class ExecuTorchBackend(BaseBackend):
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         """Build the model to export (its programs are exported on the first run of each input
         shape), or check, probe and load the user's program."""
-        self._check_prepare(model, dtype, device or "cpu")
+        if device not in (None, "cpu"):
+            raise BackendInitializationError(f"runs ExecuTorch's CPU runtime, not on {device!r}", backend=self.name,
+                                             hint="leave --device at cpu")
+        self._check_prepare(model, dtype, "cpu")
         self._programs.clear()
         self.exports.clear()
         if self.model_file is not None:
@@ -173,6 +191,45 @@ class ExecuTorchBackend(BaseBackend):
         self._wrapper = CheckpointOutputs.for_model(self.net, model)
         self._sink = self._wrapper._sink  # the hooks' list (torch.export leaves a copy on the wrapper)
         self._artifact_dir()
+        self.inspector_evidence = None
+
+    def inspector_record(self) -> JsonObject | None:
+        """What ExecuTorch's Inspector said on the session's inputs (:meth:`.InspectorEvidence.to_dict`:
+        the gap per place in the model, or why it failed); None where ``inspector`` was not asked for
+        or no run happened yet. The session's result keeps it as ``inspector``."""
+        return None if self.inspector_evidence is None else self.inspector_evidence.to_dict()
+
+    def _inspect(self, inputs: ModelInputs) -> InspectorEvidence:
+        """ExecuTorch's Inspector on the model's logits for ``inputs`` (whole, else row by row)."""
+        import torch
+
+        from .._graph_capture import PlainOutput
+        from .inspector import numeric_gap
+
+        model = self._prepared()
+        batch = tuple(torch.from_numpy(v) for v in graph_inputs(model, inputs).values())
+        shape = "x".join(str(d) for d in batch[0].shape)
+        path = self._artifact_dir() / f"{model.architecture}-{model.digest[:12]}-{self.delegate}-inspector-{shape}.pte"
+        try:
+            found = numeric_gap(PlainOutput(self.net), batch, path, self.delegate)
+        finally:
+            self._sink.clear()
+        if not found.ran:
+            found.notes.extend(self._known_causes(model))
+        return found
+
+    def _known_causes(self, model: LoadedModel) -> list[str]:
+        """What is known to make the Inspector fail that this session has (docs/executorch.md)."""
+        causes = []
+        if self.delegate == "xnnpack":
+            causes.append("the program is lowered to XNNPACK's delegate: the Inspector fails on every XNNPACK "
+                          "program measured with executorch 1.5.1 (delegate=portable runs it)")
+        heads = getattr(model.config, "num_attention_heads", None)
+        kv_heads = getattr(model.config, "num_key_value_heads", None) or heads
+        if heads and kv_heads and kv_heads < heads:
+            causes.append(f"the model uses grouped-query attention ({heads} query heads, {kv_heads} key/value heads), "
+                          "for which the Inspector is reported to fail upstream")
+        return causes
 
     def _prepare_file(self, model: LoadedModel) -> None:
         """The user's program: loaded by a child first (a crash there is a DF004 error), then here."""
@@ -255,6 +312,8 @@ class ExecuTorchBackend(BaseBackend):
             program, out_keys = self._program, self._map
             meta.update(program=str(self.model_file), outputs_read_as=self.outputs_read_as)
         else:
+            if self.inspector and self.inspector_evidence is None:  # on the session's inputs: its first run
+                self.inspector_evidence = self._inspect(inputs)
             program, out_keys, feeds, made = self._model_program(inputs)  # type: ignore[assignment]
             meta.update(program=str(program.path), exported_in_this_call=made)
         start = time.perf_counter()

@@ -181,7 +181,14 @@ class RunContext:
             reference_dtype=plan.reference_dtype, alternative_dtype=plan.alternative_dtype,
             alternative_options=dict(plan.config.alternative_options),
             oracle=self.oracle_report, noise_floor=self.noise, performance=self.performance,
-            recordings=self.recordings, drilldown=self.drilldown, decode=self.decode)
+            recordings=self.recordings, drilldown=self.drilldown, decode=self.decode,
+            inspector=self.engine_inspector())
+
+    def engine_inspector(self) -> JsonObject | None:
+        """The alternative engine's own numerical evidence (``inspector_record()``, where it has one:
+        ExecuTorch's Inspector), kept in the result as ``inspector``; None where it gives none."""
+        record = getattr(getattr(self, "alternative", None), "inspector_record", None)
+        return record() if callable(record) else None
 
     def rows(self) -> list[JsonObject]:
         """The checkpoint rows as they stand now, judged."""

@@ -502,6 +502,9 @@ class ValidationResult:
     decode: JsonObject | None = None
     #: the options the alternative backend was built with (``--backend-option``, ``alternative_options``)
     alternative_options: JsonObject = field(default_factory=dict)
+    #: the engine's own numerical evidence beside the judgement (ExecuTorch's Inspector: its gap per
+    #: place in the model, or why it failed; docs/executorch.md); None: the engine gave none
+    inspector: JsonObject | None = None
 
     @classmethod
     def assemble(cls, evidence: Evidence, verdict: Verdict, **info: Any) -> ValidationResult:
@@ -572,7 +575,7 @@ class ValidationResult:
             if isinstance(drill, list) else None,
             consistent_with=consistent if isinstance(consistent, str) else None,
             precision_diagnosis=obj("precision_diagnosis"), mark_all=obj("mark_all"), decode=obj("decode"),
-            alternative_options=obj("alternative_options") or {})
+            alternative_options=obj("alternative_options") or {}, inspector=obj("inspector"))
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, JsonValue]) -> ValidationResult:
@@ -658,6 +661,7 @@ class ValidationResult:
             "reference_dtype": self.reference_dtype,
             "alternative_dtype": self.alternative_dtype,
             "alternative_options": self.alternative_options,
+            "inspector": self.inspector,
         })
 
     def to_dict(self) -> JsonObject:
