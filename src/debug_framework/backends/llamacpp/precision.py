@@ -9,7 +9,8 @@ for one file and one set of settings; :class:`LlamaEmulationBackend` (what the c
 written from the math over torch in float32 with exactly those roundings: the weights quantized to
 the file's types (the Hugging Face model's weights re-quantized with the ``gguf`` package's kernels,
 row blocks, so the converter's q/k row permutation does not change them), every matrix product's
-input quantized as the kernel's, keys, values and queries rounded to the cache type.
+input quantized as the kernel's, keys, values and queries rounded to the cache type, and the
+tanh GELU (Gemma) through ggml's float16 table (:func:`gelu_fp16_table`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from ...modelio.loader import LoadedModel
     from .graph import LlamaSettings
 
-__all__ = ["LlamaPrecision", "llama_precision", "LlamaEmulationBackend", "VEC_DOT", "quantize_activations"]
+__all__ = ["LlamaPrecision", "llama_precision", "LlamaEmulationBackend", "VEC_DOT", "quantize_activations",
+           "gelu_fp16_table"]
 
 #: weight type -> (activation type, block size, scale stored as float16) of ggml's CPU dot products
 VEC_DOT: dict[str, tuple[str, int, bool]] = {
@@ -148,6 +150,17 @@ def _requantized(weights: np.ndarray, kind: str) -> np.ndarray | None:
         return None
 
 
+def gelu_fp16_table(x: torch.Tensor) -> torch.Tensor:
+    """ggml's CPU GELU (tanh form) as it computes it: through a table indexed by the input rounded
+    to float16 and holding float16 values (``ggml_table_gelu_f16``); 0 at or below -10, ``x`` at or
+    above 10."""
+    import torch
+
+    half = x.to(torch.float16).to(torch.float32)
+    y = torch.nn.functional.gelu(half, approximate="tanh").to(torch.float16).to(x.dtype)
+    return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, y))
+
+
 class LlamaEmulationBackend(TorchReferenceBackend):
     """The reference models over torch in float32 at llama.cpp's precision (see the module)."""
 
@@ -218,8 +231,14 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         if self.precision.cache_type_k.upper() in ("F16", "BF16"):
             rounding["q_rope"] = cache_k  # queries meet F16 keys as F16
         traced = net.tap
+        table_gelu = net.config.hidden_act in ("gelu_pytorch_tanh", "gelu_new")
+        seen: dict[str, torch.Tensor] = {}
 
         def tap(name: str, value: torch.Tensor) -> torch.Tensor:
+            if table_gelu and name in ("ffn_gate", "ffn_up"):
+                seen[name] = value
+            elif table_gelu and name == "ffn_act":
+                value = gelu_fp16_table(seen.pop("ffn_gate")) * seen.pop("ffn_up")
             value = traced(name, value)
             fn = rounding.get(name)
             return fn(value) if fn is not None else value

@@ -4,8 +4,8 @@ the canonical checkpoints read from its graph nodes through the eval callback, e
 =====================  ===============================================
 checkpoint             llama.cpp node
 =====================  ===============================================
-``post_embedding``     ``embd``
-``post_attention:i``   ``ffn_inp-i`` (attention and its residual)
+``post_embedding``     ``embd`` (Gemma: ``inp_scaled``)
+``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``)
 ``post_mlp:i``         ``l_out-i`` (the layer's output)
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
@@ -40,10 +40,15 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "RUNS", "llamacpp_availability"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "llamacpp_availability", "trace_nodes"]
 
 #: the llama.cpp architectures whose graphs name every canonical checkpoint (``ffn_inp-i``, ``l_out-i``)
-RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+
+#: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
+#: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
+#: attention in ``sa_out-i``)
+CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out"), "gemma3": ("inp_scaled", "sa_out")}
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -54,6 +59,22 @@ TRACE_NODES: dict[str, tuple[str, str]] = {
     "ffn_gate": ("ffn_gate", "one"), "ffn_up": ("ffn_up", "one"), "ffn_act": ("ffn_swiglu", "one"),
     "ffn_out": ("ffn_out", "one"), "post_mlp": ("l_out", "one"),
 }
+#: llama.cpp architecture -> its trace nodes where they differ from :data:`TRACE_NODES` (None: not named)
+_TRACE_OVERRIDES: dict[str, dict[str, tuple[str, str] | None]] = {
+    "gemma2": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
+    "gemma3": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
+}
+
+
+def trace_nodes(architecture: str) -> dict[str, tuple[str, str]]:
+    """:data:`TRACE_NODES` of the graph of a llama.cpp ``architecture``."""
+    changed = _TRACE_OVERRIDES.get(architecture, {})
+    out: dict[str, tuple[str, str]] = {}
+    for trace, node in TRACE_NODES.items():
+        mine = changed.get(trace, node) if trace in changed else node
+        if mine is not None:
+            out[trace] = mine
+    return out
 
 
 def llamacpp_availability() -> tuple[bool, str]:
@@ -204,9 +225,14 @@ class LlamaCppBackend(BaseBackend):
         g.open_context(ids.shape[0], len(rows.batch) + ids.shape[0] * (steps + 1), max(len(rows.batch), ids.shape[0]))
         return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace, stop_after=stop_after), rows
 
-    @staticmethod
-    def _node(key: CheckpointKey) -> str:
-        return {"post_embedding": "embd", "post_attention": f"ffn_inp-{key.layer}",
+    def _checkpoint_nodes(self) -> tuple[str, str]:
+        """This file's graph's nodes of ``post_embedding`` and (less ``-i``) ``post_attention``."""
+        arch = self.gguf.architecture if self.gguf is not None else ""
+        return CHECKPOINT_NODES.get(arch, ("embd", "ffn_inp"))
+
+    def _node(self, key: CheckpointKey) -> str:
+        embd, attn = self._checkpoint_nodes()
+        return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}",
                 "post_mlp": f"l_out-{key.layer}"}.get(key.name, "result_output")
 
     def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
@@ -226,15 +252,15 @@ class LlamaCppBackend(BaseBackend):
         n = self._prepared().num_layers
         want = {self._node(k) for k in keys}
         if capture_layer_inputs:
-            want |= {"embd", *(f"l_out-{i}" for i in range(n - 1))}
+            want |= {self._input_node(i) for i in range(n)}
         kept, rows = self._feed(inputs, frozenset(want))
         layer_inputs = None
         if capture_layer_inputs:
-            layer_inputs = {i: rows.scatter(kept.last("embd" if i == 0 else f"l_out-{i - 1}")) for i in range(n)}
+            layer_inputs = {i: rows.scatter(kept.last(self._input_node(i))) for i in range(n)}
         return self._capture(kept, rows, keys, kept.seconds, layer_inputs)
 
     def _input_node(self, i: int) -> str:
-        return "embd" if i == 0 else f"l_out-{i - 1}"
+        return self._checkpoint_nodes()[0] if i == 0 else f"l_out-{i - 1}"
 
     def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str],
                   last: str) -> tuple[Pass, Rows]:
@@ -266,21 +292,22 @@ class LlamaCppBackend(BaseBackend):
             cap = last[2]
             return Capture(tensors={key: cap.tensors[key]}, backend=self.name, dtype=self.dtype,
                            elapsed_s=cap.elapsed_s, meta=cap.meta)
-        node = self._input_node(i) if block == "attention" else f"ffn_inp-{i}"
+        node = self._input_node(i) if block == "attention" else self._node(CheckpointKey("post_attention", i))
         kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
         return self._capture(kept, rows, [key], kept.seconds)
 
     def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
         """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
         order), each ``[B, T, ...]``; :attr:`trace_nodes` says which llama.cpp node each came from."""
-        names = {f"{node}-{i}" for node, _ in TRACE_NODES.values()}
+        nodes = trace_nodes(self.gguf.architecture if self.gguf is not None else "")
+        names = {f"{node}-{i}" for node, _ in nodes.values()}
         kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names, f"l_out-{i}")
         model = self._prepared()
         permuted = self.gguf is not None and self.gguf.architecture == "llama"
         head_dim = int(getattr(model.config, "head_dim", 0))
         out: list[tuple[str, np.ndarray]] = []
         self.trace_nodes = {}
-        for trace, (node, which) in TRACE_NODES.items():
+        for trace, (node, which) in nodes.items():
             values = kept.nodes.get(f"{node}-{i}", [])
             value = _occurrence(values, which)
             if value is None:
