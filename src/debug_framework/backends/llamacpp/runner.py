@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "llamacpp_availability", "trace_nodes"]
 
-#: the llama.cpp architectures whose graphs name every canonical checkpoint (``ffn_inp-i``, ``l_out-i``)
-RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+#: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
+#: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 #: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
 #: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
@@ -63,6 +64,7 @@ TRACE_NODES: dict[str, tuple[str, str]] = {
 _TRACE_OVERRIDES: dict[str, dict[str, tuple[str, str] | None]] = {
     "gemma2": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
     "gemma3": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
+    "phi3": {"attn_out": None, "ffn_gate": None, "ffn_up": None},  # unnamed; ffn_up-i is the fused gate|up
 }
 
 
@@ -153,7 +155,7 @@ class LlamaCppBackend(BaseBackend):
         self._check_same_model(model)
         if self.graph is not None:
             self.graph.close()
-        self.graph = LlamaGraph(path, self.settings)
+        self.graph = LlamaGraph(path, self.settings, self.gguf.architecture)
 
     def _check_same_model(self, model: LoadedModel) -> None:
         from ...modelio.gguf_model import gguf_config
@@ -163,8 +165,7 @@ class LlamaCppBackend(BaseBackend):
             raise BackendInitializationError(
                 f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
                 f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
-                hint="a Phi-3 graph names no post-attention node: validate the Hugging Face model it was "
-                     "converted from with another engine")
+                hint="validate the Hugging Face model it was converted from with another engine")
         mine = gguf_config(self.gguf)
         family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
         if mine["model_type"] != family:
