@@ -69,3 +69,15 @@ def hf_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2-layer Phi-3 (fused qkv and gate/up projections), Hugging Face directory."""
     return make_hf("phi3", tmp_path_factory.mktemp("gguf_phi3") / "hf", seed=9)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Gemma 2 (soft-caps, a sliding window of 4 in layer 0, tied head), Hugging Face directory."""
+    return make_hf("gemma2", tmp_path_factory.mktemp("gguf_gemma2") / "hf", seed=11)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Gemma 3 text decoder (q/k norms, both layers sliding), Hugging Face directory."""
+    return make_hf("gemma3_text", tmp_path_factory.mktemp("gguf_gemma3") / "hf", seed=13)
