@@ -18,8 +18,6 @@ BUGS: dict[str, tuple[str, str, int, str]] = {
     "gemma3": ("blk.0.attn_k_norm.weight", "the key norm written as w, not 1 + w", 0, "attention"),
     "phi3": ("blk.1.ffn_up.weight", "gate and up halves swapped", 1, "mlp"),
 }
-#: llama.cpp's settings each family is judged at (Phi-3: see docs/gguf.md, its F16 attention path)
-SETTINGS: dict[str, dict[str, str]] = {"phi3": {"cache_type_k": "f32", "cache_type_v": "f32", "flash_attn": "off"}}
 
 
 def _bug(tensor: str):
@@ -51,15 +49,15 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
     return ValidationEngine(tmp_path_factory.mktemp("families_db") / "db.sqlite")
 
 
-def _validate(engine, name: str, model: Path, **config: object):
-    options = {**SETTINGS.get(name, {}), **config.pop("alternative_options", {})}  # type: ignore[dict-item]
-    cfg = {"input_shape": [2, 8], "dtype": "auto", "alternative_options": options, **config}
+def _validate(engine, model: Path, **config: object):
+    """A session at llama.cpp's defaults (F16 KV cache, flash attention auto)."""
+    cfg = {"input_shape": [2, 8], "dtype": "auto", **config}
     return engine.run(engine.create_session(model, cfg, alternative_backend="llamacpp"))
 
 
 def test_a_correct_q8_0_file_passes_at_dtype_auto(engine, family) -> None:
-    name, _, good, _ = family
-    result = _validate(engine, name, good)
+    _, _, good, _ = family
+    result = _validate(engine, good)
     assert result.passed, [c.to_dict() for c in result.results if not c.passed]
     assert {c.to_dict()["id"] for c in result.results} >= {"post_attention:0", "post_attention:1", "post_mlp:1"}
 
@@ -67,7 +65,7 @@ def test_a_correct_q8_0_file_passes_at_dtype_auto(engine, family) -> None:
 def test_a_converter_bug_fails_at_its_layer_and_block(engine, family) -> None:
     name, hf, _, bad = family
     _, _, layer, block = BUGS[name]
-    result = _validate(engine, name, hf, alternative_options={"model_file": str(bad)}, isolate=True)
+    result = _validate(engine, hf, alternative_options={"model_file": str(bad)}, isolate=True)
     assert not result.passed and result.source is not None
     assert (result.source.kind, result.source.layer, result.source.block) == ("layer", layer, block)
 

@@ -243,6 +243,13 @@ class LlamaEmulationBackend(TorchReferenceBackend):
             fn = rounding.get(name)
             return fn(value) if fn is not None else value
 
+        cached = net.cached
+
+        def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # what enters the KV cache is stored at its type, whichever step the family taps
+            return cached(i, cache_k(k), cache_v(v))
+
+        net.cached = cache  # type: ignore[method-assign]
         head_types = self.precision.tensor_types
         head = self._activation("output.weight" if "output.weight" in head_types else "token_embd.weight")
         project = net.params.project
