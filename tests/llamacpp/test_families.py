@@ -12,11 +12,12 @@ from debug_framework.modelio.gguf_write import write_gguf
 
 pytest.importorskip("xllamacpp")
 
-#: family -> (the tensor the bug writes wrong, how, the layer and block it shows at)
-BUGS: dict[str, tuple[str, str, int, str]] = {
-    "gemma2": ("blk.1.post_attention_norm.weight", "the norm written as w, not 1 + w", 1, "attention"),
-    "gemma3": ("blk.0.attn_k_norm.weight", "the key norm written as w, not 1 + w", 0, "attention"),
-    "phi3": ("blk.1.ffn_up.weight", "gate and up halves swapped", 1, "mlp"),
+#: family -> (the tensor the bug writes wrong, how, the layer and block it shows at, the drill-down's
+#: culprit: the first llama.cpp node compared that is beyond its bound)
+BUGS: dict[str, tuple[str, str, int, str, str]] = {
+    "gemma2": ("blk.1.post_attention_norm.weight", "the norm written as w, not 1 + w", 1, "attention", "sa_out-1"),
+    "gemma3": ("blk.0.attn_k_norm.weight", "the key norm written as w, not 1 + w", 0, "attention", "Kcur-0"),
+    "phi3": ("blk.1.ffn_up.weight", "gate and up halves swapped", 1, "mlp", "ffn_swiglu-1"),
 }
 
 
@@ -62,12 +63,15 @@ def test_a_correct_q8_0_file_passes_at_dtype_auto(engine, family) -> None:
     assert {c.to_dict()["id"] for c in result.results} >= {"post_attention:0", "post_attention:1", "post_mlp:1"}
 
 
-def test_a_converter_bug_fails_at_its_layer_and_block(engine, family) -> None:
+def test_a_converter_bug_fails_at_its_layer_block_and_node(engine, family) -> None:
     name, hf, _, bad = family
-    _, _, layer, block = BUGS[name]
-    result = _validate(engine, hf, alternative_options={"model_file": str(bad)}, isolate=True)
+    _, _, layer, block, node = BUGS[name]
+    result = _validate(engine, hf, alternative_options={"model_file": str(bad)}, isolate=True, drill_down=True)
     assert not result.passed and result.source is not None
     assert (result.source.kind, result.source.layer, result.source.block) == ("layer", layer, block)
+    drilled = {d.layer: d for d in result.drilldown or []}
+    assert drilled[layer].method == "ggml" and drilled[layer].culprit is not None
+    assert drilled[layer].culprit.node == node
 
 
 def test_the_file_reads_back_as_the_model(family) -> None:

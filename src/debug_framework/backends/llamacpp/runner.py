@@ -64,7 +64,9 @@ TRACE_NODES: dict[str, tuple[str, str]] = {
 _TRACE_OVERRIDES: dict[str, dict[str, tuple[str, str] | None]] = {
     "gemma2": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
     "gemma3": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
-    "phi3": {"attn_out": None, "ffn_gate": None, "ffn_up": None},  # unnamed; ffn_up-i is the fused gate|up
+    # Phi-3: q/k/v are views of the fused projection, Qcur-i's last value is scaled by head_dim ** -0.5,
+    # the output projection is unnamed and ffn_up-i is the fused gate|up
+    "phi3": {"q": None, "k": None, "v": None, "q_rope": None, "attn_out": None, "ffn_gate": None, "ffn_up": None},
 }
 
 
