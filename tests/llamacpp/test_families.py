@@ -89,3 +89,15 @@ def test_the_file_reads_back_as_the_model(family) -> None:
     for name in original.weights:
         want = original.weights.numpy(name, np.float32)
         np.testing.assert_allclose(exact.weights.numpy(name, np.float32), want, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_one_row_decoded_through_llamas_cache(engine, family) -> None:
+    """Decode steps of one row (one token per pass): every step's checkpoints and the keys and values
+    llama.cpp writes pass (Phi-3's values are a view of its fused projection: its cache is not read)."""
+    name, _, good, _ = family
+    result = _validate(engine, good, input_shape=[1, 8], decode_steps=2)
+    assert result.passed, [c.to_dict()["id"] for c in result.results if not c.passed]
+    kv = result.decoded.kv_cache
+    assert all(row.k.passed and row.v.passed for row in kv)
+    expected = set() if name == "phi3" else {(s, i) for s in range(3) for i in range(2)}
+    assert {(row.step, row.layer) for row in kv} == expected

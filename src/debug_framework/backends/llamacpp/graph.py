@@ -97,14 +97,17 @@ class Pass:
 
 
 def _rows_first(value: np.ndarray, tokens: int) -> np.ndarray | None:
-    """A node's array ``[ne3, ne2, ne1, ne0]`` with its token axis first: ``[tokens, ne0]`` or
-    ``[tokens, ne1, ne0]``; None where no axis is the token count."""
-    a = value.reshape(value.shape[1:]) if value.shape[0] == 1 else value
-    a = a.reshape(a.shape[1:]) if a.ndim == 3 and a.shape[0] == 1 else a
-    if a.ndim == 3 and a.shape[0] == tokens:  # [T, H, E]
-        return a
-    if a.ndim == 2 and a.shape[0] == tokens:  # [T, D]
-        return a
+    """A node's array ``[ne3, ne2, ne1, ne0]`` with its token axis first: ``[tokens, ne1, ne0]`` for a
+    per-head node (tokens on ne2), ``[tokens, ne0]`` for a 2-D one (tokens on ne1); None where no axis
+    is the token count. One token: a node with more than one row on ne1 is per-head (a 2-D node of
+    one token has one row)."""
+    if value.ndim != 4 or value.shape[0] != 1:
+        return None
+    _, ne2, ne1, ne0 = value.shape
+    if ne2 == tokens and (ne2 > 1 or ne1 != tokens):  # [T, H, E]
+        return value.reshape(ne2, ne1, ne0)
+    if ne2 == 1 and ne1 == tokens:  # [T, D]
+        return value.reshape(ne1, ne0)
     return None
 
 

@@ -45,7 +45,8 @@ VEC_DOT: dict[str, tuple[str, int, bool]] = {
 }
 
 #: which tensor's type decides the rounding of each value the reference taps (``Model.tap`` names)
-_TAPPED_INPUTS = {"attn_norm": "attn_q", "ffn_norm": "ffn_gate", "ffn_act": "ffn_down", "attn": "attn_output"}
+_TAPPED_INPUTS: dict[str, tuple[str, ...]] = {"attn_norm": ("attn_q", "attn_qkv"), "ffn_norm": ("ffn_gate", "ffn_up"),
+                                               "ffn_act": ("ffn_down",), "attn": ("attn_output",)}
 
 
 def quantize_activations(x: torch.Tensor, kind: str, block: int, half_scale: bool) -> torch.Tensor:
@@ -214,6 +215,31 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         act, block, half = VEC_DOT.get(kind, ("F32", 0, False))
         return lambda x: quantize_activations(x, act, block, half)
 
+    def _round_block_inputs(self, attention_in: Callable[[torch.Tensor], torch.Tensor],
+                            mlp_in: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The projections' input of a family whose blocks tap no ``attn_norm`` / ``ffn_norm`` (Gemma)
+        or whose fused projections have another name (Phi-3): rounded where the block takes it
+        (rounding twice is rounding once)."""
+        net = self.net
+        assert net is not None
+        attention = net.attention
+        mlp = getattr(net, "mlp", None)
+
+        def rounded_attention(i: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return attention(i, attention_in(x), attention_mask)
+
+        net.attention = rounded_attention  # type: ignore[method-assign]
+        if mlp is not None:
+            def rounded_mlp(i: int, x: torch.Tensor) -> torch.Tensor:
+                return mlp(i, mlp_in(x))
+
+            net.mlp = rounded_mlp  # type: ignore[attr-defined]
+
+    def _first_tensor(self, tensors: tuple[str, ...]) -> str:
+        """The first of layer 0's ``tensors`` the file has (``attn_q``, else Phi-3's fused ``attn_qkv``)."""
+        names = [f"blk.0.{t}.weight" for t in tensors]
+        return next((n for n in names if n in self.precision.tensor_types), names[0])
+
     def _cache(self, kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
         upper = kind.upper()
         act, block, half = ("F32", 0, False) if upper == "F32" else (upper, 0, False) if upper in ("F16", "BF16") \
@@ -225,7 +251,8 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         net = self.net
         assert net is not None
         rounding: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-            tap: self._activation(f"blk.0.{tensor}.weight") for tap, tensor in _TAPPED_INPUTS.items()}
+            tap: self._activation(self._first_tensor(tensor)) for tap, tensor in _TAPPED_INPUTS.items()}
+        self._round_block_inputs(rounding["attn_norm"], rounding["ffn_norm"])
         cache_k, cache_v = self._cache(self.precision.cache_type_k), self._cache(self.precision.cache_type_v)
         rounding["k_rope"], rounding["v"] = cache_k, cache_v
         if self.precision.cache_type_k.upper() in ("F16", "BF16"):

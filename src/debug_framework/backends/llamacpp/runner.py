@@ -387,6 +387,7 @@ class _Decoder:
         self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
         self.head_dim = int(getattr(model.config, "head_dim", 0))
         self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
+        self._unread: set[int] = set()
 
     def _want(self, keys: list[CheckpointKey]) -> frozenset[str]:
         nodes = {f"{n}-{i}" for i in range(self.layers) for n in ("Kcur", "Vcur")}
@@ -397,7 +398,12 @@ class _Decoder:
         for i, (ks, vs) in self._kv.items():
             k = _occurrence(kept.nodes.get(f"Kcur-{i}", []), "rope")
             v = _occurrence(kept.nodes.get(f"Vcur-{i}", []), "proj")
-            if k is None or v is None:
+            if k is None or v is None or i in self._unread:
+                # a pass without them (Phi-3's prefill: its values are a view of the fused
+                # projection): the layer's cache is not read at all, never in part
+                self._unread.add(i)
+                ks.clear()
+                vs.clear()
                 continue
             k = _unpermute_heads(k, self.head_dim) if permuted else k
             ks.append(rows.scatter(k.reshape(k.shape[0], self.kv_heads, self.head_dim)))
