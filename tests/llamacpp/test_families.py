@@ -101,3 +101,17 @@ def test_one_row_decoded_through_llamas_cache(engine, family) -> None:
     assert all(row.k.passed and row.v.passed for row in kv)
     expected = set() if name == "phi3" else {(s, i) for s in range(3) for i in range(2)}
     assert {(row.step, row.layer) for row in kv} == expected
+
+
+def test_what_llamas_gemma_does_not_read_is_not_written(hf_gemma2: Path, tmp_path: Path) -> None:
+    """A query_pre_attn_scalar other than head_dim would be a file that computes another model: DF004."""
+    import json
+    import shutil
+
+    from debug_framework.errors import ModelLoadingError
+
+    hf = Path(shutil.copytree(hf_gemma2, tmp_path / "hf"))
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "query_pre_attn_scalar": 256}))
+    with pytest.raises(ModelLoadingError, match="DF004.*query_pre_attn_scalar 256"):
+        write_gguf(hf, tmp_path / "m.gguf")
