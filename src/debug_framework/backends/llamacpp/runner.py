@@ -5,7 +5,7 @@ the canonical checkpoints read from its graph nodes through the eval callback, e
 checkpoint             llama.cpp node
 =====================  ===============================================
 ``post_embedding``     ``embd`` (Gemma: ``inp_scaled``)
-``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``)
+``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``; Phi-3: unnamed, the first source of the MLP's ``norm-i``)
 ``post_mlp:i``         ``l_out-i`` (the layer's output)
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
