@@ -17,16 +17,20 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_lay
 
 
 def make_hf(kind: str, directory: Path, seed: int = 0, **overrides: object) -> Path:
-    """A tiny random ``llama`` / ``mistral`` / ``qwen2`` / ``qwen3`` decoder saved as a Hugging Face directory."""
+    """A tiny random ``llama`` / ``mistral`` / ``qwen2`` / ``qwen3`` / ``phi3`` / ``gemma2`` /
+    ``gemma3_text`` decoder saved as a Hugging Face directory."""
     import torch
     import transformers
 
     classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
                "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-               "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+               "phi3": ("Phi3Config", "Phi3ForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+               "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
     config_class, model_class = (getattr(transformers, name) for name in classes[kind])
     torch.manual_seed(seed)
     extra = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2} if kind == "phi3" else {}
+    if kind.startswith("gemma"):  # llama.cpp's Gemma scales queries by head_dim ** -0.5; a window of 4 slides in 8 tokens
+        extra = {"query_pre_attn_scalar": TINY["head_dim"], "sliding_window": 4, "tie_word_embeddings": True}
     model = model_class(config_class(**{"tie_word_embeddings": False, **TINY, **extra, **overrides}))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -65,3 +69,15 @@ def hf_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2-layer Phi-3 (fused qkv and gate/up projections), Hugging Face directory."""
     return make_hf("phi3", tmp_path_factory.mktemp("gguf_phi3") / "hf", seed=9)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Gemma 2 (soft-caps, a sliding window of 4 in layer 0, tied head), Hugging Face directory."""
+    return make_hf("gemma2", tmp_path_factory.mktemp("gguf_gemma2") / "hf", seed=11)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer Gemma 3 text decoder (q/k norms, both layers sliding), Hugging Face directory."""
+    return make_hf("gemma3_text", tmp_path_factory.mktemp("gguf_gemma3") / "hf", seed=13)

@@ -89,23 +89,15 @@ def test_absurd_headers_are_refused_before_any_allocation(tmp_path: Path, tensor
 
 def test_an_architecture_without_a_reference_is_named(tmp_path: Path) -> None:
     f = tmp_path / "g.gguf"
-    f.write_bytes(_raw([("token_embd.weight", [32, 4], 0, 0)], b"\0" * 512, kv={"general.architecture": "gemma2"}))
-    with pytest.raises(ModelLoadingError, match="DF004.*'gemma2'"):
+    f.write_bytes(_raw([("token_embd.weight", [32, 4], 0, 0)], b"\0" * 512, kv={"general.architecture": "falcon"}))
+    with pytest.raises(ModelLoadingError, match="DF004.*'falcon'"):
         load_model(f)
 
 
-def test_phi3_fused_projections_read_back_and_llamacpp_refuses_it(hf_phi3: Path, tmp_path: Path) -> None:
-    """Phi-3's qkv_proj / gate_up_proj are written as attn_qkv / ffn_up and read back under their
-    names; llama.cpp's Phi-3 graph names no post-attention node, so the engine says so (DF002)."""
-    from debug_framework.errors import BackendInitializationError
-
+def test_phi3_fused_projections_read_back(hf_phi3: Path, tmp_path: Path) -> None:
+    """Phi-3's qkv_proj / gate_up_proj are written as attn_qkv / ffn_up and read back under their names."""
     hf = hf_phi3
     model = load_model(write_gguf(hf, tmp_path / "phi3.gguf"))
     assert model.config.model_type == "phi3" and model.config.fused_projections
     name = "model.layers.1.mlp.gate_up_proj.weight"
     np.testing.assert_array_equal(model.weights.numpy(name, np.float32), load_model(hf).weights.numpy(name, np.float32))
-    pytest.importorskip("xllamacpp")
-    from debug_framework.backends import get_backend
-
-    with pytest.raises(BackendInitializationError, match="DF002.*phi3"):
-        get_backend("llamacpp").prepare(model, "float32")

@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
     from .weights import TensorReader
 
-__all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "gguf_model_parts",
+__all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "GEMMA_ARCHS", "gguf_model_parts",
            "unpermute_for_rope"]
 
 #: llama.cpp architecture -> Hugging Face ``model_type`` of the reference that runs it
-GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                                      "gemma2": "gemma2", "gemma3": "gemma3_text"}
 
 #: llama.cpp architectures whose q/k rows the converter permuted
 _PERMUTED_ARCHS = frozenset({"llama"})
@@ -36,12 +37,24 @@ _LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k"
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
           "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
           "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+#: Gemma's norms: one before and one after each block (llama.cpp's ``ffn_norm`` is the pre-MLP one)
+_GEMMA_LAYER = {**_LAYER, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
+#: llama.cpp architectures whose norm weights the converter stores as ``1 + w`` (Hugging Face stores ``w``)
+GEMMA_ARCHS = frozenset({"gemma2", "gemma3"})
 #: the fused projections of an architecture that fuses them (Phi-3): llama.cpp name -> Hugging Face module
 _FUSED = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 #: llama.cpp architectures with fused q/k/v and gate/up projections
 _FUSED_ARCHS = frozenset({"phi3"})
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
+
+
+def _modules(architecture: str) -> dict[str, str]:
+    """llama.cpp layer module -> Hugging Face module of an ``architecture`` file."""
+    if architecture in _FUSED_ARCHS:
+        return {**_LAYER, **_FUSED}
+    return _GEMMA_LAYER if architecture in GEMMA_ARCHS else _LAYER
 
 
 def hf_name(name: str, architecture: str = "llama") -> str | None:
@@ -51,19 +64,22 @@ def hf_name(name: str, architecture: str = "llama") -> str | None:
     if name in _GLOBAL:
         return _GLOBAL[name]
     parts = name.split(".")
-    modules = {**_LAYER, **_FUSED} if architecture in _FUSED_ARCHS else _LAYER
+    modules = _modules(architecture)
     if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in modules:
         return None
     return f"model.layers.{int(parts[1])}.{modules[parts[2]]}.{parts[3]}"
 
 
-def gguf_name(name: str) -> str | None:
-    """The llama.cpp name of Hugging Face tensor ``name`` (the inverse of :func:`hf_name`)."""
+def gguf_name(name: str, architecture: str = "llama") -> str | None:
+    """The llama.cpp name of Hugging Face tensor ``name`` in an ``architecture`` file (the inverse
+    of :func:`hf_name`)."""
     for g, h in _GLOBAL.items():
         if h == name:
             return g
     parts = name.split(".")
-    inverse = {**{v: k for k, v in _LAYER.items()}, **{v: k for k, v in _FUSED.items()}}
+    inverse = {v: k for k, v in _modules(architecture).items()}
+    if architecture not in _FUSED_ARCHS:
+        inverse.update({v: k for k, v in _FUSED.items()})
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
         return None
     module = ".".join(parts[3:-1])
@@ -119,12 +135,31 @@ def gguf_config(f: GgufFile) -> JsonObject:
     }
     if arch == "llama":
         config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    if arch in GEMMA_ARCHS:
+        config.update(_gemma_config(f, config))
     if f.key("rope.scaling.type") == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": _float(f, "rope.scaling.factor", 1.0)}
     elif f.key("rope.scaling.type") not in (None, "none"):
         raise ModelLoadingError(f"GGUF rope scaling {f.key('rope.scaling.type')!r} is not read here",
                                 file=str(f.path), hint="validate a file without rope scaling, or with linear scaling")
     return config
+
+
+def _gemma_config(f: GgufFile, config: JsonObject) -> JsonObject:
+    """Gemma's keys: llama.cpp scales queries by ``head_dim ** -0.5`` (its ``query_pre_attn_scalar``),
+    soft-caps (Gemma 2), the sliding window (every other layer in Gemma 2, five of six in Gemma 3,
+    as llama.cpp lays them out), Gemma 3's local rope base."""
+    window = _int(f, "attention.sliding_window")
+    extra: JsonObject = {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+                         "query_pre_attn_scalar": config["head_dim"], "sliding_window": window}
+    if f.architecture == "gemma2":
+        extra["attn_logit_softcapping"] = _float(f, "attn_logit_softcapping", 50.0)
+        extra["final_logit_softcapping"] = _float(f, "final_logit_softcapping", 30.0)
+    else:
+        extra["rope_local_base_freq"] = _float(f, "rope.freq_base_swa", 10000.0)
+        if f.key("final_logit_softcapping") is not None:
+            extra["final_logit_softcapping"] = _float(f, "final_logit_softcapping", 0.0)
+    return extra
 
 
 class GgufReader:
@@ -158,6 +193,8 @@ class GgufReader:
             data = unpermute_for_rope(data, int(self._heads[0]), int(self._heads[0]))  # type: ignore[arg-type]
         elif self.file.architecture in _PERMUTED_ARCHS and ".attn_k." in stored:
             data = unpermute_for_rope(data, int(self._heads[0]), int(self._heads[1] or self._heads[0]))  # type: ignore[arg-type]
+        elif self.file.architecture in GEMMA_ARCHS and stored.endswith("norm.weight"):
+            data = data - np.float32(1.0)  # stored as 1 + w, as llama.cpp multiplies by it
         return np.ascontiguousarray(data)
 
     def tensor(self, name: str) -> torch.Tensor:

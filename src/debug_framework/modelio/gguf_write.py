@@ -4,8 +4,9 @@ The file carries what llama.cpp needs to load and run the model without a tokeni
 architecture keys, a synthetic vocabulary of ``vocab_size`` tokens (token ids are fed directly;
 no text is ever tokenized), and every tensor under llama.cpp's name. Llama-style models
 (``llama``, ``mistral``) get their q/k rows permuted for llama.cpp's interleaved RoPE exactly as
-the converter's ``LlamaModel.permute`` does; Qwen2 and Qwen3 are written unpermuted (llama.cpp
-runs them in NeoX RoPE mode).
+the converter's ``LlamaModel.permute`` does; Qwen2, Qwen3, Phi-3 and Gemma are written unpermuted
+(llama.cpp runs them in NeoX RoPE mode); Gemma's norm weights are written as ``1 + w`` and its
+soft-caps and sliding window as keys.
 
 ``transform`` lets a caller change any tensor on its way into the file (tests inject converter
 bugs with it: skip the permutation, swap or scale a tensor)::
@@ -40,7 +41,7 @@ GGUF_TENSOR_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_
 
 #: Hugging Face ``model_type`` -> llama.cpp architecture name.
 GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                                 "phi3": "phi3"}
+                                 "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 
 #: ``model_type``s whose q/k rows the converter permutes (interleaved RoPE in llama.cpp).
 _PERMUTED = frozenset({"llama", "mistral"})
@@ -65,7 +66,10 @@ def permute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = N
 
 
 def _converted(config: LlamaModelConfig, hf_name: str, array: np.ndarray) -> np.ndarray:
-    """The array as the converter writes it: q/k permuted for Llama-style RoPE."""
+    """The array as the converter writes it: q/k permuted for Llama-style RoPE, Gemma's norm
+    weights stored as ``1 + w`` (llama.cpp multiplies by the stored weight)."""
+    if isinstance(config, GemmaModelConfig) and hf_name.endswith("norm.weight"):
+        return array + np.float32(1.0)
     if config.model_type not in _PERMUTED:
         return array
     if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -78,7 +82,7 @@ def _converted(config: LlamaModelConfig, hf_name: str, array: np.ndarray) -> np.
 def _tensors(config: LlamaModelConfig, weights: dict[str, np.ndarray]) -> Iterator[_Tensor]:
     """Every tensor of the file, in Hugging Face's order (the output head left out when tied)."""
     for hf_name, array in weights.items():
-        gguf_name = hf_to_gguf(hf_name)
+        gguf_name = hf_to_gguf(hf_name, GGUF_FAMILIES[config.model_type])
         if gguf_name is None or (gguf_name == "output.weight" and config.tie_word_embeddings):
             continue
         yield _Tensor(gguf_name, array, _converted(config, hf_name, array))
@@ -88,7 +92,7 @@ def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.n
     """The directory's typed config and float32 weights; DF004 for a family the writer does not write."""
     model = load_model(model_dir)
     config = model.config
-    if (not isinstance(config, LlamaModelConfig) or isinstance(config, (GemmaModelConfig, MoeModelConfig))
+    if (not isinstance(config, LlamaModelConfig) or isinstance(config, MoeModelConfig)
             or config.model_type not in GGUF_FAMILIES):
         raise ModelLoadingError(
             f"cannot write a GGUF for {model_dir}: model_type {getattr(config, 'model_type', '?')!r} is not one "
@@ -97,7 +101,50 @@ def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.n
         raise ModelLoadingError(
             f"cannot write a GGUF for {model_dir}: rope scaling {config.rope_scaling.rope_type!r} is not written",
             hint="write a model without rope_scaling, or with linear scaling")
+    if isinstance(config, GemmaModelConfig):
+        _check_gemma(config, model_dir)
     return config, {name: model.weights.numpy(name, np.float32) for name in model.weights}
+
+
+def _check_gemma(config: GemmaModelConfig, model_dir: Path) -> None:
+    """DF004 for what llama.cpp's Gemma graphs do not read: a ``query_pre_attn_scalar`` other than
+    ``head_dim`` (llama.cpp scales queries by ``head_dim ** -0.5``), sliding-window layers other
+    than its own pattern (Gemma 2: every other layer; Gemma 3: five of six), an untied output
+    head, a local rope scaling."""
+    if config.query_pre_attn_scalar != config.head_dim:
+        raise ModelLoadingError(
+            f"cannot write a GGUF for {model_dir}: query_pre_attn_scalar {config.query_pre_attn_scalar} is not "
+            f"head_dim {config.head_dim}, and llama.cpp scales Gemma's queries by head_dim ** -0.5",
+            hint="set query_pre_attn_scalar to head_dim")
+    every = 2 if config.model_type == "gemma2" else 6
+    pattern = tuple("sliding_attention" if (i + 1) % every else "full_attention"
+                    for i in range(config.num_hidden_layers))
+    if config.sliding_window is None or config.layer_types != pattern:
+        raise ModelLoadingError(
+            f"cannot write a GGUF for {model_dir}: its sliding-window layers are not llama.cpp's "
+            f"{config.model_type} pattern (one global layer in {every})",
+            hint="a model with the family's default layer_types and a sliding_window")
+    if not config.tie_word_embeddings:
+        raise ModelLoadingError(f"cannot write a GGUF for {model_dir}: llama.cpp's Gemma reads no output head "
+                                "(it ties it to the embeddings)", hint="a model with tie_word_embeddings=true")
+    if config.local_rope_scaling.rope_type != "default":
+        raise ModelLoadingError(f"cannot write a GGUF for {model_dir}: a rope scaling of the local layers is not "
+                                "written", hint="write a model without one")
+
+
+def _add_gemma_metadata(writer: object, config: GemmaModelConfig) -> None:
+    """Gemma's keys: soft-caps, the sliding window, Gemma 3's local rope base."""
+    import gguf
+
+    assert isinstance(writer, gguf.GGUFWriter)
+    assert config.sliding_window is not None
+    writer.add_sliding_window(config.sliding_window)
+    if config.attn_logit_softcapping is not None:
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+    if config.final_logit_softcapping is not None:
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if config.local_rope_theta is not None:
+        writer.add_rope_freq_base_swa(config.local_rope_theta)
 
 
 def _add_metadata(writer: object, config: LlamaModelConfig, file_type: int, name: str) -> None:
@@ -123,6 +170,8 @@ def _add_metadata(writer: object, config: LlamaModelConfig, file_type: int, name
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_vocab_size(config.vocab_size)
     w.add_file_type(file_type)
+    if isinstance(config, GemmaModelConfig):
+        _add_gemma_metadata(w, config)
 
 
 #: control tokens llama.cpp looks up by their text when it loads a family's vocabulary
@@ -182,7 +231,8 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     """Write the Hugging Face model in ``model_dir`` as a GGUF at ``out_path`` and return the path.
 
     Args:
-        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3 or Phi-3 decoder.
+        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or
+            Gemma 3 (text) decoder.
         out_path: the file to write (its directory must exist).
         tensor_type: the type of every 2-D weight, one of :data:`GGUF_TENSOR_TYPES`; norms and
             biases stay F32, and a weight whose rows do not fill whole blocks falls back to F16.

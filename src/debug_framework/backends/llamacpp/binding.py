@@ -252,6 +252,20 @@ def ggml_tensor_name(lib: Library, t: int) -> str:
     return (lib.so.ggml_get_name(t) or b"").decode("utf-8", "replace")
 
 
+#: where ``struct ggml_tensor`` keeps ``src[0]`` and ``name`` (type, buffer, ne[4], nb[4], op,
+#: op_params[16], flags, then src[10], view_src, view_offs, data, name[64])
+_SRC_OFFSET, _NAME_OFFSET = 152, 256
+
+
+def ggml_tensor_source(lib: Library, t: int, k: int = 0) -> int | None:
+    """The address of a node's ``k``-th source; None where this build's ``struct ggml_tensor`` is not
+    laid out as expected (its name is not at the expected offset) or the source is absent."""
+    name = lib.so.ggml_get_name(t) or b""
+    if not 0 <= k < 10 or ctypes.string_at(t + _NAME_OFFSET) != name:
+        return None
+    return ctypes.c_void_p.from_address(t + _SRC_OFFSET + 8 * k).value or None
+
+
 def ggml_tensor_shape(t: int) -> tuple[int, int, int, int]:
     """``ne`` of a tensor: ne0 (contiguous) first."""
     head = _GgmlTensorHead.from_address(t)

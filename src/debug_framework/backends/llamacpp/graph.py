@@ -20,9 +20,14 @@ import numpy as np
 
 from ...errors import BackendInitializationError, BackendRuntimeError
 from .binding import (GGML_TYPES, LOG, Batch, EvalCallback, Library, ggml_tensor_array, ggml_tensor_name,
-                      ggml_tensor_write, library)
+                      ggml_tensor_source, ggml_tensor_write, library)
 
-__all__ = ["LlamaSettings", "LlamaGraph", "Pass", "Rows", "FLASH_ATTN"]
+__all__ = ["LlamaSettings", "LlamaGraph", "Pass", "Rows", "FLASH_ATTN", "UNNAMED_FFN_INP"]
+
+#: llama.cpp architectures whose graph leaves the post-attention sum unnamed (Phi-3): ``ffn_inp-i``
+#: is then the first source of the ``norm-i`` computed after ``kqv_out-i`` (the MLP's RMS norm), read
+#: and replaced there, every unnamed node in between computed on its own so that it is there
+UNNAMED_FFN_INP = frozenset({"phi3"})
 
 #: ``flash_attn`` option -> ``llama_flash_attn_type``
 FLASH_ATTN: dict[str, int] = {"auto": -1, "off": 0, "on": 1}
@@ -92,22 +97,26 @@ class Pass:
 
 
 def _rows_first(value: np.ndarray, tokens: int) -> np.ndarray | None:
-    """A node's array ``[ne3, ne2, ne1, ne0]`` with its token axis first: ``[tokens, ne0]`` or
-    ``[tokens, ne1, ne0]``; None where no axis is the token count."""
-    a = value.reshape(value.shape[1:]) if value.shape[0] == 1 else value
-    a = a.reshape(a.shape[1:]) if a.ndim == 3 and a.shape[0] == 1 else a
-    if a.ndim == 3 and a.shape[0] == tokens:  # [T, H, E]
-        return a
-    if a.ndim == 2 and a.shape[0] == tokens:  # [T, D]
-        return a
+    """A node's array ``[ne3, ne2, ne1, ne0]`` with its token axis first: ``[tokens, ne1, ne0]`` for a
+    per-head node (tokens on ne2), ``[tokens, ne0]`` for a 2-D one (tokens on ne1); None where no axis
+    is the token count. One token: a node with more than one row on ne1 is per-head (a 2-D node of
+    one token has one row)."""
+    if value.ndim != 4 or value.shape[0] != 1:
+        return None
+    _, ne2, ne1, ne0 = value.shape
+    if ne2 == tokens and (ne2 > 1 or ne1 != tokens):  # [T, H, E]
+        return value.reshape(ne2, ne1, ne0)
+    if ne2 == 1 and ne1 == tokens:  # [T, D]
+        return value.reshape(ne1, ne0)
     return None
 
 
 class LlamaGraph:
     """A GGUF loaded in llama.cpp, and passes through it (one context per :meth:`open_context`)."""
 
-    def __init__(self, path: Path, settings: LlamaSettings) -> None:
+    def __init__(self, path: Path, settings: LlamaSettings, architecture: str = "") -> None:
         self.lib: Library = library()
+        self.derives_ffn_inp = architecture in UNNAMED_FFN_INP
         self.path, self.settings = path, settings.check()
         params = self.lib.model_params()
         LOG.clear()
@@ -125,6 +134,8 @@ class LlamaGraph:
         self._stop: str | None = None
         self._tokens = 0
         self._error: BaseException | None = None
+        self._window: str | None = None  # the layer whose kqv_out was seen and whose MLP norm was not
+        self._stop_pending = False
 
     # -- contexts ---------------------------------------------------------------------------------
     def open_context(self, sequences: int, cells: int, batch: int, *, observed: bool = True) -> None:
@@ -173,24 +184,61 @@ class LlamaGraph:
     def _on_node(self, t: int, ask: bool, user: int) -> bool:
         try:
             name = ggml_tensor_name(self.lib, t)
+            if self.derives_ffn_inp:
+                derived = self._derived_ffn_inp(t, name, ask)
+                if derived is not None:
+                    return derived
             if ask:
                 return name in self._want or name in self._replace
-            if name in self._replace:
-                if not ggml_tensor_write(self.lib, t, self._replace[name]):
-                    raise BackendRuntimeError(f"cannot replace llama.cpp node {name!r} with the given values",
-                                              backend="llamacpp", call="run_layer()")
-                if self._kept is not None:
-                    self._kept.replaced.append(name)
-            if name in self._want and self._kept is not None:
-                value = ggml_tensor_array(self.lib, t)
-                if value is not None:
-                    rows = _rows_first(np.asarray(value), self._tokens)
-                    if rows is not None:
-                        self._kept.nodes.setdefault(name, []).append(rows.copy())
-            return name != self._stop  # False: llama.cpp computes nothing after this node
+            self._at_node(t, name)
+            return name != self._stop and not self._stop_pending  # False: llama.cpp computes nothing after
         except BaseException as exc:  # noqa: BLE001 - never unwinds through C: re-raised after the pass
             self._error = exc
             return False
+
+    def _at_node(self, t: int, name: str) -> None:
+        """A computed node ``t`` under ``name``: replaced where asked, kept where wanted."""
+        if name in self._replace:
+            if not ggml_tensor_write(self.lib, t, self._replace[name]):
+                raise BackendRuntimeError(f"cannot replace llama.cpp node {name!r} with the given values",
+                                          backend="llamacpp", call="run_layer()")
+            if self._kept is not None:
+                self._kept.replaced.append(name)
+        if name in self._want and self._kept is not None:
+            value = ggml_tensor_array(self.lib, t)
+            if value is not None:
+                rows = _rows_first(np.asarray(value), self._tokens)
+                if rows is not None:
+                    self._kept.nodes.setdefault(name, []).append(rows.copy())
+
+    def _derived_ffn_inp(self, t: int, name: str, ask: bool) -> bool | None:
+        """``ffn_inp-i`` of a graph that leaves it unnamed (:data:`UNNAMED_FFN_INP`): the first source of
+        the ``norm-i`` after ``kqv_out-i``, read (and replaced) when that norm is asked for, before it is
+        computed. What to answer llama.cpp, or None: the node is not part of it."""
+        if not ask:
+            return None
+        if name.startswith("kqv_out-"):
+            self._window = name[len("kqv_out-"):]
+            return None
+        if self._window is None:
+            return None
+        alias = f"ffn_inp-{self._window}"
+        asked = alias in self._want or alias in self._replace or alias == self._stop
+        if name.startswith("node_"):
+            return True if asked else None  # computed on its own: its value is there when the norm is asked
+        if name != f"norm-{self._window}":
+            return None
+        self._window = None
+        if not asked:
+            return None
+        source = ggml_tensor_source(self.lib, t, 0)
+        if source is None:
+            raise BackendRuntimeError(f"cannot find the input of llama.cpp node {name!r} ({alias})",
+                                      backend="llamacpp", call="llama_decode",
+                                      hint="this llama.cpp build's ggml_tensor layout is not the pinned one")
+        self._at_node(source, alias)
+        self._stop_pending = alias == self._stop
+        return True
 
     # -- a pass -----------------------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, positions: np.ndarray, sequences: np.ndarray, want: frozenset[str],
@@ -212,7 +260,7 @@ class LlamaGraph:
         outputs = (ctypes.c_int8 * n)(*([1] * n))
         batch = Batch(n, tok, None, pos, n_seq, seq, outputs)
         self._want, self._replace, self._tokens, self._stop = want, dict(replace or {}), n, stop_after
-        self._kept, self._error = Pass(), None
+        self._kept, self._error, self._window, self._stop_pending = Pass(), None, None, False
         start = time.perf_counter()
         try:
             code = self.lib.so.llama_decode(self.ctx, batch)

@@ -9,7 +9,8 @@ for one file and one set of settings; :class:`LlamaEmulationBackend` (what the c
 written from the math over torch in float32 with exactly those roundings: the weights quantized to
 the file's types (the Hugging Face model's weights re-quantized with the ``gguf`` package's kernels,
 row blocks, so the converter's q/k row permutation does not change them), every matrix product's
-input quantized as the kernel's, keys, values and queries rounded to the cache type.
+input quantized as the kernel's, keys, values and queries rounded to the cache type, and the
+tanh GELU (Gemma) through ggml's float16 table (:func:`gelu_fp16_table`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from ...modelio.loader import LoadedModel
     from .graph import LlamaSettings
 
-__all__ = ["LlamaPrecision", "llama_precision", "LlamaEmulationBackend", "VEC_DOT", "quantize_activations"]
+__all__ = ["LlamaPrecision", "llama_precision", "LlamaEmulationBackend", "VEC_DOT", "quantize_activations",
+           "gelu_fp16_table"]
 
 #: weight type -> (activation type, block size, scale stored as float16) of ggml's CPU dot products
 VEC_DOT: dict[str, tuple[str, int, bool]] = {
@@ -43,7 +45,8 @@ VEC_DOT: dict[str, tuple[str, int, bool]] = {
 }
 
 #: which tensor's type decides the rounding of each value the reference taps (``Model.tap`` names)
-_TAPPED_INPUTS = {"attn_norm": "attn_q", "ffn_norm": "ffn_gate", "ffn_act": "ffn_down", "attn": "attn_output"}
+_TAPPED_INPUTS: dict[str, tuple[str, ...]] = {"attn_norm": ("attn_q", "attn_qkv"), "ffn_norm": ("ffn_gate", "ffn_up"),
+                                               "ffn_act": ("ffn_down",), "attn": ("attn_output",)}
 
 
 def quantize_activations(x: torch.Tensor, kind: str, block: int, half_scale: bool) -> torch.Tensor:
@@ -148,6 +151,17 @@ def _requantized(weights: np.ndarray, kind: str) -> np.ndarray | None:
         return None
 
 
+def gelu_fp16_table(x: torch.Tensor) -> torch.Tensor:
+    """ggml's CPU GELU (tanh form) as it computes it: through a table indexed by the input rounded
+    to float16 and holding float16 values (``ggml_table_gelu_f16``); 0 at or below -10, ``x`` at or
+    above 10."""
+    import torch
+
+    half = x.to(torch.float16).to(torch.float32)
+    y = torch.nn.functional.gelu(half, approximate="tanh").to(torch.float16).to(x.dtype)
+    return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, y))
+
+
 class LlamaEmulationBackend(TorchReferenceBackend):
     """The reference models over torch in float32 at llama.cpp's precision (see the module)."""
 
@@ -201,6 +215,31 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         act, block, half = VEC_DOT.get(kind, ("F32", 0, False))
         return lambda x: quantize_activations(x, act, block, half)
 
+    def _round_block_inputs(self, attention_in: Callable[[torch.Tensor], torch.Tensor],
+                            mlp_in: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The projections' input of a family whose blocks tap no ``attn_norm`` / ``ffn_norm`` (Gemma)
+        or whose fused projections have another name (Phi-3): rounded where the block takes it
+        (rounding twice is rounding once)."""
+        net = self.net
+        assert net is not None
+        attention = net.attention
+        mlp = getattr(net, "mlp", None)
+
+        def rounded_attention(i: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return attention(i, attention_in(x), attention_mask)
+
+        net.attention = rounded_attention  # type: ignore[method-assign]
+        if mlp is not None:
+            def rounded_mlp(i: int, x: torch.Tensor) -> torch.Tensor:
+                return mlp(i, mlp_in(x))
+
+            net.mlp = rounded_mlp  # type: ignore[attr-defined]
+
+    def _first_tensor(self, tensors: tuple[str, ...]) -> str:
+        """The first of layer 0's ``tensors`` the file has (``attn_q``, else Phi-3's fused ``attn_qkv``)."""
+        names = [f"blk.0.{t}.weight" for t in tensors]
+        return next((n for n in names if n in self.precision.tensor_types), names[0])
+
     def _cache(self, kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
         upper = kind.upper()
         act, block, half = ("F32", 0, False) if upper == "F32" else (upper, 0, False) if upper in ("F16", "BF16") \
@@ -212,18 +251,32 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         net = self.net
         assert net is not None
         rounding: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-            tap: self._activation(f"blk.0.{tensor}.weight") for tap, tensor in _TAPPED_INPUTS.items()}
+            tap: self._activation(self._first_tensor(tensor)) for tap, tensor in _TAPPED_INPUTS.items()}
+        self._round_block_inputs(rounding["attn_norm"], rounding["ffn_norm"])
         cache_k, cache_v = self._cache(self.precision.cache_type_k), self._cache(self.precision.cache_type_v)
         rounding["k_rope"], rounding["v"] = cache_k, cache_v
         if self.precision.cache_type_k.upper() in ("F16", "BF16"):
             rounding["q_rope"] = cache_k  # queries meet F16 keys as F16
         traced = net.tap
+        table_gelu = net.config.hidden_act in ("gelu_pytorch_tanh", "gelu_new")
+        seen: dict[str, torch.Tensor] = {}
 
         def tap(name: str, value: torch.Tensor) -> torch.Tensor:
+            if table_gelu and name in ("ffn_gate", "ffn_up"):
+                seen[name] = value
+            elif table_gelu and name == "ffn_act":
+                value = gelu_fp16_table(seen.pop("ffn_gate")) * seen.pop("ffn_up")
             value = traced(name, value)
             fn = rounding.get(name)
             return fn(value) if fn is not None else value
 
+        cached = net.cached
+
+        def cache(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # what enters the KV cache is stored at its type, whichever step the family taps
+            return cached(i, cache_k(k), cache_v(v))
+
+        net.cached = cache  # type: ignore[method-assign]
         head_types = self.precision.tensor_types
         head = self._activation("output.weight" if "output.weight" in head_types else "token_embd.weight")
         project = net.params.project

@@ -4,8 +4,8 @@ the canonical checkpoints read from its graph nodes through the eval callback, e
 =====================  ===============================================
 checkpoint             llama.cpp node
 =====================  ===============================================
-``post_embedding``     ``embd``
-``post_attention:i``   ``ffn_inp-i`` (attention and its residual)
+``post_embedding``     ``embd`` (Gemma: ``inp_scaled``)
+``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``; Phi-3: unnamed, the first source of the MLP's ``norm-i``)
 ``post_mlp:i``         ``l_out-i`` (the layer's output)
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
@@ -40,10 +40,16 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "RUNS", "llamacpp_availability"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "llamacpp_availability", "trace_nodes"]
 
-#: the llama.cpp architectures whose graphs name every canonical checkpoint (``ffn_inp-i``, ``l_out-i``)
-RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+#: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
+#: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+
+#: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
+#: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
+#: attention in ``sa_out-i``)
+CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out"), "gemma3": ("inp_scaled", "sa_out")}
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -54,6 +60,25 @@ TRACE_NODES: dict[str, tuple[str, str]] = {
     "ffn_gate": ("ffn_gate", "one"), "ffn_up": ("ffn_up", "one"), "ffn_act": ("ffn_swiglu", "one"),
     "ffn_out": ("ffn_out", "one"), "post_mlp": ("l_out", "one"),
 }
+#: llama.cpp architecture -> its trace nodes where they differ from :data:`TRACE_NODES` (None: not named)
+_TRACE_OVERRIDES: dict[str, dict[str, tuple[str, str] | None]] = {
+    "gemma2": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
+    "gemma3": {"post_attention": ("sa_out", "one"), "ffn_act": ("ffn_geglu", "one"), "attn_out": None},
+    # Phi-3: q/k/v are views of the fused projection, Qcur-i's last value is scaled by head_dim ** -0.5,
+    # the output projection is unnamed and ffn_up-i is the fused gate|up
+    "phi3": {"q": None, "k": None, "v": None, "q_rope": None, "attn_out": None, "ffn_gate": None, "ffn_up": None},
+}
+
+
+def trace_nodes(architecture: str) -> dict[str, tuple[str, str]]:
+    """:data:`TRACE_NODES` of the graph of a llama.cpp ``architecture``."""
+    changed = _TRACE_OVERRIDES.get(architecture, {})
+    out: dict[str, tuple[str, str]] = {}
+    for trace, node in TRACE_NODES.items():
+        mine = changed.get(trace, node) if trace in changed else node
+        if mine is not None:
+            out[trace] = mine
+    return out
 
 
 def llamacpp_availability() -> tuple[bool, str]:
@@ -132,7 +157,7 @@ class LlamaCppBackend(BaseBackend):
         self._check_same_model(model)
         if self.graph is not None:
             self.graph.close()
-        self.graph = LlamaGraph(path, self.settings)
+        self.graph = LlamaGraph(path, self.settings, self.gguf.architecture)
 
     def _check_same_model(self, model: LoadedModel) -> None:
         from ...modelio.gguf_model import gguf_config
@@ -142,8 +167,7 @@ class LlamaCppBackend(BaseBackend):
             raise BackendInitializationError(
                 f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
                 f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
-                hint="a Phi-3 graph names no post-attention node: validate the Hugging Face model it was "
-                     "converted from with another engine")
+                hint="validate the Hugging Face model it was converted from with another engine")
         mine = gguf_config(self.gguf)
         family = {"mistral": "llama"}.get(model.config.model_type, model.config.model_type)  # written as llama
         if mine["model_type"] != family:
@@ -204,9 +228,14 @@ class LlamaCppBackend(BaseBackend):
         g.open_context(ids.shape[0], len(rows.batch) + ids.shape[0] * (steps + 1), max(len(rows.batch), ids.shape[0]))
         return g.decode(rows.gather(ids), rows.gather(pos), rows.batch, want, replace, stop_after=stop_after), rows
 
-    @staticmethod
-    def _node(key: CheckpointKey) -> str:
-        return {"post_embedding": "embd", "post_attention": f"ffn_inp-{key.layer}",
+    def _checkpoint_nodes(self) -> tuple[str, str]:
+        """This file's graph's nodes of ``post_embedding`` and (less ``-i``) ``post_attention``."""
+        arch = self.gguf.architecture if self.gguf is not None else ""
+        return CHECKPOINT_NODES.get(arch, ("embd", "ffn_inp"))
+
+    def _node(self, key: CheckpointKey) -> str:
+        embd, attn = self._checkpoint_nodes()
+        return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}",
                 "post_mlp": f"l_out-{key.layer}"}.get(key.name, "result_output")
 
     def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
@@ -226,15 +255,15 @@ class LlamaCppBackend(BaseBackend):
         n = self._prepared().num_layers
         want = {self._node(k) for k in keys}
         if capture_layer_inputs:
-            want |= {"embd", *(f"l_out-{i}" for i in range(n - 1))}
+            want |= {self._input_node(i) for i in range(n)}
         kept, rows = self._feed(inputs, frozenset(want))
         layer_inputs = None
         if capture_layer_inputs:
-            layer_inputs = {i: rows.scatter(kept.last("embd" if i == 0 else f"l_out-{i - 1}")) for i in range(n)}
+            layer_inputs = {i: rows.scatter(kept.last(self._input_node(i))) for i in range(n)}
         return self._capture(kept, rows, keys, kept.seconds, layer_inputs)
 
     def _input_node(self, i: int) -> str:
-        return "embd" if i == 0 else f"l_out-{i - 1}"
+        return self._checkpoint_nodes()[0] if i == 0 else f"l_out-{i - 1}"
 
     def _replayed(self, inputs: ModelInputs, node: str, hidden_in: HiddenState, want: set[str],
                   last: str) -> tuple[Pass, Rows]:
@@ -266,21 +295,22 @@ class LlamaCppBackend(BaseBackend):
             cap = last[2]
             return Capture(tensors={key: cap.tensors[key]}, backend=self.name, dtype=self.dtype,
                            elapsed_s=cap.elapsed_s, meta=cap.meta)
-        node = self._input_node(i) if block == "attention" else f"ffn_inp-{i}"
+        node = self._input_node(i) if block == "attention" else self._node(CheckpointKey("post_attention", i))
         kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
         return self._capture(kept, rows, [key], kept.seconds)
 
     def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
         """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
         order), each ``[B, T, ...]``; :attr:`trace_nodes` says which llama.cpp node each came from."""
-        names = {f"{node}-{i}" for node, _ in TRACE_NODES.values()}
+        nodes = trace_nodes(self.gguf.architecture if self.gguf is not None else "")
+        names = {f"{node}-{i}" for node, _ in nodes.values()}
         kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names, f"l_out-{i}")
         model = self._prepared()
         permuted = self.gguf is not None and self.gguf.architecture == "llama"
         head_dim = int(getattr(model.config, "head_dim", 0))
         out: list[tuple[str, np.ndarray]] = []
         self.trace_nodes = {}
-        for trace, (node, which) in TRACE_NODES.items():
+        for trace, (node, which) in nodes.items():
             values = kept.nodes.get(f"{node}-{i}", [])
             value = _occurrence(values, which)
             if value is None:
@@ -357,6 +387,7 @@ class _Decoder:
         self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
         self.head_dim = int(getattr(model.config, "head_dim", 0))
         self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
+        self._unread: set[int] = set()
 
     def _want(self, keys: list[CheckpointKey]) -> frozenset[str]:
         nodes = {f"{n}-{i}" for i in range(self.layers) for n in ("Kcur", "Vcur")}
@@ -367,7 +398,12 @@ class _Decoder:
         for i, (ks, vs) in self._kv.items():
             k = _occurrence(kept.nodes.get(f"Kcur-{i}", []), "rope")
             v = _occurrence(kept.nodes.get(f"Vcur-{i}", []), "proj")
-            if k is None or v is None:
+            if k is None or v is None or i in self._unread:
+                # a pass without them (Phi-3's prefill: its values are a view of the fused
+                # projection): the layer's cache is not read at all, never in part
+                self._unread.add(i)
+                ks.clear()
+                vs.clear()
                 continue
             k = _unpermute_heads(k, self.head_dim) if permuted else k
             ks.append(rows.scatter(k.reshape(k.shape[0], self.kv_heads, self.head_dim)))

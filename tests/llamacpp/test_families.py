@@ -1,0 +1,117 @@
+"""Gemma 2, Gemma 3 and Phi-3 through llama.cpp: a correct conversion passes at ``--dtype auto``, a
+converter bug fails at its layer and block (one tiny model and two files per family, once per module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from debug_framework.modelio.gguf_write import write_gguf
+
+pytest.importorskip("xllamacpp")
+
+#: family -> (the tensor the bug writes wrong, how, the layer and block it shows at, the drill-down's
+#: culprit: the first llama.cpp node compared that is beyond its bound)
+BUGS: dict[str, tuple[str, str, int, str, str]] = {
+    "gemma2": ("blk.1.post_attention_norm.weight", "the norm written as w, not 1 + w", 1, "attention", "sa_out-1"),
+    "gemma3": ("blk.0.attn_k_norm.weight", "the key norm written as w, not 1 + w", 0, "attention", "Kcur-0"),
+    "phi3": ("blk.1.ffn_up.weight", "gate and up halves swapped", 1, "mlp", "ffn_swiglu-1"),
+}
+
+
+def _bug(tensor: str):
+    def transform(name: str, original: np.ndarray, converted: np.ndarray) -> np.ndarray:
+        if name != tensor:
+            return converted
+        if name.endswith("ffn_up.weight"):  # the fused [gate; up] rows, halves swapped
+            half = converted.shape[0] // 2
+            return np.concatenate([converted[half:], converted[:half]])
+        return original  # the +1 offset forgotten
+    return transform
+
+
+@pytest.fixture(scope="module", params=sorted(BUGS))
+def family(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path, Path]:
+    """(family, its Hugging Face directory, the correct GGUF, the GGUF with the family's bug)."""
+    name = request.param
+    hf = request.getfixturevalue({"gemma2": "hf_gemma2", "gemma3": "hf_gemma3", "phi3": "hf_phi3"}[name])
+    out = tmp_path_factory.mktemp(f"families_{name}")
+    good = write_gguf(hf, out / "good.gguf", tensor_type="q8_0")
+    bad = write_gguf(hf, out / "bug.gguf", transform=_bug(BUGS[name][0]))
+    return name, hf, good, bad
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory):
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    return ValidationEngine(tmp_path_factory.mktemp("families_db") / "db.sqlite")
+
+
+def _validate(engine, model: Path, **config: object):
+    """A session at llama.cpp's defaults (F16 KV cache, flash attention auto)."""
+    cfg = {"input_shape": [2, 8], "dtype": "auto", **config}
+    return engine.run(engine.create_session(model, cfg, alternative_backend="llamacpp"))
+
+
+def test_a_correct_q8_0_file_passes_at_dtype_auto(engine, family) -> None:
+    _, _, good, _ = family
+    result = _validate(engine, good)
+    assert result.passed, [c.to_dict() for c in result.results if not c.passed]
+    assert {c.to_dict()["id"] for c in result.results} >= {"post_attention:0", "post_attention:1", "post_mlp:1"}
+
+
+def test_a_converter_bug_fails_at_its_layer_block_and_node(engine, family) -> None:
+    name, hf, _, bad = family
+    _, _, layer, block, node = BUGS[name]
+    result = _validate(engine, hf, alternative_options={"model_file": str(bad)}, isolate=True, drill_down=True)
+    assert not result.passed and result.source is not None
+    assert (result.source.kind, result.source.layer, result.source.block) == ("layer", layer, block)
+    drilled = {d.layer: d for d in result.drilldown or []}
+    assert drilled[layer].method == "ggml" and drilled[layer].culprit is not None
+    assert drilled[layer].culprit.node == node
+
+
+def test_the_file_reads_back_as_the_model(family) -> None:
+    """The reader undoes the converter: config (soft-caps, window, layer types, rope bases) and
+    weights (Gemma's norms less one, Phi-3's fused projections) as Hugging Face has them."""
+    from debug_framework.modelio import load_model
+
+    _, hf, _, _ = family
+    original, read = load_model(hf), load_model(family[3].with_name("good.gguf"))
+    for field in ("layer_types", "sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
+                  "local_rope_theta", "rope_theta", "query_pre_attn_scalar", "hidden_act", "tie_word_embeddings"):
+        assert getattr(read.config, field, None) == getattr(original.config, field, None), field
+    exact = load_model(write_gguf(hf, family[3].with_name("f32.gguf")))
+    assert sorted(exact.weights) == sorted(original.weights)
+    for name in original.weights:
+        want = original.weights.numpy(name, np.float32)
+        np.testing.assert_allclose(exact.weights.numpy(name, np.float32), want, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_one_row_decoded_through_llamas_cache(engine, family) -> None:
+    """Decode steps of one row (one token per pass): every step's checkpoints and the keys and values
+    llama.cpp writes pass (Phi-3's values are a view of its fused projection: its cache is not read)."""
+    name, _, good, _ = family
+    result = _validate(engine, good, input_shape=[1, 8], decode_steps=2)
+    assert result.passed, [c.to_dict()["id"] for c in result.results if not c.passed]
+    kv = result.decoded.kv_cache
+    assert all(row.k.passed and row.v.passed for row in kv)
+    expected = set() if name == "phi3" else {(s, i) for s in range(3) for i in range(2)}
+    assert {(row.step, row.layer) for row in kv} == expected
+
+
+def test_what_llamas_gemma_does_not_read_is_not_written(hf_gemma2: Path, tmp_path: Path) -> None:
+    """A query_pre_attn_scalar other than head_dim would be a file that computes another model: DF004."""
+    import json
+    import shutil
+
+    from debug_framework.errors import ModelLoadingError
+
+    hf = Path(shutil.copytree(hf_gemma2, tmp_path / "hf"))
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "query_pre_attn_scalar": 256}))
+    with pytest.raises(ModelLoadingError, match="DF004.*query_pre_attn_scalar 256"):
+        write_gguf(hf, tmp_path / "m.gguf")
