@@ -69,7 +69,13 @@ def quantized_operators(backend: Any) -> dict[str, int]:
 
 def quantized_modules(backend: Any) -> list[JsonObject]:
     """Each torchao-quantized weight of a module backend's module (prepared, or built for ``--dtype
-    auto``): ``{module, scheme, group_size, tensor}`` (empty: none, or not a module backend)."""
+    auto``): ``{module, scheme, group_size, tensor}`` (empty: none, or not a module backend).
+    Where torch was never imported no backend holds a torch module: nothing to look for, and an
+    engine computing in NumPy (an ONNX file's graph) stays torch-free."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return []
     from .torchao.weights import declared_weights
 
     return [w.to_dict() for w in declared_weights(backend)]

@@ -1,5 +1,5 @@
-"""An engine's own numerical evidence beside our per-layer judgement: ExecuTorch's Inspector
-(``ValidationResult.inspector``, docs/executorch.md, "ExecuTorch's own evidence").
+"""An engine's own numerical evidence beside our per-layer judgement (``ValidationResult.inspector``:
+the engine names its tool in the record's ``tool``; the first is the .pte engine's Inspector).
 
 :func:`inspector_view` lines up, per place in the model (embedding, each layer, head), our worst
 margin and verdict there with the Inspector's worst gap and operator there; the HTML report draws it
@@ -113,12 +113,13 @@ def inspector_section(result: ValidationResult) -> str:
     if rows is None or record is None:
         return ""
     metric = esc(record.get("metric"))
+    tool = esc(record.get("tool") or "the engine's own tool")
     parts = [f'<p id="inspector-line">{esc(record.get("line"))}</p>',
              *(f'<p class="note">{esc(note)}</p>' for note in record.get("notes") or []),
              '<p class="muted">Ours: the worst margin (error / bound, at most 1 passes) of the checkpoints at that '
-             "place against the float64 reference. ExecuTorch's Inspector: the gap between the program's "
-             "intermediates and the exported program's at its own precision, per operator, placed by the module "
-             "its debug handle comes from; the worst of that place.</p>"]
+             f"place against the float64 reference. {tool}: the engine's own gap per operator (against its own "
+             "reference at its own precision), placed by the module the operator comes from; the worst of that "
+             "place.</p>"]
     if rows:
         body = "".join(
             f'<tr><td>{esc(r.place)}</td><td class="num">{esc(margin_text(r.margin, r.passed))}</td>'
@@ -127,4 +128,4 @@ def inspector_section(result: ValidationResult) -> str:
             f'<td class="num">{esc(_gap(r.gap))}</td><td>{esc(r.operator or "-")}</td></tr>' for r in rows)
         parts.append(f"<table><thead><tr><th>place</th><th>our margin</th><th>our verdict</th><th>operators</th>"
                      f"<th>Inspector {metric}</th><th>worst operator</th></tr></thead><tbody>{body}</tbody></table>")
-    return section("inspector", "ExecuTorch's Inspector beside our judgement", "".join(parts))
+    return section("inspector", f"{tool} beside our judgement", "".join(parts))

@@ -109,7 +109,7 @@ class InspectorEvidence:
 
     def to_dict(self) -> JsonObject:
         """The record the session's result keeps as ``inspector``."""
-        return {"ran": self.ran, "seconds": round(self.seconds, 4), "metric": self.metric, "inputs": self.inputs,
+        return {"tool": "ExecuTorch's Inspector", "ran": self.ran, "seconds": round(self.seconds, 4), "metric": self.metric, "inputs": self.inputs,
                 "line": self.line(), "why": self.why or None, "notes": list(self.notes),
                 "operators": len(self.operators), "worst": self.worst(5), "places": self.places()}
 

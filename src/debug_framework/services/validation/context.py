@@ -186,7 +186,7 @@ class RunContext:
 
     def engine_inspector(self) -> JsonObject | None:
         """The alternative engine's own numerical evidence (``inspector_record()``, where it has one:
-        ExecuTorch's Inspector), kept in the result as ``inspector``; None where it gives none."""
+        a .pte engine's Inspector), kept in the result as ``inspector``; None where it gives none."""
         record = getattr(getattr(self, "alternative", None), "inspector_record", None)
         return record() if callable(record) else None
 

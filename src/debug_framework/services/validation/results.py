@@ -502,8 +502,8 @@ class ValidationResult:
     decode: JsonObject | None = None
     #: the options the alternative backend was built with (``--backend-option``, ``alternative_options``)
     alternative_options: JsonObject = field(default_factory=dict)
-    #: the engine's own numerical evidence beside the judgement (ExecuTorch's Inspector: its gap per
-    #: place in the model, or why it failed; docs/executorch.md); None: the engine gave none
+    #: the engine's own numerical evidence beside the judgement (its ``tool``, e.g. a .pte engine's
+    #: Inspector: its gap per place in the model, or why it failed); None: the engine gave none
     inspector: JsonObject | None = None
 
     @classmethod
