@@ -8,8 +8,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 import pytest
@@ -28,40 +28,21 @@ Script = list[tuple[int, str]]
 
 
 @pytest.fixture
-def http_server() -> Iterator[Callable[[Script], str]]:
+def http_server(loopback_http) -> Callable[[Script], str]:
     """``serve(script) -> base URL``: a real HTTP server on a loopback port answering POST/GET with
     the script's (status, body) in turn; it echoes the request's Authorization header where a body
     says ``{auth}`` (a server that leaks what it was sent)."""
-    servers: list[ThreadingHTTPServer] = []
 
     def serve(script: Script) -> str:
         calls = iter(range(10 ** 6))
 
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                status, body = script[min(next(calls), len(script) - 1)]
-                body = body.replace("{auth}", self.headers.get("Authorization", ""))
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        def answer(request: BaseHTTPRequestHandler, _body: bytes) -> tuple[int, bytes]:
+            status, body = script[min(next(calls), len(script) - 1)]
+            return status, body.replace("{auth}", request.headers.get("Authorization", "")).encode()
 
-            do_GET = do_POST = _answer
+        return loopback_http(answer)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/v1"
-
-    yield serve
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return serve
 
 
 def _fails(url: str, limits: ClientLimits = FAST, path: str = "/models") -> tuple[EndpointError, float]:

@@ -8,9 +8,8 @@ or a prompt tokenized differently shows."""
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 import pytest
@@ -40,39 +39,19 @@ def expected(prefix: list[int]) -> tuple[list[int], list[float]]:
 
 
 @pytest.fixture(scope="module")
-def serve() -> Iterator[Callable[[dict[str, Route]], str]]:
+def serve(loopback_http) -> Callable[[dict[str, Route]], str]:
     """``serve(routes) -> base URL`` (``http://127.0.0.1:PORT/v1``): a real HTTP server on a loopback
     port answering each path (``/v1/models``, ``/generate``, ``/info``) by its route, 404 elsewhere."""
-    servers: list[ThreadingHTTPServer] = []
 
     def start(routes: dict[str, Route]) -> str:
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                route = routes.get(self.path)
-                status, answer = route(body) if route else (404, {"error": "not found"})
-                data = (answer if isinstance(answer, str) else json.dumps(answer)).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        def answer(request: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes]:
+            route = routes.get(request.path)
+            status, reply = route(json.loads(body or b"{}")) if route else (404, {"error": "not found"})
+            return status, (reply if isinstance(reply, str) else json.dumps(reply)).encode()
 
-            do_GET = do_POST = _answer
+        return loopback_http(answer)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/v1"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 # ---------------------------------------------------------------------------------------------- SGLang

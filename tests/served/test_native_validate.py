@@ -10,8 +10,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,19 +24,10 @@ from debug_framework.jsonio import JsonObject
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+#: a loopback server's answer (conftest's ``loopback_http``): ``(request, body) -> (status, bytes)``
+Answer = Callable[[object, bytes], "tuple[int, bytes]"]
+
 pytestmark = pytest.mark.slow  # a tiny model and four validations (a few seconds together)
-
-
-def _tiny_llama(directory: Path) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         rms_norm_eps=1e-6, tie_word_embeddings=False)
-    LlamaForCausalLM(config).save_pretrained(str(directory))
-    return directory
 
 
 def _word_tokenizer() -> Tokenizer:
@@ -47,30 +37,12 @@ def _word_tokenizer() -> Tokenizer:
     return tok
 
 
-def _serve(answer: Callable[[str, JsonObject], object]) -> ThreadingHTTPServer:
-    """A loopback HTTP server answering ``answer(path, body)`` as JSON (GET: an empty body)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            data = json.dumps(answer(self.path, json.loads(self.rfile.read(length) or b"{}"))).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    return server
+def _json_answer(answer: Callable[[str, JsonObject], object]) -> Answer:
+    """``answer(path, body)`` as a loopback server's answer: its result as JSON (GET: an empty body)."""
+    return lambda request, body: (200, json.dumps(answer(request.path, json.loads(body or b"{}"))).encode())
 
 
-def _tgi_server(logits_of: Callable[[list[int]], np.ndarray], tokenizer: Tokenizer) -> ThreadingHTTPServer:
+def _tgi_server(logits_of: Callable[[list[int]], np.ndarray], tokenizer: Tokenizer) -> Answer:
     """TGI's /v1/models (owned_by the model id), /info (its router) and native /generate (text in,
     tokenized with the served tokenizer; details.prefill and top_tokens out)."""
 
@@ -87,10 +59,10 @@ def _tgi_server(logits_of: Callable[[list[int]], np.ndarray], tokenizer: Tokeniz
             "finish_reason": "length", "generated_tokens": 1, "seed": None, "tokens": [top[0]], "top_tokens": [top],
             "prefill": [{"id": t, "text": f"w{t}", "logprob": None} for t in ids]}}
 
-    return _serve(answer)
+    return _json_answer(answer)
 
 
-def _sglang_server(logits_of: Callable[[list[int]], np.ndarray]) -> ThreadingHTTPServer:
+def _sglang_server(logits_of: Callable[[list[int]], np.ndarray]) -> Answer:
     """SGLang's /v1/models and native /generate (input_ids in; meta_info's [logprob, id, text] triples out)."""
 
     def answer(path: str, body: JsonObject) -> object:
@@ -105,11 +77,11 @@ def _sglang_server(logits_of: Callable[[list[int]], np.ndarray]) -> ThreadingHTT
             "input_top_logprobs": [None, *tops[:-1]], "output_top_logprobs": [tops[-1]],
             "output_token_logprobs": [tops[-1][0]]}}
 
-    return _serve(answer)
+    return _json_answer(answer)
 
 
 @pytest.fixture(scope="module")
-def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def sglang(tmp_path_factory: pytest.TempPathFactory, loopback_http, tiny_llama_dir) -> dict[str, str]:
     """The tiny model's directory (without a tokenizer) and a copy with one, and test servers computing
     with it in float64: SGLang ``good`` and ``off`` (its logits 1.5 times too large, as a wrong softmax
     scale would make them), and ``tgi``."""
@@ -117,7 +89,7 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     from transformers import LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("sglang")
-    hf = _tiny_llama(root / "hf")
+    hf = Path(tiny_llama_dir(root / "hf"))
     with_tokenizer = root / "hf-tok"
     shutil.copytree(hf, with_tokenizer)
     _word_tokenizer().save(str(with_tokenizer / "tokenizer.json"))
@@ -128,13 +100,10 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         with lock, torch.no_grad():
             return model(torch.tensor([ids])).logits[0].numpy() * scale
 
-    servers = [_sglang_server(lambda ids: logits(ids, 1.0)), _sglang_server(lambda ids: logits(ids, 1.5)),
+    answers = [_sglang_server(lambda ids: logits(ids, 1.0)), _sglang_server(lambda ids: logits(ids, 1.5)),
                _tgi_server(lambda ids: logits(ids, 1.0), _word_tokenizer())]
-    yield {"hf": str(hf), "hf-tok": str(with_tokenizer), "db": str(root / "db.sqlite"),
-           **{name: f"http://127.0.0.1:{s.server_address[1]}/v1" for name, s in zip(("good", "off", "tgi"), servers)}}
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    return {"hf": str(hf), "hf-tok": str(with_tokenizer), "db": str(root / "db.sqlite"),
+            **{name: loopback_http(a) for name, a in zip(("good", "off", "tgi"), answers)}}
 
 
 def _validate(sglang: dict[str, str], capsys: pytest.CaptureFixture[str], url: str, *args: str,

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
@@ -30,37 +29,20 @@ SECRET = "sk-served-test-5f3a9c-not-for-anyone"
 KEY_VAR = "PIE_TEST_SERVED_KEY"  # the server reads its key from here; the client only from OPENAI_API_KEY
 
 
-def _tiny_llama(directory: Path) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rms_norm_eps=1e-6, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(str(directory))
-    return directory
-
-
 def _scaled_output(name: str, original: np.ndarray, converted: np.ndarray) -> np.ndarray:
     """A converter bug: layer 1's attention output projection written twice too large."""
     return converted * 2.0 if name == "blk.1.attn_output.weight" else converted
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir) -> Iterator[dict[str, object]]:
     """The tiny model's HF directory and four servers: ``good`` (float32 throughout), ``bug`` (the
     scaled tensor, float32), ``f16kv`` (llama.cpp's defaults: float16 KV cache and flash attention),
     ``keyed`` (good, wanting the API key)."""
     from debug_framework.modelio.gguf_write import write_gguf
 
     root = tmp_path_factory.mktemp("served")
-    hf = _tiny_llama(root / "hf")
+    hf = Path(tiny_llama_dir(root / "hf", vocab_size=96, max_positions=128, scale=0.3))
     good = write_gguf(hf, root / "good.gguf")
     bug = write_gguf(hf, root / "bug.gguf", transform=_scaled_output)
     with ExitStack() as stack:
@@ -149,46 +131,25 @@ def test_the_api_key_works_and_is_never_kept(served, capsys, monkeypatch, tmp_pa
 
 
 @pytest.fixture
-def failing_after(served: dict[str, object]) -> Iterator[Callable[[int], str]]:
+def failing_after(served: dict[str, object], loopback_http) -> Callable[[int], str]:
     """``proxy(n) -> URL``: a real HTTP proxy to the good server that forwards its first ``n``
     requests and answers HTTP 500 to every one after (a server falling over mid-run)."""
     import httpx
-
-    servers: list[ThreadingHTTPServer] = []
 
     def proxy(n: int) -> str:
         count = iter(range(10 ** 6))
         target = str(served["good"]).removesuffix("/v1")
 
-        class Handler(BaseHTTPRequestHandler):
-            def _forward(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if next(count) < n:
-                    answer = httpx.request(self.command, target + self.path, content=body or None,
-                                           headers={"Content-Type": "application/json"}, timeout=30)
-                    status, data = answer.status_code, answer.content
-                else:
-                    status, data = 500, b'{"error": "the server fell over"}'
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        def forward(request: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes]:
+            if next(count) >= n:
+                return 500, b'{"error": "the server fell over"}'
+            answer = httpx.request(request.command, target + request.path, content=body or None,
+                                   headers={"Content-Type": "application/json"}, timeout=30)
+            return answer.status_code, answer.content
 
-            do_GET = do_POST = _forward
+        return loopback_http(forward)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/v1"
-
-    yield proxy
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return proxy
 
 
 def test_an_endpoint_failing_mid_run_keeps_what_it_answered(served, capsys, failing_after):
