@@ -15,9 +15,7 @@ replays a layer's MLP block alone, cut from ``post_attention:i`` to ``post_mlp:i
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -34,7 +32,7 @@ from ._graph_session import GraphPort, GraphSession, LayerExport
 from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
 from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, weights_dtype
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
-from .artifacts import claim_artifact_dir
+from .artifacts import run_directory
 from .base import BaseBackend, HiddenState, Taps, attention_block_of_layer
 
 if TYPE_CHECKING:  # torch is imported where a torch model is exported: an ONNX file is run without it
@@ -185,20 +183,8 @@ class OnnxGraphBackend(BaseBackend):
     def _artifact_dir(self) -> Path:
         """The directory for this run's files: the one given, else the session's (claimed under the
         current artifact root), else a temporary ``df-onnx-*`` directory this backend removes."""
-        if self.artifact_dir is None:
-            try:
-                self.artifact_dir = claim_artifact_dir(self.name)
-            except OSError as exc:
-                raise BackendInitializationError(f"cannot create the session's artifact directory: {exc}",
-                                                 backend=self.name) from exc
-        if self.artifact_dir is None:
-            self.artifact_dir = Path(tempfile.mkdtemp(prefix="df-onnx-"))
-            self._temporary = weakref.finalize(self, shutil.rmtree, str(self.artifact_dir), ignore_errors=True)
-        try:
-            self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BackendInitializationError(f"cannot create the artifact directory {self.artifact_dir}: {exc}",
-                                             backend=self.name) from exc
+        if self._temporary is None:  # not yet a temporary directory of its own: the given, claimed or a new one
+            self.artifact_dir, self._temporary = run_directory(self, self.artifact_dir, self.name, "df-onnx-")
         return self.artifact_dir
 
     def release_replays(self) -> None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
-__all__ = ["artifact_root", "current_artifact_root", "claim_artifact_dir"]
+__all__ = ["artifact_root", "current_artifact_root", "claim_artifact_dir", "run_directory"]
 
 _ROOT: ContextVar[Path | None] = ContextVar("debug_framework_artifact_root", default=None)
 
@@ -59,3 +62,27 @@ def claim_artifact_dir(name: str) -> Path | None:
             continue
         return path
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run_directory(owner: object, given: Path | None, name: str, prefix: str) -> tuple[Path, weakref.finalize | None]:
+    """The directory a backend ``owner`` (registered as ``name``) keeps its run's files in, created:
+    ``given``, else one claimed under the session's root (:func:`claim_artifact_dir`), else a new
+    temporary ``<prefix>*`` directory removed when ``owner`` is collected (the finalizer returned
+    with it, None otherwise). Raises ``BackendInitializationError`` (DF002) naming the directory
+    where it cannot be created."""
+    from ..errors import BackendInitializationError
+
+    finalizer = None
+    try:
+        path = given if given is not None else claim_artifact_dir(name)
+    except OSError as exc:
+        raise BackendInitializationError(f"cannot create the session's artifact directory: {exc}",
+                                         backend=name) from exc
+    if path is None:
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        finalizer = weakref.finalize(owner, shutil.rmtree, str(path), ignore_errors=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackendInitializationError(f"cannot create the artifact directory {path}: {exc}", backend=name) from exc
+    return path, finalizer

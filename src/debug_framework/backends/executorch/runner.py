@@ -27,8 +27,6 @@ No KV-cache decode: a program runs the one forward it was exported for.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -39,7 +37,7 @@ from ...errors import BackendInitializationError
 from ...modelio.inputs import ModelInputs
 from ...modelio.loader import LoadedModel
 from .._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
-from ..artifacts import claim_artifact_dir
+from ..artifacts import run_directory
 from ..base import BaseBackend, HiddenState, Taps, attention_block_of_layer, cpu_name, installed_version
 from .lowering import check_delegate, lower_to_file
 from .outputs import OutputMap, output_map, program_feeds, read_sidecar, sidecar_json, sidecar_path
@@ -241,16 +239,8 @@ class ExecuTorchBackend(BaseBackend):
 
     def _artifact_dir(self) -> Path:
         """The directory for this run's programs: the one given, else the session's, else a temporary one."""
-        if self.artifact_dir is None:
-            try:
-                self.artifact_dir = claim_artifact_dir(self.name)
-            except OSError as exc:
-                raise BackendInitializationError(f"cannot create the session's artifact directory: {exc}",
-                                                 backend=self.name) from exc
-        if self.artifact_dir is None:
-            self.artifact_dir = Path(tempfile.mkdtemp(prefix="df-executorch-"))
-            self._temporary = weakref.finalize(self, shutil.rmtree, str(self.artifact_dir), ignore_errors=True)
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        if self._temporary is None:  # not yet a temporary directory of its own: the given, claimed or a new one
+            self.artifact_dir, self._temporary = run_directory(self, self.artifact_dir, self.name, "df-executorch-")
         return self.artifact_dir
 
     def release_replays(self) -> None:
