@@ -72,9 +72,24 @@ def _wait_text(page, text: str) -> None:
 
 
 def _nav(page, title: str, text: str) -> None:
-    """Follow the sidebar's link to a page (client-side, as a user does) and wait for ``text``."""
+    """Follow the sidebar's link to a page (client-side, as a user does) and wait for ``text``; where
+    it never comes, go to the root and follow the link once more, as a user would (on a loaded
+    machine the runs page once kept its URL and none of its content for 120 s), and fail naming what
+    the page showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
-    _wait_text(page, text)
+    try:
+        _wait_text(page, text)
+    except PlaywrightTimeout:
+        shown = page.locator("body").inner_text()[:1500]
+        page.goto(page.url.rsplit("/", 1)[0] + "/")  # the root, then the link again (a direct load of a
+        page.locator('[data-testid="stSidebarNav"] a').first.wait_for(timeout=120_000)  # page's URL 404s a probe)
+        page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+        try:
+            _wait_text(page, text)
+        except PlaywrightTimeout:
+            raise AssertionError(f"{title}: {text!r} never shown; the page at {page.url} showed:\n{shown}") from None
 
 
 def _open_session(page, session_id: str, text: str) -> None:
