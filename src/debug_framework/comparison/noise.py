@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..jsonio import as_float
 from .ratio import RatioRule, RatioVerdict, finite_metric
 from .result import ComparisonResult
+from .tolerance import DTYPE_EPS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -104,14 +105,10 @@ def perturb_array(array: np.ndarray, seed: int, *, within: str | None = None, fr
         return array
     eps = float(np.finfo(array.dtype).eps)
     if within is not None:
-        eps = max(fraction * _EPS_OF[within], eps)
+        eps = max(fraction * DTYPE_EPS[within], eps)
     u = np.random.default_rng(int(seed)).random(array.shape) - 0.5
     moved = np.asarray(array, dtype=np.float64) * (1.0 + u * eps)
     return moved.astype(array.dtype, copy=False)
-
-
-#: the machine epsilon of each dtype name ``within`` may give (NumPy has no bfloat16)
-_EPS_OF = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 
 
 def rounding_eps(dtype: torch.dtype) -> float:

@@ -39,6 +39,10 @@ _DEFAULTS: dict[str, tuple[float, float]] = {
 }
 
 
+#: The machine epsilon of each floating dtype a session computes in, by name (NumPy has no bfloat16).
+DTYPE_EPS: dict[str, float] = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
 def is_torch_dtype(dtype: DType) -> bool:
     """Whether ``dtype`` is a ``torch.dtype`` (without importing torch: none exists before it is)."""
     torch = sys.modules.get("torch")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ...capture.keys import PER_LAYER_CHECKPOINTS, CheckpointKey, all_checkpoints
 from ...comparison import Tolerance
+from ...comparison.tolerance import DTYPE_EPS
 from ...errors import ConfigurationError
 from ...jsonio import JsonValue
 from ...models.session_config import ORACLE_METRICS, SESSION_DEFAULTS, SessionConfig, validate_session_config
@@ -45,7 +46,6 @@ MODEL_TOLERANCES: dict[str, Tolerance] = {
 _PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
 
 #: Machine epsilon (the gap above 1.0) of each compute dtype: the unit of the scale-relative floors.
-DTYPE_EPS: dict[str, float] = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def explicit_tolerance(thresholds: Mapping[str, JsonValue] | None, key: CheckpointKey) -> bool:
