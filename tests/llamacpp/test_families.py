@@ -91,16 +91,46 @@ def test_the_file_reads_back_as_the_model(family) -> None:
         np.testing.assert_allclose(exact.weights.numpy(name, np.float32), want, rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_one_row_decoded_through_llamas_cache(engine, family) -> None:
-    """Decode steps of one row (one token per pass): every step's checkpoints and the keys and values
-    llama.cpp writes pass (Phi-3's values are a view of its fused projection: its cache is not read)."""
+def test_a_padded_batch_decoded_through_llamas_cache(engine, family) -> None:
+    """Decode steps of two rows, the second right-padded (6 tokens of 8): its new tokens sit after
+    the padding columns, and Gemma's window of 4 then reaches back past them. llama.cpp runs each row
+    as its own sequence and counts the window in the row's tokens; so does the reference, as the
+    engine declares (``window_counts``). Every step's checkpoints and the keys and values llama.cpp
+    writes pass (Phi-3's values are a view of its fused projection: its cache is not read)."""
     name, _, good, _ = family
-    result = _validate(engine, good, input_shape=[1, 8], decode_steps=2)
+    result = _validate(engine, good, decode_steps=2)
     assert result.passed, [c.to_dict()["id"] for c in result.results if not c.passed]
     kv = result.decoded.kv_cache
     assert all(row.k.passed and row.v.passed for row in kv)
     expected = set() if name == "phi3" else {(s, i) for s in range(3) for i in range(2)}
     assert {(row.step, row.layer) for row in kv} == expected
+
+
+def test_a_window_written_wrong_fails_at_its_layer(engine, hf_gemma2: Path, tmp_path: Path) -> None:
+    """A converter that writes Gemma 2's sliding window as 3 instead of 4: the conversion check
+    fails at layer 0 (the sliding one), in its attention block, whatever the window counts."""
+    import json
+    import shutil
+
+    hf = Path(shutil.copytree(hf_gemma2, tmp_path / "hf"))
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "sliding_window": 3}))
+    bad = write_gguf(hf, tmp_path / "window-3.gguf")
+    result = _validate(engine, hf_gemma2, alternative_options={"model_file": str(bad)}, isolate=True)
+    assert not result.passed and result.source is not None
+    assert (result.source.kind, result.source.layer, result.source.block) == ("layer", 0, "attention")
+
+
+def test_a_window_counts_cache_columns_or_a_rows_tokens() -> None:
+    """A right-padded prompt of 3 tokens, 2 padding columns, then a decoded token (column 5), a
+    window of 2: counted in columns the new token sees only itself (column 4 is padding); counted in
+    the row's tokens it sees the prompt's last token too. A left-padded row counts alike either way."""
+    from debug_framework.architectures.decoder import sliding_window_mask
+
+    right, left = np.array([[1, 1, 1, 0, 0, 1]]), np.array([[0, 0, 1, 1, 1, 1]])
+    assert sliding_window_mask(right, 2)[0, 0, 5].tolist() == [False] * 5 + [True]
+    assert sliding_window_mask(right, 2, "tokens")[0, 0, 5].tolist() == [False, False, True, False, False, True]
+    np.testing.assert_array_equal(sliding_window_mask(left, 2), sliding_window_mask(left, 2, "tokens"))
 
 
 def test_what_llamas_gemma_does_not_read_is_not_written(hf_gemma2: Path, tmp_path: Path) -> None:
@@ -115,3 +145,4 @@ def test_what_llamas_gemma_does_not_read_is_not_written(hf_gemma2: Path, tmp_pat
     (hf / "config.json").write_text(json.dumps({**config, "query_pre_attn_scalar": 256}))
     with pytest.raises(ModelLoadingError, match="DF004.*query_pre_attn_scalar 256"):
         write_gguf(hf, tmp_path / "m.gguf")
+

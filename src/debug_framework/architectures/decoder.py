@@ -10,6 +10,8 @@ decoders: a per-layer attention type, an attention scale and a soft-cap on the a
                      q, k = rotate(q), rotate(k)
                      softmax(cap(scale * q k^T), allowed_i) v     allowed_i: causal, and within the
                                                                   sliding window in sliding layers
+                                                                  (counted in cache columns or in
+                                                                  each row's tokens: window_counts)
 
 Shapes: B batch, T tokens, D hidden, H query heads, K key/value heads, E head dim, F MLP width.
 """
@@ -26,7 +28,7 @@ from .llama import LlamaReference, apply_rotary, causal_padding_mask, rms_norm, 
 from .ops import linear, masked_scores, merge_heads, softmax, split_heads
 from .xp import NUMPY, Array, ArrayNamespace, array_namespace
 
-__all__ = ["ACTIVATIONS", "decoder_layout", "sliding_window_mask", "soft_cap", "split_last", "attention_with_scale",
+__all__ = ["ACTIVATIONS", "decoder_layout", "sliding_window_mask", "count_windows_in", "soft_cap", "split_last", "attention_with_scale",
            "DecoderReference"]
 
 
@@ -58,12 +60,41 @@ def decoder_layout(config: LlamaModelConfig, *, mlp: bool = True, norms: tuple[s
     )
 
 
-def sliding_window_mask(attention_mask: Array, window: int) -> Array:
+def sliding_window_mask(attention_mask: Array, window: int, counts: str = "columns") -> Array:
     """``allowed[b, 1, i, j]``: causal and padding as :func:`~.llama.causal_padding_mask`, and key j
-    at most ``window - 1`` positions before query i (``i - window < j``). ``[B, 1, T, T]``."""
+    at most ``window - 1`` positions before query i. ``[B, 1, T, T]``.
+
+    ``counts`` says in what the distance is counted: ``"columns"`` (``i - window < j``, padding
+    columns inside the window counted, as transformers' masks do) or ``"tokens"`` (fewer than
+    ``window`` real tokens after key j up to query i: each row as a sequence of its own, as an engine
+    that runs rows unpadded computes it). The two differ only where padding lies between a row's
+    tokens: a decode step after a right-padded prompt, its new token after the padding columns."""
     xp, t = array_namespace(attention_mask), attention_mask.shape[1]
+    if counts == "tokens":
+        return causal_padding_mask(attention_mask) & _token_band(attention_mask, window)
+    if counts != "columns":
+        raise ValueError(f"a window counts 'columns' or 'tokens', not {counts!r}")
     band = xp.lower_triangle(t) != xp.lower_triangle(t, -window)  # j <= i, and not j <= i - window
     return causal_padding_mask(attention_mask) & band[None, None, :, :]
+
+
+def _token_band(attention_mask: Array, window: int) -> Array:
+    """``[B, 1, T, T]``: ``position(i) - position(j) < window`` in each row's own positions (its
+    attention mask's cumulative count of tokens), built on the host (an attention mask is small)."""
+    xp = array_namespace(attention_mask)
+    position = np.cumsum(np.asarray(attention_mask) != 0, axis=1)  # [B, T]: tokens up to each column
+    band = (position[:, :, None] - position[:, None, :]) < window  # [B, T(query), T(key)]
+    return xp.from_host(band[:, None].astype(np.float32), xp.dtype("float32")) > 0
+
+
+def count_windows_in(net: object, counts: str) -> None:
+    """Have the model ``net`` count its sliding windows in ``counts`` (``"columns"`` or ``"tokens"``,
+    :func:`sliding_window_mask`): a decoder's :attr:`DecoderReference.window_counts`; a model
+    without sliding windows has nothing to count."""
+    if counts not in ("columns", "tokens"):
+        raise ValueError(f"a window counts 'columns' or 'tokens', not {counts!r}")
+    if isinstance(net, DecoderReference):
+        net.window_counts = counts
 
 
 def soft_cap(x: Array, cap: float | None) -> Array:
@@ -98,6 +129,11 @@ class DecoderReference(LlamaReference):
     #: the soft-cap of the attention scores (Gemma 2).
     attention_cap: float | None = None
 
+    #: what a sliding window counts on a padded row (:func:`sliding_window_mask`): ``"columns"``
+    #: (transformers' semantics, the default) or ``"tokens"`` (each row its own sequence); set by the
+    #: backend as the session's alternative declares (``backends.capabilities.WINDOW_COUNTS``)
+    window_counts: str = "columns"
+
     def __init__(self, config: LlamaModelConfig, weights: WeightSource, dtype: object = np.float64,
                  xp: ArrayNamespace = NUMPY, *, stream: bool | None = None) -> None:
         self.layout = self.layout_for(config)
@@ -123,8 +159,10 @@ class DecoderReference(LlamaReference):
         return self.rope_at(self.local_inv_freq, self._local_rope, length)
 
     def allowed(self, i: int, attention_mask: Array) -> Array:
-        """Which keys each query of layer i sees: causal (and padding), within the window if it slides."""
-        return (sliding_window_mask(attention_mask, self.config.sliding_window) if self.config.is_sliding(i)
+        """Which keys each query of layer i sees: causal (and padding), within the window if it slides
+        (counted as :attr:`window_counts` says)."""
+        return (sliding_window_mask(attention_mask, self.config.sliding_window, self.window_counts)
+                if self.config.is_sliding(i)
                 else causal_padding_mask(attention_mask))
 
     def project_qkv(self, i: int, x: Array) -> tuple[Array, Array, Array]:

@@ -8,6 +8,11 @@ appended pass by pass, so that a decode step attends over every token before it.
                                                           all L cached positions (padding, causality,
                                                           the sliding window of a local layer)
 
+The new token of a row whose prompt was right-padded sits after the padding columns. A sliding
+window counted in cache columns (transformers') then holds fewer of the row's tokens than one
+counted in the row's own tokens (an engine running each row as its own sequence, llama.cpp):
+``DecoderReference.window_counts`` says which, as the session's alternative declares.
+
 Nothing is evicted: a sliding-window layer keeps every key and its mask leaves out those that left
 the window (an engine that evicts them holds the trailing ones; the comparison aligns the two).
 Shapes: B batch, K key/value heads, L cached positions, E head dim.

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Support", "Capabilities", "GraphRunner", "GraphSessionBackend", "capabilities", "derive_capabilities", "release",
            "backend_versions", "graph_runner", "reads_loaded_weights", "declared_dtype", "offers",
            "emulated_precision", "trace_nodes", "layer_replay_support", "block_replay_support", "model_for",
-           "produced_checkpoints"]
+           "produced_checkpoints", "WINDOW_COUNTS", "count_windows_as"]
 
 
 class Support(NamedTuple):
@@ -43,6 +43,14 @@ class Support(NamedTuple):
 #: one tensor at a time converted (the references over NumPy and torch), or one layer at a time
 #: plus what lies outside the layers (``float64_eager``).
 WEIGHTS_MEMORY = ("resident", "streams_weights", "streams_layers")
+
+#: What a sliding attention window counts on a padded row: ``"columns"`` of the batch (its padding
+#: inside the window counted: transformers' masks, and every engine that runs the padded batch as
+#: one) or the row's own ``"tokens"`` (an engine that runs each row as a sequence of its own:
+#: llama.cpp). They differ only where padding lies between a row's tokens (a decode step after a
+#: right-padded prompt); the truth for a row is what the model computes on its tokens, so a
+#: reference and a calibration count as the session's alternative declares (:func:`count_windows_as`).
+WINDOW_COUNTS = ("columns", "tokens")
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class Capabilities:
         layer_trace: it runs one layer on a given input and reports its named intermediate values
             (``run_layer_traced(i, hidden_in, inputs)``, names of ``architectures.walk.TRACE_NAMES``):
             the drill-down compares them with the reference's in order, whatever the engine.
+        window_counts: what its sliding attention windows count on a padded row, one of
+            :data:`WINDOW_COUNTS` (its ``window_counts`` attribute; ``"columns"`` where it declares none).
     """
 
     name: str
@@ -82,6 +92,7 @@ class Capabilities:
     holds_session: bool = False
     graph_sessions: Support = Support(False, "does not run ONNX graphs (no open_session_file)")
     layer_trace: Support = Support(False, "reports no named intermediate values of a layer (no run_layer_traced)")
+    window_counts: str = "columns"
     prepared: bool = False
     device: str = "cpu"
 
@@ -171,6 +182,7 @@ def derive_capabilities(backend: object) -> Capabilities:
         holds_session=callable(getattr(backend, "release_session", None)),
         graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
         layer_trace=_can(backend, "can_run_layer_traced", _asked(backend, "run_layer_traced", base.layer_trace)),
+        window_counts=str(getattr(backend, "window_counts", base.window_counts)),
         prepared=getattr(backend, "model", None) is not None,
         device=str(getattr(backend, "device", "cpu") or "cpu"),
     )
@@ -268,3 +280,15 @@ def backend_versions(backend: object) -> JsonObject | None:
     """What ``backend`` says it runs on (``version_info()``), None where it says nothing."""
     fn = getattr(backend, "version_info", None)
     return fn() if callable(fn) else None
+
+
+def count_windows_as(backend: object, alternative: object) -> str:
+    """Have ``backend`` (a reference, a calibration: a model written from the math) count sliding
+    windows as ``alternative`` declares (:data:`WINDOW_COUNTS`), where it can (its
+    ``count_windows_in(counts)``, called after each ``prepare``: its model is built anew there);
+    returns what ``backend`` counts now (its capabilities')."""
+    counts = capabilities(alternative).window_counts
+    follow: Callable[[str], None] | None = getattr(backend, "count_windows_in", None)
+    if callable(follow):
+        follow(counts)
+    return capabilities(backend).window_counts

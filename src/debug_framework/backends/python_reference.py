@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..architectures import BertReference, LlamaReference, build_reference
+from ..architectures.decoder import count_windows_in
 from ..capture.keys import Capture, CheckpointKey
 from ..capture.spill import checkpoint_dict
 from ..errors import BackendInitializationError
@@ -42,6 +43,9 @@ class PythonReferenceBackend(BaseBackend):
     reads_weights_only = True
     #: the models read their weights layer by layer (``architectures.layout``): about one layer held at a time
     streams_weights = True
+    #: what the model's sliding windows count on a padded row (``backends.capabilities.WINDOW_COUNTS``):
+    #: transformers' ``"columns"``, or ``"tokens"`` where the session's alternative counts them so
+    window_counts = "columns"
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,7 +60,8 @@ class PythonReferenceBackend(BaseBackend):
             scipy_version = scipy.__version__
         except ImportError:  # erf then falls back to math.erf
             scipy_version = None
-        return {**info, "runtime": "numpy", "numpy": np.__version__, "scipy": scipy_version, "device_name": cpu_name()}
+        return {**info, "runtime": "numpy", "numpy": np.__version__, "scipy": scipy_version, "device_name": cpu_name(),
+                "window_counts": self.window_counts}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, device)
@@ -70,6 +75,13 @@ class PythonReferenceBackend(BaseBackend):
         self._graph = None
         no_reference_from_math(model)
         self.reference = build_reference(model.config, model.weights, np.dtype(dtype))
+        count_windows_in(self.reference, self.window_counts)
+
+    def count_windows_in(self, counts: str) -> None:
+        """Count the model's sliding windows in ``counts`` (``"columns"`` or ``"tokens"``) from now on
+        (``backends.capabilities.count_windows_as``: as the session's alternative does)."""
+        count_windows_in(self.reference, counts)
+        self.window_counts = counts
 
     def release_replays(self) -> None:
         """An ONNX-file model: its layer cuts' sessions dropped (:meth:`Float64GraphRunner.release_replays`)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..architectures.decoder import count_windows_in
 from ..architectures.xp import torch_namespace
 from ..capture.keys import Capture, CheckpointKey
 from ..capture.spill import checkpoint_dict
@@ -48,13 +49,17 @@ class TorchReferenceBackend(BaseBackend):
     reads_weights_only = True
     #: the models read their weights layer by layer (``architectures.layout``): about one layer held at a time
     streams_weights = True
+    #: what the model's sliding windows count on a padded row (``backends.capabilities.WINDOW_COUNTS``):
+    #: transformers' ``"columns"``, or ``"tokens"`` where the session's alternative counts them so
+    window_counts = "columns"
 
     def __init__(self) -> None:
         super().__init__()
         self.net: LlamaReference | BertReference | None = None
 
     def version_info(self) -> JsonObject:
-        return {**super().version_info(), "runtime": "torch", "torch": installed_version("torch"), "device_name": cpu_name()}
+        return {**super().version_info(), "runtime": "torch", "torch": installed_version("torch"), "device_name": cpu_name(),
+                "window_counts": self.window_counts}
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         dtype = self._check_prepare(model, dtype, "cpu")
@@ -71,6 +76,13 @@ class TorchReferenceBackend(BaseBackend):
 
         no_reference_from_math(model)
         self.net = build_reference(model.config, model.weights, dtype, torch_namespace())
+        count_windows_in(self.net, self.window_counts)
+
+    def count_windows_in(self, counts: str) -> None:
+        """Count the model's sliding windows in ``counts`` (``"columns"`` or ``"tokens"``) from now on
+        (``backends.capabilities.count_windows_as``: as the session's alternative does)."""
+        count_windows_in(self.net, counts)
+        self.window_counts = counts
 
     def release_replays(self) -> None:
         """An ONNX-file model: its layer cuts' sessions dropped (:meth:`Float64GraphRunner.release_replays`)."""

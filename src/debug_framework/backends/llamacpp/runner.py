@@ -127,6 +127,9 @@ class LlamaCppBackend(BaseBackend):
     supported_dtypes = ("float32", "float16", "bfloat16")
     default_dtype = "float32"
     runs_onnx_files = False
+    #: each row runs as a sequence of its own (its padding never enters llama.cpp): a sliding window
+    #: counts the row's tokens (``backends.capabilities.WINDOW_COUNTS``)
+    window_counts = "tokens"
 
     def __init__(self, model_file: str | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  flash_attn: str = "auto", n_threads: int | None = None) -> None:
@@ -205,7 +208,7 @@ class LlamaCppBackend(BaseBackend):
                             "xllamacpp": installed_version("xllamacpp"), "binding_pinned_to": PINNED_XLLAMACPP,
                             "device_name": cpu_name(), "cache_type_k": self.settings.cache_type_k,
                             "cache_type_v": self.settings.cache_type_v, "flash_attn": self.settings.flash_attn,
-                            "n_threads": self.settings.n_threads}
+                            "n_threads": self.settings.n_threads, "window_counts": self.window_counts}
         if self.gguf is not None:
             info["model_file"] = str(self.gguf.path)
             info["precision"] = self.precision.describe()

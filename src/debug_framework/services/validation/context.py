@@ -114,15 +114,19 @@ class RunContext:
         """Prepare ``backend`` for this run's model in ``role`` (``reference``, ``calibration`` ...):
         the one way a stage builds a backend. A backend that only reads its weights is given the
         loaded model; any other a fork with weights of its own, so that a backend changing its
-        weights in place (fusing, folding, quantizing) changes no other backend's. Returns the
-        seconds it took."""
-        from ...backends.capabilities import model_for, reads_loaded_weights
+        weights in place (fusing, folding, quantizing) changes no other backend's. Any role but the
+        alternative counts sliding windows as the alternative does (``count_windows_as``). Returns
+        the seconds it took."""
+        from ...backends.capabilities import count_windows_as, model_for, reads_loaded_weights
 
         model = model_for(backend, self.model)
         if reads_loaded_weights(backend) and (role, backend.name) not in self.weight_readers:
             self.weight_readers.append((role, backend.name))
         started = time.perf_counter()
         call_backend(backend, "prepare()", lambda: backend.prepare(model, dtype, device))
+        alternative = getattr(self, "alternative", None)
+        if role != "alternative" and alternative is not None and alternative is not backend:
+            count_windows_as(backend, alternative)
         return time.perf_counter() - started
 
     def check_weights(self) -> None:
