@@ -96,14 +96,13 @@ def test_a_padded_batch_decoded_through_llamas_cache(engine, family) -> None:
     the padding columns, and Gemma's window of 4 then reaches back past them. llama.cpp runs each row
     as its own sequence and counts the window in the row's tokens; so does the reference, as the
     engine declares (``window_counts``). Every step's checkpoints and the keys and values llama.cpp
-    writes pass (Phi-3's values are a view of its fused projection: its cache is not read)."""
-    name, _, good, _ = family
-    result = _validate(engine, good, decode_steps=2)
+    writes, every pass and layer, pass (Phi-3's keys and values: views of its fused projection, read
+    along their strides)."""
+    result = _validate(engine, family[2], decode_steps=2)
     assert result.passed, [c.to_dict()["id"] for c in result.results if not c.passed]
     kv = result.decoded.kv_cache
     assert all(row.k.passed and row.v.passed for row in kv)
-    expected = set() if name == "phi3" else {(s, i) for s in range(3) for i in range(2)}
-    assert {(row.step, row.layer) for row in kv} == expected
+    assert {(row.step, row.layer) for row in kv} == {(s, i) for s in range(3) for i in range(2)}
 
 
 def test_a_window_written_wrong_fails_at_its_layer(engine, hf_gemma2: Path, tmp_path: Path) -> None:
@@ -146,3 +145,19 @@ def test_what_llamas_gemma_does_not_read_is_not_written(hf_gemma2: Path, tmp_pat
     with pytest.raises(ModelLoadingError, match="DF004.*query_pre_attn_scalar 256"):
         write_gguf(hf, tmp_path / "m.gguf")
 
+
+def test_phi3s_cache_is_read_from_its_fused_projection(engine, hf_phi3: Path, tmp_path: Path) -> None:
+    """Phi-3's keys and values are views of its fused q/k/v projection, read along their strides: a
+    file whose layer-0 value rows are scaled fails the cache's values at layer 0, its keys pass."""
+    def values_scaled(name: str, original: np.ndarray, converted: np.ndarray) -> np.ndarray:
+        if name != "blk.0.attn_qkv.weight":
+            return converted
+        v = converted.copy()
+        v[-32:] *= 1.5  # the last kv_heads * head_dim rows: the values'
+        return v
+
+    bad = write_gguf(hf_phi3, tmp_path / "values.gguf", transform=values_scaled)
+    result = _validate(engine, hf_phi3, alternative_options={"model_file": str(bad)}, input_shape=[1, 8],
+                       decode_steps=1)
+    rows = {(row.step, row.layer): row for row in result.decoded.kv_cache}
+    assert rows[(0, 0)].k.passed and not rows[(0, 0)].v.passed

@@ -278,16 +278,30 @@ def ggml_tensor_type(t: int) -> int:
 
 
 def ggml_tensor_array(lib: Library, t: int) -> object:
-    """A contiguous F32 node as a float32 NumPy array ``[ne3, ne2, ne1, ne0]`` (None for another type
-    or layout: such nodes are not checkpoints)."""
+    """An F32 node as a float32 NumPy array ``[ne3, ne2, ne1, ne0]`` (None for another type). A
+    contiguous node is copied as it is; a view with strides of its own (``nb``: Phi-3's ``Vcur-i``, a
+    slice of the fused q/k/v projection's rows) is read as the bytes it spans, then gathered along
+    its strides (None where a stride is not whole float32 elements: such nodes are not checkpoints)."""
     import numpy as np
 
-    if ggml_tensor_type(t) != 0 or not lib.so.ggml_is_contiguous(t):
+    if ggml_tensor_type(t) != 0:
         return None
     ne = ggml_tensor_shape(t)
-    out = np.empty((ne[3], ne[2], ne[1], ne[0]), np.float32)
-    lib.so.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
-    return out
+    shape = (ne[3], ne[2], ne[1], ne[0])
+    if lib.so.ggml_is_contiguous(t):
+        out = np.empty(shape, np.float32)
+        lib.so.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
+        return out
+    nb = tuple(int(x) for x in _GgmlTensorHead.from_address(t).nb)
+    span = int(lib.so.ggml_nbytes(t))  # from the first element to the last one, along the strides
+    if min(ne) < 1 or any(b <= 0 or b % 4 for b in nb) or span % 4:
+        return None
+    raw = np.empty(span // 4, np.float32)
+    lib.so.ggml_backend_tensor_get(t, raw.ctypes.data, 0, span)
+    strides = (nb[3], nb[2], nb[1], nb[0])
+    if sum((n - 1) * b for n, b in zip(shape, strides)) + 4 > span:
+        return None
+    return np.lib.stride_tricks.as_strided(raw, shape, strides, writeable=False).copy()
 
 
 def ggml_tensor_write(lib: Library, t: int, values: object) -> bool:

@@ -381,7 +381,8 @@ class _Decoder:
     ``kv_cache()`` is what llama.cpp writes into its cache, read from the graph as it is written:
     each layer's rotated keys (``Kcur-i``, in Hugging Face's rotary order) and values (``Vcur-i``)
     of every pass so far, ``[batch, length, kv_heads, head_dim]``, in float32 as computed (the
-    cache then stores them at its type; the cache cells themselves are not read back)."""
+    cache then stores them at its type; the cache cells themselves are not read back). Phi-3's are
+    views of its fused q/k/v projection, read along their strides (``binding.ggml_tensor_array``)."""
 
     def __init__(self, backend: LlamaCppBackend, steps: int) -> None:
         self.backend, self.steps = backend, steps
@@ -402,8 +403,8 @@ class _Decoder:
             k = _occurrence(kept.nodes.get(f"Kcur-{i}", []), "rope")
             v = _occurrence(kept.nodes.get(f"Vcur-{i}", []), "proj")
             if k is None or v is None or i in self._unread:
-                # a pass without them (Phi-3's prefill: its values are a view of the fused
-                # projection): the layer's cache is not read at all, never in part
+                # a pass without them (a node this build's graph does not name, or one not
+                # readable as float32): the layer's cache is not read at all, never in part
                 self._unread.add(i)
                 ks.clear()
                 vs.clear()
