@@ -1,9 +1,10 @@
 """Fixtures of the llama.cpp / GGUF tests: tiny random decoders written with ``save_pretrained``
-(one per family, once per session), and the GGUFs written from them."""
+(one per family, once per session), and the tiny Llama's GGUFs (one per tensor type, once per session)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,21 @@ def make_hf(kind: str, directory: Path, seed: int = 0, **overrides: object) -> P
 def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2-layer Llama (GQA 4/2 heads), Hugging Face directory."""
     return make_hf("llama", tmp_path_factory.mktemp("gguf_llama") / "hf")
+
+
+@pytest.fixture(scope="session")
+def llama_gguf(hf_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``llama_gguf(tensor_type)``: the tiny Llama as a GGUF of ``tensor_type`` (``"f32"``, ``"q8_0"``
+    ...), written once per session and only read by the tests."""
+    from debug_framework.modelio.gguf_write import write_gguf
+
+    out, made = tmp_path_factory.mktemp("gguf_llama_files"), {}
+
+    def written(tensor_type: str) -> Path:
+        if tensor_type not in made:
+            made[tensor_type] = write_gguf(hf_llama, out / f"{tensor_type}.gguf", tensor_type=tensor_type)
+        return made[tensor_type]
+    return written
 
 
 @pytest.fixture(scope="session")

@@ -37,13 +37,13 @@ def _raw(tensors: list[tuple[str, list[int], int, int]], data: bytes = b"", *, n
 
 
 @pytest.fixture(scope="module")
-def llama_q8(hf_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_gguf(hf_llama, tmp_path_factory.mktemp("r") / "q8.gguf", tensor_type="q8_0")
+def llama_q8(llama_gguf) -> Path:
+    return llama_gguf("q8_0")
 
 
-def test_a_gguf_loads_as_its_family_with_hf_weights(hf_llama: Path, tmp_path: Path) -> None:
+def test_a_gguf_loads_as_its_family_with_hf_weights(hf_llama: Path, llama_gguf) -> None:
     hf = load_model(hf_llama)
-    model = load_model(write_gguf(hf_llama, tmp_path / "f32.gguf"))
+    model = load_model(llama_gguf("f32"))
     assert model.format == "gguf" and model.architecture == "llama"
     assert (model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim) == (2, 2, 16)
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight", "lm_head.weight"):

@@ -38,8 +38,8 @@ def _hf_numpy(model_dir: Path, name: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def llama_f32(hf_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_gguf(hf_llama, tmp_path_factory.mktemp("w") / "llama-f32.gguf")
+def llama_f32(llama_gguf) -> Path:
+    return llama_gguf("f32")
 
 
 def test_architecture_keys_and_names(llama_f32: Path) -> None:
@@ -74,9 +74,9 @@ def test_qwen_not_permuted(hf_qwen2: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tensor_type, ggml, tol", [("f16", "F16", 1e-3), ("q8_0", "Q8_0", 1e-2), ("q4_0", "Q4_0", 0.2)])
-def test_tensor_types(hf_llama: Path, llama_f32: Path, tmp_path: Path, tensor_type: str, ggml: str, tol: float) -> None:
+def test_tensor_types(llama_gguf, llama_f32: Path, tensor_type: str, ggml: str, tol: float) -> None:
     _, exact = _read(llama_f32)
-    _, tensors = _read(write_gguf(hf_llama, tmp_path / f"{tensor_type}.gguf", tensor_type=tensor_type))
+    _, tensors = _read(llama_gguf(tensor_type))
     kind, w = tensors["blk.1.ffn_up.weight"]
     assert kind == ggml and tensors["blk.1.ffn_norm.weight"][0] == "F32"
     ref = exact["blk.1.ffn_up.weight"][1]

@@ -14,7 +14,7 @@ pytest.importorskip("xllamacpp")
 
 
 @pytest.fixture(scope="module")
-def files(hf_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def files(hf_llama: Path, llama_gguf, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny Llama as f32 / f16 / q8_0 / q4_0 GGUFs, and two converted with a bug."""
     out = tmp_path_factory.mktemp("gguf_files")
 
@@ -28,7 +28,7 @@ def files(hf_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
             return load_file(str(hf_llama / "model.safetensors"))["model.layers.0.mlp.up_proj.weight"]
         return converted
 
-    made = {t: write_gguf(hf_llama, out / f"{t}.gguf", tensor_type=t) for t in ("f32", "f16", "q8_0", "q4_0")}
+    made = {t: llama_gguf(t) for t in ("f32", "f16", "q8_0", "q4_0")}
     made["no_permutation"] = write_gguf(hf_llama, out / "bug-perm.gguf", transform=skip_permutation)
     made["gate_is_up"] = write_gguf(hf_llama, out / "bug-gate.gguf", transform=gate_is_up)
     return made
