@@ -1,8 +1,9 @@
 """The one repro format: the layout, the verdict line and the exit codes of every repro the project
 writes, and the one function that verifies a repro in a fresh process.
 
-Five writers use it: the drill-down's operator repro (``services.drilldown.repro``), the drill-down's
-ONNX node repro of an ONNX-graph engine (``backends/<engine>/repro.py``), the op sweep's kernel repro (``plugins.repro``),
+Six writers use it: the drill-down's operator repro (``services.drilldown.repro``), the drill-down's
+ONNX node repro of an ONNX-graph engine (``backends/<engine>/repro.py``), the drill-down's ggml node
+repro of llama.cpp (``services.drilldown.ggml_repro``), the op sweep's kernel repro (``plugins.repro``),
 the minifier's graph repro (``debug_module.minifier.codegen``) and the conformance sweep's operator
 repro (``conformance.repro``). Each supplies only its data files,
 its writer-specific manifest entries and the body of its check; this module writes the rest.
@@ -59,7 +60,7 @@ __all__ = ["FORMAT", "SCRIPT", "MANIFEST", "INPUTS", "LOG", "WRITERS", "EXIT_COD
 FORMAT = "debug_framework.repro/1"
 SCRIPT, MANIFEST, INPUTS, LOG = "repro.py", "repro.json", "inputs.safetensors", "verify.log"
 #: The writers, as the manifest's ``writer`` names them.
-WRITERS = ("drilldown-replay", "drilldown-onnx", "plugin-sweep", "minifier", "op-conformance")
+WRITERS = ("drilldown-replay", "drilldown-onnx", "drilldown-ggml", "plugin-sweep", "minifier", "op-conformance")
 Verdict = Literal["reproduced", "fixed", "error"]
 #: Exit code of ``repro.py`` per verdict.
 EXIT_CODES: dict[str, int] = {"fixed": 0, "reproduced": 1, "error": 2}

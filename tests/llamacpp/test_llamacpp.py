@@ -77,7 +77,16 @@ def test_converter_bugs_at_their_layer_block_and_node(engine, files, hf_llama, b
     assert (source.kind, source.layer, source.block) == ("layer", layer, block)
     drilled = {d.layer: d for d in result.drilldown or []}
     assert drilled[layer].method == "ggml" and drilled[layer].culprit is not None
-    assert drilled[layer].culprit.node == node
+    culprit = drilled[layer].culprit
+    assert culprit.node == node
+    # the node's standalone repro reproduces alone, and says fixed once the node computes the product
+    from debug_framework.repro_format import verify
+
+    assert culprit.verified and culprit.repro_dir is not None, drilled[layer].note
+    repro = Path(culprit.repro_dir)
+    x, w = (np.load(repro / f"{name}.npy") for name in ("input", "weight"))
+    np.save(repro / "engine.npy", (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32))
+    assert verify(repro).verdict == "fixed"
 
 
 def test_two_decode_steps_through_llamas_cache_pass(engine, files) -> None:

@@ -9,8 +9,11 @@ each node is judged in the engine's order against the reference's matching step 
 the calibration traced in the engine's emulated precision (for llama.cpp: the file's weight types,
 its activation quantization and KV cache type), so a correct quantized layer's nodes are within
 their bounds and the node a bug is in stands out. Rows and culprit carry the engine's node name
-(``node``) beside the reference's step (``op``: ``q``, ``ffn_gate`` ...). No standalone repro is
-written: a ggml node runs inside the engine's graph. The engine's record names this strategy.
+(``node``) beside the reference's step (``op``: ``q``, ``ffn_gate`` ...). A culprit that is one
+projection (``Qcur-1``, ``ffn_gate-0`` ...) gets a standalone repro (:mod:`.ggml_repro`: the node's
+input and output as llama.cpp computed them, the model's weight, the reference's product beside
+them), verified once; any other node runs among several inside the engine's graph and gets none.
+The engine's record names this strategy.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
     from ...backends.drilldown.types import DrillRequest, LayerDrilldown
 
 __all__ = ["GgmlDrillStrategy"]
+
+#: what the trace drill-down's note ends with (it writes no repro), replaced by what this one wrote
+_TRACE_NO_REPRO = "; no standalone repro (the engine's steps run inside it)"
 
 
 class GgmlDrillStrategy(TraceStrategy):
@@ -69,4 +75,30 @@ class GgmlDrillStrategy(TraceStrategy):
             entry.culprit = dataclasses.replace(
                 entry.culprit, node=node,
                 source=f"node {node}: {entry.culprit.source}" if entry.culprit.source else node)
+            self._repro(request, entry, node)
         return entry
+
+    @staticmethod
+    def _repro(request: DrillRequest, entry: LayerDrilldown, node: str) -> None:
+        """The culprit's standalone repro where one can be made (:mod:`.ggml_repro`), from the layer
+        run once more in the engine (its traced values are not kept between runs); the note says
+        which it is, or why there is none."""
+        from ...comparison import float64_array
+        from .ggml_repro import write_node_repro
+
+        assert entry.culprit is not None
+        row = next(r for r in entry.operators if r.op == entry.culprit.op)
+        h = np.asarray(request.hidden_in, np.float64)
+        engine = {name: float64_array(value) for name, value in request.backend.run_layer_traced(  # type: ignore[attr-defined]
+            request.layer, h.astype(np.float32) if request.dtype != "float64" else h.copy(), request.inputs.copy())}
+        try:
+            folder, verified, why_not = write_node_repro(request, row, node, trace_nodes(request.backend) or {}, engine)
+        except OSError as exc:  # the table stands without it
+            folder, verified, why_not = None, False, f"the repro could not be written: {exc}"
+        note = entry.note.removesuffix(_TRACE_NO_REPRO)
+        if folder is None:
+            entry.note = f"{note}; {why_not}"
+            return
+        entry.culprit = dataclasses.replace(entry.culprit, repro_dir=str(folder), verified=verified)
+        entry.note = (f"{note}; standalone repro of {node}: {folder} "
+                      f"({'verified: it reproduces alone' if verified else 'written, but it does not reproduce alone'})")
