@@ -91,14 +91,15 @@ def test_the_file_reads_back_as_the_model(family) -> None:
         np.testing.assert_allclose(exact.weights.numpy(name, np.float32), want, rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_a_padded_batch_decoded_through_llamas_cache(engine, family) -> None:
-    """Decode steps of two rows, the second right-padded (6 tokens of 8): its new tokens sit after
-    the padding columns, and Gemma's window of 4 then reaches back past them. llama.cpp runs each row
-    as its own sequence and counts the window in the row's tokens; so does the reference, as the
-    engine declares (``window_counts``). Every step's checkpoints and the keys and values llama.cpp
-    writes, every pass and layer, pass (Phi-3's keys and values: views of its fused projection, read
-    along their strides)."""
-    result = _validate(engine, family[2], decode_steps=2)
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_batch_decoded_through_llamas_cache(engine, family, side: str) -> None:
+    """Decode steps of two rows, the second padded (6 tokens of 8). Right-padded, its new tokens sit
+    after the padding columns, and Gemma's window of 4 then reaches back past them: llama.cpp runs
+    each row as its own sequence and counts the window in the row's tokens; so does the reference, as
+    the engine declares (``window_counts``). Left-padded, both counts agree. Every step's checkpoints
+    and the keys and values llama.cpp writes, every pass and layer, pass (Phi-3's keys and values:
+    views of its fused projection, read along their strides)."""
+    result = _validate(engine, family[2], decode_steps=2, padding_side=side)
     assert result.passed, [c.to_dict()["id"] for c in result.results if not c.passed]
     kv = result.decoded.kv_cache
     assert all(row.k.passed and row.v.passed for row in kv)

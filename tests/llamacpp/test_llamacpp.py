@@ -120,6 +120,22 @@ def test_families_match_the_reference_with_an_f32_cache(family: str, request, tm
         assert err < 5e-6, (key, err)
 
 
+def test_the_reference_counts_windows_as_the_engine_declares(files) -> None:
+    """llama.cpp runs each row as its own sequence (``window_counts: tokens``); a reference prepared
+    for it counts so too, one prepared for an engine that declares nothing counts cache columns."""
+    from debug_framework.backends import get_backend
+    from debug_framework.backends.capabilities import capabilities, count_windows_as
+    from debug_framework.modelio import load_model
+
+    llama = get_backend("llamacpp")
+    assert capabilities(llama).window_counts == "tokens"
+    assert llama.version_info()["window_counts"] == "tokens"
+    reference = get_backend("python_reference")
+    reference.prepare(load_model(files["f32"]), "float64")
+    assert count_windows_as(reference, llama) == "tokens" and reference.version_info()["window_counts"] == "tokens"
+    assert count_windows_as(reference, get_backend("pytorch")) == "columns"
+
+
 def test_settings_are_checked_and_recorded(files) -> None:
     from debug_framework.backends import get_backend
     from debug_framework.errors import BackendInitializationError

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...backends.capabilities import emulated_precision, offers, trace_nodes
+from ...backends.capabilities import count_windows_as, emulated_precision, offers, trace_nodes
 from .trace import TraceStrategy
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class GgmlDrillStrategy(TraceStrategy):
             return super().calibration_trace(request, hidden)
         emulation = precision.trusted_backend()
         emulation.prepare(request.model, precision.dtype)
+        count_windows_as(emulation, request.backend)
         net = emulation.net  # type: ignore[attr-defined]
         net.positions = request.inputs.position_ids()
         with torch.no_grad():
