@@ -305,9 +305,42 @@ class LlamaCppBackend(BaseBackend):
     def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
         """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
         order), each ``[B, T, ...]``; :attr:`trace_nodes` says which llama.cpp node each came from."""
-        nodes = trace_nodes(self.gguf.architecture if self.gguf is not None else "")
-        names = {f"{node}-{i}" for node, _ in nodes.values()}
+        names = {f"{node}-{i}" for node, _ in self._trace_nodes().values()}
         kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, names, f"l_out-{i}")
+        return self._traced(i, kept, rows)
+
+    def run_decode_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int,
+                                tokens: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """:meth:`run_layer_traced` at decode ``step`` (>= 1): the prompt and the steps before it
+        (``tokens`` ``[B, >= step]``) through llama.cpp's own KV cache, then the step's tokens with
+        layer ``i``'s input node replaced by ``hidden_in`` ``[B, 1, D]``; each value ``[B, 1, ...]``."""
+        from ...comparison import float64_array
+        from ..decode import decode_positions
+
+        if step < 1:
+            raise ConfigurationError(f"a decode step is >= 1, got {step}")
+        decoder = _Decoder(self, step)
+        decoder.prefill(inputs, [])
+        mask, offset = np.asarray(inputs.attention_mask, np.int64), int(inputs.meta.get("position_offset", 0) or 0)
+        tokens = np.asarray(tokens, np.int64)
+        for s in range(step):
+            positions = decode_positions(mask, offset)[:, 0]
+            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+            if s < step - 1:
+                decoder.decode_step(tokens[:, s], positions, [])
+        b = tokens.shape[0]
+        names = {f"{node}-{i}" for node, _ in self._trace_nodes().values()}
+        given = float64_array(hidden_in).astype(np.float32).reshape(b, -1)
+        kept = self._graph().decode(tokens[:, step - 1], positions, np.arange(b), frozenset(names | {f"l_out-{i}"}),
+                                    {self._input_node(i): given}, stop_after=f"l_out-{i}")
+        return self._traced(i, kept, Rows(np.arange(b), np.zeros(b, np.int64), (b, 1)))
+
+    def _trace_nodes(self) -> dict[str, tuple[str, str]]:
+        return trace_nodes(self.gguf.architecture if self.gguf is not None else "")
+
+    def _traced(self, i: int, kept: Pass, rows: Rows) -> list[tuple[str, np.ndarray]]:
+        """Layer ``i``'s traced values of a pass, in Hugging Face's layout, each ``[B, T, ...]``."""
+        nodes = self._trace_nodes()
         model = self._prepared()
         permuted = self.gguf is not None and self.gguf.architecture == "llama"
         head_dim = int(getattr(model.config, "head_dim", 0))

@@ -72,15 +72,15 @@ def _weight_name(request: DrillRequest, key: str) -> str | None:
 
 
 def write_node_repro(request: DrillRequest, row: OperatorRow, node: str, nodes: dict[str, str],
-                     engine: dict[str, np.ndarray]) -> tuple[Path | None, bool, str]:
+                     engine: dict[str, np.ndarray], real: np.ndarray) -> tuple[Path | None, bool, str]:
     """Write and verify the repro of the culprit ``row`` (llama.cpp node ``node``) from the engine's
-    traced values ``engine`` (trace name -> ``[B, T, ...]``) of the drilled layer: ``(directory,
-    verified, why not)``; the directory is None where no repro can be made (``why not`` says why)."""
+    traced values ``engine`` (trace name -> ``[B, T, ...]``) of the drilled layer at the token
+    positions ``real`` ``[B, T]``: ``(directory, verified, why not)``; the directory is None where
+    no repro can be made (``why not`` says why)."""
     if row.op not in PROJECTIONS:
         return None, False, f"no standalone repro: {node} is not one matrix product of a node and a weight"
     key, source = PROJECTIONS[row.op]
     weight = _weight_name(request, key)
-    real = np.asarray(request.inputs.attention_mask) != 0
     if weight is None or weight not in request.model.weights or source not in engine or row.op not in engine:
         return None, False, f"no standalone repro: the input of {node} or its weight is not at hand"
     folder = Path(request.out_dir) / "repro"

@@ -99,6 +99,20 @@ class TraceStrategy:
         engine whose precision is more than a dtype (llama.cpp's) traces its own emulation."""
         return _trace(request.model, request.dtype, request.layer, hidden, request.inputs)
 
+    def reference_trace(self, request: DrillRequest, hidden: np.ndarray) -> dict[str, np.ndarray]:
+        """The reference's named values of the drilled layer: the model written from the math in float64."""
+        return _trace(request.model, "float64", request.layer, hidden, request.inputs)
+
+    def engine_trace(self, request: DrillRequest, hidden: np.ndarray) -> list[tuple[str, object]]:
+        """The engine's named values of the drilled layer, in its order (``run_layer_traced``)."""
+        dtype = request.dtype
+        return request.backend.run_layer_traced(  # type: ignore[attr-defined, no-any-return]
+            request.layer, hidden.astype(np.float32) if dtype != "float64" else hidden.copy(), request.inputs.copy())
+
+    def real_positions(self, request: DrillRequest) -> np.ndarray:
+        """``[B, T]``: the token positions the values are judged at (padded ones are no output)."""
+        return np.asarray(request.inputs.attention_mask).astype(bool)
+
     def drill(self, request: DrillRequest) -> LayerDrilldown:
         import torch
 
@@ -110,23 +124,21 @@ class TraceStrategy:
             raise ConfigurationError(f"the trace drill-down cannot drill this backend: {why}",
                                      hint="give the backend's runner run_layer_traced(i, hidden_in, inputs)")
         Path(request.out_dir).mkdir(parents=True, exist_ok=True)
-        i, inputs, dtype = request.layer, request.inputs, request.dtype
+        i, dtype = request.layer, request.dtype
         entry = LayerDrilldown(layer=i, checkpoint=request.checkpoint, backend=request.backend.name,
                                method=self.name)
         if request.model.architecture == "generic":
             entry.note = "no reference written from the math records this family's intermediate values"
             return entry
         h = np.asarray(request.hidden_in, np.float64)
-        traces = {"reference": _trace(request.model, "float64", i, h, inputs),
-                  "calibration": self.calibration_trace(request, h)}
-        own = request.backend.run_layer_traced(i, h.astype(np.float32) if dtype != "float64" else h.copy(),
-                                               inputs.copy())
+        traces = {"reference": self.reference_trace(request, h), "calibration": self.calibration_trace(request, h)}
+        own = self.engine_trace(request, h)
         torch_dtype = getattr(torch, dtype)
         eps = torch.finfo(torch_dtype).eps
         rows: list[OperatorRow] = []
         unmatched: list[str] = []
         carried = 0.0
-        positions = inputs.attention_mask.astype(bool)
+        positions = self.real_positions(request)
         for name, value in own:
             trusted = traces["reference"].get(name)
             if trusted is None:
