@@ -168,15 +168,17 @@ def test_a_decode_only_difference_is_drilled_at_its_step(engine, hf_gemma2: Path
                                                           monkeypatch) -> None:
     """An engine that declared its window as counted in cache columns while llama.cpp counts tokens:
     the reference then differs from llama.cpp only at the right-padded row's decode steps, in the
-    sliding layer 0. The drill-down runs that layer at the step in llama.cpp, the reference and the
-    calibration, each through its own KV cache, and names the attention node (``kqv_out-0``)."""
+    sliding layer 0, confirmed by replaying that layer alone at the step. The drill-down runs it at
+    the step in llama.cpp, the reference and the calibration, each through its own KV cache, and
+    names the attention node (``kqv_out-0``)."""
     from debug_framework.backends.llamacpp.runner import LlamaCppBackend
 
     monkeypatch.setattr(LlamaCppBackend, "window_counts", "columns")
     result = _validate(engine, write_gguf(hf_gemma2, tmp_path / "f16.gguf", tensor_type="f16"), decode_steps=2,
-                       drill_down=True)
+                       drill_down=True, isolate=True)
     assert not result.passed and result.source is not None
     assert (result.source.kind, result.source.layer, result.source.step) == ("decode", 0, 1)
+    assert result.source.confirmed, result.source.detail  # layer 0 replayed alone at step 1 in llama.cpp
     drilled = {(d.layer, d.step): d for d in result.drilldown or []}
     assert drilled[(0, 1)].method == "ggml" and drilled[(0, 1)].culprit is not None, drilled
     assert drilled[(0, 1)].culprit.node == "kqv_out-0"

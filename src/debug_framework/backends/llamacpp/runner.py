@@ -15,7 +15,8 @@ Hugging Face model of ``--model-path``), else the session's model itself (``--mo
 llama.cpp checked against the file's own weights, dequantized). llama.cpp's settings are options
 (``--backend-option cache_type_k=f32`` ...), llama.cpp's defaults by default, recorded with the
 session in ``version_info``. One layer or one block replays by replacing its input node's value as
-soon as llama.cpp computes it (:mod:`.graph`); decode steps go through llama.cpp's own KV cache.
+soon as llama.cpp computes it (:mod:`.graph`); decode steps go through llama.cpp's own KV cache,
+and one layer replays (or is traced) at a decode step after the prompt and the steps before it.
 """
 
 from __future__ import annotations
@@ -311,14 +312,30 @@ class LlamaCppBackend(BaseBackend):
 
     def run_decode_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int,
                                 tokens: np.ndarray) -> list[tuple[str, np.ndarray]]:
-        """:meth:`run_layer_traced` at decode ``step`` (>= 1): the prompt and the steps before it
-        (``tokens`` ``[B, >= step]``) through llama.cpp's own KV cache, then the step's tokens with
-        layer ``i``'s input node replaced by ``hidden_in`` ``[B, 1, D]``; each value ``[B, 1, ...]``."""
+        """:meth:`run_layer_traced` at decode ``step`` (>= 1) (:meth:`_step_replayed`); each value ``[B, 1, ...]``."""
+        names = {f"{node}-{i}" for node, _ in self._trace_nodes().values()}
+        kept, rows = self._step_replayed(i, hidden_in, inputs, step, tokens, names)
+        return self._traced(i, kept, rows)
+
+    def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int,
+                         tokens: np.ndarray) -> Capture:
+        """Layer ``i`` alone at decode ``step`` on ``hidden_in`` ``[B, 1, D]`` (:meth:`_step_replayed`):
+        its post_attention and post_mlp, ``[B, 1, D]`` each."""
+        keys = [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
+        kept, rows = self._step_replayed(i, hidden_in, inputs, step, tokens, {self._node(k) for k in keys})
+        return self._capture(kept, rows, keys, kept.seconds)
+
+    def _step_replayed(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray,
+                       want: set[str]) -> tuple[Pass, Rows]:
+        """The prompt and the steps before ``step`` (``tokens`` ``[B, >= step]``) through llama.cpp's own
+        KV cache in a fresh context, then the step's tokens with layer ``i``'s input node replaced by
+        ``hidden_in`` ``[B, 1, D]``, stopped once ``l_out-i`` is computed (``want`` kept)."""
         from ...comparison import float64_array
         from ..decode import decode_positions
 
         if step < 1:
             raise ConfigurationError(f"a decode step is >= 1, got {step}")
+        self._check_inputs(inputs)
         decoder = _Decoder(self, step)
         decoder.prefill(inputs, [])
         mask, offset = np.asarray(inputs.attention_mask, np.int64), int(inputs.meta.get("position_offset", 0) or 0)
@@ -329,11 +346,10 @@ class LlamaCppBackend(BaseBackend):
             if s < step - 1:
                 decoder.decode_step(tokens[:, s], positions, [])
         b = tokens.shape[0]
-        names = {f"{node}-{i}" for node, _ in self._trace_nodes().values()}
         given = float64_array(hidden_in).astype(np.float32).reshape(b, -1)
-        kept = self._graph().decode(tokens[:, step - 1], positions, np.arange(b), frozenset(names | {f"l_out-{i}"}),
+        kept = self._graph().decode(tokens[:, step - 1], positions, np.arange(b), frozenset(want | {f"l_out-{i}"}),
                                     {self._input_node(i): given}, stop_after=f"l_out-{i}")
-        return self._traced(i, kept, Rows(np.arange(b), np.zeros(b, np.int64), (b, 1)))
+        return kept, Rows(np.arange(b), np.zeros(b, np.int64), (b, 1))
 
     def _trace_nodes(self) -> dict[str, tuple[str, str]]:
         return trace_nodes(self.gguf.architecture if self.gguf is not None else "")
