@@ -134,3 +134,14 @@ def test_ggml_quantizer_refuses_what_would_abort_it() -> None:
         ggml_quantize_rows(library(), np.zeros((2, 100), np.float32), "Q4_K")
     with pytest.raises(BackendInitializationError, match="DF002.*IQ2_XXS"):
         ggml_quantize_rows(library(), np.zeros((2, 256), np.float32), "IQ2_XXS")
+
+
+def test_the_k_quant_example_of_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/gguf.md's K-quant example prints what it says."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gguf.md").read_text(encoding="utf-8")
+    section = doc.split("## K-quant files", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    exec(compile(block, "docs/gguf.md (K-quant files)", "exec"), {})
+    assert capsys.readouterr().out.strip().splitlines() == ["auto True None", "float32 False q4_k"]

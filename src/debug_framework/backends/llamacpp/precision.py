@@ -220,10 +220,24 @@ def _affine(b: np.ndarray, levels: int) -> np.ndarray:
     return _half(d) * q + _half(lo)
 
 
+def _absmax(b: np.ndarray) -> np.ndarray:
+    """Each block's largest magnitude ``[blocks, 1]``, by halving the block (a power of two long):
+    NumPy's reduction along a short last axis is several times slower."""
+    a = np.abs(b)
+    while a.shape[-1] > 1 and a.shape[-1] % 2 == 0:
+        half = a.shape[-1] // 2
+        a = np.maximum(a[:, :half], a[:, half:])
+    return a.max(axis=-1, keepdims=True)
+
+
 def _q8_0(b: np.ndarray) -> np.ndarray:
     """Q8_0: ``d = max|x| / 127``, ``q = roundf(x / d)``, stored ``d`` float16, read back ``q * d``."""
-    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
-    return _roundf(b * _inverse(d)) * _half(d)
+    d = _absmax(b) / np.float32(127)
+    y = b * _inverse(d)
+    y += np.copysign(_BELOW_HALF, y)  # roundf, in place: trunc(y + copysign(0.49999997, y))
+    np.trunc(y, out=y)
+    y *= _half(d)
+    return y
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -290,19 +304,24 @@ def _through_ggml(x: np.ndarray, kind: str) -> np.ndarray | None:
     return out.reshape(x.shape)
 
 
-#: (weights digest, tensor, type) -> the tensor re-quantized, while an emulation holds it (weak values:
-#: the calibration's, the precision diagnosis's and the drill-down's emulations of one session share
-#: one copy, quantized once; nothing is kept once no emulation holds it)
-_REQUANTIZED: weakref.WeakValueDictionary[tuple[str, str, str], np.ndarray] = weakref.WeakValueDictionary()
+#: (weights file, its size and time, tensor, type) -> the tensor re-quantized, while an emulation holds
+#: it (weak values: the calibration's, the precision diagnosis's and the drill-down's emulations of one
+#: session share one copy, quantized once; nothing is kept once no emulation holds it)
+_REQUANTIZED: weakref.WeakValueDictionary[tuple[str, int, int, str, str], np.ndarray] = weakref.WeakValueDictionary()
 
 
-def _cache_key(model: LoadedModel) -> str | None:
-    """What identifies ``model``'s weights for :data:`_REQUANTIZED`: the digest of a loaded store (a
-    fork shares it); None for any other mapping (the noise rule's perturbed weights, never cached)."""
+def _cache_key(model: LoadedModel, name: str, kind: str) -> tuple[str, int, int, str, str] | None:
+    """What identifies tensor ``name`` of ``model`` at ``kind`` in :data:`_REQUANTIZED`: its file (path,
+    size, modification time) for a loaded store (a fork shares its files); None for any other mapping
+    (the noise rule's perturbed weights, never cached)."""
     from ...modelio.weights import WeightStore
 
     weights = model.weights
-    return weights.digest if isinstance(weights, WeightStore) else None
+    if not isinstance(weights, WeightStore):
+        return None
+    path = weights.file_of(name)
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns, name, kind)
 
 
 def gelu_fp16_table(x: torch.Tensor) -> torch.Tensor:
@@ -339,7 +358,6 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         from ...modelio.gguf_model import gguf_name
 
         own_file = getattr(model, "format", None) == "gguf"
-        digest = None if own_file else _cache_key(model)
         out: dict[str, np.ndarray] = {}
         for name in model.weights:
             array = model.weights.numpy(name, np.float32)
@@ -347,7 +365,7 @@ class LlamaEmulationBackend(TorchReferenceBackend):
             if own_file or array.ndim < 2 or kind == "F32":
                 out[name] = array
                 continue
-            key = None if digest is None else (digest, name, kind)
+            key = _cache_key(model, name, kind)
             again = None if key is None else _REQUANTIZED.get(key)
             if again is None:
                 again = requantized(array, kind)
