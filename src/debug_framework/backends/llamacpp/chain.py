@@ -16,9 +16,11 @@ one. A pass that is not resumed within :data:`IDLE_S` ends by itself.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,20 @@ __all__ = ["ChainNodes", "ReplayChain", "IDLE_S"]
 IDLE_S = 120.0
 #: how often a waiting caller looks up (so the session's time limit can interrupt it)
 _POLL_S = 0.25
+
+
+#: the chains of this process whose pass may be running: ended before the interpreter finalizes (a
+#: pass left waiting inside llama.cpp must not outlive the objects it uses)
+_LIVE: weakref.WeakSet[ReplayChain] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for chain in list(_LIVE):
+        try:
+            chain.stop()
+        except Exception:  # noqa: BLE001 - exiting: nothing to report to
+            pass
 
 
 class _Stop(Exception):  # noqa: N818 - not an error: the end of a chain's pass
@@ -151,6 +167,7 @@ class ReplayChain:
 
         self._thread = threading.Thread(target=work, name="llamacpp-replay-chain", daemon=True)
         self._key, self._next = key, first
+        _LIVE.add(self)
         self._thread.start()
 
     def _result(self, graph: _ChainGraph) -> Pass:
