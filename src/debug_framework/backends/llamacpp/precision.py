@@ -2,15 +2,17 @@
 
 llama.cpp's CPU kernels multiply a weight of type T by activations converted to T's
 ``vec_dot_type``: F16 weights by F16 activations, Q4_0/Q5_0/Q8_0 by Q8_0 blocks of 32, Q4_1/Q5_1 by
-Q8_1 (the same rounding), K-quants by Q8_K blocks of 256; keys and values are stored in the KV cache
-at its type (F16 by default) and the queries meet F16 keys as F16. :class:`LlamaPrecision` says so
-for one file and one set of settings; :class:`LlamaEmulationBackend` (what the calibration runs at
-``--dtype auto``, and the precision diagnosis under the file's quantization name) is the reference
-written from the math over torch in float32 with exactly those roundings: the weights quantized to
-the file's types (the Hugging Face model's weights re-quantized with the ``gguf`` package's kernels,
-row blocks, so the converter's q/k row permutation does not change them), every matrix product's
-input quantized as the kernel's, keys, values and queries rounded to the cache type, and the
-tanh GELU (Gemma) through ggml's float16 table (:func:`gelu_fp16_table`).
+Q8_1 (the same rounding), K-quants by Q8_K blocks of 256 (:func:`quantize_q8_k`, a float32 scale);
+keys and values are stored in the KV cache at its type (F16 by default) and the queries meet F16
+keys as F16. :class:`LlamaPrecision` says so for one file and one set of settings;
+:class:`LlamaEmulationBackend` (what the calibration runs at ``--dtype auto``, and the precision
+diagnosis under the file's quantization name) is the reference written from the math over torch in
+float32 with exactly those roundings: the weights at the file's types (a GGUF's own as stored; a
+Hugging Face model's re-quantized by :func:`requantized`: the simple types by a vectorised NumPy
+round trip bit-exact with ggml's reference quantizers, the K-quants by ggml's own quantizer; row
+blocks, so the converter's q/k row permutation does not change them), every matrix product's input
+quantized as the kernel's, keys, values and queries rounded to the cache type, and the tanh GELU
+(Gemma) through ggml's float16 table (:func:`gelu_fp16_table`).
 """
 
 from __future__ import annotations
@@ -203,8 +205,8 @@ def _signed_max(b: np.ndarray) -> np.ndarray:
 
 
 def _symmetric(b: np.ndarray, levels: int) -> np.ndarray:
-    """Q4_0 (``levels`` 16) and Q5_0 (32): ``d = max / -(levels/2)``, ``q = min(levels-1, (int)(x/d + levels/2 + 0.5))``,
-    stored ``d`` float16, read back ``(q - levels/2) * d``."""
+    """Q4_0 (``levels`` 16) and Q5_0 (32): ``d = max / -(levels/2)``,
+    ``q = min(levels-1, (int)(x/d + levels/2 + 0.5))``, stored ``d`` float16, read back ``(q - levels/2) * d``."""
     half_levels = np.float32(levels // 2)
     d = _signed_max(b) / -half_levels
     q = np.clip(np.trunc(b * _inverse(d) + (half_levels + np.float32(0.5))), 0, levels - 1)
