@@ -44,9 +44,6 @@ TensorTransform = Callable[[str, np.ndarray, np.ndarray], np.ndarray]
 GGUF_TENSOR_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
                                       "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m")
 
-#: the types whose quantizer is ggml's own (Q2_K/Q3_K rows that are not whole super-blocks fall back to IQ4_NL)
-_GGML_QUANTIZED = frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl"})
-
 #: ``llama-quantize``'s mixtures: name -> (most 2-D weights, the "more bits" ``attn_v`` / ``ffn_down``
 #: layers, Phi-3's fused ``attn_qkv``); the output head (or a tied embedding) is Q6_K
 _MIXTURES: dict[str, tuple[str, str, str]] = {"q4_k_m": ("q4_k", "q6_k", "q5_k"), "q5_k_m": ("q5_k", "q6_k", "q6_k")}
@@ -280,9 +277,9 @@ def _encoded(array: np.ndarray, tensor_type: str) -> tuple[np.ndarray, object]:
     data = np.ascontiguousarray(array, dtype=np.float32)
     if array.ndim < 2 or qtype == gguf.GGMLQuantizationType.F32:
         return data, gguf.GGMLQuantizationType.F32
-    if tensor_type in _GGML_QUANTIZED:
-        from ..backends.llamacpp.binding import ggml_quantize_rows, library
+    from ..backends.llamacpp.binding import GGML_QUANTIZED, ggml_quantize_rows, library
 
+    if tensor_type.upper() in GGML_QUANTIZED:  # the K-quants and IQ4_NL: ggml's own quantizer
         rows = ggml_quantize_rows(library(), data.reshape(-1, data.shape[-1]), tensor_type)
         return rows.reshape(*data.shape[:-1], rows.shape[-1]), qtype
     return gguf.quants.quantize(data, qtype), qtype

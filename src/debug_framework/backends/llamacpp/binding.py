@@ -29,7 +29,7 @@ from ...errors import BackendInitializationError
 
 __all__ = ["PINNED_XLLAMACPP", "GGML_TYPES", "ModelParams", "ContextParams", "Batch", "EvalCallback",
            "Library", "library", "library_path", "LOG", "ggml_tensor_name", "ggml_tensor_shape", "ggml_tensor_type",
-           "ggml_tensor_array", "ggml_tensor_write", "ggml_quantize_rows", "ggml_quantize_row_q8_k", "QK_K"]
+           "ggml_tensor_array", "ggml_tensor_write", "ggml_quantize_rows", "ggml_quantize_row_q8_k", "QK_K", "GGML_QUANTIZED"]
 
 #: the xllamacpp version whose llama.cpp this layout matches (``pip install xllamacpp==...``)
 PINNED_XLLAMACPP = "2026.10.11549"
@@ -314,6 +314,9 @@ QK_K = 256
 #: GGML type ids ``ggml_quantize_chunk`` is asked for here: the K-quants and the type llama.cpp's
 #: quantizer falls back to for Q2_K/Q3_K rows that are not whole super-blocks (ids as in ``ggml.h``)
 _QUANTIZABLE: dict[str, int] = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20}
+
+#: the weight types written and re-quantized through ggml's own quantizer (:func:`ggml_quantize_rows`)
+GGML_QUANTIZED: frozenset[str] = frozenset(_QUANTIZABLE)
 
 
 def ggml_quantize_rows(lib: Library, rows: np.ndarray, type_name: str) -> np.ndarray:

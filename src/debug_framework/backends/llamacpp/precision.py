@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import BackendInitializationError
 from ..torch_reference import TorchReferenceBackend
+from .binding import GGML_QUANTIZED
 
 if TYPE_CHECKING:
     import torch
@@ -258,11 +259,6 @@ _ROUND_TRIPS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
     "Q4_1": (32, lambda b: _affine(b, 16)), "Q5_1": (32, lambda b: _affine(b, 32)),
 }
 
-#: the weight types round-tripped through ggml's own quantizer (:func:`~.binding.ggml_quantize_rows`:
-#: what ``llama-quantize`` writes without an importance matrix) and read back by the ``gguf`` package
-_GGML_QUANTIZED = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"})
-
-
 def requantized(weights: np.ndarray, kind: str) -> np.ndarray | None:
     """``weights`` (float32, rows on the last axis) as a file of type ``kind`` stores them, read back
     as float32: whole tensors in chunks of rows, no Python per block. None for a type neither
@@ -271,7 +267,7 @@ def requantized(weights: np.ndarray, kind: str) -> np.ndarray | None:
     x = np.ascontiguousarray(weights, dtype=np.float32)
     if kind == "F32":
         return x
-    if kind in _GGML_QUANTIZED:
+    if kind in GGML_QUANTIZED:  # through ggml's own quantizer, as llama-quantize without an importance matrix
         return _through_ggml(x, kind)
     if kind not in _ROUND_TRIPS:
         return None
