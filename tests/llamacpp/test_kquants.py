@@ -115,11 +115,9 @@ def test_a_k_quant_file_reads_back_as_ggml_quantized_it(hf_256: Path, kquant_fil
 
 def test_k_quant_files_pass_at_auto_and_fail_at_float32_as_q4_k(engine, hf_256: Path,
                                                                 kquant_files: dict[str, Path]) -> None:
-    """A correct Q4_K_M file passes against its own weights, a correct Q4_K conversion against the
-    Hugging Face model (re-quantized through ggml) at --dtype auto; judged at float32 the Q4_K file
-    fails, and the precision diagnosis names its quantization."""
-    own = _validate(engine, kquant_files["q4_k_m"])
-    assert own.passed, [c.to_dict() for c in own.results if not c.passed]
+    """A correct Q4_K conversion passes against the Hugging Face model (re-quantized through ggml) at
+    --dtype auto; judged at float32 the Q4_K file fails, and the precision diagnosis names its
+    quantization. (A Q4_K_M file against its own weights: the docs' example, tested below.)"""
     conversion = _validate(engine, hf_256, alternative_options={"model_file": str(kquant_files["q4_k"])})
     assert conversion.passed, [c.to_dict() for c in conversion.results if not c.passed]
     strict = _validate(engine, kquant_files["q4_k"], dtype="float32")
