@@ -179,14 +179,10 @@ def llama_precision(gguf: GgufFile, settings: LlamaSettings) -> LlamaPrecision:
 _CHUNK_VALUES = 1 << 16
 
 
-#: the float32 just below 0.5: ``trunc(x + copysign(it, x))`` rounds halves away from zero exactly
-#: (``x + 0.5`` would carry 0.49999997 up to 1)
+#: the float32 just below 0.5: ``trunc(x + copysign(it, x))`` is C's ``roundf`` (halves away from
+#: zero, as ggml's reference quantizers round) exactly in float32, checked on every float32 of
+#: magnitude 0.25 to 130 (``x + 0.5`` would carry 0.49999997 up to 1)
 _BELOW_HALF = np.nextafter(np.float32(0.5), np.float32(0))
-
-
-def _roundf(x: np.ndarray) -> np.ndarray:
-    """C's ``roundf`` (halves away from zero), exact in float32: ggml's reference quantizers round so."""
-    return np.trunc(x + np.copysign(_BELOW_HALF, x))
 
 
 def _half(x: np.ndarray) -> np.ndarray:
@@ -234,7 +230,7 @@ def _absmax(b: np.ndarray) -> np.ndarray:
 
 
 def _q8_0(b: np.ndarray) -> np.ndarray:
-    """Q8_0: ``d = max|x| / 127``, ``q = roundf(x / d)``, stored ``d`` float16, read back ``q * d``."""
+    """Q8_0: ``d = max|x| / 127``, ``q = roundf(x * (1 / d))``, stored ``d`` float16, read back ``q * d``."""
     d = _absmax(b) / np.float32(127)
     y = b * _inverse(d)
     y += np.copysign(_BELOW_HALF, y)  # roundf, in place: trunc(y + copysign(0.49999997, y))
