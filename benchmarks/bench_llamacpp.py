@@ -87,6 +87,18 @@ def perplexity_tool_metrics(base: np.ndarray, test: np.ndarray, ids: np.ndarray)
             "same_top_p": float(same)}
 
 
+def _stage_seconds(result: object) -> list[tuple[str, float]]:
+    """The session's wall time per stage (``performance.stage_s``), and the calibration's
+    preparation (re-quantizing the weights) within it."""
+    performance = getattr(result, "performance", {}) or {}
+    stages = performance.get("stage_s") or {}
+    out = [(str(name), float(seconds)) for name, seconds in stages.items() if float(seconds) >= 0.05]
+    prepare = (performance.get("calibration") or {}).get("prepare_s")
+    if prepare is not None:
+        out.append(("(calibration's preparation)", float(prepare)))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
@@ -126,6 +138,7 @@ def main() -> None:
     result = engine.run(sid)
     session_s = time.perf_counter() - start
     print(f"our session: {session_s:.1f} s ({session_s / own_s:.0f}x llama.cpp's forward); passed={result.passed}")
+    print("  stages: " + ", ".join(f"{name} {float(seconds):.1f} s" for name, seconds in _stage_seconds(result)))
 
     ref = PythonReferenceBackend()
     ref.prepare(load_model(hf), "float64")

@@ -30,14 +30,27 @@ from .configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
 from .gguf_model import gguf_name as hf_to_gguf
 from .loader import load_model
 
-__all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope"]
+__all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope", "weight_type"]
 
 #: (llama.cpp tensor name, the array as Hugging Face stores it, the array the converter writes)
 #: -> the array to write. Arrays are float32, shaped as Hugging Face shapes them (out, in).
 TensorTransform = Callable[[str, np.ndarray, np.ndarray], np.ndarray]
 
-#: The tensor types a file can be written at (2-D weights; norms and biases stay F32 as in llama.cpp).
-GGUF_TENSOR_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+#: The tensor types a file can be written at (2-D weights; norms and biases stay F32 as in llama.cpp):
+#: one type for every 2-D weight, or (``q4_k_m``, ``q5_k_m``) the mixture ``llama-quantize`` writes
+#: under that name (:func:`weight_type`). The K-quants are quantized by ggml itself
+#: (``ggml_quantize_chunk`` in the llama.cpp library of ``xllamacpp``, as ``llama-quantize`` does
+#: without an importance matrix); the others by the ``gguf`` package.
+GGUF_TENSOR_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                                      "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m")
+
+#: ``llama-quantize``'s mixtures: name -> (most 2-D weights, the "more bits" ``attn_v`` / ``ffn_down``
+#: layers, Phi-3's fused ``attn_qkv``); the output head (or a tied embedding) is Q6_K
+_MIXTURES: dict[str, tuple[str, str, str]] = {"q4_k_m": ("q4_k", "q6_k", "q5_k"), "q5_k_m": ("q5_k", "q6_k", "q6_k")}
+
+#: the type ``llama-quantize`` falls back to where a weight's rows are not whole blocks of the type
+#: chosen (then F16 where they are not whole blocks of that either)
+_FALLBACK: dict[str, str] = {"q2_k": "iq4_nl", "q3_k": "iq4_nl", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 #: Hugging Face ``model_type`` -> llama.cpp architecture name.
 GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -204,26 +217,72 @@ def _add_synthetic_vocabulary(writer: object, vocab_size: int, architecture: str
 
 
 def _file_type(tensor_type: str) -> int:
-    """``general.file_type`` for a tensor type."""
+    """``general.file_type`` for a tensor type (a single K-quant type is called by the ``_S`` file
+    type of its name, the nearest of llama.cpp's)."""
     import gguf
 
     names = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
-             "q4_0": "MOSTLY_Q4_0", "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1"}
+             "q4_0": "MOSTLY_Q4_0", "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1",
+             "q2_k": "MOSTLY_Q2_K", "q3_k": "MOSTLY_Q3_K_S", "q4_k": "MOSTLY_Q4_K_S", "q5_k": "MOSTLY_Q5_K_S",
+             "q6_k": "MOSTLY_Q6_K", "q4_k_m": "MOSTLY_Q4_K_M", "q5_k_m": "MOSTLY_Q5_K_M"}
     return int(gguf.LlamaFileType[names[tensor_type]])
 
 
+def _more_bits(layer: int, layers: int) -> bool:
+    """``llama-quantize``'s ``use_more_bits``: the first and last eighth of the layers, and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def _block(tensor_type: str) -> int:
+    import gguf
+
+    return int(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[tensor_type.upper()]][0])
+
+
+def weight_type(name: str, row_length: int, tensor_type: str, layers: int, has_output: bool) -> str:
+    """The type a 2-D weight ``name`` (llama.cpp's name, rows of ``row_length``) is written at in a
+    file of ``tensor_type``: that type; in a mixture (``q4_k_m``, ``q5_k_m``) what ``llama-quantize``
+    chooses for a dense model (Q6_K for the output head, or the token embedding where it is tied;
+    Q6_K for ``attn_v`` and ``ffn_down`` in the first and last eighth of the layers and every third
+    layer between; Q5_K (``q4_k_m``) / Q6_K (``q5_k_m``) for a fused ``attn_qkv``; the K-quant of its
+    name elsewhere). Rows that are not whole blocks of the type fall back as ``llama-quantize``
+    falls back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to IQ4_NL), then to F16 as
+    llama.cpp's converter does (and the head to Q8_0, as ``llama-quantize`` chooses it)."""
+    chosen = tensor_type
+    if tensor_type in _MIXTURES:
+        main, more, fused = _MIXTURES[tensor_type]
+        parts = name.split(".")
+        layer = int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else -1
+        if name == "output.weight" or (not has_output and name == "token_embd.weight"):
+            chosen = "q8_0" if row_length % _block("q6_k") else "q6_k"
+        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(layer, layers):
+            chosen = more
+        elif name.endswith("attn_qkv.weight"):
+            chosen = fused
+        else:
+            chosen = main
+    if chosen in ("f32", "f16", "bf16") or row_length % _block(chosen) == 0:
+        return chosen
+    fallback = _FALLBACK.get(chosen, "f16")
+    return fallback if row_length % _block(fallback) == 0 else "f16"
+
+
 def _encoded(array: np.ndarray, tensor_type: str) -> tuple[np.ndarray, object]:
-    """The bytes (or plain array) to store and their GGML type: 1-D tensors and rows that do not
-    fill whole quantization blocks stay F32 / fall back to F16, as llama.cpp's converter does."""
+    """The bytes (or plain array) to store and their GGML type: 1-D tensors stay F32 as in llama.cpp;
+    a 2-D weight is quantized at ``tensor_type`` (chosen by :func:`weight_type`), by ggml's own
+    quantizer for the K-quants and IQ4_NL, else by the ``gguf`` package."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[tensor_type.upper()]
+    data = np.ascontiguousarray(array, dtype=np.float32)
     if array.ndim < 2 or qtype == gguf.GGMLQuantizationType.F32:
-        return np.ascontiguousarray(array, dtype=np.float32), gguf.GGMLQuantizationType.F32
-    block, _ = gguf.GGML_QUANT_SIZES[qtype]
-    if array.shape[-1] % block:
-        qtype = gguf.GGMLQuantizationType.F16
-    return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+        return data, gguf.GGMLQuantizationType.F32
+    from ..backends.llamacpp.binding import GGML_QUANTIZED, ggml_quantize_rows, library
+
+    if tensor_type.upper() in GGML_QUANTIZED:  # the K-quants and IQ4_NL: ggml's own quantizer
+        rows = ggml_quantize_rows(library(), data.reshape(-1, data.shape[-1]), tensor_type)
+        return rows.reshape(*data.shape[:-1], rows.shape[-1]), qtype
+    return gguf.quants.quantize(data, qtype), qtype
 
 
 def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str = "f32",
@@ -234,14 +293,17 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
         model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or
             Gemma 3 (text) decoder.
         out_path: the file to write (its directory must exist).
-        tensor_type: the type of every 2-D weight, one of :data:`GGUF_TENSOR_TYPES`; norms and
-            biases stay F32, and a weight whose rows do not fill whole blocks falls back to F16.
+        tensor_type: the type of every 2-D weight, or a mixture of ``llama-quantize``'s
+            (``q4_k_m``, ``q5_k_m``), one of :data:`GGUF_TENSOR_TYPES`; norms and biases stay F32,
+            and a weight whose rows do not fill whole blocks falls back as llama.cpp's tools do
+            (:func:`weight_type`). The K-quants need the ``xllamacpp`` wheel (ggml's quantizer).
         transform: called for every tensor with its llama.cpp name, the float32 array as Hugging
             Face stores it and the array the converter would write; its result is written.
 
     Raises:
         ModelLoadingError: (DF004) the directory does not load, its family or rope scaling is
             not one the writer handles, or ``tensor_type`` is unknown.
+        BackendInitializationError: (DF002) a K-quant asked for and the llama.cpp library not installed.
     """
     import gguf
 
@@ -253,10 +315,15 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     writer = gguf.GGUFWriter(str(out_path), GGUF_FAMILIES[config.model_type])
     _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
     _add_synthetic_vocabulary(writer, config.vocab_size, GGUF_FAMILIES[config.model_type])
-    for tensor in _tensors(config, weights):
+    tensors = list(_tensors(config, weights))
+    has_output = any(t.gguf_name == "output.weight" for t in tensors)
+    for tensor in tensors:
         array = tensor.converted if transform is None else transform(tensor.gguf_name, tensor.original,
                                                                      tensor.converted)
-        data, qtype = _encoded(np.asarray(array, dtype=np.float32), tensor_type)
+        array = np.asarray(array, dtype=np.float32)
+        kind = "f32" if array.ndim < 2 else weight_type(tensor.gguf_name, array.shape[-1], tensor_type,
+                                                          config.num_hidden_layers, has_output)
+        data, qtype = _encoded(array, kind)
         writer.add_tensor(tensor.gguf_name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

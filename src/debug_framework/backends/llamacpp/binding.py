@@ -23,11 +23,13 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ...errors import BackendInitializationError
 
 __all__ = ["PINNED_XLLAMACPP", "GGML_TYPES", "ModelParams", "ContextParams", "Batch", "EvalCallback",
            "Library", "library", "library_path", "LOG", "ggml_tensor_name", "ggml_tensor_shape", "ggml_tensor_type",
-           "ggml_tensor_array", "ggml_tensor_write"]
+           "ggml_tensor_array", "ggml_tensor_write", "ggml_quantize_rows", "ggml_quantize_row_q8_k", "QK_K", "GGML_QUANTIZED"]
 
 #: the xllamacpp version whose llama.cpp this layout matches (``pip install xllamacpp==...``)
 PINNED_XLLAMACPP = "2026.10.11549"
@@ -209,6 +211,12 @@ def _declare(so: ctypes.CDLL) -> None:
         "ggml_backend_tensor_get": ([_ptr, _ptr, ctypes.c_size_t, ctypes.c_size_t], None),
         "ggml_backend_tensor_set": ([_ptr, _ptr, ctypes.c_size_t, ctypes.c_size_t], None),
         "ggml_op_desc": ([_ptr], ctypes.c_char_p),
+        "ggml_quantize_chunk": ([_i32, _ptr, _ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _ptr],
+                                ctypes.c_size_t),
+        "ggml_quantize_requires_imatrix": ([_i32], _bool),
+        "ggml_row_size": ([_i32, ctypes.c_int64], ctypes.c_size_t),
+        "ggml_blck_size": ([_i32], ctypes.c_int64),
+        "quantize_row_q8_K": ([_ptr, _ptr, ctypes.c_int64], None),
     }
     for name, (args, res) in sig.items():
         fn = getattr(so, name)
@@ -282,8 +290,6 @@ def ggml_tensor_array(lib: Library, t: int) -> object:
     contiguous node is copied as it is; a view with strides of its own (``nb``: Phi-3's ``Vcur-i``, a
     slice of the fused q/k/v projection's rows) is read as the bytes it spans, then gathered along
     its strides (None where a stride is not whole float32 elements: such nodes are not checkpoints)."""
-    import numpy as np
-
     if ggml_tensor_type(t) != 0:
         return None
     ne = ggml_tensor_shape(t)
@@ -306,11 +312,66 @@ def ggml_tensor_array(lib: Library, t: int) -> object:
 
 def ggml_tensor_write(lib: Library, t: int, values: object) -> bool:
     """Overwrite a contiguous F32 node with ``values`` (same element count); False where it cannot."""
-    import numpy as np
-
     data = np.ascontiguousarray(values, dtype=np.float32)
     if ggml_tensor_type(t) != 0 or not lib.so.ggml_is_contiguous(t) or data.size != lib.so.ggml_nelements(t):
         return False
     lib.so.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
     return True
 
+
+
+# ---- ggml's quantizers --------------------------------------------------------------------------
+
+#: the super-block of ggml's K-quants and of Q8_K (``QK_K``)
+QK_K = 256
+
+#: GGML type ids ``ggml_quantize_chunk`` is asked for here: the K-quants and the type llama.cpp's
+#: quantizer falls back to for Q2_K/Q3_K rows that are not whole super-blocks (ids as in ``ggml.h``)
+_QUANTIZABLE: dict[str, int] = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20}
+
+#: the weight types written and re-quantized through ggml's own quantizer (:func:`ggml_quantize_rows`)
+GGML_QUANTIZED: frozenset[str] = frozenset(_QUANTIZABLE)
+
+
+def ggml_quantize_rows(lib: Library, rows: np.ndarray, type_name: str) -> np.ndarray:
+    """``rows`` (float32 ``[n, n_per_row]``) quantized by ggml's own quantizer, as ``llama-quantize``
+    does without an importance matrix (``ggml_quantize_chunk``: the reference kernels,
+    ``quantize_row_q4_K_ref`` ...): the stored bytes ``[n, row_size]``.
+
+    Raises:
+        BackendInitializationError: (DF002) ``type_name`` is not one quantized here, needs an
+            importance matrix, or the rows are not whole blocks of it (ggml would abort the process).
+    """
+    type_id = _QUANTIZABLE.get(type_name.upper())
+    if type_id is None or lib.so.ggml_quantize_requires_imatrix(type_id):
+        raise BackendInitializationError(f"ggml's quantizer is not used here for {type_name}", backend="llamacpp",
+                                         hint="one of " + ", ".join(_QUANTIZABLE).lower())
+    data = np.ascontiguousarray(rows, dtype=np.float32)
+    if data.ndim != 2 or data.shape[1] % int(lib.so.ggml_blck_size(type_id)):
+        raise BackendInitializationError(
+            f"{type_name} quantizes rows of whole blocks of {int(lib.so.ggml_blck_size(type_id))}, not shape "
+            f"{data.shape}", backend="llamacpp", hint="fall back to another type for such rows, as llama.cpp does")
+    n, per_row = data.shape
+    row_size = int(lib.so.ggml_row_size(type_id, per_row))
+    out = np.empty((n, row_size), np.uint8)
+    written = lib.so.ggml_quantize_chunk(type_id, data.ctypes.data, out.ctypes.data, 0, n, per_row, None)
+    if written != out.nbytes:
+        raise BackendInitializationError(f"ggml_quantize_chunk wrote {written} bytes of {type_name}, "
+                                         f"{out.nbytes} expected", backend="llamacpp")
+    return out
+
+
+#: ``block_q8_K``: float d, int8 qs[256], int16 bsums[16]
+_Q8_K_BLOCK = np.dtype([("d", "<f4"), ("qs", "i1", (QK_K,)), ("bsums", "<i2", (QK_K // 16,))])
+
+
+def ggml_quantize_row_q8_k(lib: Library, values: np.ndarray) -> np.ndarray:
+    """``values`` (float32, a multiple of 256 long) through the CPU backend's own
+    ``quantize_row_q8_K`` (what its K-quant dot products convert activations with), dequantized:
+    ``d * qs`` per block, float32, ``values``' shape."""
+    data = np.ascontiguousarray(values, dtype=np.float32).ravel()
+    if data.size % QK_K:
+        raise ValueError(f"Q8_K quantizes whole blocks of {QK_K} values, not {data.size}")
+    blocks = np.zeros(data.size // QK_K, _Q8_K_BLOCK)
+    lib.so.quantize_row_q8_K(data.ctypes.data, blocks.ctypes.data, data.size)
+    return (blocks["qs"].astype(np.float32) * blocks["d"][:, None]).reshape(np.shape(values))

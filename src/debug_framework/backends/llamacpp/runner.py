@@ -34,6 +34,7 @@ from ...modelio.loader import LoadedModel
 from ..base import BaseBackend, HiddenState, Taps, cpu_name, installed_version
 from ..decode import DecodeRun, runner_decode
 from .binding import PINNED_XLLAMACPP, library
+from .chain import ChainNodes, ReplayChain
 from .graph import LlamaGraph, LlamaSettings, Pass, Rows
 from .precision import LlamaPrecision, llama_precision
 
@@ -144,6 +145,8 @@ class LlamaCppBackend(BaseBackend):
         #: the last layer replay (layer, input digest, capture): an attention-block replay on the
         #: same input is that pass's first half
         self._last_layer: tuple[int, str, Capture] | None = None
+        #: the layer and MLP-block replays, each resumed along one pass (:mod:`.chain`)
+        self._chains: dict[str, ReplayChain] = {}
 
     def availability(self) -> tuple[bool, str]:
         return llamacpp_availability()
@@ -159,6 +162,7 @@ class LlamaCppBackend(BaseBackend):
         path = _gguf_of(model, self.model_file)
         self.gguf = read_gguf(path)  # malformed: DF004 here, before llama.cpp reads it
         self._check_same_model(model)
+        self.release_replays()
         if self.graph is not None:
             self.graph.close()
         self.graph = LlamaGraph(path, self.settings, self.gguf.architecture)
@@ -281,8 +285,7 @@ class LlamaCppBackend(BaseBackend):
     def run_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> Capture:
         """Layer ``i`` on ``hidden_in`` ``[B, T, D]``: its input node replaced by it as llama.cpp computes it."""
         keys = [CheckpointKey("post_attention", i), CheckpointKey("post_mlp", i)]
-        kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(k) for k in keys},
-                                    f"l_out-{i}")
+        kept, rows = self._chained("layer", i, hidden_in, inputs)
         cap = self._capture(kept, rows, keys, kept.seconds)
         self._last_layer = (i, _fingerprint(hidden_in, inputs), cap)
         return cap
@@ -299,9 +302,39 @@ class LlamaCppBackend(BaseBackend):
             cap = last[2]
             return Capture(tensors={key: cap.tensors[key]}, backend=self.name, dtype=self.dtype,
                            elapsed_s=cap.elapsed_s, meta=cap.meta)
-        node = self._input_node(i) if block == "attention" else self._node(CheckpointKey("post_attention", i))
-        kept, rows = self._replayed(inputs, node, hidden_in, {self._node(key)}, self._node(key))
+        if block == "mlp":
+            kept, rows = self._chained("mlp", i, hidden_in, inputs)
+        else:
+            kept, rows = self._replayed(inputs, self._input_node(i), hidden_in, {self._node(key)}, self._node(key))
         return self._capture(kept, rows, [key], kept.seconds)
+
+    def _chained(self, which: str, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> tuple[Pass, Rows]:
+        """Replay ``i`` of the layer (``which`` ``"layer"``) or MLP-block (``"mlp"``) replays, resumed
+        along one pass while they come in order (:mod:`.chain`)."""
+        from ...comparison import float64_array
+
+        graph, model = self._graph(), self._prepared()
+        chain = self._chains.get(which)
+        if chain is None:
+            attn = self._checkpoint_nodes()[1]
+            nodes = ChainNodes(self._input_node, lambda k: (f"{attn}-{k}", f"l_out-{k}")) if which == "layer" \
+                else ChainNodes(lambda k: f"{attn}-{k}", lambda k: (f"l_out-{k}",))
+            arch = self.gguf.architecture if self.gguf is not None else ""
+            chain = self._chains[which] = ReplayChain(ReplayChain.graph_for(graph.path, self.settings, arch, nodes,
+                                                                            model.num_layers))
+        rows = Rows.of(inputs.attention_mask)
+        ids = np.asarray(inputs.input_ids, np.int64)
+        pos = inputs.position_ids()
+        pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape) if pos is None else np.asarray(pos)
+        value = rows.gather(float64_array(hidden_in).astype(np.float32))
+        kept = chain.replay(i, _fingerprint(np.zeros(0), inputs), rows, rows.gather(ids), rows.gather(pos), value)
+        return kept, rows
+
+    def release_replays(self) -> None:
+        """End the replay passes and free their contexts and models (after isolation)."""
+        chains, self._chains = self._chains, {}
+        for chain in chains.values():
+            chain.close()
 
     def run_layer_traced(self, i: int, hidden_in: HiddenState, inputs: ModelInputs) -> list[tuple[str, np.ndarray]]:
         """Layer ``i`` on ``hidden_in`` with its named intermediate values (trace names, in llama.cpp's
