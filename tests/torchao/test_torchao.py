@@ -151,6 +151,20 @@ def test_int8_passes_at_its_quantization_and_fails_at_float32_consistent_with_it
     (entry,) = f32.drilldown  # drilled through its quantized weights (it failed in torchao's dispatch before)
     assert (entry.culprit.op, entry.culprit.module_path) == ("aten.mm.default", "model.layers.0.self_attn.q_proj")
     assert "the error is the quantization's; judge the model at its quantization with --dtype auto" in entry.note
+    html = {s.verdict: _html(tmp_path, s.session_id) for s in (auto, f32)}  # the report's quantized section, both ways
+    for page in html.values():
+        section = page[page.index('<section id="quantized">'):].split("</section>", 1)[0]
+        assert "<td>model.layers.0.self_attn.q_proj</td><td>int8_weight_only</td><td></td><td>Int8Tensor</td>" in section
+        assert section.count("<tr>") == 1 + 22 and 'href="#quantized"' in page
+    assert 'id="quantized-operators">quantized operators: int8_weight_only at 22' in html["failed"]
+
+
+def _html(tmp_path: Path, session_id: str) -> str:
+    from debug_framework.models.validation_report import ValidationReport
+    from debug_framework.reports import render_report
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    return render_report(ValidationReport.from_session(session_id, ValidationEngine(tmp_path / "debug.db").db), "html")
 
 
 @pytest.mark.slow
