@@ -12,13 +12,18 @@ delegate (portable, XNNPACK):
 * Inspector: the model (logits alone) exported again with an ETRecord, run with an ETDump, and
   ``calculate_numeric_gap("MSE")``, on the session's inputs (batch 2) and on their first row alone
   (batch 1): its seconds, how many operators it compared and its largest gap, or the line where it
-  fails.
+  fails;
+* decode (``--decode-steps N``, 0 to skip): the static-cache program (methods ``prefill`` and
+  ``decode``) exported and lowered (seconds), the median of its own ``decode`` call (one token per
+  row: ExecuTorch's runtime alone), the same step in eager PyTorch through its ``DynamicCache`` (the
+  anchor), and a whole session with ``decode_steps: N`` (both exports included), its median wall
+  time per decode step (the three decodes and the judgement) and its verdict.
 
 Each delegate is measured in a child interpreter of its own (a crash in one is reported, the other
 still measured).
 Measures and prints; asserts nothing.
 
-    python benchmarks/bench_executorch.py [--layers 2] [--hidden 32] [--kv-heads 4] [--repeats 20]
+    python benchmarks/bench_executorch.py [--layers 2] [--hidden 32] [--kv-heads 4] [--repeats 20] [--decode-steps 4]
 """
 
 from __future__ import annotations
@@ -69,6 +74,53 @@ class _Logits(torch.nn.Module):
         return self.net(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
+def measure_decode(model_dir: Path, delegate: str, steps: int, work: Path) -> dict[str, object]:
+    """The decode figures for one delegate: the static-cache program's export, its own step, the
+    eager step, and a session decoding ``steps`` tokens."""
+    import numpy as np
+
+    from debug_framework.backends import get_backend
+    from debug_framework.backends.pytorch import build_hf_model
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    model = load_model(model_dir)
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=16, seed=0, pad_lengths=[0, 4],
+                               padding_side="left").with_positions()
+    tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, steps))
+    backend = get_backend("executorch", delegate=delegate, artifact_dir=work / f"{delegate}-decode")
+    backend.prepare(model.fork())
+    for _ in backend.iter_decode(inputs, steps, None, tokens):
+        pass
+    export = next(e for e in backend.exports if str(e["variant"]).startswith("decode"))
+    program_step_s = statistics.median(backend.decode_seconds[1:])
+
+    net = build_hf_model(model.fork(), torch.float32, "cpu")
+    feeds = inputs.torch()
+    eager_steps = []
+    with torch.no_grad():
+        out = net(**feeds, use_cache=True)
+        mask = feeds["attention_mask"]
+        position = feeds.get("position_ids", torch.arange(16).expand(2, 16))[:, -1:]
+        for s in range(steps):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            start = time.perf_counter()
+            out = net(input_ids=torch.from_numpy(tokens[:, s:s + 1]), attention_mask=mask, position_ids=position + s + 1,
+                      past_key_values=out.past_key_values, use_cache=True)
+            eager_steps.append(time.perf_counter() - start)
+
+    engine = ValidationEngine(work / f"{delegate}-decode.db")
+    start = time.perf_counter()
+    sid = engine.create_session(model_dir, {"isolate": False, "decode_steps": steps, "padding_side": "left",
+                                            "pad_lengths": [0, 4], "alternative_options": {"delegate": delegate}},
+                                "auto", "executorch")
+    result = engine.run(sid)
+    session_s = time.perf_counter() - start
+    return {"decode_export_s": export["export_s"] + export["lower_s"], "program_step_s": program_step_s,
+            "eager_step_s": statistics.median(eager_steps), "decode_session_s": session_s,
+            "session_step_s": statistics.median(result.summary()["decode"]["step_wall_s"]),
+            "decode_verdict": result.verdict}
+
+
 def measure(model_dir: Path, delegate: str, repeats: int, work: Path) -> dict[str, object]:
     """The figures for one delegate."""
     from debug_framework.backends import get_backend
@@ -113,7 +165,7 @@ def _in_child(args: argparse.Namespace, delegate: str) -> dict[str, object] | st
     import sys
 
     command = [sys.executable, __file__, "--one", delegate, "--layers", str(args.layers), "--hidden", str(args.hidden),
-               "--kv-heads", str(args.kv_heads), "--repeats", str(args.repeats)]
+               "--kv-heads", str(args.kv_heads), "--repeats", str(args.repeats), "--decode-steps", str(args.decode_steps)]
     done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("ROW:")), None)
     if line is None:
@@ -129,6 +181,7 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=4, help="2: grouped-query attention (4 query heads)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--delegates", default="portable,xnnpack")
+    parser.add_argument("--decode-steps", type=int, default=4, help="0: no decode figures")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one delegate, one JSON row
     args = parser.parse_args()
     if args.one is not None:
@@ -137,7 +190,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-executorch-") as tmp:
             work = Path(tmp)
             model_dir = make_llama(work / "hf", args.layers, args.hidden, args.kv_heads)
-            print("ROW:" + json.dumps(measure(model_dir, args.one, args.repeats, work)))
+            row = measure(model_dir, args.one, args.repeats, work)
+            if args.decode_steps:
+                row.update(measure_decode(model_dir, args.one, args.decode_steps, work))
+            print("ROW:" + json.dumps(row))
         return
     print(f"tiny Llama: {args.layers} layers, hidden {args.hidden}, 4 heads / {args.kv_heads} kv heads; "
           f"inputs 2 x 16 (row 2 padded by 4); {os.cpu_count()} CPUs")
@@ -152,6 +208,10 @@ def main() -> None:
               f"{1e3 * row['eager_s']:>9.3f} {row['session_s']:>10.2f} {row['verdict']:>8} {row['worst_margin']:>13.3f}")
         for batch, line in row["inspector"].items():
             print(f"    {batch}: {line}")
+        if "decode_export_s" in row:
+            print(f"    decode ({args.decode_steps} steps): static-cache program export {row['decode_export_s']:.2f} s, "
+                  f"its step {1e3 * row['program_step_s']:.3f} ms (eager {1e3 * row['eager_step_s']:.3f} ms); session "
+                  f"{row['decode_session_s']:.2f} s, {1e3 * row['session_step_s']:.1f} ms per step, {row['decode_verdict']}")
 
 
 if __name__ == "__main__":

@@ -106,6 +106,18 @@ def test_the_model_program_given_back_reads_its_sidecar(portable_session, one_la
     assert code == 0 and len(result["results"]) == 4 and all(_rows(result).values())
 
 
+def test_a_users_program_is_not_decoded_and_says_what_is(portable_session, one_layer_llama, tmp_path, capsys):
+    """--decode-steps with a user's program: DF002, exit 2, naming what decodes (the model's own export;
+    its decode: test_decode.py)."""
+    _, stored, _ = portable_session
+    program = next(Path(stored["alternative_backend_info"]["versions"]["artifact_dir"]).glob("*-model-*.pte"))
+    code, _ = _validate(one_layer_llama, tmp_path / "d.db", "--alternative-model", str(program), "--no-isolate",
+                        "--decode-steps", "1")
+    err = capsys.readouterr().err
+    assert code == 2 and "[DF002]" in err and f"runs {program.name} as a program of the user's" in err
+    assert "decode steps run on the model's own export" in err
+
+
 def test_the_xnnpack_export_passes_every_checkpoint(one_layer_llama, tmp_path):
     code, result = _validate(one_layer_llama, tmp_path / "d.db", "--alternative-backend", "executorch", "--backend-option",
                              "delegate=xnnpack", "--no-isolate")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -151,6 +149,20 @@ def test_int8_passes_at_its_quantization_and_fails_at_float32_consistent_with_it
     (entry,) = f32.drilldown  # drilled through its quantized weights (it failed in torchao's dispatch before)
     assert (entry.culprit.op, entry.culprit.module_path) == ("aten.mm.default", "model.layers.0.self_attn.q_proj")
     assert "the error is the quantization's; judge the model at its quantization with --dtype auto" in entry.note
+    html = {s.verdict: _html(tmp_path, s.session_id) for s in (auto, f32)}  # the report's quantized section, both ways
+    for page in html.values():
+        section = page[page.index('<section id="quantized">'):].split("</section>", 1)[0]
+        assert "<td>model.layers.0.self_attn.q_proj</td><td>int8_weight_only</td><td></td><td>Int8Tensor</td>" in section
+        assert section.count("<tr>") == 1 + 22 and 'href="#quantized"' in page
+    assert 'id="quantized-operators">quantized operators: int8_weight_only at 22' in html["failed"]
+
+
+def _html(tmp_path: Path, session_id: str) -> str:
+    from debug_framework.models.validation_report import ValidationReport
+    from debug_framework.reports import render_report
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    return render_report(ValidationReport.from_session(session_id, ValidationEngine(tmp_path / "debug.db").db), "html")
 
 
 @pytest.mark.slow
@@ -183,14 +195,37 @@ def test_a_broken_quantized_layer_is_localized_and_drilled_to_its_weight(llama, 
 
 
 @pytest.mark.slow
-def test_the_docs_example_runs_as_written(llama, tmp_path):
-    """docs/torchao.md's doctest-bash block: one int8 module backend through debug_validate, passed at
-    --dtype auto, failed at float32 consistent with int8_weight_only."""
+def test_the_docs_example_runs_as_written(llama, tmp_path, monkeypatch, capsys):
+    """docs/torchao.md's doctest-bash block, in this process (its file written, each ``debug_validate``
+    line run through the CLI's ``run``): one int8 module backend passed at --dtype auto, failed (exit 1,
+    as the block's ``|| test $? -eq 1`` expects) at float32 consistent with int8_weight_only."""
+    import shlex
+
+    from debug_framework.cli.debug_validate import run
+
     text = (ROOT / "docs" / "torchao.md").read_text(encoding="utf-8")
     (block,) = re.findall(r"<!-- doctest-bash -->\s*```bash\n(.*?)```", text, re.S)
-    env = {**os.environ, "MODEL": str(llama), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
-    done = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "PASSED" in done.stdout and "int8_weight_only" in done.stdout
+    files = re.findall(r"cat > (\S+) <<'(\w+)'\n(.*?)\n\2\n", block, re.S)
+    rest = block
+    for name, end, body in files:
+        rest = rest.replace(f"cat > {name} <<'{end}'\n{body}\n{end}\n", "")
+    commands = [line for line in rest.replace("\\\n", " ").splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert [name for name, _, _ in files] == ["ao_backend.py"] and len(commands) == 2
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MODEL", str(llama))
+    monkeypatch.setenv("COLUMNS", "200")
+    for name, _, body in files:
+        (tmp_path / name).write_text(body + "\n", encoding="utf-8")
+    try:
+        out = []
+        for line in commands:
+            command, _, allowed = line.partition("||")
+            argv = shlex.split(os.path.expandvars(command))
+            assert argv[0] == "debug_validate"
+            assert allowed.strip() in ("", "test $? -eq 1"), line  # only an expected exit 1 is allowed
+            expected = 1 if allowed.strip() else 0
+            assert run(argv[1:]) == expected, capsys.readouterr().err[-3000:]
+            out.append(capsys.readouterr().out)
+    finally:
+        unregister_backend("ao_int8")  # the block's --backend-file registered it in this process
+    assert "PASSED" in out[0] and "int8_weight_only" in out[1]

@@ -37,6 +37,7 @@ from ._common import (
 )
 from ._decode import decode_section
 from ._inspector import inspector_section
+from ._quantized import quantized_section
 from ._drilldown import drilldown_culprits, drilldown_section
 from ._html import BASE_CSS, CSP, colorbar_svg, colorize, esc, json_pre, kv_table, line_chart, lines_list, png_data_uri
 from ._sections import (backends_section, change_text, metric_label, num_td, performance_section, section,
@@ -507,6 +508,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
         decode_section(result),
         _isolation(result),
         inspector_section(result),
+        quantized_section(result, session),
         drilldown_section(result.drilldown),
         _heatmap(heat, worst),
         _oracle_noise(result),
@@ -521,7 +523,7 @@ def render_html(report: ReportSource, *, include_tensors: bool = False, store: T
     ]
     nav = "".join(f'<a href="#{sid}">{esc(t)}</a>' for sid, t in (
         ("drilldown", "culprit operator"), ("curves", "error curves"), ("checkpoints", "checkpoints"),
-        ("decode", "decode steps"), ("isolation", "isolation"), ("heatmap", "heatmap"),
+        ("decode", "decode steps"), ("isolation", "isolation"), ("quantized", "quantized modules"), ("heatmap", "heatmap"),
         ("performance", "performance"), ("backends", "backends"), ("environment", "environment"),
         ("reproduce", "reproduce")) if f'id="{sid}"' in "".join(sections))
     generated = report.created_at.isoformat(timespec="seconds") if report.created_at else ""

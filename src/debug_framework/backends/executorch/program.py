@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["PTE_IDENTIFIER", "TensorSpec", "ProgramSignature", "ProgramHeader", "check_program_file", "probe_program",
-           "load_program", "runtime", "LoadedProgram", "SCALAR_TYPES"]
+           "load_program", "runtime", "LoadedProgram", "LoadedMethods", "SCALAR_TYPES"]
 
 #: The flatbuffer file identifier of the program format this ExecuTorch reads (bytes 4-8).
 PTE_IDENTIFIER = b"ET12"
@@ -226,6 +226,27 @@ class LoadedProgram:
         debug = path.with_suffix(".debug.bin")
         self._module.write_etdump_result_to_file(str(path), str(debug))
         return path
+
+
+class LoadedMethods:
+    """A program of several methods sharing its mutable state (a static KV cache exported with
+    ``share_mutable_buffers``: :func:`~.lowering.lower_methods_to_file`), loaded in this process
+    through ``executorch.runtime``, whose methods of one program share one set of host arenas (the
+    pybindings' ``Module`` plans each method's memory apart, so one method would not see another's
+    writes). :meth:`run` calls one method by name.
+    """
+
+    def __init__(self, path: Path) -> None:
+        runtime()  # torch first: the runtime links its libraries
+        from executorch.runtime import Runtime
+
+        self.path = path
+        self._program = Runtime.get().load_program(str(path))
+        self.methods = tuple(sorted(self._program.method_names))
+
+    def run(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The outputs of ``method`` for ``inputs`` (contiguous tensors, in the method's input order)."""
+        return list(self._program.load_method(method).execute([t.contiguous() for t in inputs]))
 
 
 def load_program(path: Path, *, etdump: bool = False, debug_buffer_size: int = 0) -> LoadedProgram:

@@ -21,7 +21,12 @@ the session); its inputs are fed positionally and its outputs read as logits, lo
 states, or as a sidecar names them (:mod:`.outputs`). Its layers cannot be replayed alone (the
 program is one method): a broken layer is localized where the program exposes its output.
 
-No KV-cache decode: a program runs the one forward it was exported for.
+**Decode** (``--decode-steps N``, the model's own export): the model exported again with a static KV
+cache held in the program (:mod:`.static_cache`): one program, methods ``prefill`` and ``decode``
+sharing the cache, sized for the session's rows and ``N`` steps (exported once per shape and number
+of steps), every checkpoint and each layer's cache its outputs; teacher-forced by the decode stage.
+A user's program is not decoded (what its inputs and cache are is not known): the decode stage's
+DF002 says so.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,14 +43,16 @@ from ...errors import BackendInitializationError
 from ...modelio.inputs import ModelInputs
 from ...modelio.loader import LoadedModel
 from .._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
+from ..decode import DecodePass, DecodeRun, collect_run, iter_runner_decode
 from ..artifacts import run_directory
 from ..base import BaseBackend, HiddenState, Taps, attention_block_of_layer, cpu_name, installed_version
-from .lowering import check_delegate, lower_to_file
+from .lowering import check_delegate, lower_methods_to_file, lower_to_file
 from .outputs import OutputMap, output_map, program_feeds, read_sidecar, sidecar_json, sidecar_path
 from .inspector import InspectorEvidence
-from .program import LoadedProgram, ProgramHeader, ProgramSignature, check_program_file, load_program, probe_program
+from .program import LoadedMethods, LoadedProgram, ProgramHeader, ProgramSignature, check_program_file, load_program, probe_program
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ...jsonio import JsonObject
@@ -112,6 +120,10 @@ class ExecuTorchBackend(BaseBackend):
         self._sink: list[torch.Tensor] = []
         #: (variant, input shapes) -> the loaded program and the checkpoints its outputs are
         self._programs: dict[tuple[object, ...], tuple[LoadedProgram, list[CheckpointKey]]] = {}
+        #: (batch, length, steps) -> the static-cache program of a decode (:mod:`.static_cache`)
+        self._decoders: dict[tuple[int, int, int], LoadedMethods] = {}
+        #: the program's own seconds per call of the last decode (the prefill first, then each step)
+        self.decode_seconds: list[float] = []
         #: one entry per program exported: its variant, shape, file and seconds
         self.exports: list[JsonObject] = []
 
@@ -176,6 +188,7 @@ class ExecuTorchBackend(BaseBackend):
                                              hint="leave --device at cpu")
         self._check_prepare(model, dtype, "cpu")
         self._programs.clear()
+        self._decoders.clear()
         self.exports.clear()
         if self.model_file is not None:
             self._prepare_file(model)
@@ -251,6 +264,7 @@ class ExecuTorchBackend(BaseBackend):
     def close(self) -> None:
         """Drop the programs and remove the temporary artifact directory if this backend made one."""
         self._programs.clear()
+        self._decoders.clear()
         self._program = None
         self.model = None
         if self._temporary is not None:
@@ -315,8 +329,74 @@ class ExecuTorchBackend(BaseBackend):
                        layer_inputs=layer_inputs_from(got, model.num_layers) if capture_layer_inputs else {})
 
     def can_decode(self) -> tuple[bool, str]:
-        return False, ("runs the one forward pass its program was exported for (no KV cache in the program: "
-                       "decode steps are not run)")
+        """The model's own export decodes through a static cache in its program (:mod:`.static_cache`);
+        a user's program does not."""
+        if self.model_file is not None:
+            return False, (f"runs {self.model_file.name} as a program of the user's, whose inputs and KV cache it cannot "
+                           "know: decode steps run on the model's own export (--alternative-backend executorch "
+                           "without --alternative-model), exported with a static KV cache")
+        from .static_cache import static_cache_support
+
+        return static_cache_support(self._prepared(), self.net)
+
+    def run_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None) -> DecodeRun:
+        """The prefill and ``steps`` decode steps through the program's own static cache, every pass kept."""
+        return collect_run(self.iter_decode(inputs, steps, taps, tokens), steps)
+
+    def iter_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None,
+                    prefill_taps: Taps = None) -> Iterator[DecodePass]:
+        """:meth:`run_decode` pass by pass: the static-cache program (exported on first use for the
+        inputs' shape and ``steps``) run as method ``prefill`` on the session's rows, then as
+        ``decode`` once per step, each pass's checkpoints and the cache it wrote read from its outputs.
+
+        Raises:
+            BackendInitializationError: (DF002) a user's program, or a model whose cache is not static.
+        """
+        from .static_cache import ProgramDecoder
+
+        ok, why = self.can_decode()
+        if not ok:
+            raise BackendInitializationError(f"cannot decode: {why}", backend=self.name)
+        keys = self._keys(taps)
+        first = keys if prefill_taps is None else self._keys(prefill_taps)
+        self._check_inputs(inputs)
+        wanted = set(keys) | set(first)
+        decoder = ProgramDecoder(self._decode_program(inputs, steps), self._wrapper.keys, self._prepared().num_layers,
+                                 steps)
+        self.decode_seconds = decoder.seconds
+
+        def wrap(tensors: dict[CheckpointKey, torch.Tensor], seconds: float) -> Capture:
+            return Capture(tensors={k: v for k, v in tensors.items() if k in wanted}, backend=self.name,
+                           dtype=self.dtype, elapsed_s=seconds)
+
+        return iter_runner_decode(self.name, decoder, inputs, steps, keys, tokens, wrap, first)
+
+    def _decode_program(self, inputs: ModelInputs, steps: int) -> LoadedMethods:
+        """The static-cache program for ``inputs``' shape and ``steps``, exported, lowered and loaded on first use."""
+        from .static_cache import StaticCacheSteps, decode_feeds
+
+        batch, length = (int(d) for d in inputs.input_ids.shape)
+        if (batch, length, steps) in self._decoders:
+            return self._decoders[(batch, length, steps)]
+        import torch
+
+        model = self._prepared()
+        module = StaticCacheSteps(self._wrapper, self._sink, batch, length + steps)
+        prefill = decode_feeds(inputs, steps)
+        step = (prefill[0][:, :1].contiguous(), prefill[1], prefill[2][:, :1].contiguous(),
+                torch.tensor([length], dtype=torch.long))
+        path = (self._artifact_dir() /
+                f"{model.architecture}-{model.digest[:12]}-{self.delegate}-decode{steps}-{batch}x{length}.pte")
+        try:
+            lowered = lower_methods_to_file({"prefill": (module, prefill), "decode": (module, step)}, path,
+                                            self.delegate, self.name)
+        finally:
+            self._sink.clear()  # the export traced the checkpoint hooks
+        program = LoadedMethods(path)
+        self._decoders[(batch, length, steps)] = program
+        self.exports.append({"variant": f"decode{steps}", "shape": [[batch, length]], "program": str(path),
+                             "export_s": round(lowered.export_s, 4), "lower_s": round(lowered.lower_s, 4)})
+        return program
 
     def can_run_layer(self) -> tuple[bool, str]:
         """A layer of the model's own export is exported alone; a user's program is one method."""
