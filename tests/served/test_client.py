@@ -197,3 +197,15 @@ def test_topk_metrics_see_a_shift_and_a_flip():
     flipped[2, int(np.argsort(-ref[2])[1])] += 100.0  # the second token of position 2 wins
     flips = topk_token_metrics(ref, *top_of(flipped, 5), [(0, i) for i in range(6)]).flips
     assert [f.index for f in flips] == [(0, 2)] and flips[0].reference_token == int(np.argmax(ref[2]))
+
+
+def test_a_served_row_is_its_own_sequence_so_the_reference_counts_its_windows_in_tokens():
+    """Each row goes to the server as a request of its own: the engine declares ``window_counts:
+    tokens`` and a reference prepared beside it follows (a right-padded Gemma row's decode steps)."""
+    from debug_framework.backends.capabilities import capabilities, count_windows_as
+    from debug_framework.backends.openai_server.backend import ServedBackend
+    from debug_framework.backends.python_reference import PythonReferenceBackend
+
+    served = ServedBackend("http://127.0.0.1:9/v1")
+    assert capabilities(served).window_counts == "tokens"
+    assert count_windows_as(PythonReferenceBackend(), served) == "tokens"

@@ -54,6 +54,9 @@ class ServedBackend(BaseBackend):
     supported_dtypes = FLOAT_DTYPES
     default_dtype = "float32"
     runs_onnx_files = False
+    #: each row is sent as a request of its own, its real tokens only: a server's sliding windows
+    #: count those (``backends.capabilities.WINDOW_COUNTS``), so the reference counts them too
+    window_counts = "tokens"
 
     def __init__(self, url: str | None = None, timeout: float = 600.0, concurrency: int = 4, top_k: int = DEFAULT_TOP_K,
                  protocol: str = "auto", read_timeout: float = 60.0, connect_timeout: float = 5.0,
@@ -93,7 +96,7 @@ class ServedBackend(BaseBackend):
         """What a served model can do: compute at the named dtype remotely, nothing else here."""
         return Capabilities(name=self.name, dtypes=self.supported_dtypes, default_dtype=self.default_dtype,
                             weights_memory="resident", decode=Support(False, NO_HIDDEN_STATES),
-                            prepared=self.model is not None, device="remote")
+                            window_counts=self.window_counts, prepared=self.model is not None, device="remote")
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str = "cpu") -> None:
         """Connect: the server's kind and model from its ``/models`` (and TGI's ``/info``; EndpointError
