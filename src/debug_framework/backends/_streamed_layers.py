@@ -275,6 +275,8 @@ _NARROWER = {torch.float64: (torch.float32, torch.float16, torch.bfloat16), torc
 _SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.nn.functional.log_softmax,
             torch.log_softmax, torch.Tensor.log_softmax)
 _CASTS = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16)
+#: every function :class:`NoNarrowing` may change (any other passes straight through, looked up once)
+_WATCHED = frozenset((*_SOFTMAX, *_CASTS, torch.Tensor.to))
 
 
 class NoNarrowing(TorchFunctionMode):
@@ -296,6 +298,8 @@ class NoNarrowing(TorchFunctionMode):
         return isinstance(tensor, torch.Tensor) and tensor.dtype is self.dtype
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func not in _WATCHED:  # the hot path: hundreds of calls a decode step, none of them a cast
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if not args or not self._ours(args[0]):
             return func(*args, **kwargs)
