@@ -37,6 +37,10 @@ LOGITS = CheckpointKey("post_processing")
 _FLIPS_SHOWN = 8
 
 
+#: one layer's K or V as a step compares it: layer, part, reference, alternative, mask, what was compared
+_KVPlan = tuple[int, str, CapturedTensor, CapturedTensor, np.ndarray | None, str]
+
+
 class _CacheTrail:
     """The reference's cache as the passes go: per layer the last whole cache kept and the new
     entries (each pass's own position) since; :meth:`whole` joins them."""
@@ -92,9 +96,20 @@ class DecodeWalk:
         else:
             self._seconds["reference"].append(r.capture.elapsed_s)
             self._seconds["alternative"].append(a.capture.elapsed_s)
-        failed = self._checkpoints(s, r.capture, a.capture) if s else False
-        failed = self._tokens(s, r.capture, a.capture) and s > 0 or failed
-        self._kv(s, r, a)
+        plan = self.ctx.plan
+        keys = [k for k in plan.keys if k in r.capture and k in a.capture] if s else []
+        kv = self._kv_plans(s, r, a)
+        batched = [i for i, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
+        # every comparison of a passing step in one vectorised pass: the checkpoints and the new K/V entries
+        pairs = [Pair(r.capture[k], a.capture[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
+            [Pair(kv[i][2], kv[i][3], None, "") for i in batched]
+        results = compare_many(pairs)
+        scales = rms_many([p.reference for p in pairs])
+        n = len(keys)
+        failed = self._checkpoints(s, r.capture, a.capture, dict(zip(keys, results)), dict(zip(keys, scales))) if s else False
+        failed = self._tokens(s, r.capture, a.capture, scales[keys.index(LOGITS)] if LOGITS in keys else None) \
+            and s > 0 or failed
+        self._kv(s, kv, dict(zip(batched, results[n:])), dict(zip(batched, scales[n:])))
         if failed and self.first_failed is None:
             self.first_failed = s
             self.carry.diverged(s)
@@ -129,12 +144,13 @@ class DecodeWalk:
         return DecodeRun(captures, np.zeros((r.mask.shape[0], 0), np.int64), kv, [], spans)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def _checkpoints(self, s: int, r: Capture, a: Capture) -> bool:
+    def _checkpoints(self, s: int, r: Capture, a: Capture, errors: dict[CheckpointKey, ComparisonResult],
+                     scales: dict[CheckpointKey, float]) -> bool:
+        """Judge decode step ``s``'s checkpoints (``errors`` and the reference's ``scales`` measured
+        by :meth:`step`); True where one fails."""
         ctx, plan = self.ctx, self.ctx.plan
-        keys = [k for k in plan.keys if k in r and k in a]
+        keys = list(errors)
         sampled = noise_sampled(s, self.steps)
-        errors = dict(zip(keys, compare_many([Pair(r[k], a[k], plan.tolerance(k), f"{k}@{s}") for k in keys])))
-        scales = dict(zip(keys, rms_many([r[k] for k in keys])))
         measured: dict[CheckpointKey, ComparisonResult] = {}
         c = self._cal_capture(s, "sampled") if sampled else None
         if c is not None:
@@ -175,7 +191,7 @@ class DecodeWalk:
         return judged[-1][1] if judged and judged[-1][0] is ev.noise else None
 
     # -- next-token distributions ------------------------------------------------------------------
-    def _tokens(self, s: int, r: Capture, a: Capture) -> bool:
+    def _tokens(self, s: int, r: Capture, a: Capture, scale: float | None = None) -> bool:
         """The pass's next-token metrics row and evidence (nothing where the logits are not a
         checkpoint); True where the token judgement fails. The calibration's metrics are measured
         where its noise is (:func:`noise_sampled`) and carried between as :class:`NoiseCarry`
@@ -186,7 +202,8 @@ class DecodeWalk:
             return False  # a missing or misshapen tensor already fails the checkpoint itself
         mask = position_mask(self._mask0) if s == 0 and self._mask0 is not None else None
         metrics = next_token_metrics(r[LOGITS], a[LOGITS], positions=mask)
-        scale = reference_scale(select_positions(r[LOGITS], mask))
+        if scale is None or mask is not None:
+            scale = reference_scale(select_positions(r[LOGITS], mask))
 
         def measure(why: str) -> tuple[TokenMetrics | None, float]:
             c = self._cal_capture(s, why)
@@ -223,21 +240,23 @@ class DecodeWalk:
         return calm is not None and bool(metrics.positions) and not judge_tokens(ev, ctx.plan).passed
 
     # -- the KV cache --------------------------------------------------------------------------------
-    def _kv(self, s: int, r: DecodePass, a: DecodePass) -> None:
-        """Each layer's K and V after the pass, the alternative's against the reference's beside the
-        calibration's (:func:`held_by_both`; its noise carried as a checkpoint's): a step's new
-        entries in one vectorised pass, a whole cache (the prefill, an audit, a rewrite) with
-        ``compare``; each row's ``compared`` says which."""
-        ctx = self.ctx
-        layers = sorted(set(r.kv) & set(a.kv))
-        plans: list[tuple[int, str, CapturedTensor, CapturedTensor, np.ndarray | None, str]] = []
-        for layer in layers:
+    def _kv_plans(self, s: int, r: DecodePass, a: DecodePass) -> list[_KVPlan]:
+        """What step ``s`` compares of each layer's K and V: ``(layer, part, reference, alternative,
+        mask, compared)``, the trailing positions both sides hold (:func:`held_by_both`)."""
+        plans: list[_KVPlan] = []
+        for layer in sorted(set(r.kv) & set(a.kv)):
             for j, part in enumerate(("k", "v")):
                 ref, alt, m = held_by_both(r.kv[layer][j], a.kv[layer][j], _trailing(r.mask, r.kv[layer][j]))
                 plans.append((layer, part, ref, alt, m, _compared(s, ref, r, a, layer)))
-        batched = [i for i, p in enumerate(plans) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
-        errors = dict(zip(batched, compare_many([Pair(plans[i][2], plans[i][3], None, "") for i in batched])))
-        scales = dict(zip(batched, rms_many([plans[i][2] for i in batched])))
+        return plans
+
+    def _kv(self, s: int, plans: list[_KVPlan], errors: dict[int, ComparisonResult], scales: dict[int, float]) -> None:
+        """Each layer's K and V after the pass, the alternative's against the reference's beside the
+        calibration's (:func:`held_by_both`; its noise carried as a checkpoint's): a step's new
+        entries measured in :meth:`step`'s vectorised pass (``errors``, ``scales`` by plan), a whole
+        cache (the prefill, an audit, a rewrite) with ``compare``; each row's ``compared`` says which."""
+        ctx = self.ctx
+        layers = sorted({p[0] for p in plans})
         rows: dict[int, JsonObject] = {}
         sampled = noise_sampled(s, self.steps)
         for i, (layer, part, ref, alt, m, compared) in enumerate(plans):
