@@ -101,6 +101,12 @@ def test_an_error_of_the_computation_itself_is_not_blamed_on_the_cache(tiny_mode
     assert decode["steps_run"] == 9 and not decode["stopped_at_first_divergence"]
     equal = result.decoded.prefill_equivalence
     assert (equal.step, equal.finding) == (FROM, "accumulation") and equal.prefill_error > equal.bound
+    # the calibration decodes nothing: one prefill of the prompt and the tokens fed so far where its noise is
+    # measured (the prompt, powers of two, the last); after the first divergence a step failing by the carried
+    # bound is judged by it (5, 6, 7) instead of running a prefill of its own at every step
+    noise = decode["calibration_noise"]
+    assert [(p["step"], p["tokens"]) for p in noise["prefills"]] == [(s, PROMPT + s) for s in (0, 1, 2, 4, 8, 9)]
+    assert noise["first_divergence"] == FROM and noise["carried_failing"] > 0
 
 
 def test_the_cli_stops_at_the_first_divergence(tiny_models, engines, tmp_path, capsys):
