@@ -2,10 +2,11 @@
 backend's own KV cache, every step's checkpoints compared (docs/validation.md, "Decode steps").
 
 Both sides see the same sequence (teacher forcing): the tokens are ``decode_tokens`` where given,
-else the reference's greedy choice. The calibration backend decodes the same tokens at the
-alternative's precision, so each step's checkpoints are judged by the same calibrated rule as the
-prefill's. The three decodes are streamed side by side (``iter_decode``): each step is judged as
-soon as the three have produced it (:class:`~.decode_walk.DecodeWalk`) and its tensors dropped, so
+else the reference's greedy choice. The calibration backend computes the same tokens at the
+alternative's precision, as one prefill at the steps where its noise is measured
+(:mod:`.decode_calibration`), so each step's checkpoints are judged by the same calibrated rule as the
+prefill's. The two decodes are streamed side by side (``iter_decode``): each step is judged as
+soon as both have produced it (:class:`~.decode_walk.DecodeWalk`) and its tensors dropped, so
 memory does not grow with the tensors of the steps taken; with ``stop_at_first_divergence`` the
 decode stops at the first step that fails. The prefill's rows then carry ``step`` 0 and decode step
 ``s``'s rows ``step`` s; the KV cache after each pass is compared per layer (K and V, padded
@@ -87,9 +88,9 @@ def check_decode_plan(config: SessionConfig, inputs: ModelInputs, model: LoadedM
 
 
 class DecodeStage(Stage):
-    """Prefill and ``decode_steps`` decode steps in the reference, the alternative and the
-    calibration, streamed side by side; each step's checkpoints measured and judged as it is
-    produced (:class:`~.decode_walk.DecodeWalk`)."""
+    """Prefill and ``decode_steps`` decode steps in the reference and the alternative, streamed side
+    by side (the calibration's prefills where its noise is measured); each step's checkpoints
+    measured and judged as it is produced (:class:`~.decode_walk.DecodeWalk`)."""
 
     name = "decode"
     timing_key = "decode_s"
@@ -124,8 +125,9 @@ class DecodeStage(Stage):
         walk = DecodeWalk(ctx, steps, calibration)
         stop = plan.config.stop_at_first_divergence
         walls: list[float] = []  # each decode step's wall time: its passes and its judgement
+        cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
         try:  # one watchdog of the session's time limit over the whole loop, not one thread per pass
-            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, walls))
+            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus)))
         finally:
             for _, stream, _ in sides:
                 close = getattr(stream, "close", None)
@@ -138,6 +140,7 @@ class DecodeStage(Stage):
                       "token_metrics": walk.token_rows,
                       "seconds_per_step": walk.seconds_per_step(),
                       "step_wall_s": walls,
+                      "step_cpu_s": cpus,
                       "steps_run": done,
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}
@@ -153,14 +156,14 @@ class DecodeStage(Stage):
             ctx.decode_inputs = step_inputs(ctx, kept, tokens)
 
     def _steps(self, ctx: RunContext, sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]], walk: DecodeWalk,
-               tokens: np.ndarray, greedy: bool, stop: bool, walls: list[float]) -> int:
+               tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]]) -> int:
         """The prefill and the decode steps, each step's passes taken from ``sides`` (the reference's
         first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
-        step's wall time appended to ``walls``; the last step run."""
+        step's wall and CPU time appended to ``times``; the last step run."""
         done = 0
         steps = walk.steps
         for s in range(steps + 1):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
             if greedy and s:
                 tokens[:, s - 1] = passes[0].token
@@ -170,7 +173,8 @@ class DecodeStage(Stage):
             failed = walk.step(passes[0], passes[1])
             done = s
             if s:
-                walls.append(round(time.perf_counter() - started, 6))
+                times[0].append(round(time.perf_counter() - started, 6))
+                times[1].append(round(time.process_time() - cpu, 6))
             ctx.layers_done(s, steps)  # the progress bar by step
             if failed and stop:
                 break

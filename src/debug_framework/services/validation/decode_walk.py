@@ -1,9 +1,10 @@
 """Each decode pass judged as it is produced (docs/validation.md, "Decode steps").
 
-:class:`DecodeWalk` takes the reference's, the alternative's and the calibration's pass of one step
-(:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint in one
-vectorised pass, :func:`.decode_batch.compare_many`; the KV cache's new entries, or the whole
-cache on an audited step; the next-token distributions) into the evidence, judges the step, and
+:class:`DecodeWalk` takes the reference's and the alternative's pass of one step
+(:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint and the KV
+cache's new entries in one vectorised pass, :func:`.decode_batch.compare_many`; the whole cache on
+an audited step; the next-token distributions) beside the calibration's noise (measured by its
+prefill at the step or carried, :mod:`.decode_calibration`) into the evidence, judges the step, and
 drops the tensors: what a step leaves behind is its comparisons (numbers), so memory does not grow
 with the tensors of the steps taken. It keeps only what a failure needs: the reference's pass at
 the first divergent step and its cache before that step (for the replays and the drill-down), and
