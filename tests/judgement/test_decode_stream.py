@@ -222,3 +222,27 @@ def test_an_engine_that_decodes_only_whole_still_validates(tiny_models, engine):
     assert result.passed, result.first_divergence
     assert result.summary()["decode"]["tokens"] == streamed.summary()["decode"]["tokens"]  # the reference's greedy
     assert result.summary()["decode"]["steps_run"] == 3
+
+
+def test_the_decode_loop_is_bounded_by_one_watchdog_which_still_stops_a_backend_at_the_limit():
+    """The decode stage runs its loop of passes under one ``bounded`` call: a backend call made within
+    it starts no watchdog thread of its own, and one that hangs is still stopped at the time limit."""
+    import threading
+    import time
+
+    from debug_framework.errors import ResourceExhaustedError
+    from debug_framework.services.validation.deadline import bounded, session_deadline
+
+    def hang() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            time.sleep(0.005)
+
+    with session_deadline(0.5, "s"):
+        outside = bounded(threading.active_count)  # a call alone: its watchdog thread is running
+        inside = bounded(lambda: bounded(threading.active_count))  # within one: the outer's only
+        assert inside == outside
+        start = time.monotonic()
+        with pytest.raises(ResourceExhaustedError, match="max_session_duration"):
+            bounded(lambda: bounded(hang))
+        assert time.monotonic() - start < 5
