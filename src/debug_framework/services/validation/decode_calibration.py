@@ -34,6 +34,7 @@ from ...backends.decode import DecodePass, decode_passes
 from ...capture.keys import Capture, CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult
 from ...jsonio import JsonObject
+from ...modelio.inputs import ModelInputs
 from .context import RunContext, call_backend, own
 from .decode_equivalence import replayed_as_prefill
 
@@ -55,6 +56,39 @@ def _last_position(t: CapturedTensor) -> CapturedTensor:
     last = t[:, -1:]
     clone = getattr(last, "clone", None)
     return clone() if callable(clone) else np.array(last)
+
+
+def _row(inputs: ModelInputs, b: int) -> ModelInputs:
+    """Row ``b`` of ``inputs`` as inputs of one row (every per-row array cut alike)."""
+    batch = inputs.shape[0]
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[b:b + 1] if getattr(x, "ndim", 0) and x.shape[0] == batch else x
+    return ModelInputs(inputs.input_ids[b:b + 1], inputs.attention_mask[b:b + 1],
+                       None if inputs.token_type_ids is None else inputs.token_type_ids[b:b + 1],
+                       meta=dict(inputs.meta), extra={k: cut(v) for k, v in inputs.extra.items()})
+
+
+def _concat_rows(parts: list[CapturedTensor]) -> CapturedTensor:
+    """Tensors ``[1, ...]`` joined along the batch (torch or NumPy)."""
+    if len(parts) == 1:
+        return parts[0]
+    if hasattr(parts[0], "detach"):
+        import torch
+
+        return torch.cat(list(parts), dim=0)  # type: ignore[arg-type]
+    return np.concatenate([np.asarray(p) for p in parts], axis=0)
+
+
+def _join_rows(rows: list[DecodePass], step: int) -> DecodePass:
+    """One pass of the whole batch from one pass per row (what every row has)."""
+    keys = [k for k in rows[0].capture.tensors if all(k in r.capture.tensors for r in rows)]
+    layers = [i for i in rows[0].kv if all(i in r.kv for r in rows)]
+    first = rows[0].capture
+    capture = Capture(tensors={k: _concat_rows([r.capture.tensors[k] for r in rows]) for k in keys},
+                      backend=first.backend, dtype=first.dtype, elapsed_s=sum(r.capture.elapsed_s for r in rows))
+    kv = {i: (_concat_rows([r.kv[i][0] for r in rows]), _concat_rows([r.kv[i][1] for r in rows])) for i in layers}
+    return DecodePass(step, capture, kv, dict(rows[0].span), np.concatenate([r.mask for r in rows], axis=0))
 
 
 class CalibrationPrefill:
@@ -80,28 +114,37 @@ class CalibrationPrefill:
         return self._held is not None and self._held[0] == step
 
     def at(self, step: int, why: str = "sampled") -> DecodePass | None:
-        """The calibration's pass at decode ``step`` (0: the prompt's prefill), run once per step."""
+        """The calibration's pass at decode ``step`` (0: the prompt's prefill), run once per step, a
+        row at a time (a prefill's attention scores grow with the square of its length: one row's
+        at a time halves the peak of a batch of two) and joined along the batch."""
         if self._held is not None and self._held[0] == step:
             return self._held[1]
         self._held = None  # the last step's tensors are not kept beside this one's
         longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
+        start = time.perf_counter()
+        rows = [self._prefill(_row(longer, b), step) for b in range(longer.shape[0])]
+        got = None if any(r is None for r in rows) else _join_rows(rows, step)  # type: ignore[arg-type]
+        self.runs.append((step, int(longer.shape[1]), time.perf_counter() - start, why))
+        self._held = (step, got)
+        return got
+
+    def _prefill(self, inputs: ModelInputs, step: int) -> DecodePass | None:
+        """One prefill of ``inputs`` by the backend (its decode of no steps), its checkpoints cut to
+        the last position after a decode step."""
         taps = self.taps if step else self.prompt_taps
         what = f"the prefill of the prompt and {step} decoded token(s) (the calibration at decode step {step})"
-        start = time.perf_counter()
-        stream = call_backend(self.backend, what, lambda: decode_passes(self.backend, own(longer), 0, taps, None, taps))
+        stream = call_backend(self.backend, what, lambda: decode_passes(self.backend, own(inputs), 0, taps, None, taps))
         try:
             got = call_backend(self.backend, what, lambda: next(stream, None))
         finally:
             close = getattr(stream, "close", None)
             if callable(close):
                 close()
-        if got is not None and step:
-            got = DecodePass(step, Capture(tensors={k: _last_position(v) for k, v in got.capture.tensors.items()},
-                                           backend=got.capture.backend, dtype=got.capture.dtype,
-                                           elapsed_s=got.capture.elapsed_s), got.kv, got.span, got.mask)
-        self.runs.append((step, int(longer.shape[1]), time.perf_counter() - start, why))
-        self._held = (step, got)
-        return got
+        if got is None or not step:
+            return got
+        return DecodePass(step, Capture(tensors={k: _last_position(v) for k, v in got.capture.tensors.items()},
+                                        backend=got.capture.backend, dtype=got.capture.dtype,
+                                        elapsed_s=got.capture.elapsed_s), got.kv, got.span, got.mask)
 
     def capture_at(self, step: int, why: str = "sampled") -> Capture | None:
         """The checkpoints of :meth:`at`."""
