@@ -246,3 +246,33 @@ def test_the_decode_loop_is_bounded_by_one_watchdog_which_still_stops_a_backend_
         with pytest.raises(ResourceExhaustedError, match="max_session_duration"):
             bounded(lambda: bounded(hang))
         assert time.monotonic() - start < 5
+
+
+def test_the_calibrations_prefill_a_row_at_a_time_is_the_batchs(tiny_models, monkeypatch):
+    """A long prefill runs a row at a time and is joined along the batch: the same checkpoints (the
+    last position) and KV cache as the batch's prefill at once, padded row included."""
+    from types import SimpleNamespace
+
+    from debug_framework.services.validation import decode_calibration
+    from debug_framework.services.validation.decode_calibration import CalibrationPrefill
+
+    model = load_model(str(tiny_models("llama", 0)))
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=PROMPT, seed=0, pad_lengths=[0, 2])
+    backend = get_backend("float64_eager")
+    backend.prepare(model, "float64", "cpu")
+    keys = [CheckpointKey("post_mlp", i) for i in range(model.num_layers)] + [CheckpointKey("post_processing")]
+    tokens = np.array([[3, 5, 7], [2, 4, 6]])
+    ctx = SimpleNamespace(inputs=inputs)  # what the prefill reads of its run context
+    whole = CalibrationPrefill(ctx, backend, keys, keys[-1:], tokens).at(3)
+    monkeypatch.setattr(decode_calibration, "ROWS_APART_FROM", 0)
+    rows = CalibrationPrefill(ctx, backend, keys, keys[-1:], tokens).at(3)
+    assert set(rows.capture.tensors) == set(keys) and set(rows.kv) == set(whole.kv)
+    for key in keys:
+        assert tuple(rows.capture[key].shape[:2]) == (2, 1)
+        torch.testing.assert_close(rows.capture[key], whole.capture[key], rtol=1e-12, atol=1e-12)
+    mask = torch.from_numpy(whole.mask[:, :, None, None] != 0)  # padded positions hold anything
+    for layer, (k, v) in whole.kv.items():
+        assert tuple(rows.kv[layer][0].shape) == tuple(k.shape) and k.shape[1] == PROMPT + 3
+        torch.testing.assert_close(rows.kv[layer][0] * mask, k * mask, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(rows.kv[layer][1] * mask, v * mask, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(rows.mask, whole.mask)

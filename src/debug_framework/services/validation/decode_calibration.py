@@ -43,6 +43,9 @@ __all__ = ["CalibrationPrefill", "NoiseCarry", "NOISE_EVERY", "noise_sampled"]
 #: besides the powers of two, the calibration's noise is measured at every this many decode steps
 #: (and the last); the steps between carry the last measured
 NOISE_EVERY = 256
+#: a prefill longer than this many tokens runs a row at a time (its attention scores grow with the
+#: square of its length); a shorter one runs the batch at once (one pass: less overhead)
+ROWS_APART_FROM = 256
 
 
 def noise_sampled(step: int, steps: int) -> bool:
@@ -114,15 +117,18 @@ class CalibrationPrefill:
         return self._held is not None and self._held[0] == step
 
     def at(self, step: int, why: str = "sampled") -> DecodePass | None:
-        """The calibration's pass at decode ``step`` (0: the prompt's prefill), run once per step, a
-        row at a time (a prefill's attention scores grow with the square of its length: one row's
-        at a time halves the peak of a batch of two) and joined along the batch."""
+        """The calibration's pass at decode ``step`` (0: the prompt's prefill), run once per step;
+        longer than :data:`ROWS_APART_FROM` tokens a row at a time (a prefill's attention scores grow
+        with the square of its length: one row's at a time halves the peak of a batch of two),
+        joined along the batch."""
         if self._held is not None and self._held[0] == step:
             return self._held[1]
         self._held = None  # the last step's tensors are not kept beside this one's
         longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
         start = time.perf_counter()
-        rows = [self._prefill(_row(longer, b), step) for b in range(longer.shape[0])]
+        apart = longer.shape[1] > ROWS_APART_FROM
+        rows = [self._prefill(_row(longer, b), step) for b in range(longer.shape[0])] if apart else \
+            [self._prefill(longer, step)]
         got = None if any(r is None for r in rows) else _join_rows(rows, step)  # type: ignore[arg-type]
         self.runs.append((step, int(longer.shape[1]), time.perf_counter() - start, why))
         self._held = (step, got)
