@@ -140,6 +140,9 @@ class LayerStreamer:
         self._held_units: set[int] = set()
         self._held_bytes = 0
         self._hold_budget = 0
+        #: set while every parameter is already at the compute dtype (a decode's whole conversion in
+        #: place): the hooks then convert nothing and return at once
+        self.paused = False
         for index, unit in enumerate(units):
             for mod in net.get_submodule(unit).modules():
                 self._unit_of.setdefault(id(mod), index)
@@ -147,7 +150,7 @@ class LayerStreamer:
                 mod.register_forward_hook(self._leave, always_call=True)
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        if self._converting or module.__dict__.get("forward") is skipped_forward:
+        if self.paused or self._converting or module.__dict__.get("forward") is skipped_forward:
             self._calls.append(None)  # converted by an enclosing call already, or not run at all
             return
         unit = self._unit_of.get(id(module))
