@@ -11,11 +11,13 @@ in the same run.
 * **the tool**: ``debug_validate --decode-steps N`` on the same model and inputs (reference
   ``float64_eager``, alternative ``pytorch`` float32, calibration at float32, no isolation): one
   whole session per step count, each in a fresh subprocess (after a 1-step warm-up session there)
-  so that its peak memory is its own. The decode stage times each validated step (its three passes
-  and its judgement: ``decode["step_wall_s"]``); their mean over the steps after the lower count up
-  to the higher is the tool's cost of one more decode step there, printed beside the plain step's
-  over the same steps and as their ratio; the peak resident memory of each session's process and
-  its growth during the session, beside plain greedy's process.
+  so that its peak memory is its own. The decode stage times each validated step (its two passes,
+  the calibration's prefill where its noise is measured, and its judgement: ``decode["step_wall_s"]``,
+  and the process's CPU time in it, ``decode["step_cpu_s"]``); their mean over the steps after the
+  lower count up to the higher is the tool's cost of one more decode step there, printed beside the
+  plain step's over the same steps (wall time, then CPU time: on a loaded machine the wall figures
+  follow the load, the CPU ones much less) and as their ratio; the peak resident memory of each
+  session's process and its growth during the session, beside plain greedy's process.
 
 Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
@@ -138,9 +140,11 @@ def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> 
     if not result.passed:
         raise SystemExit(f"a correct pair failed at {steps} decode steps: {result.first_divergence}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    walls = (result.decoded.info.get("step_wall_s") if result.decoded is not None else None) or []
+    info = result.decoded.info if result.decoded is not None else {}
+    walls, cpus = info.get("step_wall_s") or [], info.get("step_cpu_s") or []
     return {"stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
             "growth_bytes": float(max(0, peak - before)), "step_s": [float(t) for t in walls],  # type: ignore[arg-type, union-attr]
+            "step_cpu_s": [float(t) for t in cpus],  # type: ignore[arg-type, union-attr]
             "cpu_per_step_s": (cpu_all - cpu_one) / max(1, steps - 1)}
 
 
@@ -192,11 +196,13 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             assert isinstance(plain, list) and isinstance(steps, list)
             mine = sum(steps[low:n]) / (n - low)  # the same steps of both, each timed where it ran
             base = sum(plain[low:n]) / (n - low)
-            plain_cpu = run["plain_cpu_step_s"]
-            assert isinstance(plain_cpu, list)
+            plain_cpu, step_cpu = run["plain_cpu_step_s"], run["step_cpu_s"]
+            assert isinstance(plain_cpu, list) and isinstance(step_cpu, list)
             cpu, cpu_base = float(run["cpu_per_step_s"]), sum(plain_cpu[1:n]) / (n - 1)  # type: ignore[arg-type]
+            mine_cpu, base_cpu = sum(step_cpu[low:n]) / (n - low), sum(plain_cpu[low:n]) / (n - low)
             print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
-                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x (CPU time per step of the whole session, steps 2..{n}: {cpu * 1e3:.2f} ms against "
+                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x; CPU time {mine_cpu * 1e3:.2f} ms against {base_cpu * 1e3:.2f} ms: "
+                  f"{mine_cpu / base_cpu:.1f}x (CPU time per step of the whole session, steps 2..{n}: {cpu * 1e3:.2f} ms against "
                   f"{cpu_base * 1e3:.2f} ms, {cpu / cpu_base:.1f}x) | session at {n}: decode stage {run['stage_s']:.2f} s, "
                   f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]
                   f"(+{float(run['growth_bytes']) / 2**20:.0f} MiB during the session; plain greedy's process "  # type: ignore[arg-type]

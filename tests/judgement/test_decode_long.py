@@ -77,7 +77,15 @@ def test_a_step_keeps_its_new_entries_and_the_whole_cache_rebuilds(long_llama):
         torch.testing.assert_close(rebuilt[layer][1], v[:, :-1], rtol=0, atol=0)
 
 
-@pytest.mark.slow  # 210 decode steps on three sides
+def test_the_calibration_is_measured_at_powers_of_two_every_256th_and_the_last_step():
+    from debug_framework.services.validation.decode_calibration import NOISE_EVERY, noise_sampled
+
+    assert NOISE_EVERY == 256
+    assert [s for s in range(1, 1001) if noise_sampled(s, 1000)] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1000]
+    assert not noise_sampled(LATE, 1000)  # the late bug below starts between two measured steps
+
+
+@pytest.mark.slow  # 210 decode steps on two sides, the calibration's prefills where it is measured
 def test_a_kv_bug_after_200_steps_is_caught_at_its_step(long_llama, engine):
     name = "paged_late_off_by_one"
     register_backend(name, user_backend(name, LateOffByOneWrite, dtypes=("float32",)), replace=True)
@@ -97,3 +105,5 @@ def test_a_kv_bug_after_200_steps_is_caught_at_its_step(long_llama, engine):
     noise = result.summary()["decode"]["calibration_noise"]  # the bound carried between sampled steps
     assert LATE not in noise["sampled_steps"] and noise["carried"] > noise["measured"]
     assert noise["remeasured"] >= 1  # step LATE failed by the carried bound: its own noise judged it
+    remeasured = [p for p in noise["prefills"] if p["why"] == "failed by the carried bound"]
+    assert remeasured[0]["step"] == LATE and remeasured[0]["tokens"] == PROMPT + LATE  # one prefill of its tokens

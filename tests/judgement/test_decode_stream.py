@@ -101,6 +101,12 @@ def test_an_error_of_the_computation_itself_is_not_blamed_on_the_cache(tiny_mode
     assert decode["steps_run"] == 9 and not decode["stopped_at_first_divergence"]
     equal = result.decoded.prefill_equivalence
     assert (equal.step, equal.finding) == (FROM, "accumulation") and equal.prefill_error > equal.bound
+    # the calibration decodes nothing: one prefill of the prompt and the tokens fed so far where its noise is
+    # measured (the prompt, powers of two, the last); after the first divergence a step failing by the carried
+    # bound is judged by it (5, 6, 7) instead of running a prefill of its own at every step
+    noise = decode["calibration_noise"]
+    assert [(p["step"], p["tokens"]) for p in noise["prefills"]] == [(s, PROMPT + s) for s in (0, 1, 2, 4, 8, 9)]
+    assert noise["first_divergence"] == FROM and noise["carried_failing"] > 0
 
 
 def test_the_cli_stops_at_the_first_divergence(tiny_models, engines, tmp_path, capsys):
@@ -216,3 +222,57 @@ def test_an_engine_that_decodes_only_whole_still_validates(tiny_models, engine):
     assert result.passed, result.first_divergence
     assert result.summary()["decode"]["tokens"] == streamed.summary()["decode"]["tokens"]  # the reference's greedy
     assert result.summary()["decode"]["steps_run"] == 3
+
+
+def test_the_decode_loop_is_bounded_by_one_watchdog_which_still_stops_a_backend_at_the_limit():
+    """The decode stage runs its loop of passes under one ``bounded`` call: a backend call made within
+    it starts no watchdog thread of its own, and one that hangs is still stopped at the time limit."""
+    import threading
+    import time
+
+    from debug_framework.errors import ResourceExhaustedError
+    from debug_framework.services.validation.deadline import bounded, session_deadline
+
+    def hang() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            time.sleep(0.005)
+
+    with session_deadline(0.5, "s"):
+        outside = bounded(threading.active_count)  # a call alone: its watchdog thread is running
+        inside = bounded(lambda: bounded(threading.active_count))  # within one: the outer's only
+        assert inside == outside
+        start = time.monotonic()
+        with pytest.raises(ResourceExhaustedError, match="max_session_duration"):
+            bounded(lambda: bounded(hang))
+        assert time.monotonic() - start < 5
+
+
+def test_the_calibrations_prefill_a_row_at_a_time_is_the_batchs(tiny_models, monkeypatch):
+    """A long prefill runs a row at a time and is joined along the batch: the same checkpoints (the
+    last position) and KV cache as the batch's prefill at once, padded row included."""
+    from types import SimpleNamespace
+
+    from debug_framework.services.validation import decode_calibration
+    from debug_framework.services.validation.decode_calibration import CalibrationPrefill
+
+    model = load_model(str(tiny_models("llama", 0)))
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=PROMPT, seed=0, pad_lengths=[0, 2])
+    backend = get_backend("float64_eager")
+    backend.prepare(model, "float64", "cpu")
+    keys = [CheckpointKey("post_mlp", i) for i in range(model.num_layers)] + [CheckpointKey("post_processing")]
+    tokens = np.array([[3, 5, 7], [2, 4, 6]])
+    ctx = SimpleNamespace(inputs=inputs)  # what the prefill reads of its run context
+    whole = CalibrationPrefill(ctx, backend, keys, keys[-1:], tokens).at(3)
+    monkeypatch.setattr(decode_calibration, "ROWS_APART_FROM", 0)
+    rows = CalibrationPrefill(ctx, backend, keys, keys[-1:], tokens).at(3)
+    assert set(rows.capture.tensors) == set(keys) and set(rows.kv) == set(whole.kv)
+    for key in keys:
+        assert tuple(rows.capture[key].shape[:2]) == (2, 1)
+        torch.testing.assert_close(rows.capture[key], whole.capture[key], rtol=1e-12, atol=1e-12)
+    mask = torch.from_numpy(whole.mask[:, :, None, None] != 0)  # padded positions hold anything
+    for layer, (k, v) in whole.kv.items():
+        assert tuple(rows.kv[layer][0].shape) == tuple(k.shape) and k.shape[1] == PROMPT + 3
+        torch.testing.assert_close(rows.kv[layer][0] * mask, k * mask, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(rows.kv[layer][1] * mask, v * mask, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(rows.mask, whole.mask)

@@ -140,6 +140,9 @@ class LayerStreamer:
         self._held_units: set[int] = set()
         self._held_bytes = 0
         self._hold_budget = 0
+        #: set while every parameter is already at the compute dtype (a decode's whole conversion in
+        #: place): the hooks then convert nothing and return at once
+        self.paused = False
         for index, unit in enumerate(units):
             for mod in net.get_submodule(unit).modules():
                 self._unit_of.setdefault(id(mod), index)
@@ -147,7 +150,7 @@ class LayerStreamer:
                 mod.register_forward_hook(self._leave, always_call=True)
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        if self._converting or module.__dict__.get("forward") is skipped_forward:
+        if self.paused or self._converting or module.__dict__.get("forward") is skipped_forward:
             self._calls.append(None)  # converted by an enclosing call already, or not run at all
             return
         unit = self._unit_of.get(id(module))
@@ -275,6 +278,8 @@ _NARROWER = {torch.float64: (torch.float32, torch.float16, torch.bfloat16), torc
 _SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.nn.functional.log_softmax,
             torch.log_softmax, torch.Tensor.log_softmax)
 _CASTS = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16)
+#: every function :class:`NoNarrowing` may change (any other passes straight through, looked up once)
+_WATCHED = frozenset((*_SOFTMAX, *_CASTS, torch.Tensor.to))
 
 
 class NoNarrowing(TorchFunctionMode):
@@ -296,6 +301,8 @@ class NoNarrowing(TorchFunctionMode):
         return isinstance(tensor, torch.Tensor) and tensor.dtype is self.dtype
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func not in _WATCHED:  # the hot path: hundreds of calls a decode step, none of them a cast
+            return func(*args, **(kwargs or {}))
         kwargs = dict(kwargs or {})
         if not args or not self._ours(args[0]):
             return func(*args, **kwargs)

@@ -165,11 +165,14 @@ class EagerReferenceBackend(PyTorchBackend):
             for p, data in originals:
                 p.data = data.to(dtype)
         self._whole = True
+        streamer = self.module.streamer  # nothing left for its hooks to convert while the decode runs
+        streamer.paused = True
 
         def undo() -> None:
             for p, data in originals:
                 p.data = data
             self._whole = False
+            streamer.paused = False
         return undo
 
     def _decode_context(self) -> ContextManager[object]:

@@ -39,6 +39,8 @@ class _Deadline:
 
 
 _CURRENT: ContextVar[_Deadline | None] = ContextVar("pie_debug_deadline", default=None)
+#: whether a :func:`bounded` call's watchdog already guards this thread (a call within it needs none)
+_WATCHED: ContextVar[bool] = ContextVar("pie_debug_watched", default=False)
 
 
 class _TimeUp(BaseException):
@@ -108,20 +110,24 @@ def bounded(fn: Callable[[], T]) -> T:
     """``fn()``, interrupted when the current validation's time limit passes (see the module docstring).
 
     A call that returns although the watchdog fired keeps its result (the next boundary stops the
-    validation); one that raises after it fired ends in the time-limit error, whatever it raised.
+    validation); one that raises after it fired ends in the time-limit error, whatever it raised. A
+    call made within a bounded call is guarded by that call's watchdog (one thread, not one per call:
+    the decode stage bounds its whole loop of passes so).
     """
     d = _CURRENT.get()
-    if d is None:
+    if d is None or _WATCHED.get():  # no limit, or the watchdog of a bounded call around this one guards it
         return fn()
     check_deadline()
     dog = _Watchdog(threading.get_ident(), d.at - time.monotonic())
     fired = False
+    watched = _WATCHED.set(True)
     try:
         try:
             dog.timer.start()
             return fn()
         finally:
             fired = dog.disarm()  # no interruption can arrive after this
+            _WATCHED.reset(watched)
     except BaseException as exc:
         if fired or isinstance(exc, _TimeUp):
             raise time_limit_error(d.limit_s, d.session_id) from None

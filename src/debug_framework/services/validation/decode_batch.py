@@ -2,7 +2,7 @@
 
 A decode step's checkpoints are small (``[batch, 1, hidden]``, the logits ``[batch, 1, vocab]``,
 each layer's new K/V entries) and many: :func:`~debug_framework.comparison.compare` costs most of
-its time in setting up each one. :func:`compare_many` stacks the pairs of equal shape and
+its time in setting up each one. :func:`compare_many` stacks the pairs of equal size and
 computes, per pair, what ``compare``'s streaming pass computes (in float64, the reference's
 values against the other side's): the error sums (mean absolute error, RMSE, relative L2,
 cosine, SQNR, mean and max relative error), the median and 99th percentile of the absolute
@@ -59,7 +59,7 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
     """Every pair compared, in order (see the module): one vectorised pass per group of equal
-    shape and dtypes, ``compare`` for the rest."""
+    size and dtypes (each pair flattened), ``compare`` for the rest."""
     out: list[ComparisonResult | None] = [None] * len(pairs)
     groups: dict[tuple[object, ...], list[int]] = {}
     tensors: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -69,7 +69,7 @@ def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
         tensors.append((r, a) if ok else None)  # type: ignore[arg-type]
         if ok:
             assert r is not None and a is not None
-            groups.setdefault((tuple(r.shape), r.dtype, a.dtype), []).append(i)
+            groups.setdefault((r.numel(), r.dtype, a.dtype), []).append(i)  # flattened: equal sizes stack
     for members in groups.values():
         for i, result in zip(members, _batch([tensors[i] for i in members], [pairs[i] for i in members])):  # type: ignore[misc]
             out[i] = result
@@ -78,7 +78,7 @@ def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
 
 
 def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) -> list[ComparisonResult | None]:
-    """One stacked pass over pairs of one shape and dtypes; None for a pair left to ``compare``
+    """One stacked pass over pairs of one size and dtypes; None for a pair left to ``compare``
     (a non-finite value, or a failed tolerance whose reason ``compare`` writes)."""
     import torch
 
@@ -86,26 +86,29 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
     governing = ref0.dtype if torch.finfo(ref0.dtype).eps >= torch.finfo(alt0.dtype).eps else alt0.dtype
     default = default_tolerance(governing)  # one object for every pair that takes it
     tols = [p.tolerance or default for p in pairs]
-    y = torch.stack([r.reshape(-1) for r, _ in items]).to(torch.float64)
-    x = torch.stack([a.reshape(-1) for _, a in items]).to(torch.float64)
-    finite = torch.isfinite(x).all(dim=1) & torch.isfinite(y).all(dim=1)
+    # stacked once by torch (any float dtype), then NumPy: far less overhead per operation on small arrays
+    y = _stacked([r for r, _ in items])
+    x = _stacked([a for _, a in items])
+    finite = (np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)).tolist()
     n = y.shape[1]
     d = x - y
-    ad, ay = d.abs(), y.abs()
-    rtol = torch.tensor([t.rtol for t in tols], dtype=torch.float64)[:, None]
-    atol = torch.tensor([t.atol for t in tols], dtype=torch.float64)[:, None]
-    gross = torch.tensor([t.outlier_factor for t in tols], dtype=torch.float64)[:, None]
+    ad, ay = np.abs(d), np.abs(y)
+    if all(t is tols[0] for t in tols):  # one tolerance for every pair (the usual case): scalars
+        rtol, atol, gross = tols[0].rtol, tols[0].atol, tols[0].outlier_factor
+    else:
+        rtol = np.array([t.rtol for t in tols], np.float64)[:, None]
+        atol = np.array([t.atol for t in tols], np.float64)[:, None]
+        gross = np.array([t.outlier_factor for t in tols], np.float64)[:, None]
     bound = atol + rtol * ay
-    rel = ad / ay.clamp_min(torch.finfo(governing).eps)
-    sums = torch.stack([ad.sum(1), (d * d).sum(1), (y * y).sum(1), (x * x).sum(1), (x * y).sum(1), rel.sum(1),
-                        rel.max(1).values, (ad > bound).sum(1).double(), (ad > gross * bound).sum(1).double()], 1)
-    quant = torch.quantile(ad, torch.tensor([0.5, 0.99], dtype=torch.float64), dim=1).T
+    rel = ad / np.maximum(ay, torch.finfo(governing).eps)
+    sums = np.stack([ad.sum(1), (d * d).sum(1), (y * y).sum(1), (x * x).sum(1), (x * y).sum(1), rel.sum(1),
+                     rel.max(1), (ad > bound).sum(1), (ad > gross * bound).sum(1)], 1)
+    quant = _quantiles(ad, (0.5, 0.99))
     worst_at = ad.argmax(1)
-    shape = tuple(ref0.shape)
     rows, qs, worst = sums.tolist(), quant.tolist(), worst_at.tolist()
     out: list[ComparisonResult | None] = []
     for k, (p, tol) in enumerate(zip(pairs, tols)):
-        if not bool(finite[k]):
+        if not finite[k]:
             out.append(None)
             continue
         s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, max_rel, mism, gmism = rows[k]
@@ -120,6 +123,7 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
             out.append(None)  # compare() writes the failure's reason and worst elements
             continue
         j = worst[k]
+        shape = tuple(items[k][0].shape)
         index = tuple(int(v) for v in np.unravel_index(j, shape))
         out.append(ComparisonResult(
             passed=True, reason=None, tolerance=tol, name=p.name, reference_shape=shape, alternative_shape=shape,
@@ -131,6 +135,28 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
             mismatch_percent=pct, gross_mismatch_count=int(gmism),
             worst=[WorstElement(index, float(y[k, j]), float(x[k, j]), float(ad[k, j]))]))
     return out
+
+
+def _stacked(tensors: list[torch.Tensor]) -> np.ndarray:
+    """Tensors of one size and dtype flattened and stacked ``[len, numel]``, float64 NumPy."""
+    import torch
+
+    return torch.stack([t.reshape(-1) for t in tensors]).to(torch.float64).numpy()
+
+
+def _quantiles(values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """Each row's quantiles ``qs`` ``[rows, len(qs)]``, as ``torch.quantile`` computes them (linear
+    interpolation between the two order statistics around ``q x (n - 1)``), from one sort."""
+    ordered = np.sort(values, axis=1)
+    n = ordered.shape[1]
+    cols = []
+    for q in qs:
+        at = q * (n - 1)
+        lo = int(math.floor(at))
+        hi = min(lo + 1, n - 1)
+        w = at - lo
+        cols.append(ordered[:, lo] if w == 0.0 else ordered[:, lo] + w * (ordered[:, hi] - ordered[:, lo]))
+    return np.stack(cols, axis=1)
 
 
 def _rel_l2(s_d2: float, s_r2: float) -> float:
@@ -155,7 +181,7 @@ def _sqnr(s_d2: float, s_r2: float) -> float:
 
 def rms_many(tensors: Sequence[CapturedTensor | None]) -> list[float]:
     """Each tensor's RMS over its finite values (:func:`~.evidence.reference_scale`: NaN for None),
-    the CPU float ones of equal shape in one stacked pass."""
+    the CPU float ones of equal size in one stacked pass."""
     from .evidence import reference_scale
 
     out: list[float | None] = [None] * len(tensors)
@@ -163,13 +189,11 @@ def rms_many(tensors: Sequence[CapturedTensor | None]) -> list[float]:
     for i, t in enumerate(tensors):
         x = None if t is None else _tensor(t)
         if x is not None and x.numel():
-            groups.setdefault((tuple(x.shape), x.dtype), []).append(i)
+            groups.setdefault((x.numel(), x.dtype), []).append(i)
     for members in groups.values():
-        import torch
-
-        stacked = torch.stack([_tensor(tensors[i]).reshape(-1) for i in members]).to(torch.float64)  # type: ignore[union-attr]
-        if not bool(torch.isfinite(stacked).all()):
+        stacked = _stacked([_tensor(tensors[i]) for i in members])  # type: ignore[misc]
+        if not bool(np.isfinite(stacked).all()):
             continue
-        for i, v in zip(members, stacked.square().mean(1).sqrt().tolist()):
+        for i, v in zip(members, np.sqrt(np.square(stacked).mean(1)).tolist()):
             out[i] = v
     return [v if v is not None else reference_scale(t) for v, t in zip(out, tensors)]

@@ -2,10 +2,11 @@
 backend's own KV cache, every step's checkpoints compared (docs/validation.md, "Decode steps").
 
 Both sides see the same sequence (teacher forcing): the tokens are ``decode_tokens`` where given,
-else the reference's greedy choice. The calibration backend decodes the same tokens at the
-alternative's precision, so each step's checkpoints are judged by the same calibrated rule as the
-prefill's. The three decodes are streamed side by side (``iter_decode``): each step is judged as
-soon as the three have produced it (:class:`~.decode_walk.DecodeWalk`) and its tensors dropped, so
+else the reference's greedy choice. The calibration backend computes the same tokens at the
+alternative's precision, as one prefill at the steps where its noise is measured
+(:mod:`.decode_calibration`), so each step's checkpoints are judged by the same calibrated rule as the
+prefill's. The two decodes are streamed side by side (``iter_decode``): each step is judged as
+soon as both have produced it (:class:`~.decode_walk.DecodeWalk`) and its tensors dropped, so
 memory does not grow with the tensors of the steps taken; with ``stop_at_first_divergence`` the
 decode stops at the first step that fails. The prefill's rows then carry ``step`` 0 and decode step
 ``s``'s rows ``step`` s; the KV cache after each pass is compared per layer (K and V, padded
@@ -27,9 +28,11 @@ from ...errors import BackendInitializationError, BackendRuntimeError, Configura
 from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
+from .deadline import bounded
+from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .decode_equivalence import prefill_equivalence
 from .decode_replay import replay_decode_layer, step_inputs
-from .decode_walk import LOGITS, NOISE_EVERY, DecodeWalk, NoiseCarry, held_by_both, noise_sampled
+from .decode_walk import LOGITS, DecodeWalk, held_by_both
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
@@ -85,9 +88,9 @@ def check_decode_plan(config: SessionConfig, inputs: ModelInputs, model: LoadedM
 
 
 class DecodeStage(Stage):
-    """Prefill and ``decode_steps`` decode steps in the reference, the alternative and the
-    calibration, streamed side by side; each step's checkpoints measured and judged as it is
-    produced (:class:`~.decode_walk.DecodeWalk`)."""
+    """Prefill and ``decode_steps`` decode steps in the reference and the alternative, streamed side
+    by side (the calibration's prefills where its noise is measured); each step's checkpoints
+    measured and judged as it is produced (:class:`~.decode_walk.DecodeWalk`)."""
 
     name = "decode"
     timing_key = "decode_s"
@@ -110,35 +113,21 @@ class DecodeStage(Stage):
         tokens = np.zeros((batch, steps), np.int64) if given is None else np.array(given, np.int64)
         cal = self._calibrator(ctx)
         sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]] = []
-        for backend, fed in ((ctx.reference, None if given is None else own(given)),
-                             (ctx.alternative, own(tokens)), (cal, own(tokens))):
-            if backend is not None:
-                sides.append((backend, self._open(backend, ctx, steps, taps, fed, prefill_taps), fed))
+        for backend, fed in ((ctx.reference, None if given is None else own(given)), (ctx.alternative, own(tokens))):
+            sides.append((backend, self._open(backend, ctx, steps, taps, fed, prefill_taps), fed))  # type: ignore[arg-type]
+        # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
+        calibration = None if cal is None else CalibrationPrefill(ctx, cal, taps, prefill_taps, tokens)
         if given is None and not all(streams_decode(b) for b, _, _ in sides[1:]):
             sides[0] = self._whole_first(sides[0], steps, sides[1:])  # a side that decodes only whole needs every token first
         for ev in ctx.evidence.checkpoints:
             if ev.step is None:
                 ev.step = 0  # the prefill
-        walk = DecodeWalk(ctx, steps, cal is not None)
+        walk = DecodeWalk(ctx, steps, calibration)
         stop = plan.config.stop_at_first_divergence
-        done = 0
-        walls: list[float] = []  # each decode step's wall time: its three passes and its judgement
-        try:
-            for s in range(steps + 1):
-                started = time.perf_counter()
-                passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
-                if given is None and s:
-                    tokens[:, s - 1] = passes[0].token
-                    for _, _, fed in sides[1:]:
-                        fed[:, s - 1] = passes[0].token
-                passes += [self._next(backend, stream, s) for backend, stream, _ in sides[1:]]
-                failed = walk.step(passes[0], passes[1], passes[2] if len(passes) > 2 else None)
-                done = s
-                if s:
-                    walls.append(round(time.perf_counter() - started, 6))
-                ctx.layers_done(s, steps)  # the progress bar by step
-                if failed and stop:
-                    break
+        walls: list[float] = []  # each decode step's wall time: its passes and its judgement
+        cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
+        try:  # one watchdog of the session's time limit over the whole loop, not one thread per pass
+            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus)))
         finally:
             for _, stream, _ in sides:
                 close = getattr(stream, "close", None)
@@ -147,10 +136,11 @@ class DecodeStage(Stage):
         ctx.decode = {"steps": steps, "tokens": tokens[:, :done].tolist(),
                       "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ctx.reference.name})",
                       "kv_cache": walk.kv_rows,
-                      "calibration_noise": walk.carry.record(done),
+                      "calibration_noise": walk.carry.record(done, calibration),
                       "token_metrics": walk.token_rows,
                       "seconds_per_step": walk.seconds_per_step(),
                       "step_wall_s": walls,
+                      "step_cpu_s": cpus,
                       "steps_run": done,
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}
@@ -164,6 +154,31 @@ class DecodeStage(Stage):
             replay_decode_layer(ctx, kept, tokens, cal)
         if kept is not None and plan.config.drill_down:  # what the drill-down gives a layer at the first divergent step
             ctx.decode_inputs = step_inputs(ctx, kept, tokens)
+
+    def _steps(self, ctx: RunContext, sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]], walk: DecodeWalk,
+               tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]]) -> int:
+        """The prefill and the decode steps, each step's passes taken from ``sides`` (the reference's
+        first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
+        step's wall and CPU time appended to ``times``; the last step run."""
+        done = 0
+        steps = walk.steps
+        for s in range(steps + 1):
+            started, cpu = time.perf_counter(), time.process_time()
+            passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
+            if greedy and s:
+                tokens[:, s - 1] = passes[0].token
+                for _, _, fed in sides[1:]:
+                    fed[:, s - 1] = passes[0].token
+            passes += [self._next(backend, stream, s) for backend, stream, _ in sides[1:]]
+            failed = walk.step(passes[0], passes[1])
+            done = s
+            if s:
+                times[0].append(round(time.perf_counter() - started, 6))
+                times[1].append(round(time.process_time() - cpu, 6))
+            ctx.layers_done(s, steps)  # the progress bar by step
+            if failed and stop:
+                break
+        return done
 
     def _whole_first(self, ref: tuple[Backend, Iterator[DecodePass], np.ndarray | None], steps: int,
                      others: list[tuple[Backend, Iterator[DecodePass], np.ndarray]]) -> tuple[Backend, Iterator[DecodePass], np.ndarray | None]:

@@ -1,9 +1,10 @@
 """Each decode pass judged as it is produced (docs/validation.md, "Decode steps").
 
-:class:`DecodeWalk` takes the reference's, the alternative's and the calibration's pass of one step
-(:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint in one
-vectorised pass, :func:`.decode_batch.compare_many`; the KV cache's new entries, or the whole
-cache on an audited step; the next-token distributions) into the evidence, judges the step, and
+:class:`DecodeWalk` takes the reference's and the alternative's pass of one step
+(:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint and the KV
+cache's new entries in one vectorised pass, :func:`.decode_batch.compare_many`; the whole cache on
+an audited step; the next-token distributions) beside the calibration's noise (measured by its
+prefill at the step or carried, :mod:`.decode_calibration`) into the evidence, judges the step, and
 drops the tensors: what a step leaves behind is its comparisons (numbers), so memory does not grow
 with the tensors of the steps taken. It keeps only what a failure needs: the reference's pass at
 the first divergent step and its cache before that step (for the replays and the drill-down), and
@@ -13,7 +14,6 @@ the running cache itself (the reference's last whole cache and the new entries s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -26,61 +26,20 @@ from ...jsonio import JsonObject
 from .calibration import noise_at
 from .context import RunContext
 from .decode_batch import Pair, compare_many, rms_many
+from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 from .judge import Judgement, judge_checkpoint, judge_kv, judge_tokens
 
 __all__ = ["DecodeWalk", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "held_by_both", "LOGITS"]
 
-#: the calibration's noise is measured at decode step 1, every this many steps and the last; the
-#: steps between carry the last measured (and measure their own where a check fails by the carried)
-NOISE_EVERY = 8
 #: the logits checkpoint the token-level metrics read
 LOGITS = CheckpointKey("post_processing")
 #: how many top-1 flips a token_metrics row lists (``flip_count`` counts them all)
 _FLIPS_SHOWN = 8
 
 
-def noise_sampled(step: int, steps: int) -> bool:
-    """Whether the calibration's noise is measured at decode ``step`` of ``steps`` whatever the
-    check: step 1, every :data:`NOISE_EVERY`-th and the last."""
-    return step in (1, steps) or step % NOISE_EVERY == 0
-
-
-class NoiseCarry:
-    """The calibration's noise at the decode steps, measured where it must be and carried between:
-    at a sampled step (:func:`noise_sampled`) it is measured; at any other, the last one measured
-    for the same checkpoint (or the same layer's K or V new entries) is carried, and where the
-    check fails by the carried bound the noise is measured at that step and judges it instead (so a
-    carried bound never fails a correct step, and a failure is judged by its own step's noise).
-    Counts what was measured and carried for ``result.decode["calibration_noise"]``."""
-
-    def __init__(self) -> None:
-        self.last: dict[tuple[object, ...], ComparisonResult] = {}
-        self.measured = self.carried = self.remeasured = 0
-
-    def noise(self, slot: tuple[object, ...], measure: Callable[[], ComparisonResult | None], sampled: bool,
-              fails: Callable[[ComparisonResult], bool], measured: ComparisonResult | None = None) -> ComparisonResult | None:
-        """The noise at ``slot`` this step: ``measured`` (already measured at a sampled step), the
-        carried one where the check passes by it, else ``measure()``."""
-        held = None if sampled else self.last.get(slot)
-        if held is not None and not fails(held):
-            self.carried += 1
-            return held
-        noise = measured if measured is not None and held is None else measure()
-        self.measured += 1
-        self.remeasured += held is not None
-        if noise is not None:
-            self.last[slot] = noise
-        return noise
-
-    def record(self, steps: int) -> JsonObject:
-        """Where the noise was measured and how it was carried (the bound's provenance)."""
-        return {"sampled_steps": [s for s in range(1, steps + 1) if noise_sampled(s, steps)],
-                "every": NOISE_EVERY, "measured": self.measured, "carried": self.carried,
-                "remeasured": self.remeasured,
-                "rule": "measured at step 1, every NOISE_EVERY-th step and the last; between them the last measured "
-                        "noise of the same checkpoint (or K/V new entries) is carried, and measured at the step "
-                        "itself where the check fails by the carried bound"}
+#: one layer's K or V as a step compares it: layer, part, reference, alternative, mask, what was compared
+_KVPlan = tuple[int, str, CapturedTensor, CapturedTensor, np.ndarray | None, str]
 
 
 class _CacheTrail:
@@ -114,8 +73,8 @@ class DecodeWalk:
     (None while none has), :attr:`kv_rows` and :attr:`token_rows` the rows of
     ``result.decode``."""
 
-    def __init__(self, ctx: RunContext, steps: int, calibrated: bool) -> None:
-        self.ctx, self.steps, self.calibrated = ctx, steps, calibrated
+    def __init__(self, ctx: RunContext, steps: int, calibration: CalibrationPrefill | None) -> None:
+        self.ctx, self.steps, self.calibration = ctx, steps, calibration
         self.carry = NoiseCarry()
         self.kv_rows: list[JsonObject] = []
         self.token_rows: list[JsonObject] = []
@@ -128,25 +87,48 @@ class DecodeWalk:
         self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
         self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
 
-    def step(self, r: DecodePass, a: DecodePass, c: DecodePass | None) -> bool:
+    def step(self, r: DecodePass, a: DecodePass) -> bool:
         """Measure and judge one pass (step 0: the prefill's KV cache and logits; its checkpoints
-        are the compare stage's); True where a decode step's checkpoints fail."""
+        are the compare stage's); True where a decode step's checkpoints fail. The calibration's
+        pass at the step is run only where a noise is measured (:class:`~.decode_calibration.NoiseCarry`)."""
         s = r.step
         if s == 0:
             self._mask0 = r.mask
         else:
             self._seconds["reference"].append(r.capture.elapsed_s)
             self._seconds["alternative"].append(a.capture.elapsed_s)
-        cal = None if c is None else c.capture
-        failed = self._checkpoints(s, r.capture, a.capture, cal) if s else False
-        failed = self._tokens(s, r.capture, a.capture, cal) and s > 0 or failed
-        self._kv(s, r, a, c)
+        plan = self.ctx.plan
+        keys = [k for k in plan.keys if k in r.capture and k in a.capture] if s else []
+        kv = self._kv_plans(s, r, a)
+        batched = [i for i, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
+        # every comparison of a passing step in one vectorised pass: the checkpoints and the new K/V entries
+        pairs = [Pair(r.capture[k], a.capture[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
+            [Pair(kv[i][2], kv[i][3], None, "") for i in batched]
+        results = compare_many(pairs)
+        scales = rms_many([p.reference for p in pairs])
+        n = len(keys)
+        failed = self._checkpoints(s, r.capture, a.capture, dict(zip(keys, results)), dict(zip(keys, scales))) if s else False
+        failed = self._tokens(s, r.capture, a.capture, scales[keys.index(LOGITS)] if LOGITS in keys else None) \
+            and s > 0 or failed
+        self._kv(s, kv, dict(zip(batched, results[n:])), dict(zip(batched, scales[n:])))
         if failed and self.first_failed is None:
             self.first_failed = s
+            self.carry.diverged(s)
             self.kept = self._keep(r)
         if self.first_failed is None:
             self._trail.add(r)
         return failed
+
+    def _cal(self, s: int, why: str = "sampled") -> DecodePass | None:
+        """The calibration's pass at step ``s`` (its prefill run on the first ask), None without one."""
+        return None if self.calibration is None else self.calibration.at(s, why)
+
+    def _cal_capture(self, s: int, why: str = "failed by the carried bound") -> Capture | None:
+        got = self._cal(s, why)
+        return None if got is None else got.capture
+
+    def _may_measure(self, s: int) -> bool:
+        return self.carry.may_measure(s, self.calibration)
 
     def seconds_per_step(self) -> dict[str, float]:
         return {side: sum(t) / len(t) for side, t in self._seconds.items() if t}
@@ -163,14 +145,16 @@ class DecodeWalk:
         return DecodeRun(captures, np.zeros((r.mask.shape[0], 0), np.int64), kv, [], spans)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def _checkpoints(self, s: int, r: Capture, a: Capture, c: Capture | None) -> bool:
+    def _checkpoints(self, s: int, r: Capture, a: Capture, errors: dict[CheckpointKey, ComparisonResult],
+                     scales: dict[CheckpointKey, float]) -> bool:
+        """Judge decode step ``s``'s checkpoints (``errors`` and the reference's ``scales`` measured
+        by :meth:`step`); True where one fails."""
         ctx, plan = self.ctx, self.ctx.plan
-        keys = [k for k in plan.keys if k in r and k in a]
+        keys = list(errors)
         sampled = noise_sampled(s, self.steps)
-        errors = dict(zip(keys, compare_many([Pair(r[k], a[k], plan.tolerance(k), f"{k}@{s}") for k in keys])))
-        scales = dict(zip(keys, rms_many([r[k] for k in keys])))
         measured: dict[CheckpointKey, ComparisonResult] = {}
-        if sampled and c is not None:
+        c = self._cal_capture(s, "sampled") if sampled else None
+        if c is not None:
             noisy = [k for k in keys if plan.calibrated(k) and k in c]
             measured = dict(zip(noisy, compare_many([Pair(r[k], c[k], None, f"{k} (calibration)") for k in noisy])))
         failed = False
@@ -182,7 +166,7 @@ class DecodeWalk:
                 side = "alternative" if key not in a else "reference"
                 ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
                                         module=_module(ctx, key))
-            judged = self._noise(ev, r, c, sampled, measured.get(key)) if plan.calibrated(key) and key in errors else None
+            judged = self._noise(ev, r, sampled, measured.get(key)) if plan.calibrated(key) and key in errors else None
             verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
             if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
                 ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
@@ -192,7 +176,7 @@ class DecodeWalk:
             ctx.evidence.checkpoints.append(ev)
         return failed
 
-    def _noise(self, ev: CheckpointEvidence, r: Capture, c: Capture | None, sampled: bool,
+    def _noise(self, ev: CheckpointEvidence, r: Capture, sampled: bool,
                measured: ComparisonResult | None) -> Judgement | None:
         """Set ``ev.noise`` (:class:`NoiseCarry`); the judgement by it where the carry judged it already."""
         ctx = self.ctx
@@ -202,11 +186,13 @@ class DecodeWalk:
             ev.noise = noise
             judged.append((noise, judge_checkpoint(ev, ctx.evidence, ctx.plan)))
             return not judged[-1][1].passed
-        ev.noise = self.carry.noise(("checkpoint", ev.key), lambda: noise_at(ev.key, r, c), sampled, fails, measured)
+        s = ev.step or 0
+        ev.noise = self.carry.noise(("checkpoint", ev.key), lambda: noise_at(ev.key, r, self._cal_capture(s)), sampled,
+                                    fails, measured, lambda: self._may_measure(s))
         return judged[-1][1] if judged and judged[-1][0] is ev.noise else None
 
     # -- next-token distributions ------------------------------------------------------------------
-    def _tokens(self, s: int, r: Capture, a: Capture, c: Capture | None) -> bool:
+    def _tokens(self, s: int, r: Capture, a: Capture, scale: float | None = None) -> bool:
         """The pass's next-token metrics row and evidence (nothing where the logits are not a
         checkpoint); True where the token judgement fails. The calibration's metrics are measured
         where its noise is (:func:`noise_sampled`) and carried between as :class:`NoiseCarry`
@@ -217,9 +203,11 @@ class DecodeWalk:
             return False  # a missing or misshapen tensor already fails the checkpoint itself
         mask = position_mask(self._mask0) if s == 0 and self._mask0 is not None else None
         metrics = next_token_metrics(r[LOGITS], a[LOGITS], positions=mask)
-        scale = reference_scale(select_positions(r[LOGITS], mask))
+        if scale is None or mask is not None:
+            scale = reference_scale(select_positions(r[LOGITS], mask))
 
-        def measure() -> tuple[TokenMetrics | None, float]:
+        def measure(why: str) -> tuple[TokenMetrics | None, float]:
+            c = self._cal_capture(s, why)
             if c is None or LOGITS not in c or tuple(c[LOGITS].shape) != tuple(r[LOGITS].shape):
                 return None, math.nan
             noise = compare_many([Pair(r[LOGITS], c[LOGITS], None, "")])[0] if mask is None else \
@@ -230,13 +218,15 @@ class DecodeWalk:
         ev = None
         if held is not None and held[0] is not None:
             ev = TokenEvidence(s, metrics, held[0], held[1], scale)
-            if metrics.positions and not judge_tokens(ev, ctx.plan).passed:
+            if not metrics.positions or judge_tokens(ev, ctx.plan).passed:
+                self.carry.carried += 1
+            elif self._may_measure(s):
                 ev = None  # fails by the carried: measured at this step
                 self.carry.remeasured += 1
             else:
-                self.carry.carried += 1
+                self.carry.carried_failing += 1
         if ev is None:
-            self._token_noise = measure()
+            self._token_noise = measure("sampled" if held is None else "failed by the carried bound")
             self.carry.measured += s > 0
             ev = TokenEvidence(s, metrics, *self._token_noise, scale)
         calm, noise = ev.calibration, ev.noise_max_abs
@@ -251,38 +241,43 @@ class DecodeWalk:
         return calm is not None and bool(metrics.positions) and not judge_tokens(ev, ctx.plan).passed
 
     # -- the KV cache --------------------------------------------------------------------------------
-    def _kv(self, s: int, r: DecodePass, a: DecodePass, c: DecodePass | None) -> None:
-        """Each layer's K and V after the pass, the alternative's against the reference's beside the
-        calibration's (:func:`held_by_both`): a step's new entries in one vectorised pass, a whole
-        cache (the prefill, an audit, a rewrite) with ``compare``; each row's ``compared`` says which."""
-        ctx = self.ctx
-        ck = {} if c is None else c.kv
-        layers = sorted(set(r.kv) & set(a.kv))
-        plans: list[tuple[int, str, CapturedTensor, CapturedTensor, np.ndarray | None, tuple[CapturedTensor, CapturedTensor, np.ndarray | None] | None, str]] = []
-        for layer in layers:
+    def _kv_plans(self, s: int, r: DecodePass, a: DecodePass) -> list[_KVPlan]:
+        """What step ``s`` compares of each layer's K and V: ``(layer, part, reference, alternative,
+        mask, compared)``, the trailing positions both sides hold (:func:`held_by_both`)."""
+        plans: list[_KVPlan] = []
+        for layer in sorted(set(r.kv) & set(a.kv)):
             for j, part in enumerate(("k", "v")):
                 ref, alt, m = held_by_both(r.kv[layer][j], a.kv[layer][j], _trailing(r.mask, r.kv[layer][j]))
-                compared = _compared(s, ref, r, a, layer)
-                cal = held_by_both(ref, ck[layer][j], m) if layer in ck else None
-                plans.append((layer, part, ref, alt, m, cal, compared))
-        batched = [i for i, p in enumerate(plans) if p[6] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
-        errors = dict(zip(batched, compare_many([Pair(plans[i][2], plans[i][3], None, "") for i in batched])))
-        scales = dict(zip(batched, rms_many([plans[i][2] for i in batched])))
+                plans.append((layer, part, ref, alt, m, _compared(s, ref, r, a, layer)))
+        return plans
+
+    def _kv(self, s: int, plans: list[_KVPlan], errors: dict[int, ComparisonResult], scales: dict[int, float]) -> None:
+        """Each layer's K and V after the pass, the alternative's against the reference's beside the
+        calibration's (:func:`held_by_both`; its noise carried as a checkpoint's): a step's new
+        entries measured in :meth:`step`'s vectorised pass (``errors``, ``scales`` by plan), a whole
+        cache (the prefill, an audit, a rewrite) with ``compare``; each row's ``compared`` says which."""
+        ctx = self.ctx
+        layers = sorted({p[0] for p in plans})
         rows: dict[int, JsonObject] = {}
         sampled = noise_sampled(s, self.steps)
-        for i, (layer, part, ref, alt, m, cal, compared) in enumerate(plans):
+        for i, (layer, part, ref, alt, m, compared) in enumerate(plans):
             err = errors.get(i) or compare(ref, alt, check_dtype=False, positions=m)
             scale = scales[i] if i in scales else reference_scale(select_positions(ref, position_mask(m)))
             noise = None
-            if cal is not None:
-                def measure(cal: tuple[CapturedTensor, CapturedTensor, np.ndarray | None] = cal) -> ComparisonResult:
+            if self.calibration is not None:
+                j = 0 if part == "k" else 1
+
+                def measure(ref: CapturedTensor = ref, m: np.ndarray | None = m, layer: int = layer, j: int = j,
+                            why: str = "sampled" if sampled else "failed by the carried bound") -> ComparisonResult | None:
+                    got = self._cal(s, why)
+                    if got is None or layer not in got.kv:
+                        return None
+                    cal = held_by_both(ref, got.kv[layer][j], m)
                     return compare(cal[0], cal[1], check_dtype=False, positions=cal[2])
-                if compared != "new entries":
-                    noise = measure()
-                else:
-                    probe = KVEvidence(s, layer, part, err, None, scale)
-                    noise = self.carry.noise(("kv", layer, part), measure, sampled,
-                                             lambda n, e=probe: not judge_kv(replace(e, noise=n), ctx.plan).passed)
+                probe = KVEvidence(s, layer, part, err, None, scale)
+                noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled,
+                                         lambda n, e=probe: not judge_kv(replace(e, noise=n), ctx.plan).passed,
+                                         may_measure=lambda: self._may_measure(s))
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
             row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})
             row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,

@@ -1,0 +1,226 @@
+"""The calibration's noise at the decode steps: measured as one prefill where it is measured, carried
+between (docs/validation.md, "Decode steps").
+
+The calibration (a correct implementation at the alternative's precision) does not decode beside
+the reference and the alternative. Where a step's noise is measured, :class:`CalibrationPrefill`
+runs the prompt and the tokens fed at steps 1..s as ONE prefill through the backend's own decode
+of no steps (``iter_decode(inputs, 0, ...)``: its ordinary prefill, the KV cache it computes kept):
+its last position computes what decode step ``s`` computes, at the alternative's precision, over
+keys and values it computed itself (prefill equivalence). That is an honest measurement of a
+correct run's rounding at step ``s`` without a cache decoded step by step.
+
+It is measured (:func:`noise_sampled`) at step 0 (the prompt), at steps 1, 2, 4, 8, ... (powers of
+two), every :data:`NOISE_EVERY`-th and the last, whatever the checks say; between them
+:class:`NoiseCarry` carries the last measured noise of each checkpoint (and each layer's K or V) and
+measures it at the step itself where a check fails by the carried bound. A prefill of ``n`` tokens
+costs about what ``n`` tokens of a prefill cost, so the powers of two cost about two prefills of the
+whole sequence over a whole decode (a constant per step), the every-:data:`NOISE_EVERY` ones one
+such prefill per :data:`NOISE_EVERY` steps. After the first step that fails by its own noise, a
+step failing by the carried bound measures again only every :data:`NOISE_EVERY` steps (the rest is
+judged by the carried bound and counted as such), so a decode that diverges early does not run a
+prefill at every step. ``result.decode["calibration_noise"]`` records where it was measured and how
+(:meth:`NoiseCarry.record`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ...backends.base import Backend
+from ...backends.decode import DecodePass, decode_passes
+from ...capture.keys import Capture, CapturedTensor, CheckpointKey
+from ...comparison import ComparisonResult
+from ...jsonio import JsonObject
+from ...modelio.inputs import ModelInputs
+from .context import RunContext, call_backend, own
+from .decode_equivalence import replayed_as_prefill
+
+__all__ = ["CalibrationPrefill", "NoiseCarry", "NOISE_EVERY", "noise_sampled"]
+
+#: besides the powers of two, the calibration's noise is measured at every this many decode steps
+#: (and the last); the steps between carry the last measured
+NOISE_EVERY = 256
+#: a prefill longer than this many tokens runs a row at a time (its attention scores grow with the
+#: square of its length); a shorter one runs the batch at once (one pass: less overhead)
+ROWS_APART_FROM = 256
+
+
+def noise_sampled(step: int, steps: int) -> bool:
+    """Whether the calibration's noise is measured at decode ``step`` of ``steps`` whatever the
+    check: the prompt (0), the powers of two, every :data:`NOISE_EVERY`-th and the last."""
+    return step == 0 or step & (step - 1) == 0 or step % NOISE_EVERY == 0 or step == steps
+
+
+def _last_position(t: CapturedTensor) -> CapturedTensor:
+    """``t`` ``[batch, length, ...]`` cut to its last position, copied (no view of the whole kept)."""
+    last = t[:, -1:]
+    clone = getattr(last, "clone", None)
+    return clone() if callable(clone) else np.array(last)
+
+
+def _row(inputs: ModelInputs, b: int) -> ModelInputs:
+    """Row ``b`` of ``inputs`` as inputs of one row (every per-row array cut alike)."""
+    batch = inputs.shape[0]
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[b:b + 1] if getattr(x, "ndim", 0) and x.shape[0] == batch else x
+    return ModelInputs(inputs.input_ids[b:b + 1], inputs.attention_mask[b:b + 1],
+                       None if inputs.token_type_ids is None else inputs.token_type_ids[b:b + 1],
+                       meta=dict(inputs.meta), extra={k: cut(v) for k, v in inputs.extra.items()})
+
+
+def _concat_rows(parts: list[CapturedTensor]) -> CapturedTensor:
+    """Tensors ``[1, ...]`` joined along the batch (torch or NumPy)."""
+    if len(parts) == 1:
+        return parts[0]
+    if hasattr(parts[0], "detach"):
+        import torch
+
+        return torch.cat(list(parts), dim=0)  # type: ignore[arg-type]
+    return np.concatenate([np.asarray(p) for p in parts], axis=0)
+
+
+def _join_rows(rows: list[DecodePass], step: int) -> DecodePass:
+    """One pass of the whole batch from one pass per row (what every row has)."""
+    keys = [k for k in rows[0].capture.tensors if all(k in r.capture.tensors for r in rows)]
+    layers = [i for i in rows[0].kv if all(i in r.kv for r in rows)]
+    first = rows[0].capture
+    capture = Capture(tensors={k: _concat_rows([r.capture.tensors[k] for r in rows]) for k in keys},
+                      backend=first.backend, dtype=first.dtype, elapsed_s=sum(r.capture.elapsed_s for r in rows))
+    kv = {i: (_concat_rows([r.kv[i][0] for r in rows]), _concat_rows([r.kv[i][1] for r in rows])) for i in layers}
+    return DecodePass(step, capture, kv, dict(rows[0].span), np.concatenate([r.mask for r in rows], axis=0))
+
+
+class CalibrationPrefill:
+    """The calibration's pass at a decode step, run where it is asked for (see the module): the
+    prompt and ``tokens[:, :s]`` as one prefill by ``backend``, its checkpoints ``taps`` cut to the
+    last position (the prompt's: every position) and its whole KV cache. The last step's pass is
+    held, so every measurement at one step shares one prefill."""
+
+    def __init__(self, ctx: RunContext, backend: Backend, taps: Sequence[CheckpointKey],
+                 prompt_taps: Sequence[CheckpointKey], tokens: np.ndarray) -> None:
+        self.ctx, self.backend, self.tokens = ctx, backend, tokens
+        self.taps, self.prompt_taps = list(taps), list(prompt_taps)
+        self._held: tuple[int, DecodePass | None] | None = None
+        #: ``(step, tokens in the prefill, seconds, why)`` of each prefill run
+        self.runs: list[tuple[int, int, float, str]] = []
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def ran_at(self, step: int) -> bool:
+        """Whether the prefill of ``step`` has run (its pass held)."""
+        return self._held is not None and self._held[0] == step
+
+    def at(self, step: int, why: str = "sampled") -> DecodePass | None:
+        """The calibration's pass at decode ``step`` (0: the prompt's prefill), run once per step;
+        longer than :data:`ROWS_APART_FROM` tokens a row at a time (a prefill's attention scores grow
+        with the square of its length: one row's at a time halves the peak of a batch of two),
+        joined along the batch."""
+        if self._held is not None and self._held[0] == step:
+            return self._held[1]
+        self._held = None  # the last step's tensors are not kept beside this one's
+        longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
+        start = time.perf_counter()
+        apart = longer.shape[1] > ROWS_APART_FROM
+        rows = [self._prefill(_row(longer, b), step) for b in range(longer.shape[0])] if apart else \
+            [self._prefill(longer, step)]
+        got = None if any(r is None for r in rows) else _join_rows(rows, step)  # type: ignore[arg-type]
+        self.runs.append((step, int(longer.shape[1]), time.perf_counter() - start, why))
+        self._held = (step, got)
+        return got
+
+    def _prefill(self, inputs: ModelInputs, step: int) -> DecodePass | None:
+        """One prefill of ``inputs`` by the backend (its decode of no steps), its checkpoints cut to
+        the last position after a decode step."""
+        taps = self.taps if step else self.prompt_taps
+        what = f"the prefill of the prompt and {step} decoded token(s) (the calibration at decode step {step})"
+        stream = call_backend(self.backend, what, lambda: decode_passes(self.backend, own(inputs), 0, taps, None, taps))
+        try:
+            got = call_backend(self.backend, what, lambda: next(stream, None))
+        finally:
+            close = getattr(stream, "close", None)
+            if callable(close):
+                close()
+        if got is None or not step:
+            return got
+        return DecodePass(step, Capture(tensors={k: _last_position(v) for k, v in got.capture.tensors.items()},
+                                        backend=got.capture.backend, dtype=got.capture.dtype,
+                                        elapsed_s=got.capture.elapsed_s), got.kv, got.span, got.mask)
+
+    def capture_at(self, step: int, why: str = "sampled") -> Capture | None:
+        """The checkpoints of :meth:`at`."""
+        got = self.at(step, why)
+        return None if got is None else got.capture
+
+
+class NoiseCarry:
+    """The calibration's noise at the decode steps, measured where it must be and carried between:
+    at a sampled step (:func:`noise_sampled`) it is measured; at any other, the last one measured
+    for the same slot (a checkpoint, a layer's K or V new entries or whole cache) is carried, and
+    where the check fails by the carried bound the noise is measured at that step and judges it
+    instead (so a carried bound never fails a correct step, and a failure is judged by its own
+    step's noise) -- until the first divergence (:meth:`diverged`); after it, a failing step is
+    measured again only every :data:`NOISE_EVERY` steps and otherwise judged by the carried bound.
+    Counts what was measured and carried for ``result.decode["calibration_noise"]``."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[object, ...], ComparisonResult] = {}
+        self.measured = self.carried = self.remeasured = self.carried_failing = 0
+        self.diverged_at: int | None = None
+        self._remeasured_at: int | None = None
+
+    def diverged(self, step: int) -> None:
+        """The first step failing by its own noise: from here re-measuring is rationed."""
+        if self.diverged_at is None:
+            self.diverged_at = step
+
+    def may_measure(self, step: int, cal: CalibrationPrefill | None) -> bool:
+        """Whether a check failing by the carried bound at ``step`` may measure its own noise."""
+        if self.diverged_at is None or (cal is not None and cal.ran_at(step)):
+            return True
+        since = self.diverged_at if self._remeasured_at is None else self._remeasured_at
+        if step - since >= NOISE_EVERY:
+            self._remeasured_at = step
+            return True
+        return False
+
+    def noise(self, slot: tuple[object, ...], measure: Callable[[], ComparisonResult | None], sampled: bool,
+              fails: Callable[[ComparisonResult], bool], measured: ComparisonResult | None = None,
+              may_measure: Callable[[], bool] = lambda: True) -> ComparisonResult | None:
+        """The noise at ``slot`` this step: ``measured`` (already measured at a sampled step), the
+        carried one where the check passes by it (or where it fails and ``may_measure()`` says no),
+        else ``measure()``."""
+        held = None if sampled else self.last.get(slot)
+        if held is not None and not fails(held):
+            self.carried += 1
+            return held
+        if held is not None and not may_measure():
+            self.carried_failing += 1
+            return held
+        noise = measured if measured is not None and held is None else measure()
+        self.measured += 1
+        self.remeasured += held is not None
+        if noise is not None:
+            self.last[slot] = noise
+        return noise
+
+    def record(self, steps: int, cal: CalibrationPrefill | None) -> JsonObject:
+        """Where the noise was measured and how it was carried (the bound's provenance)."""
+        runs = [] if cal is None else cal.runs
+        return {"sampled_steps": [s for s in range(1, steps + 1) if noise_sampled(s, steps)],
+                "every": NOISE_EVERY, "measured": self.measured, "carried": self.carried,
+                "remeasured": self.remeasured, "carried_failing": self.carried_failing,
+                "first_divergence": self.diverged_at,
+                "calibration": None if cal is None else cal.name,
+                "prefills": [{"step": s, "tokens": n, "seconds": round(t, 6), "why": why} for s, n, t, why in runs],
+                "rule": "measured as one prefill of the prompt and the tokens fed up to the step (by the calibration, "
+                        "at the alternative's precision, its last position) at the prompt, steps 1, 2, 4, 8, ..., every "
+                        "NOISE_EVERY-th step and the last; between them the last measured noise of the same checkpoint "
+                        "(or K/V) is carried, and measured at the step itself where the check fails by the carried "
+                        "bound (after the first divergence at most every NOISE_EVERY steps; the other failing steps "
+                        "are judged by the carried bound: carried_failing)"}
