@@ -111,7 +111,7 @@ def main() -> None:
     from debug_framework.backends.python_reference import PythonReferenceBackend
     from debug_framework.comparison.next_token import next_token_metrics
     from debug_framework.modelio import ModelInputs, load_model
-    from debug_framework.modelio.gguf_write import write_gguf
+    from debug_framework.backends.llamacpp.convert import write_gguf
     from debug_framework.services.validation_engine import ValidationEngine
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_llamacpp_"))

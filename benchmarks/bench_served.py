@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
 
-    from debug_framework.modelio.gguf_write import write_gguf
+    from debug_framework.backends.llamacpp.convert import write_gguf
     from debug_framework.modelio.inputs import ModelInputs
     from debug_framework.services.validation_engine import ValidationEngine
 

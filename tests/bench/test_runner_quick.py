@@ -105,7 +105,7 @@ def test_quick_pipeline_two_model_families(tmp_path):
 
     report = build_report(out / "runs", benchmarks_dir=out)
     assert len(report["benchmarks"]) == 2 and report["benchmarks_skipped"] == []
-    assert report["summary"]["kerneldiff_total"] >= 6
+    assert report["summary"]["kerneldiff_total"] >= 4
     speedups = {r["backend"]: r["speedup_vs_eager"] for r in
                 next(b for b in report["benchmarks"] if b["workload"] == "ssm")["results"]}
     assert speedups["eager"] == pytest.approx(1.0)

@@ -102,6 +102,26 @@ def _open_session(page, session_id: str, text: str) -> None:
     _wait_text(page, text)
 
 
+def _download(page, label: str) -> Path:
+    """Press the download button ``label`` and return the file it gives; where nothing comes within
+    60 s (the page's script rerunning beside another worker's compiles), press it once more, as a
+    user would."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    button = page.locator('[data-testid="stDownloadButton"] button').filter(has_text=label)
+    try:
+        with page.expect_download(timeout=60_000) as download:
+            button.click()
+    except PlaywrightTimeout:
+        try:
+            with page.expect_download(timeout=60_000) as download:
+                button.click()
+        except PlaywrightTimeout:
+            shown = page.locator("body").inner_text()[:1500]
+            raise AssertionError(f"{label}: no download; the page showed:\n{shown}") from None
+    return Path(download.value.path())
+
+
 def _columns_in_view(page, has: str) -> tuple[list[str], float]:
     """The header of each column the grid of the dataframe whose header has ``has`` draws (the
     grid draws only the columns in its view: its accessible table lists them), and the grid's right
@@ -139,9 +159,7 @@ def test_every_page_in_chromium(server, sessions, runs, browser_page):
     assert sessions.failed in page.url  # the address names the session: a reload shows it again
     page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
     page.locator('[data-testid="stImage"]').first.wait_for(timeout=30_000)  # the heatmap
-    with page.expect_download(timeout=30_000) as download:  # the report the reports package renders
-        page.locator('[data-testid="stDownloadButton"] button').filter(has_text="JSON report").click()
-    doc = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    doc = json.loads(_download(page, "JSON report").read_text(encoding="utf-8"))  # the reports package's
     assert doc["session_id"] == sessions.failed and doc["verdict"] == "failed" and doc["first_divergence"]
     browser_page.screenshot("dashboard-session")
     heads, right = _columns_in_view(page, "checkpoint")  # the judged error, its bound and what it sees

@@ -52,7 +52,7 @@ def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def llama_gguf(hf_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``llama_gguf(tensor_type)``: the tiny Llama as a GGUF of ``tensor_type`` (``"f32"``, ``"q8_0"``
     ...), written once per session and only read by the tests."""
-    from debug_framework.modelio.gguf_write import write_gguf
+    from debug_framework.backends.llamacpp.convert import write_gguf
 
     out, made = tmp_path_factory.mktemp("gguf_llama_files"), {}
 

@@ -25,7 +25,7 @@ def test_python_example(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow  # three CLI processes (about 8 s each on 2 cores)
 def test_commands(hf_llama: Path, tmp_path: Path) -> None:
-    from debug_framework.modelio.gguf_write import write_gguf
+    from debug_framework.backends.llamacpp.convert import write_gguf
 
     shutil.copytree(hf_llama, tmp_path / "hf")
     write_gguf(tmp_path / "hf", tmp_path / "model-q8_0.gguf", tensor_type="q8_0")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from debug_framework.modelio.gguf_write import write_gguf
+from debug_framework.backends.llamacpp.convert import write_gguf
 
 pytest.importorskip("xllamacpp")
 

@@ -15,7 +15,7 @@ pytest.importorskip("gguf")
 from debug_framework.errors import ModelLoadingError  # noqa: E402
 from debug_framework.modelio import load_model  # noqa: E402
 from debug_framework.modelio.gguf_read import read_gguf  # noqa: E402
-from debug_framework.modelio.gguf_write import write_gguf  # noqa: E402
+from debug_framework.backends.llamacpp.convert import write_gguf  # noqa: E402
 
 
 def _s(text: str) -> bytes:

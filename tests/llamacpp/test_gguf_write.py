@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("gguf")
 
 from debug_framework.errors import ModelLoadingError  # noqa: E402
-from debug_framework.modelio.gguf_write import permute_for_rope, write_gguf  # noqa: E402
+from debug_framework.backends.llamacpp.convert import permute_for_rope, write_gguf  # noqa: E402
 
 
 def _read(path: Path) -> tuple[dict[str, object], dict[str, tuple[str, np.ndarray]]]:

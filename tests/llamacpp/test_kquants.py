@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("xllamacpp")
 
-from debug_framework.modelio.gguf_write import weight_type, write_gguf  # noqa: E402
+from debug_framework.backends.llamacpp.convert import weight_type, write_gguf  # noqa: E402
 
 from .conftest import make_hf  # noqa: E402
 

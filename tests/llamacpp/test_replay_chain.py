@@ -16,7 +16,7 @@ def test_chained_replays_equal_their_own_passes(hf_llama: Path, tmp_path: Path) 
     from debug_framework.backends.python_reference import PythonReferenceBackend
     from debug_framework.capture.keys import CheckpointKey
     from debug_framework.modelio import ModelInputs, load_model
-    from debug_framework.modelio.gguf_write import write_gguf
+    from debug_framework.backends.llamacpp.convert import write_gguf
 
     model = load_model(write_gguf(hf_llama, tmp_path / "m.gguf", tensor_type="q8_0"))
     inputs = ModelInputs.random(model.config.vocab_size, 2, 8, seed=1, pad_lengths=[0, 2])

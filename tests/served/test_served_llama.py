@@ -39,7 +39,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir) -> Iterator
     """The tiny model's HF directory and four servers: ``good`` (float32 throughout), ``bug`` (the
     scaled tensor, float32), ``f16kv`` (llama.cpp's defaults: float16 KV cache and flash attention),
     ``keyed`` (good, wanting the API key)."""
-    from debug_framework.modelio.gguf_write import write_gguf
+    from debug_framework.backends.llamacpp.convert import write_gguf
 
     root = tmp_path_factory.mktemp("served")
     hf = Path(tiny_llama_dir(root / "hf", vocab_size=96, max_positions=128, scale=0.3))

@@ -87,7 +87,7 @@ def gguf_name(name: str, architecture: str = "llama") -> str | None:
 
 
 def unpermute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
-    """The inverse of :func:`~.gguf_write.permute_for_rope`: llama.cpp's interleaved q/k rows back
+    """The inverse of the writer's ``permute_for_rope``: llama.cpp's interleaved q/k rows back
     in Hugging Face's half-split order."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelLoadingError
-from .configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
-from .gguf_model import gguf_name as hf_to_gguf
-from .loader import load_model
+from ...errors import ModelLoadingError
+from ...modelio.configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
+from ...modelio.gguf_model import gguf_name as hf_to_gguf
+from ...modelio.loader import load_model
 
 __all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope", "weight_type"]
 
@@ -277,7 +277,7 @@ def _encoded(array: np.ndarray, tensor_type: str) -> tuple[np.ndarray, object]:
     data = np.ascontiguousarray(array, dtype=np.float32)
     if array.ndim < 2 or qtype == gguf.GGMLQuantizationType.F32:
         return data, gguf.GGMLQuantizationType.F32
-    from ..backends.llamacpp.binding import GGML_QUANTIZED, ggml_quantize_rows, library
+    from .binding import GGML_QUANTIZED, ggml_quantize_rows, library
 
     if tensor_type.upper() in GGML_QUANTIZED:  # the K-quants and IQ4_NL: ggml's own quantizer
         rows = ggml_quantize_rows(library(), data.reshape(-1, data.shape[-1]), tensor_type)
