@@ -17,16 +17,21 @@ where the calibration did not already run it (a session judged at an explicit dt
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
 from ...backends.base import Backend, EmulatedPrecision
 from ...backends.capabilities import capabilities, emulated_precision, release
-from ...capture.keys import Capture
 from ...errors import DebugFrameworkError
 from ...measure import Timer
 from ...models.session_config import SessionConfig
 from .calibration import noise_at
 from .context import RunContext, Stage, call_backend, own
 
-__all__ = ["PrecisionStage", "lower_precision_backend"]
+__all__ = ["PrecisionStage", "PrecisionTrials", "lower_precision_backend"]
+
+T = TypeVar("T")
 
 
 def lower_precision_backend(calibration_backend: str, dtype: str) -> tuple[Backend | None, str | None]:
@@ -41,6 +46,43 @@ def lower_precision_backend(calibration_backend: str, dtype: str) -> tuple[Backe
     if supported and dtype not in supported:
         return None, f"the calibration backend {backend.name!r} cannot run {dtype}"
     return backend, None
+
+
+@dataclass
+class PrecisionTrials:
+    """The correct runs at lower precisions tried by a session: which were measured, which could not
+    run here (and why), and how long each took (``precision_note``'s first three fields)."""
+
+    measured: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def runs(self, ctx: RunContext, candidates: Sequence[tuple[str, str, Callable[[], tuple[Backend | None, str | None]]]],
+             run: Callable[[Backend], T]) -> Iterator[tuple[str, T]]:
+        """``(name, run(backend))`` for each candidate ``(name, compute dtype, trusted backend)`` that
+        runs here: each backend prepared at its compute dtype on the CPU, timed; a trusted run that
+        cannot run here is recorded as skipped with its reason, never fatal."""
+        for name, compute, trusted in candidates:
+            backend, why = trusted()
+            if backend is None:
+                self.skipped[name] = str(why)
+                continue
+            with Timer() as t:
+                try:
+                    ctx.prepare_backend(backend, f"precision {name}", compute, "cpu")
+                    result = run(backend)
+                except DebugFrameworkError as exc:
+                    self.skipped[name] = exc.message
+                    continue
+            self.seconds[name] = t.seconds
+            self.measured.append(name)
+            backend = None  # its model (weights at this dtype) freed before the next dtype's is built
+            yield name, result
+
+    def note(self, calibration_backend: str) -> dict[str, object]:
+        """The record's shared fields (``measured``, ``skipped``, ``seconds``, ``backend``)."""
+        return {"measured": self.measured, "skipped": self.skipped, "seconds": self.seconds,
+                "backend": calibration_backend}
 
 
 class PrecisionStage(Stage):
@@ -71,31 +113,13 @@ class PrecisionStage(Stage):
     def run(self, ctx: RunContext) -> None:
         plan = ctx.plan
         keys = [ev.key for ev in ctx.evidence.checkpoints]
-        measured: list[str] = []
-        skipped: dict[str, str] = {}
-        seconds: dict[str, float] = {}
         release(ctx.alternative, "session")  # not run here (opened again on need): not held beside these runs
         emulated = self._emulated(ctx)
-        candidates: list[tuple[str, str]] = [(emulated.name, emulated.dtype)] if emulated is not None else []
-        candidates += [(d, d) for d in plan.lower_precisions if emulated is None or d != emulated.name]
-        for dtype, compute in candidates:
-            if emulated is not None and dtype == emulated.name:
-                backend, why = emulated.trusted_backend(), None
-            else:
-                backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
-            if backend is None:
-                skipped[dtype] = str(why)
-                continue
-            with Timer() as t:
-                try:
-                    ctx.prepare_backend(backend, f"precision {dtype}", compute, "cpu")
-                    cap: Capture = call_backend(backend, "run()", lambda b=backend: b.run(own(ctx.inputs), keys))
-                except DebugFrameworkError as exc:  # a trusted run that cannot run here: said, not fatal
-                    skipped[dtype] = exc.message
-                    continue
-            seconds[dtype] = t.seconds
-            measured.append(dtype)
-            backend = None  # its model (weights at this dtype) freed before the next dtype's is built
+        candidates = [(emulated.name, emulated.dtype, lambda e=emulated: (e.trusted_backend(), None))] if emulated else []
+        candidates += [(d, d, lambda d=d: lower_precision_backend(plan.config.calibration_backend, d))
+                       for d in plan.lower_precisions if emulated is None or d != emulated.name]
+        trials = PrecisionTrials()
+        for dtype, cap in trials.runs(ctx, candidates, lambda b: call_backend(b, "run()", lambda: b.run(own(ctx.inputs), keys))):
             for ev in ctx.evidence.checkpoints:
                 noise = noise_at(ev.key, ctx.reference_capture, cap, positions=ctx.positions)
                 if noise is not None:
@@ -104,8 +128,7 @@ class PrecisionStage(Stage):
         from ...backends.quantized import quantized_modules, quantized_operators
 
         modules = quantized_modules(ctx.alternative)
-        ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
-                                       "backend": plan.config.calibration_backend,
+        ctx.evidence.precision_note = {**trials.note(plan.config.calibration_backend),
                                        "quantized": quantized_operators(ctx.alternative),
                                        "emulated": {emulated.name: emulated.dtype} if emulated is not None else {},
                                        **({"quantized_modules": modules} if modules else {})}

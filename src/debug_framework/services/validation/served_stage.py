@@ -35,7 +35,7 @@ from ...comparison import compare
 from ...comparison.topk import log_probs_at, top_of, topk_token_metrics
 from ...backends.capabilities import offers
 from ...backends.endpoints import LogprobBackend, LogprobRun, LogprobRunCut
-from ...errors import BackendInitializationError, ConfigurationError, DebugFrameworkError
+from ...errors import BackendInitializationError, ConfigurationError
 from ...jsonio import JsonObject
 from ...measure import Timer
 from ...models.session_config import SessionConfig
@@ -43,7 +43,7 @@ from .calibration import calibration_backend, calibration_dtype
 from .context import RunContext, Stage, call_backend, own
 from .decode_stage import check_decode_plan
 from .evidence import CheckpointEvidence, TokenEvidence, reference_scale
-from .precision_stage import lower_precision_backend
+from .precision_stage import PrecisionTrials, lower_precision_backend
 
 if TYPE_CHECKING:
     from ...backends.base import Backend
@@ -277,24 +277,10 @@ class ServedStage(Stage):
         k = min(len(run.top[place].ids) for place in prefill.places)
         ids = np.stack([run.top[place].ids[:k] for place in prefill.places])
         ref_at = log_probs_at(prefill.logits(ref_run), ids)
-        measured: list[str] = []
-        skipped: dict[str, str] = {}
-        seconds: dict[str, float] = {}
-        for dtype in plan.lower_precisions:
-            backend, why = lower_precision_backend(plan.config.calibration_backend, dtype)
-            if backend is None:
-                skipped[dtype] = str(why)
-                continue
-            with Timer() as t:
-                try:
-                    ctx.prepare_backend(backend, f"precision {dtype}", dtype, "cpu")
-                    low = ServedStage._logits(ctx, backend, 0, None)
-                except DebugFrameworkError as exc:  # a trusted run that cannot run here: said, not fatal
-                    skipped[dtype] = exc.message
-                    continue
-            seconds[dtype] = t.seconds
-            measured.append(dtype)
+        trials = PrecisionTrials()
+        candidates = [(d, d, lambda d=d: lower_precision_backend(plan.config.calibration_backend, d))
+                      for d in plan.lower_precisions]
+        for dtype, low in trials.runs(ctx, candidates, lambda b: ServedStage._logits(ctx, b, 0, None)):
             ev.lower_precision = {**(ev.lower_precision or {}), dtype: compare(
                 ref_at, log_probs_at(prefill.logits(low), ids), check_dtype=False, name=f"{LOGITS} ({dtype})")}
-        ctx.evidence.precision_note = {"measured": measured, "skipped": skipped, "seconds": seconds,
-                                       "backend": plan.config.calibration_backend}
+        ctx.evidence.precision_note = trials.note(plan.config.calibration_backend)
