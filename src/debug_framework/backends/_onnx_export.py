@@ -33,7 +33,7 @@ from ._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
 from ._onnx_file import alternative_model, checkpoint_graph, checkpoint_proto, weights_dtype
 from ._onnx_graph import EXPORT_LOG, LayerCutError, captured_output, cut_layer
 from .artifacts import run_directory
-from .base import BaseBackend, HiddenState, Taps, attention_block_of_layer
+from .base import BaseBackend, HiddenState, Taps, attention_block_or_mlp_checked
 
 if TYPE_CHECKING:  # torch is imported where a torch model is exported: an ONNX file is run without it
     import onnx
@@ -382,13 +382,9 @@ class OnnxGraphBackend(BaseBackend):
         Raises:
             BackendInitializationError: the export cannot be cut so (DF002).
         """
-        attention = attention_block_of_layer(self, i, hidden_in, inputs, block)
+        attention = attention_block_or_mlp_checked(self, i, hidden_in, inputs, block)
         if attention is not None:
             return attention
-        check_layer_index(self._prepared(), i, self.name)
-        ok, why = self.can_run_block()
-        if not ok:
-            raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
         return self._run_cut(i, "mlp", _float32(hidden_in), inputs)
 
     def _run_cut(self, i: int, part: str, hidden: np.ndarray, inputs: ModelInputs) -> Capture:

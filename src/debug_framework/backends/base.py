@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from ..jsonio import JsonObject
 
-__all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "FLOAT_DTYPES", "BLOCKS",
+__all__ = ["Backend", "LayerReplayBackend", "BlockReplayBackend", "BaseBackend", "Taps", "attention_block_or_mlp_checked", "FLOAT_DTYPES", "BLOCKS",
            "cpu_name", "no_reference_from_math", "HiddenState", "Tensor", "EmulatedPrecision"]
 
 #: A value a backend produces or is handed: a torch tensor or a NumPy array.
@@ -92,6 +92,24 @@ def attention_block_of_layer(backend: LayerReplayBackend, i: int, hidden_in: Hid
     key = CheckpointKey("post_attention", i)
     return Capture(tensors={key: cap.tensors[key]} if key in cap.tensors else {}, backend=cap.backend,
                    dtype=cap.dtype, elapsed_s=cap.elapsed_s, meta=cap.meta)
+
+
+def attention_block_or_mlp_checked(backend: BaseBackend, i: int, hidden_in: HiddenState, inputs: ModelInputs,
+                                   block: str) -> Capture | None:
+    """The start of ``run_block`` for an engine that replays a layer's MLP block by a program of its
+    own (an export, a compile): :func:`attention_block_of_layer`'s capture for ``"attention"``; for
+    ``"mlp"``, None once that replay can run: the backend prepared, layer ``i`` one of the model's
+    and its ``can_run_block()`` true (BackendInitializationError, DF002, naming why not)."""
+    from ._graph_feeds import check_layer_index
+
+    attention = attention_block_of_layer(backend, i, hidden_in, inputs, block)  # type: ignore[arg-type]
+    if attention is not None:
+        return attention
+    check_layer_index(backend._prepared(), i, backend.name)
+    ok, why = backend.can_run_block()  # type: ignore[attr-defined]  # every engine calling this has one
+    if not ok:
+        raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=backend.name)
+    return None
 
 
 class EmulatedPrecision(Protocol):

@@ -28,13 +28,12 @@ from ._graph_capture import (
     CompiledPassCapture,
     DecodeOutputs,
     PlainOutput,
-    check_layer_index,
     graph_inputs,
     layer_inputs_from,
     replay_arguments,
 )
 from ._user_function import is_function_spec, load_user_function
-from .base import BaseBackend, HiddenState, Taps, Tensor, attention_block_of_layer
+from .base import BaseBackend, HiddenState, Taps, Tensor, attention_block_or_mlp_checked
 from .decode import DecodeRun, module_decode
 from .pytorch import build_hf_model
 from .torch_module import TORCH_DTYPES, torch_device_info
@@ -266,14 +265,10 @@ class InductorBackend(BaseBackend):
         the capture holds ``post_mlp:i``. ``inputs`` is not read: the MLP block sees no mask or
         position. ``"attention"``: :meth:`run_layer` on the layer's input, its ``post_attention:i``.
         """
-        attention = attention_block_of_layer(self, i, hidden_in, inputs, block)
+        attention = attention_block_or_mlp_checked(self, i, hidden_in, inputs, block)
         if attention is not None:
             return attention
         model = self._prepared()
-        check_layer_index(model, i, self.name)
-        ok, why = self.can_run_block()
-        if not ok:
-            raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
         first = i not in self._mlp_fns
         if first:
             layer = find_module(self.net, hf_layer_modules(model.architecture, model.num_layers)[i])

@@ -42,10 +42,10 @@ from ...capture.keys import Capture, CheckpointKey, all_checkpoints
 from ...errors import BackendInitializationError
 from ...modelio.inputs import ModelInputs
 from ...modelio.loader import LoadedModel
-from .._graph_feeds import check_layer_index, graph_inputs, layer_inputs_from
+from .._graph_feeds import graph_inputs, layer_inputs_from
 from ..decode import DecodePass, DecodeRun, collect_run, iter_runner_decode
 from ..artifacts import run_directory
-from ..base import BaseBackend, HiddenState, Taps, attention_block_of_layer, cpu_name, installed_version
+from ..base import BaseBackend, HiddenState, Taps, attention_block_or_mlp_checked, cpu_name, installed_version
 from .lowering import check_delegate, lower_methods_to_file, lower_to_file
 from .outputs import OutputMap, output_map, program_feeds, read_sidecar, sidecar_json, sidecar_path
 from .inspector import InspectorEvidence
@@ -450,14 +450,10 @@ class ExecuTorchBackend(BaseBackend):
 
         from ...capture.hooks import find_module, hf_layer_modules, hf_mlp_block
 
-        attention = attention_block_of_layer(self, i, hidden_in, inputs, block)
+        attention = attention_block_or_mlp_checked(self, i, hidden_in, inputs, block)
         if attention is not None:
             return attention
         model = self._prepared()
-        check_layer_index(model, i, self.name)
-        ok, why = self.can_run_block()
-        if not ok:
-            raise BackendInitializationError(f"cannot run the MLP block alone: {why}", backend=self.name)
         layer = find_module(self.net, hf_layer_modules(model.architecture, model.num_layers)[i])
         hidden = torch.as_tensor(hidden_in).detach().to("cpu", torch.float32).clone()
         key = CheckpointKey("post_mlp", i)
