@@ -521,12 +521,7 @@ def _verdict(plan: ComparePlan, *, mismatch: int, gross: int, pct: float, nonfin
     if plan.check_dtype and not header["dtype_match"]:
         problems.append(f"dtype mismatch: reference {header['reference_dtype']} vs alternative {header['alternative_dtype']}")
     bound = f"atol={tol.atol:g} + rtol={tol.rtol:g}*|ref|"
-    if tol.pass_rule == "allclose":
-        ok = mismatch == 0
-    elif tol.pass_rule == "mismatch":
-        ok = pct <= tol.max_mismatch_percent
-    else:
-        ok = pct <= tol.max_mismatch_percent and gross == 0
+    ok = tol.passes(mismatch, pct, gross)
     if not ok:
         text = f"{mismatch} of {n} elements ({pct:.4g}%) outside {bound}"
         if tol.pass_rule != "allclose":

@@ -128,6 +128,16 @@ class Tolerance:
         """A copy with the given fields replaced (``None`` values are ignored)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+    def passes(self, mismatches: int, mismatch_percent: float, gross_mismatches: int) -> bool:
+        """The pass rule on a comparison's counts: ``allclose``, no element outside ``atol + rtol *
+        |ref|``; ``mismatch``, at most ``max_mismatch_percent`` of them; ``both``, that and none
+        beyond ``outlier_factor`` times the bound."""
+        if self.pass_rule == "allclose":
+            return mismatches == 0
+        if self.pass_rule == "mismatch":
+            return mismatch_percent <= self.max_mismatch_percent
+        return mismatch_percent <= self.max_mismatch_percent and gross_mismatches == 0
+
     def to_dict(self) -> JsonObject:
         return asdict(self)
 

@@ -113,13 +113,7 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
             continue
         s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, max_rel, mism, gmism = rows[k]
         pct = 100.0 * mism / n
-        if tol.pass_rule == "allclose":
-            ok = mism == 0
-        elif tol.pass_rule == "mismatch":
-            ok = pct <= tol.max_mismatch_percent
-        else:
-            ok = pct <= tol.max_mismatch_percent and gmism == 0
-        if not ok:
+        if not tol.passes(mism, pct, gmism):
             out.append(None)  # compare() writes the failure's reason and worst elements
             continue
         j = worst[k]
