@@ -60,3 +60,21 @@ def patched_backend():
     yield make
     for n in names:
         unregister_backend(n)
+
+
+@pytest.fixture
+def engines():
+    """``make(name, cls) -> name``: the engine class ``cls`` (prefill/decode_step/kv_cache) registered
+    as a float32 user backend for the test (and unregistered after it)."""
+    from debug_framework.backends import register_backend, unregister_backend, user_backend
+
+    names: list[str] = []
+
+    def make(name: str, cls: type) -> str:
+        register_backend(name, user_backend(name, cls, dtypes=("float32",)), replace=True)
+        names.append(name)
+        return name
+
+    yield make
+    for n in names:
+        unregister_backend(n)

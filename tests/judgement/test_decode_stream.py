@@ -59,20 +59,6 @@ class LatePositions(PagedLlamaEngine):
         return super()._rotate(x, np.where(positions >= PROMPT + FROM - 1, positions + 1, positions))
 
 
-@pytest.fixture
-def engines():
-    names = []
-
-    def make(name, cls):
-        register_backend(name, user_backend(name, cls, dtypes=("float32",)), replace=True)
-        names.append(name)
-        return name
-
-    yield make
-    for n in names:
-        unregister_backend(n)
-
-
 def test_the_first_divergent_step_stops_the_decode_and_a_cache_bug_is_named(tiny_models, engine, engines):
     """``stop_at_first_divergence``: the decode ends at step FROM (no later step run or kept), and the
     same tokens replayed as one prefill pass: the cache is named."""

@@ -7,30 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
-from debug_framework.backends import register_backend, unregister_backend, user_backend
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from paged_kv_engine import PagedLlamaEngine  # noqa: E402
 
 from benchmarks.decode_bugs import OffByOneWrite  # noqa: E402
 from benchmarks.injected_bugs import BUG_LAYER  # noqa: E402
-
-
-@pytest.fixture
-def engines():
-    names = []
-
-    def make(name, cls):
-        register_backend(name, user_backend(name, cls, dtypes=("float32",)), replace=True)
-        names.append(name)
-        return name
-
-    yield make
-    for n in names:
-        unregister_backend(n)
-
 
 CFG = {"decode_steps": 3, "isolate": False, "precision_diagnosis": False, "input_shape": [3, 8],
        "pad_lengths": [0, 3, 5]}
