@@ -97,3 +97,18 @@ def hf_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2-layer Gemma 3 text decoder (q/k norms, both layers sliding), Hugging Face directory."""
     return make_hf("gemma3_text", tmp_path_factory.mktemp("gguf_gemma3") / "hf", seed=13)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory):
+    """One validation engine (and database) per test module."""
+    from debug_framework.services.validation_engine import ValidationEngine
+
+    return ValidationEngine(tmp_path_factory.mktemp("llamacpp_db") / "db.sqlite")
+
+
+def validate(engine, model: Path, **config: object):
+    """A llama.cpp session on ``model`` (2 x 8 tokens, ``--dtype auto``; llama.cpp at its defaults,
+    F16 KV cache and flash attention auto, unless ``config`` says otherwise), run."""
+    cfg = {"input_shape": [2, 8], "dtype": "auto", **config}
+    return engine.run(engine.create_session(model, cfg, alternative_backend="llamacpp"))

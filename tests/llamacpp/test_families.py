@@ -10,6 +10,8 @@ import pytest
 
 from debug_framework.backends.llamacpp.convert import write_gguf
 
+from .conftest import validate
+
 pytest.importorskip("xllamacpp")
 
 #: family -> (the tensor the bug writes wrong, how, the layer and block it shows at, the drill-down's
@@ -43,22 +45,10 @@ def family(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path
     return name, hf, good, bad
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory):
-    from debug_framework.services.validation_engine import ValidationEngine
-
-    return ValidationEngine(tmp_path_factory.mktemp("families_db") / "db.sqlite")
-
-
-def _validate(engine, model: Path, **config: object):
-    """A session at llama.cpp's defaults (F16 KV cache, flash attention auto)."""
-    cfg = {"input_shape": [2, 8], "dtype": "auto", **config}
-    return engine.run(engine.create_session(model, cfg, alternative_backend="llamacpp"))
-
 
 def test_a_correct_q8_0_file_passes_at_dtype_auto(engine, family) -> None:
     _, _, good, _ = family
-    result = _validate(engine, good)
+    result = validate(engine, good)
     assert result.passed, [c.to_dict() for c in result.results if not c.passed]
     assert {c.to_dict()["id"] for c in result.results} >= {"post_attention:0", "post_attention:1", "post_mlp:1"}
 
@@ -66,7 +56,7 @@ def test_a_correct_q8_0_file_passes_at_dtype_auto(engine, family) -> None:
 def test_a_converter_bug_fails_at_its_layer_block_and_node(engine, family) -> None:
     name, hf, _, bad = family
     _, _, layer, block, node = BUGS[name]
-    result = _validate(engine, hf, alternative_options={"model_file": str(bad)}, isolate=True, drill_down=True)
+    result = validate(engine, hf, alternative_options={"model_file": str(bad)}, isolate=True, drill_down=True)
     assert not result.passed and result.source is not None
     assert (result.source.kind, result.source.layer, result.source.block) == ("layer", layer, block)
     drilled = {d.layer: d for d in result.drilldown or []}
@@ -99,7 +89,7 @@ def test_a_padded_batch_decoded_through_llamas_cache(engine, family, side: str) 
     the engine declares (``window_counts``). Left-padded, both counts agree. Every step's checkpoints
     and the keys and values llama.cpp writes, every pass and layer, pass (Phi-3's keys and values:
     views of its fused projection, read along their strides)."""
-    result = _validate(engine, family[2], decode_steps=2, padding_side=side)
+    result = validate(engine, family[2], decode_steps=2, padding_side=side)
     assert result.passed, [c.to_dict()["id"] for c in result.results if not c.passed]
     kv = result.decoded.kv_cache
     assert all(row.k.passed and row.v.passed for row in kv)
@@ -116,7 +106,7 @@ def test_a_window_written_wrong_fails_at_its_layer(engine, hf_gemma2: Path, tmp_
     config = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps({**config, "sliding_window": 3}))
     bad = write_gguf(hf, tmp_path / "window-3.gguf")
-    result = _validate(engine, hf_gemma2, alternative_options={"model_file": str(bad)}, isolate=True)
+    result = validate(engine, hf_gemma2, alternative_options={"model_file": str(bad)}, isolate=True)
     assert not result.passed and result.source is not None
     assert (result.source.kind, result.source.layer, result.source.block) == ("layer", 0, "attention")
 
@@ -158,7 +148,7 @@ def test_phi3s_cache_is_read_from_its_fused_projection(engine, hf_phi3: Path, tm
         return v
 
     bad = write_gguf(hf_phi3, tmp_path / "values.gguf", transform=values_scaled)
-    result = _validate(engine, hf_phi3, alternative_options={"model_file": str(bad)}, input_shape=[1, 8],
+    result = validate(engine, hf_phi3, alternative_options={"model_file": str(bad)}, input_shape=[1, 8],
                        decode_steps=1)
     rows = {(row.step, row.layer): row for row in result.decoded.kv_cache}
     assert rows[(0, 0)].k.passed and not rows[(0, 0)].v.passed
@@ -174,7 +164,7 @@ def test_a_decode_only_difference_is_drilled_at_its_step(engine, hf_gemma2: Path
     from debug_framework.backends.llamacpp.runner import LlamaCppBackend
 
     monkeypatch.setattr(LlamaCppBackend, "window_counts", "columns")
-    result = _validate(engine, write_gguf(hf_gemma2, tmp_path / "f16.gguf", tensor_type="f16"), decode_steps=2,
+    result = validate(engine, write_gguf(hf_gemma2, tmp_path / "f16.gguf", tensor_type="f16"), decode_steps=2,
                        drill_down=True, isolate=True)
     assert not result.passed and result.source is not None
     assert (result.source.kind, result.source.layer, result.source.step) == ("decode", 0, 1)

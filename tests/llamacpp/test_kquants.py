@@ -14,7 +14,7 @@ pytest.importorskip("xllamacpp")
 
 from debug_framework.backends.llamacpp.convert import weight_type, write_gguf  # noqa: E402
 
-from .conftest import make_hf  # noqa: E402
+from .conftest import make_hf, validate  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +30,6 @@ def kquant_files(hf_256: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     out = tmp_path_factory.mktemp("kquant_files")
     return {t: write_gguf(hf_256, out / f"{t}.gguf", tensor_type=t) for t in ("q4_k", "q4_k_m")}
 
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory):
-    from debug_framework.services.validation_engine import ValidationEngine
-
-    return ValidationEngine(tmp_path_factory.mktemp("kquant_db") / "db.sqlite")
-
-
-def _validate(engine, model: Path, **config: object):
-    cfg = {"input_shape": [2, 8], "dtype": "auto", **config}
-    return engine.run(engine.create_session(model, cfg, alternative_backend="llamacpp"))
 
 
 def test_q8_k_activations_are_ggmls_quantize_row_q8_k() -> None:
@@ -118,9 +107,9 @@ def test_k_quant_files_pass_at_auto_and_fail_at_float32_as_q4_k(engine, hf_256: 
     """A correct Q4_K conversion passes against the Hugging Face model (re-quantized through ggml) at
     --dtype auto; judged at float32 the Q4_K file fails, and the precision diagnosis names its
     quantization. (A Q4_K_M file against its own weights: the docs' example, tested below.)"""
-    conversion = _validate(engine, hf_256, alternative_options={"model_file": str(kquant_files["q4_k"])})
+    conversion = validate(engine, hf_256, alternative_options={"model_file": str(kquant_files["q4_k"])})
     assert conversion.passed, [c.to_dict() for c in conversion.results if not c.passed]
-    strict = _validate(engine, kquant_files["q4_k"], dtype="float32")
+    strict = validate(engine, kquant_files["q4_k"], dtype="float32")
     assert not strict.passed and strict.consistent_with == "q4_k"
 
 

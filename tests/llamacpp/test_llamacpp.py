@@ -10,6 +10,8 @@ import pytest
 
 from debug_framework.backends.llamacpp.convert import write_gguf
 
+from .conftest import validate
+
 pytest.importorskip("xllamacpp")
 
 
@@ -34,26 +36,15 @@ def files(hf_llama: Path, llama_gguf, tmp_path_factory: pytest.TempPathFactory) 
     return made
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory):
-    from debug_framework.services.validation_engine import ValidationEngine
-
-    return ValidationEngine(tmp_path_factory.mktemp("db") / "db.sqlite")
-
-
-def _validate(engine, model: Path, **config: object):
-    cfg = {"input_shape": [2, 8], "dtype": "auto", **config}
-    return engine.run(engine.create_session(model, cfg, alternative_backend="llamacpp"))
-
 
 @pytest.mark.parametrize("kind, conversion", [("f32", False), ("q8_0", False), ("f16", True), ("q4_0", True)])
 def test_correct_files_pass_at_dtype_auto(engine, files, hf_llama, kind: str, conversion: bool) -> None:
     """--model-path FILE.gguf (llama.cpp against the file's own weights) and --model-path HF_DIR
     --alternative-model FILE.gguf (the conversion), at llama.cpp's defaults (F16 KV cache)."""
     if conversion:
-        result = _validate(engine, hf_llama, alternative_options={"model_file": str(files[kind])})
+        result = validate(engine, hf_llama, alternative_options={"model_file": str(files[kind])})
     else:
-        result = _validate(engine, files[kind])
+        result = validate(engine, files[kind])
     assert result.passed, [c.to_dict() for c in result.results if not c.passed]
     assert result.consistent_with is None
 
@@ -62,7 +53,7 @@ def test_correct_files_pass_at_dtype_auto(engine, files, hf_llama, kind: str, co
 def test_correct_files_at_float32_fail_consistent_with_their_precision(engine, files, kind: str,
                                                                        consistent: str) -> None:
     """q8_0: its quantization; f32 at llama.cpp's defaults: the F16 KV cache."""
-    result = _validate(engine, files[kind], dtype="float32")
+    result = validate(engine, files[kind], dtype="float32")
     assert not result.passed and result.consistent_with == consistent
 
 
@@ -70,7 +61,7 @@ def test_correct_files_at_float32_fail_consistent_with_their_precision(engine, f
                                                     ("gate_is_up", 0, "mlp", "ffn_gate-0")])
 def test_converter_bugs_at_their_layer_block_and_node(engine, files, hf_llama, bug: str, layer: int, block: str,
                                                       node: str) -> None:
-    result = _validate(engine, hf_llama, alternative_options={"model_file": str(files[bug])}, isolate=True,
+    result = validate(engine, hf_llama, alternative_options={"model_file": str(files[bug])}, isolate=True,
                        drill_down=True)
     source = result.source
     assert not result.passed and source is not None
@@ -90,7 +81,7 @@ def test_converter_bugs_at_their_layer_block_and_node(engine, files, hf_llama, b
 
 
 def test_two_decode_steps_through_llamas_cache_pass(engine, files) -> None:
-    result = _validate(engine, files["q8_0"], decode_steps=2)
+    result = validate(engine, files["q8_0"], decode_steps=2)
     assert result.passed
     steps = {c.to_dict().get("step") for c in result.results}
     assert {1, 2} <= steps
@@ -166,4 +157,4 @@ def test_a_session_without_a_gguf_or_with_another_models_is_a_df002(engine, file
     with pytest.raises(BackendInitializationError, match="DF002.*runs a GGUF file"):
         engine.create_session(hf_llama, {"input_shape": [1, 4], "dtype": "auto"}, alternative_backend="llamacpp")
     with pytest.raises(BackendInitializationError, match="DF002.*is not this model"):
-        _validate(engine, hf_qwen2, alternative_options={"model_file": str(files["f32"])})
+        validate(engine, hf_qwen2, alternative_options={"model_file": str(files["f32"])})
