@@ -39,7 +39,7 @@ from ..jsonio import JsonObject
 from .positions import full_index, select_positions
 from .ratio import float64_array
 
-__all__ = ["TokenFlip", "TokenMetrics", "next_token_metrics", "TOP_K"]
+__all__ = ["TokenFlip", "TokenMetrics", "next_token_metrics", "log_softmax", "TOP_K"]
 
 #: the default ``k`` of the top-k overlap
 TOP_K = 5
@@ -82,9 +82,17 @@ class TokenMetrics:
                 "delta_p": dict(self.delta_p), "logits_nmse": self.logits_nmse,
                 "flips": [f.to_dict() for f in self.flips]}
 
+    @classmethod
+    def empty(cls, k: int) -> TokenMetrics:
+        """The metrics over no position (every figure NaN)."""
+        nan = math.nan
+        return cls(0, {"mean": nan, "p99": nan, "max": nan}, nan, nan, k, {"mean": nan, "rms": nan, "max_abs": nan}, nan)
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64; a row with a non-finite logit becomes NaN."""
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax of ``[n, vocab]`` logits in float64; a row with a non-finite logit
+    becomes NaN."""
+    x = np.asarray(logits, dtype=np.float64)
     peak = np.max(x, axis=-1, keepdims=True)
     shifted = x - peak
     return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
@@ -135,12 +143,10 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     n, vocab = ref.shape
     k = min(k, vocab)
     if n == 0:
-        nan = math.nan
-        return TokenMetrics(0, {"mean": nan, "p99": nan, "max": nan}, nan, nan, k,
-                            {"mean": nan, "rms": nan, "max_abs": nan}, nan)
+        return TokenMetrics.empty(k)
     bad = ~np.isfinite(alt).all(axis=-1)
     alt_safe = np.where(bad[:, None], 0.0, alt)
-    log_p, log_q = _log_softmax(ref), _log_softmax(alt_safe)
+    log_p, log_q = log_softmax(ref), log_softmax(alt_safe)
     p = np.exp(log_p)
     # KL = sum p (log p - log q). With d = ref - alt it is sum p d + log(sum p exp(-d)); for small d
     # the log is taken as log1p(sum p expm1(-d)), so a float32-sized d (KL ~ 1e-15) is not lost to

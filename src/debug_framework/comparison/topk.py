@@ -30,17 +30,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .next_token import TokenFlip, TokenMetrics
+from .next_token import TokenFlip, TokenMetrics, log_softmax
 
 __all__ = ["topk_token_metrics", "log_softmax", "log_probs_at", "top_of"]
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax of ``[n, vocab]`` logits in float64."""
-    x = np.asarray(logits, dtype=np.float64)
-    peak = np.max(x, axis=-1, keepdims=True)
-    shifted = x - peak
-    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
 
 def log_probs_at(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -82,9 +74,7 @@ def topk_token_metrics(reference: np.ndarray, ids: np.ndarray, logprobs: np.ndar
     alt = np.asarray(logprobs, dtype=np.float64).reshape(ids.shape)
     n, k = ids.shape
     if n == 0:
-        nan = math.nan
-        return TokenMetrics(0, {"mean": nan, "p99": nan, "max": nan}, nan, nan, k,
-                            {"mean": nan, "rms": nan, "max_abs": nan}, nan)
+        return TokenMetrics.empty(k)
     bad = ~np.isfinite(alt).all(axis=-1)
     alt_safe = np.where(bad[:, None], 0.0, alt)
     ref_lp = log_softmax(ref)
