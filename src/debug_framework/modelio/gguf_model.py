@@ -24,11 +24,22 @@ if TYPE_CHECKING:
     from .weights import TensorReader
 
 __all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "GEMMA_ARCHS", "gguf_model_parts",
-           "unpermute_for_rope"]
+           "unpermute_for_rope", "MOE_ARCHS", "EXPERT_TENSORS", "ROUTER_MODULE", "expert_of"]
 
 #: llama.cpp architecture -> Hugging Face ``model_type`` of the reference that runs it
 GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                                      "gemma2": "gemma2", "gemma3": "gemma3_text"}
+                                      "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+
+#: llama.cpp architectures whose every MLP is a mixture of experts -> whether llama.cpp's graph
+#: renormalises the chosen experts' weights to sum to one (``qwen3moe``: always, whatever the
+#: Hugging Face config's ``norm_topk_prob``). A second family of the same layout is one entry here.
+MOE_ARCHS: dict[str, bool] = {"qwen3moe": True}
+
+#: a mixture of experts' stacked tensors (``[experts, out, in]`` in Hugging Face's order): llama.cpp
+#: name -> the projection of each expert ``mlp.experts.{e}.{projection}``
+EXPERT_TENSORS: dict[str, str] = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+#: the router (``ffn_gate_inp``, ``[experts, hidden]``) as Hugging Face names its module
+ROUTER_MODULE = "mlp.gate"
 
 #: llama.cpp architectures whose q/k rows the converter permuted
 _PERMUTED_ARCHS = frozenset({"llama"})
@@ -46,6 +57,8 @@ GEMMA_ARCHS = frozenset({"gemma2", "gemma3"})
 _FUSED = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 #: llama.cpp architectures with fused q/k/v and gate/up projections
 _FUSED_ARCHS = frozenset({"phi3"})
+_MOE_LAYER = {k: v for k, v in _LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))} | {
+    "ffn_gate_inp": ROUTER_MODULE}
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 
@@ -54,6 +67,8 @@ def _modules(architecture: str) -> dict[str, str]:
     """llama.cpp layer module -> Hugging Face module of an ``architecture`` file."""
     if architecture in _FUSED_ARCHS:
         return {**_LAYER, **_FUSED}
+    if architecture in MOE_ARCHS:
+        return _MOE_LAYER
     return _GEMMA_LAYER if architecture in GEMMA_ARCHS else _LAYER
 
 
@@ -76,14 +91,36 @@ def gguf_name(name: str, architecture: str = "llama") -> str | None:
     for g, h in _GLOBAL.items():
         if h == name:
             return g
+    expert = expert_of(name)
+    if expert is not None:
+        return expert[0]
     parts = name.split(".")
     inverse = {v: k for k, v in _modules(architecture).items()}
     if architecture not in _FUSED_ARCHS:
         inverse.update({v: k for k, v in _FUSED.items()})
+    inverse.setdefault(ROUTER_MODULE, "ffn_gate_inp")
     if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
         return None
     module = ".".join(parts[3:-1])
     return f"blk.{int(parts[2])}.{inverse[module]}.{parts[-1]}" if module in inverse else None
+
+
+def expert_of(name: str) -> tuple[str, int] | None:
+    """The stacked llama.cpp tensor holding Hugging Face expert weight ``name``, and the expert's
+    index in it (``model.layers.1.mlp.experts.2.down_proj.weight`` -> ``("blk.1.ffn_down_exps.weight",
+    2)``); None for any other name."""
+    parts = name.split(".")
+    if (len(parts) != 8 or parts[:2] != ["model", "layers"] or parts[3:5] != ["mlp", "experts"]
+            or not parts[2].isdigit() or not parts[5].isdigit() or parts[7] != "weight"):
+        return None
+    stacked = {v: k for k, v in EXPERT_TENSORS.items()}.get(parts[6])
+    return None if stacked is None else (f"blk.{int(parts[2])}.{stacked}.weight", int(parts[5]))
+
+
+def _expert_names(stored: str, experts: int) -> list[str]:
+    """The Hugging Face names of the experts a stacked tensor ``blk.i.ffn_*_exps.weight`` holds."""
+    parts = stored.split(".")
+    return [f"model.layers.{int(parts[1])}.mlp.experts.{e}.{EXPERT_TENSORS[parts[2]]}.weight" for e in range(experts)]
 
 
 def unpermute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -125,7 +162,7 @@ def gguf_config(f: GgufFile) -> JsonObject:
     heads = _int(f, "attention.head_count")
     config: JsonObject = {
         "model_type": GGUF_ARCHITECTURES[arch], "vocab_size": vocab, "hidden_size": _int(f, "embedding_length"),
-        "intermediate_size": _int(f, "feed_forward_length"), "num_hidden_layers": _int(f, "block_count"),
+        "intermediate_size": _int(f, "feed_forward_length", _moe_default_width(f)), "num_hidden_layers": _int(f, "block_count"),
         "num_attention_heads": heads, "num_key_value_heads": _int(f, "attention.head_count_kv", heads),
         "head_dim": _int(f, "attention.key_length", hidden // heads),
         "rms_norm_eps": _float(f, "attention.layer_norm_rms_epsilon", 1e-5),
@@ -137,6 +174,8 @@ def gguf_config(f: GgufFile) -> JsonObject:
         config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
     if arch in GEMMA_ARCHS:
         config.update(_gemma_config(f, config))
+    if arch in MOE_ARCHS:
+        config.update(_moe_config(f, config))
     if f.key("rope.scaling.type") == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": _float(f, "rope.scaling.factor", 1.0)}
     elif f.key("rope.scaling.type") not in (None, "none"):
@@ -162,6 +201,39 @@ def _gemma_config(f: GgufFile, config: JsonObject) -> JsonObject:
     return extra
 
 
+def _moe_default_width(f: GgufFile) -> int | None:
+    """A mixture-of-experts file's default ``feed_forward_length`` (no dense MLP reads it): its experts' width."""
+    return f.key("expert_feed_forward_length") if f.architecture in MOE_ARCHS else None  # type: ignore[return-value]
+
+
+def _moe_config(f: GgufFile, config: JsonObject) -> JsonObject:
+    """A mixture of experts' keys (``expert_count``, ``expert_used_count``,
+    ``expert_feed_forward_length``), the renormalisation llama.cpp's graph applies
+    (:data:`MOE_ARCHS`), and every layer's router and stacked expert tensors checked against them
+    (DF004 naming the tensor: a file whose keys and tensors disagree)."""
+    experts, used, width = (_int(f, key) for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"))
+    if used > experts:
+        raise ModelLoadingError(f"GGUF key {f.architecture}.expert_used_count {used} exceeds expert_count {experts}",
+                                file=str(f.path), hint="the file's expert keys are wrong: convert the model again")
+    hidden = int(config["hidden_size"])  # type: ignore[arg-type]
+    expected = {"ffn_gate_inp": (experts, hidden), "ffn_gate_exps": (experts, width, hidden),
+                "ffn_up_exps": (experts, width, hidden), "ffn_down_exps": (experts, hidden, width)}
+    for i in range(int(config["num_hidden_layers"])):  # type: ignore[arg-type]
+        for tensor, shape in expected.items():
+            name = f"blk.{i}.{tensor}.weight"
+            info = f.tensors.get(name)
+            if info is None:
+                raise ModelLoadingError(f"the GGUF has no {name} (layer {i}'s mixture of experts)", file=str(f.path),
+                                        hint="convert the model again with llama.cpp's convert_hf_to_gguf.py")
+            if tuple(info.shape) != shape:
+                raise ModelLoadingError(
+                    f"GGUF tensor {name} has shape {list(info.shape)} where expert_count {experts}, "
+                    f"expert_feed_forward_length {width} and embedding_length {hidden} make {list(shape)}",
+                    file=str(f.path), hint="the file's expert keys and tensors disagree: convert the model again")
+    return {"num_experts": experts, "num_experts_per_tok": used, "moe_intermediate_size": width,
+            "norm_topk_prob": MOE_ARCHS[f.architecture]}
+
+
 class GgufReader:
     """The tensors of a GGUF file under Hugging Face's names (a ``TensorReader``): dequantized to
     float32 on demand, q/k rows of a permuting architecture put back in Hugging Face's order."""
@@ -170,13 +242,23 @@ class GgufReader:
         self.path = Path(path)
         self.file = header if header is not None else read_gguf(self.path)
         self._names = {h: g for g in self.file.tensors if (h := hf_name(g, self.file.architecture)) is not None}
+        #: a mixture of experts' Hugging Face expert names -> (stacked tensor, expert index)
+        self._experts: dict[str, tuple[str, int]] = {}
+        if self.file.architecture in MOE_ARCHS:
+            for stored, info in self.file.tensors.items():
+                if stored.split(".")[2:3] and stored.split(".")[2] in EXPERT_TENSORS and len(info.shape) == 3:
+                    for e, name in enumerate(_expert_names(stored, info.shape[0])):
+                        self._experts[name] = (stored, e)
+                        self._names[name] = stored
         self._heads = (self.file.key("attention.head_count"), self.file.key("attention.head_count_kv"))
+        self._stacked: tuple[str, np.ndarray] | None = None  # the last stacked tensor read (its experts are read in turn)
 
     def names(self) -> list[str]:
         return list(self._names)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self.file.tensors[self._names[name]].shape
+        shape = self.file.tensors[self._names[name]].shape
+        return shape[1:] if name in self._experts else shape
 
     def dtype(self, name: str) -> str:
         return "F32"  # what tensor() returns; the stored type is GgufFile.tensor_types()
@@ -188,6 +270,8 @@ class GgufReader:
     def array(self, name: str) -> np.ndarray:
         """Tensor ``name`` as float32 NumPy, in Hugging Face's layout."""
         stored = self._names[name]
+        if name in self._experts:
+            return np.ascontiguousarray(self._read_stacked(stored)[self._experts[name][1]])
         data = self.file.read(stored)
         if self.file.architecture in _PERMUTED_ARCHS and ".attn_q." in stored:
             data = unpermute_for_rope(data, int(self._heads[0]), int(self._heads[0]))  # type: ignore[arg-type]
@@ -196,6 +280,12 @@ class GgufReader:
         elif self.file.architecture in GEMMA_ARCHS and stored.endswith("norm.weight"):
             data = data - np.float32(1.0)  # stored as 1 + w, as llama.cpp multiplies by it
         return np.ascontiguousarray(data)
+
+    def _read_stacked(self, stored: str) -> np.ndarray:
+        """A stacked expert tensor dequantized, read once while its experts are read in turn."""
+        if self._stacked is None or self._stacked[0] != stored:
+            self._stacked = (stored, self.file.read(stored))
+        return self._stacked[1]
 
     def tensor(self, name: str) -> torch.Tensor:
         import torch
