@@ -27,6 +27,7 @@ import numpy as np
 
 from ...errors import ModelLoadingError
 from ...modelio.configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
+from ...modelio.gguf_model import MOE_ARCHS, expert_of
 from ...modelio.gguf_model import gguf_name as hf_to_gguf
 from ...modelio.loader import load_model
 
@@ -54,7 +55,7 @@ _FALLBACK: dict[str, str] = {"q2_k": "iq4_nl", "q3_k": "iq4_nl", "q4_k": "q5_0",
 
 #: Hugging Face ``model_type`` -> llama.cpp architecture name.
 GGUF_FAMILIES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                                 "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+                                 "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}
 
 #: ``model_type``s whose q/k rows the converter permutes (interleaved RoPE in llama.cpp).
 _PERMUTED = frozenset({"llama", "mistral"})
@@ -93,20 +94,29 @@ def _converted(config: LlamaModelConfig, hf_name: str, array: np.ndarray) -> np.
 
 
 def _tensors(config: LlamaModelConfig, weights: dict[str, np.ndarray]) -> Iterator[_Tensor]:
-    """Every tensor of the file, in Hugging Face's order (the output head left out when tied)."""
+    """Every tensor of the file, in Hugging Face's order (the output head left out when tied); a
+    mixture of experts' per-expert projections stacked per layer as the converter stacks them
+    (``blk.i.ffn_down_exps.weight`` ``[experts, out, in]``, expert 0 first), after the rest."""
+    experts: dict[str, dict[int, np.ndarray]] = {}
     for hf_name, array in weights.items():
+        expert = expert_of(hf_name)
+        if expert is not None:
+            experts.setdefault(expert[0], {})[expert[1]] = array
+            continue
         gguf_name = hf_to_gguf(hf_name, GGUF_FAMILIES[config.model_type])
         if gguf_name is None or (gguf_name == "output.weight" and config.tie_word_embeddings):
             continue
         yield _Tensor(gguf_name, array, _converted(config, hf_name, array))
+    for gguf_name, arrays in experts.items():
+        stacked = np.stack([arrays[e] for e in sorted(arrays)])
+        yield _Tensor(gguf_name, stacked, stacked)
 
 
 def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.ndarray]]:
     """The directory's typed config and float32 weights; DF004 for a family the writer does not write."""
     model = load_model(model_dir)
     config = model.config
-    if (not isinstance(config, LlamaModelConfig) or isinstance(config, MoeModelConfig)
-            or config.model_type not in GGUF_FAMILIES):
+    if not isinstance(config, LlamaModelConfig) or config.model_type not in GGUF_FAMILIES:
         raise ModelLoadingError(
             f"cannot write a GGUF for {model_dir}: model_type {getattr(config, 'model_type', '?')!r} is not one "
             f"the GGUF writer handles", hint="supported: " + ", ".join(sorted(GGUF_FAMILIES)))
@@ -116,6 +126,8 @@ def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.n
             hint="write a model without rope_scaling, or with linear scaling")
     if isinstance(config, GemmaModelConfig):
         _check_gemma(config, model_dir)
+    if isinstance(config, MoeModelConfig):
+        _check_moe(config, model_dir)
     return config, {name: model.weights.numpy(name, np.float32) for name in model.weights}
 
 
@@ -143,6 +155,31 @@ def _check_gemma(config: GemmaModelConfig, model_dir: Path) -> None:
     if config.local_rope_scaling.rope_type != "default":
         raise ModelLoadingError(f"cannot write a GGUF for {model_dir}: a rope scaling of the local layers is not "
                                 "written", hint="write a model without one")
+
+
+def _check_moe(config: MoeModelConfig, model_dir: Path) -> None:
+    """DF004 for a mixture of experts llama.cpp's graph computes otherwise: its experts' weights
+    renormalised (or not) whatever ``norm_topk_prob`` says (:data:`~debug_framework.modelio.gguf_model.MOE_ARCHS`),
+    and no sliding window."""
+    architecture = GGUF_FAMILIES[config.model_type]
+    if config.norm_topk_prob != MOE_ARCHS[architecture]:
+        raise ModelLoadingError(
+            f"cannot write a GGUF for {model_dir}: norm_topk_prob is {config.norm_topk_prob}, and llama.cpp's "
+            f"{architecture} graph {'always' if MOE_ARCHS[architecture] else 'never'} renormalises the chosen "
+            "experts' weights", hint=f"a model with norm_topk_prob={str(MOE_ARCHS[architecture]).lower()}")
+    if config.sliding_window is not None:
+        raise ModelLoadingError(f"cannot write a GGUF for {model_dir}: llama.cpp's {architecture} graph has no "
+                                "sliding window", hint="a model with use_sliding_window=false")
+
+
+def _add_moe_metadata(writer: object, config: MoeModelConfig) -> None:
+    """A mixture of experts' keys: how many experts, how many each token takes, their width."""
+    import gguf
+
+    assert isinstance(writer, gguf.GGUFWriter)
+    writer.add_expert_count(config.num_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
 
 
 def _add_gemma_metadata(writer: object, config: GemmaModelConfig) -> None:
@@ -185,6 +222,8 @@ def _add_metadata(writer: object, config: LlamaModelConfig, file_type: int, name
     w.add_file_type(file_type)
     if isinstance(config, GemmaModelConfig):
         _add_gemma_metadata(w, config)
+    if isinstance(config, MoeModelConfig):
+        _add_moe_metadata(w, config)
 
 
 #: control tokens llama.cpp looks up by their text when it loads a family's vocabulary
@@ -248,6 +287,8 @@ def weight_type(name: str, row_length: int, tensor_type: str, layers: int, has_o
     name elsewhere). Rows that are not whole blocks of the type fall back as ``llama-quantize``
     falls back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to IQ4_NL), then to F16 as
     llama.cpp's converter does (and the head to Q8_0, as ``llama-quantize`` chooses it)."""
+    if name.endswith("ffn_gate_inp.weight"):
+        return "f32"  # a mixture of experts' router: kept in F32 by the converter and by llama-quantize
     chosen = tensor_type
     if tensor_type in _MIXTURES:
         main, more, fused = _MIXTURES[tensor_type]
@@ -255,7 +296,7 @@ def weight_type(name: str, row_length: int, tensor_type: str, layers: int, has_o
         layer = int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else -1
         if name == "output.weight" or (not has_output and name == "token_embd.weight"):
             chosen = "q8_0" if row_length % _block("q6_k") else "q6_k"
-        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(layer, layers):
+        elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and _more_bits(layer, layers):
             chosen = more
         elif name.endswith("attn_qkv.weight"):
             chosen = fused
