@@ -13,6 +13,8 @@ one the sparse dispatch computes, expert by expert in index order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..modelio.configs import MoeModelConfig
@@ -36,9 +38,14 @@ def top_k_gates(router_logits: Array, k: int, renormalise: bool) -> Array:
     return gates / gates.sum(axis=-1, keepdims=True) if renormalise else gates
 
 
-def expert_mlp(x: Array, gate: Array, up: Array, down: Array) -> Array:
-    """One expert: ``down(silu(gate(x)) * up(x))``."""
-    return linear(silu(linear(x, gate)) * linear(x, up), down)
+def _as_is(name: str, value: Array) -> Array:
+    return value
+
+
+def expert_mlp(x: Array, gate: Array, up: Array, down: Array,
+               tap: Callable[[str, Array], Array] = _as_is) -> Array:
+    """One expert: ``down(silu(gate(x)) * up(x))``; ``tap`` sees the down projection's input (``experts_act``)."""
+    return linear(tap("experts_act", silu(linear(x, gate)) * linear(x, up)), down)
 
 
 class MoeReference(DecoderReference):
@@ -65,16 +72,19 @@ class MoeReference(DecoderReference):
         return WeightLayout(base.model, base.layer_prefix, {**base.layer, **experts}, base.optional)
 
     def mlp(self, i: int, x: Array) -> Array:
-        """Layer i's mixture of experts on the normalised stream x ``[B, T, D]``."""
-        c, w = self.config, self.layers[i]
-        logits = linear(x, w["router"])
+        """Layer i's mixture of experts on the normalised stream x ``[B, T, D]``. Taps (``Model.tap``):
+        the router's input (``router_in``) and logits (``router_logits``), the experts' input
+        (``experts_in``) and each one's down-projection input (``experts_act``), the sum (``ffn_out``)."""
+        c, w, tap = self.config, self.layers[i], self.tap
+        logits = tap("router_logits", linear(tap("router_in", x), w["router"]))
         self.router_logits[i] = logits
         gates = top_k_gates(logits, c.num_experts_per_tok, c.norm_topk_prob)
+        xe = tap("experts_in", x)
         out = self.xp.zeros_like(x)
         for e in range(c.num_experts):
-            y = expert_mlp(x, w[f"expert{e}_gate"], w[f"expert{e}_up"], w[f"expert{e}_down"])
+            y = expert_mlp(xe, w[f"expert{e}_gate"], w[f"expert{e}_up"], w[f"expert{e}_down"], tap)
             out = out + gates[..., e:e + 1] * y
-        return out
+        return tap("ffn_out", out)
 
     def forward(self, input_ids: Array, attention_mask: Array, want: set[Key] | None = None,
                 layer_inputs: dict[int, Array] | None = None, token_type_ids: Array | None = None) -> dict[Key, Array]:

@@ -65,10 +65,10 @@ def walk_checkpoints(
 #: The names of a layer's intermediate values (:meth:`Model.traced_layer`), in compute order, shared
 #: with engines that report theirs (llama.cpp's graph names them alike): the attention's input norm,
 #: the projected queries, keys and values, the rotated queries and keys, the heads' merged output
-#: before the output projection, after it, then the MLP's input norm, gate, up, activation (the
-#: gated product) and output (before the residual).
+#: before the output projection, after it, then the MLP's input norm, (a mixture of experts) the
+#: router's logits, gate, up, activation (the gated product) and output (before the residual).
 TRACE_NAMES = ("attn_norm", "q", "k", "v", "q_rope", "k_rope", "attn", "attn_out", "post_attention",
-               "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_out", "post_mlp")
+               "ffn_norm", "router_logits", "ffn_gate", "ffn_up", "ffn_act", "ffn_out", "post_mlp")
 
 
 class Model:

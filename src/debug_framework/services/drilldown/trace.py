@@ -39,7 +39,7 @@ _STEP = {"attn_norm": "the attention's input norm", "q": "the query projection",
          "v": "the value projection", "q_rope": "the rotary embedding of the queries",
          "k_rope": "the rotary embedding of the keys", "attn": "attention (scores, softmax, weighted values)",
          "attn_out": "the attention's output projection", "post_attention": "the attention's residual",
-         "ffn_norm": "the MLP's input norm", "ffn_gate": "the MLP's gate projection", "ffn_up": "the MLP's up projection",
+         "ffn_norm": "the MLP's input norm", "router_logits": "the router (the experts' logits)", "ffn_gate": "the MLP's gate projection", "ffn_up": "the MLP's up projection",
          "ffn_act": "the MLP's activation", "ffn_out": "the MLP's down projection", "post_mlp": "the MLP's residual"}
 
 
