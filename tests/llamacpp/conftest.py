@@ -19,14 +19,15 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_lay
 
 def make_hf(kind: str, directory: Path, seed: int = 0, **overrides: object) -> Path:
     """A tiny random ``llama`` / ``mistral`` / ``qwen2`` / ``qwen3`` / ``phi3`` / ``gemma2`` /
-    ``gemma3_text`` decoder saved as a Hugging Face directory."""
+    ``gemma3_text`` / ``qwen3_moe`` decoder saved as a Hugging Face directory."""
     import torch
     import transformers
 
     classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
                "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
                "phi3": ("Phi3Config", "Phi3ForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
-               "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+               "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
     config_class, model_class = (getattr(transformers, name) for name in classes[kind])
     torch.manual_seed(seed)
     extra = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2} if kind == "phi3" else {}

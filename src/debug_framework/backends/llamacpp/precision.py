@@ -50,7 +50,12 @@ VEC_DOT: dict[str, tuple[str, int, bool]] = {
 
 #: which tensor's type decides the rounding of each value the reference taps (``Model.tap`` names)
 _TAPPED_INPUTS: dict[str, tuple[str, ...]] = {"attn_norm": ("attn_q", "attn_qkv"), "ffn_norm": ("ffn_gate", "ffn_up"),
-                                               "ffn_act": ("ffn_down",), "attn": ("attn_output",)}
+                                               "ffn_act": ("ffn_down",), "attn": ("attn_output",),
+                                               # a mixture of experts: the router, and ggml's mul_mat_id of
+                                               # the stacked experts (its input converted as mul_mat's)
+                                               "router_in": ("ffn_gate_inp",),
+                                               "experts_in": ("ffn_gate_exps", "ffn_up_exps"),
+                                               "experts_act": ("ffn_down_exps",)}
 
 
 def quantize_activations(x: torch.Tensor, kind: str, block: int, half_scale: bool) -> torch.Tensor:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...architectures.walk import TRACE_NAMES
 from ...capture.keys import Capture, CheckpointKey
 from ...errors import BackendInitializationError, ConfigurationError
 from ...modelio.inputs import ModelInputs
@@ -46,7 +47,7 @@ __all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "llamac
 
 #: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
 #: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
-RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe")
 
 #: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
 #: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
@@ -69,6 +70,10 @@ _TRACE_OVERRIDES: dict[str, dict[str, tuple[str, str] | None]] = {
     # Phi-3: q/k/v are views of the fused projection, Qcur-i's last value is scaled by head_dim ** -0.5,
     # the output projection is unnamed and ffn_up-i is the fused gate|up
     "phi3": {"q": None, "k": None, "v": None, "q_rope": None, "attn_out": None, "ffn_gate": None, "ffn_up": None},
+    # a mixture of experts: the router's logits, then the chosen experts' gate/up/activation per
+    # (token, slot) (``ffn_moe_gate-i`` ...: no dense value to compare), their weighted sum
+    "qwen3moe": {"router_logits": ("ffn_moe_logits", "one"), "ffn_gate": None, "ffn_up": None, "ffn_act": None,
+                 "ffn_out": ("ffn_moe_out", "one")},
 }
 
 
@@ -76,8 +81,8 @@ def trace_nodes(architecture: str) -> dict[str, tuple[str, str]]:
     """:data:`TRACE_NODES` of the graph of a llama.cpp ``architecture``."""
     changed = _TRACE_OVERRIDES.get(architecture, {})
     out: dict[str, tuple[str, str]] = {}
-    for trace, node in TRACE_NODES.items():
-        mine = changed.get(trace, node) if trace in changed else node
+    for trace in TRACE_NAMES:
+        mine = changed[trace] if trace in changed else TRACE_NODES.get(trace)
         if mine is not None:
             out[trace] = mine
     return out
@@ -243,8 +248,8 @@ class LlamaCppBackend(BaseBackend):
 
     def _node(self, key: CheckpointKey) -> str:
         embd, attn = self._checkpoint_nodes()
-        return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}",
-                "post_mlp": f"l_out-{key.layer}"}.get(key.name, "result_output")
+        return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}", "post_mlp": f"l_out-{key.layer}",
+                "router_logits": f"ffn_moe_logits-{key.layer}"}.get(key.name, "result_output")
 
     def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
                  layer_inputs: dict[int, np.ndarray] | None = None) -> Capture:
@@ -252,6 +257,9 @@ class LlamaCppBackend(BaseBackend):
         for key in keys:
             if key.name == "post_processing":
                 tensors[key] = rows.scatter(kept.logits)
+            elif key.name == "router_logits" and self._node(key) in kept.nodes:
+                routed = rows.scatter(kept.last(self._node(key)))
+                tensors[key] = routed.reshape(-1, routed.shape[-1])  # [tokens, experts], as a router returns them
             elif self._node(key) in kept.nodes:
                 tensors[key] = rows.scatter(kept.last(self._node(key)))
         return Capture(tensors=tensors, backend=self.name, dtype=self.dtype, elapsed_s=seconds,
