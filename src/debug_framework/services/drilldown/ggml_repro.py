@@ -1,6 +1,6 @@
 """The standalone repro of a ggml node the ``ggml`` drill-down names, where one can be made: a
 projection node (llama.cpp's ``Qcur-i``, ``Kcur-i``, ``Vcur-i``, ``attn_out-i``, ``ffn_gate-i``,
-``ffn_up-i``, ``ffn_out-i``) is one matrix product of a node the engine computed before it and one
+``ffn_up-i``, ``ffn_out-i``, a mixture of experts' router ``ffn_moe_logits-i``) is one matrix product of a node the engine computed before it and one
 weight of the model, so its inputs can be taken out of the graph.
 
 The repro directory (the one repro format, :mod:`debug_framework.repro_format`, writer
@@ -33,6 +33,7 @@ __all__ = ["PROJECTIONS", "write_node_repro"]
 PROJECTIONS: dict[str, tuple[str, str]] = {
     "q": ("q", "attn_norm"), "k": ("k", "attn_norm"), "v": ("v", "attn_norm"), "attn_out": ("o", "attn"),
     "ffn_gate": ("gate", "ffn_norm"), "ffn_up": ("up", "ffn_norm"), "ffn_out": ("down", "ffn_act"),
+    "router_logits": ("router", "ffn_norm"),  # a mixture of experts' router (llama.cpp's ffn_moe_logits-i)
 }
 
 _BODY = '''
@@ -81,7 +82,10 @@ def write_node_repro(request: DrillRequest, row: OperatorRow, node: str, nodes: 
         return None, False, f"no standalone repro: {node} is not one matrix product of a node and a weight"
     key, source = PROJECTIONS[row.op]
     weight = _weight_name(request, key)
-    if weight is None or weight not in request.model.weights or source not in engine or row.op not in engine:
+    if weight is None:
+        return None, False, (f"no standalone repro: {node} is not one matrix product in this family (a mixture "
+                             "of experts' weighted sum of the chosen experts)")
+    if weight not in request.model.weights or source not in engine or row.op not in engine:
         return None, False, f"no standalone repro: the input of {node} or its weight is not at hand"
     folder = Path(request.out_dir) / "repro"
     folder.mkdir(parents=True, exist_ok=True)
