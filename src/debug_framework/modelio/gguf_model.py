@@ -1,5 +1,6 @@
 """A GGUF file as a model: its metadata mapped to the typed config, its tensors (dequantized,
-under Hugging Face's names, q/k rows back in Hugging Face's order) as the weights.
+under Hugging Face's names, q/k rows back in Hugging Face's order, a mixture of experts' stacked
+``ffn_*_exps`` tensors one expert at a time) as the weights.
 
 ``load_model("model.gguf")`` reads it here (:func:`gguf_model_parts`): the reference written from the math then runs on the
 file's own weights in float64. Families: those both llama.cpp and the references support
@@ -117,10 +118,14 @@ def expert_of(name: str) -> tuple[str, int] | None:
     return None if stacked is None else (f"blk.{int(parts[2])}.{stacked}.weight", int(parts[5]))
 
 
-def _expert_names(stored: str, experts: int) -> list[str]:
-    """The Hugging Face names of the experts a stacked tensor ``blk.i.ffn_*_exps.weight`` holds."""
+def _expert_names(stored: str, shape: tuple[int, ...]) -> list[str]:
+    """The Hugging Face names of the experts a stacked tensor ``blk.i.ffn_*_exps.weight`` of ``shape``
+    ``[experts, out, in]`` holds, expert 0 first; none for any other tensor."""
     parts = stored.split(".")
-    return [f"model.layers.{int(parts[1])}.mlp.experts.{e}.{EXPERT_TENSORS[parts[2]]}.weight" for e in range(experts)]
+    if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in EXPERT_TENSORS \
+            or len(shape) != 3:
+        return []
+    return [f"model.layers.{int(parts[1])}.mlp.experts.{e}.{EXPERT_TENSORS[parts[2]]}.weight" for e in range(shape[0])]
 
 
 def unpermute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -162,7 +167,7 @@ def gguf_config(f: GgufFile) -> JsonObject:
     heads = _int(f, "attention.head_count")
     config: JsonObject = {
         "model_type": GGUF_ARCHITECTURES[arch], "vocab_size": vocab, "hidden_size": _int(f, "embedding_length"),
-        "intermediate_size": _int(f, "feed_forward_length", _moe_default_width(f)), "num_hidden_layers": _int(f, "block_count"),
+        "intermediate_size": _int(f, "feed_forward_length", _experts_width(f)), "num_hidden_layers": _int(f, "block_count"),
         "num_attention_heads": heads, "num_key_value_heads": _int(f, "attention.head_count_kv", heads),
         "head_dim": _int(f, "attention.key_length", hidden // heads),
         "rms_norm_eps": _float(f, "attention.layer_norm_rms_epsilon", 1e-5),
@@ -201,9 +206,11 @@ def _gemma_config(f: GgufFile, config: JsonObject) -> JsonObject:
     return extra
 
 
-def _moe_default_width(f: GgufFile) -> int | None:
-    """A mixture-of-experts file's default ``feed_forward_length`` (no dense MLP reads it): its experts' width."""
-    return f.key("expert_feed_forward_length") if f.architecture in MOE_ARCHS else None  # type: ignore[return-value]
+def _experts_width(f: GgufFile) -> int | None:
+    """A mixture of experts' ``feed_forward_length`` where the file has none (no dense MLP reads
+    it): its experts' width; None for another architecture."""
+    width = f.key("expert_feed_forward_length") if f.architecture in MOE_ARCHS else None
+    return width if isinstance(width, int) else None
 
 
 def _moe_config(f: GgufFile, config: JsonObject) -> JsonObject:
@@ -246,12 +253,12 @@ class GgufReader:
         self._experts: dict[str, tuple[str, int]] = {}
         if self.file.architecture in MOE_ARCHS:
             for stored, info in self.file.tensors.items():
-                if stored.split(".")[2:3] and stored.split(".")[2] in EXPERT_TENSORS and len(info.shape) == 3:
-                    for e, name in enumerate(_expert_names(stored, info.shape[0])):
-                        self._experts[name] = (stored, e)
-                        self._names[name] = stored
+                for e, name in enumerate(_expert_names(stored, info.shape)):
+                    self._experts[name] = (stored, e)
+                    self._names[name] = stored
         self._heads = (self.file.key("attention.head_count"), self.file.key("attention.head_count_kv"))
-        self._stacked: tuple[str, np.ndarray] | None = None  # the last stacked tensor read (its experts are read in turn)
+        #: the last stacked tensor read, dequantized (its experts are read in turn)
+        self._stacked: tuple[str, np.ndarray] | None = None
 
     def names(self) -> list[str]:
         return list(self._names)

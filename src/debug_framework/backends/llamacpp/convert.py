@@ -6,7 +6,8 @@ no text is ever tokenized), and every tensor under llama.cpp's name. Llama-style
 (``llama``, ``mistral``) get their q/k rows permuted for llama.cpp's interleaved RoPE exactly as
 the converter's ``LlamaModel.permute`` does; Qwen2, Qwen3, Phi-3 and Gemma are written unpermuted
 (llama.cpp runs them in NeoX RoPE mode); Gemma's norm weights are written as ``1 + w`` and its
-soft-caps and sliding window as keys.
+soft-caps and sliding window as keys; a mixture of experts' (Qwen3-MoE) per-expert projections are
+stacked per layer (``blk.i.ffn_gate_exps`` ... ``[experts, out, in]``), its router kept F32.
 
 ``transform`` lets a caller change any tensor on its way into the file (tests inject converter
 bugs with it: skip the permutation, swap or scale a tensor)::
@@ -267,6 +268,11 @@ def _file_type(tensor_type: str) -> int:
     return int(gguf.LlamaFileType[names[tensor_type]])
 
 
+#: the weights ``llama-quantize``'s mixtures give more bits in some layers (its ``ffn_down`` category
+#: takes a mixture of experts' stacked ``ffn_down_exps`` too)
+_MORE_BITS = ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")
+
+
 def _more_bits(layer: int, layers: int) -> bool:
     """``llama-quantize``'s ``use_more_bits``: the first and last eighth of the layers, and every third between."""
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
@@ -296,7 +302,7 @@ def weight_type(name: str, row_length: int, tensor_type: str, layers: int, has_o
         layer = int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() else -1
         if name == "output.weight" or (not has_output and name == "token_embd.weight"):
             chosen = "q8_0" if row_length % _block("q6_k") else "q6_k"
-        elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and _more_bits(layer, layers):
+        elif name.endswith(_MORE_BITS) and _more_bits(layer, layers):
             chosen = more
         elif name.endswith("attn_qkv.weight"):
             chosen = fused
@@ -331,19 +337,21 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     """Write the Hugging Face model in ``model_dir`` as a GGUF at ``out_path`` and return the path.
 
     Args:
-        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or
-            Gemma 3 (text) decoder.
+        model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2,
+            Gemma 3 (text) or Qwen3-MoE decoder.
         out_path: the file to write (its directory must exist).
         tensor_type: the type of every 2-D weight, or a mixture of ``llama-quantize``'s
             (``q4_k_m``, ``q5_k_m``), one of :data:`GGUF_TENSOR_TYPES`; norms and biases stay F32,
             and a weight whose rows do not fill whole blocks falls back as llama.cpp's tools do
             (:func:`weight_type`). The K-quants need the ``xllamacpp`` wheel (ggml's quantizer).
         transform: called for every tensor with its llama.cpp name, the float32 array as Hugging
-            Face stores it and the array the converter would write; its result is written.
+            Face stores it and the array the converter would write; its result is written (a
+            stacked expert tensor is seen whole: ``converted[2]`` is expert 2).
 
     Raises:
         ModelLoadingError: (DF004) the directory does not load, its family or rope scaling is
-            not one the writer handles, or ``tensor_type`` is unknown.
+            not one the writer handles, it has what llama.cpp's graph of its family does not compute
+            (Gemma's, a mixture of experts' refusals), or ``tensor_type`` is unknown.
         BackendInitializationError: (DF002) a K-quant asked for and the llama.cpp library not installed.
     """
     import gguf

@@ -6,6 +6,7 @@ checkpoint             llama.cpp node
 =====================  ===============================================
 ``post_embedding``     ``embd`` (Gemma: ``inp_scaled``)
 ``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``; Phi-3: unnamed, the first source of the MLP's ``norm-i``)
+``router_logits:i``    ``ffn_moe_logits-i`` (a mixture of experts' router, ``[tokens, experts]``)
 ``post_mlp:i``         ``l_out-i`` (the layer's output)
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
@@ -30,6 +31,7 @@ import numpy as np
 from ...architectures.walk import TRACE_NAMES
 from ...capture.keys import Capture, CheckpointKey
 from ...errors import BackendInitializationError, ConfigurationError
+from ...modelio.gguf_model import MOE_ARCHS
 from ...modelio.inputs import ModelInputs
 from ...modelio.loader import LoadedModel
 from ..base import BaseBackend, HiddenState, Taps, cpu_name, installed_version
@@ -43,11 +45,16 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "llamacpp_availability", "trace_nodes"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "ROUTER_NODE", "llamacpp_availability",
+           "trace_nodes"]
 
 #: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
 #: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
-RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe")
+RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", *MOE_ARCHS)
+
+#: a mixture of experts' router logits in llama.cpp's graph (``build_moe_ffn``): ``ffn_moe_logits-i``,
+#: ``[tokens, experts]`` (``router_logits:i``)
+ROUTER_NODE = "ffn_moe_logits"
 
 #: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
 #: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
@@ -70,16 +77,17 @@ _TRACE_OVERRIDES: dict[str, dict[str, tuple[str, str] | None]] = {
     # Phi-3: q/k/v are views of the fused projection, Qcur-i's last value is scaled by head_dim ** -0.5,
     # the output projection is unnamed and ffn_up-i is the fused gate|up
     "phi3": {"q": None, "k": None, "v": None, "q_rope": None, "attn_out": None, "ffn_gate": None, "ffn_up": None},
-    # a mixture of experts: the router's logits, then the chosen experts' gate/up/activation per
-    # (token, slot) (``ffn_moe_gate-i`` ...: no dense value to compare), their weighted sum
-    "qwen3moe": {"router_logits": ("ffn_moe_logits", "one"), "ffn_gate": None, "ffn_up": None, "ffn_act": None,
-                 "ffn_out": ("ffn_moe_out", "one")},
 }
+#: the trace nodes of a mixture of experts' graph (:data:`~debug_framework.modelio.gguf_model.MOE_ARCHS`,
+#: ``build_moe_ffn``): the router's logits, then the chosen experts' gate/up/activation per (token,
+#: slot) (``ffn_moe_gate-i`` ...: no dense value to compare), their weighted sum
+_MOE_TRACE: dict[str, tuple[str, str] | None] = {"router_logits": (ROUTER_NODE, "one"), "ffn_gate": None,
+                                                 "ffn_up": None, "ffn_act": None, "ffn_out": ("ffn_moe_out", "one")}
 
 
 def trace_nodes(architecture: str) -> dict[str, tuple[str, str]]:
     """:data:`TRACE_NODES` of the graph of a llama.cpp ``architecture``."""
-    changed = _TRACE_OVERRIDES.get(architecture, {})
+    changed = _TRACE_OVERRIDES.get(architecture, _MOE_TRACE if architecture in MOE_ARCHS else {})
     out: dict[str, tuple[str, str]] = {}
     for trace in TRACE_NAMES:
         mine = changed[trace] if trace in changed else TRACE_NODES.get(trace)
@@ -249,7 +257,7 @@ class LlamaCppBackend(BaseBackend):
     def _node(self, key: CheckpointKey) -> str:
         embd, attn = self._checkpoint_nodes()
         return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}", "post_mlp": f"l_out-{key.layer}",
-                "router_logits": f"ffn_moe_logits-{key.layer}"}.get(key.name, "result_output")
+                "router_logits": f"{ROUTER_NODE}-{key.layer}"}.get(key.name, "result_output")
 
     def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
                  layer_inputs: dict[int, np.ndarray] | None = None) -> Capture:
