@@ -28,7 +28,7 @@ import numpy as np
 from ...errors import ModelLoadingError
 from ...modelio.configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
 from ...modelio.gguf_model import gguf_name as hf_to_gguf
-from ...modelio.loader import load_model
+from ...modelio.loader import LoadedModel, load_model
 
 __all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope", "weight_type"]
 
@@ -99,6 +99,12 @@ def _tensors(config: LlamaModelConfig, weights: dict[str, np.ndarray]) -> Iterat
         if gguf_name is None or (gguf_name == "output.weight" and config.tie_word_embeddings):
             continue
         yield _Tensor(gguf_name, array, _converted(config, hf_name, array))
+
+
+def _generic_model(model_dir: Path) -> LoadedModel | None:
+    """The directory's model where the generic tier runs it (no reference written from the math), else None."""
+    model = load_model(model_dir)
+    return model if model.architecture == "generic" else None
 
 
 def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.ndarray]]:
@@ -291,7 +297,8 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
 
     Args:
         model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or
-            Gemma 3 (text) decoder.
+            Gemma 3 (text) decoder, or of a model the generic tier runs whose architecture the
+            writer handles (GPT-2, StarCoder2: :mod:`.convert_generic`).
         out_path: the file to write (its directory must exist).
         tensor_type: the type of every 2-D weight, or a mixture of ``llama-quantize``'s
             (``q4_k_m``, ``q5_k_m``), one of :data:`GGUF_TENSOR_TYPES`; norms and biases stay F32,
@@ -311,6 +318,11 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
         raise ModelLoadingError(f"unknown GGUF tensor type {tensor_type!r}",
                                 hint="one of " + ", ".join(GGUF_TENSOR_TYPES))
     model_dir, out_path = Path(model_dir), Path(out_path)
+    generic = _generic_model(model_dir)
+    if generic is not None:  # an architecture the generic tier runs (GPT-2, StarCoder2): .convert_generic
+        from .convert_generic import write_generic_gguf
+
+        return write_generic_gguf(generic, model_dir, out_path, tensor_type, transform)
     config, weights = _supported_config(model_dir)
     writer = gguf.GGUFWriter(str(out_path), GGUF_FAMILIES[config.model_type])
     _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")

@@ -50,8 +50,20 @@ RUNS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 #: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
 #: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
-#: attention in ``sa_out-i``)
-CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out"), "gemma3": ("inp_scaled", "sa_out")}
+#: attention in ``sa_out-i``; GPT-2 adds the learned positions in ``inpL``)
+CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out"), "gemma3": ("inp_scaled", "sa_out"),
+                                                "gpt2": ("inpL", "ffn_inp")}
+
+#: the llama.cpp architectures run against the generic tier (the model's own eager ``transformers``
+#: code; :mod:`debug_framework.modelio.gguf_generic`), each checked with the eval callback on a real
+#: file: their graphs name ``post_embedding`` (:data:`CHECKPOINT_NODES`), ``ffn_inp-i`` (the
+#: residual stream after attention), ``l_out-i``, ``result_norm`` and ``result_output``. An
+#: architecture whose graph has no node of a checkpoint lists it in :data:`NOT_IN_GRAPH`.
+GENERIC_RUNS: tuple[str, ...] = ("gpt2", "starcoder2")
+
+#: llama.cpp architecture -> the checkpoint names its graph has no node of (a parallel attention+MLP
+#: block has no residual stream after attention): reported as not compared (:meth:`LlamaCppBackend.checkpoints`)
+NOT_IN_GRAPH: dict[str, frozenset[str]] = {}
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -171,9 +183,13 @@ class LlamaCppBackend(BaseBackend):
         from ...modelio.gguf_model import gguf_config
 
         assert self.gguf is not None
+        if model.architecture == "generic" and self.gguf.architecture in GENERIC_RUNS:
+            _check_same_generic_model(self.gguf, model)
+            return
         if model.architecture == "generic" or self.gguf.architecture not in RUNS:
             raise BackendInitializationError(
-                f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
+                f"llamacpp checks GGUF files of {', '.join(RUNS + GENERIC_RUNS)} (llama.cpp's graph names their "
+                f"checkpoints; {', '.join(GENERIC_RUNS)} against the generic tier); "
                 f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
                 hint="validate the Hugging Face model it was converted from with another engine")
         mine = gguf_config(self.gguf)
@@ -194,6 +210,18 @@ class LlamaCppBackend(BaseBackend):
         assert self.gguf is not None
         return llama_precision(self.gguf, self.settings)
 
+    def checkpoints(self, model: LoadedModel) -> list[str] | None:
+        """The checkpoints llama.cpp's graph of this file has nodes of, in model order, where it lacks
+        some (:data:`NOT_IN_GRAPH`): the others are not compared; None where it has every one."""
+        from ...capture.keys import all_checkpoints
+        from ...modelio.gguf_read import read_gguf
+
+        gguf = self.gguf if self.gguf is not None else read_gguf(_gguf_of(model, self.model_file))
+        missing = NOT_IN_GRAPH.get(gguf.architecture)
+        if not missing:
+            return None
+        return [str(k) for k in all_checkpoints(model.num_layers, model.router_layers) if k.name not in missing]
+
     def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
         """``--dtype auto``: float32 activations, judged against the calibration's emulation of the
         file's weight types, llama.cpp's activation quantization and the KV cache type."""
@@ -204,8 +232,14 @@ class LlamaCppBackend(BaseBackend):
         return "float32", f"llama.cpp runs {self.precision.describe()}"
 
     def emulated_precision(self, model: LoadedModel) -> LlamaPrecision:
-        """The precision the calibration reproduces in a trusted implementation (:mod:`.precision`)."""
+        """The precision the calibration reproduces in a trusted implementation (:mod:`.precision`;
+        on the generic tier the model's own eager code at it, :mod:`.generic_precision`)."""
         self.declared_dtype(model)
+        if model.architecture == "generic":
+            from .generic_precision import GenericLlamaPrecision
+
+            assert self.gguf is not None
+            return GenericLlamaPrecision.of(self.precision, self.gguf.architecture)
         return self.precision
 
     def version_info(self) -> JsonObject:
@@ -429,6 +463,25 @@ class LlamaCppBackend(BaseBackend):
             self.graph.close_context()
 
 
+def _check_same_generic_model(gguf: GgufFile, model: LoadedModel) -> None:
+    """DF002 where the generic-tier file is not the session's model (its ``model_type``, layers,
+    width or vocabulary differ)."""
+    from ...modelio.gguf_generic import GENERIC_GGUF_ARCHITECTURES
+
+    family = GENERIC_GGUF_ARCHITECTURES[gguf.architecture].model_type
+    hint = "give the file converted from --model-path"
+    if family != model.config.model_type:
+        raise BackendInitializationError(f"the GGUF {gguf.path} is not this model: a {gguf.architecture} file for a "
+                                         f"{model.config.model_type} model", backend="llamacpp", hint=hint)
+    embd = gguf.tensors.get("token_embd.weight")
+    mine = {"num_hidden_layers": gguf.key("block_count"), "hidden_size": gguf.key("embedding_length"),
+            "vocab_size": embd.shape[0] if embd is not None else None}
+    for key, value in mine.items():
+        if value != getattr(model.config, key):
+            raise BackendInitializationError(f"the GGUF {gguf.path} is not this model: {key} {value} where the "
+                                             f"model has {getattr(model.config, key)}", backend="llamacpp", hint=hint)
+
+
 def _fingerprint(hidden_in: HiddenState, inputs: ModelInputs) -> str:
     """A digest of a replay's input state and inputs (ids, mask, positions): equal digests, equal passes."""
     import hashlib
@@ -472,6 +525,10 @@ class _Decoder:
         self.layers = model.num_layers
         self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
         self.head_dim = int(getattr(model.config, "head_dim", 0))
+        if model.architecture == "generic" and backend.gguf is not None:  # the file's own heads
+            heads = backend.gguf.key("attention.head_count")
+            self.kv_heads = int(backend.gguf.key("attention.head_count_kv", heads) or 0)  # type: ignore[arg-type]
+            self.head_dim = int(backend.gguf.key("embedding_length", 0)) // max(int(heads or 1), 1)  # type: ignore[arg-type]
         self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
         self._unread: set[int] = set()
 

@@ -1,0 +1,125 @@
+"""Write a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2), the way llama.cpp's
+``convert_hf_to_gguf.py`` writes it.
+
+Tensor names come from the ``gguf`` package's table (``get_tensor_name_map``, the converter's
+own) looked up on the ``transformers`` model; the layout changes the converter makes are
+:func:`~debug_framework.modelio.gguf_generic.to_file_layout`'s (GPT-2's ``Conv1D`` weights
+transposed), the keys are those llama.cpp reads for the architecture (``gguf.Keys`` through
+``GGUFWriter``), and GPT-2's tied head is written as ``output.weight``, a copy of the embeddings,
+as the converter writes it. What llama.cpp's graph for the architecture would compute differently
+from the ``transformers`` model is refused with DF004 (a GPT-2 scaling attention by the inverse
+layer index; an activation other than the tanh GELU; a rope scaling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import ModelLoadingError
+from ...jsonio import JsonObject
+from ...modelio.generic import GenericModelConfig, build_skeleton
+from ...modelio.gguf_generic import GENERIC_GGUF_ARCHITECTURES, gguf_names_of, to_file_layout
+from ...modelio.loader import LoadedModel
+
+__all__ = ["GENERIC_GGUF_FAMILIES", "write_generic_gguf"]
+
+#: Hugging Face ``model_type`` -> llama.cpp architecture, for the generic tier's architectures
+GENERIC_GGUF_FAMILIES: dict[str, str] = {a.model_type: name for name, a in GENERIC_GGUF_ARCHITECTURES.items()}
+
+#: architectures whose converter writes a tied head as ``output.weight`` (a copy of the embeddings)
+_OUTPUT_COPIED = frozenset({"gpt2"})
+_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def _refuse(model_dir: Path, what: str, hint: str) -> ModelLoadingError:
+    return ModelLoadingError(f"cannot write a GGUF for {model_dir}: {what}", hint=hint)
+
+
+def _check_writable(raw: JsonObject, model_dir: Path) -> None:
+    """DF004 for a model llama.cpp's graph would compute otherwise than ``transformers``."""
+    act = raw.get("activation_function", raw.get("hidden_act", "gelu_new"))
+    if act not in _TANH_GELU:
+        raise _refuse(model_dir, f"activation {act!r}: llama.cpp's graph computes the tanh GELU",
+                      "a model with the tanh GELU (gelu_new / gelu_pytorch_tanh)")
+    if raw.get("scale_attn_by_inverse_layer_idx") or raw.get("add_cross_attention"):
+        raise _refuse(model_dir, "attention scaled by the inverse layer index, or cross-attention, which "
+                      "llama.cpp's gpt2 graph does not compute", "a plain GPT-2")
+    scaling = raw.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        raise _refuse(model_dir, f"rope scaling {scaling!r} is not written", "a model without rope scaling")
+
+
+def _add_metadata(writer: object, arch: str, raw: JsonObject, config: GenericModelConfig, file_type: int,
+                  name: str) -> None:
+    """The keys llama.cpp reads for ``arch`` (``convert_hf_to_gguf.py``'s ``set_gguf_parameters``)."""
+    import gguf
+
+    w = writer
+    assert isinstance(w, gguf.GGUFWriter)
+    w.add_name(name)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_embedding_length(config.hidden_size)
+    w.add_file_type(file_type)
+    w.add_vocab_size(config.vocab_size)
+    if arch == "gpt2":
+        w.add_context_length(int(raw.get("n_positions", raw.get("n_ctx", 1024))))  # type: ignore[arg-type]
+        w.add_feed_forward_length(int(raw.get("n_inner") or 4 * config.hidden_size))  # type: ignore[arg-type]
+        w.add_head_count(int(raw["n_head"]))  # type: ignore[arg-type]
+        w.add_layer_norm_eps(float(raw.get("layer_norm_epsilon", 1e-5)))  # type: ignore[arg-type]
+        return
+    heads = int(raw["num_attention_heads"])  # type: ignore[arg-type]
+    w.add_context_length(config.max_position_embeddings)
+    w.add_feed_forward_length(int(raw["intermediate_size"]))  # type: ignore[arg-type]
+    w.add_head_count(heads)
+    w.add_head_count_kv(int(raw.get("num_key_value_heads") or heads))  # type: ignore[arg-type]
+    theta = raw.get("rope_theta")
+    if theta is None and isinstance(raw.get("rope_parameters"), dict):
+        theta = raw["rope_parameters"].get("rope_theta")  # type: ignore[union-attr]
+    w.add_rope_freq_base(float(theta if isinstance(theta, (int, float)) else 10000.0))
+    w.add_layer_norm_eps(float(raw.get("norm_epsilon", 1e-5)))  # type: ignore[arg-type]
+
+
+def write_generic_gguf(model: LoadedModel, model_dir: Path, out_path: Path, tensor_type: str,
+                       transform: Callable[[str, np.ndarray, np.ndarray], np.ndarray] | None) -> Path:
+    """Write ``model`` (a generic-tier model loaded from ``model_dir``) as a GGUF at ``out_path``;
+    what :func:`~.convert.write_gguf` calls for such a model (its arguments are the same)."""
+    import gguf
+
+    from .convert import _add_synthetic_vocabulary, _encoded, _file_type, weight_type
+
+    config = model.config
+    assert isinstance(config, GenericModelConfig)
+    arch = GENERIC_GGUF_FAMILIES.get(config.model_type)
+    if arch is None:
+        raise _refuse(model_dir, f"model_type {config.model_type!r} is not one the GGUF writer handles",
+                      "supported on the generic tier: " + ", ".join(sorted(GENERIC_GGUF_FAMILIES)))
+    raw = model.raw_config
+    _check_writable(raw, model_dir)
+    names = gguf_names_of(build_skeleton(raw, meta=True, source=str(model_dir)), arch, config.num_layers)
+    tensors: list[tuple[str, np.ndarray]] = []
+    for hf in model.weights:
+        if hf in names:
+            tensors.append((names[hf], model.weights.numpy(hf, np.float32)))
+    written = {g for g, _ in tensors}
+    if arch in _OUTPUT_COPIED and "output.weight" not in written:
+        tensors.append(("output.weight", dict(tensors)["token_embd.weight"]))
+    writer = gguf.GGUFWriter(str(out_path), arch)
+    _add_metadata(writer, arch, raw, config, _file_type(tensor_type), model_dir.name or "model")
+    _add_synthetic_vocabulary(writer, config.vocab_size, arch)
+    has_output = any(g == "output.weight" for g, _ in tensors)
+    for gname, original in tensors:
+        converted = to_file_layout(arch, gname, original)
+        array = converted if transform is None else transform(gname, original, converted)
+        array = np.asarray(array, dtype=np.float32)
+        kind = "f32" if array.ndim < 2 else weight_type(gname, array.shape[-1], tensor_type, config.num_layers,
+                                                          has_output)
+        data, qtype = _encoded(array, kind)
+        writer.add_tensor(gname, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
