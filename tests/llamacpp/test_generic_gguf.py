@@ -1,0 +1,113 @@
+"""GGUF files of architectures without a reference written from the math (GPT-2: learned positions,
+LayerNorm, fused Conv1D qkv, GELU; StarCoder2: GQA, NeoX rotary, biases) validated on the generic
+tier: read as the transformers model, run in llama.cpp, judged at the precision llama.cpp runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import validate
+
+pytest.importorskip("xllamacpp")
+
+#: two layers, 4 heads of 16 (StarCoder2: 2 KV heads), rows of 64: two Q8_0 blocks
+_GPT2 = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, n_inner=96)
+_STARCODER2 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0)
+
+
+def _save(kind: str, directory: Path) -> Path:
+    import torch
+    import transformers
+
+    config, model = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+                     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM")}[kind]
+    torch.manual_seed(0)
+    sizes = _GPT2 if kind == "gpt2" else _STARCODER2
+    getattr(transformers, model)(getattr(transformers, config)(**sizes)).save_pretrained(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    """Per architecture: the Hugging Face directory, its f32 and q8_0 GGUFs, and a file with a
+    converter bug (GPT-2: layer 1's fused qkv scaled; StarCoder2: layer 0's ffn_up scaled)."""
+    from debug_framework.backends.llamacpp.convert import write_gguf
+
+    out: dict[str, dict[str, Path]] = {}
+    for kind, wrong in (("gpt2", "blk.1.attn_qkv.weight"), ("starcoder2", "blk.0.ffn_up.weight")):
+        root = tmp_path_factory.mktemp(f"generic_{kind}")
+        hf = _save(kind, root / "hf")
+        out[kind] = {"hf": hf, "f32": write_gguf(hf, root / "f32.gguf"),
+                     "q8_0": write_gguf(hf, root / "q8_0.gguf", tensor_type="q8_0"),
+                     "bug": write_gguf(hf, root / "bug.gguf", tensor_type="f16",
+                                       transform=lambda name, hf_, conv, w=wrong: conv * 1.5 if name == w else conv)}
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "starcoder2"])
+def test_file_reads_as_the_transformers_model(files: dict[str, dict[str, Path]], kind: str) -> None:
+    """The config is the generic tier's, built from the metadata; every tensor reads back under the
+    transformers name as saved (GPT-2's Conv1D weights transposed back)."""
+    from debug_framework.modelio.loader import load_model
+
+    model, hf = load_model(files[kind]["f32"]), load_model(files[kind]["hf"])
+    assert model.architecture == "generic" and model.format == "gguf"
+    assert (model.config.model_type, model.num_layers, model.config.hidden_size) == (kind, 2, 64)
+    for name in hf.weights:
+        np.testing.assert_array_equal(model.weights.numpy(name, np.float32), hf.weights.numpy(name, np.float32))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "starcoder2"])
+def test_judged_at_the_precision_llamacpp_runs(engine, files: dict[str, dict[str, Path]], kind: str) -> None:
+    """At --dtype auto an f32 and a q8_0 file pass against their own weights, and the q8_0 file as a
+    conversion of the Hugging Face model; at float32 the q8_0 file fails consistent with q8_0."""
+    f = files[kind]
+    assert validate(engine, f["f32"]).passed
+    assert validate(engine, f["q8_0"]).passed
+    assert validate(engine, f["hf"], alternative_options={"model_file": str(f["q8_0"])}).passed
+    at_float32 = validate(engine, f["q8_0"], dtype="float32")
+    assert not at_float32.passed and at_float32.consistent_with == "q8_0"
+
+
+def test_float32_cache_and_the_gelu_table(engine, files: dict[str, dict[str, Path]]) -> None:
+    """An f32 file with an F32 cache and flash attention off: the embeddings and the first
+    attention match a plain float32 run; the first MLP does not (ggml's tanh GELU goes through a
+    float16 table), which the calibration at --dtype auto reproduces, so it passes there."""
+    exact = {"cache_type_k": "f32", "cache_type_v": "f32", "flash_attn": "off"}
+    plain = validate(engine, files["gpt2"]["f32"], dtype="float32", alternative_options=exact)
+    verdicts = {str(r.key): r.judgement.passed for r in plain.results}
+    assert verdicts["post_embedding"] and verdicts["post_attention:0"] and not verdicts["post_mlp:0"]
+    assert validate(engine, files["gpt2"]["f32"], alternative_options=exact).passed
+
+
+@pytest.mark.parametrize(("kind", "layer", "block"), [("gpt2", 1, "attention"), ("starcoder2", 0, "mlp")])
+def test_a_converter_bug_fails_at_its_layer(engine, files: dict[str, dict[str, Path]], kind: str, layer: int,
+                                            block: str) -> None:
+    f = files[kind]
+    result = validate(engine, f["hf"], isolate=True, alternative_options={"model_file": str(f["bug"])})
+    assert not result.passed
+    assert (result.error_source["layer"], result.error_source["block"]) == (layer, block)
+
+
+def test_two_decode_steps_through_llamacpps_cache(engine, files: dict[str, dict[str, Path]]) -> None:
+    """Two steps through llama.cpp's own KV cache pass, each layer's keys and values compared."""
+    result = validate(engine, files["starcoder2"]["f32"], decode_steps=2)
+    assert result.passed and result.decode["steps"] == 2
+    rows = result.decode["kv_cache"]
+    assert {(r["step"], r["layer"]) for r in rows} == {(s, i) for s in range(3) for i in range(2)}
+    assert all(r["passed"] for r in rows)
+
+
+def test_a_truncated_file_is_still_df004(files: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    from debug_framework.errors import ModelLoadingError
+    from debug_framework.modelio.loader import load_model
+
+    data = files["gpt2"]["f32"].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadingError, match="DF004.*past the end"):
+        load_model(cut)
