@@ -320,21 +320,28 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     model_dir, out_path = Path(model_dir), Path(out_path)
     generic = _generic_model(model_dir)
     if generic is not None:  # an architecture the generic tier runs (GPT-2, StarCoder2): .convert_generic
-        from .convert_generic import write_generic_gguf
+        from .convert_generic import add_generic_metadata, generic_architecture, generic_tensors
 
-        return write_generic_gguf(generic, model_dir, out_path, tensor_type, transform)
-    config, weights = _supported_config(model_dir)
-    writer = gguf.GGUFWriter(str(out_path), GGUF_FAMILIES[config.model_type])
-    _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
-    _add_synthetic_vocabulary(writer, config.vocab_size, GGUF_FAMILIES[config.model_type])
-    tensors = list(_tensors(config, weights))
+        arch = generic_architecture(generic, model_dir)
+        writer = gguf.GGUFWriter(str(out_path), arch)
+        add_generic_metadata(writer, arch, generic, _file_type(tensor_type), model_dir.name or "model")
+        tensors = [_Tensor(*t) for t in generic_tensors(generic, arch)]
+        layers, vocab = generic.num_layers, generic.config.vocab_size
+    else:
+        config, weights = _supported_config(model_dir)
+        arch = GGUF_FAMILIES[config.model_type]
+        writer = gguf.GGUFWriter(str(out_path), arch)
+        _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
+        tensors = list(_tensors(config, weights))
+        layers, vocab = config.num_hidden_layers, config.vocab_size
+    _add_synthetic_vocabulary(writer, vocab, arch)
     has_output = any(t.gguf_name == "output.weight" for t in tensors)
     for tensor in tensors:
         array = tensor.converted if transform is None else transform(tensor.gguf_name, tensor.original,
                                                                      tensor.converted)
         array = np.asarray(array, dtype=np.float32)
         kind = "f32" if array.ndim < 2 else weight_type(tensor.gguf_name, array.shape[-1], tensor_type,
-                                                          config.num_hidden_layers, has_output)
+                                                          layers, has_output)
         data, qtype = _encoded(array, kind)
         writer.add_tensor(tensor.gguf_name, data, raw_dtype=qtype)
     writer.write_header_to_file()

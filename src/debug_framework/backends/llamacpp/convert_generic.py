@@ -1,5 +1,5 @@
-"""Write a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2), the way llama.cpp's
-``convert_hf_to_gguf.py`` writes it.
+"""What a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2) holds, the way llama.cpp's
+``convert_hf_to_gguf.py`` writes it (:func:`~.convert.write_gguf` writes it).
 
 Tensor names come from the ``gguf`` package's table (``get_tensor_name_map``, the converter's
 own) looked up on the ``transformers`` model; the layout changes the converter makes are
@@ -13,7 +13,6 @@ layer index; an activation other than the tanh GELU; a rope scaling).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from ...modelio.generic import GenericModelConfig, build_skeleton
 from ...modelio.gguf_generic import GENERIC_GGUF_ARCHITECTURES, gguf_names_of, to_file_layout
 from ...modelio.loader import LoadedModel
 
-__all__ = ["GENERIC_GGUF_FAMILIES", "write_generic_gguf"]
+__all__ = ["GENERIC_GGUF_FAMILIES", "generic_architecture", "generic_tensors", "add_generic_metadata"]
 
 #: Hugging Face ``model_type`` -> llama.cpp architecture, for the generic tier's architectures
 GENERIC_GGUF_FAMILIES: dict[str, str] = {a.model_type: name for name, a in GENERIC_GGUF_ARCHITECTURES.items()}
@@ -52,11 +51,12 @@ def _check_writable(raw: JsonObject, model_dir: Path) -> None:
         raise _refuse(model_dir, f"rope scaling {scaling!r} is not written", "a model without rope scaling")
 
 
-def _add_metadata(writer: object, arch: str, raw: JsonObject, config: GenericModelConfig, file_type: int,
-                  name: str) -> None:
+def add_generic_metadata(writer: object, arch: str, model: LoadedModel, file_type: int, name: str) -> None:
     """The keys llama.cpp reads for ``arch`` (``convert_hf_to_gguf.py``'s ``set_gguf_parameters``)."""
     import gguf
 
+    raw, config = model.raw_config, model.config
+    assert isinstance(config, GenericModelConfig)
     w = writer
     assert isinstance(w, gguf.GGUFWriter)
     w.add_name(name)
@@ -82,44 +82,30 @@ def _add_metadata(writer: object, arch: str, raw: JsonObject, config: GenericMod
     w.add_layer_norm_eps(float(raw.get("norm_epsilon", 1e-5)))  # type: ignore[arg-type]
 
 
-def write_generic_gguf(model: LoadedModel, model_dir: Path, out_path: Path, tensor_type: str,
-                       transform: Callable[[str, np.ndarray, np.ndarray], np.ndarray] | None) -> Path:
-    """Write ``model`` (a generic-tier model loaded from ``model_dir``) as a GGUF at ``out_path``;
-    what :func:`~.convert.write_gguf` calls for such a model (its arguments are the same)."""
-    import gguf
-
-    from .convert import _add_synthetic_vocabulary, _encoded, _file_type, weight_type
-
+def generic_architecture(model: LoadedModel, model_dir: Path) -> str:
+    """The llama.cpp architecture ``model`` (a generic-tier model loaded from ``model_dir``) is
+    written as; DF004 for one the writer does not handle or llama.cpp would compute otherwise."""
     config = model.config
     assert isinstance(config, GenericModelConfig)
     arch = GENERIC_GGUF_FAMILIES.get(config.model_type)
     if arch is None:
         raise _refuse(model_dir, f"model_type {config.model_type!r} is not one the GGUF writer handles",
                       "supported on the generic tier: " + ", ".join(sorted(GENERIC_GGUF_FAMILIES)))
-    raw = model.raw_config
-    _check_writable(raw, model_dir)
-    names = gguf_names_of(build_skeleton(raw, meta=True, source=str(model_dir)), arch, config.num_layers)
-    tensors: list[tuple[str, np.ndarray]] = []
+    _check_writable(model.raw_config, model_dir)
+    return arch
+
+
+def generic_tensors(model: LoadedModel, arch: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Every tensor of the file: (llama.cpp name, the array as Hugging Face stores it, the array the
+    converter writes), GPT-2's tied head written as ``output.weight``."""
+    names = gguf_names_of(build_skeleton(model.raw_config, meta=True, source=str(model.path)), arch,
+                          model.num_layers)
+    tensors: list[tuple[str, np.ndarray, np.ndarray]] = []
     for hf in model.weights:
         if hf in names:
-            tensors.append((names[hf], model.weights.numpy(hf, np.float32)))
-    written = {g for g, _ in tensors}
-    if arch in _OUTPUT_COPIED and "output.weight" not in written:
-        tensors.append(("output.weight", dict(tensors)["token_embd.weight"]))
-    writer = gguf.GGUFWriter(str(out_path), arch)
-    _add_metadata(writer, arch, raw, config, _file_type(tensor_type), model_dir.name or "model")
-    _add_synthetic_vocabulary(writer, config.vocab_size, arch)
-    has_output = any(g == "output.weight" for g, _ in tensors)
-    for gname, original in tensors:
-        converted = to_file_layout(arch, gname, original)
-        array = converted if transform is None else transform(gname, original, converted)
-        array = np.asarray(array, dtype=np.float32)
-        kind = "f32" if array.ndim < 2 else weight_type(gname, array.shape[-1], tensor_type, config.num_layers,
-                                                          has_output)
-        data, qtype = _encoded(array, kind)
-        writer.add_tensor(gname, data, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out_path
+            original = model.weights.numpy(hf, np.float32)
+            tensors.append((names[hf], original, to_file_layout(arch, names[hf], original)))
+    if arch in _OUTPUT_COPIED and all(g != "output.weight" for g, _, _ in tensors):
+        embd = next(t for t in tensors if t[0] == "token_embd.weight")
+        tensors.append(("output.weight", embd[1], embd[2]))
+    return tensors
