@@ -111,3 +111,24 @@ def test_a_truncated_file_is_still_df004(files: dict[str, dict[str, Path]], tmp_
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadingError, match="DF004.*past the end"):
         load_model(cut)
+
+
+def test_the_docs_commands_exit_zero(files: dict[str, dict[str, Path]], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/gguf.md's generic-tier commands, run in this process on the tiny GPT-2 under the names
+    they use, pass (exit 0)."""
+    import re
+    import shutil
+
+    from debug_framework.cli.debug_validate import run
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gguf.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## The generic tier"):]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    shutil.copytree(files["gpt2"]["hf"], tmp_path / "gpt2-hf")
+    shutil.copy(files["gpt2"]["q8_0"], tmp_path / "gpt2-q8_0.gguf")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIE_DEBUG_DATABASE", str(tmp_path / "db.sqlite"))
+    codes = [run(line.split()[1:]) for line in block.group(1).strip().splitlines()]
+    assert codes == [0, 0], capsys.readouterr().out[-2000:]
