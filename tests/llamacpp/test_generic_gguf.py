@@ -102,6 +102,18 @@ def test_two_decode_steps_through_llamacpps_cache(engine, files: dict[str, dict[
     assert all(r["passed"] for r in rows)
 
 
+def test_a_checkpoint_without_a_node_is_not_compared(engine, files: dict[str, dict[str, Path]],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An architecture whose graph names no post-attention node (a parallel attention+MLP block)
+    declares the checkpoints it produces: the others are not compared, and the session passes."""
+    from debug_framework.backends.llamacpp import runner
+
+    monkeypatch.setitem(runner.NOT_IN_GRAPH, "gpt2", frozenset({"post_attention"}))
+    result = validate(engine, files["gpt2"]["q8_0"])
+    assert result.passed
+    assert [str(r.key) for r in result.results] == ["post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"]
+
+
 def test_a_truncated_file_is_still_df004(files: dict[str, dict[str, Path]], tmp_path: Path) -> None:
     from debug_framework.errors import ModelLoadingError
     from debug_framework.modelio.loader import load_model
