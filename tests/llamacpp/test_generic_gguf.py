@@ -1,6 +1,7 @@
 """GGUF files of architectures without a reference written from the math (GPT-2: learned positions,
-LayerNorm, fused Conv1D qkv, GELU; StarCoder2: GQA, NeoX rotary, biases) validated on the generic
-tier: read as the transformers model, run in llama.cpp, judged at the precision llama.cpp runs."""
+LayerNorm, fused Conv1D qkv, GELU; StarCoder2: GQA, NeoX rotary, biases; StableLM: a parallel
+attention+MLP block, partial rotary, SiLU-gated MLP) validated on the generic tier: read as the
+transformers model, run in llama.cpp, judged at the precision llama.cpp runs."""
 
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ pytest.importorskip("xllamacpp")
 _GPT2 = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, n_inner=96)
 _STARCODER2 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0)
+_STABLELM = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, use_parallel_residual=True, partial_rotary_factor=0.5)
+_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
+            "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", _STARCODER2),
+            "stablelm": ("StableLmConfig", "StableLmForCausalLM", _STABLELM)}
 
 
 def _save(kind: str, directory: Path) -> Path:
     import torch
     import transformers
 
-    config, model = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"),
-                     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM")}[kind]
+    config, model, sizes = _CLASSES[kind]
     torch.manual_seed(0)
-    sizes = _GPT2 if kind == "gpt2" else _STARCODER2
     getattr(transformers, model)(getattr(transformers, config)(**sizes)).save_pretrained(str(directory))
     return directory
 
@@ -34,11 +38,12 @@ def _save(kind: str, directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
     """Per architecture: the Hugging Face directory, its f32 and q8_0 GGUFs, and a file with a
-    converter bug (GPT-2: layer 1's fused qkv scaled; StarCoder2: layer 0's ffn_up scaled)."""
+    converter bug (GPT-2: layer 1's fused qkv scaled; StarCoder2: layer 0's ffn_up; StableLM: layer 1's)."""
     from debug_framework.backends.llamacpp.convert import write_gguf
 
     out: dict[str, dict[str, Path]] = {}
-    for kind, wrong in (("gpt2", "blk.1.attn_qkv.weight"), ("starcoder2", "blk.0.ffn_up.weight")):
+    for kind, wrong in (("gpt2", "blk.1.attn_qkv.weight"), ("starcoder2", "blk.0.ffn_up.weight"),
+                        ("stablelm", "blk.1.ffn_up.weight")):
         root = tmp_path_factory.mktemp(f"generic_{kind}")
         hf = _save(kind, root / "hf")
         out[kind] = {"hf": hf, "f32": write_gguf(hf, root / "f32.gguf"),
@@ -48,7 +53,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]
     return out
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "starcoder2"])
+@pytest.mark.parametrize("kind", ["gpt2", "starcoder2", "stablelm"])
 def test_file_reads_as_the_transformers_model(files: dict[str, dict[str, Path]], kind: str) -> None:
     """The config is the generic tier's, built from the metadata; every tensor reads back under the
     transformers name as saved (GPT-2's Conv1D weights transposed back)."""
@@ -102,16 +107,18 @@ def test_two_decode_steps_through_llamacpps_cache(engine, files: dict[str, dict[
     assert all(r["passed"] for r in rows)
 
 
-def test_a_checkpoint_without_a_node_is_not_compared(engine, files: dict[str, dict[str, Path]],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """An architecture whose graph names no post-attention node (a parallel attention+MLP block)
-    declares the checkpoints it produces: the others are not compared, and the session passes."""
-    from debug_framework.backends.llamacpp import runner
-
-    monkeypatch.setitem(runner.NOT_IN_GRAPH, "gpt2", frozenset({"post_attention"}))
-    result = validate(engine, files["gpt2"]["q8_0"])
-    assert result.passed
-    assert [str(r.key) for r in result.results] == ["post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"]
+def test_a_parallel_block_without_its_node(engine, files: dict[str, dict[str, Path]]) -> None:
+    """StableLM's parallel attention+MLP graph names no attention output alone: post_attention is
+    not compared, never failed. With SiLU (no GELU table) an f32 file with an F32 cache and flash
+    attention off passes a plain float32 run; a bug in layer 1's MLP fails at layer 1."""
+    f = files["stablelm"]
+    exact = validate(engine, f["f32"], dtype="float32",
+                     alternative_options={"cache_type_k": "f32", "cache_type_v": "f32", "flash_attn": "off"})
+    assert exact.passed
+    assert [str(r.key) for r in exact.results] == ["post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"]
+    assert validate(engine, f["q8_0"]).passed
+    bug = validate(engine, f["hf"], isolate=True, alternative_options={"model_file": str(f["bug"])})
+    assert not bug.passed and bug.error_source["layer"] == 1
 
 
 def test_a_truncated_file_is_still_df004(files: dict[str, dict[str, Path]], tmp_path: Path) -> None:

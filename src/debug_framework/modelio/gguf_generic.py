@@ -70,6 +70,19 @@ def _starcoder2(f: GgufFile) -> JsonObject:
             "sliding_window": None}
 
 
+def _stablelm(f: GgufFile) -> JsonObject:
+    """StableLM: the rotated share of each head (``rope.dimension_count``), the rope base, biases
+    where the file has them, a parallel attention+MLP block where it has no ``ffn_norm`` (llama.cpp's
+    own rule), the SiLU-gated MLP."""
+    heads = _positive(f, "attention.head_count")
+    head_dim = _positive(f, "embedding_length") // heads
+    rotated = _positive(f, "rope.dimension_count", head_dim)
+    return {"partial_rotary_factor": rotated / head_dim, "rope_theta": _number(f, "rope.freq_base", 10000.0),
+            "use_qkv_bias": "blk.0.attn_q.bias" in f.tensors, "qk_layernorm": False,
+            "use_parallel_residual": "blk.0.ffn_norm.weight" not in f.tensors, "hidden_act": "silu",
+            "layer_norm_eps": _number(f, "attention.layer_norm_epsilon", 1e-5)}
+
+
 @dataclass(frozen=True)
 class GenericGgufArchitecture:
     """How a llama.cpp architecture maps onto the ``transformers`` model it was converted from.
@@ -93,6 +106,7 @@ class GenericGgufArchitecture:
 GENERIC_GGUF_ARCHITECTURES: dict[str, GenericGgufArchitecture] = {
     "gpt2": GenericGgufArchitecture("gpt2", _gpt2, frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})),
     "starcoder2": GenericGgufArchitecture("starcoder2", _starcoder2),
+    "stablelm": GenericGgufArchitecture("stablelm", _stablelm),
 }
 
 

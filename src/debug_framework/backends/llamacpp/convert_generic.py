@@ -37,12 +37,15 @@ def _refuse(model_dir: Path, what: str, hint: str) -> ModelLoadingError:
     return ModelLoadingError(f"cannot write a GGUF for {model_dir}: {what}", hint=hint)
 
 
-def _check_writable(raw: JsonObject, model_dir: Path) -> None:
+def _check_writable(raw: JsonObject, model_dir: Path, arch: str) -> None:
     """DF004 for a model llama.cpp's graph would compute otherwise than ``transformers``."""
     act = raw.get("activation_function", raw.get("hidden_act", "gelu_new"))
-    if act not in _TANH_GELU:
-        raise _refuse(model_dir, f"activation {act!r}: llama.cpp's graph computes the tanh GELU",
-                      "a model with the tanh GELU (gelu_new / gelu_pytorch_tanh)")
+    wanted = ("silu",) if arch == "stablelm" else _TANH_GELU
+    if act not in wanted:
+        raise _refuse(model_dir, f"activation {act!r}: llama.cpp's {arch} graph computes {wanted[0]}",
+                      f"a model with the activation {wanted[0]}")
+    if raw.get("qk_layernorm"):
+        raise _refuse(model_dir, "per-head q/k LayerNorms (qk_layernorm) are not written", "a model without them")
     if raw.get("scale_attn_by_inverse_layer_idx") or raw.get("add_cross_attention"):
         raise _refuse(model_dir, "attention scaled by the inverse layer index, or cross-attention, which "
                       "llama.cpp's gpt2 graph does not compute", "a plain GPT-2")
@@ -71,6 +74,13 @@ def add_generic_metadata(writer: object, arch: str, model: LoadedModel, file_typ
         w.add_layer_norm_eps(float(raw.get("layer_norm_epsilon", 1e-5)))  # type: ignore[arg-type]
         return
     heads = int(raw["num_attention_heads"])  # type: ignore[arg-type]
+    if arch == "stablelm":
+        head_dim = config.hidden_size // heads
+        share = raw.get("partial_rotary_factor")
+        if share is None and isinstance(raw.get("rope_parameters"), dict):
+            share = raw["rope_parameters"].get("partial_rotary_factor")  # type: ignore[union-attr]
+        w.add_rope_dimension_count(int(float(share if isinstance(share, (int, float)) else 0.25) * head_dim))
+        w.add_parallel_residual(bool(raw.get("use_parallel_residual", False)))
     w.add_context_length(config.max_position_embeddings)
     w.add_feed_forward_length(int(raw["intermediate_size"]))  # type: ignore[arg-type]
     w.add_head_count(heads)
@@ -79,7 +89,7 @@ def add_generic_metadata(writer: object, arch: str, model: LoadedModel, file_typ
     if theta is None and isinstance(raw.get("rope_parameters"), dict):
         theta = raw["rope_parameters"].get("rope_theta")  # type: ignore[union-attr]
     w.add_rope_freq_base(float(theta if isinstance(theta, (int, float)) else 10000.0))
-    w.add_layer_norm_eps(float(raw.get("norm_epsilon", 1e-5)))  # type: ignore[arg-type]
+    w.add_layer_norm_eps(float(raw.get("norm_epsilon", raw.get("layer_norm_eps", 1e-5))))  # type: ignore[arg-type]
 
 
 def generic_architecture(model: LoadedModel, model_dir: Path) -> str:
@@ -91,7 +101,7 @@ def generic_architecture(model: LoadedModel, model_dir: Path) -> str:
     if arch is None:
         raise _refuse(model_dir, f"model_type {config.model_type!r} is not one the GGUF writer handles",
                       "supported on the generic tier: " + ", ".join(sorted(GENERIC_GGUF_FAMILIES)))
-    _check_writable(model.raw_config, model_dir)
+    _check_writable(model.raw_config, model_dir, arch)
     return arch
 
 

@@ -21,7 +21,7 @@ and one layer replays (or is traced) at a decode step after the prompt and the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,11 +59,14 @@ CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out
 #: file: their graphs name ``post_embedding`` (:data:`CHECKPOINT_NODES`), ``ffn_inp-i`` (the
 #: residual stream after attention), ``l_out-i``, ``result_norm`` and ``result_output``. An
 #: architecture whose graph has no node of a checkpoint lists it in :data:`NOT_IN_GRAPH`.
-GENERIC_RUNS: tuple[str, ...] = ("gpt2", "starcoder2")
+GENERIC_RUNS: tuple[str, ...] = ("gpt2", "starcoder2", "stablelm")
 
-#: llama.cpp architecture -> the checkpoint names its graph has no node of (a parallel attention+MLP
-#: block has no residual stream after attention): reported as not compared (:meth:`LlamaCppBackend.checkpoints`)
-NOT_IN_GRAPH: dict[str, frozenset[str]] = {}
+#: llama.cpp architecture -> the checkpoint names a file's graph has no node of, reported as not
+#: compared (:meth:`LlamaCppBackend.checkpoints`): StableLM's parallel attention+MLP block (a file
+#: without ``ffn_norm``, llama.cpp's own rule) names the residual sum ``ffn_inp-i``, but the
+#: attention block's output alone, the generic tier's ``post_attention:i`` of a parallel layer, is unnamed
+NOT_IN_GRAPH: dict[str, Callable[[GgufFile], frozenset[str]]] = {
+    "stablelm": lambda f: frozenset() if "blk.0.ffn_norm.weight" in f.tensors else frozenset({"post_attention"})}
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -217,7 +220,7 @@ class LlamaCppBackend(BaseBackend):
         from ...modelio.gguf_read import read_gguf
 
         gguf = self.gguf if self.gguf is not None else read_gguf(_gguf_of(model, self.model_file))
-        missing = NOT_IN_GRAPH.get(gguf.architecture)
+        missing = _not_in_graph(gguf)
         if not missing:
             return None
         return [str(k) for k in all_checkpoints(model.num_layers, model.router_layers) if k.name not in missing]
@@ -280,10 +283,21 @@ class LlamaCppBackend(BaseBackend):
         return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}",
                 "post_mlp": f"l_out-{key.layer}"}.get(key.name, "result_output")
 
+    def can_run_block(self) -> tuple[bool, str]:
+        """Whether an MLP block replays alone: not where the file's graph has no post-attention
+        state to replace (:data:`NOT_IN_GRAPH`: a parallel attention+MLP block)."""
+        if self.gguf is not None and "post_attention" in _not_in_graph(self.gguf):
+            return False, (f"cannot run the MLP block alone: llama.cpp's {self.gguf.architecture} graph of this file "
+                           "has no post-attention state (a parallel attention+MLP block); the layer is replayed whole")
+        return True, ""
+
     def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
                  layer_inputs: dict[int, np.ndarray] | None = None) -> Capture:
         tensors: dict[CheckpointKey, np.ndarray] = {}
+        absent = _not_in_graph(self.gguf) if self.gguf is not None else frozenset()
         for key in keys:
+            if key.name in absent:  # a node of another value under the checkpoint's usual name
+                continue
             if key.name == "post_processing":
                 tensors[key] = rows.scatter(kept.logits)
             elif self._node(key) in kept.nodes:
@@ -461,6 +475,12 @@ class LlamaCppBackend(BaseBackend):
         """Free llama.cpp's context (the model stays loaded)."""
         if self.graph is not None:
             self.graph.close_context()
+
+
+def _not_in_graph(gguf: GgufFile) -> frozenset[str]:
+    """The checkpoint names ``gguf``'s graph has no node of (:data:`NOT_IN_GRAPH`)."""
+    rule = NOT_IN_GRAPH.get(gguf.architecture)
+    return rule(gguf) if rule is not None else frozenset()
 
 
 def _check_same_generic_model(gguf: GgufFile, model: LoadedModel) -> None:
