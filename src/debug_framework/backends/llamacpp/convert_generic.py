@@ -1,4 +1,4 @@
-"""What a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2) holds, the way llama.cpp's
+"""What a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2, StableLM) holds, the way llama.cpp's
 ``convert_hf_to_gguf.py`` writes it (:func:`~.convert.write_gguf` writes it).
 
 Tensor names come from the ``gguf`` package's table (``get_tensor_name_map``, the converter's
@@ -8,7 +8,8 @@ transposed), the keys are those llama.cpp reads for the architecture (``gguf.Key
 ``GGUFWriter``), and GPT-2's tied head is written as ``output.weight``, a copy of the embeddings,
 as the converter writes it. What llama.cpp's graph for the architecture would compute differently
 from the ``transformers`` model is refused with DF004 (a GPT-2 scaling attention by the inverse
-layer index; an activation other than the tanh GELU; a rope scaling).
+layer index; an activation other than the graph's: the tanh GELU, StableLM's SiLU; StableLM's
+per-head q/k LayerNorms; a rope scaling).
 """
 
 from __future__ import annotations

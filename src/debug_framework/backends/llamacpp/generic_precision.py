@@ -1,6 +1,6 @@
 """llama.cpp's precision reproduced in a generic-tier model's own eager ``transformers`` code.
 
-For a GGUF whose family has no reference written from the math (GPT-2, StarCoder2:
+For a GGUF whose family has no reference written from the math (GPT-2, StarCoder2, StableLM:
 :mod:`debug_framework.modelio.gguf_generic`), the calibration at ``--dtype auto`` is the model's
 own eager code in float32 (``float64_eager``'s code, :class:`LlamaEagerEmulationBackend`) with
 what llama.cpp rounds rounded the same way, by means that hold for any ``transformers`` model:
