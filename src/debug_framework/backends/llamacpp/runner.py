@@ -4,11 +4,14 @@ the canonical checkpoints read from its graph nodes through the eval callback, e
 =====================  ===============================================
 checkpoint             llama.cpp node
 =====================  ===============================================
-``post_embedding``     ``embd`` (Gemma: ``inp_scaled``)
+``post_embedding``     ``embd`` (Gemma: ``inp_scaled``; GPT-2: ``inpL``, with the learned positions)
 ``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``; Phi-3: unnamed, the first source of the MLP's ``norm-i``)
 ``post_mlp:i``         ``l_out-i`` (the layer's output)
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
+
+GPT-2, StarCoder2 and StableLM files run against the generic tier (:data:`GENERIC_RUNS`); a
+checkpoint a file's graph has no node of (:data:`NOT_IN_GRAPH`) is not produced, so not compared.
 
 Which file: ``model_file`` (``--alternative-model FILE.gguf``: a conversion checked against the
 Hugging Face model of ``--model-path``), else the session's model itself (``--model-path FILE.gguf``:
@@ -42,7 +45,8 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "llamacpp_availability", "trace_nodes"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "GENERIC_RUNS", "NOT_IN_GRAPH", "llamacpp_availability",
+           "trace_nodes"]
 
 #: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
 #: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
