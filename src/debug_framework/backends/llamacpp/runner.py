@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "GENERIC_RUNS", "NOT_IN_GRAPH", "llamacpp_availability",
-           "trace_nodes"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "GENERIC_RUNS", "NOT_IN_GRAPH",
+           "llamacpp_availability", "trace_nodes"]
 
 #: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
 #: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
