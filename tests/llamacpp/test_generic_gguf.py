@@ -151,3 +151,29 @@ def test_the_docs_commands_exit_zero(files: dict[str, dict[str, Path]], tmp_path
     monkeypatch.setenv("PIE_DEBUG_DATABASE", str(tmp_path / "db.sqlite"))
     codes = [run(line.split()[1:]) for line in block.group(1).strip().splitlines()]
     assert codes == [0, 0], capsys.readouterr().out[-2000:]
+
+
+def test_what_the_emulation_cannot_reproduce_is_said(files: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    """A model whose attention bypasses transformers' attention registry (BLOOM) cannot have its keys
+    and values rounded to the KV cache type: said in words (the engine's versions carry it as
+    ``not_reproduced``); GPT-2 (every product a module, attention through the registry) has nothing to say."""
+    import torch
+    import transformers
+
+    from debug_framework.backends.llamacpp.generic_precision import (GenericLlamaPrecision, emulation_limits,
+                                                                     generic_gguf_names)
+    from debug_framework.modelio.generic import build_skeleton
+    from debug_framework.modelio.loader import load_model
+
+    torch.manual_seed(0)
+    transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4)) \
+        .save_pretrained(str(tmp_path / "bloom"))
+    said = {}
+    for directory, arch in ((tmp_path / "bloom", "bloom"), (files["gpt2"]["hf"], "gpt2")):
+        model = load_model(directory)
+        names = generic_gguf_names(model, arch)
+        types = {g: "F32" if "norm" in g or g.endswith(".bias") else "Q8_0" for g in names.values()}
+        precision = GenericLlamaPrecision("q8_0", types, "f16", "f16", "auto", architecture=arch)
+        said[arch] = emulation_limits(build_skeleton(model.raw_config, meta=True), names, precision)
+    assert said["gpt2"] == []
+    assert len(said["bloom"]) == 1 and "BloomAttention does not call transformers' attention registry" in said["bloom"][0]

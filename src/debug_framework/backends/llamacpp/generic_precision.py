@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.loader import LoadedModel
 
-__all__ = ["GenericLlamaPrecision", "LlamaEagerEmulationBackend", "CACHE_ROUNDED_ATTENTION"]
+__all__ = ["GenericLlamaPrecision", "LlamaEagerEmulationBackend", "CACHE_ROUNDED_ATTENTION", "emulation_limits",
+           "generic_gguf_names"]
 
 #: the name the cache-rounding attention is registered under in transformers' registries
 CACHE_ROUNDED_ATTENTION = "llamacpp_cache_rounded"
@@ -192,15 +193,15 @@ class LlamaEagerEmulationBackend(EagerReferenceBackend):
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def version_info(self) -> JsonObject:
-        return {**super().version_info(), "emulates": self.precision.describe()}
+        info: JsonObject = {**super().version_info(), "emulates": self.precision.describe()}
+        if self.module is not None:
+            limits = emulation_limits(self.module, self._names, self.precision)
+            if limits:
+                info["not_reproduced"] = limits  # type: ignore[assignment]
+        return info
 
     def _gguf_names(self, model: LoadedModel) -> dict[str, str]:
-        """Hugging Face parameter name -> the file's tensor name."""
-        from ...modelio.generic import build_skeleton
-        from ...modelio.gguf_generic import gguf_names_of
-
-        net = build_skeleton(model.raw_config, meta=True, source=str(model.path))
-        return gguf_names_of(net, self.precision.architecture, model.num_layers)
+        return generic_gguf_names(model, self.precision.architecture)
 
     def _at_file_types(self, model: LoadedModel) -> LoadedModel:
         """``model`` with the weights llama.cpp holds: a GGUF's own as they are, a Hugging Face
@@ -219,13 +220,7 @@ class LlamaEagerEmulationBackend(EagerReferenceBackend):
         self._round_like_llama()
 
     def _type_of(self, hf_name: str) -> str:
-        """The file's type of the weight Hugging Face calls ``hf_name`` (the LM head: ``output.weight``,
-        else the token embeddings it is tied to)."""
-        types = self.precision.tensor_types
-        gname = self._names.get(hf_name, "")
-        if gname == "output.weight" and gname not in types:
-            gname = "token_embd.weight"
-        return types.get(gname, "F32")
+        return _type_of(self._names, self.precision, hf_name)
 
     def _round_like_llama(self) -> None:
         """Hooks and the attention function that round what llama.cpp's kernels round."""
@@ -246,6 +241,47 @@ class LlamaEagerEmulationBackend(EagerReferenceBackend):
         config = net.config
         config.llamacpp_cache_rounding = (round_q, cache_k, cache_v)
         config._attn_implementation = CACHE_ROUNDED_ATTENTION
+
+
+def generic_gguf_names(model: LoadedModel, architecture: str) -> dict[str, str]:
+    """Hugging Face parameter name -> the tensor name in an ``architecture`` file, for ``model``."""
+    from ...modelio.generic import build_skeleton
+    from ...modelio.gguf_generic import gguf_names_of
+
+    net = build_skeleton(model.raw_config, meta=True, source=str(model.path))
+    return gguf_names_of(net, architecture, model.num_layers)
+
+
+def _type_of(names: dict[str, str], precision: LlamaPrecision, hf_name: str) -> str:
+    """The file's type of the weight Hugging Face calls ``hf_name`` (the LM head: ``output.weight``,
+    else the token embeddings it is tied to)."""
+    types = precision.tensor_types
+    gname = names.get(hf_name, "")
+    if gname == "output.weight" and gname not in types:
+        gname = "token_embd.weight"
+    return types.get(gname, "F32")
+
+
+def emulation_limits(net: torch.nn.Module, names: dict[str, str], precision: LlamaPrecision) -> list[str]:
+    """What :class:`LlamaEagerEmulationBackend` cannot reproduce of ``precision`` in ``net`` (a
+    ``transformers`` model, real or on the ``meta`` device), in words: a quantized weight used outside
+    an ``nn.Linear`` / ``Conv1D`` (stacked experts: its input is not rounded), attention that does not
+    go through transformers' attention registry (keys and values not rounded to the KV cache type)."""
+    limits: list[str] = []
+    hooked = {f"{n}.weight" for n, m in net.named_modules() if type(m).__name__ in _MATMUL_MODULES}
+    embedded = {f"{n}.weight" for n, m in net.named_modules() if type(m).__name__ == "Embedding"}
+    loose = [n for n, p in net.named_parameters() if p.ndim >= 2 and n not in hooked | embedded
+             and VEC_DOT.get(_type_of(names, precision, n), ("F32",))[0] != "F32"]
+    if loose:
+        limits.append(f"the inputs of {len(loose)} quantized weights used outside a Linear module ({loose[0]} ...) "
+                      "are not rounded as ggml's kernel rounds them")
+    if precision.cache_type_k.upper() != "F32" or precision.cache_type_v.upper() != "F32":
+        bypass = sorted({type(m).__name__ for m in net.modules() if type(m).__name__.endswith("Attention")
+                         and "ALL_ATTENTION_FUNCTIONS" not in vars(sys.modules[type(m).__module__])})
+        if bypass:
+            limits.append(f"keys and values are not rounded to the {precision.cache_type_k}/{precision.cache_type_v} "
+                          f"KV cache: {', '.join(bypass)} does not call transformers' attention registry")
+    return limits
 
 
 def _input_rounding(fn: Rounding) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:

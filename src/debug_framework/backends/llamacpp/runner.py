@@ -166,6 +166,8 @@ class LlamaCppBackend(BaseBackend):
         self._last_layer: tuple[int, str, Capture] | None = None
         #: the layer and MLP-block replays, each resumed along one pass (:mod:`.chain`)
         self._chains: dict[str, ReplayChain] = {}
+        #: what the calibration's emulation of this file cannot reproduce (generic tier; in words)
+        self.not_reproduced: list[str] = []
 
     def availability(self) -> tuple[bool, str]:
         return llamacpp_availability()
@@ -181,6 +183,8 @@ class LlamaCppBackend(BaseBackend):
         path = _gguf_of(model, self.model_file)
         self.gguf = read_gguf(path)  # malformed: DF004 here, before llama.cpp reads it
         self._check_same_model(model)
+        self.not_reproduced = _generic_limits(model, self.gguf, self.precision) if model.architecture == "generic" \
+            else []
         self.release_replays()
         if self.graph is not None:
             self.graph.close()
@@ -258,6 +262,8 @@ class LlamaCppBackend(BaseBackend):
         if self.gguf is not None:
             info["model_file"] = str(self.gguf.path)
             info["precision"] = self.precision.describe()
+        if self.not_reproduced:
+            info["not_reproduced"] = list(self.not_reproduced)  # type: ignore[assignment]
         return info
 
     # -- passes -----------------------------------------------------------------------------------
@@ -479,6 +485,16 @@ class LlamaCppBackend(BaseBackend):
         """Free llama.cpp's context (the model stays loaded)."""
         if self.graph is not None:
             self.graph.close_context()
+
+
+def _generic_limits(model: LoadedModel, gguf: GgufFile, precision: LlamaPrecision) -> list[str]:
+    """What the generic tier's emulation cannot reproduce of llama.cpp's precision on ``model``
+    (:func:`~.generic_precision.emulation_limits`, on the model built on the ``meta`` device)."""
+    from ...modelio.generic import build_skeleton
+    from .generic_precision import emulation_limits, generic_gguf_names
+
+    net = build_skeleton(model.raw_config, meta=True, source=str(model.path))
+    return emulation_limits(net, generic_gguf_names(model, gguf.architecture), precision)
 
 
 def _not_in_graph(gguf: GgufFile) -> frozenset[str]:
