@@ -1,7 +1,8 @@
 """GGUF files of architectures without a reference written from the math (GPT-2: learned positions,
 LayerNorm, fused Conv1D qkv, GELU; StarCoder2: GQA, NeoX rotary, biases; StableLM: a parallel
-attention+MLP block, partial rotary, SiLU-gated MLP) validated on the generic tier: read as the
-transformers model, run in llama.cpp, judged at the precision llama.cpp runs."""
+attention+MLP block, partial rotary, SiLU-gated MLP; Phi-2: parallel, GELU, an LM head bias)
+validated on the generic tier: read as the transformers model, run in llama.cpp, judged at the
+precision llama.cpp runs."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ _GPT2 = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, n_i
 _STARCODER2 = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0)
 _STABLELM = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, use_parallel_residual=True, partial_rotary_factor=0.5)
-_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
+                 num_key_value_heads=2, max_position_embeddings=64, use_parallel_residual=True,
+                 partial_rotary_factor=0.5)
+_PHI = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, partial_rotary_factor=0.5)
+_CLASSES = {"phi": ("PhiConfig", "PhiForCausalLM", _PHI),"gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
             "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", _STARCODER2),
             "stablelm": ("StableLmConfig", "StableLmForCausalLM", _STABLELM)}
 
@@ -38,12 +42,13 @@ def _save(kind: str, directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
     """Per architecture: the Hugging Face directory, its f32 and q8_0 GGUFs, and a file with a
-    converter bug (GPT-2: layer 1's fused qkv scaled; StarCoder2: layer 0's ffn_up; StableLM: layer 1's)."""
+    converter bug (GPT-2: layer 1's fused qkv scaled; StarCoder2: layer 0's ffn_up; StableLM: layer 1's;
+    Phi-2: layer 1's attn_k)."""
     from debug_framework.backends.llamacpp.convert import write_gguf
 
     out: dict[str, dict[str, Path]] = {}
     for kind, wrong in (("gpt2", "blk.1.attn_qkv.weight"), ("starcoder2", "blk.0.ffn_up.weight"),
-                        ("stablelm", "blk.1.ffn_up.weight")):
+                        ("stablelm", "blk.1.ffn_up.weight"), ("phi", "blk.1.attn_k.weight")):
         root = tmp_path_factory.mktemp(f"generic_{kind}")
         hf = _save(kind, root / "hf")
         out[kind] = {"hf": hf, "f32": write_gguf(hf, root / "f32.gguf"),
@@ -53,7 +58,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]
     return out
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "starcoder2", "stablelm"])
+@pytest.mark.parametrize("kind", ["gpt2", "starcoder2", "stablelm", "phi"])
 def test_file_reads_as_the_transformers_model(files: dict[str, dict[str, Path]], kind: str) -> None:
     """The config is the generic tier's, built from the metadata; every tensor reads back under the
     transformers name as saved (GPT-2's Conv1D weights transposed back)."""
@@ -107,12 +112,14 @@ def test_two_decode_steps_through_llamacpps_cache(engine, files: dict[str, dict[
     assert all(r["passed"] for r in rows)
 
 
-def test_a_parallel_block_without_its_node(engine, files: dict[str, dict[str, Path]]) -> None:
-    """StableLM's parallel attention+MLP graph names no attention output alone: post_attention is
-    not compared, never failed. With SiLU (no GELU table) an f32 file with an F32 cache and flash
-    attention off passes a plain float32 run; a bug in layer 1's MLP fails at layer 1."""
-    f = files["stablelm"]
-    exact = validate(engine, f["f32"], dtype="float32",
+@pytest.mark.parametrize(("kind", "dtype"), [("stablelm", "float32"), ("phi", "auto")])
+def test_a_parallel_block_without_its_node(engine, files: dict[str, dict[str, Path]], kind: str, dtype: str) -> None:
+    """StableLM's and Phi-2's parallel attention+MLP graphs name no attention output alone:
+    post_attention is not compared, never failed. An f32 file with an F32 cache and flash attention
+    off passes (StableLM's SiLU: a plain float32 run; Phi-2's GELU goes through ggml's table: at
+    auto); a bug in layer 1 fails at layer 1."""
+    f = files[kind]
+    exact = validate(engine, f["f32"], dtype=dtype,
                      alternative_options={"cache_type_k": "f32", "cache_type_v": "f32", "flash_attn": "off"})
     assert exact.passed
     assert [str(r.key) for r in exact.results] == ["post_embedding", "post_mlp:0", "post_mlp:1", "post_processing"]
@@ -176,4 +183,5 @@ def test_what_the_emulation_cannot_reproduce_is_said(files: dict[str, dict[str, 
         precision = GenericLlamaPrecision("q8_0", types, "f16", "f16", "auto", architecture=arch)
         said[arch] = emulation_limits(build_skeleton(model.raw_config, meta=True), names, precision)
     assert said["gpt2"] == []
-    assert len(said["bloom"]) == 1 and "BloomAttention does not call transformers' attention registry" in said["bloom"][0]
+    assert len(said["bloom"]) == 1
+    assert "BloomAttention does not call transformers' attention registry" in said["bloom"][0]

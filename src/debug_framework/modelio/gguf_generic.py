@@ -83,6 +83,20 @@ def _stablelm(f: GgufFile) -> JsonObject:
             "layer_norm_eps": _number(f, "attention.layer_norm_epsilon", 1e-5)}
 
 
+def _phi2(f: GgufFile) -> JsonObject:
+    """Phi-2 (Hugging Face ``phi``; transformers' GGUF table has no ``phi2``): every size from the
+    metadata, the rotated share of each head, the tanh GELU; attention and MLP in parallel."""
+    heads = _positive(f, "attention.head_count")
+    hidden = _positive(f, "embedding_length")
+    return {"hidden_size": hidden, "intermediate_size": _positive(f, "feed_forward_length"),
+            "num_hidden_layers": _positive(f, "block_count"), "num_attention_heads": heads,
+            "num_key_value_heads": _positive(f, "attention.head_count_kv", heads),
+            "max_position_embeddings": _positive(f, "context_length"),
+            "partial_rotary_factor": _positive(f, "rope.dimension_count", hidden // heads) / (hidden // heads),
+            "rope_theta": _number(f, "rope.freq_base", 10000.0), "hidden_act": "gelu_new", "qk_layernorm": False,
+            "layer_norm_eps": _number(f, "attention.layer_norm_epsilon", 1e-5)}
+
+
 @dataclass(frozen=True)
 class GenericGgufArchitecture:
     """How a llama.cpp architecture maps onto the ``transformers`` model it was converted from.
@@ -107,6 +121,7 @@ GENERIC_GGUF_ARCHITECTURES: dict[str, GenericGgufArchitecture] = {
     "gpt2": GenericGgufArchitecture("gpt2", _gpt2, frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})),
     "starcoder2": GenericGgufArchitecture("starcoder2", _starcoder2),
     "stablelm": GenericGgufArchitecture("stablelm", _stablelm),
+    "phi2": GenericGgufArchitecture("phi", _phi2),
 }
 
 

@@ -4,8 +4,8 @@ under Hugging Face's names, q/k rows back in Hugging Face's order) as the weight
 ``load_model("model.gguf")`` reads it here (:func:`gguf_model_parts`): the reference written from the math then runs on the
 file's own weights in float64. Families: those both llama.cpp and the references support
 (:data:`GGUF_ARCHITECTURES`); an architecture without such a reference that the generic tier reads
-(:data:`~.gguf_generic.GENERIC_GGUF_ARCHITECTURES`: GPT-2, StarCoder2, StableLM) becomes a generic-tier model
-(:mod:`.gguf_generic`); another architecture is refused with DF004 naming it.
+(:data:`~.gguf_generic.GENERIC_GGUF_ARCHITECTURES`: GPT-2, StarCoder2, StableLM, Phi-2) becomes a
+generic-tier model (:mod:`.gguf_generic`); another architecture is refused with DF004 naming it.
 """
 
 from __future__ import annotations

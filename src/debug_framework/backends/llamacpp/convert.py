@@ -298,7 +298,7 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
     Args:
         model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or
             Gemma 3 (text) decoder, or of a model the generic tier runs whose architecture the
-            writer handles (GPT-2, StarCoder2, StableLM: :mod:`.convert_generic`).
+            writer handles (GPT-2, StarCoder2, StableLM, Phi-2: :mod:`.convert_generic`).
         out_path: the file to write (its directory must exist).
         tensor_type: the type of every 2-D weight, or a mixture of ``llama-quantize``'s
             (``q4_k_m``, ``q5_k_m``), one of :data:`GGUF_TENSOR_TYPES`; norms and biases stay F32,
@@ -319,7 +319,7 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
                                 hint="one of " + ", ".join(GGUF_TENSOR_TYPES))
     model_dir, out_path = Path(model_dir), Path(out_path)
     generic = _generic_model(model_dir)
-    if generic is not None:  # an architecture the generic tier runs (GPT-2, StarCoder2, StableLM): .convert_generic
+    if generic is not None:  # an architecture the generic tier runs (GPT-2 ...): .convert_generic
         from .convert_generic import add_generic_metadata, generic_architecture, generic_tensors
 
         arch = generic_architecture(generic, model_dir)

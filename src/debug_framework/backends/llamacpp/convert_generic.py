@@ -1,5 +1,5 @@
-"""What a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2, StableLM) holds, the way llama.cpp's
-``convert_hf_to_gguf.py`` writes it (:func:`~.convert.write_gguf` writes it).
+"""What a GGUF of an architecture the generic tier runs (GPT-2, StarCoder2, StableLM, Phi-2) holds,
+the way llama.cpp's ``convert_hf_to_gguf.py`` writes it (:func:`~.convert.write_gguf` writes it).
 
 Tensor names come from the ``gguf`` package's table (``get_tensor_name_map``, the converter's
 own) looked up on the ``transformers`` model; the layout changes the converter makes are
@@ -75,13 +75,14 @@ def add_generic_metadata(writer: object, arch: str, model: LoadedModel, file_typ
         w.add_layer_norm_eps(float(raw.get("layer_norm_epsilon", 1e-5)))  # type: ignore[arg-type]
         return
     heads = int(raw["num_attention_heads"])  # type: ignore[arg-type]
-    if arch == "stablelm":
+    if arch in ("stablelm", "phi2"):
         head_dim = config.hidden_size // heads
         share = raw.get("partial_rotary_factor")
         if share is None and isinstance(raw.get("rope_parameters"), dict):
             share = raw["rope_parameters"].get("partial_rotary_factor")  # type: ignore[union-attr]
         w.add_rope_dimension_count(int(float(share if isinstance(share, (int, float)) else 0.25) * head_dim))
-        w.add_parallel_residual(bool(raw.get("use_parallel_residual", False)))
+        if arch == "stablelm":
+            w.add_parallel_residual(bool(raw.get("use_parallel_residual", False)))
     w.add_context_length(config.max_position_embeddings)
     w.add_feed_forward_length(int(raw["intermediate_size"]))  # type: ignore[arg-type]
     w.add_head_count(heads)

@@ -1,6 +1,6 @@
 """llama.cpp's precision reproduced in a generic-tier model's own eager ``transformers`` code.
 
-For a GGUF whose family has no reference written from the math (GPT-2, StarCoder2, StableLM:
+For a GGUF whose family has no reference written from the math (GPT-2, StarCoder2, StableLM, Phi-2:
 :mod:`debug_framework.modelio.gguf_generic`), the calibration at ``--dtype auto`` is the model's
 own eager code in float32 (``float64_eager``'s code, :class:`LlamaEagerEmulationBackend`) with
 what llama.cpp rounds rounded the same way, by means that hold for any ``transformers`` model:
@@ -99,7 +99,8 @@ def cache_rounded_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     config (``llamacpp_cache_rounding``); registered as :data:`CACHE_ROUNDED_ATTENTION`."""
     round_q, round_k, round_v = getattr(module.config, "llamacpp_cache_rounding")
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
-    return eager(module, round_q(query), round_k(key), round_v(value), attention_mask, **kwargs)  # type: ignore[no-any-return]
+    out = eager(module, round_q(query), round_k(key), round_v(value), attention_mask, **kwargs)
+    return out  # type: ignore[no-any-return]
 
 
 def _register_attention() -> None:

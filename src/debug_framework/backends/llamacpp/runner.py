@@ -10,7 +10,7 @@ checkpoint             llama.cpp node
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
 
-GPT-2, StarCoder2 and StableLM files run against the generic tier (:data:`GENERIC_RUNS`); a
+GPT-2, StarCoder2, StableLM and Phi-2 files run against the generic tier (:data:`GENERIC_RUNS`); a
 checkpoint a file's graph has no node of (:data:`NOT_IN_GRAPH`) is not produced, so not compared.
 
 Which file: ``model_file`` (``--alternative-model FILE.gguf``: a conversion checked against the
@@ -63,14 +63,16 @@ CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out
 #: file: their graphs name ``post_embedding`` (:data:`CHECKPOINT_NODES`), ``ffn_inp-i`` (the
 #: residual stream after attention), ``l_out-i``, ``result_norm`` and ``result_output``. An
 #: architecture whose graph has no node of a checkpoint lists it in :data:`NOT_IN_GRAPH`.
-GENERIC_RUNS: tuple[str, ...] = ("gpt2", "starcoder2", "stablelm")
+GENERIC_RUNS: tuple[str, ...] = ("gpt2", "starcoder2", "stablelm", "phi2")
 
 #: llama.cpp architecture -> the checkpoint names a file's graph has no node of, reported as not
-#: compared (:meth:`LlamaCppBackend.checkpoints`): StableLM's parallel attention+MLP block (a file
-#: without ``ffn_norm``, llama.cpp's own rule) names the residual sum ``ffn_inp-i``, but the
-#: attention block's output alone, the generic tier's ``post_attention:i`` of a parallel layer, is unnamed
+#: compared (:meth:`LlamaCppBackend.checkpoints`). A parallel attention+MLP block's
+#: ``post_attention:i`` on the generic tier is the attention block's output alone, which these graphs
+#: leave unnamed: Phi-2's always; StableLM's where the file has no ``ffn_norm`` (llama.cpp's own rule),
+#: whose ``ffn_inp-i`` is then the layer's input plus the attention, another value
 NOT_IN_GRAPH: dict[str, Callable[[GgufFile], frozenset[str]]] = {
-    "stablelm": lambda f: frozenset() if "blk.0.ffn_norm.weight" in f.tensors else frozenset({"post_attention"})}
+    "stablelm": lambda f: frozenset() if "blk.0.ffn_norm.weight" in f.tensors else frozenset({"post_attention"}),
+    "phi2": lambda f: frozenset({"post_attention"})}
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -566,9 +568,10 @@ class _Decoder:
         self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
         self.head_dim = int(getattr(model.config, "head_dim", 0))
         if model.architecture == "generic" and backend.gguf is not None:  # the file's own heads
-            heads = backend.gguf.key("attention.head_count")
-            self.kv_heads = int(backend.gguf.key("attention.head_count_kv", heads) or 0)  # type: ignore[arg-type]
-            self.head_dim = int(backend.gguf.key("embedding_length", 0)) // max(int(heads or 1), 1)  # type: ignore[arg-type]
+            key = backend.gguf.key
+            heads = int(key("attention.head_count", 1) or 1)  # type: ignore[call-overload]
+            self.kv_heads = int(key("attention.head_count_kv", heads) or heads)  # type: ignore[call-overload]
+            self.head_dim = int(key("embedding_length", 0) or 0) // max(heads, 1)  # type: ignore[call-overload]
         self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
         self._unread: set[int] = set()
 
