@@ -4,7 +4,9 @@ under Hugging Face's names, q/k rows back in Hugging Face's order, a mixture of 
 
 ``load_model("model.gguf")`` reads it here (:func:`gguf_model_parts`): the reference written from the math then runs on the
 file's own weights in float64. Families: those both llama.cpp and the references support
-(:data:`GGUF_ARCHITECTURES`); another architecture is refused with DF004 naming it.
+(:data:`GGUF_ARCHITECTURES`); an architecture without such a reference that the generic tier reads
+(:data:`~.gguf_generic.GENERIC_GGUF_ARCHITECTURES`: GPT-2, StarCoder2, StableLM, Phi-2) becomes a
+generic-tier model (:mod:`.gguf_generic`); another architecture is refused with DF004 naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .gguf_read import GgufFile, read_gguf
 if TYPE_CHECKING:
     import torch
 
+    from .generic import GenericModelConfig
     from .weights import TensorReader
 
 __all__ = ["GGUF_ARCHITECTURES", "GgufReader", "gguf_config", "hf_name", "gguf_name", "GEMMA_ARCHS", "gguf_model_parts",
@@ -159,7 +162,7 @@ def gguf_config(f: GgufFile) -> JsonObject:
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadingError(
             f"GGUF architecture {arch!r} has no reference here", file=str(f.path),
-            hint="supported GGUF architectures: " + ", ".join(GGUF_ARCHITECTURES)
+            hint="supported GGUF architectures: " + ", ".join([*GGUF_ARCHITECTURES, *_generic_architectures()])
                  + "; validate the Hugging Face model it was converted from instead")
     if "token_embd.weight" not in f.tensors:
         raise ModelLoadingError("the GGUF has no token_embd.weight", file=str(f.path))
@@ -187,6 +190,13 @@ def gguf_config(f: GgufFile) -> JsonObject:
         raise ModelLoadingError(f"GGUF rope scaling {f.key('rope.scaling.type')!r} is not read here",
                                 file=str(f.path), hint="validate a file without rope scaling, or with linear scaling")
     return config
+
+
+def _generic_architectures() -> list[str]:
+    """The architectures the generic tier reads (:mod:`.gguf_generic`)."""
+    from .gguf_generic import GENERIC_GGUF_ARCHITECTURES
+
+    return list(GENERIC_GGUF_ARCHITECTURES)
 
 
 def _gemma_config(f: GgufFile, config: JsonObject) -> JsonObject:
@@ -300,17 +310,25 @@ class GgufReader:
         return torch.from_numpy(self.array(name))
 
 
-def gguf_model_parts(path: Path) -> tuple[LlamaModelConfig, JsonObject, dict[str, tuple[TensorReader, str]]]:
-    """A GGUF file's typed config, its metadata as a ``config.json``, and where each tensor is (what
-    ``load_model`` checks and wraps as a ``LoadedModel`` of format ``"gguf"``).
+def gguf_model_parts(path: Path) -> tuple[LlamaModelConfig | GenericModelConfig, JsonObject,
+                                          dict[str, tuple[TensorReader, str]], dict[str, tuple[int, ...]] | None]:
+    """A GGUF file's typed config, its metadata as a ``config.json``, where each tensor is (what
+    ``load_model`` checks and wraps as a ``LoadedModel`` of format ``"gguf"``), and, for an
+    architecture the generic tier runs (:mod:`.gguf_generic`), the tensors its ``transformers``
+    model reads (None for a family with a reference written from the math: its own layout).
 
     Raises:
-        ModelLoadingError: (DF004) a malformed file (:func:`~.gguf_read.read_gguf`), an
-            architecture without a reference, metadata of the wrong type.
+        ModelLoadingError: (DF004) a malformed file (:func:`~.gguf_read.read_gguf`, always checked
+            first), an architecture neither a reference nor the generic tier reads, metadata of
+            the wrong type.
     """
+    from .gguf_generic import GENERIC_GGUF_ARCHITECTURES, generic_gguf_parts
+
     header = read_gguf(path)
+    if header.architecture in GENERIC_GGUF_ARCHITECTURES:
+        return generic_gguf_parts(header)
     raw = gguf_config(header)
     config = parse_config(raw, source=str(path))
     assert isinstance(config, LlamaModelConfig)
     reader = GgufReader(path, header)
-    return config, raw, {name: (reader, name) for name in reader.names()}
+    return config, raw, {name: (reader, name) for name in reader.names()}, None

@@ -283,10 +283,13 @@ def _load_gguf(path: Path) -> LoadedModel:
     Face's names, every tensor the family needs checked present and shaped as the config says."""
     from .gguf_model import gguf_model_parts
 
-    config, raw, locations = gguf_model_parts(path)
-    check_sizes_fit(config, [reader.shape(name) for reader, name in locations.values()], str(path))
-    check_tensors(expected_tensors(config), locations, config, str(path))
-    check_layer_count(config, locations)
+    config, raw, locations, generic = gguf_model_parts(path)
+    shapes = [reader.shape(name) for reader, name in locations.values()]
+    check_sizes_fit(config, shapes, str(path))  # type: ignore[arg-type]
+    expected = expected_tensors(config) if generic is None else generic  # type: ignore[arg-type]
+    check_tensors(expected, locations, config, str(path))  # type: ignore[arg-type]
+    if generic is None:  # the generic tier's layers are the transformers model's own
+        check_layer_count(config, locations)  # type: ignore[arg-type]
     return LoadedModel(path=path, format="gguf", config=config, raw_config=raw, weights=WeightStore(locations),
                        files=[path])
 

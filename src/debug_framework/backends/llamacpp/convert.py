@@ -30,7 +30,7 @@ from ...errors import ModelLoadingError
 from ...modelio.configs import GemmaModelConfig, LlamaModelConfig, MoeModelConfig
 from ...modelio.gguf_model import MOE_ARCHS, expert_of
 from ...modelio.gguf_model import gguf_name as hf_to_gguf
-from ...modelio.loader import load_model
+from ...modelio.loader import LoadedModel, load_model
 
 __all__ = ["GGUF_TENSOR_TYPES", "GGUF_FAMILIES", "TensorTransform", "write_gguf", "permute_for_rope", "weight_type"]
 
@@ -111,6 +111,12 @@ def _tensors(config: LlamaModelConfig, weights: dict[str, np.ndarray]) -> Iterat
     for gguf_name, arrays in experts.items():
         stacked = np.stack([arrays[e] for e in sorted(arrays)])
         yield _Tensor(gguf_name, stacked, stacked)
+
+
+def _generic_model(model_dir: Path) -> LoadedModel | None:
+    """The directory's model where the generic tier runs it (no reference written from the math), else None."""
+    model = load_model(model_dir)
+    return model if model.architecture == "generic" else None
 
 
 def _supported_config(model_dir: Path) -> tuple[LlamaModelConfig, dict[str, np.ndarray]]:
@@ -338,7 +344,8 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
 
     Args:
         model_dir: a Hugging Face directory of a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2,
-            Gemma 3 (text) or Qwen3-MoE decoder.
+            Gemma 3 (text) or Qwen3-MoE decoder, or of a model the generic tier runs whose
+            architecture the writer handles (GPT-2, StarCoder2, StableLM, Phi-2: :mod:`.convert_generic`).
         out_path: the file to write (its directory must exist).
         tensor_type: the type of every 2-D weight, or a mixture of ``llama-quantize``'s
             (``q4_k_m``, ``q5_k_m``), one of :data:`GGUF_TENSOR_TYPES`; norms and biases stay F32,
@@ -360,18 +367,30 @@ def write_gguf(model_dir: Path | str, out_path: Path | str, *, tensor_type: str 
         raise ModelLoadingError(f"unknown GGUF tensor type {tensor_type!r}",
                                 hint="one of " + ", ".join(GGUF_TENSOR_TYPES))
     model_dir, out_path = Path(model_dir), Path(out_path)
-    config, weights = _supported_config(model_dir)
-    writer = gguf.GGUFWriter(str(out_path), GGUF_FAMILIES[config.model_type])
-    _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
-    _add_synthetic_vocabulary(writer, config.vocab_size, GGUF_FAMILIES[config.model_type])
-    tensors = list(_tensors(config, weights))
+    generic = _generic_model(model_dir)
+    if generic is not None:  # an architecture the generic tier runs (GPT-2 ...): .convert_generic
+        from .convert_generic import add_generic_metadata, generic_architecture, generic_tensors
+
+        arch = generic_architecture(generic, model_dir)
+        writer = gguf.GGUFWriter(str(out_path), arch)
+        add_generic_metadata(writer, arch, generic, _file_type(tensor_type), model_dir.name or "model")
+        tensors = [_Tensor(*t) for t in generic_tensors(generic, arch)]
+        layers, vocab = generic.num_layers, generic.config.vocab_size
+    else:
+        config, weights = _supported_config(model_dir)
+        arch = GGUF_FAMILIES[config.model_type]
+        writer = gguf.GGUFWriter(str(out_path), arch)
+        _add_metadata(writer, config, _file_type(tensor_type), model_dir.name or "model")
+        tensors = list(_tensors(config, weights))
+        layers, vocab = config.num_hidden_layers, config.vocab_size
+    _add_synthetic_vocabulary(writer, vocab, arch)
     has_output = any(t.gguf_name == "output.weight" for t in tensors)
     for tensor in tensors:
         array = tensor.converted if transform is None else transform(tensor.gguf_name, tensor.original,
                                                                      tensor.converted)
         array = np.asarray(array, dtype=np.float32)
         kind = "f32" if array.ndim < 2 else weight_type(tensor.gguf_name, array.shape[-1], tensor_type,
-                                                          config.num_hidden_layers, has_output)
+                                                          layers, has_output)
         data, qtype = _encoded(array, kind)
         writer.add_tensor(tensor.gguf_name, data, raw_dtype=qtype)
     writer.write_header_to_file()

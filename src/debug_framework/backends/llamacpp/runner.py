@@ -4,12 +4,15 @@ the canonical checkpoints read from its graph nodes through the eval callback, e
 =====================  ===============================================
 checkpoint             llama.cpp node
 =====================  ===============================================
-``post_embedding``     ``embd`` (Gemma: ``inp_scaled``)
+``post_embedding``     ``embd`` (Gemma: ``inp_scaled``; GPT-2: ``inpL``, with the learned positions)
 ``post_attention:i``   ``ffn_inp-i`` (attention and its residual; Gemma: ``sa_out-i``; Phi-3: unnamed, the first source of the MLP's ``norm-i``)
 ``router_logits:i``    ``ffn_moe_logits-i`` (a mixture of experts' router, ``[tokens, experts]``)
 ``post_mlp:i``         ``l_out-i`` (the layer's output)
 ``post_processing``    the logits of every token (``result_output``)
 =====================  ===============================================
+
+GPT-2, StarCoder2, StableLM and Phi-2 files run against the generic tier (:data:`GENERIC_RUNS`); a
+checkpoint a file's graph has no node of (:data:`NOT_IN_GRAPH`) is not produced, so not compared.
 
 Which file: ``model_file`` (``--alternative-model FILE.gguf``: a conversion checked against the
 Hugging Face model of ``--model-path``), else the session's model itself (``--model-path FILE.gguf``:
@@ -22,7 +25,7 @@ and one layer replays (or is traced) at a decode step after the prompt and the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,8 +48,8 @@ if TYPE_CHECKING:
     from ...jsonio import JsonObject
     from ...modelio.gguf_read import GgufFile
 
-__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "ROUTER_NODE", "llamacpp_availability",
-           "trace_nodes"]
+__all__ = ["LlamaCppBackend", "TRACE_NODES", "CHECKPOINT_NODES", "RUNS", "GENERIC_RUNS", "NOT_IN_GRAPH", "ROUTER_NODE",
+           "llamacpp_availability", "trace_nodes"]
 
 #: the llama.cpp architectures whose graphs hold every canonical checkpoint (Phi-3's ``ffn_inp-i`` is
 #: unnamed: found as the input of the MLP's norm, :data:`~.graph.UNNAMED_FFN_INP`)
@@ -58,8 +61,25 @@ ROUTER_NODE = "ffn_moe_logits"
 
 #: llama.cpp architecture -> its graph's nodes of ``post_embedding`` and ``post_attention`` where
 #: they are not ``embd`` and ``ffn_inp-i`` (Gemma scales the embeddings, then adds the post-normed
-#: attention in ``sa_out-i``)
-CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out"), "gemma3": ("inp_scaled", "sa_out")}
+#: attention in ``sa_out-i``; GPT-2 adds the learned positions in ``inpL``)
+CHECKPOINT_NODES: dict[str, tuple[str, str]] = {"gemma2": ("inp_scaled", "sa_out"), "gemma3": ("inp_scaled", "sa_out"),
+                                                "gpt2": ("inpL", "ffn_inp")}
+
+#: the llama.cpp architectures run against the generic tier (the model's own eager ``transformers``
+#: code; :mod:`debug_framework.modelio.gguf_generic`), each checked with the eval callback on a real
+#: file: their graphs name ``post_embedding`` (:data:`CHECKPOINT_NODES`), ``ffn_inp-i`` (the
+#: residual stream after attention), ``l_out-i``, ``result_norm`` and ``result_output``. An
+#: architecture whose graph has no node of a checkpoint lists it in :data:`NOT_IN_GRAPH`.
+GENERIC_RUNS: tuple[str, ...] = ("gpt2", "starcoder2", "stablelm", "phi2")
+
+#: llama.cpp architecture -> the checkpoint names a file's graph has no node of, reported as not
+#: compared (:meth:`LlamaCppBackend.checkpoints`). A parallel attention+MLP block's
+#: ``post_attention:i`` on the generic tier is the attention block's output alone, which these graphs
+#: leave unnamed: Phi-2's always; StableLM's where the file has no ``ffn_norm`` (llama.cpp's own rule),
+#: whose ``ffn_inp-i`` is then the layer's input plus the attention, another value
+NOT_IN_GRAPH: dict[str, Callable[[GgufFile], frozenset[str]]] = {
+    "stablelm": lambda f: frozenset() if "blk.0.ffn_norm.weight" in f.tensors else frozenset({"post_attention"}),
+    "phi2": lambda f: frozenset({"post_attention"})}
 
 #: names of :data:`~debug_framework.architectures.walk.TRACE_NAMES` -> (llama.cpp node, which
 #: occurrence: ``"proj"`` the last before the rotation, ``"rope"`` the rotation, ``"one"`` the only)
@@ -160,6 +180,8 @@ class LlamaCppBackend(BaseBackend):
         self._last_layer: tuple[int, str, Capture] | None = None
         #: the layer and MLP-block replays, each resumed along one pass (:mod:`.chain`)
         self._chains: dict[str, ReplayChain] = {}
+        #: what the calibration's emulation of this file cannot reproduce (generic tier; in words)
+        self.not_reproduced: list[str] = []
 
     def availability(self) -> tuple[bool, str]:
         return llamacpp_availability()
@@ -175,6 +197,8 @@ class LlamaCppBackend(BaseBackend):
         path = _gguf_of(model, self.model_file)
         self.gguf = read_gguf(path)  # malformed: DF004 here, before llama.cpp reads it
         self._check_same_model(model)
+        self.not_reproduced = _generic_limits(model, self.gguf, self.precision) if model.architecture == "generic" \
+            else []
         self.release_replays()
         if self.graph is not None:
             self.graph.close()
@@ -184,9 +208,13 @@ class LlamaCppBackend(BaseBackend):
         from ...modelio.gguf_model import gguf_config
 
         assert self.gguf is not None
+        if model.architecture == "generic" and self.gguf.architecture in GENERIC_RUNS:
+            _check_same_generic_model(self.gguf, model)
+            return
         if model.architecture == "generic" or self.gguf.architecture not in RUNS:
             raise BackendInitializationError(
-                f"llamacpp checks GGUF files of {', '.join(RUNS)} (llama.cpp's graph names their checkpoints); "
+                f"llamacpp checks GGUF files of {', '.join(RUNS + GENERIC_RUNS)} (llama.cpp's graph names their "
+                f"checkpoints; {', '.join(GENERIC_RUNS)} against the generic tier); "
                 f"this is {self.gguf.architecture!r} / {model.config.model_type!r}", backend=self.name,
                 hint="validate the Hugging Face model it was converted from with another engine")
         mine = gguf_config(self.gguf)
@@ -207,6 +235,18 @@ class LlamaCppBackend(BaseBackend):
         assert self.gguf is not None
         return llama_precision(self.gguf, self.settings)
 
+    def checkpoints(self, model: LoadedModel) -> list[str] | None:
+        """The checkpoints llama.cpp's graph of this file has nodes of, in model order, where it lacks
+        some (:data:`NOT_IN_GRAPH`): the others are not compared; None where it has every one."""
+        from ...capture.keys import all_checkpoints
+        from ...modelio.gguf_read import read_gguf
+
+        gguf = self.gguf if self.gguf is not None else read_gguf(_gguf_of(model, self.model_file))
+        missing = _not_in_graph(gguf)
+        if not missing:
+            return None
+        return [str(k) for k in all_checkpoints(model.num_layers, model.router_layers) if k.name not in missing]
+
     def declared_dtype(self, model: LoadedModel) -> tuple[str, str] | None:
         """``--dtype auto``: float32 activations, judged against the calibration's emulation of the
         file's weight types, llama.cpp's activation quantization and the KV cache type."""
@@ -217,8 +257,14 @@ class LlamaCppBackend(BaseBackend):
         return "float32", f"llama.cpp runs {self.precision.describe()}"
 
     def emulated_precision(self, model: LoadedModel) -> LlamaPrecision:
-        """The precision the calibration reproduces in a trusted implementation (:mod:`.precision`)."""
+        """The precision the calibration reproduces in a trusted implementation (:mod:`.precision`;
+        on the generic tier the model's own eager code at it, :mod:`.generic_precision`)."""
         self.declared_dtype(model)
+        if model.architecture == "generic":
+            from .generic_precision import GenericLlamaPrecision
+
+            assert self.gguf is not None
+            return GenericLlamaPrecision.of(self.precision, self.gguf.architecture)
         return self.precision
 
     def version_info(self) -> JsonObject:
@@ -230,6 +276,8 @@ class LlamaCppBackend(BaseBackend):
         if self.gguf is not None:
             info["model_file"] = str(self.gguf.path)
             info["precision"] = self.precision.describe()
+        if self.not_reproduced:
+            info["not_reproduced"] = list(self.not_reproduced)  # type: ignore[assignment]
         return info
 
     # -- passes -----------------------------------------------------------------------------------
@@ -259,10 +307,21 @@ class LlamaCppBackend(BaseBackend):
         return {"post_embedding": embd, "post_attention": f"{attn}-{key.layer}", "post_mlp": f"l_out-{key.layer}",
                 "router_logits": f"{ROUTER_NODE}-{key.layer}"}.get(key.name, "result_output")
 
+    def can_run_block(self) -> tuple[bool, str]:
+        """Whether an MLP block replays alone: not where the file's graph has no post-attention
+        state to replace (:data:`NOT_IN_GRAPH`: a parallel attention+MLP block)."""
+        if self.gguf is not None and "post_attention" in _not_in_graph(self.gguf):
+            return False, (f"cannot run the MLP block alone: llama.cpp's {self.gguf.architecture} graph of this file "
+                           "has no post-attention state (a parallel attention+MLP block); the layer is replayed whole")
+        return True, ""
+
     def _capture(self, kept: Pass, rows: Rows, keys: Sequence[CheckpointKey], seconds: float,
                  layer_inputs: dict[int, np.ndarray] | None = None) -> Capture:
         tensors: dict[CheckpointKey, np.ndarray] = {}
+        absent = _not_in_graph(self.gguf) if self.gguf is not None else frozenset()
         for key in keys:
+            if key.name in absent:  # a node of another value under the checkpoint's usual name
+                continue
             if key.name == "post_processing":
                 tensors[key] = rows.scatter(kept.logits)
             elif key.name == "router_logits" and self._node(key) in kept.nodes:
@@ -445,6 +504,41 @@ class LlamaCppBackend(BaseBackend):
             self.graph.close_context()
 
 
+def _generic_limits(model: LoadedModel, gguf: GgufFile, precision: LlamaPrecision) -> list[str]:
+    """What the generic tier's emulation cannot reproduce of llama.cpp's precision on ``model``
+    (:func:`~.generic_precision.emulation_limits`, on the model built on the ``meta`` device)."""
+    from ...modelio.generic import build_skeleton
+    from .generic_precision import emulation_limits, generic_gguf_names
+
+    net = build_skeleton(model.raw_config, meta=True, source=str(model.path))
+    return emulation_limits(net, generic_gguf_names(model, gguf.architecture), precision)
+
+
+def _not_in_graph(gguf: GgufFile) -> frozenset[str]:
+    """The checkpoint names ``gguf``'s graph has no node of (:data:`NOT_IN_GRAPH`)."""
+    rule = NOT_IN_GRAPH.get(gguf.architecture)
+    return rule(gguf) if rule is not None else frozenset()
+
+
+def _check_same_generic_model(gguf: GgufFile, model: LoadedModel) -> None:
+    """DF002 where the generic-tier file is not the session's model (its ``model_type``, layers,
+    width or vocabulary differ)."""
+    from ...modelio.gguf_generic import GENERIC_GGUF_ARCHITECTURES
+
+    family = GENERIC_GGUF_ARCHITECTURES[gguf.architecture].model_type
+    hint = "give the file converted from --model-path"
+    if family != model.config.model_type:
+        raise BackendInitializationError(f"the GGUF {gguf.path} is not this model: a {gguf.architecture} file for a "
+                                         f"{model.config.model_type} model", backend="llamacpp", hint=hint)
+    embd = gguf.tensors.get("token_embd.weight")
+    mine = {"num_hidden_layers": gguf.key("block_count"), "hidden_size": gguf.key("embedding_length"),
+            "vocab_size": embd.shape[0] if embd is not None else None}
+    for key, value in mine.items():
+        if value != getattr(model.config, key):
+            raise BackendInitializationError(f"the GGUF {gguf.path} is not this model: {key} {value} where the "
+                                             f"model has {getattr(model.config, key)}", backend="llamacpp", hint=hint)
+
+
 def _fingerprint(hidden_in: HiddenState, inputs: ModelInputs) -> str:
     """A digest of a replay's input state and inputs (ids, mask, positions): equal digests, equal passes."""
     import hashlib
@@ -488,6 +582,11 @@ class _Decoder:
         self.layers = model.num_layers
         self.kv_heads = int(getattr(model.config, "num_key_value_heads", 0))
         self.head_dim = int(getattr(model.config, "head_dim", 0))
+        if model.architecture == "generic" and backend.gguf is not None:  # the file's own heads
+            key = backend.gguf.key
+            heads = int(key("attention.head_count", 1) or 1)  # type: ignore[call-overload]
+            self.kv_heads = int(key("attention.head_count_kv", heads) or heads)  # type: ignore[call-overload]
+            self.head_dim = int(key("embedding_length", 0) or 0) // max(heads, 1)  # type: ignore[call-overload]
         self._kv: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {i: ([], []) for i in range(self.layers)}
         self._unread: set[int] = set()
 
