@@ -1,6 +1,7 @@
 """``inductor-debug minify``: a run directory made the way a user gets one (a model with a float64 cast
-through ``aot_mock_backend`` in warn mode), minified from the CLI in a fresh process; the repro fails the
-same constraint in another fresh process where this project is not importable."""
+through ``aot_mock_backend`` in warn mode), minified from the CLI (in a fresh process once, in this
+process for --json and the bad paths); the repro fails the same constraint in another fresh process
+where this project is not importable."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+
+from debug_module.cli import main
 
 from .conftest import check_json, run_cli
 
@@ -46,6 +49,14 @@ def float64_run(tmp_path_factory):
     return root, run
 
 
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """``inductor-debug ARGS`` in this process: the exit code, stdout and stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    cap = capsys.readouterr()
+    return int(exit_info.value.code), cap.out, cap.err
+
+
 def _run_repro(repro: Path, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}  # no PYTHONPATH to the project
     return subprocess.run([sys.executable, str(repro)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -73,10 +84,11 @@ def test_minify_aot_graph_file_human(float64_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_minify_run_directory_json(float64_run, tmp_path):
+def test_minify_run_directory_json(float64_run, tmp_path, monkeypatch, capsys):
     """A run directory as PATH: its first violating graph is minified into <run>/repros/<graph>/."""
     root, run = float64_run
-    code, stdout, stderr = run_cli("--root", str(root), "--json", "minify", str(run), cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = _main(capsys, "--root", str(root), "--json", "minify", str(run))
     assert code == 0, (stdout, stderr)
     doc = check_json(stdout)
     assert doc["command"] == "minify" and doc["ok"] and doc["exit_code"] == 0 and doc["error"] is None
@@ -89,12 +101,11 @@ def test_minify_run_directory_json(float64_run, tmp_path):
     _assert_reproduces_dtype(repro, tmp_path)
 
 
-@pytest.mark.slow  # two CLI processes (~2.5 s each: torch import)
-def test_minify_bad_paths_are_environment_errors(tmp_path):
+def test_minify_bad_paths_are_environment_errors(tmp_path, capsys):
     root = tmp_path
-    code, stdout, _ = run_cli("--root", str(root), "--json", "minify", str(tmp_path / "missing.py"))
+    code, stdout, _ = _main(capsys, "--root", str(root), "--json", "minify", str(tmp_path / "missing.py"))
     doc = check_json(stdout)
     assert code == 2 and doc["exit_code"] == 2 and doc["error"]["type"] == "environment"
-    code, stdout, _ = run_cli("--root", str(root), "--json", "minify", str(tmp_path))  # neither repro nor run dir
+    code, stdout, _ = _main(capsys, "--root", str(root), "--json", "minify", str(tmp_path))  # neither repro nor run dir
     doc = check_json(stdout)
     assert code == 2 and "repro directory" in doc["error"]["message"] and "aot_graphs" in doc["error"]["hint"]
