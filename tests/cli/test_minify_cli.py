@@ -15,9 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from debug_module.cli import main
-
-from .conftest import check_json, run_cli
+from .conftest import check_json, run_cli, run_in_process
 
 
 class Float64Net(nn.Module):
@@ -47,14 +45,6 @@ def float64_run(tmp_path_factory):
     run = Path(backend.run_dir)
     assert list((run / "aot_graphs").glob("*.py")) and list((run / "fx_graphs").glob("*.py"))
     return root, run
-
-
-def _main(capsys, *args: str) -> tuple[int, str, str]:
-    """``inductor-debug ARGS`` in this process: the exit code, stdout and stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    cap = capsys.readouterr()
-    return int(exit_info.value.code), cap.out, cap.err
 
 
 def _run_repro(repro: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -88,7 +78,7 @@ def test_minify_run_directory_json(float64_run, tmp_path, monkeypatch, capsys):
     """A run directory as PATH: its first violating graph is minified into <run>/repros/<graph>/."""
     root, run = float64_run
     monkeypatch.chdir(tmp_path)
-    code, stdout, stderr = _main(capsys, "--root", str(root), "--json", "minify", str(run))
+    code, stdout, stderr = run_in_process(capsys, "--root", str(root), "--json", "minify", str(run))
     assert code == 0, (stdout, stderr)
     doc = check_json(stdout)
     assert doc["command"] == "minify" and doc["ok"] and doc["exit_code"] == 0 and doc["error"] is None
@@ -103,9 +93,9 @@ def test_minify_run_directory_json(float64_run, tmp_path, monkeypatch, capsys):
 
 def test_minify_bad_paths_are_environment_errors(tmp_path, capsys):
     root = tmp_path
-    code, stdout, _ = _main(capsys, "--root", str(root), "--json", "minify", str(tmp_path / "missing.py"))
+    code, stdout, _ = run_in_process(capsys, "--root", str(root), "--json", "minify", str(tmp_path / "missing.py"))
     doc = check_json(stdout)
     assert code == 2 and doc["exit_code"] == 2 and doc["error"]["type"] == "environment"
-    code, stdout, _ = _main(capsys, "--root", str(root), "--json", "minify", str(tmp_path))  # neither repro nor run dir
+    code, stdout, _ = run_in_process(capsys, "--root", str(root), "--json", "minify", str(tmp_path))  # neither repro nor run dir
     doc = check_json(stdout)
     assert code == 2 and "repro directory" in doc["error"]["message"] and "aot_graphs" in doc["error"]["hint"]
