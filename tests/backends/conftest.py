@@ -35,6 +35,13 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def two_layer_qwen2(tmp_path_factory) -> Path:
+    """``tiny_qwen2`` with two layers, for Inductor: each layer is more of its C++ wrapper to compile
+    and one more replay to load, and two layers show every behaviour of a replay."""
+    return framework.make_tiny("qwen2", tmp_path_factory.mktemp("two_layer_qwen2") / "hf", num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     """Llama with tied embeddings, linear rope scaling and q/k/v/o bias."""
     return framework.make_tiny(

@@ -105,6 +105,17 @@ def run_cli(*args: str, input: str | None = None, script: bool = False, cwd: Pat
     return p.returncode, p.stdout, p.stderr
 
 
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``inductor-debug ARGS`` in this process (no torch import to wait for): the exit code, stdout
+    and stderr. A CLI feature's own process boundary is tested with :func:`run_cli`."""
+    from debug_module.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    cap = capsys.readouterr()
+    return int(exit_info.value.code), cap.out, cap.err
+
+
 def check_json(stdout: str) -> dict:
     doc = json.loads(stdout)
     errors = validate(doc, load_schema("cli-output"))

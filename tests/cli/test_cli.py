@@ -1,5 +1,6 @@
 """inductor-debug from a fresh shell on runs made by the torch.compile debugging tools; JSON validated
-against src/debug_module/schemas/cli-output.schema.json; exit codes 0/1/2."""
+against src/debug_module/schemas/cli-output.schema.json; exit codes 0/1/2 (each command and exit code
+from a fresh process at least once; the further usage errors in this process)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from debug_module.schemas import load_schema, validate
 
-from .conftest import check_json, run_cli
+from .conftest import check_json, run_cli, run_in_process
 
 pytestmark = pytest.mark.slow  # every test spawns Python + torch (2-4 s each)
 
@@ -46,12 +47,12 @@ def test_list_and_analyze_every_type(artifacts_root):
     assert code == 1 and d["kerneldiff"]["first_divergent_module"] == "fc2"
 
 
-def test_usage_and_environment_errors_exit_2(artifacts_root, tmp_path):
+def test_usage_and_environment_errors_exit_2(artifacts_root, tmp_path, capsys):
     root = str(artifacts_root["root"])
     for args in (["analyze", "--type", "bogus"], ["analyze", "--run", "20000101T000000-deadbeef"],
                  ["analyze", "--model", "nocolon"], ["report", "--format", "pdf"],
                  ["analyze", str(tmp_path)]):
-        code, out, _ = run_cli("--root", root, "--json", *args)
+        code, out, _ = run_in_process(capsys, "--root", root, "--json", *args)
         doc = check_json(out)
         assert code == 2 and doc["exit_code"] == 2 and doc["error"]["message"], args
     code, _, err = run_cli("--root", root, "analyze", "--type", "bogus")
@@ -76,7 +77,7 @@ def test_report_html_and_json(artifacts_root, tmp_path):
     assert code == 0 and d["html"] is None and d["summary"]["runs"] == 1 and d["summary"]["kerneldiff_passed"] == 0
 
 
-def test_analyze_user_model_from_factory_and_never_a_demo_unless_asked(tmp_path):
+def test_analyze_user_model_from_factory_and_never_a_demo_unless_asked(tmp_path, capsys):
     (tmp_path / "usermodel.py").write_text(textwrap.dedent("""
         import torch
 
@@ -106,10 +107,11 @@ def test_analyze_user_model_from_factory_and_never_a_demo_unless_asked(tmp_path)
     assert d["model"] == "Branchy" and d["graph_break_count"] >= 1 and d["recompilations"]
     assert any("graph break" in b["code"] for b in d["graph_breaks"])
     # without --inputs and without a (model, inputs) factory: usage error, nothing is analyzed
-    code, out, _ = run_cli("--root", root, "--json", "analyze", "--model", f"{tmp_path}/usermodel.py:make_model")
+    code, out, _ = run_in_process(capsys, "--root", root, "--json", "analyze", "--model",
+                                  f"{tmp_path}/usermodel.py:make_model")
     assert code == 2 and "no inputs" in check_json(out)["error"]["message"]
     # no model and no runs: error, not a silent demo
-    code, out, _ = run_cli("--root", str(tmp_path / "empty"), "--json", "analyze", "--type", "summary")
+    code, out, _ = run_in_process(capsys, "--root", str(tmp_path / "empty"), "--json", "analyze", "--type", "summary")
     assert code == 2 and "no runs" in check_json(out)["error"]["message"]
 
 

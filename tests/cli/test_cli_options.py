@@ -8,18 +8,9 @@ import shutil
 
 import pytest
 
-from debug_module.cli import main
-
-from .conftest import check_json
+from .conftest import check_json, run_in_process
 
 MARKUP = "[/]x[bold]{y}"
-
-
-def _main(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    cap = capsys.readouterr()
-    return int(exit_info.value.code), cap.out, cap.err
 
 
 @pytest.mark.slow  # two minifications, each verified in a fresh process (~5 s each)
@@ -27,14 +18,14 @@ def test_minify_run_dir_uses_the_recorded_constraints_and_takes_a_signature(arti
     """The run was compiled with ShapeConstraint(alignment=8) only; the mock accelerator's default
     constraints find nothing wrong in its float32 graphs, so only the run's own rules reproduce anything."""
     run = artifacts_root["root"] / artifacts_root["aot_run"]
-    code, out, err = _main(capsys, "--json", "minify", str(run), "--output", str(tmp_path / "a"))
+    code, out, err = run_in_process(capsys, "--json", "minify", str(run), "--output", str(tmp_path / "a"))
     assert code == 0, (out, err)
     sig = check_json(out)["data"]["signature"]
     assert sig["constraint"] == "shape_alignment" and sig["constraints"][0]["alignment"] == 8
     assert (tmp_path / "a" / "repro.py").is_file()
 
     dtype_only = json.dumps([{"name": "dtype", "allowed_dtypes": ["bfloat16"]}])
-    code, out, err = _main(capsys, "--json", "minify", str(run), "--constraints", dtype_only,
+    code, out, err = run_in_process(capsys, "--json", "minify", str(run), "--constraints", dtype_only,
                            "--signature", "constraint:dtype", "--output", str(tmp_path / "b"))
     assert code == 0, (out, err)
     data = check_json(out)["data"]
@@ -55,7 +46,7 @@ def test_minify_option_errors_exit_2_and_suggest(artifacts_root, tmp_path, capsy
              (["--constraints", str(tmp_path / "none.json")], "no file"),
              (["--constraints", '[{"name": "max_rank"}]'], "incomplete or invalid")]
     for extra, expected in cases:
-        code, _, err = _main(capsys, "minify", run, *extra)
+        code, _, err = run_in_process(capsys, "minify", run, *extra)
         assert code == 2 and expected in err and "Traceback" not in err, (extra, err)
 
 
@@ -66,7 +57,7 @@ def test_unknown_names_suggest_the_closest(artifacts_root, capsys):
                            (["analyze", "--demo", "--lowering", "indcutor"], "did you mean 'inductor'?"),
                            (["report", "--format", "jsno"], "did you mean 'json'?"),
                            (["analyze", "--run", aot[:-1]], f"did you mean {aot!r}?")):
-        code, _, err = _main(capsys, "--root", root, *args)
+        code, _, err = run_in_process(capsys, "--root", root, *args)
         assert code == 2 and expected in err, (args, err)
 
 
@@ -75,14 +66,14 @@ def test_paths_with_markup_print_literally(artifacts_root, tmp_path, capsys, mon
     aot = artifacts_root["aot_run"]
     weird = tmp_path / f"root {MARKUP}"
     shutil.copytree(artifacts_root["root"] / aot, weird / aot)
-    code, out, err = _main(capsys, "--root", str(weird), "list")
+    code, out, err = run_in_process(capsys, "--root", str(weird), "list")
     assert code == 0 and f"runs under {weird}" in out and aot in out, err
     for kind in ("constraints", "summary", "guards", "graphs"):
-        code, out, err = _main(capsys, "--root", str(weird), "analyze", "--run", aot, "--type", kind)
+        code, out, err = run_in_process(capsys, "--root", str(weird), "analyze", "--run", aot, "--type", kind)
         assert code == 0 and f"{kind} of run {aot}" in out and str(weird / aot) in out, (kind, err)
     empty = tmp_path / f"empty {MARKUP}"
     empty.mkdir(parents=True)
-    code, out, _ = _main(capsys, "--root", str(empty), "list")
+    code, out, _ = run_in_process(capsys, "--root", str(empty), "list")
     assert code == 0 and out.strip() == f"no runs under {empty}"
 
 

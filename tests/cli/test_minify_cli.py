@@ -1,6 +1,7 @@
 """``inductor-debug minify``: a run directory made the way a user gets one (a model with a float64 cast
-through ``aot_mock_backend`` in warn mode), minified from the CLI in a fresh process; the repro fails the
-same constraint in another fresh process where this project is not importable."""
+through ``aot_mock_backend`` in warn mode), minified from the CLI (in a fresh process once, in this
+process for --json and the bad paths); the repro fails the same constraint in another fresh process
+where this project is not importable."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from .conftest import check_json, run_cli
+from .conftest import check_json, run_cli, run_in_process
 
 
 class Float64Net(nn.Module):
@@ -73,10 +74,11 @@ def test_minify_aot_graph_file_human(float64_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_minify_run_directory_json(float64_run, tmp_path):
+def test_minify_run_directory_json(float64_run, tmp_path, monkeypatch, capsys):
     """A run directory as PATH: its first violating graph is minified into <run>/repros/<graph>/."""
     root, run = float64_run
-    code, stdout, stderr = run_cli("--root", str(root), "--json", "minify", str(run), cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run_in_process(capsys, "--root", str(root), "--json", "minify", str(run))
     assert code == 0, (stdout, stderr)
     doc = check_json(stdout)
     assert doc["command"] == "minify" and doc["ok"] and doc["exit_code"] == 0 and doc["error"] is None
@@ -89,12 +91,11 @@ def test_minify_run_directory_json(float64_run, tmp_path):
     _assert_reproduces_dtype(repro, tmp_path)
 
 
-@pytest.mark.slow  # two CLI processes (~2.5 s each: torch import)
-def test_minify_bad_paths_are_environment_errors(tmp_path):
+def test_minify_bad_paths_are_environment_errors(tmp_path, capsys):
     root = tmp_path
-    code, stdout, _ = run_cli("--root", str(root), "--json", "minify", str(tmp_path / "missing.py"))
+    code, stdout, _ = run_in_process(capsys, "--root", str(root), "--json", "minify", str(tmp_path / "missing.py"))
     doc = check_json(stdout)
     assert code == 2 and doc["exit_code"] == 2 and doc["error"]["type"] == "environment"
-    code, stdout, _ = run_cli("--root", str(root), "--json", "minify", str(tmp_path))  # neither repro nor run dir
+    code, stdout, _ = run_in_process(capsys, "--root", str(root), "--json", "minify", str(tmp_path))  # neither repro nor run dir
     doc = check_json(stdout)
     assert code == 2 and "repro directory" in doc["error"]["message"] and "aot_graphs" in doc["error"]["hint"]

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -134,13 +133,8 @@ def test_main_job_on_real_minilm(tmp_path):
     assert "PASSED" in p.stdout and f"HTML report: {out.resolve()}" in p.stdout and f" in {db}" in p.stdout
     html = out.read_text()
     assert html.lstrip().lower().startswith("<!doctype html")
-    check = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        import sys
-        from debug_framework.services.validation_engine import ValidationEngine
-        e = ValidationEngine(sys.argv[1]); s = e.list_sessions()[0]
-        r = e.get_session_results(s["session_id"])
-        assert r["status"] == "passed" and len(r["checkpoints"]) == 14, r["status"]
-        assert r["session"]["inputs_ref"] and "texts" in open(r["session"]["inputs_ref"], "rb").read(4096).decode("latin1")
-        print(s["alternative_backend"])
-    """), str(db)], capture_output=True, text=True, env=ENV, timeout=120)
-    assert check.returncode == 0, check.stderr
+    # the demo's process wrote the session: read it back here
+    engine = ValidationEngine(db)
+    r = engine.get_session_results(engine.list_sessions()[0]["session_id"])
+    assert r["status"] == "passed" and len(r["checkpoints"]) == 14, r["status"]
+    assert r["session"]["inputs_ref"] and "texts" in Path(r["session"]["inputs_ref"]).read_bytes()[:4096].decode("latin1")

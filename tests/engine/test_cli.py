@@ -47,16 +47,20 @@ def test_exit_1_numerical_failure_names_first_divergence(tiny_llama, db_path, tm
     assert doc["first_divergence"]["checkpoint"] == "post_mlp" and doc["first_divergence"]["layer"] == 2
 
 
-def test_exit_2_usage_and_environment_errors(tiny_llama, db_path, tmp_path):
+def test_exit_2_usage_and_environment_errors(tiny_llama, db_path, tmp_path, capsys):
+    """The first as a CI sees it (the process's exit status), the others in this process (``run``)."""
+    from debug_framework.cli.debug_validate import run
+
     p = _cli("--model-path", tmp_path / "nope", "--database", db_path)
     assert p.returncode == 2 and "DF004" in p.stderr
-    p = _cli("--model-path", tiny_llama, "--alternative-backend", "no_such_backend", "--database", db_path, "--json")
-    assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "DF002"
-    p = _cli("--database", db_path)  # --model-path missing
-    assert p.returncode == 2 and "--model-path" in p.stderr
-    p = _cli("--model-path", tiny_llama, "--checkpoints", "post_nothing", "--database", db_path,
-             "--alternative-backend", "pytorch")
-    assert p.returncode == 2 and "DF005" in p.stderr
+    code = run(["--model-path", str(tiny_llama), "--alternative-backend", "no_such_backend", "--database", str(db_path),
+                "--json"])
+    assert code == 2 and json.loads(capsys.readouterr().out)["error"]["code"] == "DF002"
+    code = run(["--database", str(db_path)])  # --model-path missing
+    assert code == 2 and "--model-path" in capsys.readouterr().err
+    code = run(["--model-path", str(tiny_llama), "--checkpoints", "post_nothing", "--database", str(db_path),
+                "--alternative-backend", "pytorch"])
+    assert code == 2 and "DF005" in capsys.readouterr().err
 
 
 def test_exit_3_internal_error_names_the_crash_log(tiny_llama, tmp_path, monkeypatch, capsys):

