@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ContextManager
 
 from ..errors import BackendInitializationError
 from ..modelio.loader import LoadedModel
+from ._attention_rows import QUERY_ROWS, attention_in_row_blocks
 from ._streamed_layers import NoNarrowing
 from .pytorch import PyTorchBackend, build_hf_model
 from .reference_choice import FLOAT64_EAGER, FROM_MATH, oracle_for, reference_for
@@ -65,6 +66,8 @@ class EagerReferenceBackend(PyTorchBackend):
         self.stream_note = ""
         #: every stored parameter converted in place for a decode (:meth:`_convert_whole`)
         self._whole = False
+        #: its attention runs a block of query rows at a time (:mod:`._attention_rows`)
+        self.row_blocks = False
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         self.builder = functools.partial(build_hf_model, stream=True)
@@ -78,6 +81,8 @@ class EagerReferenceBackend(PyTorchBackend):
             self.module = None
             self.builder = build_hf_model
             super().prepare(model, dtype, device)
+        # a long prefill's attention scores a block of query rows at a time: the same arithmetic
+        self.row_blocks = self.module is not None and attention_in_row_blocks(self.module)
 
     @property
     def streaming(self) -> bool:
@@ -185,4 +190,6 @@ class EagerReferenceBackend(PyTorchBackend):
     def version_info(self) -> JsonObject:
         weights = ("streamed: layers converted one at a time, tables as used" if self.streaming
                    else self.stream_note or "held whole at the compute dtype")
-        return {**super().version_info(), "reference": "the model's own transformers eager code", "weights": weights}
+        attention = (f"eager, {QUERY_ROWS} query rows at a time" if self.row_blocks else "eager")
+        return {**super().version_info(), "reference": "the model's own transformers eager code", "weights": weights,
+                "attention": attention}
