@@ -145,3 +145,22 @@ def test_the_calibrations_last_position_of_flattened_tokens_is_each_rows_last_to
     assert torch.equal(_last_position(logits, 2), logits.reshape(2, 5, 3)[:, -1])
     hidden = torch.arange(2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4)
     assert torch.equal(_last_position(hidden, 2), hidden[:, -1:])
+
+
+def test_the_from_math_reference_converts_each_layer_once_for_a_whole_decode(tiny_models):
+    """A streamed reference holds its converted layers and LM head while it decodes (they were
+    converted again at every step) and streams again afterwards."""
+    from debug_framework.backends.decode import collect_run
+    from debug_framework.modelio.inputs import ModelInputs
+    from debug_framework.modelio.loader import load_model
+
+    backend = get_backend("python_reference")
+    backend.prepare(load_model(tiny_models("llama", 0)), "float64")
+    net = backend.reference
+    assert net.layers.keep == 1 and not net.params.resident  # streamed
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6) % 50
+    before = net.layers.conversions
+    run = collect_run(backend.iter_decode(ModelInputs(input_ids=ids, attention_mask=np.ones_like(ids)), 4), 4)
+    assert len(run.captures) == 5
+    assert net.layers.conversions - before == len(net.layers)  # once each, not once per pass
+    assert net.layers.keep == 1 and len(net.layers.resident_layers()) == 1 and not net.params._values

@@ -20,6 +20,7 @@ from ..errors import BackendInitializationError
 from ..modelio.loader import LoadedModel
 from ._attention_rows import QUERY_ROWS, attention_in_row_blocks
 from ._streamed_layers import NoNarrowing
+from .decode import DECODE_HOLD_BYTES
 from .pytorch import PyTorchBackend, build_hf_model
 from .reference_choice import FLOAT64_EAGER, FROM_MATH, oracle_for, reference_for
 from .torch_module import TORCH_DTYPES
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
     from .base import Taps
     from .decode import DecodePass, DecodeRun
 
-#: the most bytes of converted (float64) weights the reference keeps for a whole decode: the whole
-#: model converted in place where it fits, else as many layers as fit (the rest convert as called,
-#: each step): Llama 3.2 1B is 9.9 GB in float64 (its 16 layers 7.7 GB), the 'small' model 33 MB
-DECODE_HOLD_BYTES = 2 * 2**30
 
 __all__ = ["EagerReferenceBackend", "DECODE_HOLD_BYTES", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
 
