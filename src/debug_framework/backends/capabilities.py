@@ -77,10 +77,6 @@ class Capabilities:
             the drill-down compares them with the reference's in order, whatever the engine.
         window_counts: what its sliding attention windows count on a padded row, one of
             :data:`WINDOW_COUNTS` (its ``window_counts`` attribute; ``"columns"`` where it declares none).
-        decode_ahead: its decode passes may be taken from a worker thread of their own while the
-            other sides run (its ``decodes_in_thread`` attribute: the built-in references and torch
-            module backends; False where it declares nothing, as a backend bound to the thread that
-            prepared it would be): the decode stage then runs it ahead as the leading side.
     """
 
     name: str
@@ -97,7 +93,6 @@ class Capabilities:
     graph_sessions: Support = Support(False, "does not run ONNX graphs (no open_session_file)")
     layer_trace: Support = Support(False, "reports no named intermediate values of a layer (no run_layer_traced)")
     window_counts: str = "columns"
-    decode_ahead: bool = False
     prepared: bool = False
     device: str = "cpu"
 
@@ -188,7 +183,6 @@ def derive_capabilities(backend: object) -> Capabilities:
         graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
         layer_trace=_can(backend, "can_run_layer_traced", _asked(backend, "run_layer_traced", base.layer_trace)),
         window_counts=str(getattr(backend, "window_counts", base.window_counts)),
-        decode_ahead=getattr(backend, "decodes_in_thread", False) is True,
         prepared=getattr(backend, "model", None) is not None,
         device=str(getattr(backend, "device", "cpu") or "cpu"),
     )

@@ -46,8 +46,6 @@ class PythonReferenceBackend(BaseBackend):
     #: what the model's sliding windows count on a padded row (``backends.capabilities.WINDOW_COUNTS``):
     #: transformers' ``"columns"``, or ``"tokens"`` where the session's alternative counts them so
     window_counts = "columns"
-    #: its decode may run in a worker thread while other sides run (``Capabilities.decode_ahead``)
-    decodes_in_thread = True
 
     def __init__(self) -> None:
         super().__init__()

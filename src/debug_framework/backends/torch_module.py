@@ -91,10 +91,6 @@ class TorchModuleBackend(BaseBackend):
             (:func:`~debug_framework.backends.torchao.reference.torchao_precision`).
     """
 
-    #: its decode may run in a worker thread while other sides run (``Capabilities.decode_ahead``):
-    #: eager torch keeps no state bound to the thread that built the module
-    decodes_in_thread = True
-
     def __init__(
         self,
         name: str,

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...backends.base import Backend
-from ...backends.capabilities import capabilities
 from ...backends.decode import DecodePass, decode_passes, decode_support, streams_decode
 from ...capture.keys import CheckpointKey
 from ...errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
@@ -30,7 +29,6 @@ from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
 from .deadline import bounded
-from .decode_ahead import PassesAhead
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .decode_equivalence import prefill_equivalence
 from .decode_replay import replay_decode_layer, step_inputs
@@ -119,10 +117,8 @@ class DecodeStage(Stage):
             sides.append((backend, self._open(backend, ctx, steps, taps, fed, prefill_taps), fed))  # type: ignore[arg-type]
         # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
         calibration = None if cal is None else CalibrationPrefill(ctx, cal, taps, prefill_taps, tokens)
-        ahead = streams_decode(ctx.reference) and capabilities(ctx.reference).decode_ahead
         if given is None and not all(streams_decode(b) for b, _, _ in sides[1:]):
             sides[0] = self._whole_first(sides[0], steps, sides[1:])  # a side that decodes only whole needs every token first
-            ahead = False
         for ev in ctx.evidence.checkpoints:
             if ev.step is None:
                 ev.step = 0  # the prefill
@@ -131,7 +127,7 @@ class DecodeStage(Stage):
         walls: list[float] = []  # each decode step's wall time: its passes and its judgement
         cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
         try:  # one watchdog of the session's time limit over the whole loop, not one thread per pass
-            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus), ahead))
+            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus)))
         finally:
             for _, stream, _ in sides:
                 close = getattr(stream, "close", None)
@@ -160,21 +156,15 @@ class DecodeStage(Stage):
             ctx.decode_inputs = step_inputs(ctx, kept, tokens)
 
     def _steps(self, ctx: RunContext, sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]], walk: DecodeWalk,
-               tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]], ahead: bool) -> int:
+               tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]]) -> int:
         """The prefill and the decode steps, each step's passes taken from ``sides`` (the reference's
-        first: its greedy token is fed to the others; computed ahead in a worker thread where
-        ``ahead``, :mod:`.decode_ahead`) and judged by ``walk`` as they come, each step's wall and
-        CPU time appended to ``times``; the last step run."""
+        first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
+        step's wall and CPU time appended to ``times``; the last step run."""
         done = 0
         steps = walk.steps
-        lead = None
-        if ahead:  # started here, within the loop's watchdog: the worker runs in a copy of this context
-            backend, stream, fed = sides[0]
-            lead = PassesAhead(stream, steps, lambda st, s: self._next(backend, st, s), backend.name)
-            sides[0] = (backend, lead, fed)  # type: ignore[assignment]  # closed with the other sides
         for s in range(steps + 1):
             started, cpu = time.perf_counter(), time.process_time()
-            passes = [lead.next() if lead is not None else self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
+            passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
             if greedy and s:
                 tokens[:, s - 1] = passes[0].token
                 for _, _, fed in sides[1:]:
