@@ -190,6 +190,7 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
         root = Path(tmp)
         path = build(size, root / "llama")
         low = 1
+        seen: list[tuple[int, float, float, float]] = []  # (steps, ms per step, its ratio to plain, peak bytes)
         for n in counts:  # each count printed as soon as its session is done
             run = tool(path, root, batch, length, n)
             plain, steps = run["plain_step_s"], run["step_s"]
@@ -207,7 +208,12 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
                   f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]
                   f"(+{float(run['growth_bytes']) / 2**20:.0f} MiB during the session; plain greedy's process "  # type: ignore[arg-type]
                   f"{float(run['plain_peak_bytes']) / 2**20:.0f} MiB)", flush=True)  # type: ignore[arg-type]
+            seen.append((n, mine, mine / base, float(run["peak_bytes"])))  # type: ignore[arg-type]
             low = n
+        if len(seen) > 1:  # the figures: the last count's beside the first's
+            (n0, t0, r0, m0), (n1, t1, r1, m1) = seen[0], seen[-1]
+            print(f"{n1} steps beside {n0}: cost per step {t1 / t0:.2f}x (ratio to plain greedy {r1:.1f}x beside "
+                  f"{r0:.1f}x), peak memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

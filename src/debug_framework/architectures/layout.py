@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -178,6 +178,28 @@ class ModelParameters(Mapping[str, "Array | None"]):
     def __len__(self) -> int:
         return len(self._names)
 
+    def hold(self, budget: int) -> Callable[[], None]:
+        """Keep the streamed parameters converted (the largest last) while together they take at
+        most ``budget`` bytes at the compute dtype (a decode reads every one at every step); returns
+        what drops them again."""
+        if self.resident:
+            return lambda: None
+        itemsize = max(np.dtype(self._convert.host).itemsize, 1)
+        wanted = [p for p, n in self._names.items() if n is not None and p not in self._values]
+        sizes = {p: int(np.prod(self._shape(p))) * itemsize for p in wanted}
+        held: list[str] = []
+        for param in sorted(wanted, key=lambda p: sizes[p]):
+            if sizes[param] > budget:
+                break
+            budget -= sizes[param]
+            self._values[param] = self[param]
+            held.append(param)
+
+        def drop() -> None:
+            for param in held:
+                self._values.pop(param, None)
+        return drop
+
     def present(self, param: str) -> bool:
         """Whether the checkpoint holds ``param`` (without reading it)."""
         return self._names.get(param) is not None
@@ -251,6 +273,29 @@ class LayerStream(Sequence[Parameters]):
         self.conversions += 1
         self._cache[i] = params
         return params
+
+    def hold(self, layers: int) -> Callable[[], None]:
+        """Keep the ``layers`` most recently used layers converted (a decode reads every layer at
+        every step); returns what puts the stream back as it was."""
+        before = self.keep
+        self.keep = max(before, min(int(layers), len(self._names)))
+
+        def drop() -> None:
+            self.keep = before
+            while len(self._cache) > self.keep:
+                self._cache.popitem(last=False)
+        return drop
+
+    def layer_bytes(self, i: int) -> int:
+        """Layer ``i``'s bytes at the compute dtype (its shapes read, nothing converted)."""
+        itemsize = max(np.dtype(self._convert.host).itemsize, 1)
+        weights = self._convert.weights
+        total = 0
+        for name in self._names[i].values():
+            if name is not None:
+                shape = weights.shape(name) if hasattr(weights, "shape") else np.shape(weights[name])
+                total += int(np.prod(tuple(shape))) * itemsize
+        return total
 
     def resident_layers(self) -> list[int]:
         """The layers converted now."""

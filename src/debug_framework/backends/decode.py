@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
 __all__ = ["DecodeRun", "DecodePass", "DecodeBackend", "collect_run", "decode_passes", "iter_module_decode",
-           "iter_runner_decode", "KVRecorder", "KV_AUDIT_EVERY", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
+           "iter_runner_decode", "KVRecorder", "KV_AUDIT_EVERY", "DECODE_HOLD_BYTES", "hold_weights", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
@@ -95,6 +95,9 @@ class DecodeRun:
 #: the decode keeps (and the decode stage compares) every layer's whole cache after every this
 #: many steps, and after the last; between them, each step's new entries only
 KV_AUDIT_EVERY = 64
+#: the most bytes of converted weights a streamed reference keeps for a whole decode (its layers,
+#: then its tables): Llama 3.2 1B is 9.9 GB in float64 (its 16 layers 7.7 GB), the 'small' model 33 MB
+DECODE_HOLD_BYTES = 2 * 2**30
 #: the positions a step keeps as its "new entries": the new token's and the one before it, where a
 #: write off by one lands
 KV_TAIL = 2
@@ -558,12 +561,34 @@ def reference_iter_decode(backend_name: str, dtype: str, net: Model | None, to_a
 
     def passes() -> Iterator[DecodePass]:
         decoder = ReferenceDecoder(net, to_array)
+        release = hold_weights(net, DECODE_HOLD_BYTES)
         try:
             yield from iter_runner_decode(backend_name, decoder, inputs, steps, keys, tokens, wrap, prefill_keys,
                                           context)
         finally:
+            release()
             decoder.close()
     return passes()
+
+
+def hold_weights(net: Model, budget: int) -> Callable[[], None]:
+    """Keep a streamed reference's converted weights for a whole decode, which reads every one at
+    every step: its layers (as many as fit in ``budget`` bytes at its dtype), then, in what is
+    left, its tables (the LM head, the embeddings); the rest converts as used, as before. Returns
+    what puts the streams back."""
+    layers = net.layers
+    count = len(layers)
+    sizes = [layers.layer_bytes(i) for i in range(count)]
+    fit = 0
+    while fit < count and sum(sizes[:fit + 1]) <= budget:
+        fit += 1
+    undo_layers = layers.hold(fit)
+    undo_tables = net.params.hold(budget - sum(sizes[:fit]))
+
+    def release() -> None:
+        undo_tables()
+        undo_layers()
+    return release
 
 
 def reference_decode_layer(backend_name: str, dtype: str, net: Model, to_array: Callable[[np.ndarray], Array],

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, ContextManager
 
 from ..errors import BackendInitializationError
 from ..modelio.loader import LoadedModel
+from ._attention_rows import QUERY_ROWS, attention_in_row_blocks
 from ._streamed_layers import NoNarrowing
+from .decode import DECODE_HOLD_BYTES
 from .pytorch import PyTorchBackend, build_hf_model
 from .reference_choice import FLOAT64_EAGER, FROM_MATH, oracle_for, reference_for
 from .torch_module import TORCH_DTYPES
@@ -32,10 +34,6 @@ if TYPE_CHECKING:
     from .base import Taps
     from .decode import DecodePass, DecodeRun
 
-#: the most bytes of converted (float64) weights the reference keeps for a whole decode: the whole
-#: model converted in place where it fits, else as many layers as fit (the rest convert as called,
-#: each step): Llama 3.2 1B is 9.9 GB in float64 (its 16 layers 7.7 GB), the 'small' model 33 MB
-DECODE_HOLD_BYTES = 2 * 2**30
 
 __all__ = ["EagerReferenceBackend", "DECODE_HOLD_BYTES", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
 
@@ -65,6 +63,8 @@ class EagerReferenceBackend(PyTorchBackend):
         self.stream_note = ""
         #: every stored parameter converted in place for a decode (:meth:`_convert_whole`)
         self._whole = False
+        #: its attention runs a block of query rows at a time (:mod:`._attention_rows`)
+        self.row_blocks = False
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         self.builder = functools.partial(build_hf_model, stream=True)
@@ -78,6 +78,8 @@ class EagerReferenceBackend(PyTorchBackend):
             self.module = None
             self.builder = build_hf_model
             super().prepare(model, dtype, device)
+        # a long prefill's attention scores a block of query rows at a time: the same arithmetic
+        self.row_blocks = self.module is not None and attention_in_row_blocks(self.module)
 
     @property
     def streaming(self) -> bool:
@@ -185,4 +187,6 @@ class EagerReferenceBackend(PyTorchBackend):
     def version_info(self) -> JsonObject:
         weights = ("streamed: layers converted one at a time, tables as used" if self.streaming
                    else self.stream_note or "held whole at the compute dtype")
-        return {**super().version_info(), "reference": "the model's own transformers eager code", "weights": weights}
+        attention = (f"eager, {QUERY_ROWS} query rows at a time" if self.row_blocks else "eager")
+        return {**super().version_info(), "reference": "the model's own transformers eager code", "weights": weights,
+                "attention": attention}

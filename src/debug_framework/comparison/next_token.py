@@ -61,7 +61,7 @@ class TokenFlip:
                 "alternative_token": self.alternative_token, "reference_gap": self.reference_gap}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TokenMetrics:
     """The next-token distributions of two logits tensors compared over ``positions`` positions
     (see the module's docstring). ``flips`` lists every position whose top-1 differs, in order."""

@@ -75,7 +75,7 @@ def error_metric(result: ComparisonResult | None, name: str) -> float:
     return value
 
 
-@dataclass
+@dataclass(slots=True)
 class OracleJudgement:
     """The ratio rule at one place: ``alternative_error <= multiplier * reference_error + floor``."""
 

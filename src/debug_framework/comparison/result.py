@@ -10,7 +10,7 @@ from .tolerance import Tolerance
 __all__ = ["WorstElement", "ComparisonResult", "NestedComparison", "json_safe", "dumps_json"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorstElement:
     """One of the k worst elements: its N-D index, both values, and the absolute error.
 
@@ -31,7 +31,7 @@ class WorstElement:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ComparisonResult:
     """Every metric of one (reference, alternative) pair, the verdict, and the tolerance used.
 

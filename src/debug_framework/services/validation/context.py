@@ -5,6 +5,7 @@ bounded by the session's time limit). The stages themselves are in :mod:`.stages
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from ...storage.database import Database
 
 T = TypeVar("T")
+
+#: the most checkpoint rows :meth:`RunContext.write_rows` writes in one transaction
+ROWS_PER_WRITE = 2048
 
 __all__ = ["RunContext", "Stage", "call_backend", "StepInputs", "Prebuilt", "WeightsChangedError", "own"]
 
@@ -104,8 +108,8 @@ class RunContext:
     prebuilt: Prebuilt | None = None
     #: the engine's ``(layers done, layers)`` report for the stage in progress (None: not asked for)
     layer_progress: Callable[[int, int], None] | None = None
-    #: each checkpoint row as last written, by (checkpoint, layer, step) (:meth:`write_rows`)
-    written_rows: dict[tuple[JsonValue, JsonValue, JsonValue], str] = field(default_factory=dict)
+    #: a digest of each checkpoint row as last written, by (checkpoint, layer, step) (:meth:`write_rows`)
+    written_rows: dict[tuple[JsonValue, JsonValue, JsonValue], bytes] = field(default_factory=dict)
     #: ``(role, backend name)`` of every backend given the loaded weights themselves to read
     #: (:func:`~debug_framework.backends.capabilities.reads_loaded_weights`): who could have written them
     weight_readers: list[tuple[str, str]] = field(default_factory=list)
@@ -201,18 +205,23 @@ class RunContext:
     def write_rows(self, result: ValidationResult | None = None) -> int:
         """Write the checkpoint rows (``result``'s, else judged now) that are not in the database
         as they are: each row is written once, when the evidence about it is complete (the store
-        stage) or the run stops (:meth:`rows_kept_on_failure`). Returns how many went in."""
-        rows = [r.to_row() for r in (result or self.current_result()).results]
-        fresh = []
-        for row in rows:
+        stage) or the run stops (:meth:`rows_kept_on_failure`), at most :data:`ROWS_PER_WRITE` at a
+        time (a long decode's rows are not all held as dicts at once). Returns how many went in."""
+        fresh: list[JsonObject] = []
+        count = 0
+        for r in (result or self.current_result()).results:
+            row = r.to_row()
             place = (row.get("checkpoint"), row.get("layer"), row.get("step"))
-            text = dumps_json(row, indent=None)
-            if self.written_rows.get(place) != text:
-                self.written_rows[place] = text
+            digest = hashlib.blake2b(dumps_json(row, indent=None).encode(), digest_size=16).digest()
+            if self.written_rows.get(place) != digest:
+                self.written_rows[place] = digest
                 fresh.append(row)
+            if len(fresh) >= ROWS_PER_WRITE:
+                count += self.db.checkpoints.add_many(self.session.session_id, fresh)
+                fresh = []
         if fresh:
-            self.db.checkpoints.add_many(self.session.session_id, fresh)
-        return len(fresh)
+            count += self.db.checkpoints.add_many(self.session.session_id, fresh)
+        return count
 
     @contextlib.contextmanager
     def rows_kept_on_failure(self) -> Iterator[None]:

@@ -54,9 +54,14 @@ def noise_sampled(step: int, steps: int) -> bool:
     return step == 0 or step & (step - 1) == 0 or step % NOISE_EVERY == 0 or step == steps
 
 
-def _last_position(t: CapturedTensor) -> CapturedTensor:
-    """``t`` ``[batch, length, ...]`` cut to its last position, copied (no view of the whole kept)."""
-    last = t[:, -1:]
+def _last_position(t: CapturedTensor, batch: int) -> CapturedTensor:
+    """``t`` ``[batch, length, ...]`` cut to its last position, copied (no view of the whole kept);
+    a tensor of the tokens flattened, ``[batch * length, ...]`` (a router's logits), cut to each
+    row's last token, ``[batch, ...]``, as a decode step gives it."""
+    if t.shape[0] == batch or t.shape[0] % batch:
+        last = t[:, -1:]
+    else:
+        last = t.reshape(batch, t.shape[0] // batch, *t.shape[1:])[:, -1]
     clone = getattr(last, "clone", None)
     return clone() if callable(clone) else np.array(last)
 
@@ -148,7 +153,8 @@ class CalibrationPrefill:
                 close()
         if got is None or not step:
             return got
-        return DecodePass(step, Capture(tensors={k: _last_position(v) for k, v in got.capture.tensors.items()},
+        batch = inputs.shape[0]
+        return DecodePass(step, Capture(tensors={k: _last_position(v, batch) for k, v in got.capture.tensors.items()},
                                         backend=got.capture.backend, dtype=got.capture.dtype,
                                         elapsed_s=got.capture.elapsed_s), got.kv, got.span, got.mask)
 

@@ -56,7 +56,9 @@ def replay_decode_layer(ctx: RunContext, ref_run: DecodeRun, tokens: np.ndarray,
         ctx.evidence.decode_replay_note = (
             f"the alternative {ctx.alternative.name!r} cannot replay a layer at a decode step (no run_decode_layer)")
         return
-    failing: dict[int, CheckpointKey] = {first.layer: first}  # each layer's first failing checkpoint at the step
+    # each layer's first failing checkpoint at the step that its replay gives (a layer failing first
+    # elsewhere, as at its router's logits, is judged by its output)
+    failing: dict[int, CheckpointKey] = {first.layer: first if first.name in _REPLAYED else CheckpointKey("post_mlp", first.layer)}
     for (s, key), judgement in verdict.steps.items():
         if s == step and not judgement.passed and key.layer is not None and key.name in _REPLAYED:
             failing.setdefault(key.layer, key)

@@ -81,7 +81,7 @@ def expert_choice(reference: object, alternative: object, top_k: int, calibratio
     return ExpertChoice(top_k, int(diff.size), int(diff.sum()), int(where[0]) if where.size else None, cal)
 
 
-@dataclass
+@dataclass(slots=True)
 class CheckpointEvidence:
     """What was measured at one enabled checkpoint.
 
@@ -171,7 +171,7 @@ class LayerEvidence:
     mlp_note: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KVEvidence:
     """One layer's cached keys or values after one pass (step 0: the prefill), the alternative's
     against the reference's (padded positions left out), beside the calibration's (the noise)."""
@@ -184,7 +184,7 @@ class KVEvidence:
     reference_rms: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TokenEvidence:
     """The next-token distributions at one pass's logits (step 0: the prefill's token positions,
     padded ones left out; step s: each row's new token), the alternative's against the reference's

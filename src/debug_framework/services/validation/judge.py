@@ -52,7 +52,7 @@ PERTURBED_WEIGHTS = ("each weight and floating input moved by at most 1/8 ulp of
 FLIPS_REASON = "the next token differs beyond noise"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Judgement:
     """One rule applied at one place.
 

@@ -4,7 +4,7 @@ checkpoint keys, tolerances) so the stages read decisions instead of re-deriving
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...capture.keys import PER_LAYER_CHECKPOINTS, CheckpointKey, all_checkpoints
@@ -159,6 +159,8 @@ class ValidationPlan:
     alternative_dtype: str
     governing_dtype: str  #: the less precise of the two: it picks the default tolerances
     router_layers: tuple[int, ...] = ()  #: the mixture-of-experts layers (their ``router_logits`` checkpoints)
+    #: each checkpoint's tolerance once resolved (one object per checkpoint, however many steps judge it)
+    _tolerances: dict[CheckpointKey, Tolerance] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, config: SessionConfig | Mapping[str, object] | None, num_layers: int,
@@ -186,7 +188,10 @@ class ValidationPlan:
 
     def tolerance(self, key: CheckpointKey) -> Tolerance:
         """The tolerance checkpoint ``key`` is judged by."""
-        return resolve_tolerance(self.thresholds, key, self.governing_dtype)
+        tol = self._tolerances.get(key)
+        if tol is None:
+            tol = self._tolerances[key] = resolve_tolerance(self.thresholds, key, self.governing_dtype)
+        return tol
 
     def calibrated(self, key: CheckpointKey) -> bool:
         """Checkpoint ``key`` is judged by the calibrated bound (calibration on, no explicit

@@ -91,7 +91,7 @@ class BlockResult:
         return {"block": self.block, "input": self.input, **self.judgement.to_dict(), **(brief(self.error) or {})}
 
 
-@dataclass
+@dataclass(slots=True)
 class CheckpointResult:
     """One checkpoint: what was measured there and the one judgement it got.
 
