@@ -122,12 +122,13 @@ def test_converter_bugs_fail_at_layer_1s_mlp_and_name_the_node(engine, moe: dict
 
 
 def test_two_decode_steps_through_llamas_cache_pass(engine, moe: dict[str, Path]) -> None:
-    """The MoE layers decode through llama.cpp's KV cache (router logits left out: see the module's
-    note in docs/gguf.md on the calibration's cut of a decode step's router logits)."""
-    result = validate(engine, moe["q8_0"], decode_steps=2,
-                      enabled_checkpoints=["post_embedding", "post_attention", "post_mlp", "post_processing"])
+    """The MoE layers decode through llama.cpp's KV cache, their router logits judged at every step
+    (the calibration's prefill cut to each row's last token: ``[batch, experts]``)."""
+    result = validate(engine, moe["q8_0"], decode_steps=2)
     assert result.passed, [c.to_dict() for c in result.results if not c.passed]
     assert {1, 2} <= {c.to_dict().get("step") for c in result.results}
+    assert {(c.key.layer, c.step) for c in result.results if c.key.name == "router_logits" and c.step} == \
+        {(i, s) for i in range(2) for s in (1, 2)}
     kv = result.decoded.kv_cache  # the MoE layers' keys and values llama.cpp writes, every pass
     assert {(row.step, row.layer) for row in kv} == {(s, i) for s in range(3) for i in range(2)}
     assert all(row.k.passed and row.v.passed for row in kv)
