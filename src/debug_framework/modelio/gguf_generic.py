@@ -115,8 +115,8 @@ class GenericGgufArchitecture:
 
 
 #: llama.cpp architecture -> how it maps onto its ``transformers`` model (each one written by the
-#: converter's rules in :mod:`debug_framework.backends.llamacpp.convert`, loaded and run by llama.cpp
-#: and judged in the tests)
+#: converter's rules in the llama.cpp engine's GGUF writer, loaded and run by llama.cpp and judged
+#: in the tests)
 GENERIC_GGUF_ARCHITECTURES: dict[str, GenericGgufArchitecture] = {
     "gpt2": GenericGgufArchitecture("gpt2", _gpt2, frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})),
     "starcoder2": GenericGgufArchitecture("starcoder2", _starcoder2),
