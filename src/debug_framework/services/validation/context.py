@@ -207,20 +207,24 @@ class RunContext:
         as they are: each row is written once, when the evidence about it is complete (the store
         stage) or the run stops (:meth:`rows_kept_on_failure`), at most :data:`ROWS_PER_WRITE` at a
         time (a long decode's rows are not all held as dicts at once). Returns how many went in."""
-        fresh: list[JsonObject] = []
+        fresh: list[tuple[tuple[JsonValue, JsonValue, JsonValue], bytes, JsonObject]] = []
         count = 0
+
+        def write() -> int:  # a row counts as written once its transaction is in
+            done = self.db.checkpoints.add_many(self.session.session_id, [row for _, _, row in fresh])
+            self.written_rows.update((place, digest) for place, digest, _ in fresh)
+            fresh.clear()
+            return done
         for r in (result or self.current_result()).results:
             row = r.to_row()
             place = (row.get("checkpoint"), row.get("layer"), row.get("step"))
             digest = hashlib.blake2b(dumps_json(row, indent=None).encode(), digest_size=16).digest()
             if self.written_rows.get(place) != digest:
-                self.written_rows[place] = digest
-                fresh.append(row)
+                fresh.append((place, digest, row))
             if len(fresh) >= ROWS_PER_WRITE:
-                count += self.db.checkpoints.add_many(self.session.session_id, fresh)
-                fresh = []
+                count += write()
         if fresh:
-            count += self.db.checkpoints.add_many(self.session.session_id, fresh)
+            count += write()
         return count
 
     @contextlib.contextmanager
