@@ -39,34 +39,21 @@ __all__ = ["GENERIC_GGUF_ARCHITECTURES", "GenericGgufArchitecture", "GenericGguf
            "generic_gguf_parts", "gguf_names_of", "to_file_layout"]
 
 
-def _positive(f: GgufFile, key: str, default: int | None = None) -> int:
-    value = f.key(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelLoadingError(f"GGUF key {f.architecture}.{key} must be a positive integer, got {value!r}",
-                                file=str(f.path))
-    return value
-
-
-def _number(f: GgufFile, key: str, default: float) -> float:
-    value = f.key(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelLoadingError(f"GGUF key {f.architecture}.{key} must be a number, got {value!r}", file=str(f.path))
-    return float(value)
 
 
 def _gpt2(f: GgufFile) -> JsonObject:
     """GPT-2: learned positions of ``context_length``, the MLP width (transformers' table reads it
     under a name GPT-2's config does not have), the tanh GELU llama.cpp's graph computes."""
-    return {"n_positions": _positive(f, "context_length"), "n_ctx": _positive(f, "context_length"),
-            "n_inner": _positive(f, "feed_forward_length"), "activation_function": "gelu_new",
-            "layer_norm_epsilon": _number(f, "attention.layer_norm_epsilon", 1e-5)}
+    return {"n_positions": f.positive_int("context_length"), "n_ctx": f.positive_int("context_length"),
+            "n_inner": f.positive_int("feed_forward_length"), "activation_function": "gelu_new",
+            "layer_norm_epsilon": f.number("attention.layer_norm_epsilon", 1e-5)}
 
 
 def _starcoder2(f: GgufFile) -> JsonObject:
     """StarCoder2: the rope base (not in transformers' table), biases where the file has them, the
     tanh GELU; no sliding window (llama.cpp's ``starcoder2`` graph attends to every cached token)."""
-    return {"rope_theta": _number(f, "rope.freq_base", 10000.0), "use_bias": "blk.0.attn_q.bias" in f.tensors,
-            "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": _number(f, "attention.layer_norm_epsilon", 1e-5),
+    return {"rope_theta": f.number("rope.freq_base", 10000.0), "use_bias": "blk.0.attn_q.bias" in f.tensors,
+            "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": f.number("attention.layer_norm_epsilon", 1e-5),
             "sliding_window": None}
 
 
@@ -74,27 +61,27 @@ def _stablelm(f: GgufFile) -> JsonObject:
     """StableLM: the rotated share of each head (``rope.dimension_count``), the rope base, biases
     where the file has them, a parallel attention+MLP block where it has no ``ffn_norm`` (llama.cpp's
     own rule), the SiLU-gated MLP."""
-    heads = _positive(f, "attention.head_count")
-    head_dim = _positive(f, "embedding_length") // heads
-    rotated = _positive(f, "rope.dimension_count", head_dim)
-    return {"partial_rotary_factor": rotated / head_dim, "rope_theta": _number(f, "rope.freq_base", 10000.0),
+    heads = f.positive_int("attention.head_count")
+    head_dim = f.positive_int("embedding_length") // heads
+    rotated = f.positive_int("rope.dimension_count", head_dim)
+    return {"partial_rotary_factor": rotated / head_dim, "rope_theta": f.number("rope.freq_base", 10000.0),
             "use_qkv_bias": "blk.0.attn_q.bias" in f.tensors, "qk_layernorm": False,
             "use_parallel_residual": "blk.0.ffn_norm.weight" not in f.tensors, "hidden_act": "silu",
-            "layer_norm_eps": _number(f, "attention.layer_norm_epsilon", 1e-5)}
+            "layer_norm_eps": f.number("attention.layer_norm_epsilon", 1e-5)}
 
 
 def _phi2(f: GgufFile) -> JsonObject:
     """Phi-2 (Hugging Face ``phi``; transformers' GGUF table has no ``phi2``): every size from the
     metadata, the rotated share of each head, the tanh GELU; attention and MLP in parallel."""
-    heads = _positive(f, "attention.head_count")
-    hidden = _positive(f, "embedding_length")
-    return {"hidden_size": hidden, "intermediate_size": _positive(f, "feed_forward_length"),
-            "num_hidden_layers": _positive(f, "block_count"), "num_attention_heads": heads,
-            "num_key_value_heads": _positive(f, "attention.head_count_kv", heads),
-            "max_position_embeddings": _positive(f, "context_length"),
-            "partial_rotary_factor": _positive(f, "rope.dimension_count", hidden // heads) / (hidden // heads),
-            "rope_theta": _number(f, "rope.freq_base", 10000.0), "hidden_act": "gelu_new", "qk_layernorm": False,
-            "layer_norm_eps": _number(f, "attention.layer_norm_epsilon", 1e-5)}
+    heads = f.positive_int("attention.head_count")
+    hidden = f.positive_int("embedding_length")
+    return {"hidden_size": hidden, "intermediate_size": f.positive_int("feed_forward_length"),
+            "num_hidden_layers": f.positive_int("block_count"), "num_attention_heads": heads,
+            "num_key_value_heads": f.positive_int("attention.head_count_kv", heads),
+            "max_position_embeddings": f.positive_int("context_length"),
+            "partial_rotary_factor": f.positive_int("rope.dimension_count", hidden // heads) / (hidden // heads),
+            "rope_theta": f.number("rope.freq_base", 10000.0), "hidden_act": "gelu_new", "qk_layernorm": False,
+            "layer_norm_eps": f.number("attention.layer_norm_epsilon", 1e-5)}
 
 
 @dataclass(frozen=True)
@@ -146,7 +133,7 @@ def generic_gguf_config(f: GgufFile) -> JsonObject:
                                 file=str(f.path), hint="architectures read: " + ", ".join(GENERIC_GGUF_ARCHITECTURES))
     if "token_embd.weight" not in f.tensors or len(f.tensors["token_embd.weight"].shape) != 2:
         raise ModelLoadingError("the GGUF has no two-dimensional token_embd.weight", file=str(f.path))
-    _positive(f, "block_count")
+    f.positive_int("block_count")
     raw: JsonObject = {**_table_keys(f), **arch.config(f), "model_type": arch.model_type,
                        "vocab_size": f.tensors["token_embd.weight"].shape[0],
                        "tie_word_embeddings": "output.weight" not in f.tensors}

@@ -141,19 +141,6 @@ def unpermute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None =
             .reshape(weights.shape))
 
 
-def _int(f: GgufFile, key: str, default: int | None = None) -> int:
-    value = f.key(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelLoadingError(f"GGUF key {f.architecture}.{key} must be a positive integer, got {value!r}",
-                                file=str(f.path))
-    return value
-
-
-def _float(f: GgufFile, key: str, default: float) -> float:
-    value = f.key(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelLoadingError(f"GGUF key {f.architecture}.{key} must be a number, got {value!r}", file=str(f.path))
-    return float(value)
 
 
 def gguf_config(f: GgufFile) -> JsonObject:
@@ -167,15 +154,16 @@ def gguf_config(f: GgufFile) -> JsonObject:
     if "token_embd.weight" not in f.tensors:
         raise ModelLoadingError("the GGUF has no token_embd.weight", file=str(f.path))
     vocab, hidden = f.tensors["token_embd.weight"].shape
-    heads = _int(f, "attention.head_count")
+    heads = f.positive_int("attention.head_count")
     config: JsonObject = {
-        "model_type": GGUF_ARCHITECTURES[arch], "vocab_size": vocab, "hidden_size": _int(f, "embedding_length"),
-        "intermediate_size": _int(f, "feed_forward_length", _experts_width(f)), "num_hidden_layers": _int(f, "block_count"),
-        "num_attention_heads": heads, "num_key_value_heads": _int(f, "attention.head_count_kv", heads),
-        "head_dim": _int(f, "attention.key_length", hidden // heads),
-        "rms_norm_eps": _float(f, "attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_theta": _float(f, "rope.freq_base", 10000.0),
-        "max_position_embeddings": _int(f, "context_length", 2048),
+        "model_type": GGUF_ARCHITECTURES[arch], "vocab_size": vocab, "hidden_size": f.positive_int("embedding_length"),
+        "intermediate_size": f.positive_int("feed_forward_length", _experts_width(f)),
+        "num_hidden_layers": f.positive_int("block_count"),
+        "num_attention_heads": heads, "num_key_value_heads": f.positive_int("attention.head_count_kv", heads),
+        "head_dim": f.positive_int("attention.key_length", hidden // heads),
+        "rms_norm_eps": f.number("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": f.number("rope.freq_base", 10000.0),
+        "max_position_embeddings": f.positive_int("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in f.tensors, "hidden_act": "silu",
     }
     if arch == "llama":
@@ -185,7 +173,7 @@ def gguf_config(f: GgufFile) -> JsonObject:
     if arch in MOE_ARCHS:
         config.update(_moe_config(f, config))
     if f.key("rope.scaling.type") == "linear":
-        config["rope_scaling"] = {"rope_type": "linear", "factor": _float(f, "rope.scaling.factor", 1.0)}
+        config["rope_scaling"] = {"rope_type": "linear", "factor": f.number("rope.scaling.factor", 1.0)}
     elif f.key("rope.scaling.type") not in (None, "none"):
         raise ModelLoadingError(f"GGUF rope scaling {f.key('rope.scaling.type')!r} is not read here",
                                 file=str(f.path), hint="validate a file without rope scaling, or with linear scaling")
@@ -203,16 +191,16 @@ def _gemma_config(f: GgufFile, config: JsonObject) -> JsonObject:
     """Gemma's keys: llama.cpp scales queries by ``head_dim ** -0.5`` (its ``query_pre_attn_scalar``),
     soft-caps (Gemma 2), the sliding window (every other layer in Gemma 2, five of six in Gemma 3,
     as llama.cpp lays them out), Gemma 3's local rope base."""
-    window = _int(f, "attention.sliding_window")
+    window = f.positive_int("attention.sliding_window")
     extra: JsonObject = {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
                          "query_pre_attn_scalar": config["head_dim"], "sliding_window": window}
     if f.architecture == "gemma2":
-        extra["attn_logit_softcapping"] = _float(f, "attn_logit_softcapping", 50.0)
-        extra["final_logit_softcapping"] = _float(f, "final_logit_softcapping", 30.0)
+        extra["attn_logit_softcapping"] = f.number("attn_logit_softcapping", 50.0)
+        extra["final_logit_softcapping"] = f.number("final_logit_softcapping", 30.0)
     else:
-        extra["rope_local_base_freq"] = _float(f, "rope.freq_base_swa", 10000.0)
+        extra["rope_local_base_freq"] = f.number("rope.freq_base_swa", 10000.0)
         if f.key("final_logit_softcapping") is not None:
-            extra["final_logit_softcapping"] = _float(f, "final_logit_softcapping", 0.0)
+            extra["final_logit_softcapping"] = f.number("final_logit_softcapping", 0.0)
     return extra
 
 
@@ -228,7 +216,8 @@ def _moe_config(f: GgufFile, config: JsonObject) -> JsonObject:
     ``expert_feed_forward_length``), the renormalisation llama.cpp's graph applies
     (:data:`MOE_ARCHS`), and every layer's router and stacked expert tensors checked against them
     (DF004 naming the tensor: a file whose keys and tensors disagree)."""
-    experts, used, width = (_int(f, key) for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"))
+    experts, used, width = (f.positive_int(key)
+                            for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"))
     if used > experts:
         raise ModelLoadingError(f"GGUF key {f.architecture}.expert_used_count {used} exceeds expert_count {experts}",
                                 file=str(f.path), hint="the file's expert keys are wrong: convert the model again")

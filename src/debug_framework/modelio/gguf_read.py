@@ -79,6 +79,22 @@ class GgufFile:
         """The architecture's key ``<arch>.name`` (``block_count``), or ``default``."""
         return self.metadata.get(f"{self.architecture}.{name}", default)
 
+    def positive_int(self, name: str, default: int | None = None) -> int:
+        """The architecture's key ``name`` as a positive integer (DF004 where it is not)."""
+        value = self.key(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelLoadingError(f"GGUF key {self.architecture}.{name} must be a positive integer, got {value!r}",
+                                    file=str(self.path))
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        """The architecture's key ``name`` as a number (DF004 where it is not)."""
+        value = self.key(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelLoadingError(f"GGUF key {self.architecture}.{name} must be a number, got {value!r}",
+                                    file=str(self.path))
+        return float(value)
+
     def tensor_types(self) -> dict[str, str]:
         """Tensor name -> its GGML type name (``Q8_0``)."""
         return {t.name: t.type_name for t in self.tensors.values()}
