@@ -128,6 +128,28 @@ def test_a_parallel_block_without_its_node(engine, files: dict[str, dict[str, Pa
     assert not bug.passed and bug.error_source["layer"] == 1
 
 
+def test_metadata_that_builds_no_model_is_df004(files: dict[str, dict[str, Path]]) -> None:
+    """Heads that do not divide the width, a rotated share wider than a head, per-head q/k norms the
+    reading does not map: DF004 before any model is built (never a ZeroDivisionError)."""
+    import dataclasses
+
+    from debug_framework.errors import ModelLoadingError
+    from debug_framework.modelio.gguf_generic import generic_gguf_config
+    from debug_framework.modelio.gguf_read import read_gguf
+
+    f = read_gguf(files["gpt2"]["f32"])
+    arch = f.architecture
+    for change, message in ((({f"{arch}.attention.head_count": 1000}), "not whole heads"),
+                            (({f"{arch}.attention.head_count": 0}), "positive integer"),
+                            (({f"{arch}.rope.dimension_count": 10**6}), "larger than a head")):
+        bad = dataclasses.replace(f, metadata={**f.metadata, **change})
+        with pytest.raises(ModelLoadingError, match=f"DF004.*{message}"):
+            generic_gguf_config(bad)
+    normed = dataclasses.replace(f, tensors={**f.tensors, "blk.0.attn_q_norm.weight": f.tensors["token_embd.weight"]})
+    with pytest.raises(ModelLoadingError, match="DF004.*query/key norms"):
+        generic_gguf_config(normed)
+
+
 def test_a_truncated_file_is_still_df004(files: dict[str, dict[str, Path]], tmp_path: Path) -> None:
     from debug_framework.errors import ModelLoadingError
     from debug_framework.modelio.loader import load_model

@@ -66,6 +66,10 @@ def test_experts_are_stacked_and_read_back_per_expert(moe: dict[str, Path]) -> N
     for name in ("model.layers.1.mlp.experts.2.down_proj.weight", "model.layers.0.mlp.experts.3.gate_proj.weight",
                  "model.layers.1.mlp.gate.weight"):
         np.testing.assert_array_equal(mine.weights.numpy(name, np.float32), theirs.weights.numpy(name, np.float32))
+    # one expert of a quantized stack is its own bytes: the same numbers as the whole stack's slice
+    whole = f.read("blk.1.ffn_up_exps.weight")
+    for e in range(4):
+        np.testing.assert_array_equal(f.read("blk.1.ffn_up_exps.weight", e), whole[e])
 
 
 def test_what_llamas_qwen3moe_does_not_compute_is_refused(moe: dict[str, Path], tmp_path: Path) -> None:
@@ -81,6 +85,18 @@ def test_what_llamas_qwen3moe_does_not_compute_is_refused(moe: dict[str, Path], 
     (plain / "config.json").write_text(json.dumps({**config, "norm_topk_prob": False}))
     with pytest.raises(ModelLoadingError, match="DF004.*norm_topk_prob"):
         write_gguf(plain, tmp_path / "plain.gguf")
+
+
+def test_a_file_of_another_mixture_is_not_this_model(engine, moe: dict[str, Path], tmp_path: Path) -> None:
+    """The conversion check of a model that takes another number of experts per token than the file
+    (or does not renormalise their weights) stops at preparation (DF002), before any comparison."""
+    from debug_framework.errors import BackendInitializationError
+
+    other = shutil.copytree(moe["hf"], tmp_path / "top1")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": 1}))
+    with pytest.raises(BackendInitializationError, match="DF002.*num_experts_per_tok 2 where the model has 1"):
+        validate(engine, other, alternative_options={"model_file": str(moe["q8_0"])})
 
 
 @pytest.mark.parametrize("kind, conversion", [("f32", False), ("q8_0", False), ("q8_0", True)])

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["QUERY_ROWS", "ROW_BLOCKS", "attention_in_row_blocks"]
+__all__ = ["QUERY_ROWS", "ROW_BLOCKS", "attention_in_row_blocks", "eager_in_row_blocks"]
 
 #: query rows per block (a pass of at most this many tokens runs the eager function once)
 QUERY_ROWS = 128
@@ -41,14 +41,17 @@ def _eager_of(module: object) -> Callable[..., tuple[torch.Tensor, torch.Tensor 
     return found if callable(found) else None
 
 
-def _row_blocks(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def eager_in_row_blocks(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The module's eager attention over :data:`QUERY_ROWS` query rows at a time (``query``
-    ``[batch, heads, queries, dim]``; the output ``[batch, queries, heads, dim]`` as eager's)."""
+    ``[batch, heads, queries, dim]``; the output ``[batch, queries, heads, dim]`` as eager's): the
+    attention function registered as :data:`ROW_BLOCKS`, and what another registered function that
+    changes the operands first (an engine's emulation) calls."""
     import torch
 
     eager = _eager_of(module)
-    assert eager is not None, "switched only where every attention module has an eager function"
+    if eager is None:
+        raise TypeError(f"{type(module).__name__} has no eager_attention_forward in its module")
     n = query.shape[2]
     if n <= QUERY_ROWS:
         return eager(module, query, key, value, attention_mask, **kwargs)[0], None
@@ -70,7 +73,7 @@ def _register() -> bool:
         from transformers.masking_utils import AttentionMaskInterface, eager_mask
     except ImportError:
         return False
-    AttentionInterface.register(ROW_BLOCKS, _row_blocks)
+    AttentionInterface.register(ROW_BLOCKS, eager_in_row_blocks)
     AttentionMaskInterface.register(ROW_BLOCKS, eager_mask)
     _registered = True
     return True

@@ -120,7 +120,7 @@ def hf_config_of(raw: JsonObject, source: str = "config.json") -> PretrainedConf
         raise ModelLoadingError(f"transformers {transformers.__version__} has no model_type "
                                 f"{short_repr(model_type)} offline: {str(exc).splitlines()[0][:200]}",
                                 hint=MAP_YOURSELF, file=source) from exc
-    except (TypeError, KeyError, AttributeError) as exc:
+    except (TypeError, KeyError, AttributeError, ArithmeticError) as exc:
         raise ModelLoadingError(f"transformers cannot read this {model_type} config: {exc}",
                                 hint=MAP_YOURSELF, file=source) from exc
 
@@ -225,7 +225,7 @@ def build_skeleton(raw: JsonObject, dtype: torch.dtype | None = None, *, meta: b
         with torch.device("meta") if meta else contextlib.nullcontext():
             return cls.from_config(hf, **kwargs) if cls.__name__.startswith("AutoModel") else \
                 cls._from_config(hf, **kwargs)
-    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, NotImplementedError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, NotImplementedError, ArithmeticError) as exc:
         raise ModelLoadingError(f"transformers cannot build the {hf.model_type} model from config.json: "
                                 f"{str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}",
                                 hint=MAP_YOURSELF, file=source) from exc

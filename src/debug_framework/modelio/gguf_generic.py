@@ -39,8 +39,6 @@ __all__ = ["GENERIC_GGUF_ARCHITECTURES", "GenericGgufArchitecture", "GenericGguf
            "generic_gguf_parts", "gguf_names_of", "to_file_layout"]
 
 
-
-
 def _gpt2(f: GgufFile) -> JsonObject:
     """GPT-2: learned positions of ``context_length``, the MLP width (transformers' table reads it
     under a name GPT-2's config does not have), the tanh GELU llama.cpp's graph computes."""
@@ -124,6 +122,19 @@ def _table_keys(f: GgufFile) -> JsonObject:
     return out
 
 
+def _check_heads(f: GgufFile) -> None:
+    """The attention's geometry as the metadata claims it, checked before any model is built from
+    it (DF004): whole heads of the width, whole query heads per KV head, a rotated share that fits."""
+    heads, hidden = f.positive_int("attention.head_count"), f.positive_int("embedding_length")
+    kv = f.positive_int("attention.head_count_kv", heads)
+    if hidden % heads or heads % kv:
+        raise ModelLoadingError(f"GGUF keys claim {heads} heads ({kv} key/value heads) over a width of {hidden}: "
+                                "not whole heads", file=str(f.path))
+    if f.positive_int("rope.dimension_count", hidden // heads) > hidden // heads:
+        raise ModelLoadingError(f"GGUF key {f.architecture}.rope.dimension_count is larger than a head "
+                                f"({hidden // heads})", file=str(f.path))
+
+
 def generic_gguf_config(f: GgufFile) -> JsonObject:
     """The file's metadata as the ``config.json`` of its ``transformers`` model (DF004 for an
     architecture not in :data:`GENERIC_GGUF_ARCHITECTURES` or metadata of the wrong type)."""
@@ -134,10 +145,14 @@ def generic_gguf_config(f: GgufFile) -> JsonObject:
     if "token_embd.weight" not in f.tensors or len(f.tensors["token_embd.weight"].shape) != 2:
         raise ModelLoadingError("the GGUF has no two-dimensional token_embd.weight", file=str(f.path))
     f.positive_int("block_count")
+    _check_heads(f)
+    if any(f"blk.0.{n}.weight" in f.tensors for n in ("attn_q_norm", "attn_k_norm")):
+        raise ModelLoadingError(f"the {f.architecture} GGUF has per-head query/key norms (attn_q_norm, "
+                                "attn_k_norm), which its reading on the generic tier does not map",
+                                file=str(f.path), hint="validate the Hugging Face model it was converted from")
     raw: JsonObject = {**_table_keys(f), **arch.config(f), "model_type": arch.model_type,
                        "vocab_size": f.tensors["token_embd.weight"].shape[0],
                        "tie_word_embeddings": "output.weight" not in f.tensors}
-    raw.pop("_model_name_or_path", None)
     return raw
 
 

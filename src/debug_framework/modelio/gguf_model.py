@@ -141,8 +141,6 @@ def unpermute_for_rope(weights: np.ndarray, n_head: int, n_head_kv: int | None =
             .reshape(weights.shape))
 
 
-
-
 def gguf_config(f: GgufFile) -> JsonObject:
     """The file's metadata as a Hugging Face ``config.json`` of its family (read by ``parse_config``)."""
     arch = f.architecture
@@ -256,8 +254,6 @@ class GgufReader:
                     self._experts[name] = (stored, e)
                     self._names[name] = stored
         self._heads = (self.file.key("attention.head_count"), self.file.key("attention.head_count_kv"))
-        #: the last stacked tensor read, dequantized (its experts are read in turn)
-        self._stacked: tuple[str, np.ndarray] | None = None
 
     def names(self) -> list[str]:
         return list(self._names)
@@ -277,7 +273,7 @@ class GgufReader:
         """Tensor ``name`` as float32 NumPy, in Hugging Face's layout."""
         stored = self._names[name]
         if name in self._experts:
-            return np.ascontiguousarray(self._read_stacked(stored)[self._experts[name][1]])
+            return np.ascontiguousarray(self.file.read(stored, self._experts[name][1]))  # that expert's bytes alone
         data = self.file.read(stored)
         if self.file.architecture in _PERMUTED_ARCHS and ".attn_q." in stored:
             data = unpermute_for_rope(data, int(self._heads[0]), int(self._heads[0]))  # type: ignore[arg-type]
@@ -286,12 +282,6 @@ class GgufReader:
         elif self.file.architecture in GEMMA_ARCHS and stored.endswith("norm.weight"):
             data = data - np.float32(1.0)  # stored as 1 + w, as llama.cpp multiplies by it
         return np.ascontiguousarray(data)
-
-    def _read_stacked(self, stored: str) -> np.ndarray:
-        """A stacked expert tensor dequantized, read once while its experts are read in turn."""
-        if self._stacked is None or self._stacked[0] != stored:
-            self._stacked = (stored, self.file.read(stored))
-        return self._stacked[1]
 
     def tensor(self, name: str) -> torch.Tensor:
         import torch

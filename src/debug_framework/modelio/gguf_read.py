@@ -99,19 +99,28 @@ class GgufFile:
         """Tensor name -> its GGML type name (``Q8_0``)."""
         return {t.name: t.type_name for t in self.tensors.values()}
 
-    def read(self, name: str) -> np.ndarray:
-        """Tensor ``name`` dequantized to float32, shaped as :attr:`GgufTensorInfo.shape`."""
+    def read(self, name: str, index: int | None = None) -> np.ndarray:
+        """Tensor ``name`` dequantized to float32, shaped as :attr:`GgufTensorInfo.shape`; with
+        ``index``, only ``tensor[index]`` (one expert of a stacked ``[experts, ...]`` tensor: its
+        bytes alone are read, whole rows of whole blocks)."""
         import gguf
 
         info = self.tensors[name]
+        shape, count, offset = info.shape, info.nbytes, 0
+        if index is not None:
+            if not 0 <= index < info.shape[0]:
+                raise ModelLoadingError(f"tensor {name} has {info.shape[0]} entries, not {index + 1}",
+                                        file=str(self.path), tensor=name)
+            count = info.nbytes // info.shape[0]
+            shape, offset = info.shape[1:], index * count
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            start = self.data_start + info.offset
-            raw = np.frombuffer(mm, dtype=np.uint8, count=info.nbytes, offset=start).copy()
+            start = self.data_start + info.offset + offset
+            raw = np.frombuffer(mm, dtype=np.uint8, count=count, offset=start).copy()
         qtype = gguf.GGMLQuantizationType(info.type_id)
         if qtype == gguf.GGMLQuantizationType.F32:
-            return raw.view(np.float32).reshape(info.shape)
+            return raw.view(np.float32).reshape(shape)
         if qtype == gguf.GGMLQuantizationType.F16:
-            return raw.view(np.float16).astype(np.float32).reshape(info.shape)
+            return raw.view(np.float16).astype(np.float32).reshape(shape)
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         rows = raw.reshape(-1, info.shape[-1] // block * size)
         try:
@@ -120,7 +129,7 @@ class GgufFile:
             raise ModelLoadingError(f"tensor type {info.type_name} cannot be dequantized here: {exc}",
                                     file=str(self.path), tensor=name,
                                     hint="convert the file to a type the gguf package reads") from exc
-        return np.asarray(out, dtype=np.float32).reshape(info.shape)
+        return np.asarray(out, dtype=np.float32).reshape(shape)
 
 
 class _Cursor:

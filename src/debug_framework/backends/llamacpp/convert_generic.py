@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ModelLoadingError
-from ...jsonio import JsonObject
-from ...modelio.generic import GenericModelConfig, build_skeleton
+from ...modelio.generic import GenericModelConfig, build_skeleton, hf_config_of, tied_names
 from ...modelio.gguf_generic import GENERIC_GGUF_ARCHITECTURES, gguf_names_of, to_file_layout
 from ...modelio.loader import LoadedModel
 
@@ -38,29 +37,42 @@ def _refuse(model_dir: Path, what: str, hint: str) -> ModelLoadingError:
     return ModelLoadingError(f"cannot write a GGUF for {model_dir}: {what}", hint=hint)
 
 
-def _check_writable(raw: JsonObject, model_dir: Path, arch: str) -> None:
-    """DF004 for a model llama.cpp's graph would compute otherwise than ``transformers``."""
-    act = raw.get("activation_function", raw.get("hidden_act", "gelu_new"))
+def _rope(hf: object, key: str, default: float) -> float:
+    """A rope parameter of a ``transformers`` config (``rope_parameters`` in transformers 5, else
+    the config's own attribute), ``default`` where it has none."""
+    params = getattr(hf, "rope_parameters", None)
+    value = params.get(key) if isinstance(params, dict) else None
+    value = getattr(hf, key, None) if value is None else value
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _check_writable(hf: object, model_dir: Path, arch: str) -> None:
+    """DF004 for a model llama.cpp's graph would compute otherwise than ``transformers`` (``hf``:
+    its ``transformers`` config, defaults filled in)."""
+    act = getattr(hf, "activation_function", None) or getattr(hf, "hidden_act", None)
     wanted = ("silu",) if arch == "stablelm" else _TANH_GELU
     if act not in wanted:
         raise _refuse(model_dir, f"activation {act!r}: llama.cpp's {arch} graph computes {wanted[0]}",
                       f"a model with the activation {wanted[0]}")
-    if raw.get("qk_layernorm"):
+    if getattr(hf, "qk_layernorm", False):
         raise _refuse(model_dir, "per-head q/k LayerNorms (qk_layernorm) are not written", "a model without them")
-    if raw.get("scale_attn_by_inverse_layer_idx") or raw.get("add_cross_attention"):
-        raise _refuse(model_dir, "attention scaled by the inverse layer index, or cross-attention, which "
-                      "llama.cpp's gpt2 graph does not compute", "a plain GPT-2")
-    scaling = raw.get("rope_scaling")
+    if getattr(hf, "scale_attn_by_inverse_layer_idx", False) or getattr(hf, "add_cross_attention", False) \
+            or getattr(hf, "scale_attn_weights", True) is False:
+        raise _refuse(model_dir, "attention scaled by the inverse layer index, unscaled, or cross-attention, "
+                      "which llama.cpp's gpt2 graph does not compute", "a plain GPT-2")
+    scaling = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
         raise _refuse(model_dir, f"rope scaling {scaling!r} is not written", "a model without rope scaling")
 
 
 def add_generic_metadata(writer: object, arch: str, model: LoadedModel, file_type: int, name: str) -> None:
-    """The keys llama.cpp reads for ``arch`` (``convert_hf_to_gguf.py``'s ``set_gguf_parameters``)."""
+    """The keys llama.cpp reads for ``arch`` (``convert_hf_to_gguf.py``'s ``set_gguf_parameters``),
+    from the model's ``transformers`` config (its defaults filled in where config.json leaves a key out)."""
     import gguf
 
-    raw, config = model.raw_config, model.config
+    config = model.config
     assert isinstance(config, GenericModelConfig)
+    hf = hf_config_of(model.raw_config, str(model.path))
     w = writer
     assert isinstance(w, gguf.GGUFWriter)
     w.add_name(name)
@@ -69,29 +81,23 @@ def add_generic_metadata(writer: object, arch: str, model: LoadedModel, file_typ
     w.add_file_type(file_type)
     w.add_vocab_size(config.vocab_size)
     if arch == "gpt2":
-        w.add_context_length(int(raw.get("n_positions", raw.get("n_ctx", 1024))))  # type: ignore[arg-type]
-        w.add_feed_forward_length(int(raw.get("n_inner") or 4 * config.hidden_size))  # type: ignore[arg-type]
-        w.add_head_count(int(raw["n_head"]))  # type: ignore[arg-type]
-        w.add_layer_norm_eps(float(raw.get("layer_norm_epsilon", 1e-5)))  # type: ignore[arg-type]
+        w.add_context_length(int(hf.n_positions))
+        w.add_feed_forward_length(int(hf.n_inner or 4 * config.hidden_size))
+        w.add_head_count(int(hf.n_head))
+        w.add_layer_norm_eps(float(hf.layer_norm_epsilon))
         return
-    heads = int(raw["num_attention_heads"])  # type: ignore[arg-type]
+    heads = int(hf.num_attention_heads)
     if arch in ("stablelm", "phi2"):
-        head_dim = config.hidden_size // heads
-        share = raw.get("partial_rotary_factor")
-        if share is None and isinstance(raw.get("rope_parameters"), dict):
-            share = raw["rope_parameters"].get("partial_rotary_factor")  # type: ignore[union-attr]
-        w.add_rope_dimension_count(int(float(share if isinstance(share, (int, float)) else 0.25) * head_dim))
+        w.add_rope_dimension_count(int(_rope(hf, "partial_rotary_factor", 1.0) * (config.hidden_size // heads)))
         if arch == "stablelm":
-            w.add_parallel_residual(bool(raw.get("use_parallel_residual", False)))
+            w.add_parallel_residual(bool(getattr(hf, "use_parallel_residual", False)))
     w.add_context_length(config.max_position_embeddings)
-    w.add_feed_forward_length(int(raw["intermediate_size"]))  # type: ignore[arg-type]
+    w.add_feed_forward_length(int(hf.intermediate_size))
     w.add_head_count(heads)
-    w.add_head_count_kv(int(raw.get("num_key_value_heads") or heads))  # type: ignore[arg-type]
-    theta = raw.get("rope_theta")
-    if theta is None and isinstance(raw.get("rope_parameters"), dict):
-        theta = raw["rope_parameters"].get("rope_theta")  # type: ignore[union-attr]
-    w.add_rope_freq_base(float(theta if isinstance(theta, (int, float)) else 10000.0))
-    w.add_layer_norm_eps(float(raw.get("norm_epsilon", raw.get("layer_norm_eps", 1e-5))))  # type: ignore[arg-type]
+    w.add_head_count_kv(int(getattr(hf, "num_key_value_heads", None) or heads))
+    w.add_rope_freq_base(_rope(hf, "rope_theta", 10000.0))
+    eps = getattr(hf, "norm_epsilon", None) or getattr(hf, "layer_norm_eps", None)
+    w.add_layer_norm_eps(float(eps if eps is not None else 1e-5))
 
 
 def generic_architecture(model: LoadedModel, model_dir: Path) -> str:
@@ -103,21 +109,27 @@ def generic_architecture(model: LoadedModel, model_dir: Path) -> str:
     if arch is None:
         raise _refuse(model_dir, f"model_type {config.model_type!r} is not one the GGUF writer handles",
                       "supported on the generic tier: " + ", ".join(sorted(GENERIC_GGUF_FAMILIES)))
-    _check_writable(model.raw_config, model_dir, arch)
+    _check_writable(hf_config_of(model.raw_config, str(model_dir)), model_dir, arch)
     return arch
 
 
 def generic_tensors(model: LoadedModel, arch: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """Every tensor of the file: (llama.cpp name, the array as Hugging Face stores it, the array the
     converter writes), GPT-2's tied head written as ``output.weight``."""
-    names = gguf_names_of(build_skeleton(model.raw_config, meta=True, source=str(model.path)), arch,
-                          model.num_layers)
+    net = build_skeleton(model.raw_config, meta=True, source=str(model.path))
+    names = gguf_names_of(net, arch, model.num_layers)
+    missing = sorted(set(names) - set(model.weights) - set(tied_names(net)))
+    if missing:  # a checkpoint whose names the model does not have (renamed, or without the model's prefix)
+        raise _refuse(model.path, f"its weights have no {missing[0]} ({len(missing)} of the model's tensors missing)",
+                      "save the model with transformers' save_pretrained and write that directory")
     tensors: list[tuple[str, np.ndarray, np.ndarray]] = []
     for hf in model.weights:
         if hf in names:
             original = model.weights.numpy(hf, np.float32)
             tensors.append((names[hf], original, to_file_layout(arch, names[hf], original)))
+    embd = next((t for t in tensors if t[0] == "token_embd.weight"), None)
+    if embd is None:
+        raise _refuse(model.path, "it has no token embeddings", "a model with its token embeddings")
     if arch in _OUTPUT_COPIED and all(g != "output.weight" for g, _, _ in tensors):
-        embd = next(t for t in tensors if t[0] == "token_embd.weight")
         tensors.append(("output.weight", embd[1], embd[2]))
     return tensors

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import BackendInitializationError
+from ...modelio.generic import tied_names
+from .._attention_rows import eager_in_row_blocks
 from ..eager_reference import EagerReferenceBackend
 from .precision import _REQUANTIZED, VEC_DOT, LlamaPrecision, _cache_key, gelu_fp16_table, quantize_activations, \
     requantized
@@ -94,13 +97,17 @@ def _cache_rounding(kind: str) -> Rounding:
 
 def cache_rounded_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, **kwargs: object) -> tuple[torch.Tensor, object]:
-    """The model's own eager attention on keys and values rounded to the KV cache's type (and
-    queries to F16 where the cache is F16), as the emulating backend set them on the model's
-    config (``llamacpp_cache_rounding``); registered as :data:`CACHE_ROUNDED_ATTENTION`."""
-    round_q, round_k, round_v = getattr(module.config, "llamacpp_cache_rounding")
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
-    out = eager(module, round_q(query), round_k(key), round_v(value), attention_mask, **kwargs)
-    return out  # type: ignore[no-any-return]
+    """The model's own eager attention (a block of query rows at a time, as the reference's) on
+    keys and values rounded to the KV cache's type (and queries to F16 where the cache is F16), as
+    the emulating backend set them for ``module`` (:data:`_CACHE_ROUNDING`); registered as
+    :data:`CACHE_ROUNDED_ATTENTION`."""
+    round_q, round_k, round_v = _CACHE_ROUNDING[module]
+    return eager_in_row_blocks(module, round_q(query), round_k(key), round_v(value), attention_mask, **kwargs)
+
+
+#: each emulating model's attention module -> how its queries, keys and values are rounded (kept
+#: beside the model, not on its config: a config is serialised, and shared by its copies)
+_CACHE_ROUNDING: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Rounding, Rounding, Rounding]] = weakref.WeakKeyDictionary()
 
 
 def _register_attention() -> None:
@@ -239,9 +246,10 @@ class LlamaEagerEmulationBackend(EagerReferenceBackend):
         _register_attention()
         cache_k, cache_v = _cache_rounding(self.precision.cache_type_k), _cache_rounding(self.precision.cache_type_v)
         round_q = cache_k if self.precision.cache_type_k.upper() in ("F16", "BF16") else (lambda x: x)
-        config = net.config
-        config.llamacpp_cache_rounding = (round_q, cache_k, cache_v)
-        config._attn_implementation = CACHE_ROUNDED_ATTENTION
+        for module in net.modules():  # the modules that dispatch attention through transformers' registry
+            if hasattr(module, "scaling") and hasattr(getattr(module, "config", None), "_attn_implementation"):
+                _CACHE_ROUNDING[module] = (round_q, cache_k, cache_v)
+        net.set_attn_implementation(CACHE_ROUNDED_ATTENTION)
 
 
 def generic_gguf_names(model: LoadedModel, architecture: str) -> dict[str, str]:
@@ -276,6 +284,11 @@ def emulation_limits(net: torch.nn.Module, names: dict[str, str], precision: Lla
     if loose:
         limits.append(f"the inputs of {len(loose)} quantized weights used outside a Linear module ({loose[0]} ...) "
                       "are not rounded as ggml's kernel rounds them")
+    types = precision.tensor_types
+    head, embd = types.get("output.weight"), types.get("token_embd.weight")
+    if head is not None and embd is not None and head != embd and "lm_head.weight" in tied_names(net):
+        limits.append(f"the LM head is the model's embeddings (tied), at the file's {embd}; llama.cpp multiplies by "
+                      f"output.weight, stored at {head}")
     if precision.cache_type_k.upper() != "F32" or precision.cache_type_v.upper() != "F32":
         bypass = sorted({type(m).__name__ for m in net.modules() if type(m).__name__.endswith("Attention")
                          and "ALL_ATTENTION_FUNCTIONS" not in vars(sys.modules[type(m).__module__])})

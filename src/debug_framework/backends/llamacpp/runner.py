@@ -223,8 +223,12 @@ class LlamaCppBackend(BaseBackend):
             raise BackendInitializationError(
                 f"the GGUF {self.gguf.path} is not this model: a {self.gguf.architecture} file for a "
                 f"{model.config.model_type} model", backend=self.name, hint="give the file converted from --model-path")
-        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
-            if mine[key] != getattr(model.config, key):
+        keys = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"]
+        # a mixture of experts: its experts, how many a token takes, their width and whether their
+        # weights are renormalised (llama.cpp's graph always does) must be the file's too
+        keys += [k for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob") if k in mine]
+        for key in keys:
+            if mine[key] != getattr(model.config, key, None):
                 raise BackendInitializationError(
                     f"the GGUF {self.gguf.path} is not this model: {key} {mine[key]} where the model has "
                     f"{getattr(model.config, key)}", backend=self.name, hint="give the file converted from --model-path")
@@ -522,7 +526,8 @@ def _not_in_graph(gguf: GgufFile) -> frozenset[str]:
 
 def _check_same_generic_model(gguf: GgufFile, model: LoadedModel) -> None:
     """DF002 where the generic-tier file is not the session's model (its ``model_type``, layers,
-    width or vocabulary differ)."""
+    width, vocabulary, heads, key/value heads or MLP width differ)."""
+    from ...modelio.generic import hf_config_of
     from ...modelio.gguf_generic import GENERIC_GGUF_ARCHITECTURES
 
     family = GENERIC_GGUF_ARCHITECTURES[gguf.architecture].model_type
@@ -531,12 +536,18 @@ def _check_same_generic_model(gguf: GgufFile, model: LoadedModel) -> None:
         raise BackendInitializationError(f"the GGUF {gguf.path} is not this model: a {gguf.architecture} file for a "
                                          f"{model.config.model_type} model", backend="llamacpp", hint=hint)
     embd = gguf.tensors.get("token_embd.weight")
-    mine = {"num_hidden_layers": gguf.key("block_count"), "hidden_size": gguf.key("embedding_length"),
-            "vocab_size": embd.shape[0] if embd is not None else None}
+    mine: dict[str, object] = {"num_hidden_layers": gguf.key("block_count"), "hidden_size": gguf.key("embedding_length"),
+                               "vocab_size": embd.shape[0] if embd is not None else None}
+    theirs: dict[str, object] = {key: getattr(model.config, key, None) for key in mine}
+    hf = hf_config_of(model.raw_config, str(model.path))  # transformers' defaults filled in
+    for key, attr in (("attention.head_count", "num_attention_heads"), ("attention.head_count_kv", "num_key_value_heads"),
+                      ("feed_forward_length", "intermediate_size")):  # the attention's geometry, the MLP's width
+        if gguf.key(key) is not None and getattr(hf, attr, None) is not None:
+            mine[attr], theirs[attr] = gguf.key(key), getattr(hf, attr)
     for key, value in mine.items():
-        if value != getattr(model.config, key):
+        if value != theirs[key]:
             raise BackendInitializationError(f"the GGUF {gguf.path} is not this model: {key} {value} where the "
-                                             f"model has {getattr(model.config, key)}", backend="llamacpp", hint=hint)
+                                             f"model has {theirs[key]}", backend="llamacpp", hint=hint)
 
 
 def _fingerprint(hidden_in: HiddenState, inputs: ModelInputs) -> str:

@@ -83,8 +83,8 @@ def write_node_repro(request: DrillRequest, row: OperatorRow, node: str, nodes: 
     key, source = PROJECTIONS[row.op]
     weight = _weight_name(request, key)
     if weight is None:
-        return None, False, (f"no standalone repro: {node} is not one matrix product in this family (a mixture "
-                             "of experts' weighted sum of the chosen experts)")
+        return None, False, (f"no standalone repro: {node} is not one matrix product with a weight of this family "
+                             "(a mixture of experts' output is a weighted sum of the chosen experts')")
     if weight not in request.model.weights or source not in engine or row.op not in engine:
         return None, False, f"no standalone repro: the input of {node} or its weight is not at hand"
     folder = Path(request.out_dir) / "repro"
