@@ -217,7 +217,10 @@ class GenericGgufReader:
         self.file = header if header is not None else read_gguf(self.path)
         key = _file_key(self.path)
         if names is None:  # a store's fork opens the file anew: the names the first reader found
-            names = _NAMES[key]
+            names = _NAMES.get(key)
+        if names is None:
+            raise ModelLoadingError(f"the GGUF {self.path} changed on disk while it was being validated",
+                                    file=str(self.path), hint="leave the file as it is during a session, and run again")
         _NAMES[key] = names
         #: Hugging Face name -> llama.cpp name, for the tensors the file holds
         self._names = {h: g for h, g in names.items() if g in self.file.tensors}
