@@ -188,11 +188,16 @@ class ModelParameters(Mapping[str, "Array | None"]):
         wanted = [p for p, n in self._names.items() if n is not None and p not in self._values]
         sizes = {p: int(np.prod(self._shape(p))) * itemsize for p in wanted}
         held: list[str] = []
+        converted: dict[str, Array] = {}  # by tensor: a tied LM head and its embedding converted once
         for param in sorted(wanted, key=lambda p: sizes[p]):
-            if sizes[param] > budget:
-                break
-            budget -= sizes[param]
-            self._values[param] = self[param]
+            name = self._names[param]
+            assert name is not None
+            if name not in converted:
+                if sizes[param] > budget:
+                    break
+                budget -= sizes[param]
+                converted[name] = self._convert(name)
+            self._values[param] = converted[name]
             held.append(param)
 
         def drop() -> None:
