@@ -39,8 +39,8 @@ from ...errors import BackendInitializationError
 from ...modelio.generic import tied_names
 from .._attention_rows import eager_in_row_blocks
 from ..eager_reference import EagerReferenceBackend
-from .precision import _REQUANTIZED, VEC_DOT, LlamaPrecision, _cache_key, gelu_fp16_table, quantize_activations, \
-    requantized
+from .precision import _REQUANTIZED, VEC_DOT, LlamaPrecision, _cache_key, cache_roundings, gelu_fp16_table, \
+    input_rounding, requantized
 
 if TYPE_CHECKING:
     import torch
@@ -79,20 +79,6 @@ class GenericLlamaPrecision(LlamaPrecision):
 
     def trusted_backend(self) -> LlamaEagerEmulationBackend:  # type: ignore[override]
         return LlamaEagerEmulationBackend(self)
-
-
-def _rounding(kind: str) -> Rounding:
-    """What a matrix product with a ``kind`` weight does to its input (``VEC_DOT``)."""
-    act, block, half = VEC_DOT.get(kind, ("F32", 0, False))
-    return lambda x: quantize_activations(x, act, block, half)
-
-
-def _cache_rounding(kind: str) -> Rounding:
-    """A value stored in a KV cache of type ``kind`` (``f16``, ``q8_0`` ...), read back."""
-    upper = kind.upper()
-    act, block, half = ("F32", 0, False) if upper == "F32" else (upper, 0, False) if upper in ("F16", "BF16") \
-        else ("Q8_0", 32, True)
-    return lambda x: quantize_activations(x, act, block, half)
 
 
 def cache_rounded_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -240,12 +226,12 @@ class LlamaEagerEmulationBackend(EagerReferenceBackend):
             if cls in _MATMUL_MODULES and weight is not None and getattr(weight, "ndim", 0) == 2:
                 kind = self._type_of(f"{name}.weight")
                 if VEC_DOT.get(kind, ("F32",))[0] != "F32":
-                    self._hooks.append(module.register_forward_pre_hook(_input_rounding(_rounding(kind))))
+                    self._hooks.append(module.register_forward_pre_hook(_input_rounding(input_rounding(kind))))
             elif cls in _TANH_GELU_MODULES:
                 self._hooks.append(module.register_forward_hook(_gelu_table))
         _register_attention()
-        cache_k, cache_v = _cache_rounding(self.precision.cache_type_k), _cache_rounding(self.precision.cache_type_v)
-        round_q = cache_k if self.precision.cache_type_k.upper() in ("F16", "BF16") else (lambda x: x)
+        queries, cache_k, cache_v = cache_roundings(self.precision.cache_type_k, self.precision.cache_type_v)
+        round_q = queries if queries is not None else (lambda x: x)
         for module in net.modules():  # the modules that dispatch attention through transformers' registry
             if hasattr(module, "scaling") and hasattr(getattr(module, "config", None), "_attn_implementation"):
                 _CACHE_ROUNDING[module] = (round_q, cache_k, cache_v)

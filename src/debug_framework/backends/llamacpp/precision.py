@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .graph import LlamaSettings
 
 __all__ = ["LlamaPrecision", "llama_precision", "LlamaEmulationBackend", "VEC_DOT", "quantize_activations",
-           "quantize_q8_k", "requantized", "gelu_fp16_table"]
+           "quantize_q8_k", "requantized", "gelu_fp16_table", "input_rounding", "cache_roundings"]
 
 #: weight type -> (activation type, block size, scale stored as float16) of ggml's CPU dot products
 VEC_DOT: dict[str, tuple[str, int, bool]] = {
@@ -82,6 +82,27 @@ def quantize_activations(x: torch.Tensor, kind: str, block: int, half_scale: boo
     if half_scale:
         d = d.to(torch.float16).to(x.dtype)
     return (q * d).reshape(shape)
+
+
+
+def input_rounding(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What a matrix product with a ``kind`` weight does to its input (:data:`VEC_DOT`)."""
+    act, block, half = VEC_DOT.get(kind, ("F32", 0, False))
+    return lambda x: quantize_activations(x, act, block, half)
+
+
+def cache_roundings(cache_type_k: str, cache_type_v: str
+                    ) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, Callable[[torch.Tensor], torch.Tensor],
+                               Callable[[torch.Tensor], torch.Tensor]]:
+    """What llama.cpp's KV cache of those types does to the queries (None: nothing; F16/BF16 keys
+    meet queries of their type), the keys and the values stored in it and read back."""
+    def stored(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        upper = kind.upper()
+        act, block, half = ("F32", 0, False) if upper == "F32" else (upper, 0, False) if upper in ("F16", "BF16") \
+            else ("Q8_0", 32, True)
+        return lambda x: quantize_activations(x, act, block, half)
+    keys = stored(cache_type_k)
+    return (keys if cache_type_k.upper() in ("F16", "BF16") else None), keys, stored(cache_type_v)
 
 
 def _divided(numerator: float, t: torch.Tensor) -> torch.Tensor:
@@ -390,9 +411,7 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         self._round_like_llama()
 
     def _activation(self, tensor: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        kind = self.precision.tensor_types.get(tensor, "F32")
-        act, block, half = VEC_DOT.get(kind, ("F32", 0, False))
-        return lambda x: quantize_activations(x, act, block, half)
+        return input_rounding(self.precision.tensor_types.get(tensor, "F32"))
 
     def _round_block_inputs(self, attention_in: Callable[[torch.Tensor], torch.Tensor],
                             mlp_in: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -419,12 +438,6 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         names = [f"blk.0.{t}.weight" for t in tensors]
         return next((n for n in names if n in self.precision.tensor_types), names[0])
 
-    def _cache(self, kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        upper = kind.upper()
-        act, block, half = ("F32", 0, False) if upper == "F32" else (upper, 0, False) if upper in ("F16", "BF16") \
-            else ("Q8_0", 32, True)
-        return lambda x: quantize_activations(x, act, block, half)
-
     def _round_like_llama(self) -> None:
         """The model's taps round what llama.cpp's kernels round (the instance's own ``tap`` and head)."""
         net = self.net
@@ -432,10 +445,10 @@ class LlamaEmulationBackend(TorchReferenceBackend):
         rounding: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
             tap: self._activation(self._first_tensor(tensor)) for tap, tensor in _TAPPED_INPUTS.items()}
         self._round_block_inputs(rounding["attn_norm"], rounding["ffn_norm"])
-        cache_k, cache_v = self._cache(self.precision.cache_type_k), self._cache(self.precision.cache_type_v)
+        queries, cache_k, cache_v = cache_roundings(self.precision.cache_type_k, self.precision.cache_type_v)
         rounding["k_rope"], rounding["v"] = cache_k, cache_v
-        if self.precision.cache_type_k.upper() in ("F16", "BF16"):
-            rounding["q_rope"] = cache_k  # queries meet F16 keys as F16
+        if queries is not None:
+            rounding["q_rope"] = queries  # queries meet F16 keys as F16
         traced = net.tap
         table_gelu = net.config.hidden_act in ("gelu_pytorch_tanh", "gelu_new")
         seen: dict[str, torch.Tensor] = {}
