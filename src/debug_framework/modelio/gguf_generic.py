@@ -234,15 +234,7 @@ class GenericGgufReader:
         return tuple(reversed(shape)) if _transposed(self.file.architecture, stored, len(shape)) else shape
 
     def dtype(self, name: str) -> str:
-        return "F32"  # what tensor() returns; the stored type is stored_type()
-
-    def stored_type(self, name: str) -> str:
-        """The GGML type the file stores ``name`` in (``Q8_0``)."""
-        return self.file.tensors[self._names[name]].type_name
-
-    def gguf_name(self, name: str) -> str:
-        """llama.cpp's name of Hugging Face tensor ``name``."""
-        return self._names[name]
+        return "F32"  # what tensor() returns; the stored type is GgufFile.tensor_types()
 
     def array(self, name: str) -> np.ndarray:
         """Tensor ``name`` as float32 NumPy, in the ``transformers`` model's layout."""
