@@ -141,6 +141,11 @@ class _Converter:
     def stored(self, name: str) -> Any:
         return self.weights[name]
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A stored tensor's shape (nothing read or converted where the store tells it)."""
+        weights = self.weights
+        return tuple(weights.shape(name)) if hasattr(weights, "shape") else tuple(np.shape(weights[name]))
+
     def _host_of(self, name: str) -> np.dtype:
         if self._narrow and str(self.weights.dtype_name(name)).upper() in _NARROW_STORED:  # type: ignore[attr-defined]
             return np.dtype(np.float32)
@@ -217,10 +222,8 @@ class ModelParameters(Mapping[str, "Array | None"]):
 
     def _shape(self, param: str) -> tuple[int, ...]:
         name = self._names[param]
-        weights = self._convert.weights
-        if hasattr(weights, "shape"):
-            return tuple(weights.shape(name))
-        return tuple(np.shape(weights[name]))
+        assert name is not None
+        return self._convert.shape(name)
 
     def rows(self, param: str, ids: Any) -> Array:
         """``param[ids]``: the rows of an embedding table for integer ids of any shape (only those
@@ -294,13 +297,7 @@ class LayerStream(Sequence[Parameters]):
     def layer_bytes(self, i: int) -> int:
         """Layer ``i``'s bytes at the compute dtype (its shapes read, nothing converted)."""
         itemsize = max(np.dtype(self._convert.host).itemsize, 1)
-        weights = self._convert.weights
-        total = 0
-        for name in self._names[i].values():
-            if name is not None:
-                shape = weights.shape(name) if hasattr(weights, "shape") else np.shape(weights[name])
-                total += int(np.prod(tuple(shape))) * itemsize
-        return total
+        return sum(int(np.prod(self._convert.shape(n))) * itemsize for n in self._names[i].values() if n is not None)
 
     def resident_layers(self) -> list[int]:
         """The layers converted now."""
