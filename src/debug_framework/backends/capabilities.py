@@ -77,6 +77,10 @@ class Capabilities:
             the drill-down compares them with the reference's in order, whatever the engine.
         window_counts: what its sliding attention windows count on a padded row, one of
             :data:`WINDOW_COUNTS` (its ``window_counts`` attribute; ``"columns"`` where it declares none).
+        decode_ahead: its decode may run in a forked child process, ahead of the other sides (a
+            reference's greedy decode needs nothing of theirs): it computes in this process on the
+            CPU and holds nothing a fork breaks (a device context, a server connection, an engine's
+            threads). Declared by a class attribute ``decode_ahead = True``; False by default.
     """
 
     name: str
@@ -93,6 +97,7 @@ class Capabilities:
     graph_sessions: Support = Support(False, "does not run ONNX graphs (no open_session_file)")
     layer_trace: Support = Support(False, "reports no named intermediate values of a layer (no run_layer_traced)")
     window_counts: str = "columns"
+    decode_ahead: bool = False
     prepared: bool = False
     device: str = "cpu"
 
@@ -183,6 +188,7 @@ def derive_capabilities(backend: object) -> Capabilities:
         graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
         layer_trace=_can(backend, "can_run_layer_traced", _asked(backend, "run_layer_traced", base.layer_trace)),
         window_counts=str(getattr(backend, "window_counts", base.window_counts)),
+        decode_ahead=getattr(backend, "decode_ahead", False) is True,
         prepared=getattr(backend, "model", None) is not None,
         device=str(getattr(backend, "device", "cpu") or "cpu"),
     )

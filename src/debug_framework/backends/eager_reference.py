@@ -53,6 +53,8 @@ class EagerReferenceBackend(PyTorchBackend):
     default_dtype = "float64"
     #: only reads its weights: given the loaded model itself (backends.capabilities.reads_loaded_weights)
     reads_weights_only = True
+    #: its decode may run ahead in a forked child process (capabilities.Capabilities.decode_ahead)
+    decode_ahead = True
     #: holds the tensors outside the repeated layers and one layer (the memory estimate's rule)
     streams_layers = True
 

@@ -41,6 +41,8 @@ class PythonReferenceBackend(BaseBackend):
     default_dtype = "float64"
     #: only reads its weights: given the loaded model itself (backends.capabilities.reads_loaded_weights)
     reads_weights_only = True
+    #: its decode may run ahead in a forked child process (capabilities.Capabilities.decode_ahead)
+    decode_ahead = True
     #: the models read their weights layer by layer (``architectures.layout``): about one layer held at a time
     streams_weights = True
     #: what the model's sliding windows count on a padded row (``backends.capabilities.WINDOW_COUNTS``):

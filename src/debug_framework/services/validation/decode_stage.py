@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...backends.base import Backend
+from ...backends.capabilities import capabilities
 from ...backends.decode import DecodePass, decode_passes, decode_support, streams_decode
 from ...capture.keys import CheckpointKey
 from ...errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
+from ...jsonio import JsonObject
 from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
 from .deadline import bounded
+from .decode_ahead import AheadStream, ahead_support, decode_ahead
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .decode_equivalence import prefill_equivalence
 from .decode_replay import replay_decode_layer, step_inputs
@@ -113,24 +116,29 @@ class DecodeStage(Stage):
         tokens = np.zeros((batch, steps), np.int64) if given is None else np.array(given, np.int64)
         cal = self._calibrator(ctx)
         sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]] = []
-        for backend, fed in ((ctx.reference, None if given is None else own(given)), (ctx.alternative, own(tokens))):
-            sides.append((backend, self._open(backend, ctx, steps, taps, fed, prefill_taps), fed))  # type: ignore[arg-type]
-        # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
-        calibration = None if cal is None else CalibrationPrefill(ctx, cal, taps, prefill_taps, tokens)
-        if given is None and not all(streams_decode(b) for b, _, _ in sides[1:]):
-            sides[0] = self._whole_first(sides[0], steps, sides[1:])  # a side that decodes only whole needs every token first
-        for ev in ctx.evidence.checkpoints:
-            if ev.step is None:
-                ev.step = 0  # the prefill
-        walk = DecodeWalk(ctx, steps, calibration)
-        stop = plan.config.stop_at_first_divergence
-        walls: list[float] = []  # each decode step's wall time: its passes and its judgement
-        cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
-        try:  # one watchdog of the session's time limit over the whole loop, not one thread per pass
+        ref_fed = None if given is None else own(given)
+        ahead = self._ahead(ctx, steps, taps, ref_fed, prefill_taps)  # the reference's passes computed ahead
+        try:  # the child process (where the reference runs ahead) ended however the decode ends
+            for backend, fed in ((ctx.reference, ref_fed), (ctx.alternative, own(tokens))):
+                stream = ahead if backend is ctx.reference and isinstance(ahead, AheadStream) else \
+                    self._open(backend, ctx, steps, taps, fed, prefill_taps)
+                sides.append((backend, stream, fed))  # type: ignore[arg-type]
+            # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
+            calibration = None if cal is None else CalibrationPrefill(ctx, cal, taps, prefill_taps, tokens)
+            if given is None and not all(streams_decode(b) for b, _, _ in sides[1:]):
+                sides[0] = self._whole_first(sides[0], steps, sides[1:])  # a side that decodes only whole needs every token first
+            for ev in ctx.evidence.checkpoints:
+                if ev.step is None:
+                    ev.step = 0  # the prefill
+            walk = DecodeWalk(ctx, steps, calibration)
+            stop = plan.config.stop_at_first_divergence
+            walls: list[float] = []  # each decode step's wall time: its passes and its judgement
+            cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
+            # one watchdog of the session's time limit over the whole loop, not one thread per pass
             done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus)))
         finally:
-            for _, stream, _ in sides:
-                close = getattr(stream, "close", None)
+            for stream in [s for _, s, _ in sides] + ([ahead] if isinstance(ahead, AheadStream) else []):
+                close = getattr(stream, "close", None)  # an ahead stream read whole first is closed here too
                 if callable(close):
                     close()
         ctx.decode = {"steps": steps, "tokens": tokens[:, :done].tolist(),
@@ -142,6 +150,7 @@ class DecodeStage(Stage):
                       "step_wall_s": walls,
                       "step_cpu_s": cpus,
                       "steps_run": done,
+                      "reference_process": self._ahead_record(ahead),
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}
         kept = walk.kept
@@ -197,6 +206,27 @@ class DecodeStage(Stage):
         """The backend's decode, pass by pass (:func:`~debug_framework.backends.decode.decode_passes`)."""
         return call_backend(backend, "run_decode()",
                             lambda: decode_passes(backend, own(ctx.inputs), steps, taps, fed, prefill_taps))
+
+    @staticmethod
+    def _ahead(ctx: RunContext, steps: int, taps: list[CheckpointKey], fed: np.ndarray | None,
+               prefill_taps: list[CheckpointKey]) -> AheadStream | str:
+        """The reference's decode run ahead in a child process (:mod:`.decode_ahead`) where it can
+        be, else why not."""
+        backend = ctx.reference
+        caps = capabilities(backend)
+        ok, why = ahead_support(caps.decode_ahead, steps, caps.device)
+        if not ok:
+            return why
+        inputs = own(ctx.inputs)
+        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps)
+
+    @staticmethod
+    def _ahead_record(ahead: AheadStream | str) -> JsonObject:
+        """Where the reference's decode ran, for the decode record."""
+        if isinstance(ahead, str):
+            return {"ahead": False, "why": ahead}
+        return {"ahead": True, "taken_over_at": ahead.taken_over, "child_error": ahead.child_error,
+                "peak_rss_bytes": ahead.peak_rss_bytes}
 
     @staticmethod
     def _next(backend: Backend, stream: Iterator[DecodePass], step: int) -> DecodePass:

@@ -1,0 +1,131 @@
+"""The reference's decode run ahead in a child process (services/validation/decode_ahead.py): a
+pass crosses as bytes unchanged, a session judged with the child is the session judged without it,
+and a child that fails or dies is taken over (a reference's own error still reads as its own)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from debug_framework.backends import register_backend, unregister_backend
+from debug_framework.backends.decode import DecodePass
+from debug_framework.backends.eager_reference import EagerReferenceBackend
+from debug_framework.capture.keys import Capture, CheckpointKey
+from debug_framework.errors import BackendRuntimeError
+from debug_framework.services.validation import decode_ahead
+from debug_framework.services.validation.decode_ahead import ahead_support, decode_pass, encode_pass
+
+STEPS = 6
+CONFIG = {"decode_steps": STEPS, "isolate": False, "precision_diagnosis": False, "input_shape": [2, 5]}
+needs_two = pytest.mark.skipif(not ahead_support(True, STEPS, "cpu")[0],
+                               reason=f"no child process here: {ahead_support(True, STEPS, 'cpu')[1]}")
+
+
+def test_a_pass_crosses_as_bytes_unchanged():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    p = DecodePass(
+        step=7,
+        capture=Capture(tensors={CheckpointKey("post_attention", 1): x[:, -1:],  # a view: sent as its own copy
+                                 CheckpointKey("post_processing"): torch.randn(2, 1, 9, generator=g).bfloat16(),
+                                 CheckpointKey("post_mlp", 0): np.arange(6, dtype=np.float32).reshape(2, 3),
+                                 CheckpointKey("post_embedding"): torch.empty(2, 0, 4, dtype=torch.float16)},
+                        backend="float64_eager", dtype="float64", elapsed_s=0.25,
+                        layer_inputs={0: x}, meta={"nested": {"a": [1, 2.5, None]}, "nan": float("nan")}),
+        kv={0: (x, x * 2), 3: (np.ones((2, 2, 1, 4)), np.zeros((2, 2, 1, 4)))},
+        span={0: "new", 3: "audit"},
+        mask=np.array([[0, 1, 1], [1, 1, 1]], np.int64),
+        token=np.array([5, 9], np.int64))
+    got = decode_pass(encode_pass(p))
+    assert (got.step, got.span, got.capture.backend, got.capture.dtype, got.capture.elapsed_s) == \
+        (7, p.span, "float64_eager", "float64", 0.25)
+    assert list(got.capture.tensors) == list(p.capture.tensors)  # the order of execution kept
+    assert got.capture.meta["nested"] == {"a": [1, 2.5, None]} and np.isnan(got.capture.meta["nan"])
+    for key, want in p.capture.tensors.items():
+        have = got.capture.tensors[key]
+        assert type(have) is type(want) and have.dtype == want.dtype and tuple(have.shape) == tuple(want.shape)
+        assert np.array_equal(np.asarray(torch.as_tensor(have).float()), np.asarray(torch.as_tensor(want).float()))
+    assert torch.equal(got.capture.layer_inputs[0], x) and torch.equal(got.kv[0][1], x * 2)
+    assert np.array_equal(got.kv[3][0], np.ones((2, 2, 1, 4)))
+    assert np.array_equal(got.mask, p.mask) and got.mask.dtype == np.int64 and np.array_equal(got.token, p.token)
+    got.kv[0][0].add_(1)  # writable, and its own memory
+    assert not torch.equal(got.kv[0][0], x)
+    assert decode_pass(encode_pass(DecodePass(0, Capture(), {}, {}, np.zeros((2, 5), np.int64)))).token is None
+
+
+def _rows(result):
+    decode = result.summary()["decode"]
+    kv = [(r["step"], r["layer"], r["k"]["rmse"], r["v"]["rmse"]) for r in decode["kv_cache"]]
+    tokens = [(r["step"], r["top1_agreement"]) for r in decode["token_metrics"]]
+    return decode, kv, tokens
+
+
+@needs_two
+def test_a_session_with_the_child_is_the_session_without_it(tiny_models, engine, monkeypatch):
+    path = tiny_models("llama")
+    ahead = engine.run(engine.create_session(path, CONFIG, "float64_eager", "pytorch"))
+    monkeypatch.setattr(decode_ahead, "AHEAD_MIN_STEPS", 10**6)
+    here = engine.run(engine.create_session(path, CONFIG, "float64_eager", "pytorch"))
+    (d1, kv1, t1), (d2, kv2, t2) = _rows(ahead), _rows(here)
+    assert d1["reference_process"]["ahead"] is True and d1["reference_process"]["taken_over_at"] is None
+    assert d1["reference_process"]["peak_rss_bytes"] > 0
+    assert d2["reference_process"] == {"ahead": False, "why": f"fewer than {10**6} decode steps"}
+    assert ahead.passed and here.passed and d1["tokens"] == d2["tokens"] and t1 == t2
+    assert [r[:2] for r in kv1] == [r[:2] for r in kv2]
+    assert np.allclose([r[2:] for r in kv1], [r[2:] for r in kv2], rtol=1e-6, atol=0)
+
+
+class _FailsAtStep3(EagerReferenceBackend):
+    """``float64_eager`` whose decode raises at step 3: in its child process only (``child_only``),
+    or wherever it runs."""
+
+    child_only = True
+    parent = os.getpid()
+
+    def iter_decode(self, *args, **kwargs):
+        for p in super().iter_decode(*args, **kwargs):
+            if p.step == 3 and (not self.child_only or os.getpid() != self.parent):
+                raise RuntimeError("the reference broke at step 3")
+            yield p
+
+
+class _DiesAtStep2(EagerReferenceBackend):
+    """``float64_eager`` whose child process is killed at step 2 (nothing said to the parent)."""
+
+    parent = os.getpid()
+
+    def iter_decode(self, *args, **kwargs):
+        for p in super().iter_decode(*args, **kwargs):
+            if p.step == 2 and os.getpid() != self.parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield p
+
+
+@needs_two
+@pytest.mark.parametrize("cls, at, said", [(_FailsAtStep3, 3, "RuntimeError: the reference broke at step 3"),
+                                           (_DiesAtStep2, 2, "ended without a word")])
+def test_a_child_that_fails_is_taken_over_at_its_step(tiny_models, engine, cls, at, said):
+    register_backend("ahead_ref", cls, replace=True)
+    try:
+        result = engine.run(engine.create_session(tiny_models("llama"), CONFIG, "ahead_ref", "pytorch"))
+    finally:
+        unregister_backend("ahead_ref")
+    record = result.summary()["decode"]["reference_process"]
+    assert record["ahead"] is True and record["taken_over_at"] == at and said in record["child_error"]
+    assert result.passed and len(result.summary()["decode"]["tokens"][0]) == STEPS  # every step judged
+
+
+@needs_two
+def test_a_references_own_error_still_reads_as_its_own(tiny_models, engine, monkeypatch):
+    monkeypatch.setattr(_FailsAtStep3, "child_only", False)
+    register_backend("ahead_ref", _FailsAtStep3, replace=True)
+    try:
+        with pytest.raises(BackendRuntimeError, match="the reference broke at step 3") as raised:
+            engine.run(engine.create_session(tiny_models("llama"), CONFIG, "ahead_ref", "pytorch"))
+    finally:
+        unregister_backend("ahead_ref")
+    assert raised.value.code == "DF005" and "step 3" in str(raised.value)
