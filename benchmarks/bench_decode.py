@@ -141,11 +141,20 @@ def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> 
         raise SystemExit(f"a correct pair failed at {steps} decode steps: {result.first_divergence}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     info = result.decoded.info if result.decoded is not None else {}
+    child = info.get("reference_process") or {}  # the reference's decode in a process of its own
+    child_peak = float(child.get("peak_rss_bytes") or 0) if child.get("ahead") else 0.0  # type: ignore[union-attr, arg-type]
     walls, cpus = info.get("step_wall_s") or [], info.get("step_cpu_s") or []
     return {"stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
             "growth_bytes": float(max(0, peak - before)), "step_s": [float(t) for t in walls],  # type: ignore[arg-type, union-attr]
             "step_cpu_s": [float(t) for t in cpus],  # type: ignore[arg-type, union-attr]
-            "cpu_per_step_s": (cpu_all - cpu_one) / max(1, steps - 1)}
+            "cpu_per_step_s": (cpu_all - cpu_one) / max(1, steps - 1), "child_peak_bytes": child_peak,
+            "child_cpu_s": _children_cpu_s()}
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds of this process's ended children (the reference's decode processes)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def plain_session(path: Path, batch: int, length: int, steps: int) -> dict[str, float | list[float]]:
@@ -190,7 +199,7 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
         root = Path(tmp)
         path = build(size, root / "llama")
         low = 1
-        seen: list[tuple[int, float, float, float]] = []  # (steps, ms per step, its ratio to plain, peak bytes)
+        seen: list[tuple[int, float, float, float, float]] = []  # (steps, ms per step, ratio to plain, peak bytes, the child's)
         for n in counts:  # each count printed as soon as its session is done
             run = tool(path, root, batch, length, n)
             plain, steps = run["plain_step_s"], run["step_s"]
@@ -199,7 +208,11 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             base = sum(plain[low:n]) / (n - low)
             plain_cpu, step_cpu = run["plain_cpu_step_s"], run["step_cpu_s"]
             assert isinstance(plain_cpu, list) and isinstance(step_cpu, list)
-            cpu, cpu_base = float(run["cpu_per_step_s"]), sum(plain_cpu[1:n]) / (n - 1)  # type: ignore[arg-type]
+            child_cpu = float(run["child_cpu_s"]) / (n - 1)  # type: ignore[arg-type]
+            cpu, cpu_base = float(run["cpu_per_step_s"]) + child_cpu, sum(plain_cpu[1:n]) / (n - 1)  # type: ignore[arg-type]
+            child_peak = float(run["child_peak_bytes"])  # type: ignore[arg-type]
+            child = (f"; the reference's own process: peak {child_peak / 2**20:.0f} MiB, CPU {child_cpu * 1e3:.2f} ms "
+                     "per step" if child_peak else "; the reference in this process")
             mine_cpu, base_cpu = sum(step_cpu[low:n]) / (n - low), sum(plain_cpu[low:n]) / (n - low)
             print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
                   f"{base * 1e3:.2f} ms: {mine / base:.1f}x; CPU time {mine_cpu * 1e3:.2f} ms against {base_cpu * 1e3:.2f} ms: "
@@ -207,13 +220,16 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
                   f"{cpu_base * 1e3:.2f} ms, {cpu / cpu_base:.1f}x) | session at {n}: decode stage {run['stage_s']:.2f} s, "
                   f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]
                   f"(+{float(run['growth_bytes']) / 2**20:.0f} MiB during the session; plain greedy's process "  # type: ignore[arg-type]
-                  f"{float(run['plain_peak_bytes']) / 2**20:.0f} MiB)", flush=True)  # type: ignore[arg-type]
-            seen.append((n, mine, mine / base, float(run["peak_bytes"])))  # type: ignore[arg-type]
+                  f"{float(run['plain_peak_bytes']) / 2**20:.0f} MiB{child})", flush=True)  # type: ignore[arg-type]
+            seen.append((n, mine, mine / base, float(run["peak_bytes"]), child_peak))  # type: ignore[arg-type]
             low = n
         if len(seen) > 1:  # the issue's figures: the last count's beside the first's
-            (n0, t0, r0, m0), (n1, t1, r1, m1) = seen[0], seen[-1]
+            (n0, t0, r0, m0, c0), (n1, t1, r1, m1, c1) = seen[0], seen[-1]
+            child = f"; the reference's process {c1 / c0:.2f}x ({c1 / 2**20:.0f} MiB beside {c0 / 2**20:.0f} MiB)" \
+                if c0 and c1 else ""
             print(f"{n1} steps beside {n0}: cost per step {t1 / t0:.2f}x (ratio to plain greedy {r1:.1f}x beside "
-                  f"{r0:.1f}x), peak memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB)", flush=True)
+                  f"{r0:.1f}x), peak memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB{child})",
+                  flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

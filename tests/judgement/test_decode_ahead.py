@@ -4,6 +4,7 @@ and a child that fails or dies is taken over (a reference's own error still read
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -17,7 +18,7 @@ from debug_framework.backends.eager_reference import EagerReferenceBackend
 from debug_framework.capture.keys import Capture, CheckpointKey
 from debug_framework.errors import BackendRuntimeError
 from debug_framework.services.validation import decode_ahead
-from debug_framework.services.validation.decode_ahead import ahead_support, decode_pass, encode_pass
+from debug_framework.services.validation.decode_ahead import ahead_support, receive_pass, send_pass
 
 STEPS = 6
 CONFIG = {"decode_steps": STEPS, "isolate": False, "precision_diagnosis": False, "input_shape": [2, 5]}
@@ -40,7 +41,7 @@ def test_a_pass_crosses_as_bytes_unchanged():
         span={0: "new", 3: "audit"},
         mask=np.array([[0, 1, 1], [1, 1, 1]], np.int64),
         token=np.array([5, 9], np.int64))
-    got = decode_pass(encode_pass(p))
+    got = _crossed(p)
     assert (got.step, got.span, got.capture.backend, got.capture.dtype, got.capture.elapsed_s) == \
         (7, p.span, "float64_eager", "float64", 0.25)
     assert list(got.capture.tensors) == list(p.capture.tensors)  # the order of execution kept
@@ -54,7 +55,16 @@ def test_a_pass_crosses_as_bytes_unchanged():
     assert np.array_equal(got.mask, p.mask) and got.mask.dtype == np.int64 and np.array_equal(got.token, p.token)
     got.kv[0][0].add_(1)  # writable, and its own memory
     assert not torch.equal(got.kv[0][0], x)
-    assert decode_pass(encode_pass(DecodePass(0, Capture(), {}, {}, np.zeros((2, 5), np.int64)))).token is None
+    assert _crossed(DecodePass(0, Capture(), {}, {}, np.zeros((2, 5), np.int64))).token is None
+
+
+def _crossed(p: DecodePass) -> DecodePass:
+    """``p`` sent through a pipe and received (as the child and the session's process do)."""
+    theirs, ours = decode_ahead._channel()
+    send_pass(ours, p)
+    got = receive_pass(json.loads(theirs.recv_bytes()), theirs)
+    assert not theirs.poll(0)  # every message read: nothing left over for the next pass
+    return got
 
 
 def _rows(result):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...backends.capabilities import capabilities
-from ...backends.decode import DecodePass, decode_passes, decode_support, streams_decode
+from ...backends.decode import KV_AUDIT_EVERY, DecodePass, decode_passes, decode_support, streams_decode
 from ...capture.keys import CheckpointKey
 from ...errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
 from ...jsonio import JsonObject
@@ -36,6 +36,7 @@ from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noi
 from .decode_equivalence import prefill_equivalence
 from .decode_replay import replay_decode_layer, step_inputs
 from .decode_walk import LOGITS, DecodeWalk, held_by_both
+from .memory import give_back_freed
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
@@ -180,6 +181,8 @@ class DecodeStage(Stage):
                     fed[:, s - 1] = passes[0].token
             passes += [self._next(backend, stream, s) for backend, stream, _ in sides[1:]]
             failed = walk.step(passes[0], passes[1])
+            if s and (s % KV_AUDIT_EVERY == 0 or noise_sampled(s, steps)):
+                give_back_freed()  # what an audit's whole caches and a calibration's long prefill left in the heap
             done = s
             if s:
                 times[0].append(round(time.perf_counter() - started, 6))
