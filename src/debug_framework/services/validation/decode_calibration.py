@@ -37,6 +37,7 @@ from ...jsonio import JsonObject
 from ...modelio.inputs import ModelInputs
 from .context import RunContext, call_backend, own
 from .decode_equivalence import replayed_as_prefill
+from .memory import give_back_freed, large_blocks_mapped
 
 __all__ = ["CalibrationPrefill", "NoiseCarry", "NOISE_EVERY", "noise_sampled"]
 
@@ -132,16 +133,28 @@ class CalibrationPrefill:
         longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
         start = time.perf_counter()
         apart = longer.shape[1] > ROWS_APART_FROM
-        rows = [self._prefill(_row(longer, b), step) for b in range(longer.shape[0])] if apart else \
+        rows = [self._prefill(_row(longer, b), step, apart) for b in range(longer.shape[0])] if apart else \
             [self._prefill(longer, step)]
         got = None if any(r is None for r in rows) else _join_rows(rows, step)  # type: ignore[arg-type]
         self.runs.append((step, int(longer.shape[1]), time.perf_counter() - start, why))
         self._held = (step, got)
         return got
 
-    def _prefill(self, inputs: ModelInputs, step: int) -> DecodePass | None:
+    def _prefill(self, inputs: ModelInputs, step: int, long: bool = False) -> DecodePass | None:
         """One prefill of ``inputs`` by the backend (its decode of no steps), its checkpoints cut to
-        the last position after a decode step."""
+        the last position after a decode step. A ``long`` one runs with its large blocks mapped
+        apart (:func:`~.memory.large_blocks_mapped`) and gives the heap's freed pages back after:
+        its logits and attention blocks would otherwise leave holes in the heap that the next
+        prefill's stack on, and the session's peak grew with every one."""
+        if not long:
+            return self._prefill_once(inputs, step)
+        try:
+            with large_blocks_mapped():
+                return self._prefill_once(inputs, step)
+        finally:
+            give_back_freed()
+
+    def _prefill_once(self, inputs: ModelInputs, step: int) -> DecodePass | None:
         taps = self.taps if step else self.prompt_taps
         what = f"the prefill of the prompt and {step} decoded token(s) (the calibration at decode step {step})"
         stream = call_backend(self.backend, what, lambda: decode_passes(self.backend, own(inputs), 0, taps, None, taps))

@@ -35,10 +35,11 @@ process already holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
     from .plan import ValidationPlan
 
-__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "give_back_freed", "available_memory",
+__all__ = ["MemoryEstimate", "estimate_memory", "session_estimate", "RssWatch", "give_back_freed", "large_blocks_mapped",
+           "LONG_RUN_MMAP_BYTES", "available_memory",
            "check_memory", "budget_of", "capture_budget", "RUNTIME_BYTES", "current_rss", "own_memory"]
 
 #: the least the interpreter, torch and transformers take once imported (measured: ~560 MiB).
@@ -122,6 +124,45 @@ def give_back_freed() -> None:
 
 
 _TRIM: Any = None
+_MALLOPT: Any = None
+#: glibc's ``M_MMAP_THRESHOLD`` (malloc.h)
+_M_MMAP_THRESHOLD = -3
+#: the C heap's threshold while a long decode runs: a larger block is its own mapping, returned
+#: whole when freed (above a cache's per-step growth at float32 for ~1000 positions of a small
+#: model, so a step's allocations stay in the heap and cost no page faults)
+LONG_RUN_MMAP_BYTES = 2**20
+#: the threshold left after it: the largest glibc's own adaptive one reaches (it adapts no more
+#: once set)
+_MMAP_MAX_BYTES = 32 * 2**20
+
+
+def _mallopt(param: int, value: int) -> bool:
+    global _MALLOPT
+    if _MALLOPT is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _MALLOPT = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        except (OSError, AttributeError):  # not glibc
+            _MALLOPT = False
+    return bool(_MALLOPT and _MALLOPT(param, value))
+
+
+@contextlib.contextmanager
+def large_blocks_mapped(threshold: int = LONG_RUN_MMAP_BYTES) -> Iterator[None]:
+    """While inside, every C-heap block of ``threshold`` bytes or more is a mapping of its own,
+    returned to the system when freed (glibc's ``M_MMAP_THRESHOLD``; nothing elsewhere). glibc
+    otherwise raises its threshold to the largest block freed so far (up to 32 MiB): after a long
+    prefill's logits and attention blocks, the next ones come from the heap and leave holes there
+    that the resident set keeps -- the peak of a long decode grew with every calibration prefill.
+    On leaving, the threshold is set to that largest adaptive value (glibc stops adapting once it
+    is set: where it ends anyway after the first large block freed)."""
+    _mallopt(_M_MMAP_THRESHOLD, threshold)
+    try:
+        yield
+    finally:
+        _mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX_BYTES)
 
 
 def own_memory() -> int | None:
