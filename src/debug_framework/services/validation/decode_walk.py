@@ -25,7 +25,7 @@ from ...comparison.next_token import TokenMetrics, next_token_metrics
 from ...jsonio import JsonObject
 from .calibration import noise_at
 from .context import RunContext
-from .decode_batch import Pair, compare_many, rms_many
+from .decode_batch import Pair, compare_many, measure_many
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 from .judge import Judgement, judge_checkpoint, judge_kv, judge_tokens
@@ -104,8 +104,7 @@ class DecodeWalk:
         # every comparison of a passing step in one vectorised pass: the checkpoints and the new K/V entries
         pairs = [Pair(r.capture[k], a.capture[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
             [Pair(kv[i][2], kv[i][3], None, "") for i in batched]
-        results = compare_many(pairs)
-        scales = rms_many([p.reference for p in pairs])
+        results, scales = measure_many(pairs)
         n = len(keys)
         failed = self._checkpoints(s, r.capture, a.capture, dict(zip(keys, results)), dict(zip(keys, scales))) if s else False
         failed = self._tokens(s, r.capture, a.capture, scales[keys.index(LOGITS)] if LOGITS in keys else None) \
