@@ -208,10 +208,18 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _stacked(tensors: list[torch.Tensor]) -> np.ndarray:
-    """Tensors of one size and dtype flattened and stacked ``[len, numel]``, float64 NumPy."""
+    """Tensors of one size and dtype flattened and stacked ``[len, numel]``, float64 NumPy: each
+    run of equal shapes stacked as it is (one copy, views of a cache included), then flattened."""
     import torch
 
-    return torch.stack([t.reshape(-1) for t in tensors]).to(torch.float64).numpy()
+    runs: list[list[torch.Tensor]] = []
+    for t in tensors:
+        if runs and runs[-1][0].shape == t.shape:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    parts = [torch.stack(run).reshape(len(run), -1) for run in runs]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(torch.float64).numpy()
 
 
 def _quantiles(values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:

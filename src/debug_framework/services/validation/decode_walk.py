@@ -14,7 +14,6 @@ the running cache itself (the reference's last whole cache and the new entries s
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -86,6 +85,8 @@ class DecodeWalk:
         #: the calibration's next-token metrics and largest logit error last measured (carried between)
         self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
         self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
+        #: :meth:`~.plan.ValidationPlan.calibrated` of each checkpoint, asked once a walk (the plan does not change)
+        self._calibrated: dict[CheckpointKey, bool] = {}
 
     def step(self, r: DecodePass, a: DecodePass) -> bool:
         """Measure and judge one pass (step 0: the prefill's KV cache and logits; its checkpoints
@@ -126,6 +127,12 @@ class DecodeWalk:
         got = self._cal(s, why)
         return None if got is None else got.capture
 
+    def _is_calibrated(self, key: CheckpointKey) -> bool:
+        got = self._calibrated.get(key)
+        if got is None:
+            got = self._calibrated[key] = self.ctx.plan.calibrated(key)
+        return got
+
     def _may_measure(self, s: int) -> bool:
         return self.carry.may_measure(s, self.calibration)
 
@@ -154,7 +161,7 @@ class DecodeWalk:
         measured: dict[CheckpointKey, ComparisonResult] = {}
         c = self._cal_capture(s, "sampled") if sampled else None
         if c is not None:
-            noisy = [k for k in keys if plan.calibrated(k) and k in c]
+            noisy = [k for k in keys if self._is_calibrated(k) and k in c]
             measured = dict(zip(noisy, compare_many([Pair(r[k], c[k], None, f"{k} (calibration)") for k in noisy])))
         failed = False
         for key in plan.keys:
@@ -165,7 +172,7 @@ class DecodeWalk:
                 side = "alternative" if key not in a else "reference"
                 ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
                                         module=_module(ctx, key))
-            judged = self._noise(ev, r, sampled, measured.get(key)) if plan.calibrated(key) and key in errors else None
+            judged = self._noise(ev, r, sampled, measured.get(key)) if key in errors and self._is_calibrated(key) else None
             verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
             if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
                 ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
@@ -273,9 +280,10 @@ class DecodeWalk:
                         return None
                     cal = held_by_both(ref, got.kv[layer][j], m)
                     return compare(cal[0], cal[1], check_dtype=False, positions=cal[2])
-                probe = KVEvidence(s, layer, part, err, None, scale)
-                noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled,
-                                         lambda n, e=probe: not judge_kv(replace(e, noise=n), ctx.plan).passed,
+                def fails(n: ComparisonResult, layer: int = layer, part: str = part, err: ComparisonResult = err,
+                          scale: float = scale) -> bool:
+                    return not judge_kv(KVEvidence(s, layer, part, err, n, scale), ctx.plan).passed
+                noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled, fails,
                                          may_measure=lambda: self._may_measure(s))
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
             row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})
