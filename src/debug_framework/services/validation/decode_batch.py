@@ -166,8 +166,11 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y:
         gross = np.array([t.outlier_factor for t in tols], np.float64)[:, None]
     bound = atol + rtol * ay
     rel = ad / np.maximum(ay, torch.finfo(governing).eps)
+    mism = (ad > bound).sum(1)
+    # a gross mismatch is a mismatch (outlier_factor >= 1, bound >= 0): none where no row has a mismatch
+    gmism = (ad > gross * bound).sum(1) if mism.any() else np.zeros_like(mism)
     sums = np.stack([ad.sum(1), (d * d).sum(1), y2, (x * x).sum(1), (x * y).sum(1), rel.sum(1),
-                     rel.max(1), (ad > bound).sum(1), (ad > gross * bound).sum(1)], 1)
+                     rel.max(1), mism, gmism], 1)
     quant = _quantiles(ad, (0.5, 0.99))
     worst_at = ad.argmax(1)
     every = np.arange(len(items))

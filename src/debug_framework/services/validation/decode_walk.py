@@ -99,11 +99,12 @@ class DecodeWalk:
             self._seconds["reference"].append(r.capture.elapsed_s)
             self._seconds["alternative"].append(a.capture.elapsed_s)
         plan = self.ctx.plan
-        keys = [k for k in plan.keys if k in r.capture and k in a.capture] if s else []
+        held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
+        keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
         kv = self._kv_plans(s, r, a)
         batched = [i for i, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
         # every comparison of a passing step in one vectorised pass: the checkpoints and the new K/V entries
-        pairs = [Pair(r.capture[k], a.capture[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
+        pairs = [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
             [Pair(kv[i][2], kv[i][3], None, "") for i in batched]
         results, scales = measure_many(pairs)
         n = len(keys)
