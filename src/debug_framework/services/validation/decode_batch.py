@@ -114,7 +114,8 @@ def _stacks(refs: Sequence[torch.Tensor | None]) -> _Stacks:
     return out
 
 
-def _rows(stacks: _Stacks, refs: Sequence[torch.Tensor | None], members: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rows(stacks: _Stacks, refs: Sequence[torch.Tensor | None],
+          members: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The stacked rows of references ``members`` (all of one stack), their sums of squares and
     finiteness: the stack's own where they are all of it, in order, else those rows."""
     r = refs[members[0]]
