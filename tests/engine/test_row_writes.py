@@ -26,16 +26,17 @@ def counted(monkeypatch):
         return judge(*args, **kwargs)
 
     monkeypatch.setattr(context_module, "judge", counting_judge)
+    from debug_framework.storage.checkpoint_rows import RESULT_COLUMNS
     from debug_framework.storage.checkpoints import CheckpointResultStore
 
-    add_many = CheckpointResultStore.add_many
+    add_encoded = CheckpointResultStore.add_encoded  # add_many writes through it too
+    at = [RESULT_COLUMNS.index(c) for c in ("checkpoint", "layer", "step")]
 
-    def counting_add_many(self, session_id, results, **keys):
-        results = list(results)
-        writes.update((r["checkpoint"], r.get("layer"), r.get("step")) for r in results)
-        return add_many(self, session_id, results, **keys)
+    def counting_add_encoded(self, session_id, rows):
+        writes.update(tuple(row[i] for i in at) for row in rows)
+        return add_encoded(self, session_id, rows)
 
-    monkeypatch.setattr(CheckpointResultStore, "add_many", counting_add_many)
+    monkeypatch.setattr(CheckpointResultStore, "add_encoded", counting_add_encoded)
     return calls, writes
 
 

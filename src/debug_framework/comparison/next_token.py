@@ -107,9 +107,10 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
     kth = -np.partition(-x, k - 1, axis=-1)[:, k - 1]
     out = np.empty((x.shape[0], k), np.int64)
     for i, row in enumerate(x):
-        above = np.flatnonzero(row > kth[i])
-        ties = np.flatnonzero(row == kth[i])[:k - above.size]
-        candidates = np.concatenate([above, ties])
+        candidates = np.flatnonzero(row >= kth[i])  # ascending: a stable sort keeps ties' order
+        if candidates.size > k:  # ties at the k-th: the lower indices among them
+            above = np.flatnonzero(row > kth[i])
+            candidates = np.concatenate([above, np.flatnonzero(row == kth[i])[:k - above.size]])
         out[i] = candidates[np.argsort(-row[candidates], kind="stable")]
     return out
 
@@ -145,17 +146,22 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     if n == 0:
         return TokenMetrics.empty(k)
     bad = ~np.isfinite(alt).all(axis=-1)
-    alt_safe = np.where(bad[:, None], 0.0, alt)
+    any_bad = bool(bad.any())
+    alt_safe = np.where(bad[:, None], 0.0, alt) if any_bad else alt
     log_p, log_q = log_softmax(ref), log_softmax(alt_safe)
     p = np.exp(log_p)
     # KL = sum p (log p - log q). With d = ref - alt it is sum p d + log(sum p exp(-d)); for small d
     # the log is taken as log1p(sum p expm1(-d)), so a float32-sized d (KL ~ 1e-15) is not lost to
-    # cancellation in float64; a large d (a real disagreement) takes the direct form
+    # cancellation in float64; a large d (a real disagreement) takes the direct form (computed only
+    # where a row takes it)
     d = ref - alt_safe
     with np.errstate(over="ignore", invalid="ignore"):
         fine = np.sum(p * d, axis=-1) + np.log1p(np.sum(p * np.expm1(-d), axis=-1))
-    direct = np.sum(p * (log_p - log_q), axis=-1)
-    kl = np.maximum(np.where(np.max(np.abs(d), axis=-1) < 1.0, fine, direct), 0.0)
+    small = np.max(np.abs(d), axis=-1) < 1.0
+    if bool(small.all()):
+        kl = np.maximum(fine, 0.0)
+    else:
+        kl = np.maximum(np.where(small, fine, np.sum(p * (log_p - log_q), axis=-1)), 0.0)
     kl[bad] = math.inf
     top_r, top_a = np.argmax(ref, axis=-1), np.argmax(alt_safe, axis=-1)
     flipped = (top_r != top_a) | bad
@@ -166,9 +172,9 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     overlap[bad] = 0.0
     dp = np.exp(log_q[rows, top_r]) - p[rows, top_r]
     dp[bad] = -p[bad, top_r[bad]]
-    diff = np.where(bad[:, None], 0.0, alt_safe - ref)
     ref_energy = float(np.sum(ref * ref))
-    err_energy = math.inf if bad.any() else float(np.sum(diff * diff))
+    # alt - ref is -d exactly (a rounded difference is antisymmetric), and its square d * d
+    err_energy = math.inf if any_bad else float(np.sum(d * d))
     nmse = (0.0 if err_energy == 0 else math.inf) if ref_energy == 0 else err_energy / ref_energy
     flips = []
     for i in np.flatnonzero(flipped):

@@ -112,16 +112,10 @@ class ComparisonResult:
 
     def to_dict(self, *, json_compatible: bool = False) -> JsonObject:
         """Every field as plain Python data (``json_compatible`` maps inf/nan to strings)."""
-        out: JsonObject = {}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if name == "tolerance":
-                value = value.to_dict()
-            elif name == "worst":
-                value = [w.to_dict() for w in value]
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[name] = value
+        out: JsonObject = {name: list(value) if isinstance(value := getattr(self, name), tuple) else value
+                           for name in self.__dataclass_fields__}
+        out["tolerance"] = self.tolerance.to_dict()
+        out["worst"] = [w.to_dict() for w in self.worst]
         out["inf_count_ref"] = self.inf_count_ref
         out["inf_count_alt"] = self.inf_count_alt
         return json_safe(out) if json_compatible else out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import numpy as np
@@ -139,7 +139,9 @@ class Tolerance:
         return mismatch_percent <= self.max_mismatch_percent and gross_mismatches == 0
 
     def to_dict(self) -> JsonObject:
-        return asdict(self)
+        """Every field by name (what ``dataclasses.asdict`` gives for these scalar fields, without
+        its deep copy: a decode writes one per stored row)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Tolerance:

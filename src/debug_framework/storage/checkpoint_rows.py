@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from ..errors import ConfigurationError
 from .values import as_bool, as_float, as_int, layer_key, to_json
 
-__all__ = ["METRIC_COLUMNS", "RESULT_COLUMNS", "ROW_KEY", "upsert_result_sql", "result_row_values", "row_step"]
+__all__ = ["METRIC_COLUMNS", "RESULT_COLUMNS", "ROW_KEY", "METRICS_JSON_AT", "EncodedRow", "upsert_result_sql",
+           "result_row_values", "row_step"]
 
 #: Metric keys of ``ComparisonResult.to_dict()`` stored as their own columns (name -> SQL type).
 METRIC_COLUMNS: dict[str, str] = {
@@ -56,6 +57,10 @@ RESULT_COLUMNS: tuple[str, ...] = (
     *JSON_RESULT_KEYS,
     "introduced_error", "propagated_error", "extra", "metrics_json", "created_at", "updated_at",
 )
+#: Where a row's ``metrics_json`` text (the whole result dict, keys sorted) is in :func:`result_row_values`'s tuple.
+METRICS_JSON_AT = RESULT_COLUMNS.index("metrics_json")
+#: One row's parameters of :func:`upsert_result_sql`, in :data:`RESULT_COLUMNS` order.
+EncodedRow = tuple[object, ...]
 #: The unique key of a row (the table's UNIQUE constraint).
 ROW_KEY = ("session_id", "checkpoint", "layer_key", "step")
 _KEEP_ON_CONFLICT = (*ROW_KEY, "created_at")
@@ -111,7 +116,7 @@ def result_row_values(
     now: str,
     *,
     with_step: bool = True,
-) -> tuple[object, ...]:
+) -> EncodedRow:
     """The parameters of :func:`upsert_result_sql` for one result dict, in :data:`RESULT_COLUMNS`
     order (without ``step`` when ``with_step`` is False, the version-2 layout)."""
     values: list[object] = [session_id, checkpoint, layer, layer_key(layer)]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypedDict, Unpack
 
 from ..jsonio import JsonObject
 from ..checkpoint_ids import row_checkpoint_id
 from ..config import check_keywords
 from ..errors import ConfigurationError
-from .checkpoint_rows import METRIC_COLUMNS, result_row_values, upsert_result_sql
+from .checkpoint_rows import METRIC_COLUMNS, EncodedRow, result_row_values, upsert_result_sql
 from .core import Row, SqlCore
 from .dialect import Connection
 from .sessions import SessionStore
@@ -40,6 +40,17 @@ class CheckpointResultStore:
     def add_many(self, session_id: str, results: Iterable[Mapping[str, object]], **keys: Unpack[ResultKeys]) -> int:
         """Store (or replace) many ``ComparisonResult.to_dict()``-shaped dicts of one session in ONE
         transaction; returns how many. ``checkpoint``/``layer`` default to each dict's keys."""
+        return self.add_encoded(session_id, self.encode_many(session_id, results, **keys))
+
+    def encode_many(self, session_id: str, results: Iterable[Mapping[str, object]],
+                    **keys: Unpack[ResultKeys]) -> list[EncodedRow]:
+        """The rows :meth:`add_many` writes for ``results``, encoded (:func:`.checkpoint_rows.result_row_values`;
+        each row's ``metrics_json`` text at :data:`.checkpoint_rows.METRICS_JSON_AT`), for
+        :meth:`add_encoded`: a caller that keeps rows apart by their stored text encodes them once.
+
+        Raises:
+            ConfigurationError (DF005): a result is not a mapping or names no checkpoint.
+        """
         check_keywords(keys, ResultKeys, "add_checkpoint_results")
         checkpoint = keys.get("checkpoint")
         introduced_error, propagated_error = keys.get("introduced_error"), keys.get("propagated_error")
@@ -56,6 +67,11 @@ class CheckpointResultStore:
             ly = None if ly is None else int(ly)
             rows.append(result_row_values(session_id, result, str(cp), ly, introduced_error, propagated_error,
                                           utc_now()))
+        return rows
+
+    def add_encoded(self, session_id: str, rows: Sequence[EncodedRow]) -> int:
+        """Store (or replace) rows :meth:`encode_many` encoded for session ``session_id`` in ONE
+        transaction; returns how many."""
 
         def do(c: Connection) -> int:
             self.sessions.require(c, session_id)

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from ...backends.base import Backend
 from ...capture.keys import Capture
 from ...errors import BackendRuntimeError, DebugFrameworkError
-from ...jsonio import JsonObject, JsonValue, dumps_json
+from ...jsonio import JsonObject, JsonValue
 from .deadline import bounded
 from .evidence import Evidence
 from .judge import Verdict, judge
 from .plan import ValidationPlan
 from .results import ValidationResult
 from ...models.session_config import SessionConfig
+from ...storage.checkpoint_rows import METRICS_JSON_AT, EncodedRow
 
 if TYPE_CHECKING:
     import numpy as np
@@ -207,20 +208,23 @@ class RunContext:
         as they are: each row is written once, when the evidence about it is complete (the store
         stage) or the run stops (:meth:`rows_kept_on_failure`), at most :data:`ROWS_PER_WRITE` at a
         time (a long decode's rows are not all held as dicts at once). Returns how many went in."""
-        fresh: list[tuple[tuple[JsonValue, JsonValue, JsonValue], bytes, JsonObject]] = []
+        fresh: list[tuple[tuple[JsonValue, JsonValue, JsonValue], bytes, EncodedRow]] = []
         count = 0
+        store, sid = self.db.checkpoints, self.session.session_id
 
         def write() -> int:  # a row counts as written once its transaction is in
-            done = self.db.checkpoints.add_many(self.session.session_id, [row for _, _, row in fresh])
+            done = store.add_encoded(sid, [values for _, _, values in fresh])
             self.written_rows.update((place, digest) for place, digest, _ in fresh)
             fresh.clear()
             return done
         for r in (result or self.current_result()).results:
             row = r.to_row()
             place = (row.get("checkpoint"), row.get("layer"), row.get("step"))
-            digest = hashlib.blake2b(dumps_json(row, indent=None).encode(), digest_size=16).digest()
+            # encoded once: the row's stored text (the whole row, keys sorted) is what tells it apart
+            values = store.encode_many(sid, (row,))[0]
+            digest = hashlib.blake2b(str(values[METRICS_JSON_AT]).encode(), digest_size=16).digest()
             if self.written_rows.get(place) != digest:
-                fresh.append((place, digest, row))
+                fresh.append((place, digest, values))
             if len(fresh) >= ROWS_PER_WRITE:
                 count += write()
         if fresh:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ...comparison import ComparisonResult, Tolerance, WorstElement, compare, de
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Pair", "compare_many", "rms_many"]
+__all__ = ["Pair", "compare_many", "measure_many", "rms_many"]
 
 
 @dataclass(frozen=True)
@@ -60,26 +60,93 @@ def _dtype_name(t: torch.Tensor) -> str:
 def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
     """Every pair compared, in order (see the module): one vectorised pass per group of equal
     size and dtypes (each pair flattened), ``compare`` for the rest."""
+    return measure_many(pairs)[0]
+
+
+def measure_many(pairs: Sequence[Pair]) -> tuple[list[ComparisonResult], list[float]]:
+    """:func:`compare_many` of ``pairs`` and :func:`rms_many` of their references at once: each
+    group of references is stacked (and made float64) once for both."""
+    refs = [_tensor(p.reference) for p in pairs]
+    stacks = _stacks(refs)
+    scales = _rms_of(stacks, [p.reference for p in pairs])
     out: list[ComparisonResult | None] = [None] * len(pairs)
     groups: dict[tuple[object, ...], list[int]] = {}
     tensors: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-    for i, p in enumerate(pairs):
-        r, a = _tensor(p.reference), _tensor(p.other)
+    for i, (p, r) in enumerate(zip(pairs, refs)):
+        a = _tensor(p.other)
         ok = r is not None and a is not None and tuple(r.shape) == tuple(a.shape) and r.numel() > 0
         tensors.append((r, a) if ok else None)  # type: ignore[arg-type]
         if ok:
             assert r is not None and a is not None
             groups.setdefault((r.numel(), r.dtype, a.dtype), []).append(i)  # flattened: equal sizes stack
     for members in groups.values():
-        for i, result in zip(members, _batch([tensors[i] for i in members], [pairs[i] for i in members])):  # type: ignore[misc]
+        y = _rows(stacks, refs, members)
+        for i, result in zip(members, _batch([tensors[i] for i in members], [pairs[i] for i in members], *y)):  # type: ignore[misc]
             out[i] = result
     return [res if res is not None else compare(p.reference, p.other, tolerance=p.tolerance, check_dtype=False,
-                                                 name=p.name) for res, p in zip(out, pairs)]
+                                                 name=p.name) for res, p in zip(out, pairs)], scales
 
 
-def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) -> list[ComparisonResult | None]:
-    """One stacked pass over pairs of one size and dtypes; None for a pair left to ``compare``
-    (a non-finite value, or a failed tolerance whose reason ``compare`` writes)."""
+class _Stack(NamedTuple):
+    """References of one size and dtype stacked once: their indices among the pairs, the stack
+    ``[len, numel]`` (float64), each row's sum of squares and whether each row is all finite."""
+
+    members: list[int]
+    values: np.ndarray
+    squares: np.ndarray
+    finite: np.ndarray
+
+
+#: the references' stacks by (size, dtype)
+_Stacks = dict[tuple[object, ...], _Stack]
+
+
+def _stacks(refs: Sequence[torch.Tensor | None]) -> _Stacks:
+    """The CPU float tensors among ``refs`` stacked by (size, dtype) (:func:`_stacked`)."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, x in enumerate(refs):
+        if x is not None and x.numel():
+            groups.setdefault((x.numel(), x.dtype), []).append(i)
+    out: _Stacks = {}
+    for key, members in groups.items():
+        values = _stacked([refs[i] for i in members])  # type: ignore[misc]
+        out[key] = _Stack(members, values, np.square(values).sum(1), np.isfinite(values).all(axis=1))
+    return out
+
+
+def _rows(stacks: _Stacks, refs: Sequence[torch.Tensor | None],
+          members: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stacked rows of references ``members`` (all of one stack), their sums of squares and
+    finiteness: the stack's own where they are all of it, in order, else those rows."""
+    r = refs[members[0]]
+    assert r is not None
+    stack = stacks[(r.numel(), r.dtype)]
+    if stack.members == members:
+        return stack.values, stack.squares, stack.finite
+    at = {i: j for j, i in enumerate(stack.members)}
+    rows = [at[i] for i in members]
+    return stack.values[rows], stack.squares[rows], stack.finite[rows]
+
+
+def _rms_of(stacks: _Stacks, tensors: Sequence[CapturedTensor | None]) -> list[float]:
+    """Each tensor's RMS as :func:`rms_many` gives it (``sqrt(mean(x**2))``), from its stack (a
+    stack holding a non-finite value, and a tensor in none: :func:`~.evidence.reference_scale`)."""
+    from .evidence import reference_scale
+
+    out: list[float | None] = [None] * len(tensors)
+    for stack in stacks.values():
+        if not bool(stack.finite.all()):
+            continue
+        for i, v in zip(stack.members, np.sqrt(stack.squares / stack.values.shape[1]).tolist()):
+            out[i] = v
+    return [v if v is not None else reference_scale(t) for v, t in zip(out, tensors)]
+
+
+def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y: np.ndarray, y2: np.ndarray,
+           y_finite: np.ndarray) -> list[ComparisonResult | None]:
+    """One stacked pass over pairs of one size and dtypes (``y`` their references stacked, ``y2``
+    each row's sum of squares, ``y_finite`` whether it is all finite); None for a pair left to
+    ``compare`` (a non-finite value, or a failed tolerance whose reason ``compare`` writes)."""
     import torch
 
     ref0, alt0 = items[0]
@@ -87,9 +154,8 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
     default = default_tolerance(governing)  # one object for every pair that takes it
     tols = [p.tolerance or default for p in pairs]
     # stacked once by torch (any float dtype), then NumPy: far less overhead per operation on small arrays
-    y = _stacked([r for r, _ in items])
     x = _stacked([a for _, a in items])
-    finite = (np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)).tolist()
+    finite = (np.isfinite(x).all(axis=1) & y_finite).tolist()
     n = y.shape[1]
     d = x - y
     ad, ay = np.abs(d), np.abs(y)
@@ -101,11 +167,19 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
         gross = np.array([t.outlier_factor for t in tols], np.float64)[:, None]
     bound = atol + rtol * ay
     rel = ad / np.maximum(ay, torch.finfo(governing).eps)
-    sums = np.stack([ad.sum(1), (d * d).sum(1), (y * y).sum(1), (x * x).sum(1), (x * y).sum(1), rel.sum(1),
-                     rel.max(1), (ad > bound).sum(1), (ad > gross * bound).sum(1)], 1)
+    mism = (ad > bound).sum(1)
+    # a gross mismatch is a mismatch (outlier_factor >= 1, bound >= 0): none where no row has a mismatch
+    gmism = (ad > gross * bound).sum(1) if mism.any() else np.zeros_like(mism)
+    sums = np.stack([ad.sum(1), (d * d).sum(1), y2, (x * x).sum(1), (x * y).sum(1), rel.sum(1),
+                     rel.max(1), mism, gmism], 1)
     quant = _quantiles(ad, (0.5, 0.99))
     worst_at = ad.argmax(1)
+    every = np.arange(len(items))
     rows, qs, worst = sums.tolist(), quant.tolist(), worst_at.tolist()
+    # each pair's worst element, both values and its error, gathered at once
+    w_ad, w_y, w_x = ad[every, worst_at].tolist(), y[every, worst_at].tolist(), x[every, worst_at].tolist()
+    # a group's pairs share their dtypes (:func:`measure_many` groups by them)
+    ref_dtype, alt_dtype, dtype_match = _dtype_name(ref0), _dtype_name(alt0), ref0.dtype == alt0.dtype
     out: list[ComparisonResult | None] = []
     for k, (p, tol) in enumerate(zip(pairs, tols)):
         if not finite[k]:
@@ -116,26 +190,40 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair]) ->
         if not tol.passes(mism, pct, gmism):
             out.append(None)  # compare() writes the failure's reason and worst elements
             continue
-        j = worst[k]
         shape = tuple(items[k][0].shape)
-        index = tuple(int(v) for v in np.unravel_index(j, shape))
         out.append(ComparisonResult(
             passed=True, reason=None, tolerance=tol, name=p.name, reference_shape=shape, alternative_shape=shape,
-            reference_dtype=_dtype_name(items[k][0]), alternative_dtype=_dtype_name(items[k][1]),
-            dtype_match=items[k][0].dtype == items[k][1].dtype, numel=n, finite_count=n,
-            max_abs_error=float(ad[k, j]), mean_abs_error=s_ad / n, median_abs_error=qs[k][0], p99_abs_error=qs[k][1],
+            reference_dtype=ref_dtype, alternative_dtype=alt_dtype, dtype_match=dtype_match, numel=n, finite_count=n,
+            max_abs_error=w_ad[k], mean_abs_error=s_ad / n, median_abs_error=qs[k][0], p99_abs_error=qs[k][1],
             max_rel_error=max_rel, mean_rel_error=s_rel / n, rmse=math.sqrt(s_d2 / n), rel_l2_error=_rel_l2(s_d2, s_r2),
             cosine_similarity=_cosine(s_a2, s_r2, s_ar), sqnr_db=_sqnr(s_d2, s_r2), mismatch_count=int(mism),
             mismatch_percent=pct, gross_mismatch_count=int(gmism),
-            worst=[WorstElement(index, float(y[k, j]), float(x[k, j]), float(ad[k, j]))]))
+            worst=[WorstElement(_unravel(worst[k], shape), w_y[k], w_x[k], w_ad[k])]))
     return out
 
 
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The N-D index of flat (C-order) index ``flat`` in ``shape`` (``numpy.unravel_index``'s, as ints)."""
+    index = []
+    for size in reversed(shape):
+        flat, at = divmod(flat, size)
+        index.append(at)
+    return tuple(reversed(index))
+
+
 def _stacked(tensors: list[torch.Tensor]) -> np.ndarray:
-    """Tensors of one size and dtype flattened and stacked ``[len, numel]``, float64 NumPy."""
+    """Tensors of one size and dtype flattened and stacked ``[len, numel]``, float64 NumPy: each
+    run of equal shapes stacked as it is (one copy, views of a cache included), then flattened."""
     import torch
 
-    return torch.stack([t.reshape(-1) for t in tensors]).to(torch.float64).numpy()
+    runs: list[list[torch.Tensor]] = []
+    for t in tensors:
+        if runs and runs[-1][0].shape == t.shape:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    parts = [torch.stack(run).reshape(len(run), -1) for run in runs]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(torch.float64).numpy()
 
 
 def _quantiles(values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
@@ -176,18 +264,4 @@ def _sqnr(s_d2: float, s_r2: float) -> float:
 def rms_many(tensors: Sequence[CapturedTensor | None]) -> list[float]:
     """Each tensor's RMS over its finite values (:func:`~.evidence.reference_scale`: NaN for None),
     the CPU float ones of equal size in one stacked pass."""
-    from .evidence import reference_scale
-
-    out: list[float | None] = [None] * len(tensors)
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for i, t in enumerate(tensors):
-        x = None if t is None else _tensor(t)
-        if x is not None and x.numel():
-            groups.setdefault((x.numel(), x.dtype), []).append(i)
-    for members in groups.values():
-        stacked = _stacked([_tensor(tensors[i]) for i in members])  # type: ignore[misc]
-        if not bool(np.isfinite(stacked).all()):
-            continue
-        for i, v in zip(members, np.sqrt(np.square(stacked).mean(1)).tolist()):
-            out[i] = v
-    return [v if v is not None else reference_scale(t) for v, t in zip(out, tensors)]
+    return _rms_of(_stacks([None if t is None else _tensor(t) for t in tensors]), tensors)

@@ -14,7 +14,6 @@ the running cache itself (the reference's last whole cache and the new entries s
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from ...comparison.next_token import TokenMetrics, next_token_metrics
 from ...jsonio import JsonObject
 from .calibration import noise_at
 from .context import RunContext
-from .decode_batch import Pair, compare_many, rms_many
+from .decode_batch import Pair, compare_many, measure_many
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 from .judge import Judgement, judge_checkpoint, judge_kv, judge_tokens
@@ -86,6 +85,8 @@ class DecodeWalk:
         #: the calibration's next-token metrics and largest logit error last measured (carried between)
         self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
         self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
+        #: :meth:`~.plan.ValidationPlan.calibrated` of each checkpoint, asked once a walk (the plan does not change)
+        self._calibrated: dict[CheckpointKey, bool] = {}
 
     def step(self, r: DecodePass, a: DecodePass) -> bool:
         """Measure and judge one pass (step 0: the prefill's KV cache and logits; its checkpoints
@@ -98,14 +99,14 @@ class DecodeWalk:
             self._seconds["reference"].append(r.capture.elapsed_s)
             self._seconds["alternative"].append(a.capture.elapsed_s)
         plan = self.ctx.plan
-        keys = [k for k in plan.keys if k in r.capture and k in a.capture] if s else []
+        held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
+        keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
         kv = self._kv_plans(s, r, a)
         batched = [i for i, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
         # every comparison of a passing step in one vectorised pass: the checkpoints and the new K/V entries
-        pairs = [Pair(r.capture[k], a.capture[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
+        pairs = [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
             [Pair(kv[i][2], kv[i][3], None, "") for i in batched]
-        results = compare_many(pairs)
-        scales = rms_many([p.reference for p in pairs])
+        results, scales = measure_many(pairs)
         n = len(keys)
         failed = self._checkpoints(s, r.capture, a.capture, dict(zip(keys, results)), dict(zip(keys, scales))) if s else False
         failed = self._tokens(s, r.capture, a.capture, scales[keys.index(LOGITS)] if LOGITS in keys else None) \
@@ -126,6 +127,12 @@ class DecodeWalk:
     def _cal_capture(self, s: int, why: str = "failed by the carried bound") -> Capture | None:
         got = self._cal(s, why)
         return None if got is None else got.capture
+
+    def _is_calibrated(self, key: CheckpointKey) -> bool:
+        got = self._calibrated.get(key)
+        if got is None:
+            got = self._calibrated[key] = self.ctx.plan.calibrated(key)
+        return got
 
     def _may_measure(self, s: int) -> bool:
         return self.carry.may_measure(s, self.calibration)
@@ -155,7 +162,7 @@ class DecodeWalk:
         measured: dict[CheckpointKey, ComparisonResult] = {}
         c = self._cal_capture(s, "sampled") if sampled else None
         if c is not None:
-            noisy = [k for k in keys if plan.calibrated(k) and k in c]
+            noisy = [k for k in keys if self._is_calibrated(k) and k in c]
             measured = dict(zip(noisy, compare_many([Pair(r[k], c[k], None, f"{k} (calibration)") for k in noisy])))
         failed = False
         for key in plan.keys:
@@ -166,7 +173,7 @@ class DecodeWalk:
                 side = "alternative" if key not in a else "reference"
                 ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
                                         module=_module(ctx, key))
-            judged = self._noise(ev, r, sampled, measured.get(key)) if plan.calibrated(key) and key in errors else None
+            judged = self._noise(ev, r, sampled, measured.get(key)) if key in errors and self._is_calibrated(key) else None
             verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
             if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
                 ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
@@ -274,9 +281,10 @@ class DecodeWalk:
                         return None
                     cal = held_by_both(ref, got.kv[layer][j], m)
                     return compare(cal[0], cal[1], check_dtype=False, positions=cal[2])
-                probe = KVEvidence(s, layer, part, err, None, scale)
-                noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled,
-                                         lambda n, e=probe: not judge_kv(replace(e, noise=n), ctx.plan).passed,
+                def fails(n: ComparisonResult, layer: int = layer, part: str = part, err: ComparisonResult = err,
+                          scale: float = scale) -> bool:
+                    return not judge_kv(KVEvidence(s, layer, part, err, n, scale), ctx.plan).passed
+                noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled, fails,
                                          may_measure=lambda: self._may_measure(s))
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
             row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})

@@ -1,0 +1,48 @@
+"""decode_batch.measure_many: the references stacked once for the comparisons and the RMS give, pair
+by pair, what each pair measured alone gives (a stack shared by pairs of other alternative dtypes, a
+stack of mixed shapes and views, a non-finite reference, a shape mismatch, NumPy inputs)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from debug_framework.comparison import Tolerance
+from debug_framework.services.validation.decode_batch import Pair, measure_many
+from debug_framework.services.validation.evidence import reference_scale
+
+
+def _fields(result: object) -> tuple[object, ...]:
+    return tuple(repr(getattr(result, f)) for f in result.__dataclass_fields__ if f != "name")  # type: ignore[attr-defined]
+
+
+def test_batched_pairs_measure_what_each_pair_alone_measures() -> None:
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 6, 4, 8, generator=gen, dtype=torch.float64)
+    refs: list[object] = [torch.randn(2, 1, 64, generator=gen, dtype=torch.float64) for _ in range(3)]
+    refs += [cache[:, -2:], cache[:, -2:, :, :4].contiguous().reshape(2, 2, 2, 8)]  # a view; another shape, same size
+    alts: list[object] = [(r + 1e-6 * torch.randn(r.shape, generator=gen, dtype=torch.float64)).float() for r in refs]
+    alts[1] = refs[1] + 1e-9  # float64 against float64: another group over the same stack of references
+    nan = refs[2].clone()
+    nan[0, 0, 3] = math.nan
+    refs.append(nan)  # a non-finite reference: its stack's RMS comes from reference_scale, its pair from compare
+    alts.append(refs[2].float())  # finite: only the reference tells this pair to compare
+    refs.append(torch.randn(2, 1, 64, generator=gen, dtype=torch.float64))
+    alts.append(torch.randn(2, 1, 63))  # a shape mismatch
+    refs.append(np.linspace(-1.0, 1.0, 128).reshape(2, 1, 64))
+    alts.append(np.linspace(-1.0, 1.0, 128, dtype=np.float32).reshape(2, 1, 64))
+    tol = Tolerance(rtol=1e-4, atol=1e-4)
+    pairs = [Pair(r, a, tol if i % 2 else None, f"p{i}") for i, (r, a) in enumerate(zip(refs, alts))]  # type: ignore[arg-type]
+
+    results, scales = measure_many(pairs)
+    alone = [measure_many([p]) for p in pairs]
+    assert [_fields(r) for r in results] == [_fields(a[0][0]) for a in alone]
+    # the RMS as rms_many gives it: sqrt(mean(x**2)) where the reference's stack (its size and
+    # dtype) is all finite, else reference_scale (here the stack of 128 float64 values holds the NaN)
+    for t, got in zip(refs, scales):
+        x = np.asarray(torch.as_tensor(t).reshape(-1))
+        want = reference_scale(t) if x.size == 128 else float(np.sqrt(np.square(x[None]).mean(1))[0])
+        assert got == want
+    assert not results[6].shape_match and results[5].nan_count_ref == 1
