@@ -3,11 +3,12 @@ session, at 10, 100 and 1000 steps, beside a plain ``transformers`` greedy decod
 in the same run.
 
 * **plain greedy**: the model (a random Llama, ``--size tiny``, ``small`` or ``1b``, a Llama 3.2 1B
-  shape, random weights written by the bench) in float32, eager, one prefill then one token at a
-  time through its own cache (``past_key_values``), argmax each step: each step timed, so the cost
-  per step between two step counts (the steps after the lower up to the higher) is the mean of
-  those steps' times. It runs in a fresh process just before each session, so that a busy machine
-  slows both alike.
+  shape, random weights written by the bench) in float32 with eager attention (the code the
+  ``pytorch`` alternative runs: the anchor), one prefill then one token at a time through its own
+  cache (``past_key_values``), argmax each step: each step timed, so the cost per step between two
+  step counts (the steps after the lower up to the higher) is the mean of those steps' times; the
+  same with transformers' default attention (``sdpa``) printed beside it. It runs in a fresh
+  process just before each session, so that a busy machine slows both alike.
 * **the tool**: ``debug_validate --decode-steps N`` on the same model and inputs (reference
   ``float64_eager``, alternative ``pytorch`` float32, calibration at float32, no isolation): one
   whole session per step count, each in a fresh subprocess (after a 1-step warm-up session there)
@@ -17,7 +18,10 @@ in the same run.
   lower count up to the higher is the tool's cost of one more decode step there, printed beside the
   plain step's over the same steps (wall time, then CPU time: on a loaded machine the wall figures
   follow the load, the CPU ones much less) and as their ratio; the peak resident memory of each
-  session's process and its growth during the session, beside plain greedy's process.
+  session's process and its growth during the session, beside plain greedy's process. Where the
+  reference's decode runs ahead in a process of its own (two CPUs or more: docs/validation.md,
+  "Decode steps"), that process's peak memory and CPU time per step are printed too, and the
+  CPU time per step of the whole session counts both processes.
 
 Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
@@ -74,15 +78,17 @@ def _inputs(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
 
 
 def plain_greedy(path: Path, batch: int, length: int, steps: int,
-                 clock: Callable[[], float] = time.perf_counter) -> list[float]:
+                 clock: Callable[[], float] = time.perf_counter, attention: str = "eager") -> list[float]:
     """The seconds of each of ``steps`` greedy decode steps through the model's own cache, float32
-    eager ``transformers`` (after a 2-step warm-up), by ``clock`` (wall time, or this process's CPU time)."""
+    ``transformers`` with ``attention`` (``"eager"``: the code the ``pytorch`` alternative runs;
+    ``"sdpa"``: transformers' default), after a 2-step warm-up, by ``clock`` (wall time, or this
+    process's CPU time)."""
     import inspect
 
     import torch
     from transformers import LlamaForCausalLM
 
-    net = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    net = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention).eval()
     cache_arg = "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
 
     def cache_of(out: object) -> object:
@@ -164,7 +170,8 @@ def plain_session(path: Path, batch: int, length: int, steps: int) -> dict[str, 
     torch.set_num_threads(1)
     times = plain_greedy(path, batch, length, steps)
     cpu = plain_greedy(path, batch, length, steps, clock=time.process_time)
-    return {"step_s": times, "cpu_step_s": cpu,
+    sdpa = plain_greedy(path, batch, length, steps, attention="sdpa")
+    return {"step_s": times, "cpu_step_s": cpu, "sdpa_step_s": sdpa,
             "peak_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
 
 
@@ -186,6 +193,7 @@ def tool(path: Path, root: Path, batch: int, length: int, steps: int) -> dict[st
     run = _fresh(f"one_session(Path({str(path)!r}), Path({str(root)!r}), {batch}, {length}, {steps})",
                  f"the {steps}-step session")
     return {**run, "plain_step_s": plain["step_s"], "plain_cpu_step_s": plain["cpu_step_s"],
+            "plain_sdpa_step_s": plain["sdpa_step_s"],
             "plain_peak_bytes": plain["peak_bytes"]}
 
 
@@ -206,6 +214,9 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             assert isinstance(plain, list) and isinstance(steps, list)
             mine = sum(steps[low:n]) / (n - low)  # the same steps of both, each timed where it ran
             base = sum(plain[low:n]) / (n - low)
+            sdpa = run["plain_sdpa_step_s"]
+            assert isinstance(sdpa, list)
+            base_sdpa = sum(sdpa[low:n]) / (n - low)
             plain_cpu, step_cpu = run["plain_cpu_step_s"], run["step_cpu_s"]
             assert isinstance(plain_cpu, list) and isinstance(step_cpu, list)
             child_cpu = float(run["child_cpu_s"]) / (n - 1)  # type: ignore[arg-type]
@@ -215,7 +226,8 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
                      "per step" if child_peak else "; the reference in this process")
             mine_cpu, base_cpu = sum(step_cpu[low:n]) / (n - low), sum(plain_cpu[low:n]) / (n - low)
             print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
-                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x; CPU time {mine_cpu * 1e3:.2f} ms against {base_cpu * 1e3:.2f} ms: "
+                  f"{base * 1e3:.2f} ms: {mine / base:.1f}x (with transformers' default sdpa attention "
+                  f"{base_sdpa * 1e3:.2f} ms: {mine / base_sdpa:.1f}x); CPU time {mine_cpu * 1e3:.2f} ms against {base_cpu * 1e3:.2f} ms: "
                   f"{mine_cpu / base_cpu:.1f}x (CPU time per step of the whole session, steps 2..{n}: {cpu * 1e3:.2f} ms against "
                   f"{cpu_base * 1e3:.2f} ms, {cpu / cpu_base:.1f}x) | session at {n}: decode stage {run['stage_s']:.2f} s, "
                   f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]

@@ -26,11 +26,13 @@ reference's own, and a lost child costs time, never a verdict.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import select
 import struct
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -375,6 +377,11 @@ def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int) ->
     ctx = multiprocessing.get_context("fork")
     ours, theirs = _channel()
     process = ctx.Process(target=_serve, args=(open_stream, theirs), name="reference-decode", daemon=True)
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written a second time by the child
+        flush = getattr(stream, "flush", None)
+        if callable(flush):
+            with contextlib.suppress(OSError, ValueError):
+                flush()
     with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child runs torch only
         warnings.simplefilter("ignore", DeprecationWarning)
         process.start()

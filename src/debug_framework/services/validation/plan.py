@@ -161,6 +161,8 @@ class ValidationPlan:
     router_layers: tuple[int, ...] = ()  #: the mixture-of-experts layers (their ``router_logits`` checkpoints)
     #: each checkpoint's tolerance once resolved (one object per checkpoint, however many steps judge it)
     _tolerances: dict[CheckpointKey, Tolerance] = field(default_factory=dict, init=False, compare=False, repr=False)
+    #: and whether the calibrated bound judges it (asked at every comparison of every decode step)
+    _calibrated: dict[CheckpointKey, bool] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, config: SessionConfig | Mapping[str, object] | None, num_layers: int,
@@ -196,7 +198,10 @@ class ValidationPlan:
     def calibrated(self, key: CheckpointKey) -> bool:
         """Checkpoint ``key`` is judged by the calibrated bound (calibration on, no explicit
         tolerance for it in ``precision_thresholds``)."""
-        return self.config.calibrate and not explicit_tolerance(self.thresholds, key)
+        got = self._calibrated.get(key)
+        if got is None:
+            got = self._calibrated[key] = bool(self.config.calibrate and not explicit_tolerance(self.thresholds, key))
+        return got
 
     @property
     def eps(self) -> float:
