@@ -38,7 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
              "debug_framework._torch", "debug_framework.jsonio", "debug_framework.suggest",
              "debug_framework.backend_prefixes", "debug_framework.checkpoint_ids",
              "debug_framework.repro_format", "debug_framework.termtext", "debug_framework.safefiles",
-             "debug_framework.report_formats"),
+             "debug_framework.report_formats", "debug_framework.orphans"),
 }
 _ORDER = list(LAYERS)
 

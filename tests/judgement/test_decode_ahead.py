@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -34,7 +35,8 @@ def test_a_pass_crosses_as_bytes_unchanged():
         capture=Capture(tensors={CheckpointKey("post_attention", 1): x[:, -1:],  # a view: sent as its own copy
                                  CheckpointKey("post_processing"): torch.randn(2, 1, 9, generator=g).bfloat16(),
                                  CheckpointKey("post_mlp", 0): np.arange(6, dtype=np.float32).reshape(2, 3),
-                                 CheckpointKey("post_embedding"): torch.empty(2, 0, 4, dtype=torch.float16)},
+                                 CheckpointKey("post_embedding"): torch.empty(2, 0, 4, dtype=torch.float16),
+                                 CheckpointKey("post_mlp", 1): np.array(3.5)},  # 0-d: its shape kept
                         backend="float64_eager", dtype="float64", elapsed_s=0.25,
                         layer_inputs={0: x}, meta={"nested": {"a": [1, 2.5, None]}, "nan": float("nan")}),
         kv={0: (x, x * 2), 3: (np.ones((2, 2, 1, 4)), np.zeros((2, 2, 1, 4)))},
@@ -93,6 +95,7 @@ class _FailsAtStep3(EagerReferenceBackend):
     """``float64_eager`` whose decode raises at step 3: in its child process only (``child_only``),
     or wherever it runs."""
 
+    decode_ahead = True  # a subclass declares it anew
     child_only = True
     parent = os.getpid()
 
@@ -106,6 +109,7 @@ class _FailsAtStep3(EagerReferenceBackend):
 class _DiesAtStep2(EagerReferenceBackend):
     """``float64_eager`` whose child process is killed at step 2 (nothing said to the parent)."""
 
+    decode_ahead = True
     parent = os.getpid()
 
     def iter_decode(self, *args, **kwargs):
@@ -139,3 +143,70 @@ def test_a_references_own_error_still_reads_as_its_own(tiny_models, engine, monk
     finally:
         unregister_backend("ahead_ref")
     assert raised.value.code == "DF005" and "step 3" in str(raised.value)
+
+
+class _StuckAtStep2(EagerReferenceBackend):
+    """``float64_eager`` whose child process waits for ever at step 2 (a lock held across the fork
+    would look the same: alive, no CPU used)."""
+
+    decode_ahead = True
+    parent = os.getpid()
+
+    def iter_decode(self, *args, **kwargs):
+        for p in super().iter_decode(*args, **kwargs):
+            if p.step == 2 and os.getpid() != self.parent:
+                time.sleep(3600)
+            yield p
+
+
+class _OtherTokensInTheChild(EagerReferenceBackend):
+    """``float64_eager`` whose child reports another token at step 1 than it runs here, then fails
+    at step 3: the decode taken over here would go on from another token history."""
+
+    decode_ahead = True
+    parent = os.getpid()
+
+    def iter_decode(self, *args, **kwargs):
+        for p in super().iter_decode(*args, **kwargs):
+            if os.getpid() != self.parent:
+                if p.step == 1:
+                    p.token = (np.asarray(p.token) + 1) % 64
+                if p.step == 3:
+                    raise RuntimeError("the reference broke at step 3")
+            yield p
+
+
+@needs_two
+def test_a_stuck_child_is_taken_over_and_a_changed_token_history_is_refused(tiny_models, engine, monkeypatch):
+    monkeypatch.setattr(decode_ahead, "_STUCK_S", 1.0)
+    register_backend("ahead_ref", _StuckAtStep2, replace=True)
+    try:
+        result = engine.run(engine.create_session(tiny_models("llama"), CONFIG, "ahead_ref", "pytorch"))
+        record = result.summary()["decode"]["reference_process"]
+        assert record["taken_over_at"] == 2 and "stuck" in record["child_error"] and result.passed
+        register_backend("ahead_ref", _OtherTokensInTheChild, replace=True)
+        cfg = {**CONFIG, "calibrate": False}
+        with pytest.raises(BackendRuntimeError, match="chose other tokens at decode step 1"):
+            engine.run(engine.create_session(tiny_models("llama"), cfg, "ahead_ref", "pytorch"))
+    finally:
+        unregister_backend("ahead_ref")
+
+
+@needs_two
+def test_a_failed_fork_runs_the_reference_here(tiny_models, engine, monkeypatch):
+    import multiprocessing.process
+
+    def no_fork(self):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", no_fork)
+    result = engine.run(engine.create_session(tiny_models("llama"), CONFIG, "float64_eager", "pytorch"))
+    record = result.summary()["decode"]["reference_process"]
+    assert result.passed and record["ahead"] is False and "the fork failed (OSError" in record["why"]
+
+
+def test_only_a_class_that_declares_it_runs_ahead():
+    from debug_framework.backends.capabilities import capabilities
+
+    class Inherits(EagerReferenceBackend):
+        pass
+    assert capabilities(EagerReferenceBackend()).decode_ahead and not capabilities(Inherits()).decode_ahead

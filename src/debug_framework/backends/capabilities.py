@@ -80,7 +80,8 @@ class Capabilities:
         decode_ahead: its decode may run in a forked child process, ahead of the other sides (a
             reference's greedy decode needs nothing of theirs): it computes in this process on the
             CPU and holds nothing a fork breaks (a device context, a server connection, an engine's
-            threads). Declared by a class attribute ``decode_ahead = True``; False by default.
+            threads). Declared by a class attribute ``decode_ahead = True`` of the backend's own class
+            (a subclass that adds a device, a connection or threads must not inherit it); False by default.
     """
 
     name: str
@@ -188,7 +189,7 @@ def derive_capabilities(backend: object) -> Capabilities:
         graph_sessions=_asked(backend, "open_session_file", base.graph_sessions),
         layer_trace=_can(backend, "can_run_layer_traced", _asked(backend, "run_layer_traced", base.layer_trace)),
         window_counts=str(getattr(backend, "window_counts", base.window_counts)),
-        decode_ahead=getattr(backend, "decode_ahead", False) is True,
+        decode_ahead=vars(type(backend)).get("decode_ahead") is True,  # a subclass declares it anew
         prepared=getattr(backend, "model", None) is not None,
         device=str(getattr(backend, "device", "cpu") or "cpu"),
     )

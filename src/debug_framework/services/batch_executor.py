@@ -15,12 +15,9 @@ twice at once. Workers die with their executor: on Linux the parent-death signal
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import multiprocessing as mp
 import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ValidationError
 from ..jsonio import JsonObject
+from ..orphans import die_with_parent
 from ..models.batch_validation_job import BatchValidationJob, ProgressCallback, item_session_id
 from ..storage.leases import holding, is_abandoned, live_running_items, owner_gone, sweep
 from ..storage.sessions import TERMINAL_STATUSES
@@ -40,32 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["BatchExecutor", "run_items", "die_with_parent", "job_lock", "settle_existing"]
 
 _POLL_S = 0.25
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_ORPHANED_EXIT = 70
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        time.sleep(_POLL_S)
-        if os.getppid() != parent_pid:
-            os._exit(_ORPHANED_EXIT)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Make this (worker) process die when ``parent_pid``, its executor, does: the parent-death
-    signal on Linux, else a daemon thread polling the parent pid. Exits at once when the parent is
-    already gone."""
-    bound = False
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            bound = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            bound = False
-    if os.getppid() != parent_pid:  # it died before the signal was armed
-        os._exit(_ORPHANED_EXIT)
-    if not bound:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), name="pie-debug-parent-watch", daemon=True).start()
 
 
 def _resume_state(engine: ValidationEngine, sid: str) -> str:

@@ -175,6 +175,8 @@ class LlamaEagerEmulationBackend(EagerReferenceBackend):
 
     supported_dtypes = ("float32",)
     default_dtype = "float32"
+    #: in-process torch on the CPU: its decode may run ahead in a forked child (Capabilities.decode_ahead)
+    decode_ahead = True
 
     def __init__(self, precision: GenericLlamaPrecision | None = None) -> None:
         super().__init__()

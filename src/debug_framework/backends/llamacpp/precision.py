@@ -360,6 +360,8 @@ class LlamaEmulationBackend(TorchReferenceBackend):
 
     name = "llamacpp_emulation"
     supported_dtypes = ("float32",)
+    #: in-process torch on the CPU: its decode may run ahead in a forked child (Capabilities.decode_ahead)
+    decode_ahead = True
 
     def __init__(self, precision: LlamaPrecision | None = None) -> None:
         super().__init__()

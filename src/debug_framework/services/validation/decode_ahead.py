@@ -56,6 +56,9 @@ _POLL_S = 0.25
 _LENGTH = struct.Struct("<Q")
 #: how long a finished decode waits for the child's last word (its peak memory) before stopping it
 _END_WAIT_S = 5.0
+#: a child that uses no CPU for this long while the session's process waits for it is stuck (a
+#: lock held across the fork): it is stopped and its decode taken over
+_STUCK_S = 30.0
 #: the pipe buffer asked for (Linux's default limit for an unprivileged process: 1 MiB)
 _PIPE_BYTES = 2**20
 
@@ -66,8 +69,12 @@ def ahead_support(declared: bool, steps: int, device: str) -> tuple[bool, str]:
         return False, "the reference does not declare decode_ahead"
     if device != "cpu":
         return False, f"the reference runs on {device}"
-    if not hasattr(os, "fork"):
-        return False, "this platform has no fork"
+    if not sys.platform.startswith("linux"):  # fork after torch and its thread pools: Linux alone is safe
+        return False, f"the child process runs on Linux only (here: {sys.platform})"
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        return False, "this process is a daemonic multiprocessing worker (it may not start a child)"
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cpus < 2:
         return False, "this process may use one CPU only"
@@ -84,6 +91,7 @@ class Channel:
 
     def __init__(self, fd: int, writes: bool) -> None:
         self._fd, self.writes = fd, writes
+        self._poller: select.poll | None = None
         self._file = io.FileIO(fd, "wb" if writes else "rb", closefd=True)
 
     @property
@@ -132,7 +140,10 @@ class Channel:
 
     def poll(self, timeout: float) -> bool:
         """Whether a read would not block within ``timeout`` seconds (a message, or the end)."""
-        return bool(select.select([self._fd], [], [], timeout)[0])
+        if self._poller is None:
+            self._poller = select.poll()  # not select.select: a descriptor above 1023 is fine
+            self._poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(self._poller.poll(int(timeout * 1000)))
 
 
 def _channel() -> tuple[Channel, Channel]:
@@ -146,8 +157,8 @@ def _channel() -> tuple[Channel, Channel]:
 def _tensor_bytes(t: CapturedTensor) -> tuple[JsonObject, memoryview]:
     """One tensor's header entry (library, dtype, shape) and its bytes (contiguous, on the host)."""
     if isinstance(t, np.ndarray):
-        a = np.ascontiguousarray(t)
-        return {"lib": "numpy", "dtype": a.dtype.str, "shape": list(a.shape)}, _raw(a)
+        a = np.ascontiguousarray(t)  # at least one dimension: the shape is the array's own
+        return {"lib": "numpy", "dtype": a.dtype.str, "shape": list(t.shape)}, _raw(a)
     import torch
 
     x = t.detach().to("cpu").contiguous()
@@ -230,44 +241,76 @@ def receive_pass(header: JsonObject, conn: Channel) -> DecodePass:
 
 
 # -- the child and the stream this process reads ----------------------------------------------------
-def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel) -> None:
-    """The child: the reference's decode, each pass sent as it comes; then ``end`` (with the
-    child's peak memory), or ``error`` with the step it failed at (what this process needs to take
-    over)."""
+def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours: Channel, parent: int,
+           passes: int) -> None:
+    """The child: the reference's decode, each pass sent as it comes; ``end`` (with the child's
+    peak memory) as soon as the last one is sent, or ``error`` with the step it failed at (what the
+    session's process needs to take over). It dies with the session's process (a write to a pipe
+    nobody reads would otherwise hold the model's memory for ever)."""
     import resource
+    import signal
 
     import torch
 
+    from ...orphans import die_with_parent
+    from .memory import give_back_freed
+
+    ours.close()  # the reading end is the parent's: with it closed here, a write after its death fails
+    die_with_parent(parent)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a handler of the parent's (a worker's cancel) is not ours
+        signal.signal(sig, signal.SIG_DFL)
     torch.set_num_threads(1)
-    step = 0
+    with contextlib.suppress(ImportError):  # NumPy's BLAS too (python_reference), where threadpoolctl is installed
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    step, mid_pass = 0, False
     try:
         for p in open_stream():
             step = p.step + 1
+            mid_pass = True
             send_pass(conn, p)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        conn.send_bytes(json.dumps({"kind": "end", "peak_rss_bytes": peak}).encode())
+            mid_pass = False
+            if any(span != "new" for span in p.span.values()):
+                give_back_freed()  # a whole cache sent: its copies out of the child's resident set
+            if step == passes:  # said before the decode's own clean-up (its weights put back)
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+                conn.send_bytes(json.dumps({"kind": "end", "peak_rss_bytes": peak}).encode())
     except BaseException as exc:  # noqa: BLE001 - told to the parent, which runs the step itself
-        try:
-            conn.send_bytes(json.dumps({"kind": "error", "step": step, "error": f"{type(exc).__name__}: {exc}"}).encode())
-        except OSError:
-            pass
+        if not mid_pass:  # after half a pass the parent reads the end of the pipe instead
+            with contextlib.suppress(OSError):
+                conn.send_bytes(json.dumps({"kind": "error", "step": step,
+                                            "error": f"{type(exc).__name__}: {exc}"}).encode())
     finally:
         conn.close()
 
 
+def _cpu_ticks(pid: int) -> int | None:
+    """The CPU time ``pid`` has used, in clock ticks (Linux ``/proc/PID/stat``); None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class AheadStream(Iterator[DecodePass]):
     """The reference's passes as its child process sends them (see the module); where the child
-    fails, the rest from the reference's own stream opened in this process. :attr:`taken_over`
-    says at which step that happened (None while the child serves), :attr:`child_error` what the
-    child reported, :attr:`peak_rss_bytes` the child's peak resident memory (once it has ended)."""
+    fails, dies or hangs, the rest from the reference's own stream opened in this process.
+    :attr:`taken_over` says at which step that happened (None while the child serves),
+    :attr:`child_error` why, :attr:`peak_rss_bytes` the child's peak resident memory (once it has
+    sent its last pass)."""
 
     def __init__(self, open_stream: Callable[[], Iterator[DecodePass]], passes: int, process: BaseProcess,
-                 conn: Channel, threads: tuple[int, int] | None) -> None:
+                 conn: Channel, threads: tuple[int, int] | None, name: str) -> None:
         self._open, self._process, self._conn, self._threads = open_stream, process, conn, threads
         #: the passes the decode yields (the prefill and its steps)
         self.passes = passes
+        self.name = name
         self._local: Iterator[DecodePass] | None = None
         self._next_step = 0
+        self._tokens: dict[int, np.ndarray] = {}  # the tokens the child chose, each fed to the other sides
         self.taken_over: int | None = None
         self.child_error: str | None = None
         self.peak_rss_bytes: int | None = None
@@ -281,28 +324,41 @@ class AheadStream(Iterator[DecodePass]):
             return self._from_local()
         said = self._receive()
         if said is None:
-            return self._take_over("the reference's decode process ended without a word")
-        if said.get("kind") != "pass":
+            why = "the reference's decode process ended without a word" if not self._process.is_alive() else \
+                f"the reference's decode process used no CPU for {_STUCK_S:g} s while this one waited (stuck)"
+            return self._take_over(why)
+        if said.get("kind") == "end":  # asked for a pass beyond the last
+            self._ended(said)
             self._stop()
-            if said.get("kind") == "end":
-                self.peak_rss_bytes = int(said.get("peak_rss_bytes") or 0) or None  # type: ignore[arg-type]
-                raise StopIteration
+            raise StopIteration
+        if said.get("kind") != "pass":
             return self._take_over(str(said.get("error")))
         try:
             p = receive_pass(said, self._conn)
         except (EOFError, OSError):  # the child died mid-pass
             return self._take_over("the reference's decode process ended in the middle of a pass")
         self._next_step = p.step + 1
+        if p.token is not None:
+            self._tokens[p.step] = np.array(p.token, copy=True)
         return p
 
+    def _ended(self, said: JsonObject) -> None:
+        self.peak_rss_bytes = int(said.get("peak_rss_bytes") or 0) or None  # type: ignore[arg-type]
+
     def _receive(self, wait_s: float | None = None) -> JsonObject | None:
-        """The child's next header; None where it is gone, or silent for ``wait_s`` seconds (waits
-        return to Python every :data:`_POLL_S`: the session's time limit interrupts a wait)."""
-        waited = 0.0
+        """The child's next header; None where it is gone, stuck (alive, no CPU used for
+        :data:`_STUCK_S` while this process waits) or silent for ``wait_s`` seconds. A wait returns
+        to Python every :data:`_POLL_S`: the session's time limit interrupts it."""
+        waited, ticks, still_since = 0.0, _cpu_ticks(self._process.pid or 0), 0.0
         try:
             while not self._conn.poll(_POLL_S):
                 waited += _POLL_S
                 if not self._process.is_alive() and not self._conn.poll(0) or wait_s is not None and waited >= wait_s:
+                    return None
+                now = _cpu_ticks(self._process.pid or 0)
+                if now is None or now != ticks:
+                    ticks, still_since = now, waited
+                elif waited - still_since >= _STUCK_S:
                     return None
             said = json.loads(self._conn.recv_bytes())
         except (EOFError, OSError, ValueError):
@@ -311,12 +367,23 @@ class AheadStream(Iterator[DecodePass]):
 
     def _take_over(self, why: str) -> DecodePass:
         """The reference's own stream opened here, run to the step the child reached: its error is
-        raised as the reference's own, or the decode goes on in this process."""
+        raised as the reference's own, or the decode goes on in this process. The tokens it
+        chooses on the way must be those the child chose (they were fed to the other sides)."""
+        from ...errors import BackendRuntimeError
+
         self.child_error, self.taken_over = why, self._next_step
         self._stop()
         local = self._open()
         for _ in range(self._next_step):
-            next(local)
+            q = next(local)
+            sent = self._tokens.get(q.step)
+            if sent is not None and q.token is not None and not np.array_equal(np.asarray(q.token), sent):
+                raise BackendRuntimeError(
+                    f"the reference {self.name!r} chose other tokens at decode step {q.step} when its decode was "
+                    f"run again in this process than in its own process ({why})", backend=self.name,
+                    call=f"run_decode() step {q.step}",
+                    hint="its greedy choice depends on the thread count (a near tie of its logits): give the tokens "
+                         "(--decode-tokens), or run where the reference's decode is not moved")
         self._local = local
         return self._from_local()
 
@@ -331,6 +398,9 @@ class AheadStream(Iterator[DecodePass]):
         if self._process.is_alive():
             self._process.terminate()
         self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=10)
         self._conn.close()
         if self._threads is not None:
             import torch
@@ -341,10 +411,11 @@ class AheadStream(Iterator[DecodePass]):
     def close(self) -> None:
         """End the child: its last word read where every pass was taken (its peak memory), else
         stopped (a decode ended early, at its first divergence or on an error)."""
-        if self._local is None and self._next_step == self.passes and not self._conn.closed:
+        if self._local is None and self._next_step == self.passes and not self._conn.closed \
+                and self.peak_rss_bytes is None:
             said = self._receive(_END_WAIT_S)
             if said is not None and said.get("kind") == "end":
-                self.peak_rss_bytes = int(said.get("peak_rss_bytes") or 0) or None  # type: ignore[arg-type]
+                self._ended(said)
         if self._threads is not None or self._process.is_alive() or not self._conn.closed:
             self._stop()
         close = getattr(self._local, "close", None)
@@ -366,9 +437,10 @@ def _widen(fd: int) -> None:
         pass
 
 
-def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int) -> AheadStream:
-    """The reference's decode of ``steps`` steps (``open_stream()``, opened in the child) run ahead
-    in a forked child process: the stream of its passes (see the module). This process keeps one
+def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int, name: str) -> AheadStream | str:
+    """The decode of ``steps`` steps of the reference ``name`` (``open_stream()``, opened in the
+    child) run ahead in a forked child process: the stream of its passes (see the module), or why
+    not where the fork failed (the decode then runs in this process). This process keeps one
     intra-op thread fewer while the child runs."""
     import multiprocessing
 
@@ -376,19 +448,25 @@ def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int) ->
 
     ctx = multiprocessing.get_context("fork")
     ours, theirs = _channel()
-    process = ctx.Process(target=_serve, args=(open_stream, theirs), name="reference-decode", daemon=True)
+    process = ctx.Process(target=_serve, args=(open_stream, theirs, ours, os.getpid(), steps + 1),
+                          name="reference-decode", daemon=True)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written a second time by the child
         flush = getattr(stream, "flush", None)
         if callable(flush):
             with contextlib.suppress(OSError, ValueError):
                 flush()
-    with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child runs torch only
-        warnings.simplefilter("ignore", DeprecationWarning)
-        process.start()
+    try:
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process: the child runs torch only
+            warnings.simplefilter("ignore", DeprecationWarning)
+            process.start()
+    except (OSError, AssertionError, ValueError) as exc:  # no memory to fork, a daemonic process
+        ours.close()
+        theirs.close()
+        return f"the fork failed ({type(exc).__name__}: {exc})"
     theirs.close()
     had = torch.get_num_threads()
     threads = None
     if had > 1:
         torch.set_num_threads(had - 1)
         threads = (had, had - 1)
-    return AheadStream(open_stream, steps + 1, process, ours, threads)
+    return AheadStream(open_stream, steps + 1, process, ours, threads, name)

@@ -221,7 +221,7 @@ class DecodeStage(Stage):
         if not ok:
             return why
         inputs = own(ctx.inputs)
-        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps)
+        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps, backend.name)
 
     @staticmethod
     def _ahead_record(ahead: AheadStream | str) -> JsonObject:

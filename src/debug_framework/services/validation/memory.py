@@ -110,21 +110,27 @@ def give_back_freed() -> None:
     """Hand the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing elsewhere):
     a stage's released models and sessions leave free holes in the heap that the resident set
     would otherwise keep counting until later allocations reuse them."""
-    global _TRIM
-    if _TRIM is None:
+    trim = _libc("malloc_trim")
+    if trim:
+        trim(0)
+
+
+_LIBC: dict[str, Any] = {}
+
+
+def _libc(name: str) -> Any:
+    """glibc's function ``name`` (looked up once), False where there is none (not glibc)."""
+    if name not in _LIBC:
         import ctypes
         import ctypes.util
 
         try:
-            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
+            _LIBC[name] = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+        except (OSError, AttributeError):
+            _LIBC[name] = False
+    return _LIBC[name]
 
 
-_TRIM: Any = None
-_MALLOPT: Any = None
 #: glibc's ``M_MMAP_THRESHOLD`` (malloc.h)
 _M_MMAP_THRESHOLD = -3
 #: the C heap's threshold while a long decode runs: a larger block is its own mapping, returned
@@ -137,16 +143,8 @@ _MMAP_MAX_BYTES = 32 * 2**20
 
 
 def _mallopt(param: int, value: int) -> bool:
-    global _MALLOPT
-    if _MALLOPT is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _MALLOPT = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-        except (OSError, AttributeError):  # not glibc
-            _MALLOPT = False
-    return bool(_MALLOPT and _MALLOPT(param, value))
+    mallopt = _libc("mallopt")
+    return bool(mallopt and mallopt(param, value))
 
 
 @contextlib.contextmanager
