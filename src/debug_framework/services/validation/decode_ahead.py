@@ -10,18 +10,21 @@ stream this process reads, the same passes in the same order. The two processes 
 machine's cores: per step, the slower of the reference's pass and the rest (the alternative's pass
 and the judgement) sets the pace instead of their sum.
 
-Used only where it can hold (:func:`ahead_support`): a reference that declares
+Used only where it can hold (:func:`ahead_support`): a reference whose class declares
 ``capabilities.decode_ahead`` (an in-process computation on the CPU: a fork breaks device contexts,
-server connections and engine threads), a platform with ``fork``, at least two CPUs for this
-process, at least :data:`AHEAD_MIN_STEPS` steps. The child runs one intra-op thread; this process one
-fewer than it had during the decode (restored after).
+server connections and engine threads), Linux, a process that is not a daemonic worker, at least
+two CPUs for it, at least :data:`AHEAD_MIN_STEPS` steps. The child runs one torch intra-op thread
+(and one BLAS thread where ``threadpoolctl`` is installed); this process one fewer than it had
+during the decode (restored after). The child dies with this process.
 
 A pass crosses as bytes, never a pickle: one JSON header (checkpoint keys, dtypes, shapes, sizes),
 then each tensor's raw bytes, received straight into memory of its own (:func:`send_pass`,
-:func:`receive_pass`). Where the child fails (the
-reference raised, or the child died), this process opens the reference's stream itself, runs it to
-the step the child reached and goes on in process: a reference's error is raised here as the
-reference's own, and a lost child costs time, never a verdict.
+:func:`receive_pass`). Where the child fails (the reference raised), dies, or is stuck (alive, no
+CPU used for :data:`_STUCK_S` while this process waits), this process stops it, opens the
+reference's stream itself, runs it to the step the child reached and goes on in process: a
+reference's error is raised here as the reference's own, and a lost child costs time, never a
+verdict (a run here that chooses another token than the child did is refused, DF005). Where the
+fork fails, the reference decodes in this process.
 """
 
 from __future__ import annotations
