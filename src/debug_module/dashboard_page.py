@@ -178,7 +178,7 @@ def runs_page(context: PageContext) -> None:
 
     from debug_framework.dashboard.data import literal, plain
 
-    from .reports.generator import find_runs
+    from .reports.generator import find_runs, run_order
 
     root = Path(context.artifacts)
     st.caption(literal(f"Run directories under {root}"))
@@ -188,7 +188,8 @@ def runs_page(context: PageContext) -> None:
                 "`inductor-debug analyze` write runs under ./debug_artifacts by default, the tour under ./debug_artifacts/tour/runs).")
         return
     by_name = {str(p.relative_to(root)): p for p in runs}
-    pick = st.selectbox("run", sorted(by_name, key=lambda n: by_name[n].name, reverse=True))  # newest first
+    # newest first: by when each was created (a run id names only its second, then a random suffix)
+    pick = st.selectbox("run", sorted(by_name, key=lambda n: run_order(by_name[n]), reverse=True))
     if pick:
         try:
             _show_run(st, by_name[pick])

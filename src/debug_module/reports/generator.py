@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 #: Same as debug_module.artifacts.MANIFEST_SCHEMA (not imported: reading runs must not need torch).
 MANIFEST_SCHEMA = "debug_module.run/1"
 
-__all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "collect_run", "load_benchmarks", "build_report",
+__all__ = ["REPORT_SCHEMA", "BENCHMARK_SCHEMA", "find_runs", "run_order", "collect_run", "load_benchmarks", "build_report",
            "render_html", "write_report", "save_guard_report", "summary_figure"]
 
 REPORT_SCHEMA = "debug_module.report/1"
@@ -85,7 +85,13 @@ def find_runs(root: str | os.PathLike[str]) -> list[Path]:
     r = Path(root)
     if not r.is_dir():
         return []
-    return sorted((p for p in r.iterdir() if is_run_dir(p)), key=lambda p: (_created(p), p.name))
+    return sorted((p for p in r.iterdir() if is_run_dir(p)), key=run_order)
+
+
+def run_order(run: Path) -> tuple[str, str]:
+    """What orders runs oldest first: the manifest's ``created`` time (microseconds; run ids only
+    carry the second, then a random suffix), then the id."""
+    return _created(run), run.name
 
 
 def _created(run: Path) -> str:
