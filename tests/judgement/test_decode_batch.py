@@ -39,7 +39,7 @@ def test_batched_pairs_measure_what_each_pair_alone_measures() -> None:
     results, scales = measure_many(pairs)
     alone = [measure_many([p]) for p in pairs]
     assert [_fields(r) for r in results] == [_fields(a[0][0]) for a in alone]
-    # the RMS as rms_many gives it: sqrt(mean(x**2)) where the reference's stack (its size and
+    # the RMS: sqrt(mean(x**2)) where the reference's stack (its size and
     # dtype) is all finite, else reference_scale (here the stack of 128 float64 values holds the NaN)
     for t, got in zip(refs, scales):
         x = np.asarray(torch.as_tensor(t).reshape(-1))

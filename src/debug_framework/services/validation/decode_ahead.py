@@ -93,16 +93,13 @@ class Channel:
     whole-cache audits cross as they are)."""
 
     def __init__(self, fd: int, writes: bool) -> None:
-        self._fd, self.writes = fd, writes
+        self._fd = fd
         self._poller: select.poll | None = None
         self._file = io.FileIO(fd, "wb" if writes else "rb", closefd=True)
 
     @property
     def closed(self) -> bool:
         return self._file.closed
-
-    def fileno(self) -> int:
-        return self._fd
 
     def close(self) -> None:
         self._file.close()
@@ -306,7 +303,8 @@ class AheadStream(Iterator[DecodePass]):
     sent its last pass)."""
 
     def __init__(self, open_stream: Callable[[], Iterator[DecodePass]], passes: int, process: BaseProcess,
-                 conn: Channel, threads: tuple[int, int] | None, name: str) -> None:
+                 conn: Channel, threads: int | None, name: str) -> None:
+        #: ``threads``: this process's intra-op threads before the child started (restored when it ends)
         self._open, self._process, self._conn, self._threads = open_stream, process, conn, threads
         #: the passes the decode yields (the prefill and its steps)
         self.passes = passes
@@ -317,7 +315,6 @@ class AheadStream(Iterator[DecodePass]):
         self.taken_over: int | None = None
         self.child_error: str | None = None
         self.peak_rss_bytes: int | None = None
-        self.pid = process.pid
 
     def __iter__(self) -> AheadStream:
         return self
@@ -408,7 +405,7 @@ class AheadStream(Iterator[DecodePass]):
         if self._threads is not None:
             import torch
 
-            torch.set_num_threads(self._threads[0])
+            torch.set_num_threads(self._threads)
             self._threads = None
 
     def close(self) -> None:
@@ -468,8 +465,6 @@ def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int, na
         return f"the fork failed ({type(exc).__name__}: {exc})"
     theirs.close()
     had = torch.get_num_threads()
-    threads = None
     if had > 1:
         torch.set_num_threads(had - 1)
-        threads = (had, had - 1)
-    return AheadStream(open_stream, steps + 1, process, ours, threads, name)
+    return AheadStream(open_stream, steps + 1, process, ours, had if had > 1 else None, name)

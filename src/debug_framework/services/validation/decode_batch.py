@@ -29,7 +29,7 @@ from ...comparison import ComparisonResult, Tolerance, WorstElement, compare, de
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Pair", "compare_many", "measure_many", "rms_many"]
+__all__ = ["Pair", "compare_many", "measure_many"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,9 @@ def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
 
 
 def measure_many(pairs: Sequence[Pair]) -> tuple[list[ComparisonResult], list[float]]:
-    """:func:`compare_many` of ``pairs`` and :func:`rms_many` of their references at once: each
-    group of references is stacked (and made float64) once for both."""
+    """:func:`compare_many` of ``pairs`` and each reference's RMS over its finite values
+    (``sqrt(mean(x**2))``; :func:`~.evidence.reference_scale` where its stack holds a non-finite
+    value) at once: each group of references is stacked (and made float64) once for both."""
     refs = [_tensor(p.reference) for p in pairs]
     stacks = _stacks(refs)
     scales = _rms_of(stacks, [p.reference for p in pairs])
@@ -129,8 +130,8 @@ def _rows(stacks: _Stacks, refs: Sequence[torch.Tensor | None],
 
 
 def _rms_of(stacks: _Stacks, tensors: Sequence[CapturedTensor | None]) -> list[float]:
-    """Each tensor's RMS as :func:`rms_many` gives it (``sqrt(mean(x**2))``), from its stack (a
-    stack holding a non-finite value, and a tensor in none: :func:`~.evidence.reference_scale`)."""
+    """Each tensor's RMS (``sqrt(mean(x**2))``) from its stack (a stack holding a non-finite value,
+    and a tensor in none: :func:`~.evidence.reference_scale`)."""
     from .evidence import reference_scale
 
     out: list[float | None] = [None] * len(tensors)
@@ -198,17 +199,8 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y:
             max_rel_error=max_rel, mean_rel_error=s_rel / n, rmse=math.sqrt(s_d2 / n), rel_l2_error=_rel_l2(s_d2, s_r2),
             cosine_similarity=_cosine(s_a2, s_r2, s_ar), sqnr_db=_sqnr(s_d2, s_r2), mismatch_count=int(mism),
             mismatch_percent=pct, gross_mismatch_count=int(gmism),
-            worst=[WorstElement(_unravel(worst[k], shape), w_y[k], w_x[k], w_ad[k])]))
+            worst=[WorstElement(tuple(int(v) for v in np.unravel_index(worst[k], shape)), w_y[k], w_x[k], w_ad[k])]))
     return out
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The N-D index of flat (C-order) index ``flat`` in ``shape`` (``numpy.unravel_index``'s, as ints)."""
-    index = []
-    for size in reversed(shape):
-        flat, at = divmod(flat, size)
-        index.append(at)
-    return tuple(reversed(index))
 
 
 def _stacked(tensors: list[torch.Tensor]) -> np.ndarray:
@@ -259,9 +251,3 @@ def _sqnr(s_d2: float, s_r2: float) -> float:
     if s_d2 == 0.0:
         return math.inf
     return -math.inf if s_r2 == 0.0 else 10.0 * math.log10(s_r2 / s_d2)
-
-
-def rms_many(tensors: Sequence[CapturedTensor | None]) -> list[float]:
-    """Each tensor's RMS over its finite values (:func:`~.evidence.reference_scale`: NaN for None),
-    the CPU float ones of equal size in one stacked pass."""
-    return _rms_of(_stacks([None if t is None else _tensor(t) for t in tensors]), tensors)

@@ -2,7 +2,7 @@
 
 :class:`DecodeWalk` takes the reference's and the alternative's pass of one step
 (:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint and the KV
-cache's new entries in one vectorised pass, :func:`.decode_batch.compare_many`; the whole cache on
+cache's new entries in one vectorised pass, :func:`.decode_batch.measure_many`; the whole cache on
 an audited step; the next-token distributions) beside the calibration's noise (measured by its
 prefill at the step or carried, :mod:`.decode_calibration`) into the evidence, judges the step, and
 drops the tensors: what a step leaves behind is its comparisons (numbers), so memory does not grow
@@ -85,8 +85,6 @@ class DecodeWalk:
         #: the calibration's next-token metrics and largest logit error last measured (carried between)
         self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
         self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
-        #: :meth:`~.plan.ValidationPlan.calibrated` of each checkpoint, asked once a walk (the plan does not change)
-        self._calibrated: dict[CheckpointKey, bool] = {}
 
     def step(self, r: DecodePass, a: DecodePass) -> bool:
         """Measure and judge one pass (step 0: the prefill's KV cache and logits; its checkpoints
@@ -128,12 +126,6 @@ class DecodeWalk:
         got = self._cal(s, why)
         return None if got is None else got.capture
 
-    def _is_calibrated(self, key: CheckpointKey) -> bool:
-        got = self._calibrated.get(key)
-        if got is None:
-            got = self._calibrated[key] = self.ctx.plan.calibrated(key)
-        return got
-
     def _may_measure(self, s: int) -> bool:
         return self.carry.may_measure(s, self.calibration)
 
@@ -162,7 +154,7 @@ class DecodeWalk:
         measured: dict[CheckpointKey, ComparisonResult] = {}
         c = self._cal_capture(s, "sampled") if sampled else None
         if c is not None:
-            noisy = [k for k in keys if self._is_calibrated(k) and k in c]
+            noisy = [k for k in keys if plan.calibrated(k) and k in c]
             measured = dict(zip(noisy, compare_many([Pair(r[k], c[k], None, f"{k} (calibration)") for k in noisy])))
         failed = False
         for key in plan.keys:
@@ -173,7 +165,7 @@ class DecodeWalk:
                 side = "alternative" if key not in a else "reference"
                 ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
                                         module=_module(ctx, key))
-            judged = self._noise(ev, r, sampled, measured.get(key)) if key in errors and self._is_calibrated(key) else None
+            judged = self._noise(ev, r, sampled, measured.get(key)) if key in errors and plan.calibrated(key) else None
             verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
             if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
                 ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
