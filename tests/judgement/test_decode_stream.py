@@ -147,6 +147,9 @@ def test_the_float64_reference_holds_its_converted_weights_and_computes_the_same
     layer = sum(p.numel() * 8 for p in net.get_submodule(streamer_unit(net)).parameters())
     if budget == "two layers":
         monkeypatch.setattr(eager_reference, "DECODE_HOLD_BYTES", 2 * layer)
+    # a step a pass, as run_decode: bit for bit (several steps a pass round within float64's last bits:
+    # tests/judgement/test_decode_chunks.py)
+    monkeypatch.setattr(eager_reference.EagerReferenceBackend, "_decode_draft", lambda self: None)
     stored = [p.dtype for p in net.parameters()]
     stream = backend.iter_decode(inputs, 3, keys, None, [CheckpointKey("post_processing")])
     passes = [next(stream), next(stream)]

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
 __all__ = ["DecodeRun", "DecodePass", "DecodeBackend", "collect_run", "decode_passes", "iter_module_decode",
-           "iter_runner_decode", "KVRecorder", "KV_AUDIT_EVERY", "DECODE_HOLD_BYTES", "hold_weights", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
+           "iter_runner_decode", "KVRecorder", "KV_AUDIT_EVERY", "CHUNK_STEPS", "DECODE_HOLD_BYTES", "hold_weights", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
@@ -98,6 +98,8 @@ KV_AUDIT_EVERY = 64
 #: the most bytes of converted weights a streamed reference keeps for a whole decode (its layers,
 #: then its tables): Llama 3.2 1B is 9.9 GB in float64 (its 16 layers 7.7 GB), the 'small' model 33 MB
 DECODE_HOLD_BYTES = 2 * 2**30
+#: the most decode steps a greedy reference computes in one pass (:mod:`._decode_draft`)
+CHUNK_STEPS = 8
 #: the positions a step keeps as its "new entries": the new token's and the one before it, where a
 #: write off by one lands
 KV_TAIL = 2
@@ -222,10 +224,15 @@ def _cache_layers(cache: object) -> dict[int, tuple[torch.Tensor, torch.Tensor]]
     return out
 
 
-def _kept_kv(cache: object, recorder: KVRecorder) -> tuple[dict[int, LayerKV], dict[int, str]]:
+def _kept_kv(cache: object, recorder: KVRecorder, length: int | None = None
+             ) -> tuple[dict[int, LayerKV], dict[int, str]]:
     """What one pass keeps of a ``transformers`` cache, ``[batch, length, heads, dim]``, and its
-    spans: a layer kept whole is copied whole, one kept new only (its last positions) is copied alone."""
+    spans: a layer kept whole is copied whole, one kept new only (its last positions) is copied
+    alone. ``length``: the cache as it was after a step whose pass went further (its first
+    ``length`` positions; a plain cache, :mod:`._decode_draft`)."""
     held = _cache_layers(cache)
+    if length is not None:
+        held = {i: (k[:, :, :length], v[:, :, :length]) for i, (k, v) in held.items()}
     spans = recorder.spans_for({i: int(k.shape[2]) for i, (k, _) in held.items()})
 
     def own(t: torch.Tensor, whole: bool) -> torch.Tensor:
@@ -289,7 +296,8 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
                        inputs: ModelInputs, steps: int, tokens: np.ndarray | None,
                        wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture],
                        prefill_capture: Callable[[], ContextManager[object]] | None = None,
-                       context: Callable[[], ContextManager[object]] | None = None) -> Iterator[DecodePass]:
+                       context: Callable[[], ContextManager[object]] | None = None,
+                       draft: Callable[[], torch.nn.Module | None] | None = None) -> Iterator[DecodePass]:
     """Decode ``steps`` tokens through ``module``'s own cache (``past_key_values``), one
     :class:`DecodePass` yielded as each pass is done (nothing kept here between passes).
 
@@ -299,7 +307,12 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     seconds)`` turns a pass's checkpoints into a :class:`Capture`. ``tokens[:, s]`` is read only when
     step ``s + 1`` runs, so a caller streaming several backends may fill it as it goes. Each pass
     runs under ``torch.inference_mode()`` and ``context()`` (entered and left within the pass, never
-    across a ``yield``: several decodes may be interleaved).
+    across a yield: several decodes may be interleaved).
+
+    ``draft()``: a greedy decode may compute up to :data:`CHUNK_STEPS` steps in one pass, the
+    tokens after the first proposed by the module ``draft()`` returns (a cheaper copy; None: a step
+    a pass), each step's tensors and tokens the module's own (:mod:`._decode_draft`); its passes'
+    ``Capture.meta["chunk"]`` is ``[first step, steps kept, steps computed]``.
 
     Raises:
         ConfigurationError: (DF005) no tokens given and the module returns no logits to choose from.
@@ -309,6 +322,8 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     import time
 
     import torch
+
+    from ._decode_draft import GreedyDraft, accepted, cache_length, crop_cache, plain_cache
 
     try:
         params = inspect.signature(module.forward).parameters
@@ -320,14 +335,15 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     kv = KVRecorder(steps)
 
-    def forward(open_capture: Callable[[], ContextManager[object]], kw: dict[str, object]) -> tuple[object, Capture]:
+    def forward(open_capture: Callable[[], ContextManager[object]], kw: dict[str, object]
+                ) -> tuple[object, dict[CheckpointKey, Tensor], float]:
         with torch.inference_mode(), (context or contextlib.nullcontext)():
             start = time.perf_counter()
             with open_capture() as cap:
                 out = cap.run(module, **kw)  # type: ignore[attr-defined]
-            return out, wrap(dict(cap.tensors), time.perf_counter() - start)  # type: ignore[attr-defined]
+            return out, dict(cap.tensors), time.perf_counter() - start  # type: ignore[attr-defined]
 
-    out, got = forward(prefill_capture or capture, {**kwargs, "use_cache": True})
+    out, got, seconds = forward(prefill_capture or capture, {**kwargs, "use_cache": True})
     cache = _cache_of(out)
     if cache is None:
         raise BackendRuntimeError("the module returned no past_key_values, so it cannot decode through its cache",
@@ -336,10 +352,18 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     mask_np = mask.detach().cpu().numpy().astype(np.int64)
     with torch.inference_mode():
         kept = _kept_kv(cache, kv)
-    yield DecodePass(0, got, *kept, mask_np)
+    yield DecodePass(0, wrap(got, seconds), *kept, mask_np)
     logits = getattr(out, "logits", None)
     last = torch.from_numpy(last_token_index(mask_np)).to(device)
-    for s in range(steps):
+    drafter: GreedyDraft | None = None
+    if draft is not None and tokens is None and logits is not None and steps > 1 and plain_cache(cache):
+        copy = draft()
+        if copy is not None:
+            with contextlib.suppress(ValueError):  # its cache is not a plain one: a step a pass
+                drafter = GreedyDraft(copy, kwargs, cache_arg, offset)
+    fed_so_far: list[np.ndarray] = []  # every token fed after the prefill (the draft catches up with them)
+    s = 0
+    while s < steps:
         if tokens is not None:
             tok = torch.as_tensor(np.asarray(tokens)[:, s], dtype=torch.long, device=device)
         elif logits is not None:
@@ -349,16 +373,51 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
             raise ConfigurationError("the model returns no logits, so the decode tokens cannot be chosen",
                                      backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
         fed = tok.cpu().numpy().astype(np.int64)
+        n = min(CHUNK_STEPS, steps - s) if drafter is not None else 1
+        if n > 1:
+            start = time.perf_counter()
+            feed = np.concatenate([fed[:, None], drafter.propose([*fed_so_far, fed], n - 1)], axis=1)  # type: ignore[union-attr]
+            before = cache_length(cache)
+            wide = np.concatenate([mask_np, np.ones((mask_np.shape[0], n), np.int64)], axis=1)
+            positions = decode_positions(mask_np, offset) + np.arange(n)
+            out, got, seconds = forward(capture, {"input_ids": torch.from_numpy(feed).to(device),
+                                                  "attention_mask": torch.from_numpy(wide).to(device),
+                                                  "position_ids": torch.from_numpy(positions).to(device),
+                                                  cache_arg: cache, "use_cache": True})
+            wider = getattr(out, "logits", None)
+            cuts = all(t.dim() >= 2 and t.shape[0] == feed.shape[0] and t.shape[1] == n for t in got.values())
+            if wider is None or not cuts or _cache_of(out) is not cache or cache_length(cache) != before + n:
+                # a checkpoint that is not [batch, tokens, ...]: the pass dropped, a step a pass from here
+                crop_cache(cache, cache_length(cache) - before)
+                drafter = None
+                continue
+            m = accepted(feed, wider.float().argmax(-1).cpu().numpy())
+            crop_cache(cache, n - m)
+            seconds = (time.perf_counter() - start) / m  # the draft's proposals and the pass, per step kept
+            with torch.inference_mode():
+                for j in range(m):
+                    kept = _kept_kv(cache, kv, before + j + 1)
+                    one = {k: t[:, j:j + 1].clone() for k, t in got.items()}
+                    cap = wrap(one, seconds)
+                    cap.meta["chunk"] = [s + 1, m, n]
+                    yield DecodePass(s + j + 1, cap, *kept, wide[:, :mask_np.shape[1] + j + 1].copy(), feed[:, j].copy())
+            fed_so_far.extend(feed[:, j].copy() for j in range(m))
+            mask_np = wide[:, :mask_np.shape[1] + m].copy()
+            logits, last = wider[:, m - 1:m], torch.zeros(mask_np.shape[0], dtype=torch.long, device=device)
+            s += m
+            continue
         positions = torch.from_numpy(decode_positions(mask_np, offset)).to(device)
         mask_np = np.concatenate([mask_np, np.ones((mask_np.shape[0], 1), np.int64)], axis=1)
-        out, got = forward(capture, {"input_ids": tok[:, None], "attention_mask": torch.from_numpy(mask_np).to(device),
-                                     "position_ids": positions, cache_arg: cache, "use_cache": True})
+        out, got, seconds = forward(capture, {"input_ids": tok[:, None], "attention_mask": torch.from_numpy(mask_np).to(device),
+                                              "position_ids": positions, cache_arg: cache, "use_cache": True})
         cache = _cache_of(out)
         logits = getattr(out, "logits", None)
         with torch.inference_mode():
             kept = _kept_kv(cache, kv)
-        yield DecodePass(s + 1, got, *kept, mask_np, fed)
+        yield DecodePass(s + 1, wrap(got, seconds), *kept, mask_np, fed)
+        fed_so_far.append(fed)
         last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
+        s += 1
 
 
 def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps: int, keys: Sequence[CheckpointKey],

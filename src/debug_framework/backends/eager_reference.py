@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ContextManager
 
-from ..errors import BackendInitializationError
+from ..errors import BackendInitializationError, ModelLoadingError
 from ..modelio.loader import LoadedModel
 from ._attention_rows import QUERY_ROWS, attention_in_row_blocks
 from ._streamed_layers import NoNarrowing
@@ -27,6 +27,7 @@ from .torch_module import TORCH_DTYPES
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
     from ..capture.keys import Capture
     from ..jsonio import JsonObject
@@ -35,7 +36,11 @@ if TYPE_CHECKING:
     from .decode import DecodePass, DecodeRun
 
 
-__all__ = ["EagerReferenceBackend", "DECODE_HOLD_BYTES", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
+#: the largest float32 copy of a model the float64 reference's greedy decode builds as its draft
+#: (:meth:`EagerReferenceBackend._decode_draft`); a larger model decodes a step a pass
+DRAFT_BYTES = 512 * 2**20
+
+__all__ = ["EagerReferenceBackend", "DECODE_HOLD_BYTES", "DRAFT_BYTES", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
 
 
 class EagerReferenceBackend(PyTorchBackend):
@@ -67,10 +72,12 @@ class EagerReferenceBackend(PyTorchBackend):
         self._whole = False
         #: its attention runs a block of query rows at a time (:mod:`._attention_rows`)
         self.row_blocks = False
+        self._loaded: LoadedModel | None = None
 
     def prepare(self, model: LoadedModel, dtype: str | None = None, device: str | None = None) -> None:
         self.builder = functools.partial(build_hf_model, stream=True)
         self.stream_note = ""
+        self._loaded = model
         try:
             super().prepare(model, dtype, device)
         except BackendInitializationError as exc:
@@ -181,6 +188,21 @@ class EagerReferenceBackend(PyTorchBackend):
 
     def _decode_context(self) -> ContextManager[object]:
         return self._exact()
+
+    def _decode_draft(self) -> torch.nn.Module | None:
+        """In float64, a float32 copy of the model (its own eager code, built anew from the weights)
+        where it takes at most :data:`DRAFT_BYTES`: its greedy tokens let the decode compute several
+        steps a pass, every step's tensors still this backend's own (:mod:`._decode_draft`)."""
+        import torch
+
+        if self.dtype != "float64" or self.device != "cpu" or self.module is None or self._loaded is None:
+            return None
+        if sum(p.numel() for p in self.module.parameters()) * 4 > DRAFT_BYTES:
+            return None
+        try:
+            return build_hf_model(self._loaded, torch.float32, "cpu").eval()
+        except (BackendInitializationError, ModelLoadingError, RuntimeError, ValueError):
+            return None  # no draft: a step a pass, as without one
 
     def run_decode_layer(self, *args: Any, **kwargs: Any) -> Capture:
         with self._exact():

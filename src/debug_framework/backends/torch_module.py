@@ -310,11 +310,17 @@ class TorchModuleBackend(BaseBackend):
 
         return iter_module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
                                   inputs, steps, tokens, wrap, lambda: HookCapture(self.module, at_prefill),
-                                  self._decode_context)
+                                  self._decode_context, self._decode_draft)
 
     def _decode_context(self) -> ContextManager[object]:
         """What each pass of :meth:`iter_decode` runs under (nothing here; the float64 reference's exactness)."""
         return contextlib.nullcontext()
+
+    def _decode_draft(self) -> torch.nn.Module | None:
+        """The cheaper copy of the module whose greedy tokens let :meth:`iter_decode` compute several
+        steps a pass (:mod:`._decode_draft`); None here: a backend under test decodes a step a pass
+        (its decode is what is judged), only a reference may do otherwise."""
+        return None
 
     def run_decode_layer(self, i: int, hidden_in: HiddenState, inputs: ModelInputs, step: int, tokens: np.ndarray) -> Capture:
         """Layer ``i`` at decode ``step`` on ``hidden_in`` ``[B, 1, D]``: the prefill and the earlier

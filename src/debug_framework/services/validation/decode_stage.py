@@ -135,8 +135,9 @@ class DecodeStage(Stage):
             stop = plan.config.stop_at_first_divergence
             walls: list[float] = []  # each decode step's wall time: its passes and its judgement
             cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
+            chunks = {"passes": 0, "steps": 0, "computed": 0}  # the reference's passes of several steps
             # one watchdog of the session's time limit over the whole loop, not one thread per pass
-            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus)))
+            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus), chunks))
         finally:
             for stream in [s for _, s, _ in sides] + ([ahead] if isinstance(ahead, AheadStream) else []):
                 close = getattr(stream, "close", None)  # an ahead stream read whole first is closed here too
@@ -152,6 +153,7 @@ class DecodeStage(Stage):
                       "step_cpu_s": cpus,
                       "steps_run": done,
                       "reference_process": self._ahead_record(ahead),
+                      "reference_chunks": chunks if chunks["passes"] else None,
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}
         kept = walk.kept
@@ -166,15 +168,23 @@ class DecodeStage(Stage):
             ctx.decode_inputs = step_inputs(ctx, kept, tokens)
 
     def _steps(self, ctx: RunContext, sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]], walk: DecodeWalk,
-               tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]]) -> int:
+               tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]],
+               chunks: dict[str, int]) -> int:
         """The prefill and the decode steps, each step's passes taken from ``sides`` (the reference's
         first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
-        step's wall and CPU time appended to ``times``; the last step run."""
+        step's wall and CPU time appended to ``times``, the reference's passes of several steps
+        counted in ``chunks`` (``Capture.meta["chunk"]``: passes, steps kept, steps computed); the
+        last step run."""
         done = 0
         steps = walk.steps
         for s in range(steps + 1):
             started, cpu = time.perf_counter(), time.process_time()
             passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
+            chunk = passes[0].capture.meta.get("chunk")
+            if chunk and chunk[0] == s:  # the first step of a reference's pass over several
+                chunks["passes"] += 1
+                chunks["steps"] += int(chunk[1])
+                chunks["computed"] += int(chunk[2])
             if greedy and s:
                 tokens[:, s - 1] = passes[0].token
                 for _, _, fed in sides[1:]:

@@ -1,0 +1,114 @@
+"""The float64 reference's greedy decode computes several steps a pass, a draft proposing the
+tokens after the first (backends/_decode_draft.py): the same tokens, masks and cache spans as a step
+a pass, every tensor within float64's last bits, whatever the draft proposes; a checkpoint that is
+not ``[batch, tokens, ...]`` or a cache that is not plain falls back to a step a pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from debug_framework.backends import get_backend
+from debug_framework.backends.decode import CHUNK_STEPS
+from debug_framework.backends.eager_reference import EagerReferenceBackend
+from debug_framework.backends.pytorch import build_hf_model
+from debug_framework.capture.keys import all_checkpoints
+from debug_framework.modelio.inputs import ModelInputs
+from debug_framework.modelio.loader import load_model
+
+STEPS = 2 * CHUNK_STEPS + 3
+
+
+def _decode(model, inputs, draft):
+    """Every pass of the reference's greedy decode, ``draft`` its ``_decode_draft`` (None: its own)."""
+    backend = get_backend("float64_eager")
+    backend.prepare(model, "float64", "cpu")
+    if draft is not None:
+        backend._decode_draft = draft
+    keys = all_checkpoints(model.num_layers, model.router_layers)
+    return list(backend.iter_decode(inputs, STEPS, keys, None, None))
+
+
+def _same_decode(chunked, stepwise) -> None:
+    assert [p.step for p in chunked] == [p.step for p in stepwise] == list(range(STEPS + 1))
+    for a, b in zip(chunked, stepwise):
+        assert (a.token is None) == (b.token is None)
+        assert a.token is None or np.array_equal(a.token, b.token), a.step
+        assert np.array_equal(a.mask, b.mask) and a.span == b.span, a.step
+        assert set(a.capture.tensors) == set(b.capture.tensors) and set(a.kv) == set(b.kv)
+        assert all(t.is_contiguous() for t in a.capture.tensors.values())  # each step's own memory
+        pairs = [(a.capture[k], b.capture[k]) for k in b.capture.tensors]
+        pairs += [(a.kv[i][j], b.kv[i][j]) for i in b.kv for j in (0, 1)]
+        for x, y in pairs:
+            assert x.shape == y.shape
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12 * float(y.abs().max()))
+
+
+@pytest.fixture(scope="module")
+def padded():
+    """A tiny Llama's inputs, the second row left-padded."""
+    def make(model):
+        return ModelInputs.random(model.config.vocab_size, batch=2, length=6, seed=3, pad_lengths=[0, 2])
+    return make
+
+
+def test_a_greedy_float64_decode_computes_several_steps_a_pass_and_the_same_steps(tiny_models, padded):
+    model = load_model(str(tiny_models("llama", 0)))
+    inputs = padded(model)
+    chunked = _decode(model, inputs, None)
+    stepwise = _decode(model, inputs, lambda: None)
+    _same_decode(chunked, stepwise)
+    spans = {tuple(p.capture.meta["chunk"]) for p in chunked[1:]}
+    assert all(n <= CHUNK_STEPS and 1 <= m <= n for _, m, n in spans)
+    assert len(spans) < STEPS // 2  # most passes computed several steps (the draft is the model itself in float32)
+    assert "chunk" not in stepwise[1].capture.meta
+
+
+def test_a_draft_that_proposes_other_tokens_changes_nothing_but_the_passes(tiny_models, padded):
+    """The draft another model (other weights): its proposals mostly refused, each refused step's
+    cache positions dropped; the decode is still the reference's own, step for step."""
+    model, other = load_model(str(tiny_models("llama", 0))), load_model(str(tiny_models("llama", 1)))
+    inputs = padded(model)
+    chunked = _decode(model, inputs, lambda: build_hf_model(other, torch.float32, "cpu").eval())
+    _same_decode(chunked, _decode(model, inputs, lambda: None))
+    chunks = [p.capture.meta.get("chunk") for p in chunked[1:]]
+    refused = [c for c in chunks if c and c[1] < c[2]]
+    assert refused  # some proposals refused: the crop path ran
+
+
+def test_a_mixture_of_experts_router_checkpoint_falls_back_to_a_step_a_pass(tiny_models, padded):
+    """Its router logits are ``[tokens, experts]``, not ``[batch, tokens, ...]``: not cut, a step a pass."""
+    model = load_model(str(tiny_models("qwen3_moe", 0)))
+    assert model.router_layers
+    inputs = padded(model)
+    chunked = _decode(model, inputs, None)
+    assert all("chunk" not in p.capture.meta for p in chunked)
+    _same_decode(chunked, _decode(model, inputs, lambda: None))
+
+
+def test_a_sliding_window_cache_is_decoded_a_step_a_pass(tiny_models, padded):
+    model = load_model(str(tiny_models("mistral", 0)))
+    passes = _decode(model, padded(model), None)
+    assert all("chunk" not in p.capture.meta for p in passes)
+
+
+def test_only_the_float64_reference_builds_a_draft(tiny_models):
+    model = load_model(str(tiny_models("llama", 0)))
+    ref = EagerReferenceBackend()
+    ref.prepare(model, "float64", "cpu")
+    assert ref._decode_draft() is not None
+    cal = EagerReferenceBackend()
+    cal.prepare(model, "float32", "cpu")  # the calibration at the alternative's precision: its decode is judged as is
+    assert cal._decode_draft() is None
+    alt = get_backend("pytorch")
+    alt.prepare(model, "float32", "cpu")
+    assert alt._decode_draft() is None  # a backend under test decodes a step a pass
+
+
+def test_a_session_records_the_references_passes_of_several_steps(tiny_models, engine):
+    config = {"decode_steps": STEPS, "isolate": False, "precision_diagnosis": False, "input_shape": [2, 5]}
+    result = engine.run(engine.create_session(tiny_models("llama"), config, "float64_eager", "pytorch"))
+    chunks = result.decoded.info["reference_chunks"]
+    assert result.passed and chunks["passes"] >= 2
+    assert chunks["passes"] < chunks["steps"] <= chunks["computed"] <= STEPS + chunks["passes"] * CHUNK_STEPS
