@@ -21,7 +21,11 @@ in the same run.
   session's process and its growth during the session, beside plain greedy's process. Where the
   reference's decode runs ahead in a process of its own (two CPUs or more: docs/validation.md,
   "Decode steps"), that process's peak memory and CPU time per step are printed too, and the
-  CPU time per step of the whole session counts both processes.
+  CPU time per step of the whole session counts both processes. Where the reference computed
+  several steps a pass (docs/validation.md, "Decode steps"), how many steps in how many passes.
+  From the second count on, one more step of the *whole* session (its store stage and result
+  included: the session at this count minus the one before, over the steps between), beside plain
+  greedy's step: what a user timing whole sessions sees.
 
 Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
@@ -150,7 +154,10 @@ def one_session(path: Path, root: Path, batch: int, length: int, steps: int) -> 
     child = info.get("reference_process") or {}  # the reference's decode in a process of its own
     child_peak = float(child.get("peak_rss_bytes") or 0) if child.get("ahead") else 0.0  # type: ignore[union-attr, arg-type]
     walls, cpus = info.get("step_wall_s") or [], info.get("step_cpu_s") or []
-    return {"stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
+    chunks = info.get("reference_chunks") or {}  # the reference's passes of several steps
+    return {"chunk_passes": float(chunks.get("passes", 0)), "chunk_steps": float(chunks.get("steps", 0)),  # type: ignore[union-attr]
+            "chunk_computed": float(chunks.get("computed", 0)),  # type: ignore[union-attr]
+            "stage_s": float(result.performance["decode_s"]), "session_s": elapsed, "peak_bytes": float(peak),
             "growth_bytes": float(max(0, peak - before)), "step_s": [float(t) for t in walls],  # type: ignore[arg-type, union-attr]
             "step_cpu_s": [float(t) for t in cpus],  # type: ignore[arg-type, union-attr]
             "cpu_per_step_s": (cpu_all - cpu_one) / max(1, steps - 1), "child_peak_bytes": child_peak,
@@ -208,6 +215,7 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
         path = build(size, root / "llama")
         low = 1
         seen: list[tuple[int, float, float, float, float]] = []  # (steps, ms per step, ratio to plain, peak bytes, the child's)
+        session_before = 0.0  # the session at the count before (0: none yet)
         for n in counts:  # each count printed as soon as its session is done
             run = tool(path, root, batch, length, n)
             plain, steps = run["plain_step_s"], run["step_s"]
@@ -225,6 +233,14 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             child = (f"; the reference's own process: peak {child_peak / 2**20:.0f} MiB, CPU {child_cpu * 1e3:.2f} ms "
                      "per step" if child_peak else "; the reference in this process")
             mine_cpu, base_cpu = sum(step_cpu[low:n]) / (n - low), sum(plain_cpu[low:n]) / (n - low)
+            if run["chunk_passes"]:
+                child += (f"; the reference computed {run['chunk_steps']:.0f} steps in {run['chunk_passes']:.0f} passes of "
+                          f"several ({run['chunk_computed']:.0f} computed)")
+            whole = float(run["session_s"])  # type: ignore[arg-type]
+            if session_before:  # what a user timing whole sessions sees: its store and its report included
+                child += (f"; whole session: one more step {(whole - session_before) / (n - low) * 1e3:.2f} ms, "
+                          f"{(whole - session_before) / (n - low) / base:.1f}x plain greedy's")
+            session_before = whole
             print(f"steps {low + 1}..{n}: the tool {mine * 1e3:.2f} ms per decode step, plain greedy "
                   f"{base * 1e3:.2f} ms: {mine / base:.1f}x (with transformers' default sdpa attention "
                   f"{base_sdpa * 1e3:.2f} ms: {mine / base_sdpa:.1f}x); CPU time {mine_cpu * 1e3:.2f} ms against {base_cpu * 1e3:.2f} ms: "
