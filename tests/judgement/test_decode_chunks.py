@@ -112,3 +112,26 @@ def test_a_session_records_the_references_passes_of_several_steps(tiny_models, e
     chunks = result.decoded.info["reference_chunks"]
     assert result.passed and chunks["passes"] >= 2
     assert chunks["passes"] < chunks["steps"] <= chunks["computed"] <= STEPS + chunks["passes"] * CHUNK_STEPS
+
+
+def test_the_draft_counts_new_memory_only_for_tensors_not_stored_in_float32(tiny_models, tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from debug_framework.backends import eager_reference
+
+    src = tiny_models("llama", 0)
+    narrow = tmp_path / "bf16"
+    shutil.copytree(src, narrow)
+    for f in narrow.glob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
+    wide, bf16 = load_model(str(src)), load_model(str(narrow))
+    assert eager_reference._draft_bytes(wide) == 0  # float32 tensors: the file's pages, mapped
+    elements = sum(t.numel() for f in narrow.glob("*.safetensors") for t in load_file(f).values())
+    assert eager_reference._draft_bytes(bf16) == 4 * elements
+    monkeypatch.setattr(eager_reference, "DRAFT_BYTES", 4 * elements - 1)
+    for model, built in ((wide, True), (bf16, False)):
+        ref = EagerReferenceBackend()
+        ref.prepare(model, "float64", "cpu")
+        assert (ref._decode_draft() is not None) is built

@@ -43,6 +43,18 @@ DRAFT_BYTES = 512 * 2**20
 __all__ = ["EagerReferenceBackend", "DECODE_HOLD_BYTES", "DRAFT_BYTES", "NoNarrowing", "FLOAT64_EAGER", "FROM_MATH", "reference_for", "oracle_for"]
 
 
+def _draft_bytes(model: LoadedModel) -> int:
+    """The new memory a float32 copy of ``model`` takes: 4 bytes an element of every tensor the
+    weights do not store in float32 (those are mapped, not copied); every tensor counted where the
+    weights do not say their dtypes."""
+    import math
+
+    weights = model.weights
+    if not hasattr(weights, "dtype_name") or not hasattr(weights, "shape"):
+        return sum(4 * math.prod(getattr(weights[n], "shape", ())) for n in weights)
+    return sum(4 * math.prod(weights.shape(n)) for n in weights if str(weights.dtype_name(n)).upper() != "F32")
+
+
 class EagerReferenceBackend(PyTorchBackend):
     """The model's own eager code on the CPU: float64 by default (the reference); float32, float16
     or bfloat16 as the calibration run at the alternative's precision. In float64 the whole
@@ -191,13 +203,15 @@ class EagerReferenceBackend(PyTorchBackend):
 
     def _decode_draft(self) -> torch.nn.Module | None:
         """In float64, a float32 copy of the model (its own eager code, built anew from the weights)
-        where it takes at most :data:`DRAFT_BYTES`: its greedy tokens let the decode compute several
-        steps a pass, every step's tensors still this backend's own (:mod:`._decode_draft`)."""
+        where its new memory is at most :data:`DRAFT_BYTES`: its greedy tokens let the decode compute
+        several steps a pass, every step's tensors still this backend's own (:mod:`._decode_draft`).
+        Tensors the weights store in float32 take no new memory (the file's pages, mapped
+        copy-on-write, as every backend's model maps them); the others take 4 bytes an element."""
         import torch
 
         if self.dtype != "float64" or self.device != "cpu" or self.module is None or self._loaded is None:
             return None
-        if sum(p.numel() for p in self.module.parameters()) * 4 > DRAFT_BYTES:
+        if _draft_bytes(self._loaded) > DRAFT_BYTES:
             return None
         try:
             return build_hf_model(self._loaded, torch.float32, "cpu").eval()
