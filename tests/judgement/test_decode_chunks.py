@@ -135,3 +135,25 @@ def test_the_draft_counts_new_memory_only_for_tensors_not_stored_in_float32(tiny
         ref = EagerReferenceBackend()
         ref.prepare(model, "float64", "cpu")
         assert (ref._decode_draft() is not None) is built
+
+
+@pytest.mark.parametrize("fails_at", [1, CHUNK_STEPS + 1])
+def test_a_draft_that_fails_leaves_a_step_a_pass(tiny_models, padded, fails_at):
+    """Its prefill (call 1) or its second proposal (a call after the first 7) raises: the decode goes
+    on a step a pass from there."""
+    model = load_model(str(tiny_models("llama", 0)))
+
+    def failing():
+        net = build_hf_model(model, torch.float32, "cpu").eval()
+        calls = []
+
+        def hook(*_):
+            calls.append(1)
+            if len(calls) == fails_at:
+                raise RuntimeError("the draft broke")
+        net.register_forward_pre_hook(hook)
+        return net
+    inputs = padded(model)
+    passes = _decode(model, inputs, failing)
+    _same_decode(passes, _decode(model, inputs, lambda: None))
+    assert any("chunk" in p.capture.meta for p in passes) is (fails_at > 1)

@@ -359,7 +359,8 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     if draft is not None and tokens is None and logits is not None and steps > 1 and plain_cache(cache):
         copy = draft()
         if copy is not None:
-            with contextlib.suppress(ValueError):  # its cache is not a plain one: a step a pass
+            # its cache not a plain one, or its prefill failing: a step a pass (the draft only ever saves time)
+            with contextlib.suppress(RuntimeError, ValueError, TypeError, IndexError):
                 drafter = GreedyDraft(copy, kwargs, cache_arg, offset)
     fed_so_far: list[np.ndarray] = []  # every token fed after the prefill (the draft catches up with them)
     s = 0
@@ -376,7 +377,12 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
         n = min(CHUNK_STEPS, steps - s) if drafter is not None else 1
         if n > 1:
             start = time.perf_counter()
-            feed = np.concatenate([fed[:, None], drafter.propose([*fed_so_far, fed], n - 1)], axis=1)  # type: ignore[union-attr]
+            try:
+                proposed = drafter.propose([*fed_so_far, fed], n - 1)  # type: ignore[union-attr]
+            except (RuntimeError, ValueError, TypeError, IndexError):  # the draft fails: a step a pass from here
+                drafter = None
+                continue
+            feed = np.concatenate([fed[:, None], proposed], axis=1)
             before = cache_length(cache)
             wide = np.concatenate([mask_np, np.ones((mask_np.shape[0], n), np.int64)], axis=1)
             positions = decode_positions(mask_np, offset) + np.arange(n)
