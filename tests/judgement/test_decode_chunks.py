@@ -134,7 +134,16 @@ def test_the_draft_counts_new_memory_only_for_tensors_not_stored_in_float32(tiny
     for model, built in ((wide, True), (bf16, False)):
         ref = EagerReferenceBackend()
         ref.prepare(model, "float64", "cpu")
-        assert (ref._decode_draft() is not None) is built
+        draft = ref._decode_draft()
+        assert (draft is not None) is built
+    name = "model.layers.0.mlp.down_proj.weight"  # the float32 draft's tensor is the shared mapping's: counted once
+    assert draft_of(wide).get_parameter(name).data_ptr() == wide.weights.reading(name).data_ptr()
+
+
+def draft_of(model):
+    ref = EagerReferenceBackend()
+    ref.prepare(model, "float64", "cpu")
+    return ref._decode_draft()
 
 
 @pytest.mark.parametrize("fails_at", [1, CHUNK_STEPS + 1])

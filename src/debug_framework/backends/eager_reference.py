@@ -45,12 +45,13 @@ __all__ = ["EagerReferenceBackend", "DECODE_HOLD_BYTES", "DRAFT_BYTES", "NoNarro
 
 def _draft_bytes(model: LoadedModel) -> int:
     """The new memory a float32 copy of ``model`` takes: 4 bytes an element of every tensor the
-    weights do not store in float32 (those are mapped, not copied); every tensor counted where the
-    weights do not say their dtypes."""
+    weights do not store in float32 (those are the shared mapping's, not copied); every tensor
+    counted where the weights do not say their dtypes or load through ``transformers``' own loader."""
     import math
 
     weights = model.weights
-    if not hasattr(weights, "dtype_name") or not hasattr(weights, "shape"):
+    if getattr(model.config, "weights_renamed", False) or not hasattr(weights, "dtype_name") or \
+            not hasattr(weights, "shape"):  # loaded through transformers' own loader: a copy of every tensor
         return sum(4 * math.prod(getattr(weights[n], "shape", ())) for n in weights)
     return sum(4 * math.prod(weights.shape(n)) for n in weights if str(weights.dtype_name(n)).upper() != "F32")
 
@@ -205,8 +206,8 @@ class EagerReferenceBackend(PyTorchBackend):
         """In float64, a float32 copy of the model (its own eager code, built anew from the weights)
         where its new memory is at most :data:`DRAFT_BYTES`: its greedy tokens let the decode compute
         several steps a pass, every step's tensors still this backend's own (:mod:`._decode_draft`).
-        Tensors the weights store in float32 take no new memory (the file's pages, mapped
-        copy-on-write, as every backend's model maps them); the others take 4 bytes an element."""
+        Tensors the weights store in float32 take no new memory (the pages of the mapping the
+        loaded weights' readers share, read only); the others take 4 bytes an element."""
         import torch
 
         if self.dtype != "float64" or self.device != "cpu" or self.module is None or self._loaded is None:
@@ -214,7 +215,7 @@ class EagerReferenceBackend(PyTorchBackend):
         if _draft_bytes(self._loaded) > DRAFT_BYTES:
             return None
         try:
-            return build_hf_model(self._loaded, torch.float32, "cpu").eval()
+            return build_hf_model(self._loaded, torch.float32, "cpu", shared=True).eval()
         except (BackendInitializationError, ModelLoadingError, RuntimeError, ValueError):
             return None  # no draft: a step a pass, as without one
 

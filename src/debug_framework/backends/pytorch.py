@@ -74,7 +74,7 @@ def _own_tensor(mine: Any, name: str, stored: torch.Tensor, dtype: torch.dtype) 
 
 
 def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, device: str = "cpu", *,
-                   stream: bool = False) -> torch.nn.Module:
+                   stream: bool = False, shared: bool = False) -> torch.nn.Module:
     """The ``transformers`` eager model for ``model`` (``BertModel`` / ``*ForCausalLM``) with its weights.
 
     With ``stream`` (on the CPU), the parameters of the model's repeated layers and of its large
@@ -82,6 +82,10 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     floating dtype, read-only, and become ``dtype`` as they are used, one layer at a time
     (:mod:`._streamed_layers`); the model's ``streamer`` attribute holds the layers' hooks. Such a
     model must never be written in place.
+
+    With ``shared``, the tensors the weights already store in ``dtype`` are those of the mapping the
+    loaded weights' readers share (pages counted once), not a copy-on-write mapping of the model's
+    own: only for a model that never writes its weights (the reference's draft).
 
     Raises:
         BackendInitializationError: transformers is missing (DF002).
@@ -99,7 +103,7 @@ def build_hf_model(model: LoadedModel, dtype: torch.dtype = torch.float32, devic
     params = {n for n, _ in net.named_parameters(remove_duplicate=False)}
     # the tensors this model keeps at the file's dtype are its own: a store no other model reads
     weights = model.weights
-    mine = weights if getattr(weights, "private", False) else getattr(weights, "fork", lambda: None)()
+    mine = weights if shared or getattr(weights, "private", False) else getattr(weights, "fork", lambda: None)()
     streamed: list[str] = []
     state: dict[str, Any] = {}
     for name, slot in own.items():
