@@ -400,13 +400,16 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
             m = accepted(feed, wider.float().argmax(-1).cpu().numpy())
             crop_cache(cache, n - m)
             seconds = (time.perf_counter() - start) / m  # the draft's proposals and the pass, per step kept
-            with torch.inference_mode():
+            made: list[DecodePass] = []
+            with torch.inference_mode():  # left before any yield, as every pass's
                 for j in range(m):
                     kept = _kept_kv(cache, kv, before + j + 1)
-                    one = {k: t[:, j:j + 1].clone() for k, t in got.items()}
-                    cap = wrap(one, seconds)
+                    cap = wrap({k: t[:, j:j + 1].clone() for k, t in got.items()}, seconds)
                     cap.meta["chunk"] = [s + 1, m, n]
-                    yield DecodePass(s + j + 1, cap, *kept, wide[:, :mask_np.shape[1] + j + 1].copy(), feed[:, j].copy())
+                    made.append(DecodePass(s + j + 1, cap, *kept, wide[:, :mask_np.shape[1] + j + 1].copy(),
+                                           feed[:, j].copy()))
+            del got
+            yield from made
             fed_so_far.extend(feed[:, j].copy() for j in range(m))
             mask_np = wide[:, :mask_np.shape[1] + m].copy()
             logits, last = wider[:, m - 1:m], torch.zeros(mask_np.shape[0], dtype=torch.long, device=device)
