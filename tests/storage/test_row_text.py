@@ -60,3 +60,12 @@ def test_a_row_s_json_columns_are_to_json_s_text():
     assert values["rmse"] is None and values["max_abs_error"] == 0.25 and values["passed"] == 0
     with pytest.raises(TypeError):  # keys that do not sort: as to_json itself refuses them
         result_row_values("s1", {**result, 7: "x"}, "post_mlp", 1, None, None, "now")
+
+
+def test_a_container_holding_itself_is_refused_as_to_json_refuses_it():
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular"):
+        to_json({"a": loop})
+    with pytest.raises(ValueError, match="Circular"):
+        json_members({"a": loop})

@@ -12,7 +12,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from json.encoder import encode_basestring_ascii
+from json.encoder import c_make_encoder, encode_basestring_ascii
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -78,6 +78,11 @@ def _value_text(value: object) -> str:
         return "true" if value else "false"
     if t is int:
         return _int_text(value)  # type: ignore[arg-type]
+    if c_make_encoder is not None and (t is list or t is dict or t is tuple):
+        # the encoder's own C loop, as JSONEncoder.encode builds it (without its Python frames):
+        # circular references told (a fresh markers dict), the default, ASCII, separators, keys sorted, NaN kept
+        return "".join(c_make_encoder({}, _json_default, encode_basestring_ascii, None, ": ", ", ",
+                                      True, False, True)(value, 0))
     return _CONTAINER_ENCODER.encode(value)
 
 
