@@ -20,12 +20,13 @@ during the decode (restored after). The child dies with this process.
 A pass crosses as bytes, never a pickle: one JSON header (checkpoint keys, dtypes, shapes, sizes),
 then each tensor's raw bytes, one after the other (their sizes are the header's), written in one
 ``writev`` and received in one ``readv`` straight into each tensor's memory of its own
-(:func:`send_pass`, :func:`receive_pass`; the pipe taking or giving part of them, the rest follows). Where the child fails (the reference raised), dies, or is stuck (alive, no
-CPU used for :data:`_STUCK_S` while this process waits), this process stops it, opens the
-reference's stream itself, runs it to the step the child reached and goes on in process: a
-reference's error is raised here as the reference's own, and a lost child costs time, never a
-verdict (a run here that chooses another token than the child did is refused, DF005). Where the
-fork fails, the reference decodes in this process.
+(:func:`send_pass`, :func:`receive_pass`; the pipe taking or giving part of them, the rest follows).
+Where the child fails (the reference raised), dies, or is stuck (alive, no CPU used for
+:data:`_STUCK_S` while this process waits), this process stops it, opens the reference's stream
+itself, runs it to the step the child reached and goes on in process: a reference's error is
+raised here as the reference's own, and a lost child costs time, never a verdict (a run here that
+chooses another token than the child did is refused, DF005). Where the fork fails, the reference
+decodes in this process.
 """
 
 from __future__ import annotations
