@@ -72,3 +72,39 @@ def test_a_failing_stage_keeps_the_rows_each_written_once(tiny_llama, db_path, c
     stored = engine.db.checkpoints.for_session(sid)
     assert stored and all(r["passed"] for r in stored) and set(writes.values()) == {1}
     assert engine.db.sessions.get(sid)["status"] == "error"
+
+
+def test_a_decode_s_evidence_is_judged_once_after_its_stage(tiny_llama, db_path, counted):
+    """The decode stage judges its evidence; the store stage writes that verdict, not judged again."""
+    calls, writes = counted
+    engine = ValidationEngine(db_path)
+    sid = engine.create_session(tiny_llama, {"isolate": False, "input_shape": [1, 8], "decode_steps": 2},
+                                "float64_eager", "pytorch")
+    result = engine.run(sid)
+    assert result.verdict == "passed" and any(r.step == 2 for r in result.results)
+    assert calls["judge"] == 1, calls
+    assert len(writes) == len(result.results) and set(writes.values()) == {1}
+
+
+def test_the_verdict_is_judged_anew_once_the_evidence_changes():
+    """:func:`evidence_state` tells the same evidence from evidence a stage added to or replaced."""
+    from dataclasses import replace
+
+    from debug_framework.capture.keys import CheckpointKey
+    from debug_framework.comparison import ComparisonResult, Tolerance
+    from debug_framework.services.validation.context import evidence_state
+    from debug_framework.services.validation.evidence import CheckpointEvidence, Evidence, KVEvidence
+
+    comparison = ComparisonResult(True, None, Tolerance(rtol=0.0, atol=0.0))
+    ev = CheckpointEvidence(CheckpointKey("post_mlp", 0), comparison)
+    evidence, plan = Evidence(checkpoints=[ev]), object()
+    before = evidence_state(evidence, plan)
+    assert before.same_as(evidence_state(evidence, plan))
+    ev.noise = comparison  # a slot set anew
+    assert not before.same_as(now := evidence_state(evidence, plan))
+    evidence.kv_cache.append(KVEvidence(1, 0, "k", comparison, None, 1.0))  # a list appended to
+    assert not now.same_as(later := evidence_state(evidence, plan))
+    evidence.isolation_note = "replaced"  # a field set anew
+    assert not later.same_as(evidence_state(evidence, plan))
+    assert not later.same_as(evidence_state(replace(evidence), plan))  # another record, same members
+    assert not evidence_state(evidence, plan).same_as(evidence_state(evidence, object()))  # another plan

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -210,3 +211,40 @@ def test_only_a_class_that_declares_it_runs_ahead():
     class Inherits(EagerReferenceBackend):
         pass
     assert capabilities(EagerReferenceBackend()).decode_ahead and not capabilities(Inherits()).decode_ahead
+
+
+def test_a_pass_crosses_in_one_writev_and_survives_partial_writes_and_reads(monkeypatch):
+    """The header and every tensor go in one ``writev``; where the pipe takes or gives a few bytes
+    at a time, the rest follows from the first byte not moved (a pass larger than the pipe, from a
+    thread, the same way)."""
+    import threading
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    p = DecodePass(step=2, capture=Capture(tensors={CheckpointKey("post_mlp", 0): x,
+                                                    CheckpointKey("post_processing"): x.half()}),
+                   kv={0: (x, x + 1)}, span={0: "new"}, mask=np.ones((3, 2), np.int64), token=np.array([1, 2, 3]))
+    writes = []
+    writev, readv = os.writev, os.readv
+    monkeypatch.setattr(decode_ahead.os, "writev", lambda fd, bufs: writes.append(len(bufs)) or writev(fd, bufs))
+    got = _crossed(p)
+    assert writes == [2 + len(p.capture.tensors) + 2 + 2]  # length, header, 4 tensors, mask, token
+    assert torch.equal(got.capture.tensors[CheckpointKey("post_mlp", 0)], x) and torch.equal(got.kv[0][1], x + 1)
+
+    def trickle(call):  # at most 7 bytes of the first buffer per call
+        return lambda fd, bufs: call(fd, [bufs[0][:7]])
+    monkeypatch.setattr(decode_ahead.os, "writev", trickle(writev))
+    monkeypatch.setattr(decode_ahead.os, "readv", trickle(readv))
+    got = _crossed(p)
+    assert torch.equal(got.capture.tensors[CheckpointKey("post_processing")], x.half())
+    assert np.array_equal(got.token, p.token) and np.array_equal(got.mask, p.mask)
+
+    monkeypatch.setattr(decode_ahead.os, "writev", writev)
+    monkeypatch.setattr(decode_ahead.os, "readv", readv)
+    big = torch.randn(2, 300_000, generator=g, dtype=torch.float64)  # 4.8 MB: more than the pipe holds
+    theirs, ours = decode_ahead._channel()
+    sender = threading.Thread(target=send_pass, args=(ours, replace(p, kv={0: (big, big * 2)})))
+    sender.start()
+    got = receive_pass(json.loads(theirs.recv_bytes()), theirs)
+    sender.join()
+    assert torch.equal(got.kv[0][0], big) and torch.equal(got.kv[0][1], big * 2) and not theirs.poll(0)

@@ -197,6 +197,10 @@ class HookCapture:
         skip: modules that do not run: each returns the hidden state it was given (the layers before
             a replayed one, whose outputs the replay replaces anyway; the caller checks once that
             skipping gives the same replay, see ``TorchModuleBackend``).
+        modules: ``dict(root.named_modules())``, where the caller already has it: every name is
+            looked up there instead of walking the model again on each entry (a decode enters a
+            capture once a pass: it computes the map once for all of them). It must be the model's
+            modules as they are: a caller that adds or replaces a submodule computes it anew.
     """
 
     def __init__(
@@ -209,8 +213,10 @@ class HookCapture:
         stop_after: str | None = None,
         replace_output: tuple[str, torch.Tensor] | None = None,
         skip: Iterable[str] = (),
+        modules: Mapping[str, torch.nn.Module] | None = None,
     ) -> None:
         self.root = root
+        self.modules = modules
         self.taps = list(taps)
         self.layer_modules = dict(layer_modules or {})
         self.replace_input = replace_input
@@ -224,7 +230,8 @@ class HookCapture:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> HookCapture:
-        modules = dict(self.root.named_modules())  # walked once for every name below
+        # walked once for every name below, or not at all where the caller gave the map
+        modules = self.modules if self.modules is not None else dict(self.root.named_modules())
 
         def find(name: str) -> torch.nn.Module:
             return find_module(self.root, name, modules)

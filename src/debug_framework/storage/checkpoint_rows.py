@@ -13,10 +13,11 @@ the version-2 table, which has no ``step`` column (``with_step=False``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 
 from ..errors import ConfigurationError
-from .values import as_bool, as_float, as_int, layer_key, to_json
+from .values import as_bool, as_float, as_int, json_members, json_object_text, layer_key, to_json
 
 __all__ = ["METRIC_COLUMNS", "RESULT_COLUMNS", "ROW_KEY", "METRICS_JSON_AT", "EncodedRow", "upsert_result_sql",
            "result_row_values", "row_step"]
@@ -96,14 +97,11 @@ def row_step(result: Mapping[str, object]) -> int:
     return step
 
 
-def _metric_value(typ: str, value: object) -> object:
-    if value is None:
-        return None
-    if typ == "REAL":
-        return as_float(value)
-    if typ == "INTEGER":
-        return as_int(value)
-    return str(value)
+#: each metric column and how a (not None) value becomes its SQL value, by the column's type
+_METRIC_CONVERTERS: tuple[tuple[str, Callable[[object], object]], ...] = tuple(
+    (col, as_float if typ == "REAL" else as_int if typ == "INTEGER" else str) for col, typ in METRIC_COLUMNS.items())
+#: ``"key": `` as a JSON column's member text begins (:func:`.values.json_members`)
+_KEY_PREFIX = {key: json.dumps(key) + ": " for key in JSON_RESULT_KEYS}
 
 
 def result_row_values(
@@ -123,18 +121,28 @@ def result_row_values(
     if with_step:
         values.append(row_step(result))
     values.append(as_bool(result.get("passed")))
-    values += [_metric_value(typ, result.get(col)) for col, typ in METRIC_COLUMNS.items()]
-    values += [to_json(result.get(key)) for key in JSON_RESULT_KEYS]
-    intro = introduced_error if introduced_error is not None else result.get("introduced_error")
-    prop = propagated_error if propagated_error is not None else result.get("propagated_error")
-    values += [as_float(intro), as_float(prop)]
-    extra = {k: v for k, v in result.items() if k not in _KNOWN}
-    values.append(to_json(extra) if extra else None)
+    get = result.get
+    values += [None if (v := get(col)) is None else convert(v) for col, convert in _METRIC_CONVERTERS]
+    intro = introduced_error if introduced_error is not None else get("introduced_error")
+    prop = propagated_error if propagated_error is not None else get("propagated_error")
     full = dict(result)
     full["checkpoint"], full["layer"] = checkpoint, layer
     if intro is not None:
         full["introduced_error"] = intro
     if prop is not None:
         full["propagated_error"] = prop
-    values += [to_json(full), now, now]
+    # the JSON columns share their members (the whole row, its JSON keys, the unknown keys): each
+    # value is written once, the texts joined from it (what to_json gives each, byte for byte)
+    members = json_members(full)
+    if members is None:  # a key that is not a str: to_json decides how it reads
+        values += [to_json(get(key)) for key in JSON_RESULT_KEYS]
+        extra = {k: v for k, v in result.items() if k not in _KNOWN}
+        values += [as_float(intro), as_float(prop), to_json(extra) if extra else None, to_json(full), now, now]
+        return tuple(values)
+    text = dict(members)
+    # a JSON column's member of ``full`` is ``result``'s own value (only key fields are set there)
+    values += [None if get(key) is None else text[key][len(_KEY_PREFIX[key]):] for key in JSON_RESULT_KEYS]
+    extra_members = [m for m in members if m[0] not in _KNOWN]
+    values += [as_float(intro), as_float(prop), json_object_text(extra_members) if extra_members else None,
+               json_object_text(members), now, now]
     return tuple(values)

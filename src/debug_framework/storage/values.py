@@ -11,7 +11,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from json.encoder import c_make_encoder, encode_basestring_ascii
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from ..jsonio import JsonObject, JsonValue
 __all__ = [
     "JsonValue", "utc_now", "to_json", "from_json", "as_int", "as_float", "as_bool", "layer_key", "now_utc",
     "parse_time", "format_time", "decode_json_columns", "DAMAGED_KEY", "check_session_id", "session_file",
-    "SESSION_ID_PATTERN",
+    "SESSION_ID_PATTERN", "json_members", "json_object_text",
 ]
 
 
@@ -52,6 +53,74 @@ def to_json(value: object) -> str | None:
     if value is None:
         return None
     return json.dumps(value, default=_json_default, sort_keys=True)
+
+
+#: what :func:`to_json` writes a container with (its configuration: keys sorted, NaN kept, the same default)
+_CONTAINER_ENCODER = json.JSONEncoder(default=_json_default, sort_keys=True)
+_float_text = float.__repr__  # what the encoder writes a finite float with
+_int_text = int.__repr__
+#: ``"key": `` of each key seen, as :func:`to_json` writes it (a row's keys are a few dozen names)
+_KEY_TEXT: dict[str, str] = {}
+_KEY_TEXT_KEPT = 4096
+
+
+def _value_text(value: object) -> str:
+    """``to_json(value)`` for a value that is not None: plain scalars written here, anything else
+    (containers, subclasses, objects the default converts) by the encoder itself."""
+    t = type(value)
+    if t is float:
+        if value - value == 0.0:  # type: ignore[operator]
+            return _float_text(value)  # type: ignore[arg-type]
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")  # type: ignore[operator]
+    if t is str:
+        return encode_basestring_ascii(value)
+    if t is bool:
+        return "true" if value else "false"
+    if t is int:
+        return _int_text(value)  # type: ignore[arg-type]
+    if c_make_encoder is not None and (t is list or t is dict or t is tuple):
+        # the encoder's own C loop, as JSONEncoder.encode builds it (without its Python frames):
+        # circular references told (a fresh markers dict), the default, ASCII, separators, keys sorted, NaN kept
+        return "".join(c_make_encoder({}, _json_default, encode_basestring_ascii, None, ": ", ", ",
+                                      True, False, True)(value, 0))
+    return _CONTAINER_ENCODER.encode(value)
+
+
+def json_members(mapping: Mapping[str, object]) -> list[tuple[str, str]] | None:
+    """Each member of ``mapping`` as ``(key, "key": value)`` in :func:`to_json`'s text, keys sorted:
+    ``json_object_text(json_members(m)) == to_json(m)``, and a subset of them (in order) is the text
+    of that subset of ``m``. A row's JSON columns share their members, so each value is written once
+    (a decode's rows are thousands). None where a key is not a ``str`` (:func:`to_json` decides how
+    such keys read)."""
+    try:
+        keys = sorted(mapping)
+    except TypeError:  # keys of types that do not compare
+        return None
+    members: list[tuple[str, str]] = []
+    for key in keys:
+        if type(key) is not str:
+            return None
+        prefix = _KEY_TEXT.get(key)
+        if prefix is None:
+            prefix = encode_basestring_ascii(key) + ": "
+            if len(_KEY_TEXT) < _KEY_TEXT_KEPT:
+                _KEY_TEXT[key] = prefix
+        value = mapping[key]
+        t = type(value)
+        if value is None:
+            members.append((key, prefix + "null"))
+        elif t is float and value - value == 0.0:  # type: ignore[operator]
+            members.append((key, prefix + _float_text(value)))  # type: ignore[arg-type]
+        elif t is str:
+            members.append((key, prefix + encode_basestring_ascii(value)))
+        else:
+            members.append((key, prefix + _value_text(value)))
+    return members
+
+
+def json_object_text(members: Iterable[tuple[str, str]]) -> str:
+    """The JSON object of ``members`` (:func:`json_members`' pairs, in their order)."""
+    return "{" + ", ".join([text for _, text in members]) + "}"
 
 
 def from_json(text: str | None) -> JsonValue:

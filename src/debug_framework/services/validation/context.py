@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -17,7 +19,7 @@ from ...capture.keys import Capture
 from ...errors import BackendRuntimeError, DebugFrameworkError
 from ...jsonio import JsonObject, JsonValue
 from .deadline import bounded
-from .evidence import Evidence
+from .evidence import CheckpointEvidence, Evidence
 from .judge import Verdict, judge
 from .plan import ValidationPlan
 from .results import ValidationResult
@@ -38,7 +40,8 @@ T = TypeVar("T")
 #: the most checkpoint rows :meth:`RunContext.write_rows` writes in one transaction
 ROWS_PER_WRITE = 2048
 
-__all__ = ["RunContext", "Stage", "call_backend", "StepInputs", "Prebuilt", "WeightsChangedError", "own"]
+__all__ = ["RunContext", "Stage", "call_backend", "StepInputs", "Prebuilt", "WeightsChangedError", "own",
+           "EvidenceState", "evidence_state"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class RunContext:
     #: ``(role, backend name)`` of every backend given the loaded weights themselves to read
     #: (:func:`~debug_framework.backends.capabilities.reads_loaded_weights`): who could have written them
     weight_readers: list[tuple[str, str]] = field(default_factory=list)
+    #: what :meth:`judge` last judged (:func:`evidence_state`), beside :attr:`verdict`
+    judged_state: EvidenceState | None = field(default=None, repr=False)
 
     def prepare_backend(self, backend: Backend, role: str, dtype: str | None, device: str = "cpu") -> float:
         """Prepare ``backend`` for this run's model in ``role`` (``reference``, ``calibration`` ...):
@@ -176,8 +181,15 @@ class RunContext:
         return self.captures["alternative"]
 
     def judge(self) -> Verdict:
-        """Judge the evidence as it stands (:func:`.judge.judge`); kept as :attr:`verdict`."""
-        self.verdict = judge(self.evidence, self.plan)
+        """Judge the evidence as it stands (:func:`.judge.judge`); kept as :attr:`verdict`. The judge
+        is pure, so where the evidence is still what it last judged (:func:`evidence_state`: the same
+        objects, none added, replaced or taken away) that verdict is the answer, not judged again: a
+        decode's evidence is judged once at the end of its stage, and the store stage writes that
+        verdict (a long decode's evidence is thousands of checkpoints)."""
+        state = evidence_state(self.evidence, self.plan)
+        if self.verdict is None or self.judged_state is None or not self.judged_state.same_as(state):
+            self.verdict = judge(self.evidence, self.plan)
+        self.judged_state = state
         return self.verdict
 
     def current_result(self) -> ValidationResult:
@@ -208,27 +220,21 @@ class RunContext:
         as they are: each row is written once, when the evidence about it is complete (the store
         stage) or the run stops (:meth:`rows_kept_on_failure`), at most :data:`ROWS_PER_WRITE` at a
         time (a long decode's rows are not all held as dicts at once). Returns how many went in."""
-        fresh: list[tuple[tuple[JsonValue, JsonValue, JsonValue], bytes, EncodedRow]] = []
         count = 0
         store, sid = self.db.checkpoints, self.session.session_id
-
-        def write() -> int:  # a row counts as written once its transaction is in
-            done = store.add_encoded(sid, [values for _, _, values in fresh])
-            self.written_rows.update((place, digest) for place, digest, _ in fresh)
-            fresh.clear()
-            return done
-        for r in (result or self.current_result()).results:
-            row = r.to_row()
-            place = (row.get("checkpoint"), row.get("layer"), row.get("step"))
+        results = iter((result or self.current_result()).results)
+        while chunk := list(islice(results, ROWS_PER_WRITE)):
+            rows = [r.to_row() for r in chunk]
+            fresh: list[tuple[tuple[JsonValue, JsonValue, JsonValue], bytes, EncodedRow]] = []
             # encoded once: the row's stored text (the whole row, keys sorted) is what tells it apart
-            values = store.encode_many(sid, (row,))[0]
-            digest = hashlib.blake2b(str(values[METRICS_JSON_AT]).encode(), digest_size=16).digest()
-            if self.written_rows.get(place) != digest:
-                fresh.append((place, digest, values))
-            if len(fresh) >= ROWS_PER_WRITE:
-                count += write()
-        if fresh:
-            count += write()
+            for row, values in zip(rows, store.encode_many(sid, rows)):
+                place = (row.get("checkpoint"), row.get("layer"), row.get("step"))
+                digest = hashlib.sha256(str(values[METRICS_JSON_AT]).encode()).digest()  # OpenSSL's: the fastest here
+                if self.written_rows.get(place) != digest:
+                    fresh.append((place, digest, values))
+            if fresh:  # a row counts as written once its transaction is in
+                count += store.add_encoded(sid, [values for _, _, values in fresh])
+                self.written_rows.update((place, digest) for place, digest, _ in fresh)
         return count
 
     @contextlib.contextmanager
@@ -283,6 +289,50 @@ class Stage:
     def run(self, ctx: RunContext) -> None:
         """Do this stage's work on ``ctx``."""
         raise NotImplementedError
+
+
+#: the slots of a checkpoint's evidence, read at once (:func:`evidence_state`)
+_CHECKPOINT_SLOTS = operator.attrgetter(*CheckpointEvidence.__slots__)
+
+
+@dataclass(frozen=True)
+class EvidenceState:
+    """What :func:`evidence_state` saw: ``objects`` compared by identity, ``shape`` (the lengths and
+    keys of the containers they came from) by equality."""
+
+    objects: list[object]
+    shape: tuple[object, ...]
+
+    def same_as(self, other: EvidenceState) -> bool:
+        """Whether ``other`` saw the very objects this one saw, in the same places."""
+        return self.shape == other.shape and len(self.objects) == len(other.objects) \
+            and all(map(operator.is_, self.objects, other.objects))
+
+
+def evidence_state(evidence: Evidence, plan: ValidationPlan) -> EvidenceState:
+    """What the judge reads of ``evidence`` and ``plan``, as objects: the evidence record and the plan,
+    each field of the evidence, each member of its lists, each slot of every checkpoint's evidence,
+    each field of every layer's and each block replayed at a decode step. Stages add evidence and
+    replace what they change (a field set anew, a list appended to); they never edit a measured
+    object in place, so where two states are :meth:`EvidenceState.same_as` each other the judge
+    reads the same evidence (:meth:`RunContext.judge`). Linear in the evidence, with no call per
+    checkpoint into Python code: a small fraction of a judgement."""
+    objects: list[object] = [evidence, plan]
+    shape: list[object] = []
+    for f in fields(evidence):
+        value = getattr(evidence, f.name)
+        objects.append(value)
+        if isinstance(value, list):
+            objects.extend(value)
+            shape.append(len(value))
+    objects.extend(chain.from_iterable(map(_CHECKPOINT_SLOTS, evidence.checkpoints)))
+    for layer in evidence.layers or ():
+        objects.extend(getattr(layer, f.name) for f in fields(layer))
+    if evidence.decode_replay is not None:
+        step, blocks = evidence.decode_replay
+        shape += [step, tuple(blocks)]
+        objects.extend(blocks.values())
+    return EvidenceState(objects, tuple(shape))
 
 
 class WeightsChangedError(RuntimeError):

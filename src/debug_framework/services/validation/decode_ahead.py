@@ -18,13 +18,15 @@ two CPUs for it, at least :data:`AHEAD_MIN_STEPS` steps. The child runs one torc
 during the decode (restored after). The child dies with this process.
 
 A pass crosses as bytes, never a pickle: one JSON header (checkpoint keys, dtypes, shapes, sizes),
-then each tensor's raw bytes, received straight into memory of its own (:func:`send_pass`,
-:func:`receive_pass`). Where the child fails (the reference raised), dies, or is stuck (alive, no
-CPU used for :data:`_STUCK_S` while this process waits), this process stops it, opens the
-reference's stream itself, runs it to the step the child reached and goes on in process: a
-reference's error is raised here as the reference's own, and a lost child costs time, never a
-verdict (a run here that chooses another token than the child did is refused, DF005). Where the
-fork fails, the reference decodes in this process.
+then each tensor's raw bytes, one after the other (their sizes are the header's), written in one
+``writev`` and received in one ``readv`` straight into each tensor's memory of its own
+(:func:`send_pass`, :func:`receive_pass`; the pipe taking or giving part of them, the rest follows).
+Where the child fails (the reference raised), dies, or is stuck (alive, no CPU used for
+:data:`_STUCK_S` while this process waits), this process stops it, opens the reference's stream
+itself, runs it to the step the child reached and goes on in process: a reference's error is
+raised here as the reference's own, and a lost child costs time, never a verdict (a run here that
+chooses another token than the child did is refused, DF005). Where the fork fails, the reference
+decodes in this process.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import select
 import struct
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,6 +66,8 @@ _END_WAIT_S = 5.0
 _STUCK_S = 30.0
 #: the pipe buffer asked for (Linux's default limit for an unprivileged process: 1 MiB)
 _PIPE_BYTES = 2**20
+#: the most buffers one ``writev``/``readv`` takes (the system's ``IOV_MAX``; POSIX allows as few as 16)
+_IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16))
 
 
 def ahead_support(declared: bool, steps: int, device: str) -> tuple[bool, str]:
@@ -88,9 +92,11 @@ def ahead_support(declared: bool, steps: int, device: str) -> tuple[bool, str]:
 
 # -- the channel -------------------------------------------------------------------------------------
 class Channel:
-    """One end of a pipe carrying length-prefixed messages (an 8-byte length, then the bytes); a
-    message can be read straight into a caller's buffer (no intermediate copy: a long decode's
-    whole-cache audits cross as they are)."""
+    """One end of a pipe carrying length-prefixed messages (an 8-byte length, then the bytes), each
+    message optionally followed by bytes whose sizes the message itself gives
+    (:meth:`send_message`): those are read straight into the caller's buffers (no intermediate
+    copy: a long decode's whole-cache audits cross as they are), one system call for all of them
+    where the pipe holds them."""
 
     def __init__(self, fd: int, writes: bool) -> None:
         self._fd = fd
@@ -105,21 +111,34 @@ class Channel:
         self._file.close()
 
     def send_bytes(self, data: bytes | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        self._write(_LENGTH.pack(view.nbytes))
-        self._write(view)
+        """One message: its length, then ``data``."""
+        self.send_message(data)
 
-    def _write(self, view: memoryview | bytes) -> None:
-        view = memoryview(view)
-        while view.nbytes:
-            view = view[self._file.write(view) or 0:]
+    def send_message(self, data: bytes | memoryview, after: Sequence[memoryview] = ()) -> None:
+        """One message (its length, then ``data``) and then each of ``after``'s bytes with no length
+        of their own (the message says how many), in one ``writev`` where the pipe takes them all:
+        a write the pipe takes in part goes on from the first byte not written."""
+        view = memoryview(data).cast("B")
+        self._write_all([memoryview(_LENGTH.pack(view.nbytes)), view, *(b.cast("B") for b in after)])
+
+    def _write_all(self, views: list[memoryview]) -> None:
+        pending = [v for v in views if v.nbytes]
+        while pending:
+            written = os.writev(self._fd, pending[:_IOV_MAX])
+            pending = _advance(pending, written)
 
     def _read_into(self, view: memoryview) -> None:
-        while view.nbytes:
-            n = self._file.readinto(view)
+        self.recv_into([view])
+
+    def recv_into(self, views: Sequence[memoryview]) -> None:
+        """The next bytes read into ``views`` in order, each filled exactly (one ``readv`` where the
+        pipe holds them all). EOFError where the other end closes first."""
+        pending = [v.cast("B") for v in views if v.nbytes]
+        while pending:
+            n = os.readv(self._fd, pending[:_IOV_MAX])
             if not n:
                 raise EOFError("the other end of the pipe closed")
-            view = view[n:]
+            pending = _advance(pending, n)
 
     def _length(self) -> int:
         head = bytearray(_LENGTH.size)
@@ -131,19 +150,24 @@ class Channel:
         self._read_into(memoryview(out))
         return out
 
-    def recv_bytes_into(self, buffer: np.ndarray) -> None:
-        """The next message read into ``buffer`` (uint8, exactly its size)."""
-        n = self._length()
-        if n != buffer.nbytes:
-            raise OSError(f"a message of {n} bytes where {buffer.nbytes} were expected")
-        self._read_into(memoryview(buffer).cast("B"))
-
     def poll(self, timeout: float) -> bool:
         """Whether a read would not block within ``timeout`` seconds (a message, or the end)."""
         if self._poller is None:
             self._poller = select.poll()  # not select.select: a descriptor above 1023 is fine
             self._poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         return bool(self._poller.poll(int(timeout * 1000)))
+
+
+def _advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """``views`` less their first ``done`` bytes (those a ``writev``/``readv`` moved)."""
+    i = 0
+    while i < len(views) and done >= views[i].nbytes:
+        done -= views[i].nbytes
+        i += 1
+    rest = views[i:]
+    if done:
+        rest[0] = rest[0][done:]
+    return rest
 
 
 def _channel() -> tuple[Channel, Channel]:
@@ -176,8 +200,9 @@ def _raw(a: np.ndarray) -> memoryview:
 
 
 def send_pass(conn: Channel, p: DecodePass) -> None:
-    """One pass sent: a JSON header (its fields; each tensor's library, dtype, shape and size),
-    then each non-empty tensor's bytes as a message of its own (nothing joined, nothing pickled)."""
+    """One pass sent: a JSON header (its fields; each tensor's library, dtype, shape and size) as a
+    message, then every tensor's bytes in the header's order, one after the other with no length of
+    their own, all in one ``writev`` (nothing joined, nothing pickled)."""
     entries: list[JsonObject] = []
     chunks: list[memoryview] = []
 
@@ -199,36 +224,37 @@ def send_pass(conn: Channel, p: DecodePass) -> None:
         "token": None if p.token is None else put(p.token),
     }
     header["tensors"] = entries
-    conn.send_bytes(json.dumps(header).encode())
-    for data in chunks:
-        if data.nbytes:
-            conn.send_bytes(data)
+    conn.send_message(json.dumps(header).encode(), chunks)
 
 
-def _receive_tensor(entry: JsonObject, conn: Channel) -> CapturedTensor:
-    """One tensor's bytes received straight into memory of its own."""
+def _receive_tensor(entry: JsonObject) -> tuple[CapturedTensor, memoryview]:
+    """One tensor of a pass, in memory of its own, and the bytes its data is read into (as many as
+    the header says it sent: a stream that disagrees is OSError)."""
     shape = tuple(int(n) for n in entry["shape"])  # type: ignore[union-attr]
     size = int(entry["nbytes"])  # type: ignore[arg-type]
     if entry["lib"] == "numpy":
-        out = np.empty(shape, np.dtype(str(entry["dtype"])))
-        if size:
-            conn.recv_bytes_into(out.reshape(-1).view(np.uint8))
-        return out
-    import torch
+        bits: np.ndarray = np.empty(shape, np.dtype(str(entry["dtype"])))
+        out: CapturedTensor = bits
+    else:
+        import torch
 
-    dtype = getattr(torch, str(entry["dtype"]))
-    t = torch.empty(shape, dtype=dtype)
-    if size:
-        bits = t.view(torch.int16) if dtype in (torch.bfloat16, torch.float16) else t  # no NumPy bfloat16
-        conn.recv_bytes_into(bits.numpy().reshape(-1).view(np.uint8))
-    return t
+        dtype = getattr(torch, str(entry["dtype"]))
+        out = torch.empty(shape, dtype=dtype)
+        bits = (out.view(torch.int16) if dtype in (torch.bfloat16, torch.float16) else out).numpy()  # no NumPy bfloat16
+    view = memoryview(bits.reshape(-1).view(np.uint8))
+    if view.nbytes != size:
+        raise OSError(f"a tensor of {size} bytes where {view.nbytes} were expected")
+    return out, view
 
 
 def receive_pass(header: JsonObject, conn: Channel) -> DecodePass:
-    """The rest of the pass whose header :func:`send_pass` sent (each tensor in memory of its own:
-    a view of a shared buffer would keep all of it alive as long as one of its tensors, e.g. a
-    step's two new cache positions kept for a replay)."""
-    tensors = [_receive_tensor(e, conn) for e in header["tensors"]]  # type: ignore[union-attr]
+    """The rest of the pass whose header :func:`send_pass` sent: every tensor's bytes read, in one
+    ``readv`` where the pipe holds them, straight into each tensor's memory of its own (a view of a
+    shared buffer would keep all of it alive as long as one of its tensors, e.g. a step's two new
+    cache positions kept for a replay)."""
+    received = [_receive_tensor(e) for e in header["tensors"]]  # type: ignore[union-attr]
+    conn.recv_into([view for _, view in received])
+    tensors = [t for t, _ in received]
     c = header["capture"]
     capture = Capture(tensors={CheckpointKey(name, layer): tensors[i] for name, layer, i in c["tensors"]},  # type: ignore[index]
                       backend=str(c["backend"]), dtype=str(c["dtype"]), elapsed_s=float(c["elapsed_s"]),  # type: ignore[index]

@@ -629,12 +629,13 @@ class ValidationResult:
         {id, change}}`` over the checkpoints whose bound is in the output's units
         (:attr:`CheckpointResult.detectable_change`): a relative change of the output below
         ``coarsest.change`` may pass unseen at ``coarsest.id``; None where no checkpoint has one."""
-        seen = [(r.id, r.detectable_change) for r in self.results if r.detectable_change is not None]
+        seen = [(r, change) for r in self.results if (change := r.detectable_change) is not None]  # each once
         if not seen:
             return None
         finest, coarsest = min(seen, key=lambda t: t[1]), max(seen, key=lambda t: t[1])
         return {"dtype": self.alternative_dtype, "checkpoints": len(seen),
-                "finest": {"id": finest[0], "change": finest[1]}, "coarsest": {"id": coarsest[0], "change": coarsest[1]}}
+                "finest": {"id": finest[0].id, "change": finest[1]},
+                "coarsest": {"id": coarsest[0].id, "change": coarsest[1]}}
 
     def summary(self) -> JsonObject:
         """What the session row keeps (``results``): :meth:`to_dict` without the per-checkpoint list."""
