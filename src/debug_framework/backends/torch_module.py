@@ -291,7 +291,9 @@ class TorchModuleBackend(BaseBackend):
             return Capture(tensors={k: tensors[k] for k in keys if k in tensors}, backend=self.name,
                            dtype=self.dtype, elapsed_s=seconds, meta=dict(meta))
 
-        return module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
+        modules = dict(self.module.named_modules())  # walked once for every pass's capture
+        return module_decode(self.name, self.module, self._kwargs(inputs),
+                             lambda: HookCapture(self.module, active, modules=modules),
                              inputs, steps, tokens, self.dtype, wrap)
 
     def iter_decode(self, inputs: ModelInputs, steps: int, taps: Taps = None, tokens: np.ndarray | None = None,
@@ -308,8 +310,10 @@ class TorchModuleBackend(BaseBackend):
         def wrap(tensors: dict[CheckpointKey, Tensor], seconds: float) -> Capture:
             return Capture(tensors=dict(tensors), backend=self.name, dtype=self.dtype, elapsed_s=seconds, meta=dict(meta))
 
-        return iter_module_decode(self.name, self.module, self._kwargs(inputs), lambda: HookCapture(self.module, active),
-                                  inputs, steps, tokens, wrap, lambda: HookCapture(self.module, at_prefill),
+        modules = dict(self.module.named_modules())  # walked once for every pass's capture
+        return iter_module_decode(self.name, self.module, self._kwargs(inputs),
+                                  lambda: HookCapture(self.module, active, modules=modules),
+                                  inputs, steps, tokens, wrap, lambda: HookCapture(self.module, at_prefill, modules=modules),
                                   self._decode_context, self._decode_draft)
 
     def _decode_context(self) -> ContextManager[object]:
