@@ -175,7 +175,6 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y:
                                               torch.finfo(governing).eps)
     finite = (x_finite & y_finite).tolist()
     quant = _quantiles(ad, (0.5, 0.99))
-    worst_at = ad.argmax(1)
     every = np.arange(len(items))
     rows, squares, qs = sums.tolist(), y2.tolist(), quant.tolist()
     shapes = [tuple(r.shape) for r, _ in items]
