@@ -24,6 +24,8 @@ ROW_SUMS = ("abs_error", "squared_error", "alternative_squares", "products", "re
 
 #: NumPy's pairwise summation block (``PW_BLOCKSIZE``)
 _BLOCK = 128
+#: the pairwise walk's stack depth: halves down to a block from any row length an int64 holds
+_DEPTH = 128
 
 
 @_cached_njit()
@@ -58,16 +60,15 @@ def _leaf(a: np.ndarray, start: int, n: int) -> float:  # pragma: no cover - com
 
 
 @_cached_njit()
-def _pairwise(a: np.ndarray, start: int, n: int) -> float:  # pragma: no cover - compiled
+def _pairwise(a: np.ndarray, start: int, n: int, segments: np.ndarray,
+              values: np.ndarray) -> float:  # pragma: no cover - compiled
     """``a[start:start + n]`` summed as NumPy's ``pairwise_sum`` sums a contiguous row: above
     :data:`_BLOCK` elements the sum of its two halves (the first a multiple of 8), each summed so.
-    Walked with an explicit stack (numba's on-disk cache does not hold a recursive function)."""
+    Walked with an explicit stack (numba's on-disk cache does not hold a recursive function):
+    ``segments`` ``[depth, 3]`` and ``values`` ``[depth]`` its scratch."""
     if n <= _BLOCK:
         return _leaf(a, start, n)
-    seg_start = np.empty(128, np.int64)
-    seg_n = np.empty(128, np.int64)
-    stage = np.empty(128, np.int64)
-    values = np.empty(128)
+    seg_start, seg_n, stage = segments[:, 0], segments[:, 1], segments[:, 2]
     top, held = 0, 0
     seg_start[0], seg_n[0], stage[0] = start, n, 0
     while top >= 0:
@@ -102,6 +103,8 @@ def _fold(x: np.ndarray, y: np.ndarray, rtol: np.ndarray, atol: np.ndarray, gros
     x2 = np.empty(n)
     xy = np.empty(n)
     rel = np.empty(n)
+    segments = np.empty((_DEPTH, 3), np.int64)
+    values = np.empty(_DEPTH)
     for i in range(m):
         mism = 0
         gmism = 0
@@ -133,11 +136,11 @@ def _fold(x: np.ndarray, y: np.ndarray, rtol: np.ndarray, atol: np.ndarray, gros
             if a > top:
                 top = a
                 at = j
-        sums[i, 0] = 0.0 + _pairwise(ad[i], 0, n)
-        sums[i, 1] = 0.0 + _pairwise(d2, 0, n)
-        sums[i, 2] = 0.0 + _pairwise(x2, 0, n)
-        sums[i, 3] = 0.0 + _pairwise(xy, 0, n)
-        sums[i, 4] = 0.0 + _pairwise(rel, 0, n)
+        sums[i, 0] = 0.0 + _pairwise(ad[i], 0, n, segments, values)
+        sums[i, 1] = 0.0 + _pairwise(d2, 0, n, segments, values)
+        sums[i, 2] = 0.0 + _pairwise(x2, 0, n, segments, values)
+        sums[i, 3] = 0.0 + _pairwise(xy, 0, n, segments, values)
+        sums[i, 4] = 0.0 + _pairwise(rel, 0, n, segments, values)
         sums[i, 5] = max_rel
         sums[i, 6] = mism
         sums[i, 7] = gmism
