@@ -98,6 +98,8 @@ def _pairwise(a: np.ndarray, start: int, n: int, segments: np.ndarray,
 @_cached_njit()
 def _fold(x: np.ndarray, y: np.ndarray, rtol: np.ndarray, atol: np.ndarray, gross: np.ndarray, eps: float,
           ad: np.ndarray, sums: np.ndarray, worst: np.ndarray, finite: np.ndarray) -> None:  # pragma: no cover
+    """:func:`row_errors` into its outputs: per row one pass over the elements (each product kept
+    for its pairwise sum), then the sums."""
     m, n = x.shape
     d2 = np.empty(n)
     x2 = np.empty(n)
