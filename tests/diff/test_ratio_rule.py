@@ -93,3 +93,27 @@ def test_the_calibrated_floor_follows_the_scale_of_the_reference():
     assert small.floor == pytest.approx(eps * 1e-3) and large.floor == pytest.approx(eps * 1e3)
     huge = torch.full((4,), torch.finfo(torch.float64).max / 2, dtype=torch.float64)
     assert math.isfinite(RatioRule.calibrated(huge, eps).floor)  # no overflow near the dtype's max
+
+
+def test_passes_is_the_verdicts_pass_or_fail():
+    """RatioRule.passes (a decode step's many checks) decides as verdict does: within and beyond the
+    bound, non-finite mismatches on either side, a shape mismatch, nothing finite to measure."""
+    ref = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+
+    def off(delta: float, first: float | None = None) -> object:
+        alt = ref + delta
+        if first is not None:
+            alt[0] = first
+        return compare(ref, alt, check_dtype=False)
+
+    results = [off(0.0), off(1e-6), off(1e-3), off(0.5), off(0.0, math.nan), off(0.0, math.inf),
+               compare(ref, ref[:3], check_dtype=False),
+               compare(torch.tensor([math.nan]), torch.tensor([math.nan]), equal_nan=True)]
+    seen = set()
+    for rule in (RatioRule(2.0, 0.0), RatioRule(4.0, 1e-9), RatioRule(1.0, 1e-3, "max_abs_error")):
+        for baseline in results:
+            for test in results:
+                want = rule.verdict(baseline, test).passed
+                assert rule.passes(baseline, test) is want, (rule, baseline, test)
+                seen.add(want)
+    assert seen == {True, False}

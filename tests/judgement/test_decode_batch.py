@@ -46,3 +46,28 @@ def test_batched_pairs_measure_what_each_pair_alone_measures() -> None:
         want = reference_scale(t) if x.size == 128 else float(np.sqrt(np.square(x[None]).mean(1))[0])
         assert got == want
     assert not results[6].shape_match and results[5].nan_count_ref == 1
+
+
+def test_the_fused_row_pass_gives_numpys_own_figures() -> None:
+    """comparison.row_errors sums as NumPy's add.reduce does (pairwise, blocks of 128, halves above):
+    each figure equals the NumPy expression it replaces to the last bit, at sizes below, at and above
+    a block, per-row tolerances included."""
+    from debug_framework.comparison import ROW_SUMS, row_errors
+
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 9, 128, 129, 300, 1000, 8195):
+        y = rng.standard_normal((3, n)) * 10.0 ** rng.integers(-3, 3, (3, 1))
+        y[:, ::5] = 0.0  # the relative error's floor
+        x = (y + rng.standard_normal((3, n)) * 1e-4).astype(np.float32).astype(np.float64)
+        rtol, atol, gross = np.array([1.3e-6, 1e-3, 0.0]), np.array([1e-5, 1e-6, 1e-4]), np.array([10.0, 1.0, 2.0])
+        ad, sums, worst, finite = row_errors(x, y, rtol, atol, gross, 1.2e-7)
+        d = x - y
+        bound = atol[:, None] + rtol[:, None] * np.abs(y)
+        rel = np.abs(d) / np.maximum(np.abs(y), 1.2e-7)
+        want = np.stack([np.abs(d).sum(1), (d * d).sum(1), (x * x).sum(1), (x * y).sum(1), rel.sum(1), rel.max(1),
+                         (np.abs(d) > bound).sum(1), (np.abs(d) > gross[:, None] * bound).sum(1)], 1)
+        assert sums.shape[1] == len(ROW_SUMS)
+        assert np.array_equal(ad, np.abs(d)) and np.array_equal(sums, want), n
+        assert np.array_equal(worst, np.abs(d).argmax(1)) and finite.all()
+    x[1, 3] = math.inf
+    assert row_errors(x, y, rtol, atol, gross, 1.2e-7)[3].tolist() == [True, False, True]

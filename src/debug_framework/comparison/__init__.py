@@ -27,6 +27,7 @@ from .ratio import (
     float64_array,
 )
 from .result import ComparisonResult, NestedComparison, WorstElement, dumps_json, json_safe
+from ._rows import ROW_SUMS, row_errors
 from .tolerance import PassRule, Tolerance, default_tolerance, less_precise_dtype
 
 __all__ = [
@@ -59,4 +60,6 @@ __all__ = [
     "dumps_json",
     "DEFAULT_CHUNK_ELEMENTS",
     "EXACT_QUANTILE_LIMIT",
+    "row_errors",
+    "ROW_SUMS",
 ]

@@ -92,10 +92,27 @@ class TokenMetrics:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax of ``[n, vocab]`` logits in float64; a row with a non-finite logit
     becomes NaN."""
-    x = np.asarray(logits, dtype=np.float64)
-    peak = np.max(x, axis=-1, keepdims=True)
-    shifted = x - peak
-    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    shifted, lse = _shifted_lse(np.asarray(logits, dtype=np.float64))
+    return shifted - lse
+
+
+def _shifted_lse(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of ``x`` less its peak, and the log of the sum of its exponentials (``[n, 1]``):
+    :func:`log_softmax` is their difference."""
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted, np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+#: up to this many positions the 99th percentile ``method="higher"`` is the largest value:
+#: ``ceil(0.99 (n - 1)) = n - 1`` for n <= 100 (kept well inside that, away from rounding at the edge)
+_P99_IS_MAX = 50
+
+
+def _p99(values: np.ndarray, largest: float) -> float:
+    """``np.quantile(values, 0.99, method="higher")``, ``largest`` (the maximum) where that is it."""
+    if values.size <= _P99_IS_MAX:
+        return largest
+    return float(np.quantile(values, 0.99, method="higher"))
 
 
 def _top(x: np.ndarray, k: int) -> np.ndarray:
@@ -104,7 +121,7 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
     most of a decode step's token metrics)."""
     if k >= x.shape[-1] or np.isnan(x).any():
         return np.argsort(-x, axis=-1, kind="stable")[:, :k]
-    kth = -np.partition(-x, k - 1, axis=-1)[:, k - 1]
+    kth = np.partition(x, x.shape[-1] - k, axis=-1)[:, x.shape[-1] - k]  # the k-th largest value
     out = np.empty((x.shape[0], k), np.int64)
     for i, row in enumerate(x):
         candidates = np.flatnonzero(row >= kth[i])  # ascending: a stable sort keeps ties' order
@@ -140,7 +157,8 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     lead = ref_full.shape[:-1] if mask is None else (int(mask.sum()),)
     order = np.arange(ref.shape[0])
     keep = np.isfinite(ref).all(axis=-1)
-    ref, alt, order = ref[keep], alt[keep], order[keep]
+    if not bool(keep.all()):  # every row kept (the usual case): the arrays as they are
+        ref, alt, order = ref[keep], alt[keep], order[keep]
     n, vocab = ref.shape
     k = min(k, vocab)
     if n == 0:
@@ -148,7 +166,11 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     bad = ~np.isfinite(alt).all(axis=-1)
     any_bad = bool(bad.any())
     alt_safe = np.where(bad[:, None], 0.0, alt) if any_bad else alt
-    log_p, log_q = log_softmax(ref), log_softmax(alt_safe)
+    # both sides' rows at once (each row's reductions are its own: the same numbers as side by side)
+    both = np.concatenate([ref, alt_safe])
+    shifted, lse = _shifted_lse(both)
+    log_p = shifted[:n] - lse[:n]
+    shifted_q, lse_q = shifted[n:], lse[n:]
     p = np.exp(log_p)
     # KL = sum p (log p - log q). With d = ref - alt it is sum p d + log(sum p exp(-d)); for small d
     # the log is taken as log1p(sum p expm1(-d)), so a float32-sized d (KL ~ 1e-15) is not lost to
@@ -161,16 +183,18 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     if bool(small.all()):
         kl = np.maximum(fine, 0.0)
     else:
-        kl = np.maximum(np.where(small, fine, np.sum(p * (log_p - log_q), axis=-1)), 0.0)
+        kl = np.maximum(np.where(small, fine, np.sum(p * (log_p - (shifted_q - lse_q)), axis=-1)), 0.0)
     kl[bad] = math.inf
-    top_r, top_a = np.argmax(ref, axis=-1), np.argmax(alt_safe, axis=-1)
+    tops = np.argmax(both, axis=-1)
+    top_r, top_a = tops[:n], tops[n:]
     flipped = (top_r != top_a) | bad
     rows = np.arange(n)
     gaps = ref[rows, top_r] - ref[rows, top_a]
     gaps[bad] = math.inf
-    overlap = np.array([len(set(r) & set(a)) for r, a in zip(_top(ref, k), _top(alt_safe, k))], dtype=np.float64) / k
+    ranked = _top(both, k)
+    overlap = np.array([len(set(r) & set(a)) for r, a in zip(ranked[:n], ranked[n:])], dtype=np.float64) / k
     overlap[bad] = 0.0
-    dp = np.exp(log_q[rows, top_r]) - p[rows, top_r]
+    dp = np.exp(shifted_q[rows, top_r] - lse_q[rows, 0]) - p[rows, top_r]
     dp[bad] = -p[bad, top_r[bad]]
     ref_energy = float(np.sum(ref * ref))
     # alt - ref is -d exactly (a rounded difference is antisymmetric), and its square d * d
@@ -183,9 +207,10 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
         if mask is not None:
             index = full_index(index, mask, ref_full.shape)[:2]
         flips.append(TokenFlip(index, int(top_r[i]), int(top_a[i]), float(gaps[i])))
+    kl_max = float(np.max(kl))
     return TokenMetrics(
         positions=int(n),
-        kl_divergence={"mean": float(np.mean(kl)), "p99": float(np.quantile(kl, 0.99, method="higher")), "max": float(np.max(kl))},
+        kl_divergence={"mean": float(np.mean(kl)), "p99": _p99(kl, kl_max), "max": kl_max},
         top1_agreement=float(1.0 - flipped.mean()), topk_overlap=float(overlap.mean()), k=int(k),
         delta_p={"mean": float(np.mean(dp)), "rms": float(np.sqrt(np.mean(dp * dp))),
                  "max_abs": float(np.max(np.abs(dp)))},

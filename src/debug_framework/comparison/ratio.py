@@ -150,10 +150,7 @@ class RatioRule:
         oracle exactly (NaN where NaN, the same infinities). This is the one ratio verdict of the project:
         the validation oracle stage, KernelDiff's float64 mode and the minifier's accuracy signature
         all call it."""
-        test_err = finite_metric(test, self.metric)
-        base_err = finite_metric(baseline, self.metric) or 0.0
-        if test_err is None and test.shape_match and test.nonfinite_mismatch_count == 0:
-            test_err = 0.0  # nothing finite, every non-finite value where the oracle has it: an exact match
+        test_err, base_err = self._errors(baseline, test)
         judgement = self.judge(base_err, math.nan if test_err is None else test_err)
         if not test.shape_match:
             return RatioVerdict(False, test.reason, judgement)
@@ -167,6 +164,21 @@ class RatioRule:
             return RatioVerdict(False, f"{label} {test_err:.3e} vs {oracle} exceeds {self.multiplier:g} x "
                                        f"{baseline_name}'s {label} {base_err:.3e} + {self.floor:g}", judgement)
         return RatioVerdict(True, None, judgement)
+
+    def passes(self, baseline: ComparisonResult, test: ComparisonResult) -> bool:
+        """``verdict(baseline, test).passed`` (the same checks, in the same arithmetic) without the
+        verdict's reason and records: what a decode step asks of each of its many checks."""
+        test_err, base_err = self._errors(baseline, test)
+        return test.shape_match and test.nonfinite_mismatch_count <= baseline.nonfinite_mismatch_count \
+            and test_err is not None and self.judge(base_err, test_err).passed
+
+    def _errors(self, baseline: ComparisonResult, test: ComparisonResult) -> tuple[float | None, float]:
+        """The rule's two errors: ``test``'s (None: unmeasurable) and ``baseline``'s (0 where unmeasured)."""
+        test_err = finite_metric(test, self.metric)
+        base_err = finite_metric(baseline, self.metric) or 0.0
+        if test_err is None and test.shape_match and test.nonfinite_mismatch_count == 0:
+            test_err = 0.0  # nothing finite, every non-finite value where the oracle has it: an exact match
+        return test_err, base_err
 
 
 @dataclass(frozen=True)

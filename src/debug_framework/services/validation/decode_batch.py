@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ...capture.keys import CapturedTensor
-from ...comparison import ComparisonResult, Tolerance, WorstElement, compare, default_tolerance
+from ...comparison import ComparisonResult, Tolerance, WorstElement, compare, default_tolerance, row_errors
 
 if TYPE_CHECKING:
     import torch
@@ -48,9 +48,21 @@ def _tensor(x: CapturedTensor) -> torch.Tensor | None:
     import torch
 
     t = x if isinstance(x, torch.Tensor) else torch.from_numpy(x) if isinstance(x, np.ndarray) else None
-    if t is None or t.device.type != "cpu" or not t.is_floating_point():
+    if t is None or not t.is_floating_point() or t.device.type != "cpu":
         return None
     return t
+
+
+#: the default tolerance by governing dtype, one object each (every pair of a step shares it)
+_DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {}
+
+
+def _default_tolerance(dtype: torch.dtype) -> Tolerance:
+    """:func:`~debug_framework.comparison.default_tolerance` of ``dtype`` (a frozen value), made once."""
+    tol = _DEFAULT_TOLERANCES.get(dtype)
+    if tol is None:
+        tol = _DEFAULT_TOLERANCES[dtype] = default_tolerance(dtype)
+    return tol
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -152,31 +164,21 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y:
 
     ref0, alt0 = items[0]
     governing = ref0.dtype if torch.finfo(ref0.dtype).eps >= torch.finfo(alt0.dtype).eps else alt0.dtype
-    default = default_tolerance(governing)  # one object for every pair that takes it
+    default = _default_tolerance(governing)  # one object for every pair that takes it
     tols = [p.tolerance or default for p in pairs]
-    # stacked once by torch (any float dtype), then NumPy: far less overhead per operation on small arrays
+    # stacked once by torch (any float dtype), then every row's sums in one fused pass (NumPy's own sums)
     x = _stacked([a for _, a in items])
-    finite = (np.isfinite(x).all(axis=1) & y_finite).tolist()
     n = y.shape[1]
-    d = x - y
-    ad, ay = np.abs(d), np.abs(y)
-    if all(t is tols[0] for t in tols):  # one tolerance for every pair (the usual case): scalars
-        rtol, atol, gross = tols[0].rtol, tols[0].atol, tols[0].outlier_factor
-    else:
-        rtol = np.array([t.rtol for t in tols], np.float64)[:, None]
-        atol = np.array([t.atol for t in tols], np.float64)[:, None]
-        gross = np.array([t.outlier_factor for t in tols], np.float64)[:, None]
-    bound = atol + rtol * ay
-    rel = ad / np.maximum(ay, torch.finfo(governing).eps)
-    mism = (ad > bound).sum(1)
-    # a gross mismatch is a mismatch (outlier_factor >= 1, bound >= 0): none where no row has a mismatch
-    gmism = (ad > gross * bound).sum(1) if mism.any() else np.zeros_like(mism)
-    sums = np.stack([ad.sum(1), (d * d).sum(1), y2, (x * x).sum(1), (x * y).sum(1), rel.sum(1),
-                     rel.max(1), mism, gmism], 1)
+    ad, sums, worst_at, x_finite = row_errors(x, y, np.array([t.rtol for t in tols], np.float64),
+                                              np.array([t.atol for t in tols], np.float64),
+                                              np.array([t.outlier_factor for t in tols], np.float64),
+                                              torch.finfo(governing).eps)
+    finite = (x_finite & y_finite).tolist()
     quant = _quantiles(ad, (0.5, 0.99))
-    worst_at = ad.argmax(1)
     every = np.arange(len(items))
-    rows, qs, worst = sums.tolist(), quant.tolist(), worst_at.tolist()
+    rows, squares, qs = sums.tolist(), y2.tolist(), quant.tolist()
+    shapes = [tuple(r.shape) for r, _ in items]
+    worst = _unravel(worst_at, shapes)
     # each pair's worst element, both values and its error, gathered at once
     w_ad, w_y, w_x = ad[every, worst_at].tolist(), y[every, worst_at].tolist(), x[every, worst_at].tolist()
     # a group's pairs share their dtypes (:func:`measure_many` groups by them)
@@ -186,12 +188,13 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y:
         if not finite[k]:
             out.append(None)
             continue
-        s_ad, s_d2, s_r2, s_a2, s_ar, s_rel, max_rel, mism, gmism = rows[k]
+        s_ad, s_d2, s_a2, s_ar, s_rel, max_rel, mism, gmism = rows[k]  # ROW_SUMS
+        s_r2 = squares[k]
         pct = 100.0 * mism / n
         if not tol.passes(mism, pct, gmism):
             out.append(None)  # compare() writes the failure's reason and worst elements
             continue
-        shape = tuple(items[k][0].shape)
+        shape = shapes[k]
         out.append(ComparisonResult(
             passed=True, reason=None, tolerance=tol, name=p.name, reference_shape=shape, alternative_shape=shape,
             reference_dtype=ref_dtype, alternative_dtype=alt_dtype, dtype_match=dtype_match, numel=n, finite_count=n,
@@ -199,7 +202,22 @@ def _batch(items: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[Pair], y:
             max_rel_error=max_rel, mean_rel_error=s_rel / n, rmse=math.sqrt(s_d2 / n), rel_l2_error=_rel_l2(s_d2, s_r2),
             cosine_similarity=_cosine(s_a2, s_r2, s_ar), sqnr_db=_sqnr(s_d2, s_r2), mismatch_count=int(mism),
             mismatch_percent=pct, gross_mismatch_count=int(gmism),
-            worst=[WorstElement(tuple(int(v) for v in np.unravel_index(worst[k], shape)), w_y[k], w_x[k], w_ad[k])]))
+            worst=[WorstElement(worst[k], w_y[k], w_x[k], w_ad[k])]))
+    return out
+
+
+def _unravel(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Each flat index ``flat[i]`` as an index of ``shapes[i]`` (one ``np.unravel_index`` per shape)."""
+    out: list[tuple[int, ...]] = [()] * len(shapes)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, shape in enumerate(shapes):
+        by_shape.setdefault(shape, []).append(i)
+    for shape, members in by_shape.items():
+        if not shape:  # a 0-d tensor: its one element has the index ()
+            continue
+        coords = np.unravel_index(flat[members], shape)
+        for i, index in zip(members, zip(*(c.tolist() for c in coords))):
+            out[i] = tuple(index)
     return out
 
 

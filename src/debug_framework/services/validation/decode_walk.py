@@ -27,7 +27,7 @@ from .context import RunContext
 from .decode_batch import Pair, compare_many, measure_many
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
-from .judge import Judgement, judge_checkpoint, judge_kv, judge_tokens
+from .judge import checkpoint_passes, judge_tokens, kv_passes
 
 __all__ = ["DecodeWalk", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "held_by_both", "LOGITS"]
 
@@ -84,6 +84,8 @@ class DecodeWalk:
         self._mask0: np.ndarray | None = None
         #: the calibration's next-token metrics and largest logit error last measured (carried between)
         self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
+        #: the module path the prefill's evidence names for each checkpoint (:func:`_module`), looked up once
+        self._modules: dict[CheckpointKey, str | None] = {}
         self._seconds: dict[str, list[float]] = {"reference": [], "alternative": []}
 
     def step(self, r: DecodePass, a: DecodePass) -> bool:
@@ -157,34 +159,36 @@ class DecodeWalk:
             noisy = [k for k in keys if plan.calibrated(k) and k in c]
             measured = dict(zip(noisy, compare_many([Pair(r[k], c[k], None, f"{k} (calibration)") for k in noisy])))
         failed = False
+        modules = self._modules
         for key in plan.keys:
+            module = modules[key] if key in modules else modules.setdefault(key, _module(ctx, key))
             if key in errors:
-                ev = CheckpointEvidence(key=key, comparison=errors[key], step=s, module=_module(ctx, key),
+                ev = CheckpointEvidence(key=key, comparison=errors[key], step=s, module=module,
                                         reference_rms=scales[key])
             else:
                 side = "alternative" if key not in a else "reference"
                 ev = CheckpointEvidence(key=key, comparison=_missing(key, s, side, plan.tolerance(key)), step=s,
-                                        module=_module(ctx, key))
+                                        module=module)
             judged = self._noise(ev, r, sampled, measured.get(key)) if key in errors and plan.calibrated(key) else None
-            verdict = judged if judged is not None else judge_checkpoint(ev, ctx.evidence, plan)
-            if not verdict.passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
+            passed = judged if judged is not None else checkpoint_passes(ev, ctx.evidence, plan)
+            if not passed and key in errors:  # the failure's evidence in full (worst elements, ULPs)
                 ev.comparison = compare(r[key], a[key], tolerance=plan.tolerance(key), check_dtype=False,
                                         name=f"{key}@{s}")
-                verdict = judge_checkpoint(ev, ctx.evidence, plan)
-            failed = failed or not verdict.passed
+                passed = checkpoint_passes(ev, ctx.evidence, plan)
+            failed = failed or not passed
             ctx.evidence.checkpoints.append(ev)
         return failed
 
     def _noise(self, ev: CheckpointEvidence, r: Capture, sampled: bool,
-               measured: ComparisonResult | None) -> Judgement | None:
-        """Set ``ev.noise`` (:class:`NoiseCarry`); the judgement by it where the carry judged it already."""
+               measured: ComparisonResult | None) -> bool | None:
+        """Set ``ev.noise`` (:class:`NoiseCarry`); whether it passes by it where the carry judged it already."""
         ctx = self.ctx
-        judged: list[tuple[ComparisonResult, Judgement]] = []
+        judged: list[tuple[ComparisonResult, bool]] = []
 
         def fails(noise: ComparisonResult) -> bool:
             ev.noise = noise
-            judged.append((noise, judge_checkpoint(ev, ctx.evidence, ctx.plan)))
-            return not judged[-1][1].passed
+            judged.append((noise, checkpoint_passes(ev, ctx.evidence, ctx.plan)))
+            return not judged[-1][1]
         s = ev.step or 0
         ev.noise = self.carry.noise(("checkpoint", ev.key), lambda: noise_at(ev.key, r, self._cal_capture(s)), sampled,
                                     fails, measured, lambda: self._may_measure(s))
@@ -275,7 +279,7 @@ class DecodeWalk:
                     return compare(cal[0], cal[1], check_dtype=False, positions=cal[2])
                 def fails(n: ComparisonResult, layer: int = layer, part: str = part, err: ComparisonResult = err,
                           scale: float = scale) -> bool:
-                    return not judge_kv(KVEvidence(s, layer, part, err, n, scale), ctx.plan).passed
+                    return not kv_passes(KVEvidence(s, layer, part, err, n, scale), ctx.plan)
                 noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled, fails,
                                          may_measure=lambda: self._may_measure(s))
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))

@@ -40,7 +40,7 @@ from .plan import DTYPE_EPS, ValidationPlan
 
 __all__ = ["Judgement", "LayerVerdict", "Verdict", "judge", "error_source", "consistent_precision", "PRECISION_BAND",
            "node_output_verdict", "judge_tokens", "decisive_flips", "FLIPS_REASON",
-           "first_divergent_token", "served_source"]
+           "first_divergent_token", "served_source", "checkpoint_passes", "kv_passes"]
 
 #: A run consistent with a lower precision errs like a correct run there at every checkpoint: its
 #: error is within that run's calibrated bound and at least 1 / PRECISION_BAND of that run's error.
@@ -216,11 +216,17 @@ def _ratio(rule: RatioRule, baseline: ComparisonResult, test: ComparisonResult, 
                      None if v.passed else f"{prefix}{v.reason}", v.judgement, noise=noise)
 
 
-def _calibrated(plan: ValidationPlan, noise: ComparisonResult, error: ComparisonResult, reference_rms: float,
-                what: str = "", perturbed: tuple[ComparisonResult, ...] | None = None) -> Judgement:
+def _calibrated_rule(plan: ValidationPlan, reference_rms: float) -> RatioRule:
+    """The calibrated rule at a tensor of RMS ``reference_rms``: ``noise_margin`` x the noise plus
+    ``floor_eps`` x eps x RMS (no floor where the RMS is unmeasured)."""
     cfg = plan.config
     floor = cfg.floor_eps * plan.eps * (0.0 if math.isnan(reference_rms) else reference_rms)
-    rule = RatioRule(cfg.noise_margin, floor, cfg.calibration_metric)
+    return RatioRule(cfg.noise_margin, floor, cfg.calibration_metric)
+
+
+def _calibrated(plan: ValidationPlan, noise: ComparisonResult, error: ComparisonResult, reference_rms: float,
+                what: str = "", perturbed: tuple[ComparisonResult, ...] | None = None) -> Judgement:
+    rule = _calibrated_rule(plan, reference_rms)
     return _ratio(rule, noise, error, "calibration", oracle="the reference",
                   baseline_name=f"a correct {plan.alternative_dtype} run{what}", prefix="calibrated bound: ",
                   perturbed=perturbed)
@@ -254,6 +260,17 @@ def judge_checkpoint(ev: CheckpointEvidence, evidence: Evidence, plan: Validatio
     if ev.noise is not None and ev.present and plan.calibrated(ev.key):
         return _calibrated(plan, ev.noise, ev.comparison, ev.reference_rms, perturbed=ev.perturbed)
     return _tolerance(ev.comparison, ev.tolerance_margin)
+
+
+def checkpoint_passes(ev: CheckpointEvidence, evidence: Evidence, plan: ValidationPlan) -> bool:
+    """``judge_checkpoint(ev, evidence, plan).passed``; a checkpoint judged by its calibrated bound
+    alone (no expert choice, no oracle, no noise rule's runs) decided by
+    :meth:`~debug_framework.comparison.RatioRule.passes`, without the judgement's records: a decode
+    step asks it of every checkpoint (:mod:`.decode_walk`), the judge decides it again in full."""
+    if ev.expert_choice is None and evidence.oracle is None and not ev.perturbed and ev.noise is not None \
+            and ev.present and plan.calibrated(ev.key):
+        return _calibrated_rule(plan, ev.reference_rms).passes(ev.noise, ev.comparison)
+    return judge_checkpoint(ev, evidence, plan).passed
 
 
 def judge_block(ev: BlockEvidence, plan: ValidationPlan) -> Judgement:
@@ -396,6 +413,14 @@ def judge_kv(ev: KVEvidence, plan: ValidationPlan) -> Judgement:
     if ev.noise is not None and ev.comparison.shape_match:
         return _calibrated(plan, ev.noise, ev.comparison, ev.reference_rms, " (its KV cache)")
     return _tolerance(ev.comparison)
+
+
+def kv_passes(ev: KVEvidence, plan: ValidationPlan) -> bool:
+    """``judge_kv(ev, plan).passed``, the calibrated bound decided without its records (every K and
+    V of every decode step asks it)."""
+    if ev.noise is not None and ev.comparison.shape_match:
+        return _calibrated_rule(plan, ev.reference_rms).passes(ev.noise, ev.comparison)
+    return ev.comparison.passed
 
 
 def decode_source(first: CheckpointKey, step: int, kv: dict[tuple[int, int, str], Judgement] | None = None,
