@@ -88,6 +88,10 @@ def test_a_session_with_the_child_is_the_session_without_it(tiny_models, engine,
     assert d1["reference_process"]["peak_rss_bytes"] > 0
     assert d2["reference_process"] == {"ahead": False, "why": f"fewer than {10**6} decode steps"}
     assert ahead.passed and here.passed and d1["tokens"] == d2["tokens"] and t1 == t2
+    # the calibration's sampled prefills ran in the child and judged as those run here
+    assert d1["reference_process"]["calibration_prefills"] == len(d1["calibration_noise"]["sampled_steps"]) > 0
+    assert [r["calibration"] for r in d1["token_metrics"]] == [r["calibration"] for r in d2["token_metrics"]]
+    assert [r["k"]["noise_rmse"] for r in d1["kv_cache"]] == pytest.approx([r["k"]["noise_rmse"] for r in d2["kv_cache"]])
     assert [r[:2] for r in kv1] == [r[:2] for r in kv2]
     assert np.allclose([r[2:] for r in kv1], [r[2:] for r in kv2], rtol=1e-6, atol=0)
 
@@ -248,3 +252,20 @@ def test_a_pass_crosses_in_one_writev_and_survives_partial_writes_and_reads(monk
     got = receive_pass(json.loads(theirs.recv_bytes()), theirs)
     sender.join()
     assert torch.equal(got.kv[0][0], big) and torch.equal(got.kv[0][1], big * 2) and not theirs.poll(0)
+
+
+@needs_two
+def test_a_calibration_the_child_cannot_compute_is_computed_here(tiny_models, engine, monkeypatch):
+    """What the child computes beside its passes fails: nothing sent, the session computes it itself."""
+    from debug_framework.services.validation import decode_stage
+
+    def broken(*_args):
+        def at(p):
+            raise RuntimeError("the calibration broke in the child")
+        return at
+    monkeypatch.setattr(decode_stage, "beside_calibration", broken)
+    result = engine.run(engine.create_session(tiny_models("llama"), CONFIG, "float64_eager", "pytorch"))
+    decode = result.summary()["decode"]
+    assert result.passed and decode["reference_process"]["calibration_prefills"] == 0
+    assert decode["reference_process"]["taken_over_at"] is None
+    assert all(r["calibration"] is not None for r in decode["token_metrics"])

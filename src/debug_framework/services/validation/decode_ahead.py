@@ -51,7 +51,7 @@ from ...jsonio import JsonObject
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-__all__ = ["AheadStream", "decode_ahead", "ahead_support", "send_pass", "receive_pass", "AHEAD_MIN_STEPS"]
+__all__ = ["AheadStream", "decode_ahead", "ahead_support", "send_pass", "receive_pass", "AHEAD_MIN_STEPS", "Beside"]
 
 #: the fewest decode steps for which a child is started (below it the fork costs more than it saves)
 AHEAD_MIN_STEPS = 4
@@ -199,10 +199,11 @@ def _raw(a: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
-def send_pass(conn: Channel, p: DecodePass) -> None:
+def send_pass(conn: Channel, p: DecodePass, kind: str = "pass") -> None:
     """One pass sent: a JSON header (its fields; each tensor's library, dtype, shape and size) as a
     message, then every tensor's bytes in the header's order, one after the other with no length of
-    their own, all in one ``writev`` (nothing joined, nothing pickled)."""
+    their own, all in one ``writev`` (nothing joined, nothing pickled). ``kind``: ``"pass"`` (the
+    reference's) or ``"beside"`` (a pass computed beside the reference's step: the calibration's)."""
     entries: list[JsonObject] = []
     chunks: list[memoryview] = []
 
@@ -214,7 +215,7 @@ def send_pass(conn: Channel, p: DecodePass) -> None:
         return len(entries) - 1
     c = p.capture
     header: JsonObject = {
-        "kind": "pass", "step": p.step,
+        "kind": kind, "step": p.step,
         "capture": {"backend": c.backend, "dtype": c.dtype, "elapsed_s": c.elapsed_s, "meta": c.meta,
                     "tensors": [[k.name, k.layer, put(t)] for k, t in c.tensors.items()],
                     "layer_inputs": [[layer, put(t)] for layer, t in c.layer_inputs.items()]},
@@ -268,11 +269,13 @@ def receive_pass(header: JsonObject, conn: Channel) -> DecodePass:
 
 # -- the child and the stream this process reads ----------------------------------------------------
 def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours: Channel, parent: int,
-           passes: int) -> None:
-    """The child: the reference's decode, each pass sent as it comes; ``end`` (with the child's
-    peak memory) as soon as the last one is sent, or ``error`` with the step it failed at (what the
-    session's process needs to take over). It dies with the session's process (a write to a pipe
-    nobody reads would otherwise hold the model's memory for ever)."""
+           passes: int, beside: Beside | None = None) -> None:
+    """The child: the reference's decode, each pass sent as it comes, followed by ``beside(pass)``
+    where that gives one (sent as ``"beside"``; nothing where it gives None or fails: the session's
+    process then computes it itself); ``end`` (with the child's peak memory) as soon as the last
+    one is sent, or ``error`` with the step it failed at (what the session's process needs to take
+    over). It dies with the session's process (a write to a pipe nobody reads would otherwise hold
+    the model's memory for ever)."""
     import resource
     import signal
 
@@ -297,7 +300,13 @@ def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours:
             mid_pass = True
             send_pass(conn, p)
             mid_pass = False
-            if any(span != "new" for span in p.span.values()):
+            extra = _beside_of(beside, p)
+            if extra is not None:
+                mid_pass = True
+                send_pass(conn, extra, "beside")
+                mid_pass = False
+            if extra is not None or any(span != "new" for span in p.span.values()):
+                del extra
                 give_back_freed()  # a whole cache sent: its copies out of the child's resident set
             if step == passes:  # said before the decode's own clean-up (its weights put back)
                 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
@@ -309,6 +318,21 @@ def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours:
                                             "error": f"{type(exc).__name__}: {exc}"}).encode())
     finally:
         conn.close()
+
+
+#: what the child computes beside a reference pass (the calibration's pass at a sampled step), or None
+Beside = Callable[[DecodePass], "DecodePass | None"]
+
+
+def _beside_of(beside: Beside | None, p: DecodePass) -> DecodePass | None:
+    """``beside(p)``, None where there is none or it fails (the session's process computes it then:
+    the child's work beside its decode only ever saves time)."""
+    if beside is None:
+        return None
+    try:
+        return beside(p)
+    except Exception:  # noqa: BLE001 - anything: the pass is computed again where it is needed
+        return None
 
 
 def _cpu_ticks(pid: int) -> int | None:
@@ -341,14 +365,44 @@ class AheadStream(Iterator[DecodePass]):
         self.taken_over: int | None = None
         self.child_error: str | None = None
         self.peak_rss_bytes: int | None = None
+        self._said: JsonObject | None = None  # a header read ahead by :meth:`beside`, for :meth:`__next__`
+        #: the passes the child computed beside its steps and sent (:meth:`beside`), by step
+        self.beside_sent = 0
 
     def __iter__(self) -> AheadStream:
         return self
 
+    def beside(self, step: int) -> DecodePass | None:
+        """The pass the child computed beside its decode step ``step`` (the calibration's at a
+        sampled step), sent right after that step's pass; None where it sent none (this process
+        computes it then) or the child is gone (the next pass takes the decode over)."""
+        if self._local is not None or self._said is not None or self._next_step != step + 1:
+            return None
+        said = self._receive()
+        if said is None or said.get("kind") != "beside":
+            self._said = said if said is not None else {"kind": "gone"}
+            return None
+        try:
+            got = receive_pass(said, self._conn)
+        except (EOFError, OSError):  # the child died mid-pass: the next pass takes the decode over
+            self._said = {"kind": "gone"}
+            return None
+        self.beside_sent += 1
+        return got if got.step == step else None
+
     def __next__(self) -> DecodePass:
         if self._local is not None:
             return self._from_local()
-        said = self._receive()
+        said, self._said = self._said, None
+        if said is None or said.get("kind") == "gone":
+            said = self._receive()
+        while said is not None and said.get("kind") == "beside":  # one nobody asked for: read past it
+            try:
+                receive_pass(said, self._conn)
+            except (EOFError, OSError):
+                said = None
+                break
+            said = self._receive()
         if said is None:
             why = "the reference's decode process ended without a word" if not self._process.is_alive() else \
                 f"the reference's decode process used no CPU for {_STUCK_S:g} s while this one waited (stuck)"
@@ -439,7 +493,13 @@ class AheadStream(Iterator[DecodePass]):
         stopped (a decode ended early, at its first divergence or on an error)."""
         if self._local is None and self._next_step == self.passes and not self._conn.closed \
                 and self.peak_rss_bytes is None:
-            said = self._receive(_END_WAIT_S)
+            said, self._said = self._said or self._receive(_END_WAIT_S), None
+            while said is not None and said.get("kind") == "beside":  # the last step's, nobody asked for
+                try:
+                    receive_pass(said, self._conn)
+                except (EOFError, OSError):
+                    break
+                said = self._receive(_END_WAIT_S)
             if said is not None and said.get("kind") == "end":
                 self._ended(said)
         if self._threads is not None or self._process.is_alive() or not self._conn.closed:
@@ -463,18 +523,20 @@ def _widen(fd: int) -> None:
         pass
 
 
-def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int, name: str) -> AheadStream | str:
+def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int, name: str,
+                 beside: Beside | None = None) -> AheadStream | str:
     """The decode of ``steps`` steps of the reference ``name`` (``open_stream()``, opened in the
     child) run ahead in a forked child process: the stream of its passes (see the module), or why
-    not where the fork failed (the decode then runs in this process). This process keeps one
-    intra-op thread fewer while the child runs."""
+    not where the fork failed (the decode then runs in this process). ``beside(pass)``, run in the
+    child after each pass, may give a pass of its own to send along (:meth:`AheadStream.beside`).
+    This process keeps one intra-op thread fewer while the child runs."""
     import multiprocessing
 
     import torch
 
     ctx = multiprocessing.get_context("fork")
     ours, theirs = _channel()
-    process = ctx.Process(target=_serve, args=(open_stream, theirs, ours, os.getpid(), steps + 1),
+    process = ctx.Process(target=_serve, args=(open_stream, theirs, ours, os.getpid(), steps + 1, beside),
                           name="reference-decode", daemon=True)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written a second time by the child
         flush = getattr(stream, "flush", None)

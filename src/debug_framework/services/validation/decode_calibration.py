@@ -39,7 +39,7 @@ from .context import RunContext, call_backend, own
 from .decode_equivalence import replayed_as_prefill
 from .memory import give_back_freed, large_blocks_mapped
 
-__all__ = ["CalibrationPrefill", "NoiseCarry", "NOISE_EVERY", "noise_sampled"]
+__all__ = ["CalibrationPrefill", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "beside_calibration"]
 
 #: besides the powers of two, the calibration's noise is measured at every this many decode steps
 #: (and the last); the steps between carry the last measured
@@ -107,8 +107,12 @@ class CalibrationPrefill:
     held, so every measurement at one step shares one prefill."""
 
     def __init__(self, ctx: RunContext, backend: Backend, taps: Sequence[CheckpointKey],
-                 prompt_taps: Sequence[CheckpointKey], tokens: np.ndarray) -> None:
+                 prompt_taps: Sequence[CheckpointKey], tokens: np.ndarray,
+                 given: Callable[[int], DecodePass | None] | None = None) -> None:
         self.ctx, self.backend, self.tokens = ctx, backend, tokens
+        #: ``given(step)``: the pass at a sampled step where another process computed it already
+        #: (the reference's decode process, :func:`beside_calibration`), else None
+        self.given = given
         self.taps, self.prompt_taps = list(taps), list(prompt_taps)
         self._held: tuple[int, DecodePass | None] | None = None
         #: ``(step, tokens in the prefill, seconds, why)`` of each prefill run
@@ -131,6 +135,11 @@ class CalibrationPrefill:
             return self._held[1]
         self._held = None  # the last step's tensors are not kept beside this one's
         longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
+        done = self.given(step) if self.given is not None and why == "sampled" else None
+        if done is not None:  # the same prefill, run in the reference's decode process
+            self.runs.append((step, int(longer.shape[1]), float(done.capture.elapsed_s), why))
+            self._held = (step, done)
+            return done
         start = time.perf_counter()
         apart = longer.shape[1] > ROWS_APART_FROM
         rows = [self._prefill(_row(longer, b), step, apart) for b in range(longer.shape[0])] if apart else \
@@ -175,6 +184,24 @@ class CalibrationPrefill:
         """The checkpoints of :meth:`at`."""
         got = self.at(step, why)
         return None if got is None else got.capture
+
+
+def beside_calibration(ctx: RunContext, backend: Backend, taps: Sequence[CheckpointKey],
+                       prompt_taps: Sequence[CheckpointKey], steps: int) -> Callable[[DecodePass], DecodePass | None]:
+    """What the reference's decode process computes beside each of its passes
+    (:func:`~.decode_ahead.decode_ahead`'s ``beside``): at a sampled step (:func:`noise_sampled`)
+    the calibration's pass, the same :class:`CalibrationPrefill` over the tokens it fed so far; else
+    nothing. The session's process takes it as :class:`CalibrationPrefill`'s ``given``, so the
+    sampled prefills (the longest, growing with the step) run beside its own work."""
+    tokens = np.zeros((ctx.inputs.shape[0], steps), np.int64)
+    prefill = CalibrationPrefill(ctx, backend, taps, prompt_taps, tokens)
+
+    def at(p: DecodePass) -> DecodePass | None:
+        if not p.step or p.token is None:
+            return None
+        tokens[:, p.step - 1] = p.token
+        return prefill.at(p.step) if noise_sampled(p.step, steps) else None
+    return at
 
 
 class NoiseCarry:

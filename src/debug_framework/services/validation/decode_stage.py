@@ -31,8 +31,8 @@ from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
 from .deadline import bounded
-from .decode_ahead import AheadStream, ahead_support, decode_ahead
-from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
+from .decode_ahead import AheadStream, Beside, ahead_support, decode_ahead
+from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, beside_calibration, noise_sampled
 from .decode_equivalence import prefill_equivalence
 from .decode_replay import replay_decode_layer, step_inputs
 from .decode_walk import LOGITS, DecodeWalk, held_by_both
@@ -118,14 +118,17 @@ class DecodeStage(Stage):
         cal = self._calibrator(ctx)
         sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]] = []
         ref_fed = None if given is None else own(given)
-        ahead = self._ahead(ctx, steps, taps, ref_fed, prefill_taps)  # the reference's passes computed ahead
+        # the reference's passes computed ahead, the calibration's sampled prefills beside them
+        ahead = self._ahead(ctx, steps, taps, ref_fed, prefill_taps,
+                            None if cal is None else beside_calibration(ctx, cal, taps, prefill_taps, steps))
         try:  # the child process (where the reference runs ahead) ended however the decode ends
             for backend, fed in ((ctx.reference, ref_fed), (ctx.alternative, own(tokens))):
                 stream = ahead if backend is ctx.reference and isinstance(ahead, AheadStream) else \
                     self._open(backend, ctx, steps, taps, fed, prefill_taps)
                 sides.append((backend, stream, fed))  # type: ignore[arg-type]
             # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
-            calibration = None if cal is None else CalibrationPrefill(ctx, cal, taps, prefill_taps, tokens)
+            calibration = None if cal is None else CalibrationPrefill(
+                ctx, cal, taps, prefill_taps, tokens, ahead.beside if isinstance(ahead, AheadStream) else None)
             if given is None and not all(streams_decode(b) for b, _, _ in sides[1:]):
                 sides[0] = self._whole_first(sides[0], steps, sides[1:])  # a side that decodes only whole needs every token first
             for ev in ctx.evidence.checkpoints:
@@ -222,16 +225,17 @@ class DecodeStage(Stage):
 
     @staticmethod
     def _ahead(ctx: RunContext, steps: int, taps: list[CheckpointKey], fed: np.ndarray | None,
-               prefill_taps: list[CheckpointKey]) -> AheadStream | str:
+               prefill_taps: list[CheckpointKey], beside: Beside | None) -> AheadStream | str:
         """The reference's decode run ahead in a child process (:mod:`.decode_ahead`) where it can
-        be, else why not."""
+        be, with ``beside`` run there after each of its passes; else why not."""
         backend = ctx.reference
         caps = capabilities(backend)
         ok, why = ahead_support(caps.decode_ahead, steps, caps.device)
         if not ok:
             return why
         inputs = own(ctx.inputs)
-        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps, backend.name)
+        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps, backend.name,
+                            beside)
 
     @staticmethod
     def _ahead_record(ahead: AheadStream | str) -> JsonObject:
@@ -239,7 +243,7 @@ class DecodeStage(Stage):
         if isinstance(ahead, str):
             return {"ahead": False, "why": ahead}
         return {"ahead": True, "taken_over_at": ahead.taken_over, "child_error": ahead.child_error,
-                "peak_rss_bytes": ahead.peak_rss_bytes}
+                "peak_rss_bytes": ahead.peak_rss_bytes, "calibration_prefills": ahead.beside_sent}
 
     @staticmethod
     def _next(backend: Backend, stream: Iterator[DecodePass], step: int) -> DecodePass:
