@@ -269,3 +269,14 @@ def test_a_calibration_the_child_cannot_compute_is_computed_here(tiny_models, en
     assert result.passed and decode["reference_process"]["calibration_prefills"] == 0
     assert decode["reference_process"]["taken_over_at"] is None
     assert all(r["calibration"] is not None for r in decode["token_metrics"])
+
+
+def test_a_closed_channel_refuses_io():
+    """After close its descriptor's number may be another file's: no read or write goes through."""
+    reads, writes = decode_ahead._channel()
+    writes.close()
+    reads.close()
+    with pytest.raises(ValueError):
+        writes.send_bytes(b"x")
+    with pytest.raises(ValueError):
+        reads.recv_into([memoryview(bytearray(1))])

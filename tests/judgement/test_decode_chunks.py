@@ -77,12 +77,17 @@ def test_a_draft_that_proposes_other_tokens_changes_nothing_but_the_passes(tiny_
     assert refused  # some proposals refused: the crop path ran
 
 
-def test_a_mixture_of_experts_router_checkpoint_falls_back_to_a_step_a_pass(tiny_models, padded):
-    """Its router logits are ``[tokens, experts]``, not ``[batch, tokens, ...]``: not cut, a step a pass."""
+def test_a_checkpoint_that_cannot_be_cut_per_step_falls_back_to_a_step_a_pass(tiny_models, padded):
+    """A mixture of experts' router logits are ``[tokens, experts]``, not ``[batch, tokens, ...]``:
+    the reference builds no draft for it; given one anyway, the pass over several tokens is dropped
+    from the cache and the decode goes a step a pass, the same decode."""
     model = load_model(str(tiny_models("qwen3_moe", 0)))
     assert model.router_layers
+    ref = EagerReferenceBackend()
+    ref.prepare(model, "float64", "cpu")
+    assert ref._decode_draft() is None
     inputs = padded(model)
-    chunked = _decode(model, inputs, None)
+    chunked = _decode(model, inputs, lambda: build_hf_model(model, torch.float32, "cpu").eval())
     assert all("chunk" not in p.capture.meta for p in chunked)
     _same_decode(chunked, _decode(model, inputs, lambda: None))
 

@@ -362,6 +362,7 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
             # its cache not a plain one, or its prefill failing: a step a pass (the draft only ever saves time)
             with contextlib.suppress(RuntimeError, ValueError, TypeError, IndexError):
                 drafter = GreedyDraft(copy, kwargs, cache_arg, offset)
+            del copy  # held by the draft alone: gone with it
     fed_so_far: list[np.ndarray] = []  # every token fed after the prefill (the draft catches up with them)
     s = 0
     while s < steps:
@@ -392,7 +393,8 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
                                                   cache_arg: cache, "use_cache": True})
             wider = getattr(out, "logits", None)
             cuts = all(t.dim() >= 2 and t.shape[0] == feed.shape[0] and t.shape[1] == n for t in got.values())
-            if wider is None or not cuts or _cache_of(out) is not cache or cache_length(cache) != before + n:
+            if wider is None or wider.dim() != 3 or wider.shape[1] != n or not cuts or _cache_of(out) is not cache \
+                    or cache_length(cache) != before + n:
                 # a checkpoint that is not [batch, tokens, ...]: the pass dropped, a step a pass from here
                 crop_cache(cache, cache_length(cache) - before)
                 drafter = None

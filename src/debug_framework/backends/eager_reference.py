@@ -212,6 +212,8 @@ class EagerReferenceBackend(PyTorchBackend):
 
         if self.dtype != "float64" or self.device != "cpu" or self.module is None or self._loaded is None:
             return None
+        if getattr(self._loaded, "router_layers", None):  # a router's logits, [tokens, experts], cannot be cut per
+            return None                                    # step (and its stacked experts would be copies)
         if _draft_bytes(self._loaded) > DRAFT_BYTES:
             return None
         try:

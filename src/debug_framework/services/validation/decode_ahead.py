@@ -121,7 +121,14 @@ class Channel:
         view = memoryview(data).cast("B")
         self._write_all([memoryview(_LENGTH.pack(view.nbytes)), view, *(b.cast("B") for b in after)])
 
+    def _open_fd(self) -> int:
+        """The descriptor, ValueError once closed (its number may be another file's by then)."""
+        if self._file.closed:
+            raise ValueError("I/O operation on a closed channel")
+        return self._fd
+
     def _write_all(self, views: list[memoryview]) -> None:
+        self._open_fd()
         pending = [v for v in views if v.nbytes]
         while pending:
             written = os.writev(self._fd, pending[:_IOV_MAX])
@@ -133,6 +140,7 @@ class Channel:
     def recv_into(self, views: Sequence[memoryview]) -> None:
         """The next bytes read into ``views`` in order, each filled exactly (one ``readv`` where the
         pipe holds them all). EOFError where the other end closes first."""
+        self._open_fd()
         pending = [v.cast("B") for v in views if v.nbytes]
         while pending:
             n = os.readv(self._fd, pending[:_IOV_MAX])
