@@ -217,9 +217,14 @@ class EagerReferenceBackend(PyTorchBackend):
         if _draft_bytes(self._loaded) > DRAFT_BYTES:
             return None
         try:
-            return build_hf_model(self._loaded, torch.float32, "cpu", shared=True).eval()
+            draft = build_hf_model(self._loaded, torch.float32, "cpu", shared=True).eval()
         except (BackendInitializationError, ModelLoadingError, RuntimeError, ValueError):
             return None  # no draft: a step a pass, as without one
+        # its attention the fastest the model has (a long decode's eager scores cost the draft most):
+        # its tokens decide only how many steps a pass computes
+        with contextlib.suppress(AttributeError, ImportError, KeyError, RuntimeError, ValueError):
+            draft.set_attn_implementation("sdpa")
+        return draft
 
     def run_decode_layer(self, *args: Any, **kwargs: Any) -> Capture:
         with self._exact():
