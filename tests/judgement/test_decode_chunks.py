@@ -171,3 +171,14 @@ def test_a_draft_that_fails_leaves_a_step_a_pass(tiny_models, padded, fails_at):
     passes = _decode(model, inputs, failing)
     _same_decode(passes, _decode(model, inputs, lambda: None))
     assert any("chunk" in p.capture.meta for p in passes) is (fails_at > 1)
+
+
+def test_a_rotary_embedding_that_follows_the_length_gets_no_draft(tiny_models):
+    """Dynamic NTK or LongRoPE frequencies change with a pass's longest position: a step a pass."""
+    model = load_model(str(tiny_models("llama", 0)))
+    ref = EagerReferenceBackend()
+    ref.prepare(model, "float64", "cpu")
+    rotary = next(m for m in ref.module.modules() if hasattr(m, "rope_type"))
+    for kind, drafted in (("default", True), ("dynamic", False), ("longrope", False)):
+        rotary.rope_type = kind
+        assert (ref._decode_draft() is not None) is drafted, kind

@@ -56,6 +56,15 @@ def _draft_bytes(model: LoadedModel) -> int:
     return sum(4 * math.prod(weights.shape(n)) for n in weights if str(weights.dtype_name(n)).upper() != "F32")
 
 
+def _rope_follows_length(module: object) -> bool:
+    """Whether a rotary embedding module changes its frequencies with the longest position of a
+    pass (``transformers``' dynamic NTK and LongRoPE): a pass over several steps would then use
+    another frequency than a step alone near the switch, so such a model decodes a step a pass."""
+    kind = getattr(module, "rope_type", None)
+    kinds = list(kind.values()) if isinstance(kind, dict) else [kind]
+    return any(isinstance(k, str) and ("dynamic" in k or k == "longrope") for k in kinds)
+
+
 class EagerReferenceBackend(PyTorchBackend):
     """The model's own eager code on the CPU: float64 by default (the reference); float32, float16
     or bfloat16 as the calibration run at the alternative's precision. In float64 the whole
@@ -214,6 +223,8 @@ class EagerReferenceBackend(PyTorchBackend):
             return None
         if getattr(self._loaded, "router_layers", None):  # a router's logits, [tokens, experts], cannot be cut per
             return None                                    # step (and its stacked experts would be copies)
+        if any(_rope_follows_length(m) for m in self.module.modules()):
+            return None
         if _draft_bytes(self._loaded) > DRAFT_BYTES:
             return None
         try:
