@@ -86,14 +86,12 @@ class GreedyDraft:
         self.mask = kwargs["attention_mask"].detach().cpu().numpy().astype(np.int64)
         with torch.inference_mode():
             out = module(**kwargs, use_cache=True)
-        self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)  # as decode._cache_of
         if not plain_cache(self.cache):
             raise ValueError("the draft's cache is not a plain DynamicCache")
         #: the tokens fed after the prefill, ``[batch]`` each, in order
         self.fed: list[np.ndarray] = []
         self._same = 0  #: how many of :attr:`fed` are known to be the decode's own
-        #: the draft's forward passes so far
-        self.passes = 0
 
     def propose(self, fed: Sequence[np.ndarray], n: int) -> np.ndarray:
         """``[batch, n]``: the draft's greedy tokens after the decode's ``fed`` tokens (``[batch]``
@@ -110,14 +108,13 @@ class GreedyDraft:
         out: list[np.ndarray] = []
         with torch.inference_mode():
             for _ in range(n):
-                before = self.mask.shape[1] + len(self.fed)
-                ones = np.ones((self.mask.shape[0], before - self.mask.shape[1] + feed.shape[1]), np.int64)
-                mask = np.concatenate([self.mask, ones], axis=1)
-                start = self.offset + (mask[:, :before] != 0).sum(axis=1, keepdims=True)
+                fed_mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], len(self.fed)), np.int64)], axis=1)
+                mask = np.concatenate([fed_mask, np.ones(feed.shape, np.int64)], axis=1)
+                # as decode.decode_positions (not imported: that module imports this one)
+                positions = self.offset + (fed_mask != 0).sum(axis=1, keepdims=True) + np.arange(feed.shape[1])
                 got = self.module(input_ids=torch.from_numpy(feed), attention_mask=torch.from_numpy(mask),
-                                  position_ids=torch.from_numpy(start + np.arange(feed.shape[1])),
-                                  **{self.cache_arg: self.cache}, use_cache=True)
-                self.passes += 1
+                                  position_ids=torch.from_numpy(positions), **{self.cache_arg: self.cache},
+                                  use_cache=True)
                 self.fed.extend(feed.T.copy())
                 nxt = got.logits[:, -1].float().argmax(-1).numpy().astype(np.int64)
                 out.append(nxt)

@@ -50,10 +50,12 @@ def _draft_bytes(model: LoadedModel) -> int:
     import math
 
     weights = model.weights
-    if getattr(model.config, "weights_renamed", False) or not hasattr(weights, "dtype_name") or \
-            not hasattr(weights, "shape"):  # loaded through transformers' own loader: a copy of every tensor
-        return sum(4 * math.prod(getattr(weights[n], "shape", ())) for n in weights)
-    return sum(4 * math.prod(weights.shape(n)) for n in weights if str(weights.dtype_name(n)).upper() != "F32")
+    shape = getattr(weights, "shape", None)  # from the files' headers, nothing read
+    dtype = getattr(weights, "dtype_name", None)
+    # loaded through transformers' own loader, or dtypes unsaid: a copy of every tensor
+    every = getattr(model.config, "weights_renamed", False) or dtype is None
+    return sum(4 * math.prod(shape(n) if shape is not None else getattr(weights[n], "shape", ()))
+               for n in weights if every or str(dtype(n)).upper() != "F32")
 
 
 def _rope_follows_length(module: object) -> bool:
