@@ -11,6 +11,12 @@ dropped from its cache (:func:`crop_cache`), and the next pass starts from its o
 tokens, and every tensor of a step, are the reference's own: the draft decides only how many
 steps one pass computes (docs/validation.md, "Decode steps").
 
+Where another side chooses the tokens (the alternative leads: docs/validation.md, "Decode
+steps"), they come from a :class:`TokenFeed` as that side chooses them: the decode feeds as many as
+are known (up to :data:`~.decode.CHUNK_STEPS`) in one pass, no draft needed, every one of them
+kept, and records after each pass the token its own greedy choice would have fed next
+(``Capture.meta["choice"]``), so that the side feeding it can tell where it chose another.
+
 Only a cache whose every layer is ``transformers``' plain ``DynamicLayer`` (every position kept,
 appended in order) is cut this way (:func:`plain_cache`): a sliding window's or a quantised
 cache's layers are decoded a step at a time.
@@ -19,14 +25,36 @@ cache's layers are decoded a step at a time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GreedyDraft", "plain_cache", "crop_cache", "cache_length", "accepted"]
+__all__ = ["GreedyDraft", "TokenFeed", "plain_cache", "crop_cache", "cache_length", "accepted", "fed_column"]
+
+
+@runtime_checkable
+class TokenFeed(Protocol):
+    """The tokens of a teacher-forced decode as another side chooses them (in another process)."""
+
+    def known(self, start: int, most: int) -> np.ndarray:
+        """``[batch, n]`` int64, ``1 <= n <= most``: the tokens fed at decode steps ``start + 1``
+        to ``start + n``, waiting until ``most`` of them are known (fewer only where the feed ends).
+
+        Raises:
+            EOFError: the feed ended before the token of step ``start + 1``.
+        """
+        ...
+
+
+def fed_column(tokens: np.ndarray | TokenFeed, s: int) -> np.ndarray:
+    """``[batch]`` int64: the token fed at decode step ``s + 1`` (``tokens[:, s]``, or waited for
+    from a :class:`TokenFeed`)."""
+    if isinstance(tokens, TokenFeed):
+        return np.asarray(tokens.known(s, 1), np.int64)[:, 0]
+    return np.asarray(tokens, np.int64)[:, s]
 
 
 def _layers(cache: object) -> list[object]:

@@ -35,6 +35,7 @@ from ..errors import BackendInitializationError, BackendRuntimeError, Configurat
 from ..modelio.inputs import ModelInputs
 
 if TYPE_CHECKING:
+    from ._decode_draft import TokenFeed
     import torch
 
     from ..architectures.walk import Model
@@ -210,6 +211,18 @@ def _cache_of(out: object) -> object:
     return None
 
 
+def _greedy(logits: torch.Tensor | None, last: torch.Tensor) -> list[int] | None:
+    """Each row's greedy choice after a pass (as a greedy decode chooses it: the logits at the
+    row's last position, compared in float32); None without logits."""
+    if logits is None:
+        return None
+    import torch
+
+    with torch.inference_mode():
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return [int(t) for t in logits[rows, last].float().argmax(-1).cpu()]
+
+
 def _cache_layers(cache: object) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """``{layer: (keys, values)}`` of a ``transformers`` cache as it holds them, ``[batch, heads, length, dim]``."""
     layers = getattr(cache, "layers", None)
@@ -293,7 +306,7 @@ def module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, 
 
 def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[str, torch.Tensor],
                        capture: Callable[[], ContextManager[object]],
-                       inputs: ModelInputs, steps: int, tokens: np.ndarray | None,
+                       inputs: ModelInputs, steps: int, tokens: np.ndarray | TokenFeed | None,
                        wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture],
                        prefill_capture: Callable[[], ContextManager[object]] | None = None,
                        context: Callable[[], ContextManager[object]] | None = None,
@@ -312,7 +325,10 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     ``draft()``: a greedy decode may compute up to :data:`CHUNK_STEPS` steps in one pass, the
     tokens after the first proposed by the module ``draft()`` returns (a cheaper copy; None: a step
     a pass), each step's tensors and tokens the module's own (:mod:`._decode_draft`); its passes'
-    ``Capture.meta["chunk"]`` is ``[first step, steps kept, steps computed]``.
+    ``Capture.meta["chunk"]`` is ``[first step, steps kept, steps computed]``. ``tokens`` may be a
+    :class:`~._decode_draft.TokenFeed` (another process chooses them): as many as it knows, up to
+    :data:`CHUNK_STEPS`, are fed in one pass (a plain cache), and every pass records the tokens the
+    module's own greedy choice would feed next, ``Capture.meta["choice"]`` (one per row).
 
     Raises:
         ConfigurationError: (DF005) no tokens given and the module returns no logits to choose from.
@@ -323,7 +339,7 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
 
     import torch
 
-    from ._decode_draft import GreedyDraft, accepted, cache_length, crop_cache, plain_cache
+    from ._decode_draft import GreedyDraft, TokenFeed, accepted, cache_length, crop_cache, fed_column, plain_cache
 
     try:
         params = inspect.signature(module.forward).parameters
@@ -352,9 +368,14 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     mask_np = mask.detach().cpu().numpy().astype(np.int64)
     with torch.inference_mode():
         kept = _kept_kv(cache, kv)
-    yield DecodePass(0, wrap(got, seconds), *kept, mask_np)
     logits = getattr(out, "logits", None)
     last = torch.from_numpy(last_token_index(mask_np)).to(device)
+    feeder = tokens if isinstance(tokens, TokenFeed) else None  # the tokens as another side chooses them
+    first = wrap(got, seconds)
+    if feeder is not None:
+        first.meta["choice"] = _greedy(logits, last)
+    yield DecodePass(0, first, *kept, mask_np)
+    feeds_several = feeder is not None and plain_cache(cache)
     drafter: GreedyDraft | None = None
     if draft is not None and tokens is None and logits is not None and steps > 1 and plain_cache(cache):
         copy = draft()
@@ -366,8 +387,11 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     fed_so_far: list[np.ndarray] = []  # every token fed after the prefill (the draft catches up with them)
     s = 0
     while s < steps:
-        if tokens is not None:
-            tok = torch.as_tensor(np.asarray(tokens)[:, s], dtype=torch.long, device=device)
+        known = feeder.known(s, min(CHUNK_STEPS, steps - s) if feeds_several else 1) if feeder is not None else None
+        if known is not None:
+            tok = torch.as_tensor(np.asarray(known[:, 0]), dtype=torch.long, device=device)
+        elif tokens is not None:
+            tok = torch.as_tensor(fed_column(tokens, s), dtype=torch.long, device=device)
         elif logits is not None:
             rows = torch.arange(logits.shape[0], device=device)
             tok = logits[rows, last].float().argmax(-1)
@@ -375,15 +399,18 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
             raise ConfigurationError("the model returns no logits, so the decode tokens cannot be chosen",
                                      backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
         fed = tok.cpu().numpy().astype(np.int64)
-        n = min(CHUNK_STEPS, steps - s) if drafter is not None else 1
+        n = min(CHUNK_STEPS, steps - s) if drafter is not None else known.shape[1] if known is not None else 1
         if n > 1:
             start = time.perf_counter()
-            try:
-                proposed = drafter.propose([*fed_so_far, fed], n - 1)  # type: ignore[union-attr]
-            except (RuntimeError, ValueError, TypeError, IndexError):  # the draft fails: a step a pass from here
-                drafter = None
-                continue
-            feed = np.concatenate([fed[:, None], proposed], axis=1)
+            if known is not None:  # fed: every token kept
+                feed = np.asarray(known, np.int64)
+            else:
+                try:
+                    proposed = drafter.propose([*fed_so_far, fed], n - 1)  # type: ignore[union-attr]
+                except (RuntimeError, ValueError, TypeError, IndexError):  # the draft fails: a step a pass from here
+                    drafter = None
+                    continue
+                feed = np.concatenate([fed[:, None], proposed], axis=1)
             before = cache_length(cache)
             wide = np.concatenate([mask_np, np.ones((mask_np.shape[0], n), np.int64)], axis=1)
             positions = decode_positions(mask_np, offset) + np.arange(n)
@@ -397,9 +424,10 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
                     or cache_length(cache) != before + n:
                 # a checkpoint that is not [batch, tokens, ...]: the pass dropped, a step a pass from here
                 crop_cache(cache, cache_length(cache) - before)
-                drafter = None
+                drafter, feeds_several = None, False
                 continue
-            m = accepted(feed, wider.float().argmax(-1).cpu().numpy())
+            choice = wider.float().argmax(-1).cpu().numpy()
+            m = n if known is not None else accepted(feed, choice)
             crop_cache(cache, n - m)
             seconds = (time.perf_counter() - start) / m  # the draft's proposals and the pass, per step kept
             made: list[DecodePass] = []
@@ -408,6 +436,8 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
                     kept = _kept_kv(cache, kv, before + j + 1)
                     cap = wrap({k: t[:, j:j + 1].clone() for k, t in got.items()}, seconds)
                     cap.meta["chunk"] = [s + 1, m, n]
+                    if feeder is not None:
+                        cap.meta["choice"] = choice[:, j].tolist()
                     made.append(DecodePass(s + j + 1, cap, *kept, wide[:, :mask_np.shape[1] + j + 1].copy(),
                                            feed[:, j].copy()))
             del got
@@ -425,9 +455,12 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
         logits = getattr(out, "logits", None)
         with torch.inference_mode():
             kept = _kept_kv(cache, kv)
-        yield DecodePass(s + 1, wrap(got, seconds), *kept, mask_np, fed)
-        fed_so_far.append(fed)
         last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
+        cap = wrap(got, seconds)
+        if feeder is not None:
+            cap.meta["choice"] = _greedy(logits, last)
+        yield DecodePass(s + 1, cap, *kept, mask_np, fed)
+        fed_so_far.append(fed)
         s += 1
 
 
@@ -491,25 +524,37 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     mask = np.asarray(inputs.attention_mask, np.int64)
     first = list(keys if prefill_keys is None else prefill_keys)
-    got, seconds = call("prefill()", lambda: runner.prefill(inputs, first))
-    yield DecodePass(0, wrap(got, seconds), *cache(), mask)
-    last = last_token_index(mask)
+    from ._decode_draft import TokenFeed, fed_column
+
     logit_key = CheckpointKey("post_processing")
+
+    def greedy(got: dict[CheckpointKey, Tensor], last: np.ndarray) -> np.ndarray:
+        logits = np.asarray(got[logit_key].detach().cpu().double() if hasattr(got[logit_key], "detach")
+                            else got[logit_key], dtype=np.float64)
+        return logits[np.arange(logits.shape[0]), last].argmax(-1).astype(np.int64)
+
+    def wrapped(got: dict[CheckpointKey, Tensor], seconds: float, last: np.ndarray) -> Capture:
+        cap = wrap(got, seconds)
+        if isinstance(tokens, TokenFeed) and logit_key in got:  # the token its own greedy choice feeds next
+            cap.meta["choice"] = greedy(got, last).tolist()
+        return cap
+
+    got, seconds = call("prefill()", lambda: runner.prefill(inputs, first))
+    last = last_token_index(mask)
+    yield DecodePass(0, wrapped(got, seconds, last), *cache(), mask)
     for s in range(steps):
         if tokens is not None:
-            tok = np.asarray(tokens, np.int64)[:, s]
+            tok = fed_column(tokens, s)
         elif logit_key in got:
-            logits = np.asarray(got[logit_key].detach().cpu().double() if hasattr(got[logit_key], "detach")
-                                else got[logit_key], dtype=np.float64)
-            tok = logits[np.arange(logits.shape[0]), last].argmax(-1).astype(np.int64)
+            tok = greedy(got, last)
         else:
             raise ConfigurationError("the engine returns no post_processing logits, so the decode tokens cannot be "
                                      "chosen", backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
         positions = decode_positions(mask, offset)[:, 0]
         mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
         got, seconds = call("decode_step()", lambda t=tok, p=positions: runner.decode_step(t, p, list(keys)))
-        yield DecodePass(s + 1, wrap(got, seconds), *cache(), mask, np.array(tok, np.int64))
         last = np.zeros(mask.shape[0], np.int64)
+        yield DecodePass(s + 1, wrapped(got, seconds, last), *cache(), mask, np.array(tok, np.int64))
 
 
 def streams_decode(backend: object) -> bool:

@@ -51,7 +51,8 @@ from ...jsonio import JsonObject
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-__all__ = ["AheadStream", "decode_ahead", "ahead_support", "send_pass", "receive_pass", "AHEAD_MIN_STEPS", "Beside"]
+__all__ = ["AheadStream", "decode_ahead", "ahead_support", "send_pass", "receive_pass", "AHEAD_MIN_STEPS", "Beside",
+           "FedTokens", "token_pipe"]
 
 #: the fewest decode steps for which a child is started (below it the fork costs more than it saves)
 AHEAD_MIN_STEPS = 4
@@ -66,6 +67,8 @@ _END_WAIT_S = 5.0
 _STUCK_S = 30.0
 #: the pipe buffer asked for (Linux's default limit for an unprivileged process: 1 MiB)
 _PIPE_BYTES = 2**20
+#: a calibration's pass read past (its step's pass and the next taken first) is kept this many steps
+_BESIDES_KEPT = 16
 #: the most buffers one ``writev``/``readv`` takes (the system's ``IOV_MAX``; POSIX allows as few as 16)
 _IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16))
 
@@ -178,6 +181,50 @@ def _advance(views: list[memoryview], done: int) -> list[memoryview]:
     return rest
 
 
+class FedTokens:
+    """The tokens this process chooses, as the child's decode reads them
+    (:class:`~debug_framework.backends._decode_draft.TokenFeed`): each message one step's tokens,
+    ``[batch]`` int64, in order (:meth:`send`); where the alternative leads (docs/validation.md,
+    "Decode steps"), the reference is fed them. The child waits for a pass's tokens; where this
+    process closes its end (a decode stopped, or begun again with the reference leading) the feed
+    ends."""
+
+    def __init__(self, conn: Channel, batch: int) -> None:
+        self._conn, self._batch = conn, batch
+        self._got: list[np.ndarray] = []
+        self._ended = False
+
+    def known(self, start: int, most: int) -> np.ndarray:
+        while len(self._got) < start + most and not self._ended:
+            try:
+                raw = self._conn.recv_bytes()
+            except (EOFError, OSError):
+                self._ended = True
+                break
+            self._got.append(np.frombuffer(raw, np.int64).reshape(self._batch).copy())
+        if len(self._got) <= start:
+            raise EOFError(f"the tokens of decode step {start + 1} never came (the session's process closed the feed)")
+        return np.stack(self._got[start:start + most], axis=1)
+
+    @staticmethod
+    def send(conn: Channel, token: np.ndarray) -> bool:
+        """One step's tokens sent to the child's feed; False where the child is gone."""
+        try:
+            conn.send_bytes(np.ascontiguousarray(token, np.int64).tobytes())
+        except (OSError, ValueError):  # the child died (its end closed), or ours is closed
+            return False
+        return True
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def token_pipe(batch: int) -> tuple[FedTokens, Channel]:
+    """A pipe for the tokens this process chooses: (the child's feed, this process's writing end)."""
+    r, w = os.pipe()
+    return FedTokens(Channel(r, writes=False), batch), Channel(w, writes=True)
+
+
 def _channel() -> tuple[Channel, Channel]:
     """A pipe's two ends: (this process reads, the child writes), its buffer widened (:func:`_widen`)."""
     r, w = os.pipe()
@@ -277,10 +324,11 @@ def receive_pass(header: JsonObject, conn: Channel) -> DecodePass:
 
 # -- the child and the stream this process reads ----------------------------------------------------
 def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours: Channel, parent: int,
-           passes: int, beside: Beside | None = None) -> None:
+           passes: int, beside: Beside | None = None, feeding: Channel | None = None) -> None:
     """The child: the reference's decode, each pass sent as it comes, followed by ``beside(pass)``
-    where that gives one (sent as ``"beside"``; nothing where it gives None or fails: the session's
-    process then computes it itself); ``end`` (with the child's peak memory) as soon as the last
+    where there is a ``beside`` (sent as ``"beside"``; where it gives None or fails, a ``"beside"``
+    saying none: the session's process then computes it itself, and never waits for a pass
+    beside that could depend on tokens it has not sent yet); ``end`` (with the child's peak memory) as soon as the last
     one is sent, or ``error`` with the step it failed at (what the session's process needs to take
     over). It dies with the session's process (a write to a pipe nobody reads would otherwise hold
     the model's memory for ever)."""
@@ -293,6 +341,8 @@ def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours:
     from .memory import give_back_freed
 
     ours.close()  # the reading end is the parent's: with it closed here, a write after its death fails
+    if feeding is not None:  # the tokens' writing end is the parent's: with it closed here, its close ends the feed
+        feeding.close()
     die_with_parent(parent)
     for sig in (signal.SIGINT, signal.SIGTERM):  # a handler of the parent's (a worker's cancel) is not ours
         signal.signal(sig, signal.SIG_DFL)
@@ -313,6 +363,8 @@ def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours:
                 mid_pass = True
                 send_pass(conn, extra, "beside")
                 mid_pass = False
+            elif beside is not None:
+                conn.send_bytes(json.dumps({"kind": "beside", "step": p.step, "none": True}).encode())
             if extra is not None or any(span != "new" for span in p.span.values()):
                 del extra
                 give_back_freed()  # a whole cache sent: its copies out of the child's resident set
@@ -376,14 +428,57 @@ class AheadStream(Iterator[DecodePass]):
         self._said: JsonObject | None = None  # a header read ahead by :meth:`beside`, for :meth:`__next__`
         #: the passes the child computed beside its steps and sent (:meth:`beside`), by step
         self.beside_sent = 0
+        #: those read past by :meth:`__next__` before anyone asked for them, by step
+        self._besides: dict[int, DecodePass | None] = {}
+        self._stuck = False  # whether the last wait for the child ended because it was stuck
 
     def __iter__(self) -> AheadStream:
         return self
 
+    def ready(self) -> bool:
+        """Whether the next pass is there to take without waiting for the child (or the decode
+        runs in this process now, or the child's last word is there); a calibration's pass sent
+        before it is read and kept for :meth:`beside`."""
+        while self._local is None and self._said is None and not self._conn.closed and self._conn.poll(0):
+            try:
+                said = json.loads(self._conn.recv_bytes())
+            except (EOFError, OSError, ValueError):
+                said = None
+            if not isinstance(said, dict) or said.get("kind") != "beside":
+                self._said = said if isinstance(said, dict) else {"kind": "gone"}
+                break
+            try:
+                self._keep_beside(*self._read_beside(said))
+            except (EOFError, OSError):
+                self._said = {"kind": "gone"}
+        return self._local is not None or self._said is not None or self._conn.closed
+
+    def _read_beside(self, said: JsonObject) -> tuple[int, DecodePass | None]:
+        """The step and the pass of a ``"beside"`` message whose header is ``said`` (None: the
+        child computed none at that step).
+
+        Raises:
+            EOFError, OSError: the child died in the middle of it.
+        """
+        if said.get("none"):
+            return int(said.get("step") or 0), None  # type: ignore[arg-type]
+        got = receive_pass(said, self._conn)
+        self.beside_sent += 1
+        return got.step, got
+
+    def _keep_beside(self, step: int, kept: DecodePass | None) -> None:
+        """What the child computed beside its step ``step``, read before anyone asked for it, kept
+        for :meth:`beside` (the last :data:`_BESIDES_KEPT` steps' only)."""
+        self._besides = {s: q for s, q in self._besides.items() if s >= step - _BESIDES_KEPT}
+        self._besides[step] = kept
+
     def beside(self, step: int) -> DecodePass | None:
         """The pass the child computed beside its decode step ``step`` (the calibration's at a
         sampled step), sent right after that step's pass; None where it sent none (this process
-        computes it then) or the child is gone (the next pass takes the decode over)."""
+        computes it then) or the child is gone (the next pass takes the decode over). One the
+        stream read past (the passes after ``step`` taken first) is kept for this."""
+        if step in self._besides:
+            return self._besides.pop(step)
         if self._local is not None or self._said is not None or self._next_step != step + 1:
             return None
         said = self._receive()
@@ -391,12 +486,11 @@ class AheadStream(Iterator[DecodePass]):
             self._said = said if said is not None else {"kind": "gone"}
             return None
         try:
-            got = receive_pass(said, self._conn)
+            at, got = self._read_beside(said)
         except (EOFError, OSError):  # the child died mid-pass: the next pass takes the decode over
             self._said = {"kind": "gone"}
             return None
-        self.beside_sent += 1
-        return got if got.step == step else None
+        return got if at == step else None
 
     def __next__(self) -> DecodePass:
         if self._local is not None:
@@ -404,16 +498,16 @@ class AheadStream(Iterator[DecodePass]):
         said, self._said = self._said, None
         if said is None or said.get("kind") == "gone":
             said = self._receive()
-        while said is not None and said.get("kind") == "beside":  # one nobody asked for: read past it
+        while said is not None and said.get("kind") == "beside":  # one nobody asked for yet: kept for its step
             try:
-                receive_pass(said, self._conn)
+                self._keep_beside(*self._read_beside(said))
             except (EOFError, OSError):
                 said = None
                 break
             said = self._receive()
         if said is None:
-            why = "the reference's decode process ended without a word" if not self._process.is_alive() else \
-                f"the reference's decode process used no CPU for {_STUCK_S:g} s while this one waited (stuck)"
+            why = f"the reference's decode process used no CPU for {_STUCK_S:g} s while this one waited (stuck)" \
+                if self._stuck else "the reference's decode process ended without a word"
             return self._take_over(why)
         if said.get("kind") == "end":  # asked for a pass beyond the last
             self._ended(said)
@@ -438,6 +532,7 @@ class AheadStream(Iterator[DecodePass]):
         :data:`_STUCK_S` while this process waits) or silent for ``wait_s`` seconds. A wait returns
         to Python every :data:`_POLL_S`: the session's time limit interrupts it."""
         waited, ticks, still_since = 0.0, _cpu_ticks(self._process.pid or 0), 0.0
+        self._stuck = False
         try:
             while not self._conn.poll(_POLL_S):
                 waited += _POLL_S
@@ -447,6 +542,7 @@ class AheadStream(Iterator[DecodePass]):
                 if now is None or now != ticks:
                     ticks, still_since = now, waited
                 elif waited - still_since >= _STUCK_S:
+                    self._stuck = True  # alive, and no CPU used while this process waited
                     return None
             said = json.loads(self._conn.recv_bytes())
         except (EOFError, OSError, ValueError):
@@ -504,7 +600,7 @@ class AheadStream(Iterator[DecodePass]):
             said, self._said = self._said or self._receive(_END_WAIT_S), None
             while said is not None and said.get("kind") == "beside":  # the last step's, nobody asked for
                 try:
-                    receive_pass(said, self._conn)
+                    self._read_beside(said)
                 except (EOFError, OSError):
                     break
                 said = self._receive(_END_WAIT_S)
@@ -532,19 +628,24 @@ def _widen(fd: int) -> None:
 
 
 def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int, name: str,
-                 beside: Beside | None = None) -> AheadStream | str:
+                 beside: Beside | None = None, fed: tuple[FedTokens, Channel] | None = None,
+                 open_here: Callable[[], Iterator[DecodePass]] | None = None) -> AheadStream | str:
     """The decode of ``steps`` steps of the reference ``name`` (``open_stream()``, opened in the
     child) run ahead in a forked child process: the stream of its passes (see the module), or why
     not where the fork failed (the decode then runs in this process). ``beside(pass)``, run in the
     child after each pass, may give a pass of its own to send along (:meth:`AheadStream.beside`).
-    This process keeps one intra-op thread fewer while the child runs."""
+    ``fed``: the pipe of the tokens this process sends the child's decode (:func:`token_pipe`;
+    ``open_stream`` reads its feed), and ``open_here`` the same decode opened in this process
+    (where it takes over from a lost child; default ``open_stream``). This process keeps one
+    intra-op thread fewer while the child runs."""
     import multiprocessing
 
     import torch
 
     ctx = multiprocessing.get_context("fork")
     ours, theirs = _channel()
-    process = ctx.Process(target=_serve, args=(open_stream, theirs, ours, os.getpid(), steps + 1, beside),
+    process = ctx.Process(target=_serve, args=(open_stream, theirs, ours, os.getpid(), steps + 1, beside,
+                                               None if fed is None else fed[1]),
                           name="reference-decode", daemon=True)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written a second time by the child
         flush = getattr(stream, "flush", None)
@@ -558,9 +659,13 @@ def decode_ahead(open_stream: Callable[[], Iterator[DecodePass]], steps: int, na
     except (OSError, AssertionError, ValueError) as exc:  # no memory to fork, a daemonic process
         ours.close()
         theirs.close()
+        if fed is not None:
+            fed[0].close()
         return f"the fork failed ({type(exc).__name__}: {exc})"
     theirs.close()
+    if fed is not None:  # the feed's reading end is the child's
+        fed[0].close()
     had = torch.get_num_threads()
     if had > 1:
         torch.set_num_threads(had - 1)
-    return AheadStream(open_stream, steps + 1, process, ours, had if had > 1 else None, name)
+    return AheadStream(open_here or open_stream, steps + 1, process, ours, had if had > 1 else None, name)

@@ -31,9 +31,10 @@ from ...models.session_config import SessionConfig
 from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
 from .deadline import bounded
-from .decode_ahead import AheadStream, Beside, ahead_support, decode_ahead
+from .decode_ahead import AheadStream, Beside, Channel, FedTokens, ahead_support, decode_ahead, token_pipe
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, beside_calibration, noise_sampled
 from .decode_equivalence import prefill_equivalence
+from .decode_led import ChosenTokens, lead
 from .decode_replay import replay_decode_layer, step_inputs
 from .decode_walk import LOGITS, DecodeWalk, held_by_both
 from .memory import give_back_freed
@@ -118,14 +119,19 @@ class DecodeStage(Stage):
         cal = self._calibrator(ctx)
         sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]] = []
         ref_fed = None if given is None else own(given)
+        # the alternative leads a greedy decode where the reference runs in a process of its own (.decode_led)
+        fed = token_pipe(batch) if given is None and self._may_lead(ctx, steps, taps) else None
         # the reference's passes computed ahead, the calibration's sampled prefills beside them
-        ahead = self._ahead(ctx, steps, taps, ref_fed, prefill_taps,
-                            None if cal is None else beside_calibration(ctx, cal, taps, prefill_taps, steps))
+        chosen = ChosenTokens(tokens)  # the alternative's choices, where this process takes the reference's decode over
+        ahead = self._ahead(ctx, steps, taps, ref_fed, prefill_taps, self._beside(ctx, cal, taps, prefill_taps, steps),
+                            fed, chosen)
+        leads = fed is not None and isinstance(ahead, AheadStream)
+        current = {"ahead": ahead}  # the reference's process whose record is kept (the last one opened)
         try:  # the child process (where the reference runs ahead) ended however the decode ends
-            for backend, fed in ((ctx.reference, ref_fed), (ctx.alternative, own(tokens))):
+            for backend, fed_side in ((ctx.reference, ref_fed), (ctx.alternative, own(tokens))):
                 stream = ahead if backend is ctx.reference and isinstance(ahead, AheadStream) else \
-                    self._open(backend, ctx, steps, taps, fed, prefill_taps)
-                sides.append((backend, stream, fed))  # type: ignore[arg-type]
+                    self._open(backend, ctx, steps, taps, fed_side, prefill_taps)
+                sides.append((backend, stream, fed_side))  # type: ignore[arg-type]
             # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
             calibration = None if cal is None else CalibrationPrefill(
                 ctx, cal, taps, prefill_taps, tokens, ahead.beside if isinstance(ahead, AheadStream) else None)
@@ -139,9 +145,39 @@ class DecodeStage(Stage):
             walls: list[float] = []  # each decode step's wall time: its passes and its judgement
             cpus: list[float] = []  # and this process's CPU time in it (what a loaded machine leaves comparable)
             chunks = {"passes": 0, "steps": 0, "computed": 0}  # the reference's passes of several steps
+            led: dict[str, int | None] = {"until": None}  # where the alternative led: the step the reference led from
+
+            def decode() -> int:
+                if not leads:
+                    return self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus), chunks)
+                done, again = lead(ctx, walk, ahead, sides[1][1], sides[1][2], chosen, fed[1],  # type: ignore[arg-type, index]
+                                   lambda is_ref, stream, s: self._next(sides[0 if is_ref else 1][0], stream, s),
+                                   stop, (walls, cpus), chunks)
+                led["until"] = steps + 1 if again is None else again
+                if again is None:
+                    return done
+                # a flip: both decodes opened again, the reference leading, from the step after it
+                for _, stream, _ in sides:
+                    close = getattr(stream, "close", None)
+                    if callable(close):
+                        close()
+                fed[1].close()  # type: ignore[index]
+                again_ahead = self._ahead(ctx, steps, taps, None, prefill_taps,
+                                          self._beside(ctx, cal, taps, prefill_taps, steps))
+                current["ahead"] = again_ahead
+                alt_fed = own(tokens)
+                sides[:] = [(ctx.reference, again_ahead if isinstance(again_ahead, AheadStream) else
+                             self._open(ctx.reference, ctx, steps, taps, None, prefill_taps), None),  # type: ignore[list-item]
+                            (ctx.alternative, self._open(ctx.alternative, ctx, steps, taps, alt_fed, prefill_taps), alt_fed)]
+                if calibration is not None:
+                    calibration.given = again_ahead.beside if isinstance(again_ahead, AheadStream) else None
+                return self._steps(ctx, sides, walk, tokens, True, stop, (walls, cpus), chunks, first=again)
             # one watchdog of the session's time limit over the whole loop, not one thread per pass
-            done = bounded(lambda: self._steps(ctx, sides, walk, tokens, given is None, stop, (walls, cpus), chunks))
+            done = bounded(decode)
         finally:
+            if fed is not None:
+                fed[0].close()
+                fed[1].close()
             for stream in [s for _, s, _ in sides] + ([ahead] if isinstance(ahead, AheadStream) else []):
                 close = getattr(stream, "close", None)  # an ahead stream read whole first is closed here too
                 if callable(close):
@@ -155,8 +191,9 @@ class DecodeStage(Stage):
                       "step_wall_s": walls,
                       "step_cpu_s": cpus,
                       "steps_run": done,
-                      "reference_process": self._ahead_record(ahead),
+                      "reference_process": self._ahead_record(current["ahead"]),
                       "reference_chunks": chunks if chunks["passes"] else None,
+                      "led_by": self._led_record(leads, led["until"] if leads else None, steps),
                       "first_failed_step": walk.first_failed,
                       "stopped_at_first_divergence": bool(stop and walk.first_failed is not None)}
         kept = walk.kept
@@ -172,15 +209,29 @@ class DecodeStage(Stage):
 
     def _steps(self, ctx: RunContext, sides: list[tuple[Backend, Iterator[DecodePass], np.ndarray]], walk: DecodeWalk,
                tokens: np.ndarray, greedy: bool, stop: bool, times: tuple[list[float], list[float]],
-               chunks: dict[str, int]) -> int:
+               chunks: dict[str, int], first: int = 0) -> int:
         """The prefill and the decode steps, each step's passes taken from ``sides`` (the reference's
         first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
         step's wall and CPU time appended to ``times``, the reference's passes of several steps
         counted in ``chunks`` (``Capture.meta["chunk"]``: passes, steps kept, steps computed); the
-        last step run."""
-        done = 0
+        last step run. From ``first`` on (the passes before it taken, not judged again: judged
+        while the alternative led, :mod:`.decode_led`, over the same tokens)."""
+        done = first - 1
         steps = walk.steps
-        for s in range(steps + 1):
+        for s in range(first):
+            r = self._next(sides[0][0], sides[0][1], s)
+            if s and not np.array_equal(np.asarray(r.token, np.int64), tokens[:, s - 1]):
+                raise BackendRuntimeError(
+                    f"the reference {sides[0][0].name!r} chose other tokens at decode step {s} when its decode was "
+                    f"run again than while the alternative led it", backend=sides[0][0].name,
+                    call=f"run_decode() step {s}",
+                    hint="its greedy choice is not deterministic (a near tie of its logits): give the tokens "
+                         "(--decode-tokens)")
+            for backend, stream, fed in sides[1:]:
+                if s:
+                    fed[:, s - 1] = r.token
+                self._next(backend, stream, s)
+        for s in range(first, steps + 1):
             started, cpu = time.perf_counter(), time.process_time()
             passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
             chunk = passes[0].capture.meta.get("chunk")
@@ -225,17 +276,49 @@ class DecodeStage(Stage):
 
     @staticmethod
     def _ahead(ctx: RunContext, steps: int, taps: list[CheckpointKey], fed: np.ndarray | None,
-               prefill_taps: list[CheckpointKey], beside: Beside | None) -> AheadStream | str:
+               prefill_taps: list[CheckpointKey], beside: Beside | None, feed: tuple[FedTokens, Channel] | None = None,
+               tokens: ChosenTokens | None = None) -> AheadStream | str:
         """The reference's decode run ahead in a child process (:mod:`.decode_ahead`) where it can
-        be, with ``beside`` run there after each of its passes; else why not."""
+        be, with ``beside`` run there after each of its passes; else why not. With ``feed`` its
+        tokens are those this process sends (the alternative leads, :mod:`.decode_led`), and
+        ``tokens`` (filled with the same, ahead of the reference) feed it where this process takes
+        its decode over."""
         backend = ctx.reference
         caps = capabilities(backend)
         ok, why = ahead_support(caps.decode_ahead, steps, caps.device)
         if not ok:
             return why
         inputs = own(ctx.inputs)
-        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps, backend.name,
-                            beside)
+        if feed is None:
+            return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, fed, prefill_taps), steps,
+                                backend.name, beside)
+        return decode_ahead(lambda: decode_passes(backend, inputs, steps, taps, feed[0], prefill_taps),  # type: ignore[arg-type]
+                            steps, backend.name, beside, feed,
+                            lambda: decode_passes(backend, inputs, steps, taps, tokens, prefill_taps))
+
+    @staticmethod
+    def _beside(ctx: RunContext, cal: Backend | None, taps: list[CheckpointKey], prefill_taps: list[CheckpointKey],
+                steps: int) -> Beside | None:
+        """What the reference's process computes beside its passes: the calibration's sampled prefills."""
+        return None if cal is None else beside_calibration(ctx, cal, taps, prefill_taps, steps)
+
+    @staticmethod
+    def _may_lead(ctx: RunContext, steps: int, taps: list[CheckpointKey]) -> bool:
+        """Whether the alternative may lead a greedy decode (:mod:`.decode_led`): the reference
+        decodes in a process of its own, the alternative gives its passes one by one, with the
+        logits it chooses its tokens by."""
+        caps = capabilities(ctx.reference)
+        return LOGITS in taps and streams_decode(ctx.alternative) and streams_decode(ctx.reference) \
+            and ahead_support(caps.decode_ahead, steps, caps.device)[0]
+
+    @staticmethod
+    def _led_record(leads: bool, until: int | None, steps: int) -> JsonObject | None:
+        """Which side chose the tokens, for the decode record (None: the reference throughout)."""
+        if not leads:
+            return None
+        last = steps if until is None else min(steps, until - 1)
+        return {"alternative_led_through_step": last,
+                "reference_led_from_step": None if until is None or until > steps else until}
 
     @staticmethod
     def _ahead_record(ahead: AheadStream | str) -> JsonObject:

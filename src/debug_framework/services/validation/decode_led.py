@@ -1,0 +1,180 @@
+"""A greedy decode led by the alternative (docs/validation.md, "Decode steps").
+
+In a greedy decode both sides are fed the reference's choice of each next token, so the
+reference's pass must come first, and a reference that computes several steps a pass needs a
+draft to propose the tokens it has not chosen yet. Where the reference decodes in a process of its
+own (:mod:`.decode_ahead`), the alternative leads instead: it decodes greedily, each token it
+chooses sent to the reference's process (:class:`~.decode_ahead.FedTokens`), whose decode feeds
+them, up to :data:`~debug_framework.backends.decode.CHUNK_STEPS` a pass, and records after every
+pass the token its own greedy choice would feed next (``Capture.meta["choice"]``). Both sides are
+fed the same tokens at every step, and while the reference would have chosen each of them, they
+are the reference's greedy tokens: the steps, their tensors and their verdicts are those of a
+decode the reference leads, and no draft runs. The alternative runs at most :data:`LEAD_STEPS`
+steps ahead of the judgement (its passes held until the reference's of the same step come).
+
+At the first step after which the reference would feed another token than the alternative chose
+(a flip: near-tied logits, or a bug), the steps judged so far stand (both sides were fed the same
+tokens up to that step) and :func:`lead` says where the reference must lead from: the decode
+stage opens both decodes again, the reference leading, and goes on from the step after the flip,
+the passes before it run again but not judged again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...backends.decode import CHUNK_STEPS, DecodePass, last_token_index
+from .decode_ahead import AheadStream, Channel, FedTokens
+from .decode_calibration import noise_sampled
+from .decode_walk import LOGITS, DecodeWalk
+
+if TYPE_CHECKING:
+    from .context import RunContext
+
+__all__ = ["lead", "LEAD_STEPS", "choice_of", "ChosenTokens"]
+
+#: the most steps the alternative runs ahead of the judgement (two of the reference's passes: its
+#: process waits for a whole pass's tokens while the alternative computes the next pass's)
+LEAD_STEPS = 2 * CHUNK_STEPS
+
+
+class ChosenTokens:
+    """The tokens the alternative chose so far, as a decode in this process reads them (a
+    :class:`~debug_framework.backends._decode_draft.TokenFeed`: where this process takes the
+    reference's decode over from its lost process, :meth:`lead` has always chosen the tokens a
+    pass needs before it asks for the pass). :attr:`tokens` ``[batch, steps]``, :attr:`count` how
+    many of its columns are chosen."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+        self.count = 0
+
+    def known(self, start: int, most: int) -> np.ndarray:
+        n = min(most, self.count - start)
+        if n < 1:
+            raise EOFError(f"the token of decode step {start + 1} is not chosen yet")
+        return self.tokens[:, start:start + n].copy()
+
+
+def choice_of(p: DecodePass) -> np.ndarray | None:
+    """``[batch]`` int64: each row's greedy choice after pass ``p`` (its ``post_processing`` logits
+    at the row's last position: the prompt's last token after the prefill; compared in float32, as
+    a greedy decode chooses); None where the pass has no such logits ``[batch, positions, vocab]``."""
+    import torch
+
+    logits = p.capture.tensors.get(LOGITS)
+    if logits is None or len(getattr(logits, "shape", ())) != 3:
+        return None
+    x = torch.as_tensor(np.asarray(logits) if not hasattr(logits, "detach") else logits.detach().cpu())
+    rows = np.arange(x.shape[0])
+    at = last_token_index(p.mask) if p.step == 0 and p.mask.shape[1] == x.shape[1] else np.full(x.shape[0], x.shape[1] - 1)
+    return x[rows, at].float().argmax(-1).numpy().astype(np.int64)
+
+
+def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[DecodePass], fed: np.ndarray,
+         tokens: ChosenTokens, writer: Channel, take: Callable[[bool, Iterator[DecodePass], int], DecodePass],
+         stop: bool, times: tuple[list[float], list[float]], chunks: dict[str, int]) -> tuple[int, int | None]:
+    """The decode, the alternative leading (see the module): its passes from ``alt`` (fed ``fed``,
+    filled here with its own greedy choices, as is ``tokens.tokens``), each choice sent to the reference's
+    process through ``writer``; the reference's passes from ``ref``; ``take(is_reference, stream,
+    step)`` takes a side's next pass. Each step judged by ``walk`` as both its passes are there (the
+    reference's passes there judged together; a step whose calibration is measured once the pass
+    the reference's process computes beside it is there: the alternative runs meanwhile), its
+    share of the time in ``times``, the reference's passes of several steps counted in ``chunks``.
+    Returns the last step judged and, where the reference must lead from a step on (it would have
+    fed another token after the last one judged, or its passes do not say what it would feed),
+    that step; else None."""
+    steps = walk.steps
+    alts: deque[DecodePass] = deque()  # the passes of the steps not judged yet, the alternative's
+    refs: deque[DecodePass] = deque()  # and the reference's
+    alt_at = judged = -1
+    again: int | None = None  # a flip: the reference leads from this step
+    feeding = True
+    sampled = walk.calibration is not None
+    mark = (time.perf_counter(), time.process_time())
+
+    def take_ref() -> None:
+        nonlocal again
+        r = take(True, ref, judged + 1 + len(refs))
+        refs.append(r)
+        chunk = r.capture.meta.get("chunk")
+        if chunk and chunk[0] == r.step:
+            chunks["passes"] += 1
+            chunks["steps"] += int(chunk[1])
+            chunks["computed"] += int(chunk[2])
+        if r.step < steps and not _would_feed(r, tokens.tokens[:, r.step]):
+            again = r.step + 1  # the steps after it were fed a token the reference would not feed
+
+    def judgeable() -> int:
+        """How many of the steps whose passes are both there can be judged now: up to a sampled
+        step whose calibration pass is still being computed beside the reference's."""
+        n = min(len(refs), len(alts))
+        for i in range(n):
+            s = refs[i].step
+            if sampled and s and noise_sampled(s, steps) and i == len(refs) - 1 and again is None \
+                    and not ref.ready():
+                return i
+        return n
+
+    while judged < steps:
+        while again is None and len(refs) < len(alts) and ref.ready():
+            take_ref()
+        n = judgeable()
+        if not n:
+            if again is None and alt_at < min(steps, judged + LEAD_STEPS):
+                a = take(False, alt, alt_at + 1)
+                alt_at += 1
+                alts.append(a)
+                if alt_at < steps:
+                    chosen = choice_of(a)
+                    if chosen is None:  # nothing to choose by: the reference leads from the first step not judged
+                        return judged, judged + 1
+                    fed[:, alt_at] = tokens.tokens[:, alt_at] = chosen
+                    tokens.count = alt_at + 1
+                    feeding = feeding and FedTokens.send(writer, chosen)
+                continue
+            if len(refs) < len(alts) and again is None:
+                take_ref()  # waits for the reference's next pass
+                continue
+            n = min(len(refs), len(alts))  # waits for the calibration's pass at a sampled step
+        batch = [(refs.popleft(), alts.popleft()) for _ in range(n)]
+        failed = [walk.step(*batch[0])] if batch[0][0].step == 0 else []
+        failed += _step_many(walk, batch[len(failed):], stop) if len(batch) > len(failed) else []
+        judged_now = batch[:len(failed)]
+        wall, cpu = time.perf_counter(), time.process_time()
+        share = ((wall - mark[0]) / len(judged_now), (cpu - mark[1]) / len(judged_now))
+        mark = (wall, cpu)
+        for (r, _), bad in zip(judged_now, failed):
+            judged = r.step
+            if judged:
+                times[0].append(round(share[0], 6))
+                times[1].append(round(share[1], 6))
+            ctx.layers_done(judged, steps)  # the progress bar by step
+            if bad and stop:
+                return judged, None
+        if again is not None and not refs:
+            return judged, again
+    return judged, None
+
+
+def _would_feed(r: DecodePass, token: np.ndarray) -> bool:
+    """Whether the reference's own greedy choice after pass ``r`` is ``token`` (the one fed next)."""
+    choice = r.capture.meta.get("choice")
+    return choice is not None and np.array_equal(np.asarray(choice, np.int64), np.asarray(token, np.int64))
+
+
+def _step_many(walk: DecodeWalk, pairs: list[tuple[DecodePass, DecodePass]], stop: bool) -> list[bool]:  # TEMP until merge
+    many = getattr(walk, "step_many", None)
+    if many is not None:
+        return many(pairs, stop)
+    out: list[bool] = []
+    for r, a in pairs:
+        out.append(walk.step(r, a))
+        if out[-1] and stop:
+            break
+    return out
