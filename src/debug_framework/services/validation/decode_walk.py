@@ -130,28 +130,32 @@ class DecodeWalk:
     def _measure(self, pairs: Sequence[tuple[DecodePass, DecodePass]]) -> list[_Measured]:
         """What each pass of ``pairs`` measures before it is judged, every pass's at once."""
         plan = self.ctx.plan
-        compared: list[Pair] = []
-        parts: list[int] = []
-        layout: list[tuple[list[CheckpointKey], list[_KVPlan], list[int], int]] = []
+        checkpoints: list[Pair] = []
+        entries: list[Pair] = []
+        parts: tuple[list[int], list[int]] = ([], [])
+        layout: list[tuple[list[CheckpointKey], list[_KVPlan], list[int], int, int]] = []
         for i, (r, a) in enumerate(pairs):
             s = r.step
             held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
             keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
             kv = self._kv_plans(s, r, a)
             batched = [j for j, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
-            layout.append((keys, kv, batched, len(compared)))
-            compared += [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
-                [Pair(kv[j][2], kv[j][3], None, "") for j in batched]
-            parts += [i] * (len(compared) - len(parts))
-        # every comparison of the passes in one vectorised pass: the checkpoints and the new K/V entries
-        results, scales = measure_many(compared, parts)
+            layout.append((keys, kv, batched, len(checkpoints), len(entries)))
+            checkpoints += [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys]
+            entries += [Pair(kv[j][2], kv[j][3], None, "") for j in batched]
+            parts[0].extend([i] * len(keys))
+            parts[1].extend([i] * len(batched))
+        # every comparison of the passes in one vectorised pass: the checkpoints, then the new K/V
+        # entries (each kind's tensors of one shape side by side: stacked as one run)
+        results, scales = measure_many(checkpoints + entries, parts[0] + parts[1])
         tokens = self._token_metrics(pairs)
         out: list[_Measured] = []
-        for (keys, kv, batched, at), metrics in zip(layout, tokens):
-            n, end = len(keys), at + len(keys) + len(batched)
-            out.append(_Measured(keys, kv, dict(zip(keys, results[at:at + n])), dict(zip(keys, scales[at:at + n])),
-                                 dict(zip(batched, results[at + n:end])), dict(zip(batched, scales[at + n:end])),
-                                 metrics))
+        n0 = len(checkpoints)
+        for (keys, kv, batched, c, e), metrics in zip(layout, tokens):
+            c1, e0 = c + len(keys), n0 + e
+            e1 = e0 + len(batched)
+            out.append(_Measured(keys, kv, dict(zip(keys, results[c:c1])), dict(zip(keys, scales[c:c1])),
+                                 dict(zip(batched, results[e0:e1])), dict(zip(batched, scales[e0:e1])), metrics))
         return out
 
     def _token_metrics(self, pairs: Sequence[tuple[DecodePass, DecodePass]]) -> list[TokenMetrics | None]:
