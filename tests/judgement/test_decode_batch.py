@@ -80,7 +80,8 @@ def test_pairs_of_several_steps_measure_what_each_steps_pairs_alone_measure() ->
     steps = [[torch.randn(2, 1, 16, generator=gen, dtype=torch.float64) for _ in range(3)] for _ in range(3)]
     steps[1][2][0, 0, 5] = math.nan
     pairs = [[Pair(r, r.float(), None, f"{s}.{i}") for i, r in enumerate(refs)] for s, refs in enumerate(steps)]
-    results, scales = measure_many([p for step in pairs for p in step], [s for s, step in enumerate(pairs) for _ in step])
+    flat, parts = [p for step in pairs for p in step], [s for s, step in enumerate(pairs) for _ in step]
+    results, scales = measure_many(flat, parts)
     alone = [measure_many(step) for step in pairs]
     assert [_fields(r) for r in results] == [_fields(r) for step in alone for r in step[0]]
     assert scales == [v for step in alone for v in step[1]]

@@ -75,7 +75,8 @@ def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
     return measure_many(pairs)[0]
 
 
-def measure_many(pairs: Sequence[Pair], parts: Sequence[int] | None = None) -> tuple[list[ComparisonResult], list[float]]:
+def measure_many(pairs: Sequence[Pair],
+                 parts: Sequence[int] | None = None) -> tuple[list[ComparisonResult], list[float]]:
     """:func:`compare_many` of ``pairs`` and each reference's RMS over its finite values
     (``sqrt(mean(x**2))``; :func:`~.evidence.reference_scale` where its part's references of its
     stack hold a non-finite value) at once: each group of references is stacked (and made float64)

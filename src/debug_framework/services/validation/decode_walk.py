@@ -9,6 +9,12 @@ drops the tensors: what a step leaves behind is its comparisons (numbers), so me
 with the tensors of the steps taken. It keeps only what a failure needs: the reference's pass at
 the first divergent step and its cache before that step (for the replays and the drill-down), and
 the running cache itself (the reference's last whole cache and the new entries since).
+
+:meth:`DecodeWalk.step_many` takes the passes of several consecutive steps (the steps of one
+reference pass over several): it measures all of them at once (one :func:`.decode_batch.measure_many`,
+each step a part of its own; one :func:`~debug_framework.comparison.next_token.next_token_metrics_many`),
+then judges each in order exactly as :meth:`DecodeWalk.step` judges one, which is ``step_many`` of
+one pass: one path of judgement.
 """
 
 from __future__ import annotations
