@@ -71,3 +71,37 @@ def test_the_fused_row_pass_gives_numpys_own_figures() -> None:
         assert np.array_equal(worst, np.abs(d).argmax(1)) and finite.all()
     x[1, 3] = math.inf
     assert row_errors(x, y, rtol, atol, gross, 1.2e-7)[3].tolist() == [True, False, True]
+
+
+def test_pairs_of_several_steps_measure_what_each_steps_pairs_alone_measure() -> None:
+    """measure_many with ``parts`` (a decode step each): a non-finite reference in one step's stack
+    leaves the other steps' RMS of that stack as their own step alone gives it."""
+    gen = torch.Generator().manual_seed(1)
+    steps = [[torch.randn(2, 1, 16, generator=gen, dtype=torch.float64) for _ in range(3)] for _ in range(3)]
+    steps[1][2][0, 0, 5] = math.nan
+    pairs = [[Pair(r, r.float(), None, f"{s}.{i}") for i, r in enumerate(refs)] for s, refs in enumerate(steps)]
+    flat, parts = [p for step in pairs for p in step], [s for s, step in enumerate(pairs) for _ in step]
+    results, scales = measure_many(flat, parts)
+    alone = [measure_many(step) for step in pairs]
+    assert [_fields(r) for r in results] == [_fields(r) for step in alone for r in step[0]]
+    assert scales == [v for step in alone for v in step[1]]
+    assert scales[3] == reference_scale(steps[1][0]) != float(np.sqrt(np.square(steps[1][0].numpy()).mean()))
+
+
+def test_the_logits_of_several_steps_give_what_each_steps_logits_alone_give() -> None:
+    """next_token_metrics_many: each pair's metrics as next_token_metrics gives them, to the last
+    bit (a flip, a non-finite alternative row, a large error, a pair with a non-finite reference
+    and one of another shape among them)."""
+    from debug_framework.comparison.next_token import next_token_metrics, next_token_metrics_many
+
+    rng = np.random.default_rng(0)
+    refs = [rng.standard_normal((2, 1, 300)) for _ in range(6)] + [rng.standard_normal((3, 300))]
+    alts = [(r + 1e-6 * rng.standard_normal(r.shape)).astype(np.float32) for r in refs]
+    alts[1][0, 0, :2] = alts[1][0, 0, 1::-1] + [5.0, -5.0]  # its top-1 flips, an error above 1
+    alts[2][1, 0, 7] = math.inf
+    refs[3][0, 0, 3] = math.nan  # left out by next_token_metrics itself
+    pairs = list(zip(refs, alts))
+    got = next_token_metrics_many(pairs)
+    want = [next_token_metrics(r, a) for r, a in pairs]
+    assert [repr(m) for m in got] == [repr(m) for m in want]
+    assert got[1].flips and math.isinf(got[2].kl_divergence["max"]) and got[3].positions == 1

@@ -31,7 +31,9 @@ alternative's precision (docs/validation.md, "Token-level metrics").
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,7 +41,7 @@ from ..jsonio import JsonObject
 from .positions import full_index, select_positions
 from .ratio import float64_array
 
-__all__ = ["TokenFlip", "TokenMetrics", "next_token_metrics", "log_softmax", "TOP_K"]
+__all__ = ["TokenFlip", "TokenMetrics", "next_token_metrics", "next_token_metrics_many", "log_softmax", "TOP_K"]
 
 #: the default ``k`` of the top-k overlap
 TOP_K = 5
@@ -145,12 +147,7 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     Raises:
         ValueError: the shapes differ, a tensor has fewer than two dimensions, or ``k`` < 1.
     """
-    ref_full, alt_full = float64_array(reference), float64_array(alternative)
-    if ref_full.shape != alt_full.shape or ref_full.ndim < 2:
-        raise ValueError(f"logits must be [batch, (sequence,) vocab] of one shape, got {list(ref_full.shape)} "
-                         f"and {list(alt_full.shape)}")
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+    ref_full, alt_full = _checked(reference, alternative, k)
     mask = positions if positions is not None and ref_full.ndim >= 3 else None
     ref = np.asarray(select_positions(ref_full, mask)).reshape(-1, ref_full.shape[-1])
     alt = np.asarray(select_positions(alt_full, mask)).reshape(-1, alt_full.shape[-1])
@@ -163,6 +160,78 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     k = min(k, vocab)
     if n == 0:
         return TokenMetrics.empty(k)
+    rows = _row_figures(np.ascontiguousarray(ref), np.ascontiguousarray(alt), k)
+    return _summary(rows, 0, n, k, order, lead, mask, ref_full.shape)
+
+
+def next_token_metrics_many(pairs: Sequence[tuple[object, object]], k: int = TOP_K) -> list[TokenMetrics]:
+    """:func:`next_token_metrics` of each pair of logits (every position judged), in order: the
+    pairs of one shape whose reference is all finite (a decode step's logits, step after step)
+    computed at once, each position's figures in one pass over their rows stacked, then each pair's
+    summary over its own rows (each figure what the pair alone gives); the others one by one.
+
+    Raises:
+        ValueError: as :func:`next_token_metrics`.
+    """
+    out: list[TokenMetrics | None] = [None] * len(pairs)
+    groups: dict[tuple[int, ...], list[tuple[int, np.ndarray, np.ndarray]]] = {}
+    for i, (reference, alternative) in enumerate(pairs):
+        ref, alt = _checked(reference, alternative, k)
+        if ref.size == 0 or not bool(np.isfinite(ref).all()):
+            out[i] = next_token_metrics(ref, alt, k=k)
+        else:
+            groups.setdefault(ref.shape, []).append((i, ref, alt))
+    for shape, members in groups.items():
+        vocab = shape[-1]
+        per = int(np.prod(shape[:-1]))
+        ref = np.concatenate([r.reshape(-1, vocab) for _, r, _ in members])
+        alt = np.concatenate([a.reshape(-1, vocab) for _, _, a in members])
+        kk = min(k, vocab)
+        rows = _row_figures(ref, alt, kk)
+        order = np.arange(per)
+        for j, (i, _, _) in enumerate(members):
+            out[i] = _summary(rows, j * per, per, kk, order, shape[:-1], None, shape)
+    return [m for m in out if m is not None]
+
+
+def _checked(reference: object, alternative: object, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Both logits as float64 arrays of one shape, at least ``[batch, vocab]``.
+
+    Raises:
+        ValueError: the shapes differ, a tensor has fewer than two dimensions, or ``k`` < 1.
+    """
+    ref_full, alt_full = float64_array(reference), float64_array(alternative)
+    if ref_full.shape != alt_full.shape or ref_full.ndim < 2:
+        raise ValueError(f"logits must be [batch, (sequence,) vocab] of one shape, got {list(ref_full.shape)} "
+                         f"and {list(alt_full.shape)}")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return ref_full, alt_full
+
+
+class _Rows(NamedTuple):
+    """Each judged position's figures, rows of logits stacked (:func:`_row_figures`): the
+    reference's logits, ``ref - alt`` (an alternative's non-finite row taken as zeros), whether the
+    alternative's row is non-finite, the KL divergence, whether the top-1 flipped, both top-1
+    tokens, the reference's gap between them, the top-k overlap and delta p."""
+
+    ref: np.ndarray
+    d: np.ndarray
+    bad: np.ndarray
+    kl: np.ndarray
+    flipped: np.ndarray
+    top_r: np.ndarray
+    top_a: np.ndarray
+    gaps: np.ndarray
+    overlap: np.ndarray
+    dp: np.ndarray
+
+
+def _row_figures(ref: np.ndarray, alt: np.ndarray, k: int) -> _Rows:
+    """The figures of each row of ``ref`` ``[n, vocab]`` (all finite) against the same row of
+    ``alt``: every one a row's own (a row's reductions run over that row alone), so rows stacked
+    from several pairs give each pair's figures."""
+    n = ref.shape[0]
     bad = ~np.isfinite(alt).all(axis=-1)
     any_bad = bool(bad.any())
     alt_safe = np.where(bad[:, None], 0.0, alt) if any_bad else alt
@@ -192,26 +261,38 @@ def next_token_metrics(reference: object, alternative: object, positions: np.nda
     gaps = ref[rows, top_r] - ref[rows, top_a]
     gaps[bad] = math.inf
     ranked = _top(both, k)
-    overlap = np.array([len(set(r) & set(a)) for r, a in zip(ranked[:n], ranked[n:])], dtype=np.float64) / k
+    # each row's top-k are k distinct tokens: the overlap counts the reference's found among the alternative's
+    overlap = (ranked[:n, :, None] == ranked[n:, None, :]).any(axis=-1).sum(axis=-1) / k
     overlap[bad] = 0.0
     dp = np.exp(shifted_q[rows, top_r] - lse_q[rows, 0]) - p[rows, top_r]
     dp[bad] = -p[bad, top_r[bad]]
+    return _Rows(ref, d, bad, kl, flipped, top_r, top_a, gaps, overlap, dp)
+
+
+def _summary(rows: _Rows, start: int, n: int, k: int, order: np.ndarray, lead: tuple[int, ...],
+             mask: np.ndarray | None, shape: tuple[int, ...]) -> TokenMetrics:
+    """The metrics of rows ``start .. start + n`` of ``rows`` (one pair's positions: ``order[i]``
+    the flat index of its row ``i`` among ``lead``, mapped through ``mask`` of logits ``shape``)."""
+    end = start + n
+    ref, d = rows.ref[start:end], rows.d[start:end]
+    kl, flipped, dp = rows.kl[start:end], rows.flipped[start:end], rows.dp[start:end]
     ref_energy = float(np.sum(ref * ref))
     # alt - ref is -d exactly (a rounded difference is antisymmetric), and its square d * d
-    err_energy = math.inf if any_bad else float(np.sum(d * d))
+    err_energy = math.inf if bool(rows.bad[start:end].any()) else float(np.sum(d * d))
     nmse = (0.0 if err_energy == 0 else math.inf) if ref_energy == 0 else err_energy / ref_energy
     flips = []
     for i in np.flatnonzero(flipped):
         j = int(order[i])
         index = tuple(int(v) for v in np.unravel_index(j, lead))
         if mask is not None:
-            index = full_index(index, mask, ref_full.shape)[:2]
-        flips.append(TokenFlip(index, int(top_r[i]), int(top_a[i]), float(gaps[i])))
+            index = full_index(index, mask, shape)[:2]
+        flips.append(TokenFlip(index, int(rows.top_r[start + i]), int(rows.top_a[start + i]),
+                               float(rows.gaps[start + i])))
     kl_max = float(np.max(kl))
     return TokenMetrics(
         positions=int(n),
         kl_divergence={"mean": float(np.mean(kl)), "p99": _p99(kl, kl_max), "max": kl_max},
-        top1_agreement=float(1.0 - flipped.mean()), topk_overlap=float(overlap.mean()), k=int(k),
+        top1_agreement=float(1.0 - flipped.mean()), topk_overlap=float(rows.overlap[start:end].mean()), k=int(k),
         delta_p={"mean": float(np.mean(dp)), "rms": float(np.sqrt(np.mean(dp * dp))),
                  "max_abs": float(np.max(np.abs(dp)))},
         logits_nmse=float(nmse), flips=tuple(flips))

@@ -75,13 +75,17 @@ def compare_many(pairs: Sequence[Pair]) -> list[ComparisonResult]:
     return measure_many(pairs)[0]
 
 
-def measure_many(pairs: Sequence[Pair]) -> tuple[list[ComparisonResult], list[float]]:
+def measure_many(pairs: Sequence[Pair],
+                 parts: Sequence[int] | None = None) -> tuple[list[ComparisonResult], list[float]]:
     """:func:`compare_many` of ``pairs`` and each reference's RMS over its finite values
-    (``sqrt(mean(x**2))``; :func:`~.evidence.reference_scale` where its stack holds a non-finite
-    value) at once: each group of references is stacked (and made float64) once for both."""
+    (``sqrt(mean(x**2))``; :func:`~.evidence.reference_scale` where its part's references of its
+    stack hold a non-finite value) at once: each group of references is stacked (and made float64)
+    once for both. ``parts[i]`` is the part pair ``i`` belongs to (the decode step whose pass it
+    compares; None: one part): what a pair measures depends only on its own part's pairs, so the
+    steps of several passes measured together measure what each measured alone does."""
     refs = [_tensor(p.reference) for p in pairs]
     stacks = _stacks(refs)
-    scales = _rms_of(stacks, [p.reference for p in pairs])
+    scales = _rms_of(stacks, [p.reference for p in pairs], parts)
     out: list[ComparisonResult | None] = [None] * len(pairs)
     groups: dict[tuple[object, ...], list[int]] = {}
     tensors: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -141,16 +145,21 @@ def _rows(stacks: _Stacks, refs: Sequence[torch.Tensor | None],
     return stack.values[rows], stack.squares[rows], stack.finite[rows]
 
 
-def _rms_of(stacks: _Stacks, tensors: Sequence[CapturedTensor | None]) -> list[float]:
-    """Each tensor's RMS (``sqrt(mean(x**2))``) from its stack (a stack holding a non-finite value,
-    and a tensor in none: :func:`~.evidence.reference_scale`)."""
+def _rms_of(stacks: _Stacks, tensors: Sequence[CapturedTensor | None], parts: Sequence[int] | None) -> list[float]:
+    """Each tensor's RMS (``sqrt(mean(x**2))``) from its stack (where its part's rows of the stack
+    hold a non-finite value, and a tensor in none: :func:`~.evidence.reference_scale`)."""
     from .evidence import reference_scale
 
     out: list[float | None] = [None] * len(tensors)
     for stack in stacks.values():
-        if not bool(stack.finite.all()):
+        every = bool(stack.finite.all())
+        if not every and parts is None:
             continue
-        for i, v in zip(stack.members, np.sqrt(stack.squares / stack.values.shape[1]).tolist()):
+        rms: list[float | None] = np.sqrt(stack.squares / stack.values.shape[1]).tolist()
+        if not every and parts is not None:  # only the parts whose rows here are all finite
+            bad = {parts[i] for i, ok in zip(stack.members, stack.finite.tolist()) if not ok}
+            rms = [None if parts[i] in bad else v for i, v in zip(stack.members, rms)]
+        for i, v in zip(stack.members, rms):
             out[i] = v
     return [v if v is not None else reference_scale(t) for v, t in zip(out, tensors)]
 

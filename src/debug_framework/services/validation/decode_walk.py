@@ -9,18 +9,26 @@ drops the tensors: what a step leaves behind is its comparisons (numbers), so me
 with the tensors of the steps taken. It keeps only what a failure needs: the reference's pass at
 the first divergent step and its cache before that step (for the replays and the drill-down), and
 the running cache itself (the reference's last whole cache and the new entries since).
+
+:meth:`DecodeWalk.step_many` takes the passes of several consecutive steps (the steps of one
+reference pass over several): it measures all of them at once (one :func:`.decode_batch.measure_many`,
+each step a part of its own; one :func:`~debug_framework.comparison.next_token.next_token_metrics_many`),
+then judges each in order exactly as :meth:`DecodeWalk.step` judges one, which is ``step_many`` of
+one pass: one path of judgement.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from ...backends.decode import KV_TAIL, DecodePass, DecodeRun, LayerKV, concat_positions
 from ...capture.keys import Capture, CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
-from ...comparison.next_token import TokenMetrics, next_token_metrics
+from ...comparison.next_token import TokenMetrics, next_token_metrics, next_token_metrics_many
 from ...jsonio import JsonObject
 from .calibration import noise_at
 from .context import RunContext
@@ -39,6 +47,21 @@ _FLIPS_SHOWN = 8
 
 #: one layer's K or V as a step compares it: layer, part, reference, alternative, mask, what was compared
 _KVPlan = tuple[int, str, CapturedTensor, CapturedTensor, np.ndarray | None, str]
+
+
+class _Measured(NamedTuple):
+    """What one pass measured before it is judged (:meth:`DecodeWalk._measure`): the checkpoints
+    both sides hold (none at the prefill), its K/V plans, each checkpoint's comparison and
+    reference RMS, those of the K/V new entries measured with them (by plan index) and the
+    next-token metrics (None: not measured)."""
+
+    keys: list[CheckpointKey]
+    kv: list[_KVPlan]
+    errors: dict[CheckpointKey, ComparisonResult]
+    scales: dict[CheckpointKey, float]
+    kv_errors: dict[int, ComparisonResult]
+    kv_scales: dict[int, float]
+    tokens: TokenMetrics | None
 
 
 class _CacheTrail:
@@ -81,7 +104,6 @@ class DecodeWalk:
         #: the reference's pass at :attr:`first_failed`, and its whole cache before that step
         self.kept: DecodeRun | None = None
         self._trail = _CacheTrail()
-        self._mask0: np.ndarray | None = None
         #: the calibration's next-token metrics and largest logit error last measured (carried between)
         self._token_noise: tuple[TokenMetrics | None, float] = (None, math.nan)
         #: the module path the prefill's evidence names for each checkpoint (:func:`_module`), looked up once
@@ -91,27 +113,89 @@ class DecodeWalk:
     def step(self, r: DecodePass, a: DecodePass) -> bool:
         """Measure and judge one pass (step 0: the prefill's KV cache and logits; its checkpoints
         are the compare stage's); True where a decode step's checkpoints fail. The calibration's
-        pass at the step is run only where a noise is measured (:class:`~.decode_calibration.NoiseCarry`)."""
+        pass at the step is run only where a noise is measured (:class:`~.decode_calibration.NoiseCarry`).
+        One pass of :meth:`step_many`."""
+        return self.step_many([(r, a)], False)[0]
+
+    def step_many(self, pairs: Sequence[tuple[DecodePass, DecodePass]], stop: bool) -> list[bool]:
+        """Measure and judge the passes ``pairs`` (the reference's and the alternative's pass of
+        consecutive steps, e.g. the steps of one reference pass over several): every step's
+        comparisons in one vectorised pass (its checkpoints and its K/V new entries,
+        :func:`.decode_batch.measure_many`; its next-token metrics,
+        :func:`~debug_framework.comparison.next_token.next_token_metrics_many`), then each step
+        judged in order as :meth:`step` judges it alone (the same evidence, rows and carried
+        noise). Returns each judged step's failed flag; with ``stop`` the judgement ends after the
+        first failing step (the steps after it are neither judged nor recorded: the list is shorter)."""
+        out: list[bool] = []
+        for (r, a), m in zip(pairs, self._measure(pairs)):
+            out.append(self._judge(r, a, m))
+            if out[-1] and stop:
+                break
+        return out
+
+    def _measure(self, pairs: Sequence[tuple[DecodePass, DecodePass]]) -> list[_Measured]:
+        """What each pass of ``pairs`` measures before it is judged, every pass's at once."""
+        plan = self.ctx.plan
+        checkpoints: list[Pair] = []
+        entries: list[Pair] = []
+        parts: tuple[list[int], list[int]] = ([], [])
+        layout: list[tuple[list[CheckpointKey], list[_KVPlan], list[int], int, int]] = []
+        for i, (r, a) in enumerate(pairs):
+            s = r.step
+            held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
+            keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
+            kv = self._kv_plans(s, r, a)
+            batched = [j for j, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
+            layout.append((keys, kv, batched, len(checkpoints), len(entries)))
+            checkpoints += [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys]
+            entries += [Pair(kv[j][2], kv[j][3], None, "") for j in batched]
+            parts[0].extend([i] * len(keys))
+            parts[1].extend([i] * len(batched))
+        # every comparison of the passes in one vectorised pass: the checkpoints, then the new K/V
+        # entries (each kind's tensors of one shape side by side: stacked as one run)
+        results, scales = measure_many(checkpoints + entries, parts[0] + parts[1])
+        tokens = self._token_metrics(pairs)
+        out: list[_Measured] = []
+        n0 = len(checkpoints)
+        for (keys, kv, batched, c, e), metrics in zip(layout, tokens):
+            c1, e0 = c + len(keys), n0 + e
+            e1 = e0 + len(batched)
+            out.append(_Measured(keys, kv, dict(zip(keys, results[c:c1])), dict(zip(keys, scales[c:c1])),
+                                 dict(zip(batched, results[e0:e1])), dict(zip(batched, scales[e0:e1])), metrics))
+        return out
+
+    def _token_metrics(self, pairs: Sequence[tuple[DecodePass, DecodePass]]) -> list[TokenMetrics | None]:
+        """Each pass's next-token metrics, the alternative's logits against the reference's (None
+        where the logits are not a checkpoint, or a side lacks them or has them of another shape:
+        the checkpoint itself fails then); the decode steps' at once, the prefill's over its
+        token positions."""
+        out: list[TokenMetrics | None] = [None] * len(pairs)
+        stacked: list[int] = []
+        for i, (r, a) in enumerate(pairs):
+            held_r, held_a = r.capture.tensors, a.capture.tensors
+            if LOGITS not in self.ctx.plan.keys or LOGITS not in held_r or LOGITS not in held_a \
+                    or tuple(held_r[LOGITS].shape) != tuple(held_a[LOGITS].shape):
+                continue
+            if r.step:
+                stacked.append(i)
+            else:
+                out[i] = next_token_metrics(held_r[LOGITS], held_a[LOGITS], positions=position_mask(r.mask))
+        got = next_token_metrics_many([(pairs[i][0].capture.tensors[LOGITS], pairs[i][1].capture.tensors[LOGITS])
+                                       for i in stacked])
+        for i, metrics in zip(stacked, got):
+            out[i] = metrics
+        return out
+
+    def _judge(self, r: DecodePass, a: DecodePass, m: _Measured) -> bool:
+        """Judge one pass from what it measured (:meth:`_measure`), recording its evidence and rows;
+        True where a decode step's checkpoints fail."""
         s = r.step
-        if s == 0:
-            self._mask0 = r.mask
-        else:
+        if s:
             self._seconds["reference"].append(r.capture.elapsed_s)
             self._seconds["alternative"].append(a.capture.elapsed_s)
-        plan = self.ctx.plan
-        held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
-        keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
-        kv = self._kv_plans(s, r, a)
-        batched = [i for i, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
-        # every comparison of a passing step in one vectorised pass: the checkpoints and the new K/V entries
-        pairs = [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys] + \
-            [Pair(kv[i][2], kv[i][3], None, "") for i in batched]
-        results, scales = measure_many(pairs)
-        n = len(keys)
-        failed = self._checkpoints(s, r.capture, a.capture, dict(zip(keys, results)), dict(zip(keys, scales))) if s else False
-        failed = self._tokens(s, r.capture, a.capture, scales[keys.index(LOGITS)] if LOGITS in keys else None) \
-            and s > 0 or failed
-        self._kv(s, kv, dict(zip(batched, results[n:])), dict(zip(batched, scales[n:])))
+        failed = self._checkpoints(s, r.capture, a.capture, m.errors, m.scales) if s else False
+        failed = self._tokens(s, r, m.tokens, m.scales.get(LOGITS)) and s > 0 or failed
+        self._kv(s, m.kv, m.kv_errors, m.kv_scales)
         if failed and self.first_failed is None:
             self.first_failed = s
             self.carry.diverged(s)
@@ -149,7 +233,7 @@ class DecodeWalk:
     def _checkpoints(self, s: int, r: Capture, a: Capture, errors: dict[CheckpointKey, ComparisonResult],
                      scales: dict[CheckpointKey, float]) -> bool:
         """Judge decode step ``s``'s checkpoints (``errors`` and the reference's ``scales`` measured
-        by :meth:`step`); True where one fails."""
+        by :meth:`_measure`); True where one fails."""
         ctx, plan = self.ctx, self.ctx.plan
         keys = list(errors)
         sampled = noise_sampled(s, self.steps)
@@ -195,17 +279,17 @@ class DecodeWalk:
         return judged[-1][1] if judged and judged[-1][0] is ev.noise else None
 
     # -- next-token distributions ------------------------------------------------------------------
-    def _tokens(self, s: int, r: Capture, a: Capture, scale: float | None = None) -> bool:
-        """The pass's next-token metrics row and evidence (nothing where the logits are not a
-        checkpoint); True where the token judgement fails. The calibration's metrics are measured
-        where its noise is (:func:`noise_sampled`) and carried between as :class:`NoiseCarry`
-        carries the noise: measured at the step itself where the pass fails by the carried ones."""
+    def _tokens(self, s: int, p: DecodePass, metrics: TokenMetrics | None, scale: float | None = None) -> bool:
+        """The pass's next-token metrics row and evidence (``metrics``, measured by :meth:`_measure`;
+        nothing where it is None: the logits are not a checkpoint, or a side lacks them); True where
+        the token judgement fails. The calibration's metrics are measured where its noise is
+        (:func:`noise_sampled`) and carried between as :class:`NoiseCarry` carries the noise:
+        measured at the step itself where the pass fails by the carried ones."""
         ctx = self.ctx
-        if LOGITS not in ctx.plan.keys or LOGITS not in r or LOGITS not in a \
-                or tuple(r[LOGITS].shape) != tuple(a[LOGITS].shape):
+        if metrics is None:
             return False  # a missing or misshapen tensor already fails the checkpoint itself
-        mask = position_mask(self._mask0) if s == 0 and self._mask0 is not None else None
-        metrics = next_token_metrics(r[LOGITS], a[LOGITS], positions=mask)
+        r = p.capture
+        mask = position_mask(p.mask) if s == 0 else None
         if scale is None or mask is not None:
             scale = reference_scale(select_positions(r[LOGITS], mask))
 
@@ -257,7 +341,7 @@ class DecodeWalk:
     def _kv(self, s: int, plans: list[_KVPlan], errors: dict[int, ComparisonResult], scales: dict[int, float]) -> None:
         """Each layer's K and V after the pass, the alternative's against the reference's beside the
         calibration's (:func:`held_by_both`; its noise carried as a checkpoint's): a step's new
-        entries measured in :meth:`step`'s vectorised pass (``errors``, ``scales`` by plan), a whole
+        entries measured in :meth:`_measure`'s vectorised pass (``errors``, ``scales`` by plan), a whole
         cache (the prefill, an audit, a rewrite) with ``compare``; each row's ``compared`` says which."""
         ctx = self.ctx
         layers = sorted({p[0] for p in plans})
