@@ -94,7 +94,7 @@ def _record(engine, model: Path, cfg: dict[str, object], reference: str, alterna
             monkeypatch: pytest.MonkeyPatch) -> Recorded:
     """One session run (the reference in this process), what its walk was handed recorded."""
     got: list[Recorded] = []
-    init, step, at = DecodeWalk.__init__, DecodeWalk.step, CalibrationPrefill.at
+    init, many, at = DecodeWalk.__init__, DecodeWalk.step_many, CalibrationPrefill.at
 
     def recording_init(self, ctx, steps, calibration):  # type: ignore[no-untyped-def]
         init(self, ctx, steps, calibration)
@@ -102,16 +102,16 @@ def _record(engine, model: Path, cfg: dict[str, object], reference: str, alterna
         got.append(Recorded(ctx, steps, (list(ev.checkpoints), list(ev.kv_cache), list(ev.token_metrics)),
                             calibration_name=None if calibration is None else calibration.name))
 
-    def recording_step(self, r, a):  # type: ignore[no-untyped-def]
-        got[-1].passes.append((r, a))
-        return step(self, r, a)
+    def recording_many(self, pairs, stop):  # type: ignore[no-untyped-def]
+        got[-1].passes.extend(pairs)
+        return many(self, pairs, stop)
 
     def recording_at(self, s, why="sampled"):  # type: ignore[no-untyped-def]
         got[-1].calibration[s] = p = at(self, s, why)
         return p
 
     monkeypatch.setattr(DecodeWalk, "__init__", recording_init)
-    monkeypatch.setattr(DecodeWalk, "step", recording_step)
+    monkeypatch.setattr(DecodeWalk, "step_many", recording_many)
     monkeypatch.setattr(CalibrationPrefill, "at", recording_at)
     monkeypatch.setattr(decode_stage, "ahead_support", lambda *a: (False, "off"))
     engine.run(engine.create_session(model, cfg, reference, alternative))

@@ -143,8 +143,7 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
                 continue
             n = min(len(refs), len(alts))  # waits for the calibration's pass at a sampled step
         batch = [(refs.popleft(), alts.popleft()) for _ in range(n)]
-        failed = [walk.step(*batch[0])] if batch[0][0].step == 0 else []
-        failed += _step_many(walk, batch[len(failed):], stop) if len(batch) > len(failed) else []
+        failed = walk.step_many(batch, stop)
         judged_now = batch[:len(failed)]
         wall, cpu = time.perf_counter(), time.process_time()
         share = ((wall - mark[0]) / len(judged_now), (cpu - mark[1]) / len(judged_now))
@@ -167,14 +166,3 @@ def _would_feed(r: DecodePass, token: np.ndarray) -> bool:
     choice = r.capture.meta.get("choice")
     return choice is not None and np.array_equal(np.asarray(choice, np.int64), np.asarray(token, np.int64))
 
-
-def _step_many(walk: DecodeWalk, pairs: list[tuple[DecodePass, DecodePass]], stop: bool) -> list[bool]:  # TEMP until merge
-    many = getattr(walk, "step_many", None)
-    if many is not None:
-        return many(pairs, stop)
-    out: list[bool] = []
-    for r, a in pairs:
-        out.append(walk.step(r, a))
-        if out[-1] and stop:
-            break
-    return out

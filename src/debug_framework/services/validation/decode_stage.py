@@ -212,9 +212,9 @@ class DecodeStage(Stage):
                chunks: dict[str, int], first: int = 0) -> int:
         """The prefill and the decode steps, each step's passes taken from ``sides`` (the reference's
         first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
-        step's wall and CPU time appended to ``times``, the reference's passes of several steps
-        counted in ``chunks`` (``Capture.meta["chunk"]``: passes, steps kept, steps computed); the
-        last step run. From ``first`` on (the passes before it taken, not judged again: judged
+        step's wall and CPU time appended to ``times`` (the steps of one reference pass over several
+        judged together, each its share), the reference's passes of several steps counted in
+        ``chunks`` (``Capture.meta["chunk"]``: passes, steps kept, steps computed); the last step run. From ``first`` on (the passes before it taken, not judged again: judged
         while the alternative led, :mod:`.decode_led`, over the same tokens)."""
         done = first - 1
         steps = walk.steps
@@ -231,29 +231,39 @@ class DecodeStage(Stage):
                 if s:
                     fed[:, s - 1] = r.token
                 self._next(backend, stream, s)
-        for s in range(first, steps + 1):
+        s = first
+        while s <= steps:
             started, cpu = time.perf_counter(), time.process_time()
-            passes = [self._next(backend, stream, s) for backend, stream, _ in sides[:1]]
-            chunk = passes[0].capture.meta.get("chunk")
-            if chunk and chunk[0] == s:  # the first step of a reference's pass over several
-                chunks["passes"] += 1
-                chunks["steps"] += int(chunk[1])
-                chunks["computed"] += int(chunk[2])
-            if greedy and s:
-                tokens[:, s - 1] = passes[0].token
-                for _, _, fed in sides[1:]:
-                    fed[:, s - 1] = passes[0].token
-            passes += [self._next(backend, stream, s) for backend, stream, _ in sides[1:]]
-            failed = walk.step(passes[0], passes[1])
-            if s and (s % KV_AUDIT_EVERY == 0 or noise_sampled(s, steps)):
-                give_back_freed()  # what an audit's whole caches and a calibration's long prefill left in the heap
-            done = s
-            if s:
-                times[0].append(round(time.perf_counter() - started, 6))
-                times[1].append(round(time.process_time() - cpu, 6))
-            ctx.layers_done(s, steps)  # the progress bar by step
-            if failed and stop:
+            pairs: list[tuple[DecodePass, DecodePass]] = []
+            more = 1  # the steps of the reference's pass: judged together (DecodeWalk.step_many)
+            while len(pairs) < more:
+                t = s + len(pairs)
+                r = self._next(sides[0][0], sides[0][1], t)
+                chunk = r.capture.meta.get("chunk")
+                if chunk and chunk[0] == t:  # the first step of a reference's pass over several
+                    chunks["passes"] += 1
+                    chunks["steps"] += int(chunk[1])
+                    chunks["computed"] += int(chunk[2])
+                    if not pairs:
+                        more = max(1, min(int(chunk[1]), steps - t + 1))
+                if greedy and t:
+                    tokens[:, t - 1] = r.token
+                    for _, _, fed in sides[1:]:
+                        fed[:, t - 1] = r.token
+                pairs.append((r, self._next(sides[1][0], sides[1][1], t)))
+            failed = walk.step_many(pairs, stop)
+            wall, used = (time.perf_counter() - started) / len(failed), (time.process_time() - cpu) / len(failed)
+            for t, bad in zip(range(s, s + len(failed)), failed):
+                if t and (t % KV_AUDIT_EVERY == 0 or noise_sampled(t, steps)):
+                    give_back_freed()  # what an audit's whole caches and a calibration's long prefill left in the heap
+                done = t
+                if t:
+                    times[0].append(round(wall, 6))
+                    times[1].append(round(used, 6))
+                ctx.layers_done(t, steps)  # the progress bar by step
+            if failed[-1] and stop:
                 break
+            s += len(pairs)
         return done
 
     def _whole_first(self, ref: tuple[Backend, Iterator[DecodePass], np.ndarray | None], steps: int,
