@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...backends.decode import CHUNK_STEPS, DecodePass, last_token_index
+from ...backends.decode import CHUNK_STEPS, DecodePass, kv_audited, last_token_index
 from .decode_ahead import AheadStream, Channel, FedTokens
 from .decode_calibration import noise_sampled
 from .decode_walk import LOGITS, DecodeWalk
+from .memory import give_back_freed
 
 if TYPE_CHECKING:
     from .context import RunContext
@@ -150,6 +151,8 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
         mark = (wall, cpu)
         for (r, _), bad in zip(judged_now, failed):
             judged = r.step
+            if judged and (kv_audited(judged, steps) or noise_sampled(judged, steps)):
+                give_back_freed()  # what an audit's whole caches and a calibration's long prefill left in the heap
             if judged:
                 times[0].append(round(share[0], 6))
                 times[1].append(round(share[1], 6))

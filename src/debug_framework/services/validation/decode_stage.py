@@ -23,7 +23,7 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...backends.capabilities import capabilities
-from ...backends.decode import KV_AUDIT_EVERY, DecodePass, decode_passes, decode_support, streams_decode
+from ...backends.decode import DecodePass, decode_passes, decode_support, kv_audited, streams_decode
 from ...capture.keys import CheckpointKey
 from ...errors import BackendInitializationError, BackendRuntimeError, ConfigurationError
 from ...jsonio import JsonObject
@@ -37,7 +37,7 @@ from .decode_equivalence import prefill_equivalence
 from .decode_led import ChosenTokens, lead
 from .decode_replay import replay_decode_layer, step_inputs
 from .decode_walk import LOGITS, DecodeWalk, held_by_both
-from .memory import give_back_freed
+from .memory import give_back_freed, older_objects_frozen
 
 if TYPE_CHECKING:
     from ...modelio import LoadedModel, ModelInputs
@@ -104,6 +104,10 @@ class DecodeStage(Stage):
         return config.decode_steps > 0
 
     def run(self, ctx: RunContext) -> None:
+        with older_objects_frozen():  # the collector's full passes walk only what the decode made
+            self._run(ctx)
+
+    def _run(self, ctx: RunContext) -> None:
         plan = ctx.plan
         steps = plan.config.decode_steps
         given = check_decode_plan(plan.config, ctx.inputs, ctx.model)
@@ -254,7 +258,7 @@ class DecodeStage(Stage):
             failed = walk.step_many(pairs, stop)
             wall, used = (time.perf_counter() - started) / len(failed), (time.process_time() - cpu) / len(failed)
             for t, bad in zip(range(s, s + len(failed)), failed):
-                if t and (t % KV_AUDIT_EVERY == 0 or noise_sampled(t, steps)):
+                if t and (kv_audited(t, steps) or noise_sampled(t, steps)):
                     give_back_freed()  # what an audit's whole caches and a calibration's long prefill left in the heap
                 done = t
                 if t:
