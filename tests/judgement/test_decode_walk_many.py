@@ -191,3 +191,45 @@ def test_steps_judged_together_record_what_steps_judged_alone_do(case, tiny_mode
     assert rec.calibration_name is not None and {1, 2, 4, 8} <= set(rec.calibration)  # sampled inside a batch
     flags = _same_either_way(rec)
     assert (flags.index(True) if any(flags) else None) == want
+
+
+class OldEntryShownWrong(PagedLlamaEngine):
+    """Computes right, but the cache it shows (``kv_cache``) holds layer ``BUG_LAYER``'s key of the
+    prompt's last position wrong from decode step 2 on: only a whole cache (an audit) sees it."""
+
+    def prefill(self, inputs, keys):  # type: ignore[no-untyped-def]
+        self.decoded = 0
+        return super().prefill(inputs, keys)
+
+    def decode_step(self, tokens, positions, keys):  # type: ignore[no-untyped-def]
+        self.decoded += 1
+        return super().decode_step(tokens, positions, keys)
+
+    def kv_cache(self):  # type: ignore[no-untyped-def]
+        got = super().kv_cache()
+        if self.decoded >= 2:
+            k, v = got[BUG_LAYER]
+            k = np.array(k, copy=True)
+            k[:, BASE["input_shape"][1] - 1] += 1.0  # type: ignore[index]
+            got[BUG_LAYER] = (k, v)
+        return got
+
+
+def test_a_whole_cache_is_measured_with_the_steps_and_compared_in_full_where_it_fails(tiny_models, engine, engines,
+                                                                                    monkeypatch):
+    from debug_framework.services.validation.judge import kv_passes
+
+    rec = _record(engine, tiny_models("llama", 0), {**BASE, "decode_steps": 3, "calibrate": False}, "float64_eager",
+                  engines("paged_old_entry_shown_wrong", OldEntryShownWrong), monkeypatch)
+    walk = _fresh(rec)
+    walk.step_many(rec.passes, False)
+    audit = {(e.layer, e.part): e for e in walk.ctx.evidence.kv_cache if e.step == 3}  # the last step: audited
+    rows = {r["layer"]: r for r in walk.kv_rows if r["step"] == 3}
+    assert all(r["compared"] == "whole cache (audit)" for r in rows.values())
+    bad = audit[(BUG_LAYER, "k")]
+    assert not kv_passes(bad, rec.ctx.plan) and bad.comparison.worst  # in full: its worst elements
+    assert bad.comparison.worst[0].index[1] == BASE["input_shape"][1] - 1  # type: ignore[index]
+    good = audit[(BUG_LAYER, "v")]  # measured in the vectorised pass alone, told against the whole cache
+    assert kv_passes(good, rec.ctx.plan) and good.comparison.ulp_dtype is None and bad.comparison.ulp_dtype
+    assert good.comparison.masked_positions == bad.comparison.masked_positions == 2  # the second row's padding
+    assert good.comparison.reference_shape == bad.comparison.reference_shape

@@ -38,7 +38,7 @@ from .tolerance import DType, PassRule, Tolerance, default_tolerance, dtype_name
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["compare", "DEFAULT_CHUNK_ELEMENTS", "EXACT_QUANTILE_LIMIT"]
+__all__ = ["compare", "in_full_tensor", "DEFAULT_CHUNK_ELEMENTS", "EXACT_QUANTILE_LIMIT"]
 
 #: Elements per chunk when a chunk must be converted or copied (2M: at most 16 MiB per side in float64).
 DEFAULT_CHUNK_ELEMENTS = 1 << 21
@@ -100,7 +100,7 @@ def compare(
                         outlier_factor=outlier_factor, tolerance=tolerance, check_dtype=check_dtype, top_k=top_k,
                         name=name, chunk_elements=chunk_elements, exact_quantile_limit=exact_quantile_limit,
                         engine=engine)
-        return _in_full(inner, tuple(ref.shape), mask)
+        return in_full_tensor(inner, tuple(ref.shape), mask)
     governing = less_precise_dtype(ref.dtype, alt.dtype)
     tol = (tolerance or default_tolerance(governing)).with_overrides(
         rtol=rtol,
@@ -149,7 +149,7 @@ def _numel(x: Array) -> int:
     return int(x.size) if isinstance(x, np.ndarray) else x.numel()
 
 
-def _in_full(result: ComparisonResult, shape: tuple[int, ...], mask: np.ndarray) -> ComparisonResult:
+def in_full_tensor(result: ComparisonResult, shape: tuple[int, ...], mask: np.ndarray) -> ComparisonResult:
     """A comparison of the model positions reported against the full tensor: its shapes, the
     worst elements' and first non-finite value's indices in it, and the positions left out."""
     inner_shape = tuple(result.reference_shape)

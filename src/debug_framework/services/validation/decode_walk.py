@@ -28,6 +28,8 @@ import numpy as np
 from ...backends.decode import KV_TAIL, DecodePass, DecodeRun, LayerKV, concat_positions
 from ...capture.keys import Capture, CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult, Tolerance, compare, error_metric, position_mask, select_positions
+from ...comparison.engine import in_full_tensor
+from ...comparison.positions import applies_to
 from ...comparison.next_token import TokenMetrics, next_token_metrics, next_token_metrics_many
 from ...jsonio import JsonObject
 from .calibration import noise_at
@@ -145,10 +147,11 @@ class DecodeWalk:
             held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
             keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
             kv = self._kv_plans(s, r, a)
-            batched = [j for j, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
+            # a whole cache (an audit, the prefill's, a rewrite) measured here too, over its model positions
+            batched = [j for j, p in enumerate(kv) if p[5] != "new entries" or p[4] is None or bool(np.all(p[4]))]
             layout.append((keys, kv, batched, len(checkpoints), len(entries)))
             checkpoints += [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys]
-            entries += [Pair(kv[j][2], kv[j][3], None, "") for j in batched]
+            entries += [Pair(*_model_positions(kv[j][2], kv[j][3], kv[j][4]), None, "") for j in batched]
             parts[0].extend([i] * len(keys))
             parts[1].extend([i] * len(batched))
         # every comparison of the passes in one vectorised pass: the checkpoints, then the new K/V
@@ -341,8 +344,10 @@ class DecodeWalk:
     def _kv(self, s: int, plans: list[_KVPlan], errors: dict[int, ComparisonResult], scales: dict[int, float]) -> None:
         """Each layer's K and V after the pass, the alternative's against the reference's beside the
         calibration's (:func:`held_by_both`; its noise carried as a checkpoint's): a step's new
-        entries measured in :meth:`_measure`'s vectorised pass (``errors``, ``scales`` by plan), a whole
-        cache (the prefill, an audit, a rewrite) with ``compare``; each row's ``compared`` says which."""
+        entries and a whole cache (the prefill, an audit, a rewrite) over its model positions measured
+        in :meth:`_measure`'s vectorised pass (``errors``, ``scales`` by plan; a masked step's new
+        entries with ``compare``), a whole cache that fails compared again in full (its worst
+        elements and ULPs); each row's ``compared`` says which."""
         ctx = self.ctx
         layers = sorted({p[0] for p in plans})
         rows: dict[int, JsonObject] = {}
@@ -350,6 +355,10 @@ class DecodeWalk:
         for i, (layer, part, ref, alt, m, compared) in enumerate(plans):
             err = errors.get(i) or compare(ref, alt, check_dtype=False, positions=m)
             scale = scales[i] if i in scales else reference_scale(select_positions(ref, position_mask(m)))
+            whole = compared != "new entries" and i in errors  # measured in the vectorised pass: its detail where it fails
+            held = _positions_cut(ref, alt, m) if whole else None
+            if held is not None:  # measured over its model positions: told against the whole tensor
+                err = in_full_tensor(err, tuple(getattr(ref, "shape", ())), held)
             noise = None
             if self.calibration is not None:
                 j = 0 if part == "k" else 1
@@ -360,18 +369,39 @@ class DecodeWalk:
                     if got is None or layer not in got.kv:
                         return None
                     cal = held_by_both(ref, got.kv[layer][j], m)
-                    return compare(cal[0], cal[1], check_dtype=False, positions=cal[2])
+                    return measure_many([Pair(*_model_positions(*cal), None, "")])[0][0]
                 def fails(n: ComparisonResult, layer: int = layer, part: str = part, err: ComparisonResult = err,
                           scale: float = scale) -> bool:
                     return not kv_passes(KVEvidence(s, layer, part, err, n, scale), ctx.plan)
                 noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled, fails,
                                          may_measure=lambda: self._may_measure(s))
+            if whole and not kv_passes(KVEvidence(s, layer, part, err, noise, scale), ctx.plan):
+                err = compare(ref, alt, check_dtype=False, positions=m)  # the failure's evidence in full (worst elements, ULPs)
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
             row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})
             row[part] = {"rmse": err.rmse, "max_abs_error": err.max_abs_error, "reference_rms": scale,
                          "noise_rmse": None if noise is None else error_metric(noise, "rmse"),
                          "shape_match": err.shape_match}
         self.kv_rows.extend(rows[layer] for layer in layers if layer in rows)
+
+
+def _positions_cut(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None) -> np.ndarray | None:
+    """The model positions :func:`_model_positions` cuts both sides to (None: it leaves them whole)."""
+    held = position_mask(mask)
+    shape = tuple(getattr(ref, "shape", ()))
+    if held is None or shape != tuple(getattr(alt, "shape", ())) or not applies_to(shape, held):
+        return None
+    return held
+
+
+def _model_positions(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None
+                     ) -> tuple[CapturedTensor, CapturedTensor]:
+    """A layer's K or V on both sides cut to the model positions ``mask`` selects (as ``compare``
+    with ``positions`` compares them), or whole where every position is a token."""
+    held = _positions_cut(ref, alt, mask)
+    if held is None:
+        return ref, alt
+    return select_positions(ref, held), select_positions(alt, held)
 
 
 def _module(ctx: RunContext, key: CheckpointKey) -> str | None:
