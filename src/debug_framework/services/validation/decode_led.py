@@ -10,8 +10,7 @@ pass the token its own greedy choice would feed next (``Capture.meta["choice"]``
 fed the same tokens at every step, and while the reference would have chosen each of them, they
 are the reference's greedy tokens: the steps, their tensors and their verdicts are those of a
 decode the reference leads, and no draft runs. The alternative runs at most :data:`LEAD_STEPS`
-steps ahead of the judgement (its passes held until the reference's of the same step come), and
-:data:`BESIDE_LEAD_STEPS` while a step waits for the calibration's prefill beside it.
+steps ahead of the judgement (its passes held until the reference's of the same step come).
 
 At the first step after which the reference would feed another token than the alternative chose
 (a flip: near-tied logits, or a bug), the steps judged so far stand (both sides were fed the same
@@ -38,14 +37,11 @@ from .memory import give_back_freed
 if TYPE_CHECKING:
     from .context import RunContext
 
-__all__ = ["lead", "LEAD_STEPS", "BESIDE_LEAD_STEPS", "choice_of", "ChosenTokens"]
+__all__ = ["lead", "LEAD_STEPS", "choice_of", "ChosenTokens"]
 
 #: the most steps the alternative runs ahead of the judgement (two of the reference's passes: its
 #: process waits for a whole pass's tokens while the alternative computes the next pass's)
 LEAD_STEPS = 2 * CHUNK_STEPS
-#: and while a step waits for the calibration's prefill beside it (a late step's, of a thousand
-#: tokens, takes the reference's process a few hundred milliseconds): the alternative goes on
-BESIDE_LEAD_STEPS = 8 * CHUNK_STEPS
 
 
 class ChosenTokens:
@@ -131,8 +127,7 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
             take_ref()
         n = judgeable()
         if not n:
-            ahead = BESIDE_LEAD_STEPS if refs else LEAD_STEPS  # a pass there, not judged: its calibration's awaited
-            if again is None and alt_at < min(steps, judged + ahead):
+            if again is None and alt_at < min(steps, judged + LEAD_STEPS):
                 a = take(False, alt, alt_at + 1)
                 alt_at += 1
                 alts.append(a)

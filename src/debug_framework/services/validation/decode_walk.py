@@ -147,11 +147,10 @@ class DecodeWalk:
             held_r, held_a = r.capture.tensors, a.capture.tensors  # the plan's keys are valid: looked up as they are
             keys = [k for k in plan.keys if k in held_r and k in held_a] if s else []
             kv = self._kv_plans(s, r, a)
-            # a whole cache (an audit, the prefill's, a rewrite) measured here too, over its model positions
-            batched = [j for j, p in enumerate(kv) if p[5] != "new entries" or p[4] is None or bool(np.all(p[4]))]
+            batched = [j for j, p in enumerate(kv) if p[5] == "new entries" and (p[4] is None or bool(np.all(p[4])))]
             layout.append((keys, kv, batched, len(checkpoints), len(entries)))
             checkpoints += [Pair(held_r[k], held_a[k], plan.tolerance(k), f"{k}@{s}") for k in keys]
-            entries += [Pair(*_model_positions(kv[j][2], kv[j][3], kv[j][4]), None, "") for j in batched]
+            entries += [Pair(kv[j][2], kv[j][3], None, "") for j in batched]
             parts[0].extend([i] * len(keys))
             parts[1].extend([i] * len(batched))
         # every comparison of the passes in one vectorised pass: the checkpoints, then the new K/V
@@ -344,21 +343,18 @@ class DecodeWalk:
     def _kv(self, s: int, plans: list[_KVPlan], errors: dict[int, ComparisonResult], scales: dict[int, float]) -> None:
         """Each layer's K and V after the pass, the alternative's against the reference's beside the
         calibration's (:func:`held_by_both`; its noise carried as a checkpoint's): a step's new
-        entries and a whole cache (the prefill, an audit, a rewrite) over its model positions measured
-        in :meth:`_measure`'s vectorised pass (``errors``, ``scales`` by plan; a masked step's new
-        entries with ``compare``), a whole cache that fails compared again in full (its worst
-        elements and ULPs); each row's ``compared`` says which."""
+        entries measured in :meth:`_measure`'s vectorised pass (``errors``, ``scales`` by plan; a
+        masked step's new entries with ``compare``), a whole cache (the prefill, an audit, a
+        rewrite) measured alone over its model positions (:func:`_measured`) and compared again in
+        full where it fails (its worst elements and ULPs); each row's ``compared`` says which."""
         ctx = self.ctx
         layers = sorted({p[0] for p in plans})
         rows: dict[int, JsonObject] = {}
         sampled = noise_sampled(s, self.steps)
         for i, (layer, part, ref, alt, m, compared) in enumerate(plans):
-            err = errors.get(i) or compare(ref, alt, check_dtype=False, positions=m)
+            whole = compared != "new entries"  # measured alone (its stack would hold every layer's whole cache)
+            err = errors.get(i) or (_measured(ref, alt, m) if whole else compare(ref, alt, check_dtype=False, positions=m))
             scale = scales[i] if i in scales else reference_scale(select_positions(ref, position_mask(m)))
-            whole = compared != "new entries" and i in errors  # measured in the vectorised pass: its detail where it fails
-            held = _positions_cut(ref, alt, m) if whole else None
-            if held is not None:  # measured over its model positions: told against the whole tensor
-                err = in_full_tensor(err, tuple(getattr(ref, "shape", ())), held)
             noise = None
             if self.calibration is not None:
                 j = 0 if part == "k" else 1
@@ -368,14 +364,13 @@ class DecodeWalk:
                     got = self._cal(s, why)
                     if got is None or layer not in got.kv:
                         return None
-                    cal = held_by_both(ref, got.kv[layer][j], m)
-                    return measure_many([Pair(*_model_positions(*cal), None, "")])[0][0]
+                    return _measured(*held_by_both(ref, got.kv[layer][j], m))
                 def fails(n: ComparisonResult, layer: int = layer, part: str = part, err: ComparisonResult = err,
                           scale: float = scale) -> bool:
                     return not kv_passes(KVEvidence(s, layer, part, err, n, scale), ctx.plan)
                 noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled, fails,
                                          may_measure=lambda: self._may_measure(s))
-            if whole and not kv_passes(KVEvidence(s, layer, part, err, noise, scale), ctx.plan):
+            if whole and i not in errors and not kv_passes(KVEvidence(s, layer, part, err, noise, scale), ctx.plan):
                 err = compare(ref, alt, check_dtype=False, positions=m)  # the failure's evidence in full (worst elements, ULPs)
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
             row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})
@@ -385,23 +380,17 @@ class DecodeWalk:
         self.kv_rows.extend(rows[layer] for layer in layers if layer in rows)
 
 
-def _positions_cut(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None) -> np.ndarray | None:
-    """The model positions :func:`_model_positions` cuts both sides to (None: it leaves them whole)."""
+def _measured(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None) -> ComparisonResult:
+    """A layer's whole K or V measured over the model positions ``mask`` selects by the vectorised
+    measurement (:func:`.decode_batch.measure_many`, without ``compare``'s ULPs and quantiles), told
+    against the whole tensor (shapes, worst elements' indices, positions left out) as ``compare``
+    with ``positions`` tells it."""
     held = position_mask(mask)
     shape = tuple(getattr(ref, "shape", ()))
     if held is None or shape != tuple(getattr(alt, "shape", ())) or not applies_to(shape, held):
-        return None
-    return held
-
-
-def _model_positions(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None
-                     ) -> tuple[CapturedTensor, CapturedTensor]:
-    """A layer's K or V on both sides cut to the model positions ``mask`` selects (as ``compare``
-    with ``positions`` compares them), or whole where every position is a token."""
-    held = _positions_cut(ref, alt, mask)
-    if held is None:
-        return ref, alt
-    return select_positions(ref, held), select_positions(alt, held)
+        return measure_many([Pair(ref, alt, None, "")])[0][0]
+    got = measure_many([Pair(select_positions(ref, held), select_positions(alt, held), None, "")])[0][0]
+    return in_full_tensor(got, shape, held)
 
 
 def _module(ctx: RunContext, key: CheckpointKey) -> str | None:
