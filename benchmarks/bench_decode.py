@@ -25,7 +25,9 @@ in the same run.
   several steps a pass (docs/validation.md, "Decode steps"), how many steps in how many passes.
   From the second count on, one more step of the *whole* session (its store stage and result
   included: the session at this count minus the one before, over the steps between), beside plain
-  greedy's step: what a user timing whole sessions sees.
+  greedy's step: what a user timing whole sessions sees. Last, the last count's cost per step
+  beside the first's, with plain greedy's own growth (attention over a longer cache) and what
+  validating adds to a step (the tool's step less the plain one) at each.
 
 Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
@@ -214,7 +216,8 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
         root = Path(tmp)
         path = build(size, root / "llama")
         low = 1
-        seen: list[tuple[int, float, float, float, float]] = []  # (steps, ms per step, ratio to plain, peak bytes, the child's)
+        # (steps, ms per step, ratio to plain, peak bytes, the child's, plain greedy's ms per step)
+        seen: list[tuple[int, float, float, float, float, float]] = []
         session_before = 0.0  # the session at the count before (0: none yet)
         for n in counts:  # each count printed as soon as its session is done
             run = tool(path, root, batch, length, n)
@@ -249,15 +252,18 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
                   f"whole {run['session_s']:.2f} s, peak memory {float(run['peak_bytes']) / 2**20:.0f} MiB "  # type: ignore[arg-type]
                   f"(+{float(run['growth_bytes']) / 2**20:.0f} MiB during the session; plain greedy's process "  # type: ignore[arg-type]
                   f"{float(run['plain_peak_bytes']) / 2**20:.0f} MiB{child})", flush=True)  # type: ignore[arg-type]
-            seen.append((n, mine, mine / base, float(run["peak_bytes"]), child_peak))  # type: ignore[arg-type]
+            seen.append((n, mine, mine / base, float(run["peak_bytes"]), child_peak, base))  # type: ignore[arg-type]
             low = n
         if len(seen) > 1:  # the figures: the last count's beside the first's
-            (n0, t0, r0, m0, c0), (n1, t1, r1, m1, c1) = seen[0], seen[-1]
+            (n0, t0, r0, m0, c0, p0), (n1, t1, r1, m1, c1, p1) = seen[0], seen[-1]
             child = f"; the reference's process {c1 / c0:.2f}x ({c1 / 2**20:.0f} MiB beside {c0 / 2**20:.0f} MiB)" \
                 if c0 and c1 else ""
+            # what validating adds to a step, the plain step's own growth with the cache taken out
+            own = f"{(t1 - p1) / (t0 - p0):.2f}x ({(t1 - p1) * 1e3:.2f} ms beside {(t0 - p0) * 1e3:.2f} ms)" \
+                if t0 > p0 else "n/a (not above the plain step)"
             print(f"{n1} steps beside {n0}: cost per step {t1 / t0:.2f}x (ratio to plain greedy {r1:.1f}x beside "
-                  f"{r0:.1f}x), peak memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB{child})",
-                  flush=True)
+                  f"{r0:.1f}x; plain greedy's own {p1 / p0:.2f}x; what validating adds to a step {own}), peak "
+                  f"memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB{child})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

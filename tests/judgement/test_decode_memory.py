@@ -65,3 +65,24 @@ def test_the_from_math_reference_converts_each_layer_once_for_a_whole_decode(tin
     assert len(run.captures) == 5
     assert net.layers.conversions - before == len(net.layers)  # once each, not once per pass
     assert net.layers.keep == 1 and len(net.layers.resident_layers()) == 1 and not net.params._values
+
+
+def test_a_decode_leaves_older_objects_out_of_the_collectors_full_passes_and_anothers_freeze_alone():
+    import gc
+
+    from debug_framework.services.validation.memory import older_objects_frozen
+
+    assert gc.get_freeze_count() == 0
+    with older_objects_frozen():
+        assert gc.get_freeze_count() > 0  # what existed before is out of the full passes
+        made = [[] for _ in range(3)]
+        assert gc.is_tracked(made)
+    assert gc.get_freeze_count() == 0  # all of it back after
+    gc.freeze()  # someone else's freeze: not undone by ours
+    try:
+        held = gc.get_freeze_count()
+        with older_objects_frozen():
+            pass
+        assert gc.get_freeze_count() == held
+    finally:
+        gc.unfreeze()

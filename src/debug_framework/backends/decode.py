@@ -35,11 +35,11 @@ from ..errors import BackendInitializationError, BackendRuntimeError, Configurat
 from ..modelio.inputs import ModelInputs
 
 if TYPE_CHECKING:
-    from ._decode_draft import TokenFeed
     import torch
 
     from ..architectures.walk import Model
     from ..architectures.xp import Array
+    from ._decode_draft import TokenFeed
     from .base import Tensor
 
 #: One layer's cached ``(keys, values)``, each ``[batch, length, kv_heads, head_dim]``.
@@ -476,7 +476,7 @@ def runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps:
 
 
 def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, steps: int,
-                       keys: Sequence[CheckpointKey], tokens: np.ndarray | None,
+                       keys: Sequence[CheckpointKey], tokens: np.ndarray | TokenFeed | None,
                        wrap: Callable[[dict[CheckpointKey, Tensor], float], Capture],
                        prefill_keys: Sequence[CheckpointKey] | None = None,
                        context: Callable[[], ContextManager[object]] | None = None) -> Iterator[DecodePass]:
@@ -491,8 +491,10 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
       head_dim]`` over every position so far (padded ones included, as zeros or anything).
 
     Without ``tokens`` the runner's ``post_processing`` logits choose them (greedy); ``tokens[:, s]``
-    is read only when step ``s + 1`` runs. Each call into the runner runs under ``context()``
-    (entered and left within the pass, never across a ``yield``).
+    is read only when step ``s + 1`` runs (a :class:`~._decode_draft.TokenFeed` waited for then, each
+    pass recording the runner's own greedy choice after it, ``Capture.meta["choice"]``). Each call
+    into the runner runs under ``context()`` (entered and left within the pass, never across a
+    ``yield``).
 
     Raises:
         ConfigurationError: (DF005) no tokens given and the runner returns no ``post_processing`` logits.

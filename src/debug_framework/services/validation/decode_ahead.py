@@ -17,6 +17,10 @@ two CPUs for it, at least :data:`AHEAD_MIN_STEPS` steps. The child runs one torc
 (and one BLAS thread where ``threadpoolctl`` is installed); this process one fewer than it had
 during the decode (restored after). The child dies with this process.
 
+Where the alternative leads a greedy decode (:mod:`.decode_led`), a second pipe carries the
+tokens it chooses the other way (:class:`FedTokens`, :func:`token_pipe`): the child's decode is
+fed them as they come.
+
 A pass crosses as bytes, never a pickle: one JSON header (checkpoint keys, dtypes, shapes, sizes),
 then each tensor's raw bytes, one after the other (their sizes are the header's), written in one
 ``writev`` and received in one ``readv`` straight into each tensor's memory of its own
@@ -327,11 +331,12 @@ def _serve(open_stream: Callable[[], Iterator[DecodePass]], conn: Channel, ours:
            passes: int, beside: Beside | None = None, feeding: Channel | None = None) -> None:
     """The child: the reference's decode, each pass sent as it comes, followed by ``beside(pass)``
     where there is a ``beside`` (sent as ``"beside"``; where it gives None or fails, a ``"beside"``
-    saying none: the session's process then computes it itself, and never waits for a pass
-    beside that could depend on tokens it has not sent yet); ``end`` (with the child's peak memory) as soon as the last
-    one is sent, or ``error`` with the step it failed at (what the session's process needs to take
-    over). It dies with the session's process (a write to a pipe nobody reads would otherwise hold
-    the model's memory for ever)."""
+    saying none: the session's process then computes it itself, and never waits for a pass beside
+    that could depend on tokens it has not sent yet); ``end`` (with the child's peak memory) as
+    soon as the last one is sent, or ``error`` with the step it failed at (what the session's
+    process needs to take over). It dies with the session's process (a write to a pipe nobody
+    reads would otherwise hold the model's memory for ever). ``feeding``: the writing end of the
+    tokens' pipe (:func:`token_pipe`), the session process's, closed here."""
     import resource
     import signal
 

@@ -218,8 +218,9 @@ class DecodeStage(Stage):
         first: its greedy token is fed to the others) and judged by ``walk`` as they come, each
         step's wall and CPU time appended to ``times`` (the steps of one reference pass over several
         judged together, each its share), the reference's passes of several steps counted in
-        ``chunks`` (``Capture.meta["chunk"]``: passes, steps kept, steps computed); the last step run. From ``first`` on (the passes before it taken, not judged again: judged
-        while the alternative led, :mod:`.decode_led`, over the same tokens)."""
+        ``chunks`` (``Capture.meta["chunk"]``: passes, steps kept, steps computed); the last step
+        run. Judged from ``first`` on: the passes before it are taken and not judged again (they
+        were judged while the alternative led, :mod:`.decode_led`, over the same tokens)."""
         done = first - 1
         steps = walk.steps
         for s in range(first):
