@@ -98,6 +98,8 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
     feeding = True
     sampled = walk.calibration is not None
     mark = (time.perf_counter(), time.process_time())
+    passes: dict[int, tuple[float, float]] = {}  # each alternative's pass's wall and CPU seconds, by step
+    ran = 0  # the alternative's passes before this step are counted out of the rest already
 
     def take_ref() -> None:
         nonlocal again
@@ -115,6 +117,8 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
         """How many of the steps whose passes are both there can be judged now: up to a sampled
         step whose calibration pass is still being computed beside the reference's."""
         n = min(len(refs), len(alts))
+        if n and refs[0].step == 0:
+            return 1  # the prefill alone: the wait for the reference's prefill is no decode step's
         for i in range(n):
             s = refs[i].step
             if sampled and s and noise_sampled(s, steps) and i == len(refs) - 1 and again is None \
@@ -128,8 +132,10 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
         n = judgeable()
         if not n:
             if again is None and alt_at < min(steps, judged + LEAD_STEPS):
+                began = (time.perf_counter(), time.process_time())
                 a = take(False, alt, alt_at + 1)
                 alt_at += 1
+                passes[alt_at] = (time.perf_counter() - began[0], time.process_time() - began[1])
                 alts.append(a)
                 if alt_at < steps:
                     chosen = choice_of(a)
@@ -146,16 +152,22 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
         batch = [(refs.popleft(), alts.popleft()) for _ in range(n)]
         failed = walk.step_many(batch, stop)
         judged_now = batch[:len(failed)]
+        # each step: its alternative's pass, and its share of the rest since the last judgement
+        # (the reference's passes received and waited for, the judgement)
         wall, cpu = time.perf_counter(), time.process_time()
-        share = ((wall - mark[0]) / len(judged_now), (cpu - mark[1]) / len(judged_now))
+        inside = [passes[s] for s in range(ran, alt_at + 1) if s in passes]
+        ran = alt_at + 1
+        share = ((wall - mark[0] - sum(t[0] for t in inside)) / len(judged_now),
+                 (cpu - mark[1] - sum(t[1] for t in inside)) / len(judged_now))
         mark = (wall, cpu)
         for (r, _), bad in zip(judged_now, failed):
             judged = r.step
             if judged and (kv_audited(judged, steps) or noise_sampled(judged, steps)):
                 give_back_freed()  # what an audit's whole caches and a calibration's long prefill left in the heap
+            own = passes.pop(judged, (0.0, 0.0))
             if judged:
-                times[0].append(round(share[0], 6))
-                times[1].append(round(share[1], 6))
+                times[0].append(round(own[0] + share[0], 6))
+                times[1].append(round(own[1] + share[1], 6))
             ctx.layers_done(judged, steps)  # the progress bar by step
             if bad and stop:
                 return judged, None
