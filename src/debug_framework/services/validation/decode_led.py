@@ -47,7 +47,7 @@ LEAD_STEPS = 2 * CHUNK_STEPS
 class ChosenTokens:
     """The tokens the alternative chose so far, as a decode in this process reads them (a
     :class:`~debug_framework.backends._decode_draft.TokenFeed`: where this process takes the
-    reference's decode over from its lost process, :meth:`lead` has always chosen the tokens a
+    reference's decode over from its lost process, :func:`lead` has always chosen the tokens a
     pass needs before it asks for the pass). :attr:`tokens` ``[batch, steps]``, :attr:`count` how
     many of its columns are chosen."""
 
