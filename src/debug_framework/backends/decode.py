@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 LayerKV = tuple["Tensor | Array", "Tensor | Array"]
 
 __all__ = ["DecodeRun", "DecodePass", "DecodeBackend", "collect_run", "decode_passes", "iter_module_decode",
-           "iter_runner_decode", "KVRecorder", "KV_AUDIT_EVERY", "CHUNK_STEPS", "DECODE_HOLD_BYTES", "hold_weights", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
+           "iter_runner_decode", "greedy_choice", "KVRecorder", "KV_AUDIT_EVERY", "CHUNK_STEPS", "DECODE_HOLD_BYTES", "hold_weights", "KV_TAIL", "concat_positions", "streams_decode", "kv_audited", "decode_support", "module_decode", "runner_decode", "decode_positions",
            "last_token_index", "ReferenceDecoder", "reference_can_decode", "reference_decode", "reference_decode_layer"]
 
 
@@ -211,16 +211,19 @@ def _cache_of(out: object) -> object:
     return None
 
 
-def _greedy(logits: torch.Tensor | None, last: torch.Tensor) -> list[int] | None:
-    """Each row's greedy choice after a pass (as a greedy decode chooses it: the logits at the
-    row's last position, compared in float32); None without logits."""
-    if logits is None:
-        return None
+def greedy_choice(logits: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """``[batch]``: each row's greedy choice after a pass, as a greedy decode chooses it: its logits
+    ``[batch, positions, vocab]`` at the row's position ``last[row]``, compared in float32."""
     import torch
 
     with torch.inference_mode():
         rows = torch.arange(logits.shape[0], device=logits.device)
-        return [int(t) for t in logits[rows, last].float().argmax(-1).cpu()]
+        return logits[rows, last.to(logits.device)].float().argmax(-1)
+
+
+def _choice_meta(logits: torch.Tensor | None, last: torch.Tensor) -> list[int] | None:
+    """:func:`greedy_choice` as ``Capture.meta["choice"]`` (one int per row); None without logits."""
+    return None if logits is None else [int(t) for t in greedy_choice(logits, last).cpu()]
 
 
 def _cache_layers(cache: object) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -373,7 +376,7 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
     feeder = tokens if isinstance(tokens, TokenFeed) else None  # the tokens as another side chooses them
     first = wrap(got, seconds)
     if feeder is not None:
-        first.meta["choice"] = _greedy(logits, last)
+        first.meta["choice"] = _choice_meta(logits, last)
     yield DecodePass(0, first, *kept, mask_np)
     feeds_several = feeder is not None and plain_cache(cache)
     drafter: GreedyDraft | None = None
@@ -393,8 +396,7 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
         elif tokens is not None:
             tok = torch.as_tensor(fed_column(tokens, s), dtype=torch.long, device=device)
         elif logits is not None:
-            rows = torch.arange(logits.shape[0], device=device)
-            tok = logits[rows, last].float().argmax(-1)
+            tok = greedy_choice(logits, last)
         else:
             raise ConfigurationError("the model returns no logits, so the decode tokens cannot be chosen",
                                      backend=backend_name, hint="give them: --decode-tokens (config decode_tokens)")
@@ -458,7 +460,7 @@ def iter_module_decode(backend_name: str, module: torch.nn.Module, kwargs: dict[
         last = torch.full((mask_np.shape[0],), logits.shape[1] - 1 if logits is not None else 0, device=device)
         cap = wrap(got, seconds)
         if feeder is not None:
-            cap.meta["choice"] = _greedy(logits, last)
+            cap.meta["choice"] = _choice_meta(logits, last)
         yield DecodePass(s + 1, cap, *kept, mask_np, fed)
         fed_so_far.append(fed)
         s += 1

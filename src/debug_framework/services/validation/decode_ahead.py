@@ -471,6 +471,17 @@ class AheadStream(Iterator[DecodePass]):
         self.beside_sent += 1
         return got.step, got
 
+    def _past_besides(self, said: JsonObject | None, receive: Callable[[], JsonObject | None]) -> JsonObject | None:
+        """The first header from ``said`` on that is not a ``"beside"`` (each one before it read and
+        kept for its step, the next header from ``receive()``); None where the child is gone."""
+        while said is not None and said.get("kind") == "beside":
+            try:
+                self._keep_beside(*self._read_beside(said))
+            except (EOFError, OSError):  # the child died in the middle of one
+                return None
+            said = receive()
+        return said
+
     def _keep_beside(self, step: int, kept: DecodePass | None) -> None:
         """What the child computed beside its step ``step``, read before anyone asked for it, kept
         for :meth:`beside` (the last :data:`_BESIDES_KEPT` steps' only)."""
@@ -503,13 +514,7 @@ class AheadStream(Iterator[DecodePass]):
         said, self._said = self._said, None
         if said is None or said.get("kind") == "gone":
             said = self._receive()
-        while said is not None and said.get("kind") == "beside":  # one nobody asked for yet: kept for its step
-            try:
-                self._keep_beside(*self._read_beside(said))
-            except (EOFError, OSError):
-                said = None
-                break
-            said = self._receive()
+        said = self._past_besides(said, self._receive)  # one nobody asked for yet: kept for its step
         if said is None:
             why = f"the reference's decode process used no CPU for {_STUCK_S:g} s while this one waited (stuck)" \
                 if self._stuck else "the reference's decode process ended without a word"
@@ -603,12 +608,7 @@ class AheadStream(Iterator[DecodePass]):
         if self._local is None and self._next_step == self.passes and not self._conn.closed \
                 and self.peak_rss_bytes is None:
             said, self._said = self._said or self._receive(_END_WAIT_S), None
-            while said is not None and said.get("kind") == "beside":  # the last step's, nobody asked for
-                try:
-                    self._read_beside(said)
-                except (EOFError, OSError):
-                    break
-                said = self._receive(_END_WAIT_S)
+            said = self._past_besides(said, lambda: self._receive(_END_WAIT_S))  # the last step's, nobody asked for
             if said is not None and said.get("kind") == "end":
                 self._ended(said)
         if self._threads is not None or self._process.is_alive() or not self._conn.closed:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...backends.decode import CHUNK_STEPS, DecodePass, kv_audited, last_token_index
+from ...backends.decode import CHUNK_STEPS, DecodePass, greedy_choice, kv_audited, last_token_index
 from .decode_ahead import AheadStream, Channel, FedTokens
 from .decode_calibration import noise_sampled
 from .decode_walk import LOGITS, DecodeWalk
@@ -37,7 +37,7 @@ from .memory import give_back_freed
 if TYPE_CHECKING:
     from .context import RunContext
 
-__all__ = ["lead", "LEAD_STEPS", "choice_of", "ChosenTokens"]
+__all__ = ["lead", "LEAD_STEPS", "choice_of", "count_chunk", "ChosenTokens"]
 
 #: the most steps the alternative runs ahead of the judgement (two of the reference's passes: its
 #: process waits for a whole pass's tokens while the alternative computes the next pass's)
@@ -72,9 +72,8 @@ def choice_of(p: DecodePass) -> np.ndarray | None:
     if logits is None or len(getattr(logits, "shape", ())) != 3:
         return None
     x = torch.as_tensor(np.asarray(logits) if not hasattr(logits, "detach") else logits.detach().cpu())
-    rows = np.arange(x.shape[0])
     at = last_token_index(p.mask) if p.step == 0 and p.mask.shape[1] == x.shape[1] else np.full(x.shape[0], x.shape[1] - 1)
-    return x[rows, at].float().argmax(-1).numpy().astype(np.int64)
+    return greedy_choice(x, torch.from_numpy(at)).numpy().astype(np.int64)
 
 
 def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[DecodePass], fed: np.ndarray,
@@ -105,11 +104,7 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
         nonlocal again
         r = take(True, ref, judged + 1 + len(refs))
         refs.append(r)
-        chunk = r.capture.meta.get("chunk")
-        if chunk and chunk[0] == r.step:
-            chunks["passes"] += 1
-            chunks["steps"] += int(chunk[1])
-            chunks["computed"] += int(chunk[2])
+        count_chunk(chunks, r)
         if r.step < steps and not _would_feed(r, tokens.tokens[:, r.step]):
             again = r.step + 1  # the steps after it were fed a token the reference would not feed
 
@@ -174,6 +169,19 @@ def lead(ctx: RunContext, walk: DecodeWalk, ref: AheadStream, alt: Iterator[Deco
         if again is not None and not refs:
             return judged, again
     return judged, None
+
+
+def count_chunk(chunks: dict[str, int], r: DecodePass) -> list[int] | None:
+    """Where ``r`` is the first step of the reference's pass over several (``Capture.meta["chunk"]``,
+    ``[first step, steps kept, steps computed]``), that pass counted in ``chunks`` (passes, steps,
+    computed) and its chunk given back; else None."""
+    chunk = r.capture.meta.get("chunk")
+    if not chunk or chunk[0] != r.step:
+        return None
+    chunks["passes"] += 1
+    chunks["steps"] += int(chunk[1])
+    chunks["computed"] += int(chunk[2])
+    return chunk  # type: ignore[no-any-return]
 
 
 def _would_feed(r: DecodePass, token: np.ndarray) -> bool:

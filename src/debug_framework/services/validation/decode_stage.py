@@ -34,7 +34,7 @@ from .deadline import bounded
 from .decode_ahead import AheadStream, Beside, Channel, FedTokens, ahead_support, decode_ahead, token_pipe
 from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, beside_calibration, noise_sampled
 from .decode_equivalence import prefill_equivalence
-from .decode_led import ChosenTokens, lead
+from .decode_led import ChosenTokens, count_chunk, lead
 from .decode_replay import replay_decode_layer, step_inputs
 from .decode_walk import LOGITS, DecodeWalk, held_by_both
 from .memory import give_back_freed, older_objects_frozen
@@ -162,9 +162,7 @@ class DecodeStage(Stage):
                     return done
                 # a flip: both decodes opened again, the reference leading, from the step after it
                 for _, stream, _ in sides:
-                    close = getattr(stream, "close", None)
-                    if callable(close):
-                        close()
+                    _close(stream)
                 fed[1].close()  # type: ignore[index]
                 again_ahead = self._ahead(ctx, steps, taps, None, prefill_taps,
                                           self._beside(ctx, cal, taps, prefill_taps, steps))
@@ -183,9 +181,7 @@ class DecodeStage(Stage):
                 fed[0].close()
                 fed[1].close()
             for stream in [s for _, s, _ in sides] + ([ahead] if isinstance(ahead, AheadStream) else []):
-                close = getattr(stream, "close", None)  # an ahead stream read whole first is closed here too
-                if callable(close):
-                    close()
+                _close(stream)  # an ahead stream read whole first is closed here too
         ctx.decode = {"steps": steps, "tokens": tokens[:, :done].tolist(),
                       "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ctx.reference.name})",
                       "kv_cache": walk.kv_rows,
@@ -244,13 +240,9 @@ class DecodeStage(Stage):
             while len(pairs) < more:
                 t = s + len(pairs)
                 r = self._next(sides[0][0], sides[0][1], t)
-                chunk = r.capture.meta.get("chunk")
-                if chunk and chunk[0] == t:  # the first step of a reference's pass over several
-                    chunks["passes"] += 1
-                    chunks["steps"] += int(chunk[1])
-                    chunks["computed"] += int(chunk[2])
-                    if not pairs:
-                        more = max(1, min(int(chunk[1]), steps - t + 1))
+                chunk = count_chunk(chunks, r)  # the first step of a reference's pass over several
+                if chunk and not pairs:
+                    more = max(1, min(int(chunk[1]), steps - t + 1))
                 if greedy and t:
                     tokens[:, t - 1] = r.token
                     for _, _, fed in sides[1:]:
@@ -368,3 +360,10 @@ class DecodeStage(Stage):
             dtype = calibration_dtype(ctx.plan, ctx.model)
             ctx.prepare_backend(cal, "calibration", dtype, "cpu")
         return cal
+
+
+def _close(stream: object) -> None:
+    """A decode stream closed where it can be (a generator, an ahead stream; a list's iterator not)."""
+    close = getattr(stream, "close", None)
+    if callable(close):
+        close()
