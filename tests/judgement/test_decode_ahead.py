@@ -89,7 +89,7 @@ def test_a_session_with_the_child_is_the_session_without_it(tiny_models, engine,
     assert d2["reference_process"] == {"ahead": False, "why": f"fewer than {10**6} decode steps"}
     assert ahead.passed and here.passed and d1["tokens"] == d2["tokens"] and t1 == t2
     # the calibration's sampled prefills ran in the child and judged as those run here
-    assert d1["reference_process"]["calibration_prefills"] == len(d1["calibration_noise"]["sampled_steps"]) > 0
+    assert d1["reference_process"]["calibration_passes"] == len(d1["calibration_noise"]["sampled_steps"]) > 0
     assert [r["calibration"] for r in d1["token_metrics"]] == [r["calibration"] for r in d2["token_metrics"]]
     assert [r["k"]["noise_rmse"] for r in d1["kv_cache"]] == pytest.approx([r["k"]["noise_rmse"] for r in d2["kv_cache"]])
     assert [r[:2] for r in kv1] == [r[:2] for r in kv2]
@@ -266,7 +266,7 @@ def test_a_calibration_the_child_cannot_compute_is_computed_here(tiny_models, en
     monkeypatch.setattr(decode_stage, "beside_calibration", broken)
     result = engine.run(engine.create_session(tiny_models("llama"), CONFIG, "float64_eager", "pytorch"))
     decode = result.summary()["decode"]
-    assert result.passed and decode["reference_process"]["calibration_prefills"] == 0
+    assert result.passed and decode["reference_process"]["calibration_passes"] == 0
     assert decode["reference_process"]["taken_over_at"] is None
     assert all(r["calibration"] is not None for r in decode["token_metrics"])
 

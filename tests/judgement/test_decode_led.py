@@ -77,7 +77,7 @@ def test_a_session_the_alternative_leads_is_the_session_the_reference_leads(tiny
     assert d1["tokens"] == d2["tokens"] and t1 == t2 and kv1 == kv2
     assert np.allclose(r1, r2, rtol=1e-6, atol=0)
     assert d1["reference_chunks"]["computed"] == STEPS  # no step computed in vain: no draft to refuse
-    assert d1["reference_process"]["calibration_prefills"] == len(d1["calibration_noise"]["sampled_steps"])
+    assert d1["reference_process"]["calibration_passes"] == len(d1["calibration_noise"]["sampled_steps"])
 
 
 FLIP_AT = 5

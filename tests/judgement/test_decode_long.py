@@ -105,5 +105,5 @@ def test_a_kv_bug_after_200_steps_is_caught_at_its_step(long_llama, engine):
     noise = result.summary()["decode"]["calibration_noise"]  # the bound carried between sampled steps
     assert LATE not in noise["sampled_steps"] and noise["carried"] > noise["measured"]
     assert noise["remeasured"] >= 1  # step LATE failed by the carried bound: its own noise judged it
-    remeasured = [p for p in noise["prefills"] if p["why"] == "failed by the carried bound"]
+    remeasured = [p for p in noise["passes"] if p["why"] == "failed by the carried bound"]
     assert remeasured[0]["step"] == LATE and remeasured[0]["tokens"] == PROMPT + LATE  # one prefill of its tokens

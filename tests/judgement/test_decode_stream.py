@@ -91,7 +91,7 @@ def test_an_error_of_the_computation_itself_is_not_blamed_on_the_cache(tiny_mode
     # measured (the prompt, powers of two, the last); after the first divergence a step failing by the carried
     # bound is judged by it (5, 6, 7) instead of running a prefill of its own at every step
     noise = decode["calibration_noise"]
-    assert [(p["step"], p["tokens"]) for p in noise["prefills"]] == [(s, PROMPT + s) for s in (0, 1, 2, 4, 8, 9)]
+    assert [(p["step"], p["tokens"]) for p in noise["passes"]] == [(s, PROMPT + s) for s in (0, 1, 2, 4, 8, 9)]
     assert noise["first_divergence"] == FROM and noise["carried_failing"] > 0
 
 
@@ -243,7 +243,7 @@ def test_the_calibrations_prefill_a_row_at_a_time_is_the_batchs(tiny_models, mon
     from types import SimpleNamespace
 
     from debug_framework.services.validation import decode_calibration
-    from debug_framework.services.validation.decode_calibration import CalibrationPrefill
+    from debug_framework.services.validation.decode_calibration import CalibrationPasses
 
     model = load_model(str(tiny_models("llama", 0)))
     inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=PROMPT, seed=0, pad_lengths=[0, 2])
@@ -252,9 +252,10 @@ def test_the_calibrations_prefill_a_row_at_a_time_is_the_batchs(tiny_models, mon
     keys = [CheckpointKey("post_mlp", i) for i in range(model.num_layers)] + [CheckpointKey("post_processing")]
     tokens = np.array([[3, 5, 7], [2, 4, 6]])
     ctx = SimpleNamespace(inputs=inputs)  # what the prefill reads of its run context
-    whole = CalibrationPrefill(ctx, backend, keys, keys[-1:], tokens).at(3)
+    monkeypatch.setattr(decode_calibration, "streams_decode", lambda backend: False)  # the prefill measures
+    whole = CalibrationPasses(ctx, backend, keys, keys[-1:], tokens, 3).at(3)
     monkeypatch.setattr(decode_calibration, "ROWS_APART_FROM", 0)
-    rows = CalibrationPrefill(ctx, backend, keys, keys[-1:], tokens).at(3)
+    rows = CalibrationPasses(ctx, backend, keys, keys[-1:], tokens, 3).at(3)
     assert set(rows.capture.tensors) == set(keys) and set(rows.kv) == set(whole.kv)
     for key in keys:
         assert tuple(rows.capture[key].shape[:2]) == (2, 1)
@@ -265,3 +266,46 @@ def test_the_calibrations_prefill_a_row_at_a_time_is_the_batchs(tiny_models, mon
         torch.testing.assert_close(rows.kv[layer][0] * mask, k * mask, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(rows.kv[layer][1] * mask, v * mask, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(rows.mask, whole.mask)
+
+
+def test_the_calibrations_decode_measures_what_its_prefill_measures(tiny_models, monkeypatch):
+    """The calibration's decode fed the tokens several a pass gives, at a step, the checkpoints and
+    the new K/V entries its prefill of the prompt and the same tokens gives there (prefill
+    equivalence, left padding included); it moves on by whole passes as the tokens come
+    (``keep_up``), a step behind it is measured by a prefill, and each measurement says how."""
+    from types import SimpleNamespace
+
+    from debug_framework.backends.decode import CHUNK_STEPS
+    from debug_framework.services.validation import decode_calibration
+    from debug_framework.services.validation.decode_calibration import CalibrationPasses
+
+    steps = 2 * CHUNK_STEPS + 3
+    model = load_model(str(tiny_models("llama", 0)))
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=PROMPT, seed=0, pad_lengths=[0, 2])
+    backend = get_backend("float64_eager")
+    backend.prepare(model, "float64", "cpu")
+    keys = [CheckpointKey("post_mlp", i) for i in range(model.num_layers)] + [CheckpointKey("post_processing")]
+    tokens = np.random.default_rng(1).integers(0, model.config.vocab_size, (2, steps))
+    ctx = SimpleNamespace(inputs=inputs)
+    decoded = CalibrationPasses(ctx, backend, keys, keys[-1:], tokens, steps)
+    decoded.keep_up(CHUNK_STEPS + 3)  # the prompt's pass, then one whole pass of CHUNK_STEPS steps
+    assert decoded._at == CHUNK_STEPS
+    with monkeypatch.context() as m:
+        m.setattr(decode_calibration, "streams_decode", lambda backend: False)
+        prefilled = CalibrationPasses(ctx, backend, keys, keys[-1:], tokens, steps)
+    for s in (CHUNK_STEPS + 2, steps):
+        a, b = decoded.at(s), prefilled.at(s)
+        assert a.capture.meta["calibration"] == "decode" and b.capture.meta["calibration"] == "prefill"
+        for key in keys:
+            assert tuple(a.capture[key].shape[:2]) == (2, 1)
+            torch.testing.assert_close(a.capture[key], b.capture[key], rtol=1e-9, atol=1e-9)
+        np.testing.assert_array_equal(a.mask, b.mask)
+        for layer, (k, v) in a.kv.items():  # the decode's new entries (the last step: its whole cache): the prefill's
+            n = k.shape[1]
+            held = torch.from_numpy(a.mask[:, -n:, None, None] != 0)  # padded positions hold anything
+            torch.testing.assert_close(k * held, b.kv[layer][0][:, -n:] * held, rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(v * held, b.kv[layer][1][:, -n:] * held, rtol=1e-9, atol=1e-9)
+    behind = decoded.at(3)  # behind the decode: one prefill
+    assert behind.capture.meta["calibration"] == "prefill"
+    assert [(s, how) for s, _, _, _, how in decoded.runs] == [(CHUNK_STEPS + 2, "decode"), (steps, "decode"), (3, "prefill")]
+    decoded.close()

@@ -18,7 +18,7 @@ import torch
 from debug_framework.backends.decode import DecodePass
 from debug_framework.services.validation import decode_stage
 from debug_framework.services.validation.context import RunContext
-from debug_framework.services.validation.decode_calibration import CalibrationPrefill
+from debug_framework.services.validation.decode_calibration import CalibrationPasses
 from debug_framework.services.validation.decode_walk import DecodeWalk
 from debug_framework.services.validation.evidence import CheckpointEvidence, KVEvidence, TokenEvidence
 
@@ -94,7 +94,7 @@ def _record(engine, model: Path, cfg: dict[str, object], reference: str, alterna
             monkeypatch: pytest.MonkeyPatch) -> Recorded:
     """One session run (the reference in this process), what its walk was handed recorded."""
     got: list[Recorded] = []
-    init, many, at = DecodeWalk.__init__, DecodeWalk.step_many, CalibrationPrefill.at
+    init, many, at = DecodeWalk.__init__, DecodeWalk.step_many, CalibrationPasses.at
 
     def recording_init(self, ctx, steps, calibration):  # type: ignore[no-untyped-def]
         init(self, ctx, steps, calibration)
@@ -112,7 +112,7 @@ def _record(engine, model: Path, cfg: dict[str, object], reference: str, alterna
 
     monkeypatch.setattr(DecodeWalk, "__init__", recording_init)
     monkeypatch.setattr(DecodeWalk, "step_many", recording_many)
-    monkeypatch.setattr(CalibrationPrefill, "at", recording_at)
+    monkeypatch.setattr(CalibrationPasses, "at", recording_at)
     monkeypatch.setattr(decode_stage, "ahead_support", lambda *a: (False, "off"))
     engine.run(engine.create_session(model, cfg, reference, alternative))
     monkeypatch.undo()

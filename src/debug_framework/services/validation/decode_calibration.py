@@ -24,13 +24,15 @@ prefill at every step. ``result.decode["calibration_noise"]`` records where it w
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from ...backends.base import Backend
-from ...backends.decode import DecodePass, decode_passes
+from ...backends.decode import CHUNK_STEPS, DecodePass, decode_passes, streams_decode
 from ...capture.keys import Capture, CapturedTensor, CheckpointKey
 from ...comparison import ComparisonResult
 from ...jsonio import JsonObject
@@ -39,7 +41,7 @@ from .context import RunContext, call_backend, own
 from .decode_equivalence import replayed_as_prefill
 from .memory import give_back_freed, large_blocks_mapped
 
-__all__ = ["CalibrationPrefill", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "beside_calibration"]
+__all__ = ["CalibrationPasses", "ChosenTokens", "NoiseCarry", "NOISE_EVERY", "noise_sampled", "beside_calibration"]
 
 #: besides the powers of two, the calibration's noise is measured at every this many decode steps
 #: (and the last); the steps between carry the last measured
@@ -100,54 +102,145 @@ def _join_rows(rows: list[DecodePass], step: int) -> DecodePass:
     return DecodePass(step, capture, kv, dict(rows[0].span), np.concatenate([r.mask for r in rows], axis=0))
 
 
-class CalibrationPrefill:
-    """The calibration's pass at a decode step, run where it is asked for (see the module): the
-    prompt and ``tokens[:, :s]`` as one prefill by ``backend``, its checkpoints ``taps`` cut to the
-    last position (the prompt's: every position) and its whole KV cache. The last step's pass is
-    held, so every measurement at one step shares one prefill."""
+class ChosenTokens:
+    """The tokens chosen so far, as a decode in this process reads them (a
+    :class:`~debug_framework.backends._decode_draft.TokenFeed`): :attr:`tokens` ``[batch, steps]``,
+    :attr:`count` how many of its columns are chosen. A decode reads only what is chosen before it
+    asks (the alternative's choices where this process takes a lost child's reference decode over,
+    :mod:`.decode_led`; the tokens judged so far, or the reference's passes so far, where the
+    calibration decodes, :class:`CalibrationPasses`)."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+        self.count = 0
+
+    def known(self, start: int, most: int) -> np.ndarray:
+        n = min(most, self.count - start)
+        if n < 1:
+            raise EOFError(f"the token of decode step {start + 1} is not chosen yet")
+        return self.tokens[:, start:start + n].copy()
+
+
+class CalibrationPasses:
+    """The calibration's pass at a decode step, computed where it is asked for (see the module):
+    by the calibration's own decode, fed the tokens fed so far several a pass through its own cache,
+    where the backend streams its decode so and the step is not behind that decode; else as one
+    prefill of the prompt and ``tokens[:, :s]`` (its checkpoints cut to the last position, its whole
+    KV cache). The prompt's pass has every position. The last step's pass is held, so every
+    measurement at one step shares one pass."""
 
     def __init__(self, ctx: RunContext, backend: Backend, taps: Sequence[CheckpointKey],
-                 prompt_taps: Sequence[CheckpointKey], tokens: np.ndarray,
+                 prompt_taps: Sequence[CheckpointKey], tokens: np.ndarray, steps: int,
                  given: Callable[[int], DecodePass | None] | None = None) -> None:
-        self.ctx, self.backend, self.tokens = ctx, backend, tokens
+        self.ctx, self.backend, self.tokens, self.steps = ctx, backend, tokens, steps
         #: ``given(step)``: the pass at a sampled step where another process computed it already
         #: (the reference's decode process, :func:`beside_calibration`), else None
         self.given = given
         self.taps, self.prompt_taps = list(taps), list(prompt_taps)
         self._held: tuple[int, DecodePass | None] | None = None
-        #: ``(step, tokens in the prefill, seconds, why)`` of each prefill run
-        self.runs: list[tuple[int, int, float, str]] = []
+        #: ``(step, positions, seconds, why, how)`` of each pass measured: ``how`` ``"decode"`` (its
+        #: seconds: the decode's since the pass measured before) or ``"prefill"``
+        self.runs: list[tuple[int, int, float, str, str]] = []
+        self._fed = ChosenTokens(tokens)
+        self._decode: Iterator[DecodePass] | None = None
+        self._at = -1  # the last step the decode gave
+        self._decodes = streams_decode(backend)  # False once it cannot (or gives one step a pass)
+        self._spent = 0.0  # the decode's seconds since the last pass it gave for a measurement
 
     @property
     def name(self) -> str:
         return self.backend.name
 
     def ran_at(self, step: int) -> bool:
-        """Whether the prefill of ``step`` has run (its pass held)."""
+        """Whether the pass of ``step`` is computed (and held)."""
         return self._held is not None and self._held[0] == step
 
     def at(self, step: int, why: str = "sampled") -> DecodePass | None:
-        """The calibration's pass at decode ``step`` (0: the prompt's prefill), run once per step;
-        longer than :data:`ROWS_APART_FROM` tokens a row at a time (a prefill's attention scores grow
-        with the square of its length: one row's at a time halves the peak of a batch of two),
-        joined along the batch."""
+        """The calibration's pass at decode ``step`` (0: the prompt's prefill), computed once per
+        step: by the decode where it can (:meth:`keep_up`), else by a prefill, longer than
+        :data:`ROWS_APART_FROM` tokens a row at a time (a prefill's attention scores grow with the
+        square of its length: one row's at a time halves the peak of a batch of two), joined along
+        the batch."""
         if self._held is not None and self._held[0] == step:
             return self._held[1]
         self._held = None  # the last step's tensors are not kept beside this one's
-        longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
+        positions = self.ctx.inputs.shape[1] + step
         done = self.given(step) if self.given is not None and why == "sampled" else None
-        if done is not None:  # the same prefill, run in the reference's decode process
-            self.runs.append((step, int(longer.shape[1]), float(done.capture.elapsed_s), why))
+        if done is not None:  # computed in the reference's decode process
+            how = str(done.capture.meta.get("calibration", "prefill"))
+            self.runs.append((step, positions, float(done.capture.elapsed_s), why, how))
             self._held = (step, done)
             return done
+        got = self._decoded(step, step)
+        if got is not None:
+            self.runs.append((step, positions, got.capture.elapsed_s, why, "decode"))
+            self._held = (step, got)
+            return got
         start = time.perf_counter()
+        longer = replayed_as_prefill(self.ctx.inputs, self.tokens, step)
         apart = longer.shape[1] > ROWS_APART_FROM
         rows = [self._prefill(_row(longer, b), step, apart) for b in range(longer.shape[0])] if apart else \
             [self._prefill(longer, step)]
         got = None if any(r is None for r in rows) else _join_rows(rows, step)  # type: ignore[arg-type]
-        self.runs.append((step, int(longer.shape[1]), time.perf_counter() - start, why))
+        if got is not None:
+            got.capture.meta["calibration"] = "prefill"
+        self.runs.append((step, positions, time.perf_counter() - start, why, "prefill"))
         self._held = (step, got)
         return got
+
+    def keep_up(self, known: int) -> None:
+        """The decode moved on by whole passes of :data:`~debug_framework.backends.decode.CHUNK_STEPS`
+        steps while the tokens of the first ``known`` steps are there for them (the reference's
+        process after each of its passes: its pass at a sampled step is then there at once)."""
+        if self._decodes and self._at < 0:  # the prompt's pass first
+            self._decoded(0, known)
+        while self._decodes and 0 <= self._at < self.steps and known - self._at >= min(CHUNK_STEPS, self.steps - self._at):
+            self._decoded(self._at + min(CHUNK_STEPS, self.steps - self._at), known)
+
+    def _decoded(self, step: int, known: int) -> DecodePass | None:
+        """The decode's pass at ``step``, the tokens of the first ``known`` steps fed (opened on the
+        first ask); None where it cannot give it: the step is behind it, or the decode failed or
+        gives one step a pass (a prefill then costs less than a decode step by step: every later
+        step is measured by prefills)."""
+        if not self._decodes or step <= self._at:
+            return None
+        start = time.perf_counter()
+        self._fed.count = max(self._fed.count, known)
+        got: DecodePass | None = None
+        one_a_pass = False
+        try:
+            if self._decode is None:
+                self._decode = decode_passes(self.backend, own(self.ctx.inputs), self.steps, self.taps, self._fed,
+                                             self.prompt_taps)
+            while self._at < step:
+                got = next(self._decode)
+                self._at = got.step
+                # fed two tokens or more, it computed one: a decode as dear as the steps themselves
+                one_a_pass = one_a_pass or (got.step > 0 and known - got.step >= 1 and "chunk" not in got.capture.meta)
+        except Exception:  # noqa: BLE001 - the prefill measures it instead (and raises the backend's own error)
+            self._stop()
+            return None
+        if one_a_pass:
+            self._stop()
+        self._spent += time.perf_counter() - start
+        if got is None or got.step != step:
+            return None
+        seconds, self._spent = self._spent, 0.0
+        capture = replace(got.capture, elapsed_s=seconds, meta={**got.capture.meta, "calibration": "decode"})
+        return replace(got, capture=capture)
+
+    def _stop(self) -> None:
+        """No decode from here: its stream closed (the prefill measures every later step)."""
+        self._decodes = False
+        close = getattr(self._decode, "close", None)
+        self._decode = None
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+
+    def close(self) -> None:
+        """The decode's stream closed (its cache freed)."""
+        self._stop()
 
     def _prefill(self, inputs: ModelInputs, step: int, long: bool = False) -> DecodePass | None:
         """One prefill of ``inputs`` by the backend (its decode of no steps), its checkpoints cut to
@@ -189,18 +282,21 @@ class CalibrationPrefill:
 def beside_calibration(ctx: RunContext, backend: Backend, taps: Sequence[CheckpointKey],
                        prompt_taps: Sequence[CheckpointKey], steps: int) -> Callable[[DecodePass], DecodePass | None]:
     """What the reference's decode process computes beside each of its passes
-    (:func:`~.decode_ahead.decode_ahead`'s ``beside``): at a sampled step (:func:`noise_sampled`)
-    the calibration's pass, the same :class:`CalibrationPrefill` over the tokens it fed so far; else
-    nothing. The session's process takes it as :class:`CalibrationPrefill`'s ``given``, so the
-    sampled prefills (the longest, growing with the step) run beside its own work."""
+    (:func:`~.decode_ahead.decode_ahead`'s ``beside``): the calibration's decode kept up with the
+    tokens of its passes (:meth:`CalibrationPasses.keep_up`), and at a sampled step
+    (:func:`noise_sampled`) the calibration's pass; else nothing. The session's process takes it
+    as :class:`CalibrationPasses`' ``given``, so the calibration runs beside its own work."""
     tokens = np.zeros((ctx.inputs.shape[0], steps), np.int64)
-    prefill = CalibrationPrefill(ctx, backend, taps, prompt_taps, tokens)
+    passes = CalibrationPasses(ctx, backend, taps, prompt_taps, tokens, steps)
 
     def at(p: DecodePass) -> DecodePass | None:
         if not p.step or p.token is None:
             return None
         tokens[:, p.step - 1] = p.token
-        return prefill.at(p.step) if noise_sampled(p.step, steps) else None
+        if not noise_sampled(p.step, steps):
+            passes.keep_up(p.step)
+            return None
+        return passes.at(p.step)
     return at
 
 
@@ -225,7 +321,7 @@ class NoiseCarry:
         if self.diverged_at is None:
             self.diverged_at = step
 
-    def may_measure(self, step: int, cal: CalibrationPrefill | None) -> bool:
+    def may_measure(self, step: int, cal: CalibrationPasses | None) -> bool:
         """Whether a check failing by the carried bound at ``step`` may measure its own noise."""
         if self.diverged_at is None or (cal is not None and cal.ran_at(step)):
             return True
@@ -255,7 +351,7 @@ class NoiseCarry:
             self.last[slot] = noise
         return noise
 
-    def record(self, steps: int, cal: CalibrationPrefill | None) -> JsonObject:
+    def record(self, steps: int, cal: CalibrationPasses | None) -> JsonObject:
         """Where the noise was measured and how it was carried (the bound's provenance)."""
         runs = [] if cal is None else cal.runs
         return {"sampled_steps": [s for s in range(1, steps + 1) if noise_sampled(s, steps)],
@@ -263,10 +359,12 @@ class NoiseCarry:
                 "remeasured": self.remeasured, "carried_failing": self.carried_failing,
                 "first_divergence": self.diverged_at,
                 "calibration": None if cal is None else cal.name,
-                "prefills": [{"step": s, "tokens": n, "seconds": round(t, 6), "why": why} for s, n, t, why in runs],
-                "rule": "measured as one prefill of the prompt and the tokens fed up to the step (by the calibration, "
-                        "at the alternative's precision, its last position) at the prompt, steps 1, 2, 4, 8, ..., every "
-                        "NOISE_EVERY-th step and the last; between them the last measured noise of the same checkpoint "
-                        "(or K/V) is carried, and measured at the step itself where the check fails by the carried "
-                        "bound (after the first divergence at most every NOISE_EVERY steps; the other failing steps "
-                        "are judged by the carried bound: carried_failing)"}
+                "passes": [{"step": s, "tokens": n, "seconds": round(t, 6), "why": why, "how": how}
+                           for s, n, t, why, how in runs],
+                "rule": "measured by the calibration (at the alternative's precision) at the prompt, steps 1, 2, 4, 8, "
+                        "..., every NOISE_EVERY-th step and the last: its own decode fed the same tokens, several a "
+                        "pass through its own cache (how: decode), or one prefill of the prompt and the tokens fed up "
+                        "to the step, its last position (how: prefill); between them the last measured noise of the "
+                        "same checkpoint (or K/V) is carried, and measured at the step itself where the check fails "
+                        "by the carried bound (after the first divergence at most every NOISE_EVERY steps; the other "
+                        "failing steps are judged by the carried bound: carried_failing)"}

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...backends.decode import CHUNK_STEPS, DecodePass, greedy_choice, kv_audited, last_token_index
 from .decode_ahead import AheadStream, Channel, FedTokens
-from .decode_calibration import noise_sampled
+from .decode_calibration import ChosenTokens, noise_sampled
 from .decode_walk import LOGITS, DecodeWalk
 from .memory import give_back_freed
 
@@ -42,24 +42,6 @@ __all__ = ["lead", "LEAD_STEPS", "choice_of", "count_chunk", "ChosenTokens"]
 #: the most steps the alternative runs ahead of the judgement (two of the reference's passes: its
 #: process waits for a whole pass's tokens while the alternative computes the next pass's)
 LEAD_STEPS = 2 * CHUNK_STEPS
-
-
-class ChosenTokens:
-    """The tokens the alternative chose so far, as a decode in this process reads them (a
-    :class:`~debug_framework.backends._decode_draft.TokenFeed`: where this process takes the
-    reference's decode over from its lost process, :func:`lead` has always chosen the tokens a
-    pass needs before it asks for the pass). :attr:`tokens` ``[batch, steps]``, :attr:`count` how
-    many of its columns are chosen."""
-
-    def __init__(self, tokens: np.ndarray) -> None:
-        self.tokens = tokens
-        self.count = 0
-
-    def known(self, start: int, most: int) -> np.ndarray:
-        n = min(most, self.count - start)
-        if n < 1:
-            raise EOFError(f"the token of decode step {start + 1} is not chosen yet")
-        return self.tokens[:, start:start + n].copy()
 
 
 def choice_of(p: DecodePass) -> np.ndarray | None:

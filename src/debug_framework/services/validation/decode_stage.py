@@ -32,7 +32,7 @@ from .calibration import calibration_dtype
 from .context import RunContext, Stage, call_backend, own
 from .deadline import bounded
 from .decode_ahead import AheadStream, Beside, Channel, FedTokens, ahead_support, decode_ahead, token_pipe
-from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, beside_calibration, noise_sampled
+from .decode_calibration import NOISE_EVERY, CalibrationPasses, NoiseCarry, beside_calibration, noise_sampled
 from .decode_equivalence import prefill_equivalence
 from .decode_led import ChosenTokens, count_chunk, lead
 from .decode_replay import replay_decode_layer, step_inputs
@@ -131,14 +131,16 @@ class DecodeStage(Stage):
                             fed, chosen)
         leads = fed is not None and isinstance(ahead, AheadStream)
         current = {"ahead": ahead}  # the reference's process whose record is kept (the last one opened)
+        calibration: CalibrationPasses | None = None
         try:  # the child process (where the reference runs ahead) ended however the decode ends
             for backend, fed_side in ((ctx.reference, ref_fed), (ctx.alternative, own(tokens))):
                 stream = ahead if backend is ctx.reference and isinstance(ahead, AheadStream) else \
                     self._open(backend, ctx, steps, taps, fed_side, prefill_taps)
                 sides.append((backend, stream, fed_side))  # type: ignore[arg-type]
-            # the calibration does not decode: its pass at a step is one prefill, run where its noise is measured
-            calibration = None if cal is None else CalibrationPrefill(
-                ctx, cal, taps, prefill_taps, tokens, ahead.beside if isinstance(ahead, AheadStream) else None)
+            # the calibration's pass at a step where its noise is measured: its own decode fed the same tokens,
+            # several a pass, or one prefill (.decode_calibration)
+            calibration = None if cal is None else CalibrationPasses(
+                ctx, cal, taps, prefill_taps, tokens, steps, ahead.beside if isinstance(ahead, AheadStream) else None)
             if given is None and not all(streams_decode(b) for b, _, _ in sides[1:]):
                 sides[0] = self._whole_first(sides[0], steps, sides[1:])  # a side that decodes only whole needs every token first
             for ev in ctx.evidence.checkpoints:
@@ -182,6 +184,8 @@ class DecodeStage(Stage):
                 fed[1].close()
             for stream in [s for _, s, _ in sides] + ([ahead] if isinstance(ahead, AheadStream) else []):
                 _close(stream)  # an ahead stream read whole first is closed here too
+            if calibration is not None:
+                calibration.close()
         ctx.decode = {"steps": steps, "tokens": tokens[:, :done].tolist(),
                       "tokens_from": "decode_tokens" if given is not None else f"the reference's greedy choice ({ctx.reference.name})",
                       "kv_cache": walk.kv_rows,
@@ -333,7 +337,7 @@ class DecodeStage(Stage):
         if isinstance(ahead, str):
             return {"ahead": False, "why": ahead}
         return {"ahead": True, "taken_over_at": ahead.taken_over, "child_error": ahead.child_error,
-                "peak_rss_bytes": ahead.peak_rss_bytes, "calibration_prefills": ahead.beside_sent}
+                "peak_rss_bytes": ahead.peak_rss_bytes, "calibration_passes": ahead.beside_sent}
 
     @staticmethod
     def _next(backend: Backend, stream: Iterator[DecodePass], step: int) -> DecodePass:

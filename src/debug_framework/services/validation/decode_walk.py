@@ -35,7 +35,7 @@ from ...jsonio import JsonObject
 from .calibration import noise_at
 from .context import RunContext
 from .decode_batch import Pair, compare_many, measure_many
-from .decode_calibration import NOISE_EVERY, CalibrationPrefill, NoiseCarry, noise_sampled
+from .decode_calibration import NOISE_EVERY, CalibrationPasses, NoiseCarry, noise_sampled
 from .evidence import CheckpointEvidence, KVEvidence, TokenEvidence, reference_scale
 from .judge import checkpoint_passes, judge_tokens, kv_passes
 
@@ -97,7 +97,7 @@ class DecodeWalk:
     (None while none has), :attr:`kv_rows` and :attr:`token_rows` the rows of
     ``result.decode``."""
 
-    def __init__(self, ctx: RunContext, steps: int, calibration: CalibrationPrefill | None) -> None:
+    def __init__(self, ctx: RunContext, steps: int, calibration: CalibrationPasses | None) -> None:
         self.ctx, self.steps, self.calibration = ctx, steps, calibration
         self.carry = NoiseCarry()
         self.kv_rows: list[JsonObject] = []
@@ -353,8 +353,13 @@ class DecodeWalk:
         sampled = noise_sampled(s, self.steps)
         for i, (layer, part, ref, alt, m, compared) in enumerate(plans):
             whole = compared != "new entries"  # measured alone (its stack would hold every layer's whole cache)
-            err = errors.get(i) or (_measured(ref, alt, m) if whole else compare(ref, alt, check_dtype=False, positions=m))
-            scale = scales[i] if i in scales else reference_scale(select_positions(ref, position_mask(m)))
+            if i in errors:
+                err, scale = errors[i], scales[i]
+            elif whole:
+                err, scale = _measured(ref, alt, m)
+            else:
+                err = compare(ref, alt, check_dtype=False, positions=m)
+                scale = reference_scale(select_positions(ref, position_mask(m)))
             noise = None
             if self.calibration is not None:
                 j = 0 if part == "k" else 1
@@ -364,7 +369,7 @@ class DecodeWalk:
                     got = self._cal(s, why)
                     if got is None or layer not in got.kv:
                         return None
-                    return _measured(*held_by_both(ref, got.kv[layer][j], m))
+                    return _measured(*held_by_both(ref, got.kv[layer][j], m))[0]
                 def fails(n: ComparisonResult, layer: int = layer, part: str = part, err: ComparisonResult = err,
                           scale: float = scale) -> bool:
                     return not kv_passes(KVEvidence(s, layer, part, err, n, scale), ctx.plan)
@@ -380,17 +385,18 @@ class DecodeWalk:
         self.kv_rows.extend(rows[layer] for layer in layers if layer in rows)
 
 
-def _measured(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None) -> ComparisonResult:
+def _measured(ref: CapturedTensor, alt: CapturedTensor, mask: np.ndarray | None) -> tuple[ComparisonResult, float]:
     """A layer's whole K or V measured over the model positions ``mask`` selects by the vectorised
     measurement (:func:`.decode_batch.measure_many`, without ``compare``'s ULPs and quantiles), told
     against the whole tensor (shapes, worst elements' indices, positions left out) as ``compare``
-    with ``positions`` tells it."""
+    with ``positions`` tells it; and the reference's RMS over those positions, measured with it."""
     held = position_mask(mask)
     shape = tuple(getattr(ref, "shape", ()))
     if held is None or shape != tuple(getattr(alt, "shape", ())) or not applies_to(shape, held):
-        return measure_many([Pair(ref, alt, None, "")])[0][0]
-    got = measure_many([Pair(select_positions(ref, held), select_positions(alt, held), None, "")])[0][0]
-    return in_full_tensor(got, shape, held)
+        results, scales = measure_many([Pair(ref, alt, None, "")])
+        return results[0], scales[0]
+    results, scales = measure_many([Pair(select_positions(ref, held), select_positions(alt, held), None, "")])
+    return in_full_tensor(results[0], shape, held), scales[0]
 
 
 def _module(ctx: RunContext, key: CheckpointKey) -> str | None:
