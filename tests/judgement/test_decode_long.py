@@ -54,6 +54,21 @@ class LateOffByOneWrite(PagedLlamaEngine):
         super()._write(layer, row, k, v)
 
 
+def test_the_audits_read_a_bounded_number_of_positions_a_step_however_long_the_decode():
+    """Every KV_AUDIT_EVERY-th step up to 511, then further apart as the cache grows (a quarter of the
+    power of two below the step), and the last: the positions the audits read, over the steps taken,
+    stay under eight a step at 100, 1000 and 20000 steps (an audit every 64 steps would read 313 a
+    step at 20000)."""
+    from debug_framework.backends.decode import kv_audited
+
+    audited = [s for s in range(1, 3001) if kv_audited(s, 3000)]
+    assert audited[:8] == [KV_AUDIT_EVERY * i for i in range(1, 9)]
+    assert audited[8:12] == [640, 768, 896, 1024] and audited[-3:] == [2048, 2560, 3000]
+    for steps in (100, 1000, 20000):
+        read = sum(s for s in range(1, steps + 1) if kv_audited(s, steps))
+        assert read / steps < 8 + 1, steps  # the last step's audit included
+
+
 def test_a_step_keeps_its_new_entries_and_the_whole_cache_rebuilds(long_llama):
     """Between audits a pass keeps each layer's last KV_TAIL positions alone; the whole cache rebuilt from
     the last whole one and the new entries after it equals the next audit's (which keeps it whole)."""

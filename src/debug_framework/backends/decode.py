@@ -7,8 +7,8 @@ are the caller's (``tokens``, teacher forcing: both sides of a comparison see th
 where none are given, the backend's own greedy choice (the argmax of its logits at the row's last
 token). Each pass's checkpoints come back as one :class:`Capture`, the KV cache after it (per layer,
 ``[batch, length, kv_heads, head_dim]`` so the comparison core can leave padded positions out) in
-:attr:`DecodeRun.kv_cache`: whole after the prefill, after every :data:`KV_AUDIT_EVERY`-th step and
-after the last step, and where a layer's cache did not grow by exactly one position (the engine
+:attr:`DecodeRun.kv_cache`: whole after the prefill, on the sampled audits (:func:`kv_audited`:
+every :data:`KV_AUDIT_EVERY`-th step, further apart as the cache grows) and after the last step, and where a layer's cache did not grow by exactly one position (the engine
 rewrote it: a sliding window's eviction, a paged cache's move); on any other step only each layer's
 new entries (its last :data:`KV_TAIL` positions), so what a step keeps and compares does not grow with the steps
 taken (:class:`KVRecorder`; :meth:`DecodeRun.cache_at` rebuilds a whole cache).
@@ -94,7 +94,8 @@ class DecodeRun:
 
 
 #: the decode keeps (and the decode stage compares) every layer's whole cache after every this
-#: many steps, and after the last; between them, each step's new entries only
+#: many steps (further apart from step 512: :func:`kv_audited`), and after the last; between them,
+#: each step's new entries only
 KV_AUDIT_EVERY = 64
 #: the most bytes of converted weights a streamed reference keeps for a whole decode (its layers,
 #: then its tables): Llama 3.2 1B is 9.9 GB in float64 (its 16 layers 7.7 GB), the 'small' model 33 MB
@@ -108,8 +109,15 @@ KV_TAIL = 2
 
 def kv_audited(step: int, steps: int) -> bool:
     """Whether decode ``step`` (>= 1) of ``steps`` is a sampled audit of the whole cache: every
-    :data:`KV_AUDIT_EVERY`-th step and the last."""
-    return step == steps or step % KV_AUDIT_EVERY == 0
+    :data:`KV_AUDIT_EVERY`-th step up to step 511, then every step that is a multiple of a quarter
+    of the largest power of two not above it (every 128th from 512, every 256th from 1024, ...),
+    and the last. An audit reads every position, so with the spacing growing as the cache does,
+    what the audits cost a step stays the same however long the decode (at most eight positions'
+    worth a step)."""
+    if step == steps:
+        return True
+    every = max(KV_AUDIT_EVERY, (1 << (max(step, 1).bit_length() - 1)) // 4)
+    return step % every == 0
 
 
 def concat_positions(parts: list[Tensor | Array]) -> Tensor | Array:
