@@ -247,16 +247,16 @@ def _stacked(tensors: list[torch.Tensor]) -> np.ndarray:
 
 def _quantiles(values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
     """Each row's quantiles ``qs`` ``[rows, len(qs)]``, as ``torch.quantile`` computes them (linear
-    interpolation between the two order statistics around ``q x (n - 1)``), from one partition."""
-    n = values.shape[1]
-    around = []  # each quantile's two order statistics (lo, hi, weight of hi)
+    interpolation between the two order statistics around ``q x (n - 1)``), from one sort."""
+    ordered = np.sort(values, axis=1)
+    n = ordered.shape[1]
+    cols = []
     for q in qs:
         at = q * (n - 1)
         lo = int(math.floor(at))
-        around.append((lo, min(lo + 1, n - 1), at - lo))
-    # only those order statistics put in place (a partition, not a sort of every row)
-    ordered = np.partition(values, sorted({i for lo, hi, _ in around for i in (lo, hi)}), axis=1)
-    cols = [ordered[:, lo] if w == 0.0 else ordered[:, lo] + w * (ordered[:, hi] - ordered[:, lo]) for lo, hi, w in around]
+        hi = min(lo + 1, n - 1)
+        w = at - lo
+        cols.append(ordered[:, lo] if w == 0.0 else ordered[:, lo] + w * (ordered[:, hi] - ordered[:, lo]))
     return np.stack(cols, axis=1)
 
 
