@@ -1,24 +1,29 @@
-"""The calibration's noise at the decode steps: measured as one prefill where it is measured, carried
-between (docs/validation.md, "Decode steps").
+"""The calibration's noise at the decode steps: measured where it must be, by the calibration's own
+decode fed the same tokens (or one prefill), carried between (docs/validation.md, "Decode steps").
 
-The calibration (a correct implementation at the alternative's precision) does not decode beside
-the reference and the alternative. Where a step's noise is measured, :class:`CalibrationPrefill`
-runs the prompt and the tokens fed at steps 1..s as ONE prefill through the backend's own decode
-of no steps (``iter_decode(inputs, 0, ...)``: its ordinary prefill, the KV cache it computes kept):
-its last position computes what decode step ``s`` computes, at the alternative's precision, over
-keys and values it computed itself (prefill equivalence). That is an honest measurement of a
-correct run's rounding at step ``s`` without a cache decoded step by step.
+The calibration (a correct implementation at the alternative's precision) is not judged at every
+step beside the reference and the alternative. Where a step's noise is measured,
+:class:`CalibrationPasses` gives its pass at step ``s``: its own decode through its own cache, fed
+the tokens fed at steps 1..s several a pass (up to ``CHUNK_STEPS``; each pass a prefill of those
+tokens over the keys and values it computed itself), or, where that decode cannot give it (the
+step is behind it; the decode fails, or computes one step a pass), the prompt and those tokens as
+ONE prefill through the backend's own decode of no steps (``iter_decode(inputs, 0, ...)``), its
+last position (prefill equivalence). Either is an honest measurement of a correct run's rounding
+at step ``s``, at the alternative's precision, over keys and values it computed itself. The decode
+costs about what a pass of several tokens costs every ``CHUNK_STEPS`` steps, the same at step 10
+and step 1000; a prefill of ``s`` tokens grows with ``s`` (its attention with its square). Where
+the reference decodes in a process of its own, that process keeps the calibration's decode up with
+the tokens of its passes (:func:`beside_calibration`), so a sampled step's pass is there when the
+step is.
 
 It is measured (:func:`noise_sampled`) at step 0 (the prompt), at steps 1, 2, 4, 8, ... (powers of
 two), every :data:`NOISE_EVERY`-th and the last, whatever the checks say; between them
 :class:`NoiseCarry` carries the last measured noise of each checkpoint (and each layer's K or V) and
-measures it at the step itself where a check fails by the carried bound. A prefill of ``n`` tokens
-costs about what ``n`` tokens of a prefill cost, so the powers of two cost about two prefills of the
-whole sequence over a whole decode (a constant per step), the every-:data:`NOISE_EVERY` ones one
-such prefill per :data:`NOISE_EVERY` steps. After the first step that fails by its own noise, a
-step failing by the carried bound measures again only every :data:`NOISE_EVERY` steps (the rest is
-judged by the carried bound and counted as such), so a decode that diverges early does not run a
-prefill at every step. ``result.decode["calibration_noise"]`` records where it was measured and how
+measures it at the step itself where a check fails by the carried bound. After the first step that
+fails by its own noise, a step failing by the carried bound measures again only every
+:data:`NOISE_EVERY` steps (the rest is judged by the carried bound and counted as such), so a
+decode that diverges early does not measure the calibration at every step.
+``result.decode["calibration_noise"]`` records where it was measured and how
 (:meth:`NoiseCarry.record`).
 """
 

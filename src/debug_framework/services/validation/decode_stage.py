@@ -3,7 +3,7 @@ backend's own KV cache, every step's checkpoints compared (docs/validation.md, "
 
 Both sides see the same sequence (teacher forcing): the tokens are ``decode_tokens`` where given,
 else the reference's greedy choice. The calibration backend computes the same tokens at the
-alternative's precision, as one prefill at the steps where its noise is measured
+alternative's precision where its noise is measured, by its own decode fed them or one prefill
 (:mod:`.decode_calibration`), so each step's checkpoints are judged by the same calibrated rule as the
 prefill's. The two decodes are streamed side by side (``iter_decode``): each step is judged as
 soon as both have produced it (:class:`~.decode_walk.DecodeWalk`) and its tensors dropped, so
@@ -94,7 +94,7 @@ def check_decode_plan(config: SessionConfig, inputs: ModelInputs, model: LoadedM
 
 class DecodeStage(Stage):
     """Prefill and ``decode_steps`` decode steps in the reference and the alternative, streamed side
-    by side (the calibration's prefills where its noise is measured); each step's checkpoints
+    by side (the calibration's passes where its noise is measured); each step's checkpoints
     measured and judged as it is produced (:class:`~.decode_walk.DecodeWalk`)."""
 
     name = "decode"
@@ -125,7 +125,7 @@ class DecodeStage(Stage):
         ref_fed = None if given is None else own(given)
         # the alternative leads a greedy decode where the reference runs in a process of its own (.decode_led)
         fed = token_pipe(batch) if given is None and self._may_lead(ctx, steps, taps) else None
-        # the reference's passes computed ahead, the calibration's sampled prefills beside them
+        # the reference's passes computed ahead, the calibration's decode beside them
         chosen = ChosenTokens(tokens)  # the alternative's choices, where this process takes the reference's decode over
         ahead = self._ahead(ctx, steps, taps, ref_fed, prefill_taps, self._beside(ctx, cal, taps, prefill_taps, steps),
                             fed, chosen)
@@ -310,7 +310,8 @@ class DecodeStage(Stage):
     @staticmethod
     def _beside(ctx: RunContext, cal: Backend | None, taps: list[CheckpointKey], prefill_taps: list[CheckpointKey],
                 steps: int) -> Beside | None:
-        """What the reference's process computes beside its passes: the calibration's sampled prefills."""
+        """What the reference's process computes beside its passes: the calibration's decode, its
+        passes at the sampled steps sent."""
         return None if cal is None else beside_calibration(ctx, cal, taps, prefill_taps, steps)
 
     @staticmethod

@@ -3,8 +3,8 @@
 :class:`DecodeWalk` takes the reference's and the alternative's pass of one step
 (:class:`~debug_framework.backends.decode.DecodePass`), measures it (every checkpoint and the KV
 cache's new entries in one vectorised pass, :func:`.decode_batch.measure_many`; the whole cache on
-an audited step; the next-token distributions) beside the calibration's noise (measured by its
-prefill at the step or carried, :mod:`.decode_calibration`) into the evidence, judges the step, and
+an audited step; the next-token distributions) beside the calibration's noise (measured by its own
+pass at the step or carried, :mod:`.decode_calibration`) into the evidence, judges the step, and
 drops the tensors: what a step leaves behind is its comparisons (numbers), so memory does not grow
 with the tensors of the steps taken. It keeps only what a failure needs: the reference's pass at
 the first divergent step and its cache before that step (for the replays and the drill-down), and
@@ -207,7 +207,8 @@ class DecodeWalk:
         return failed
 
     def _cal(self, s: int, why: str = "sampled") -> DecodePass | None:
-        """The calibration's pass at step ``s`` (its prefill run on the first ask), None without one."""
+        """The calibration's pass at step ``s`` (computed on the first ask: :meth:`CalibrationPasses.at`),
+        None without one."""
         return None if self.calibration is None else self.calibration.at(s, why)
 
     def _cal_capture(self, s: int, why: str = "failed by the carried bound") -> Capture | None:
