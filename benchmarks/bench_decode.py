@@ -27,7 +27,8 @@ in the same run.
   included: the session at this count minus the one before, over the steps between), beside plain
   greedy's step: what a user timing whole sessions sees. Last, the last count's cost per step
   beside the first's, with plain greedy's own growth (attention over a longer cache) and what
-  validating adds to a step (the tool's step less the plain one) at each.
+  validating adds to a step (the tool's step less the plain one) at each; with three counts or
+  more, the same from the second count on (the first count's steps hold the session's start).
 
 Nothing is asserted about time or memory: the figures are printed (docs/benchmarks.md, "Decode steps").
 
@@ -261,8 +262,15 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             # what validating adds to a step, the plain step's own growth with the cache taken out
             own = f"{(t1 - p1) / (t0 - p0):.2f}x ({(t1 - p1) * 1e3:.2f} ms beside {(t0 - p0) * 1e3:.2f} ms)" \
                 if t0 > p0 else "n/a (not above the plain step)"
+            # the same past the first count, whose steps hold the session's start (the child's, its first pass)
+            later = ""
+            if len(seen) > 2 and seen[1][1] > seen[1][5]:
+                n_mid, t_mid, p_mid = seen[1][0], seen[1][1], seen[1][5]
+                later = (f"; from the second count: steps {n0 + 1}..{n_mid} beside the last, cost per step "
+                         f"{t1 / t_mid:.2f}x, plain greedy's own {p1 / p_mid:.2f}x, what validating adds "
+                         f"{(t1 - p1) / (t_mid - p_mid):.2f}x ({(t1 - p1) * 1e3:.2f} ms beside {(t_mid - p_mid) * 1e3:.2f} ms)")
             print(f"{n1} steps beside {n0}: cost per step {t1 / t0:.2f}x (ratio to plain greedy {r1:.1f}x beside "
-                  f"{r0:.1f}x; plain greedy's own {p1 / p0:.2f}x; what validating adds to a step {own}), peak "
+                  f"{r0:.1f}x; plain greedy's own {p1 / p0:.2f}x; what validating adds to a step {own}{later}), peak "
                   f"memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB{child})", flush=True)
 
 
