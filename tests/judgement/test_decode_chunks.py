@@ -182,3 +182,45 @@ def test_a_rotary_embedding_that_follows_the_length_gets_no_draft(tiny_models):
     for kind, drafted in (("default", True), ("dynamic", False), ("longrope", False)):
         rotary.rope_type = kind
         assert (ref._decode_draft() is not None) is drafted, kind
+
+
+@pytest.mark.parametrize("family,reference", [(f, "torch_reference") for f in (
+    "llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe")] + [
+    ("gemma3_text", "python_reference"), ("qwen3_moe", "python_reference")])
+def test_a_reference_from_the_math_fed_several_tokens_a_pass_decodes_as_one_a_pass(tiny_models, family, reference):
+    """A reference from the math (``torch_reference``, ``python_reference``) fed its tokens by a feed (``ReferenceDecoder.decode_steps``: several a
+    pass over its cache, each attending over the tokens before it) gives every step's checkpoints,
+    tokens, masks and K/V of a decode fed one token a pass (left padding, sliding windows past
+    their width, a router's flattened logits)."""
+    from debug_framework.backends.torch_reference import TorchReferenceBackend
+    from debug_framework.services.validation.decode_calibration import ChosenTokens
+
+    steps = CHUNK_STEPS + 5
+    model = load_model(str(tiny_models(family, 0)))
+    inputs = ModelInputs.random(model.config.vocab_size, batch=2, length=5, seed=2, pad_lengths=[0, 2])
+    # the calibration's reference from the math (the session's default), or the NumPy one
+    backend = TorchReferenceBackend() if reference == "torch_reference" else get_backend(reference)
+    backend.prepare(model, "float64", "cpu")
+    keys = all_checkpoints(model.num_layers, model.router_layers)
+    tokens = np.random.default_rng(3).integers(0, model.config.vocab_size, (2, steps))
+    one = list(backend.iter_decode(inputs, steps, keys, tokens.copy(), None))
+    feed = ChosenTokens(tokens.copy())
+    feed.count = steps
+    several = list(backend.iter_decode(inputs, steps, keys, feed, None))
+    assert [p.step for p in several] == list(range(steps + 1))
+    assert [p.capture.meta.get("chunk") for p in several[1:CHUNK_STEPS + 1]] == [[1, CHUNK_STEPS, CHUNK_STEPS]] * CHUNK_STEPS
+    for a, b in zip(several, one):
+        np.testing.assert_array_equal(a.mask, b.mask)
+        assert a.span == b.span and set(a.capture.tensors) == set(b.capture.tensors)
+        if b.token is not None:
+            np.testing.assert_array_equal(a.token, b.token)
+        for k, t in b.capture.tensors.items():
+            assert tuple(a.capture[k].shape) == tuple(t.shape), (a.step, k)
+            torch.testing.assert_close(torch.as_tensor(np.asarray(a.capture[k])), torch.as_tensor(np.asarray(t)),
+                                       rtol=1e-9, atol=1e-9)
+        held = torch.from_numpy(a.mask[:, :, None, None] != 0)
+        for layer, (k, v) in b.kv.items():
+            n = k.shape[1]
+            for x, y in ((a.kv[layer][0], k), (a.kv[layer][1], v)):  # torch or NumPy, as the reference keeps them
+                x, y = torch.as_tensor(np.asarray(x)), torch.as_tensor(np.asarray(y))
+                torch.testing.assert_close(x * held[:, -n:], y * held[:, -n:], rtol=1e-9, atol=1e-9)

@@ -112,3 +112,27 @@ def test_at_a_flip_the_reference_leads_from_the_step_after_it(tiny_models, engin
     assert not led.passed and d1["first_failed_step"] == d2["first_failed_step"] == FLIP_AT
     assert [row[FLIP_AT] for row in d1["tokens"]] != [7, 7]  # the reference's choice, not the alternative's
     assert d1["tokens"] == d2["tokens"] and t1 == t2 and kv1 == kv2 and len(t1) == STEPS + 1
+
+
+@needs_two
+def test_the_calibrations_noise_by_its_decode_judges_as_by_its_prefills(tiny_models, engine, monkeypatch):
+    """The calibration's noise measured by its own decode in the reference's process (fed the
+    tokens several a pass) is of the size of the noise measured by one prefill a sampled step, at
+    the same steps, and judges the session alike: the same tokens, verdicts and sampled steps."""
+    from debug_framework.services.validation import decode_calibration
+
+    path = tiny_models("llama")
+    decoded = engine.run(engine.create_session(path, CONFIG, "float64_eager", "pytorch"))
+    monkeypatch.setattr(decode_calibration, "streams_decode", lambda backend: False)
+    prefilled = engine.run(engine.create_session(path, CONFIG, "float64_eager", "pytorch"))
+    d1, d2 = decoded.summary()["decode"], prefilled.summary()["decode"]
+    n1, n2 = d1["calibration_noise"], d2["calibration_noise"]
+    assert {p["how"] for p in n1["passes"]} == {"decode"} and {p["how"] for p in n2["passes"]} == {"prefill"}
+    assert [p["step"] for p in n1["passes"]] == [p["step"] for p in n2["passes"]] == [0, *n1["sampled_steps"]]
+    assert decoded.passed and prefilled.passed and d1["tokens"] == d2["tokens"]
+    assert d1["reference_process"]["calibration_passes"] == len(n1["sampled_steps"])
+    pairs = [(a[part]["noise_rmse"], b[part]["noise_rmse"]) for a, b in zip(d1["kv_cache"], d2["kv_cache"])
+             for part in ("k", "v") if a["step"] in n1["sampled_steps"]]
+    assert pairs and all((a > 0) == (b > 0) for a, b in pairs)
+    # rounding noise either way: the same size (a misplaced position would be orders of magnitude off)
+    assert all(b / 10 <= a <= 10 * b for a, b in pairs if a > 0 and b > 0)

@@ -498,7 +498,13 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
     * ``runner.decode_step(tokens, positions, keys) -> {checkpoint: tensor}``: one token per row
       (``tokens`` and ``positions`` int64 ``[batch]``), tensors ``[batch, 1, ...]``;
     * optional ``runner.kv_cache() -> {layer: (keys, values)}``, each ``[batch, length, kv_heads,
-      head_dim]`` over every position so far (padded ones included, as zeros or anything).
+      head_dim]`` over every position so far (padded ones included, as zeros or anything);
+    * optional ``runner.decode_steps(tokens, positions, keys) -> {checkpoint: tensor}``: several
+      tokens per row in one pass (``[batch, n]``, each attending over the cache and the tokens
+      before it), tensors ``[batch, n, ...]`` (or the tokens flattened, ``[batch x n, ...]``): where
+      ``tokens`` is a :class:`~._decode_draft.TokenFeed`, as many as it knows (up to
+      :data:`CHUNK_STEPS`) are fed in one such pass, one :class:`DecodePass` a step
+      (``Capture.meta["chunk"]``); the references written from the math offer it.
 
     Without ``tokens`` the runner's ``post_processing`` logits choose them (greedy); ``tokens[:, s]``
     is read only when step ``s + 1`` runs (a :class:`~._decode_draft.TokenFeed` waited for then, each
@@ -526,12 +532,17 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
 
     recorder = KVRecorder(steps)
 
-    def cache() -> tuple[dict[int, LayerKV], dict[int, str]]:
+    def whole_cache() -> dict[int, LayerKV]:
         fn = getattr(runner, "kv_cache", None)
         with within():
-            whole = {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+            return {int(k): (v[0], v[1]) for k, v in (fn() or {}).items()} if callable(fn) else {}
+
+    def kept(whole: dict[int, LayerKV]) -> tuple[dict[int, LayerKV], dict[int, str]]:
         spans = recorder.spans_for({i: int(kv[0].shape[1]) for i, kv in whole.items()})
         return recorder.cut(whole, spans), spans
+
+    def cache() -> tuple[dict[int, LayerKV], dict[int, str]]:
+        return kept(whole_cache())
 
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     mask = np.asarray(inputs.attention_mask, np.int64)
@@ -554,8 +565,30 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
     got, seconds = call("prefill()", lambda: runner.prefill(inputs, first))
     last = last_token_index(mask)
     yield DecodePass(0, wrapped(got, seconds, last), *cache(), mask)
-    for s in range(steps):
-        if tokens is not None:
+    several = getattr(runner, "decode_steps", None) if isinstance(tokens, TokenFeed) else None
+    s = 0
+    while s < steps:
+        fed = None if several is None else np.asarray(tokens.known(s, min(CHUNK_STEPS, steps - s)), np.int64)  # type: ignore[union-attr]
+        if fed is not None and fed.shape[1] > 1:  # the fed tokens several a pass: one pass, a DecodePass a step
+            n, width = fed.shape[1], mask.shape[1]
+            positions = decode_positions(mask, offset) + np.arange(n)
+            mask = np.concatenate([mask, np.ones((mask.shape[0], n), np.int64)], axis=1)
+            got, seconds = call("decode_steps()", lambda f=fed, p=positions: several(f, p, list(keys)))  # type: ignore[misc]
+            whole = whole_cache()
+            last = np.zeros(mask.shape[0], np.int64)
+            for j in range(n):
+                at_step = {k: _step_of(backend_name, k, t, fed.shape[0], n, j) for k, t in got.items()}
+                cap = wrapped(at_step, seconds / n, last)
+                cap.meta["chunk"] = [s + 1, n, n]
+                upto = width + j + 1
+                yield DecodePass(s + j + 1, cap, *kept({i: (kv[0][:, :upto], kv[1][:, :upto]) for i, kv in whole.items()}),
+                                 mask[:, :upto].copy(), fed[:, j].copy())
+            got = at_step  # the last step's: its logits choose where the feed ends
+            s += n
+            continue
+        if fed is not None:
+            tok = fed[:, 0]
+        elif tokens is not None:
             tok = fed_column(tokens, s)
         elif logit_key in got:
             tok = greedy(got, last)
@@ -567,6 +600,29 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
         got, seconds = call("decode_step()", lambda t=tok, p=positions: runner.decode_step(t, p, list(keys)))
         last = np.zeros(mask.shape[0], np.int64)
         yield DecodePass(s + 1, wrapped(got, seconds, last), *cache(), mask, np.array(tok, np.int64))
+        s += 1
+
+
+def _step_of(backend_name: str, key: CheckpointKey, t: Tensor, batch: int, n: int, j: int) -> Tensor:
+    """Step ``j``'s part of a checkpoint a pass of ``n`` tokens per row returned: ``[batch, n, ...]``
+    cut to ``[batch, 1, ...]``, or the tokens flattened ``[batch * n, ...]`` (a router's logits) cut
+    to ``[batch, ...]``, as a one-token step returns each (copied: no view of the pass's tensor kept).
+
+    Raises:
+        BackendRuntimeError: (DF005) a tensor of neither layout.
+    """
+    shape = tuple(getattr(t, "shape", ()))
+    if len(shape) >= 2 and shape[:2] == (batch, n):
+        part = t[:, j:j + 1]
+    elif len(shape) >= 1 and shape[0] == batch * n:
+        part = t.reshape(batch, n, *shape[1:])[:, j]
+    else:
+        raise BackendRuntimeError(f"decode_steps() returned {key} of shape {list(shape)}, neither [batch, tokens, ...] "
+                                  f"nor [batch x tokens, ...] for {batch} row(s) of {n} token(s)",
+                                  backend=backend_name, call="decode_steps()",
+                                  hint="return each checkpoint per row and token, as prefill() does")
+    clone = getattr(part, "clone", None)
+    return clone() if callable(clone) else np.array(part)
 
 
 def streams_decode(backend: object) -> bool:
@@ -623,6 +679,14 @@ class ReferenceDecoder:
         """One token per row at its position, attending over the cache and itself."""
         self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
         return self._forward(np.asarray(tokens, np.int64)[:, None], np.asarray(positions, np.int64)[:, None], keys)
+
+    def decode_steps(self, tokens: np.ndarray, positions: np.ndarray, keys: Sequence[CheckpointKey]) -> dict[str, Array]:
+        """Several tokens per row (``tokens`` and ``positions`` ``[B, n]``) in one pass over the cache,
+        each attending over the cache and the tokens before it (the last ``n`` rows of the mask over
+        every cached position: ``kv_cache.last_queries``); tensors ``[B, n, ...]``."""
+        n = int(np.asarray(tokens).shape[1])
+        self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], n), np.int64)], axis=1)
+        return self._forward(np.asarray(tokens, np.int64), np.asarray(positions, np.int64), keys)
 
     def layer_step(self, i: int, hidden: Array, positions: np.ndarray) -> dict[str, Array]:
         """Layer i alone at the next decode step on ``hidden`` ``[B, 1, D]`` (its input, given), over
