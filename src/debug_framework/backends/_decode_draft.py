@@ -29,10 +29,16 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..capture.keys import CheckpointKey
+from ..errors import BackendRuntimeError
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GreedyDraft", "TokenFeed", "plain_cache", "crop_cache", "cache_length", "accepted", "fed_column"]
+    from .base import Tensor
+
+__all__ = ["GreedyDraft", "TokenFeed", "plain_cache", "crop_cache", "cache_length", "accepted", "fed_column",
+           "step_of"]
 
 
 @runtime_checkable
@@ -148,3 +154,25 @@ class GreedyDraft:
                 out.append(nxt)
                 feed = nxt[:, None]
         return np.stack(out, axis=1)
+
+
+def step_of(backend_name: str, key: CheckpointKey, t: Tensor, batch: int, n: int, j: int) -> Tensor:
+    """Step ``j``'s part of a checkpoint a pass of ``n`` tokens per row returned: ``[batch, n, ...]``
+    cut to ``[batch, 1, ...]``, or the tokens flattened ``[batch * n, ...]`` (a router's logits) cut
+    to ``[batch, ...]``, as a one-token step returns each (copied: no view of the pass's tensor kept).
+
+    Raises:
+        BackendRuntimeError: (DF005) a tensor of neither layout.
+    """
+    shape = tuple(getattr(t, "shape", ()))
+    if len(shape) >= 2 and shape[:2] == (batch, n):
+        part = t[:, j:j + 1]
+    elif len(shape) >= 1 and shape[0] == batch * n:
+        part = t.reshape(batch, n, *shape[1:])[:, j]
+    else:
+        raise BackendRuntimeError(f"decode_steps() returned {key} of shape {list(shape)}, neither [batch, tokens, ...] "
+                                  f"nor [batch x tokens, ...] for {batch} row(s) of {n} token(s)",
+                                  backend=backend_name, call="decode_steps()",
+                                  hint="return each checkpoint per row and token, as prefill() does")
+    clone = getattr(part, "clone", None)
+    return clone() if callable(clone) else np.array(part)

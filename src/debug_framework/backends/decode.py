@@ -547,7 +547,7 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
     offset = int(inputs.meta.get("position_offset", 0) or 0)
     mask = np.asarray(inputs.attention_mask, np.int64)
     first = list(keys if prefill_keys is None else prefill_keys)
-    from ._decode_draft import TokenFeed, fed_column
+    from ._decode_draft import TokenFeed, fed_column, step_of
 
     logit_key = CheckpointKey("post_processing")
 
@@ -577,7 +577,7 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
             whole = whole_cache()
             last = np.zeros(mask.shape[0], np.int64)
             for j in range(n):
-                at_step = {k: _step_of(backend_name, k, t, fed.shape[0], n, j) for k, t in got.items()}
+                at_step = {k: step_of(backend_name, k, t, fed.shape[0], n, j) for k, t in got.items()}
                 cap = wrapped(at_step, seconds / n, last)
                 cap.meta["chunk"] = [s + 1, n, n]
                 upto = width + j + 1
@@ -602,27 +602,6 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
         yield DecodePass(s + 1, wrapped(got, seconds, last), *cache(), mask, np.array(tok, np.int64))
         s += 1
 
-
-def _step_of(backend_name: str, key: CheckpointKey, t: Tensor, batch: int, n: int, j: int) -> Tensor:
-    """Step ``j``'s part of a checkpoint a pass of ``n`` tokens per row returned: ``[batch, n, ...]``
-    cut to ``[batch, 1, ...]``, or the tokens flattened ``[batch * n, ...]`` (a router's logits) cut
-    to ``[batch, ...]``, as a one-token step returns each (copied: no view of the pass's tensor kept).
-
-    Raises:
-        BackendRuntimeError: (DF005) a tensor of neither layout.
-    """
-    shape = tuple(getattr(t, "shape", ()))
-    if len(shape) >= 2 and shape[:2] == (batch, n):
-        part = t[:, j:j + 1]
-    elif len(shape) >= 1 and shape[0] == batch * n:
-        part = t.reshape(batch, n, *shape[1:])[:, j]
-    else:
-        raise BackendRuntimeError(f"decode_steps() returned {key} of shape {list(shape)}, neither [batch, tokens, ...] "
-                                  f"nor [batch x tokens, ...] for {batch} row(s) of {n} token(s)",
-                                  backend=backend_name, call="decode_steps()",
-                                  hint="return each checkpoint per row and token, as prefill() does")
-    clone = getattr(part, "clone", None)
-    return clone() if callable(clone) else np.array(part)
 
 
 def streams_decode(backend: object) -> bool:
