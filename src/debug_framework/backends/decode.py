@@ -603,7 +603,6 @@ def iter_runner_decode(backend_name: str, runner: object, inputs: ModelInputs, s
         s += 1
 
 
-
 def streams_decode(backend: object) -> bool:
     """Whether ``backend`` gives its decode pass by pass (``iter_decode``), not only whole (``run_decode``)."""
     from .capabilities import offers
