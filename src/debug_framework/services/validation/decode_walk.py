@@ -376,7 +376,7 @@ class DecodeWalk:
                     return not kv_passes(KVEvidence(s, layer, part, err, n, scale), ctx.plan)
                 noise = self.carry.noise(("kv", layer, part, compared == "new entries"), measure, sampled, fails,
                                          may_measure=lambda: self._may_measure(s))
-            if whole and i not in errors and not kv_passes(KVEvidence(s, layer, part, err, noise, scale), ctx.plan):
+            if whole and not kv_passes(KVEvidence(s, layer, part, err, noise, scale), ctx.plan):
                 err = compare(ref, alt, check_dtype=False, positions=m)  # the failure's evidence in full (worst elements, ULPs)
             ctx.evidence.kv_cache.append(KVEvidence(s, layer, part, err, noise, scale))
             row = rows.setdefault(layer, {"step": s, "layer": layer, "compared": compared})
