@@ -260,18 +260,24 @@ def measure(size: str, counts: list[int], batch: int, length: int) -> None:
             child = f"; the reference's process {c1 / c0:.2f}x ({c1 / 2**20:.0f} MiB beside {c0 / 2**20:.0f} MiB)" \
                 if c0 and c1 else ""
             # what validating adds to a step, the plain step's own growth with the cache taken out
-            own = f"{(t1 - p1) / (t0 - p0):.2f}x ({(t1 - p1) * 1e3:.2f} ms beside {(t0 - p0) * 1e3:.2f} ms)" \
-                if t0 > p0 else "n/a (not above the plain step)"
+            own = _added(t1, p1, t0, p0) if t0 > p0 else "n/a (not above the plain step)"
             # the same past the first count, whose steps hold the session's start (the child's, its first pass)
             later = ""
             if len(seen) > 2 and seen[1][1] > seen[1][5]:
                 n_mid, t_mid, p_mid = seen[1][0], seen[1][1], seen[1][5]
                 later = (f"; from the second count: steps {n0 + 1}..{n_mid} beside the last, cost per step "
                          f"{t1 / t_mid:.2f}x, plain greedy's own {p1 / p_mid:.2f}x, what validating adds "
-                         f"{(t1 - p1) / (t_mid - p_mid):.2f}x ({(t1 - p1) * 1e3:.2f} ms beside {(t_mid - p_mid) * 1e3:.2f} ms)")
+                         f"{_added(t1, p1, t_mid, p_mid)}")
             print(f"{n1} steps beside {n0}: cost per step {t1 / t0:.2f}x (ratio to plain greedy {r1:.1f}x beside "
                   f"{r0:.1f}x; plain greedy's own {p1 / p0:.2f}x; what validating adds to a step {own}{later}), peak "
                   f"memory {m1 / m0:.2f}x ({m1 / 2**20:.0f} MiB beside {m0 / 2**20:.0f} MiB{child})", flush=True)
+
+
+def _added(tool: float, plain: float, tool_before: float, plain_before: float) -> str:
+    """What validating adds to a step (the tool's step less the plain one) beside what it added
+    before: their ratio, then both in milliseconds."""
+    return (f"{(tool - plain) / (tool_before - plain_before):.2f}x ({(tool - plain) * 1e3:.2f} ms beside "
+            f"{(tool_before - plain_before) * 1e3:.2f} ms)")
 
 
 def main(argv: list[str] | None = None) -> int:
